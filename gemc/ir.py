@@ -1,0 +1,84 @@
+"""The one place that owns the names gemc writes into ``node.meta``.
+
+Passes read and write annotations only through these keys and helpers, so a name is
+spelled once and a dump, the plan and every pass agree on it.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+import torch
+from torch import fx
+
+PREFIX = "gemc."
+KIND = PREFIX + "kind"            # OpKind value
+FLOPS = PREFIX + "flops"          # forward FLOPs of the node (int)
+BYTES = PREFIX + "bytes"          # bytes read + written by the node in the forward (int)
+REGION = PREFIX + "region"        # owning module path ("" for the root module)
+GROUP = PREFIX + "group"          # fusion group id
+PRECISION = PREFIX + "precision"  # chosen compute precision
+PLACEMENT = PREFIX + "placement"  # parallel placement of the node's region or table
+PREDICTED_MS = PREFIX + "predicted_ms"  # cost model's forward+backward time
+PROVENANCE = PREFIX + "provenance"      # "<pass name>: <source module>" of created nodes
+TABLE = PREFIX + "table"          # embedding table facts (dict) on embedding nodes
+
+
+class OpKind(str, Enum):
+    """What a node does, at the granularity the cost model and the solver care about."""
+
+    INPUT = "input"
+    PARAM = "param"
+    OUTPUT = "output"
+    GEMM = "gemm"
+    ATTENTION = "attention"
+    EMBEDDING = "embedding"
+    NORM = "norm"
+    POINTWISE = "pointwise"
+    REDUCTION = "reduction"
+    VIEW = "view"
+    INDEX = "index"       # gathers, scatters, index_put: memory bound, data dependent
+    LOSS = "loss"
+    COMM = "comm"
+    OTHER = "other"
+
+
+def tensor_vals(node: fx.Node) -> list[torch.Tensor]:
+    """The tensors a node produces (its FakeTensor ``val``, flattened)."""
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        return [val]
+    if isinstance(val, (list, tuple)):
+        return [v for v in val if isinstance(v, torch.Tensor)]
+    return []
+
+
+def shape_of(node: fx.Node) -> tuple[int, ...] | None:
+    vals = tensor_vals(node)
+    return tuple(int(s) for s in vals[0].shape) if vals else None
+
+
+def dtype_of(node: fx.Node) -> torch.dtype | None:
+    vals = tensor_vals(node)
+    return vals[0].dtype if vals else None
+
+
+def nbytes(t: Any) -> int:
+    if isinstance(t, torch.Tensor):
+        return int(t.numel()) * t.element_size()
+    if isinstance(t, fx.Node):
+        return sum(nbytes(v) for v in tensor_vals(t))
+    if isinstance(t, (list, tuple)):
+        return sum(nbytes(v) for v in t)
+    return 0
+
+
+def kind_of(node: fx.Node) -> OpKind | None:
+    value = node.meta.get(KIND)
+    return OpKind(value) if value is not None else None
+
+
+def gemc_meta(node: fx.Node) -> dict[str, Any]:
+    """All gemc annotations of a node, keys without the prefix, in a stable order."""
+    return {k[len(PREFIX):]: node.meta[k] for k in sorted(node.meta) if k.startswith(PREFIX)}
