@@ -23,6 +23,10 @@ PLACEMENT = PREFIX + "placement"  # parallel placement of the node's region or t
 PREDICTED_MS = PREFIX + "predicted_ms"  # cost model's forward+backward time
 PROVENANCE = PREFIX + "provenance"      # "<pass name>: <source module>" of created nodes
 TABLE = PREFIX + "table"          # embedding table facts (dict) on embedding nodes
+GEMM = PREFIX + "gemm"            # {"batch", "m", "n", "k"} on gemm nodes (forward GEMM)
+ATTENTION = PREFIX + "attention"  # {"batch", "heads", "q_len", "kv_len", "head_dim",
+#                                    "causal", "masked"} on attention nodes
+PARAM = PREFIX + "param"          # parameter / buffer FQN on placeholders that are weights
 
 
 class OpKind(str, Enum):
