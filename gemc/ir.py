@@ -13,20 +13,20 @@ import torch
 from torch import fx
 
 PREFIX = "gemc."
-KIND = PREFIX + "kind"            # OpKind value
-FLOPS = PREFIX + "flops"          # forward FLOPs of the node (int)
-BYTES = PREFIX + "bytes"          # bytes read + written by the node in the forward (int)
-REGION = PREFIX + "region"        # owning module path ("" for the root module)
-GROUP = PREFIX + "group"          # fusion group id
+KIND = PREFIX + "kind"  # OpKind value
+FLOPS = PREFIX + "flops"  # forward FLOPs of the node (int)
+BYTES = PREFIX + "bytes"  # bytes read + written by the node in the forward (int)
+REGION = PREFIX + "region"  # owning module path ("" for the root module)
+GROUP = PREFIX + "group"  # fusion group id
 PRECISION = PREFIX + "precision"  # chosen compute precision
 PLACEMENT = PREFIX + "placement"  # parallel placement of the node's region or table
 PREDICTED_MS = PREFIX + "predicted_ms"  # cost model's forward+backward time
-PROVENANCE = PREFIX + "provenance"      # "<pass name>: <source module>" of created nodes
-TABLE = PREFIX + "table"          # embedding table facts (dict) on embedding nodes
-GEMM = PREFIX + "gemm"            # {"batch", "m", "n", "k"} on gemm nodes (forward GEMM)
+PROVENANCE = PREFIX + "provenance"  # "<pass name>: <source module>" of created nodes
+TABLE = PREFIX + "table"  # embedding table facts (dict) on embedding nodes
+GEMM = PREFIX + "gemm"  # {"batch", "m", "n", "k"} on gemm nodes (forward GEMM)
 ATTENTION = PREFIX + "attention"  # {"batch", "heads", "q_len", "kv_len", "head_dim",
 #                                    "causal", "masked"} on attention nodes
-PARAM = PREFIX + "param"          # parameter / buffer FQN on placeholders that are weights
+PARAM = PREFIX + "param"  # parameter / buffer FQN on placeholders that are weights
 
 
 class OpKind(str, Enum):
@@ -42,7 +42,7 @@ class OpKind(str, Enum):
     POINTWISE = "pointwise"
     REDUCTION = "reduction"
     VIEW = "view"
-    INDEX = "index"       # gathers, scatters, index_put: memory bound, data dependent
+    INDEX = "index"  # gathers, scatters, index_put: memory bound, data dependent
     LOSS = "loss"
     COMM = "comm"
     OTHER = "other"
@@ -85,4 +85,4 @@ def kind_of(node: fx.Node) -> OpKind | None:
 
 def gemc_meta(node: fx.Node) -> dict[str, Any]:
     """All gemc annotations of a node, keys without the prefix, in a stable order."""
-    return {k[len(PREFIX):]: node.meta[k] for k in sorted(node.meta) if k.startswith(PREFIX)}
+    return {k[len(PREFIX) :]: node.meta[k] for k in sorted(node.meta) if k.startswith(PREFIX)}

@@ -1,0 +1,89 @@
+"""The public Python API: ``gemc.compile`` and friends."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from torch import fx
+
+from gemc.capture import Captured, capture
+from gemc.context import PassContext
+from gemc.entrypoint import build_spec, load_entrypoint
+from gemc.pass_manager import PassManager
+from gemc.pipeline import annotation_passes, default_pipeline
+from gemc.plan import write_plan
+from gemc.plan_builder import build_plan
+from gemc.spec import ModelSpec
+
+
+def load_model(
+    entrypoint: str, args: dict[str, Any] | None = None, *, device: str = "meta"
+) -> ModelSpec:
+    """Build a user's model through its entrypoint (on the meta device by default)."""
+    return build_spec(
+        load_entrypoint(entrypoint), dict(args or {}), entrypoint=entrypoint, device=device
+    )
+
+
+def _context(
+    entrypoint: str, args: dict[str, Any], captured: Captured, topology: Any
+) -> PassContext:
+    return PassContext(
+        entrypoint=entrypoint,
+        args=dict(args),
+        param_fqns=captured.param_fqns,
+        param_shapes=captured.param_shapes,
+        param_dtypes=captured.param_dtypes,
+        topology=topology,
+    )
+
+
+def annotate_model(
+    spec: ModelSpec, topology: Any = None, *, entrypoint: str = "model"
+) -> fx.GraphModule:
+    """Capture and annotate (kind, FLOPs, bytes, region, tables) without planning."""
+    captured = capture(spec, entrypoint=entrypoint)
+    ctx = _context(entrypoint, {}, captured, topology)
+    return PassManager(annotation_passes()).run(captured.gm, ctx)
+
+
+def compile(  # noqa: A001 - the public name users expect
+    entrypoint: str,
+    args: dict[str, Any] | None = None,
+    *,
+    topology: str = "h200:1x8",
+    out: str | Path | None = None,
+    dump_dir: str | Path | None = None,
+    dump_mode: str = "all",
+    disabled_passes: Sequence[str] = (),
+    planner: str = "default",
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Compile a model entrypoint into a validated plan (and write it to ``out``)."""
+    from gemc.cost_model.topology import parse_topology
+
+    args = dict(args or {})
+    topo = parse_topology(topology)
+    manager = PassManager(
+        default_pipeline(planner),
+        disabled=tuple(disabled_passes),
+        dump_dir=Path(dump_dir) if dump_dir is not None else None,
+        dump_mode=dump_mode,
+        progress=progress,
+    )
+    if progress:
+        progress("build model")
+    spec = load_model(entrypoint, args)
+    if progress:
+        progress("capture")
+    start = time.perf_counter()
+    captured = capture(spec, entrypoint=entrypoint)
+    ctx = _context(entrypoint, args, captured, topo)
+    gm = manager.run(captured.gm, ctx, capture_seconds=time.perf_counter() - start)
+    plan = build_plan(gm, ctx, captured, planner=planner)
+    if out is not None:
+        write_plan(out, plan)
+    return plan

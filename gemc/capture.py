@@ -1,0 +1,131 @@
+"""Capture: torch.export of the user's model on meta/fake tensors into gemc's IR.
+
+The IR is the exported ATen-level ``torch.fx.GraphModule`` (pre-dispatch training IR, so
+``linear`` and ``scaled_dot_product_attention`` stay whole for pattern matching), with a
+FakeTensor ``val`` on every node. Parameters are placeholders; we keep their FQNs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import warnings
+from dataclasses import dataclass
+
+import torch
+from torch import fx
+
+from gemc.errors import CaptureError
+from gemc.spec import ModelSpec
+
+
+@dataclass
+class Captured:
+    """An exported model: the graph plus what the passes need to name parameters."""
+
+    gm: fx.GraphModule
+    param_fqns: dict[str, str]  # placeholder name -> parameter / buffer FQN
+    param_shapes: dict[str, tuple[int, ...]]
+    param_dtypes: dict[str, str]
+    fingerprint: str
+
+
+def capture(spec: ModelSpec, *, entrypoint: str = "model") -> Captured:
+    """Export ``spec.model`` on ``spec.example_inputs``; a failure is a named CaptureError."""
+    model = spec.model
+    inputs = spec.example_inputs
+    model.train()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            exported = torch.export.export(model, inputs, strict=False)
+    except Exception as exc:  # any export failure is the user's model not being capturable
+        raise CaptureError(
+            f"torch.export could not capture the model: {_first_line(exc)}",
+            where=_where(exc, entrypoint),
+            fix=(
+                "make the forward traceable: no Python branching on tensor values, no .item()/"
+                ".tolist() on data, no unsupported ops (see torch.export's docs on "
+                "data-dependent control flow); pass output_size= to repeat_interleave"
+            ),
+        ) from exc
+
+    gm = exported.graph_module
+    _check_scalar_loss(gm, entrypoint)
+    sig = exported.graph_signature
+    param_fqns = {**sig.inputs_to_parameters, **sig.inputs_to_buffers}
+    state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    shapes = {
+        fqn: tuple(int(s) for s in state[fqn].shape) for fqn in param_fqns.values() if fqn in state
+    }
+    dtypes = {fqn: str(state[fqn].dtype).removeprefix("torch.") for fqn in shapes}
+    return Captured(
+        gm=gm,
+        param_fqns=dict(param_fqns),
+        param_shapes=shapes,
+        param_dtypes=dtypes,
+        fingerprint=fingerprint(gm, shapes, dtypes),
+    )
+
+
+def _check_scalar_loss(gm: fx.GraphModule, entrypoint: str) -> None:
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    results = out.args[0]
+    results = results if isinstance(results, (list, tuple)) else [results]
+    vals = [r.meta.get("val") if isinstance(r, fx.Node) else r for r in results]
+    ok = (
+        len(vals) == 1
+        and isinstance(vals[0], torch.Tensor)
+        and vals[0].dim() == 0
+        and vals[0].is_floating_point()
+    )
+    if not ok:
+        got = ", ".join(
+            f"{'x'.join(map(str, v.shape)) or 'scalar'} {v.dtype}"
+            if isinstance(v, torch.Tensor)
+            else type(v).__name__
+            for v in vals
+        )
+        raise CaptureError(
+            f"the model's forward must return the scalar training loss; it returned {len(vals)} "
+            f"value(s): {got}",
+            where=f"{entrypoint} -> model.forward",
+            fix="reduce to one floating-point scalar (e.g. loss.mean()) and return only that",
+        )
+
+
+def fingerprint(
+    gm: fx.GraphModule, shapes: dict[str, tuple[int, ...]], dtypes: dict[str, str]
+) -> str:
+    """A hash of the graph's ops and shapes and of the parameter shapes.
+
+    The runner refuses a plan whose fingerprint differs from the model it builds, so a plan
+    never runs against a model it was not compiled for.
+    """
+    h = hashlib.sha256()
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        shape = tuple(val.shape) if isinstance(val, torch.Tensor) else ()
+        h.update(f"{node.op}|{node.target}|{shape}\n".encode())
+    for fqn in sorted(shapes):
+        h.update(f"{fqn}|{shapes[fqn]}|{dtypes[fqn]}\n".encode())
+    return "sha256:" + h.hexdigest()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return f"{type(exc).__name__}: {text.splitlines()[0][:400]}"
+
+
+def _where(exc: BaseException, entrypoint: str) -> str:
+    import traceback
+
+    frames = [
+        f
+        for f in traceback.extract_tb(exc.__traceback__)
+        if "site-packages" not in f.filename
+        and "/torch/" not in f.filename
+        and "/gemc/" not in f.filename
+    ]
+    return (
+        f"{frames[-1].filename}:{frames[-1].lineno}" if frames else f"{entrypoint} -> model.forward"
+    )

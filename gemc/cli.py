@@ -1,0 +1,166 @@
+"""The ``gemc`` command line. Exit codes: 0 success, 2 bad input or usage, 1 internal error."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Sequence
+
+from gemc.errors import GemcUserError
+
+EXIT_OK, EXIT_INTERNAL, EXIT_USAGE = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but usage errors name the fix and exit 2 like every other bad input."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        sys.stderr.write(f"gemc: error: {message}\n  fix: see `{self.prog} --help`\n")
+        raise SystemExit(EXIT_USAGE)
+
+
+class Progress:
+    """One line per stage with elapsed seconds; rewritten in place on a terminal."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.start = time.perf_counter()
+        self.tty = sys.stderr.isatty()
+
+    def __call__(self, stage: str) -> None:
+        if not self.enabled:
+            return
+        text = f"[gemc {time.perf_counter() - self.start:6.1f}s] {stage}"
+        sys.stderr.write(f"\r\033[K{text}" if self.tty else text + "\n")
+        sys.stderr.flush()
+
+    def done(self) -> None:
+        if self.enabled and self.tty:
+            sys.stderr.write("\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="gemc", description="Compile a PyTorch recommendation model into a training plan."
+    )
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    c = sub.add_parser("compile", help="compile a model entrypoint into a plan")
+    c.add_argument(
+        "entrypoint", help="FILE.py:FUNC or package.module:FUNC returning a gemc.ModelSpec"
+    )
+    c.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="keyword argument for the entrypoint (JSON scalar, else string); repeatable",
+    )
+    c.add_argument(
+        "--topology",
+        default="h200:1x8",
+        help="GPU:HOSTSxGPUS_PER_HOST (h200:1x8) or a topology file",
+    )
+    c.add_argument("--out", required=True, help="where to write plan.json")
+    c.add_argument("--dump-dir", help="write numbered pass dumps and manifest.json here")
+    c.add_argument("--dump-mode", default="all", help="all | changed | failure")
+    c.add_argument(
+        "--disable-pass",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="skip a pass (bisecting)",
+    )
+    c.add_argument("--planner", default="default", help="default")
+    c.add_argument("--quiet", action="store_true", help="no progress display")
+
+    e = sub.add_parser("explain", help="print a plan as tables")
+    e.add_argument("plan")
+    v = sub.add_parser("validate", help="check a plan file")
+    v.add_argument("plan")
+    return p
+
+
+def _cmd_compile(args: argparse.Namespace) -> int:
+    from gemc.api import compile as gemc_compile
+    from gemc.entrypoint import parse_sets
+
+    kwargs = parse_sets(args.sets)
+    progress = Progress(not args.quiet)
+    try:
+        plan = gemc_compile(
+            args.entrypoint,
+            kwargs,
+            topology=args.topology,
+            out=args.out,
+            dump_dir=args.dump_dir,
+            dump_mode=args.dump_mode,
+            disabled_passes=args.disable_pass,
+            planner=args.planner,
+            progress=progress,
+        )
+    finally:
+        progress.done()
+    for warning in plan["warnings"]:
+        print(f"gemc: warning: {warning}", file=sys.stderr)
+    pred = plan["predicted"]
+    step = f"{pred['step_ms']:.2f} ms" if pred.get("step_ms") is not None else "not predicted"
+    print(
+        f"wrote {args.out}: {len(plan['regions'])} regions, {len(plan['tables'])} tables, "
+        f"{plan['mesh']['world_size']} ranks, planner {plan['planner']}, step {step}"
+    )
+    return EXIT_OK
+
+
+def _cmd_explain(args: argparse.Namespace) -> int:
+    from gemc.explain import explain
+    from gemc.plan import load_plan
+
+    print(explain(load_plan(args.plan)))
+    return EXIT_OK
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from gemc.plan import load_plan
+
+    plan = load_plan(args.plan)
+    print(
+        f"{args.plan}: valid plan (schema {plan['schema_version']}, planner {plan['planner']}, "
+        f"{plan['mesh']['world_size']} ranks)"
+    )
+    return EXIT_OK
+
+
+COMMANDS = {"compile": _cmd_compile, "explain": _cmd_explain, "validate": _cmd_validate}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except GemcUserError as exc:
+        print(f"gemc: error: {exc.render()}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("gemc: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a bug in gemc: say so, keep the traceback in a file
+        fd, path = tempfile.mkstemp(prefix="gemc-crash-", suffix=".txt")
+        with os.fdopen(fd, "w") as f:
+            traceback.print_exc(file=f)
+        print(
+            f"gemc: internal error (a bug in gemc, please report it): {type(exc).__name__}: {exc}\n"
+            f"  traceback: {path}",
+            file=sys.stderr,
+        )
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":
+    sys.exit(main())

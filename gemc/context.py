@@ -1,0 +1,29 @@
+"""What every pass may read besides the graph: the model's facts, the topology, options."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class PassContext:
+    """Read-mostly state shared by a pipeline's passes.
+
+    Passes record results on nodes (``node.meta`` under gemc.ir keys), not here; the only
+    thing a pass appends to is ``warnings`` (loud fallbacks the user must see).
+    """
+
+    entrypoint: str = "model"
+    args: dict[str, Any] = field(default_factory=dict)
+    param_fqns: dict[str, str] = field(default_factory=dict)  # placeholder -> FQN
+    param_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    param_dtypes: dict[str, str] = field(default_factory=dict)
+    topology: Any = None  # gemc.cost_model.topology.Topology
+    calibration: Any = None  # gemc.cost_model.calibration.Calibration | None
+    options: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    def warn(self, message: str) -> None:
+        if message not in self.warnings:
+            self.warnings.append(message)

@@ -1,0 +1,257 @@
+"""Loading a user's model entrypoint: ``FILE.py:FUNC`` or ``package.module:FUNC``.
+
+The function is called with keyword arguments from repeated ``--set key=value`` and must
+return a :class:`gemc.spec.ModelSpec`. gemc calls it under ``torch.device("meta")`` when it
+only compiles, so GEM-scale models never allocate their weights.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import json
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gemc.errors import EntrypointError, GemcUserError
+from gemc.spec import ModelSpec
+
+ENTRYPOINT_FIX = (
+    "write it as FILE.py:FUNC (e.g. examples/gem/model.py:build) or package.module:FUNC"
+)
+
+
+def parse_sets(items: Sequence[str]) -> dict[str, Any]:
+    """``--set key=value`` pairs into kwargs; values are JSON scalars when they parse, else strings."""
+    kwargs: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise GemcUserError(
+                f"bad --set '{item}': expected key=value",
+                where="--set",
+                fix="write --set preset=tiny (one key=value per --set)",
+            )
+        if not key.isidentifier():
+            raise GemcUserError(
+                f"bad --set '{item}': '{key}' is not a valid Python keyword argument name",
+                where="--set",
+                fix="use a name of the entrypoint's parameters, e.g. --set batch_size=64",
+            )
+        if key in kwargs:
+            raise GemcUserError(
+                f"--set {key} is given twice", where="--set", fix="give each key once"
+            )
+        kwargs[key] = _parse_scalar(raw)
+    return kwargs
+
+
+def _parse_scalar(raw: str) -> Any:
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return raw
+    return value if isinstance(value, (int, float, bool, str)) or value is None else raw
+
+
+def load_entrypoint(entrypoint: str) -> Callable[..., Any]:
+    """Resolve ``FILE.py:FUNC`` or ``package.module:FUNC`` to the function object."""
+    target, sep, func_name = entrypoint.rpartition(":")
+    if not sep or not target or not func_name:
+        raise EntrypointError(
+            f"malformed model entrypoint '{entrypoint}': no ':FUNC' part",
+            where="ENTRYPOINT argument",
+            fix=ENTRYPOINT_FIX,
+        )
+    module = _import_file(target) if target.endswith(".py") else _import_module(target)
+    fn = getattr(module, func_name, None)
+    if fn is None:
+        public = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+        raise EntrypointError(
+            f"'{target}' has no function '{func_name}'",
+            where=entrypoint,
+            fix=f"name one of its functions: {', '.join(public[:12]) or '(none found)'}",
+        )
+    if not callable(fn):
+        raise EntrypointError(
+            f"'{func_name}' in '{target}' is a {type(fn).__name__}, not a function",
+            where=entrypoint,
+            fix="point at the function that builds and returns a gemc.ModelSpec",
+        )
+    return fn
+
+
+def _import_file(path_str: str) -> Any:
+    path = Path(path_str)
+    if not path.is_file():
+        raise EntrypointError(
+            f"model file '{path_str}' does not exist",
+            where=str(path.resolve()),
+            fix="check the path (relative paths are taken from the current directory)",
+        )
+    name = "gemc_user_model_" + "_".join(path.resolve().with_suffix("").parts[-3:]).replace(
+        "-", "_"
+    )
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # the user's file failed to import: say where
+        sys.modules.pop(name, None)
+        raise EntrypointError(
+            f"importing '{path_str}' failed: {type(exc).__name__}: {exc}",
+            where=_user_frame(exc, path),
+            fix="fix the error in the model file (run `python FILE.py` to see it on its own)",
+        ) from exc
+    return module
+
+
+def _import_module(module_name: str) -> Any:
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise EntrypointError(
+                f"no module named '{module_name}'",
+                where=module_name,
+                fix=f"install the package or add its folder to PYTHONPATH; {ENTRYPOINT_FIX}",
+            ) from exc
+        raise EntrypointError(
+            f"importing '{module_name}' failed: {exc}",
+            where=module_name,
+            fix="install what the model module imports",
+        ) from exc
+    except Exception as exc:
+        raise EntrypointError(
+            f"importing '{module_name}' failed: {type(exc).__name__}: {exc}",
+            where=module_name,
+            fix="fix the error in the model module",
+        ) from exc
+
+
+def _user_frame(exc: BaseException, path: Path) -> str:
+    frames = [
+        f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename) == path.resolve()
+    ]
+    if frames:
+        return f"{frames[-1].filename}:{frames[-1].lineno}"
+    if isinstance(exc, SyntaxError) and exc.lineno:
+        return f"{path}:{exc.lineno}"
+    return str(path)
+
+
+def build_spec(
+    fn: Callable[..., Any], kwargs: dict[str, Any], *, entrypoint: str, device: str = "meta"
+) -> ModelSpec:
+    """Call the entrypoint under ``torch.device(device)`` and check what it returned."""
+    _check_kwargs(fn, kwargs, entrypoint)
+    try:
+        with torch.device(device):
+            spec = fn(**kwargs)
+    except GemcUserError:
+        raise
+    except (ValueError, TypeError, KeyError) as exc:
+        # Entrypoints reject bad arguments with these; show their message as the fix.
+        raise EntrypointError(
+            f"'{entrypoint}' rejected its arguments: {type(exc).__name__}: {exc}",
+            where=_describe_kwargs(kwargs),
+            fix="change the --set values",
+        ) from exc
+    except Exception as exc:
+        raise EntrypointError(
+            f"'{entrypoint}' raised {type(exc).__name__}: {exc}",
+            where=_last_frame(exc),
+            fix="fix the model's build function (it runs with torch.device('meta') as default)",
+        ) from exc
+    check_spec(spec, entrypoint)
+    return spec
+
+
+def _check_kwargs(fn: Callable[..., Any], kwargs: dict[str, Any], entrypoint: str) -> None:
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    params = sig.parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    accepted = [n for n, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    unknown = [k for k in kwargs if k not in accepted]
+    if unknown:
+        raise EntrypointError(
+            f"'{entrypoint}' takes no argument named {', '.join(repr(k) for k in unknown)}",
+            where="--set " + " ".join(f"{k}=..." for k in unknown),
+            fix=f"use its parameters: {', '.join(accepted) or '(it takes none)'}",
+        )
+    missing = [
+        n
+        for n, p in params.items()
+        if p.default is inspect.Parameter.empty
+        and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+        and n not in kwargs
+    ]
+    if missing:
+        raise EntrypointError(
+            f"'{entrypoint}' needs {', '.join(repr(m) for m in missing)}",
+            where="--set",
+            fix=" ".join(f"--set {m}=VALUE" for m in missing),
+        )
+
+
+def check_spec(spec: Any, entrypoint: str) -> None:
+    """The entrypoint must return a ModelSpec whose parts have the right types."""
+    if not isinstance(spec, ModelSpec):
+        raise EntrypointError(
+            f"'{entrypoint}' returned {type(spec).__name__}, not a gemc.ModelSpec",
+            where=entrypoint,
+            fix="return gemc.ModelSpec(model=..., example_inputs=(...), make_batch=...)",
+        )
+    if not isinstance(spec.model, torch.nn.Module):
+        raise EntrypointError(
+            f"ModelSpec.model is a {type(spec.model).__name__}, not a torch.nn.Module",
+            where=f"{entrypoint} -> ModelSpec.model",
+            fix="pass the nn.Module whose forward(*inputs) returns the training loss",
+        )
+    inputs = spec.example_inputs
+    if not isinstance(inputs, tuple) or not inputs:
+        raise EntrypointError(
+            "ModelSpec.example_inputs must be a non-empty tuple of tensors, got "
+            f"{type(inputs).__name__}",
+            where=f"{entrypoint} -> ModelSpec.example_inputs",
+            fix="give a tuple: example_inputs=(dense, ids, offsets, labels)",
+        )
+    for i, t in enumerate(inputs):
+        if not isinstance(t, torch.Tensor):
+            raise EntrypointError(
+                f"ModelSpec.example_inputs[{i}] is a {type(t).__name__}, not a tensor",
+                where=f"{entrypoint} -> ModelSpec.example_inputs[{i}]",
+                fix="flatten structured inputs into a tuple of tensors",
+            )
+    if not callable(spec.make_batch):
+        raise EntrypointError(
+            "ModelSpec.make_batch is not callable",
+            where=f"{entrypoint} -> ModelSpec.make_batch",
+            fix="give a function make_batch(step, device) returning a tuple like example_inputs",
+        )
+
+
+def _describe_kwargs(kwargs: dict[str, Any]) -> str:
+    return (
+        "--set " + " ".join(f"{k}={json.dumps(v)}" for k, v in kwargs.items())
+        if kwargs
+        else "(no --set)"
+    )
+
+
+def _last_frame(exc: BaseException) -> str:
+    tb = traceback.extract_tb(exc.__traceback__)
+    return f"{tb[-1].filename}:{tb[-1].lineno}" if tb else "(unknown)"

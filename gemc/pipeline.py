@@ -1,0 +1,19 @@
+"""The default pass pipeline, in order (see ARCHITECTURE.md's typical order)."""
+
+from __future__ import annotations
+
+from gemc.pass_manager import Pass
+from gemc.passes.assign_regions import AssignRegions
+from gemc.passes.classify_ops import ClassifyOps
+from gemc.passes.collect_tables import CollectTables
+from gemc.passes.count_flops_bytes import CountFlopsBytes
+from gemc.passes.place_default import PlaceDefault
+
+
+def annotation_passes() -> list[Pass]:
+    """The passes that turn a captured graph into an annotated one (no decisions yet)."""
+    return [ClassifyOps(), CollectTables(), CountFlopsBytes(), AssignRegions()]
+
+
+def default_pipeline(planner: str = "default") -> list[Pass]:
+    return [*annotation_passes(), PlaceDefault()]

@@ -1,0 +1,175 @@
+"""The plan file: a versioned, self-contained JSON document, validated on write and read.
+
+The runner needs nothing but this file (and the model entrypoint it names), so the plan
+carries the topology, the mesh, every region's strategy, every table's shards, every
+kernel and precision choice, and the predictions. It holds no timestamps and is written
+with sorted keys: the same inputs give the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from gemc.dump import write_atomic
+from gemc.errors import PlanError
+
+SCHEMA_VERSION = 1
+DENSE_STRATEGIES = ("ddp", "fsdp", "hsdp", "tp")
+TABLE_SHARDINGS = (
+    "data_parallel",
+    "table_wise",
+    "row_wise",
+    "column_wise",
+    "table_row_wise",
+    "grid",
+)
+PLANNERS = ("default", "cpsat", "greedy", "naive")
+_TOP_LEVEL = {
+    "schema_version": int,
+    "gemc_version": str,
+    "model": dict,
+    "topology": dict,
+    "mesh": dict,
+    "regions": list,
+    "tables": list,
+    "kernels": list,
+    "precision": list,
+    "predicted": dict,
+    "planner": str,
+    "warnings": list,
+}
+
+
+def dumps(plan: dict[str, Any]) -> str:
+    return json.dumps(plan, indent=1, sort_keys=True) + "\n"
+
+
+def write_plan(path: str | Path, plan: dict[str, Any]) -> None:
+    """Validate, then write atomically: a bad plan is never written, a good one never half."""
+    validate_plan(plan, source="the plan being written")
+    write_atomic(Path(path), dumps(plan))
+
+
+def load_plan(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise PlanError(
+            f"plan file '{path}' does not exist",
+            where=str(path),
+            fix="give the path gemc compile --out wrote",
+        )
+    try:
+        plan = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise PlanError(
+            f"plan file '{path}' is not valid JSON: {exc}",
+            where=str(path),
+            fix="the file is corrupt or truncated; compile the plan again with gemc compile",
+        ) from exc
+    validate_plan(plan, source=str(path))
+    return plan
+
+
+def _fail(source: str, field: str, what: str, fix: str) -> None:
+    raise PlanError(f"invalid plan: {field} {what}", where=f"{source}: {field}", fix=fix)
+
+
+def validate_plan(plan: Any, *, source: str = "plan") -> None:
+    """Check structure and consistency; raise one PlanError naming the field at fault."""
+    recompile = "compile the plan again with this gemc (gemc compile ... --out plan.json)"
+    if not isinstance(plan, dict):
+        _fail(source, "(top level)", f"is a {type(plan).__name__}, not an object", recompile)
+    version = plan.get("schema_version")
+    if version != SCHEMA_VERSION:
+        _fail(
+            source,
+            "schema_version",
+            f"is {version!r}; this gemc reads version {SCHEMA_VERSION}",
+            recompile,
+        )
+    for key, typ in _TOP_LEVEL.items():
+        if key not in plan:
+            _fail(source, key, "is missing", recompile)
+        if not isinstance(plan[key], typ):
+            _fail(
+                source, key, f"is a {type(plan[key]).__name__}, expected {typ.__name__}", recompile
+            )
+    if plan["planner"] not in PLANNERS:
+        _fail(source, "planner", f"is {plan['planner']!r}, not one of {PLANNERS}", recompile)
+    model = plan["model"]
+    for key in ("entrypoint", "args", "fingerprint"):
+        if key not in model:
+            _fail(source, f"model.{key}", "is missing", recompile)
+    mesh = plan["mesh"]
+    world = mesh.get("world_size")
+    if not isinstance(world, int) or world < 1:
+        _fail(source, "mesh.world_size", f"is {world!r}, expected a positive integer", recompile)
+    shape = mesh.get("shape")
+    if not isinstance(shape, list) or not shape or _prod(shape) != world:
+        _fail(
+            source,
+            "mesh.shape",
+            f"is {shape!r}; its product must equal world_size {world}",
+            recompile,
+        )
+    for i, region in enumerate(plan["regions"]):
+        where = f"regions[{i}]"
+        if not isinstance(region, dict) or "name" not in region:
+            _fail(source, where, "has no name", recompile)
+        if region.get("strategy") not in DENSE_STRATEGIES:
+            _fail(
+                source,
+                f"{where}.strategy",
+                f"is {region.get('strategy')!r}, not one of {DENSE_STRATEGIES}",
+                recompile,
+            )
+    for i, table in enumerate(plan["tables"]):
+        _validate_table(table, f"tables[{i}]", world, source, recompile)
+    predicted = plan["predicted"]
+    for key in ("step_ms", "mfu", "per_rank"):
+        if key not in predicted:
+            _fail(source, f"predicted.{key}", "is missing (null is allowed)", recompile)
+
+
+def _validate_table(table: Any, where: str, world: int, source: str, fix: str) -> None:
+    if not isinstance(table, dict):
+        _fail(source, where, "is not an object", fix)
+    for key in ("fqn", "rows", "dim", "sharding", "shards"):
+        if key not in table:
+            _fail(source, f"{where}.{key}", "is missing", fix)
+    if table["sharding"] not in TABLE_SHARDINGS:
+        _fail(
+            source,
+            f"{where}.sharding",
+            f"is {table['sharding']!r}, not one of {TABLE_SHARDINGS}",
+            fix,
+        )
+    rows, dim = table["rows"], table["dim"]
+    covered = 0
+    for j, shard in enumerate(table["shards"]):
+        sw = f"{where}.shards[{j}]"
+        rank = shard.get("rank")
+        if not isinstance(rank, int) or not 0 <= rank < world:
+            _fail(source, f"{sw}.rank", f"is {rank!r}, outside the mesh of {world} ranks", fix)
+        r0, nr, c0, nc = (shard.get(k) for k in ("row_offset", "rows", "col_offset", "cols"))
+        if not all(isinstance(v, int) and v >= 0 for v in (r0, nr, c0, nc)):
+            _fail(source, sw, "needs non-negative integers row_offset, rows, col_offset, cols", fix)
+        if r0 + nr > rows or c0 + nc > dim:
+            _fail(source, sw, f"reaches past the table ({rows} x {dim})", fix)
+        covered += nr * nc
+    replicas = len(table["shards"]) if table["sharding"] == "data_parallel" else 1
+    if covered != rows * dim * replicas:
+        _fail(
+            source, f"{where}.shards", f"cover {covered} of {rows * dim * replicas} elements", fix
+        )
+
+
+def _prod(values: list[Any]) -> int:
+    p = 1
+    for v in values:
+        if not isinstance(v, int):
+            return -1
+        p *= v
+    return p

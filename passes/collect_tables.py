@@ -1,0 +1,77 @@
+"""collect-tables: the embedding tables, as the sharding solver and the kernels see them.
+
+An embedding node reads a weight placeholder; we record that table's FQN, rows, dim, the
+lookups per batch (nnz), the bags per batch (batch) and the pooling, on the node. A table
+read by two nodes (shared embeddings) keeps one FQN, so it is sharded once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from gemc.passes.classify_ops import op_name
+from torch import fx
+from torch.fx.passes.infra.pass_base import PassResult
+
+from gemc import ir
+from gemc.context import PassContext
+from gemc.ir import OpKind
+
+_POOLING = {0: "sum", 1: "mean", 2: "max"}
+
+
+def _arg(node: fx.Node, index: int, name: str, default: object) -> object:
+    if len(node.args) > index:
+        return node.args[index]
+    return node.kwargs.get(name, default)
+
+
+def table_facts(node: fx.Node) -> dict[str, object] | None:
+    weight, indices = node.args[0], node.args[1]
+    if not isinstance(weight, fx.Node) or not isinstance(indices, fx.Node):
+        return None
+    w_shape = ir.shape_of(weight)
+    i_shape = ir.shape_of(indices)
+    if w_shape is None or i_shape is None or len(w_shape) != 2:
+        return None
+    nnz = 1
+    for s in i_shape:
+        nnz *= s
+    fqn = weight.meta.get(ir.PARAM, weight.name)
+    facts: dict[str, object] = {"fqn": fqn, "rows": w_shape[0], "dim": w_shape[1], "nnz": nnz}
+    if "embedding_bag" in op_name(node):
+        offsets = node.args[2]
+        n_offsets = ir.shape_of(offsets)[0] if isinstance(offsets, fx.Node) else 0
+        include_last = bool(_arg(node, 7, "include_last_offset", False))
+        facts["batch"] = n_offsets - 1 if include_last else n_offsets
+        facts["mode"] = _POOLING.get(int(_arg(node, 4, "mode", 0)), "sum")
+        facts["weighted"] = _arg(node, 6, "per_sample_weights", None) is not None
+    else:  # plain embedding: one row per index, no pooling (e.g. a sequence's item ids)
+        facts["batch"] = nnz
+        facts["mode"] = "none"
+        facts["weighted"] = False
+    return facts
+
+
+@dataclass(frozen=True)
+class CollectTables:
+    """Annotates ``gemc.table`` on every embedding node."""
+
+    name: ClassVar[str] = "collect-tables"
+    requires: ClassVar[tuple[str, ...]] = ("classify-ops",)
+
+    def run(self, gm: fx.GraphModule, ctx: PassContext) -> PassResult:
+        changed = False
+        for node in gm.graph.nodes:
+            if ir.kind_of(node) is OpKind.EMBEDDING:
+                facts = table_facts(node)
+                if facts is None:
+                    ctx.warn(
+                        f"collect-tables: embedding node {node.name} has no weight placeholder; "
+                        "it is priced as a dense gather and its table is not sharded"
+                    )
+                    continue
+                node.meta[ir.TABLE] = facts
+                changed = True
+        return PassResult(gm, changed)

@@ -1,0 +1,50 @@
+import torch
+
+from gemc import ir
+from gemc.ir import OpKind
+from tests.conftest import check_golden
+from tests.passes.helpers import dump_after, run_until
+
+
+def test_classify_ops_golden_dump():
+    check_golden("classify_ops.txt", dump_after("classify-ops"))
+
+
+def test_every_node_has_a_known_kind_and_gemm_shapes_match_operands():
+    gm = run_until("classify-ops", "build_attention")
+    kinds = [ir.kind_of(n) for n in gm.graph.nodes]
+    assert None not in kinds
+    assert OpKind.ATTENTION in kinds and OpKind.GEMM in kinds
+    for node in gm.graph.nodes:
+        if ir.kind_of(node) is OpKind.GEMM:
+            p = node.meta[ir.GEMM]
+            x, w = (a.meta["val"] for a in node.args[:2])
+            assert p["k"] == x.shape[-1] == w.shape[1]
+            assert p["m"] * p["n"] == node.meta["val"].numel()
+        if ir.kind_of(node) is OpKind.ATTENTION:
+            a = node.meta[ir.ATTENTION]
+            assert (a["batch"], a["heads"], a["q_len"], a["kv_len"], a["head_dim"]) == (
+                3,
+                2,
+                6,
+                6,
+                8,
+            )
+            assert a["masked"] and not a["causal"]
+
+
+def test_unknown_op_is_kept_and_named_in_a_warning():
+    from gemc.passes.classify_ops import ClassifyOps
+
+    from gemc.context import PassContext
+
+    class Odd(torch.nn.Module):
+        def forward(self, x):
+            return torch.linalg.det(x).sum()
+
+    ep = torch.export.export(Odd(), (torch.randn(2, 3, 3),), strict=False)
+    ctx = PassContext()
+    gm, _ = ClassifyOps().run(ep.graph_module, ctx)
+    det = [n for n in gm.graph.nodes if "det" in str(n.target)]
+    assert det and ir.kind_of(det[0]) is OpKind.OTHER
+    assert any("linalg_det" in w for w in ctx.warnings)
