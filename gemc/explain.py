@@ -17,7 +17,7 @@ def explain(plan: dict[str, Any]) -> str:
         f"           fingerprint {model['fingerprint'][:23]}...  nodes {model.get('graph_nodes')}",
         f"           dense params {human_count(model.get('dense_params', 0))}  embedding params "
         f"{human_count(model.get('embedding_params', 0))}  train FLOPs/step {human_count(model.get('train_flops_per_step', 0))}",
-        f"topology   {topo.get('spec', '?')}  world {plan['mesh']['world_size']}  mesh {plan['mesh']['shape']}",
+        f"topology   {topo.get('gpu')}:{topo.get('hosts')}x{topo.get('gpus_per_host')}  world {plan['mesh']['world_size']}  mesh {plan['mesh']['shape']}",
         f"planner    {plan['planner']}",
         f"predicted  step {_ms(pred.get('step_ms'))}  MFU {_pct(pred.get('mfu'))}  cost model {pred.get('cost_model') or '-'}",
     ]

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Sets up .venv with everything gemc needs, from the project's own files. Idempotent.
+# torch is pinned to the CPU build 2.13.0 first: any other version would pull a
+# multi-GB CUDA build. On a GPU machine, install gemc into an environment that already
+# has a CUDA torch (>= 2.11) instead: `pip install -e .` keeps the torch it finds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+log=$(mktemp)
+pip_install() {
+  if ! .venv/bin/python -m pip install -q "$@" >"$log" 2>&1; then
+    grep -v "^WARNING: Location" "$log" >&2
+    echo "setup: 'pip install $*' failed (log above)" >&2
+    exit 1
+  fi
+}
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+pip_install --upgrade pip
+pip_install torch==2.13.0
+pip_install -e '.[dev]'
+rm -f "$log"
+.venv/bin/python -c "import gemc, torch, triton, ortools, networkx; print('gemc', gemc.__version__, 'torch', torch.__version__, 'triton', triton.__version__)"

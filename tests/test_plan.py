@@ -1,0 +1,75 @@
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gemc.errors import PlanError
+from gemc.plan import dumps, load_plan, validate_plan, write_plan
+from gemc.sharding import make_shards, split_even
+
+
+@pytest.fixture(scope="module")
+def plan(
+    tmp_path_factory,
+):
+    from gemc.api import compile
+    from tests.conftest import TOY
+
+    return compile(f"{TOY}:build", topology="h200:2x4")
+
+
+def test_round_trip_is_byte_identical(plan, tmp_path):
+    path = tmp_path / "p.json"
+    write_plan(path, plan)
+    again = load_plan(path)
+    assert again == plan
+    assert dumps(again) == path.read_text()
+
+
+def test_invalid_plan_is_never_written(plan, tmp_path):
+    path = tmp_path / "p.json"
+    bad = {**plan, "mesh": {**plan["mesh"], "shape": [3, 3]}}
+    with pytest.raises(PlanError, match="mesh.shape"):
+        write_plan(path, bad)
+    assert not path.exists()
+    assert not list(tmp_path.iterdir())  # no temporary file left either
+
+
+def test_missing_fields_are_named(plan):
+    for key in ("topology", "predicted", "tables"):
+        broken = {k: v for k, v in plan.items() if k != key}
+        with pytest.raises(PlanError, match=key):
+            validate_plan(broken)
+
+
+def test_plan_says_default_planner_and_null_predictions(plan):
+    assert plan["planner"] == "default"
+    assert plan["predicted"]["step_ms"] is None and plan["predicted"]["mfu"] is None
+    json.dumps(plan)  # serialisable as is
+
+
+@given(
+    rows=st.integers(1, 10_000),
+    dim=st.integers(1, 512),
+    n=st.integers(1, 64),
+    sharding=st.sampled_from(
+        ["table_wise", "row_wise", "column_wise", "data_parallel", "table_row_wise"]
+    ),
+)
+def test_shards_tile_the_table_exactly(rows, dim, n, sharding):
+    n = min(n, dim) if sharding == "column_wise" else n
+    shards = make_shards(sharding, list(range(n)), rows, dim)
+    copies = n if sharding == "data_parallel" else 1
+    assert sum(s["rows"] * s["cols"] for s in shards) == rows * dim * copies
+    assert all(
+        s["row_offset"] + s["rows"] <= rows and s["col_offset"] + s["cols"] <= dim for s in shards
+    )
+
+
+@given(total=st.integers(0, 10**6), parts=st.integers(1, 4096))
+def test_split_even_is_contiguous_and_balanced(total, parts):
+    pieces = split_even(total, parts)
+    assert sum(s for _, s in pieces) == total
+    assert all(b[0] == a[0] + a[1] for a, b in zip(pieces, pieces[1:]))
+    assert max(s for _, s in pieces) - min(s for _, s in pieces) <= 1
