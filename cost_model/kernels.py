@@ -1,0 +1,86 @@
+"""How much work a kernel does: FLOPs and bytes of forward and backward, by op kind.
+
+One place for these formulas so that calibration (turning a measured time into an
+efficiency) and op costing (turning an efficiency back into a time) agree exactly.
+Conventions: a multiply-add is 2 FLOPs; bytes are what the kernel reads plus writes in HBM.
+"""
+
+from __future__ import annotations
+
+import math
+
+INDEX_BYTES = 8          # int64 indices, as torch.nn.EmbeddingBag takes them
+ATTENTION_BWD_FLOPS = 2.5  # FlashAttention-2 backward ~2.5x forward FLOPs (5 GEMMs vs 2,
+#                            recomputing P), Dao 2023, section 3.1
+
+
+def gemm_flops(batch: int, m: int, n: int, k: int) -> float:
+    return 2.0 * batch * m * n * k
+
+
+def gemm_bytes(batch: int, m: int, n: int, k: int, elt: int) -> float:
+    return float(batch) * (m * k + k * n + m * n) * elt
+
+
+def gemm_backward_problems(batch: int, m: int, n: int, k: int) -> list[tuple[int, int, int, int]]:
+    """The two backward GEMMs of out[m,n] = x[m,k] @ w[k,n] as (batch, M, N, K):
+    dgrad dx[m,k] = dout[m,n] @ w^T, wgrad dw[k,n] = x^T @ dout[m,n] (2x forward FLOPs)."""
+    return [(batch, m, k, n), (batch, k, n, m)]
+
+
+def attention_flops(batch: int, heads: int, q_len: int, kv_len: int, head_dim: int,
+                    causal: bool) -> float:
+    flops = 4.0 * batch * heads * q_len * kv_len * head_dim
+    return flops / 2 if causal else flops
+
+
+def attention_bytes(batch: int, heads: int, q_len: int, kv_len: int, head_dim: int,
+                    elt: int) -> float:
+    """Flash attention reads Q, K, V and writes O (+ the row log-sum-exp)."""
+    return float(batch) * heads * (2 * q_len * head_dim + 2 * kv_len * head_dim) * elt
+
+
+def embedding_fwd_bytes(nnz: int, dim: int, bags: int, elt: int) -> float:
+    """Gather nnz rows, write one pooled row per bag, read the indices."""
+    return float(nnz) * dim * elt + float(bags) * dim * elt + float(nnz) * INDEX_BYTES
+
+
+def expected_unique_rows(rows: int, nnz: int) -> float:
+    """Distinct rows touched by nnz uniform lookups: rows * (1 - (1 - 1/rows)^nnz)."""
+    if rows <= 0 or nnz <= 0:
+        return 0.0
+    return rows * -math.expm1(nnz * math.log1p(-1.0 / rows)) if rows > 1 else 1.0
+
+
+def embedding_bwd_bytes(nnz: int, dim: int, bags: int, rows: int, elt: int, *,
+                        dense_grad: bool) -> float:
+    """Gradient of a lookup: read the pooled gradient, sort the indices, accumulate nnz
+    gradient rows into the touched rows. Eager PyTorch (``sparse=False``) also zero-fills
+    a dense gradient of the whole table first."""
+    touched = expected_unique_rows(rows, nnz)
+    work = float(bags) * dim * elt + 3.0 * nnz * INDEX_BYTES + float(nnz) * dim * elt \
+        + 2.0 * touched * dim * elt
+    if dense_grad:
+        work += float(rows) * dim * elt
+    return work
+
+
+# Optimizer state per parameter element (in units of the parameter's element size),
+# and HBM passes of one step over (param, grad, states).
+OPTIMIZER_STATES = {"sgd": 0, "momentum": 1, "adagrad": 1, "rowwise_adagrad": 0,
+                    "adam": 2, "adamw": 2}
+# Fused (one kernel): read p, g, states; write p, states. torch's foreach AdamW
+# (the eager default on CUDA) makes 8 passes: weight decay 2, lerp 3, mul 2, addcmul 3,
+# sqrt 2, div 2, add 2, addcdiv 4 = 20 element-reads/writes per parameter.
+_FUSED_PASSES = {name: 3 + 2 * s for name, s in OPTIMIZER_STATES.items()}
+_FOREACH_PASSES = {"sgd": 3, "momentum": 6, "adagrad": 10, "rowwise_adagrad": 4, "adam": 18,
+                   "adamw": 20}
+
+
+def optimizer_bytes(optimizer: str, numel: float, elt: int, *, fused: bool = True) -> float:
+    """HBM bytes of one optimizer step over ``numel`` parameters of ``elt`` bytes."""
+    name = optimizer.lower()
+    if name not in OPTIMIZER_STATES:
+        raise ValueError(f"unknown optimizer {optimizer!r}; known: {sorted(OPTIMIZER_STATES)}")
+    passes = (_FUSED_PASSES if fused else _FOREACH_PASSES)[name]
+    return passes * float(numel) * elt

@@ -1,0 +1,291 @@
+"""Forward and backward time of one op: roofline times measured efficiency.
+
+    t = max(FLOPs / (peak[dtype] · e_compute), bytes / (HBM bandwidth · e_memory))
+        + kernels · launch gap
+
+The efficiencies e come from the calibration file, interpolated over the op's shape (GEMM
+by M, N, K and dtype; attention by batch·heads, lengths, head dim; embedding lookups by
+row bytes, bag size, rows, lookups; memory-bound ops by bytes). Without a calibration the
+typical efficiencies below stand in and the cost's ``source`` says "roofline", so a plan
+can tell its reader how far to trust it. Since every e ≤ 1, a predicted time is never
+below FLOPs/peak nor bytes/bandwidth.
+
+Backward rules: GEMM = its two backward GEMMs (dgrad, wgrad: 2x forward FLOPs); attention
+≈ 2.5x forward FLOPs (FlashAttention-2); embedding = gradient sort + scatter (+ the dense
+zero-filled gradient of eager PyTorch, or the fused optimizer update of the touched rows
+in a TorchRec-style kernel); pointwise, norm, index ≈ 2x forward bytes; loss and
+reduction ≈ 1x; views and placeholders are free; ops on integer tensors have no backward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import fx
+
+from gemc import ir
+from gemc.ir import OpKind
+
+from . import kernels
+from .hardware import GPUSpec
+
+if TYPE_CHECKING:
+    from .calibration import Calibration
+
+# Typical achieved fractions of peak on Hopper, for when nothing is calibrated: cuBLAS
+# reaches ~70% of dense BF16 peak on large GEMMs, FlashAttention-2 ~35-50% forward and
+# ~30-40% backward (Dao 2023), streaming kernels ~75-85% of HBM bandwidth, random row
+# gathers ~40%.
+ROOFLINE_EFFICIENCY = {"gemm": 0.70, "attention_fwd": 0.45, "attention_bwd": 0.35,
+                       "memory": 0.75, "embedding": 0.40}
+DEFAULT_KERNEL_LAUNCH_S = 2.5e-6  # gap between back-to-back kernels on one stream
+MIN_EFFICIENCY = 1e-3
+
+_FREE = (OpKind.VIEW, OpKind.INPUT, OpKind.PARAM, OpKind.OUTPUT, OpKind.COMM)
+_BWD_BYTES = {OpKind.POINTWISE: 2.0, OpKind.NORM: 2.0, OpKind.INDEX: 2.0, OpKind.LOSS: 1.0,
+              OpKind.REDUCTION: 1.0, OpKind.OTHER: 1.0}
+_BWD_KERNELS = {OpKind.GEMM: 2, OpKind.ATTENTION: 3, OpKind.EMBEDDING: 3, OpKind.NORM: 2,
+                OpKind.POINTWISE: 1, OpKind.INDEX: 2, OpKind.LOSS: 1, OpKind.REDUCTION: 1,
+                OpKind.OTHER: 1}
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """Seconds of one node's forward and backward kernels on one GPU."""
+
+    fwd_s: float
+    bwd_s: float
+    source: str            # "calibrated", "roofline" or "free" (views, placeholders)
+    fwd_kernels: int = 1
+    bwd_kernels: int = 0
+
+    @property
+    def total_s(self) -> float:
+        return self.fwd_s + self.bwd_s
+
+    @property
+    def total_ms(self) -> float:
+        return 1e3 * self.total_s
+
+
+FREE = OpCost(0.0, 0.0, "free", 0, 0)
+
+
+def dtype_name(dtype: torch.dtype | str | None) -> str:
+    """'bf16', 'fp16', 'fp32', 'fp8' (float64 and unknown float types price as fp32)."""
+    if dtype is None:
+        return "fp32"
+    if isinstance(dtype, str):
+        from .hardware import DTYPE_ALIASES
+        return DTYPE_ALIASES.get(dtype.removeprefix("torch.").lower(), "fp32")
+    if dtype == torch.bfloat16:
+        return "bf16"
+    if dtype == torch.float16:
+        return "fp16"
+    if "float8" in str(dtype):
+        return "fp8"
+    return "fp32"
+
+
+def element_size(dtype: str) -> int:
+    return {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}.get(dtype, 4)
+
+
+def _launch(calibration: Calibration | None) -> float:
+    return calibration.kernel_s if calibration is not None else DEFAULT_KERNEL_LAUNCH_S
+
+
+def roofline_time(flops: float, nbytes: float, peak_flops: float, bandwidth: float, *,
+                  compute_efficiency: float = 1.0, memory_efficiency: float = 1.0) -> float:
+    """max(compute time, memory time) at the given fractions of peak."""
+    ce = max(compute_efficiency, MIN_EFFICIENCY)
+    me = max(memory_efficiency, MIN_EFFICIENCY)
+    return max(flops / (peak_flops * ce) if flops > 0 else 0.0,
+               nbytes / (bandwidth * me) if nbytes > 0 else 0.0)
+
+
+def gemm_time(batch: int, m: int, n: int, k: int, dtype: str, gpu: GPUSpec,
+              calibration: Calibration | None) -> tuple[float, str]:
+    """One (batched) GEMM, launch gap included."""
+    eff = None
+    if calibration is not None:
+        eff = calibration.gemm_efficiency(batch * m, n, k, dtype)
+    source = "calibrated" if eff is not None else "roofline"
+    if eff is None:
+        eff = ROOFLINE_EFFICIENCY["gemm"]
+    mem_eff = ROOFLINE_EFFICIENCY["memory"]
+    t = roofline_time(kernels.gemm_flops(batch, m, n, k),
+                      kernels.gemm_bytes(batch, m, n, k, element_size(dtype)),
+                      gpu.peak_flops(dtype), gpu.hbm_bandwidth,
+                      compute_efficiency=eff, memory_efficiency=mem_eff)
+    return t + _launch(calibration), source
+
+
+def attention_time(batch: int, heads: int, q_len: int, kv_len: int, head_dim: int,
+                   causal: bool, dtype: str, gpu: GPUSpec,
+                   calibration: Calibration | None) -> tuple[float, float, str]:
+    """(forward s, backward s, source) of fused scaled-dot-product attention."""
+    flops = kernels.attention_flops(batch, heads, q_len, kv_len, head_dim, causal)
+    nbytes = kernels.attention_bytes(batch, heads, q_len, kv_len, head_dim, element_size(dtype))
+    peak = gpu.peak_flops(dtype)
+    out: list[float] = []
+    source = "calibrated"
+    for phase, mult in (("fwd", 1.0), ("bwd", kernels.ATTENTION_BWD_FLOPS)):
+        eff = None
+        if calibration is not None:
+            eff = calibration.attention_efficiency(batch * heads, q_len, kv_len, head_dim,
+                                                   causal, dtype, phase)
+        if eff is None:
+            eff = ROOFLINE_EFFICIENCY[f"attention_{phase}"]
+            source = "roofline"
+        t = roofline_time(flops * mult, nbytes * (2.0 if phase == "bwd" else 1.0), peak,
+                          gpu.hbm_bandwidth, compute_efficiency=eff,
+                          memory_efficiency=ROOFLINE_EFFICIENCY["memory"])
+        out.append(t + _launch(calibration) * (1 if phase == "fwd" else 3))
+    return out[0], out[1], source
+
+
+def memory_time(nbytes: float, gpu: GPUSpec, calibration: Calibration | None,
+                curve: str = "pointwise", flops: float = 0.0,
+                dtype: str = "fp32") -> tuple[float, str]:
+    """A streaming (memory-bound) kernel moving nbytes, launch gap included."""
+    if nbytes <= 0 and flops <= 0:
+        return _launch(calibration), "roofline" if calibration is None else "calibrated"
+    eff = calibration.memory_efficiency(curve, nbytes) if calibration is not None else None
+    source = "calibrated" if eff is not None else "roofline"
+    if eff is None:
+        eff = ROOFLINE_EFFICIENCY["memory"]
+    t = roofline_time(flops, nbytes, gpu.fp32_flops, gpu.hbm_bandwidth,
+                      compute_efficiency=0.5, memory_efficiency=eff)
+    return t + _launch(calibration), source
+
+
+def embedding_time(rows: int, dim: int, nnz: int, bags: int, dtype: str, gpu: GPUSpec,
+                   calibration: Calibration | None, *, dense_grad: bool = False,
+                   optimizer: str | None = "adamw") -> tuple[float, float, str]:
+    """(forward s, backward s, source) of a pooled lookup of nnz ids into bags.
+
+    ``dense_grad``: eager PyTorch's EmbeddingBag(sparse=False) backward, which zero-fills a
+    gradient the size of the table (the optimizer then runs over all rows, priced
+    separately). Otherwise a fused TBE-style backward that applies ``optimizer`` to the
+    touched rows only (``None``: gradient only)."""
+    elt = element_size(dtype)
+    fwd_bytes = kernels.embedding_fwd_bytes(nnz, dim, bags, elt)
+    bwd_bytes = kernels.embedding_bwd_bytes(nnz, dim, bags, rows, elt, dense_grad=dense_grad)
+    if not dense_grad and optimizer:
+        touched = kernels.expected_unique_rows(rows, nnz)
+        bwd_bytes += kernels.optimizer_bytes(optimizer, touched * dim, elt, fused=True)
+    bag_size = nnz / max(bags, 1)
+    effs = []
+    for phase in ("fwd", "bwd"):
+        eff = None
+        if calibration is not None:
+            eff = calibration.embedding_efficiency(dim * elt, bag_size, rows, nnz, phase)
+        effs.append(eff)
+    source = "calibrated" if all(e is not None for e in effs) else "roofline"
+    e_fwd = effs[0] if effs[0] is not None else ROOFLINE_EFFICIENCY["embedding"]
+    e_bwd = effs[1] if effs[1] is not None else ROOFLINE_EFFICIENCY["embedding"]
+    launch = _launch(calibration)
+    fwd = roofline_time(float(nnz * dim), fwd_bytes, gpu.fp32_flops, gpu.hbm_bandwidth,
+                        memory_efficiency=e_fwd) + launch
+    bwd = roofline_time(float(nnz * dim), bwd_bytes, gpu.fp32_flops, gpu.hbm_bandwidth,
+                        memory_efficiency=e_bwd) + 3 * launch
+    return fwd, bwd, source
+
+
+def optimizer_time(optimizer: str, numel: float, dtype: str, gpu: GPUSpec,
+                   calibration: Calibration | None, *, fused: bool = False,
+                   tensors: int = 1) -> tuple[float, str]:
+    """One optimizer step over numel parameters (torch's foreach implementation unless
+    fused). foreach launches one kernel per op per chunk of tensors."""
+    elt = element_size(dtype)
+    if calibration is not None and not fused and optimizer.lower() == "adamw":
+        rate = calibration.optimizer_param_rate("adamw_foreach", numel * elt)
+        if rate:
+            return numel * elt / rate + _launch(calibration) * 8 * max(1, tensors // 24), \
+                "calibrated"
+    t, source = memory_time(kernels.optimizer_bytes(optimizer, numel, elt, fused=fused), gpu,
+                            calibration, "copy")
+    n_kernels = 1 if fused else 8 * max(1, tensors // 24)
+    return t + _launch(calibration) * (n_kernels - 1), source
+
+
+# ---- fx nodes ---------------------------------------------------------------------------
+def _first_tensor_dtype(node: fx.Node) -> torch.dtype | None:
+    for arg in node.all_input_nodes:
+        dt = ir.dtype_of(arg)
+        if dt is not None:
+            return dt
+    return ir.dtype_of(node)
+
+
+def _has_backward(node: fx.Node) -> bool:
+    dt = ir.dtype_of(node)
+    return dt is None or dt.is_floating_point or dt.is_complex
+
+
+def node_cost(node: fx.Node, gpu: GPUSpec, calibration: Calibration | None,
+              dtype: str | torch.dtype | None = None, *, eager: bool = False,
+              embedding_optimizer: str | None = "adamw") -> OpCost:
+    """Forward and backward time of one annotated node (gemc.kind, flops, bytes, gemm,
+    attention, table). ``dtype`` overrides the node's own (e.g. 'tf32' for fp32 GEMMs with
+    TF32 allowed, or the precision pass's choice). ``eager`` prices embeddings as eager
+    PyTorch runs them (dense gradient, optimizer separate)."""
+    kind = ir.kind_of(node) or OpKind.OTHER
+    if kind in _FREE or node.op in ("placeholder", "output", "get_attr"):
+        return FREE
+    dt = dtype_name(dtype) if dtype is not None else dtype_name(_first_tensor_dtype(node))
+    backward = _has_backward(node)
+    flops = float(node.meta.get(ir.FLOPS, 0) or 0)
+    nbytes = float(node.meta.get(ir.BYTES, 0) or 0)
+
+    if kind is OpKind.GEMM and node.meta.get(ir.GEMM):
+        p = node.meta[ir.GEMM]
+        fwd, source = gemm_time(p["batch"], p["m"], p["n"], p["k"], dt, gpu, calibration)
+        bwd = 0.0
+        if backward:
+            for b, m, n, k in kernels.gemm_backward_problems(p["batch"], p["m"], p["n"], p["k"]):
+                t, s = gemm_time(b, m, n, k, dt, gpu, calibration)
+                bwd += t
+                source = source if s == source else "roofline"
+        return OpCost(fwd, bwd, source, 1, 2 if backward else 0)
+
+    if kind is OpKind.ATTENTION and node.meta.get(ir.ATTENTION):
+        a = node.meta[ir.ATTENTION]
+        fwd, bwd, source = attention_time(a["batch"], a["heads"], a["q_len"], a["kv_len"],
+                                          a["head_dim"], bool(a.get("causal")), dt, gpu,
+                                          calibration)
+        return OpCost(fwd, bwd if backward else 0.0, source, 1, 3 if backward else 0)
+
+    if kind is OpKind.EMBEDDING and node.meta.get(ir.TABLE):
+        t = node.meta[ir.TABLE]
+        w_dtype = dtype_name(ir.dtype_of(node.args[0])) if isinstance(node.args[0], fx.Node) \
+            else dt
+        fwd, bwd, source = embedding_time(
+            int(t["rows"]), int(t["dim"]), int(t["nnz"]), int(t.get("batch") or t["nnz"]),
+            w_dtype, gpu, calibration, dense_grad=eager,
+            optimizer=None if eager else embedding_optimizer)
+        return OpCost(fwd, bwd if backward else 0.0, source, 1, 3 if backward else 0)
+
+    if kind in (OpKind.GEMM, OpKind.ATTENTION):  # no shape facts: a compute-bound roofline
+        eff = ROOFLINE_EFFICIENCY["gemm"]
+        fwd = roofline_time(flops, nbytes, gpu.peak_flops(dt), gpu.hbm_bandwidth,
+                            compute_efficiency=eff) + _launch(calibration)
+        mult = 2.0 if kind is OpKind.GEMM else kernels.ATTENTION_BWD_FLOPS
+        bwd = roofline_time(mult * flops, 2 * nbytes, gpu.peak_flops(dt), gpu.hbm_bandwidth,
+                            compute_efficiency=eff) + 2 * _launch(calibration)
+        return OpCost(fwd, bwd if backward else 0.0, "roofline", 1, 2 if backward else 0)
+
+    curve_fwd, curve_bwd = ("norm_fwd", "norm_bwd") if kind is OpKind.NORM else \
+        ("pointwise", "pointwise")
+    fwd, source = memory_time(nbytes, gpu, calibration, curve_fwd, flops, dt)
+    bwd = 0.0
+    n_bwd = 0
+    if backward:
+        mult = _BWD_BYTES.get(kind, 1.0)
+        n_bwd = _BWD_KERNELS.get(kind, 1)
+        bwd, _ = memory_time(mult * nbytes, gpu, calibration, curve_bwd, mult * flops, dt)
+        bwd += _launch(calibration) * (n_bwd - 1)
+    return OpCost(fwd, bwd, source, 1, n_bwd)
