@@ -1,0 +1,491 @@
+"""Jagged multi-head attention, forward and backward in Triton, with no padding anywhere.
+
+Inputs are the jagged values ``q, k, v: [total_len, heads, head_dim]`` of B sequences laid
+end to end, and ``offsets: [B+1]`` (int32 or int64): sequence ``b`` owns rows
+``offsets[b]:offsets[b+1]``. Queries of sequence ``b`` attend only to keys of sequence
+``b`` (the key-padding mask is implicit in the lengths); ``causal=True`` also hides keys
+after the query. Masks are computed in-kernel, so no ``[B, L, L]`` mask and no padded copy
+of q/k/v ever exist: work and memory scale with ``sum(len_b ** 2)``, not ``B * max_len ** 2``.
+
+Two score functions (``kind``):
+
+``"softmax"``
+    ``out_i = sum_j softmax_j(scale * q_i . k_j) v_j``, computed flash-attention style (online
+    softmax over key blocks); the forward saves only the row logsumexp.
+
+``"silu"`` (HSTU, "Actions Speak Louder than Words", Zhai et al. 2024)
+    ``out_i = sum_j silu(scale * q_i . k_j) / N_b * v_j`` over the keys ``j`` visible to
+    ``i`` (same sequence, and ``j <= i`` when causal). The normaliser ``N_b`` is chosen by
+    ``silu_normalizer``:
+
+    * ``"max_len"`` (default, what the HSTU reference kernels do): ``N_b = max_len``, the
+      ``max_len`` argument of the call, the same for every sequence of the batch. Pass the
+      model's fixed maximum history length to make the output independent of the batch.
+    * ``"seq_len"``: ``N_b = len_b``, the length of the query's own sequence.
+
+    There is no softmax, so nothing is saved but the inputs.
+
+The backward recomputes the scores block by block (no attention matrix is stored): one
+kernel walks the query blocks of each key block to produce dk and dv, another walks the key
+blocks of each query block to produce dq (and, for softmax, first computes
+``delta_i = rowsum(dO_i * O_i)`` for its rows, which the dk/dv kernel then reads). Neither
+uses atomics, so results are deterministic.
+
+Grid: one program per (query block, sequence, head) of the forward and dq kernels, and per
+(key block, sequence, head) of the dk/dv kernel; a program whose block starts past its
+sequence's end exits at once. ``max_len`` (the longest sequence, passed to avoid a host
+sync) sizes the grid; sequences longer than ``max_len`` are an error the kernels cannot see.
+
+Inputs may be fp32 or bf16 (fp16 works too); all accumulation is fp32, products of fp32
+inputs are IEEE fp32 (no TF32), and outputs and gradients have the input dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import triton
+import triton.language as tl
+
+from .jagged import jagged_to_padded_reference, padded_to_jagged_reference
+from .runtime import (
+    MIN_DOT,
+    autotune_configs,
+    check_launchable,
+    check_offsets,
+    max_length,
+    mma,
+    next_pow2,
+)
+
+__all__ = ["jagged_attention", "jagged_attention_reference", "JaggedAttentionFunction"]
+
+AttentionKind = Literal["softmax", "silu"]
+SiluNormalizer = Literal["max_len", "seq_len"]
+
+_NEG = -1.0e30  # finite "minus infinity": a fully masked row never computes inf - inf
+
+
+def _cfg(block_m: int, block_n: int, warps: int, stages: int) -> triton.Config:
+    return triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=warps,
+                         num_stages=stages)
+
+
+# Hopper, head_dim 64, bf16: 128-row query tiles keep the tensor cores fed in the forward;
+# the dk/dv kernel holds two [BLOCK_N, D] accumulators, so it prefers long key tiles and short
+# query tiles, and the dq kernel the reverse (as in the Triton fused-attention tutorial).
+_FWD_CONFIGS = autotune_configs(
+    [_cfg(128, 64, 4, 3), _cfg(128, 64, 8, 3), _cfg(64, 64, 4, 4), _cfg(128, 128, 8, 3)],
+    _cfg(MIN_DOT, MIN_DOT, 1, 1),
+)
+_BWD_KV_CONFIGS = autotune_configs(
+    [_cfg(32, 128, 4, 3), _cfg(64, 128, 8, 3), _cfg(64, 64, 4, 3), _cfg(32, 64, 4, 4)],
+    _cfg(MIN_DOT, MIN_DOT, 1, 1),
+)
+_BWD_Q_CONFIGS = autotune_configs(
+    [_cfg(128, 32, 4, 3), _cfg(128, 64, 8, 3), _cfg(64, 64, 4, 3), _cfg(64, 32, 4, 4)],
+    _cfg(MIN_DOT, MIN_DOT, 1, 1),
+)
+_TUNE_KEY = ["HEAD_DIM", "CAUSAL", "SILU"]
+
+
+# ---------------------------------------------------------------------------------------
+# shared pieces of the three kernels
+# ---------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _sequence(offsets_ptr, b):
+    """Start row (int64) and length (int32) of sequence ``b``."""
+    start = tl.load(offsets_ptr + b).to(tl.int64)
+    end = tl.load(offsets_ptr + b + 1).to(tl.int64)
+    return start, (end - start).to(tl.int32)
+
+
+@triton.jit
+def _load_rows(base, start, offs, seq_len, stride_t, offs_d, HEAD_DIM: tl.constexpr):
+    """Load a [rows, BLOCK_D] tile of one head; rows past the sequence read as zero."""
+    ptrs = base + (start + offs[:, None]) * stride_t + offs_d[None, :]
+    mask = (offs[:, None] < seq_len) & (offs_d[None, :] < HEAD_DIM)
+    return tl.load(ptrs, mask=mask, other=0.0)
+
+
+@triton.jit
+def _store_rows(base, start, offs, seq_len, stride_t, offs_d, x, HEAD_DIM: tl.constexpr):
+    ptrs = base + (start + offs[:, None]) * stride_t + offs_d[None, :]
+    mask = (offs[:, None] < seq_len) & (offs_d[None, :] < HEAD_DIM)
+    tl.store(ptrs, x.to(base.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _scores(q, k, offs_m, offs_n, seq_len, scale, CAUSAL: tl.constexpr, IEEE: tl.constexpr):
+    """``scale * q k^T`` for a [BLOCK_M, BLOCK_N] tile and which entries are visible."""
+    s = mma(q, tl.trans(k), IEEE) * scale
+    visible = (offs_m[:, None] < seq_len) & (offs_n[None, :] < seq_len)
+    if CAUSAL:
+        visible = visible & (offs_m[:, None] >= offs_n[None, :])
+    return s, visible
+
+
+@triton.jit
+def _silu_parts(s, visible, inv_norm):
+    """HSTU weights ``silu(s) / N`` (0 where hidden) and ``d weight / d s``."""
+    sig = tl.sigmoid(s)
+    p = tl.where(visible, s * sig * inv_norm, 0.0)
+    dp_ds = tl.where(visible, sig * (1.0 + s * (1.0 - sig)) * inv_norm, 0.0)
+    return p, dp_ds
+
+
+@triton.jit
+def _inv_norm(seq_len, inv_max_len, NORM_BY_SEQ_LEN: tl.constexpr):
+    if NORM_BY_SEQ_LEN:
+        return 1.0 / tl.maximum(seq_len, 1).to(tl.float32)
+    else:
+        return inv_max_len
+
+
+# ---------------------------------------------------------------------------------------
+# kernels
+# ---------------------------------------------------------------------------------------
+
+
+@triton.autotune(configs=_FWD_CONFIGS, key=_TUNE_KEY)
+@triton.jit
+def _fwd_kernel(
+    Q, K, V, Out, LSE, offsets_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+    stride_lse_h, num_heads, scale, inv_max_len,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, SILU: tl.constexpr,
+    NORM_BY_SEQ_LEN: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    pid_bh = tl.program_id(0)
+    # Heaviest (last, under a causal mask) query blocks first: shorter tail.
+    pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
+    b = pid_bh // num_heads
+    h = pid_bh % num_heads
+    start, seq_len = _sequence(offsets_ptr, b)
+    start_m = pid_m * BLOCK_M
+    if start_m >= seq_len:
+        return
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    q = _load_rows(Q + h * stride_qh, start, offs_m, seq_len, stride_qt, offs_d, HEAD_DIM)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], _NEG, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    inv_norm = _inv_norm(seq_len, inv_max_len, NORM_BY_SEQ_LEN)
+    hi = seq_len
+    if CAUSAL:
+        hi = tl.minimum(seq_len, start_m + BLOCK_M)
+    for start_n in range(0, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k = _load_rows(K + h * stride_kh, start, offs_n, seq_len, stride_kt, offs_d, HEAD_DIM)
+        v = _load_rows(V + h * stride_vh, start, offs_n, seq_len, stride_vt, offs_d, HEAD_DIM)
+        s, visible = _scores(q, k, offs_m, offs_n, seq_len, scale, CAUSAL, IEEE)
+        if SILU:
+            p, _ = _silu_parts(s, visible, inv_norm)
+            acc += mma(p.to(v.dtype), v, IEEE)
+        else:
+            s = tl.where(visible, s, _NEG)
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.where(visible, tl.exp(s - m_new[:, None]), 0.0)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + mma(p.to(v.dtype), v, IEEE)
+            m_i = m_new
+    if not SILU:
+        l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+        acc = acc / l_safe[:, None]
+        lse_ptrs = LSE + h * stride_lse_h + start + offs_m
+        tl.store(lse_ptrs, m_i + tl.log(l_safe), mask=offs_m < seq_len)
+    _store_rows(Out + h * stride_oh, start, offs_m, seq_len, stride_ot, offs_d, acc, HEAD_DIM)
+
+
+@triton.autotune(configs=_BWD_Q_CONFIGS, key=_TUNE_KEY)
+@triton.jit
+def _bwd_dq_kernel(
+    Q, K, V, Out, DO, DQ, LSE, DELTA, offsets_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+    stride_dot, stride_doh, stride_dqt, stride_dqh,
+    stride_lse_h, num_heads, scale, inv_max_len,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, SILU: tl.constexpr,
+    NORM_BY_SEQ_LEN: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    pid_bh = tl.program_id(0)
+    pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
+    b = pid_bh // num_heads
+    h = pid_bh % num_heads
+    start, seq_len = _sequence(offsets_ptr, b)
+    start_m = pid_m * BLOCK_M
+    if start_m >= seq_len:
+        return
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = offs_m < seq_len
+    q = _load_rows(Q + h * stride_qh, start, offs_m, seq_len, stride_qt, offs_d, HEAD_DIM)
+    do = _load_rows(DO + h * stride_doh, start, offs_m, seq_len, stride_dot, offs_d, HEAD_DIM)
+    inv_norm = _inv_norm(seq_len, inv_max_len, NORM_BY_SEQ_LEN)
+    if not SILU:
+        o = _load_rows(Out + h * stride_oh, start, offs_m, seq_len, stride_ot, offs_d, HEAD_DIM)
+        delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+        tl.store(DELTA + h * stride_lse_h + start + offs_m, delta, mask=row_ok)
+        lse = tl.load(LSE + h * stride_lse_h + start + offs_m, mask=row_ok, other=0.0)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    hi = seq_len
+    if CAUSAL:
+        hi = tl.minimum(seq_len, start_m + BLOCK_M)
+    for start_n in range(0, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k = _load_rows(K + h * stride_kh, start, offs_n, seq_len, stride_kt, offs_d, HEAD_DIM)
+        v = _load_rows(V + h * stride_vh, start, offs_n, seq_len, stride_vt, offs_d, HEAD_DIM)
+        s, visible = _scores(q, k, offs_m, offs_n, seq_len, scale, CAUSAL, IEEE)
+        dp = mma(do, tl.trans(v), IEEE)
+        if SILU:
+            _, dp_ds = _silu_parts(s, visible, inv_norm)
+            ds = dp * dp_ds
+        else:
+            p = tl.where(visible, tl.exp(s - lse[:, None]), 0.0)
+            ds = p * (dp - delta[:, None])
+        dq += mma(ds.to(k.dtype), k, IEEE)
+    dq = dq * scale
+    _store_rows(DQ + h * stride_dqh, start, offs_m, seq_len, stride_dqt, offs_d, dq, HEAD_DIM)
+
+
+@triton.autotune(configs=_BWD_KV_CONFIGS, key=_TUNE_KEY)
+@triton.jit
+def _bwd_dkdv_kernel(
+    Q, K, V, DO, DK, DV, LSE, DELTA, offsets_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_dot, stride_doh, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
+    stride_lse_h, num_heads, scale, inv_max_len,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, SILU: tl.constexpr,
+    NORM_BY_SEQ_LEN: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    pid_bh = tl.program_id(0)
+    pid_n = tl.program_id(1)  # causal: early key blocks see the most queries, run them first
+    b = pid_bh // num_heads
+    h = pid_bh % num_heads
+    start, seq_len = _sequence(offsets_ptr, b)
+    start_n = pid_n * BLOCK_N
+    if start_n >= seq_len:
+        return
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    k = _load_rows(K + h * stride_kh, start, offs_n, seq_len, stride_kt, offs_d, HEAD_DIM)
+    v = _load_rows(V + h * stride_vh, start, offs_n, seq_len, stride_vt, offs_d, HEAD_DIM)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    inv_norm = _inv_norm(seq_len, inv_max_len, NORM_BY_SEQ_LEN)
+    lo = 0
+    if CAUSAL:
+        lo = (start_n // BLOCK_M) * BLOCK_M
+    for start_m in range(lo, seq_len, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        row_ok = offs_m < seq_len
+        q = _load_rows(Q + h * stride_qh, start, offs_m, seq_len, stride_qt, offs_d, HEAD_DIM)
+        do = _load_rows(DO + h * stride_doh, start, offs_m, seq_len, stride_dot, offs_d,
+                        HEAD_DIM)
+        s, visible = _scores(q, k, offs_m, offs_n, seq_len, scale, CAUSAL, IEEE)
+        dp = mma(do, tl.trans(v), IEEE)
+        if SILU:
+            p, dp_ds = _silu_parts(s, visible, inv_norm)
+            ds = dp * dp_ds
+        else:
+            lse = tl.load(LSE + h * stride_lse_h + start + offs_m, mask=row_ok, other=0.0)
+            delta = tl.load(DELTA + h * stride_lse_h + start + offs_m, mask=row_ok, other=0.0)
+            p = tl.where(visible, tl.exp(s - lse[:, None]), 0.0)
+            ds = p * (dp - delta[:, None])
+        dv += mma(tl.trans(p.to(do.dtype)), do, IEEE)
+        dk += mma(tl.trans(ds.to(q.dtype)), q, IEEE)
+    dk = dk * scale
+    _store_rows(DK + h * stride_dkh, start, offs_n, seq_len, stride_dkt, offs_d, dk, HEAD_DIM)
+    _store_rows(DV + h * stride_dvh, start, offs_n, seq_len, stride_dvt, offs_d, dv, HEAD_DIM)
+
+
+# ---------------------------------------------------------------------------------------
+# host side
+# ---------------------------------------------------------------------------------------
+
+
+def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _meta(q: torch.Tensor, causal: bool, kind: str, silu_normalizer: str) -> dict:
+    if kind not in ("softmax", "silu"):
+        raise ValueError(f"kind must be 'softmax' or 'silu', got {kind!r}")
+    if silu_normalizer not in ("max_len", "seq_len"):
+        raise ValueError(
+            f"silu_normalizer must be 'max_len' or 'seq_len', got {silu_normalizer!r}"
+        )
+    head_dim = q.shape[2]
+    return {
+        "HEAD_DIM": head_dim,
+        "BLOCK_D": next_pow2(head_dim, MIN_DOT),
+        "CAUSAL": bool(causal),
+        "SILU": kind == "silu",
+        "NORM_BY_SEQ_LEN": silu_normalizer == "seq_len",
+        "IEEE": q.dtype == torch.float32,
+    }
+
+
+def _grid(batch: int, heads: int, max_len: int, block: str):
+    return lambda cfg: (batch * heads, triton.cdiv(max_len, cfg[block]))
+
+
+def _attention_forward(q, k, v, offsets, max_len: int, scale: float, meta: dict):
+    total, heads, _ = q.shape
+    batch = offsets.numel() - 1
+    out = torch.zeros_like(q, memory_format=torch.contiguous_format)
+    lse_rows = 0 if meta["SILU"] else total
+    lse = torch.zeros((heads, lse_rows), device=q.device, dtype=torch.float32)
+    if total == 0 or batch == 0 or max_len == 0:
+        return out, lse
+    _fwd_kernel[_grid(batch, heads, max_len, "BLOCK_M")](
+        q, k, v, out, lse, offsets,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        out.stride(0), out.stride(1), lse.stride(0), heads, scale, 1.0 / max_len, **meta,
+    )
+    return out, lse
+
+
+def _attention_backward(q, k, v, out, lse, do, offsets, max_len: int, scale: float, meta):
+    total, heads, _ = q.shape
+    batch = offsets.numel() - 1
+    dq = torch.zeros_like(q, memory_format=torch.contiguous_format)
+    dk = torch.zeros_like(k, memory_format=torch.contiguous_format)
+    dv = torch.zeros_like(v, memory_format=torch.contiguous_format)
+    if total == 0 or batch == 0 or max_len == 0:
+        return dq, dk, dv
+    delta = torch.empty_like(lse)
+    _bwd_dq_kernel[_grid(batch, heads, max_len, "BLOCK_M")](
+        q, k, v, out, do, dq, lse, delta, offsets,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        out.stride(0), out.stride(1), do.stride(0), do.stride(1), dq.stride(0), dq.stride(1),
+        lse.stride(0), heads, scale, 1.0 / max_len, **meta,
+    )
+    _bwd_dkdv_kernel[_grid(batch, heads, max_len, "BLOCK_N")](
+        q, k, v, do, dk, dv, lse, delta, offsets,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        do.stride(0), do.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
+        lse.stride(0), heads, scale, 1.0 / max_len, **meta,
+    )
+    return dq, dk, dv
+
+
+class JaggedAttentionFunction(torch.autograd.Function):
+    """Autograd wrapper: saves q, k, v, out and (softmax) the row logsumexp, nothing else."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, offsets, max_len, scale, meta):  # type: ignore[override]
+        out, lse = _attention_forward(q, k, v, offsets, max_len, scale, meta)
+        ctx.save_for_backward(q, k, v, offsets, out, lse)
+        ctx.max_len, ctx.scale, ctx.meta = max_len, scale, meta
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):  # type: ignore[override]
+        q, k, v, offsets, out, lse = ctx.saved_tensors
+        do = _last_dim_contiguous(grad_out)
+        dq, dk, dv = _attention_backward(
+            q, k, v, out, lse, do, offsets, ctx.max_len, ctx.scale, ctx.meta
+        )
+        return dq, dk, dv, None, None, None, None
+
+
+def _check_inputs(q, k, v, offsets) -> None:
+    if q.dim() != 3 or q.shape != k.shape or q.shape != v.shape:
+        raise ValueError(
+            "q, k, v must all be [total_len, heads, head_dim], got "
+            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    if not (q.dtype == k.dtype == v.dtype) or not q.dtype.is_floating_point:
+        raise TypeError(f"q, k, v must share one float dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    check_offsets(offsets)
+
+
+def jagged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    offsets: torch.Tensor,
+    max_len: int | None = None,
+    *,
+    scale: float | None = None,
+    causal: bool = False,
+    kind: AttentionKind = "softmax",
+    silu_normalizer: SiluNormalizer = "max_len",
+) -> torch.Tensor:
+    """Attention within each sequence of a jagged batch; returns ``[total_len, heads, head_dim]``.
+
+    ``q, k, v``: ``[total_len, heads, head_dim]`` jagged values; ``offsets``: ``[B+1]``.
+    ``max_len``: the longest sequence (>= every length); pass it to avoid a host sync, and for
+    ``kind="silu", silu_normalizer="max_len"`` it is also the normaliser ``N``.
+    ``scale`` defaults to ``1/sqrt(head_dim)``. See the module docstring for the semantics.
+    Rows of length-0 sequences do not exist, so they produce nothing and get no gradient.
+    """
+    _check_inputs(q, k, v, offsets)
+    check_launchable(q, k, v, offsets)
+    if max_len is None:
+        max_len = max_length(offsets)
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[2])
+    meta = _meta(q, causal, kind, silu_normalizer)
+    q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
+    return JaggedAttentionFunction.apply(q, k, v, offsets, int(max_len), float(scale), meta)
+
+
+def jagged_attention_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    offsets: torch.Tensor,
+    max_len: int | None = None,
+    *,
+    scale: float | None = None,
+    causal: bool = False,
+    kind: AttentionKind = "softmax",
+    silu_normalizer: SiluNormalizer = "max_len",
+) -> torch.Tensor:
+    """Plain-PyTorch ``jagged_attention`` (differentiable), computed in fp32 on padded tensors.
+
+    softmax: pad, ``scaled_dot_product_attention`` with a key-padding (and causal) boolean
+    mask, unpad. silu: pad, ``silu(scale * q k^T) * mask / N @ v`` written out, unpad. Padded
+    query rows whose every key is masked (length-0 sequences) are given all keys so SDPA
+    stays finite; those rows are dropped by the unpadding anyway.
+    """
+    _check_inputs(q, k, v, offsets)
+    _meta(q, causal, kind, silu_normalizer)
+    total, _, head_dim = q.shape
+    if max_len is None:
+        max_len = max_length(offsets)
+    if scale is None:
+        scale = 1.0 / math.sqrt(head_dim)
+    lengths = (offsets[1:] - offsets[:-1]).long()
+    pos = torch.arange(max_len, device=q.device)
+    visible = (pos[None, None, :] < lengths[:, None, None]).expand(-1, max_len, -1)
+    if causal:
+        visible = visible & (pos[:, None] >= pos[None, :])
+    visible = visible[:, None]  # [B, 1, L, L]
+    qp, kp, vp = (
+        jagged_to_padded_reference(x.float(), offsets, max_len).transpose(1, 2) for x in (q, k, v)
+    )  # [B, H, L, D]
+    if kind == "softmax":
+        safe = visible | ~visible.any(-1, keepdim=True)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            qp, kp, vp, attn_mask=safe, scale=scale
+        )
+    else:
+        if silu_normalizer == "max_len":
+            norm = torch.full_like(lengths, max_len, dtype=torch.float32)
+        else:
+            norm = lengths.float().clamp_min(1.0)
+        s = scale * qp @ kp.transpose(-1, -2)
+        p = torch.nn.functional.silu(s) * visible / norm[:, None, None, None]
+        out = p @ vp
+    return padded_to_jagged_reference(out.transpose(1, 2), offsets, total).to(q.dtype)

@@ -1,0 +1,106 @@
+"""What every hand-written gemc kernel needs to know about where it runs.
+
+One module owns these facts so the kernels do not each re-derive them:
+
+* whether Triton runs *interpreted* (``TRITON_INTERPRET=1``, the CPU test path), decided once
+  at import, before any gemc kernel is decorated (``@triton.jit`` reads the variable then). On
+  a machine without CUDA, where compiled kernels cannot run at all, importing this module sets
+  ``TRITON_INTERPRET=1`` unless the variable is already set, so the kernels work on CPU
+  tensors (slowly) wherever they are imported first;
+* the autotune config lists: the interpreter gets a single small config (autotuning an
+  interpreted kernel would only multiply the test time), the GPU gets the short list written
+  for Hopper next to each kernel;
+* block-size arithmetic (powers of two, the 16-wide minimum of ``tl.dot``);
+* ``mma``: the one matrix-multiply every kernel calls, with fp32 accumulation. It routes
+  around an interpreter defect (Triton 3.9's interpreter multiplies bf16 tiles as their raw
+  uint16 bit patterns) by upcasting to fp32 there; a bf16 x bf16 product is exact in fp32, so
+  the interpreted result equals what the tensor cores compute with fp32 accumulation;
+* argument checks shared by the jagged kernels (offsets, devices).
+
+Only the subset of Triton that 3.6 already has is used here and in the kernels.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+
+def _decide_interpreted() -> bool:
+    if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+INTERPRETED: bool = _decide_interpreted()
+"""True when kernels run in Triton's CPU interpreter (tests on machines without a GPU)."""
+
+_INTERPRETED = tl.constexpr(INTERPRETED)
+
+MIN_DOT = 16
+"""Smallest extent ``tl.dot`` accepts along any dimension."""
+
+
+def is_interpreted() -> bool:
+    """Whether Triton kernels run in the CPU interpreter (set by ``TRITON_INTERPRET=1``)."""
+    return INTERPRETED
+
+
+def next_pow2(n: int, minimum: int = 1) -> int:
+    """Smallest power of two >= max(n, minimum): Triton block extents must be powers of two."""
+    return max(minimum, triton.next_power_of_2(max(int(n), 1)))
+
+
+def autotune_configs(
+    gpu: list[triton.Config], interpreted: triton.Config
+) -> list[triton.Config]:
+    """The configs a kernel autotunes over: Hopper's short list, or one under the interpreter."""
+    return [interpreted] if INTERPRETED else gpu
+
+
+def check_launchable(*tensors: torch.Tensor) -> None:
+    """Fail early with a clear message when a kernel cannot run on these tensors' device."""
+    for t in tensors:
+        if INTERPRETED:
+            if t.device.type != "cpu":
+                raise ValueError("TRITON_INTERPRET=1 runs kernels on CPU tensors only")
+        elif t.device.type != "cuda":
+            raise ValueError(
+                f"gemc Triton kernels need CUDA tensors, got {t.device}; "
+                "set TRITON_INTERPRET=1 (before importing triton) to run them on the CPU"
+            )
+
+
+def check_offsets(offsets: torch.Tensor, name: str = "offsets") -> int:
+    """Validate a jagged offsets vector (int32/int64, 1-D, length B+1) and return B."""
+    if offsets.dim() != 1 or offsets.numel() < 1:
+        raise ValueError(f"{name} must be 1-D with B+1 entries, got shape {tuple(offsets.shape)}")
+    if offsets.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{name} must be int32 or int64, got {offsets.dtype}")
+    return offsets.numel() - 1
+
+
+def lengths_of(offsets: torch.Tensor) -> torch.Tensor:
+    """Per-sequence lengths from offsets (a device op, no host sync)."""
+    return offsets[1:] - offsets[:-1]
+
+
+def max_length(offsets: torch.Tensor) -> int:
+    """Longest sequence of a jagged batch; costs a host sync, so callers that know it pass it."""
+    if offsets.numel() <= 1:
+        return 0
+    return int(lengths_of(offsets).max().item())
+
+
+@triton.jit
+def mma(a, b, IEEE: tl.constexpr):
+    """``a @ b`` with fp32 accumulation; IEEE fp32 products when ``IEEE`` (fp32 inputs)."""
+    if _INTERPRETED:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    elif IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a, b)
