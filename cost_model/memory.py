@@ -1,0 +1,156 @@
+"""Bytes one rank holds: parameters, gradients, optimizer state, activations, workspace.
+
+Per dense strategy (ZeRO paper's accounting, Rajbhandari et al. 2020):
+- DDP: full params and grads, plus DDP's gradient buckets (a second copy of the grads
+  unless ``gradient_as_bucket_view``), full optimizer state.
+- FSDP over g ranks: params, grads and state divided by g; the all-gathered params of the
+  unit being computed and of the prefetched next one are transient (counted as workspace).
+- HSDP: as FSDP with g = the shard group inside a host.
+- TP of degree t: params, grads, state and activations inside the region divided by t.
+Embedding shards with a fused optimizer (TorchRec TBE) store no gradient; data-parallel
+tables are dense parameters. Optimizer states per element: adam/adamw 2, adagrad 1,
+momentum 1, sgd 0; rowwise_adagrad 1 per *row*.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, fields
+
+from .kernels import OPTIMIZER_STATES
+from .types import RegionCost, StepOptions, TableCost
+
+
+@dataclass
+class MemoryBreakdown:
+    params: float = 0.0
+    grads: float = 0.0
+    optimizer: float = 0.0
+    activations: float = 0.0
+    workspace: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer + self.activations + self.workspace
+
+    def __add__(self, other: MemoryBreakdown) -> MemoryBreakdown:
+        return MemoryBreakdown(*(getattr(self, f.name) + getattr(other, f.name)
+                                 for f in fields(self)))
+
+    def to_dict(self) -> dict[str, float]:
+        d = {f.name: float(getattr(self, f.name)) for f in fields(self)}
+        d["total"] = self.total
+        return d
+
+
+def optimizer_state_bytes(optimizer: str, numel: float, *, rows: float = 0.0,
+                          state_bytes: int = 4) -> float:
+    """State an optimizer keeps for numel parameters (rows: for row-wise optimizers)."""
+    name = optimizer.lower()
+    if name == "rowwise_adagrad":
+        return rows * state_bytes
+    if name not in OPTIMIZER_STATES:
+        raise ValueError(f"unknown optimizer {optimizer!r}; known: {sorted(OPTIMIZER_STATES)}")
+    return OPTIMIZER_STATES[name] * numel * state_bytes
+
+
+def shard_degree(region: RegionCost, world: int) -> int:
+    """How many ranks split the region's parameters."""
+    if region.strategy == "ddp":
+        return 1
+    if region.strategy == "fsdp":
+        return region.shard_group or world
+    return max(1, region.shard_group or 1)
+
+
+def region_memory(region: RegionCost, world: int, options: StepOptions) -> MemoryBreakdown:
+    g = shard_degree(region, world)
+    numel = region.params / g
+    params = numel * region.param_bytes
+    grads = numel * region.grad_bytes
+    if region.strategy == "ddp" and region.params > 0:
+        grads *= 2  # DDP's bucket copy (gradient_as_bucket_view=False)
+    opt = optimizer_state_bytes(options.optimizer, numel, state_bytes=options.state_bytes)
+    if options.master_weights and region.param_bytes < 4:
+        opt += numel * 4
+    act = region.activation_bytes / (region.shard_group if region.strategy == "tp"
+                                     and region.shard_group else 1)
+    if region.checkpoint:
+        act = region.boundary_bytes
+    return MemoryBreakdown(params, grads, opt, act, 0.0)
+
+
+def table_shard(table: TableCost, rank: int) -> tuple[float, float]:
+    """(rows, dim) of the part of a table one rank holds (0, 0 if none)."""
+    k = len(table.ranks)
+    if table.sharding == "data_parallel":
+        return float(table.rows), float(table.dim)
+    if rank not in table.ranks:
+        return 0.0, 0.0
+    if table.sharding == "table_wise":
+        return float(table.rows), float(table.dim)
+    if table.sharding in ("row_wise", "table_row_wise"):
+        return table.rows / k, float(table.dim)
+    if table.sharding == "column_wise":
+        return float(table.rows), table.dim / k
+    # grid: column shards across hosts, row shards inside; ranks are row-major blocks.
+    cols = max(1, int(round(k ** 0.5)))
+    return table.rows / (k / cols), table.dim / cols
+
+
+def table_memory(table: TableCost, rank: int, world: int, options: StepOptions) -> MemoryBreakdown:
+    rows, dim = table_shard(table, rank)
+    if rows == 0:
+        return MemoryBreakdown()
+    numel = rows * dim
+    params = numel * table.dtype_bytes
+    opt = optimizer_state_bytes(options.table_optimizer, numel, rows=rows,
+                                state_bytes=options.state_bytes)
+    grads = params if table.sharding == "data_parallel" else 0.0  # fused TBE: no grads
+    # pooled outputs this rank produces and their gradients
+    bags = table.batch * (world if table.sharding != "data_parallel" else 1)
+    act = 2.0 * bags * dim * table.dtype_bytes
+    return MemoryBreakdown(params, grads, opt, act, 0.0)
+
+
+def rank_memory(regions: Sequence[RegionCost], tables: Iterable[TableCost], rank: int,
+                world: int, options: StepOptions | None = None) -> MemoryBreakdown:
+    """Peak bytes on one rank: steady state plus the largest transient buffer."""
+    options = options or StepOptions()
+    total = MemoryBreakdown(workspace=float(options.workspace_bytes))
+    transient = 0.0
+    ckpt_peak = 0.0
+    for region in regions:
+        total = total + region_memory(region, world, options)
+        if region.strategy in ("fsdp", "hsdp") and shard_degree(region, world) > 1:
+            # the gathered unit being computed + the prefetched one
+            transient = max(transient, 2.0 * region.params * region.param_bytes)
+        if region.checkpoint:
+            ckpt_peak = max(ckpt_peak, region.activation_bytes)
+    for table in tables:
+        total = total + table_memory(table, rank, world, options)
+    total.workspace += transient
+    total.activations += ckpt_peak  # one checkpointed region recomputed at a time
+    return total
+
+
+def eager_peak_bytes(param_bytes: float, activation_bytes: float, *, optimizer: str = "adamw",
+                     state_bytes_per_param_byte: float = 1.0, foreach: bool = True,
+                     input_bytes: float = 0.0) -> dict[str, float]:
+    """Peak of one eager single-GPU step (``zero_grad(set_to_none=True)`` first).
+
+    Two candidates: the end of backward (params + state + saved activations still alive
+    + the gradients, all written by then) and the optimizer step (params + grads + state +
+    foreach's temporary: one tensor list the size of the parameters, e.g. sqrt(v) in
+    AdamW). Activations are freed as backward goes; we take them whole as the upper bound
+    of the overlap with the gradients.
+    """
+    states = OPTIMIZER_STATES.get(optimizer.lower(), 2) * param_bytes * state_bytes_per_param_byte
+    grads = param_bytes
+    temp = param_bytes if foreach and states else 0.0
+    backward = param_bytes + states + max(activation_bytes, grads) + input_bytes
+    step = param_bytes + grads + states + temp + input_bytes
+    peak = max(backward, step)
+    return {"params": param_bytes, "grads": grads, "optimizer": states,
+            "activations": activation_bytes, "temporary": temp, "inputs": input_bytes,
+            "peak": peak}

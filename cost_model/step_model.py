@@ -1,0 +1,229 @@
+"""Predicted time of one training step of a sharded plan, per rank and overall.
+
+    step = max_r sparse_compute_r + all-to-all (forward output dist + backward grad dist)
+         + dense forward + exposed forward comm + dense backward + exposed backward comm
+         + TP comm (on the critical path) + max_r optimizer_r
+
+All-to-all is a barrier, so the slowest rank's embedding work sets when it can start.
+Exposed comm is what overlap cannot hide: gradient all-reduce / reduce-scatter runs beside
+the backward and hides up to ``overlap`` x backward compute, but never its last bucket;
+FSDP's parameter all-gathers are prefetched behind the forward the same way, never the
+first. Sparse input dist (ids) is hidden by a pipelined loader (TorchRec's
+TrainPipelineSparseDist) when ``pipeline_sparse``.
+
+MFU = 3 x sum of regions' forward FLOPs (per rank) / (peak BF16 x step) — model FLOPs,
+recomputation not counted (PaLM's definition, Chowdhery et al. 2022).
+
+Pure and fast (no fx): the solver calls it in its inner loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import lru_cache
+
+import numpy as np
+
+from .calibration import Calibration
+from .collectives import collective_time
+from .hardware import GPUSpec
+from .kernels import INDEX_BYTES
+from .memory import MemoryBreakdown, rank_memory, shard_degree, table_memory, table_shard
+from .op_cost import embedding_time, optimizer_time
+from .topology import Topology
+from .types import RankStats, RegionCost, StepOptions, StepPrediction, TableCost
+
+
+@lru_cache(maxsize=1 << 16)
+def _embedding_cost(rows: int, dim: int, lookups: int, bags: int, dtype: str, gpu: GPUSpec,
+                    calibration: Calibration | None, optimizer: str | None,
+                    dense_grad: bool) -> float:
+    fwd, bwd, _ = embedding_time(rows, dim, lookups, bags, dtype, gpu, calibration,
+                                 dense_grad=dense_grad, optimizer=optimizer)
+    return fwd + bwd
+
+
+def _dtype(elt: int) -> str:
+    return {1: "fp8", 2: "bf16"}.get(elt, "fp32")
+
+
+def _table_work(t: TableCost, rank: int, world: int) -> tuple[float, float, float]:
+    """(rows, dim, lookups) of the shard a rank computes, bags = world x batch unless DP."""
+    rows, dim = table_shard(t, rank)
+    if rows == 0:
+        return 0.0, 0.0, 0.0
+    if t.sharding == "data_parallel":
+        return rows, dim, float(t.nnz)
+    share = rows / t.rows  # row-sharded shards see their share of the ids
+    return rows, dim, world * t.nnz * share
+
+
+def _a2a_sends(tables: Sequence[TableCost], world: int) -> tuple[np.ndarray, np.ndarray]:
+    """Bytes each rank sends in the pooled-embedding all-to-all (forward; the backward
+    sends the same amount back) and in the id all-to-all (input dist)."""
+    out = np.zeros(world)
+    ids = np.zeros(world)
+    for t in tables:
+        if t.sharding == "data_parallel":
+            continue
+        holders = [r for r in t.ranks if r < world]
+        for r in holders:
+            rows, dim = table_shard(t, r)
+            # a shard sends its pooled (partial, for row shards) rows to every other rank
+            out[r] += (world - 1) * t.batch * dim * t.dtype_bytes
+        ids += (t.nnz * INDEX_BYTES + t.batch * 4) * (1 - 1 / max(world, 1))
+    return out, ids
+
+
+def _dense_comm(region: RegionCost, topo: Topology, calibration: Calibration | None,
+                options: StepOptions) -> dict[str, float]:
+    """Seconds of the region's collectives on rank 0's groups: fwd (overlappable with
+    forward), bwd (with backward), tp (critical path), and the minimal exposed tails."""
+    world = topo.world_size
+    out = {"fwd": 0.0, "bwd": 0.0, "tp": 0.0, "fwd_tail": 0.0, "bwd_tail": 0.0}
+    if world == 1 or region.params == 0:
+        return out
+    grad_bytes = region.params * region.grad_bytes
+    param_bytes = region.params * region.param_bytes
+
+    def t(op: str, nbytes: float, ranks: Sequence[int] | range) -> float:
+        return collective_time(op, nbytes, tuple(ranks), topo, calibration=calibration)
+
+    if region.strategy == "ddp":
+        buckets = max(1, int(np.ceil(grad_bytes / options.ddp_bucket_bytes)))
+        one = t("all_reduce", grad_bytes / buckets, range(world))
+        out["bwd"] = buckets * one
+        out["bwd_tail"] = one
+    elif region.strategy in ("fsdp", "hsdp"):
+        g = min(shard_degree(region, world), world)
+        group = range(g)
+        ag = t("all_gather", param_bytes, group)
+        rs = t("reduce_scatter", grad_bytes, group)
+        out["fwd"], out["fwd_tail"] = ag, ag
+        out["bwd"], out["bwd_tail"] = ag + rs, rs
+        if g < world:  # HSDP: replicas all-reduce their shard across hosts
+            ar = t("all_reduce", grad_bytes / g, range(0, world, g))
+            out["bwd"] += ar
+            out["bwd_tail"] += ar
+    else:  # tp: sequence-parallel all-gather + reduce-scatter of the activation, fwd & bwd
+        tp = max(1, min(region.shard_group or 1, world))
+        if tp > 1:
+            act = region.boundary_bytes * tp
+            out["tp"] = 2 * (t("all_gather", act, range(tp)) + t("reduce_scatter", act,
+                                                                  range(tp)))
+        replicas = world // tp
+        if replicas > 1:
+            ar = t("all_reduce", grad_bytes / tp, range(0, world, tp))
+            out["bwd"], out["bwd_tail"] = ar, ar
+    return out
+
+
+def predict_step(
+    regions: Sequence[RegionCost],
+    tables: Sequence[TableCost],
+    topology: Topology,
+    *,
+    calibration: Calibration | None = None,
+    options: StepOptions | None = None,
+) -> StepPrediction:
+    """Step time, MFU, per-rank memory and time of a plan (see the module docstring)."""
+    opts = options or StepOptions()
+    world = topology.world_size
+    gpu = topology.gpu
+    source = "calibrated" if calibration is not None else "roofline"
+
+    # ---- sparse: per-rank embedding compute, all-to-all -------------------------------
+    sparse = np.zeros(world)
+    dp_table_numel = 0.0
+    dp_table_grad_bytes = 0.0
+    for t in tables:
+        dtype = _dtype(t.dtype_bytes)
+        if t.sharding == "data_parallel":
+            sparse += _embedding_cost(t.rows, t.dim, t.nnz, t.batch, dtype, gpu, calibration,
+                                      None, True)
+            dp_table_numel += t.rows * t.dim
+            dp_table_grad_bytes += t.rows * t.dim * t.dtype_bytes
+            continue
+        for r in set(t.ranks):
+            if r >= world:
+                continue
+            rows, dim, lookups = _table_work(t, r, world)
+            sparse[r] += _embedding_cost(max(1, int(rows)), max(1, int(dim)), int(lookups),
+                                         world * t.batch, dtype, gpu, calibration,
+                                         opts.table_optimizer, False)
+    out_sends, id_sends = _a2a_sends(tables, world)
+    a2a = 0.0
+    input_dist = 0.0
+    if world > 1 and out_sends.any():
+        a2a = 2 * collective_time("all_to_all", 0, range(world), topology,
+                                  send_bytes=out_sends, calibration=calibration)
+        input_dist = collective_time("all_to_all", 0, range(world), topology,
+                                     send_bytes=id_sends, calibration=calibration)
+    exposed_input_dist = 0.0 if opts.pipeline_sparse else input_dist
+
+    # ---- dense: compute and communication ---------------------------------------------
+    fwd_compute = sum(r.compute_s * r.fwd_fraction for r in regions)
+    bwd_compute = sum(r.compute_s * (1 - r.fwd_fraction) for r in regions)
+    fwd_compute += sum(r.compute_s * r.fwd_fraction for r in regions if r.checkpoint)
+    comm = {"fwd": 0.0, "bwd": 0.0, "tp": 0.0, "fwd_tail": 0.0, "bwd_tail": 0.0}
+    for region in regions:
+        for k, v in _dense_comm(region, topology, calibration, opts).items():
+            comm[k] = max(comm[k], v) if k.endswith("tail") else comm[k] + v
+    if dp_table_grad_bytes and world > 1:
+        ar = collective_time("all_reduce", dp_table_grad_bytes, range(world), topology,
+                             calibration=calibration)
+        comm["bwd"] += ar
+        comm["bwd_tail"] = max(comm["bwd_tail"], ar)
+    exposed_fwd = max(comm["fwd_tail"] if comm["fwd"] else 0.0,
+                      comm["fwd"] - opts.overlap * fwd_compute)
+    exposed_bwd = max(comm["bwd_tail"] if comm["bwd"] else 0.0,
+                      comm["bwd"] - opts.overlap * (bwd_compute + float(sparse.max(initial=0))))
+    exposed = exposed_fwd + exposed_bwd + comm["tp"] + exposed_input_dist
+
+    # ---- optimizer and memory per rank -----------------------------------------------
+    dense_numel = sum(r.params / shard_degree(r, world) for r in regions) + dp_table_numel
+    opt_s, _ = optimizer_time(opts.optimizer, dense_numel, opts.dense_dtype, gpu, calibration,
+                              fused=opts.fused_optimizer, tensors=max(1, 2 * len(regions)))
+    base = rank_memory(regions, (), 0, world, opts)  # the same on every rank
+    table_mem: dict[int, MemoryBreakdown] = {}
+    dp_mem = MemoryBreakdown()
+    for t in tables:
+        if t.sharding == "data_parallel":
+            dp_mem = dp_mem + table_memory(t, 0, world, opts)
+            continue
+        for r in set(t.ranks):
+            if r < world:
+                table_mem[r] = table_mem.get(r, MemoryBreakdown()) + table_memory(t, r, world,
+                                                                                 opts)
+    base = base + dp_mem
+    per_rank = []
+    for r in range(world):
+        mem = base + table_mem[r] if r in table_mem else base
+        per_rank.append(RankStats(
+            rank=r,
+            memory_bytes=mem.total,
+            compute_s=float(sparse[r]) + fwd_compute + bwd_compute + opt_s,
+            comm_s=a2a + input_dist + comm["fwd"] + comm["bwd"] + comm["tp"],
+            exposed_comm_s=a2a + exposed,
+            sparse_compute_s=float(sparse[r]),
+            dense_compute_s=fwd_compute + bwd_compute,
+            optimizer_s=opt_s,
+            memory=mem.to_dict(),
+        ))
+    breakdown = {
+        "sparse_compute": float(sparse.max(initial=0.0)),
+        "all_to_all": a2a,
+        "input_dist": exposed_input_dist,
+        "dense_forward": fwd_compute,
+        "dense_backward": bwd_compute,
+        "exposed_forward_comm": exposed_fwd,
+        "exposed_backward_comm": exposed_bwd,
+        "tp_comm": comm["tp"],
+        "optimizer": opt_s,
+    }
+    step = sum(breakdown.values())
+    model_flops = 3.0 * sum(r.fwd_flops for r in regions) * world
+    mfu = model_flops / (world * gpu.bf16_flops * step) if step > 0 else 0.0
+    return StepPrediction(step_s=step, mfu=mfu, model_flops=model_flops,
+                          per_rank=tuple(per_rank), cost_model=source, breakdown=breakdown,
+                          world_size=world)

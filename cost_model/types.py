@@ -1,0 +1,151 @@
+"""Small frozen inputs and outputs of the step model, shared with the solver.
+
+No torch.fx here: the solver builds these once from the annotated graph and then calls
+``predict_step`` many times, so everything is plain numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+DENSE_STRATEGIES = ("ddp", "fsdp", "hsdp", "tp")
+TABLE_SHARDINGS = ("data_parallel", "table_wise", "row_wise", "column_wise", "table_row_wise",
+                   "grid")
+
+
+@dataclass(frozen=True)
+class RegionCost:
+    """A dense region (the unit that gets a parallel strategy), for one rank's local batch.
+
+    ``compute_s`` is the region's forward+backward time on one GPU for the local batch,
+    unsharded (the sum of its nodes' gemc.predicted_ms). ``shard_group`` is the FSDP group
+    (0 = the whole world), the HSDP shard group inside a host, or the TP degree.
+    """
+
+    name: str
+    params: int
+    fwd_flops: float
+    compute_s: float
+    strategy: str = "ddp"
+    shard_group: int = 0
+    param_bytes: int = 4          # bytes per parameter element (compute copy)
+    grad_bytes: int = 4           # bytes per gradient element (reduced in this dtype)
+    activation_bytes: int = 0     # saved for backward, local batch, no checkpointing
+    boundary_bytes: int = 0       # the region's input activation (checkpoint, TP comm)
+    checkpoint: bool = False      # activation checkpointing: recompute the forward
+    fwd_fraction: float = 1 / 3   # share of compute_s spent in the forward
+
+    def __post_init__(self) -> None:
+        if self.strategy not in DENSE_STRATEGIES:
+            raise ValueError(f"region {self.name}: strategy {self.strategy!r} not in "
+                             f"{DENSE_STRATEGIES}")
+        if self.params < 0 or self.compute_s < 0 or self.shard_group < 0:
+            raise ValueError(f"region {self.name}: params, compute_s, shard_group must be >= 0")
+
+
+@dataclass(frozen=True)
+class TableCost:
+    """An embedding table and its sharding. ``nnz`` and ``batch`` are one rank's local
+    batch (lookups and bags); ``ranks`` hold the shards (in shard order)."""
+
+    fqn: str
+    rows: int
+    dim: int
+    nnz: int
+    batch: int
+    sharding: str = "table_wise"
+    ranks: tuple[int, ...] = (0,)
+    dtype_bytes: int = 4
+
+    def __post_init__(self) -> None:
+        if self.sharding not in TABLE_SHARDINGS:
+            raise ValueError(f"table {self.fqn}: sharding {self.sharding!r} not in "
+                             f"{TABLE_SHARDINGS}")
+        if not self.ranks:
+            raise ValueError(f"table {self.fqn}: needs at least one rank")
+        if self.rows <= 0 or self.dim <= 0 or self.nnz < 0 or self.batch < 0:
+            raise ValueError(f"table {self.fqn}: rows and dim must be > 0, nnz/batch >= 0")
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """Knobs of the step model; defaults are what gemc's runner does.
+
+    overlap: fraction of the backward (forward) compute that can hide gradient
+    (parameter) communication — NCCL kernels take SMs and HBM bandwidth from compute, so
+    it is below 1 (measured 0.7-0.9 for DDP on Hopper, PyTorch DDP paper, Li et al. 2020).
+    """
+
+    optimizer: str = "adamw"
+    table_optimizer: str = "adamw"
+    fused_optimizer: bool = True
+    master_weights: bool = False   # fp32 master copy when params are bf16
+    state_bytes: int = 4           # optimizer state element size
+    overlap: float = 0.8
+    ddp_bucket_bytes: int = 25 * 1024 * 1024
+    pipeline_sparse: bool = True   # input dist of batch i+1 hidden behind batch i
+    workspace_bytes: int = 1 << 30  # cuBLAS, NCCL buffers, allocator slack
+    dense_dtype: str = "bf16"
+
+
+@dataclass(frozen=True)
+class RankStats:
+    rank: int
+    memory_bytes: float
+    compute_s: float
+    comm_s: float
+    exposed_comm_s: float
+    sparse_compute_s: float
+    dense_compute_s: float
+    optimizer_s: float
+    memory: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "memory_gb": self.memory_bytes / 1e9,
+            "compute_ms": 1e3 * self.compute_s,
+            "comm_ms": 1e3 * self.comm_s,
+            "exposed_comm_ms": 1e3 * self.exposed_comm_s,
+            "sparse_compute_ms": 1e3 * self.sparse_compute_s,
+            "dense_compute_ms": 1e3 * self.dense_compute_s,
+            "optimizer_ms": 1e3 * self.optimizer_s,
+            "memory": {k: v / 1e9 for k, v in self.memory.items()},  # GB
+        }
+
+
+@dataclass(frozen=True)
+class StepPrediction:
+    step_s: float
+    mfu: float
+    model_flops: float
+    per_rank: tuple[RankStats, ...]
+    cost_model: str                 # "calibrated" or "roofline"
+    breakdown: dict[str, float]     # seconds of each part of the critical path
+    world_size: int
+
+    @property
+    def step_ms(self) -> float:
+        return 1e3 * self.step_s
+
+    @property
+    def max_memory_bytes(self) -> float:
+        return max(r.memory_bytes for r in self.per_rank)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step_ms": self.step_ms,
+            "mfu": self.mfu,
+            "model_flops_per_step": self.model_flops,
+            "world_size": self.world_size,
+            "cost_model": self.cost_model,
+            "max_memory_gb": self.max_memory_bytes / 1e9,
+            "breakdown_ms": {k: 1e3 * v for k, v in self.breakdown.items()},
+            "per_rank": [r.to_dict() for r in self.per_rank],
+        }
+
+
+def as_plain(obj: Any) -> Any:
+    """dataclasses -> dicts (for dumps)."""
+    return asdict(obj)
