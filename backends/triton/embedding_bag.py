@@ -1,0 +1,395 @@
+"""Batched embedding bags: many tables in one launch, backward fused with the optimizer.
+
+Layout (like FBGEMM's table-batched embeddings):
+
+* one flat fp32 ``weights`` buffer holds every table; table ``t`` (``rows_t x dim_t``,
+  row-major) starts at element ``weight_offset[t]``. Tables may have different dims: a
+  program handles one (table, sample) bag, reads ``dim_t`` and masks the columns past it.
+* ids come KeyedJaggedTensor style, table-major: one flat ``ids`` tensor (int32/int64,
+  row indices local to their table) and ``offsets`` of length ``T*B+1``; bag ``(t, b)`` is
+  ``ids[offsets[t*B+b] : offsets[t*B+b+1]]``. Optional ``per_sample_weights`` (one per id,
+  ``sum`` pooling only, as in ``nn.EmbeddingBag``) scale each row; they are constants (no
+  gradient flows to them).
+* pooling ``sum`` or ``mean`` (``mean`` divides by the bag size); an empty bag gives zeros.
+* output: one ``[B, sum(dim_t)]`` fp32 tensor, table ``t`` in columns
+  ``[column[t], column[t] + dim_t)`` in table order (``split_output`` gives per-table views).
+
+Training (the "fused backward-optimizer" of FBGEMM TBE): the module's weights are a buffer,
+not a parameter, and no ``.grad`` is ever made. ``forward`` runs an autograd function whose
+backward, given the pooled-output gradient, updates the weights and the optimizer state in
+place, touching only the rows the batch used:
+
+1. host (a few torch ops, no sync): give every id a global row key ``row_base[t] + id``,
+   stable-sort the keys and find each key's run end with ``searchsorted``;
+2. one Triton program per sorted id; the first id of each run (one per distinct row) sums
+   ``coef_i * grad_out[b_i, column[t] : column[t] + dim_t]`` over its run (``coef`` is the
+   per-sample weight, divided by the bag size under ``mean``), then applies the optimizer to
+   that row and writes it back. Each row is owned by exactly one program: no atomics, and the
+   result is deterministic.
+
+Optimizers (``lr``, ``eps``, ``weight_decay``):
+
+``rowwise_adagrad``
+    one accumulator per row: ``g += weight_decay * w`` (L2), ``acc += mean(g ** 2)``,
+    ``w -= lr * g / (sqrt(acc) + eps)``.
+``adam``
+    *lazy* Adam, the semantics of ``torch.optim.SparseAdam``: per-element ``m``, ``v`` of the
+    touched rows only, ``m += (1 - beta1) (g - m)``, ``v += (1 - beta2) (g^2 - v)``,
+    ``w -= lr * sqrt(1 - beta2^t) / (1 - beta1^t) * m / (sqrt(v) + eps)``, where ``t`` is one
+    global step count incremented by every backward (``SparseAdam`` steps every parameter each
+    ``step()``, even one whose batch used none of its rows). Rows not touched keep their
+    ``m``, ``v`` and weights, unlike dense Adam whose momentum moves every row each step.
+    ``weight_decay`` is decoupled (AdamW style) and applied to touched rows only:
+    ``w *= 1 - lr * weight_decay`` before the update.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import torch
+import triton
+import triton.language as tl
+from torch import nn
+
+from .runtime import (
+    autotune_configs,
+    check_launchable,
+    check_offsets,
+    is_interpreted,
+    next_pow2,
+)
+
+__all__ = ["BatchedEmbeddingBag", "Pooling", "OptimizerKind"]
+
+Pooling = Literal["sum", "mean"]
+OptimizerKind = Literal["rowwise_adagrad", "adam"]
+
+_ROWWISE_ADAGRAD = 0
+_ADAM = 1
+
+# Bags of 1-30 ids and rows of 64-128 fp32: a [BLOCK_L, BLOCK_D] gather tile per step keeps
+# BLOCK_L rows in flight per program; few warps, since one program's tile is small.
+_FWD_CONFIGS = autotune_configs(
+    [
+        triton.Config({"BLOCK_L": 16}, num_warps=2),
+        triton.Config({"BLOCK_L": 32}, num_warps=4),
+        triton.Config({"BLOCK_L": 8}, num_warps=1),
+        triton.Config({"BLOCK_L": 16}, num_warps=4),
+    ],
+    triton.Config({"BLOCK_L": 4}, num_warps=1),
+)
+
+
+@triton.autotune(configs=_FWD_CONFIGS, key=["BLOCK_D", "MEAN", "HAS_WEIGHTS"])
+@triton.jit
+def _pooled_forward_kernel(
+    weights, ids, offsets, per_sample_weights, weight_offset, table_dim, table_column,
+    out, batch, out_stride,
+    MEAN: tl.constexpr, HAS_WEIGHTS: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+):
+    bag = tl.program_id(0)  # t * batch + b, the KJT order of offsets
+    t = bag // batch
+    b = bag % batch
+    start = tl.load(offsets + bag).to(tl.int64)
+    count = (tl.load(offsets + bag + 1).to(tl.int64) - start).to(tl.int32)
+    base = weights + tl.load(weight_offset + t)
+    dim = tl.load(table_dim + t)
+    offs_d = tl.arange(0, BLOCK_D)
+    col_ok = offs_d < dim
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for j in range(0, count, BLOCK_L):
+        offs_l = j + tl.arange(0, BLOCK_L)
+        id_ok = offs_l < count
+        idx = tl.load(ids + start + offs_l, mask=id_ok, other=0).to(tl.int64)
+        rows = tl.load(base + idx[:, None] * dim + offs_d[None, :],
+                       mask=id_ok[:, None] & col_ok[None, :], other=0.0)
+        if HAS_WEIGHTS:
+            psw = tl.load(per_sample_weights + start + offs_l, mask=id_ok, other=0.0)
+            rows = rows * psw.to(tl.float32)[:, None]
+        acc += tl.sum(rows, 0)
+    if MEAN:
+        acc = acc / tl.maximum(count, 1).to(tl.float32)
+    dst = out + b.to(tl.int64) * out_stride + tl.load(table_column + t) + offs_d
+    tl.store(dst, acc, mask=col_ok)
+
+
+@triton.jit
+def _fused_update_kernel(
+    weights, momentum1, momentum2, sorted_keys, run_end, sorted_bag, sorted_coef,
+    grad_out, grad_stride, row_base, weight_offset, table_dim, table_column, batch,
+    lr, eps, beta1, beta2, step_size, weight_decay,
+    OPTIMIZER: tl.constexpr, HAS_WEIGHT_DECAY: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+):
+    i = tl.program_id(0)
+    key = tl.load(sorted_keys + i)
+    previous = tl.load(sorted_keys + i - 1, mask=i > 0, other=-1)
+    if previous == key:  # not the first id of its row's run: the run's head owns the row
+        return
+    count = (tl.load(run_end + i) - i).to(tl.int32)
+    t = tl.load(sorted_bag + i) // batch
+    dim = tl.load(table_dim + t)
+    column = tl.load(table_column + t)
+    offs_d = tl.arange(0, BLOCK_D)
+    col_ok = offs_d < dim
+    g = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for j in range(0, count, BLOCK_L):
+        offs_l = i + j + tl.arange(0, BLOCK_L)
+        id_ok = offs_l < i + count
+        sample = tl.load(sorted_bag + offs_l, mask=id_ok, other=0) % batch
+        coef = tl.load(sorted_coef + offs_l, mask=id_ok, other=0.0)
+        src = grad_out + sample.to(tl.int64)[:, None] * grad_stride + column + offs_d[None, :]
+        go = tl.load(src, mask=id_ok[:, None] & col_ok[None, :], other=0.0)
+        g += tl.sum(go.to(tl.float32) * coef[:, None], 0)
+    row = (key - tl.load(row_base + t)).to(tl.int64)
+    element = tl.load(weight_offset + t) + row * dim + offs_d
+    w = tl.load(weights + element, mask=col_ok, other=0.0)
+    if OPTIMIZER == 0:  # row-wise Adagrad
+        if HAS_WEIGHT_DECAY:
+            g = g + weight_decay * w
+        acc = tl.load(momentum1 + key) + tl.sum(g * g, 0) / dim.to(tl.float32)
+        tl.store(momentum1 + key, acc)
+        w = w - lr * g / (tl.sqrt(acc) + eps)
+    else:  # lazy Adam (torch.optim.SparseAdam), decoupled weight decay
+        m = tl.load(momentum1 + element, mask=col_ok, other=0.0)
+        v = tl.load(momentum2 + element, mask=col_ok, other=0.0)
+        m = m + (g - m) * (1.0 - beta1)
+        v = v + (g * g - v) * (1.0 - beta2)
+        tl.store(momentum1 + element, m, mask=col_ok)
+        tl.store(momentum2 + element, v, mask=col_ok)
+        if HAS_WEIGHT_DECAY:
+            w = w * (1.0 - lr * weight_decay)
+        w = w - step_size * m / (tl.sqrt(v) + eps)
+    tl.store(weights + element, w, mask=col_ok)
+
+
+class _PooledLookup(torch.autograd.Function):
+    """Forward: pooled lookup. Backward: the in-place optimizer update; returns no gradients.
+
+    ``anchor`` is a 0-d tensor that requires grad, so the output is part of the autograd graph
+    (and this backward runs) although the weights themselves are not a leaf that wants grad.
+    """
+
+    @staticmethod
+    def forward(ctx, anchor, ids, offsets, per_sample_weights, module):  # type: ignore[override]
+        ctx.module = module
+        ctx.save_for_backward(ids, offsets, per_sample_weights)
+        return module._pooled(ids, offsets, per_sample_weights)
+
+    @staticmethod
+    def backward(ctx, grad_out):  # type: ignore[override]
+        ids, offsets, per_sample_weights = ctx.saved_tensors
+        ctx.module._fused_update(grad_out, ids, offsets, per_sample_weights)
+        return None, None, None, None, None
+
+
+class BatchedEmbeddingBag(nn.Module):
+    """``T`` embedding bags in one flat buffer; the optimizer step runs inside ``backward``.
+
+    ``tables``: ``(rows, dim)`` per table. See the module docstring for the input layout,
+    pooling, output columns and the two optimizers. Use it as
+    ``out = bag(ids, offsets); loss(out).backward()``: after ``backward`` the weights have
+    moved; do not give this module's weights to another optimizer.
+    """
+
+    def __init__(
+        self,
+        tables: Sequence[tuple[int, int]],
+        pooling: Pooling = "sum",
+        optimizer: OptimizerKind = "rowwise_adagrad",
+        lr: float = 0.01,
+        eps: float = 1.0e-8,
+        betas: tuple[float, float] = (0.9, 0.999),
+        weight_decay: float = 0.0,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        if not tables:
+            raise ValueError("need at least one table")
+        if pooling not in ("sum", "mean"):
+            raise ValueError(f"pooling must be 'sum' or 'mean', got {pooling!r}")
+        if optimizer not in ("rowwise_adagrad", "adam"):
+            raise ValueError(f"optimizer must be 'rowwise_adagrad' or 'adam', got {optimizer!r}")
+        self.rows = [int(r) for r, _ in tables]
+        self.dims = [int(d) for _, d in tables]
+        if min(self.rows) < 1 or min(self.dims) < 1:
+            raise ValueError(f"every table needs rows >= 1 and dim >= 1, got {list(tables)}")
+        self.pooling = pooling
+        self.optimizer = optimizer
+        self.lr, self.eps, self.betas, self.weight_decay = lr, eps, tuple(betas), weight_decay
+        self.step = 0  # optimizer steps taken (Adam's bias correction)
+
+        sizes = [r * d for r, d in zip(self.rows, self.dims)]
+        weight_offset = [0] + list(_cumsum(sizes))[:-1]
+        row_base = [0] + list(_cumsum(self.rows))[:-1]
+        column = [0] + list(_cumsum(self.dims))[:-1]
+        self.total_rows, self.total_dim = sum(self.rows), sum(self.dims)
+        self.block_d = next_pow2(max(self.dims), 16)
+        total = sum(sizes)
+        self.register_buffer("weights", torch.empty(total, device=device))
+        self.register_buffer("weight_offset", torch.tensor(weight_offset, device=device))
+        self.register_buffer("row_base", torch.tensor(row_base, device=device))
+        self.register_buffer("table_dim", torch.tensor(self.dims, dtype=torch.int32,
+                                                       device=device))
+        self.register_buffer("table_column", torch.tensor(column, dtype=torch.int32,
+                                                          device=device))
+        if optimizer == "rowwise_adagrad":
+            self.register_buffer("momentum1", torch.zeros(self.total_rows, device=device))
+            self.register_buffer("momentum2", torch.zeros(0, device=device))
+        else:
+            self.register_buffer("momentum1", torch.zeros(total, device=device))
+            self.register_buffer("momentum2", torch.zeros(total, device=device))
+        self._anchor = torch.zeros((), device=device, requires_grad=True)
+        self.reset_parameters()
+
+    # -- parameters and state ----------------------------------------------------------
+
+    @property
+    def num_tables(self) -> int:
+        return len(self.rows)
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Uniform(+-sqrt(1/rows)) per table (TorchRec's default); zero optimizer state."""
+        for weight, rows in zip(self.split_weights(), self.rows):
+            bound = math.sqrt(1.0 / rows)
+            weight.uniform_(-bound, bound)
+        self.reset_optimizer_state()
+
+    @torch.no_grad()
+    def reset_optimizer_state(self) -> None:
+        """Zero the accumulators / moments and the step count."""
+        self.momentum1.zero_()
+        self.momentum2.zero_()
+        self.step = 0
+
+    @torch.no_grad()
+    def load_from_embedding_bags(self, bags: Sequence[nn.EmbeddingBag]) -> None:
+        """Copy the weights of one ``nn.EmbeddingBag`` per table (optimizer state untouched)."""
+        if len(bags) != self.num_tables:
+            raise ValueError(f"expected {self.num_tables} bags, got {len(bags)}")
+        for t, (dst, bag) in enumerate(zip(self.split_weights(), bags)):
+            if tuple(bag.weight.shape) != tuple(dst.shape):
+                raise ValueError(f"table {t}: bag weight {tuple(bag.weight.shape)} != "
+                                 f"{tuple(dst.shape)}")
+            dst.copy_(bag.weight)
+
+    def split_weights(self) -> list[torch.Tensor]:
+        """Per-table ``[rows, dim]`` views of the flat weight buffer."""
+        return [
+            self.weights[o : o + r * d].view(r, d)
+            for o, r, d in zip(self._weight_offsets(), self.rows, self.dims)
+        ]
+
+    def split_optimizer_state(self) -> list[dict[str, torch.Tensor]]:
+        """Per-table views: ``{"sum": [rows]}`` (Adagrad) or ``{"exp_avg", "exp_avg_sq"}``."""
+        if self.optimizer == "rowwise_adagrad":
+            bases = [0] + list(_cumsum(self.rows))[:-1]
+            return [{"sum": self.momentum1[b : b + r]} for b, r in zip(bases, self.rows)]
+        return [
+            {"exp_avg": self.momentum1[o : o + r * d].view(r, d),
+             "exp_avg_sq": self.momentum2[o : o + r * d].view(r, d)}
+            for o, r, d in zip(self._weight_offsets(), self.rows, self.dims)
+        ]
+
+    def split_output(self, out: torch.Tensor) -> list[torch.Tensor]:
+        """Per-table ``[B, dim_t]`` column views of a forward output."""
+        return list(out.split(self.dims, dim=1))
+
+    def get_extra_state(self) -> Any:
+        return {"step": self.step}
+
+    def set_extra_state(self, state: Any) -> None:
+        self.step = int(state["step"])
+
+    def _weight_offsets(self) -> list[int]:
+        return [0] + list(_cumsum([r * d for r, d in zip(self.rows, self.dims)]))[:-1]
+
+    # -- forward and fused backward ----------------------------------------------------
+
+    def forward(
+        self,
+        ids: torch.Tensor,
+        offsets: torch.Tensor,
+        per_sample_weights: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Pooled lookups of all tables: ``[B, sum(dims)]`` with ``B = (len(offsets)-1) / T``."""
+        self._check(ids, offsets, per_sample_weights)
+        if self._anchor.device != self.weights.device:
+            self._anchor = torch.zeros((), device=self.weights.device, requires_grad=True)
+        return _PooledLookup.apply(self._anchor, ids, offsets, per_sample_weights, self)
+
+    def _check(self, ids, offsets, per_sample_weights) -> None:
+        bags = check_offsets(offsets)
+        if bags % self.num_tables:
+            raise ValueError(f"offsets must have T*B+1 entries (T={self.num_tables}), "
+                             f"got {offsets.numel()}")
+        if ids.dim() != 1 or ids.dtype not in (torch.int32, torch.int64):
+            raise TypeError("ids must be a 1-D int32/int64 tensor")
+        check_launchable(self.weights, ids, offsets)
+        if per_sample_weights is not None:
+            if self.pooling != "sum":
+                raise ValueError("per_sample_weights need pooling='sum' (as nn.EmbeddingBag)")
+            if per_sample_weights.shape != ids.shape:
+                raise ValueError("per_sample_weights must have one weight per id")
+
+    def _pooled(self, ids, offsets, per_sample_weights) -> torch.Tensor:
+        batch = (offsets.numel() - 1) // self.num_tables
+        out = torch.empty((batch, self.total_dim), device=self.weights.device)
+        if batch == 0:
+            return out
+        has_weights = per_sample_weights is not None
+        _pooled_forward_kernel[(self.num_tables * batch,)](
+            self.weights, ids, offsets, per_sample_weights if has_weights else ids,
+            self.weight_offset, self.table_dim, self.table_column, out, batch, out.stride(0),
+            MEAN=self.pooling == "mean", HAS_WEIGHTS=has_weights, BLOCK_D=self.block_d,
+        )
+        return out
+
+    @torch.no_grad()
+    def _fused_update(self, grad_out, ids, offsets, per_sample_weights) -> None:
+        self.step += 1
+        nnz = ids.numel()
+        batch = (offsets.numel() - 1) // self.num_tables
+        if nnz == 0 or batch == 0:
+            return
+        grad_out = grad_out if grad_out.stride(1) == 1 else grad_out.contiguous()
+        lengths = (offsets[1:] - offsets[:-1]).long()
+        bag = torch.repeat_interleave(
+            torch.arange(lengths.numel(), device=ids.device), lengths, output_size=nnz
+        )
+        keys = self.row_base[bag // batch] + ids.long()
+        if self.total_rows < 2**31:  # fewer radix passes for the sort
+            keys = keys.int()
+        sorted_keys, perm = torch.sort(keys, stable=True)
+        run_end = torch.searchsorted(sorted_keys, sorted_keys, right=True)
+        sorted_bag = bag[perm]
+        coef = (per_sample_weights.float()[perm] if per_sample_weights is not None
+                else torch.ones(nnz, device=ids.device))
+        if self.pooling == "mean":
+            coef = coef / lengths[sorted_bag].float()
+        beta1, beta2 = self.betas
+        step_size = self.lr * math.sqrt(1.0 - beta2**self.step) / (1.0 - beta1**self.step)
+        block_l = 4 if is_interpreted() else 8
+        _fused_update_kernel[(nnz,)](
+            self.weights, self.momentum1, self.momentum2, sorted_keys, run_end, sorted_bag,
+            coef, grad_out, grad_out.stride(0), self.row_base, self.weight_offset,
+            self.table_dim, self.table_column, batch,
+            float(self.lr), float(self.eps), float(beta1), float(beta2), float(step_size),
+            float(self.weight_decay),
+            OPTIMIZER=_ROWWISE_ADAGRAD if self.optimizer == "rowwise_adagrad" else _ADAM,
+            HAS_WEIGHT_DECAY=self.weight_decay != 0.0, BLOCK_D=self.block_d, BLOCK_L=block_l,
+            num_warps=max(1, min(8, block_l * self.block_d // 512)),
+        )
+
+
+def _cumsum(xs: Sequence[int]):
+    total = 0
+    for x in xs:
+        total += x
+        yield total
+
