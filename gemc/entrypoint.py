@@ -7,13 +7,15 @@ only compiles, so GEM-scale models never allocate their weights.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib
 import importlib.util
 import inspect
 import json
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -155,7 +157,7 @@ def build_spec(
     """Call the entrypoint under ``torch.device(device)`` and check what it returned."""
     _check_kwargs(fn, kwargs, entrypoint)
     try:
-        with torch.device(device):
+        with torch.device(device), _skip_init_on_meta():
             spec = fn(**kwargs)
     except GemcUserError:
         raise
@@ -174,6 +176,52 @@ def build_spec(
         ) from exc
     check_spec(spec, entrypoint)
     return spec
+
+
+_INIT_FUNCTIONS = (
+    "uniform_",
+    "normal_",
+    "trunc_normal_",
+    "constant_",
+    "ones_",
+    "zeros_",
+    "eye_",
+    "dirac_",
+    "xavier_uniform_",
+    "xavier_normal_",
+    "kaiming_uniform_",
+    "kaiming_normal_",
+    "orthogonal_",
+    "sparse_",
+)
+
+
+@contextlib.contextmanager
+def _skip_init_on_meta() -> Iterator[None]:
+    """Make torch.nn.init a no-op on meta tensors while the model is built.
+
+    Initialising a meta tensor computes nothing, but the first call routes through
+    torch's Python reference decompositions and costs seconds; the runner initialises
+    real weights itself (reset_parameters, shard by shard).
+    """
+    originals = {name: getattr(torch.nn.init, name) for name in _INIT_FUNCTIONS}
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def init(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(tensor, torch.Tensor) and tensor.is_meta:
+                return tensor
+            return fn(tensor, *args, **kwargs)
+
+        return init
+
+    for name, fn in originals.items():
+        setattr(torch.nn.init, name, wrap(fn))
+    try:
+        yield
+    finally:
+        for name, fn in originals.items():
+            setattr(torch.nn.init, name, fn)
 
 
 def _check_kwargs(fn: Callable[..., Any], kwargs: dict[str, Any], entrypoint: str) -> None:

@@ -43,7 +43,22 @@ _TOP_LEVEL = {
 
 
 def dumps(plan: dict[str, Any]) -> str:
-    return json.dumps(plan, indent=1, sort_keys=True) + "\n"
+    """Canonical text: one top-level key per line, one list element (a table, a region)
+    per line, keys sorted. Readable with grep and diff, and fast: a 4096-rank GEM plan
+    holds 10^5 shards, too many for Python's indenting encoder."""
+
+    def compact(value: Any) -> str:
+        return json.dumps(value, sort_keys=True, separators=(", ", ": "), allow_nan=False)
+
+    lines = []
+    for key in sorted(plan):
+        value = plan[key]
+        if isinstance(value, list) and value:
+            items = ",\n".join(f"  {compact(v)}" for v in value)
+            lines.append(f" {json.dumps(key)}: [\n{items}\n ]")
+        else:
+            lines.append(f" {json.dumps(key)}: {compact(value)}")
+    return "{\n" + ",\n".join(lines) + "\n}\n"
 
 
 def write_plan(path: str | Path, plan: dict[str, Any]) -> None:

@@ -148,7 +148,7 @@ def build_plan(
         "gemc_version": gemc.__version__,
         "model": {
             "entrypoint": ctx.entrypoint,
-            "args": _json_safe(ctx.args),
+            "args": _json_safe(ctx.args),  # only user values can be non-JSON types
             "fingerprint": captured.fingerprint,
             "graph_nodes": len(gm.graph.nodes),
             "dense_params": dense_params,
@@ -177,4 +177,4 @@ def build_plan(
         "planner": planner,
         "warnings": list(ctx.warnings),
     }
-    return _json_safe(plan)
+    return plan
