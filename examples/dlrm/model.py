@@ -32,13 +32,14 @@ Presets
 ``h200``  -- one H200, the MLPerf DLRM-DCNv2 architecture (13 dense features, bottom
     512-256-128, 26 tables of dim 128 with the Criteo-1TB multi-hot pooling factors, 3 cross
     layers of rank 512, top 1024-1024-512-256-1), with the Criteo table sizes capped at 1.5M
-    rows so that fp32 weights + dense grads + Adam (~1.03e9 params x 16 B ~ 17 GB) fit with
-    the activations (~13 GB at B=65536, ~200 KB/sample) well under 60 GB. FLOPs: ~3.2e7 per
-    sample forward, ~6.3 TFLOP per fwd+bwd step at B=65536 -> ~13 ms at 500 TFLOP/s plus
-    ~8 ms of memory-bound Adam and bag traffic: a step of ~20-30 ms.
+    rows (1.0e7 rows, 1.29e9 table parameters, 1.6e7 dense), so that fp32 weights + dense
+    grads + Adam (1.31e9 params x 16 B = 21 GB) and the activations (~11 GB at B=65536,
+    ~170 KB/sample in fp32) total ~32 GB. FLOPs (checked against torch's FLOP counter on
+    meta): 3.2e7 per sample forward, 6.3 TFLOP per fwd+bwd step at B=65536 -> ~13 ms at
+    500 TFLOP/s plus ~10 ms of memory-bound Adam and bag traffic: a step of ~20-30 ms.
 ``xl``    -- compile-only on meta: 1000 tables of dim 128 totalling 1.5e10 rows (Zipf 1/rank
-    from 2e9), x0 width 128,128, 3 rank-512 cross layers and a 4096-wide top MLP: ~1e9 dense
-    parameters. It exercises table sharding at scale without GEM's sequence part.
+    from 2e9 down to 2e6), x0 width 128,128, 3 rank-512 cross layers and a 4096-wide top MLP:
+    9.2e8 dense parameters, B=16384. It exercises table sharding at scale without GEM's sequence part.
 
 Any config field can be overridden with ``--set field=value``.
 """

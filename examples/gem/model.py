@@ -54,24 +54,29 @@ lengths (with forced empty rows) that sum exactly to it, so every batch has the 
 
 Presets (``--set preset=...``)
 ------------------------------
-``tiny``  -- CPU tests: 8 tables, B=32, history 16, d_model 32; a fwd+bwd step takes a few
-    milliseconds on one CPU core.
-``h200``  -- one H200 in bf16 autocast. 100 tables with 1e5..1e7 rows (Zipf-like), dims 64..128,
-    pooling 1..30, B=4096, history 256 with ~50% fill, d_model 256, 2 InterFormer blocks of 4
-    heads, 3 Wukong layers, head MLPs 2048-1024. The step is dominated by the two sequence
-    blocks over the padded [4096, 256, 256] sequence. Measured on meta with
-    ``torch.utils.flop_counter`` (fwd+bwd, matmul/attention FLOPs): ~12.8 TFLOP, i.e. ~26 ms
-    at 500 TFLOP/s effective bf16 (about half of the H200's 989 dense peak), plus memory-bound
-    work (LayerNorm/GELU/residuals over ~20 GB of activations, bag lookups, and a dense Adam
-    update over ~1.45e9 parameters: ~28 B/param ~ 40 GB of traffic, ~9 ms at 4.8 TB/s): a
-    step of roughly 45-70 ms. Memory: parameters ~1.45e9 x 16 B (fp32 weight, grad, Adam m
-    and v) ~ 23 GB; activations ~20 GB (about 38 bytes saved per element of each [B, L, d]
-    block tensor under autocast, ~10 GB per block); total ~45 GB of the H200's 141 GB, well
-    under 60 GB. ``info['est_memory_gb']`` repeats this arithmetic from the config.
+``tiny``  -- CPU tests: 8 tables, B=32, history 16, d_model 32; a fwd+bwd step takes ~20 ms
+    on one CPU core.
+``h200``  -- one H200 in bf16 autocast. 100 tables with 1e5..4e6 rows (Zipf-like: a few large
+    tables, most at the 1e5 floor; 1.7e7 rows, 1.32e9 parameters), dims 64/96/128, pooling
+    1..30 (~1020 ids per sample), B=4096, history 256 with 50% mean fill, d_model 256, 2
+    InterFormer blocks of 4 heads (MLP ratio 2), 3 Wukong layers (rank 24, 32 tokens, hidden
+    1024), head MLPs 2048-1024; 6.1e7 dense parameters. FLOPs (matmul + attention, checked
+    against ``torch.utils.flop_counter`` on meta to <0.1%): 3.6 TFLOP forward, 10.7 TFLOP
+    fwd+bwd, ~80% of it in the two sequence blocks over the padded [4096, 256, 256]
+    sequence -> ~21 ms at 500 TFLOP/s effective bf16 (half the H200's 989 dense peak).
+    Memory-bound work adds ~20 ms: a dense Adam update over 1.5e9 parameters (28 B/param,
+    42 GB of traffic, ~9 ms at 4.8 TB/s), LayerNorm/GELU/residual passes over the [B, L, d]
+    activations (~8 ms), grad zeroing and bag lookups. Step: ~40-50 ms. Memory: parameters
+    1.51e9 x 16 B (fp32 weight, dense grad, Adam m and v) = 24 GB; saved activations ~22 GB
+    (~30 B per element of each [B, L, d] block tensor under autocast, ~8 GB per block, plus
+    the input stage, pooling, ~2 GB for Wukong and ~1 GB for the heads); total ~46 GB,
+    within the 60 GB budget with ~14 GB for workspace and allocator slack. A TorchRec-style fused row-wise optimizer for the tables (no dense table
+    grads) would bring it to ~25 GB. ``info['est_*']`` repeats this arithmetic from the config.
 ``gem-xl`` -- GEM scale, compile-only on meta: 1000 tables totalling 1.5e10 rows (2e9 down to
-    2e6, Zipf 1/rank) and ~2.2e12 embedding parameters, ~1.4e9 dense parameters (mostly the
-    Wukong FM MLPs and the heads, which is where Wukong puts its scaling), history 1024,
-    d_model 1024. Its size is chosen to exercise the planner (table sharding across hosts,
+    2e6, Zipf 1/rank) plus a 1e9-row item table, 2.25e12 embedding parameters, 1.6e9 dense
+    parameters (mostly the Wukong FM MLPs and the heads, which is where Wukong puts its
+    scaling), B=4096, history 1024 at 50% fill, d_model 1024, 4 InterFormer blocks of 16
+    heads, 4 Wukong layers; ~1.6 PFLOP per fwd+bwd step. Its size is chosen to exercise the planner (table sharding across hosts,
     FSDP of the dense part), not to run on one machine.
 
 Any config field can be overridden with ``--set field=value`` (e.g. ``--set history_len=512``).
@@ -175,9 +180,9 @@ PRESETS: dict[str, GemConfig] = {
     "h200": GemConfig(
         batch_size=4096, num_dense=256, dense_hidden=1024, num_dense_tokens=4,
         num_tables=100, rows_max=4_000_000, rows_min=100_000, rows_zipf=1.5,
-        dims=(64, 64, 64, 128), poolings=_POOLINGS, empty_frac=0.05,
+        dims=(64, 64, 96, 64, 128), poolings=_POOLINGS, empty_frac=0.05,
         item_rows=1_000_000, item_dim=128, history_len=256, history_fill=0.5,
-        d_model=256, num_heads=4, num_blocks=2, mlp_ratio=4,
+        d_model=256, num_heads=4, num_blocks=2, mlp_ratio=2,
         wukong_layers=3, wukong_rank=24, fm_tokens=16, lc_tokens=16, wukong_hidden=1024,
         head_hidden=(2048, 1024),
     ),
@@ -474,9 +479,12 @@ def estimate(cfg: GemConfig, embedding_params: int, dense_params: int) -> dict[s
     """Analytic step FLOPs (fwd+bwd = 3x fwd matmul/attention FLOPs) and H200 memory.
 
     Memory assumes fp32 weights, dense grads and Adam (16 B/param) and bf16 autocast
-    activations: ~38 B saved per element of each [B, L, d] tensor in a sequence block
-    (fp32 residual 4+4, bf16 casts 2+2, qkv 6, attention out 2+2, MLP hidden 2*mlp_ratio*2)
-    plus the input stage (padded fp32 sequence, position add) and the final pooling.
+    activations: 22 + 4 * mlp_ratio bytes saved per element of each [B, L, d] tensor in a
+    sequence block (LayerNorm inputs in fp32 4+4, their bf16 casts 2+2, qkv 6, attention
+    output and its reshaped copy 2+2, MLP hidden and GELU output 2 * mlp_ratio * 2) plus 12 B
+    for the input stage and the final masked pooling; ~12 B per element of each Wukong
+    layer's input tokens and 8 B per head-MLP activation. The per-module split was checked
+    against the saved tensors of a meta fwd in fp32 (autograd saved-tensor hooks).
     """
     b, seq_len, d, r = cfg.batch_size, cfg.history_len, cfg.d_model, cfg.mlp_ratio
     tok = b * seq_len
@@ -485,8 +493,10 @@ def estimate(cfg: GemConfig, embedding_params: int, dense_params: int) -> dict[s
     fwd = 2 * b * sum(t.dim for t in tables) * d  # per-table projections
     fwd += 2 * b * (cfg.num_dense * cfg.dense_hidden + cfg.dense_hidden * cfg.num_dense_tokens * d)
     n = cfg.num_tables + cfg.num_dense_tokens
+    wukong_tokens_in = 0
     for _ in range(cfg.wukong_layers):
         n_out = cfg.fm_tokens + cfg.lc_tokens
+        wukong_tokens_in += n
         fwd += 2 * b * d * n * cfg.wukong_rank * 2  # X^T Y and X (X^T Y)
         fwd += 2 * b * (n * cfg.wukong_rank * cfg.wukong_hidden + cfg.wukong_hidden * cfg.fm_tokens * d)
         fwd += 2 * b * d * n * (cfg.lc_tokens + (n_out if n != n_out else 0))
@@ -498,6 +508,7 @@ def estimate(cfg: GemConfig, embedding_params: int, dense_params: int) -> dict[s
     head_dims = [n * d + d, *cfg.head_hidden, 1]
     fwd += 2 * 2 * b * sum(x * y for x, y in zip(head_dims, head_dims[1:]))
     act_bytes = cfg.num_blocks * tok * d * (22 + 4 * r) + tok * d * 12
+    act_bytes += 12 * b * d * wukong_tokens_in + 8 * b * 2 * sum(head_dims[1:] + head_dims[:1])
     state_bytes = 16 * (embedding_params + dense_params)
     return {
         "est_fwd_flops": float(fwd),
