@@ -1,0 +1,137 @@
+"""Predicted time and peak memory of one *eager* PyTorch training step on one GPU.
+
+This is what benchmarks/cost_model_accuracy.py checks the cost model against: the
+annotated graph's ops run one kernel launch at a time, so the step is the GPU's kernel
+time *or* the CPU's dispatch time, whichever the stream waits on. We replay it as a queue:
+
+    cpu_t += dispatch_i;  gpu_t = max(gpu_t, cpu_t) + kernel_i
+
+over the forward in graph order, the backward in reverse order, then the optimizer
+(torch's default foreach AdamW over every parameter, embedding tables included, since
+eager EmbeddingBag gradients are dense). Dispatch costs come from the calibration's launch
+section (defaults below when there is none).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import fx
+
+from gemc import ir
+from gemc.ir import OpKind
+
+from .activations import saved_activation_bytes
+from .calibration import Calibration
+from .hardware import GPUSpec
+from .memory import eager_peak_bytes
+from .op_cost import node_cost, optimizer_time
+
+# CPU time of one eager op through the dispatcher, a view, one autograd node in backward,
+# and one tensor of a foreach optimizer op: typical of a recent x86 host with torch 2.x.
+DEFAULT_DISPATCH = {"eager_op_s": 8e-6, "eager_view_op_s": 3e-6, "eager_bwd_op_s": 12e-6,
+                    "foreach_tensor_s": 0.4e-6}
+_OPT_PASSES = 8  # foreach AdamW launches 8 ops (see kernels.optimizer_bytes)
+
+
+@dataclass(frozen=True)
+class EagerStepPrediction:
+    step_s: float
+    gpu_busy_s: float        # kernels alone, no waiting on the CPU
+    cpu_s: float             # dispatch alone
+    forward_s: float
+    backward_s: float
+    optimizer_s: float
+    cost_model: str          # "calibrated" or "roofline"
+    memory: dict[str, float] = field(default_factory=dict)
+    by_kind_ms: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step_ms": 1e3 * self.step_s, "gpu_busy_ms": 1e3 * self.gpu_busy_s,
+                "cpu_dispatch_ms": 1e3 * self.cpu_s, "forward_ms": 1e3 * self.forward_s,
+                "backward_ms": 1e3 * self.backward_s, "optimizer_ms": 1e3 * self.optimizer_s,
+                "cost_model": self.cost_model,
+                "memory_gb": {k: v / 1e9 for k, v in self.memory.items()},
+                "by_kind_ms": dict(sorted(self.by_kind_ms.items()))}
+
+
+def _dispatch(calibration: Calibration | None) -> dict[str, float]:
+    d = dict(DEFAULT_DISPATCH)
+    if calibration is not None:
+        for key in ("eager_op_s", "eager_view_op_s", "eager_bwd_op_s"):
+            value = getattr(calibration, key, None)
+            if value:
+                d[key] = float(value)
+    return d
+
+
+def _params(gm: fx.GraphModule) -> tuple[float, int, str]:
+    """(numel, tensors, dtype name) of the graph's trainable parameters."""
+    from .op_cost import dtype_name
+    numel, count, dtype = 0.0, 0, "fp32"
+    for node in gm.graph.nodes:
+        if node.op != "placeholder" or ir.kind_of(node) is not OpKind.PARAM:
+            continue
+        dt = ir.dtype_of(node)
+        if dt is None or not dt.is_floating_point:
+            continue  # integer buffers
+        vals = ir.tensor_vals(node)
+        if vals and not getattr(vals[0], "requires_grad", True):
+            continue
+        numel += sum(v.numel() for v in vals)
+        count += 1
+        dtype = dtype_name(dt)
+    return numel, count, dtype
+
+
+def predict_eager_step(gm: fx.GraphModule, gpu: GPUSpec, calibration: Calibration | None, *,
+                       optimizer: str = "adamw") -> EagerStepPrediction:
+    """Eager single-GPU fwd + bwd + optimizer step of an annotated graph."""
+    disp = _dispatch(calibration)
+    cpu = gpu_t = 0.0
+    busy = 0.0
+    sources: set[str] = set()
+    by_kind: dict[str, float] = {}
+    backward: list[tuple[float, float]] = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        kind = ir.kind_of(node) or OpKind.OTHER
+        cost = node_cost(node, gpu, calibration, eager=True)
+        if cost.source != "free":
+            sources.add(cost.source)
+        is_view = kind is OpKind.VIEW or cost.source == "free"
+        cpu += disp["eager_view_op_s"] if is_view else disp["eager_op_s"]
+        gpu_t = max(gpu_t, cpu) + cost.fwd_s
+        busy += cost.total_s
+        by_kind[kind.value] = by_kind.get(kind.value, 0.0) + 1e3 * cost.total_s
+        dt = ir.dtype_of(node)
+        if dt is not None and dt.is_floating_point:
+            bwd_cpu = disp["eager_bwd_op_s"] * (0.5 if is_view else 1.0)
+            backward.append((bwd_cpu, cost.bwd_s))
+    forward_end = gpu_t
+    for bwd_cpu, bwd_gpu in reversed(backward):
+        cpu += bwd_cpu
+        gpu_t = max(gpu_t, cpu) + bwd_gpu
+    backward_end = gpu_t
+    numel, tensors, dtype = _params(gm)
+    opt_gpu, opt_source = optimizer_time(optimizer, numel, dtype, gpu, calibration, fused=False,
+                                         tensors=tensors)
+    sources.add(opt_source)
+    cpu += _OPT_PASSES * (disp["eager_op_s"] + tensors * disp["foreach_tensor_s"])
+    gpu_t = max(gpu_t + opt_gpu, cpu)
+    busy += opt_gpu
+    by_kind["optimizer"] = 1e3 * opt_gpu
+
+    saved = saved_activation_bytes(gm)
+    inputs = float(saved.pop("inputs", 0))
+    elt = {"fp32": 4, "bf16": 2, "fp16": 2}.get(dtype, 4)
+    memory = eager_peak_bytes(numel * elt, float(sum(saved.values())), optimizer=optimizer,
+                              input_bytes=inputs)
+    return EagerStepPrediction(
+        step_s=gpu_t, gpu_busy_s=busy, cpu_s=cpu, forward_s=forward_end,
+        backward_s=backward_end - forward_end, optimizer_s=gpu_t - backward_end,
+        cost_model="calibrated" if sources <= {"calibrated"} and calibration is not None
+        else "roofline",
+        memory=memory, by_kind_ms=by_kind)
