@@ -131,7 +131,7 @@ def test_sequences_do_not_see_each_other(kind):
     q, k, v = (x.detach() for x in _qkv(sum(lengths), 1, 16, gen, torch.float32))
     out = jagged_attention(q, k, v, offsets, kind=kind, causal=True)
     k2, v2 = k.clone(), v.clone()
-    k2[:9] += 5.0  # change only sequence 0 ...
+    k2[:9] += randn(9, 1, 16, gen=gen)  # change only sequence 0 ...
     v2[27:] -= 3.0  # ... and sequence 2
     out2 = jagged_attention(q, k2, v2, offsets, kind=kind, causal=True)
     torch.testing.assert_close(out2[9:27], out[9:27], atol=0, rtol=0)

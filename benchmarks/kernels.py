@@ -1,0 +1,489 @@
+"""gemc's Triton kernels against eager PyTorch and torch.compile, side by side.
+
+    python benchmarks/kernels.py [--preset h200] [--cases attention,silu,embedding,jagged]
+                                 [--no-compile] [--no-causal] [--out results.json]
+    TRITON_INTERPRET=1 python benchmarks/kernels.py --smoke --no-compile   # CPU, tiny
+
+Cases (each timed as forward only and as forward+backward, per variant):
+
+* ``attention``: jagged softmax attention (``jagged_attention``) vs the same math on padded
+  ``[B, H, L, D]`` tensors through ``F.scaled_dot_product_attention`` with a boolean
+  key-padding (and causal) mask, eager and under ``torch.compile``. The padded inputs are
+  made before timing, so the baseline is not charged for padding. Target: >= 2x at 50% fill.
+* ``silu``: jagged HSTU silu attention vs the padded formulation written out.
+* ``embedding``: one training step (pooled lookup, backward, optimizer) of
+  ``BatchedEmbeddingBag`` (fused lazy Adam, and fused row-wise Adagrad) vs one
+  ``nn.EmbeddingBag`` per table with dense gradients and ``AdamW`` (fused on CUDA), eager and
+  compiled, and vs ``nn.EmbeddingBag(sparse=True)`` + ``SparseAdam`` (the eager lazy-Adam
+  equivalent). Target: fused Adam >= 3x EmbeddingBag + dense AdamW.
+* ``jagged``: ``jagged_to_padded`` vs its ``index_put`` formulation (eager, compiled), and
+  ``padded_to_jagged`` vs its gather formulation.
+
+Timing: on CUDA ``triton.testing.do_bench`` (warmup, L2 flushed between runs, median of the
+repetitions); on CPU (``--smoke`` under the interpreter, only to check that nothing crashes)
+one warm-up and one wall-clock run. Every case also checks the Triton result against the
+eager one at the benchmark's size (max abs error in the table and the JSON), so a GPU run
+doubles as a numerical check of the compiled kernels. A variant that fails (out of memory, a
+compile error) is recorded with its error and the others still run. Prints a table and,
+with ``--out``, writes JSON: environment, preset, one row per (case, mode, variant), and the
+two targets with their measured speedups.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    batch: int  # sequences for attention / jagged, samples for embeddings
+    max_len: int
+    heads: int
+    head_dim: int
+    dtype: torch.dtype
+    tables: int
+    rows: tuple[int, int]  # log-uniform range of rows per table
+    dims: tuple[int, ...]  # dims drawn from these
+    pooling: tuple[int, int]  # ids per bag, uniform in this range
+    jagged_dim: int  # feature width of the jagged <-> padded case
+
+
+PRESETS = {
+    "h200": Preset(batch=4096, max_len=512, heads=4, head_dim=64, dtype=torch.bfloat16,
+                   tables=100, rows=(100_000, 1_000_000), dims=(64, 128), pooling=(1, 30),
+                   jagged_dim=256),
+    "smoke": Preset(batch=3, max_len=20, heads=2, head_dim=16, dtype=torch.bfloat16,
+                    tables=3, rows=(50, 100), dims=(8, 16), pooling=(0, 5), jagged_dim=8),
+}
+
+TARGETS = {
+    "attention": ("jagged softmax attention fwd+bwd vs padded SDPA (eager)", 2.0),
+    "embedding": ("fused lazy-Adam embedding step vs EmbeddingBag + dense AdamW (eager)", 3.0),
+}
+
+
+# ---------------------------------------------------------------------------------------
+# timing and bookkeeping
+# ---------------------------------------------------------------------------------------
+
+
+def bench_ms(fn: Callable[[], Any], device: torch.device) -> float:
+    """Median milliseconds of ``fn``: CUDA events through do_bench, or wall clock on CPU."""
+    if device.type == "cuda":
+        import triton.testing
+
+        return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+    fn()  # warm up (compiles, autotunes); the CPU run only checks that nothing crashes
+    times = []
+    for _ in range(1):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+@dataclasses.dataclass
+class Row:
+    case: str
+    mode: str
+    variant: str
+    ms: float | None = None
+    baseline: bool = False
+    speedup: float | None = None  # baseline ms / this ms
+    throughput: str = ""
+    max_abs_err: float | None = None
+    error: str | None = None
+
+
+class Recorder:
+    """Runs variants (catching failures), computes speedups against the case's baseline."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.rows: list[Row] = []
+
+    def run(self, case: str, mode: str, variant: str, fn: Callable[[], Any], *,
+            baseline: bool = False, work: float | None = None, unit: str = "TFLOP/s") -> Row:
+        row = Row(case, mode, variant, baseline=baseline)
+        try:
+            row.ms = bench_ms(fn, self.device)
+            if work:
+                row.throughput = f"{work / row.ms / 1e9:.3g} {unit}"
+        except Exception as exc:  # noqa: BLE001 - a failed variant is a result, not a crash
+            row.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+        finally:
+            _free(self.device)
+        self.rows.append(row)
+        return row
+
+    def check(self, case: str, variant: str, err: float) -> None:
+        for row in self.rows:
+            if row.case == case and row.variant == variant:
+                row.max_abs_err = err
+
+    def finish(self) -> None:
+        for row in self.rows:
+            base = next((r for r in self.rows if r.case == row.case and r.mode == row.mode
+                         and r.baseline and r.ms), None)
+            if base is not None and row.ms:
+                row.speedup = base.ms / row.ms
+
+
+def _free(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def _compiled(fn: Callable, enabled: bool) -> Callable | None:
+    return torch.compile(fn) if enabled else None
+
+
+def _lengths(preset: Preset, gen: torch.Generator) -> torch.Tensor:
+    """Uniform in [1, max_len]: mean fill ~50% of max_len."""
+    return torch.randint(1, preset.max_len + 1, (preset.batch,), generator=gen)
+
+
+def _offsets(lengths: torch.Tensor, device: torch.device) -> torch.Tensor:
+    return torch.cat([lengths.new_zeros(1), lengths.cumsum(0)]).to(device)
+
+
+# ---------------------------------------------------------------------------------------
+# cases
+# ---------------------------------------------------------------------------------------
+
+
+def attention_case(rec: Recorder, p: Preset, kind: str, causal: bool, compile_: bool,
+                   gen: torch.Generator) -> None:
+    from gemc.backends.triton import jagged_attention, jagged_to_padded, padded_to_jagged
+
+    dev = rec.device
+    case = f"{kind} attention{' causal' if causal else ''}"
+    lengths = _lengths(p, gen)
+    offsets = _offsets(lengths, dev)
+    total, L, H, D = int(lengths.sum()), p.max_len, p.heads, p.head_dim
+    scale = 1.0 / math.sqrt(D)
+    q, k, v, g = (torch.randn(total, H, D, generator=gen).to(dev, p.dtype) for _ in range(4))
+    for x in (q, k, v):
+        x.requires_grad_()
+    pos = torch.arange(L, device=dev)
+    lens = lengths.to(dev)
+    visible = (pos[None, None, :] < lens[:, None, None]).expand(-1, L, -1)
+    if causal:
+        visible = visible & (pos[:, None] >= pos[None, :])
+    visible = visible[:, None]  # [B, 1, L, L]
+    safe = visible | ~visible.any(-1, keepdim=True)  # padded query rows: keep SDPA finite
+    with torch.no_grad():
+        padded = [jagged_to_padded(x, offsets, L).transpose(1, 2).contiguous()
+                  for x in (q, k, v, g)]
+    qp, kp, vp, gp = padded
+    for x in (qp, kp, vp):
+        x.requires_grad_()
+    work = sum(4.0 * H * D * n * n * (0.5 if causal else 1.0) for n in lengths.tolist())
+
+    def triton_fwd():
+        return jagged_attention(q, k, v, offsets, L, scale=scale, causal=causal, kind=kind)
+
+    if kind == "softmax":
+        def padded_fwd(qp, kp, vp):
+            return torch.nn.functional.scaled_dot_product_attention(
+                qp, kp, vp, attn_mask=safe, scale=scale)
+    else:
+        def padded_fwd(qp, kp, vp):
+            s = (qp @ kp.transpose(-1, -2)) * scale
+            return (torch.nn.functional.silu(s) * visible / L) @ vp
+
+    compiled = _compiled(padded_fwd, compile_)
+    variants = [("triton jagged", lambda: triton_fwd(), (q, k, v), g, False),
+                ("eager padded", lambda: padded_fwd(qp, kp, vp), (qp, kp, vp), gp, True)]
+    if compiled is not None:
+        variants.append(("compiled padded", lambda: compiled(qp, kp, vp), (qp, kp, vp), gp,
+                         False))
+    for name, fwd, inputs, grad, is_base in variants:
+        with torch.no_grad():
+            rec.run(case, "fwd", name, fwd, baseline=is_base, work=work)
+        rec.run(case, "fwd+bwd", name,
+                lambda fwd=fwd, inputs=inputs, grad=grad: torch.autograd.grad(fwd(), inputs,
+                                                                              grad),
+                baseline=is_base, work=3.5 * work)
+    try:  # the Triton result against eager padded, at this size
+        out = triton_fwd()
+        dq = torch.autograd.grad(out, (q,), g)[0]
+        ref = padded_fwd(qp, kp, vp)
+        dq_ref = torch.autograd.grad(ref, (qp,), gp)[0]
+        err = max((out - padded_to_jagged(ref.transpose(1, 2), offsets, total)).abs().max(),
+                  (dq - padded_to_jagged(dq_ref.transpose(1, 2), offsets, total)).abs().max())
+        rec.check(case, "triton jagged", err.item())
+    except Exception as exc:  # noqa: BLE001
+        print(f"[{case}] check skipped: {type(exc).__name__}: {exc}", file=sys.stderr)
+    _free(dev)
+
+
+def embedding_case(rec: Recorder, p: Preset, compile_: bool, gen: torch.Generator) -> None:
+    from gemc.backends.triton import BatchedEmbeddingBag
+
+    dev = rec.device
+    case = "embedding step"
+    lo, hi = math.log(p.rows[0]), math.log(p.rows[1])
+    rows = [int(math.exp(lo + (hi - lo) * float(torch.rand(1, generator=gen))))
+            for _ in range(p.tables)]
+    dims = [p.dims[int(torch.randint(len(p.dims), (1,), generator=gen))]
+            for _ in range(p.tables)]
+    tables = list(zip(rows, dims))
+    B = p.batch
+    lengths = torch.randint(p.pooling[0], p.pooling[1] + 1, (p.tables * B,), generator=gen)
+    ids = torch.cat([torch.randint(0, rows[t], (int(lengths[t * B:(t + 1) * B].sum()),),
+                                   generator=gen) for t in range(p.tables)]).to(dev)
+    offsets = _offsets(lengths, dev)
+    cuts = offsets[::B].tolist()
+    per_table = [(ids[cuts[t]:cuts[t + 1]], offsets[t * B:(t + 1) * B + 1] - cuts[t])
+                 for t in range(p.tables)]
+    grad = torch.randn(B, sum(dims), generator=gen).to(dev)
+    lr = 1e-3
+    # Bytes of embedding rows the forward gathers: the "throughput" column of the fwd rows.
+    row_bytes = 4.0 * sum(int(lengths[t * B:(t + 1) * B].sum()) * dims[t]
+                          for t in range(p.tables))
+    unit = "GB/s"
+
+    def triton_step(optimizer: str) -> None:
+        module = BatchedEmbeddingBag(tables, optimizer=optimizer, lr=lr, device=dev)
+        with torch.no_grad():
+            rec.run(case, "fwd", f"triton fused {optimizer}", lambda: module(ids, offsets),
+                    work=row_bytes, unit=unit)
+        rec.run(case, "fwd+bwd+opt", f"triton fused {optimizer}",
+                lambda: module(ids, offsets).backward(grad))
+
+    def lookup(bags):
+        return torch.cat([bag(i, o[:-1]) for bag, (i, o) in zip(bags, per_table)], dim=1)
+
+    def eager_dense_step() -> None:
+        bags = [torch.nn.EmbeddingBag(r, d, mode="sum", device=dev) for r, d in tables]
+        opt = torch.optim.AdamW([b.weight for b in bags], lr=lr, fused=dev.type == "cuda")
+
+        def step(fwd=lookup, opt_step=opt.step):
+            fwd(bags).backward(grad)
+            opt_step()
+            opt.zero_grad(set_to_none=True)
+
+        name = "eager EmbeddingBag + AdamW"
+        with torch.no_grad():
+            rec.run(case, "fwd", name, lambda: lookup(bags), baseline=True, work=row_bytes,
+                    unit=unit)
+        rec.run(case, "fwd+bwd+opt", name, step, baseline=True)
+        if compile_:
+            c_lookup = torch.compile(lookup)
+
+            @torch.compile
+            def c_step():
+                opt.step()
+
+            name = "compiled EmbeddingBag + AdamW"
+            with torch.no_grad():
+                rec.run(case, "fwd", name, lambda: c_lookup(bags), work=row_bytes, unit=unit)
+            rec.run(case, "fwd+bwd+opt", name, lambda: step(c_lookup, c_step))
+        # At this size, the Triton forward against eager with the same weights.
+        module = BatchedEmbeddingBag(tables, lr=lr, device=dev)
+        module.load_from_embedding_bags(bags)
+        with torch.no_grad():
+            err = (module(ids, offsets) - lookup(bags)).abs().max().item()
+        rec.check(case, "triton fused rowwise_adagrad", err)
+
+    def eager_sparse_step() -> None:
+        bags = [torch.nn.EmbeddingBag(r, d, mode="sum", sparse=True, device=dev)
+                for r, d in tables]
+        opt = torch.optim.SparseAdam([b.weight for b in bags], lr=lr)
+
+        def step():
+            lookup(bags).backward(grad)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        rec.run(case, "fwd+bwd+opt", "eager EmbeddingBag(sparse) + SparseAdam", step)
+
+    for name, fn in [("triton fused adam", lambda: triton_step("adam")),
+                     ("triton fused rowwise_adagrad", lambda: triton_step("rowwise_adagrad")),
+                     ("eager EmbeddingBag + AdamW", eager_dense_step),
+                     ("eager EmbeddingBag(sparse) + SparseAdam", eager_sparse_step)]:
+        try:  # building a variant (its tables) may itself run out of memory
+            fn()
+        except Exception as exc:  # noqa: BLE001
+            rec.rows.append(Row(case, "fwd+bwd+opt", name,
+                                error=f"{type(exc).__name__}: {exc}"[:200]))
+        _free(dev)
+
+
+def jagged_case(rec: Recorder, p: Preset, compile_: bool, gen: torch.Generator) -> None:
+    from gemc.backends.triton import (
+        jagged_to_padded,
+        jagged_to_padded_reference,
+        padded_to_jagged,
+        padded_to_jagged_reference,
+    )
+
+    dev = rec.device
+    lengths = _lengths(p, gen)
+    offsets = _offsets(lengths, dev)
+    total, L = int(lengths.sum()), p.max_len
+    values = torch.randn(total, p.jagged_dim, generator=gen).to(dev, p.dtype).requires_grad_()
+    padded = torch.randn(p.batch, L, p.jagged_dim, generator=gen).to(dev, p.dtype)
+    padded.requires_grad_()
+    elem = values.element_size()
+    to_pad_bytes = (total + p.batch * L) * p.jagged_dim * elem
+    to_jag_bytes = 2 * total * p.jagged_dim * elem
+
+    def pair(case, fns, inputs, grad_shape, work):
+        grad = torch.randn(grad_shape, generator=gen).to(dev, p.dtype)
+        for name, fn in fns:
+            if fn is None:
+                continue
+            base = name.startswith("eager")
+            with torch.no_grad():
+                rec.run(case, "fwd", name, fn, baseline=base, work=work, unit="GB/s")
+            rec.run(case, "fwd+bwd", name,
+                    lambda fn=fn: torch.autograd.grad(fn(), inputs, grad), baseline=base,
+                    work=2 * work, unit="GB/s")
+
+    c_pad = _compiled(jagged_to_padded_reference, compile_)
+    c_jag = _compiled(padded_to_jagged_reference, compile_)
+    pair("jagged_to_padded", [
+        ("triton", lambda: jagged_to_padded(values, offsets, L)),
+        ("eager index_put", lambda: jagged_to_padded_reference(values, offsets, L)),
+        ("compiled index_put", c_pad and (lambda: c_pad(values, offsets, L))),
+    ], (values,), (p.batch, L, p.jagged_dim), to_pad_bytes)
+    pair("padded_to_jagged", [
+        ("triton", lambda: padded_to_jagged(padded, offsets, total)),
+        ("eager gather", lambda: padded_to_jagged_reference(padded, offsets, total)),
+        ("compiled gather", c_jag and (lambda: c_jag(padded, offsets, total))),
+    ], (padded,), (total, p.jagged_dim), to_jag_bytes)
+    with torch.no_grad():
+        err = (jagged_to_padded(values, offsets, L)
+               - jagged_to_padded_reference(values, offsets, L)).abs().max()
+        rec.check("jagged_to_padded", "triton", err.item())
+        err = (padded_to_jagged(padded, offsets, total)
+               - padded_to_jagged_reference(padded, offsets, total)).abs().max()
+        rec.check("padded_to_jagged", "triton", err.item())
+    _free(dev)
+
+
+# ---------------------------------------------------------------------------------------
+# report
+# ---------------------------------------------------------------------------------------
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def print_table(rows: list[Row]) -> None:
+    header = ("case", "mode", "variant", "ms", "vs eager", "throughput", "max|err|")
+    lines = [(r.case, r.mode, r.variant, r.error and "FAILED" or _fmt(r.ms, ".3f"),
+              _fmt(r.speedup, ".2f") + ("x" if r.speedup else ""), r.throughput,
+              _fmt(r.max_abs_err, ".2e")) for r in rows]
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *lines)]
+    for line in [header, tuple("-" * w for w in widths), *lines]:
+        print("  ".join(str(c).ljust(w) for c, w in zip(line, widths)))
+    for r in rows:
+        if r.error:
+            print(f"  ! {r.case} / {r.mode} / {r.variant}: {r.error}")
+
+
+def targets(rows: list[Row]) -> list[dict[str, Any]]:
+    found = []
+    picks = {"attention": ("softmax attention", "fwd+bwd", "triton jagged"),
+             "embedding": ("embedding step", "fwd+bwd+opt", "triton fused adam")}
+    for key, (case_prefix, mode, variant) in picks.items():
+        desc, need = TARGETS[key]
+        row = next((r for r in rows if r.case.startswith(case_prefix) and r.mode == mode
+                    and r.variant == variant), None)
+        got = row.speedup if row else None
+        found.append({"target": desc, "required_speedup": need, "measured_speedup": got,
+                      "met": got is not None and got >= need})
+    return found
+
+
+def environment(device: torch.device) -> dict[str, Any]:
+    import triton
+
+    env = {"python": platform.python_version(), "torch": torch.__version__,
+           "triton": triton.__version__, "device": str(device),
+           "interpreted": os.environ.get("TRITON_INTERPRET") == "1"}
+    if device.type == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(device)
+    return env
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="h200")
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes (same as --preset smoke)")
+    ap.add_argument("--cases", default="attention,silu,embedding,jagged",
+                    help="comma-separated subset of attention,silu,embedding,jagged")
+    ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile variants")
+    ap.add_argument("--no-causal", action="store_true", help="attention without causal mask")
+    ap.add_argument("--seed", type=int, default=None, help="input seed (default: fresh)")
+    ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    args = ap.parse_args(argv)
+
+    preset_name = "smoke" if args.smoke else args.preset
+    preset = PRESETS[preset_name]
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
+        if preset_name != "smoke":
+            ap.error("no CUDA device: only --smoke runs here (under TRITON_INTERPRET=1)")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
+    gen = torch.Generator().manual_seed(seed)
+    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    unknown = set(cases) - {"attention", "silu", "embedding", "jagged"}
+    if unknown:
+        ap.error(f"unknown cases: {sorted(unknown)}")
+
+    rec = Recorder(device)
+    compile_, causal = not args.no_compile, not args.no_causal
+    for case in cases:
+        print(f"... {case}", file=sys.stderr, flush=True)
+        if case in ("attention", "silu"):
+            attention_case(rec, preset, "softmax" if case == "attention" else "silu", causal,
+                           compile_, gen)
+        elif case == "embedding":
+            embedding_case(rec, preset, compile_, gen)
+        else:
+            jagged_case(rec, preset, compile_, gen)
+    rec.finish()
+    print_table(rec.rows)
+    report = {
+        "environment": environment(device),
+        "preset": preset_name,
+        "config": {k: (str(v) if isinstance(v, torch.dtype) else v)
+                   for k, v in dataclasses.asdict(preset).items()},
+        "causal": causal,
+        "compile": compile_,
+        "seed": seed,
+        "results": [dataclasses.asdict(r) for r in rec.rows],
+        "targets": targets(rec.rows),
+    }
+    for t in report["targets"]:
+        got = t["measured_speedup"]
+        print(f"target {'MET' if t['met'] else 'NOT MET'}: {t['target']} >= "
+              f"{t['required_speedup']}x (measured {_fmt(got, '.2f')}x)")
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2))
+    return report
+
+
+if __name__ == "__main__":
+    main()
