@@ -14,6 +14,7 @@ section (defaults below when there is none).
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,8 +96,8 @@ def predict_eager_step(gm: fx.GraphModule, gpu: GPUSpec, calibration: Calibratio
     by_kind: dict[str, float] = {}
     backward: list[tuple[float, float]] = []
     for node in gm.graph.nodes:
-        if node.op != "call_function":
-            continue
+        if node.op != "call_function" or node.target is operator.getitem:
+            continue  # getitem unpacks a tuple in Python: no dispatch, no kernel
         kind = ir.kind_of(node) or OpKind.OTHER
         cost = node_cost(node, gpu, calibration, eager=True)
         if cost.source != "free":
