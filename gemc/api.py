@@ -50,6 +50,16 @@ def annotate_model(
     return PassManager(annotation_passes()).run(captured.gm, ctx)
 
 
+def _calibration(choice: str | None, gpu_name: str) -> Any:
+    from gemc.cost_model.calibration import default_calibration, load_calibration
+
+    if choice is None or choice == "none":
+        return None
+    if choice == "auto":
+        return default_calibration(gpu_name)
+    return load_calibration(choice)
+
+
 def compile(  # noqa: A001 - the public name users expect
     entrypoint: str,
     args: dict[str, Any] | None = None,
@@ -60,13 +70,20 @@ def compile(  # noqa: A001 - the public name users expect
     dump_mode: str = "all",
     disabled_passes: Sequence[str] = (),
     planner: str = "default",
+    calibration: str | None = "auto",
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Compile a model entrypoint into a validated plan (and write it to ``out``)."""
+    """Compile a model entrypoint into a validated plan (and write it to ``out``).
+
+    ``calibration``: "auto" (the file gemc ships for the topology's GPU, if any), a path
+    to a file written by ``gemc calibrate``, or None (roofline only).
+    """
+    from gemc.costing import predicted_block
     from gemc.cost_model.topology import parse_topology
 
     args = dict(args or {})
     topo = parse_topology(topology)
+    calib = _calibration(calibration, topo.gpu.name)
     manager = PassManager(
         default_pipeline(planner),
         disabled=tuple(disabled_passes),
@@ -82,8 +99,13 @@ def compile(  # noqa: A001 - the public name users expect
     start = time.perf_counter()
     captured = capture(spec, entrypoint=entrypoint)
     ctx = _context(entrypoint, args, captured, topo)
+    ctx.calibration = calib
     gm = manager.run(captured.gm, ctx, capture_seconds=time.perf_counter() - start)
+    if progress:
+        progress("predict step")
     plan = build_plan(gm, ctx, captured, planner=planner)
+    if "predict-time" not in disabled_passes:
+        plan["predicted"] = predicted_block(gm, plan["regions"], plan["tables"], topo, calib)
     if out is not None:
         write_plan(out, plan)
     return plan

@@ -78,6 +78,8 @@ def _parser() -> argparse.ArgumentParser:
         help="skip a pass (bisecting)",
     )
     c.add_argument("--planner", default="default", help="default")
+    c.add_argument("--calibration", default="auto",
+                   help="auto (shipped file for the GPU), none (roofline), or a gemc calibrate file")
     c.add_argument("--quiet", action="store_true", help="no progress display")
 
     e = sub.add_parser("explain", help="print a plan as tables")
@@ -150,6 +152,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("gemc: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `gemc explain plan.json | head`: the reader left, not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
     except Exception as exc:  # a bug in gemc: say so, keep the traceback in a file
         fd, path = tempfile.mkstemp(prefix="gemc-crash-", suffix=".txt")
         with os.fdopen(fd, "w") as f:
