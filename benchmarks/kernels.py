@@ -154,7 +154,7 @@ def _compiled(fn: Callable, enabled: bool) -> Callable | None:
 
 def _lengths(preset: Preset, gen: torch.Generator) -> torch.Tensor:
     """Uniform in [1, max_len]: mean fill ~50% of max_len."""
-    return torch.randint(1, preset.max_len + 1, (preset.batch,), generator=gen)
+    return torch.randint(1, preset.max_len + 1, (preset.batch,), generator=gen, device="cpu")
 
 
 def _offsets(lengths: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -176,7 +176,7 @@ def attention_case(rec: Recorder, p: Preset, kind: str, causal: bool, compile_: 
     offsets = _offsets(lengths, dev)
     total, L, H, D = int(lengths.sum()), p.max_len, p.heads, p.head_dim
     scale = 1.0 / math.sqrt(D)
-    q, k, v, g = (torch.randn(total, H, D, generator=gen).to(dev, p.dtype) for _ in range(4))
+    q, k, v, g = (torch.randn(total, H, D, generator=gen, device="cpu").to(dev, p.dtype) for _ in range(4))
     for x in (q, k, v):
         x.requires_grad_()
     pos = torch.arange(L, device=dev)
@@ -238,20 +238,20 @@ def embedding_case(rec: Recorder, p: Preset, compile_: bool, gen: torch.Generato
     dev = rec.device
     case = "embedding step"
     lo, hi = math.log(p.rows[0]), math.log(p.rows[1])
-    rows = [int(math.exp(lo + (hi - lo) * float(torch.rand(1, generator=gen))))
+    rows = [int(math.exp(lo + (hi - lo) * float(torch.rand(1, generator=gen, device="cpu"))))
             for _ in range(p.tables)]
-    dims = [p.dims[int(torch.randint(len(p.dims), (1,), generator=gen))]
+    dims = [p.dims[int(torch.randint(len(p.dims), (1,), generator=gen, device="cpu"))]
             for _ in range(p.tables)]
     tables = list(zip(rows, dims))
     B = p.batch
-    lengths = torch.randint(p.pooling[0], p.pooling[1] + 1, (p.tables * B,), generator=gen)
+    lengths = torch.randint(p.pooling[0], p.pooling[1] + 1, (p.tables * B,), generator=gen, device="cpu")
     ids = torch.cat([torch.randint(0, rows[t], (int(lengths[t * B:(t + 1) * B].sum()),),
-                                   generator=gen) for t in range(p.tables)]).to(dev)
+                                   generator=gen, device="cpu") for t in range(p.tables)]).to(dev)
     offsets = _offsets(lengths, dev)
     cuts = offsets[::B].tolist()
     per_table = [(ids[cuts[t]:cuts[t + 1]], offsets[t * B:(t + 1) * B + 1] - cuts[t])
                  for t in range(p.tables)]
-    grad = torch.randn(B, sum(dims), generator=gen).to(dev)
+    grad = torch.randn(B, sum(dims), generator=gen, device="cpu").to(dev)
     lr = 1e-3
     # Bytes of embedding rows the forward gathers: the "throughput" column of the fwd rows.
     row_bytes = 4.0 * sum(int(lengths[t * B:(t + 1) * B].sum()) * dims[t]
@@ -337,15 +337,15 @@ def jagged_case(rec: Recorder, p: Preset, compile_: bool, gen: torch.Generator) 
     lengths = _lengths(p, gen)
     offsets = _offsets(lengths, dev)
     total, L = int(lengths.sum()), p.max_len
-    values = torch.randn(total, p.jagged_dim, generator=gen).to(dev, p.dtype).requires_grad_()
-    padded = torch.randn(p.batch, L, p.jagged_dim, generator=gen).to(dev, p.dtype)
+    values = torch.randn(total, p.jagged_dim, generator=gen, device="cpu").to(dev, p.dtype).requires_grad_()
+    padded = torch.randn(p.batch, L, p.jagged_dim, generator=gen, device="cpu").to(dev, p.dtype)
     padded.requires_grad_()
     elem = values.element_size()
     to_pad_bytes = (total + p.batch * L) * p.jagged_dim * elem
     to_jag_bytes = 2 * total * p.jagged_dim * elem
 
     def pair(case, fns, inputs, grad_shape, work):
-        grad = torch.randn(grad_shape, generator=gen).to(dev, p.dtype)
+        grad = torch.randn(grad_shape, generator=gen, device="cpu").to(dev, p.dtype)
         for name, fn in fns:
             if fn is None:
                 continue

@@ -93,6 +93,12 @@ _TUNE_KEY = ["HEAD_DIM", "CAUSAL", "SILU"]
 
 # ---------------------------------------------------------------------------------------
 # shared pieces of the three kernels
+#
+# Every loop over blocks is split into phases: blocks where every score is visible (whole
+# blocks inside the sequence and, under a causal mask, strictly below the diagonal) run with
+# MASK=False (plain loads, no compare/select on the [BLOCK_M, BLOCK_N] tile); the diagonal
+# and the ragged last block run with MASK=True. Rows past the end of a sequence that are
+# loaded as zeros (the partial query block's tail) contribute nothing and are never stored.
 # ---------------------------------------------------------------------------------------
 
 
@@ -105,11 +111,18 @@ def _sequence(offsets_ptr, b):
 
 
 @triton.jit
-def _load_rows(base, start, offs, seq_len, stride_t, offs_d, HEAD_DIM: tl.constexpr):
-    """Load a [rows, BLOCK_D] tile of one head; rows past the sequence read as zero."""
+def _load_rows(base, start, offs, seq_len, stride_t, offs_d, HEAD_DIM: tl.constexpr,
+               EVEN_D: tl.constexpr, MASK: tl.constexpr):
+    """A [rows, BLOCK_D] tile of one head; with MASK, rows past the sequence read as zero."""
     ptrs = base + (start + offs[:, None]) * stride_t + offs_d[None, :]
-    mask = (offs[:, None] < seq_len) & (offs_d[None, :] < HEAD_DIM)
-    return tl.load(ptrs, mask=mask, other=0.0)
+    if MASK:
+        x = tl.load(ptrs, mask=(offs[:, None] < seq_len) & (offs_d[None, :] < HEAD_DIM),
+                    other=0.0)
+    elif EVEN_D:
+        x = tl.load(ptrs)
+    else:
+        x = tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+    return x
 
 
 @triton.jit
@@ -120,21 +133,38 @@ def _store_rows(base, start, offs, seq_len, stride_t, offs_d, x, HEAD_DIM: tl.co
 
 
 @triton.jit
-def _scores(q, k, offs_m, offs_n, seq_len, scale, CAUSAL: tl.constexpr, IEEE: tl.constexpr):
-    """``scale * q k^T`` for a [BLOCK_M, BLOCK_N] tile and which entries are visible."""
-    s = mma(q, tl.trans(k), IEEE) * scale
-    visible = (offs_m[:, None] < seq_len) & (offs_n[None, :] < seq_len)
-    if CAUSAL:
-        visible = visible & (offs_m[:, None] >= offs_n[None, :])
-    return s, visible
+def _row_stat(base, start, offs, seq_len, MASK: tl.constexpr):
+    """Per-row fp32 statistic (logsumexp or delta) of one head."""
+    if MASK:
+        x = tl.load(base + start + offs, mask=offs < seq_len, other=0.0)
+    else:
+        x = tl.load(base + start + offs)
+    return x
 
 
 @triton.jit
-def _silu_parts(s, visible, inv_norm):
-    """HSTU weights ``silu(s) / N`` (0 where hidden) and ``d weight / d s``."""
-    sig = tl.sigmoid(s)
-    p = tl.where(visible, s * sig * inv_norm, 0.0)
-    dp_ds = tl.where(visible, sig * (1.0 + s * (1.0 - sig)) * inv_norm, 0.0)
+def _visible(offs_m, offs_n, seq_len, CAUSAL: tl.constexpr):
+    visible = (offs_m[:, None] < seq_len) & (offs_n[None, :] < seq_len)
+    if CAUSAL:
+        visible = visible & (offs_m[:, None] >= offs_n[None, :])
+    return visible
+
+
+@triton.jit
+def _probs(s, offs_m, offs_n, seq_len, lse, inv_norm, CAUSAL: tl.constexpr,
+           SILU: tl.constexpr, MASK: tl.constexpr):
+    """Recomputed attention weights ``p`` and ``d p / d s`` (silu; None-like 0 for softmax)."""
+    if SILU:
+        sig = tl.sigmoid(s)
+        p = s * sig * inv_norm
+        dp_ds = sig * (1.0 + s * (1.0 - sig)) * inv_norm
+    else:
+        p = tl.exp(s - lse[:, None])
+        dp_ds = p  # unused: the softmax backward uses p and delta instead
+    if MASK:
+        visible = _visible(offs_m, offs_n, seq_len, CAUSAL)
+        p = tl.where(visible, p, 0.0)
+        dp_ds = tl.where(visible, dp_ds, 0.0)
     return p, dp_ds
 
 
@@ -147,8 +177,97 @@ def _inv_norm(seq_len, inv_max_len, NORM_BY_SEQ_LEN: tl.constexpr):
 
 
 # ---------------------------------------------------------------------------------------
+# one block step of each kernel
+# ---------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _fwd_step(acc, m_i, l_i, q, k_base, v_base, start, start_n, offs_m, offs_d, seq_len,
+              stride_kt, stride_vt, scale, inv_norm,
+              HEAD_DIM: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr,
+              CAUSAL: tl.constexpr, SILU: tl.constexpr, IEEE: tl.constexpr,
+              MASK: tl.constexpr):
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    k = _load_rows(k_base, start, offs_n, seq_len, stride_kt, offs_d, HEAD_DIM, EVEN_D, MASK)
+    v = _load_rows(v_base, start, offs_n, seq_len, stride_vt, offs_d, HEAD_DIM, EVEN_D, MASK)
+    s = mma(q, tl.trans(k), IEEE) * scale
+    if SILU:
+        p, _ = _probs(s, offs_m, offs_n, seq_len, m_i, inv_norm, CAUSAL, SILU, MASK)
+        acc += mma(p.to(v.dtype), v, IEEE)
+    else:
+        if MASK:
+            visible = _visible(offs_m, offs_n, seq_len, CAUSAL)
+            s = tl.where(visible, s, _NEG)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        if MASK:
+            p = tl.where(visible, p, 0.0)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + mma(p.to(v.dtype), v, IEEE)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _dq_step(dq, q, do, lse, delta, k_base, v_base, start, start_n, offs_m, offs_d, seq_len,
+             stride_kt, stride_vt, scale, inv_norm,
+             HEAD_DIM: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr,
+             CAUSAL: tl.constexpr, SILU: tl.constexpr, IEEE: tl.constexpr,
+             MASK: tl.constexpr):
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    k = _load_rows(k_base, start, offs_n, seq_len, stride_kt, offs_d, HEAD_DIM, EVEN_D, MASK)
+    v = _load_rows(v_base, start, offs_n, seq_len, stride_vt, offs_d, HEAD_DIM, EVEN_D, MASK)
+    s = mma(q, tl.trans(k), IEEE) * scale
+    p, dp_ds = _probs(s, offs_m, offs_n, seq_len, lse, inv_norm, CAUSAL, SILU, MASK)
+    dp = mma(do, tl.trans(v), IEEE)
+    if SILU:
+        ds = dp * dp_ds
+    else:
+        ds = p * (dp - delta[:, None])
+    return dq + mma(ds.to(k.dtype), k, IEEE)
+
+
+@triton.jit
+def _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start, start_m, offs_n,
+               offs_d, seq_len, stride_qt, stride_dot, scale, inv_norm,
+               HEAD_DIM: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr,
+               CAUSAL: tl.constexpr, SILU: tl.constexpr, IEEE: tl.constexpr,
+               MASK: tl.constexpr):
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    q = _load_rows(q_base, start, offs_m, seq_len, stride_qt, offs_d, HEAD_DIM, EVEN_D, MASK)
+    do = _load_rows(do_base, start, offs_m, seq_len, stride_dot, offs_d, HEAD_DIM, EVEN_D, MASK)
+    s = mma(q, tl.trans(k), IEEE) * scale
+    dp = mma(do, tl.trans(v), IEEE)
+    if SILU:
+        p, dp_ds = _probs(s, offs_m, offs_n, seq_len, offs_m, inv_norm, CAUSAL, SILU, MASK)
+        ds = dp * dp_ds
+    else:
+        lse = _row_stat(lse_base, start, offs_m, seq_len, MASK)
+        delta = _row_stat(delta_base, start, offs_m, seq_len, MASK)
+        p, _ = _probs(s, offs_m, offs_n, seq_len, lse, inv_norm, CAUSAL, SILU, MASK)
+        ds = p * (dp - delta[:, None])
+    dv += mma(tl.trans(p.to(do.dtype)), do, IEEE)
+    dk += mma(tl.trans(ds.to(q.dtype)), q, IEEE)
+    return dk, dv
+
+
+# ---------------------------------------------------------------------------------------
 # kernels
 # ---------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _key_phases(start_m, seq_len, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                CAUSAL: tl.constexpr):
+    """Key blocks of a query block: [0, full) need no mask, [full, end) do."""
+    if CAUSAL:
+        full = (start_m // BLOCK_N) * BLOCK_N
+        end = tl.minimum(seq_len, start_m + BLOCK_M)
+    else:
+        full = (seq_len // BLOCK_N) * BLOCK_N
+        end = seq_len
+    return full, end
 
 
 @triton.autotune(configs=_FWD_CONFIGS, key=_TUNE_KEY)
@@ -157,9 +276,9 @@ def _fwd_kernel(
     Q, K, V, Out, LSE, offsets_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     stride_lse_h, num_heads, scale, inv_max_len,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, SILU: tl.constexpr,
-    NORM_BY_SEQ_LEN: tl.constexpr, IEEE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+    CAUSAL: tl.constexpr, SILU: tl.constexpr, NORM_BY_SEQ_LEN: tl.constexpr,
+    IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     # Heaviest (last, under a causal mask) query blocks first: shorter tail.
@@ -172,30 +291,23 @@ def _fwd_kernel(
         return
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    q = _load_rows(Q + h * stride_qh, start, offs_m, seq_len, stride_qt, offs_d, HEAD_DIM)
+    q = _load_rows(Q + h * stride_qh, start, offs_m, seq_len, stride_qt, offs_d, HEAD_DIM,
+                   EVEN_D, True)
+    k_base = K + h * stride_kh
+    v_base = V + h * stride_vh
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], _NEG, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     inv_norm = _inv_norm(seq_len, inv_max_len, NORM_BY_SEQ_LEN)
-    hi = seq_len
-    if CAUSAL:
-        hi = tl.minimum(seq_len, start_m + BLOCK_M)
-    for start_n in range(0, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        k = _load_rows(K + h * stride_kh, start, offs_n, seq_len, stride_kt, offs_d, HEAD_DIM)
-        v = _load_rows(V + h * stride_vh, start, offs_n, seq_len, stride_vt, offs_d, HEAD_DIM)
-        s, visible = _scores(q, k, offs_m, offs_n, seq_len, scale, CAUSAL, IEEE)
-        if SILU:
-            p, _ = _silu_parts(s, visible, inv_norm)
-            acc += mma(p.to(v.dtype), v, IEEE)
-        else:
-            s = tl.where(visible, s, _NEG)
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp(m_i - m_new)
-            p = tl.where(visible, tl.exp(s - m_new[:, None]), 0.0)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + mma(p.to(v.dtype), v, IEEE)
-            m_i = m_new
+    full, end = _key_phases(start_m, seq_len, BLOCK_M, BLOCK_N, CAUSAL)
+    for start_n in range(0, full, BLOCK_N):
+        acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, start, start_n, offs_m,
+                                  offs_d, seq_len, stride_kt, stride_vt, scale, inv_norm,
+                                  HEAD_DIM, EVEN_D, BLOCK_N, CAUSAL, SILU, IEEE, False)
+    for start_n in range(full, end, BLOCK_N):
+        acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, start, start_n, offs_m,
+                                  offs_d, seq_len, stride_kt, stride_vt, scale, inv_norm,
+                                  HEAD_DIM, EVEN_D, BLOCK_N, CAUSAL, SILU, IEEE, True)
     if not SILU:
         l_safe = tl.where(l_i > 0.0, l_i, 1.0)
         acc = acc / l_safe[:, None]
@@ -211,9 +323,9 @@ def _bwd_dq_kernel(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     stride_dot, stride_doh, stride_dqt, stride_dqh,
     stride_lse_h, num_heads, scale, inv_max_len,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, SILU: tl.constexpr,
-    NORM_BY_SEQ_LEN: tl.constexpr, IEEE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+    CAUSAL: tl.constexpr, SILU: tl.constexpr, NORM_BY_SEQ_LEN: tl.constexpr,
+    IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
@@ -225,32 +337,32 @@ def _bwd_dq_kernel(
         return
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    row_ok = offs_m < seq_len
-    q = _load_rows(Q + h * stride_qh, start, offs_m, seq_len, stride_qt, offs_d, HEAD_DIM)
-    do = _load_rows(DO + h * stride_doh, start, offs_m, seq_len, stride_dot, offs_d, HEAD_DIM)
+    q = _load_rows(Q + h * stride_qh, start, offs_m, seq_len, stride_qt, offs_d, HEAD_DIM,
+                   EVEN_D, True)
+    do = _load_rows(DO + h * stride_doh, start, offs_m, seq_len, stride_dot, offs_d, HEAD_DIM,
+                    EVEN_D, True)
     inv_norm = _inv_norm(seq_len, inv_max_len, NORM_BY_SEQ_LEN)
-    if not SILU:
-        o = _load_rows(Out + h * stride_oh, start, offs_m, seq_len, stride_ot, offs_d, HEAD_DIM)
+    if SILU:
+        lse = inv_norm  # unused
+        delta = inv_norm  # unused
+    else:
+        o = _load_rows(Out + h * stride_oh, start, offs_m, seq_len, stride_ot, offs_d, HEAD_DIM,
+                       EVEN_D, True)
         delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-        tl.store(DELTA + h * stride_lse_h + start + offs_m, delta, mask=row_ok)
-        lse = tl.load(LSE + h * stride_lse_h + start + offs_m, mask=row_ok, other=0.0)
+        tl.store(DELTA + h * stride_lse_h + start + offs_m, delta, mask=offs_m < seq_len)
+        lse = _row_stat(LSE + h * stride_lse_h, start, offs_m, seq_len, True)
+    k_base = K + h * stride_kh
+    v_base = V + h * stride_vh
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    hi = seq_len
-    if CAUSAL:
-        hi = tl.minimum(seq_len, start_m + BLOCK_M)
-    for start_n in range(0, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        k = _load_rows(K + h * stride_kh, start, offs_n, seq_len, stride_kt, offs_d, HEAD_DIM)
-        v = _load_rows(V + h * stride_vh, start, offs_n, seq_len, stride_vt, offs_d, HEAD_DIM)
-        s, visible = _scores(q, k, offs_m, offs_n, seq_len, scale, CAUSAL, IEEE)
-        dp = mma(do, tl.trans(v), IEEE)
-        if SILU:
-            _, dp_ds = _silu_parts(s, visible, inv_norm)
-            ds = dp * dp_ds
-        else:
-            p = tl.where(visible, tl.exp(s - lse[:, None]), 0.0)
-            ds = p * (dp - delta[:, None])
-        dq += mma(ds.to(k.dtype), k, IEEE)
+    full, end = _key_phases(start_m, seq_len, BLOCK_M, BLOCK_N, CAUSAL)
+    for start_n in range(0, full, BLOCK_N):
+        dq = _dq_step(dq, q, do, lse, delta, k_base, v_base, start, start_n, offs_m, offs_d,
+                      seq_len, stride_kt, stride_vt, scale, inv_norm,
+                      HEAD_DIM, EVEN_D, BLOCK_N, CAUSAL, SILU, IEEE, False)
+    for start_n in range(full, end, BLOCK_N):
+        dq = _dq_step(dq, q, do, lse, delta, k_base, v_base, start, start_n, offs_m, offs_d,
+                      seq_len, stride_kt, stride_vt, scale, inv_norm,
+                      HEAD_DIM, EVEN_D, BLOCK_N, CAUSAL, SILU, IEEE, True)
     dq = dq * scale
     _store_rows(DQ + h * stride_dqh, start, offs_m, seq_len, stride_dqt, offs_d, dq, HEAD_DIM)
 
@@ -262,9 +374,9 @@ def _bwd_dkdv_kernel(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_dot, stride_doh, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
     stride_lse_h, num_heads, scale, inv_max_len,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, SILU: tl.constexpr,
-    NORM_BY_SEQ_LEN: tl.constexpr, IEEE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+    CAUSAL: tl.constexpr, SILU: tl.constexpr, NORM_BY_SEQ_LEN: tl.constexpr,
+    IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     pid_n = tl.program_id(1)  # causal: early key blocks see the most queries, run them first
@@ -276,32 +388,38 @@ def _bwd_dkdv_kernel(
         return
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    k = _load_rows(K + h * stride_kh, start, offs_n, seq_len, stride_kt, offs_d, HEAD_DIM)
-    v = _load_rows(V + h * stride_vh, start, offs_n, seq_len, stride_vt, offs_d, HEAD_DIM)
+    k = _load_rows(K + h * stride_kh, start, offs_n, seq_len, stride_kt, offs_d, HEAD_DIM,
+                   EVEN_D, True)
+    v = _load_rows(V + h * stride_vh, start, offs_n, seq_len, stride_vt, offs_d, HEAD_DIM,
+                   EVEN_D, True)
+    q_base = Q + h * stride_qh
+    do_base = DO + h * stride_doh
+    lse_base = LSE + h * stride_lse_h
+    delta_base = DELTA + h * stride_lse_h
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     inv_norm = _inv_norm(seq_len, inv_max_len, NORM_BY_SEQ_LEN)
-    lo = 0
+    # Query blocks: [lo, diag) straddle the causal diagonal (masked), [diag, full) need no
+    # mask, [max(diag, full), seq_len) is the ragged last block (masked).
+    full = (seq_len // BLOCK_M) * BLOCK_M
     if CAUSAL:
         lo = (start_n // BLOCK_M) * BLOCK_M
-    for start_m in range(lo, seq_len, BLOCK_M):
-        offs_m = start_m + tl.arange(0, BLOCK_M)
-        row_ok = offs_m < seq_len
-        q = _load_rows(Q + h * stride_qh, start, offs_m, seq_len, stride_qt, offs_d, HEAD_DIM)
-        do = _load_rows(DO + h * stride_doh, start, offs_m, seq_len, stride_dot, offs_d,
-                        HEAD_DIM)
-        s, visible = _scores(q, k, offs_m, offs_n, seq_len, scale, CAUSAL, IEEE)
-        dp = mma(do, tl.trans(v), IEEE)
-        if SILU:
-            p, dp_ds = _silu_parts(s, visible, inv_norm)
-            ds = dp * dp_ds
-        else:
-            lse = tl.load(LSE + h * stride_lse_h + start + offs_m, mask=row_ok, other=0.0)
-            delta = tl.load(DELTA + h * stride_lse_h + start + offs_m, mask=row_ok, other=0.0)
-            p = tl.where(visible, tl.exp(s - lse[:, None]), 0.0)
-            ds = p * (dp - delta[:, None])
-        dv += mma(tl.trans(p.to(do.dtype)), do, IEEE)
-        dk += mma(tl.trans(ds.to(q.dtype)), q, IEEE)
+        diag = tl.cdiv(start_n + BLOCK_N, BLOCK_M) * BLOCK_M
+    else:
+        lo = 0
+        diag = 0
+    for start_m in range(lo, tl.minimum(diag, seq_len), BLOCK_M):
+        dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start,
+                            start_m, offs_n, offs_d, seq_len, stride_qt, stride_dot, scale,
+                            inv_norm, HEAD_DIM, EVEN_D, BLOCK_M, CAUSAL, SILU, IEEE, True)
+    for start_m in range(diag, full, BLOCK_M):
+        dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start,
+                            start_m, offs_n, offs_d, seq_len, stride_qt, stride_dot, scale,
+                            inv_norm, HEAD_DIM, EVEN_D, BLOCK_M, CAUSAL, SILU, IEEE, False)
+    for start_m in range(tl.maximum(diag, full), seq_len, BLOCK_M):
+        dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start,
+                            start_m, offs_n, offs_d, seq_len, stride_qt, stride_dot, scale,
+                            inv_norm, HEAD_DIM, EVEN_D, BLOCK_M, CAUSAL, SILU, IEEE, True)
     dk = dk * scale
     _store_rows(DK + h * stride_dkh, start, offs_n, seq_len, stride_dkt, offs_d, dk, HEAD_DIM)
     _store_rows(DV + h * stride_dvh, start, offs_n, seq_len, stride_dvt, offs_d, dv, HEAD_DIM)
@@ -327,6 +445,7 @@ def _meta(q: torch.Tensor, causal: bool, kind: str, silu_normalizer: str) -> dic
     return {
         "HEAD_DIM": head_dim,
         "BLOCK_D": next_pow2(head_dim, MIN_DOT),
+        "EVEN_D": next_pow2(head_dim, MIN_DOT) == head_dim,
         "CAUSAL": bool(causal),
         "SILU": kind == "silu",
         "NORM_BY_SEQ_LEN": silu_normalizer == "seq_len",

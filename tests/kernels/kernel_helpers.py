@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import random
 
 import torch
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-# The interpreter runs a kernel in about a second; keep the example counts small.
+# The interpreter runs a kernel in about a second; keep the example counts small by default
+# (GEMC_KERNEL_EXAMPLES=200 for a soak run).
 KERNEL_SETTINGS = settings(
-    max_examples=12,
+    max_examples=int(os.environ.get("GEMC_KERNEL_EXAMPLES", "12")),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     derandomize=False,
@@ -20,7 +22,10 @@ SEEDS = st.integers(min_value=0, max_value=2**31 - 1)
 
 
 def fresh_generator() -> torch.Generator:
-    """A generator with a new seed per call; the seed is printed so a failure can be replayed."""
+    """A CPU generator with a new seed per call, printed so a failure can be replayed.
+
+    Tests draw on the CPU with it and move the result to the test device (``randn`` does).
+    """
     seed = random.SystemRandom().randrange(2**31)
     print(f"torch generator seed: {seed}")
     return torch.Generator().manual_seed(seed)
@@ -31,12 +36,12 @@ def offsets_of(lengths: list[int], dtype: torch.dtype = torch.int64) -> torch.Te
     out = [0]
     for n in lengths:
         out.append(out[-1] + n)
-    return torch.tensor(out, dtype=dtype)
+    return torch.tensor(out, dtype=dtype)  # on the default device (the test device)
 
 
 def randn(*shape: int, gen: torch.Generator, dtype: torch.dtype = torch.float32,
           requires_grad: bool = False) -> torch.Tensor:
-    x = torch.randn(*shape, generator=gen).to(dtype)
+    x = torch.randn(*shape, generator=gen, device="cpu").to(torch.get_default_device(), dtype)
     return x.requires_grad_(requires_grad)
 
 

@@ -22,12 +22,14 @@ TOL = {"atol": 1e-5, "rtol": 1e-5}
 def _batch(tables, batch, max_bag, gen, *, id_dtype=torch.int64, offset_dtype=torch.int64,
            weighted=False):
     """Random KJT-style input: table-major bags of 0..max_bag ids."""
-    lengths = torch.randint(0, max_bag + 1, (len(tables) * batch,), generator=gen).tolist()
-    ids = [torch.randint(0, tables[i // batch][0], (n,), generator=gen)
-           for i, n in enumerate(lengths)]
-    ids = torch.cat(ids) if ids else torch.zeros(0, dtype=torch.int64)
-    psw = torch.rand(ids.numel(), generator=gen) if weighted else None
-    return ids.to(id_dtype), offsets_of(lengths, offset_dtype), psw
+    cpu = {"generator": gen, "device": "cpu"}
+    lengths = torch.randint(0, max_bag + 1, (len(tables) * batch,), **cpu).tolist()
+    ids = [torch.randint(0, tables[i // batch][0], (n,), **cpu) for i, n in enumerate(lengths)]
+    ids = torch.cat(ids) if ids else torch.zeros(0, dtype=torch.int64, device="cpu")
+    psw = torch.rand(ids.numel(), **cpu) if weighted else None
+    dev = torch.get_default_device()
+    return (ids.to(dev, id_dtype), offsets_of(lengths, offset_dtype),
+            None if psw is None else psw.to(dev))
 
 
 class _Reference:

@@ -167,3 +167,28 @@ def test_rejects_bad_arguments():
         jagged_attention(q, q[:3], q, offsets)
     with pytest.raises(TypeError):
         jagged_attention(q, q, q, offsets.float())
+
+
+@pytest.mark.parametrize("blocks", [(16, 32), (32, 16)], ids=["m16n32", "m32n16"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_unequal_query_and_key_blocks(blocks, kind, monkeypatch):
+    """The masked / unmasked phase split with BLOCK_M != BLOCK_N, over several blocks.
+
+    The interpreter's default config is 16 x 16; this forces other shapes on all three
+    kernels (as the GPU autotuner may pick) with sequences spanning several blocks.
+    """
+    import importlib
+
+    import triton
+
+    # (the package re-exports the function under the module's name)
+    module = importlib.import_module("gemc.backends.triton.jagged_attention")
+
+    block_m, block_n = blocks
+    config = triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=1)
+    for kernel in (module._fwd_kernel, module._bwd_dq_kernel, module._bwd_dkdv_kernel):
+        monkeypatch.setattr(kernel, "configs", [config])
+    gen = fresh_generator()
+    for causal in (False, True):
+        _check([40, 33, 0, 17, 1, 64], heads=1, dim=16, dtype=torch.float32, gen=gen,
+               causal=causal, kind=kind)
