@@ -300,6 +300,12 @@ class BatchedEmbeddingBag(nn.Module):
         """Per-table ``[B, dim_t]`` column views of a forward output."""
         return list(out.split(self.dims, dim=1))
 
+    def extra_repr(self) -> str:
+        return (f"tables={self.num_tables}, total_rows={self.total_rows}, "
+                f"total_dim={self.total_dim}, pooling={self.pooling}, "
+                f"optimizer={self.optimizer}, lr={self.lr}, eps={self.eps}, "
+                f"betas={self.betas}, weight_decay={self.weight_decay}")
+
     def get_extra_state(self) -> Any:
         return {"step": self.step}
 
@@ -336,6 +342,9 @@ class BatchedEmbeddingBag(nn.Module):
                 raise ValueError("per_sample_weights need pooling='sum' (as nn.EmbeddingBag)")
             if per_sample_weights.shape != ids.shape:
                 raise ValueError("per_sample_weights must have one weight per id")
+            if per_sample_weights.requires_grad and torch.is_grad_enabled():
+                raise ValueError("per_sample_weights are constants here (no gradient is "
+                                 "computed for them); pass them detached")
 
     def _pooled(self, ids, offsets, per_sample_weights) -> torch.Tensor:
         batch = (offsets.numel() - 1) // self.num_tables

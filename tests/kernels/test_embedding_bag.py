@@ -207,3 +207,6 @@ def test_rejects_bad_inputs():
         module(torch.tensor([0]), torch.tensor([0, 1, 1]), torch.ones(1))  # psw with mean
     with pytest.raises(ValueError):
         module.load_from_embedding_bags([torch.nn.EmbeddingBag(4, 8)] * 2)
+    summed = BatchedEmbeddingBag([(4, 8)])
+    with pytest.raises(ValueError):  # no gradient is computed for per-sample weights
+        summed(torch.tensor([0]), torch.tensor([0, 1]), torch.ones(1, requires_grad=True))
