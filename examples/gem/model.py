@@ -394,25 +394,38 @@ def jagged_lengths(
     """Row lengths summing exactly to ``nnz``, with forced empty rows and a skewed spread.
 
     A fixed number of rows (at least one) is empty, as when a feature is missing for some
-    users. The others get lognormal weights and ``nnz`` draws with replacement, so lengths
-    are heavy-tailed like real bags and histories. ``cap`` (the history's Lmax) is then
-    enforced by moving the excess to rows with room, keeping the sum exact.
+    users. The others share ``nnz`` in proportion to lognormal weights, so lengths are
+    heavy-tailed like real bags and histories; ``cap`` (the history's Lmax) is enforced by
+    water-filling (the excess of capped rows goes to the others, by weight). The shares are
+    rounded down and the remainder goes, one each, to rows drawn by their fractional parts.
+    O(rows), not O(nnz): a multinomial draw per id took seconds at B=65536.
     """
     n_empty = min(rows - 1, max(1, round(rows * empty_frac)))
-    weights = torch.exp(torch.randn(rows, generator=g))
+    limit = nnz if cap is None else cap
+    if nnz > limit * (rows - n_empty):
+        raise ValueError(f"cannot fit {nnz} items into {rows - n_empty} rows of <= {limit}")
+    weights = torch.exp(torch.randn(rows, generator=g, dtype=torch.float64))
     weights[torch.randperm(rows, generator=g)[:n_empty]] = 0.0
-    picks = torch.multinomial(weights, nnz, replacement=True, generator=g)
-    lengths = torch.bincount(picks, minlength=rows)
-    if cap is not None:
-        if nnz > cap * (rows - n_empty):
-            raise ValueError(f"cannot fit {nnz} items into {rows - n_empty} rows of <= {cap}")
-        lengths = lengths.clamp(max=cap)
-        deficit = nnz - int(lengths.sum())
-        while deficit > 0:
-            room = torch.nonzero((lengths < cap) & (weights > 0)).flatten()
-            room = room[torch.randperm(room.numel(), generator=g)][:deficit]
-            lengths[room] += 1
-            deficit -= room.numel()
+    share = weights * (nnz / weights.sum())
+    for _ in range(100):  # water-filling; a few rounds suffice
+        over = share > limit
+        if not over.any():
+            break
+        excess = float((share[over] - limit).sum())
+        share[over] = float(limit)
+        free = (share < limit) & (weights > 0)
+        share[free] += excess * weights[free] / weights[free].sum()
+    lengths = share.floor().long().clamp_(max=limit)
+    frac = share - lengths
+    rest = nnz - int(lengths.sum())
+    while rest != 0:  # |rest| < rows; float rounding can leave it either side of 0
+        ok = ((lengths < limit) if rest > 0 else (lengths > 0)) & (weights > 0)
+        p = torch.where(ok, (frac if rest > 0 else 1 - frac) + 1e-6, 0.0)
+        k = min(abs(rest), int(ok.sum()))
+        pick = torch.multinomial(p, k, replacement=False, generator=g)
+        lengths[pick] += 1 if rest > 0 else -1
+        frac[pick] = 0.0
+        rest -= k if rest > 0 else -k
     return lengths
 
 
@@ -421,9 +434,12 @@ def _offsets(lengths: torch.Tensor) -> torch.Tensor:
 
 
 def _skewed_ids(g: torch.Generator, rows: int, n: int) -> torch.Tensor:
-    """Ids in [0, rows) with a hot head (u**3 puts ~46% of draws in the first 10% of rows)."""
-    u = torch.rand(n, generator=g, dtype=torch.float64)
-    return (u**3 * rows).long().clamp_(max=rows - 1)
+    """Ids in [0, rows) with a hot head: ``rows * u**3`` puts ~46% of draws in the first 10%
+    of rows, as real categorical features have. float32 is exact enough below 2**24 rows and
+    ~1.6x faster than float64 (make_batch draws ~1e7 ids per step at the h200 presets)."""
+    dtype = torch.float32 if rows <= 2**24 else torch.float64
+    u = torch.rand(n, generator=g, dtype=dtype)
+    return u.pow_(3).mul_(rows).long().clamp_(max=rows - 1)
 
 
 def make_batch_fn(cfg: GemConfig, seed: int) -> Any:
