@@ -58,7 +58,7 @@ Presets (``--set preset=...``)
     on one CPU core.
 ``h200``  -- one H200 in bf16 autocast. 100 tables with 1e5..4e6 rows (Zipf-like: a few large
     tables, most at the 1e5 floor; 1.7e7 rows, 1.32e9 parameters), dims 64/96/128, pooling
-    1..30 (~1020 ids per sample), B=4096, history 256 with 50% mean fill, d_model 256, 2
+    1..30 (936 ids per sample), B=4096, history 256 with 50% mean fill, d_model 256, 2
     InterFormer blocks of 4 heads (MLP ratio 2), 3 Wukong layers (rank 24, 32 tokens, hidden
     1024), head MLPs 2048-1024; 6.1e7 dense parameters. FLOPs (matmul + attention, checked
     against ``torch.utils.flop_counter`` on meta to <0.1%): 3.6 TFLOP forward, 10.7 TFLOP
@@ -122,7 +122,7 @@ class GemConfig:
     rows_min: int
     rows_zipf: float
     dims: tuple[int, ...]  # cycled over tables
-    poolings: tuple[int, ...]  # cycled over tables (with a stride, so not aligned with dims)
+    poolings: tuple[int, ...]  # cycled over tables, not in step with dims
     empty_frac: float  # fraction of rows whose bag is empty in make_batch (missing feature)
     # user history
     item_rows: int
@@ -153,7 +153,8 @@ class GemConfig:
                     name=f"f{t:04d}",
                     rows=rows,
                     dim=self.dims[t % len(self.dims)],
-                    pooling=self.poolings[(3 * t) % len(self.poolings)],
+                    # shifted every len(dims) tables so every dim meets every pooling
+                    pooling=self.poolings[(3 * t + t // len(self.dims)) % len(self.poolings)],
                     mode="mean" if t % 3 == 2 else "sum",
                 )
             )
@@ -567,6 +568,9 @@ def build(
 
     Called by gemc under ``torch.device("meta")``: everything here follows the default
     device, so a GEM-scale model costs no memory until the runner materializes it.
+    ``info['embedding_params']`` counts the bag tables and the item table; the small
+    position table (an ``nn.Embedding`` of history_len rows, every row trained every step)
+    counts as dense.
     """
     cfg = resolve_config(preset, batch_size, overrides)
     torch.manual_seed(seed)  # parameter init (a no-op on meta)
