@@ -1,0 +1,368 @@
+"""Sharded embedding tables on torch.distributed, built from the plan's shards.
+
+One :class:`ShardedEmbedding` replaces one ``nn.EmbeddingBag`` or ``nn.Embedding`` of the
+user's model (same call signature, same output), holding only the rows and columns the plan
+gives this rank. All sharding types run through one routing scheme:
+
+1. the requester (every rank, for its own batch) sends each shard owner the ids that fall in
+   that shard's row range (shifted to shard-local rows), the per-bag counts of those ids and
+   their per-sample weights (three ``all_to_all_single``: sizes, ids + counts, weights);
+2. each owner sum-pools its rows of every requester's bags with one
+   ``F.embedding_bag(..., sparse=True)`` call on its shard;
+3. the partial pooled rows go back to their requesters through a differentiable
+   ``all_to_all_single``; the requester adds each owner's partial into its columns (row-wise
+   shards add up, column-wise shards fill disjoint columns) and divides by the full bag
+   length for ``mean`` pooling.
+
+So table-wise is one owner with the whole table, row-wise and table-row-wise are owners of
+row ranges, column-wise owners of column ranges, grid both. Gradients flow back through the
+same exchange to the owner's ``embedding_bag``, whose sparse gradient lists exactly the
+rows used this step (over all ranks' batches): the sparse optimizer updates only those.
+
+``data_parallel`` tables are local replicas: a local lookup with a sparse gradient, which
+:mod:`.sparse_optim` all-reduces. ``nn.Embedding`` (one vector per id, no pooling) is routed
+as bags of one id each.
+
+Not supported (a named error at setup): ``max`` pooling, ``max_norm``,
+``scale_grad_by_freq``, per-sample weights that require grad, and a rank holding two
+shards of one table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from gemc.backends.torch.comm import all_to_all, autograd_all_to_all, exchange_counts
+from gemc.backends.torch.init import fill_table_slice_
+from torch import nn
+
+from gemc.errors import GemcUserError, PlanError
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One rectangle of a table and the rank holding it."""
+
+    rank: int
+    row_offset: int
+    rows: int
+    col_offset: int
+    cols: int
+
+    @classmethod
+    def from_plan(cls, entry: dict[str, Any]) -> Shard:
+        return cls(
+            int(entry["rank"]),
+            int(entry["row_offset"]),
+            int(entry["rows"]),
+            int(entry["col_offset"]),
+            int(entry["cols"]),
+        )
+
+
+def module_fqn(table_fqn: str) -> str:
+    """``bags.3.weight`` -> ``bags.3``: the module the plan's table entry names."""
+    if not table_fqn.endswith(".weight"):
+        raise PlanError(
+            f"table fqn '{table_fqn}' does not name a weight",
+            where=f"plan tables: {table_fqn}",
+            fix="compile the plan again; table fqns end in '.weight'",
+        )
+    return table_fqn[: -len(".weight")]
+
+
+class ShardedEmbedding(nn.Module):
+    """A drop-in for one ``nn.EmbeddingBag``/``nn.Embedding``, sharded as the plan says."""
+
+    def __init__(
+        self,
+        source: nn.Module,
+        table: dict[str, Any],
+        *,
+        rank: int,
+        world_size: int,
+        seed: int,
+        group: dist.ProcessGroup | None = None,
+    ) -> None:
+        super().__init__()
+        fqn = table["fqn"]
+        where = f"plan tables: {fqn}"
+        self.fqn = fqn
+        self.is_bag = isinstance(source, nn.EmbeddingBag)
+        if not self.is_bag and not isinstance(source, nn.Embedding):
+            raise PlanError(
+                f"table '{fqn}' is a {type(source).__name__}, not nn.Embedding/EmbeddingBag",
+                where=where,
+                fix="the runner shards nn.Embedding and nn.EmbeddingBag modules only",
+            )
+        self.num_embeddings = int(source.num_embeddings)
+        self.embedding_dim = int(source.embedding_dim)
+        if (self.num_embeddings, self.embedding_dim) != (int(table["rows"]), int(table["dim"])):
+            raise PlanError(
+                f"table '{fqn}' is {self.num_embeddings} x {self.embedding_dim} in the model "
+                f"but {table['rows']} x {table['dim']} in the plan",
+                where=where,
+                fix="compile the plan again for this model",
+            )
+        self.mode = source.mode if self.is_bag else "none"
+        self.include_last_offset = bool(getattr(source, "include_last_offset", False))
+        self.padding_idx = source.padding_idx
+        unsupported = []
+        if self.mode == "max":
+            unsupported.append("mode='max'")
+        if source.max_norm is not None:
+            unsupported.append("max_norm")
+        if source.scale_grad_by_freq:
+            unsupported.append("scale_grad_by_freq")
+        if unsupported:
+            raise GemcUserError(
+                f"table '{fqn}' uses {', '.join(unsupported)}, which the sharded runner "
+                "does not support",
+                where=f"model module {module_fqn(fqn)}",
+                fix="use sum/mean pooling without max_norm / scale_grad_by_freq",
+            )
+        self.sharding = table["sharding"]
+        self.shards = [Shard.from_plan(s) for s in table["shards"]]
+        self.rank, self.world_size, self.seed, self.group = rank, world_size, seed, group
+        mine = [s for s in self.shards if s.rank == rank]
+        if len(mine) > 1:
+            raise GemcUserError(
+                f"rank {rank} holds {len(mine)} shards of table '{fqn}'; the runner supports "
+                "at most one shard of a table per rank",
+                where=where,
+                fix="give each of a table's shards a different rank",
+            )
+        self.local: Shard | None = mine[0] if mine else None
+        self.replicated = self.sharding == "data_parallel"
+        if self.replicated and (
+            self.local is None or (self.local.rows, self.local.cols) != (self.num_embeddings, self.embedding_dim)
+        ):
+            raise PlanError(
+                f"data_parallel table '{fqn}' has no full replica on rank {rank}",
+                where=where,
+                fix="a data_parallel table needs one whole-table shard on every rank",
+            )
+        # A lookup is local when this rank holds the whole table and nobody else needs it.
+        self.local_only = self.replicated or (
+            world_size == 1 and self.local is not None
+        )
+        if self.local is not None:
+            self.weight = nn.Parameter(
+                torch.empty(self.local.rows, self.local.cols, device="meta", dtype=source.weight.dtype)
+            )
+        else:
+            self.register_parameter("weight", None)
+        self.owners = {s.rank: s for s in self.shards}
+
+    # -- initialization --------------------------------------------------------------
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Fill the local shard with its slice of the deterministic whole-table init."""
+        if self.weight is None or self.local is None:
+            return
+        fill_table_slice_(
+            self.weight,
+            fqn=self.fqn,
+            rows=self.num_embeddings,
+            dim=self.embedding_dim,
+            row_offset=self.local.row_offset,
+            col_offset=self.local.col_offset,
+            seed=self.seed,
+            padding_idx=self.padding_idx,
+        )
+
+    def extra_repr(self) -> str:
+        local = self.local
+        held = (
+            f"rows {local.row_offset}:{local.row_offset + local.rows}, "
+            f"cols {local.col_offset}:{local.col_offset + local.cols}"
+            if local
+            else "none"
+        )
+        return (
+            f"{self.fqn}, {self.num_embeddings}x{self.embedding_dim}, {self.sharding}, "
+            f"mode={self.mode}, rank {self.rank} holds {held}"
+        )
+
+    # -- forward ---------------------------------------------------------------------
+
+    def forward(
+        self,
+        input: torch.Tensor,  # noqa: A002 - nn.EmbeddingBag's own argument name
+        offsets: torch.Tensor | None = None,
+        per_sample_weights: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if self.local_only:
+            return self._local(input, offsets, per_sample_weights)
+        ids, offsets, weights, out_shape = self._as_bags(input, offsets, per_sample_weights)
+        out = self._sharded(ids, offsets, weights)
+        return out.view(out_shape)
+
+    def _local(self, input, offsets, per_sample_weights) -> torch.Tensor:  # noqa: ANN001
+        if not self.is_bag:
+            return F.embedding(input, self.weight, self.padding_idx, sparse=True)
+        return F.embedding_bag(
+            input,
+            self.weight,
+            offsets,
+            mode=self.mode,
+            sparse=True,
+            per_sample_weights=per_sample_weights,
+            include_last_offset=self.include_last_offset,
+            padding_idx=self.padding_idx,
+        )
+
+    def _as_bags(self, input, offsets, per_sample_weights):  # noqa: ANN001, ANN202
+        """(ids [n], offsets [B+1], weights or None, output shape) for every call form."""
+        if per_sample_weights is not None and per_sample_weights.requires_grad:
+            raise GemcUserError(
+                f"table '{self.fqn}': per_sample_weights that require grad are not supported "
+                "by the sharded runner (they would get no gradient)",
+                where=f"model module {module_fqn(self.fqn)}",
+                fix="detach the per-sample weights or keep this table data_parallel",
+            )
+        if not self.is_bag:
+            ids = input.reshape(-1)
+            n = ids.numel()
+            offs = torch.arange(n + 1, device=ids.device, dtype=torch.long)
+            return ids, offs, None, (*input.shape, self.embedding_dim)
+        if input.dim() == 2:
+            b, length = input.shape
+            ids = input.reshape(-1)
+            offs = torch.arange(b + 1, device=ids.device, dtype=torch.long) * length
+            weights = None if per_sample_weights is None else per_sample_weights.reshape(-1)
+            return ids, offs, weights, (b, self.embedding_dim)
+        if offsets is None:
+            raise ValueError("EmbeddingBag with 1-D input needs offsets")
+        offs = offsets.long()
+        if not self.include_last_offset:
+            offs = torch.cat([offs, offs.new_full((1,), input.numel())])
+        return input, offs, per_sample_weights, (offs.numel() - 1, self.embedding_dim)
+
+    def _sharded(
+        self, ids: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None
+    ) -> torch.Tensor:
+        world, dev = self.world_size, ids.device
+        batch = offsets.numel() - 1
+        n = ids.numel()
+        lengths = offsets[1:] - offsets[:-1]
+        bag = torch.repeat_interleave(
+            torch.arange(batch, device=dev), lengths, output_size=n
+        )
+        ids = ids.long()
+        if self.padding_idx is not None:  # padding ids are neither pooled nor counted
+            keep = ids != self.padding_idx
+            ids, bag = ids[keep], bag[keep]
+            weights = None if weights is None else weights[keep]
+            lengths = torch.bincount(bag, minlength=batch)
+
+        # 1. route: ids of each owner's row range, with per-bag counts
+        payloads: list[torch.Tensor] = []
+        wsend: list[torch.Tensor] = []
+        send_sizes = torch.zeros(world, 2, dtype=torch.long)
+        for dest in range(world):
+            shard = self.owners.get(dest)
+            if shard is None:
+                continue
+            mask = (ids >= shard.row_offset) & (ids < shard.row_offset + shard.rows)
+            local_ids = ids[mask] - shard.row_offset
+            counts = torch.bincount(bag[mask], minlength=batch)
+            payloads += [counts, local_ids]
+            if weights is not None:
+                wsend.append(weights[mask])
+            send_sizes[dest, 0] = local_ids.numel()
+            send_sizes[dest, 1] = batch
+        recv_sizes = exchange_counts(send_sizes.to(dev), self.group).cpu()
+        in_splits = [int(a + b) for a, b in send_sizes.tolist()]
+        out_splits = [int(a + b) for a, b in recv_sizes.tolist()]
+        send = torch.cat(payloads) if payloads else ids.new_empty(0)
+        recv = all_to_all(send, out_splits, in_splits, self.group)
+        recv_w = None
+        if weights is not None:
+            wcat = torch.cat(wsend) if wsend else weights.new_empty(0)
+            recv_w = all_to_all(
+                wcat, recv_sizes[:, 0].tolist(), send_sizes[:, 0].tolist(), self.group
+            )
+
+        # 2. pool this rank's rows of every requester's bags
+        if self.local is not None:
+            all_counts, all_ids = [], []
+            for piece, (_n_ids, n_bags) in zip(recv.split(out_splits), recv_sizes.tolist()):
+                all_counts.append(piece[:n_bags])
+                all_ids.append(piece[n_bags:])
+            counts = torch.cat(all_counts)
+            pool_offsets = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
+            partial = F.embedding_bag(
+                torch.cat(all_ids),
+                self.weight,
+                pool_offsets,
+                mode="sum",
+                sparse=True,
+                per_sample_weights=None if recv_w is None else recv_w.to(self.weight.dtype),
+                include_last_offset=True,
+            )
+            back_in = [int(b) * self.local.cols for b in recv_sizes[:, 1].tolist()]
+            flat = partial.reshape(-1)
+        else:
+            back_in = [0] * world
+            flat = torch.empty(0, device=dev, dtype=self._dtype())
+
+        # 3. partials back to their requesters, assembled into columns
+        back_out = [
+            batch * self.owners[d].cols if d in self.owners else 0 for d in range(world)
+        ]
+        returned = autograd_all_to_all(flat, back_out, back_in, self.group)
+        out = None
+        for d, piece in zip(range(world), returned.split(back_out)):
+            shard = self.owners.get(d)
+            if shard is None:
+                continue
+            chunk = piece.view(batch, shard.cols)
+            if shard.cols != self.embedding_dim:
+                chunk = F.pad(
+                    chunk, (shard.col_offset, self.embedding_dim - shard.col_offset - shard.cols)
+                )
+            out = chunk if out is None else out + chunk
+        assert out is not None
+        if self.mode == "mean":
+            out = out / lengths.clamp(min=1).unsqueeze(1).to(out.dtype)
+        return out
+
+    def _dtype(self) -> torch.dtype:
+        return self.weight.dtype if self.weight is not None else torch.float32
+
+
+def shard_tables(
+    model: nn.Module,
+    tables: list[dict[str, Any]],
+    *,
+    rank: int,
+    world_size: int,
+    seed: int,
+    group: dist.ProcessGroup | None = None,
+) -> dict[str, ShardedEmbedding]:
+    """Replace every table module of ``model`` (still on meta) by its sharded version."""
+    out: dict[str, ShardedEmbedding] = {}
+    for table in tables:
+        name = module_fqn(table["fqn"])
+        try:
+            source = model.get_submodule(name)
+        except AttributeError as exc:
+            raise PlanError(
+                f"the plan's table '{table['fqn']}' is not a module of the model",
+                where=f"plan tables: {table['fqn']}",
+                fix="compile the plan again for this model",
+            ) from exc
+        sharded = ShardedEmbedding(
+            source, table, rank=rank, world_size=world_size, seed=seed, group=group
+        )
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, sharded)
+        out[table["fqn"]] = sharded
+    return out

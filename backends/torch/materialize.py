@@ -1,0 +1,112 @@
+"""Rebuild the plan's model on meta, prove it is the model the plan was compiled for, and
+materialize only what this rank holds.
+
+The plan names the model by entrypoint and arguments; the runner calls the entrypoint under
+``torch.device("meta")`` (no weights allocated), recomputes the compiler's fingerprint of
+the captured graph and parameter shapes, and refuses to run a plan compiled for another
+model. Only rank 0 captures (torch.export is the slow part); the verdict is broadcast.
+
+Materialization: tables are first replaced by their sharded modules (whose parameters are
+the local shard, still on meta), then ``to_empty`` allocates every remaining tensor on the
+rank's device and :mod:`.init` fills them deterministically.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from gemc.backends.torch.embedding import ShardedEmbedding, module_fqn
+from gemc.backends.torch.init import check_initializable, fill_table_slice_, reset_dense_
+from torch import nn
+
+from gemc.errors import PlanError
+from gemc.spec import ModelSpec
+
+
+def _entrypoint_for(entrypoint: str, plan_dir: Path | None) -> str:
+    """The plan's entrypoint, found relative to the plan's folder if not to the cwd."""
+    target, sep, func = entrypoint.rpartition(":")
+    if sep and target.endswith(".py") and not Path(target).is_file() and plan_dir is not None:
+        candidate = plan_dir / target
+        if candidate.is_file():
+            return f"{candidate}:{func}"
+    return entrypoint
+
+
+def load_plan_model(plan: dict[str, Any], plan_dir: Path | None = None) -> ModelSpec:
+    """The model the plan names, built on meta."""
+    from gemc.api import load_model
+
+    entry = _entrypoint_for(plan["model"]["entrypoint"], plan_dir)
+    return load_model(entry, plan["model"].get("args") or {}, device="meta")
+
+
+def fingerprint_of(spec: ModelSpec) -> str:
+    from gemc.capture import capture
+
+    return capture(spec).fingerprint
+
+
+def check_fingerprint(
+    plan: dict[str, Any], spec: ModelSpec, *, rank: int = 0, world_size: int = 1
+) -> None:
+    """Raise PlanError (on every rank) when the rebuilt model is not the plan's model."""
+    expected = plan["model"]["fingerprint"]
+    verdict: list[Any] = [None]
+    if rank == 0:
+        try:
+            verdict = [fingerprint_of(spec)]
+        except Exception as exc:  # a capture error is reported on every rank, not hung
+            verdict = [exc]
+    if world_size > 1 and dist.is_initialized():
+        dist.broadcast_object_list(verdict, src=0)
+    got = verdict[0]
+    if isinstance(got, BaseException):
+        raise got
+    if got != expected:
+        raise PlanError(
+            "the plan was compiled for a different model: model fingerprint "
+            f"{expected[:23]}... in the plan, {str(got)[:23]}... for "
+            f"{plan['model']['entrypoint']} with args {plan['model'].get('args') or {}}",
+            where="plan model.fingerprint",
+            fix="compile the plan again for this model (gemc compile ... --out plan.json)",
+        )
+
+
+def materialize_(
+    model: nn.Module,
+    device: torch.device,
+    seed: int,
+    table_modules: list[str],
+) -> None:
+    """Allocate on ``device`` and initialize deterministically (see :mod:`.init`).
+
+    ``table_modules`` are module paths: a :class:`ShardedEmbedding` fills its shard, a plain
+    ``nn.Embedding``/``nn.EmbeddingBag`` (the reference) is filled whole with the same values.
+    """
+    check_initializable(model, skip=table_modules)
+    model.to_empty(device=device)
+    reset_dense_(model, seed, skip=table_modules)
+    for name in table_modules:
+        module = model.get_submodule(name)
+        if isinstance(module, ShardedEmbedding):
+            module.reset_parameters()
+        else:
+            weight = module.weight
+            fill_table_slice_(
+                weight.data,
+                fqn=f"{name}.weight",
+                rows=weight.shape[0],
+                dim=weight.shape[1],
+                row_offset=0,
+                col_offset=0,
+                seed=seed,
+                padding_idx=getattr(module, "padding_idx", None),
+            )
+
+
+def table_module_names(plan: dict[str, Any]) -> list[str]:
+    return [module_fqn(t["fqn"]) for t in plan["tables"]]

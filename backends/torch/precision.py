@@ -1,0 +1,117 @@
+"""The plan's precision choices, applied as autocast scopes.
+
+``plan["precision"]`` is a list of sites. The runner executes entries of this form::
+
+    {"target": "*",           "dtype": "bf16", ...}   # the whole forward under autocast
+    {"target": "<module fqn>", "dtype": "fp32", ...}  # one module (a region, a layer)
+
+``dtype`` is one of ``bf16``, ``fp16``, ``fp32`` (``fp32`` turns autocast off inside that
+module, e.g. to keep a numerically sensitive layer out of a bf16 region). Other keys
+(``error``, ``sqnr_db``, provenance) are informational and kept in the run report. An
+entry naming a dtype or a module the runner cannot apply is a :class:`PlanError`, never
+silently skipped: a plan whose precision is not what it says would make its predicted
+error meaningless. ``--precision`` on the command line adds a ``"*"`` entry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from gemc.errors import PlanError
+
+DTYPES = {
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+    "fp32": torch.float32,
+    "float32": torch.float32,
+}
+
+
+@dataclass
+class PrecisionPlan:
+    """The resolved precision sites: a global autocast dtype and per-module overrides."""
+
+    global_dtype: torch.dtype | None = None
+    per_module: dict[str, torch.dtype] = field(default_factory=dict)
+
+    @property
+    def compute_dtype(self) -> str:
+        """The dtype most FLOPs run in, for the MFU peak (``fp32`` without autocast)."""
+        if self.global_dtype in (None, torch.float32):
+            return "fp32"
+        return "bf16" if self.global_dtype == torch.bfloat16 else "fp16"
+
+    def autocast(self, device_type: str) -> contextlib.AbstractContextManager:
+        """The context the whole forward runs in."""
+        if self.global_dtype is None or self.global_dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=device_type, dtype=self.global_dtype)
+
+
+def _dtype(entry: dict[str, Any], where: str) -> torch.dtype:
+    name = str(entry.get("dtype", "")).lower()
+    if name not in DTYPES:
+        raise PlanError(
+            f"precision {entry.get('dtype')!r} is not supported by the runner",
+            where=where,
+            fix=f"use one of {', '.join(sorted(set(DTYPES)))} (fp8 sites are not executable yet)",
+        )
+    return DTYPES[name]
+
+
+def resolve(entries: list[dict[str, Any]], model: nn.Module) -> PrecisionPlan:
+    """Check every entry against the model and return what to apply."""
+    out = PrecisionPlan()
+    modules = dict(model.named_modules())
+    for i, entry in enumerate(entries):
+        where = f"plan precision[{i}]"
+        if not isinstance(entry, dict):
+            raise PlanError(f"{where} is not an object", where=where, fix="recompile the plan")
+        target = entry.get("target", entry.get("module", entry.get("region")))
+        if target is None:
+            raise PlanError(
+                f"{where} names no target module (keys: {sorted(entry)})",
+                where=where,
+                fix="give 'target': '*' or a module fqn; per-node precision is not executable",
+            )
+        dtype = _dtype(entry, where)
+        if target in ("*", ""):
+            out.global_dtype = dtype
+        elif target in modules:
+            out.per_module[target] = dtype
+        else:
+            raise PlanError(
+                f"{where} targets module '{target}', which the model does not have",
+                where=where,
+                fix="compile the plan again for this model",
+            )
+    return out
+
+
+def install(model: nn.Module, plan: PrecisionPlan, device_type: str) -> None:
+    """Wrap each per-module site's forward in its autocast scope (forward pre/post hooks)."""
+    for name, dtype in plan.per_module.items():
+        module = model.get_submodule(name)
+        stack: list[contextlib.AbstractContextManager] = []
+
+        def pre(_m, _args, _stack=stack, _dtype=dtype) -> None:  # noqa: ANN001
+            ctx = (
+                torch.autocast(device_type=device_type, enabled=False)
+                if _dtype == torch.float32
+                else torch.autocast(device_type=device_type, dtype=_dtype)
+            )
+            ctx.__enter__()
+            _stack.append(ctx)
+
+        def post(_m, _args, _out, _stack=stack) -> None:  # noqa: ANN001
+            _stack.pop().__exit__(None, None, None)
+
+        module.register_forward_pre_hook(pre)
+        module.register_forward_hook(post)

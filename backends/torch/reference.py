@@ -1,0 +1,131 @@
+"""The single-process reference a distributed run must reproduce.
+
+For each step ``s`` and a world of ``W`` ranks::
+
+    loss = mean over r in 0..W-1 of model(*make_batch(s * W + r))
+    loss.backward(); AdamW step on dense parameters; sparse step on the tables
+
+with the runner's deterministic init (:mod:`.init`), the same optimizer configurations
+(:mod:`.optimizers`) and the same sparse row updates (:mod:`.sparse_optim`), on plain
+``nn.Embedding``/``nn.EmbeddingBag`` modules with ``sparse=True`` gradients (whose indices
+are exactly the rows the step used). The tests compare loss trajectories against it, and
+``benchmarks/e2e.py`` uses it as the eager and ``torch.compile`` baselines, so all three
+train the same thing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from gemc.backends.torch.materialize import materialize_
+from gemc.backends.torch.optimizers import DenseOptimConfig, make_dense_optimizer
+from gemc.backends.torch.sparse_optim import EmbeddingOptimConfig, RowState, coalesced_rows
+from torch import nn
+
+from gemc.spec import ModelSpec
+
+
+def find_tables(model: nn.Module, names: list[str] | None = None) -> list[str]:
+    """Module paths of the embedding tables (all Embedding/EmbeddingBag when not given)."""
+    if names is not None:
+        return list(names)
+    return [
+        n for n, m in model.named_modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag))
+    ]
+
+
+@dataclass
+class ReferenceTrainer:
+    """One process training ``spec``'s model exactly as the runner does across ``W`` ranks."""
+
+    spec: ModelSpec
+    world_size: int = 1
+    seed: int = 0
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    dense_cfg: DenseOptimConfig = field(default_factory=DenseOptimConfig)
+    emb_cfg: EmbeddingOptimConfig = field(default_factory=EmbeddingOptimConfig)
+    table_modules: list[str] | None = None
+    autocast_dtype: torch.dtype | None = None
+    compile_fn: Callable[[nn.Module], Any] | None = None  # e.g. torch.compile
+
+    def __post_init__(self) -> None:
+        model = self.spec.model
+        self.table_modules = find_tables(model, self.table_modules)
+        materialize_(model, self.device, self.seed, self.table_modules)
+        model.train()
+        self.tables: dict[str, nn.Module] = {}
+        table_weights = set()
+        for name in self.table_modules:
+            module = model.get_submodule(name)
+            module.sparse = True
+            self.tables[name] = module
+            table_weights.add(id(module.weight))
+        dense = [p for p in model.parameters() if p.requires_grad and id(p) not in table_weights]
+        self.dense_opt = make_dense_optimizer(dense, self.dense_cfg, self.device)
+        self.row_state = {
+            name: RowState(m.weight.data, self.emb_cfg.kind) for name, m in self.tables.items()
+        }
+        self.sparse_steps = 0
+        self.forward = self.compile_fn(model) if self.compile_fn is not None else model
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.autocast_dtype is None or self.autocast_dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+
+    def step(self, step: int) -> float:
+        """One training step over the ``W`` batches of global step ``step``; returns the loss."""
+        w = self.world_size
+        total = None
+        for r in range(w):
+            batch = self.spec.make_batch(step * w + r, self.device)
+            with self._autocast():
+                loss = self.forward(*batch)
+            total = loss if total is None else total + loss
+        assert total is not None
+        loss = total / w
+        loss.backward()
+        self.dense_opt.step()
+        self.sparse_steps += 1
+        with torch.no_grad():
+            for name, module in self.tables.items():
+                got = coalesced_rows(module.weight.grad)
+                if got is not None and got[0].numel():
+                    rows, g = got
+                    self.row_state[name].apply(
+                        module.weight.data, rows, g, self.emb_cfg, self.sparse_steps,
+                        module.weight.shape[1],
+                    )
+                module.weight.grad = None
+        self.dense_opt.zero_grad(set_to_none=True)
+        return float(loss.detach().float())
+
+
+def reference_losses(
+    spec: ModelSpec,
+    *,
+    steps: int,
+    world_size: int,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+    dense_cfg: DenseOptimConfig | None = None,
+    emb_cfg: EmbeddingOptimConfig | None = None,
+    table_modules: list[str] | None = None,
+    autocast_dtype: torch.dtype | None = None,
+) -> list[float]:
+    """Loss of each of ``steps`` steps (``spec`` built on meta, e.g. by ``load_model``)."""
+    trainer = ReferenceTrainer(
+        spec,
+        world_size=world_size,
+        seed=seed,
+        device=torch.device(device),
+        dense_cfg=dense_cfg or DenseOptimConfig(),
+        emb_cfg=emb_cfg or EmbeddingOptimConfig(),
+        table_modules=table_modules,
+        autocast_dtype=autocast_dtype,
+    )
+    return [trainer.step(s) for s in range(steps)]

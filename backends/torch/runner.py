@@ -1,0 +1,499 @@
+"""Execute a plan: the training loop and the setup that puts each piece in place.
+
+Order of setup (each step is one module of this package):
+
+1. the plan (validated) and the world: ``WORLD_SIZE`` must equal the plan's mesh;
+2. the process group (gloo on CPU, NCCL on GPU), when there is more than one rank;
+3. the model on meta, its fingerprint checked against the plan (:mod:`.materialize`);
+4. tables replaced by sharded modules (:mod:`.embedding`), everything materialized and
+   initialized deterministically (:mod:`.init`);
+5. precision sites and generated kernels (:mod:`.precision`, :mod:`.kernels`);
+6. dense regions wrapped per strategy (:mod:`.dense`);
+7. optimizers (:mod:`.optimizers`, :mod:`.sparse_optim`), then ``--resume``
+   (:mod:`.checkpoint`, :mod:`.state`).
+
+Data: rank ``r`` of ``W`` trains step ``s`` on ``make_batch(s * W + r)``; the logged loss is
+the mean of the ranks' losses, the quantity :mod:`.reference` computes in one process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from gemc.backends.torch import checkpoint as ckpt
+from gemc.backends.torch import kernels as kernel_registry
+from gemc.backends.torch import precision as precision_mod
+from gemc.backends.torch.dense import apply_strategies, check_strategies
+from gemc.backends.torch.embedding import shard_tables
+from gemc.backends.torch.init import derive_seed
+from gemc.backends.torch.materialize import (
+    check_fingerprint,
+    load_plan_model,
+    materialize_,
+    table_module_names,
+)
+from gemc.backends.torch.metrics import (
+    Metrics,
+    Progress,
+    StepRecord,
+    memory_stats,
+    peak_flops,
+    sync,
+)
+from gemc.backends.torch.optimizers import make_dense_optimizer, resolve_optimizers
+from gemc.backends.torch.sparse_optim import EmbeddingOptimizer
+from gemc.backends.torch.state import restore_after_load, training_state
+
+from gemc.errors import GemcUserError, PlanError
+from gemc.plan import load_plan, validate_plan
+
+EXIT_AFTER_STEP_ENV = "GEMC_RUN_EXIT_AFTER_STEP"
+"""Test hook: ``os._exit`` right after this completed-step count (a killed run)."""
+
+
+@dataclass
+class RunOptions:
+    """Everything ``gemc run`` can be told; the defaults are the CLI's."""
+
+    steps: int = 20
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0  # 0: only at the end (when a directory is given)
+    keep_checkpoints: int = 2
+    resume: bool = False
+    device: str | None = None  # "cpu" | "cuda" | None (cuda when available)
+    report: str | None = None
+    seed: int = 0
+    lr: float | None = None
+    embedding_optimizer: str | None = None
+    embedding_lr: float | None = None
+    precision: str | None = None  # adds a whole-model autocast site: bf16 | fp16 | fp32
+    kernel_modules: list[str] = field(default_factory=list)
+    progress: bool = True
+    warmup_steps: int = 2
+
+
+@dataclass
+class RunResult:
+    """What a finished run hands back (the report is also written on rank 0)."""
+
+    losses: list[tuple[int, float]]
+    report: dict[str, Any]
+    report_path: Path | None
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world: int
+
+    @classmethod
+    def from_env(cls) -> World:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        rank = int(os.environ.get("RANK", "0"))
+        local_rank = int(os.environ.get("LOCAL_RANK", str(rank)))
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+        return cls(rank, world, local_rank, local_world)
+
+
+def check_world(plan: dict[str, Any], world: World, source: str = "plan") -> None:
+    """The process count must be the plan's mesh; say how to launch it otherwise."""
+    want = plan["mesh"]["world_size"]
+    if world.world_size != want:
+        shape = "x".join(str(s) for s in plan["mesh"]["shape"])
+        mesh_shape = plan["mesh"]["shape"]
+        hosts, per_host = (mesh_shape[0], mesh_shape[-1]) if len(mesh_shape) > 1 else (1, want)
+        raise PlanError(
+            f"world size mismatch: the plan was compiled for {want} ranks (mesh {shape}) "
+            f"but this run has {world.world_size} process(es)",
+            where=f"{source}: mesh.world_size vs WORLD_SIZE={world.world_size}",
+            fix=(
+                f"launch {want} processes (torchrun --nnodes={hosts} "
+                f"--nproc_per_node={per_host} -m gemc.run PLAN), or compile a plan for "
+                f"{world.world_size} GPUs (gemc compile ... --topology "
+                f"{plan['topology'].get('gpu', 'h200')}:1x{world.world_size})"
+            ),
+        )
+
+
+def _device(requested: str | None, world: World) -> torch.device:
+    kind = requested or ("cuda" if torch.cuda.is_available() else "cpu")
+    if kind not in ("cpu", "cuda"):
+        raise GemcUserError(
+            f"--device {kind!r} is not supported", where="--device", fix="use cpu or cuda"
+        )
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise GemcUserError(
+                "--device cuda but CUDA is not available on this host",
+                where="--device",
+                fix="use --device cpu, or run on a GPU host",
+            )
+        torch.cuda.set_device(world.local_rank)
+        return torch.device("cuda", world.local_rank)
+    return torch.device("cpu")
+
+
+def _column_groups(
+    tables: list[dict[str, Any]], rank: int, world_size: int
+) -> dict[str, dist.ProcessGroup | None]:
+    """Process groups of ranks holding the columns of the same rows (see sparse_optim).
+
+    ``new_group`` is collective over all ranks, so every rank walks every table in plan
+    order and creates the same groups, keeping those it belongs to.
+    """
+    out: dict[str, dist.ProcessGroup | None] = {}
+    if world_size == 1:
+        return out
+    cache: dict[tuple[int, ...], Any] = {}
+    for table in tables:
+        if table["sharding"] == "data_parallel":
+            continue
+        blocks: dict[tuple[int, int], list[int]] = {}
+        for s in table["shards"]:
+            blocks.setdefault((s["row_offset"], s["rows"]), []).append(s["rank"])
+        for ranks in blocks.values():
+            key = tuple(sorted(ranks))
+            if len(key) < 2:
+                continue
+            if key not in cache:
+                cache[key] = dist.new_group(list(key))
+            if rank in key:
+                out[table["fqn"]] = cache[key]
+    return out
+
+
+def _batch_size(spec: Any, batch: tuple[torch.Tensor, ...]) -> int:
+    size = spec.info.get("batch_size") if isinstance(spec.info, dict) else None
+    if isinstance(size, int) and size > 0:
+        return size
+    return int(batch[0].shape[0]) if batch and batch[0].dim() > 0 else 1
+
+
+def run(plan_or_path: str | Path | dict[str, Any], options: RunOptions | None = None) -> RunResult:
+    """Train the plan's model for ``options.steps`` steps on this process's rank."""
+    opts = options or RunOptions()
+    if isinstance(plan_or_path, dict):
+        plan, plan_path = plan_or_path, None
+        validate_plan(plan, source="plan")
+    else:
+        plan_path = Path(plan_or_path)
+        plan = load_plan(plan_path)
+    plan_dir = plan_path.parent if plan_path is not None else None
+    world = World.from_env()
+    check_world(plan, world, str(plan_path or "plan"))
+    check_strategies(plan["regions"])
+    device = _device(opts.device, world)
+    created_pg = False
+    if world.world_size > 1 and not dist.is_initialized():
+        dist.init_process_group(
+            "nccl" if device.type == "cuda" else "gloo",
+            device_id=device if device.type == "cuda" else None,
+        )
+        created_pg = True
+    try:
+        return _run(plan, plan_path, plan_dir, opts, world, device)
+    finally:
+        if created_pg and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _run(
+    plan: dict[str, Any],
+    plan_path: Path | None,
+    plan_dir: Path | None,
+    opts: RunOptions,
+    world: World,
+    device: torch.device,
+) -> RunResult:
+    rank, wsize = world.rank, world.world_size
+    t_setup = time.perf_counter()
+    spec = load_plan_model(plan, plan_dir)
+    check_fingerprint(plan, spec, rank=rank, world_size=wsize)
+    model = spec.model
+    tables = shard_tables(model, plan["tables"], rank=rank, world_size=wsize, seed=opts.seed)
+    materialize_(model, device, opts.seed, table_module_names(plan))
+    model.train()
+
+    prec_entries = list(plan["precision"])
+    if opts.precision:
+        prec_entries.append({"target": "*", "dtype": opts.precision, "source": "--precision"})
+    prec = precision_mod.resolve(prec_entries, model)
+    precision_mod.install(model, prec, device.type)
+    kernel_registry.import_modules(opts.kernel_modules)
+    applied_kernels = kernel_registry.apply(
+        model,
+        plan["kernels"],
+        kernel_registry.KernelContext(
+            device=device.type,
+            rank=rank,
+            world_size=wsize,
+            plan_dir=plan_dir or Path("."),
+            plan=plan,
+        ),
+    )
+
+    table_params = {m.weight for m in tables.values() if m.weight is not None}
+    mesh_1d = mesh_2d = ddp_group = None
+    strategies = {r["strategy"] for r in plan["regions"]}
+    if wsize > 1:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        if "fsdp" in strategies:
+            mesh_1d = init_device_mesh(device.type, (wsize,), mesh_dim_names=("dp",))
+        if "hsdp" in strategies:
+            mesh_2d = init_device_mesh(
+                device.type,
+                tuple(plan["mesh"]["shape"]),
+                mesh_dim_names=tuple(plan["mesh"].get("dim_names") or ("replicate", "shard")),
+            )
+        ddp_group = dist.new_group(list(range(wsize)))
+    column_groups = _column_groups(plan["tables"], rank, wsize)
+    layout = apply_strategies(
+        model,
+        plan["regions"],
+        world_size=wsize,
+        table_params=table_params,
+        mesh_1d=mesh_1d,
+        mesh_2d=mesh_2d,
+        ddp_group=ddp_group,
+    )
+
+    dense_cfg, emb_cfg = resolve_optimizers(
+        plan.get("optimizer"),
+        lr=opts.lr,
+        embedding_optimizer=opts.embedding_optimizer,
+        embedding_lr=opts.embedding_lr,
+    )
+    dense_params = [
+        p for p in model.parameters() if p.requires_grad and not _is_table_param(p, table_params)
+    ]
+    dense_opt = make_dense_optimizer(dense_params, dense_cfg, device)
+    emb_opt = EmbeddingOptimizer(
+        tables, emb_cfg, world_size=wsize, column_groups=column_groups
+    )
+
+    start = 0
+    resumed_from = None
+    if opts.resume:
+        if not opts.checkpoint_dir:
+            raise GemcUserError(
+                "--resume needs --checkpoint-dir", where="--resume", fix="add --checkpoint-dir D"
+            )
+        found = ckpt.find_latest(opts.checkpoint_dir)
+        if found is not None:
+            _, path = found
+            state = training_state(
+                model, dense_opt, tables, emb_opt, step=0, rank=rank, device=device,
+                local_world=world.local_world,
+            )
+            ckpt.load(path, state)
+            start = restore_after_load(state, model, dense_opt, emb_opt)
+            resumed_from = str(path)
+    setup_s = time.perf_counter() - t_setup
+
+    metrics = Metrics()
+    progress = Progress(opts.steps, start, enabled=opts.progress and rank == 0)
+    exit_after = os.environ.get(EXIT_AFTER_STEP_ENV)
+    saved: list[str] = []
+    local_batch = None
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    for step in range(start, opts.steps):
+        t0 = time.perf_counter()
+        # RNG (dropout, ...) is a function of (seed, rank, step): a resumed run draws the
+        # same numbers as an uninterrupted one without storing generator state.
+        torch.manual_seed(derive_seed(opts.seed, "rng", rank, step))
+        batch = spec.make_batch(step * wsize + rank, device)
+        if local_batch is None:
+            local_batch = _batch_size(spec, batch)
+        sync(device)
+        t1 = time.perf_counter()
+        with prec.autocast(device.type):
+            loss = model(*batch)
+        loss.backward()
+        if layout.averager is not None:
+            layout.averager.finish()
+        dense_opt.step()
+        emb_opt.step()
+        dense_opt.zero_grad(set_to_none=True)
+        emb_opt.zero_grad()
+        mean_loss = loss.detach().float().clone()
+        if wsize > 1:
+            dist.all_reduce(mean_loss)
+            mean_loss /= wsize
+        loss_value = float(mean_loss.item())
+        sync(device)
+        t2 = time.perf_counter()
+        rec = StepRecord(step=step + 1, loss=loss_value, ms=(t2 - t1) * 1e3, data_ms=(t1 - t0) * 1e3)
+        metrics.records.append(rec)
+        sps = local_batch * wsize / ((t2 - t1) or 1e-9)
+        progress.update(rec, sps)
+        done = step + 1
+        if opts.checkpoint_dir and opts.checkpoint_every > 0 and done % opts.checkpoint_every == 0:
+            saved.append(_save(opts, model, dense_opt, tables, emb_opt, done, world, device))
+        if exit_after is not None and int(exit_after) == done:
+            progress.close()
+            os._exit(17)  # test hook: a run killed right after this step
+    progress.close()
+    final_step = max(start, opts.steps)
+    if opts.checkpoint_dir and (not saved or not saved[-1].endswith(ckpt.step_dir_name(final_step))):
+        if final_step > start:
+            saved.append(_save(opts, model, dense_opt, tables, emb_opt, final_step, world, device))
+
+    report = _report(
+        plan, plan_path, opts, world, device, metrics, prec, layout, tables, applied_kernels,
+        local_batch, start, setup_s, saved, resumed_from, emb_cfg, dense_cfg,
+    )
+    report_path = None
+    if rank == 0:
+        report_path = Path(opts.report) if opts.report else (
+            plan_path.with_name(plan_path.name.removesuffix(".json") + ".run.json")
+            if plan_path is not None
+            else None
+        )
+        if report_path is not None:
+            report_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = report_path.with_name(report_path.name + ".tmp")
+            tmp.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+            os.replace(tmp, report_path)
+    losses = [(r.step, r.loss) for r in metrics.records]
+    return RunResult(losses=losses, report=report, report_path=report_path)
+
+
+def _is_table_param(p: torch.Tensor, table_params: set[torch.Tensor]) -> bool:
+    return any(p is t for t in table_params)
+
+
+def _save(opts, model, dense_opt, tables, emb_opt, done, world, device) -> str:  # noqa: ANN001
+    state = training_state(
+        model, dense_opt, tables, emb_opt, step=done, rank=world.rank, device=device,
+        local_world=world.local_world,
+    )
+    path = ckpt.save(
+        opts.checkpoint_dir, done, state, rank=world.rank, keep=opts.keep_checkpoints
+    )
+    return str(path)
+
+
+def _report(
+    plan, plan_path, opts, world, device, metrics, prec, layout, tables, applied_kernels,  # noqa: ANN001
+    local_batch, start, setup_s, saved, resumed_from, emb_cfg, dense_cfg,  # noqa: ANN001
+) -> dict[str, Any]:
+    """The run report: measured next to predicted, per rank (gathered to every rank)."""
+    wsize = world.world_size
+    timing = metrics.timing(opts.warmup_steps)
+    mine = {
+        "rank": world.rank,
+        "host": os.uname().nodename,
+        "step_ms": timing,
+        "memory": memory_stats(device),
+        "tables_held": {
+            fqn: (
+                None
+                if m.local is None
+                else {
+                    "row_offset": m.local.row_offset,
+                    "rows": m.local.rows,
+                    "col_offset": m.local.col_offset,
+                    "cols": m.local.cols,
+                }
+            )
+            for fqn, m in tables.items()
+        },
+    }
+    per_rank = [mine]
+    if wsize > 1:
+        gathered: list[Any] = [None] * wsize
+        dist.all_gather_object(gathered, mine)
+        per_rank = gathered
+    step_ms = max((r["step_ms"]["median"] or 0.0) for r in per_rank) or None
+    flops = plan["model"].get("train_flops_per_step")
+    peak = peak_flops(plan["topology"].get("gpu"), prec.compute_dtype, device)
+    mfu = None
+    if peak.get("flops") and flops and step_ms:
+        mfu = flops / (step_ms / 1e3 * peak["flops"])
+    global_batch = (local_batch or 0) * wsize
+    predicted = plan.get("predicted") or {}
+    pred_step = predicted.get("step_ms")
+    comparison: dict[str, Any] = {
+        "step_ms": {
+            "measured": step_ms,
+            "predicted": pred_step,
+            "ratio_measured_over_predicted": (step_ms / pred_step) if (pred_step and step_ms) else None,
+        },
+        "memory_per_rank": [
+            {
+                "rank": r["rank"],
+                "measured_bytes": r["memory"]["peak_bytes"],
+                "measured_kind": r["memory"]["kind"],
+                "predicted_bytes": _predicted_memory(predicted, r["rank"]),
+            }
+            for r in per_rank
+        ],
+    }
+    if pred_step is None:
+        comparison["note"] = (
+            "the plan holds no prediction (predicted.step_ms is null): measured values only"
+        )
+    return {
+        "plan": str(plan_path) if plan_path else None,
+        "model": {k: plan["model"].get(k) for k in ("entrypoint", "args", "fingerprint")},
+        "world_size": wsize,
+        "mesh": plan["mesh"],
+        "device": str(device.type),
+        "backend": dist.get_backend() if dist.is_initialized() else None,
+        "seed": opts.seed,
+        "steps": {"requested": opts.steps, "start": start, "run": len(metrics.records)},
+        "resumed_from": resumed_from,
+        "checkpoints": saved,
+        "setup_s": setup_s,
+        "losses": [{"step": r.step, "loss": r.loss} for r in metrics.records],
+        "step_ms": step_ms,
+        "step_ms_definition": "median over steps after warmup of the slowest rank, "
+        "forward+backward+optimizer+loss all-reduce (batch creation excluded)",
+        "warmup_steps": opts.warmup_steps,
+        "local_batch": local_batch,
+        "global_batch": global_batch,
+        "samples_per_s": (global_batch / (step_ms / 1e3)) if step_ms else None,
+        "mfu": {
+            "value": mfu,
+            "flops_per_rank_step": flops,
+            "peak": peak,
+            "definition": "train_flops_per_step / (step_seconds * peak_flops_per_gpu)",
+        },
+        "precision": {
+            "autocast": str(prec.global_dtype).removeprefix("torch.") if prec.global_dtype else None,
+            "per_module": {k: str(v).removeprefix("torch.") for k, v in prec.per_module.items()},
+        },
+        "kernels_applied": applied_kernels,
+        "dense": layout.summary(),
+        "optimizers": {
+            "dense": {"kind": "adamw", **dense_cfg.__dict__},
+            "embedding": dict(emb_cfg.__dict__),
+        },
+        "per_rank": per_rank,
+        "vs_predicted": comparison,
+    }
+
+
+def _predicted_memory(predicted: dict[str, Any], rank: int) -> int | None:
+    per_rank = predicted.get("per_rank")
+    if not isinstance(per_rank, list):
+        return None
+    for entry in per_rank:
+        if isinstance(entry, dict) and entry.get("rank") == rank:
+            for key in ("memory_bytes", "peak_memory_bytes", "mem_bytes"):
+                if isinstance(entry.get(key), (int, float)):
+                    return int(entry[key])
+            if isinstance(entry.get("memory_gb"), (int, float)):
+                return int(entry["memory_gb"] * 1e9)
+    return None
