@@ -172,7 +172,7 @@ _COPY_LIKE = {
     "scalar_tensor",
     "lerp",
     "embedding_renorm_",
-    "_local_scalar_dense",
+    "_local_scalar_dense", "triu_indices", "tril_indices",
 }
 
 

@@ -43,10 +43,29 @@ def test_missing_fields_are_named(plan):
             validate_plan(broken)
 
 
-def test_plan_says_default_planner_and_null_predictions(plan):
+def test_plan_says_its_planner_and_predictions_come_from_the_cost_model(plan):
     assert plan["planner"] == "default"
-    assert plan["predicted"]["step_ms"] is None and plan["predicted"]["mfu"] is None
+    pred = plan["predicted"]
+    assert pred["step_ms"] > 0 and 0 < pred["mfu"] < 1
+    assert pred["cost_model"] == "calibrated" and pred["calibration"] == "h200.json"
+    assert [r["rank"] for r in pred["per_rank"]] == list(range(8))
     json.dumps(plan)  # serialisable as is
+
+
+def test_without_calibration_the_plan_says_roofline():
+    from gemc.api import compile
+    from tests.conftest import TOY
+
+    pred = compile(f"{TOY}:build", topology="h200:1x2", calibration=None)["predicted"]
+    assert pred["cost_model"] == "roofline" and "roofline" in pred["note"]
+
+
+def test_without_the_cost_model_predictions_are_null_not_invented():
+    from gemc.api import compile
+    from tests.conftest import TOY
+
+    plan = compile(f"{TOY}:build", topology="h200:1x2", disabled_passes=["predict-time"])
+    assert plan["predicted"]["step_ms"] is None and plan["predicted"]["mfu"] is None
 
 
 @given(

@@ -65,7 +65,7 @@ __all__ = ["jagged_attention", "jagged_attention_reference", "JaggedAttentionFun
 AttentionKind = Literal["softmax", "silu"]
 SiluNormalizer = Literal["max_len", "seq_len"]
 
-_NEG = -1.0e30  # finite "minus infinity": a fully masked row never computes inf - inf
+_NEG = tl.constexpr(-1.0e30)  # finite "minus infinity": a fully masked row never computes inf - inf
 
 
 def _cfg(block_m: int, block_n: int, warps: int, stages: int) -> triton.Config:
