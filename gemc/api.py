@@ -78,8 +78,8 @@ def compile(  # noqa: A001 - the public name users expect
     ``calibration``: "auto" (the file gemc ships for the topology's GPU, if any), a path
     to a file written by ``gemc calibrate``, or None (roofline only).
     """
-    from gemc.costing import predicted_block
     from gemc.cost_model.topology import parse_topology
+    from gemc.costing import predicted_block
 
     args = dict(args or {})
     topo = parse_topology(topology)
