@@ -82,6 +82,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="auto (shipped file for the GPU), none (roofline), or a gemc calibrate file")
     c.add_argument("--quiet", action="store_true", help="no progress display")
 
+    cal = sub.add_parser("calibrate", help="measure this GPU and write a calibration file")
+    cal.add_argument("--out", required=True, help="calibration file to write (JSON)")
+    cal.add_argument("--quick", action="store_true", help="fewer sizes (under a minute)")
+
     e = sub.add_parser("explain", help="print a plan as tables")
     e.add_argument("plan")
     v = sub.add_parser("validate", help="check a plan file")
@@ -139,7 +143,14 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-COMMANDS = {"compile": _cmd_compile, "explain": _cmd_explain, "validate": _cmd_validate}
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from gemc.cost_model.calibrate import run_calibration
+
+    run_calibration(args.out, quick=args.quick)
+    return EXIT_OK
+
+
+COMMANDS = {"compile": _cmd_compile, "calibrate": _cmd_calibrate, "explain": _cmd_explain, "validate": _cmd_validate}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

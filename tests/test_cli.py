@@ -207,3 +207,9 @@ def test_a_user_error_in_a_fresh_process_is_one_message_and_exit_2(tmp_path):
     )
     assert rc == 2 and "gemc: error: torch.export could not capture" in text
     assert "Traceback" not in text and "fix:" in text
+
+
+def test_calibrate_without_a_gpu_says_so(tmp_path, capsys):
+    rc, text = run_main(capsys, "calibrate", "--out", str(tmp_path / "c.json"))
+    assert rc == 2 and "needs a CUDA GPU" in text
+    assert not (tmp_path / "c.json").exists()
