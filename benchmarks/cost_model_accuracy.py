@@ -13,6 +13,9 @@ TF32 off (PyTorch's default).
 
     python benchmarks/cost_model_accuracy.py --out out/accuracy.json          # on the H200
     python benchmarks/cost_model_accuracy.py --smoke --out /tmp/acc.json      # CPU check
+    python benchmarks/cost_model_accuracy.py --measured-from \
+        benchmarks/results/cost_model_accuracy_h200.json --gpu h200 \
+        --calibration cost_model/data/h200.json --out /tmp/rescored.json     # no GPU needed
 
 ``--smoke`` uses the tiny presets, two batch sizes, and times eager steps on the CPU only
 to exercise the code (CPU times are not comparable with a GPU prediction).
@@ -28,6 +31,8 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -70,25 +75,51 @@ def predict(entrypoint: str, args: dict[str, Any], dtype: torch.dtype, gpu_name:
     return out
 
 
+class EagerStep:
+    """The measured step: the real model on ``device`` with torch's default foreach AdamW,
+    a few pre-built batches, and ``run(i)`` = zero_grad (set to None), forward, backward,
+    optimizer step. ``mark(phase)`` (a context-manager factory, e.g.
+    ``torch.profiler.record_function``) wraps each phase when given: "zero_grad",
+    "forward", "backward", "optimizer"."""
+
+    def __init__(self, entrypoint: str, args: dict[str, Any], dtype: torch.dtype, device: str,
+                 *, n_batches: int = 4) -> None:
+        from gemc.api import load_model
+
+        spec = load_model(entrypoint, args, device=device)
+        self.model = spec.model.to(device=device, dtype=dtype).train()
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4, foreach=True)
+        self.batches = [_cast(spec.make_batch(i, device), dtype) for i in range(n_batches)]
+        self.device = device
+
+    def run(self, i: int, mark: Callable[[str], AbstractContextManager[Any]] | None = None
+            ) -> None:
+        m = mark or (lambda _phase: nullcontext())
+        with m("zero_grad"):
+            self.opt.zero_grad(set_to_none=True)
+        with m("forward"):
+            loss = self.model(*self.batches[i % len(self.batches)])
+        with m("backward"):
+            loss.backward()
+        with m("optimizer"):
+            self.opt.step()
+
+    def close(self) -> None:
+        """Drop the model, optimizer state and batches (and the CUDA cache)."""
+        self.model = self.opt = None  # type: ignore[assignment]
+        self.batches = []
+        gc.collect()
+        if self.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+
+
 def measure(entrypoint: str, args: dict[str, Any], dtype: torch.dtype, device: str, *,
             steps: int, warmup: int) -> dict[str, Any]:
     """Eager fwd + bwd + AdamW step on a real device: median step time and peak memory."""
-    from gemc.api import load_model
-
-    spec = load_model(entrypoint, args, device=device)
-    model = spec.model.to(device=device, dtype=dtype).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
-    batches = [_cast(spec.make_batch(i, device), dtype) for i in range(min(4, steps))]
+    eager = EagerStep(entrypoint, args, dtype, device, n_batches=min(4, steps))
     cuda = device.startswith("cuda")
-
-    def step(i: int) -> None:
-        opt.zero_grad(set_to_none=True)
-        loss = model(*batches[i % len(batches)])
-        loss.backward()
-        opt.step()
-
     for i in range(warmup):
-        step(i)
+        eager.run(i)
     times = []
     if cuda:
         torch.cuda.synchronize()
@@ -97,7 +128,7 @@ def measure(entrypoint: str, args: dict[str, Any], dtype: torch.dtype, device: s
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
             start.record()
-            step(i)
+            eager.run(i)
             end.record()
             torch.cuda.synchronize()
             times.append(start.elapsed_time(end) * 1e-3)
@@ -105,9 +136,10 @@ def measure(entrypoint: str, args: dict[str, Any], dtype: torch.dtype, device: s
     else:
         for i in range(steps):
             t0 = time.perf_counter()
-            step(i)
+            eager.run(i)
             times.append(time.perf_counter() - t0)
         peak = 0
+    eager.close()
     result = {"step_ms": 1e3 * statistics.median(times), "min_ms": 1e3 * min(times),
               "max_ms": 1e3 * max(times), "steps": steps, "device": device,
               "max_memory_allocated_gb": peak / 1e9}
@@ -139,6 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calibration", default="auto",
                         help="calibration file, 'auto' (the one shipped for the GPU) or 'none'")
     parser.add_argument("--no-measure", action="store_true", help="predict only")
+    parser.add_argument("--measured-from", default=None, metavar="JSON",
+                        help="score new predictions against the measurements of an earlier "
+                        "report (e.g. benchmarks/results/cost_model_accuracy_h200.json): "
+                        "re-checks a cost-model change without a GPU")
     parser.add_argument("--check", action="store_true",
                         help="exit 1 unless MAPE <= 10%% and every config within 20%%")
     args = parser.parse_args(argv)
@@ -162,6 +198,11 @@ def main(argv: list[str] | None = None) -> int:
     preset = args.preset or ("tiny" if args.smoke else "h200")
     steps = args.steps or (3 if args.smoke else 10)
     measure_on = not args.no_measure
+    earlier: dict[str, dict[str, Any]] = {}
+    if args.measured_from:
+        prior = json.loads(Path(args.measured_from).read_text())
+        earlier = {r["config"]: r["measured"] for r in prior["configs"] if r.get("measured")}
+        measure_on = False
     if device == "cpu" and not args.smoke and measure_on:
         print("no CUDA GPU: predicting only (use --smoke for a CPU timing run)", file=sys.stderr)
         measure_on = False
@@ -187,14 +228,14 @@ def main(argv: list[str] | None = None) -> int:
                     if measure_on:
                         row["measured"] = measure(entrypoint, cfg, DTYPES[dname], device,
                                                   steps=steps, warmup=args.warmup)
-                        gc.collect()  # the model and optimizer of measure() are gone
-                        if device.startswith("cuda"):
-                            torch.cuda.empty_cache()
                 except Exception as exc:  # keep going: one broken config is one row
                     row["error"] = f"{type(exc).__name__}: {exc}"
                     if device.startswith("cuda"):
                         torch.cuda.empty_cache()
-                _score(row, comparable=device.startswith("cuda"))
+                if row["config"] in earlier and "predicted" in row:
+                    row["measured"] = earlier[row["config"]]
+                _score(row, comparable=str(row.get("measured", {}).get("device", device))
+                       .startswith("cuda"))
                 rows.append(row)
                 _print_row(row)
 

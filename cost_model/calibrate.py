@@ -5,10 +5,13 @@ the median of several repeats (so launch gaps are included the way a busy stream
 them): GEMM sweeps in BF16, FP32, TF32 and FP8 (``torch._scaled_mm`` with row-wise scales,
 where the GPU and torch support it), device copy and pointwise bandwidth by size,
 LayerNorm forward/backward, EmbeddingBag forward/backward (eager, dense gradient) over
-rows x dim x bag size, SDPA attention forward/backward over lengths, foreach AdamW, eager
-dispatch overheads, and NCCL collectives when more than one GPU is visible. A section that
-fails is skipped with a note; the file is written atomically (tmp + rename). The format is
-documented in calibration.py. Budget: ~2-4 minutes on an H200 (``--quick``: under 1).
+rows x dim x bag size, SDPA attention forward/backward over lengths, foreach AdamW (fp32
+and bf16 states), eager dispatch overheads, the eager step's components at the example
+models' shapes (EmbeddingBag with hot-head ids, key-padding-masked SDPA, bf16 pointwise and
+LayerNorm), and NCCL collectives when more than one GPU is visible. A section that fails is
+skipped with a note; the file is written atomically (tmp + rename) with each section's
+seconds in ``section_s``. The format is documented in calibration.py. Budget: about a
+minute on one H200 (``--quick``: well under).
 
     python -m gemc.cost_model.calibrate --out h200.json [--quick]
 """
@@ -95,8 +98,15 @@ def measure_launch(quick: bool) -> dict[str, float]:
     iters = 500 if quick else 3000
     out["eager_op_s"] = _wall(lambda: torch.add(x, 1), iters)
     out["eager_view_op_s"] = _wall(lambda: x.view(4, 4), iters)
+    out["eager_bwd_op_s"] = _eager_bwd_op_s()
+    return out
+
+
+def _eager_bwd_op_s(depth: int = 200, reps: int = 20) -> float:
+    """CPU time of one autograd node in backward (with its kernel launch): a chain of
+    ``depth`` muls, forward graphs built (and warm) before the backward alone is timed.
+    (Timing forward+backward minus forward over a few cold iterations came out <= 0.)"""
     w = torch.ones(16, device="cuda", requires_grad=True)
-    depth = 100
 
     def chain() -> torch.Tensor:
         y = w
@@ -104,10 +114,19 @@ def measure_launch(quick: bool) -> dict[str, float]:
             y = y * 1.0001
         return y.sum()
 
-    fwd = _wall(chain, 20)
-    both = _wall(lambda: chain().backward(), 20)
-    out["eager_bwd_op_s"] = max((both - fwd) / depth, 1e-7)
-    return out
+    for _ in range(3):  # warm the autograd engine, the allocator and the kernels
+        chain().backward()
+    samples = []
+    for _ in range(3):
+        losses = [chain() for _ in range(reps)]
+        _sync()
+        t0 = time.perf_counter()
+        for loss in losses:
+            loss.backward()
+        _sync()
+        samples.append((time.perf_counter() - t0) / (reps * (depth + 2)))
+        del losses
+    return max(statistics.median(samples), 1e-7)
 
 
 def _gemm_shapes(quick: bool) -> list[tuple[int, int, int]]:
@@ -205,7 +224,7 @@ def measure_embedding(quick: bool) -> list[dict[str, Any]]:
     for dname, dtype in dtypes:
         for rows in rows_list:
             for dim in dims:
-                emb = torch.nn.EmbeddingBag(rows, dim, mode="sum").to("cuda", dtype)
+                emb = torch.nn.EmbeddingBag(rows, dim, mode="sum", device="cuda", dtype=dtype)
                 for bag in bag_sizes:
                     ids = torch.randint(0, rows, (bags * bag,), device="cuda")
                     offsets = torch.arange(0, bags * bag, bag, device="cuda")
@@ -247,21 +266,144 @@ def measure_attention(quick: bool) -> list[dict[str, Any]]:
     return recs
 
 
+# parameter bytes; up to the example presets' ~1.3e9 parameters (2.6 GB bf16, 5.2 GB fp32)
+_OPTIMIZER_SIZES = tuple(1 << e for e in (18, 20, 22, 24, 26, 28, 30, 31, 32))
+_OPTIMIZER_SIZES_QUICK = tuple(1 << e for e in (20, 26, 30, 32))
+
+
 def measure_optimizer(quick: bool) -> dict[str, list[list[float]]]:
-    rows = []
-    for total in ((1 << 20, 1 << 26, 1 << 30) if quick else
-                  (1 << 18, 1 << 20, 1 << 22, 1 << 24, 1 << 26, 1 << 28, 1 << 30)):
-        numel = total // 4
-        n_tensors = 16 if numel >= 16 * 1024 else 1
-        params = [torch.nn.Parameter(torch.zeros(numel // n_tensors, device="cuda"))
-                  for _ in range(n_tensors)]
-        for p in params:
-            p.grad = torch.ones_like(p)
-        opt = torch.optim.AdamW(params, lr=1e-3, foreach=True)
-        rows.append([total, time_cuda(opt.step, warmup=2, min_time=0.01)])
-        del opt, params
+    """torch's foreach AdamW (the eager default) over 16 equal tensors, by parameter bytes,
+    with params, grads and both states in fp32 ("adamw_foreach") and in bf16
+    ("adamw_foreach_bf16": a model cast with .to(bfloat16) keeps bf16 states)."""
+    out: dict[str, list[list[float]]] = {}
+    sizes = _OPTIMIZER_SIZES_QUICK if quick else _OPTIMIZER_SIZES
+    for key, dtype in (("adamw_foreach", torch.float32), ("adamw_foreach_bf16", torch.bfloat16)):
+        elt = torch.empty((), dtype=dtype).element_size()
+        rows = []
+        for total in sizes:
+            numel = total // elt
+            n_tensors = 16 if numel >= 16 * 1024 else 1
+            params = [torch.nn.Parameter(torch.zeros(numel // n_tensors, device="cuda",
+                                                     dtype=dtype)) for _ in range(n_tensors)]
+            for p in params:
+                p.grad = torch.ones_like(p)
+            opt = torch.optim.AdamW(params, lr=1e-3, foreach=True)
+            rows.append([total, time_cuda(opt.step, warmup=2, min_time=0.01)])
+            del opt, params
+            torch.cuda.empty_cache()
+        out[key] = rows
+    return out
+
+
+# ---- the eager step's components at the example models' shapes ------------------------
+# Shapes of the h200 presets (examples/dlrm, examples/gem) written out here, since the cost
+# model imports nothing from examples/: DLRM tables of <= 1.5M rows x 128, bags of 16384..
+# 65536 with pooling 1..100; GEM tables 1e5..4e6 rows x 64/96/128, B 1024..4096, pooling
+# 1..30; ids drawn like their make_batch (rows * u**3: a hot head). GEM attention: 4 heads
+# of 64 over a key-padding-masked history of 256, self (q 256) and cross (q 32).
+def _skewed_ids(rows: int, n: int) -> torch.Tensor:
+    u = torch.rand(n, device="cuda")
+    return (u.pow_(3).mul_(rows)).long().clamp_(max=rows - 1)
+
+
+def measure_embedding_skewed(quick: bool) -> list[dict[str, Any]]:
+    """EmbeddingBag (sum, include_last_offset, dense gradient) at the presets' shapes with
+    skewed ids, fp32 and bf16: forward, and backward to the weight (zero-filled dense
+    gradient + sort + segment sums: what eager runs). Same fields as embedding_bag plus
+    ids='skewed'."""
+    recs = []
+    shapes = [(1_500_000, 128, 16384, 1), (1_500_000, 128, 16384, 10),
+              (1_500_000, 128, 16384, 100), (1_500_000, 128, 65536, 10),
+              (100_000, 64, 1024, 10), (4_000_000, 128, 1024, 30), (100_000, 96, 4096, 1)]
+    if quick:
+        shapes = shapes[1:3] + shapes[4:5]
+    for dname, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        for rows, dim, bags, bag in shapes:
+            emb = torch.nn.EmbeddingBag(rows, dim, mode="sum", include_last_offset=True,
+                                        device="cuda", dtype=dtype)
+            ids = _skewed_ids(rows, bags * bag)
+            offsets = torch.arange(0, bags * bag + 1, bag, device="cuda")
+            fwd = time_cuda(lambda emb=emb, ids=ids, offsets=offsets: emb(ids, offsets))
+            out = emb(ids, offsets)
+            g = torch.ones_like(out)
+            bwd = time_cuda(lambda out=out, g=g, emb=emb: torch.autograd.grad(
+                out, emb.weight, g, retain_graph=True), min_time=0.005)
+            recs.append({"rows": rows, "dim": dim, "bags": bags, "bag_size": bag,
+                         "dtype": dname, "ids": "skewed", "fwd_s": fwd, "bwd_s": bwd})
+            del emb, out, g, ids
         torch.cuda.empty_cache()
-    return {"adamw_foreach": rows}
+    return recs
+
+
+def measure_attention_masked(quick: bool) -> list[dict[str, Any]]:
+    """SDPA with a boolean key-padding mask [B, 1, 1, L] (GEM's history attention): with a
+    mask bf16 cannot take the flash kernel, so the unmasked curve may not hold."""
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    recs = []
+    shapes = [(1024, 4, 256, 256, 64), (4096, 4, 256, 256, 64), (1024, 4, 32, 256, 64),
+              (4096, 4, 32, 256, 64)]
+    if quick:
+        shapes = shapes[:1]
+    for dname, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+        for batch, heads, q_len, kv_len, head_dim in shapes:
+            q = torch.randn(batch, heads, q_len, head_dim, device="cuda", dtype=dtype,
+                            requires_grad=True)
+            k, v = (torch.randn(batch, heads, kv_len, head_dim, device="cuda", dtype=dtype,
+                                requires_grad=True) for _ in range(2))
+            lengths = torch.randint(1, kv_len + 1, (batch,), device="cuda")
+            mask = (torch.arange(kv_len, device="cuda")[None, :] < lengths[:, None])
+            mask = mask[:, None, None, :]
+            fwd = time_cuda(lambda q=q, k=k, v=v, m=mask: sdpa(q, k, v, attn_mask=m))
+            out = sdpa(q, k, v, attn_mask=mask)
+            g = torch.ones_like(out)
+            bwd = time_cuda(lambda out=out, g=g, q=q, k=k, v=v: torch.autograd.grad(
+                out, (q, k, v), g, retain_graph=True))
+            recs.append({"batch": batch, "heads": heads, "q_len": q_len, "kv_len": kv_len,
+                         "head_dim": head_dim, "causal": False, "masked": True, "dtype": dname,
+                         "fwd_s": fwd, "bwd_s": bwd})
+            del q, k, v, out, g, mask
+    return recs
+
+
+def measure_memory_bf16(quick: bool) -> dict[str, list[list[float]]]:
+    """pointwise (a + b) and LayerNorm fwd/bwd on bf16 tensors: [bytes, seconds] with bytes
+    counted at 2 per element (as op_cost counts a bf16 op)."""
+    pointwise, norm = [], []
+    for nbytes in (1 << e for e in (range(20, 31, 5) if quick else range(18, 32, 2))):
+        numel = max(nbytes // 2, 1)
+        x = torch.empty(numel, device="cuda", dtype=torch.bfloat16)
+        y, z = torch.empty_like(x), torch.empty_like(x)
+        pointwise.append([3 * numel * 2, time_cuda(lambda x=x, y=y, z=z: torch.add(x, y,
+                                                                                  out=z))])
+        del x, y, z
+        rows_n = max(numel // _NORM_HIDDEN, 1)
+        xin = torch.randn(rows_n, _NORM_HIDDEN, device="cuda", dtype=torch.bfloat16,
+                          requires_grad=True)
+        w = torch.ones(_NORM_HIDDEN, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        b = torch.zeros(_NORM_HIDDEN, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        fwd = time_cuda(lambda xin=xin, w=w, b=b: _layer_norm(xin, w, b))
+        out = _layer_norm(xin, w, b)
+        g = torch.ones_like(out)
+        bwd = time_cuda(lambda out=out, g=g, xin=xin, w=w, b=b: torch.autograd.grad(
+            out, (xin, w, b), g, retain_graph=True))
+        norm.append([2 * rows_n * _NORM_HIDDEN * 2, fwd, bwd])
+        del xin, out, g
+    return {"pointwise_bf16": pointwise, "norm_bf16": norm}
+
+
+def measure_eager_components(quick: bool) -> dict[str, Any]:
+    """What an eager bf16/fp32 step runs that the generic sweeps may miss."""
+    out: dict[str, Any] = {}
+    for key, fn in (("embedding_bag_skewed", measure_embedding_skewed),
+                    ("attention_masked", measure_attention_masked),
+                    ("memory_bf16", measure_memory_bf16)):
+        result = fn(quick)
+        if isinstance(result, dict):
+            out.update(result)
+        else:
+            out[key] = result
+        torch.cuda.empty_cache()
+    return out
 
 
 def _collective_worker(rank: int, world: int, port: int, sizes: list[int], queue: Any) -> None:
@@ -360,6 +502,7 @@ def run_calibration(out_path: str, *, quick: bool = False,
         ("embedding_bag", lambda: measure_embedding(quick)),
         ("attention", lambda: measure_attention(quick)),
         ("optimizer", lambda: measure_optimizer(quick)),
+        ("eager_components", lambda: measure_eager_components(quick)),
         ("collectives", lambda: measure_collectives(quick, notes)),
     ]
     t_all = time.perf_counter()
@@ -373,10 +516,11 @@ def run_calibration(out_path: str, *, quick: bool = False,
             continue
         finally:
             torch.cuda.empty_cache()
-        if name == "memory":
+        if name in ("memory", "eager_components"):
             data.update(result)
         else:
             data[name] = result
+        data.setdefault("section_s", {})[name] = round(time.perf_counter() - t0, 1)
         say(f"  {name}: {time.perf_counter() - t0:.1f} s")
     data["notes"] = notes
     data["elapsed_s"] = round(time.perf_counter() - t_all, 1)

@@ -21,7 +21,12 @@ those efficiencies over shapes (interp.py). Format (version 1)::
      "embedding_bag": [{"rows", "dim", "bags", "bag_size", "dtype", "fwd_s", "bwd_s"}],
      "attention": [{"batch", "heads", "q_len", "kv_len", "head_dim", "causal", "dtype",
                     "fwd_s", "bwd_s"}],
-     "optimizer": {"adamw_foreach": [[param_bytes, seconds], ...]},
+     "optimizer": {"adamw_foreach": [[param_bytes, seconds], ...],      # fp32 states
+                   "adamw_foreach_bf16": [[param_bytes, seconds], ...]}, # bf16 states
+     # the eager step's components at the example models' shapes (optional):
+     "embedding_bag_skewed": [{... as embedding_bag, "ids": "skewed"}],
+     "attention_masked": [{... as attention, "masked": true}],   # key-padding bool mask
+     "pointwise_bf16": [[bytes, seconds], ...], "norm_bf16": [[bytes, fwd_s, bwd_s], ...],
      "collectives": {"ranks": 8, "all_reduce": [[bytes, seconds], ...], ...}
                     or {"skipped": "why"},
      "notes": ["..."]}
@@ -128,13 +133,15 @@ def validate_calibration(d: Any, source: str = "calibration") -> None:
             raise _fail(source, f"gemm.{dtype}", f"unknown dtype {dtype!r}",
                         f"use {sorted(_DTYPE_BYTES)}")
         _rows(gemm, dtype, 4, f"{source}: gemm")
-    for key in ("copy", "pointwise"):
+    for key in ("copy", "pointwise", "pointwise_bf16"):
         _rows(d, key, 2, source)
-    _rows(d, "norm", 3, source)
-    _records(d, "embedding_bag", ("rows", "dim", "bags", "bag_size", "dtype", "fwd_s", "bwd_s"),
-             source)
-    _records(d, "attention", ("batch", "heads", "q_len", "kv_len", "head_dim", "causal",
-                              "dtype", "fwd_s", "bwd_s"), source)
+    for key in ("norm", "norm_bf16"):
+        _rows(d, key, 3, source)
+    for key in ("embedding_bag", "embedding_bag_skewed"):
+        _records(d, key, ("rows", "dim", "bags", "bag_size", "dtype", "fwd_s", "bwd_s"), source)
+    for key in ("attention", "attention_masked"):
+        _records(d, key, ("batch", "heads", "q_len", "kv_len", "head_dim", "causal", "dtype",
+                          "fwd_s", "bwd_s"), source)
     opt = d.get("optimizer", {})
     if not isinstance(opt, Mapping):
         raise _fail(source, "optimizer", "optimizer must be an object", "re-run gemc calibrate")
@@ -200,8 +207,15 @@ class Calibration:
 
     @cached_property
     def _attention(self) -> dict[tuple[str, str], LogIDW]:
+        return self._attention_curves("attention")
+
+    @cached_property
+    def _attention_masked(self) -> dict[tuple[str, str], LogIDW]:
+        return self._attention_curves("attention_masked")
+
+    def _attention_curves(self, section: str) -> dict[tuple[str, str], LogIDW]:
         groups: dict[tuple[str, str], tuple[list, list]] = {}
-        for rec in self.data.get("attention", []):
+        for rec in self.data.get(section, []):
             dtype = str(rec["dtype"])
             peak = self.gpu.peak_flops(dtype)
             flops = kernels.attention_flops(rec["batch"], rec["heads"], rec["q_len"],
@@ -216,7 +230,13 @@ class Calibration:
         return {key: LogIDW(p, e) for key, (p, e) in groups.items()}
 
     def attention_efficiency(self, batch_heads: int, q_len: int, kv_len: int, head_dim: int,
-                             causal: bool, dtype: str, phase: str) -> float | None:
+                             causal: bool, dtype: str, phase: str, *,
+                             masked: bool = False) -> float | None:
+        """Efficiency of SDPA; ``masked``: with an attn_mask (which keeps bf16 off the flash
+        kernel), from the attention_masked measurements where the file has them."""
+        point = (batch_heads, q_len, kv_len, head_dim, 1 + bool(causal))
+        if masked and (dtype, phase) in self._attention_masked:
+            return self._attention_masked[(dtype, phase)](point)
         curve = self._attention.get((dtype, phase))
         if curve is None and dtype == "fp32":  # fp32 SDPA runs the math path; bf16 otherwise
             return None
@@ -239,39 +259,68 @@ class Calibration:
     @cached_property
     def _memory(self) -> dict[str, LogCurve1D | None]:
         d = self.data
-        return {"copy": self._mem_curve(d.get("copy", [])),
-                "pointwise": self._mem_curve(d.get("pointwise", [])),
-                "norm_fwd": self._mem_curve(d.get("norm", []), 1),
+        out = {}
+        for suffix in ("", "_bf16"):
+            norm = d.get("norm" + suffix, [])
+            out.update({
+                "pointwise" + suffix: self._mem_curve(d.get("pointwise" + suffix, [])),
+                "norm_fwd" + suffix: self._mem_curve(norm, 1),
                 # backward moves ~2x the forward bytes in 2 kernels (op_cost's rule)
-                "norm_bwd": self._mem_curve(d.get("norm", []), 2, bytes_mult=2.0,
-                                            kernels_launched=2)}
+                "norm_bwd" + suffix: self._mem_curve(norm, 2, bytes_mult=2.0,
+                                                     kernels_launched=2)})
+        out["copy"] = self._mem_curve(d.get("copy", []))
+        return out
 
-    def memory_efficiency(self, curve: str, nbytes: float) -> float | None:
+    def memory_efficiency(self, curve: str, nbytes: float,
+                          dtype: str | None = None) -> float | None:
         """Achieved fraction of HBM bandwidth of a memory-bound kernel moving nbytes;
-        curve in copy, pointwise, norm_fwd, norm_bwd (pointwise when that one is missing)."""
-        c = self._memory.get(curve) or self._memory.get("pointwise") or self._memory.get("copy")
+        curve in copy, pointwise, norm_fwd, norm_bwd (pointwise when that one is missing).
+        For 16-bit ``dtype`` the ``*_bf16`` measurement is used where the file has one."""
+        c = None
+        if dtype in ("bf16", "fp16"):
+            c = self._memory.get(curve + "_bf16")
+        c = c or self._memory.get(curve) or self._memory.get("pointwise") \
+            or self._memory.get("copy")
         return c(nbytes) if c else None
 
+    # Which embedding measurements the curves are built from: "embedding_bag" (uniform ids,
+    # 8192 bags) and, where the file has it, "embedding_bag_skewed" (the example models'
+    # shapes and hot-head ids).
+    EMBEDDING_SECTIONS: tuple[str, ...] = ("embedding_bag",)
+    # Curves per dtype (else one curve over all dtypes, by row bytes, as the committed
+    # accuracy figures were made with). Off until the at-shape measurements say which fits.
+    EMBEDDING_BY_DTYPE = False
+
     @cached_property
-    def _embedding(self) -> dict[str, LogIDW]:
-        pts, fwd, bwd = [], [], []
+    def _embedding(self) -> dict[tuple[str | None, str], LogIDW]:
+        """(dtype, phase) -> efficiency curve; (None, phase) pools every dtype."""
+        groups: dict[tuple[str | None, str], tuple[list, list]] = {}
         bw = self.gpu.hbm_bandwidth
-        for rec in self.data.get("embedding_bag", []):
-            elt = _DTYPE_BYTES.get(str(rec["dtype"]), 4)
-            nnz = rec["bags"] * rec["bag_size"]
-            pts.append((rec["dim"] * elt, rec["bag_size"], rec["rows"], nnz))
-            fb = kernels.embedding_fwd_bytes(nnz, rec["dim"], rec["bags"], elt)
-            bb = kernels.embedding_bwd_bytes(nnz, rec["dim"], rec["bags"], rec["rows"], elt,
-                                             dense_grad=True)
-            fwd.append(min(1.0, fb / self._busy(rec["fwd_s"]) / bw))
-            bwd.append(min(1.0, bb / self._busy(rec["bwd_s"], 3) / bw))
-        if not pts:
-            return {}
-        return {"fwd": LogIDW(pts, fwd), "bwd": LogIDW(pts, bwd)}
+        for section in self.EMBEDDING_SECTIONS:
+            for rec in self.data.get(section, []):
+                dtype = str(rec["dtype"])
+                elt = _DTYPE_BYTES.get(dtype, 4)
+                nnz = rec["bags"] * rec["bag_size"]
+                pt = (rec["dim"] * elt, rec["bag_size"], rec["rows"], nnz)
+                fb = kernels.embedding_fwd_bytes(nnz, rec["dim"], rec["bags"], elt)
+                bb = kernels.embedding_bwd_bytes(nnz, rec["dim"], rec["bags"], rec["rows"], elt,
+                                                 dense_grad=True)
+                effs = {"fwd": min(1.0, fb / self._busy(rec["fwd_s"]) / bw),
+                        "bwd": min(1.0, bb / self._busy(rec["bwd_s"], 3) / bw)}
+                for key in (dtype, None):
+                    for phase, eff in effs.items():
+                        pts, ys = groups.setdefault((key, phase), ([], []))
+                        pts.append(pt)
+                        ys.append(eff)
+        return {key: LogIDW(p, y) for key, (p, y) in groups.items()}
 
     def embedding_efficiency(self, row_bytes: int, bag_size: float, rows: int, nnz: int,
-                             phase: str) -> float | None:
-        curve = self._embedding.get(phase)
+                             phase: str, dtype: str | None = None) -> float | None:
+        """Achieved fraction of HBM bandwidth of a pooled lookup (fwd) or its dense-gradient
+        backward (bwd), from the measurements of ``dtype`` where the file has some (a bf16
+        backward accumulates in fp32 and does not halve with the row bytes), else of all."""
+        curve = self._embedding.get((dtype, phase)) if self.EMBEDDING_BY_DTYPE else None
+        curve = curve or self._embedding.get((None, phase))
         return curve((max(row_bytes, 1), max(bag_size, 1.0), max(rows, 1), max(nnz, 1))) \
             if curve else None
 

@@ -35,6 +35,23 @@ DEFAULT_DISPATCH = {"eager_op_s": 8e-6, "eager_view_op_s": 3e-6, "eager_bwd_op_s
                     "foreach_tensor_s": 0.4e-6}
 _OPT_PASSES = 8  # foreach AdamW launches 8 ops (see kernels.optimizer_bytes)
 
+# Where the GPU time of an eager step goes, in the groups a profiler trace can be sorted
+# into (benchmarks/cost_model_breakdown.py sorts measured kernels the same way).
+CATEGORIES = ("gemm", "attention", "embedding_fwd", "embedding_bwd", "norm", "pointwise",
+              "optimizer")
+PHASES = ("fwd", "bwd", "opt")
+
+
+def category_of(kind: OpKind, phase: str) -> str | None:
+    """The breakdown category of a node's forward ("fwd") or backward ("bwd") kernels;
+    None for views and placeholders (no kernels)."""
+    if kind in (OpKind.VIEW, OpKind.INPUT, OpKind.PARAM, OpKind.OUTPUT, OpKind.COMM):
+        return None
+    if kind is OpKind.EMBEDDING:
+        return "embedding_fwd" if phase == "fwd" else "embedding_bwd"
+    return {OpKind.GEMM: "gemm", OpKind.ATTENTION: "attention",
+            OpKind.NORM: "norm"}.get(kind, "pointwise")
+
 
 @dataclass(frozen=True)
 class EagerStepPrediction:
@@ -47,6 +64,9 @@ class EagerStepPrediction:
     cost_model: str          # "calibrated" or "roofline"
     memory: dict[str, float] = field(default_factory=dict)
     by_kind_ms: dict[str, float] = field(default_factory=dict)
+    # category -> phase ("fwd", "bwd", "opt") -> ms of GPU kernel time; and kernel counts
+    by_category_ms: dict[str, dict[str, float]] = field(default_factory=dict)
+    kernels_by_category: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"step_ms": 1e3 * self.step_s, "gpu_busy_ms": 1e3 * self.gpu_busy_s,
@@ -54,7 +74,10 @@ class EagerStepPrediction:
                 "backward_ms": 1e3 * self.backward_s, "optimizer_ms": 1e3 * self.optimizer_s,
                 "cost_model": self.cost_model,
                 "memory_gb": {k: v / 1e9 for k, v in self.memory.items()},
-                "by_kind_ms": dict(sorted(self.by_kind_ms.items()))}
+                "by_kind_ms": dict(sorted(self.by_kind_ms.items())),
+                "by_category_ms": {c: dict(p) for c, p in self.by_category_ms.items()},
+                "kernels_by_category": dict(self.kernels_by_category),
+                "gpu_idle_ms": 1e3 * max(self.step_s - self.gpu_busy_s, 0.0)}
 
 
 def _dispatch(calibration: Calibration | None) -> dict[str, float]:
@@ -94,6 +117,15 @@ def predict_eager_step(gm: fx.GraphModule, gpu: GPUSpec, calibration: Calibratio
     busy = 0.0
     sources: set[str] = set()
     by_kind: dict[str, float] = {}
+    by_cat: dict[str, dict[str, float]] = {c: dict.fromkeys(PHASES, 0.0) for c in CATEGORIES}
+    n_kernels: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
+
+    def account(kind: OpKind, phase: str, seconds: float, kernels: int) -> None:
+        cat = category_of(kind, phase)
+        if cat is not None and (seconds > 0 or kernels > 0):
+            by_cat[cat][phase] += 1e3 * seconds
+            n_kernels[cat] += kernels
+
     backward: list[tuple[float, float]] = []
     for node in gm.graph.nodes:
         if node.op != "call_function" or node.target is operator.getitem:
@@ -107,6 +139,8 @@ def predict_eager_step(gm: fx.GraphModule, gpu: GPUSpec, calibration: Calibratio
         gpu_t = max(gpu_t, cpu) + cost.fwd_s
         busy += cost.total_s
         by_kind[kind.value] = by_kind.get(kind.value, 0.0) + 1e3 * cost.total_s
+        account(kind, "fwd", cost.fwd_s, cost.fwd_kernels)
+        account(kind, "bwd", cost.bwd_s, cost.bwd_kernels)
         dt = ir.dtype_of(node)
         if dt is not None and dt.is_floating_point:
             bwd_cpu = disp["eager_bwd_op_s"] * (0.5 if is_view else 1.0)
@@ -124,6 +158,8 @@ def predict_eager_step(gm: fx.GraphModule, gpu: GPUSpec, calibration: Calibratio
     gpu_t = max(gpu_t + opt_gpu, cpu)
     busy += opt_gpu
     by_kind["optimizer"] = 1e3 * opt_gpu
+    by_cat["optimizer"]["opt"] = 1e3 * opt_gpu
+    n_kernels["optimizer"] = _OPT_PASSES * max(1, tensors // 24)
 
     saved = saved_activation_bytes(gm)
     inputs = float(saved.pop("inputs", 0))
@@ -135,4 +171,5 @@ def predict_eager_step(gm: fx.GraphModule, gpu: GPUSpec, calibration: Calibratio
         backward_s=backward_end - forward_end, optimizer_s=gpu_t - backward_end,
         cost_model="calibrated" if sources <= {"calibrated"} and calibration is not None
         else "roofline",
-        memory=memory, by_kind_ms=by_kind)
+        memory=memory, by_kind_ms=by_kind, by_category_ms=by_cat,
+        kernels_by_category=n_kernels)

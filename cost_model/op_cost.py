@@ -125,8 +125,10 @@ def gemm_time(batch: int, m: int, n: int, k: int, dtype: str, gpu: GPUSpec,
 
 def attention_time(batch: int, heads: int, q_len: int, kv_len: int, head_dim: int,
                    causal: bool, dtype: str, gpu: GPUSpec,
-                   calibration: Calibration | None) -> tuple[float, float, str]:
-    """(forward s, backward s, source) of fused scaled-dot-product attention."""
+                   calibration: Calibration | None, *,
+                   masked: bool = False) -> tuple[float, float, str]:
+    """(forward s, backward s, source) of fused scaled-dot-product attention; ``masked``:
+    with an attn_mask (priced from masked measurements where calibrated)."""
     flops = kernels.attention_flops(batch, heads, q_len, kv_len, head_dim, causal)
     nbytes = kernels.attention_bytes(batch, heads, q_len, kv_len, head_dim, element_size(dtype))
     peak = gpu.peak_flops(dtype)
@@ -136,7 +138,7 @@ def attention_time(batch: int, heads: int, q_len: int, kv_len: int, head_dim: in
         eff = None
         if calibration is not None:
             eff = calibration.attention_efficiency(batch * heads, q_len, kv_len, head_dim,
-                                                   causal, dtype, phase)
+                                                   causal, dtype, phase, masked=masked)
         if eff is None:
             eff = ROOFLINE_EFFICIENCY[f"attention_{phase}"]
             source = "roofline"
@@ -153,7 +155,8 @@ def memory_time(nbytes: float, gpu: GPUSpec, calibration: Calibration | None,
     """A streaming (memory-bound) kernel moving nbytes, launch gap included."""
     if nbytes <= 0 and flops <= 0:
         return _launch(calibration), "roofline" if calibration is None else "calibrated"
-    eff = calibration.memory_efficiency(curve, nbytes) if calibration is not None else None
+    eff = calibration.memory_efficiency(curve, nbytes, dtype) if calibration is not None \
+        else None
     source = "calibrated" if eff is not None else "roofline"
     if eff is None:
         eff = ROOFLINE_EFFICIENCY["memory"]
@@ -182,7 +185,8 @@ def embedding_time(rows: int, dim: int, nnz: int, bags: int, dtype: str, gpu: GP
     for phase in ("fwd", "bwd"):
         eff = None
         if calibration is not None:
-            eff = calibration.embedding_efficiency(dim * elt, bag_size, rows, nnz, phase)
+            eff = calibration.embedding_efficiency(dim * elt, bag_size, rows, nnz, phase,
+                                                   dtype)
         effs.append(eff)
     source = "calibrated" if all(e is not None for e in effs) else "roofline"
     e_fwd = effs[0] if effs[0] is not None else ROOFLINE_EFFICIENCY["embedding"]
@@ -199,10 +203,15 @@ def optimizer_time(optimizer: str, numel: float, dtype: str, gpu: GPUSpec,
                    calibration: Calibration | None, *, fused: bool = False,
                    tensors: int = 1) -> tuple[float, str]:
     """One optimizer step over numel parameters (torch's foreach implementation unless
-    fused). foreach launches one kernel per op per chunk of tensors."""
+    fused). foreach launches one kernel per op per chunk of tensors. Calibrated from the
+    measurement of the parameters' dtype where the file has one ("adamw_foreach_bf16"),
+    else the fp32 one at the same parameter bytes."""
     elt = element_size(dtype)
     if calibration is not None and not fused and optimizer.lower() == "adamw":
-        rate = calibration.optimizer_param_rate("adamw_foreach", numel * elt)
+        rate = None
+        if dtype != "fp32":
+            rate = calibration.optimizer_param_rate(f"adamw_foreach_{dtype}", numel * elt)
+        rate = rate or calibration.optimizer_param_rate("adamw_foreach", numel * elt)
         if rate:
             return numel * elt / rate + _launch(calibration) * 8 * max(1, tensors // 24), \
                 "calibrated"
@@ -219,6 +228,16 @@ def _first_tensor_dtype(node: fx.Node) -> torch.dtype | None:
         if dt is not None:
             return dt
     return ir.dtype_of(node)
+
+
+def _has_attn_mask(node: fx.Node) -> bool:
+    """An attention node with a mask: classify-ops' ``masked`` where it says, else a tensor
+    as SDPA's attn_mask (4th argument; a float there is the flash op's dropout_p)."""
+    a = node.meta.get(ir.ATTENTION) or {}
+    if "masked" in a:
+        return bool(a["masked"])
+    mask = node.kwargs.get("attn_mask", node.args[3] if len(node.args) > 3 else None)
+    return isinstance(mask, fx.Node)
 
 
 def _has_backward(node: fx.Node) -> bool:
@@ -256,7 +275,7 @@ def node_cost(node: fx.Node, gpu: GPUSpec, calibration: Calibration | None,
         a = node.meta[ir.ATTENTION]
         fwd, bwd, source = attention_time(a["batch"], a["heads"], a["q_len"], a["kv_len"],
                                           a["head_dim"], bool(a.get("causal")), dt, gpu,
-                                          calibration)
+                                          calibration, masked=_has_attn_mask(node))
         return OpCost(fwd, bwd if backward else 0.0, source, 1, 3 if backward else 0)
 
     if kind is OpKind.EMBEDDING and node.meta.get(ir.TABLE):

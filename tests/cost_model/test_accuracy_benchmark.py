@@ -6,6 +6,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "cost_model_accuracy.py"
 
 
@@ -22,3 +24,8 @@ def test_smoke_prediction_only(tmp_path: Path) -> None:
     row = report["configs"][0]
     assert row["predicted"]["step_ms"] > 0
     assert row["predicted"]["memory_gb"]["peak"] > 0
+    # the breakdown by category and phase covers every predicted kernel millisecond
+    cats = row["predicted"]["by_category_ms"]
+    assert sum(sum(p.values()) for p in cats.values()) == \
+        pytest.approx(row["predicted"]["gpu_busy_ms"], rel=1e-9)
+    assert cats["optimizer"]["opt"] > 0 and cats["embedding_bwd"]["bwd"] > 0

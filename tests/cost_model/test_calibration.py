@@ -72,3 +72,66 @@ def test_measured_collectives_are_used_inside_a_host() -> None:
     assert t == pytest.approx(5e-3, rel=1e-6)
     across = collective_time("all_reduce", 1e9, range(16), topo, calibration=cal)
     assert across == pytest.approx(collective_time("all_reduce", 1e9, range(16), topo))
+
+
+def _with_eager_components(d: dict) -> dict:
+    """The sections calibrate's eager_components adds: slower bf16 AdamW, masked SDPA,
+    bf16 memory curves, skewed embedding bags."""
+    d = copy.deepcopy(d)
+    d["optimizer"]["adamw_foreach_bf16"] = [[b, 2 * t] for b, t in d["optimizer"]["adamw_foreach"]]
+    d["attention_masked"] = [dict(r, masked=True, fwd_s=3 * r["fwd_s"], bwd_s=3 * r["bwd_s"])
+                             for r in d["attention"]]
+    d["pointwise_bf16"] = [[b, 2 * t] for b, t in d["pointwise"]]
+    d["norm_bf16"] = [[b, 2 * f, 2 * g] for b, f, g in d["norm"]]
+    d["embedding_bag_skewed"] = [dict(r, ids="skewed") for r in d["embedding_bag"]]
+    return d
+
+
+def test_eager_component_sections_are_validated() -> None:
+    d = _with_eager_components(synthetic_calibration_dict())
+    Calibration(d)
+    d["embedding_bag_skewed"][0].pop("rows")
+    with pytest.raises(CalibrationError) as info:
+        Calibration(d)
+    assert "embedding_bag_skewed[0].rows" in info.value.where
+    d = _with_eager_components(synthetic_calibration_dict())
+    d["norm_bf16"][0] = [1, 2]
+    with pytest.raises(CalibrationError, match="3 positive numbers"):
+        Calibration(d)
+
+
+def test_dtype_and_mask_specific_measurements_are_used_where_present() -> None:
+    from gemc.cost_model.hardware import get_gpu
+    from gemc.cost_model.op_cost import attention_time, memory_time, optimizer_time
+    gpu = get_gpu("h200")
+    base = Calibration(synthetic_calibration_dict())
+    more = Calibration(_with_eager_components(synthetic_calibration_dict()))
+    # bf16 AdamW: its own curve (2x slower here) instead of the fp32 one
+    t_base, _ = optimizer_time("adamw", 1e9, "bf16", gpu, base, tensors=16)
+    t_more, _ = optimizer_time("adamw", 1e9, "bf16", gpu, more, tensors=16)
+    assert t_more > 1.5 * t_base
+    assert optimizer_time("adamw", 1e9, "fp32", gpu, more, tensors=16) == \
+        optimizer_time("adamw", 1e9, "fp32", gpu, base, tensors=16)
+    # masked attention: the masked curve only for a masked node
+    args = (64, 4, 512, 512, 64, False, "bf16", gpu)
+    assert attention_time(*args, more) == attention_time(*args, base)
+    assert attention_time(*args, base, masked=True) == attention_time(*args, base)
+    assert attention_time(*args, more, masked=True)[0] > 2 * attention_time(*args, more)[0]
+    # bf16 pointwise and norm curves for bf16 ops, fp32 ones for fp32 ops
+    assert memory_time(1e9, gpu, more, "pointwise", dtype="bf16")[0] > \
+        1.5 * memory_time(1e9, gpu, base, "pointwise", dtype="bf16")[0]
+    assert memory_time(1e9, gpu, more, "norm_bwd", dtype="fp32") == \
+        memory_time(1e9, gpu, base, "norm_bwd", dtype="fp32")
+
+
+def test_embedding_curves_by_dtype_are_a_switch(monkeypatch) -> None:
+    d = synthetic_calibration_dict()
+    d["embedding_bag"] += [dict(r, dtype="bf16", bwd_s=5 * r["bwd_s"]) for r in
+                           d["embedding_bag"]]
+    args = (256, 20.0, 1_000_000, 81920, "bwd")
+    pooled = Calibration(d).embedding_efficiency(*args, "bf16")
+    assert Calibration(d).embedding_efficiency(*args) == pooled
+    monkeypatch.setattr(Calibration, "EMBEDDING_BY_DTYPE", True)
+    per_dtype = Calibration(d).embedding_efficiency(*args, "bf16")
+    assert per_dtype < pooled
+    assert Calibration(d).embedding_efficiency(*args, "fp8") == pooled  # none measured
