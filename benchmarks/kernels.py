@@ -477,7 +477,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     for t in report["targets"]:
         got = t["measured_speedup"]
-        print(f"target {'MET' if t['met'] else 'NOT MET'}: {t['target']} >= "
+        verdict = "NOT RUN" if got is None else ("MET" if t["met"] else "NOT MET")
+        print(f"target {verdict}: {t['target']} >= "
               f"{t['required_speedup']}x (measured {_fmt(got, '.2f')}x)")
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
