@@ -68,6 +68,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="MODULE",
         help="import a module that registers kernel appliers (repeatable)",
     )
+    p.add_argument(
+        "--no-kernels",
+        action="store_true",
+        help="run the ops the plan's generated kernels replace (the kernels run on one rank only)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress line")
 
 
@@ -95,6 +100,7 @@ def options_from_args(args: argparse.Namespace) -> Any:
         embedding_lr=args.embedding_lr,
         precision=args.precision,
         kernel_modules=list(args.kernel_module),
+        kernels=not args.no_kernels,
         progress=not args.quiet,
     )
 
@@ -192,6 +198,8 @@ def _argv_of(args: argparse.Namespace) -> list[str]:
         out.append("--resume")
     if args.quiet:
         out.append("--quiet")
+    if args.no_kernels:
+        out.append("--no-kernels")
     return out
 
 

@@ -14,9 +14,12 @@ with. An entry whose kind nobody registered, or whose source is missing or chang
 :class:`PlanError`: silently running the eager ops instead would report the wrong speed and
 hide the fact that the plan was not executed as written.
 
-No applier is registered by default today; backends register theirs on import (e.g. a
-Triton backend module calling ``register("jagged_attention", ...)``), and ``--kernel-module``
-on the command line imports such a module before the plan is applied.
+The kinds the compiler emits today (fused groups, ``batched_embedding_bag``,
+``jagged_attention``) replace graph nodes rather than modules and are executed by graph
+mode (:mod:`.graph_mode`), not through this registry. The registry is for kernels that
+swap whole modules, which keeps them usable in multi-rank (module-mode) runs; backends
+register their appliers on import, and ``--kernel-module`` on the command line imports such
+a module before the plan is applied.
 """
 
 from __future__ import annotations

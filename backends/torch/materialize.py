@@ -44,21 +44,23 @@ def load_plan_model(plan: dict[str, Any], plan_dir: Path | None = None) -> Model
     return load_model(entry, plan["model"].get("args") or {}, device="meta")
 
 
-def fingerprint_of(spec: ModelSpec) -> str:
-    from gemc.capture import capture
-
-    return capture(spec).fingerprint
-
-
 def check_fingerprint(
     plan: dict[str, Any], spec: ModelSpec, *, rank: int = 0, world_size: int = 1
-) -> None:
-    """Raise PlanError (on every rank) when the rebuilt model is not the plan's model."""
+) -> Any:
+    """Raise PlanError (on every rank) when the rebuilt model is not the plan's model.
+
+    Returns rank 0's capture (``gemc.capture.Captured``; None on other ranks): graph mode
+    executes that very graph.
+    """
+    from gemc.capture import capture
+
     expected = plan["model"]["fingerprint"]
     verdict: list[Any] = [None]
+    captured = None
     if rank == 0:
         try:
-            verdict = [fingerprint_of(spec)]
+            captured = capture(spec)
+            verdict = [captured.fingerprint]
         except Exception as exc:  # a capture error is reported on every rank, not hung
             verdict = [exc]
     if world_size > 1 and dist.is_initialized():
@@ -74,6 +76,7 @@ def check_fingerprint(
             where="plan model.fingerprint",
             fix="compile the plan again for this model (gemc compile ... --out plan.json)",
         )
+    return captured
 
 
 def materialize_(

@@ -6,7 +6,8 @@ For each step ``s`` and a world of ``W`` ranks::
     loss.backward(); AdamW step on dense parameters; sparse step on the tables
 
 with the runner's deterministic init (:mod:`.init`), the same optimizer configurations
-(:mod:`.optimizers`) and the same sparse row updates (:mod:`.sparse_optim`), on plain
+(:mod:`.optimizers`), the same precision sites when given a plan's (:mod:`.precision`) and
+the same sparse row updates (:mod:`.sparse_optim`), on plain
 ``nn.Embedding``/``nn.EmbeddingBag`` modules with ``sparse=True`` gradients (whose indices
 are exactly the rows the step used). The tests compare loss trajectories against it, and
 ``benchmarks/e2e.py`` uses it as the eager and ``torch.compile`` baselines, so all three
@@ -50,6 +51,7 @@ class ReferenceTrainer:
     emb_cfg: EmbeddingOptimConfig = field(default_factory=EmbeddingOptimConfig)
     table_modules: list[str] | None = None
     autocast_dtype: torch.dtype | None = None
+    precision_entries: list[dict[str, Any]] | None = None  # a plan's sites, applied as-is
     compile_fn: Callable[[nn.Module], Any] | None = None  # e.g. torch.compile
 
     def __post_init__(self) -> None:
@@ -57,6 +59,13 @@ class ReferenceTrainer:
         self.table_modules = find_tables(model, self.table_modules)
         materialize_(model, self.device, self.seed, self.table_modules)
         model.train()
+        if self.precision_entries:
+            from gemc.backends.torch import precision
+
+            sites = precision.resolve(list(self.precision_entries), model)
+            precision.install(model, sites, self.device.type)
+            if self.autocast_dtype is None:
+                self.autocast_dtype = sites.global_dtype
         self.tables: dict[str, nn.Module] = {}
         table_weights = set()
         for name in self.table_modules:
@@ -116,6 +125,7 @@ def reference_losses(
     emb_cfg: EmbeddingOptimConfig | None = None,
     table_modules: list[str] | None = None,
     autocast_dtype: torch.dtype | None = None,
+    precision_entries: list[dict[str, Any]] | None = None,
 ) -> list[float]:
     """Loss of each of ``steps`` steps (``spec`` built on meta, e.g. by ``load_model``)."""
     trainer = ReferenceTrainer(
@@ -127,5 +137,6 @@ def reference_losses(
         emb_cfg=emb_cfg or EmbeddingOptimConfig(),
         table_modules=table_modules,
         autocast_dtype=autocast_dtype,
+        precision_entries=precision_entries,
     )
     return [trainer.step(s) for s in range(steps)]

@@ -32,6 +32,7 @@ from gemc.backends.torch import kernels as kernel_registry
 from gemc.backends.torch import precision as precision_mod
 from gemc.backends.torch.dense import apply_strategies, check_strategies
 from gemc.backends.torch.embedding import shard_tables
+from gemc.backends.torch.graph_mode import GRAPH_KINDS, GraphExecutor, check_graph_mode
 from gemc.backends.torch.init import derive_seed
 from gemc.backends.torch.materialize import (
     check_fingerprint,
@@ -75,6 +76,7 @@ class RunOptions:
     embedding_lr: float | None = None
     precision: str | None = None  # adds a whole-model autocast site: bf16 | fp16 | fp32
     kernel_modules: list[str] = field(default_factory=list)
+    kernels: bool = True  # False: run the ops the plan's kernels replace (--no-kernels)
     progress: bool = True
     warmup_steps: int = 2
 
@@ -217,7 +219,7 @@ def _run(
     rank, wsize = world.rank, world.world_size
     t_setup = time.perf_counter()
     spec = load_plan_model(plan, plan_dir)
-    check_fingerprint(plan, spec, rank=rank, world_size=wsize)
+    captured = check_fingerprint(plan, spec, rank=rank, world_size=wsize)
     model = spec.model
     tables = shard_tables(model, plan["tables"], rank=rank, world_size=wsize, seed=opts.seed)
     materialize_(model, device, opts.seed, table_module_names(plan))
@@ -228,10 +230,14 @@ def _run(
         prec_entries.append({"target": "*", "dtype": opts.precision, "source": "--precision"})
     prec = precision_mod.resolve(prec_entries, model)
     precision_mod.install(model, prec, device.type)
+    kernels = list(plan["kernels"]) if opts.kernels else []
+    graph_kernels = [k for k in kernels if isinstance(k, dict) and k.get("kind") in GRAPH_KINDS]
+    module_sites = list(prec.per_module) + list(getattr(prec, "fp8_linears", {}) or {})
+    check_graph_mode(graph_kernels, world_size=wsize, module_sites=module_sites)
     kernel_registry.import_modules(opts.kernel_modules)
     applied_kernels = kernel_registry.apply(
         model,
-        plan["kernels"],
+        [k for k in kernels if not (isinstance(k, dict) and k.get("kind") in GRAPH_KINDS)],
         kernel_registry.KernelContext(
             device=device.type,
             rank=rank,
@@ -281,6 +287,19 @@ def _run(
         tables, emb_cfg, world_size=wsize, column_groups=column_groups
     )
 
+    forward: Any = model
+    if graph_kernels:
+        forward = GraphExecutor(
+            captured.gm,
+            captured.param_fqns,
+            model,
+            graph_kernels,
+            tables=tables,
+            emb_opt=emb_opt,
+            device=device,
+        )
+        applied_kernels += [str(k.get("name", k["kind"])) for k in graph_kernels]
+
     start = 0
     resumed_from = None
     if opts.resume:
@@ -318,7 +337,7 @@ def _run(
         sync(device)
         t1 = time.perf_counter()
         with prec.autocast(device.type):
-            loss = model(*batch)
+            loss = forward(*batch)
         loss.backward()
         if layout.averager is not None:
             layout.averager.finish()
@@ -352,6 +371,11 @@ def _run(
     report = _report(
         plan, plan_path, opts, world, device, metrics, prec, layout, tables, applied_kernels,
         local_batch, start, setup_s, saved, resumed_from, emb_cfg, dense_cfg,
+    )
+    report["execution"] = (
+        "graph: the captured graph with the plan's kernels (graph_mode.py)"
+        if graph_kernels
+        else "module: the model's forward with sharded tables and wrapped regions"
     )
     report_path = None
     if rank == 0:
@@ -475,6 +499,7 @@ def _report(
             "per_module": {k: str(v).removeprefix("torch.") for k, v in prec.per_module.items()},
         },
         "kernels_applied": applied_kernels,
+        "kernels_disabled": not opts.kernels and bool(plan["kernels"]),
         "dense": layout.summary(),
         "optimizers": {
             "dense": {"kind": "adamw", **dense_cfg.__dict__},

@@ -166,11 +166,24 @@ class EmbeddingOptimizer:
         self.world_size = world_size
         self.column_groups = column_groups or {}
         self.step_count = 0
+        self.fused: dict[str, Any] = {}  # fqn -> module whose backward applies the update
         self.state: dict[str, RowState] = {
             fqn: RowState(m.weight, cfg.kind)
             for fqn, m in tables.items()
             if m.weight is not None
         }
+
+    def adopt_fused(self, fqn: str, tensors: dict[str, torch.Tensor], module: Any) -> None:
+        """Table ``fqn`` is updated inside ``module``'s backward (a fused kernel); its state
+        lives there (``tensors`` are views of it) and :meth:`step` leaves it alone."""
+        self.state[fqn].tensors = dict(tensors)
+        self.fused[fqn] = module
+
+    def set_step_count(self, count: int) -> None:
+        """After a resume: the bias-correction step of Adam, here and in fused modules."""
+        self.step_count = count
+        for module in {id(m): m for m in self.fused.values()}.values():
+            module.step = count
 
     def zero_grad(self) -> None:
         for m in self.tables.values():
@@ -181,7 +194,7 @@ class EmbeddingOptimizer:
     def step(self) -> None:
         self.step_count += 1
         for fqn, m in self.tables.items():
-            if m.weight is None:
+            if m.weight is None or fqn in self.fused:
                 continue
             w = m.weight
             got = coalesced_rows(w.grad)

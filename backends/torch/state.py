@@ -20,7 +20,8 @@ a sign of a pre-2.4 checkpoint and would mis-load.
 
 Tables are ShardedTensors (not per-rank keys) so a checkpoint records *where* each shard
 sits in the whole table: DCP can then load it into a different sharding (another plan or
-world size) by reading the overlapping pieces. The row-wise accumulator of a row split
+world size) by reading the overlapping pieces (on one process without a process group
+they are plain tensors, which DCP reads into any sharding as well). The row-wise accumulator of a row split
 over column shards is the same on every column shard (see sparse_optim); in the saved
 metadata each row block is placed on one holder, and at load every holder of the block
 reads it.
@@ -31,6 +32,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from gemc.backends.torch.embedding import Shard, ShardedEmbedding
 from gemc.backends.torch.sparse_optim import EmbeddingOptimizer
 from torch import nn
@@ -94,7 +96,7 @@ def _table_tensor(
     m: ShardedEmbedding, local: torch.Tensor | None, *, device: torch.device, local_world: int
 ) -> Any:
     """The table-shaped view (weights, Adam moments) of one table."""
-    if m.replicated:
+    if m.replicated or not dist.is_initialized():  # a replica, or the whole table on one rank
         return local
     pieces = [(s.rank, [s.row_offset, s.col_offset], [s.rows, s.cols]) for s in m.shards]
     index = m.shards.index(m.local) if m.local is not None else None
@@ -119,7 +121,7 @@ def _row_tensor(
     m: ShardedEmbedding, local: torch.Tensor | None, *, device: torch.device, local_world: int
 ) -> Any:
     """The per-row view (row-wise Adagrad): one piece per row block, placed on one holder."""
-    if m.replicated:
+    if m.replicated or not dist.is_initialized():
         return local
     blocks: dict[tuple[int, int], Shard] = {}
     for s in sorted(m.shards, key=lambda s: (s.row_offset, s.col_offset)):
@@ -197,5 +199,5 @@ def restore_after_load(
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
     set_optimizer_state_dict(model, dense_opt, state["optim"])
-    emb_opt.step_count = int(state["progress"]["table_step"])
+    emb_opt.set_step_count(int(state["progress"]["table_step"]))
     return int(state["progress"]["step"])

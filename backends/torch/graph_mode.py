@@ -1,0 +1,173 @@
+"""Graph mode: run the captured graph with the plan's generated kernels in place.
+
+The compiler's kernels replace *graph nodes*, not modules: a fused GEMM epilogue spans a
+``Linear`` and the activation after it, a batched embedding lookup spans many tables the
+model calls one by one, a jagged attention replaces a masked SDPA and its padding. Eager
+module calls cannot be rewired to those, so when a plan lists kernels the runner executes
+the ``torch.export`` graph it captured for the fingerprint check, through
+:class:`gemc.backends.triton.graph_runner.GraphRunner`: each kernel group is one call of its
+autograd function, every other node its ATen op, with the runner's own (deterministically
+initialized) parameters fed to the graph's parameter placeholders, so AdamW and the
+sparse optimizer see the same parameters as in module mode.
+
+A ``batched_embedding_bag`` entry owns its tables: one flat buffer, the optimizer fused
+into its backward (the same row-wise Adagrad / lazy Adam formulas as :mod:`.sparse_optim`,
+with the run's embedding optimizer settings). The runner aliases each table's parameter
+and optimizer-state tensors to views of that buffer, so checkpoints save and load them
+like any other table, and the sparse optimizer skips those tables.
+
+Scope: one rank (``world_size == 1``). Kernels of a multi-rank plan and module-scoped
+precision sites (per-module autocast, fp8 linears) next to kernels are refused with a named
+error; ``--no-kernels`` runs the ops the kernels replace instead.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import torch
+from gemc.backends.torch.embedding import ShardedEmbedding
+from gemc.backends.torch.sparse_optim import EmbeddingOptimConfig, EmbeddingOptimizer
+from torch import nn
+
+from gemc import ir
+from gemc.errors import PlanError
+
+GRAPH_KINDS = (
+    "gemm_epilogue",
+    "pointwise",
+    "norm",
+    "reduction",
+    "batched_embedding_bag",
+    "jagged_attention",
+)
+NO_KERNELS_FIX = "pass --no-kernels to run the ops the kernels replace, or compile without them"
+
+
+def check_graph_mode(
+    kernels: list[dict[str, Any]], *, world_size: int, module_sites: list[str]
+) -> None:
+    """Refuse kernels the runner cannot execute as the plan says (see the module doc)."""
+    for i, entry in enumerate(kernels):
+        kind = entry.get("kind") if isinstance(entry, dict) else None
+        if kind not in GRAPH_KINDS:
+            raise PlanError(
+                f"plan kernels[{i}] ({entry.get('name', '?') if isinstance(entry, dict) else entry}) "
+                f"has kind {kind!r}, which the runner cannot execute",
+                where=f"plan kernels[{i}]",
+                fix=f"known kinds: {', '.join(GRAPH_KINDS)}; {NO_KERNELS_FIX}",
+            )
+    if not kernels:
+        return
+    if world_size > 1:
+        raise PlanError(
+            f"the plan lists {len(kernels)} generated kernel(s); the runner executes them on "
+            f"one rank only (graph mode), this run has {world_size}",
+            where="plan kernels",
+            fix=NO_KERNELS_FIX,
+        )
+    if module_sites:
+        raise PlanError(
+            "the plan has module-scoped precision sites "
+            f"({', '.join(module_sites[:4])}) and generated kernels; in graph mode only the "
+            "whole-model autocast ('*') applies",
+            where="plan precision / plan kernels",
+            fix=NO_KERNELS_FIX,
+        )
+
+
+def _interpreted_triton() -> None:
+    """On the CPU, Triton kernels run in its interpreter, which must be chosen before Triton
+    is imported (``triton.language`` decorates its helpers at import)."""
+    if "triton" not in sys.modules:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        return
+    import triton.language as tl
+
+    if type(tl.cdiv).__name__ != "InterpretedFunction":
+        raise PlanError(
+            "the plan's kernels would run on the CPU, but Triton was imported in this process "
+            "before TRITON_INTERPRET=1 was set, so its interpreter cannot run them",
+            where="the environment of this process",
+            fix="start Python with TRITON_INTERPRET=1, or " + NO_KERNELS_FIX,
+        )
+
+
+class GraphExecutor:
+    """``executor(*batch) -> loss``: the captured graph with the kernels substituted."""
+
+    def __init__(
+        self,
+        gm: torch.fx.GraphModule,
+        param_fqns: dict[str, str],
+        model: nn.Module,
+        kernels: list[dict[str, Any]],
+        *,
+        tables: dict[str, ShardedEmbedding],
+        emb_opt: EmbeddingOptimizer,
+        device: torch.device,
+    ) -> None:
+        if device.type == "cpu":
+            _interpreted_triton()
+        try:
+            from gemc.backends.triton.graph_runner import GraphRunner
+        except ImportError as exc:
+            raise PlanError(
+                f"the plan's generated kernels need Triton, which does not import here: {exc}",
+                where="plan kernels",
+                fix=NO_KERNELS_FIX,
+            ) from exc
+        for node in gm.graph.nodes:
+            if node.op == "placeholder" and node.name in param_fqns:
+                node.meta[ir.PARAM] = param_fqns[node.name]
+        names = {n.name for n in gm.graph.nodes}
+        for entry in kernels:
+            missing = [n for n in entry.get("nodes", []) if n not in names]
+            if missing:
+                raise PlanError(
+                    f"kernel {entry.get('name')} replaces node(s) {', '.join(missing[:4])} "
+                    "that the captured graph does not have",
+                    where=f"plan kernels: {entry.get('name')}",
+                    fix="compile the plan again with this gemc and torch",
+                )
+        entries = [self._with_optimizer(e, emb_opt.cfg) for e in kernels]
+        params = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+        try:
+            self.runner = GraphRunner(gm, entries, params, device=device)
+        except ValueError as exc:  # a source whose sha256 does not match, a cycle
+            raise PlanError(
+                f"the plan's kernels cannot be set up: {exc}",
+                where="plan kernels",
+                fix="compile the plan again",
+            ) from exc
+        self.fused_tables: list[str] = []
+        for entry in entries:
+            if entry["kind"] != "batched_embedding_bag":
+                continue
+            module = self.runner.tables[entry["name"]]
+            states = module.split_optimizer_state()
+            for t, view, state in zip(entry["tables"], module.split_weights(), states):
+                owner = tables[t["fqn"]]
+                owner.weight.data = view  # checkpoints read and write the fused buffer
+                emb_opt.adopt_fused(t["fqn"], state, module)
+                self.fused_tables.append(t["fqn"])
+
+    @staticmethod
+    def _with_optimizer(entry: dict[str, Any], cfg: EmbeddingOptimConfig) -> dict[str, Any]:
+        """A batched entry runs the run's embedding optimizer, whatever the plan assumed."""
+        if entry.get("kind") != "batched_embedding_bag":
+            return entry
+        return {
+            **entry,
+            "optimizer": {
+                "optimizer": cfg.kind,
+                "lr": cfg.lr,
+                "eps": cfg.eps,
+                "weight_decay": cfg.weight_decay,
+            },
+        }
+
+    def __call__(self, *batch: torch.Tensor) -> torch.Tensor:
+        return self.runner(*batch)

@@ -1,0 +1,136 @@
+"""Launch helpers for the runner's multi-process tests (CPU, gloo).
+
+Process start-up (importing torch) dominates on a small CI machine, so one launch of ``W``
+workers runs a list of *scenarios* back to back on one process group: each scenario is a
+plan file plus run options, and rank 0 writes every scenario's losses to a JSON file.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch.multiprocessing as mp
+
+from gemc.sharding import make_shards
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL = f"{REPO / 'tests' / 'runner' / 'models.py'}:build"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def variant(
+    plan: dict[str, Any],
+    tables: dict[str, tuple[str, list[int]] | tuple[str, list[int], list[int]]] | None = None,
+    regions: dict[str, str] | None = None,
+    optimizer: dict[str, Any] | None = None,
+    precision: list[dict[str, Any]] | None = None,
+    kernels: bool = False,
+) -> dict[str, Any]:
+    """A copy of ``plan`` with tables re-sharded and regions re-strategized (by hand).
+
+    Precision sites are replaced by ``precision`` (default none: fp32), because these tests
+    compare distributed and single-process fp32 training to rtol 1e-4; the compiler's bf16
+    choice would make both sides round differently. Generated kernels are dropped unless
+    ``kernels`` is true: the runner executes them on one rank only.
+    """
+    out = copy.deepcopy(plan)
+    out["precision"] = list(precision or [])
+    if not kernels:
+        out["kernels"] = []
+    for t in out["tables"]:
+        spec = (tables or {}).get(t["fqn"])
+        if spec is None:
+            continue
+        sharding, ranks = spec[0], spec[1]
+        grid = spec[2] if len(spec) > 2 else None
+        t["sharding"] = sharding
+        t["shards"] = make_shards(sharding, list(ranks), t["rows"], t["dim"], grid)
+    names = {r["name"] for r in out["regions"]}
+    for name, strategy in (regions or {}).items():
+        if name not in names:
+            out["regions"].append({**out["regions"][0], "name": name, "strategy": strategy})
+            continue
+        for r in out["regions"]:
+            if r["name"] == name:
+                r["strategy"] = strategy
+    if optimizer is not None:
+        out["optimizer"] = optimizer
+    return out
+
+
+def _worker(rank: int, world: int, port: int, scenarios: list[dict[str, Any]], out: str) -> None:
+    os.environ.update(
+        {
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1",
+        }
+    )
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    from gemc.backends.torch.runner import RunOptions, run
+
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    results: dict[str, Any] = {}
+    try:
+        for sc in scenarios:
+            losses = []
+            for phase in sc["phases"]:
+                res = run(sc["plan"], RunOptions(device="cpu", progress=False, **phase))
+                losses.append(res.losses)
+            results[sc["name"]] = losses
+    finally:
+        if rank == 0:
+            Path(out).write_text(json.dumps(results))
+        dist.destroy_process_group()
+
+
+def run_scenarios(world: int, scenarios: list[dict[str, Any]], out: Path) -> dict[str, Any]:
+    """Run ``scenarios`` (``{"name", "plan": path, "phases": [RunOptions kwargs, ...]}``)."""
+    mp.start_processes(
+        _worker,
+        args=(world, free_port(), scenarios, str(out)),
+        nprocs=world,
+        join=True,
+        start_method="spawn",
+    )
+    return json.loads(out.read_text())
+
+
+def torchrun(
+    world: int, plan: Path, *args: str, env: dict[str, str] | None = None, timeout: int = 240
+) -> subprocess.CompletedProcess:
+    """``torchrun --nproc_per_node=world -m gemc.run plan args...`` as a user would run it."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={world}",
+        "-m",
+        "gemc.run",
+        str(plan),
+        *args,
+    ]
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run(
+        cmd, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout
+    )

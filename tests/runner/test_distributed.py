@@ -1,0 +1,170 @@
+"""Multi-process training on CPU (gloo) against the single-process reference.
+
+One launch per world size runs several plans back to back (process start-up dominates on
+a small machine). Every plan shards the six tables of ``tests/runner/models.py``
+differently, so each sharding type is exercised by every launch that includes it:
+
+=========  ================================================  ===========================
+world      tables t0..t5                                      dense regions / optimizer
+=========  ================================================  ===========================
+2  "a"     table_wise@1, row_wise, column_wise,              all ddp; row-wise Adagrad
+           data_parallel, row_wise (reversed ranks),
+           column_wise (reversed ranks)
+2  "b"     column_wise, data_parallel, row_wise,             root fsdp (owning the rest),
+           table_wise@0, table_row_wise, grid 2x1            bottom ddp inside it, top
+                                                             fsdp; lazy Adam
+2  resume  plan "b": 10 steps with checkpoints every 5,      must equal "b" steps 11..20
+           then --resume to 20 (in-process)                 exactly
+2  gem     GEM tiny (10 tables: bags, the history's         regions alternately ddp and
+           nn.Embedding, the position table): the five       fsdp; row-wise Adagrad;
+           sharding kinds in turn                            10 steps
+4  "c"     row_wise, column_wise (dims 2,2,1,1), grid 2x2,   top hsdp (2 hosts x 2),
+           table_wise@3, table_row_wise@{2,3},               bottom fsdp, root ddp;
+           data_parallel                                     row-wise Adagrad
+=========  ================================================  ===========================
+
+Each trains 20 steps; the mean-over-ranks loss of every step must match
+``reference.reference_losses`` (one process, the W batches of a step averaged) to rtol 1e-4.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from gemc.backends.torch.optimizers import resolve_optimizers
+from gemc.backends.torch.reference import reference_losses
+
+from gemc.api import load_model
+from gemc.plan import write_plan
+from tests.runner.harness import MODEL, REPO, run_scenarios, variant
+
+STEPS = 20
+ADAM = {"embedding": {"kind": "adam", "lr": 0.01}}
+GEM = f"{REPO / 'examples' / 'gem' / 'model.py'}:build"
+GEM_ARGS = {"preset": "tiny", "batch_size": 8}
+GEM_STEPS = 10
+
+
+def _gem_plan() -> dict | None:
+    """GEM tiny for 2 ranks, every sharding kind and both dense strategies in turn."""
+    from gemc.api import compile as gemc_compile
+
+    if not (REPO / "examples" / "gem" / "model.py").is_file():
+        return None
+    base = gemc_compile(GEM, GEM_ARGS, topology="h200:1x2")
+    kinds = ["table_wise", "row_wise", "column_wise", "data_parallel", "table_row_wise"]
+    tables = {}
+    for i, t in enumerate(base["tables"]):
+        kind = kinds[i % len(kinds)]
+        tables[t["fqn"]] = (kind, [i % 2] if kind == "table_wise" else [0, 1])
+    regions = {reg["name"]: ("fsdp" if i % 2 else "ddp") for i, reg in enumerate(base["regions"])}
+    return variant(base, tables, regions)
+
+
+def _plans(world: int, base: dict) -> dict[str, dict]:
+    r = list(range(world))
+    if world == 2:
+        return {
+            "a": variant(
+                base,
+                {
+                    "t0.weight": ("table_wise", [1]),
+                    "t1.weight": ("row_wise", r),
+                    "t2.weight": ("column_wise", r),
+                    "t3.weight": ("data_parallel", r),
+                    "t4.weight": ("row_wise", [1, 0]),
+                    "t5.weight": ("column_wise", [1, 0]),
+                },
+                {"": "ddp", "bottom": "ddp", "top": "ddp"},
+                optimizer={"embedding": {"kind": "rowwise_adagrad", "lr": 0.05}},
+            ),
+            "b": variant(
+                base,
+                {
+                    "t0.weight": ("column_wise", r),
+                    "t1.weight": ("data_parallel", r),
+                    "t2.weight": ("row_wise", r),
+                    "t3.weight": ("table_wise", [0]),
+                    "t4.weight": ("table_row_wise", r),
+                    "t5.weight": ("grid", r, [2, 1]),
+                },
+                {"": "fsdp", "bottom": "ddp", "top": "fsdp"},
+                optimizer=ADAM,
+            ),
+        }
+    return {
+        "c": variant(
+            base,
+            {
+                "t0.weight": ("row_wise", r),
+                "t1.weight": ("column_wise", r),
+                "t2.weight": ("grid", r, [2, 2]),
+                "t3.weight": ("table_wise", [3]),
+                "t4.weight": ("table_row_wise", [2, 3]),
+                "t5.weight": ("data_parallel", r),
+            },
+            {"": "ddp", "bottom": "fsdp", "top": "hsdp"},
+            optimizer={"embedding": {"kind": "rowwise_adagrad", "lr": 0.05}},
+        ),
+    }
+
+
+def _reference(plan: dict, world: int) -> list[float]:
+    dense_cfg, emb_cfg = resolve_optimizers(plan.get("optimizer"))
+    return reference_losses(
+        load_model(MODEL, {}), steps=STEPS, world_size=world, dense_cfg=dense_cfg, emb_cfg=emb_cfg
+    )
+
+
+def _close(got: list[float], ref: list[float], rtol: float = 1e-4) -> None:
+    assert len(got) == len(ref)
+    bad = [
+        (i + 1, g, r) for i, (g, r) in enumerate(zip(got, ref)) if abs(g - r) > rtol * abs(r)
+    ]
+    assert not bad, f"steps (step, distributed, reference) off by more than rtol {rtol}: {bad}"
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_loss_trajectory_matches_single_process(world, base_plans, plan_dir: Path) -> None:
+    plans = _plans(world, base_plans[world])
+    scenarios = []
+    for name, plan in plans.items():
+        path = plan_dir / f"w{world}-{name}.json"
+        write_plan(path, plan)
+        scenarios.append({"name": name, "plan": str(path), "phases": [{"steps": STEPS}]})
+    gem = _gem_plan() if world == 2 else None
+    if gem is not None:
+        write_plan(plan_dir / "w2-gem.json", gem)
+        scenarios.append(
+            {"name": "gem", "plan": str(plan_dir / "w2-gem.json"), "phases": [{"steps": GEM_STEPS}]}
+        )
+    if world == 2:
+        ck = plan_dir / "w2-resume-ckpt"
+        scenarios.append(
+            {
+                "name": "resume",
+                "plan": str(plan_dir / "w2-b.json"),
+                "phases": [
+                    {"steps": 10, "checkpoint_dir": str(ck), "checkpoint_every": 5},
+                    {"steps": STEPS, "checkpoint_dir": str(ck), "resume": True},
+                ],
+            }
+        )
+    results = run_scenarios(world, scenarios, plan_dir / f"w{world}-results.json")
+    for name, plan in plans.items():
+        got = [loss for _, loss in results[name][0]]
+        _close(got, _reference(plan, world))
+    if gem is not None:
+        ref = reference_losses(
+            load_model(GEM, GEM_ARGS), steps=GEM_STEPS, world_size=2
+        )
+        _close([loss for _, loss in results["gem"][0]], ref)
+    if world == 2:
+        first, resumed = results["resume"]
+        assert [s for s, _ in first] == list(range(1, 11))
+        assert [s for s, _ in resumed] == list(range(11, STEPS + 1))
+        uninterrupted = dict((s, loss) for s, loss in results["b"][0])
+        assert [loss for _, loss in first] == [uninterrupted[s] for s in range(1, 11)]
+        # resuming is exact: same state, same batches, same reduction order
+        assert [loss for _, loss in resumed] == [uninterrupted[s] for s in range(11, STEPS + 1)]

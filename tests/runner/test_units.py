@@ -1,0 +1,257 @@
+"""Single-process checks of the runner's pieces: init, optimizers, hooks, errors, files."""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from gemc.backends.torch import checkpoint as ckpt
+from gemc.backends.torch import init, precision
+from gemc.backends.torch import kernels as kernel_registry
+from gemc.backends.torch.dense import TensorParallelNotSupported
+from gemc.backends.torch.reference import reference_losses
+from gemc.backends.torch.runner import RunOptions, run
+from gemc.backends.torch.sparse_optim import EmbeddingOptimConfig, RowState
+from torch import nn
+
+from gemc.errors import GemcUserError, PlanError
+from tests.runner.harness import MODEL, variant
+
+
+def test_table_slices_equal_the_whole_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any shard is the same slice of what one process draws, across block boundaries."""
+    monkeypatch.setattr(init, "BLOCK_ROWS", 7)
+    rows, dim = 30, 6
+    whole = init.fill_table_slice_(
+        torch.empty(rows, dim), fqn="t.weight", rows=rows, dim=dim, row_offset=0, col_offset=0,
+        seed=3, padding_idx=12,
+    )
+    assert torch.all(whole[12] == 0) and whole.std() > 0.5
+    for r0, nr, c0, nc in [(0, 30, 0, 6), (5, 11, 0, 6), (13, 17, 2, 3), (28, 2, 5, 1), (6, 1, 0, 6)]:
+        part = init.fill_table_slice_(
+            torch.empty(nr, nc), fqn="t.weight", rows=rows, dim=dim, row_offset=r0,
+            col_offset=c0, seed=3, padding_idx=12,
+        )
+        torch.testing.assert_close(part, whole[r0 : r0 + nr, c0 : c0 + nc], rtol=0, atol=0)
+    other = init.fill_table_slice_(
+        torch.empty(rows, dim), fqn="u.weight", rows=rows, dim=dim, row_offset=0, col_offset=0,
+        seed=3,
+    )
+    assert not torch.equal(other, whole)
+
+
+def test_derive_seed_is_stable() -> None:
+    assert init.derive_seed(0, "module", "top.0") == init.derive_seed(0, "module", "top.0")
+    assert init.derive_seed(0, "a") != init.derive_seed(1, "a")
+    assert 0 <= init.derive_seed(5, "x") < 2**63
+
+
+def test_dense_init_depends_on_names_not_on_global_rng() -> None:
+    def build() -> nn.Module:
+        with torch.device("meta"):
+            return nn.Sequential(nn.Linear(4, 3), nn.LayerNorm(3), nn.Linear(3, 2))
+
+    a, b = build(), build()
+    for m in (a, b):
+        m.to_empty(device="cpu")
+    torch.manual_seed(1)
+    init.reset_dense_(a, seed=7)
+    torch.manual_seed(2)
+    init.reset_dense_(b, seed=7)
+    for (na, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters()):
+        assert torch.equal(pa, pb), na
+
+
+def test_module_without_reset_parameters_is_refused() -> None:
+    class Raw(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.zeros(3))
+
+    model = nn.Sequential(nn.Linear(2, 2), Raw())
+    with pytest.raises(GemcUserError, match="reset_parameters"):
+        init.check_initializable(model)
+
+
+def test_rowwise_adagrad_and_lazy_adam_formulas() -> None:
+    """The update rules of the fused Triton kernel (its eager reference, restated)."""
+    w0 = torch.randn(5, 3)
+    rows = torch.tensor([1, 3])
+    g = torch.randn(2, 3)
+    cfg = EmbeddingOptimConfig(kind="rowwise_adagrad", lr=0.1, eps=1e-8)
+    w = w0.clone()
+    RowState(w, cfg.kind).apply(w, rows, g, cfg, 1, 3)
+    acc = g.pow(2).mean(1)
+    expect = w0.clone()
+    expect[rows] -= 0.1 * g / (acc.sqrt()[:, None] + 1e-8)
+    torch.testing.assert_close(w, expect)
+
+    cfg = EmbeddingOptimConfig(kind="adam", lr=0.01)
+    w = w0.clone()
+    state = RowState(w, cfg.kind)
+    state.apply(w, rows, g, cfg, 1, 3)
+    m = 0.1 * g
+    v = 0.001 * g * g
+    step_size = 0.01 * (1 - 0.999) ** 0.5 / (1 - 0.9)
+    expect = w0.clone()
+    expect[rows] -= step_size * m / (v.sqrt() + 1e-8)
+    torch.testing.assert_close(w, expect)
+    untouched = [0, 2, 4]
+    assert torch.equal(w[untouched], w0[untouched])
+    assert torch.all(state.tensors["exp_avg"][untouched] == 0)
+
+
+def test_runner_on_one_process_equals_the_reference(base_plans) -> None:
+    """World size 1 in module mode: the runner is the reference, bit for bit."""
+    plan = variant(base_plans[1])  # fp32, no kernels
+    got = run(plan, RunOptions(steps=5, device="cpu", progress=False)).losses
+    from gemc.api import load_model
+
+    ref = reference_losses(load_model(MODEL, {}), steps=5, world_size=1)
+    assert [loss for _, loss in got] == ref
+
+
+def test_graph_mode_runs_the_plans_kernels(base_plans, tmp_path) -> None:
+    """The compiler's kernels (fused GEMM epilogues, one batched embedding bag with the
+    optimizer in its backward) on one rank, Triton interpreted: same losses as eager, and a
+    checkpoint taken in graph mode resumes exactly."""
+    from gemc.api import load_model
+
+    plan = variant(base_plans[1], kernels=True)
+    kinds = sorted({k["kind"] for k in plan["kernels"]})
+    assert "batched_embedding_bag" in kinds and "gemm_epilogue" in kinds
+    ck = str(tmp_path / "ck")
+    first = run(plan, RunOptions(steps=2, device="cpu", progress=False, checkpoint_dir=ck))
+    assert first.report["kernels_applied"] and first.report["execution"].startswith("graph")
+    resumed = run(plan, RunOptions(steps=3, device="cpu", progress=False, checkpoint_dir=ck,
+                                   resume=True))
+    got = [loss for _, loss in first.losses + resumed.losses]
+    ref = reference_losses(load_model(MODEL, {}), steps=3, world_size=1)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=0)
+
+
+def test_kernels_on_several_ranks_are_refused() -> None:
+    from gemc.backends.torch.graph_mode import check_graph_mode
+
+    gemm = {"name": "g0", "kind": "gemm_epilogue"}
+    with pytest.raises(PlanError, match="one rank only") as exc:
+        check_graph_mode([gemm], world_size=2, module_sites=[])
+    assert "--no-kernels" in exc.value.fix
+    with pytest.raises(PlanError, match="module-scoped precision"):
+        check_graph_mode([gemm], world_size=1, module_sites=["top.0"])
+    with pytest.raises(PlanError, match="kind 'mystery'"):
+        check_graph_mode([{"name": "m", "kind": "mystery"}], world_size=1, module_sites=[])
+
+
+def test_world_size_mismatch_is_a_named_error(base_plans, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(PlanError, match="world size mismatch.*compiled for 2 ranks.*has 3") as exc:
+        run(base_plans[2], RunOptions(steps=1, device="cpu", progress=False))
+    assert "--nproc_per_node=2" in exc.value.fix
+
+
+def test_world_size_mismatch_from_the_command_line(base_plans, plan_dir, monkeypatch, capsys):
+    from gemc.backends.torch.cli import main
+
+    from gemc.plan import write_plan
+
+    path = plan_dir / "two.json"
+    write_plan(path, base_plans[2])
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "0")
+    assert main([str(path), "--steps", "1", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gemc: error: world size mismatch")
+    assert "fix:" in err and "where:" in err
+
+
+def test_fingerprint_mismatch_is_refused(base_plans, tmp_path) -> None:
+    """A plan compiled for other model arguments (hidden=16) must not run on hidden=32."""
+    from gemc.api import compile as gemc_compile
+
+    toy = str(Path(__file__).resolve().parents[1] / "models" / "toy.py") + ":build"
+    plan = gemc_compile(toy, {}, topology="h200:1x1")
+    plan["model"]["args"] = {"hidden": 32}
+    with pytest.raises(PlanError, match="compiled for a different model"):
+        run(plan, RunOptions(steps=1, device="cpu", progress=False))
+    tampered = copy.deepcopy(base_plans[1])
+    tampered["model"]["fingerprint"] = "sha256:" + "0" * 64
+    with pytest.raises(PlanError, match="model.fingerprint|different model"):
+        run(tampered, RunOptions(steps=1, device="cpu", progress=False))
+
+
+def test_tensor_parallel_is_a_loud_error(base_plans) -> None:
+    plan = copy.deepcopy(base_plans[1])
+    next(r for r in plan["regions"] if r["name"] == "top")["strategy"] = "tp"
+    with pytest.raises(TensorParallelNotSupported, match="tensor parallel not yet supported"):
+        run(plan, RunOptions(steps=1, device="cpu", progress=False))
+
+
+def test_precision_sites() -> None:
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1))
+    plan = precision.resolve(
+        [{"target": "*", "dtype": "bf16"}, {"target": "1", "dtype": "fp32", "sqnr_db": 40}], model
+    )
+    assert plan.global_dtype == torch.bfloat16 and plan.per_module == {"1": torch.float32}
+    precision.install(model, plan, "cpu")
+    with plan.autocast("cpu"):
+        seen: dict[str, torch.dtype] = {}
+
+        def record(name: str):  # noqa: ANN202
+            def hook(_m, _a, out) -> None:  # noqa: ANN001
+                seen[name] = out.dtype
+
+            return hook
+
+        model[0].register_forward_hook(record("0"))
+        model[1].register_forward_hook(record("1"))
+        model(torch.randn(3, 2))
+    assert seen == {"0": torch.bfloat16, "1": torch.float32}
+    with pytest.raises(PlanError, match="precision 'int4' is not supported"):
+        precision.resolve([{"target": "*", "dtype": "int4"}], model)
+    with pytest.raises(PlanError, match="module 'nope'"):
+        precision.resolve([{"target": "nope", "dtype": "bf16"}], model)
+    with pytest.raises(PlanError, match="names no target"):
+        precision.resolve([{"node": "linear_3", "dtype": "bf16"}], model)
+
+
+def test_kernel_entries_are_applied_or_refused(tmp_path) -> None:
+    ctx = kernel_registry.KernelContext("cpu", 0, 1, tmp_path, {})
+    model = nn.Linear(2, 2)
+    with pytest.raises(PlanError, match="kind 'fused_mlp'.*cannot execute"):
+        kernel_registry.apply(model, [{"name": "k0", "kind": "fused_mlp"}], ctx)
+    calls = []
+    kernel_registry.register("test_kind", lambda m, e, c: calls.append(e["name"]))
+    src = tmp_path / "k.py"
+    src.write_text("# kernel\n")
+    import hashlib
+
+    good = {"name": "k1", "kind": "test_kind", "source": "k.py",
+            "sha256": hashlib.sha256(src.read_bytes()).hexdigest()}
+    assert kernel_registry.apply(model, [good], ctx) == ["k1"] and calls == ["k1"]
+    with pytest.raises(PlanError, match="changed since the plan was compiled"):
+        kernel_registry.apply(model, [{**good, "sha256": "0" * 64}], ctx)
+    with pytest.raises(PlanError, match="does not exist"):
+        kernel_registry.apply(model, [{**good, "source": "missing.py"}], ctx)
+
+
+def test_find_latest_trusts_only_complete_checkpoints(tmp_path) -> None:
+    def complete(name: str) -> None:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / ".metadata").write_text("x")
+
+    assert ckpt.find_latest(tmp_path) is None
+    complete("step-00000004")
+    complete("step-00000008")
+    (tmp_path / "step-00000012.tmp").mkdir()  # an interrupted save
+    (tmp_path / "step-00000016").mkdir()  # no .metadata: never finished
+    (tmp_path / "latest").write_text("step-00000016\n")  # pointer to an incomplete one
+    assert ckpt.find_latest(tmp_path) == (8, tmp_path / "step-00000008")
+    (tmp_path / "latest").write_text("step-00000004\n")
+    assert ckpt.find_latest(tmp_path) == (4, tmp_path / "step-00000004")
+    os.remove(tmp_path / "latest")
+    assert ckpt.find_latest(tmp_path)[0] == 8
