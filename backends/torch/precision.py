@@ -101,14 +101,19 @@ def install(model: nn.Module, plan: PrecisionPlan, device_type: str) -> None:
         module = model.get_submodule(name)
         stack: list[contextlib.AbstractContextManager] = []
 
-        def pre(_m, _args, _stack=stack, _dtype=dtype) -> None:  # noqa: ANN001
-            ctx = (
-                torch.autocast(device_type=device_type, enabled=False)
-                if _dtype == torch.float32
-                else torch.autocast(device_type=device_type, dtype=_dtype)
-            )
+        def pre(_m, args, _stack=stack, _dtype=dtype):  # noqa: ANN001, ANN202
+            if _dtype == torch.float32:
+                ctx = torch.autocast(device_type=device_type, enabled=False)
+                # outside autocast nothing casts for us: lift low-precision inputs to fp32
+                args = tuple(
+                    a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                    for a in args
+                )
+            else:
+                ctx = torch.autocast(device_type=device_type, dtype=_dtype)
             ctx.__enter__()
             _stack.append(ctx)
+            return args
 
         def post(_m, _args, _out, _stack=stack) -> None:  # noqa: ANN001
             _stack.pop().__exit__(None, None, None)
