@@ -108,4 +108,20 @@ def compile(  # noqa: A001 - the public name users expect
         plan["predicted"] = predicted_block(gm, plan["regions"], plan["tables"], topo, calib)
     if out is not None:
         write_plan(out, plan)
+    if dump_dir is not None and dump_mode != "failure":
+        _dump_for_report(gm, plan, Path(dump_dir), progress)
     return plan
+
+
+def _dump_for_report(
+    gm: fx.GraphModule, plan: dict[str, Any], dump_dir: Path, progress: Callable[[str], None] | None
+) -> None:
+    """Besides the pass dumps: the plan (``gemc report DUMP_DIR`` reads it from there) and
+    the graph as MLIR. The MLIR export never fails a compile: torch-mlir is optional, and
+    an op it cannot lower is listed in ``mlir/unsupported.txt``."""
+    from gemc.backends.mlir.export import dump_mlir
+
+    write_plan(dump_dir / "plan.json", plan)
+    status = dump_mlir(gm, dump_dir, progress)
+    if progress:
+        progress(status)

@@ -90,6 +90,12 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("plan")
     v = sub.add_parser("validate", help="check a plan file")
     v.add_argument("plan")
+    r = sub.add_parser("report", help="one static HTML page about a compile (its dump dir)")
+    r.add_argument("dump_dir", help="the directory given to gemc compile --dump-dir")
+    r.add_argument("-o", "--out", default="report.html", help="where to write the HTML page")
+    r.add_argument("--plan", help="the plan to show (default: DUMP_DIR/plan.json)")
+    r.add_argument("--run", action="append", default=[], metavar="RUN_JSON",
+                   help="a run report (default: *.run.json in DUMP_DIR and next to the plan)")
     return p
 
 
@@ -150,7 +156,18 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    from gemc.report import write_report
+
+    out = write_report(args.dump_dir, args.out, plan=args.plan, runs=args.run)
+    print(f"wrote {out}")
+    return EXIT_OK
+
+
 COMMANDS = {"compile": _cmd_compile, "calibrate": _cmd_calibrate, "explain": _cmd_explain, "validate": _cmd_validate}
+
+
+COMMANDS["report"] = _cmd_report
 
 
 def main(argv: Sequence[str] | None = None) -> int:

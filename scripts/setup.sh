@@ -18,5 +18,16 @@ pip_install() {
 pip_install --upgrade pip
 pip_install torch==2.13.0
 pip_install -e '.[dev]'
+# Headless Chromium renders the HTML report in tests/report (Debian package `chromium`).
+# Optional for everything else: a failure here is reported and setup goes on.
+if [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "setup: installing chromium (apt-get) for the report test" >&2
+  if ! { DEBIAN_FRONTEND=noninteractive apt-get update -q \
+         && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+              chromium fonts-dejavu-core; } >"$log" 2>&1; then
+    tail -n 20 "$log" >&2
+    echo "setup: could not install chromium; tests/report will fail until it is installed" >&2
+  fi
+fi
 rm -f "$log"
 .venv/bin/python -c "import gemc, torch, triton, ortools, networkx; print('gemc', gemc.__version__, 'torch', torch.__version__, 'triton', triton.__version__)"
