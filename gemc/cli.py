@@ -80,6 +80,13 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--planner", default="default", help="default")
     c.add_argument("--calibration", default="auto",
                    help="auto (shipped file for the GPU), none (roofline), or a gemc calibrate file")
+    c.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp32"),
+                   help="GEMM precision: auto (bf16, fp8 where measured accurate and faster), "
+                   "or bf16 / fp32 everywhere")
+    c.add_argument("--min-sqnr-db", type=float, default=25.0,
+                   help="lowest SQNR (dB vs fp32) a GEMM may have in bf16 or fp8")
+    c.add_argument("--min-block-sqnr-db", type=float, default=23.0,
+                   help="lowest SQNR of a block (region) run with its chosen precisions")
     c.add_argument("--quiet", action="store_true", help="no progress display")
 
     cal = sub.add_parser("calibrate", help="measure this GPU and write a calibration file")
@@ -102,21 +109,24 @@ def _parser() -> argparse.ArgumentParser:
 def _cmd_compile(args: argparse.Namespace) -> int:
     from gemc.api import compile as gemc_compile
     from gemc.entrypoint import parse_sets
+    from gemc.passes.precision import precision_options
 
     kwargs = parse_sets(args.sets)
     progress = Progress(not args.quiet)
     try:
-        plan = gemc_compile(
-            args.entrypoint,
-            kwargs,
-            topology=args.topology,
-            out=args.out,
-            dump_dir=args.dump_dir,
-            dump_mode=args.dump_mode,
-            disabled_passes=args.disable_pass,
-            planner=args.planner,
-            progress=progress,
-        )
+        with precision_options(mode=args.precision, min_sqnr_db=args.min_sqnr_db,
+                               min_block_sqnr_db=args.min_block_sqnr_db):
+            plan = gemc_compile(
+                args.entrypoint,
+                kwargs,
+                topology=args.topology,
+                out=args.out,
+                dump_dir=args.dump_dir,
+                dump_mode=args.dump_mode,
+                disabled_passes=args.disable_pass,
+                planner=args.planner,
+                progress=progress,
+            )
     finally:
         progress.done()
     for warning in plan["warnings"]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from gemc.explain_precision import precision_section
 from gemc.table_format import human_count, ranks_str, render_table
 
 MAX_TABLE_ROWS = 40
@@ -87,7 +88,7 @@ def explain(plan: dict[str, Any]) -> str:
                 title="per rank",
             ),
         ]
-    out += ["", f"kernels    {len(plan['kernels'])}", f"precision  {len(plan['precision'])} sites"]
+    out += ["", f"kernels    {len(plan['kernels'])}", *precision_section(plan)]
     for w in plan.get("warnings", []):
         out.append(f"warning: {w}")
     return "\n".join(out)

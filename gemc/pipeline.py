@@ -8,6 +8,7 @@ from gemc.passes.classify_ops import ClassifyOps
 from gemc.passes.collect_tables import CollectTables
 from gemc.passes.count_flops_bytes import CountFlopsBytes
 from gemc.passes.place_default import PlaceDefault
+from gemc.passes.precision import ChoosePrecision
 from gemc.passes.predict_time import PredictTime
 
 
@@ -17,4 +18,4 @@ def annotation_passes() -> list[Pass]:
 
 
 def default_pipeline(planner: str = "default") -> list[Pass]:
-    return [*annotation_passes(), PredictTime(), PlaceDefault()]
+    return [*annotation_passes(), PredictTime(), ChoosePrecision(), PlaceDefault()]

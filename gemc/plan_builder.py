@@ -128,6 +128,152 @@ def region_summaries(
     ]
 
 
+_GEMMS = ("fwd", "dgrad", "wgrad")
+
+
+def _module_dtype(sites: list[dict[str, Any]]) -> str:
+    dtypes = {s["gemms"][g]["dtype"] for s in sites for g in _GEMMS}
+    return "fp8" if "fp8" in dtypes else "fp32" if "fp32" in dtypes else "bf16"
+
+
+def precision_entries(gm: fx.GraphModule) -> list[dict[str, Any]]:
+    """``plan["precision"]`` from the choose-precision annotations (empty without the pass).
+
+    Entries are what the runner applies (backends/torch/precision.py): first ``"*"`` with
+    the baseline dtype (and the rule, the probe and the block checks); then one entry per
+    module whose choice differs from what it would inherit -- ``"fp8"`` (an ``nn.Linear``
+    swapped for an fp8 linear running ``recipe``), ``"fp32"`` or ``"bf16"`` (an autocast
+    scope). Every GEMM site's record (per GEMM: choice, SQNR, predicted times and gain, why
+    the others were rejected) sits on the entry whose scope it runs in: sites running at
+    the baseline on the ``"*"`` entry.
+    """
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    facts = out_node.meta.get(ir.PRECISION)
+    if not isinstance(facts, dict):
+        return []
+    baseline = facts["baseline"]
+    modules: dict[str, list[dict[str, Any]]] = {}
+    for node in gm.graph.nodes:
+        record = node.meta.get(ir.PRECISION) if node.op == "call_function" else None
+        if isinstance(record, dict) and "gemms" in record:
+            modules.setdefault(record["module"], []).append({"node": node.name, **record})
+    dtype = {name: _module_dtype(sites) for name, sites in modules.items()}
+    applied: set[str] = set()
+    owner: dict[str, str] = {}  # module -> the entry whose scope it runs in
+    for name in sorted(modules, key=lambda n: n.count(".")):  # parents before children
+        scopes = [a for a in applied if name.startswith(a + ".") and dtype[a] != "fp8"]
+        scope = max(scopes, key=len) if scopes else "*"
+        if name and dtype[name] != (dtype[scope] if scopes else baseline):
+            applied.add(name)  # e.g. an fp8 layer, or a bf16 layer inside an fp32 module
+            scope = name
+        owner[name] = scope
+    star: dict[str, Any] = {
+        "target": "*",
+        "dtype": baseline,
+        "source": "choose-precision",
+        "mode": facts["mode"],
+        "rule": facts["rule"],
+        "probe": facts["probe"],
+        "blocks": facts["blocks"],
+        "sites": [s for name, sites in modules.items() if owner[name] == "*" for s in sites],
+    }
+    entries = [star]
+    for name in modules:
+        if name not in applied:
+            continue
+        sites = [s for m, ss in modules.items() if owner[m] == name for s in ss]
+        gemms = [s["gemms"][g] for s in sites for g in _GEMMS]
+        entry: dict[str, Any] = {
+            "target": name,
+            "dtype": dtype[name],
+            "source": "choose-precision",
+            "sqnr_db": min((g["sqnr_db"] for g in gemms if g["sqnr_db"] is not None),
+                           default=None),
+            "gain_ms": round(sum(g["gain_ms"] or 0.0 for g in gemms), 4),
+        }
+        if dtype[name] == "fp8":
+            first = sites[0]["gemms"]
+            entry["recipe"] = {
+                g: {"dtype": first[g]["dtype"], "scaling": first[g]["scaling"]} for g in _GEMMS
+            }
+        entry["sites"] = sites
+        entries.append(entry)
+    return entries
+
+
+def _modules(nodes: list[fx.Node]) -> list[str]:
+    """Innermost module FQNs of the nodes (from torch.export's nn_module_stack)."""
+    out = set()
+    for node in nodes:
+        stack = node.meta.get("nn_module_stack") or {}
+        if stack:
+            out.add(list(stack.values())[-1][0])
+    return sorted(out)
+
+
+def kernel_entries(gm: fx.GraphModule, ctx: PassContext) -> list[dict[str, Any]]:
+    """``plan["kernels"]``: one entry per kernel group (``gemc.group``/``gemc.kernel``).
+
+    Self-contained, as the runner needs nothing of the compiler: a fused group carries its
+    spec (``structure``, and ``binding``: the nodes it reads and writes, shapes, dtypes),
+    the sha256 of its generated source and, on the first entry with that hash, the source
+    text (``code``); ``file`` is where ``--dump-dir`` puts it. The source is also a pure
+    function of ``structure``, so it can be regenerated and checked against the hash.
+    Recommendation kernels name their library module and the graph facts they need.
+    """
+    from gemc.backends.triton.codegen import generated, source_file_name
+    from gemc.passes import fusion_spec
+    from gemc.passes.group_embeddings import lookup_facts
+
+    members: dict[str, list[fx.Node]] = defaultdict(list)
+    facts: dict[str, dict[str, Any]] = {}
+    for node in gm.graph.nodes:
+        gid = node.meta.get(ir.GROUP)
+        if gid is not None:
+            members[gid].append(node)
+            if ir.KERNEL in node.meta:
+                facts[gid] = node.meta[ir.KERNEL]
+    entries: list[dict[str, Any]] = []
+    with_code: set[str] = set()
+    for gid, nodes in members.items():
+        f = facts.get(gid)
+        if f is None:
+            continue
+        kind = f["kind"]
+        entry: dict[str, Any] = {
+            "name": gid,
+            "kind": kind,
+            "nodes": [n.name for n in nodes],
+            "replaces": _modules(nodes),
+            "region": nodes[-1].meta.get(ir.REGION, ""),
+            "predicted": {"before_ms": f.get("before_ms"), "after_ms": f.get("after_ms")},
+        }
+        if kind == "jagged_attention":
+            q, k, v = (a.name for a in nodes[0].args[:3])
+            keep = ("offsets", "clamp_min", "max_len", "heads", "head_dim", "scale", "causal",
+                    "fill", "padded_from")
+            entry.update(library="gemc.backends.triton.jagged_attention", q=q, k=k, v=v,
+                         **{key: f[key] for key in keep})
+        elif kind == "batched_embedding_bag":
+            tables = [t for t in (lookup_facts(n) for n in nodes) if t is not None]
+            entry.update(library="gemc.backends.triton.embedding_bag", batch=f["batch"],
+                         tables=tables,
+                         optimizer={key: f[key] for key in ("optimizer", "lr", "eps",
+                                                            "weight_decay")})
+        else:
+            inside = set(nodes)
+            outputs = [n for n in nodes if any(u not in inside for u in n.users)]
+            structure, binding = fusion_spec.build(kind, nodes, outputs)
+            source, digest = generated(structure)
+            entry.update(structure=structure, binding=binding, sha256=digest,
+                         file=source_file_name(digest))
+            if digest not in with_code:
+                entry["code"] = source
+                with_code.add(digest)
+        entries.append(entry)
+    return entries
+
+
 def build_plan(
     gm: fx.GraphModule,
     ctx: PassContext,
@@ -165,7 +311,7 @@ def build_plan(
         "regions": regions,
         "tables": tables,
         "kernels": [],
-        "precision": [],
+        "precision": precision_entries(gm),
         "predicted": predicted
         or {
             "step_ms": None,

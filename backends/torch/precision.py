@@ -5,12 +5,19 @@
     {"target": "*",           "dtype": "bf16", ...}   # the whole forward under autocast
     {"target": "<module fqn>", "dtype": "fp32", ...}  # one module (a region, a layer)
 
+    {"target": "<linear fqn>", "dtype": "fp8", "recipe": {"fwd": {"dtype": "fp8",
+     "scaling": "rowwise"}, "dgrad": {...}, "wgrad": {...}}, ...}      # an fp8 linear
+
 ``dtype`` is one of ``bf16``, ``fp16``, ``fp32`` (``fp32`` turns autocast off inside that
-module, e.g. to keep a numerically sensitive layer out of a bf16 region). Other keys
-(``error``, ``sqnr_db``, provenance) are informational and kept in the run report. An
-entry naming a dtype or a module the runner cannot apply is a :class:`PlanError`, never
-silently skipped: a plan whose precision is not what it says would make its predicted
-error meaningless. ``--precision`` on the command line adds a ``"*"`` entry.
+module, e.g. to keep a numerically sensitive layer out of a bf16 region) or ``fp8``: the
+``nn.Linear`` is swapped for :class:`gemc.backends.torch.fp8.Fp8Linear` (same parameters)
+running each of its three GEMMs as ``recipe`` says. Other keys (``error``, ``sqnr_db``,
+provenance) are informational and kept in the run report. An entry naming a dtype or a
+module the runner cannot apply is a :class:`PlanError`, never silently skipped: a plan
+whose precision is not what it says would make its predicted error meaningless.
+``--precision`` on the command line adds a ``"*"`` entry; a ``"*"`` entry overrides every
+entry before it (the compiler writes its ``"*"`` first), so ``--precision fp32`` means the
+whole model.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from gemc.backends.torch import fp8
 from torch import nn
 
 from gemc.errors import PlanError
@@ -40,6 +48,7 @@ class PrecisionPlan:
 
     global_dtype: torch.dtype | None = None
     per_module: dict[str, torch.dtype] = field(default_factory=dict)
+    fp8_linears: dict[str, fp8.Fp8Recipe] = field(default_factory=dict)  # fqn -> recipe
 
     @property
     def compute_dtype(self) -> str:
@@ -61,7 +70,7 @@ def _dtype(entry: dict[str, Any], where: str) -> torch.dtype:
         raise PlanError(
             f"precision {entry.get('dtype')!r} is not supported by the runner",
             where=where,
-            fix=f"use one of {', '.join(sorted(set(DTYPES)))} (fp8 sites are not executable yet)",
+            fix=f"use one of {', '.join(sorted(set(DTYPES)))} (fp8: give a 'recipe')",
         )
     return DTYPES[name]
 
@@ -81,9 +90,14 @@ def resolve(entries: list[dict[str, Any]], model: nn.Module) -> PrecisionPlan:
                 where=where,
                 fix="give 'target': '*' or a module fqn; per-node precision is not executable",
             )
+        if str(entry.get("dtype", "")).lower() == "fp8":
+            out.fp8_linears[target] = _fp8_recipe(entry, target, modules, where)
+            continue
         dtype = _dtype(entry, where)
         if target in ("*", ""):
             out.global_dtype = dtype
+            out.per_module.clear()
+            out.fp8_linears.clear()
         elif target in modules:
             out.per_module[target] = dtype
         else:
@@ -95,8 +109,28 @@ def resolve(entries: list[dict[str, Any]], model: nn.Module) -> PrecisionPlan:
     return out
 
 
+def _fp8_recipe(
+    entry: dict[str, Any], target: str, modules: dict[str, nn.Module], where: str
+) -> fp8.Fp8Recipe:
+    module = modules.get(target)
+    if not isinstance(module, nn.Linear):
+        raise PlanError(
+            f"{where} asks fp8 for '{target}', which is "
+            + ("not in the model" if module is None else f"a {type(module).__name__}"),
+            where=where,
+            fix="fp8 applies to nn.Linear modules only; compile the plan again for this model",
+        )
+    try:
+        fp8.check_linear_dims(module.in_features, module.out_features)
+        return fp8.Fp8Recipe.from_dict(entry.get("recipe") or {})
+    except ValueError as exc:
+        raise PlanError(f"{where}: {exc}", where=where, fix="compile the plan again") from exc
+
+
 def install(model: nn.Module, plan: PrecisionPlan, device_type: str) -> None:
-    """Wrap each per-module site's forward in its autocast scope (forward pre/post hooks)."""
+    """Swap the fp8 linears, then wrap each per-module site's forward in its autocast scope
+    (forward pre/post hooks)."""
+    fp8.swap_linears(model, plan.fp8_linears)
     for name, dtype in plan.per_module.items():
         module = model.get_submodule(name)
         stack: list[contextlib.AbstractContextManager] = []

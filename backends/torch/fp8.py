@@ -1,0 +1,497 @@
+"""FP8 (e4m3) GEMMs for training: quantization, ``torch._scaled_mm`` and its CPU emulation.
+
+One linear layer runs three GEMMs, and each has its own precision (:class:`GemmChoice`):
+
+=========  ==========================  ===============  ==================================
+GEMM       computes                    contraction      fp8 operands (scaled along)
+=========  ==========================  ===============  ==================================
+``fwd``    ``y[M,N] = x[M,K] W^T``     K (features)     x per token, W per output feature
+``dgrad``  ``dx[M,K] = dy[M,N] W``     N (features)     dy per token, W per input feature
+``wgrad``  ``dW[N,K] = dy^T x``        M (tokens)       dy per output feature, x per input
+=========  ==========================  ===============  ==================================
+
+**Scaling.** Dynamic ("current") scaling: every call measures the amax of each operand and
+quantizes with it; nothing is carried between steps, so a spike cannot overflow a stale
+scale. *Row-wise* (the default) gives every row of ``a`` and every column of ``b`` its own
+scale, taken along the contraction dimension (the only layout ``_scaled_mm`` accepts: scale_a
+``[M, 1]``, scale_b ``[1, N]``), so one outlier token or feature costs precision only in its
+own row. *Tensor-wise* (one scale per operand) is for operands without outliers.
+
+**Scales are powers of two** (``2^(floor(log2(amax / 448)) + 1)``): dividing by them is exact in
+any float format, so a bf16 operand is scaled in bf16 without rounding (7 bytes moved per
+element instead of 11 for an fp32 intermediate), the CPU emulation and the GPU quantize to
+bit-identical fp8 values, and the largest magnitude lands in [224, 448) -- at most one
+binade of e4m3's range unused, which costs no precision because e4m3's error is relative.
+No clamp is needed: a scaled value never exceeds 448.
+
+**Contract** (:func:`check_scaled_mm_args`, what ``torch._scaled_mm`` enforces on CUDA, also
+enforced by the emulation so a CPU test catches what would fail on the GPU): ``a`` [M, K]
+row-major and ``b`` [K, N] column-major, both float8_e4m3fn; K and N divisible by 16;
+tensor-wise scales are single fp32 values, row-wise scales are contiguous fp32 ``[M, 1]``
+and ``[1, N]`` with a bf16 output. Outputs here are always bf16 (the only dtype both
+scalings accept on every Hopper software stack). Accumulation is fp32 (no fast accum).
+
+**Emulation** (CPU, or ``emulate=True``): the same quantization, then dequantize (exact,
+power-of-two scales) and matmul in fp32, rounded to the output dtype -- what the tensor
+cores compute up to the order of fp32 accumulation.
+
+Imports torch only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+E4M3 = torch.float8_e4m3fn
+E4M3_MAX = 448.0
+ROWWISE = "rowwise"
+TENSORWISE = "tensorwise"
+SCALINGS = (ROWWISE, TENSORWISE)
+GEMMS = ("fwd", "dgrad", "wgrad")
+DTYPES = ("fp32", "bf16", "fp8")
+ALIGN = 16  # _scaled_mm: K and N divisible by 16
+FP8_OUT_DTYPE = torch.bfloat16
+
+
+# ----------------------------------------------------------------------------- choices
+
+
+@dataclass(frozen=True)
+class GemmChoice:
+    """The precision of one GEMM: fp32, bf16, or fp8 with a scaling."""
+
+    dtype: str = "bf16"
+    scaling: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"GEMM dtype {self.dtype!r} is not one of {DTYPES}")
+        if self.dtype == "fp8" and self.scaling not in SCALINGS:
+            raise ValueError(f"an fp8 GEMM needs a scaling in {SCALINGS}, got {self.scaling!r}")
+        if self.dtype != "fp8" and self.scaling is not None:
+            raise ValueError(f"only fp8 GEMMs have a scaling ({self.dtype} has {self.scaling!r})")
+
+    @property
+    def label(self) -> str:
+        """'fp32', 'bf16', 'fp8-row' or 'fp8-tensor' (dumps, tables)."""
+        if self.dtype != "fp8":
+            return self.dtype
+        return "fp8-row" if self.scaling == ROWWISE else "fp8-tensor"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"dtype": self.dtype, "scaling": self.scaling}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> GemmChoice:
+        return cls(str(d.get("dtype", "bf16")), d.get("scaling"))
+
+
+FP32 = GemmChoice("fp32")
+BF16 = GemmChoice("bf16")
+FP8_ROW = GemmChoice("fp8", ROWWISE)
+FP8_TENSOR = GemmChoice("fp8", TENSORWISE)
+
+
+@dataclass(frozen=True)
+class Fp8Recipe:
+    """The choices of a linear layer's three GEMMs."""
+
+    fwd: GemmChoice = FP8_ROW
+    dgrad: GemmChoice = FP8_ROW
+    wgrad: GemmChoice = FP8_ROW
+
+    @property
+    def any_fp8(self) -> bool:
+        return any(c.dtype == "fp8" for c in self.choices().values())
+
+    def choices(self) -> dict[str, GemmChoice]:
+        return {"fwd": self.fwd, "dgrad": self.dgrad, "wgrad": self.wgrad}
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return {g: c.to_dict() for g, c in self.choices().items()}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Fp8Recipe:
+        """From ``{"fwd": {"dtype", "scaling", ...}, "dgrad": ..., "wgrad": ...}`` (extra
+        keys, such as a plan entry's measurements, are ignored)."""
+        missing = [g for g in GEMMS if g not in d]
+        if missing:
+            raise ValueError(f"fp8 recipe lacks the GEMM(s) {missing}")
+        return cls(*(GemmChoice.from_dict(d[g]) for g in GEMMS))
+
+    @classmethod
+    def uniform(cls, choice: GemmChoice) -> Fp8Recipe:
+        return cls(choice, choice, choice)
+
+
+# ----------------------------------------------------------------------------- quantization
+
+
+def _amax(x: torch.Tensor, dim: int | None) -> torch.Tensor:
+    """max |x| in fp32, over ``dim`` (kept) or the whole tensor: one reduction kernel."""
+    if dim is None:
+        return torch.linalg.vector_norm(x, ord=math.inf, dtype=torch.float32)
+    return torch.linalg.vector_norm(x, ord=math.inf, dim=dim, keepdim=True, dtype=torch.float32)
+
+
+AMAX_FLOOR = 1e-12
+"""amax is floored here so 1/scale stays finite (a gradient row of 1e-40s would give an
+infinite inverse and 0 * inf = NaN); values that small quantize to 0 either way."""
+
+
+def pow2_scale(amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scale, 1/scale) with scale = 2^e, e = floor(log2(amax / 448)) + 1: amax / scale
+    lands in [224, 448).
+
+    ``frexp(amax / 448) = m * 2^e`` with m in [0.5, 1) gives that e; the scale and its
+    inverse are exact."""
+    _, exp = torch.frexp(amax.clamp(min=AMAX_FLOOR) / E4M3_MAX)
+    one = torch.ones_like(amax)
+    return torch.ldexp(one, exp), torch.ldexp(one, -exp)
+
+
+def quantize(
+    x: torch.Tensor, scaling: str, dim: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x / scale in float8_e4m3fn, scale in fp32): the dequantized value is ``q * scale``.
+
+    ``rowwise`` takes one amax per slice along ``dim`` (the contraction dimension: 1 for the
+    left operand ``[M, K]``, 0 for the right ``[K, N]``), ``tensorwise`` one for all.
+    """
+    if scaling not in SCALINGS:
+        raise ValueError(f"unknown scaling {scaling!r}; use one of {SCALINGS}")
+    if scaling == ROWWISE and dim is None:
+        raise ValueError("row-wise scaling needs the contraction dim")
+    amax = _amax(x, dim if scaling == ROWWISE else None)
+    scale, inv = pow2_scale(amax)
+    # Power-of-two scaling is exact in bf16 and fp32, so stay in x's dtype (fp16's narrow
+    # exponent range could under/overflow the inverse: go through fp32 there).
+    work = x if x.dtype in (torch.bfloat16, torch.float32) else x.float()
+    return (work * inv.to(work.dtype)).to(E4M3), scale
+
+
+def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return q.float() * scale
+
+
+# ----------------------------------------------------------------------------- scaled matmul
+
+
+def _is_row_major(t: torch.Tensor) -> bool:
+    return t.dim() == 2 and (t.stride(1) == 1 or t.shape[1] <= 1) and t.stride(0) >= t.shape[1]
+
+
+def _is_col_major(t: torch.Tensor) -> bool:
+    return t.dim() == 2 and (t.stride(0) == 1 or t.shape[0] <= 1) and t.stride(1) >= t.shape[0]
+
+
+def check_scaled_mm_args(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale_a: torch.Tensor,
+    scale_b: torch.Tensor,
+    out_dtype: torch.dtype,
+    bias: torch.Tensor | None = None,
+) -> str:
+    """Raise ValueError where ``torch._scaled_mm`` on Hopper would refuse; return the scaling.
+
+    Applied on every path, so an emulated run on the CPU fails exactly where the GPU would.
+    """
+    if a.dim() != 2 or b.dim() != 2:
+        raise ValueError(f"_scaled_mm takes matrices, got {tuple(a.shape)} and {tuple(b.shape)}")
+    m, k = a.shape
+    k2, n = b.shape
+    if k != k2:
+        raise ValueError(f"shapes cannot be multiplied: {m}x{k} and {k2}x{n}")
+    if a.dtype != E4M3 or b.dtype != E4M3:
+        raise ValueError(f"operands must be float8_e4m3fn, got {a.dtype} and {b.dtype}")
+    if k % ALIGN or n % ALIGN:
+        raise ValueError(
+            f"K and N must be divisible by {ALIGN} (a {m}x{k} @ b {k}x{n}); pad or keep bf16"
+        )
+    if not _is_row_major(a):
+        raise ValueError(f"a must be row-major, got strides {a.stride()} for {tuple(a.shape)}")
+    if not _is_col_major(b):
+        raise ValueError(f"b must be column-major, got strides {b.stride()} for {tuple(b.shape)}")
+    if scale_a.dtype != torch.float32 or scale_b.dtype != torch.float32:
+        raise ValueError(f"scales must be float32, got {scale_a.dtype} and {scale_b.dtype}")
+    if scale_a.numel() == 1 and scale_b.numel() == 1:
+        scaling = TENSORWISE
+        if out_dtype not in (torch.bfloat16, torch.float16, torch.float32):
+            raise ValueError(f"tensor-wise out_dtype must be bf16, fp16 or fp32, got {out_dtype}")
+    elif tuple(scale_a.shape) == (m, 1) and tuple(scale_b.shape) == (1, n):
+        scaling = ROWWISE
+        if not (scale_a.is_contiguous() and scale_b.is_contiguous()):
+            raise ValueError("row-wise scales must be contiguous")
+        if out_dtype != torch.bfloat16:
+            raise ValueError(f"row-wise scaling only outputs bf16, got {out_dtype}")
+    else:
+        raise ValueError(
+            f"scales must both be single values (tensor-wise) or [M, 1]=[{m}, 1] and "
+            f"[1, N]=[1, {n}] (row-wise), got {tuple(scale_a.shape)} and {tuple(scale_b.shape)}"
+        )
+    if bias is not None:
+        if out_dtype == torch.float32:
+            raise ValueError("_scaled_mm takes no bias with an fp32 output")
+        if bias.dtype not in (torch.bfloat16, torch.float16) or bias.numel() != n:
+            raise ValueError(f"bias must be bf16/fp16 with {n} values")
+    return scaling
+
+
+def hardware_fp8(device: torch.device) -> bool:
+    """Whether ``device`` runs ``_scaled_mm`` natively (CUDA, compute capability >= 8.9)."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+def scaled_mm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scale_a: torch.Tensor,
+    scale_b: torch.Tensor,
+    out_dtype: torch.dtype = FP8_OUT_DTYPE,
+    *,
+    bias: torch.Tensor | None = None,
+    emulate: bool | None = None,
+) -> torch.Tensor:
+    """``(a * scale_a) @ (b * scale_b) (+ bias)`` in ``out_dtype``: ``torch._scaled_mm`` on a
+    GPU with fp8 tensor cores, else (or with ``emulate=True``) dequantize + fp32 matmul."""
+    check_scaled_mm_args(a, b, scale_a, scale_b, out_dtype, bias)
+    if emulate is None:
+        emulate = not hardware_fp8(a.device)
+    if not emulate:
+        return torch._scaled_mm(
+            a, b, scale_a=scale_a, scale_b=scale_b, bias=bias, out_dtype=out_dtype,
+            use_fast_accum=False,
+        )
+    out = dequantize(a, scale_a) @ dequantize(b, scale_b)
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(out_dtype)
+
+
+def _pad_contraction(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Zero-pad K to a multiple of 16 (exact: zero products). Only the wgrad GEMM contracts
+    over tokens, whose count a jagged batch does not promise to align."""
+    k = a.shape[1]
+    pad = -k % ALIGN
+    if not pad:
+        return a, b
+    a = torch.cat([a, a.new_zeros(a.shape[0], pad)], dim=1)
+    b = torch.cat([b, b.new_zeros(pad, b.shape[1])], dim=0)
+    return a, b
+
+
+def fp8_matmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    scaling: str = ROWWISE,
+    out_dtype: torch.dtype = FP8_OUT_DTYPE,
+    *,
+    emulate: bool | None = None,
+) -> torch.Tensor:
+    """``a[M, K] @ b[K, N]`` in fp8 from high-precision operands of any layout.
+
+    Each operand is quantized along K (its own scales), then laid out as ``_scaled_mm``
+    wants (row-major a, column-major b) -- the copy, where one is needed, moves fp8 bytes."""
+    a, b = _pad_contraction(a, b)
+    qa, sa = quantize(a, scaling, dim=1)
+    qb, sb = quantize(b, scaling, dim=0)
+    if not _is_row_major(qa):
+        qa = qa.contiguous()
+    if not _is_col_major(qb):
+        qb = qb.t().contiguous().t()
+    out = scaled_mm(qa, qb, sa, sb, FP8_OUT_DTYPE, emulate=emulate)
+    return out if out_dtype == FP8_OUT_DTYPE else out.to(out_dtype)
+
+
+def gemm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    choice: GemmChoice,
+    out_dtype: torch.dtype,
+    *,
+    emulate: bool | None = None,
+) -> torch.Tensor:
+    """``a @ b`` in the precision ``choice`` says, returned in ``out_dtype``.
+
+    bf16 on a CPU is emulated: bf16-rounded operands multiplied in fp32 (their products are
+    exact there) and the result rounded to bf16 -- what a bf16 GEMM with fp32 accumulation
+    computes, without CPUs' slow native bf16 matmul."""
+    if choice.dtype == "fp8":
+        return fp8_matmul(a, b, str(choice.scaling), out_dtype, emulate=emulate)
+    if choice.dtype == "fp32":
+        return (a.float() @ b.float()).to(out_dtype)
+    if a.device.type == "cpu":
+        out = a.to(torch.bfloat16).float() @ b.to(torch.bfloat16).float()
+        return out.to(torch.bfloat16).to(out_dtype)
+    return (a.to(torch.bfloat16) @ b.to(torch.bfloat16)).to(out_dtype)
+
+
+SCALE_KERNELS = 7
+"""Tiny launches per quantized operand for the scale arithmetic (clamp, divide, frexp,
+ones, ldexp x2, cast) on the [M, 1] / [1, N] amax."""
+
+
+def quantize_kernels(numel: int, elt_bytes: int, relayout: bool) -> list[int]:
+    """Bytes moved by each streaming kernel of :func:`quantize` (+ the layout copy that
+    :func:`fp8_matmul` adds where the operand is not already in ``_scaled_mm``'s layout),
+    for the cost model: it prices exactly what this module launches."""
+    out = [numel * elt_bytes]  # amax
+    work = elt_bytes
+    if elt_bytes not in (2, 4):  # fp16 goes through fp32
+        out.append(numel * (elt_bytes + 4))
+        work = 4
+    out += [numel * (work + work), numel * (work + 1)]  # scale multiply, cast to fp8
+    if relayout:
+        out.append(2 * numel)
+    return out
+
+
+# ----------------------------------------------------------------------------- autograd
+
+
+@contextlib.contextmanager
+def _no_autocast(device_type: str) -> Iterator[None]:
+    with torch.autocast(device_type=device_type, enabled=False):
+        yield
+
+
+class _Fp8LinearFn(torch.autograd.Function):
+    """``x[M, K] W[N, K]^T + b`` with each of the three GEMMs in its recipe's precision.
+
+    Saves the high-precision x and W (as a bf16 linear under autocast saves its inputs) and
+    quantizes again in backward along the other axes: a row-wise scale of the forward is
+    not the scale the backward GEMMs need."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        recipe: Fp8Recipe,
+        out_dtype: torch.dtype,
+        emulate: bool | None,
+    ) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.recipe, ctx.emulate, ctx.has_bias = recipe, emulate, bias is not None
+        ctx.x_dtype, ctx.out_dtype = x.dtype, out_dtype
+        with _no_autocast(x.device.type):
+            y = gemm(x, weight.t(), recipe.fwd, out_dtype, emulate=emulate)
+            if bias is not None:
+                y = y + bias.to(out_dtype)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+        x, weight = ctx.saved_tensors
+        recipe: Fp8Recipe = ctx.recipe
+        dx = dw = db = None
+        with _no_autocast(dy.device.type):
+            if ctx.needs_input_grad[0]:
+                dx = gemm(dy, weight, recipe.dgrad, ctx.x_dtype, emulate=ctx.emulate)
+            if ctx.needs_input_grad[1]:
+                dw = gemm(dy.t(), x, recipe.wgrad, weight.dtype, emulate=ctx.emulate)
+            if ctx.has_bias and ctx.needs_input_grad[2]:
+                db = dy.sum(0, dtype=torch.float32)
+        return dx, dw, db, None, None, None
+
+
+def fp8_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    recipe: Fp8Recipe,
+    *,
+    out_dtype: torch.dtype | None = None,
+    emulate: bool | None = None,
+) -> torch.Tensor:
+    """``F.linear`` with the recipe's precisions; leading dims of x are flattened into M.
+
+    ``out_dtype`` defaults to the autocast dtype when autocast is on (what ``nn.Linear``
+    returns there), else x's dtype."""
+    if out_dtype is None:
+        dev = x.device.type
+        out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+    lead = x.shape[:-1]
+    y = _Fp8LinearFn.apply(x.reshape(-1, x.shape[-1]), weight, bias, recipe, out_dtype, emulate)
+    return y.reshape(*lead, weight.shape[0])
+
+
+class Fp8Linear(nn.Linear):
+    """An ``nn.Linear`` whose GEMMs run as its :class:`Fp8Recipe` says.
+
+    A subclass holding the *same* Parameter objects as the layer it replaces, so FQNs,
+    state dicts, optimizers, FSDP and ``reset_parameters`` see no difference. Swap before
+    installing hooks or wrappers on the layer: the new module does not inherit them."""
+
+    recipe: Fp8Recipe
+    emulate: bool | None
+
+    @classmethod
+    def from_linear(
+        cls, linear: nn.Linear, recipe: Fp8Recipe, *, emulate: bool | None = None
+    ) -> Fp8Linear:
+        check_linear_dims(linear.in_features, linear.out_features)
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.in_features, new.out_features = linear.in_features, linear.out_features
+        new.weight = linear.weight
+        new.register_parameter("bias", linear.bias)  # a Parameter or None, like nn.Linear
+        new.recipe, new.emulate = recipe, emulate
+        new.train(linear.training)
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return fp8_linear(x, self.weight, self.bias, self.recipe, emulate=self.emulate)
+
+    def extra_repr(self) -> str:
+        r = self.recipe
+        return (
+            f"{super().extra_repr()}, fwd={r.fwd.label}, dgrad={r.dgrad.label}, "
+            f"wgrad={r.wgrad.label}"
+        )
+
+
+def check_linear_dims(in_features: int, out_features: int) -> None:
+    """Every fp8 GEMM of a linear layer has K or N in {in_features, out_features}."""
+    if in_features % ALIGN or out_features % ALIGN:
+        raise ValueError(
+            f"fp8 needs in/out features divisible by {ALIGN}, got {in_features} -> {out_features}"
+        )
+
+
+def swap_linear(
+    model: nn.Module, fqn: str, recipe: Fp8Recipe, *, emulate: bool | None = None
+) -> Fp8Linear:
+    """Replace the ``nn.Linear`` at ``fqn`` by an :class:`Fp8Linear` (in place, same params)."""
+    module = model.get_submodule(fqn)
+    if not isinstance(module, nn.Linear):
+        raise ValueError(f"{fqn} is a {type(module).__name__}, not an nn.Linear: fp8 applies "
+                         "to linear layers only")
+    new = Fp8Linear.from_linear(module, recipe, emulate=emulate)
+    parent_name, _, child = fqn.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, new)
+    return new
+
+
+def swap_linears(
+    model: nn.Module, recipes: Mapping[str, Fp8Recipe], *, emulate: bool | None = None
+) -> list[str]:
+    """Swap every FQN of ``recipes`` whose recipe has an fp8 GEMM; returns those swapped."""
+    done = []
+    for fqn in sorted(recipes):
+        if recipes[fqn].any_fp8:
+            swap_linear(model, fqn, recipes[fqn], emulate=emulate)
+            done.append(fqn)
+    return done

@@ -1,0 +1,212 @@
+"""GEMM sites of a graph for the precision pass: what they are, what may not go fp8, and
+what each precision would cost on the target GPU.
+
+A *site* is one GEMM node of the forward graph; it stands for three GEMMs of a training
+step -- ``fwd``, ``dgrad`` (input gradient) and ``wgrad`` (weight gradient) -- with the
+problems the cost model uses (:func:`gemc.cost_model.kernels.gemm_backward_problems`).
+For a GEMM over jagged values M is the sum of lengths: the graph's node already has it.
+
+Structural exclusions (never fp8, whatever the numbers say) are decided here, from the
+graph alone, so they hold even when nothing could be measured:
+
+* only an ``nn.Linear`` runs fp8 (the runner swaps the module); einsum, bmm and matmul
+  sites stay in bf16 or fp32 -- among them every activation x activation product
+  (attention scores and probabilities, factorization-machine interactions);
+* a GEMM whose result reaches a softmax or whose operand comes from one (attention scores
+  and probabilities written out by hand), one that feeds the loss directly (the logits),
+  and one whose weight is an embedding table (tied weights);
+* every dim of all three GEMMs divisible by 16 (``_scaled_mm``'s K and N; M too, since
+  the weight-gradient GEMM contracts over it);
+* a GPU without fp8 tensor cores.
+
+Norms, softmax, the loss, embedding lookups, optimizer state and residual adds are not
+GEMM sites at all: the pass never assigns them a precision, and under the plan's bf16
+autocast baseline they run as autocast runs them (norms, softmax and the loss in fp32).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from gemc.backends.torch import fp8
+from gemc.cost_model import kernels
+from gemc.cost_model.op_cost import gemm_time, memory_time
+from gemc.passes.assign_regions import module_path
+from gemc.passes.classify_ops import op_name
+from torch import fx
+
+from gemc import ir
+from gemc.ir import OpKind
+
+GEMMS = fp8.GEMMS
+SiteKey = tuple[str, str, int]
+_PASS_THROUGH = (OpKind.VIEW, OpKind.POINTWISE)
+_SOFTMAX = {"softmax", "_softmax", "log_softmax", "_log_softmax"}
+_HOPS = 4  # views / pointwise ops between a GEMM and the softmax or loss it feeds
+
+
+@dataclass
+class Site:
+    """One GEMM node and the facts the decision needs."""
+
+    node: fx.Node
+    op: str
+    module: str  # innermost module path: the runner's target for this site
+    module_type: str  # class name from the graph's module stack
+    region: str
+    key: SiteKey  # (module, op, index of that op in that module): the probe's key
+    problem: dict[str, int]  # batch, m, n, k of the forward GEMM
+    weight_fqn: str | None
+
+    def problems(self) -> dict[str, tuple[int, int, int, int]]:
+        """(batch, M, N, K) of the forward, input-gradient and weight-gradient GEMMs."""
+        b, m, n, k = (int(self.problem[x]) for x in ("batch", "m", "n", "k"))
+        dgrad, wgrad = kernels.gemm_backward_problems(b, m, n, k)
+        return {"fwd": (b, m, n, k), "dgrad": dgrad, "wgrad": wgrad}
+
+
+def _module_type(node: fx.Node) -> str:
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return ""
+    t = list(stack.values())[-1][1]
+    name = t if isinstance(t, str) else getattr(t, "__qualname__", str(t))
+    return name.rsplit(".", 1)[-1]
+
+
+def collect_sites(gm: fx.GraphModule) -> list[Site]:
+    """Every GEMM node with a known problem shape, in graph order."""
+    sites = []
+    counts: Counter[tuple[str, str]] = Counter()
+    for node in gm.graph.nodes:
+        if ir.kind_of(node) is not OpKind.GEMM or not node.meta.get(ir.GEMM):
+            continue
+        op = op_name(node)
+        path = module_path(node)
+        index = counts[(path, op)]
+        counts[(path, op)] += 1
+        weight = node.args[1] if op == "linear" and len(node.args) > 1 else None
+        fqn = weight.meta.get(ir.PARAM) if isinstance(weight, fx.Node) else None
+        sites.append(Site(node, op, path, _module_type(node), node.meta.get(ir.REGION, ""),
+                          (path, op, index), dict(node.meta[ir.GEMM]), fqn))
+    return sites
+
+
+# ----------------------------------------------------------------------------- exclusions
+
+
+def _reaches(node: fx.Node, want: set[str], kinds: set[OpKind], forward: bool) -> bool:
+    """Whether a node of op name in ``want`` or kind in ``kinds`` is within ``_HOPS`` views
+    or pointwise ops of ``node`` (downstream if ``forward``, else upstream)."""
+    frontier, seen = [node], {node}
+    for _ in range(_HOPS):
+        nxt = []
+        for n in frontier:
+            for m in (n.users if forward else n.all_input_nodes):
+                if m in seen:
+                    continue
+                seen.add(m)
+                if m.op == "call_function" and (op_name(m) in want or ir.kind_of(m) in kinds):
+                    return True
+                if ir.kind_of(m) in _PASS_THROUGH:
+                    nxt.append(m)
+        frontier = nxt
+    return False
+
+
+def structural_reason(site: Site, table_fqns: set[str], is_linear: bool | None) -> str | None:
+    """Why this site may never run fp8 (None: it may, if it pays and is accurate)."""
+    node = site.node
+    operands = node.all_input_nodes
+    has_weight = any(ir.kind_of(a) is OpKind.PARAM for a in operands)
+    if _reaches(node, _SOFTMAX, set(), True) or any(
+        _reaches(a, _SOFTMAX, set(), False) or op_name(a) in _SOFTMAX
+        for a in operands if a.op == "call_function"
+    ):
+        return "attention scores/probabilities (feeds or reads a softmax)"
+    if not has_weight and site.op != "linear":
+        return f"activation x activation {site.op} (interactions, attention): bf16 at most"
+    if site.op != "linear":
+        return f"{site.op} site: only nn.Linear layers run fp8"
+    if is_linear is False or (is_linear is None and site.module_type != "Linear"):
+        return f"module {site.module or '(root)'} is a {site.module_type or 'function'}, " \
+               "not an nn.Linear"
+    if site.weight_fqn in table_fqns:
+        return "its weight is an embedding table"
+    if _reaches(node, set(), {OpKind.LOSS}, True):
+        return "feeds the loss directly (logits)"
+    bad = {g: p for g, p in site.problems().items() if any(d % fp8.ALIGN for d in p[1:])}
+    if bad:
+        g, (_, m, n, k) = next(iter(bad.items()))
+        return f"dims not divisible by {fp8.ALIGN} ({g} M={m} N={n} K={k})"
+    return None
+
+
+# ----------------------------------------------------------------------------- prices
+
+
+@dataclass(frozen=True)
+class Prices:
+    """Predicted seconds of one GEMM in each precision; fp8 includes its quantization."""
+
+    fp32: float
+    bf16: float
+    fp8: float
+    fp8_quant: float  # the part of fp8 spent quantizing the two operands
+    source: str
+
+    def of(self, dtype: str) -> float:
+        return {"fp32": self.fp32, "bf16": self.bf16, "fp8": self.fp8}[dtype]
+
+
+def activation_bytes(site: Site) -> int:
+    """Element bytes of the GEMM's input under bf16 autocast: 4 when it comes (through
+    views) from a norm, which autocast runs and returns in fp32; else 2 (a bf16 GEMM or
+    pointwise output)."""
+    node = site.node.args[0] if site.node.args else None
+    while isinstance(node, fx.Node) and ir.kind_of(node) is OpKind.VIEW and node.all_input_nodes:
+        node = node.all_input_nodes[0]
+    return 4 if isinstance(node, fx.Node) and ir.kind_of(node) is OpKind.NORM else 2
+
+
+def _operands(gemm: str, x_elt: int) -> tuple[tuple[int, bool], tuple[int, bool]]:
+    """(element bytes, needs a layout copy) of a GEMM's two operands as the runner holds
+    them: x as :func:`activation_bytes` says, dy in bf16, the master weight in fp32. The
+    column-major right operand of dgrad and both operands of wgrad pay a copy of their fp8
+    bytes into ``_scaled_mm``'s layout."""
+    return {
+        "fwd": ((x_elt, False), (4, False)),  # x row-major; W^T column-major as stored
+        "dgrad": ((2, False), (4, True)),  # dy row-major; W must become column-major
+        "wgrad": ((2, True), (x_elt, True)),  # dy^T and x both change layout
+    }[gemm]
+
+
+def _quant_time(numel: int, elt: int, relayout: bool, gpu: Any, calibration: Any) -> float:
+    """Quantizing one operand the way the runner's fp8 module does, kernel by kernel."""
+    t = sum(memory_time(float(b), gpu, calibration, "copy")[0]
+            for b in fp8.quantize_kernels(numel, elt, relayout))
+    launch = calibration.kernel_s if calibration is not None else 2.5e-6
+    return t + fp8.SCALE_KERNELS * launch
+
+
+def price(site: Site, gpu: Any, calibration: Any) -> dict[str, Prices]:
+    """Prices of the site's three GEMMs at its real (batch, M, N, K)."""
+    out = {}
+    x_elt = activation_bytes(site)
+    for gemm, (b, m, n, k) in site.problems().items():
+        t32, src = gemm_time(b, m, n, k, "fp32", gpu, calibration)
+        t16, _ = gemm_time(b, m, n, k, "bf16", gpu, calibration)
+        t8, src8 = gemm_time(b, m, n, k, "fp8", gpu, calibration)
+        if gemm == "fwd" and site.op == "linear":
+            # bf16 autocast casts the fp32 weight once per forward (read 4 B, write 2 B);
+            # fp8 quantizes from the fp32 weight instead (priced below)
+            t16 += memory_time(6.0 * n * k, gpu, calibration, "copy")[0]
+        (ea, ra), (eb, rb) = _operands(gemm, x_elt)
+        # one quantization kernel sequence over the whole (batched) operand
+        quant = (_quant_time(b * m * k, ea, ra, gpu, calibration)
+                 + _quant_time(b * k * n, eb, rb, gpu, calibration))
+        source = src if src == src8 else "roofline"
+        out[gemm] = Prices(t32, t16, t8 + quant, quant, source)
+    return out
