@@ -23,7 +23,8 @@ to ``--out``; exits 1 when the *chosen* precisions miss the loss bound or diverg
 ``--workers`` processes) and cycled; every variant sees the same sequence. When the chosen
 plan is bf16 everywhere (no fp8 or fp32 site) it is the bf16 run, and is not trained twice.
 ``--smoke``: tiny preset on the CPU (fp8 emulated), 30 steps -- it checks the code, not the
-speed.
+speed. ``--set KEY=VALUE`` overrides the model config (e.g. ``--set d_model=1024`` to see
+where fp8 starts to pay).
 """
 
 from __future__ import annotations
@@ -205,6 +206,8 @@ def _table(results: dict[str, dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="h200")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="a model config override, as gemc compile --set (e.g. d_model=1024)")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--window", type=int, default=20, help="steps averaged for a loss")
@@ -221,7 +224,9 @@ def main(argv: list[str] | None = None) -> int:
         args.distinct, args.workers = min(args.distinct, 5), 1
         torch.set_num_threads(1)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
-    model_args = {"preset": args.preset}
+    from gemc.entrypoint import parse_sets
+
+    model_args = {"preset": args.preset, **parse_sets(args.sets)}
     t_start = time.perf_counter()
 
     t0 = time.perf_counter()
@@ -240,29 +245,41 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(batches)} batches in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
 
     results: dict[str, dict[str, Any]] = {}
+    failed: dict[str, str] = {}
     for name in plans:
         summary = plan_summary(plans[name])
+        if "bf16" in failed:
+            break  # nothing to compare with
         if name == "auto" and summary["fp8_gemms"] == 0 and summary["fp32_gemms"] == 0:
             results[name] = {**results["bf16"], **summary, "same_as": "bf16"}
             print("auto: bf16 everywhere -- the bf16 run", file=sys.stderr)
             continue
         t0 = time.perf_counter()
-        results[name] = {**train(entries[name], model_args, batches, device, args), **summary}
+        try:
+            results[name] = {**train(entries[name], model_args, batches, device, args),
+                             **summary}
+        except Exception as exc:  # report what ran; a failed variant is a result too
+            failed[name] = f"{type(exc).__name__}: {exc}"
+            print(f"{name}: FAILED {failed[name]}", file=sys.stderr)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            continue
         r = results[name]
         print(f"{name}: final loss {r['final_loss']:.5f}, {r['step_ms']:.2f} ms/step "
               f"({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
 
-    base = results["bf16"]
-    checks = {}
-    for name, r in results.items():
+    base = results.get("bf16")
+    checks: dict[str, dict[str, Any]] = {name: {"failed": why} for name, why in failed.items()}
+    for name, r in results.items() if base else ():
         r["loss_rel_diff"] = (r["final_loss"] - base["final_loss"]) / base["final_loss"]
         r["measured_gain"] = base["step_ms"] / r["step_ms"] - 1.0
         checks[name] = {"loss_within_1pct": abs(r["loss_rel_diff"]) <= LOSS_BOUND,
                         "no_divergence": not r["diverged"]}
-    print(_table(results))
-    ok = all(checks["auto"].values())
-    print(f"chosen precisions: loss within 1% of bf16: {checks['auto']['loss_within_1pct']}, "
-          f"no divergence: {checks['auto']['no_divergence']}")
+    if base:
+        print(_table(results))
+    ok = "auto" in results and all(checks["auto"].values())
+    print(f"chosen precisions: {checks.get('auto')}" + "".join(
+        f"\n{name}: FAILED {why}" for name, why in failed.items()))
     report = {
         "benchmark": "precision",
         "command": " ".join([sys.executable, *sys.argv]),
@@ -274,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         "compile_s": round(compile_s, 1),
         "total_s": round(time.perf_counter() - t_start, 1),
         "checks": checks,
+        "failed": failed,
         "ok": ok,
         "results": results,
         "plans": {name: plan["precision"] for name, plan in plans.items() if plan is not None},
