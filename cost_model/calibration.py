@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
@@ -283,20 +284,30 @@ class Calibration:
             or self._memory.get("copy")
         return c(nbytes) if c else None
 
-    # Which embedding measurements the curves are built from: "embedding_bag" (uniform ids,
-    # 8192 bags) and, where the file has it, "embedding_bag_skewed" (the example models'
-    # shapes and hot-head ids).
-    EMBEDDING_SECTIONS: tuple[str, ...] = ("embedding_bag",)
-    # Curves per dtype (else one curve over all dtypes, by row bytes, as the committed
-    # accuracy figures were made with). Off until the at-shape measurements say which fits.
-    EMBEDDING_BY_DTYPE = False
+    # Which embedding measurements the curves are built from: the at-shape measurements
+    # ("embedding_bag_skewed": the example models' shapes, hot-head ids, the way eager runs
+    # them) where the file has them -- the uniform-id sweep ("embedding_bag", 8192 bags,
+    # tables to 1e7 rows) mixed in pulls the IDW curves towards shapes the models never
+    # run (GEM's backward came out 2x the profiled kernels) -- else the uniform sweep.
+    EMBEDDING_SECTIONS: tuple[str, ...] = ("embedding_bag_skewed", "embedding_bag")
+    # Curves per dtype: a bf16 lookup moves half the bytes of an fp32 one but measures
+    # about as long (gathers are latency-bound; the backward accumulates in fp32), so a
+    # curve pooled over dtypes (by row bytes) priced bf16 embeddings at ~0.6x fp32.
+    EMBEDDING_BY_DTYPE = True
+
+    def _embedding_sections(self) -> tuple[str, ...]:
+        """The first of EMBEDDING_SECTIONS the file has measurements in."""
+        for section in self.EMBEDDING_SECTIONS:
+            if self.data.get(section):
+                return (section,)
+        return ()
 
     @cached_property
     def _embedding(self) -> dict[tuple[str | None, str], LogIDW]:
         """(dtype, phase) -> efficiency curve; (None, phase) pools every dtype."""
         groups: dict[tuple[str | None, str], tuple[list, list]] = {}
         bw = self.gpu.hbm_bandwidth
-        for section in self.EMBEDDING_SECTIONS:
+        for section in self._embedding_sections():
             for rec in self.data.get(section, []):
                 dtype = str(rec["dtype"])
                 elt = _DTYPE_BYTES.get(dtype, 4)
@@ -323,6 +334,33 @@ class Calibration:
         curve = curve or self._embedding.get((None, phase))
         return curve((max(row_bytes, 1), max(bag_size, 1.0), max(rows, 1), max(nnz, 1))) \
             if curve else None
+
+    @cached_property
+    def _embedding_dispatch(self) -> dict[str, float]:
+        """phase -> CPU seconds of one eager EmbeddingBag call (forward; backward with
+        its dense gradient: ~30 kernels -- fill, radix-sort passes, scan, segment sums --
+        each launched by the CPU). Read off the measurements whose modeled traffic at
+        peak HBM bandwidth is under 10% of the measured time: those are bound by the CPU
+        launching the kernels, not by the GPU, so the median of them is the CPU cost."""
+        bw = self.gpu.hbm_bandwidth
+        samples: dict[str, list[float]] = {"fwd": [], "bwd": []}
+        for section in ("embedding_bag", "embedding_bag_skewed"):
+            for rec in self.data.get(section, []):
+                elt = _DTYPE_BYTES.get(str(rec["dtype"]), 4)
+                nnz = rec["bags"] * rec["bag_size"]
+                traffic = {
+                    "fwd": kernels.embedding_fwd_bytes(nnz, rec["dim"], rec["bags"], elt),
+                    "bwd": kernels.embedding_bwd_bytes(nnz, rec["dim"], rec["bags"],
+                                                       rec["rows"], elt, dense_grad=True)}
+                for phase, nbytes in traffic.items():
+                    if nbytes / bw < 0.1 * rec[f"{phase}_s"]:
+                        samples[phase].append(float(rec[f"{phase}_s"]))
+        return {ph: statistics.median(v) for ph, v in samples.items() if v}
+
+    def embedding_dispatch_s(self, phase: str) -> float | None:
+        """CPU seconds of one eager EmbeddingBag forward ("fwd") or dense-gradient
+        backward ("bwd"), where the file has dispatch-bound measurements; else None."""
+        return self._embedding_dispatch.get(phase)
 
     @cached_property
     def _optimizer(self) -> dict[str, LogCurve1D]:

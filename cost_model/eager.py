@@ -33,6 +33,14 @@ from .op_cost import node_cost, optimizer_time
 # and one tensor of a foreach optimizer op: typical of a recent x86 host with torch 2.x.
 DEFAULT_DISPATCH = {"eager_op_s": 8e-6, "eager_view_op_s": 3e-6, "eager_bwd_op_s": 12e-6,
                     "foreach_tensor_s": 0.4e-6}
+# ATen ops that read a device value on the host (cudaMemcpy D2H + stream sync) when run
+# eagerly on CUDA: the CPU waits there for every kernel queued so far, so the GPU then
+# idles while the CPU dispatches what follows. repeat_interleave with a tensor of repeats
+# checks ``(repeats >= 0).all().item()`` even when given output_size.
+HOST_SYNC_OPS = frozenset({"repeat_interleave", "nonzero", "masked_select", "unique",
+                           "_unique2", "unique_consecutive", "_local_scalar_dense", "item",
+                           "bincount", "histc"})
+EMBEDDING_BWD_KERNELS = 20  # CPU-side, without a measurement: ~20 one-kernel autograd nodes
 _OPT_PASSES = 8  # foreach AdamW launches 8 ops (see kernels.optimizer_bytes)
 
 # Where the GPU time of an eager step goes, in the groups a profiler trace can be sorted
@@ -87,7 +95,29 @@ def _dispatch(calibration: Calibration | None) -> dict[str, float]:
             value = getattr(calibration, key, None)
             if value:
                 d[key] = float(value)
+    # An EmbeddingBag is one graph node but many kernels: its dense-gradient backward
+    # launches ~30 (fill, radix-sort passes, scan, segment sums), so its CPU time is
+    # ~20x a one-kernel autograd node. Measured where the calibration has dispatch-bound
+    # lookups; else as that many one-kernel ops.
+    emb = {ph: calibration.embedding_dispatch_s(ph) if calibration is not None else None
+           for ph in ("fwd", "bwd")}
+    d["embedding_fwd_s"] = max(emb["fwd"] or 2 * d["eager_op_s"], d["eager_op_s"])
+    d["embedding_bwd_s"] = max(emb["bwd"] or EMBEDDING_BWD_KERNELS * d["eager_bwd_op_s"],
+                               d["eager_bwd_op_s"])
     return d
+
+
+def syncs_host(node: fx.Node) -> bool:
+    """Whether eager CUDA runs this node with a device-to-host sync (HOST_SYNC_OPS; the
+    tensor-repeats overloads of repeat_interleave)."""
+    target = node.target
+    name = getattr(getattr(target, "overloadpacket", None), "__name__", None) \
+        or getattr(target, "__name__", "")
+    if name == "repeat_interleave":
+        args = list(node.args) + list(node.kwargs.values())
+        return any(isinstance(a, fx.Node) for a in args[1:2]) or \
+            getattr(target, "_overloadname", "") == "Tensor"
+    return name in HOST_SYNC_OPS
 
 
 def _params(gm: fx.GraphModule) -> tuple[float, int, str]:
@@ -135,7 +165,11 @@ def predict_eager_step(gm: fx.GraphModule, gpu: GPUSpec, calibration: Calibratio
         if cost.source != "free":
             sources.add(cost.source)
         is_view = kind is OpKind.VIEW or cost.source == "free"
-        cpu += disp["eager_view_op_s"] if is_view else disp["eager_op_s"]
+        is_emb = kind is OpKind.EMBEDDING
+        if syncs_host(node):
+            cpu = max(cpu, gpu_t)  # the host waits for the queue to drain
+        cpu += disp["eager_view_op_s"] if is_view else \
+            disp["embedding_fwd_s"] if is_emb else disp["eager_op_s"]
         gpu_t = max(gpu_t, cpu) + cost.fwd_s
         busy += cost.total_s
         by_kind[kind.value] = by_kind.get(kind.value, 0.0) + 1e3 * cost.total_s
@@ -143,7 +177,8 @@ def predict_eager_step(gm: fx.GraphModule, gpu: GPUSpec, calibration: Calibratio
         account(kind, "bwd", cost.bwd_s, cost.bwd_kernels)
         dt = ir.dtype_of(node)
         if dt is not None and dt.is_floating_point:
-            bwd_cpu = disp["eager_bwd_op_s"] * (0.5 if is_view else 1.0)
+            bwd_cpu = disp["embedding_bwd_s"] if is_emb else \
+                disp["eager_bwd_op_s"] * (0.5 if is_view else 1.0)
             backward.append((bwd_cpu, cost.bwd_s))
     forward_end = gpu_t
     for bwd_cpu, bwd_gpu in reversed(backward):

@@ -124,6 +124,32 @@ def test_analyze_a_synthetic_cuda_trace(bd) -> None:
     assert out["top_ops_by_category_ms"]["embedding_bwd"] == {"EmbeddingBagBackward0": 2.0}
 
 
+def test_gpu_user_annotations_are_not_kernels(bd) -> None:
+    """torch mirrors record_function ranges (the optimizer's ``Optimizer.step#AdamW.step``)
+    on the GPU timeline, with no activity type on some versions: not a kernel, so the
+    optimizer's 3 ms of kernels must not count twice (nor land in "pointwise" when the
+    range starts outside a phase)."""
+    def with_annotations(t0: int, corr0: int, act: str) -> list:
+        us = 1000
+        ev = _trace(t0, corr0)
+        ev.insert(11, _Ev("Optimizer.step#AdamW.step", False, t0 + 5050 * us, 100 * us,
+                          corr0 + 9, act="user_annotation" if act else ""))
+        ev.append(_Ev("Optimizer.step#AdamW.step", True, t0 + 4500 * us, 3000 * us,
+                      corr0 + 9, tid=7, act=act))
+        ev.append(_Ev("gemc::optimizer", True, t0 + 4500 * us, 3000 * us, corr0 + 7, tid=7,
+                      act=act))
+        return ev
+
+    for act in ("", "gpu_user_annotation"):
+        events = with_annotations(0, 0, act) + with_annotations(20_000_000, 1000, act)
+        out = bd.analyze(events, skip_steps=1)
+        cats = out["by_category_ms"]
+        assert cats["optimizer"]["opt"] == pytest.approx(3.0), act
+        assert sum(cats.get("pointwise", {}).values()) == 0.0, act
+        assert out["kernels_by_category"]["optimizer"] == 1, act
+        assert all(k["name"] != "Optimizer.step#AdamW.step" for k in out["top_kernels"])
+
+
 def test_smoke_on_cpu(bd, tmp_path: Path, capsys) -> None:
     out = tmp_path / "bd.json"
     rc = bd.main(["--smoke", "--configs", "dlrm/tiny/b8/fp32", "--calibration", "none",

@@ -129,9 +129,70 @@ def test_embedding_curves_by_dtype_are_a_switch(monkeypatch) -> None:
     d["embedding_bag"] += [dict(r, dtype="bf16", bwd_s=5 * r["bwd_s"]) for r in
                            d["embedding_bag"]]
     args = (256, 20.0, 1_000_000, 81920, "bwd")
+    per_dtype = Calibration(d).embedding_efficiency(*args, "bf16")  # on by default
+    monkeypatch.setattr(Calibration, "EMBEDDING_BY_DTYPE", False)
     pooled = Calibration(d).embedding_efficiency(*args, "bf16")
     assert Calibration(d).embedding_efficiency(*args) == pooled
-    monkeypatch.setattr(Calibration, "EMBEDDING_BY_DTYPE", True)
-    per_dtype = Calibration(d).embedding_efficiency(*args, "bf16")
     assert per_dtype < pooled
+    monkeypatch.setattr(Calibration, "EMBEDDING_BY_DTYPE", True)
     assert Calibration(d).embedding_efficiency(*args, "fp8") == pooled  # none measured
+
+
+def test_at_shape_embedding_measurements_replace_the_uniform_sweep() -> None:
+    """With an embedding_bag_skewed section the curves come from it alone (3x slower
+    here, so 3x less efficient); without one, from the uniform sweep."""
+    d = synthetic_calibration_dict()
+    args = (512, 10.0, 1_000_000, 81920, "fwd", "fp32")
+    uniform = Calibration(d).embedding_efficiency(*args)
+    d["embedding_bag_skewed"] = [dict(r, ids="skewed", fwd_s=3 * r["fwd_s"],
+                                      bwd_s=3 * r["bwd_s"]) for r in d["embedding_bag"]]
+    skewed = Calibration(d).embedding_efficiency(*args)
+    assert skewed == pytest.approx(uniform / 3, rel=0.1)  # less the launch gap
+
+
+def test_embedding_dispatch_is_read_off_launch_bound_measurements() -> None:
+    """The CPU cost of an eager EmbeddingBag call: the median of the measurements far
+    above their traffic at peak bandwidth; big, GPU-bound ones do not count; none: None."""
+    d = synthetic_calibration_dict()
+    d["embedding_bag"] = []
+    assert Calibration(d).embedding_dispatch_s("bwd") is None
+    small = {"rows": 1000, "dim": 32, "bags": 1024, "bag_size": 1, "dtype": "fp32"}
+    d["embedding_bag_skewed"] = [
+        dict(small, fwd_s=f, bwd_s=b) for f, b in ((15e-6, 200e-6), (20e-6, 300e-6),
+                                                  (25e-6, 400e-6))]
+    d["embedding_bag_skewed"].append({"rows": 50_000_000, "dim": 128, "bags": 65536,
+                                      "bag_size": 100, "dtype": "fp32", "fwd_s": 5e-3,
+                                      "bwd_s": 20e-3})  # GPU-bound: ignored
+    cal = Calibration(d)
+    assert cal.embedding_dispatch_s("bwd") == pytest.approx(300e-6)
+    assert cal.embedding_dispatch_s("fwd") == pytest.approx(20e-6)
+
+
+def test_eager_dispatch_prices_an_embedding_backward_as_many_kernels() -> None:
+    from gemc.cost_model.eager import EMBEDDING_BWD_KERNELS, _dispatch
+    d = synthetic_calibration_dict()
+    d["embedding_bag"] = []
+    disp = _dispatch(Calibration(d))  # nothing dispatch-bound measured
+    assert disp["embedding_bwd_s"] == pytest.approx(EMBEDDING_BWD_KERNELS *
+                                                    disp["eager_bwd_op_s"])
+    assert _dispatch(None)["embedding_bwd_s"] > 10 * _dispatch(None)["eager_bwd_op_s"]
+    d["embedding_bag_skewed"] = [{"rows": 1000, "dim": 32, "bags": 1024, "bag_size": 1,
+                                  "dtype": "fp32", "fwd_s": 1e-6, "bwd_s": 400e-6}]
+    disp = _dispatch(Calibration(d))
+    assert disp["embedding_bwd_s"] == pytest.approx(400e-6)
+    assert disp["embedding_fwd_s"] == disp["eager_op_s"]  # never below a plain op
+
+
+def test_host_syncing_ops_are_recognised() -> None:
+    import torch
+    from gemc.cost_model.eager import syncs_host
+    from torch import fx
+    g = fx.Graph()
+    x = g.placeholder("x")
+    rep = g.call_function(torch.ops.aten.repeat_interleave.self_Tensor, (x, x),
+                          {"output_size": 8})
+    nz = g.call_function(torch.ops.aten.nonzero.default, (x,))
+    add = g.call_function(torch.ops.aten.add.Tensor, (x, x))
+    rep_int = g.call_function(torch.ops.aten.repeat_interleave.self_int, (x, 2))
+    assert syncs_host(rep) and syncs_host(nz)
+    assert not syncs_host(add) and not syncs_host(rep_int)
