@@ -53,6 +53,9 @@ class ReferenceTrainer:
     autocast_dtype: torch.dtype | None = None
     precision_entries: list[dict[str, Any]] | None = None  # a plan's sites, applied as-is
     compile_fn: Callable[[nn.Module], Any] | None = None  # e.g. torch.compile
+    # with compile_fn: compile these submodules (e.g. the plan's dense regions) instead of
+    # the whole model -- torch.compile cannot differentiate sparse embedding gradients
+    compile_modules: list[str] | None = None
 
     def __post_init__(self) -> None:
         model = self.spec.model
@@ -79,24 +82,38 @@ class ReferenceTrainer:
             name: RowState(m.weight.data, self.emb_cfg.kind) for name, m in self.tables.items()
         }
         self.sparse_steps = 0
-        self.forward = self.compile_fn(model) if self.compile_fn is not None else model
+        self.forward = model
+        if self.compile_fn is not None and self.compile_modules is None:
+            self.forward = self.compile_fn(model)
+        elif self.compile_fn is not None:
+            for name in self.compile_modules or []:
+                parent_name, _, child = name.rpartition(".")
+                parent = model.get_submodule(parent_name) if parent_name else model
+                setattr(parent, child, self.compile_fn(model.get_submodule(name)))
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.autocast_dtype is None or self.autocast_dtype == torch.float32:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
 
+    def batches(self, step: int) -> list[tuple[torch.Tensor, ...]]:
+        """The ``W`` batches of global step ``step`` (rank r's is ``make_batch(step*W + r)``)."""
+        w = self.world_size
+        return [self.spec.make_batch(step * w + r, self.device) for r in range(w)]
+
     def step(self, step: int) -> float:
         """One training step over the ``W`` batches of global step ``step``; returns the loss."""
-        w = self.world_size
+        return self.train_step(self.batches(step))
+
+    def train_step(self, batches: list[tuple[torch.Tensor, ...]]) -> float:
+        """Forward and backward of the mean loss over ``batches``, then both optimizers."""
         total = None
-        for r in range(w):
-            batch = self.spec.make_batch(step * w + r, self.device)
+        for batch in batches:
             with self._autocast():
                 loss = self.forward(*batch)
             total = loss if total is None else total + loss
         assert total is not None
-        loss = total / w
+        loss = total / len(batches)
         loss.backward()
         self.dense_opt.step()
         self.sparse_steps += 1
