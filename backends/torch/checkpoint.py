@@ -45,9 +45,12 @@ _STEP_RE = re.compile(r"^step-(\d+)$")
 
 @contextmanager
 def _quiet_sharded_tensor():  # noqa: ANN202
-    """Tables travel as ShardedTensors (see state.py); silence their deprecation notice."""
+    """Tables travel as ShardedTensors (see state.py): silence their deprecation notice, and
+    DCP's notice that it runs without a process group."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*ShardedTensor.*", category=FutureWarning)
+        # one process without a process group is a supported case, not a mistake
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to .* single process")
         yield
 
 

@@ -310,6 +310,7 @@ def _run(
         found = ckpt.find_latest(opts.checkpoint_dir)
         if found is not None:
             _, path = found
+            _check_checkpoint_optimizer(path, emb_cfg.kind)
             state = training_state(
                 model, dense_opt, tables, emb_opt, step=0, rank=rank, device=device,
                 local_world=world.local_world,
@@ -391,6 +392,22 @@ def _run(
             os.replace(tmp, report_path)
     losses = [(r.step, r.loss) for r in metrics.records]
     return RunResult(losses=losses, report=report, report_path=report_path)
+
+
+def _check_checkpoint_optimizer(path: Path, kind: str) -> None:
+    """A checkpoint's sparse optimizer state only loads into the same optimizer."""
+    stored = {
+        "rowwise_adagrad" if key.endswith(".sum") else "adam"
+        for key in ckpt.stored_keys(path)
+        if key.startswith("table_optim.")
+    }
+    if stored and kind not in stored:
+        (other,) = stored
+        raise GemcUserError(
+            f"checkpoint {path} holds {other} state for the tables, but this run uses {kind}",
+            where=f"{path} / --embedding-optimizer",
+            fix=f"resume with --embedding-optimizer {other} (or start without --resume)",
+        )
 
 
 def _is_table_param(p: torch.Tensor, table_params: set[torch.Tensor]) -> bool:

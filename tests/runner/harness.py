@@ -94,7 +94,9 @@ def _worker(rank: int, world: int, port: int, scenarios: list[dict[str, Any]], o
         for sc in scenarios:
             losses = []
             for phase in sc["phases"]:
-                res = run(sc["plan"], RunOptions(device="cpu", progress=False, **phase))
+                phase = dict(phase)
+                plan = phase.pop("plan", sc["plan"])  # a phase may resume under another plan
+                res = run(plan, RunOptions(device="cpu", progress=False, **phase))
                 losses.append(res.losses)
             results[sc["name"]] = losses
     finally:

@@ -15,6 +15,9 @@ world      tables t0..t5                                      dense regions / op
                                                              fsdp; lazy Adam
 2  resume  plan "b": 10 steps with checkpoints every 5,      must equal "b" steps 11..20
            then --resume to 20 (in-process)                 exactly
+2  reshard plan "a" 4 steps, checkpoint; resumed under plan  steps 5..8 must match the
+           "b" (other shardings, FSDP) to 8; then resumed    reference: DCP reshards the
+           on one process (no process group) to 10          tables and dense state
 2  gem     GEM tiny (10 tables: bags, the history's         regions alternately ddp and
            nn.Embedding, the position table): the five       fsdp; row-wise Adagrad;
            sharding kinds in turn                            10 steps
@@ -33,7 +36,8 @@ from pathlib import Path
 
 import pytest
 from gemc.backends.torch.optimizers import resolve_optimizers
-from gemc.backends.torch.reference import reference_losses
+from gemc.backends.torch.reference import ReferenceTrainer, reference_losses
+from gemc.backends.torch.runner import RunOptions, run
 
 from gemc.api import load_model
 from gemc.plan import write_plan
@@ -125,6 +129,25 @@ def _close(got: list[float], ref: list[float], rtol: float = 1e-4) -> None:
     assert not bad, f"steps (step, distributed, reference) off by more than rtol {rtol}: {bad}"
 
 
+def _check_reshard(phases: list, plan_one_rank: dict, ck: Path) -> None:
+    """Plan "a" for 4 steps, plan "b" (other shardings and dense strategies) resumed to 8,
+    then one process resumed to 10: the 2-rank checkpoint (ShardedTensor tables, FSDP
+    DTensors) read into whole tables. With "a"'s optimizer settings throughout."""
+    optimizer = {"embedding": {"kind": "rowwise_adagrad", "lr": 0.05}}
+    dense_cfg, emb_cfg = resolve_optimizers(optimizer)
+    trainer = ReferenceTrainer(load_model(MODEL, {}), world_size=2, dense_cfg=dense_cfg,
+                               emb_cfg=emb_cfg)
+    ref = [trainer.step(s) for s in range(8)]
+    assert [s for s, _ in phases[1]] == [5, 6, 7, 8]
+    _close([loss for _, loss in phases[0] + phases[1]], ref)
+    one = variant(plan_one_rank, optimizer=optimizer)
+    rest = run(one, RunOptions(steps=10, device="cpu", progress=False, checkpoint_dir=str(ck),
+                               resume=True))
+    assert rest.report["resumed_from"].endswith("step-00000008")
+    trainer.world_size = 1  # on one rank, step s trains on make_batch(s)
+    _close([loss for _, loss in rest.losses], [trainer.step(s) for s in (8, 9)])
+
+
 @pytest.mark.parametrize("world", [2, 4])
 def test_loss_trajectory_matches_single_process(world, base_plans, plan_dir: Path) -> None:
     plans = _plans(world, base_plans[world])
@@ -151,6 +174,20 @@ def test_loss_trajectory_matches_single_process(world, base_plans, plan_dir: Pat
                 ],
             }
         )
+        # plan "b"'s layout with plan "a"'s optimizers (a checkpoint keeps its optimizer)
+        write_plan(plan_dir / "w2-b-adagrad.json", {**plans["b"], "optimizer": plans["a"]["optimizer"]})
+        rk = plan_dir / "w2-reshard-ckpt"
+        scenarios.append(
+            {
+                "name": "reshard",
+                "plan": str(plan_dir / "w2-a.json"),
+                "phases": [
+                    {"steps": 4, "checkpoint_dir": str(rk)},
+                    {"steps": 8, "checkpoint_dir": str(rk), "resume": True,
+                     "plan": str(plan_dir / "w2-b-adagrad.json")},
+                ],
+            }
+        )
     results = run_scenarios(world, scenarios, plan_dir / f"w{world}-results.json")
     for name, plan in plans.items():
         got = [loss for _, loss in results[name][0]]
@@ -161,6 +198,8 @@ def test_loss_trajectory_matches_single_process(world, base_plans, plan_dir: Pat
         )
         _close([loss for _, loss in results["gem"][0]], ref)
     if world == 2:
+        # a checkpoint of one plan resumes under another sharding, and on another world size
+        _check_reshard(results["reshard"], base_plans[1], plan_dir / "w2-reshard-ckpt")
         first, resumed = results["resume"]
         assert [s for s, _ in first] == list(range(1, 11))
         assert [s for s, _ in resumed] == list(range(11, STEPS + 1))

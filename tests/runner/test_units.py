@@ -255,3 +255,13 @@ def test_find_latest_trusts_only_complete_checkpoints(tmp_path) -> None:
     assert ckpt.find_latest(tmp_path) == (4, tmp_path / "step-00000004")
     os.remove(tmp_path / "latest")
     assert ckpt.find_latest(tmp_path)[0] == 8
+
+
+def test_resume_with_another_embedding_optimizer_is_refused(base_plans, tmp_path) -> None:
+    plan = variant(base_plans[1])
+    ck = str(tmp_path / "ck")
+    run(plan, RunOptions(steps=1, device="cpu", progress=False, checkpoint_dir=ck))
+    with pytest.raises(GemcUserError, match="holds rowwise_adagrad state.*uses adam") as exc:
+        run(plan, RunOptions(steps=2, device="cpu", progress=False, checkpoint_dir=ck,
+                             resume=True, embedding_optimizer="adam"))
+    assert "--embedding-optimizer rowwise_adagrad" in exc.value.fix
