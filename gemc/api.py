@@ -12,9 +12,10 @@ from torch import fx
 from gemc.capture import Captured, capture
 from gemc.context import PassContext
 from gemc.entrypoint import build_spec, load_entrypoint
+from gemc.errors import GemcUserError
 from gemc.pass_manager import PassManager
 from gemc.pipeline import annotation_passes, default_pipeline
-from gemc.plan import write_plan
+from gemc.plan import PLANNERS, write_plan
 from gemc.plan_builder import build_plan
 from gemc.spec import ModelSpec
 
@@ -71,16 +72,23 @@ def compile(  # noqa: A001 - the public name users expect
     disabled_passes: Sequence[str] = (),
     planner: str = "default",
     calibration: str | None = "auto",
+    solver: dict[str, Any] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Compile a model entrypoint into a validated plan (and write it to ``out``).
 
     ``calibration``: "auto" (the file gemc ships for the topology's GPU, if any), a path
     to a file written by ``gemc calibrate``, or None (roofline only).
+    ``planner``: cpsat (the CP-SAT solver), greedy, naive, or default (place-default);
+    ``solver``: the planners' settings (``gemc.solver.problem.SolverSettings`` fields, e.g.
+    ``{"time_limit_s": 10}``).
     """
     from gemc.cost_model.topology import parse_topology
     from gemc.costing import predicted_block
 
+    if planner not in PLANNERS:
+        raise GemcUserError(f"unknown planner {planner!r}", where="planner",
+                            fix=f"use one of: {', '.join(PLANNERS)}")
     args = dict(args or {})
     topo = parse_topology(topology)
     calib = _calibration(calibration, topo.gpu.name)
@@ -100,6 +108,7 @@ def compile(  # noqa: A001 - the public name users expect
     captured = capture(spec, entrypoint=entrypoint)
     ctx = _context(entrypoint, args, captured, topo)
     ctx.calibration = calib
+    ctx.options["solver"] = dict(solver or {})
     gm = manager.run(captured.gm, ctx, capture_seconds=time.perf_counter() - start)
     if progress:
         progress("predict step")

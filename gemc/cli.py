@@ -77,7 +77,21 @@ def _parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="skip a pass (bisecting)",
     )
-    c.add_argument("--planner", default="default", help="default")
+    c.add_argument(
+        "--planner",
+        default="cpsat",
+        choices=["cpsat", "greedy", "naive", "default"],
+        help="cpsat: CP-SAT over every strategy and sharding (default); greedy: TorchRec-style "
+        "largest table first; naive: FSDP + table-wise round-robin; default: place-default",
+    )
+    c.add_argument(
+        "--time-limit",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="CP-SAT's search budget in deterministic seconds (reproducible work units, "
+        "about a core-second each; default 10)",
+    )
     c.add_argument("--calibration", default="auto",
                    help="auto (shipped file for the GPU), none (roofline), or a gemc calibrate file")
     c.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp32"),
@@ -95,6 +109,9 @@ def _parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("explain", help="print a plan as tables")
     e.add_argument("plan")
+    d = sub.add_parser("diff", help="what changed between two plans and why the costs differ")
+    d.add_argument("a", help="the first plan (the baseline)")
+    d.add_argument("b", help="the second plan")
     v = sub.add_parser("validate", help="check a plan file")
     v.add_argument("plan")
     r = sub.add_parser("report", help="one static HTML page about a compile (its dump dir)")
@@ -125,6 +142,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
                 dump_mode=args.dump_mode,
                 disabled_passes=args.disable_pass,
                 planner=args.planner,
+                solver={} if args.time_limit is None else {"time_limit_s": args.time_limit},
                 progress=progress,
             )
     finally:
@@ -145,6 +163,14 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     from gemc.plan import load_plan
 
     print(explain(load_plan(args.plan)))
+    return EXIT_OK
+
+
+def _cmd_diff(args: argparse.Namespace) -> int:
+    from gemc.diff import diff
+    from gemc.plan import load_plan
+
+    print(diff(load_plan(args.a), load_plan(args.b), names=(args.a, args.b)))
     return EXIT_OK
 
 
@@ -174,7 +200,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-COMMANDS = {"compile": _cmd_compile, "calibrate": _cmd_calibrate, "explain": _cmd_explain, "validate": _cmd_validate}
+COMMANDS = {"compile": _cmd_compile, "calibrate": _cmd_calibrate, "explain": _cmd_explain,
+            "diff": _cmd_diff, "validate": _cmd_validate}
 
 
 COMMANDS["report"] = _cmd_report

@@ -13,6 +13,7 @@ from typing import Any
 
 from torch import fx
 
+from gemc import ir
 from gemc.cost_model.activations import saved_activation_bytes
 from gemc.cost_model.calibration import Calibration
 from gemc.cost_model.step_model import predict_step
@@ -22,7 +23,38 @@ from gemc.cost_model.types import RegionCost, StepOptions, TableCost
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8, "float8_e4m3fn": 1}
 
 
-def region_costs(regions: Sequence[Mapping[str, Any]], activations: Mapping[str, int]) -> list[RegionCost]:
+def region_boundary_bytes(gm: fx.GraphModule) -> dict[str, int]:
+    """Bytes of the floating-point activations each region reads from outside itself.
+
+    What activation checkpointing keeps of a region and what tensor parallelism gathers
+    and scatters at its edges; without it both would look free to the solver. Views are
+    followed to the tensor they alias; weights and integer inputs (ids) are not counted.
+    """
+    def base(node: fx.Node) -> fx.Node:
+        while ir.kind_of(node) is ir.OpKind.VIEW and node.all_input_nodes:
+            node = node.all_input_nodes[0]
+        return node
+
+    seen: dict[str, set[fx.Node]] = {}
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or ir.kind_of(node) is ir.OpKind.VIEW:
+            continue
+        region = str(node.meta.get(ir.REGION, ""))
+        for arg in node.all_input_nodes:
+            src = base(arg)
+            if src.meta.get(ir.PARAM) or ir.kind_of(src) is ir.OpKind.PARAM:
+                continue
+            if src.op != "placeholder" and src.meta.get(ir.REGION, "") == region:
+                continue
+            dtype = ir.dtype_of(src)
+            if dtype is None or not dtype.is_floating_point:
+                continue
+            seen.setdefault(region, set()).add(src)
+    return {region: sum(ir.nbytes(n) for n in nodes) for region, nodes in seen.items()}
+
+
+def region_costs(regions: Sequence[Mapping[str, Any]], activations: Mapping[str, int],
+                 boundaries: Mapping[str, int] | None = None) -> list[RegionCost]:
     out = []
     for r in regions:
         params = int(r["params"])
@@ -36,6 +68,7 @@ def region_costs(regions: Sequence[Mapping[str, Any]], activations: Mapping[str,
                 shard_group=int(r.get("shard_group", 0)),
                 param_bytes=max(1, int(r["param_bytes"]) // params) if params else 4,
                 activation_bytes=int(activations.get(r["name"], 0)),
+                boundary_bytes=int((boundaries or {}).get(r["name"], 0)),
                 checkpoint=bool(r.get("checkpoint", False)),
             )
         )
@@ -64,7 +97,8 @@ def predicted_block(
 ) -> dict[str, Any]:
     """The plan's ``predicted`` block: step ms, MFU, per-rank memory and time."""
     prediction = predict_step(
-        region_costs(regions, saved_activation_bytes(gm)), table_costs(tables), topology,
+        region_costs(regions, saved_activation_bytes(gm), region_boundary_bytes(gm)),
+        table_costs(tables), topology,
         calibration=calibration, options=options,
     )
     block = prediction.to_dict()

@@ -9,6 +9,7 @@ from gemc.explain_precision import precision_section
 from gemc.table_format import human_count, ranks_str, render_table
 
 MAX_TABLE_ROWS = 40
+MAX_RANK_ROWS = 64
 
 
 def explain(plan: dict[str, Any]) -> str:
@@ -24,6 +25,7 @@ def explain(plan: dict[str, Any]) -> str:
     ]
     if pred.get("note"):
         out.append(f"           ({pred['note']})")
+    out += _solver_lines(plan.get("solver"))
     out.append("")
     out.append(
         render_table(
@@ -31,7 +33,7 @@ def explain(plan: dict[str, Any]) -> str:
             [
                 [
                     r["name"] or "(root)",
-                    r["strategy"],
+                    _strategy(r),
                     human_count(r["params"]),
                     human_count(r["fwd_flops"]),
                     _ops(r.get("ops", {})),
@@ -47,7 +49,8 @@ def explain(plan: dict[str, Any]) -> str:
     out += [
         "",
         render_table(
-            ["table", "rows", "dim", "lookups/batch", "pooling", "sharding", "ranks", "pred ms"],
+            ["table", "rows", "dim", "lookups/batch", "pooling", "sharding", "ranks", "pred ms",
+             "shard ms", "shard GB", "a2a MB"],
             [
                 [
                     t["fqn"],
@@ -58,6 +61,7 @@ def explain(plan: dict[str, Any]) -> str:
                     t["sharding"],
                     ranks_str([s["rank"] for s in t["shards"]]),
                     t.get("predicted_ms"),
+                    *_table_cost(t.get("cost")),
                 ]
                 for t in shown
             ],
@@ -71,27 +75,62 @@ def explain(plan: dict[str, Any]) -> str:
             + ", ".join(f"{n} {s}" for s, n in sorted(mix.items()))
         )
     if pred.get("per_rank"):
-        out += [
-            "",
-            render_table(
-                ["rank", "memory GB", "compute ms", "comm ms", "tables"],
-                [
-                    [
-                        r.get("rank"),
-                        r.get("memory_gb"),
-                        r.get("compute_ms"),
-                        r.get("comm_ms"),
-                        r.get("tables"),
-                    ]
-                    for r in pred["per_rank"]
-                ],
-                title="per rank",
-            ),
-        ]
+        out += ["", *_per_rank(plan)]
     out += ["", f"kernels    {len(plan['kernels'])}", *precision_section(plan)]
     for w in plan.get("warnings", []):
         out.append(f"warning: {w}")
     return "\n".join(out)
+
+
+def _solver_lines(solver: dict[str, Any] | None) -> list[str]:
+    if not solver:
+        return []
+    if solver.get("status") == "heuristic":
+        return [f"solver     {solver['planner']} (heuristic, no bound)"]
+    line = (f"solver     CP-SAT {solver.get('status')}: objective {_ms(solver.get('objective_ms'))}"
+            f"  bound {_ms(solver.get('bound_ms'))}  gap {_pct(solver.get('gap'))}"
+            f"  kept {solver.get('kept')}")
+    extra = (f"           greedy {_ms(solver.get('greedy_step_ms'))}  "
+             f"{solver.get('variables')} variables, bins of {solver.get('bin_size')} rank(s), "
+             f"{solver.get('deterministic_seconds')} deterministic s of {solver.get('time_limit_s')}")
+    return [line, extra]
+
+
+def _strategy(r: dict[str, Any]) -> str:
+    s = r["strategy"] + (f"/{r['shard_group']}" if r.get("shard_group") else "")
+    return s + (" +ckpt" if r.get("checkpoint") else "")
+
+
+def _table_cost(cost: dict[str, float] | None) -> list[Any]:
+    if not cost:
+        return [None, None, None]
+    return [cost.get("shard_compute_ms"), cost.get("shard_memory_gb"), cost.get("shard_a2a_mb")]
+
+
+def _per_rank(plan: dict[str, Any]) -> list[str]:
+    """Memory, compute, communication and shards per rank; at scale, the extremes."""
+    ranks = plan["predicted"]["per_rank"]
+    shards = Counter(s["rank"] for t in plan["tables"] for s in t["shards"])
+    headers = ["rank", "memory GB", "sparse ms", "dense ms", "compute ms", "comm ms",
+               "exposed ms", "shards"]
+
+    def row(r: dict[str, Any]) -> list[Any]:
+        return [r.get("rank"), r.get("memory_gb"), r.get("sparse_compute_ms"),
+                r.get("dense_compute_ms"), r.get("compute_ms"), r.get("comm_ms"),
+                r.get("exposed_comm_ms"), shards.get(r.get("rank"), 0)]
+
+    if len(ranks) <= MAX_RANK_ROWS:
+        return [render_table(headers, [row(r) for r in ranks], title="per rank")]
+    top_mem = sorted(ranks, key=lambda r: (-(r.get("memory_gb") or 0), r.get("rank")))
+    top_sparse = sorted(ranks, key=lambda r: (-(r.get("sparse_compute_ms") or 0), r.get("rank")))
+    pick = {r["rank"]: r for r in top_mem[:8] + top_sparse[:8]}
+    rows = [row(pick[k]) for k in sorted(pick)]
+    for name, fn in (("min", min), ("max", max)):
+        rows.append([name] + [fn(x[i] or 0 for x in map(row, ranks)) for i in range(1, 8)])
+    rows.append(["mean"] + [sum((x[i] or 0) for x in map(row, ranks)) / len(ranks)
+                            for i in range(1, 8)])
+    return [render_table(headers, rows, title=f"per rank ({len(ranks)} ranks: the 8 fullest, "
+                                              "the 8 busiest, and min / max / mean)")]
 
 
 def _ms(v: Any) -> str:

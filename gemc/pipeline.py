@@ -7,6 +7,7 @@ from gemc.passes.assign_regions import AssignRegions
 from gemc.passes.classify_ops import ClassifyOps
 from gemc.passes.collect_tables import CollectTables
 from gemc.passes.count_flops_bytes import CountFlopsBytes
+from gemc.passes.parallelize import Parallelize
 from gemc.passes.place_default import PlaceDefault
 from gemc.passes.precision import ChoosePrecision
 from gemc.passes.predict_time import PredictTime
@@ -17,5 +18,11 @@ def annotation_passes() -> list[Pass]:
     return [ClassifyOps(), CollectTables(), CountFlopsBytes(), AssignRegions()]
 
 
+def placement_pass(planner: str) -> Pass:
+    """``default``: the place-default placeholder; ``cpsat`` / ``greedy`` / ``naive``: the
+    parallelize pass with that planner."""
+    return PlaceDefault() if planner == "default" else Parallelize(planner)
+
+
 def default_pipeline(planner: str = "default") -> list[Pass]:
-    return [*annotation_passes(), PredictTime(), ChoosePrecision(), PlaceDefault()]
+    return [*annotation_passes(), PredictTime(), ChoosePrecision(), placement_pass(planner)]

@@ -26,6 +26,9 @@ TABLE_SHARDINGS = (
     "grid",
 )
 PLANNERS = ("default", "cpsat", "greedy", "naive")
+# the optional "solver" block (written by the parallelize pass): CP-SAT's status, or
+# "heuristic" for greedy / naive
+SOLVER_STATUSES = ("optimal", "feasible", "unknown", "infeasible", "heuristic")
 _TOP_LEVEL = {
     "schema_version": int,
     "gemc_version": str,
@@ -146,6 +149,13 @@ def validate_plan(plan: Any, *, source: str = "plan") -> None:
     for key in ("step_ms", "mfu", "per_rank"):
         if key not in predicted:
             _fail(source, f"predicted.{key}", "is missing (null is allowed)", recompile)
+    solver = plan.get("solver")
+    if solver is not None:
+        if not isinstance(solver, dict) or solver.get("planner") not in PLANNERS:
+            _fail(source, "solver.planner", f"is not one of {PLANNERS}", recompile)
+        if solver.get("status") not in SOLVER_STATUSES:
+            _fail(source, "solver.status", f"is {solver.get('status')!r}, not one of "
+                  f"{SOLVER_STATUSES}", recompile)
 
 
 def _validate_table(table: Any, where: str, world: int, source: str, fix: str) -> None:

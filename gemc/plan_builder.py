@@ -64,6 +64,8 @@ def table_summaries(gm: fx.GraphModule, captured: Captured) -> list[dict[str, An
         entry = by_fqn[fqn]
         placement = entry.pop("placement") or {"sharding": "table_wise", "ranks": [0]}
         entry["sharding"] = placement["sharding"]
+        if "cost" in placement:  # the parallelize pass's per-shard estimate
+            entry["cost"] = placement["cost"]
         entry["shards"] = make_shards(
             placement["sharding"],
             list(placement["ranks"]),
@@ -86,6 +88,7 @@ def region_summaries(
     params: dict[str, int] = defaultdict(int)
     param_bytes: dict[str, int] = defaultdict(int)
     strategy: dict[str, str] = {}
+    extra: dict[str, dict[str, Any]] = {}  # the solver's shard_group / checkpoint, if any
     predicted: dict[str, float] = defaultdict(float)
     for node in gm.graph.nodes:
         region = node.meta.get(ir.REGION, "")
@@ -112,6 +115,9 @@ def region_summaries(
         predicted[region] += float(node.meta.get(ir.PREDICTED_MS, 0.0))
         placement = node.meta.get(ir.PLACEMENT) or {}
         strategy.setdefault(region, placement.get("strategy", "ddp"))
+        extra.setdefault(
+            region, {k: placement[k] for k in ("shard_group", "checkpoint") if k in placement}
+        )
     names = sorted(set(flops) | set(params))
     return [
         {
@@ -123,6 +129,7 @@ def region_summaries(
             "ops": dict(sorted(kinds[name].items())),
             "strategy": strategy.get(name, "ddp"),
             "predicted_ms": round(predicted[name], 6) if predicted[name] else None,
+            **extra.get(name, {}),
         }
         for name in names
     ]
@@ -323,4 +330,7 @@ def build_plan(
         "planner": planner,
         "warnings": list(ctx.warnings),
     }
+    solver = gm.meta.get("gemc.solver")  # the parallelize pass's report, if it ran
+    if solver is not None:
+        plan["solver"] = _json_safe(solver)
     return plan

@@ -99,7 +99,7 @@ def test_disable_pass_by_name_and_dependency_error(tmp_path, capsys):
                 "--out",
                 str(out),
                 "--disable-pass",
-                "place-default",
+                "parallelize",
                 "--quiet",
             ]
         )

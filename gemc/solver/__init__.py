@@ -1,0 +1,16 @@
+"""The parallelism planners behind the ``parallelize`` pass.
+
+Read in this order:
+
+- ``problem``     what is decided (dense choices, table choices), read off the annotated graph
+- ``candidates``  every option of every region and table priced once by the cost model
+- ``evaluate``    a complete assignment's step time and per-rank memory (predict_step's
+                  arithmetic on the precomputed options: fast enough for the inner loop)
+- ``naive``       FSDP everywhere, tables table-wise round-robin
+- ``greedy``      TorchRec's greedy partitioner: largest table first onto the least-loaded rank
+- ``cpsat``       one OR-Tools CP-SAT model of the whole plan (the default planner)
+- ``expand``      from the model's counts per bin to concrete ranks
+- ``infeasible``  the error that names the binding memory constraint and the fixes
+
+Only ``cpsat`` imports ortools, and only when it runs.
+"""

@@ -1,0 +1,306 @@
+"""Every option of every region and table, priced once by the cost model.
+
+The step model is additive per rank in everything but a few maxima, so an option is
+described by what it adds to each rank it touches (compute seconds, memory bytes, bytes
+sent in the pooled all-to-all) plus a few global quantities (dense collectives and their
+last buckets, data-parallel gradient bytes, optimizer elements). The planners combine
+these numbers; ``evaluate`` adds them up exactly as ``predict_step`` does.
+
+Tables with equal shape and traffic form a *class*, and so do identical dense regions
+(``blocks.0`` .. ``blocks.3``): a planner decides how many members of a class take each
+option, never which one, which removes the symmetry between them.
+
+Placement shapes (``pieces`` x ``width`` consecutive, aligned ranks per piece):
+
+    table_wise       1 x 1                column_wise k   k x 1 on distinct ranks
+    table_row_wise   1 x gpus_per_host    grid c x L      c hosts, L row shards each
+    row_wise, data_parallel, and a grid over every host: the same on every rank (uniform)
+
+A grid's shape follows the memory model (``cols = round(sqrt(ranks))``), so only column
+counts ``c`` with ``round(sqrt(c * L)) == c`` are offered (8 hosts of 8 GPUs: 8 x 8).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, replace
+from functools import cached_property
+
+import numpy as np
+
+from gemc.cost_model.collectives import DEFAULT_EFFICIENCY
+from gemc.cost_model.kernels import INDEX_BYTES
+from gemc.cost_model.memory import region_memory, shard_degree, table_memory, table_shard
+
+# The step model's per-shard embedding pricing and per-region collectives; private there,
+# used here so the solver prices exactly what predict_step will (see the report: these
+# two should become public names of cost_model.step_model).
+from gemc.cost_model.step_model import _dense_comm, _dtype, _embedding_cost, _table_work
+from gemc.cost_model.types import RegionCost, TableCost
+
+from .problem import DenseChoice, Problem, TableChoice
+
+COLUMN_SPLITS = (2, 4, 8)
+MIN_SHARD_DIM = 16
+
+
+# ---- dense regions ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DenseOption:
+    choice: DenseChoice
+    memory: float          # bytes on every rank (params, grads, state, saved activations)
+    transient: float       # gathered FSDP unit + prefetch (the largest one counts)
+    ckpt_peak: float       # one checkpointed region recomputed at a time (the largest)
+    fwd_s: float
+    bwd_s: float
+    comm_fwd: float
+    comm_bwd: float
+    comm_tp: float
+    fwd_tail: float
+    bwd_tail: float
+    numel: float           # optimizer elements on each rank
+
+
+@dataclass(frozen=True)
+class RegionClass:
+    members: tuple[str, ...]
+    region: RegionCost
+    options: tuple[DenseOption, ...]
+
+
+def dense_choices(problem: Problem, region: RegionCost) -> list[DenseChoice]:
+    topo, s = problem.topology, problem.settings
+    world, local, hosts = topo.world_size, topo.gpus_per_host, topo.hosts
+    strategies = [DenseChoice("ddp")]
+    if world > 1 and region.params > 0 and problem.can_place(region.name):
+        strategies.append(DenseChoice("fsdp"))
+        if hosts > 1 and local > 1:
+            strategies.append(DenseChoice("hsdp", local))
+        if s.allow_tp:
+            strategies += [DenseChoice("tp", t) for t in (2, 4, 8)
+                           if t <= local and local % t == 0 and t <= world]
+    out = list(strategies)
+    if (s.allow_checkpoint and region.name and problem.can_place(region.name)
+            and region.activation_bytes > region.boundary_bytes):
+        out += [replace(c, checkpoint=True) for c in strategies]
+    return out
+
+
+def dense_option(problem: Problem, region: RegionCost, choice: DenseChoice) -> DenseOption:
+    world = problem.world
+    rc = replace(region, strategy=choice.strategy, shard_group=choice.shard_group,
+                 checkpoint=choice.checkpoint)
+    mem = region_memory(rc, world, problem.options)
+    degree = shard_degree(rc, world)
+    gathered = rc.strategy in ("fsdp", "hsdp") and degree > 1
+    comm = _dense_comm(rc, problem.topology, problem.calibration, problem.options)
+    fwd = rc.compute_s * rc.fwd_fraction
+    return DenseOption(
+        choice=choice,
+        memory=mem.total,
+        transient=2.0 * rc.params * rc.param_bytes if gathered else 0.0,
+        ckpt_peak=float(rc.activation_bytes) if rc.checkpoint else 0.0,
+        fwd_s=fwd * (2 if rc.checkpoint else 1),
+        bwd_s=rc.compute_s * (1 - rc.fwd_fraction),
+        comm_fwd=comm["fwd"], comm_bwd=comm["bwd"], comm_tp=comm["tp"],
+        fwd_tail=comm["fwd_tail"], bwd_tail=comm["bwd_tail"],
+        numel=rc.params / degree,
+    )
+
+
+def region_classes(problem: Problem) -> list[RegionClass]:
+    groups: dict[tuple, list[RegionCost]] = defaultdict(list)
+    for r in problem.regions:
+        key = (r.params, r.fwd_flops, r.compute_s, r.param_bytes, r.grad_bytes,
+               r.activation_bytes, r.boundary_bytes, r.fwd_fraction, problem.can_place(r.name),
+               bool(r.name))
+        groups[key].append(r)
+    out = []
+    for members in groups.values():
+        members.sort(key=lambda r: r.name)
+        rep = members[0]
+        options = tuple(dense_option(problem, rep, c) for c in dense_choices(problem, rep))
+        out.append(RegionClass(tuple(m.name for m in members), rep, options))
+    out.sort(key=lambda c: c.members[0])
+    return out
+
+
+# ---- tables ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TableOption:
+    sharding: str
+    ranks: int                 # ranks holding a shard
+    pieces: int                # placement units (see the module docstring)
+    width: int                 # consecutive ranks per piece
+    uniform: bool              # the same on every rank: nothing to place
+    grid: tuple[int, int] | None
+    compute_s: float           # per rank holding a shard
+    memory: float              # bytes per rank holding a shard
+    out_bytes: float           # pooled all-to-all bytes sent per rank holding a shard
+    ids_bytes: float           # id all-to-all bytes each rank sends (input dist)
+    dp_grad_bytes: float = 0.0  # data parallel: all-reduced with the dense gradients
+    dp_numel: float = 0.0       # data parallel: elements in the dense optimizer
+
+    @property
+    def label(self) -> str:
+        if self.sharding == "column_wise":
+            return f"column_wise/{self.ranks}"
+        if self.sharding == "grid" and self.grid:
+            return f"grid/{self.grid[0]}x{self.grid[1]}"
+        return self.sharding
+
+
+@dataclass(frozen=True)
+class TableClass:
+    members: tuple[str, ...]
+    table: TableCost
+    options: tuple[TableOption, ...]
+
+
+def grid_columns(problem: Problem) -> list[int]:
+    """Column-block counts c (one host each) the memory model's grid shape agrees with."""
+    topo = problem.topology
+    local = topo.gpus_per_host
+    return [c for c in range(2, topo.hosts + 1) if round(math.sqrt(c * local)) == c]
+
+
+def table_option(problem: Problem, t: TableCost, sharding: str, ranks: int,
+                 grid: tuple[int, int] | None = None) -> TableOption:
+    """What one table sharded this way adds to each rank holding a shard."""
+    world, topo, opts = problem.world, problem.topology, problem.options
+    local = topo.gpus_per_host
+    rep = replace(t, sharding=sharding, ranks=tuple(range(ranks)))
+    mem = table_memory(rep, 0, world, opts).total
+    dtype = _dtype(t.dtype_bytes)
+    gpu = topo.gpu
+    if sharding == "data_parallel":
+        compute = _embedding_cost(t.rows, t.dim, t.nnz, t.batch, dtype, gpu, problem.calibration,
+                                  None, True)
+        return TableOption(sharding, world, 1, world, True, None, compute, mem, 0.0, 0.0,
+                           dp_grad_bytes=float(t.rows * t.dim * t.dtype_bytes),
+                           dp_numel=float(t.rows * t.dim))
+    rows, dim, lookups = _table_work(rep, 0, world)
+    compute = _embedding_cost(max(1, int(rows)), max(1, int(dim)), int(lookups),
+                              world * t.batch, dtype, gpu, problem.calibration,
+                              opts.table_optimizer, False)
+    _, shard_dim = table_shard(rep, 0)
+    out = (world - 1) * t.batch * shard_dim * t.dtype_bytes
+    ids = (t.nnz * INDEX_BYTES + t.batch * 4) * (1 - 1 / max(world, 1))
+    if sharding == "table_wise":
+        pieces, width = 1, 1
+    elif sharding == "column_wise":
+        pieces, width = ranks, 1
+    elif sharding == "table_row_wise":
+        pieces, width = 1, local
+    elif sharding == "grid":
+        assert grid is not None
+        pieces, width = grid[0], grid[1]
+    else:  # row_wise over every rank
+        pieces, width = 1, world
+    uniform = pieces * width == world
+    return TableOption(sharding, ranks, pieces, width, uniform, grid, compute, mem, out, ids)
+
+
+def table_options(problem: Problem, t: TableCost) -> list[TableOption]:
+    topo = problem.topology
+    world, local, hosts = topo.world_size, topo.gpus_per_host, topo.hosts
+    cap = problem.cap_bytes
+    out = [table_option(problem, t, "table_wise", 1)]
+    if world > 1:
+        out.append(table_option(problem, t, "row_wise", world))
+        out.append(table_option(problem, t, "data_parallel", world))
+        for k in COLUMN_SPLITS:
+            if k <= world and t.dim % k == 0 and t.dim // k >= MIN_SHARD_DIM:
+                out.append(table_option(problem, t, "column_wise", k))
+    if hosts > 1 and local > 1:
+        out.append(table_option(problem, t, "table_row_wise", local))
+        for c in grid_columns(problem)[-1:]:
+            out.append(table_option(problem, t, "grid", c * local, (c, local)))
+    fits = [o for o in out if o.memory <= cap]
+    return fits or [min(out, key=lambda o: o.memory)]  # nothing fits: infeasible, say why later
+
+
+def table_classes(problem: Problem) -> list[TableClass]:
+    groups: dict[tuple, list[TableCost]] = defaultdict(list)
+    for t in problem.tables:
+        groups[(t.rows, t.dim, t.nnz, t.batch, t.dtype_bytes)].append(t)
+    out = []
+    for members in groups.values():
+        members.sort(key=lambda t: t.fqn)
+        rep = members[0]
+        out.append(TableClass(tuple(m.fqn for m in members), rep,
+                              tuple(table_options(problem, rep))))
+    out.sort(key=lambda c: c.members[0])
+    return out
+
+
+def option_of(problem: Problem, t: TableCost, choice: TableChoice) -> TableOption:
+    """The priced option of a concrete choice (any planner's, the default one's too)."""
+    return table_option(problem, t, choice.sharding, len(choice.ranks), choice.grid)
+
+
+# ---- the pooled all-to-all, as predict_step prices it ------------------------------------
+@dataclass(frozen=True)
+class AllToAll:
+    """``collective_time("all_to_all", send_bytes=out)`` over the whole world, written as
+    a constant plus the largest of a few linear forms of the per-rank bytes ``out``, so
+    the CP-SAT model can state it exactly: per rank (NVLink out and in) and per host
+    (NIC out and in)."""
+
+    world: int
+    local: int
+    hosts: int
+    const_s: float
+    nvlink_bw: float
+    host_bw: float
+
+    @classmethod
+    def of(cls, problem: Problem) -> AllToAll:
+        topo, eff = problem.topology, DEFAULT_EFFICIENCY
+        world = topo.world_size
+        p = topo.placement(tuple(range(world)))
+        tb = topo.link_bandwidth(p.ranks)
+        nvl = tb.nvlink * eff.nvlink
+        hop = tb.network_latency if p.hosts > 1 else tb.nvlink_latency
+        host_bw = min(tb.host_network * eff.network, p.min_local * nvl) if p.hosts > 1 else 0.0
+        return cls(world, topo.gpus_per_host, topo.hosts,
+                   eff.launch_s + hop + (world - 1) * eff.per_peer_s, nvl, host_bw)
+
+    # coefficients: seconds per byte a rank sends, for each linear form
+    @cached_property
+    def intra_out(self) -> float:
+        return (self.local - 1) / (self.world - 1) / self.nvlink_bw if self.world > 1 else 0.0
+
+    @cached_property
+    def intra_in(self) -> float:
+        return 1 / (self.world - 1) / self.nvlink_bw if self.world > 1 else 0.0
+
+    @cached_property
+    def host_out(self) -> float:
+        if self.hosts <= 1:
+            return 0.0
+        return (self.world - self.local) / (self.world - 1) / self.host_bw
+
+    @cached_property
+    def host_in(self) -> float:
+        return self.local / (self.world - 1) / self.host_bw if self.hosts > 1 else 0.0
+
+    def time(self, out: np.ndarray) -> float:
+        """Seconds of one pooled all-to-all (0 when nothing is sent)."""
+        if self.world <= 1 or not out.any():
+            return 0.0
+        by_host = out.reshape(self.hosts, self.local)
+        host_sum = by_host.sum(axis=1)
+        t = max(float(out.max()) * self.intra_out,
+                float((host_sum[:, None] - by_host).max()) * self.intra_in)
+        if self.hosts > 1:
+            t = max(t, float(host_sum.max()) * self.host_out,
+                    float((out.sum() - host_sum).max()) * self.host_in)
+        return self.const_s + t
+
+    def even(self, per_rank: float) -> float:
+        """The id all-to-all (every rank sends the same)."""
+        if per_rank <= 0:
+            return 0.0
+        return self.time(np.full(self.world, float(per_rank)))

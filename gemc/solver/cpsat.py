@@ -1,0 +1,480 @@
+"""The CP-SAT planner: one model of the whole plan, solved by OR-Tools.
+
+Decisions (integers; see ``candidates`` for the options and ``expand.Layout`` for bins)
+
+    nd[g, i]    members of dense region class g taking strategy option i   (sum_i = |g|)
+    y[c, j]     members of table class c taking sharding option j          (sum_j = |c|)
+    v[c, j, s]  pieces of those tables in slot s      (sum_s = pieces_j * y, v <= per_slot * y)
+    used / u    "option taken by some member" (booleans for the maxima)
+
+Per bin b (a rank, or a group of hosts where the model is fluid) the same sums as the
+step model, in integer units (10 ns, 1 KiB):
+
+    sparse_b  = uniform + sum v * compute * weight           S   >= sparse_b / |b|
+    memory_b  = dense + uniform + sum v * memory * weight    memory_b / |b| <= cap
+    out_b     (pooled all-to-all bytes)                      A   >= each all-to-all form
+
+and the step the step model predicts, linear once the maxima are variables:
+
+    step = S + 2 (a2a_const + A) + dense fwd + dense bwd + EF + EB + TP + optimizer
+    EF >= max fwd tail,  EF >= fwd comm - overlap * fwd compute
+    EB >= max bwd tail,  EB >= bwd comm + DP all-reduce - overlap * (bwd compute + S)
+
+A fluid bin adds "the largest piece" bounds (S and A >= any piece it holds; every piece
+fits on one rank beside the dense and uniform parts) and keeps ``packing_slack`` of its
+memory free for ``expand`` to pack pieces onto ranks; the expanded plan is checked exactly. Symmetry between ranks of a host, between
+hosts and between bins is broken by ordering their sparse loads; identical tables and
+regions are one class with counts. The greedy plan, relabelled to obey that order, is
+the hint. CP-SAT runs with ``interleave_search`` and a deterministic time limit, so the
+same inputs give the same plan on any machine.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from gemc.cost_model.collectives import collective_time
+from gemc.cost_model.op_cost import optimizer_time
+
+from .candidates import RegionClass, TableClass
+from .evaluate import Pricer
+from .expand import Layout, ModelSolution
+from .problem import Assignment, DenseChoice, Problem
+
+TIME_UNIT_S = 1e-8
+MEM_UNIT_B = 1024
+
+
+def _t(seconds: float) -> int:
+    return int(round(seconds / TIME_UNIT_S))
+
+
+def _m(nbytes: float) -> int:
+    return int(math.ceil(nbytes / MEM_UNIT_B))
+
+
+@dataclass
+class CpSatResult:
+    solution: ModelSolution | None
+    status: str                 # optimal | feasible | infeasible | unknown
+    objective_s: float | None   # the model's step time of the solution
+    bound_s: float | None       # the model's proven lower bound
+    deterministic_s: float
+    wall_s: float
+    build_s: float
+    wall_stopped: bool
+    variables: int
+    constraints: int
+
+
+class _Builder:
+    """Builds the model top to bottom: dense, tables, per-bin loads, objective."""
+
+    def __init__(self, problem: Problem, layout: Layout, regions: list[RegionClass],
+                 tables: list[TableClass], pricer: Pricer) -> None:
+        from ortools.sat.python import cp_model
+
+        self.cp = cp_model
+        self.m = cp_model.CpModel()
+        self.p, self.layout, self.regions, self.tables = problem, layout, regions, tables
+        self.a2a = pricer.a2a
+        self.nd: list[list] = []
+        self.used: list[list] = []
+        self.y: list[list] = []
+        self.u: list[list] = []
+        self.v: dict[tuple[int, int], list] = {}
+        self.upper: dict[int, int] = {}  # variable index -> upper bound (booleans: 1)
+        self.T = self._horizon()
+
+    # ---- helpers -----------------------------------------------------------------------
+    def _int(self, lo: int, hi: int, name: str):
+        x = self.m.NewIntVar(lo, hi, name)
+        self.upper[x.Index()] = hi
+        return x
+
+    def _expr(self, terms: list) -> object:
+        lin = self.cp.LinearExpr.WeightedSum
+        return lin([t[0] for t in terms], [t[1] for t in terms]) if terms else 0
+
+    def _ub(self, terms: list) -> int:
+        return sum(max(0, c) * self.upper.get(v.Index(), 1) for v, c in terms)
+
+    def _total(self, name: str, terms: list) -> object:
+        """A variable equal to a long sum, so constraints that repeat it stay short."""
+        if not terms:
+            return 0
+        x = self._int(0, self._ub(terms), name)
+        self.m.Add(x == self._expr(terms))
+        return x
+
+    def _horizon(self) -> int:
+        """An upper bound of every time variable: all work of every option, summed.
+        (Tight bounds keep the linear constraints far from int64 overflow.)"""
+        a2a = self.a2a
+        total = 0
+        for tc in self.tables:
+            total += len(tc.members) * max(
+                o.ranks * (_t(o.compute_s) + _t(o.out_bytes * (a2a.intra_out + a2a.intra_in
+                                                               + a2a.host_out + a2a.host_in)))
+                for o in tc.options)
+        for rc in self.regions:
+            total += len(rc.members) * max(
+                _t(o.fwd_s + o.bwd_s + o.comm_fwd + o.comm_bwd + o.comm_tp + o.fwd_tail
+                   + o.bwd_tail) for o in rc.options)
+        return 2 * total + _t(1.0)
+
+    def _count_vars(self, prefix: str, count: int, n_options: int) -> tuple[list, list]:
+        xs = [self._int(0, count, f"{prefix}_{i}") for i in range(n_options)]
+        bs = [self.m.NewBoolVar(f"{prefix}_used_{i}") for i in range(n_options)]
+        self.m.Add(sum(xs) == count)
+        for x, b in zip(xs, bs):
+            self.m.Add(x <= count * b)
+            self.m.Add(x >= 1).OnlyEnforceIf(b)
+        return xs, bs
+
+    # ---- dense regions ------------------------------------------------------------------
+    def dense(self) -> None:
+        m = self.m
+        self.fwd, self.bwd, self.c_fwd, self.c_bwd, self.c_tp = [], [], [], [], []
+        self.dense_mem, self.numel = [], []
+        self.f_tail = self._int(0, self.T, "fwd_tail")
+        self.b_tail = self._int(0, self.T, "bwd_tail")
+        mem_ub = max([1] + [_m(max(o.transient, o.ckpt_peak)) for rc in self.regions
+                            for o in rc.options])
+        self.transient = self._int(0, mem_ub, "transient")
+        self.ckpt = self._int(0, mem_ub, "ckpt_peak")
+        for g, rc in enumerate(self.regions):
+            xs, bs = self._count_vars(f"nd{g}", len(rc.members), len(rc.options))
+            self.nd.append(xs)
+            self.used.append(bs)
+            for o, x, b in zip(rc.options, xs, bs):
+                self.fwd.append((x, _t(o.fwd_s)))
+                self.bwd.append((x, _t(o.bwd_s)))
+                self.c_fwd.append((x, _t(o.comm_fwd)))
+                self.c_bwd.append((x, _t(o.comm_bwd)))
+                self.c_tp.append((x, _t(o.comm_tp)))
+                self.dense_mem.append((x, _m(o.memory)))
+                self.numel.append((x, o.numel))
+                for var, value in ((self.f_tail, _t(o.fwd_tail)), (self.b_tail, _t(o.bwd_tail)),
+                                   (self.transient, _m(o.transient)),
+                                   (self.ckpt, _m(o.ckpt_peak))):
+                    if value:
+                        m.Add(var >= value * b)
+
+    # ---- tables -------------------------------------------------------------------------
+    def tables_(self) -> None:
+        m, L = self.m, self.layout
+        self.unif = {k: [] for k in ("compute", "memory", "io", "ii", "ho", "hi")}
+        self.bins = {k: [[] for _ in range(L.bins)] for k in ("compute", "memory", "io", "ii",
+                                                                "ho", "hi")}
+        self.total_hi = []      # every rank's host-in term, summed (fluid host-in bound)
+        self.dp_bytes, self.ids = [], []
+        self.any_a2a = m.NewBoolVar("any_all_to_all")
+        self.any_dp = m.NewBoolVar("any_data_parallel")
+        self.piece_bounds = []  # (u, compute, memory, io, ho) of fluid pieces
+        a2a = self.a2a
+        for c, tc in enumerate(self.tables):
+            count = len(tc.members)
+            ys, us = self._count_vars(f"y{c}", count, len(tc.options))
+            self.y.append(ys)
+            self.u.append(us)
+            for j, (o, y, u) in enumerate(zip(tc.options, ys, us)):
+                k = {"compute": _t(o.compute_s), "memory": _m(o.memory),
+                     "io": _t(o.out_bytes * a2a.intra_out), "ii": _t(o.out_bytes * a2a.intra_in),
+                     "ho": _t(o.out_bytes * a2a.host_out), "hi": _t(o.out_bytes * a2a.host_in)}
+                if o.sharding == "data_parallel":
+                    self.dp_bytes.append((y, o.dp_grad_bytes, o.dp_numel))
+                    m.AddImplication(u, self.any_dp)
+                else:
+                    self.ids.append((y, o.ids_bytes))
+                    m.AddImplication(u, self.any_a2a)
+                if o.uniform:
+                    for key, val in k.items():
+                        self.unif[key].append((y, val))
+                    continue
+                self.total_hi.append((y, o.pieces * o.width * k["hi"]))
+                per, slots = L.per_slot(o), L.slots(o)
+                vs = [self._int(0, count * per, f"v{c}_{j}_{s}") for s in range(slots)]
+                self.v[(c, j)] = vs
+                m.Add(sum(vs) == o.pieces * y)
+                if per < count * per:
+                    for v in vs:
+                        m.Add(v <= per * y)
+                w = L.weight(o)
+                for s, v in enumerate(vs):
+                    for b in L.bins_of_slot(o, s):
+                        for key, val in k.items():
+                            if val:
+                                self.bins[key][b].append((v, val * w))
+                if L.fluid(o):
+                    self.piece_bounds.append((u, k["compute"], k["memory"], k["io"],
+                                              min(o.width, L.local) * k["ho"]))
+
+    # ---- per-bin loads and the all-to-all -------------------------------------------------
+    def loads(self) -> None:
+        m, L, p = self.m, self.layout, self.p
+        n = L.bin_size
+        expr = self._expr
+        self.uni = {k: self._total(f"uniform_{k}", v) for k, v in self.unif.items()}
+        uc, um = self.uni["compute"], self.uni["memory"]
+        dense_mem = (_m(p.options.workspace_bytes) + self._total("dense_memory", self.dense_mem)
+                     + self.transient + self.ckpt)
+        cap = int(p.cap_bytes // MEM_UNIT_B)
+        self.S = self._int(0, self.T, "sparse_max")
+        self.A = self._int(0, self.T, "all_to_all_bw")
+        # a fluid bin keeps a little room for packing its pieces onto ranks (expand)
+        bin_cap = cap if n == 1 else int(cap * (1 - p.settings.packing_slack))
+        sparse = []
+        for b in range(L.bins):
+            sb = self._int(0, self.T, f"sparse_{b}")
+            m.Add(sb == expr(self.bins["compute"][b]))
+            sparse.append(sb)
+            m.Add(n * self.S >= sb + n * uc)
+            m.Add(expr(self.bins["memory"][b]) + n * (um + dense_mem) <= n * bin_cap)
+        for u, comp, mem, io, ho in self.piece_bounds:
+            m.Add(self.S >= uc + comp * u)
+            m.Add(um + dense_mem + mem * u <= cap)  # the piece fits on one rank
+            m.Add(self.A >= io * u)
+            if L.hosts > 1:
+                m.Add(self.A >= ho * u)
+        self._all_to_all()
+        self._symmetry(sparse)
+
+    def _all_to_all(self) -> None:
+        m, L, expr = self.m, self.layout, self._expr
+        n, local = L.bin_size, L.local
+        u = self.uni
+        if n == 1:  # exact: the four forms of AllToAll.time, rank by rank, host by host
+            ii = []
+            for r in range(L.bins):
+                m.Add(self.A >= expr(self.bins["io"][r]) + u["io"])
+                x = self._int(0, self.T, f"in_{r}")
+                m.Add(x == expr(self.bins["ii"][r]) + u["ii"])
+                ii.append(x)
+            ho_h, hi_h = [], []
+            for h in range(L.hosts):
+                ranks = range(h * local, (h + 1) * local)
+                host_in = sum(ii[r] for r in ranks)
+                for r in ranks:
+                    m.Add(self.A >= host_in - ii[r])
+                if L.hosts > 1:
+                    ho = self._int(0, self.T, f"host_out_{h}")
+                    hi = self._int(0, self.T, f"host_in_{h}")
+                    m.Add(ho == sum(expr(self.bins["ho"][r]) for r in ranks) + local * u["ho"])
+                    m.Add(hi == sum(expr(self.bins["hi"][r]) for r in ranks) + local * u["hi"])
+                    ho_h.append(ho)
+                    hi_h.append(hi)
+            if L.hosts > 1:
+                total = sum(hi_h)
+                for ho, hi in zip(ho_h, hi_h):
+                    m.Add(self.A >= ho)
+                    m.Add(self.A >= total - hi)
+            return
+        # fluid: every rank of a bin sends its average; a bin holds whole hosts
+        total_hi = self._total("total_host_in", self.total_hi) + L.world * u["hi"]
+        for b in range(L.bins):
+            m.Add(n * self.A >= expr(self.bins["io"][b]) + n * u["io"])
+            if L.hosts > 1:
+                m.Add(n * self.A >= local * (expr(self.bins["ho"][b]) + n * u["ho"]))
+                m.Add(n * self.A >= n * total_hi - local * (expr(self.bins["hi"][b])
+                                                            + n * u["hi"]))
+
+    def _symmetry(self, sparse: list) -> None:
+        """Ranks of a host, hosts, and bins are interchangeable: order their sparse loads."""
+        m, L = self.m, self.layout
+        if L.bin_size == 1 and L.hosts > 1:
+            local = L.local
+            for h in range(L.hosts):
+                for r in range(h * local, (h + 1) * local - 1):
+                    m.Add(sparse[r] >= sparse[r + 1])
+            host = [sum(sparse[h * local:(h + 1) * local]) for h in range(L.hosts)]
+            for h in range(L.hosts - 1):
+                m.Add(host[h] >= host[h + 1])
+        else:
+            for b in range(L.bins - 1):
+                m.Add(sparse[b] >= sparse[b + 1])
+
+    # ---- the step -----------------------------------------------------------------------
+    def objective(self) -> None:
+        m, p, a2a = self.m, self.p, self.a2a
+        opts, world = p.options, p.world
+        lin, expr = self.cp.LinearExpr.WeightedSum, self._expr
+
+        fwd, bwd = expr(self.fwd), expr(self.bwd)
+        # data-parallel tables: their gradients join one all-reduce (alpha + beta * bytes)
+        dp_ar = 0
+        dp_total = sum(b * len(self.tables[c].members) for c, tc in enumerate(self.tables)
+                       for o in tc.options if o.sharding == "data_parallel"
+                       for b in [o.dp_grad_bytes])
+        if self.dp_bytes and world > 1 and dp_total > 0:
+            ar = lambda nb: collective_time("all_reduce", nb, range(world), p.topology,  # noqa: E731
+                                            calibration=p.calibration)
+            alpha, top = ar(1.0), ar(dp_total)
+            beta = (top - alpha) / dp_total
+            dp_ar = _t(alpha) * self.any_dp + lin([y for y, _, _ in self.dp_bytes],
+                                                  [_t(beta * b) for _, b, _ in self.dp_bytes])
+        ov = int(round(100 * opts.overlap))
+        ef = self._int(0, self.T, "exposed_fwd")
+        eb = self._int(0, self.T, "exposed_bwd")
+        m.Add(ef >= self.f_tail)
+        m.Add(100 * ef >= 100 * expr(self.c_fwd) - ov * fwd)
+        m.Add(eb >= self.b_tail)
+        m.Add(eb >= dp_ar)
+        m.Add(100 * eb >= 100 * (expr(self.c_bwd) + dp_ar) - ov * (bwd + self.S))
+        # optimizer: the secant of optimizer_time over the elements a plan can leave per rank
+        lo = sum(len(rc.members) * min(o.numel for o in rc.options) for rc in self.regions)
+        hi = sum(len(rc.members) * max(o.numel for o in rc.options) for rc in self.regions)
+        hi += sum(len(self.tables[c].members) * o.dp_numel for c, tc in enumerate(self.tables)
+                  for o in tc.options if o.sharding == "data_parallel")
+
+        def opt_s(numel: float) -> float:
+            return optimizer_time(opts.optimizer, numel, opts.dense_dtype, p.topology.gpu,
+                                  p.calibration, fused=opts.fused_optimizer,
+                                  tensors=max(1, 2 * len(p.regions)))[0]
+
+        slope = (opt_s(hi) - opt_s(lo)) / (hi - lo) if hi > lo else 0.0
+        opt_terms = ([(x, _t(slope * n)) for x, n in self.numel]
+                     + [(y, _t(slope * n)) for y, _, n in self.dp_bytes])
+        optimizer = _t(opt_s(lo) - slope * lo) + expr(opt_terms)
+        ids = 0
+        if not opts.pipeline_sparse and self.ids:
+            per_byte = (a2a.even(1e9) - a2a.const_s) / 1e9
+            ids = _t(a2a.const_s) * self.any_a2a + expr([(y, _t(b * per_byte))
+                                                         for y, b in self.ids])
+        a2a_const = _t(a2a.const_s) if world > 1 else 0
+        step = (self.S + 2 * a2a_const * self.any_a2a + 2 * self.A + ids + fwd + bwd + ef + eb
+                + expr(self.c_tp) + optimizer)
+        self.step = step
+        m.Minimize(step)
+
+    # ---- hint ---------------------------------------------------------------------------
+    def hint(self, sol: ModelSolution) -> None:
+        for g, xs in enumerate(self.nd):
+            for i, x in enumerate(xs):
+                self.m.AddHint(x, sol.dense[g][i])
+                self.m.AddHint(self.used[g][i], int(sol.dense[g][i] > 0))
+        for c, ys in enumerate(self.y):
+            for j, y in enumerate(ys):
+                self.m.AddHint(y, sol.counts[c][j])
+                self.m.AddHint(self.u[c][j], int(sol.counts[c][j] > 0))
+                for v, val in zip(self.v.get((c, j), []), sol.slots.get((c, j), [])):
+                    self.m.AddHint(v, val)
+
+    def solution(self, solver) -> ModelSolution:
+        dense = [[solver.Value(x) for x in xs] for xs in self.nd]
+        counts = [[solver.Value(y) for y in ys] for ys in self.y]
+        slots = {key: [solver.Value(v) for v in vs] for key, vs in self.v.items()}
+        return ModelSolution(dense, counts, slots)
+
+
+def to_model_solution(problem: Problem, layout: Layout, regions: list[RegionClass],
+                      tables: list[TableClass], a: Assignment, pricer: Pricer
+                      ) -> ModelSolution | None:
+    """An assignment (greedy's) in the model's terms, ranks relabelled so the model's
+    symmetry-breaking order holds; None if it uses an option the model does not offer."""
+    dense = []
+    for rc in regions:
+        row = [0] * len(rc.options)
+        for name in rc.members:
+            choice = a.dense.get(name, DenseChoice())
+            idx = [i for i, o in enumerate(rc.options) if o.choice == choice]
+            if not idx:
+                return None
+            row[idx[0]] += 1
+        dense.append(row)
+    perm = _canonical_ranks(problem, layout, tables, a)
+    counts, slots = [], {}
+    for c, tc in enumerate(tables):
+        row = [0] * len(tc.options)
+        for fqn in tc.members:
+            choice = a.tables[fqn]
+            idx = [j for j, o in enumerate(tc.options)
+                   if (o.sharding, o.ranks, o.grid) == (choice.sharding, len(choice.ranks),
+                                                        choice.grid)]
+            if not idx:
+                return None
+            j = idx[0]
+            row[j] += 1
+            o = tc.options[j]
+            if o.uniform:
+                continue
+            vs = slots.setdefault((c, j), [0] * layout.slots(o))
+            for start in sorted({perm[r] for r in choice.ranks})[:: o.width]:
+                vs[start // layout.slot_size(o)] += 1
+        counts.append(row)
+    return ModelSolution(dense, counts, slots)
+
+
+def _canonical_ranks(problem: Problem, layout: Layout, tables: list[TableClass],
+                     a: Assignment) -> dict[int, int]:
+    """old rank -> new rank: hosts (or bins) by sparse load, ranks of a host by load."""
+    world, local = problem.world, layout.local
+    load = [0] * world
+    for tc in tables:
+        for fqn in tc.members:
+            choice = a.tables[fqn]
+            o = next((o for o in tc.options if (o.sharding, o.ranks, o.grid)
+                      == (choice.sharding, len(choice.ranks), choice.grid)), None)
+            if o is None or o.uniform:
+                continue
+            for r in choice.ranks:
+                load[r] += _t(o.compute_s)
+    block = local if layout.bin_size == 1 else layout.bin_size
+    groups = sorted(range(world // block),
+                    key=lambda g: (-sum(load[g * block:(g + 1) * block]), g))
+    perm = {}
+    for new_g, g in enumerate(groups):
+        members = range(g * block, (g + 1) * block)
+        if layout.bin_size == 1:
+            members = sorted(members, key=lambda r: (-load[r], r))
+        for i, r in enumerate(members):
+            perm[r] = new_g * block + i
+    return perm
+
+
+def solve(problem: Problem, layout: Layout, regions: list[RegionClass],
+          tables: list[TableClass], pricer: Pricer, hint: ModelSolution | None = None
+          ) -> CpSatResult:
+    from ortools.sat.python import cp_model
+
+    start = time.perf_counter()
+    b = _Builder(problem, layout, regions, tables, pricer)
+    b.dense()
+    b.tables_()
+    b.loads()
+    b.objective()
+    if hint is not None:
+        b.hint(hint)
+    s = problem.settings
+    solver = cp_model.CpSolver()
+    params = solver.parameters
+    params.num_workers = s.workers
+    params.interleave_search = s.workers > 1
+    params.random_seed = s.seed
+    params.max_deterministic_time = s.time_limit_s
+    params.max_time_in_seconds = s.time_limit_s * s.wall_limit_factor
+    params.relative_gap_limit = s.gap_limit
+    build = time.perf_counter() - start
+    start = time.perf_counter()
+    status = solver.Solve(b.m)
+    wall = time.perf_counter() - start
+    names = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible",
+             cp_model.INFEASIBLE: "infeasible"}
+    found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+    wall_stopped = (status != cp_model.OPTIMAL and wall >= params.max_time_in_seconds * 0.98
+                    and solver.deterministic_time < s.time_limit_s)
+    proto = b.m.Proto()
+    return CpSatResult(
+        solution=b.solution(solver) if found else None,
+        status=names.get(status, "unknown"),
+        objective_s=solver.ObjectiveValue() * TIME_UNIT_S if found else None,
+        bound_s=solver.BestObjectiveBound() * TIME_UNIT_S if found else None,
+        deterministic_s=solver.deterministic_time,
+        wall_s=wall,
+        build_s=build,
+        wall_stopped=wall_stopped,
+        variables=len(proto.variables),
+        constraints=len(proto.constraints),
+    )

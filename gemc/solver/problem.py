@@ -1,0 +1,222 @@
+"""What the planners decide, and how the decision is read from and written to the graph.
+
+A planner sees a :class:`Problem` (the regions and tables as the cost model's plain
+``RegionCost`` / ``TableCost``, the topology, the step model's options, the memory cap)
+and returns an :class:`Assignment` (a :class:`DenseChoice` per region, a
+:class:`TableChoice` per table). The conversion from the graph goes through the same
+functions the plan builder and ``gemc.costing`` use, so the numbers a planner optimises
+are the numbers the plan's ``predicted`` block is computed from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
+from typing import Any
+
+from torch import fx
+
+from gemc import ir
+from gemc.cost_model.activations import saved_activation_bytes
+from gemc.cost_model.step_model import predict_step
+from gemc.cost_model.topology import Topology
+from gemc.cost_model.types import RegionCost, StepOptions, StepPrediction, TableCost
+from gemc.costing import region_boundary_bytes, region_costs, table_costs
+from gemc.ir import OpKind
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class SolverSettings:
+    """Knobs of the planners; defaults are what ``gemc compile`` uses.
+
+    ``time_limit_s`` is CP-SAT's *deterministic* time (its own work counter, about a second
+    of one core on an idle machine), so the same inputs give the same plan on any machine
+    and any load; ``wall_limit_factor`` x that in wall seconds is only a safety net (when it
+    is what stops the search, the plan says so: it may then differ from run to run).
+    ``memory_reserve`` is the share of HBM kept free for fragmentation and what the memory
+    model does not see, on top of the CUDA context (``GPUSpec.usable_hbm_bytes``).
+    """
+
+    time_limit_s: float = 10.0
+    workers: int = 2
+    seed: int = 0
+    gap_limit: float = 1e-3        # stop once within 0.1% of the bound
+    memory_reserve: float = 0.05
+    allow_tp: bool = True
+    allow_checkpoint: bool = False
+    max_placement_vars: int = 6_000
+    packing_slack: float = 0.03   # memory a bin of several ranks keeps free for packing
+    wall_limit_factor: float = 6.0
+
+    def __post_init__(self) -> None:
+        if not self.time_limit_s > 0:
+            raise ValueError(f"time limit must be > 0 seconds, got {self.time_limit_s}")
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers}")
+        if not 0 <= self.memory_reserve < 1:
+            raise ValueError(f"memory_reserve must be in [0, 1), got {self.memory_reserve}")
+
+
+@dataclass(frozen=True)
+class DenseChoice:
+    """A dense region's strategy. ``shard_group``: HSDP's group inside a host, TP's degree
+    (0 for DDP and for FSDP over the whole world)."""
+
+    strategy: str = "ddp"
+    shard_group: int = 0
+    checkpoint: bool = False
+
+    def placement(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"strategy": self.strategy}
+        if self.shard_group:
+            out["shard_group"] = self.shard_group
+        if self.checkpoint:
+            out["checkpoint"] = True
+        return out
+
+    def label(self) -> str:
+        s = self.strategy + (f"/{self.shard_group}" if self.shard_group else "")
+        return s + ("+ckpt" if self.checkpoint else "")
+
+
+@dataclass(frozen=True)
+class TableChoice:
+    """A table's sharding and the ranks holding its shards, in shard order.
+    ``grid`` is ``(column blocks, row shards per block)`` for grid sharding."""
+
+    sharding: str
+    ranks: tuple[int, ...]
+    grid: tuple[int, int] | None = None
+
+    def placement(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"sharding": self.sharding, "ranks": list(self.ranks)}
+        if self.grid is not None:
+            out["grid"] = list(self.grid)
+        return out
+
+
+@dataclass
+class Assignment:
+    dense: dict[str, DenseChoice] = field(default_factory=dict)
+    tables: dict[str, TableChoice] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Everything a planner needs; no torch.fx inside, so tests can build one by hand."""
+
+    regions: tuple[RegionCost, ...]
+    tables: tuple[TableCost, ...]
+    topology: Topology
+    calibration: Any = None
+    options: StepOptions = field(default_factory=StepOptions)
+    settings: SolverSettings = field(default_factory=SolverSettings)
+    # regions whose strategy the plan can carry (they own compute nodes); others stay DDP
+    placeable: frozenset[str] | None = None
+
+    @property
+    def world(self) -> int:
+        return self.topology.world_size
+
+    @property
+    def cap_bytes(self) -> float:
+        """Per-GPU memory a plan may use: usable HBM minus the reserve."""
+        gpu = self.topology.gpu
+        return float(gpu.usable_hbm_bytes) - self.settings.memory_reserve * gpu.hbm_bytes
+
+    def can_place(self, region: str) -> bool:
+        return self.placeable is None or region in self.placeable
+
+
+def problem_from_graph(
+    gm: fx.GraphModule, ctx: Any, settings: SolverSettings | None = None,
+    options: StepOptions | None = None,
+) -> Problem:
+    """The regions and tables of an annotated graph (after predict-time), as the plan
+    builder will summarise them and ``gemc.costing`` will price them."""
+    from gemc.plan_builder import region_summaries, table_summaries
+
+    shim = SimpleNamespace(param_dtypes=ctx.param_dtypes)
+    tables = table_summaries(gm, shim)  # type: ignore[arg-type]
+    regions = region_summaries(gm, shim, {t["fqn"] for t in tables})  # type: ignore[arg-type]
+    costs = region_costs(regions, saved_activation_bytes(gm), region_boundary_bytes(gm))
+    placeable = frozenset(
+        str(n.meta.get(ir.REGION, ""))
+        for n in gm.graph.nodes
+        if n.op == "call_function" and ir.kind_of(n) is not OpKind.VIEW
+        and not n.meta.get(ir.TABLE)
+    )
+    return Problem(
+        regions=tuple(replace(r, strategy="ddp", shard_group=0, checkpoint=False) for r in costs),
+        tables=tuple(table_costs(tables)),
+        topology=ctx.topology,
+        calibration=getattr(ctx, "calibration", None),
+        options=options or StepOptions(),
+        settings=settings or SolverSettings(),
+        placeable=placeable,
+    )
+
+
+def apply_assignment(gm: fx.GraphModule, assignment: Assignment,
+                     table_cost: Mapping[str, dict[str, float]] | None = None) -> None:
+    """Write ``gemc.placement`` the way place-default does (the plan builder reads it);
+    ``table_cost`` adds the planner's per-shard estimate of each table (``cost``)."""
+    for node in gm.graph.nodes:
+        facts = node.meta.get(ir.TABLE)
+        if facts is not None:
+            placement = assignment.tables[facts["fqn"]].placement()
+            if table_cost and facts["fqn"] in table_cost:
+                placement["cost"] = table_cost[facts["fqn"]]
+            node.meta[ir.PLACEMENT] = placement
+        elif node.op == "call_function" and ir.kind_of(node) is not OpKind.VIEW:
+            region = str(node.meta.get(ir.REGION, ""))
+            node.meta[ir.PLACEMENT] = assignment.dense.get(region, DenseChoice()).placement()
+
+
+def chosen_regions(problem: Problem, assignment: Assignment) -> list[RegionCost]:
+    out = []
+    for r in problem.regions:
+        c = assignment.dense.get(r.name, DenseChoice())
+        out.append(replace(r, strategy=c.strategy, shard_group=c.shard_group,
+                           checkpoint=c.checkpoint))
+    return out
+
+
+def chosen_tables(problem: Problem, assignment: Assignment) -> list[TableCost]:
+    out = []
+    for t in problem.tables:
+        c = assignment.tables[t.fqn]
+        out.append(replace(t, sharding=c.sharding, ranks=c.ranks))
+    return out
+
+
+def predict(problem: Problem, assignment: Assignment) -> StepPrediction:
+    """The cost model's own prediction of an assignment (the reference ``evaluate`` matches;
+    slow at thousands of ranks, see the solver's notes)."""
+    return predict_step(chosen_regions(problem, assignment), chosen_tables(problem, assignment),
+                        problem.topology, calibration=problem.calibration,
+                        options=problem.options)
+
+
+def ranks_by_host(topology: Topology) -> list[list[int]]:
+    """Ranks of each host in torchrun order (host-major, then local index = rail)."""
+    g = topology.gpus_per_host
+    return [list(range(h * g, (h + 1) * g)) for h in range(topology.hosts)]
+
+
+def describe_ranks(ranks: Iterable[int]) -> str:
+    rs = sorted(set(ranks))
+    if len(rs) > 6:
+        return f"{len(rs)} ranks ({rs[0]}..{rs[-1]})"
+    return ", ".join(map(str, rs))
+
+
+def as_gb(nbytes: float) -> str:
+    return f"{nbytes / GB:.1f} GB"
+
+
+def table_index(problem: Problem) -> Mapping[str, TableCost]:
+    return {t.fqn: t for t in problem.tables}

@@ -1,0 +1,54 @@
+"""Plan an already captured and annotated graph again, for another topology or planner.
+
+Capture is the slow part of a compile at GEM scale (about a minute on a small machine);
+the planners only need the annotated graph. The solver benchmark and the tests capture a
+model once and call this per (topology, planner): the same parallelize pass, plan builder
+and ``predicted`` block as ``gemc.compile``, so the plan is the one a compile writes.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+
+from torch import fx
+
+from gemc.api import _context
+from gemc.capture import Captured
+from gemc.context import PassContext
+from gemc.cost_model.topology import Topology
+from gemc.costing import predicted_block
+from gemc.pass_manager import PassManager
+from gemc.pipeline import default_pipeline, placement_pass
+from gemc.plan import validate_plan
+from gemc.plan_builder import build_plan
+
+
+def annotate(captured: Captured, topology: Topology, *, entrypoint: str,
+             args: dict[str, Any] | None = None, calibration: Any = None
+             ) -> tuple[fx.GraphModule, PassContext]:
+    """Every pass of the default pipeline before the placement (op times and precisions
+    depend on the GPU, not on the mesh)."""
+    ctx = _context(entrypoint, dict(args or {}), captured, topology)
+    ctx.calibration = calibration
+    gm = PassManager(default_pipeline()[:-1]).run(captured.gm, ctx)
+    return gm, ctx
+
+
+def replan(gm: fx.GraphModule, ctx: PassContext, captured: Captured, topology: Topology,
+           planner: str, solver: dict[str, Any] | None = None
+           ) -> tuple[dict[str, Any], dict[str, float]]:
+    """(validated plan, wall seconds of the placement pass and of the prediction)."""
+    ctx = copy.copy(ctx)
+    ctx.topology, ctx.warnings = topology, []
+    ctx.options = {**ctx.options, "solver": dict(solver or {})}
+    start = time.perf_counter()
+    gm, _ = placement_pass(planner).run(gm, ctx)
+    placed = time.perf_counter()
+    plan = build_plan(gm, ctx, captured, planner=planner)
+    plan["predicted"] = predicted_block(gm, plan["regions"], plan["tables"], topology,
+                                        ctx.calibration)
+    validate_plan(plan, source="replan")
+    gm.meta.pop("gemc.solver", None)  # the next planner writes its own report
+    return plan, {"plan": placed - start, "predict": time.perf_counter() - placed}

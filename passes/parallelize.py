@@ -1,0 +1,68 @@
+"""parallelize: choose every dense region's strategy and every table's sharding and ranks.
+
+The solver pass. It reads the annotated graph (kinds, regions, tables, the cost model's
+per-node times from predict-time) into a planning problem, runs the planner named by
+``planner`` (``cpsat``, the default, or the ``greedy`` / ``naive`` baselines; see
+``gemc.solver``) and writes ``gemc.placement`` exactly as place-default does, so the plan
+builder and ``gemc.costing`` need nothing new. The planner's report (status, objective,
+bound, gap) goes to ``gm.meta["gemc.solver"]`` and from there into the plan.
+
+Options come from ``ctx.options["solver"]`` (``SolverSettings`` field names, e.g.
+``{"time_limit_s": 10}``), so the same pass serves the CLI, the API and the benchmark.
+A problem no plan can fit ends in ``PlanInfeasibleError`` (a GemcUserError: exit 2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
+
+from torch import fx
+from torch.fx.passes.infra.pass_base import PassResult
+
+from gemc.errors import GemcUserError
+from gemc.solver.planners import PLANNERS, run_planner
+from gemc.solver.problem import SolverSettings, apply_assignment, problem_from_graph
+
+SOLVER_META = "gemc.solver"  # gm.meta key: the planner's report, copied into the plan
+
+
+def settings_from(options: dict[str, Any] | None) -> SolverSettings:
+    """SolverSettings from user options; unknown or bad values are the user's to fix."""
+    options = dict(options or {})
+    known = {f.name for f in fields(SolverSettings)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise GemcUserError(f"unknown solver option(s) {', '.join(unknown)}",
+                            where="solver options", fix=f"use only {', '.join(sorted(known))}")
+    try:
+        return SolverSettings(**options)
+    except (TypeError, ValueError) as exc:
+        raise GemcUserError(f"bad solver option: {exc}", where="solver options",
+                            fix="e.g. --time-limit 10 (seconds > 0)") from None
+
+
+@dataclass(frozen=True)
+class Parallelize:
+    """Annotates ``gemc.placement`` on compute and embedding nodes."""
+
+    name: ClassVar[str] = "parallelize"
+    requires: ClassVar[tuple[str, ...]] = (
+        "classify-ops", "collect-tables", "assign-regions", "predict-time")
+    planner: str = "cpsat"
+
+    def __post_init__(self) -> None:
+        if self.planner not in PLANNERS:
+            raise ValueError(f"unknown planner {self.planner!r}; known: {', '.join(PLANNERS)}")
+
+    def run(self, gm: fx.GraphModule, ctx: Any) -> PassResult:
+        if ctx.topology is None:
+            raise ValueError("parallelize needs ctx.topology")
+        settings = settings_from((ctx.options or {}).get("solver"))
+        problem = problem_from_graph(gm, ctx, settings)
+        result = run_planner(problem, self.planner)
+        apply_assignment(gm, result.assignment, result.table_cost)
+        gm.meta[SOLVER_META] = result.report
+        for note in result.notes:
+            ctx.warn(note)
+        return PassResult(gm, True)

@@ -1,0 +1,63 @@
+"""Problems no plan fits end in PlanInfeasibleError (a GemcUserError: exit 2) naming the
+binding constraint (which rank, which tables, how many GB over) and the fixes."""
+
+from __future__ import annotations
+
+import pytest
+from gemc.cost_model.topology import parse_topology
+from gemc.cost_model.types import RegionCost, TableCost
+
+from gemc.errors import GemcUserError
+from gemc.solver.infeasible import PlanInfeasibleError
+from gemc.solver.planners import run_planner
+from gemc.solver.problem import Problem, SolverSettings
+
+MLP = RegionCost("mlp", 10**6, 1e12, 5e-3, activation_bytes=10**9, boundary_bytes=10**7)
+SETTINGS = SolverSettings(time_limit_s=5, wall_limit_factor=50)
+
+
+def problem(topology: str, regions, tables) -> Problem:
+    return Problem(tuple(regions), tuple(tables), parse_topology(topology), settings=SETTINGS)
+
+
+@pytest.mark.parametrize("planner", ["naive", "greedy", "cpsat"])
+def test_dense_part_too_large(planner):
+    blocks = [RegionCost(f"blocks.{i}", 10**8, 1e14, 1e-1, activation_bytes=1000 * 10**9,
+                         boundary_bytes=10**9) for i in range(2)]
+    p = problem("h200:1x8", blocks, [TableCost("t", 1000, 64, 100, 100)])
+    with pytest.raises(PlanInfeasibleError) as err:
+        run_planner(p, planner)
+    text = str(err.value)
+    assert isinstance(err.value, GemcUserError)
+    assert "dense part alone" in text and "GB" in text and "'blocks.0'" in text
+    assert "smaller batch" in text and "activation checkpointing" in text
+    assert "more GPUs do not help" in text
+
+
+def test_tables_too_large_on_average_names_how_many_gpus():
+    tables = [TableCost(f"t{i}", 60_000_000, 128, 4096, 4096) for i in range(8)]
+    p = problem("h200:1x4", [MLP], tables)
+    with pytest.raises(PlanInfeasibleError) as err:
+        run_planner(p, "cpsat")
+    text = str(err.value)
+    assert "tables need at least" in text and "over the" in text
+    assert "more GPUs" in text and "--topology h200:" in text
+
+
+def test_one_table_larger_than_any_shard_can_hold():
+    p = problem("h200:1x1", [MLP], [TableCost("huge", 200_000_000, 128, 4096, 4096)])
+    with pytest.raises(PlanInfeasibleError, match="table huge does not fit"):
+        run_planner(p, "greedy")
+
+
+def test_packing_infeasible_is_proven_by_cpsat_and_names_the_rank():
+    """Three tables whose shards fit on average but never together: pooled outputs of a
+    huge batch make every sharding heavy (dim 127: no column split)."""
+    tables = [TableCost(f"t{i}", 18_400_000 + i, 127, 27_500_000, 27_500_000) for i in range(3)]
+    p = problem("h200:1x2", [MLP], tables)
+    with pytest.raises(PlanInfeasibleError) as err:
+        run_planner(p, "cpsat")
+    text = str(err.value)
+    assert "CP-SAT proved that no assignment fits" in text
+    assert "rank " in text and "GB over" in text and "t0" in text
+    assert "more GPUs" in text

@@ -1,0 +1,91 @@
+"""The parallelize pass in the pipeline: plans of every planner validate, carry the solver's
+report, predict what the solver optimised, and compile to the same bytes twice."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from gemc.cost_model.topology import parse_topology
+
+from gemc.cli import main
+from gemc.plan import load_plan
+from gemc.solver.replan import annotate, replan
+from tests.conftest import REPO, TOY
+
+GEM = f"{REPO}/examples/gem/model.py:build"
+
+
+@pytest.fixture(scope="module")
+def gem_tiny():
+    from gemc.api import load_model
+    from gemc.capture import capture
+
+    spec = load_model(GEM, {"preset": "tiny"})
+    captured = capture(spec, entrypoint=GEM)
+    gm, ctx = annotate(captured, parse_topology("h200:2x4"), entrypoint=GEM,
+                       args={"preset": "tiny"})
+    return gm, ctx, captured
+
+
+@pytest.fixture(scope="module")
+def plans(gem_tiny):
+    gm, ctx, captured = gem_tiny
+    topo = parse_topology("h200:2x4")
+    return {p: replan(gm, ctx, captured, topo, p, {"time_limit_s": 1.0})[0]
+            for p in ("naive", "greedy", "cpsat")}
+
+
+def test_every_planner_writes_a_valid_plan_with_its_report(plans):
+    for name, plan in plans.items():
+        assert plan["planner"] == name
+        solver = plan["solver"]
+        assert solver["planner"] == name
+        # the plan's prediction (predict_step on the written plan) is what the planner saw
+        assert plan["predicted"]["step_ms"] == pytest.approx(solver["predicted_step_ms"],
+                                                             rel=1e-6)
+        assert plan["predicted"]["max_memory_gb"] * 1e9 <= 141 * 2**30
+        assert all("cost" in t for t in plan["tables"])
+    cpsat = plans["cpsat"]["solver"]
+    assert cpsat["status"] in ("optimal", "feasible")
+    assert cpsat["bound_ms"] <= cpsat["objective_ms"]
+    assert plans["cpsat"]["predicted"]["step_ms"] <= plans["greedy"]["predicted"]["step_ms"]
+
+
+def test_cli_compiles_cpsat_by_default_to_identical_bytes(tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    for path in (a, b):
+        assert main(["compile", f"{TOY}:build", "--topology", "h200:2x4", "--out", str(path),
+                     "--time-limit", "2", "--quiet"]) == 0
+    assert a.read_bytes() == b.read_bytes()
+    plan = load_plan(a)
+    assert plan["planner"] == "cpsat" and plan["solver"]["status"] in ("optimal", "feasible")
+
+
+def test_explain_and_diff(plans, tmp_path, capsys):
+    from gemc.plan import write_plan
+
+    paths = {}
+    for name, plan in plans.items():
+        paths[name] = tmp_path / f"{name}.json"
+        write_plan(paths[name], plan)
+    assert main(["explain", str(paths["cpsat"])]) == 0
+    out = capsys.readouterr().out
+    assert "solver     CP-SAT" in out and "per rank" in out and "shards" in out
+    assert "shard ms" in out
+    assert main(["diff", str(paths["naive"]), str(paths["cpsat"])]) == 0
+    out = capsys.readouterr().out
+    assert "planner: naive -> cpsat" in out
+    assert "predicted step:" in out and "why the predicted step differs" in out
+    assert "dense strategies" in out and "tables:" in out
+    json.loads(paths["cpsat"].read_text())
+
+
+def test_bad_planner_and_time_limit_are_user_errors(tmp_path, capsys):
+    out = str(tmp_path / "p.json")
+    with pytest.raises(SystemExit) as exc:
+        main(["compile", f"{TOY}:build", "--out", out, "--planner", "magic"])
+    assert exc.value.code == 2
+    assert main(["compile", f"{TOY}:build", "--out", out, "--time-limit", "-1",
+                 "--quiet"]) == 2
+    assert "time limit" in capsys.readouterr().err
