@@ -18,6 +18,7 @@ row-wise Adagrad on the rows each step used for the tables):
              (``gemc.backends.torch.runner.run``) on that plan in this process: its precision
              sites and generated kernels (graph mode: fused GEMM epilogues, jagged attention,
              the batched embedding bag with the optimizer fused in its backward).
+``gemc-nokernels`` (optional) the runner on the same plan with ``--no-kernels``.
 
 Timing: a step is forward + backward + optimizers + reading the loss (a sync); batch
 creation is outside it. ``step_ms`` is the median over the steps after ``--warmup``.
@@ -52,7 +53,12 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--steps", type=int, default=None, help="timed + warmup steps (default 30)")
     p.add_argument("--warmup", type=int, default=None, help="untimed first steps (default 5)")
-    p.add_argument("--variants", default="eager,compile,gemc")
+    p.add_argument(
+        "--variants",
+        default="eager,compile,gemc",
+        help="comma-separated: eager, compile, gemc, gemc-nokernels (the runner without the "
+        "plan's kernels: isolates what they bring)",
+    )
     p.add_argument("--device", choices=("cpu", "cuda"), default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--smoke", action="store_true", help="CPU, tiny preset, batch 8, 2 steps")
@@ -173,7 +179,9 @@ def _baseline(
     return result
 
 
-def _gemc(args: argparse.Namespace, plan: dict[str, Any], device: Any) -> dict[str, Any]:
+def _gemc(
+    args: argparse.Namespace, plan: dict[str, Any], device: Any, *, kernels: bool = True
+) -> dict[str, Any]:
     from gemc.backends.torch.runner import RunOptions, run
 
     _free(device)
@@ -186,12 +194,13 @@ def _gemc(args: argparse.Namespace, plan: dict[str, Any], device: Any) -> dict[s
             seed=args.seed,
             progress=False,
             warmup_steps=args.warmup,
+            kernels=kernels,
         ),
     )
     wall = time.perf_counter() - t0
     rep = result.report
     summary = _summary(
-        "gemc",
+        "gemc" if kernels else "gemc-nokernels",
         [loss for _, loss in result.losses],
         [],
         args,
@@ -302,7 +311,12 @@ def main(argv: list[str] | None = None) -> int:
     for name in [v.strip() for v in args.variants.split(",") if v.strip()]:
         print(f"e2e: running {name} ...", file=sys.stderr)
         try:
-            row = _gemc(args, plan, device) if name == "gemc" else _baseline(name, args, plan, device)
+            if name in ("gemc", "gemc-nokernels"):
+                row = _gemc(args, plan, device, kernels=name == "gemc")
+            elif name in ("eager", "compile"):
+                row = _baseline(name, args, plan, device)
+            else:
+                raise ValueError(f"unknown variant {name!r}")
         except Exception as exc:  # one variant failing must not lose the others' numbers
             row = {"variant": name, "error": f"{type(exc).__name__}: {exc}", "losses": [],
                    "step_ms": None, "samples_per_s": None, "peak_memory_bytes": None}

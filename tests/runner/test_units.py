@@ -265,3 +265,20 @@ def test_resume_with_another_embedding_optimizer_is_refused(base_plans, tmp_path
         run(plan, RunOptions(steps=2, device="cpu", progress=False, checkpoint_dir=ck,
                              resume=True, embedding_optimizer="adam"))
     assert "--embedding-optimizer rowwise_adagrad" in exc.value.fix
+
+
+def test_gemc_cli_wiring_round_trips_the_flags() -> None:
+    """``add_run_parser`` on gemc's subparsers; the flags a self-launch passes on are the
+    flags it was given."""
+    import argparse
+
+    from gemc.backends.torch.cli import _argv_of, add_run_parser
+
+    parser = argparse.ArgumentParser(prog="gemc")
+    add_run_parser(parser.add_subparsers(dest="command", required=True))
+    flags = ["run", "p.json", "--steps", "7", "--checkpoint-dir", "ck", "--checkpoint-every",
+             "3", "--resume", "--device", "cpu", "--embedding-optimizer", "adam", "--lr",
+             "0.002", "--precision", "bf16", "--no-kernels", "--quiet", "--kernel-module", "m"]
+    args = parser.parse_args(flags)
+    again = parser.parse_args(["run", *_argv_of(args)])
+    assert vars(again) == vars(args)
