@@ -115,6 +115,8 @@ def compile(  # noqa: A001 - the public name users expect
     plan = build_plan(gm, ctx, captured, planner=planner)
     if "predict-time" not in disabled_passes:
         plan["predicted"] = predicted_block(gm, plan["regions"], plan["tables"], topo, calib)
+    if dump_dir is not None:
+        _write_kernel_sources(plan, Path(dump_dir))
     if out is not None:
         write_plan(out, plan)
     if dump_dir is not None and dump_mode != "failure":
@@ -134,3 +136,12 @@ def _dump_for_report(
     status = dump_mlir(gm, dump_dir, progress)
     if progress:
         progress(status)
+
+
+def _write_kernel_sources(plan: dict[str, Any], dump_dir: Path) -> None:
+    """``D/kernels/<sha>.py``: each generated source once, as the plan's entries name it."""
+    from gemc.dump import write_atomic
+
+    for entry in plan["kernels"]:
+        if entry.get("code") is not None:
+            write_atomic(dump_dir / entry["file"], entry["code"])

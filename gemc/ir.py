@@ -27,6 +27,8 @@ GEMM = PREFIX + "gemm"  # {"batch", "m", "n", "k"} on gemm nodes (forward GEMM)
 ATTENTION = PREFIX + "attention"  # {"batch", "heads", "q_len", "kv_len", "head_dim",
 #                                    "causal", "masked"} on attention nodes
 PARAM = PREFIX + "param"  # parameter / buffer FQN on placeholders that are weights
+KERNEL = PREFIX + "kernel"  # facts of a kernel group (dict: id, kind, predicted before/after,
+#                             kind-specific facts), on the group's last node
 
 
 class OpKind(str, Enum):

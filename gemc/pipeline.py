@@ -7,6 +7,9 @@ from gemc.passes.assign_regions import AssignRegions
 from gemc.passes.classify_ops import ClassifyOps
 from gemc.passes.collect_tables import CollectTables
 from gemc.passes.count_flops_bytes import CountFlopsBytes
+from gemc.passes.fuse import Fuse
+from gemc.passes.group_embeddings import GroupEmbeddings
+from gemc.passes.match_jagged_attention import MatchJaggedAttention
 from gemc.passes.parallelize import Parallelize
 from gemc.passes.place_default import PlaceDefault
 from gemc.passes.precision import ChoosePrecision
@@ -25,4 +28,11 @@ def placement_pass(planner: str) -> Pass:
 
 
 def default_pipeline(planner: str = "default") -> list[Pass]:
-    return [*annotation_passes(), PredictTime(), ChoosePrecision(), placement_pass(planner)]
+    return [*annotation_passes(), PredictTime(), *kernel_passes(), ChoosePrecision(),
+            placement_pass(planner)]
+
+
+def kernel_passes() -> list[Pass]:
+    """Kernel selection, after predict-time (they price groups with its per-node times):
+    recommendation kernels first, so generic fusion does not take their nodes."""
+    return [MatchJaggedAttention(), GroupEmbeddings(), Fuse()]

@@ -317,7 +317,7 @@ def build_plan(
         },
         "regions": regions,
         "tables": tables,
-        "kernels": [],
+        "kernels": kernel_entries(gm, ctx),
         "precision": precision_entries(gm),
         "predicted": predicted
         or {

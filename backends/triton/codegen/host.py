@@ -1,0 +1,433 @@
+"""Host side of generated kernels: load a source, launch its kernels, wrap them for autograd.
+
+A generated module holds only Triton kernels and metadata (``STRUCTURE``, ``REACHED``,
+``GRAD_MODES``, ``SAVE_Z``). This module turns it, plus a group's ``binding`` (shapes and
+output dtypes), into ``run(*inputs) -> tuple(outputs)`` whose backward is the generated
+backward: :func:`make_runner`. Arguments are passed to kernels by keyword, under the names
+:mod:`.emit` wrote into their signatures.
+
+The backward of every kind saves the group's inputs (and a GEMM's pre-epilogue ``z`` when
+its epilogue is not affine) and recomputes everything else in registers.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+import triton
+
+from ..runtime import INTERPRETED, next_pow2
+from .spec import kernel_classes, reduced_value, sha256
+
+_MODULES: dict[str, ModuleType] = {}
+SM_TARGET = 264  # programs that keep an H200's 132 SMs busy (two per SM)
+WGRAD_PARTIAL_BYTES = 256 << 20  # cap of the split-M wgrad's fp32 partial sums
+
+
+def cache_dir() -> Path:
+    """Where sources are written to be imported (Triton reads a kernel's source file)."""
+    env = os.environ.get("GEMC_KERNEL_CACHE")
+    path = Path(env) if env else Path(tempfile.gettempdir()) / f"gemc-kernels-{os.getuid()}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def load_source(source: str) -> ModuleType:
+    """Import a generated source (cached by its sha256); the same text imports once."""
+    digest = sha256(source)
+    if digest in _MODULES:
+        return _MODULES[digest]
+    name = f"gemc_kernel_{digest[:16]}"
+    path = cache_dir() / f"{name}.py"
+    if not path.exists() or path.read_text() != source:
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(source)
+        os.replace(tmp, path)
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    _MODULES[digest] = module
+    return module
+
+
+# ---- argument building ------------------------------------------------------------------------
+
+
+def _mn(shape: Sequence[int]) -> tuple[int, int]:
+    n = int(shape[-1]) if len(shape) else 1
+    lead = math.prod(int(s) for s in shape[:-1])
+    return lead, n
+
+
+def _flat(sizes: Sequence[int], strides: Sequence[int]) -> tuple[bool, int]:
+    """Whether leading dims collapse into one row stride (ignoring size-1 dims), and it."""
+    dims = [(s, st) for s, st in zip(sizes, strides) if s != 1]
+    if not dims:
+        return True, 0
+    for (_, outer), (size, inner) in zip(dims, dims[1:]):
+        if outer != inner * size:
+            return False, 0
+    return True, dims[-1][1]
+
+
+def strided_args(prefix: str, t: torch.Tensor, shape: Sequence[int]) -> dict[str, Any]:
+    """Pointer, strides and FLAT flag of ``t`` viewed (broadcast) at ``shape``."""
+    te = t.expand(*shape) if tuple(t.shape) != tuple(shape) else t
+    strides = te.stride()
+    flat, sm = _flat(shape[:-1], strides[:-1])
+    args: dict[str, Any] = {prefix: te, f"{prefix}_sn": strides[-1], f"{prefix}_sm": sm,
+                            f"{prefix}_FLAT": flat}
+    for d in range(len(shape) - 1):
+        args[f"{prefix}_l{d}"] = strides[d]
+    return args
+
+
+class _Impl:
+    """Shared state of one group's launcher: structure, binding, module."""
+
+    def __init__(self, module: ModuleType, binding: dict[str, Any]) -> None:
+        self.m = module
+        self.st = json.loads(module.STRUCTURE)
+        self.shapes = [tuple(int(s) for s in shape) for shape in binding["shapes"]]
+        self.dtypes = [getattr(torch, d) for d in binding["dtypes"]]
+        self.reached = set(module.REACHED)
+        self.modes = list(module.GRAD_MODES)
+        self.class_shape: dict[int, tuple[int, ...]] = {}
+        for k, q in enumerate(self.st["classes"]):
+            self.class_shape.setdefault(q, self.shapes[k])
+
+    def consumer_shape(self, j: int) -> tuple[int, ...]:
+        return self.shapes[self.st["slots"][j]["consumer"]]
+
+    def slot_args(self, inputs: Sequence[torch.Tensor]) -> dict[str, Any]:
+        args: dict[str, Any] = {}
+        for j, slot in enumerate(self.st["slots"]):
+            args.update(strided_args(f"s{j}", inputs[slot["input"]], self.consumer_shape(j)))
+        return args
+
+    def class_args(self, backward: bool) -> dict[str, Any]:
+        args: dict[str, Any] = {}
+        for q in kernel_classes(self.st, backward=backward):
+            shape = self.class_shape[q]
+            for d in range(1, len(shape) - 1):
+                args[f"c{q}_d{d}"] = shape[d]
+        return args
+
+    def alloc_outputs(self, device: torch.device) -> list[torch.Tensor]:
+        return [torch.empty(self.shapes[k], dtype=self.dtypes[j], device=device)
+                for j, k in enumerate(self.st["outputs"])]
+
+    def grad_args(self, grads: Sequence[torch.Tensor | None], like: torch.Tensor,
+                  shape_of: Callable[[int, int], tuple[int, ...]],
+                  view: Callable[[int, torch.Tensor], torch.Tensor] | None = None
+                  ) -> dict[str, Any]:
+        args: dict[str, Any] = {}
+        for j, k in enumerate(self.st["outputs"]):
+            g = grads[j]
+            if g is None:  # an output nobody used: a zero gradient that costs no memory
+                g = torch.zeros((), dtype=self.dtypes[j], device=like.device)
+            if view is not None:
+                g = view(j, g)
+            args.update(strided_args(f"g{j}", g, shape_of(j, k)))
+        return args
+
+    def slot_grad_buffers(self, inputs: Sequence[torch.Tensor], needs: Sequence[bool],
+                          partial_rows: int = 0) -> tuple[dict[str, Any], dict[int, torch.Tensor]]:
+        """``d<j>``/``NEED<j>`` arguments and the buffers the kernel fills."""
+        args: dict[str, Any] = {}
+        buffers: dict[int, torch.Tensor] = {}
+        for j, slot in enumerate(self.st["slots"]):
+            x = inputs[slot["input"]]
+            need = (j in self.reached and needs[slot["input"]] and x.is_floating_point())
+            args[f"NEED{j}"] = need
+            if not need:
+                args[f"d{j}"] = x
+                continue
+            shape = self.consumer_shape(j)
+            if self.modes[j] == "full":
+                buf = torch.empty(shape, dtype=x.dtype, device=x.device)
+            elif self.modes[j] == "col":
+                buf = torch.zeros((partial_rows, shape[-1]), dtype=torch.float32, device=x.device)
+            else:
+                buf = torch.empty(shape, dtype=torch.float32, device=x.device)
+            args[f"d{j}"] = buf
+            buffers[j] = buf
+        return args, buffers
+
+    def reduce_slot_grads(self, inputs: Sequence[torch.Tensor], buffers: dict[int, torch.Tensor],
+                          grads_in: list[torch.Tensor | None]) -> None:
+        for j, buf in buffers.items():
+            i = self.st["slots"][j]["input"]
+            x = inputs[i]
+            if self.modes[j] == "full":
+                g = buf.view(x.shape)
+            elif self.modes[j] == "col":
+                g = buf.sum(0).reshape(x.shape).to(x.dtype)
+            else:
+                g = buf.sum_to_size(x.shape).to(x.dtype)
+            grads_in[i] = g if grads_in[i] is None else grads_in[i] + g
+
+
+# ---- kinds ------------------------------------------------------------------------------------
+
+
+class _Pointwise(_Impl):
+    def block_n(self, n: int) -> int:
+        return min(next_pow2(n, 16), 256)
+
+    def forward(self, inputs: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], list]:
+        outs = self.alloc_outputs(inputs[0].device)
+        m, n = _mn(self.shapes[self.st["outputs"][0]])
+        if m * n:
+            bn = self.block_n(n)
+            args = {**self.slot_args(inputs), **self.class_args(False), "M": m, "N": n,
+                    "BLOCK_N": bn}
+            args.update({f"o{j}": o for j, o in enumerate(outs)})
+            self.m.fwd[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n, bn))](
+                **args)
+        return outs, list(inputs)
+
+    def backward(self, saved: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None],
+                 needs: Sequence[bool]) -> list[torch.Tensor | None]:
+        inputs = saved
+        grads_in: list[torch.Tensor | None] = [None] * len(inputs)
+        m, n = _mn(self.shapes[self.st["outputs"][0]])
+        dargs, buffers = self.slot_grad_buffers(inputs, needs)
+        if buffers and m * n:
+            bn = self.block_n(n)
+            args = {**self.slot_args(inputs), **dargs, **self.class_args(True), "M": m, "N": n,
+                    "BLOCK_N": bn,
+                    **self.grad_args(grads, inputs[0], lambda j, k: self.shapes[k])}
+            self.m.bwd[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n, bn))](
+                **args)
+        self.reduce_slot_grads(inputs, buffers, grads_in)
+        return grads_in
+
+
+class _Norm(_Impl):
+    def blocks(self, n: int) -> tuple[int, int]:
+        """Whole rows per program: ~2048 elements a tile on a GPU (the LayerNorm keeps a
+        handful of such tiles live in registers), more under the interpreter (fewer
+        programs, each a numpy op)."""
+        bn = next_pow2(n, 16)
+        return max(1, min(64, (8192 if INTERPRETED else 2048) // bn)), bn
+
+    def forward(self, inputs: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], list]:
+        outs = self.alloc_outputs(inputs[0].device)
+        m, n = _mn(self.shapes[self.st["outputs"][0]])
+        if m * n:
+            bm, bn = self.blocks(n)
+            args = {**self.slot_args(inputs), **self.class_args(False), "M": m, "N": n,
+                    "BLOCK_M": bm, "BLOCK_N": bn}
+            args.update({f"o{j}": o for j, o in enumerate(outs)})
+            self.m.fwd[(triton.cdiv(m, bm),)](**args)
+        return outs, list(inputs)
+
+    def backward(self, saved: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None],
+                 needs: Sequence[bool]) -> list[torch.Tensor | None]:
+        inputs = saved
+        grads_in: list[torch.Tensor | None] = [None] * len(inputs)
+        m, n = _mn(self.shapes[self.st["outputs"][0]])
+        bm, bn = self.blocks(n)
+        dargs, buffers = self.slot_grad_buffers(inputs, needs, partial_rows=triton.cdiv(m, bm))
+        if buffers and m * n:
+            args = {**self.slot_args(inputs), **dargs, **self.class_args(True), "M": m, "N": n,
+                    "BLOCK_M": bm, "BLOCK_N": bn,
+                    **self.grad_args(grads, inputs[0], lambda j, k: self.shapes[k])}
+            self.m.bwd[(triton.cdiv(m, bm),)](**args)
+        self.reduce_slot_grads(inputs, buffers, grads_in)
+        return grads_in
+
+
+class _Reduction(_Impl):
+    def __init__(self, module: ModuleType, binding: dict[str, Any]) -> None:
+        super().__init__(module, binding)
+        self.red = reduced_value(self.st)
+        self.arg = self.st["ops"][self.red]["args"][0][1]
+        shape = self.shapes[self.arg]
+        self.r, self.n = int(shape[-2]), int(shape[-1])
+        self.a = math.prod(int(s) for s in shape[:-2])
+
+    def forward(self, inputs: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], list]:
+        outs = self.alloc_outputs(inputs[0].device)
+        if self.a * self.n:
+            if self.r == 0:
+                outs[self.st["outputs"].index(self.red)].zero_()
+            else:
+                bn = min(next_pow2(self.n, 16), 64 if INTERPRETED else 128)
+                args = {**self.slot_args(inputs), **self.class_args(False), "R": self.r,
+                        "M": self.a * self.r, "N": self.n, "BLOCK_N": bn}
+                args.update({f"o{j}": o for j, o in enumerate(outs)})
+                self.m.fwd[(self.a, triton.cdiv(self.n, bn))](**args)
+        return outs, list(inputs)
+
+    def backward(self, saved: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None],
+                 needs: Sequence[bool]) -> list[torch.Tensor | None]:
+        inputs = saved
+        grads_in: list[torch.Tensor | None] = [None] * len(inputs)
+        m, n = self.a * self.r, self.n
+        dargs, buffers = self.slot_grad_buffers(inputs, needs)
+        arg_shape = self.shapes[self.arg]
+
+        def shape_of(j: int, k: int) -> tuple[int, ...]:
+            return arg_shape if k == self.red else self.shapes[k]
+
+        def view(j: int, g: torch.Tensor) -> torch.Tensor:
+            if self.st["outputs"][j] != self.red:
+                return g
+            if g.dim() == len(arg_shape) - 1:
+                g = g.unsqueeze(-2)
+            return g.expand(arg_shape)
+
+        if buffers and m * n:
+            bn = min(next_pow2(n, 16), 64 if INTERPRETED else 256)
+            args = {**self.slot_args(inputs), **dargs, **self.class_args(True), "R": self.r,
+                    "M": m, "N": n, "BLOCK_N": bn,
+                    **self.grad_args(grads, inputs[0], shape_of, view)}
+            self.m.bwd[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n, bn))](
+                **args)
+        self.reduce_slot_grads(inputs, buffers, grads_in)
+        return grads_in
+
+
+class _Gemm(_Impl):
+    def __init__(self, module: ModuleType, binding: dict[str, Any]) -> None:
+        super().__init__(module, binding)
+        x_ref, w_ref, b_ref = self.st["ops"][0]["args"]
+        self.ix, self.iw = x_ref[1], w_ref[1]
+        self.ib = b_ref[1] if b_ref is not None else None
+        self.save_z = bool(module.SAVE_Z)
+        self.z_out = 0 in self.st["outputs"]
+
+    def forward(self, inputs: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], list]:
+        x, w = inputs[self.ix], inputs[self.iw]
+        b = inputs[self.ib] if self.ib is not None else None
+        device = x.device
+        outs = self.alloc_outputs(device)
+        k = x.shape[-1]
+        x2 = x.reshape(-1, k)
+        m, n = x2.shape[0], w.shape[0]
+        zs = None
+        if self.save_z and not self.z_out:
+            zs = torch.empty(self.shapes[0], dtype=x.dtype, device=device)
+        if m * n:
+            args = {"x": x2, "w": w, "b": b if b is not None else x2, **self.slot_args(inputs),
+                    **self.class_args(False), "M": m, "N": n, "K": k,
+                    "sxm": x2.stride(0), "sxk": x2.stride(1), "swn": w.stride(0),
+                    "swk": w.stride(1), "IEEE": x.dtype == torch.float32, "INTERP": INTERPRETED,
+                    "GROUP_M": 8}
+            args.update({f"o{j}": o for j, o in enumerate(outs)})
+            if zs is not None:
+                args["zs"] = zs
+            self.m.fwd[lambda meta: (triton.cdiv(m, meta["BLOCK_M"])
+                                     * triton.cdiv(n, meta["BLOCK_N"]),)](**args)
+        z = outs[self.st["outputs"].index(0)] if self.z_out else zs
+        saved = list(inputs) + ([z] if self.save_z else [])
+        return outs, saved
+
+    def _zarg(self, saved: Sequence[torch.Tensor], n_in: int) -> dict[str, Any]:
+        if not self.save_z:
+            return {}
+        name = f"o{self.st['outputs'].index(0)}" if self.z_out else "zs"
+        return {name: saved[n_in]}
+
+    def backward(self, saved: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None],
+                 needs: Sequence[bool]) -> list[torch.Tensor | None]:
+        n_in = self.st["inputs"]
+        inputs = saved[:n_in]
+        grads_in: list[torch.Tensor | None] = [None] * n_in
+        x, w = inputs[self.ix], inputs[self.iw]
+        b = inputs[self.ib] if self.ib is not None else None
+        k = x.shape[-1]
+        x2 = x.reshape(-1, k)
+        m, n = x2.shape[0], w.shape[0]
+        if m * n * k == 0:
+            return grads_in
+        common = {**self._zarg(saved, n_in), **self.slot_args(inputs), **self.class_args(True),
+                  **self.grad_args(grads, x, lambda j, kk: self.shapes[kk]), "M": m, "N": n,
+                  "K": k, "IEEE": x.dtype == torch.float32, "INTERP": INTERPRETED}
+        dargs, buffers = self.slot_grad_buffers(inputs, needs)
+        need_dx = bool(needs[self.ix])
+        if need_dx or buffers:
+            dx = torch.empty((m, k), dtype=x.dtype, device=x.device) if need_dx else x2
+            self.m.dgrad[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]),
+                                       triton.cdiv(k, meta["BLOCK_K"]) if need_dx else 1)](
+                w=w, dx=dx, swn=w.stride(0), swk=w.stride(1), COMPUTE_DX=need_dx, **dargs,
+                **common)
+            if need_dx:
+                grads_in[self.ix] = dx.view(x.shape)
+        need_b = b is not None and bool(needs[self.ib])
+        if needs[self.iw] or need_b:
+            split = self._split(m, n, k)
+            rows = triton.cdiv(m, split)
+            dw = torch.empty((split, n, k), dtype=torch.float32, device=x.device)
+            db = torch.empty((split, n), dtype=torch.float32, device=x.device)
+            self.m.wgrad[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),
+                                       triton.cdiv(k, meta["BLOCK_K"]), split)](
+                x=x2, dw=dw, db=db, sxm=x2.stride(0), sxk=x2.stride(1), ROWS_PER_SPLIT=rows,
+                **common)
+            if needs[self.iw]:
+                grads_in[self.iw] = _add(grads_in[self.iw], dw.sum(0).to(w.dtype))
+            if need_b:
+                grads_in[self.ib] = _add(grads_in[self.ib], db.sum(0).to(b.dtype))
+        self.reduce_slot_grads(inputs, buffers, grads_in)
+        return grads_in
+
+    @staticmethod
+    def _split(m: int, n: int, k: int) -> int:
+        """Row splits of the wgrad: enough programs for every SM, partials within a cap."""
+        if INTERPRETED:
+            return max(1, min(2, triton.cdiv(m, 64)))
+        tiles = triton.cdiv(n, 128) * triton.cdiv(k, 128)
+        split = max(1, triton.cdiv(SM_TARGET, tiles))
+        split = min(split, max(1, m // 512), max(1, WGRAD_PARTIAL_BYTES // (4 * n * k)))
+        return split
+
+
+def _add(a: torch.Tensor | None, b: torch.Tensor) -> torch.Tensor:
+    return b if a is None else a + b
+
+
+_IMPLS = {"pointwise": _Pointwise, "norm": _Norm, "reduction": _Reduction,
+          "gemm_epilogue": _Gemm}
+
+
+class _Fused(torch.autograd.Function):
+    """One fusion group: generated forward, generated backward, inputs saved."""
+
+    @staticmethod
+    def forward(ctx, impl, *inputs):  # type: ignore[override]
+        outs, saved = impl.forward(inputs)
+        ctx.impl = impl
+        ctx.save_for_backward(*saved)
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx, *grads):  # type: ignore[override]
+        grads_in = ctx.impl.backward(ctx.saved_tensors, grads, ctx.needs_input_grad[1:])
+        return (None, *grads_in)
+
+
+def make_runner(source: str | ModuleType, binding: dict[str, Any]
+                ) -> Callable[..., tuple[torch.Tensor, ...]]:
+    """``run(*inputs) -> outputs`` of a group: its generated kernels as an autograd function."""
+    module = load_source(source) if isinstance(source, str) else source
+    kind = json.loads(module.STRUCTURE)["kind"]
+    impl = _IMPLS[kind](module, binding)
+
+    def run(*inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return _Fused.apply(impl, *inputs)
+
+    return run

@@ -1,0 +1,225 @@
+"""Run a compiled graph with the plan's kernels in place, forward and backward.
+
+Until the distributed runner substitutes kernels itself, this is how a test (or a person)
+checks that the kernels a plan lists compute what the model computes: take the exported
+``GraphModule`` the compiler annotated, real weights (e.g. from the ModelSpec built on
+CPU), and the plan's kernel entries; :class:`GraphRunner` interprets the graph eagerly,
+running
+
+* each fused group as one call of its generated autograd function (from the entry's
+  source, checked against its sha256, or regenerated from its structure),
+* each ``jagged_attention`` entry as ``padded_to_jagged`` -> ``jagged_attention`` ->
+  ``jagged_to_padded`` over the lengths the model's mask uses,
+* each ``batched_embedding_bag`` entry as one :class:`BatchedEmbeddingBag` lookup whose
+  backward updates the tables in place (the optimizer is fused: no table gradient exists),
+
+and every other node as its ATen op. Groups are placed in a topological order of the
+condensed graph, so a group whose nodes were interleaved with others in the capture still
+sees all its inputs. The runner needs only the graph and the entries, nothing of the
+compiler's state.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import fx
+
+from .codegen import generated
+from .codegen.host import make_runner
+from .codegen.spec import sha256
+
+__all__ = ["GraphRunner"]
+
+_SKIP = {torch.ops.aten._assert_tensor_metadata.default}
+
+
+def _param_fqn(node: fx.Node) -> str | None:
+    return node.meta.get("gemc.param")
+
+
+class GraphRunner:
+    """``runner(*inputs) -> loss`` of ``gm`` with ``entries`` substituted.
+
+    ``params``: tensors by FQN for the graph's parameter and buffer placeholders (pass the
+    model's own parameters to have gradients land on them). ``kinds``: restrict which
+    entry kinds are substituted (the rest run as the ATen ops they replace).
+    """
+
+    def __init__(self, gm: fx.GraphModule, entries: Sequence[dict[str, Any]],
+                 params: Mapping[str, torch.Tensor], *, device: torch.device | str = "cpu",
+                 kinds: Sequence[str] | None = None) -> None:
+        self.gm = gm
+        self.device = torch.device(device)
+        self.params = params
+        self.nodes = list(gm.graph.nodes)
+        self.entries = [e for e in entries if kinds is None or e["kind"] in kinds]
+        sources = {e["sha256"]: e["code"] for e in entries if e.get("code") is not None}
+        self.by_name = by_name = {n.name: n for n in self.nodes}
+        self.unit_of: dict[fx.Node, int] = {}
+        self.units: list[dict[str, Any]] = []
+        self.tables: dict[str, Any] = {}  # entry name -> BatchedEmbeddingBag
+        for entry in self.entries:
+            index = len(self.units)
+            unit = {"entry": entry, "nodes": [by_name[n] for n in entry["nodes"]]}
+            if "structure" in entry:
+                unit["run"] = make_runner(self._source(entry, sources), entry["binding"])
+            elif entry["kind"] == "batched_embedding_bag":
+                self.tables[entry["name"]] = self._embedding_module(entry)
+            self.units.append(unit)
+            for n in unit["nodes"]:
+                self.unit_of[n] = index
+        self.order = self._schedule()
+
+    # -- setup ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _source(entry: dict[str, Any], sources: dict[str, str]) -> str:
+        code = sources.get(entry["sha256"])
+        if code is None:  # not embedded: regenerate it from the structure
+            code, _ = generated(entry["structure"])
+        if sha256(code) != entry["sha256"]:
+            raise ValueError(f"kernel {entry['name']}: source does not match its sha256")
+        return code
+
+    def _embedding_module(self, entry: dict[str, Any]) -> Any:
+        from .embedding_bag import BatchedEmbeddingBag
+
+        opt = entry["optimizer"]
+        module = BatchedEmbeddingBag(
+            [(t["rows"], t["dim"]) for t in entry["tables"]], pooling="sum",
+            optimizer=opt["optimizer"], lr=opt["lr"], eps=opt["eps"],
+            weight_decay=opt["weight_decay"], device=self.device)
+        with torch.no_grad():
+            for dst, table in zip(module.split_weights(), entry["tables"]):
+                dst.copy_(self.params[table["fqn"]].detach())
+        return module
+
+    def _schedule(self) -> list[Any]:
+        """Nodes and units in a topological order of the condensed graph (stable)."""
+        position = {n: i for i, n in enumerate(self.nodes)}
+        key_of = {n: ("u", self.unit_of[n]) if n in self.unit_of else ("n", n)
+                  for n in self.nodes}
+        members: dict[Any, list[fx.Node]] = {}
+        for n in self.nodes:
+            members.setdefault(key_of[n], []).append(n)
+        deps: dict[Any, set[Any]] = {k: set() for k in members}
+        for key, nodes in members.items():
+            for n in nodes:
+                for a in n.all_input_nodes:
+                    if key_of[a] != key:
+                        deps[key].add(key_of[a])
+        done: set[Any] = set()
+        order: list[Any] = []
+        pending = sorted(members, key=lambda k: position[members[k][0]])
+        while pending:
+            for i, key in enumerate(pending):
+                if deps[key] <= done:
+                    order.append(key)
+                    done.add(key)
+                    del pending[i]
+                    break
+            else:
+                raise ValueError("kernel groups form a cycle in the graph")
+        return order
+
+    # -- execution --------------------------------------------------------------------------
+
+    def __call__(self, *inputs: torch.Tensor) -> Any:
+        env: dict[fx.Node, Any] = {}
+        user = iter(inputs)
+        for key in self.order:
+            if key[0] == "u":
+                self._run_unit(self.units[key[1]], env)
+                continue
+            node = key[1]
+            if node.op == "placeholder":
+                fqn = _param_fqn(node)
+                env[node] = self.params[fqn] if fqn is not None else next(user)
+            elif node.op == "output":
+                result = fx.node.map_arg(node.args[0], env.__getitem__)
+                return result[0] if isinstance(result, (list, tuple)) and len(result) == 1 \
+                    else result
+            elif node.op == "call_function":
+                env[node] = None if node.target in _SKIP else self._call(node, env)
+            else:
+                raise ValueError(f"cannot run node {node.name} ({node.op})")
+        raise ValueError("graph has no output")
+
+    def _call(self, node: fx.Node, env: dict[fx.Node, Any]) -> Any:
+        args = fx.node.map_arg(node.args, env.__getitem__)
+        kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
+        if "device" in kwargs:  # captured on meta: run where the inputs are
+            kwargs = {**kwargs, "device": self.device}
+        return node.target(*args, **kwargs)
+
+    def _run_unit(self, unit: dict[str, Any], env: dict[fx.Node, Any]) -> None:
+        entry = unit["entry"]
+        by_name = self.by_name
+        if "structure" in entry:
+            binding = entry["binding"]
+            outs = unit["run"](*(env[by_name[n]] for n in binding["inputs"]))
+            for name, value in zip(binding["outputs"], outs):
+                env[by_name[name]] = value
+        elif entry["kind"] == "jagged_attention":
+            node = unit["nodes"][0]
+            env[node] = self._jagged_attention(entry, env, by_name)
+        elif entry["kind"] == "batched_embedding_bag":
+            self._embeddings(entry, env, by_name)
+        else:
+            raise ValueError(f"unknown kernel kind {entry['kind']!r}")
+
+    def _jagged_attention(self, entry: dict[str, Any], env: dict[fx.Node, Any],
+                          by_name: dict[str, fx.Node]) -> torch.Tensor:
+        from .jagged import jagged_to_padded, padded_to_jagged
+        from .jagged_attention import jagged_attention
+
+        q, k, v = (env[by_name[entry[x]]] for x in ("q", "k", "v"))
+        offsets = env[by_name[entry["offsets"]]]
+        length = int(entry["max_len"])
+        lengths = (offsets[1:] - offsets[:-1]).clamp(min=int(entry["clamp_min"]), max=length)
+        attn_offsets = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)])
+        total = int(attn_offsets[-1])
+        qj, kj, vj = (padded_to_jagged(x.transpose(1, 2), attn_offsets, total)
+                      for x in (q, k, v))
+        scale = entry["scale"] if entry["scale"] is not None else 1.0 / math.sqrt(q.shape[-1])
+        out = jagged_attention(qj, kj, vj, attn_offsets, length, scale=scale)
+        return jagged_to_padded(out, attn_offsets, length).transpose(1, 2)
+
+    def _embeddings(self, entry: dict[str, Any], env: dict[fx.Node, Any],
+                    by_name: dict[str, fx.Node]) -> None:
+        module = self.tables[entry["name"]]
+        ids, offsets, weights = [], [], []
+        base = 0
+        mean = any(t["pooling"] == "mean" for t in entry["tables"])
+        for t in entry["tables"]:
+            tid = env[by_name[t["ids"]]]
+            off = env[by_name[t["offsets"]]].to(torch.int64)
+            if not t["include_last_offset"]:
+                off = torch.cat([off, off.new_full((1,), tid.numel())])
+            ids.append(tid.to(torch.int64))
+            offsets.append(off[:-1] + base)
+            base += tid.numel()
+            if mean:
+                lengths = off[1:] - off[:-1]
+                scale = (1.0 / lengths.clamp(min=1).to(torch.float32)) if t["pooling"] == "mean" \
+                    else torch.ones_like(lengths, dtype=torch.float32)
+                weights.append(torch.repeat_interleave(scale, lengths, output_size=tid.numel()))
+        flat_offsets = torch.cat([*offsets, offsets[0].new_full((1,), base)])
+        psw = torch.cat(weights) if mean else None
+        out = module(torch.cat(ids), flat_offsets, psw)
+        for t, part in zip(entry["tables"], module.split_output(out)):
+            env[by_name[t["output"]]] = part
+
+    def table_weights(self, fqn: str) -> torch.Tensor:
+        """The current (optimizer-updated) weights of an embedding table the runner owns."""
+        for entry in self.entries:
+            if entry["kind"] != "batched_embedding_bag":
+                continue
+            for t, w in zip(entry["tables"], self.tables[entry["name"]].split_weights()):
+                if t["fqn"] == fqn:
+                    return w
+        raise KeyError(fqn)

@@ -1,0 +1,152 @@
+"""match-jagged-attention: padded SDPA over a jagged history -> the jagged attention kernel.
+
+Why: a recommendation model pads its variable-length histories to ``[B, L, d]`` and masks
+the padding keys; at 50% mean fill about half of the attention FLOPs (and of its time on
+an H200) are spent on padding. ``gemc.backends.triton.jagged_attention`` computes the same
+softmax attention over values + offsets, with work proportional to ``sum(len_b ** 2)``.
+
+The pattern, as the GEM example writes it::
+
+    lengths = offsets[1:] - offsets[:-1]
+    row = repeat_interleave(arange(B), lengths); pos = arange(N) - offsets[row]
+    seq = new_zeros(B, L, d).index_put((row, pos), values)        # jagged -> padded
+    attn_len = lengths.clamp(min=1)                                # optional
+    mask = arange(L)[None, :] < attn_len[:, None]                  # key padding
+    out = scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :])
+
+Matched when: the mask is ``arange(L) < lens[:, None]`` (through views), broadcast over
+heads and queries; ``lens`` is ``offsets[1:] - offsets[:-1]``, optionally clamped below;
+the graph pads a jagged tensor over the same offsets with ``index_put`` (over
+``repeat_interleave`` of those lengths) into ``[B, L, ...]``; q, k and v are
+``[B, H, L, D]`` views of one projection of a tensor derived from that padded sequence
+(so query position ``i`` is sequence position ``i``); no dropout, not causal.
+
+Semantics kept exactly: the kernel runs over the *mask's* lengths (``clamp(min=1)``
+included), so a length-0 history attends to its padding slot 0 exactly as the model does
+(and the model's ``has_hist`` multiply then zeroes it, as before). Query rows at or past a
+row's length are padding: the model computes attention there and never reads it (the
+padded positions are masked out of every later key and of the final pooling); the kernel
+leaves them zero. Cross-attention (queries that are not the padded sequence) stays SDPA.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import fx
+from torch.fx.passes.infra.pass_base import PassResult
+
+from gemc import ir
+from gemc.context import PassContext
+
+from .jagged_patterns import (
+    descends,
+    key_padding_mask,
+    padded_sequences,
+    padding_rows_read_by,
+    projection_source,
+)
+
+aten = torch.ops.aten
+
+def match(gm: fx.GraphModule, node: fx.Node) -> dict[str, Any] | None:
+    """The jagged-attention facts of an SDPA node, or None when it is not the pattern.
+    (Whether its padding rows are read is checked separately: :func:`padding_rows_read_by`.)"""
+    if node.target is not aten.scaled_dot_product_attention.default:
+        return None
+    args = list(node.args) + [None] * (8 - len(node.args))
+    q, k, v = args[0], args[1], args[2]
+    mask = node.kwargs.get("attn_mask", args[3])
+    dropout = node.kwargs.get("dropout_p", args[4] or 0.0)
+    causal = node.kwargs.get("is_causal", args[5] or False)
+    scale = node.kwargs.get("scale", args[6])
+    gqa = node.kwargs.get("enable_gqa", args[7] or False)
+    if mask is None or dropout or causal or gqa:
+        return None
+    shapes = [ir.shape_of(x) for x in (q, k, v)]
+    if any(s is None or len(s) != 4 for s in shapes) or not shapes[0] == shapes[1] == shapes[2]:
+        return None
+    batch, heads, length, head_dim = shapes[0]
+    mshape = ir.shape_of(mask)
+    if mask is None or ir.dtype_of(mask) != torch.bool or mshape is None or len(mshape) != 4:
+        return None
+    if mshape[0] != batch or mshape[1] != 1 or mshape[2] != 1 or mshape[3] != length:
+        return None
+    found = key_padding_mask(mask)
+    if found is None or found[2] != length:
+        return None
+    offsets, clamp_min, _ = found
+    source = projection_source(q, k, v)
+    if source is None:
+        return None
+    padded = [p for p in padded_sequences(gm, offsets, length) if descends(source, p)]
+    if not padded or (ir.shape_of(offsets) or (0,))[0] != batch + 1:
+        return None
+    values = padded[0].args[2]
+    total = (ir.shape_of(values) or (batch * length,))[0]
+    return {
+        "offsets": offsets.name,
+        "_mask": (offsets, int(clamp_min), int(length)),
+        "clamp_min": int(clamp_min),
+        "max_len": int(length),
+        "heads": int(heads),
+        "head_dim": int(head_dim),
+        "scale": float(scale) if scale is not None else None,
+        "causal": False,
+        "padded_from": padded[0].name,
+        "fill": round(min(1.0, total / max(1, batch * length)), 6),
+    }
+
+
+def _price(node: fx.Node, facts: dict[str, Any], ctx: PassContext) -> dict[str, float] | None:
+    topology = getattr(ctx, "topology", None)
+    if topology is None:
+        return None
+    from gemc.cost_model import op_cost
+
+    gpu, calib = topology.gpu, getattr(ctx, "calibration", None)
+    before = node.meta.get(ir.PREDICTED_MS)
+    if before is None:
+        before = op_cost.node_cost(node, gpu, calib).total_ms
+    a = node.meta.get(ir.ATTENTION) or {}
+    dtype = op_cost.dtype_name(ir.dtype_of(node))
+    fwd, bwd, _ = op_cost.attention_time(a.get("batch", 1), facts["heads"], facts["max_len"],
+                                         facts["max_len"], facts["head_dim"], False, dtype, gpu,
+                                         calib)
+    # E[len^2] / L^2 <= E[len] / L = fill: the jagged work is at most fill x the padded work.
+    convert = 8 * ir.nbytes(node) * 2  # q, k, v, out padded<->jagged, forward and backward
+    mem, _ = op_cost.memory_time(convert, gpu, calib, "copy")
+    after = 1e3 * ((fwd + bwd) * facts["fill"] + mem)
+    return {"before_ms": round(float(before), 6), "after_ms": round(after, 6)}
+
+
+@dataclass(frozen=True)
+class MatchJaggedAttention:
+    """Annotates matching SDPA nodes with ``gemc.group`` and ``gemc.kernel`` (the facts the
+    runner needs: offsets node, clamp, max_len, scale)."""
+
+    name: ClassVar[str] = "match-jagged-attention"
+    requires: ClassVar[tuple[str, ...]] = ("classify-ops",)
+
+    def run(self, gm: fx.GraphModule, ctx: PassContext) -> PassResult:
+        count = 0
+        for node in gm.graph.nodes:
+            if ir.GROUP in node.meta:
+                continue
+            facts = match(gm, node)
+            if facts is None:
+                continue
+            reader = padding_rows_read_by(node, facts.pop("_mask"))
+            if reader is not None:
+                ctx.warn(f"match-jagged-attention: {node.name} stays padded SDPA: the rows of "
+                         f"its padding queries are read unmasked by {reader.name}")
+                continue
+            gid = f"jagged_attention_{count}"
+            count += 1
+            node.meta[ir.GROUP] = gid
+            price = _price(node, facts, ctx)
+            node.meta[ir.KERNEL] = {"id": gid, "kind": "jagged_attention", **facts,
+                                    **(price or {})}
+        return PassResult(gm, count > 0)

@@ -1,0 +1,58 @@
+"""Compile a model's graph through the kernel passes and run it with the kernels in place."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from gemc.cost_model.topology import parse_topology
+from gemc.passes.predict_time import PredictTime
+from torch import fx
+
+from gemc.api import _context, load_model
+from gemc.capture import capture
+from gemc.dump import format_graph
+from gemc.pass_manager import PassManager
+from gemc.pipeline import annotation_passes, kernel_passes
+from gemc.plan_builder import kernel_entries
+from gemc.spec import ModelSpec
+
+
+def compiled(entry: str, args: dict[str, Any] | None = None, *, priced: bool = True,
+             upto: str | None = None) -> tuple[fx.GraphModule, Any, ModelSpec]:
+    """The model built on CPU (real weights), its graph after the kernel passes (or up to
+    and including ``upto``), and the pass context. ``priced``: run predict-time on an H200
+    topology first (the golden dumps leave it out, so they do not move with the cost model).
+    """
+    spec = load_model(entry, dict(args or {}), device="cpu")
+    captured = capture(spec, entrypoint=entry)
+    ctx = _context(entry, dict(args or {}), captured, parse_topology("h200:1x1") if priced
+                   else None)
+    passes = [*annotation_passes(), *([PredictTime()] if priced else [])]
+    for p in kernel_passes():
+        passes.append(p)
+        if p.name == upto:
+            break
+    return PassManager(passes).run(captured.gm, ctx), ctx, spec
+
+
+def dump_after(entry: str, pass_name: str) -> str:
+    gm, _, _ = compiled(entry, priced=False, upto=pass_name)
+    return format_graph(gm, f"after {pass_name}")
+
+
+def entries_of(gm: fx.GraphModule, ctx: Any, kinds: Sequence[str] | None = None
+               ) -> list[dict[str, Any]]:
+    return [e for e in kernel_entries(gm, ctx) if kinds is None or e["kind"] in kinds]
+
+
+def params_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {**dict(model.named_parameters()), **dict(model.named_buffers())}
+
+
+def fresh_seed() -> int:
+    seed = random.SystemRandom().randrange(2**31)
+    print(f"seed: {seed}")
+    return seed

@@ -1,0 +1,90 @@
+"""match-jagged-attention: golden dump, what matches and what does not, and the substituted
+graph against eager (length-0 and length-1 histories, full rows, all-empty batches)."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from gemc.backends.triton.graph_runner import GraphRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gemc import ir
+from tests.conftest import TOY, check_golden
+from tests.fusion import models
+from tests.fusion.helpers import compiled, dump_after, entries_of, fresh_seed, params_of
+
+JAGGED = "tests/fusion/models.py:build_jagged"
+
+
+def test_match_jagged_attention_golden_dump():
+    check_golden("match_jagged_attention.txt", dump_after(JAGGED, "match-jagged-attention"))
+
+
+def _matched(entry: str, args: dict | None = None) -> list[dict]:
+    gm, _, _ = compiled(entry, args, priced=False, upto="match-jagged-attention")
+    return [n.meta[ir.KERNEL] for n in gm.graph.nodes
+            if n.meta.get(ir.KERNEL, {}).get("kind") == "jagged_attention"]
+
+
+def test_self_attention_matches_and_cross_attention_does_not():
+    found = _matched(JAGGED)
+    assert len(found) == 1  # the second SDPA has one dense query token: stays SDPA
+    facts = found[0]
+    assert facts["clamp_min"] == 1 and facts["max_len"] == models.L
+    assert facts["offsets"] == "offsets" and facts["padded_from"].startswith("index_put")
+
+
+def test_mask_without_clamp_is_recorded():
+    assert _matched(JAGGED, {"clamp": False})[0]["clamp_min"] == 0
+
+
+def test_attention_whose_padding_rows_are_read_is_not_matched():
+    """An unmasked mean over all positions reads the padding queries' rows, which jagged
+    attention leaves zero: substituting would change the loss, so the SDPA stays."""
+    gm, ctx, _ = compiled(JAGGED, {"leak": True}, priced=False, upto="match-jagged-attention")
+    assert not [n for n in gm.graph.nodes if ir.GROUP in n.meta]
+    assert any("read unmasked by mean" in w for w in ctx.warnings), ctx.warnings
+
+
+def test_padded_input_without_jagged_origin_is_not_matched():
+    """The toy model masks a sequence that was never jagged: nothing to gain, no match."""
+    assert _matched(f"{TOY}:build_attention") == []
+
+
+@functools.cache
+def _graph(clamp: bool = True):
+    gm, ctx, spec = compiled(JAGGED, {"clamp": clamp})
+    return gm, entries_of(gm, ctx, ["jagged_attention"]), spec
+
+
+def _check(lengths: list[int], clamp: bool = True) -> None:
+    gm, entries, spec = _graph(clamp)
+    assert len(entries) == 1
+    model = spec.model
+    batch = models.jagged_batch(lengths, torch.Generator().manual_seed(fresh_seed()))
+    model.zero_grad()
+    ref = model(*batch)
+    ref.backward()
+    expected = {k: p.grad.clone() for k, p in model.named_parameters()}
+    model.zero_grad()
+    loss = GraphRunner(gm, entries, params_of(model))(*batch)
+    torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-5)
+    loss.backward()
+    for k, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, expected[k], atol=1e-5, rtol=1e-4, msg=k)
+
+
+def test_empty_and_full_histories_match_eager():
+    _check([3, 0, 8, 1])
+
+
+@settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(st.integers(0, models.L), min_size=4, max_size=4).filter(lambda x: sum(x) == 12))
+def test_any_lengths_with_the_captured_total_match_eager(lengths: list[int]):
+    _check(lengths)
+
+
+def test_unclamped_mask_matches_eager_on_nonempty_histories():
+    _check([1, 5, 2, 4], clamp=False)
