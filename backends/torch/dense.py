@@ -203,6 +203,8 @@ def apply_strategies(
         module = modules[name]
         prefix = f"{name}." if name else ""
         inside = {fqn for fqn in params if fqn.startswith(prefix)}
+        if not any(owner_of.get(f) == name for f in inside):
+            continue  # nothing of its own to shard (e.g. a region that is only a table)
         ignored = {params[f] for f in inside if f not in owner_of}  # tables
         # parameters inside this module owned by a nested non-FSDP region stay out of it
         ignored |= {

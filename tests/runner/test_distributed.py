@@ -10,9 +10,10 @@ world      tables t0..t5                                      dense regions / op
 2  "a"     table_wise@1, row_wise, column_wise,              all ddp; row-wise Adagrad
            data_parallel, row_wise (reversed ranks),
            column_wise (reversed ranks)
-2  "b"     column_wise, data_parallel, row_wise,             root fsdp (owning the rest),
-           table_wise@0, table_row_wise, grid 2x1            bottom ddp inside it, top
-                                                             fsdp; lazy Adam
+2  "b"     column_wise, data_parallel, row_wise,             top fsdp with its LayerNorm
+           table_wise@0, table_row_wise, grid 2x1            (top.2) ddp inside it, bottom
+                                                             ddp, root fsdp (owns nothing:
+                                                             not wrapped); lazy Adam
 2  resume  plan "b": 10 steps with checkpoints every 5,      must equal "b" steps 11..20
            then --resume to 20 (in-process)                 exactly
 2  reshard plan "a" 4 steps, checkpoint; resumed under plan  steps 5..8 must match the
@@ -93,7 +94,7 @@ def _plans(world: int, base: dict) -> dict[str, dict]:
                     "t4.weight": ("table_row_wise", r),
                     "t5.weight": ("grid", r, [2, 1]),
                 },
-                {"": "fsdp", "bottom": "ddp", "top": "fsdp"},
+                {"": "fsdp", "bottom": "ddp", "top": "fsdp", "top.2": "ddp"},
                 optimizer=ADAM,
             ),
         }
