@@ -485,7 +485,7 @@ def run_calibration(out_path: str, *, quick: bool = False,
     notes: list[str] = []
     data: dict[str, Any] = {
         "format": FORMAT, "version": VERSION,
-        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "gpu": {"name": spec.name, "device_name": props.name,
                 "sm_count": props.multi_processor_count,
                 "total_memory_bytes": int(props.total_memory),

@@ -120,6 +120,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--plan", help="the plan to show (default: DUMP_DIR/plan.json)")
     r.add_argument("--run", action="append", default=[], metavar="RUN_JSON",
                    help="a run report (default: *.run.json in DUMP_DIR and next to the plan)")
+    from gemc.backends.torch.cli import add_run_parser
+
+    add_run_parser(sub)
     return p
 
 
@@ -205,6 +208,15 @@ COMMANDS = {"compile": _cmd_compile, "calibrate": _cmd_calibrate, "explain": _cm
 
 
 COMMANDS["report"] = _cmd_report
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from gemc.backends.torch.cli import cmd_run
+
+    return cmd_run(args)
+
+
+COMMANDS["run"] = _cmd_run
 
 
 def main(argv: Sequence[str] | None = None) -> int:
