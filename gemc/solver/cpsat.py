@@ -435,8 +435,8 @@ def _canonical_ranks(problem: Problem, layout: Layout, tables: list[TableClass],
 
 
 def solve(problem: Problem, layout: Layout, regions: list[RegionClass],
-          tables: list[TableClass], pricer: Pricer, hint: ModelSolution | None = None
-          ) -> CpSatResult:
+          tables: list[TableClass], pricer: Pricer, hint: ModelSolution | None = None,
+          time_limit_s: float | None = None) -> CpSatResult:
     from ortools.sat.python import cp_model
 
     start = time.perf_counter()
@@ -453,9 +453,16 @@ def solve(problem: Problem, layout: Layout, regions: list[RegionClass],
     params.num_workers = s.workers
     params.interleave_search = s.workers > 1
     params.random_seed = s.seed
-    params.max_deterministic_time = s.time_limit_s
-    params.max_time_in_seconds = s.time_limit_s * s.wall_limit_factor
+    budget = s.time_limit_s if time_limit_s is None else time_limit_s
+    params.max_deterministic_time = budget
+    params.max_time_in_seconds = budget * s.wall_limit_factor
     params.relative_gap_limit = s.gap_limit
+    # presolve spends deterministic time too: on thousands of tables its default probing
+    # and overlap detection alone take the whole budget (1 s each), leaving no search
+    params.probing_deterministic_time_limit = min(1.0, 0.02 * budget)
+    params.presolve_probing_deterministic_time_limit = min(1.0, 0.02 * budget)
+    params.find_big_linear_overlap = False
+    params.max_presolve_iterations = 1
     build = time.perf_counter() - start
     start = time.perf_counter()
     status = solver.Solve(b.m)
@@ -464,7 +471,7 @@ def solve(problem: Problem, layout: Layout, regions: list[RegionClass],
              cp_model.INFEASIBLE: "infeasible"}
     found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
     wall_stopped = (status != cp_model.OPTIMAL and wall >= params.max_time_in_seconds * 0.98
-                    and solver.deterministic_time < s.time_limit_s)
+                    and solver.deterministic_time < budget)
     proto = b.m.Proto()
     return CpSatResult(
         solution=b.solution(solver) if found else None,

@@ -15,7 +15,7 @@ from typing import Any
 
 from .candidates import region_classes, table_classes
 from .evaluate import Evaluation, Pricer, evaluate
-from .expand import choose_layout, expand
+from .expand import Layout, choose_layout, expand
 from .greedy import greedy
 from .infeasible import PlanInfeasibleError, check_lower_bound, error_from_evaluation
 from .naive import naive
@@ -74,34 +74,52 @@ def run_planner(problem: Problem, planner: str) -> PlannerResult:
 
 def _cpsat(problem: Problem, regions, tables, pricer: Pricer, base: dict[str, Any],
            start: float) -> PlannerResult:
+    """Two CP-SAT models, one budget: first every rank in one fluid bin (only the shardings
+    and strategies: small, solved fast), hinted with the best heuristic plan; then the
+    finest model the variable budget allows, hinted with the best plan so far. Every
+    solution is expanded to ranks and checked exactly; the fastest plan that fits wins."""
     from . import cpsat
 
     clock = {"prepare": time.perf_counter() - start}
     t = time.perf_counter()
     g = greedy(problem, pricer)
     g_ev = evaluate(problem, g, pricer)
+    n = naive(problem)
+    n_ev = evaluate(problem, n, pricer)
+    tried: list[tuple[str, Assignment, Evaluation]] = [("greedy", g, g_ev), ("naive", n, n_ev)]
+    clock["heuristics"] = time.perf_counter() - t
+
+    def best() -> tuple[str, Assignment, Evaluation]:
+        fits = [x for x in tried if x[2].feasible]
+        if fits:
+            return min(fits, key=lambda x: x[2].step_s)
+        return min(tried, key=lambda x: x[2].over_bytes)
+
+    def run(layout: Layout, budget: float, name: str) -> cpsat.CpSatResult:
+        t = time.perf_counter()
+        hint = cpsat.to_model_solution(problem, layout, regions, tables, best()[1], pricer)
+        res = cpsat.solve(problem, layout, regions, tables, pricer, hint, budget)
+        clock[f"{name}_build"], clock[name] = res.build_s, res.wall_s
+        if res.solution is not None:
+            a = expand(problem, layout, regions, tables, res.solution, pricer)
+            tried.append((name, a, evaluate(problem, a, pricer)))
+        clock[f"{name}_total"] = time.perf_counter() - t
+        return res
+
     layout = choose_layout(problem, tables)
-    hint = cpsat.to_model_solution(problem, layout, regions, tables, g, pricer)
-    clock["greedy_hint"] = time.perf_counter() - t
-    res = cpsat.solve(problem, layout, regions, tables, pricer, hint)
-    clock["build_model"], clock["cpsat"] = res.build_s, res.wall_s
-    t = time.perf_counter()
-    kept: list[tuple[float, int, str, Assignment, Evaluation]] = []
-    tried: list[tuple[Assignment, Evaluation]] = [(g, g_ev)]
-    if res.solution is not None:
-        a = expand(problem, layout, regions, tables, res.solution, pricer)
-        ev = evaluate(problem, a, pricer)
-        tried.append((a, ev))
-        if ev.feasible:
-            kept.append((ev.step_s, 0, "cpsat", a, ev))
-    if g_ev.feasible:
-        kept.append((g_ev.step_s, 1, "greedy", g, g_ev))
-    if not kept:
-        a, ev = min(tried, key=lambda x: x[1].over_bytes)
+    total = problem.settings.time_limit_s
+    coarse = None
+    if layout.bin_size < problem.world:
+        coarse = run(Layout(problem.world, layout.local, problem.world), 0.3 * total, "coarse")
+    res = run(layout, total - (0.3 * total if coarse else 0.0), "cpsat")
+    source, a, ev = best()
+    if not ev.feasible:
+        proven = res.status == "infeasible" and layout.bin_size == 1
         raise error_from_evaluation(problem, a, ev, pricer, regions, tables, planner="cpsat",
-                                    proven=res.status == "infeasible" and layout.bin_size == 1)
-    step, _, source, a, ev = min(kept, key=lambda k: (k[0], k[1]))
-    clock["expand_evaluate"] = time.perf_counter() - t
+                                    proven=proven)
+    wall_stopped = res.wall_stopped or bool(coarse and coarse.wall_stopped)
+    if res.solution is None and coarse is not None and coarse.solution is not None:
+        res = coarse  # the status, objective and bound of the model that found a plan
     notes: list[str] = []
     gap = None
     if res.objective_s and res.bound_s is not None:
@@ -115,16 +133,19 @@ def _cpsat(problem: Problem, regions, tables, pricer: Pricer, base: dict[str, An
         "gap": _round(gap),
         "predicted_step_ms": _round(ev.step_ms),
         "greedy_step_ms": _round(g_ev.step_ms) if g_ev.feasible else None,
-        "deterministic_seconds": _round(res.deterministic_s, 3),
+        "naive_step_ms": _round(n_ev.step_ms) if n_ev.feasible else None,
+        "deterministic_seconds": _round(
+            res.deterministic_s + (coarse.deterministic_s if coarse else 0.0), 3),
         "time_limit_s": problem.settings.time_limit_s,
         "gap_limit": problem.settings.gap_limit,
         "workers": problem.settings.workers,
         "seed": problem.settings.seed,
         "bin_size": layout.bin_size,
+        "coarse_status": coarse.status if coarse else None,
         "variables": res.variables,
         "constraints": res.constraints,
     }
-    if res.wall_stopped:
+    if wall_stopped:
         notes.append("parallelize: CP-SAT was stopped by the wall-clock safety net "
                      f"({problem.settings.wall_limit_factor:g} x --time-limit), not by its "
                      "deterministic budget: compiling again may give another plan")
@@ -135,10 +156,10 @@ def _cpsat(problem: Problem, regions, tables, pricer: Pricer, base: dict[str, An
     elif res.status in ("unknown", "infeasible"):
         why = ("found no solution in its time limit" if res.status == "unknown" else
                "found its model infeasible (multi-rank bins keep a packing slack)")
-        notes.append(f"parallelize: CP-SAT {why}; the plan is greedy's")
-    elif source == "greedy":
-        notes.append("parallelize: greedy's plan predicts faster than CP-SAT's expanded "
-                     "solution; the plan is greedy's")
+        notes.append(f"parallelize: CP-SAT {why}; the plan is {source}'s")
+    elif source not in ("cpsat", "coarse"):
+        notes.append(f"parallelize: {source}'s plan predicts faster than CP-SAT's expanded "
+                     f"solution; the plan is {source}'s")
     return PlannerResult("cpsat", a, ev, report, time.perf_counter() - start, notes,
                          table_costs(problem, a, pricer), clock)
 
