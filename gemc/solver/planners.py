@@ -74,10 +74,11 @@ def run_planner(problem: Problem, planner: str) -> PlannerResult:
 
 def _cpsat(problem: Problem, regions, tables, pricer: Pricer, base: dict[str, Any],
            start: float) -> PlannerResult:
-    """Two CP-SAT models, one budget: first every rank in one fluid bin (only the shardings
-    and strategies: small, solved fast), hinted with the best heuristic plan; then the
-    finest model the variable budget allows, hinted with the best plan so far. Every
-    solution is expanded to ranks and checked exactly; the fastest plan that fits wins."""
+    """The finest model the variable budget allows, hinted with the best heuristic plan
+    (greedy or naive). When that model's bins hold several ranks anyway, a first model with
+    every rank in one bin (only shardings and strategies: small, solved fast) takes 30% of
+    the budget and hints the second. Every solution is expanded to ranks and checked
+    exactly; the fastest plan that fits wins."""
     from . import cpsat
 
     clock = {"prepare": time.perf_counter() - start}
@@ -109,7 +110,7 @@ def _cpsat(problem: Problem, regions, tables, pricer: Pricer, base: dict[str, An
     layout = choose_layout(problem, tables)
     total = problem.settings.time_limit_s
     coarse = None
-    if layout.bin_size < problem.world:
+    if 1 < layout.bin_size < problem.world:  # the fine model is fluid anyway: start cheap
         coarse = run(Layout(problem.world, layout.local, problem.world), 0.3 * total, "coarse")
     res = run(layout, total - (0.3 * total if coarse else 0.0), "cpsat")
     source, a, ev = best()

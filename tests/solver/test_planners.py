@@ -54,9 +54,9 @@ def test_cpsat_is_deterministic_under_a_deterministic_time_limit():
     settings = SolverSettings(time_limit_s=0.3, gap_limit=0.0, wall_limit_factor=200)
     p = make_problem("h200:2x4", n_tables=40, seed=11, settings=settings)
     a, b = run_planner(p, "cpsat"), run_planner(p, "cpsat")
+    assert a.report["status"] == "feasible"  # cut by the budget, not proven optimal
     assert a.report == b.report
     assert a.assignment == b.assignment
-    assert a.report["deterministic_seconds"] <= 0.3 + 0.05
 
 
 def test_naive_is_fsdp_and_round_robin():
