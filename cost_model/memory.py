@@ -109,6 +109,7 @@ def table_memory(table: TableCost, rank: int, world: int, options: StepOptions) 
     grads = params if table.sharding == "data_parallel" else 0.0  # fused TBE: no grads
     # pooled outputs this rank produces and their gradients
     bags = table.batch * (world if table.sharding != "data_parallel" else 1)
+    bags *= table.output_share(rows)
     act = 2.0 * bags * dim * table.dtype_bytes
     return MemoryBreakdown(params, grads, opt, act, 0.0)
 

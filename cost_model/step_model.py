@@ -70,7 +70,7 @@ def _a2a_sends(tables: Sequence[TableCost], world: int) -> tuple[np.ndarray, np.
         for r in holders:
             rows, dim = table_shard(t, r)
             # a shard sends its pooled (partial, for row shards) rows to every other rank
-            out[r] += (world - 1) * t.batch * dim * t.dtype_bytes
+            out[r] += (world - 1) * t.batch * dim * t.dtype_bytes * t.output_share(rows)
         ids += (t.nnz * INDEX_BYTES + t.batch * 4) * (1 - 1 / max(world, 1))
     return out, ids
 

@@ -57,6 +57,16 @@ class TableCost:
     sharding: str = "table_wise"
     ranks: tuple[int, ...] = (0,)
     dtype_bytes: int = 4
+    # False for plain lookups (nn.Embedding over a sequence): each id's row goes back to
+    # the rank that asked for it alone, so a row shard returns only its share of the rows,
+    # not a partial sum for every bag.
+    pooled: bool = True
+
+    def output_share(self, shard_rows: float) -> float:
+        """Fraction of the world's bags a shard of ``shard_rows`` rows returns rows for."""
+        if self.pooled or self.sharding not in ("row_wise", "table_row_wise", "grid"):
+            return 1.0
+        return shard_rows / self.rows
 
     def __post_init__(self) -> None:
         if self.sharding not in TABLE_SHARDINGS:

@@ -82,6 +82,7 @@ def table_costs(tables: Sequence[Mapping[str, Any]]) -> list[TableCost]:
             batch=int(t["batch"]), sharding=t["sharding"],
             ranks=tuple(s["rank"] for s in t["shards"]),
             dtype_bytes=_DTYPE_BYTES.get(t.get("dtype", "float32"), 4),
+            pooled=t.get("pooling", "sum") != "none",
         )
         for t in tables
     ]

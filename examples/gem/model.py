@@ -75,8 +75,9 @@ Presets (``--set preset=...``)
 ``gem-xl`` -- GEM scale, compile-only on meta: 1000 tables totalling 1.5e10 rows (2e9 down to
     2e6, Zipf 1/rank) plus a 1e9-row item table, 2.25e12 embedding parameters, 1.6e9 dense
     parameters (mostly the Wukong FM MLPs and the heads, which is where Wukong puts its
-    scaling), B=4096, history 1024 at 50% fill, d_model 1024, 4 InterFormer blocks of 16
-    heads, 4 Wukong layers; ~1.6 PFLOP per fwd+bwd step. Its size is chosen to exercise the planner (table sharding across hosts,
+    scaling), B=256 per rank (a global batch of 1M samples on 4096 GPUs: at B=4096 per
+    rank the saved activations alone would be ~1.3 TB per GPU), history 1024 at 50% fill, d_model 1024, 4 InterFormer blocks of 16
+    heads, 4 Wukong layers; ~0.1 PFLOP per fwd+bwd step on each rank. Its size is chosen to exercise the planner (table sharding across hosts,
     FSDP of the dense part), not to run on one machine.
 
 Any config field can be overridden with ``--set field=value`` (e.g. ``--set history_len=512``).
@@ -188,7 +189,7 @@ PRESETS: dict[str, GemConfig] = {
         head_hidden=(2048, 1024),
     ),
     "gem-xl": GemConfig(
-        batch_size=4096, num_dense=1024, dense_hidden=4096, num_dense_tokens=24,
+        batch_size=256, num_dense=1024, dense_hidden=4096, num_dense_tokens=24,
         num_tables=1000, rows_max=2_000_000_000, rows_min=1_000_000, rows_zipf=1.0,
         dims=(64, 128, 128, 256), poolings=_POOLINGS, empty_frac=0.05,
         item_rows=1_000_000_000, item_dim=256, history_len=1024, history_fill=0.5,

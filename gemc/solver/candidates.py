@@ -184,8 +184,8 @@ def table_option(problem: Problem, t: TableCost, sharding: str, ranks: int,
     compute = _embedding_cost(max(1, int(rows)), max(1, int(dim)), int(lookups),
                               world * t.batch, dtype, gpu, problem.calibration,
                               opts.table_optimizer, False)
-    _, shard_dim = table_shard(rep, 0)
-    out = (world - 1) * t.batch * shard_dim * t.dtype_bytes
+    shard_rows, shard_dim = table_shard(rep, 0)
+    out = (world - 1) * t.batch * shard_dim * t.dtype_bytes * rep.output_share(shard_rows)
     ids = (t.nnz * INDEX_BYTES + t.batch * 4) * (1 - 1 / max(world, 1))
     if sharding == "table_wise":
         pieces, width = 1, 1
