@@ -4,6 +4,7 @@ model's all-to-all forms reproduce collective_time."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -37,6 +38,8 @@ def random_assignment(p, rng: random.Random) -> Assignment:
 def test_evaluate_equals_predict_step(topology, seed):
     opts = StepOptions(pipeline_sparse=seed != 1)  # also the exposed id all-to-all
     p = make_problem(topology, n_tables=8, seed=seed, options=opts)
+    # every other table a plain (unpooled) lookup, as a sequence's item table
+    p = replace(p, tables=tuple(replace(t, pooled=i % 2 == 0) for i, t in enumerate(p.tables)))
     a = random_assignment(p, random.Random(seed))
     ev, ref = evaluate(p, a), predict(p, a)
     assert ev.step_s == pytest.approx(ref.step_s, rel=1e-9)
