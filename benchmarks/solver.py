@@ -66,7 +66,7 @@ def run_case(problem, planner: str) -> dict[str, Any]:
         r = run_planner(problem, planner)
     except PlanInfeasibleError as exc:
         return {"planner": planner, "seconds": time.perf_counter() - start,
-                "error": exc.what}
+                "error": exc.render()}
     ev, rep = r.evaluation, r.report
     row = {
         "planner": planner, "seconds": time.perf_counter() - start,
