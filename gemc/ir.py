@@ -21,6 +21,7 @@ GROUP = PREFIX + "group"  # fusion group id
 PRECISION = PREFIX + "precision"  # chosen compute precision
 PLACEMENT = PREFIX + "placement"  # parallel placement of the node's region or table
 PREDICTED_MS = PREFIX + "predicted_ms"  # cost model's forward+backward time
+PREDICTED_SOURCE = PREFIX + "predicted_source"  # "calibrated" | "roofline" | "free"
 PROVENANCE = PREFIX + "provenance"  # "<pass name>: <source module>" of created nodes
 TABLE = PREFIX + "table"  # embedding table facts (dict) on embedding nodes
 GEMM = PREFIX + "gemm"  # {"batch", "m", "n", "k"} on gemm nodes (forward GEMM)

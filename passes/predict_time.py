@@ -16,7 +16,7 @@ from torch.fx.passes.infra.pass_base import PassResult
 
 from gemc import ir
 
-PREDICTED_SOURCE = ir.PREFIX + "predicted_source"  # "calibrated" | "roofline" | "free"
+PREDICTED_SOURCE = ir.PREDICTED_SOURCE  # re-exported: the key is owned by gemc.ir
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class PredictTime:
             precision = precision if isinstance(precision, str) else None
             cost = node_cost(node, gpu, calibration, dtype=precision, eager=self.eager)
             node.meta[ir.PREDICTED_MS] = cost.total_ms
-            node.meta[PREDICTED_SOURCE] = cost.source
+            node.meta[ir.PREDICTED_SOURCE] = cost.source
             sources.add(cost.source)
         if calibration is None and "roofline" in sources and hasattr(ctx, "warn"):
             ctx.warn(f"predict-time: no calibration for {gpu.name}; op times are roofline "
