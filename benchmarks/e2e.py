@@ -63,6 +63,14 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--smoke", action="store_true", help="CPU, tiny preset, batch 8, 2 steps")
     p.add_argument("--out", default="e2e.json", help="JSON results")
+    p.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="profile N steps after the warmup of each variant (torch.profiler); writes the "
+        "kernels by device time per step next to --out as <out>.<variant>.kernels.txt",
+    )
     args = p.parse_args(argv)
     if args.smoke:  # Triton runs interpreted on the CPU: keep the batch and the steps few
         args.preset = args.preset or "tiny"
@@ -131,6 +139,63 @@ def measured_bf16_peak(device: Any, n: int = 8192, iters: int = 20) -> float | N
     return best
 
 
+class StepProfiler:
+    """torch.profiler over ``n`` steps after the warmup; a no-op when ``n`` is 0.
+
+    Why: a variant's step time alone does not say where to look next; the per-kernel split
+    (GEMMs vs generated kernels vs copies) does.
+    """
+
+    def __init__(self, n: int, warmup: int, device: Any, path: Path) -> None:
+        self.n, self.path, self.prof = n, path, None
+        self.cuda = device.type == "cuda"
+        if n <= 0:
+            return
+        import torch
+
+        acts = [torch.profiler.ProfilerActivity.CPU]
+        if device.type == "cuda":
+            acts.append(torch.profiler.ProfilerActivity.CUDA)
+        self.prof = torch.profiler.profile(
+            activities=acts,
+            schedule=torch.profiler.schedule(wait=max(warmup - 1, 0), warmup=1, active=n,
+                                             repeat=1),
+        )
+        self.prof.__enter__()
+
+    def step(self, _done: int = 0) -> None:
+        if self.prof is not None:
+            self.prof.step()
+
+    def close(self) -> None:
+        if self.prof is None:
+            return
+        self.prof.__exit__(None, None, None)
+        events = self.prof.key_averages()
+        rows = []
+        for e in events:
+            if self.cuda:
+                dev_us = getattr(e, "self_device_time_total", None)
+                if dev_us is None:
+                    dev_us = getattr(e, "self_cuda_time_total", 0)
+            else:  # CPU run: the ops' own CPU time stands in
+                dev_us = e.self_cpu_time_total
+            if dev_us and dev_us > 0:
+                rows.append((dev_us / self.n, e.count / self.n, e.key))
+        rows.sort(reverse=True)
+        total = sum(r[0] for r in rows)
+        lines = [f"device time per step: {total / 1e3:.2f} ms over {self.n} profiled steps",
+                 f"{'ms/step':>9} {'share':>6} {'calls':>6}  kernel"]
+        lines += [f"{us / 1e3:9.3f} {100 * us / max(total, 1e-9):5.1f}% {c:6.1f}  {k[:140]}"
+                  for us, c, k in rows[:60]]
+        self.path.write_text("\n".join(lines) + "\n")
+        print(f"e2e: wrote {self.path} ({total / 1e3:.2f} ms device time/step)", file=sys.stderr)
+
+
+def _profiler(args: argparse.Namespace, name: str, device: Any) -> StepProfiler:
+    return StepProfiler(args.profile, args.warmup, device, Path(f"{args.out}.{name}.kernels.txt"))
+
+
 def _baseline(
     name: str, args: argparse.Namespace, plan: dict[str, Any], device: Any
 ) -> dict[str, Any]:
@@ -166,6 +231,7 @@ def _baseline(
     setup_s = time.perf_counter() - t0
     _free(device)
     losses, times = [], []
+    prof = _profiler(args, name, device)
     for step in range(args.steps):
         batches = trainer.batches(step)
         _sync(device)
@@ -173,6 +239,8 @@ def _baseline(
         losses.append(trainer.train_step(batches))  # float(): a sync
         _sync(device)
         times.append((time.perf_counter() - t1) * 1e3)
+        prof.step()
+    prof.close()
     result = _summary(name, losses, times, args, _peak_memory(device), setup_s, note)
     del trainer, spec
     _free(device)
@@ -186,6 +254,7 @@ def _gemc(
 
     _free(device)
     t0 = time.perf_counter()
+    prof = _profiler(args, "gemc" if kernels else "gemc-nokernels", device)
     result = run(
         plan,
         RunOptions(
@@ -195,8 +264,10 @@ def _gemc(
             progress=False,
             warmup_steps=args.warmup,
             kernels=kernels,
+            on_step=prof.step,
         ),
     )
+    prof.close()
     wall = time.perf_counter() - t0
     rep = result.report
     summary = _summary(

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,8 @@ class RunOptions:
     kernels: bool = True  # False: run the ops the plan's kernels replace (--no-kernels)
     progress: bool = True
     warmup_steps: int = 2
+    # called after every step with the number of steps done (benchmarks hang a profiler on it)
+    on_step: Callable[[int], None] | None = None
 
 
 @dataclass
@@ -352,6 +355,8 @@ def _run(
         sps = local_batch * wsize / ((t2 - t1) or 1e-9)
         progress.update(rec, sps)
         done = step + 1
+        if opts.on_step is not None:
+            opts.on_step(done)
         if opts.checkpoint_dir and opts.checkpoint_every > 0 and done % opts.checkpoint_every == 0:
             saved.append(_save(opts, model, dense_opt, tables, emb_opt, done, world, device))
         if exit_after is not None and int(exit_after) == done:
