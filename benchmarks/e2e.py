@@ -175,6 +175,10 @@ class StepProfiler:
         rows = []
         for e in events:
             if self.cuda:
+                # kernels only: CPU-side ops report their kernels' time as theirs too
+                if str(getattr(e, "device_type", "CUDA")).endswith("CPU") or \
+                        e.key.startswith("ProfilerStep"):
+                    continue
                 dev_us = getattr(e, "self_device_time_total", None)
                 if dev_us is None:
                     dev_us = getattr(e, "self_cuda_time_total", 0)
@@ -354,11 +358,12 @@ def _table(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
-    if args.device != "cuda":
+    import torch
+
+    if args.device == "cpu" or (args.device is None and not torch.cuda.is_available()):
         # the plan's kernels run in Triton's interpreter on the CPU; it must be chosen before
         # anything imports Triton (compiling the plan does)
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    import torch
 
     from gemc.api import compile as gemc_compile
 

@@ -216,3 +216,39 @@ def test_sources_reference_no_plain_globals() -> None:
             loads = {n.id for stmt in fn.body for n in ast.walk(stmt)
                      if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
             assert not loads & module_names, (case.name, fn.name, loads & module_names)
+
+
+@pytest.mark.parametrize("name", ["gemm_gelu_residual", "norm_residual", "pointwise"])
+def test_autocast_mixed_dtypes_follow_eager(name: str) -> None:
+    """Under autocast a group sees bf16 activations next to fp32 parameters (the runner's
+    graph mode): the GEMM runs in bf16 like F.linear, outputs take eager's promoted dtype,
+    and every gradient comes back in its input's dtype."""
+    case = BY_NAME[name]
+    dims = {"B": 2, "L": 5, "K": 24, "N": 40}
+    found = compiled_case(name)
+    entry, placeholders = found["entry"], found["placeholders"]
+    binding = {**entry["binding"],
+               "shapes": [list(case.classes(dims)[q]) for q in entry["structure"]["classes"]]}
+    run = make_runner(generated(entry["structure"])[0], binding)
+    gen = torch.Generator().manual_seed(fresh_seed())
+    # activations (rank > 1) in bf16, parameters (rank 1, and the GEMM weight) in fp32
+    inputs = [torch.randn(s, generator=gen)
+              .to(torch.bfloat16 if len(s) > 2 or i == 0 else torch.float32).requires_grad_()
+              for i, s in enumerate(case.shapes(dims))]
+    by_name = dict(zip(placeholders, inputs))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = case.fn(*inputs)
+        got = run(*(by_name[n] for n in binding["inputs"]))
+    expected = list(expected) if isinstance(expected, tuple) else [expected]
+    for g, e in zip(got, expected):
+        assert g.dtype == e.dtype, (g.dtype, e.dtype)
+        torch.testing.assert_close(g.float(), e.float(), atol=8e-2, rtol=3e-2)
+    grads = [torch.randn(e.shape, generator=gen).to(e.dtype) for e in expected]
+    ref = torch.autograd.grad(expected, inputs, grads, allow_unused=True)
+    out = torch.autograd.grad(list(got), inputs, grads, allow_unused=True)
+    for i, (o, r) in enumerate(zip(out, ref)):
+        if r is None:
+            continue
+        assert o.dtype == inputs[i].dtype
+        torch.testing.assert_close(o.float(), r.float(), atol=1e-1, rtol=5e-2,
+                                   msg=lambda m, i=i: f"grad of input {i}: {m}")

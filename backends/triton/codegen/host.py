@@ -125,8 +125,48 @@ class _Impl:
                 args[f"c{q}_d{d}"] = shape[d]
         return args
 
-    def alloc_outputs(self, device: torch.device) -> list[torch.Tensor]:
-        return [torch.empty(self.shapes[k], dtype=self.dtypes[j], device=device)
+    def out_dtypes(self, inputs: Sequence[torch.Tensor]) -> list[torch.dtype]:
+        """Output dtypes for these inputs, as eager PyTorch would give them.
+
+        The binding holds the dtypes of the capture (fp32 inputs); under autocast the same
+        group sees bf16 activations next to fp32 parameters, and an output must come out in
+        the dtype eager gives it, or every later op reads twice the bytes (or a bf16 GEMM
+        refuses an fp32 operand). So the dtypes flow through the ops: type promotion,
+        ``linear`` in the autocast dtype, ``layer_norm`` as autocast runs it, ``cast``
+        to its target. Non-float outputs keep their binding dtype.
+        """
+        auto = _autocast_dtype(inputs[0])
+        slot_dt = [inputs[slot["input"]].dtype for slot in self.st["slots"]]
+        values: list[torch.dtype] = []
+        for op in self.st["ops"]:
+            args = op["args"][1:] if op["op"] == "where" else op["args"]
+            dts = []
+            for ref in args:
+                if ref is None or ref[0] == "c":
+                    continue
+                tag, idx = ref
+                dt = values[idx] if tag == "v" else slot_dt[idx] if tag == "s" \
+                    else inputs[idx].dtype
+                if dt.is_floating_point:
+                    dts.append(dt)
+            name = op["op"]
+            if name == "cast":
+                values.append(getattr(torch, op["attrs"].get("dtype", "float32")))
+            elif name == "linear" and auto is not None:
+                values.append(auto)
+            elif name == "layer_norm":  # native_layer_norm answers in its input's dtype
+                values.append(_layer_norm_dtype(inputs[0].device, auto, dts[0]))
+            else:
+                out = dts[0] if dts else torch.float32
+                for dt in dts[1:]:
+                    out = torch.promote_types(out, dt)
+                values.append(out)
+        return [values[k] if self.dtypes[j].is_floating_point else self.dtypes[j]
+                for j, k in enumerate(self.st["outputs"])]
+
+    def alloc_outputs(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        dtypes = self.out_dtypes(inputs)
+        return [torch.empty(self.shapes[k], dtype=dtypes[j], device=inputs[0].device)
                 for j, k in enumerate(self.st["outputs"])]
 
     def grad_args(self, grads: Sequence[torch.Tensor | None], like: torch.Tensor,
@@ -137,7 +177,7 @@ class _Impl:
         for j, k in enumerate(self.st["outputs"]):
             g = grads[j]
             if g is None:  # an output nobody used: a zero gradient that costs no memory
-                g = torch.zeros((), dtype=self.dtypes[j], device=like.device)
+                g = torch.zeros((), dtype=like.dtype, device=like.device)
             if view is not None:
                 g = view(j, g)
             args.update(strided_args(f"g{j}", g, shape_of(j, k)))
@@ -188,7 +228,7 @@ class _Pointwise(_Impl):
         return min(next_pow2(n, 16), 256)
 
     def forward(self, inputs: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], list]:
-        outs = self.alloc_outputs(inputs[0].device)
+        outs = self.alloc_outputs(inputs)
         m, n = _mn(self.shapes[self.st["outputs"][0]])
         if m * n:
             bn = self.block_n(n)
@@ -225,7 +265,7 @@ class _Norm(_Impl):
         return max(1, min(64, (8192 if INTERPRETED else 2048) // bn)), bn
 
     def forward(self, inputs: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], list]:
-        outs = self.alloc_outputs(inputs[0].device)
+        outs = self.alloc_outputs(inputs)
         m, n = _mn(self.shapes[self.st["outputs"][0]])
         if m * n:
             bm, bn = self.blocks(n)
@@ -261,7 +301,7 @@ class _Reduction(_Impl):
         self.a = math.prod(int(s) for s in shape[:-2])
 
     def forward(self, inputs: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], list]:
-        outs = self.alloc_outputs(inputs[0].device)
+        outs = self.alloc_outputs(inputs)
         if self.a * self.n:
             if self.r == 0:
                 outs[self.st["outputs"].index(self.red)].zero_()
@@ -315,7 +355,7 @@ class _Gemm(_Impl):
         x, w = inputs[self.ix], inputs[self.iw]
         b = inputs[self.ib] if self.ib is not None else None
         device = x.device
-        outs = self.alloc_outputs(device)
+        outs = self.alloc_outputs(inputs)
         k = x.shape[-1]
         x2 = x.reshape(-1, k)
         m, n = x2.shape[0], w.shape[0]
@@ -396,6 +436,34 @@ class _Gemm(_Impl):
         return split
 
 
+def _autocast_dtype(t: torch.Tensor) -> torch.dtype | None:
+    """The autocast dtype active for ``t``'s device, or None."""
+    dev = t.device.type
+    if not torch.is_autocast_enabled(dev):
+        return None
+    return torch.get_autocast_dtype(dev)
+
+
+_LAYER_NORM_AUTOCAST: dict[tuple[str, torch.dtype], torch.dtype] = {}
+
+
+def _layer_norm_dtype(device: torch.device, auto: torch.dtype | None,
+                      x: torch.dtype) -> torch.dtype:
+    """What eager ``layer_norm`` returns for an ``x``-typed input under this autocast.
+
+    CUDA autocast runs layer_norm in fp32, CPU autocast (bf16) leaves it alone: asked of
+    the installed torch once per device type, not written down here.
+    """
+    if auto is None:
+        return x
+    key = (device.type, auto)
+    if key not in _LAYER_NORM_AUTOCAST:
+        probe = torch.ones(1, 2, dtype=auto, device=device)
+        with torch.autocast(device.type, dtype=auto):
+            _LAYER_NORM_AUTOCAST[key] = torch.nn.functional.layer_norm(probe, (2,)).dtype
+    return torch.float32 if _LAYER_NORM_AUTOCAST[key] == torch.float32 else x
+
+
 def _add(a: torch.Tensor | None, b: torch.Tensor) -> torch.Tensor:
     return b if a is None else a + b
 
@@ -426,8 +494,15 @@ def make_runner(source: str | ModuleType, binding: dict[str, Any]
     module = load_source(source) if isinstance(source, str) else source
     kind = json.loads(module.STRUCTURE)["kind"]
     impl = _IMPLS[kind](module, binding)
+    gemm_operands = (impl.ix, impl.iw, impl.ib) if isinstance(impl, _Gemm) else ()
 
     def run(*inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        dt = _autocast_dtype(inputs[0]) if gemm_operands else None
+        if dt is not None:
+            # the GEMM runs in the autocast dtype, as F.linear would; casting outside the
+            # autograd function lets autograd cast the gradients back
+            inputs = tuple(t.to(dt) if i in gemm_operands and t.is_floating_point() else t
+                           for i, t in enumerate(inputs))
         return _Fused.apply(impl, *inputs)
 
     return run
