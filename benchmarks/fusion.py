@@ -136,6 +136,7 @@ def gemc_kernel(case: Case, dtype: torch.dtype) -> tuple[Callable[..., Any], dic
         outs = run(*(xs[i] for i in order))
         return outs if len(outs) > 1 else outs[0]
 
+    call.impl = run.impl  # type: ignore[attr-defined]
     return call, entry
 
 
@@ -163,6 +164,7 @@ class Row:
     max_abs_err: float | None = None
     predicted_before_ms: float | None = None
     predicted_after_ms: float | None = None
+    path: str | None = None  # a GEMM group's path per direction (host.GemmPath choice)
     error: str | None = None
 
 
@@ -211,6 +213,9 @@ def run_case(case: Case, device: torch.device, dtype: torch.dtype, compile_: boo
                 if entry and mode == "fwd+bwd":
                     row.predicted_before_ms = entry["predicted"]["before_ms"]
                     row.predicted_after_ms = entry["predicted"]["after_ms"]
+                chosen = getattr(getattr(fn, "impl", None), "chosen", None)
+                if chosen:
+                    row.path = " ".join(sorted({f"{k[0]}:{v}" for k, v in chosen.items()}))
             except Exception as exc:  # noqa: BLE001
                 row.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
             rows.append(row)
@@ -233,7 +238,7 @@ def _fmt(x: float | None, spec: str) -> str:
 
 def print_table(rows: list[Row]) -> None:
     head = (f"{'case':34} {'mode':8} {'variant':14} {'ms':>9} {'x eager':>8} {'x compile':>9} "
-            f"{'TFLOP/s':>8} {'max err':>9} {'pred before/after ms':>21}")
+            f"{'TFLOP/s':>8} {'max err':>9} {'pred before/after ms':>21} gemm path")
     print(head)
     print("-" * len(head))
     for r in rows:
@@ -241,7 +246,7 @@ def print_table(rows: list[Row]) -> None:
                 f"{r.predicted_before_ms:.3f}/{r.predicted_after_ms:.3f}")
         print(f"{r.case[:34]:34} {r.mode:8} {r.variant:14} {_fmt(r.ms, '9.3f')} "
               f"{_fmt(r.speedup, '8.2f')} {_fmt(r.vs_compile, '9.2f')} {_fmt(r.tflops, '8.1f')} "
-              f"{_fmt(r.max_abs_err, '9.2e')} {pred:>21}")
+              f"{_fmt(r.max_abs_err, '9.2e')} {pred:>21} {r.path or ''}")
     for r in rows:
         if r.error:
             print(f"  ! {r.case} / {r.mode} / {r.variant}: {r.error}")

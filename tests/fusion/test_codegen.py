@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from gemc.backends.triton.codegen import generated
-from gemc.backends.triton.codegen.host import make_runner
+from gemc.backends.triton.codegen.host import GEMM_PATH_ENV, make_runner
 from gemc.passes.classify_ops import ClassifyOps
 from gemc.passes.count_flops_bytes import CountFlopsBytes
 from gemc.passes.fuse import Fuse
@@ -252,3 +252,30 @@ def test_autocast_mixed_dtypes_follow_eager(name: str) -> None:
         assert o.dtype == inputs[i].dtype
         torch.testing.assert_close(o.float(), r.float(), atol=1e-1, rtol=5e-2,
                                    msg=lambda m, i=i: f"grad of input {i}: {m}")
+
+
+GEMM_CASES = [c.name for c in CASES if c.kind == "gemm_epilogue"]
+
+
+@pytest.mark.parametrize("name", GEMM_CASES)
+@pytest.mark.parametrize("dims", [{"B": 2, "L": 37, "K": 19, "N": 70},
+                                  {"B": 1, "L": 1, "K": 1, "N": 1},
+                                  {"B": 3, "L": 65, "K": 80, "N": 300}])
+def test_library_gemm_path_matches_eager(name: str, dims: Dims,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cuBLAS path (library GEMMs around the generated epilogue and dz kernels) computes
+    what the fused path and eager compute, forward and backward; N=300 spans two column
+    tiles of the epilogue pass."""
+    monkeypatch.setenv(GEMM_PATH_ENV, "library")
+    run_case(name, dims)
+
+
+def test_library_gemm_path_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(GEMM_PATH_ENV, "library")
+    run_case("gemm_gelu_residual", {"B": 2, "L": 5, "K": 24, "N": 40}, torch.bfloat16)
+
+
+def test_gemm_path_setting_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(GEMM_PATH_ENV, "cublas")
+    with pytest.raises(ValueError, match="GEMC_GEMM_PATH='cublas'.*auto, fused, library"):
+        run_case("gemm_two_outputs", {"B": 1, "L": 2, "K": 3, "N": 4})

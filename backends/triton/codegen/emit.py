@@ -294,8 +294,10 @@ class Tile:
         for j, k in enumerate(self.st["outputs"]):
             self.store_rows(names[j] if names else f"o{j}", self.values[k])
 
-    def store_slot_grads(self, adj: dict[tuple[str, int], str], pid_rows: str) -> None:
-        """``d<j>`` for every slot reached, by its gradient mode (``pid_rows``: partial row)."""
+    def store_slot_grads(self, adj: dict[tuple[str, int], str], pid_rows: str,
+                         pid_cols: str = "0") -> None:
+        """``d<j>`` for every slot reached, by its gradient mode (``pid_rows``: the partial
+        row of a ``col`` slot, ``pid_cols``: the partial column of a ``row`` slot)."""
         for j, slot in enumerate(self.st["slots"]):
             a = adj.get(("s", j))
             if a is None:
@@ -305,6 +307,9 @@ class Tile:
                 if mode == "col":
                     self.code(f"tl.store(d{j} + {pid_rows} * N + {self.cols}, "
                               f"tl.sum(tl.where({self.mask}, {a}, 0.0), 0), mask={self.cmask})")
+                elif mode == "row":
+                    self.code(f"tl.store(d{j} + {pid_cols} * M + {self.rows}, "
+                              f"tl.sum(tl.where({self.mask}, {a}, 0.0), 1), mask={self.rmask})")
                 else:
                     self.store_rows(f"d{j}", a)
 

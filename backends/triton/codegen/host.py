@@ -184,7 +184,8 @@ class _Impl:
         return args
 
     def slot_grad_buffers(self, inputs: Sequence[torch.Tensor], needs: Sequence[bool],
-                          partial_rows: int = 0) -> tuple[dict[str, Any], dict[int, torch.Tensor]]:
+                          partial_rows: int = 0, partial_cols: int = 1
+                          ) -> tuple[dict[str, Any], dict[int, torch.Tensor]]:
         """``d<j>``/``NEED<j>`` arguments and the buffers the kernel fills."""
         args: dict[str, Any] = {}
         buffers: dict[int, torch.Tensor] = {}
@@ -200,6 +201,9 @@ class _Impl:
                 buf = torch.empty(shape, dtype=x.dtype, device=x.device)
             elif self.modes[j] == "col":
                 buf = torch.zeros((partial_rows, shape[-1]), dtype=torch.float32, device=x.device)
+            elif self.modes[j] == "row":
+                buf = torch.zeros((partial_cols, _mn(shape)[0]), dtype=torch.float32,
+                                  device=x.device)
             else:
                 buf = torch.empty(shape, dtype=torch.float32, device=x.device)
             args[f"d{j}"] = buf
@@ -213,7 +217,7 @@ class _Impl:
             x = inputs[i]
             if self.modes[j] == "full":
                 g = buf.view(x.shape)
-            elif self.modes[j] == "col":
+            elif self.modes[j] in ("col", "row"):
                 g = buf.sum(0).reshape(x.shape).to(x.dtype)
             else:
                 g = buf.sum_to_size(x.shape).to(x.dtype)
@@ -244,14 +248,14 @@ class _Pointwise(_Impl):
         inputs = saved
         grads_in: list[torch.Tensor | None] = [None] * len(inputs)
         m, n = _mn(self.shapes[self.st["outputs"][0]])
-        dargs, buffers = self.slot_grad_buffers(inputs, needs)
+        bm, bn = _pass_blocks(n)
+        dargs, buffers = self.slot_grad_buffers(inputs, needs, partial_rows=triton.cdiv(m, bm),
+                                                partial_cols=triton.cdiv(n, bn))
         if buffers and m * n:
-            bn = self.block_n(n)
             args = {**self.slot_args(inputs), **dargs, **self.class_args(True), "M": m, "N": n,
-                    "BLOCK_N": bn,
+                    "BLOCK_M": bm, "BLOCK_N": bn,
                     **self.grad_args(grads, inputs[0], lambda j, k: self.shapes[k])}
-            self.m.bwd[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n, bn))](
-                **args)
+            self.m.bwd[(triton.cdiv(m, bm), triton.cdiv(n, bn))](**args)
         self.reduce_slot_grads(inputs, buffers, grads_in)
         return grads_in
 
@@ -318,7 +322,9 @@ class _Reduction(_Impl):
         inputs = saved
         grads_in: list[torch.Tensor | None] = [None] * len(inputs)
         m, n = self.a * self.r, self.n
-        dargs, buffers = self.slot_grad_buffers(inputs, needs)
+        bm, bn = _pass_blocks(n)
+        dargs, buffers = self.slot_grad_buffers(inputs, needs, partial_rows=triton.cdiv(m, bm),
+                                                partial_cols=triton.cdiv(n, bn))
         arg_shape = self.shapes[self.arg]
 
         def shape_of(j: int, k: int) -> tuple[int, ...]:
@@ -332,17 +338,41 @@ class _Reduction(_Impl):
             return g.expand(arg_shape)
 
         if buffers and m * n:
-            bn = min(next_pow2(n, 16), 64 if INTERPRETED else 256)
             args = {**self.slot_args(inputs), **dargs, **self.class_args(True), "R": self.r,
-                    "M": m, "N": n, "BLOCK_N": bn,
+                    "M": m, "N": n, "BLOCK_M": bm, "BLOCK_N": bn,
                     **self.grad_args(grads, inputs[0], shape_of, view)}
-            self.m.bwd[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n, bn))](
-                **args)
+            self.m.bwd[(triton.cdiv(m, bm), triton.cdiv(n, bn))](**args)
         self.reduce_slot_grads(inputs, buffers, grads_in)
         return grads_in
 
 
+GEMM_PATH_ENV = "GEMC_GEMM_PATH"
+GEMM_PATHS = ("auto", "fused", "library")
+
+
+def gemm_path_setting() -> str:
+    """``GEMC_GEMM_PATH``: auto (measure both on the first call of each shape; the fused
+    path under the interpreter), fused (generated GEMM with the epilogue in its tiles) or
+    library (cuBLAS GEMMs around generated epilogue kernels)."""
+    value = os.environ.get(GEMM_PATH_ENV, "auto")
+    if value not in GEMM_PATHS:
+        raise ValueError(f"{GEMM_PATH_ENV}={value!r}: expected one of {', '.join(GEMM_PATHS)}")
+    return value
+
+
 class _Gemm(_Impl):
+    """A GEMM with its epilogue, by one of two paths chosen per shape and direction.
+
+    ``fused``: one generated kernel computes ``x @ w.T + b`` and applies the epilogue to the
+    accumulator; the backward's GEMMs recompute the epilogue's derivative from their input
+    tiles. ``library``: cuBLAS computes ``z`` (bias included) and a generated kernel applies
+    the epilogue in one pass; the backward's generated kernel writes ``dz`` (with the
+    epilogue operands' gradients and the bias column sums in the same pass) and cuBLAS runs
+    dgrad and wgrad. Why both: a generated Triton GEMM saves the round trip of ``z`` through
+    memory but reaches a fraction of cuBLAS's throughput at some shapes (long reductions,
+    few output tiles); which wins is measured, not assumed. ``chosen`` records the choice.
+    """
+
     def __init__(self, module: ModuleType, binding: dict[str, Any]) -> None:
         super().__init__(module, binding)
         x_ref, w_ref, b_ref = self.st["ops"][0]["args"]
@@ -350,18 +380,65 @@ class _Gemm(_Impl):
         self.ib = b_ref[1] if b_ref is not None else None
         self.save_z = bool(module.SAVE_Z)
         self.z_out = 0 in self.st["outputs"]
+        self.pure = self.st["outputs"] == [0] and len(self.st["ops"]) == 1
+        self.chosen: dict[tuple[Any, ...], str] = {}
+
+    # -- path choice ----------------------------------------------------------------------
+
+    def _pick(self, phase: str, key: tuple[Any, ...], fused: Callable[[], Any],
+              library: Callable[[], Any]) -> Any:
+        setting = gemm_path_setting()
+        if setting == "auto" and INTERPRETED:
+            setting = "fused"
+        if setting != "auto":
+            self.chosen[(phase, *key)] = setting
+            return fused() if setting == "fused" else library()
+        known = self.chosen.get((phase, *key))
+        if known is not None:
+            return fused() if known == "fused" else library()
+        times: dict[str, float] = {}
+        results: dict[str, Any] = {}
+        for name, fn in (("fused", fused), ("library", library)):
+            fn()  # the first call autotunes and compiles
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            results[name] = fn()
+            end.record()
+            end.synchronize()
+            times[name] = start.elapsed_time(end)
+        best = min(times, key=times.__getitem__)
+        self.chosen[(phase, *key)] = best
+        return results[best]
+
+    # -- forward --------------------------------------------------------------------------
 
     def forward(self, inputs: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], list]:
         x, w = inputs[self.ix], inputs[self.iw]
+        k = x.shape[-1]
+        m, n = x.numel() // max(k, 1), w.shape[0]
+        outs, z = self._pick("fwd", (m, n, k, x.dtype),
+                             lambda: self._forward_fused(inputs),
+                             lambda: self._forward_library(inputs))
+        saved = list(inputs) + ([z] if self.save_z else [])
+        return outs, saved
+
+    def _zbuffer(self, outs: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor | None:
+        if self.z_out:
+            return outs[self.st["outputs"].index(0)]
+        if self.save_z:
+            return torch.empty(self.shapes[0], dtype=x.dtype, device=x.device)
+        return None
+
+    def _forward_fused(self, inputs: Sequence[torch.Tensor]
+                       ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        x, w = inputs[self.ix], inputs[self.iw]
         b = inputs[self.ib] if self.ib is not None else None
-        device = x.device
         outs = self.alloc_outputs(inputs)
         k = x.shape[-1]
         x2 = x.reshape(-1, k)
         m, n = x2.shape[0], w.shape[0]
-        zs = None
-        if self.save_z and not self.z_out:
-            zs = torch.empty(self.shapes[0], dtype=x.dtype, device=device)
+        zs = None if self.z_out else self._zbuffer(outs, x)
         if m * n:
             args = {"x": x2, "w": w, "b": b if b is not None else x2, **self.slot_args(inputs),
                     **self.class_args(False), "M": m, "N": n, "K": k,
@@ -374,8 +451,34 @@ class _Gemm(_Impl):
             self.m.fwd[lambda meta: (triton.cdiv(m, meta["BLOCK_M"])
                                      * triton.cdiv(n, meta["BLOCK_N"]),)](**args)
         z = outs[self.st["outputs"].index(0)] if self.z_out else zs
-        saved = list(inputs) + ([z] if self.save_z else [])
-        return outs, saved
+        return outs, z
+
+    def _forward_library(self, inputs: Sequence[torch.Tensor]
+                         ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        x, w = inputs[self.ix], inputs[self.iw]
+        b = inputs[self.ib] if self.ib is not None else None
+        outs = self.alloc_outputs(inputs)
+        k = x.shape[-1]
+        x2 = x.reshape(-1, k)
+        m, n = x2.shape[0], w.shape[0]
+        z = self._zbuffer(outs, x)
+        if z is None or z.dtype != x.dtype:  # affine epilogue: z lives only for this call
+            z = torch.empty((m, n), dtype=x.dtype, device=x.device)
+        z2 = z.view(m, n)
+        if b is not None:
+            torch.addmm(b, x2, w.t(), out=z2)
+        else:
+            torch.mm(x2, w.t(), out=z2)
+        if m * n and not self.pure:
+            bn = _tile_n(n)
+            args = {"zin": z2, **self.slot_args(inputs), **self.class_args(False), "M": m,
+                    "N": n, "BLOCK_N": bn}
+            args.update({f"o{j}": o for j, o in enumerate(outs)})
+            self.m.epi[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n, bn))](
+                **args)
+        return outs, (z if self.save_z else None)
+
+    # -- backward -------------------------------------------------------------------------
 
     def _zarg(self, saved: Sequence[torch.Tensor], n_in: int) -> dict[str, Any]:
         if not self.save_z:
@@ -386,6 +489,27 @@ class _Gemm(_Impl):
     def backward(self, saved: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None],
                  needs: Sequence[bool]) -> list[torch.Tensor | None]:
         n_in = self.st["inputs"]
+        x, w = saved[self.ix], saved[self.iw]
+        k = x.shape[-1]
+        m, n = x.numel() // max(k, 1), w.shape[0]
+        if m * n * k == 0:
+            return [None] * n_in
+        return self._pick("bwd", (m, n, k, x.dtype, tuple(needs)),
+                          lambda: self._backward_fused(saved, grads, needs),
+                          lambda: self._backward_library(saved, grads, needs))
+
+    def _common(self, saved: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None],
+                m: int, n: int, k: int) -> dict[str, Any]:
+        n_in = self.st["inputs"]
+        inputs = saved[:n_in]
+        x = inputs[self.ix]
+        return {**self._zarg(saved, n_in), **self.slot_args(inputs), **self.class_args(True),
+                **self.grad_args(grads, x, lambda j, kk: self.shapes[kk]), "M": m, "N": n}
+
+    def _backward_fused(self, saved: Sequence[torch.Tensor],
+                        grads: Sequence[torch.Tensor | None],
+                        needs: Sequence[bool]) -> list[torch.Tensor | None]:
+        n_in = self.st["inputs"]
         inputs = saved[:n_in]
         grads_in: list[torch.Tensor | None] = [None] * n_in
         x, w = inputs[self.ix], inputs[self.iw]
@@ -393,11 +517,8 @@ class _Gemm(_Impl):
         k = x.shape[-1]
         x2 = x.reshape(-1, k)
         m, n = x2.shape[0], w.shape[0]
-        if m * n * k == 0:
-            return grads_in
-        common = {**self._zarg(saved, n_in), **self.slot_args(inputs), **self.class_args(True),
-                  **self.grad_args(grads, x, lambda j, kk: self.shapes[kk]), "M": m, "N": n,
-                  "K": k, "IEEE": x.dtype == torch.float32, "INTERP": INTERPRETED}
+        common = {**self._common(saved, grads, m, n, k), "K": k,
+                  "IEEE": x.dtype == torch.float32, "INTERP": INTERPRETED}
         dargs, buffers = self.slot_grad_buffers(inputs, needs)
         need_dx = bool(needs[self.ix])
         if need_dx or buffers:
@@ -425,6 +546,35 @@ class _Gemm(_Impl):
         self.reduce_slot_grads(inputs, buffers, grads_in)
         return grads_in
 
+    def _backward_library(self, saved: Sequence[torch.Tensor],
+                          grads: Sequence[torch.Tensor | None],
+                          needs: Sequence[bool]) -> list[torch.Tensor | None]:
+        n_in = self.st["inputs"]
+        inputs = saved[:n_in]
+        grads_in: list[torch.Tensor | None] = [None] * n_in
+        x, w = inputs[self.ix], inputs[self.iw]
+        b = inputs[self.ib] if self.ib is not None else None
+        k = x.shape[-1]
+        x2 = x.reshape(-1, k)
+        m, n = x2.shape[0], w.shape[0]
+        bm, bn = _pass_blocks(n)
+        programs = triton.cdiv(m, bm)
+        need_b = b is not None and bool(needs[self.ib])
+        dz = torch.empty((m, n), dtype=x.dtype, device=x.device)
+        dbp = torch.empty((programs, n), dtype=torch.float32, device=x.device) if need_b else dz
+        dargs, buffers = self.slot_grad_buffers(inputs, needs, partial_rows=programs)
+        self.m.dz[(programs, triton.cdiv(n, bn))](
+            dzo=dz, dbp=dbp, HAS_DB=need_b, BLOCK_M=bm, BLOCK_N=bn, **dargs,
+            **self._common(saved, grads, m, n, k))
+        if needs[self.ix]:
+            grads_in[self.ix] = torch.mm(dz, w).view(x.shape)
+        if needs[self.iw]:
+            grads_in[self.iw] = torch.mm(dz.t(), x2).to(w.dtype)
+        if need_b:
+            grads_in[self.ib] = dbp.sum(0).to(b.dtype)
+        self.reduce_slot_grads(inputs, buffers, grads_in)
+        return grads_in
+
     @staticmethod
     def _split(m: int, n: int, k: int) -> int:
         """Row splits of the wgrad: enough programs for every SM, partials within a cap."""
@@ -434,6 +584,18 @@ class _Gemm(_Impl):
         split = max(1, triton.cdiv(SM_TARGET, tiles))
         split = min(split, max(1, m // 512), max(1, WGRAD_PARTIAL_BYTES // (4 * n * k)))
         return split
+
+
+def _tile_n(n: int) -> int:
+    """Columns of a pass over an ``[M, N]`` operand (whole rows up to 256)."""
+    return min(next_pow2(n, 16), 256)
+
+
+def _pass_blocks(n: int) -> tuple[int, int]:
+    """Block shape of a backward pass whose partial sums the host lays out: ~4096 elements
+    a tile on a GPU, more under the interpreter (fewer programs, each a numpy op)."""
+    bn = _tile_n(n)
+    return max(1, min(64, (8192 if INTERPRETED else 4096) // bn)), bn
 
 
 def _autocast_dtype(t: torch.Tensor) -> torch.dtype | None:
@@ -505,4 +667,5 @@ def make_runner(source: str | ModuleType, binding: dict[str, Any]
                            for i, t in enumerate(inputs))
         return _Fused.apply(impl, *inputs)
 
+    run.impl = impl  # type: ignore[attr-defined]  # benchmarks read impl.chosen
     return run

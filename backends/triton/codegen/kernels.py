@@ -107,6 +107,11 @@ def saves_z(structure: dict[str, Any]) -> bool:
     return False
 
 
+_WARPS = ["triton.Config({}, num_warps=4)", "triton.Config({}, num_warps=8)",
+          "triton.Config({}, num_warps=2)"]
+"""Configs of kernels whose block shape the host fixes (partial sums are laid out by it)."""
+
+
 # ---- pointwise -------------------------------------------------------------------------------
 
 
@@ -117,6 +122,7 @@ def _pointwise(code: Code, st: dict[str, Any]) -> None:
         'triton.Config({"BLOCK_M": 32}, num_warps=8)',
         'triton.Config({"BLOCK_M": 4}, num_warps=4)',
     ], 'triton.Config({"BLOCK_M": 128}, num_warps=1)')
+    _configs(code, "_BWD_CONFIGS", _WARPS, "triton.Config({}, num_warps=1)")
     outs = [f"o{j}" for j in range(len(st["outputs"]))]
     code("\n")
     code('@triton.autotune(configs=_FWD_CONFIGS, key=["M", "N"])')
@@ -129,7 +135,8 @@ def _pointwise(code: Code, st: dict[str, Any]) -> None:
         tile.forward()
         tile.store_outputs()
     code("\n")
-    code('@triton.autotune(configs=_FWD_CONFIGS, key=["M", "N"])')
+    # BLOCK_M comes from the host: it fixes the partial sums of col-mode slots
+    code('@triton.autotune(configs=_BWD_CONFIGS, key=["M", "N"])')
     _signature(code, "bwd", [*slot_params(st), *grad_params(st), *slot_grad_params(st),
                              *classes_params(st, backward=True), "M", "N",
                              "BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr"])
@@ -140,18 +147,14 @@ def _pointwise(code: Code, st: dict[str, Any]) -> None:
         tile.forward()
         seeds = {k: tile.output_grad(j) for j, k in enumerate(st["outputs"])}
         adj = tile.reverse(seeds)
-        tile.store_slot_grads(adj, "tl.program_id(0)")
+        tile.store_slot_grads(adj, "tl.program_id(0)", "tl.program_id(1)")
 
 
 # ---- norm ------------------------------------------------------------------------------------
 
 
 def _norm(code: Code, st: dict[str, Any]) -> None:
-    _configs(code, "_CONFIGS", [
-        "triton.Config({}, num_warps=4)",
-        "triton.Config({}, num_warps=8)",
-        "triton.Config({}, num_warps=2)",
-    ], "triton.Config({}, num_warps=1)")
+    _configs(code, "_CONFIGS", _WARPS, "triton.Config({}, num_warps=1)")
     outs = [f"o{j}" for j in range(len(st["outputs"]))]
     rows = "tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)"
     code("\n")
@@ -191,11 +194,7 @@ def _reduction(code: Code, st: dict[str, Any]) -> None:
         'triton.Config({"BLOCK_R": 64}, num_warps=8)',
         'triton.Config({"BLOCK_R": 8}, num_warps=2)',
     ], 'triton.Config({"BLOCK_R": 64}, num_warps=1)')
-    _configs(code, "_BWD_CONFIGS", [
-        'triton.Config({"BLOCK_M": 8}, num_warps=4)',
-        'triton.Config({"BLOCK_M": 16}, num_warps=4)',
-        'triton.Config({"BLOCK_M": 32}, num_warps=8)',
-    ], 'triton.Config({"BLOCK_M": 128}, num_warps=1)')
+    _configs(code, "_BWD_CONFIGS", _WARPS, "triton.Config({}, num_warps=1)")
     outs = [f"o{j}" for j in range(len(st["outputs"]))]
     side = [j for j, k in enumerate(st["outputs"]) if k != red]
     main = st["outputs"].index(red)
@@ -245,7 +244,7 @@ def _reduction(code: Code, st: dict[str, Any]) -> None:
                 g = tile.output_grad(j)
                 seeds[k] = g if k not in seeds else tile.tmp(f"{seeds[k]} + {g}")
         adj = tile.reverse(seeds)
-        tile.store_slot_grads(adj, "tl.program_id(0)")
+        tile.store_slot_grads(adj, "tl.program_id(0)", "tl.program_id(1)")
 
 
 # ---- GEMM + epilogue -------------------------------------------------------------------------
@@ -385,6 +384,49 @@ def _gemm(code: Code, st: dict[str, Any]) -> None:
             code("rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)")
             code("tl.store(dx + rows[:, None] * K + ks[None, :], "
                  "acc.to(dx.dtype.element_ty), mask=(rows < M)[:, None] & kmask[None, :])")
+
+    # the library-GEMM path (host.GemmPath.LIBRARY): cuBLAS computes z = x @ w.T + b; these
+    # two kernels are the epilogue as a pass over z (forward) and the epilogue's derivative
+    # dz, with the operands' gradients and per-program bias column sums (backward)
+    _configs(code, "_EPI_CONFIGS", [
+        'triton.Config({"BLOCK_M": 8}, num_warps=4)',
+        'triton.Config({"BLOCK_M": 16}, num_warps=4)',
+        'triton.Config({"BLOCK_M": 32}, num_warps=8)',
+        'triton.Config({"BLOCK_M": 4}, num_warps=4)',
+    ], 'triton.Config({"BLOCK_M": 128}, num_warps=1)')
+    _configs(code, "_DZ_CONFIGS", _WARPS, "triton.Config({}, num_warps=1)")
+    code("\n")
+    code('@triton.autotune(configs=_EPI_CONFIGS, key=["M", "N"])')
+    _signature(code, "epi", ["zin", *slot_params(st), *outs, *classes_params(st, backward=False),
+                             "M", "N", "BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr"])
+    with code.block(""):
+        _tile_prologue(code, "tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)",
+                       "tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)")
+        code("z = tl.load(zin + rows[:, None] * N + cols[None, :], mask=mask, other=0.0)"
+             ".to(tl.float32)")
+        tile = Tile(code, st)
+        tile.values[0] = "z"
+        tile.forward()
+        tile.store_outputs()
+    code("\n")
+    code('@triton.autotune(configs=_DZ_CONFIGS, key=["M", "N"])')
+    _signature(code, "dz", [*zparam, *slot_params(st), *grad_params(st), *slot_grad_params(st),
+                            "dzo", "dbp", *classes_params(st, backward=True), "M", "N",
+                            "HAS_DB: tl.constexpr", "BLOCK_M: tl.constexpr",
+                            "BLOCK_N: tl.constexpr"])
+    with code.block(""):
+        _tile_prologue(code, "tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)",
+                       "tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)")
+        tile = Tile(code, st)
+        z_tile(tile)
+        tile.forward()
+        seeds = {k: tile.output_grad(j) for j, k in enumerate(st["outputs"])}
+        adj = tile.reverse(seeds)
+        code(f"dzv = tl.where(mask, {adj[('v', 0)]}, 0.0)")
+        tile.store_rows("dzo", "dzv")
+        with code.block("if HAS_DB:"):
+            code("tl.store(dbp + tl.program_id(0) * N + cols, tl.sum(dzv, 0), mask=cmask)")
+        tile.store_slot_grads(adj, "tl.program_id(0)")
 
     # wgrad (+ bias gradient), split over M into fp32 partial sums
     code("\n")

@@ -60,15 +60,25 @@ def grad_mode(kind: str, bcast: list[bool]) -> str:
     """How a kernel returns the gradient of a slot.
 
     ``full``: the slot is not broadcast, its gradient is stored element for element.
-    ``col``: a per-column operand (LayerNorm weight/bias) in a norm kernel, whose rows are
-    whole in one program: per-program column sums, added up on the host.
-    ``expand``: any other broadcast operand: the elementwise gradient is stored at the
-    consumer's shape and summed to the operand's shape on the host.
+    ``col``: a per-column operand (a LayerNorm weight, a bias, a per-feature scale): each
+    program stores its tile's column sums, one partial row per row-program, added up on
+    the host.
+    ``row``: a per-row operand (a ``[B, L, 1]`` mask or scale): each program stores its
+    tile's row sums, one partial column per column-program.
+    ``expand``: any other broadcast operand (and every broadcast operand of a GEMM
+    epilogue, whose fused path walks rows in autotuned blocks): the elementwise gradient
+    is stored at the consumer's shape and summed to the operand's shape on the host.
+    Why the partial sums: storing a broadcast operand's gradient at full shape in fp32
+    writes and reads back twice the bytes of the whole activation.
     """
     if not any(bcast):
         return "full"
-    if kind == "norm" and all(bcast[:-1]) and not bcast[-1]:
+    if kind == "gemm_epilogue":
+        return "expand"
+    if all(bcast[:-1]) and not bcast[-1]:
         return "col"
+    if not any(bcast[:-1]) and bcast[-1]:
+        return "row"
     return "expand"
 
 
