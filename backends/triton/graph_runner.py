@@ -130,6 +130,9 @@ class GraphRunner:
 
     def __call__(self, *inputs: torch.Tensor) -> Any:
         env: dict[fx.Node, Any] = {}
+        # jagged layouts by (offsets, clamp, max_len): the attention layers of one forward
+        # share one, so the host reads the total length (a sync) once, not once per layer
+        self._layouts: dict[tuple[int, int, int], tuple[torch.Tensor, int]] = {}
         user = iter(inputs)
         for key in self.order:
             if key[0] == "u":
@@ -180,9 +183,12 @@ class GraphRunner:
         q, k, v = (env[by_name[entry[x]]] for x in ("q", "k", "v"))
         offsets = env[by_name[entry["offsets"]]]
         length = int(entry["max_len"])
-        lengths = (offsets[1:] - offsets[:-1]).clamp(min=int(entry["clamp_min"]), max=length)
-        attn_offsets = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)])
-        total = int(attn_offsets[-1])
+        key = (id(offsets), int(entry["clamp_min"]), length)
+        if key not in self._layouts:
+            lengths = (offsets[1:] - offsets[:-1]).clamp(min=key[1], max=length)
+            attn_offsets = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)])
+            self._layouts[key] = (attn_offsets, int(attn_offsets[-1]))
+        attn_offsets, total = self._layouts[key]
         qj, kj, vj = (padded_to_jagged(x.transpose(1, 2), attn_offsets, total)
                       for x in (q, k, v))
         scale = entry["scale"] if entry["scale"] is not None else 1.0 / math.sqrt(q.shape[-1])

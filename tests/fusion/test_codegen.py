@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from gemc.backends.triton.codegen import generated
 from gemc.backends.triton.codegen.host import GEMM_PATH_ENV, make_runner
+from gemc.backends.triton.codegen.kernels import passes_gradient_through
 from gemc.passes.classify_ops import ClassifyOps
 from gemc.passes.count_flops_bytes import CountFlopsBytes
 from gemc.passes.fuse import Fuse
@@ -46,6 +47,10 @@ class Case:
 
 def _gemm_gelu_residual(x, w, b, r):
     return F.gelu(F.linear(x, w, b)) + r
+
+
+def _gemm_residual(x, w, b, r, r2):
+    return r + F.linear(x, w, b) + r2
 
 
 def _gemm_silu_scaled(x, w, s):
@@ -81,6 +86,10 @@ def _blk(d: Dims) -> tuple[int, int, int]:
 CASES = [
     Case("gemm_gelu_residual", _gemm_gelu_residual,
          lambda d: [(d["B"], d["L"], d["K"]), (d["N"], d["K"]), (d["N"],), _blk(d)],
+         "gemm_epilogue", lambda d: [_blk(d)]),
+    Case("gemm_residual", _gemm_residual,
+         lambda d: [(d["B"], d["L"], d["K"]), (d["N"], d["K"]), (d["N"],), _blk(d),
+                    (d["B"], 1, d["N"])],
          "gemm_epilogue", lambda d: [_blk(d)]),
     Case("gemm_silu_scaled", _gemm_silu_scaled,
          lambda d: [(d["B"], d["L"], d["K"]), (d["N"], d["K"]), (d["B"], 1, 1)],
@@ -279,3 +288,11 @@ def test_gemm_path_setting_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(GEMM_PATH_ENV, "cublas")
     with pytest.raises(ValueError, match="GEMC_GEMM_PATH='cublas'.*auto, fused, library"):
         run_case("gemm_two_outputs", {"B": 1, "L": 2, "K": 3, "N": 4})
+
+
+def test_only_pure_residual_epilogues_pass_the_gradient_through() -> None:
+    """The library backward skips its dz kernel exactly for ``z + r (+ r2 ...)``."""
+    verdicts = {name: passes_gradient_through(compiled_case(name)["entry"]["structure"])
+                for name in GEMM_CASES}
+    assert verdicts == {"gemm_gelu_residual": False, "gemm_residual": True,
+                        "gemm_silu_scaled": False, "gemm_two_outputs": False}

@@ -27,6 +27,7 @@ import torch
 import triton
 
 from ..runtime import INTERPRETED, next_pow2
+from .kernels import passes_gradient_through
 from .spec import kernel_classes, reduced_value, sha256
 
 _MODULES: dict[str, ModuleType] = {}
@@ -348,6 +349,7 @@ class _Reduction(_Impl):
 
 GEMM_PATH_ENV = "GEMC_GEMM_PATH"
 GEMM_PATHS = ("auto", "fused", "library")
+PICK_REPEATS = 3
 
 
 def gemm_path_setting() -> str:
@@ -381,6 +383,7 @@ class _Gemm(_Impl):
         self.save_z = bool(module.SAVE_Z)
         self.z_out = 0 in self.st["outputs"]
         self.pure = self.st["outputs"] == [0] and len(self.st["ops"]) == 1
+        self.identity_dz = passes_gradient_through(self.st)
         self.chosen: dict[tuple[Any, ...], str] = {}
 
     # -- path choice ----------------------------------------------------------------------
@@ -400,13 +403,16 @@ class _Gemm(_Impl):
         results: dict[str, Any] = {}
         for name, fn in (("fused", fused), ("library", library)):
             fn()  # the first call autotunes and compiles
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
-            results[name] = fn()
-            end.record()
-            end.synchronize()
-            times[name] = start.elapsed_time(end)
+            best_ms = math.inf
+            for _ in range(PICK_REPEATS):  # the best of a few: one sample is noisy
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                start.record()
+                results[name] = fn()
+                end.record()
+                end.synchronize()
+                best_ms = min(best_ms, start.elapsed_time(end))
+            times[name] = best_ms
         best = min(times, key=times.__getitem__)
         self.chosen[(phase, *key)] = best
         return results[best]
@@ -557,9 +563,11 @@ class _Gemm(_Impl):
         k = x.shape[-1]
         x2 = x.reshape(-1, k)
         m, n = x2.shape[0], w.shape[0]
+        need_b = b is not None and bool(needs[self.ib])
+        if self.identity_dz:
+            return self._backward_added(inputs, grads, needs, grads_in)
         bm, bn = _pass_blocks(n)
         programs = triton.cdiv(m, bm)
-        need_b = b is not None and bool(needs[self.ib])
         dz = torch.empty((m, n), dtype=x.dtype, device=x.device)
         dbp = torch.empty((programs, n), dtype=torch.float32, device=x.device) if need_b else dz
         dargs, buffers = self.slot_grad_buffers(inputs, needs, partial_rows=programs)
@@ -573,6 +581,33 @@ class _Gemm(_Impl):
         if need_b:
             grads_in[self.ib] = dbp.sum(0).to(b.dtype)
         self.reduce_slot_grads(inputs, buffers, grads_in)
+        return grads_in
+
+    def _backward_added(self, inputs: Sequence[torch.Tensor],
+                        grads: Sequence[torch.Tensor | None], needs: Sequence[bool],
+                        grads_in: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
+        """``out = z + r1 + ...``: dz and every added operand's gradient are the output's."""
+        x, w = inputs[self.ix], inputs[self.iw]
+        b = inputs[self.ib] if self.ib is not None else None
+        k = x.shape[-1]
+        x2 = x.reshape(-1, k)
+        m, n = x2.shape[0], w.shape[0]
+        g = grads[0]
+        if g is None:
+            g = torch.zeros(self.shapes[self.st["outputs"][0]], dtype=x.dtype, device=x.device)
+        for j, slot in enumerate(self.st["slots"]):
+            i = slot["input"]
+            r = inputs[i]
+            if j in self.reached and needs[i] and r.is_floating_point():
+                gr = g.sum_to_size(r.shape) if tuple(g.shape) != tuple(r.shape) else g
+                grads_in[i] = _add(grads_in[i], gr.to(r.dtype))
+        dz = g.reshape(m, n).to(x.dtype)
+        if needs[self.ix]:
+            grads_in[self.ix] = torch.mm(dz, w).view(x.shape)
+        if needs[self.iw]:
+            grads_in[self.iw] = torch.mm(dz.t(), x2).to(w.dtype)
+        if b is not None and needs[self.ib]:
+            grads_in[self.ib] = dz.sum(0, dtype=torch.float32).to(b.dtype)
         return grads_in
 
     @staticmethod

@@ -112,6 +112,23 @@ _WARPS = ["triton.Config({}, num_warps=4)", "triton.Config({}, num_warps=8)",
 """Configs of kernels whose block shape the host fixes (partial sums are laid out by it)."""
 
 
+def passes_gradient_through(structure: dict[str, Any]) -> bool:
+    """A GEMM epilogue that only adds operands to ``z`` (``r + x @ w.T + b``): one output,
+    each op an ``add`` (alpha 1) of the previous value and a slot. Then ``dz`` *is* the
+    output's gradient, and so is every added operand's (summed to its shape): the library
+    path's backward needs no elementwise kernel at all."""
+    ops = structure["ops"]
+    if structure["kind"] != "gemm_epilogue" or structure["outputs"] != [len(ops) - 1]:
+        return False
+    for k, op in enumerate(ops[1:], start=1):
+        if op["op"] != "add" or float(op.get("attrs", {}).get("alpha", 1.0)) != 1.0:
+            return False
+        tags = sorted(tuple(r) if r is not None else ("?", -1) for r in op["args"])
+        if len(tags) != 2 or tags[1] != ("v", k - 1) or tags[0][0] != "s":
+            return False
+    return len(ops) > 1
+
+
 # ---- pointwise -------------------------------------------------------------------------------
 
 
@@ -206,7 +223,9 @@ def _reduction(code: Code, st: dict[str, Any]) -> None:
         code("a = tl.program_id(0).to(tl.int64)")
         code("cols = (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)")
         code("cmask = cols < N")
-        code("acc = tl.zeros([BLOCK_N], dtype=tl.float32)")
+        # a tile-shaped accumulator, reduced once after the loop: a cross-thread sum per
+        # iteration would serialize the loop on shared memory
+        code("acc2 = tl.zeros([BLOCK_R, BLOCK_N], dtype=tl.float32)")
         with code.block("for r0 in range(0, R, BLOCK_R):"):
             code("r = r0 + tl.arange(0, BLOCK_R).to(tl.int64)")
             code("rows = a * R + r")
@@ -216,7 +235,8 @@ def _reduction(code: Code, st: dict[str, Any]) -> None:
             tile.forward(upto=red)
             for j in side:
                 tile.store_rows(f"o{j}", tile.values[st["outputs"][j]])
-            code(f"acc += tl.sum(tl.where(mask, {tile.values[arg]}, 0.0), 0)")
+            code(f"acc2 += tl.where(mask, {tile.values[arg]}, 0.0)")
+        code("acc = tl.sum(acc2, 0)")
         if st["ops"][red]["op"] == "mean":
             code("acc = acc / R")
         code(f"tl.store(o{main} + a * N + cols, acc.to(o{main}.dtype.element_ty), mask=cmask)")
