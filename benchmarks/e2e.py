@@ -356,11 +356,17 @@ def _table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def interpreted_triton(device: str | None, cuda_available: bool) -> bool:
+    """Whether this run's kernels need Triton's interpreter: only when they run on the CPU.
+    (Setting it on a GPU machine would also break torch.compile's Inductor kernels.)"""
+    return device == "cpu" or (device is None and not cuda_available)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     import torch
 
-    if args.device == "cpu" or (args.device is None and not torch.cuda.is_available()):
+    if interpreted_triton(args.device, torch.cuda.is_available()):
         # the plan's kernels run in Triton's interpreter on the CPU; it must be chosen before
         # anything imports Triton (compiling the plan does)
         os.environ.setdefault("TRITON_INTERPRET", "1")
