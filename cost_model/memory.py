@@ -80,14 +80,11 @@ def region_memory(region: RegionCost, world: int, options: StepOptions) -> Memor
     return MemoryBreakdown(params, grads, opt, act, 0.0)
 
 
-def table_shard(table: TableCost, rank: int) -> tuple[float, float]:
-    """(rows, dim) of the part of a table one rank holds (0, 0 if none)."""
+def shard_shape(table: TableCost) -> tuple[float, float]:
+    """(rows, dim) of the part of a table each of its holders has: every shard of a
+    table is the same size, whichever rank holds it (the whole table if data parallel)."""
     k = len(table.ranks)
-    if table.sharding == "data_parallel":
-        return float(table.rows), float(table.dim)
-    if rank not in table.ranks:
-        return 0.0, 0.0
-    if table.sharding == "table_wise":
+    if table.sharding in ("data_parallel", "table_wise"):
         return float(table.rows), float(table.dim)
     if table.sharding in ("row_wise", "table_row_wise"):
         return table.rows / k, float(table.dim)
@@ -98,8 +95,20 @@ def table_shard(table: TableCost, rank: int) -> tuple[float, float]:
     return table.rows / (k / cols), table.dim / cols
 
 
+def table_shard(table: TableCost, rank: int) -> tuple[float, float]:
+    """(rows, dim) of the part of a table one rank holds (0, 0 if none)."""
+    if table.sharding != "data_parallel" and rank not in table.ranks:
+        return 0.0, 0.0
+    return shard_shape(table)
+
+
 def table_memory(table: TableCost, rank: int, world: int, options: StepOptions) -> MemoryBreakdown:
-    rows, dim = table_shard(table, rank)
+    return shard_memory(table, *table_shard(table, rank), world, options)
+
+
+def shard_memory(table: TableCost, rows: float, dim: float, world: int,
+                 options: StepOptions) -> MemoryBreakdown:
+    """Bytes a shard of ``rows`` x ``dim`` of the table costs the rank holding it."""
     if rows == 0:
         return MemoryBreakdown()
     numel = rows * dim

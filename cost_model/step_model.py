@@ -20,6 +20,7 @@ Pure and fast (no fx): the solver calls it in its inner loop.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import astuple
 from functools import lru_cache
 
 import numpy as np
@@ -28,7 +29,15 @@ from .calibration import Calibration
 from .collectives import collective_time
 from .hardware import GPUSpec
 from .kernels import INDEX_BYTES
-from .memory import MemoryBreakdown, rank_memory, shard_degree, table_memory, table_shard
+from .memory import (
+    MemoryBreakdown,
+    rank_memory,
+    shard_degree,
+    shard_memory,
+    shard_shape,
+    table_memory,
+    table_shard,
+)
 from .op_cost import embedding_time, optimizer_time
 from .topology import Topology
 from .types import RankStats, RegionCost, StepOptions, StepPrediction, TableCost
@@ -49,7 +58,11 @@ def _dtype(elt: int) -> str:
 
 def _table_work(t: TableCost, rank: int, world: int) -> tuple[float, float, float]:
     """(rows, dim, lookups) of the shard a rank computes, bags = world x batch unless DP."""
-    rows, dim = table_shard(t, rank)
+    return _shard_work(t, *table_shard(t, rank), world)
+
+
+def _shard_work(t: TableCost, rows: float, dim: float, world: int) -> tuple[float, float, float]:
+    """(rows, dim, lookups) of a shard of ``rows`` x ``dim`` of the table."""
     if rows == 0:
         return 0.0, 0.0, 0.0
     if t.sharding == "data_parallel":
@@ -58,19 +71,28 @@ def _table_work(t: TableCost, rank: int, world: int) -> tuple[float, float, floa
     return rows, dim, world * t.nnz * share
 
 
+def _holders(t: TableCost, world: int) -> np.ndarray:
+    """The distinct ranks (inside the world) that hold a shard of a sharded table."""
+    return np.array(sorted({r for r in t.ranks if r < world}), dtype=np.int64)
+
+
 def _a2a_sends(tables: Sequence[TableCost], world: int) -> tuple[np.ndarray, np.ndarray]:
     """Bytes each rank sends in the pooled-embedding all-to-all (forward; the backward
-    sends the same amount back) and in the id all-to-all (input dist)."""
+    sends the same amount back) and in the id all-to-all (input dist).
+
+    Linear in the ranks: every shard of a table is the same size (``shard_shape``), so a
+    table's send is priced once and added to each holder."""
     out = np.zeros(world)
     ids = np.zeros(world)
     for t in tables:
         if t.sharding == "data_parallel":
             continue
-        holders = [r for r in t.ranks if r < world]
-        for r in holders:
-            rows, dim = table_shard(t, r)
+        holders = [r for r in t.ranks if r < world]  # a rank listed twice sends twice
+        if holders:
+            rows, dim = shard_shape(t)
             # a shard sends its pooled (partial, for row shards) rows to every other rank
-            out[r] += (world - 1) * t.batch * dim * t.dtype_bytes * t.output_share(rows)
+            np.add.at(out, holders,
+                      (world - 1) * t.batch * dim * t.dtype_bytes * t.output_share(rows))
         ids += (t.nnz * INDEX_BYTES + t.batch * 4) * (1 - 1 / max(world, 1))
     return out, ids
 
@@ -144,13 +166,12 @@ def predict_step(
             dp_table_numel += t.rows * t.dim
             dp_table_grad_bytes += t.rows * t.dim * t.dtype_bytes
             continue
-        for r in set(t.ranks):
-            if r >= world:
-                continue
-            rows, dim, lookups = _table_work(t, r, world)
-            sparse[r] += _embedding_cost(max(1, int(rows)), max(1, int(dim)), int(lookups),
-                                         world * t.batch, dtype, gpu, calibration,
-                                         opts.table_optimizer, False)
+        holders = _holders(t, world)
+        if holders.size:  # every holder's shard is the same: price it once
+            rows, dim, lookups = _shard_work(t, *shard_shape(t), world)
+            sparse[holders] += _embedding_cost(max(1, int(rows)), max(1, int(dim)),
+                                               int(lookups), world * t.batch, dtype, gpu,
+                                               calibration, opts.table_optimizer, False)
     out_sends, id_sends = _a2a_sends(tables, world)
     a2a = 0.0
     input_dist = 0.0
@@ -185,20 +206,23 @@ def predict_step(
     opt_s, _ = optimizer_time(opts.optimizer, dense_numel, opts.dense_dtype, gpu, calibration,
                               fused=opts.fused_optimizer, tensors=max(1, 2 * len(regions)))
     base = rank_memory(regions, (), 0, world, opts)  # the same on every rank
-    table_mem: dict[int, MemoryBreakdown] = {}
+    # per rank: params, grads, optimizer, activations, workspace of its table shards
+    table_mem = np.zeros((world, len(astuple(MemoryBreakdown()))))
+    holds = np.zeros(world, dtype=bool)
     dp_mem = MemoryBreakdown()
     for t in tables:
         if t.sharding == "data_parallel":
             dp_mem = dp_mem + table_memory(t, 0, world, opts)
             continue
-        for r in set(t.ranks):
-            if r < world:
-                table_mem[r] = table_mem.get(r, MemoryBreakdown()) + table_memory(t, r, world,
-                                                                                 opts)
+        holders = _holders(t, world)
+        if holders.size:
+            shard = shard_memory(t, *shard_shape(t), world, opts)
+            table_mem[holders] += astuple(shard)
+            holds[holders] = True
     base = base + dp_mem
     per_rank = []
     for r in range(world):
-        mem = base + table_mem[r] if r in table_mem else base
+        mem = base + MemoryBreakdown(*map(float, table_mem[r])) if holds[r] else base
         per_rank.append(RankStats(
             rank=r,
             memory_bytes=mem.total,

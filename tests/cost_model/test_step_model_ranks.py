@@ -1,0 +1,159 @@
+"""predict_step prices each table once and adds it to its holders: the same numbers as a
+per-rank loop over every rank, in time linear in the ranks (not quadratic)."""
+
+from __future__ import annotations
+
+import pytest
+from gemc.cost_model.memory import MemoryBreakdown, rank_memory, table_memory, table_shard
+from gemc.cost_model.step_model import (
+    _a2a_sends,
+    _dtype,
+    _embedding_cost,
+    _table_work,
+    predict_step,
+)
+from gemc.cost_model.topology import parse_topology
+from gemc.cost_model.types import RegionCost, StepOptions, TableCost
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+
+def small_case() -> tuple[list[RegionCost], list[TableCost]]:
+    """Every sharding, a rank listed twice, a rank past the world, unpooled lookups."""
+    T = TableCost
+    tables = [
+        T("pooled_rw", rows=1_000_000, dim=64, nnz=40_960, batch=2048, sharding="row_wise",
+          ranks=tuple(range(8))),
+        T("pooled_trw", rows=500_000, dim=128, nnz=20_480, batch=2048,
+          sharding="table_row_wise", ranks=(4, 5, 6, 7)),
+        T("grid", rows=2_000_000, dim=128, nnz=8192, batch=2048, sharding="grid",
+          ranks=tuple(range(8)), dtype_bytes=2),
+        T("cw", rows=300_000, dim=256, nnz=4096, batch=2048, sharding="column_wise",
+          ranks=(1, 3)),
+        T("cw_twice_on_2", rows=300_000, dim=64, nnz=4096, batch=2048,
+          sharding="column_wise", ranks=(2, 2)),
+        T("tw", rows=50_000, dim=64, nnz=2048, batch=2048, sharding="table_wise", ranks=(5,)),
+        T("rw_past_world", rows=100_000, dim=32, nnz=2048, batch=2048, sharding="row_wise",
+          ranks=(0, 1, 9)),
+        T("dp", rows=1000, dim=16, nnz=2048, batch=2048, sharding="data_parallel",
+          ranks=tuple(range(8))),
+        T("seq_tw", rows=200_000, dim=128, nnz=65_536, batch=65_536, sharding="table_wise",
+          ranks=(2,), pooled=False),
+        T("seq_cw", rows=200_000, dim=128, nnz=65_536, batch=65_536, sharding="column_wise",
+          ranks=(6, 7), pooled=False),
+    ]
+    regions = [RegionCost("mlp", 50_000_000, 2e11, 0.004, "fsdp", activation_bytes=10**9),
+               RegionCost("head", 1_000_000, 1e10, 0.001, "ddp")]
+    return regions, tables
+
+
+def test_small_case_is_pinned() -> None:
+    """Values computed by the per-rank (quadratic) predict_step before it went linear."""
+    regions, tables = small_case()
+    p = predict_step(regions, tables, parse_topology("h200:2x4"))
+    assert p.step_s == pytest.approx(0.009155250899573171, rel=1e-12)
+    assert p.breakdown["all_to_all"] == pytest.approx(0.0014198144927536232, rel=1e-12)
+    sparse = [0.00011782369049135814, 0.0002290847705552861, 0.0011606063705876628,
+              0.00021305877431283539, 0.00022688603910505013, 0.0002626617664156805,
+              0.0007477970089331033, 0.0007477970089331033]
+    memory = [3038439082.6666665, 3516016298.6666665, 3984909994.6666665,
+              3499021994.6666665, 3230221994.6666665, 3277010602.6666665,
+              3652257450.666667, 3652257450.666667]
+    assert [r.sparse_compute_s for r in p.per_rank] == pytest.approx(sparse, rel=1e-12)
+    assert [r.memory_bytes for r in p.per_rank] == pytest.approx(memory, rel=1e-12)
+
+
+# ---- a straightforward reference: ask every rank about every table ------------------------
+def reference_per_rank(regions, tables, topo, calibration, opts):
+    """(sparse seconds, memory dicts, all-to-all sends) per rank, by the obvious loops."""
+    world, gpu = topo.world_size, topo.gpu
+    sparse = [0.0] * world
+    sends = [0.0] * world
+    table_mem: dict[int, MemoryBreakdown] = {}
+    dp_mem = MemoryBreakdown()
+    for t in tables:
+        dtype = _dtype(t.dtype_bytes)
+        if t.sharding == "data_parallel":
+            c = _embedding_cost(t.rows, t.dim, t.nnz, t.batch, dtype, gpu, calibration, None,
+                                True)
+            sparse = [s + c for s in sparse]
+            dp_mem = dp_mem + table_memory(t, 0, world, opts)
+            continue
+        for r in range(world):
+            if r not in t.ranks:
+                continue
+            rows, dim, lookups = _table_work(t, r, world)
+            sparse[r] += _embedding_cost(max(1, int(rows)), max(1, int(dim)), int(lookups),
+                                         world * t.batch, dtype, gpu, calibration,
+                                         opts.table_optimizer, False)
+            table_mem[r] = table_mem.get(r, MemoryBreakdown()) + table_memory(t, r, world,
+                                                                             opts)
+        for r in t.ranks:  # a rank listed twice sends twice
+            if r < world:
+                rows, dim = table_shard(t, r)
+                sends[r] += (world - 1) * t.batch * dim * t.dtype_bytes * t.output_share(rows)
+    base = rank_memory(regions, (), 0, world, opts) + dp_mem
+    memory = [(base + table_mem[r] if r in table_mem else base).to_dict() for r in range(world)]
+    return sparse, memory, sends
+
+
+rank_sets = st.sampled_from([(0,), (5,), (0, 1, 2, 3), tuple(range(8)), tuple(range(16)),
+                             (1, 1, 3), (6, 7, 8, 9), (2, 20)])
+tables_st = st.lists(st.builds(
+    TableCost, fqn=st.just("t"), rows=st.integers(1, 10**8),
+    dim=st.sampled_from([16, 64, 128]), nnz=st.integers(0, 10**6), batch=st.integers(1, 8192),
+    sharding=st.sampled_from(["data_parallel", "table_wise", "row_wise", "column_wise",
+                              "table_row_wise", "grid"]),
+    ranks=rank_sets, dtype_bytes=st.sampled_from([2, 4]), pooled=st.booleans()), max_size=8)
+
+
+@settings(max_examples=60, deadline=None)
+@given(tables_st, st.sampled_from(["h200:2x4", "h200:2x8", "h100:1x8"]), st.booleans(),
+       st.sampled_from(["adamw", "rowwise_adagrad"]))
+def test_per_table_pricing_equals_per_rank_loop(calibration, tables, spec, calibrated,
+                                                optimizer) -> None:
+    topo = parse_topology(spec)
+    calibration = calibration if calibrated else None
+    opts = StepOptions(table_optimizer=optimizer)
+    regions = [RegionCost("r", 10**7, 1e11, 0.002, "fsdp", activation_bytes=10**8)]
+    p = predict_step(regions, tables, topo, calibration=calibration, options=opts)
+    sparse, memory, sends = reference_per_rank(regions, tables, topo, calibration, opts)
+    assert [r.sparse_compute_s for r in p.per_rank] == sparse
+    assert [r.memory for r in p.per_rank] == memory
+    assert list(_a2a_sends(tables, topo.world_size)[0]) == sends
+
+
+# ---- scaling: count how often rank lists are read, no clocks ------------------------------
+class CountingRanks(tuple):
+    """A rank tuple that counts the elements read from it (a membership test is a scan)."""
+
+    reads = 0
+
+    def __iter__(self):
+        for r in super().__iter__():
+            CountingRanks.reads += 1
+            yield r
+
+    def __contains__(self, rank: object) -> bool:
+        CountingRanks.reads += len(self)
+        return super().__contains__(rank)
+
+
+def rank_reads(hosts: int, n_tables: int) -> int:
+    topo = parse_topology(f"h200:{hosts}x8")
+    world = topo.world_size
+    tables = [TableCost(f"t{i}", rows=10**7 + i, dim=128, nnz=81_920, batch=4096,
+                        sharding=sharding, ranks=CountingRanks(range(world)), pooled=i % 2 == 0)
+              for i in range(n_tables)
+              for sharding in ("row_wise", "grid", "table_row_wise")]
+    CountingRanks.reads = 0
+    predict_step([RegionCost("r", 10**8, 1e12, 0.01, "fsdp")], tables, topo)
+    return CountingRanks.reads
+
+
+def test_rank_list_reads_grow_linearly_with_ranks() -> None:
+    small, large = rank_reads(4, 5), rank_reads(32, 5)  # 32 and 256 ranks, 15 tables
+    tables = 15
+    # a constant number of passes over each table's ranks, not one per rank
+    assert large <= 8 * tables * 256
+    assert large <= 8 * 1.5 * small  # 8x the ranks: ~8x the reads (was ~64x)
