@@ -12,7 +12,10 @@ Groups, formed greedily in this order (earlier kinds take the nodes they can use
    (bias is part of the linear; activation GELU/SiLU/ReLU/..., residual add, scale,
    cast); kept only with at least one epilogue op.
 2. ``norm``: a LayerNorm over the last dim with the pointwise ops producing its input
-   (e.g. the residual add, stored as a second output) and consuming its output.
+   (e.g. the residual add, stored as a second output) and consuming its output; kept
+   even alone (the residual add often went to the preceding GEMM's epilogue), since the
+   generated kernel writes its output in the dtype its consumer reads (the runner narrows
+   a LayerNorm feeding only GEMMs to the autocast dtype) where ATen's writes fp32.
 3. ``reduction``: a sum/mean over dim -2 with the pointwise ops producing its input.
 4. ``pointwise``: the remaining chains of two or more pointwise ops.
 
@@ -209,7 +212,7 @@ def form_groups(gm: fx.GraphModule, kinds: tuple[str, ...], max_outputs: int) ->
             shape = ir.shape_of(node.args[0]) if kind == "reduction" else ir.shape_of(node)
             group = _Group(kind, node, {node}, tuple(shape))
             g.grow(group, **how)
-            if _epilogue_ops(list(group.members)) >= 1:
+            if kind == "norm" or _epilogue_ops(list(group.members)) >= 1:
                 g.commit(group)
                 groups.append(group)
     if "pointwise" in kinds:
@@ -269,10 +272,18 @@ def _price(kind: str, members: list[fx.Node], outputs: list[fx.Node], ctx: PassC
 
         fwd = gemm(in_bytes + out_bytes + z)
         bwd = gemm(out_bytes + z + in_bytes) + gemm(out_bytes + z + float_in)
+    elif kind == "norm":
+        # the backward moves the inputs again, the outputs' gradients and the inputs'
+        # gradients; the norm_bwd curve is measured on op_cost's axis for a LayerNorm (2x
+        # the forward's bytes), where the ATen op is priced. Fewer bytes than that axis
+        # never cost more (the measured curve is not monotone everywhere): so a lone
+        # LayerNorm is priced at most as the ATen op less its second launch
+        fwd, _ = op_cost.memory_time(in_bytes + out_bytes, gpu, calib, "norm_fwd", dtype=dtype)
+        bwd = min(op_cost.memory_time(nbytes, gpu, calib, "norm_bwd", dtype=dtype)[0]
+                  for nbytes in (in_bytes + out_bytes + float_in, 2.0 * (in_bytes + out_bytes)))
     else:
-        curve = ("norm_fwd", "norm_bwd") if kind == "norm" else ("pointwise", "pointwise")
-        fwd, _ = op_cost.memory_time(in_bytes + out_bytes, gpu, calib, curve[0])
-        bwd, _ = op_cost.memory_time(in_bytes + out_bytes + float_in, gpu, calib, curve[1])
+        fwd, _ = op_cost.memory_time(in_bytes + out_bytes, gpu, calib, "pointwise")
+        bwd, _ = op_cost.memory_time(in_bytes + out_bytes + float_in, gpu, calib, "pointwise")
     return {"before_ms": round(before, 6), "after_ms": round(1e3 * (fwd + bwd), 6)}
 
 
