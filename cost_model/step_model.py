@@ -36,7 +36,6 @@ from .memory import (
     shard_memory,
     shard_shape,
     table_memory,
-    table_shard,
 )
 from .op_cost import embedding_time, optimizer_time
 from .topology import Topology
@@ -56,19 +55,38 @@ def _dtype(elt: int) -> str:
     return {1: "fp8", 2: "bf16"}.get(elt, "fp32")
 
 
-def _table_work(t: TableCost, rank: int, world: int) -> tuple[float, float, float]:
-    """(rows, dim, lookups) of the shard a rank computes, bags = world x batch unless DP."""
-    return _shard_work(t, *table_shard(t, rank), world)
+def shard_work(t: TableCost, rows: float, dim: float,
+               world: int) -> tuple[float, float, float, float]:
+    """(rows, dim, lookups, bags) of the lookup a shard of ``rows`` x ``dim`` computes.
 
-
-def _shard_work(t: TableCost, rows: float, dim: float, world: int) -> tuple[float, float, float]:
-    """(rows, dim, lookups) of a shard of ``rows`` x ``dim`` of the table."""
+    A data-parallel table looks up its rank's local batch. A sharded one serves the
+    world's batch: a row shard sees only the ids in its row range (``rows / t.rows`` of
+    them). Pooled, it still writes a partial sum for every bag of the world; unpooled, each
+    id is its own output row, so it writes (and gets gradients for) only the rows of the
+    ids it owns -- the same ``output_share`` that sizes its all-to-all and activations."""
     if rows == 0:
-        return 0.0, 0.0, 0.0
+        return 0.0, 0.0, 0.0, 0.0
     if t.sharding == "data_parallel":
-        return rows, dim, float(t.nnz)
+        return rows, dim, float(t.nnz), float(t.batch)
     share = rows / t.rows  # row-sharded shards see their share of the ids
-    return rows, dim, world * t.nnz * share
+    return rows, dim, world * t.nnz * share, world * t.batch * t.output_share(rows)
+
+
+def shard_compute_s(t: TableCost, rows: float, dim: float, world: int, gpu: GPUSpec,
+                    calibration: Calibration | None, optimizer: str | None) -> float:
+    """Forward + backward seconds of the lookup of a shard of ``rows`` x ``dim`` (0 for
+    none): a fused TBE-style backward applying ``optimizer`` to the touched rows, or for a
+    data-parallel table eager's dense gradient (its optimizer is priced with the dense
+    parameters'). The one embedding price of predict_step and of the solver."""
+    rows, dim, lookups, bags = shard_work(t, rows, dim, world)
+    if rows == 0:
+        return 0.0
+    dtype = _dtype(t.dtype_bytes)
+    if t.sharding == "data_parallel":
+        return _embedding_cost(t.rows, t.dim, t.nnz, t.batch, dtype, gpu, calibration, None,
+                               True)
+    return _embedding_cost(max(1, int(rows)), max(1, int(dim)), int(lookups), int(bags), dtype,
+                           gpu, calibration, optimizer, False)
 
 
 def _holders(t: TableCost, world: int) -> np.ndarray:
@@ -159,19 +177,15 @@ def predict_step(
     dp_table_numel = 0.0
     dp_table_grad_bytes = 0.0
     for t in tables:
-        dtype = _dtype(t.dtype_bytes)
         if t.sharding == "data_parallel":
-            sparse += _embedding_cost(t.rows, t.dim, t.nnz, t.batch, dtype, gpu, calibration,
-                                      None, True)
+            sparse += shard_compute_s(t, *shard_shape(t), world, gpu, calibration, None)
             dp_table_numel += t.rows * t.dim
             dp_table_grad_bytes += t.rows * t.dim * t.dtype_bytes
             continue
         holders = _holders(t, world)
         if holders.size:  # every holder's shard is the same: price it once
-            rows, dim, lookups = _shard_work(t, *shard_shape(t), world)
-            sparse[holders] += _embedding_cost(max(1, int(rows)), max(1, int(dim)),
-                                               int(lookups), world * t.batch, dtype, gpu,
-                                               calibration, opts.table_optimizer, False)
+            sparse[holders] += shard_compute_s(t, *shard_shape(t), world, gpu, calibration,
+                                               opts.table_optimizer)
     out_sends, id_sends = _a2a_sends(tables, world)
     a2a = 0.0
     input_dist = 0.0

@@ -33,10 +33,9 @@ from gemc.cost_model.collectives import DEFAULT_EFFICIENCY
 from gemc.cost_model.kernels import INDEX_BYTES
 from gemc.cost_model.memory import region_memory, shard_degree, table_memory, table_shard
 
-# The step model's per-shard embedding pricing and per-region collectives; private there,
-# used here so the solver prices exactly what predict_step will (see the report: these
-# two should become public names of cost_model.step_model).
-from gemc.cost_model.step_model import _dense_comm, _dtype, _embedding_cost, _table_work
+# The step model's per-shard embedding price and per-region collectives, used here so the
+# solver prices exactly what predict_step will (_dense_comm should become public too).
+from gemc.cost_model.step_model import _dense_comm, shard_compute_s
 from gemc.cost_model.types import RegionCost, TableCost
 
 from .problem import DenseChoice, Problem, TableChoice
@@ -172,19 +171,16 @@ def table_option(problem: Problem, t: TableCost, sharding: str, ranks: int,
     local = topo.gpus_per_host
     rep = replace(t, sharding=sharding, ranks=tuple(range(ranks)))
     mem = table_memory(rep, 0, world, opts).total
-    dtype = _dtype(t.dtype_bytes)
     gpu = topo.gpu
+    shard_rows, shard_dim = table_shard(rep, 0)
     if sharding == "data_parallel":
-        compute = _embedding_cost(t.rows, t.dim, t.nnz, t.batch, dtype, gpu, problem.calibration,
-                                  None, True)
+        compute = shard_compute_s(rep, shard_rows, shard_dim, world, gpu, problem.calibration,
+                                  None)
         return TableOption(sharding, world, 1, world, True, None, compute, mem, 0.0, 0.0,
                            dp_grad_bytes=float(t.rows * t.dim * t.dtype_bytes),
                            dp_numel=float(t.rows * t.dim))
-    rows, dim, lookups = _table_work(rep, 0, world)
-    compute = _embedding_cost(max(1, int(rows)), max(1, int(dim)), int(lookups),
-                              world * t.batch, dtype, gpu, problem.calibration,
-                              opts.table_optimizer, False)
-    shard_rows, shard_dim = table_shard(rep, 0)
+    compute = shard_compute_s(rep, shard_rows, shard_dim, world, gpu, problem.calibration,
+                              opts.table_optimizer)
     out = (world - 1) * t.batch * shard_dim * t.dtype_bytes * rep.output_share(shard_rows)
     ids = (t.nnz * INDEX_BYTES + t.batch * 4) * (1 - 1 / max(world, 1))
     if sharding == "table_wise":

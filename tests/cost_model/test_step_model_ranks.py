@@ -5,13 +5,7 @@ from __future__ import annotations
 
 import pytest
 from gemc.cost_model.memory import MemoryBreakdown, rank_memory, table_memory, table_shard
-from gemc.cost_model.step_model import (
-    _a2a_sends,
-    _dtype,
-    _embedding_cost,
-    _table_work,
-    predict_step,
-)
+from gemc.cost_model.step_model import _a2a_sends, predict_step, shard_compute_s
 from gemc.cost_model.topology import parse_topology
 from gemc.cost_model.types import RegionCost, StepOptions, TableCost
 from hypothesis import given, settings
@@ -72,20 +66,16 @@ def reference_per_rank(regions, tables, topo, calibration, opts):
     table_mem: dict[int, MemoryBreakdown] = {}
     dp_mem = MemoryBreakdown()
     for t in tables:
-        dtype = _dtype(t.dtype_bytes)
         if t.sharding == "data_parallel":
-            c = _embedding_cost(t.rows, t.dim, t.nnz, t.batch, dtype, gpu, calibration, None,
-                                True)
+            c = shard_compute_s(t, *table_shard(t, 0), world, gpu, calibration, None)
             sparse = [s + c for s in sparse]
             dp_mem = dp_mem + table_memory(t, 0, world, opts)
             continue
         for r in range(world):
             if r not in t.ranks:
                 continue
-            rows, dim, lookups = _table_work(t, r, world)
-            sparse[r] += _embedding_cost(max(1, int(rows)), max(1, int(dim)), int(lookups),
-                                         world * t.batch, dtype, gpu, calibration,
-                                         opts.table_optimizer, False)
+            sparse[r] += shard_compute_s(t, *table_shard(t, r), world, gpu, calibration,
+                                         opts.table_optimizer)
             table_mem[r] = table_mem.get(r, MemoryBreakdown()) + table_memory(t, r, world,
                                                                              opts)
         for r in t.ranks:  # a rank listed twice sends twice
