@@ -67,6 +67,14 @@ def _norm_residual(x, r, w, b, m):
     return h, F.layer_norm(h, (h.shape[-1],), w, b, 1e-5) * m
 
 
+def _norm_alone(x, w, b):
+    return F.layer_norm(x, (x.shape[-1],), w, b, 1e-5)
+
+
+def _norm_plain(x):
+    return F.layer_norm(x, (x.shape[-1],))
+
+
 def _pointwise(a, b, c):
     return torch.sigmoid(a * b) + (a + c).exp().clamp(max=3.0) - a * a / (1.5 + torch.tanh(a))
 
@@ -100,6 +108,9 @@ CASES = [
     Case("norm_residual", _norm_residual,
          lambda d: [_blk(d), _blk(d), (d["N"],), (d["N"],), (d["B"], d["L"], 1)],
          "norm", lambda d: [_blk(d)]),
+    Case("norm_alone", _norm_alone, lambda d: [_blk(d), (d["N"],), (d["N"],)],
+         "norm", lambda d: [_blk(d)]),
+    Case("norm_plain", _norm_plain, lambda d: [_blk(d)], "norm", lambda d: [_blk(d)]),
     Case("pointwise", _pointwise,
          lambda d: [_blk(d), (d["N"],), (d["B"], 1, d["N"])],
          "pointwise", lambda d: [_blk(d)]),
@@ -191,7 +202,7 @@ def test_generated_kernel_matches_eager(name: str, dims: Dims) -> None:
     run_case(name, dims)
 
 
-@pytest.mark.parametrize("name", ["gemm_gelu_residual", "norm_residual"])
+@pytest.mark.parametrize("name", ["gemm_gelu_residual", "norm_residual", "norm_alone"])
 def test_bf16(name: str) -> None:
     run_case(name, {"B": 2, "L": 5, "K": 24, "N": 40}, torch.bfloat16)
 
@@ -227,7 +238,8 @@ def test_sources_reference_no_plain_globals() -> None:
             assert not loads & module_names, (case.name, fn.name, loads & module_names)
 
 
-@pytest.mark.parametrize("name", ["gemm_gelu_residual", "norm_residual", "pointwise"])
+@pytest.mark.parametrize("name", ["gemm_gelu_residual", "norm_residual", "norm_alone",
+                                  "pointwise"])
 def test_autocast_mixed_dtypes_follow_eager(name: str) -> None:
     """Under autocast a group sees bf16 activations next to fp32 parameters (the runner's
     graph mode): the GEMM runs in bf16 like F.linear, outputs take eager's promoted dtype,

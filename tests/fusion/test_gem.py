@@ -60,6 +60,21 @@ def test_gem_tiny_with_all_kernels_matches_eager():
         torch.testing.assert_close(runner.table_weights(k), weight, atol=1e-6, rtol=1e-5, msg=k)
 
 
+def test_every_layer_norm_runs_as_a_generated_norm_kernel():
+    """Also the LayerNorms whose residual add went to the preceding GEMM's epilogue (alone
+    in their group), priced no slower than the ATen op they replace."""
+    gm, ctx, _ = compiled(GEM, ARGS)
+    group_of = {n: e for e in entries_of(gm, ctx) for n in e["nodes"]}
+    norms = [n.name for n in gm.graph.nodes if n.target is torch.ops.aten.layer_norm.default]
+    assert len(norms) >= 4 * 2  # four per InterFormer block, two blocks at least
+    assert all(group_of[n]["kind"] == "norm" for n in norms), \
+        [(n, group_of.get(n, {}).get("kind")) for n in norms]
+    alone = [group_of[n] for n in norms if group_of[n]["nodes"] == [n]]
+    assert alone
+    for e in alone:
+        assert 0 < e["predicted"]["after_ms"] <= e["predicted"]["before_ms"], e["name"]
+
+
 def test_plan_lists_self_contained_kernels_and_dumps_sources(tmp_path):
     from gemc.api import compile as gemc_compile
 
