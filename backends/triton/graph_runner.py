@@ -17,6 +17,15 @@ and every other node as its ATen op. Groups are placed in a topological order of
 condensed graph, so a group whose nodes were interleaved with others in the capture still
 sees all its inputs. The runner needs only the graph and the entries, nothing of the
 compiler's state.
+
+Under autocast (dtype D on the inputs' device), a fused group's output whose only uses are
+as the input ``x`` of GEMMs (a ``gemm_epilogue`` group's linear, or a plain
+``aten.linear``) is written directly in D: those GEMMs cast it to D anyway, so this is the
+rounding eager autocast does, minus a pass over memory (e.g. a LayerNorm's fp32 output
+under CUDA autocast, read back and written in bf16 by the cast). The gradient reaching the
+group is then D, as eager's is before the cast's backward widens it; the group's inputs'
+gradients still come back in their own dtypes. An output with any other use (a residual
+operand, a view, the graph's output) keeps eager's dtype.
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ from .codegen.spec import sha256
 __all__ = ["GraphRunner"]
 
 _SKIP = {torch.ops.aten._assert_tensor_metadata.default}
+_LINEAR = torch.ops.aten.linear.default
 
 
 def _param_fqn(node: fx.Node) -> str | None:
@@ -47,11 +57,13 @@ class GraphRunner:
     ``params``: tensors by FQN for the graph's parameter and buffer placeholders (pass the
     model's own parameters to have gradients land on them). ``kinds``: restrict which
     entry kinds are substituted (the rest run as the ATen ops they replace).
+    ``narrow``: under autocast, write outputs only GEMMs read in the autocast dtype (see
+    the module doc); False keeps eager's dtypes everywhere.
     """
 
     def __init__(self, gm: fx.GraphModule, entries: Sequence[dict[str, Any]],
                  params: Mapping[str, torch.Tensor], *, device: torch.device | str = "cpu",
-                 kinds: Sequence[str] | None = None) -> None:
+                 kinds: Sequence[str] | None = None, narrow: bool = True) -> None:
         self.gm = gm
         self.device = torch.device(device)
         self.params = params
@@ -72,6 +84,10 @@ class GraphRunner:
             self.units.append(unit)
             for n in unit["nodes"]:
                 self.unit_of[n] = index
+        for unit in self.units:  # needs every unit known: the uses may be later groups
+            if "run" in unit:
+                unit["narrow"] = [narrow and self._only_gemm_input(by_name[name])
+                                  for name in unit["entry"]["binding"]["outputs"]]
         self.order = self._schedule()
 
     # -- setup ------------------------------------------------------------------------------
@@ -97,6 +113,35 @@ class GraphRunner:
             for dst, table in zip(module.split_weights(), entry["tables"]):
                 dst.copy_(self.params[table["fqn"]].detach())
         return module
+
+    def _only_gemm_input(self, node: fx.Node) -> bool:
+        """Whether every use of ``node`` is as a GEMM's input ``x`` and nothing else there
+        (not its weight or bias, not an epilogue operand of its group)."""
+        if not node.users:
+            return False
+        for user in node.users:
+            if user in self.unit_of:
+                entry = self.units[self.unit_of[user]]["entry"]
+                if entry["kind"] != "gemm_epilogue" or "structure" not in entry:
+                    return False
+                st = entry["structure"]
+                linear = st["ops"][0]
+                if linear["op"] != "linear":
+                    return False
+                ix = linear["args"][0][1]
+                if [i for i, n in enumerate(entry["binding"]["inputs"]) if n == node.name] \
+                        != [ix]:
+                    return False
+                refs = [ref for op in st["ops"] for ref in op["args"]
+                        if ref is not None and list(ref) == ["i", ix]]
+                if len(refs) != 1 or any(slot["input"] == ix for slot in st["slots"]):
+                    return False
+            elif user.op == "call_function" and user.target is _LINEAR:
+                if user.args[0] is not node or node in (*user.args[1:], *user.kwargs.values()):
+                    return False
+            else:
+                return False
+        return True
 
     def _schedule(self) -> list[Any]:
         """Nodes and units in a topological order of the condensed graph (stable)."""
@@ -164,7 +209,9 @@ class GraphRunner:
         by_name = self.by_name
         if "structure" in entry:
             binding = entry["binding"]
-            outs = unit["run"](*(env[by_name[n]] for n in binding["inputs"]))
+            inputs = [env[by_name[n]] for n in binding["inputs"]]
+            dtypes = self._narrowed(unit["narrow"], inputs)
+            outs = unit["run"](*inputs, out_dtypes=dtypes)
             for name, value in zip(binding["outputs"], outs):
                 env[by_name[name]] = value
         elif entry["kind"] == "jagged_attention":
@@ -174,6 +221,17 @@ class GraphRunner:
             self._embeddings(entry, env, by_name)
         else:
             raise ValueError(f"unknown kernel kind {entry['kind']!r}")
+
+    @staticmethod
+    def _narrowed(narrow: list[bool], inputs: Sequence[Any]) -> list[torch.dtype | None] | None:
+        """Per output, the autocast dtype where the output may be written in it, else None."""
+        if not any(narrow):
+            return None
+        dev = next((t.device.type for t in inputs if isinstance(t, torch.Tensor)), None)
+        if dev is None or not torch.is_autocast_enabled(dev):
+            return None
+        dt = torch.get_autocast_dtype(dev)
+        return [dt if f else None for f in narrow]
 
     def _jagged_attention(self, entry: dict[str, Any], env: dict[fx.Node, Any],
                           by_name: dict[str, fx.Node]) -> torch.Tensor:

@@ -133,3 +133,34 @@ def build_padded_bag() -> ModelSpec:
     example = (torch.tensor([1, 2, 0]), torch.tensor([0, 2, 3]), torch.zeros(2))
     return ModelSpec(model=PaddedBag(), example_inputs=example,
                      make_batch=lambda step, device="cpu": example)
+
+
+class PreNorm(nn.Module):
+    """Residual blocks whose residual adds go to the GEMMs' epilogues, leaving the
+    LayerNorms alone: ``norm`` feeds only a GEMM group's input (its output may be written in
+    the autocast dtype), ``norm0`` feeds a GEMM and another GEMM's residual add (it may
+    not); the last GEMM group's output feeds only a plain ``linear`` (the head)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm0 = nn.LayerNorm(D)
+        self.mix = nn.Linear(D, D)
+        self.norm = nn.LayerNorm(D)
+        self.fc1 = nn.Linear(D, 2 * D)
+        self.fc2 = nn.Linear(2 * D, D)
+        self.head = nn.Linear(D, 1)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        n0 = self.norm0(x)
+        h = x + self.mix(n0)
+        y = n0 + self.fc2(F.gelu(self.fc1(self.norm(h))))
+        return F.mse_loss(self.head(y).squeeze(-1).float(), labels)
+
+
+def build_prenorm() -> ModelSpec:
+    def batch(step: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, ...]:
+        gen = torch.Generator().manual_seed(step)
+        return (torch.randn(4, L, D, generator=gen).to(device),
+                torch.randn(4, L, generator=gen).to(device))
+
+    return ModelSpec(model=PreNorm(), example_inputs=batch(0), make_batch=batch)

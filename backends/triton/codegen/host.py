@@ -126,7 +126,8 @@ class _Impl:
                 args[f"c{q}_d{d}"] = shape[d]
         return args
 
-    def out_dtypes(self, inputs: Sequence[torch.Tensor]) -> list[torch.dtype]:
+    def out_dtypes(self, inputs: Sequence[torch.Tensor],
+                   override: Sequence[torch.dtype | None] | None = None) -> list[torch.dtype]:
         """Output dtypes for these inputs, as eager PyTorch would give them.
 
         The binding holds the dtypes of the capture (fp32 inputs); under autocast the same
@@ -135,6 +136,10 @@ class _Impl:
         refuses an fp32 operand). So the dtypes flow through the ops: type promotion,
         ``linear`` in the autocast dtype, ``layer_norm`` as autocast runs it, ``cast``
         to its target. Non-float outputs keep their binding dtype.
+
+        ``override``: per output, a dtype to write a float output in instead (None: as
+        eager), e.g. the autocast dtype for an output only a GEMM reads, which would cast
+        it to that dtype anyway (see :class:`~..graph_runner.GraphRunner`).
         """
         auto = _autocast_dtype(inputs[0])
         slot_dt = [inputs[slot["input"]].dtype for slot in self.st["slots"]]
@@ -162,11 +167,17 @@ class _Impl:
                 for dt in dts[1:]:
                     out = torch.promote_types(out, dt)
                 values.append(out)
-        return [values[k] if self.dtypes[j].is_floating_point else self.dtypes[j]
-                for j, k in enumerate(self.st["outputs"])]
+        out = [values[k] if self.dtypes[j].is_floating_point else self.dtypes[j]
+               for j, k in enumerate(self.st["outputs"])]
+        if override is not None:
+            out = [o if o is not None and dt.is_floating_point else dt
+                   for dt, o in zip(out, override, strict=True)]
+        return out
 
-    def alloc_outputs(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        dtypes = self.out_dtypes(inputs)
+    def alloc_outputs(self, inputs: Sequence[torch.Tensor],
+                      override: Sequence[torch.dtype | None] | None = None
+                      ) -> list[torch.Tensor]:
+        dtypes = self.out_dtypes(inputs, override)
         return [torch.empty(self.shapes[k], dtype=dtypes[j], device=inputs[0].device)
                 for j, k in enumerate(self.st["outputs"])]
 
@@ -232,8 +243,10 @@ class _Pointwise(_Impl):
     def block_n(self, n: int) -> int:
         return min(next_pow2(n, 16), 256)
 
-    def forward(self, inputs: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], list]:
-        outs = self.alloc_outputs(inputs)
+    def forward(self, inputs: Sequence[torch.Tensor],
+                out_dtypes: Sequence[torch.dtype | None] | None = None
+                ) -> tuple[list[torch.Tensor], list]:
+        outs = self.alloc_outputs(inputs, out_dtypes)
         m, n = _mn(self.shapes[self.st["outputs"][0]])
         if m * n:
             bn = self.block_n(n)
@@ -269,8 +282,10 @@ class _Norm(_Impl):
         bn = next_pow2(n, 16)
         return max(1, min(64, (8192 if INTERPRETED else 2048) // bn)), bn
 
-    def forward(self, inputs: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], list]:
-        outs = self.alloc_outputs(inputs)
+    def forward(self, inputs: Sequence[torch.Tensor],
+                out_dtypes: Sequence[torch.dtype | None] | None = None
+                ) -> tuple[list[torch.Tensor], list]:
+        outs = self.alloc_outputs(inputs, out_dtypes)
         m, n = _mn(self.shapes[self.st["outputs"][0]])
         if m * n:
             bm, bn = self.blocks(n)
@@ -305,8 +320,10 @@ class _Reduction(_Impl):
         self.r, self.n = int(shape[-2]), int(shape[-1])
         self.a = math.prod(int(s) for s in shape[:-2])
 
-    def forward(self, inputs: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], list]:
-        outs = self.alloc_outputs(inputs)
+    def forward(self, inputs: Sequence[torch.Tensor],
+                out_dtypes: Sequence[torch.dtype | None] | None = None
+                ) -> tuple[list[torch.Tensor], list]:
+        outs = self.alloc_outputs(inputs, out_dtypes)
         if self.a * self.n:
             if self.r == 0:
                 outs[self.st["outputs"].index(self.red)].zero_()
@@ -419,13 +436,15 @@ class _Gemm(_Impl):
 
     # -- forward --------------------------------------------------------------------------
 
-    def forward(self, inputs: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], list]:
+    def forward(self, inputs: Sequence[torch.Tensor],
+                out_dtypes: Sequence[torch.dtype | None] | None = None
+                ) -> tuple[list[torch.Tensor], list]:
         x, w = inputs[self.ix], inputs[self.iw]
         k = x.shape[-1]
         m, n = x.numel() // max(k, 1), w.shape[0]
         outs, z = self._pick("fwd", (m, n, k, x.dtype),
-                             lambda: self._forward_fused(inputs),
-                             lambda: self._forward_library(inputs))
+                             lambda: self._forward_fused(inputs, out_dtypes),
+                             lambda: self._forward_library(inputs, out_dtypes))
         saved = list(inputs) + ([z] if self.save_z else [])
         return outs, saved
 
@@ -436,11 +455,12 @@ class _Gemm(_Impl):
             return torch.empty(self.shapes[0], dtype=x.dtype, device=x.device)
         return None
 
-    def _forward_fused(self, inputs: Sequence[torch.Tensor]
+    def _forward_fused(self, inputs: Sequence[torch.Tensor],
+                       out_dtypes: Sequence[torch.dtype | None] | None = None
                        ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
         x, w = inputs[self.ix], inputs[self.iw]
         b = inputs[self.ib] if self.ib is not None else None
-        outs = self.alloc_outputs(inputs)
+        outs = self.alloc_outputs(inputs, out_dtypes)
         k = x.shape[-1]
         x2 = x.reshape(-1, k)
         m, n = x2.shape[0], w.shape[0]
@@ -459,11 +479,12 @@ class _Gemm(_Impl):
         z = outs[self.st["outputs"].index(0)] if self.z_out else zs
         return outs, z
 
-    def _forward_library(self, inputs: Sequence[torch.Tensor]
+    def _forward_library(self, inputs: Sequence[torch.Tensor],
+                         out_dtypes: Sequence[torch.dtype | None] | None = None
                          ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
         x, w = inputs[self.ix], inputs[self.iw]
         b = inputs[self.ib] if self.ib is not None else None
-        outs = self.alloc_outputs(inputs)
+        outs = self.alloc_outputs(inputs, out_dtypes)
         k = x.shape[-1]
         x2 = x.reshape(-1, k)
         m, n = x2.shape[0], w.shape[0]
@@ -673,34 +694,38 @@ class _Fused(torch.autograd.Function):
     """One fusion group: generated forward, generated backward, inputs saved."""
 
     @staticmethod
-    def forward(ctx, impl, *inputs):  # type: ignore[override]
-        outs, saved = impl.forward(inputs)
+    def forward(ctx, impl, out_dtypes, *inputs):  # type: ignore[override]
+        outs, saved = impl.forward(inputs, out_dtypes)
         ctx.impl = impl
         ctx.save_for_backward(*saved)
         return tuple(outs)
 
     @staticmethod
     def backward(ctx, *grads):  # type: ignore[override]
-        grads_in = ctx.impl.backward(ctx.saved_tensors, grads, ctx.needs_input_grad[1:])
-        return (None, *grads_in)
+        grads_in = ctx.impl.backward(ctx.saved_tensors, grads, ctx.needs_input_grad[2:])
+        return (None, None, *grads_in)
 
 
 def make_runner(source: str | ModuleType, binding: dict[str, Any]
                 ) -> Callable[..., tuple[torch.Tensor, ...]]:
-    """``run(*inputs) -> outputs`` of a group: its generated kernels as an autograd function."""
+    """``run(*inputs, out_dtypes=None) -> outputs`` of a group: its generated kernels as an
+    autograd function. ``out_dtypes``: per output, a float dtype to write it in instead of
+    eager's (None: eager's); the gradient of such an output arrives in that dtype, the
+    inputs' gradients still come back in the inputs' dtypes."""
     module = load_source(source) if isinstance(source, str) else source
     kind = json.loads(module.STRUCTURE)["kind"]
     impl = _IMPLS[kind](module, binding)
     gemm_operands = (impl.ix, impl.iw, impl.ib) if isinstance(impl, _Gemm) else ()
 
-    def run(*inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def run(*inputs: torch.Tensor, out_dtypes: Sequence[torch.dtype | None] | None = None
+            ) -> tuple[torch.Tensor, ...]:
         dt = _autocast_dtype(inputs[0]) if gemm_operands else None
         if dt is not None:
             # the GEMM runs in the autocast dtype, as F.linear would; casting outside the
             # autograd function lets autograd cast the gradients back
             inputs = tuple(t.to(dt) if i in gemm_operands and t.is_floating_point() else t
                            for i, t in enumerate(inputs))
-        return _Fused.apply(impl, *inputs)
+        return _Fused.apply(impl, None if out_dtypes is None else tuple(out_dtypes), *inputs)
 
     run.impl = impl  # type: ignore[attr-defined]  # benchmarks read impl.chosen
     return run
