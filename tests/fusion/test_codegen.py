@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from gemc.backends.triton.codegen import generated
+from gemc.backends.triton.codegen import generated, host
 from gemc.backends.triton.codegen.host import GEMM_PATH_ENV, make_runner
 from gemc.backends.triton.codegen.kernels import passes_gradient_through
 from gemc.passes.classify_ops import ClassifyOps
@@ -308,3 +308,14 @@ def test_only_pure_residual_epilogues_pass_the_gradient_through() -> None:
                 for name in GEMM_CASES}
     assert verdicts == {"gemm_gelu_residual": False, "gemm_residual": True,
                         "gemm_silu_scaled": False, "gemm_two_outputs": False}
+
+
+@pytest.mark.parametrize("name", ["pointwise", "norm_residual", "reduction_sum",
+                                  "reduction_mean"])
+def test_backward_walks_several_row_blocks_per_program(name: str) -> None:
+    """The looping backward (column sums kept in registers across row blocks) at a size
+    where each program walks more than one block."""
+    dims = {"B": 3, "L": 90, "K": 5, "N": 20}
+    bm, _ = host._loop_blocks(dims["N"])
+    assert host._row_programs(dims["B"] * dims["L"], bm)[1] > 1
+    run_case(name, dims)

@@ -294,17 +294,26 @@ class Tile:
         for j, k in enumerate(self.st["outputs"]):
             self.store_rows(names[j] if names else f"o{j}", self.values[k])
 
-    def store_slot_grads(self, adj: dict[tuple[str, int], str], pid_rows: str,
+    def col_slots(self) -> list[int]:
+        """Slots whose gradient is a per-column sum (``col`` mode)."""
+        return [j for j, slot in enumerate(self.st["slots"])
+                if grad_mode(self.kind, slot["bcast"]) == "col"]
+
+    def store_slot_grads(self, adj: dict[tuple[str, int], str], pid_rows: str | None,
                          pid_cols: str = "0") -> None:
         """``d<j>`` for every slot reached, by its gradient mode (``pid_rows``: the partial
-        row of a ``col`` slot, ``pid_cols``: the partial column of a ``row`` slot)."""
+        row of a ``col`` slot, ``pid_cols``: the partial column of a ``row`` slot). With
+        ``pid_rows=None`` a ``col`` slot's column sums are added to ``cacc<j>`` instead (a
+        program looping over row blocks stores them once, :meth:`store_col_sums`)."""
         for j, slot in enumerate(self.st["slots"]):
             a = adj.get(("s", j))
             if a is None:
                 continue
             mode = grad_mode(self.kind, slot["bcast"])
             with self.code.block(f"if NEED{j}:"):
-                if mode == "col":
+                if mode == "col" and pid_rows is None:
+                    self.code(f"cacc{j} += tl.sum(tl.where({self.mask}, {a}, 0.0), 0)")
+                elif mode == "col":
                     self.code(f"tl.store(d{j} + {pid_rows} * N + {self.cols}, "
                               f"tl.sum(tl.where({self.mask}, {a}, 0.0), 0), mask={self.cmask})")
                 elif mode == "row":
@@ -312,6 +321,13 @@ class Tile:
                               f"tl.sum(tl.where({self.mask}, {a}, 0.0), 1), mask={self.rmask})")
                 else:
                     self.store_rows(f"d{j}", a)
+
+    def store_col_sums(self, pid_rows: str) -> None:
+        """After a row loop: each ``col`` slot's accumulated column sums, one partial row."""
+        for j in self.col_slots():
+            with self.code.block(f"if NEED{j}:"):
+                self.code(f"tl.store(d{j} + {pid_rows} * N + {self.cols}, cacc{j}, "
+                          f"mask={self.cmask})")
 
     def reached_slots(self, adj: dict[tuple[str, int], str]) -> list[int]:
         return sorted(idx for tag, idx in adj if tag == "s")

@@ -262,14 +262,15 @@ class _Pointwise(_Impl):
         inputs = saved
         grads_in: list[torch.Tensor | None] = [None] * len(inputs)
         m, n = _mn(self.shapes[self.st["outputs"][0]])
-        bm, bn = _pass_blocks(n)
-        dargs, buffers = self.slot_grad_buffers(inputs, needs, partial_rows=triton.cdiv(m, bm),
+        bm, bn = _loop_blocks(n)
+        programs, iters = _row_programs(m, bm)
+        dargs, buffers = self.slot_grad_buffers(inputs, needs, partial_rows=programs,
                                                 partial_cols=triton.cdiv(n, bn))
         if buffers and m * n:
             args = {**self.slot_args(inputs), **dargs, **self.class_args(True), "M": m, "N": n,
-                    "BLOCK_M": bm, "BLOCK_N": bn,
+                    "ITERS": iters, "BLOCK_M": bm, "BLOCK_N": bn,
                     **self.grad_args(grads, inputs[0], lambda j, k: self.shapes[k])}
-            self.m.bwd[(triton.cdiv(m, bm), triton.cdiv(n, bn))](**args)
+            self.m.bwd[(programs, triton.cdiv(n, bn))](**args)
         self.reduce_slot_grads(inputs, buffers, grads_in)
         return grads_in
 
@@ -300,13 +301,15 @@ class _Norm(_Impl):
         inputs = saved
         grads_in: list[torch.Tensor | None] = [None] * len(inputs)
         m, n = _mn(self.shapes[self.st["outputs"][0]])
-        bm, bn = self.blocks(n)
-        dargs, buffers = self.slot_grad_buffers(inputs, needs, partial_rows=triton.cdiv(m, bm))
+        bn = next_pow2(n, 16)  # whole rows
+        bm = max(1, min(64, LOOP_TILE // bn))
+        programs, iters = _row_programs(m, bm)
+        dargs, buffers = self.slot_grad_buffers(inputs, needs, partial_rows=programs)
         if buffers and m * n:
             args = {**self.slot_args(inputs), **dargs, **self.class_args(True), "M": m, "N": n,
-                    "BLOCK_M": bm, "BLOCK_N": bn,
+                    "ITERS": iters, "BLOCK_M": bm, "BLOCK_N": bn,
                     **self.grad_args(grads, inputs[0], lambda j, k: self.shapes[k])}
-            self.m.bwd[(triton.cdiv(m, bm),)](**args)
+            self.m.bwd[(programs,)](**args)
         self.reduce_slot_grads(inputs, buffers, grads_in)
         return grads_in
 
@@ -340,8 +343,9 @@ class _Reduction(_Impl):
         inputs = saved
         grads_in: list[torch.Tensor | None] = [None] * len(inputs)
         m, n = self.a * self.r, self.n
-        bm, bn = _pass_blocks(n)
-        dargs, buffers = self.slot_grad_buffers(inputs, needs, partial_rows=triton.cdiv(m, bm),
+        bm, bn = _loop_blocks(n)
+        programs, iters = _row_programs(m, bm)
+        dargs, buffers = self.slot_grad_buffers(inputs, needs, partial_rows=programs,
                                                 partial_cols=triton.cdiv(n, bn))
         arg_shape = self.shapes[self.arg]
 
@@ -357,9 +361,9 @@ class _Reduction(_Impl):
 
         if buffers and m * n:
             args = {**self.slot_args(inputs), **dargs, **self.class_args(True), "R": self.r,
-                    "M": m, "N": n, "BLOCK_M": bm, "BLOCK_N": bn,
+                    "M": m, "N": n, "ITERS": iters, "BLOCK_M": bm, "BLOCK_N": bn,
                     **self.grad_args(grads, inputs[0], shape_of, view)}
-            self.m.bwd[(triton.cdiv(m, bm), triton.cdiv(n, bn))](**args)
+            self.m.bwd[(programs, triton.cdiv(n, bn))](**args)
         self.reduce_slot_grads(inputs, buffers, grads_in)
         return grads_in
 
@@ -587,13 +591,13 @@ class _Gemm(_Impl):
         need_b = b is not None and bool(needs[self.ib])
         if self.identity_dz:
             return self._backward_added(inputs, grads, needs, grads_in)
-        bm, bn = _pass_blocks(n)
-        programs = triton.cdiv(m, bm)
+        bm, bn = _loop_blocks(n)
+        programs, iters = _row_programs(m, bm)
         dz = torch.empty((m, n), dtype=x.dtype, device=x.device)
         dbp = torch.empty((programs, n), dtype=torch.float32, device=x.device) if need_b else dz
         dargs, buffers = self.slot_grad_buffers(inputs, needs, partial_rows=programs)
         self.m.dz[(programs, triton.cdiv(n, bn))](
-            dzo=dz, dbp=dbp, HAS_DB=need_b, BLOCK_M=bm, BLOCK_N=bn, **dargs,
+            dzo=dz, dbp=dbp, HAS_DB=need_b, ITERS=iters, BLOCK_M=bm, BLOCK_N=bn, **dargs,
             **self._common(saved, grads, m, n, k))
         if needs[self.ix]:
             grads_in[self.ix] = torch.mm(dz, w).view(x.shape)
@@ -647,11 +651,24 @@ def _tile_n(n: int) -> int:
     return min(next_pow2(n, 16), 256)
 
 
-def _pass_blocks(n: int) -> tuple[int, int]:
-    """Block shape of a backward pass whose partial sums the host lays out: ~4096 elements
-    a tile on a GPU, more under the interpreter (fewer programs, each a numpy op)."""
+LOOP_TILE = 8192 if INTERPRETED else 1024
+"""Elements of one tile of a looping backward pass: ~64 registers a thread on Hopper (the
+interpreter wants few, large tiles: each is a numpy op)."""
+ROW_PROGRAMS = 3 if INTERPRETED else 132 * 8
+"""Programs of a looping backward pass: 8 per H200 SM; under the interpreter few, so the
+tests walk several row blocks per program."""
+
+
+def _loop_blocks(n: int) -> tuple[int, int]:
     bn = _tile_n(n)
-    return max(1, min(64, (8192 if INTERPRETED else 4096) // bn)), bn
+    return max(1, min(64, LOOP_TILE // bn)), bn
+
+
+def _row_programs(m: int, bm: int) -> tuple[int, int]:
+    """(programs, row blocks per program) covering ``m`` rows in blocks of ``bm``."""
+    blocks = max(1, triton.cdiv(m, bm))
+    iters = triton.cdiv(blocks, min(blocks, ROW_PROGRAMS))
+    return triton.cdiv(blocks, iters), iters
 
 
 def _autocast_dtype(t: torch.Tensor) -> torch.dtype | None:

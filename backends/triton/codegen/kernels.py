@@ -25,6 +25,7 @@ kernel gets one small config (see ``runtime.autotune_configs``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from . import ops as oprules
@@ -107,6 +108,38 @@ def saves_z(structure: dict[str, Any]) -> bool:
     return False
 
 
+def _row_loop(code: Code, st: dict[str, Any], cols: str,
+              body: Callable[[Tile], dict[tuple[str, int], str]], pid_cols: str) -> None:
+    """A backward pass that walks ``ITERS`` consecutive row blocks per program.
+
+    Why a loop: the tile stays small (the backward keeps the forward's values, the
+    adjoints and the operands live: ~1024 elements a tile keep it near 64 registers a
+    thread, where a 4096-element tile needs 220 and starves the SM of warps), while the
+    column sums of per-column operands accumulate in registers and reach memory once per
+    program, not once per tile. ``body`` emits the loads, forward and reverse sweep of one
+    tile and returns the adjoints."""
+    code(f"cols = ({cols}).to(tl.int64)")
+    code("cmask = cols < N")
+    probe = Tile(code, st)
+    for j in probe.col_slots():
+        code(f"cacc{j} = tl.zeros([BLOCK_N], dtype=tl.float32)")
+    with code.block("for it in range(0, ITERS):"):
+        code("rows = ((tl.program_id(0) * ITERS + it) * BLOCK_M"
+             " + tl.arange(0, BLOCK_M)).to(tl.int64)")
+        code("rmask = rows < M")
+        code("mask = rmask[:, None] & cmask[None, :]")
+        tile = Tile(code, st)
+        adj = body(tile)
+        tile.store_slot_grads(adj, None, pid_cols)
+    probe.store_col_sums("tl.program_id(0)")
+
+
+def _reverse_all(tile: Tile) -> dict[tuple[str, int], str]:
+    tile.forward()
+    seeds = {k: tile.output_grad(j) for j, k in enumerate(tile.st["outputs"])}
+    return tile.reverse(seeds)
+
+
 _WARPS = ["triton.Config({}, num_warps=4)", "triton.Config({}, num_warps=8)",
           "triton.Config({}, num_warps=2)"]
 """Configs of kernels whose block shape the host fixes (partial sums are laid out by it)."""
@@ -155,16 +188,11 @@ def _pointwise(code: Code, st: dict[str, Any]) -> None:
     # BLOCK_M comes from the host: it fixes the partial sums of col-mode slots
     code('@triton.autotune(configs=_BWD_CONFIGS, key=["M", "N"])')
     _signature(code, "bwd", [*slot_params(st), *grad_params(st), *slot_grad_params(st),
-                             *classes_params(st, backward=True), "M", "N",
+                             *classes_params(st, backward=True), "M", "N", "ITERS",
                              "BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr"])
     with code.block(""):
-        _tile_prologue(code, "tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)",
-                       "tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)")
-        tile = Tile(code, st)
-        tile.forward()
-        seeds = {k: tile.output_grad(j) for j, k in enumerate(st["outputs"])}
-        adj = tile.reverse(seeds)
-        tile.store_slot_grads(adj, "tl.program_id(0)", "tl.program_id(1)")
+        _row_loop(code, st, "tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)", _reverse_all,
+                  "tl.program_id(1)")
 
 
 # ---- norm ------------------------------------------------------------------------------------
@@ -186,15 +214,10 @@ def _norm(code: Code, st: dict[str, Any]) -> None:
     code("\n")
     code('@triton.autotune(configs=_CONFIGS, key=["M", "N"])')
     _signature(code, "bwd", [*slot_params(st), *grad_params(st), *slot_grad_params(st),
-                             *classes_params(st, backward=True), "M", "N",
+                             *classes_params(st, backward=True), "M", "N", "ITERS",
                              "BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr"])
     with code.block(""):
-        _tile_prologue(code, rows, "tl.arange(0, BLOCK_N)")
-        tile = Tile(code, st)
-        tile.forward()
-        seeds = {k: tile.output_grad(j) for j, k in enumerate(st["outputs"])}
-        adj = tile.reverse(seeds)
-        tile.store_slot_grads(adj, "tl.program_id(0)")
+        _row_loop(code, st, "tl.arange(0, BLOCK_N)", _reverse_all, "0")
 
 
 # ---- reduction -------------------------------------------------------------------------------
@@ -245,12 +268,10 @@ def _reduction(code: Code, st: dict[str, Any]) -> None:
     code("\n")
     code('@triton.autotune(configs=_BWD_CONFIGS, key=["M", "N", "R"])')
     _signature(code, "bwd", [*slot_params(st), *grad_params(st), *slot_grad_params(st),
-                             *classes_params(st, backward=True), "R", "M", "N",
+                             *classes_params(st, backward=True), "R", "M", "N", "ITERS",
                              "BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr"])
-    with code.block(""):
-        _tile_prologue(code, "tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)",
-                       "tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)")
-        tile = Tile(code, st)
+
+    def body(tile: Tile) -> dict[tuple[str, int], str]:
         tile.forward(upto=red)
         seeds: dict[int, str] = {}
         for j, k in enumerate(st["outputs"]):
@@ -263,8 +284,11 @@ def _reduction(code: Code, st: dict[str, Any]) -> None:
             else:
                 g = tile.output_grad(j)
                 seeds[k] = g if k not in seeds else tile.tmp(f"{seeds[k]} + {g}")
-        adj = tile.reverse(seeds)
-        tile.store_slot_grads(adj, "tl.program_id(0)", "tl.program_id(1)")
+        return tile.reverse(seeds)
+
+    with code.block(""):
+        _row_loop(code, st, "tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)", body,
+                  "tl.program_id(1)")
 
 
 # ---- GEMM + epilogue -------------------------------------------------------------------------
@@ -431,22 +455,25 @@ def _gemm(code: Code, st: dict[str, Any]) -> None:
     code("\n")
     code('@triton.autotune(configs=_DZ_CONFIGS, key=["M", "N"])')
     _signature(code, "dz", [*zparam, *slot_params(st), *grad_params(st), *slot_grad_params(st),
-                            "dzo", "dbp", *classes_params(st, backward=True), "M", "N",
+                            "dzo", "dbp", *classes_params(st, backward=True), "M", "N", "ITERS",
                             "HAS_DB: tl.constexpr", "BLOCK_M: tl.constexpr",
                             "BLOCK_N: tl.constexpr"])
-    with code.block(""):
-        _tile_prologue(code, "tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)",
-                       "tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)")
-        tile = Tile(code, st)
+
+    def dz_body(tile: Tile) -> dict[tuple[str, int], str]:
         z_tile(tile)
-        tile.forward()
-        seeds = {k: tile.output_grad(j) for j, k in enumerate(st["outputs"])}
-        adj = tile.reverse(seeds)
+        adj = _reverse_all(tile)
         code(f"dzv = tl.where(mask, {adj[('v', 0)]}, 0.0)")
         tile.store_rows("dzo", "dzv")
         with code.block("if HAS_DB:"):
-            code("tl.store(dbp + tl.program_id(0) * N + cols, tl.sum(dzv, 0), mask=cmask)")
-        tile.store_slot_grads(adj, "tl.program_id(0)")
+            code("dbacc += tl.sum(dzv, 0)")
+        return adj
+
+    with code.block(""):
+        code("dbacc = tl.zeros([BLOCK_N], dtype=tl.float32)")
+        _row_loop(code, st, "tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)", dz_body,
+                  "tl.program_id(1)")
+        with code.block("if HAS_DB:"):
+            code("tl.store(dbp + tl.program_id(0) * N + cols, dbacc, mask=cmask)")
 
     # wgrad (+ bias gradient), split over M into fp32 partial sums
     code("\n")
