@@ -9,8 +9,8 @@ Each model is captured and annotated once (capture dominates a GEM-scale compile
 ``gemc compile`` would. Printed per case: solve seconds (the planner, wall clock; capture
 reported apart), the predicted step, max / mean memory per rank, and for CP-SAT its status,
 the gap between its solution and its own lower bound, and how much faster than greedy.
-The step is the solver's ``evaluate``, which tests hold equal to ``predict_step``
-(``predict_step`` itself walks every shard of every row-wise table: minutes at 4096 ranks).
+The step is the solver's ``evaluate``, which tests hold equal to ``predict_step`` (cheaper
+here: ``predict_step`` also builds the world x world all-to-all matrix, ~1 s at 4096 ranks).
 
 gem-xl runs at its preset's local batch (256 samples per GPU; ``--gem-xl-batch`` overrides
 it: at 4096 the saved activations alone are ~1.3 TB per GPU and every planner prints the
