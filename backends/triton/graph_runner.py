@@ -31,6 +31,7 @@ operand, a view, the graph's output) keeps eager's dtype.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -42,6 +43,19 @@ from .codegen.host import make_runner
 from .codegen.spec import sha256
 
 __all__ = ["GraphRunner"]
+
+
+def _gemm_operand_in_epilogue(structure: dict[str, Any]) -> bool:
+    """Whether a GEMM group's epilogue reads one of its GEMM's own operands."""
+    if structure["kind"] != "gemm_epilogue":
+        return False
+    operands = {ref[1] for ref in structure["ops"][0]["args"] if ref is not None}
+    return any(slot["input"] in operands for slot in structure["slots"])
+
+
+def _autocast_on(inputs: Sequence[Any]) -> bool:
+    dev = next((t.device.type for t in inputs if isinstance(t, torch.Tensor)), None)
+    return dev is not None and torch.is_autocast_enabled(dev)
 
 _SKIP = {torch.ops.aten._assert_tensor_metadata.default}
 _LINEAR = torch.ops.aten.linear.default
@@ -79,6 +93,7 @@ class GraphRunner:
             unit = {"entry": entry, "nodes": [by_name[n] for n in entry["nodes"]]}
             if "structure" in entry:
                 unit["run"] = make_runner(self._source(entry, sources), entry["binding"])
+                unit["shared_operand"] = _gemm_operand_in_epilogue(entry["structure"])
             elif entry["kind"] == "batched_embedding_bag":
                 self.tables[entry["name"]] = self._embedding_module(entry)
             self.units.append(unit)
@@ -210,6 +225,9 @@ class GraphRunner:
         if "structure" in entry:
             binding = entry["binding"]
             inputs = [env[by_name[n]] for n in binding["inputs"]]
+            if unit.get("shared_operand") and _autocast_on(inputs):
+                self._run_as_aten(unit, env)
+                return
             dtypes = self._narrowed(unit["narrow"], inputs)
             outs = unit["run"](*inputs, out_dtypes=dtypes)
             for name, value in zip(binding["outputs"], outs):
@@ -221,6 +239,21 @@ class GraphRunner:
             self._embeddings(entry, env, by_name)
         else:
             raise ValueError(f"unknown kernel kind {entry['kind']!r}")
+
+    def _run_as_aten(self, unit: dict[str, Any], env: dict[fx.Node, Any]) -> None:
+        """The loud fallback of a GEMM group that reads its GEMM's operand in the epilogue
+        too (``n + linear(n)``): under autocast the kernel's GEMM needs the operand cast to
+        the autocast dtype, the epilogue needs it uncast (eager adds the fp32 value), and
+        the kernel takes one tensor per input. The group's own ATen ops run instead."""
+        name = unit["entry"].get("name", "gemm_epilogue")
+        if not unit.get("warned"):
+            unit["warned"] = True
+            warnings.warn(
+                f"gemc: kernel {name} runs as its ATen ops under autocast: its epilogue reads "
+                "the GEMM's own operand, which the kernel would see rounded to the autocast "
+                "dtype (eager reads it unrounded)", RuntimeWarning, stacklevel=3)
+        for node in unit["nodes"]:
+            env[node] = self._call(node, env)
 
     @staticmethod
     def _narrowed(narrow: list[bool], inputs: Sequence[Any]) -> list[torch.dtype | None] | None:

@@ -164,3 +164,26 @@ def build_prenorm() -> ModelSpec:
                 torch.randn(4, L, generator=gen).to(device))
 
     return ModelSpec(model=PreNorm(), example_inputs=batch(0), make_batch=batch)
+
+
+class SelfResidual(nn.Module):
+    """``n + proj(n)``: the GEMM group's epilogue reads the GEMM's own input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(D, D)
+        self.head = nn.Linear(D, 1)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        n = x * 0.5
+        y = n + self.proj(n)
+        return F.mse_loss(self.head(y).squeeze(-1).float(), labels)
+
+
+def build_self_residual() -> ModelSpec:
+    def batch(step: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, ...]:
+        gen = torch.Generator().manual_seed(step)
+        return (torch.randn(4, L, D, generator=gen).to(device),
+                torch.randn(4, L, generator=gen).to(device))
+
+    return ModelSpec(model=SelfResidual(), example_inputs=batch(0), make_batch=batch)
