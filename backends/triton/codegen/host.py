@@ -407,6 +407,14 @@ class _Gemm(_Impl):
         self.identity_dz = passes_gradient_through(self.st)
         self.chosen: dict[tuple[Any, ...], str] = {}
 
+    def _operands(self, inputs: Sequence[torch.Tensor]) -> tuple[Any, ...]:
+        """(x, w, b or None, x as [M, K], M, N, K) of this group's GEMM."""
+        x, w = inputs[self.ix], inputs[self.iw]
+        b = inputs[self.ib] if self.ib is not None else None
+        k = x.shape[-1]
+        x2 = x.reshape(-1, k)
+        return x, w, b, x2, x2.shape[0], w.shape[0], k
+
     # -- path choice ----------------------------------------------------------------------
 
     def _pick(self, phase: str, key: tuple[Any, ...], fused: Callable[[], Any],
@@ -462,12 +470,8 @@ class _Gemm(_Impl):
     def _forward_fused(self, inputs: Sequence[torch.Tensor],
                        out_dtypes: Sequence[torch.dtype | None] | None = None
                        ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
-        x, w = inputs[self.ix], inputs[self.iw]
-        b = inputs[self.ib] if self.ib is not None else None
+        x, w, b, x2, m, n, k = self._operands(inputs)
         outs = self.alloc_outputs(inputs, out_dtypes)
-        k = x.shape[-1]
-        x2 = x.reshape(-1, k)
-        m, n = x2.shape[0], w.shape[0]
         zs = None if self.z_out else self._zbuffer(outs, x)
         if m * n:
             args = {"x": x2, "w": w, "b": b if b is not None else x2, **self.slot_args(inputs),
@@ -486,12 +490,8 @@ class _Gemm(_Impl):
     def _forward_library(self, inputs: Sequence[torch.Tensor],
                          out_dtypes: Sequence[torch.dtype | None] | None = None
                          ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
-        x, w = inputs[self.ix], inputs[self.iw]
-        b = inputs[self.ib] if self.ib is not None else None
+        x, w, b, x2, m, n, k = self._operands(inputs)
         outs = self.alloc_outputs(inputs, out_dtypes)
-        k = x.shape[-1]
-        x2 = x.reshape(-1, k)
-        m, n = x2.shape[0], w.shape[0]
         z = self._zbuffer(outs, x)
         if z is None or z.dtype != x.dtype:  # affine epilogue: z lives only for this call
             z = torch.empty((m, n), dtype=x.dtype, device=x.device)
@@ -543,11 +543,7 @@ class _Gemm(_Impl):
         n_in = self.st["inputs"]
         inputs = saved[:n_in]
         grads_in: list[torch.Tensor | None] = [None] * n_in
-        x, w = inputs[self.ix], inputs[self.iw]
-        b = inputs[self.ib] if self.ib is not None else None
-        k = x.shape[-1]
-        x2 = x.reshape(-1, k)
-        m, n = x2.shape[0], w.shape[0]
+        x, w, b, x2, m, n, k = self._operands(inputs)
         common = {**self._common(saved, grads, m, n, k), "K": k,
                   "IEEE": x.dtype == torch.float32, "INTERP": INTERPRETED}
         dargs, buffers = self.slot_grad_buffers(inputs, needs)
@@ -583,11 +579,7 @@ class _Gemm(_Impl):
         n_in = self.st["inputs"]
         inputs = saved[:n_in]
         grads_in: list[torch.Tensor | None] = [None] * n_in
-        x, w = inputs[self.ix], inputs[self.iw]
-        b = inputs[self.ib] if self.ib is not None else None
-        k = x.shape[-1]
-        x2 = x.reshape(-1, k)
-        m, n = x2.shape[0], w.shape[0]
+        x, w, b, x2, m, n, k = self._operands(inputs)
         need_b = b is not None and bool(needs[self.ib])
         if self.identity_dz:
             return self._backward_added(inputs, grads, needs, grads_in)
@@ -612,11 +604,7 @@ class _Gemm(_Impl):
                         grads: Sequence[torch.Tensor | None], needs: Sequence[bool],
                         grads_in: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
         """``out = z + r1 + ...``: dz and every added operand's gradient are the output's."""
-        x, w = inputs[self.ix], inputs[self.iw]
-        b = inputs[self.ib] if self.ib is not None else None
-        k = x.shape[-1]
-        x2 = x.reshape(-1, k)
-        m, n = x2.shape[0], w.shape[0]
+        x, w, b, x2, m, n, k = self._operands(inputs)
         g = grads[0]
         if g is None:
             g = torch.zeros(self.shapes[self.st["outputs"][0]], dtype=x.dtype, device=x.device)
