@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "cost_model_accuracy.py"
+from tests.benchmark_module import load_benchmark
 
 
 def test_smoke_prediction_only(tmp_path: Path) -> None:
-    spec = importlib.util.spec_from_file_location("cost_model_accuracy", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_benchmark("cost_model_accuracy")
     out = tmp_path / "acc.json"
     rc = module.main(["--smoke", "--no-measure", "--models", "dlrm", "--dtypes", "fp32,bf16",
                       "--batch-sizes", "16", "--calibration", "none", "--out", str(out)])

@@ -2,24 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "cost_model_breakdown.py"
+from tests.benchmark_module import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bd():
-    spec = importlib.util.spec_from_file_location("cost_model_breakdown", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("cost_model_breakdown", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("cost_model_breakdown")
 
 
 @pytest.mark.parametrize(("chain", "kernel", "phase", "category"), [

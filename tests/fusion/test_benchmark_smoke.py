@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "fusion.py"
+from tests.benchmark_module import load_benchmark
 
 
 def test_fusion_benchmark_smoke_writes_json(tmp_path):
-    spec = importlib.util.spec_from_file_location("gemc_fusion_benchmark", BENCH)
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = bench  # dataclasses look their module up there
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("fusion")
     out = tmp_path / "fusion.json"
     bench.main(["--smoke", "--no-compile", "--cases", "gemm_gelu,norm,reduction",
                 "--out", str(out)])

@@ -3,20 +3,14 @@ train the same model to the same losses, and the per-kernel profile is written."
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.benchmark_module import load_benchmark
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("e2e_bench", REPO / "benchmarks" / "e2e.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["e2e_bench"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("e2e")
 
 
 def test_interpreter_only_for_cpu_runs() -> None:

@@ -8,22 +8,16 @@ the right way round.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.benchmark_module import load_benchmark
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("multi_gpu", REPO / "benchmarks" / "multi_gpu.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["multi_gpu"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("multi_gpu")
 
 
 def test_smoke_prepares_and_runs_every_planner_on_two_ranks(tmp_path: Path) -> None:
