@@ -57,6 +57,7 @@ def _autocast_on(inputs: Sequence[Any]) -> bool:
     dev = next((t.device.type for t in inputs if isinstance(t, torch.Tensor)), None)
     return dev is not None and torch.is_autocast_enabled(dev)
 
+
 _SKIP = {torch.ops.aten._assert_tensor_metadata.default}
 _LINEAR = torch.ops.aten.linear.default
 
@@ -72,13 +73,17 @@ class GraphRunner:
     model's own parameters to have gradients land on them). ``kinds``: restrict which
     entry kinds are substituted (the rest run as the ATen ops they replace).
     ``narrow``: under autocast, write outputs only GEMMs read in the autocast dtype (see
-    the module doc); False keeps eager's dtypes everywhere.
+    the module doc); False keeps eager's dtypes everywhere. ``release``: drop each value
+    from the environment after its last reader (False keeps all until the loss returns);
+    ``peak_live`` records the most values held at once in the last call.
     """
 
     def __init__(self, gm: fx.GraphModule, entries: Sequence[dict[str, Any]],
                  params: Mapping[str, torch.Tensor], *, device: torch.device | str = "cpu",
-                 kinds: Sequence[str] | None = None, narrow: bool = True) -> None:
+                 kinds: Sequence[str] | None = None, narrow: bool = True,
+                 release: bool = True) -> None:
         self.gm = gm
+        self.release = release  # drop each value after its last reader (see _last_reads)
         self.device = torch.device(device)
         self.params = params
         self.nodes = list(gm.graph.nodes)
@@ -104,6 +109,7 @@ class GraphRunner:
                 unit["narrow"] = [narrow and self._only_gemm_input(by_name[name])
                                   for name in unit["entry"]["binding"]["outputs"]]
         self.order = self._schedule()
+        self.free_after = self._last_reads()
 
     # -- setup ------------------------------------------------------------------------------
 
@@ -186,15 +192,54 @@ class GraphRunner:
                 raise ValueError("kernel groups form a cycle in the graph")
         return order
 
+    def _reads(self, key: Any) -> set[fx.Node]:
+        """Nodes whose values the step at ``key`` reads from the environment."""
+        if key[0] == "n":
+            return set(key[1].all_input_nodes)
+        unit = self.units[key[1]]
+        members = set(unit["nodes"])
+        reads = {a for n in members for a in n.all_input_nodes if a not in members}
+        entry = unit["entry"]
+        names: list[str] = []
+        if "structure" in entry:
+            names = list(entry["binding"]["inputs"])
+        elif entry["kind"] == "jagged_attention":
+            names = [entry[x] for x in ("q", "k", "v", "offsets")]
+        elif entry["kind"] == "batched_embedding_bag":
+            names = [t[x] for t in entry["tables"] for x in ("ids", "offsets")]
+        return reads | {self.by_name[name] for name in names}
+
+    def _last_reads(self) -> list[list[fx.Node]]:
+        """Per step, the nodes whose last reader it is: their values leave the environment
+        after it. Why: the environment would otherwise hold every intermediate of the
+        forward until the loss returns, on top of what autograd saves; values autograd
+        needs stay alive through autograd's own references."""
+        last: dict[fx.Node, int] = {}
+        for i, key in enumerate(self.order):
+            produced = [key[1]] if key[0] == "n" else self.units[key[1]]["nodes"]
+            for n in produced:
+                last.setdefault(n, i)
+            for n in self._reads(key):
+                last[n] = max(last.get(n, i), i)
+        free: list[list[fx.Node]] = [[] for _ in self.order]
+        for n, i in last.items():
+            free[i].append(n)
+        return free
+
     # -- execution --------------------------------------------------------------------------
 
     def __call__(self, *inputs: torch.Tensor) -> Any:
         env: dict[fx.Node, Any] = {}
         # jagged layouts by (offsets, clamp, max_len): the attention layers of one forward
         # share one, so the host reads the total length (a sync) once, not once per layer
-        self._layouts: dict[tuple[int, int, int], tuple[torch.Tensor, int]] = {}
+        self._layouts: dict[tuple[str, int, int], tuple[torch.Tensor, int]] = {}
         user = iter(inputs)
-        for key in self.order:
+        self.peak_live = 0
+        for i, key in enumerate(self.order):
+            if i and self.release:
+                for n in self.free_after[i - 1]:
+                    env.pop(n, None)
+            self.peak_live = max(self.peak_live, len(env))
             if key[0] == "u":
                 self._run_unit(self.units[key[1]], env)
                 continue
@@ -274,7 +319,7 @@ class GraphRunner:
         q, k, v = (env[by_name[entry[x]]] for x in ("q", "k", "v"))
         offsets = env[by_name[entry["offsets"]]]
         length = int(entry["max_len"])
-        key = (id(offsets), int(entry["clamp_min"]), length)
+        key = (entry["offsets"], int(entry["clamp_min"]), length)
         if key not in self._layouts:
             lengths = (offsets[1:] - offsets[:-1]).clamp(min=key[1], max=length)
             attn_offsets = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)])

@@ -60,6 +60,22 @@ def test_gem_tiny_with_all_kernels_matches_eager():
         torch.testing.assert_close(runner.table_weights(k), weight, atol=1e-6, rtol=1e-5, msg=k)
 
 
+def test_runner_releases_values_after_their_last_reader():
+    """The environment holds a value only until its last reader: same loss, a fraction of
+    the values alive at once (the rest live on only where autograd saved them)."""
+    gm, ctx, spec = compiled(GEM, ARGS)
+    entries = entries_of(gm, ctx)
+    batch = spec.make_batch(fresh_seed() % 1000, "cpu")
+    params = params_of(spec.model)
+    keep = GraphRunner(gm, entries, params, release=False)
+    drop = GraphRunner(gm, entries, params)
+    with torch.no_grad():
+        expected, got = keep(*batch), drop(*batch)
+    torch.testing.assert_close(got, expected, atol=0, rtol=0)
+    assert keep.peak_live > 200
+    assert drop.peak_live < keep.peak_live / 2, (drop.peak_live, keep.peak_live)
+
+
 def test_every_layer_norm_runs_as_a_generated_norm_kernel():
     """Also the LayerNorms whose residual add went to the preceding GEMM's epilogue (alone
     in their group), priced no slower than the ATen op they replace."""
