@@ -258,20 +258,32 @@ def test_autocast_mixed_dtypes_follow_eager(name: str) -> None:
               for i, s in enumerate(case.shapes(dims))]
     by_name = dict(zip(placeholders, inputs))
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        expected = case.fn(*inputs)
+        eager = case.fn(*inputs)
         got = run(*(by_name[n] for n in binding["inputs"]))
+    eager = list(eager) if isinstance(eager, tuple) else [eager]
+    # Dtypes as eager autocast gives them; values against fp32 on the same inputs, the
+    # GEMM's operands rounded to bf16 as the GEMM reads them. (The kernels compute in fp32;
+    # eager's bf16 chain rounds after every op and can land on the other side of a clamp,
+    # where the derivative jumps.)
+    op0 = entry["structure"]["ops"][0]
+    gemm = {binding["inputs"][r[1]] for r in op0["args"] if r is not None} \
+        if op0["op"] == "linear" else set()
+    ref_inputs = [x.detach().to(torch.bfloat16 if n in gemm else x.dtype).float()
+                  .requires_grad_() for n, x in zip(placeholders, inputs)]
+    expected = case.fn(*ref_inputs)
     expected = list(expected) if isinstance(expected, tuple) else [expected]
-    for g, e in zip(got, expected):
-        assert g.dtype == e.dtype, (g.dtype, e.dtype)
-        torch.testing.assert_close(g.float(), e.float(), atol=8e-2, rtol=3e-2)
-    grads = [torch.randn(e.shape, generator=gen).to(e.dtype) for e in expected]
-    ref = torch.autograd.grad(expected, inputs, grads, allow_unused=True)
+    for g, e, ea in zip(got, expected, eager):
+        assert g.dtype == ea.dtype, (g.dtype, ea.dtype)
+        torch.testing.assert_close(g.float(), e, atol=8e-2, rtol=3e-2)
+    grads = [torch.randn(e.shape, generator=gen).to(ea.dtype) for e, ea in zip(expected, eager)]
+    ref = torch.autograd.grad(expected, ref_inputs, [g.float() for g in grads],
+                              allow_unused=True)
     out = torch.autograd.grad(list(got), inputs, grads, allow_unused=True)
     for i, (o, r) in enumerate(zip(out, ref)):
         if r is None:
             continue
         assert o.dtype == inputs[i].dtype
-        torch.testing.assert_close(o.float(), r.float(), atol=1e-1, rtol=5e-2,
+        torch.testing.assert_close(o.float(), r, atol=1e-1, rtol=5e-2,
                                    msg=lambda m, i=i: f"grad of input {i}: {m}")
 
 
