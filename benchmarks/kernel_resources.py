@@ -109,23 +109,19 @@ def resources(kernel: Any, constants: dict[str, Any], num_warps: int,
 
 
 def launch_constants(kernel_name: str, n: int, module: Any) -> dict[str, Any]:
-    """The block sizes the host passes at launch for an operand of N columns."""
+    """The block sizes the host passes at launch for an operand of N columns (the host's
+    own rules, so the counts follow them)."""
     from gemc.backends.triton.codegen import host
 
-    bn = host._tile_n(n)
+    kind = json.loads(module.STRUCTURE)["kind"]
+    bn = host.next_pow2(n, 16) if kind == "norm" else host._tile_n(n)  # norm: whole rows
     if kernel_name in ("bwd", "dz"):
-        kind = json.loads(module.STRUCTURE)["kind"]
-        if kind == "norm":
-            bn = triton.next_power_of_2(n)
-            return {"BLOCK_N": bn, "BLOCK_M": max(1, min(64, host.LOOP_TILE // bn))}
-        bm, bn = host._loop_blocks(n)
+        return {"BLOCK_N": bn, "BLOCK_M": host._loop_rows(bn)}
+    if kernel_name == "fwd" and kind == "norm":
+        bm, bn = host._Norm.blocks(n)
         return {"BLOCK_N": bn, "BLOCK_M": bm}
-    if kernel_name == "fwd" and json.loads(module.STRUCTURE)["kind"] == "norm":
-        bn = triton.next_power_of_2(n)
-        return {"BLOCK_N": bn, "BLOCK_M": max(1, min(64, 2048 // bn))}
     if kernel_name in ("fwd", "epi"):
-        return {"BLOCK_N": min(bn, 128) if json.loads(module.STRUCTURE)["kind"] == "reduction"
-                else bn, "GROUP_M": 8}
+        return {"BLOCK_N": min(bn, 128) if kind == "reduction" else bn, "GROUP_M": 8}
     return {"GROUP_M": 8}
 
 

@@ -36,7 +36,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -48,13 +47,9 @@ STEP_TOLERANCE = 0.15
 
 
 def _write_json(path: Path, data: Any) -> None:
-    """Atomic: a killed run never leaves half a results file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(data, indent=1, default=str) + "\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    from gemc.dump import write_atomic
+
+    write_atomic(path, json.dumps(data, indent=1, default=str) + "\n")
 
 
 # ---- prepare ------------------------------------------------------------------------------

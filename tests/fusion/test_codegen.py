@@ -328,6 +328,6 @@ def test_backward_walks_several_row_blocks_per_program(name: str) -> None:
     """The looping backward (column sums kept in registers across row blocks) at a size
     where each program walks more than one block."""
     dims = {"B": 3, "L": 90, "K": 5, "N": 20}
-    bm, _ = host._loop_blocks(dims["N"])
+    bm = host._loop_rows(host._tile_n(dims["N"]))
     assert host._row_programs(dims["B"] * dims["L"], bm)[1] > 1
     run_case(name, dims)

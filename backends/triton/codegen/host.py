@@ -236,20 +236,42 @@ class _Impl:
             grads_in[i] = g if grads_in[i] is None else grads_in[i] + g
 
 
+    def looped_backward(self, inputs: Sequence[torch.Tensor],
+                        grads: Sequence[torch.Tensor | None], needs: Sequence[bool], m: int,
+                        n: int, bn: int, *,
+                        shape_of: Callable[[int, int], tuple[int, ...]] | None = None,
+                        view: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
+                        extra: dict[str, Any] | None = None) -> list[torch.Tensor | None]:
+        """Launch a kind's ``bwd`` (emitted by ``kernels._looped_bwd``): ``ITERS`` row blocks
+        of ``_loop_rows(bn)`` rows per program, column tiles of ``bn``; then sum the
+        slots' partial gradients."""
+        grads_in: list[torch.Tensor | None] = [None] * len(inputs)
+        bm = _loop_rows(bn)
+        programs, iters = _row_programs(m, bm)
+        cols = triton.cdiv(n, bn)
+        dargs, buffers = self.slot_grad_buffers(inputs, needs, partial_rows=programs,
+                                                partial_cols=cols)
+        if buffers and m * n:
+            args = {**self.slot_args(inputs), **dargs, **self.class_args(True), **(extra or {}),
+                    "M": m, "N": n, "ITERS": iters, "BLOCK_M": bm, "BLOCK_N": bn,
+                    **self.grad_args(grads, inputs[0],
+                                     shape_of or (lambda j, k: self.shapes[k]), view)}
+            self.m.bwd[(programs, cols)](**args)
+        self.reduce_slot_grads(inputs, buffers, grads_in)
+        return grads_in
+
+
 # ---- kinds ------------------------------------------------------------------------------------
 
 
 class _Pointwise(_Impl):
-    def block_n(self, n: int) -> int:
-        return min(next_pow2(n, 16), 256)
-
     def forward(self, inputs: Sequence[torch.Tensor],
                 out_dtypes: Sequence[torch.dtype | None] | None = None
                 ) -> tuple[list[torch.Tensor], list]:
         outs = self.alloc_outputs(inputs, out_dtypes)
         m, n = _mn(self.shapes[self.st["outputs"][0]])
         if m * n:
-            bn = self.block_n(n)
+            bn = _tile_n(n)
             args = {**self.slot_args(inputs), **self.class_args(False), "M": m, "N": n,
                     "BLOCK_N": bn}
             args.update({f"o{j}": o for j, o in enumerate(outs)})
@@ -259,24 +281,13 @@ class _Pointwise(_Impl):
 
     def backward(self, saved: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None],
                  needs: Sequence[bool]) -> list[torch.Tensor | None]:
-        inputs = saved
-        grads_in: list[torch.Tensor | None] = [None] * len(inputs)
         m, n = _mn(self.shapes[self.st["outputs"][0]])
-        bm, bn = _loop_blocks(n)
-        programs, iters = _row_programs(m, bm)
-        dargs, buffers = self.slot_grad_buffers(inputs, needs, partial_rows=programs,
-                                                partial_cols=triton.cdiv(n, bn))
-        if buffers and m * n:
-            args = {**self.slot_args(inputs), **dargs, **self.class_args(True), "M": m, "N": n,
-                    "ITERS": iters, "BLOCK_M": bm, "BLOCK_N": bn,
-                    **self.grad_args(grads, inputs[0], lambda j, k: self.shapes[k])}
-            self.m.bwd[(programs, triton.cdiv(n, bn))](**args)
-        self.reduce_slot_grads(inputs, buffers, grads_in)
-        return grads_in
+        return self.looped_backward(saved, grads, needs, m, n, _tile_n(n))
 
 
 class _Norm(_Impl):
-    def blocks(self, n: int) -> tuple[int, int]:
+    @staticmethod
+    def blocks(n: int) -> tuple[int, int]:
         """Whole rows per program: ~2048 elements a tile on a GPU (the LayerNorm keeps a
         handful of such tiles live in registers), more under the interpreter (fewer
         programs, each a numpy op)."""
@@ -298,20 +309,8 @@ class _Norm(_Impl):
 
     def backward(self, saved: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None],
                  needs: Sequence[bool]) -> list[torch.Tensor | None]:
-        inputs = saved
-        grads_in: list[torch.Tensor | None] = [None] * len(inputs)
         m, n = _mn(self.shapes[self.st["outputs"][0]])
-        bn = next_pow2(n, 16)  # whole rows
-        bm = max(1, min(64, LOOP_TILE // bn))
-        programs, iters = _row_programs(m, bm)
-        dargs, buffers = self.slot_grad_buffers(inputs, needs, partial_rows=programs)
-        if buffers and m * n:
-            args = {**self.slot_args(inputs), **dargs, **self.class_args(True), "M": m, "N": n,
-                    "ITERS": iters, "BLOCK_M": bm, "BLOCK_N": bn,
-                    **self.grad_args(grads, inputs[0], lambda j, k: self.shapes[k])}
-            self.m.bwd[(programs,)](**args)
-        self.reduce_slot_grads(inputs, buffers, grads_in)
-        return grads_in
+        return self.looped_backward(saved, grads, needs, m, n, next_pow2(n, 16))  # whole rows
 
 
 class _Reduction(_Impl):
@@ -340,13 +339,6 @@ class _Reduction(_Impl):
 
     def backward(self, saved: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None],
                  needs: Sequence[bool]) -> list[torch.Tensor | None]:
-        inputs = saved
-        grads_in: list[torch.Tensor | None] = [None] * len(inputs)
-        m, n = self.a * self.r, self.n
-        bm, bn = _loop_blocks(n)
-        programs, iters = _row_programs(m, bm)
-        dargs, buffers = self.slot_grad_buffers(inputs, needs, partial_rows=programs,
-                                                partial_cols=triton.cdiv(n, bn))
         arg_shape = self.shapes[self.arg]
 
         def shape_of(j: int, k: int) -> tuple[int, ...]:
@@ -359,13 +351,9 @@ class _Reduction(_Impl):
                 g = g.unsqueeze(-2)
             return g.expand(arg_shape)
 
-        if buffers and m * n:
-            args = {**self.slot_args(inputs), **dargs, **self.class_args(True), "R": self.r,
-                    "M": m, "N": n, "ITERS": iters, "BLOCK_M": bm, "BLOCK_N": bn,
-                    **self.grad_args(grads, inputs[0], shape_of, view)}
-            self.m.bwd[(programs, triton.cdiv(n, bn))](**args)
-        self.reduce_slot_grads(inputs, buffers, grads_in)
-        return grads_in
+        return self.looped_backward(saved, grads, needs, self.a * self.r, self.n,
+                                    _tile_n(self.n), shape_of=shape_of, view=view,
+                                    extra={"R": self.r})
 
 
 GEMM_PATH_ENV = "GEMC_GEMM_PATH"
@@ -583,7 +571,8 @@ class _Gemm(_Impl):
         need_b = b is not None and bool(needs[self.ib])
         if self.identity_dz:
             return self._backward_added(inputs, grads, needs, grads_in)
-        bm, bn = _loop_blocks(n)
+        bn = _tile_n(n)
+        bm = _loop_rows(bn)
         programs, iters = _row_programs(m, bm)
         dz = torch.empty((m, n), dtype=x.dtype, device=x.device)
         dbp = torch.empty((programs, n), dtype=torch.float32, device=x.device) if need_b else dz
@@ -647,9 +636,9 @@ ROW_PROGRAMS = 3 if INTERPRETED else 132 * 8
 tests walk several row blocks per program."""
 
 
-def _loop_blocks(n: int) -> tuple[int, int]:
-    bn = _tile_n(n)
-    return max(1, min(64, LOOP_TILE // bn)), bn
+def _loop_rows(bn: int) -> int:
+    """Rows of one tile of a looping backward pass whose tiles are ``bn`` wide."""
+    return max(1, min(64, LOOP_TILE // bn))
 
 
 def _row_programs(m: int, bm: int) -> tuple[int, int]:

@@ -140,6 +140,21 @@ def _reverse_all(tile: Tile) -> dict[tuple[str, int], str]:
     return tile.reverse(seeds)
 
 
+def _looped_bwd(code: Code, st: dict[str, Any], configs: str, key: list[str],
+                sizes: list[str], cols: str, pid_cols: str,
+                body: Callable[[Tile], dict[tuple[str, int], str]] = _reverse_all) -> None:
+    """The ``bwd`` kernel of a kind whose backward is one :func:`_row_loop` pass; the host
+    launches it through ``host._Impl.looped_backward`` (``BLOCK_M`` and ``ITERS`` are
+    the host's: they lay out the partial sums)."""
+    code("\n")
+    code(f"@triton.autotune(configs={configs}, key={key!r})")
+    _signature(code, "bwd", [*slot_params(st), *grad_params(st), *slot_grad_params(st),
+                             *classes_params(st, backward=True), *sizes, "ITERS",
+                             "BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr"])
+    with code.block(""):
+        _row_loop(code, st, cols, body, pid_cols)
+
+
 _WARPS = ["triton.Config({}, num_warps=4)", "triton.Config({}, num_warps=8)",
           "triton.Config({}, num_warps=2)"]
 """Configs of kernels whose block shape the host fixes (partial sums are laid out by it)."""
@@ -184,15 +199,8 @@ def _pointwise(code: Code, st: dict[str, Any]) -> None:
         tile = Tile(code, st)
         tile.forward()
         tile.store_outputs()
-    code("\n")
-    # BLOCK_M comes from the host: it fixes the partial sums of col-mode slots
-    code('@triton.autotune(configs=_BWD_CONFIGS, key=["M", "N"])')
-    _signature(code, "bwd", [*slot_params(st), *grad_params(st), *slot_grad_params(st),
-                             *classes_params(st, backward=True), "M", "N", "ITERS",
-                             "BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr"])
-    with code.block(""):
-        _row_loop(code, st, "tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)", _reverse_all,
-                  "tl.program_id(1)")
+    _looped_bwd(code, st, "_BWD_CONFIGS", ["M", "N"], ["M", "N"],
+                "tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)", "tl.program_id(1)")
 
 
 # ---- norm ------------------------------------------------------------------------------------
@@ -211,13 +219,7 @@ def _norm(code: Code, st: dict[str, Any]) -> None:
         tile = Tile(code, st)
         tile.forward()
         tile.store_outputs()
-    code("\n")
-    code('@triton.autotune(configs=_CONFIGS, key=["M", "N"])')
-    _signature(code, "bwd", [*slot_params(st), *grad_params(st), *slot_grad_params(st),
-                             *classes_params(st, backward=True), "M", "N", "ITERS",
-                             "BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr"])
-    with code.block(""):
-        _row_loop(code, st, "tl.arange(0, BLOCK_N)", _reverse_all, "0")
+    _looped_bwd(code, st, "_CONFIGS", ["M", "N"], ["M", "N"], "tl.arange(0, BLOCK_N)", "0")
 
 
 # ---- reduction -------------------------------------------------------------------------------
@@ -265,12 +267,6 @@ def _reduction(code: Code, st: dict[str, Any]) -> None:
         code(f"tl.store(o{main} + a * N + cols, acc.to(o{main}.dtype.element_ty), mask=cmask)")
     # backward: a pointwise pass over [A*R, N]; the reduced gradient g<main> comes expanded
     # over R (host), so it is addressed as an operand broadcast along dim -2.
-    code("\n")
-    code('@triton.autotune(configs=_BWD_CONFIGS, key=["M", "N", "R"])')
-    _signature(code, "bwd", [*slot_params(st), *grad_params(st), *slot_grad_params(st),
-                             *classes_params(st, backward=True), "R", "M", "N", "ITERS",
-                             "BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr"])
-
     def body(tile: Tile) -> dict[tuple[str, int], str]:
         tile.forward(upto=red)
         seeds: dict[int, str] = {}
@@ -286,9 +282,8 @@ def _reduction(code: Code, st: dict[str, Any]) -> None:
                 seeds[k] = g if k not in seeds else tile.tmp(f"{seeds[k]} + {g}")
         return tile.reverse(seeds)
 
-    with code.block(""):
-        _row_loop(code, st, "tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)", body,
-                  "tl.program_id(1)")
+    _looped_bwd(code, st, "_BWD_CONFIGS", ["M", "N", "R"], ["R", "M", "N"],
+                "tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)", "tl.program_id(1)", body)
 
 
 # ---- GEMM + epilogue -------------------------------------------------------------------------
