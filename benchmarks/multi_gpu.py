@@ -285,7 +285,11 @@ def main(argv: list[str] | None = None) -> int:
             _write_json(out, {"rows": rows, "targets": tg, "steps": args.steps})
         return 0 if all(not r.get("error") for r in rows) else 1
     if args.cmd == "collectives":
-        calibration = json.loads(args.calibration.read_text())
+        try:
+            calibration = json.loads(args.calibration.read_text())
+        except (OSError, ValueError) as exc:
+            ap.error(f"--calibration {args.calibration}: not a readable JSON calibration file "
+                     f"({exc}); write one with `gemc calibrate --out FILE` on the GPUs")
         rows = compare_collectives(calibration, args.topology)
         print(collectives_table(rows))
         if args.out is not None:

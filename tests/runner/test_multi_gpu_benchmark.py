@@ -65,3 +65,14 @@ def test_run_without_plans_says_how_to_make_them(tmp_path: Path) -> None:
     mg = _module()
     with pytest.raises(SystemExit, match="multi_gpu.py prepare"):
         mg.main(["run", "--plans", str(tmp_path)])
+
+
+def test_collectives_with_a_bad_calibration_file_names_it(tmp_path: Path, capsys) -> None:
+    mg = _module()
+    bad = tmp_path / "cal.json"
+    bad.write_text("not json")
+    with pytest.raises(SystemExit):
+        mg.main(["collectives", "--calibration", str(bad)])
+    err = capsys.readouterr().err
+    assert f"--calibration {bad}: not a readable JSON calibration file" in err
+    assert "gemc calibrate --out FILE" in err
