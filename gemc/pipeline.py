@@ -10,6 +10,7 @@ from gemc.passes.count_flops_bytes import CountFlopsBytes
 from gemc.passes.fuse import Fuse
 from gemc.passes.group_embeddings import GroupEmbeddings
 from gemc.passes.match_jagged_attention import MatchJaggedAttention
+from gemc.passes.pack_jagged_tokens import PackJaggedTokens
 from gemc.passes.parallelize import Parallelize
 from gemc.passes.place_default import PlaceDefault
 from gemc.passes.precision import ChoosePrecision
@@ -34,5 +35,6 @@ def default_pipeline(planner: str = "default") -> list[Pass]:
 
 def kernel_passes() -> list[Pass]:
     """Kernel selection, after predict-time (they price groups with its per-node times):
-    recommendation kernels first, so generic fusion does not take their nodes."""
-    return [MatchJaggedAttention(), GroupEmbeddings(), Fuse()]
+    recommendation kernels first, so generic fusion does not take their nodes; the packed
+    token region last (it spans the groups and attentions that run inside it)."""
+    return [MatchJaggedAttention(), GroupEmbeddings(), Fuse(), PackJaggedTokens()]

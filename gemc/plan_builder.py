@@ -278,7 +278,30 @@ def kernel_entries(gm: fx.GraphModule, ctx: PassContext) -> list[dict[str, Any]]
                 entry["code"] = source
                 with_code.add(digest)
         entries.append(entry)
-    return entries
+    return entries + packed_entries(gm)
+
+
+def packed_entries(gm: fx.GraphModule) -> list[dict[str, Any]]:
+    """One ``packed_tokens`` entry per region ``pack-jagged-tokens`` found: not a kernel of
+    its own but a layout the runner keeps the region's values in (its nodes overlap the
+    fused groups and the jagged attention that run inside it)."""
+    from gemc.passes.pack_jagged_tokens import PACKED, PACKED_REGION
+
+    out = []
+    for node in gm.graph.nodes:
+        f = node.meta.get(PACKED_REGION)
+        if f is None:
+            continue
+        members = [n for n in gm.graph.nodes if (n.meta.get(PACKED) or {}).get("id") == f["id"]]
+        facts = {k: v for k, v in f.items() if k not in ("id", "before_ms", "after_ms")}
+        out.append({"name": f["id"], "replaces": [], "region": node.meta.get(ir.REGION, ""),
+                    "library": "gemc.backends.triton.packed_tokens",
+                    "nodes": [n.name for n in members],
+                    "dims": {n.name: n.meta[PACKED]["dims"] for n in members},
+                    "zeroed": [n.name for n in members if n.meta[PACKED]["zeroed"]],
+                    "predicted": {"before_ms": f["before_ms"], "after_ms": f["after_ms"]},
+                    **facts})
+    return out
 
 
 def build_plan(

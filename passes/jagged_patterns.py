@@ -10,6 +10,7 @@ those rows unmasked, which the function checks by following them through the gra
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -204,9 +205,10 @@ def _cleaning_mask(arg: Any, out_shape: tuple[int, ...], dims: Dims,
 
 
 def _step(user: fx.Node, src: fx.Node, dims: Dims, facts: tuple[fx.Node, int, int]
-          ) -> list[tuple[fx.Node, Dims]] | str | None:
-    """Where the padding rows go through ``user``: new (node, dims), ``"clean"``, or None
-    when ``user`` may read them (unverifiable)."""
+          ) -> list[tuple[fx.Node, Dims]] | str | tuple[str, Dims] | None:
+    """Where the padding rows go through ``user``: new (node, dims), ``"clean"`` (not read),
+    ``("zero", dims)`` (a multiply by the mask: ``user``'s own padding rows are zero), or
+    None when ``user`` may read them (unverifiable)."""
     if user.op != "call_function":
         return None
     t = user.target
@@ -261,13 +263,15 @@ def _step(user: fx.Node, src: fx.Node, dims: Dims, facts: tuple[fx.Node, int, in
                 and found[1] <= facts[1]
             return "clean" if ok else None
         return None
+    if t is aten._assert_tensor_metadata.default:  # reads metadata, not values
+        return "clean"
     if translate(user) is not None:  # pointwise
         shift = len(out_shape) - rank
         nd = (bd + shift, ld + shift)
         if t in (aten.mul.Tensor,) and any(
             _cleaning_mask(a, out_shape, nd, facts) for a in user.args if a is not src
         ):
-            return "clean"
+            return ("zero", nd)
         return [(user, nd)]
     return None
 
@@ -276,17 +280,51 @@ def padding_rows_read_by(sdpa: fx.Node, facts: tuple[fx.Node, int, int]) -> fx.N
     """The first node that may read the SDPA output's padding query rows unmasked, or None
     when every path ends masked (multiplied by the key-padding mask, or used only as masked
     keys/values of an attention over the same lengths)."""
-    stack: list[tuple[fx.Node, Dims]] = [(sdpa, (0, 2))]
-    seen: set[tuple[fx.Node, Dims]] = set()
+    found = follow_padding(sdpa, (0, 2), facts)
+    return found if isinstance(found, fx.Node) else None
+
+
+_TUPLES = (aten.unbind.int, aten.split.Tensor, aten.chunk.default)
+
+
+@dataclass
+class PaddingFlow:
+    """Where a padded tensor's padding rows go, when nothing reads them: every node they
+    reach, with its (batch, sequence) dims (``carriers``), and the mask multiplies that end
+    them, whose padding rows are exactly zero (``zeroed``)."""
+
+    carriers: dict[fx.Node, Dims] = field(default_factory=dict)
+    zeroed: dict[fx.Node, Dims] = field(default_factory=dict)
+
+
+def follow_padding(start: fx.Node, dims: Dims, facts: tuple[fx.Node, int, int]
+                   ) -> PaddingFlow | fx.Node:
+    """Follow ``start``'s padding rows (at ``dims``) through its users: the flow, or the
+    first node that may read them unmasked. A node reached with two different layouts
+    counts as a reader (its padding rows are not one set)."""
+    flow = PaddingFlow()
+    stack: list[tuple[fx.Node, Dims]] = [(start, dims)]
     while stack:
         node, dims = stack.pop()
-        if (node, dims) in seen:
+        if flow.carriers.get(node) == dims:
             continue
-        seen.add((node, dims))
+        if node in flow.carriers:
+            return node
+        flow.carriers[node] = dims
         for user in node.users:
             step = _step(user, node, dims, facts)
             if step is None:
                 return user
-            if step != "clean":
-                stack.extend(step)
-    return None
+            if step == "clean":
+                continue
+            if isinstance(step, tuple):  # ("zero", dims): a mask multiply
+                if flow.zeroed.setdefault(user, step[1]) != step[1]:
+                    return user
+                continue
+            if user.target in _TUPLES:  # the tuple node carries them to its getitems
+                if flow.carriers.setdefault(user, dims) != dims:
+                    return user
+            stack.extend(step)
+    if set(flow.zeroed) & set(flow.carriers):
+        return next(iter(set(flow.zeroed) & set(flow.carriers)))
+    return flow

@@ -42,6 +42,7 @@ GRAPH_KINDS = (
     "reduction",
     "batched_embedding_bag",
     "jagged_attention",
+    "packed_tokens",
 )
 NO_KERNELS_FIX = "pass --no-kernels to run the ops the kernels replace, or compile without them"
 

@@ -38,9 +38,11 @@ from typing import Any
 import torch
 from torch import fx
 
+from . import packed_tokens as packed
 from .codegen import generated
 from .codegen.host import make_runner
 from .codegen.spec import sha256
+from .packed_tokens import TokenLayout
 
 __all__ = ["GraphRunner"]
 
@@ -60,6 +62,14 @@ def _autocast_on(inputs: Sequence[Any]) -> bool:
 
 _SKIP = {torch.ops.aten._assert_tensor_metadata.default}
 _LINEAR = torch.ops.aten.linear.default
+
+
+def ir_shape(node: fx.Node) -> tuple[int, ...]:
+    """The captured (padded) shape of a node's value; a tuple node: its first element's."""
+    val = node.meta.get("val")
+    if isinstance(val, (tuple, list)):
+        val = val[0]
+    return tuple(val.shape) if isinstance(val, torch.Tensor) else ()
 
 
 def _param_fqn(node: fx.Node) -> str | None:
@@ -93,7 +103,10 @@ class GraphRunner:
         self.unit_of: dict[fx.Node, int] = {}
         self.units: list[dict[str, Any]] = []
         self.tables: dict[str, Any] = {}  # entry name -> BatchedEmbeddingBag
+        self._setup_packed([e for e in self.entries if e["kind"] == "packed_tokens"])
         for entry in self.entries:
+            if entry["kind"] == "packed_tokens":
+                continue
             index = len(self.units)
             unit = {"entry": entry, "nodes": [by_name[n] for n in entry["nodes"]]}
             if "structure" in entry:
@@ -112,6 +125,24 @@ class GraphRunner:
         self.free_after = self._last_reads()
 
     # -- setup ------------------------------------------------------------------------------
+
+    def _setup_packed(self, regions: list[dict[str, Any]]) -> None:
+        """Region node -> (batch dim, sequence dim) and its region's facts; the region's
+        ``zeros`` node is never computed when the packed source is its only reader."""
+        self.packed: dict[fx.Node, tuple[int, int]] = {}
+        self.region_of: dict[fx.Node, dict[str, Any]] = {}
+        self.packed_sources: dict[fx.Node, dict[str, Any]] = {}
+        self.skipped: set[fx.Node] = set()
+        for region in regions:
+            for name, dims in region["dims"].items():
+                node = self.by_name[name]
+                self.packed[node] = (int(dims[0]), int(dims[1]))
+                self.region_of[node] = region
+            src = self.by_name[region["padded_from"]]
+            self.packed_sources[src] = region
+            zeros = self.by_name.get(region.get("zeros") or "")
+            if zeros is not None and list(zeros.users) == [src]:
+                self.skipped.add(zeros)
 
     @staticmethod
     def _source(entry: dict[str, Any], sources: dict[str, str]) -> str:
@@ -230,15 +261,18 @@ class GraphRunner:
 
     def __call__(self, *inputs: torch.Tensor) -> Any:
         env: dict[fx.Node, Any] = {}
-        # jagged layouts by (offsets, clamp, max_len): the attention layers of one forward
-        # share one, so the host reads the total length (a sync) once, not once per layer
-        self._layouts: dict[tuple[str, int, int], tuple[torch.Tensor, int]] = {}
+        # token layouts by (offsets, clamp, max_len): the attention layers and the packed
+        # region of one forward share one, so the host reads the total length (a sync)
+        # once, not once per layer
+        self._layouts: dict[tuple[str, int, int], TokenLayout] = {}
+        self._unpacked: dict[fx.Node, torch.Tensor] = {}  # region values read outside it
         user = iter(inputs)
         self.peak_live = 0
         for i, key in enumerate(self.order):
             if i and self.release:
                 for n in self.free_after[i - 1]:
                     env.pop(n, None)
+                    self._unpacked.pop(n, None)
             self.peak_live = max(self.peak_live, len(env))
             if key[0] == "u":
                 self._run_unit(self.units[key[1]], env)
@@ -252,34 +286,136 @@ class GraphRunner:
                 return result[0] if isinstance(result, (list, tuple)) and len(result) == 1 \
                     else result
             elif node.op == "call_function":
-                env[node] = None if node.target in _SKIP else self._call(node, env)
+                env[node] = None if node.target in _SKIP or node in self.skipped \
+                    else self._compute(node, env)
             else:
                 raise ValueError(f"cannot run node {node.name} ({node.op})")
         raise ValueError("graph has no output")
 
     def _call(self, node: fx.Node, env: dict[fx.Node, Any]) -> Any:
-        args = fx.node.map_arg(node.args, env.__getitem__)
-        kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
+        """The node's ATen op on padded values (a region input is scattered back; a sum
+        over positions of a region value adds up its tokens instead)."""
+        summed = self._segment_sum(node, env)
+        if summed is not None:
+            return summed
+        args = fx.node.map_arg(node.args, lambda n: self._padded(n, env))
+        kwargs = fx.node.map_arg(node.kwargs, lambda n: self._padded(n, env))
         if "device" in kwargs:  # captured on meta: run where the inputs are
             kwargs = {**kwargs, "device": self.device}
         return node.target(*args, **kwargs)
+
+    def _segment_sum(self, node: fx.Node, env: dict[fx.Node, Any]) -> torch.Tensor | None:
+        if node.target is not torch.ops.aten.sum.dim_IntList or node.kwargs:
+            return None
+        src = node.args[0]
+        if not (isinstance(src, fx.Node) and src in self.packed):
+            return None
+        rank = len(ir_shape(src))
+        reduced = [int(d) % rank for d in node.args[1]]
+        keep = len(node.args) > 2 and node.args[2]
+        if reduced != [self.packed[src][1]] or keep:
+            return None
+        return packed.segment_sum(env[src], self.packed[src], self._region_layout(src, env))
+
+    def _compute(self, node: fx.Node, env: dict[fx.Node, Any]) -> Any:
+        return self._call_packed(node, env) if node in self.packed else self._call(node, env)
+
+    # -- packed token regions -----------------------------------------------------------------
+
+    def _layout(self, offsets: str, clamp_min: int, max_len: int,
+                env: dict[fx.Node, Any]) -> TokenLayout:
+        key = (offsets, int(clamp_min), int(max_len))
+        if key not in self._layouts:
+            self._layouts[key] = TokenLayout.of(env[self.by_name[offsets]], key[1], key[2])
+        return self._layouts[key]
+
+    def _region_layout(self, node: fx.Node, env: dict[fx.Node, Any]) -> TokenLayout:
+        r = self.region_of[node]
+        return self._layout(r["offsets"], r["clamp_min"], r["max_len"], env)
+
+    def _padded(self, node: fx.Node, env: dict[fx.Node, Any]) -> Any:
+        """``node``'s value at its padded shape (scattered once per step if packed)."""
+        if node not in self.packed:
+            return env[node]
+        if node not in self._unpacked:
+            value = env[node]
+            layout = self._region_layout(node, env)
+            dims = self.packed[node]
+            if isinstance(value, (tuple, list)):  # its getitems are region nodes themselves
+                raise ValueError(f"packed region: {node.name} (a tuple) is read outside it")
+            self._unpacked[node] = packed.scatter(value, dims, layout)
+        return self._unpacked[node]
+
+    def _entering(self, arg: Any, dims: tuple[int, int], rank: int,
+                  env: dict[fx.Node, Any], layout: TokenLayout) -> Any:
+        """An argument of a packed op: a region value as it is, another tensor gathered to
+        the packed layout (broadcast against a rank-``rank`` value at ``dims``)."""
+        if isinstance(arg, fx.Node):
+            if arg in self.packed:
+                return env[arg]
+            return packed.gather(env[arg], dims, rank, layout)
+        if isinstance(arg, (list, tuple)):
+            return type(arg)(self._entering(a, dims, rank, env, layout) for a in arg)
+        return arg
+
+    def _call_packed(self, node: fx.Node, env: dict[fx.Node, Any]) -> Any:
+        """A region node on packed values; an op without a packed rule runs padded (its
+        inputs scattered, its output gathered back: correct, as the region's padding rows
+        are never read, but it pays the padded work)."""
+        layout = self._region_layout(node, env)
+        dims = self.packed[node]
+        t = node.target
+        if node in self.packed_sources:
+            r = self.packed_sources[node]
+            acc = bool(node.args[3]) if len(node.args) > 3 else False
+            return packed.source(env[self.by_name[r["values"]]], env[self.by_name[r["row"]]],
+                                 env[self.by_name[r["pos"]]], layout, acc)
+        rank = len(ir_shape(node))
+        if packed.is_pointwise(node):
+            args = [self._entering(a, dims, rank, env, layout) for a in node.args]
+            kwargs = {k: self._entering(v, dims, rank, env, layout)
+                      for k, v in node.kwargs.items()}
+            return t(*args, **kwargs)
+        first = node.args[0]
+        if t in packed.FIRST_ONLY or t in packed.SIZED:
+            if not (isinstance(first, fx.Node) and first in self.packed):
+                return self._padded_then_packed(node, env, layout, dims)
+            args = list(fx.node.map_arg(node.args, env.__getitem__))
+            if t in packed.SIZED:
+                args[1] = packed.resize(list(args[1]), dims, layout.total)
+            kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
+            return t(*args, **kwargs)
+        return self._padded_then_packed(node, env, layout, dims)
+
+    def _padded_then_packed(self, node: fx.Node, env: dict[fx.Node, Any],
+                            layout: TokenLayout, dims: tuple[int, int]) -> Any:
+        out = self._call(node, env)
+        if isinstance(out, (tuple, list)):
+            raise ValueError(f"packed region: {node.name} ({node.target}) returns a tuple and "
+                             "has no packed rule")
+        return packed.gather(out, dims, len(ir_shape(node)), layout)
 
     def _run_unit(self, unit: dict[str, Any], env: dict[fx.Node, Any]) -> None:
         entry = unit["entry"]
         by_name = self.by_name
         if "structure" in entry:
             binding = entry["binding"]
-            inputs = [env[by_name[n]] for n in binding["inputs"]]
+            if all(n in self.packed for n in unit["nodes"]):
+                run, inputs = self._packed_group(unit, env)
+            else:
+                run = unit["run"]
+                inputs = [self._padded(by_name[n], env) for n in binding["inputs"]]
             if unit.get("shared_operand") and _autocast_on(inputs):
                 self._run_as_aten(unit, env)
                 return
             dtypes = self._narrowed(unit["narrow"], inputs)
-            outs = unit["run"](*inputs, out_dtypes=dtypes)
+            outs = run(*inputs, out_dtypes=dtypes)
             for name, value in zip(binding["outputs"], outs):
-                env[by_name[name]] = value
+                self._store(by_name[name], value, env)
         elif entry["kind"] == "jagged_attention":
             node = unit["nodes"][0]
-            env[node] = self._jagged_attention(entry, env, by_name)
+            value, is_packed = self._jagged_attention(entry, env, by_name)
+            self._store(node, value, env, is_packed)
         elif entry["kind"] == "batched_embedding_bag":
             self._embeddings(entry, env, by_name)
         else:
@@ -298,7 +434,50 @@ class GraphRunner:
                 "the GEMM's own operand, which the kernel would see rounded to the autocast "
                 "dtype (eager reads it unrounded)", RuntimeWarning, stacklevel=3)
         for node in unit["nodes"]:
-            env[node] = self._call(node, env)
+            env[node] = self._compute(node, env)
+
+    def _store(self, node: fx.Node, value: Any, env: dict[fx.Node, Any],
+               is_packed: bool | None = None) -> None:
+        """A unit's output into the environment, in the packed layout if a region node
+        (``is_packed``: whether it already is; by default, whether its unit ran packed)."""
+        if is_packed is None:
+            unit = self.units[self.unit_of[node]] if node in self.unit_of else None
+            is_packed = unit is not None and all(n in self.packed for n in unit["nodes"])
+        if node in self.packed and not is_packed:
+            value = packed.gather(value, self.packed[node], len(ir_shape(node)),
+                                  self._region_layout(node, env))
+        env[node] = value
+
+    def _packed_group(self, unit: dict[str, Any], env: dict[fx.Node, Any]
+                      ) -> tuple[Any, list[Any]]:
+        """A fused group over packed values: its inputs in the packed layout and its
+        launcher for the packed shapes (one per token count: the host sizes grids and
+        buffers from the binding's shapes)."""
+        entry = unit["entry"]
+        binding = entry["binding"]
+        st = entry["structure"]
+        out_node = self.by_name[binding["outputs"][0]]
+        dims = self.packed[out_node]
+        layout = self._region_layout(out_node, env)
+        rank = len(ir_shape(out_node))
+        runs = unit.setdefault("packed_runs", {})
+        if layout.total not in runs:
+            shapes = [packed.packed_shape(sh, dims, rank, layout.total)
+                      for sh in binding["shapes"]]
+            runs[layout.total] = make_runner(unit["run"].impl.m, {**binding, "shapes": shapes})
+        token_inputs = {slot["input"] for slot in st["slots"]}
+        if st["ops"][0]["op"] == "linear":
+            token_inputs.add(st["ops"][0]["args"][0][1])
+        inputs = []
+        for i, name in enumerate(binding["inputs"]):
+            node = self.by_name[name]
+            if node in self.packed:
+                inputs.append(env[node])
+            elif i in token_inputs:
+                inputs.append(packed.gather(env[node], dims, rank, layout))
+            else:
+                inputs.append(env[node])
+        return runs[layout.total], inputs
 
     @staticmethod
     def _narrowed(narrow: list[bool], inputs: Sequence[Any]) -> list[torch.dtype | None] | None:
@@ -312,24 +491,31 @@ class GraphRunner:
         return [dt if f else None for f in narrow]
 
     def _jagged_attention(self, entry: dict[str, Any], env: dict[fx.Node, Any],
-                          by_name: dict[str, fx.Node]) -> torch.Tensor:
+                          by_name: dict[str, fx.Node]) -> tuple[torch.Tensor, bool]:
+        """The attention's output, and whether it is in the packed layout (its inputs and
+        itself region nodes: no conversion at all) or padded."""
         from .jagged import jagged_to_padded, padded_to_jagged
         from .jagged_attention import jagged_attention
 
-        q, k, v = (env[by_name[entry[x]]] for x in ("q", "k", "v"))
-        offsets = env[by_name[entry["offsets"]]]
+        nodes = [by_name[entry[x]] for x in ("q", "k", "v")]
         length = int(entry["max_len"])
-        key = (entry["offsets"], int(entry["clamp_min"]), length)
-        if key not in self._layouts:
-            lengths = (offsets[1:] - offsets[:-1]).clamp(min=key[1], max=length)
-            attn_offsets = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)])
-            self._layouts[key] = (attn_offsets, int(attn_offsets[-1]))
-        attn_offsets, total = self._layouts[key]
-        qj, kj, vj = (padded_to_jagged(x.transpose(1, 2), attn_offsets, total)
+        layout = self._layout(entry["offsets"], entry["clamp_min"], length, env)
+        node = self.by_name[entry["nodes"][0]]
+        scale = entry["scale"]
+        if node in self.packed and all(n in self.packed for n in nodes):
+            # already packed: [1, H, T, D] at the region's dims -> [T, H, D] and back
+            qj, kj, vj = (env[n].movedim(self.packed[n], (0, 1)).flatten(0, 1) for n in nodes)
+            if scale is None:
+                scale = 1.0 / math.sqrt(qj.shape[-1])
+            out = jagged_attention(qj, kj, vj, layout.offsets, length, scale=scale)
+            return out.unsqueeze(0).movedim((0, 1), self.packed[node]), True
+        q, k, v = (self._padded(n, env) for n in nodes)
+        qj, kj, vj = (padded_to_jagged(x.transpose(1, 2), layout.offsets, layout.total)
                       for x in (q, k, v))
-        scale = entry["scale"] if entry["scale"] is not None else 1.0 / math.sqrt(q.shape[-1])
-        out = jagged_attention(qj, kj, vj, attn_offsets, length, scale=scale)
-        return jagged_to_padded(out, attn_offsets, length).transpose(1, 2)
+        if scale is None:
+            scale = 1.0 / math.sqrt(q.shape[-1])
+        out = jagged_attention(qj, kj, vj, layout.offsets, length, scale=scale)
+        return jagged_to_padded(out, layout.offsets, length).transpose(1, 2), False
 
     def _embeddings(self, entry: dict[str, Any], env: dict[fx.Node, Any],
                     by_name: dict[str, fx.Node]) -> None:

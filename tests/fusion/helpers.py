@@ -56,3 +56,23 @@ def fresh_seed() -> int:
     seed = random.SystemRandom().randrange(2**31)
     print(f"seed: {seed}")
     return seed
+
+
+def run_against_eager(gm: fx.GraphModule, entries: list[dict[str, Any]],
+                      model: torch.nn.Module, batch: Sequence[torch.Tensor]) -> Any:
+    """Run the graph with ``entries`` in place and check loss and every parameter's
+    gradient against eager on the same batch; returns the runner (for what it recorded)."""
+    from gemc.backends.triton.graph_runner import GraphRunner
+
+    model.zero_grad()
+    ref = model(*batch)
+    ref.backward()
+    expected = {k: p.grad.clone() for k, p in model.named_parameters()}
+    model.zero_grad()
+    runner = GraphRunner(gm, entries, params_of(model))
+    loss = runner(*batch)
+    torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-5)
+    loss.backward()
+    for k, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, expected[k], atol=1e-5, rtol=1e-4, msg=k)
+    return runner

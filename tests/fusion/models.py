@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -58,6 +60,14 @@ class JaggedSequence(nn.Module):
         ns = c.transpose(1, 2).reshape(b, D) * has[:, :, 0]
         out = self.head(torch.cat([pooled, ns], dim=1)).squeeze(-1)
         return F.mse_loss(out, labels)
+
+
+def captured_lengths() -> Any:
+    """Hypothesis strategy: history lengths (0 to L, so empty and full rows) of the
+    captured batch's size and total, which the graph's static shapes hold."""
+    from hypothesis import strategies as st
+
+    return st.lists(st.integers(0, L), min_size=4, max_size=4).filter(lambda x: sum(x) == 12)
 
 
 def jagged_batch(lengths: list[int], gen: torch.Generator) -> tuple[torch.Tensor, ...]:

@@ -40,6 +40,13 @@ def test_gem_tiny_with_all_kernels_matches_eager():
     runner = GraphRunner(gm, entries, params_of(model))
     loss = runner(*batch)
     torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-5)
+    # the sequence blocks ran on the real tokens only: every group inside the packed region
+    # was launched at the token count, not at B * L
+    region = next(e for e in entries if e["kind"] == "packed_tokens")
+    tokens = int(batch[-2][1:].sub(batch[-2][:-1]).clamp(min=1).sum())
+    inside = [u for u in runner.units if "structure" in u["entry"]
+              and set(u["entry"]["nodes"]) <= set(region["nodes"])]
+    assert len(inside) >= 8 and all(list(u["packed_runs"]) == [tokens] for u in inside)
     loss.backward()
     emb = next(e for e in entries if e["kind"] == "batched_embedding_bag")
     tables = {t["fqn"]: t for t in emb["tables"]}
@@ -80,7 +87,8 @@ def test_every_layer_norm_runs_as_a_generated_norm_kernel():
     """Also the LayerNorms whose residual add went to the preceding GEMM's epilogue (alone
     in their group), priced no slower than the ATen op they replace."""
     gm, ctx, _ = compiled(GEM, ARGS)
-    group_of = {n: e for e in entries_of(gm, ctx) for n in e["nodes"]}
+    group_of = {n: e for e in entries_of(gm, ctx) if e["kind"] != "packed_tokens"
+                for n in e["nodes"]}
     norms = [n.name for n in gm.graph.nodes if n.target is torch.ops.aten.layer_norm.default]
     assert len(norms) >= 4 * 2  # four per InterFormer block, two blocks at least
     assert all(group_of[n]["kind"] == "norm" for n in norms), \
@@ -114,4 +122,7 @@ def test_plan_lists_self_contained_kernels_and_dumps_sources(tmp_path):
         assert (dump / k["file"]).read_text() == source
     manifest = json.loads((dump / "manifest.json").read_text())
     fuse = next(p for p in manifest["passes"] if p["name"] == "fuse")
-    assert fuse["kernels"] == len(kernels)
+    assert fuse["kernels"] == sum(k["kind"] != "packed_tokens" for k in kernels)
+    region = next(k for k in kernels if k["kind"] == "packed_tokens")  # both blocks inside
+    assert {k["name"] for k in kernels if k["kind"] == "jagged_attention"} <= {
+        k["name"] for k in kernels if set(k["nodes"]) <= set(region["nodes"])}

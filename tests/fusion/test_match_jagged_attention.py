@@ -6,14 +6,12 @@ from __future__ import annotations
 import functools
 
 import torch
-from gemc.backends.triton.graph_runner import GraphRunner
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from gemc import ir
 from tests.conftest import TOY, check_golden
 from tests.fusion import models
-from tests.fusion.helpers import compiled, dump_after, entries_of, fresh_seed, params_of
+from tests.fusion.helpers import compiled, dump_after, entries_of, fresh_seed, run_against_eager
 
 JAGGED = "tests/fusion/models.py:build_jagged"
 
@@ -62,18 +60,8 @@ def _graph(clamp: bool = True):
 def _check(lengths: list[int], clamp: bool = True) -> None:
     gm, entries, spec = _graph(clamp)
     assert len(entries) == 1
-    model = spec.model
     batch = models.jagged_batch(lengths, torch.Generator().manual_seed(fresh_seed()))
-    model.zero_grad()
-    ref = model(*batch)
-    ref.backward()
-    expected = {k: p.grad.clone() for k, p in model.named_parameters()}
-    model.zero_grad()
-    loss = GraphRunner(gm, entries, params_of(model))(*batch)
-    torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-5)
-    loss.backward()
-    for k, p in model.named_parameters():
-        torch.testing.assert_close(p.grad, expected[k], atol=1e-5, rtol=1e-4, msg=k)
+    run_against_eager(gm, entries, spec.model, batch)
 
 
 def test_empty_and_full_histories_match_eager():
@@ -81,7 +69,7 @@ def test_empty_and_full_histories_match_eager():
 
 
 @settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
-@given(st.lists(st.integers(0, models.L), min_size=4, max_size=4).filter(lambda x: sum(x) == 12))
+@given(models.captured_lengths())
 def test_any_lengths_with_the_captured_total_match_eager(lengths: list[int]):
     _check(lengths)
 
