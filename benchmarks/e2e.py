@@ -29,7 +29,8 @@ timed loop (parameters and optimizer state included). The loss curves are printe
 compared to eager (bf16 rounds differently in each variant, so they agree to about 1e-2,
 not bit for bit).
 
-``--profile N`` profiles N steps after the warmup (they stay in the timed median) and writes,
+``--profile N`` profiles N more steps after the timed ones (``steps_run``: profiled steps
+are slower, so they stay out of the median and the loss curve keeps them) and writes,
 next to ``--out``, per variant: ``.kernels.txt`` (device time per kernel), ``.gaps.txt``
 (where the GPU idles within the timed region and why: busy vs idle, idle by cause and gap
 size, the launches that came late, the host syncs and the op chain around each, the largest
@@ -81,7 +82,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         default=0,
         metavar="N",
-        help="profile N steps after the warmup of each variant (torch.profiler); writes the "
+        help="profile N more steps after the timed ones of each variant (torch.profiler); "
+        "writes the "
         "kernels by device time per step next to --out as <out>.<variant>.kernels.txt, where "
         "the GPU idles and why as <out>.<variant>.gaps.txt, and the last profiled step as a "
         "Chrome trace <out>.<variant>.trace.json.gz",
@@ -784,7 +786,7 @@ class StepProfiler:
     (``step_gaps``) says where the GPU waits for the host, and why.
     """
 
-    def __init__(self, n: int, warmup: int, device: Any, path: Path,
+    def __init__(self, n: int, start: int, device: Any, path: Path,
                  stack: bool = False) -> None:
         self.n, self.path, self.prof = n, path, None
         self.cuda = device.type == "cuda"
@@ -793,7 +795,7 @@ class StepProfiler:
         self.gaps_path, self.trace_path = Path(f"{base}.gaps.txt"), Path(f"{base}.trace.json.gz")
         self.summary: dict[str, Any] = {}
         self.calls = 0
-        wait = max(warmup - 1, 0)
+        wait = start  # steps before the profiler's warm-up step (the timed ones)
         self.sync_step = wait + 1 + n  # 0-based: the first step after the profiled ones
         self.sync_sites = SyncSites()
         if n <= 0:
@@ -927,7 +929,7 @@ def _profiler(args: argparse.Namespace, name: str, device: Any) -> StepProfiler:
         # machine out of memory on the tiny preset
         print(f"e2e: --profile-stack ignored for {name}: Triton is interpreted", file=sys.stderr)
         stack = False
-    return StepProfiler(args.profile, args.warmup, device, Path(f"{args.out}.{name}.kernels.txt"),
+    return StepProfiler(args.profile, args.steps, device, Path(f"{args.out}.{name}.kernels.txt"),
                         stack=stack)
 
 
@@ -968,7 +970,7 @@ def _baseline(
     losses, times = [], []
     prof = _profiler(args, name, device)
     try:
-        for step in range(args.steps):
+        for step in range(steps_run(args)):
             batches = trainer.batches(step)
             _sync(device)
             t1 = time.perf_counter()
@@ -999,7 +1001,7 @@ def _gemc(
         result = run(
             plan,
             RunOptions(
-                steps=args.steps,
+                steps=steps_run(args),
                 device=device.type,
                 seed=args.seed,
                 progress=False,
@@ -1017,15 +1019,13 @@ def _gemc(
     summary = _summary(
         "gemc" if kernels else "gemc-nokernels",
         [loss for _, loss in result.losses],
-        [],
+        [float(e["ms"]) for e in rep["losses"]],
         args,
         rep["per_rank"][0]["memory"]["peak_bytes"] if device.type == "cuda" else None,
         rep["setup_s"],
         f"{len(rep['kernels_applied'])} kernels applied; {rep['execution']}; "
         f"autocast {rep['precision']['autocast']}",
     )
-    summary["step_ms"] = rep["step_ms"]
-    summary["samples_per_s"] = rep["samples_per_s"]
     summary["run_wall_s"] = wall
     summary["runner_report"] = {
         k: rep[k] for k in ("vs_predicted", "kernels_applied", "precision", "execution", "mfu")
@@ -1033,6 +1033,14 @@ def _gemc(
     summary.update(prof.summary)
     _free(device)
     return summary
+
+
+def steps_run(args: argparse.Namespace) -> int:
+    """Steps each variant runs: ``--steps`` timed ones (the first ``--warmup`` of them not
+    counted), then, with ``--profile N``, the profiler's own: one warm-up step, N profiled,
+    one recording sync sites. Why after: the profiler slows a step by 10-30% (more for the
+    Python-heavy variants), so profiled steps inside the timed window skewed the medians."""
+    return args.steps + (args.profile + 2 if args.profile > 0 else 0)
 
 
 def _summary(
@@ -1044,7 +1052,7 @@ def _summary(
     setup_s: float,
     note: str | None,
 ) -> dict[str, Any]:
-    timed = times[args.warmup :] or times
+    timed = times[args.warmup : args.steps] or times
     step_ms = statistics.median(timed) if timed else None
     batch = args.batch_size_effective
     return {

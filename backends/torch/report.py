@@ -88,7 +88,7 @@ def build_report(
         "resumed_from": resumed_from,
         "checkpoints": saved,
         "setup_s": setup_s,
-        "losses": [{"step": r.step, "loss": r.loss} for r in metrics.records],
+        "losses": [{"step": r.step, "loss": r.loss, "ms": r.ms} for r in metrics.records],
         "step_ms": step_ms,
         "step_ms_definition": "median over steps after warmup of the slowest rank, "
         "forward+backward+optimizer+loss all-reduce (batch creation excluded)",
