@@ -42,8 +42,16 @@ dims or dtypes)."""
 @dataclass
 class TokenLayout:
     """Where the real tokens of one padded ``[B, L]`` batch sit: ``offsets`` (the attention's
-    lengths, clamped as its mask clamps them) and ``total`` tokens; the gather indices are
-    built on first use."""
+    lengths, clamped as its mask clamps them) and room for ``total`` tokens.
+
+    ``total`` is either the exact count (a host sync) or an upper bound the host knows
+    from shapes alone (:meth:`bounded`); the tokens past the real ones are *spare*: zero
+    where a value enters the region, ignored by the attention (it walks the offsets),
+    dropped where a value leaves it, and, as every op of the region is token-wise, they never
+    reach a real token. Their gradients are therefore zero. Why a bound: the exact count
+    is data, reading it drains the GPU's queue mid-forward, and a count that changes every
+    batch would give every fused kernel a new shape to tune; the bound depends only on the
+    batch's shapes."""
 
     offsets: torch.Tensor
     total: int
@@ -51,22 +59,40 @@ class TokenLayout:
     max_len: int
     _index: dict[str, torch.Tensor] = field(default_factory=dict)
 
+    @staticmethod
+    def _offsets(offsets: torch.Tensor, clamp_min: int, max_len: int) -> torch.Tensor:
+        lengths = (offsets[1:] - offsets[:-1]).clamp(min=clamp_min, max=max_len)
+        return torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)])
+
     @classmethod
     def of(cls, offsets: torch.Tensor, clamp_min: int, max_len: int) -> TokenLayout:
-        lengths = (offsets[1:] - offsets[:-1]).clamp(min=clamp_min, max=max_len)
-        attn_offsets = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)])
-        # the one host sync of a step's layout: every shape below depends on it
-        return cls(attn_offsets, int(attn_offsets[-1]), int(lengths.numel()), max_len)
+        """The exact layout (one host sync: ``total`` is read from the device)."""
+        attn = cls._offsets(offsets, clamp_min, max_len)
+        return cls(attn, int(attn[-1]), int(offsets.numel() - 1), max_len)
+
+    @classmethod
+    def bounded(cls, offsets: torch.Tensor, clamp_min: int, max_len: int,
+                values: int) -> TokenLayout:
+        """Room for every token without a sync: ``values`` (the jagged values' count, a
+        shape) plus the ``clamp_min`` slots each row may add."""
+        batch = int(offsets.numel() - 1)
+        return cls(cls._offsets(offsets, clamp_min, max_len),
+                   int(values) + batch * max(0, int(clamp_min)), batch, max_len)
 
     def index(self, kind: str) -> torch.Tensor:
-        """``row``, ``pos`` or ``flat`` (``row * L + pos``) of every token."""
+        """Per token slot: ``row``, ``pos``, ``flat`` (``row * L + pos``) to gather with (a
+        spare slot reads element 0), or ``row_out`` / ``flat_out`` to scatter with (a spare
+        slot writes one past the end: ``B`` / ``B * L``, a row the caller drops)."""
         if not self._index:
             dev = self.offsets.device
-            lengths = self.offsets[1:] - self.offsets[:-1]
-            row = torch.repeat_interleave(torch.arange(self.batch, device=dev), lengths,
-                                          output_size=self.total)
-            pos = torch.arange(self.total, device=dev) - self.offsets[row]
-            self._index.update(row=row, pos=pos, flat=row * self.max_len + pos)
+            t = torch.arange(self.total, device=dev)
+            row = torch.searchsorted(self.offsets[1:], t, right=True)  # B for spare slots
+            live = row < self.batch
+            row_in = torch.where(live, row, 0)
+            pos = torch.where(live, t - self.offsets[row_in], 0)
+            flat = row_in * self.max_len + pos
+            self._index.update(row=row_in, pos=pos, flat=flat, row_out=row,
+                               flat_out=torch.where(live, flat, self.batch * self.max_len))
         return self._index[kind]
 
 
@@ -96,8 +122,8 @@ def scatter(x: torch.Tensor, dims: Dims, layout: TokenLayout) -> torch.Tensor:
     moved = x.movedim((bd, ld), (0, 1))
     rest = tuple(moved.shape[2:])
     tokens = moved.reshape(layout.total, *rest)
-    full = tokens.new_zeros((layout.batch * layout.max_len, *rest))
-    full = full.index_copy(0, layout.index("flat"), tokens)
+    full = tokens.new_zeros((layout.batch * layout.max_len + 1, *rest))  # + a spare row
+    full = full.index_copy(0, layout.index("flat_out"), tokens)[:-1]
     return full.view(layout.batch, layout.max_len, *rest).movedim((0, 1), (bd, ld))
 
 
@@ -109,8 +135,8 @@ def segment_sum(x: torch.Tensor, dims: Dims, layout: TokenLayout) -> torch.Tenso
     moved = x.movedim((bd, ld), (0, 1))
     rest = tuple(moved.shape[2:])
     tokens = moved.reshape(layout.total, *rest)
-    acc = torch.zeros((layout.batch, *rest), dtype=torch.float32, device=x.device)
-    acc = acc.index_add(0, layout.index("row"), tokens.float()).to(x.dtype)
+    acc = torch.zeros((layout.batch + 1, *rest), dtype=torch.float32, device=x.device)
+    acc = acc.index_add(0, layout.index("row_out"), tokens.float())[:-1].to(x.dtype)
     return acc.movedim(0, bd - (bd > ld))
 
 

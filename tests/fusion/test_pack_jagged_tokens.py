@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 
+import pytest
 import torch
 from gemc.backends.triton import packed_tokens as packed
 from gemc.passes.pack_jagged_tokens import PACKED
@@ -60,11 +61,15 @@ def test_padding_read_unmasked_leaves_the_graph_padded():
     assert not [e for e in entries_of(gm, ctx) if e["kind"] == "packed_tokens"]
 
 
-def test_gather_and_scatter_round_trip_with_gradients():
+@pytest.mark.parametrize("bounded", [False, True])
+def test_gather_and_scatter_round_trip_with_gradients(bounded: bool):
+    """Exact, or with spare slots (room for 13 tokens, 10 real): spare slots never land in
+    the padded tensor and take no gradient."""
     lengths = torch.tensor([3, 0, 5, 1])
     offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
-    layout = packed.TokenLayout.of(offsets, 1, 6)
-    assert layout.total == 3 + 1 + 5 + 1  # the empty history keeps its slot 0
+    layout = packed.TokenLayout.bounded(offsets, 1, 6, 9) if bounded else \
+        packed.TokenLayout.of(offsets, 1, 6)
+    assert layout.total == (9 + 4 if bounded else 3 + 1 + 5 + 1)  # empty history: slot 0
     x = torch.randn(2, 4, 6, 3, requires_grad=True)  # [H, B, L, D]: batch dim 1, seq dim 2
     p = packed.gather(x, (1, 2), 4, layout)
     assert p.shape == (2, 1, layout.total, 3)
@@ -86,7 +91,7 @@ def _check(lengths: list[int]) -> None:
     gm, entries, spec = _graph()
     batch = models.jagged_batch(lengths, torch.Generator().manual_seed(fresh_seed()))
     runner = run_against_eager(gm, entries, spec.model, batch)
-    tokens = sum(max(1, n) for n in lengths)
+    tokens = sum(lengths) + len(lengths)  # room for every token without reading the data
     runs = [u["packed_runs"] for u in runner.units if "packed_runs" in u]
     assert runs and all(list(r) == [tokens] for r in runs)  # every group ran packed
 
@@ -104,7 +109,7 @@ def test_any_lengths_with_the_captured_total_match_eager(lengths: list[int]):
 def test_segment_sum_is_the_padded_sum_of_a_masked_value():
     lengths = torch.tensor([2, 0, 4])
     offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
-    layout = packed.TokenLayout.of(offsets, 1, 5)
+    layout = packed.TokenLayout.bounded(offsets, 1, 5, 6)  # 3 spare slots
     x = torch.randn(1, layout.total, 7, dtype=torch.bfloat16, requires_grad=True)
     got = packed.segment_sum(x, (0, 1), layout)
     x2 = x.detach().clone().requires_grad_()
