@@ -112,16 +112,29 @@ class Tile:
     ``rows``/``cols`` name int64 vectors of the tile's row and column indices, ``rmask``/
     ``cmask`` their validity and ``mask`` the 2-D validity; ``shape`` is the tile's
     ``[R, C]`` block shape as source text.
+
+    ``tile_loads``: load an operand broadcast along every leading dim (a bias, a LayerNorm
+    weight) through a pointer broadcast to the tile's shape, so it arrives in the tile's
+    own layout. Why: loaded as ``[1, C]``, Triton spreads it over all threads and converts
+    it to the tile's layout through shared memory, behind barriers; in a loop over row
+    blocks (Triton hoists neither the load nor the conversion) that left 4 barriers a block
+    in the pointwise backward and 14 in the LayerNorm one at 4 warps (the conversion dragged
+    whole tiles with it), 0 and 2 this way (sm_90 PTX at the h200 sizes). The repeated loads
+    hit L1; the operand holds no registers across the loop, as a hoisted one would (the
+    LayerNorm backward went to 104 registers a thread hoisting its weight and bias, 93
+    this way).
     """
 
     def __init__(self, code: Code, structure: dict[str, Any], *, rows: str = "rows",
                  cols: str = "cols", rmask: str = "rmask", cmask: str = "cmask",
-                 mask: str = "mask", shape: str = "[BLOCK_M, BLOCK_N]", kind: str = "") -> None:
+                 mask: str = "mask", shape: str = "[BLOCK_M, BLOCK_N]", kind: str = "",
+                 tile_loads: bool = False) -> None:
         self.code = code
         self.st = structure
         self.rows, self.cols, self.rmask, self.cmask, self.mask = rows, cols, rmask, cmask, mask
         self.shape = shape
         self.kind = kind or structure["kind"]
+        self.tile_loads = tile_loads
         self.values: dict[int, str] = {}
         self.slots: dict[int, str] = {}
         self.decomposed: set[int] = set()
@@ -159,7 +172,10 @@ class Tile:
         if not bcast[-1]:
             parts.append(f"{self.cols}[None, :] * {prefix}_sn")
             masks.append(f"{self.cmask}[None, :]")
-        if not parts:
+        if self.tile_loads and len(parts) == 1 and not bcast[-1]:
+            self.code(f"{var} = tl.load(tl.broadcast_to({prefix} + {parts[0]}, {self.shape}), "
+                      f"mask={self.mask}, other=0).to(tl.float32)")
+        elif not parts:
             self.code(f"{var} = tl.load({prefix}).to(tl.float32)")
         else:
             self.code(f"{var} = tl.load({prefix} + {' + '.join(parts)}, "
@@ -303,8 +319,9 @@ class Tile:
                          pid_cols: str = "0") -> None:
         """``d<j>`` for every slot reached, by its gradient mode (``pid_rows``: the partial
         row of a ``col`` slot, ``pid_cols``: the partial column of a ``row`` slot). With
-        ``pid_rows=None`` a ``col`` slot's column sums are added to ``cacc<j>`` instead (a
-        program looping over row blocks stores them once, :meth:`store_col_sums`)."""
+        ``pid_rows=None`` a ``col`` slot's masked tile is added to the tile-shaped
+        ``cacc<j>`` instead (a program looping over row blocks reduces and stores it once,
+        :meth:`store_col_sums`)."""
         for j, slot in enumerate(self.st["slots"]):
             a = adj.get(("s", j))
             if a is None:
@@ -312,7 +329,7 @@ class Tile:
             mode = grad_mode(self.kind, slot["bcast"])
             with self.code.block(f"if NEED{j}:"):
                 if mode == "col" and pid_rows is None:
-                    self.code(f"cacc{j} += tl.sum(tl.where({self.mask}, {a}, 0.0), 0)")
+                    self.code(f"cacc{j} += tl.where({self.mask}, {a}, 0.0)")
                 elif mode == "col":
                     self.code(f"tl.store(d{j} + {pid_rows} * N + {self.cols}, "
                               f"tl.sum(tl.where({self.mask}, {a}, 0.0), 0), mask={self.cmask})")
@@ -323,11 +340,12 @@ class Tile:
                     self.store_rows(f"d{j}", a)
 
     def store_col_sums(self, pid_rows: str) -> None:
-        """After a row loop: each ``col`` slot's accumulated column sums, one partial row."""
+        """After a row loop: each ``col`` slot's accumulated tile, summed over its rows (the
+        one cross-warp reduction of the program), as one partial row."""
         for j in self.col_slots():
             with self.code.block(f"if NEED{j}:"):
-                self.code(f"tl.store(d{j} + {pid_rows} * N + {self.cols}, cacc{j}, "
-                          f"mask={self.cmask})")
+                self.code(f"tl.store(d{j} + {pid_rows} * N + {self.cols}, "
+                          f"tl.sum(cacc{j}, 0), mask={self.cmask})")
 
     def reached_slots(self, adj: dict[tuple[str, int], str]) -> list[int]:
         return sorted(idx for tag, idx in adj if tag == "s")

@@ -253,7 +253,8 @@ class _Impl:
                                                 partial_cols=cols)
         if buffers and m * n:
             args = {**self.slot_args(inputs), **dargs, **self.class_args(True), **(extra or {}),
-                    "M": m, "N": n, "ITERS": iters, "BLOCK_M": bm, "BLOCK_N": bn,
+                    "M": m, "N": n, "ITERS": iters, "STAGES": LOOP_STAGES, "BLOCK_M": bm,
+                    "BLOCK_N": bn,
                     **self.grad_args(grads, inputs[0],
                                      shape_of or (lambda j, k: self.shapes[k]), view)}
             self.m.bwd[(programs, cols)](**args)
@@ -578,7 +579,8 @@ class _Gemm(_Impl):
         dbp = torch.empty((programs, n), dtype=torch.float32, device=x.device) if need_b else dz
         dargs, buffers = self.slot_grad_buffers(inputs, needs, partial_rows=programs)
         self.m.dz[(programs, triton.cdiv(n, bn))](
-            dzo=dz, dbp=dbp, HAS_DB=need_b, ITERS=iters, BLOCK_M=bm, BLOCK_N=bn, **dargs,
+            dzo=dz, dbp=dbp, HAS_DB=need_b, ITERS=iters, STAGES=LOOP_STAGES, BLOCK_M=bm,
+            BLOCK_N=bn, **dargs,
             **self._common(saved, grads, m, n, k))
         if needs[self.ix]:
             grads_in[self.ix] = torch.mm(dz, w).view(x.shape)
@@ -628,12 +630,36 @@ def _tile_n(n: int) -> int:
     return min(next_pow2(n, 16), 256)
 
 
-LOOP_TILE = 8192 if INTERPRETED else 1024
-"""Elements of one tile of a looping backward pass: ~64 registers a thread on Hopper (the
-interpreter wants few, large tiles: each is a numpy op)."""
-ROW_PROGRAMS = 3 if INTERPRETED else 132 * 8
-"""Programs of a looping backward pass: 8 per H200 SM; under the interpreter few, so the
-tests walk several row blocks per program."""
+def _env_int(name: str, default: int) -> int:
+    """An integer launch setting from the environment (unset or empty: ``default``)."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r}: expected an integer") from None
+
+
+# The launch shape of the looping backward passes (``bwd``, the library path's ``dz``). Read
+# from the environment once, at import, and looked up by the host at every launch, so a
+# benchmark can also set them on this module between calls (``benchmarks/bwd_sweep.py``
+# does, to sweep them on the GPU). A Triton autotuner caches its choice per (M, N): clear a
+# kernel's ``cache`` after changing them, or the choice made for the old shape sticks.
+LOOP_TILE = _env_int("GEMC_LOOP_TILE", 8192 if INTERPRETED else 1024)
+"""Elements of one tile of a looping backward pass (``GEMC_LOOP_TILE``): 32-93 registers a
+thread at 4 warps on Hopper for the fusion benchmark's groups, 2048 already 45-150
+(``benchmarks/kernel_resources.py``); the interpreter wants few, large tiles (each is a
+numpy op)."""
+ROW_PROGRAMS = _env_int("GEMC_ROW_PROGRAMS", 3 if INTERPRETED else 132 * 8)
+"""Programs of a looping backward pass along the rows (``GEMC_ROW_PROGRAMS``): 8 per H200
+SM; under the interpreter few, so the tests walk several row blocks per program. 0 (or
+less): one row block per program (``ITERS`` = 1), the hardware scheduler then fills the SMs
+as deep as the registers allow, at the price of one partial column-sum row per block."""
+LOOP_STAGES = _env_int("GEMC_LOOP_STAGES", 1)
+"""Software-pipelining depth of the row loop (``GEMC_LOOP_STAGES``; see
+``kernels._row_loop``): 1 issues each row block's loads when it starts, 2 or more prefetch
+the next blocks' operands through shared memory."""
 
 
 def _loop_rows(bn: int) -> int:
@@ -644,8 +670,15 @@ def _loop_rows(bn: int) -> int:
 def _row_programs(m: int, bm: int) -> tuple[int, int]:
     """(programs, row blocks per program) covering ``m`` rows in blocks of ``bm``."""
     blocks = max(1, triton.cdiv(m, bm))
+    if ROW_PROGRAMS <= 0:
+        return blocks, 1
     iters = triton.cdiv(blocks, min(blocks, ROW_PROGRAMS))
     return triton.cdiv(blocks, iters), iters
+
+
+def loop_launch() -> dict[str, int]:
+    """The looping backward passes' launch settings now in force (for reports)."""
+    return {"loop_tile": LOOP_TILE, "row_programs": ROW_PROGRAMS, "loop_stages": LOOP_STAGES}
 
 
 def _autocast_dtype(t: torch.Tensor) -> torch.dtype | None:

@@ -117,18 +117,26 @@ def _row_loop(code: Code, st: dict[str, Any], cols: str,
     thread, where a 4096-element tile needs 220 and starves the SM of warps), while the
     column sums of per-column operands accumulate in registers and reach memory once per
     program, not once per tile. ``body`` emits the loads, forward and reverse sweep of one
-    tile and returns the adjoints."""
+    tile and returns the adjoints. Per-column operands are loaded in the tile's layout
+    (``Tile(tile_loads=True)``: no shared-memory conversion per row block).
+
+    The column sums accumulate tile-shaped (``cacc<j>`` is ``[BLOCK_M, BLOCK_N]``) and are
+    reduced over rows once, after the loop: a per-iteration ``tl.sum(..., 0)`` crosses warps
+    through shared memory behind a barrier, which serialises the loop. ``STAGES`` is the
+    loop's software-pipelining depth: Triton pipelines loads that feed no ``tl.dot`` only in
+    a loop that names its stages, so ``STAGES > 1`` prefetches the next row blocks' operands
+    into shared memory while this one computes (1: no pipelining, plain loads)."""
     code(f"cols = ({cols}).to(tl.int64)")
     code("cmask = cols < N")
     probe = Tile(code, st)
     for j in probe.col_slots():
-        code(f"cacc{j} = tl.zeros([BLOCK_N], dtype=tl.float32)")
-    with code.block("for it in range(0, ITERS):"):
+        code(f"cacc{j} = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)")
+    with code.block("for it in tl.range(0, ITERS, num_stages=STAGES):"):
         code("rows = ((tl.program_id(0) * ITERS + it) * BLOCK_M"
              " + tl.arange(0, BLOCK_M)).to(tl.int64)")
         code("rmask = rows < M")
         code("mask = rmask[:, None] & cmask[None, :]")
-        tile = Tile(code, st)
+        tile = Tile(code, st, tile_loads=True)
         adj = body(tile)
         tile.store_slot_grads(adj, None, pid_cols)
     probe.store_col_sums("tl.program_id(0)")
@@ -144,13 +152,14 @@ def _looped_bwd(code: Code, st: dict[str, Any], configs: str, key: list[str],
                 sizes: list[str], cols: str, pid_cols: str,
                 body: Callable[[Tile], dict[tuple[str, int], str]] = _reverse_all) -> None:
     """The ``bwd`` kernel of a kind whose backward is one :func:`_row_loop` pass; the host
-    launches it through ``host._Impl.looped_backward`` (``BLOCK_M`` and ``ITERS`` are
-    the host's: they lay out the partial sums)."""
+    launches it through ``host._Impl.looped_backward`` (``BLOCK_M``, ``ITERS`` and
+    ``STAGES`` are the host's: the first two lay out the partial sums)."""
     code("\n")
     code(f"@triton.autotune(configs={configs}, key={key!r})")
     _signature(code, "bwd", [*slot_params(st), *grad_params(st), *slot_grad_params(st),
                              *classes_params(st, backward=True), *sizes, "ITERS",
-                             "BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr"])
+                             "STAGES: tl.constexpr", "BLOCK_M: tl.constexpr",
+                             "BLOCK_N: tl.constexpr"])
     with code.block(""):
         _row_loop(code, st, cols, body, pid_cols)
 
@@ -451,8 +460,8 @@ def _gemm(code: Code, st: dict[str, Any]) -> None:
     code('@triton.autotune(configs=_DZ_CONFIGS, key=["M", "N"])')
     _signature(code, "dz", [*zparam, *slot_params(st), *grad_params(st), *slot_grad_params(st),
                             "dzo", "dbp", *classes_params(st, backward=True), "M", "N", "ITERS",
-                            "HAS_DB: tl.constexpr", "BLOCK_M: tl.constexpr",
-                            "BLOCK_N: tl.constexpr"])
+                            "HAS_DB: tl.constexpr", "STAGES: tl.constexpr",
+                            "BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr"])
 
     def dz_body(tile: Tile) -> dict[tuple[str, int], str]:
         z_tile(tile)
@@ -460,15 +469,16 @@ def _gemm(code: Code, st: dict[str, Any]) -> None:
         code(f"dzv = tl.where(mask, {adj[('v', 0)]}, 0.0)")
         tile.store_rows("dzo", "dzv")
         with code.block("if HAS_DB:"):
-            code("dbacc += tl.sum(dzv, 0)")
+            code("dbacc += dzv")
         return adj
 
     with code.block(""):
-        code("dbacc = tl.zeros([BLOCK_N], dtype=tl.float32)")
+        # tile-shaped bias sums, reduced once after the loop (see _row_loop)
+        code("dbacc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)")
         _row_loop(code, st, "tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)", dz_body,
                   "tl.program_id(1)")
         with code.block("if HAS_DB:"):
-            code("tl.store(dbp + tl.program_id(0) * N + cols, dbacc, mask=cmask)")
+            code("tl.store(dbp + tl.program_id(0) * N + cols, tl.sum(dbacc, 0), mask=cmask)")
 
     # wgrad (+ bias gradient), split over M into fp32 partial sums
     code("\n")
