@@ -274,6 +274,18 @@ def environment(device: torch.device) -> dict[str, Any]:
     return env
 
 
+def device_and_dtype(ap: argparse.ArgumentParser, smoke: bool
+                     ) -> tuple[torch.device, torch.dtype]:
+    """CUDA in bf16, or (``--smoke`` only) the CPU in fp32 under ``TRITON_INTERPRET=1``, set
+    before any kernel is imported."""
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        if not smoke:
+            ap.error("no CUDA device: only --smoke runs here (under TRITON_INTERPRET=1)")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return device, torch.float32 if smoke else torch.bfloat16
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, fp32 (CPU interpreter)")
@@ -282,12 +294,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel is imported
-        if not args.smoke:
-            ap.error("no CUDA device: only --smoke runs here (under TRITON_INTERPRET=1)")
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = torch.float32 if args.smoke else torch.bfloat16
+    device, dtype = device_and_dtype(ap, args.smoke)
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
     gen = torch.Generator().manual_seed(seed)
     table = cases(args.smoke)
