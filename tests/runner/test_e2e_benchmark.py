@@ -31,6 +31,7 @@ def test_smoke_runs_all_variants_with_matching_losses(tmp_path: Path) -> None:
     out = tmp_path / "e2e.json"
     assert e2e.main(["--smoke", "--steps", "2", "--profile", "1", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
+    assert result["isolated"]  # each variant ran in its own child process
     rows = {r["variant"]: r for r in result["variants"]}
     assert set(rows) == {"eager", "compile", "gemc"}
     for name, row in rows.items():
