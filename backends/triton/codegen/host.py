@@ -651,11 +651,14 @@ LOOP_TILE = _env_int("GEMC_LOOP_TILE", 8192 if INTERPRETED else 1024)
 thread at 4 warps on Hopper for the fusion benchmark's groups, 2048 already 45-150
 (``benchmarks/kernel_resources.py``); the interpreter wants few, large tiles (each is a
 numpy op)."""
-ROW_PROGRAMS = _env_int("GEMC_ROW_PROGRAMS", 3 if INTERPRETED else 132 * 8)
-"""Programs of a looping backward pass along the rows (``GEMC_ROW_PROGRAMS``): 8 per H200
-SM; under the interpreter few, so the tests walk several row blocks per program. 0 (or
-less): one row block per program (``ITERS`` = 1), the hardware scheduler then fills the SMs
-as deep as the registers allow, at the price of one partial column-sum row per block."""
+ROW_PROGRAMS = _env_int("GEMC_ROW_PROGRAMS", 3 if INTERPRETED else 132 * 16)
+"""Programs of a looping backward pass along the rows (``GEMC_ROW_PROGRAMS``): 16 per H200
+SM, the fastest backward of all three fusion cases in ``benchmarks/bwd_sweep.py`` on the
+H200 (2026-12-02, tile 1024: LayerNorm 0.571 ms, pointwise 0.492, masked sum 0.302; at 8 per
+SM 0.733 / 0.499 / 0.358; ``benchmarks/results/bwd_sweep_h200.log``); under the interpreter
+few, so the tests walk several row blocks per program. 0 (or less): one row block per
+program (``ITERS`` = 1), the hardware scheduler then fills the SMs as deep as the registers
+allow, at the price of one partial column-sum row per block."""
 LOOP_STAGES = _env_int("GEMC_LOOP_STAGES", 1)
 """Software-pipelining depth of the row loop (``GEMC_LOOP_STAGES``; see
 ``kernels._row_loop``): 1 issues each row block's loads when it starts, 2 or more prefetch
