@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# One device call: fused groups (fusion.py, both GEMM paths measured and the faster kept),
-# then end-to-end GEM training; extra arguments go to e2e.py (e.g. --variants gemc).
+# One device call (~8 min on the H200): end-to-end GEM training (eager, torch.compile, gemc,
+# each in its own process), the fused groups against torch.compile (fusion.py), and the
+# looping backward's launch-shape sweep (bwd_sweep.py). Results under $OUT; extra arguments
+# go to e2e.py (e.g. --variants gemc).
 set -uo pipefail
 source scripts/device_env.sh
 export PYTHONUNBUFFERED=1
-timeout 140 python3 benchmarks/fusion.py --out "$OUT/fusion.json" > "$OUT/fusion.log" 2>&1
-grep -vE "^\.\.\.|Warning|detach|err = " "$OUT/fusion.log" | tail -45 | cut -c1-175
-timeout 300 python3 benchmarks/e2e.py --steps 20 --warmup 5 --profile 3 --out "$OUT/e2e.json" \
+timeout 300 python3 benchmarks/e2e.py --steps 20 --warmup 5 --profile 1 --out "$OUT/e2e.json" \
   "$@" > "$OUT/e2e.log" 2>&1
-grep -vE "Warning|warn" "$OUT/e2e.log" | tail -14
-for f in "$OUT"/e2e.json.*.kernels.txt; do echo "== $f"; head -30 "$f" | cut -c1-150; done
+grep -vE "Warning|warn" "$OUT/e2e.log" | tail -12
+timeout 130 python3 benchmarks/fusion.py --out "$OUT/fusion.json" > "$OUT/fusion.log" 2>&1
+grep -vE "^\.\.\.|Warning|detach|err = " "$OUT/fusion.log" | tail -12 | cut -c1-175
+timeout 100 python3 benchmarks/bwd_sweep.py --budget-s 70 --out "$OUT/bwd_sweep.json" \
+  > "$OUT/bwd_sweep.log" 2>&1
+grep -vE "Warning|warn" "$OUT/bwd_sweep.log" | tail -6
