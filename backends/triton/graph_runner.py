@@ -226,7 +226,11 @@ class GraphRunner:
     def _reads(self, key: Any) -> set[fx.Node]:
         """Nodes whose values the step at ``key`` reads from the environment."""
         if key[0] == "n":
-            return set(key[1].all_input_nodes)
+            reads = set(key[1].all_input_nodes)
+            region = self.packed_sources.get(key[1])
+            if region is not None:  # the region's layout is built here, from the offsets
+                reads.add(self.by_name[region["offsets"]])
+            return reads
         unit = self.units[key[1]]
         members = set(unit["nodes"])
         reads = {a for n in members for a in n.all_input_nodes if a not in members}

@@ -121,3 +121,14 @@ def test_segment_sum_is_the_padded_sum_of_a_masked_value():
     y = torch.randn(3, 1, layout.total)  # batch dim after the reduced one: [D, B, L]
     torch.testing.assert_close(packed.segment_sum(y, (1, 2), layout),
                                packed.scatter(y, (1, 2), layout).sum(dim=2))
+
+
+def test_region_alone_runs_unknown_ops_padded():
+    """Without the attention kernel the region's SDPA has no packed rule: it runs padded
+    (inputs scattered, output gathered back), every other node packed; same loss and
+    gradients. (Also: the offsets stay alive for the layout with no attention reading them.)"""
+    gm, entries, spec = _graph()
+    region = [e for e in entries if e["kind"] == "packed_tokens"]
+    batch = models.jagged_batch([2, 0, 8, 2], torch.Generator().manual_seed(fresh_seed()))
+    runner = run_against_eager(gm, region, spec.model, batch)
+    assert runner.packed and not runner.units
