@@ -76,10 +76,33 @@ def explain(plan: dict[str, Any]) -> str:
         )
     if pred.get("per_rank"):
         out += ["", *_per_rank(plan)]
-    out += ["", f"kernels    {len(plan['kernels'])}", *precision_section(plan)]
+    out += ["", *_kernel_lines(plan["kernels"]), *precision_section(plan)]
     for w in plan.get("warnings", []):
         out.append(f"warning: {w}")
     return "\n".join(out)
+
+
+def _kernel_lines(kernels: list[dict[str, Any]]) -> list[str]:
+    """Per kind: how many, and the cost model's fwd+bwd ms before/after for them (a packed
+    token region also says how many nodes it spans and its fill). Why: the count alone did
+    not say whether the plan runs the sequence tower on its real tokens."""
+    if not kernels:
+        return ["kernels    0"]
+    lines = [f"kernels    {len(kernels)}"]
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for k in kernels:
+        by_kind.setdefault(str(k.get("kind")), []).append(k)
+    for kind, entries in sorted(by_kind.items()):
+        pred = [k.get("predicted") or {} for k in entries]
+        before = sum(p.get("before_ms") or 0.0 for p in pred)
+        after = sum(p.get("after_ms") or 0.0 for p in pred)
+        line = f"           {len(entries):3d} {kind:<22} pred {before:9.3f} -> {after:9.3f} ms"
+        if kind == "packed_tokens":
+            spans = ", ".join(f"{len(k.get('nodes', []))} nodes at fill {k.get('fill')}"
+                              for k in entries)
+            line += f"  ({spans}; overlaps the kernels inside)"
+        lines.append(line)
+    return lines
 
 
 def _solver_lines(solver: dict[str, Any] | None) -> list[str]:

@@ -124,6 +124,11 @@ def test_plan_lists_self_contained_kernels_and_dumps_sources(tmp_path):
     manifest = json.loads((dump / "manifest.json").read_text())
     fuse = next(p for p in manifest["passes"] if p["name"] == "fuse")
     assert fuse["kernels"] == sum(k["kind"] != "packed_tokens" for k in kernels)
+    from gemc.explain import explain
+
+    text = explain(plan)  # one line per kind, the packed region with its span and fill
+    assert f"kernels    {len(kernels)}" in text
+    assert "packed_tokens" in text and "nodes at fill" in text and "jagged_attention" in text
     region = next(k for k in kernels if k["kind"] == "packed_tokens")  # both blocks inside
     assert {k["name"] for k in kernels if k["kind"] == "jagged_attention"} <= {
         k["name"] for k in kernels if set(k["nodes"]) <= set(region["nodes"])}
