@@ -7,6 +7,7 @@ from gemc.passes.assign_regions import AssignRegions
 from gemc.passes.classify_ops import ClassifyOps
 from gemc.passes.collect_tables import CollectTables
 from gemc.passes.count_flops_bytes import CountFlopsBytes
+from gemc.passes.fold_transposed_linear import FoldTransposedLinear
 from gemc.passes.fuse import Fuse
 from gemc.passes.group_embeddings import GroupEmbeddings
 from gemc.passes.match_jagged_attention import MatchJaggedAttention
@@ -37,4 +38,5 @@ def kernel_passes() -> list[Pass]:
     """Kernel selection, after predict-time (they price groups with its per-node times):
     recommendation kernels first, so generic fusion does not take their nodes; the packed
     token region last (it spans the groups and attentions that run inside it)."""
-    return [MatchJaggedAttention(), GroupEmbeddings(), Fuse(), PackJaggedTokens()]
+    return [MatchJaggedAttention(), GroupEmbeddings(), FoldTransposedLinear(), Fuse(),
+            PackJaggedTokens()]

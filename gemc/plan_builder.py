@@ -261,6 +261,12 @@ def kernel_entries(gm: fx.GraphModule, ctx: PassContext) -> list[dict[str, Any]]
                     "fill", "padded_from")
             entry.update(library="gemc.backends.triton.jagged_attention", q=q, k=k, v=v,
                          **{key: f[key] for key in keep})
+        elif kind == "transposed_linear":
+            node = nodes[0]
+            bias = node.args[2] if len(node.args) > 2 else None
+            entry.update(library="gemc.backends.triton.transposed_linear",
+                         input=node.args[0].name, weight=node.args[1].name,
+                         bias=bias.name if isinstance(bias, fx.Node) else None)
         elif kind == "batched_embedding_bag":
             tables = [t for t in (lookup_facts(n) for n in nodes) if t is not None]
             entry.update(library="gemc.backends.triton.embedding_bag", batch=f["batch"],

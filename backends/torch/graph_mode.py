@@ -43,6 +43,7 @@ GRAPH_KINDS = (
     "batched_embedding_bag",
     "jagged_attention",
     "packed_tokens",
+    "transposed_linear",
 )
 NO_KERNELS_FIX = "pass --no-kernels to run the ops the kernels replace, or compile without them"
 

@@ -15,7 +15,8 @@ with. An entry whose kind nobody registered, or whose source is missing or chang
 hide the fact that the plan was not executed as written.
 
 The kinds the compiler emits today (fused groups, ``batched_embedding_bag``,
-``jagged_attention``) replace graph nodes rather than modules and are executed by graph
+``jagged_attention``, ``transposed_linear``, and the ``packed_tokens`` layout) replace graph
+nodes rather than modules and are executed by graph
 mode (:mod:`.graph_mode`), not through this registry. The registry is for kernels that
 swap whole modules, which keeps them usable in multi-rank (module-mode) runs; backends
 register their appliers on import, and ``--kernel-module`` on the command line imports such

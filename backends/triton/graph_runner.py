@@ -43,6 +43,7 @@ from .codegen import generated
 from .codegen.host import make_runner
 from .codegen.spec import sha256
 from .packed_tokens import TokenLayout
+from .transposed_linear import transposed_linear
 
 __all__ = ["GraphRunner"]
 
@@ -242,6 +243,8 @@ class GraphRunner:
             names = [entry[x] for x in ("q", "k", "v", "offsets")]
         elif entry["kind"] == "batched_embedding_bag":
             names = [t[x] for t in entry["tables"] for x in ("ids", "offsets")]
+        elif entry["kind"] == "transposed_linear":
+            names = [entry[x] for x in ("input", "weight", "bias") if entry.get(x)]
         return reads | {self.by_name[name] for name in names}
 
     def _last_reads(self) -> list[list[fx.Node]]:
@@ -430,6 +433,11 @@ class GraphRunner:
             self._store(node, value, env, is_packed)
         elif entry["kind"] == "batched_embedding_bag":
             self._embeddings(entry, env, by_name)
+        elif entry["kind"] == "transposed_linear":
+            node = unit["nodes"][0]
+            bias = self._padded(by_name[entry["bias"]], env) if entry.get("bias") else None
+            self._store(node, transposed_linear(self._padded(by_name[entry["input"]], env),
+                                                env[by_name[entry["weight"]]], bias), env)
         else:
             raise ValueError(f"unknown kernel kind {entry['kind']!r}")
 

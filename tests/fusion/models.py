@@ -197,3 +197,30 @@ def build_self_residual() -> ModelSpec:
                 torch.randn(4, L, generator=gen).to(device))
 
     return ModelSpec(model=SelfResidual(), example_inputs=batch(0), make_batch=batch)
+
+
+class TokenMix(nn.Module):
+    """Linears over the token axis, as Wukong writes them: on ``x.transpose(1, 2)``, with and
+    without bias, one read back through a transpose, one through a bmm with ``x``."""
+
+    def __init__(self, n: int = 6, d: int = 8, m: int = 4) -> None:
+        super().__init__()
+        self.mix = nn.Linear(n, m)
+        self.fm = nn.Linear(n, 3, bias=False)
+        self.head = nn.Linear(m * d + n * 3, 1)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        xt = x.transpose(1, 2)  # [B, d, n]
+        mixed = self.mix(xt).transpose(1, 2)  # [B, m, d]
+        fm = torch.bmm(x, self.fm(xt))  # [B, n, 3]
+        out = self.head(torch.cat([mixed.flatten(1), fm.flatten(1)], dim=1)).squeeze(-1)
+        return F.mse_loss(out, labels)
+
+
+def build_token_mix() -> ModelSpec:
+    def batch(step: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, ...]:
+        gen = torch.Generator().manual_seed(step)
+        return (torch.randn(5, 6, 8, generator=gen).to(device),
+                torch.randn(5, generator=gen).to(device))
+
+    return ModelSpec(model=TokenMix(), example_inputs=batch(0), make_batch=batch)
