@@ -78,6 +78,44 @@ def table_summaries(gm: fx.GraphModule, captured: Captured) -> list[dict[str, An
     return tables
 
 
+def kernel_adjusted_ms(gm: fx.GraphModule) -> dict[fx.Node, float]:
+    """Each node's forward+backward ms as the plan runs it (``gemc.predicted_ms`` is the node
+    run alone, as ATen would): a kernel group's members scaled by its after/before,
+    and, inside a packed token region, by the region's fill (the token-wise work shrinks
+    with the real tokens; the jagged attention is already priced over them). Why: the step
+    the plan predicts, and the placement the solver picks, are for the plan's kernels, not
+    for the graph without them (the GEM h200 plan predicted 175 ms where its run measured
+    82 ms before this)."""
+    from gemc.passes.pack_jagged_tokens import PACKED, PACKED_REGION
+
+    ratio: dict[str, float] = {}
+    attention: set[str] = set()
+    fill: dict[str, float] = {}
+    for node in gm.graph.nodes:
+        facts = node.meta.get(ir.KERNEL)
+        # a ratio, not after_ms itself: the precision pass reprices the nodes after the
+        # kernel passes priced their groups (at the captured dtype). A transposed linear's
+        # own time is already the GEMM alone (its before adds the copy it saves).
+        if facts and facts.get("before_ms") and facts.get("after_ms") is not None \
+                and facts.get("kind") != "transposed_linear":
+            ratio[facts["id"]] = float(facts["after_ms"]) / float(facts["before_ms"])
+        if facts and facts.get("kind") == "jagged_attention":
+            attention.add(facts["id"])
+        region = node.meta.get(PACKED_REGION)
+        if region is not None:
+            fill[region["id"]] = float(region["fill"])
+    out: dict[fx.Node, float] = {}
+    for node in gm.graph.nodes:
+        ms = float(node.meta.get(ir.PREDICTED_MS, 0.0) or 0.0)
+        gid = node.meta.get(ir.GROUP)
+        ms *= ratio.get(gid, 1.0)
+        packed = node.meta.get(PACKED)
+        if packed is not None and gid not in attention:
+            ms *= fill.get(packed["id"], 1.0)
+        out[node] = ms
+    return out
+
+
 def region_summaries(
     gm: fx.GraphModule, captured: Captured, table_fqns: set[str]
 ) -> list[dict[str, Any]]:
@@ -90,6 +128,7 @@ def region_summaries(
     strategy: dict[str, str] = {}
     extra: dict[str, dict[str, Any]] = {}  # the solver's shard_group / checkpoint, if any
     predicted: dict[str, float] = defaultdict(float)
+    node_ms = kernel_adjusted_ms(gm)
     for node in gm.graph.nodes:
         region = node.meta.get(ir.REGION, "")
         kind = ir.kind_of(node)
@@ -112,7 +151,7 @@ def region_summaries(
         flops[region] += int(node.meta.get(ir.FLOPS, 0))
         nbytes[region] += int(node.meta.get(ir.BYTES, 0))
         kinds[region][kind.value if kind else "other"] += 1
-        predicted[region] += float(node.meta.get(ir.PREDICTED_MS, 0.0))
+        predicted[region] += node_ms[node]
         placement = node.meta.get(ir.PLACEMENT) or {}
         strategy.setdefault(region, placement.get("strategy", "ddp"))
         extra.setdefault(

@@ -132,3 +132,37 @@ def test_plan_lists_self_contained_kernels_and_dumps_sources(tmp_path):
     region = next(k for k in kernels if k["kind"] == "packed_tokens")  # both blocks inside
     assert {k["name"] for k in kernels if k["kind"] == "jagged_attention"} <= {
         k["name"] for k in kernels if set(k["nodes"]) <= set(region["nodes"])}
+
+
+def test_region_times_are_priced_with_the_plans_kernels():
+    """A group outside the packed region costs its after_ms; inside, its after_ms times the
+    fill; the jagged attention is already priced on the real tokens; a transposed linear
+    and a node in no group and no region keep their own times (the linear's is the GEMM
+    alone). The plan's regions sum these."""
+    from gemc.passes.pack_jagged_tokens import PACKED
+
+    from gemc.plan_builder import kernel_adjusted_ms
+
+    gm, ctx, _ = compiled(GEM, ARGS)
+    ms = kernel_adjusted_ms(gm)
+    entries = entries_of(gm, ctx)
+    region = next(e for e in entries if e["kind"] == "packed_tokens")
+    by_name = {n.name: n for n in gm.graph.nodes}
+    checked = set()
+    for e in entries:
+        if e["kind"] in ("packed_tokens", "batched_embedding_bag"):
+            continue
+        if e["kind"] == "transposed_linear":
+            node = by_name[e["nodes"][0]]
+            assert ms[node] == node.meta["gemc.predicted_ms"] < e["predicted"]["before_ms"]
+            continue
+        inside = set(e["nodes"]) <= set(region["nodes"])
+        scale = region["fill"] if inside and e["kind"] != "jagged_attention" else 1.0
+        got = sum(ms[by_name[n]] for n in e["nodes"])
+        torch.testing.assert_close(got, e["predicted"]["after_ms"] * scale, rtol=1e-3,
+                                   atol=1e-6, msg=e["name"])  # before/after: 6 decimals
+        checked.add(inside)
+    assert checked == {True, False}
+    loose = next(n for n in gm.graph.nodes if "gemc.group" not in n.meta and PACKED not in n.meta
+                 and n.meta.get("gemc.predicted_ms"))
+    assert ms[loose] == loose.meta["gemc.predicted_ms"]
