@@ -112,8 +112,27 @@ def gather(x: Any, dims: Dims, rank: int, layout: TokenLayout) -> Any:
     kind = "flat" if sb > 1 and sl > 1 else "row" if sb > 1 else "pos"
     moved = x.movedim((bd, ld), (0, 1))
     rest = tuple(moved.shape[2:])
-    picked = moved.reshape(sb * sl, *rest).index_select(0, layout.index(kind))
+    picked = _Gather.apply(moved.reshape(sb * sl, *rest), layout.index(kind))
     return picked.view(1, layout.total, *rest).movedim((0, 1), (bd, ld))
+
+
+class _Gather(torch.autograd.Function):
+    """``src[index]`` whose backward adds the gradients up in fp32. Why not ``index_select``:
+    a per-sequence operand (``[B, 1, d]``) is gathered to every token of its row, and
+    ``index_select``'s backward adds a row's ~100s of bf16 token gradients with bf16
+    atomics, where the broadcast it replaces (eager's) reduces them in fp32."""
+
+    @staticmethod
+    def forward(ctx, src, index):  # type: ignore[override]
+        ctx.save_for_backward(index)
+        ctx.rows, ctx.dtype = src.shape[0], src.dtype
+        return src.index_select(0, index)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        (index,) = ctx.saved_tensors
+        acc = torch.zeros((ctx.rows, *grad.shape[1:]), dtype=torch.float32, device=grad.device)
+        return acc.index_add_(0, index, grad.float()).to(ctx.dtype), None
 
 
 def scatter(x: torch.Tensor, dims: Dims, layout: TokenLayout) -> torch.Tensor:

@@ -132,3 +132,21 @@ def test_region_alone_runs_unknown_ops_padded():
     batch = models.jagged_batch([2, 0, 8, 2], torch.Generator().manual_seed(fresh_seed()))
     runner = run_against_eager(gm, region, spec.model, batch)
     assert runner.packed and not runner.units
+
+
+def test_per_row_gather_adds_token_gradients_in_fp32():
+    """A [B, 1, d] bf16 operand gathered to 300 tokens a row: its gradient is the fp32 sum
+    of the tokens' gradients, rounded once (bf16 atomics would round at every add)."""
+    lengths = torch.tensor([300, 0, 299])
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+    layout = packed.TokenLayout.bounded(offsets, 1, 300, 599)
+    x = torch.randn(3, 1, 16, dtype=torch.bfloat16, requires_grad=True)
+    y = packed.gather(x, (0, 1), 3, layout)
+    live = layout.index("row_out") < 3  # spare slots carry no gradient in a model
+    g = torch.randn(y.shape, generator=torch.Generator().manual_seed(fresh_seed()))
+    g = (g * live[None, :, None]).to(torch.bfloat16)
+    y.backward(g)
+    want = torch.zeros(3, 16, dtype=torch.float64).index_add_(
+        0, layout.index("row"), g[0].double())[:, None, :]
+    # one rounding to bf16 (half an ulp, 2^-9 relative) of a sum of ~17 in magnitude
+    torch.testing.assert_close(x.grad.double(), want, rtol=2.0**-8, atol=1e-3)
