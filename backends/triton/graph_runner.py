@@ -38,6 +38,8 @@ from typing import Any
 import torch
 from torch import fx
 
+from gemc import ir
+
 from . import packed_tokens as packed
 from .codegen import generated
 from .codegen.host import make_runner
@@ -56,21 +58,21 @@ def _gemm_operand_in_epilogue(structure: dict[str, Any]) -> bool:
     return any(slot["input"] in operands for slot in structure["slots"])
 
 
-def _autocast_on(inputs: Sequence[Any]) -> bool:
+def _autocast_dtype(inputs: Sequence[Any]) -> torch.dtype | None:
+    """The autocast dtype active on the inputs' device, or None."""
     dev = next((t.device.type for t in inputs if isinstance(t, torch.Tensor)), None)
-    return dev is not None and torch.is_autocast_enabled(dev)
+    if dev is None or not torch.is_autocast_enabled(dev):
+        return None
+    return torch.get_autocast_dtype(dev)
 
 
 _SKIP = {torch.ops.aten._assert_tensor_metadata.default}
 _LINEAR = torch.ops.aten.linear.default
 
 
-def ir_shape(node: fx.Node) -> tuple[int, ...]:
-    """The captured (padded) shape of a node's value; a tuple node: its first element's."""
-    val = node.meta.get("val")
-    if isinstance(val, (tuple, list)):
-        val = val[0]
-    return tuple(val.shape) if isinstance(val, torch.Tensor) else ()
+def _rank(node: fx.Node) -> int:
+    """The rank of a node's captured (padded) value; a tuple node: its first element's."""
+    return len(ir.shape_of(node) or ())
 
 
 def _param_fqn(node: fx.Node) -> str | None:
@@ -110,6 +112,7 @@ class GraphRunner:
                 continue
             index = len(self.units)
             unit = {"entry": entry, "nodes": [by_name[n] for n in entry["nodes"]]}
+            unit["packed"] = all(n in self.packed for n in unit["nodes"])  # runs packed
             if "structure" in entry:
                 unit["run"] = make_runner(self._source(entry, sources), entry["binding"])
                 unit["shared_operand"] = _gemm_operand_in_epilogue(entry["structure"])
@@ -317,7 +320,7 @@ class GraphRunner:
         src = node.args[0]
         if not (isinstance(src, fx.Node) and src in self.packed):
             return None
-        rank = len(ir_shape(src))
+        rank = _rank(src)
         reduced = [int(d) % rank for d in node.args[1]]
         keep = len(node.args) > 2 and node.args[2]
         if reduced != [self.packed[src][1]] or keep:
@@ -385,7 +388,7 @@ class GraphRunner:
             acc = bool(node.args[3]) if len(node.args) > 3 else False
             return packed.source(env[self.by_name[r["values"]]], env[self.by_name[r["row"]]],
                                  env[self.by_name[r["pos"]]], layout, acc)
-        rank = len(ir_shape(node))
+        rank = _rank(node)
         if packed.is_pointwise(node):
             args = [self._entering(a, dims, rank, env, layout) for a in node.args]
             kwargs = {k: self._entering(v, dims, rank, env, layout)
@@ -408,25 +411,25 @@ class GraphRunner:
         if isinstance(out, (tuple, list)):
             raise ValueError(f"packed region: {node.name} ({node.target}) returns a tuple and "
                              "has no packed rule")
-        return packed.gather(out, dims, len(ir_shape(node)), layout)
+        return packed.gather(out, dims, _rank(node), layout)
 
     def _run_unit(self, unit: dict[str, Any], env: dict[fx.Node, Any]) -> None:
         entry = unit["entry"]
         by_name = self.by_name
         if "structure" in entry:
             binding = entry["binding"]
-            if all(n in self.packed for n in unit["nodes"]):
+            if unit["packed"]:
                 run, inputs = self._packed_group(unit, env)
             else:
                 run = unit["run"]
                 inputs = [self._padded(by_name[n], env) for n in binding["inputs"]]
-            if unit.get("shared_operand") and _autocast_on(inputs):
+            if unit.get("shared_operand") and _autocast_dtype(inputs) is not None:
                 self._run_as_aten(unit, env)
                 return
             dtypes = self._narrowed(unit["narrow"], inputs)
             outs = run(*inputs, out_dtypes=dtypes)
             for name, value in zip(binding["outputs"], outs):
-                self._store(by_name[name], value, env)
+                self._store(by_name[name], value, env, unit["packed"])
         elif entry["kind"] == "jagged_attention":
             node = unit["nodes"][0]
             value, is_packed = self._jagged_attention(entry, env, by_name)
@@ -437,7 +440,8 @@ class GraphRunner:
             node = unit["nodes"][0]
             bias = self._padded(by_name[entry["bias"]], env) if entry.get("bias") else None
             self._store(node, transposed_linear(self._padded(by_name[entry["input"]], env),
-                                                env[by_name[entry["weight"]]], bias), env)
+                                                env[by_name[entry["weight"]]], bias), env,
+                        False)
         else:
             raise ValueError(f"unknown kernel kind {entry['kind']!r}")
 
@@ -457,14 +461,11 @@ class GraphRunner:
             env[node] = self._compute(node, env)
 
     def _store(self, node: fx.Node, value: Any, env: dict[fx.Node, Any],
-               is_packed: bool | None = None) -> None:
-        """A unit's output into the environment, in the packed layout if a region node
-        (``is_packed``: whether it already is; by default, whether its unit ran packed)."""
-        if is_packed is None:
-            unit = self.units[self.unit_of[node]] if node in self.unit_of else None
-            is_packed = unit is not None and all(n in self.packed for n in unit["nodes"])
+               is_packed: bool) -> None:
+        """A unit's output into the environment, gathered to the packed layout if it is a
+        region node whose unit answered padded (``is_packed``: the value already is)."""
         if node in self.packed and not is_packed:
-            value = packed.gather(value, self.packed[node], len(ir_shape(node)),
+            value = packed.gather(value, self.packed[node], _rank(node),
                                   self._region_layout(node, env))
         env[node] = value
 
@@ -479,7 +480,7 @@ class GraphRunner:
         out_node = self.by_name[binding["outputs"][0]]
         dims = self.packed[out_node]
         layout = self._region_layout(out_node, env)
-        rank = len(ir_shape(out_node))
+        rank = _rank(out_node)
         runs = unit.setdefault("packed_runs", {})
         if layout.total not in runs:
             shapes = [packed.packed_shape(sh, dims, rank, layout.total)
@@ -502,13 +503,8 @@ class GraphRunner:
     @staticmethod
     def _narrowed(narrow: list[bool], inputs: Sequence[Any]) -> list[torch.dtype | None] | None:
         """Per output, the autocast dtype where the output may be written in it, else None."""
-        if not any(narrow):
-            return None
-        dev = next((t.device.type for t in inputs if isinstance(t, torch.Tensor)), None)
-        if dev is None or not torch.is_autocast_enabled(dev):
-            return None
-        dt = torch.get_autocast_dtype(dev)
-        return [dt if f else None for f in narrow]
+        dt = _autocast_dtype(inputs) if any(narrow) else None
+        return None if dt is None else [dt if f else None for f in narrow]
 
     def _jagged_attention(self, entry: dict[str, Any], env: dict[fx.Node, Any],
                           by_name: dict[str, fx.Node]) -> tuple[torch.Tensor, bool]:
@@ -565,8 +561,8 @@ class GraphRunner:
         """The batched lookup's flat offsets (each table's shifted by the ids before it)
         and, with mean-pooled tables, per-id weights (1/length there, 1 for sum tables),
         for tables of one batch size: a few launches for all tables. Why: one small op per
-        table (100 tables, ~10 ops each) kept the GPU idle for ~15 ms per step while
-        Python launched them."""
+        table (100 tables, ~10 ops each) kept the GPU idle for ~20 ms per step while
+        Python launched them (``benchmarks/results/e2e_h200_8db3053_gemc.gaps.txt``)."""
         dev = offs[0].device
         stacked = torch.stack(offs)  # [tables, B + 1]
         starts = [0]

@@ -26,7 +26,7 @@ aten = torch.ops.aten
 Dims = tuple[int, int]
 
 SIZED = {aten.view.default, aten.reshape.default, aten._unsafe_view.default,
-          aten.expand.default}
+         aten.expand.default}
 """Ops whose size argument names the batch and sequence sizes: rewritten to (1, T)."""
 FIRST_ONLY = {
     aten.linear.default, aten.layer_norm.default, aten.transpose.int, aten.permute.default,
@@ -135,12 +135,19 @@ class _Gather(torch.autograd.Function):
         return acc.index_add_(0, index, grad.float()).to(ctx.dtype), None
 
 
+def _tokens(x: torch.Tensor, dims: Dims, layout: TokenLayout
+            ) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """A packed value as ``[T, rest...]`` (its batch and sequence dims moved to the front
+    and merged), and ``rest``."""
+    moved = x.movedim(dims, (0, 1))
+    rest = tuple(moved.shape[2:])
+    return moved.reshape(layout.total, *rest), rest
+
+
 def scatter(x: torch.Tensor, dims: Dims, layout: TokenLayout) -> torch.Tensor:
     """A packed value back at its padded shape, zeros on the padding rows."""
     bd, ld = dims
-    moved = x.movedim((bd, ld), (0, 1))
-    rest = tuple(moved.shape[2:])
-    tokens = moved.reshape(layout.total, *rest)
+    tokens, rest = _tokens(x, dims, layout)
     full = tokens.new_zeros((layout.batch * layout.max_len + 1, *rest))  # + a spare row
     full = full.index_copy(0, layout.index("flat_out"), tokens)[:-1]
     return full.view(layout.batch, layout.max_len, *rest).movedim((0, 1), (bd, ld))
@@ -151,9 +158,7 @@ def segment_sum(x: torch.Tensor, dims: Dims, layout: TokenLayout) -> torch.Tenso
     up (in fp32, as a reduction over a bf16 dim accumulates). Only for a value whose padding
     rows are zero (a masked one): the pass never lets another reach a sum over positions."""
     bd, ld = dims
-    moved = x.movedim((bd, ld), (0, 1))
-    rest = tuple(moved.shape[2:])
-    tokens = moved.reshape(layout.total, *rest)
+    tokens, rest = _tokens(x, dims, layout)
     acc = torch.zeros((layout.batch + 1, *rest), dtype=torch.float32, device=x.device)
     acc = acc.index_add(0, layout.index("row_out"), tokens.float())[:-1].to(x.dtype)
     return acc.movedim(0, bd - (bd > ld))

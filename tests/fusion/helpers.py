@@ -58,17 +58,27 @@ def fresh_seed() -> int:
     return seed
 
 
+def eager_step(model: torch.nn.Module, batch: Sequence[torch.Tensor],
+               autocast: torch.dtype | None = None
+               ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Eager's loss and gradients (by name) on ``batch`` (under CPU autocast to ``autocast``
+    if given); the model's gradients are zeroed again, ready for the graph's run."""
+    model.zero_grad()
+    with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+        ref = model(*batch)
+    ref.backward()
+    grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    return ref, grads
+
+
 def run_against_eager(gm: fx.GraphModule, entries: list[dict[str, Any]],
                       model: torch.nn.Module, batch: Sequence[torch.Tensor]) -> Any:
     """Run the graph with ``entries`` in place and check loss and every parameter's
     gradient against eager on the same batch; returns the runner (for what it recorded)."""
     from gemc.backends.triton.graph_runner import GraphRunner
 
-    model.zero_grad()
-    ref = model(*batch)
-    ref.backward()
-    expected = {k: p.grad.clone() for k, p in model.named_parameters()}
-    model.zero_grad()
+    ref, expected = eager_step(model, batch)
     runner = GraphRunner(gm, entries, params_of(model))
     loss = runner(*batch)
     torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-5)

@@ -19,7 +19,7 @@ from gemc.backends.triton.embedding_bag_reference import rowwise_adagrad_step_, 
 from gemc.backends.triton.graph_runner import GraphRunner
 
 from gemc.plan import load_plan, write_plan
-from tests.fusion.helpers import compiled, entries_of, fresh_seed, params_of
+from tests.fusion.helpers import compiled, eager_step, entries_of, fresh_seed, params_of
 
 GEM = "examples/gem/model.py:build"
 ARGS = {"preset": "tiny", "batch_size": 4}
@@ -33,10 +33,7 @@ def test_gem_tiny_with_all_kernels_matches_eager():
     assert sum(e["kind"] == "jagged_attention" for e in entries) == 2
     model = spec.model
     batch = spec.make_batch(fresh_seed() % 1000, "cpu")
-    ref = model(*batch)
-    ref.backward()
-    grads = {k: p.grad.clone() for k, p in model.named_parameters()}
-    model.zero_grad()
+    ref, grads = eager_step(model, batch)
     runner = GraphRunner(gm, entries, params_of(model))
     loss = runner(*batch)
     torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-5)

@@ -21,7 +21,7 @@ from gemc.pipeline import annotation_passes
 from gemc.plan_builder import kernel_entries
 from tests.conftest import check_golden
 from tests.fusion import models
-from tests.fusion.helpers import dump_after, fresh_seed, params_of
+from tests.fusion.helpers import dump_after, eager_step, fresh_seed, params_of
 
 BAGS = "tests/fusion/models.py:build_bags"
 
@@ -59,10 +59,7 @@ def test_batched_lookup_and_fused_update_match_eager(optimizer: str):
     gm, entries, spec = _compiled(BAGS, optimizer=optimizer, lr=lr)
     model = spec.model
     batch = models.bag_batch(torch.Generator().manual_seed(fresh_seed()))
-    ref = model(*batch)
-    ref.backward()
-    grads = {k: p.grad.clone() for k, p in model.named_parameters()}
-    model.zero_grad()
+    ref, grads = eager_step(model, batch)
     runner = GraphRunner(gm, entries, params_of(model))
     loss = runner(*batch)
     torch.testing.assert_close(loss, ref, atol=1e-6, rtol=1e-5)

@@ -18,7 +18,7 @@ from gemc.backends.triton.codegen.host import make_runner
 from gemc.backends.triton.graph_runner import GraphRunner
 
 from gemc import ir
-from tests.fusion.helpers import compiled, entries_of, fresh_seed, params_of
+from tests.fusion.helpers import compiled, eager_step, entries_of, fresh_seed, params_of
 from tests.fusion.test_codegen import compiled_case
 
 PRENORM = "tests/fusion/models.py:build_prenorm"
@@ -94,11 +94,7 @@ def test_norm_feeding_only_a_gemm_writes_the_autocast_dtype() -> None:
 
     model = spec.model
     batch = spec.make_batch(fresh_seed(), "cpu")
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        ref = model(*batch)
-    ref.backward()
-    expected = {k: p.grad.clone() for k, p in model.named_parameters()}
-    model.zero_grad()
+    ref, expected = eager_step(model, batch, torch.bfloat16)
 
     runner = GraphRunner(gm, entries, params_of(model))
     outs, gemm_x = _record(runner)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from gemc.backends.triton.graph_runner import GraphRunner, _gemm_operand_in_epilogue
 
-from tests.fusion.helpers import compiled, entries_of, fresh_seed, params_of
+from tests.fusion.helpers import compiled, eager_step, entries_of, fresh_seed, params_of
 
 MODEL = "tests/fusion/models.py:build_self_residual"
 
@@ -23,11 +23,7 @@ def test_shared_operand_group_falls_back_loudly_under_autocast() -> None:
     assert len(shared) == 1, [e["nodes"] for e in entries]
     model = spec.model
     batch = spec.make_batch(fresh_seed(), "cpu")
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        ref = model(*batch)
-    ref.backward()
-    expected = {k: p.grad.clone() for k, p in model.named_parameters()}
-    model.zero_grad()
+    ref, expected = eager_step(model, batch, torch.bfloat16)
 
     runner = GraphRunner(gm, entries, params_of(model))
     with pytest.warns(RuntimeWarning, match=f"kernel {shared[0]['name']} runs as its ATen ops"):
