@@ -151,6 +151,35 @@ def bench_ms(fn: Callable[[], Any], device: torch.device) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
+def host_and_kernels(fn: Callable[[], Any], calls: int = 10) -> dict[str, Any]:
+    """Where one CUDA call's time goes: the host's time to issue it (not waiting for the
+    GPU; ``calls`` back to back stay well inside the launch queue) and the GPU's kernel
+    time (profiler). A do_bench median near ``host_ms`` and far above ``kernel_ms`` means
+    the call is bound by the host, not by its kernels."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host_ms = (time.perf_counter() - start) * 1e3 / calls
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    gpu = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    per_name: dict[str, float] = {}
+    for e in gpu:
+        per_name[e.name] = per_name.get(e.name, 0.0) + e.device_time_total / calls
+    top = sorted(per_name.items(), key=lambda kv: -kv[1])[:4]
+    return {"host_ms": host_ms, "kernel_ms": sum(per_name.values()) / 1e3,
+            "kernels": len(gpu) / calls,
+            "top_kernels": "; ".join(f"{name[:40]} {us:.0f}" for name, us in top)}
+
+
 @dataclasses.dataclass
 class Row:
     case: str
@@ -165,6 +194,10 @@ class Row:
     predicted_before_ms: float | None = None
     predicted_after_ms: float | None = None
     path: str | None = None  # a GEMM group's path per direction (host.GemmPath choice)
+    host_ms: float | None = None  # host time of one call, GPU not waited for (CUDA only)
+    kernel_ms: float | None = None  # GPU kernel time of one call (profiler; CUDA only)
+    kernels: float | None = None  # kernels (and memsets/copies) launched per call
+    top_kernels: str | None = None  # the longest kernels of one call, us each
     error: str | None = None
 
 
@@ -213,6 +246,9 @@ def run_case(case: Case, device: torch.device, dtype: torch.dtype, compile_: boo
                 if entry and mode == "fwd+bwd":
                     row.predicted_before_ms = entry["predicted"]["before_ms"]
                     row.predicted_after_ms = entry["predicted"]["after_ms"]
+                if device.type == "cuda" and mode == "fwd+bwd":
+                    for key, value in host_and_kernels(body).items():
+                        setattr(row, key, value)
                 chosen = getattr(getattr(fn, "impl", None), "chosen", None)
                 if chosen:
                     row.path = " ".join(sorted({f"{k[0]}:{v}" for k, v in chosen.items()}))
@@ -247,6 +283,14 @@ def print_table(rows: list[Row]) -> None:
         print(f"{r.case[:34]:34} {r.mode:8} {r.variant:14} {_fmt(r.ms, '9.3f')} "
               f"{_fmt(r.speedup, '8.2f')} {_fmt(r.vs_compile, '9.2f')} {_fmt(r.tflops, '8.1f')} "
               f"{_fmt(r.max_abs_err, '9.2e')} {pred:>21} {r.path or ''}")
+    split = [r for r in rows if r.host_ms is not None]
+    if split:
+        print("\nfwd+bwd, where one call's time goes (host: issuing it without waiting for the "
+              "GPU; kernels: GPU kernel time):")
+        for r in split:
+            print(f"  {r.case[:34]:34} {r.variant:14} do_bench {_fmt(r.ms, '7.3f')}  host "
+                  f"{r.host_ms:7.3f}  kernels {r.kernel_ms:7.3f} ({r.kernels:4.1f})  "
+                  f"{r.top_kernels}")
     for r in rows:
         if r.error:
             print(f"  ! {r.case} / {r.mode} / {r.variant}: {r.error}")

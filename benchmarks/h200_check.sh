@@ -14,3 +14,6 @@ grep -vE "^\.\.\.|Warning|detach|err = " "$OUT/fusion.log" | tail -12 | cut -c1-
 timeout 100 python3 benchmarks/bwd_sweep.py --budget-s 70 --out "$OUT/bwd_sweep.json" \
   > "$OUT/bwd_sweep.log" 2>&1
 grep -vE "Warning|warn" "$OUT/bwd_sweep.log" | tail -6
+# The device tool returns at most 8 files: keep the three JSON reports, pack the rest.
+(cd "$OUT" && tar czf extras.tar.gz --exclude='*.json' --exclude='extras.tar.gz' . \
+  && find . -type f ! -name '*.json' ! -name 'extras.tar.gz' -delete)

@@ -50,8 +50,15 @@ def is_interpreted() -> bool:
 
 
 def next_pow2(n: int, minimum: int = 1) -> int:
-    """Smallest power of two >= max(n, minimum): Triton block extents must be powers of two."""
-    return max(minimum, triton.next_power_of_2(max(int(n), 1)))
+    """Smallest power of two >= max(n, minimum): Triton block extents must be powers of two.
+    Plain Python: recent Triton wraps its own helper as a constexpr function that costs
+    microseconds per host call."""
+    return max(minimum, 1 << (max(int(n), 1) - 1).bit_length())
+
+
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for launch grids, in plain Python (see :func:`next_pow2`)."""
+    return -(-a // b)
 
 
 def autotune_configs(

@@ -57,6 +57,10 @@ def _gemm_silu_scaled(x, w, s):
     return F.gelu(F.silu(F.linear(x, w)) * s * 0.5, approximate="tanh")
 
 
+def _gemm_row_scaled(x, w, b, s):
+    return torch.tanh(F.linear(x, w, b)) * s  # s: one scale per row (a mask, a weight)
+
+
 def _gemm_two_outputs(x, w, b):
     z = F.linear(x, w, b)
     return z, torch.relu(z) - 0.25 * z
@@ -101,6 +105,9 @@ CASES = [
          "gemm_epilogue", lambda d: [_blk(d)]),
     Case("gemm_silu_scaled", _gemm_silu_scaled,
          lambda d: [(d["B"], d["L"], d["K"]), (d["N"], d["K"]), (d["B"], 1, 1)],
+         "gemm_epilogue", lambda d: [_blk(d)]),
+    Case("gemm_row_scaled", _gemm_row_scaled,
+         lambda d: [(d["B"], d["L"], d["K"]), (d["N"], d["K"]), (d["N"],), (d["B"], d["L"], 1)],
          "gemm_epilogue", lambda d: [_blk(d)]),
     Case("gemm_two_outputs", _gemm_two_outputs,
          lambda d: [(d["B"] * d["L"], d["K"]), (d["N"], d["K"]), (d["N"],)],
@@ -322,7 +329,8 @@ def test_only_pure_residual_epilogues_pass_the_gradient_through() -> None:
     verdicts = {name: passes_gradient_through(compiled_case(name)["entry"]["structure"])
                 for name in GEMM_CASES}
     assert verdicts == {"gemm_gelu_residual": False, "gemm_residual": True,
-                        "gemm_silu_scaled": False, "gemm_two_outputs": False}
+                        "gemm_silu_scaled": False, "gemm_row_scaled": False,
+                        "gemm_two_outputs": False}
 
 
 @pytest.mark.parametrize("name", ["pointwise", "norm_residual", "reduction_sum",

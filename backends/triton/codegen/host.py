@@ -24,9 +24,8 @@ from types import ModuleType
 from typing import Any
 
 import torch
-import triton
 
-from ..runtime import INTERPRETED, next_pow2
+from ..runtime import INTERPRETED, cdiv, next_pow2
 from .kernels import passes_gradient_through
 from .spec import kernel_classes, reduced_value, sha256
 
@@ -83,20 +82,38 @@ def _flat(sizes: Sequence[int], strides: Sequence[int]) -> tuple[bool, int]:
     return True, dims[-1][1]
 
 
-def strided_args(prefix: str, t: torch.Tensor, shape: Sequence[int]) -> dict[str, Any]:
-    """Pointer, strides and FLAT flag of ``t`` viewed (broadcast) at ``shape``."""
+def stride_args(prefix: str, t: torch.Tensor, shape: Sequence[int]) -> dict[str, Any]:
+    """Strides and FLAT flag of ``t`` viewed (broadcast) at ``shape``. The pointer a kernel
+    takes is ``t`` itself: a broadcast view shares its storage offset."""
     te = t.expand(*shape) if tuple(t.shape) != tuple(shape) else t
     strides = te.stride()
     flat, sm = _flat(shape[:-1], strides[:-1])
-    args: dict[str, Any] = {prefix: te, f"{prefix}_sn": strides[-1], f"{prefix}_sm": sm,
+    args: dict[str, Any] = {f"{prefix}_sn": strides[-1], f"{prefix}_sm": sm,
                             f"{prefix}_FLAT": flat}
     for d in range(len(shape) - 1):
         args[f"{prefix}_l{d}"] = strides[d]
     return args
 
 
+def _meta(t: torch.Tensor | None) -> tuple[Any, ...] | None:
+    """What a launch's integer arguments depend on: shape, strides, dtype."""
+    return None if t is None else (t.shape, t.stride(), t.dtype)
+
+
+MEMO_LIMIT = 256
+"""Launch signatures one group remembers (a group sees one shape, or one per packed
+length class); past it the memo starts over rather than grow without bound."""
+
+
 class _Impl:
-    """Shared state of one group's launcher: structure, binding, module."""
+    """Shared state of one group's launcher: structure, binding, module.
+
+    Why the memo: a group runs every step with the same shapes, and its Python (strides,
+    flags, dtypes, class sizes: dicts rebuilt per launch) cost more host time than its
+    kernels take on the GPU (``benchmarks/fusion.py``'s host column, 2026-12-03: ~1 ms a
+    fwd+bwd call against 0.4-0.8 ms of kernels). Everything but the tensors themselves is a
+    function of the inputs' shapes, strides and dtypes, computed once per signature.
+    """
 
     def __init__(self, module: ModuleType, binding: dict[str, Any]) -> None:
         self.m = module
@@ -108,17 +125,40 @@ class _Impl:
         self.class_shape: dict[int, tuple[int, ...]] = {}
         for k, q in enumerate(self.st["classes"]):
             self.class_shape.setdefault(q, self.shapes[k])
+        self.slot_inputs = [slot["input"] for slot in self.st["slots"]]
+        self._memo: dict[tuple[Any, ...], Any] = {}
+        self._zeros: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+
+    def memo(self, key: tuple[Any, ...], build: Callable[[], Any]) -> Any:
+        """``build()`` once per ``key`` (a launch signature)."""
+        value = self._memo.get(key)
+        if value is None:
+            if len(self._memo) >= MEMO_LIMIT:
+                self._memo.clear()
+            value = self._memo[key] = build()
+        return value
 
     def consumer_shape(self, j: int) -> tuple[int, ...]:
         return self.shapes[self.st["slots"][j]["consumer"]]
 
     def slot_args(self, inputs: Sequence[torch.Tensor]) -> dict[str, Any]:
+        key = ("slots", *(_meta(inputs[i]) for i in self.slot_inputs))
+        args = dict(self.memo(key, lambda: self._slot_strides(inputs)))
+        for j, i in enumerate(self.slot_inputs):
+            args[f"s{j}"] = inputs[i]
+        return args
+
+    def _slot_strides(self, inputs: Sequence[torch.Tensor]) -> dict[str, Any]:
         args: dict[str, Any] = {}
-        for j, slot in enumerate(self.st["slots"]):
-            args.update(strided_args(f"s{j}", inputs[slot["input"]], self.consumer_shape(j)))
+        for j, i in enumerate(self.slot_inputs):
+            args.update(stride_args(f"s{j}", inputs[i], self.consumer_shape(j)))
         return args
 
     def class_args(self, backward: bool) -> dict[str, Any]:
+        """The class sizes a kernel takes (read-only: callers merge it, never change it)."""
+        return self.memo(("classes", backward), lambda: self._class_sizes(backward))
+
+    def _class_sizes(self, backward: bool) -> dict[str, Any]:
         args: dict[str, Any] = {}
         for q in kernel_classes(self.st, backward=backward):
             shape = self.class_shape[q]
@@ -142,7 +182,13 @@ class _Impl:
         it to that dtype anyway (see :class:`~..graph_runner.GraphRunner`).
         """
         auto = _autocast_dtype(inputs[0])
-        slot_dt = [inputs[slot["input"]].dtype for slot in self.st["slots"]]
+        key = ("dtypes", inputs[0].device.type, auto, *(t.dtype for t in inputs),
+               None if override is None else tuple(override))
+        return self.memo(key, lambda: self._out_dtypes(inputs, auto, override))
+
+    def _out_dtypes(self, inputs: Sequence[torch.Tensor], auto: torch.dtype | None,
+                    override: Sequence[torch.dtype | None] | None) -> list[torch.dtype]:
+        slot_dt = [inputs[i].dtype for i in self.slot_inputs]
         values: list[torch.dtype] = []
         for op in self.st["ops"]:
             args = op["args"][1:] if op["op"] == "where" else op["args"]
@@ -185,22 +231,40 @@ class _Impl:
                   shape_of: Callable[[int, int], tuple[int, ...]],
                   view: Callable[[int, torch.Tensor], torch.Tensor] | None = None
                   ) -> dict[str, Any]:
-        args: dict[str, Any] = {}
-        for j, k in enumerate(self.st["outputs"]):
-            g = grads[j]
-            if g is None:  # an output nobody used: a zero gradient that costs no memory
-                g = torch.zeros((), dtype=like.dtype, device=like.device)
-            if view is not None:
-                g = view(j, g)
-            args.update(strided_args(f"g{j}", g, shape_of(j, k)))
+        """``g<j>`` and its strides at ``shape_of(j, k)`` (after ``view``). A kind passes
+        the same ``shape_of``/``view`` at every call: the strides are memoised per grads
+        signature. An output nobody used gets a zero scalar broadcast: no memory, no
+        launch."""
+        full = [g if g is not None else self._zero(like) for g in grads]
+        key = ("grads", *(_meta(g) for g in full))
+
+        def strides() -> dict[str, Any]:
+            args: dict[str, Any] = {}
+            for j, k in enumerate(self.st["outputs"]):
+                g = full[j] if view is None else view(j, full[j])
+                args.update(stride_args(f"g{j}", g, shape_of(j, k)))
+            return args
+
+        args = dict(self.memo(key, strides))
+        for j, g in enumerate(full):
+            args[f"g{j}"] = g
         return args
 
+    def _zero(self, like: torch.Tensor) -> torch.Tensor:
+        key = (like.dtype, like.device)
+        if key not in self._zeros:
+            self._zeros[key] = torch.zeros((), dtype=like.dtype, device=like.device)
+        return self._zeros[key]
+
     def slot_grad_buffers(self, inputs: Sequence[torch.Tensor], needs: Sequence[bool],
-                          partial_rows: int = 0, partial_cols: int = 1
+                          partial_rows: int = 0, partial_cols: int = 1, written: bool = False
                           ) -> tuple[dict[str, Any], dict[int, torch.Tensor]]:
-        """``d<j>``/``NEED<j>`` arguments and the buffers the kernel fills."""
+        """``d<j>``/``NEED<j>`` arguments and the buffers the kernel fills. ``written``: the
+        kernel stores every element of the partial-sum buffers (a looping pass: each
+        program stores its partial row), so they need no zero fill."""
         args: dict[str, Any] = {}
         buffers: dict[int, torch.Tensor] = {}
+        fill = torch.empty if written else torch.zeros
         for j, slot in enumerate(self.st["slots"]):
             x = inputs[slot["input"]]
             need = (j in self.reached and needs[slot["input"]] and x.is_floating_point())
@@ -212,10 +276,9 @@ class _Impl:
             if self.modes[j] == "full":
                 buf = torch.empty(shape, dtype=x.dtype, device=x.device)
             elif self.modes[j] == "col":
-                buf = torch.zeros((partial_rows, shape[-1]), dtype=torch.float32, device=x.device)
+                buf = fill((partial_rows, shape[-1]), dtype=torch.float32, device=x.device)
             elif self.modes[j] == "row":
-                buf = torch.zeros((partial_cols, _mn(shape)[0]), dtype=torch.float32,
-                                  device=x.device)
+                buf = fill((partial_cols, _mn(shape)[0]), dtype=torch.float32, device=x.device)
             else:
                 buf = torch.empty(shape, dtype=torch.float32, device=x.device)
             args[f"d{j}"] = buf
@@ -230,11 +293,11 @@ class _Impl:
             if self.modes[j] == "full":
                 g = buf.view(x.shape)
             elif self.modes[j] in ("col", "row"):
-                g = buf.sum(0).reshape(x.shape).to(x.dtype)
+                part = buf[0] if buf.shape[0] == 1 else buf.sum(0)  # one partial: no sum
+                g = part.reshape(x.shape).to(x.dtype)
             else:
                 g = buf.sum_to_size(x.shape).to(x.dtype)
             grads_in[i] = g if grads_in[i] is None else grads_in[i] + g
-
 
     def looped_backward(self, inputs: Sequence[torch.Tensor],
                         grads: Sequence[torch.Tensor | None], needs: Sequence[bool], m: int,
@@ -248,10 +311,11 @@ class _Impl:
         grads_in: list[torch.Tensor | None] = [None] * len(inputs)
         bm = _loop_rows(bn)
         programs, iters = _row_programs(m, bm)
-        cols = triton.cdiv(n, bn)
+        cols = cdiv(n, bn)
+        launch = m * n > 0
         dargs, buffers = self.slot_grad_buffers(inputs, needs, partial_rows=programs,
-                                                partial_cols=cols)
-        if buffers and m * n:
+                                                partial_cols=cols, written=launch)
+        if buffers and launch:
             args = {**self.slot_args(inputs), **dargs, **self.class_args(True), **(extra or {}),
                     "M": m, "N": n, "ITERS": iters, "STAGES": LOOP_STAGES, "BLOCK_M": bm,
                     "BLOCK_N": bn,
@@ -276,7 +340,7 @@ class _Pointwise(_Impl):
             args = {**self.slot_args(inputs), **self.class_args(False), "M": m, "N": n,
                     "BLOCK_N": bn}
             args.update({f"o{j}": o for j, o in enumerate(outs)})
-            self.m.fwd[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n, bn))](
+            self.m.fwd[lambda meta: (cdiv(m, meta["BLOCK_M"]), cdiv(n, bn))](
                 **args)
         return outs, list(inputs)
 
@@ -305,7 +369,7 @@ class _Norm(_Impl):
             args = {**self.slot_args(inputs), **self.class_args(False), "M": m, "N": n,
                     "BLOCK_M": bm, "BLOCK_N": bn}
             args.update({f"o{j}": o for j, o in enumerate(outs)})
-            self.m.fwd[(triton.cdiv(m, bm),)](**args)
+            self.m.fwd[(cdiv(m, bm),)](**args)
         return outs, list(inputs)
 
     def backward(self, saved: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None],
@@ -335,7 +399,7 @@ class _Reduction(_Impl):
                 args = {**self.slot_args(inputs), **self.class_args(False), "R": self.r,
                         "M": self.a * self.r, "N": self.n, "BLOCK_N": bn}
                 args.update({f"o{j}": o for j, o in enumerate(outs)})
-                self.m.fwd[(self.a, triton.cdiv(self.n, bn))](**args)
+                self.m.fwd[(self.a, cdiv(self.n, bn))](**args)
         return outs, list(inputs)
 
     def backward(self, saved: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None],
@@ -471,8 +535,8 @@ class _Gemm(_Impl):
             args.update({f"o{j}": o for j, o in enumerate(outs)})
             if zs is not None:
                 args["zs"] = zs
-            self.m.fwd[lambda meta: (triton.cdiv(m, meta["BLOCK_M"])
-                                     * triton.cdiv(n, meta["BLOCK_N"]),)](**args)
+            self.m.fwd[lambda meta: (cdiv(m, meta["BLOCK_M"])
+                                     * cdiv(n, meta["BLOCK_N"]),)](**args)
         z = outs[self.st["outputs"].index(0)] if self.z_out else zs
         return outs, z
 
@@ -494,7 +558,7 @@ class _Gemm(_Impl):
             args = {"zin": z2, **self.slot_args(inputs), **self.class_args(False), "M": m,
                     "N": n, "BLOCK_N": bn}
             args.update({f"o{j}": o for j, o in enumerate(outs)})
-            self.m.epi[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n, bn))](
+            self.m.epi[lambda meta: (cdiv(m, meta["BLOCK_M"]), cdiv(n, bn))](
                 **args)
         return outs, (z if self.save_z else None)
 
@@ -539,8 +603,8 @@ class _Gemm(_Impl):
         need_dx = bool(needs[self.ix])
         if need_dx or buffers:
             dx = torch.empty((m, k), dtype=x.dtype, device=x.device) if need_dx else x2
-            self.m.dgrad[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]),
-                                       triton.cdiv(k, meta["BLOCK_K"]) if need_dx else 1)](
+            self.m.dgrad[lambda meta: (cdiv(m, meta["BLOCK_M"]),
+                                       cdiv(k, meta["BLOCK_K"]) if need_dx else 1)](
                 w=w, dx=dx, swn=w.stride(0), swk=w.stride(1), COMPUTE_DX=need_dx, **dargs,
                 **common)
             if need_dx:
@@ -548,11 +612,11 @@ class _Gemm(_Impl):
         need_b = b is not None and bool(needs[self.ib])
         if needs[self.iw] or need_b:
             split = self._split(m, n, k)
-            rows = triton.cdiv(m, split)
+            rows = cdiv(m, split)
             dw = torch.empty((split, n, k), dtype=torch.float32, device=x.device)
             db = torch.empty((split, n), dtype=torch.float32, device=x.device)
-            self.m.wgrad[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),
-                                       triton.cdiv(k, meta["BLOCK_K"]), split)](
+            self.m.wgrad[lambda meta: (cdiv(n, meta["BLOCK_N"]),
+                                       cdiv(k, meta["BLOCK_K"]), split)](
                 x=x2, dw=dw, db=db, sxm=x2.stride(0), sxk=x2.stride(1), ROWS_PER_SPLIT=rows,
                 **common)
             if needs[self.iw]:
@@ -577,8 +641,9 @@ class _Gemm(_Impl):
         programs, iters = _row_programs(m, bm)
         dz = torch.empty((m, n), dtype=x.dtype, device=x.device)
         dbp = torch.empty((programs, n), dtype=torch.float32, device=x.device) if need_b else dz
-        dargs, buffers = self.slot_grad_buffers(inputs, needs, partial_rows=programs)
-        self.m.dz[(programs, triton.cdiv(n, bn))](
+        dargs, buffers = self.slot_grad_buffers(inputs, needs, partial_rows=programs,
+                                                written=True)
+        self.m.dz[(programs, cdiv(n, bn))](
             dzo=dz, dbp=dbp, HAS_DB=need_b, ITERS=iters, STAGES=LOOP_STAGES, BLOCK_M=bm,
             BLOCK_N=bn, **dargs,
             **self._common(saved, grads, m, n, k))
@@ -618,9 +683,9 @@ class _Gemm(_Impl):
     def _split(m: int, n: int, k: int) -> int:
         """Row splits of the wgrad: enough programs for every SM, partials within a cap."""
         if INTERPRETED:
-            return max(1, min(2, triton.cdiv(m, 64)))
-        tiles = triton.cdiv(n, 128) * triton.cdiv(k, 128)
-        split = max(1, triton.cdiv(SM_TARGET, tiles))
+            return max(1, min(2, cdiv(m, 64)))
+        tiles = cdiv(n, 128) * cdiv(k, 128)
+        split = max(1, cdiv(SM_TARGET, tiles))
         split = min(split, max(1, m // 512), max(1, WGRAD_PARTIAL_BYTES // (4 * n * k)))
         return split
 
@@ -672,11 +737,11 @@ def _loop_rows(bn: int) -> int:
 
 def _row_programs(m: int, bm: int) -> tuple[int, int]:
     """(programs, row blocks per program) covering ``m`` rows in blocks of ``bm``."""
-    blocks = max(1, triton.cdiv(m, bm))
+    blocks = max(1, cdiv(m, bm))
     if ROW_PROGRAMS <= 0:
         return blocks, 1
-    iters = triton.cdiv(blocks, min(blocks, ROW_PROGRAMS))
-    return triton.cdiv(blocks, iters), iters
+    iters = cdiv(blocks, min(blocks, ROW_PROGRAMS))
+    return cdiv(blocks, iters), iters
 
 
 def loop_launch() -> dict[str, int]:
