@@ -145,8 +145,10 @@ def launch_values(module: Any, binding: dict[str, Any]) -> dict[str, Any]:
     for j, k in enumerate(st["outputs"]):
         g = torch.empty(impl.shapes[k], **bf16)
         grads.append(g.unsqueeze(-2).expand(shape_of(j, k)) if k == red else g)
+    outs = [torch.empty(impl.shapes[k], **bf16) for k in st["outputs"]]
     values = {**impl.slot_args(inputs), **impl.class_args(False), **impl.class_args(True),
-              **impl.grad_args(grads, inputs[0], shape_of)}
+              **impl.grad_args(grads, inputs[0], shape_of),
+              **impl.reloaded_args(impl.saved(inputs, outs))}
     if red is not None:
         r = impl.shapes[arg][-2]
         m, n = host._mn(impl.shapes[arg])

@@ -20,7 +20,11 @@ import torch
 import torch.nn.functional as F
 from gemc.backends.triton.codegen import generated, host
 from gemc.backends.triton.codegen.host import GEMM_PATH_ENV, make_runner
-from gemc.backends.triton.codegen.kernels import passes_gradient_through
+from gemc.backends.triton.codegen.kernels import (
+    grad_aliases,
+    passes_gradient_through,
+    reloaded_outputs,
+)
 from gemc.passes.classify_ops import ClassifyOps
 from gemc.passes.count_flops_bytes import CountFlopsBytes
 from gemc.passes.fuse import Fuse
@@ -374,3 +378,79 @@ def test_launch_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPat
     assert host._row_programs(1000, 16) == (63, 1)
     monkeypatch.setattr(host, "ROW_PROGRAMS", 10)
     assert host._row_programs(1000, 16) == (9, 7)  # 63 blocks: 7 each, 9 programs
+
+
+def _bwd_source(name: str) -> str:
+    source, _ = generated(compiled_case(name)["entry"]["structure"])
+    return source[source.index("def bwd("):]
+
+
+def test_residual_norm_backward_reads_the_stored_sum() -> None:
+    """``h = x + r; y = LN(h) * m``: the backward reads the stored ``h`` (one whole tile)
+    instead of ``x`` and ``r`` (two), and stores one gradient for both operands of the
+    sum. Groups with nothing to gain keep recomputing."""
+    structures = {c.name: compiled_case(c.name)["entry"]["structure"] for c in CASES}
+    assert {n: reloaded_outputs(s) for n, s in structures.items() if reloaded_outputs(s)} == \
+        {"norm_residual": [0]}
+    assert {n: grad_aliases(s) for n, s in structures.items() if grad_aliases(s)} == \
+        {"norm_residual": {1: 0}}
+    bwd = _bwd_source("norm_residual")
+    assert "tl.load(y0" in bwd
+    assert "tl.load(s0" not in bwd and "tl.load(s1" not in bwd
+    assert "tl.load(s0" in _bwd_source("pointwise")  # nothing stored to read back
+
+
+def _norm_residual_grads(dx: torch.dtype, dr: torch.dtype) -> tuple[torch.Tensor, ...]:
+    entry = compiled_case("norm_residual")["entry"]
+    dims = {"B": 2, "L": 9, "K": 1, "N": 33}
+    binding = {**entry["binding"], "shapes": [list(_blk(dims))] * len(entry["binding"]["shapes"])}
+    run = make_runner(generated(entry["structure"])[0], binding)
+    gen = torch.Generator().manual_seed(fresh_seed())
+    shapes = BY_NAME["norm_residual"].shapes(dims)
+    inputs = [torch.randn(s, generator=gen).requires_grad_() for s in shapes]
+    inputs[0] = inputs[0].detach().to(dx).requires_grad_()
+    inputs[1] = inputs[1].detach().to(dr).requires_grad_()
+    by_name = dict(zip(compiled_case("norm_residual")["placeholders"], inputs))
+    outs = run(*(by_name[n] for n in binding["inputs"]))
+    seeds = [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in outs]
+    got = torch.autograd.grad(outs, inputs, seeds)
+    ref_in = [t.detach().double().requires_grad_() for t in inputs]
+    ref = torch.autograd.grad(_norm_residual(*ref_in), ref_in, [s.double() for s in seeds])
+    for i, (g, e) in enumerate(zip(got, ref)):
+        assert g.dtype == inputs[i].dtype
+        tol = ({"atol": 1e-4, "rtol": 1e-4} if g.dtype == torch.float32
+               else {"atol": 3e-2, "rtol": 2e-2})
+        torch.testing.assert_close(g.double(), e, **tol, msg=lambda m, i=i: f"input {i}: {m}")
+    return got
+
+
+def test_aliased_gradient_is_one_tensor_for_both_operands() -> None:
+    """Same shape and dtype: the one stored gradient is handed to ``x`` and ``r`` as the
+    same tensor object (as eager's add does, so autograd never adds into it in place);
+    different dtypes: each gets its own, in its own dtype."""
+    gx, gr = _norm_residual_grads(torch.float32, torch.float32)[:2]
+    assert gx is gr
+    gx, gr = _norm_residual_grads(torch.float32, torch.bfloat16)[:2]
+    assert gx is not gr and gr.dtype == torch.bfloat16
+
+
+def test_aliased_gradient_accumulates_into_leaves_separately() -> None:
+    """Two leaves fed by one aliased gradient, each used again elsewhere: their ``.grad``
+    must not share storage (an in-place change of one must leave the other alone)."""
+    entry = compiled_case("norm_residual")["entry"]
+    dims = {"B": 1, "L": 4, "K": 1, "N": 8}
+    binding = {**entry["binding"], "shapes": [list(_blk(dims))] * len(entry["binding"]["shapes"])}
+    run = make_runner(generated(entry["structure"])[0], binding)
+    inputs = [torch.randn(s).requires_grad_() for s in BY_NAME["norm_residual"].shapes(dims)]
+    by_name = dict(zip(compiled_case("norm_residual")["placeholders"], inputs))
+    h, y = run(*(by_name[n] for n in binding["inputs"]))
+    (h.sum() + y.sum() + (inputs[0] * 2).sum() + (inputs[1] * 3).sum()).backward()
+    ref_in = [t.detach().clone().requires_grad_() for t in inputs]
+    rh, ry = _norm_residual(*ref_in)
+    (rh.sum() + ry.sum() + (ref_in[0] * 2).sum() + (ref_in[1] * 3).sum()).backward()
+    x, r = inputs[0], inputs[1]
+    assert x.grad.data_ptr() != r.grad.data_ptr()
+    torch.testing.assert_close(x.grad, ref_in[0].grad)
+    torch.testing.assert_close(r.grad, ref_in[1].grad)
+    x.grad.zero_()
+    torch.testing.assert_close(r.grad, ref_in[1].grad)

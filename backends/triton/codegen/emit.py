@@ -106,6 +106,19 @@ def classes_params(structure: dict[str, Any], *, backward: bool) -> list[str]:
 # ---- the tile body --------------------------------------------------------------------------
 
 
+class _LazyArgs:
+    """An op's argument expressions, each emitted (a slot: loaded) when first indexed."""
+
+    def __init__(self, tile: Tile, refs: list[Any]) -> None:
+        self.tile, self.refs = tile, refs
+
+    def __getitem__(self, i: int) -> str:
+        return self.tile.ref(self.refs[i])
+
+    def __len__(self) -> int:
+        return len(self.refs)
+
+
 class Tile:
     """Emits loads, forward values, reverse sweep and stores for one tile.
 
@@ -139,6 +152,10 @@ class Tile:
         self.slots: dict[int, str] = {}
         self.decomposed: set[int] = set()
         self.ntmp = 0
+        self.copies: dict[tuple[str, int], str] = {}
+        """After :meth:`reverse`: adjoints that are a plain copy of another variable (a
+        slot of ``x + r`` gets ``av<k>`` itself); slots copying the same one have the same
+        gradient."""
 
     # -- addressing ---------------------------------------------------------------------------
 
@@ -188,6 +205,14 @@ class Tile:
             q = self.st["classes"][slot["consumer"]]
             self.slots[j] = self.strided_load(f"s{j}", q, slot["bcast"], f"x{j}")
         return self.slots[j]
+
+    def reload_output(self, j: int) -> None:
+        """Read output ``j``'s value from the stored output (``y<j>``) instead of
+        recomputing it: a backward that needs ``h = x + r`` reads ``h`` once, not ``x``
+        and ``r`` (see :func:`.kernels.reloaded_outputs`)."""
+        k = self.st["outputs"][j]
+        q = self.st["classes"][k]
+        self.values[k] = self.strided_load(f"y{j}", q, [False] * self.st["ranks"][q], f"v{k}")
 
     def output_grad(self, j: int) -> str:
         k = self.st["outputs"][j]
@@ -252,6 +277,7 @@ class Tile:
     def reverse(self, seeds: dict[int, str]) -> dict[tuple[str, int], str]:
         """Adjoints of every value and slot reached from the seeded values' gradients."""
         adj: dict[tuple[str, int], str] = {}
+        self.copies = {}
 
         def acc(ref: list[Any] | None, expr: str) -> None:
             if ref is None or ref[0] in ("c", "i"):
@@ -260,9 +286,12 @@ class Tile:
             name = f"a{key[0]}{key[1]}"
             if key in adj:
                 self.code(f"{name} = {name} + ({expr})")
+                self.copies.pop(key, None)
             else:
                 self.code(f"{name} = {expr}")
                 adj[key] = name
+                if expr.isidentifier():
+                    self.copies[key] = expr
 
         for k, g in seeds.items():
             acc(["v", k], g)
@@ -277,7 +306,7 @@ class Tile:
             if name == "layer_norm":
                 self._layer_norm_reverse(k, op, g, acc)
                 continue
-            args = [self.ref(r) for r in op["args"]]
+            args = _LazyArgs(self, op["args"])
             for i, expr in oprules.backward(name, args, self.values[k], g,
                                             op.get("attrs", {}), self.tmp):
                 acc(op["args"][i], expr)

@@ -126,6 +126,9 @@ class _Impl:
         for k, q in enumerate(self.st["classes"]):
             self.class_shape.setdefault(q, self.shapes[k])
         self.slot_inputs = [slot["input"] for slot in self.st["slots"]]
+        # modules generated before these existed hold neither: nothing reloaded or aliased
+        self.reloaded: list[int] = list(getattr(module, "RELOADED", ()))
+        self.aliases: dict[int, int] = dict(getattr(module, "GRAD_ALIASES", {}))
         self._memo: dict[tuple[Any, ...], Any] = {}
         self._zeros: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
 
@@ -250,6 +253,24 @@ class _Impl:
             args[f"g{j}"] = g
         return args
 
+    def saved(self, inputs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]
+              ) -> list[torch.Tensor]:
+        """What the backward keeps: the inputs, then the outputs it reads back."""
+        return [*inputs, *(outs[j] for j in self.reloaded)]
+
+    def reloaded_args(self, saved: Sequence[torch.Tensor]) -> dict[str, Any]:
+        """``y<j>`` and its strides for each output the backward reads back."""
+        ys = saved[self.st["inputs"]:]
+        if not self.reloaded:
+            return {}
+        key = ("reloaded", *(_meta(y) for y in ys))
+        args = dict(self.memo(key, lambda: {
+            k: v for j, y in zip(self.reloaded, ys)
+            for k, v in stride_args(f"y{j}", y, self.shapes[self.st["outputs"][j]]).items()}))
+        for j, y in zip(self.reloaded, ys):
+            args[f"y{j}"] = y
+        return args
+
     def _zero(self, like: torch.Tensor) -> torch.Tensor:
         key = (like.dtype, like.device)
         if key not in self._zeros:
@@ -268,6 +289,12 @@ class _Impl:
         for j, slot in enumerate(self.st["slots"]):
             x = inputs[slot["input"]]
             need = (j in self.reached and needs[slot["input"]] and x.is_floating_point())
+            src = self.aliases.get(j)
+            if need and src is not None and src in buffers:
+                y = inputs[self.slot_inputs[src]]
+                if y.shape == x.shape and y.dtype == x.dtype:  # one store serves both
+                    buffers[j] = buffers[src]
+                    need = False
             args[f"NEED{j}"] = need
             if not need:
                 args[f"d{j}"] = x
@@ -287,16 +314,23 @@ class _Impl:
 
     def reduce_slot_grads(self, inputs: Sequence[torch.Tensor], buffers: dict[int, torch.Tensor],
                           grads_in: list[torch.Tensor | None]) -> None:
+        made: dict[int, torch.Tensor] = {}
         for j, buf in buffers.items():
             i = self.st["slots"][j]["input"]
             x = inputs[i]
-            if self.modes[j] == "full":
+            src = self.aliases.get(j)
+            if src in made and buf is buffers[src]:
+                # the same tensor object for both inputs, as eager's add hands over: autograd
+                # then never accumulates into it in place (two references)
+                g = made[src]
+            elif self.modes[j] == "full":
                 g = buf.view(x.shape)
             elif self.modes[j] in ("col", "row"):
                 part = buf[0] if buf.shape[0] == 1 else buf.sum(0)  # one partial: no sum
                 g = part.reshape(x.shape).to(x.dtype)
             else:
                 g = buf.sum_to_size(x.shape).to(x.dtype)
+            made[j] = g
             grads_in[i] = g if grads_in[i] is None else grads_in[i] + g
 
     def looped_backward(self, inputs: Sequence[torch.Tensor],
@@ -308,6 +342,7 @@ class _Impl:
         """Launch a kind's ``bwd`` (emitted by ``kernels._looped_bwd``): ``ITERS`` row blocks
         of ``_loop_rows(bn)`` rows per program, column tiles of ``bn``; then sum the
         slots' partial gradients."""
+        saved, inputs = inputs, inputs[:self.st["inputs"]]
         grads_in: list[torch.Tensor | None] = [None] * len(inputs)
         bm = _loop_rows(bn)
         programs, iters = _row_programs(m, bm)
@@ -316,7 +351,8 @@ class _Impl:
         dargs, buffers = self.slot_grad_buffers(inputs, needs, partial_rows=programs,
                                                 partial_cols=cols, written=launch)
         if buffers and launch:
-            args = {**self.slot_args(inputs), **dargs, **self.class_args(True), **(extra or {}),
+            args = {**self.slot_args(inputs), **self.reloaded_args(saved), **dargs,
+                    **self.class_args(True), **(extra or {}),
                     "M": m, "N": n, "ITERS": iters, "STAGES": LOOP_STAGES, "BLOCK_M": bm,
                     "BLOCK_N": bn,
                     **self.grad_args(grads, inputs[0],
@@ -342,7 +378,7 @@ class _Pointwise(_Impl):
             args.update({f"o{j}": o for j, o in enumerate(outs)})
             self.m.fwd[lambda meta: (cdiv(m, meta["BLOCK_M"]), cdiv(n, bn))](
                 **args)
-        return outs, list(inputs)
+        return outs, self.saved(inputs, outs)
 
     def backward(self, saved: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None],
                  needs: Sequence[bool]) -> list[torch.Tensor | None]:
@@ -370,7 +406,7 @@ class _Norm(_Impl):
                     "BLOCK_M": bm, "BLOCK_N": bn}
             args.update({f"o{j}": o for j, o in enumerate(outs)})
             self.m.fwd[(cdiv(m, bm),)](**args)
-        return outs, list(inputs)
+        return outs, self.saved(inputs, outs)
 
     def backward(self, saved: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None],
                  needs: Sequence[bool]) -> list[torch.Tensor | None]:

@@ -36,6 +36,7 @@ from .emit import (
     grad_params,
     slot_grad_params,
     slot_params,
+    strided_params,
 )
 from .spec import canonical, grad_mode, validate
 
@@ -148,20 +149,97 @@ def _reverse_all(tile: Tile) -> dict[tuple[str, int], str]:
     return tile.reverse(seeds)
 
 
+def _reverse_reloading(reloaded: list[int]) -> Callable[[Tile], dict[tuple[str, int], str]]:
+    """The backward body of a kind that reads the outputs ``reloaded`` from memory."""
+    def body(tile: Tile) -> dict[tuple[str, int], str]:
+        for j in reloaded:
+            tile.reload_output(j)
+        return _reverse_all(tile)
+    return body
+
+
+RELOADING_KINDS = ("pointwise", "norm")
+_NOT_RELOADED = ("layer_norm", "linear", "sum", "mean")  # their reverse needs their forward
+
+
+def _probe(structure: dict[str, Any], reloaded: list[int]) -> Tile:
+    """The backward tile of ``structure`` emitted into scratch code (what it loads)."""
+    tile = Tile(Code(), structure)
+    _reverse_reloading(reloaded)(tile)
+    return tile
+
+
+def _full_loads(structure: dict[str, Any], reloaded: list[int]) -> int:
+    """Whole-tile operands the backward reads: unbroadcast slots and reloaded outputs."""
+    tile = _probe(structure, reloaded)
+    return len(reloaded) + sum(1 for j in tile.slots
+                               if not any(structure["slots"][j]["bcast"]))
+
+
+def reloaded_outputs(structure: dict[str, Any]) -> list[int]:
+    """Outputs the backward reads back instead of recomputing, where that reads fewer
+    whole tiles. Why: the residual + LayerNorm group ``h = x + r; y = LN(h) * m``
+    recomputes ``h`` from ``x`` and ``r`` (two reads of an activation) where the stored
+    ``h`` is one; the backward is bound by memory. Only outputs of the tile's own shape,
+    and not values whose reverse needs their forward's intermediates (LayerNorm)."""
+    if structure["kind"] not in RELOADING_KINDS:
+        return []
+    outputs = structure["outputs"]
+    tile_class = structure["classes"][outputs[0]]
+    chosen: list[int] = []
+    for j, k in enumerate(outputs):
+        if structure["ops"][k]["op"] in _NOT_RELOADED or structure["classes"][k] != tile_class:
+            continue
+        if _full_loads(structure, [*chosen, j]) < _full_loads(structure, chosen):
+            chosen.append(j)
+    return chosen
+
+
+def grad_aliases(structure: dict[str, Any]) -> dict[int, int]:
+    """``{j2: j1}``: unbroadcast slots whose gradient is, term for term, an earlier slot's
+    (both operands of ``x + r`` get the sum's gradient). The host stores it once and hands
+    the same tensor to both inputs when their shapes and dtypes agree, as eager's add
+    does; otherwise the kernel stores both."""
+    if structure["kind"] not in RELOADING_KINDS:
+        return {}
+    tile = _probe(structure, reloaded_outputs(structure))
+    first: dict[str, int] = {}
+    aliases: dict[int, int] = {}
+    for j, slot in enumerate(structure["slots"]):
+        src = tile.copies.get(("s", j))
+        if src is None or any(slot["bcast"]):
+            continue
+        if src in first:
+            aliases[j] = first[src]
+        else:
+            first[src] = j
+    return aliases
+
+
+def saved_output_params(structure: dict[str, Any]) -> list[str]:
+    """Pointers and strides of the outputs the backward reads back (``y<j>``)."""
+    out: list[str] = []
+    for j in reloaded_outputs(structure):
+        q = structure["classes"][structure["outputs"][j]]
+        out += strided_params(f"y{j}", structure["ranks"][q] - 1)
+    return out
+
+
 def _looped_bwd(code: Code, st: dict[str, Any], configs: str, key: list[str],
                 sizes: list[str], cols: str, pid_cols: str,
-                body: Callable[[Tile], dict[tuple[str, int], str]] = _reverse_all) -> None:
+                body: Callable[[Tile], dict[tuple[str, int], str]] | None = None) -> None:
     """The ``bwd`` kernel of a kind whose backward is one :func:`_row_loop` pass; the host
     launches it through ``host._Impl.looped_backward`` (``BLOCK_M``, ``ITERS`` and
     ``STAGES`` are the host's: the first two lay out the partial sums)."""
     code("\n")
     code(f"@triton.autotune(configs={configs}, key={key!r})")
-    _signature(code, "bwd", [*slot_params(st), *grad_params(st), *slot_grad_params(st),
-                             *classes_params(st, backward=True), *sizes, "ITERS",
+    _signature(code, "bwd", [*slot_params(st), *saved_output_params(st), *grad_params(st),
+                             *slot_grad_params(st), *classes_params(st, backward=True), *sizes,
+                             "ITERS",
                              "STAGES: tl.constexpr", "BLOCK_M: tl.constexpr",
                              "BLOCK_N: tl.constexpr"])
     with code.block(""):
-        _row_loop(code, st, cols, body, pid_cols)
+        _row_loop(code, st, cols, body or _reverse_reloading(reloaded_outputs(st)), pid_cols)
 
 
 _WARPS = ["triton.Config({}, num_warps=4)", "triton.Config({}, num_warps=8)",
@@ -547,6 +625,8 @@ def generate(structure: dict[str, Any]) -> str:
     code(f"KIND = {kind!r}")
     code(f"REACHED = {tuple(reached_slots(structure))!r}")
     code(f"GRAD_MODES = {tuple(grad_mode(kind, s['bcast']) for s in structure['slots'])!r}")
+    code(f"RELOADED = {tuple(reloaded_outputs(structure))!r}")
+    code(f"GRAD_ALIASES = {grad_aliases(structure)!r}")
     if kind == "gemm_epilogue":
         code(f"SAVE_Z = {saves_z(structure)!r}")
     code("")

@@ -13,7 +13,7 @@ forms and what the code generator can emit are the same set by construction.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 Tmp = Callable[[str], str]  # emits ``t = expr`` and returns the temporary's name
@@ -129,12 +129,14 @@ def _clamp_bwd(x: str, g: str, attrs: dict[str, Any]) -> str:
 
 
 def backward(
-    op: str, a: list[str], out: str, g: str, attrs: dict[str, Any], tmp: Tmp
+    op: str, a: Sequence[str], out: str, g: str, attrs: dict[str, Any], tmp: Tmp
 ) -> list[tuple[int, str]]:
     """Adjoint contributions ``(argument index, expression)`` of ``op`` given ``g``.
 
     ``a`` are the forward argument expressions and ``out`` the forward result, both
-    recomputed in the backward kernel (cheaper than saving them)."""
+    recomputed in the backward kernel (cheaper than saving them). ``a`` may load on
+    indexing (:class:`.emit.Tile` passes lazy arguments): index it only for a derivative
+    that reads the argument, so ``x + r``'s backward loads neither."""
     alpha = _scaled(attrs)
     if op in ("identity", "cast"):
         return [(0, g)]
@@ -151,21 +153,20 @@ def backward(
     if op == "where":
         return [(1, f"tl.where({a[0]} != 0.0, {g}, 0.0)"),
                 (2, f"tl.where({a[0]} != 0.0, 0.0, {g})")]
-    x = a[0]
-    unary = {
+    unary = {  # a[0] read only where the derivative needs the input (it may be a load)
         "neg": lambda: f"-{g}",
-        "gelu": lambda: _gelu_bwd(x, g, attrs, tmp),
-        "silu": lambda: _silu_bwd(x, g, tmp),
-        "relu": lambda: f"tl.where({x} > 0.0, {g}, 0.0)",
+        "gelu": lambda: _gelu_bwd(a[0], g, attrs, tmp),
+        "silu": lambda: _silu_bwd(a[0], g, tmp),
+        "relu": lambda: f"tl.where({a[0]} > 0.0, {g}, 0.0)",
         "sigmoid": lambda: f"{g} * {out} * (1.0 - {out})",
         "tanh": lambda: f"{g} * (1.0 - {out} * {out})",
         "exp": lambda: f"{g} * {out}",
-        "log": lambda: f"{g} / {x}",
+        "log": lambda: f"{g} / {a[0]}",
         "sqrt": lambda: f"0.5 * {g} / {out}",
         "rsqrt": lambda: f"-0.5 * {g} * {out} * {out} * {out}",
-        "abs": lambda: f"tl.where({x} > 0.0, {g}, tl.where({x} < 0.0, -{g}, 0.0))",
-        "pow": lambda: _pow_bwd(x, out, g, float(attrs["exponent"])),
-        "clamp": lambda: _clamp_bwd(x, g, attrs),
+        "abs": lambda: f"tl.where({a[0]} > 0.0, {g}, tl.where({a[0]} < 0.0, -{g}, 0.0))",
+        "pow": lambda: _pow_bwd(a[0], out, g, float(attrs["exponent"])),
+        "clamp": lambda: _clamp_bwd(a[0], g, attrs),
     }
     return [(0, unary[op]())]
 
