@@ -570,8 +570,11 @@ def jagged_attention_reference(
     causal: bool = False,
     kind: AttentionKind = "softmax",
     silu_normalizer: SiluNormalizer = "max_len",
+    compute_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """Plain-PyTorch ``jagged_attention`` (differentiable), computed in fp32 on padded tensors.
+    """Plain-PyTorch ``jagged_attention`` (differentiable), computed in ``compute_dtype``
+    (fp32 unless asked; the inputs' own dtype gives eager PyTorch's rounding, the yardstick
+    of a bf16 kernel's error) on padded tensors.
 
     softmax: pad, ``scaled_dot_product_attention`` with a key-padding (and causal) boolean
     mask, unpad. silu: pad, ``silu(scale * q k^T) * mask / N @ v`` written out, unpad. Padded
@@ -592,7 +595,8 @@ def jagged_attention_reference(
         visible = visible & (pos[:, None] >= pos[None, :])
     visible = visible[:, None]  # [B, 1, L, L]
     qp, kp, vp = (
-        jagged_to_padded_reference(x.float(), offsets, max_len).transpose(1, 2) for x in (q, k, v)
+        jagged_to_padded_reference(x.to(compute_dtype), offsets, max_len).transpose(1, 2)
+        for x in (q, k, v)
     )  # [B, H, L, D]
     if kind == "softmax":
         safe = visible | ~visible.any(-1, keepdim=True)
@@ -601,9 +605,9 @@ def jagged_attention_reference(
         )
     else:
         if silu_normalizer == "max_len":
-            norm = torch.full_like(lengths, max_len, dtype=torch.float32)
+            norm = torch.full_like(lengths, max_len, dtype=compute_dtype)
         else:
-            norm = lengths.float().clamp_min(1.0)
+            norm = lengths.to(compute_dtype).clamp_min(1.0)
         s = scale * qp @ kp.transpose(-1, -2)
         p = torch.nn.functional.silu(s) * visible / norm[:, None, None, None]
         out = p @ vp
