@@ -14,6 +14,7 @@ grep -vE "^\.\.\.|Warning|detach|err = " "$OUT/fusion.log" | tail -12 | cut -c1-
 timeout 100 python3 benchmarks/bwd_sweep.py --budget-s 70 --out "$OUT/bwd_sweep.json" \
   > "$OUT/bwd_sweep.log" 2>&1
 grep -vE "Warning|warn" "$OUT/bwd_sweep.log" | tail -6
-# The device tool returns at most 8 files: keep the three JSON reports, pack the rest.
-(cd "$OUT" && tar czf extras.tar.gz --exclude='*.json' --exclude='extras.tar.gz' . \
-  && find . -type f ! -name '*.json' ! -name 'extras.tar.gz' -delete)
+# The device tool returns at most 8 files: keep the three JSON reports, pack the rest (the
+# archive is written outside $OUT first: tar refuses a folder that changes as it reads it).
+tar czf /tmp/extras.tar.gz -C "$OUT" --exclude='*.json' . \
+  && find "$OUT" -type f ! -name '*.json' -delete && mv /tmp/extras.tar.gz "$OUT/"
