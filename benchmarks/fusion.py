@@ -180,6 +180,27 @@ def host_and_kernels(fn: Callable[[], Any], calls: int = 10) -> dict[str, Any]:
             "top_kernels": "; ".join(f"{name[:40]} {us:.0f}" for name, us in top)}
 
 
+def host_profile(fn: Callable[[], Any], calls: int, top: int = 15) -> str:
+    """The host's time per call by function (cProfile, ``calls`` calls, own time first):
+    which Python (ours, autograd's, Triton's launcher) a host-bound call spends."""
+    import cProfile
+    import io
+    import pstats
+
+    fn()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    text = io.StringIO()
+    stats = pstats.Stats(prof, stream=text)
+    stats.sort_stats("tottime").print_stats(top)
+    return f"{calls} calls\n" + text.getvalue().split("\n", 3)[-1]
+
+
 @dataclasses.dataclass
 class Row:
     case: str
@@ -198,6 +219,7 @@ class Row:
     kernel_ms: float | None = None  # GPU kernel time of one call (profiler; CUDA only)
     kernels: float | None = None  # kernels (and memsets/copies) launched per call
     top_kernels: str | None = None  # the longest kernels of one call, us each
+    host_profile: str | None = None  # --profile-host: gemc's host time by function
     error: str | None = None
 
 
@@ -206,7 +228,7 @@ def _outputs(value: Any) -> list[torch.Tensor]:
 
 
 def run_case(case: Case, device: torch.device, dtype: torch.dtype, compile_: bool,
-             gen: torch.Generator) -> list[Row]:
+             gen: torch.Generator, profile_host: int = 0) -> list[Row]:
     rows: list[Row] = []
     inputs = [torch.randn(s, generator=gen).to(device, dtype).requires_grad_()
               for s in case.shapes]
@@ -249,6 +271,8 @@ def run_case(case: Case, device: torch.device, dtype: torch.dtype, compile_: boo
                 if device.type == "cuda" and mode == "fwd+bwd":
                     for key, value in host_and_kernels(body).items():
                         setattr(row, key, value)
+                if profile_host and mode == "fwd+bwd" and variant == "gemc fused":
+                    row.host_profile = host_profile(body, profile_host)
                 chosen = getattr(getattr(fn, "impl", None), "chosen", None)
                 if chosen:
                     row.path = " ".join(sorted({f"{k[0]}:{v}" for k, v in chosen.items()}))
@@ -291,6 +315,9 @@ def print_table(rows: list[Row]) -> None:
             print(f"  {r.case[:34]:34} {r.variant:14} do_bench {_fmt(r.ms, '7.3f')}  host "
                   f"{r.host_ms:7.3f}  kernels {r.kernel_ms:7.3f} ({r.kernels:4.1f})  "
                   f"{r.top_kernels}")
+    for r in rows:
+        if r.host_profile:
+            print(f"\nhost profile, {r.case} / {r.variant} fwd+bwd: {r.host_profile}")
     for r in rows:
         if r.error:
             print(f"  ! {r.case} / {r.mode} / {r.variant}: {r.error}")
@@ -337,6 +364,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile variants")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    ap.add_argument("--profile-host", type=int, default=0, metavar="CALLS",
+                    help="cProfile gemc's fwd+bwd over CALLS calls and print where the host "
+                         "time goes (0: off)")
     args = ap.parse_args(argv)
     device, dtype = device_and_dtype(ap, args.smoke)
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
@@ -350,7 +380,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name in wanted:
         for case in table[name]:
             print(f"... {case.name}", file=sys.stderr, flush=True)
-            rows += run_case(case, device, dtype, not args.no_compile, gen)
+            rows += run_case(case, device, dtype, not args.no_compile, gen, args.profile_host)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     print_table(rows)

@@ -9,8 +9,9 @@ export PYTHONUNBUFFERED=1
 timeout 300 python3 benchmarks/e2e.py --steps 20 --warmup 5 --profile 1 --out "$OUT/e2e.json" \
   "$@" > "$OUT/e2e.log" 2>&1
 grep -vE "Warning|warn" "$OUT/e2e.log" | tail -12
-timeout 130 python3 benchmarks/fusion.py --out "$OUT/fusion.json" > "$OUT/fusion.log" 2>&1
-grep -vE "^\.\.\.|Warning|detach|err = " "$OUT/fusion.log" | tail -12 | cut -c1-175
+timeout 150 python3 benchmarks/fusion.py --profile-host 50 --out "$OUT/fusion.json" \
+  > "$OUT/fusion.log" 2>&1
+grep -E "^target|do_bench" "$OUT/fusion.log" | cut -c1-175
 timeout 100 python3 benchmarks/bwd_sweep.py --budget-s 70 --out "$OUT/bwd_sweep.json" \
   > "$OUT/bwd_sweep.log" 2>&1
 grep -vE "Warning|warn" "$OUT/bwd_sweep.log" | tail -6

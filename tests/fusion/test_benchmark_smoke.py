@@ -11,7 +11,7 @@ def test_fusion_benchmark_smoke_writes_json(tmp_path):
     bench = load_benchmark("fusion")
     out = tmp_path / "fusion.json"
     bench.main(["--smoke", "--no-compile", "--cases", "gemm_gelu,norm,reduction",
-                "--out", str(out)])
+                "--profile-host", "2", "--out", str(out)])
     report = json.loads(out.read_text())
     rows = report["results"]
     assert not [r for r in rows if r["error"]], [r for r in rows if r["error"]]
@@ -21,3 +21,6 @@ def test_fusion_benchmark_smoke_writes_json(tmp_path):
     assert all(r["predicted_after_ms"] < r["predicted_before_ms"]
                for r in fused if r["mode"] == "fwd+bwd")
     assert len(report["targets"]) == 3
+    profiled = [r for r in fused if r["host_profile"]]  # --profile-host: gemc's fwd+bwd only
+    assert [r["mode"] for r in profiled] == ["fwd+bwd"] * 3
+    assert all("ncalls" in r["host_profile"] for r in profiled)
