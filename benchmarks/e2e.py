@@ -4,8 +4,10 @@
     python benchmarks/e2e.py --smoke --out smoke.json    # CPU, tiny preset: a crash check
 
 All three variants train the same model (``examples/gem/model.py``), each in a fresh child
-process of this script (``--same-process``: one after the other in this one), from the same
-deterministic init (``gemc.backends.torch.init``), on the same
+process of this script (``--same-process``: one after the other in this one; why separate:
+a variant run third inherited the others' process state, and gemc's host-side launch
+latency with it: 92.7 ms a step third against 79.7 ms first at the same commit, e117a72,
+BENCHMARKS.md), from the same deterministic init (``gemc.backends.torch.init``), on the same
 batches (``make_batch(step)``), with the same optimizers (fused AdamW for dense parameters,
 row-wise Adagrad on the rows each step used for the tables):
 
