@@ -454,3 +454,29 @@ def test_aliased_gradient_accumulates_into_leaves_separately() -> None:
     torch.testing.assert_close(r.grad, ref_in[1].grad)
     x.grad.zero_()
     torch.testing.assert_close(r.grad, ref_in[1].grad)
+
+
+def test_launch_memo_follows_strides_and_dtypes() -> None:
+    """The host memoises launch arguments per input signature: the same runner called
+    with contiguous inputs, then with strided views of wider tensors, then in another
+    dtype, matches eager every time (a stale memo would address the views' elements with
+    the contiguous strides)."""
+    entry = compiled_case("pointwise")["entry"]
+    dims = {"B": 2, "L": 5, "K": 1, "N": 12}
+    shapes = BY_NAME["pointwise"].shapes(dims)
+    binding = {**entry["binding"], "shapes": [list(_blk(dims))] * len(entry["binding"]["shapes"])}
+    run = make_runner(generated(entry["structure"])[0], binding)
+    order = [compiled_case("pointwise")["placeholders"].index(n) for n in binding["inputs"]]
+    gen = torch.Generator().manual_seed(fresh_seed())
+
+    def check(inputs: list[torch.Tensor]) -> None:
+        got = run(*(inputs[i] for i in order))[0]
+        torch.testing.assert_close(got, _pointwise(*inputs), atol=1e-2, rtol=1e-2)
+
+    check([torch.randn(s, generator=gen) for s in shapes])
+    wide = [torch.randn((*s[:-1], 2 * s[-1] + 3), generator=gen) for s in shapes]
+    views = [w[..., 3:3 + 2 * s[-1]:2] for w, s in zip(wide, shapes)]
+    assert not views[0].is_contiguous()
+    check(views)
+    check([torch.randn(s, generator=gen).to(torch.bfloat16) for s in shapes])
+    check([torch.randn(s, generator=gen) for s in shapes])
