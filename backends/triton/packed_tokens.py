@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch import fx
 
+from .segment_sum import segment_sum_rows
+
 aten = torch.ops.aten
 Dims = tuple[int, int]
 
@@ -112,27 +114,49 @@ def gather(x: Any, dims: Dims, rank: int, layout: TokenLayout) -> Any:
     kind = "flat" if sb > 1 and sl > 1 else "row" if sb > 1 else "pos"
     moved = x.movedim((bd, ld), (0, 1))
     rest = tuple(moved.shape[2:])
-    picked = _Gather.apply(moved.reshape(sb * sl, *rest), layout.index(kind))
+    picked = _Gather.apply(moved.reshape(sb * sl, *rest), layout.index(kind),
+                           layout.offsets if kind == "row" else None)
     return picked.view(1, layout.total, *rest).movedim((0, 1), (bd, ld))
 
 
 class _Gather(torch.autograd.Function):
     """``src[index]`` whose backward adds the gradients up in fp32. Why not ``index_select``:
-    a per-sequence operand (``[B, 1, d]``) is gathered to every token of its row, and
-    ``index_select``'s backward adds a row's ~100s of bf16 token gradients with bf16
-    atomics, where the broadcast it replaces (eager's) reduces them in fp32."""
+    its backward adds with atomics in the gradient's dtype (bf16 for a bf16 operand), where
+    the broadcast it replaces (eager's) reduces in fp32. For a per-sequence operand
+    gathered to every token of its row (``offsets`` given) the tokens of one row are
+    contiguous, and the backward is :func:`.segment_sum.segment_sum_rows` (one pass, no
+    atomics); other gathers (by position, by token) add in an fp32 ``index_add``."""
 
     @staticmethod
-    def forward(ctx, src, index):  # type: ignore[override]
-        ctx.save_for_backward(index)
+    def forward(ctx, src, index, offsets):  # type: ignore[override]
+        ctx.save_for_backward(index, offsets)
         ctx.rows, ctx.dtype = src.shape[0], src.dtype
+        ctx.by_row = offsets is not None
         return src.index_select(0, index)
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        (index,) = ctx.saved_tensors
+        index, offsets = ctx.saved_tensors
+        if ctx.by_row:  # spare slots past offsets[-1] carry zero gradients: not read
+            return segment_sum_rows(grad, offsets, ctx.dtype), None, None
         acc = torch.zeros((ctx.rows, *grad.shape[1:]), dtype=torch.float32, device=grad.device)
-        return acc.index_add_(0, index, grad.float()).to(ctx.dtype), None
+        return acc.index_add_(0, index, grad.float()).to(ctx.dtype), None, None
+
+
+class _SegmentSum(torch.autograd.Function):
+    """Each row's tokens added up (fp32 accumulation, the input's dtype out); the gradient
+    of a row's sum goes back to each of its tokens, zero to the spare slots."""
+
+    @staticmethod
+    def forward(ctx, tokens, offsets, row_out):  # type: ignore[override]
+        ctx.save_for_backward(row_out)
+        return segment_sum_rows(tokens, offsets)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        (row_out,) = ctx.saved_tensors  # B (one past the rows) for a spare slot
+        padded = torch.cat([grad, grad.new_zeros((1, *grad.shape[1:]))])
+        return padded.index_select(0, row_out), None, None
 
 
 def _tokens(x: torch.Tensor, dims: Dims, layout: TokenLayout
@@ -159,8 +183,7 @@ def segment_sum(x: torch.Tensor, dims: Dims, layout: TokenLayout) -> torch.Tenso
     rows are zero (a masked one): the pass never lets another reach a sum over positions."""
     bd, ld = dims
     tokens, rest = _tokens(x, dims, layout)
-    acc = torch.zeros((layout.batch + 1, *rest), dtype=torch.float32, device=x.device)
-    acc = acc.index_add(0, layout.index("row_out"), tokens.float())[:-1].to(x.dtype)
+    acc = _SegmentSum.apply(tokens, layout.offsets, layout.index("row_out"))
     return acc.movedim(0, bd - (bd > ld))
 
 
