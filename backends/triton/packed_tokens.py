@@ -131,13 +131,12 @@ class _Gather(torch.autograd.Function):
     def forward(ctx, src, index, offsets):  # type: ignore[override]
         ctx.save_for_backward(index, offsets)
         ctx.rows, ctx.dtype = src.shape[0], src.dtype
-        ctx.by_row = offsets is not None
         return src.index_select(0, index)
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
         index, offsets = ctx.saved_tensors
-        if ctx.by_row:  # spare slots past offsets[-1] carry zero gradients: not read
+        if offsets is not None:  # by row; spare slots past offsets[-1] (zero) are not read
             return segment_sum_rows(grad, offsets, ctx.dtype), None, None
         acc = torch.zeros((ctx.rows, *grad.shape[1:]), dtype=torch.float32, device=grad.device)
         return acc.index_add_(0, index, grad.float()).to(ctx.dtype), None, None
