@@ -104,9 +104,13 @@ def run_plan(plan_path: Path, steps: int, device: str | None, timeout_s: int) ->
                           check=False)
     wall = time.perf_counter() - t0
     if proc.returncode != 0 or not report.exists():
+        # torchrun's summary ends the output and names only the signal: the ranks' own
+        # errors come before it, so the whole output is kept beside the plan
+        log = plan_path.with_name(plan_path.stem + ".log")
+        log.write_text(f"$ {' '.join(cmd)}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
         tail = (proc.stderr or proc.stdout)[-2000:]
         return {"plan": str(plan_path), "world": world, "error": f"exit {proc.returncode}",
-                "log_tail": tail, "wall_s": wall}
+                "log": str(log), "log_tail": tail, "wall_s": wall}
     return {"plan": str(plan_path), "world": world, "wall_s": wall,
             "report": json.loads(report.read_text()), "no_kernels": "--no-kernels" in cmd}
 
@@ -116,7 +120,8 @@ def summarize(planner: str, plan: dict[str, Any], res: dict[str, Any]) -> dict[s
     row: dict[str, Any] = {"planner": planner, "world": res["world"],
                            "predicted_step_ms": plan["predicted"].get("step_ms")}
     if "error" in res:
-        return {**row, "error": res["error"], "log_tail": res.get("log_tail")}
+        return {**row, "error": res["error"], "log": res.get("log"),
+                "log_tail": res.get("log_tail")}
     rep = res["report"]
     measured = rep.get("step_ms")
     pred = row["predicted_step_ms"]
@@ -165,7 +170,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         if r.get("error"):
             lines.append(f"{r['planner']:8} {r['world']:>4} {_fmt(r['predicted_step_ms'], '9.2f')}"
-                         f"  FAILED: {r['error']}")
+                         f"  FAILED: {r['error']} (output: {r.get('log') or '-'})")
             continue
         gb = (lambda b: None if b is None else b / 1e9)
         lines.append(

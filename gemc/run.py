@@ -8,9 +8,14 @@ this module is only the entry point, so that ``-m gemc.run`` is short and stable
 
 from __future__ import annotations
 
+import os
 import sys
 
 from gemc.backends.torch.cli import main
+from gemc.backends.torch.comm import exit_skipping_finalization
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a process group was used
+        exit_skipping_finalization(code)
+    sys.exit(code)

@@ -2,22 +2,21 @@
 
 One :class:`ShardedEmbedding` replaces one ``nn.EmbeddingBag`` or ``nn.Embedding`` of the
 user's model (same call signature, same output), holding only the rows and columns the plan
-gives this rank. All sharding types run through one routing scheme:
-
-1. the requester (every rank, for its own batch) sends each shard owner the ids that fall in
-   that shard's row range (shifted to shard-local rows), the per-bag counts of those ids and
-   their per-sample weights (three ``all_to_all_single``: sizes, ids + counts, weights);
-2. each owner sum-pools its rows of every requester's bags with one
-   ``F.embedding_bag(..., sparse=True)`` call on its shard;
-3. the partial pooled rows go back to their requesters through a differentiable
-   ``all_to_all_single``; the requester adds each owner's partial into its columns (row-wise
-   shards add up, column-wise shards fill disjoint columns) and divides by the full bag
-   length for ``mean`` pooling.
+gives this rank. All sharding types run through one routing scheme
+(:mod:`.embedding_exchange`): the requester (every rank, for its own batch) sends each shard
+owner the ids in that shard's row range, the owner sum-pools them on its shard with one
+``F.embedding_bag(..., sparse=True)``, and the partial pooled rows come back through a
+differentiable ``all_to_all_single``; the requester adds each owner's partial into its
+columns and divides ``mean`` bags by their length.
 
 So table-wise is one owner with the whole table, row-wise and table-row-wise are owners of
 row ranges, column-wise owners of column ranges, grid both. Gradients flow back through the
 same exchange to the owner's ``embedding_bag``, whose sparse gradient lists exactly the
 rows used this step (over all ranks' batches): the sparse optimizer updates only those.
+
+A table called with the model's own input tensors is looked up ahead of the forward, with
+every other such table in one exchange (:mod:`.table_prefetch`); the forward then hands
+out the result. A table whose ids the model computes exchanges on its own when called.
 
 ``data_parallel`` tables are local replicas: a local lookup with a sparse gradient, which
 :mod:`.sparse_optim` all-reduces. ``nn.Embedding`` (one vector per id, no pooling) is routed
@@ -36,7 +35,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from gemc.backends.torch.comm import all_to_all, autograd_all_to_all, exchange_counts
+from gemc.backends.torch.embedding_exchange import Bags, exchange_lookups
 from gemc.backends.torch.init import fill_table_slice_
 from torch import nn
 
@@ -100,6 +99,7 @@ class ShardedEmbedding(nn.Module):
                 fix="the runner shards nn.Embedding and nn.EmbeddingBag modules only",
             )
         self.num_embeddings = int(source.num_embeddings)
+        self.dtype = source.weight.dtype  # known on every rank, shard or not
         self.embedding_dim = int(source.embedding_dim)
         if (self.num_embeddings, self.embedding_dim) != (int(table["rows"]), int(table["dim"])):
             raise PlanError(
@@ -157,6 +157,10 @@ class ShardedEmbedding(nn.Module):
         else:
             self.register_parameter("weight", None)
         self.owners = {s.rank: s for s in self.shards}
+        # set by table_prefetch.TablePrefetch: the first step's record of this table's
+        # arguments, and this step's result looked up ahead of the forward
+        self.recording: Any = None
+        self.prefetched: Any = None
 
     # -- initialization --------------------------------------------------------------
 
@@ -199,8 +203,15 @@ class ShardedEmbedding(nn.Module):
     ) -> torch.Tensor:
         if self.local_only:
             return self._local(input, offsets, per_sample_weights)
-        ids, offsets, weights, out_shape = self._as_bags(input, offsets, per_sample_weights)
-        out = self._sharded(ids, offsets, weights)
+        if self.prefetched is not None:
+            out = self.prefetched.take(self.fqn, input, offsets, per_sample_weights)
+            self.prefetched = None
+            return out
+        if self.recording is not None:
+            self.recording.note(input, offsets, per_sample_weights)
+        ids, offsets, weights, out_shape = self.as_bags(input, offsets, per_sample_weights)
+        bags = self.routed_bags(ids, offsets, weights)
+        out = exchange_lookups([self], [bags], world=self.world_size, group=self.group)[0]
         return out.view(out_shape)
 
     def _local(self, input, offsets, per_sample_weights) -> torch.Tensor:  # noqa: ANN001
@@ -217,7 +228,7 @@ class ShardedEmbedding(nn.Module):
             padding_idx=self.padding_idx,
         )
 
-    def _as_bags(self, input, offsets, per_sample_weights):  # noqa: ANN001, ANN202
+    def as_bags(self, input, offsets, per_sample_weights):  # noqa: ANN001, ANN202
         """(ids [n], offsets [B+1], weights or None, output shape) for every call form."""
         if per_sample_weights is not None and per_sample_weights.requires_grad:
             raise GemcUserError(
@@ -244,97 +255,22 @@ class ShardedEmbedding(nn.Module):
             offs = torch.cat([offs, offs.new_full((1,), input.numel())])
         return input, offs, per_sample_weights, (offs.numel() - 1, self.embedding_dim)
 
-    def _sharded(
-        self, ids: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None
-    ) -> torch.Tensor:
-        world, dev = self.world_size, ids.device
+    def routed_bags(self, ids: torch.Tensor, offsets: torch.Tensor,
+                    weights: torch.Tensor | None) -> Bags:
+        """The routed form of one call's bags: padding ids dropped (neither pooled nor
+        counted), each id's bag index."""
         batch = offsets.numel() - 1
-        n = ids.numel()
         lengths = offsets[1:] - offsets[:-1]
         bag = torch.repeat_interleave(
-            torch.arange(batch, device=dev), lengths, output_size=n
+            torch.arange(batch, device=ids.device), lengths, output_size=ids.numel()
         )
         ids = ids.long()
-        if self.padding_idx is not None:  # padding ids are neither pooled nor counted
+        if self.padding_idx is not None:
             keep = ids != self.padding_idx
             ids, bag = ids[keep], bag[keep]
             weights = None if weights is None else weights[keep]
             lengths = torch.bincount(bag, minlength=batch)
-
-        # 1. route: ids of each owner's row range, with per-bag counts
-        payloads: list[torch.Tensor] = []
-        wsend: list[torch.Tensor] = []
-        send_sizes = torch.zeros(world, 2, dtype=torch.long)
-        for dest in range(world):
-            shard = self.owners.get(dest)
-            if shard is None:
-                continue
-            mask = (ids >= shard.row_offset) & (ids < shard.row_offset + shard.rows)
-            local_ids = ids[mask] - shard.row_offset
-            counts = torch.bincount(bag[mask], minlength=batch)
-            payloads += [counts, local_ids]
-            if weights is not None:
-                wsend.append(weights[mask])
-            send_sizes[dest, 0] = local_ids.numel()
-            send_sizes[dest, 1] = batch
-        recv_sizes = exchange_counts(send_sizes.to(dev), self.group).cpu()
-        in_splits = [int(a + b) for a, b in send_sizes.tolist()]
-        out_splits = [int(a + b) for a, b in recv_sizes.tolist()]
-        send = torch.cat(payloads) if payloads else ids.new_empty(0)
-        recv = all_to_all(send, out_splits, in_splits, self.group)
-        recv_w = None
-        if weights is not None:
-            wcat = torch.cat(wsend) if wsend else weights.new_empty(0)
-            recv_w = all_to_all(
-                wcat, recv_sizes[:, 0].tolist(), send_sizes[:, 0].tolist(), self.group
-            )
-
-        # 2. pool this rank's rows of every requester's bags
-        if self.local is not None:
-            all_counts, all_ids = [], []
-            for piece, (_n_ids, n_bags) in zip(recv.split(out_splits), recv_sizes.tolist()):
-                all_counts.append(piece[:n_bags])
-                all_ids.append(piece[n_bags:])
-            counts = torch.cat(all_counts)
-            pool_offsets = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
-            partial = F.embedding_bag(
-                torch.cat(all_ids),
-                self.weight,
-                pool_offsets,
-                mode="sum",
-                sparse=True,
-                per_sample_weights=None if recv_w is None else recv_w.to(self.weight.dtype),
-                include_last_offset=True,
-            )
-            back_in = [int(b) * self.local.cols for b in recv_sizes[:, 1].tolist()]
-            flat = partial.reshape(-1)
-        else:
-            back_in = [0] * world
-            flat = torch.empty(0, device=dev, dtype=self._dtype())
-
-        # 3. partials back to their requesters, assembled into columns
-        back_out = [
-            batch * self.owners[d].cols if d in self.owners else 0 for d in range(world)
-        ]
-        returned = autograd_all_to_all(flat, back_out, back_in, self.group)
-        out = None
-        for d, piece in zip(range(world), returned.split(back_out)):
-            shard = self.owners.get(d)
-            if shard is None:
-                continue
-            chunk = piece.view(batch, shard.cols)
-            if shard.cols != self.embedding_dim:
-                chunk = F.pad(
-                    chunk, (shard.col_offset, self.embedding_dim - shard.col_offset - shard.cols)
-                )
-            out = chunk if out is None else out + chunk
-        assert out is not None
-        if self.mode == "mean":
-            out = out / lengths.clamp(min=1).unsqueeze(1).to(out.dtype)
-        return out
-
-    def _dtype(self) -> torch.dtype:
-        return self.weight.dtype if self.weight is not None else torch.float32
+        return Bags(ids=ids, bag=bag, batch=batch, weights=weights, lengths=lengths)
 
 
 def shard_tables(

@@ -12,6 +12,9 @@ Order of setup (each step is one module of this package):
 7. optimizers (:mod:`.optimizers`, :mod:`.sparse_optim`), then ``--resume``
    (:mod:`.checkpoint`, :mod:`.state`).
 
+Each step, the tables the model calls with the batch's own tensors are looked up before the
+forward, in one exchange for all of them (:mod:`.table_prefetch`; from the second step on).
+
 Data: rank ``r`` of ``W`` trains step ``s`` on ``make_batch(s * W + r)``; the logged loss is
 the mean of the ranks' losses, the quantity :mod:`.reference` computes in one process.
 """
@@ -46,6 +49,7 @@ from gemc.backends.torch.optimizers import make_dense_optimizer, resolve_optimiz
 from gemc.backends.torch.report import build_report
 from gemc.backends.torch.sparse_optim import EmbeddingOptimizer
 from gemc.backends.torch.state import restore_after_load, training_state
+from gemc.backends.torch.table_prefetch import TablePrefetch
 
 from gemc.errors import GemcUserError, PlanError
 from gemc.plan import load_plan, validate_plan
@@ -317,6 +321,7 @@ def _run(
             resumed_from = str(path)
     setup_s = time.perf_counter() - t_setup
 
+    prefetch = TablePrefetch(tables, world_size=wsize, device=device)
     metrics = Metrics()
     progress = Progress(opts.steps, start, enabled=opts.progress and rank == 0)
     exit_after = os.environ.get(EXIT_AFTER_STEP_ENV)
@@ -335,10 +340,12 @@ def _run(
         sync(device)
         t1 = time.perf_counter()
         with prec.autocast(device.type):
+            prefetch.begin_step(batch)
             loss = forward(*batch)
         loss.backward()
         if layout.averager is not None:
             layout.averager.finish()
+        prefetch.end_step()
         dense_opt.step()
         emb_opt.step()
         dense_opt.zero_grad(set_to_none=True)
@@ -377,6 +384,7 @@ def _run(
         if graph_kernels
         else "module: the model's forward with sharded tables and wrapped regions"
     )
+    report["embedding_exchange"] = prefetch.report()
     report_path = None
     if rank == 0:
         report_path = Path(opts.report) if opts.report else (

@@ -13,6 +13,7 @@ import os
 import socket
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -89,24 +90,48 @@ def _worker(rank: int, world: int, port: int, scenarios: list[dict[str, Any]], o
     from gemc.backends.torch.runner import RunOptions, run
 
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    results: dict[str, Any] = {}
+    from gemc.backends.torch.comm import count_all_to_all
+
+    calls = count_all_to_all()
+    results: dict[str, Any] = {"_meta": {}}
     try:
         for sc in scenarios:
-            losses = []
+            losses, meta = [], []
             for phase in sc["phases"]:
                 phase = dict(phase)
                 plan = phase.pop("plan", sc["plan"])  # a phase may resume under another plan
-                res = run(plan, RunOptions(device="cpu", progress=False, **phase))
+                per_step: list[int] = []
+                calls[0] = 0
+
+                def on_step(done: int, per_step: list[int] = per_step) -> None:
+                    per_step.append(calls[0])
+                    calls[0] = 0
+
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    res = run(plan, RunOptions(device="cpu", progress=False, on_step=on_step,
+                                               **phase))
                 losses.append(res.losses)
+                meta.append({"all_to_all_per_step": per_step,
+                             "embedding_exchange": res.report.get("embedding_exchange"),
+                             "warnings": [str(w.message) for w in caught]})
             results[sc["name"]] = losses
+            results["_meta"][sc["name"]] = meta
     finally:
         if rank == 0:
             Path(out).write_text(json.dumps(results))
         dist.destroy_process_group()
+    from gemc.backends.torch.comm import exit_skipping_finalization
+
+    exit_skipping_finalization(0)  # gloo can abort in finalization (see its docstring)
 
 
 def run_scenarios(world: int, scenarios: list[dict[str, Any]], out: Path) -> dict[str, Any]:
-    """Run ``scenarios`` (``{"name", "plan": path, "phases": [RunOptions kwargs, ...]}``)."""
+    """Run ``scenarios`` (``{"name", "plan": path, "phases": [RunOptions kwargs, ...]}``).
+
+    Returns rank 0's per-phase losses under each name, and under ``"_meta"`` per name and
+    phase: ``all_to_all_single`` calls per step, the run report's ``embedding_exchange``
+    and the warnings the run raised."""
     mp.start_processes(
         _worker,
         args=(world, free_port(), scenarios, str(out)),

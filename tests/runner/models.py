@@ -18,8 +18,10 @@ B = 6  # samples per rank and step
 
 
 class MultiTable(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, computed_ids: bool = False) -> None:
         super().__init__()
+        # t0 gets a copy of its ids made in the forward: the runner can't look it up ahead
+        self.computed_ids = computed_ids
         self.t0 = nn.EmbeddingBag(40, 8, mode="sum", include_last_offset=True)
         self.t1 = nn.EmbeddingBag(30, 6, mode="mean", include_last_offset=True)
         self.t2 = nn.EmbeddingBag(25, 8, mode="sum")  # offsets without the last one
@@ -50,7 +52,7 @@ class MultiTable(nn.Module):
     ) -> torch.Tensor:
         feats = [
             self.bottom(dense),
-            self.t0(ids0, off0),
+            self.t0(ids0.clone() if self.computed_ids else ids0, off0),
             self.t1(ids1, off1),
             self.t2(ids2, off2, per_sample_weights=w2),
             self.t3(seq).mean(dim=1),
@@ -103,7 +105,7 @@ def _example() -> tuple[torch.Tensor, ...]:
     )
 
 
-def build() -> ModelSpec:
+def build(computed_ids: bool = False) -> ModelSpec:
     return ModelSpec(
-        model=MultiTable(), example_inputs=_example(), make_batch=make_batch, info={"batch_size": B}
+        model=MultiTable(computed_ids), example_inputs=_example(), make_batch=make_batch, info={"batch_size": B}
     )

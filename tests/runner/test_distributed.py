@@ -115,11 +115,30 @@ def _plans(world: int, base: dict) -> dict[str, dict]:
     }
 
 
-def _reference(plan: dict, world: int) -> list[float]:
+def _reference(plan: dict, world: int, args: dict | None = None) -> list[float]:
     dense_cfg, emb_cfg = resolve_optimizers(plan.get("optimizer"))
     return reference_losses(
-        load_model(MODEL, {}), steps=STEPS, world_size=world, dense_cfg=dense_cfg, emb_cfg=emb_cfg
+        load_model(MODEL, args or {}), steps=STEPS, world_size=world, dense_cfg=dense_cfg,
+        emb_cfg=emb_cfg
     )
+
+
+PER_TABLE_EXCHANGE = 4  # all_to_all_single: sizes, ids, pooled rows, their gradients
+
+
+def _check_exchange(meta: dict, plan: dict, on_call: dict[str, str] | None = None) -> None:
+    """Step 1 looks every routed table up on its own; from step 2 the tables the model calls
+    with batch entries share one exchange, the others (``on_call``) keep their own."""
+    on_call = on_call or {}
+    routed = sorted(t["fqn"] for t in plan["tables"] if t["sharding"] != "data_parallel")
+    assert meta["embedding_exchange"] == {
+        "batched": sorted(set(routed) - set(on_call)), "on_call": on_call}
+    steps = meta["all_to_all_per_step"]
+    assert steps[0] == PER_TABLE_EXCHANGE * len(routed)
+    assert set(steps[1:]) == {PER_TABLE_EXCHANGE * (1 + len(on_call))}, steps
+    warned = [w for w in meta["warnings"] if "looked up when the model calls them" in w]
+    assert len(warned) == (1 if on_call else 0), meta["warnings"]
+    assert all(f"'{fqn}' ({why})" in warned[0] for fqn, why in on_call.items())
 
 
 def _close(got: list[float], ref: list[float], rtol: float = 1e-4) -> None:
@@ -189,10 +208,30 @@ def test_loss_trajectory_matches_single_process(world, base_plans, plan_dir: Pat
                 ],
             }
         )
+    computed = None
+    if world == 2:  # t0's ids made in the model: looked up on its own, and still right
+        from gemc.api import compile as gemc_compile
+
+        a = plans["a"]
+        computed = variant(
+            gemc_compile(MODEL, {"computed_ids": True}, topology="h200:1x2"),
+            {t["fqn"]: (t["sharding"], sorted({s["rank"] for s in t["shards"]}))
+             for t in a["tables"]},
+            {r["name"]: r["strategy"] for r in a["regions"]}, optimizer=a["optimizer"])
+        computed["tables"] = a["tables"]
+        write_plan(plan_dir / "w2-computed.json", computed)
+        scenarios.append({"name": "computed", "plan": str(plan_dir / "w2-computed.json"),
+                          "phases": [{"steps": STEPS}]})
     results = run_scenarios(world, scenarios, plan_dir / f"w{world}-results.json")
     for name, plan in plans.items():
         got = [loss for _, loss in results[name][0]]
         _close(got, _reference(plan, world))
+        _check_exchange(results["_meta"][name][0], plan)
+    if computed is not None:
+        _close([loss for _, loss in results["computed"][0]],
+               _reference(computed, world, {"computed_ids": True}))
+        _check_exchange(results["_meta"]["computed"][0], computed,
+                        {"t0.weight": "its ids are computed in the model"})
     if gem is not None:
         ref = reference_losses(
             load_model(GEM, GEM_ARGS), steps=GEM_STEPS, world_size=2

@@ -282,3 +282,37 @@ def test_gemc_cli_wiring_round_trips_the_flags() -> None:
     args = parser.parse_args(flags)
     again = parser.parse_args(["run", *_argv_of(args)])
     assert vars(again) == vars(args)
+
+
+def test_prefetch_reasons_name_why_a_table_is_looked_up_on_call() -> None:
+    from gemc.backends.torch.table_prefetch import ABSENT, NOT_IN_BATCH, _why_not
+
+    assert _why_not([1, 2, ABSENT, 1], [1, 2, ABSENT, 1]) is None
+    assert _why_not([1, 2, 3, 1], [1, 4, 3, 1]) == "ranks called it differently"
+    assert _why_not([1, 2, ABSENT, 2], [1, 2, ABSENT, 2]) == "called 2 times in a step"
+    assert _why_not([1, 2, ABSENT, 0], [1, 2, ABSENT, 0]) == "called 0 times in a step"
+    both = [NOT_IN_BATCH, 2, NOT_IN_BATCH, 1]
+    assert _why_not(both, both) == "its ids and per-sample weights are computed in the model"
+
+
+def test_recording_finds_arguments_by_identity_not_value() -> None:
+    from gemc.backends.torch.table_prefetch import ABSENT, NOT_IN_BATCH, Recording
+
+    ids, offsets = torch.tensor([1, 2]), torch.tensor([0, 2])
+    rec = Recording((torch.zeros(1), ids, offsets))
+    rec.note(ids, offsets, None)
+    assert rec.positions == (1, 2, ABSENT) and rec.calls == 1
+    rec.note(ids.clone(), offsets, None)  # equal values, another tensor: computed
+    assert rec.positions == (NOT_IN_BATCH, 2, ABSENT) and rec.calls == 2
+
+
+def test_prefetched_table_called_with_other_tensors_is_an_error() -> None:
+    from gemc.backends.torch.table_prefetch import Prefetched
+
+    ids, offsets = torch.tensor([1, 2]), torch.tensor([0, 2])
+    out = torch.ones(1, 4)
+    pre = Prefetched((ids, offsets, None), out)
+    assert pre.take("t0.weight", ids, offsets, None) is out
+    with pytest.raises(GemcUserError, match="t0.weight.*other tensors") as err:
+        pre.take("t0.weight", ids.clone(), offsets, None)
+    assert err.value.where == "model forward, call of t0" and "batch's own tensors" in err.value.fix

@@ -1,0 +1,228 @@
+"""One id/pooled-row exchange for any number of sharded tables.
+
+Why batched: a routed lookup of one table needs a sizes exchange (a host sync), an id
+all-to-all and a pooled-row all-to-all forward plus one backward. Done per table, a model
+with hundreds of tables pays hundreds of collectives and host syncs a step, each a
+latency-bound message. :func:`exchange_lookups` routes every table of a list in one go, as
+TorchRec's input/output distribution does for a KeyedJaggedTensor:
+
+1. routing on the device: each table's ids sorted by the row range holding them; every
+   table's range sizes come to the host in one copy;
+2. headers: one ``all_to_all_single`` carrying, per destination, the payload length and for
+   every listed table that destination owns a shard of its ids, bags and per-sample-weight
+   kind (read on the host: the second and last sync);
+3. payload: one int64 ``all_to_all_single`` carrying per table the per-bag id counts, the
+   shard-local ids and the per-sample weights (their bits: fp32 as int32, fp64 as int64, so
+   they travel exactly);
+4. each owner pools, per table it owns, every requester's bags in one
+   ``F.embedding_bag(mode="sum", sparse=True)`` on its shard;
+5. pooled partials: one differentiable ``all_to_all_single`` per table dtype (requester
+   major, tables in list order); its backward carries every table's gradient back at once.
+
+The requester adds each owner's partial into its columns (row-wise shards add, column-wise
+fill disjoint columns) and divides ``mean`` bags by their length. Every rank must pass the
+same tables in the same order (the collectives pair up by order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from gemc.backends.torch.comm import all_to_all, autograd_all_to_all
+
+if TYPE_CHECKING:  # the module imports this one
+    from gemc.backends.torch.embedding import ShardedEmbedding
+
+HEADER = 3  # per (destination, table): ids, bags, per-sample-weight kind
+_NO_WEIGHTS, _FP32_BITS, _FP64_BITS = 0, 1, 2
+
+
+@dataclass
+class Bags:
+    """One table's lookups of this rank's batch, routable: padding ids removed."""
+
+    ids: torch.Tensor  # int64 global row ids
+    bag: torch.Tensor  # the bag of each id
+    batch: int  # bags
+    weights: torch.Tensor | None  # per-sample weights, or None
+    lengths: torch.Tensor  # ids per bag (the divisor of mean pooling)
+
+
+def _weight_bits(w: torch.Tensor) -> tuple[int, torch.Tensor]:
+    if w.dtype == torch.float64:
+        return _FP64_BITS, w.view(torch.int64)
+    return _FP32_BITS, w.to(torch.float32).view(torch.int32).to(torch.int64)
+
+
+def _weights_from_bits(kind: int, bits: torch.Tensor) -> torch.Tensor:
+    if kind == _FP64_BITS:
+        return bits.view(torch.float64)
+    return bits.to(torch.int32).view(torch.float32)
+
+
+def _row_groups(m: ShardedEmbedding) -> list[tuple[int, int, list[int]]]:
+    """The table's row ranges (row offset, rows, owners), by offset: they partition the
+    rows; column-wise and grid shards give one range several owners."""
+    groups: dict[tuple[int, int], list[int]] = {}
+    for rank, shard in sorted(m.owners.items()):
+        groups.setdefault((shard.row_offset, shard.rows), []).append(rank)
+    return [(r0, n, owners) for (r0, n), owners in sorted(groups.items())]
+
+
+def _route(tables: Sequence[ShardedEmbedding], bags: Sequence[Bags], world: int
+           ) -> tuple[list[list[int]], list[list[torch.Tensor]]]:
+    """Per destination: the header (ids, bags, weight kind of each listed table it owns)
+    and the body (per table: per-bag id counts, shard-local ids, weight bits).
+
+    Ids are sorted by row range on the device and every table's range sizes come to the
+    host in one copy: one device sync for all tables (a boolean mask per table and owner
+    would sync once each)."""
+    sorted_by_range, range_counts = [], []
+    for m, b in zip(tables, bags):
+        groups = _row_groups(m)
+        if len(groups) == 1:
+            which = torch.zeros_like(b.ids)
+            order = None
+        else:
+            starts = torch.tensor([r0 for r0, _, _ in groups[1:]], device=b.ids.device)
+            which = torch.bucketize(b.ids, starts, right=True)
+            order = torch.argsort(which, stable=True)
+        range_counts.append(torch.zeros(len(groups), dtype=torch.int64, device=b.ids.device)
+                            .index_add_(0, which, torch.ones_like(which)))
+        sorted_by_range.append((groups, order))
+    sizes = torch.cat(range_counts).cpu().tolist() if range_counts else []
+    headers: list[list[int]] = [[] for _ in range(world)]
+    bodies: list[list[torch.Tensor]] = [[] for _ in range(world)]
+    at_size = 0
+    for b, (groups, order) in zip(bags, sorted_by_range):
+        ids, bag, w = b.ids, b.bag, b.weights
+        if order is not None:
+            ids, bag = ids[order], bag[order]
+            w = None if w is None else w[order]
+        start = 0
+        per_dest: dict[int, tuple[int, int, int]] = {}
+        for r0, _, owners in groups:
+            n = int(sizes[at_size])
+            at_size += 1
+            for dest in owners:
+                per_dest[dest] = (start, n, r0)
+            start += n
+        for dest in sorted(per_dest):  # the owners' order every rank agrees on
+            first, n, r0 = per_dest[dest]
+            piece_bag = bag[first:first + n]
+            counts = torch.zeros(b.batch, dtype=torch.int64, device=ids.device).index_add_(
+                0, piece_bag, torch.ones_like(piece_bag))
+            bodies[dest] += [counts, ids[first:first + n] - r0]
+            kind = _NO_WEIGHTS
+            if w is not None:
+                kind, bits = _weight_bits(w[first:first + n])
+                bodies[dest].append(bits)
+            headers[dest] += [n, b.batch, kind]
+    return headers, bodies
+
+
+def _dtype_groups(tables: Sequence[ShardedEmbedding]) -> list[torch.dtype]:
+    seen: list[torch.dtype] = []
+    for m in tables:
+        if m.dtype not in seen:
+            seen.append(m.dtype)
+    return seen
+
+
+def exchange_lookups(tables: Sequence[ShardedEmbedding], bags: Sequence[Bags], *,
+                     world: int, group: dist.ProcessGroup | None = None
+                     ) -> list[torch.Tensor]:
+    """The pooled ``[batch, dim]`` output of each table for this rank's bags (sum-pooled,
+    or mean where the table pools by mean), differentiable into the owners' shards."""
+    rank = tables[0].rank
+    device = bags[0].ids.device
+    # 1-2. ids to their owners: the headers with the payload sizes, then the payloads
+    headers, bodies = _route(tables, bags, world)
+    owned = [i for i, m in enumerate(tables) if rank in m.owners]
+    head_in = [1 + len(h) for h in headers]  # body length + header, per destination
+    bodies_cat = [torch.cat(b) if b else torch.empty(0, dtype=torch.int64, device=device)
+                  for b in bodies]
+    heads_sent = torch.tensor([v for d in range(world) for v in (bodies_cat[d].numel(),
+                                                                   *headers[d])],
+                              dtype=torch.int64, device=device)
+    head_out = [1 + HEADER * len(owned)] * world
+    heads_got = all_to_all(heads_sent, head_out, head_in, group).view(world, -1).cpu().tolist()
+    recv_lens = [row[0] for row in heads_got]
+    heads = [[row[1 + HEADER * k:1 + HEADER * (k + 1)] for k in range(len(owned))]
+             for row in heads_got]
+    send_lens = [int(b.numel()) for b in bodies_cat]
+    recv = all_to_all(torch.cat(bodies_cat), recv_lens, send_lens, group)
+
+    # 3. pool this rank's shards of every requester's bags
+    pieces = recv.split(recv_lens)
+    partials: dict[int, torch.Tensor] = {}  # table index -> [sum of requesters' bags, cols]
+    rows_from: dict[int, list[int]] = {}  # table index -> bags per requester
+    cursor = [0] * world
+    per_table: dict[int, tuple[list[torch.Tensor], list[torch.Tensor], list]] = {
+        i: ([], [], []) for i in owned}
+    for src, piece in enumerate(pieces):
+        for slot, i in enumerate(owned):
+            n_ids, n_bags, kind = heads[src][slot]
+            at = cursor[src]
+            counts, ids = piece[at:at + n_bags], piece[at + n_bags:at + n_bags + n_ids]
+            at += n_bags + n_ids
+            weights = None
+            if kind != _NO_WEIGHTS:
+                weights = _weights_from_bits(kind, piece[at:at + n_ids])
+                at += n_ids
+            cursor[src] = at
+            per_table[i][0].append(counts)
+            per_table[i][1].append(ids)
+            per_table[i][2].append((weights, n_ids))
+            rows_from.setdefault(i, []).append(n_bags)
+    for i in owned:
+        m = tables[i]
+        counts_l, ids_l, weights_l = per_table[i]
+        counts = torch.cat(counts_l)
+        psw = None
+        if any(w is not None for w, _ in weights_l):
+            psw = torch.cat([w.to(m.dtype) if w is not None
+                             else torch.ones(n, dtype=m.dtype, device=device)
+                             for w, n in weights_l])
+        partials[i] = F.embedding_bag(
+            torch.cat(ids_l), m.weight,
+            torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)]),
+            mode="sum", sparse=True, per_sample_weights=psw, include_last_offset=True)
+
+    # 4. partials back to the requesters, one exchange per table dtype
+    outs: list[torch.Tensor | None] = [None] * len(tables)
+    for dtype in _dtype_groups(tables):
+        in_group = [i for i, m in enumerate(tables) if m.dtype == dtype]
+        mine = [i for i in in_group if i in partials]
+        split_rows = {i: partials[i].split(rows_from[i]) for i in mine}
+        flat_parts = [split_rows[i][src].reshape(-1) for src in range(world) for i in mine]
+        back_in = [sum(rows_from[i][src] * tables[i].local.cols for i in mine)
+                   for src in range(world)]
+        flat = (torch.cat(flat_parts) if flat_parts
+                else torch.empty(0, dtype=dtype, device=device))
+        back_out = [sum(bags[i].batch * tables[i].owners[d].cols for i in in_group
+                        if d in tables[i].owners) for d in range(world)]
+        returned = autograd_all_to_all(flat, back_out, back_in, group)
+        # one split into every (owner, table) chunk: its backward concatenates the chunks'
+        # gradients once (a slice per chunk would build a full-size gradient per slice)
+        pairs = [(d, i) for d in range(world) for i in in_group if d in tables[i].owners]
+        chunks = returned.split([bags[i].batch * tables[i].owners[d].cols for d, i in pairs])
+        for (d, i), chunk in zip(pairs, chunks):
+            shard, m, b = tables[i].owners[d], tables[i], bags[i]
+            chunk = chunk.view(b.batch, shard.cols)
+            if shard.cols != m.embedding_dim:
+                chunk = F.pad(chunk, (shard.col_offset,
+                                      m.embedding_dim - shard.col_offset - shard.cols))
+            outs[i] = chunk if outs[i] is None else outs[i] + chunk
+    result = []
+    for m, b, out in zip(tables, bags, outs):
+        assert out is not None  # every routed table has an owner
+        if m.mode == "mean":
+            out = out / b.lengths.clamp(min=1).unsqueeze(1).to(out.dtype)
+        result.append(out)
+    return result
