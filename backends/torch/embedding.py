@@ -161,6 +161,7 @@ class ShardedEmbedding(nn.Module):
         # arguments, and this step's result looked up ahead of the forward
         self.recording: Any = None
         self.prefetched: Any = None
+        self.route_cache: dict[torch.device, Any] = {}  # embedding_exchange's, per device
 
     # -- initialization --------------------------------------------------------------
 

@@ -65,13 +65,22 @@ def _weights_from_bits(kind: int, bits: torch.Tensor) -> torch.Tensor:
     return bits.to(torch.int32).view(torch.float32)
 
 
-def _row_groups(m: ShardedEmbedding) -> list[tuple[int, int, list[int]]]:
-    """The table's row ranges (row offset, rows, owners), by offset: they partition the
-    rows; column-wise and grid shards give one range several owners."""
-    groups: dict[tuple[int, int], list[int]] = {}
-    for rank, shard in sorted(m.owners.items()):
-        groups.setdefault((shard.row_offset, shard.rows), []).append(rank)
-    return [(r0, n, owners) for (r0, n), owners in sorted(groups.items())]
+def _row_groups(m: ShardedEmbedding, device: torch.device
+                ) -> tuple[list[tuple[int, int, list[int]]], torch.Tensor | None]:
+    """The table's row ranges (row offset, rows, owners), by offset, and the ranges' first
+    rows after the first on ``device`` (None for one range). The ranges partition the rows;
+    column-wise and grid shards give one range several owners. Kept on the module: the
+    shards never change, and a host-to-device copy per table and step would add up."""
+    cached = m.route_cache.get(device)
+    if cached is None:
+        groups: dict[tuple[int, int], list[int]] = {}
+        for rank, shard in sorted(m.owners.items()):
+            groups.setdefault((shard.row_offset, shard.rows), []).append(rank)
+        ranges = [(r0, n, owners) for (r0, n), owners in sorted(groups.items())]
+        starts = (torch.tensor([r0 for r0, _, _ in ranges[1:]], dtype=torch.int64,
+                               device=device) if len(ranges) > 1 else None)
+        cached = m.route_cache[device] = (ranges, starts)
+    return cached
 
 
 def _route(tables: Sequence[ShardedEmbedding], bags: Sequence[Bags], world: int
@@ -84,12 +93,11 @@ def _route(tables: Sequence[ShardedEmbedding], bags: Sequence[Bags], world: int
     would sync once each)."""
     sorted_by_range, range_counts = [], []
     for m, b in zip(tables, bags):
-        groups = _row_groups(m)
-        if len(groups) == 1:
+        groups, starts = _row_groups(m, b.ids.device)
+        if starts is None:
             which = torch.zeros_like(b.ids)
             order = None
         else:
-            starts = torch.tensor([r0 for r0, _, _ in groups[1:]], device=b.ids.device)
             which = torch.bucketize(b.ids, starts, right=True)
             order = torch.argsort(which, stable=True)
         range_counts.append(torch.zeros(len(groups), dtype=torch.int64, device=b.ids.device)
