@@ -149,7 +149,7 @@ def exchange_lookups(tables: Sequence[ShardedEmbedding], bags: Sequence[Bags], *
     or mean where the table pools by mean), differentiable into the owners' shards."""
     rank = tables[0].rank
     device = bags[0].ids.device
-    # 1-2. ids to their owners: the headers with the payload sizes, then the payloads
+    # 1-3. ids to their owners: the headers with the payload sizes, then the payloads
     headers, bodies = _route(tables, bags, world)
     owned = [i for i, m in enumerate(tables) if rank in m.owners]
     head_in = [1 + len(h) for h in headers]  # body length + header, per destination
@@ -166,7 +166,7 @@ def exchange_lookups(tables: Sequence[ShardedEmbedding], bags: Sequence[Bags], *
     send_lens = [int(b.numel()) for b in bodies_cat]
     recv = all_to_all(torch.cat(bodies_cat), recv_lens, send_lens, group)
 
-    # 3. pool this rank's shards of every requester's bags
+    # 4. pool this rank's shards of every requester's bags
     pieces = recv.split(recv_lens)
     partials: dict[int, torch.Tensor] = {}  # table index -> [sum of requesters' bags, cols]
     rows_from: dict[int, list[int]] = {}  # table index -> bags per requester
@@ -202,7 +202,7 @@ def exchange_lookups(tables: Sequence[ShardedEmbedding], bags: Sequence[Bags], *
             torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)]),
             mode="sum", sparse=True, per_sample_weights=psw, include_last_offset=True)
 
-    # 4. partials back to the requesters, one exchange per table dtype
+    # 5. partials back to the requesters, one exchange per table dtype
     outs: list[torch.Tensor | None] = [None] * len(tables)
     for dtype in _dtype_groups(tables):
         in_group = [i for i, m in enumerate(tables) if m.dtype == dtype]
