@@ -14,7 +14,8 @@ so plans are compiled here and carried.
 
 ``run`` launches ``python -m torch.distributed.run --standalone --nproc_per_node=W -m
 gemc.run PLAN`` for every plan in ``--plans`` (W from the plan's mesh), with
-``--no-kernels`` when W > 1 (the runner executes generated kernels on one rank only), and
+``--no-kernels`` when W > 1 and a region is not ddp (graph mode on several ranks needs
+every region ddp), and
 reads each run report: measured step ms (the slowest rank's median after warmup),
 samples/s, MFU, peak memory per rank, against the plan's predicted step and memory.
 Targets: cpsat's plan measured fastest of the three; predicted step within 15% of measured.
@@ -93,7 +94,8 @@ def run_plan(plan_path: Path, steps: int, device: str | None, timeout_s: int) ->
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc_per_node={world}", "-m", "gemc.run", str(plan_path), "--steps", str(steps),
            "--report", str(report), "--quiet"]
-    if world > 1 and plan.get("kernels"):
+    if world > 1 and plan.get("kernels") and any(r["strategy"] != "ddp"
+                                                 for r in plan["regions"]):
         cmd.append("--no-kernels")
     if device:
         cmd += ["--device", device]

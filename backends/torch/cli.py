@@ -71,7 +71,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-kernels",
         action="store_true",
-        help="run the ops the plan's generated kernels replace (the kernels run on one rank only)",
+        help="run the ops the plan's generated kernels replace (on several ranks the kernels "
+        "need every region ddp)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress line")
 

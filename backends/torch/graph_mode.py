@@ -16,15 +16,25 @@ with the run's embedding optimizer settings). The runner aliases each table's pa
 and optimizer-state tensors to views of that buffer, so checkpoints save and load them
 like any other table, and the sparse optimizer skips those tables.
 
-Scope: one rank (``world_size == 1``). Kernels of a multi-rank plan and module-scoped
-precision sites (per-module autocast, fp8 linears) next to kernels are refused with a named
-error; ``--no-kernels`` runs the ops the kernels replace instead.
+On several ranks the dense parameters are replicas (every region ``ddp``: their gradients
+are averaged by the same post-accumulate hooks as in module mode, which the graph's
+backward fires like the modules' would) and every table's lookup node calls its
+:class:`ShardedEmbedding` (the exchange, the batched prefetch, the sparse optimizer after
+it). A ``batched_embedding_bag`` kernel is not applied there, with a warning: it updates
+whole local tables inside its backward, before any gradient could be exchanged.
+
+Refused with a named error (``--no-kernels`` runs the ops the kernels replace instead):
+``fsdp``/``hsdp``/``tp`` regions next to kernels on several ranks (they shard parameters
+through module hooks that the captured graph never calls), module-scoped precision sites
+(per-module autocast, fp8 linears) next to kernels, and a table weight that the graph
+reads other than through its lookup.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import warnings
 from typing import Any
 
 import torch
@@ -48,8 +58,17 @@ GRAPH_KINDS = (
 NO_KERNELS_FIX = "pass --no-kernels to run the ops the kernels replace, or compile without them"
 
 
+EMBEDDING_OPS = {
+    torch.ops.aten.embedding_bag.padding_idx,
+    torch.ops.aten.embedding_bag.default,
+    torch.ops.aten._embedding_bag.default,
+    torch.ops.aten.embedding.default,
+}
+
+
 def check_graph_mode(
-    kernels: list[dict[str, Any]], *, world_size: int, module_sites: list[str]
+    kernels: list[dict[str, Any]], *, world_size: int, module_sites: list[str],
+    regions: list[dict[str, Any]] | None = None,
 ) -> None:
     """Refuse kernels the runner cannot execute as the plan says (see the module doc)."""
     for i, entry in enumerate(kernels):
@@ -63,12 +82,14 @@ def check_graph_mode(
             )
     if not kernels:
         return
-    if world_size > 1:
+    sharded = [r["name"] or "<root>" for r in regions or [] if r["strategy"] != "ddp"]
+    if world_size > 1 and sharded:
         raise PlanError(
-            f"the plan lists {len(kernels)} generated kernel(s); the runner executes them on "
-            f"one rank only (graph mode), this run has {world_size}",
-            where="plan kernels",
-            fix=NO_KERNELS_FIX,
+            f"the plan lists {len(kernels)} generated kernel(s) for {world_size} ranks, and "
+            f"region(s) {', '.join(sharded[:4])} are not ddp; the captured graph never calls "
+            "the module hooks through which fsdp/hsdp/tp shard parameters",
+            where="plan regions / plan kernels",
+            fix="plan those regions ddp (every region), or " + NO_KERNELS_FIX,
         )
     if module_sites:
         raise PlanError(
@@ -110,6 +131,7 @@ class GraphExecutor:
         tables: dict[str, ShardedEmbedding],
         emb_opt: EmbeddingOptimizer,
         device: torch.device,
+        world_size: int = 1,
     ) -> None:
         if device.type == "cpu":
             _interpreted_triton()
@@ -136,8 +158,14 @@ class GraphExecutor:
                 )
         entries = [self._with_optimizer(e, emb_opt.cfg) for e in kernels]
         params = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+        calls: dict[str, Any] = {}
+        self.not_applied: list[str] = []
+        if world_size > 1:
+            entries, calls = self._sharded_lookups(gm, entries, tables, world_size)
+            for fqn in tables:  # the lookup nodes call the tables: the placeholder is unread
+                params.setdefault(fqn, torch.empty(0, device=device))
         try:
-            self.runner = GraphRunner(gm, entries, params, device=device)
+            self.runner = GraphRunner(gm, entries, params, device=device, calls=calls)
         except ValueError as exc:  # a source whose sha256 does not match, a cycle
             raise PlanError(
                 f"the plan's kernels cannot be set up: {exc}",
@@ -156,6 +184,43 @@ class GraphExecutor:
                 emb_opt.adopt_fused(t["fqn"], state, module)
                 self.fused_tables.append(t["fqn"])
 
+    def _sharded_lookups(
+        self,
+        gm: torch.fx.GraphModule,
+        entries: list[dict[str, Any]],
+        tables: dict[str, ShardedEmbedding],
+        world_size: int,
+    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """(the entries still applied, the lookup nodes' calls) on several ranks."""
+        for entry in entries:
+            if entry["kind"] == "batched_embedding_bag":
+                self.not_applied.append(str(entry.get("name")))
+        if self.not_applied:
+            warnings.warn(
+                f"kernel(s) {', '.join(self.not_applied)} (batched embedding lookup with the "
+                f"optimizer fused into its backward) not applied on {world_size} ranks: "
+                "they update whole local tables in the backward, before gradients are "
+                "exchanged; those lookups run through the sharded tables and the sparse "
+                "optimizer instead",
+                stacklevel=3,
+            )
+        calls: dict[str, Any] = {}
+        for node in gm.graph.nodes:
+            fqn = node.meta.get(ir.PARAM) if node.op == "placeholder" else None
+            if fqn not in tables:
+                continue
+            for user in node.users:
+                if user.target not in EMBEDDING_OPS or user.args[0] is not node:
+                    raise PlanError(
+                        f"the captured graph reads table '{fqn}' in node {user.name} "
+                        f"({user.target}), not only through its lookup; on several ranks a "
+                        "table is sharded and only its lookup can run",
+                        where=f"plan kernels / table {fqn}",
+                        fix=NO_KERNELS_FIX,
+                    )
+                calls[user.name] = _lookup_call(tables[fqn], user.target)
+        return [e for e in entries if e["kind"] != "batched_embedding_bag"], calls
+
     @staticmethod
     def _with_optimizer(entry: dict[str, Any], cfg: EmbeddingOptimConfig) -> dict[str, Any]:
         """A batched entry runs the run's embedding optimizer, whatever the plan assumed."""
@@ -173,3 +238,22 @@ class GraphExecutor:
 
     def __call__(self, *batch: torch.Tensor) -> torch.Tensor:
         return self.runner(*batch)
+
+
+def _lookup_call(table: ShardedEmbedding, op: Any) -> Any:
+    """A lookup node's ATen signature answered by the sharded table (its own mode,
+    ``include_last_offset`` and ``padding_idx``: the module the graph was captured from)."""
+    if op is torch.ops.aten.embedding.default:
+        def embedding(weight: Any, indices: torch.Tensor, *rest: Any) -> torch.Tensor:
+            return table(indices)
+
+        return embedding
+
+    def embedding_bag(weight: Any, indices: torch.Tensor, offsets: torch.Tensor,
+                      scale_grad_by_freq: bool = False, mode: int = 0, sparse: bool = False,
+                      per_sample_weights: torch.Tensor | None = None,
+                      include_last_offset: bool = False, *rest: Any) -> tuple:
+        out = table(indices, offsets, per_sample_weights)
+        return (out, None, None, None)  # the graph reads [0]; the rest feed eager's backward
+
+    return embedding_bag

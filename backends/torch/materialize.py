@@ -45,37 +45,43 @@ def load_plan_model(plan: dict[str, Any], plan_dir: Path | None = None) -> Model
 
 
 def check_fingerprint(
-    plan: dict[str, Any], spec: ModelSpec, *, rank: int = 0, world_size: int = 1
+    plan: dict[str, Any], spec: ModelSpec, *, rank: int = 0, world_size: int = 1,
+    every_rank: bool = False,
 ) -> Any:
     """Raise PlanError (on every rank) when the rebuilt model is not the plan's model.
 
-    Returns rank 0's capture (``gemc.capture.Captured``; None on other ranks): graph mode
-    executes that very graph.
+    Returns the capture (``gemc.capture.Captured``) where one was made: rank 0's, and with
+    ``every_rank`` (graph mode on several ranks, which executes that very graph) each
+    rank's own; None elsewhere. Every capture's fingerprint is checked on every rank.
     """
     from gemc.capture import capture
 
     expected = plan["model"]["fingerprint"]
-    verdict: list[Any] = [None]
+    verdict: Any = None
     captured = None
-    if rank == 0:
+    if rank == 0 or every_rank:
         try:
             captured = capture(spec)
-            verdict = [captured.fingerprint]
+            verdict = captured.fingerprint
         except Exception as exc:  # a capture error is reported on every rank, not hung
-            verdict = [exc]
+            verdict = exc
+    verdicts: list[Any] = [verdict]
     if world_size > 1 and dist.is_initialized():
-        dist.broadcast_object_list(verdict, src=0)
-    got = verdict[0]
-    if isinstance(got, BaseException):
-        raise got
-    if got != expected:
-        raise PlanError(
-            "the plan was compiled for a different model: model fingerprint "
-            f"{expected[:23]}... in the plan, {str(got)[:23]}... for "
-            f"{plan['model']['entrypoint']} with args {plan['model'].get('args') or {}}",
-            where="plan model.fingerprint",
-            fix="compile the plan again for this model (gemc compile ... --out plan.json)",
-        )
+        verdicts = [None] * world_size
+        dist.all_gather_object(verdicts, verdict)
+    for got in verdicts:
+        if got is None:
+            continue
+        if isinstance(got, BaseException):
+            raise got
+        if got != expected:
+            raise PlanError(
+                "the plan was compiled for a different model: model fingerprint "
+                f"{expected[:23]}... in the plan, {str(got)[:23]}... for "
+                f"{plan['model']['entrypoint']} with args {plan['model'].get('args') or {}}",
+                where="plan model.fingerprint",
+                fix="compile the plan again for this model (gemc compile ... --out plan.json)",
+            )
     return captured
 
 

@@ -220,7 +220,10 @@ def _run(
     rank, wsize = world.rank, world.world_size
     t_setup = time.perf_counter()
     spec = load_plan_model(plan, plan_dir)
-    captured = check_fingerprint(plan, spec, rank=rank, world_size=wsize)
+    kernels = list(plan["kernels"]) if opts.kernels else []
+    graph_kernels = [k for k in kernels if isinstance(k, dict) and k.get("kind") in GRAPH_KINDS]
+    captured = check_fingerprint(plan, spec, rank=rank, world_size=wsize,
+                                 every_rank=bool(graph_kernels))
     model = spec.model
     tables = shard_tables(model, plan["tables"], rank=rank, world_size=wsize, seed=opts.seed)
     materialize_(model, device, opts.seed, table_module_names(plan))
@@ -231,10 +234,9 @@ def _run(
         prec_entries.append({"target": "*", "dtype": opts.precision, "source": "--precision"})
     prec = precision_mod.resolve(prec_entries, model)
     precision_mod.install(model, prec, device.type)
-    kernels = list(plan["kernels"]) if opts.kernels else []
-    graph_kernels = [k for k in kernels if isinstance(k, dict) and k.get("kind") in GRAPH_KINDS]
     module_sites = list(prec.per_module) + list(getattr(prec, "fp8_linears", {}) or {})
-    check_graph_mode(graph_kernels, world_size=wsize, module_sites=module_sites)
+    check_graph_mode(graph_kernels, world_size=wsize, module_sites=module_sites,
+                     regions=plan["regions"])
     kernel_registry.import_modules(opts.kernel_modules)
     applied_kernels = kernel_registry.apply(
         model,
@@ -298,8 +300,10 @@ def _run(
             tables=tables,
             emb_opt=emb_opt,
             device=device,
+            world_size=wsize,
         )
-        applied_kernels += [str(k.get("name", k["kind"])) for k in graph_kernels]
+        applied_kernels += [str(k.get("name", k["kind"])) for k in graph_kernels
+                            if str(k.get("name")) not in forward.not_applied]
 
     start = 0
     resumed_from = None

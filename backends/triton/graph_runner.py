@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -88,14 +88,18 @@ class GraphRunner:
     ``narrow``: under autocast, write outputs only GEMMs read in the autocast dtype (see
     the module doc); False keeps eager's dtypes everywhere. ``release``: drop each value
     from the environment after its last reader (False keeps all until the loss returns);
-    ``peak_live`` records the most values held at once in the last call.
+    ``peak_live`` records the most values held at once in the last call. ``calls``: by node
+    name, a callable given the node's evaluated arguments that computes it instead of its
+    op (the runner's sharded embedding lookups on several ranks).
     """
 
     def __init__(self, gm: fx.GraphModule, entries: Sequence[dict[str, Any]],
                  params: Mapping[str, torch.Tensor], *, device: torch.device | str = "cpu",
                  kinds: Sequence[str] | None = None, narrow: bool = True,
-                 release: bool = True) -> None:
+                 release: bool = True,
+                 calls: Mapping[str, Callable[..., Any]] | None = None) -> None:
         self.gm = gm
+        self.calls = dict(calls or {})  # node name -> what computes it instead of its op
         self.release = release  # drop each value after its last reader (see _last_reads)
         self.device = torch.device(device)
         self.params = params
@@ -328,6 +332,10 @@ class GraphRunner:
         return packed.segment_sum(env[src], self.packed[src], self._region_layout(src, env))
 
     def _compute(self, node: fx.Node, env: dict[fx.Node, Any]) -> Any:
+        call = self.calls.get(node.name)
+        if call is not None:
+            return call(*fx.node.map_arg(node.args, env.__getitem__),
+                        **fx.node.map_arg(node.kwargs, env.__getitem__))
         return self._call_packed(node, env) if node in self.packed else self._call(node, env)
 
     # -- packed token regions -----------------------------------------------------------------

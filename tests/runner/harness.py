@@ -44,7 +44,7 @@ def variant(
     Precision sites are replaced by ``precision`` (default none: fp32), because these tests
     compare distributed and single-process fp32 training to rtol 1e-4; the compiler's bf16
     choice would make both sides round differently. Generated kernels are dropped unless
-    ``kernels`` is true: the runner executes them on one rank only.
+    ``kernels`` is true (graph mode; on several ranks it needs every region ddp).
     """
     out = copy.deepcopy(plan)
     out["precision"] = list(precision or [])

@@ -208,6 +208,7 @@ def test_loss_trajectory_matches_single_process(world, base_plans, plan_dir: Pat
                 ],
             }
         )
+    r2 = [0, 1]
     computed = None
     if world == 2:  # t0's ids made in the model: looked up on its own, and still right
         from gemc.api import compile as gemc_compile
@@ -222,11 +223,31 @@ def test_loss_trajectory_matches_single_process(world, base_plans, plan_dir: Pat
         write_plan(plan_dir / "w2-computed.json", computed)
         scenarios.append({"name": "computed", "plan": str(plan_dir / "w2-computed.json"),
                           "phases": [{"steps": STEPS}]})
+    graph = None
+    if world == 2:  # graph mode: the generated kernels on both ranks, tables sharded
+        graph = variant(
+            base_plans[2],
+            {"t0.weight": ("table_wise", [1]), "t1.weight": ("row_wise", r2),
+             "t2.weight": ("column_wise", r2), "t3.weight": ("data_parallel", r2),
+             "t4.weight": ("grid", r2, [2, 1]), "t5.weight": ("data_parallel", r2)},
+            {"": "ddp", "bottom": "ddp", "top": "ddp"},
+            optimizer=plans["a"]["optimizer"], kernels=True)
+        assert {k["kind"] for k in graph["kernels"]} >= {"gemm_epilogue", "norm"}
+        write_plan(plan_dir / "w2-graph.json", graph)
+        scenarios.append({"name": "graph", "plan": str(plan_dir / "w2-graph.json"),
+                          "phases": [{"steps": STEPS}]})
     results = run_scenarios(world, scenarios, plan_dir / f"w{world}-results.json")
     for name, plan in plans.items():
         got = [loss for _, loss in results[name][0]]
         _close(got, _reference(plan, world))
         _check_exchange(results["_meta"][name][0], plan)
+    if graph is not None:
+        _close([loss for _, loss in results["graph"][0]], _reference(graph, world))
+        meta = results["_meta"]["graph"][0]
+        _check_exchange(meta, graph, {"t4.weight": "its ids and offsets are computed in the model"})
+        fused = [k["name"] for k in graph["kernels"] if k["kind"] == "batched_embedding_bag"]
+        assert all(any(f"kernel(s) {', '.join(fused)}" in w for w in meta["warnings"])
+                   for _ in fused[:1]), meta["warnings"]
     if computed is not None:
         _close([loss for _, loss in results["computed"][0]],
                _reference(computed, world, {"computed_ids": True}))

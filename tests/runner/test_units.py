@@ -133,15 +133,24 @@ def test_graph_mode_runs_the_plans_kernels(base_plans, tmp_path) -> None:
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=0)
 
 
-def test_kernels_on_several_ranks_are_refused() -> None:
+def test_kernels_on_several_ranks_need_ddp_regions() -> None:
     from gemc.backends.torch.graph_mode import check_graph_mode
 
     gemm = {"name": "g0", "kind": "gemm_epilogue"}
-    with pytest.raises(PlanError, match="one rank only") as exc:
-        check_graph_mode([gemm], world_size=2, module_sites=[])
+    regions = [{"name": "", "strategy": "ddp"}, {"name": "top", "strategy": "fsdp"},
+               {"name": "bottom", "strategy": "hsdp"}]
+    with pytest.raises(PlanError, match="top, bottom are not ddp") as exc:
+        check_graph_mode([gemm], world_size=2, module_sites=[], regions=regions)
     assert "--no-kernels" in exc.value.fix
+    check_graph_mode([gemm], world_size=2, module_sites=[], regions=regions[:1])
+    check_graph_mode([gemm], world_size=1, module_sites=[], regions=regions)  # one rank
     with pytest.raises(PlanError, match="module-scoped precision"):
         check_graph_mode([gemm], world_size=1, module_sites=["top.0"])
+
+
+def test_unknown_kernel_kind_is_refused() -> None:
+    from gemc.backends.torch.graph_mode import check_graph_mode
+
     with pytest.raises(PlanError, match="kind 'mystery'"):
         check_graph_mode([{"name": "m", "kind": "mystery"}], world_size=1, module_sites=[])
 
