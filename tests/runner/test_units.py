@@ -325,3 +325,36 @@ def test_prefetched_table_called_with_other_tensors_is_an_error() -> None:
     with pytest.raises(GemcUserError, match="t0.weight.*other tensors") as err:
         pre.take("t0.weight", ids.clone(), offsets, None)
     assert err.value.where == "model forward, call of t0" and "batch's own tensors" in err.value.fix
+
+
+class _TiedTable(nn.Module):
+    """A table whose weight the model also reads directly (an output projection)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bag = nn.EmbeddingBag(10, 4, mode="sum", include_last_offset=True)
+
+    def forward(self, ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        return (self.bag(ids, offsets) @ self.bag.weight.t()).sum()
+
+
+def test_graph_mode_on_several_ranks_refuses_a_table_read_outside_its_lookup() -> None:
+    from gemc.backends.torch.embedding import shard_tables
+    from gemc.backends.torch.graph_mode import GraphExecutor
+    from gemc.backends.torch.sparse_optim import EmbeddingOptimizer
+
+    from gemc.capture import capture
+    from gemc.sharding import make_shards
+    from gemc.spec import ModelSpec
+
+    model = _TiedTable()
+    example = (torch.zeros(3, dtype=torch.long), torch.tensor([0, 1, 3]))
+    captured = capture(ModelSpec(model=model, example_inputs=example, make_batch=None))
+    table = {"fqn": "bag.weight", "rows": 10, "dim": 4, "sharding": "row_wise",
+             "shards": make_shards("row_wise", [0, 1], 10, 4)}
+    tables = shard_tables(model, [table], rank=0, world_size=2, seed=0)
+    emb_opt = EmbeddingOptimizer(tables, EmbeddingOptimConfig(), world_size=2)
+    with pytest.raises(PlanError, match="reads table 'bag.weight' in node") as err:
+        GraphExecutor(captured.gm, captured.param_fqns, model, [], tables=tables,
+                      emb_opt=emb_opt, device=torch.device("cpu"), world_size=2)
+    assert "--no-kernels" in err.value.fix
