@@ -12,6 +12,9 @@ so its backward exchange runs too (otherwise the ranks that do send would wait f
 
 from __future__ import annotations
 
+import os
+import sys
+
 import torch
 import torch.distributed as dist
 
@@ -85,9 +88,6 @@ def exit_skipping_finalization(code: int) -> None:
     only once everything is written (reports and checkpoints are, atomically, before the
     run returns).
     """
-    import os
-    import sys
-
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

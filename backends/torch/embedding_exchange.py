@@ -167,27 +167,24 @@ def exchange_lookups(tables: Sequence[ShardedEmbedding], bags: Sequence[Bags], *
     recv = all_to_all(torch.cat(bodies_cat), recv_lens, send_lens, group)
 
     # 4. pool this rank's shards of every requester's bags
-    pieces = recv.split(recv_lens)
     partials: dict[int, torch.Tensor] = {}  # table index -> [sum of requesters' bags, cols]
-    rows_from: dict[int, list[int]] = {}  # table index -> bags per requester
-    cursor = [0] * world
+    rows_from: dict[int, list[int]] = {i: [] for i in owned}  # bags per requester
     per_table: dict[int, tuple[list[torch.Tensor], list[torch.Tensor], list]] = {
         i: ([], [], []) for i in owned}
-    for src, piece in enumerate(pieces):
+    for src, piece in enumerate(recv.split(recv_lens)):
+        at = 0  # each requester's body: its tables in list order
         for slot, i in enumerate(owned):
             n_ids, n_bags, kind = heads[src][slot]
-            at = cursor[src]
             counts, ids = piece[at:at + n_bags], piece[at + n_bags:at + n_bags + n_ids]
             at += n_bags + n_ids
             weights = None
             if kind != _NO_WEIGHTS:
                 weights = _weights_from_bits(kind, piece[at:at + n_ids])
                 at += n_ids
-            cursor[src] = at
             per_table[i][0].append(counts)
             per_table[i][1].append(ids)
             per_table[i][2].append((weights, n_ids))
-            rows_from.setdefault(i, []).append(n_bags)
+            rows_from[i].append(n_bags)
     for i in owned:
         m = tables[i]
         counts_l, ids_l, weights_l = per_table[i]

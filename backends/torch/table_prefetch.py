@@ -89,9 +89,10 @@ class TablePrefetch:
     agreed: list[tuple[ShardedEmbedding, tuple[int, int, int]]] | None = None
     on_call: dict[str, str] = field(default_factory=dict)  # fqn -> why it is not prefetched
 
-    @property
-    def routed(self) -> list[ShardedEmbedding]:
-        return [m for m in self.tables.values() if not m.local_only]
+    routed: list[ShardedEmbedding] = field(init=False)  # the tables that exchange
+
+    def __post_init__(self) -> None:
+        self.routed = [m for m in self.tables.values() if not m.local_only]
 
     def begin_step(self, batch: Sequence[Any]) -> None:
         if self.agreed is None:
@@ -100,16 +101,16 @@ class TablePrefetch:
             return
         if not self.agreed:
             return
-        found, bags, shapes, args = [], [], [], []
+        tables = [m for m, _ in self.agreed]
+        bags, shapes, args = [], [], []
         for m, positions in self.agreed:
             call = tuple(None if p == ABSENT else batch[p] for p in positions)
             ids, offsets, weights, shape = m.as_bags(*call)
-            found.append(m)
             bags.append(m.routed_bags(ids, offsets, weights))
             shapes.append(shape)
             args.append(call)
-        outs = exchange_lookups(found, bags, world=self.world_size, group=self.group)
-        for m, call, out, shape in zip(found, args, outs, shapes):
+        outs = exchange_lookups(tables, bags, world=self.world_size, group=self.group)
+        for m, call, out, shape in zip(tables, args, outs, shapes):
             m.prefetched = Prefetched(call, out.view(shape))
 
     def end_step(self) -> None:
@@ -119,10 +120,9 @@ class TablePrefetch:
             return
         routed = self.routed
         rows = []
-        for m in routed:
-            rec = m.recording
+        for m in routed:  # begin_step gave each a recording
+            rows.append([*m.recording.positions, m.recording.calls])
             m.recording = None
-            rows.append([*rec.positions, rec.calls] if rec is not None else [-1, -1, -1, 0])
         self.agreed = []
         if not routed:
             return

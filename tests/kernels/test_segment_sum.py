@@ -42,8 +42,8 @@ def test_property_matches_a_plain_sum(lengths, rest, spare, dtype, offset_dtype,
 
 
 def test_bf16_rows_add_up_in_fp32():
-    """300 bf16 ones and one 2^-8: a bf16 running sum stops at 256; fp32 accumulation
-    reaches 300 (the reason the gather's gradient does not add with bf16 atomics)."""
+    """300 bf16 ones: a bf16 running sum stops at 256 (257 rounds back to it); fp32
+    accumulation reaches 300 (the reason the gather's gradient does not add with bf16 atomics)."""
     x = torch.ones(300, 4, dtype=torch.bfloat16)
     got = segment_sum_rows(x, offsets_of([300]), torch.float32)
     assert got.dtype == torch.float32

@@ -144,18 +144,22 @@ class _Impl:
     def consumer_shape(self, j: int) -> tuple[int, ...]:
         return self.shapes[self.st["slots"][j]["consumer"]]
 
-    def slot_args(self, inputs: Sequence[torch.Tensor]) -> dict[str, Any]:
-        key = ("slots", *(_meta(inputs[i]) for i in self.slot_inputs))
-        args = dict(self.memo(key, lambda: self._slot_strides(inputs)))
-        for j, i in enumerate(self.slot_inputs):
-            args[f"s{j}"] = inputs[i]
+    def strided_args(self, tag: str,
+                     operands: Sequence[tuple[str, torch.Tensor, Sequence[int]]]
+                     ) -> dict[str, Any]:
+        """Each ``(prefix, tensor, shape)``'s pointer and its strides at ``shape``, the
+        strides memoised per signature of the tensors."""
+        key = (tag, *(_meta(t) for _, t, _ in operands))
+        args = dict(self.memo(key, lambda: {
+            k: v for prefix, t, shape in operands
+            for k, v in stride_args(prefix, t, shape).items()}))
+        for prefix, t, _ in operands:
+            args[prefix] = t
         return args
 
-    def _slot_strides(self, inputs: Sequence[torch.Tensor]) -> dict[str, Any]:
-        args: dict[str, Any] = {}
-        for j, i in enumerate(self.slot_inputs):
-            args.update(stride_args(f"s{j}", inputs[i], self.consumer_shape(j)))
-        return args
+    def slot_args(self, inputs: Sequence[torch.Tensor]) -> dict[str, Any]:
+        return self.strided_args("slots", [(f"s{j}", inputs[i], self.consumer_shape(j))
+                                           for j, i in enumerate(self.slot_inputs)])
 
     def class_args(self, backward: bool) -> dict[str, Any]:
         """The class sizes a kernel takes (read-only: callers merge it, never change it)."""
@@ -260,16 +264,12 @@ class _Impl:
 
     def reloaded_args(self, saved: Sequence[torch.Tensor]) -> dict[str, Any]:
         """``y<j>`` and its strides for each output the backward reads back."""
-        ys = saved[self.st["inputs"]:]
         if not self.reloaded:
             return {}
-        key = ("reloaded", *(_meta(y) for y in ys))
-        args = dict(self.memo(key, lambda: {
-            k: v for j, y in zip(self.reloaded, ys)
-            for k, v in stride_args(f"y{j}", y, self.shapes[self.st["outputs"][j]]).items()}))
-        for j, y in zip(self.reloaded, ys):
-            args[f"y{j}"] = y
-        return args
+        ys = saved[self.st["inputs"]:]
+        return self.strided_args("reloaded", [
+            (f"y{j}", y, self.shapes[self.st["outputs"][j]])
+            for j, y in zip(self.reloaded, ys)])
 
     def _zero(self, like: torch.Tensor) -> torch.Tensor:
         key = (like.dtype, like.device)
