@@ -23,5 +23,9 @@ class ModelSpec:
     model: torch.nn.Module
     example_inputs: tuple[torch.Tensor, ...]
     make_batch: Callable[[int, torch.device | str], tuple[torch.Tensor, ...]]
-    # Optional, free-form facts the model author wants in the plan (batch size, preset).
+    # Optional, free-form facts the model author wants in the plan (preset, table counts).
     info: dict[str, Any] = field(default_factory=dict)
+    # Samples in one batch of ``make_batch``: stated by the author, never guessed from a
+    # tensor's first dimension (the first input is often flat jagged ids). samples/s, MFU
+    # and the precision probe's batch scaling use it.
+    batch_size: int | None = None
