@@ -110,17 +110,21 @@ def compile(  # noqa: A001 - the public name users expect
     ctx.calibration = calib
     ctx.options["solver"] = dict(solver or {})
     gm = manager.run(captured.gm, ctx, capture_seconds=time.perf_counter() - start)
-    if progress:
-        progress("predict step")
-    plan = build_plan(gm, ctx, captured, planner=planner)
-    if "predict-time" not in disabled_passes:
-        plan["predicted"] = predicted_block(gm, plan["regions"], plan["tables"], topo, calib)
-    if dump_dir is not None:
-        _write_kernel_sources(plan, Path(dump_dir))
-    if out is not None:
+    try:
+        if progress:
+            progress("predict step")
+        plan = build_plan(gm, ctx, captured, planner=planner)
+        if "predict-time" not in disabled_passes:
+            plan["predicted"] = predicted_block(gm, plan["regions"], plan["tables"], topo, calib)
+        if dump_dir is not None:
+            _write_kernel_sources(plan, Path(dump_dir))
+        if dump_dir is not None and dump_mode != "failure":
+            _dump_for_report(gm, plan, Path(dump_dir), progress)
+    except KeyboardInterrupt:
+        manager.interrupted("plan emission and the report dumps, after every pass")
+        raise
+    if out is not None:  # last: an interrupted compile never leaves a plan behind
         write_plan(out, plan)
-    if dump_dir is not None and dump_mode != "failure":
-        _dump_for_report(gm, plan, Path(dump_dir), progress)
     return plan
 
 

@@ -134,6 +134,10 @@ class PassManager:
             start = time.perf_counter()
             try:
                 gm, changed = p.run(gm, ctx)
+            except KeyboardInterrupt:
+                # the dumps so far are complete files; the manifest says where it stopped
+                self.interrupted(f"pass {p.name}")
+                raise
             except GemcUserError:
                 raise
             except Exception as exc:
@@ -145,9 +149,18 @@ class PassManager:
             except AssertionError as exc:
                 self._on_failure(index, p.name, gm, before, seconds, exc)
                 raise PassFailure(p.name, f"verifier: {exc}") from exc
-            self._record(index, p.name, seconds, bool(changed), gm, "ok")
+            try:
+                self._record(index, p.name, seconds, bool(changed), gm, "ok")
+            except KeyboardInterrupt:
+                self.interrupted(f"the dump of pass {p.name}")
+                raise
         self._write_manifest("ok")
         return gm
+
+    def interrupted(self, where: str) -> None:
+        """Ctrl-C or SIGTERM stopped the compile at ``where``: the dump directory stays
+        complete up to there (every file was written whole), and its manifest says so."""
+        self._write_manifest(f"interrupted in {where}")
 
     def _record(
         self,
