@@ -136,10 +136,10 @@ def _dump_for_report(
     an op it cannot lower is listed in ``mlir/unsupported.txt``."""
     from gemc.backends.mlir.export import dump_mlir
 
-    write_plan(dump_dir / "plan.json", plan)
     status = dump_mlir(gm, dump_dir, progress)
     if progress:
         progress(status)
+    write_plan(dump_dir / "plan.json", plan)  # after the export: an interrupt there leaves none
 
 
 def _write_kernel_sources(plan: dict[str, Any], dump_dir: Path) -> None:
