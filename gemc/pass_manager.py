@@ -4,6 +4,11 @@ Modelled on MLIR's pass instrumentation (print-ir-after-all, tree dir) and TVM's
 a pipeline is a list of small passes; after each, the graph is verified, the pass is
 timed, and, by ``dump_mode``, the graph is written as ``NNN_<pass>.txt`` beside a
 ``manifest.json``. A pass can be disabled by name to bisect a problem.
+
+An interrupt (Ctrl-C, SIGTERM) leaves the dump directory complete up to the stop rather
+than removing it: every file is written whole (temporary name, then rename), and the
+manifest lists the passes dumped and says ``interrupted in pass NAME``, so the work done
+before the stop can still be read.
 """
 
 from __future__ import annotations

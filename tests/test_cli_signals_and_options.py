@@ -102,3 +102,29 @@ def test_the_plan_names_the_planner_whose_plan_it_is(tmp_path: Path, capsys) -> 
     header = next(line for line in explain(plan).splitlines() if line.startswith("planner"))
     assert header.split(None, 1)[1] == "greedy (cpsat was tried and kept greedy's plan)"
     assert "planner greedy (cpsat was tried" in capsys.readouterr().out
+
+
+def test_ctrl_c_during_a_run_says_where_it_stopped_and_leaves_no_partial_state(
+    tmp_path: Path,
+) -> None:
+    """A run with checkpoints every 3 steps, interrupted once the first one exists: exit
+    130, the message names the steps done and the checkpoint --resume would load, no
+    interrupted save (step-N.tmp) and no report are left."""
+    plan, ck = tmp_path / "plan.json", tmp_path / "ck"
+    assert main(["compile", f"{TOY}:build", "--topology", "h200:1x1", "--planner", "greedy",
+                 "--out", str(plan), "--quiet"]) == 0
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gemc.cli", "run", str(plan), "--device", "cpu", "--steps",
+         "100000", "--checkpoint-dir", str(ck), "--checkpoint-every", "3", "--quiet"],
+        cwd=REPO, env=_env(), stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while not (ck / "latest").exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    assert proc.stderr is not None
+    text = proc.stderr.read()
+    assert proc.wait(timeout=120) == 130, text
+    assert "interrupted by SIGINT" in text and "step(s) of this run" in text, text
+    assert "continue with --resume" in text and "Traceback" not in text, text
+    assert not list(ck.glob("*.tmp")) and not (ck / ".latest.tmp").exists()
+    assert not (tmp_path / "plan.run.json").exists()
