@@ -26,6 +26,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from gemc import checks
@@ -156,8 +157,11 @@ def check_run_paths(args: argparse.Namespace) -> None:
     checkpoint in it), before torchrun starts and the model is built."""
     checks.input_file(args.plan, "gemc run", what="plan file",
                       fix="give the plan file gemc compile --out wrote")
-    if args.report is not None:
-        checks.output_file(args.report, "--report")
+    plan = Path(args.plan)
+    # the default report lands next to the plan: a read-only plan folder must fail now, not
+    # after the whole run
+    checks.output_file(args.report if args.report is not None else
+                       plan.with_name(plan.name.removesuffix(".json") + ".run.json"), "--report")
     if args.checkpoint_dir is not None:
         checks.output_dir(args.checkpoint_dir, "--checkpoint-dir")
     if args.resume:
@@ -307,6 +311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return cmd_run(args, argv)
     except GemcUserError as exc:
+        ignore_further_interrupts()  # torchrun stops the other ranks; this one has its code
         _user_error(exc)
         return EXIT_USAGE
     except KeyboardInterrupt as exc:
