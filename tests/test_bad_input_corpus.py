@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -57,8 +60,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     (root / "corrupt_calibration.json").write_text("{\"format\": ")
     (root / "a_dir").mkdir()
     (root / "empty_ckpt").mkdir()
-    return {"root": root, "plan": plan, "run": root / "toy.run.json",
-            "two_lost": root / "two_lost.json"}
+    return {"root": root, "two_lost": root / "two_lost.json"}
 
 
 def _case(*argv: str, expect: str) -> tuple[tuple[str, ...], str]:
@@ -142,7 +144,7 @@ CASES = {
 
 
 def _files(root: Path) -> set[Path]:
-    return {p for p in root.rglob("*")}
+    return set(root.rglob("*"))
 
 
 def _crash_files() -> set[str]:
@@ -159,28 +161,52 @@ def _assert_one_clean_message(proc: subprocess.CompletedProcess[str], expect: st
     assert "where:" in text or "argument --" in text, text
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_bad_input_exits_2_with_one_message_and_leaves_nothing(corpus, name) -> None:
-    argv, expect = CASES[name]
-    root = corpus["root"]
-    subs = {P: str(corpus["plan"]), RUNREP: str(corpus["run"]), ROOT: str(root)}
+SHARED = ("toy.json", "toy.run.json", "corrupt_calibration.json", "a_dir", "empty_ckpt")
+
+
+def _run_case(corpus: dict[str, Path], name: str) -> tuple[subprocess.CompletedProcess[str],
+                                                          set[Path], set[Path]]:
+    """One case in a folder of its own (copies of the shared inputs), so what it leaves
+    behind is its own; returns the process and the folder's files before and after."""
+    root = corpus["root"] / "cases" / name
+    root.mkdir(parents=True)
+    for item in SHARED:
+        src = corpus["root"] / item
+        shutil.copytree(src, root / item) if src.is_dir() else shutil.copy(src, root / item)
+    subs = {P: str(root / "toy.json"), RUNREP: str(root / "toy.run.json"), ROOT: str(root)}
     args = []
-    for a in argv:
+    for a in CASES[name][0]:
         for key, value in subs.items():
             a = a.replace(key, value)
         args.append(a)
-    before, crashes = _files(root), _crash_files()
+    before = _files(root)
     proc = gemc(*args, *(["--quiet"] if args[0] in ("compile", "run") else []), cwd=root)
-    _assert_one_clean_message(proc, expect)
-    assert _files(root) == before, sorted(map(str, _files(root) - before))
-    assert _crash_files() == crashes
+    return proc, before, _files(root)
+
+
+@pytest.fixture(scope="module")
+def outcomes(corpus: dict[str, Path]) -> dict[str, tuple[Any, set[Path], set[Path]]]:
+    """Every case, two at a time (each is mostly a Python start-up importing torch)."""
+    crashes = _crash_files()
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        done = dict(zip(CASES, pool.map(lambda n: _run_case(corpus, n), CASES)))
+    assert _crash_files() == crashes, "a case left a gemc-crash file (exit 1: a bug)"
+    return done
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_bad_input_exits_2_with_one_message_and_leaves_nothing(outcomes, name) -> None:
+    proc, before, after = outcomes[name]
+    _assert_one_clean_message(proc, CASES[name][1])
+    assert after == before, sorted(map(str, after - before))
     assert not Path(UNWRITABLE).exists()
 
 
 def test_a_user_error_on_two_ranks_is_one_message_and_exit_2(corpus) -> None:
     """Both ranks fail to find the model: one message (not one per rank, not under
     torchrun's ChildFailedError traceback and OMP banner), exit 2 from gemc run."""
-    root = corpus["root"]
+    root = corpus["root"] / "two_ranks"
+    root.mkdir()
     before = _files(root)
     proc = gemc("run", str(corpus["two_lost"]), "--device", "cpu", "--steps", "1", "--quiet",
                 cwd=root)
@@ -188,6 +214,7 @@ def test_a_user_error_on_two_ranks_is_one_message_and_exit_2(corpus) -> None:
     assert "ChildFailedError" not in proc.stderr and "OMP_NUM_THREADS" not in proc.stderr
     assert "starting 2 processes" in proc.stderr
     assert _files(root) == before
+    assert not (corpus["root"] / "two_lost.run.json").exists()
 
 
 def test_help_documents_each_check() -> None:
