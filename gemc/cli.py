@@ -47,8 +47,10 @@ class Progress:
         sys.stderr.flush()
 
     def done(self) -> None:
+        """End the rewritten line (once, however many exits call it)."""
         if self.enabled and self.tty:
             sys.stderr.write("\n")
+        self.enabled = False
 
 
 _MAX_SQNR_DB = 300.0  # fp32 against itself is exact; no useful threshold lies above this
