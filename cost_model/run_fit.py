@@ -73,8 +73,9 @@ def _num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def read_run(path: str | Path) -> RunObservation:
-    """Read one ``*.run.json``; errors name the file, the field and the fix."""
+def read_run(path: str | Path, *, require_gpu: bool = True) -> RunObservation:
+    """Read one ``*.run.json``; errors name the file, the field and the fix.
+    ``require_gpu=False`` accepts CPU runs (benchmark smoke checks of the code path)."""
     p = str(path)
     try:
         doc = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -87,7 +88,7 @@ def read_run(path: str | Path) -> RunObservation:
     if not isinstance(doc, Mapping) or "vs_predicted" not in doc:
         raise _bad(p, "vs_predicted", "not a gemc run report (no vs_predicted)",
                    "give the *.run.json that gemc run wrote")
-    if doc.get("device") != "cuda":
+    if require_gpu and doc.get("device") != "cuda":
         raise _bad(p, "device", f"the run ran on {doc.get('device')!r}, not a GPU: its times "
                    "say nothing about the GPU the calibration describes",
                    "fold in runs made on the GPU (gemc run on that machine)")
@@ -199,11 +200,12 @@ def resolve_base(choice: str | Path, runs: Sequence[RunObservation]) -> Calibrat
 
 
 def calibrate_from_runs(run_paths: Sequence[str | Path], base: str | Path | Calibration,
-                        out: str | Path | None = None) -> dict[str, Any]:
+                        out: str | Path | None = None, *,
+                        require_gpu: bool = True) -> dict[str, Any]:
     """Fit the runs, compose the factors with ``base``'s, validate, write ``out``
     (atomically) and return the new calibration document."""
     base_cal = base if isinstance(base, Calibration) else load_calibration(base)
-    runs = [read_run(p) for p in run_paths]
+    runs = [read_run(p, require_gpu=require_gpu) for p in run_paths]
     for r in runs:
         if r.gpu and r.gpu != base_cal.gpu.name:
             raise _bad(r.source, "vs_predicted.gpu", f"the run was predicted for {r.gpu}, the "
