@@ -128,15 +128,51 @@ def kind_breakdown_ms(gm: fx.GraphModule, breakdown_ms: Mapping[str, float]) -> 
     return {k: round(v, 6) for k, v in out.items()}
 
 
+# CPU seconds to issue one op's kernel from the runner when the calibration has no
+# measurement (cost_model/eager.py's default for one eager op).
+DEFAULT_OP_CPU_S = 8e-6
+
+
+def kernel_launches(gm: fx.GraphModule) -> int:
+    """Kernels one step launches, forward and backward: a fused group or a batched lookup
+    once each way, any other compute node once forward and its backward's kernels
+    (op_cost's counts: 2 for a GEMM, 3 for attention, ...); views launch nothing."""
+    from gemc.cost_model.op_cost import _BWD_KERNELS
+
+    groups: set[str] = set()
+    n = 0
+    for node in gm.graph.nodes:
+        kind = ir.kind_of(node)
+        if node.op != "call_function" or kind in (None, OpKind.VIEW, OpKind.PARAM):
+            continue
+        gid = node.meta.get(ir.GROUP)
+        if gid is not None:
+            if gid not in groups:
+                groups.add(gid)
+                n += 2
+            continue
+        n += 1 + _BWD_KERNELS.get(kind, 1)
+    return n
+
+
 def host_s(tables: Sequence[TableCost], topology: Topology, options: StepOptions,
-           calibration: Calibration | None) -> float:
-    """Exposed host time a step: the runner's syncs, plus the table exchange's two when
-    tables are sharded over several ranks; each drains the queue the host then refills."""
+           calibration: Calibration | None, *, launches: int = 0,
+           device_s: float = 0.0) -> float:
+    """Exposed host time a step: the runner's syncs (plus the table exchange's two when
+    tables are sharded over several ranks), each draining the queue the host then
+    refills; and, when issuing the step's ``launches`` takes the CPU longer than the GPU
+    takes to run them (``device_s``), the difference -- a launch-bound step waits on the
+    host. Only the sync term is checked against a run (GEM h200: 3 syncs, 3.9 ms of
+    host-late idle). The launch count is a floor: it misses autocast's casts and the
+    copies views need (GEM h200: 231 counted, ~1000 kernels in the run's profile); even
+    at 1000 x 7.6 us GEM is far from launch-bound (~64 ms of device work)."""
     syncs = options.host_syncs
     if topology.world_size > 1 and any(t.sharding != "data_parallel" for t in tables):
         syncs += options.exchange_host_syncs
+    per_op = (calibration.eager_op_s if calibration is not None else None) or DEFAULT_OP_CPU_S
+    launch_bound = max(0.0, launches * per_op - device_s)
     factor = calibration.factor("host") if calibration is not None else 1.0
-    return syncs * options.host_sync_s * factor
+    return (syncs * options.host_sync_s + launch_bound) * factor
 
 
 def predicted_block(
@@ -164,7 +200,9 @@ def predicted_block(
         table_list, topology,
         calibration=calibration, options=opts,
     )
-    host = host_s(table_list, topology, opts, calibration)
+    launches = kernel_launches(gm)
+    host = host_s(table_list, topology, opts, calibration, launches=launches,
+                  device_s=prediction.step_s)
     block = prediction.to_dict()
     block["step_ms"] = block["step_ms"] + 1e3 * host
     block["breakdown_ms"]["host"] = 1e3 * host
@@ -173,6 +211,7 @@ def predicted_block(
     if block.get("mfu") and prediction.step_s > 0:
         block["mfu"] = block["mfu"] * prediction.step_s / (prediction.step_s + host)
     block["kind_ms"] = kind_breakdown_ms(gm, block["breakdown_ms"])
+    block["host"] = {"launches": launches, "exposed_ms": 1e3 * host}
     block["activations"] = {"saved_bytes": int(profile.saved_total * act_factor),
                             "forward_peak_bytes": int(profile.peak * act_factor),
                             "inputs_bytes": profile.inputs, "factor": act_factor}
