@@ -109,13 +109,14 @@ def kind_breakdown_ms(gm: fx.GraphModule, breakdown_ms: Mapping[str, float]) -> 
     dense regions' node times by kind, then the step model's sparse, optimizer,
     communication and host parts. Sums to the step. Copied into the run report, it is
     what ``gemc calibrate --from-run`` regresses the measured step on."""
-    from gemc.plan_builder import kernel_adjusted_ms
+    from gemc.plan_builder import gradient_accumulation_ms, kernel_adjusted_ms
 
     out = dict.fromkeys(("gemm", "attention", "memory"), 0.0)
     for node, ms in kernel_adjusted_ms(gm).items():
         kind = _dense_kind(node)
         if kind is not None:
             out[kind] += ms
+    out["memory"] += sum(gradient_accumulation_ms(gm).values())  # the backward's adds
     dense = breakdown_ms.get("dense_forward", 0.0) + breakdown_ms.get("dense_backward", 0.0)
     total = sum(out.values())
     if total > 0:  # checkpointed regions recompute their forward: keep the step's sum

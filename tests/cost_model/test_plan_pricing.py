@@ -75,3 +75,23 @@ def test_launch_count_counts_groups_once(gem_plan_graph):
     gm = gem_plan_graph
     groups = {n.meta[ir.GROUP] for n in gm.graph.nodes if n.meta.get(ir.GROUP) is not None}
     assert groups and kernel_launches(gm) >= 2 * len(groups)
+
+
+def test_gradient_additions_are_priced_in_their_regions(gem_plan_graph):
+    """A tensor read by several ops costs the backward's adds; the regions carry them."""
+    from types import SimpleNamespace
+
+    from gemc.plan_builder import gradient_accumulation_ms, region_summaries, table_summaries
+
+    gm = gem_plan_graph
+    adds = gradient_accumulation_ms(gm)
+    assert adds and all(ms > 0 for ms in adds.values())
+    shim = SimpleNamespace(param_dtypes={})
+    tables = {t["fqn"] for t in table_summaries(gm, shim)}
+    regions = region_summaries(gm, shim, tables)
+    counted = {n for n in gm.graph.nodes if n.op == "call_function"
+               and ir.kind_of(n) not in (ir.OpKind.VIEW, ir.OpKind.EMBEDDING)
+               and not n.meta.get(ir.TABLE)}
+    ms = kernel_adjusted_ms(gm)
+    expected = sum(ms[n] for n in counted) + sum(adds.values())
+    assert sum(r["predicted_ms"] or 0.0 for r in regions) == pytest.approx(expected, rel=1e-4)
