@@ -280,7 +280,7 @@ def plan_main(args: argparse.Namespace) -> int:
         rows.append(row)
         _print_plan_row(row)
 
-    refit = _leave_half_out(rows, base, calibration, preset, topology, out, smoke=args.smoke,
+    refit = _leave_half_out(rows, base, preset, topology, out, smoke=args.smoke,
                             fit=calibrate_from_runs)
     summary = {"time": _stats(rows, "time_error_pct"), "memory": _stats(rows, "memory_error_pct"),
                "refit_time": _stats(refit, "time_error_pct"),
@@ -297,8 +297,8 @@ def plan_main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _leave_half_out(rows: list[dict[str, Any]], base: Any, calibration: str, preset: str,
-                    topology: str, out: Path, *, smoke: bool, fit: Any) -> list[dict[str, Any]]:
+def _leave_half_out(rows: list[dict[str, Any]], base: Any, preset: str, topology: str,
+                    out: Path, *, smoke: bool, fit: Any) -> list[dict[str, Any]]:
     """Fit on the runs of every other model, judge on the rest, then the other way round."""
     measured = [r for r in rows if "measured" in r]
     if len(measured) < 2 or base is None:
