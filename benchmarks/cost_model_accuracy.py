@@ -1,6 +1,24 @@
 """How well does the cost model predict a real training step? One command on the H200.
 
-For the GEM and DLRM examples x batch sizes x {bf16, fp32}: capture and annotate the model
+Plan mode (the default, issue 18): for every model -- both examples and every
+``examples/zoo/*.py`` module (``build(preset=...)``) -- compile the plan for ``GPU:1x1``
+with the greedy planner (no ortools needed), run it with ``gemc run`` (a subprocess, as
+a user would) and compare the plan's ``predicted.step_ms`` and per-rank memory with the
+run report's measured step (median after warmup) and ``max_memory_allocated``; MAPE and
+worst. Then leave-half-out: fit a calibration from the runs of half the models
+(``gemc.cost_model.run_fit``, what ``gemc calibrate --from-run`` does), recompile the other
+half with it and score those against their own runs; both halves in turn. Everything
+(plans, run reports, fitted calibrations, ``cost_model_accuracy.json``) goes to ``--out
+DIR``.
+
+    python benchmarks/cost_model_accuracy.py --out out/acc                     # on the H200
+    python benchmarks/cost_model_accuracy.py --smoke --out /tmp/acc            # CPU crash check
+
+``--smoke``: tiny presets, 3 steps on the CPU with the ops the kernels replace
+(``--no-kernels``); checks the script, not the model. Without a GPU (and no ``--smoke``)
+it only compiles and prints the predictions.
+
+Eager mode (``--mode eager``, issue 3): for the GEM and DLRM examples x batch sizes x {bf16, fp32}: capture and annotate the model
 on the meta device, predict one eager single-GPU step (forward, backward, AdamW over all
 parameters — eager EmbeddingBag gradients are dense, so the tables get AdamW too) with
 ``gemc.cost_model.eager.predict_eager_step``, then build the real model on the GPU, run
@@ -18,7 +36,8 @@ TF32 off (PyTorch's default).
         --calibration cost_model/data/h200.json --out /tmp/rescored.json     # no GPU needed
 
 ``--smoke`` uses the tiny presets, two batch sizes, and times eager steps on the CPU only
-to exercise the code (CPU times are not comparable with a GPU prediction).
+to exercise the code (CPU times are not comparable with a GPU prediction). In eager mode
+``--out`` is the JSON file to write.
 """
 
 from __future__ import annotations
@@ -29,6 +48,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -154,12 +174,189 @@ def _environment(device: str, calibration: Any) -> dict[str, Any]:
     return env
 
 
+# ---- plan mode ----------------------------------------------------------------------------
+ZOO = REPO / "examples" / "zoo"
+
+
+def plan_models(names: str | None) -> dict[str, str]:
+    """name -> entrypoint: the examples and every zoo module (``examples/zoo/NAME.py``)."""
+    found = {name: f"{path}:build" for name, path in MODELS.items()}
+    if ZOO.is_dir():
+        for path in sorted(ZOO.glob("*.py")):
+            if not path.name.startswith("_"):
+                found[f"zoo/{path.stem}"] = f"{path}:build"
+    if not names:
+        return found
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    unknown = [n for n in wanted if n not in found]
+    if unknown:
+        raise SystemExit(f"unknown model(s) {unknown}; known: {sorted(found)}")
+    return {n: found[n] for n in wanted}
+
+
+def _slug(name: str) -> str:
+    return name.replace("/", "_")
+
+
+def compile_plan(entrypoint: str, preset: str, topology: str, calibration: str,
+                 out: Path) -> dict[str, Any]:
+    """The plan ``gemc compile --planner greedy`` writes (greedy: no ortools)."""
+    from gemc.api import compile as gemc_compile
+
+    return gemc_compile(entrypoint, {"preset": preset}, topology=topology, planner="greedy",
+                        calibration=calibration, out=out)
+
+
+def run_plan(plan_path: Path, report: Path, *, steps: int, smoke: bool) -> dict[str, Any]:
+    """``gemc run`` in a fresh process (its own CUDA context and allocator peak)."""
+    cmd = [sys.executable, "-m", "gemc.cli", "run", str(plan_path), "--steps", str(steps),
+           "--report", str(report), "--quiet"]
+    if smoke:
+        cmd += ["--device", "cpu", "--no-kernels"]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"gemc run exited {done.returncode}: {done.stderr.strip()[-400:]}")
+    return json.loads(report.read_text())
+
+
+def _measured(report: dict[str, Any]) -> dict[str, Any]:
+    peaks = [r["memory"]["peak_bytes"] for r in report["per_rank"]]
+    return {"step_ms": report["step_ms"], "peak_gb": max(peaks) / 1e9,
+            "device": report["device"], "steps": report["steps"]["run"]}
+
+
+def _predicted(plan: dict[str, Any]) -> dict[str, Any]:
+    pred = plan["predicted"]
+    return {"step_ms": pred["step_ms"], "peak_gb": pred["max_memory_gb"],
+            "kind_ms": pred.get("kind_ms"), "breakdown_ms": pred.get("breakdown_ms")}
+
+
+def _errors(pred: dict[str, Any], meas: dict[str, Any]) -> dict[str, float]:
+    return {"time_error_pct": 100 * (pred["step_ms"] - meas["step_ms"]) / meas["step_ms"],
+            "memory_error_pct": 100 * (pred["peak_gb"] - meas["peak_gb"]) / meas["peak_gb"]}
+
+
+def _stats(rows: list[dict[str, Any]], key: str) -> dict[str, float | None]:
+    errs = [abs(r[key]) for r in rows if r.get(key) is not None]
+    return {"mape_pct": statistics.fmean(errs) if errs else None,
+            "worst_pct": max(errs) if errs else None, "n": len(errs)}
+
+
+def plan_main(args: argparse.Namespace) -> int:
+    """Plan mode: compile, run, compare; then the leave-half-out refit (module doc)."""
+    from gemc.cost_model.calibration import resolve_calibration
+    from gemc.cost_model.hardware import get_gpu
+    from gemc.cost_model.run_fit import calibrate_from_runs
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    gpu = get_gpu(args.gpu or "h200").name
+    topology = f"{gpu}:1x1"
+    preset = args.preset or ("tiny" if args.smoke else gpu)
+    steps = args.steps or (3 if args.smoke else 30)
+    run_on = args.smoke or torch.cuda.is_available()
+    if not run_on:
+        print("no CUDA GPU: compiling and predicting only (use --smoke for a CPU run)",
+              file=sys.stderr)
+    calibration = args.calibration
+    base = resolve_calibration(calibration, gpu)
+    rows: list[dict[str, Any]] = []
+    for name, entrypoint in plan_models(args.models).items():
+        row: dict[str, Any] = {"model": name, "preset": preset, "topology": topology}
+        plan_path = out / f"{_slug(name)}.plan.json"
+        try:
+            t0 = time.perf_counter()
+            row["predicted"] = _predicted(compile_plan(entrypoint, preset, topology,
+                                                       calibration, plan_path))
+            row["compile_s"] = time.perf_counter() - t0
+            if run_on:
+                report = run_plan(plan_path, out / f"{_slug(name)}.run.json", steps=steps,
+                                  smoke=args.smoke)
+                row["measured"] = _measured(report)
+                row["run_report"] = str(out / f"{_slug(name)}.run.json")
+                row.update(_errors(row["predicted"], row["measured"]))
+        except Exception as exc:  # one broken model is one row, the others still count
+            row["error"] = f"{type(exc).__name__}: {exc}"
+        rows.append(row)
+        _print_plan_row(row)
+
+    refit = _leave_half_out(rows, base, preset, topology, out, smoke=args.smoke,
+                            fit=calibrate_from_runs)
+    summary = {"time": _stats(rows, "time_error_pct"), "memory": _stats(rows, "memory_error_pct"),
+               "refit_time": _stats(refit, "time_error_pct"),
+               "refit_memory": _stats(refit, "memory_error_pct"),
+               "failed": [r["model"] for r in rows if "error" in r],
+               "targets": "time MAPE <= 10%, worst <= 20%; memory MAPE <= 10%"}
+    doc = {"benchmark": "cost_model_accuracy", "mode": "plan", "gpu": gpu,
+           "environment": _environment("cuda" if run_on and not args.smoke else "cpu", base),
+           "steps": steps, "summary": summary, "models": rows, "refit": refit}
+    (out / "cost_model_accuracy.json").write_text(json.dumps(doc, indent=1, sort_keys=True)
+                                                 + "\n")
+    print(json.dumps(summary, indent=1))
+    print(f"wrote {out / 'cost_model_accuracy.json'}")
+    return 0
+
+
+def _leave_half_out(rows: list[dict[str, Any]], base: Any, preset: str, topology: str,
+                    out: Path, *, smoke: bool, fit: Any) -> list[dict[str, Any]]:
+    """Fit on the runs of every other model, judge on the rest, then the other way round."""
+    measured = [r for r in rows if "measured" in r]
+    if len(measured) < 2 or base is None:
+        return []
+    halves = (measured[0::2], measured[1::2])
+    result = []
+    for i, (train, test) in enumerate((halves, halves[::-1])):
+        cal_path = out / f"refit_{i}.calibration.json"
+        try:
+            fit([r["run_report"] for r in train], base, cal_path, require_gpu=not smoke)
+        except Exception as exc:
+            result.append({"fold": i, "error": f"{type(exc).__name__}: {exc}"})
+            continue
+        for r in test:
+            entry: dict[str, Any] = {"fold": i, "model": r["model"],
+                                     "trained_on": [t["model"] for t in train]}
+            try:
+                plan = compile_plan(plan_models(r["model"])[r["model"]], preset, topology,
+                                    str(cal_path), out / f"{_slug(r['model'])}.refit.plan.json")
+                entry["predicted"] = _predicted(plan)
+                entry["measured"] = r["measured"]
+                entry.update(_errors(entry["predicted"], r["measured"]))
+            except Exception as exc:
+                entry["error"] = f"{type(exc).__name__}: {exc}"
+            result.append(entry)
+            print(f"refit fold {i} (fit on {', '.join(entry['trained_on'])}): "
+                  f"{_fmt_row(entry)}", flush=True)
+    return result
+
+
+def _fmt_row(row: dict[str, Any]) -> str:
+    if "error" in row:
+        return f"{row.get('model', '?')}: ERROR {row['error'][:160]}"
+    pred, meas = row.get("predicted", {}), row.get("measured")
+    text = f"{row['model']:<20} pred {pred['step_ms']:9.2f} ms {pred['peak_gb']:7.2f} GB"
+    if meas:
+        text += (f"  meas {meas['step_ms']:9.2f} ms {meas['peak_gb']:7.2f} GB ({meas['device']})"
+                 f"  err {row['time_error_pct']:+6.1f}% / {row['memory_error_pct']:+6.1f}%")
+    return text
+
+
+def _print_plan_row(row: dict[str, Any]) -> None:
+    print(_fmt_row(row), flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="out/cost_model_accuracy.json")
+    parser.add_argument("--mode", choices=("plan", "eager"), default="plan",
+                        help="plan: the compiled plan vs gemc run (default); eager: the "
+                        "eager single-GPU step (issue 3)")
+    parser.add_argument("--out", default=None,
+                        help="plan mode: a directory (default out/cost_model_accuracy); "
+                        "eager mode: the JSON file (default out/cost_model_accuracy.json)")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny presets, CPU timing: checks the script, not the model")
-    parser.add_argument("--models", default="gem,dlrm")
+    parser.add_argument("--models", default=None,
+                        help="comma list (plan mode: gem, dlrm, zoo/NAME; default all; "
+                        "eager mode: gem, dlrm, default both)")
     parser.add_argument("--dtypes", default="bf16,fp32")
     parser.add_argument("--batch-sizes", default=None,
                         help="comma list; default 1/4, 1/2, 1x of each preset's batch")
@@ -178,6 +375,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true",
                         help="exit 1 unless MAPE <= 10%% and every config within 20%%")
     args = parser.parse_args(argv)
+    if args.mode == "plan":
+        args.out = args.out or "out/cost_model_accuracy"
+        return plan_main(args)
+    args.out = args.out or "out/cost_model_accuracy.json"
+    args.models = args.models or "gem,dlrm"
 
     from gemc.cost_model.calibration import default_calibration, load_calibration
     from gemc.cost_model.hardware import get_gpu, gpu_from_device_name

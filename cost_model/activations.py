@@ -7,12 +7,25 @@ pointwise ops and products keep their inputs, losses keep input and target, inde
 its indices; additions, views, concatenations and reductions by sum keep nothing. Views
 are resolved to the tensor they alias, so a tensor is counted once; parameters are never
 activations.
+
+As the runner executes it (``runtime=True``): under the plan's bf16 autocast a GEMM or
+attention writes bf16 and saves the bf16 *casts* of its fp32 inputs (weights included:
+autocast's cast cache keeps one per weight for the backward), autocast's fp32 ops (norms,
+softmax, losses, sum, exp/log/pow/rsqrt) write fp32, and other ops follow type promotion
+(bf16 with fp32 gives fp32); inside a packed token region (pack-jagged-tokens) a tensor
+holds only the real tokens, ``fill`` of its padded rows. ``activation_profile`` also walks
+the forward in order, freeing each tensor after its last use unless the backward saved
+it, so the peak includes what is live at the worst moment, not only what is saved.
+Why: the GEM plan's activations were priced at 36.8 GB (fp32, padded, every saved tensor)
+where the whole step measured 24.2 GB.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass, field
 
+import torch
 from torch import fx
 
 from gemc import ir
@@ -83,3 +96,142 @@ def saved_activation_bytes(gm: fx.GraphModule) -> dict[str, int]:
         out[region] += ir.nbytes(b)
     out["inputs"] = inputs
     return dict(out)
+
+
+PACKED = ir.PREFIX + "packed"  # pack-jagged-tokens' per-node facts (its region id)
+PACKED_REGION = ir.PREFIX + "packed_region"  # the region's facts (fill) on its source node
+_AUTOCAST_FP32 = ("softmax", "_softmax", "log_softmax", "_log_softmax", "sum", "cumsum",
+                  "prod", "exp", "log", "pow", "rsqrt", "reciprocal", "logsumexp",
+                  "native_layer_norm", "layer_norm", "group_norm", "norm")
+
+
+def plan_autocast(gm: fx.GraphModule) -> str | None:
+    """The plan's autocast dtype ("bf16"/"fp16"), from choose-precision's baseline on the
+    output node; None when the graph runs in its captured dtypes."""
+    out = next((n for n in gm.graph.nodes if n.op == "output"), None)
+    facts = out.meta.get(ir.PRECISION) if out is not None else None
+    base = facts.get("baseline") if isinstance(facts, dict) else None
+    return base if base in ("bf16", "fp16") else None
+
+
+def packed_fill(gm: fx.GraphModule) -> dict[fx.Node, float]:
+    """Fill (real tokens / padded rows) of every node inside a packed token region."""
+    fills = {f["id"]: float(f["fill"]) for n in gm.graph.nodes
+             if isinstance(f := n.meta.get(PACKED_REGION), dict) and "fill" in f}
+    return {n: fills.get(p["id"], 1.0) for n in gm.graph.nodes
+            if isinstance(p := n.meta.get(PACKED), dict)}
+
+
+def _numel(node: fx.Node) -> int:
+    val = node.meta.get("val")
+    return int(val.numel()) if isinstance(val, torch.Tensor) else 0
+
+
+def runtime_itemsize(gm: fx.GraphModule, autocast: str | None) -> dict[fx.Node, int]:
+    """Bytes per element of every tensor as the runner computes it (see module doc)."""
+    out: dict[fx.Node, int] = {}
+    for node in gm.graph.nodes:
+        dt = ir.dtype_of(node)
+        captured = dt.itemsize if dt is not None else 0
+        if autocast is None or dt is None or not dt.is_floating_point \
+                or node.op != "call_function":
+            out[node] = captured
+            continue
+        kind = ir.kind_of(node)
+        if kind in (OpKind.GEMM, OpKind.ATTENTION):
+            out[node] = 2
+        elif kind in (OpKind.NORM, OpKind.LOSS, OpKind.EMBEDDING) or _op(node) in _AUTOCAST_FP32:
+            out[node] = captured
+        elif kind is OpKind.VIEW and node.all_input_nodes:
+            out[node] = out.get(node.all_input_nodes[0], captured)
+        else:
+            floats = [out[a] for a in node.all_input_nodes
+                      if (d := ir.dtype_of(a)) is not None and d.is_floating_point and a in out]
+            out[node] = min(captured, max(floats)) if floats else captured
+    return out
+
+
+@dataclass
+class ActivationProfile:
+    """Saved-for-backward bytes per region, the batch inputs, and the forward's peak."""
+
+    saved: dict[str, int] = field(default_factory=dict)  # region -> bytes kept for backward
+    inputs: int = 0           # the batch tensors
+    saved_total: int = 0
+    peak: int = 0             # max over the forward of saved-so-far + live temporaries
+    transient: int = 0        # peak above what is saved: the extra the walk finds
+
+
+def activation_profile(gm: fx.GraphModule, *, runtime: bool = True) -> ActivationProfile:
+    """Saved bytes per region and the liveness peak of the forward (see module doc).
+    ``runtime=False`` prices the captured dtypes and padded shapes (eager)."""
+    autocast = plan_autocast(gm) if runtime else None
+    size = runtime_itemsize(gm, autocast)
+    fill = packed_fill(gm) if runtime else {}
+
+    def nbytes(n: fx.Node, itemsize: int | None = None) -> int:
+        isz = size.get(n, 0) if itemsize is None else itemsize
+        return int(_numel(n) * isz * fill.get(n, 1.0))
+
+    saved: dict[fx.Node, tuple[str, int]] = {}
+    casts: dict[fx.Node, tuple[str, int]] = {}  # autocast's bf16 copies of fp32 inputs
+    inputs = 0
+    for node in gm.graph.nodes:
+        kind = ir.kind_of(node)
+        if node.op == "placeholder":
+            if kind is not OpKind.PARAM and not node.meta.get(ir.PARAM):
+                inputs += ir.nbytes(node)
+            continue
+        if node.op != "call_function" or kind is None:
+            continue
+        dt = ir.dtype_of(node)
+        if dt is not None and not dt.is_floating_point:
+            continue
+        region = str(node.meta.get(ir.REGION, ""))
+        gemm = autocast is not None and kind in (OpKind.GEMM, OpKind.ATTENTION)
+        for t in _saved_inputs(node, kind):
+            b = _base(t)
+            is_param = ir.kind_of(b) is OpKind.PARAM or bool(b.meta.get(ir.PARAM))
+            if gemm and t is not node and size.get(b, 0) > 2:
+                casts.setdefault(b, (region, nbytes(b, 2)))  # the cast is what is saved
+                continue
+            if b.op == "placeholder" or is_param:
+                continue
+            saved.setdefault(b, (region, nbytes(b)))
+    per_region: dict[str, int] = defaultdict(int)
+    for region, b in [*saved.values(), *casts.values()]:
+        per_region[region] += b
+    saved_total = sum(per_region.values())
+    peak = _forward_peak(gm, saved, casts, nbytes)
+    return ActivationProfile(saved=dict(per_region), inputs=inputs, saved_total=saved_total,
+                             peak=max(peak, saved_total),
+                             transient=max(0, peak - saved_total))
+
+
+def _forward_peak(gm: fx.GraphModule, saved: dict[fx.Node, tuple[str, int]],
+                  casts: dict[fx.Node, tuple[str, int]], nbytes) -> int:  # noqa: ANN001
+    """Walk the forward: a tensor is allocated when computed (views alias their base),
+    freed after its last use unless saved; saved tensors and casts stay to the end."""
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    last: dict[fx.Node, int] = {}
+    for n in gm.graph.nodes:
+        for a in n.all_input_nodes:
+            b = _base(a)
+            last[b] = max(last.get(b, 0), order[n])
+    frees: dict[int, list[fx.Node]] = defaultdict(list)
+    live = peak = 0
+    for n in gm.graph.nodes:
+        i = order[n]
+        if n.op == "call_function" and ir.kind_of(n) is not OpKind.VIEW \
+                and not n.meta.get(ir.PARAM) and n.op != "output":
+            live += nbytes(n)
+            if n in casts:
+                live += casts[n][1]
+            if n not in saved:
+                frees[last.get(n, i)].append(n)
+        elif n in casts:  # a weight or input cast to bf16 when first used
+            live += casts[n][1]
+        peak = max(peak, live)
+        for dead in frees.pop(i, []):
+            live -= nbytes(dead)
+    return peak

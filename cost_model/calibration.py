@@ -29,7 +29,11 @@ those efficiencies over shapes (interp.py). Format (version 1)::
      "pointwise_bf16": [[bytes, seconds], ...], "norm_bf16": [[bytes, fwd_s, bwd_s], ...],
      "collectives": {"ranks": 8, "all_reduce": [[bytes, seconds], ...], ...}
                     or {"skipped": "why"},
-     "notes": ["..."]}
+     "notes": ["..."],
+     # folded back from `gemc run` reports by `gemc calibrate --from-run` (optional):
+     "run_fit": {"factors": {"gemm": 1.0, "attention": 1.0, "memory": 1.0,
+                             "embedding": 1.0, "optimizer": 1.0, "comm": 1.0, "host": 1.0},
+                 "activation_factor": 1.0, "runs": [...], "residuals": {...}}}
 
 Any section but format/version/date/gpu/software may be missing; the cost model falls
 back to the roofline for what was not measured and says so.
@@ -148,6 +152,9 @@ def validate_calibration(d: Any, source: str = "calibration") -> None:
         raise _fail(source, "optimizer", "optimizer must be an object", "re-run gemc calibrate")
     for key in opt:
         _rows(opt, key, 2, f"{source}: optimizer")
+    fit = d.get("run_fit")
+    if fit is not None:
+        _validate_run_fit(fit, source)
     coll = d.get("collectives", {})
     if not isinstance(coll, Mapping):
         raise _fail(source, "collectives", "collectives must be an object",
@@ -155,6 +162,32 @@ def validate_calibration(d: Any, source: str = "calibration") -> None:
     for op in ("all_reduce", "reduce_scatter", "all_gather", "all_to_all"):
         if op in coll:
             _rows(coll, op, 2, f"{source}: collectives")
+
+
+# Op kinds a run fit scales (run_fit.py fits them; op_cost and collectives apply them).
+FIT_KINDS = ("gemm", "attention", "memory", "embedding", "optimizer", "comm", "host")
+FACTOR_BOUNDS = (0.2, 5.0)  # a factor outside says the model is wrong, not the GPU slow
+
+
+def _validate_run_fit(fit: Any, source: str) -> None:
+    if not isinstance(fit, Mapping):
+        raise _fail(source, "run_fit", "run_fit must be an object",
+                    "re-run gemc calibrate --from-run")
+    factors = fit.get("factors", {})
+    if not isinstance(factors, Mapping):
+        raise _fail(source, "run_fit.factors", "factors must map op kind -> number",
+                    "re-run gemc calibrate --from-run")
+    lo, hi = FACTOR_BOUNDS
+    items = [*((f"factors.{k}", k, v) for k, v in factors.items()),
+             ("activation_factor", None, fit.get("activation_factor", 1.0))]
+    for field, kind, value in items:
+        if kind is not None and kind not in FIT_KINDS:
+            raise _fail(source, f"run_fit.{field}", f"unknown op kind {kind!r}",
+                        f"use {', '.join(FIT_KINDS)}")
+        if not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                and lo <= value <= hi):
+            raise _fail(source, f"run_fit.{field}", f"a factor must be {lo}..{hi}, got "
+                        f"{value!r}", "re-run gemc calibrate --from-run")
 
 
 class Calibration:
@@ -174,6 +207,14 @@ class Calibration:
         self.eager_op_s = launch.get("eager_op_s")
         self.eager_view_op_s = launch.get("eager_view_op_s")
         self.eager_bwd_op_s = launch.get("eager_bwd_op_s")
+        fit = data.get("run_fit") or {}
+        self.factors: dict[str, float] = {k: float(v) for k, v in fit.get("factors", {}).items()}
+        self.activation_factor = float(fit.get("activation_factor", 1.0))
+
+    def factor(self, kind: str) -> float:
+        """The run-fitted multiplier of an op kind's predicted time (1 when not fitted):
+        what ``gemc calibrate --from-run`` learned from measured steps."""
+        return self.factors.get(kind, 1.0)
 
     def __repr__(self) -> str:
         return f"Calibration({self.gpu.name}, {self.data.get('date')}, {self.source})"
@@ -428,3 +469,17 @@ def default_calibration(gpu_name: str) -> Calibration | None:
         return None
     path = DATA_DIR / f"{name}.json"
     return load_calibration(path) if path.is_file() else None
+
+
+def resolve_calibration(choice: Calibration | str | Path | None,
+                        gpu_name: str) -> Calibration | None:
+    """One way for every caller (API, CLI, benchmarks) to name a calibration: a loaded
+    ``Calibration``, a file path, "auto" (the file shipped for ``gpu_name``), or
+    None / "none" (roofline only)."""
+    if isinstance(choice, Calibration):
+        return choice
+    if choice is None or choice == "none":
+        return None
+    if choice == "auto":
+        return default_calibration(gpu_name)
+    return load_calibration(choice)

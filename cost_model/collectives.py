@@ -53,6 +53,14 @@ class CommEfficiency:
     tree_bandwidth: float = 0.90
     launch_s: float = 8e-6
     per_peer_s: float = 0.2e-6   # all-to-all: one send/recv pair issued per peer
+    # All-to-all is NCCL point-to-point (every pair at once, no ring pipelining): it
+    # reaches less of the link than the ring collectives. Fitted to AutoParallel's
+    # nccl-tests tables for H100 NVSwitch + 400G (benchmarks/collectives_vs_published.py):
+    # inside a host 374 GB/s algbw at 1 GiB = 0.73 x 450 GB/s of NVLink over the 7/8 that
+    # leaves each GPU; across hosts 47 (8x8) and 43 GB/s (32x8) = ~0.82 x 50 GB/s per NIC
+    # on the remote share. The ring figures (0.80, 0.92) were 10-12% fast on every row.
+    all_to_all_nvlink: float = 0.73
+    all_to_all_network: float = 0.82
 
 
 DEFAULT_EFFICIENCY = CommEfficiency()
@@ -92,8 +100,10 @@ def collective_time(
     order of ``ranks``) or a per-rank list of bytes each rank sends, spread evenly over the
     others; ``nbytes`` is then ignored.
     """
-    return best_algorithm(op, nbytes, ranks, topo, algorithm=algorithm, send_bytes=send_bytes,
-                          calibration=calibration, efficiency=efficiency)[1]
+    t = best_algorithm(op, nbytes, ranks, topo, algorithm=algorithm, send_bytes=send_bytes,
+                       calibration=calibration, efficiency=efficiency)[1]
+    factor = getattr(calibration, "factor", None)  # a run-fitted multiplier, if any
+    return t * factor("comm") if factor is not None else t
 
 
 def best_algorithm(
@@ -246,12 +256,12 @@ def _all_to_all(nbytes: float, p: Placement, topo: Topology, send_bytes: Any,
         intra_out, intra_in = intra.sum(axis=1), intra.sum(axis=0)
         inter_out, inter_in = inter.sum(axis=1), inter.sum(axis=0)
     tb = topo.link_bandwidth(p.ranks)
-    nvl = tb.nvlink * eff.nvlink
+    nvl = tb.nvlink * eff.all_to_all_nvlink
     t_bw = float(max(np.max(intra_out), np.max(intra_in))) / nvl
     if p.hosts > 1:
         host_out = np.bincount(hosts, weights=inter_out)
         host_in = np.bincount(hosts, weights=inter_in)
-        host_bw = min(tb.host_network * eff.network, p.min_local * nvl)
+        host_bw = min(tb.host_network * eff.all_to_all_network, p.min_local * nvl)
         t_bw = max(t_bw, float(max(host_out.max(), host_in.max())) / host_bw)
         hop = tb.network_latency
     else:

@@ -93,6 +93,11 @@ def element_size(dtype: str) -> int:
     return {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}.get(dtype, 4)
 
 
+def _factor(calibration: Calibration | None, kind: str) -> float:
+    """The run-fitted multiplier of an op kind (1 without a calibration or a fit)."""
+    return calibration.factor(kind) if calibration is not None else 1.0
+
+
 def _launch(calibration: Calibration | None) -> float:
     return calibration.kernel_s if calibration is not None else DEFAULT_KERNEL_LAUNCH_S
 
@@ -120,7 +125,7 @@ def gemm_time(batch: int, m: int, n: int, k: int, dtype: str, gpu: GPUSpec,
                       kernels.gemm_bytes(batch, m, n, k, element_size(dtype)),
                       gpu.peak_flops(dtype), gpu.hbm_bandwidth,
                       compute_efficiency=eff, memory_efficiency=mem_eff)
-    return t + _launch(calibration), source
+    return (t + _launch(calibration)) * _factor(calibration, "gemm"), source
 
 
 def attention_time(batch: int, heads: int, q_len: int, kv_len: int, head_dim: int,
@@ -145,7 +150,8 @@ def attention_time(batch: int, heads: int, q_len: int, kv_len: int, head_dim: in
         t = roofline_time(flops * mult, nbytes * (2.0 if phase == "bwd" else 1.0), peak,
                           gpu.hbm_bandwidth, compute_efficiency=eff,
                           memory_efficiency=ROOFLINE_EFFICIENCY["memory"])
-        out.append(t + _launch(calibration) * (1 if phase == "fwd" else 3))
+        out.append((t + _launch(calibration) * (1 if phase == "fwd" else 3))
+                   * _factor(calibration, "attention"))
     return out[0], out[1], source
 
 
@@ -162,7 +168,7 @@ def memory_time(nbytes: float, gpu: GPUSpec, calibration: Calibration | None,
         eff = ROOFLINE_EFFICIENCY["memory"]
     t = roofline_time(flops, nbytes, gpu.fp32_flops, gpu.hbm_bandwidth,
                       compute_efficiency=0.5, memory_efficiency=eff)
-    return t + _launch(calibration), source
+    return (t + _launch(calibration)) * _factor(calibration, "memory"), source
 
 
 def embedding_time(rows: int, dim: int, nnz: int, bags: int, dtype: str, gpu: GPUSpec,
@@ -196,7 +202,32 @@ def embedding_time(rows: int, dim: int, nnz: int, bags: int, dtype: str, gpu: GP
                         memory_efficiency=e_fwd) + launch
     bwd = roofline_time(float(nnz * dim), bwd_bytes, gpu.fp32_flops, gpu.hbm_bandwidth,
                         memory_efficiency=e_bwd) + 3 * launch
-    return fwd, bwd, source
+    f = _factor(calibration, "embedding")
+    return fwd * f, bwd * f, source
+
+
+def batched_embedding_time(rows: int, dim: int, nnz: int, bags: int, dtype: str,
+                           gpu: GPUSpec, calibration: Calibration | None,
+                           optimizer: str | None) -> float:
+    """Seconds one table adds to a batched lookup kernel (every table of a rank in one
+    forward and one fused backward+optimizer launch: the runner's
+    ``gemc.backends.triton.embedding_bag``, and TorchRec's TBE): its gathered rows, pooled
+    outputs, indices, gradient rows and ``optimizer``'s state traffic, streamed at
+    ``ROOFLINE_EFFICIENCY["embedding"]`` of HBM, no launch of its own. Why not the
+    calibrated curve: that is measured on eager EmbeddingBag, one table at a time with a
+    dense gradient (~30 CPU-launched kernels each), and priced the GEM h200 plan's 102
+    tables at 22 ms where the batched kernels measured ~5 ms (0.66 ms forward + 4.3 ms
+    fused update, benchmarks/results/e2e_h200_de5d649_gemc_alone.gemc.kernels.txt); this
+    prices them at 6.0 ms. One model's profile: a run-fitted ``embedding`` factor corrects
+    it (``gemc calibrate --from-run``)."""
+    elt = element_size(dtype)
+    nbytes = kernels.embedding_fwd_bytes(nnz, dim, bags, elt) \
+        + kernels.embedding_bwd_bytes(nnz, dim, bags, rows, elt, dense_grad=False)
+    if optimizer:
+        touched = kernels.expected_unique_rows(rows, nnz)
+        nbytes += kernels.optimizer_bytes(optimizer, touched * dim, elt, fused=True)
+    t = nbytes / (gpu.hbm_bandwidth * ROOFLINE_EFFICIENCY["embedding"])
+    return t * _factor(calibration, "embedding")
 
 
 def optimizer_time(optimizer: str, numel: float, dtype: str, gpu: GPUSpec,
@@ -213,12 +244,14 @@ def optimizer_time(optimizer: str, numel: float, dtype: str, gpu: GPUSpec,
             rate = calibration.optimizer_param_rate(f"adamw_foreach_{dtype}", numel * elt)
         rate = rate or calibration.optimizer_param_rate("adamw_foreach", numel * elt)
         if rate:
-            return numel * elt / rate + _launch(calibration) * 8 * max(1, tensors // 24), \
-                "calibrated"
+            return (numel * elt / rate + _launch(calibration) * 8 * max(1, tensors // 24)) \
+                * _factor(calibration, "optimizer"), "calibrated"
     t, source = memory_time(kernels.optimizer_bytes(optimizer, numel, elt, fused=fused), gpu,
                             calibration, "copy")
     n_kernels = 1 if fused else 8 * max(1, tensors // 24)
-    return t + _launch(calibration) * (n_kernels - 1), source
+    t /= _factor(calibration, "memory")  # memory_time applied it; optimizers have their own
+    return (t + _launch(calibration) * (n_kernels - 1)) * _factor(calibration, "optimizer"), \
+        source
 
 
 # ---- fx nodes ---------------------------------------------------------------------------

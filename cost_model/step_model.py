@@ -37,9 +37,15 @@ from .memory import (
     shard_shape,
     table_memory,
 )
-from .op_cost import embedding_time, optimizer_time
+from .op_cost import batched_embedding_time, embedding_time, optimizer_time
 from .topology import Topology
 from .types import RankStats, RegionCost, StepOptions, StepPrediction, TableCost
+
+
+@lru_cache(maxsize=1 << 16)
+def _batched_cost(rows: int, dim: int, lookups: int, bags: int, dtype: str, gpu: GPUSpec,
+                  calibration: Calibration | None, optimizer: str | None) -> float:
+    return batched_embedding_time(rows, dim, lookups, bags, dtype, gpu, calibration, optimizer)
 
 
 @lru_cache(maxsize=1 << 16)
@@ -75,7 +81,8 @@ def shard_work(t: TableCost, rows: float, dim: float,
 def shard_compute_s(t: TableCost, rows: float, dim: float, world: int, gpu: GPUSpec,
                     calibration: Calibration | None, optimizer: str | None) -> float:
     """Forward + backward seconds of the lookup of a shard of ``rows`` x ``dim`` (0 for
-    none): a fused TBE-style backward applying ``optimizer`` to the touched rows, or for a
+    none): its share of the rank's batched lookup kernel with the fused backward applying
+    ``optimizer`` to the touched rows (op_cost.batched_embedding_time), or for a
     data-parallel table eager's dense gradient (its optimizer is priced with the dense
     parameters'). The one embedding price of predict_step and of the solver."""
     rows, dim, lookups, bags = shard_work(t, rows, dim, world)
@@ -85,8 +92,8 @@ def shard_compute_s(t: TableCost, rows: float, dim: float, world: int, gpu: GPUS
     if t.sharding == "data_parallel":
         return _embedding_cost(t.rows, t.dim, t.nnz, t.batch, dtype, gpu, calibration, None,
                                True)
-    return _embedding_cost(max(1, int(rows)), max(1, int(dim)), int(lookups), int(bags), dtype,
-                           gpu, calibration, optimizer, False)
+    return _batched_cost(max(1, int(rows)), max(1, int(dim)), int(lookups), int(bags), dtype,
+                         gpu, calibration, optimizer)
 
 
 def _holders(t: TableCost, world: int) -> np.ndarray:

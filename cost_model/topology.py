@@ -312,8 +312,12 @@ def _tier_bandwidth(topo: Topology, p: Placement) -> TierBandwidth:
     lat = topo.tier_latency
     net = topo.network
     # NICs whose rail a group member sits on: rings and trees use the NIC next to the GPU
-    # (NCCL's default); the group's share of its hosts' NICs.
-    usable = max(1, math.ceil(p.min_local * net.nics_per_host / topo.gpus_per_host))
+    # (NCCL's default), so a host's group reaches only its members' NICs -- one GPU per
+    # host drives one NIC (NVIDIA: 46-48 GB/s per NDR NIC, nccl-tests issue #290), not the
+    # whole host's (a 2x1 topology used to get 8 NICs, capped by PCIe: 64 GB/s).
+    host_min = min(p.per_host, key=lambda hc: hc[1])[0]
+    usable = max(1, len({topo.nic_of_local(r % topo.gpus_per_host) for r in p.ranks
+                         if topo.host_of(r) == host_min}))
     host_network = min(usable, net.nics_per_host) * bw["host_nics"] / net.nics_per_host
     host_network = min(host_network, p.min_local * bw["pcie"])
     if p.units > 1:

@@ -88,15 +88,26 @@ class StepOptions:
     """
 
     optimizer: str = "adamw"
-    table_optimizer: str = "adamw"
+    # the runner's default sparse optimizer (backends/torch/sparse_optim.py); was "adamw",
+    # which priced GEM's tables with 12 GB of optimizer state the run never allocates
+    table_optimizer: str = "rowwise_adagrad"
     fused_optimizer: bool = True
     master_weights: bool = False   # fp32 master copy when params are bf16
     state_bytes: int = 4           # optimizer state element size
     overlap: float = 0.8
     ddp_bucket_bytes: int = 25 * 1024 * 1024
-    pipeline_sparse: bool = True   # input dist of batch i+1 hidden behind batch i
+    # input dist of batch i+1 hidden behind batch i (TorchRec's TrainPipelineSparseDist).
+    # gemc's runner exchanges the ids inside the step (embedding_exchange.py), so False.
+    pipeline_sparse: bool = False
     workspace_bytes: int = 1 << 30  # cuBLAS, NCCL buffers, allocator slack
     dense_dtype: str = "bf16"
+    # Host syncs the runner makes a step (reading the loss, ...) and the exchange adds
+    # (2 when tables are sharded over ranks: its sizes and headers come to the host); each
+    # drains the GPU queue, which the host then refills late: ~1.3 ms a sync on the GEM
+    # h200 run (3 syncs, 3.9 ms host-late GPU idle, BENCHMARKS.md run C).
+    host_syncs: int = 3
+    exchange_host_syncs: int = 2
+    host_sync_s: float = 1.3e-3
 
 
 @dataclass(frozen=True)

@@ -125,6 +125,13 @@ def _parser() -> argparse.ArgumentParser:
     cal = sub.add_parser("calibrate", help="measure this GPU and write a calibration file")
     cal.add_argument("--out", required=True, help="calibration file to write (JSON)")
     cal.add_argument("--quick", action="store_true", help="fewer sizes (under a minute)")
+    cal.add_argument("--from-run", nargs="+", metavar="RUN_JSON", default=None,
+                     help="fold these gemc run reports into --base instead of measuring: "
+                     "per-op-kind time factors and an activation-memory factor, fitted "
+                     "across the runs (no GPU needed)")
+    cal.add_argument("--base", default="auto",
+                     help="with --from-run: the calibration to refine (a file, or auto: the "
+                     "one shipped for the runs' GPU)")
 
     e = sub.add_parser("explain", help="print a plan as tables")
     e.add_argument("plan")
@@ -247,6 +254,19 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
+    if args.from_run:
+        from gemc.cost_model.run_fit import calibrate_from_runs, read_run, resolve_base
+
+        base = resolve_base(args.base, [read_run(p) for p in args.from_run])
+        doc = calibrate_from_runs(args.from_run, base, args.out)
+        fit = doc["run_fit"]
+        print(f"wrote {args.out}: factors {fit['factors']}, activation factor "
+              f"{fit['activation_factor']}")
+        for r in fit["residuals"]:
+            print(f"  {r['run']}: measured {r['measured_step_ms']:.2f} ms, predicted "
+                  f"{r['predicted_step_ms']:.2f}, fitted {r['fitted_step_ms']:.2f} "
+                  f"({r['step_residual_pct']:+.1f}%)")
+        return EXIT_OK
     from gemc.cost_model.calibrate import run_calibration
 
     run_calibration(args.out, quick=args.quick)

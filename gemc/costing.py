@@ -8,17 +8,19 @@ the prediction written in a plan is the one the planner optimised.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from torch import fx
 
 from gemc import ir
-from gemc.cost_model.activations import saved_activation_bytes
+from gemc.cost_model.activations import activation_profile
 from gemc.cost_model.calibration import Calibration
 from gemc.cost_model.step_model import predict_step
 from gemc.cost_model.topology import Topology
 from gemc.cost_model.types import RegionCost, StepOptions, TableCost
+from gemc.ir import OpKind
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8, "float8_e4m3fn": 1}
 
@@ -88,6 +90,92 @@ def table_costs(tables: Sequence[Mapping[str, Any]]) -> list[TableCost]:
     ]
 
 
+def _dense_kind(node: fx.Node) -> str | None:
+    """The fit kind a dense node's time counts under (None: not in a region's time, as
+    plan_builder.region_summaries counts them)."""
+    kind = ir.kind_of(node)
+    if node.op != "call_function" or kind in (OpKind.VIEW, OpKind.EMBEDDING) \
+            or node.meta.get(ir.TABLE) or node.meta.get(ir.PARAM) is not None:
+        return None
+    if kind is OpKind.GEMM:
+        return "gemm"
+    if kind is OpKind.ATTENTION:
+        return "attention"
+    return "memory"
+
+
+def kind_breakdown_ms(gm: fx.GraphModule, breakdown_ms: Mapping[str, float]) -> dict[str, float]:
+    """The predicted step split by the op kinds a run fit scales (calibration.FIT_KINDS):
+    dense regions' node times by kind, then the step model's sparse, optimizer,
+    communication and host parts. Sums to the step. Copied into the run report, it is
+    what ``gemc calibrate --from-run`` regresses the measured step on."""
+    from gemc.plan_builder import gradient_accumulation_ms, kernel_adjusted_ms
+
+    out = dict.fromkeys(("gemm", "attention", "memory"), 0.0)
+    for node, ms in kernel_adjusted_ms(gm).items():
+        kind = _dense_kind(node)
+        if kind is not None:
+            out[kind] += ms
+    out["memory"] += sum(gradient_accumulation_ms(gm).values())  # the backward's adds
+    dense = breakdown_ms.get("dense_forward", 0.0) + breakdown_ms.get("dense_backward", 0.0)
+    total = sum(out.values())
+    if total > 0:  # checkpointed regions recompute their forward: keep the step's sum
+        out = {k: v * dense / total for k, v in out.items()}
+    out["embedding"] = breakdown_ms.get("sparse_compute", 0.0)
+    out["optimizer"] = breakdown_ms.get("optimizer", 0.0)
+    out["comm"] = sum(breakdown_ms.get(k, 0.0) for k in (
+        "all_to_all", "input_dist", "exposed_forward_comm", "exposed_backward_comm", "tp_comm"))
+    out["host"] = breakdown_ms.get("host", 0.0)
+    return {k: round(v, 6) for k, v in out.items()}
+
+
+# CPU seconds to issue one op's kernel from the runner when the calibration has no
+# measurement (cost_model/eager.py's default for one eager op).
+DEFAULT_OP_CPU_S = 8e-6
+
+
+def kernel_launches(gm: fx.GraphModule) -> int:
+    """Kernels one step launches, forward and backward: a fused group or a batched lookup
+    once each way, any other compute node once forward and its backward's kernels
+    (op_cost's counts: 2 for a GEMM, 3 for attention, ...); views launch nothing."""
+    from gemc.cost_model.op_cost import _BWD_KERNELS
+
+    groups: set[str] = set()
+    n = 0
+    for node in gm.graph.nodes:
+        kind = ir.kind_of(node)
+        if node.op != "call_function" or kind in (None, OpKind.VIEW, OpKind.PARAM):
+            continue
+        gid = node.meta.get(ir.GROUP)
+        if gid is not None:
+            if gid not in groups:
+                groups.add(gid)
+                n += 2
+            continue
+        n += 1 + _BWD_KERNELS.get(kind, 1)
+    return n
+
+
+def host_s(tables: Sequence[TableCost], topology: Topology, options: StepOptions,
+           calibration: Calibration | None, *, launches: int = 0,
+           device_s: float = 0.0) -> float:
+    """Exposed host time a step: the runner's syncs (plus the table exchange's two when
+    tables are sharded over several ranks), each draining the queue the host then
+    refills; and, when issuing the step's ``launches`` takes the CPU longer than the GPU
+    takes to run them (``device_s``), the difference -- a launch-bound step waits on the
+    host. Only the sync term is checked against a run (GEM h200: 3 syncs, 3.9 ms of
+    host-late idle). The launch count is a floor: it misses autocast's casts and the
+    copies views need (GEM h200: 231 counted, ~1000 kernels in the run's profile); even
+    at 1000 x 7.6 us GEM is far from launch-bound (~64 ms of device work)."""
+    syncs = options.host_syncs
+    if topology.world_size > 1 and any(t.sharding != "data_parallel" for t in tables):
+        syncs += options.exchange_host_syncs
+    per_op = (calibration.eager_op_s if calibration is not None else None) or DEFAULT_OP_CPU_S
+    launch_bound = max(0.0, launches * per_op - device_s)
+    factor = calibration.factor("host") if calibration is not None else 1.0
+    return (syncs * options.host_sync_s + launch_bound) * factor
+
+
 def predicted_block(
     gm: fx.GraphModule,
     regions: Sequence[Mapping[str, Any]],
@@ -96,13 +184,38 @@ def predicted_block(
     calibration: Calibration | None,
     options: StepOptions | None = None,
 ) -> dict[str, Any]:
-    """The plan's ``predicted`` block: step ms, MFU, per-rank memory and time."""
+    """The plan's ``predicted`` block: step ms, MFU, per-rank memory and time, priced as
+    the runner executes the plan: activations at the autocast dtype and packed sizes
+    with the forward's liveness peak (activations.activation_profile; the batch and the
+    transient peak go to workspace), the host's exposed syncs, and the run-fitted factors
+    of the calibration (``activation_factor`` scales the activations)."""
+    opts = options or StepOptions()
+    profile = activation_profile(gm)
+    act_factor = calibration.activation_factor if calibration is not None else 1.0
+    saved = {k: int(v * act_factor) for k, v in profile.saved.items()}
+    opts = replace(opts, workspace_bytes=int(opts.workspace_bytes + profile.inputs
+                                             + profile.transient * act_factor))
+    table_list = table_costs(tables)
     prediction = predict_step(
-        region_costs(regions, saved_activation_bytes(gm), region_boundary_bytes(gm)),
-        table_costs(tables), topology,
-        calibration=calibration, options=options,
+        region_costs(regions, saved, region_boundary_bytes(gm)),
+        table_list, topology,
+        calibration=calibration, options=opts,
     )
+    launches = kernel_launches(gm)
+    host = host_s(table_list, topology, opts, calibration, launches=launches,
+                  device_s=prediction.step_s)
     block = prediction.to_dict()
+    block["step_ms"] = block["step_ms"] + 1e3 * host
+    block["breakdown_ms"]["host"] = 1e3 * host
+    for rank in block.get("per_rank") or []:
+        rank["compute_ms"] = rank.get("compute_ms", 0.0) + 1e3 * host
+    if block.get("mfu") and prediction.step_s > 0:
+        block["mfu"] = block["mfu"] * prediction.step_s / (prediction.step_s + host)
+    block["kind_ms"] = kind_breakdown_ms(gm, block["breakdown_ms"])
+    block["host"] = {"launches": launches, "exposed_ms": 1e3 * host}
+    block["activations"] = {"saved_bytes": int(profile.saved_total * act_factor),
+                            "forward_peak_bytes": int(profile.peak * act_factor),
+                            "inputs_bytes": profile.inputs, "factor": act_factor}
     # The file's name, not its path: the same inputs must give the same plan bytes anywhere.
     block["calibration"] = Path(calibration.source).name if calibration is not None else None
     if calibration is None:

@@ -72,6 +72,11 @@ def build_report(
             for r in per_rank
         ],
     }
+    # what `gemc calibrate --from-run` fits on (gemc.cost_model.run_fit): the predicted
+    # step by op kind, rank 0's predicted memory by part, the GPU it was predicted for
+    ranks = predicted.get("per_rank") or [{}]
+    comparison.update(kind_ms=predicted.get("kind_ms"), gpu=plan["topology"].get("gpu"),
+                      memory_breakdown_gb=(ranks[0] or {}).get("memory"))
     if pred_step is None:
         comparison["note"] = (
             "the plan holds no prediction (predicted.step_ms is null): measured values only"

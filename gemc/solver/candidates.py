@@ -257,9 +257,10 @@ class AllToAll:
         world = topo.world_size
         p = topo.placement(tuple(range(world)))
         tb = topo.link_bandwidth(p.ranks)
-        nvl = tb.nvlink * eff.nvlink
+        nvl = tb.nvlink * eff.all_to_all_nvlink  # collectives._all_to_all's efficiencies
         hop = tb.network_latency if p.hosts > 1 else tb.nvlink_latency
-        host_bw = min(tb.host_network * eff.network, p.min_local * nvl) if p.hosts > 1 else 0.0
+        host_bw = min(tb.host_network * eff.all_to_all_network, p.min_local * nvl) \
+            if p.hosts > 1 else 0.0
         return cls(world, topo.gpus_per_host, topo.hosts,
                    eff.launch_s + hop + (world - 1) * eff.per_peer_s, nvl, host_bw)
 

@@ -13,7 +13,7 @@ from tests.benchmark_module import load_benchmark
 def test_smoke_prediction_only(tmp_path: Path) -> None:
     module = load_benchmark("cost_model_accuracy")
     out = tmp_path / "acc.json"
-    rc = module.main(["--smoke", "--no-measure", "--models", "dlrm", "--dtypes", "fp32,bf16",
+    rc = module.main(["--mode", "eager", "--smoke", "--no-measure", "--models", "dlrm", "--dtypes", "fp32,bf16",
                       "--batch-sizes", "16", "--calibration", "none", "--out", str(out)])
     assert rc == 0
     report = json.loads(out.read_text())
@@ -26,3 +26,19 @@ def test_smoke_prediction_only(tmp_path: Path) -> None:
     assert sum(sum(p.values()) for p in cats.values()) == \
         pytest.approx(row["predicted"]["gpu_busy_ms"], rel=1e-9)
     assert cats["optimizer"]["opt"] > 0 and cats["embedding_bwd"]["bwd"] > 0
+
+
+def test_plan_mode_smoke(tmp_path: Path) -> None:
+    """Plan mode on the CPU: compile both examples' tiny plans, gemc run them, score, and
+    refit each from the other's run (a crash check: CPU times mean nothing)."""
+    module = load_benchmark("cost_model_accuracy")
+    rc = module.main(["--smoke", "--models", "gem,dlrm", "--out", str(tmp_path)])
+    assert rc == 0
+    doc = json.loads((tmp_path / "cost_model_accuracy.json").read_text())
+    assert not doc["summary"]["failed"], doc["models"]
+    for row in doc["models"]:
+        assert row["predicted"]["step_ms"] > 0 and row["measured"]["step_ms"] > 0
+        assert "time_error_pct" in row and "memory_error_pct" in row
+    assert [r["model"] for r in doc["refit"]] == ["dlrm", "gem"]
+    assert all("time_error_pct" in r for r in doc["refit"]), doc["refit"]
+    assert (tmp_path / "refit_0.calibration.json").is_file()

@@ -11,13 +11,15 @@ from gemc.errors import GemcUserError
 from gemc.solver.infeasible import PlanInfeasibleError
 from gemc.solver.planners import run_planner
 from gemc.solver.problem import Problem, SolverSettings
+from tests.solver.synth import ADAMW_TABLES
 
 MLP = RegionCost("mlp", 10**6, 1e12, 5e-3, activation_bytes=10**9, boundary_bytes=10**7)
 SETTINGS = SolverSettings(time_limit_s=5, wall_limit_factor=50)
 
 
 def problem(topology: str, regions, tables) -> Problem:
-    return Problem(tuple(regions), tuple(tables), parse_topology(topology), settings=SETTINGS)
+    return Problem(tuple(regions), tuple(tables), parse_topology(topology), settings=SETTINGS,
+                   options=ADAMW_TABLES)
 
 
 @pytest.mark.parametrize("planner", ["naive", "greedy", "cpsat"])

@@ -10,7 +10,7 @@ from gemc.solver.evaluate import Pricer, evaluate
 from gemc.solver.planners import run_planner
 from gemc.solver.problem import Problem, SolverSettings
 from tests.solver.brute import assignments
-from tests.solver.synth import make_problem
+from tests.solver.synth import ADAMW_TABLES, make_problem
 
 EXACT = SolverSettings(time_limit_s=20, gap_limit=0.0, wall_limit_factor=30)
 
@@ -45,7 +45,8 @@ def test_cpsat_optimum_when_memory_binds():
     regions = (RegionCost("", 0, 1e9, 1e-3),
                RegionCost("mlp", 10**7, 1e12, 5e-3, activation_bytes=10**9, boundary_bytes=10**7))
     tables = tuple(TableCost(f"t{i}", 50_000_000 + i, 128, 2048 * (4 + i), 2048) for i in range(3))
-    p = Problem(regions, tables, parse_topology("h200:1x2"), settings=EXACT)
+    p = Problem(regions, tables, parse_topology("h200:1x2"), settings=EXACT,
+                options=ADAMW_TABLES)
     pricer = Pricer(p)
     fits = [evaluate(p, a, pricer).feasible for a in assignments(p)]
     assert 0 < sum(fits) < len(fits) / 2
