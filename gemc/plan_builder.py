@@ -300,6 +300,12 @@ def kernel_entries(gm: fx.GraphModule, ctx: PassContext) -> list[dict[str, Any]]
                     "fill", "padded_from")
             entry.update(library="gemc.backends.triton.jagged_attention", q=q, k=k, v=v,
                          **{key: f[key] for key in keep})
+        elif kind == "key_padding_attention":
+            q, k, v = (a.name for a in nodes[0].args[:3])
+            keep = ("mask", "additive", "causal", "max_len", "heads", "head_dim", "scale",
+                    "fill")
+            entry.update(library="gemc.backends.triton.key_padding_attention", q=q, k=k, v=v,
+                         **{key: f[key] for key in keep})
         elif kind == "transposed_linear":
             node = nodes[0]
             bias = node.args[2] if len(node.args) > 2 else None

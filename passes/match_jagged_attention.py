@@ -42,6 +42,8 @@ from gemc import ir
 from gemc.context import PassContext
 
 from .jagged_patterns import (
+    KeyMask,
+    attention_key_mask,
     descends,
     key_padding_mask,
     padded_sequences,
@@ -50,6 +52,7 @@ from .jagged_patterns import (
 )
 
 aten = torch.ops.aten
+SKIPPED = ir.PREFIX + "jagged_skipped"  # why an attention was not made jagged (a named reason)
 
 def match(gm: fx.GraphModule, node: fx.Node) -> dict[str, Any] | None:
     """The jagged-attention facts of an SDPA node, or None when it is not the pattern.
@@ -100,6 +103,51 @@ def match(gm: fx.GraphModule, node: fx.Node) -> dict[str, Any] | None:
     }
 
 
+def _sdpa_args(node: fx.Node) -> dict[str, Any]:
+    args = list(node.args) + [None] * (8 - len(node.args))
+    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
+             "enable_gqa")
+    return {n: node.kwargs.get(n, args[i]) for i, n in enumerate(names)}
+
+
+def match_key_padding(node: fx.Node) -> dict[str, Any] | str:
+    """The facts of an SDPA under a key-padding mask from any source (a graph input, an
+    additive float mask, ``arange < lengths``, ``nn.MultiheadAttention``'s key_padding_mask,
+    optionally and-ed with the causal mask), or the named reason it is not one. The mask's
+    prefix property is not proven here: the op checks it at run time and falls back."""
+    a = _sdpa_args(node)
+    if a["dropout_p"]:
+        return "dropout"
+    if a["enable_gqa"]:
+        return "grouped-query"
+    if a["is_causal"] and a["attn_mask"] is not None:
+        return "causal-with-explicit-mask"
+    shapes = [ir.shape_of(x) for x in (a["query"], a["key"], a["value"])]
+    if any(s is None or len(s) != 4 for s in shapes):
+        return "not-4d"
+    if not shapes[0] == shapes[1] == shapes[2]:
+        return "cross-attention"  # queries and keys of different lengths: stays SDPA
+    batch, heads, length, head_dim = (int(x) for x in shapes[0])
+    if a["attn_mask"] is None:
+        return "no-key-padding-mask"
+    found = attention_key_mask(a["attn_mask"], batch, length)
+    if isinstance(found, str):
+        return found
+    mask, causal = found
+    scale = a["scale"]
+    return {
+        "mask": mask.node.name,
+        "_key_mask": mask,
+        "additive": mask.additive,
+        "causal": bool(causal),
+        "max_len": length,
+        "heads": heads,
+        "head_dim": head_dim,
+        "scale": float(scale) if scale is not None else None,
+        "fill": 1.0,  # unknown at compile time: data, checked per call
+    }
+
+
 def _price(node: fx.Node, facts: dict[str, Any], ctx: PassContext) -> dict[str, float] | None:
     topology = getattr(ctx, "topology", None)
     if topology is None:
@@ -131,17 +179,31 @@ class MatchJaggedAttention:
     requires: ClassVar[tuple[str, ...]] = ("classify-ops",)
 
     def run(self, gm: fx.GraphModule, ctx: PassContext) -> PassResult:
-        count = 0
+        count = guarded = 0
         for node in gm.graph.nodes:
-            if ir.GROUP in node.meta:
+            if ir.GROUP in node.meta or node.target is not aten.scaled_dot_product_attention.default:
                 continue
             facts = match(gm, node)
             if facts is None:
+                found = match_key_padding(node)
+                if isinstance(found, str):
+                    self._skip(node, found, ctx)
+                    continue
+                mask: KeyMask = found.pop("_key_mask")
+                reader = padding_rows_read_by(node, mask)
+                if reader is not None:
+                    self._skip(node, f"padding-rows-read-by:{reader.name}", ctx)
+                    continue
+                gid = f"key_padding_attention_{guarded}"
+                guarded += 1
+                node.meta[ir.GROUP] = gid
+                node.meta[ir.KERNEL] = {"id": gid, "kind": "key_padding_attention", **found}
                 continue
             reader = padding_rows_read_by(node, facts.pop("_mask"))
             if reader is not None:
                 ctx.warn(f"match-jagged-attention: {node.name} stays padded SDPA: the rows of "
                          f"its padding queries are read unmasked by {reader.name}")
+                node.meta[SKIPPED] = f"padding-rows-read-by:{reader.name}"
                 continue
             gid = f"jagged_attention_{count}"
             count += 1
@@ -149,4 +211,11 @@ class MatchJaggedAttention:
             price = _price(node, facts, ctx)
             node.meta[ir.KERNEL] = {"id": gid, "kind": "jagged_attention", **facts,
                                     **(price or {})}
-        return PassResult(gm, count > 0)
+        return PassResult(gm, count + guarded > 0)
+
+    @staticmethod
+    def _skip(node: fx.Node, reason: str, ctx: PassContext) -> None:
+        """Record why an attention stays padded SDPA: on the node (the dump shows it as
+        ``jagged_skipped=...``) and as a warning naming the reason."""
+        node.meta[SKIPPED] = reason
+        ctx.warn(f"match-jagged-attention: {node.name} stays padded SDPA ({reason})")

@@ -52,6 +52,7 @@ GRAPH_KINDS = (
     "reduction",
     "batched_embedding_bag",
     "jagged_attention",
+    "key_padding_attention",
     "packed_tokens",
     "transposed_linear",
 )

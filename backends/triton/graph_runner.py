@@ -10,6 +10,9 @@ running
   source, checked against its sha256, or regenerated from its structure),
 * each ``jagged_attention`` entry as ``padded_to_jagged`` -> ``jagged_attention`` ->
   ``jagged_to_padded`` over the lengths the model's mask uses,
+* each ``key_padding_attention`` entry as one call of
+  :func:`.key_padding_attention.key_padding_attention` (it checks at run time that the mask
+  is a prefix, and falls back to the padded attention when it is not),
 * each ``batched_embedding_bag`` entry as one :class:`BatchedEmbeddingBag` lookup whose
   backward updates the tables in place (the optimizer is fused: no table gradient exists),
 
@@ -248,6 +251,8 @@ class GraphRunner:
             names = list(entry["binding"]["inputs"])
         elif entry["kind"] == "jagged_attention":
             names = [entry[x] for x in ("q", "k", "v", "offsets")]
+        elif entry["kind"] == "key_padding_attention":
+            names = [entry[x] for x in ("q", "k", "v", "mask")]
         elif entry["kind"] == "batched_embedding_bag":
             names = [t[x] for t in entry["tables"] for x in ("ids", "offsets")]
         elif entry["kind"] == "transposed_linear":
@@ -442,6 +447,15 @@ class GraphRunner:
             node = unit["nodes"][0]
             value, is_packed = self._jagged_attention(entry, env, by_name)
             self._store(node, value, env, is_packed)
+        elif entry["kind"] == "key_padding_attention":
+            # self-contained op: checks the mask is a prefix and falls back itself
+            from .key_padding_attention import key_padding_attention
+
+            q, k, v, mask = (self._padded(by_name[entry[x]], env) for x in ("q", "k", "v",
+                                                                             "mask"))
+            self._store(unit["nodes"][0],
+                        key_padding_attention(q, k, v, mask, entry["scale"], entry["causal"],
+                                              entry["additive"]), env, False)
         elif entry["kind"] == "batched_embedding_bag":
             self._embeddings(entry, env, by_name)
         elif entry["kind"] == "transposed_linear":

@@ -1,0 +1,166 @@
+"""Attention under a key-padding mask the compiler cannot prove is a prefix, guarded at run time.
+
+Why: most recommendation models receive a padded history ``[B, L, d]`` and a mask ``[B, L]``
+as inputs (a boolean "keep" mask, an additive float mask of 0 / -inf or 0 / a large
+negative, or one built from lengths). When every row's mask keeps exactly a prefix of its
+positions, the attention is the jagged attention over ``lengths = mask.sum(-1)``, whose work
+scales with ``sum(len_b ** 2)`` instead of ``B * L ** 2``. Nothing in the graph proves the
+prefix property of a mask that comes from the data, so :func:`key_padding_attention` checks
+it on every call with one small kernel and, when it does not hold, computes the exact padded
+attention instead: never silently wrong, and each decision is counted in :data:`STATS`.
+
+The op is a plain function of tensors and static scalars (``scale``, ``causal``,
+``additive``), so it can be registered as a custom op; the check and the fallback live
+inside it, so it is guarded however it is invoked.
+
+Semantics: ``key_padding_attention(q, k, v, key_mask)`` with ``q, k, v: [B, H, L, D]`` and
+``key_mask: [B, L]`` (bool: True keeps the key; float, ``additive=True``: added to the
+scores) equals ``scaled_dot_product_attention(q, k, v, attn_mask=key_mask[:, None, None, :])``
+(combined with a lower-triangular mask when ``causal``) on every query row ``i < len_b`` of a
+row whose mask is a prefix; query rows ``i >= len_b`` are padding and come back zero on the
+jagged path (the caller, i.e. the pass, proves nothing reads them unmasked). On the fallback
+path every row is exactly the padded attention.
+
+When the jagged path is taken (all of it checked per row, in one kernel):
+
+* bool mask: ``mask[b] == (arange(L) < len_b)``;
+* additive mask: ``mask[b, l] == 0`` exactly for ``l < len_b`` and ``<= -1e4`` elsewhere (so
+  ``exp`` of a masked score underflows to exactly 0 next to any kept one, as in eager), and a
+  row with no kept key is all ``-inf`` (eager's output for such a row is then 0, as the
+  jagged kernel's; with finite negatives eager would average every value instead).
+
+Host synchronisation: one per call, a read of two integers (whether every row passed, and
+the total number of real tokens). Why it cannot be avoided here: the two paths launch
+different kernels with different shapes (the jagged values have ``total`` rows), a choice
+the host makes; doing both and selecting on the device would cost more than the padded
+attention alone. A model's layers usually share one mask; a caller that wants one sync per
+step can compute :func:`prefix_lengths` once and pass it as ``checked``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from .jagged import jagged_to_padded, padded_to_jagged
+from .jagged_attention import jagged_attention
+from .runtime import next_pow2
+
+__all__ = ["STATS", "KeyPaddingStats", "key_padding_attention", "prefix_lengths"]
+
+ADDITIVE_MASKED_MAX = -1.0e4
+"""An additive mask entry counts as masked at or below this (``exp(-1e4)`` is 0 in fp32)."""
+
+
+@dataclass
+class KeyPaddingStats:
+    """How often the guarded attention took each path (module-level: :data:`STATS`)."""
+
+    calls: int = 0
+    jagged: int = 0
+    fallback: int = 0
+
+    def reset(self) -> None:
+        self.calls = self.jagged = self.fallback = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {"calls": self.calls, "jagged": self.jagged, "fallback": self.fallback}
+
+
+STATS = KeyPaddingStats()
+
+
+@triton.jit
+def _prefix_kernel(mask_ptr, stride_b, stride_l, length, lengths_ptr, bad_ptr,
+                   ADDITIVE: tl.constexpr, BLOCK_L: tl.constexpr):
+    """One program per row: its kept-key count, and how many positions break the prefix."""
+    b = tl.program_id(0)
+    offs = tl.arange(0, BLOCK_L)
+    inside = offs < length
+    ptrs = mask_ptr + b.to(tl.int64) * stride_b + offs * stride_l
+    if ADDITIVE:
+        m = tl.load(ptrs, mask=inside, other=0.0).to(tl.float32)
+        keep = m == 0.0
+    else:
+        m = tl.load(ptrs, mask=inside, other=0).to(tl.float32)
+        keep = m != 0.0
+    n = tl.sum((keep & inside).to(tl.int32), 0)
+    bad = tl.sum((inside & (keep != (offs < n))).to(tl.int32), 0)
+    if ADDITIVE:
+        # masked entries must be <= -1e4; a row with nothing kept must be all -inf
+        weak = inside & (~keep) & (m > -1.0e4)
+        finite = inside & (m > float("-inf"))
+        bad += tl.sum(weak.to(tl.int32), 0)
+        bad += tl.where(n == 0, tl.sum(finite.to(tl.int32), 0), 0)
+    tl.store(lengths_ptr + b, n)
+    tl.store(bad_ptr + b, bad)
+
+
+def prefix_lengths(key_mask: torch.Tensor, additive: bool = False
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(offsets [B+1] int64, bad [B] int32)`` of a ``[B, L]`` key mask, on its device with no
+    sync: ``offsets`` from the kept-key counts, ``bad[b] > 0`` where row ``b`` is not a prefix
+    (see the module doc for the additive rule)."""
+    if key_mask.dim() != 2:
+        raise ValueError(f"key_mask must be [B, L], got {tuple(key_mask.shape)}")
+    batch, length = key_mask.shape
+    mask = key_mask.view(torch.uint8) if key_mask.dtype == torch.bool else key_mask
+    lengths = torch.empty(batch, dtype=torch.int32, device=key_mask.device)
+    bad = torch.empty(batch, dtype=torch.int32, device=key_mask.device)
+    if batch and length:
+        _prefix_kernel[(batch,)](mask, mask.stride(0), mask.stride(1), length, lengths, bad,
+                                 ADDITIVE=bool(additive), BLOCK_L=next_pow2(length, 16))
+    else:
+        lengths.zero_()
+        bad.zero_()
+    offsets = torch.cat([lengths.new_zeros(1, dtype=torch.int64),
+                         torch.cumsum(lengths, 0, dtype=torch.int64)])
+    return offsets, bad
+
+
+def _padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor,
+            scale: float | None, causal: bool, additive: bool) -> torch.Tensor:
+    """The exact padded attention (the fallback), as eager SDPA computes it."""
+    mask = key_mask[:, None, None, :]
+    length = q.shape[2]
+    if causal:
+        tril = torch.ones(length, k.shape[2], dtype=torch.bool, device=q.device).tril()
+        if additive:
+            mask = mask + torch.zeros_like(tril, dtype=mask.dtype).masked_fill(~tril, -math.inf)
+        else:
+            mask = mask & tril
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+
+def key_padding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          key_mask: torch.Tensor, scale: float | None = None,
+                          causal: bool = False, additive: bool = False) -> torch.Tensor:
+    """Self-attention of ``[B, H, L, D]`` q, k, v under a ``[B, L]`` key mask: jagged when
+    the mask is a prefix on every row (checked here), else the exact padded attention. See
+    the module doc for the exact semantics and the one host sync."""
+    if q.dim() != 4 or q.shape != k.shape or k.shape != v.shape:
+        raise ValueError("q, k, v must be one [B, H, L, D] shape, got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    batch, _, length, head_dim = q.shape
+    if tuple(key_mask.shape) != (batch, length):
+        raise ValueError(f"key_mask must be [B={batch}, L={length}], got "
+                         f"{tuple(key_mask.shape)}")
+    if additive != key_mask.dtype.is_floating_point:
+        raise TypeError(f"additive={additive} does not fit a {key_mask.dtype} mask")
+    STATS.calls += 1
+    offsets, bad = prefix_lengths(key_mask, additive)
+    flags = torch.stack([bad.sum().to(torch.int64), offsets[-1]]).tolist()  # the one sync
+    if flags[0] != 0:
+        STATS.fallback += 1
+        return _padded(q, k, v, key_mask, scale, causal, additive)
+    STATS.jagged += 1
+    total = int(flags[1])
+    qj, kj, vj = (padded_to_jagged(x.transpose(1, 2), offsets, total) for x in (q, k, v))
+    out = jagged_attention(qj, kj, vj, offsets, length, causal=causal,
+                           scale=scale if scale is not None else 1.0 / math.sqrt(head_dim))
+    return jagged_to_padded(out, offsets, length).transpose(1, 2)

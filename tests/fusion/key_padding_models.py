@@ -1,0 +1,94 @@
+"""Small padded-history models, one per way real code writes a key-padding mask: a boolean
+mask input, an additive float mask input, lengths, offsets, ``nn.MultiheadAttention`` with
+``key_padding_mask``, and a causal mask and-ed with the padding mask. Each pools the
+attention output under the same mask (so padding query rows are never read) and returns a
+scalar loss. Batches: ``batch(form, lengths, gen, scramble)`` gives the inputs; with
+``scramble`` the masks keep the same counts but not as prefixes (the op must fall back)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gemc.spec import ModelSpec
+
+B, L, E, H = 4, 6, 8, 2
+FORMS = ("bool", "additive", "lengths", "offsets", "mha", "causal")
+
+
+class History(nn.Module):
+    """One attention block over a padded history, its mask built as ``form`` says."""
+
+    def __init__(self, form: str) -> None:
+        super().__init__()
+        self.form = form
+        self.mha = nn.MultiheadAttention(E, H, batch_first=True) if form == "mha" else None
+        self.qkv = nn.Linear(E, 3 * E) if form != "mha" else None
+        self.out = nn.Linear(E, E) if form != "mha" else None
+        self.norm = nn.LayerNorm(E)
+        self.head = nn.Linear(E, 1)
+
+    def forward(self, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        if self.form == "lengths":
+            keep = torch.arange(L, device=x.device)[None, :] < m[:, None]
+        elif self.form == "offsets":
+            keep = torch.arange(L, device=x.device)[None, :] < (m[1:] - m[:-1])[:, None]
+        elif self.form == "additive":
+            keep = m == 0
+        else:
+            keep = m
+        h = self.norm(x)
+        if self.mha is not None:
+            o, _ = self.mha(h, h, h, key_padding_mask=~keep, need_weights=False)
+        else:
+            assert self.qkv is not None and self.out is not None
+            q, k, v = self.qkv(h).view(x.shape[0], L, 3, H, E // H).permute(2, 0, 3, 1, 4)
+            if self.form == "additive":
+                mask = m[:, None, None, :]
+            elif self.form == "causal":
+                tril = torch.ones(L, L, dtype=torch.bool, device=x.device).tril()
+                mask = keep[:, None, None, :] & tril
+            else:
+                mask = keep[:, None, None, :]
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            o = self.out(o.transpose(1, 2).reshape(x.shape[0], L, E))
+        y = (x + F.gelu(o)) * keep.unsqueeze(-1).to(x.dtype)
+        pooled = y.sum(1) / keep.sum(1, keepdim=True).clamp(min=1)
+        return self.head(pooled).square().mean()
+
+
+def keep_masks(lengths: list[int], gen: torch.Generator, scramble: bool) -> torch.Tensor:
+    """``[B, L]`` keep-masks with these counts: prefixes, or (``scramble``) a random
+    permutation of each row's positions (a non-prefix wherever 0 < len < L moves)."""
+    keep = torch.arange(L)[None, :] < torch.tensor(lengths)[:, None]
+    if scramble:
+        keep = torch.stack([row[torch.randperm(L, generator=gen)] for row in keep])
+    return keep
+
+
+def batch(form: str, lengths: list[int], gen: torch.Generator, scramble: bool = False
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    x = torch.randn(len(lengths), L, E, generator=gen)
+    keep = keep_masks(lengths, gen, scramble)
+    if form == "additive":
+        m: torch.Tensor = torch.zeros(len(lengths), L).masked_fill(~keep, float("-inf"))
+    elif form == "lengths":
+        m = torch.tensor(lengths)
+    elif form == "offsets":
+        m = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    else:
+        m = keep
+    return x, m
+
+
+def build(form: str = "bool") -> ModelSpec:
+    lengths = [2, 0, 6, 3]
+
+    def make(step: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, ...]:
+        return tuple(t.to(device) for t in batch(form, lengths,
+                                                 torch.Generator().manual_seed(step)))
+
+    x, m = batch(form, lengths, torch.Generator().manual_seed(0))
+    example = (torch.zeros(x.shape), torch.zeros(m.shape, dtype=m.dtype))
+    return ModelSpec(model=History(form), example_inputs=example, make_batch=make)
