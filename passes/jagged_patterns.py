@@ -491,8 +491,8 @@ def attention_key_mask(mask: Any, batch: int, length: int
             mask, causal = a, True
         elif _is_tril(a, length):
             mask, causal = b, True
-        else:
-            return "mask-not-key-padding"
+        elif shape[2] != 1:
+            return "mask-varies-over-queries"
     elif shape[2] != 1:
         return "mask-varies-over-queries"
     root = _broadcast_root(mask, batch, length)

@@ -1,0 +1,203 @@
+"""Key-padding masks from any source (bool / additive input, lengths, offsets, MHA's
+key_padding_mask, causal and-ed with padding): what the pass recognises (intent, on the dump
+text), why it leaves an attention padded (named reasons), the run-time prefix check (the op
+against SDPA, forward and backward, and its counter), and compiled = eager on every form
+with prefix and non-prefix masks, the fallback taken exactly when a mask is not a prefix."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from gemc.backends.triton import key_padding_attention as kpa
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch import nn
+from torch.testing import FileCheck
+
+from gemc import ir
+from gemc.dump import format_graph
+from gemc.passes.match_jagged_attention import SKIPPED
+from gemc.spec import ModelSpec
+from tests.fusion import key_padding_models as km
+from tests.fusion.helpers import compiled, entries_of, run_against_eager
+
+ENTRY = "tests/fusion/key_padding_models.py:build"
+
+
+@functools.cache
+def _graph(form: str):
+    gm, ctx, spec = compiled(ENTRY, {"form": form})
+    return gm, ctx, entries_of(gm, ctx, ["key_padding_attention"]), spec
+
+
+# ---- intent --------------------------------------------------------------------------------
+
+# the mask node the op checks, per form: the input itself, arange < lengths, MHA's additive
+# conversion of its key_padding_mask
+_MASK = {"bool": ("m", False, False), "additive": ("m", True, False),
+         "lengths": ("lt", False, False), "offsets": ("lt", False, False),
+         "mha": ("masked_fill_", True, False), "causal": ("m", False, True)}
+
+
+@pytest.mark.parametrize("form", km.FORMS)
+def test_every_mask_form_becomes_a_guarded_attention(form: str):
+    gm, ctx, entries, _ = _graph(form)
+    mask, additive, causal = _MASK[form]
+    text = format_graph(gm, "after match-jagged-attention")
+    FileCheck().check(f"%{mask} =" if form not in ("bool", "additive", "causal") else "") \
+        .check("aten.scaled_dot_product_attention.default") \
+        .check_same("kind:key_padding_attention") \
+        .check_same(f"mask:{mask},additive:{additive},causal:{causal}").run(text)
+    assert [e["mask"] for e in entries] == [mask]
+    assert not [w for w in ctx.warnings if "match-jagged-attention" in w]
+
+
+class _Attn(nn.Module):
+    """One SDPA over a padded input, with variations the pass must refuse, each for a
+    named reason."""
+
+    def __init__(self, variant: str) -> None:
+        super().__init__()
+        self.variant = variant
+        self.proj = nn.Linear(km.E, 3 * km.E)
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        b = x.shape[0]
+        q, k, v = self.proj(x).view(b, km.L, 3, km.H, km.E // km.H).permute(2, 0, 3, 1, 4)
+        mask = keep[:, None, None, :]
+        if self.variant == "dropout":
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.5)
+        elif self.variant == "cross":
+            o = F.scaled_dot_product_attention(q[:, :, :1], k, v, attn_mask=mask)
+        elif self.variant == "per-query":
+            full = keep[:, None, :, None] & keep[:, None, None, :]
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=full)
+        else:  # "leak": the padding query rows are read by an unmasked mean
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return o.mean()
+
+
+def build_refused(variant: str) -> ModelSpec:
+    x, keep = km.batch("bool", [2, 0, 6, 3], torch.Generator().manual_seed(0))
+    return ModelSpec(model=_Attn(variant), example_inputs=(x, keep),
+                     make_batch=lambda step, device="cpu": (x.to(device), keep.to(device)))
+
+
+@pytest.mark.parametrize("variant,reason", [
+    ("dropout", "dropout"), ("cross", "cross-attention"),
+    ("per-query", "mask-varies-over-queries"), ("leak", "padding-rows-read-by:mean"),
+])
+def test_refusals_name_their_reason(variant: str, reason: str):
+    gm, ctx, _ = compiled("tests/fusion/test_key_padding_attention.py:build_refused",
+                          {"variant": variant}, priced=False, upto="match-jagged-attention")
+    sdpa = next(n for n in gm.graph.nodes
+                if n.target is torch.ops.aten.scaled_dot_product_attention.default)
+    assert ir.KERNEL not in sdpa.meta
+    assert sdpa.meta[SKIPPED] == reason
+    assert any(f"({reason})" in w for w in ctx.warnings), ctx.warnings
+    FileCheck().check(f"jagged_skipped={reason}").run(format_graph(gm, "x"))
+
+
+# ---- the op and its run-time check ---------------------------------------------------------
+
+
+def _is_prefix(keep: torch.Tensor) -> bool:
+    return bool((keep == (torch.arange(keep.shape[1]) < keep.sum(1, keepdim=True))).all())
+
+
+def test_prefix_check_rules():
+    keep = torch.tensor([[1, 1, 0, 0], [0, 0, 0, 0], [1, 0, 1, 0], [1, 1, 1, 1]]).bool()
+    offsets, bad = kpa.prefix_lengths(keep)
+    assert offsets.tolist() == [0, 2, 2, 4, 8]
+    assert (bad > 0).tolist() == [False, False, True, False]
+    inf = float("-inf")
+    additive = torch.tensor([
+        [0.0, 0.0, -1e9, -1e9],  # a large negative is masked
+        [inf, inf, inf, inf],  # nothing kept, all -inf: eager gives 0, as jagged does
+        [-1e9, -1e9, -1e9, -1e9],  # nothing kept, finite: eager averages every value
+        [0.0, -100.0, inf, inf],  # -100 is a soft bias, not a mask
+        [0.0, 0.5, inf, inf],  # a non-zero kept bias is not a key-padding mask
+    ])
+    offsets, bad = kpa.prefix_lengths(additive, additive=True)
+    assert offsets.tolist() == [0, 2, 2, 2, 3, 4]
+    assert (bad > 0).tolist() == [False, False, True, True, True]
+
+
+def _sdpa(q, k, v, keep, causal):
+    mask = keep[:, None, None, :]
+    if causal:
+        mask = mask & torch.ones(keep.shape[1], keep.shape[1], dtype=torch.bool).tril()
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+@given(lengths=st.lists(st.integers(0, km.L), min_size=1, max_size=3),
+       scramble=st.booleans(), causal=st.booleans(), additive=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_op_matches_sdpa_and_falls_back_exactly_on_non_prefix_masks(
+        lengths, scramble, causal, additive, seed):
+    gen = torch.Generator().manual_seed(seed)
+    keep = km.keep_masks(lengths, gen, scramble)
+    q, k, v = (torch.randn(len(lengths), 2, km.L, 4, generator=gen).requires_grad_()
+               for _ in range(3))
+    mask = torch.zeros(keep.shape).masked_fill(~keep, -math.inf) if additive else keep
+    kpa.STATS.reset()
+    out = kpa.key_padding_attention(q, k, v, mask, None, causal, additive)
+    prefix = _is_prefix(keep)
+    assert kpa.STATS.as_dict() == {"calls": 1, "jagged": int(prefix), "fallback": int(not prefix)}
+    ref = _sdpa(q, k, v, keep, causal)
+    rows = keep[:, None, :, None].float()  # the jagged path defines real query rows only
+    torch.testing.assert_close(out * rows, ref * rows)
+    got = torch.autograd.grad((out * rows).square().sum(), (q, k, v))
+    want = torch.autograd.grad((ref * rows).square().sum(), (q, k, v))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+
+
+def test_op_falls_back_on_a_finite_mask_of_an_empty_row():
+    gen = torch.Generator().manual_seed(3)
+    keep = km.keep_masks([3, 0], gen, False)
+    mask = torch.zeros(keep.shape).masked_fill(~keep, -1e9)
+    q, k, v = (torch.randn(2, 2, km.L, 4, generator=gen) for _ in range(3))
+    kpa.STATS.reset()
+    out = kpa.key_padding_attention(q, k, v, mask, None, False, True)
+    assert kpa.STATS.fallback == 1
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :])
+    torch.testing.assert_close(out, ref)  # every row, the empty one's average included
+
+
+# ---- compiled = eager, every form, prefix and not ------------------------------------------
+
+
+@pytest.mark.parametrize("form", km.FORMS)
+def test_compiled_matches_eager_and_counts_the_fallback(form: str):
+    gm, _, entries, spec = _graph(form)
+    for scramble in (False, True):
+        gen = torch.Generator().manual_seed(11)
+        x, m = km.batch(form, [2, 0, 6, 3], gen, scramble)
+        kpa.STATS.reset()
+        run_against_eager(gm, entries, spec.model, (x, m))
+        # lengths and offsets build their masks as prefixes: scrambling cannot apply
+        fallback = scramble and form not in ("lengths", "offsets")
+        assert kpa.STATS.as_dict() == {"calls": 1, "jagged": int(not fallback),
+                                       "fallback": int(fallback)}, (form, scramble)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+@given(form=st.sampled_from(km.FORMS),
+       lengths=st.lists(st.integers(0, km.L), min_size=km.B, max_size=km.B),
+       scramble=st.booleans(), seed=st.integers(0, 2**16))
+def test_any_masks_compiled_match_eager(form, lengths, scramble, seed):
+    gm, _, entries, spec = _graph(form)
+    x, m = km.batch(form, lengths, torch.Generator().manual_seed(seed), scramble)
+    keep = {"lengths": lambda: torch.arange(km.L)[None] < m[:, None],
+            "offsets": lambda: torch.arange(km.L)[None] < (m[1:] - m[:-1])[:, None],
+            "additive": lambda: m == 0}.get(form, lambda: m)()
+    kpa.STATS.reset()
+    run_against_eager(gm, entries, spec.model, (x, m))
+    assert kpa.STATS.fallback == int(not _is_prefix(keep))
+    assert kpa.STATS.calls == 1
