@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from gemc.backends.triton import key_padding_attention as kpa
+from gemc.passes.match_jagged_attention import SKIPPED
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -20,7 +21,6 @@ from torch.testing import FileCheck
 
 from gemc import ir
 from gemc.dump import format_graph
-from gemc.passes.match_jagged_attention import SKIPPED
 from gemc.spec import ModelSpec
 from tests.fusion import key_padding_models as km
 from tests.fusion.helpers import compiled, entries_of, run_against_eager
