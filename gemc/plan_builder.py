@@ -302,8 +302,8 @@ def kernel_entries(gm: fx.GraphModule, ctx: PassContext) -> list[dict[str, Any]]
                          **{key: f[key] for key in keep})
         elif kind == "key_padding_attention":
             q, k, v = (a.name for a in nodes[0].args[:3])
-            keep = ("mask", "additive", "causal", "max_len", "heads", "head_dim", "scale",
-                    "fill")
+            keep = ("mask", "additive", "causal", "zero_padding_queries", "queries",
+                    "max_len", "heads", "head_dim", "scale", "fill")
             entry.update(library="gemc.backends.triton.key_padding_attention", q=q, k=k, v=v,
                          **{key: f[key] for key in keep})
         elif kind == "transposed_linear":

@@ -125,21 +125,27 @@ def match_key_padding(node: fx.Node) -> dict[str, Any] | str:
     shapes = [ir.shape_of(x) for x in (a["query"], a["key"], a["value"])]
     if any(s is None or len(s) != 4 for s in shapes):
         return "not-4d"
-    if not shapes[0] == shapes[1] == shapes[2]:
-        return "cross-attention"  # queries and keys of different lengths: stays SDPA
-    batch, heads, length, head_dim = (int(x) for x in shapes[0])
+    if shapes[1] != shapes[2] or tuple(shapes[0][:2]) != tuple(shapes[1][:2]) \
+            or shapes[0][3] != shapes[1][3]:
+        return "qkv-shapes"
+    batch, heads, length, head_dim = (int(x) for x in shapes[1])
+    queries = int(shapes[0][2])
     if a["attn_mask"] is None:
         return "no-key-padding-mask"
     found = attention_key_mask(a["attn_mask"], batch, length)
     if isinstance(found, str):
         return found
     mask, causal = found
+    if causal and queries != length:
+        return "causal-cross-attention"
     scale = a["scale"]
     return {
         "mask": mask.node.name,
         "_key_mask": mask,
         "additive": mask.additive,
         "causal": bool(causal),
+        "zero_padding_queries": queries == length,
+        "queries": queries,
         "max_len": length,
         "heads": heads,
         "head_dim": head_dim,
@@ -170,6 +176,27 @@ def _price(node: fx.Node, facts: dict[str, Any], ctx: PassContext) -> dict[str, 
     return {"before_ms": round(float(before), 6), "after_ms": round(after, 6)}
 
 
+def _price_guarded(node: fx.Node, facts: dict[str, Any], mask: fx.Node, ctx: PassContext
+                   ) -> dict[str, float] | None:
+    """A guarded attention's forward+backward ms, padded and as compiled: the fill of a
+    data-given mask is unknown at compile time, so the attention is priced at fill 1 (no
+    saving claimed) plus what the guard adds: reading the mask, and for the jagged
+    self-attention path the padded <-> jagged copies of q, k, v and the output."""
+    topology = getattr(ctx, "topology", None)
+    if topology is None:
+        return None
+    from gemc.cost_model import op_cost
+
+    gpu, calib = topology.gpu, getattr(ctx, "calibration", None)
+    before = node.meta.get(ir.PREDICTED_MS)
+    if before is None:
+        before = op_cost.node_cost(node, gpu, calib).total_ms
+    moved = ir.nbytes(mask) + (8 * ir.nbytes(node) * 2 if facts["zero_padding_queries"] else 0)
+    mem, _ = op_cost.memory_time(moved, gpu, calib, "copy")
+    after = float(before) * float(facts["fill"]) + 1e3 * mem
+    return {"before_ms": round(float(before), 6), "after_ms": round(after, 6)}
+
+
 @dataclass(frozen=True)
 class MatchJaggedAttention:
     """Annotates matching SDPA nodes with ``gemc.group`` and ``gemc.kernel`` (the facts the
@@ -184,34 +211,45 @@ class MatchJaggedAttention:
             if ir.GROUP in node.meta or node.target is not aten.scaled_dot_product_attention.default:
                 continue
             facts = match(gm, node)
-            if facts is None:
-                found = match_key_padding(node)
-                if isinstance(found, str):
-                    self._skip(node, found, ctx)
+            if facts is not None:
+                reader = padding_rows_read_by(node, facts.pop("_mask"))
+                if reader is None:
+                    gid = f"jagged_attention_{count}"
+                    count += 1
+                    node.meta[ir.GROUP] = gid
+                    price = _price(node, facts, ctx)
+                    node.meta[ir.KERNEL] = {"id": gid, "kind": "jagged_attention", **facts,
+                                            **(price or {})}
                     continue
-                mask: KeyMask = found.pop("_key_mask")
-                reader = padding_rows_read_by(node, mask)
-                if reader is not None:
-                    self._skip(node, f"padding-rows-read-by:{reader.name}", ctx)
-                    continue
-                gid = f"key_padding_attention_{guarded}"
+                ctx.warn(f"match-jagged-attention: {node.name} is not jagged attention: the "
+                         f"rows of its padding queries are read unmasked by {reader.name}")
+            if self._guarded(node, guarded, ctx):
                 guarded += 1
-                node.meta[ir.GROUP] = gid
-                node.meta[ir.KERNEL] = {"id": gid, "kind": "key_padding_attention", **found}
-                continue
-            reader = padding_rows_read_by(node, facts.pop("_mask"))
-            if reader is not None:
-                ctx.warn(f"match-jagged-attention: {node.name} stays padded SDPA: the rows of "
-                         f"its padding queries are read unmasked by {reader.name}")
-                node.meta[SKIPPED] = f"padding-rows-read-by:{reader.name}"
-                continue
-            gid = f"jagged_attention_{count}"
-            count += 1
-            node.meta[ir.GROUP] = gid
-            price = _price(node, facts, ctx)
-            node.meta[ir.KERNEL] = {"id": gid, "kind": "jagged_attention", **facts,
-                                    **(price or {})}
         return PassResult(gm, count + guarded > 0)
+
+    def _guarded(self, node: fx.Node, index: int, ctx: PassContext) -> bool:
+        """Make ``node`` a guarded key-padding attention if its mask is one (any source);
+        else record why not. Padding query rows that something reads are computed (over the
+        real keys), except under a causal mask (the varlen-key kernel is not causal)."""
+        found = match_key_padding(node)
+        if isinstance(found, str):
+            self._skip(node, found, ctx)
+            return False
+        mask: KeyMask = found.pop("_key_mask")
+        reader = padding_rows_read_by(node, mask) if found["zero_padding_queries"] else None
+        if reader is not None:
+            if found["causal"]:
+                self._skip(node, f"padding-rows-read-by:{reader.name}", ctx)
+                return False
+            # every query row computed, over the real keys: exact, a smaller saving
+            found["zero_padding_queries"] = False
+            found["padding_rows_read_by"] = reader.name
+        gid = f"key_padding_attention_{index}"
+        node.meta[ir.GROUP] = gid
+        price = _price_guarded(node, found, mask.node, ctx)
+        node.meta[ir.KERNEL] = {"id": gid, "kind": "key_padding_attention", **found,
+                                **(price or {})}
+        return True
 
     @staticmethod
     def _skip(node: fx.Node, reason: str, ctx: PassContext) -> None:

@@ -455,7 +455,8 @@ class GraphRunner:
                                                                              "mask"))
             self._store(unit["nodes"][0],
                         key_padding_attention(q, k, v, mask, entry["scale"], entry["causal"],
-                                              entry["additive"]), env, False)
+                                              entry["additive"],
+                                              entry["zero_padding_queries"]), env, False)
         elif entry["kind"] == "batched_embedding_bag":
             self._embeddings(entry, env, by_name)
         elif entry["kind"] == "transposed_linear":

@@ -18,8 +18,11 @@ Semantics: ``key_padding_attention(q, k, v, key_mask)`` with ``q, k, v: [B, H, L
 scores) equals ``scaled_dot_product_attention(q, k, v, attn_mask=key_mask[:, None, None, :])``
 (combined with a lower-triangular mask when ``causal``) on every query row ``i < len_b`` of a
 row whose mask is a prefix; query rows ``i >= len_b`` are padding and come back zero on the
-jagged path (the caller, i.e. the pass, proves nothing reads them unmasked). On the fallback
-path every row is exactly the padded attention.
+jagged path (the caller, i.e. the pass, proves nothing reads them unmasked). With
+``zero_padding_queries=False``, or queries ``[B, H, M, D]`` of another length (cross-attention:
+summary queries or a target item over the history), every query row is computed, over the
+row's real keys only (:mod:`.varlen_key_attention`). On the fallback path every row is
+exactly the padded attention.
 
 When the jagged path is taken (all of it checked per row, in one kernel):
 
@@ -50,6 +53,7 @@ import triton.language as tl
 from .jagged import jagged_to_padded, padded_to_jagged
 from .jagged_attention import jagged_attention
 from .runtime import next_pow2
+from .varlen_key_attention import varlen_key_attention
 
 __all__ = ["STATS", "KeyPaddingStats", "key_padding_attention", "prefix_lengths"]
 
@@ -139,19 +143,29 @@ def _padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.T
 
 def key_padding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           key_mask: torch.Tensor, scale: float | None = None,
-                          causal: bool = False, additive: bool = False) -> torch.Tensor:
-    """Self-attention of ``[B, H, L, D]`` q, k, v under a ``[B, L]`` key mask: jagged when
-    the mask is a prefix on every row (checked here), else the exact padded attention. See
-    the module doc for the exact semantics and the one host sync."""
-    if q.dim() != 4 or q.shape != k.shape or k.shape != v.shape:
-        raise ValueError("q, k, v must be one [B, H, L, D] shape, got "
+                          causal: bool = False, additive: bool = False,
+                          zero_padding_queries: bool = True) -> torch.Tensor:
+    """Attention of ``[B, H, M, D]`` queries over ``[B, H, L, D]`` keys and values under a
+    ``[B, L]`` key mask: over the real keys only when the mask is a prefix on every row
+    (checked here), else the exact padded attention. Self-attention (``M == L`` and
+    ``zero_padding_queries``) runs jagged and leaves padding query rows zero; otherwise
+    (cross-attention, or padding query rows someone reads) every query row is computed, its
+    key loop stopping at the row's length. See the module doc (semantics, the one sync)."""
+    if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape or q.shape[:2] != k.shape[:2] \
+            or q.shape[3] != k.shape[3]:
+        raise ValueError("q must be [B, H, M, D] and k, v [B, H, L, D], got "
                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    batch, _, length, head_dim = q.shape
+    batch, _, queries, head_dim = q.shape
+    length = k.shape[2]
     if tuple(key_mask.shape) != (batch, length):
         raise ValueError(f"key_mask must be [B={batch}, L={length}], got "
                          f"{tuple(key_mask.shape)}")
     if additive != key_mask.dtype.is_floating_point:
         raise TypeError(f"additive={additive} does not fit a {key_mask.dtype} mask")
+    jagged_queries = zero_padding_queries and queries == length
+    if causal and not jagged_queries:
+        raise ValueError("causal key-padding attention needs M == L and "
+                         "zero_padding_queries=True")
     STATS.calls += 1
     offsets, bad = prefix_lengths(key_mask, additive)
     flags = torch.stack([bad.sum().to(torch.int64), offsets[-1]]).tolist()  # the one sync
@@ -159,8 +173,11 @@ def key_padding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         STATS.fallback += 1
         return _padded(q, k, v, key_mask, scale, causal, additive)
     STATS.jagged += 1
+    if scale is None:
+        scale = 1.0 / math.sqrt(head_dim)
+    if not jagged_queries:
+        return varlen_key_attention(q, k, v, offsets[1:] - offsets[:-1], scale)
     total = int(flags[1])
     qj, kj, vj = (padded_to_jagged(x.transpose(1, 2), offsets, total) for x in (q, k, v))
-    out = jagged_attention(qj, kj, vj, offsets, length, causal=causal,
-                           scale=scale if scale is not None else 1.0 / math.sqrt(head_dim))
+    out = jagged_attention(qj, kj, vj, offsets, length, causal=causal, scale=scale)
     return jagged_to_padded(out, offsets, length).transpose(1, 2)

@@ -14,7 +14,9 @@ from torch import nn
 from gemc.spec import ModelSpec
 
 B, L, E, H = 4, 6, 8, 2
-FORMS = ("bool", "additive", "lengths", "offsets", "mha", "causal")
+FORMS = ("bool", "additive", "lengths", "offsets", "mha", "causal", "target", "summary")
+"""``target``: one candidate item attends over the history (bool mask; DIN / target
+attention); ``summary``: two learned queries attend over it (mask from lengths)."""
 
 
 class History(nn.Module):
@@ -28,9 +30,11 @@ class History(nn.Module):
         self.out = nn.Linear(E, E) if form != "mha" else None
         self.norm = nn.LayerNorm(E)
         self.head = nn.Linear(E, 1)
+        self.summary = nn.Parameter(torch.randn(1, H, 2, E // H)) if form == "summary" \
+            else None
 
     def forward(self, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-        if self.form == "lengths":
+        if self.form in ("lengths", "summary"):
             keep = torch.arange(L, device=x.device)[None, :] < m[:, None]
         elif self.form == "offsets":
             keep = torch.arange(L, device=x.device)[None, :] < (m[1:] - m[:-1])[:, None]
@@ -44,6 +48,8 @@ class History(nn.Module):
         else:
             assert self.qkv is not None and self.out is not None
             q, k, v = self.qkv(h).view(x.shape[0], L, 3, H, E // H).permute(2, 0, 3, 1, 4)
+            if self.form in ("target", "summary"):
+                return self._cross(x, q, k, v, keep)
             if self.form == "additive":
                 mask = m[:, None, None, :]
             elif self.form == "causal":
@@ -56,6 +62,19 @@ class History(nn.Module):
         y = (x + F.gelu(o)) * keep.unsqueeze(-1).to(x.dtype)
         pooled = y.sum(1) / keep.sum(1, keepdim=True).clamp(min=1)
         return self.head(pooled).square().mean()
+
+
+    def _cross(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               keep: torch.Tensor) -> torch.Tensor:
+        """Dense queries over the padded history: the last position's query for every row
+        (a candidate item stand-in), or the learned summary queries."""
+        if self.summary is not None:
+            q = self.summary.expand(x.shape[0], -1, -1, -1)
+        else:
+            q = q[:, :, -1:]
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None, None, :])
+        assert self.out is not None
+        return self.head(self.out(o.transpose(1, 2).flatten(2))).square().mean()
 
 
 def keep_masks(lengths: list[int], gen: torch.Generator, scramble: bool) -> torch.Tensor:
@@ -73,7 +92,7 @@ def batch(form: str, lengths: list[int], gen: torch.Generator, scramble: bool = 
     keep = keep_masks(lengths, gen, scramble)
     if form == "additive":
         m: torch.Tensor = torch.zeros(len(lengths), L).masked_fill(~keep, float("-inf"))
-    elif form == "lengths":
+    elif form in ("lengths", "summary"):
         m = torch.tensor(lengths)
     elif form == "offsets":
         m = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])

@@ -40,7 +40,8 @@ def _graph(form: str):
 # conversion of its key_padding_mask
 _MASK = {"bool": ("m", False, False), "additive": ("m", True, False),
          "lengths": ("lt", False, False), "offsets": ("lt", False, False),
-         "mha": ("masked_fill_", True, False), "causal": ("m", False, True)}
+         "mha": ("masked_fill_", True, False), "causal": ("m", False, True),
+         "target": ("m", False, False), "summary": ("lt", False, False)}
 
 
 @pytest.mark.parametrize("form", km.FORMS)
@@ -48,17 +49,21 @@ def test_every_mask_form_becomes_a_guarded_attention(form: str):
     gm, ctx, entries, _ = _graph(form)
     mask, additive, causal = _MASK[form]
     text = format_graph(gm, "after match-jagged-attention")
-    FileCheck().check(f"%{mask} =" if form not in ("bool", "additive", "causal") else "") \
+    computed = form in ("lengths", "offsets", "mha", "summary")
+    FileCheck().check(f"%{mask} =" if computed else "") \
         .check("aten.scaled_dot_product_attention.default") \
         .check_same("kind:key_padding_attention") \
         .check_same(f"mask:{mask},additive:{additive},causal:{causal}").run(text)
     assert [e["mask"] for e in entries] == [mask]
+    # self-attention runs jagged; a dense query (target item, summary queries) over the history
+    # computes every query row, over the real keys
+    assert entries[0]["zero_padding_queries"] is (form not in ("target", "summary"))
     assert not [w for w in ctx.warnings if "match-jagged-attention" in w]
 
 
 class _Attn(nn.Module):
-    """One SDPA over a padded input, with variations the pass must refuse, each for a
-    named reason."""
+    """One SDPA over a padded input, with variations the pass must refuse (each for a named
+    reason) or take differently."""
 
     def __init__(self, variant: str) -> None:
         super().__init__()
@@ -71,8 +76,11 @@ class _Attn(nn.Module):
         mask = keep[:, None, None, :]
         if self.variant == "dropout":
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.5)
-        elif self.variant == "cross":
-            o = F.scaled_dot_product_attention(q[:, :, :1], k, v, attn_mask=mask)
+        elif self.variant == "no-mask":
+            o = F.scaled_dot_product_attention(q, k, v)
+        elif self.variant == "causal-leak":
+            tril = torch.ones(km.L, km.L, dtype=torch.bool).tril()
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask & tril)
         elif self.variant == "per-query":
             full = keep[:, None, :, None] & keep[:, None, None, :]
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=full)
@@ -81,25 +89,42 @@ class _Attn(nn.Module):
         return o.mean()
 
 
-def build_refused(variant: str) -> ModelSpec:
+def build_variant(variant: str) -> ModelSpec:
     x, keep = km.batch("bool", [2, 0, 6, 3], torch.Generator().manual_seed(0))
     return ModelSpec(model=_Attn(variant), example_inputs=(x, keep),
                      make_batch=lambda step, device="cpu": (x.to(device), keep.to(device)))
 
 
+VARIANT = "tests/fusion/test_key_padding_attention.py:build_variant"
+
+
 @pytest.mark.parametrize("variant,reason", [
-    ("dropout", "dropout"), ("cross", "cross-attention"),
-    ("per-query", "mask-varies-over-queries"), ("leak", "padding-rows-read-by:mean"),
+    ("dropout", "dropout"), ("no-mask", "no-key-padding-mask"),
+    ("per-query", "mask-varies-over-queries"), ("causal-leak", "padding-rows-read-by:mean"),
 ])
 def test_refusals_name_their_reason(variant: str, reason: str):
-    gm, ctx, _ = compiled("tests/fusion/test_key_padding_attention.py:build_refused",
-                          {"variant": variant}, priced=False, upto="match-jagged-attention")
+    gm, ctx, _ = compiled(VARIANT, {"variant": variant}, priced=False,
+                          upto="match-jagged-attention")
     sdpa = next(n for n in gm.graph.nodes
                 if n.target is torch.ops.aten.scaled_dot_product_attention.default)
     assert ir.KERNEL not in sdpa.meta
     assert sdpa.meta[SKIPPED] == reason
     assert any(f"({reason})" in w for w in ctx.warnings), ctx.warnings
     FileCheck().check(f"jagged_skipped={reason}").run(format_graph(gm, "x"))
+
+
+def test_padding_rows_read_unmasked_compute_every_query_row():
+    """An unmasked mean reads the padding query rows: the attention still skips padding keys
+    but computes every query row (the varlen-key kernel), so the loss is eager's."""
+    gm, ctx, spec = compiled(VARIANT, {"variant": "leak"})
+    (entry,) = entries_of(gm, ctx, ["key_padding_attention"])
+    assert entry["zero_padding_queries"] is False
+    sdpa = next(n for n in gm.graph.nodes if n.name in entry["nodes"])
+    assert sdpa.meta[ir.KERNEL]["padding_rows_read_by"] == "mean"
+    kpa.STATS.reset()
+    run_against_eager(gm, [entry], spec.model,
+                      km.batch("bool", [2, 0, 6, 3], torch.Generator().manual_seed(5)))
+    assert kpa.STATS.as_dict() == {"calls": 1, "jagged": 1, "fallback": 0}
 
 
 # ---- the op and its run-time check ---------------------------------------------------------
@@ -134,23 +159,29 @@ def _sdpa(q, k, v, keep, causal):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
 @given(lengths=st.lists(st.integers(0, km.L), min_size=1, max_size=3),
        scramble=st.booleans(), causal=st.booleans(), additive=st.booleans(),
-       seed=st.integers(0, 2**16))
+       queries=st.sampled_from([0, 1, 3, km.L]), seed=st.integers(0, 2**16))
 def test_op_matches_sdpa_and_falls_back_exactly_on_non_prefix_masks(
-        lengths, scramble, causal, additive, seed):
+        lengths, scramble, causal, additive, queries, seed):
+    """``queries``: 0 for self-attention (jagged, padding query rows zero), else that many
+    dense queries over the keys (every row computed; L: self-attention whose padding rows
+    someone reads)."""
     gen = torch.Generator().manual_seed(seed)
     keep = km.keep_masks(lengths, gen, scramble)
-    q, k, v = (torch.randn(len(lengths), 2, km.L, 4, generator=gen).requires_grad_()
-               for _ in range(3))
+    causal = causal and not queries
+    q = torch.randn(len(lengths), 2, queries or km.L, 4, generator=gen).requires_grad_()
+    k, v = (torch.randn(len(lengths), 2, km.L, 4, generator=gen).requires_grad_()
+            for _ in range(2))
     mask = torch.zeros(keep.shape).masked_fill(~keep, -math.inf) if additive else keep
     kpa.STATS.reset()
-    out = kpa.key_padding_attention(q, k, v, mask, None, causal, additive)
+    out = kpa.key_padding_attention(q, k, v, mask, None, causal, additive, not queries)
     prefix = _is_prefix(keep)
     assert kpa.STATS.as_dict() == {"calls": 1, "jagged": int(prefix), "fallback": int(not prefix)}
     ref = _sdpa(q, k, v, keep, causal)
-    rows = keep[:, None, :, None].float()  # the jagged path defines real query rows only
+    # the jagged path defines real query rows only; the others, every row
+    rows = keep[:, None, :, None].float() if not queries else torch.ones(1)
     torch.testing.assert_close(out * rows, ref * rows)
     got = torch.autograd.grad((out * rows).square().sum(), (q, k, v))
     want = torch.autograd.grad((ref * rows).square().sum(), (q, k, v))
@@ -181,8 +212,8 @@ def test_compiled_matches_eager_and_counts_the_fallback(form: str):
         x, m = km.batch(form, [2, 0, 6, 3], gen, scramble)
         kpa.STATS.reset()
         run_against_eager(gm, entries, spec.model, (x, m))
-        # lengths and offsets build their masks as prefixes: scrambling cannot apply
-        fallback = scramble and form not in ("lengths", "offsets")
+        # masks built from lengths or offsets are prefixes: scrambling cannot apply
+        fallback = scramble and form not in ("lengths", "offsets", "summary")
         assert kpa.STATS.as_dict() == {"calls": 1, "jagged": int(not fallback),
                                        "fallback": int(fallback)}, (form, scramble)
 
@@ -195,6 +226,7 @@ def test_any_masks_compiled_match_eager(form, lengths, scramble, seed):
     gm, _, entries, spec = _graph(form)
     x, m = km.batch(form, lengths, torch.Generator().manual_seed(seed), scramble)
     keep = {"lengths": lambda: torch.arange(km.L)[None] < m[:, None],
+            "summary": lambda: torch.arange(km.L)[None] < m[:, None],
             "offsets": lambda: torch.arange(km.L)[None] < (m[1:] - m[:-1])[:, None],
             "additive": lambda: m == 0}.get(form, lambda: m)()
     kpa.STATS.reset()
