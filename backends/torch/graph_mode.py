@@ -53,6 +53,7 @@ GRAPH_KINDS = (
     "batched_embedding_bag",
     "jagged_attention",
     "key_padding_attention",
+    "jagged_silu_attention",
     "packed_tokens",
     "transposed_linear",
 )

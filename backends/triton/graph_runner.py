@@ -12,7 +12,9 @@ running
   ``jagged_to_padded`` over the lengths the model's mask uses,
 * each ``key_padding_attention`` entry as one call of
   :func:`.key_padding_attention.key_padding_attention` (it checks at run time that the mask
-  is a prefix, and falls back to the padded attention when it is not),
+  is a prefix, and falls back to the padded attention when it is not); each
+  ``jagged_silu_attention`` entry (HSTU's formula, all its nodes) likewise, as one call of
+  :func:`.key_padding_attention.key_padding_silu_attention`,
 * each ``batched_embedding_bag`` entry as one :class:`BatchedEmbeddingBag` lookup whose
   backward updates the tables in place (the optimizer is fused: no table gradient exists),
 
@@ -251,7 +253,7 @@ class GraphRunner:
             names = list(entry["binding"]["inputs"])
         elif entry["kind"] == "jagged_attention":
             names = [entry[x] for x in ("q", "k", "v", "offsets")]
-        elif entry["kind"] == "key_padding_attention":
+        elif entry["kind"] in ("key_padding_attention", "jagged_silu_attention"):
             names = [entry[x] for x in ("q", "k", "v", "mask")]
         elif entry["kind"] == "batched_embedding_bag":
             names = [t[x] for t in entry["tables"] for x in ("ids", "offsets")]
@@ -457,6 +459,14 @@ class GraphRunner:
                         key_padding_attention(q, k, v, mask, entry["scale"], entry["causal"],
                                               entry["additive"],
                                               entry["zero_padding_queries"]), env, False)
+        elif entry["kind"] == "jagged_silu_attention":
+            from .key_padding_attention import key_padding_silu_attention
+
+            q, k, v, mask = (self._padded(by_name[entry[x]], env) for x in ("q", "k", "v",
+                                                                             "mask"))
+            out = key_padding_silu_attention(q, k, v, mask, entry["norm"], entry["scale"],
+                                             entry["causal"], entry["query_mask"])
+            self._store(by_name[entry["output"]], out, env, False)
         elif entry["kind"] == "batched_embedding_bag":
             self._embeddings(entry, env, by_name)
         elif entry["kind"] == "transposed_linear":

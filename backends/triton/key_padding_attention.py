@@ -55,7 +55,8 @@ from .jagged_attention import jagged_attention
 from .runtime import next_pow2
 from .varlen_key_attention import varlen_key_attention
 
-__all__ = ["STATS", "KeyPaddingStats", "key_padding_attention", "prefix_lengths"]
+__all__ = ["STATS", "KeyPaddingStats", "key_padding_attention", "key_padding_silu_attention",
+           "prefix_lengths"]
 
 ADDITIVE_MASKED_MAX = -1.0e4
 """An additive mask entry counts as masked at or below this (``exp(-1e4)`` is 0 in fp32)."""
@@ -180,4 +181,52 @@ def key_padding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     total = int(flags[1])
     qj, kj, vj = (padded_to_jagged(x.transpose(1, 2), offsets, total) for x in (q, k, v))
     out = jagged_attention(qj, kj, vj, offsets, length, causal=causal, scale=scale)
+    return jagged_to_padded(out, offsets, length).transpose(1, 2)
+
+
+def _silu_padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor,
+                 norm: float, scale: float, causal: bool, query_mask: bool) -> torch.Tensor:
+    """The HSTU formula on padded tensors (the fallback), as a model writes it."""
+    length = q.shape[2]
+    visible = key_mask[:, None, None, :]
+    if query_mask:
+        visible = visible & key_mask[:, None, :, None]
+    if causal:
+        visible = visible & torch.ones(length, length, dtype=torch.bool,
+                                       device=q.device).tril()
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    return torch.matmul(F.silu(s) / norm * visible.to(q.dtype), v)
+
+
+def key_padding_silu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                               key_mask: torch.Tensor, norm: float, scale: float = 1.0,
+                               causal: bool = True, query_mask: bool = True) -> torch.Tensor:
+    """HSTU pointwise attention ``(silu(scale * q k^T) / norm * visible) @ v`` of
+    ``[B, H, L, D]`` q, k, v, where ``visible`` is the bool ``[B, L]`` key mask on the key
+    axis (and on the query axis when ``query_mask``), and-ed with the causal mask when
+    ``causal``: the jagged SiLU kernel over ``lengths = key_mask.sum(-1)`` when the mask is a
+    prefix on every row (checked here, one sync as :func:`key_padding_attention`), else the
+    padded formula. ``norm`` must be >= L (the kernel's ``max_len`` normaliser; it also
+    sizes the grid). Padding query rows come back zero on the jagged path: exact with
+    ``query_mask``, else the caller proves nothing reads them."""
+    if q.dim() != 4 or q.shape != k.shape or k.shape != v.shape:
+        raise ValueError("q, k, v must be one [B, H, L, D] shape, got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    length = q.shape[2]
+    if key_mask.dtype != torch.bool or tuple(key_mask.shape) != (q.shape[0], length):
+        raise ValueError(f"key_mask must be bool [B, L], got {key_mask.dtype} "
+                         f"{tuple(key_mask.shape)}")
+    if norm < length or int(norm) != norm:
+        raise ValueError(f"norm must be an integer >= L={length}, got {norm}")
+    STATS.calls += 1
+    offsets, bad = prefix_lengths(key_mask)
+    flags = torch.stack([bad.sum().to(torch.int64), offsets[-1]]).tolist()  # the one sync
+    if flags[0] != 0:
+        STATS.fallback += 1
+        return _silu_padded(q, k, v, key_mask, norm, scale, causal, query_mask)
+    STATS.jagged += 1
+    qj, kj, vj = (padded_to_jagged(x.transpose(1, 2), offsets, int(flags[1]))
+                  for x in (q, k, v))
+    out = jagged_attention(qj, kj, vj, offsets, int(norm), scale=scale, causal=causal,
+                           kind="silu", silu_normalizer="max_len")
     return jagged_to_padded(out, offsets, length).transpose(1, 2)

@@ -111,3 +111,56 @@ def build(form: str = "bool") -> ModelSpec:
     x, m = batch(form, lengths, torch.Generator().manual_seed(0))
     example = (torch.zeros(x.shape), torch.zeros(m.shape, dtype=m.dtype))
     return ModelSpec(model=History(form), example_inputs=example, make_batch=make)
+
+
+class Hstu(nn.Module):
+    """One HSTU block written out (the formula, on padded tensors): ``u, v, q, k`` from one
+    projection, ``silu(q k^T [+ relative bias]) / n`` (``div``) or ``* (1 / n)`` (``mul``),
+    masked by ``causal & key-valid [& query-valid]`` (a float multiply or ``where``),
+    ``@ v``, gated by ``u``, pooled under the mask. The mask comes from lengths or is a bool
+    input (``mask_input``)."""
+
+    def __init__(self, bias: bool = False, query_mask: bool = True, norm: str = "div",
+                 where: bool = False, mask_input: bool = False) -> None:
+        super().__init__()
+        self.uvqk = nn.Linear(E, 4 * E)
+        self.rel = nn.Parameter(torch.zeros(2 * L - 1)) if bias else None
+        self.head = nn.Linear(E, 1)
+        self.query_mask, self.norm, self.where, self.mask_input = query_mask, norm, where, \
+            mask_input
+
+    def forward(self, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        b = x.shape[0]
+        u, v, q, k = self.uvqk(x).split(E, -1)
+        q, k, v = (t.view(b, L, H, E // H).transpose(1, 2) for t in (q, k, v))
+        pos = torch.arange(L, device=x.device)
+        valid = m if self.mask_input else pos[None, :] < m[:, None]
+        visible = (pos[:, None] >= pos[None, :])[None] & valid[:, None, :]
+        if self.query_mask:
+            visible = visible & valid[:, :, None]
+        s = q @ k.transpose(-1, -2)
+        if self.rel is not None:
+            s = s + self.rel[pos[:, None] - pos[None, :] + L - 1]
+        a = F.silu(s) / L if self.norm == "div" else F.silu(s) * (1.0 / L)
+        if self.where:
+            a = torch.where(visible[:, None], a, 0.0)
+        else:
+            a = a * visible[:, None].to(a.dtype)
+        o = (a @ v).transpose(1, 2).reshape(b, L, E) * u
+        pooled = (o * valid[..., None].to(o.dtype)).sum(1)
+        return self.head(pooled).square().mean()
+
+
+def build_hstu(bias: bool = False, query_mask: bool = True, norm: str = "div",
+               where: bool = False, mask_input: bool = False) -> ModelSpec:
+    lengths = [2, 0, 6, 3]
+    form = "bool" if mask_input else "lengths"
+
+    def make(step: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, ...]:
+        return tuple(t.to(device) for t in batch(form, lengths,
+                                                 torch.Generator().manual_seed(step)))
+
+    x, m = batch(form, lengths, torch.Generator().manual_seed(0))
+    return ModelSpec(model=Hstu(bias, query_mask, norm, where, mask_input),
+                     example_inputs=(torch.zeros(x.shape), torch.zeros(m.shape, dtype=m.dtype)),
+                     make_batch=make)
