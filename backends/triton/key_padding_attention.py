@@ -185,7 +185,8 @@ def key_padding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 def _silu_padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor,
-                 norm: float, scale: float, causal: bool, query_mask: bool) -> torch.Tensor:
+                 norm: float, scale: float, causal: bool, query_mask: bool,
+                 bias: torch.Tensor | None = None) -> torch.Tensor:
     """The HSTU formula on padded tensors (the fallback), as a model writes it."""
     length = q.shape[2]
     visible = key_mask[:, None, None, :]
@@ -195,20 +196,24 @@ def _silu_padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: to
         visible = visible & torch.ones(length, length, dtype=torch.bool,
                                        device=q.device).tril()
     s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if bias is not None:
+        s = s + bias
     return torch.matmul(F.silu(s) / norm * visible.to(q.dtype), v)
 
 
 def key_padding_silu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                key_mask: torch.Tensor, norm: float, scale: float = 1.0,
-                               causal: bool = True, query_mask: bool = True) -> torch.Tensor:
-    """HSTU pointwise attention ``(silu(scale * q k^T) / norm * visible) @ v`` of
+                               causal: bool = True, query_mask: bool = True,
+                               bias: torch.Tensor | None = None) -> torch.Tensor:
+    """HSTU pointwise attention ``(silu(scale * q k^T [+ bias]) / norm * visible) @ v`` of
     ``[B, H, L, D]`` q, k, v, where ``visible`` is the bool ``[B, L]`` key mask on the key
     axis (and on the query axis when ``query_mask``), and-ed with the causal mask when
     ``causal``: the jagged SiLU kernel over ``lengths = key_mask.sum(-1)`` when the mask is a
     prefix on every row (checked here, one sync as :func:`key_padding_attention`), else the
     padded formula. ``norm`` must be >= L (the kernel's ``max_len`` normaliser; it also
     sizes the grid). Padding query rows come back zero on the jagged path: exact with
-    ``query_mask``, else the caller proves nothing reads them."""
+    ``query_mask``, else the caller proves nothing reads them. ``bias``: an additive score
+    bias broadcastable to ``[B, H, L, L]`` (relative position, time buckets)."""
     if q.dim() != 4 or q.shape != k.shape or k.shape != v.shape:
         raise ValueError("q, k, v must be one [B, H, L, D] shape, got "
                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
@@ -223,10 +228,10 @@ def key_padding_silu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     flags = torch.stack([bad.sum().to(torch.int64), offsets[-1]]).tolist()  # the one sync
     if flags[0] != 0:
         STATS.fallback += 1
-        return _silu_padded(q, k, v, key_mask, norm, scale, causal, query_mask)
+        return _silu_padded(q, k, v, key_mask, norm, scale, causal, query_mask, bias)
     STATS.jagged += 1
     qj, kj, vj = (padded_to_jagged(x.transpose(1, 2), offsets, int(flags[1]))
                   for x in (q, k, v))
     out = jagged_attention(qj, kj, vj, offsets, int(norm), scale=scale, causal=causal,
-                           kind="silu", silu_normalizer="max_len")
+                           kind="silu", silu_normalizer="max_len", bias=bias)
     return jagged_to_padded(out, offsets, length).transpose(1, 2)
