@@ -307,8 +307,8 @@ def kernel_entries(gm: fx.GraphModule, ctx: PassContext) -> list[dict[str, Any]]
             entry.update(library="gemc.backends.triton.key_padding_attention", q=q, k=k, v=v,
                          **{key: f[key] for key in keep})
         elif kind == "jagged_silu_attention":
-            keep = ("q", "k", "v", "output", "mask", "norm", "scale", "causal", "query_mask",
-                    "max_len", "heads", "head_dim", "fill")
+            keep = ("q", "k", "v", "output", "mask", "bias", "norm", "scale", "causal",
+                    "query_mask", "max_len", "heads", "head_dim", "fill")
             entry.update(library="gemc.backends.triton.key_padding_attention",
                          **{key: f[key] for key in keep})
         elif kind == "transposed_linear":

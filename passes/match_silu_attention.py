@@ -10,7 +10,8 @@ computes it over values + offsets with nothing of ``[L, L]`` ever stored
 
 The pattern, recognised by what each op computes (never by names)::
 
-    s = matmul(q, k.transpose(-1, -2))         # [B, H, L, L]; optionally * scale
+    s = matmul(q, k.transpose(-1, -2))         # [B, H, L, L]; optionally * scale,
+    s = s + bias                               # optionally: any [B|1, H|1, L, L] addend
     a = silu(s) / n                            # or * (1 / n); n a constant >= L
     a = a * visible  (or where(visible, a, 0)) # visible: an and of a [B, L] key mask on the
                                                # key axis, optionally the same mask on the
@@ -23,9 +24,11 @@ time that it is a prefix and otherwise runs the padded formula (counted in
 ``key_padding_attention.STATS``). Without the query-axis mask, padding query rows are
 nonzero in the model and zero in the kernel: matched only when nothing reads them unmasked.
 
-Not yet matched (named in the dump and the warnings): an added relative / time bias
-(``relative-bias``: the jagged kernel has no bias operand yet), a per-row normaliser
-(``normaliser``), a normaliser below ``L`` (``normaliser-below-length``).
+The bias (relative position, time buckets: any tensor of that shape) is an operand of the
+kernel, indexed by positions within each sequence; its gradient flows back to whatever
+computed it. Not matched (named in the dump and the warnings): a per-row normaliser
+(``normaliser``), a normaliser below ``L`` (``normaliser-below-length``), an addend that is
+not a ``[B|1, H|1, L, L]`` tensor (``bias-shape``).
 """
 
 from __future__ import annotations
@@ -160,8 +163,19 @@ def match(node: fx.Node) -> dict[str, Any] | str | None:
     if isinstance(t, fx.Node) and t.target is aten.mul.Tensor and _scalar(t.args[1]):
         group.append(t)
         scale, t = float(t.args[1]), t.args[0]
+    bias = None
     if isinstance(t, fx.Node) and t.target is aten.add.Tensor:
-        return "relative-bias"
+        x, y = t.args[:2]
+        scores = [a for a in (x, y) if isinstance(a, fx.Node) and a.target in (_MATMUL,
+                                                                               aten.mul.Tensor)]
+        if len(scores) != 1 or not isinstance(x, fx.Node) or not isinstance(y, fx.Node):
+            return "score-addend"
+        bias = y if scores[0] is x else x
+        group.append(t)
+        t = scores[0]
+        if t.target is aten.mul.Tensor and _scalar(t.args[1]):
+            group.append(t)
+            scale, t = float(t.args[1]), t.args[0]
     if not (isinstance(t, fx.Node) and t.target is _MATMUL):
         return "scores-not-a-matmul"
     group.append(t)
@@ -177,6 +191,12 @@ def match(node: fx.Node) -> dict[str, Any] | str | None:
         return "normaliser"
     if rounded < length:
         return "normaliser-below-length"
+    if bias is not None:
+        bshape = tuple(ir.shape_of(bias) or ())
+        aligned = (1,) * (4 - len(bshape)) + bshape
+        if len(aligned) != 4 or aligned[2:] != (length, length) \
+                or aligned[0] not in (1, batch) or aligned[1] not in (1, heads):
+            return "bias-shape"
     found = _visible(mask, batch, length)
     if isinstance(found, str):
         return found
@@ -195,6 +215,7 @@ def match(node: fx.Node) -> dict[str, Any] | str | None:
         "q": q.name, "k": k.name, "v": v.name,
         "output": node.name,
         "mask": key_mask.node.name,
+        "bias": bias.name if bias is not None else None,
         "norm": int(rounded),
         "scale": scale,
         "causal": causal,

@@ -254,7 +254,7 @@ class GraphRunner:
         elif entry["kind"] == "jagged_attention":
             names = [entry[x] for x in ("q", "k", "v", "offsets")]
         elif entry["kind"] in ("key_padding_attention", "jagged_silu_attention"):
-            names = [entry[x] for x in ("q", "k", "v", "mask")]
+            names = [entry[x] for x in ("q", "k", "v", "mask", "bias") if entry.get(x)]
         elif entry["kind"] == "batched_embedding_bag":
             names = [t[x] for t in entry["tables"] for x in ("ids", "offsets")]
         elif entry["kind"] == "transposed_linear":
@@ -464,8 +464,9 @@ class GraphRunner:
 
             q, k, v, mask = (self._padded(by_name[entry[x]], env) for x in ("q", "k", "v",
                                                                              "mask"))
+            bias = self._padded(by_name[entry["bias"]], env) if entry.get("bias") else None
             out = key_padding_silu_attention(q, k, v, mask, entry["norm"], entry["scale"],
-                                             entry["causal"], entry["query_mask"])
+                                             entry["causal"], entry["query_mask"], bias)
             self._store(by_name[entry["output"]], out, env, False)
         elif entry["kind"] == "batched_embedding_bag":
             self._embeddings(entry, env, by_name)

@@ -116,15 +116,17 @@ def build(form: str = "bool") -> ModelSpec:
 class Hstu(nn.Module):
     """One HSTU block written out (the formula, on padded tensors): ``u, v, q, k`` from one
     projection, ``silu(q k^T [+ relative bias]) / n`` (``div``) or ``* (1 / n)`` (``mul``),
+    ``n = divisor``,
     masked by ``causal & key-valid [& query-valid]`` (a float multiply or ``where``),
     ``@ v``, gated by ``u``, pooled under the mask. The mask comes from lengths or is a bool
     input (``mask_input``)."""
 
     def __init__(self, bias: bool = False, query_mask: bool = True, norm: str = "div",
-                 where: bool = False, mask_input: bool = False) -> None:
+                 where: bool = False, mask_input: bool = False, divisor: int = L) -> None:
         super().__init__()
+        self.divisor = divisor
         self.uvqk = nn.Linear(E, 4 * E)
-        self.rel = nn.Parameter(torch.zeros(2 * L - 1)) if bias else None
+        self.rel = nn.Parameter(torch.randn(2 * L - 1)) if bias else None
         self.head = nn.Linear(E, 1)
         self.query_mask, self.norm, self.where, self.mask_input = query_mask, norm, where, \
             mask_input
@@ -141,7 +143,8 @@ class Hstu(nn.Module):
         s = q @ k.transpose(-1, -2)
         if self.rel is not None:
             s = s + self.rel[pos[:, None] - pos[None, :] + L - 1]
-        a = F.silu(s) / L if self.norm == "div" else F.silu(s) * (1.0 / L)
+        n = self.divisor
+        a = F.silu(s) / n if self.norm == "div" else F.silu(s) * (1.0 / n)
         if self.where:
             a = torch.where(visible[:, None], a, 0.0)
         else:
@@ -152,7 +155,7 @@ class Hstu(nn.Module):
 
 
 def build_hstu(bias: bool = False, query_mask: bool = True, norm: str = "div",
-               where: bool = False, mask_input: bool = False) -> ModelSpec:
+               where: bool = False, mask_input: bool = False, divisor: int = L) -> ModelSpec:
     lengths = [2, 0, 6, 3]
     form = "bool" if mask_input else "lengths"
 
@@ -161,6 +164,6 @@ def build_hstu(bias: bool = False, query_mask: bool = True, norm: str = "div",
                                                  torch.Generator().manual_seed(step)))
 
     x, m = batch(form, lengths, torch.Generator().manual_seed(0))
-    return ModelSpec(model=Hstu(bias, query_mask, norm, where, mask_input),
+    return ModelSpec(model=Hstu(bias, query_mask, norm, where, mask_input, divisor),
                      example_inputs=(torch.zeros(x.shape), torch.zeros(m.shape, dtype=m.dtype)),
                      make_batch=make)

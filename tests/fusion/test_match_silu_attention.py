@@ -18,7 +18,8 @@ from tests.fusion import key_padding_models as km
 from tests.fusion.helpers import compiled, entries_of, run_against_eager
 
 HSTU = "tests/fusion/key_padding_models.py:build_hstu"
-VARIANTS = [{}, {"query_mask": False}, {"norm": "mul", "where": True}, {"mask_input": True}]
+VARIANTS = [{}, {"query_mask": False}, {"norm": "mul", "where": True}, {"mask_input": True},
+            {"bias": True}, {"bias": True, "mask_input": True, "divisor": 2 * km.L}]
 
 
 @functools.cache
@@ -36,7 +37,12 @@ def test_formula_becomes_one_guarded_kernel(args: dict):
     # the scores, their silu, the normaliser, the mask and both matmuls: nothing [L, L] left
     targets = [by_name[n].target for n in entry["nodes"]]
     assert targets.count(aten.matmul.default) == 2 and aten.silu.default in targets
-    assert entry["norm"] == km.L and entry["causal"] is True and entry["scale"] == 1.0
+    assert entry["norm"] == args.get("divisor", km.L)
+    assert entry["causal"] is True and entry["scale"] == 1.0
+    # the relative bias is the kernel's operand (its gradient reaches the parameter)
+    assert (entry["bias"] is not None) is args.get("bias", False)
+    if args.get("bias"):
+        assert by_name[entry["bias"]].target is aten.index.Tensor
     assert entry["query_mask"] is args.get("query_mask", True)
     assert entry["mask"] == ("m" if args.get("mask_input") else "lt")
     text = format_graph(gm, "after match-silu-attention")
@@ -44,7 +50,10 @@ def test_formula_becomes_one_guarded_kernel(args: dict):
         .check("aten.matmul.default").check_same("kind:jagged_silu_attention").run(text)
 
 
-@pytest.mark.parametrize("args,reason", [({"bias": True}, "relative-bias")], ids=str)
+@pytest.mark.parametrize("args,reason", [
+    ({"divisor": km.L - 2}, "normaliser-below-length"),
+    ({"bias": True, "query_mask": False, "divisor": km.L - 1}, "normaliser-below-length"),
+], ids=str)
 def test_refusal_names_its_reason(args: dict, reason: str):
     gm, ctx, _ = compiled(HSTU, args, priced=False, upto="match-silu-attention")
     assert not [n for n in gm.graph.nodes if ir.KERNEL in n.meta]
