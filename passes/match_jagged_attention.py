@@ -26,7 +26,20 @@ included), so a length-0 history attends to its padding slot 0 exactly as the mo
 (and the model's ``has_hist`` multiply then zeroes it, as before). Query rows at or past a
 row's length are padding: the model computes attention there and never reads it (the
 padded positions are masked out of every later key and of the final pooling); the kernel
-leaves them zero. Cross-attention (queries that are not the padded sequence) stays SDPA.
+leaves them zero.
+
+Every other SDPA whose mask is a key-padding mask, whatever its source, becomes a
+``key_padding_attention`` (:func:`match_key_padding`): a bool or additive float ``[B, L]``
+mask broadcast over heads and queries (a graph input, ``arange < lengths``, offsets,
+``nn.MultiheadAttention``'s ``key_padding_mask`` as it exports: ``masked_fill(zeros, ~m,
+-inf)`` viewed over heads), optionally and-ed with the causal mask. The graph cannot prove
+such a mask is a prefix, so the op (``backends/triton/key_padding_attention``) checks it at
+run time and falls back to the padded attention (counted). Self-attention runs jagged when
+nothing reads its padding query rows unmasked, else every query row is computed over the
+real keys; cross-attention (dense queries of another length: a target item, summary
+queries) likewise. An SDPA left padded carries its reason (``gemc.jagged_skipped``:
+``dropout``, ``no-key-padding-mask``, ``mask-varies-over-queries``, ...) in the dump and a
+warning.
 """
 
 from __future__ import annotations
