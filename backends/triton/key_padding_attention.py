@@ -2,42 +2,50 @@
 
 Why: most recommendation models receive a padded history ``[B, L, d]`` and a mask ``[B, L]``
 as inputs (a boolean "keep" mask, an additive float mask of 0 / -inf or 0 / a large
-negative, or one built from lengths). When every row's mask keeps exactly a prefix of its
+negative, or one built from lengths). When every row's mask keeps a prefix of its
 positions, the attention is the jagged attention over ``lengths = mask.sum(-1)``, whose work
-scales with ``sum(len_b ** 2)`` instead of ``B * L ** 2``. Nothing in the graph proves the
-prefix property of a mask that comes from the data, so :func:`key_padding_attention` checks
-it on every call with one small kernel and, when it does not hold, computes the exact padded
-attention instead: never silently wrong, and each decision is counted in :data:`STATS`.
+scales with ``sum(len_b ** 2)`` instead of ``B * L ** 2``. Nothing in the graph proves what a
+mask from the data looks like, so :func:`key_padding_attention` checks it on every call with
+one small kernel (per row: the kept count, positions that break the prefix, additive values
+that are no mask) and picks a path, each counted in :data:`STATS`:
 
-The op is a plain function of tensors and static scalars (``scale``, ``causal``,
-``additive``), so it can be registered as a custom op; the check and the fallback live
-inside it, so it is guarded however it is invoked.
+* ``jagged``: every row a prefix: straight to the jagged kernels;
+* ``compacted``: a boolean-valid mask that is not a prefix on some row (e.g. a history with
+  the target item appended after its padding, as BST does): each row's kept positions are
+  moved to the front in their order (a stable sort of the mask, one gather of q, k, v and a
+  scatter of the output), which makes it a prefix. Exact: softmax attention is invariant to
+  the order of its keys, and the causal mask keeps its meaning because the order of the kept
+  positions is preserved;
+* ``fallback``: anything else (an additive row with a value that is neither 0 nor <= -1e4,
+  or a finite-negative row with nothing kept; the SiLU kernel's masks that are not prefixes,
+  whose relative bias is indexed by position): the exact padded computation.
+
+Never silently wrong. The op is a plain function of tensors and static scalars (``scale``,
+``causal``, ``additive``, ``zero_padding_queries``), so it can be registered as a custom
+op; the check and the fallback live inside it, so it is guarded however it is invoked.
 
 Semantics: ``key_padding_attention(q, k, v, key_mask)`` with ``q, k, v: [B, H, L, D]`` and
 ``key_mask: [B, L]`` (bool: True keeps the key; float, ``additive=True``: added to the
 scores) equals ``scaled_dot_product_attention(q, k, v, attn_mask=key_mask[:, None, None, :])``
-(combined with a lower-triangular mask when ``causal``) on every query row ``i < len_b`` of a
-row whose mask is a prefix; query rows ``i >= len_b`` are padding and come back zero on the
-jagged path (the caller, i.e. the pass, proves nothing reads them unmasked). With
-``zero_padding_queries=False``, or queries ``[B, H, M, D]`` of another length (cross-attention:
-summary queries or a target item over the history), every query row is computed, over the
-row's real keys only (:mod:`.varlen_key_attention`). On the fallback path every row is
-exactly the padded attention.
+(combined with a lower-triangular mask when ``causal``) on every query row at a kept
+position; rows at masked positions are padding and come back zero on the jagged paths (the
+caller, i.e. the pass, proves nothing reads them unmasked). With
+``zero_padding_queries=False``, or queries ``[B, H, M, D]`` of another length
+(cross-attention: summary queries or a target item over the history), every query row is
+computed, over the row's kept keys only (:mod:`.varlen_key_attention`). On the fallback
+path every row is exactly the padded attention.
 
-When the jagged path is taken (all of it checked per row, in one kernel):
+What counts as a mask, checked per row: bool: any; additive: ``0`` on the kept keys and
+``<= -1e4`` elsewhere (so ``exp`` of a masked score underflows to exactly 0 next to any kept
+one, as in eager), and a row with no kept key all ``-inf`` (eager's output for such a row is
+then 0, as the jagged kernel's; with finite negatives eager would average every value).
 
-* bool mask: ``mask[b] == (arange(L) < len_b)``;
-* additive mask: ``mask[b, l] == 0`` exactly for ``l < len_b`` and ``<= -1e4`` elsewhere (so
-  ``exp`` of a masked score underflows to exactly 0 next to any kept one, as in eager), and a
-  row with no kept key is all ``-inf`` (eager's output for such a row is then 0, as the
-  jagged kernel's; with finite negatives eager would average every value instead).
-
-Host synchronisation: one per call, a read of two integers (whether every row passed, and
-the total number of real tokens). Why it cannot be avoided here: the two paths launch
+Host synchronisation: one per call, a read of three integers (prefix violations, invalid
+values, the total number of kept tokens). Why it cannot be avoided here: the paths launch
 different kernels with different shapes (the jagged values have ``total`` rows), a choice
-the host makes; doing both and selecting on the device would cost more than the padded
-attention alone. A model's layers usually share one mask; a caller that wants one sync per
-step can compute :func:`prefix_lengths` once and pass it as ``checked``.
+the host makes; doing all of them and selecting on the device would cost more than the
+padded attention alone. The layers of a model usually share one mask, so this is one small
+read per layer; sharing one check across the layers is left to the caller.
 """
 
 from __future__ import annotations
@@ -68,13 +76,15 @@ class KeyPaddingStats:
 
     calls: int = 0
     jagged: int = 0
+    compacted: int = 0
     fallback: int = 0
 
     def reset(self) -> None:
-        self.calls = self.jagged = self.fallback = 0
+        self.calls = self.jagged = self.compacted = self.fallback = 0
 
     def as_dict(self) -> dict[str, int]:
-        return {"calls": self.calls, "jagged": self.jagged, "fallback": self.fallback}
+        return {"calls": self.calls, "jagged": self.jagged, "compacted": self.compacted,
+                "fallback": self.fallback}
 
 
 STATS = KeyPaddingStats()
@@ -95,28 +105,31 @@ def _prefix_kernel(mask_ptr, stride_b, stride_l, length, lengths_ptr, bad_ptr,
         m = tl.load(ptrs, mask=inside, other=0).to(tl.float32)
         keep = m != 0.0
     n = tl.sum((keep & inside).to(tl.int32), 0)
-    bad = tl.sum((inside & (keep != (offs < n))).to(tl.int32), 0)
+    not_prefix = tl.sum((inside & (keep != (offs < n))).to(tl.int32), 0)
+    invalid = not_prefix * 0
     if ADDITIVE:
         # masked entries must be <= -1e4; a row with nothing kept must be all -inf
         weak = inside & (~keep) & (m > -1.0e4)
         finite = inside & (m > float("-inf"))
-        bad += tl.sum(weak.to(tl.int32), 0)
-        bad += tl.where(n == 0, tl.sum(finite.to(tl.int32), 0), 0)
+        invalid += tl.sum(weak.to(tl.int32), 0)
+        invalid += tl.where(n == 0, tl.sum(finite.to(tl.int32), 0), 0)
     tl.store(lengths_ptr + b, n)
-    tl.store(bad_ptr + b, bad)
+    tl.store(bad_ptr + 2 * b, not_prefix)
+    tl.store(bad_ptr + 2 * b + 1, invalid)
 
 
 def prefix_lengths(key_mask: torch.Tensor, additive: bool = False
                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(offsets [B+1] int64, bad [B] int32)`` of a ``[B, L]`` key mask, on its device with no
-    sync: ``offsets`` from the kept-key counts, ``bad[b] > 0`` where row ``b`` is not a prefix
+    """``(offsets [B+1] int64, bad [B, 2] int32)`` of a ``[B, L]`` key mask, on its device with
+    no sync: ``offsets`` from the kept-key counts; ``bad[b, 0] > 0`` where row ``b`` keeps
+    something other than a prefix, ``bad[b, 1] > 0`` where an additive row is no key mask
     (see the module doc for the additive rule)."""
     if key_mask.dim() != 2:
         raise ValueError(f"key_mask must be [B, L], got {tuple(key_mask.shape)}")
     batch, length = key_mask.shape
     mask = key_mask.view(torch.uint8) if key_mask.dtype == torch.bool else key_mask
     lengths = torch.empty(batch, dtype=torch.int32, device=key_mask.device)
-    bad = torch.empty(batch, dtype=torch.int32, device=key_mask.device)
+    bad = torch.empty((batch, 2), dtype=torch.int32, device=key_mask.device)
     if batch and length:
         _prefix_kernel[(batch,)](mask, mask.stride(0), mask.stride(1), length, lengths, bad,
                                  ADDITIVE=bool(additive), BLOCK_L=next_pow2(length, 16))
@@ -169,19 +182,38 @@ def key_padding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          "zero_padding_queries=True")
     STATS.calls += 1
     offsets, bad = prefix_lengths(key_mask, additive)
-    flags = torch.stack([bad.sum().to(torch.int64), offsets[-1]]).tolist()  # the one sync
-    if flags[0] != 0:
+    not_prefix, invalid, total = torch.cat([bad.sum(0).to(torch.int64),
+                                            offsets[-1:]]).tolist()  # the one sync
+    if invalid:
         STATS.fallback += 1
         return _padded(q, k, v, key_mask, scale, causal, additive)
-    STATS.jagged += 1
     if scale is None:
         scale = 1.0 / math.sqrt(head_dim)
+    order = None
+    if not_prefix:
+        STATS.compacted += 1
+        keep = key_mask == 0 if additive else key_mask
+        # kept positions first, in their order: a stable sort of "dropped"
+        order = torch.sort((~keep).to(torch.uint8), dim=1, stable=True).indices
+        k, v = (_permute(x, order) for x in (k, v))
+        if jagged_queries:
+            q = _permute(q, order)
+    else:
+        STATS.jagged += 1
     if not jagged_queries:
         return varlen_key_attention(q, k, v, offsets[1:] - offsets[:-1], scale)
-    total = int(flags[1])
     qj, kj, vj = (padded_to_jagged(x.transpose(1, 2), offsets, total) for x in (q, k, v))
     out = jagged_attention(qj, kj, vj, offsets, length, causal=causal, scale=scale)
-    return jagged_to_padded(out, offsets, length).transpose(1, 2)
+    out = jagged_to_padded(out, offsets, length).transpose(1, 2)
+    if order is not None:  # each row back to its positions (masked ones: zero)
+        index = order[:, None, :, None].expand(out.shape)
+        out = torch.zeros_like(out).scatter(2, index, out)
+    return out
+
+
+def _permute(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """``x[b, :, order[b]]`` of a ``[B, H, L, D]`` tensor (differentiable)."""
+    return x.gather(2, order[:, None, :, None].expand(x.shape))
 
 
 def _silu_padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor,
@@ -225,12 +257,12 @@ def key_padding_silu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         raise ValueError(f"norm must be an integer >= L={length}, got {norm}")
     STATS.calls += 1
     offsets, bad = prefix_lengths(key_mask)
-    flags = torch.stack([bad.sum().to(torch.int64), offsets[-1]]).tolist()  # the one sync
-    if flags[0] != 0:
+    flags = torch.cat([bad.sum(0).to(torch.int64), offsets[-1:]]).tolist()  # the one sync
+    if flags[0] != 0:  # positions matter here (the bias): no compaction
         STATS.fallback += 1
         return _silu_padded(q, k, v, key_mask, norm, scale, causal, query_mask, bias)
     STATS.jagged += 1
-    qj, kj, vj = (padded_to_jagged(x.transpose(1, 2), offsets, int(flags[1]))
+    qj, kj, vj = (padded_to_jagged(x.transpose(1, 2), offsets, int(flags[2]))
                   for x in (q, k, v))
     out = jagged_attention(qj, kj, vj, offsets, int(norm), scale=scale, causal=causal,
                            kind="silu", silu_normalizer="max_len", bias=bias)

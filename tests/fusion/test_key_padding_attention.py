@@ -2,7 +2,8 @@
 key_padding_mask, causal and-ed with padding): what the pass recognises (intent, on the dump
 text), why it leaves an attention padded (named reasons), the run-time prefix check (the op
 against SDPA, forward and backward, and its counter), and compiled = eager on every form
-with prefix and non-prefix masks, the fallback taken exactly when a mask is not a prefix."""
+with prefix and non-prefix masks: a non-prefix mask takes the compacted path, an additive
+mask that is no key mask the padded fallback, each exactly then (on the counter)."""
 
 from __future__ import annotations
 
@@ -124,7 +125,7 @@ def test_padding_rows_read_unmasked_compute_every_query_row():
     kpa.STATS.reset()
     run_against_eager(gm, [entry], spec.model,
                       km.batch("bool", [2, 0, 6, 3], torch.Generator().manual_seed(5)))
-    assert kpa.STATS.as_dict() == {"calls": 1, "jagged": 1, "fallback": 0}
+    assert kpa.STATS.as_dict() == {"calls": 1, "jagged": 1, "compacted": 0, "fallback": 0}
 
 
 # ---- the op and its run-time check ---------------------------------------------------------
@@ -138,7 +139,7 @@ def test_prefix_check_rules():
     keep = torch.tensor([[1, 1, 0, 0], [0, 0, 0, 0], [1, 0, 1, 0], [1, 1, 1, 1]]).bool()
     offsets, bad = kpa.prefix_lengths(keep)
     assert offsets.tolist() == [0, 2, 2, 4, 8]
-    assert (bad > 0).tolist() == [False, False, True, False]
+    assert (bad > 0).tolist() == [[False, False], [False, False], [True, False], [False, False]]
     inf = float("-inf")
     additive = torch.tensor([
         [0.0, 0.0, -1e9, -1e9],  # a large negative is masked
@@ -146,10 +147,12 @@ def test_prefix_check_rules():
         [-1e9, -1e9, -1e9, -1e9],  # nothing kept, finite: eager averages every value
         [0.0, -100.0, inf, inf],  # -100 is a soft bias, not a mask
         [0.0, 0.5, inf, inf],  # a non-zero kept bias is not a key-padding mask
+        [inf, 0.0, inf, 0.0],  # a mask, not a prefix
     ])
     offsets, bad = kpa.prefix_lengths(additive, additive=True)
-    assert offsets.tolist() == [0, 2, 2, 2, 3, 4]
-    assert (bad > 0).tolist() == [False, False, True, True, True]
+    assert offsets.tolist() == [0, 2, 2, 2, 3, 4, 6]
+    assert (bad[:, 0] > 0).tolist() == [False, False, False, False, False, True]
+    assert (bad[:, 1] > 0).tolist() == [False, False, True, True, True, False]
 
 
 def _sdpa(q, k, v, keep, causal):
@@ -178,7 +181,8 @@ def test_op_matches_sdpa_and_falls_back_exactly_on_non_prefix_masks(
     kpa.STATS.reset()
     out = kpa.key_padding_attention(q, k, v, mask, None, causal, additive, not queries)
     prefix = _is_prefix(keep)
-    assert kpa.STATS.as_dict() == {"calls": 1, "jagged": int(prefix), "fallback": int(not prefix)}
+    assert kpa.STATS.as_dict() == {"calls": 1, "jagged": int(prefix),
+                                   "compacted": int(not prefix), "fallback": 0}
     ref = _sdpa(q, k, v, keep, causal)
     # the jagged path defines real query rows only; the others, every row
     rows = keep[:, None, :, None].float() if not queries else torch.ones(1)
@@ -205,7 +209,7 @@ def test_op_falls_back_on_a_finite_mask_of_an_empty_row():
 
 
 @pytest.mark.parametrize("form", km.FORMS)
-def test_compiled_matches_eager_and_counts_the_fallback(form: str):
+def test_compiled_matches_eager_and_counts_the_paths(form: str):
     gm, _, entries, spec = _graph(form)
     for scramble in (False, True):
         gen = torch.Generator().manual_seed(11)
@@ -213,9 +217,9 @@ def test_compiled_matches_eager_and_counts_the_fallback(form: str):
         kpa.STATS.reset()
         run_against_eager(gm, entries, spec.model, (x, m))
         # masks built from lengths or offsets are prefixes: scrambling cannot apply
-        fallback = scramble and form not in ("lengths", "offsets", "summary")
-        assert kpa.STATS.as_dict() == {"calls": 1, "jagged": int(not fallback),
-                                       "fallback": int(fallback)}, (form, scramble)
+        compacted = scramble and form not in ("lengths", "offsets", "summary")
+        assert kpa.STATS.as_dict() == {"calls": 1, "jagged": int(not compacted),
+                                       "compacted": int(compacted), "fallback": 0}
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
@@ -231,5 +235,5 @@ def test_any_masks_compiled_match_eager(form, lengths, scramble, seed):
             "additive": lambda: m == 0}.get(form, lambda: m)()
     kpa.STATS.reset()
     run_against_eager(gm, entries, spec.model, (x, m))
-    assert kpa.STATS.fallback == int(not _is_prefix(keep))
-    assert kpa.STATS.calls == 1
+    assert kpa.STATS.compacted == int(not _is_prefix(keep))
+    assert kpa.STATS.calls == 1 and kpa.STATS.fallback == 0

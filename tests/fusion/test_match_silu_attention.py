@@ -72,4 +72,4 @@ def test_compiled_matches_eager_and_counts_the_fallback(args: dict):
         run_against_eager(gm, entries, spec.model, (x, m))
         fallback = scramble and form == "bool"  # lengths always give a prefix
         assert kpa.STATS.as_dict() == {"calls": 1, "jagged": int(not fallback),
-                                       "fallback": int(fallback)}
+                                       "compacted": 0, "fallback": int(fallback)}
