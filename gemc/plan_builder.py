@@ -301,10 +301,14 @@ def kernel_entries(gm: fx.GraphModule, ctx: PassContext) -> list[dict[str, Any]]
             entry.update(library="gemc.backends.triton.jagged_attention", q=q, k=k, v=v,
                          **{key: f[key] for key in keep})
         elif kind == "key_padding_attention":
-            q, k, v = (a.name for a in nodes[0].args[:3])
+            # an SDPA node (q, k, v its arguments), or a written-out formula (named in facts)
+            q, k, v = (f["q"], f["k"], f["v"]) if "q" in f else \
+                (a.name for a in nodes[0].args[:3])
             keep = ("mask", "additive", "causal", "zero_padding_queries", "queries",
                     "max_len", "heads", "head_dim", "scale", "fill")
             entry.update(library="gemc.backends.triton.key_padding_attention", q=q, k=k, v=v,
+                         output=f.get("output", nodes[0].name),
+                         merged_heads=bool(f.get("merged_heads", False)),
                          **{key: f[key] for key in keep})
         elif kind == "jagged_silu_attention":
             keep = ("q", "k", "v", "output", "mask", "bias", "norm", "scale", "causal",

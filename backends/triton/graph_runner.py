@@ -455,10 +455,13 @@ class GraphRunner:
 
             q, k, v, mask = (self._padded(by_name[entry[x]], env) for x in ("q", "k", "v",
                                                                              "mask"))
-            self._store(unit["nodes"][0],
-                        key_padding_attention(q, k, v, mask, entry["scale"], entry["causal"],
-                                              entry["additive"],
-                                              entry["zero_padding_queries"]), env, False)
+            if entry.get("merged_heads"):  # [B*H, L, d] operands (MultiheadAttention)
+                q, k, v = (x.unflatten(0, (mask.shape[0], -1)) for x in (q, k, v))
+            out = key_padding_attention(q, k, v, mask, entry["scale"], entry["causal"],
+                                        entry["additive"], entry["zero_padding_queries"])
+            if entry.get("merged_heads"):
+                out = out.flatten(0, 1)
+            self._store(by_name[entry.get("output", unit["nodes"][0].name)], out, env, False)
         elif entry["kind"] == "jagged_silu_attention":
             from .key_padding_attention import key_padding_silu_attention
 
