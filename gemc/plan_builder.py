@@ -309,6 +309,7 @@ def kernel_entries(gm: fx.GraphModule, ctx: PassContext) -> list[dict[str, Any]]
             entry.update(library="gemc.backends.triton.key_padding_attention", q=q, k=k, v=v,
                          output=f.get("output", nodes[0].name),
                          merged_heads=bool(f.get("merged_heads", False)),
+                         nan_if_empty=bool(f.get("nan_if_empty", False)),
                          **{key: f[key] for key in keep})
         elif kind == "jagged_silu_attention":
             keep = ("q", "k", "v", "output", "mask", "bias", "norm", "scale", "causal",

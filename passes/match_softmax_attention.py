@@ -173,6 +173,7 @@ def match(node: fx.Node) -> dict[str, Any] | str | None:
         "additive": key_mask.additive,
         "causal": False,
         "zero_padding_queries": zero_rows and reader is None,
+        "nan_if_empty": True,  # softmax over all -inf, written out: NaN (SDPA: 0)
         "merged_heads": merged,
         "queries": int(queries),
         "max_len": int(length), "heads": int(heads), "head_dim": int(shapes[1][-1]),

@@ -458,7 +458,8 @@ class GraphRunner:
             if entry.get("merged_heads"):  # [B*H, L, d] operands (MultiheadAttention)
                 q, k, v = (x.unflatten(0, (mask.shape[0], -1)) for x in (q, k, v))
             out = key_padding_attention(q, k, v, mask, entry["scale"], entry["causal"],
-                                        entry["additive"], entry["zero_padding_queries"])
+                                        entry["additive"], entry["zero_padding_queries"],
+                                        entry.get("nan_if_empty", False))
             if entry.get("merged_heads"):
                 out = out.flatten(0, 1)
             self._store(by_name[entry.get("output", unit["nodes"][0].name)], out, env, False)

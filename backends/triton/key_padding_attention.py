@@ -158,13 +158,27 @@ def _padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.T
 def key_padding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           key_mask: torch.Tensor, scale: float | None = None,
                           causal: bool = False, additive: bool = False,
-                          zero_padding_queries: bool = True) -> torch.Tensor:
+                          zero_padding_queries: bool = True,
+                          nan_if_empty: bool = False) -> torch.Tensor:
     """Attention of ``[B, H, M, D]`` queries over ``[B, H, L, D]`` keys and values under a
-    ``[B, L]`` key mask: over the real keys only when the mask is a prefix on every row
-    (checked here), else the exact padded attention. Self-attention (``M == L`` and
+    ``[B, L]`` key mask, checked here: over the kept keys only (a prefix as it is, another
+    mask compacted), the exact padded attention when it is no key mask. Self-attention (``M == L`` and
     ``zero_padding_queries``) runs jagged and leaves padding query rows zero; otherwise
     (cross-attention, or padding query rows someone reads) every query row is computed, its
-    key loop stopping at the row's length. See the module doc (semantics, the one sync)."""
+    key loop stopping at the row's length. ``nan_if_empty``: a row with no kept key gives NaN
+    (a written-out ``softmax`` over all ``-inf``, where SDPA gives 0). See the module doc
+    (semantics, the one sync)."""
+    out = _key_padding_attention(q, k, v, key_mask, scale, causal, additive,
+                                 zero_padding_queries)
+    if nan_if_empty:
+        keep = key_mask == 0 if additive else key_mask
+        out = out.masked_fill(~keep.any(1)[:, None, None, None], math.nan)
+    return out
+
+
+def _key_padding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           key_mask: torch.Tensor, scale: float | None, causal: bool,
+                           additive: bool, zero_padding_queries: bool) -> torch.Tensor:
     if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape or q.shape[:2] != k.shape[:2] \
             or q.shape[3] != k.shape[3]:
         raise ValueError("q must be [B, H, M, D] and k, v [B, H, L, D], got "

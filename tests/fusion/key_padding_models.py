@@ -14,9 +14,13 @@ from torch import nn
 from gemc.spec import ModelSpec
 
 B, L, E, H = 4, 6, 8, 2
-FORMS = ("bool", "additive", "lengths", "offsets", "mha", "causal", "target", "summary")
+FORMS = ("bool", "additive", "lengths", "offsets", "mha", "causal", "target", "summary",
+         "mha_weights", "formula")
 """``target``: one candidate item attends over the history (bool mask; DIN / target
-attention); ``summary``: two learned queries attend over it (mask from lengths)."""
+attention); ``summary``: two learned queries attend over it (mask from lengths);
+``mha_weights``: MultiheadAttention with its default ``need_weights=True`` (exports as
+baddbmm / softmax / bmm); ``formula``: softmax attention written by hand
+(``masked_fill(q k^T / sqrt(d), ~mask, -inf).softmax(-1) @ v``)."""
 
 
 class History(nn.Module):
@@ -25,9 +29,10 @@ class History(nn.Module):
     def __init__(self, form: str) -> None:
         super().__init__()
         self.form = form
-        self.mha = nn.MultiheadAttention(E, H, batch_first=True) if form == "mha" else None
-        self.qkv = nn.Linear(E, 3 * E) if form != "mha" else None
-        self.out = nn.Linear(E, E) if form != "mha" else None
+        mha = form in ("mha", "mha_weights")
+        self.mha = nn.MultiheadAttention(E, H, batch_first=True) if mha else None
+        self.qkv = nn.Linear(E, 3 * E) if not mha else None
+        self.out = nn.Linear(E, E) if not mha else None
         self.norm = nn.LayerNorm(E)
         self.head = nn.Linear(E, 1)
         self.summary = nn.Parameter(torch.randn(1, H, 2, E // H)) if form == "summary" \
@@ -44,7 +49,8 @@ class History(nn.Module):
             keep = m
         h = self.norm(x)
         if self.mha is not None:
-            o, _ = self.mha(h, h, h, key_padding_mask=~keep, need_weights=False)
+            o, _ = self.mha(h, h, h, key_padding_mask=~keep,
+                            need_weights=self.form == "mha_weights")
         else:
             assert self.qkv is not None and self.out is not None
             q, k, v = self.qkv(h).view(x.shape[0], L, 3, H, E // H).permute(2, 0, 3, 1, 4)
@@ -57,7 +63,11 @@ class History(nn.Module):
                 mask = keep[:, None, None, :] & tril
             else:
                 mask = keep[:, None, None, :]
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            if self.form == "formula":
+                s = (q @ k.transpose(-1, -2)) / (E // H) ** 0.5
+                o = s.masked_fill(~mask, float("-inf")).softmax(-1) @ v
+            else:
+                o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
             o = self.out(o.transpose(1, 2).reshape(x.shape[0], L, E))
         y = (x + F.gelu(o)) * keep.unsqueeze(-1).to(x.dtype)
         pooled = y.sum(1) / keep.sum(1, keepdim=True).clamp(min=1)

@@ -42,7 +42,8 @@ def _graph(form: str):
 _MASK = {"bool": ("m", False, False), "additive": ("m", True, False),
          "lengths": ("lt", False, False), "offsets": ("lt", False, False),
          "mha": ("masked_fill_", True, False), "causal": ("m", False, True),
-         "target": ("m", False, False), "summary": ("lt", False, False)}
+         "target": ("m", False, False), "summary": ("lt", False, False),
+         "mha_weights": ("masked_fill_", True, False), "formula": ("m", False, False)}
 
 
 @pytest.mark.parametrize("form", km.FORMS)
@@ -50,15 +51,20 @@ def test_every_mask_form_becomes_a_guarded_attention(form: str):
     gm, ctx, entries, _ = _graph(form)
     mask, additive, causal = _MASK[form]
     text = format_graph(gm, "after match-jagged-attention")
-    computed = form in ("lengths", "offsets", "mha", "summary")
+    computed = form in ("lengths", "offsets", "mha", "summary", "mha_weights")
+    (entry,) = entries
+    # SDPA, or the output matmul of a written-out formula (its scores and softmax grouped)
+    written_out = form in ("mha_weights", "formula")
     FileCheck().check(f"%{mask} =" if computed else "") \
-        .check("aten.scaled_dot_product_attention.default") \
+        .check("aten.softmax.int" if written_out else "") \
+        .check(f"%{entry['output']} = aten." + ("" if written_out else "scaled_dot")) \
         .check_same("kind:key_padding_attention") \
         .check_same(f"mask:{mask},additive:{additive},causal:{causal}").run(text)
-    assert [e["mask"] for e in entries] == [mask]
+    assert entry["mask"] == mask
     # self-attention runs jagged; a dense query (target item, summary queries) over the history
-    # computes every query row, over the real keys
-    assert entries[0]["zero_padding_queries"] is (form not in ("target", "summary"))
+    # and MultiheadAttention's merged-heads formula compute every query row, over the real keys
+    assert entry["zero_padding_queries"] is (form not in ("target", "summary", "mha_weights"))
+    assert entry["merged_heads"] is (form == "mha_weights")
     assert not [w for w in ctx.warnings if "match-jagged-attention" in w]
 
 
@@ -207,13 +213,34 @@ def test_op_falls_back_on_a_finite_mask_of_an_empty_row():
 
 # ---- compiled = eager, every form, prefix and not ------------------------------------------
 
+# a softmax written out gives NaN on a row with no kept key (SDPA gives 0): those forms are
+# compared on non-empty rows here, and on an empty one by test_written_out_softmax_...
+_WRITTEN_OUT = ("mha_weights", "formula")
+
+
+def _lengths(form: str, lengths: list[int]) -> list[int]:
+    return [max(n, 1) for n in lengths] if form in _WRITTEN_OUT else lengths
+
+
+@pytest.mark.parametrize("form", _WRITTEN_OUT)
+def test_written_out_softmax_keeps_eager_nan_on_an_empty_row(form: str):
+    gm, _, entries, spec = _graph(form)
+    from gemc.backends.triton.graph_runner import GraphRunner
+
+    from tests.fusion.helpers import params_of
+
+    batch = km.batch(form, [2, 0, 6, 3], torch.Generator().manual_seed(3))
+    assert spec.model(*batch).isnan()
+    assert GraphRunner(gm, entries, params_of(spec.model))(*batch).isnan()
+
+
 
 @pytest.mark.parametrize("form", km.FORMS)
 def test_compiled_matches_eager_and_counts_the_paths(form: str):
     gm, _, entries, spec = _graph(form)
     for scramble in (False, True):
         gen = torch.Generator().manual_seed(11)
-        x, m = km.batch(form, [2, 0, 6, 3], gen, scramble)
+        x, m = km.batch(form, _lengths(form, [2, 0, 6, 3]), gen, scramble)
         kpa.STATS.reset()
         run_against_eager(gm, entries, spec.model, (x, m))
         # masks built from lengths or offsets are prefixes: scrambling cannot apply
@@ -228,7 +255,8 @@ def test_compiled_matches_eager_and_counts_the_paths(form: str):
        scramble=st.booleans(), seed=st.integers(0, 2**16))
 def test_any_masks_compiled_match_eager(form, lengths, scramble, seed):
     gm, _, entries, spec = _graph(form)
-    x, m = km.batch(form, lengths, torch.Generator().manual_seed(seed), scramble)
+    x, m = km.batch(form, _lengths(form, lengths), torch.Generator().manual_seed(seed),
+                    scramble)
     keep = {"lengths": lambda: torch.arange(km.L)[None] < m[:, None],
             "summary": lambda: torch.arange(km.L)[None] < m[:, None],
             "offsets": lambda: torch.arange(km.L)[None] < (m[1:] - m[:-1])[:, None],
