@@ -26,7 +26,9 @@ nonzero in the model and zero in the kernel: matched only when nothing reads the
 
 The bias (relative position, time buckets: any tensor of that shape) is an operand of the
 kernel, indexed by positions within each sequence; its gradient flows back to whatever
-computed it. Not matched (named in the dump and the warnings): a per-row normaliser
+computed it. Not matched (named in the dump and the warnings): the formula spelled with
+``einsum`` (``einsum-spelling``), scores times a float mask (``mask-not-boolean``: e.g. only
+a causal ``tril`` of ones, the key padding left implicit in zero-padded values), a per-row normaliser
 (``normaliser``), a normaliser below ``L`` (``normaliser-below-length``), an addend that is
 not a ``[B|1, H|1, L, L]`` tensor (``bias-shape``).
 """
@@ -61,6 +63,12 @@ _TRANSPOSED = {(-1, -2), (-2, -1), (2, 3), (3, 2), (-1, 2), (2, -1), (3, -2), (-
 
 def _scalar(x: Any) -> float | None:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def _normalised_silu(node: Any) -> bool:
+    """``node`` is ``silu(.) / n`` or ``silu(.) * c``."""
+    return isinstance(node, fx.Node) and node.target in (aten.div.Tensor, aten.mul.Tensor) \
+        and isinstance(node.args[0], fx.Node) and node.args[0].target is aten.silu.default
 
 
 def _mask_factors(node: Any, out: list[fx.Node]) -> None:
@@ -114,6 +122,11 @@ def _visible(mask: Any, batch: int, length: int
 def match(node: fx.Node) -> dict[str, Any] | str | None:
     """The facts of a pointwise-attention output ``matmul(a, v)``, the reason it is not one
     (once it looks like one: ``silu`` scores), or None for any other node."""
+    if node.target is aten.einsum.default:  # the formula spelled with einsum: not yet
+        ops = [o for o in node.args[1] if isinstance(o, fx.Node)]
+        looks = any(_normalised_silu(o) or (o.target is aten.mul.Tensor and any(
+            _normalised_silu(a) for a in o.args)) for o in ops)
+        return "einsum-spelling" if looks else None
     if node.target is not _MATMUL:
         return None
     a_node, v = node.args[:2]
@@ -131,7 +144,8 @@ def match(node: fx.Node) -> dict[str, Any] | str | None:
         bool_side = [t for t in (x, y) if isinstance(t, fx.Node)
                      and ir.dtype_of(_through_views_and_casts(t)) == torch.bool]
         if len(silu_side) != 1 or len(bool_side) != 1:
-            return None
+            # silu scores times a float mask (a causal tril of ones, no key mask): say so
+            return "mask-not-boolean" if any(_normalised_silu(t) for t in (x, y)) else None
         group.append(a)
         mask, a = bool_side[0], silu_side[0]
     elif a.target is aten.where.ScalarOther and _scalar(a.args[2]) == 0.0:

@@ -132,9 +132,10 @@ class Hstu(nn.Module):
     input (``mask_input``)."""
 
     def __init__(self, bias: bool = False, query_mask: bool = True, norm: str = "div",
-                 where: bool = False, mask_input: bool = False, divisor: int = L) -> None:
+                 where: bool = False, mask_input: bool = False, divisor: int = L,
+                 einsum: bool = False) -> None:
         super().__init__()
-        self.divisor = divisor
+        self.divisor, self.einsum = divisor, einsum
         self.uvqk = nn.Linear(E, 4 * E)
         self.rel = nn.Parameter(torch.randn(2 * L - 1)) if bias else None
         self.head = nn.Linear(E, 1)
@@ -150,7 +151,7 @@ class Hstu(nn.Module):
         visible = (pos[:, None] >= pos[None, :])[None] & valid[:, None, :]
         if self.query_mask:
             visible = visible & valid[:, :, None]
-        s = q @ k.transpose(-1, -2)
+        s = torch.einsum("bhnd,bhmd->bhnm", q, k) if self.einsum else q @ k.transpose(-1, -2)
         if self.rel is not None:
             s = s + self.rel[pos[:, None] - pos[None, :] + L - 1]
         n = self.divisor
@@ -159,13 +160,15 @@ class Hstu(nn.Module):
             a = torch.where(visible[:, None], a, 0.0)
         else:
             a = a * visible[:, None].to(a.dtype)
-        o = (a @ v).transpose(1, 2).reshape(b, L, E) * u
+        o = torch.einsum("bhnm,bhmd->bhnd", a, v) if self.einsum else a @ v
+        o = o.transpose(1, 2).reshape(b, L, E) * u
         pooled = (o * valid[..., None].to(o.dtype)).sum(1)
         return self.head(pooled).square().mean()
 
 
 def build_hstu(bias: bool = False, query_mask: bool = True, norm: str = "div",
-               where: bool = False, mask_input: bool = False, divisor: int = L) -> ModelSpec:
+               where: bool = False, mask_input: bool = False, divisor: int = L,
+               einsum: bool = False) -> ModelSpec:
     lengths = [2, 0, 6, 3]
     form = "bool" if mask_input else "lengths"
 
@@ -174,6 +177,6 @@ def build_hstu(bias: bool = False, query_mask: bool = True, norm: str = "div",
                                                  torch.Generator().manual_seed(step)))
 
     x, m = batch(form, lengths, torch.Generator().manual_seed(0))
-    return ModelSpec(model=Hstu(bias, query_mask, norm, where, mask_input, divisor),
+    return ModelSpec(model=Hstu(bias, query_mask, norm, where, mask_input, divisor, einsum),
                      example_inputs=(torch.zeros(x.shape), torch.zeros(m.shape, dtype=m.dtype)),
                      make_batch=make)

@@ -199,6 +199,30 @@ def test_op_matches_sdpa_and_falls_back_exactly_on_non_prefix_masks(
         torch.testing.assert_close(g, w)
 
 
+@settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
+@given(lengths=st.lists(st.integers(0, km.L), min_size=1, max_size=3),
+       soft=st.floats(-9e3, 1.0), seed=st.integers(0, 2**16))
+def test_op_falls_back_exactly_when_an_additive_mask_is_no_key_mask(lengths, soft, seed):
+    """One masked entry raised to ``soft`` (> -1e4: a bias, not a mask) where a row has one:
+    the exact padded attention over the float mask, else the jagged path."""
+    gen = torch.Generator().manual_seed(seed)
+    keep = km.keep_masks(lengths, gen, False)
+    mask = torch.zeros(keep.shape).masked_fill(~keep, -math.inf)
+    rows = [b for b, n in enumerate(lengths) if n < km.L]
+    if rows:
+        mask[rows[0], km.L - 1] = soft
+    # what fp32 holds: a tiny soft value rounds to 0, a kept key (then a non-prefix mask)
+    invalid = bool(rows) and float(mask[rows[0], km.L - 1]) != 0.0
+    q, k, v = (torch.randn(len(lengths), 2, km.L, 4, generator=gen) for _ in range(3))
+    kpa.STATS.reset()
+    out = kpa.key_padding_attention(q, k, v, mask, None, False, True)
+    assert kpa.STATS.fallback == int(invalid)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :])
+    real = (mask == 0)[:, None, :, None].float()
+    torch.testing.assert_close(out * real if not invalid else out, ref * real
+                               if not invalid else ref)
+
+
 def test_op_falls_back_on_a_finite_mask_of_an_empty_row():
     gen = torch.Generator().manual_seed(3)
     keep = km.keep_masks([3, 0], gen, False)

@@ -52,7 +52,7 @@ def test_formula_becomes_one_guarded_kernel(args: dict):
 
 @pytest.mark.parametrize("args,reason", [
     ({"divisor": km.L - 2}, "normaliser-below-length"),
-    ({"bias": True, "query_mask": False, "divisor": km.L - 1}, "normaliser-below-length"),
+    ({"bias": True, "einsum": True}, "einsum-spelling"),
 ], ids=str)
 def test_refusal_names_its_reason(args: dict, reason: str):
     gm, ctx, _ = compiled(HSTU, args, priced=False, upto="match-silu-attention")
