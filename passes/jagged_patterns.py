@@ -493,6 +493,9 @@ def attention_key_mask(mask: Any, batch: int, length: int
             mask, causal = b, True
         elif shape[2] != 1:
             return "mask-varies-over-queries"
+        part = tuple(ir.shape_of(mask) or ()) if isinstance(mask, fx.Node) else ()
+        if len(part) < 2 or part[-2] != 1 or part[-1] != length:
+            return "mask-varies-over-queries"  # e.g. a query mask and-ed with the causal one
     elif shape[2] != 1:
         return "mask-varies-over-queries"
     root = _broadcast_root(mask, batch, length)

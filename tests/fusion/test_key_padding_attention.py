@@ -89,6 +89,9 @@ class _Attn(nn.Module):
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.5)
         elif self.variant == "no-mask":
             o = F.scaled_dot_product_attention(q, k, v)
+        elif self.variant == "query-causal":  # a query mask and-ed with the causal one
+            tril = torch.ones(km.L, km.L, dtype=torch.bool).tril()
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None, :, None] & tril)
         elif self.variant == "causal-leak":
             tril = torch.ones(km.L, km.L, dtype=torch.bool).tril()
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask & tril)
@@ -111,7 +114,8 @@ VARIANT = "tests/fusion/test_key_padding_attention.py:build_variant"
 
 @pytest.mark.parametrize("variant,reason", [
     ("dropout", "dropout"), ("no-mask", "no-key-padding-mask"),
-    ("per-query", "mask-varies-over-queries"), ("causal-leak", "padding-rows-read-by:mean"),
+    ("per-query", "mask-varies-over-queries"), ("query-causal", "mask-varies-over-queries"),
+    ("causal-leak", "padding-rows-read-by:mean"),
 ])
 def test_refusals_name_their_reason(variant: str, reason: str):
     gm, ctx, _ = compiled(VARIANT, {"variant": variant}, priced=False,
