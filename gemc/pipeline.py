@@ -11,6 +11,8 @@ from gemc.passes.fold_transposed_linear import FoldTransposedLinear
 from gemc.passes.fuse import Fuse
 from gemc.passes.group_embeddings import GroupEmbeddings
 from gemc.passes.match_jagged_attention import MatchJaggedAttention
+from gemc.passes.match_silu_attention import MatchSiluAttention
+from gemc.passes.match_softmax_attention import MatchSoftmaxAttention
 from gemc.passes.pack_jagged_tokens import PackJaggedTokens
 from gemc.passes.parallelize import Parallelize
 from gemc.passes.place_default import PlaceDefault
@@ -38,5 +40,6 @@ def kernel_passes() -> list[Pass]:
     """Kernel selection, after predict-time (they price groups with its per-node times):
     recommendation kernels first, so generic fusion does not take their nodes; the packed
     token region last (it spans the groups and attentions that run inside it)."""
-    return [MatchJaggedAttention(), GroupEmbeddings(), FoldTransposedLinear(), Fuse(),
+    return [MatchJaggedAttention(), MatchSoftmaxAttention(), MatchSiluAttention(),
+            GroupEmbeddings(), FoldTransposedLinear(), Fuse(),
             PackJaggedTokens()]

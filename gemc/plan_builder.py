@@ -412,6 +412,22 @@ def kernel_entries(gm: fx.GraphModule, ctx: PassContext) -> list[dict[str, Any]]
                     "fill", "padded_from")
             entry.update(library="gemc.backends.triton.jagged_attention", q=q, k=k, v=v,
                          **{key: f[key] for key in keep})
+        elif kind == "key_padding_attention":
+            # an SDPA node (q, k, v its arguments), or a written-out formula (named in facts)
+            q, k, v = (f["q"], f["k"], f["v"]) if "q" in f else \
+                (a.name for a in nodes[0].args[:3])
+            keep = ("mask", "additive", "causal", "zero_padding_queries", "queries",
+                    "max_len", "heads", "head_dim", "scale", "fill")
+            entry.update(library="gemc.backends.triton.key_padding_attention", q=q, k=k, v=v,
+                         output=f.get("output", nodes[0].name),
+                         merged_heads=bool(f.get("merged_heads", False)),
+                         nan_if_empty=bool(f.get("nan_if_empty", False)),
+                         **{key: f[key] for key in keep})
+        elif kind == "jagged_silu_attention":
+            keep = ("q", "k", "v", "output", "mask", "bias", "norm", "scale", "causal",
+                    "query_mask", "max_len", "heads", "head_dim", "fill")
+            entry.update(library="gemc.backends.triton.key_padding_attention",
+                         **{key: f[key] for key in keep})
         elif kind == "transposed_linear":
             node = nodes[0]
             bias = node.args[2] if len(node.args) > 2 else None

@@ -156,6 +156,10 @@ _CASTS = {aten.to.dtype, aten._to_copy.default, aten.alias.default, aten.clone.d
           aten.detach.default}
 _SAME = _CASTS | {aten.expand.default}
 Dims = tuple[int, int]  # (batch dim, sequence dim) of a tensor whose padding rows are unknown
+# Merged: a reshape that flattens the two (adjacent) dims into one dim ``d`` (a token-wise
+# GEMM over ``[B * L, E]``, or ``nn.MultiheadAttention``'s ``[L * B, E]``) gives ``(d, d)``
+# when the batch is the outer of the two, ``(~d, ~d)`` when the sequence is.
+Facts = Any  # (offsets, clamp_min, L) of an ``arange < lengths`` mask, or a KeyMask
 
 
 def _through_views_and_casts(node: Any) -> Any:
@@ -189,22 +193,26 @@ def _reshape_dims(before: tuple[int, ...], after: tuple[int, ...], dims: Dims) -
     return out[0], out[1]
 
 
-def _cleaning_mask(arg: Any, out_shape: tuple[int, ...], dims: Dims,
-                   facts: tuple[fx.Node, int, int]) -> bool:
+def _cleaning_mask(arg: Any, out_shape: tuple[int, ...], dims: Dims, facts: Facts) -> bool:
     """``arg`` is the key-padding mask (same offsets and length, lengths no longer than the
     attention's) laid along ``dims``: multiplying by it zeroes every padding row."""
-    found = key_padding_mask(_through_views_and_casts(arg))
     shape = ir.shape_of(arg) if isinstance(arg, fx.Node) else None
-    if found is None or shape is None:
+    if shape is None:
         return False
-    offsets, clamp_min, length = facts
-    if found[0] is not offsets or found[2] != length or found[1] > clamp_min:
-        return False
+    if isinstance(facts, KeyMask):
+        if keep_of(arg) is not facts.keep:
+            return False
+    else:
+        found = key_padding_mask(_through_views_and_casts(arg))
+        offsets, clamp_min, length = facts
+        if found is None or found[0] is not offsets or found[2] != length \
+                or found[1] > clamp_min:
+            return False
     padded = (1,) * (len(out_shape) - len(shape)) + tuple(shape)
     return all(s == (out_shape[i] if i in dims else 1) for i, s in enumerate(padded))
 
 
-def _step(user: fx.Node, src: fx.Node, dims: Dims, facts: tuple[fx.Node, int, int]
+def _step(user: fx.Node, src: fx.Node, dims: Dims, facts: Facts
           ) -> list[tuple[fx.Node, Dims]] | str | tuple[str, Dims] | None:
     """Where the padding rows go through ``user``: new (node, dims), ``"clean"`` (not read),
     ``("zero", dims)`` (a multiply by the mask: ``user``'s own padding rows are zero), or
@@ -216,6 +224,8 @@ def _step(user: fx.Node, src: fx.Node, dims: Dims, facts: tuple[fx.Node, int, in
     out_shape = ir.shape_of(user) or ()
     rank = len(in_shape)
     bd, ld = dims
+    if bd == ld or bd < 0:
+        return _merged_step(user, src, dims, facts)
     if t in _SAME:
         return [(user, dims)]
     if t is aten.transpose.int:
@@ -231,6 +241,8 @@ def _step(user: fx.Node, src: fx.Node, dims: Dims, facts: tuple[fx.Node, int, in
     if t in (aten.view.default, aten.reshape.default, aten._unsafe_view.default,
              aten.flatten.using_ints, aten.unflatten.int, aten.squeeze.dim):
         mapped = _reshape_dims(in_shape, out_shape, dims)
+        if mapped is None and isinstance(facts, KeyMask):
+            mapped = _merge_dims(in_shape, out_shape, dims)
         return [(user, mapped)] if mapped is not None else None
     if t in (aten.unbind.int, aten.split.Tensor, aten.chunk.default):
         d = _norm(user.args[1] if len(user.args) > 1 else 0, rank)
@@ -258,9 +270,13 @@ def _step(user: fx.Node, src: fx.Node, dims: Dims, facts: tuple[fx.Node, int, in
         if src is q and dims == (0, 2):
             return [(user, (0, 2))]
         if src in (k, v) and src is not q and dims == (0, 2):
-            found = key_padding_mask(mask) if mask is not None else None
-            ok = found is not None and found[0] is facts[0] and found[2] == facts[2] \
-                and found[1] <= facts[1]
+            if isinstance(facts, KeyMask):
+                got = attention_key_mask(mask, facts.batch, facts.length)
+                ok = not isinstance(got, str) and got[0].keep is facts.keep
+            else:
+                found = key_padding_mask(mask) if mask is not None else None
+                ok = found is not None and found[0] is facts[0] and found[2] == facts[2] \
+                    and found[1] <= facts[1]
             return "clean" if ok else None
         return None
     if t is aten._assert_tensor_metadata.default:  # reads metadata, not values
@@ -276,7 +292,7 @@ def _step(user: fx.Node, src: fx.Node, dims: Dims, facts: tuple[fx.Node, int, in
     return None
 
 
-def padding_rows_read_by(sdpa: fx.Node, facts: tuple[fx.Node, int, int]) -> fx.Node | None:
+def padding_rows_read_by(sdpa: fx.Node, facts: Facts) -> fx.Node | None:
     """The first node that may read the SDPA output's padding query rows unmasked, or None
     when every path ends masked (multiplied by the key-padding mask, or used only as masked
     keys/values of an attention over the same lengths)."""
@@ -297,7 +313,7 @@ class PaddingFlow:
     zeroed: dict[fx.Node, Dims] = field(default_factory=dict)
 
 
-def follow_padding(start: fx.Node, dims: Dims, facts: tuple[fx.Node, int, int]
+def follow_padding(start: fx.Node, dims: Dims, facts: Facts
                    ) -> PaddingFlow | fx.Node:
     """Follow ``start``'s padding rows (at ``dims``) through its users: the flow, or the
     first node that may read them unmasked. A node reached with two different layouts
@@ -328,3 +344,233 @@ def follow_padding(start: fx.Node, dims: Dims, facts: tuple[fx.Node, int, int]
     if set(flow.zeroed) & set(flow.carriers):
         return next(iter(set(flow.zeroed) & set(flow.carriers)))
     return flow
+
+
+# ---- key-padding masks from any source ----------------------------------------------------
+#
+# A mask that reaches an attention as ``[B, 1|H, 1|Lq, L]`` and varies only over batch and
+# key position is a key-padding mask, whatever produced it: a boolean graph input, an
+# additive float input, ``arange(L) < lengths``, or ``nn.MultiheadAttention``'s conversion
+# of its ``key_padding_mask`` (``masked_fill(zeros, ~mask, -inf)``, viewed and expanded over
+# heads). Nothing here proves it is a prefix: the kernel op checks that at run time.
+
+_BROADCASTS = {aten.unsqueeze.default, aten.view.default, aten.reshape.default,
+               aten.expand.default, aten._unsafe_view.default, aten.alias.default,
+               aten.clone.default, aten.contiguous.default}
+_NOTS = {aten.bitwise_not.default, aten.logical_not.default}
+_ANDS = {aten.bitwise_and.Tensor, aten.logical_and.default, aten.mul.Tensor,
+         aten.__and__.Tensor}
+ADDITIVE_MASKED_MAX = -1.0e4  # the op's rule: a masked additive entry is <= this
+
+
+@dataclass(frozen=True)
+class KeyMask:
+    """A key-padding mask as the attention receives it: ``node`` (``[B, L]``, the tensor the
+    kernel op checks at run time), whether it is ``additive`` (float) or a keep-mask
+    (bool), and ``keep``: the boolean ``[B, L]`` node whose True entries are the kept keys
+    (the mask itself, or what an additive mask was filled from), which is what a later
+    multiply by the same mask is recognised by."""
+
+    node: fx.Node
+    additive: bool
+    keep: fx.Node
+    batch: int
+    length: int
+
+
+def _broadcast_root(mask: Any, batch: int, length: int) -> fx.Node | None:
+    """The ``[B, L]`` tensor ``mask`` (``[B, 1|H, 1|Lq, L]``) broadcasts, through views that
+    keep row-major order (unsqueeze, expand, view, reshape: never a transpose)."""
+    node = mask
+    while isinstance(node, fx.Node) and node.op == "call_function" \
+            and node.target in _BROADCASTS:
+        if tuple(ir.shape_of(node) or ()) == (batch, length):
+            return node
+        node = node.args[0]
+    if isinstance(node, fx.Node) and tuple(ir.shape_of(node) or ()) == (batch, length):
+        return node
+    return None
+
+
+def _scalar(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def _is_zeros(node: Any) -> bool:
+    node = through_views(node)
+    if not isinstance(node, fx.Node) or node.op != "call_function":
+        return False
+    if node.target in (aten.zeros_like.default, aten.zeros.default, aten.new_zeros.default):
+        return True
+    if node.target in (aten.full.default, aten.full_like.default, aten.new_full.default):
+        return _scalar(node.args[-1]) == 0.0
+    return False
+
+
+def keep_of(node: Any) -> fx.Node | None:
+    """The boolean keep-mask ``X`` a mask tensor is equivalent to: ``X`` itself (a bool
+    tensor, through views and casts), or an additive mask built from it
+    (``masked_fill(zeros, ~X, v)`` or ``where(X, 0, v)`` with ``v <= -1e4``)."""
+    node = _through_views_and_casts(node)
+    if not isinstance(node, fx.Node):
+        return None
+    if ir.dtype_of(node) == torch.bool and not (node.op == "call_function"
+                                                and node.target is aten.eq.Scalar):
+        return None if node.op == "call_function" and node.target in _NOTS else node
+    if node.op != "call_function":
+        return None
+    if node.target in (aten.masked_fill.Scalar, aten.masked_fill_.Scalar):
+        value = _scalar(node.args[2])
+        dropped = through_views(node.args[1])
+        if value is None or value > ADDITIVE_MASKED_MAX or not _is_zeros(node.args[0]):
+            return None
+        if isinstance(dropped, fx.Node) and dropped.target in _NOTS:
+            return keep_of(dropped.args[0])
+        return None
+    if node.target is aten.eq.Scalar and _scalar(node.args[1]) == 0.0:
+        # ``additive == 0``: the keep-mask of an additive mask (itself its identity)
+        inner = _through_views_and_casts(node.args[0])
+        if isinstance(inner, fx.Node) and (ir.dtype_of(inner) or torch.bool).is_floating_point:
+            return keep_of(inner) or inner
+        return None
+    if node.target is aten.where.ScalarOther or node.target is aten.where.Scalar:
+        cond = node.args[0]
+        first = _scalar(node.args[1])
+        other = _scalar(node.args[2])
+        if first == 0.0 and other is not None and other <= ADDITIVE_MASKED_MAX:
+            return keep_of(cond)
+    return None
+
+
+def _is_tril(node: Any, length: int) -> bool:
+    """``node`` is the boolean lower-triangular ``[L, L]`` (query >= key) mask: ``tril`` of
+    ones, ``~triu(ones, 1)``, or ``arange[:, None] >= arange[None, :]``."""
+    node = _through_views_and_casts(node)
+    if not isinstance(node, fx.Node) or node.op != "call_function":
+        return False
+    shape = tuple(ir.shape_of(node) or ())
+    if shape[-2:] != (length, length) or any(s != 1 for s in shape[:-2]):
+        return False
+    if node.target is aten.tril.default:
+        diag = node.args[1] if len(node.args) > 1 else 0
+        src = through_views(node.args[0])
+        return diag == 0 and isinstance(src, fx.Node) and src.target in (
+            aten.ones.default, aten.ones_like.default, aten.new_ones.default)
+    if node.target in _NOTS:
+        inner = _through_views_and_casts(node.args[0])
+        if isinstance(inner, fx.Node) and inner.target is aten.triu.default:
+            src = through_views(inner.args[0])
+            return inner.args[1] == 1 and isinstance(src, fx.Node) and src.target in (
+                aten.ones.default, aten.ones_like.default, aten.new_ones.default)
+        return False
+    if node.target in (aten.ge.Tensor, aten.le.Tensor):
+        rows, cols = node.args if node.target is aten.ge.Tensor else node.args[::-1]
+        rs, cs = ir.shape_of(rows), ir.shape_of(cols)
+        return (_arange_len(rows) == length and _arange_len(cols) == length
+                and rs is not None and cs is not None
+                and tuple(rs)[-2:] == (length, 1) and tuple(cs)[-1:] == (length,))
+    return False
+
+
+def attention_key_mask(mask: Any, batch: int, length: int
+                       ) -> tuple[KeyMask, bool] | str:
+    """``(key mask, causal)`` of an attention's ``attn_mask`` (``[B, 1|H, 1|Lq, L]``), or
+    the reason it is not a key-padding mask: a boolean or additive ``[B, L]`` mask broadcast
+    over heads and queries, optionally and-ed with the causal ``[L, L]`` mask."""
+    if not isinstance(mask, fx.Node):
+        return "no-mask"
+    shape = tuple(ir.shape_of(mask) or ())
+    if len(shape) != 4 or shape[0] != batch or shape[3] != length:
+        return "mask-shape"
+    causal = False
+    node = _through_views_and_casts(mask)
+    if isinstance(node, fx.Node) and node.op == "call_function" and node.target in _ANDS \
+            and ir.dtype_of(node) == torch.bool:
+        a, b = node.args[:2]
+        if _is_tril(b, length):
+            mask, causal = a, True
+        elif _is_tril(a, length):
+            mask, causal = b, True
+        elif shape[2] != 1:
+            return "mask-varies-over-queries"
+        part = tuple(ir.shape_of(mask) or ()) if isinstance(mask, fx.Node) else ()
+        if len(part) < 2 or part[-2] != 1 or part[-1] != length:
+            return "mask-varies-over-queries"  # e.g. a query mask and-ed with the causal one
+    elif shape[2] != 1:
+        return "mask-varies-over-queries"
+    root = _broadcast_root(mask, batch, length)
+    if root is None:
+        return "mask-not-key-padding"
+    dtype = ir.dtype_of(root)
+    additive = dtype is not None and dtype.is_floating_point
+    if dtype != torch.bool and not additive:
+        return "mask-dtype"
+    keep = keep_of(root)
+    return KeyMask(root, additive, keep if keep is not None else root, batch, length), causal
+
+
+def _prod(xs: Any) -> int:
+    out = 1
+    for x in xs:
+        out *= int(x)
+    return out
+
+
+def _merge_dims(before: tuple[int, ...], after: tuple[int, ...], dims: Dims) -> Dims | None:
+    """``dims`` after a reshape that flattens the batch and sequence dims (adjacent, either
+    order) into one output dim; the dims before them may regroup among themselves and so may
+    those after (per-token features), never across. Else None."""
+    bd, ld = dims
+    lo = min(bd, ld)
+    if abs(bd - ld) != 1:
+        return None
+    lead = _prod(before[:lo])
+    for j in range(len(after)):
+        if _prod(after[:j]) == lead and after[j] == before[bd] * before[ld]:
+            return (j, j) if bd < ld else (~j, ~j)
+        if _prod(after[:j]) > lead:
+            break
+    return None
+
+
+def _merged_step(user: fx.Node, src: fx.Node, dims: Dims, facts: Facts
+                 ) -> list[tuple[fx.Node, Dims]] | str | tuple[str, Dims] | None:
+    """:func:`_step` for a value whose batch and sequence dims are merged: token-wise ops
+    keep it, a reshape that splits the dim back restores the pair; anything else reads."""
+    if not isinstance(facts, KeyMask) or user.op != "call_function":
+        return None
+    t = user.target
+    in_shape = tuple(ir.shape_of(src) or ())
+    out_shape = tuple(ir.shape_of(user) or ())
+    rank = len(in_shape)
+    batch_outer = dims[0] >= 0
+    d = dims[0] if batch_outer else ~dims[0]
+    if t in _SAME:
+        return [(user, dims)]
+    if t is aten.linear.default:
+        return [(user, dims)] if user.args[0] is src and d != rank - 1 else None
+    if t is aten.layer_norm.default:
+        return [(user, dims)] if len(user.args[1]) == 1 and d != rank - 1 else None
+    if t in (aten.view.default, aten.reshape.default, aten._unsafe_view.default):
+        outer, inner = (facts.batch, facts.length) if batch_outer else \
+            (facts.length, facts.batch)
+        lead = _prod(in_shape[:d])
+        for j in range(len(out_shape)):
+            if _prod(out_shape[:j]) != lead:
+                if _prod(out_shape[:j]) > lead:
+                    break
+                continue
+            if out_shape[j] == in_shape[d]:  # still merged
+                return [(user, (j, j) if batch_outer else (~j, ~j))]
+            if tuple(out_shape[j:j + 2]) == (outer, inner) and facts.batch != facts.length:
+                return [(user, (j, j + 1) if batch_outer else (j + 1, j))]
+        return None
+    if translate(user) is not None and len(out_shape) == rank:  # pointwise, same rank
+        others = [a for a in user.args if isinstance(a, fx.Node) and a is not src]
+        for a in others:  # another operand must not vary along the merged dim
+            shape = tuple(ir.shape_of(a) or ())
+            pos = d - (rank - len(shape))
+            if pos >= 0 and shape[pos] != 1:
+                return None
+        return [(user, dims)]
+    return None

@@ -26,7 +26,20 @@ included), so a length-0 history attends to its padding slot 0 exactly as the mo
 (and the model's ``has_hist`` multiply then zeroes it, as before). Query rows at or past a
 row's length are padding: the model computes attention there and never reads it (the
 padded positions are masked out of every later key and of the final pooling); the kernel
-leaves them zero. Cross-attention (queries that are not the padded sequence) stays SDPA.
+leaves them zero.
+
+Every other SDPA whose mask is a key-padding mask, whatever its source, becomes a
+``key_padding_attention`` (:func:`match_key_padding`): a bool or additive float ``[B, L]``
+mask broadcast over heads and queries (a graph input, ``arange < lengths``, offsets,
+``nn.MultiheadAttention``'s ``key_padding_mask`` as it exports: ``masked_fill(zeros, ~m,
+-inf)`` viewed over heads), optionally and-ed with the causal mask. The graph cannot prove
+such a mask is a prefix, so the op (``backends/triton/key_padding_attention``) checks it at
+run time and falls back to the padded attention (counted). Self-attention runs jagged when
+nothing reads its padding query rows unmasked, else every query row is computed over the
+real keys; cross-attention (dense queries of another length: a target item, summary
+queries) likewise. An SDPA left padded carries its reason (``gemc.jagged_skipped``:
+``dropout``, ``no-key-padding-mask``, ``mask-varies-over-queries``, ...) in the dump and a
+warning.
 """
 
 from __future__ import annotations
@@ -42,6 +55,8 @@ from gemc import ir
 from gemc.context import PassContext
 
 from .jagged_patterns import (
+    KeyMask,
+    attention_key_mask,
     descends,
     key_padding_mask,
     padded_sequences,
@@ -50,6 +65,7 @@ from .jagged_patterns import (
 )
 
 aten = torch.ops.aten
+SKIPPED = ir.PREFIX + "jagged_skipped"  # why an attention was not made jagged (a named reason)
 
 def match(gm: fx.GraphModule, node: fx.Node) -> dict[str, Any] | None:
     """The jagged-attention facts of an SDPA node, or None when it is not the pattern.
@@ -100,6 +116,57 @@ def match(gm: fx.GraphModule, node: fx.Node) -> dict[str, Any] | None:
     }
 
 
+def _sdpa_args(node: fx.Node) -> dict[str, Any]:
+    args = list(node.args) + [None] * (8 - len(node.args))
+    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
+             "enable_gqa")
+    return {n: node.kwargs.get(n, args[i]) for i, n in enumerate(names)}
+
+
+def match_key_padding(node: fx.Node) -> dict[str, Any] | str:
+    """The facts of an SDPA under a key-padding mask from any source (a graph input, an
+    additive float mask, ``arange < lengths``, ``nn.MultiheadAttention``'s key_padding_mask,
+    optionally and-ed with the causal mask), or the named reason it is not one. The mask's
+    prefix property is not proven here: the op checks it at run time and falls back."""
+    a = _sdpa_args(node)
+    if a["dropout_p"]:
+        return "dropout"
+    if a["enable_gqa"]:
+        return "grouped-query"
+    if a["is_causal"] and a["attn_mask"] is not None:
+        return "causal-with-explicit-mask"
+    shapes = [ir.shape_of(x) for x in (a["query"], a["key"], a["value"])]
+    if any(s is None or len(s) != 4 for s in shapes):
+        return "not-4d"
+    if shapes[1] != shapes[2] or tuple(shapes[0][:2]) != tuple(shapes[1][:2]) \
+            or shapes[0][3] != shapes[1][3]:
+        return "qkv-shapes"
+    batch, heads, length, head_dim = (int(x) for x in shapes[1])
+    queries = int(shapes[0][2])
+    if a["attn_mask"] is None:
+        return "no-key-padding-mask"
+    found = attention_key_mask(a["attn_mask"], batch, length)
+    if isinstance(found, str):
+        return found
+    mask, causal = found
+    if causal and queries != length:
+        return "causal-cross-attention"
+    scale = a["scale"]
+    return {
+        "mask": mask.node.name,
+        "_key_mask": mask,
+        "additive": mask.additive,
+        "causal": bool(causal),
+        "zero_padding_queries": queries == length,
+        "queries": queries,
+        "max_len": length,
+        "heads": heads,
+        "head_dim": head_dim,
+        "scale": float(scale) if scale is not None else None,
+        "fill": 1.0,  # unknown at compile time: data, checked per call
+    }
+
+
 def _price(node: fx.Node, facts: dict[str, Any], ctx: PassContext) -> dict[str, float] | None:
     topology = getattr(ctx, "topology", None)
     if topology is None:
@@ -122,6 +189,27 @@ def _price(node: fx.Node, facts: dict[str, Any], ctx: PassContext) -> dict[str, 
     return {"before_ms": round(float(before), 6), "after_ms": round(after, 6)}
 
 
+def _price_guarded(node: fx.Node, facts: dict[str, Any], mask: fx.Node, ctx: PassContext
+                   ) -> dict[str, float] | None:
+    """A guarded attention's forward+backward ms, padded and as compiled: the fill of a
+    data-given mask is unknown at compile time, so the attention is priced at fill 1 (no
+    saving claimed) plus what the guard adds: reading the mask, and for the jagged
+    self-attention path the padded <-> jagged copies of q, k, v and the output."""
+    topology = getattr(ctx, "topology", None)
+    if topology is None:
+        return None
+    from gemc.cost_model import op_cost
+
+    gpu, calib = topology.gpu, getattr(ctx, "calibration", None)
+    before = node.meta.get(ir.PREDICTED_MS)
+    if before is None:
+        before = op_cost.node_cost(node, gpu, calib).total_ms
+    moved = ir.nbytes(mask) + (8 * ir.nbytes(node) * 2 if facts["zero_padding_queries"] else 0)
+    mem, _ = op_cost.memory_time(moved, gpu, calib, "copy")
+    after = float(before) * float(facts["fill"]) + 1e3 * mem
+    return {"before_ms": round(float(before), 6), "after_ms": round(after, 6)}
+
+
 @dataclass(frozen=True)
 class MatchJaggedAttention:
     """Annotates matching SDPA nodes with ``gemc.group`` and ``gemc.kernel`` (the facts the
@@ -131,22 +219,54 @@ class MatchJaggedAttention:
     requires: ClassVar[tuple[str, ...]] = ("classify-ops",)
 
     def run(self, gm: fx.GraphModule, ctx: PassContext) -> PassResult:
-        count = 0
+        count = guarded = 0
         for node in gm.graph.nodes:
-            if ir.GROUP in node.meta:
+            if ir.GROUP in node.meta or node.target is not aten.scaled_dot_product_attention.default:
                 continue
             facts = match(gm, node)
-            if facts is None:
-                continue
-            reader = padding_rows_read_by(node, facts.pop("_mask"))
-            if reader is not None:
-                ctx.warn(f"match-jagged-attention: {node.name} stays padded SDPA: the rows of "
-                         f"its padding queries are read unmasked by {reader.name}")
-                continue
-            gid = f"jagged_attention_{count}"
-            count += 1
-            node.meta[ir.GROUP] = gid
-            price = _price(node, facts, ctx)
-            node.meta[ir.KERNEL] = {"id": gid, "kind": "jagged_attention", **facts,
-                                    **(price or {})}
-        return PassResult(gm, count > 0)
+            if facts is not None:
+                reader = padding_rows_read_by(node, facts.pop("_mask"))
+                if reader is None:
+                    gid = f"jagged_attention_{count}"
+                    count += 1
+                    node.meta[ir.GROUP] = gid
+                    price = _price(node, facts, ctx)
+                    node.meta[ir.KERNEL] = {"id": gid, "kind": "jagged_attention", **facts,
+                                            **(price or {})}
+                    continue
+                ctx.warn(f"match-jagged-attention: {node.name} is not jagged attention: the "
+                         f"rows of its padding queries are read unmasked by {reader.name}")
+            if self._guarded(node, guarded, ctx):
+                guarded += 1
+        return PassResult(gm, count + guarded > 0)
+
+    def _guarded(self, node: fx.Node, index: int, ctx: PassContext) -> bool:
+        """Make ``node`` a guarded key-padding attention if its mask is one (any source);
+        else record why not. Padding query rows that something reads are computed (over the
+        real keys), except under a causal mask (the varlen-key kernel is not causal)."""
+        found = match_key_padding(node)
+        if isinstance(found, str):
+            self._skip(node, found, ctx)
+            return False
+        mask: KeyMask = found.pop("_key_mask")
+        reader = padding_rows_read_by(node, mask) if found["zero_padding_queries"] else None
+        if reader is not None:
+            if found["causal"]:
+                self._skip(node, f"padding-rows-read-by:{reader.name}", ctx)
+                return False
+            # every query row computed, over the real keys: exact, a smaller saving
+            found["zero_padding_queries"] = False
+            found["padding_rows_read_by"] = reader.name
+        gid = f"key_padding_attention_{index}"
+        node.meta[ir.GROUP] = gid
+        price = _price_guarded(node, found, mask.node, ctx)
+        node.meta[ir.KERNEL] = {"id": gid, "kind": "key_padding_attention", **found,
+                                **(price or {})}
+        return True
+
+    @staticmethod
+    def _skip(node: fx.Node, reason: str, ctx: PassContext) -> None:
+        """Record why an attention stays padded SDPA: on the node (the dump shows it as
+        ``jagged_skipped=...``) and as a warning naming the reason."""
+        node.meta[SKIPPED] = reason
+        ctx.warn(f"match-jagged-attention: {node.name} stays padded SDPA ({reason})")

@@ -44,6 +44,8 @@ from .jagged_patterns import follow_padding
 aten = torch.ops.aten
 PACKED = ir.PREFIX + "packed"  # {"id", "dims": [batch dim, sequence dim], "zeroed"} per node
 PACKED_REGION = ir.PREFIX + "packed_region"  # the region's facts, on its source node
+PACKED_SKIPPED = ir.PREFIX + "packed_skipped"  # why an attention's history stays padded
+_GUARDED = ("key_padding_attention", "jagged_silu_attention")
 
 
 def _sources(gm: fx.GraphModule) -> dict[str, dict[str, Any]]:
@@ -126,4 +128,19 @@ class PackJaggedTokens:
                 "fill": facts["fill"],
                 **_price(nodes, source, float(facts["fill"]), ctx),
             }
+        self._report_guarded(gm, ctx)
         return PassResult(gm, count > 0)
+
+    @staticmethod
+    def _report_guarded(gm: fx.GraphModule, ctx: PassContext) -> None:
+        """Name why the token-wise work around a guarded attention (a mask from the data)
+        stays padded: a region needs the layout of an ``index_put`` of jagged values, and a
+        mask only known at run time would need the whole region guarded (not built yet)."""
+        for node in gm.graph.nodes:
+            facts = node.meta.get(ir.KERNEL) or {}
+            if facts.get("kind") not in _GUARDED or PACKED in node.meta:
+                continue
+            node.meta[PACKED_SKIPPED] = "mask-source"
+            ctx.warn(f"pack-jagged-tokens: the sequence around {node.name} stays padded "
+                     "(mask-source: a run-time-checked mask; regions follow index_put sources "
+                     "only)")

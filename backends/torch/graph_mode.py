@@ -52,6 +52,8 @@ GRAPH_KINDS = (
     "reduction",
     "batched_embedding_bag",
     "jagged_attention",
+    "key_padding_attention",
+    "jagged_silu_attention",
     "packed_tokens",
     "transposed_linear",
 )

@@ -10,6 +10,7 @@ carries the measured values only; predicted memory per rank is read from
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 import torch.distributed as dist
@@ -23,11 +24,15 @@ def build_report(
     """The run report: measured next to predicted, per rank (gathered to every rank)."""
     wsize = world.world_size
     timing = metrics.timing(opts.warmup_steps)
+    # guarded attentions (run-time prefix check): how often each path ran on this rank;
+    # read only if the kernels' module was loaded (a run without them imports no Triton)
+    guarded = sys.modules.get("gemc.backends.triton.key_padding_attention")
     mine = {
         "rank": world.rank,
         "host": os.uname().nodename,
         "step_ms": timing,
         "memory": memory_stats(device),
+        "guarded_attention": guarded.STATS.as_dict() if guarded is not None else None,
         "tables_held": {
             fqn: (
                 None

@@ -10,6 +10,11 @@ running
   source, checked against its sha256, or regenerated from its structure),
 * each ``jagged_attention`` entry as ``padded_to_jagged`` -> ``jagged_attention`` ->
   ``jagged_to_padded`` over the lengths the model's mask uses,
+* each ``key_padding_attention`` entry as one call of
+  :func:`.key_padding_attention.key_padding_attention` (it checks at run time that the mask
+  is a prefix, and falls back to the padded attention when it is not); each
+  ``jagged_silu_attention`` entry (HSTU's formula, all its nodes) likewise, as one call of
+  :func:`.key_padding_attention.key_padding_silu_attention`,
 * each ``batched_embedding_bag`` entry as one :class:`BatchedEmbeddingBag` lookup whose
   backward updates the tables in place (the optimizer is fused: no table gradient exists),
 
@@ -248,6 +253,8 @@ class GraphRunner:
             names = list(entry["binding"]["inputs"])
         elif entry["kind"] == "jagged_attention":
             names = [entry[x] for x in ("q", "k", "v", "offsets")]
+        elif entry["kind"] in ("key_padding_attention", "jagged_silu_attention"):
+            names = [entry[x] for x in ("q", "k", "v", "mask", "bias") if entry.get(x)]
         elif entry["kind"] == "batched_embedding_bag":
             names = [t[x] for t in entry["tables"] for x in ("ids", "offsets")]
         elif entry["kind"] == "transposed_linear":
@@ -442,6 +449,29 @@ class GraphRunner:
             node = unit["nodes"][0]
             value, is_packed = self._jagged_attention(entry, env, by_name)
             self._store(node, value, env, is_packed)
+        elif entry["kind"] == "key_padding_attention":
+            # self-contained op: checks the mask is a prefix and falls back itself
+            from .key_padding_attention import key_padding_attention
+
+            q, k, v, mask = (self._padded(by_name[entry[x]], env) for x in ("q", "k", "v",
+                                                                             "mask"))
+            if entry.get("merged_heads"):  # [B*H, L, d] operands (MultiheadAttention)
+                q, k, v = (x.unflatten(0, (mask.shape[0], -1)) for x in (q, k, v))
+            out = key_padding_attention(q, k, v, mask, entry["scale"], entry["causal"],
+                                        entry["additive"], entry["zero_padding_queries"],
+                                        entry.get("nan_if_empty", False))
+            if entry.get("merged_heads"):
+                out = out.flatten(0, 1)
+            self._store(by_name[entry.get("output", unit["nodes"][0].name)], out, env, False)
+        elif entry["kind"] == "jagged_silu_attention":
+            from .key_padding_attention import key_padding_silu_attention
+
+            q, k, v, mask = (self._padded(by_name[entry[x]], env) for x in ("q", "k", "v",
+                                                                             "mask"))
+            bias = self._padded(by_name[entry["bias"]], env) if entry.get("bias") else None
+            out = key_padding_silu_attention(q, k, v, mask, entry["norm"], entry["scale"],
+                                             entry["causal"], entry["query_mask"], bias)
+            self._store(by_name[entry["output"]], out, env, False)
         elif entry["kind"] == "batched_embedding_bag":
             self._embeddings(entry, env, by_name)
         elif entry["kind"] == "transposed_linear":

@@ -176,6 +176,15 @@ def _inv_norm(seq_len, inv_max_len, NORM_BY_SEQ_LEN: tl.constexpr):
         return inv_max_len
 
 
+@triton.jit
+def _bias_tile(bias_base, offs_m, offs_n, seq_len, sbi, sbj):
+    """The additive bias of a [BLOCK_M, BLOCK_N] score tile (positions within the sequence;
+    rows or columns past its end read 0)."""
+    ptrs = bias_base + offs_m[:, None].to(tl.int64) * sbi + offs_n[None, :].to(tl.int64) * sbj
+    inside = (offs_m[:, None] < seq_len) & (offs_n[None, :] < seq_len)
+    return tl.load(ptrs, mask=inside, other=0.0).to(tl.float32)
+
+
 # ---------------------------------------------------------------------------------------
 # one block step of each kernel
 # ---------------------------------------------------------------------------------------
@@ -183,14 +192,16 @@ def _inv_norm(seq_len, inv_max_len, NORM_BY_SEQ_LEN: tl.constexpr):
 
 @triton.jit
 def _fwd_step(acc, m_i, l_i, q, k_base, v_base, start, start_n, offs_m, offs_d, seq_len,
-              stride_kt, stride_vt, scale, inv_norm,
+              stride_kt, stride_vt, scale, inv_norm, bias_base, sbi, sbj,
               HEAD_DIM: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr,
               CAUSAL: tl.constexpr, SILU: tl.constexpr, IEEE: tl.constexpr,
-              MASK: tl.constexpr):
+              MASK: tl.constexpr, HAS_BIAS: tl.constexpr):
     offs_n = start_n + tl.arange(0, BLOCK_N)
     k = _load_rows(k_base, start, offs_n, seq_len, stride_kt, offs_d, HEAD_DIM, EVEN_D, MASK)
     v = _load_rows(v_base, start, offs_n, seq_len, stride_vt, offs_d, HEAD_DIM, EVEN_D, MASK)
     s = mma(q, tl.trans(k), IEEE) * scale
+    if HAS_BIAS:
+        s += _bias_tile(bias_base, offs_m, offs_n, seq_len, sbi, sbj)
     if SILU:
         p, _ = _probs(s, offs_m, offs_n, seq_len, m_i, inv_norm, CAUSAL, SILU, MASK)
         acc += mma(p.to(v.dtype), v, IEEE)
@@ -211,33 +222,40 @@ def _fwd_step(acc, m_i, l_i, q, k_base, v_base, start, start_n, offs_m, offs_d, 
 
 @triton.jit
 def _dq_step(dq, q, do, lse, delta, k_base, v_base, start, start_n, offs_m, offs_d, seq_len,
-             stride_kt, stride_vt, scale, inv_norm,
+             stride_kt, stride_vt, scale, inv_norm, bias_base, sbi, sbj, db_base, sdi, sdj,
              HEAD_DIM: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr,
              CAUSAL: tl.constexpr, SILU: tl.constexpr, IEEE: tl.constexpr,
-             MASK: tl.constexpr):
+             MASK: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr):
     offs_n = start_n + tl.arange(0, BLOCK_N)
     k = _load_rows(k_base, start, offs_n, seq_len, stride_kt, offs_d, HEAD_DIM, EVEN_D, MASK)
     v = _load_rows(v_base, start, offs_n, seq_len, stride_vt, offs_d, HEAD_DIM, EVEN_D, MASK)
     s = mma(q, tl.trans(k), IEEE) * scale
+    if HAS_BIAS:
+        s += _bias_tile(bias_base, offs_m, offs_n, seq_len, sbi, sbj)
     p, dp_ds = _probs(s, offs_m, offs_n, seq_len, lse, inv_norm, CAUSAL, SILU, MASK)
     dp = mma(do, tl.trans(v), IEEE)
     if SILU:
         ds = dp * dp_ds
     else:
         ds = p * (dp - delta[:, None])
+    if BIAS_GRAD:  # d loss / d bias = d loss / d s: each visible tile is visited once here
+        ptrs = db_base + offs_m[:, None].to(tl.int64) * sdi + offs_n[None, :].to(tl.int64) * sdj
+        tl.store(ptrs, ds, mask=(offs_m[:, None] < seq_len) & (offs_n[None, :] < seq_len))
     return dq + mma(ds.to(k.dtype), k, IEEE)
 
 
 @triton.jit
 def _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start, start_m, offs_n,
-               offs_d, seq_len, stride_qt, stride_dot, scale, inv_norm,
+               offs_d, seq_len, stride_qt, stride_dot, scale, inv_norm, bias_base, sbi, sbj,
                HEAD_DIM: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr,
                CAUSAL: tl.constexpr, SILU: tl.constexpr, IEEE: tl.constexpr,
-               MASK: tl.constexpr):
+               MASK: tl.constexpr, HAS_BIAS: tl.constexpr):
     offs_m = start_m + tl.arange(0, BLOCK_M)
     q = _load_rows(q_base, start, offs_m, seq_len, stride_qt, offs_d, HEAD_DIM, EVEN_D, MASK)
     do = _load_rows(do_base, start, offs_m, seq_len, stride_dot, offs_d, HEAD_DIM, EVEN_D, MASK)
     s = mma(q, tl.trans(k), IEEE) * scale
+    if HAS_BIAS:
+        s += _bias_tile(bias_base, offs_m, offs_n, seq_len, sbi, sbj)
     dp = mma(do, tl.trans(v), IEEE)
     if SILU:
         p, dp_ds = _probs(s, offs_m, offs_n, seq_len, offs_m, inv_norm, CAUSAL, SILU, MASK)
@@ -276,10 +294,15 @@ def _fwd_kernel(
     Q, K, V, Out, LSE, offsets_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     stride_lse_h, num_heads, scale, inv_max_len,
+    BIAS, DBIAS, stride_bb, stride_bh, stride_bi, stride_bj,
+    stride_dbb, stride_dbh, stride_dbi, stride_dbj,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     CAUSAL: tl.constexpr, SILU: tl.constexpr, NORM_BY_SEQ_LEN: tl.constexpr,
-    IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IEEE: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
+    bias_base = BIAS + (tl.program_id(0) // num_heads).to(tl.int64) * stride_bb \
+        + (tl.program_id(0) % num_heads) * stride_bh
     pid_bh = tl.program_id(0)
     # Heaviest (last, under a causal mask) query blocks first: shorter tail.
     pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
@@ -303,11 +326,13 @@ def _fwd_kernel(
     for start_n in range(0, full, BLOCK_N):
         acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, start, start_n, offs_m,
                                   offs_d, seq_len, stride_kt, stride_vt, scale, inv_norm,
-                                  HEAD_DIM, EVEN_D, BLOCK_N, CAUSAL, SILU, IEEE, False)
+                                  bias_base, stride_bi, stride_bj,
+                                  HEAD_DIM, EVEN_D, BLOCK_N, CAUSAL, SILU, IEEE, False, HAS_BIAS)
     for start_n in range(full, end, BLOCK_N):
         acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, start, start_n, offs_m,
                                   offs_d, seq_len, stride_kt, stride_vt, scale, inv_norm,
-                                  HEAD_DIM, EVEN_D, BLOCK_N, CAUSAL, SILU, IEEE, True)
+                                  bias_base, stride_bi, stride_bj,
+                                  HEAD_DIM, EVEN_D, BLOCK_N, CAUSAL, SILU, IEEE, True, HAS_BIAS)
     if not SILU:
         l_safe = tl.where(l_i > 0.0, l_i, 1.0)
         acc = acc / l_safe[:, None]
@@ -323,10 +348,17 @@ def _bwd_dq_kernel(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     stride_dot, stride_doh, stride_dqt, stride_dqh,
     stride_lse_h, num_heads, scale, inv_max_len,
+    BIAS, DBIAS, stride_bb, stride_bh, stride_bi, stride_bj,
+    stride_dbb, stride_dbh, stride_dbi, stride_dbj,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     CAUSAL: tl.constexpr, SILU: tl.constexpr, NORM_BY_SEQ_LEN: tl.constexpr,
-    IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IEEE: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
+    bias_base = BIAS + (tl.program_id(0) // num_heads).to(tl.int64) * stride_bb \
+        + (tl.program_id(0) % num_heads) * stride_bh
+    db_base = DBIAS + (tl.program_id(0) // num_heads).to(tl.int64) * stride_dbb \
+        + (tl.program_id(0) % num_heads) * stride_dbh
     pid_bh = tl.program_id(0)
     pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
     b = pid_bh // num_heads
@@ -358,11 +390,15 @@ def _bwd_dq_kernel(
     for start_n in range(0, full, BLOCK_N):
         dq = _dq_step(dq, q, do, lse, delta, k_base, v_base, start, start_n, offs_m, offs_d,
                       seq_len, stride_kt, stride_vt, scale, inv_norm,
-                      HEAD_DIM, EVEN_D, BLOCK_N, CAUSAL, SILU, IEEE, False)
+                      bias_base, stride_bi, stride_bj, db_base, stride_dbi, stride_dbj,
+                      HEAD_DIM, EVEN_D, BLOCK_N, CAUSAL, SILU, IEEE, False, HAS_BIAS,
+                      BIAS_GRAD)
     for start_n in range(full, end, BLOCK_N):
         dq = _dq_step(dq, q, do, lse, delta, k_base, v_base, start, start_n, offs_m, offs_d,
                       seq_len, stride_kt, stride_vt, scale, inv_norm,
-                      HEAD_DIM, EVEN_D, BLOCK_N, CAUSAL, SILU, IEEE, True)
+                      bias_base, stride_bi, stride_bj, db_base, stride_dbi, stride_dbj,
+                      HEAD_DIM, EVEN_D, BLOCK_N, CAUSAL, SILU, IEEE, True, HAS_BIAS,
+                      BIAS_GRAD)
     dq = dq * scale
     _store_rows(DQ + h * stride_dqh, start, offs_m, seq_len, stride_dqt, offs_d, dq, HEAD_DIM)
 
@@ -374,10 +410,15 @@ def _bwd_dkdv_kernel(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_dot, stride_doh, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
     stride_lse_h, num_heads, scale, inv_max_len,
+    BIAS, DBIAS, stride_bb, stride_bh, stride_bi, stride_bj,
+    stride_dbb, stride_dbh, stride_dbi, stride_dbj,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     CAUSAL: tl.constexpr, SILU: tl.constexpr, NORM_BY_SEQ_LEN: tl.constexpr,
-    IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IEEE: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
+    bias_base = BIAS + (tl.program_id(0) // num_heads).to(tl.int64) * stride_bb \
+        + (tl.program_id(0) % num_heads) * stride_bh
     pid_bh = tl.program_id(0)
     pid_n = tl.program_id(1)  # causal: early key blocks see the most queries, run them first
     b = pid_bh // num_heads
@@ -411,15 +452,18 @@ def _bwd_dkdv_kernel(
     for start_m in range(lo, tl.minimum(diag, seq_len), BLOCK_M):
         dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start,
                             start_m, offs_n, offs_d, seq_len, stride_qt, stride_dot, scale,
-                            inv_norm, HEAD_DIM, EVEN_D, BLOCK_M, CAUSAL, SILU, IEEE, True)
+                            inv_norm, bias_base, stride_bi, stride_bj,
+                            HEAD_DIM, EVEN_D, BLOCK_M, CAUSAL, SILU, IEEE, True, HAS_BIAS)
     for start_m in range(diag, full, BLOCK_M):
         dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start,
                             start_m, offs_n, offs_d, seq_len, stride_qt, stride_dot, scale,
-                            inv_norm, HEAD_DIM, EVEN_D, BLOCK_M, CAUSAL, SILU, IEEE, False)
+                            inv_norm, bias_base, stride_bi, stride_bj,
+                            HEAD_DIM, EVEN_D, BLOCK_M, CAUSAL, SILU, IEEE, False, HAS_BIAS)
     for start_m in range(tl.maximum(diag, full), seq_len, BLOCK_M):
         dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start,
                             start_m, offs_n, offs_d, seq_len, stride_qt, stride_dot, scale,
-                            inv_norm, HEAD_DIM, EVEN_D, BLOCK_M, CAUSAL, SILU, IEEE, True)
+                            inv_norm, bias_base, stride_bi, stride_bj,
+                            HEAD_DIM, EVEN_D, BLOCK_M, CAUSAL, SILU, IEEE, True, HAS_BIAS)
     dk = dk * scale
     _store_rows(DK + h * stride_dkh, start, offs_n, seq_len, stride_dkt, offs_d, dk, HEAD_DIM)
     _store_rows(DV + h * stride_dvh, start, offs_n, seq_len, stride_dvt, offs_d, dv, HEAD_DIM)
@@ -457,7 +501,19 @@ def _grid(batch: int, heads: int, max_len: int, block: str):
     return lambda cfg: (batch * heads, triton.cdiv(max_len, cfg[block]))
 
 
-def _attention_forward(q, k, v, offsets, max_len: int, scale: float, meta: dict):
+def _bias_args(bias: torch.Tensor | None, dbias: torch.Tensor | None, q: torch.Tensor
+               ) -> tuple:
+    """The kernels' bias operands: a 4-D (broadcast) bias and its fp32 gradient buffer with
+    their strides, or a placeholder pointer with zero strides when absent."""
+    b = bias if bias is not None else q
+    d = dbias if dbias is not None else q
+    bs = bias.stride() if bias is not None else (0, 0, 0, 0)
+    ds = dbias.stride() if dbias is not None else (0, 0, 0, 0)
+    return (b, d, *bs, *ds)
+
+
+def _attention_forward(q, k, v, offsets, max_len: int, scale: float, meta: dict,
+                       bias: torch.Tensor | None = None, dbias: torch.Tensor | None = None):
     total, heads, _ = q.shape
     batch = offsets.numel() - 1
     out = torch.zeros_like(q, memory_format=torch.contiguous_format)
@@ -468,12 +524,14 @@ def _attention_forward(q, k, v, offsets, max_len: int, scale: float, meta: dict)
     _fwd_kernel[_grid(batch, heads, max_len, "BLOCK_M")](
         q, k, v, out, lse, offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        out.stride(0), out.stride(1), lse.stride(0), heads, scale, 1.0 / max_len, **meta,
+        out.stride(0), out.stride(1), lse.stride(0), heads, scale, 1.0 / max_len,
+        *_bias_args(bias, dbias, q), **meta,
     )
     return out, lse
 
 
-def _attention_backward(q, k, v, out, lse, do, offsets, max_len: int, scale: float, meta):
+def _attention_backward(q, k, v, out, lse, do, offsets, max_len: int, scale: float, meta,
+                        bias: torch.Tensor | None = None, dbias: torch.Tensor | None = None):
     total, heads, _ = q.shape
     batch = offsets.numel() - 1
     dq = torch.zeros_like(q, memory_format=torch.contiguous_format)
@@ -486,13 +544,13 @@ def _attention_backward(q, k, v, out, lse, do, offsets, max_len: int, scale: flo
         q, k, v, out, do, dq, lse, delta, offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1), do.stride(0), do.stride(1), dq.stride(0), dq.stride(1),
-        lse.stride(0), heads, scale, 1.0 / max_len, **meta,
+        lse.stride(0), heads, scale, 1.0 / max_len, *_bias_args(bias, dbias, q), **meta,
     )
     _bwd_dkdv_kernel[_grid(batch, heads, max_len, "BLOCK_N")](
         q, k, v, do, dk, dv, lse, delta, offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         do.stride(0), do.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
-        lse.stride(0), heads, scale, 1.0 / max_len, **meta,
+        lse.stride(0), heads, scale, 1.0 / max_len, *_bias_args(bias, dbias, q), **meta,
     )
     return dq, dk, dv
 
@@ -501,20 +559,25 @@ class JaggedAttentionFunction(torch.autograd.Function):
     """Autograd wrapper: saves q, k, v, out and (softmax) the row logsumexp, nothing else."""
 
     @staticmethod
-    def forward(ctx, q, k, v, offsets, max_len, scale, meta):  # type: ignore[override]
-        out, lse = _attention_forward(q, k, v, offsets, max_len, scale, meta)
-        ctx.save_for_backward(q, k, v, offsets, out, lse)
+    def forward(ctx, q, k, v, offsets, max_len, scale, meta, bias=None):  # type: ignore[override]
+        out, lse = _attention_forward(q, k, v, offsets, max_len, scale, meta, bias)
+        ctx.save_for_backward(q, k, v, offsets, out, lse, bias)
         ctx.max_len, ctx.scale, ctx.meta = max_len, scale, meta
         return out
 
     @staticmethod
     def backward(ctx, grad_out):  # type: ignore[override]
-        q, k, v, offsets, out, lse = ctx.saved_tensors
+        q, k, v, offsets, out, lse, bias = ctx.saved_tensors
         do = _last_dim_contiguous(grad_out)
+        dbias = None
+        if bias is not None and ctx.meta["BIAS_GRAD"]:
+            # [B, H, Lb, Lb] in fp32: the backward of the caller's expand sums it down
+            dbias = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device)
         dq, dk, dv = _attention_backward(
-            q, k, v, out, lse, do, offsets, ctx.max_len, ctx.scale, ctx.meta
+            q, k, v, out, lse, do, offsets, ctx.max_len, ctx.scale, ctx.meta, bias, dbias
         )
-        return dq, dk, dv, None, None, None, None
+        return dq, dk, dv, None, None, None, None, \
+            dbias.to(bias.dtype) if dbias is not None else None
 
 
 def _check_inputs(q, k, v, offsets) -> None:
@@ -539,6 +602,7 @@ def jagged_attention(
     causal: bool = False,
     kind: AttentionKind = "softmax",
     silu_normalizer: SiluNormalizer = "max_len",
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention within each sequence of a jagged batch; returns ``[total_len, heads, head_dim]``.
 
@@ -546,6 +610,10 @@ def jagged_attention(
     ``max_len``: the longest sequence (>= every length); pass it to avoid a host sync, and for
     ``kind="silu", silu_normalizer="max_len"`` it is also the normaliser ``N``.
     ``scale`` defaults to ``1/sqrt(head_dim)``. See the module docstring for the semantics.
+    ``bias``: an additive score bias broadcastable to ``[B, heads, Lb, Lb]`` (e.g. HSTU's
+    relative position bias ``[Lb, Lb]``), indexed by positions within each sequence
+    (``Lb`` >= every length): ``s_ij = scale * q_i . k_j + bias[b, h, i, j]``. Its gradient,
+    when it requires one, goes through a ``[B, heads, Lb, Lb]`` fp32 buffer.
     Rows of length-0 sequences do not exist, so they produce nothing and get no gradient.
     """
     _check_inputs(q, k, v, offsets)
@@ -555,8 +623,17 @@ def jagged_attention(
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[2])
     meta = _meta(q, causal, kind, silu_normalizer)
+    meta["HAS_BIAS"] = bias is not None
+    meta["BIAS_GRAD"] = bias is not None and bias.requires_grad
+    if bias is not None:
+        lb = bias.shape[-1]
+        if bias.dim() > 4 or bias.shape[-2] != lb:
+            raise ValueError(f"bias must broadcast to [B, H, Lb, Lb], got {tuple(bias.shape)}")
+        bias = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape)).expand(
+            offsets.numel() - 1, q.shape[1], lb, lb)
     q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
-    return JaggedAttentionFunction.apply(q, k, v, offsets, int(max_len), float(scale), meta)
+    return JaggedAttentionFunction.apply(q, k, v, offsets, int(max_len), float(scale), meta,
+                                         bias)
 
 
 def jagged_attention_reference(

@@ -38,12 +38,19 @@ def test_mask_without_clamp_is_recorded():
     assert _matched(JAGGED, {"clamp": False})[0]["clamp_min"] == 0
 
 
-def test_attention_whose_padding_rows_are_read_is_not_matched():
+def test_attention_whose_padding_rows_are_read_is_not_jagged():
     """An unmasked mean over all positions reads the padding queries' rows, which jagged
-    attention leaves zero: substituting would change the loss, so the SDPA stays."""
-    gm, ctx, _ = compiled(JAGGED, {"leak": True}, priced=False, upto="match-jagged-attention")
-    assert not [n for n in gm.graph.nodes if ir.GROUP in n.meta]
+    attention leaves zero: it is no jagged attention, but a guarded key-padding attention
+    that computes every query row (over the real keys only), so the loss is eager's."""
+    gm, ctx, spec = compiled(JAGGED, {"leak": True})
+    kinds = [n.meta[ir.KERNEL]["kind"] for n in gm.graph.nodes if ir.KERNEL in n.meta
+             and "attention" in n.meta[ir.KERNEL]["kind"]]
+    assert kinds == ["key_padding_attention", "key_padding_attention"]  # self and cross
+    assert all(not n.meta[ir.KERNEL]["zero_padding_queries"] for n in gm.graph.nodes
+               if n.meta.get(ir.KERNEL, {}).get("kind") == "key_padding_attention")
     assert any("read unmasked by mean" in w for w in ctx.warnings), ctx.warnings
+    batch = models.jagged_batch([3, 0, 8, 1], torch.Generator().manual_seed(fresh_seed()))
+    run_against_eager(gm, entries_of(gm, ctx, ["key_padding_attention"]), spec.model, batch)
 
 
 def test_padded_input_without_jagged_origin_is_not_matched():

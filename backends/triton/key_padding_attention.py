@@ -1,0 +1,283 @@
+"""Attention under a key-padding mask the compiler cannot prove is a prefix, guarded at run time.
+
+Why: most recommendation models receive a padded history ``[B, L, d]`` and a mask ``[B, L]``
+as inputs (a boolean "keep" mask, an additive float mask of 0 / -inf or 0 / a large
+negative, or one built from lengths). When every row's mask keeps a prefix of its
+positions, the attention is the jagged attention over ``lengths = mask.sum(-1)``, whose work
+scales with ``sum(len_b ** 2)`` instead of ``B * L ** 2``. Nothing in the graph proves what a
+mask from the data looks like, so :func:`key_padding_attention` checks it on every call with
+one small kernel (per row: the kept count, positions that break the prefix, additive values
+that are no mask) and picks a path, each counted in :data:`STATS`:
+
+* ``jagged``: every row a prefix: straight to the jagged kernels;
+* ``compacted``: a boolean-valid mask that is not a prefix on some row (e.g. a history with
+  the target item appended after its padding, as BST does): each row's kept positions are
+  moved to the front in their order (a stable sort of the mask, one gather of q, k, v and a
+  scatter of the output), which makes it a prefix. Exact: softmax attention is invariant to
+  the order of its keys, and the causal mask keeps its meaning because the order of the kept
+  positions is preserved;
+* ``fallback``: anything else (an additive row with a value that is neither 0 nor <= -1e4,
+  or a finite-negative row with nothing kept; the SiLU kernel's masks that are not prefixes,
+  whose relative bias is indexed by position): the exact padded computation.
+
+Never silently wrong. The op is a plain function of tensors and static scalars (``scale``,
+``causal``, ``additive``, ``zero_padding_queries``), so it can be registered as a custom
+op; the check and the fallback live inside it, so it is guarded however it is invoked.
+
+Semantics: ``key_padding_attention(q, k, v, key_mask)`` with ``q, k, v: [B, H, L, D]`` and
+``key_mask: [B, L]`` (bool: True keeps the key; float, ``additive=True``: added to the
+scores) equals ``scaled_dot_product_attention(q, k, v, attn_mask=key_mask[:, None, None, :])``
+(combined with a lower-triangular mask when ``causal``) on every query row at a kept
+position; rows at masked positions are padding and come back zero on the jagged paths (the
+caller, i.e. the pass, proves nothing reads them unmasked). With
+``zero_padding_queries=False``, or queries ``[B, H, M, D]`` of another length
+(cross-attention: summary queries or a target item over the history), every query row is
+computed, over the row's kept keys only (:mod:`.varlen_key_attention`). On the fallback
+path every row is exactly the padded attention.
+
+What counts as a mask, checked per row: bool: any; additive: ``0`` on the kept keys and
+``<= -1e4`` elsewhere (so ``exp`` of a masked score underflows to exactly 0 next to any kept
+one, as in eager), and a row with no kept key all ``-inf`` (eager's output for such a row is
+then 0, as the jagged kernel's; with finite negatives eager would average every value).
+
+Host synchronisation: one per call, a read of three integers (prefix violations, invalid
+values, the total number of kept tokens). Why it cannot be avoided here: the paths launch
+different kernels with different shapes (the jagged values have ``total`` rows), a choice
+the host makes; doing all of them and selecting on the device would cost more than the
+padded attention alone. The layers of a model usually share one mask, so this is one small
+read per layer; sharing one check across the layers is left to the caller.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from .jagged import jagged_to_padded, padded_to_jagged
+from .jagged_attention import jagged_attention
+from .runtime import next_pow2
+from .varlen_key_attention import varlen_key_attention
+
+__all__ = ["STATS", "KeyPaddingStats", "key_padding_attention", "key_padding_silu_attention",
+           "prefix_lengths"]
+
+ADDITIVE_MASKED_MAX = -1.0e4
+"""An additive mask entry counts as masked at or below this (``exp(-1e4)`` is 0 in fp32)."""
+
+
+@dataclass
+class KeyPaddingStats:
+    """How often the guarded attention took each path (module-level: :data:`STATS`)."""
+
+    calls: int = 0
+    jagged: int = 0
+    compacted: int = 0
+    fallback: int = 0
+
+    def reset(self) -> None:
+        self.calls = self.jagged = self.compacted = self.fallback = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {"calls": self.calls, "jagged": self.jagged, "compacted": self.compacted,
+                "fallback": self.fallback}
+
+
+STATS = KeyPaddingStats()
+
+
+@triton.jit
+def _prefix_kernel(mask_ptr, stride_b, stride_l, length, lengths_ptr, bad_ptr,
+                   ADDITIVE: tl.constexpr, BLOCK_L: tl.constexpr):
+    """One program per row: its kept-key count, and how many positions break the prefix."""
+    b = tl.program_id(0)
+    offs = tl.arange(0, BLOCK_L)
+    inside = offs < length
+    ptrs = mask_ptr + b.to(tl.int64) * stride_b + offs * stride_l
+    if ADDITIVE:
+        m = tl.load(ptrs, mask=inside, other=0.0).to(tl.float32)
+        keep = m == 0.0
+    else:
+        m = tl.load(ptrs, mask=inside, other=0).to(tl.float32)
+        keep = m != 0.0
+    n = tl.sum((keep & inside).to(tl.int32), 0)
+    not_prefix = tl.sum((inside & (keep != (offs < n))).to(tl.int32), 0)
+    invalid = not_prefix * 0
+    if ADDITIVE:
+        # masked entries must be <= -1e4; a row with nothing kept must be all -inf
+        weak = inside & (~keep) & (m > -1.0e4)
+        finite = inside & (m > float("-inf"))
+        invalid += tl.sum(weak.to(tl.int32), 0)
+        invalid += tl.where(n == 0, tl.sum(finite.to(tl.int32), 0), 0)
+    tl.store(lengths_ptr + b, n)
+    tl.store(bad_ptr + 2 * b, not_prefix)
+    tl.store(bad_ptr + 2 * b + 1, invalid)
+
+
+def prefix_lengths(key_mask: torch.Tensor, additive: bool = False
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(offsets [B+1] int64, bad [B, 2] int32)`` of a ``[B, L]`` key mask, on its device with
+    no sync: ``offsets`` from the kept-key counts; ``bad[b, 0] > 0`` where row ``b`` keeps
+    something other than a prefix, ``bad[b, 1] > 0`` where an additive row is no key mask
+    (see the module doc for the additive rule)."""
+    if key_mask.dim() != 2:
+        raise ValueError(f"key_mask must be [B, L], got {tuple(key_mask.shape)}")
+    batch, length = key_mask.shape
+    mask = key_mask.view(torch.uint8) if key_mask.dtype == torch.bool else key_mask
+    lengths = torch.empty(batch, dtype=torch.int32, device=key_mask.device)
+    bad = torch.empty((batch, 2), dtype=torch.int32, device=key_mask.device)
+    if batch and length:
+        _prefix_kernel[(batch,)](mask, mask.stride(0), mask.stride(1), length, lengths, bad,
+                                 ADDITIVE=bool(additive), BLOCK_L=next_pow2(length, 16))
+    else:
+        lengths.zero_()
+        bad.zero_()
+    offsets = torch.cat([lengths.new_zeros(1, dtype=torch.int64),
+                         torch.cumsum(lengths, 0, dtype=torch.int64)])
+    return offsets, bad
+
+
+def _padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor,
+            scale: float | None, causal: bool, additive: bool) -> torch.Tensor:
+    """The exact padded attention (the fallback), as eager SDPA computes it."""
+    mask = key_mask[:, None, None, :]
+    length = q.shape[2]
+    if causal:
+        tril = torch.ones(length, k.shape[2], dtype=torch.bool, device=q.device).tril()
+        if additive:
+            mask = mask + torch.zeros_like(tril, dtype=mask.dtype).masked_fill(~tril, -math.inf)
+        else:
+            mask = mask & tril
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+
+def key_padding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          key_mask: torch.Tensor, scale: float | None = None,
+                          causal: bool = False, additive: bool = False,
+                          zero_padding_queries: bool = True,
+                          nan_if_empty: bool = False) -> torch.Tensor:
+    """Attention of ``[B, H, M, D]`` queries over ``[B, H, L, D]`` keys and values under a
+    ``[B, L]`` key mask, checked here: over the kept keys only (a prefix as it is, another
+    mask compacted), the exact padded attention when it is no key mask. Self-attention (``M == L`` and
+    ``zero_padding_queries``) runs jagged and leaves padding query rows zero; otherwise
+    (cross-attention, or padding query rows someone reads) every query row is computed, its
+    key loop stopping at the row's length. ``nan_if_empty``: a row with no kept key gives NaN
+    (a written-out ``softmax`` over all ``-inf``, where SDPA gives 0). See the module doc
+    (semantics, the one sync)."""
+    out = _key_padding_attention(q, k, v, key_mask, scale, causal, additive,
+                                 zero_padding_queries)
+    if nan_if_empty:
+        keep = key_mask == 0 if additive else key_mask
+        out = out.masked_fill(~keep.any(1)[:, None, None, None], math.nan)
+    return out
+
+
+def _key_padding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           key_mask: torch.Tensor, scale: float | None, causal: bool,
+                           additive: bool, zero_padding_queries: bool) -> torch.Tensor:
+    if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape or q.shape[:2] != k.shape[:2] \
+            or q.shape[3] != k.shape[3]:
+        raise ValueError("q must be [B, H, M, D] and k, v [B, H, L, D], got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    batch, _, queries, head_dim = q.shape
+    length = k.shape[2]
+    if tuple(key_mask.shape) != (batch, length):
+        raise ValueError(f"key_mask must be [B={batch}, L={length}], got "
+                         f"{tuple(key_mask.shape)}")
+    if additive != key_mask.dtype.is_floating_point:
+        raise TypeError(f"additive={additive} does not fit a {key_mask.dtype} mask")
+    jagged_queries = zero_padding_queries and queries == length
+    if causal and not jagged_queries:
+        raise ValueError("causal key-padding attention needs M == L and "
+                         "zero_padding_queries=True")
+    STATS.calls += 1
+    offsets, bad = prefix_lengths(key_mask, additive)
+    not_prefix, invalid, total = torch.cat([bad.sum(0).to(torch.int64),
+                                            offsets[-1:]]).tolist()  # the one sync
+    if invalid:
+        STATS.fallback += 1
+        return _padded(q, k, v, key_mask, scale, causal, additive)
+    if scale is None:
+        scale = 1.0 / math.sqrt(head_dim)
+    order = None
+    if not_prefix:
+        STATS.compacted += 1
+        keep = key_mask == 0 if additive else key_mask
+        # kept positions first, in their order: a stable sort of "dropped"
+        order = torch.sort((~keep).to(torch.uint8), dim=1, stable=True).indices
+        k, v = (_permute(x, order) for x in (k, v))
+        if jagged_queries:
+            q = _permute(q, order)
+    else:
+        STATS.jagged += 1
+    if not jagged_queries:
+        return varlen_key_attention(q, k, v, offsets[1:] - offsets[:-1], scale)
+    qj, kj, vj = (padded_to_jagged(x.transpose(1, 2), offsets, total) for x in (q, k, v))
+    out = jagged_attention(qj, kj, vj, offsets, length, causal=causal, scale=scale)
+    out = jagged_to_padded(out, offsets, length).transpose(1, 2)
+    if order is not None:  # each row back to its positions (masked ones: zero)
+        index = order[:, None, :, None].expand(out.shape)
+        out = torch.zeros_like(out).scatter(2, index, out)
+    return out
+
+
+def _permute(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """``x[b, :, order[b]]`` of a ``[B, H, L, D]`` tensor (differentiable)."""
+    return x.gather(2, order[:, None, :, None].expand(x.shape))
+
+
+def _silu_padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor,
+                 norm: float, scale: float, causal: bool, query_mask: bool,
+                 bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The HSTU formula on padded tensors (the fallback), as a model writes it."""
+    length = q.shape[2]
+    visible = key_mask[:, None, None, :]
+    if query_mask:
+        visible = visible & key_mask[:, None, :, None]
+    if causal:
+        visible = visible & torch.ones(length, length, dtype=torch.bool,
+                                       device=q.device).tril()
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if bias is not None:
+        s = s + bias
+    return torch.matmul(F.silu(s) / norm * visible.to(q.dtype), v)
+
+
+def key_padding_silu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                               key_mask: torch.Tensor, norm: float, scale: float = 1.0,
+                               causal: bool = True, query_mask: bool = True,
+                               bias: torch.Tensor | None = None) -> torch.Tensor:
+    """HSTU pointwise attention ``(silu(scale * q k^T [+ bias]) / norm * visible) @ v`` of
+    ``[B, H, L, D]`` q, k, v, where ``visible`` is the bool ``[B, L]`` key mask on the key
+    axis (and on the query axis when ``query_mask``), and-ed with the causal mask when
+    ``causal``: the jagged SiLU kernel over ``lengths = key_mask.sum(-1)`` when the mask is a
+    prefix on every row (checked here, one sync as :func:`key_padding_attention`), else the
+    padded formula. ``norm`` must be >= L (the kernel's ``max_len`` normaliser; it also
+    sizes the grid). Padding query rows come back zero on the jagged path: exact with
+    ``query_mask``, else the caller proves nothing reads them. ``bias``: an additive score
+    bias broadcastable to ``[B, H, L, L]`` (relative position, time buckets)."""
+    if q.dim() != 4 or q.shape != k.shape or k.shape != v.shape:
+        raise ValueError("q, k, v must be one [B, H, L, D] shape, got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    length = q.shape[2]
+    if key_mask.dtype != torch.bool or tuple(key_mask.shape) != (q.shape[0], length):
+        raise ValueError(f"key_mask must be bool [B, L], got {key_mask.dtype} "
+                         f"{tuple(key_mask.shape)}")
+    if norm < length or int(norm) != norm:
+        raise ValueError(f"norm must be an integer >= L={length}, got {norm}")
+    STATS.calls += 1
+    offsets, bad = prefix_lengths(key_mask)
+    flags = torch.cat([bad.sum(0).to(torch.int64), offsets[-1:]]).tolist()  # the one sync
+    if flags[0] != 0:  # positions matter here (the bias): no compaction
+        STATS.fallback += 1
+        return _silu_padded(q, k, v, key_mask, norm, scale, causal, query_mask, bias)
+    STATS.jagged += 1
+    qj, kj, vj = (padded_to_jagged(x.transpose(1, 2), offsets, int(flags[2]))
+                  for x in (q, k, v))
+    out = jagged_attention(qj, kj, vj, offsets, int(norm), scale=scale, causal=causal,
+                           kind="silu", silu_normalizer="max_len", bias=bias)
+    return jagged_to_padded(out, offsets, length).transpose(1, 2)

@@ -1,0 +1,260 @@
+"""match-softmax-attention: softmax attention written out as matmuls -> the guarded
+key-padding attention.
+
+Why: not every attention reaches the graph as SDPA. ``nn.MultiheadAttention`` called with
+its default ``need_weights=True`` (what most user code does, the weights then discarded)
+exports as ``baddbmm(mask, q * scale, k^T) -> softmax -> bmm(., v)`` over ``[B*H, L, d]``,
+and many models write ``softmax(q @ k^T / sqrt(d) + mask) @ v`` by hand. Padded, both spend
+their time on padding keys like padded SDPA does; recognised, they run as
+``key_padding_attention`` (the same op and run-time guard as
+``match-jagged-attention``'s, see ``backends/triton/key_padding_attention``).
+
+The pattern, by what each op computes::
+
+    s = matmul/bmm(q [* c], k^T)  or  baddbmm(mask, q [* c], k^T)   # [B, H, L, L] / [B*H, L, L]
+    s = s * c | s / c                          # optional scale
+    s = s + mask | masked_fill(s, ~keep, -inf) # the key-padding mask, if not in baddbmm
+    out = matmul/bmm(softmax(s, -1), v)
+
+with the mask a key-padding mask broadcast over heads and queries (bool or additive, from
+any source, as :func:`.jagged_patterns.attention_key_mask` reads it). ``[B*H, L, d]``
+operands (heads merged into the batch, as MultiheadAttention does) are viewed as
+``[B, H, L, d]``; their padding query rows are computed too (the varlen-key kernel: the
+layout of a merged output is not followed), as are those of a 4-D attention whose padding
+rows something reads. What reads the scores or the weights must be dead code (the discarded
+``need_weights`` average), which the pass removes.
+
+Reasons it leaves one padded (in the dump as ``softmax_skipped=`` and in the warnings):
+``dropout``, ``no-key-padding-mask``, ``weights-read-by:<node>``, the mask's own reasons.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import fx
+from torch.fx.passes.infra.pass_base import PassResult
+
+from gemc import ir
+from gemc.context import PassContext
+
+from .jagged_patterns import attention_key_mask, padding_rows_read_by
+
+aten = torch.ops.aten
+SKIPPED = ir.PREFIX + "softmax_skipped"
+_MM = {aten.matmul.default, aten.bmm.default}
+_SOFTMAX = {aten.softmax.int, aten._softmax.default}
+_TRANSPOSED = {(-1, -2), (-2, -1), (1, 2), (2, 1), (2, 3), (3, 2), (-1, 1), (1, -1),
+               (-1, 2), (2, -1), (-2, 1), (1, -2), (3, -2), (-2, 3)}
+
+
+def _scalar(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def _dead(node: fx.Node) -> bool:
+    """Nothing the graph returns depends on ``node`` (its users, recursively, are unused)."""
+    return node.op != "output" and all(_dead(u) for u in node.users)
+
+
+def _scores(node: Any) -> tuple[fx.Node, fx.Node, float, Any, list[fx.Node]] | str | None:
+    """``(q, k, scale, mask or None, nodes)`` of the scores before the softmax."""
+    nodes: list[fx.Node] = []
+    scale, mask = 1.0, None
+    if not isinstance(node, fx.Node):
+        return None
+    if node.target is aten.masked_fill.Scalar:
+        value = _scalar(node.args[2])
+        if value is None or value > -1e4:
+            return None
+        dropped = node.args[1]
+        inner = dropped.args[0] if isinstance(dropped, fx.Node) and dropped.target in (
+            aten.bitwise_not.default, aten.logical_not.default) else None
+        if inner is None:
+            return "mask-not-key-padding"
+        mask = inner
+        nodes.append(node)
+        node = node.args[0]
+    elif node.target is aten.add.Tensor:
+        a, b = node.args[:2]
+        s, m = (a, b) if isinstance(a, fx.Node) and a.target in _MM | {
+            aten.mul.Tensor, aten.div.Tensor} else (b, a)
+        mask = m
+        nodes.append(node)
+        node = s
+    if isinstance(node, fx.Node) and node.target in (aten.mul.Tensor, aten.div.Tensor) \
+            and _scalar(node.args[1]):
+        c = float(node.args[1])
+        scale = c if node.target is aten.mul.Tensor else 1.0 / c
+        nodes.append(node)
+        node = node.args[0]
+    if not isinstance(node, fx.Node):
+        return None
+    if node.target is aten.baddbmm.default:
+        if mask is not None or node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1 \
+                or len(node.args) > 3:
+            return None
+        mask, q, kt = node.args[:3]
+    elif node.target in _MM:
+        q, kt = node.args[:2]
+    else:
+        return None
+    nodes.append(node)
+    if isinstance(q, fx.Node) and q.target is aten.mul.Tensor and _scalar(q.args[1]):
+        scale *= float(q.args[1])
+        nodes.append(q)
+        q = q.args[0]
+    if not (isinstance(kt, fx.Node) and kt.target is aten.transpose.int
+            and tuple(kt.args[1:3]) in _TRANSPOSED):
+        return None
+    return q, kt.args[0], scale, mask, nodes
+
+
+def match(node: fx.Node) -> dict[str, Any] | str | None:
+    """Facts of an attention output ``mm(softmax(scores), v)``, a named reason, or None."""
+    if node.target not in _MM:
+        return None
+    p, v = node.args[:2]
+    if isinstance(p, fx.Node) and p.target in (aten.dropout.default, aten.native_dropout.default):
+        return "dropout"
+    if not (isinstance(p, fx.Node) and p.target in _SOFTMAX and p.args[1] in (-1, 3, 2)):
+        return None
+    if len(p.args) > 2 and p.args[2] not in (False, None) and p.target is aten._softmax.default:
+        return None
+    found = _scores(p.args[0])
+    if found is None or isinstance(found, str):
+        return found
+    q, k, scale, mask, nodes = found
+    shapes = [tuple(ir.shape_of(x) or ()) for x in (q, k, v)]
+    if shapes[1] != shapes[2] or len(shapes[0]) != len(shapes[1]) \
+            or shapes[0][:-2] != shapes[1][:-2] or shapes[0][-1] != shapes[1][-1]:
+        return "qkv-shapes"
+    if mask is None:
+        return "no-key-padding-mask"
+    if len(shapes[1]) == 4:
+        batch, heads, length = shapes[1][:3]
+        merged = False
+    elif len(shapes[1]) == 3:
+        mshape = tuple(ir.shape_of(mask) or ())
+        # [B*H, 1, L] (MultiheadAttention's merged mask): B from the mask's source
+        heads, merged = 0, True
+        length = shapes[1][1]
+        if len(mshape) != 3 or mshape[1] != 1 or mshape[2] != length:
+            return "mask-shape"
+        batch = _batch_of(mask, length)
+        if batch is None or shapes[1][0] % batch:
+            return "mask-not-key-padding"
+        heads = shapes[1][0] // batch
+    else:
+        return "not-3d-or-4d"
+    key = attention_key_mask(mask if not merged else _as4d(mask, batch, heads, length),
+                             batch, length)
+    if isinstance(key, str):
+        return key
+    key_mask, causal = key
+    if causal:
+        return "causal-softmax-formula"  # the SDPA spelling is matched; this one is rare
+    group = [*nodes, p, node]
+    inside = set(group)
+    for n in group[:-1]:
+        for u in n.users:
+            if u not in inside and not _dead(u):
+                return f"weights-read-by:{u.name}"
+    queries = shapes[0][-2]
+    zero_rows = not merged and queries == length
+    reader = padding_rows_read_by(node, key_mask) if zero_rows else None
+    return {
+        "_group": group,
+        "_mask": key_mask,
+        "q": q.name, "k": k.name, "v": v.name, "output": node.name,
+        "mask": key_mask.node.name,
+        "additive": key_mask.additive,
+        "causal": False,
+        "zero_padding_queries": zero_rows and reader is None,
+        "nan_if_empty": True,  # softmax over all -inf, written out: NaN (SDPA: 0)
+        "merged_heads": merged,
+        "queries": int(queries),
+        "max_len": int(length), "heads": int(heads), "head_dim": int(shapes[1][-1]),
+        "scale": scale,
+        "fill": 1.0,
+        **({"padding_rows_read_by": reader.name} if reader is not None else {}),
+    }
+
+
+def _batch_of(mask: fx.Node, length: int) -> int | None:
+    """B of a merged ``[B*H, 1, L]`` mask: the first ``[B, L]`` tensor up its views."""
+    node: Any = mask
+    while isinstance(node, fx.Node):
+        shape = tuple(ir.shape_of(node) or ())
+        if len(shape) == 2 and shape[1] == length:
+            return int(shape[0])
+        if node.op != "call_function" or not node.args:
+            return None
+        node = node.args[0]
+    return None
+
+
+def _as4d(mask: fx.Node, batch: int, heads: int, length: int) -> Any:
+    """The merged ``[B*H, 1, L]`` mask as an fx node whose recorded shape is 4-D: the
+    ``[B, H, 1, L]`` view it was reshaped from, when it was (MultiheadAttention's)."""
+    node: Any = mask
+    while isinstance(node, fx.Node) and node.op == "call_function" and node.args:
+        if tuple(ir.shape_of(node) or ()) in ((batch, heads, 1, length), (batch, 1, 1, length)):
+            return node
+        node = node.args[0]
+    return mask
+
+
+@dataclass(frozen=True)
+class MatchSoftmaxAttention:
+    """Groups each matched formula with ``gemc.kernel`` (kind ``key_padding_attention``,
+    q/k/v/output named) on its output matmul; removes the dead reads of its weights."""
+
+    name: ClassVar[str] = "match-softmax-attention"
+    requires: ClassVar[tuple[str, ...]] = ("classify-ops",)
+
+    def run(self, gm: fx.GraphModule, ctx: PassContext) -> PassResult:
+        count = 0
+        for node in list(gm.graph.nodes):
+            if node.op != "call_function" or ir.GROUP in node.meta:
+                continue
+            found = match(node)
+            if found is None:
+                continue
+            if isinstance(found, str):
+                node.meta[SKIPPED] = found
+                ctx.warn(f"match-softmax-attention: {node.name} stays padded ({found})")
+                continue
+            group: list[fx.Node] = found.pop("_group")
+            found.pop("_mask")
+            if any(ir.GROUP in n.meta for n in group):
+                continue
+            self._drop_dead_reads(gm, group)
+            gid = f"softmax_attention_{count}"
+            count += 1
+            for n in group:
+                n.meta[ir.GROUP] = gid
+            # the fill of a data mask is unknown at compile time: no saving claimed
+            before = sum(float(n.meta.get(ir.PREDICTED_MS) or 0.0) for n in group)
+            node.meta[ir.KERNEL] = {"id": gid, "kind": "key_padding_attention", **found,
+                                    "before_ms": round(before, 6),
+                                    "after_ms": round(before, 6)}
+        return PassResult(gm, count > 0)
+
+    @staticmethod
+    def _drop_dead_reads(gm: fx.GraphModule, group: list[fx.Node]) -> None:
+        """Erase the dead code hanging off the group's intermediates (users first)."""
+        inside = set(group)
+        stack = [u for n in group[:-1] for u in n.users if u not in inside]
+        dead: set[fx.Node] = set()
+        while stack:
+            n = stack.pop()
+            if n not in dead:
+                dead.add(n)
+                stack.extend(n.users)
+        while dead:  # users before producers
+            leaf = next(n for n in dead if not n.users)
+            gm.graph.erase_node(leaf)
+            dead.discard(leaf)
