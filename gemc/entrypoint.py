@@ -341,6 +341,33 @@ def check_spec(spec: Any, entrypoint: str) -> None:
             where=f"{entrypoint} -> ModelSpec.make_batch",
             fix="give a function make_batch(step, device) returning a tuple like example_inputs",
         )
+    _check_batch_size(spec, entrypoint)
+
+
+def _check_batch_size(spec: ModelSpec, entrypoint: str) -> None:
+    """A stated batch size is a positive integer that some example input has as a
+    dimension (the labels, a dense feature, a bag's offsets: ``B`` or ``B + 1``)."""
+    size = spec.batch_size
+    where = f"{entrypoint} -> ModelSpec.batch_size"
+    if size is None:
+        return
+    if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+        raise EntrypointError(
+            f"ModelSpec.batch_size is {size!r}; it must be a positive integer (the samples "
+            "in one batch)",
+            where=where,
+            fix="set batch_size=B, the number of samples make_batch returns per step",
+        )
+    dims = {int(d) for t in spec.example_inputs for d in t.shape}
+    if size not in dims and size + 1 not in dims:
+        shapes = ", ".join("x".join(map(str, t.shape)) or "scalar" for t in spec.example_inputs)
+        raise EntrypointError(
+            f"ModelSpec.batch_size is {size}, but no example input has {size} (or {size + 1} "
+            f"offsets) along any dimension: inputs are {shapes}",
+            where=where,
+            fix="state the samples per batch (the labels' length), or build example_inputs "
+            "for that batch",
+        )
 
 
 def _describe_kwargs(kwargs: dict[str, Any]) -> str:

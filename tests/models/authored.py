@@ -77,7 +77,8 @@ def build(
     batch_size: int | None = None,
 ) -> ModelSpec:
     """``state_batch=False`` leaves ``ModelSpec.batch_size`` unset (``info_batch`` then
-    gives the old ``info["batch_size"]``); ``batch_size`` overrides the stated value."""
+    gives the old ``info["batch_size"]``); ``batch_size`` is the value the author states
+    (the data always has ``B`` samples: another value is a mistaken statement)."""
     model = AuthoredModel(hidden, params_on_cpu=params_on_cpu)
     example = make_batch(0, torch.device("cpu"))  # a real batch, on the CPU explicitly
     return ModelSpec(
