@@ -156,8 +156,9 @@ def build_spec(
 ) -> ModelSpec:
     """Call the entrypoint under ``torch.device(device)`` and check what it returned."""
     _check_kwargs(fn, kwargs, entrypoint)
+    on_meta = torch.device(device).type == "meta"
     try:
-        with torch.device(device), _skip_init_on_meta():
+        with torch.device(device), _skip_init_on_meta(), _stay_on_meta() if on_meta else _nothing():
             spec = fn(**kwargs)
     except GemcUserError:
         raise
@@ -175,7 +176,57 @@ def build_spec(
             fix="fix the model's build function (it runs with torch.device('meta') as default)",
         ) from exc
     check_spec(spec, entrypoint)
+    if on_meta:
+        _params_to_meta(spec.model)
     return spec
+
+
+def _params_to_meta(model: torch.nn.Module) -> None:
+    """Parameters and buffers the build put on a real device (``device="cpu"`` written in
+    the model) join the others on meta: the compile prices shapes, and the runner
+    materializes every tensor itself, so a real copy here would only cost memory."""
+    if any(not t.is_meta for t in (*model.parameters(), *model.buffers())):
+        model.to("meta")
+
+
+@contextlib.contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+class _StayOnMetaMode(torch.overrides.TorchFunctionMode):
+    """``.to(device)``, ``.cpu()`` and ``.cuda()`` of a meta tensor keep it on meta.
+
+    Models are written for a real device: ``nn.Linear(4, 4).to("cpu")`` or
+    ``self.pos = nn.Parameter(torch.zeros(n)).cuda()`` raise "Cannot copy out of meta
+    tensor" when built on meta. Under this mode the device part of such a call is dropped
+    (a dtype or memory format still applies), so the model builds unchanged.
+    """
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        kwargs = kwargs or {}
+        if args and isinstance(args[0], torch.Tensor) and args[0].is_meta:
+            if func is torch.Tensor.to:
+                to_args = [a for a in args[1:] if not isinstance(a, bool)]
+                flags = {k: v for k, v in kwargs.items() if k in ("copy", "non_blocking")}
+                rest = {k: v for k, v in kwargs.items() if k not in flags}
+                _, dtype, _, memory_format = torch._C._nn._parse_to(*to_args, **rest)
+                out = args[0]
+                if dtype is not None or memory_format is not None:
+                    out = out.to(
+                        dtype=dtype or out.dtype,
+                        memory_format=memory_format or torch.preserve_format,
+                    )
+                return out
+            if func in (torch.Tensor.cpu, torch.Tensor.cuda):
+                return args[0]
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def _stay_on_meta() -> Iterator[None]:
+    with _StayOnMetaMode():
+        yield
 
 
 _INIT_FUNCTIONS = (
@@ -289,6 +340,33 @@ def check_spec(spec: Any, entrypoint: str) -> None:
             "ModelSpec.make_batch is not callable",
             where=f"{entrypoint} -> ModelSpec.make_batch",
             fix="give a function make_batch(step, device) returning a tuple like example_inputs",
+        )
+    _check_batch_size(spec, entrypoint)
+
+
+def _check_batch_size(spec: ModelSpec, entrypoint: str) -> None:
+    """A stated batch size is a positive integer that some example input has as a
+    dimension (the labels, a dense feature, a bag's offsets: ``B`` or ``B + 1``)."""
+    size = spec.batch_size
+    where = f"{entrypoint} -> ModelSpec.batch_size"
+    if size is None:
+        return
+    if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+        raise EntrypointError(
+            f"ModelSpec.batch_size is {size!r}; it must be a positive integer (the samples "
+            "in one batch)",
+            where=where,
+            fix="set batch_size=B, the number of samples make_batch returns per step",
+        )
+    dims = {int(d) for t in spec.example_inputs for d in t.shape}
+    if size not in dims and size + 1 not in dims:
+        shapes = ", ".join("x".join(map(str, t.shape)) or "scalar" for t in spec.example_inputs)
+        raise EntrypointError(
+            f"ModelSpec.batch_size is {size}, but no example input has {size} (or {size + 1} "
+            f"offsets) along any dimension: inputs are {shapes}",
+            where=where,
+            fix="state the samples per batch (the labels' length), or build example_inputs "
+            "for that batch",
         )
 
 

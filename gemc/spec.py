@@ -29,3 +29,34 @@ class ModelSpec:
     # tensor's first dimension (the first input is often flat jagged ids). samples/s, MFU
     # and the precision probe's batch scaling use it.
     batch_size: int | None = None
+
+
+class BatchSizeWarning(UserWarning):
+    """The model states no batch size: samples/s is reported as null, never guessed."""
+
+
+BATCH_SIZE_MISSING = (
+    "the model states no batch size (ModelSpec.batch_size is None and info has no "
+    "'batch_size'): samples/s are reported as null and the precision probe cannot scale "
+    "its batch; return ModelSpec(..., batch_size=B) with B the samples in one batch"
+)
+
+
+def batch_size_of(spec: ModelSpec) -> tuple[int | None, str | None]:
+    """The samples in one batch, and where that number came from.
+
+    ``ModelSpec.batch_size`` first; else ``info["batch_size"]``, which the bundled
+    examples set before the field existed; else ``(None, None)``. Never a tensor's first
+    dimension: a model's first input is often flat jagged ids, not one row per sample.
+    """
+    size = spec.batch_size
+    if _positive_int(size):
+        return int(size), "ModelSpec.batch_size"  # type: ignore[arg-type]
+    info = spec.info.get("batch_size") if isinstance(spec.info, dict) else None
+    if size is None and _positive_int(info):
+        return int(info), "ModelSpec.info['batch_size']"  # type: ignore[arg-type]
+    return None, None
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
