@@ -178,7 +178,67 @@ def build_spec(
     check_spec(spec, entrypoint)
     if on_meta:
         _params_to_meta(spec.model)
+    spec.origin = (entrypoint, dict(kwargs))
     return spec
+
+
+class AuthorBuild:
+    """Build a spec's model for real (on the CPU) with its embedding tables left on meta.
+
+    The runner materializes tables shard by shard and dense modules with their own
+    ``reset_parameters()``; what is left (``nn.Parameter``s made in ``__init__`` with the
+    author's recipe, constant buffers) is copied from this build. Tables are the large
+    part of a recommendation model, so an ``nn.Embedding``/``nn.EmbeddingBag`` whose shape
+    is one of ``table_shapes`` is built on meta; the dense part is small. The build runs
+    under ``torch.manual_seed(seed)`` with the global RNG state restored afterwards, so it
+    is the same on every rank.
+    """
+
+    def __init__(
+        self, origin: tuple[str, dict[str, Any]], table_shapes: set[tuple[int, int]], seed: int
+    ) -> None:
+        self.entrypoint, self.kwargs = origin
+        self.table_shapes = set(table_shapes)
+        self.seed = seed
+        self.description = (
+            f"{self.entrypoint} built on cpu under torch.manual_seed({seed}), "
+            f"{len(self.table_shapes)} table shape(s) on meta"
+        )
+
+    def __call__(self) -> torch.nn.Module:
+        fn = load_entrypoint(self.entrypoint)
+        with torch.random.fork_rng(devices=[]), _tables_on_meta(self.table_shapes):
+            torch.manual_seed(self.seed)
+            spec = build_spec(fn, dict(self.kwargs), entrypoint=self.entrypoint, device="cpu")
+        return spec.model
+
+
+@contextlib.contextmanager
+def _tables_on_meta(shapes: set[tuple[int, int]]) -> Iterator[None]:
+    """``nn.Embedding``/``nn.EmbeddingBag`` of one of ``shapes`` are built on meta."""
+    classes = (torch.nn.Embedding, torch.nn.EmbeddingBag)
+    originals = {cls: cls.__init__ for cls in classes}
+
+    def wrap(cls: type, init: Callable[..., None]) -> Callable[..., None]:
+        sig = inspect.signature(init)
+
+        @functools.wraps(init)
+        def meta_init(self: Any, *args: Any, **kwargs: Any) -> None:
+            bound = sig.bind(self, *args, **kwargs)
+            shape = (bound.arguments.get("num_embeddings"), bound.arguments.get("embedding_dim"))
+            if shape in shapes and bound.arguments.get("_weight") is None:
+                bound.arguments["device"] = "meta"
+            init(*bound.args, **bound.kwargs)
+
+        return meta_init
+
+    for cls, init in originals.items():
+        cls.__init__ = wrap(cls, init)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        for cls, init in originals.items():
+            cls.__init__ = init  # type: ignore[method-assign]
 
 
 def _params_to_meta(model: torch.nn.Module) -> None:

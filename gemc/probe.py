@@ -50,6 +50,8 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from gemc.backends.torch import fp8
+from gemc.backends.torch.init import init_dense_
+from gemc.entrypoint import AuthorBuild
 from gemc.spec import ModelSpec, batch_size_of
 
 SiteKey = tuple[str, str, int]  # (innermost module path, op name, call index in that module)
@@ -271,21 +273,17 @@ def build_probe_model(
                     _fold(module, config.fold_rows))
             folded.append(name)
     info["folded_tables"] = len(folded)
-    uninit = [n or "(root)" for n, m in model.named_modules()
-              if any(True for _ in m.parameters(recurse=False)) and _reset_fn(m) is None]
-    if uninit:
-        raise ProbeSkipped(f"modules without reset_parameters cannot be initialised: {uninit[:4]}")
+    # dense modules and folded tables: their reset_parameters under the probe's seed;
+    # what no reset writes, the author's values (see init_dense_)
     model.to_empty(device="cpu")
-    with torch.no_grad():
-        for name, module in model.named_modules():
-            fn = _reset_fn(module)
-            if fn is not None and any(True for _ in module.parameters(recurse=False)):
-                torch.manual_seed(derive_seed(config.seed, name))
-                fn()
-        for name, buf in model.named_buffers():
-            if buf.is_floating_point() and not torch.isfinite(buf).all():
-                buf.zero_()  # to_empty garbage in a buffer no reset touched
-                info.setdefault("zeroed_buffers", []).append(name)
+    shapes = {(int(m.num_embeddings), int(m.embedding_dim))
+              for m in model.modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag))}
+    author = (AuthorBuild(spec.origin, shapes, derive_seed(config.seed, "author-build"))
+              if spec.origin is not None else None)
+    report = init_dense_(model, config.seed, author_build=author,
+                         seed_for=lambda name: derive_seed(config.seed, name))
+    if report.author_tensors:
+        info["author_init"] = report.author_tensors
     model.train()
     return spec, info
 

@@ -29,6 +29,11 @@ class ModelSpec:
     # tensor's first dimension (the first input is often flat jagged ids). samples/s, MFU
     # and the precision probe's batch scaling use it.
     batch_size: int | None = None
+    # Set by gemc when it builds the spec through an entrypoint: (entrypoint, kwargs). The
+    # runner calls it again to take the author's initial values of tensors that no
+    # reset_parameters() writes (see gemc.backends.torch.init.init_dense_).
+    origin: tuple[str, dict[str, Any]] | None = field(default=None, init=False, repr=False,
+                                                      compare=False)
 
 
 class BatchSizeWarning(UserWarning):

@@ -19,7 +19,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from gemc.backends.torch.embedding import ShardedEmbedding, module_fqn
-from gemc.backends.torch.init import check_initializable, fill_table_slice_, reset_dense_
+from gemc.backends.torch.init import (
+    TABLE,
+    InitReport,
+    derive_seed,
+    fill_table_slice_,
+    init_dense_,
+)
 from torch import nn
 
 from gemc.errors import PlanError
@@ -90,17 +96,32 @@ def materialize_(
     device: torch.device,
     seed: int,
     table_modules: list[str],
-) -> None:
+    *,
+    origin: tuple[str, dict[str, Any]] | None = None,
+) -> InitReport:
     """Allocate on ``device`` and initialize deterministically (see :mod:`.init`).
 
     ``table_modules`` are module paths: a :class:`ShardedEmbedding` fills its shard, a plain
     ``nn.Embedding``/``nn.EmbeddingBag`` (the reference) is filled whole with the same values.
+    ``origin``: the spec's (entrypoint, kwargs), to take the author's values of tensors no
+    ``reset_parameters()`` writes (built once, for real, only when some tensor needs it).
+    Returns how each part was initialized, for the run report.
     """
-    check_initializable(model, skip=table_modules)
+    shapes = {
+        (int(m.num_embeddings), int(m.embedding_dim))
+        for m in (model.get_submodule(n) for n in table_modules)
+    }
+    author = None
+    if origin is not None:
+        from gemc.entrypoint import AuthorBuild
+
+        author = AuthorBuild(origin, shapes, derive_seed(seed, "author-build"))
     model.to_empty(device=device)
-    reset_dense_(model, seed, skip=table_modules)
+    report = init_dense_(model, seed, skip=table_modules, author_build=author)
     for name in table_modules:
         module = model.get_submodule(name)
+        report.tables += 1
+        report.numel[TABLE] += module.weight.numel() if module.weight is not None else 0
         if isinstance(module, ShardedEmbedding):
             module.reset_parameters()
         else:
@@ -115,6 +136,7 @@ def materialize_(
                 seed=seed,
                 padding_idx=getattr(module, "padding_idx", None),
             )
+    return report
 
 
 def table_module_names(plan: dict[str, Any]) -> list[str]:

@@ -232,7 +232,8 @@ def _run(
                                  every_rank=bool(graph_kernels))
     model = spec.model
     tables = shard_tables(model, plan["tables"], rank=rank, world_size=wsize, seed=opts.seed)
-    materialize_(model, device, opts.seed, table_module_names(plan))
+    init_report = materialize_(model, device, opts.seed, table_module_names(plan),
+                               origin=spec.origin)
     model.train()
 
     prec_entries = list(plan["precision"])
@@ -394,6 +395,7 @@ def _run(
     )
     report["embedding_exchange"] = prefetch.report()
     report["batch_size_source"] = batch_source
+    report["initialization"] = init_report.summary()
     if local_batch is None:
         report["batch_size_note"] = BATCH_SIZE_MISSING
     report_path = None
