@@ -30,8 +30,8 @@ t < 26; ``lS_i[t]`` int64 [B * size_t] for t < 26; ``target`` f32 [B].
 
 Presets
 -------
-``tiny``: B=16, 26 tables with rows capped at 100, dim 16, bottom 32-16, top 64-32-1, rank 8;
-    86,913 parameters.
+``tiny``: B=16, 26 tables with rows capped at 100, dim 8, bottom 16-8, top 32-16-1, rank 4;
+    30,721 parameters.
 ``h200``: B=16384, MLPerf dims (128-d, MLPs and cross net as above) with the 40M-row Criteo
     tables capped at 2,000,000 rows (the MLPerf sizes would need ~26e9 parameters, far past one
     H200): 13,116,632 rows, 1,678,928,896 table parameters + 16,044,545 dense = 1,694,973,441
@@ -78,7 +78,7 @@ class Config:
 
 
 PRESETS = {
-    "tiny": Config(16, 100, 16, (13, 32, 16), (64, 32, 1), 3, 8),
+    "tiny": Config(16, 100, 8, (13, 16, 8), (32, 16, 1), 3, 4),
     "h200": Config(16384, 2_000_000, 128, (13, 512, 256, 128), (1024, 1024, 512, 256, 1), 3, 512),
 }
 

@@ -6,10 +6,17 @@ generated kernels (Triton interpreted), and two gloo ranks in one launch for all
 (``tests/runner/harness.run_scenarios``), both 10 steps against single-process eager
 training of the same model on the same batches (``backends/torch/reference``). The plans are
 run in fp32 (``harness.variant`` drops the compiler's bf16 sites, so both sides round the
-same); the 2-rank runs drop the generated kernels (``--no-kernels``: each interpreted kernel
-launch costs ~100x its compiled time, and graph mode across ranks is covered by
-tests/runner) -- the 1-rank runs keep them. The run report's ``local_batch`` and
-``global_batch`` must be the batch the model states, and samples/s must follow from it.
+same). The run report's ``local_batch`` and ``global_batch`` must be the batch the model
+states, and samples/s must follow from it.
+
+Kernels, for time (Triton interpreted on the CPU): the 1-rank runs keep every generated
+kernel of the plan except ``batched_embedding_bag``, whose interpreted fused optimizer
+update costs ~20 ms per looked-up id (measured: DLRM-DCNv2 tiny, 214 ids per sample, took
+200 s for 2 steps with it); that kernel's graph mode is covered by
+tests/runner/test_units.py. The bundled examples (gem, dlrm) run in module mode here: their
+kernels are exercised by tests/fusion/test_gem.py and tests/runner (GEM tiny's 10 steps
+with kernels take ~2 minutes interpreted). The 2-rank runs use ``--no-kernels`` (module mode); graph mode
+across ranks is covered by tests/runner/test_distributed.py.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ TINY = {name: {"preset": "tiny"} for name in ALL}
 TINY["gem"] = {"preset": "tiny", "batch_size": 8}  # as tests/runner/test_distributed.py
 STEPS = 10
 RTOL = 1e-4
+SLOW_INTERPRETED = {"batched_embedding_bag"}  # see the module docstring
 COMPILE_S = {"tiny": 30.0, "h200": 120.0}  # generous: a shared 2-core CI machine
 
 
@@ -101,8 +109,10 @@ def _close(name: str, got: list[float], ref: list[float]) -> None:
 
 
 @pytest.mark.parametrize("name", ALL)
-def test_run_one_rank_with_kernels_matches_eager(name: str, tmp_path: Path) -> None:
-    plan = variant(_compiled(name, "tiny", "h200:1x1")[0], kernels=True)
+def test_run_one_rank_matches_eager(name: str, tmp_path: Path) -> None:
+    kernels = name in MODELS  # the zoo's own; the examples' are tested elsewhere
+    plan = variant(_compiled(name, "tiny", "h200:1x1")[0], kernels=kernels)
+    plan["kernels"] = [k for k in plan["kernels"] if k["kind"] not in SLOW_INTERPRETED]
     res = run(plan, RunOptions(steps=STEPS, device="cpu", progress=False,
                                report=str(tmp_path / "run.json")))
     ref = reference_losses(load_model(ENTRY[name], TINY[name]), steps=STEPS, world_size=1)
