@@ -132,7 +132,9 @@ def _dump_for_report(
     an op it cannot lower is listed in ``mlir/unsupported.txt``."""
     from gemc.backends.mlir.export import dump_mlir
 
-    write_plan(dump_dir / "plan.json", plan)
+    # a copy of the model section: the dump's plan names the model from the dump folder,
+    # the returned plan (and --out) from theirs
+    write_plan(dump_dir / "plan.json", {**plan, "model": dict(plan["model"])})
     status = dump_mlir(gm, dump_dir, progress)
     if progress:
         progress(status)

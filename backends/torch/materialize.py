@@ -32,21 +32,43 @@ from gemc.errors import PlanError
 from gemc.spec import ModelSpec
 
 
-def _entrypoint_for(entrypoint: str, plan_dir: Path | None) -> str:
-    """The plan's entrypoint, found relative to the plan's folder if not to the cwd."""
+def _entrypoint_for(model: dict[str, Any], plan_dir: Path | None) -> str:
+    """The plan's entrypoint, resolved from any working directory.
+
+    ``FILE.py:FUNC`` is tried as typed (from the current directory), then relative to the
+    plan's folder (``entrypoint_from_plan``, or the typed path for older plans), then at the
+    absolute path of the compile. ``package.module:FUNC`` is imported as it is. The model's
+    fingerprint is checked afterwards, so a file found in the wrong place cannot run.
+    """
+    entrypoint = model["entrypoint"]
     target, sep, func = entrypoint.rpartition(":")
-    if sep and target.endswith(".py") and not Path(target).is_file() and plan_dir is not None:
-        candidate = plan_dir / target
-        if candidate.is_file():
-            return f"{candidate}:{func}"
-    return entrypoint
+    if not sep or not target.endswith(".py"):
+        return entrypoint
+    tried: list[tuple[str, Path]] = [("as typed, from the current directory", Path(target))]
+    if plan_dir is not None:
+        rel = model.get("entrypoint_from_plan")
+        rel_file = rel.rpartition(":")[0] if isinstance(rel, str) else target
+        tried.append(("relative to the plan's folder", plan_dir / rel_file))
+    absolute = model.get("entrypoint_absolute")
+    if isinstance(absolute, str):
+        tried.append(("where it was compiled", Path(absolute.rpartition(":")[0])))
+    for _, path in tried:
+        if path.is_file():
+            return entrypoint if path == Path(target) else f"{path}:{func}"
+    raise PlanError(
+        f"the plan's model file is not found: {target} "
+        + "; ".join(f"{how}: {path.resolve()}" for how, path in tried),
+        where="plan model.entrypoint",
+        fix="run from the directory of the compile, keep the model file where it was "
+        "relative to the plan, or compile the plan again here",
+    )
 
 
 def load_plan_model(plan: dict[str, Any], plan_dir: Path | None = None) -> ModelSpec:
     """The model the plan names, built on meta."""
     from gemc.api import load_model
 
-    entry = _entrypoint_for(plan["model"]["entrypoint"], plan_dir)
+    entry = _entrypoint_for(plan["model"], plan_dir)
     return load_model(entry, plan["model"].get("args") or {}, device="meta")
 
 
