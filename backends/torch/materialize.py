@@ -25,6 +25,7 @@ from gemc.backends.torch.init import (
     derive_seed,
     fill_table_slice_,
     init_dense_,
+    real_dense_state,
 )
 from torch import nn
 
@@ -133,11 +134,15 @@ def materialize_(
         (int(m.num_embeddings), int(m.embedding_dim))
         for m in (model.get_submodule(n) for n in table_modules)
     }
-    author = None
+    author: Any = None
     if origin is not None:
         from gemc.entrypoint import AuthorBuild
 
         author = AuthorBuild(origin, shapes, derive_seed(seed, "author-build"))
+    else:  # a spec built outside gemc: its real values are the author's
+        snapshot = real_dense_state(model, skip=table_modules)
+        if snapshot:
+            author = _Snapshot(snapshot)
     model.to_empty(device=device)
     report = init_dense_(model, seed, skip=table_modules, author_build=author)
     for name in table_modules:
@@ -159,6 +164,18 @@ def materialize_(
                 padding_idx=getattr(module, "padding_idx", None),
             )
     return report
+
+
+class _Snapshot:
+    """The model's own values, taken before ``to_empty``, served as the author's build."""
+
+    description = "the model's own values (it was built for real, not through gemc)"
+
+    def __init__(self, state: dict[str, torch.Tensor]) -> None:
+        self.state = state
+
+    def __call__(self) -> dict[str, torch.Tensor]:
+        return self.state
 
 
 def table_module_names(plan: dict[str, Any]) -> list[str]:

@@ -57,6 +57,18 @@ def test_reference_takes_the_authors_recipe_and_seeded_resets() -> None:
     assert summary["elements"]["table fill"] == 2 * authored.ROWS * authored.DIM
 
 
+def test_a_model_built_for_real_keeps_its_own_author_values() -> None:
+    torch.manual_seed(11)
+    spec = authored.build()  # outside gemc: real values on the CPU, no origin
+    pos, query = spec.model.pos.detach().clone(), spec.model.query.detach().clone()
+    trainer = ReferenceTrainer(spec)
+    torch.testing.assert_close(spec.model.pos.data, pos)
+    torch.testing.assert_close(spec.model.query.data, query)
+    assert trainer.init_report.summary()["author_source"].startswith("the model's own values")
+    # the tables are still gemc's fill, not what the real build drew
+    assert trainer.init_report.summary()["per_module"].get("bag") is None
+
+
 @pytest.fixture(scope="module")
 def plans(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
     out = tmp_path_factory.mktemp("authored")
