@@ -17,7 +17,7 @@ from gemc.pass_manager import PassManager
 from gemc.pipeline import annotation_passes, default_pipeline
 from gemc.plan import PLANNERS, write_plan
 from gemc.plan_builder import build_plan
-from gemc.spec import ModelSpec
+from gemc.spec import BATCH_SIZE_MISSING, ModelSpec, batch_size_of
 
 
 def load_model(
@@ -109,10 +109,14 @@ def compile(  # noqa: A001 - the public name users expect
     ctx = _context(entrypoint, args, captured, topo)
     ctx.calibration = calib
     ctx.options["solver"] = dict(solver or {})
+    batch_size, _ = batch_size_of(spec)
+    if batch_size is None:
+        ctx.warn(BATCH_SIZE_MISSING)
     gm = manager.run(captured.gm, ctx, capture_seconds=time.perf_counter() - start)
     if progress:
         progress("predict step")
     plan = build_plan(gm, ctx, captured, planner=planner)
+    plan["model"]["batch_size"] = batch_size  # stated by the model; null when not
     if "predict-time" not in disabled_passes:
         plan["predicted"] = predicted_block(gm, plan["regions"], plan["tables"], topo, calib)
     if dump_dir is not None:

@@ -158,6 +158,10 @@ def validate_plan(plan: Any, *, source: str = "plan") -> None:
     for key in ("entrypoint", "args", "fingerprint"):
         if key not in model:
             _fail(source, f"model.{key}", "is missing", recompile)
+    size = model.get("batch_size")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size <= 0):
+        _fail(source, "model.batch_size", f"is {size!r}, not a positive integer or null",
+              recompile)
     for key in ("entrypoint_from_plan", "entrypoint_absolute"):
         value = model.get(key)
         if value is not None and (not isinstance(value, str) or ":" not in value):
