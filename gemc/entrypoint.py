@@ -173,7 +173,8 @@ def build_spec(
         raise EntrypointError(
             f"'{entrypoint}' raised {type(exc).__name__}: {exc}",
             where=_last_frame(exc),
-            fix="fix the model's build function (it runs with torch.device('meta') as default)",
+            fix=f"fix the model's build function (it runs with torch.device({device!r}) as "
+            "default)",
         ) from exc
     check_spec(spec, entrypoint)
     if on_meta:
@@ -207,7 +208,9 @@ class AuthorBuild:
 
     def __call__(self) -> torch.nn.Module:
         fn = load_entrypoint(self.entrypoint)
-        with torch.random.fork_rng(devices=[]), _tables_on_meta(self.table_shapes):
+        # _stay_on_meta: a table's .to("cpu") / .cpu() in the model keeps it on meta
+        with torch.random.fork_rng(devices=[]), _tables_on_meta(self.table_shapes), \
+                _stay_on_meta():
             torch.manual_seed(self.seed)
             spec = build_spec(fn, dict(self.kwargs), entrypoint=self.entrypoint, device="cpu")
         return spec.model

@@ -57,6 +57,13 @@ def test_reference_takes_the_authors_recipe_and_seeded_resets() -> None:
     assert summary["elements"]["table fill"] == 2 * authored.ROWS * authored.DIM
 
 
+def test_to_cpu_calls_in_the_model_change_nothing_in_its_initial_values() -> None:
+    plain = ReferenceTrainer(load_model(ENTRY)).spec.model
+    moved = ReferenceTrainer(load_model(ENTRY, {"params_on_cpu": True})).spec.model
+    for (name, a), (_, b) in zip(plain.state_dict().items(), moved.state_dict().items()):
+        torch.testing.assert_close(a, b, msg=name)
+
+
 def test_a_model_built_for_real_keeps_its_own_author_values() -> None:
     torch.manual_seed(11)
     spec = authored.build()  # outside gemc: real values on the CPU, no origin
