@@ -64,6 +64,16 @@ def test_to_cpu_calls_in_the_model_change_nothing_in_its_initial_values() -> Non
         torch.testing.assert_close(a, b, msg=name)
 
 
+def test_a_model_written_for_a_gpu_builds_and_initializes_on_the_cpu() -> None:
+    spec = load_model(ENTRY, {"gpu_style": True})
+    assert spec.model.bias.is_meta
+    trainer = ReferenceTrainer(spec)
+    assert spec.model.bias.device.type == "cpu"
+    torch.testing.assert_close(spec.model.bias.data, torch.full((1,), 0.5))
+    assert "bias" in trainer.init_report.author_tensors
+    assert trainer.step(0) > 0
+
+
 def test_a_model_built_for_real_keeps_its_own_author_values() -> None:
     torch.manual_seed(11)
     spec = authored.build()  # outside gemc: real values on the CPU, no origin
