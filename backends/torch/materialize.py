@@ -107,11 +107,18 @@ def check_fingerprint(
             raise PlanError(
                 "the plan was compiled for a different model: model fingerprint "
                 f"{expected[:23]}... in the plan, {str(got)[:23]}... for "
-                f"{plan['model']['entrypoint']} with args {plan['model'].get('args') or {}}",
+                f"{plan['model']['entrypoint']} with args {plan['model'].get('args') or {}}"
+                + _loaded_from(plan, spec),
                 where="plan model.fingerprint",
                 fix="compile the plan again for this model (gemc compile ... --out plan.json)",
             )
     return captured
+
+
+def _loaded_from(plan: dict[str, Any], spec: ModelSpec) -> str:
+    """Where the model was found, when not as the plan names it (see _entrypoint_for)."""
+    used = spec.origin[0] if spec.origin else None
+    return f" (loaded from {used})" if used and used != plan["model"]["entrypoint"] else ""
 
 
 def materialize_(

@@ -69,6 +69,7 @@ def test_gemc_run_finds_the_model_from_anywhere(tmp_path: Path) -> None:
     got = _run(moved / "plans" / "p.json", elsewhere)
     assert got.returncode == 2, got.stderr[-2000:]
     assert "compiled for a different model" in got.stderr
+    assert f"(loaded from {moved / 'plans' / '../models/m.py'}:build)" in got.stderr
     assert "Traceback" not in got.stderr
 
     # 5. nowhere to be found: one message naming every place tried
