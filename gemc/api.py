@@ -113,18 +113,22 @@ def compile(  # noqa: A001 - the public name users expect
     if batch_size is None:
         ctx.warn(BATCH_SIZE_MISSING)
     gm = manager.run(captured.gm, ctx, capture_seconds=time.perf_counter() - start)
-    if progress:
-        progress("predict step")
-    plan = build_plan(gm, ctx, captured, planner=planner)
-    plan["model"]["batch_size"] = batch_size  # stated by the model; null when not
-    if "predict-time" not in disabled_passes:
-        plan["predicted"] = predicted_block(gm, plan["regions"], plan["tables"], topo, calib)
-    if dump_dir is not None:
-        _write_kernel_sources(plan, Path(dump_dir))
-    if out is not None:
+    try:
+        if progress:
+            progress("predict step")
+        plan = build_plan(gm, ctx, captured, planner=planner)
+        plan["model"]["batch_size"] = batch_size  # stated by the model; null when not
+        if "predict-time" not in disabled_passes:
+            plan["predicted"] = predicted_block(gm, plan["regions"], plan["tables"], topo, calib)
+        if dump_dir is not None:
+            _write_kernel_sources(plan, Path(dump_dir))
+        if dump_dir is not None and dump_mode != "failure":
+            _dump_for_report(gm, plan, Path(dump_dir), progress)
+    except KeyboardInterrupt:
+        manager.interrupted("plan emission and the report dumps, after every pass")
+        raise
+    if out is not None:  # last: an interrupted compile never leaves a plan behind
         write_plan(out, plan)
-    if dump_dir is not None and dump_mode != "failure":
-        _dump_for_report(gm, plan, Path(dump_dir), progress)
     return plan
 
 
@@ -136,12 +140,13 @@ def _dump_for_report(
     an op it cannot lower is listed in ``mlir/unsupported.txt``."""
     from gemc.backends.mlir.export import dump_mlir
 
-    # a copy of the model section: the dump's plan names the model from the dump folder,
-    # the returned plan (and --out) from theirs
-    write_plan(dump_dir / "plan.json", {**plan, "model": dict(plan["model"])})
     status = dump_mlir(gm, dump_dir, progress)
     if progress:
         progress(status)
+    # after the export: an interrupt there leaves none. A copy of the model section: the
+    # dump's plan names the model file from the dump folder, the returned plan (and --out)
+    # from theirs (write_plan locates the model in the plan it is given)
+    write_plan(dump_dir / "plan.json", {**plan, "model": dict(plan["model"])})
 
 
 def _write_kernel_sources(plan: dict[str, Any], dump_dir: Path) -> None:

@@ -124,6 +124,13 @@ def load_plan(path: str | Path) -> dict[str, Any]:
             where=str(path),
             fix="the file is corrupt or truncated; compile the plan again with gemc compile",
         ) from exc
+    if isinstance(plan, dict) and "schema_version" not in plan and "losses" in plan:
+        raise PlanError(
+            f"'{path}' is a run report (written by gemc run), not a plan",
+            where=str(path),
+            fix=f"`gemc report DUMP_DIR --run {path}` reads it; commands that take a plan "
+            "want the file gemc compile --out wrote",
+        )
     validate_plan(plan, source=str(path))
     return plan
 
