@@ -121,10 +121,10 @@ def _device_error(
     """A device mismatch named as one: which devices met, and what gemc expects."""
     state = _devices([*model.parameters(), *model.buffers()]) or ["(none)"]
     given = _devices(inputs)
+    moved = " (moved to meta for capture)" if state == ["meta"] and given != ["meta"] else ""
     return CaptureError(
         "the model's forward combined tensors on different devices: example inputs given "
-        f"on {', '.join(given)} (moved to meta for capture), parameters and buffers on "
-        f"{', '.join(state)} "
+        f"on {', '.join(given)}{moved}, parameters and buffers on {', '.join(state)} "
         f"({_first_line(exc)})",
         where=_where(exc, entrypoint),
         fix=(

@@ -1,27 +1,32 @@
-"""The ``gemc`` command line. Exit codes: 0 success, 2 bad input or usage, 1 internal error."""
+"""The ``gemc`` command line.
+
+Exit codes (``gemc.exits``): 0 success, 2 bad input or usage, 1 internal error, 130 / 143
+interrupted by SIGINT / SIGTERM. Every path and number a command takes is checked before the
+command starts its work (``gemc.checks``), so a mistake costs a second, not a compile.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
-import tempfile
 import time
-import traceback
 from collections.abc import Sequence
+from pathlib import Path
 
+from gemc import checks
 from gemc.errors import GemcUserError
+from gemc.exits import (
+    EXIT_OK,
+    EXIT_USAGE,
+    ignore_further_interrupts,
+    install_signal_handlers,
+    interrupt_code,
+    report_crash,
+    signal_name,
+)
 
-EXIT_OK, EXIT_INTERNAL, EXIT_USAGE = 0, 1, 2
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but usage errors name the fix and exit 2 like every other bad input."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.print_usage(sys.stderr)
-        sys.stderr.write(f"gemc: error: {message}\n  fix: see `{self.prog} --help`\n")
-        raise SystemExit(EXIT_USAGE)
+_Parser = checks.ArgumentParser
 
 
 class Progress:
@@ -31,8 +36,10 @@ class Progress:
         self.enabled = enabled
         self.start = time.perf_counter()
         self.tty = sys.stderr.isatty()
+        self.stage = "start"  # the last stage entered: where an interrupt stopped the compile
 
     def __call__(self, stage: str) -> None:
+        self.stage = stage
         if not self.enabled:
             return
         text = f"[gemc {time.perf_counter() - self.start:6.1f}s] {stage}"
@@ -40,8 +47,14 @@ class Progress:
         sys.stderr.flush()
 
     def done(self) -> None:
+        """End the rewritten line (once, however many exits call it)."""
         if self.enabled and self.tty:
             sys.stderr.write("\n")
+        self.enabled = False
+
+
+_MAX_SQNR_DB = 300.0  # fp32 against itself is exact; no useful threshold lies above this
+_SQNR_DB = checks.float_in(0.0, _MAX_SQNR_DB)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -67,8 +80,10 @@ def _parser() -> argparse.ArgumentParser:
         default="h200:1x8",
         help="GPU:HOSTSxGPUS_PER_HOST (h200:1x8) or a topology file",
     )
-    c.add_argument("--out", required=True, help="where to write plan.json")
-    c.add_argument("--dump-dir", help="write numbered pass dumps and manifest.json here")
+    c.add_argument("--out", required=True,
+                   help="where to write plan.json (a file; checked writable before compiling)")
+    c.add_argument("--dump-dir", help="write numbered pass dumps and manifest.json here (a "
+                   "directory, created if missing; checked writable before compiling)")
     c.add_argument("--dump-mode", default="all", help="all | changed | failure")
     c.add_argument(
         "--disable-pass",
@@ -86,21 +101,25 @@ def _parser() -> argparse.ArgumentParser:
     )
     c.add_argument(
         "--time-limit",
-        type=float,
+        type=checks.positive_float,
         default=None,
         metavar="SECONDS",
         help="CP-SAT's search budget in deterministic seconds (reproducible work units, "
-        "about a core-second each; default 10)",
+        "about a core-second each; a number > 0; default 10)",
     )
     c.add_argument("--calibration", default="auto",
-                   help="auto (shipped file for the GPU), none (roofline), or a gemc calibrate file")
+                   help="auto (the file shipped for the topology's GPU, roofline where none "
+                   "ships), none (roofline), or a file written by gemc calibrate (checked "
+                   "before compiling)")
     c.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp32"),
                    help="GEMM precision: auto (bf16, fp8 where measured accurate and faster), "
                    "or bf16 / fp32 everywhere")
-    c.add_argument("--min-sqnr-db", type=float, default=25.0,
-                   help="lowest SQNR (dB vs fp32) a GEMM may have in bf16 or fp8")
-    c.add_argument("--min-block-sqnr-db", type=float, default=23.0,
-                   help="lowest SQNR of a block (region) run with its chosen precisions")
+    c.add_argument("--min-sqnr-db", type=_SQNR_DB, default=25.0,
+                   help="lowest SQNR (dB vs fp32) a GEMM may have in bf16 or fp8 "
+                   f"(0..{_MAX_SQNR_DB:g}; default 25)")
+    c.add_argument("--min-block-sqnr-db", type=_SQNR_DB, default=23.0,
+                   help="lowest SQNR of a block (region) run with its chosen precisions "
+                   f"(0..{_MAX_SQNR_DB:g}; default 23)")
     c.add_argument("--quiet", action="store_true", help="no progress display")
 
     cal = sub.add_parser("calibrate", help="measure this GPU and write a calibration file")
@@ -129,8 +148,10 @@ def _parser() -> argparse.ArgumentParser:
 def _cmd_compile(args: argparse.Namespace) -> int:
     from gemc.api import compile as gemc_compile
     from gemc.entrypoint import parse_sets
+    from gemc.explain import planner_line
     from gemc.passes.precision import precision_options
 
+    _check_compile_paths(args)
     kwargs = parse_sets(args.sets)
     progress = Progress(not args.quiet)
     try:
@@ -145,9 +166,19 @@ def _cmd_compile(args: argparse.Namespace) -> int:
                 dump_mode=args.dump_mode,
                 disabled_passes=args.disable_pass,
                 planner=args.planner,
+                calibration=args.calibration,
                 solver={} if args.time_limit is None else {"time_limit_s": args.time_limit},
                 progress=progress,
             )
+    except KeyboardInterrupt as exc:
+        ignore_further_interrupts()
+        progress.done()
+        kept = " (the file already there is left as it was)" if Path(args.out).exists() else ""
+        dumps = (f"; {args.dump_dir}/manifest.json lists the passes dumped before the stop"
+                 if args.dump_dir and Path(args.dump_dir, "manifest.json").is_file() else "")
+        print(f"gemc: interrupted by {signal_name(exc)} during '{progress.stage}'; "
+              f"{args.out} was not written{kept}{dumps}", file=sys.stderr)
+        return interrupt_code(exc)
     finally:
         progress.done()
     for warning in plan["warnings"]:
@@ -156,33 +187,60 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     step = f"{pred['step_ms']:.2f} ms" if pred.get("step_ms") is not None else "not predicted"
     print(
         f"wrote {args.out}: {len(plan['regions'])} regions, {len(plan['tables'])} tables, "
-        f"{plan['mesh']['world_size']} ranks, planner {plan['planner']}, step {step}"
+        f"{plan['mesh']['world_size']} ranks, planner {planner_line(plan)}, step {step}"
     )
     return EXIT_OK
+
+
+def _check_compile_paths(args: argparse.Namespace) -> None:
+    """Every path ``gemc compile`` writes or reads, before the minutes of capture and
+    planning: a mistake here must not cost the compile."""
+    checks.output_file(args.out, "--out")
+    if args.dump_dir is not None:
+        checks.output_dir(args.dump_dir, "--dump-dir")
+        if Path(args.dump_dir).resolve() == Path(args.out).resolve():
+            raise GemcUserError("--out and --dump-dir name the same path", where="--out",
+                                fix="give --out a file and --dump-dir a directory")
+    if args.calibration not in ("auto", "none"):
+        checks.input_file(args.calibration, "--calibration", what="calibration file",
+                          fix="give a file written by gemc calibrate --out FILE, or use "
+                          "--calibration auto (the shipped file) or none (roofline)")
+    topo = args.topology
+    if topo.endswith((".json", ".yaml", ".yml")) or os.path.sep in topo or os.path.exists(topo):
+        checks.input_file(topo, "--topology", what="topology file",
+                          fix="give GPU:HOSTSxGPUS_PER_HOST (h200:1x8) or a topology file "
+                          "(examples/topologies/)")
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
     from gemc.explain import explain
     from gemc.plan import load_plan
 
-    print(explain(load_plan(args.plan)))
+    print(explain(load_plan(_plan_file(args.plan, "explain"))))
     return EXIT_OK
+
+
+def _plan_file(path: str, command: str) -> str:
+    return str(checks.input_file(path, f"gemc {command}", what="plan file",
+                                 fix="give the plan file gemc compile --out wrote"))
 
 
 def _cmd_diff(args: argparse.Namespace) -> int:
     from gemc.diff import diff
     from gemc.plan import load_plan
 
-    print(diff(load_plan(args.a), load_plan(args.b), names=(args.a, args.b)))
+    a, b = _plan_file(args.a, "diff"), _plan_file(args.b, "diff")
+    print(diff(load_plan(a), load_plan(b), names=(args.a, args.b)))
     return EXIT_OK
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
+    from gemc.explain import planner_line
     from gemc.plan import load_plan
 
-    plan = load_plan(args.plan)
+    plan = load_plan(_plan_file(args.plan, "validate"))
     print(
-        f"{args.plan}: valid plan (schema {plan['schema_version']}, planner {plan['planner']}, "
+        f"{args.plan}: valid plan (schema {plan['schema_version']}, planner {planner_line(plan)}, "
         f"{plan['mesh']['world_size']} ranks)"
     )
     return EXIT_OK
@@ -198,6 +256,14 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 def _cmd_report(args: argparse.Namespace) -> int:
     from gemc.report import write_report
 
+    checks.input_dir(args.dump_dir, "gemc report", what="dump directory",
+                     fix="give the directory gemc compile --dump-dir wrote")
+    checks.output_file(args.out, "--out")
+    if args.plan is not None:
+        _plan_file(args.plan, "report --plan")
+    for run_json in args.run:
+        checks.input_file(run_json, "--run", what="run report",
+                          fix="give the PLAN.run.json gemc run wrote")
     out = write_report(args.dump_dir, args.out, plan=args.plan, runs=args.run)
     print(f"wrote {out}")
     return EXIT_OK
@@ -213,35 +279,32 @@ COMMANDS["report"] = _cmd_report
 def _cmd_run(args: argparse.Namespace) -> int:
     from gemc.backends.torch.cli import cmd_run
 
-    return cmd_run(args)
+    try:
+        return cmd_run(args)
+    except KeyboardInterrupt as exc:  # cmd_run has said where the run stopped
+        return interrupt_code(exc)
 
 
 COMMANDS["run"] = _cmd_run
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    install_signal_handlers()
     try:
+        args = _parser().parse_args(argv)
         return COMMANDS[args.command](args)
     except GemcUserError as exc:
         print(f"gemc: error: {exc.render()}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("gemc: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # from anywhere, the CP-SAT solve included: exit 130
+        ignore_further_interrupts()
+        print(f"gemc: interrupted by {signal_name(exc)}", file=sys.stderr)
+        return interrupt_code(exc)
     except BrokenPipeError:  # `gemc explain plan.json | head`: the reader left, not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
     except Exception as exc:  # a bug in gemc: say so, keep the traceback in a file
-        fd, path = tempfile.mkstemp(prefix="gemc-crash-", suffix=".txt")
-        with os.fdopen(fd, "w") as f:
-            traceback.print_exc(file=f)
-        print(
-            f"gemc: internal error (a bug in gemc, please report it): {type(exc).__name__}: {exc}\n"
-            f"  traceback: {path}",
-            file=sys.stderr,
-        )
-        return EXIT_INTERNAL
+        return report_crash(exc)
 
 
 if __name__ == "__main__":

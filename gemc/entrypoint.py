@@ -173,7 +173,8 @@ def build_spec(
         raise EntrypointError(
             f"'{entrypoint}' raised {type(exc).__name__}: {exc}",
             where=_last_frame(exc),
-            fix="fix the model's build function (it runs with torch.device('meta') as default)",
+            fix=f"fix the model's build function (it runs with torch.device({device!r}) as "
+            "default)",
         ) from exc
     check_spec(spec, entrypoint)
     if on_meta:
@@ -207,7 +208,10 @@ class AuthorBuild:
 
     def __call__(self) -> torch.nn.Module:
         fn = load_entrypoint(self.entrypoint)
-        with torch.random.fork_rng(devices=[]), _tables_on_meta(self.table_shapes):
+        # a table's .to("cpu") / .cpu() keeps it on meta; a .cuda() or device="cuda" in
+        # the model builds on the CPU
+        with torch.random.fork_rng(devices=[]), _tables_on_meta(self.table_shapes), \
+                _stay_on_meta(on_cpu=True):
             torch.manual_seed(self.seed)
             spec = build_spec(fn, dict(self.kwargs), entrypoint=self.entrypoint, device="cpu")
         return spec.model
@@ -260,12 +264,23 @@ class _StayOnMetaMode(torch.overrides.TorchFunctionMode):
     Models are written for a real device: ``nn.Linear(4, 4).to("cpu")`` or
     ``self.pos = nn.Parameter(torch.zeros(n)).cuda()`` raise "Cannot copy out of meta
     tensor" when built on meta. Under this mode the device part of such a call is dropped
-    (a dtype or memory format still applies), so the model builds unchanged.
+    (a dtype or memory format still applies), so the model builds unchanged; a factory's
+    ``device="cuda"`` makes the tensor on meta (a host without a GPU compiles it too).
+    An explicit ``device="cpu"`` is kept: a build may compute with such a tensor.
     """
+
+    def __init__(self, on_cpu: bool = False) -> None:
+        super().__init__()
+        # the author's build: a real tensor stays where it is too, and a factory's
+        # device="cuda" makes it on the CPU (only values are wanted, on any host)
+        self.on_cpu = on_cpu
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         kwargs = kwargs or {}
-        if args and isinstance(args[0], torch.Tensor) and args[0].is_meta:
+        if kwargs.get("device") is not None and func is not torch.Tensor.to:
+            if torch.device(kwargs["device"]).type not in ("cpu", "meta"):
+                kwargs = {**kwargs, "device": "cpu" if self.on_cpu else "meta"}
+        if args and isinstance(args[0], torch.Tensor) and (args[0].is_meta or self.on_cpu):
             if func is torch.Tensor.to:
                 to_args = [a for a in args[1:] if not isinstance(a, bool)]
                 flags = {k: v for k, v in kwargs.items() if k in ("copy", "non_blocking")}
@@ -284,8 +299,8 @@ class _StayOnMetaMode(torch.overrides.TorchFunctionMode):
 
 
 @contextlib.contextmanager
-def _stay_on_meta() -> Iterator[None]:
-    with _StayOnMetaMode():
+def _stay_on_meta(on_cpu: bool = False) -> Iterator[None]:
+    with _StayOnMetaMode(on_cpu):
         yield
 
 

@@ -16,11 +16,12 @@ def explain(plan: dict[str, Any]) -> str:
     model, topo, pred = plan["model"], plan["topology"], plan["predicted"]
     out = [
         f"model      {model['entrypoint']}  {model.get('args', {})}",
-        f"           fingerprint {model['fingerprint'][:23]}...  nodes {model.get('graph_nodes')}",
+        f"           fingerprint {model['fingerprint'][:23]}...  nodes {model.get('graph_nodes')}"
+        f"  batch {model.get('batch_size') or 'not stated'}",
         f"           dense params {human_count(model.get('dense_params', 0))}  embedding params "
         f"{human_count(model.get('embedding_params', 0))}  train FLOPs/step {human_count(model.get('train_flops_per_step', 0))}",
         f"topology   {topo.get('gpu')}:{topo.get('hosts')}x{topo.get('gpus_per_host')}  world {plan['mesh']['world_size']}  mesh {plan['mesh']['shape']}",
-        f"planner    {plan['planner']}",
+        f"planner    {planner_line(plan)}",
         f"predicted  step {_ms(pred.get('step_ms'))}  MFU {_pct(pred.get('mfu'))}  cost model {pred.get('cost_model') or '-'}",
     ]
     if pred.get("note"):
@@ -103,6 +104,16 @@ def _kernel_lines(kernels: list[dict[str, Any]]) -> list[str]:
             line += f"  ({spans}; overlaps the kernels inside)"
         lines.append(line)
     return lines
+
+
+def planner_line(plan: dict[str, Any]) -> str:
+    """The planner whose plan this is, and the one that was tried and kept it, if another:
+    ``greedy (cpsat was tried and kept greedy's plan)``. One statement, so the header and
+    the solver's warning cannot contradict each other."""
+    tried = (plan.get("solver") or {}).get("planner")
+    if tried and tried != plan["planner"]:
+        return f"{plan['planner']} ({tried} was tried and kept {plan['planner']}'s plan)"
+    return str(plan["planner"])
 
 
 def _solver_lines(solver: dict[str, Any] | None) -> list[str]:

@@ -4,6 +4,11 @@ Modelled on MLIR's pass instrumentation (print-ir-after-all, tree dir) and TVM's
 a pipeline is a list of small passes; after each, the graph is verified, the pass is
 timed, and, by ``dump_mode``, the graph is written as ``NNN_<pass>.txt`` beside a
 ``manifest.json``. A pass can be disabled by name to bisect a problem.
+
+An interrupt (Ctrl-C, SIGTERM) leaves the dump directory complete up to the stop rather
+than removing it: every file is written whole (temporary name, then rename), and the
+manifest lists the passes dumped and says ``interrupted in pass NAME``, so the work done
+before the stop can still be read.
 """
 
 from __future__ import annotations
@@ -134,6 +139,10 @@ class PassManager:
             start = time.perf_counter()
             try:
                 gm, changed = p.run(gm, ctx)
+            except KeyboardInterrupt:
+                # the dumps so far are complete files; the manifest says where it stopped
+                self.interrupted(f"pass {p.name}")
+                raise
             except GemcUserError:
                 raise
             except Exception as exc:
@@ -145,9 +154,18 @@ class PassManager:
             except AssertionError as exc:
                 self._on_failure(index, p.name, gm, before, seconds, exc)
                 raise PassFailure(p.name, f"verifier: {exc}") from exc
-            self._record(index, p.name, seconds, bool(changed), gm, "ok")
+            try:
+                self._record(index, p.name, seconds, bool(changed), gm, "ok")
+            except KeyboardInterrupt:
+                self.interrupted(f"the dump of pass {p.name}")
+                raise
         self._write_manifest("ok")
         return gm
+
+    def interrupted(self, where: str) -> None:
+        """Ctrl-C or SIGTERM stopped the compile at ``where``: the dump directory stays
+        complete up to there (every file was written whole), and its manifest says so."""
+        self._write_manifest(f"interrupted in {where}")
 
     def _record(
         self,

@@ -399,6 +399,10 @@ def build_plan(
         "warnings": list(ctx.warnings),
     }
     solver = gm.meta.get("gemc.solver")  # the parallelize pass's report, if it ran
+    if solver is not None and solver.get("kept") in ("greedy", "naive"):
+        # CP-SAT was tried (solver.planner says so) but another planner's plan won: the
+        # plan names the planner whose plan it is, not the one that was asked for
+        plan["planner"] = solver["kept"]
     if solver is not None:
         plan["solver"] = _json_safe(solver)
     return plan

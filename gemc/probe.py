@@ -264,6 +264,10 @@ def build_probe_model(
             f"{_why_not_shrunk(batch, info['probe_batch'], target, takes_batch, config.min_batch)}"
         )
     model = spec.model
+    # the tables' shapes as the entrypoint builds them (before folding): the author's
+    # build below leaves exactly these on meta
+    shapes = {(int(m.num_embeddings), int(m.embedding_dim))
+              for m in model.modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag))}
     folded = []
     for name in _tables(model):
         module = model.get_submodule(name)
@@ -276,8 +280,6 @@ def build_probe_model(
     # dense modules and folded tables: their reset_parameters under the probe's seed;
     # what no reset writes, the author's values (see init_dense_)
     model.to_empty(device="cpu")
-    shapes = {(int(m.num_embeddings), int(m.embedding_dim))
-              for m in model.modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag))}
     author = (AuthorBuild(spec.origin, shapes, derive_seed(config.seed, "author-build"))
               if spec.origin is not None else None)
     report = init_dense_(model, config.seed, author_build=author,

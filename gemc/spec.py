@@ -14,8 +14,9 @@ class ModelSpec:
     """A model as gemc sees it.
 
     ``model.forward(*example_inputs)`` returns the scalar training loss. ``example_inputs``
-    may live on the meta device so that GEM-scale models compile without allocating a
-    byte of weights; their shapes are the representative batch the cost model prices.
+    may live on any device (a real batch on the CPU, or meta): capture moves them to meta
+    with the model, so GEM-scale models compile without allocating a byte of weights;
+    their shapes are the representative batch the cost model prices.
     ``make_batch(step, device)`` returns a real synthetic batch (same structure) for the
     runner and the precision probe; it must be deterministic in ``step``.
     """

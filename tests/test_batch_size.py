@@ -86,3 +86,14 @@ def test_probe_gives_the_true_reason_it_cannot_shrink_the_batch():
     # an entrypoint without the argument
     reason = _skip_reason("tests/models/toy.py:build", {})
     assert "takes no batch_size argument" in reason
+
+
+def test_the_plan_records_the_stated_batch_and_warns_when_there_is_none():
+    from gemc.api import compile as gemc_compile
+
+    stated = gemc_compile(ENTRY, {}, topology="h200:1x1", planner="naive")
+    assert stated["model"]["batch_size"] == authored.B
+    assert BATCH_SIZE_MISSING not in stated["warnings"]
+    unstated = gemc_compile(ENTRY, {"state_batch": False}, topology="h200:1x1", planner="naive")
+    assert unstated["model"]["batch_size"] is None
+    assert BATCH_SIZE_MISSING in unstated["warnings"]

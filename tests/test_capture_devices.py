@@ -109,3 +109,12 @@ def test_other_capture_failures_keep_their_message():
         capture(spec)
     assert "data-dependent" in (info.value.fix or "")
     assert "different devices" not in info.value.what
+
+
+def test_a_real_model_with_meta_inputs_is_named_as_a_device_mismatch():
+    spec = authored.build()  # parameters on the CPU, for real
+    spec.example_inputs = tuple(t.to("meta") for t in spec.example_inputs)
+    with pytest.raises(CaptureError) as info:
+        capture(spec)
+    assert "example inputs given on meta, parameters and buffers on cpu" in info.value.what
+    assert "moved to meta" not in info.value.what

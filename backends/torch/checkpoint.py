@@ -39,6 +39,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from gemc.errors import GemcUserError
+
 LATEST = "latest"
 _STEP_RE = re.compile(r"^step-(\d+)$")
 
@@ -113,6 +115,35 @@ def find_latest(root: str | Path) -> tuple[int, Path] | None:
             return int(m.group(1)), root / name
     found = complete_checkpoints(root)
     return found[-1] if found else None
+
+
+def require_latest(root: str | Path) -> tuple[int, Path]:
+    """:func:`find_latest`, or a user error: ``--resume`` on a mistyped or empty directory
+    must not quietly train from step 0 (and overwrite nothing the user meant to continue)."""
+    root = Path(root)
+    found = find_latest(root) if root.is_dir() else None
+    if found is not None:
+        return found
+    partial = sorted(p.name for p in root.glob("step-*.tmp")) if root.is_dir() else []
+    state = ("does not exist" if not root.exists() else
+             f"holds no complete checkpoint (only the interrupted save {partial[-1]})"
+             if partial else "holds no complete checkpoint (step-NNNNNNNN/ with .metadata)")
+    raise GemcUserError(
+        f"--resume: no checkpoint was found in {root}: the directory {state}",
+        where=f"--checkpoint-dir {root}",
+        fix="give the --checkpoint-dir of the run to continue, or start without --resume",
+    )
+
+
+def discard_partial(root: str | Path) -> None:
+    """Remove the remains of a save that was interrupted (``step-N.tmp/``, the ``latest``
+    being replaced): they never became a checkpoint, and a later save would redo them."""
+    root = Path(root)
+    if not root.is_dir():
+        return
+    for path in root.glob("step-*.tmp"):
+        shutil.rmtree(path, ignore_errors=True)
+    (root / f".{LATEST}.tmp").unlink(missing_ok=True)
 
 
 def save(

@@ -12,50 +12,74 @@ host (a plan spanning several hosts must be launched with torchrun on each host,
 
 ``add_run_parser`` / ``cmd_run`` plug this into ``gemc``'s own CLI; ``gemc.run`` is the
 module torchrun executes.
+
+Before any work: every path (the plan, ``--report``, ``--checkpoint-dir``; with ``--resume``,
+a complete checkpoint in it) and every number is checked (``gemc.checks``); on the CPU,
+Triton's interpreter is chosen before anything imports Triton (:func:`prepare_device_env`).
+Exit codes are ``gemc.exits``'s on every rank: 2 for a user error (one message, see
+:mod:`.launch`), 130 / 143 when interrupted (no partial checkpoint or report is left).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+from gemc import checks
 from gemc.errors import GemcUserError
-
-EXIT_OK, EXIT_INTERNAL, EXIT_USAGE = 0, 1, 2
+from gemc.exits import (
+    EXIT_OK,
+    EXIT_USAGE,
+    ignore_further_interrupts,
+    install_signal_handlers,
+    interrupt_code,
+    report_crash,
+    signal_name,
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``gemc run`` (shared by ``gemc run`` and ``python -m gemc.run``)."""
     p.add_argument("plan", help="plan.json written by gemc compile")
-    p.add_argument("--steps", type=int, default=20, help="train until this many steps are done")
-    p.add_argument("--checkpoint-dir", help="write DCP checkpoints here (shared by all ranks)")
+    p.add_argument("--steps", type=checks.int_at_least(1), default=20,
+                   help="train until this many steps are done (an integer >= 1; default 20)")
+    p.add_argument("--checkpoint-dir", help="write DCP checkpoints here (shared by all ranks; "
+                   "a directory, created if missing; checked writable before the run)")
     p.add_argument(
         "--checkpoint-every",
-        type=int,
+        type=checks.int_at_least(0),
         default=0,
         metavar="K",
-        help="checkpoint every K steps (default: only at the end, when --checkpoint-dir is set)",
+        help="checkpoint every K steps (an integer >= 0; default 0: only at the end, when "
+        "--checkpoint-dir is set)",
     )
     p.add_argument(
-        "--keep-checkpoints", type=int, default=2, help="complete checkpoints to keep (default 2)"
+        "--keep-checkpoints", type=checks.int_at_least(0), default=2,
+        help="complete checkpoints to keep (an integer >= 0, 0 keeps all; default 2)"
     )
     p.add_argument(
-        "--resume", action="store_true", help="continue from the last complete checkpoint"
+        "--resume", action="store_true", help="continue from the last complete checkpoint in "
+        "--checkpoint-dir (refused when it holds none)"
     )
-    p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available")
-    p.add_argument("--report", help="run report path (default: <plan>.run.json next to the plan)")
-    p.add_argument("--seed", type=int, default=0, help="init and RNG seed (default 0)")
-    p.add_argument("--lr", type=float, help="AdamW learning rate for dense parameters")
+    p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available; "
+                   "on cpu the plan's Triton kernels run in Triton's interpreter")
+    p.add_argument("--report", help="run report path (a file; default: <plan>.run.json next "
+                   "to the plan; checked writable before the run)")
+    p.add_argument("--seed", type=checks.int_at_least(0), default=0,
+                   help="init and RNG seed (an integer >= 0; default 0)")
+    p.add_argument("--lr", type=checks.positive_float,
+                   help="AdamW learning rate for dense parameters (a number > 0)")
     p.add_argument(
         "--embedding-optimizer",
         choices=("rowwise_adagrad", "adam"),
         help="sparse optimizer of the tables (default: the plan's, else rowwise_adagrad)",
     )
-    p.add_argument("--embedding-lr", type=float, help="learning rate of the tables")
+    p.add_argument("--embedding-lr", type=checks.positive_float,
+                   help="learning rate of the tables (a number > 0)")
     p.add_argument(
         "--precision",
         choices=("bf16", "fp16", "fp32"),
@@ -110,6 +134,45 @@ def _under_launcher() -> bool:
     return "WORLD_SIZE" in os.environ and "RANK" in os.environ
 
 
+def prepare_device_env(device: str | None) -> None:
+    """On the CPU, choose Triton's interpreter now, before anything imports Triton.
+
+    Why here: ``@triton.jit`` reads ``TRITON_INTERPRET`` once, at import, and gemc's own
+    capture of the model (the fingerprint check) imports the kernel modules; set later, the
+    variable cannot take effect and the plan's kernels cannot run. The ranks torchrun starts
+    inherit it. A value the user set is kept."""
+    if "triton" in sys.modules:
+        return  # too late to choose; the runner says so if the plan's kernels need it
+    if device == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    elif device is None:
+        import torch
+
+        if not torch.cuda.is_available():
+            os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def check_run_paths(args: argparse.Namespace) -> None:
+    """The plan, the report, the checkpoint directory (and, with ``--resume``, a complete
+    checkpoint in it), before torchrun starts and the model is built."""
+    checks.input_file(args.plan, "gemc run", what="plan file",
+                      fix="give the plan file gemc compile --out wrote")
+    plan = Path(args.plan)
+    # the default report lands next to the plan: a read-only plan folder must fail now, not
+    # after the whole run
+    checks.output_file(args.report if args.report is not None else
+                       plan.with_name(plan.name.removesuffix(".json") + ".run.json"), "--report")
+    if args.checkpoint_dir is not None:
+        checks.output_dir(args.checkpoint_dir, "--checkpoint-dir")
+    if args.resume:
+        from gemc.backends.torch.checkpoint import require_latest
+
+        if args.checkpoint_dir is None:
+            raise GemcUserError("--resume needs --checkpoint-dir", where="--resume",
+                                fix="add --checkpoint-dir D (the directory of the earlier run)")
+        require_latest(args.checkpoint_dir)
+
+
 def _self_launch(args: argparse.Namespace, argv: Sequence[str], world: int, mesh: dict) -> int:
     """Start torchrun for a one-host plan of ``world`` ranks; returns its exit code."""
     shape = mesh.get("shape") or [1, world]
@@ -132,24 +195,19 @@ def _self_launch(args: argparse.Namespace, argv: Sequence[str], world: int, mesh
                 fix=f"run on a host with {world} GPUs, or compile for h200:1x"
                 f"{torch.cuda.device_count()}",
             )
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={world}",
-        "-m",
-        "gemc.run",
-        *argv,
-    ]
-    print(f"gemc run: starting {world} processes: {' '.join(cmd[1:])}", file=sys.stderr)
-    return subprocess.call(cmd)
+    from gemc.backends.torch.launch import launch
+
+    print(f"gemc run: starting {world} processes: torchrun --standalone "
+          f"--nproc_per_node={world} -m gemc.run {' '.join(argv)}", file=sys.stderr)
+    return launch(world, argv)
 
 
 def cmd_run(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     """Run the plan (starting torchrun first when needed). ``argv`` re-creates the flags."""
     from gemc.plan import load_plan
 
+    prepare_device_env(args.device)
+    check_run_paths(args)
     if not _under_launcher():
         plan = load_plan(args.plan)
         world = plan["mesh"]["world_size"]
@@ -157,7 +215,15 @@ def cmd_run(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
             return _self_launch(args, list(argv) if argv is not None else _argv_of(args), world, plan["mesh"])
     from gemc.backends.torch.runner import run
 
-    result = run(args.plan, options_from_args(args))
+    done = [0]
+    options = options_from_args(args)
+    options.on_step = lambda step: done.__setitem__(0, step)
+    try:
+        result = run(args.plan, options)
+    except KeyboardInterrupt as exc:
+        ignore_further_interrupts()
+        _interrupted(exc, args, done[0])
+        raise
     if int(os.environ.get("RANK", "0")) == 0:
         rep = result.report
         losses = result.losses
@@ -204,18 +270,52 @@ def _argv_of(args: argparse.Namespace) -> list[str]:
     return out
 
 
+def _interrupted(exc: KeyboardInterrupt, args: argparse.Namespace, done: int) -> None:
+    """Where the run stopped: the steps done, the checkpoint a ``--resume`` would load. A
+    save cut short is removed (its data never became a checkpoint); no report is written."""
+    rank = int(os.environ.get("RANK", "0"))
+    found = None
+    if args.checkpoint_dir is not None and rank == 0:
+        from gemc.backends.torch.checkpoint import discard_partial, find_latest
+
+        discard_partial(args.checkpoint_dir)
+        found = find_latest(args.checkpoint_dir)
+    if rank == 0:
+        resume = (f"; the last complete checkpoint is {found[1]} (continue with --resume)"
+                  if found else "; no checkpoint was written")
+        print(f"gemc run: interrupted by {signal_name(exc)} after {done} step(s) of this "
+              f"run{resume}; no report was written", file=sys.stderr)
+
+
+def _user_error(exc: GemcUserError) -> None:
+    """One message for the whole run: under gemc's launcher each rank leaves it to the
+    launcher (which prints each distinct message once); under plain torchrun rank 0 prints."""
+    from gemc.backends.torch.launch import write_rank_error
+
+    text = f"gemc: error: {exc.render()}"
+    rank = int(os.environ.get("RANK", "0"))
+    if _under_launcher() and write_rank_error(text, rank):
+        return
+    if rank == 0:
+        print(text, file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m gemc.run PLAN ...``: exit 0, 2 on a user error, 1 on a bug in gemc."""
+    """``python -m gemc.run PLAN ...``: exit 0; 2 on a user error (every rank); 1 on a bug
+    in gemc; 130 / 143 when interrupted by SIGINT / SIGTERM."""
+    install_signal_handlers()
     argv = list(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(prog="gemc run", description="Train a plan on torch.distributed.")
+    p = checks.ArgumentParser(prog="gemc run", description="Train a plan on torch.distributed.")
     add_arguments(p)
     args = p.parse_args(argv)
     try:
         return cmd_run(args, argv)
     except GemcUserError as exc:
-        if int(os.environ.get("RANK", "0")) == 0:
-            print(f"gemc: error: {exc.render()}", file=sys.stderr)
+        ignore_further_interrupts()  # torchrun stops the other ranks; this one has its code
+        _user_error(exc)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("gemc: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        ignore_further_interrupts()
+        return interrupt_code(exc)
+    except Exception as exc:  # a bug in gemc: one line per rank, the traceback in a file
+        return report_crash(exc, prefix=f"gemc run (rank {os.environ.get('RANK', '0')})")

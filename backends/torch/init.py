@@ -24,7 +24,7 @@ differ), never on the number of ranks.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -183,7 +183,7 @@ def init_dense_(
     seed: int,
     skip: Iterable[str] = (),
     *,
-    author_build: Callable[[], nn.Module] | None = None,
+    author_build: Callable[[], nn.Module | Mapping[str, torch.Tensor]] | None = None,
     report: InitReport | None = None,
     seed_for: Callable[[str], int] | None = None,
 ) -> InitReport:
@@ -195,7 +195,8 @@ def init_dense_(
     Those, and every tensor of a module without ``reset_parameters`` (an ``nn.Parameter``
     made in ``__init__`` with the author's own recipe, a constant buffer), take the value
     the author's build gives them: ``author_build()`` builds the model for real with its
-    tables on meta (the dense part is small), once, only when some tensor needs it. On
+    tables on meta (the dense part is small), once, only when some tensor needs it (or
+    returns those values by FQN, e.g. a snapshot of a model that was built for real). On
     several ranks rank 0's values are broadcast, so every replica starts identical even
     when the author's recipe draws from an unseeded source. ``seed_for(name)``: another
     caller's per-module seeds (the precision probe's).
@@ -233,7 +234,7 @@ def init_dense_(
 
 def _copy_author_values_(
     needs: dict[str, torch.Tensor],
-    author_build: Callable[[], nn.Module] | None,
+    author_build: Callable[[], nn.Module | Mapping[str, torch.Tensor]] | None,
     report: InitReport,
 ) -> None:
     names = ", ".join(list(needs)[:6]) + (f" and {len(needs) - 6} more" if len(needs) > 6 else "")
@@ -243,7 +244,7 @@ def _copy_author_values_(
             "initialized, and none was given (materialize_(..., author_build=...))"
         )
     real = author_build()
-    source = {
+    source = real if isinstance(real, Mapping) else {
         **dict(real.named_parameters(remove_duplicate=False)),
         **dict(real.named_buffers(remove_duplicate=False)),
     }
@@ -278,3 +279,17 @@ def _broadcast_from_rank0(tensors: list[torch.Tensor]) -> None:
         for t in group:
             t.copy_(flat[offset : offset + t.numel()].view_as(t))
             offset += t.numel()
+
+
+def real_dense_state(model: nn.Module, skip: Iterable[str] = ()) -> dict[str, torch.Tensor]:
+    """Copies of the tensors outside ``skip`` that hold real values (not on meta): a model
+    built for real (outside gemc's meta build) is its own author's build."""
+    skip = set(skip)
+    out: dict[str, torch.Tensor] = {}
+    for name, module in model.named_modules():
+        if _in(name, skip):
+            continue
+        for n, t in (*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)):
+            if not t.is_meta:
+                out[f"{name}.{n}" if name else n] = t.detach().clone()
+    return out

@@ -319,17 +319,15 @@ def _run(
             raise GemcUserError(
                 "--resume needs --checkpoint-dir", where="--resume", fix="add --checkpoint-dir D"
             )
-        found = ckpt.find_latest(opts.checkpoint_dir)
-        if found is not None:
-            _, path = found
-            _check_checkpoint_optimizer(path, emb_cfg.kind)
-            state = training_state(
-                model, dense_opt, tables, emb_opt, step=0, rank=rank, device=device,
-                local_world=world.local_world,
-            )
-            ckpt.load(path, state)
-            start = restore_after_load(state, model, dense_opt, emb_opt)
-            resumed_from = str(path)
+        _, path = ckpt.require_latest(opts.checkpoint_dir)
+        _check_checkpoint_optimizer(path, emb_cfg.kind)
+        state = training_state(
+            model, dense_opt, tables, emb_opt, step=0, rank=rank, device=device,
+            local_world=world.local_world,
+        )
+        ckpt.load(path, state)
+        start = restore_after_load(state, model, dense_opt, emb_opt)
+        resumed_from = str(path)
     setup_s = time.perf_counter() - t_setup
 
     prefetch = TablePrefetch(tables, world_size=wsize, device=device)

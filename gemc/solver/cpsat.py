@@ -446,6 +446,7 @@ def _complete_hint(b: _Builder, hint: ModelSolution, s, budget: float) -> float:
     fixer = cp_model.CpSolver()
     fp = fixer.parameters
     fp.num_workers, fp.random_seed = 1, s.seed
+    fp.catch_sigint_signal = False  # Ctrl-C stops the compile (see solve)
     fp.fix_variables_to_their_hinted_value = True
     fp.max_deterministic_time = min(1.0, 0.2 * budget)
     fp.max_time_in_seconds = fp.max_deterministic_time * s.wall_limit_factor
@@ -482,6 +483,8 @@ def solve(problem: Problem, layout: Layout, regions: list[RegionClass],
     params.interleave_search = s.workers > 1
     params.random_seed = s.seed
     params.max_deterministic_time = max(0.01, budget - hint_s)
+    # Ctrl-C must stop the compile (exit 130, no plan), not end the search with a plan
+    params.catch_sigint_signal = False
     params.max_time_in_seconds = budget * s.wall_limit_factor
     params.relative_gap_limit = s.gap_limit
     # presolve spends deterministic time too: on thousands of tables its default probing

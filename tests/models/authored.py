@@ -4,7 +4,8 @@
   its own recipe and has no ``reset_parameters()``;
 * the example batch is real, built with ``device="cpu"`` written out;
 * with ``params_on_cpu=True`` the author moves modules with ``.to("cpu")`` / ``.cpu()``
-  and creates a parameter with ``device="cpu"``;
+  and creates a parameter with ``device="cpu"``; with ``gpu_style=True`` one with
+  ``device="cuda"`` and calls ``.cuda()`` (gemc must build it on a host without a GPU);
 * the first input is the flat jagged ids of a bag table (``N_IDS`` values for ``B``
   samples, with start offsets: ``include_last_offset=False``), so a batch size guessed from
   the first input's first dimension is wrong; ``batch_size`` is stated in the spec.
@@ -24,7 +25,8 @@ B, N_IDS, HIST, ROWS, DIM = 4, 12, 5, 40, 8
 class AuthoredModel(nn.Module):
     """A bag table, a history table with a learned position bias and query, a tower."""
 
-    def __init__(self, hidden: int = 16, params_on_cpu: bool = False) -> None:
+    def __init__(self, hidden: int = 16, params_on_cpu: bool = False,
+                 gpu_style: bool = False) -> None:
         super().__init__()
         self.bag = nn.EmbeddingBag(ROWS, DIM, mode="sum")
         self.items = nn.Embedding(ROWS, DIM)
@@ -38,6 +40,10 @@ class AuthoredModel(nn.Module):
         self.tower = tower.to("cpu") if params_on_cpu else tower
         if params_on_cpu:
             self.items = self.items.cpu()
+        # written for a GPU host: explicit device="cuda" and .cuda() (gemc builds it on any)
+        self.bias = nn.Parameter(torch.full((1,), 0.5, device="cuda")) if gpu_style else None
+        if gpu_style:
+            self.tower = self.tower.cuda()
 
     def forward(
         self,
@@ -51,6 +57,8 @@ class AuthoredModel(nn.Module):
         scores = (hist @ self.query) * self.temperature  # [B, HIST]
         seq = (torch.softmax(scores, dim=-1).unsqueeze(-1) * hist).sum(dim=1)
         logits = self.tower(torch.cat([pooled, seq], dim=1)).squeeze(1)
+        if self.bias is not None:
+            logits = logits + self.bias
         return F.binary_cross_entropy_with_logits(logits, labels)
 
 
@@ -75,11 +83,12 @@ def build(
     state_batch: bool = True,
     info_batch: bool = False,
     batch_size: int | None = None,
+    gpu_style: bool = False,
 ) -> ModelSpec:
     """``state_batch=False`` leaves ``ModelSpec.batch_size`` unset (``info_batch`` then
     gives the old ``info["batch_size"]``); ``batch_size`` is the value the author states
     (the data always has ``B`` samples: another value is a mistaken statement)."""
-    model = AuthoredModel(hidden, params_on_cpu=params_on_cpu)
+    model = AuthoredModel(hidden, params_on_cpu=params_on_cpu, gpu_style=gpu_style)
     example = make_batch(0, torch.device("cpu"))  # a real batch, on the CPU explicitly
     return ModelSpec(
         model=model,

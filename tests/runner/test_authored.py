@@ -57,6 +57,35 @@ def test_reference_takes_the_authors_recipe_and_seeded_resets() -> None:
     assert summary["elements"]["table fill"] == 2 * authored.ROWS * authored.DIM
 
 
+def test_to_cpu_calls_in_the_model_change_nothing_in_its_initial_values() -> None:
+    plain = ReferenceTrainer(load_model(ENTRY)).spec.model
+    moved = ReferenceTrainer(load_model(ENTRY, {"params_on_cpu": True})).spec.model
+    for (name, a), (_, b) in zip(plain.state_dict().items(), moved.state_dict().items()):
+        torch.testing.assert_close(a, b, msg=name)
+
+
+def test_a_model_written_for_a_gpu_builds_and_initializes_on_the_cpu() -> None:
+    spec = load_model(ENTRY, {"gpu_style": True})
+    assert spec.model.bias.is_meta
+    trainer = ReferenceTrainer(spec)
+    assert spec.model.bias.device.type == "cpu"
+    torch.testing.assert_close(spec.model.bias.data, torch.full((1,), 0.5))
+    assert "bias" in trainer.init_report.author_tensors
+    assert trainer.step(0) > 0
+
+
+def test_a_model_built_for_real_keeps_its_own_author_values() -> None:
+    torch.manual_seed(11)
+    spec = authored.build()  # outside gemc: real values on the CPU, no origin
+    pos, query = spec.model.pos.detach().clone(), spec.model.query.detach().clone()
+    trainer = ReferenceTrainer(spec)
+    torch.testing.assert_close(spec.model.pos.data, pos)
+    torch.testing.assert_close(spec.model.query.data, query)
+    assert trainer.init_report.summary()["author_source"].startswith("the model's own values")
+    # the tables are still gemc's fill, not what the real build drew
+    assert trainer.init_report.summary()["per_module"].get("bag") is None
+
+
 @pytest.fixture(scope="module")
 def plans(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
     out = tmp_path_factory.mktemp("authored")

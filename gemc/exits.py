@@ -1,0 +1,73 @@
+"""How a gemc command ends: exit codes, interrupts, and the report of a bug.
+
+Exit codes (the same for ``gemc`` and ``python -m gemc.run``, on every rank):
+
+* 0 success; 2 bad input or usage (one message: what, where, fix);
+* 1 a bug in gemc (the traceback is saved to a file the message names);
+* 130 interrupted by SIGINT (Ctrl-C), 143 by SIGTERM (a scheduler's stop), the shell's
+  128 + signal convention, so a job script can tell "stopped" from "failed".
+
+SIGTERM is turned into :class:`Terminated`, a ``KeyboardInterrupt``, so one code path
+(``except KeyboardInterrupt``) cleans up after both signals: the files gemc writes are
+renamed into place only when complete, so an interrupt leaves the previous file (or none).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import tempfile
+import threading
+import traceback
+from types import FrameType
+
+EXIT_OK, EXIT_INTERNAL, EXIT_USAGE = 0, 1, 2
+EXIT_SIGINT, EXIT_SIGTERM = 128 + signal.SIGINT, 128 + signal.SIGTERM
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread where Ctrl-C raises KeyboardInterrupt."""
+
+
+def _raise_terminated(signum: int, frame: FrameType | None) -> None:
+    raise Terminated()
+
+
+def install_signal_handlers() -> None:
+    """SIGTERM raises :class:`Terminated`; SIGINT keeps Python's KeyboardInterrupt (set it
+    back if an embedding program ignored it). Only the main thread may install handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    if signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, signal.SIG_DFL):
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def ignore_further_interrupts() -> None:
+    """While cleaning up after the first interrupt, a second one must not cut the cleanup
+    short with a traceback: the user pressed Ctrl-C once and gets exit 130 once."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def interrupt_code(exc: KeyboardInterrupt) -> int:
+    return EXIT_SIGTERM if isinstance(exc, Terminated) else EXIT_SIGINT
+
+
+def signal_name(exc: KeyboardInterrupt) -> str:
+    return "SIGTERM" if isinstance(exc, Terminated) else "SIGINT (Ctrl-C)"
+
+
+def report_crash(exc: BaseException, *, prefix: str = "gemc") -> int:
+    """A bug in gemc: one line naming it, the traceback in a file; returns exit 1."""
+    fd, path = tempfile.mkstemp(prefix="gemc-crash-", suffix=".txt")
+    with os.fdopen(fd, "w") as f:
+        traceback.print_exception(type(exc), exc, exc.__traceback__, file=f)
+    print(
+        f"{prefix}: internal error (a bug in gemc, please report it): "
+        f"{type(exc).__name__}: {exc}\n  traceback: {path}",
+        file=sys.stderr,
+    )
+    return EXIT_INTERNAL
