@@ -86,6 +86,7 @@ def test_compile_tiny(name: str, topology: str) -> None:
     assert plan["mesh"]["world_size"] == world
     assert len(plan["tables"]) == _tables(name), "every nn.Embedding/EmbeddingBag is a table"
     assert plan["predicted"]["step_ms"] > 0
+    assert plan["model"]["batch_size"] == _stated_batch(name), "the plan keeps the stated batch"
     assert seconds < COMPILE_S["tiny"], f"compile took {seconds:.1f}s"
 
 
