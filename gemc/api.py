@@ -17,7 +17,7 @@ from gemc.pass_manager import PassManager
 from gemc.pipeline import annotation_passes, default_pipeline
 from gemc.plan import PLANNERS, write_plan
 from gemc.plan_builder import build_plan
-from gemc.spec import ModelSpec
+from gemc.spec import BATCH_SIZE_MISSING, ModelSpec, batch_size_of
 
 
 def load_model(
@@ -109,11 +109,15 @@ def compile(  # noqa: A001 - the public name users expect
     ctx = _context(entrypoint, args, captured, topo)
     ctx.calibration = calib
     ctx.options["solver"] = dict(solver or {})
+    batch_size, _ = batch_size_of(spec)
+    if batch_size is None:
+        ctx.warn(BATCH_SIZE_MISSING)
     gm = manager.run(captured.gm, ctx, capture_seconds=time.perf_counter() - start)
     try:
         if progress:
             progress("predict step")
         plan = build_plan(gm, ctx, captured, planner=planner)
+        plan["model"]["batch_size"] = batch_size  # stated by the model; null when not
         if "predict-time" not in disabled_passes:
             plan["predicted"] = predicted_block(gm, plan["regions"], plan["tables"], topo, calib)
         if dump_dir is not None:
@@ -139,7 +143,10 @@ def _dump_for_report(
     status = dump_mlir(gm, dump_dir, progress)
     if progress:
         progress(status)
-    write_plan(dump_dir / "plan.json", plan)  # after the export: an interrupt there leaves none
+    # after the export: an interrupt there leaves none. A copy of the model section: the
+    # dump's plan names the model file from the dump folder, the returned plan (and --out)
+    # from theirs (write_plan locates the model in the plan it is given)
+    write_plan(dump_dir / "plan.json", {**plan, "model": dict(plan["model"])})
 
 
 def _write_kernel_sources(plan: dict[str, Any], dump_dir: Path) -> None:

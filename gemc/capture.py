@@ -11,7 +11,7 @@ import contextlib
 import gc
 import hashlib
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -35,13 +35,15 @@ class Captured:
 def capture(spec: ModelSpec, *, entrypoint: str = "model") -> Captured:
     """Export ``spec.model`` on ``spec.example_inputs``; a failure is a named CaptureError."""
     model = spec.model
-    inputs = spec.example_inputs
+    inputs = _inputs_on_model_device(model, spec.example_inputs)
     model.train()
     try:
         with warnings.catch_warnings(), _no_gc():
             warnings.simplefilter("ignore")
             exported = torch.export.export(model, inputs, strict=False)
     except Exception as exc:  # any export failure is the user's model not being capturable
+        if _is_device_mismatch(exc):
+            raise _device_error(exc, model, spec.example_inputs, entrypoint) from exc
         raise CaptureError(
             f"torch.export could not capture the model: {_first_line(exc)}",
             where=_where(exc, entrypoint),
@@ -67,6 +69,70 @@ def capture(spec: ModelSpec, *, entrypoint: str = "model") -> Captured:
         param_shapes=shapes,
         param_dtypes=dtypes,
         fingerprint=fingerprint(gm, shapes, dtypes),
+    )
+
+
+def _devices(tensors: Iterable[torch.Tensor]) -> list[str]:
+    return sorted({t.device.type for t in tensors})
+
+
+def _inputs_on_model_device(
+    model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]
+) -> tuple[torch.Tensor, ...]:
+    """Example inputs moved to the device of the model's state when that is meta.
+
+    A user's example batch is often real (built on the CPU), while gemc builds the model on
+    meta; only shapes and dtypes matter to capture, so the inputs follow the model there.
+    A model holding tensors on several devices is moved to meta whole first (capture
+    never reads a value). A model wholly on a real device keeps its inputs as given: that
+    is a real capture, and a mismatch there is the model's to fix.
+    """
+    state = [*model.parameters(), *model.buffers()]
+    state_devices = _devices(state)
+    if "meta" in state_devices and len(state_devices) > 1:
+        model.to("meta")
+        state_devices = ["meta"]
+    if state_devices in ([], ["meta"]) and any(not t.is_meta for t in inputs):
+        return tuple(t.to("meta") for t in inputs)
+    return inputs
+
+
+def _is_device_mismatch(exc: BaseException) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError
+
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, FakeTensorDeviceMismatchError) or (
+            "Expected all tensors to be on the same device" in str(cur)
+        ):
+            return True
+        cur = cur.__cause__ or cur.__context__
+    return False
+
+
+def _device_error(
+    exc: BaseException,
+    model: torch.nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    entrypoint: str,
+) -> CaptureError:
+    """A device mismatch named as one: which devices met, and what gemc expects."""
+    state = _devices([*model.parameters(), *model.buffers()]) or ["(none)"]
+    given = _devices(inputs)
+    moved = " (moved to meta for capture)" if state == ["meta"] and given != ["meta"] else ""
+    return CaptureError(
+        "the model's forward combined tensors on different devices: example inputs given "
+        f"on {', '.join(given)}{moved}, parameters and buffers on {', '.join(state)} "
+        f"({_first_line(exc)})",
+        where=_where(exc, entrypoint),
+        fix=(
+            "gemc captures on the meta device: it moves example inputs, parameters and "
+            "buffers there itself, but not a tensor the forward makes with an explicit "
+            "device= (use device=x.device of an input) nor a tensor kept as a plain module "
+            "attribute (register it with self.register_buffer(...))"
+        ),
     )
 
 

@@ -156,8 +156,9 @@ def build_spec(
 ) -> ModelSpec:
     """Call the entrypoint under ``torch.device(device)`` and check what it returned."""
     _check_kwargs(fn, kwargs, entrypoint)
+    on_meta = torch.device(device).type == "meta"
     try:
-        with torch.device(device), _skip_init_on_meta():
+        with torch.device(device), _skip_init_on_meta(), _stay_on_meta() if on_meta else _nothing():
             spec = fn(**kwargs)
     except GemcUserError:
         raise
@@ -172,10 +173,135 @@ def build_spec(
         raise EntrypointError(
             f"'{entrypoint}' raised {type(exc).__name__}: {exc}",
             where=_last_frame(exc),
-            fix="fix the model's build function (it runs with torch.device('meta') as default)",
+            fix=f"fix the model's build function (it runs with torch.device({device!r}) as "
+            "default)",
         ) from exc
     check_spec(spec, entrypoint)
+    if on_meta:
+        _params_to_meta(spec.model)
+    spec.origin = (entrypoint, dict(kwargs))
     return spec
+
+
+class AuthorBuild:
+    """Build a spec's model for real (on the CPU) with its embedding tables left on meta.
+
+    The runner materializes tables shard by shard and dense modules with their own
+    ``reset_parameters()``; what is left (``nn.Parameter``s made in ``__init__`` with the
+    author's recipe, constant buffers) is copied from this build. Tables are the large
+    part of a recommendation model, so an ``nn.Embedding``/``nn.EmbeddingBag`` whose shape
+    is one of ``table_shapes`` is built on meta; the dense part is small. The build runs
+    under ``torch.manual_seed(seed)`` with the global RNG state restored afterwards, so it
+    is the same on every rank.
+    """
+
+    def __init__(
+        self, origin: tuple[str, dict[str, Any]], table_shapes: set[tuple[int, int]], seed: int
+    ) -> None:
+        self.entrypoint, self.kwargs = origin
+        self.table_shapes = set(table_shapes)
+        self.seed = seed
+        self.description = (
+            f"{self.entrypoint} built on cpu under torch.manual_seed({seed}), "
+            f"{len(self.table_shapes)} table shape(s) on meta"
+        )
+
+    def __call__(self) -> torch.nn.Module:
+        fn = load_entrypoint(self.entrypoint)
+        # a table's .to("cpu") / .cpu() keeps it on meta; a .cuda() or device="cuda" in
+        # the model builds on the CPU
+        with torch.random.fork_rng(devices=[]), _tables_on_meta(self.table_shapes), \
+                _stay_on_meta(on_cpu=True):
+            torch.manual_seed(self.seed)
+            spec = build_spec(fn, dict(self.kwargs), entrypoint=self.entrypoint, device="cpu")
+        return spec.model
+
+
+@contextlib.contextmanager
+def _tables_on_meta(shapes: set[tuple[int, int]]) -> Iterator[None]:
+    """``nn.Embedding``/``nn.EmbeddingBag`` of one of ``shapes`` are built on meta."""
+    classes = (torch.nn.Embedding, torch.nn.EmbeddingBag)
+    originals = {cls: cls.__init__ for cls in classes}
+
+    def wrap(cls: type, init: Callable[..., None]) -> Callable[..., None]:
+        sig = inspect.signature(init)
+
+        @functools.wraps(init)
+        def meta_init(self: Any, *args: Any, **kwargs: Any) -> None:
+            bound = sig.bind(self, *args, **kwargs)
+            shape = (bound.arguments.get("num_embeddings"), bound.arguments.get("embedding_dim"))
+            if shape in shapes and bound.arguments.get("_weight") is None:
+                bound.arguments["device"] = "meta"
+            init(*bound.args, **bound.kwargs)
+
+        return meta_init
+
+    for cls, init in originals.items():
+        cls.__init__ = wrap(cls, init)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        for cls, init in originals.items():
+            cls.__init__ = init  # type: ignore[method-assign]
+
+
+def _params_to_meta(model: torch.nn.Module) -> None:
+    """Parameters and buffers the build put on a real device (``device="cpu"`` written in
+    the model) join the others on meta: the compile prices shapes, and the runner
+    materializes every tensor itself, so a real copy here would only cost memory."""
+    if any(not t.is_meta for t in (*model.parameters(), *model.buffers())):
+        model.to("meta")
+
+
+@contextlib.contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+class _StayOnMetaMode(torch.overrides.TorchFunctionMode):
+    """``.to(device)``, ``.cpu()`` and ``.cuda()`` of a meta tensor keep it on meta.
+
+    Models are written for a real device: ``nn.Linear(4, 4).to("cpu")`` or
+    ``self.pos = nn.Parameter(torch.zeros(n)).cuda()`` raise "Cannot copy out of meta
+    tensor" when built on meta. Under this mode the device part of such a call is dropped
+    (a dtype or memory format still applies), so the model builds unchanged; a factory's
+    ``device="cuda"`` makes the tensor on meta (a host without a GPU compiles it too).
+    An explicit ``device="cpu"`` is kept: a build may compute with such a tensor.
+    """
+
+    def __init__(self, on_cpu: bool = False) -> None:
+        super().__init__()
+        # the author's build: a real tensor stays where it is too, and a factory's
+        # device="cuda" makes it on the CPU (only values are wanted, on any host)
+        self.on_cpu = on_cpu
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        kwargs = kwargs or {}
+        if kwargs.get("device") is not None and func is not torch.Tensor.to:
+            if torch.device(kwargs["device"]).type not in ("cpu", "meta"):
+                kwargs = {**kwargs, "device": "cpu" if self.on_cpu else "meta"}
+        if args and isinstance(args[0], torch.Tensor) and (args[0].is_meta or self.on_cpu):
+            if func is torch.Tensor.to:
+                to_args = [a for a in args[1:] if not isinstance(a, bool)]
+                flags = {k: v for k, v in kwargs.items() if k in ("copy", "non_blocking")}
+                rest = {k: v for k, v in kwargs.items() if k not in flags}
+                _, dtype, _, memory_format = torch._C._nn._parse_to(*to_args, **rest)
+                out = args[0]
+                if dtype is not None or memory_format is not None:
+                    out = out.to(
+                        dtype=dtype or out.dtype,
+                        memory_format=memory_format or torch.preserve_format,
+                    )
+                return out
+            if func in (torch.Tensor.cpu, torch.Tensor.cuda):
+                return args[0]
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def _stay_on_meta(on_cpu: bool = False) -> Iterator[None]:
+    with _StayOnMetaMode(on_cpu):
+        yield
 
 
 _INIT_FUNCTIONS = (
@@ -289,6 +415,33 @@ def check_spec(spec: Any, entrypoint: str) -> None:
             "ModelSpec.make_batch is not callable",
             where=f"{entrypoint} -> ModelSpec.make_batch",
             fix="give a function make_batch(step, device) returning a tuple like example_inputs",
+        )
+    _check_batch_size(spec, entrypoint)
+
+
+def _check_batch_size(spec: ModelSpec, entrypoint: str) -> None:
+    """A stated batch size is a positive integer that some example input has as a
+    dimension (the labels, a dense feature, a bag's offsets: ``B`` or ``B + 1``)."""
+    size = spec.batch_size
+    where = f"{entrypoint} -> ModelSpec.batch_size"
+    if size is None:
+        return
+    if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+        raise EntrypointError(
+            f"ModelSpec.batch_size is {size!r}; it must be a positive integer (the samples "
+            "in one batch)",
+            where=where,
+            fix="set batch_size=B, the number of samples make_batch returns per step",
+        )
+    dims = {int(d) for t in spec.example_inputs for d in t.shape}
+    if size not in dims and size + 1 not in dims:
+        shapes = ", ".join("x".join(map(str, t.shape)) or "scalar" for t in spec.example_inputs)
+        raise EntrypointError(
+            f"ModelSpec.batch_size is {size}, but no example input has {size} (or {size + 1} "
+            f"offsets) along any dimension: inputs are {shapes}",
+            where=where,
+            fix="state the samples per batch (the labels' length), or build example_inputs "
+            "for that batch",
         )
 
 

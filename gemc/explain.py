@@ -16,7 +16,8 @@ def explain(plan: dict[str, Any]) -> str:
     model, topo, pred = plan["model"], plan["topology"], plan["predicted"]
     out = [
         f"model      {model['entrypoint']}  {model.get('args', {})}",
-        f"           fingerprint {model['fingerprint'][:23]}...  nodes {model.get('graph_nodes')}",
+        f"           fingerprint {model['fingerprint'][:23]}...  nodes {model.get('graph_nodes')}"
+        f"  batch {model.get('batch_size') or 'not stated'}",
         f"           dense params {human_count(model.get('dense_params', 0))}  embedding params "
         f"{human_count(model.get('embedding_params', 0))}  train FLOPs/step {human_count(model.get('train_flops_per_step', 0))}",
         f"topology   {topo.get('gpu')}:{topo.get('hosts')}x{topo.get('gpus_per_host')}  world {plan['mesh']['world_size']}  mesh {plan['mesh']['shape']}",

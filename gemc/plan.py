@@ -9,6 +9,7 @@ with sorted keys: the same inputs give the same bytes.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -65,9 +66,46 @@ def dumps(plan: dict[str, Any]) -> str:
 
 
 def write_plan(path: str | Path, plan: dict[str, Any]) -> None:
-    """Validate, then write atomically: a bad plan is never written, a good one never half."""
+    """Validate, then write atomically: a bad plan is never written, a good one never half.
+
+    The plan's model is located from ``path`` first (:func:`locate_model`, in place), so a
+    plan on disk finds its model file from any working directory."""
+    locate_model(plan, Path(path))
     validate_plan(plan, source="the plan being written")
     write_atomic(Path(path), dumps(plan))
+
+
+def locate_model(plan: dict[str, Any], plan_path: Path) -> dict[str, Any]:
+    """Record where a ``FILE.py:FUNC`` entrypoint's file is, for a run from elsewhere.
+
+    ``model.entrypoint`` stays as typed (relative to the compile's working directory).
+    ``model.entrypoint_from_plan`` names the file relative to the plan's folder (a plan
+    and a repository moved together, or a run from another directory) and
+    ``model.entrypoint_absolute`` where it was (another host with the same checkout path).
+    A ``package.module:FUNC`` entrypoint keeps its module form and gets neither. The file
+    is found as typed from the current directory, else from a stored absolute path; when
+    neither exists (a plan re-written elsewhere) the stored fields are kept. Paths depend
+    on where the repository and the plan are, never on time: the same compile in the same
+    place gives the same bytes.
+    """
+    model = plan.get("model")
+    if not isinstance(model, dict) or not isinstance(model.get("entrypoint"), str):
+        return plan
+    target, sep, func = model["entrypoint"].rpartition(":")
+    if not sep or not target.endswith(".py"):
+        return plan
+    stored = model.get("entrypoint_absolute")
+    stored_file = stored.rpartition(":")[0] if isinstance(stored, str) else None
+    if Path(target).is_file():
+        file = Path(target).resolve()
+    elif stored_file and Path(stored_file).is_file():
+        file = Path(stored_file)
+    else:
+        return plan
+    plan_dir = plan_path.resolve().parent
+    model["entrypoint_absolute"] = f"{file.as_posix()}:{func}"
+    model["entrypoint_from_plan"] = f"{Path(os.path.relpath(file, plan_dir)).as_posix()}:{func}"
+    return plan
 
 
 def load_plan(path: str | Path) -> dict[str, Any]:
@@ -127,6 +165,14 @@ def validate_plan(plan: Any, *, source: str = "plan") -> None:
     for key in ("entrypoint", "args", "fingerprint"):
         if key not in model:
             _fail(source, f"model.{key}", "is missing", recompile)
+    size = model.get("batch_size")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size <= 0):
+        _fail(source, "model.batch_size", f"is {size!r}, not a positive integer or null",
+              recompile)
+    for key in ("entrypoint_from_plan", "entrypoint_absolute"):
+        value = model.get(key)
+        if value is not None and (not isinstance(value, str) or ":" not in value):
+            _fail(source, f"model.{key}", f"is {value!r}, not FILE.py:FUNC", recompile)
     mesh = plan["mesh"]
     world = mesh.get("world_size")
     if not isinstance(world, int) or world < 1:

@@ -50,7 +50,9 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from gemc.backends.torch import fp8
-from gemc.spec import ModelSpec
+from gemc.backends.torch.init import init_dense_
+from gemc.entrypoint import AuthorBuild
+from gemc.spec import ModelSpec, batch_size_of
 
 SiteKey = tuple[str, str, int]  # (innermost module path, op name, call index in that module)
 GEMM_OPS = {
@@ -204,11 +206,24 @@ def _reset_fn(module: nn.Module) -> Callable[[], None] | None:
 
 
 def _batch_of(spec: ModelSpec) -> int | None:
-    b = spec.info.get("batch_size") if isinstance(spec.info, dict) else None
-    if isinstance(b, int):
-        return b
-    first = spec.example_inputs[0] if spec.example_inputs else None
-    return int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() else None
+    """The batch the model states (never a tensor's first dimension: see batch_size_of)."""
+    return batch_size_of(spec)[0]
+
+
+def _why_not_shrunk(
+    batch: int | None, probe_batch: int | None, target: int, takes_batch: bool, smallest: int
+) -> str:
+    """The true reason the probe's batch stayed too large, for the skip message."""
+    if batch is None:
+        return ("the model states no batch size (ModelSpec.batch_size), so the probe "
+                "cannot tell how many samples to keep")
+    if not takes_batch:
+        return f"the entrypoint takes no batch_size argument to shrink its batch of {batch}"
+    if probe_batch is not None and probe_batch > target:
+        return (f"rebuilt with batch_size={target}, the model still states a batch of "
+                f"{probe_batch}")
+    return (f"the batch is already {probe_batch or batch} samples (the probe keeps at least "
+            f"{smallest}): one sample's forward is too large for a CPU probe")
 
 
 def build_probe_model(
@@ -229,25 +244,30 @@ def build_probe_model(
             f"the dense weights ({dense_bytes / 1e9:.1f} GB fp32) exceed the probe's CPU "
             f"budget ({config.max_dense_bytes / 1e9:.1f} GB)"
         )
-    batch = info["batch"] or 1
-    per_sample = fwd_flops / batch
+    batch = info["batch"]
+    per_sample = fwd_flops / (batch or 1)
     target = config.max_batch
     if per_sample > 0:
         target = int(min(config.max_batch, max(config.min_batch,
                                                config.max_fwd_flops // per_sample)))
-    if batch > target:
-        params = inspect.signature(load_entrypoint(entrypoint)).parameters
-        if "batch_size" in params:
-            spec = load_model(entrypoint, {**args, "batch_size": target}, device="meta")
-            info["probe_batch"] = _batch_of(spec)
-    probe_flops = per_sample * (info["probe_batch"] or batch)
+    takes_batch = "batch_size" in inspect.signature(load_entrypoint(entrypoint)).parameters
+    if batch is not None and batch > target and takes_batch:
+        spec = load_model(entrypoint, {**args, "batch_size": target}, device="meta")
+        info["probe_batch"] = _batch_of(spec)
+    probe_batch = info["probe_batch"] or batch or 1
+    probe_flops = per_sample * probe_batch
     info["probe_fwd_flops"] = int(probe_flops)
     if probe_flops > 4 * config.max_fwd_flops:
         raise ProbeSkipped(
             f"one probe step would run {probe_flops:.2g} forward FLOPs on the CPU (budget "
-            f"{config.max_fwd_flops:.2g}) and the entrypoint takes no batch_size to shrink it"
+            f"{config.max_fwd_flops:.2g}): "
+            f"{_why_not_shrunk(batch, info['probe_batch'], target, takes_batch, config.min_batch)}"
         )
     model = spec.model
+    # the tables' shapes as the entrypoint builds them (before folding): the author's
+    # build below leaves exactly these on meta
+    shapes = {(int(m.num_embeddings), int(m.embedding_dim))
+              for m in model.modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag))}
     folded = []
     for name in _tables(model):
         module = model.get_submodule(name)
@@ -257,21 +277,15 @@ def build_probe_model(
                     _fold(module, config.fold_rows))
             folded.append(name)
     info["folded_tables"] = len(folded)
-    uninit = [n or "(root)" for n, m in model.named_modules()
-              if any(True for _ in m.parameters(recurse=False)) and _reset_fn(m) is None]
-    if uninit:
-        raise ProbeSkipped(f"modules without reset_parameters cannot be initialised: {uninit[:4]}")
+    # dense modules and folded tables: their reset_parameters under the probe's seed;
+    # what no reset writes, the author's values (see init_dense_)
     model.to_empty(device="cpu")
-    with torch.no_grad():
-        for name, module in model.named_modules():
-            fn = _reset_fn(module)
-            if fn is not None and any(True for _ in module.parameters(recurse=False)):
-                torch.manual_seed(derive_seed(config.seed, name))
-                fn()
-        for name, buf in model.named_buffers():
-            if buf.is_floating_point() and not torch.isfinite(buf).all():
-                buf.zero_()  # to_empty garbage in a buffer no reset touched
-                info.setdefault("zeroed_buffers", []).append(name)
+    author = (AuthorBuild(spec.origin, shapes, derive_seed(config.seed, "author-build"))
+              if spec.origin is not None else None)
+    report = init_dense_(model, config.seed, author_build=author,
+                         seed_for=lambda name: derive_seed(config.seed, name))
+    if report.author_tensors:
+        info["author_init"] = report.author_tensors
     model.train()
     return spec, info
 

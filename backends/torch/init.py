@@ -7,6 +7,10 @@ RNG. Instead every value is a pure function of ``(seed, name)``:
 * a dense module is re-initialized with its own ``reset_parameters()`` under a seed derived
   from its FQN, so FSDP-sharded, replicated and single-process runs start from the same
   weights (the module is materialized whole, initialized, then sharded);
+* a tensor no ``reset_parameters()`` writes (a module without one, which is how most models
+  create their own ``nn.Parameter``s and constant buffers) takes the value the author's
+  build gives it: the entrypoint runs once more for real with the tables on meta, under a
+  seed derived from the run's, and rank 0's values are broadcast (see :func:`init_dense_`);
 * an embedding table is drawn in fixed blocks of ``BLOCK_ROWS`` full-width rows, block ``k``
   from a generator seeded by ``(seed, fqn, k)``. Any shard (a row range, a column range or
   both) is produced by drawing only the blocks it overlaps, and equals the same slice of the
@@ -20,12 +24,15 @@ differ), never on the number of ranks.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
-from gemc.errors import GemcUserError
+from gemc.errors import GemcError, GemcUserError
 
 BLOCK_ROWS = 8192
 """Rows per independently seeded block of an embedding table."""
@@ -84,53 +91,205 @@ def _owns_state(module: nn.Module) -> bool:
     )
 
 
-def check_initializable(model: nn.Module, skip: Iterable[str] = ()) -> None:
-    """Every parameter and buffer outside ``skip`` must belong to a module that can reset it.
-
-    A tensor materialized from meta holds garbage until something writes it; a module
-    without ``reset_parameters`` would silently train from garbage, so refuse it up front.
-    """
-    skip = set(skip)
-    bad = []
-    for name, module in model.named_modules():
-        if _in(name, skip) or not _owns_state(module) or _reset_fn(module) is not None:
-            continue
-        own = [n for n, _ in module.named_parameters(recurse=False)]
-        own += [n for n, _ in module.named_buffers(recurse=False)]
-        bad.append(f"{name or '(root)'} ({type(module).__name__}: {', '.join(own)})")
-    if bad:
-        raise GemcUserError(
-            "the runner builds the model on meta and initializes each module with its "
-            "reset_parameters(); these modules hold parameters or buffers but have none: "
-            + "; ".join(bad[:8])
-            + (f" and {len(bad) - 8} more" if len(bad) > 8 else ""),
-            where="the model's modules",
-            fix="give each such module a reset_parameters() that (re)fills its tensors",
-        )
-
-
 def _in(name: str, prefixes: set[str]) -> bool:
     return any(name == p or name.startswith(p + ".") for p in prefixes)
 
 
 @torch.no_grad()
 def reset_dense_(model: nn.Module, seed: int, skip: Iterable[str] = ()) -> None:
-    """Re-initialize every module outside ``skip`` under a seed derived from its FQN.
-
-    Parents come before children (``named_modules`` order), so a parent whose
-    ``reset_parameters`` also touches its children is overridden by the children's own,
-    exactly as in every run: the result depends only on names and ``seed``.
-    """
+    """Re-initialize every module outside ``skip`` that has ``reset_parameters`` under a
+    seed derived from its FQN (see :func:`init_dense_`, which also covers the rest)."""
     skip = set(skip)
-    devices = sorted(
-        {p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"}
-    )
+    devices = _cuda_devices(model)
     for name, module in model.named_modules():
         if _in(name, skip) or not _owns_state(module):
             continue
         fn = _reset_fn(module)
-        if fn is None:
+        if fn is not None:
+            _reset_under_seed(fn, seed, name, devices)
+
+
+def _cuda_devices(model: nn.Module) -> list[int]:
+    return sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
+
+
+def _reset_under_seed(
+    fn: Callable[[], Any],
+    seed: int,
+    name: str,
+    devices: list[int],
+    seed_for: Callable[[str], int] | None = None,
+) -> None:
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed_for(name) if seed_for else derive_seed(seed, "module", name))
+        fn()
+
+
+RESET = "reset_parameters"
+AUTHOR = "author's __init__"
+TABLE = "table fill"
+
+
+@dataclass
+class InitReport:
+    """How each part of the model got its initial values (the run report's
+    ``initialization``): dense modules by name, tables as a count."""
+
+    per_module: dict[str, str] = field(default_factory=dict)
+    author_tensors: list[str] = field(default_factory=list)
+    tables: int = 0
+    numel: dict[str, int] = field(default_factory=lambda: {RESET: 0, AUTHOR: 0, TABLE: 0})
+    author_source: str | None = None
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "per_module": dict(self.per_module),
+            "author_tensors": list(self.author_tensors),
+            "tables": self.tables,
+            "elements": dict(self.numel),
+            "author_source": self.author_source,
+            "definition": (
+                f"'{RESET}': the module's own reset_parameters() under a seed derived from "
+                f"its name; '{AUTHOR}': the values the model's build gives it, from one "
+                "build of the dense part for real (tables left on meta) under the run's "
+                "seed, broadcast from rank 0; "
+                f"'{TABLE}': gemc's blockwise N(0, 1) fill, shard by shard"
+            ),
+        }
+
+
+def _poison_(t: torch.Tensor) -> bool:
+    """Fill ``t`` with a value no initializer writes; False when its dtype has none."""
+    if t.is_floating_point() or t.is_complex():
+        t.fill_(float("nan"))
+        return True
+    if t.dtype == torch.bool:
+        return False
+    t.fill_(torch.iinfo(t.dtype).min)
+    return True
+
+
+def _still_poisoned(t: torch.Tensor) -> bool:
+    if t.numel() == 0:
+        return False
+    if t.is_floating_point() or t.is_complex():
+        return bool(torch.isnan(t).any())
+    return bool((t == torch.iinfo(t.dtype).min).any())
+
+
+@torch.no_grad()
+def init_dense_(
+    model: nn.Module,
+    seed: int,
+    skip: Iterable[str] = (),
+    *,
+    author_build: Callable[[], nn.Module | Mapping[str, torch.Tensor]] | None = None,
+    report: InitReport | None = None,
+    seed_for: Callable[[str], int] | None = None,
+) -> InitReport:
+    """Initialize every parameter and buffer of ``model`` outside ``skip``; never refuse.
+
+    A module with ``reset_parameters()`` is reset under a seed derived from its FQN
+    (parents before children, as :func:`reset_dense_`). Its tensors are filled with NaN
+    (integers: their minimum) first, so a tensor its reset leaves unwritten is noticed.
+    Those, and every tensor of a module without ``reset_parameters`` (an ``nn.Parameter``
+    made in ``__init__`` with the author's own recipe, a constant buffer), take the value
+    the author's build gives them: ``author_build()`` builds the model for real with its
+    tables on meta (the dense part is small), once, only when some tensor needs it (or
+    returns those values by FQN, e.g. a snapshot of a model that was built for real). On
+    several ranks rank 0's values are broadcast, so every replica starts identical even
+    when the author's recipe draws from an unseeded source. ``seed_for(name)``: another
+    caller's per-module seeds (the precision probe's).
+    """
+    skip = set(skip)
+    report = report or InitReport()
+    devices = _cuda_devices(model)
+    needs: dict[str, torch.Tensor] = {}
+    for name, module in model.named_modules():
+        if _in(name, skip) or not _owns_state(module):
             continue
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(derive_seed(seed, "module", name))
-            fn()
+        own = [
+            (f"{name}.{n}" if name else n, t)
+            for n, t in (*module.named_parameters(recurse=False),
+                         *module.named_buffers(recurse=False))
+        ]
+        fn = _reset_fn(module)
+        how = AUTHOR
+        if fn is not None:
+            poisoned = {fqn: _poison_(t.data) for fqn, t in own}
+            _reset_under_seed(fn, seed, name, devices, seed_for)
+            left = [(fqn, t) for fqn, t in own if not poisoned[fqn] or _still_poisoned(t.data)]
+            unwritten = {fqn for fqn, _ in left}
+            report.numel[RESET] += sum(t.numel() for fqn, t in own if fqn not in unwritten)
+            how = RESET if not left else f"{RESET} + {AUTHOR}"
+            own = left
+        for fqn, t in own:
+            needs[fqn] = t
+            report.numel[AUTHOR] += t.numel()
+        report.per_module[name or "(root)"] = how
+    if needs:
+        _copy_author_values_(needs, author_build, report)
+    return report
+
+
+def _copy_author_values_(
+    needs: dict[str, torch.Tensor],
+    author_build: Callable[[], nn.Module | Mapping[str, torch.Tensor]] | None,
+    report: InitReport,
+) -> None:
+    names = ", ".join(list(needs)[:6]) + (f" and {len(needs) - 6} more" if len(needs) > 6 else "")
+    if author_build is None:
+        raise GemcError(
+            f"tensors without reset_parameters ({names}) need the author's build to be "
+            "initialized, and none was given (materialize_(..., author_build=...))"
+        )
+    real = author_build()
+    source = real if isinstance(real, Mapping) else {
+        **dict(real.named_parameters(remove_duplicate=False)),
+        **dict(real.named_buffers(remove_duplicate=False)),
+    }
+    for fqn, t in needs.items():
+        value = source.get(fqn)
+        if value is None or value.is_meta or tuple(value.shape) != tuple(t.shape):
+            got = "missing" if value is None else (
+                "on meta" if value.is_meta else f"of shape {tuple(value.shape)}")
+            raise GemcUserError(
+                f"the model's build for real does not give '{fqn}' a value: it is {got} "
+                f"there (expected {tuple(t.shape)})",
+                where=fqn,
+                fix="build the same module structure on every call of the entrypoint, and "
+                "create this tensor on the default device (not under torch.device('meta'))",
+            )
+        t.data.copy_(value.detach())
+    report.author_tensors = list(needs)
+    report.author_source = getattr(author_build, "description", None)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        _broadcast_from_rank0([t.data for t in needs.values()])
+
+
+def _broadcast_from_rank0(tensors: list[torch.Tensor]) -> None:
+    """One broadcast per dtype and device of the flattened tensors (small: dense only)."""
+    groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+    for t in tensors:
+        groups.setdefault((t.dtype, t.device), []).append(t)
+    for group in groups.values():
+        flat = torch.cat([t.reshape(-1) for t in group])
+        dist.broadcast(flat, src=0)
+        offset = 0
+        for t in group:
+            t.copy_(flat[offset : offset + t.numel()].view_as(t))
+            offset += t.numel()
+
+
+def real_dense_state(model: nn.Module, skip: Iterable[str] = ()) -> dict[str, torch.Tensor]:
+    """Copies of the tensors outside ``skip`` that hold real values (not on meta): a model
+    built for real (outside gemc's meta build) is its own author's build."""
+    skip = set(skip)
+    out: dict[str, torch.Tensor] = {}
+    for name, module in model.named_modules():
+        if _in(name, skip):
+            continue
+        for n, t in (*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)):
+            if not t.is_meta:
+                out[f"{name}.{n}" if name else n] = t.detach().clone()
+    return out

@@ -19,28 +19,57 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from gemc.backends.torch.embedding import ShardedEmbedding, module_fqn
-from gemc.backends.torch.init import check_initializable, fill_table_slice_, reset_dense_
+from gemc.backends.torch.init import (
+    TABLE,
+    InitReport,
+    derive_seed,
+    fill_table_slice_,
+    init_dense_,
+    real_dense_state,
+)
 from torch import nn
 
 from gemc.errors import PlanError
 from gemc.spec import ModelSpec
 
 
-def _entrypoint_for(entrypoint: str, plan_dir: Path | None) -> str:
-    """The plan's entrypoint, found relative to the plan's folder if not to the cwd."""
+def _entrypoint_for(model: dict[str, Any], plan_dir: Path | None) -> str:
+    """The plan's entrypoint, resolved from any working directory.
+
+    ``FILE.py:FUNC`` is tried as typed (from the current directory), then relative to the
+    plan's folder (``entrypoint_from_plan``, or the typed path for older plans), then at the
+    absolute path of the compile. ``package.module:FUNC`` is imported as it is. The model's
+    fingerprint is checked afterwards, so a file found in the wrong place cannot run.
+    """
+    entrypoint = model["entrypoint"]
     target, sep, func = entrypoint.rpartition(":")
-    if sep and target.endswith(".py") and not Path(target).is_file() and plan_dir is not None:
-        candidate = plan_dir / target
-        if candidate.is_file():
-            return f"{candidate}:{func}"
-    return entrypoint
+    if not sep or not target.endswith(".py"):
+        return entrypoint
+    tried: list[tuple[str, Path]] = [("as typed, from the current directory", Path(target))]
+    if plan_dir is not None:
+        rel = model.get("entrypoint_from_plan")
+        rel_file = rel.rpartition(":")[0] if isinstance(rel, str) else target
+        tried.append(("relative to the plan's folder", plan_dir / rel_file))
+    absolute = model.get("entrypoint_absolute")
+    if isinstance(absolute, str):
+        tried.append(("where it was compiled", Path(absolute.rpartition(":")[0])))
+    for _, path in tried:
+        if path.is_file():
+            return entrypoint if path == Path(target) else f"{path}:{func}"
+    raise PlanError(
+        f"the plan's model file is not found: {target} "
+        + "; ".join(f"{how}: {path.resolve()}" for how, path in tried),
+        where="plan model.entrypoint",
+        fix="run from the directory of the compile, keep the model file where it was "
+        "relative to the plan, or compile the plan again here",
+    )
 
 
 def load_plan_model(plan: dict[str, Any], plan_dir: Path | None = None) -> ModelSpec:
     """The model the plan names, built on meta."""
     from gemc.api import load_model
 
-    entry = _entrypoint_for(plan["model"]["entrypoint"], plan_dir)
+    entry = _entrypoint_for(plan["model"], plan_dir)
     return load_model(entry, plan["model"].get("args") or {}, device="meta")
 
 
@@ -78,11 +107,18 @@ def check_fingerprint(
             raise PlanError(
                 "the plan was compiled for a different model: model fingerprint "
                 f"{expected[:23]}... in the plan, {str(got)[:23]}... for "
-                f"{plan['model']['entrypoint']} with args {plan['model'].get('args') or {}}",
+                f"{plan['model']['entrypoint']} with args {plan['model'].get('args') or {}}"
+                + _loaded_from(plan, spec),
                 where="plan model.fingerprint",
                 fix="compile the plan again for this model (gemc compile ... --out plan.json)",
             )
     return captured
+
+
+def _loaded_from(plan: dict[str, Any], spec: ModelSpec) -> str:
+    """Where the model was found, when not as the plan names it (see _entrypoint_for)."""
+    used = spec.origin[0] if spec.origin else None
+    return f" (loaded from {used})" if used and used != plan["model"]["entrypoint"] else ""
 
 
 def materialize_(
@@ -90,17 +126,36 @@ def materialize_(
     device: torch.device,
     seed: int,
     table_modules: list[str],
-) -> None:
+    *,
+    origin: tuple[str, dict[str, Any]] | None = None,
+) -> InitReport:
     """Allocate on ``device`` and initialize deterministically (see :mod:`.init`).
 
     ``table_modules`` are module paths: a :class:`ShardedEmbedding` fills its shard, a plain
     ``nn.Embedding``/``nn.EmbeddingBag`` (the reference) is filled whole with the same values.
+    ``origin``: the spec's (entrypoint, kwargs), to take the author's values of tensors no
+    ``reset_parameters()`` writes (built once, for real, only when some tensor needs it).
+    Returns how each part was initialized, for the run report.
     """
-    check_initializable(model, skip=table_modules)
+    shapes = {
+        (int(m.num_embeddings), int(m.embedding_dim))
+        for m in (model.get_submodule(n) for n in table_modules)
+    }
+    author: Any = None
+    if origin is not None:
+        from gemc.entrypoint import AuthorBuild
+
+        author = AuthorBuild(origin, shapes, derive_seed(seed, "author-build"))
+    else:  # a spec built outside gemc: its real values are the author's
+        snapshot = real_dense_state(model, skip=table_modules)
+        if snapshot:
+            author = _Snapshot(snapshot)
     model.to_empty(device=device)
-    reset_dense_(model, seed, skip=table_modules)
+    report = init_dense_(model, seed, skip=table_modules, author_build=author)
     for name in table_modules:
         module = model.get_submodule(name)
+        report.tables += 1
+        report.numel[TABLE] += module.weight.numel() if module.weight is not None else 0
         if isinstance(module, ShardedEmbedding):
             module.reset_parameters()
         else:
@@ -115,6 +170,19 @@ def materialize_(
                 seed=seed,
                 padding_idx=getattr(module, "padding_idx", None),
             )
+    return report
+
+
+class _Snapshot:
+    """The model's own values, taken before ``to_empty``, served as the author's build."""
+
+    description = "the model's own values (it was built for real, not through gemc)"
+
+    def __init__(self, state: dict[str, torch.Tensor]) -> None:
+        self.state = state
+
+    def __call__(self) -> dict[str, torch.Tensor]:
+        return self.state
 
 
 def table_module_names(plan: dict[str, Any]) -> list[str]:

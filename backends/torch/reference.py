@@ -60,7 +60,9 @@ class ReferenceTrainer:
     def __post_init__(self) -> None:
         model = self.spec.model
         self.table_modules = find_tables(model, self.table_modules)
-        materialize_(model, self.device, self.seed, self.table_modules)
+        self.init_report = materialize_(
+            model, self.device, self.seed, self.table_modules, origin=self.spec.origin
+        )
         model.train()
         if self.precision_entries:
             from gemc.backends.torch import precision

@@ -58,7 +58,8 @@ def build_report(
     mfu = None
     if peak.get("flops") and flops and step_ms:
         mfu = flops / (step_ms / 1e3 * peak["flops"])
-    global_batch = (local_batch or 0) * wsize
+    # null when the model states no batch size: never a guess (see gemc.spec.batch_size_of)
+    global_batch = local_batch * wsize if local_batch else None
     predicted = plan.get("predicted") or {}
     pred_step = predicted.get("step_ms")
     comparison: dict[str, Any] = {
@@ -105,7 +106,7 @@ def build_report(
         "warmup_steps": opts.warmup_steps,
         "local_batch": local_batch,
         "global_batch": global_batch,
-        "samples_per_s": (global_batch / (step_ms / 1e3)) if step_ms else None,
+        "samples_per_s": (global_batch / (step_ms / 1e3)) if step_ms and global_batch else None,
         "mfu": {
             "value": mfu,
             "flops_per_rank_step": flops,

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +54,7 @@ from gemc.backends.torch.table_prefetch import TablePrefetch
 
 from gemc.errors import GemcUserError, PlanError
 from gemc.plan import load_plan, validate_plan
+from gemc.spec import BATCH_SIZE_MISSING, BatchSizeWarning, batch_size_of
 
 EXIT_AFTER_STEP_ENV = "GEMC_RUN_EXIT_AFTER_STEP"
 """Test hook: ``os._exit`` right after this completed-step count (a killed run)."""
@@ -174,11 +176,15 @@ def _column_groups(
     return out
 
 
-def _batch_size(spec: Any, batch: tuple[torch.Tensor, ...]) -> int:
-    size = spec.info.get("batch_size") if isinstance(spec.info, dict) else None
-    if isinstance(size, int) and size > 0:
-        return size
-    return int(batch[0].shape[0]) if batch and batch[0].dim() > 0 else 1
+def _batch_size(spec: Any, rank: int) -> tuple[int | None, str | None]:
+    """The samples per batch the model states (see :func:`gemc.spec.batch_size_of`).
+
+    Never guessed from a tensor: unstated, it is None, samples/s are null, and a
+    :class:`~gemc.spec.BatchSizeWarning` says so."""
+    size, source = batch_size_of(spec)
+    if size is None and rank == 0:
+        warnings.warn(BATCH_SIZE_MISSING, BatchSizeWarning, stacklevel=2)
+    return size, source
 
 
 def run(plan_or_path: str | Path | dict[str, Any], options: RunOptions | None = None) -> RunResult:
@@ -226,7 +232,8 @@ def _run(
                                  every_rank=bool(graph_kernels))
     model = spec.model
     tables = shard_tables(model, plan["tables"], rank=rank, world_size=wsize, seed=opts.seed)
-    materialize_(model, device, opts.seed, table_module_names(plan))
+    init_report = materialize_(model, device, opts.seed, table_module_names(plan),
+                               origin=spec.origin)
     model.train()
 
     prec_entries = list(plan["precision"])
@@ -328,7 +335,7 @@ def _run(
     progress = Progress(opts.steps, start, enabled=opts.progress and rank == 0)
     exit_after = os.environ.get(EXIT_AFTER_STEP_ENV)
     saved: list[str] = []
-    local_batch = None
+    local_batch, batch_source = _batch_size(spec, rank)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     for step in range(start, opts.steps):
@@ -337,8 +344,6 @@ def _run(
         # same numbers as an uninterrupted one without storing generator state.
         torch.manual_seed(derive_seed(opts.seed, "rng", rank, step))
         batch = spec.make_batch(step * wsize + rank, device)
-        if local_batch is None:
-            local_batch = _batch_size(spec, batch)
         sync(device)
         t1 = time.perf_counter()
         with prec.autocast(device.type):
@@ -361,7 +366,7 @@ def _run(
         t2 = time.perf_counter()
         rec = StepRecord(step=step + 1, loss=loss_value, ms=(t2 - t1) * 1e3, data_ms=(t1 - t0) * 1e3)
         metrics.records.append(rec)
-        sps = local_batch * wsize / ((t2 - t1) or 1e-9)
+        sps = local_batch * wsize / ((t2 - t1) or 1e-9) if local_batch else None
         progress.update(rec, sps)
         done = step + 1
         if opts.on_step is not None:
@@ -387,6 +392,10 @@ def _run(
         else "module: the model's forward with sharded tables and wrapped regions"
     )
     report["embedding_exchange"] = prefetch.report()
+    report["batch_size_source"] = batch_source
+    report["initialization"] = init_report.summary()
+    if local_batch is None:
+        report["batch_size_note"] = BATCH_SIZE_MISSING
     report_path = None
     if rank == 0:
         report_path = Path(opts.report) if opts.report else (

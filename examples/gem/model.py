@@ -604,4 +604,5 @@ def build(
         example_inputs=example_inputs_for(cfg),
         make_batch=make_batch_fn(cfg, seed),
         info=info,
+        batch_size=cfg.batch_size,
     )

@@ -17,7 +17,7 @@ from gemc.backends.torch.runner import RunOptions, run
 from gemc.backends.torch.sparse_optim import EmbeddingOptimConfig, RowState
 from torch import nn
 
-from gemc.errors import GemcUserError, PlanError
+from gemc.errors import GemcError, GemcUserError, PlanError
 from tests.runner.harness import MODEL, variant
 
 
@@ -65,15 +65,70 @@ def test_dense_init_depends_on_names_not_on_global_rng() -> None:
         assert torch.equal(pa, pb), na
 
 
-def test_module_without_reset_parameters_is_refused() -> None:
+def test_module_without_reset_parameters_takes_the_author_values() -> None:
+    """Nothing is refused, nothing left as to_empty garbage: a module without
+    reset_parameters, and a tensor a reset_parameters leaves unwritten, take the values of
+    the author's build; everything reset_parameters writes keeps its seeded value."""
+
     class Raw(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.w = nn.Parameter(torch.zeros(3))
+            self.w = nn.Parameter(torch.arange(3.0))
+            self.register_buffer("steps", torch.tensor([5, 6]))
 
-    model = nn.Sequential(nn.Linear(2, 2), Raw())
-    with pytest.raises(GemcUserError, match="reset_parameters"):
-        init.check_initializable(model)
+    class Scaled(nn.Linear):  # reset_parameters (nn.Linear's) does not write ``gain``
+        def __init__(self) -> None:
+            super().__init__(2, 2)
+            self.gain = nn.Parameter(torch.full((2,), 2.0))
+            self.register_buffer("keep", torch.tensor([True, False]))
+
+    def build() -> nn.Module:
+        return nn.Sequential(Scaled(), Raw())
+
+    with torch.device("meta"):
+        model = build()
+    model.to_empty(device="cpu")
+    calls = []
+
+    def author() -> nn.Module:
+        calls.append(1)
+        return build()
+
+    report = init.init_dense_(model, seed=7, author_build=author)
+    assert calls == [1]  # built once
+    torch.testing.assert_close(model[1].w.data, torch.arange(3.0))
+    assert model[1].steps.tolist() == [5, 6]
+    torch.testing.assert_close(model[0].gain.data, torch.full((2,), 2.0))
+    assert model[0].keep.tolist() == [True, False]
+    with torch.random.fork_rng():  # nn.Linear's own reset under the seed of the name "0"
+        torch.manual_seed(init.derive_seed(7, "module", "0"))
+        expected = nn.Linear(2, 2)
+    torch.testing.assert_close(model[0].weight.data, expected.weight.data)
+    assert report.per_module == {"0": "reset_parameters + author's __init__", "1": "author's __init__"}
+    assert sorted(report.author_tensors) == ["0.gain", "0.keep", "1.steps", "1.w"]
+    assert report.numel["reset_parameters"] == 6 and report.numel["author's __init__"] == 9
+
+
+def test_a_model_whose_resets_write_everything_is_never_rebuilt() -> None:
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(4, 3), nn.LayerNorm(3), nn.BatchNorm1d(3))
+    model.to_empty(device="cpu")
+
+    def author() -> nn.Module:
+        raise AssertionError("the author's build is not needed")
+
+    report = init.init_dense_(model, seed=1, author_build=author)
+    assert report.author_tensors == []
+    assert all(torch.isfinite(t).all() for t in model.state_dict().values())
+
+
+def test_author_values_needed_but_no_build_given_is_an_error() -> None:
+    with torch.device("meta"):
+        model = nn.Module()
+        model.w = nn.Parameter(torch.zeros(3))
+    model.to_empty(device="cpu")
+    with pytest.raises(GemcError, match="author's build"):
+        init.init_dense_(model, seed=0)
 
 
 def test_rowwise_adagrad_and_lazy_adam_formulas() -> None:
