@@ -56,6 +56,8 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     assert made.returncode == 0, made.stderr
     doc = json.loads(two.read_text())
     doc["model"]["entrypoint"] = str(root / "moved_away.py") + ":build"
+    for key in ("entrypoint_from_plan", "entrypoint_absolute"):  # lost from everywhere
+        doc["model"].pop(key, None)
     (root / "two_lost.json").write_text(json.dumps(doc))
     (root / "corrupt_calibration.json").write_text("{\"format\": ")
     (root / "a_dir").mkdir()
