@@ -53,8 +53,8 @@ class ReferenceTrainer:
     autocast_dtype: torch.dtype | None = None
     precision_entries: list[dict[str, Any]] | None = None  # a plan's sites, applied as-is
     compile_fn: Callable[[nn.Module], Any] | None = None  # e.g. torch.compile
-    # with compile_fn: compile these submodules (e.g. the plan's dense regions) instead of
-    # the whole model -- torch.compile cannot differentiate sparse embedding gradients
+    # with compile_fn: compile these submodules (e.g. the plan's dense regions); None
+    # compiles the whole model with each table's lookup left to eager
     compile_modules: list[str] | None = None
 
     def __post_init__(self) -> None:
@@ -86,6 +86,11 @@ class ReferenceTrainer:
         self.sparse_steps = 0
         self.forward = model
         if self.compile_fn is not None and self.compile_modules is None:
+            # The whole model, as a user would compile it, except the tables: torch.compile
+            # cannot differentiate sparse embedding gradients, so each table's forward is
+            # left to eager (graph breaks there, as around TorchRec's sharded tables).
+            for module in self.tables.values():
+                module.forward = torch.compiler.disable(module.forward)
             self.forward = self.compile_fn(model)
         elif self.compile_fn is not None:
             for name in self.compile_modules or []:
