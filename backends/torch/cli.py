@@ -74,6 +74,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="run the ops the plan's generated kernels replace (on several ranks the kernels "
         "need every region ddp)",
     )
+    p.add_argument(
+        "--graph-executor",
+        choices=("inductor", "interpreter"),
+        default="inductor",
+        help="graph mode: torch.compile over the rewritten graph (default), or the op-by-op "
+        "interpreter (a fallback: unfused)",
+    )
+    p.add_argument("--compile-mode", help="torch.compile mode for graph mode, e.g. "
+                   "reduce-overhead (CUDA graphs)")
+    p.add_argument("--loss-every", type=int, default=1, metavar="N",
+                   help="read the loss every N steps (1: every step; N > 1: no host sync "
+                   "in between, step times are block means)")
     p.add_argument("--quiet", action="store_true", help="no progress line")
 
 
@@ -103,6 +115,9 @@ def options_from_args(args: argparse.Namespace) -> Any:
         kernel_modules=list(args.kernel_module),
         kernels=not args.no_kernels,
         progress=not args.quiet,
+        graph_executor=args.graph_executor,
+        compile_mode=args.compile_mode,
+        loss_every=args.loss_every,
     )
 
 

@@ -118,8 +118,36 @@ def _interpreted_triton() -> None:
         )
 
 
+EXECUTORS = ("inductor", "interpreter")
+INDUCTOR_CACHE_ENV = "GEMC_COMPILE_CACHE"
+"""Where Inductor's FX graph / autograd caches and Triton's kernel cache live across runs
+(default ``~/.cache/gemc/compile``): a second run of the same plan skips most of the
+compile and autotuning of the first step. ``TORCHINDUCTOR_CACHE_DIR`` /
+``TRITON_CACHE_DIR``, when set, win."""
+
+
+def compile_cache_dir() -> str:
+    """Point Inductor's and Triton's caches at one known place (see INDUCTOR_CACHE_ENV)."""
+    base = os.environ.get(INDUCTOR_CACHE_ENV) or os.path.join(
+        os.path.expanduser("~"), ".cache", "gemc", "compile")
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(base, "inductor"))
+    os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(base, "triton"))
+    return os.environ["TORCHINDUCTOR_CACHE_DIR"]
+
+
 class GraphExecutor:
-    """``executor(*batch) -> loss``: the captured graph with the kernels substituted."""
+    """``executor(*batch) -> loss``: the captured graph with the kernels substituted.
+
+    ``executor="inductor"`` (the default): the rewritten graph, its kernels custom ops
+    (:mod:`gemc.backends.triton.ops`), is built on the first call (for the autocast dtype
+    active then) and trained through ``torch.compile``: Inductor compiles everything gemc
+    does not specialise, and the backward comes from the ops' autograd formulas through
+    AOTAutograd. ``"interpreter"``: the old op-by-op interpreter
+    (:class:`~gemc.backends.triton.graph_runner.GraphRunner`), kept as a fallback, with a
+    warning that says it runs unfused. ``measured``: per kernel name, a recorded
+    measurement whose ``choice`` (gemc / inductor) decides a generated group.
+    ``compile_mode``: ``torch.compile``'s mode (e.g. ``reduce-overhead`` for CUDA graphs).
+    """
 
     def __init__(
         self,
@@ -132,7 +160,19 @@ class GraphExecutor:
         emb_opt: EmbeddingOptimizer,
         device: torch.device,
         world_size: int = 1,
+        executor: str = "inductor",
+        measured: dict[str, Any] | None = None,
+        compile_mode: str | None = None,
     ) -> None:
+        if executor not in EXECUTORS:
+            raise PlanError(f"graph executor {executor!r} is not known",
+                            where="--graph-executor", fix=f"use one of {', '.join(EXECUTORS)}")
+        self.executor = executor
+        self.measured = dict(measured or {})
+        self.compile_mode = compile_mode
+        self.choices: dict[str, str] = {}
+        self._compiled: dict[torch.dtype | None, Any] = {}
+        self.cache_dir = compile_cache_dir() if executor == "inductor" else None
         if device.type == "cpu":
             _interpreted_triton()
         try:
@@ -165,7 +205,24 @@ class GraphExecutor:
             for fqn in tables:  # the lookup nodes call the tables: the placeholder is unread
                 params.setdefault(fqn, torch.empty(0, device=device))
         try:
-            self.runner = GraphRunner(gm, entries, params, device=device, calls=calls)
+            if executor == "inductor":
+                from gemc.backends.triton.inductor_graph import runner_for
+
+                self.runner, left = runner_for(gm, entries, params, device=device, calls=calls)
+                if left:
+                    warnings.warn(
+                        f"gemc: kernel(s) {', '.join(left)} (packed token regions) not applied "
+                        "under torch.compile: their token count is a per-batch shape; the "
+                        "region's ops run padded, compiled by Inductor (--graph-executor "
+                        "interpreter runs them packed, unfused)", stacklevel=3)
+                    self.not_applied += left
+            else:
+                warnings.warn(
+                    "gemc: graph mode runs through the op-by-op interpreter "
+                    "(--graph-executor interpreter): every op outside gemc's kernels runs "
+                    "unfused, one launch each; the default compiles the graph with Inductor",
+                    stacklevel=3)
+                self.runner = GraphRunner(gm, entries, params, device=device, calls=calls)
         except ValueError as exc:  # a source whose sha256 does not match, a cycle
             raise PlanError(
                 f"the plan's kernels cannot be set up: {exc}",
@@ -237,7 +294,20 @@ class GraphExecutor:
         }
 
     def __call__(self, *batch: torch.Tensor) -> torch.Tensor:
-        return self.runner(*batch)
+        if self.executor == "interpreter":
+            return self.runner(*batch)
+        dev = self.runner.device.type
+        dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
+        fn = self._compiled.get(dt)
+        if fn is None:
+            from gemc.backends.triton.inductor_graph import build
+
+            built = build(self.runner, autocast=dt, measured=self.measured)
+            self.choices = built.choices
+            self.module = built.module
+            fn = self._compiled[dt] = torch.compile(built.module, dynamic=False,
+                                                    mode=self.compile_mode)
+        return fn(*batch)
 
 
 def _lookup_call(table: ShardedEmbedding, op: Any) -> Any:

@@ -78,6 +78,14 @@ class RunOptions:
     kernels: bool = True  # False: run the ops the plan's kernels replace (--no-kernels)
     progress: bool = True
     warmup_steps: int = 2
+    # graph mode: "inductor" (torch.compile over the rewritten graph) or "interpreter"
+    graph_executor: str = "inductor"
+    compile_mode: str | None = None  # torch.compile mode, e.g. "reduce-overhead"
+    # per kernel name {"choice": "gemc"|"inductor", ...}: measured choices for fused groups
+    kernel_choices: dict[str, Any] | None = None
+    # read the loss (a host sync) every N steps, 1: every step (each step timed alone);
+    # N > 1: the losses stay on the device in between and a step's time is its block's mean
+    loss_every: int = 1
     # called after every step with the number of steps done (benchmarks hang a profiler on it)
     on_step: Callable[[int], None] | None = None
 
@@ -301,6 +309,9 @@ def _run(
             emb_opt=emb_opt,
             device=device,
             world_size=wsize,
+            executor=opts.graph_executor,
+            measured=opts.kernel_choices,
+            compile_mode=opts.compile_mode,
         )
         applied_kernels += [str(k.get("name", k["kind"])) for k in graph_kernels
                             if str(k.get("name")) not in forward.not_applied]
@@ -333,6 +344,27 @@ def _run(
     local_batch = None
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    every = max(1, int(opts.loss_every))
+    pending: list[tuple[int, torch.Tensor, float]] = []  # (step, loss on device, data ms)
+    block_t0 = time.perf_counter()
+
+    def flush() -> None:
+        """Read the pending steps' losses (one host sync for all) and record them."""
+        nonlocal block_t0
+        if not pending:
+            return
+        losses = torch.stack([loss for _, loss, _ in pending]).float().cpu().tolist()
+        sync(device)
+        now = time.perf_counter()
+        data_total = sum(d for _, _, d in pending)
+        ms = max(0.0, (now - block_t0) * 1e3 - data_total) / len(pending)
+        for (done, _, data_ms), value in zip(pending, losses):
+            rec = StepRecord(step=done, loss=float(value), ms=ms, data_ms=data_ms)
+            metrics.records.append(rec)
+            progress.update(rec, local_batch * wsize / ((ms or 1e-6) / 1e3))
+        pending.clear()
+        block_t0 = time.perf_counter()
+
     for step in range(start, opts.steps):
         t0 = time.perf_counter()
         # RNG (dropout, ...) is a function of (seed, rank, step): a resumed run draws the
@@ -341,8 +373,11 @@ def _run(
         batch = spec.make_batch(step * wsize + rank, device)
         if local_batch is None:
             local_batch = _batch_size(spec, batch)
-        sync(device)
+        if every == 1:
+            sync(device)
         t1 = time.perf_counter()
+        if every == 1:
+            block_t0 = t1
         with prec.autocast(device.type):
             prefetch.begin_step(batch)
             loss = forward(*batch)
@@ -358,21 +393,22 @@ def _run(
         if wsize > 1:
             dist.all_reduce(mean_loss)
             mean_loss /= wsize
-        loss_value = float(mean_loss.item())
-        sync(device)
-        t2 = time.perf_counter()
-        rec = StepRecord(step=step + 1, loss=loss_value, ms=(t2 - t1) * 1e3, data_ms=(t1 - t0) * 1e3)
-        metrics.records.append(rec)
-        sps = local_batch * wsize / ((t2 - t1) or 1e-9)
-        progress.update(rec, sps)
         done = step + 1
+        pending.append((done, mean_loss, 0.0 if every == 1 else (t1 - t0) * 1e3))
+        if every == 1 or done % every == 0 or done == opts.steps or done == start + 1:
+            if every == 1:
+                pending[-1] = (done, mean_loss, (t1 - t0) * 1e3)
+            flush()
         if opts.on_step is not None:
             opts.on_step(done)
         if opts.checkpoint_dir and opts.checkpoint_every > 0 and done % opts.checkpoint_every == 0:
+            flush()
             saved.append(_save(opts, model, dense_opt, tables, emb_opt, done, world, device))
         if exit_after is not None and int(exit_after) == done:
+            flush()
             progress.close()
             os._exit(17)  # test hook: a run killed right after this step
+    flush()
     progress.close()
     final_step = max(start, opts.steps)
     if opts.checkpoint_dir and (not saved or not saved[-1].endswith(ckpt.step_dir_name(final_step))):
@@ -384,11 +420,24 @@ def _run(
         local_batch, start, setup_s, saved, resumed_from, emb_cfg, dense_cfg,
     )
     report["execution"] = (
-        "graph: the captured graph with the plan's kernels (graph_mode.py)"
+        f"graph: the captured graph with the plan's kernels (graph_mode.py, "
+        f"{opts.graph_executor})"
         if graph_kernels
         else "module: the model's forward with sharded tables and wrapped regions"
     )
     report["embedding_exchange"] = prefetch.report()
+    # the first step alone (compile and autotuning included): it is always read by itself
+    report["first_step_s"] = (metrics.records[0].ms / 1e3 if metrics.records and start == 0
+                              else None)
+    if isinstance(forward, GraphExecutor):
+        report["graph_executor"] = {
+            "executor": forward.executor,
+            "compile_mode": forward.compile_mode,
+            "compile_cache": forward.cache_dir,
+            "kernel_choices": dict(sorted(forward.choices.items())),
+            "measured": forward.measured,
+            "not_applied": list(forward.not_applied),
+        }
     report_path = None
     if rank == 0:
         report_path = Path(opts.report) if opts.report else (
