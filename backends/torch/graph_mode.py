@@ -145,7 +145,9 @@ class GraphExecutor:
     AOTAutograd. ``"interpreter"``: the old op-by-op interpreter
     (:class:`~gemc.backends.triton.graph_runner.GraphRunner`), kept as a fallback, with a
     warning that says it runs unfused. ``measured``: per kernel name, a recorded
-    measurement whose ``choice`` (gemc / inductor) decides a generated group.
+    measurement whose ``choice`` (gemc / inductor) decides a generated group; ``measure``:
+    measure every generated group against Inductor's code for it on the first call (see
+    :func:`~gemc.backends.triton.inductor_graph.measure_groups`) and keep the winners.
     ``compile_mode``: ``torch.compile``'s mode (e.g. ``reduce-overhead`` for CUDA graphs).
     """
 
@@ -163,6 +165,7 @@ class GraphExecutor:
         executor: str = "inductor",
         measured: dict[str, Any] | None = None,
         compile_mode: str | None = None,
+        measure: bool = False,
     ) -> None:
         if executor not in EXECUTORS:
             raise PlanError(f"graph executor {executor!r} is not known",
@@ -170,6 +173,7 @@ class GraphExecutor:
         self.executor = executor
         self.measured = dict(measured or {})
         self.compile_mode = compile_mode
+        self.measure = measure and executor == "inductor"
         self.choices: dict[str, str] = {}
         self._compiled: dict[torch.dtype | None, Any] = {}
         self.cache_dir = compile_cache_dir() if executor == "inductor" else None
@@ -300,8 +304,10 @@ class GraphExecutor:
         dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
         fn = self._compiled.get(dt)
         if fn is None:
-            from gemc.backends.triton.inductor_graph import build
+            from gemc.backends.triton.inductor_graph import build, measure_groups
 
+            if self.measure:  # the first step pays it; the report records every figure
+                self.measured.update(measure_groups(self.runner, autocast=dt))
             built = build(self.runner, autocast=dt, measured=self.measured)
             self.choices = built.choices
             self.module = built.module

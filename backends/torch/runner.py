@@ -83,6 +83,7 @@ class RunOptions:
     compile_mode: str | None = None  # torch.compile mode, e.g. "reduce-overhead"
     # per kernel name {"choice": "gemc"|"inductor", ...}: measured choices for fused groups
     kernel_choices: dict[str, Any] | None = None
+    measure_kernels: bool = False  # measure each fused group against Inductor's code first
     # read the loss (a host sync) every N steps, 1: every step (each step timed alone);
     # N > 1: the losses stay on the device in between and a step's time is its block's mean
     loss_every: int = 1
@@ -312,6 +313,7 @@ def _run(
             executor=opts.graph_executor,
             measured=opts.kernel_choices,
             compile_mode=opts.compile_mode,
+            measure=opts.measure_kernels,
         )
         applied_kernels += [str(k.get("name", k["kind"])) for k in graph_kernels
                             if str(k.get("name")) not in forward.not_applied]

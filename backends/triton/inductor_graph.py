@@ -260,3 +260,117 @@ def build(runner: GraphRunner, *, autocast: torch.dtype | None = None,
 
 def _missing_param(fqn: str) -> torch.Tensor:
     raise KeyError(f"no tensor given for parameter placeholder {fqn}")
+
+
+# ---- measuring a group: gemc's kernel against Inductor's code for the same subgraph ----------
+
+
+MARGIN = 0.97
+"""A generated group is gemc's only when its kernel is at least 3% faster than Inductor's
+code for the same nodes: on a tie Inductor wins, as it also fuses across the group's border
+(which a per-group measurement cannot see)."""
+
+
+def _subgraph(runner: GraphRunner, unit: dict[str, Any], device: torch.device
+              ) -> fx.GraphModule:
+    """The group's own ATen nodes as a module of its binding's inputs and outputs."""
+    entry = unit["entry"]
+    by_name = runner.by_name
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for name in entry["binding"]["inputs"]:
+        env[by_name[name]] = graph.placeholder(name)
+    for node in unit["nodes"]:
+        new = graph.node_copy(node, env.__getitem__)
+        if "device" in new.kwargs:
+            new.kwargs = {**new.kwargs, "device": device}
+        env[node] = new
+    graph.output(tuple(env[by_name[n]] for n in entry["binding"]["outputs"]))
+    return fx.GraphModule(nn.Module(), graph)
+
+
+def _example(node: fx.Node, device: torch.device, autocast: torch.dtype | None
+             ) -> torch.Tensor:
+    val = node.meta["val"]
+    if not val.dtype.is_floating_point:
+        return torch.zeros(val.shape, dtype=val.dtype, device=device)
+    dtype = val.dtype
+    if autocast is not None and node.meta.get(ir.PARAM) is None:
+        dtype = autocast  # activations arrive in the autocast dtype; parameters stay fp32
+    return torch.randn(val.shape, dtype=dtype, device=device).requires_grad_()
+
+
+def _time_ms(fn: Callable[[], Any], device: torch.device, repeats: int) -> float:
+    """Median ms of ``fn`` (forward and backward) after two warm-up calls."""
+    import statistics
+    import time
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    for _ in range(2):
+        fn()
+    times = []
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def measure_groups(runner: GraphRunner, *, autocast: torch.dtype | None = None,
+                   repeats: int = 20, names: Sequence[str] | None = None,
+                   timer: Callable[[Callable[[], Any], torch.device, int], float] | None = None
+                   ) -> dict[str, dict[str, Any]]:
+    """Per generated group (or those in ``names``): forward + backward of gemc's kernel
+    (the custom op) and of Inductor's code for the same nodes, at the group's captured
+    shapes on the runner's device, and the choice (see MARGIN). A group that fails to run
+    either way is recorded with its error and left to Inductor. Meaningful on a GPU only;
+    on the CPU the kernels run in Triton's interpreter."""
+    out: dict[str, dict[str, Any]] = {}
+    for unit in runner.units:
+        entry = unit["entry"]
+        name = str(entry.get("name"))
+        if "structure" not in entry or (names is not None and name not in names):
+            continue
+        rec: dict[str, Any] = {"kind": entry["kind"]}
+        try:
+            rec.update(_measure_one(runner, unit, autocast, repeats, timer or _time_ms))
+            rec["choice"] = "gemc" if rec["gemc_ms"] < MARGIN * rec["inductor_ms"] \
+                else "inductor"
+        except Exception as exc:  # noqa: BLE001 - recorded, and the group stays Inductor's
+            rec.update(choice="inductor", error=f"{type(exc).__name__}: {exc}")
+        out[name] = rec
+    return out
+
+
+def _measure_one(runner: GraphRunner, unit: dict[str, Any], autocast: torch.dtype | None,
+                 repeats: int, timer: Callable[[Callable[[], Any], torch.device, int], float]
+                 ) -> dict[str, float]:
+    entry = unit["entry"]
+    device = runner.device
+    auto = gemc_ops.dtype_name(autocast)
+    impl = unit["run"].impl
+    kernel = gemc_ops.register_group(entry, impl)
+    gemm = tuple(getattr(impl, a) for a in ("ix", "iw", "ib")) if hasattr(impl, "ix") else ()
+    inputs = [_example(runner.by_name[n], device, autocast) for n in entry["binding"]["inputs"]]
+    floats = [t for t in inputs if t.requires_grad]
+    n_out = len(entry["binding"]["outputs"])
+    compiled = torch.compile(_subgraph(runner, unit, device), dynamic=False)
+
+    def step(f: Callable[[], Sequence[torch.Tensor]]) -> Callable[[], None]:
+        def run() -> None:
+            with torch.autocast(device.type, dtype=autocast or torch.bfloat16,
+                                enabled=autocast is not None):
+                outs = [o for o in f()[:n_out] if o.is_floating_point()]
+            torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+            for t in floats:
+                t.grad = None
+        return run
+
+    return {"gemc_ms": timer(step(lambda: _call_group(kernel, auto, gemm, inputs)), device,
+                             repeats),
+            "inductor_ms": timer(step(lambda: compiled(*inputs)), device, repeats)}

@@ -18,7 +18,13 @@ from gemc.backends.triton import ops as gemc_ops
 from gemc.backends.triton.codegen import generated
 from gemc.backends.triton.codegen.host import make_runner
 from gemc.backends.triton.embedding_bag_reference import rowwise_adagrad_step_, touched_rows
-from gemc.backends.triton.inductor_graph import CHOICE_ENV, build, default_choice, runner_for
+from gemc.backends.triton.inductor_graph import (
+    CHOICE_ENV,
+    build,
+    default_choice,
+    measure_groups,
+    runner_for,
+)
 from gemc.backends.triton.jagged import jagged_to_padded, padded_to_jagged
 from gemc.backends.triton.jagged_attention import jagged_attention
 
@@ -161,3 +167,32 @@ def test_gem_tiny_compiled_by_inductor_around_gemc_ops_matches_eager(monkeypatch
                               opt["eps"], opt["weight_decay"])
         torch.testing.assert_close(runner.table_weights(k), weight, atol=1e-6, rtol=1e-5,
                                    msg=k)
+
+
+def test_measured_choices_reach_the_built_graph(monkeypatch):
+    """The measurement runs each group both ways (forward and backward, here through the
+    interpreter and Inductor's CPU code), keeps the faster, and the graph built from the
+    record calls gemc's op exactly where gemc won. The timer is scripted: CPU times of
+    interpreted Triton say nothing about a GPU."""
+    monkeypatch.delenv(CHOICE_ENV, raising=False)
+    gm, entries, spec = _gem()
+    entries = [e for e in entries if e["kind"] != "batched_embedding_bag"]
+    runner, _ = runner_for(gm, entries, params_of(spec.model))
+    names = [e["name"] for e in entries if e["kind"] in ("gemm_epilogue", "norm")][:2]
+    script = {names[0]: [1.0, 2.0], names[1]: [2.0, 2.0]}  # gemc wins; a tie: Inductor
+    calls: list[str] = []
+
+    def timer(fn, device, repeats):
+        fn()  # both paths really run, forward and backward
+        name = names[min(len(calls) // 2, 1)]
+        calls.append(name)
+        return script[name][(len(calls) - 1) % 2]
+
+    measured = measure_groups(runner, names=names, timer=timer)
+    assert calls == [names[0], names[0], names[1], names[1]]
+    assert measured[names[0]] == {"kind": measured[names[0]]["kind"], "gemc_ms": 1.0,
+                                  "inductor_ms": 2.0, "choice": "gemc"}
+    assert measured[names[1]]["choice"] == "inductor"
+    built = build(runner, measured=measured)
+    assert built.choices[names[0]] == "gemc" and built.choices[names[1]] == "inductor"
+    assert built.module.code.count("_call_group(") == 1
