@@ -4,11 +4,15 @@ The compiler's kernels replace *graph nodes*, not modules: a fused GEMM epilogue
 ``Linear`` and the activation after it, a batched embedding lookup spans many tables the
 model calls one by one, a jagged attention replaces a masked SDPA and its padding. Eager
 module calls cannot be rewired to those, so when a plan lists kernels the runner executes
-the ``torch.export`` graph it captured for the fingerprint check, through
-:class:`gemc.backends.triton.graph_runner.GraphRunner`: each kernel group is one call of its
-autograd function, every other node its ATen op, with the runner's own (deterministically
-initialized) parameters fed to the graph's parameter placeholders, so AdamW and the
-sparse optimizer see the same parameters as in module mode.
+the ``torch.export`` graph it captured for the fingerprint check, with the runner's own
+(deterministically initialized) parameters fed to the graph's parameter placeholders, so
+AdamW and the sparse optimizer see the same parameters as in module mode. By default the
+graph is rewritten with each kernel group as a call of its ``torch.library`` custom op
+(:mod:`gemc.backends.triton.inductor_graph`) and trained through ``torch.compile``, so
+Inductor compiles every op gemc does not specialise (why: run op by op, those ops made gemc
+0.6-0.8x of torch.compile on models it had not been tuned for, issue 16). The op-by-op
+interpreter (:class:`gemc.backends.triton.graph_runner.GraphRunner`) remains behind
+``--graph-executor interpreter``, with a warning.
 
 A ``batched_embedding_bag`` entry owns its tables: one flat buffer, the optimizer fused
 into its backward (the same row-wise Adagrad / lazy Adam formulas as :mod:`.sparse_optim`,
