@@ -216,14 +216,7 @@ class GraphExecutor:
             if executor == "inductor":
                 from gemc.backends.triton.inductor_graph import runner_for
 
-                self.runner, left = runner_for(gm, entries, params, device=device, calls=calls)
-                if left:
-                    warnings.warn(
-                        f"gemc: kernel(s) {', '.join(left)} (packed token regions) not applied "
-                        "under torch.compile: their token count is a per-batch shape; the "
-                        "region's ops run padded, compiled by Inductor (--graph-executor "
-                        "interpreter runs them packed, unfused)", stacklevel=3)
-                    self.not_applied += left
+                self.runner, _ = runner_for(gm, entries, params, device=device, calls=calls)
             else:
                 warnings.warn(
                     "gemc: graph mode runs through the op-by-op interpreter "

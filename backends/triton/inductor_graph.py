@@ -11,7 +11,8 @@ execute one plan identically) are *emitted* into a new FX graph instead:
   ``getitem`` per output; a group whose choice is ``inductor`` -> its own ATen nodes,
   which Inductor fuses with their neighbours;
 * ``jagged_attention`` -> ``gemc::jagged_attention`` on the padded q, k, v (then the
-  transpose back to the graph's ``[B, H, L, D]``, a view);
+  transpose back to the graph's ``[B, H, L, D]``, a view), or on the packed values inside
+  a packed region;
 * ``batched_embedding_bag`` -> the flat offsets (ATen ops) and one ``gemc::embedding_bag``;
 * ``transposed_linear`` -> its ATen formulation (a batched GEMM reading ``x`` in place);
 * every other node -> a copy (``device=`` arguments captured on meta point at the run's
@@ -20,9 +21,13 @@ execute one plan identically) are *emitted* into a new FX graph instead:
   ``torch._dynamo.disable``: the exchange and the sparse optimizer stay gemc's eager code
   and Dynamo splits the graph around them.
 
-``packed_tokens`` regions are not emitted (their token count is a per-batch shape the
-interpreter sizes on the host); :func:`runner_for` names them, the region's ops run padded
-and the runner warns.
+A ``packed_tokens`` region runs on packed values as the interpreter runs it: its source
+builds the ``[1, T, ...]`` values, operands entering it are gathered to its tokens
+(``gemc::gather_tokens``), values read outside it are scattered back, sums over positions
+add each row's tokens (``gemc::segment_sum``), its groups launch at ``T`` tokens and its
+attention reads the values in place (``gemc::jagged_attention_values``). ``T`` is the
+bounded count (``TokenLayout.bounded``): the jagged values' count plus the clamp's slots,
+known from the capture's shapes, so the compiled graph has static shapes and no host read.
 """
 
 from __future__ import annotations
@@ -39,7 +44,10 @@ from torch import fx, nn
 from gemc import ir
 
 from . import ops as gemc_ops
-from .graph_runner import _SKIP, GraphRunner
+from . import packed_tokens
+from .codegen.host import make_runner
+from .graph_runner import _SKIP, GraphRunner, _rank
+from .packed_tokens import TokenLayout
 from .transposed_linear import transposed_linear
 
 __all__ = ["CHOICE_ENV", "Built", "build", "default_choice", "runner_for"]
@@ -133,13 +141,15 @@ def _call_embeddings(name: str, module: nn.Module, entry: dict[str, Any],
 
 def runner_for(gm: fx.GraphModule, entries: Sequence[dict[str, Any]],
                params: Mapping[str, torch.Tensor], *, device: torch.device | str = "cpu",
-               calls: Mapping[str, Callable[..., Any]] | None = None
+               calls: Mapping[str, Callable[..., Any]] | None = None, packed: bool = True
                ) -> tuple[GraphRunner, list[str]]:
-    """The interpreter set up for the entries a compiled graph applies (its schedule,
-    launchers and embedding modules are what :func:`build` emits), and the names of those
-    it leaves out (``packed_tokens``: see the module doc)."""
-    not_applied = [str(e.get("name")) for e in entries if e["kind"] == "packed_tokens"]
-    kept = [e for e in entries if e["kind"] != "packed_tokens"]
+    """The interpreter set up for the plan's entries (its schedule, launchers, embedding
+    modules and packed regions are what :func:`build` emits), and the names of the entries
+    left out: ``packed_tokens`` regions when ``packed`` is False (their ops then run
+    padded)."""
+    not_applied = [] if packed else [str(e.get("name")) for e in entries
+                                     if e["kind"] == "packed_tokens"]
+    kept = [e for e in entries if packed or e["kind"] != "packed_tokens"]
     return GraphRunner(gm, kept, params, device=device, calls=calls, narrow=False), not_applied
 
 
@@ -151,111 +161,335 @@ def build(runner: GraphRunner, *, autocast: torch.dtype | None = None,
     the module will run under (None: none); it is baked into the group calls, because
     compiled code does not see the ambient autocast state at run time. ``measured``: per
     entry name, a recorded measurement (see :func:`default_choice`)."""
-    device = runner.device
-    params = runner.params
-    for name, module in runner.tables.items():
-        gemc_ops.register_table(name, module)
-    calls = dict(runner.calls)
-    root = nn.Module()
-    graph = fx.Graph()
-    env: dict[fx.Node, fx.Node] = {}
-    attrs: dict[str, fx.Node] = {}
-    choices: dict[str, str] = {}
-    auto = gemc_ops.dtype_name(autocast)
+    return _Emitter(runner, autocast, measured).run()
 
-    def attr(name: str, value: torch.Tensor | nn.Module) -> fx.Node:
-        if name not in attrs:
+
+# ---- packed token regions, as traceable helpers (shapes from shapes: no host read) --------
+
+
+Region = tuple[Any, int, int, int]  # (offsets, clamp_min, max_len, total)
+
+
+def _layout(offsets: torch.Tensor, clamp_min: int, max_len: int, total: int) -> TokenLayout:
+    """The region's layout, room for ``total`` tokens (``TokenLayout.bounded``'s count,
+    computed from the capture's shapes when the graph is built)."""
+    return TokenLayout(TokenLayout._offsets(offsets, clamp_min, max_len), total,
+                       offsets.shape[0] - 1, max_len)
+
+
+def _p_gather(x: Any, dims: tuple[int, int], rank: int, offsets: torch.Tensor,
+              clamp_min: int, max_len: int, total: int) -> Any:
+    """``packed_tokens.gather`` through ``gemc::gather_tokens``."""
+    if not isinstance(x, torch.Tensor) or x.dim() == 0:
+        return x
+    given = x
+    if x.dim() < rank:
+        x = x.reshape((1,) * (rank - x.dim()) + tuple(x.shape))
+    bd, ld = dims
+    sb, sl = x.shape[bd], x.shape[ld]
+    if sb == 1 and sl == 1:
+        return given
+    layout = _layout(offsets, clamp_min, max_len, total)
+    kind = "flat" if sb > 1 and sl > 1 else "row" if sb > 1 else "pos"
+    moved = x.movedim((bd, ld), (0, 1))
+    rest = tuple(moved.shape[2:])
+    picked = torch.ops.gemc.gather_tokens(moved.reshape(sb * sl, *rest), layout.index(kind),
+                                          layout.offsets if kind == "row" else None)
+    return picked.view(1, total, *rest).movedim((0, 1), (bd, ld))
+
+
+def _p_scatter(x: torch.Tensor, dims: tuple[int, int], offsets: torch.Tensor, clamp_min: int,
+               max_len: int, total: int) -> torch.Tensor:
+    return packed_tokens.scatter(x, dims, _layout(offsets, clamp_min, max_len, total))
+
+
+def _p_segment_sum(x: torch.Tensor, dims: tuple[int, int], offsets: torch.Tensor,
+                   clamp_min: int, max_len: int, total: int) -> torch.Tensor:
+    """``packed_tokens.segment_sum`` through ``gemc::segment_sum``."""
+    layout = _layout(offsets, clamp_min, max_len, total)
+    bd, ld = dims
+    moved = x.movedim(dims, (0, 1))
+    tokens = moved.reshape(total, *moved.shape[2:])
+    acc = torch.ops.gemc.segment_sum(tokens, layout.offsets, layout.index("row_out"))
+    return acc.movedim(0, bd - (bd > ld))
+
+
+def _p_source(values: torch.Tensor, row: torch.Tensor, pos: torch.Tensor,
+              offsets: torch.Tensor, clamp_min: int, max_len: int, total: int,
+              accumulate: bool) -> torch.Tensor:
+    return packed_tokens.source(values, row, pos, _layout(offsets, clamp_min, max_len, total),
+                                accumulate)
+
+
+def _p_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 dims: tuple[tuple[int, int], ...], offsets: torch.Tensor, clamp_min: int,
+                 max_len: int, total: int, scale: float | None) -> torch.Tensor:
+    """Jagged attention on region values (``[1, H, T, D]`` at their dims): no conversion."""
+    layout = _layout(offsets, clamp_min, max_len, total)
+    qj, kj, vj = (x.movedim(d, (0, 1)).flatten(0, 1) for x, d in zip((q, k, v), dims))
+    if scale is None:
+        scale = qj.shape[-1] ** -0.5
+    out, _ = torch.ops.gemc.jagged_attention_values(qj, kj, vj, layout.offsets, max_len,
+                                                    scale)
+    return out.unsqueeze(0).movedim((0, 1), dims[3])
+
+
+class _Emitter:
+    """Walks the runner's schedule and writes the new graph (one method per case, mirroring
+    ``GraphRunner``'s execution of the same node)."""
+
+    def __init__(self, runner: GraphRunner, autocast: torch.dtype | None,
+                 measured: Mapping[str, Any] | None) -> None:
+        self.r = runner
+        self.autocast = autocast
+        self.auto = gemc_ops.dtype_name(autocast)
+        self.measured = measured
+        self.device = runner.device
+        self.calls = dict(runner.calls)
+        self.root = nn.Module()
+        self.graph = fx.Graph()
+        self.env: dict[fx.Node, Any] = {}
+        self.attrs: dict[str, fx.Node] = {}
+        self.unpacked: dict[fx.Node, fx.Node] = {}
+        self.choices: dict[str, str] = {}
+        for name, module in runner.tables.items():
+            gemc_ops.register_table(name, module)
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def call(self, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None
+             ) -> fx.Node:
+        return self.graph.call_function(fn, args, kwargs or {})
+
+    def attr(self, name: str, value: torch.Tensor | nn.Module) -> fx.Node:
+        if name not in self.attrs:
             if isinstance(value, nn.Parameter):
-                root.register_parameter(name, value)
+                self.root.register_parameter(name, value)
             elif isinstance(value, nn.Module):
-                root.add_module(name, value)
+                self.root.add_module(name, value)
             else:
-                root.register_buffer(name, value)
-            attrs[name] = graph.get_attr(name)
-        return attrs[name]
+                self.root.register_buffer(name, value)
+            self.attrs[name] = self.graph.get_attr(name)
+        return self.attrs[name]
 
-    def arg(x: Any) -> Any:
-        return fx.node.map_arg(x, env.__getitem__)
+    def region(self, node: fx.Node) -> Region:
+        """A region node's layout arguments: its offsets (in the new graph), the clamp, the
+        length and the room for tokens (the values' count plus the clamp's slots)."""
+        r = self.r.region_of[node]
+        by_name = self.r.by_name
+        values = int(by_name[r["values"]].meta["val"].shape[0])
+        batch = int(by_name[r["offsets"]].meta["val"].shape[0]) - 1
+        clamp = int(r["clamp_min"])
+        return (self.env[by_name[r["offsets"]]], clamp, int(r["max_len"]),
+                values + batch * max(0, clamp))
 
-    def copy(node: fx.Node) -> None:
-        new = graph.node_copy(node, env.__getitem__)
-        if "device" in new.kwargs:  # captured on meta: run where the inputs are
-            new.kwargs = {**new.kwargs, "device": device}
-        env[node] = new
+    def padded(self, node: Any) -> Any:
+        """``node``'s value at its padded shape (a region value scattered, once)."""
+        if not isinstance(node, fx.Node) or node not in self.r.packed:
+            return self.env[node] if isinstance(node, fx.Node) else node
+        if node not in self.unpacked:
+            self.unpacked[node] = self.call(_p_scatter, (self.env[node], self.r.packed[node],
+                                                         *self.region(node)))
+        return self.unpacked[node]
 
-    by_name = runner.by_name
-    output: fx.Node | None = None
-    for key in runner.order:
-        if key[0] == "n":
-            node = key[1]
-            if node.op == "placeholder":
-                fqn = node.meta.get(ir.PARAM)
-                if fqn is None:
-                    env[node] = graph.placeholder(node.name)
-                elif fqn in params:
-                    env[node] = attr(_attr_name(fqn), params[fqn])
-                else:
-                    env[node] = graph.call_function(_missing_param, (fqn,))
-            elif node.op == "output":
-                output = node
-            elif node.target in _SKIP or node in runner.skipped:
-                continue
-            elif node.name in calls:
-                fn = torch._dynamo.disable(calls[node.name])
-                env[node] = graph.call_function(fn, arg(node.args), arg(node.kwargs))
+    def store(self, node: fx.Node, value: Any, is_packed: bool) -> None:
+        if node in self.r.packed and not is_packed:
+            value = self.call(_p_gather, (value, self.r.packed[node], _rank(node),
+                                          *self.region(node)))
+        self.env[node] = value
+
+    def entering(self, arg: Any, dims: tuple[int, int], rank: int, region: Region) -> Any:
+        if isinstance(arg, fx.Node):
+            if arg in self.r.packed:
+                return self.env[arg]
+            return self.call(_p_gather, (self.env[arg], dims, rank, *region))
+        if isinstance(arg, (list, tuple)):
+            return type(arg)(self.entering(a, dims, rank, region) for a in arg)
+        return arg
+
+    def on_device(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        return {**kwargs, "device": self.device} if "device" in kwargs else kwargs
+
+    # -- nodes --------------------------------------------------------------------------------
+
+    def node(self, node: fx.Node) -> None:
+        r = self.r
+        if node.op == "placeholder":
+            fqn = node.meta.get(ir.PARAM)
+            if fqn is None:
+                self.env[node] = self.graph.placeholder(node.name)
+            elif fqn in r.params:
+                self.env[node] = self.attr(_attr_name(fqn), r.params[fqn])
             else:
-                copy(node)
-            continue
-        unit = runner.units[key[1]]
+                self.env[node] = self.call(_missing_param, (fqn,))
+            return
+        if node.target in _SKIP or node in r.skipped:
+            return
+        if node.name in self.calls:
+            fn = torch._dynamo.disable(self.calls[node.name])
+            self.env[node] = self.call(fn, fx.node.map_arg(node.args, self.env.__getitem__),
+                                       fx.node.map_arg(node.kwargs, self.env.__getitem__))
+        elif node in r.packed_sources:
+            reg = r.packed_sources[node]
+            acc = bool(node.args[3]) if len(node.args) > 3 else False
+            by_name = r.by_name
+            self.env[node] = self.call(_p_source, (
+                self.env[by_name[reg["values"]]], self.env[by_name[reg["row"]]],
+                self.env[by_name[reg["pos"]]], *self.region(node), acc))
+        elif node in r.packed:
+            self.packed_node(node)
+        elif self.segment_sum(node):
+            pass
+        else:
+            args = fx.node.map_arg(node.args, self.padded)
+            kwargs = self.on_device(dict(fx.node.map_arg(node.kwargs, self.padded)))
+            self.env[node] = self.call(node.target, args, kwargs)
+
+    def segment_sum(self, node: fx.Node) -> bool:
+        """A sum over positions of a region value adds its tokens (``GraphRunner``'s rule)."""
+        if node.target is not torch.ops.aten.sum.dim_IntList or node.kwargs:
+            return False
+        src = node.args[0]
+        if not (isinstance(src, fx.Node) and src in self.r.packed):
+            return False
+        rank = _rank(src)
+        reduced = [int(d) % rank for d in node.args[1]]
+        keep = len(node.args) > 2 and node.args[2]
+        if reduced != [self.r.packed[src][1]] or keep:
+            return False
+        self.env[node] = self.call(_p_segment_sum, (self.env[src], self.r.packed[src],
+                                                    *self.region(src)))
+        return True
+
+    def packed_node(self, node: fx.Node) -> None:
+        """A region node on packed values (``GraphRunner._call_packed``)."""
+        dims = self.r.packed[node]
+        region = self.region(node)
+        rank = _rank(node)
+        t = node.target
+        if packed_tokens.is_pointwise(node):
+            args = tuple(self.entering(a, dims, rank, region) for a in node.args)
+            kwargs = {k: self.entering(v, dims, rank, region) for k, v in node.kwargs.items()}
+            self.env[node] = self.call(t, args, kwargs)
+            return
+        first = node.args[0]
+        if (t in packed_tokens.FIRST_ONLY or t in packed_tokens.SIZED) and \
+                isinstance(first, fx.Node) and first in self.r.packed:
+            args = list(fx.node.map_arg(node.args, self.env.__getitem__))
+            if t in packed_tokens.SIZED:
+                args[1] = packed_tokens.resize(list(args[1]), dims, region[3])
+            kwargs = dict(fx.node.map_arg(node.kwargs, self.env.__getitem__))
+            self.env[node] = self.call(t, tuple(args), kwargs)
+            return
+        args = fx.node.map_arg(node.args, self.padded)
+        kwargs = self.on_device(dict(fx.node.map_arg(node.kwargs, self.padded)))
+        out = self.call(t, args, kwargs)
+        self.env[node] = self.call(_p_gather, (out, dims, rank, *region))
+
+    # -- units --------------------------------------------------------------------------------
+
+    def unit(self, unit: dict[str, Any]) -> None:
         entry = unit["entry"]
         name = str(entry.get("name"))
         kind = entry["kind"]
-        choice = default_choice(entry, measured)
-        if "structure" in entry and unit.get("shared_operand") and autocast is not None:
+        choice = default_choice(entry, self.measured)
+        if "structure" in entry and unit.get("shared_operand") and self.autocast is not None:
             choice = "inductor"  # its epilogue reads the GEMM operand unrounded (see runner)
-        choices[name] = choice
+        self.choices[name] = choice
+        by_name = self.r.by_name
         if choice == "inductor":
             for node in unit["nodes"]:
-                copy(node)
-            continue
-        if "structure" in entry:
-            impl = unit["run"].impl
-            kernel = gemc_ops.register_group(entry, impl)
-            gemm = tuple(getattr(impl, a) for a in ("ix", "iw", "ib")) \
-                if hasattr(impl, "ix") else ()
-            inputs = [env[by_name[n]] for n in entry["binding"]["inputs"]]
-            call = graph.call_function(_call_group, (kernel, auto, gemm, inputs))
-            for j, out_name in enumerate(entry["binding"]["outputs"]):
-                env[by_name[out_name]] = graph.call_function(operator.getitem, (call, j))
+                self.node(node)
+        elif "structure" in entry:
+            self.group(unit)
         elif kind == "jagged_attention":
-            q, k, v, offsets = (env[by_name[entry[x]]] for x in ("q", "k", "v", "offsets"))
-            env[unit["nodes"][0]] = graph.call_function(
-                _call_attention, (q, k, v, offsets, int(entry["clamp_min"]),
-                                  int(entry["max_len"]), entry["scale"]))
+            self.attention(unit)
         elif kind == "batched_embedding_bag":
-            module = runner.tables[entry["name"]]
-            mod = attr("t_" + name.replace(".", "__"), module)
-            ids = [env[by_name[t["ids"]]] for t in entry["tables"]]
-            offs = [env[by_name[t["offsets"]]] for t in entry["tables"]]
-            call = graph.call_function(_call_embeddings, (name, mod, entry, ids, offs))
+            module = self.r.tables[entry["name"]]
+            mod = self.attr("t_" + name.replace(".", "__"), module)
+            ids = [self.padded(by_name[t["ids"]]) for t in entry["tables"]]
+            offs = [self.padded(by_name[t["offsets"]]) for t in entry["tables"]]
+            call = self.call(_call_embeddings, (name, mod, entry, ids, offs))
             for j, t in enumerate(entry["tables"]):
-                env[by_name[t["output"]]] = graph.call_function(operator.getitem, (call, j))
+                self.store(by_name[t["output"]], self.call(operator.getitem, (call, j)), False)
         elif kind == "transposed_linear":
-            bias = env[by_name[entry["bias"]]] if entry.get("bias") else None
-            env[unit["nodes"][0]] = graph.call_function(
-                transposed_linear, (env[by_name[entry["input"]]],
-                                    env[by_name[entry["weight"]]], bias))
+            bias = self.padded(by_name[entry["bias"]]) if entry.get("bias") else None
+            value = self.call(transposed_linear, (self.padded(by_name[entry["input"]]),
+                                                  self.padded(by_name[entry["weight"]]), bias))
+            self.store(unit["nodes"][0], value, False)
         else:
             raise ValueError(f"unknown kernel kind {kind!r}")
-    if output is None:
-        raise ValueError("graph has no output")
-    result = arg(output.args[0])
-    if isinstance(result, (list, tuple)) and len(result) == 1:
-        result = result[0]
-    graph.output(result)
-    graph.eliminate_dead_code()
-    module = fx.GraphModule(root, graph, class_name="GemcRewritten")
-    return Built(module=module, choices=choices, runner=runner)
+
+    def group(self, unit: dict[str, Any]) -> None:
+        """A generated group through ``gemc::fused_group``; inside a packed region at the
+        region's token count (its own launcher, registered under its packed binding)."""
+        entry = unit["entry"]
+        by_name = self.r.by_name
+        binding = entry["binding"]
+        impl = unit["run"].impl
+        key_entry = entry
+        if unit["packed"]:
+            out_node = by_name[binding["outputs"][0]]
+            dims, rank = self.r.packed[out_node], _rank(out_node)
+            region = self.region(out_node)
+            shapes = [packed_tokens.packed_shape(sh, dims, rank, region[3])
+                      for sh in binding["shapes"]]
+            key_entry = {**entry, "binding": {**binding, "shapes": shapes}}
+            impl = make_runner(impl.m, key_entry["binding"]).impl
+            st = entry["structure"]
+            token = {slot["input"] for slot in st["slots"]}
+            if st["ops"][0]["op"] == "linear":
+                token.add(st["ops"][0]["args"][0][1])
+            inputs = []
+            for i, name in enumerate(binding["inputs"]):
+                node = by_name[name]
+                if node in self.r.packed or i not in token:
+                    inputs.append(self.env[node])
+                else:
+                    inputs.append(self.call(_p_gather, (self.env[node], dims, rank, *region)))
+        else:
+            inputs = [self.padded(by_name[n]) for n in binding["inputs"]]
+        kernel = gemc_ops.register_group(key_entry, impl)
+        gemm = tuple(getattr(impl, a) for a in ("ix", "iw", "ib")) if hasattr(impl, "ix") else ()
+        call = self.call(_call_group, (kernel, self.auto, gemm, inputs))
+        for j, out_name in enumerate(binding["outputs"]):
+            self.store(by_name[out_name], self.call(operator.getitem, (call, j)),
+                       unit["packed"])
+
+    def attention(self, unit: dict[str, Any]) -> None:
+        entry = unit["entry"]
+        by_name = self.r.by_name
+        node = unit["nodes"][0]
+        qkv = [by_name[entry[x]] for x in ("q", "k", "v")]
+        if node in self.r.packed and all(n in self.r.packed for n in qkv):
+            dims = tuple(self.r.packed[n] for n in (*qkv, node))
+            self.env[node] = self.call(_p_attention, (*(self.env[n] for n in qkv), dims,
+                                                      *self.region(node), entry["scale"]))
+            return
+        q, k, v = (self.padded(n) for n in qkv)
+        value = self.call(_call_attention, (q, k, v, self.env[by_name[entry["offsets"]]],
+                                            int(entry["clamp_min"]), int(entry["max_len"]),
+                                            entry["scale"]))
+        self.store(node, value, False)
+
+    def run(self) -> Built:
+        output: fx.Node | None = None
+        for key in self.r.order:
+            if key[0] == "u":
+                self.unit(self.r.units[key[1]])
+            elif key[1].op == "output":
+                output = key[1]
+            else:
+                self.node(key[1])
+        if output is None:
+            raise ValueError("graph has no output")
+        result = fx.node.map_arg(output.args[0], self.padded)
+        if isinstance(result, (list, tuple)) and len(result) == 1:
+            result = result[0]
+        self.graph.output(result)
+        self.graph.eliminate_dead_code()
+        module = fx.GraphModule(self.root, self.graph, class_name="GemcRewritten")
+        return Built(module=module, choices=self.choices, runner=self.r)
 
 
 def _missing_param(fqn: str) -> torch.Tensor:

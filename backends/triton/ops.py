@@ -30,6 +30,7 @@ indexes a custom op's outputs with the fake's strides.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -40,8 +41,17 @@ from torch import Tensor
 from .jagged import _jagged_to_padded, _padded_to_jagged
 from .jagged_attention import _attention_backward, _attention_forward, _meta
 from .packed_tokens import TokenLayout
+from .segment_sum import segment_sum_rows as _segment_sum_rows
 
 __all__ = ["group_key", "register_group", "register_table", "dtype_name"]
+
+_HOST_SIDE: dict[str, Any] = (
+    {"tags": (torch.Tag.cudagraph_unsafe,)}
+    if hasattr(torch.Tag, "cudagraph_unsafe")
+    and "tags" in inspect.signature(torch.library.custom_op).parameters else {})
+"""For ops that read the device on the host (a token count) or keep host state (the
+optimizer's step count): a CUDA graph replay would skip that Python, so Inductor must not
+capture them (it splits the graph around them, or leaves it uncaptured)."""
 
 _GROUPS: dict[str, Any] = {}  # kernel id -> codegen.host._Impl (the group's launcher)
 _TABLES: dict[str, Any] = {}  # table group id -> BatchedEmbeddingBag
@@ -194,7 +204,7 @@ def _to_jagged(x: Tensor, layout: TokenLayout) -> Tensor:
     return _padded_to_jagged(x.transpose(1, 2), layout.offsets, layout.total)
 
 
-@torch.library.custom_op("gemc::jagged_attention", mutates_args=())
+@torch.library.custom_op("gemc::jagged_attention", mutates_args=(), **_HOST_SIDE)
 def jagged_attention(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, clamp_min: int,
                      max_len: int, scale: float) -> tuple[Tensor, Tensor]:
     """Attention within each row's real tokens of padded ``q, k, v [B, H, L, D]``: the
@@ -216,7 +226,7 @@ def _jagged_attention_fake(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, cla
     return q.new_empty((b, max_len, h, d)), q.new_empty((b, max_len, h), dtype=torch.float32)
 
 
-@torch.library.custom_op("gemc::jagged_attention_backward", mutates_args=())
+@torch.library.custom_op("gemc::jagged_attention_backward", mutates_args=(), **_HOST_SIDE)
 def jagged_attention_backward(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, out: Tensor,
                               lse: Tensor, grad: Tensor, clamp_min: int, max_len: int,
                               scale: float) -> tuple[Tensor, Tensor, Tensor]:
@@ -258,6 +268,130 @@ def _attention_backward_formula(ctx: Any, grad_out: Tensor, grad_lse: Tensor | N
 jagged_attention.register_autograd(_attention_backward_formula, setup_context=_attention_setup)
 
 
+# ---- jagged attention over packed values (inside a packed token region) ---------------------
+
+
+@torch.library.custom_op("gemc::jagged_attention_values", mutates_args=())
+def jagged_attention_values(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, max_len: int,
+                            scale: float) -> tuple[Tensor, Tensor]:
+    """Attention within each sequence of ``[T, H, D]`` values (``offsets`` the attention's
+    lengths; slots past ``offsets[-1]`` are spare, never read): the output and the row
+    logsumexp ``[H, T]``."""
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    out, lse = _attention_forward(q, k, v, offsets, max_len, scale,
+                                  _meta(q, False, "softmax", "max_len"))
+    return out.contiguous(), lse.contiguous()
+
+
+@jagged_attention_values.register_fake
+def _jagged_attention_values_fake(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor,
+                                  max_len: int, scale: float) -> tuple[Tensor, Tensor]:
+    return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+
+@torch.library.custom_op("gemc::jagged_attention_values_backward", mutates_args=())
+def jagged_attention_values_backward(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor,
+                                     out: Tensor, lse: Tensor, grad: Tensor, max_len: int,
+                                     scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    grads = _attention_backward(q, k, v, out, lse, grad.contiguous(), offsets, max_len, scale,
+                                _meta(q, False, "softmax", "max_len"))
+    return tuple(g.contiguous() for g in grads)  # type: ignore[return-value]
+
+
+@jagged_attention_values_backward.register_fake
+def _jagged_attention_values_backward_fake(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor,
+                                           out: Tensor, lse: Tensor, grad: Tensor,
+                                           max_len: int, scale: float
+                                           ) -> tuple[Tensor, Tensor, Tensor]:
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _values_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
+    q, k, v, offsets, max_len, scale = inputs
+    ctx.args = (int(max_len), float(scale))
+    ctx.save_for_backward(q, k, v, offsets, *output)
+
+
+def _values_backward(ctx: Any, grad_out: Tensor, grad_lse: Tensor | None) -> tuple[Any, ...]:
+    q, k, v, offsets, out, lse = ctx.saved_tensors
+    dq, dk, dv = torch.ops.gemc.jagged_attention_values_backward(q, k, v, offsets, out, lse,
+                                                                 grad_out, *ctx.args)
+    return dq, dk, dv, None, None, None
+
+
+jagged_attention_values.register_autograd(_values_backward, setup_context=_values_setup)
+
+
+# ---- packed token regions: gathers to tokens and sums over a row's tokens ------------------
+
+
+@torch.library.custom_op("gemc::segment_sum", mutates_args=())
+def segment_sum(tokens: Tensor, offsets: Tensor, row_out: Tensor) -> Tensor:
+    """Each row's tokens of ``tokens [T, ...]`` added up in fp32, in the input's dtype:
+    ``[B, ...]``. ``row_out``: per token slot its row, ``B`` for a spare slot (the
+    backward's scatter)."""
+    return _segment_sum_rows(tokens, offsets).contiguous()
+
+
+@segment_sum.register_fake
+def _segment_sum_fake(tokens: Tensor, offsets: Tensor, row_out: Tensor) -> Tensor:
+    return tokens.new_empty((offsets.shape[0] - 1, *tokens.shape[1:]))
+
+
+def _segment_sum_setup(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+    ctx.save_for_backward(inputs[2])
+
+
+def _segment_sum_backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
+    (row_out,) = ctx.saved_tensors  # a spare slot reads the zero row appended here
+    padded = torch.cat([grad, grad.new_zeros((1, *grad.shape[1:]))])
+    return padded.index_select(0, row_out), None, None
+
+
+segment_sum.register_autograd(_segment_sum_backward, setup_context=_segment_sum_setup)
+
+
+@torch.library.custom_op("gemc::segment_sum_rows", mutates_args=())
+def segment_sum_rows(x: Tensor, offsets: Tensor, dtype: torch.dtype) -> Tensor:
+    """Not differentiable: the backward of a gather by row (see ``packed_tokens._Gather``)."""
+    return _segment_sum_rows(x, offsets, dtype).contiguous()
+
+
+@segment_sum_rows.register_fake
+def _segment_sum_rows_fake(x: Tensor, offsets: Tensor, dtype: torch.dtype) -> Tensor:
+    return x.new_empty((offsets.shape[0] - 1, *x.shape[1:]), dtype=dtype)
+
+
+@torch.library.custom_op("gemc::gather_tokens", mutates_args=())
+def gather_tokens(src: Tensor, index: Tensor, offsets: Tensor | None) -> Tensor:
+    """``src[index]``; its gradient is added up in fp32 (by row with ``offsets``: one pass
+    per row's contiguous tokens), as ``packed_tokens._Gather``'s is."""
+    return src.index_select(0, index)
+
+
+@gather_tokens.register_fake
+def _gather_tokens_fake(src: Tensor, index: Tensor, offsets: Tensor | None) -> Tensor:
+    return src.new_empty((index.shape[0], *src.shape[1:]))
+
+
+def _gather_setup(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+    src, index, offsets = inputs
+    ctx.rows, ctx.dtype, ctx.by_row = src.shape[0], src.dtype, offsets is not None
+    ctx.save_for_backward(index, offsets if offsets is not None else index)
+
+
+def _gather_backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
+    index, offsets = ctx.saved_tensors
+    if ctx.by_row:  # spare slots past offsets[-1] are not read
+        return torch.ops.gemc.segment_sum_rows(grad, offsets, ctx.dtype), None, None
+    acc = grad.new_zeros((ctx.rows, *grad.shape[1:]), dtype=torch.float32)
+    return acc.index_add(0, index, grad.float()).to(ctx.dtype), None, None
+
+
+gather_tokens.register_autograd(_gather_backward, setup_context=_gather_setup)
+
+
 # ---- batched embedding lookup with the optimizer in its backward ---------------------------
 
 
@@ -281,7 +415,7 @@ def _embedding_bag_fake(table: str, weights: Tensor, momentum1: Tensor, momentum
 
 
 @torch.library.custom_op("gemc::embedding_bag_update",
-                         mutates_args=("weights", "momentum1", "momentum2"))
+                         mutates_args=("weights", "momentum1", "momentum2"), **_HOST_SIDE)
 def embedding_bag_update(table: str, weights: Tensor, momentum1: Tensor, momentum2: Tensor,
                          grad: Tensor, ids: Tensor, offsets: Tensor,
                          per_sample_weights: Tensor | None, anchor: Tensor) -> Tensor:

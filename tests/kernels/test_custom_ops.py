@@ -114,8 +114,8 @@ def test_choice_defaults_to_inductor_unless_a_win_was_measured(monkeypatch):
 
 def test_built_graph_calls_the_ops_it_chose_and_equals_the_interpreter(monkeypatch):
     """Without compiling: the emitted graph is the plan's graph (same loss as the
-    interpreter), with one fused-group call per group measured as a gemc win, and the
-    other groups' ATen nodes in place."""
+    interpreter, packed region included), with one fused-group call per group measured as
+    a gemc win, and the other groups' ATen nodes in place."""
     monkeypatch.delenv(CHOICE_ENV, raising=False)
     gm, entries, spec = _gem()
     entries = [e for e in entries if e["kind"] != "batched_embedding_bag"]
@@ -123,13 +123,15 @@ def test_built_graph_calls_the_ops_it_chose_and_equals_the_interpreter(monkeypat
     measured = {groups[0]["name"]: {"choice": "gemc"}, groups[1]["name"]: {"choice": "gemc"}}
     batch = spec.make_batch(5, "cpu")
     runner, left = runner_for(gm, entries, params_of(spec.model))
-    assert left == [next(e["name"] for e in entries if e["kind"] == "packed_tokens")]
+    assert left == []  # the packed token region is emitted too
     built = build(runner, measured=measured)
     assert {n for n, c in built.choices.items() if c == "gemc"} == {
         *measured, *(e["name"] for e in entries if e["kind"] in ("jagged_attention",
                                                                  "transposed_linear"))}
     code = built.module.code
-    assert code.count("_call_group(") == 2 and code.count("_call_attention(") == 2
+    # both attentions read the region's packed values; tokens enter by gathers
+    assert code.count("_call_group(") == 2 and code.count("_p_attention(") == 2
+    assert "_p_source(" in code and "_p_gather(" in code
     with torch.no_grad():
         torch.testing.assert_close(built.module(*batch), runner(*batch))
 
@@ -145,7 +147,7 @@ def test_gem_tiny_compiled_by_inductor_around_gemc_ops_matches_eager(monkeypatch
     ref, grads = eager_step(model, batch)
     runner, _ = runner_for(gm, entries, params_of(model))
     built = build(runner)
-    assert "embedding_bag" in built.module.code
+    assert "embedding_bag" in built.module.code and "_p_source(" in built.module.code
     fn = torch.compile(built.module, dynamic=False)
     loss = fn(*batch)
     torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-5)
@@ -196,3 +198,30 @@ def test_measured_choices_reach_the_built_graph(monkeypatch):
     built = build(runner, measured=measured)
     assert built.choices[names[0]] == "gemc" and built.choices[names[1]] == "inductor"
     assert built.module.code.count("_call_group(") == 1
+
+
+def test_packed_region_ops_pass_opcheck_and_add_gradients_up_in_fp32():
+    """The gather into a region's tokens and the sum over a row's tokens: fakes and
+    autograd checked, values against index_select / a per-row sum, and the gathered
+    operand's gradient is each row's token gradients added up."""
+    g = torch.Generator().manual_seed(2)
+    offsets = torch.tensor([0, 3, 3, 7])  # attention offsets; slots 7, 8 are spare
+    row = torch.tensor([0, 0, 0, 2, 2, 2, 2, 0, 0])  # a spare slot reads row 0
+    row_out = torch.tensor([0, 0, 0, 2, 2, 2, 2, 3, 3])  # and scatters to row B (dropped)
+    src = torch.randn(3, 4, generator=g, requires_grad=True)
+    for args in ((src, row, offsets), (src, row, None)):
+        torch.library.opcheck(torch.ops.gemc.gather_tokens.default, args, test_utils=STATIC)
+    picked = torch.ops.gemc.gather_tokens(src, row, offsets)
+    torch.testing.assert_close(picked, src.index_select(0, row))
+    w = torch.randn(9, 4, generator=g)
+    (grad,) = torch.autograd.grad(picked, src, w)
+    torch.testing.assert_close(grad, torch.stack([w[:3].sum(0), torch.zeros(4),
+                                                  w[3:7].sum(0)]))
+    tokens = torch.randn(9, 4, generator=g, requires_grad=True)
+    torch.library.opcheck(torch.ops.gemc.segment_sum.default, (tokens, offsets, row_out),
+                          test_utils=STATIC)
+    sums = torch.ops.gemc.segment_sum(tokens, offsets, row_out)
+    torch.testing.assert_close(sums, torch.stack([tokens[:3].sum(0), torch.zeros(4),
+                                                  tokens[3:7].sum(0)]))
+    (gt,) = torch.autograd.grad(sums, tokens, torch.ones(3, 4))
+    torch.testing.assert_close(gt, torch.cat([torch.ones(7, 4), torch.zeros(2, 4)]))
