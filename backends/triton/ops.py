@@ -38,7 +38,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .jagged import _jagged_to_padded, _padded_to_jagged
 from .jagged_attention import _attention_backward, _attention_forward, _meta
 from .packed_tokens import TokenLayout
 from .segment_sum import segment_sum_rows as _segment_sum_rows
@@ -49,9 +48,9 @@ _HOST_SIDE: dict[str, Any] = (
     {"tags": (torch.Tag.cudagraph_unsafe,)}
     if hasattr(torch.Tag, "cudagraph_unsafe")
     and "tags" in inspect.signature(torch.library.custom_op).parameters else {})
-"""For ops that read the device on the host (a token count) or keep host state (the
-optimizer's step count): a CUDA graph replay would skip that Python, so Inductor must not
-capture them (it splits the graph around them, or leaves it uncaptured)."""
+"""For ops that keep host state (the optimizer's step count): a CUDA graph replay would skip
+that Python, so Inductor must not capture them (it splits the graph around them, or leaves
+it uncaptured)."""
 
 _GROUPS: dict[str, Any] = {}  # kernel id -> codegen.host._Impl (the group's launcher)
 _TABLES: dict[str, Any] = {}  # table group id -> BatchedEmbeddingBag
@@ -195,28 +194,51 @@ fused_group.register_autograd(_fused_backward, setup_context=_fused_setup)
 # ---- jagged attention over padded values ----------------------------------------------------
 
 
-def _layout(offsets: Tensor, clamp_min: int, max_len: int) -> TokenLayout:
-    return TokenLayout.of(offsets, clamp_min, max_len)  # one host read of the token count
+class _Slots:
+    """Where the real tokens of a padded ``[B, L, ...]`` batch go, without reading their
+    count on the host: room for ``B * max_len`` tokens (every length is clamped to at most
+    ``max_len``), the attention's offsets, and per slot the padded position it comes from
+    and goes to (a spare slot reads position 0 and writes one past the end, a row that is
+    dropped). Why: the exact count is data, and reading it drains the GPU's queue twice per
+    attention and step (forward and backward) and keeps CUDA graphs out."""
+
+    def __init__(self, offsets: Tensor, clamp_min: int, max_len: int) -> None:
+        batch = offsets.shape[0] - 1
+        self.layout = TokenLayout(TokenLayout._offsets(offsets, clamp_min, max_len),
+                                  batch * max_len, batch, max_len)
+        self.offsets = self.layout.offsets
+        self.batch = batch
+
+    def _flat(self, length: int, out: bool) -> Tensor:
+        row, pos = self.layout.index("row_out" if out else "row"), self.layout.index("pos")
+        if not out:
+            return row * length + pos
+        return torch.where(row < self.batch, row * length + pos, self.batch * length)
+
+    def values(self, x: Tensor) -> Tensor:
+        """``[B, L, *f]`` padded -> ``[room, *f]`` values (spare slots: copies of row 0)."""
+        flat = x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+        return flat.index_select(0, self._flat(x.shape[1], False))
+
+    def padded(self, values: Tensor, length: int) -> Tensor:
+        """``[room, *f]`` values -> ``[B, length, *f]``, zeros where no token is."""
+        full = values.new_zeros((self.batch * length + 1, *values.shape[1:]))
+        full = full.index_copy(0, self._flat(length, True), values)[:-1]
+        return full.view(self.batch, length, *values.shape[1:])
 
 
-def _to_jagged(x: Tensor, layout: TokenLayout) -> Tensor:
-    """``[B, H, L, D]`` padded -> ``[T, H, D]`` values."""
-    return _padded_to_jagged(x.transpose(1, 2), layout.offsets, layout.total)
-
-
-@torch.library.custom_op("gemc::jagged_attention", mutates_args=(), **_HOST_SIDE)
+@torch.library.custom_op("gemc::jagged_attention", mutates_args=())
 def jagged_attention(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, clamp_min: int,
                      max_len: int, scale: float) -> tuple[Tensor, Tensor]:
     """Attention within each row's real tokens of padded ``q, k, v [B, H, L, D]``: the
     output ``[B, max_len, H, D]`` (zero past a row's length) and the row logsumexp
     ``[B, max_len, H]`` (for the backward)."""
-    layout = _layout(offsets, clamp_min, max_len)
-    qj, kj, vj = (_to_jagged(x, layout) for x in (q, k, v))
-    out, lse = _attention_forward(qj, kj, vj, layout.offsets, max_len, scale,
+    slots = _Slots(offsets, clamp_min, max_len)
+    qj, kj, vj = (slots.values(x.transpose(1, 2)) for x in (q, k, v))
+    out, lse = _attention_forward(qj, kj, vj, slots.offsets, max_len, scale,
                                   _meta(qj, False, "softmax", "max_len"))
-    out_p = _jagged_to_padded(out, layout.offsets, max_len, 0.0)
-    lse_p = _jagged_to_padded(lse.t(), layout.offsets, max_len, 0.0)
-    return out_p.contiguous(), lse_p.contiguous()
+    return (slots.padded(out, max_len).contiguous(),
+            slots.padded(lse.t(), max_len).contiguous())
 
 
 @jagged_attention.register_fake
@@ -226,21 +248,20 @@ def _jagged_attention_fake(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, cla
     return q.new_empty((b, max_len, h, d)), q.new_empty((b, max_len, h), dtype=torch.float32)
 
 
-@torch.library.custom_op("gemc::jagged_attention_backward", mutates_args=(), **_HOST_SIDE)
+@torch.library.custom_op("gemc::jagged_attention_backward", mutates_args=())
 def jagged_attention_backward(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, out: Tensor,
                               lse: Tensor, grad: Tensor, clamp_min: int, max_len: int,
                               scale: float) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients of padded ``q, k, v`` (zero at padding: it never reached the output)."""
-    layout = _layout(offsets, clamp_min, max_len)
-    qj, kj, vj = (_to_jagged(x, layout) for x in (q, k, v))
-    outj = _padded_to_jagged(out, layout.offsets, layout.total)
-    doj = _padded_to_jagged(grad.contiguous(), layout.offsets, layout.total)
-    lsej = _padded_to_jagged(lse, layout.offsets, layout.total).t().contiguous()
-    grads = _attention_backward(qj, kj, vj, outj, lsej, doj, layout.offsets, max_len, scale,
+    slots = _Slots(offsets, clamp_min, max_len)
+    qj, kj, vj = (slots.values(x.transpose(1, 2)) for x in (q, k, v))
+    outj, doj = slots.values(out), slots.values(grad)
+    lsej = slots.values(lse).t().contiguous()
+    grads = _attention_backward(qj, kj, vj, outj, lsej, doj, slots.offsets, max_len, scale,
                                 _meta(qj, False, "softmax", "max_len"))
     length = q.shape[2]
-    return tuple(_jagged_to_padded(g, layout.offsets, length, 0.0).transpose(1, 2)
-                 .contiguous() for g in grads)  # type: ignore[return-value]
+    return tuple(slots.padded(g, length).transpose(1, 2).contiguous()
+                 for g in grads)  # type: ignore[return-value]
 
 
 @jagged_attention_backward.register_fake

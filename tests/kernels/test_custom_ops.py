@@ -18,6 +18,7 @@ from gemc.backends.triton import ops as gemc_ops
 from gemc.backends.triton.codegen import generated
 from gemc.backends.triton.codegen.host import make_runner
 from gemc.backends.triton.embedding_bag_reference import rowwise_adagrad_step_, touched_rows
+from gemc.backends.triton.graph_runner import GraphRunner
 from gemc.backends.triton.inductor_graph import (
     CHOICE_ENV,
     build,
@@ -112,28 +113,36 @@ def test_choice_defaults_to_inductor_unless_a_win_was_measured(monkeypatch):
     assert default_choice(group) == "gemc"
 
 
-def test_built_graph_calls_the_ops_it_chose_and_equals_the_interpreter(monkeypatch):
+@pytest.mark.parametrize("packed", [True, False])
+def test_built_graph_calls_the_ops_it_chose_and_equals_the_interpreter(monkeypatch, packed):
     """Without compiling: the emitted graph is the plan's graph (same loss as the
-    interpreter, packed region included), with one fused-group call per group measured as
-    a gemc win, and the other groups' ATen nodes in place."""
+    interpreter, with the packed token region or without it: then the attentions take
+    padded values), with one fused-group call per group measured as a gemc win, and the
+    other groups' ATen nodes in place."""
     monkeypatch.delenv(CHOICE_ENV, raising=False)
     gm, entries, spec = _gem()
     entries = [e for e in entries if e["kind"] != "batched_embedding_bag"]
     groups = [e for e in entries if "structure" in e]
     measured = {groups[0]["name"]: {"choice": "gemc"}, groups[1]["name"]: {"choice": "gemc"}}
     batch = spec.make_batch(5, "cpu")
-    runner, left = runner_for(gm, entries, params_of(spec.model))
-    assert left == []  # the packed token region is emitted too
+    runner, left = runner_for(gm, entries, params_of(spec.model), packed=packed)
+    region = [e["name"] for e in entries if e["kind"] == "packed_tokens"]
+    assert left == ([] if packed else region)
     built = build(runner, measured=measured)
     assert {n for n, c in built.choices.items() if c == "gemc"} == {
         *measured, *(e["name"] for e in entries if e["kind"] in ("jagged_attention",
                                                                  "transposed_linear"))}
     code = built.module.code
-    # both attentions read the region's packed values; tokens enter by gathers
-    assert code.count("_call_group(") == 2 and code.count("_p_attention(") == 2
-    assert "_p_source(" in code and "_p_gather(" in code
+    assert code.count("_call_group(") == 2
+    if packed:  # both attentions read the region's values in place; tokens enter by gathers
+        assert code.count("_p_attention(") == 2
+        assert "_p_source(" in code and "_p_gather(" in code
+    else:
+        assert code.count("_call_attention(") == 2 and "_p_" not in code
+    expected = GraphRunner(gm, [e for e in entries if packed or e["name"] not in region],
+                           params_of(spec.model))
     with torch.no_grad():
-        torch.testing.assert_close(built.module(*batch), runner(*batch))
+        torch.testing.assert_close(built.module(*batch), expected(*batch))
 
 
 def test_gem_tiny_compiled_by_inductor_around_gemc_ops_matches_eager(monkeypatch):
