@@ -358,8 +358,10 @@ def _run(
         losses = torch.stack([loss for _, loss, _ in pending]).float().cpu().tolist()
         sync(device)
         now = time.perf_counter()
-        data_total = sum(d for _, _, d in pending)
-        ms = max(0.0, (now - block_t0) * 1e3 - data_total) / len(pending)
+        elapsed = (now - block_t0) * 1e3
+        if every > 1:  # the block's batches were made inside it: not step time
+            elapsed -= sum(d for _, _, d in pending)
+        ms = max(0.0, elapsed) / len(pending)
         for (done, _, data_ms), value in zip(pending, losses):
             rec = StepRecord(step=done, loss=float(value), ms=ms, data_ms=data_ms)
             metrics.records.append(rec)
@@ -396,10 +398,8 @@ def _run(
             dist.all_reduce(mean_loss)
             mean_loss /= wsize
         done = step + 1
-        pending.append((done, mean_loss, 0.0 if every == 1 else (t1 - t0) * 1e3))
+        pending.append((done, mean_loss, (t1 - t0) * 1e3))
         if every == 1 or done % every == 0 or done == opts.steps or done == start + 1:
-            if every == 1:
-                pending[-1] = (done, mean_loss, (t1 - t0) * 1e3)
             flush()
         if opts.on_step is not None:
             opts.on_step(done)
