@@ -131,10 +131,17 @@ compile and autotuning of the first step. ``TORCHINDUCTOR_CACHE_DIR`` /
 
 
 def compile_cache_dir() -> str:
-    """Point Inductor's and Triton's caches at one known place (see INDUCTOR_CACHE_ENV)."""
+    """Point Inductor's and Triton's caches at one known place (see INDUCTOR_CACHE_ENV).
+    A value torch wrote itself (its per-user temporary default, set in the environment the
+    first time anything asked, e.g. while the graph was captured) is replaced; one a person
+    set is kept."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
     base = os.environ.get(INDUCTOR_CACHE_ENV) or os.path.join(
         os.path.expanduser("~"), ".cache", "gemc", "compile")
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(base, "inductor"))
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if current is None or os.path.abspath(current) == os.path.abspath(default_cache_dir()):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(base, "inductor")
     os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(base, "triton"))
     return os.environ["TORCHINDUCTOR_CACHE_DIR"]
 
