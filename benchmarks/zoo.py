@@ -21,6 +21,8 @@ the variants (``_baseline``, ``_gemc``), so the two benchmarks measure alike:
                  (gemc's kernels as custom ops, Inductor around them);
 ``gemc-measured`` (optional) the same, each fused group measured against Inductor's code
                  on the first step and the faster kept (figures in the row's report);
+``gemc-groups``  (optional) the same with every fused group as gemc's kernel (no measurement:
+                 ``GEMC_GROUP_CHOICE=gemc``), the other end of the A/B;
 ``gemc-interp``  (optional) graph mode through the op-by-op interpreter (the old path);
 ``gemc-cudagraphs`` (optional) ``gemc`` with ``torch.compile(mode="reduce-overhead")``.
 
@@ -52,9 +54,11 @@ sys.path.insert(0, str(HERE))
 
 import e2e  # noqa: E402  (the variants' code, shared with the GEM benchmark)
 
-VARIANTS = ("eager", "compile", "gemc", "gemc-measured", "gemc-interp", "gemc-cudagraphs")
+VARIANTS = ("eager", "compile", "gemc", "gemc-measured", "gemc-groups", "gemc-interp",
+            "gemc-cudagraphs")
 GEMC_OPTIONS: dict[str, dict[str, Any]] = {
     "gemc": {"graph_executor": "inductor"},
+    "gemc-groups": {"graph_executor": "inductor"},  # + GEMC_GROUP_CHOICE=gemc (child())
     "gemc-measured": {"graph_executor": "inductor", "measure_kernels": True},
     "gemc-interp": {"graph_executor": "interpreter"},
     "gemc-cudagraphs": {"graph_executor": "inductor", "compile_mode": "reduce-overhead"},
@@ -129,6 +133,8 @@ def _setup_child(args: argparse.Namespace) -> Any:
 def child(args: argparse.Namespace) -> int:
     """One variant of one model in this process; writes its row as JSON."""
     name, variant, plan_path = args.child
+    if variant == "gemc-groups":
+        os.environ["GEMC_GROUP_CHOICE"] = "gemc"
     device = _setup_child(args)
     from gemc.api import load_model
     from gemc.plan import load_plan

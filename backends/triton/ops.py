@@ -17,7 +17,12 @@ One op per kernel *kind*, not per kernel:
 * ``gemc::jagged_attention`` / ``gemc::jagged_attention_backward``: padded ``[B, H, L, D]``
   in, padded out (plus the row logsumexp, padded, for the backward): the values + offsets
   kernels run inside, so the op's shapes depend on shapes only (no data-dependent sizes for
-  the compiler to trace).
+  the compiler to trace, no host read of the token count).
+* ``gemc::jagged_attention_values`` (and its backward): the same kernels on the ``[T, H, D]``
+  values of a packed token region, in place.
+* ``gemc::gather_tokens``, ``gemc::segment_sum`` (and ``gemc::segment_sum_rows``, the
+  gather's backward): a packed region's entries and its sums over a row's tokens, whose
+  gradients add up in fp32 without atomics.
 * ``gemc::embedding_bag`` / ``gemc::embedding_bag_update``: the batched lookup, and its
   backward, the fused optimizer step, which mutates the flat weight buffer and the optimizer
   state (declared in ``mutates_args``; a ``0-d`` anchor that requires grad keeps the lookup
