@@ -30,9 +30,10 @@ Per row: step ms (median after ``--warmup``), samples/s, MFU against the H200's 
 datasheet (989 TFLOP/s) and against the measured bf16 matmul peak (e2e.py's), peak memory,
 first-step seconds (compile and autotuning included), the loss curve and its largest
 relative deviation from eager's. Prints one table per model and a summary (gemc against
-torch.compile per model, and the geometric mean); writes ``OUT/zoo.json`` and each child's
-JSON as ``OUT/<model>.<variant>.json``. Exit code 1 if any variant failed (the others'
-rows are still written).
+torch.compile per model, and the geometric mean); writes ``OUT/zoo.json`` (rewritten after
+every variant: a run cut short keeps what it measured) and each child's JSON as
+``OUT/<model>.<variant>.json``. Exit code 1 if any variant failed or was skipped by
+``--time-limit`` (the others' rows are still written).
 """
 
 from __future__ import annotations
@@ -92,6 +93,12 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--loss-every", type=int, default=1,
                    help="gemc variants: read the loss every N steps (default 1, as the "
                    "baselines, which read it every step)")
+    p.add_argument("--time-limit", type=float, default=None, metavar="S",
+                   help="launch no new variant after S seconds (the rest are listed as "
+                   "skipped); zoo.json is rewritten after every variant, so a run cut short "
+                   "keeps what it measured")
+    p.add_argument("--child-timeout", type=float, default=1800, metavar="S",
+                   help="a variant's process is stopped after S seconds (default 1800)")
     p.add_argument("--smoke", action="store_true",
                    help="CPU, tiny presets, batch 8, 2 steps: a crash check")
     # one child's job (internal)
@@ -260,32 +267,44 @@ def main(argv: list[str] | None = None) -> int:
         passthrough.append("--smoke")
     results: dict[str, list[dict[str, Any]]] = {}
     facts: dict[str, Any] = {}
+    skipped: list[str] = []
     failed = False
+    t_start = time.perf_counter()
+
+    def write() -> dict[str, Any]:
+        result = {
+            "device": str(device),
+            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+            "torch": torch.__version__,
+            "preset": args.preset, "steps": args.steps, "warmup": args.warmup,
+            "peak_flops": {"datasheet_bf16": e2e.H200_BF16_DATASHEET,
+                           "measured_bf16_matmul": measured},
+            "models": facts, "variants": results, "summary": summary(results),
+            "skipped": skipped,
+        }
+        (out / "zoo.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+        return result
+
     for name in names:
+        if args.time_limit is not None and time.perf_counter() - t_start > args.time_limit:
+            skipped += [f"{name}/{v}" for v in variants]
+            continue
         plan, error = _compile_plan(name, known[name], args, out)
         rows: list[dict[str, Any]] = []
+        results[name] = rows
         flops = plan["model"].get("train_flops_per_step") if plan else None
         facts[name] = {"entry": known[name], "train_flops_per_step": flops,
                        "plan": str(out / f"{name}.plan.json") if plan else None,
                        "error": error}
         for variant in variants if plan else []:
-            row_path = out / f"{name}.{variant}.json"
-            row_path.unlink(missing_ok=True)
-            cmd = [sys.executable, str(Path(__file__).resolve()), *passthrough, "--child",
-                   name, variant, str(out / f"{name}.plan.json")]
-            print(f"zoo: {name} / {variant} in a child process ...", file=sys.stderr)
-            code = subprocess.run(cmd, check=False).returncode
-            try:
-                row = json.loads(row_path.read_text())
-            except (OSError, ValueError) as exc:
-                row = {"variant": variant, "model": name, "losses": [], "step_ms": None,
-                       "samples_per_s": None, "peak_memory_bytes": None,
-                       "error": f"child exited {code} without results ({exc})"}
-            _mfu(row, flops, measured)
-            rows.append(row)
-        e2e._compare_losses(rows)
+            if args.time_limit is not None and time.perf_counter() - t_start > args.time_limit:
+                skipped.append(f"{name}/{variant}")
+                continue
+            rows.append(_run_child(name, variant, out, passthrough, args.child_timeout))
+            _mfu(rows[-1], flops, measured)
+            e2e._compare_losses(rows)
+            write()
         failed = failed or bool(error) or any(r.get("error") for r in rows)
-        results[name] = rows
         if rows:
             print(f"\n== {name} (batch {rows[0].get('batch_size')}, "
                   f"{(flops or 0) / 1e12:.3f} TFLOP/step)")
@@ -295,7 +314,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"error {r['variant']}: {r['error']}")
         elif error:
             print(f"\n== {name}: {error}")
-    summ = summary(results)
+    result = write()
+    summ = result["summary"]
     print("\n== gemc / torch.compile (samples/s; first step)")
     for name, per in summ["per_model"].items():
         print(f"{name:>14}: " + "  ".join(
@@ -304,18 +324,30 @@ def main(argv: list[str] | None = None) -> int:
                if d["first_step_x_compile"] else "") for v, d in per.items()))
     for variant, g in summ["geomean_x_compile"].items():
         print(f"{'geomean':>14}: {variant} {g:.2f}x")
-    result = {
-        "device": str(device),
-        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-        "torch": torch.__version__,
-        "preset": args.preset, "steps": args.steps, "warmup": args.warmup,
-        "peak_flops": {"datasheet_bf16": e2e.H200_BF16_DATASHEET,
-                       "measured_bf16_matmul": measured},
-        "models": facts, "variants": results, "summary": summ,
-    }
-    (out / "zoo.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    if skipped:
+        print(f"skipped (--time-limit): {', '.join(skipped)}")
     print(f"zoo: wrote {out / 'zoo.json'}", file=sys.stderr)
-    return 1 if failed else 0
+    return 1 if failed or skipped else 0
+
+
+def _run_child(name: str, variant: str, out: Path, passthrough: list[str],
+               timeout: float) -> dict[str, Any]:
+    """One variant of one model in a fresh process; its row (or why there is none)."""
+    row_path = out / f"{name}.{variant}.json"
+    row_path.unlink(missing_ok=True)
+    cmd = [sys.executable, str(Path(__file__).resolve()), *passthrough, "--child", name,
+           variant, str(out / f"{name}.plan.json")]
+    print(f"zoo: {name} / {variant} in a child process ...", file=sys.stderr)
+    try:
+        code: Any = subprocess.run(cmd, check=False, timeout=timeout).returncode
+    except subprocess.TimeoutExpired:
+        code = f"killed after {timeout:.0f}s (--child-timeout)"
+    try:
+        return json.loads(row_path.read_text())
+    except (OSError, ValueError) as exc:
+        return {"variant": variant, "model": name, "losses": [], "step_ms": None,
+                "samples_per_s": None, "peak_memory_bytes": None,
+                "error": f"child exited {code} without results ({exc})"}
 
 
 if __name__ == "__main__":

@@ -58,3 +58,17 @@ def test_unknown_models_and_variants_are_refused_before_any_work(tmp_path: Path,
     assert zoo.main(["--out", str(tmp_path), "--variants", "gemc,turbo"]) == 2
     assert "unknown variant(s) turbo" in capsys.readouterr().err
     assert not list(tmp_path.glob("*.json"))
+
+
+def test_a_time_limit_skips_what_it_leaves_and_says_so(tmp_path: Path) -> None:
+    """Past ``--time-limit`` no variant starts; zoo.json names the skipped ones and the
+    exit code says the run is incomplete."""
+    import json
+
+    zoo = load_benchmark("zoo")
+    assert zoo.main(["--out", str(tmp_path), "--models", "gem,dlrm", "--device", "cpu",
+                     "--time-limit", "0"]) == 1
+    result = json.loads((tmp_path / "zoo.json").read_text())
+    assert result["skipped"] == [f"{m}/{v}" for m in ("gem", "dlrm")
+                                 for v in ("eager", "compile", "gemc")]
+    assert result["variants"] == {}
