@@ -15,7 +15,7 @@ execute one plan identically) are *emitted* into a new FX graph instead:
   a packed region;
 * ``batched_embedding_bag`` -> the flat offsets (ATen ops) and one ``gemc::embedding_bag``;
 * ``transposed_linear`` -> its ATen formulation (a batched GEMM reading ``x`` in place);
-* every other node -> a copy (``device=`` arguments captured on meta point at the run's
+* every other node -> its op (``device=`` arguments captured on meta point at the run's
   device; ``_assert_tensor_metadata`` nodes are dropped);
 * a node with a ``call`` (the sharded lookups on several ranks) -> that callable, behind
   ``torch._dynamo.disable``: the exchange and the sparse optimizer stay gemc's eager code
@@ -50,20 +50,20 @@ from .graph_runner import _SKIP, GraphRunner, _rank
 from .packed_tokens import TokenLayout
 from .transposed_linear import transposed_linear
 
-__all__ = ["CHOICE_ENV", "Built", "build", "default_choice", "runner_for"]
+__all__ = ["CHOICE_ENV", "Built", "build", "default_choice", "measure_groups", "runner_for"]
 
 GENERATED = ("gemm_epilogue", "norm", "pointwise", "reduction")
 """Kinds where a gemc kernel and Inductor's code compete for the same subgraph."""
-SPECIAL = ("jagged_attention", "batched_embedding_bag", "transposed_linear")
-"""Kinds gemc always keeps: Inductor has nothing equivalent (values + offsets attention,
-one lookup for many tables with the optimizer fused) or they are an ATen rewrite."""
 CHOICE_ENV = "GEMC_GROUP_CHOICE"
 """``gemc`` / ``inductor`` forces every generated group's choice (A/B runs); unset or
 ``auto``: the measured choice where there is one, else Inductor."""
 
 
 def default_choice(entry: dict[str, Any], measured: Mapping[str, Any] | None = None) -> str:
-    """``gemc`` or ``inductor`` for one plan entry: special kinds are gemc's; a generated
+    """``gemc`` or ``inductor`` for one plan entry. Every kind but the generated groups is
+    gemc's: Inductor has nothing equivalent (attention over values + offsets, one lookup
+    for many tables with the optimizer fused, packed token regions) or it is an ATen
+    rewrite Inductor compiles anyway (``transposed_linear``). A generated
     group is gemc's only where a measurement recorded a win (``measured[name]["choice"]``),
     because without one Inductor's fused code is the safe default (it never loses to the
     op-by-op graph, and it fuses across the group's border)."""
