@@ -234,3 +234,36 @@ def test_packed_region_ops_pass_opcheck_and_add_gradients_up_in_fp32():
                                                   tokens[3:7].sum(0)]))
     (gt,) = torch.autograd.grad(sums, tokens, torch.ones(3, 4))
     torch.testing.assert_close(gt, torch.cat([torch.ones(7, 4), torch.zeros(2, 4)]))
+
+
+def test_embedding_bag_op_looks_up_and_its_backward_is_the_fused_optimizer_step():
+    """``gemc::embedding_bag`` answers as the module does (fake and schema checked), and
+    its backward, ``gemc::embedding_bag_update``, moves the weights exactly as the module's
+    own fused backward does on the same gradient."""
+    from gemc.backends.triton.embedding_bag import BatchedEmbeddingBag
+
+    def module() -> BatchedEmbeddingBag:
+        torch.manual_seed(3)
+        m = BatchedEmbeddingBag([(10, 4), (6, 4)], pooling="sum", optimizer="rowwise_adagrad",
+                                lr=0.1, eps=1e-8, weight_decay=0.0)
+        m.reset_parameters()
+        return m
+
+    ops_module, twin = module(), module()
+    gemc_ops.register_table("test_bags", ops_module)
+    ids = torch.tensor([1, 3, 3, 0, 5, 2])
+    offsets = torch.tensor([0, 2, 3, 5, 6])  # 2 tables x batch 2
+    args = ("test_bags", ops_module.weights, ops_module.momentum1, ops_module.momentum2, ids,
+            offsets, None, ops_module._anchor)
+    torch.library.opcheck(torch.ops.gemc.embedding_bag.default, args,
+                          test_utils=("test_schema", "test_faketensor",
+                                      "test_autograd_registration"))
+    out = torch.ops.gemc.embedding_bag(*args)
+    ref = twin(ids, offsets)
+    torch.testing.assert_close(out, ref)
+    grad = torch.randn_like(ref)
+    out.backward(grad)
+    ref.backward(grad)
+    torch.testing.assert_close(ops_module.weights, twin.weights)
+    torch.testing.assert_close(ops_module.momentum1, twin.momentum1)
+    assert not torch.equal(ops_module.weights, module().weights)  # the step did move them
