@@ -233,6 +233,10 @@ def _argv_of(args: argparse.Namespace) -> list[str]:
         "--embedding-optimizer": args.embedding_optimizer,
         "--embedding-lr": args.embedding_lr,
         "--precision": args.precision,
+        "--graph-executor": args.graph_executor,
+        "--compile-mode": args.compile_mode,
+        "--kernel-choices": args.kernel_choices,
+        "--loss-every": args.loss_every,
     }
     for flag, value in pairs.items():
         if value is not None:
@@ -245,6 +249,8 @@ def _argv_of(args: argparse.Namespace) -> list[str]:
         out.append("--quiet")
     if args.no_kernels:
         out.append("--no-kernels")
+    if args.measure_kernels:
+        out.append("--measure-kernels")
     return out
 
 

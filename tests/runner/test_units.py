@@ -309,7 +309,9 @@ def test_gemc_cli_wiring_round_trips_the_flags() -> None:
     add_run_parser(parser.add_subparsers(dest="command", required=True))
     flags = ["run", "p.json", "--steps", "7", "--checkpoint-dir", "ck", "--checkpoint-every",
              "3", "--resume", "--device", "cpu", "--embedding-optimizer", "adam", "--lr",
-             "0.002", "--precision", "bf16", "--no-kernels", "--quiet", "--kernel-module", "m"]
+             "0.002", "--precision", "bf16", "--no-kernels", "--quiet", "--kernel-module", "m",
+             "--graph-executor", "interpreter", "--compile-mode", "reduce-overhead",
+             "--measure-kernels", "--kernel-choices", "c.json", "--loss-every", "5"]
     args = parser.parse_args(flags)
     again = parser.parse_args(["run", *_argv_of(args)])
     assert vars(again) == vars(args)
@@ -397,3 +399,25 @@ def test_compile_caches_go_to_a_known_place_unless_a_person_chose_one(monkeypatc
     assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "triton")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
     assert compile_cache_dir() == str(tmp_path / "mine")
+
+
+def test_kernel_choices_come_from_a_file_or_a_run_report(tmp_path) -> None:
+    """``--kernel-choices``: a JSON object of per-kernel records, or a run report whose
+    ``graph_executor.measured`` holds them; anything else is a user error naming the file."""
+    import json
+
+    from gemc.backends.torch.cli import _kernel_choices
+
+    record = {"norm_1": {"choice": "gemc", "gemc_ms": 0.1, "inductor_ms": 0.2}}
+    plain = tmp_path / "choices.json"
+    plain.write_text(json.dumps(record))
+    report = tmp_path / "plan.run.json"
+    report.write_text(json.dumps({"graph_executor": {"measured": record}, "steps": {}}))
+    assert _kernel_choices(str(plain)) == record == _kernel_choices(str(report))
+    assert _kernel_choices(None) is None
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2]")
+    with pytest.raises(GemcUserError, match="is not a JSON object"):
+        _kernel_choices(str(bad))
+    with pytest.raises(GemcUserError, match="missing.json"):
+        _kernel_choices(str(tmp_path / "missing.json"))
