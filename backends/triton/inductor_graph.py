@@ -563,7 +563,9 @@ def measure_groups(runner: GraphRunner, *, autocast: torch.dtype | None = None,
     (the custom op) and of Inductor's code for the same nodes, at the group's captured
     shapes on the runner's device, and the choice (see MARGIN). A group that fails to run
     either way is recorded with its error and left to Inductor. Meaningful on a GPU only;
-    on the CPU the kernels run in Triton's interpreter."""
+    on the CPU the kernels run in Triton's interpreter. A group inside a packed token region
+    is measured at its padded (captured) shapes, not at the region's token count: an
+    approximation that favours neither side."""
     out: dict[str, dict[str, Any]] = {}
     for unit in runner.units:
         entry = unit["entry"]
