@@ -946,9 +946,11 @@ def _profiler(args: argparse.Namespace, name: str, device: Any) -> StepProfiler:
 
 
 def _baseline(
-    name: str, args: argparse.Namespace, plan: dict[str, Any], device: Any
+    name: str, args: argparse.Namespace, plan: dict[str, Any], device: Any, *,
+    entry: str = GEM, model_args: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """eager or compile: the single-process reference trainer, bf16 autocast."""
+    """eager or compile: the single-process reference trainer, bf16 autocast (of the GEM
+    example, or of ``entry`` built with ``model_args``: benchmarks/zoo.py)."""
     import torch
     from gemc.backends.torch.optimizers import resolve_optimizers
     from gemc.backends.torch.reference import ReferenceTrainer
@@ -957,7 +959,8 @@ def _baseline(
 
     dense_cfg, emb_cfg = resolve_optimizers(plan.get("optimizer"))
     t0 = time.perf_counter()
-    spec = load_model(GEM, _model_args(args), device="meta")
+    spec = load_model(entry, model_args if model_args is not None else _model_args(args),
+                      device="meta")
     compile_fn = None
     compile_modules = None
     note = None
@@ -1002,13 +1005,17 @@ def _baseline(
 
 
 def _gemc(
-    args: argparse.Namespace, plan: dict[str, Any], device: Any, *, kernels: bool = True
+    args: argparse.Namespace, plan: dict[str, Any], device: Any, *, kernels: bool = True,
+    name: str | None = None, options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """The runner on ``plan``; ``options``: more :class:`RunOptions` fields (zoo.py's
+    graph executor, compile mode, group measurement), ``name`` the row's variant."""
     from gemc.backends.torch.runner import RunOptions, run
 
     _free(device)
     t0 = time.perf_counter()
-    prof = _profiler(args, "gemc" if kernels else "gemc-nokernels", device)
+    name = name or ("gemc" if kernels else "gemc-nokernels")
+    prof = _profiler(args, name, device)
     try:
         result = run(
             plan,
@@ -1020,6 +1027,7 @@ def _gemc(
                 warmup_steps=args.warmup,
                 kernels=kernels,
                 on_step=prof.step,
+                **(options or {}),
             ),
         )
     except BaseException:
@@ -1029,7 +1037,7 @@ def _gemc(
     wall = time.perf_counter() - t0
     rep = result.report
     summary = _summary(
-        "gemc" if kernels else "gemc-nokernels",
+        name,
         [loss for _, loss in result.losses],
         [float(e["ms"]) for e in rep["losses"]],
         args,
@@ -1040,7 +1048,8 @@ def _gemc(
     )
     summary["run_wall_s"] = wall
     summary["runner_report"] = {
-        k: rep[k] for k in ("vs_predicted", "kernels_applied", "precision", "execution", "mfu")
+        k: rep.get(k) for k in ("vs_predicted", "kernels_applied", "precision", "execution",
+                                "mfu", "graph_executor", "first_step_s")
     }
     summary.update(prof.summary)
     _free(device)
@@ -1072,6 +1081,7 @@ def _summary(
         "losses": losses,
         "step_ms": step_ms,
         "step_ms_all": times,
+        "first_step_s": times[0] / 1e3 if times else None,  # compile + autotune included
         "samples_per_s": batch / (step_ms / 1e3) if step_ms else None,
         "peak_memory_bytes": peak,
         "setup_s": setup_s,

@@ -23,6 +23,7 @@ Exit codes are ``gemc.exits``'s on every rank: 2 for a user error (one message, 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Sequence
@@ -98,6 +99,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="run the ops the plan's generated kernels replace (on several ranks the kernels "
         "need every region ddp)",
     )
+    p.add_argument(
+        "--graph-executor",
+        choices=("inductor", "interpreter"),
+        default="inductor",
+        help="graph mode: torch.compile over the rewritten graph (default), or the op-by-op "
+        "interpreter (a fallback: unfused)",
+    )
+    p.add_argument("--compile-mode", help="torch.compile mode for graph mode, e.g. "
+                   "reduce-overhead (CUDA graphs)")
+    p.add_argument("--measure-kernels", action="store_true",
+                   help="graph mode: on the first step, time each fused group's gemc kernel "
+                   "against Inductor's code for it and keep the faster (in the run report)")
+    p.add_argument("--kernel-choices", metavar="FILE",
+                   help="JSON {kernel name: {\"choice\": \"gemc\"|\"inductor\"}} (e.g. a run "
+                   "report's graph_executor.measured): per fused group, the choice to use")
+    p.add_argument("--loss-every", type=int, default=1, metavar="N",
+                   help="read the loss every N steps (1: every step; N > 1: no host sync "
+                   "in between, step times are block means)")
     p.add_argument("--quiet", action="store_true", help="no progress line")
 
 
@@ -127,7 +146,31 @@ def options_from_args(args: argparse.Namespace) -> Any:
         kernel_modules=list(args.kernel_module),
         kernels=not args.no_kernels,
         progress=not args.quiet,
+        graph_executor=args.graph_executor,
+        compile_mode=args.compile_mode,
+        loss_every=args.loss_every,
+        measure_kernels=args.measure_kernels,
+        kernel_choices=_kernel_choices(args.kernel_choices),
     )
+
+
+def _kernel_choices(path: str | None) -> dict[str, Any] | None:
+    """``--kernel-choices FILE``: a JSON object of per-kernel records (or a whole run report,
+    whose ``graph_executor.measured`` is taken)."""
+    if path is None:
+        return None
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise GemcUserError(f"--kernel-choices {path}: {exc}", where=path,
+                            fix="pass a JSON file, e.g. a run report of --measure-kernels"
+                            ) from exc
+    if isinstance(data, dict) and isinstance(data.get("graph_executor"), dict):
+        data = data["graph_executor"].get("measured") or {}
+    if not isinstance(data, dict):
+        raise GemcUserError(f"--kernel-choices {path} is not a JSON object", where=path,
+                            fix="pass {kernel name: {\"choice\": \"gemc\"|\"inductor\"}}")
+    return data
 
 
 def _under_launcher() -> bool:
@@ -255,6 +298,10 @@ def _argv_of(args: argparse.Namespace) -> list[str]:
         "--embedding-optimizer": args.embedding_optimizer,
         "--embedding-lr": args.embedding_lr,
         "--precision": args.precision,
+        "--graph-executor": args.graph_executor,
+        "--compile-mode": args.compile_mode,
+        "--kernel-choices": args.kernel_choices,
+        "--loss-every": args.loss_every,
     }
     for flag, value in pairs.items():
         if value is not None:
@@ -267,6 +314,8 @@ def _argv_of(args: argparse.Namespace) -> list[str]:
         out.append("--quiet")
     if args.no_kernels:
         out.append("--no-kernels")
+    if args.measure_kernels:
+        out.append("--measure-kernels")
     return out
 
 

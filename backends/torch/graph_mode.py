@@ -4,11 +4,15 @@ The compiler's kernels replace *graph nodes*, not modules: a fused GEMM epilogue
 ``Linear`` and the activation after it, a batched embedding lookup spans many tables the
 model calls one by one, a jagged attention replaces a masked SDPA and its padding. Eager
 module calls cannot be rewired to those, so when a plan lists kernels the runner executes
-the ``torch.export`` graph it captured for the fingerprint check, through
-:class:`gemc.backends.triton.graph_runner.GraphRunner`: each kernel group is one call of its
-autograd function, every other node its ATen op, with the runner's own (deterministically
-initialized) parameters fed to the graph's parameter placeholders, so AdamW and the
-sparse optimizer see the same parameters as in module mode.
+the ``torch.export`` graph it captured for the fingerprint check, with the runner's own
+(deterministically initialized) parameters fed to the graph's parameter placeholders, so
+AdamW and the sparse optimizer see the same parameters as in module mode. By default the
+graph is rewritten with each kernel group as a call of its ``torch.library`` custom op
+(:mod:`gemc.backends.triton.inductor_graph`) and trained through ``torch.compile``, so
+Inductor compiles every op gemc does not specialise (why: run op by op, those ops made gemc
+0.6-0.8x of torch.compile on models it had not been tuned for, issue 16). The op-by-op
+interpreter (:class:`gemc.backends.triton.graph_runner.GraphRunner`) remains behind
+``--graph-executor interpreter``, with a warning.
 
 A ``batched_embedding_bag`` entry owns its tables: one flat buffer, the optimizer fused
 into its backward (the same row-wise Adagrad / lazy Adam formulas as :mod:`.sparse_optim`,
@@ -120,8 +124,45 @@ def _interpreted_triton() -> None:
         )
 
 
+EXECUTORS = ("inductor", "interpreter")
+INDUCTOR_CACHE_ENV = "GEMC_COMPILE_CACHE"
+"""Where Inductor's FX graph / autograd caches and Triton's kernel cache live across runs
+(default ``~/.cache/gemc/compile``): a second run of the same plan skips most of the
+compile and autotuning of the first step. ``TORCHINDUCTOR_CACHE_DIR`` /
+``TRITON_CACHE_DIR``, when set, win."""
+
+
+def compile_cache_dir() -> str:
+    """Point Inductor's and Triton's caches at one known place (see INDUCTOR_CACHE_ENV).
+    A value torch wrote itself (its per-user temporary default, set in the environment the
+    first time anything asked, e.g. while the graph was captured) is replaced; one a person
+    set is kept."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    base = os.environ.get(INDUCTOR_CACHE_ENV) or os.path.join(
+        os.path.expanduser("~"), ".cache", "gemc", "compile")
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if current is None or os.path.abspath(current) == os.path.abspath(default_cache_dir()):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(base, "inductor")
+    os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(base, "triton"))
+    return os.environ["TORCHINDUCTOR_CACHE_DIR"]
+
+
 class GraphExecutor:
-    """``executor(*batch) -> loss``: the captured graph with the kernels substituted."""
+    """``executor(*batch) -> loss``: the captured graph with the kernels substituted.
+
+    ``executor="inductor"`` (the default): the rewritten graph, its kernels custom ops
+    (:mod:`gemc.backends.triton.ops`), is built on the first call (for the autocast dtype
+    active then) and trained through ``torch.compile``: Inductor compiles everything gemc
+    does not specialise, and the backward comes from the ops' autograd formulas through
+    AOTAutograd. ``"interpreter"``: the old op-by-op interpreter
+    (:class:`~gemc.backends.triton.graph_runner.GraphRunner`), kept as a fallback, with a
+    warning that says it runs unfused. ``measured``: per kernel name, a recorded
+    measurement whose ``choice`` (gemc / inductor) decides a generated group; ``measure``:
+    measure every generated group against Inductor's code for it on the first call (see
+    :func:`~gemc.backends.triton.inductor_graph.measure_groups`) and keep the winners.
+    ``compile_mode``: ``torch.compile``'s mode (e.g. ``reduce-overhead`` for CUDA graphs).
+    """
 
     def __init__(
         self,
@@ -134,7 +175,21 @@ class GraphExecutor:
         emb_opt: EmbeddingOptimizer,
         device: torch.device,
         world_size: int = 1,
+        executor: str = "inductor",
+        measured: dict[str, Any] | None = None,
+        compile_mode: str | None = None,
+        measure: bool = False,
     ) -> None:
+        if executor not in EXECUTORS:
+            raise PlanError(f"graph executor {executor!r} is not known",
+                            where="--graph-executor", fix=f"use one of {', '.join(EXECUTORS)}")
+        self.executor = executor
+        self.measured = dict(measured or {})
+        self.compile_mode = compile_mode
+        self.measure = measure and executor == "inductor"
+        self.choices: dict[str, str] = {}
+        self._compiled: dict[torch.dtype | None, Any] = {}
+        self.cache_dir = compile_cache_dir() if executor == "inductor" else None
         if device.type == "cpu":
             _interpreted_triton()
         try:
@@ -167,7 +222,17 @@ class GraphExecutor:
             for fqn in tables:  # the lookup nodes call the tables: the placeholder is unread
                 params.setdefault(fqn, torch.empty(0, device=device))
         try:
-            self.runner = GraphRunner(gm, entries, params, device=device, calls=calls)
+            if executor == "inductor":
+                from gemc.backends.triton.inductor_graph import runner_for
+
+                self.runner, _ = runner_for(gm, entries, params, device=device, calls=calls)
+            else:
+                warnings.warn(
+                    "gemc: graph mode runs through the op-by-op interpreter "
+                    "(--graph-executor interpreter): every op outside gemc's kernels runs "
+                    "unfused, one launch each; the default compiles the graph with Inductor",
+                    stacklevel=3)
+                self.runner = GraphRunner(gm, entries, params, device=device, calls=calls)
         except ValueError as exc:  # a source whose sha256 does not match, a cycle
             raise PlanError(
                 f"the plan's kernels cannot be set up: {exc}",
@@ -239,7 +304,22 @@ class GraphExecutor:
         }
 
     def __call__(self, *batch: torch.Tensor) -> torch.Tensor:
-        return self.runner(*batch)
+        if self.executor == "interpreter":
+            return self.runner(*batch)
+        dev = self.runner.device.type
+        dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
+        fn = self._compiled.get(dt)
+        if fn is None:
+            from gemc.backends.triton.inductor_graph import build, measure_groups
+
+            if self.measure:  # the first step pays it; the report records every figure
+                self.measured.update(measure_groups(self.runner, autocast=dt))
+            built = build(self.runner, autocast=dt, measured=self.measured)
+            self.choices = built.choices
+            self.module = built.module
+            fn = self._compiled[dt] = torch.compile(built.module, dynamic=False,
+                                                    mode=self.compile_mode)
+        return fn(*batch)
 
 
 def _lookup_call(table: ShardedEmbedding, op: Any) -> Any:

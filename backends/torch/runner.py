@@ -80,6 +80,15 @@ class RunOptions:
     kernels: bool = True  # False: run the ops the plan's kernels replace (--no-kernels)
     progress: bool = True
     warmup_steps: int = 2
+    # graph mode: "inductor" (torch.compile over the rewritten graph) or "interpreter"
+    graph_executor: str = "inductor"
+    compile_mode: str | None = None  # torch.compile mode, e.g. "reduce-overhead"
+    # per kernel name {"choice": "gemc"|"inductor", ...}: measured choices for fused groups
+    kernel_choices: dict[str, Any] | None = None
+    measure_kernels: bool = False  # measure each fused group against Inductor's code first
+    # read the loss (a host sync) every N steps, 1: every step (each step timed alone);
+    # N > 1: the losses stay on the device in between and a step's time is its block's mean
+    loss_every: int = 1
     # called after every step with the number of steps done (benchmarks hang a profiler on it)
     on_step: Callable[[int], None] | None = None
 
@@ -308,6 +317,10 @@ def _run(
             emb_opt=emb_opt,
             device=device,
             world_size=wsize,
+            executor=opts.graph_executor,
+            measured=opts.kernel_choices,
+            compile_mode=opts.compile_mode,
+            measure=opts.measure_kernels,
         )
         applied_kernels += [str(k.get("name", k["kind"])) for k in graph_kernels
                             if str(k.get("name")) not in forward.not_applied]
@@ -338,14 +351,40 @@ def _run(
     local_batch, batch_source = _batch_size(spec, rank)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    every = max(1, int(opts.loss_every))
+    pending: list[tuple[int, torch.Tensor, float]] = []  # (step, loss on device, data ms)
+    block_t0 = time.perf_counter()
+
+    def flush() -> None:
+        """Read the pending steps' losses (one host sync for all) and record them."""
+        nonlocal block_t0
+        if not pending:
+            return
+        losses = torch.stack([loss for _, loss, _ in pending]).float().cpu().tolist()
+        sync(device)
+        now = time.perf_counter()
+        elapsed = (now - block_t0) * 1e3
+        if every > 1:  # the block's batches were made inside it: not step time
+            elapsed -= sum(d for _, _, d in pending)
+        ms = max(0.0, elapsed) / len(pending)
+        for (done, _, data_ms), value in zip(pending, losses):
+            rec = StepRecord(step=done, loss=float(value), ms=ms, data_ms=data_ms)
+            metrics.records.append(rec)
+            progress.update(rec, local_batch * wsize / ((ms or 1e-6) / 1e3) if local_batch else None)
+        pending.clear()
+        block_t0 = time.perf_counter()
+
     for step in range(start, opts.steps):
         t0 = time.perf_counter()
         # RNG (dropout, ...) is a function of (seed, rank, step): a resumed run draws the
         # same numbers as an uninterrupted one without storing generator state.
         torch.manual_seed(derive_seed(opts.seed, "rng", rank, step))
         batch = spec.make_batch(step * wsize + rank, device)
-        sync(device)
+        if every == 1:
+            sync(device)
         t1 = time.perf_counter()
+        if every == 1:
+            block_t0 = t1
         with prec.autocast(device.type):
             prefetch.begin_step(batch)
             loss = forward(*batch)
@@ -361,21 +400,20 @@ def _run(
         if wsize > 1:
             dist.all_reduce(mean_loss)
             mean_loss /= wsize
-        loss_value = float(mean_loss.item())
-        sync(device)
-        t2 = time.perf_counter()
-        rec = StepRecord(step=step + 1, loss=loss_value, ms=(t2 - t1) * 1e3, data_ms=(t1 - t0) * 1e3)
-        metrics.records.append(rec)
-        sps = local_batch * wsize / ((t2 - t1) or 1e-9) if local_batch else None
-        progress.update(rec, sps)
         done = step + 1
+        pending.append((done, mean_loss, (t1 - t0) * 1e3))
+        if every == 1 or done % every == 0 or done == opts.steps or done == start + 1:
+            flush()
         if opts.on_step is not None:
             opts.on_step(done)
         if opts.checkpoint_dir and opts.checkpoint_every > 0 and done % opts.checkpoint_every == 0:
+            flush()
             saved.append(_save(opts, model, dense_opt, tables, emb_opt, done, world, device))
         if exit_after is not None and int(exit_after) == done:
+            flush()
             progress.close()
             os._exit(17)  # test hook: a run killed right after this step
+    flush()
     progress.close()
     final_step = max(start, opts.steps)
     if opts.checkpoint_dir and (not saved or not saved[-1].endswith(ckpt.step_dir_name(final_step))):
@@ -387,7 +425,8 @@ def _run(
         local_batch, start, setup_s, saved, resumed_from, emb_cfg, dense_cfg,
     )
     report["execution"] = (
-        "graph: the captured graph with the plan's kernels (graph_mode.py)"
+        f"graph: the captured graph with the plan's kernels (graph_mode.py, "
+        f"{opts.graph_executor})"
         if graph_kernels
         else "module: the model's forward with sharded tables and wrapped regions"
     )
@@ -396,6 +435,18 @@ def _run(
     report["initialization"] = init_report.summary()
     if local_batch is None:
         report["batch_size_note"] = BATCH_SIZE_MISSING
+    # the first step alone (compile and autotuning included): it is always read by itself
+    report["first_step_s"] = (metrics.records[0].ms / 1e3 if metrics.records and start == 0
+                              else None)
+    if isinstance(forward, GraphExecutor):
+        report["graph_executor"] = {
+            "executor": forward.executor,
+            "compile_mode": forward.compile_mode,
+            "compile_cache": forward.cache_dir,
+            "kernel_choices": dict(sorted(forward.choices.items())),
+            "measured": forward.measured,
+            "not_applied": list(forward.not_applied),
+        }
     report_path = None
     if rank == 0:
         report_path = Path(opts.report) if opts.report else (

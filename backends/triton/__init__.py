@@ -4,6 +4,9 @@
 * ``BatchedEmbeddingBag``: many pooled embedding tables in one launch, the optimizer update
   fused into the backward.
 * ``jagged_to_padded`` / ``padded_to_jagged``: layout conversions, each the other's backward.
+* ``ops``: the kernels (and the generated groups) as ``torch.library`` custom ops with fake
+  and autograd implementations, registered on import; ``inductor_graph`` emits the plan's
+  rewritten graph calling them, for ``torch.compile``.
 
 Every kernel runs on CUDA, or on CPU tensors under ``TRITON_INTERPRET=1`` (see ``runtime``).
 """

@@ -181,11 +181,33 @@ def test_graph_mode_runs_the_plans_kernels(base_plans, tmp_path) -> None:
     ck = str(tmp_path / "ck")
     first = run(plan, RunOptions(steps=2, device="cpu", progress=False, checkpoint_dir=ck))
     assert first.report["kernels_applied"] and first.report["execution"].startswith("graph")
+    graph = first.report["graph_executor"]
+    assert graph["executor"] == "inductor" and graph["kernel_choices"]
+    # generated groups without a measured win are Inductor's; the embedding lookup gemc's
+    assert all(c == ("gemc" if "embedding" in n else "inductor")
+               for n, c in graph["kernel_choices"].items() if "transposed" not in n)
+    assert first.report["first_step_s"] > 0
     resumed = run(plan, RunOptions(steps=3, device="cpu", progress=False, checkpoint_dir=ck,
                                    resume=True))
     got = [loss for _, loss in first.losses + resumed.losses]
     ref = reference_losses(load_model(MODEL, {}), steps=3, world_size=1)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=0)
+
+
+def test_graph_mode_interpreter_fallback_is_loud_and_reads_losses_in_blocks(base_plans) -> None:
+    """``--graph-executor interpreter`` still trains the plan (with a warning naming the
+    unfused path), and losses read every 2 steps (no host sync in between) are the
+    reference's."""
+    from gemc.api import load_model
+
+    plan = variant(base_plans[1], kernels=True)
+    with pytest.warns(UserWarning, match="op-by-op interpreter"):
+        got = run(plan, RunOptions(steps=3, device="cpu", progress=False, loss_every=2,
+                                   graph_executor="interpreter"))
+    assert [s for s, _ in got.losses] == [1, 2, 3]
+    assert got.report["graph_executor"]["executor"] == "interpreter"
+    ref = reference_losses(load_model(MODEL, {}), steps=3, world_size=1)
+    torch.testing.assert_close([loss for _, loss in got.losses], ref, rtol=1e-5, atol=0)
 
 
 def test_kernels_on_several_ranks_need_ddp_regions() -> None:
@@ -342,7 +364,9 @@ def test_gemc_cli_wiring_round_trips_the_flags() -> None:
     add_run_parser(parser.add_subparsers(dest="command", required=True))
     flags = ["run", "p.json", "--steps", "7", "--checkpoint-dir", "ck", "--checkpoint-every",
              "3", "--resume", "--device", "cpu", "--embedding-optimizer", "adam", "--lr",
-             "0.002", "--precision", "bf16", "--no-kernels", "--quiet", "--kernel-module", "m"]
+             "0.002", "--precision", "bf16", "--no-kernels", "--quiet", "--kernel-module", "m",
+             "--graph-executor", "interpreter", "--compile-mode", "reduce-overhead",
+             "--measure-kernels", "--kernel-choices", "c.json", "--loss-every", "5"]
     args = parser.parse_args(flags)
     again = parser.parse_args(["run", *_argv_of(args)])
     assert vars(again) == vars(args)
@@ -413,3 +437,42 @@ def test_graph_mode_on_several_ranks_refuses_a_table_read_outside_its_lookup() -
         GraphExecutor(captured.gm, captured.param_fqns, model, [], tables=tables,
                       emb_opt=emb_opt, device=torch.device("cpu"), world_size=2)
     assert "--no-kernels" in err.value.fix
+
+
+def test_compile_caches_go_to_a_known_place_unless_a_person_chose_one(monkeypatch, tmp_path
+                                                                      ) -> None:
+    """Inductor's FX graph cache and Triton's kernel cache persist across runs under
+    GEMC_COMPILE_CACHE; torch's own temporary default (which it writes into the environment
+    when first asked) is replaced, a directory a person set is kept."""
+    from gemc.backends.torch.graph_mode import INDUCTOR_CACHE_ENV, compile_cache_dir
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.setenv(INDUCTOR_CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    assert compile_cache_dir() == str(tmp_path / "inductor")
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "triton")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    assert compile_cache_dir() == str(tmp_path / "mine")
+
+
+def test_kernel_choices_come_from_a_file_or_a_run_report(tmp_path) -> None:
+    """``--kernel-choices``: a JSON object of per-kernel records, or a run report whose
+    ``graph_executor.measured`` holds them; anything else is a user error naming the file."""
+    import json
+
+    from gemc.backends.torch.cli import _kernel_choices
+
+    record = {"norm_1": {"choice": "gemc", "gemc_ms": 0.1, "inductor_ms": 0.2}}
+    plain = tmp_path / "choices.json"
+    plain.write_text(json.dumps(record))
+    report = tmp_path / "plan.run.json"
+    report.write_text(json.dumps({"graph_executor": {"measured": record}, "steps": {}}))
+    assert _kernel_choices(str(plain)) == record == _kernel_choices(str(report))
+    assert _kernel_choices(None) is None
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2]")
+    with pytest.raises(GemcUserError, match="is not a JSON object"):
+        _kernel_choices(str(bad))
+    with pytest.raises(GemcUserError, match="missing.json"):
+        _kernel_choices(str(tmp_path / "missing.json"))

@@ -1,0 +1,612 @@
+"""The rewritten graph as an ordinary ``GraphModule`` whose kernel nodes call gemc's custom
+ops, for ``torch.compile`` (Inductor) to compile around them.
+
+:class:`~.graph_runner.GraphRunner` interprets the captured graph node by node in Python,
+so every op gemc does not specialise runs unfused and pays a launch each. Here the same
+units (the runner's schedule, launchers and embedding modules are reused, so both paths
+execute one plan identically) are *emitted* into a new FX graph instead:
+
+* a generated group whose per-group choice is ``gemc`` -> one ``gemc::fused_group`` call
+  (its operands cast to the autocast dtype first, as the interpreter's launcher does) and a
+  ``getitem`` per output; a group whose choice is ``inductor`` -> its own ATen nodes,
+  which Inductor fuses with their neighbours;
+* ``jagged_attention`` -> ``gemc::jagged_attention`` on the padded q, k, v (then the
+  transpose back to the graph's ``[B, H, L, D]``, a view), or on the packed values inside
+  a packed region;
+* ``batched_embedding_bag`` -> the flat offsets (ATen ops) and one ``gemc::embedding_bag``;
+* ``transposed_linear`` -> its ATen formulation (a batched GEMM reading ``x`` in place);
+* every other node -> its op (``device=`` arguments captured on meta point at the run's
+  device; ``_assert_tensor_metadata`` nodes are dropped);
+* a node with a ``call`` (the sharded lookups on several ranks) -> that callable, behind
+  ``torch._dynamo.disable``: the exchange and the sparse optimizer stay gemc's eager code
+  and Dynamo splits the graph around them.
+
+A ``packed_tokens`` region runs on packed values as the interpreter runs it: its source
+builds the ``[1, T, ...]`` values, operands entering it are gathered to its tokens
+(``gemc::gather_tokens``), values read outside it are scattered back, sums over positions
+add each row's tokens (``gemc::segment_sum``), its groups launch at ``T`` tokens and its
+attention reads the values in place (``gemc::jagged_attention_values``). ``T`` is the
+bounded count (``TokenLayout.bounded``): the jagged values' count plus the clamp's slots,
+known from the capture's shapes, so the compiled graph has static shapes and no host read.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+from gemc import ir
+
+from . import ops as gemc_ops
+from . import packed_tokens
+from .codegen.host import make_runner
+from .graph_runner import _SKIP, GraphRunner, _rank
+from .packed_tokens import TokenLayout
+from .transposed_linear import transposed_linear
+
+__all__ = ["CHOICE_ENV", "Built", "build", "default_choice", "measure_groups", "runner_for"]
+
+GENERATED = ("gemm_epilogue", "norm", "pointwise", "reduction")
+"""Kinds where a gemc kernel and Inductor's code compete for the same subgraph."""
+CHOICE_ENV = "GEMC_GROUP_CHOICE"
+"""``gemc`` / ``inductor`` forces every generated group's choice (A/B runs); unset or
+``auto``: the measured choice where there is one, else Inductor."""
+
+
+def default_choice(entry: dict[str, Any], measured: Mapping[str, Any] | None = None) -> str:
+    """``gemc`` or ``inductor`` for one plan entry. Every kind but the generated groups is
+    gemc's: Inductor has nothing equivalent (attention over values + offsets, one lookup
+    for many tables with the optimizer fused, packed token regions) or it is an ATen
+    rewrite Inductor compiles anyway (``transposed_linear``). A generated
+    group is gemc's only where a measurement recorded a win (``measured[name]["choice"]``),
+    because without one Inductor's fused code is the safe default (it never loses to the
+    op-by-op graph, and it fuses across the group's border)."""
+    kind = entry["kind"]
+    if kind not in GENERATED:
+        return "gemc"
+    forced = os.environ.get(CHOICE_ENV, "auto")
+    if forced in ("gemc", "inductor"):
+        return forced
+    rec = (measured or {}).get(str(entry.get("name")))
+    if isinstance(rec, Mapping) and rec.get("choice") in ("gemc", "inductor"):
+        return str(rec["choice"])
+    return "inductor"
+
+
+@dataclass
+class Built:
+    """What :func:`build` made: the module to compile and what it did with each entry."""
+
+    module: fx.GraphModule
+    choices: dict[str, str]  # entry name -> "gemc" | "inductor"
+    runner: GraphRunner  # owns the launchers and the embedding modules
+
+
+def _attr_name(fqn: str) -> str:
+    return "p_" + fqn.replace(".", "__")
+
+
+def _embedding_inputs(entry: dict[str, Any], ids: list[torch.Tensor],
+                      offsets: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor,
+                                                            torch.Tensor | None]:
+    """The batched lookup's flat ids, offsets and per-id weights, from each table's ids and
+    offsets (ATen ops, compiled with the rest; see ``GraphRunner._bag_layout``)."""
+    tables = entry["tables"]
+    ids = [t.to(torch.int64) for t in ids]
+    offs = []
+    for t, tid, off in zip(tables, ids, offsets):
+        off = off.to(torch.int64)
+        if not t["include_last_offset"]:
+            off = torch.cat([off, off.new_full((1,), tid.numel())])
+        offs.append(off)
+    nnz = [tid.numel() for tid in ids]
+    mean = [t["pooling"] == "mean" for t in tables]
+    flat_offsets, psw = GraphRunner._bag_layout(offs, nnz, mean)
+    return torch.cat(ids), flat_offsets, psw
+
+
+def _call_group(kernel: str, autocast: str, gemm_operands: Sequence[int],
+                inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """A generated group through its custom op; under autocast the GEMM's operands are cast
+    first (outside the op, so autograd casts their gradients back), as F.linear's are."""
+    if autocast and gemm_operands:
+        dt = getattr(torch, autocast)
+        inputs = [t.to(dt) if i in gemm_operands and t.is_floating_point() else t
+                  for i, t in enumerate(inputs)]
+    return torch.ops.gemc.fused_group(kernel, inputs, autocast)
+
+
+def _call_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor,
+                    clamp_min: int, max_len: int, scale: float | None) -> torch.Tensor:
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    out, _ = torch.ops.gemc.jagged_attention(q, k, v, offsets, clamp_min, max_len, scale)
+    return out.transpose(1, 2)
+
+
+def _call_embeddings(name: str, module: nn.Module, entry: dict[str, Any],
+                     ids: list[torch.Tensor], offsets: list[torch.Tensor]) -> list[torch.Tensor]:
+    flat_ids, flat_offsets, psw = _embedding_inputs(entry, ids, offsets)
+    out = torch.ops.gemc.embedding_bag(name, module.weights, module.momentum1,
+                                       module.momentum2, flat_ids, flat_offsets, psw,
+                                       module._anchor)
+    return list(module.split_output(out))
+
+
+def runner_for(gm: fx.GraphModule, entries: Sequence[dict[str, Any]],
+               params: Mapping[str, torch.Tensor], *, device: torch.device | str = "cpu",
+               calls: Mapping[str, Callable[..., Any]] | None = None, packed: bool = True
+               ) -> tuple[GraphRunner, list[str]]:
+    """The interpreter set up for the plan's entries (its schedule, launchers, embedding
+    modules and packed regions are what :func:`build` emits), and the names of the entries
+    left out: ``packed_tokens`` regions when ``packed`` is False (their ops then run
+    padded)."""
+    not_applied = [] if packed else [str(e.get("name")) for e in entries
+                                     if e["kind"] == "packed_tokens"]
+    kept = [e for e in entries if packed or e["kind"] != "packed_tokens"]
+    return GraphRunner(gm, kept, params, device=device, calls=calls, narrow=False), not_applied
+
+
+def build(runner: GraphRunner, *, autocast: torch.dtype | None = None,
+          measured: Mapping[str, Any] | None = None) -> Built:
+    """The rewritten graph of ``runner.gm`` with ``runner.entries`` as custom-op calls (see
+    the module doc). The runner's ``params`` feed the graph's parameter placeholders (the
+    same tensors: their gradients land on them). ``autocast``: the dtype of the autocast
+    the module will run under (None: none); it is baked into the group calls, because
+    compiled code does not see the ambient autocast state at run time. ``measured``: per
+    entry name, a recorded measurement (see :func:`default_choice`)."""
+    return _Emitter(runner, autocast, measured).run()
+
+
+# ---- packed token regions, as traceable helpers (shapes from shapes: no host read) --------
+
+
+Region = tuple[Any, int, int, int]  # (offsets, clamp_min, max_len, total)
+
+
+def _layout(offsets: torch.Tensor, clamp_min: int, max_len: int, total: int) -> TokenLayout:
+    """The region's layout, room for ``total`` tokens (``TokenLayout.bounded``'s count,
+    computed from the capture's shapes when the graph is built)."""
+    return TokenLayout(TokenLayout._offsets(offsets, clamp_min, max_len), total,
+                       offsets.shape[0] - 1, max_len)
+
+
+def _p_gather(x: Any, dims: tuple[int, int], rank: int, offsets: torch.Tensor,
+              clamp_min: int, max_len: int, total: int) -> Any:
+    """``packed_tokens.gather`` through ``gemc::gather_tokens``."""
+    if not isinstance(x, torch.Tensor) or x.dim() == 0:
+        return x
+    given = x
+    if x.dim() < rank:
+        x = x.reshape((1,) * (rank - x.dim()) + tuple(x.shape))
+    bd, ld = dims
+    sb, sl = x.shape[bd], x.shape[ld]
+    if sb == 1 and sl == 1:
+        return given
+    layout = _layout(offsets, clamp_min, max_len, total)
+    kind = "flat" if sb > 1 and sl > 1 else "row" if sb > 1 else "pos"
+    moved = x.movedim((bd, ld), (0, 1))
+    rest = tuple(moved.shape[2:])
+    picked = torch.ops.gemc.gather_tokens(moved.reshape(sb * sl, *rest), layout.index(kind),
+                                          layout.offsets if kind == "row" else None)
+    return picked.view(1, total, *rest).movedim((0, 1), (bd, ld))
+
+
+def _p_scatter(x: torch.Tensor, dims: tuple[int, int], offsets: torch.Tensor, clamp_min: int,
+               max_len: int, total: int) -> torch.Tensor:
+    return packed_tokens.scatter(x, dims, _layout(offsets, clamp_min, max_len, total))
+
+
+def _p_segment_sum(x: torch.Tensor, dims: tuple[int, int], offsets: torch.Tensor,
+                   clamp_min: int, max_len: int, total: int) -> torch.Tensor:
+    """``packed_tokens.segment_sum`` through ``gemc::segment_sum``."""
+    layout = _layout(offsets, clamp_min, max_len, total)
+    bd, ld = dims
+    moved = x.movedim(dims, (0, 1))
+    tokens = moved.reshape(total, *moved.shape[2:])
+    acc = torch.ops.gemc.segment_sum(tokens, layout.offsets, layout.index("row_out"))
+    return acc.movedim(0, bd - (bd > ld))
+
+
+def _p_source(values: torch.Tensor, row: torch.Tensor, pos: torch.Tensor,
+              offsets: torch.Tensor, clamp_min: int, max_len: int, total: int,
+              accumulate: bool) -> torch.Tensor:
+    return packed_tokens.source(values, row, pos, _layout(offsets, clamp_min, max_len, total),
+                                accumulate)
+
+
+def _p_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 dims: tuple[tuple[int, int], ...], offsets: torch.Tensor, clamp_min: int,
+                 max_len: int, total: int, scale: float | None) -> torch.Tensor:
+    """Jagged attention on region values (``[1, H, T, D]`` at their dims): no conversion."""
+    layout = _layout(offsets, clamp_min, max_len, total)
+    qj, kj, vj = (x.movedim(d, (0, 1)).flatten(0, 1) for x, d in zip((q, k, v), dims))
+    if scale is None:
+        scale = qj.shape[-1] ** -0.5
+    out, _ = torch.ops.gemc.jagged_attention_values(qj, kj, vj, layout.offsets, max_len,
+                                                    scale)
+    return out.unsqueeze(0).movedim((0, 1), dims[3])
+
+
+class _Emitter:
+    """Walks the runner's schedule and writes the new graph (one method per case, mirroring
+    ``GraphRunner``'s execution of the same node)."""
+
+    def __init__(self, runner: GraphRunner, autocast: torch.dtype | None,
+                 measured: Mapping[str, Any] | None) -> None:
+        self.r = runner
+        self.autocast = autocast
+        self.auto = gemc_ops.dtype_name(autocast)
+        self.measured = measured
+        self.device = runner.device
+        self.calls = dict(runner.calls)
+        self.root = nn.Module()
+        self.graph = fx.Graph()
+        self.env: dict[fx.Node, Any] = {}
+        self.attrs: dict[str, fx.Node] = {}
+        self.unpacked: dict[fx.Node, fx.Node] = {}
+        self.choices: dict[str, str] = {}
+        for name, module in runner.tables.items():
+            gemc_ops.register_table(name, module)
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def call(self, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None
+             ) -> fx.Node:
+        return self.graph.call_function(fn, args, kwargs or {})
+
+    def attr(self, name: str, value: torch.Tensor | nn.Module) -> fx.Node:
+        if name not in self.attrs:
+            if isinstance(value, nn.Parameter):
+                self.root.register_parameter(name, value)
+            elif isinstance(value, nn.Module):
+                self.root.add_module(name, value)
+            else:
+                self.root.register_buffer(name, value)
+            self.attrs[name] = self.graph.get_attr(name)
+        return self.attrs[name]
+
+    def region(self, node: fx.Node) -> Region:
+        """A region node's layout arguments: its offsets (in the new graph), the clamp, the
+        length and the room for tokens (the values' count plus the clamp's slots)."""
+        r = self.r.region_of[node]
+        by_name = self.r.by_name
+        values = int(by_name[r["values"]].meta["val"].shape[0])
+        batch = int(by_name[r["offsets"]].meta["val"].shape[0]) - 1
+        clamp = int(r["clamp_min"])
+        return (self.env[by_name[r["offsets"]]], clamp, int(r["max_len"]),
+                values + batch * max(0, clamp))
+
+    def padded(self, node: Any) -> Any:
+        """``node``'s value at its padded shape (a region value scattered, once)."""
+        if not isinstance(node, fx.Node) or node not in self.r.packed:
+            return self.env[node] if isinstance(node, fx.Node) else node
+        if node not in self.unpacked:
+            self.unpacked[node] = self.call(_p_scatter, (self.env[node], self.r.packed[node],
+                                                         *self.region(node)))
+        return self.unpacked[node]
+
+    def store(self, node: fx.Node, value: Any, is_packed: bool) -> None:
+        if node in self.r.packed and not is_packed:
+            value = self.call(_p_gather, (value, self.r.packed[node], _rank(node),
+                                          *self.region(node)))
+        self.env[node] = value
+
+    def entering(self, arg: Any, dims: tuple[int, int], rank: int, region: Region) -> Any:
+        if isinstance(arg, fx.Node):
+            if arg in self.r.packed:
+                return self.env[arg]
+            return self.call(_p_gather, (self.env[arg], dims, rank, *region))
+        if isinstance(arg, (list, tuple)):
+            return type(arg)(self.entering(a, dims, rank, region) for a in arg)
+        return arg
+
+    def on_device(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        return {**kwargs, "device": self.device} if "device" in kwargs else kwargs
+
+    # -- nodes --------------------------------------------------------------------------------
+
+    def node(self, node: fx.Node) -> None:
+        r = self.r
+        if node.op == "placeholder":
+            fqn = node.meta.get(ir.PARAM)
+            if fqn is None:
+                self.env[node] = self.graph.placeholder(node.name)
+            elif fqn in r.params:
+                self.env[node] = self.attr(_attr_name(fqn), r.params[fqn])
+            else:
+                self.env[node] = self.call(_missing_param, (fqn,))
+            return
+        if node.target in _SKIP or node in r.skipped:
+            return
+        if node.name in self.calls:
+            fn = torch._dynamo.disable(self.calls[node.name])
+            self.env[node] = self.call(fn, fx.node.map_arg(node.args, self.env.__getitem__),
+                                       fx.node.map_arg(node.kwargs, self.env.__getitem__))
+        elif node in r.packed_sources:
+            reg = r.packed_sources[node]
+            acc = bool(node.args[3]) if len(node.args) > 3 else False
+            by_name = r.by_name
+            self.env[node] = self.call(_p_source, (
+                self.env[by_name[reg["values"]]], self.env[by_name[reg["row"]]],
+                self.env[by_name[reg["pos"]]], *self.region(node), acc))
+        elif node in r.packed:
+            self.packed_node(node)
+        elif self.segment_sum(node):
+            pass
+        else:
+            args = fx.node.map_arg(node.args, self.padded)
+            kwargs = self.on_device(dict(fx.node.map_arg(node.kwargs, self.padded)))
+            self.env[node] = self.call(node.target, args, kwargs)
+
+    def segment_sum(self, node: fx.Node) -> bool:
+        """A sum over positions of a region value adds its tokens (``GraphRunner``'s rule)."""
+        if node.target is not torch.ops.aten.sum.dim_IntList or node.kwargs:
+            return False
+        src = node.args[0]
+        if not (isinstance(src, fx.Node) and src in self.r.packed):
+            return False
+        rank = _rank(src)
+        reduced = [int(d) % rank for d in node.args[1]]
+        keep = len(node.args) > 2 and node.args[2]
+        if reduced != [self.r.packed[src][1]] or keep:
+            return False
+        self.env[node] = self.call(_p_segment_sum, (self.env[src], self.r.packed[src],
+                                                    *self.region(src)))
+        return True
+
+    def packed_node(self, node: fx.Node) -> None:
+        """A region node on packed values (``GraphRunner._call_packed``)."""
+        dims = self.r.packed[node]
+        region = self.region(node)
+        rank = _rank(node)
+        t = node.target
+        if packed_tokens.is_pointwise(node):
+            args = tuple(self.entering(a, dims, rank, region) for a in node.args)
+            kwargs = {k: self.entering(v, dims, rank, region) for k, v in node.kwargs.items()}
+            self.env[node] = self.call(t, args, kwargs)
+            return
+        first = node.args[0]
+        if (t in packed_tokens.FIRST_ONLY or t in packed_tokens.SIZED) and \
+                isinstance(first, fx.Node) and first in self.r.packed:
+            args = list(fx.node.map_arg(node.args, self.env.__getitem__))
+            if t in packed_tokens.SIZED:
+                args[1] = packed_tokens.resize(list(args[1]), dims, region[3])
+            kwargs = dict(fx.node.map_arg(node.kwargs, self.env.__getitem__))
+            self.env[node] = self.call(t, tuple(args), kwargs)
+            return
+        args = fx.node.map_arg(node.args, self.padded)
+        kwargs = self.on_device(dict(fx.node.map_arg(node.kwargs, self.padded)))
+        out = self.call(t, args, kwargs)
+        self.env[node] = self.call(_p_gather, (out, dims, rank, *region))
+
+    # -- units --------------------------------------------------------------------------------
+
+    def unit(self, unit: dict[str, Any]) -> None:
+        entry = unit["entry"]
+        name = str(entry.get("name"))
+        kind = entry["kind"]
+        choice = default_choice(entry, self.measured)
+        if "structure" in entry and unit.get("shared_operand") and self.autocast is not None:
+            choice = "inductor"  # its epilogue reads the GEMM operand unrounded (see runner)
+        self.choices[name] = choice
+        by_name = self.r.by_name
+        if choice == "inductor":
+            for node in unit["nodes"]:
+                self.node(node)
+        elif "structure" in entry:
+            self.group(unit)
+        elif kind == "jagged_attention":
+            self.attention(unit)
+        elif kind == "batched_embedding_bag":
+            module = self.r.tables[entry["name"]]
+            mod = self.attr("t_" + name.replace(".", "__"), module)
+            ids = [self.padded(by_name[t["ids"]]) for t in entry["tables"]]
+            offs = [self.padded(by_name[t["offsets"]]) for t in entry["tables"]]
+            call = self.call(_call_embeddings, (name, mod, entry, ids, offs))
+            for j, t in enumerate(entry["tables"]):
+                self.store(by_name[t["output"]], self.call(operator.getitem, (call, j)), False)
+        elif kind == "transposed_linear":
+            bias = self.padded(by_name[entry["bias"]]) if entry.get("bias") else None
+            value = self.call(transposed_linear, (self.padded(by_name[entry["input"]]),
+                                                  self.padded(by_name[entry["weight"]]), bias))
+            self.store(unit["nodes"][0], value, False)
+        else:
+            raise ValueError(f"unknown kernel kind {kind!r}")
+
+    def group(self, unit: dict[str, Any]) -> None:
+        """A generated group through ``gemc::fused_group``; inside a packed region at the
+        region's token count (its own launcher, registered under its packed binding)."""
+        entry = unit["entry"]
+        by_name = self.r.by_name
+        binding = entry["binding"]
+        impl = unit["run"].impl
+        key_entry = entry
+        if unit["packed"]:
+            out_node = by_name[binding["outputs"][0]]
+            dims, rank = self.r.packed[out_node], _rank(out_node)
+            region = self.region(out_node)
+            shapes = [packed_tokens.packed_shape(sh, dims, rank, region[3])
+                      for sh in binding["shapes"]]
+            key_entry = {**entry, "binding": {**binding, "shapes": shapes}}
+            impl = make_runner(impl.m, key_entry["binding"]).impl
+            st = entry["structure"]
+            token = {slot["input"] for slot in st["slots"]}
+            if st["ops"][0]["op"] == "linear":
+                token.add(st["ops"][0]["args"][0][1])
+            inputs = []
+            for i, name in enumerate(binding["inputs"]):
+                node = by_name[name]
+                if node in self.r.packed or i not in token:
+                    inputs.append(self.env[node])
+                else:
+                    inputs.append(self.call(_p_gather, (self.env[node], dims, rank, *region)))
+        else:
+            inputs = [self.padded(by_name[n]) for n in binding["inputs"]]
+        kernel = gemc_ops.register_group(key_entry, impl)
+        gemm = tuple(getattr(impl, a) for a in ("ix", "iw", "ib")) if hasattr(impl, "ix") else ()
+        call = self.call(_call_group, (kernel, self.auto, gemm, inputs))
+        for j, out_name in enumerate(binding["outputs"]):
+            self.store(by_name[out_name], self.call(operator.getitem, (call, j)),
+                       unit["packed"])
+
+    def attention(self, unit: dict[str, Any]) -> None:
+        entry = unit["entry"]
+        by_name = self.r.by_name
+        node = unit["nodes"][0]
+        qkv = [by_name[entry[x]] for x in ("q", "k", "v")]
+        if node in self.r.packed and all(n in self.r.packed for n in qkv):
+            dims = tuple(self.r.packed[n] for n in (*qkv, node))
+            self.env[node] = self.call(_p_attention, (*(self.env[n] for n in qkv), dims,
+                                                      *self.region(node), entry["scale"]))
+            return
+        q, k, v = (self.padded(n) for n in qkv)
+        value = self.call(_call_attention, (q, k, v, self.env[by_name[entry["offsets"]]],
+                                            int(entry["clamp_min"]), int(entry["max_len"]),
+                                            entry["scale"]))
+        self.store(node, value, False)
+
+    def run(self) -> Built:
+        output: fx.Node | None = None
+        for key in self.r.order:
+            if key[0] == "u":
+                self.unit(self.r.units[key[1]])
+            elif key[1].op == "output":
+                output = key[1]
+            else:
+                self.node(key[1])
+        if output is None:
+            raise ValueError("graph has no output")
+        result = fx.node.map_arg(output.args[0], self.padded)
+        if isinstance(result, (list, tuple)) and len(result) == 1:
+            result = result[0]
+        self.graph.output(result)
+        self.graph.eliminate_dead_code()
+        module = fx.GraphModule(self.root, self.graph, class_name="GemcRewritten")
+        return Built(module=module, choices=self.choices, runner=self.r)
+
+
+def _missing_param(fqn: str) -> torch.Tensor:
+    raise KeyError(f"no tensor given for parameter placeholder {fqn}")
+
+
+# ---- measuring a group: gemc's kernel against Inductor's code for the same subgraph ----------
+
+
+MARGIN = 0.97
+"""A generated group is gemc's only when its kernel is at least 3% faster than Inductor's
+code for the same nodes: on a tie Inductor wins, as it also fuses across the group's border
+(which a per-group measurement cannot see)."""
+
+
+def _subgraph(runner: GraphRunner, unit: dict[str, Any], device: torch.device
+              ) -> fx.GraphModule:
+    """The group's own ATen nodes as a module of its binding's inputs and outputs."""
+    entry = unit["entry"]
+    by_name = runner.by_name
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for name in entry["binding"]["inputs"]:
+        env[by_name[name]] = graph.placeholder(name)
+    for node in unit["nodes"]:
+        new = graph.node_copy(node, env.__getitem__)
+        if "device" in new.kwargs:
+            new.kwargs = {**new.kwargs, "device": device}
+        env[node] = new
+    graph.output(tuple(env[by_name[n]] for n in entry["binding"]["outputs"]))
+    return fx.GraphModule(nn.Module(), graph)
+
+
+def _example(node: fx.Node, device: torch.device, autocast: torch.dtype | None
+             ) -> torch.Tensor:
+    val = node.meta["val"]
+    if not val.dtype.is_floating_point:
+        return torch.zeros(val.shape, dtype=val.dtype, device=device)
+    dtype = val.dtype
+    if autocast is not None and node.meta.get(ir.PARAM) is None:
+        dtype = autocast  # activations arrive in the autocast dtype; parameters stay fp32
+    return torch.randn(val.shape, dtype=dtype, device=device).requires_grad_()
+
+
+def _time_ms(fn: Callable[[], Any], device: torch.device, repeats: int) -> float:
+    """Median ms of ``fn`` (forward and backward) after two warm-up calls."""
+    import statistics
+    import time
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    for _ in range(2):
+        fn()
+    times = []
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def measure_groups(runner: GraphRunner, *, autocast: torch.dtype | None = None,
+                   repeats: int = 20, names: Sequence[str] | None = None,
+                   timer: Callable[[Callable[[], Any], torch.device, int], float] | None = None
+                   ) -> dict[str, dict[str, Any]]:
+    """Per generated group (or those in ``names``): forward + backward of gemc's kernel
+    (the custom op) and of Inductor's code for the same nodes, at the group's captured
+    shapes on the runner's device, and the choice (see MARGIN). A group that fails to run
+    either way is recorded with its error and left to Inductor. Meaningful on a GPU only;
+    on the CPU the kernels run in Triton's interpreter. A group inside a packed token region
+    is measured at its padded (captured) shapes, not at the region's token count: an
+    approximation that favours neither side."""
+    out: dict[str, dict[str, Any]] = {}
+    for unit in runner.units:
+        entry = unit["entry"]
+        name = str(entry.get("name"))
+        if "structure" not in entry or (names is not None and name not in names):
+            continue
+        rec: dict[str, Any] = {"kind": entry["kind"]}
+        try:
+            rec.update(_measure_one(runner, unit, autocast, repeats, timer or _time_ms))
+            rec["choice"] = "gemc" if rec["gemc_ms"] < MARGIN * rec["inductor_ms"] \
+                else "inductor"
+        except Exception as exc:  # noqa: BLE001 - recorded, and the group stays Inductor's
+            rec.update(choice="inductor", error=f"{type(exc).__name__}: {exc}")
+        out[name] = rec
+    return out
+
+
+def _measure_one(runner: GraphRunner, unit: dict[str, Any], autocast: torch.dtype | None,
+                 repeats: int, timer: Callable[[Callable[[], Any], torch.device, int], float]
+                 ) -> dict[str, float]:
+    entry = unit["entry"]
+    device = runner.device
+    auto = gemc_ops.dtype_name(autocast)
+    impl = unit["run"].impl
+    kernel = gemc_ops.register_group(entry, impl)
+    gemm = tuple(getattr(impl, a) for a in ("ix", "iw", "ib")) if hasattr(impl, "ix") else ()
+    inputs = [_example(runner.by_name[n], device, autocast) for n in entry["binding"]["inputs"]]
+    floats = [t for t in inputs if t.requires_grad]
+    n_out = len(entry["binding"]["outputs"])
+    compiled = torch.compile(_subgraph(runner, unit, device), dynamic=False)
+
+    def step(f: Callable[[], Sequence[torch.Tensor]]) -> Callable[[], None]:
+        def run() -> None:
+            with torch.autocast(device.type, dtype=autocast or torch.bfloat16,
+                                enabled=autocast is not None):
+                outs = [o for o in f()[:n_out] if o.is_floating_point()]
+            torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+            for t in floats:
+                t.grad = None
+        return run
+
+    return {"gemc_ms": timer(step(lambda: _call_group(kernel, auto, gemm, inputs)), device,
+                             repeats),
+            "inductor_ms": timer(step(lambda: compiled(*inputs)), device, repeats)}

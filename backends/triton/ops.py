@@ -1,0 +1,476 @@
+"""gemc's kernels as ``torch.library`` custom ops, so Inductor compiles the graph around them.
+
+Why custom ops: the runner trains the rewritten graph through ``torch.compile``. An
+``autograd.Function`` that launches Triton kernels from Python is opaque to Dynamo (it
+breaks the graph or traces into the launcher); a custom op with a fake (meta)
+implementation and an autograd formula is one node of an ordinary ATen graph: Dynamo and
+AOTAutograd trace it by its fake, Inductor fuses everything around it and calls the kernel.
+
+One op per kernel *kind*, not per kernel:
+
+* ``gemc::fused_group(kernel, inputs, autocast)`` and ``gemc::fused_group_backward``: every
+  generated group (GEMM epilogue, norm, pointwise, reduction). Its source is generated per
+  group at compile time, so the op is keyed by a string ``kernel`` id, the hash of the
+  group's source digest and binding, under which :func:`register_group` puts the loaded
+  launcher when the runner builds its graph (the plan carries the sources). The op's schema
+  is the same in every process and torch version; what varies is data in a registry.
+* ``gemc::jagged_attention`` / ``gemc::jagged_attention_backward``: padded ``[B, H, L, D]``
+  in, padded out (plus the row logsumexp, padded, for the backward): the values + offsets
+  kernels run inside, so the op's shapes depend on shapes only (no data-dependent sizes for
+  the compiler to trace, no host read of the token count).
+* ``gemc::jagged_attention_values`` (and its backward): the same kernels on the ``[T, H, D]``
+  values of a packed token region, in place.
+* ``gemc::gather_tokens``, ``gemc::segment_sum`` (and ``gemc::segment_sum_rows``, the
+  gather's backward): a packed region's entries and its sums over a row's tokens, whose
+  gradients add up in fp32 without atomics.
+* ``gemc::embedding_bag`` / ``gemc::embedding_bag_update``: the batched lookup, and its
+  backward, the fused optimizer step, which mutates the flat weight buffer and the optimizer
+  state (declared in ``mutates_args``; a ``0-d`` anchor that requires grad keeps the lookup
+  in the autograd graph, its gradient a zero the optimizer never reads).
+
+Outputs are allocated contiguous in the real and the fake implementation alike: Inductor
+indexes a custom op's outputs with the fake's strides.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .jagged_attention import _attention_backward, _attention_forward, _meta
+from .packed_tokens import TokenLayout
+from .segment_sum import segment_sum_rows as _segment_sum_rows
+
+__all__ = ["group_key", "register_group", "register_table", "dtype_name"]
+
+_HOST_SIDE: dict[str, Any] = (
+    {"tags": (torch.Tag.cudagraph_unsafe,)}
+    if hasattr(torch.Tag, "cudagraph_unsafe")
+    and "tags" in inspect.signature(torch.library.custom_op).parameters else {})
+"""For ops that keep host state (the optimizer's step count): a CUDA graph replay would skip
+that Python, so Inductor must not capture them (it splits the graph around them, or leaves
+it uncaptured)."""
+
+_GROUPS: dict[str, Any] = {}  # kernel id -> codegen.host._Impl (the group's launcher)
+_TABLES: dict[str, Any] = {}  # table group id -> BatchedEmbeddingBag
+
+
+def dtype_name(dtype: torch.dtype | None) -> str:
+    """The op-argument spelling of an autocast dtype ("" for none)."""
+    return "" if dtype is None else str(dtype).removeprefix("torch.")
+
+
+def _dtype(name: str) -> torch.dtype | None:
+    return getattr(torch, name) if name else None
+
+
+def group_key(entry: dict[str, Any]) -> str:
+    """The kernel id of a generated group: its source's sha256 and its binding (shapes,
+    dtypes), hashed. Two groups with one source and one binding share a launcher."""
+    blob = json.dumps([entry["sha256"], entry["binding"]], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def register_group(entry: dict[str, Any], impl: Any) -> str:
+    """Make ``gemc::fused_group`` run ``impl`` (a group's launcher) under its kernel id."""
+    key = group_key(entry)
+    _GROUPS.setdefault(key, impl)
+    return key
+
+
+def register_table(name: str, module: Any) -> None:
+    """Make ``gemc::embedding_bag`` run ``module`` (a BatchedEmbeddingBag) under ``name``."""
+    _TABLES[name] = module
+
+
+def _group(kernel: str) -> Any:
+    try:
+        return _GROUPS[kernel]
+    except KeyError:
+        raise KeyError(f"gemc: no generated kernel registered under id {kernel!r}; the "
+                       "runner registers a plan's groups when it builds its graph") from None
+
+
+# ---- generated groups -----------------------------------------------------------------------
+
+
+def _extra_saved(impl: Any) -> bool:
+    """Whether the forward returns a buffer only its backward reads (a GEMM's pre-epilogue
+    ``z`` that is not itself an output)."""
+    return bool(getattr(impl, "save_z", False)) and not getattr(impl, "z_out", False)
+
+
+def _out_specs(impl: Any, inputs: Sequence[Tensor], autocast: str
+               ) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    dts = impl._out_dtypes(inputs, _dtype(autocast), None)
+    specs = [(impl.shapes[k], dts[j]) for j, k in enumerate(impl.st["outputs"])]
+    if _extra_saved(impl):
+        specs.append((impl.shapes[0], inputs[impl.ix].dtype))
+    return specs
+
+
+@torch.library.custom_op("gemc::fused_group", mutates_args=())
+def fused_group(kernel: str, inputs: list[Tensor], autocast: str) -> list[Tensor]:
+    """A generated group's forward: its outputs (then ``z`` where the backward needs it)."""
+    impl = _group(kernel)
+    specs = _out_specs(impl, inputs, autocast)
+    outs, saved = impl.forward(inputs, [dt for _, dt in specs[:len(impl.st["outputs"])]])
+    result = list(outs)
+    if _extra_saved(impl):
+        z = saved[len(inputs)]
+        result.append(z.reshape(specs[-1][0]))
+    return [t if t.is_contiguous() else t.contiguous() for t in result]
+
+
+@fused_group.register_fake
+def _fused_group_fake(kernel: str, inputs: list[Tensor], autocast: str) -> list[Tensor]:
+    impl = _group(kernel)
+    return [inputs[0].new_empty(shape, dtype=dt) for shape, dt in
+            _out_specs(impl, inputs, autocast)]
+
+
+@torch.library.custom_op("gemc::fused_group_backward", mutates_args=())
+def fused_group_backward(kernel: str, saved: list[Tensor], grads: list[Tensor | None],
+                         needs: list[bool]) -> list[Tensor]:
+    """The generated backward: the gradients of the inputs in ``needs`` (in their dtypes)."""
+    impl = _group(kernel)
+    n_in = len(needs)
+    grads_in = impl.backward(saved, grads, tuple(needs))
+    # a gradient the backward passes through (an input's gradient is an output's) would
+    # alias an argument or another return, which a custom op may not do: copy it then
+    taken = {t.untyped_storage().data_ptr() for t in (*saved, *grads) if t is not None}
+    out = []
+    for i in range(n_in):
+        if not needs[i]:
+            continue
+        g = grads_in[i]
+        x = saved[i]
+        g = torch.zeros(x.shape, dtype=x.dtype, device=x.device) if g is None \
+            else g.to(x.dtype).reshape(x.shape)
+        if not g.is_contiguous() or g.untyped_storage().data_ptr() in taken:
+            g = g.contiguous() if not g.is_contiguous() else g.clone()
+        taken.add(g.untyped_storage().data_ptr())
+        out.append(g)
+    return out
+
+
+@fused_group_backward.register_fake
+def _fused_group_backward_fake(kernel: str, saved: list[Tensor], grads: list[Tensor | None],
+                               needs: list[bool]) -> list[Tensor]:
+    return [saved[i].new_empty(saved[i].shape) for i in range(len(needs)) if needs[i]]
+
+
+def _fused_setup(ctx: Any, inputs: tuple[Any, ...], output: list[Tensor]) -> None:
+    kernel, tensors, _ = inputs
+    impl = _group(kernel)
+    n_out = len(impl.st["outputs"])
+    if _extra_saved(impl):
+        extra = [output[n_out]]
+    elif getattr(impl, "save_z", False):  # z is one of the outputs
+        extra = [output[impl.st["outputs"].index(0)]]
+    else:
+        extra = [output[j] for j in getattr(impl, "reloaded", ())]
+    ctx.kernel = kernel
+    ctx.n_out = n_out
+    ctx.needs = [bool(t.requires_grad) and t.is_floating_point() for t in tensors]
+    ctx.save_for_backward(*tensors, *extra)
+
+
+def _fused_backward(ctx: Any, grads: list[Tensor | None]) -> tuple[Any, ...]:
+    saved = list(ctx.saved_tensors)
+    grads = list(grads)[:ctx.n_out]
+    needs = ctx.needs
+    result: list[Tensor | None] = [None] * len(needs)
+    if any(needs):
+        got = iter(torch.ops.gemc.fused_group_backward(ctx.kernel, saved, grads, needs))
+        result = [next(got) if need else None for need in needs]
+    return None, result, None
+
+
+fused_group.register_autograd(_fused_backward, setup_context=_fused_setup)
+
+
+# ---- jagged attention over padded values ----------------------------------------------------
+
+
+class _Slots:
+    """Where the real tokens of a padded ``[B, L, ...]`` batch go, without reading their
+    count on the host: room for ``B * max_len`` tokens (every length is clamped to at most
+    ``max_len``), the attention's offsets, and per slot the padded position it comes from
+    and goes to (a spare slot reads position 0 and writes one past the end, a row that is
+    dropped). Why: the exact count is data, and reading it drains the GPU's queue twice per
+    attention and step (forward and backward) and keeps CUDA graphs out."""
+
+    def __init__(self, offsets: Tensor, clamp_min: int, max_len: int) -> None:
+        batch = offsets.shape[0] - 1
+        self.layout = TokenLayout(TokenLayout._offsets(offsets, clamp_min, max_len),
+                                  batch * max_len, batch, max_len)
+        self.offsets = self.layout.offsets
+        self.batch = batch
+
+    def _flat(self, length: int, out: bool) -> Tensor:
+        row, pos = self.layout.index("row_out" if out else "row"), self.layout.index("pos")
+        if not out:
+            return row * length + pos
+        return torch.where(row < self.batch, row * length + pos, self.batch * length)
+
+    def values(self, x: Tensor) -> Tensor:
+        """``[B, L, *f]`` padded -> ``[room, *f]`` values (spare slots: copies of row 0)."""
+        flat = x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+        return flat.index_select(0, self._flat(x.shape[1], False))
+
+    def padded(self, values: Tensor, length: int) -> Tensor:
+        """``[room, *f]`` values -> ``[B, length, *f]``, zeros where no token is."""
+        full = values.new_zeros((self.batch * length + 1, *values.shape[1:]))
+        full = full.index_copy(0, self._flat(length, True), values)[:-1]
+        return full.view(self.batch, length, *values.shape[1:])
+
+
+@torch.library.custom_op("gemc::jagged_attention", mutates_args=())
+def jagged_attention(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, clamp_min: int,
+                     max_len: int, scale: float) -> tuple[Tensor, Tensor]:
+    """Attention within each row's real tokens of padded ``q, k, v [B, H, L, D]``: the
+    output ``[B, max_len, H, D]`` (zero past a row's length) and the row logsumexp
+    ``[B, max_len, H]`` (for the backward)."""
+    slots = _Slots(offsets, clamp_min, max_len)
+    qj, kj, vj = (slots.values(x.transpose(1, 2)) for x in (q, k, v))
+    out, lse = _attention_forward(qj, kj, vj, slots.offsets, max_len, scale,
+                                  _meta(qj, False, "softmax", "max_len"))
+    return (slots.padded(out, max_len).contiguous(),
+            slots.padded(lse.t(), max_len).contiguous())
+
+
+@jagged_attention.register_fake
+def _jagged_attention_fake(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, clamp_min: int,
+                           max_len: int, scale: float) -> tuple[Tensor, Tensor]:
+    b, h, _, d = q.shape
+    return q.new_empty((b, max_len, h, d)), q.new_empty((b, max_len, h), dtype=torch.float32)
+
+
+@torch.library.custom_op("gemc::jagged_attention_backward", mutates_args=())
+def jagged_attention_backward(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, out: Tensor,
+                              lse: Tensor, grad: Tensor, clamp_min: int, max_len: int,
+                              scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients of padded ``q, k, v`` (zero at padding: it never reached the output)."""
+    slots = _Slots(offsets, clamp_min, max_len)
+    qj, kj, vj = (slots.values(x.transpose(1, 2)) for x in (q, k, v))
+    outj, doj = slots.values(out), slots.values(grad)
+    lsej = slots.values(lse).t().contiguous()
+    grads = _attention_backward(qj, kj, vj, outj, lsej, doj, slots.offsets, max_len, scale,
+                                _meta(qj, False, "softmax", "max_len"))
+    length = q.shape[2]
+    return tuple(slots.padded(g, length).transpose(1, 2).contiguous()
+                 for g in grads)  # type: ignore[return-value]
+
+
+@jagged_attention_backward.register_fake
+def _jagged_attention_backward_fake(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor,
+                                    out: Tensor, lse: Tensor, grad: Tensor, clamp_min: int,
+                                    max_len: int, scale: float
+                                    ) -> tuple[Tensor, Tensor, Tensor]:
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _attention_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
+    q, k, v, offsets, clamp_min, max_len, scale = inputs
+    ctx.args = (int(clamp_min), int(max_len), float(scale))
+    ctx.save_for_backward(q, k, v, offsets, *output)
+
+
+def _attention_backward_formula(ctx: Any, grad_out: Tensor, grad_lse: Tensor | None
+                                ) -> tuple[Any, ...]:
+    q, k, v, offsets, out, lse = ctx.saved_tensors
+    dq, dk, dv = torch.ops.gemc.jagged_attention_backward(q, k, v, offsets, out, lse, grad_out,
+                                                          *ctx.args)
+    return dq, dk, dv, None, None, None, None
+
+
+jagged_attention.register_autograd(_attention_backward_formula, setup_context=_attention_setup)
+
+
+# ---- jagged attention over packed values (inside a packed token region) ---------------------
+
+
+@torch.library.custom_op("gemc::jagged_attention_values", mutates_args=())
+def jagged_attention_values(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, max_len: int,
+                            scale: float) -> tuple[Tensor, Tensor]:
+    """Attention within each sequence of ``[T, H, D]`` values (``offsets`` the attention's
+    lengths; slots past ``offsets[-1]`` are spare, never read): the output and the row
+    logsumexp ``[H, T]``."""
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    out, lse = _attention_forward(q, k, v, offsets, max_len, scale,
+                                  _meta(q, False, "softmax", "max_len"))
+    return out.contiguous(), lse.contiguous()
+
+
+@jagged_attention_values.register_fake
+def _jagged_attention_values_fake(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor,
+                                  max_len: int, scale: float) -> tuple[Tensor, Tensor]:
+    return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+
+@torch.library.custom_op("gemc::jagged_attention_values_backward", mutates_args=())
+def jagged_attention_values_backward(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor,
+                                     out: Tensor, lse: Tensor, grad: Tensor, max_len: int,
+                                     scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    grads = _attention_backward(q, k, v, out, lse, grad.contiguous(), offsets, max_len, scale,
+                                _meta(q, False, "softmax", "max_len"))
+    return tuple(g.contiguous() for g in grads)  # type: ignore[return-value]
+
+
+@jagged_attention_values_backward.register_fake
+def _jagged_attention_values_backward_fake(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor,
+                                           out: Tensor, lse: Tensor, grad: Tensor,
+                                           max_len: int, scale: float
+                                           ) -> tuple[Tensor, Tensor, Tensor]:
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _values_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
+    q, k, v, offsets, max_len, scale = inputs
+    ctx.args = (int(max_len), float(scale))
+    ctx.save_for_backward(q, k, v, offsets, *output)
+
+
+def _values_backward(ctx: Any, grad_out: Tensor, grad_lse: Tensor | None) -> tuple[Any, ...]:
+    q, k, v, offsets, out, lse = ctx.saved_tensors
+    dq, dk, dv = torch.ops.gemc.jagged_attention_values_backward(q, k, v, offsets, out, lse,
+                                                                 grad_out, *ctx.args)
+    return dq, dk, dv, None, None, None
+
+
+jagged_attention_values.register_autograd(_values_backward, setup_context=_values_setup)
+
+
+# ---- packed token regions: gathers to tokens and sums over a row's tokens ------------------
+
+
+@torch.library.custom_op("gemc::segment_sum", mutates_args=())
+def segment_sum(tokens: Tensor, offsets: Tensor, row_out: Tensor) -> Tensor:
+    """Each row's tokens of ``tokens [T, ...]`` added up in fp32, in the input's dtype:
+    ``[B, ...]``. ``row_out``: per token slot its row, ``B`` for a spare slot (the
+    backward's scatter)."""
+    return _segment_sum_rows(tokens, offsets).contiguous()
+
+
+@segment_sum.register_fake
+def _segment_sum_fake(tokens: Tensor, offsets: Tensor, row_out: Tensor) -> Tensor:
+    return tokens.new_empty((offsets.shape[0] - 1, *tokens.shape[1:]))
+
+
+def _segment_sum_setup(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+    ctx.save_for_backward(inputs[2])
+
+
+def _segment_sum_backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
+    (row_out,) = ctx.saved_tensors  # a spare slot reads the zero row appended here
+    padded = torch.cat([grad, grad.new_zeros((1, *grad.shape[1:]))])
+    return padded.index_select(0, row_out), None, None
+
+
+segment_sum.register_autograd(_segment_sum_backward, setup_context=_segment_sum_setup)
+
+
+@torch.library.custom_op("gemc::segment_sum_rows", mutates_args=())
+def segment_sum_rows(x: Tensor, offsets: Tensor, dtype: torch.dtype) -> Tensor:
+    """Not differentiable: the backward of a gather by row (see ``packed_tokens._Gather``)."""
+    return _segment_sum_rows(x, offsets, dtype).contiguous()
+
+
+@segment_sum_rows.register_fake
+def _segment_sum_rows_fake(x: Tensor, offsets: Tensor, dtype: torch.dtype) -> Tensor:
+    return x.new_empty((offsets.shape[0] - 1, *x.shape[1:]), dtype=dtype)
+
+
+@torch.library.custom_op("gemc::gather_tokens", mutates_args=())
+def gather_tokens(src: Tensor, index: Tensor, offsets: Tensor | None) -> Tensor:
+    """``src[index]``; its gradient is added up in fp32 (by row with ``offsets``: one pass
+    per row's contiguous tokens), as ``packed_tokens._Gather``'s is."""
+    return src.index_select(0, index)
+
+
+@gather_tokens.register_fake
+def _gather_tokens_fake(src: Tensor, index: Tensor, offsets: Tensor | None) -> Tensor:
+    return src.new_empty((index.shape[0], *src.shape[1:]))
+
+
+def _gather_setup(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+    src, index, offsets = inputs
+    ctx.rows, ctx.dtype, ctx.by_row = src.shape[0], src.dtype, offsets is not None
+    ctx.save_for_backward(index, offsets if offsets is not None else index)
+
+
+def _gather_backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
+    index, offsets = ctx.saved_tensors
+    if ctx.by_row:  # spare slots past offsets[-1] are not read
+        return torch.ops.gemc.segment_sum_rows(grad, offsets, ctx.dtype), None, None
+    acc = grad.new_zeros((ctx.rows, *grad.shape[1:]), dtype=torch.float32)
+    return acc.index_add(0, index, grad.float()).to(ctx.dtype), None, None
+
+
+gather_tokens.register_autograd(_gather_backward, setup_context=_gather_setup)
+
+
+# ---- batched embedding lookup with the optimizer in its backward ---------------------------
+
+
+@torch.library.custom_op("gemc::embedding_bag", mutates_args=())
+def embedding_bag(table: str, weights: Tensor, momentum1: Tensor, momentum2: Tensor,
+                  ids: Tensor, offsets: Tensor, per_sample_weights: Tensor | None,
+                  anchor: Tensor) -> Tensor:
+    """Pooled lookups of every table of group ``table``: ``[B, sum(dims)]`` (fp32). The
+    optimizer state is an argument only so that the backward can name what it mutates."""
+    module = _TABLES[table]
+    return module._pooled(ids, offsets, per_sample_weights)
+
+
+@embedding_bag.register_fake
+def _embedding_bag_fake(table: str, weights: Tensor, momentum1: Tensor, momentum2: Tensor,
+                        ids: Tensor, offsets: Tensor, per_sample_weights: Tensor | None,
+                        anchor: Tensor) -> Tensor:
+    module = _TABLES[table]
+    batch = (offsets.shape[0] - 1) // module.num_tables
+    return weights.new_empty((batch, module.total_dim), dtype=torch.float32)
+
+
+@torch.library.custom_op("gemc::embedding_bag_update",
+                         mutates_args=("weights", "momentum1", "momentum2"), **_HOST_SIDE)
+def embedding_bag_update(table: str, weights: Tensor, momentum1: Tensor, momentum2: Tensor,
+                         grad: Tensor, ids: Tensor, offsets: Tensor,
+                         per_sample_weights: Tensor | None, anchor: Tensor) -> Tensor:
+    """The fused optimizer step of group ``table`` (writes ``weights`` and the optimizer
+    state in place); returns the anchor's gradient, a zero."""
+    _TABLES[table]._fused_update(grad, ids, offsets, per_sample_weights)
+    return torch.zeros_like(anchor)
+
+
+@embedding_bag_update.register_fake
+def _embedding_bag_update_fake(table: str, weights: Tensor, momentum1: Tensor,
+                               momentum2: Tensor, grad: Tensor, ids: Tensor, offsets: Tensor,
+                               per_sample_weights: Tensor | None, anchor: Tensor) -> Tensor:
+    return torch.empty_like(anchor)
+
+
+def _embedding_setup(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+    table, weights, m1, m2, ids, offsets, psw, anchor = inputs
+    ctx.table = table
+    ctx.has_psw = psw is not None
+    ctx.save_for_backward(weights, m1, m2, ids, offsets, psw if psw is not None else ids,
+                          anchor)
+
+
+def _embedding_backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
+    weights, m1, m2, ids, offsets, psw, anchor = ctx.saved_tensors
+    g_anchor = torch.ops.gemc.embedding_bag_update(
+        ctx.table, weights, m1, m2, grad, ids, offsets, psw if ctx.has_psw else None, anchor)
+    return None, None, None, None, None, None, None, g_anchor
+
+
+embedding_bag.register_autograd(_embedding_backward, setup_context=_embedding_setup)

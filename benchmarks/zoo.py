@@ -1,0 +1,354 @@
+"""Every model of the family, eager bf16 vs torch.compile bf16 vs gemc, one GPU, one command.
+
+    python benchmarks/zoo.py --out $OUT                      # H200: every model, h200 presets
+    python benchmarks/zoo.py --models gem,hstu --steps 40 --out $OUT
+    python benchmarks/zoo.py --smoke --out /tmp/zoo          # CPU, tiny presets: a crash check
+
+Models: ``gem`` and ``dlrm`` (the bundled examples) and every module of ``examples/zoo/``
+present (each has ``build(preset=...)`` returning a ``gemc.ModelSpec``), at their ``h200``
+presets (``tiny`` with ``--smoke``).
+
+For each model the plan is compiled here, in this process, for ``h200:1x1`` with the
+default planner (no ortools needed; the compile never needs torch-mlir either: MLIR is
+only written with a dump directory) and written to ``OUT/<model>.plan.json``. Then every
+variant trains the model in its **own child process** (why: a variant run after others
+inherits their process state, see ``benchmarks/e2e.py``), through e2e.py's own code for
+the variants (``_baseline``, ``_gemc``), so the two benchmarks measure alike:
+
+``eager``        the reference trainer under ``torch.autocast(bf16)``;
+``compile``      the same with every dense region wrapped in ``torch.compile``;
+``gemc``         the runner on the plan, graph mode trained through ``torch.compile``
+                 (gemc's kernels as custom ops, Inductor around them);
+``gemc-measured`` (optional) the same, each fused group measured against Inductor's code
+                 on the first step and the faster kept (figures in the row's report);
+``gemc-groups``  (optional) the same with every fused group as gemc's kernel (no measurement:
+                 ``GEMC_GROUP_CHOICE=gemc``), the other end of the A/B;
+``gemc-interp``  (optional) graph mode through the op-by-op interpreter (the old path);
+``gemc-cudagraphs`` (optional) ``gemc`` with ``torch.compile(mode="reduce-overhead")``.
+
+Per row: step ms (median after ``--warmup``), samples/s, MFU against the H200's bf16
+datasheet (989 TFLOP/s) and against the measured bf16 matmul peak (e2e.py's), peak memory,
+first-step seconds (compile and autotuning included), the loss curve and its largest
+relative deviation from eager's. Prints one table per model and a summary (gemc against
+torch.compile per model, and the geometric mean); writes ``OUT/zoo.json`` (rewritten after
+every variant: a run cut short keeps what it measured) and each child's JSON as
+``OUT/<model>.<variant>.json``. Exit code 1 if any variant failed or was skipped by
+``--time-limit`` (the others' rows are still written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+
+import e2e  # noqa: E402  (the variants' code, shared with the GEM benchmark)
+
+VARIANTS = ("eager", "compile", "gemc", "gemc-measured", "gemc-groups", "gemc-interp",
+            "gemc-cudagraphs")
+GEMC_OPTIONS: dict[str, dict[str, Any]] = {
+    "gemc": {"graph_executor": "inductor"},
+    "gemc-groups": {"graph_executor": "inductor"},  # + GEMC_GROUP_CHOICE=gemc (child())
+    "gemc-measured": {"graph_executor": "inductor", "measure_kernels": True},
+    "gemc-interp": {"graph_executor": "interpreter"},
+    "gemc-cudagraphs": {"graph_executor": "inductor", "compile_mode": "reduce-overhead"},
+}
+
+
+def models() -> dict[str, str]:
+    """Model name -> entrypoint: the two examples, then examples/zoo/*.py if present."""
+    out = {"gem": f"{REPO / 'examples' / 'gem' / 'model.py'}:build",
+           "dlrm": f"{REPO / 'examples' / 'dlrm' / 'model.py'}:build"}
+    zoo = REPO / "examples" / "zoo"
+    if zoo.is_dir():
+        for path in sorted(zoo.glob("*.py")):
+            if not path.name.startswith("_"):
+                out[path.stem] = f"{path}:build"
+    return out
+
+
+def _args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True, help="directory for the JSON results and plans")
+    p.add_argument("--models", default=None,
+                   help=f"comma-separated (default: all of {', '.join(models())})")
+    p.add_argument("--variants", default="eager,compile,gemc",
+                   help=f"comma-separated, of {', '.join(VARIANTS)}")
+    p.add_argument("--steps", type=int, default=None, help="steps per variant (default 30)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed first steps (default 5)")
+    p.add_argument("--preset", default=None, help="model preset (default h200; tiny: --smoke)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--loss-every", type=int, default=1,
+                   help="gemc variants: read the loss every N steps (default 1, as the "
+                   "baselines, which read it every step)")
+    p.add_argument("--time-limit", type=float, default=None, metavar="S",
+                   help="launch no new variant after S seconds (the rest are listed as "
+                   "skipped); zoo.json is rewritten after every variant, so a run cut short "
+                   "keeps what it measured")
+    p.add_argument("--child-timeout", type=float, default=1800, metavar="S",
+                   help="a variant's process is stopped after S seconds (default 1800)")
+    p.add_argument("--smoke", action="store_true",
+                   help="CPU, tiny presets, batch 8, 2 steps: a crash check")
+    # one child's job (internal)
+    p.add_argument("--child", nargs=3, metavar=("MODEL", "VARIANT", "PLAN"),
+                   help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.preset = args.preset or "tiny"
+        args.steps = args.steps or 2
+        args.warmup = 1 if args.warmup is None else args.warmup
+        args.device = args.device or "cpu"
+    args.preset = args.preset or "h200"
+    args.steps = args.steps or 30
+    args.warmup = 5 if args.warmup is None else args.warmup
+    # what e2e.py's variant code reads from its own arguments
+    args.profile, args.profile_stack, args.batch_size = 0, False, 8 if args.smoke else None
+    return args
+
+
+def model_args(args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {"preset": args.preset, "seed": args.seed}
+    if args.batch_size:
+        out["batch_size"] = args.batch_size
+    return out
+
+
+def _setup_child(args: argparse.Namespace) -> Any:
+    import torch
+
+    if e2e.interpreted_triton(args.device, torch.cuda.is_available()):
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports Triton
+    device = e2e._device(args.device)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    return device
+
+
+def child(args: argparse.Namespace) -> int:
+    """One variant of one model in this process; writes its row as JSON."""
+    name, variant, plan_path = args.child
+    if variant == "gemc-groups":
+        os.environ["GEMC_GROUP_CHOICE"] = "gemc"
+    device = _setup_child(args)
+    from gemc.api import load_model
+    from gemc.plan import load_plan
+
+    entry = models()[name]
+    plan = load_plan(plan_path)
+    spec = load_model(entry, model_args(args), device="meta")
+    args.batch_size_effective = int(getattr(spec, "batch_size", None) or args.batch_size
+                                    or e2e._batch_of(plan) or 1)
+    args.out = str(Path(args.out) / f"{name}.{variant}")  # e2e's profiler files, if any
+    try:
+        if variant in ("eager", "compile"):
+            row = e2e._baseline(variant, args, plan, device, entry=entry,
+                                model_args=model_args(args))
+        else:
+            row = e2e._gemc(args, plan, device, name=variant,
+                            options={**GEMC_OPTIONS[variant], "loss_every": args.loss_every})
+    except Exception as exc:  # noqa: BLE001 - reported in the row
+        traceback.print_exc()
+        row = {"variant": variant, "error": f"{type(exc).__name__}: {exc}", "losses": [],
+               "step_ms": None, "samples_per_s": None, "peak_memory_bytes": None}
+    row["model"] = name
+    row["batch_size"] = args.batch_size_effective
+    Path(args.out + ".json").write_text(json.dumps(row, indent=1, default=str) + "\n")
+    return 0 if not row.get("error") else 1
+
+
+def _compile_plan(name: str, entry: str, args: argparse.Namespace, out: Path
+                  ) -> tuple[dict[str, Any] | None, str | None]:
+    from gemc.api import compile as gemc_compile
+    from gemc.plan import write_plan
+
+    t0 = time.perf_counter()
+    try:
+        plan = gemc_compile(entry, model_args(args), topology="h200:1x1", planner="default")
+    except Exception as exc:  # noqa: BLE001 - one model failing must not lose the others
+        traceback.print_exc()
+        return None, f"gemc compile failed: {type(exc).__name__}: {exc}"
+    write_plan(out / f"{name}.plan.json", plan)
+    print(f"zoo: {name}: plan in {time.perf_counter() - t0:.1f}s, {len(plan['kernels'])} "
+          f"kernels, {plan['model']['train_flops_per_step'] / 1e12:.3f} TFLOP/step",
+          file=sys.stderr)
+    return plan, None
+
+
+def _mfu(row: dict[str, Any], flops: float | None, measured: float | None) -> None:
+    step_s = row["step_ms"] / 1e3 if row.get("step_ms") else None
+    row["mfu_datasheet"] = flops / (step_s * e2e.H200_BF16_DATASHEET) if flops and step_s \
+        else None
+    row["mfu_measured"] = flops / (step_s * measured) if flops and step_s and measured else None
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    """e2e's table plus the first step and the loss deviation from eager."""
+    lines = e2e._table(rows).splitlines()
+    lines[0] += f"  {'1st step s':>12}  {'loss dev':>12}"
+    for i, r in enumerate(rows, 1):
+        first = r.get("first_step_s")
+        dev = r.get("max_rel_loss_diff_vs_eager")
+        lines[i] += "  " + f"{first:>12.1f}" if isinstance(first, (int, float)) else \
+            "  " + f"{'-':>12}"
+        lines[i] += "  " + (f"{dev:>12.2e}" if isinstance(dev, (int, float)) else f"{'-':>12}")
+    return "\n".join(lines)
+
+
+def summary(results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """gemc's speed over torch.compile per model (samples/s ratio), the geometric mean, and
+    the first step against torch.compile's."""
+    per_model: dict[str, Any] = {}
+    for name, rows in results.items():
+        by = {r["variant"]: r for r in rows}
+        base = by.get("compile", {})
+        for variant in (v for v in VARIANTS if v.startswith("gemc")):
+            r = by.get(variant)
+            if not r or not r.get("samples_per_s") or not base.get("samples_per_s"):
+                continue
+            per_model.setdefault(name, {})[variant] = {
+                "x_compile": r["samples_per_s"] / base["samples_per_s"],
+                "first_step_x_compile": (r["first_step_s"] / base["first_step_s"]
+                                         if r.get("first_step_s") and base.get("first_step_s")
+                                         else None)}
+    geo: dict[str, float] = {}
+    for variant in VARIANTS:
+        xs = [m[variant]["x_compile"] for m in per_model.values() if variant in m]
+        if xs:
+            geo[variant] = math.exp(sum(math.log(x) for x in xs) / len(xs))
+    return {"per_model": per_model, "geomean_x_compile": geo}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _args(argv)
+    if args.child:
+        return child(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    known = models()
+    names = [m.strip() for m in args.models.split(",")] if args.models else list(known)
+    unknown = [m for m in names if m not in known]
+    if unknown:
+        print(f"zoo: unknown model(s) {', '.join(unknown)}; known: {', '.join(known)}",
+              file=sys.stderr)
+        return 2
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    bad = [v for v in variants if v not in VARIANTS]
+    if bad:
+        print(f"zoo: unknown variant(s) {', '.join(bad)}; known: {', '.join(VARIANTS)}",
+              file=sys.stderr)
+        return 2
+    device = _setup_child(args)
+    import torch
+
+    measured = e2e.measured_bf16_peak(device)
+    e2e._free(device)
+    print(f"zoo: {len(names)} model(s) x {len(variants)} variant(s) on {device} "
+          f"(torch {torch.__version__}); measured bf16 peak "
+          f"{measured / 1e12 if measured else float('nan'):.0f} TFLOP/s", file=sys.stderr)
+    passthrough = ["--out", str(out), "--steps", str(args.steps), "--warmup", str(args.warmup),
+                   "--preset", args.preset, "--seed", str(args.seed),
+                   "--loss-every", str(args.loss_every)]
+    if args.device:
+        passthrough += ["--device", args.device]
+    if args.smoke:
+        passthrough.append("--smoke")
+    results: dict[str, list[dict[str, Any]]] = {}
+    facts: dict[str, Any] = {}
+    skipped: list[str] = []
+    failed = False
+    t_start = time.perf_counter()
+
+    def write() -> dict[str, Any]:
+        result = {
+            "device": str(device),
+            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+            "torch": torch.__version__,
+            "preset": args.preset, "steps": args.steps, "warmup": args.warmup,
+            "peak_flops": {"datasheet_bf16": e2e.H200_BF16_DATASHEET,
+                           "measured_bf16_matmul": measured},
+            "models": facts, "variants": results, "summary": summary(results),
+            "skipped": skipped,
+        }
+        (out / "zoo.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+        return result
+
+    for name in names:
+        if args.time_limit is not None and time.perf_counter() - t_start > args.time_limit:
+            skipped += [f"{name}/{v}" for v in variants]
+            continue
+        plan, error = _compile_plan(name, known[name], args, out)
+        rows: list[dict[str, Any]] = []
+        results[name] = rows
+        flops = plan["model"].get("train_flops_per_step") if plan else None
+        facts[name] = {"entry": known[name], "train_flops_per_step": flops,
+                       "plan": str(out / f"{name}.plan.json") if plan else None,
+                       "error": error}
+        for variant in variants if plan else []:
+            if args.time_limit is not None and time.perf_counter() - t_start > args.time_limit:
+                skipped.append(f"{name}/{variant}")
+                continue
+            rows.append(_run_child(name, variant, out, passthrough, args.child_timeout))
+            _mfu(rows[-1], flops, measured)
+            e2e._compare_losses(rows)
+            write()
+        failed = failed or bool(error) or any(r.get("error") for r in rows)
+        if rows:
+            print(f"\n== {name} (batch {rows[0].get('batch_size')}, "
+                  f"{(flops or 0) / 1e12:.3f} TFLOP/step)")
+            print(_table(rows))
+            for r in rows:
+                if r.get("error"):
+                    print(f"error {r['variant']}: {r['error']}")
+        elif error:
+            print(f"\n== {name}: {error}")
+    result = write()
+    summ = result["summary"]
+    print("\n== gemc / torch.compile (samples/s; first step)")
+    for name, per in summ["per_model"].items():
+        print(f"{name:>14}: " + "  ".join(
+            f"{v} {d['x_compile']:.2f}x"
+            + (f" (1st step {d['first_step_x_compile']:.2f}x)"
+               if d["first_step_x_compile"] else "") for v, d in per.items()))
+    for variant, g in summ["geomean_x_compile"].items():
+        print(f"{'geomean':>14}: {variant} {g:.2f}x")
+    if skipped:
+        print(f"skipped (--time-limit): {', '.join(skipped)}")
+    print(f"zoo: wrote {out / 'zoo.json'}", file=sys.stderr)
+    return 1 if failed or skipped else 0
+
+
+def _run_child(name: str, variant: str, out: Path, passthrough: list[str],
+               timeout: float) -> dict[str, Any]:
+    """One variant of one model in a fresh process; its row (or why there is none)."""
+    row_path = out / f"{name}.{variant}.json"
+    row_path.unlink(missing_ok=True)
+    cmd = [sys.executable, str(Path(__file__).resolve()), *passthrough, "--child", name,
+           variant, str(out / f"{name}.plan.json")]
+    print(f"zoo: {name} / {variant} in a child process ...", file=sys.stderr)
+    try:
+        code: Any = subprocess.run(cmd, check=False, timeout=timeout).returncode
+    except subprocess.TimeoutExpired:
+        code = f"killed after {timeout:.0f}s (--child-timeout)"
+    try:
+        return json.loads(row_path.read_text())
+    except (OSError, ValueError) as exc:
+        return {"variant": variant, "model": name, "losses": [], "step_ms": None,
+                "samples_per_s": None, "peak_memory_bytes": None,
+                "error": f"child exited {code} without results ({exc})"}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,269 @@
+"""gemc's kernels as custom ops, and the rewritten graph through torch.compile (Inductor).
+
+The ops' fake implementations and autograd registrations are checked with
+``torch.library.opcheck`` on real plan entries (the GEM example's tiny preset), and their
+values against the kernels' own autograd functions; then the whole rewritten graph,
+compiled by Inductor, against eager: loss, every dense gradient and the tables the fused
+optimizer updated in the backward.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import pytest
+import torch
+from gemc.backends.triton import ops as gemc_ops
+from gemc.backends.triton.codegen import generated
+from gemc.backends.triton.codegen.host import make_runner
+from gemc.backends.triton.embedding_bag_reference import rowwise_adagrad_step_, touched_rows
+from gemc.backends.triton.graph_runner import GraphRunner
+from gemc.backends.triton.inductor_graph import (
+    CHOICE_ENV,
+    build,
+    default_choice,
+    measure_groups,
+    runner_for,
+)
+from gemc.backends.triton.jagged import jagged_to_padded, padded_to_jagged
+from gemc.backends.triton.jagged_attention import jagged_attention
+
+from tests.fusion.helpers import compiled, eager_step, entries_of, params_of
+
+GEM = "examples/gem/model.py:build"
+ARGS = {"preset": "tiny", "batch_size": 4}
+STATIC = ("test_schema", "test_autograd_registration", "test_faketensor",
+          "test_aot_dispatch_static")
+
+
+@functools.cache
+def _gem() -> tuple[Any, list[dict[str, Any]], Any]:
+    gm, ctx, spec = compiled(GEM, ARGS)
+    return gm, entries_of(gm, ctx), spec
+
+
+def _inputs(gm: Any, entry: dict[str, Any], seed: int) -> list[torch.Tensor]:
+    """Random inputs at a group's captured input shapes (floats require grad)."""
+    g = torch.Generator().manual_seed(seed)
+    nodes = {n.name: n for n in gm.graph.nodes}
+    out = []
+    for name in entry["binding"]["inputs"]:
+        val = nodes[name].meta["val"]
+        if val.dtype.is_floating_point:
+            out.append(torch.randn(val.shape, generator=g, dtype=val.dtype).requires_grad_())
+        else:
+            out.append(torch.randint(0, 2, val.shape, generator=g).to(val.dtype))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["gemm_epilogue", "norm"])
+def test_fused_group_op_matches_its_autograd_function_and_passes_opcheck(kind):
+    gm, entries, _ = _gem()
+    entry = next(e for e in entries if e["kind"] == kind)
+    code = entry.get("code") or generated(entry["structure"])[0]
+    run = make_runner(code, entry["binding"])
+    key = gemc_ops.register_group(entry, run.impl)
+    inputs = _inputs(gm, entry, 0)
+    torch.library.opcheck(torch.ops.gemc.fused_group.default, (key, inputs, ""),
+                          test_utils=STATIC)
+    expected = run(*inputs)
+    n_out = len(entry["binding"]["outputs"])
+    got = torch.ops.gemc.fused_group(key, inputs, "")[:n_out]
+    for e, o in zip(expected, got):
+        torch.testing.assert_close(o, e)
+    weights = [torch.randn_like(e) for e in expected]
+    floats = [t for t in inputs if t.requires_grad]
+    ref = torch.autograd.grad(expected, floats, weights)
+    grads = torch.autograd.grad(got, floats, weights)
+    for r, g in zip(ref, grads):
+        torch.testing.assert_close(g, r)
+
+
+def test_jagged_attention_op_matches_the_kernel_and_passes_opcheck():
+    b, h, length, d = 3, 2, 8, 16
+    g = torch.Generator().manual_seed(1)
+    offsets = torch.tensor([0, 5, 5, 12])  # row 1 empty, row 2 longer than L: clamped
+    q, k, v = (torch.randn(b, h, length, d, generator=g).requires_grad_() for _ in range(3))
+    args = (q, k, v, offsets, 1, length, d ** -0.5)
+    torch.library.opcheck(torch.ops.gemc.jagged_attention.default, args, test_utils=STATIC)
+    out, _ = torch.ops.gemc.jagged_attention(*args)
+    # the reference: the kernel over the values + offsets, as the interpreter runs it
+    lengths = (offsets[1:] - offsets[:-1]).clamp(min=1, max=length)
+    attn = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+    total = int(attn[-1])
+    qj, kj, vj = (padded_to_jagged(x.transpose(1, 2), attn, total) for x in (q, k, v))
+    ref = jagged_to_padded(jagged_attention(qj, kj, vj, attn, length, scale=d ** -0.5), attn,
+                           length)
+    torch.testing.assert_close(out, ref)
+    w = torch.randn_like(ref)
+    torch.testing.assert_close(torch.autograd.grad(out, (q, k, v), w),
+                               torch.autograd.grad(ref, (q, k, v), w))
+
+
+def test_choice_defaults_to_inductor_unless_a_win_was_measured(monkeypatch):
+    group = {"name": "norm_1", "kind": "norm"}
+    monkeypatch.delenv(CHOICE_ENV, raising=False)
+    assert default_choice(group) == "inductor"
+    assert default_choice(group, {"norm_1": {"choice": "gemc", "gemc_ms": 1.0,
+                                             "inductor_ms": 2.0}}) == "gemc"
+    assert default_choice({"name": "a", "kind": "jagged_attention"}) == "gemc"
+    assert default_choice({"name": "e", "kind": "batched_embedding_bag"}) == "gemc"
+    monkeypatch.setenv(CHOICE_ENV, "gemc")
+    assert default_choice(group) == "gemc"
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_built_graph_calls_the_ops_it_chose_and_equals_the_interpreter(monkeypatch, packed):
+    """Without compiling: the emitted graph is the plan's graph (same loss as the
+    interpreter, with the packed token region or without it: then the attentions take
+    padded values), with one fused-group call per group measured as a gemc win, and the
+    other groups' ATen nodes in place."""
+    monkeypatch.delenv(CHOICE_ENV, raising=False)
+    gm, entries, spec = _gem()
+    entries = [e for e in entries if e["kind"] != "batched_embedding_bag"]
+    groups = [e for e in entries if "structure" in e]
+    measured = {groups[0]["name"]: {"choice": "gemc"}, groups[1]["name"]: {"choice": "gemc"}}
+    batch = spec.make_batch(5, "cpu")
+    runner, left = runner_for(gm, entries, params_of(spec.model), packed=packed)
+    region = [e["name"] for e in entries if e["kind"] == "packed_tokens"]
+    assert left == ([] if packed else region)
+    built = build(runner, measured=measured)
+    assert {n for n, c in built.choices.items() if c == "gemc"} == {
+        *measured, *(e["name"] for e in entries if e["kind"] in ("jagged_attention",
+                                                                 "transposed_linear"))}
+    code = built.module.code
+    assert code.count("_call_group(") == 2
+    if packed:  # both attentions read the region's values in place; tokens enter by gathers
+        assert code.count("_p_attention(") == 2
+        assert "_p_source(" in code and "_p_gather(" in code
+    else:
+        assert code.count("_call_attention(") == 2 and "_p_" not in code
+    expected = GraphRunner(gm, [e for e in entries if packed or e["name"] not in region],
+                           params_of(spec.model))
+    with torch.no_grad():
+        torch.testing.assert_close(built.module(*batch), expected(*batch))
+
+
+def test_gem_tiny_compiled_by_inductor_around_gemc_ops_matches_eager(monkeypatch):
+    """The GEM example's rewritten graph through torch.compile, with every group as a gemc
+    op (the path a measured win takes) and the batched embedding's fused optimizer: loss,
+    dense gradients and the updated tables equal eager's."""
+    monkeypatch.setenv(CHOICE_ENV, "gemc")
+    gm, entries, spec = _gem()
+    model = spec.model
+    batch = spec.make_batch(7, "cpu")
+    ref, grads = eager_step(model, batch)
+    runner, _ = runner_for(gm, entries, params_of(model))
+    built = build(runner)
+    assert "embedding_bag" in built.module.code and "_p_source(" in built.module.code
+    fn = torch.compile(built.module, dynamic=False)
+    loss = fn(*batch)
+    torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-5)
+    loss.backward()
+    emb = next(e for e in entries if e["kind"] == "batched_embedding_bag")
+    tables = {t["fqn"]: t for t in emb["tables"]}
+    names = [n.name for n in gm.graph.nodes if n.op == "placeholder"
+             and "gemc.param" not in n.meta]
+    inputs = dict(zip(names, batch))
+    opt = emb["optimizer"]
+    for k, p in model.named_parameters():
+        if k not in tables:
+            torch.testing.assert_close(p.grad, grads[k], atol=2e-5, rtol=1e-4, msg=k)
+            continue
+        ids = inputs[tables[k]["ids"]]
+        weight = p.detach().clone()
+        rows = touched_rows(ids, torch.tensor([0, ids.numel()]), 1)[0]
+        rowwise_adagrad_step_(weight, grads[k], torch.zeros(weight.shape[0]), rows, opt["lr"],
+                              opt["eps"], opt["weight_decay"])
+        torch.testing.assert_close(runner.table_weights(k), weight, atol=1e-6, rtol=1e-5,
+                                   msg=k)
+
+
+def test_measured_choices_reach_the_built_graph(monkeypatch):
+    """The measurement runs each group both ways (forward and backward, here through the
+    interpreter and Inductor's CPU code), keeps the faster, and the graph built from the
+    record calls gemc's op exactly where gemc won. The timer is scripted: CPU times of
+    interpreted Triton say nothing about a GPU."""
+    monkeypatch.delenv(CHOICE_ENV, raising=False)
+    gm, entries, spec = _gem()
+    entries = [e for e in entries if e["kind"] != "batched_embedding_bag"]
+    runner, _ = runner_for(gm, entries, params_of(spec.model))
+    names = [e["name"] for e in entries if e["kind"] in ("gemm_epilogue", "norm")][:2]
+    script = {names[0]: [1.0, 2.0], names[1]: [2.0, 2.0]}  # gemc wins; a tie: Inductor
+    calls: list[str] = []
+
+    def timer(fn, device, repeats):
+        fn()  # both paths really run, forward and backward
+        name = names[min(len(calls) // 2, 1)]
+        calls.append(name)
+        return script[name][(len(calls) - 1) % 2]
+
+    measured = measure_groups(runner, names=names, timer=timer)
+    assert calls == [names[0], names[0], names[1], names[1]]
+    assert measured[names[0]] == {"kind": measured[names[0]]["kind"], "gemc_ms": 1.0,
+                                  "inductor_ms": 2.0, "choice": "gemc"}
+    assert measured[names[1]]["choice"] == "inductor"
+    built = build(runner, measured=measured)
+    assert built.choices[names[0]] == "gemc" and built.choices[names[1]] == "inductor"
+    assert built.module.code.count("_call_group(") == 1
+
+
+def test_packed_region_ops_pass_opcheck_and_add_gradients_up_in_fp32():
+    """The gather into a region's tokens and the sum over a row's tokens: fakes and
+    autograd checked, values against index_select / a per-row sum, and the gathered
+    operand's gradient is each row's token gradients added up."""
+    g = torch.Generator().manual_seed(2)
+    offsets = torch.tensor([0, 3, 3, 7])  # attention offsets; slots 7, 8 are spare
+    row = torch.tensor([0, 0, 0, 2, 2, 2, 2, 0, 0])  # a spare slot reads row 0
+    row_out = torch.tensor([0, 0, 0, 2, 2, 2, 2, 3, 3])  # and scatters to row B (dropped)
+    src = torch.randn(3, 4, generator=g, requires_grad=True)
+    for args in ((src, row, offsets), (src, row, None)):
+        torch.library.opcheck(torch.ops.gemc.gather_tokens.default, args, test_utils=STATIC)
+    picked = torch.ops.gemc.gather_tokens(src, row, offsets)
+    torch.testing.assert_close(picked, src.index_select(0, row))
+    w = torch.randn(9, 4, generator=g)
+    (grad,) = torch.autograd.grad(picked, src, w)
+    torch.testing.assert_close(grad, torch.stack([w[:3].sum(0), torch.zeros(4),
+                                                  w[3:7].sum(0)]))
+    tokens = torch.randn(9, 4, generator=g, requires_grad=True)
+    torch.library.opcheck(torch.ops.gemc.segment_sum.default, (tokens, offsets, row_out),
+                          test_utils=STATIC)
+    sums = torch.ops.gemc.segment_sum(tokens, offsets, row_out)
+    torch.testing.assert_close(sums, torch.stack([tokens[:3].sum(0), torch.zeros(4),
+                                                  tokens[3:7].sum(0)]))
+    (gt,) = torch.autograd.grad(sums, tokens, torch.ones(3, 4))
+    torch.testing.assert_close(gt, torch.cat([torch.ones(7, 4), torch.zeros(2, 4)]))
+
+
+def test_embedding_bag_op_looks_up_and_its_backward_is_the_fused_optimizer_step():
+    """``gemc::embedding_bag`` answers as the module does (fake and schema checked), and
+    its backward, ``gemc::embedding_bag_update``, moves the weights exactly as the module's
+    own fused backward does on the same gradient."""
+    from gemc.backends.triton.embedding_bag import BatchedEmbeddingBag
+
+    def module() -> BatchedEmbeddingBag:
+        torch.manual_seed(3)
+        m = BatchedEmbeddingBag([(10, 4), (6, 4)], pooling="sum", optimizer="rowwise_adagrad",
+                                lr=0.1, eps=1e-8, weight_decay=0.0)
+        m.reset_parameters()
+        return m
+
+    ops_module, twin = module(), module()
+    gemc_ops.register_table("test_bags", ops_module)
+    ids = torch.tensor([1, 3, 3, 0, 5, 2])
+    offsets = torch.tensor([0, 2, 3, 5, 6])  # 2 tables x batch 2
+    args = ("test_bags", ops_module.weights, ops_module.momentum1, ops_module.momentum2, ids,
+            offsets, None, ops_module._anchor)
+    torch.library.opcheck(torch.ops.gemc.embedding_bag.default, args,
+                          test_utils=("test_schema", "test_faketensor",
+                                      "test_autograd_registration"))
+    out = torch.ops.gemc.embedding_bag(*args)
+    ref = twin(ids, offsets)
+    torch.testing.assert_close(out, ref)
+    grad = torch.randn_like(ref)
+    out.backward(grad)
+    ref.backward(grad)
+    torch.testing.assert_close(ops_module.weights, twin.weights)
+    torch.testing.assert_close(ops_module.momentum1, twin.momentum1)
+    assert not torch.equal(ops_module.weights, module().weights)  # the step did move them

@@ -1,0 +1,74 @@
+"""benchmarks/zoo.py without running a model (its ``--smoke`` run takes minutes on two CPU
+cores: Inductor compiles every variant): the model list, the summary arithmetic, the table
+and the refusal of unknown names."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from tests.benchmark_module import load_benchmark
+
+
+def _row(variant: str, sps: float | None, first: float | None = None) -> dict:
+    return {"variant": variant, "samples_per_s": sps, "step_ms": 1e3 / sps if sps else None,
+            "first_step_s": first, "losses": [1.0], "peak_memory_bytes": None}
+
+
+def test_models_are_the_examples_then_the_zoo() -> None:
+    zoo = load_benchmark("zoo")
+    models = zoo.models()
+    assert list(models)[:2] == ["gem", "dlrm"]
+    for name, entry in models.items():
+        path = Path(entry.rsplit(":", 1)[0])
+        assert path.is_file() and entry.endswith(":build"), name
+    on_disk = sorted(p.stem for p in (zoo.REPO / "examples" / "zoo").glob("[!_]*.py"))
+    assert list(models)[2:] == on_disk
+
+
+def test_summary_is_gemc_over_compile_per_model_and_their_geometric_mean() -> None:
+    zoo = load_benchmark("zoo")
+    results = {
+        "a": [_row("eager", 50.0), _row("compile", 100.0, 10.0), _row("gemc", 200.0, 12.0)],
+        "b": [_row("compile", 100.0, 10.0), _row("gemc", 50.0, None)],
+        "c": [_row("compile", None), _row("gemc", 70.0)],  # compile failed: no ratio
+    }
+    s = zoo.summary(results)
+    assert s["per_model"]["a"]["gemc"] == {"x_compile": 2.0, "first_step_x_compile": 1.2}
+    assert s["per_model"]["b"]["gemc"]["first_step_x_compile"] is None
+    assert "c" not in s["per_model"]
+    assert math.isclose(s["geomean_x_compile"]["gemc"], 1.0)
+
+
+def test_table_adds_first_step_and_loss_deviation() -> None:
+    zoo = load_benchmark("zoo")
+    rows = [_row("compile", 100.0, 10.0), {**_row("gemc", 150.0, 12.5),
+                                           "max_rel_loss_diff_vs_eager": 3e-3}]
+    lines = zoo._table(rows).splitlines()
+    assert "1st step s" in lines[0] and "loss dev" in lines[0]
+    assert lines[2].split()[-2:] == ["12.5", "3.00e-03"]
+    assert lines[1].split()[-1] == "-"
+
+
+def test_unknown_models_and_variants_are_refused_before_any_work(tmp_path: Path,
+                                                                 capsys) -> None:
+    zoo = load_benchmark("zoo")
+    assert zoo.main(["--out", str(tmp_path), "--models", "gem,nope"]) == 2
+    assert "unknown model(s) nope" in capsys.readouterr().err
+    assert zoo.main(["--out", str(tmp_path), "--variants", "gemc,turbo"]) == 2
+    assert "unknown variant(s) turbo" in capsys.readouterr().err
+    assert not list(tmp_path.glob("*.json"))
+
+
+def test_a_time_limit_skips_what_it_leaves_and_says_so(tmp_path: Path) -> None:
+    """Past ``--time-limit`` no variant starts; zoo.json names the skipped ones and the
+    exit code says the run is incomplete."""
+    import json
+
+    zoo = load_benchmark("zoo")
+    assert zoo.main(["--out", str(tmp_path), "--models", "gem,dlrm", "--device", "cpu",
+                     "--time-limit", "0"]) == 1
+    result = json.loads((tmp_path / "zoo.json").read_text())
+    assert result["skipped"] == [f"{m}/{v}" for m in ("gem", "dlrm")
+                                 for v in ("eager", "compile", "gemc")]
+    assert result["variants"] == {}
