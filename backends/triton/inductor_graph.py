@@ -130,6 +130,35 @@ def _call_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: 
     return out.transpose(1, 2)
 
 
+@torch._dynamo.disable
+def _call_key_padding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                mask: torch.Tensor, entry: dict[str, Any]) -> torch.Tensor:
+    """A guarded key-padding attention (its mask is checked at run time and the op picks
+    the jagged, compacted or padded path itself). Why outside Inductor's graph: the check
+    reads three integers on the host and the path's kernels differ in shape, so Dynamo
+    would break the graph inside it anyway; as one eager island the rest compiles whole."""
+    from .key_padding_attention import key_padding_attention
+
+    merged = bool(entry.get("merged_heads"))
+    if merged:  # [B*H, L, d] operands (nn.MultiheadAttention's layout)
+        q, k, v = (x.unflatten(0, (mask.shape[0], -1)) for x in (q, k, v))
+    out = key_padding_attention(q, k, v, mask, entry["scale"], entry["causal"],
+                                entry["additive"], entry["zero_padding_queries"],
+                                entry.get("nan_if_empty", False))
+    return out.flatten(0, 1) if merged else out
+
+
+@torch._dynamo.disable
+def _call_silu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         mask: torch.Tensor, bias: torch.Tensor | None,
+                         entry: dict[str, Any]) -> torch.Tensor:
+    """HSTU's guarded pointwise attention: an eager island for the same reason."""
+    from .key_padding_attention import key_padding_silu_attention
+
+    return key_padding_silu_attention(q, k, v, mask, entry["norm"], entry["scale"],
+                                      entry["causal"], entry["query_mask"], bias)
+
+
 def _call_embeddings(name: str, module: nn.Module, entry: dict[str, Any],
                      ids: list[torch.Tensor], offsets: list[torch.Tensor]) -> list[torch.Tensor]:
     flat_ids, flat_offsets, psw = _embedding_inputs(entry, ids, offsets)
@@ -404,6 +433,16 @@ class _Emitter:
             self.group(unit)
         elif kind == "jagged_attention":
             self.attention(unit)
+        elif kind in ("key_padding_attention", "jagged_silu_attention"):
+            q, k, v, mask = (self.padded(by_name[entry[x]]) for x in ("q", "k", "v", "mask"))
+            if kind == "key_padding_attention":
+                value = self.call(_call_key_padding_attention, (q, k, v, mask, entry))
+                out = by_name[entry.get("output", unit["nodes"][0].name)]
+            else:
+                bias = self.padded(by_name[entry["bias"]]) if entry.get("bias") else None
+                value = self.call(_call_silu_attention, (q, k, v, mask, bias, entry))
+                out = by_name[entry["output"]]
+            self.store(out, value, False)
         elif kind == "batched_embedding_bag":
             module = self.r.tables[entry["name"]]
             mod = self.attr("t_" + name.replace(".", "__"), module)
