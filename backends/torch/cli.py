@@ -106,6 +106,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="graph mode: torch.compile over the rewritten graph (default), or the op-by-op "
         "interpreter (a fallback: unfused)",
     )
+    p.add_argument(
+        "--compile-modules",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="a plan without graph kernels (module mode): torch.compile the model, table "
+        "lookups eager; auto: on CUDA with one rank",
+    )
     p.add_argument("--compile-mode", help="torch.compile mode for graph mode, e.g. "
                    "reduce-overhead (CUDA graphs)")
     p.add_argument("--measure-kernels", action="store_true",
@@ -148,6 +155,7 @@ def options_from_args(args: argparse.Namespace) -> Any:
         progress=not args.quiet,
         graph_executor=args.graph_executor,
         compile_mode=args.compile_mode,
+        compile_modules=args.compile_modules,
         loss_every=args.loss_every,
         measure_kernels=args.measure_kernels,
         kernel_choices=_kernel_choices(args.kernel_choices),
@@ -300,6 +308,7 @@ def _argv_of(args: argparse.Namespace) -> list[str]:
         "--precision": args.precision,
         "--graph-executor": args.graph_executor,
         "--compile-mode": args.compile_mode,
+        "--compile-modules": args.compile_modules,
         "--kernel-choices": args.kernel_choices,
         "--loss-every": args.loss_every,
     }

@@ -89,8 +89,32 @@ class RunOptions:
     # read the loss (a host sync) every N steps, 1: every step (each step timed alone);
     # N > 1: the losses stay on the device in between and a step's time is its block's mean
     loss_every: int = 1
+    # module mode (a plan without graph kernels): torch.compile the model, each table's
+    # lookup left eager. "auto": on CUDA with one rank (Inductor's CPU compile would cost
+    # the CPU tests minutes for nothing); "on" / "off" force it.
+    compile_modules: str = "auto"
     # called after every step with the number of steps done (benchmarks hang a profiler on it)
     on_step: Callable[[int], None] | None = None
+
+
+def _compile_module_mode(opts: RunOptions, device: torch.device, wsize: int) -> bool:
+    """Whether module mode runs under torch.compile: a plan where gemc has no kernel to
+    offer must still train at least as fast as torch.compile would (never slower than the
+    tool users have). Several ranks stay eager for now: their regions are wrapped by DDP /
+    FSDP hooks this path has not been checked with."""
+    if opts.compile_modules == "on":
+        return True
+    if opts.compile_modules == "off" or opts.graph_executor != "inductor":
+        return False
+    return device.type == "cuda" and wsize == 1
+
+
+def _compiled_module(model: torch.nn.Module, tables: dict[str, torch.nn.Module]) -> Any:
+    """``model`` under torch.compile with each table's forward excluded (its sparse
+    exchange and row gradients are gemc's eager code; Dynamo breaks the graph there)."""
+    for table in tables.values():
+        table.forward = torch._dynamo.disable(table.forward)
+    return torch.compile(model, dynamic=False)
 
 
 @dataclass
@@ -324,6 +348,9 @@ def _run(
         )
         applied_kernels += [str(k.get("name", k["kind"])) for k in graph_kernels
                             if str(k.get("name")) not in forward.not_applied]
+    module_compiled = not graph_kernels and _compile_module_mode(opts, device, wsize)
+    if module_compiled:
+        forward = _compiled_module(model, tables)
 
     start = 0
     resumed_from = None
@@ -429,6 +456,7 @@ def _run(
         f"{opts.graph_executor})"
         if graph_kernels
         else "module: the model's forward with sharded tables and wrapped regions"
+        + (" under torch.compile (table lookups eager)" if module_compiled else "")
     )
     report["embedding_exchange"] = prefetch.report()
     report["batch_size_source"] = batch_source

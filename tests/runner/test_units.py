@@ -476,3 +476,18 @@ def test_kernel_choices_come_from_a_file_or_a_run_report(tmp_path) -> None:
         _kernel_choices(str(bad))
     with pytest.raises(GemcUserError, match="missing.json"):
         _kernel_choices(str(tmp_path / "missing.json"))
+
+
+def test_module_mode_under_torch_compile_trains_like_the_reference(base_plans) -> None:
+    """A plan without graph kernels still runs compiled when asked (on CUDA by default):
+    the whole model through torch.compile, the sharded tables' lookups eager, the same
+    losses as the reference; the report says so. CPU default (auto) stays eager."""
+    from gemc.api import load_model
+
+    plan = variant(base_plans[1])  # fp32, no kernels
+    got = run(plan, RunOptions(steps=3, device="cpu", progress=False, compile_modules="on"))
+    assert "under torch.compile" in got.report["execution"]
+    ref = reference_losses(load_model(MODEL, {}), steps=3, world_size=1)
+    torch.testing.assert_close([loss for _, loss in got.losses], ref, rtol=1e-5, atol=1e-6)
+    auto = run(plan, RunOptions(steps=1, device="cpu", progress=False))
+    assert "torch.compile" not in auto.report["execution"]
