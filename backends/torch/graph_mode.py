@@ -203,6 +203,11 @@ class GraphExecutor:
         for node in gm.graph.nodes:
             if node.op == "placeholder" and node.name in param_fqns:
                 node.meta[ir.PARAM] = param_fqns[node.name]
+        # The compile's passes erase dead code they leave behind (e.g. the unused average of
+        # nn.MultiheadAttention's weights around a matched softmax attention, which reads an
+        # intermediate the kernel no longer produces); this fresh capture still has it.
+        # Erasing pure dead nodes here keeps the graph the plan's kernels were named in.
+        gm.graph.eliminate_dead_code()
         names = {n.name for n in gm.graph.nodes}
         for entry in kernels:
             missing = [n for n in entry.get("nodes", []) if n not in names]
