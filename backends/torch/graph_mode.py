@@ -148,6 +148,19 @@ def compile_cache_dir() -> str:
     return os.environ["TORCHINDUCTOR_CACHE_DIR"]
 
 
+def _erase_dead_code(gm: torch.fx.GraphModule, keep: set[str]) -> None:
+    """Erase pure nodes nobody reads, except those the plan's kernels name.
+
+    The compile's passes erase dead code they leave behind (e.g. the unused average of
+    nn.MultiheadAttention's weights around a matched softmax attention, which reads an
+    intermediate the kernel no longer produces); this fresh capture still has it. Nodes a
+    kernel names (an embedding bag's unused tuple items) stay: the kernel replaces them."""
+    for node in reversed(list(gm.graph.nodes)):
+        if (node.op == "call_function" and not node.users and node.name not in keep
+                and not node.is_impure()):
+            gm.graph.erase_node(node)
+
+
 class GraphExecutor:
     """``executor(*batch) -> loss``: the captured graph with the kernels substituted.
 
@@ -203,11 +216,7 @@ class GraphExecutor:
         for node in gm.graph.nodes:
             if node.op == "placeholder" and node.name in param_fqns:
                 node.meta[ir.PARAM] = param_fqns[node.name]
-        # The compile's passes erase dead code they leave behind (e.g. the unused average of
-        # nn.MultiheadAttention's weights around a matched softmax attention, which reads an
-        # intermediate the kernel no longer produces); this fresh capture still has it.
-        # Erasing pure dead nodes here keeps the graph the plan's kernels were named in.
-        gm.graph.eliminate_dead_code()
+        _erase_dead_code(gm, {n for e in kernels for n in e.get("nodes", [])})
         names = {n.name for n in gm.graph.nodes}
         for entry in kernels:
             missing = [n for n in entry.get("nodes", []) if n not in names]

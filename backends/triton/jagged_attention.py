@@ -494,6 +494,8 @@ def _meta(q: torch.Tensor, causal: bool, kind: str, silu_normalizer: str) -> dic
         "SILU": kind == "silu",
         "NORM_BY_SEQ_LEN": silu_normalizer == "seq_len",
         "IEEE": q.dtype == torch.float32,
+        "HAS_BIAS": False,  # set by the caller that passes a score bias
+        "BIAS_GRAD": False,
     }
 
 

@@ -130,8 +130,8 @@ def test_built_graph_calls_the_ops_it_chose_and_equals_the_interpreter(monkeypat
     assert left == ([] if packed else region)
     built = build(runner, measured=measured)
     assert {n for n, c in built.choices.items() if c == "gemc"} == {
-        *measured, *(e["name"] for e in entries if e["kind"] in ("jagged_attention",
-                                                                 "transposed_linear"))}
+        *measured, *(e["name"] for e in entries if e["kind"] in (
+            "jagged_attention", "key_padding_attention", "transposed_linear"))}
     code = built.module.code
     assert code.count("_call_group(") == 2
     if packed:  # both attentions read the region's values in place; tokens enter by gathers
