@@ -27,8 +27,8 @@ TABLE_SHARDINGS = (
 )
 PLANNERS = ("default", "cpsat", "greedy", "naive")
 # the optional "solver" block (written by the parallelize pass): CP-SAT's status, or
-# "heuristic" for greedy / naive
-SOLVER_STATUSES = ("optimal", "feasible", "unknown", "infeasible", "heuristic")
+# "heuristic" for greedy / naive, "crashed" when its child process died (the plan is a heuristic's)
+SOLVER_STATUSES = ("optimal", "feasible", "unknown", "infeasible", "heuristic", "crashed")
 _TOP_LEVEL = {
     "schema_version": int,
     "gemc_version": str,

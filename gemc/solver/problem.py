@@ -116,6 +116,8 @@ class Problem:
     settings: SolverSettings = field(default_factory=SolverSettings)
     # regions whose strategy the plan can carry (they own compute nodes); others stay DDP
     placeable: frozenset[str] | None = None
+    # the model's entrypoint (FILE.py:FUNC): an infeasibility fix names its own parameters
+    entrypoint: str | None = None
 
     @property
     def world(self) -> int:
@@ -157,6 +159,7 @@ def problem_from_graph(
         options=options or StepOptions(),
         settings=settings or SolverSettings(),
         placeable=placeable,
+        entrypoint=getattr(ctx, "entrypoint", None),
     )
 
 
