@@ -11,6 +11,7 @@ import traceback
 from collections.abc import Sequence
 
 from gemc.errors import GemcUserError
+from gemc.plan import TABLE_OPTIMIZERS
 
 EXIT_OK, EXIT_INTERNAL, EXIT_USAGE = 0, 1, 2
 
@@ -92,6 +93,11 @@ def _parser() -> argparse.ArgumentParser:
         help="CP-SAT's search budget in deterministic seconds (reproducible work units, "
         "about a core-second each; default 10)",
     )
+    c.add_argument("--table-optimizer", default=None, choices=(*TABLE_OPTIMIZERS, "auto"),
+                   help="optimizer of the embedding tables, priced (state bytes per row) and "
+                   "recorded in the plan for the runner; auto: adam where it fits, else "
+                   "rowwise_adagrad (1 state value per row); default: priced as AdamW, "
+                   "run as the runner's default")
     c.add_argument("--calibration", default="auto",
                    help="auto (shipped file for the GPU), none (roofline), or a gemc calibrate file")
     c.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp32"),
@@ -146,6 +152,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
                 disabled_passes=args.disable_pass,
                 planner=args.planner,
                 solver={} if args.time_limit is None else {"time_limit_s": args.time_limit},
+                table_optimizer=args.table_optimizer,
                 progress=progress,
             )
     finally:

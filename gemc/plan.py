@@ -28,6 +28,10 @@ TABLE_SHARDINGS = (
 PLANNERS = ("default", "cpsat", "greedy", "naive")
 # the optional "solver" block (written by the parallelize pass): CP-SAT's status, or
 # "heuristic" for greedy / naive, "crashed" when its child process died (the plan is a heuristic's)
+# optimizers of embedding tables the runner executes (backends/torch/sparse_optim.py): the
+# compile's --table-optimizer offers these (plus "auto"), the plan records the one priced in
+# ``optimizer.embedding.kind``, the runner runs it
+TABLE_OPTIMIZERS = ("rowwise_adagrad", "adam")
 SOLVER_STATUSES = ("optimal", "feasible", "unknown", "infeasible", "heuristic", "crashed")
 _TOP_LEVEL = {
     "schema_version": int,
