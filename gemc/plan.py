@@ -176,6 +176,13 @@ def _validate_table(table: Any, where: str, world: int, source: str, fix: str) -
             fix,
         )
     rows, dim = table["rows"], table["dim"]
+    ranks = [s.get("rank") for s in table["shards"] if isinstance(s, dict)]
+    twice = sorted({r for r in ranks if ranks.count(r) > 1 and isinstance(r, int)})
+    if twice:
+        # the runner keeps one local shard per table, and the cost model would have priced
+        # such a rank's two shards as what they are: refuse rather than run another plan
+        _fail(source, f"{where}.shards", f"give rank {twice[0]} {ranks.count(twice[0])} shards "
+              "of one table (at most one per rank)", fix)
     covered = 0
     for j, shard in enumerate(table["shards"]):
         sw = f"{where}.shards[{j}]"
