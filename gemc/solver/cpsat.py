@@ -77,6 +77,7 @@ class CpSatResult:
     variables: int
     constraints: int
     crash: str | None = None    # the child process died (status "crashed"): how
+    balanced: list[int] | None = None  # fullest rank's KiB before / after the second solve
 
 
 class _Builder:
@@ -237,12 +238,15 @@ class _Builder:
         # a fluid bin keeps a little room for packing its pieces onto ranks (expand)
         bin_cap = cap if n == 1 else int(cap * (1 - p.settings.packing_slack))
         sparse = []
+        # the fullest rank's memory (a bin's mean): the lexicographic second objective
+        self.M = self._int(0, cap, "memory_max")
         for b in range(L.bins):
             sb = self._int(0, self.T, f"sparse_{b}")
             m.Add(sb == expr(self.bins["compute"][b]))
             sparse.append(sb)
             m.Add(n * self.S >= sb + n * uc)
             m.Add(expr(self.bins["memory"][b]) + n * (um + dense_mem) <= n * bin_cap)
+            m.Add(n * self.M >= expr(self.bins["memory"][b]) + n * (um + dense_mem))
         for u, comp, mem, io, ho in self.piece_bounds:
             m.Add(self.S >= uc + comp * u)
             m.Add(um + dense_mem + mem * u <= cap)  # the piece fits on one rank
@@ -357,7 +361,9 @@ class _Builder:
         step = (self.S + 2 * a2a_const * self.any_a2a + 2 * self.A + ids + fwd + bwd + ef + eb
                 + expr(self.c_tp) + optimizer)
         self.step = step
-        m.Minimize(step)
+        self.step_var = self._int(0, 20 * self.T, "step")
+        m.Add(self.step_var == step)
+        m.Minimize(self.step_var)
 
     # ---- hint ---------------------------------------------------------------------------
     def hint(self, sol: ModelSolution) -> None:
@@ -460,14 +466,16 @@ def _params(s, **fields: Any) -> str:
 
 
 def _run_child(model_text: str, fill: str | None, main: str, budget: float,
-               timeout_s: float) -> tuple[dict[str, Any] | None, str, str]:
-    """Run ``cpsat_worker`` on the model: (its result, or None if it died; the stage it
-    reached; the last lines of its stderr). KeyboardInterrupt kills it and propagates."""
+               timeout_s: float, balance: dict[str, Any] | None = None
+               ) -> tuple[dict[str, Any] | None, str, str]:
+    """Run ``cpsat_worker`` on the model: (its result, or None if it died before the main
+    solve's result; the stage it reached; the last lines of its stderr). If it dies while
+    balancing, the main solve's result is kept. KeyboardInterrupt kills it and propagates."""
     with tempfile.TemporaryDirectory(prefix="gemc-cpsat-") as tmp:
         d = Path(tmp)
         (d / "model.txt").write_text(model_text)
         (d / "request.json").write_text(json.dumps({"fill": fill, "main": main,
-                                                    "budget": budget}))
+                                                    "budget": budget, "balance": balance}))
         try:
             # its own session: the terminal's Ctrl-C reaches only this process, which
             # then kills the child (subprocess.run does on any exception) and re-raises
@@ -479,7 +487,7 @@ def _run_child(model_text: str, fill: str | None, main: str, budget: float,
             err, code = f"no answer after {timeout_s:.0f} s wall (killed)", None
         stage = (d / "stage").read_text() if (d / "stage").exists() else "start"
         tail = " | ".join(line.strip() for line in err.strip().splitlines()[-3:])
-        if code == 0 and (d / "result.json").exists():
+        if (code == 0 or stage == "balance") and (d / "result.json").exists():
             return json.loads((d / "result.json").read_text()), stage, tail
         if code is not None and code < 0:
             try:
@@ -527,19 +535,31 @@ def solve(problem: Problem, layout: Layout, regions: list[RegionClass],
         probing_deterministic_time_limit=min(1.0, 0.02 * budget),
         presolve_probing_deterministic_time_limit=min(1.0, 0.02 * budget),
         find_big_linear_overlap=False, max_presolve_iterations=1)
+    balance = None
+    if s.balance_share > 0:
+        # lexicographic: the step first (the search's budget less this share), then the
+        # fullest rank's memory with the step held at the first solution's
+        share = s.balance_share * budget
+        budget -= share
+        balance = {"step": b.step_var.Index(), "memory": b.M.Index(), "params": _params(
+            s, num_workers=s.workers, interleave_search=s.workers > 1,
+            max_deterministic_time=share, max_time_in_seconds=share * s.wall_limit_factor,
+            probing_deterministic_time_limit=min(1.0, 0.02 * share),
+            presolve_probing_deterministic_time_limit=min(1.0, 0.02 * share),
+            find_big_linear_overlap=False, max_presolve_iterations=1)}
     model_text = str(b.m.Proto())
     proto = b.m.Proto()
     n_vars, n_cons = len(proto.variables), len(proto.constraints)
     build = time.perf_counter() - start
     start = time.perf_counter()
     # the child's own limits stop it; this only catches a hung one
-    timeout = budget * s.wall_limit_factor * (2 if fill else 1) + 60.0
-    res, stage, why = _run_child(model_text, fill, main, budget, timeout)
+    timeout = (budget + s.balance_share * budget) * s.wall_limit_factor * (2 if fill else 1) + 60.0
+    res, stage, why = _run_child(model_text, fill, main, budget, timeout, balance)
     crash = None
     if res is None:
         crash = f"CP-SAT's process died in its {stage} solve ({why})"
         if fill is not None and stage == "fill":
-            res, stage, why2 = _run_child(model_text, None, main, budget, timeout)
+            res, stage, why2 = _run_child(model_text, None, main, budget, timeout, balance)
             if res is None:
                 crash += f"; again without completing the hint ({why2})"
     wall = time.perf_counter() - start
@@ -561,4 +581,5 @@ def solve(problem: Problem, layout: Layout, regions: list[RegionClass],
         variables=n_vars,
         constraints=n_cons,
         crash=crash,
+        balanced=res.get("balanced"),
     )

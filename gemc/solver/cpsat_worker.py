@@ -17,9 +17,11 @@ result stays reproducible.
 
 Files in DIR: ``model.txt`` (CpModelProto text), ``request.json`` (``fill``: the
 hint-completion parameters as text or null, ``main``: the search parameters as text,
-``budget``: deterministic seconds shared by both), and the child writes ``result.json``
-(status, every variable's value, objective, bound, deterministic and wall seconds) and
-``stage`` (``fill`` or ``main``: how far it got, for the parent's message).
+``budget``: deterministic seconds shared by both, ``balance``: null or the step and memory
+variables' indices and the parameters of a lexicographic second solve), and the child
+writes ``result.json`` (status, every variable's value, objective, bound, deterministic and
+wall seconds; after the main solve, then again after balancing) and ``stage`` (``fill``,
+``main`` or ``balance``: how far it got, for the parent's message).
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ def run(directory: Path) -> dict[str, Any]:
     found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
     names = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible",
              cp_model.INFEASIBLE: "infeasible"}
-    return {
+    result = {
         "status": names.get(status, "unknown"),
         "values": list(solver.response_proto.solution) if found else None,
         "objective": solver.objective_value if found else None,
@@ -90,15 +92,49 @@ def run(directory: Path) -> dict[str, Any]:
         "wall_s": wall,
         "max_time_s": solver.parameters.max_time_in_seconds,
         "hint_completed": filled,
+        "balanced": None,
     }
+    balance = request.get("balance")
+    if found and balance:
+        _write(directory, result)  # kept if the balancing solve dies
+        stage.write_text("balance")
+        result = _balance(model, result, balance)
+    return result
+
+
+def _balance(model: Any, result: dict[str, Any], balance: dict[str, Any]) -> dict[str, Any]:
+    """Lexicographic second objective: the step may not grow past the first solve's
+    solution; the fullest rank's memory is minimised from that solution, in a share of
+    the budget. The first solve's objective and bound stay the report's."""
+    from ortools.sat.python import cp_model
+
+    values = result["values"]
+    step = model.get_int_var_from_proto_index(balance["step"])
+    memory = model.get_int_var_from_proto_index(balance["memory"])
+    model.add(step <= values[balance["step"]])
+    model.clear_hints()
+    for i, value in enumerate(values):
+        model.add_hint(model.get_int_var_from_proto_index(i), value)
+    model.minimize(memory)
+    solver = _solver(balance["params"])
+    status = solver.solve(model)
+    result = dict(result, deterministic_s=result["deterministic_s"] + solver.deterministic_time)
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        new = list(solver.response_proto.solution)
+        result.update(values=new, balanced=[values[balance["memory"]],
+                                            new[balance["memory"]]])
+    return result
+
+
+def _write(directory: Path, result: dict[str, Any]) -> None:
+    tmp = directory / "result.json.tmp"
+    tmp.write_text(json.dumps(result))
+    tmp.rename(directory / "result.json")
 
 
 def main(argv: list[str]) -> int:
     directory = Path(argv[1])
-    result = run(directory)
-    tmp = directory / "result.json.tmp"
-    tmp.write_text(json.dumps(result))
-    tmp.rename(directory / "result.json")
+    _write(directory, run(directory))
     return 0
 
 

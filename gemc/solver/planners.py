@@ -164,6 +164,10 @@ def _cpsat(problem: Problem, regions, tables, pricer: Pricer, base: dict[str, An
         "variables": res.variables,
         "constraints": res.constraints,
         "crashed": bool(crashes),
+        # the fullest rank's (a bin's mean) GB in the model after the memory-balance solve
+        # (lexicographic second objective, the step held), null if it did not run
+        "balanced_max_gb": round(res.balanced[1] * cpsat.MEM_UNIT_B / 1e9, 3)
+        if res.balanced else None,
     }
     if wall_stopped:
         notes.append("parallelize: CP-SAT was stopped by the wall-clock safety net "
