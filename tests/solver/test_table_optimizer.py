@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from gemc.backends.torch.optimizers import resolve_optimizers
 from gemc.cost_model.topology import parse_topology
 from gemc.cost_model.types import RegionCost, TableCost
-
-from gemc.backends.torch.optimizers import resolve_optimizers
-from gemc.cli import main
 from gemc.passes.parallelize import plan_with_table_optimizer, step_options
+
+from gemc.cli import main
 from gemc.plan import TABLE_OPTIMIZERS, load_plan
 from gemc.solver.infeasible import PlanInfeasibleError
 from gemc.solver.problem import Problem, SolverSettings
