@@ -537,10 +537,10 @@ def solve(problem: Problem, layout: Layout, regions: list[RegionClass],
         find_big_linear_overlap=False, max_presolve_iterations=1)
     balance = None
     if s.balance_share > 0:
-        # lexicographic: the step first (the search's budget less this share), then the
-        # fullest rank's memory with the step held at the first solution's
+        # lexicographic: the step first (its whole budget: taking this share from it cost
+        # 34% of step at 16 ranks on DLRMv2, where the search is budget-bound), then the
+        # fullest rank's memory with the step held at the first solution's, on top
         share = s.balance_share * budget
-        budget -= share
         balance = {"step": b.step_var.Index(), "memory": b.M.Index(), "params": _params(
             s, num_workers=s.workers, interleave_search=s.workers > 1,
             max_deterministic_time=share, max_time_in_seconds=share * s.wall_limit_factor,

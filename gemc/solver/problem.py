@@ -50,8 +50,9 @@ class SolverSettings:
     max_placement_vars: int = 6_000
     packing_slack: float = 0.03   # memory a bin of several ranks keeps free for packing
     wall_limit_factor: float = 6.0
-    # share of the budget for the lexicographic second objective (memory balance: the
-    # fullest rank's bytes, the step held at the first solution's); 0: off
+    # extra budget (a share of time_limit_s, on top of it) for the lexicographic second
+    # objective (memory balance: the fullest rank's bytes, the step held at the first
+    # solution's); 0: off
     balance_share: float = 0.2
 
     def __post_init__(self) -> None:
