@@ -238,15 +238,15 @@ class _Builder:
         # a fluid bin keeps a little room for packing its pieces onto ranks (expand)
         bin_cap = cap if n == 1 else int(cap * (1 - p.settings.packing_slack))
         sparse = []
-        # the fullest rank's memory (a bin's mean): the lexicographic second objective
-        self.M = self._int(0, cap, "memory_max")
+        self.cap = cap
+        self.bin_memory = []  # (n x a bin's memory) per bin: the balance solve's terms
         for b in range(L.bins):
             sb = self._int(0, self.T, f"sparse_{b}")
             m.Add(sb == expr(self.bins["compute"][b]))
             sparse.append(sb)
             m.Add(n * self.S >= sb + n * uc)
             m.Add(expr(self.bins["memory"][b]) + n * (um + dense_mem) <= n * bin_cap)
-            m.Add(n * self.M >= expr(self.bins["memory"][b]) + n * (um + dense_mem))
+            self.bin_memory.append(expr(self.bins["memory"][b]) + n * (um + dense_mem))
         for u, comp, mem, io, ho in self.piece_bounds:
             m.Add(self.S >= uc + comp * u)
             m.Add(um + dense_mem + mem * u <= cap)  # the piece fits on one rank
@@ -361,9 +361,20 @@ class _Builder:
         step = (self.S + 2 * a2a_const * self.any_a2a + 2 * self.A + ids + fwd + bwd + ef + eb
                 + expr(self.c_tp) + optimizer)
         self.step = step
-        self.step_var = self._int(0, 20 * self.T, "step")
-        m.Add(self.step_var == step)
-        m.Minimize(self.step_var)
+        m.Minimize(step)
+
+    def balance(self) -> tuple[int, int]:
+        """The second objective's variables, appended after the step model was written
+        (so the first solve searches the same model as without balancing; adding them
+        before changed its search path and cost 34% of step at 16 ranks on DLRMv2):
+        (index of the step, index of the fullest rank's memory, a bin's mean)."""
+        n = self.layout.bin_size
+        step_var = self._int(0, 20 * self.T, "step")
+        self.m.Add(step_var == self.step)
+        mem = self._int(0, self.cap, "memory_max")
+        for term in self.bin_memory:
+            self.m.Add(n * mem >= term)
+        return step_var.Index(), mem.Index()
 
     # ---- hint ---------------------------------------------------------------------------
     def hint(self, sol: ModelSolution) -> None:
@@ -535,21 +546,23 @@ def solve(problem: Problem, layout: Layout, regions: list[RegionClass],
         probing_deterministic_time_limit=min(1.0, 0.02 * budget),
         presolve_probing_deterministic_time_limit=min(1.0, 0.02 * budget),
         find_big_linear_overlap=False, max_presolve_iterations=1)
+    model_text = str(b.m.Proto())
+    proto = b.m.Proto()
+    n_vars, n_cons = len(proto.variables), len(proto.constraints)
     balance = None
     if s.balance_share > 0:
         # lexicographic: the step first (its whole budget: taking this share from it cost
         # 34% of step at 16 ranks on DLRMv2, where the search is budget-bound), then the
         # fullest rank's memory with the step held at the first solution's, on top
         share = s.balance_share * budget
-        balance = {"step": b.step_var.Index(), "memory": b.M.Index(), "params": _params(
+        step_index, mem_index = b.balance()
+        balance = {"step": step_index, "memory": mem_index, "model": str(b.m.Proto()),
+                   "params": _params(
             s, num_workers=s.workers, interleave_search=s.workers > 1,
             max_deterministic_time=share, max_time_in_seconds=share * s.wall_limit_factor,
             probing_deterministic_time_limit=min(1.0, 0.02 * share),
             presolve_probing_deterministic_time_limit=min(1.0, 0.02 * share),
             find_big_linear_overlap=False, max_presolve_iterations=1)}
-    model_text = str(b.m.Proto())
-    proto = b.m.Proto()
-    n_vars, n_cons = len(proto.variables), len(proto.constraints)
     build = time.perf_counter() - start
     start = time.perf_counter()
     # the child's own limits stop it; this only catches a hung one

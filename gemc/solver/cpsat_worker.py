@@ -98,21 +98,24 @@ def run(directory: Path) -> dict[str, Any]:
     if found and balance:
         _write(directory, result)  # kept if the balancing solve dies
         stage.write_text("balance")
-        result = _balance(model, result, balance)
+        result = _balance(result, balance)
     return result
 
 
-def _balance(model: Any, result: dict[str, Any], balance: dict[str, Any]) -> dict[str, Any]:
+def _balance(result: dict[str, Any], balance: dict[str, Any]) -> dict[str, Any]:
     """Lexicographic second objective: the step may not grow past the first solve's
     solution; the fullest rank's memory is minimised from that solution, in a share of
     the budget. The first solve's objective and bound stay the report's."""
     from ortools.sat.python import cp_model
 
     values = result["values"]
+    # the step model plus the balance variables, appended (indices of the first unchanged)
+    model = cp_model.CpModel()
+    _parse(model.Proto(), balance["model"])
+    model.clear_hints()
     step = model.get_int_var_from_proto_index(balance["step"])
     memory = model.get_int_var_from_proto_index(balance["memory"])
-    model.add(step <= values[balance["step"]])
-    model.clear_hints()
+    model.add(step <= int(round(result["objective"])))
     for i, value in enumerate(values):
         model.add_hint(model.get_int_var_from_proto_index(i), value)
     model.minimize(memory)
@@ -121,8 +124,7 @@ def _balance(model: Any, result: dict[str, Any], balance: dict[str, Any]) -> dic
     result = dict(result, deterministic_s=result["deterministic_s"] + solver.deterministic_time)
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         new = list(solver.response_proto.solution)
-        result.update(values=new, balanced=[values[balance["memory"]],
-                                            new[balance["memory"]]])
+        result.update(values=new[:len(values)], balanced=[None, new[balance["memory"]]])
     return result
 
 
