@@ -37,6 +37,9 @@ class MemoryBreakdown:
         return MemoryBreakdown(*(getattr(self, f.name) + getattr(other, f.name)
                                  for f in fields(self)))
 
+    def scaled(self, k: float) -> MemoryBreakdown:
+        return MemoryBreakdown(*(k * getattr(self, f.name) for f in fields(self)))
+
     def to_dict(self) -> dict[str, float]:
         d = {f.name: float(getattr(self, f.name)) for f in fields(self)}
         d["total"] = self.total
@@ -102,8 +105,19 @@ def table_shard(table: TableCost, rank: int) -> tuple[float, float]:
     return shard_shape(table)
 
 
+def shards_on(table: TableCost, rank: int) -> int:
+    """How many of the table's shards ``rank`` holds: a rank listed twice holds (and pays
+    for) two shards, which the plan validator and the runner refuse but a planner's
+    candidate may still propose; pricing it as one let such a plan look cheaper."""
+    if table.sharding == "data_parallel":
+        return 1
+    return table.ranks.count(rank)
+
+
 def table_memory(table: TableCost, rank: int, world: int, options: StepOptions) -> MemoryBreakdown:
-    return shard_memory(table, *table_shard(table, rank), world, options)
+    one = shard_memory(table, *table_shard(table, rank), world, options)
+    k = shards_on(table, rank)
+    return one if k <= 1 else one.scaled(k)
 
 
 def shard_memory(table: TableCost, rows: float, dim: float, world: int,

@@ -97,8 +97,9 @@ def shard_compute_s(t: TableCost, rows: float, dim: float, world: int, gpu: GPUS
 
 
 def _holders(t: TableCost, world: int) -> np.ndarray:
-    """The distinct ranks (inside the world) that hold a shard of a sharded table."""
-    return np.array(sorted({r for r in t.ranks if r < world}), dtype=np.int64)
+    """The ranks (inside the world) holding a shard of a sharded table, once per shard: a
+    rank listed twice computes two shards (add with ``np.add.at``)."""
+    return np.array(sorted(r for r in t.ranks if r < world), dtype=np.int64)
 
 
 def _a2a_sends(tables: Sequence[TableCost], world: int) -> tuple[np.ndarray, np.ndarray]:
@@ -191,8 +192,8 @@ def predict_step(
             continue
         holders = _holders(t, world)
         if holders.size:  # every holder's shard is the same: price it once
-            sparse[holders] += shard_compute_s(t, *shard_shape(t), world, gpu, calibration,
-                                               opts.table_optimizer)
+            np.add.at(sparse, holders, shard_compute_s(t, *shard_shape(t), world, gpu, calibration,
+                                               opts.table_optimizer))
     out_sends, id_sends = _a2a_sends(tables, world)
     a2a = 0.0
     input_dist = 0.0
@@ -238,7 +239,7 @@ def predict_step(
         holders = _holders(t, world)
         if holders.size:
             shard = shard_memory(t, *shard_shape(t), world, opts)
-            table_mem[holders] += astuple(shard)
+            np.add.at(table_mem, holders, np.asarray(astuple(shard)))
             holds[holders] = True
     base = base + dp_mem
     per_rank = []

@@ -15,7 +15,7 @@ from gemc.entrypoint import build_spec, load_entrypoint
 from gemc.errors import GemcUserError
 from gemc.pass_manager import PassManager
 from gemc.pipeline import annotation_passes, default_pipeline
-from gemc.plan import PLANNERS, write_plan
+from gemc.plan import PLANNERS, TABLE_OPTIMIZERS, write_plan
 from gemc.plan_builder import build_plan
 from gemc.spec import BATCH_SIZE_MISSING, ModelSpec, batch_size_of
 
@@ -74,6 +74,7 @@ def compile(  # noqa: A001 - the public name users expect
     calibration: str | None = "auto",
     solver: dict[str, Any] | None = None,
     progress: Callable[[str], None] | None = None,
+    table_optimizer: str | None = None,
 ) -> dict[str, Any]:
     """Compile a model entrypoint into a validated plan (and write it to ``out``).
 
@@ -82,9 +83,13 @@ def compile(  # noqa: A001 - the public name users expect
     ``planner``: cpsat (the CP-SAT solver), greedy, naive, or default (place-default);
     ``solver``: the planners' settings (``gemc.solver.problem.SolverSettings`` fields, e.g.
     ``{"time_limit_s": 10}``).
+    ``table_optimizer``: one of ``gemc.plan.TABLE_OPTIMIZERS`` or "auto" (the planner picks
+    adam where it fits, else rowwise_adagrad); priced, written to the plan's
+    ``optimizer.embedding.kind`` and run by the runner. None: priced as AdamW (as before).
     """
     from gemc.cost_model.topology import parse_topology
     from gemc.costing import predicted_block
+    from gemc.passes.parallelize import TABLE_OPTIMIZER_META, step_options
 
     if planner not in PLANNERS:
         raise GemcUserError(f"unknown planner {planner!r}", where="planner",
@@ -109,6 +114,12 @@ def compile(  # noqa: A001 - the public name users expect
     ctx = _context(entrypoint, args, captured, topo)
     ctx.calibration = calib
     ctx.options["solver"] = dict(solver or {})
+    if table_optimizer is not None:
+        if table_optimizer not in (*TABLE_OPTIMIZERS, "auto"):
+            raise GemcUserError(f"unknown table optimizer {table_optimizer!r}",
+                                where="table_optimizer",
+                                fix=f"use one of: {', '.join((*TABLE_OPTIMIZERS, 'auto'))}")
+        ctx.options["table_optimizer"] = table_optimizer
     batch_size, _ = batch_size_of(spec)
     if batch_size is None:
         ctx.warn(BATCH_SIZE_MISSING)
@@ -118,8 +129,14 @@ def compile(  # noqa: A001 - the public name users expect
             progress("predict step")
         plan = build_plan(gm, ctx, captured, planner=planner)
         plan["model"]["batch_size"] = batch_size  # stated by the model; null when not
+        chosen = gm.meta.get(TABLE_OPTIMIZER_META) or (
+            None if table_optimizer is None
+            else "rowwise_adagrad" if table_optimizer == "auto" else table_optimizer)
+        if chosen is not None:
+            plan["optimizer"] = {"embedding": {"kind": chosen}}
         if "predict-time" not in disabled_passes:
-            plan["predicted"] = predicted_block(gm, plan["regions"], plan["tables"], topo, calib)
+            plan["predicted"] = predicted_block(gm, plan["regions"], plan["tables"], topo, calib,
+                                                step_options(chosen))
         if dump_dir is not None:
             _write_kernel_sources(plan, Path(dump_dir))
         if dump_dir is not None and dump_mode != "failure":

@@ -25,6 +25,7 @@ from gemc.exits import (
     report_crash,
     signal_name,
 )
+from gemc.plan import TABLE_OPTIMIZERS
 
 _Parser = checks.ArgumentParser
 
@@ -107,6 +108,11 @@ def _parser() -> argparse.ArgumentParser:
         help="CP-SAT's search budget in deterministic seconds (reproducible work units, "
         "about a core-second each; a number > 0; default 10)",
     )
+    c.add_argument("--table-optimizer", default=None, choices=(*TABLE_OPTIMIZERS, "auto"),
+                   help="optimizer of the embedding tables, priced (state bytes per row) and "
+                   "recorded in the plan for the runner; auto: adam where it fits, else "
+                   "rowwise_adagrad (1 state value per row); default: priced as AdamW, "
+                   "run as the runner's default")
     c.add_argument("--calibration", default="auto",
                    help="auto (the file shipped for the topology's GPU, roofline where none "
                    "ships), none (roofline), or a file written by gemc calibrate (checked "
@@ -175,6 +181,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
                 planner=args.planner,
                 calibration=args.calibration,
                 solver={} if args.time_limit is None else {"time_limit_s": args.time_limit},
+                table_optimizer=args.table_optimizer,
                 progress=progress,
             )
     except KeyboardInterrupt as exc:

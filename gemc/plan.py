@@ -28,8 +28,12 @@ TABLE_SHARDINGS = (
 )
 PLANNERS = ("default", "cpsat", "greedy", "naive")
 # the optional "solver" block (written by the parallelize pass): CP-SAT's status, or
-# "heuristic" for greedy / naive
-SOLVER_STATUSES = ("optimal", "feasible", "unknown", "infeasible", "heuristic")
+# "heuristic" for greedy / naive, "crashed" when its child process died (the plan is a heuristic's)
+# optimizers of embedding tables the runner executes (backends/torch/sparse_optim.py): the
+# compile's --table-optimizer offers these (plus "auto"), the plan records the one priced in
+# ``optimizer.embedding.kind``, the runner runs it
+TABLE_OPTIMIZERS = ("rowwise_adagrad", "adam")
+SOLVER_STATUSES = ("optimal", "feasible", "unknown", "infeasible", "heuristic", "crashed")
 _TOP_LEVEL = {
     "schema_version": int,
     "gemc_version": str,
@@ -225,6 +229,13 @@ def _validate_table(table: Any, where: str, world: int, source: str, fix: str) -
             fix,
         )
     rows, dim = table["rows"], table["dim"]
+    ranks = [s.get("rank") for s in table["shards"] if isinstance(s, dict)]
+    twice = sorted({r for r in ranks if ranks.count(r) > 1 and isinstance(r, int)})
+    if twice:
+        # the runner keeps one local shard per table, and the cost model would have priced
+        # such a rank's two shards as what they are: refuse rather than run another plan
+        _fail(source, f"{where}.shards", f"give rank {twice[0]} {ranks.count(twice[0])} shards "
+              "of one table (at most one per rank)", fix)
     covered = 0
     for j, shard in enumerate(table["shards"]):
         sw = f"{where}.shards[{j}]"

@@ -14,17 +14,26 @@ A problem no plan can fit ends in ``PlanInfeasibleError`` (a GemcUserError: exit
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
+from gemc.cost_model.types import StepOptions
 from torch import fx
 from torch.fx.passes.infra.pass_base import PassResult
 
 from gemc.errors import GemcUserError
-from gemc.solver.planners import PLANNERS, run_planner
-from gemc.solver.problem import SolverSettings, apply_assignment, problem_from_graph
+from gemc.solver.planners import PLANNERS, PlanInfeasibleError, PlannerResult, run_planner
+from gemc.solver.problem import Problem, SolverSettings, apply_assignment, problem_from_graph
 
 SOLVER_META = "gemc.solver"  # gm.meta key: the planner's report, copied into the plan
+TABLE_OPTIMIZER_META = "gemc.table_optimizer"  # gm.meta key: the table optimizer priced
+
+
+def step_options(table_optimizer: str | None) -> StepOptions:
+    """The step model's options for a table optimizer (None: the model's default, AdamW)."""
+    return StepOptions() if table_optimizer is None else StepOptions(
+        table_optimizer=table_optimizer)
 
 
 def settings_from(options: dict[str, Any] | None) -> SolverSettings:
@@ -40,6 +49,21 @@ def settings_from(options: dict[str, Any] | None) -> SolverSettings:
     except (TypeError, ValueError) as exc:
         raise GemcUserError(f"bad solver option: {exc}", where="solver options",
                             fix="e.g. --time-limit 10 (seconds > 0)") from None
+
+
+def plan_with_table_optimizer(build: Callable[[str | None], Problem], wanted: str | None,
+                              planner: str) -> tuple[str | None, PlannerResult]:
+    """(the table optimizer priced, the planner's result). ``auto``: Adam (two moments per
+    element) where a plan fits, else row-wise Adagrad (one value per row), the optimizer
+    DLRMv2 trains with; an error names the last one tried."""
+    tries: list[str | None] = ["adam", "rowwise_adagrad"] if wanted == "auto" else [wanted]
+    for i, opt in enumerate(tries):
+        try:
+            return opt, run_planner(build(opt), planner)
+        except PlanInfeasibleError:
+            if i + 1 == len(tries):
+                raise
+    raise AssertionError("unreachable")
 
 
 @dataclass(frozen=True)
@@ -59,8 +83,12 @@ class Parallelize:
         if ctx.topology is None:
             raise ValueError("parallelize needs ctx.topology")
         settings = settings_from((ctx.options or {}).get("solver"))
-        problem = problem_from_graph(gm, ctx, settings)
-        result = run_planner(problem, self.planner)
+        opt, result = plan_with_table_optimizer(
+            lambda o: problem_from_graph(gm, ctx, settings, step_options(o)),
+            (ctx.options or {}).get("table_optimizer"), self.planner)
+        if opt is not None:
+            result.report["table_optimizer"] = opt
+            gm.meta[TABLE_OPTIMIZER_META] = opt
         apply_assignment(gm, result.assignment, result.table_cost)
         gm.meta[SOLVER_META] = result.report
         for note in result.notes:

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-EMBEDDING_OPTIMIZERS = ("rowwise_adagrad", "adam")
+from gemc.plan import TABLE_OPTIMIZERS as EMBEDDING_OPTIMIZERS  # noqa: E402 (one list)
 
 
 @dataclass(frozen=True)

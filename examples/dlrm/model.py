@@ -37,6 +37,8 @@ Presets
     ~170 KB/sample in fp32) total ~32 GB. FLOPs (checked against torch's FLOP counter on
     meta): 3.2e7 per sample forward, 6.3 TFLOP per fwd+bwd step at B=65536 -> ~13 ms at
     500 TFLOP/s plus ~10 ms of memory-bound Adam and bag traffic: a step of ~20-30 ms.
+``dlrmv2`` -- the same with the Criteo rows capped at 40M as MLPerf trains it (204M rows,
+    2.6e10 table parameters; several GPUs' worth): the sparse planner's benchmark model.
 ``xl``    -- compile-only on meta: 1000 tables of dim 128 totalling 1.5e10 rows (Zipf 1/rank
     from 2e9 down to 2e6), x0 width 128,128, 3 rank-512 cross layers and a 4096-wide top MLP:
     9.2e8 dense parameters, B=16384. It exercises table sharding at scale without GEM's sequence part.
@@ -104,6 +106,13 @@ PRESETS: dict[str, DlrmConfig] = {
         batch_size=65536, num_dense=13, bottom=(512, 256),
         table_rows=tuple(min(r, _H200_ROW_CAP) for r in _CRITEO_ROWS), emb_dim=128,
         poolings=_CRITEO_POOLING, empty_frac=0.02, interaction="dcn",
+        cross_layers=3, cross_rank=512, top=(1024, 1024, 512, 256),
+    ),
+    # MLPerf DLRMv2 as trained (Criteo 1TB rows capped at 40M: 204M rows, 26.1e9 parameters);
+    # the sparse planner's benchmark (benchmarks/vs_torchrec.py) uses it, with ``repeat``.
+    "dlrmv2": DlrmConfig(
+        batch_size=65536, num_dense=13, bottom=(512, 256), table_rows=_CRITEO_ROWS,
+        emb_dim=128, poolings=_CRITEO_POOLING, empty_frac=0.02, interaction="dcn",
         cross_layers=3, cross_rank=512, top=(1024, 1024, 512, 256),
     ),
     "xl": DlrmConfig(
@@ -319,13 +328,21 @@ def resolve_config(preset: str, batch_size: int | None, overrides: dict[str, Any
 
 
 def build(
-    preset: str = "tiny", batch_size: int | None = None, seed: int = 0, **overrides: Any
+    preset: str = "tiny", batch_size: int | None = None, seed: int = 0, repeat: int = 1,
+    **overrides: Any
 ) -> ModelSpec:
     """Build DLRM, a representative batch and a synthetic data source.
 
     Called by gemc under ``torch.device("meta")``; everything follows the default device.
+    ``repeat`` copies the preset's tables (rows and pooling) that many times, so the sparse
+    planner can be tried on 1,000+ tables of a real distribution (``preset=dlrmv2 repeat=40``).
     """
     cfg = resolve_config(preset, batch_size, overrides)
+    if repeat < 1:
+        raise ValueError(f"repeat must be >= 1, got {repeat}")
+    if repeat > 1:
+        cfg = replace(cfg, table_rows=cfg.table_rows * repeat, poolings=tuple(
+            cfg.pooling(t) for t in range(cfg.num_tables)) * repeat)
     torch.manual_seed(seed)
     model = DLRM(cfg)
     emb_params = sum(p.numel() for p in model.bags.parameters())
@@ -333,6 +350,7 @@ def build(
     info: dict[str, Any] = {
         "model": "dlrm",
         "preset": preset,
+        "repeat": repeat,
         "batch_size": cfg.batch_size,
         "seed": seed,
         "num_tables": cfg.num_tables,

@@ -7,7 +7,9 @@ Read in this order:
 - ``evaluate``    a complete assignment's step time and per-rank memory (predict_step's
                   arithmetic on the precomputed options: fast enough for the inner loop)
 - ``naive``       FSDP everywhere, tables table-wise round-robin
-- ``greedy``      TorchRec's greedy partitioner: largest table first onto the least-loaded rank
+- ``greedy``      a largest-table-first heuristic on gemc's own cost model (its option order
+                  borrowed from TorchRec's proposer): NOT TorchRec's planner, whose real plans
+                  price 3-5x better (``benchmarks/vs_torchrec.py`` runs the real one)
 - ``cpsat``       one OR-Tools CP-SAT model of the whole plan (the default planner)
 - ``expand``      from the model's counts per bin to concrete ranks
 - ``infeasible``  the error that names the binding memory constraint and the fixes

@@ -26,14 +26,22 @@ memory free for ``expand`` to pack pieces onto ranks; the expanded plan is check
 hosts and between bins is broken by ordering their sparse loads; identical tables and
 regions are one class with counts. The greedy plan, relabelled to obey that order, is
 the hint. CP-SAT runs with ``interleave_search`` and a deterministic time limit, so the
-same inputs give the same plan on any machine.
+same inputs give the same plan on any machine, and in a child process (``cpsat_worker``),
+so a native abort or Ctrl-C never takes the compile down with it.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import signal
+import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from gemc.cost_model.collectives import collective_time
 from gemc.cost_model.op_cost import optimizer_time
@@ -43,6 +51,7 @@ from .evaluate import Pricer
 from .expand import Layout, ModelSolution
 from .problem import Assignment, DenseChoice, Problem
 
+WORKER = Path(__file__).with_name("cpsat_worker.py")  # run as a script: imports only OR-Tools
 TIME_UNIT_S = 1e-8
 MEM_UNIT_B = 1024
 
@@ -58,7 +67,7 @@ def _m(nbytes: float) -> int:
 @dataclass
 class CpSatResult:
     solution: ModelSolution | None
-    status: str                 # optimal | feasible | infeasible | unknown
+    status: str                 # optimal | feasible | infeasible | unknown | crashed
     objective_s: float | None   # the model's step time of the solution
     bound_s: float | None       # the model's proven lower bound
     deterministic_s: float
@@ -67,6 +76,8 @@ class CpSatResult:
     wall_stopped: bool
     variables: int
     constraints: int
+    crash: str | None = None    # the child process died (status "crashed"): how
+    balanced: list[int] | None = None  # fullest rank's KiB before / after the second solve
 
 
 class _Builder:
@@ -227,12 +238,15 @@ class _Builder:
         # a fluid bin keeps a little room for packing its pieces onto ranks (expand)
         bin_cap = cap if n == 1 else int(cap * (1 - p.settings.packing_slack))
         sparse = []
+        self.cap = cap
+        self.bin_memory = []  # (n x a bin's memory) per bin: the balance solve's terms
         for b in range(L.bins):
             sb = self._int(0, self.T, f"sparse_{b}")
             m.Add(sb == expr(self.bins["compute"][b]))
             sparse.append(sb)
             m.Add(n * self.S >= sb + n * uc)
             m.Add(expr(self.bins["memory"][b]) + n * (um + dense_mem) <= n * bin_cap)
+            self.bin_memory.append(expr(self.bins["memory"][b]) + n * (um + dense_mem))
         for u, comp, mem, io, ho in self.piece_bounds:
             m.Add(self.S >= uc + comp * u)
             m.Add(um + dense_mem + mem * u <= cap)  # the piece fits on one rank
@@ -349,6 +363,19 @@ class _Builder:
         self.step = step
         m.Minimize(step)
 
+    def balance(self) -> tuple[int, int]:
+        """The second objective's variables, appended after the step model was written
+        (so the first solve searches the same model as without balancing; adding them
+        before changed its search path and cost 34% of step at 16 ranks on DLRMv2):
+        (index of the step, index of the fullest rank's memory, a bin's mean)."""
+        n = self.layout.bin_size
+        step_var = self._int(0, 20 * self.T, "step")
+        self.m.Add(step_var == self.step)
+        mem = self._int(0, self.cap, "memory_max")
+        for term in self.bin_memory:
+            self.m.Add(n * mem >= term)
+        return step_var.Index(), mem.Index()
+
     # ---- hint ---------------------------------------------------------------------------
     def hint(self, sol: ModelSolution) -> None:
         for g, xs in enumerate(self.nd):
@@ -362,10 +389,14 @@ class _Builder:
                 for v, val in zip(self.v.get((c, j), []), sol.slots.get((c, j), [])):
                     self.m.AddHint(v, val)
 
-    def solution(self, solver) -> ModelSolution:
-        dense = [[solver.Value(x) for x in xs] for xs in self.nd]
-        counts = [[solver.Value(y) for y in ys] for ys in self.y]
-        slots = {key: [solver.Value(v) for v in vs] for key, vs in self.v.items()}
+    def solution(self, values: list[int]) -> ModelSolution:
+        """The decisions, read from the child's values (indexed by proto variable)."""
+        def val(x) -> int:
+            return int(values[x.Index()])
+
+        dense = [[val(x) for x in xs] for xs in self.nd]
+        counts = [[val(y) for y in ys] for ys in self.y]
+        slots = {key: [val(v) for v in vs] for key, vs in self.v.items()}
         return ModelSolution(dense, counts, slots)
 
 
@@ -434,40 +465,61 @@ def _canonical_ranks(problem: Problem, layout: Layout, tables: list[TableClass],
     return perm
 
 
-def _complete_hint(b: _Builder, hint: ModelSolution, s, budget: float) -> float:
-    """Hint every variable, not only the decisions: the derived ones (loads, maxima)
-    follow from the decisions, and a quick solve with the decisions fixed finds them.
-    CP-SAT completes a partial hint by search, which took most of the budget at 1000
-    tables. Returns the deterministic seconds spent; if the fixed solve fails (the hint
-    breaks a constraint of this model), the partial hint stays."""
+def _params(s, **fields: Any) -> str:
+    """SatParameters as protobuf text (what the child process parses)."""
     from ortools.sat.python import cp_model
 
-    b.hint(hint)
-    fixer = cp_model.CpSolver()
-    fp = fixer.parameters
-    fp.num_workers, fp.random_seed = 1, s.seed
-    fp.catch_sigint_signal = False  # Ctrl-C stops the compile (see solve)
-    fp.fix_variables_to_their_hinted_value = True
-    fp.max_deterministic_time = min(1.0, 0.2 * budget)
-    fp.max_time_in_seconds = fp.max_deterministic_time * s.wall_limit_factor
-    fp.probing_deterministic_time_limit = 0.0
-    fp.presolve_probing_deterministic_time_limit = 0.0
-    fp.find_big_linear_overlap = False
-    fp.max_presolve_iterations = 1
-    status = fixer.Solve(b.m)
-    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        b.m.ClearHints()
-        for i in range(len(b.m.Proto().variables)):
-            var = b.m.GetIntVarFromProtoIndex(i)
-            b.m.AddHint(var, fixer.Value(var))
-    return fixer.deterministic_time
+    params = cp_model.CpSolver().parameters
+    for key, value in fields.items():
+        setattr(params, key, value)
+    params.random_seed = s.seed
+    return str(params)
+
+
+def _run_child(model_text: str, fill: str | None, main: str, budget: float,
+               timeout_s: float, balance: dict[str, Any] | None = None
+               ) -> tuple[dict[str, Any] | None, str, str]:
+    """Run ``cpsat_worker`` on the model: (its result, or None if it died before the main
+    solve's result; the stage it reached; the last lines of its stderr). If it dies while
+    balancing, the main solve's result is kept. KeyboardInterrupt kills it and propagates."""
+    with tempfile.TemporaryDirectory(prefix="gemc-cpsat-") as tmp:
+        d = Path(tmp)
+        (d / "model.txt").write_text(model_text)
+        (d / "request.json").write_text(json.dumps({"fill": fill, "main": main,
+                                                    "budget": budget, "balance": balance}))
+        try:
+            # its own session: the terminal's Ctrl-C reaches only this process, which
+            # then kills the child (subprocess.run does on any exception) and re-raises
+            proc = subprocess.run([sys.executable, str(WORKER), str(d)], stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=timeout_s,
+                start_new_session=True, check=False)
+            err, code = proc.stderr.decode(errors="replace"), proc.returncode
+        except subprocess.TimeoutExpired:
+            err, code = f"no answer after {timeout_s:.0f} s wall (killed)", None
+        stage = (d / "stage").read_text() if (d / "stage").exists() else "start"
+        tail = " | ".join(line.strip() for line in err.strip().splitlines()[-3:])
+        if (code == 0 or stage == "balance") and (d / "result.json").exists():
+            return json.loads((d / "result.json").read_text()), stage, tail
+        if code is not None and code < 0:
+            try:
+                why = signal.Signals(-code).name
+            except ValueError:
+                why = f"signal {-code}"
+        else:
+            why = f"exit code {code}" if code is not None else "timeout"
+        return None, stage, f"{why}: {tail}" if tail else why
 
 
 def solve(problem: Problem, layout: Layout, regions: list[RegionClass],
           tables: list[TableClass], pricer: Pricer, hint: ModelSolution | None = None,
           time_limit_s: float | None = None) -> CpSatResult:
-    from ortools.sat.python import cp_model
+    """Build the model here, solve it in a child process (``cpsat_worker``).
 
+    With a hint, the child first completes it (the decisions fixed, every derived
+    variable found by a short solve); if the child aborts there (google/or-tools#5025 hits
+    that solve), it is run again with the partial hint only. If it aborts again, the
+    result has status ``crashed`` and no solution: the caller keeps the heuristic plan
+    and says so."""
     start = time.perf_counter()
     b = _Builder(problem, layout, regions, tables, pricer)
     b.dense()
@@ -476,42 +528,71 @@ def solve(problem: Problem, layout: Layout, regions: list[RegionClass],
     b.objective()
     s = problem.settings
     budget = s.time_limit_s if time_limit_s is None else time_limit_s
-    hint_s = _complete_hint(b, hint, s, budget) if hint is not None else 0.0
-    solver = cp_model.CpSolver()
-    params = solver.parameters
-    params.num_workers = s.workers
-    params.interleave_search = s.workers > 1
-    params.random_seed = s.seed
-    params.max_deterministic_time = max(0.01, budget - hint_s)
-    # Ctrl-C must stop the compile (exit 130, no plan), not end the search with a plan
-    params.catch_sigint_signal = False
-    params.max_time_in_seconds = budget * s.wall_limit_factor
-    params.relative_gap_limit = s.gap_limit
-    # presolve spends deterministic time too: on thousands of tables its default probing
-    # and overlap detection alone take the whole budget (1 s each), leaving no search
-    params.probing_deterministic_time_limit = min(1.0, 0.02 * budget)
-    params.presolve_probing_deterministic_time_limit = min(1.0, 0.02 * budget)
-    params.find_big_linear_overlap = False
-    params.max_presolve_iterations = 1
+    fill = None
+    if hint is not None:
+        b.hint(hint)
+        fill_det = min(1.0, 0.2 * budget)
+        fill = _params(s, num_workers=1, fix_variables_to_their_hinted_value=True,
+                       max_deterministic_time=fill_det,
+                       max_time_in_seconds=fill_det * s.wall_limit_factor,
+                       probing_deterministic_time_limit=0.0,
+                       presolve_probing_deterministic_time_limit=0.0,
+                       find_big_linear_overlap=False, max_presolve_iterations=1)
+    main = _params(
+        s, num_workers=s.workers, interleave_search=s.workers > 1,
+        max_time_in_seconds=budget * s.wall_limit_factor, relative_gap_limit=s.gap_limit,
+        # presolve spends deterministic time too: on thousands of tables its default
+        # probing and overlap detection alone take the whole budget (1 s each)
+        probing_deterministic_time_limit=min(1.0, 0.02 * budget),
+        presolve_probing_deterministic_time_limit=min(1.0, 0.02 * budget),
+        find_big_linear_overlap=False, max_presolve_iterations=1)
+    model_text = str(b.m.Proto())
+    proto = b.m.Proto()
+    n_vars, n_cons = len(proto.variables), len(proto.constraints)
+    balance = None
+    if s.balance_share > 0:
+        # lexicographic: the step first (its whole budget: taking this share from it cost
+        # 34% of step at 16 ranks on DLRMv2, where the search is budget-bound), then the
+        # fullest rank's memory with the step held at the first solution's, on top
+        share = s.balance_share * budget
+        step_index, mem_index = b.balance()
+        balance = {"step": step_index, "memory": mem_index, "model": str(b.m.Proto()),
+                   "params": _params(
+            s, num_workers=s.workers, interleave_search=s.workers > 1,
+            max_deterministic_time=share, max_time_in_seconds=share * s.wall_limit_factor,
+            probing_deterministic_time_limit=min(1.0, 0.02 * share),
+            presolve_probing_deterministic_time_limit=min(1.0, 0.02 * share),
+            find_big_linear_overlap=False, max_presolve_iterations=1)}
     build = time.perf_counter() - start
     start = time.perf_counter()
-    status = solver.Solve(b.m)
+    # the child's own limits stop it; this only catches a hung one
+    timeout = (budget + s.balance_share * budget) * s.wall_limit_factor * (2 if fill else 1) + 60.0
+    res, stage, why = _run_child(model_text, fill, main, budget, timeout, balance)
+    crash = None
+    if res is None:
+        crash = f"CP-SAT's process died in its {stage} solve ({why})"
+        if fill is not None and stage == "fill":
+            res, stage, why2 = _run_child(model_text, None, main, budget, timeout, balance)
+            if res is None:
+                crash += f"; again without completing the hint ({why2})"
     wall = time.perf_counter() - start
-    names = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible",
-             cp_model.INFEASIBLE: "infeasible"}
-    found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
-    wall_stopped = (status != cp_model.OPTIMAL and wall >= params.max_time_in_seconds * 0.98
-                    and solver.deterministic_time < budget)
-    proto = b.m.Proto()
+    if res is None:
+        return CpSatResult(None, "crashed", None, None, 0.0, wall, build, False, n_vars,
+                           n_cons, crash=crash)
+    found = res["values"] is not None
+    wall_stopped = (res["status"] != "optimal" and res["wall_s"] >= res["max_time_s"] * 0.98
+                    and res["deterministic_s"] < budget)
     return CpSatResult(
-        solution=b.solution(solver) if found else None,
-        status=names.get(status, "unknown"),
-        objective_s=solver.ObjectiveValue() * TIME_UNIT_S if found else None,
-        bound_s=solver.BestObjectiveBound() * TIME_UNIT_S if found else None,
-        deterministic_s=solver.deterministic_time,
+        solution=b.solution(res["values"]) if found else None,
+        status=res["status"],
+        objective_s=res["objective"] * TIME_UNIT_S if found else None,
+        bound_s=res["bound"] * TIME_UNIT_S if found else None,
+        deterministic_s=res["deterministic_s"],
         wall_s=wall,
         build_s=build,
         wall_stopped=wall_stopped,
-        variables=len(proto.variables),
-        constraints=len(proto.constraints),
+        variables=n_vars,
+        constraints=n_cons,
+        crash=crash,
+        balanced=res.get("balanced"),
     )

@@ -102,11 +102,11 @@ def evaluate(problem: Problem, assignment: Assignment, pricer: Pricer | None = N
             u_out += o.out_bytes
             shards += 1
             continue
-        idx = np.fromiter(set(choice.ranks), dtype=np.int64)
-        sparse[idx] += o.compute_s
-        mem[idx] += o.memory
-        out[idx] += o.out_bytes
-        shards[idx] += 1
+        idx = np.asarray(choice.ranks, dtype=np.int64)  # a rank listed twice pays twice
+        np.add.at(sparse, idx, o.compute_s)
+        np.add.at(mem, idx, o.memory)
+        np.add.at(out, idx, o.out_bytes)
+        np.add.at(shards, idx, 1)
     sparse += u_sparse
     mem += u_mem
     out += u_out

@@ -9,11 +9,15 @@ names the rank that is over, its largest tables and its dense share.
 
 from __future__ import annotations
 
+import inspect
 import math
+import re
+from dataclasses import replace
 
+from gemc.cost_model.topology import Topology
 from gemc.errors import GemcUserError
 
-from .candidates import RegionClass, TableClass
+from .candidates import RegionClass, TableClass, region_classes, table_classes
 from .evaluate import Evaluation, Pricer
 from .problem import Assignment, Problem, as_gb
 
@@ -22,6 +26,11 @@ MAX_NAMED_TABLES = 5
 
 class PlanInfeasibleError(GemcUserError):
     """No plan of this model fits in the GPUs' memory on this topology."""
+
+
+class SolverCrashError(GemcUserError):
+    """CP-SAT's child process died (a native abort) and no heuristic plan fits: a named
+    error with what to try, instead of a process killed by SIGABRT without a word."""
 
 
 def _dense_floor(problem: Problem, regions: list[RegionClass]) -> tuple[float, str]:
@@ -41,8 +50,93 @@ def _tables_floor(tables: list[TableClass]) -> float:
     return sum(len(tc.members) * min(o.memory * o.ranks for o in tc.options) for tc in tables)
 
 
+MAX_HOSTS = 8192  # the largest topology the fix search tries
+
+
+def _with_hosts(problem: Problem, hosts: int) -> Problem:
+    """The same problem on ``hosts`` hosts of the same kind (tables' per-rank bytes change
+    with the world: each rank's pooled outputs are for the global batch)."""
+    t = problem.topology
+    topo = Topology(t.gpu, hosts, t.gpus_per_host, nvlink_bandwidth=t.nvlink_bandwidth,
+                    network=t.network, latency_us=t.latency_us)
+    return replace(problem, topology=topo)
+
+
+def _violation(problem: Problem, regions: list[RegionClass] | None = None,
+               tables: list[TableClass] | None = None) -> str | None:
+    """Which memory floor no placement can beat, or None: the cheap feasibility test."""
+    regions = region_classes(problem) if regions is None else regions
+    tables = table_classes(problem) if tables is None else tables
+    cap = problem.cap_bytes
+    dense, _ = _dense_floor(problem, regions)
+    if dense > cap:
+        return "dense"
+    if any(dense + min(o.memory for o in tc.options) > cap for tc in tables):
+        return "table"
+    if dense + _tables_floor(tables) / problem.world > cap:
+        return "tables"
+    return None
+
+
+def _heuristic_fits(problem: Problem) -> bool:
+    """Whether greedy or naive finds a plan under the cap (CP-SAT is never worse)."""
+    from .evaluate import Pricer, evaluate
+    from .greedy import greedy
+    from .naive import naive
+
+    pricer = Pricer(problem)
+    return any(evaluate(problem, a, pricer).feasible
+               for a in (greedy(problem, pricer), naive(problem)))
+
+
+def _fitting_hosts(problem: Problem) -> tuple[int, bool] | None:
+    """The fewest hosts (more than now) where the memory floor holds, checked again, and
+    whether a heuristic plan was found to fit there (if not, the next few sizes are tried
+    for one that does). None when no size up to ``MAX_HOSTS`` passes the floor: the
+    per-rank need grows with the world as fast as the room does."""
+    hosts = problem.topology.hosts
+    lo, hi = hosts, None
+    step = max(1, hosts // 8)
+    h = hosts + step
+    while h <= MAX_HOSTS:  # grow until it fits, then bisect (the floor is monotone enough)
+        if _violation(_with_hosts(problem, h)) is None:
+            hi = h
+            break
+        lo, h = h, h + 2 * (h - lo)
+    if hi is None:
+        return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _violation(_with_hosts(problem, mid)) is None:
+            hi = mid
+        else:
+            lo = mid
+    for h in sorted({hi, hi + 1, math.ceil(hi * 1.1), math.ceil(hi * 1.25)}):
+        if _violation(_with_hosts(problem, h)) is None and _heuristic_fits(_with_hosts(problem, h)):
+            return h, True
+    return hi, False
+
+
+def _batch_flag(entrypoint: str | None) -> str | None:
+    """``--set NAME=...`` for the entrypoint's own batch parameter, or None if it takes
+    none (a fix must name a parameter the entrypoint accepts)."""
+    if not entrypoint:
+        return None
+    try:
+        from gemc.entrypoint import load_entrypoint
+
+        params = inspect.signature(load_entrypoint(entrypoint)).parameters
+    except Exception:  # the fix is advice: an entrypoint that no longer loads gives none
+        return None
+    names = [n for n, p in params.items() if "batch" in n.lower()
+             and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    return f"--set {names[0]}=..." if names else None
+
+
 def _fixes(problem: Problem, regions: list[RegionClass], tables: list[TableClass],
            planner: str | None = None) -> str:
+    """Only fixes that are true: sizes are checked with the same floor (and a heuristic
+    plan), flags are ones the CLI and the entrypoint take."""
     topo, cap = problem.topology, problem.cap_bytes
     dense, _ = _dense_floor(problem, regions)
     act = sum(len(rc.members) * rc.region.activation_bytes for rc in regions)
@@ -52,21 +146,36 @@ def _fixes(problem: Problem, regions: list[RegionClass], tables: list[TableClass
         fixes.append(f"the tables fit on average (about {math.ceil(need)} GPUs' worth): "
                      + ("a longer --time-limit for CP-SAT to find a packing" if planner == "cpsat"
                         else "--planner cpsat, which balances memory across ranks"))
-    if dense < cap and need > problem.world:
-        gpus = max(problem.world + topo.gpus_per_host,
-                   topo.gpus_per_host * math.ceil(need / topo.gpus_per_host))
-        hosts = math.ceil(gpus / topo.gpus_per_host)
-        fixes.append(f"more GPUs (the tables alone need about {math.ceil(need)}; try "
-                     f"--topology {topo.gpu.name}:{hosts}x{topo.gpus_per_host})")
-    elif dense < cap:
-        fixes.append("more GPUs (more room per rank for shards that do not split evenly)")
-    else:
+    if dense >= cap:
         fixes.append("more GPUs do not help: the dense part alone needs "
                      f"{as_gb(dense)} per rank even fully sharded")
+    else:
+        found = _fitting_hosts(problem)
+        g = topo.gpus_per_host
+        if found is None:
+            fixes.append(f"more GPUs do not help up to {MAX_HOSTS} hosts: every rank's "
+                         "pooled outputs grow with the world as fast as the room does")
+        else:
+            hosts, checked = found
+            where = (f"--topology {topo.gpu.name}:{hosts}x{g}"
+                     if re.fullmatch(r"[A-Za-z0-9]+:\d+x\d+", topo.spec) else
+                     f"a topology file with hosts: {hosts}")
+            fixes.append(f"more GPUs: {where} ({hosts * g} GPUs; "
+                         + ("checked: a heuristic plan fits there)" if checked else
+                            "the memory bound holds there; no heuristic plan was found to fit, "
+                            "CP-SAT may)"))
     if act > 0:
+        flag = _batch_flag(problem.entrypoint)
         fixes.append(f"a smaller batch (saved activations take {as_gb(act)} per rank and "
-                     "scale with the local batch: --set batch_size=...)")
-    fixes.append("another precision (bf16 weights and optimizer state halve their bytes)")
+                     "scale with the local batch: "
+                     + (f"{flag})" if flag else "the entrypoint takes no batch parameter; "
+                        "make its example inputs smaller)"))
+    opt = problem.options.table_optimizer
+    if opt not in ("rowwise_adagrad", "sgd"):
+        lean = replace(problem, options=replace(problem.options, table_optimizer="rowwise_adagrad"))
+        if _violation(lean) is None:
+            fixes.append(f"--table-optimizer rowwise_adagrad (one state value per row instead "
+                         f"of {opt}'s per element: checked, the memory bound holds then)")
     if not problem.settings.allow_checkpoint:
         saved = sum(len(rc.members) * max(0, rc.region.activation_bytes - rc.region.boundary_bytes)
                     for rc in regions if rc.region.name)

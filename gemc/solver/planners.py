@@ -17,7 +17,12 @@ from .candidates import region_classes, table_classes
 from .evaluate import Evaluation, Pricer, evaluate
 from .expand import Layout, choose_layout, expand
 from .greedy import greedy
-from .infeasible import PlanInfeasibleError, check_lower_bound, error_from_evaluation
+from .infeasible import (
+    PlanInfeasibleError,
+    SolverCrashError,
+    check_lower_bound,
+    error_from_evaluation,
+)
 from .naive import naive
 from .problem import Assignment, Problem
 
@@ -114,6 +119,17 @@ def _cpsat(problem: Problem, regions, tables, pricer: Pricer, base: dict[str, An
         coarse = run(Layout(problem.world, layout.local, problem.world), 0.3 * total, "coarse")
     res = run(layout, total - (0.3 * total if coarse else 0.0), "cpsat")
     source, a, ev = best()
+    crashes = [r.crash for r in (coarse, res) if r is not None and r.crash]
+    if not ev.feasible and crashes and not any(
+            r is not None and r.solution is not None for r in (coarse, res)):
+        raise SolverCrashError(
+            f"CP-SAT could not plan this model: {'; '.join(crashes)}; and neither "
+            "heuristic planner (greedy, naive) found a plan that fits in memory",
+            where=f"the parallelize pass, {len(problem.tables)} tables on "
+                  f"{problem.topology.spec}",
+            fix="compile again with another --time-limit (another search path), or use an "
+                "OR-Tools release where google/or-tools#5025 is fixed; if the abort persists, "
+                "report it with this message")
     if not ev.feasible:
         proven = res.status == "infeasible" and layout.bin_size == 1
         raise error_from_evaluation(problem, a, ev, pricer, regions, tables, planner="cpsat",
@@ -121,7 +137,9 @@ def _cpsat(problem: Problem, regions, tables, pricer: Pricer, base: dict[str, An
     wall_stopped = res.wall_stopped or bool(coarse and coarse.wall_stopped)
     if res.solution is None and coarse is not None and coarse.solution is not None:
         res = coarse  # the status, objective and bound of the model that found a plan
-    notes: list[str] = []
+    notes: list[str] = [
+        f"parallelize: WARNING {c}; the plan is {source}'s (the best of the planners that "
+        "ran); CP-SAT runs in a child process so the compile goes on" for c in crashes]
     gap = None
     if res.objective_s and res.bound_s is not None:
         gap = max(0.0, (res.objective_s - res.bound_s) / res.objective_s)
@@ -145,6 +163,11 @@ def _cpsat(problem: Problem, regions, tables, pricer: Pricer, base: dict[str, An
         "coarse_status": coarse.status if coarse else None,
         "variables": res.variables,
         "constraints": res.constraints,
+        "crashed": bool(crashes),
+        # the fullest rank's (a bin's mean) GB in the model after the memory-balance solve
+        # (lexicographic second objective, the step held), null if it did not run
+        "balanced_max_gb": round(res.balanced[1] * cpsat.MEM_UNIT_B / 1e9, 3)
+        if res.balanced else None,
     }
     if wall_stopped:
         notes.append("parallelize: CP-SAT was stopped by the wall-clock safety net "
@@ -154,7 +177,7 @@ def _cpsat(problem: Problem, regions, tables, pricer: Pricer, base: dict[str, An
         notes.append(f"parallelize: CP-SAT stopped at its time limit; its best solution is "
                      f"{100 * (gap or 0):.1f}% above the model's bound (--time-limit to search "
                      "longer)")
-    elif res.status in ("unknown", "infeasible"):
+    elif res.status in ("unknown", "infeasible") and not res.crash:
         why = ("found no solution in its time limit" if res.status == "unknown" else
                "found its model infeasible (multi-rank bins keep a packing slack)")
         notes.append(f"parallelize: CP-SAT {why}; the plan is {source}'s")

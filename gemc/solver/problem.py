@@ -50,6 +50,10 @@ class SolverSettings:
     max_placement_vars: int = 6_000
     packing_slack: float = 0.03   # memory a bin of several ranks keeps free for packing
     wall_limit_factor: float = 6.0
+    # extra budget (a share of time_limit_s, on top of it) for the lexicographic second
+    # objective (memory balance: the fullest rank's bytes, the step held at the first
+    # solution's); 0: off
+    balance_share: float = 0.2
 
     def __post_init__(self) -> None:
         if not self.time_limit_s > 0:
@@ -116,6 +120,8 @@ class Problem:
     settings: SolverSettings = field(default_factory=SolverSettings)
     # regions whose strategy the plan can carry (they own compute nodes); others stay DDP
     placeable: frozenset[str] | None = None
+    # the model's entrypoint (FILE.py:FUNC): an infeasibility fix names its own parameters
+    entrypoint: str | None = None
 
     @property
     def world(self) -> int:
@@ -157,6 +163,7 @@ def problem_from_graph(
         options=options or StepOptions(),
         settings=settings or SolverSettings(),
         placeable=placeable,
+        entrypoint=getattr(ctx, "entrypoint", None),
     )
 
 

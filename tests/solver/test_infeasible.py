@@ -3,12 +3,15 @@ binding constraint (which rank, which tables, how many GB over) and the fixes.""
 
 from __future__ import annotations
 
+import re
+from dataclasses import replace
+
 import pytest
 from gemc.cost_model.topology import parse_topology
 from gemc.cost_model.types import RegionCost, TableCost
 
 from gemc.errors import GemcUserError
-from gemc.solver.infeasible import PlanInfeasibleError
+from gemc.solver.infeasible import PlanInfeasibleError, _batch_flag, _violation
 from gemc.solver.planners import run_planner
 from gemc.solver.problem import Problem, SolverSettings
 from tests.solver.synth import ADAMW_TABLES
@@ -63,3 +66,62 @@ def test_packing_infeasible_is_proven_by_cpsat_and_names_the_rank():
     assert "CP-SAT proved that no assignment fits" in text
     assert "rank " in text and "GB over" in text and "t0" in text
     assert "more GPUs" in text
+
+
+def _suggested_hosts(text: str) -> int:
+    m = re.search(r"--topology h200:(\d+)x(\d+)", text)
+    assert m, text
+    return int(m.group(1))
+
+
+def test_suggested_topology_is_checked_to_fit_and_is_the_smallest():
+    """The fix's size passes the same floor and a heuristic plan fits there; one host
+    fewer does not pass the floor (or is the size tried)."""
+    tables = [TableCost(f"t{i}", 60_000_000, 128, 4096, 4096) for i in range(8)]
+    p = problem("h200:1x4", [MLP], tables)
+    with pytest.raises(PlanInfeasibleError) as err:
+        run_planner(p, "greedy")
+    text = str(err.value)
+    hosts = _suggested_hosts(text)
+    assert "checked: a heuristic plan fits there" in text
+    bigger = replace(p, topology=parse_topology(f"h200:{hosts}x4"))
+    assert _violation(bigger) is None
+    run_planner(bigger, "greedy")  # no PlanInfeasibleError: the suggestion is true
+    if hosts > 2:
+        assert _violation(replace(p, topology=parse_topology(f"h200:{hosts - 2}x4"))) is not None
+
+
+def test_fix_names_the_entrypoints_own_batch_parameter(tmp_path):
+    own = tmp_path / "own.py"
+    own.write_text("def build(preset='x', local_batch: int = 8):\n    pass\n")
+    none = tmp_path / "none.py"
+    none.write_text("def build(preset='x', seed=0):\n    pass\n")
+    assert _batch_flag(f"{own}:build") == "--set local_batch=..."
+    assert _batch_flag(f"{none}:build") is None
+    blocks = [RegionCost(f"blocks.{i}", 10**8, 1e14, 1e-1, activation_bytes=1000 * 10**9,
+                         boundary_bytes=10**9) for i in range(2)]
+    for entry, expect in ((f"{own}:build", "--set local_batch=..."),
+                          (f"{none}:build", "takes no batch parameter")):
+        p = replace(problem("h200:1x8", blocks, [TableCost("t", 1000, 64, 100, 100)]),
+                    entrypoint=entry)
+        with pytest.raises(PlanInfeasibleError) as err:
+            run_planner(p, "greedy")
+        text = str(err.value)
+        assert expect in text and "batch_size" not in text
+        # --precision changes GEMM precision only: no fix may promise it halves state bytes
+        assert "precision" not in text
+
+
+def test_rowwise_adagrad_is_suggested_only_when_it_fits():
+    """AdamW tables 2x over what fits: row-wise Adagrad (1 value per row) does fit."""
+    tables = [TableCost(f"t{i}", 100_000_000, 128, 4096, 4096) for i in range(8)]
+    p = problem("h200:1x8", [MLP], tables)
+    with pytest.raises(PlanInfeasibleError) as err:
+        run_planner(p, "greedy")
+    assert "--table-optimizer rowwise_adagrad" in str(err.value)
+    lean = replace(p, options=replace(p.options, table_optimizer="rowwise_adagrad"))
+    run_planner(lean, "greedy")  # fits
+    huge = [TableCost(f"t{i}", 300_000_000, 128, 4096, 4096) for i in range(8)]
+    with pytest.raises(PlanInfeasibleError) as err:
+        run_planner(problem("h200:1x8", [MLP], huge), "greedy")
+    assert "--table-optimizer" not in str(err.value)

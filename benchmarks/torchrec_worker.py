@@ -1,0 +1,176 @@
+"""TorchRec's side of ``vs_torchrec.py``: run in TorchRec's own venv (no gemc import).
+
+    benchmarks/.venv_torchrec/bin/python benchmarks/torchrec_worker.py REQUEST.json RESULT.json
+
+The request names the tables (name, rows, dim, pooling factor), the topology (world,
+local world, HBM per GPU), the local batch, and gemc's plan (per table: sharding type and
+the rank of each shard). The worker
+
+1. plans the tables with ``EmbeddingShardingPlanner`` (TorchRec's defaults: greedy
+   proposer, its perf and storage estimators, 15% heuristic storage reservation) and times it;
+2. prices a plan the way TorchRec's planner does (its ``NoopPerfModel``: the largest sum,
+   over ranks, of the estimated perf of the shards a rank holds; storage likewise) for its
+   own plan and for gemc's. Shard estimates come from TorchRec's enumerator (perf and
+   storage per shard, rank-independent), one enumeration per distinct table and shard
+   count (repeated tables share it).
+
+The optimizer is row-wise Adagrad (fused, ``EXACT_ROWWISE_ADAGRAD``), DLRMv2's, on both sides.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+import torch
+from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+from torchrec.distributed.planner.shard_estimators import (
+    EmbeddingPerfEstimator,
+    EmbeddingStorageEstimator,
+)
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+try:
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+except ImportError:  # older layouts
+    from torchrec.optim.rowwise_adagrad import EmbOptimType  # type: ignore
+
+FUSED = EmbeddingComputeKernel.FUSED.value
+# gemc's sharding names -> TorchRec's
+TO_TORCHREC = {"table_wise": "table_wise", "row_wise": "row_wise", "column_wise": "column_wise",
+               "table_row_wise": "table_row_wise", "data_parallel": "data_parallel",
+               "grid": "grid_shard"}
+
+
+def sharder() -> EmbeddingBagCollectionSharder:
+    return EmbeddingBagCollectionSharder(
+        fused_params={"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD})
+
+
+def topology(req: dict[str, Any]) -> Topology:
+    return Topology(world_size=req["world"], compute_device="cuda",
+                    local_world_size=req["local"], hbm_cap=int(req["hbm_bytes"]))
+
+
+def ebc(tables: list[dict[str, Any]]) -> EmbeddingBagCollection:
+    return EmbeddingBagCollection(tables=[
+        EmbeddingBagConfig(name=t["name"], feature_names=[t["name"]],
+                           num_embeddings=t["rows"], embedding_dim=t["dim"])
+        for t in tables], device=torch.device("meta"))
+
+
+def constraints(tables: list[dict[str, Any]], **extra: Any) -> dict[str, ParameterConstraints]:
+    return {t["name"]: ParameterConstraints(pooling_factors=[float(t["pooling"])], **extra)
+            for t in tables}
+
+
+def plan_with_torchrec(req: dict[str, Any]) -> dict[str, Any]:
+    tables = req["tables"]
+    planner = EmbeddingShardingPlanner(topology=topology(req), batch_size=req["batch"],
+                                       constraints=constraints(tables))
+    start = time.perf_counter()
+    plan = planner.plan(ebc(tables), [sharder()])
+    seconds = time.perf_counter() - start
+    out = {}
+    for _, module_plan in plan.plan.items():
+        for name, ps in module_plan.items():
+            shards = []
+            spec = ps.sharding_spec
+            if spec is not None:
+                for s in spec.shards:
+                    rank = s.placement.rank()
+                    shards.append({"rank": rank, "offsets": list(s.shard_offsets),
+                                   "sizes": list(s.shard_sizes)})
+            else:  # data parallel: every rank
+                shards = [{"rank": r} for r in (ps.ranks or range(req["world"]))]
+            out[name] = {"sharding": ps.sharding_type, "kernel": ps.compute_kernel,
+                         "ranks": list(ps.ranks or []), "shards": shards}
+    return {"seconds": seconds, "plan": out}
+
+
+class Pricer:
+    """TorchRec's per-shard perf and storage, one enumeration per distinct table and
+    sharding shape (repeated tables are priced once)."""
+
+    def __init__(self, req: dict[str, Any]) -> None:
+        self.req = req
+        self.cache: dict[tuple, list[Any]] = {}
+
+    def options(self, t: dict[str, Any], cw_shards: int | None) -> list[Any]:
+        key = (t["rows"], t["dim"], t["pooling"], cw_shards)
+        if key not in self.cache:
+            one = [dict(t, name="t")]
+            extra = {}
+            if cw_shards:
+                extra = {"min_partition": t["dim"] // cw_shards}
+            topo = topology(self.req)
+            cons = constraints(one, **extra)
+            enum = EmbeddingEnumerator(
+                topology=topo, batch_size=self.req["batch"], constraints=cons,
+                estimator=[EmbeddingPerfEstimator(topology=topo, constraints=cons),
+                           EmbeddingStorageEstimator(topology=topo, constraints=cons)])
+            self.cache[key] = enum.enumerate(ebc(one), [sharder()])
+        return self.cache[key]
+
+    def price(self, tables: list[dict[str, Any]], plan: dict[str, dict[str, Any]]
+              ) -> dict[str, Any]:
+        """(max over ranks of summed shard perf, ms; per-rank HBM, GB) of a plan; tables
+        TorchRec cannot price that way are listed in ``unpriced``."""
+        world = self.req["world"]
+        perf = [0.0] * world
+        hbm = [0.0] * world
+        unpriced = []
+        for t in tables:
+            p = plan[t["name"]]
+            kind = TO_TORCHREC.get(p["sharding"], p["sharding"])
+            ranks = p["ranks"]
+            cw = len(ranks) if kind == "column_wise" else None
+            opts = [o for o in self.options(t, cw)
+                    if o.sharding_type == kind and o.compute_kernel == FUSED
+                    and (kind == "data_parallel" or len(o.shards) == len(ranks))]
+            if kind == "data_parallel":
+                opts = [o for o in self.options(t, None) if o.sharding_type == kind]
+                ranks = list(range(world))
+            if not opts:
+                unpriced.append(f"{t['name']} ({p['sharding']} x{len(ranks)})")
+                continue
+            o = opts[0]
+            shards = o.shards if kind != "data_parallel" else [o.shards[0]] * world
+            for rank, shard in zip(ranks, shards):
+                perf[rank] += shard.perf.total
+                hbm[rank] += shard.storage.hbm
+        return {"max_perf_ms": max(perf), "max_hbm_gb": max(hbm) / 1e9,
+                "mean_hbm_gb": sum(hbm) / world / 1e9, "unpriced": unpriced}
+
+
+def main(argv: list[str]) -> int:
+    req = json.loads(open(argv[1]).read())
+    result: dict[str, Any] = {"torch": torch.__version__}
+    try:
+        import torchrec
+
+        result["torchrec"] = torchrec.__version__
+    except Exception:  # a version string is a nicety
+        result["torchrec"] = "?"
+    pricer = Pricer(req)
+    if req.get("gemc_plan"):
+        result["gemc_under_torchrec"] = pricer.price(req["tables"], req["gemc_plan"])
+    if req.get("plan", True):
+        tr = plan_with_torchrec(req)
+        result.update(torchrec_seconds=tr["seconds"], torchrec_plan=tr["plan"])
+        own = {name: {"sharding": p["sharding"], "ranks": p["ranks"]}
+               for name, p in tr["plan"].items()}
+        result["torchrec_under_torchrec"] = pricer.price(req["tables"], own)
+    with open(argv[2], "w") as f:
+        json.dump(result, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

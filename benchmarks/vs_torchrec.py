@@ -1,0 +1,247 @@
+"""gemc's sparse planner side by side with TorchRec's ``EmbeddingShardingPlanner`` (CPU).
+
+    .venv/bin/python benchmarks/vs_torchrec.py                       # the full table
+    .venv/bin/python benchmarks/vs_torchrec.py --worlds 16,64 --repeats 1
+    .venv/bin/python benchmarks/vs_torchrec.py --setup-only          # just TorchRec's venv
+
+The tables are MLPerf DLRMv2's (``examples/dlrm`` preset ``dlrmv2``: 26 Criteo tables capped
+at 40M rows, 204M rows, dim 128, its pooling factors), and the same tables repeated
+(``repeat``, 40 gives 1,040), at a global batch of 65,536 (local 65,536 / world), on
+H200 hosts of 8 GPUs. Both planners plan the same tables with row-wise Adagrad as the table
+optimizer (DLRMv2's; gemc: ``--table-optimizer rowwise_adagrad``, TorchRec: fused
+``EXACT_ROWWISE_ADAGRAD``). Each plan is priced under both cost models:
+
+* gemc's: ``gemc.solver.evaluate`` (held equal to ``predict_step``): the predicted step, ms,
+  of the whole model, the dense part planned by gemc for both (TorchRec plans tables only);
+* TorchRec's: its planner's own figure of merit (``NoopPerfModel``: the largest per-rank
+  sum of the shards' estimated perf, ms) from TorchRec's perf estimator.
+
+TorchRec runs in its own venv, ``benchmarks/.venv_torchrec`` (gitignored), which this script
+creates on first use: torch 2.13.0 (CPU) then ``torchrec==1.8.0 fbgemm-gpu-cpu==1.8.0``
+with ``--no-deps`` and their pure-Python dependencies, and is called through
+``benchmarks/torchrec_worker.py`` in a subprocess with a time limit (``--torchrec-timeout``;
+its planner takes minutes at 4,096 ranks and more than 15 at 1,040 tables).
+
+Planning seconds are wall clock on a shared machine: noisy (repeat and compare).
+Writes ``benchmarks/results/vs_torchrec.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from gemc.cost_model.calibration import default_calibration  # noqa: E402
+from gemc.cost_model.topology import parse_topology  # noqa: E402
+from gemc.passes.parallelize import step_options  # noqa: E402
+
+from gemc.api import load_model  # noqa: E402
+from gemc.capture import capture  # noqa: E402
+from gemc.solver.evaluate import Pricer, evaluate  # noqa: E402
+from gemc.solver.infeasible import PlanInfeasibleError  # noqa: E402
+from gemc.solver.planners import run_planner  # noqa: E402
+from gemc.solver.problem import Assignment, TableChoice, problem_from_graph  # noqa: E402
+from gemc.solver.replan import annotate  # noqa: E402
+from gemc.table_format import render_table  # noqa: E402
+
+DLRM = f"{REPO}/examples/dlrm/model.py:build"
+VENV = REPO / "benchmarks" / ".venv_torchrec"
+WORKER = REPO / "benchmarks" / "torchrec_worker.py"
+GLOBAL_BATCH = 65536
+# TorchRec's sharding names -> gemc's (one table each way: the worker holds the inverse)
+FROM_TORCHREC = {"table_wise": "table_wise", "row_wise": "row_wise",
+                 "column_wise": "column_wise", "table_row_wise": "table_row_wise",
+                 "data_parallel": "data_parallel", "grid_shard": "grid"}
+
+
+def setup_venv() -> Path:
+    """TorchRec's venv (created once): torch 2.13.0 CPU, then torchrec and fbgemm-gpu-cpu
+    1.8.0 without their dependency pins (which would pull another torch), then the
+    pure-Python packages they import."""
+    py = VENV / "bin" / "python"
+    if py.exists() and subprocess.run([str(py), "-c", "import torchrec"],
+                                      capture_output=True).returncode == 0:
+        return py
+    steps = [
+        [sys.executable, "-m", "venv", str(VENV)],
+        [str(py), "-m", "pip", "install", "-q", "torch==2.13.0"],
+        [str(py), "-m", "pip", "install", "-q", "--no-deps", "torchrec==1.8.0",
+         "fbgemm-gpu-cpu==1.8.0", "tensordict"],
+        [str(py), "-m", "pip", "install", "-q", "numpy", "tqdm", "pyre-extensions",
+         "torchmetrics==1.0.3", "cloudpickle", "packaging", "importlib_metadata", "orjson",
+         "pyvers"],
+    ]
+    for cmd in steps:
+        print("setup:", " ".join(cmd[2:] if cmd[0] == str(py) else cmd), flush=True)
+        subprocess.run(cmd, check=True)
+    return py
+
+
+def gemc_problem(repeat: int, world: int, calibration: Any) -> Any:
+    topo = f"h200:{world // 8}x8"
+    margs = {"preset": "dlrmv2", "repeat": repeat, "batch_size": GLOBAL_BATCH // world}
+    spec = load_model(DLRM, margs)
+    captured = capture(spec, entrypoint=DLRM)
+    gm, ctx = annotate(captured, parse_topology(topo), entrypoint=DLRM, args=margs,
+                       calibration=calibration)
+    return problem_from_graph(gm, ctx, options=step_options("rowwise_adagrad"))
+
+
+def tables_of(problem: Any) -> list[dict[str, Any]]:
+    return [{"name": f"t{i}", "fqn": t.fqn, "rows": t.rows, "dim": t.dim,
+             "pooling": max(1, round(t.nnz / t.batch))} for i, t in enumerate(problem.tables)]
+
+
+def torchrec_assignment(problem: Any, tables: list[dict[str, Any]], plan: dict[str, Any],
+                        dense: dict[str, Any]) -> tuple[Assignment, list[str]]:
+    """TorchRec's plan in gemc's terms (shards in offset order); what gemc cannot express
+    (uneven column shards, grid) is listed."""
+    out, odd = {}, []
+    for t in tables:
+        p = plan[t["name"]]
+        kind = FROM_TORCHREC[p["sharding"]]
+        if kind == "data_parallel":
+            out[t["fqn"]] = TableChoice(kind, tuple(range(problem.world)))
+            continue
+        shards = sorted(p["shards"], key=lambda s: (s["offsets"][1], s["offsets"][0]))
+        if kind == "column_wise" and len({s["sizes"][1] for s in shards}) > 1:
+            odd.append(f"{t['name']}: uneven column shards")
+        if kind == "grid":
+            odd.append(f"{t['name']}: grid_shard")
+        out[t["fqn"]] = TableChoice(kind, tuple(s["rank"] for s in shards))
+    return Assignment(dense=dict(dense), tables=out), odd
+
+
+def run_worker(py: Path, req: dict[str, Any], timeout: float) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "req.json").write_text(json.dumps(req))
+        try:
+            proc = subprocess.run([str(py), str(WORKER), f"{d}/req.json", f"{d}/res.json"],
+                                  capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {"error": f"TorchRec's planner ran past {timeout:.0f} s"}
+        if proc.returncode != 0:
+            return {"error": proc.stderr.strip().splitlines()[-1:]}
+        return json.loads((Path(d) / "res.json").read_text())
+
+
+def case(py: Path, repeat: int, world: int, calibration: Any, timeout: float,
+         plan_torchrec: bool) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    problem = gemc_problem(repeat, world, calibration)
+    capture_s = time.perf_counter() - t0
+    tables = tables_of(problem)
+    row: dict[str, Any] = {"tables": len(tables), "world": world, "capture_s": capture_s}
+    t0 = time.perf_counter()
+    try:
+        g = run_planner(problem, "cpsat")
+    except PlanInfeasibleError as exc:
+        row["gemc_error"] = exc.render()
+        return row
+    row["gemc_plan_s"] = time.perf_counter() - t0
+    row["gemc_report"] = g.report
+    row["gemc_under_gemc_ms"] = g.evaluation.step_ms
+    mem = g.evaluation.memory
+    row["gemc_mem_gb"] = [float(mem.max()) / 1e9, float(mem.mean()) / 1e9]
+    row["gemc_shardings"] = dict(Counter(c.sharding for c in g.assignment.tables.values()))
+    by_fqn = {t["fqn"]: t["name"] for t in tables}
+    gemc_plan = {by_fqn[fqn]: {"sharding": c.sharding, "ranks": list(c.ranks)}
+                 for fqn, c in g.assignment.tables.items()}
+    req = {"world": world, "local": 8, "hbm_bytes": 141e9, "batch": GLOBAL_BATCH // world,
+           "tables": tables, "gemc_plan": gemc_plan}
+    # TorchRec's pricing of gemc's plan first (quick: repeated tables enumerate once), then
+    # its planner under the time limit
+    priced = run_worker(py, {**req, "plan": False}, timeout)
+    row["torchrec_versions"] = {k: priced.get(k) for k in ("torch", "torchrec")}
+    row["gemc_under_torchrec"] = priced.get("gemc_under_torchrec")
+    if not plan_torchrec:
+        return row
+    tr = run_worker(py, {**req, "gemc_plan": None}, timeout)
+    if "error" in tr:
+        row["torchrec_error"] = tr["error"]
+        return row
+    if "torchrec_plan" in tr:
+        row["torchrec_plan_s"] = tr["torchrec_seconds"]
+        row["torchrec_under_torchrec"] = tr["torchrec_under_torchrec"]
+        row["torchrec_shardings"] = dict(Counter(p["sharding"]
+                                                 for p in tr["torchrec_plan"].values()))
+        a, odd = torchrec_assignment(problem, tables, tr["torchrec_plan"], g.assignment.dense)
+        ev = evaluate(problem, a, Pricer(problem))
+        row["torchrec_under_gemc_ms"] = ev.step_ms
+        row["torchrec_mem_gb_gemc"] = [float(ev.memory.max()) / 1e9,
+                                       float(ev.memory.mean()) / 1e9]
+        row["torchrec_fits_gemc_cap"] = bool(ev.feasible)
+        row["torchrec_odd"] = odd
+    return row
+
+
+def fmt(x: Any, spec: str = ".2f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--worlds", default="16,64,512,4096")
+    ap.add_argument("--repeats", default="1,40", help="table-set repeats (1: DLRMv2's 26)")
+    ap.add_argument("--torchrec-timeout", type=float, default=900.0)
+    ap.add_argument("--skip-torchrec-plan", default="",
+                    help="tables,world pairs (e.g. 1040,4096) where only gemc's plan is priced "
+                         "by TorchRec, its planner not run")
+    ap.add_argument("--json", default=str(REPO / "benchmarks" / "results" / "vs_torchrec.json"))
+    ap.add_argument("--setup-only", action="store_true")
+    args = ap.parse_args()
+    py = setup_venv()
+    if args.setup_only:
+        return 0
+    skip = {tuple(map(int, p.split(","))) for p in args.skip_torchrec_plan.split(";") if p}
+    calibration = default_calibration("h200")
+    rows, results = [], []
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
+    print(f"vs TorchRec: {os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), "
+          f"commit {commit}\n", flush=True)
+    for repeat in map(int, args.repeats.split(",")):
+        for world in map(int, args.worlds.split(",")):
+            r = case(py, repeat, world, calibration, args.torchrec_timeout,
+                     (26 * repeat, world) not in skip)
+            results.append(r)
+            gt = r.get("gemc_under_torchrec") or {}
+            tt = r.get("torchrec_under_torchrec") or {}
+            rows.append([
+                r["tables"], world, fmt(r.get("torchrec_plan_s"), ".1f"),
+                fmt(r.get("gemc_plan_s"), ".1f"),
+                fmt(r.get("gemc_under_gemc_ms")), fmt(r.get("torchrec_under_gemc_ms")),
+                fmt(gt.get("max_perf_ms")), fmt(tt.get("max_perf_ms")),
+                "/".join(fmt(x, ".1f") for x in r.get("gemc_mem_gb", [])) or "-",
+                "/".join(fmt(x, ".1f") for x in r.get("torchrec_mem_gb_gemc", [])) or "-",
+                r.get("gemc_error", "") and "gemc: infeasible"
+                or (str(r.get("torchrec_error", ""))[:60]),
+            ])
+            print(f"  done {r['tables']} tables x {world}: " + " | ".join(map(str, rows[-1])),
+                  flush=True)
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(
+                {"commit": commit, "cpus": os.cpu_count(), "rows": results}, indent=1,
+                default=str))
+    print(render_table(
+        ["tables", "ranks", "TorchRec plan s", "gemc plan s", "gemc plan @gemc ms",
+         "TorchRec plan @gemc ms", "gemc plan @TorchRec ms", "TorchRec plan @TorchRec ms",
+         "gemc max/mean GB", "TorchRec max/mean GB @gemc", "note"], rows,
+        title="gemc vs TorchRec 1.8 planner, DLRMv2 tables, global batch 65,536, H200 x8 hosts"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
