@@ -23,6 +23,7 @@ from gemc.exits import (
     install_signal_handlers,
     interrupt_code,
     report_crash,
+    restore_signal_handlers,
     signal_name,
 )
 from gemc.plan import TABLE_OPTIMIZERS
@@ -316,7 +317,14 @@ COMMANDS["run"] = _cmd_run
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    install_signal_handlers()
+    saved = install_signal_handlers()
+    try:
+        return _main(argv)
+    finally:
+        restore_signal_handlers(saved)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     try:
         args = _parser().parse_args(argv)
         return COMMANDS[args.command](args)

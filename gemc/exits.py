@@ -21,6 +21,7 @@ import tempfile
 import threading
 import traceback
 from types import FrameType
+from typing import Any
 
 EXIT_OK, EXIT_INTERNAL, EXIT_USAGE = 0, 1, 2
 EXIT_SIGINT, EXIT_SIGTERM = 128 + signal.SIGINT, 128 + signal.SIGTERM
@@ -34,14 +35,28 @@ def _raise_terminated(signum: int, frame: FrameType | None) -> None:
     raise Terminated()
 
 
-def install_signal_handlers() -> None:
+def install_signal_handlers() -> dict[int, Any]:
     """SIGTERM raises :class:`Terminated`; SIGINT keeps Python's KeyboardInterrupt (set it
-    back if an embedding program ignored it). Only the main thread may install handlers."""
+    back if an embedding program ignored it). Only the main thread may install handlers.
+    Returns the handlers it replaced, for :func:`restore_signal_handlers`."""
     if threading.current_thread() is not threading.main_thread():
-        return
+        return {}
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     signal.signal(signal.SIGTERM, _raise_terminated)
     if signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, signal.SIG_DFL):
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    return saved
+
+
+def restore_signal_handlers(saved: dict[int, Any]) -> None:
+    """Put back what :func:`install_signal_handlers` replaced: a CLI ``main()`` called in
+    a longer-lived process (a test run, a notebook) must not leave Ctrl-C ignored after
+    :func:`ignore_further_interrupts`."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig, handler in saved.items():
+        if handler is not None:
+            signal.signal(sig, handler)
 
 
 def ignore_further_interrupts() -> None:

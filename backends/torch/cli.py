@@ -39,6 +39,7 @@ from gemc.exits import (
     install_signal_handlers,
     interrupt_code,
     report_crash,
+    restore_signal_handlers,
     signal_name,
 )
 
@@ -361,7 +362,14 @@ def _user_error(exc: GemcUserError) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m gemc.run PLAN ...``: exit 0; 2 on a user error (every rank); 1 on a bug
     in gemc; 130 / 143 when interrupted by SIGINT / SIGTERM."""
-    install_signal_handlers()
+    saved = install_signal_handlers()
+    try:
+        return _main(argv)
+    finally:
+        restore_signal_handlers(saved)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = checks.ArgumentParser(prog="gemc run", description="Train a plan on torch.distributed.")
     add_arguments(p)

@@ -331,9 +331,24 @@ class GraphExecutor:
             built = build(self.runner, autocast=dt, measured=self.measured)
             self.choices = built.choices
             self.module = built.module
-            fn = self._compiled[dt] = torch.compile(built.module, dynamic=False,
-                                                    mode=self.compile_mode)
+            fn = self._compiled[dt] = torch.compile(
+                built.module, dynamic=False, mode=self.compile_mode,
+                backend=compile_backend(self.runner.device))
         return fn(*batch)
+
+
+CPU_BACKEND_ENV = "GEMC_CPU_COMPILE_BACKEND"
+
+
+def compile_backend(device: torch.device) -> str:
+    """Inductor on a GPU. On the CPU the graph runs to be checked, not timed (its kernels
+    run in Triton's interpreter), and Inductor's C++ compile of a whole training graph costs
+    minutes on a small machine: AOTAutograd alone (``aot_eager``) traces the same graph,
+    custom ops and backward, so CPU tests check the same graph in seconds.
+    ``GEMC_CPU_COMPILE_BACKEND=inductor`` compiles it for real."""
+    if device.type != "cpu":
+        return "inductor"
+    return os.environ.get(CPU_BACKEND_ENV, "aot_eager")
 
 
 def _lookup_call(table: ShardedEmbedding, op: Any) -> Any:

@@ -37,7 +37,12 @@ from gemc.backends.torch import kernels as kernel_registry
 from gemc.backends.torch import precision as precision_mod
 from gemc.backends.torch.dense import apply_strategies, check_strategies
 from gemc.backends.torch.embedding import shard_tables
-from gemc.backends.torch.graph_mode import GRAPH_KINDS, GraphExecutor, check_graph_mode
+from gemc.backends.torch.graph_mode import (
+    GRAPH_KINDS,
+    GraphExecutor,
+    check_graph_mode,
+    compile_backend,
+)
 from gemc.backends.torch.init import derive_seed
 from gemc.backends.torch.materialize import (
     check_fingerprint,
@@ -109,12 +114,13 @@ def _compile_module_mode(opts: RunOptions, device: torch.device, wsize: int) -> 
     return device.type == "cuda" and wsize == 1
 
 
-def _compiled_module(model: torch.nn.Module, tables: dict[str, torch.nn.Module]) -> Any:
+def _compiled_module(model: torch.nn.Module, tables: dict[str, torch.nn.Module],
+                     device: torch.device) -> Any:
     """``model`` under torch.compile with each table's forward excluded (its sparse
     exchange and row gradients are gemc's eager code; Dynamo breaks the graph there)."""
     for table in tables.values():
         table.forward = torch._dynamo.disable(table.forward)
-    return torch.compile(model, dynamic=False)
+    return torch.compile(model, dynamic=False, backend=compile_backend(device))
 
 
 @dataclass
@@ -350,7 +356,7 @@ def _run(
                             if str(k.get("name")) not in forward.not_applied]
     module_compiled = not graph_kernels and _compile_module_mode(opts, device, wsize)
     if module_compiled:
-        forward = _compiled_module(model, tables)
+        forward = _compiled_module(model, tables, device)
 
     start = 0
     resumed_from = None
@@ -470,6 +476,7 @@ def _run(
         report["graph_executor"] = {
             "executor": forward.executor,
             "compile_mode": forward.compile_mode,
+            "backend": compile_backend(device) if forward.executor == "inductor" else None,
             "compile_cache": forward.cache_dir,
             "kernel_choices": dict(sorted(forward.choices.items())),
             "measured": forward.measured,

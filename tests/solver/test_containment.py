@@ -89,6 +89,9 @@ def test_abort_without_any_fitting_plan_is_a_named_error(tmp_path, monkeypatch):
 def test_ctrl_c_during_the_solve_raises_keyboard_interrupt_and_kills_the_child():
     """A search with a long budget, SIGINT after a second: KeyboardInterrupt in the
     caller within a few seconds (before, CP-SAT swallowed it and a plan came back)."""
+    # Python's own Ctrl-C handler, whatever the process inherited (a job started with &
+    # inherits SIGINT ignored)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     settings = SolverSettings(time_limit_s=120, gap_limit=0.0, wall_limit_factor=10)
     p = make_problem("h200:4x8", n_tables=60, seed=5, settings=settings)
     timer = threading.Timer(1.5, lambda: os.kill(os.getpid(), signal.SIGINT))
@@ -99,4 +102,5 @@ def test_ctrl_c_during_the_solve_raises_keyboard_interrupt_and_kills_the_child()
             run_planner(p, "cpsat")
     finally:
         timer.cancel()
+        signal.signal(signal.SIGINT, previous)
     assert time.perf_counter() - start < 15
