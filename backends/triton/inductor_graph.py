@@ -210,22 +210,8 @@ def _layout(offsets: torch.Tensor, clamp_min: int, max_len: int, total: int) -> 
 def _p_gather(x: Any, dims: tuple[int, int], rank: int, offsets: torch.Tensor,
               clamp_min: int, max_len: int, total: int) -> Any:
     """``packed_tokens.gather`` through ``gemc::gather_tokens``."""
-    if not isinstance(x, torch.Tensor) or x.dim() == 0:
-        return x
-    given = x
-    if x.dim() < rank:
-        x = x.reshape((1,) * (rank - x.dim()) + tuple(x.shape))
-    bd, ld = dims
-    sb, sl = x.shape[bd], x.shape[ld]
-    if sb == 1 and sl == 1:
-        return given
-    layout = _layout(offsets, clamp_min, max_len, total)
-    kind = "flat" if sb > 1 and sl > 1 else "row" if sb > 1 else "pos"
-    moved = x.movedim((bd, ld), (0, 1))
-    rest = tuple(moved.shape[2:])
-    picked = torch.ops.gemc.gather_tokens(moved.reshape(sb * sl, *rest), layout.index(kind),
-                                          layout.offsets if kind == "row" else None)
-    return picked.view(1, total, *rest).movedim((0, 1), (bd, ld))
+    return packed_tokens.gather(x, dims, rank, _layout(offsets, clamp_min, max_len, total),
+                                take=torch.ops.gemc.gather_tokens)
 
 
 def _p_scatter(x: torch.Tensor, dims: tuple[int, int], offsets: torch.Tensor, clamp_min: int,

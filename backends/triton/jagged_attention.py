@@ -293,7 +293,7 @@ def _key_phases(start_m, seq_len, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 def _fwd_kernel(
     Q, K, V, Out, LSE, offsets_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-    stride_lse_h, num_heads, scale, inv_max_len,
+    stride_lse_h, n_heads, scale, inv_max_len,
     BIAS, DBIAS, stride_bb, stride_bh, stride_bi, stride_bj,
     stride_dbb, stride_dbh, stride_dbi, stride_dbj,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
@@ -301,13 +301,13 @@ def _fwd_kernel(
     IEEE: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    bias_base = BIAS + (tl.program_id(0) // num_heads).to(tl.int64) * stride_bb \
-        + (tl.program_id(0) % num_heads) * stride_bh
+    bias_base = BIAS + (tl.program_id(0) // n_heads).to(tl.int64) * stride_bb \
+        + (tl.program_id(0) % n_heads) * stride_bh
     pid_bh = tl.program_id(0)
     # Heaviest (last, under a causal mask) query blocks first: shorter tail.
     pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
-    b = pid_bh // num_heads
-    h = pid_bh % num_heads
+    b = pid_bh // n_heads
+    h = pid_bh % n_heads
     start, seq_len = _sequence(offsets_ptr, b)
     start_m = pid_m * BLOCK_M
     if start_m >= seq_len:
@@ -347,7 +347,7 @@ def _bwd_dq_kernel(
     Q, K, V, Out, DO, DQ, LSE, DELTA, offsets_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     stride_dot, stride_doh, stride_dqt, stride_dqh,
-    stride_lse_h, num_heads, scale, inv_max_len,
+    stride_lse_h, n_heads, scale, inv_max_len,
     BIAS, DBIAS, stride_bb, stride_bh, stride_bi, stride_bj,
     stride_dbb, stride_dbh, stride_dbi, stride_dbj,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
@@ -355,14 +355,14 @@ def _bwd_dq_kernel(
     IEEE: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    bias_base = BIAS + (tl.program_id(0) // num_heads).to(tl.int64) * stride_bb \
-        + (tl.program_id(0) % num_heads) * stride_bh
-    db_base = DBIAS + (tl.program_id(0) // num_heads).to(tl.int64) * stride_dbb \
-        + (tl.program_id(0) % num_heads) * stride_dbh
+    bias_base = BIAS + (tl.program_id(0) // n_heads).to(tl.int64) * stride_bb \
+        + (tl.program_id(0) % n_heads) * stride_bh
+    db_base = DBIAS + (tl.program_id(0) // n_heads).to(tl.int64) * stride_dbb \
+        + (tl.program_id(0) % n_heads) * stride_dbh
     pid_bh = tl.program_id(0)
     pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
-    b = pid_bh // num_heads
-    h = pid_bh % num_heads
+    b = pid_bh // n_heads
+    h = pid_bh % n_heads
     start, seq_len = _sequence(offsets_ptr, b)
     start_m = pid_m * BLOCK_M
     if start_m >= seq_len:
@@ -409,7 +409,7 @@ def _bwd_dkdv_kernel(
     Q, K, V, DO, DK, DV, LSE, DELTA, offsets_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_dot, stride_doh, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
-    stride_lse_h, num_heads, scale, inv_max_len,
+    stride_lse_h, n_heads, scale, inv_max_len,
     BIAS, DBIAS, stride_bb, stride_bh, stride_bi, stride_bj,
     stride_dbb, stride_dbh, stride_dbi, stride_dbj,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
@@ -417,12 +417,12 @@ def _bwd_dkdv_kernel(
     IEEE: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    bias_base = BIAS + (tl.program_id(0) // num_heads).to(tl.int64) * stride_bb \
-        + (tl.program_id(0) % num_heads) * stride_bh
+    bias_base = BIAS + (tl.program_id(0) // n_heads).to(tl.int64) * stride_bb \
+        + (tl.program_id(0) % n_heads) * stride_bh
     pid_bh = tl.program_id(0)
     pid_n = tl.program_id(1)  # causal: early key blocks see the most queries, run them first
-    b = pid_bh // num_heads
-    h = pid_bh % num_heads
+    b = pid_bh // n_heads
+    h = pid_bh % n_heads
     start, seq_len = _sequence(offsets_ptr, b)
     start_n = pid_n * BLOCK_N
     if start_n >= seq_len:

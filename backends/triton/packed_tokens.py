@@ -16,6 +16,7 @@ masks make them).
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,10 +99,12 @@ class TokenLayout:
         return self._index[kind]
 
 
-def gather(x: Any, dims: Dims, rank: int, layout: TokenLayout) -> Any:
+def gather(x: Any, dims: Dims, rank: int, layout: TokenLayout,
+           take: Callable[..., torch.Tensor] | None = None) -> Any:
     """``x`` (broadcastable, right-aligned, to a rank-``rank`` value whose batch and
     sequence dims are ``dims``) in the packed layout; a tensor constant over both, or not a
-    tensor, comes back as it is."""
+    tensor, comes back as it is. ``take(src, index, offsets)`` picks the rows (default
+    :class:`_Gather`; the Inductor graph passes its custom op ``gemc::gather_tokens``)."""
     if not isinstance(x, torch.Tensor) or x.dim() == 0:
         return x
     given = x
@@ -114,8 +117,8 @@ def gather(x: Any, dims: Dims, rank: int, layout: TokenLayout) -> Any:
     kind = "flat" if sb > 1 and sl > 1 else "row" if sb > 1 else "pos"
     moved = x.movedim((bd, ld), (0, 1))
     rest = tuple(moved.shape[2:])
-    picked = _Gather.apply(moved.reshape(sb * sl, *rest), layout.index(kind),
-                           layout.offsets if kind == "row" else None)
+    picked = (take or _Gather.apply)(moved.reshape(sb * sl, *rest), layout.index(kind),
+                                     layout.offsets if kind == "row" else None)
     return picked.view(1, layout.total, *rest).movedim((0, 1), (bd, ld))
 
 
