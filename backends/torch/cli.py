@@ -44,6 +44,14 @@ from gemc.exits import (
 )
 
 
+def _names(text: str) -> tuple[str, ...]:
+    """A comma-separated list of non-empty names."""
+    names = tuple(n.strip() for n in text.split(","))
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"expected comma-separated names, got {text!r}")
+    return names
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``gemc run`` (shared by ``gemc run`` and ``python -m gemc.run``)."""
     p.add_argument("plan", help="plan.json written by gemc compile")
@@ -101,6 +109,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "need every region ddp)",
     )
     p.add_argument(
+        "--skip-kernels",
+        type=_names,
+        default=(),
+        metavar="NAMES",
+        help="comma-separated kernel names or kinds of the plan (e.g. key_padding_attention) "
+        "whose replaced ops run instead: bisect a numeric difference one kernel at a time",
+    )
+    p.add_argument(
         "--graph-executor",
         choices=("inductor", "interpreter"),
         default="inductor",
@@ -153,6 +169,7 @@ def options_from_args(args: argparse.Namespace) -> Any:
         precision=args.precision,
         kernel_modules=list(args.kernel_module),
         kernels=not args.no_kernels,
+        skip_kernels=args.skip_kernels,
         progress=not args.quiet,
         graph_executor=args.graph_executor,
         compile_mode=args.compile_mode,
@@ -324,6 +341,8 @@ def _argv_of(args: argparse.Namespace) -> list[str]:
         out.append("--quiet")
     if args.no_kernels:
         out.append("--no-kernels")
+    if args.skip_kernels:
+        out += ["--skip-kernels", ",".join(args.skip_kernels)]
     if args.measure_kernels:
         out.append("--measure-kernels")
     return out

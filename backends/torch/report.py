@@ -119,6 +119,7 @@ def build_report(
         },
         "kernels_applied": applied_kernels,
         "kernels_disabled": not opts.kernels and bool(plan["kernels"]),
+        "kernels_skipped": list(opts.skip_kernels),
         "dense": layout.summary(),
         "optimizers": {
             "dense": {"kind": "adamw", **dense_cfg.__dict__},

@@ -83,6 +83,8 @@ class RunOptions:
     precision: str | None = None  # adds a whole-model autocast site: bf16 | fp16 | fp32
     kernel_modules: list[str] = field(default_factory=list)
     kernels: bool = True  # False: run the ops the plan's kernels replace (--no-kernels)
+    # kernel names or kinds whose replaced ops run instead (--skip-kernels: bisecting)
+    skip_kernels: tuple[str, ...] = ()
     progress: bool = True
     warmup_steps: int = 2
     # graph mode: "inductor" (torch.compile over the rewritten graph) or "interpreter"
@@ -254,6 +256,22 @@ def run(plan_or_path: str | Path | dict[str, Any], options: RunOptions | None = 
             dist.destroy_process_group()
 
 
+def kept_kernels(plan: dict[str, Any], skip: tuple[str, ...]) -> list[Any]:
+    """The plan's kernels less those named in ``skip`` (a kernel's name or a kind), whose
+    replaced ops then run as captured: bisecting a numeric difference one kernel or kind at
+    a time. A name that matches nothing is refused (a typo would bisect nothing)."""
+    kernels = list(plan["kernels"])
+    known = {str(k.get(key)) for k in kernels if isinstance(k, dict) for key in ("name", "kind")}
+    unknown = sorted(set(skip) - known)
+    if unknown:
+        raise GemcUserError(
+            f"--skip-kernels {','.join(unknown)}: no kernel of the plan has that name or kind",
+            "gemc run --skip-kernels",
+            f"use names or kinds the plan has: {', '.join(sorted(known)) or '(none)'}")
+    return [k for k in kernels if not (isinstance(k, dict)
+                                       and ({str(k.get("name")), str(k.get("kind"))} & set(skip)))]
+
+
 def _run(
     plan: dict[str, Any],
     plan_path: Path | None,
@@ -265,7 +283,7 @@ def _run(
     rank, wsize = world.rank, world.world_size
     t_setup = time.perf_counter()
     spec = load_plan_model(plan, plan_dir)
-    kernels = list(plan["kernels"]) if opts.kernels else []
+    kernels = kept_kernels(plan, opts.skip_kernels) if opts.kernels else []
     graph_kernels = [k for k in kernels if isinstance(k, dict) and k.get("kind") in GRAPH_KINDS]
     captured = check_fingerprint(plan, spec, rank=rank, world_size=wsize,
                                  every_rank=bool(graph_kernels))

@@ -225,6 +225,20 @@ def test_kernels_on_several_ranks_need_ddp_regions() -> None:
         check_graph_mode([gemm], world_size=1, module_sites=["top.0"])
 
 
+def test_skip_kernels_leaves_out_names_and_kinds_and_refuses_typos() -> None:
+    from gemc.backends.torch.runner import kept_kernels
+
+    plan = {"kernels": [{"name": "g0", "kind": "gemm_epilogue"},
+                        {"name": "g1", "kind": "gemm_epilogue"},
+                        {"name": "kp0", "kind": "key_padding_attention"}]}
+    assert [k["name"] for k in kept_kernels(plan, ())] == ["g0", "g1", "kp0"]
+    assert [k["name"] for k in kept_kernels(plan, ("key_padding_attention",))] == ["g0", "g1"]
+    assert [k["name"] for k in kept_kernels(plan, ("g1", "kp0"))] == ["g0"]
+    with pytest.raises(GemcUserError, match="--skip-kernels g2") as exc:
+        kept_kernels(plan, ("g2",))
+    assert "gemm_epilogue, key_padding_attention, kp0" in exc.value.fix
+
+
 def test_unknown_kernel_kind_is_refused() -> None:
     from gemc.backends.torch.graph_mode import check_graph_mode
 
