@@ -9,9 +9,10 @@ from typing import Any
 
 from torch import fx
 
+from gemc import probe
 from gemc.capture import Captured, capture
 from gemc.context import PassContext
-from gemc.entrypoint import build_spec, load_entrypoint
+from gemc.entrypoint import load_model
 from gemc.errors import GemcUserError
 from gemc.pass_manager import PassManager
 from gemc.pipeline import annotation_passes, default_pipeline
@@ -20,18 +21,10 @@ from gemc.plan_builder import build_plan
 from gemc.spec import BATCH_SIZE_MISSING, ModelSpec, batch_size_of
 
 
-def load_model(
-    entrypoint: str, args: dict[str, Any] | None = None, *, device: str = "meta"
-) -> ModelSpec:
-    """Build a user's model through its entrypoint (on the meta device by default)."""
-    return build_spec(
-        load_entrypoint(entrypoint), dict(args or {}), entrypoint=entrypoint, device=device
-    )
-
-
-def _context(
+def pass_context(
     entrypoint: str, args: dict[str, Any], captured: Captured, topology: Any
 ) -> PassContext:
+    """The context a compile's passes read (also what gemc.replan and tests build)."""
     return PassContext(
         entrypoint=entrypoint,
         args=dict(args),
@@ -39,6 +32,7 @@ def _context(
         param_shapes=captured.param_shapes,
         param_dtypes=captured.param_dtypes,
         topology=topology,
+        precision_probe=probe.opener(entrypoint, args),
     )
 
 
@@ -47,7 +41,7 @@ def annotate_model(
 ) -> fx.GraphModule:
     """Capture and annotate (kind, FLOPs, bytes, region, tables) without planning."""
     captured = capture(spec, entrypoint=entrypoint)
-    ctx = _context(entrypoint, {}, captured, topology)
+    ctx = pass_context(entrypoint, {}, captured, topology)
     return PassManager(annotation_passes()).run(captured.gm, ctx)
 
 
@@ -111,7 +105,7 @@ def compile(  # noqa: A001 - the public name users expect
         progress("capture")
     start = time.perf_counter()
     captured = capture(spec, entrypoint=entrypoint)
-    ctx = _context(entrypoint, args, captured, topo)
+    ctx = pass_context(entrypoint, args, captured, topo)
     ctx.calibration = calib
     ctx.options["solver"] = dict(solver or {})
     if table_optimizer is not None:

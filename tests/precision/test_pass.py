@@ -14,7 +14,7 @@ from gemc.passes.predict_time import PredictTime
 from torch import fx
 
 from gemc import ir
-from gemc.api import _context, load_model
+from gemc.api import load_model, pass_context
 from gemc.capture import capture
 from gemc.dump import format_graph
 from gemc.errors import PlanError
@@ -35,7 +35,7 @@ def run_pass(options: PrecisionOptions, entry: str = MODEL, args: dict | None = 
     args = dict(args or {})
     spec = load_model(entry, args)
     captured = capture(spec, entrypoint=entry)
-    ctx = _context(entry, args, captured, parse_topology("h200:1x1"))
+    ctx = pass_context(entry, args, captured, parse_topology("h200:1x1"))
     ctx.calibration = calibration
     # only the passes choose-precision reads, so the golden dump does not move with others
     passes = [*annotation_passes(), PredictTime(), ChoosePrecision(options)]

@@ -14,7 +14,7 @@ from typing import Any
 
 from torch import fx
 
-from gemc.api import _context
+from gemc.api import pass_context
 from gemc.capture import Captured
 from gemc.context import PassContext
 from gemc.cost_model.topology import Topology
@@ -30,7 +30,7 @@ def annotate(captured: Captured, topology: Topology, *, entrypoint: str,
              ) -> tuple[fx.GraphModule, PassContext]:
     """Every pass of the default pipeline before the placement (op times and precisions
     depend on the GPU, not on the mesh)."""
-    ctx = _context(entrypoint, dict(args or {}), captured, topology)
+    ctx = pass_context(entrypoint, dict(args or {}), captured, topology)
     ctx.calibration = calibration
     gm = PassManager(default_pipeline()[:-1]).run(captured.gm, ctx)
     return gm, ctx
