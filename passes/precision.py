@@ -39,17 +39,15 @@ the others were rejected) and the graph-level facts (baseline, rule, probe, bloc
 output node; updates ``gemc.predicted_ms`` of GEMM nodes to the chosen precisions when
 predict-time ran. The plan builder turns these into ``plan["precision"]``.
 
-Options come from :func:`precision_options` (a context, so ``gemc compile --precision``
-reaches the pass without threading arguments through the API).
+Options are the pass's ``options`` field (:class:`PrecisionOptions`): ``gemc compile
+--precision`` and ``gemc.compile(precision=...)`` set them through
+``gemc.config.CompileConfig.precision``, from which the driver builds the pipeline.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator
-from contextvars import ContextVar
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from gemc.passes.precision_sites import Prices, Site, collect_sites, price, structural_reason
@@ -98,25 +96,6 @@ class PrecisionOptions:
         out["probe"] = None if self.probe is None else {
             f.name: getattr(self.probe, f.name) for f in fields(self.probe)}
         return out
-
-
-_OPTIONS: ContextVar[PrecisionOptions | None] = ContextVar("gemc_precision", default=None)
-
-
-def current_options() -> PrecisionOptions:
-    return _OPTIONS.get() or PrecisionOptions()
-
-
-@contextlib.contextmanager
-def precision_options(**overrides: Any) -> Iterator[PrecisionOptions]:
-    """Set the precision pass's options for the compiles inside the block."""
-    opts = replace(current_options(), **overrides)
-    opts.validate()
-    token = _OPTIONS.set(opts)
-    try:
-        yield opts
-    finally:
-        _OPTIONS.reset(token)
 
 
 # ----------------------------------------------------------------------------- decisions
@@ -302,18 +281,15 @@ class ChoosePrecision:
 
     name: ClassVar[str] = "choose-precision"
     requires: ClassVar[tuple[str, ...]] = ("classify-ops", "assign-regions")
-    options: PrecisionOptions | None = None  # None: the current precision_options()
+    options: PrecisionOptions | None = None  # None: PrecisionOptions()
 
     def run(self, gm: fx.GraphModule, ctx: PassContext) -> PassResult:
-        opts = self.options or current_options()
-        given = getattr(ctx, "options", {}).get("precision")  # compile(..., options) callers
-        if given:
-            opts = given if isinstance(given, PrecisionOptions) else replace(opts, **given)
+        opts = self.options or PrecisionOptions()
         opts.validate()
         sites = collect_sites(gm)
-        topo = getattr(ctx, "topology", None)
+        topo = ctx.topology
         gpu = topo.gpu if topo is not None else None
-        calibration = getattr(ctx, "calibration", None)
+        calibration = ctx.calibration
         prices = {s.node: price(s, gpu, calibration) for s in sites} if gpu else {}
         graph_facts: dict[str, Any] = {"mode": opts.mode, "baseline": "fp32" if opts.mode ==
                                        "fp32" else "bf16", "rule": opts.rule(), "probe": None,
