@@ -93,6 +93,8 @@ def test_no_private_names_imported_across_packages() -> None:
 def test_runner_imports_without_ortools() -> None:
     code = ("import sys; sys.modules['ortools'] = None\n"
             "import gemc.backends.torch.runner, gemc.backends.torch.cli, gemc.backends.triton.ops\n"
+            "import gemc.backends.torch.materialize, gemc.backends.torch.graph_mode\n"
+            "import gemc.backends.triton.inductor_graph, gemc.backends.triton.graph_runner\n"
             "assert 'gemc.solver' not in sys.modules and 'gemc.passes' not in sys.modules, "
             "sorted(m for m in sys.modules if m.startswith('gemc.'))\n")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
