@@ -84,12 +84,12 @@ def make_batches(model_args: dict[str, Any], count: int, workers: int,
 
 
 def compile_plan(model_args: dict[str, Any], **options: Any) -> dict[str, Any]:
-    from gemc.passes.precision import precision_options
+    from gemc.passes.precision import PrecisionOptions
 
     from gemc.api import compile as gemc_compile
 
-    with precision_options(**options):
-        return gemc_compile(ENTRY, model_args, topology="h200:1x1")
+    return gemc_compile(ENTRY, model_args, topology="h200:1x1",
+                        precision=PrecisionOptions(**options))
 
 
 def plan_summary(plan: dict[str, Any] | None) -> dict[str, Any]:

@@ -34,10 +34,10 @@ from gemc.cost_model.topology import parse_topology  # noqa: E402
 
 from gemc.api import load_model  # noqa: E402
 from gemc.capture import capture  # noqa: E402
+from gemc.replan import annotate  # noqa: E402
 from gemc.solver.infeasible import PlanInfeasibleError  # noqa: E402
 from gemc.solver.planners import PLANNERS, run_planner  # noqa: E402
 from gemc.solver.problem import SolverSettings, problem_from_graph  # noqa: E402
-from gemc.solver.replan import annotate  # noqa: E402
 from gemc.table_format import render_table  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent

@@ -49,11 +49,11 @@ from gemc.passes.parallelize import step_options  # noqa: E402
 
 from gemc.api import load_model  # noqa: E402
 from gemc.capture import capture  # noqa: E402
+from gemc.replan import annotate  # noqa: E402
 from gemc.solver.evaluate import Pricer, evaluate  # noqa: E402
 from gemc.solver.infeasible import PlanInfeasibleError  # noqa: E402
 from gemc.solver.planners import run_planner  # noqa: E402
 from gemc.solver.problem import Assignment, TableChoice, problem_from_graph  # noqa: E402
-from gemc.solver.replan import annotate  # noqa: E402
 from gemc.table_format import render_table  # noqa: E402
 
 DLRM = f"{REPO}/examples/dlrm/model.py:build"

@@ -43,7 +43,7 @@ def _op(node: fx.Node) -> str:
     return name.split(".")[0].lower()
 
 
-def _base(node: fx.Node) -> fx.Node:
+def view_base(node: fx.Node) -> fx.Node:
     """The tensor a view aliases (follows view chains)."""
     seen = 0
     while ir.kind_of(node) is OpKind.VIEW and node.all_input_nodes and seen < 64:
@@ -87,7 +87,7 @@ def saved_activation_bytes(gm: fx.GraphModule) -> dict[str, int]:
         if dt is not None and not dt.is_floating_point:
             continue  # no gradient flows through integer ops
         for t in _saved_inputs(node, kind):
-            b = _base(t)
+            b = view_base(t)
             if b.op == "placeholder" or ir.kind_of(b) is OpKind.PARAM:
                 continue  # batch inputs are counted once above; params are not activations
             saved.setdefault(b, str(node.meta.get(ir.REGION, "")))
@@ -190,7 +190,7 @@ def activation_profile(gm: fx.GraphModule, *, runtime: bool = True) -> Activatio
         region = str(node.meta.get(ir.REGION, ""))
         gemm = autocast is not None and kind in (OpKind.GEMM, OpKind.ATTENTION)
         for t in _saved_inputs(node, kind):
-            b = _base(t)
+            b = view_base(t)
             is_param = ir.kind_of(b) is OpKind.PARAM or bool(b.meta.get(ir.PARAM))
             if gemm and t is not node and size.get(b, 0) > 2:
                 casts.setdefault(b, (region, nbytes(b, 2)))  # the cast is what is saved
@@ -216,7 +216,7 @@ def _forward_peak(gm: fx.GraphModule, saved: dict[fx.Node, tuple[str, int]],
     last: dict[fx.Node, int] = {}
     for n in gm.graph.nodes:
         for a in n.all_input_nodes:
-            b = _base(a)
+            b = view_base(a)
             last[b] = max(last.get(b, 0), order[n])
     frees: dict[int, list[fx.Node]] = defaultdict(list)
     live = peak = 0

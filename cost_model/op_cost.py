@@ -46,9 +46,10 @@ MIN_EFFICIENCY = 1e-3
 _FREE = (OpKind.VIEW, OpKind.INPUT, OpKind.PARAM, OpKind.OUTPUT, OpKind.COMM)
 _BWD_BYTES = {OpKind.POINTWISE: 2.0, OpKind.NORM: 2.0, OpKind.INDEX: 2.0, OpKind.LOSS: 1.0,
               OpKind.REDUCTION: 1.0, OpKind.OTHER: 1.0}
-_BWD_KERNELS = {OpKind.GEMM: 2, OpKind.ATTENTION: 3, OpKind.EMBEDDING: 3, OpKind.NORM: 2,
-                OpKind.POINTWISE: 1, OpKind.INDEX: 2, OpKind.LOSS: 1, OpKind.REDUCTION: 1,
-                OpKind.OTHER: 1}
+# kernels the backward of one op launches (also gemc.costing's launch count)
+BWD_KERNELS = {OpKind.GEMM: 2, OpKind.ATTENTION: 3, OpKind.EMBEDDING: 3, OpKind.NORM: 2,
+               OpKind.POINTWISE: 1, OpKind.INDEX: 2, OpKind.LOSS: 1, OpKind.REDUCTION: 1,
+               OpKind.OTHER: 1}
 
 
 @dataclass(frozen=True)
@@ -337,7 +338,7 @@ def node_cost(node: fx.Node, gpu: GPUSpec, calibration: Calibration | None,
     n_bwd = 0
     if backward:
         mult = _BWD_BYTES.get(kind, 1.0)
-        n_bwd = _BWD_KERNELS.get(kind, 1)
+        n_bwd = BWD_KERNELS.get(kind, 1)
         bwd, _ = memory_time(mult * nbytes, gpu, calibration, curve_bwd, mult * flops, dt)
         bwd += _launch(calibration) * (n_bwd - 1)
     return OpCost(fwd, bwd, source, 1, n_bwd)

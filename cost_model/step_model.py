@@ -123,8 +123,8 @@ def _a2a_sends(tables: Sequence[TableCost], world: int) -> tuple[np.ndarray, np.
     return out, ids
 
 
-def _dense_comm(region: RegionCost, topo: Topology, calibration: Calibration | None,
-                options: StepOptions) -> dict[str, float]:
+def dense_comm(region: RegionCost, topo: Topology, calibration: Calibration | None,
+               options: StepOptions) -> dict[str, float]:
     """Seconds of the region's collectives on rank 0's groups: fwd (overlappable with
     forward), bwd (with backward), tp (critical path), and the minimal exposed tails."""
     world = topo.world_size
@@ -210,7 +210,7 @@ def predict_step(
     fwd_compute += sum(r.compute_s * r.fwd_fraction for r in regions if r.checkpoint)
     comm = {"fwd": 0.0, "bwd": 0.0, "tp": 0.0, "fwd_tail": 0.0, "bwd_tail": 0.0}
     for region in regions:
-        for k, v in _dense_comm(region, topology, calibration, opts).items():
+        for k, v in dense_comm(region, topology, calibration, opts).items():
             comm[k] = max(comm[k], v) if k.endswith("tail") else comm[k] + v
     if dp_table_grad_bytes and world > 1:
         ar = collective_time("all_reduce", dp_table_grad_bytes, range(world), topology,

@@ -9,9 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-DENSE_STRATEGIES = ("ddp", "fsdp", "hsdp", "tp")
-TABLE_SHARDINGS = ("data_parallel", "table_wise", "row_wise", "column_wise", "table_row_wise",
-                   "grid")
+from gemc.sharding import DENSE_STRATEGIES, TABLE_SHARDINGS  # defined once, in the core
 
 
 @dataclass(frozen=True)

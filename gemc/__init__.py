@@ -1,8 +1,7 @@
 """gemc: compile a PyTorch recommendation model into an executable training plan."""
 
 from gemc.spec import ModelSpec
-
-__version__ = "0.1.0"
+from gemc.version import __version__
 
 __all__ = ["ModelSpec", "__version__", "compile", "load_plan", "validate_plan"]
 

@@ -3,35 +3,28 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from torch import fx
 
+from gemc import probe
 from gemc.capture import Captured, capture
+from gemc.config import CompileConfig
 from gemc.context import PassContext
-from gemc.entrypoint import build_spec, load_entrypoint
-from gemc.errors import GemcUserError
+from gemc.entrypoint import load_model
 from gemc.pass_manager import PassManager
 from gemc.pipeline import annotation_passes, default_pipeline
-from gemc.plan import PLANNERS, TABLE_OPTIMIZERS, write_plan
+from gemc.plan import write_plan
 from gemc.plan_builder import build_plan
 from gemc.spec import BATCH_SIZE_MISSING, ModelSpec, batch_size_of
 
 
-def load_model(
-    entrypoint: str, args: dict[str, Any] | None = None, *, device: str = "meta"
-) -> ModelSpec:
-    """Build a user's model through its entrypoint (on the meta device by default)."""
-    return build_spec(
-        load_entrypoint(entrypoint), dict(args or {}), entrypoint=entrypoint, device=device
-    )
-
-
-def _context(
+def pass_context(
     entrypoint: str, args: dict[str, Any], captured: Captured, topology: Any
 ) -> PassContext:
+    """The context a compile's passes read (also what gemc.replan and tests build)."""
     return PassContext(
         entrypoint=entrypoint,
         args=dict(args),
@@ -39,6 +32,7 @@ def _context(
         param_shapes=captured.param_shapes,
         param_dtypes=captured.param_dtypes,
         topology=topology,
+        precision_probe=probe.opener(entrypoint, args),
     )
 
 
@@ -47,7 +41,7 @@ def annotate_model(
 ) -> fx.GraphModule:
     """Capture and annotate (kind, FLOPs, bytes, region, tables) without planning."""
     captured = capture(spec, entrypoint=entrypoint)
-    ctx = _context(entrypoint, {}, captured, topology)
+    ctx = pass_context(entrypoint, {}, captured, topology)
     return PassManager(annotation_passes()).run(captured.gm, ctx)
 
 
@@ -64,43 +58,34 @@ def _calibration(choice: str | None, gpu_name: str) -> Any:
 def compile(  # noqa: A001 - the public name users expect
     entrypoint: str,
     args: dict[str, Any] | None = None,
+    config: CompileConfig | None = None,
     *,
-    topology: str = "h200:1x8",
     out: str | Path | None = None,
-    dump_dir: str | Path | None = None,
-    dump_mode: str = "all",
-    disabled_passes: Sequence[str] = (),
-    planner: str = "default",
-    calibration: str | None = "auto",
-    solver: dict[str, Any] | None = None,
     progress: Callable[[str], None] | None = None,
-    table_optimizer: str | None = None,
+    **options: Any,
 ) -> dict[str, Any]:
     """Compile a model entrypoint into a validated plan (and write it to ``out``).
 
-    ``calibration``: "auto" (the file gemc ships for the topology's GPU, if any), a path
-    to a file written by ``gemc calibrate``, or None (roofline only).
-    ``planner``: cpsat (the CP-SAT solver), greedy, naive, or default (place-default);
-    ``solver``: the planners' settings (``gemc.solver.problem.SolverSettings`` fields, e.g.
-    ``{"time_limit_s": 10}``).
-    ``table_optimizer``: one of ``gemc.plan.TABLE_OPTIMIZERS`` or "auto" (the planner picks
-    adam where it fits, else rowwise_adagrad); priced, written to the plan's
-    ``optimizer.embedding.kind`` and run by the runner. None: priced as AdamW (as before).
+    ``config``: every compile option (:class:`gemc.config.CompileConfig`, what ``gemc
+    compile`` builds from its flags); ``options``: CompileConfig fields overriding it, e.g.
+    ``gemc.compile(entry, topology="h200:1x8", planner="cpsat")``.
     """
     from gemc.cost_model.topology import parse_topology
     from gemc.costing import predicted_block
     from gemc.passes.parallelize import TABLE_OPTIMIZER_META, step_options
 
-    if planner not in PLANNERS:
-        raise GemcUserError(f"unknown planner {planner!r}", where="planner",
-                            fix=f"use one of: {', '.join(PLANNERS)}")
+    config = (config or CompileConfig()).with_options(**options)
+    config.validate()
+    planner, table_optimizer = config.planner, config.table_optimizer
+    disabled_passes, dump_mode = config.disabled_passes, config.dump_mode
+    dump_dir = Path(config.dump_dir) if config.dump_dir is not None else None
     args = dict(args or {})
-    topo = parse_topology(topology)
-    calib = _calibration(calibration, topo.gpu.name)
+    topo = parse_topology(config.topology)
+    calib = _calibration(config.calibration, topo.gpu.name)
     manager = PassManager(
-        default_pipeline(planner),
-        disabled=tuple(disabled_passes),
-        dump_dir=Path(dump_dir) if dump_dir is not None else None,
+        default_pipeline(planner, config.precision),
+        disabled=disabled_passes,
+        dump_dir=dump_dir,
         dump_mode=dump_mode,
         progress=progress,
     )
@@ -111,14 +96,10 @@ def compile(  # noqa: A001 - the public name users expect
         progress("capture")
     start = time.perf_counter()
     captured = capture(spec, entrypoint=entrypoint)
-    ctx = _context(entrypoint, args, captured, topo)
+    ctx = pass_context(entrypoint, args, captured, topo)
     ctx.calibration = calib
-    ctx.options["solver"] = dict(solver or {})
+    ctx.options["solver"] = dict(config.solver or {})
     if table_optimizer is not None:
-        if table_optimizer not in (*TABLE_OPTIMIZERS, "auto"):
-            raise GemcUserError(f"unknown table optimizer {table_optimizer!r}",
-                                where="table_optimizer",
-                                fix=f"use one of: {', '.join((*TABLE_OPTIMIZERS, 'auto'))}")
         ctx.options["table_optimizer"] = table_optimizer
     batch_size, _ = batch_size_of(spec)
     if batch_size is None:
@@ -138,9 +119,9 @@ def compile(  # noqa: A001 - the public name users expect
             plan["predicted"] = predicted_block(gm, plan["regions"], plan["tables"], topo, calib,
                                                 step_options(chosen))
         if dump_dir is not None:
-            _write_kernel_sources(plan, Path(dump_dir))
+            _write_kernel_sources(plan, dump_dir)
         if dump_dir is not None and dump_mode != "failure":
-            _dump_for_report(gm, plan, Path(dump_dir), progress)
+            _dump_for_report(gm, plan, dump_dir, progress)
     except KeyboardInterrupt:
         manager.interrupted("plan emission and the report dumps, after every pass")
         raise

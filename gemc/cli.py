@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gemc import checks
 from gemc.errors import GemcUserError
@@ -27,6 +28,9 @@ from gemc.exits import (
     signal_name,
 )
 from gemc.plan import TABLE_OPTIMIZERS
+
+if TYPE_CHECKING:
+    from gemc.config import CompileConfig
 
 _Parser = checks.ArgumentParser
 
@@ -163,28 +167,13 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     from gemc.api import compile as gemc_compile
     from gemc.entrypoint import parse_sets
     from gemc.explain import planner_line
-    from gemc.passes.precision import precision_options
 
     _check_compile_paths(args)
     kwargs = parse_sets(args.sets)
+    config = compile_config(args)
     progress = Progress(not args.quiet)
     try:
-        with precision_options(mode=args.precision, min_sqnr_db=args.min_sqnr_db,
-                               min_block_sqnr_db=args.min_block_sqnr_db):
-            plan = gemc_compile(
-                args.entrypoint,
-                kwargs,
-                topology=args.topology,
-                out=args.out,
-                dump_dir=args.dump_dir,
-                dump_mode=args.dump_mode,
-                disabled_passes=args.disable_pass,
-                planner=args.planner,
-                calibration=args.calibration,
-                solver={} if args.time_limit is None else {"time_limit_s": args.time_limit},
-                table_optimizer=args.table_optimizer,
-                progress=progress,
-            )
+        plan = gemc_compile(args.entrypoint, kwargs, config, out=args.out, progress=progress)
     except KeyboardInterrupt as exc:
         ignore_further_interrupts()
         progress.done()
@@ -205,6 +194,27 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         f"{plan['mesh']['world_size']} ranks, planner {planner_line(plan)}, step {step}"
     )
     return EXIT_OK
+
+
+def compile_config(args: argparse.Namespace) -> CompileConfig:
+    """``gemc compile``'s flags as the API's one typed config (checked before capture)."""
+    from gemc.config import CompileConfig
+    from gemc.passes.precision import PrecisionOptions
+
+    config = CompileConfig(
+        topology=args.topology,
+        planner=args.planner,
+        calibration=args.calibration,
+        solver={} if args.time_limit is None else {"time_limit_s": args.time_limit},
+        table_optimizer=args.table_optimizer,
+        precision=PrecisionOptions(mode=args.precision, min_sqnr_db=args.min_sqnr_db,
+                                   min_block_sqnr_db=args.min_block_sqnr_db),
+        disabled_passes=tuple(args.disable_pass),
+        dump_dir=args.dump_dir,
+        dump_mode=args.dump_mode,
+    )
+    config.validate()
+    return config
 
 
 def _check_compile_paths(args: argparse.Namespace) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from gemc.probe_types import ProbeOpener
+
 
 @dataclass
 class PassContext:
@@ -22,6 +24,9 @@ class PassContext:
     topology: Any = None  # gemc.cost_model.topology.Topology
     calibration: Any = None  # gemc.cost_model.calibration.Calibration | None
     options: dict[str, Any] = field(default_factory=dict)
+    # a measured input, like calibration: the driver binds the precision probe to the model
+    # (gemc.probe.opener); None: choose-precision measures nothing and keeps GEMMs bf16
+    precision_probe: ProbeOpener | None = None
     warnings: list[str] = field(default_factory=list)
 
     def warn(self, message: str) -> None:

@@ -92,7 +92,7 @@ def table_costs(tables: Sequence[Mapping[str, Any]]) -> list[TableCost]:
 
 def _dense_kind(node: fx.Node) -> str | None:
     """The fit kind a dense node's time counts under (None: not in a region's time, as
-    plan_builder.region_summaries counts them)."""
+    graph_summary.region_summaries counts them)."""
     kind = ir.kind_of(node)
     if node.op != "call_function" or kind in (OpKind.VIEW, OpKind.EMBEDDING) \
             or node.meta.get(ir.TABLE) or node.meta.get(ir.PARAM) is not None:
@@ -109,7 +109,7 @@ def kind_breakdown_ms(gm: fx.GraphModule, breakdown_ms: Mapping[str, float]) -> 
     dense regions' node times by kind, then the step model's sparse, optimizer,
     communication and host parts. Sums to the step. Copied into the run report, it is
     what ``gemc calibrate --from-run`` regresses the measured step on."""
-    from gemc.plan_builder import gradient_accumulation_ms, kernel_adjusted_ms
+    from gemc.graph_summary import gradient_accumulation_ms, kernel_adjusted_ms
 
     out = dict.fromkeys(("gemm", "attention", "memory"), 0.0)
     for node, ms in kernel_adjusted_ms(gm).items():
@@ -138,7 +138,7 @@ def kernel_launches(gm: fx.GraphModule) -> int:
     """Kernels one step launches, forward and backward: a fused group or a batched lookup
     once each way, any other compute node once forward and its backward's kernels
     (op_cost's counts: 2 for a GEMM, 3 for attention, ...); views launch nothing."""
-    from gemc.cost_model.op_cost import _BWD_KERNELS
+    from gemc.cost_model.op_cost import BWD_KERNELS
 
     groups: set[str] = set()
     n = 0
@@ -152,7 +152,7 @@ def kernel_launches(gm: fx.GraphModule) -> int:
                 groups.add(gid)
                 n += 2
             continue
-        n += 1 + _BWD_KERNELS.get(kind, 1)
+        n += 1 + BWD_KERNELS.get(kind, 1)
     return n
 
 

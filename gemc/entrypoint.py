@@ -151,6 +151,18 @@ def _user_frame(exc: BaseException, path: Path) -> str:
     return str(path)
 
 
+def load_model(
+    entrypoint: str, args: dict[str, Any] | None = None, *, device: str = "meta"
+) -> ModelSpec:
+    """Build a user's model through its entrypoint (on the meta device by default).
+
+    In the core (not the API) because the runner and the precision probe rebuild the
+    plan's model too, and neither may import the compiler; ``gemc.api`` offers it as is."""
+    return build_spec(
+        load_entrypoint(entrypoint), dict(args or {}), entrypoint=entrypoint, device=device
+    )
+
+
 def build_spec(
     fn: Callable[..., Any], kwargs: dict[str, Any], *, entrypoint: str, device: str = "meta"
 ) -> ModelSpec:

@@ -30,6 +30,10 @@ ATTENTION = PREFIX + "attention"  # {"batch", "heads", "q_len", "kv_len", "head_
 PARAM = PREFIX + "param"  # parameter / buffer FQN on placeholders that are weights
 KERNEL = PREFIX + "kernel"  # facts of a kernel group (dict: id, kind, predicted before/after,
 #                             kind-specific facts), on the group's last node
+PACKED = PREFIX + "packed"  # {"id", "dims": [batch dim, sequence dim], "zeroed"} per node
+PACKED_REGION = PREFIX + "packed_region"  # a packed token region's facts, on its source node
+PACKED_SKIPPED = PREFIX + "packed_skipped"  # why an attention's history stays padded
+PRICING = PREFIX + "pricing"  # gm.meta: {"gpu", "calibration"} predict-time priced with
 
 
 class OpKind(str, Enum):

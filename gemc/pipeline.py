@@ -16,7 +16,7 @@ from gemc.passes.match_softmax_attention import MatchSoftmaxAttention
 from gemc.passes.pack_jagged_tokens import PackJaggedTokens
 from gemc.passes.parallelize import Parallelize
 from gemc.passes.place_default import PlaceDefault
-from gemc.passes.precision import ChoosePrecision
+from gemc.passes.precision import ChoosePrecision, PrecisionOptions
 from gemc.passes.predict_time import PredictTime
 
 
@@ -31,8 +31,10 @@ def placement_pass(planner: str) -> Pass:
     return PlaceDefault() if planner == "default" else Parallelize(planner)
 
 
-def default_pipeline(planner: str = "default") -> list[Pass]:
-    return [*annotation_passes(), PredictTime(), *kernel_passes(), ChoosePrecision(),
+def default_pipeline(planner: str = "default",
+                     precision: PrecisionOptions | None = None) -> list[Pass]:
+    """Every pass of a compile; ``precision``: choose-precision's options (None: defaults)."""
+    return [*annotation_passes(), PredictTime(), *kernel_passes(), ChoosePrecision(precision),
             placement_pass(planner)]
 
 

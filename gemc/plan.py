@@ -15,17 +15,9 @@ from typing import Any
 
 from gemc.dump import write_atomic
 from gemc.errors import PlanError
+from gemc.sharding import DENSE_STRATEGIES, TABLE_SHARDINGS
 
 SCHEMA_VERSION = 1
-DENSE_STRATEGIES = ("ddp", "fsdp", "hsdp", "tp")
-TABLE_SHARDINGS = (
-    "data_parallel",
-    "table_wise",
-    "row_wise",
-    "column_wise",
-    "table_row_wise",
-    "grid",
-)
 PLANNERS = ("default", "cpsat", "greedy", "naive")
 # the optional "solver" block (written by the parallelize pass): CP-SAT's status, or
 # "heuristic" for greedy / naive, "crashed" when its child process died (the plan is a heuristic's)

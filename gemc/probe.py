@@ -31,30 +31,45 @@ weights at their initial scale behave nothing like Gaussian test matrices. So th
 When the model cannot be materialised on a CPU in reasonable time (gem-xl's dense part
 alone is 6 GB of fp32 weights) the probe raises :class:`ProbeSkipped` with the reason, and
 the pass falls back to bf16 everywhere with a loud warning: fp8 is never chosen unmeasured.
+
+The probe is a measured input of the compile, like calibration: the driver binds it to the
+model (:func:`opener`) and hands it to the pass as ``PassContext.precision_probe``; the pass
+reads it through :mod:`gemc.probe_types` and never rebuilds the model itself.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import inspect
 import math
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from gemc import fp8_recipe
 from gemc.backends.torch import fp8
 from gemc.backends.torch.init import init_dense_
-from gemc.entrypoint import AuthorBuild
+from gemc.entrypoint import AuthorBuild, load_entrypoint, load_model
+from gemc.probe_types import (
+    Assignment,
+    BlockResult,
+    Energy,
+    ProbeConfig,
+    ProbeOpener,
+    ProbeSkipped,
+    SiteKey,
+    SiteStats,
+)
 from gemc.spec import ModelSpec, batch_size_of
 
-SiteKey = tuple[str, str, int]  # (innermost module path, op name, call index in that module)
 GEMM_OPS = {
     "linear": "linear",
     "einsum": "einsum",
@@ -65,50 +80,11 @@ GEMM_OPS = {
     "addmm": "addmm",
     "baddbmm": "baddbmm",
 }
-CANDIDATES = {"bf16": fp8.BF16, "fp8-row": fp8.FP8_ROW, "fp8-tensor": fp8.FP8_TENSOR}
-
-
-@dataclass(frozen=True)
-class ProbeConfig:
-    """How much CPU the probe may spend. The batch is cut to what ``max_fwd_flops`` allows
-    (at least ``min_batch`` samples, at most ``max_batch``): a GEM h200 step probes 8 samples
-    (2048 sequence tokens), a tiny preset its whole batch."""
-
-    steps: int = 2
-    min_batch: int = 8
-    max_batch: int = 32
-    fold_rows: int = 4096
-    max_dense_bytes: float = 2e9  # fp32 weights outside embedding tables
-    max_fwd_flops: float = 8e9  # forward FLOPs of one probe step
-    seed: int = 0
-
-
-class ProbeSkipped(Exception):
-    """The model cannot be probed on this machine; the message says why."""
+CANDIDATES = {"bf16": fp8_recipe.BF16, "fp8-row": fp8_recipe.FP8_ROW,
+              "fp8-tensor": fp8_recipe.FP8_TENSOR}
 
 
 # ----------------------------------------------------------------------------- energies
-
-
-@dataclass
-class Energy:
-    """Signal and error energy, pooled over calls: SQNR = 10 log10(signal / noise)."""
-
-    signal: float = 0.0
-    noise: float = 0.0
-
-    def add(self, ref: torch.Tensor, test: torch.Tensor) -> None:
-        ref = ref.double()
-        self.signal += float((ref * ref).sum())
-        self.noise += float(((ref - test.double()) ** 2).sum())
-
-    @property
-    def db(self) -> float:
-        if self.noise == 0.0:
-            return math.inf
-        if self.signal == 0.0:
-            return -math.inf
-        return 10.0 * math.log10(self.signal / self.noise)
 
 
 def sqnr_db(ref: torch.Tensor, test: torch.Tensor) -> float:
@@ -131,27 +107,6 @@ def outlier_ratio(t: torch.Tensor, dim: int) -> float:
     if top == 0.0:
         return 1.0
     return math.inf if med == 0.0 else top / med
-
-
-@dataclass
-class SiteStats:
-    """What the probe measured for one GEMM site (pooled over its calls)."""
-
-    key: SiteKey
-    module_type: str
-    calls: int = 0
-    energy: dict[str, dict[str, Energy]] = field(default_factory=dict)  # gemm -> label
-    outliers: dict[str, float] = field(default_factory=dict)  # gemm -> worst ratio
-
-    def sqnr(self, gemm: str, label: str) -> float | None:
-        e = self.energy.get(gemm, {}).get(label)
-        return None if e is None else e.db
-
-    def _add(self, gemm: str, label: str, ref: torch.Tensor, test: torch.Tensor) -> None:
-        self.energy.setdefault(gemm, {}).setdefault(label, Energy()).add(ref, test)
-
-    def _outlier(self, gemm: str, ratio: float) -> None:
-        self.outliers[gemm] = max(self.outliers.get(gemm, 1.0), ratio)
 
 
 # ----------------------------------------------------------------------------- materialise
@@ -233,8 +188,6 @@ def build_probe_model(
 
     ``fwd_flops``: the compiled graph's forward FLOPs at its own batch (to scale the
     budget check); raises :class:`ProbeSkipped` when over a budget."""
-    from gemc.api import load_entrypoint, load_model
-
     args = dict(args)
     spec = load_model(entrypoint, args, device="meta")
     info: dict[str, Any] = {"batch": _batch_of(spec), "probe_batch": _batch_of(spec)}
@@ -381,13 +334,13 @@ def _measure_linear(call: _GemmCall, stats: SiteStats, with_fp8: bool) -> None:
         "dgrad": (dy2, w, dy2 @ w),
         "wgrad": (dy2.t(), x2, dy2.t() @ x2),
     }
-    fp8_ok = with_fp8 and k % fp8.ALIGN == 0 and n % fp8.ALIGN == 0
+    fp8_ok = with_fp8 and k % fp8_recipe.ALIGN == 0 and n % fp8_recipe.ALIGN == 0
     for gemm, (a, b, ref) in problems.items():
         for label, choice in CANDIDATES.items():
             if choice.dtype == "fp8" and not fp8_ok:
                 continue
-            stats._add(gemm, label, ref, fp8.gemm(a, b, choice, torch.float32, emulate=True))
-        stats._outlier(gemm, max(outlier_ratio(a, 1), outlier_ratio(b, 0)))
+            stats.add(gemm, label, ref, fp8.gemm(a, b, choice, torch.float32, emulate=True))
+        stats.add_outlier(gemm, max(outlier_ratio(a, 1), outlier_ratio(b, 0)))
     stats.calls += 1
 
 
@@ -435,31 +388,14 @@ def _measure_generic(call: _GemmCall, stats: SiteStats) -> None:
         return
     ref_out, ref_grads = _run_generic(call, bf16=False)
     out, grads = _run_generic(call, bf16=True)
-    stats._add("fwd", "bf16", ref_out, out)
+    stats.add("fwd", "bf16", ref_out, out)
     for gemm, ref, test in zip(("dgrad", "wgrad"), ref_grads, grads):
         if ref is not None and test is not None:
-            stats._add(gemm, "bf16", ref, test)
+            stats.add(gemm, "bf16", ref, test)
     stats.calls += 1
 
 
 # ----------------------------------------------------------------------------- blocks
-
-Assignment = Mapping[str, "str | fp8.Fp8Recipe"]  # module fqn -> "bf16" | "fp32" | recipe
-
-
-@dataclass(frozen=True)
-class BlockResult:
-    """A region run alone in a candidate assignment vs fp32 (SQNR dB, pooled over calls)."""
-
-    region: str
-    outputs_db: float
-    input_grads_db: float
-    param_grads_db: float
-
-    @property
-    def db(self) -> float:
-        return min(self.outputs_db, self.input_grads_db, self.param_grads_db)
-
 
 @contextlib.contextmanager
 def _autocast_scope(module: nn.Module, dtype: str) -> Iterator[None]:
@@ -499,7 +435,7 @@ def applied(model: nn.Module, assignment: Assignment) -> Iterator[None]:
         try:
             for fqn in sorted(assignment):
                 choice = assignment[fqn]
-                if isinstance(choice, fp8.Fp8Recipe):
+                if isinstance(choice, fp8_recipe.Fp8Recipe):
                     if not choice.any_fp8:
                         continue
                     parent_name, _, child = fqn.rpartition(".")
@@ -693,3 +629,9 @@ class Probe:
                                     [g.to(o.dtype) for o, g in pairs], allow_unused=True)
         return ([o.detach().float() for o in outs], list(grads[: len(inputs)]),
                 list(grads[len(inputs):]))
+
+
+def opener(entrypoint: str, args: Mapping[str, Any]) -> ProbeOpener:
+    """The probe bound to a model's entrypoint and arguments: what the driver hands the
+    precision pass (``PassContext.precision_probe``), which says what to measure."""
+    return functools.partial(Probe.open, entrypoint, dict(args))

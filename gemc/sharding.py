@@ -8,6 +8,17 @@ from __future__ import annotations
 
 from typing import Any
 
+# The names a plan, the cost model and the solver use (defined once, here in the core).
+DENSE_STRATEGIES = ("ddp", "fsdp", "hsdp", "tp")
+TABLE_SHARDINGS = (
+    "data_parallel",
+    "table_wise",
+    "row_wise",
+    "column_wise",
+    "table_row_wise",
+    "grid",
+)
+
 
 def split_even(total: int, parts: int) -> list[tuple[int, int]]:
     """(offset, size) of ``parts`` contiguous pieces, the first ``total % parts`` one larger."""

@@ -42,10 +42,9 @@ import torch
 from torch import fx
 from torch.fx.passes.infra.pass_base import PassResult
 
+from gemc import fusion_spec as fs
 from gemc import ir
 from gemc.context import PassContext
-
-from . import fusion_spec as fs
 
 aten = torch.ops.aten
 _FLOAT = (torch.float32, torch.bfloat16, torch.float16)

@@ -17,8 +17,7 @@ import torch
 from torch import fx
 
 from gemc import ir
-
-from .fusion_spec import translate
+from gemc.fusion_spec import translate
 
 aten = torch.ops.aten
 _VIEWS = {

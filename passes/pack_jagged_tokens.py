@@ -42,9 +42,9 @@ from gemc.context import PassContext
 from .jagged_patterns import follow_padding
 
 aten = torch.ops.aten
-PACKED = ir.PREFIX + "packed"  # {"id", "dims": [batch dim, sequence dim], "zeroed"} per node
-PACKED_REGION = ir.PREFIX + "packed_region"  # the region's facts, on its source node
-PACKED_SKIPPED = ir.PREFIX + "packed_skipped"  # why an attention's history stays padded
+PACKED = ir.PACKED  # re-exported: the keys are owned by gemc.ir (the plan builder reads them)
+PACKED_REGION = ir.PACKED_REGION
+PACKED_SKIPPED = ir.PACKED_SKIPPED
 _GUARDED = ("key_padding_attention", "jagged_silu_attention")
 
 

@@ -11,7 +11,8 @@ per GEMM, in ``--precision auto`` (the default):
    b. it pays: the cost model's fp8 time at the real M, N, K *plus the quantization the
       runner launches* (amax, scale, cast, layout copy per operand) beats bf16 by at least
       ``min_gain`` (5%) -- so small and skinny GEMMs stay bf16;
-   c. it is accurate: the probe (:mod:`gemc.probe`) measured SQNR >= ``min_sqnr_db``
+   c. it is accurate: the probe (:mod:`gemc.probe`, a measured input the driver hands
+      the pass as ``ctx.precision_probe``, like calibration) measured SQNR >= ``min_sqnr_db``
       (25 dB) on this model's own activations and gradients. Tensor-wise scaling is taken
       only when no operand shows outliers (max slice amax <= ``max_outlier_ratio`` x the
       median) and it is within ``tensorwise_margin_db`` of row-wise; otherwise row-wise.
@@ -38,34 +39,31 @@ the others were rejected) and the graph-level facts (baseline, rule, probe, bloc
 output node; updates ``gemc.predicted_ms`` of GEMM nodes to the chosen precisions when
 predict-time ran. The plan builder turns these into ``plan["precision"]``.
 
-Options come from :func:`precision_options` (a context, so ``gemc compile --precision``
-reaches the pass without threading arguments through the API).
+Options are the pass's ``options`` field (:class:`PrecisionOptions`): ``gemc compile
+--precision`` and ``gemc.compile(precision=...)`` set them through
+``gemc.config.CompileConfig.precision``, from which the driver builds the pipeline.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator
-from contextvars import ContextVar
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
-from gemc.backends.torch import fp8
-from gemc.backends.torch.fp8 import GemmChoice
 from gemc.passes.precision_sites import Prices, Site, collect_sites, price, structural_reason
 from torch import fx
 from torch.fx.passes.infra.pass_base import PassResult
 
-from gemc import ir
+from gemc import fp8_recipe, ir
 from gemc.context import PassContext
 from gemc.errors import GemcUserError
-from gemc.probe import BlockResult, Probe, ProbeConfig, ProbeSkipped, SiteStats
+from gemc.fp8_recipe import GemmChoice
+from gemc.probe_types import BlockResult, PrecisionProbe, ProbeConfig, ProbeSkipped, SiteStats
 
 MODES = ("auto", "bf16", "fp32")
 _WIDTH = {"fp8-tensor": 0, "fp8-row": 1, "bf16": 2, "fp32": 3}
-_BY_LABEL = {"fp32": fp8.FP32, "bf16": fp8.BF16, "fp8-row": fp8.FP8_ROW,
-             "fp8-tensor": fp8.FP8_TENSOR}
+_BY_LABEL = {"fp32": fp8_recipe.FP32, "bf16": fp8_recipe.BF16, "fp8-row": fp8_recipe.FP8_ROW,
+             "fp8-tensor": fp8_recipe.FP8_TENSOR}
 MAX_DB = 200.0  # "exact" (plans are JSON: no infinities)
 
 
@@ -98,25 +96,6 @@ class PrecisionOptions:
         out["probe"] = None if self.probe is None else {
             f.name: getattr(self.probe, f.name) for f in fields(self.probe)}
         return out
-
-
-_OPTIONS: ContextVar[PrecisionOptions | None] = ContextVar("gemc_precision", default=None)
-
-
-def current_options() -> PrecisionOptions:
-    return _OPTIONS.get() or PrecisionOptions()
-
-
-@contextlib.contextmanager
-def precision_options(**overrides: Any) -> Iterator[PrecisionOptions]:
-    """Set the precision pass's options for the compiles inside the block."""
-    opts = replace(current_options(), **overrides)
-    opts.validate()
-    token = _OPTIONS.set(opts)
-    try:
-        yield opts
-    finally:
-        _OPTIONS.reset(token)
 
 
 # ----------------------------------------------------------------------------- decisions
@@ -183,7 +162,7 @@ def _decide(site: Site, gemm: str, prices: Prices | None, structural: str | None
     sq = {label: (stats.sqnr(gemm, label) if stats else None)
           for label in ("bf16", "fp8-row", "fp8-tensor")}
     ratio = stats.outliers.get(gemm) if stats else None
-    d = GemmDecision(fp8.BF16, prices, sq, ratio)
+    d = GemmDecision(fp8_recipe.BF16, prices, sq, ratio)
     lo = opts.min_sqnr_db
     gain = prices.bf16 - prices.fp8 if prices else 0.0
     pays = prices is not None and gain > 0 and gain >= opts.min_gain * prices.bf16
@@ -219,9 +198,9 @@ def _decide(site: Site, gemm: str, prices: Prices | None, structural: str | None
                   f"fp8 forced (require_gain off; it costs {_ms(-gain)} ms more)")
         d.rejected["bf16"] = f"{saving} at {sq[fp8_label]:.1f} dB >= {lo:g} dB"
     elif bf16_db is None or bf16_db >= lo:
-        d.choice = fp8.BF16
+        d.choice = fp8_recipe.BF16
     else:
-        d.choice = fp8.FP32
+        d.choice = fp8_recipe.FP32
         d.rejected["bf16"] = f"SQNR {bf16_db:.1f} dB < {lo:g} dB"
     if d.choice.dtype != "fp32":
         faster = prices.fp32 - prices.bf16 if prices else 0.0
@@ -243,7 +222,7 @@ class Target:
     sites: list[Site] = field(default_factory=list)
 
     def dtype(self, decisions: dict[fx.Node, dict[str, GemmDecision]]) -> str:
-        labels = {decisions[s.node][g].label for s in self.sites for g in fp8.GEMMS}
+        labels = {decisions[s.node][g].label for s in self.sites for g in fp8_recipe.GEMMS}
         if any(label.startswith("fp8") for label in labels):
             return "fp8"
         return "fp32" if "fp32" in labels else "bf16"
@@ -252,7 +231,7 @@ class Target:
 def _consolidate(target: Target, decisions: dict[fx.Node, dict[str, GemmDecision]],
                  root_warn: list[str]) -> None:
     """One choice per GEMM role for a shared layer; one dtype for a non-fp8 module."""
-    for g in fp8.GEMMS:
+    for g in fp8_recipe.GEMMS:
         ds = [decisions[s.node][g] for s in target.sites]
         widest = max((d.label for d in ds), key=_WIDTH.__getitem__)
         for d in ds:
@@ -260,7 +239,7 @@ def _consolidate(target: Target, decisions: dict[fx.Node, dict[str, GemmDecision
                 d.set(widest, f"layer {target.name} is shared: another call needs {widest}")
     if target.dtype(decisions) == "fp8":
         return
-    ds = [decisions[s.node][g] for s in target.sites for g in fp8.GEMMS]
+    ds = [decisions[s.node][g] for s in target.sites for g in fp8_recipe.GEMMS]
     if any(d.label == "fp32" for d in ds):
         if not target.name:
             root_warn.append(", ".join(s.node.name for s in target.sites))
@@ -283,7 +262,7 @@ def _assignment(targets: list[Target], decisions: dict[fx.Node, dict[str, GemmDe
         dtype = t.dtype(decisions)
         if dtype == "fp8":
             d0 = decisions[t.sites[0].node]
-            out[t.name] = fp8.Fp8Recipe(*(d0[g].choice for g in fp8.GEMMS))
+            out[t.name] = fp8_recipe.Fp8Recipe(*(d0[g].choice for g in fp8_recipe.GEMMS))
         else:
             out[t.name] = dtype
     return out
@@ -302,18 +281,15 @@ class ChoosePrecision:
 
     name: ClassVar[str] = "choose-precision"
     requires: ClassVar[tuple[str, ...]] = ("classify-ops", "assign-regions")
-    options: PrecisionOptions | None = None  # None: the current precision_options()
+    options: PrecisionOptions | None = None  # None: PrecisionOptions()
 
     def run(self, gm: fx.GraphModule, ctx: PassContext) -> PassResult:
-        opts = self.options or current_options()
-        given = getattr(ctx, "options", {}).get("precision")  # compile(..., options) callers
-        if given:
-            opts = given if isinstance(given, PrecisionOptions) else replace(opts, **given)
+        opts = self.options or PrecisionOptions()
         opts.validate()
         sites = collect_sites(gm)
-        topo = getattr(ctx, "topology", None)
+        topo = ctx.topology
         gpu = topo.gpu if topo is not None else None
-        calibration = getattr(ctx, "calibration", None)
+        calibration = ctx.calibration
         prices = {s.node: price(s, gpu, calibration) for s in sites} if gpu else {}
         graph_facts: dict[str, Any] = {"mode": opts.mode, "baseline": "fp32" if opts.mode ==
                                        "fp32" else "bf16", "rule": opts.rule(), "probe": None,
@@ -321,11 +297,11 @@ class ChoosePrecision:
         if opts.mode == "auto":
             decisions = self._auto(gm, ctx, sites, prices, gpu, opts, graph_facts)
         else:
-            choice = fp8.FP32 if opts.mode == "fp32" else fp8.BF16
+            choice = fp8_recipe.FP32 if opts.mode == "fp32" else fp8_recipe.BF16
             decisions = {}
             for s in sites:
                 decisions[s.node] = {}
-                for g in fp8.GEMMS:
+                for g in fp8_recipe.GEMMS:
                     d = GemmDecision(choice, prices.get(s.node, {}).get(g), {}, None)
                     for other in ("fp32", "bf16", "fp8"):
                         if other != choice.dtype:
@@ -364,7 +340,7 @@ class ChoosePrecision:
             decisions[s.node] = {
                 g: _decide(s, g, prices.get(s.node, {}).get(g), structural[s.node], hw_reason,
                            stats, site_note, opts)
-                for g in fp8.GEMMS
+                for g in fp8_recipe.GEMMS
             }
         targets = self._targets(sites, probe)
         root_warn: list[str] = []
@@ -385,15 +361,18 @@ class ChoosePrecision:
 
     def _probe(self, ctx: PassContext, gm: fx.GraphModule, sites: list[Site],
                candidates: set[Any], opts: PrecisionOptions, facts: dict[str, Any]
-               ) -> tuple[Probe | None, str | None]:
+               ) -> tuple[PrecisionProbe | None, str | None]:
         if opts.probe is None:
             facts["probe"] = {"skipped": "disabled"}
             return None, "probe disabled"
         regions = sorted({s.region for s in sites if s.region})
         flops = float(sum(int(n.meta.get(ir.FLOPS, 0)) for n in gm.graph.nodes))
         try:
-            probe = Probe.open(ctx.entrypoint, ctx.args, regions, opts.probe, fwd_flops=flops,
-                               fp8_sites=candidates)
+            if ctx.precision_probe is None:
+                raise ProbeSkipped("the driver gave the pass no probe "
+                                   "(PassContext.precision_probe is None)")
+            probe = ctx.precision_probe(regions, opts.probe, fwd_flops=flops,
+                                        fp8_sites=candidates)
         except ProbeSkipped as exc:
             reason = str(exc)
         except GemcUserError as exc:  # e.g. an entrypoint that will not rebuild on the CPU
@@ -411,7 +390,7 @@ class ChoosePrecision:
         return None, f"probe skipped: {reason}"
 
     @staticmethod
-    def _targets(sites: list[Site], probe: Probe | None) -> list[Target]:
+    def _targets(sites: list[Site], probe: PrecisionProbe | None) -> list[Target]:
         by_name: dict[str, Target] = {}
         for s in sites:
             t = by_name.setdefault(s.module, Target(s.module, False))
@@ -420,14 +399,14 @@ class ChoosePrecision:
                                              else s.module_type == "Linear")
         return list(by_name.values())
 
-    def _check_blocks(self, ctx: PassContext, probe: Probe, targets: list[Target],
+    def _check_blocks(self, ctx: PassContext, probe: PrecisionProbe, targets: list[Target],
                       decisions: dict[fx.Node, dict[str, GemmDecision]],
                       opts: PrecisionOptions) -> list[dict[str, Any]]:
         results = []
         for region in sorted({s.region for t in targets for s in t.sites if s.region}):
             inside = [t for t in targets if t.name and _in_region(t.name, region)]
             ds = [(t, s, g, decisions[s.node][g]) for t in inside for s in t.sites
-                  for g in fp8.GEMMS]
+                  for g in fp8_recipe.GEMMS]
             near = any(d.sqnr.get("bf16") is not None
                        and d.sqnr["bf16"] < opts.min_sqnr_db + opts.block_margin_db
                        for *_, d in ds)
@@ -439,7 +418,7 @@ class ChoosePrecision:
             results.append(self._fix_block(ctx, probe, region, inside, ds, decisions, opts))
         return results
 
-    def _fix_block(self, ctx: PassContext, probe: Probe, region: str, inside: list[Target],
+    def _fix_block(self, ctx: PassContext, probe: PrecisionProbe, region: str, inside: list[Target],
                    ds: list[Any], decisions: dict[fx.Node, dict[str, GemmDecision]],
                    opts: PrecisionOptions) -> dict[str, Any]:
         changes: list[str] = []
@@ -469,7 +448,7 @@ class ChoosePrecision:
                 break
             t = min(bf16s, key=lambda x: x[3].sqnr.get("bf16") or 0.0)[0]
             for s in t.sites:
-                for g in fp8.GEMMS:
+                for g in fp8_recipe.GEMMS:
                     if decisions[s.node][g].choice.dtype == "bf16":
                         decisions[s.node][g].set("fp32", why)
             changes.append(f"{t.name} bf16 -> fp32")
@@ -495,9 +474,9 @@ class ChoosePrecision:
                 "op": s.op,
                 "region": s.region,
                 "shape": {k: int(v) for k, v in s.problem.items()},
-                **{g: ds[g].label for g in fp8.GEMMS},
+                **{g: ds[g].label for g in fp8_recipe.GEMMS},
                 "block_sqnr_db": blocks.get(s.region, {}).get("sqnr_db"),
-                "gemms": {g: ds[g].to_json() for g in fp8.GEMMS},
+                "gemms": {g: ds[g].to_json() for g in fp8_recipe.GEMMS},
             }
             s.node.meta[ir.PRECISION] = record
             if ir.PREDICTED_MS in s.node.meta and all(d.prices for d in ds.values()):

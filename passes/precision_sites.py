@@ -30,17 +30,16 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from gemc.backends.torch import fp8
 from gemc.cost_model import kernels
 from gemc.cost_model.op_cost import gemm_time, memory_time
 from gemc.passes.assign_regions import module_path
 from gemc.passes.classify_ops import op_name
 from torch import fx
 
-from gemc import ir
+from gemc import fp8_recipe, ir
 from gemc.ir import OpKind
 
-GEMMS = fp8.GEMMS
+GEMMS = fp8_recipe.GEMMS
 SiteKey = tuple[str, str, int]
 _PASS_THROUGH = (OpKind.VIEW, OpKind.POINTWISE)
 _SOFTMAX = {"softmax", "_softmax", "log_softmax", "_log_softmax"}
@@ -137,10 +136,10 @@ def structural_reason(site: Site, table_fqns: set[str], is_linear: bool | None) 
         return "its weight is an embedding table"
     if _reaches(node, set(), {OpKind.LOSS}, True):
         return "feeds the loss directly (logits)"
-    bad = {g: p for g, p in site.problems().items() if any(d % fp8.ALIGN for d in p[1:])}
+    bad = {g: p for g, p in site.problems().items() if any(d % fp8_recipe.ALIGN for d in p[1:])}
     if bad:
         g, (_, m, n, k) = next(iter(bad.items()))
-        return f"dims not divisible by {fp8.ALIGN} ({g} M={m} N={n} K={k})"
+        return f"dims not divisible by {fp8_recipe.ALIGN} ({g} M={m} N={n} K={k})"
     return None
 
 
@@ -186,9 +185,9 @@ def _operands(gemm: str, x_elt: int) -> tuple[tuple[int, bool], tuple[int, bool]
 def _quant_time(numel: int, elt: int, relayout: bool, gpu: Any, calibration: Any) -> float:
     """Quantizing one operand the way the runner's fp8 module does, kernel by kernel."""
     t = sum(memory_time(float(b), gpu, calibration, "copy")[0]
-            for b in fp8.quantize_kernels(numel, elt, relayout))
+            for b in fp8_recipe.quantize_kernels(numel, elt, relayout))
     launch = calibration.kernel_s if calibration is not None else 2.5e-6
-    return t + fp8.SCALE_KERNELS * launch
+    return t + fp8_recipe.SCALE_KERNELS * launch
 
 
 def price(site: Site, gpu: Any, calibration: Any) -> dict[str, Prices]:

@@ -17,7 +17,7 @@ from torch.fx.passes.infra.pass_base import PassResult
 from gemc import ir
 
 PREDICTED_SOURCE = ir.PREDICTED_SOURCE  # re-exported: the key is owned by gemc.ir
-PRICING = ir.PREFIX + "pricing"  # gm.meta: {"gpu", "calibration"} predict-time priced with
+PRICING = ir.PRICING  # re-exported: the key is owned by gemc.ir
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class PredictTime:
         calibration = getattr(ctx, "calibration", None)
         sources: set[str] = set()
         # what the plan builder needs to reprice a node at the dtype the runner runs it in
-        # (gemc.plan_builder.kernel_adjusted_ms): the same GPU and calibration as here
+        # (gemc.graph_summary.kernel_adjusted_ms): the same GPU and calibration as here
         gm.meta[PRICING] = {"gpu": gpu, "calibration": calibration}
         for node in gm.graph.nodes:
             precision = node.meta.get(ir.PRECISION)

@@ -35,7 +35,9 @@ scalings accept on every Hopper software stack). Accumulation is fp32 (no fast a
 power-of-two scales) and matmul in fp32, rounded to the output dtype -- what the tensor
 cores compute up to the order of fp32 accumulation.
 
-Imports torch only.
+The recipe *types* (:class:`GemmChoice`, :class:`Fp8Recipe`, the GEMM names and the
+kernel counts the cost model prices) live in :mod:`gemc.fp8_recipe`, in the core, so the
+precision pass chooses recipes without importing the runner. Imports torch and that only.
 """
 
 from __future__ import annotations
@@ -43,92 +45,23 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from gemc.fp8_recipe import (
+    ALIGN,
+    ROWWISE,
+    SCALINGS,
+    TENSORWISE,
+    Fp8Recipe,
+    GemmChoice,
+)
+
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0
-ROWWISE = "rowwise"
-TENSORWISE = "tensorwise"
-SCALINGS = (ROWWISE, TENSORWISE)
-GEMMS = ("fwd", "dgrad", "wgrad")
-DTYPES = ("fp32", "bf16", "fp8")
-ALIGN = 16  # _scaled_mm: K and N divisible by 16
 FP8_OUT_DTYPE = torch.bfloat16
-
-
-# ----------------------------------------------------------------------------- choices
-
-
-@dataclass(frozen=True)
-class GemmChoice:
-    """The precision of one GEMM: fp32, bf16, or fp8 with a scaling."""
-
-    dtype: str = "bf16"
-    scaling: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise ValueError(f"GEMM dtype {self.dtype!r} is not one of {DTYPES}")
-        if self.dtype == "fp8" and self.scaling not in SCALINGS:
-            raise ValueError(f"an fp8 GEMM needs a scaling in {SCALINGS}, got {self.scaling!r}")
-        if self.dtype != "fp8" and self.scaling is not None:
-            raise ValueError(f"only fp8 GEMMs have a scaling ({self.dtype} has {self.scaling!r})")
-
-    @property
-    def label(self) -> str:
-        """'fp32', 'bf16', 'fp8-row' or 'fp8-tensor' (dumps, tables)."""
-        if self.dtype != "fp8":
-            return self.dtype
-        return "fp8-row" if self.scaling == ROWWISE else "fp8-tensor"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"dtype": self.dtype, "scaling": self.scaling}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> GemmChoice:
-        return cls(str(d.get("dtype", "bf16")), d.get("scaling"))
-
-
-FP32 = GemmChoice("fp32")
-BF16 = GemmChoice("bf16")
-FP8_ROW = GemmChoice("fp8", ROWWISE)
-FP8_TENSOR = GemmChoice("fp8", TENSORWISE)
-
-
-@dataclass(frozen=True)
-class Fp8Recipe:
-    """The choices of a linear layer's three GEMMs."""
-
-    fwd: GemmChoice = FP8_ROW
-    dgrad: GemmChoice = FP8_ROW
-    wgrad: GemmChoice = FP8_ROW
-
-    @property
-    def any_fp8(self) -> bool:
-        return any(c.dtype == "fp8" for c in self.choices().values())
-
-    def choices(self) -> dict[str, GemmChoice]:
-        return {"fwd": self.fwd, "dgrad": self.dgrad, "wgrad": self.wgrad}
-
-    def to_dict(self) -> dict[str, dict[str, Any]]:
-        return {g: c.to_dict() for g, c in self.choices().items()}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Fp8Recipe:
-        """From ``{"fwd": {"dtype", "scaling", ...}, "dgrad": ..., "wgrad": ...}`` (extra
-        keys, such as a plan entry's measurements, are ignored)."""
-        missing = [g for g in GEMMS if g not in d]
-        if missing:
-            raise ValueError(f"fp8 recipe lacks the GEMM(s) {missing}")
-        return cls(*(GemmChoice.from_dict(d[g]) for g in GEMMS))
-
-    @classmethod
-    def uniform(cls, choice: GemmChoice) -> Fp8Recipe:
-        return cls(choice, choice, choice)
 
 
 # ----------------------------------------------------------------------------- quantization
@@ -334,26 +267,6 @@ def gemm(
         out = a.to(torch.bfloat16).float() @ b.to(torch.bfloat16).float()
         return out.to(torch.bfloat16).to(out_dtype)
     return (a.to(torch.bfloat16) @ b.to(torch.bfloat16)).to(out_dtype)
-
-
-SCALE_KERNELS = 7
-"""Tiny launches per quantized operand for the scale arithmetic (clamp, divide, frexp,
-ones, ldexp x2, cast) on the [M, 1] / [1, N] amax."""
-
-
-def quantize_kernels(numel: int, elt_bytes: int, relayout: bool) -> list[int]:
-    """Bytes moved by each streaming kernel of :func:`quantize` (+ the layout copy that
-    :func:`fp8_matmul` adds where the operand is not already in ``_scaled_mm``'s layout),
-    for the cost model: it prices exactly what this module launches."""
-    out = [numel * elt_bytes]  # amax
-    work = elt_bytes
-    if elt_bytes not in (2, 4):  # fp16 goes through fp32
-        out.append(numel * (elt_bytes + 4))
-        work = 4
-    out += [numel * (work + work), numel * (work + 1)]  # scale multiply, cast to fp8
-    if relayout:
-        out.append(2 * numel)
-    return out
 
 
 # ----------------------------------------------------------------------------- autograd

@@ -67,7 +67,7 @@ def _entrypoint_for(model: dict[str, Any], plan_dir: Path | None) -> str:
 
 def load_plan_model(plan: dict[str, Any], plan_dir: Path | None = None) -> ModelSpec:
     """The model the plan names, built on meta."""
-    from gemc.api import load_model
+    from gemc.entrypoint import load_model
 
     entry = _entrypoint_for(plan["model"], plan_dir)
     return load_model(entry, plan["model"].get("args") or {}, device="meta")

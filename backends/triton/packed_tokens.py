@@ -225,7 +225,7 @@ def source(values: torch.Tensor, row: torch.Tensor, pos: torch.Tensor,
 
 
 def is_pointwise(node: fx.Node) -> bool:
-    from gemc.passes.fusion_spec import translate
+    from gemc.fusion_spec import translate
 
     return translate(node) is not None or node.target in (aten.cat.default,
                                                            aten.where.self)

@@ -34,8 +34,8 @@ from gemc.cost_model.kernels import INDEX_BYTES
 from gemc.cost_model.memory import region_memory, shard_degree, table_memory, table_shard
 
 # The step model's per-shard embedding price and per-region collectives, used here so the
-# solver prices exactly what predict_step will (_dense_comm should become public too).
-from gemc.cost_model.step_model import _dense_comm, shard_compute_s
+# solver prices exactly what predict_step will.
+from gemc.cost_model.step_model import dense_comm, shard_compute_s
 from gemc.cost_model.types import RegionCost, TableCost
 
 from .problem import DenseChoice, Problem, TableChoice
@@ -93,7 +93,7 @@ def dense_option(problem: Problem, region: RegionCost, choice: DenseChoice) -> D
     mem = region_memory(rc, world, problem.options)
     degree = shard_degree(rc, world)
     gathered = rc.strategy in ("fsdp", "hsdp") and degree > 1
-    comm = _dense_comm(rc, problem.topology, problem.calibration, problem.options)
+    comm = dense_comm(rc, problem.topology, problem.calibration, problem.options)
     fwd = rc.compute_s * rc.fwd_fraction
     return DenseOption(
         choice=choice,

@@ -143,7 +143,7 @@ def problem_from_graph(
 ) -> Problem:
     """The regions and tables of an annotated graph (after predict-time), as the plan
     builder will summarise them and ``gemc.costing`` will price them."""
-    from gemc.plan_builder import region_summaries, table_summaries
+    from gemc.graph_summary import region_summaries, table_summaries
 
     shim = SimpleNamespace(param_dtypes=ctx.param_dtypes)
     tables = table_summaries(gm, shim)  # type: ignore[arg-type]

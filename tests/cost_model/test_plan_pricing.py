@@ -11,12 +11,12 @@ from gemc.cost_model.topology import parse_topology
 from gemc.cost_model.types import StepOptions, TableCost
 
 from gemc import ir
-from gemc.api import _calibration, _context, load_model
+from gemc.api import _calibration, load_model, pass_context
 from gemc.capture import capture
 from gemc.costing import host_s, kernel_launches
+from gemc.graph_summary import kernel_adjusted_ms
 from gemc.pass_manager import PassManager
 from gemc.pipeline import default_pipeline
-from gemc.plan_builder import kernel_adjusted_ms
 
 GEM = str(Path(__file__).resolve().parents[2] / "examples" / "gem" / "model.py") + ":build"
 
@@ -27,7 +27,7 @@ def gem_plan_graph():
     topo = parse_topology("h200:1x1")
     spec = load_model(GEM, {"preset": "tiny"})
     cap = capture(spec, entrypoint=GEM)
-    ctx = _context(GEM, {"preset": "tiny"}, cap, topo)
+    ctx = pass_context(GEM, {"preset": "tiny"}, cap, topo)
     ctx.calibration = _calibration("auto", "h200")
     ctx.options["solver"] = {}
     return PassManager(default_pipeline("greedy")).run(cap.gm, ctx, capture_seconds=0)
@@ -81,7 +81,7 @@ def test_gradient_additions_are_priced_in_their_regions(gem_plan_graph):
     """A tensor read by several ops costs the backward's adds; the regions carry them."""
     from types import SimpleNamespace
 
-    from gemc.plan_builder import gradient_accumulation_ms, region_summaries, table_summaries
+    from gemc.graph_summary import gradient_accumulation_ms, region_summaries, table_summaries
 
     gm = gem_plan_graph
     adds = gradient_accumulation_ms(gm)

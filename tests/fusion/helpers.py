@@ -11,7 +11,7 @@ from gemc.cost_model.topology import parse_topology
 from gemc.passes.predict_time import PredictTime
 from torch import fx
 
-from gemc.api import _context, load_model
+from gemc.api import load_model, pass_context
 from gemc.capture import capture
 from gemc.dump import format_graph
 from gemc.pass_manager import PassManager
@@ -28,7 +28,7 @@ def compiled(entry: str, args: dict[str, Any] | None = None, *, priced: bool = T
     """
     spec = load_model(entry, dict(args or {}), device="cpu")
     captured = capture(spec, entrypoint=entry)
-    ctx = _context(entry, dict(args or {}), captured, parse_topology("h200:1x1") if priced
+    ctx = pass_context(entry, dict(args or {}), captured, parse_topology("h200:1x1") if priced
                    else None)
     passes = [*annotation_passes(), *([PredictTime()] if priced else [])]
     for p in kernel_passes():

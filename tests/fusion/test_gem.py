@@ -138,7 +138,7 @@ def test_region_times_are_priced_with_the_plans_kernels():
     alone). The plan's regions sum these."""
     from gemc.passes.pack_jagged_tokens import PACKED
 
-    from gemc.plan_builder import kernel_adjusted_ms
+    from gemc.graph_summary import kernel_adjusted_ms
 
     gm, ctx, _ = compiled(GEM, ARGS)
     ms = kernel_adjusted_ms(gm)

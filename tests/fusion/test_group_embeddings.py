@@ -14,7 +14,7 @@ from gemc.backends.triton.graph_runner import GraphRunner
 from gemc.passes.group_embeddings import GroupEmbeddings
 
 from gemc import ir
-from gemc.api import _context, load_model
+from gemc.api import load_model, pass_context
 from gemc.capture import capture
 from gemc.pass_manager import PassManager
 from gemc.pipeline import annotation_passes
@@ -33,7 +33,7 @@ def test_group_embeddings_golden_dump():
 def _compiled(entry: str, **options):
     spec = load_model(entry, {}, device="cpu")
     captured = capture(spec, entrypoint=entry)
-    ctx = _context(entry, {}, captured, None)
+    ctx = pass_context(entry, {}, captured, None)
     gm = PassManager([*annotation_passes(), GroupEmbeddings(**options)]).run(captured.gm, ctx)
     return gm, kernel_entries(gm, ctx), spec
 

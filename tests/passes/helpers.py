@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import fx
 
-from gemc.api import _context, load_model
+from gemc.api import load_model, pass_context
 from gemc.capture import capture
 from gemc.dump import format_graph
 from gemc.pass_manager import PassManager
@@ -21,7 +21,7 @@ def run_until(pass_name: str, func: str = "build", topology=None) -> fx.GraphMod
         passes.append(p)
         if p.name == pass_name:
             break
-    ctx = _context("toy", {}, captured, topology)
+    ctx = pass_context("toy", {}, captured, topology)
     return PassManager(passes).run(captured.gm, ctx)
 
 

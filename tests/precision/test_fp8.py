@@ -7,9 +7,10 @@ import math
 import pytest
 import torch
 from gemc.backends.torch import fp8
-from gemc.backends.torch.fp8 import E4M3, FP8_ROW, FP8_TENSOR, Fp8Recipe, GemmChoice
+from gemc.backends.torch.fp8 import E4M3
 from torch import nn
 
+from gemc.fp8_recipe import BF16, FP8_ROW, FP8_TENSOR, Fp8Recipe, GemmChoice
 from tests.precision.conftest import DEVICE, sqnr
 
 
@@ -197,7 +198,7 @@ def test_fp8_linear_follows_autocast_like_nn_linear() -> None:
 def test_swap_keeps_parameters_and_refuses_what_fp8_cannot_run() -> None:
     model = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 8), nn.LayerNorm(8))
     keys, params = list(model.state_dict()), list(model.parameters())
-    swapped = fp8.swap_linears(model, {"0": Fp8Recipe(), "2": Fp8Recipe.uniform(fp8.BF16)})
+    swapped = fp8.swap_linears(model, {"0": Fp8Recipe(), "2": Fp8Recipe.uniform(BF16)})
     assert swapped == ["0"]  # a recipe without fp8 leaves the layer alone
     assert isinstance(model[0], fp8.Fp8Linear) and isinstance(model[0], nn.Linear)
     assert list(model.state_dict()) == keys and list(model.parameters()) == params

@@ -9,15 +9,17 @@ import torch
 from gemc.backends.torch import fp8
 from gemc.backends.torch import precision as runner_precision
 from gemc.cost_model.topology import parse_topology
-from gemc.passes.precision import ChoosePrecision, PrecisionOptions, precision_options
+from gemc.passes.precision import ChoosePrecision, PrecisionOptions
 from gemc.passes.predict_time import PredictTime
 from torch import fx
 
 from gemc import ir
-from gemc.api import _context, load_model
+from gemc.api import compile as gemc_compile
+from gemc.api import load_model, pass_context
 from gemc.capture import capture
+from gemc.config import CompileConfig
 from gemc.dump import format_graph
-from gemc.errors import PlanError
+from gemc.errors import GemcUserError, PlanError
 from gemc.pass_manager import PassManager
 from gemc.pipeline import annotation_passes
 from gemc.plan_builder import precision_entries
@@ -35,7 +37,7 @@ def run_pass(options: PrecisionOptions, entry: str = MODEL, args: dict | None = 
     args = dict(args or {})
     spec = load_model(entry, args)
     captured = capture(spec, entrypoint=entry)
-    ctx = _context(entry, args, captured, parse_topology("h200:1x1"))
+    ctx = pass_context(entry, args, captured, parse_topology("h200:1x1"))
     ctx.calibration = calibration
     # only the passes choose-precision reads, so the golden dump does not move with others
     passes = [*annotation_passes(), PredictTime(), ChoosePrecision(options)]
@@ -182,8 +184,8 @@ def test_cli_precision_flags_and_explain_table(tmp_path, capsys) -> None:
     text = capsys.readouterr().out
     assert "precision  baseline bf16 (mode bf16)" in text
     assert "precision by GEMM site (8" in text and "block.up" in text
-    with precision_options(mode="auto"):
-        pass
-    with pytest.raises(Exception, match="unknown precision mode"):
-        with precision_options(mode="fp4"):
-            pass
+    CompileConfig(precision=PrecisionOptions(mode="auto")).validate()
+    with pytest.raises(GemcUserError, match="unknown precision mode"):
+        CompileConfig(precision=PrecisionOptions(mode="fp4")).validate()
+    with pytest.raises(GemcUserError, match="unknown compile option"):
+        gemc_compile(MODEL, precision_mode="bf16")

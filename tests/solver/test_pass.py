@@ -10,7 +10,7 @@ from gemc.cost_model.topology import parse_topology
 
 from gemc.cli import main
 from gemc.plan import load_plan
-from gemc.solver.replan import annotate, replan
+from gemc.replan import annotate, replan
 from tests.conftest import REPO, TOY
 
 GEM = f"{REPO}/examples/gem/model.py:build"

@@ -31,7 +31,7 @@ import pytest
 import torch
 from gemc.backends.torch.reference import reference_losses
 from gemc.backends.torch.runner import RunOptions, run
-from gemc.passes.precision import precision_options
+from gemc.passes.precision import PrecisionOptions
 
 from examples.zoo import MODELS
 from gemc.api import compile as gemc_compile
@@ -60,8 +60,8 @@ def _compiled(name: str, preset: str, topology: str) -> tuple[dict[str, Any], fl
     args = dict(TINY[name]) if preset == "tiny" else {"preset": preset}
     mode = "auto" if preset == "tiny" else "bf16"
     start = time.perf_counter()
-    with precision_options(mode=mode):
-        plan = gemc_compile(ENTRY[name], args, topology=topology)
+    plan = gemc_compile(ENTRY[name], args, topology=topology,
+                        precision=PrecisionOptions(mode=mode))
     return plan, time.perf_counter() - start
 
 

@@ -14,25 +14,27 @@ from typing import Any
 
 from torch import fx
 
-from gemc.api import _context
+from gemc.api import pass_context
 from gemc.capture import Captured
 from gemc.context import PassContext
 from gemc.cost_model.topology import Topology
 from gemc.costing import predicted_block
 from gemc.pass_manager import PassManager
+from gemc.passes.precision import PrecisionOptions
 from gemc.pipeline import default_pipeline, placement_pass
 from gemc.plan import validate_plan
 from gemc.plan_builder import build_plan
 
 
 def annotate(captured: Captured, topology: Topology, *, entrypoint: str,
-             args: dict[str, Any] | None = None, calibration: Any = None
+             args: dict[str, Any] | None = None, calibration: Any = None,
+             precision: PrecisionOptions | None = None
              ) -> tuple[fx.GraphModule, PassContext]:
     """Every pass of the default pipeline before the placement (op times and precisions
     depend on the GPU, not on the mesh)."""
-    ctx = _context(entrypoint, dict(args or {}), captured, topology)
+    ctx = pass_context(entrypoint, dict(args or {}), captured, topology)
     ctx.calibration = calibration
-    gm = PassManager(default_pipeline()[:-1]).run(captured.gm, ctx)
+    gm = PassManager(default_pipeline(precision=precision)[:-1]).run(captured.gm, ctx)
     return gm, ctx
 
 

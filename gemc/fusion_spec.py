@@ -5,6 +5,10 @@ function that writes a group as the ``structure`` + ``binding`` the code generat
 (see ``gemc.backends.triton.codegen.spec`` for the format). Keeping the ATen-side
 translation here and the Triton-side rules in ``codegen.ops`` means a test can check the
 two agree: every op this module emits has a forward and a backward there.
+
+In the core (imports torch and gemc.ir only): the passes that form groups, the plan
+builder that writes them and the runner that decides what runs on packed tokens
+(``backends/triton/packed_tokens.is_pointwise``) all read the one vocabulary.
 """
 
 from __future__ import annotations

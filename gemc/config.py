@@ -1,0 +1,72 @@
+"""One compile's options: what ``gemc compile`` parses and ``gemc.compile`` takes.
+
+Why one typed object: the CLI and the API used to pass the same options through different
+channels (keyword arguments, a context variable for the precision options, ``ctx.options``
+read with ``getattr``). Now the CLI builds a :class:`CompileConfig`, the API reads one, and
+a pass gets its options as its own dataclass fields from the pipeline the driver builds
+(``ChoosePrecision(options=config.precision)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from gemc.errors import GemcUserError
+from gemc.passes.precision import PrecisionOptions
+from gemc.plan import PLANNERS, TABLE_OPTIMIZERS
+
+
+@dataclass(frozen=True)
+class CompileConfig:
+    """Every option of one compile (the model and where the plan goes are not options).
+
+    ``calibration``: "auto" (the file gemc ships for the topology's GPU, if any), "none"
+    or None (roofline only), or a file written by ``gemc calibrate``.
+    ``planner``: cpsat (the CP-SAT solver), greedy, naive, or default (place-default).
+    ``solver``: the planners' settings (``gemc.solver.problem.SolverSettings`` fields,
+    e.g. ``{"time_limit_s": 10}``).
+    ``table_optimizer``: one of ``gemc.plan.TABLE_OPTIMIZERS`` or "auto" (adam where it
+    fits, else rowwise_adagrad); priced, written to the plan and run by the runner.
+    None: priced as AdamW.
+    ``precision``: the choose-precision pass's options (mode, SQNR bounds, probe budget).
+    """
+
+    topology: str = "h200:1x8"
+    planner: str = "default"
+    calibration: str | None = "auto"
+    solver: Mapping[str, Any] = field(default_factory=dict)
+    table_optimizer: str | None = None
+    precision: PrecisionOptions = field(default_factory=PrecisionOptions)
+    disabled_passes: tuple[str, ...] = ()
+    dump_dir: str | Path | None = None
+    dump_mode: str = "all"
+
+    def validate(self) -> None:
+        """Raise GemcUserError naming the first bad option (before any capture)."""
+        if self.planner not in PLANNERS:
+            raise GemcUserError(f"unknown planner {self.planner!r}", where="planner",
+                                fix=f"use one of: {', '.join(PLANNERS)}")
+        if self.table_optimizer is not None \
+                and self.table_optimizer not in (*TABLE_OPTIMIZERS, "auto"):
+            raise GemcUserError(f"unknown table optimizer {self.table_optimizer!r}",
+                                where="table_optimizer",
+                                fix=f"use one of: {', '.join((*TABLE_OPTIMIZERS, 'auto'))}")
+        if not isinstance(self.precision, PrecisionOptions):
+            raise GemcUserError(f"precision is a {type(self.precision).__name__}",
+                                where="precision",
+                                fix="pass gemc.passes.precision.PrecisionOptions(...)")
+        self.precision.validate()
+
+    def with_options(self, **options: Any) -> CompileConfig:
+        """A copy with ``options`` (field names) replaced; an unknown name is a user error."""
+        names = [f.name for f in fields(self)]
+        unknown = sorted(set(options) - set(names))
+        if unknown:
+            raise GemcUserError(f"unknown compile option(s) {unknown}", where="gemc.compile",
+                                fix=f"use CompileConfig's fields: {', '.join(names)}")
+        if "disabled_passes" in options:
+            options["disabled_passes"] = tuple(options["disabled_passes"])
+        return replace(self, **options)

@@ -1,0 +1,266 @@
+"""What the annotated graph says per table and per dense region, priced as the plan runs.
+
+The facts the solver plans with and the plan records (``table_summaries``,
+``region_summaries``), and the per-node times under the plan's kernels and autocast
+(``kernel_adjusted_ms``, ``gradient_accumulation_ms``) that both sum. One place, below
+the solver and the plan builder, so the step a plan predicts is the step its planner
+optimised (the solver reads these through ``gemc.solver.problem``, the plan builder
+writes them into the plan).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from typing import Any
+
+import torch
+from torch import fx
+
+from gemc import ir
+from gemc.capture import Captured
+from gemc.cost_model import op_cost
+from gemc.cost_model.activations import packed_fill, plan_autocast, runtime_itemsize, view_base
+from gemc.ir import OpKind
+from gemc.sharding import make_shards
+
+
+def table_summaries(gm: fx.GraphModule, captured: Captured) -> list[dict[str, Any]]:
+    """One entry per table FQN: size, lookups per batch, pooling, and its placement."""
+    by_fqn: dict[str, dict[str, Any]] = {}
+    for node in gm.graph.nodes:
+        facts = node.meta.get(ir.TABLE)
+        if facts is None:
+            continue
+        fqn = facts["fqn"]
+        entry = by_fqn.setdefault(
+            fqn,
+            {
+                "fqn": fqn,
+                "rows": facts["rows"],
+                "dim": facts["dim"],
+                "nnz": 0,
+                "batch": facts["batch"],
+                "pooling": facts["mode"],
+                "weighted": facts["weighted"],
+                "dtype": captured.param_dtypes.get(fqn, "float32"),
+                "lookups": 0,
+                "placement": node.meta.get(ir.PLACEMENT),
+                "predicted_ms": 0.0,
+            },
+        )
+        entry["nnz"] += facts["nnz"]
+        entry["lookups"] += 1
+        entry["predicted_ms"] += float(node.meta.get(ir.PREDICTED_MS, 0.0))
+    tables = []
+    for fqn in sorted(by_fqn):
+        entry = by_fqn[fqn]
+        placement = entry.pop("placement") or {"sharding": "table_wise", "ranks": [0]}
+        entry["sharding"] = placement["sharding"]
+        if "cost" in placement:  # the parallelize pass's per-shard estimate
+            entry["cost"] = placement["cost"]
+        entry["shards"] = make_shards(
+            placement["sharding"],
+            list(placement["ranks"]),
+            entry["rows"],
+            entry["dim"],
+            placement.get("grid"),
+        )
+        entry["predicted_ms"] = round(entry["predicted_ms"], 6) if entry["predicted_ms"] else None
+        tables.append(entry)
+    return tables
+
+
+def kernel_adjusted_ms(gm: fx.GraphModule) -> dict[fx.Node, float]:
+    """Each node's forward+backward ms as the plan runs it (``gemc.predicted_ms`` is the node
+    run alone, as ATen would): a kernel group's members scaled by its after/before,
+    and, inside a packed token region, by the region's fill (the token-wise work shrinks
+    with the real tokens; the jagged attention is already priced over them). Why: the step
+    the plan predicts, and the placement the solver picks, are for the plan's kernels, not
+    for the graph without them (the GEM h200 plan predicted 175 ms where its run measured
+    82 ms before this).
+
+    Attention runs under the plan's autocast: an fp32-captured attention is repriced at
+    the autocast dtype (SDPA and the jagged kernel both run bf16 there), the jagged one on
+    its real tokens (``fill``; inside a packed region it reads q/k/v in place). Why: at
+    the captured fp32 the GEM h200 plan priced its two jagged attentions at 23.2 ms each
+    and the cross attentions at 9.3 ms, where the profile of the run
+    (benchmarks/results/e2e_h200_de5d649_gemc_alone.gemc.kernels.txt) shows ~3 ms and
+    ~2 ms. Autocast also casts every fp32 operand of a GEMM or attention to bf16 in the
+    forward and the gradient back in the backward (the run's profile: 130 bf16 casts,
+    2.8 ms): each such node carries those copies. A packed region carries its boundary
+    gathers and scatters (its after_ms less before_ms x fill) on its source node. (The
+    backward's gradient additions are not a node's: gradient_accumulation_ms.)"""
+    pricing = gm.meta.get(ir.PRICING)
+    autocast = plan_autocast(gm) if pricing else None
+    itemsize = runtime_itemsize(gm, autocast) if autocast else {}
+    convert: dict[fx.Node, float] = {}
+    ratio: dict[str, float] = {}
+    attention: set[str] = set()
+    fill: dict[str, float] = {}
+    for node in gm.graph.nodes:
+        facts = node.meta.get(ir.KERNEL)
+        # a ratio, not after_ms itself: the precision pass reprices the nodes after the
+        # kernel passes priced their groups (at the captured dtype). A transposed linear's
+        # own time is already the GEMM alone (its before adds the copy it saves).
+        if facts and facts.get("before_ms") and facts.get("after_ms") is not None \
+                and facts.get("kind") != "transposed_linear":
+            ratio[facts["id"]] = float(facts["after_ms"]) / float(facts["before_ms"])
+        if facts and facts.get("kind") == "jagged_attention":
+            attention.add(facts["id"])
+        region = node.meta.get(ir.PACKED_REGION)
+        if region is not None:
+            fill[region["id"]] = float(region["fill"])
+            if region.get("after_ms") is not None and region.get("before_ms") is not None:
+                convert[node] = convert.get(node, 0.0) + max(
+                    0.0, float(region["after_ms"])
+                    - float(region["before_ms"]) * float(region["fill"]))
+    out: dict[fx.Node, float] = {}
+    for node in gm.graph.nodes:
+        ms = float(node.meta.get(ir.PREDICTED_MS, 0.0) or 0.0)
+        gid = node.meta.get(ir.GROUP)
+        packed = node.meta.get(ir.PACKED)
+        node_fill = fill.get(packed["id"], 1.0) if packed is not None else 1.0
+        casts = _autocast_casts_ms(node, itemsize, pricing) * node_fill if autocast else 0.0
+        repriced = _attention_at_autocast(node, autocast, pricing) if autocast else None
+        if repriced is not None:
+            out[node] = repriced + casts + convert.get(node, 0.0)
+            continue
+        ms *= ratio.get(gid, 1.0)
+        if packed is not None and gid not in attention:
+            ms *= node_fill
+        out[node] = ms + casts + convert.get(node, 0.0)
+    return out
+
+
+def gradient_accumulation_ms(gm: fx.GraphModule) -> dict[fx.Node, float]:
+    """ms of the backward's gradient additions, keyed by the last reader of each tensor
+    (or dense weight) that several ops read: a tensor read by k ops gets k gradients,
+    added up by k-1 kernels of its size (read 2, write 1), at its runtime element size
+    and, inside a packed region, its fill. Table weights are left to the lookup kernel.
+    Why: GEM h200 has 26 such adds, priced 5.1 ms, where the run's profile shows 28 add
+    kernels taking 4.4 ms; they were priced as free. Empty before predict-time ran."""
+    pricing = gm.meta.get(ir.PRICING)
+    if not pricing:
+        return {}
+    itemsize = runtime_itemsize(gm, plan_autocast(gm))
+    fill = packed_fill(gm)
+    readers: dict[fx.Node, list[fx.Node]] = defaultdict(list)
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or ir.kind_of(node) is OpKind.VIEW:
+            continue
+        for arg in node.all_input_nodes:
+            base = view_base(arg)
+            if node not in readers[base]:
+                readers[base].append(node)
+    out: dict[fx.Node, float] = defaultdict(float)
+    for base, users in readers.items():
+        dt = ir.dtype_of(base)
+        val = base.meta.get("val")
+        if len(users) < 2 or dt is None or not dt.is_floating_point \
+                or not isinstance(val, torch.Tensor) \
+                or any(u.meta.get(ir.TABLE) or ir.kind_of(u) is OpKind.EMBEDDING
+                       for u in users):
+            continue
+        nbytes = 3.0 * val.numel() * (itemsize.get(base) or dt.itemsize) * fill.get(base, 1.0)
+        t, _ = op_cost.memory_time(nbytes, pricing["gpu"], pricing["calibration"], "pointwise")
+        out[users[-1]] += 1e3 * (len(users) - 1) * t
+    return dict(out)
+
+
+def _autocast_casts_ms(node: fx.Node, itemsize: dict[fx.Node, int],
+                       pricing: dict[str, Any]) -> float:
+    """Forward+backward ms of autocast's casts around a GEMM/attention node: each fp32
+    floating operand read (4 B) and written bf16 (2 B), and its gradient back (2 + 4 B).
+    Weights are counted too (autocast's cache casts each once a step)."""
+    if ir.kind_of(node) not in (OpKind.GEMM, OpKind.ATTENTION):
+        return 0.0
+    total = 0.0
+    for arg in node.all_input_nodes:
+        dt = ir.dtype_of(arg)
+        if dt is None or not dt.is_floating_point or itemsize.get(arg, 0) <= 2:
+            continue
+        val = arg.meta.get("val")
+        numel = int(val.numel()) if isinstance(val, torch.Tensor) else 0
+        if numel:
+            t, _ = op_cost.memory_time(6.0 * numel, pricing["gpu"], pricing["calibration"],
+                                       "copy")
+            total += 2 * t
+    return 1e3 * total
+
+
+def _attention_at_autocast(node: fx.Node, autocast: str,
+                           pricing: dict[str, Any]) -> float | None:
+    """Forward+backward ms of an fp32-captured attention node run under ``autocast``
+    (the jagged kernel over its real tokens), or None for any other node."""
+    if ir.kind_of(node) is not OpKind.ATTENTION or ir.dtype_of(node) != torch.float32:
+        return None
+    gpu, calib = pricing["gpu"], pricing["calibration"]
+    facts = node.meta.get(ir.KERNEL) or {}
+    if facts.get("kind") == "jagged_attention":
+        a = node.meta.get(ir.ATTENTION) or {}
+        fwd, bwd, _ = op_cost.attention_time(a.get("batch", 1), facts["heads"],
+                                             facts["max_len"], facts["max_len"],
+                                             facts["head_dim"], bool(facts.get("causal")),
+                                             autocast, gpu, calib)
+        return 1e3 * (fwd + bwd) * float(facts["fill"])
+    return op_cost.node_cost(node, gpu, calib, dtype=autocast).total_ms
+
+
+def region_summaries(
+    gm: fx.GraphModule, captured: Captured, table_fqns: set[str]
+) -> list[dict[str, Any]]:
+    """One entry per dense region: its weights (tables excluded), FLOPs, op mix, strategy."""
+    flops: dict[str, int] = defaultdict(int)
+    nbytes: dict[str, int] = defaultdict(int)
+    kinds: dict[str, Counter] = defaultdict(Counter)
+    params: dict[str, int] = defaultdict(int)
+    param_bytes: dict[str, int] = defaultdict(int)
+    strategy: dict[str, str] = {}
+    extra: dict[str, dict[str, Any]] = {}  # the solver's shard_group / checkpoint, if any
+    predicted: dict[str, float] = defaultdict(float)
+    node_ms = kernel_adjusted_ms(gm)
+    for node, ms in gradient_accumulation_ms(gm).items():
+        predicted[node.meta.get(ir.REGION, "")] += ms
+    for node in gm.graph.nodes:
+        region = node.meta.get(ir.REGION, "")
+        kind = ir.kind_of(node)
+        fqn = node.meta.get(ir.PARAM)
+        if fqn is not None:
+            if fqn in table_fqns:
+                continue
+            val = node.meta.get("val")
+            if isinstance(val, torch.Tensor):
+                params[region] += int(val.numel())
+                param_bytes[region] += ir.nbytes(val)
+            kinds[region]["param"] += 1
+            continue
+        if (
+            node.op != "call_function"
+            or kind in (OpKind.VIEW, OpKind.EMBEDDING)
+            or node.meta.get(ir.TABLE)
+        ):
+            continue
+        flops[region] += int(node.meta.get(ir.FLOPS, 0))
+        nbytes[region] += int(node.meta.get(ir.BYTES, 0))
+        kinds[region][kind.value if kind else "other"] += 1
+        predicted[region] += node_ms[node]
+        placement = node.meta.get(ir.PLACEMENT) or {}
+        strategy.setdefault(region, placement.get("strategy", "ddp"))
+        extra.setdefault(
+            region, {k: placement[k] for k in ("shard_group", "checkpoint") if k in placement}
+        )
+    names = sorted(set(flops) | set(params))
+    return [
+        {
+            "name": name,
+            "params": params[name],
+            "param_bytes": param_bytes[name],
+            "fwd_flops": flops[name],
+            "fwd_bytes": nbytes[name],
+            "ops": dict(sorted(kinds[name].items())),
+            "strategy": strategy.get(name, "ddp"),
+            "predicted_ms": round(predicted[name], 6) if predicted[name] else None,
+            **extra.get(name, {}),
+        }
+        for name in names
+    ]

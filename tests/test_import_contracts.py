@@ -1,0 +1,102 @@
+"""The one direction of imports (docs/architecture.md): the contracts in pyproject.toml hold,
+every module of the package has a place in them, no module imports another package's
+private names, and the runner imports without the solver's ortools."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _config() -> dict:
+    with open(REPO / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the installed gemc package -> its file (package-dir applied)."""
+    out: dict[str, Path] = {}
+    for package, folder in _config()["tool"]["setuptools"]["package-dir"].items():
+        for path in (REPO / folder).rglob("*.py"):
+            parts = [*package.split("."), *path.relative_to(REPO / folder).with_suffix("").parts]
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out.setdefault(".".join(parts), path)
+    return out
+
+
+def test_import_contracts_hold() -> None:
+    # a dev dependency (setup.sh installs it; a GPU box with `pip install -e .` may not)
+    pytest.importorskip("importlinter", reason="import-linter is a dev dependency: "
+                        "pip install -e '.[dev]'")
+    run = subprocess.run([sys.executable, str(REPO / "scripts" / "lint_imports.py")],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
+    assert "0 broken" in run.stdout
+
+
+def test_every_module_has_a_layer() -> None:
+    """A new module directly under gemc/ (or a new package) must be placed in the stack:
+    otherwise the layers contract would say nothing about it."""
+    contracts = _config()["tool"]["importlinter"]["contracts"]
+    named: set[str] = set()
+    for contract in contracts:
+        for layer in contract.get("layers", []):
+            named |= {m.strip() for m in layer.replace("|", ":").split(":") if m.strip()}
+    unplaced = []
+    for module in _modules():
+        parts = module.split(".")
+        if len(parts) < 2 or parts[1] == "backends":  # backends: their own contracts
+            continue
+        owner = ".".join(parts[:2])
+        if owner not in named:
+            unplaced.append(owner)
+    assert not sorted(set(unplaced)), (
+        f"modules in no layer of pyproject's [tool.importlinter] stack: {sorted(set(unplaced))}"
+        " -- add each to the layer it belongs to (docs/architecture.md)")
+
+
+def _package_of(module: str, path: Path) -> str:
+    return module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+
+
+def test_no_private_names_imported_across_packages() -> None:
+    """``from x import _name`` only inside x's own package: what another package needs
+    gets a public name in its owner."""
+    found = []
+    for module, path in sorted(_modules().items()):
+        here = _package_of(module, path)
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                base = here.split(".")[: len(here.split(".")) - (node.level - 1)]
+                target = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                target = node.module or ""
+            if not target.startswith("gemc"):
+                continue
+            private = [a.name for a in node.names
+                       if a.name.startswith("_") and not a.name.startswith("__")]
+            if private and target.rsplit(".", 1)[0] != here and target != here:
+                found.append(f"{path.relative_to(REPO)}:{node.lineno} {target} {private}")
+    assert not found, "private names imported across packages:\n" + "\n".join(found)
+
+
+def test_runner_imports_without_ortools() -> None:
+    code = ("import sys; sys.modules['ortools'] = None\n"
+            "import gemc.backends.torch.runner, gemc.backends.torch.cli, gemc.backends.triton.ops\n"
+            "import gemc.backends.torch.materialize, gemc.backends.torch.graph_mode\n"
+            "import gemc.backends.triton.inductor_graph, gemc.backends.triton.graph_runner\n"
+            "assert 'gemc.solver' not in sys.modules and 'gemc.passes' not in sys.modules, "
+            "sorted(m for m in sys.modules if m.startswith('gemc.'))\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, cwd=REPO)
+    assert run.returncode == 0, run.stderr[-3000:]
