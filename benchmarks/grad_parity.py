@@ -76,7 +76,7 @@ def _rewritten(entry: str, model_args: dict[str, Any]) -> tuple[Any, list[Any], 
     from gemc.cost_model.topology import parse_topology
     from gemc.passes.predict_time import PredictTime
 
-    from gemc.api import _context, load_model
+    from gemc.api import load_model, pass_context
     from gemc.capture import capture
     from gemc.pass_manager import PassManager
     from gemc.pipeline import annotation_passes, kernel_passes
@@ -84,7 +84,7 @@ def _rewritten(entry: str, model_args: dict[str, Any]) -> tuple[Any, list[Any], 
 
     spec = load_model(entry, dict(model_args), device="cpu")
     captured = capture(spec, entrypoint=entry)
-    ctx = _context(entry, dict(model_args), captured, parse_topology("h200:1x1"))
+    ctx = pass_context(entry, dict(model_args), captured, parse_topology("h200:1x1"))
     gm = PassManager([*annotation_passes(), PredictTime(), *kernel_passes()]).run(
         captured.gm, ctx)
     return spec, gm, kernel_entries(gm, ctx)

@@ -89,7 +89,7 @@ class TokenLayout:
         if not self._index:
             dev = self.offsets.device
             t = torch.arange(self.total, device=dev)
-            row = torch.searchsorted(self.offsets[1:], t, right=True)  # B for spare slots
+            row = _row_of_slot(self.offsets, self.total)  # B for spare slots
             live = row < self.batch
             row_in = torch.where(live, row, 0)
             pos = torch.where(live, t - self.offsets[row_in], 0)
@@ -97,6 +97,22 @@ class TokenLayout:
             self._index.update(row=row_in, pos=pos, flat=flat, row_out=row,
                                flat_out=torch.where(live, flat, self.batch * self.max_len))
         return self._index[kind]
+
+
+def _row_of_slot(offsets: torch.Tensor, total: int) -> torch.Tensor:
+    """Per token slot ``t < total`` its row: how many row ends ``offsets[1:]`` are ``<= t``
+    (``searchsorted(offsets[1:], t, right=True)``; ``B`` for a spare slot).
+
+    Why counted, not searched: this runs inside the graph Inductor compiles, and Inductor's
+    CUDA lowering of ``searchsorted`` over a sliced boundary tensor (``offsets[1:]``) drops
+    the slice's offset and answers one row too far for every slot (pytorch/pytorch#182343,
+    seen here as GEM's packed history tower training on shifted rows and positions on the
+    H200 while the CPU, eager and the interpreter were right). A scatter of ones at each
+    row end and a running sum give the same count with ops every backend lowers alike."""
+    ends = offsets[1:].clamp(max=total)  # a row ending at or past the room: no slot after it
+    marks = torch.zeros(total + 1, dtype=offsets.dtype, device=offsets.device)
+    marks = marks.index_add(0, ends, torch.ones_like(ends))
+    return torch.cumsum(marks, 0)[:total]
 
 
 def gather(x: Any, dims: Dims, rank: int, layout: TokenLayout,

@@ -10,7 +10,7 @@ from gemc.backends.triton.jagged import (
     padded_to_jagged,
     padded_to_jagged_reference,
 )
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from kernel_helpers import KERNEL_SETTINGS, SEEDS, fresh_generator, offsets_of, randn
 
@@ -104,3 +104,33 @@ def test_rejects_bad_offsets():
         jagged_to_padded(torch.zeros(3, 2), torch.tensor([0.0, 3.0]), 3)
     with pytest.raises(ValueError):
         padded_to_jagged(torch.zeros(2, 3, 2), offsets_of([3]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 7), min_size=1, max_size=9), st.integers(0, 3),
+       st.integers(0, 2))
+def test_packed_layout_rows_equal_searchsorted_and_trace_without_it(lengths, spare, clamp):
+    """A packed region's token -> row map equals ``searchsorted(offsets[1:], t, right=True)``
+    (spare slots: ``B``), and the graph it traces into has no ``searchsorted``: Inductor's
+    CUDA lowering of it over a sliced boundary tensor is off by one row
+    (pytorch/pytorch#182343), which silently shifted GEM's packed history on the H200."""
+    from gemc.backends.triton.packed_tokens import TokenLayout
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    layout = TokenLayout.bounded(offsets, clamp, 7, sum(lengths) + spare)
+    t = torch.arange(layout.total)
+    row = torch.searchsorted(layout.offsets[1:], t, right=True)
+    assert torch.equal(layout.index("row_out"), row)
+    live = row < len(lengths)
+    start = layout.offsets[row.clamp(max=len(lengths) - 1)]
+    assert torch.equal(layout.index("pos")[live], (t - start)[live])
+
+    def rows(off: torch.Tensor) -> torch.Tensor:
+        values = layout.total - len(lengths) * clamp
+        return TokenLayout.bounded(off, clamp, 7, values).index("row_out")
+
+    traced = make_fx(rows)(offsets)
+    assert not any("searchsorted" in str(n.target) or "bucketize" in str(n.target)
+                   for n in traced.graph.nodes)
+    assert torch.equal(traced(offsets), row)
