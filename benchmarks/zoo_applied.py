@@ -47,10 +47,10 @@ WHY_NOT = {
         "so only the MLP Linears get GEMM epilogues"
     ),
     "hstu": (
-        "attention is pointwise silu(QK^T+rab)/n written with einsum, not softmax SDPA: "
-        "match-jagged-attention (softmax SDPA with a key-padding mask) cannot take it, so "
-        "the padded [B,H,n,n] attention runs as einsum+pointwise; the item nn.Embedding "
-        "(padding_idx) is not a bag for group-embeddings"
+        "the pointwise silu(QK^T+rab)/n attention (einsum) is the jagged SiLU kernel over "
+        "the history's offsets (match-silu-attention: keys zero-padded by index_put); no "
+        "packed tokens because its token-wise ops already run on the jagged [N, D] values; "
+        "the item nn.Embedding (padding_idx) is not a bag for group-embeddings"
     ),
     "sasrec_bst": (
         "nn.MultiheadAttention with need_weights left at its default (True) is captured as "
@@ -135,12 +135,17 @@ def applied(name: str, preset: str, topology: str) -> dict[str, Any]:
     }
 
 
+ATTENTION = {"jagged_attention": "jagged", "key_padding_attention": "guarded",
+             "jagged_silu_attention": "silu"}  # kernel kind -> its name in the table
+
+
 def _cell(row: dict[str, Any]) -> list[str]:
     k, g = row["kernels"], row["graph"]
     fused = ", ".join(f"{kind} {n}" for kind, n in k.items()
-                      if kind not in ("jagged_attention", "packed_tokens",
+                      if kind not in (*ATTENTION, "packed_tokens",
                                       "batched_embedding_bag", "transposed_linear")) or "none"
-    attn = (f"yes ({k['jagged_attention']})" if k.get("jagged_attention")
+    made = ", ".join(f"{ATTENTION[kind]} {k[kind]}" for kind in ATTENTION if k.get(kind))
+    attn = (f"yes ({made})" if made
             else f"no (graph: {g.get('sdpa', 0)} SDPA, {g.get('sdpa_causal', 0)} causal)")
     packed = f"yes ({k['packed_tokens']})" if k.get("packed_tokens") else "no"
     bags = g.get("embedding_bag", 0)

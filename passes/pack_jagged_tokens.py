@@ -138,7 +138,8 @@ class PackJaggedTokens:
         mask only known at run time would need the whole region guarded (not built yet)."""
         for node in gm.graph.nodes:
             facts = node.meta.get(ir.KERNEL) or {}
-            if facts.get("kind") not in _GUARDED or PACKED in node.meta:
+            if facts.get("kind") not in _GUARDED or PACKED in node.meta \
+                    or facts.get("offsets"):  # padding proven by an index_put, no mask
                 continue
             node.meta[PACKED_SKIPPED] = "mask-source"
             ctx.warn(f"pack-jagged-tokens: the sequence around {node.name} stays padded "

@@ -84,6 +84,31 @@ def _param_fqn(node: fx.Node) -> str | None:
     return node.meta.get("gemc.param")
 
 
+
+def silu_attention_of_entry(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            keys: torch.Tensor, bias: torch.Tensor | None,
+                            entry: Mapping[str, Any]) -> torch.Tensor:
+    """A ``jagged_silu_attention`` entry's call: q, k, v permuted to ``[B, H, L, D]`` (the
+    model's einsum may hold them ``[B, L, H, D]``), the key mask the entry names, or, when
+    the keys' padding is implicit in values zero-padded over offsets, the prefix mask of
+    those offsets' lengths; the result permuted back to the model's output layout."""
+    from .key_padding_attention import key_padding_silu_attention
+
+    def canonical(x: torch.Tensor, name: str) -> torch.Tensor:
+        perm = entry.get(name)
+        return x.permute(*perm) if perm else x
+
+    q, k, v = canonical(q, "q_perm"), canonical(k, "k_perm"), canonical(v, "v_perm")
+    if entry.get("mask"):
+        mask = keys
+    else:
+        positions = torch.arange(q.shape[2], device=keys.device)
+        mask = positions[None, :] < (keys[1:] - keys[:-1])[:, None]
+    out = key_padding_silu_attention(q, k, v, mask, entry["norm"], entry["scale"],
+                                     entry["causal"], entry["query_mask"], bias)
+    perm = entry.get("out_perm")
+    return out.permute(*perm) if perm else out
+
 class GraphRunner:
     """``runner(*inputs) -> loss`` of ``gm`` with ``entries`` substituted.
 
@@ -254,7 +279,8 @@ class GraphRunner:
         elif entry["kind"] == "jagged_attention":
             names = [entry[x] for x in ("q", "k", "v", "offsets")]
         elif entry["kind"] in ("key_padding_attention", "jagged_silu_attention"):
-            names = [entry[x] for x in ("q", "k", "v", "mask", "bias") if entry.get(x)]
+            names = [entry[x] for x in ("q", "k", "v", "mask", "offsets", "bias")
+                     if entry.get(x)]
         elif entry["kind"] == "batched_embedding_bag":
             names = [t[x] for t in entry["tables"] for x in ("ids", "offsets")]
         elif entry["kind"] == "transposed_linear":
@@ -464,13 +490,10 @@ class GraphRunner:
                 out = out.flatten(0, 1)
             self._store(by_name[entry.get("output", unit["nodes"][0].name)], out, env, False)
         elif entry["kind"] == "jagged_silu_attention":
-            from .key_padding_attention import key_padding_silu_attention
-
-            q, k, v, mask = (self._padded(by_name[entry[x]], env) for x in ("q", "k", "v",
-                                                                             "mask"))
+            q, k, v, keys = (self._padded(by_name[entry[x]], env) for x in (
+                "q", "k", "v", "mask" if entry.get("mask") else "offsets"))
             bias = self._padded(by_name[entry["bias"]], env) if entry.get("bias") else None
-            out = key_padding_silu_attention(q, k, v, mask, entry["norm"], entry["scale"],
-                                             entry["causal"], entry["query_mask"], bias)
+            out = silu_attention_of_entry(q, k, v, keys, bias, entry)
             self._store(by_name[entry["output"]], out, env, False)
         elif entry["kind"] == "batched_embedding_bag":
             self._embeddings(entry, env, by_name)

@@ -46,7 +46,7 @@ from gemc import ir
 from . import ops as gemc_ops
 from . import packed_tokens
 from .codegen.host import make_runner
-from .graph_runner import _SKIP, GraphRunner, _rank
+from .graph_runner import _SKIP, GraphRunner, _rank, silu_attention_of_entry
 from .packed_tokens import TokenLayout
 from .transposed_linear import transposed_linear
 
@@ -153,10 +153,7 @@ def _call_silu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          mask: torch.Tensor, bias: torch.Tensor | None,
                          entry: dict[str, Any]) -> torch.Tensor:
     """HSTU's guarded pointwise attention: an eager island for the same reason."""
-    from .key_padding_attention import key_padding_silu_attention
-
-    return key_padding_silu_attention(q, k, v, mask, entry["norm"], entry["scale"],
-                                      entry["causal"], entry["query_mask"], bias)
+    return silu_attention_of_entry(q, k, v, mask, bias, entry)
 
 
 @torch._dynamo.disable
@@ -421,7 +418,8 @@ class _Emitter:
         elif kind == "jagged_attention":
             self.attention(unit)
         elif kind in ("key_padding_attention", "jagged_silu_attention"):
-            q, k, v, mask = (self.padded(by_name[entry[x]]) for x in ("q", "k", "v", "mask"))
+            q, k, v, mask = (self.padded(by_name[entry[x]]) for x in (
+                "q", "k", "v", "mask" if entry.get("mask") else "offsets"))
             if kind == "key_padding_attention":
                 value = self.call(_call_key_padding_attention, (q, k, v, mask, entry))
                 out = by_name[entry.get("output", unit["nodes"][0].name)]
