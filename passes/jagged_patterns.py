@@ -219,7 +219,7 @@ def projection_source(q: fx.Node, k: fx.Node, v: fx.Node) -> fx.Node | None:
 # ---- where do the padding rows of an attention output go? ---------------------------------
 
 _CASTS = {aten.to.dtype, aten._to_copy.default, aten.alias.default, aten.clone.default,
-          aten.detach.default}
+          aten.detach.default, aten.contiguous.default}
 _SAME = _CASTS | {aten.expand.default}
 Dims = tuple[int, int]  # (batch dim, sequence dim) of a tensor whose padding rows are unknown
 # Merged: a reshape that flattens the two (adjacent) dims into one dim ``d`` (a token-wise
@@ -311,7 +311,8 @@ def _step(user: fx.Node, src: fx.Node, dims: Dims, facts: Facts
             mapped = _merge_dims(in_shape, out_shape, dims)
         return [(user, mapped)] if mapped is not None else None
     if t in (aten.unbind.int, aten.split.Tensor, aten.chunk.default):
-        d = _norm(user.args[1] if len(user.args) > 1 else 0, rank)
+        at = 1 if t is aten.unbind.int else 2  # split(x, size, dim), chunk(x, n, dim)
+        d = _norm(user.args[at] if len(user.args) > at else user.kwargs.get("dim", 0), rank)
         if d in dims:
             return None
         nd = dims if t is not aten.unbind.int else (bd - (bd > d), ld - (ld > d))

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import operator
 import os
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -174,9 +175,19 @@ def runner_for(gm: fx.GraphModule, entries: Sequence[dict[str, Any]],
     modules and packed regions are what :func:`build` emits), and the names of the entries
     left out: ``packed_tokens`` regions when ``packed`` is False (their ops then run
     padded)."""
-    not_applied = [] if packed else [str(e.get("name")) for e in entries
-                                     if e["kind"] == "packed_tokens"]
-    kept = [e for e in entries if packed or e["kind"] != "packed_tokens"]
+    def left_out(e: dict[str, Any]) -> bool:
+        return e["kind"] == "packed_tokens" and (not packed or e.get("guard") is not None)
+
+    not_applied = [str(e.get("name")) for e in entries if left_out(e)]
+    guarded = [str(e.get("name")) for e in entries
+               if e["kind"] == "packed_tokens" and e.get("guard") is not None]
+    if packed and guarded:
+        warnings.warn(
+            f"gemc: packed region(s) {', '.join(guarded)} guarded by a run-time mask check "
+            "not applied in the compiled graph (its shapes are fixed when it is compiled, "
+            "the packed token count is data): their token-wise ops run padded; the "
+            "interpreter (--graph-executor interpreter) runs them packed", stacklevel=2)
+    kept = [e for e in entries if not left_out(e)]
     return GraphRunner(gm, kept, params, device=device, calls=calls, narrow=False), not_applied
 
 

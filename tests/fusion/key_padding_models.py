@@ -21,6 +21,10 @@ attention); ``summary``: two learned queries attend over it (mask from lengths);
 ``mha_weights``: MultiheadAttention with its default ``need_weights=True`` (exports as
 baddbmm / softmax / bmm); ``formula``: softmax attention written by hand
 (``masked_fill(q k^T / sqrt(d), ~mask, -inf).softmax(-1) @ v``)."""
+PACKED_FORMS = ("bool", "additive", "lengths", "offsets", "causal", "summary")
+"""The forms whose history tower pack-jagged-tokens packs (a region guarded by the mask):
+the others read padding rows where the pass cannot follow them (a query sliced off the
+history, MultiheadAttention's merged heads, a written-out softmax's matmul)."""
 
 
 class History(nn.Module):

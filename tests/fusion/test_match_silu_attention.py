@@ -8,10 +8,10 @@ import functools
 
 import pytest
 import torch
-from hypothesis import HealthCheck, assume, given, settings
-from hypothesis import strategies as st
 from gemc.backends.triton import key_padding_attention as kpa
 from gemc.passes.match_silu_attention import SKIPPED
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 from torch.testing import FileCheck
 
 from gemc import ir
