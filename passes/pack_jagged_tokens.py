@@ -121,12 +121,8 @@ class PackJaggedTokens:
                 continue
             rid = f"packed_tokens_{count}"
             count += 1
-            for node, dims in flow.carriers.items():
-                node.meta[PACKED] = {"id": rid, "dims": list(dims), "zeroed": False}
-            for node, dims in flow.zeroed.items():
-                node.meta[PACKED] = {"id": rid, "dims": list(dims), "zeroed": True}
+            nodes = _mark(gm, flow, rid)
             zeros, (row, pos), values = source.args[0], source.args[1], source.args[2]
-            nodes = [n for n in gm.graph.nodes if (n.meta.get(PACKED) or {}).get("id") == rid]
             shape = ir.shape_of(source) or (0, 0)
             source.meta[PACKED_REGION] = {
                 "id": rid,
@@ -183,12 +179,8 @@ class PackJaggedTokens:
             around.add(node)
             rid = f"packed_tokens_{first + count}"
             count += 1
-            for n, dims in flow.carriers.items():
-                n.meta[PACKED] = {"id": rid, "dims": list(dims), "zeroed": False}
-            for n, dims in flow.zeroed.items():
-                n.meta[PACKED] = {"id": rid, "dims": list(dims), "zeroed": True}
-            taken |= set(flow.carriers) | set(flow.zeroed)
-            nodes = [n for n in gm.graph.nodes if (n.meta.get(PACKED) or {}).get("id") == rid]
+            nodes = _mark(gm, flow, rid)
+            taken |= set(nodes)
             check = key_mask.keep if ir.dtype_of(key_mask.keep) == torch.bool else mask
             head = starts[0]
             head.meta[PACKED_REGION] = {
@@ -206,6 +198,15 @@ class PackJaggedTokens:
                 **_price(nodes, head, 1.0, ctx),
             }
         return around
+
+
+def _mark(gm: fx.GraphModule, flow: PaddingFlow, rid: str) -> list[fx.Node]:
+    """Mark the flow's nodes as region ``rid`` (``gemc.packed``); its nodes in graph order."""
+    for node, dims in flow.carriers.items():
+        node.meta[PACKED] = {"id": rid, "dims": list(dims), "zeroed": False}
+    for node, dims in flow.zeroed.items():
+        node.meta[PACKED] = {"id": rid, "dims": list(dims), "zeroed": True}
+    return [n for n in gm.graph.nodes if (n.meta.get(PACKED) or {}).get("id") == rid]
 
 
 def _history_starts(attention: fx.Node, batch: int, length: int) -> list[fx.Node]:
