@@ -53,10 +53,13 @@ WHY_NOT = {
         "the item nn.Embedding (padding_idx) is not a bag for group-embeddings"
     ),
     "sasrec_bst": (
-        "nn.MultiheadAttention with need_weights left at its default (True) is captured as "
-        "bmm + softmax + bmm (the graph has no SDPA), so match-jagged-attention has no "
-        "attention to match; even as SDPA its key_padding_mask is a bool *input*, not "
-        "arange(L) < lengths of offsets; the nn.Embedding lookups are not bags"
+        "nn.MultiheadAttention (need_weights left True) exports as baddbmm + softmax + bmm: "
+        "match-softmax-attention takes it as a guarded attention (its key_padding_mask is "
+        "a bool built in the graph, checked at run time; the target appended after the "
+        "padding makes it a non-prefix, so the compacted path runs); no packed tokens: the "
+        "history's padding rows reach leaky_relu (no packed rule yet) and MHA's merged "
+        "[L, B*H, d] heads, which pack-jagged-tokens does not follow; the nn.Embedding "
+        "lookups are not bags"
     ),
     "din": (
         "target attention is an MLP over [h,c,h-c,h*c] (no SDPA); bags with "
@@ -68,11 +71,11 @@ WHY_NOT = {
         "linear matches linear(transpose(x)), and the LCB/residual are einsum('mn,bnd->bmd')"
     ),
     "mmoe": (
-        "the causal self-attention is SDPA(is_causal=True) with no mask (right-padded "
-        "rows, as SASRec), so there are no lengths to pack by, and the matcher takes "
-        "non-causal attention only; the target attention's mask is an additive float "
-        "(1 - mask) * -1e4 from history_len, not the boolean arange(L) < lengths of "
-        "offsets; the nn.Embedding lookups are not bags"
+        "the target attention (additive float mask from history_len) is a guarded "
+        "attention; the causal self-attention is SDPA(is_causal=True) with no mask "
+        "(right-padded rows: causal attention never reaches the padding from a real "
+        "query), which neither the matcher nor pack-jagged-tokens takes, so the history "
+        "tower stays padded; the nn.Embedding lookups are not bags"
     ),
 }
 
