@@ -72,10 +72,13 @@ WHY_NOT = {
     ),
     "mmoe": (
         "the target attention (additive float mask from history_len) is a guarded "
-        "attention; the causal self-attention is SDPA(is_causal=True) with no mask "
-        "(right-padded rows: causal attention never reaches the padding from a real "
-        "query), which neither the matcher nor pack-jagged-tokens takes, so the history "
-        "tower stays padded; the nn.Embedding lookups are not bags"
+        "attention and the history tower around it a guarded packed region (its causal "
+        "SDPA(is_causal=True) with no mask reads only real keys from real queries when the "
+        "padding is a suffix, which the region's check guarantees); packed only on a step "
+        "whose mask passes the check: the zoo's batches have empty histories, an all -1e4 "
+        "row that is no key mask, so the attention and the region run padded there; the "
+        "self-attention itself stays padded SDPA (no key-padding mask); the nn.Embedding "
+        "lookups are not bags"
     ),
 }
 

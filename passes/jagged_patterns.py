@@ -336,6 +336,13 @@ def _step(user: fx.Node, src: fx.Node, dims: Dims, facts: Facts
         mask = user.kwargs.get("attn_mask", user.args[3] if len(user.args) > 3 else None)
         if src is q and dims == (0, 2):
             return [(user, (0, 2))]
+        causal = user.kwargs.get("is_causal", user.args[5] if len(user.args) > 5 else False)
+        if src in (k, v) and src is not q and dims == (0, 2) and mask is None and causal \
+                and (not isinstance(facts, KeyMask) or facts.prefix) \
+                and (ir.shape_of(q) or ())[2:3] == (ir.shape_of(src) or ())[2:3]:
+            # causal over right-padded rows: a real query i < len reads keys j <= i, all
+            # real, when the padding is a suffix of each row (a prefix mask)
+            return "clean"
         if src in (k, v) and src is not q and dims == (0, 2):
             if isinstance(facts, KeyMask):
                 got = attention_key_mask(mask, facts.batch, facts.length)
@@ -451,6 +458,7 @@ class KeyMask:
     keep: fx.Node
     batch: int
     length: int
+    prefix: bool = False  # the caller runs its rewrite only where the mask is a prefix
 
 
 def _broadcast_root(mask: Any, batch: int, length: int) -> fx.Node | None:

@@ -161,9 +161,10 @@ class PackJaggedTokens:
                 around.add(node)
                 continue
             mask = by_name[facts["mask"]]
+            # prefix: the region runs packed only when the run-time check finds one
             key_mask = KeyMask(mask, bool(facts.get("additive", False)),
                                keep_of(mask) or mask, int(ir.shape_of(mask)[0]),
-                               int(facts["max_len"]))
+                               int(facts["max_len"]), prefix=True)
             found = _guarded_flow(gm, node, facts, key_mask)
             if isinstance(found, str):
                 node.meta[PACKED_SKIPPED] = found

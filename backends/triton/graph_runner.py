@@ -254,7 +254,10 @@ class GraphRunner:
         deps: dict[Any, set[Any]] = {k: set() for k in members}
         for key, nodes in members.items():
             for n in nodes:
-                for a in n.all_input_nodes:
+                reads = list(n.all_input_nodes)
+                if n in self.guarded_nodes:  # the region's guard reads its mask first
+                    reads.append(self.by_name[self.region_of[n]["mask"]])
+                for a in reads:
                     if key_of[a] != key:
                         deps[key].add(key_of[a])
         done: set[Any] = set()

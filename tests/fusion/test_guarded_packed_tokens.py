@@ -11,18 +11,22 @@ import functools
 
 import pytest
 import torch
+import torch.nn.functional as F
 from gemc.backends.triton import key_padding_attention as kpa
 from gemc.backends.triton import packed_tokens as pt
 from gemc.backends.triton.inductor_graph import runner_for
 from gemc.passes.pack_jagged_tokens import PACKED
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from torch import nn
 
+from gemc.spec import ModelSpec
 from tests.fusion import key_padding_models as km
 from tests.fusion.helpers import compiled, entries_of, params_of, run_against_eager
 
 ENTRY = "tests/fusion/key_padding_models.py:build"
 HSTU = "tests/fusion/key_padding_models.py:build_hstu"
+CAUSAL = "tests/fusion/test_guarded_packed_tokens.py:build_causal_tower"
 
 
 @functools.cache
@@ -126,3 +130,60 @@ def test_any_mask_region_matches_eager_packed_exactly_on_prefixes(form, lengths,
     packed = _packs(_keep(form, m))
     assert pt.GUARD_STATS.as_dict() == {"calls": 1, "packed": int(packed),
                                         "padded": int(not packed)}
+
+
+class CausalTower(nn.Module):
+    """A causal self-attention with no mask over right-padded rows (a real query never
+    reaches the padding), then summary queries over the history under the key mask."""
+
+    def __init__(self, mask_input: bool) -> None:
+        super().__init__()
+        self.mask_input = mask_input
+        self.norm = nn.LayerNorm(km.E)
+        self.qkv = nn.Linear(km.E, 3 * km.E)
+        self.out = nn.Linear(km.E, km.E)
+        self.summary = nn.Parameter(torch.randn(1, km.H, 2, km.E // km.H))
+        self.head = nn.Linear(km.E, 1)
+
+    def forward(self, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        keep = m if self.mask_input else torch.arange(km.L)[None, :] < m[:, None]
+        b = x.shape[0]
+        h = self.norm(x)
+        q, k, v = self.qkv(h).view(b, km.L, 3, km.H, -1).permute(2, 0, 3, 1, 4)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        h = h + self.out(o.transpose(1, 2).reshape(b, km.L, km.E))
+        hk = h.view(b, km.L, km.H, -1).transpose(1, 2)
+        s = F.scaled_dot_product_attention(self.summary.expand(b, -1, -1, -1), hk, hk,
+                                           attn_mask=keep[:, None, None, :])
+        return self.head(s.transpose(1, 2).flatten(2)).square().mean()
+
+
+def build_causal_tower(mask_input: bool = False) -> ModelSpec:
+    form = "bool" if mask_input else "lengths"
+
+    def make(step: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, ...]:
+        return tuple(t.to(device) for t in km.batch(form, [2, 1, 6, 3],
+                                                    torch.Generator().manual_seed(step)))
+
+    x, m = make(0)
+    return ModelSpec(model=CausalTower(mask_input), example_inputs=(x, m), make_batch=make)
+
+
+@pytest.mark.parametrize("mask_input", [False, True])
+def test_causal_attention_over_right_padding_stays_in_the_region(mask_input: bool):
+    """SDPA(is_causal=True) with no mask reads only real keys from a real query when the
+    padding is a suffix, which the region's prefix check guarantees: its keys and values
+    stay packed; compiled = eager, packed on a prefix, padded on a scrambled mask."""
+    gm, ctx, entries, spec = _graph(CAUSAL, (("mask_input", mask_input),))
+    (region,) = [e for e in entries if e["kind"] == "packed_tokens"]
+    by_name = {n.name: n for n in gm.graph.nodes}
+    assert any(by_name[n].target is torch.ops.aten.scaled_dot_product_attention.default
+               and True in (*by_name[n].args[5:6], by_name[n].kwargs.get("is_causal"))
+               for n in region["nodes"])
+    for scramble in ([False, True] if mask_input else [False]):
+        x, m = km.batch("bool" if mask_input else "lengths", [2, 1, 6, 3],
+                        torch.Generator().manual_seed(13), scramble)
+        pt.GUARD_STATS.reset()
+        run_against_eager(gm, entries, spec.model, (x, m))
+        assert pt.GUARD_STATS.as_dict() == {"calls": 1, "packed": int(not scramble),
+                                            "padded": int(scramble)}
