@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from gemc.backends.triton import key_padding_attention as kpa
 from gemc.backends.triton import packed_tokens as pt
+from gemc.backends.triton.graph_runner import GraphRunner
 from gemc.backends.triton.inductor_graph import runner_for
 from gemc.passes.pack_jagged_tokens import PACKED
 from hypothesis import HealthCheck, example, given, settings
@@ -22,7 +23,7 @@ from torch import nn
 
 from gemc.spec import ModelSpec
 from tests.fusion import key_padding_models as km
-from tests.fusion.helpers import compiled, entries_of, params_of, run_against_eager
+from tests.fusion.helpers import compiled, eager_step, entries_of, params_of, run_against_eager
 
 ENTRY = "tests/fusion/key_padding_models.py:build"
 HSTU = "tests/fusion/key_padding_models.py:build_hstu"
@@ -187,3 +188,23 @@ def test_causal_attention_over_right_padding_stays_in_the_region(mask_input: boo
         run_against_eager(gm, entries, spec.model, (x, m))
         assert pt.GUARD_STATS.as_dict() == {"calls": 1, "packed": int(not scramble),
                                             "padded": int(scramble)}
+
+
+def test_one_runner_switches_paths_between_calls():
+    """The guard is decided per call: one runner, a prefix mask (packed), a scrambled one
+    (padded), a prefix again (packed), each equal to eager."""
+    gm, _, entries, spec = _graph(ENTRY, (("form", "causal"),))
+    runner = GraphRunner(gm, entries, params_of(spec.model))
+    for i, scramble in enumerate([False, True, False]):
+        batch = km.batch("causal", [2, 0, 6, 3], torch.Generator().manual_seed(i), scramble)
+        ref, grads = eager_step(spec.model, batch)
+        pt.GUARD_STATS.reset()
+        loss = runner(*batch)
+        loss.backward()
+        torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-5)
+        for k, p in spec.model.named_parameters():
+            torch.testing.assert_close(p.grad, grads[k], atol=1e-5, rtol=1e-4, msg=k)
+            p.grad = None
+        assert pt.GUARD_STATS.as_dict() == {"calls": 1, "packed": int(not scramble),
+                                            "padded": int(scramble)}
+        assert bool(runner.packed) is not scramble
