@@ -165,7 +165,7 @@ class PackJaggedTokens:
             key_mask = KeyMask(mask, bool(facts.get("additive", False)),
                                keep_of(mask) or mask, int(ir.shape_of(mask)[0]),
                                int(facts["max_len"]), prefix=True)
-            found = _guarded_flow(gm, node, facts, key_mask)
+            found = _guarded_flow(gm, node, key_mask)
             if isinstance(found, str):
                 node.meta[PACKED_SKIPPED] = found
                 ctx.warn(f"pack-jagged-tokens: the sequence around {node.name} stays padded "
@@ -235,8 +235,8 @@ def _history_starts(attention: fx.Node, batch: int, length: int) -> list[fx.Node
     return sorted(out, key=order.__getitem__)
 
 
-def _guarded_flow(gm: fx.GraphModule, attention: fx.Node, facts: dict[str, Any],
-                  key_mask: KeyMask) -> tuple[PaddingFlow, list[fx.Node]] | str:
+def _guarded_flow(gm: fx.GraphModule, attention: fx.Node, key_mask: KeyMask
+                  ) -> tuple[PaddingFlow, list[fx.Node]] | str:
     """The padding flow from every start of the attention's history, merged (each node at
     one layout), and the starts that are in it; or why there is no region."""
     starts = _history_starts(attention, key_mask.batch, key_mask.length)
@@ -256,9 +256,10 @@ def _guarded_flow(gm: fx.GraphModule, attention: fx.Node, facts: dict[str, Any],
     placeholders = [s for s in starts if s.op == "placeholder"]
     for s in placeholders:  # an input stays padded: it enters the region by a gather
         merged.carriers.pop(s)
-    inside = [s for s in starts if s.op != "placeholder"] or [
-        min((n for n in merged.carriers), key=list(gm.graph.nodes).index)]
     if attention not in merged.carriers and not any(
             a in merged.carriers for a in attention.all_input_nodes):
         return "the attention is not in the region"
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    inside = [s for s in starts if s.op != "placeholder"] or [
+        min(merged.carriers, key=order.__getitem__)]
     return merged, inside
