@@ -47,16 +47,19 @@ WHY_NOT = {
         "so only the MLP Linears get GEMM epilogues"
     ),
     "hstu": (
-        "attention is pointwise silu(QK^T+rab)/n written with einsum, not softmax SDPA: "
-        "match-jagged-attention (softmax SDPA with a key-padding mask) cannot take it, so "
-        "the padded [B,H,n,n] attention runs as einsum+pointwise; the item nn.Embedding "
-        "(padding_idx) is not a bag for group-embeddings"
+        "the pointwise silu(QK^T+rab)/n attention (einsum) is the jagged SiLU kernel over "
+        "the history's offsets (match-silu-attention: keys zero-padded by index_put); no "
+        "packed tokens because its token-wise ops already run on the jagged [N, D] values; "
+        "the item nn.Embedding (padding_idx) is not a bag for group-embeddings"
     ),
     "sasrec_bst": (
-        "nn.MultiheadAttention with need_weights left at its default (True) is captured as "
-        "bmm + softmax + bmm (the graph has no SDPA), so match-jagged-attention has no "
-        "attention to match; even as SDPA its key_padding_mask is a bool *input*, not "
-        "arange(L) < lengths of offsets; the nn.Embedding lookups are not bags"
+        "nn.MultiheadAttention (need_weights left True) exports as baddbmm + softmax + bmm: "
+        "match-softmax-attention takes it as a guarded attention (its key_padding_mask is "
+        "a bool built in the graph, checked at run time; the target appended after the "
+        "padding makes it a non-prefix, so the compacted path runs); no packed tokens: the "
+        "history's padding rows reach leaky_relu (no packed rule yet) and MHA's merged "
+        "[L, B*H, d] heads, which pack-jagged-tokens does not follow; the nn.Embedding "
+        "lookups are not bags"
     ),
     "din": (
         "target attention is an MLP over [h,c,h-c,h*c] (no SDPA); bags with "
@@ -68,11 +71,14 @@ WHY_NOT = {
         "linear matches linear(transpose(x)), and the LCB/residual are einsum('mn,bnd->bmd')"
     ),
     "mmoe": (
-        "the causal self-attention is SDPA(is_causal=True) with no mask (right-padded "
-        "rows, as SASRec), so there are no lengths to pack by, and the matcher takes "
-        "non-causal attention only; the target attention's mask is an additive float "
-        "(1 - mask) * -1e4 from history_len, not the boolean arange(L) < lengths of "
-        "offsets; the nn.Embedding lookups are not bags"
+        "the target attention (additive float mask from history_len) is a guarded "
+        "attention and the history tower around it a guarded packed region (its causal "
+        "SDPA(is_causal=True) with no mask reads only real keys from real queries when the "
+        "padding is a suffix, which the region's check guarantees); packed only on a step "
+        "whose mask passes the check: the zoo's batches have empty histories, an all -1e4 "
+        "row that is no key mask, so the attention and the region run padded there; the "
+        "self-attention itself stays padded SDPA (no key-padding mask); the nn.Embedding "
+        "lookups are not bags"
     ),
 }
 
@@ -135,12 +141,17 @@ def applied(name: str, preset: str, topology: str) -> dict[str, Any]:
     }
 
 
+ATTENTION = {"jagged_attention": "jagged", "key_padding_attention": "guarded",
+             "jagged_silu_attention": "silu"}  # kernel kind -> its name in the table
+
+
 def _cell(row: dict[str, Any]) -> list[str]:
     k, g = row["kernels"], row["graph"]
     fused = ", ".join(f"{kind} {n}" for kind, n in k.items()
-                      if kind not in ("jagged_attention", "packed_tokens",
+                      if kind not in (*ATTENTION, "packed_tokens",
                                       "batched_embedding_bag", "transposed_linear")) or "none"
-    attn = (f"yes ({k['jagged_attention']})" if k.get("jagged_attention")
+    made = ", ".join(f"{ATTENTION[kind]} {k[kind]}" for kind in ATTENTION if k.get(kind))
+    attn = (f"yes ({made})" if made
             else f"no (graph: {g.get('sdpa', 0)} SDPA, {g.get('sdpa_causal', 0)} causal)")
     packed = f"yes ({k['packed_tokens']})" if k.get("packed_tokens") else "no"
     bags = g.get("embedding_bag", 0)

@@ -168,10 +168,11 @@ def kernel_entries(gm: fx.GraphModule, ctx: PassContext) -> list[dict[str, Any]]
                          nan_if_empty=bool(f.get("nan_if_empty", False)),
                          **{key: f[key] for key in keep})
         elif kind == "jagged_silu_attention":
-            keep = ("q", "k", "v", "output", "mask", "bias", "norm", "scale", "causal",
-                    "query_mask", "max_len", "heads", "head_dim", "fill")
+            keep = ("q", "k", "v", "output", "mask", "offsets", "q_perm", "k_perm", "v_perm",
+                    "out_perm", "bias", "norm", "scale", "causal", "query_mask", "max_len",
+                    "heads", "head_dim", "fill")
             entry.update(library="gemc.backends.triton.key_padding_attention",
-                         **{key: f[key] for key in keep})
+                         **{key: f.get(key) for key in keep})
         elif kind == "transposed_linear":
             node = nodes[0]
             bias = node.args[2] if len(node.args) > 2 else None

@@ -123,6 +123,72 @@ def padded_sequences(gm: fx.GraphModule, offsets: fx.Node, length: int) -> list[
     return out
 
 
+def jagged_positions(row: Any, col: Any) -> fx.Node | None:
+    """``offsets`` when ``(row, col)`` are the positions of a jagged tensor's tokens in its
+    padded form: ``row = repeat_interleave(arange(B), offsets[1:] - offsets[:-1])`` and
+    ``col = arange(N) - offsets[row]`` (``offsets[:-1][row]`` alike), so every ``col`` lies
+    in ``[0, length of its row)``: an index by them reads real positions only."""
+    row = through_views(row)
+    if not (isinstance(row, fx.Node) and row.target is aten.repeat_interleave.self_Tensor):
+        return None
+    offsets = _offsets_of_diff(row.args[1])
+    if offsets is None or _arange_len(row.args[0]) != (ir.shape_of(offsets) or (0,))[0] - 1:
+        return None
+    col = through_views(col)
+    if not (isinstance(col, fx.Node) and col.target is aten.sub.Tensor):
+        return None
+    tokens, starts = col.args[:2]
+    if _arange_len(tokens) != (ir.shape_of(row) or (-1,))[0]:
+        return None
+    if not (isinstance(starts, fx.Node) and starts.target is aten.index.Tensor
+            and len(starts.args[1]) == 1 and through_views(starts.args[1][0]) is row):
+        return None
+    base = starts.args[0]
+    if isinstance(base, fx.Node) and base.target is aten.slice.Tensor:
+        args = list(base.args) + [0, None, None][len(base.args) - 1:]
+        if args[1] != 0 or args[2] not in (0, None):
+            return None
+        base = base.args[0]
+    return offsets if base is offsets else None
+
+
+def zero_padded_source(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
+    """``(index_put, offsets)`` when ``node`` (through views) is jagged values written over
+    ``offsets`` into zeros, ``[B, L, ...]``: its rows at or past each length are zero."""
+    src = through_views(node)
+    if not (isinstance(src, fx.Node) and src.target is aten.index_put.default):
+        return None
+    accumulate = src.kwargs.get("accumulate", src.args[3] if len(src.args) > 3 else False)
+    indices = src.args[1]
+    if accumulate or len(indices) != 2 or not _is_zeros(src.args[0]):
+        return None
+    offsets = jagged_positions(*indices)
+    return (src, offsets) if offsets is not None else None
+
+
+def dims_through_views(start: fx.Node, end: fx.Node, dims: Dims, length: int
+                       ) -> Dims | None:
+    """Where ``start``'s (batch, sequence) ``dims`` sit in ``end``, a view chain below it
+    (reshape, view, transpose, permute, unsqueeze, getitem of a split), or None."""
+    chain = []
+    node = end
+    while node is not start:
+        if not (isinstance(node, fx.Node) and node.op == "call_function"
+                and (node.target in _VIEWS or _is_getitem(node))):
+            return None
+        chain.append(node)
+        node = node.args[0]
+    facts = (start, 0, length)  # only read by masks and attentions, never on a view chain
+    for user in reversed(chain):
+        if _is_getitem(user):
+            continue
+        step = _step(user, user.args[0], dims, facts)
+        if not isinstance(step, list) or not step:
+            return None
+        dims = step[0][1] if user.target not in _TUPLES else dims
+    return dims
+
+
 def descends(node: fx.Node, ancestor: fx.Node) -> bool:
     stack, seen = [node], set()
     while stack:
@@ -152,7 +218,7 @@ def projection_source(q: fx.Node, k: fx.Node, v: fx.Node) -> fx.Node | None:
 # ---- where do the padding rows of an attention output go? ---------------------------------
 
 _CASTS = {aten.to.dtype, aten._to_copy.default, aten.alias.default, aten.clone.default,
-          aten.detach.default}
+          aten.detach.default, aten.contiguous.default}
 _SAME = _CASTS | {aten.expand.default}
 Dims = tuple[int, int]  # (batch dim, sequence dim) of a tensor whose padding rows are unknown
 # Merged: a reshape that flattens the two (adjacent) dims into one dim ``d`` (a token-wise
@@ -244,7 +310,8 @@ def _step(user: fx.Node, src: fx.Node, dims: Dims, facts: Facts
             mapped = _merge_dims(in_shape, out_shape, dims)
         return [(user, mapped)] if mapped is not None else None
     if t in (aten.unbind.int, aten.split.Tensor, aten.chunk.default):
-        d = _norm(user.args[1] if len(user.args) > 1 else 0, rank)
+        at = 1 if t is aten.unbind.int else 2  # split(x, size, dim), chunk(x, n, dim)
+        d = _norm(user.args[at] if len(user.args) > at else user.kwargs.get("dim", 0), rank)
         if d in dims:
             return None
         nd = dims if t is not aten.unbind.int else (bd - (bd > d), ld - (ld > d))
@@ -268,6 +335,13 @@ def _step(user: fx.Node, src: fx.Node, dims: Dims, facts: Facts
         mask = user.kwargs.get("attn_mask", user.args[3] if len(user.args) > 3 else None)
         if src is q and dims == (0, 2):
             return [(user, (0, 2))]
+        causal = user.kwargs.get("is_causal", user.args[5] if len(user.args) > 5 else False)
+        if src in (k, v) and src is not q and dims == (0, 2) and mask is None and causal \
+                and (not isinstance(facts, KeyMask) or facts.prefix) \
+                and (ir.shape_of(q) or ())[2:3] == (ir.shape_of(src) or ())[2:3]:
+            # causal over right-padded rows: a real query i < len reads keys j <= i, all
+            # real, when the padding is a suffix of each row (a prefix mask)
+            return "clean"
         if src in (k, v) and src is not q and dims == (0, 2):
             if isinstance(facts, KeyMask):
                 got = attention_key_mask(mask, facts.batch, facts.length)
@@ -280,6 +354,14 @@ def _step(user: fx.Node, src: fx.Node, dims: Dims, facts: Facts
         return None
     if t is aten._assert_tensor_metadata.default:  # reads metadata, not values
         return "clean"
+    if t is aten.index.Tensor and user.args[0] is src:
+        # a gather at the jagged positions of the same offsets reads real rows only
+        indices = list(user.args[1])
+        if isinstance(facts, KeyMask) or len(indices) < max(dims) + 1 \
+                or any(i is not None for k, i in enumerate(indices) if k not in dims):
+            return None
+        offsets = jagged_positions(indices[bd], indices[ld])
+        return "clean" if offsets is not None and offsets is facts[0] else None
     if translate(user) is not None:  # pointwise
         shift = len(out_shape) - rank
         nd = (bd + shift, ld + shift)
@@ -375,6 +457,7 @@ class KeyMask:
     keep: fx.Node
     batch: int
     length: int
+    prefix: bool = False  # the caller runs its rewrite only where the mask is a prefix
 
 
 def _broadcast_root(mask: Any, batch: int, length: int) -> fx.Node | None:

@@ -8,29 +8,40 @@ work) and through memory. ``gemc.backends.triton.jagged_attention`` (``kind="sil
 computes it over values + offsets with nothing of ``[L, L]`` ever stored
 (``benchmarks/kernels.py``'s ``silu`` case measures it against the padded formula).
 
-The pattern, recognised by what each op computes (never by names)::
+The pattern, recognised by what each op computes (never by names or one spelling)::
 
-    s = matmul(q, k.transpose(-1, -2))         # [B, H, L, L]; optionally * scale,
+    s = q . k over the head dim                # [B, H, L, L]: matmul(q, k.transpose(-1, -2))
+                                               # or a two-operand einsum ("bnhd,bmhd->bhnm");
+                                               # optionally * scale
     s = s + bias                               # optionally: any [B|1, H|1, L, L] addend
     a = silu(s) / n                            # or * (1 / n); n a constant >= L
     a = a * visible  (or where(visible, a, 0)) # visible: an and of a [B, L] key mask on the
                                                # key axis, optionally the same mask on the
                                                # query axis, optionally the causal mask
-    out = matmul(a, v)
+                                               # (bool, or a float 0 / 1: a tril of ones)
+    out = a . v over the keys                  # matmul(a, v) or an einsum, any output layout
 
-where q, k, v are ``[B, H, L, D]`` and the intermediates are read by nothing else. The key
-mask may be any bool ``[B, L]`` tensor (an input, ``arange < lengths``): the op checks at run
-time that it is a prefix and otherwise runs the padded formula (counted in
-``key_padding_attention.STATS``). Without the query-axis mask, padding query rows are
-nonzero in the model and zero in the kernel: matched only when nothing reads them unmasked.
+where q, k, v are ``[B, H, L, D]`` up to a permutation of their axes (the entry carries it:
+``q_perm``, ``k_perm``, ``v_perm``, ``out_perm``) and the intermediates are read by nothing
+else. The key mask may be any bool ``[B, L]`` tensor (an input, ``arange < lengths``): the
+op checks at run time that it is a prefix and otherwise runs the padded formula (counted in
+``key_padding_attention.STATS``). Or the keys carry no mask at all and the padding is
+implicit, as HSTU's authors write it: v is jagged values written into zeros with
+``index_put`` at the positions of ``offsets`` (``row = repeat_interleave(arange(B),
+lengths)``, ``col = arange(N) - offsets[row]``), so a key at or past a row's length adds
+``a_ij * 0``; the kernel then runs over those offsets' lengths (entry ``offsets``: a prefix by
+construction). Without the query-axis mask, padding query rows are nonzero in the model and
+zero in the kernel: matched only when nothing reads them unmasked (a gather at the same
+jagged positions reads real rows only).
 
 The bias (relative position, time buckets: any tensor of that shape) is an operand of the
 kernel, indexed by positions within each sequence; its gradient flows back to whatever
-computed it. Not matched (named in the dump and the warnings): the formula spelled with
-``einsum`` (``einsum-spelling``), scores times a float mask (``mask-not-boolean``: e.g. only
-a causal ``tril`` of ones, the key padding left implicit in zero-padded values), a per-row normaliser
-(``normaliser``), a normaliser below ``L`` (``normaliser-below-length``), an addend that is
-not a ``[B|1, H|1, L, L]`` tensor (``bias-shape``).
+computed it. Not matched (named in the dump and the warnings): a mask of another kind, or
+none with values that are not zero-padded over offsets (``no-key-padding-mask``,
+``mask-factor``), a per-row normaliser (``normaliser``), a normaliser below ``L``
+(``normaliser-below-length``), an addend that is not a ``[B|1, H|1, L, L]`` tensor
+(``bias-shape``), scores that are not a contraction of q and k over the head dim
+(``scores-not-q-kt``).
 """
 
 from __future__ import annotations
@@ -51,8 +62,10 @@ from .jagged_patterns import (
     _broadcast_root,
     _is_tril,
     _through_views_and_casts,
+    dims_through_views,
+    follow_padding,
     keep_of,
-    padding_rows_read_by,
+    zero_padded_source,
 )
 
 aten = torch.ops.aten
@@ -83,11 +96,25 @@ def _mask_factors(node: Any, out: list[fx.Node]) -> None:
 
 
 def _visible(mask: Any, batch: int, length: int
-             ) -> tuple[KeyMask, bool, bool] | str:
-    """``(key mask, causal, query_mask)`` of a ``[B, 1|H, L, L]`` visibility mask, or why not."""
+             ) -> tuple[KeyMask | None, bool, bool] | str:
+    """``(key mask, causal, query_mask)`` of a ``[B|1, 1|H, L, L]`` visibility mask (bool,
+    or a float of 0 / 1: a cast bool, a ``tril`` of ones), or why not. The key mask is None
+    when the mask names none (the caller then looks for zero-padded values)."""
     root = _through_views_and_casts(mask)
     rshape = tuple(ir.shape_of(root) or ()) if isinstance(root, fx.Node) else ()
-    if rshape not in ((batch, length, length), (batch, 1, length, length)):
+
+    def batch_query_key(shape: tuple[int, ...]) -> tuple[int, ...]:
+        """A factor's shape aligned to the root's, as ``(batch, query, key)``: the root is
+        ``[B|1, 1, L|1, L]``, ``[B|1, L|1, L]`` (the head axis stripped with the views) or
+        ``[L|1, L]``."""
+        aligned = (1,) * (len(rshape) - len(shape)) + shape
+        if len(rshape) == 4:
+            return aligned[:1] + aligned[2:] if aligned[1] == 1 else ()
+        return (1,) * (3 - len(aligned)) + aligned if len(aligned) in (2, 3) else ()
+
+    whole = batch_query_key(rshape)
+    if len(whole) != 3 or whole[0] not in (1, batch) or whole[1] not in (1, length) \
+            or whole[2] != length:
         return "mask-shape"
     factors: list[fx.Node] = []
     _mask_factors(root, factors)
@@ -95,11 +122,10 @@ def _visible(mask: Any, batch: int, length: int
     queries: list[fx.Node] = []
     causal = False
     for f in factors:
-        shape = tuple(ir.shape_of(f) or ())
-        aligned = (1,) * (len(rshape) - len(shape)) + shape
-        if len(aligned) != len(rshape) or aligned[0] not in (1, batch):
+        aligned = batch_query_key(tuple(ir.shape_of(f) or ()))
+        if len(aligned) != 3 or aligned[0] not in (1, batch):
             return "mask-factor"
-        if aligned[-2:] == (length, length) and aligned[0] == 1 and _is_tril(f, length):
+        if aligned == (1, length, length) and _is_tril(f, length):
             causal = True
             continue
         root_f = _broadcast_root(f, batch, length) if aligned[0] == batch else None
@@ -111,43 +137,130 @@ def _visible(mask: Any, batch: int, length: int
             queries.append(root_f)
         else:
             return "mask-factor"
-    if len(keys) != 1 or len(queries) > 1:
+    if len(keys) > 1 or len(queries) > 1 or (queries and not keys):
         return "no-key-padding-mask"
+    if not keys:
+        return None, causal, False
     keep = keep_of(keys[0]) or keys[0]
     if queries and (keep_of(queries[0]) or queries[0]) is not keep:
         return "query-mask-differs"
     return KeyMask(keys[0], False, keep, batch, length), causal, bool(queries)
 
 
-def match(node: fx.Node) -> dict[str, Any] | str | None:
-    """The facts of a pointwise-attention output ``matmul(a, v)``, the reason it is not one
-    (once it looks like one: ``silu`` scores), or None for any other node."""
-    if node.target is aten.einsum.default:  # the formula spelled with einsum: not yet
-        ops = [o for o in node.args[1] if isinstance(o, fx.Node)]
-        looks = any(_normalised_silu(o) or (o.target is aten.mul.Tensor and any(
-            _normalised_silu(a) for a in o.args)) for o in ops)
-        return "einsum-spelling" if looks else None
-    if node.target is not _MATMUL:
+_CANONICAL = [0, 1, 2, 3]
+
+
+def _equation(node: fx.Node) -> tuple[str, str, str] | None:
+    """The two operand layouts and the result's of a two-operand einsum over 4-d tensors
+    with distinct letters (no ellipsis, no diagonal), or None."""
+    eq, ops = node.args[0], node.args[1]
+    if not isinstance(eq, str) or "->" not in eq or "." in eq or len(ops) != 2 \
+            or not all(isinstance(o, fx.Node) for o in ops):
         return None
-    a_node, v = node.args[:2]
-    vshape = tuple(ir.shape_of(v) or ())
+    lhs, out = eq.replace(" ", "").split("->")
+    parts = lhs.split(",")
+    if len(parts) != 2 or any(len(p) != 4 or len(set(p)) != 4 for p in (*parts, out)):
+        return None
+    return parts[0], parts[1], out
+
+
+def _scores(t: Any) -> tuple[fx.Node, fx.Node, list[int], list[int]] | str:
+    """``(q, k, q_perm, k_perm)`` of scores ``S[b, h, i, j] = sum_d q . k`` laid out
+    ``[B, H, L, L]``: ``matmul(q, k^T)``, or an einsum contracting the last letter of
+    neither-batch (``"bnhd,bmhd->bhnm"``); ``x.permute(perm)`` is an operand ``[B, H, L, D]``."""
+    if isinstance(t, fx.Node) and t.target is _MATMUL:
+        q, kt = t.args[:2]
+        if not (isinstance(kt, fx.Node) and kt.target is aten.transpose.int
+                and tuple(kt.args[1:3]) in _TRANSPOSED):
+            return "scores-not-q-kt"
+        return q, kt.args[0], _CANONICAL, _CANONICAL
+    if not (isinstance(t, fx.Node) and t.target is aten.einsum.default):
+        return "scores-not-a-matmul"
+    found = _equation(t)
+    if found is None:
+        return "scores-not-q-kt"
+    x, y, (b, h, i, j) = found
+    shared = (set(x) & set(y)) - {b, h, i, j}
+    if len(shared) != 1 or set(x) != {b, h, i, *shared} or set(y) != {b, h, j, *shared}:
+        return "scores-not-q-kt"
+    (d,) = shared
+    q, k = t.args[1]
+    return q, k, [x.index(c) for c in (b, h, i, d)], [y.index(c) for c in (b, h, j, d)]
+
+
+def _weighted_sum(node: fx.Node) -> tuple[Any, fx.Node, list[int], list[int]] | None:
+    """``(a, v, v_perm, out_perm)`` of ``O[b, h, i, e] = sum_j a[b, h, i, j] v[b, h, j, e]``
+    with ``a`` laid out ``[B, H, L, L]``: ``matmul(a, v)`` or an einsum in any output
+    layout (``"bhnm,bmhd->bnhd"``); the kernel's ``[B, H, L, D]`` result ``.permute(out_perm)``
+    is the node's."""
+    if node.target is _MATMUL:
+        a, v = node.args[:2]
+        return (a, v, _CANONICAL, _CANONICAL) if isinstance(v, fx.Node) else None
+    if node.target is not aten.einsum.default:
+        return None
+    found = _equation(node)
+    if found is None:
+        return None
+    x, y, z = found
+    b, h, i, j = x
+    rest = set(y) - {b, h, j}
+    if len(rest) != 1 or {b, h, j} - set(y) or set(z) != {b, h, i, *rest}:
+        return None
+    (e,) = rest
+    a, v = node.args[1]
+    return a, v, [y.index(c) for c in (b, h, j, e)], [(b, h, i, e).index(c) for c in z]
+
+
+def _permuted(shape: Any, perm: list[int]) -> tuple[int, ...]:
+    shape = tuple(int(x) for x in (shape or ()))
+    return tuple(shape[p] for p in perm) if len(shape) == len(perm) else ()
+
+
+def _zero_padded_keys(v: fx.Node, v_perm: list[int], batch: int, length: int
+                      ) -> fx.Node | None:
+    """The offsets ``v`` was zero-padded over (jagged values written into zeros with
+    ``index_put``) when its batch and key axes are that padding's: then a key at or past a
+    row's length contributes ``a_ij * 0`` in the model, and leaving it out is exact."""
+    found = zero_padded_source(v)
+    if found is None:
+        return None
+    source, offsets = found
+    if tuple(ir.shape_of(source) or ())[:2] != (batch, length) \
+            or (ir.shape_of(offsets) or (0,))[0] != batch + 1:
+        return None
+    dims = dims_through_views(source, v, (0, 1), length)
+    return offsets if dims == (v_perm[0], v_perm[2]) else None
+
+
+def _fill(v: fx.Node, batch: int, length: int) -> float:
+    """Real tokens over padded slots of zero-padded ``v``: its jagged values' row count (a
+    shape, known at compile time) over ``B * L``."""
+    found = zero_padded_source(v)
+    rows = (ir.shape_of(found[0].args[2]) or (batch * length,))[0] if found else batch * length
+    return round(min(1.0, int(rows) / max(1, batch * length)), 6)
+
+
+def match(node: fx.Node) -> dict[str, Any] | str | None:
+    """The facts of a pointwise-attention output (``matmul(a, v)`` or its einsum), the
+    reason it is not one (once it looks like one: ``silu`` scores), or None for any other
+    node."""
+    found = _weighted_sum(node) if node.op == "call_function" else None
+    if found is None:
+        return None
+    a_node, v, v_perm, out_perm = found
+    vshape = _permuted(ir.shape_of(v), v_perm)
     if len(vshape) != 4 or not isinstance(a_node, fx.Node):
         return None
-    batch, heads, length, head_dim = (int(x) for x in vshape)
+    batch, heads, length, head_dim = vshape
     group = [node]
     a = a_node
     mask = None
-    if a.target is aten.mul.Tensor:
+    if a.target is aten.mul.Tensor and all(isinstance(t, fx.Node) for t in a.args[:2]):
         x, y = a.args[:2]
-        silu_side = [t for t in (x, y) if isinstance(t, fx.Node)
-                     and ir.dtype_of(_through_views_and_casts(t)) != torch.bool]
-        bool_side = [t for t in (x, y) if isinstance(t, fx.Node)
-                     and ir.dtype_of(_through_views_and_casts(t)) == torch.bool]
-        if len(silu_side) != 1 or len(bool_side) != 1:
-            # silu scores times a float mask (a causal tril of ones, no key mask): say so
-            return "mask-not-boolean" if any(_normalised_silu(t) for t in (x, y)) else None
+        if _normalised_silu(x) == _normalised_silu(y):
+            return None
         group.append(a)
-        mask, a = bool_side[0], silu_side[0]
+        mask, a = (y, x) if _normalised_silu(x) else (x, y)
     elif a.target is aten.where.ScalarOther and _scalar(a.args[2]) == 0.0:
         group.append(a)
         mask, a = a.args[0], a.args[1]
@@ -171,8 +284,6 @@ def match(node: fx.Node) -> dict[str, Any] | str | None:
         return None
     group.append(s)
     t = s.args[0]
-    if mask is None:
-        return "no-key-padding-mask"
     scale = 1.0
     if isinstance(t, fx.Node) and t.target is aten.mul.Tensor and _scalar(t.args[1]):
         group.append(t)
@@ -180,8 +291,8 @@ def match(node: fx.Node) -> dict[str, Any] | str | None:
     bias = None
     if isinstance(t, fx.Node) and t.target is aten.add.Tensor:
         x, y = t.args[:2]
-        scores = [a for a in (x, y) if isinstance(a, fx.Node) and a.target in (_MATMUL,
-                                                                               aten.mul.Tensor)]
+        scores = [a for a in (x, y) if isinstance(a, fx.Node) and a.target in (
+            _MATMUL, aten.einsum.default, aten.mul.Tensor)]
         if len(scores) != 1 or not isinstance(x, fx.Node) or not isinstance(y, fx.Node):
             return "score-addend"
         bias = y if scores[0] is x else x
@@ -190,15 +301,12 @@ def match(node: fx.Node) -> dict[str, Any] | str | None:
         if t.target is aten.mul.Tensor and _scalar(t.args[1]):
             group.append(t)
             scale, t = float(t.args[1]), t.args[0]
-    if not (isinstance(t, fx.Node) and t.target is _MATMUL):
-        return "scores-not-a-matmul"
+    qk = _scores(t)
+    if isinstance(qk, str):
+        return qk
     group.append(t)
-    q, kt = t.args[:2]
-    if not (isinstance(kt, fx.Node) and kt.target is aten.transpose.int
-            and tuple(kt.args[1:3]) in _TRANSPOSED):
-        return "scores-not-q-kt"
-    k = kt.args[0]
-    if tuple(ir.shape_of(q) or ()) != vshape or tuple(ir.shape_of(k) or ()) != vshape:
+    q, k, q_perm, k_perm = qk
+    if _permuted(ir.shape_of(q), q_perm) != vshape or _permuted(ir.shape_of(k), k_perm) != vshape:
         return "qkv-shapes"
     rounded = round(norm)
     if abs(norm - rounded) > 1e-6 * max(1.0, abs(norm)):
@@ -211,37 +319,54 @@ def match(node: fx.Node) -> dict[str, Any] | str | None:
         if len(aligned) != 4 or aligned[2:] != (length, length) \
                 or aligned[0] not in (1, batch) or aligned[1] not in (1, heads):
             return "bias-shape"
-    found = _visible(mask, batch, length)
-    if isinstance(found, str):
-        return found
-    key_mask, causal, query_mask = found
+    visible = _visible(mask, batch, length) if mask is not None else (None, False, False)
+    if isinstance(visible, str):
+        return visible
+    key_mask, causal, query_mask = visible
+    keys: KeyMask | tuple[fx.Node, int, int]
+    if key_mask is not None:
+        keys = key_mask
+    else:  # no mask on the keys: their values may be zero-padded over offsets
+        offsets = _zero_padded_keys(v, v_perm, batch, length)
+        if offsets is None:
+            return "no-key-padding-mask"
+        keys = (offsets, 0, length)
     inside = set(group)
     for n in group[1:]:
         if any(u not in inside for u in n.users):
             return f"scores-read-by:{next(u for u in n.users if u not in inside).name}"
     if not query_mask:
-        reader = padding_rows_read_by(node, key_mask)
-        if reader is not None:
+        rows = (out_perm.index(0), out_perm.index(2))
+        reader = follow_padding(node, rows, keys)
+        if isinstance(reader, fx.Node):
             return f"padding-rows-read-by:{reader.name}"
+    perms = {name: (None if perm == _CANONICAL else perm) for name, perm in (
+        ("q_perm", q_perm), ("k_perm", k_perm), ("v_perm", v_perm), ("out_perm", out_perm))}
     return {
         "_group": group,
-        "_mask": key_mask,
+        "_keys": key_mask.node if key_mask is not None else keys[0],
         "q": q.name, "k": k.name, "v": v.name,
         "output": node.name,
-        "mask": key_mask.node.name,
+        "mask": key_mask.node.name if key_mask is not None else None,
+        "offsets": None if key_mask is not None else keys[0].name,
+        **perms,
         "bias": bias.name if bias is not None else None,
         "norm": int(rounded),
         "scale": scale,
         "causal": causal,
         "query_mask": query_mask,
         "max_len": length, "heads": heads, "head_dim": head_dim,
-        "fill": 1.0,  # unknown at compile time: data, checked per call
+        # a data mask's fill is unknown at compile time (checked per call); zero-padded
+        # values have a fixed number of rows
+        "fill": 1.0 if key_mask is not None else _fill(v, batch, length),
     }
 
 
-def _price(group: list[fx.Node], mask: fx.Node, ctx: PassContext) -> dict[str, float] | None:
-    """The group's forward+backward ms padded, and as compiled at fill 1 (the fill of a data
-    mask is unknown at compile time) plus the guard's traffic and the jagged copies."""
+def _price(group: list[fx.Node], mask: fx.Node, fill: float, ctx: PassContext
+           ) -> dict[str, float] | None:
+    """The group's forward+backward ms padded, and as compiled at ``fill`` (1 for a data
+    mask: unknown at compile time; E[len^2] / L^2 <= fill bounds the kernel's work) plus
+    the guard's traffic and the jagged copies."""
     topology = getattr(ctx, "topology", None)
     if topology is None:
         return None
@@ -253,7 +378,7 @@ def _price(group: list[fx.Node], mask: fx.Node, ctx: PassContext) -> dict[str, f
     scores = sum(ir.nbytes(n) for n in group[1:])  # what the kernel never stores
     mem, _ = op_cost.memory_time(ir.nbytes(mask) + 16 * ir.nbytes(group[0]), gpu, calib, "copy")
     saved, _ = op_cost.memory_time(scores, gpu, calib, "copy")
-    after = max(before - 1e3 * saved, 0.0) + 1e3 * mem
+    after = max(before - 1e3 * saved, 0.0) * fill + 1e3 * mem
     return {"before_ms": round(before, 6), "after_ms": round(after, 6)}
 
 
@@ -281,11 +406,11 @@ class MatchSiluAttention:
             group: list[fx.Node] = found.pop("_group")
             if any(ir.GROUP in n.meta for n in group):
                 continue
-            mask: KeyMask = found.pop("_mask")
+            keys: fx.Node = found.pop("_keys")
             gid = f"jagged_silu_attention_{count}"
             count += 1
             for n in group:
                 n.meta[ir.GROUP] = gid
             node.meta[ir.KERNEL] = {"id": gid, "kind": "jagged_silu_attention", **found,
-                                    **(_price(group, mask.node, ctx) or {})}
+                                    **(_price(group, keys, float(found["fill"]), ctx) or {})}
         return PassResult(gm, count > 0)

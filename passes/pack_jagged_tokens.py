@@ -25,6 +25,21 @@ jagged attention, a length-0 history keeping its slot 0 when the mask clamps len
 a tensor entering the region is gathered to that layout, a region value read outside it is
 scattered back into zeros. Mask multiplies are in the region too (``zeroed``): their padding
 rows are exactly zero, as the scatter writes them.
+
+Guarded regions: around an attention whose key-padding mask is only known at run time (a
+bool or additive mask input, ``arange < lengths``, a mask built in the graph from inputs:
+the ``key_padding_attention`` / ``jagged_silu_attention`` entries with a ``mask``), the
+padding rows are followed the same way, with that mask as the key mask, from every
+floating ``[B, L, ...]`` graph input or embedding lookup the attention's history comes
+from (the flows merged; an input itself stays padded and enters the region by a gather).
+The region entry carries ``guard: "prefix-check"`` and the ``mask`` to check: once per
+call, before the region's first node, the runner checks it (the guarded attention's check
+kernel: a prefix on every row, an additive mask's values 0 or <= -1e4) and runs the region
+packed over those lengths when it passes, else every region node padded, the model's own
+computation (``packed_tokens.GUARD_STATS`` counts both; the run report carries it). The
+region's fill is data, so it is priced at fill 1. Not followed (a warning names the
+reader): ``nn.MultiheadAttention``'s merged ``[L, B * H, d]`` heads. The compiled (Inductor)
+graph fixes its shapes when it is compiled, so it leaves guarded regions out, loudly.
 """
 
 from __future__ import annotations
@@ -39,7 +54,7 @@ from torch.fx.passes.infra.pass_base import PassResult
 from gemc import ir
 from gemc.context import PassContext
 
-from .jagged_patterns import follow_padding
+from .jagged_patterns import KeyMask, PaddingFlow, follow_padding, keep_of
 
 aten = torch.ops.aten
 PACKED = ir.PACKED  # re-exported: the keys are owned by gemc.ir (the plan builder reads them)
@@ -106,12 +121,8 @@ class PackJaggedTokens:
                 continue
             rid = f"packed_tokens_{count}"
             count += 1
-            for node, dims in flow.carriers.items():
-                node.meta[PACKED] = {"id": rid, "dims": list(dims), "zeroed": False}
-            for node, dims in flow.zeroed.items():
-                node.meta[PACKED] = {"id": rid, "dims": list(dims), "zeroed": True}
+            nodes = _mark(gm, flow, rid)
             zeros, (row, pos), values = source.args[0], source.args[1], source.args[2]
-            nodes = [n for n in gm.graph.nodes if (n.meta.get(PACKED) or {}).get("id") == rid]
             shape = ir.shape_of(source) or (0, 0)
             source.meta[PACKED_REGION] = {
                 "id": rid,
@@ -128,19 +139,127 @@ class PackJaggedTokens:
                 "fill": facts["fill"],
                 **_price(nodes, source, float(facts["fill"]), ctx),
             }
-        self._report_guarded(gm, ctx)
-        return PassResult(gm, count > 0)
+        around = self._guarded_regions(gm, count, ctx)
+        return PassResult(gm, count > 0 or bool(around))
 
-    @staticmethod
-    def _report_guarded(gm: fx.GraphModule, ctx: PassContext) -> None:
-        """Name why the token-wise work around a guarded attention (a mask from the data)
-        stays padded: a region needs the layout of an ``index_put`` of jagged values, and a
-        mask only known at run time would need the whole region guarded (not built yet)."""
+    def _guarded_regions(self, gm: fx.GraphModule, first: int, ctx: PassContext
+                         ) -> set[fx.Node]:
+        """Regions around guarded attentions (a mask only known at run time): their padding
+        rows followed from every ``[B, L, ...]`` tensor the attention's history comes from
+        (a graph input, an embedding lookup); the runner checks the mask once per step and
+        runs the region packed when every row is a prefix, padded otherwise. Returns the
+        attentions a region reaches (its queries', keys' or values' history)."""
+        by_name = {n.name: n for n in gm.graph.nodes}
+        count = 0
+        around: set[fx.Node] = set()
+        taken: set[fx.Node] = {n for n in gm.graph.nodes if PACKED in n.meta}
         for node in gm.graph.nodes:
             facts = node.meta.get(ir.KERNEL) or {}
-            if facts.get("kind") not in _GUARDED or PACKED in node.meta:
+            if facts.get("kind") not in _GUARDED or not facts.get("mask"):
                 continue
-            node.meta[PACKED_SKIPPED] = "mask-source"
-            ctx.warn(f"pack-jagged-tokens: the sequence around {node.name} stays padded "
-                     "(mask-source: a run-time-checked mask; regions follow index_put sources "
-                     "only)")
+            if node in taken or any(a in taken for a in node.all_input_nodes):
+                around.add(node)
+                continue
+            mask = by_name[facts["mask"]]
+            # prefix: the region runs packed only when the run-time check finds one
+            key_mask = KeyMask(mask, bool(facts.get("additive", False)),
+                               keep_of(mask) or mask, int(ir.shape_of(mask)[0]),
+                               int(facts["max_len"]), prefix=True)
+            found = _guarded_flow(gm, node, key_mask)
+            if isinstance(found, str):
+                node.meta[PACKED_SKIPPED] = found
+                ctx.warn(f"pack-jagged-tokens: the sequence around {node.name} stays padded "
+                         f"({found})")
+                continue
+            flow, starts = found
+            if set(flow.carriers) & taken or set(flow.zeroed) & taken:
+                node.meta[PACKED_SKIPPED] = "overlap"
+                ctx.warn(f"pack-jagged-tokens: the sequence around {node.name} stays padded "
+                         "(overlap: its history meets another region's)")
+                continue
+            around.add(node)
+            rid = f"packed_tokens_{first + count}"
+            count += 1
+            nodes = _mark(gm, flow, rid)
+            taken |= set(nodes)
+            check = key_mask.keep if ir.dtype_of(key_mask.keep) == torch.bool else mask
+            head = starts[0]
+            head.meta[PACKED_REGION] = {
+                "id": rid,
+                "kind": "packed_tokens",
+                "guard": "prefix-check",
+                "padded_from": head.name,
+                "starts": [n.name for n in starts],
+                "mask": check.name,
+                "additive": check is mask and key_mask.additive,
+                "clamp_min": 0,
+                "max_len": key_mask.length,
+                "batch": key_mask.batch,
+                "fill": 1.0,  # data: unknown at compile time
+                **_price(nodes, head, 1.0, ctx),
+            }
+        return around
+
+
+def _mark(gm: fx.GraphModule, flow: PaddingFlow, rid: str) -> list[fx.Node]:
+    """Mark the flow's nodes as region ``rid`` (``gemc.packed``); its nodes in graph order."""
+    for node, dims in flow.carriers.items():
+        node.meta[PACKED] = {"id": rid, "dims": list(dims), "zeroed": False}
+    for node, dims in flow.zeroed.items():
+        node.meta[PACKED] = {"id": rid, "dims": list(dims), "zeroed": True}
+    return [n for n in gm.graph.nodes if (n.meta.get(PACKED) or {}).get("id") == rid]
+
+
+def _history_starts(attention: fx.Node, batch: int, length: int) -> list[fx.Node]:
+    """Where the attention's padded history begins: the ancestors (of its own arguments)
+    that are floating ``[B, L, ...]`` graph inputs or embedding lookups, in graph order."""
+    seen: set[fx.Node] = set()
+    stack = list(attention.all_input_nodes)
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        stack.extend(n.all_input_nodes)
+    out = []
+    for n in seen:
+        shape = tuple(ir.shape_of(n) or ())
+        dtype = ir.dtype_of(n)
+        if len(shape) < 3 or shape[:2] != (batch, length) or dtype is None \
+                or not dtype.is_floating_point:
+            continue
+        if (n.op == "placeholder" and ir.PARAM not in n.meta) or \
+                n.target is aten.embedding.default:
+            out.append(n)
+    order = {n: i for i, n in enumerate(attention.graph.nodes)}
+    return sorted(out, key=order.__getitem__)
+
+
+def _guarded_flow(gm: fx.GraphModule, attention: fx.Node, key_mask: KeyMask
+                  ) -> tuple[PaddingFlow, list[fx.Node]] | str:
+    """The padding flow from every start of the attention's history, merged (each node at
+    one layout), and the starts that are in it; or why there is no region."""
+    starts = _history_starts(attention, key_mask.batch, key_mask.length)
+    if not starts:
+        return "no-history-input: no [B, L, ...] input or lookup feeds the attention"
+    merged = PaddingFlow()
+    for start in starts:
+        flow = follow_padding(start, (0, 1), key_mask)
+        if isinstance(flow, fx.Node):
+            return f"padding rows of {start.name} may be read unmasked by {flow.name}"
+        for part, into in ((flow.carriers, merged.carriers), (flow.zeroed, merged.zeroed)):
+            for n, dims in part.items():
+                if into.setdefault(n, dims) != dims:
+                    return f"{n.name} reached with two layouts"
+    if set(merged.carriers) & set(merged.zeroed):
+        return "a mask multiply is also a carrier"
+    placeholders = [s for s in starts if s.op == "placeholder"]
+    for s in placeholders:  # an input stays padded: it enters the region by a gather
+        merged.carriers.pop(s)
+    if attention not in merged.carriers and not any(
+            a in merged.carriers for a in attention.all_input_nodes):
+        return "the attention is not in the region"
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    inside = [s for s in starts if s.op != "placeholder"] or [
+        min(merged.carriers, key=order.__getitem__)]
+    return merged, inside

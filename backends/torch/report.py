@@ -27,12 +27,15 @@ def build_report(
     # guarded attentions (run-time prefix check): how often each path ran on this rank;
     # read only if the kernels' module was loaded (a run without them imports no Triton)
     guarded = sys.modules.get("gemc.backends.triton.key_padding_attention")
+    regions = sys.modules.get("gemc.backends.triton.packed_tokens")
     mine = {
         "rank": world.rank,
         "host": os.uname().nodename,
         "step_ms": timing,
         "memory": memory_stats(device),
         "guarded_attention": guarded.STATS.as_dict() if guarded is not None else None,
+        # packed regions guarded by the same check: how often they ran packed / padded
+        "guarded_regions": regions.GUARD_STATS.as_dict() if regions is not None else None,
         "tables_held": {
             fqn: (
                 None

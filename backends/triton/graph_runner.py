@@ -84,6 +84,31 @@ def _param_fqn(node: fx.Node) -> str | None:
     return node.meta.get("gemc.param")
 
 
+
+def silu_attention_of_entry(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            keys: torch.Tensor, bias: torch.Tensor | None,
+                            entry: Mapping[str, Any]) -> torch.Tensor:
+    """A ``jagged_silu_attention`` entry's call: q, k, v permuted to ``[B, H, L, D]`` (the
+    model's einsum may hold them ``[B, L, H, D]``), the key mask the entry names, or, when
+    the keys' padding is implicit in values zero-padded over offsets, the prefix mask of
+    those offsets' lengths; the result permuted back to the model's output layout."""
+    from .key_padding_attention import key_padding_silu_attention
+
+    def canonical(x: torch.Tensor, name: str) -> torch.Tensor:
+        perm = entry.get(name)
+        return x.permute(*perm) if perm else x
+
+    q, k, v = canonical(q, "q_perm"), canonical(k, "k_perm"), canonical(v, "v_perm")
+    if entry.get("mask"):
+        mask = keys
+    else:
+        positions = torch.arange(q.shape[2], device=keys.device)
+        mask = positions[None, :] < (keys[1:] - keys[:-1])[:, None]
+    out = key_padding_silu_attention(q, k, v, mask, entry["norm"], entry["scale"],
+                                     entry["causal"], entry["query_mask"], bias)
+    perm = entry.get("out_perm")
+    return out.permute(*perm) if perm else out
+
 class GraphRunner:
     """``runner(*inputs) -> loss`` of ``gm`` with ``entries`` substituted.
 
@@ -121,7 +146,10 @@ class GraphRunner:
                 continue
             index = len(self.units)
             unit = {"entry": entry, "nodes": [by_name[n] for n in entry["nodes"]]}
-            unit["packed"] = all(n in self.packed for n in unit["nodes"])  # runs packed
+            # runs packed (a guarded region's units: when its check passes, per call)
+            unit["packed"] = all(n in self.packed for n in unit["nodes"])
+            unit["guarded"] = next((self.region_of[n] for n in unit["nodes"]
+                                    if n in self.guarded_nodes), None)
             if "structure" in entry:
                 unit["run"] = make_runner(self._source(entry, sources), entry["binding"])
                 unit["shared_operand"] = _gemm_operand_in_epilogue(entry["structure"])
@@ -146,11 +174,18 @@ class GraphRunner:
         self.region_of: dict[fx.Node, dict[str, Any]] = {}
         self.packed_sources: dict[fx.Node, dict[str, Any]] = {}
         self.skipped: set[fx.Node] = set()
+        # regions guarded by a run-time mask check: packed only on a call whose mask is a
+        # prefix on every row (decided before the region's first node runs), else padded
+        self.guarded_nodes: dict[fx.Node, tuple[int, int]] = {}
         for region in regions:
+            guarded = region.get("guard") is not None
             for name, dims in region["dims"].items():
                 node = self.by_name[name]
-                self.packed[node] = (int(dims[0]), int(dims[1]))
+                (self.guarded_nodes if guarded else self.packed)[node] = (int(dims[0]),
+                                                                          int(dims[1]))
                 self.region_of[node] = region
+            if guarded:
+                continue
             src = self.by_name[region["padded_from"]]
             self.packed_sources[src] = region
             zeros = self.by_name.get(region.get("zeros") or "")
@@ -219,7 +254,10 @@ class GraphRunner:
         deps: dict[Any, set[Any]] = {k: set() for k in members}
         for key, nodes in members.items():
             for n in nodes:
-                for a in n.all_input_nodes:
+                reads = list(n.all_input_nodes)
+                if n in self.guarded_nodes:  # the region's guard reads its mask first
+                    reads.append(self.by_name[self.region_of[n]["mask"]])
+                for a in reads:
                     if key_of[a] != key:
                         deps[key].add(key_of[a])
         done: set[Any] = set()
@@ -243,10 +281,14 @@ class GraphRunner:
             region = self.packed_sources.get(key[1])
             if region is not None:  # the region's layout is built here, from the offsets
                 reads.add(self.by_name[region["offsets"]])
+            if key[1] in self.guarded_nodes:  # the region's guard reads the mask first
+                reads.add(self.by_name[self.region_of[key[1]]["mask"]])
             return reads
         unit = self.units[key[1]]
         members = set(unit["nodes"])
         reads = {a for n in members for a in n.all_input_nodes if a not in members}
+        if unit.get("guarded") is not None:
+            reads.add(self.by_name[unit["guarded"]["mask"]])
         entry = unit["entry"]
         names: list[str] = []
         if "structure" in entry:
@@ -254,7 +296,8 @@ class GraphRunner:
         elif entry["kind"] == "jagged_attention":
             names = [entry[x] for x in ("q", "k", "v", "offsets")]
         elif entry["kind"] in ("key_padding_attention", "jagged_silu_attention"):
-            names = [entry[x] for x in ("q", "k", "v", "mask", "bias") if entry.get(x)]
+            names = [entry[x] for x in ("q", "k", "v", "mask", "offsets", "bias")
+                     if entry.get(x)]
         elif entry["kind"] == "batched_embedding_bag":
             names = [t[x] for t in entry["tables"] for x in ("ids", "offsets")]
         elif entry["kind"] == "transposed_linear":
@@ -287,6 +330,9 @@ class GraphRunner:
         # once, not once per layer
         self._layouts: dict[tuple[str, int, int, str | None], TokenLayout] = {}
         self._unpacked: dict[fx.Node, torch.Tensor] = {}  # region values read outside it
+        self._guards: dict[str, bool] = {}  # guarded region -> packed on this call
+        for node in self.guarded_nodes:
+            self.packed.pop(node, None)
         user = iter(inputs)
         self.peak_live = 0
         for i, key in enumerate(self.order):
@@ -296,9 +342,15 @@ class GraphRunner:
                     self._unpacked.pop(n, None)
             self.peak_live = max(self.peak_live, len(env))
             if key[0] == "u":
-                self._run_unit(self.units[key[1]], env)
+                unit = self.units[key[1]]
+                if unit["guarded"] is not None:
+                    self._guard(unit["guarded"], env)
+                    unit["packed"] = all(n in self.packed for n in unit["nodes"])
+                self._run_unit(unit, env)
                 continue
             node = key[1]
+            if node in self.guarded_nodes:
+                self._guard(self.region_of[node], env)
             if node.op == "placeholder":
                 fqn = _param_fqn(node)
                 env[node] = self.params[fqn] if fqn is not None else next(user)
@@ -355,10 +407,40 @@ class GraphRunner:
             self._layouts[key] = TokenLayout.of(env[self.by_name[offsets]], key[1], key[2])
         return self._layouts[key]
 
+    def _guard(self, region: dict[str, Any], env: dict[fx.Node, Any]) -> None:
+        """Once per call, before a guarded region's first node: check its mask (one small
+        kernel and one host read, as the guarded attention's) and run the region packed
+        when every row keeps a prefix (its layout: those lengths) and some row keeps a
+        token, else padded: the model's own computation. Counted in ``packed_tokens.GUARD_STATS``."""
+        name = str(region["name"])
+        if name in self._guards:
+            return
+        from .key_padding_attention import prefix_lengths
+
+        mask = env[self.by_name[region["mask"]]]
+        offsets, bad = prefix_lengths(mask, bool(region.get("additive", False)))
+        flags = torch.cat([bad.sum(0).to(torch.int64), offsets[-1:]]).tolist()  # the sync
+        # no real token at all: padded too (a region of 0 tokens would leave the gradients
+        # of its weights None where eager's are zero, which optimizers tell apart)
+        ok = flags[0] == 0 and flags[1] == 0 and flags[2] > 0
+        packed.GUARD_STATS.count(ok)
+        self._guards[name] = ok
+        if not ok:
+            return
+        key = (region["mask"], 0, int(region["max_len"]), name)
+        self._layouts[key] = TokenLayout(offsets, int(flags[2]), int(mask.shape[0]),
+                                         int(region["max_len"]))
+        for n in self.guarded_nodes:
+            if self.region_of[n] is region:
+                self.packed[n] = self.guarded_nodes[n]
+
     def _region_layout(self, node: fx.Node, env: dict[fx.Node, Any]) -> TokenLayout:
         """The region's layout, sized from the jagged values' count (first asked for by the
-        region's source, which reads those values: every region node comes after it)."""
+        region's source, which reads those values: every region node comes after it); a
+        guarded region's, from its mask (made by :meth:`_guard`)."""
         r = self.region_of[node]
+        if r.get("guard") is not None:
+            return self._layouts[(r["mask"], 0, int(r["max_len"]), str(r["name"]))]
         key = (r["offsets"], int(r["clamp_min"]), int(r["max_len"]), r["name"])
         if key not in self._layouts:
             values = env[self.by_name[r["values"]]].shape[0]
@@ -464,13 +546,10 @@ class GraphRunner:
                 out = out.flatten(0, 1)
             self._store(by_name[entry.get("output", unit["nodes"][0].name)], out, env, False)
         elif entry["kind"] == "jagged_silu_attention":
-            from .key_padding_attention import key_padding_silu_attention
-
-            q, k, v, mask = (self._padded(by_name[entry[x]], env) for x in ("q", "k", "v",
-                                                                             "mask"))
+            q, k, v, keys = (self._padded(by_name[entry[x]], env) for x in (
+                "q", "k", "v", "mask" if entry.get("mask") else "offsets"))
             bias = self._padded(by_name[entry["bias"]], env) if entry.get("bias") else None
-            out = key_padding_silu_attention(q, k, v, mask, entry["norm"], entry["scale"],
-                                             entry["causal"], entry["query_mask"], bias)
+            out = silu_attention_of_entry(q, k, v, keys, bias, entry)
             self._store(by_name[entry["output"]], out, env, False)
         elif entry["kind"] == "batched_embedding_bag":
             self._embeddings(entry, env, by_name)

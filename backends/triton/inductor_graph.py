@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import operator
 import os
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,7 +47,7 @@ from gemc import ir
 from . import ops as gemc_ops
 from . import packed_tokens
 from .codegen.host import make_runner
-from .graph_runner import _SKIP, GraphRunner, _rank
+from .graph_runner import _SKIP, GraphRunner, _rank, silu_attention_of_entry
 from .packed_tokens import TokenLayout
 from .transposed_linear import transposed_linear
 
@@ -153,10 +154,7 @@ def _call_silu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          mask: torch.Tensor, bias: torch.Tensor | None,
                          entry: dict[str, Any]) -> torch.Tensor:
     """HSTU's guarded pointwise attention: an eager island for the same reason."""
-    from .key_padding_attention import key_padding_silu_attention
-
-    return key_padding_silu_attention(q, k, v, mask, entry["norm"], entry["scale"],
-                                      entry["causal"], entry["query_mask"], bias)
+    return silu_attention_of_entry(q, k, v, mask, bias, entry)
 
 
 @torch._dynamo.disable
@@ -177,9 +175,19 @@ def runner_for(gm: fx.GraphModule, entries: Sequence[dict[str, Any]],
     modules and packed regions are what :func:`build` emits), and the names of the entries
     left out: ``packed_tokens`` regions when ``packed`` is False (their ops then run
     padded)."""
-    not_applied = [] if packed else [str(e.get("name")) for e in entries
-                                     if e["kind"] == "packed_tokens"]
-    kept = [e for e in entries if packed or e["kind"] != "packed_tokens"]
+    def left_out(e: dict[str, Any]) -> bool:
+        return e["kind"] == "packed_tokens" and (not packed or e.get("guard") is not None)
+
+    not_applied = [str(e.get("name")) for e in entries if left_out(e)]
+    guarded = [str(e.get("name")) for e in entries
+               if e["kind"] == "packed_tokens" and e.get("guard") is not None]
+    if packed and guarded:
+        warnings.warn(
+            f"gemc: packed region(s) {', '.join(guarded)} guarded by a run-time mask check "
+            "not applied in the compiled graph (its shapes are fixed when it is compiled, "
+            "the packed token count is data): their token-wise ops run padded; the "
+            "interpreter (--graph-executor interpreter) runs them packed", stacklevel=2)
+    kept = [e for e in entries if not left_out(e)]
     return GraphRunner(gm, kept, params, device=device, calls=calls, narrow=False), not_applied
 
 
@@ -421,7 +429,8 @@ class _Emitter:
         elif kind == "jagged_attention":
             self.attention(unit)
         elif kind in ("key_padding_attention", "jagged_silu_attention"):
-            q, k, v, mask = (self.padded(by_name[entry[x]]) for x in ("q", "k", "v", "mask"))
+            q, k, v, mask = (self.padded(by_name[entry[x]]) for x in (
+                "q", "k", "v", "mask" if entry.get("mask") else "offsets"))
             if kind == "key_padding_attention":
                 value = self.call(_call_key_padding_attention, (q, k, v, mask, entry))
                 out = by_name[entry.get("output", unit["nodes"][0].name)]

@@ -35,11 +35,38 @@ FIRST_ONLY = {
     aten.linear.default, aten.layer_norm.default, aten.transpose.int, aten.permute.default,
     aten.unsqueeze.default, aten.squeeze.dim, aten.flatten.using_ints, aten.unflatten.int,
     aten.unbind.int, aten.split.Tensor, aten.chunk.default, aten.clone.default,
+    aten.contiguous.default,
     aten._to_copy.default, aten.to.dtype, aten.alias.default, aten.detach.default,
     aten.sum.dim_IntList, aten.mean.dim, operator.getitem,
 }
 """Ops that act per token when their first argument is packed (the rest are weights,
 dims or dtypes)."""
+
+
+@dataclass
+class GuardStats:
+    """How often a region guarded by a run-time mask check ran packed (every row a prefix)
+    or padded (the model's own computation): module-level, :data:`GUARD_STATS`."""
+
+    calls: int = 0
+    packed: int = 0
+    padded: int = 0
+
+    def count(self, packed: bool) -> None:
+        self.calls += 1
+        if packed:
+            self.packed += 1
+        else:
+            self.padded += 1
+
+    def reset(self) -> None:
+        self.calls = self.packed = self.padded = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {"calls": self.calls, "packed": self.packed, "padded": self.padded}
+
+
+GUARD_STATS = GuardStats()
 
 
 @dataclass

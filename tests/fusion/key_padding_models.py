@@ -21,6 +21,10 @@ attention); ``summary``: two learned queries attend over it (mask from lengths);
 ``mha_weights``: MultiheadAttention with its default ``need_weights=True`` (exports as
 baddbmm / softmax / bmm); ``formula``: softmax attention written by hand
 (``masked_fill(q k^T / sqrt(d), ~mask, -inf).softmax(-1) @ v``)."""
+PACKED_FORMS = ("bool", "additive", "lengths", "offsets", "causal", "summary")
+"""The forms whose history tower pack-jagged-tokens packs (a region guarded by the mask):
+the others read padding rows where the pass cannot follow them (a query sliced off the
+history, MultiheadAttention's merged heads, a written-out softmax's matmul)."""
 
 
 class History(nn.Module):
@@ -179,4 +183,66 @@ def build_hstu(bias: bool = False, query_mask: bool = True, norm: str = "div",
     x, m = batch(form, lengths, torch.Generator().manual_seed(0))
     return ModelSpec(model=Hstu(bias, query_mask, norm, where, mask_input, divisor, einsum),
                      example_inputs=(torch.zeros(x.shape), torch.zeros(m.shape, dtype=m.dtype)),
+                     make_batch=make)
+
+
+class JaggedHstu(nn.Module):
+    """One HSTU block over a *jagged* history (values ``[N, E]`` + ``offsets``), its
+    attention written with einsum on tensors padded by ``index_put`` into zeros: the key
+    padding is implicit (zero values), the causal mask a float ``tril`` of ones, the output
+    gathered back at the jagged positions. Variants: ``layout`` of the padded q, k, v
+    (``"blhd"``, as HSTU's authors, or ``"bhld"``); ``pad="ones"`` pads v with ones (the
+    keys then matter: refused); ``read="mean"`` pools the padded output over every position
+    (padding rows read: refused); ``bias``: a relative-position bias per (query, key)."""
+
+    def __init__(self, layout: str = "blhd", pad: str = "zeros", read: str = "gather",
+                 bias: bool = True) -> None:
+        super().__init__()
+        self.layout, self.pad, self.read = layout, pad, read
+        self.uvqk = nn.Linear(E, 4 * E)
+        self.rel = nn.Parameter(torch.randn(2 * L - 1) * 0.1) if bias else None
+        self.head = nn.Linear(E, 1)
+
+    def forward(self, values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        b, n = offsets.numel() - 1, values.shape[0]
+        lengths = offsets[1:] - offsets[:-1]
+        row = torch.repeat_interleave(torch.arange(b), lengths, output_size=n)
+        col = torch.arange(n) - offsets[:-1][row]
+        u, v, q, k = F.silu(self.uvqk(values)).split(E, -1)
+
+        def padded(t: torch.Tensor, fill: str = "zeros") -> torch.Tensor:
+            base = t.new_zeros(b, L, E) if fill == "zeros" else t.new_ones(b, L, E)
+            p = base.index_put((row, col), t).view(b, L, H, E // H)
+            return p if self.layout == "blhd" else p.transpose(1, 2)
+
+        pq, pk, pv = padded(q), padded(k), padded(v, self.pad)
+        spec = "bnhd,bmhd->bhnm" if self.layout == "blhd" else "bhnd,bhmd->bhnm"
+        s = torch.einsum(spec, pq, pk)
+        if self.rel is not None:
+            pos = torch.arange(L)
+            s = s + self.rel[pos[None, :] - pos[:, None] + L - 1]
+        a = F.silu(s) / L * torch.tril(torch.ones(L, L))[None, None]
+        out_spec = "bhnm,bmhd->bnhd" if self.layout == "blhd" else "bhnm,bhmd->bnhd"
+        o = torch.einsum(out_spec, a, pv).reshape(b, L, E)
+        if self.read == "mean":
+            return self.head(o.mean(1)).square().mean()
+        y = u * o[row, col]
+        return self.head(y).square().mean()
+
+
+def jagged_batch(lengths: list[int], gen: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """Values ``[sum(lengths), E]`` and offsets ``[B + 1]``."""
+    offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    return torch.randn(int(offsets[-1]), E, generator=gen), offsets
+
+
+def build_jagged_hstu(layout: str = "blhd", pad: str = "zeros", read: str = "gather",
+                      bias: bool = True) -> ModelSpec:
+    lengths = [2, 0, 6, 3]
+
+    def make(step: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, ...]:
+        return tuple(t.to(device) for t in jagged_batch(lengths,
+                                                        torch.Generator().manual_seed(step)))
+
+    return ModelSpec(model=JaggedHstu(layout, pad, read, bias), example_inputs=make(0),
                      make_batch=make)

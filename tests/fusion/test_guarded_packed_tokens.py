@@ -1,0 +1,210 @@
+"""pack-jagged-tokens around a guarded attention (a mask only known at run time: a bool or
+additive input, lengths, offsets, causal, summary queries over the history): the token-wise
+ops around it form a region guarded by one prefix check per call; compiled = eager forward
+and backward on prefix masks (packed) and on masks that are not prefixes (the padded
+computation), the path counted exactly; the compiled (Inductor) graph leaves such regions
+out, loudly."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from gemc.backends.triton import key_padding_attention as kpa
+from gemc.backends.triton import packed_tokens as pt
+from gemc.backends.triton.graph_runner import GraphRunner
+from gemc.backends.triton.inductor_graph import runner_for
+from gemc.passes.pack_jagged_tokens import PACKED
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from gemc.spec import ModelSpec
+from tests.fusion import key_padding_models as km
+from tests.fusion.helpers import compiled, eager_step, entries_of, params_of, run_against_eager
+
+ENTRY = "tests/fusion/key_padding_models.py:build"
+HSTU = "tests/fusion/key_padding_models.py:build_hstu"
+CAUSAL = "tests/fusion/test_guarded_packed_tokens.py:build_causal_tower"
+
+
+@functools.cache
+def _graph(entry: str, key: tuple[tuple[str, object], ...]):  # noqa: ANN202
+    gm, ctx, spec = compiled(entry, dict(key))
+    return gm, ctx, entries_of(gm, ctx), spec
+
+
+def _keep(form: str, m: torch.Tensor) -> torch.Tensor:
+    if form in ("lengths", "summary"):
+        return torch.arange(km.L)[None] < m[:, None]
+    if form == "offsets":
+        return torch.arange(km.L)[None] < (m[1:] - m[:-1])[:, None]
+    return m == 0 if form == "additive" else m
+
+
+def _packs(keep: torch.Tensor) -> bool:
+    """The region's rule: every row a prefix, and some token kept."""
+    prefix = (keep == (torch.arange(keep.shape[1]) < keep.sum(1, keepdim=True))).all()
+    return bool(prefix) and bool(keep.any())
+
+
+@pytest.mark.parametrize("form", km.PACKED_FORMS)
+def test_region_follows_the_run_time_mask(form: str):
+    gm, ctx, entries, _ = _graph(ENTRY, (("form", form),))
+    (region,) = [e for e in entries if e["kind"] == "packed_tokens"]
+    (attn,) = [e for e in entries if e["kind"] == "key_padding_attention"]
+    assert region["guard"] == "prefix-check"
+    # the check reads the keep mask the attention's mask is (or an additive input itself)
+    assert region["mask"] == {"additive": "m", "lengths": "lt", "offsets": "lt",
+                              "summary": "lt"}.get(form, "m")
+    assert region["additive"] is (form == "additive")
+    by_name = {n.name: n for n in gm.graph.nodes}
+    targets = {by_name[n].target for n in region["nodes"]}
+    aten = torch.ops.aten
+    # the history tower: LayerNorm, the qkv projection (and the output projection, GELU and
+    # residual of a self-attention) run on real tokens; the input x enters by a gather
+    assert {aten.layer_norm.default, aten.linear.default} <= targets
+    assert "x" not in region["nodes"]
+    if form != "summary":
+        assert attn["output"] in region["nodes"] and aten.gelu.default in targets
+    assert not [w for w in ctx.warnings if "pack-jagged-tokens" in w], ctx.warnings
+
+
+@pytest.mark.parametrize("form", km.PACKED_FORMS)
+def test_compiled_matches_eager_and_counts_the_region_path(form: str):
+    gm, _, entries, spec = _graph(ENTRY, (("form", form),))
+    for scramble in (False, True):
+        x, m = km.batch(form, [2, 0, 6, 3], torch.Generator().manual_seed(5), scramble)
+        kpa.STATS.reset()
+        pt.GUARD_STATS.reset()
+        run_against_eager(gm, entries, spec.model, (x, m))
+        packed = _packs(_keep(form, m))
+        assert packed is not (scramble and form in ("bool", "additive", "causal"))
+        assert pt.GUARD_STATS.as_dict() == {"calls": 1, "packed": int(packed),
+                                            "padded": int(not packed)}
+
+
+def test_additive_mask_that_is_no_key_mask_runs_padded():
+    """An additive row with a value neither 0 nor <= -1e4 (a soft bias, not padding): the
+    attention reads those keys, so the region runs padded, as the attention falls back."""
+    gm, _, entries, spec = _graph(ENTRY, (("form", "additive"),))
+    x, m = km.batch("additive", [2, 0, 6, 3], torch.Generator().manual_seed(9))
+    m[2, 1] = -0.5
+    pt.GUARD_STATS.reset()
+    run_against_eager(gm, entries, spec.model, (x, m))
+    assert pt.GUARD_STATS.as_dict() == {"calls": 1, "packed": 0, "padded": 1}
+
+
+def test_written_out_silu_attention_names_what_reads_the_padding():
+    """The region does not follow a written-out formula's score matmul yet (the rows of q,
+    k flow into one [L, L] product): the sequence stays padded and the warning says why."""
+    gm, ctx, entries, _ = _graph(HSTU, (("mask_input", True),))
+    assert not [e for e in entries if e["kind"] == "packed_tokens"]
+    assert any("stays padded (padding rows of x may be read unmasked by matmul)" in w
+               for w in ctx.warnings), ctx.warnings
+
+
+def test_compiled_graph_leaves_guarded_regions_out_loudly():
+    gm, _, entries, spec = _graph(ENTRY, (("form", "bool"),))
+    with pytest.warns(UserWarning, match=r"packed_tokens_0 guarded by a run-time mask check"):
+        runner, left = runner_for(gm, entries, params_of(spec.model))
+    assert left == ["packed_tokens_0"] and not runner.guarded_nodes and not runner.packed
+    assert not [n for n in gm.graph.nodes if PACKED in n.meta and n in runner.packed]
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
+@example(form="bool", lengths=[0] * km.B, scramble=False, seed=0)
+@given(form=st.sampled_from(km.PACKED_FORMS),
+       lengths=st.lists(st.integers(0, km.L), min_size=km.B, max_size=km.B),
+       scramble=st.booleans(), seed=st.integers(0, 2**16))
+def test_any_mask_region_matches_eager_packed_exactly_on_prefixes(form, lengths, scramble,
+                                                                  seed):
+    """Random lengths 0..L, prefix or scrambled, every form the region follows: compiled =
+    eager forward and backward; the region packed exactly when the mask is a prefix (and
+    keeps a token: with none every gradient must stay as eager's, zero, not absent)."""
+    gm, _, entries, spec = _graph(ENTRY, (("form", form),))
+    x, m = km.batch(form, lengths, torch.Generator().manual_seed(seed), scramble)
+    pt.GUARD_STATS.reset()
+    run_against_eager(gm, entries, spec.model, (x, m))
+    packed = _packs(_keep(form, m))
+    assert pt.GUARD_STATS.as_dict() == {"calls": 1, "packed": int(packed),
+                                        "padded": int(not packed)}
+
+
+class CausalTower(nn.Module):
+    """A causal self-attention with no mask over right-padded rows (a real query never
+    reaches the padding), then summary queries over the history under the key mask."""
+
+    def __init__(self, mask_input: bool) -> None:
+        super().__init__()
+        self.mask_input = mask_input
+        self.norm = nn.LayerNorm(km.E)
+        self.qkv = nn.Linear(km.E, 3 * km.E)
+        self.out = nn.Linear(km.E, km.E)
+        self.summary = nn.Parameter(torch.randn(1, km.H, 2, km.E // km.H))
+        self.head = nn.Linear(km.E, 1)
+
+    def forward(self, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        keep = m if self.mask_input else torch.arange(km.L)[None, :] < m[:, None]
+        b = x.shape[0]
+        h = self.norm(x)
+        q, k, v = self.qkv(h).view(b, km.L, 3, km.H, -1).permute(2, 0, 3, 1, 4)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        h = h + self.out(o.transpose(1, 2).reshape(b, km.L, km.E))
+        hk = h.view(b, km.L, km.H, -1).transpose(1, 2)
+        s = F.scaled_dot_product_attention(self.summary.expand(b, -1, -1, -1), hk, hk,
+                                           attn_mask=keep[:, None, None, :])
+        return self.head(s.transpose(1, 2).flatten(2)).square().mean()
+
+
+def build_causal_tower(mask_input: bool = False) -> ModelSpec:
+    form = "bool" if mask_input else "lengths"
+
+    def make(step: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, ...]:
+        return tuple(t.to(device) for t in km.batch(form, [2, 1, 6, 3],
+                                                    torch.Generator().manual_seed(step)))
+
+    x, m = make(0)
+    return ModelSpec(model=CausalTower(mask_input), example_inputs=(x, m), make_batch=make)
+
+
+@pytest.mark.parametrize("mask_input", [False, True])
+def test_causal_attention_over_right_padding_stays_in_the_region(mask_input: bool):
+    """SDPA(is_causal=True) with no mask reads only real keys from a real query when the
+    padding is a suffix, which the region's prefix check guarantees: its keys and values
+    stay packed; compiled = eager, packed on a prefix, padded on a scrambled mask."""
+    gm, ctx, entries, spec = _graph(CAUSAL, (("mask_input", mask_input),))
+    (region,) = [e for e in entries if e["kind"] == "packed_tokens"]
+    by_name = {n.name: n for n in gm.graph.nodes}
+    assert any(by_name[n].target is torch.ops.aten.scaled_dot_product_attention.default
+               and True in (*by_name[n].args[5:6], by_name[n].kwargs.get("is_causal"))
+               for n in region["nodes"])
+    for scramble in ([False, True] if mask_input else [False]):
+        x, m = km.batch("bool" if mask_input else "lengths", [2, 1, 6, 3],
+                        torch.Generator().manual_seed(13), scramble)
+        pt.GUARD_STATS.reset()
+        run_against_eager(gm, entries, spec.model, (x, m))
+        assert pt.GUARD_STATS.as_dict() == {"calls": 1, "packed": int(not scramble),
+                                            "padded": int(scramble)}
+
+
+def test_one_runner_switches_paths_between_calls():
+    """The guard is decided per call: one runner, a prefix mask (packed), a scrambled one
+    (padded), a prefix again (packed), each equal to eager."""
+    gm, _, entries, spec = _graph(ENTRY, (("form", "causal"),))
+    runner = GraphRunner(gm, entries, params_of(spec.model))
+    for i, scramble in enumerate([False, True, False]):
+        batch = km.batch("causal", [2, 0, 6, 3], torch.Generator().manual_seed(i), scramble)
+        ref, grads = eager_step(spec.model, batch)
+        pt.GUARD_STATS.reset()
+        loss = runner(*batch)
+        loss.backward()
+        torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-5)
+        for k, p in spec.model.named_parameters():
+            torch.testing.assert_close(p.grad, grads[k], atol=1e-5, rtol=1e-4, msg=k)
+            p.grad = None
+        assert pt.GUARD_STATS.as_dict() == {"calls": 1, "packed": int(not scramble),
+                                            "padded": int(scramble)}
+        assert bool(runner.packed) is not scramble
