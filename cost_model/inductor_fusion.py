@@ -46,6 +46,19 @@ INDUCTOR_KERNEL_KINDS = frozenset({"gemm_epilogue", "norm", "pointwise", "reduct
 (backends/triton/inductor_graph.default_choice; a kind not listed is a gemc island)."""
 
 
+PRICING = ir.PREFIX + "pricing"
+"""gm.meta: what predict-time priced the graph for ({"gpu", "calibration", "world_size"})."""
+
+
+def runs_compiled(gm: fx.GraphModule) -> bool:
+    """Whether the runner trains this graph through torch.compile: graph mode (a plan with
+    gemc kernels) always does; module mode (none) only on one rank, where several ranks
+    stay eager (backends/torch/runner._compile_module_mode). Unknown world size: one."""
+    if any(ir.KERNEL in n.meta for n in gm.graph.nodes):
+        return True
+    return int((gm.meta.get(PRICING) or {}).get("world_size", 1)) == 1
+
+
 def island_groups(gm: fx.GraphModule) -> set[str]:
     """Group ids of gemc kernels that run as their own kernels (not Inductor's code)."""
     return {f["id"] for n in gm.graph.nodes
@@ -76,7 +89,9 @@ def _base(node: fx.Node) -> fx.Node:
 
 def fusion_groups(gm: fx.GraphModule) -> dict[fx.Node, int]:
     """Fusible node -> its Inductor group (see the module doc: same extern depth, joined
-    by an edge, views looked through)."""
+    by an edge, views looked through); empty when the step runs eager."""
+    if not runs_compiled(gm):
+        return {}
     islands = island_groups(gm)
     depth: dict[fx.Node, int] = {}
     fusible: set[fx.Node] = set()
@@ -157,6 +172,8 @@ def recompute_sources(gm: fx.GraphModule) -> dict[fx.Node, set[fx.Node]]:
     weights (which the partitioner saves instead of the node)."""
     islands = island_groups(gm)
     out: dict[fx.Node, set[fx.Node]] = {}
+    if not runs_compiled(gm):
+        return out
     for n in gm.graph.nodes:
         if not is_fusible(n, islands):
             continue

@@ -201,11 +201,12 @@ def gradient_accumulation_ms(gm: fx.GraphModule) -> dict[fx.Node, float]:
             if node not in readers[base]:
                 readers[base].append(node)
     islands = inductor_fusion.island_groups(gm)
+    compiled = inductor_fusion.runs_compiled(gm)
     out: dict[fx.Node, float] = defaultdict(float)
     for base, users in readers.items():
         dt = ir.dtype_of(base)
         val = base.meta.get("val")
-        if any(inductor_fusion.is_fusible(n, islands) for n in (base, *users)):
+        if compiled and any(inductor_fusion.is_fusible(n, islands) for n in (base, *users)):
             continue
         if len(users) < 2 or dt is None or not dt.is_floating_point \
                 or not isinstance(val, torch.Tensor) \

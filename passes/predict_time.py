@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from gemc.cost_model import inductor_fusion
 from gemc.cost_model.op_cost import node_cost
 from torch import fx
 from torch.fx.passes.infra.pass_base import PassResult
@@ -17,7 +18,7 @@ from torch.fx.passes.infra.pass_base import PassResult
 from gemc import ir
 
 PREDICTED_SOURCE = ir.PREDICTED_SOURCE  # re-exported: the key is owned by gemc.ir
-PRICING = ir.PREFIX + "pricing"  # gm.meta: {"gpu", "calibration"} predict-time priced with
+PRICING = inductor_fusion.PRICING  # gm.meta: {"gpu", "calibration", "world_size"}
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,9 @@ class PredictTime:
         sources: set[str] = set()
         # what the plan builder needs to reprice a node at the dtype the runner runs it in
         # (gemc.plan_builder.kernel_adjusted_ms): the same GPU and calibration as here
-        gm.meta[PRICING] = {"gpu": gpu, "calibration": calibration}
+        # and the world size (one rank: module mode compiles, cost_model.inductor_fusion)
+        gm.meta[PRICING] = {"gpu": gpu, "calibration": calibration,
+                            "world_size": int(getattr(topology, "world_size", 1))}
         for node in gm.graph.nodes:
             precision = node.meta.get(ir.PRECISION)
             precision = precision if isinstance(precision, str) else None

@@ -97,3 +97,17 @@ def test_the_backward_recomputes_the_chain_from_the_gemm_output(graph):
     # the saved tensors together with the first gradients
     assert compiled.peak < eager.peak
     assert compiled.peak >= compiled.saved_total + h
+
+
+def test_module_mode_on_several_ranks_runs_eager(graph):
+    """No gemc kernel and several ranks: the runner does not compile (module mode stays
+    eager there), so nothing is fused and every saved tensor is kept."""
+    from gemc.cost_model.inductor_fusion import PRICING, runs_compiled
+
+    assert runs_compiled(graph)
+    graph.meta[PRICING] = {"world_size": 8}
+    assert not runs_compiled(graph) and fusion_groups(graph) == {}
+    assert activation_profile(graph).saved_total == \
+        activation_profile(graph, runtime=False).saved_total
+    graph.meta[PRICING] = {"world_size": 1}
+    assert runs_compiled(graph)
