@@ -18,6 +18,17 @@ DIR``.
 (``--no-kernels``); checks the script, not the model. Without a GPU (and no ``--smoke``)
 it only compiles and prints the predictions.
 
+``--measured-from-zoo FILE...`` (no GPU needed): the measurements are the ``gemc`` rows of
+``benchmarks/zoo.py`` result files (``step_ms``, ``peak_memory_bytes``; a later file wins),
+scored against plans compiled now, and the leave-half-out refit runs on them (each row
+becomes a run report pairing the plan compiled now with the measured step and peak).
+Predictions at this commit against measurements of an earlier one: a cost-model change
+is re-checked on the CPU, and after an H200 zoo run the refit needs no second GPU pass.
+
+    python benchmarks/cost_model_accuracy.py --planner default --out /tmp/acc \
+        --measured-from-zoo benchmarks/results/zoo_h200_8e10b4c.json \
+        benchmarks/results/zoo_h200_3c7f966_gem.json benchmarks/results/zoo_h200_3c7f966_models.json
+
 Eager mode (``--mode eager``, issue 3): for the GEM and DLRM examples x batch sizes x {bf16, fp32}: capture and annotate the model
 on the meta device, predict one eager single-GPU step (forward, backward, AdamW over all
 parameters — eager EmbeddingBag gradients are dense, so the tables get AdamW too) with
