@@ -18,6 +18,17 @@ DIR``.
 (``--no-kernels``); checks the script, not the model. Without a GPU (and no ``--smoke``)
 it only compiles and prints the predictions.
 
+``--measured-from-zoo FILE...`` (no GPU needed): the measurements are the ``gemc`` rows of
+``benchmarks/zoo.py`` result files (``step_ms``, ``peak_memory_bytes``; a later file wins),
+scored against plans compiled now, and the leave-half-out refit runs on them (each row
+becomes a run report pairing the plan compiled now with the measured step and peak).
+Predictions at this commit against measurements of an earlier one: a cost-model change
+is re-checked on the CPU, and after an H200 zoo run the refit needs no second GPU pass.
+
+    python benchmarks/cost_model_accuracy.py --planner default --out /tmp/acc \
+        --measured-from-zoo benchmarks/results/zoo_h200_8e10b4c.json \
+        benchmarks/results/zoo_h200_3c7f966_gem.json benchmarks/results/zoo_h200_3c7f966_models.json
+
 Eager mode (``--mode eager``, issue 3): for the GEM and DLRM examples x batch sizes x {bf16, fp32}: capture and annotate the model
 on the meta device, predict one eager single-GPU step (forward, backward, AdamW over all
 parameters — eager EmbeddingBag gradients are dense, so the tables get AdamW too) with
@@ -199,12 +210,55 @@ def _slug(name: str) -> str:
 
 
 def compile_plan(entrypoint: str, preset: str, topology: str, calibration: str,
-                 out: Path) -> dict[str, Any]:
-    """The plan ``gemc compile --planner greedy`` writes (greedy: no ortools)."""
+                 out: Path, planner: str = "greedy") -> dict[str, Any]:
+    """The plan ``gemc compile --planner PLANNER`` writes (greedy, the default here, needs
+    no ortools)."""
     from gemc.api import compile as gemc_compile
 
-    return gemc_compile(entrypoint, {"preset": preset}, topology=topology, planner="greedy",
+    return gemc_compile(entrypoint, {"preset": preset}, topology=topology, planner=planner,
                         calibration=calibration, out=out)
+
+
+def zoo_measurements(paths: list[str]) -> dict[str, dict[str, Any]]:
+    """model name (as ``plan_models`` spells it) -> the measured gemc step and peak of
+    ``benchmarks/zoo.py``'s result files (``variants[model]`` rows of variant ``gemc``
+    with ``step_ms`` and ``peak_memory_bytes``); a later file overrides an earlier one."""
+    found: dict[str, dict[str, Any]] = {}
+    for path in paths:
+        doc = json.loads(Path(path).read_text())
+        for model, variants in (doc.get("variants") or {}).items():
+            for v in variants:
+                if v.get("variant") != "gemc" or not v.get("step_ms") \
+                        or not v.get("peak_memory_bytes"):
+                    continue
+                name = model if model in MODELS else f"zoo/{model}"
+                found[name] = {"step_ms": float(v["step_ms"]),
+                               "peak_gb": float(v["peak_memory_bytes"]) / 1e9,
+                               "device": "cuda", "source": str(path)}
+    if not found:
+        raise SystemExit(f"no gemc rows with step_ms and peak_memory_bytes in {paths}")
+    return found
+
+
+def synthetic_run_report(plan: dict[str, Any], measured: dict[str, Any],
+                         path: Path) -> Path:
+    """A run report (the fields ``gemc calibrate --from-run`` reads) pairing the plan
+    compiled now with a step and peak measured earlier (a zoo row): what lets the
+    leave-half-out refit run from saved measurements without a GPU."""
+    pred = plan["predicted"]
+    ranks = pred.get("per_rank") or [{}]
+    doc = {"device": "cuda", "measured_from": measured.get("source"),
+           "vs_predicted": {
+               "step_ms": {"measured": measured["step_ms"], "predicted": pred["step_ms"]},
+               "memory_per_rank": [{"rank": 0, "measured_bytes": measured["peak_gb"] * 1e9,
+                                    "measured_kind": "cuda_max_memory_allocated",
+                                    "predicted_bytes": (ranks[0] or {}).get("memory_bytes")}],
+               "kind_ms": pred.get("kind_ms"), "gpu": plan["topology"].get("gpu"),
+               "memory_breakdown_gb": (ranks[0] or {}).get("memory")}}
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+    return path
 
 
 def run_plan(plan_path: Path, report: Path, *, steps: int, smoke: bool) -> dict[str, Any]:
@@ -260,16 +314,28 @@ def plan_main(args: argparse.Namespace) -> int:
               file=sys.stderr)
     calibration = args.calibration
     base = resolve_calibration(calibration, gpu)
+    zoo = zoo_measurements(args.measured_from_zoo) if args.measured_from_zoo else {}
+    if zoo:
+        run_on = False
+    models = plan_models(args.models)
+    if zoo and not args.models:
+        models = {n: e for n, e in models.items() if n in zoo}
     rows: list[dict[str, Any]] = []
-    for name, entrypoint in plan_models(args.models).items():
+    for name, entrypoint in models.items():
         row: dict[str, Any] = {"model": name, "preset": preset, "topology": topology}
         plan_path = out / f"{_slug(name)}.plan.json"
         try:
             t0 = time.perf_counter()
-            row["predicted"] = _predicted(compile_plan(entrypoint, preset, topology,
-                                                       calibration, plan_path))
+            plan = compile_plan(entrypoint, preset, topology, calibration, plan_path,
+                                args.planner)
+            row["predicted"] = _predicted(plan)
             row["compile_s"] = time.perf_counter() - t0
-            if run_on:
+            if name in zoo:  # measured earlier (a zoo row), predicted now
+                row["measured"] = zoo[name]
+                row["run_report"] = str(synthetic_run_report(
+                    plan, zoo[name], out / f"{_slug(name)}.run.json"))
+                row.update(_errors(row["predicted"], row["measured"]))
+            elif run_on:
                 report = run_plan(plan_path, out / f"{_slug(name)}.run.json", steps=steps,
                                   smoke=args.smoke)
                 row["measured"] = _measured(report)
@@ -281,7 +347,7 @@ def plan_main(args: argparse.Namespace) -> int:
         _print_plan_row(row)
 
     refit = _leave_half_out(rows, base, preset, topology, out, smoke=args.smoke,
-                            fit=calibrate_from_runs)
+                            fit=calibrate_from_runs, planner=args.planner)
     summary = {"time": _stats(rows, "time_error_pct"), "memory": _stats(rows, "memory_error_pct"),
                "refit_time": _stats(refit, "time_error_pct"),
                "refit_memory": _stats(refit, "memory_error_pct"),
@@ -289,7 +355,11 @@ def plan_main(args: argparse.Namespace) -> int:
                "targets": "time MAPE <= 10%, worst <= 20%; memory MAPE <= 10%"}
     doc = {"benchmark": "cost_model_accuracy", "mode": "plan", "gpu": gpu,
            "environment": _environment("cuda" if run_on and not args.smoke else "cpu", base),
-           "steps": steps, "summary": summary, "models": rows, "refit": refit}
+           "steps": steps, "summary": summary, "models": rows, "refit": refit,
+           "planner": args.planner, "measured_from_zoo": args.measured_from_zoo or None}
+    if zoo:
+        doc["note"] = ("predicted at this commit, measured at the commits of the zoo files "
+                       "named in measured_from_zoo")
     (out / "cost_model_accuracy.json").write_text(json.dumps(doc, indent=1, sort_keys=True)
                                                  + "\n")
     print(json.dumps(summary, indent=1))
@@ -298,7 +368,8 @@ def plan_main(args: argparse.Namespace) -> int:
 
 
 def _leave_half_out(rows: list[dict[str, Any]], base: Any, preset: str, topology: str,
-                    out: Path, *, smoke: bool, fit: Any) -> list[dict[str, Any]]:
+                    out: Path, *, smoke: bool, fit: Any,
+                    planner: str = "greedy") -> list[dict[str, Any]]:
     """Fit on the runs of every other model, judge on the rest, then the other way round."""
     measured = [r for r in rows if "measured" in r]
     if len(measured) < 2 or base is None:
@@ -317,7 +388,8 @@ def _leave_half_out(rows: list[dict[str, Any]], base: Any, preset: str, topology
                                      "trained_on": [t["model"] for t in train]}
             try:
                 plan = compile_plan(plan_models(r["model"])[r["model"]], preset, topology,
-                                    str(cal_path), out / f"{_slug(r['model'])}.refit.plan.json")
+                                    str(cal_path), out / f"{_slug(r['model'])}.refit.plan.json",
+                                    planner)
                 entry["predicted"] = _predicted(plan)
                 entry["measured"] = r["measured"]
                 entry.update(_errors(entry["predicted"], r["measured"]))
@@ -372,6 +444,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="score new predictions against the measurements of an earlier "
                         "report (e.g. benchmarks/results/cost_model_accuracy_h200.json): "
                         "re-checks a cost-model change without a GPU")
+    parser.add_argument("--measured-from-zoo", nargs="+", default=None, metavar="JSON",
+                        help="plan mode without a GPU: score plans compiled now against the "
+                        "gemc rows of benchmarks/zoo.py result files (step_ms, "
+                        "peak_memory_bytes; later files win) and run the leave-half-out "
+                        "refit on those measurements")
+    parser.add_argument("--planner", default="greedy",
+                        help="plan mode: the planner to compile with (default greedy; the "
+                        "zoo runs used 'default')")
     parser.add_argument("--check", action="store_true",
                         help="exit 1 unless MAPE <= 10%% and every config within 20%%")
     args = parser.parse_args(argv)

@@ -70,32 +70,13 @@ def _saved_inputs(node: fx.Node, kind: OpKind) -> list[fx.Node]:
     return []
 
 
-def saved_activation_bytes(gm: fx.GraphModule) -> dict[str, int]:
+def saved_activation_bytes(gm: fx.GraphModule, *, runtime: bool = True) -> dict[str, int]:
     """Bytes saved for backward per region (gemc.region, '' when unannotated), plus
-    'inputs': the batch tensors themselves."""
-    saved: dict[fx.Node, str] = {}
-    inputs = 0
-    for node in gm.graph.nodes:
-        kind = ir.kind_of(node)
-        if node.op == "placeholder":
-            if kind is not OpKind.PARAM and not node.meta.get(ir.PARAM):
-                inputs += ir.nbytes(node)
-            continue
-        if node.op != "call_function" or kind is None:
-            continue
-        dt = ir.dtype_of(node)
-        if dt is not None and not dt.is_floating_point:
-            continue  # no gradient flows through integer ops
-        for t in _saved_inputs(node, kind):
-            b = view_base(t)
-            if b.op == "placeholder" or ir.kind_of(b) is OpKind.PARAM:
-                continue  # batch inputs are counted once above; params are not activations
-            saved.setdefault(b, str(node.meta.get(ir.REGION, "")))
-    out: dict[str, int] = defaultdict(int)
-    for b, region in saved.items():
-        out[region] += ir.nbytes(b)
-    out["inputs"] = inputs
-    return dict(out)
+    'inputs': the batch tensors themselves. The same walk as ``activation_profile`` (one
+    accounting for the solver, the plan's prediction and eager's): ``runtime=False`` for
+    eager PyTorch (captured dtypes, padded shapes, every saved tensor kept)."""
+    profile = activation_profile(gm, runtime=runtime)
+    return {**profile.saved, "inputs": profile.inputs}
 
 
 PACKED = ir.PREFIX + "packed"  # pack-jagged-tokens' per-node facts (its region id)
@@ -158,16 +139,30 @@ class ActivationProfile:
     saved: dict[str, int] = field(default_factory=dict)  # region -> bytes kept for backward
     inputs: int = 0           # the batch tensors
     saved_total: int = 0
-    peak: int = 0             # max over the forward of saved-so-far + live temporaries
+    peak: int = 0             # max over the step of saved + live temporaries (and grads)
     transient: int = 0        # peak above what is saved: the extra the walk finds
 
 
 def activation_profile(gm: fx.GraphModule, *, runtime: bool = True) -> ActivationProfile:
     """Saved bytes per region and the liveness peak of the forward (see module doc).
-    ``runtime=False`` prices the captured dtypes and padded shapes (eager)."""
+    ``runtime=False`` prices the captured dtypes and padded shapes (eager).
+
+    At runtime the step is compiled (Inductor): AOTAutograd's min-cut partitioner keeps
+    of a tensor that a fused memory-bound kernel writes either the tensor or, when that
+    is fewer new bytes, what it is recomputed from in the backward (extern kernels'
+    outputs, weights, the batch: ``inductor_fusion.recompute_sources``); and a fused
+    kernel's intermediates are never written, so the forward's walk allocates only what
+    a fused group hands to another kernel. Why: the zoo's plans priced every eager saved
+    tensor and were 26-118% above the measured peaks (BENCHMARKS.md, issue 18's table)."""
+    from .inductor_fusion import fusion_groups, recompute_sources
+
     autocast = plan_autocast(gm) if runtime else None
     size = runtime_itemsize(gm, autocast)
     fill = packed_fill(gm) if runtime else {}
+    sources = recompute_sources(gm) if runtime else {}
+    internal = _fused_internal(gm, fusion_groups(gm)) if runtime else set()
+    in_kernel = _fused_internal(gm, _attention_kernels(gm)) if runtime else set()
+    internal |= in_kernel
 
     def nbytes(n: fx.Node, itemsize: int | None = None) -> int:
         isz = size.get(n, 0) if itemsize is None else itemsize
@@ -192,7 +187,17 @@ def activation_profile(gm: fx.GraphModule, *, runtime: bool = True) -> Activatio
         for t in _saved_inputs(node, kind):
             b = view_base(t)
             is_param = ir.kind_of(b) is OpKind.PARAM or bool(b.meta.get(ir.PARAM))
-            if gemm and t is not node and size.get(b, 0) > 2:
+            cast = gemm and t is not node and size.get(b, 0) > 2
+            if b in sources:  # the partitioner's choice: b, or what recomputes b
+                own = nbytes(b, 2) if cast else nbytes(b)
+                new = [a for a in sources[b] if a not in saved and _is_activation(a)]
+                if sum(nbytes(a) for a in new) < own:
+                    for a in new:
+                        saved.setdefault(a, (region, nbytes(a)))
+                    continue
+            if b in in_kernel:  # an attention kernel keeps its inputs, output, statistics
+                continue
+            if cast:
                 casts.setdefault(b, (region, nbytes(b, 2)))  # the cast is what is saved
                 continue
             if b.op == "placeholder" or is_param:
@@ -202,16 +207,91 @@ def activation_profile(gm: fx.GraphModule, *, runtime: bool = True) -> Activatio
     for region, b in [*saved.values(), *casts.values()]:
         per_region[region] += b
     saved_total = sum(per_region.values())
-    peak = _forward_peak(gm, saved, casts, nbytes)
+    peak = _forward_peak(gm, saved, casts, nbytes, internal)
+    if runtime:
+        peak = max(peak, _backward_peak(gm, {**saved, **casts}, nbytes, internal))
     return ActivationProfile(saved=dict(per_region), inputs=inputs, saved_total=saved_total,
                              peak=max(peak, saved_total),
                              transient=max(0, peak - saved_total))
 
 
+def _backward_peak(gm: fx.GraphModule, saved: dict[fx.Node, tuple[str, int]],
+                   nbytes, internal: set[fx.Node]) -> int:  # noqa: ANN001
+    """Walk the backward (the forward in reverse): everything saved is live when it
+    starts; a tensor's gradient is allocated at the backward of its last reader and freed
+    once its producer's backward has consumed it; a saved tensor is freed after the
+    backward of its first reader. Weights' gradients are the memory model's ``grads``,
+    the batch and integer tensors get none, a fused kernel's internal values none.
+    Why: at the start of the backward the saved tensors and the first gradients are live
+    together, which is where a compiled step peaks."""
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"
+             and ir.kind_of(n) is not OpKind.VIEW]
+    order = {n: i for i, n in enumerate(nodes)}
+    first_reader: dict[fx.Node, int] = {}
+    for n in nodes:
+        for a in n.all_input_nodes:
+            first_reader.setdefault(view_base(a), order[n])
+    frees: dict[int, list[int]] = defaultdict(list)
+    for b, (_, size) in saved.items():
+        frees[first_reader.get(b, order.get(b, 0))].append(size)
+
+    def has_grad(n: fx.Node) -> bool:
+        dt = ir.dtype_of(n)
+        return n in order and n not in internal and _is_activation(n) \
+            and dt is not None and dt.is_floating_point
+
+    live = peak = sum(size for _, size in saved.values())
+    grads: set[fx.Node] = set()
+    for n in reversed(nodes):
+        for a in n.all_input_nodes:
+            b = view_base(a)
+            if has_grad(b) and b not in grads:
+                grads.add(b)
+                live += nbytes(b)
+        peak = max(peak, live)
+        if n in grads:  # its producer's backward consumed it
+            grads.discard(n)
+            live -= nbytes(n)
+        live -= sum(frees.pop(order[n], []))
+    return peak
+
+
+def _is_activation(node: fx.Node) -> bool:
+    """A tensor the step allocates (not a weight, not the batch)."""
+    return node.op == "call_function" and ir.kind_of(node) is not OpKind.PARAM \
+        and not node.meta.get(ir.PARAM)
+
+
+def _attention_kernels(gm: fx.GraphModule) -> dict[fx.Node, str]:
+    """Member -> group of gemc's attention kernels (islands whose kind is an attention):
+    one kernel that saves Q, K, V, its output and row statistics, recomputing the scores
+    in its backward, so the members' intermediates are neither allocated nor saved."""
+    from .inductor_fusion import island_groups
+
+    kinds = {f["id"]: str(f.get("kind", "")) for n in gm.graph.nodes
+             if isinstance(f := n.meta.get(ir.KERNEL), dict) and "id" in f}
+    islands = {g for g in island_groups(gm) if kinds.get(g, "").endswith("attention")}
+    return {n: g for n in gm.graph.nodes if (g := n.meta.get(ir.GROUP)) in islands}
+
+
+def _fused_internal(gm: fx.GraphModule, groups: dict[fx.Node, object]) -> set[fx.Node]:
+    """Nodes of a fused group that only the group itself reads (never written to HBM)."""
+    readers: dict[fx.Node, set[fx.Node]] = defaultdict(set)
+    for n in gm.graph.nodes:
+        if ir.kind_of(n) is OpKind.VIEW and n.op == "call_function":
+            continue
+        for a in n.all_input_nodes:
+            readers[view_base(a)].add(n)
+    return {n for n, g in groups.items()
+            if readers.get(n) and all(groups.get(r) == g for r in readers[n])}
+
+
 def _forward_peak(gm: fx.GraphModule, saved: dict[fx.Node, tuple[str, int]],
-                  casts: dict[fx.Node, tuple[str, int]], nbytes) -> int:  # noqa: ANN001
+                  casts: dict[fx.Node, tuple[str, int]], nbytes,  # noqa: ANN001
+                  internal: set[fx.Node] = frozenset()) -> int:
     """Walk the forward: a tensor is allocated when computed (views alias their base),
-    freed after its last use unless saved; saved tensors and casts stay to the end."""
+    freed after its last use unless saved; saved tensors and casts stay to the end; a
+    fused kernel's ``internal`` values are never allocated."""
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     last: dict[fx.Node, int] = {}
     for n in gm.graph.nodes:
@@ -222,7 +302,9 @@ def _forward_peak(gm: fx.GraphModule, saved: dict[fx.Node, tuple[str, int]],
     live = peak = 0
     for n in gm.graph.nodes:
         i = order[n]
-        if n.op == "call_function" and ir.kind_of(n) is not OpKind.VIEW \
+        if n in internal and n not in saved:
+            pass
+        elif n.op == "call_function" and ir.kind_of(n) is not OpKind.VIEW \
                 and not n.meta.get(ir.PARAM) and n.op != "output":
             live += nbytes(n)
             if n in casts:

@@ -196,7 +196,7 @@ def predict_eager_step(gm: fx.GraphModule, gpu: GPUSpec, calibration: Calibratio
     by_cat["optimizer"]["opt"] = 1e3 * opt_gpu
     n_kernels["optimizer"] = _OPT_PASSES * max(1, tensors // 24)
 
-    saved = saved_activation_bytes(gm)
+    saved = saved_activation_bytes(gm, runtime=False)  # eager: captured dtypes, padded
     inputs = float(saved.pop("inputs", 0))
     elt = {"fp32": 4, "bf16": 2, "fp16": 2}.get(dtype, 4)
     memory = eager_peak_bytes(numel * elt, float(sum(saved.values())), optimizer=optimizer,

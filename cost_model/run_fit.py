@@ -9,7 +9,9 @@ generalises to models it has not seen:
 
 - time: one multiplier per op kind, ``measured_step ~= sum_k f_k * predicted_k``, by
   least squares on the *relative* error of every run, with a ridge pull of every factor
-  towards 1 (weight ``RIDGE``) so that a kind few runs exercise stays near the model, and
+  towards 1 (weight ``RIDGE``; with three or more runs the weight of ``RIDGE_GRID`` that
+  predicts each run best from the others) so that a kind few runs exercise stays near
+  the model, and
   every factor clipped to ``FACTOR_BOUNDS``. Where a report also has measured per-kind
   times (``measured_kind_ms``, e.g. from a profiled run) each is one more equation
   ``f_k * predicted_k = measured_k``.
@@ -45,6 +47,7 @@ from .calibration import (
 )
 
 RIDGE = 0.01  # weight of (f_k - 1)^2 against one run's squared relative error
+RIDGE_GRID = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)  # what choose_ridge tries (>= 3 runs)
 
 
 class RunReportError(GemcUserError):
@@ -133,14 +136,12 @@ class RunFit:
     factors: dict[str, float]          # relative to the base calibration
     activation_factor: float | None    # None: no run had memory to fit
     residuals: list[dict[str, Any]]
+    ridge: float = RIDGE               # the pull towards 1 the time factors were fitted at
 
 
-def fit_runs(runs: Sequence[RunObservation], *, ridge: float = RIDGE) -> RunFit:
-    """Least-squares factors over the runs (see the module doc); deterministic."""
-    if not runs:
-        raise RunReportError("no run reports given", where="--from-run",
-                             fix="give one or more *.run.json files")
-    kinds = [k for k in FIT_KINDS if any(r.predicted_kind_ms.get(k, 0.0) > 0 for r in runs)]
+def _time_factors(runs: Sequence[RunObservation], kinds: list[str],
+                  ridge: float) -> dict[str, float]:
+    """The per-kind step factors of ``runs`` at ``ridge`` (see the module doc)."""
     rows, rhs = [], []
     for r in runs:  # relative error of the step: sum_k f_k p_k / m = 1
         rows.append([r.predicted_kind_ms.get(k, 0.0) / r.measured_step_ms for k in kinds])
@@ -155,7 +156,40 @@ def fit_runs(runs: Sequence[RunObservation], *, ridge: float = RIDGE) -> RunFit:
     b = np.array(rhs + [math.sqrt(ridge)] * len(kinds))
     lo, hi = FACTOR_BOUNDS
     f = np.clip(np.linalg.lstsq(a, b, rcond=None)[0], lo, hi) if kinds else np.array([])
-    factors = {k: float(v) for k, v in zip(kinds, f, strict=True)}
+    return {k: float(v) for k, v in zip(kinds, f, strict=True)}
+
+
+def choose_ridge(runs: Sequence[RunObservation], kinds: list[str]) -> float:
+    """The ridge of ``RIDGE_GRID`` whose fit predicts each run best from the others
+    (leave-one-out mean relative step error; the larger ridge on a tie); ``RIDGE`` with
+    fewer than three runs. Why: seven kinds fitted on a few runs are under-determined,
+    and a weak pull lets one model's missing term set factors that mislead on the next
+    (the zoo's leave-half-out refit: gemm 0.2, host 3.4 fitted on three models)."""
+    if len(runs) < 3:
+        return RIDGE
+    best, best_err = RIDGE, math.inf
+    for ridge in RIDGE_GRID:
+        errs = []
+        for i, held in enumerate(runs):
+            f = _time_factors([r for j, r in enumerate(runs) if j != i], kinds, ridge)
+            pred = sum(f.get(k, 1.0) * v for k, v in held.predicted_kind_ms.items())
+            errs.append(abs(pred - held.measured_step_ms) / held.measured_step_ms)
+        err = sum(errs) / len(errs)
+        if err <= best_err + 1e-12:
+            best, best_err = ridge, err
+    return best
+
+
+def fit_runs(runs: Sequence[RunObservation], *, ridge: float | None = None) -> RunFit:
+    """Least-squares factors over the runs (see the module doc); deterministic.
+    ``ridge``: None chooses it by leave-one-out over the runs (``choose_ridge``)."""
+    if not runs:
+        raise RunReportError("no run reports given", where="--from-run",
+                             fix="give one or more *.run.json files")
+    kinds = [k for k in FIT_KINDS if any(r.predicted_kind_ms.get(k, 0.0) > 0 for r in runs)]
+    ridge = choose_ridge(runs, kinds) if ridge is None else ridge
+    factors = _time_factors(runs, kinds, ridge)
+    lo, hi = FACTOR_BOUNDS
 
     act = None
     mem = [r for r in runs if r.measured_peak_bytes and r.predicted_activation_bytes]
@@ -181,7 +215,7 @@ def fit_runs(runs: Sequence[RunObservation], *, ridge: float = RIDGE) -> RunFit:
                          memory_residual_pct=100 * (fitted - r.measured_peak_bytes)
                          / r.measured_peak_bytes)
         residuals.append(entry)
-    return RunFit(factors, act, residuals)
+    return RunFit(factors, act, residuals, ridge)
 
 
 def resolve_base(choice: str | Path, runs: Sequence[RunObservation]) -> Calibration:
@@ -225,7 +259,8 @@ def calibrate_from_runs(run_paths: Sequence[str | Path], base: str | Path | Cali
         "factors": {k: round(v, 6) for k, v in factors.items()},
         "activation_factor": round(act, 6),
         "runs": [str(p) for p in run_paths],
-        "method": f"least squares over runs of relative step error, ridge {RIDGE} towards 1, "
+        "method": f"least squares over runs of relative step error, ridge {fit.ridge} "
+                  "towards 1 (chosen by leave-one-out over the runs when there are 3 or more), "
                   f"factors clipped to {list(FACTOR_BOUNDS)}",
         "residuals": fit.residuals,
     }

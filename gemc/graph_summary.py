@@ -18,7 +18,7 @@ from torch import fx
 
 from gemc import ir
 from gemc.capture import Captured
-from gemc.cost_model import op_cost
+from gemc.cost_model import inductor_fusion, op_cost
 from gemc.cost_model.activations import packed_fill, plan_autocast, runtime_itemsize, view_base
 from gemc.ir import OpKind
 from gemc.sharding import make_shards
@@ -89,10 +89,34 @@ def kernel_adjusted_ms(gm: fx.GraphModule) -> dict[fx.Node, float]:
     forward and the gradient back in the backward (the run's profile: 130 bf16 casts,
     2.8 ms): each such node carries those copies. A packed region carries its boundary
     gathers and scatters (its after_ms less before_ms x fill) on its source node. (The
-    backward's gradient additions are not a node's: gradient_accumulation_ms.)"""
+    backward's gradient additions are not a node's: gradient_accumulation_ms.)
+
+    What the runner leaves to Inductor (every memory-bound node outside gemc's attention,
+    embedding and packed-token kernels, generated groups included, since their default
+    choice is Inductor's code) is priced as Inductor's fused kernels
+    (cost_model.inductor_fusion.fused_ms: the bytes entering and leaving each fused
+    group, at the runtime element size and packed token count), the GEMM of such a group
+    alone (an extern cuBLAS call), and an operand's autocast cast only where no fused
+    kernel writes it (weights, batch inputs). Why: priced op by op, the zoo's plans were
+    15-35% above their runs (BENCHMARKS.md, issue 18's table)."""
     pricing = gm.meta.get(ir.PRICING)
     autocast = plan_autocast(gm) if pricing else None
     itemsize = runtime_itemsize(gm, autocast) if autocast else {}
+    fused: dict[fx.Node, float] = {}
+    islands = inductor_fusion.island_groups(gm)
+    if pricing:
+        sizes = itemsize or runtime_itemsize(gm, None)
+        fills = packed_fill(gm)
+
+        def runtime_bytes(n: fx.Node) -> float:
+            val = n.meta.get("val")
+            numel = val.numel() if isinstance(val, torch.Tensor) else 0
+            return float(numel * sizes.get(n, 0) * fills.get(n, 1.0))
+
+        fused = inductor_fusion.fused_ms(
+            gm, pricing["gpu"], pricing["calibration"], runtime_bytes,
+            {n: float(n.meta.get(ir.PREDICTED_MS, 0.0) or 0.0) for n in gm.graph.nodes})
+    fused_writers = set(fused)
     convert: dict[fx.Node, float] = {}
     ratio: dict[str, float] = {}
     attention: set[str] = set()
@@ -103,7 +127,7 @@ def kernel_adjusted_ms(gm: fx.GraphModule) -> dict[fx.Node, float]:
         # kernel passes priced their groups (at the captured dtype). A transposed linear's
         # own time is already the GEMM alone (its before adds the copy it saves).
         if facts and facts.get("before_ms") and facts.get("after_ms") is not None \
-                and facts.get("kind") != "transposed_linear":
+                and facts.get("id") in islands:  # Inductor runs the others' nodes
             ratio[facts["id"]] = float(facts["after_ms"]) / float(facts["before_ms"])
         if facts and facts.get("kind") == "jagged_attention":
             attention.add(facts["id"])
@@ -120,7 +144,11 @@ def kernel_adjusted_ms(gm: fx.GraphModule) -> dict[fx.Node, float]:
         gid = node.meta.get(ir.GROUP)
         packed = node.meta.get(ir.PACKED)
         node_fill = fill.get(packed["id"], 1.0) if packed is not None else 1.0
-        casts = _autocast_casts_ms(node, itemsize, pricing) * node_fill if autocast else 0.0
+        if node in fused:
+            out[node] = fused[node] + convert.get(node, 0.0)
+            continue
+        casts = _autocast_casts_ms(node, itemsize, pricing, fused_writers) * node_fill \
+            if autocast else 0.0
         repriced = _attention_at_autocast(node, autocast, pricing) if autocast else None
         if repriced is not None:
             out[node] = repriced + casts + convert.get(node, 0.0)
@@ -138,7 +166,10 @@ def gradient_accumulation_ms(gm: fx.GraphModule) -> dict[fx.Node, float]:
     added up by k-1 kernels of its size (read 2, write 1), at its runtime element size
     and, inside a packed region, its fill. Table weights are left to the lookup kernel.
     Why: GEM h200 has 26 such adds, priced 5.1 ms, where the run's profile shows 28 add
-    kernels taking 4.4 ms; they were priced as free. Empty before predict-time ran."""
+    kernels taking 4.4 ms; they were priced as free. Empty before predict-time ran.
+    Under Inductor the additions fuse into the backward kernel of a fusible producer or
+    reader (cost_model.inductor_fusion): only a tensor that extern kernels alone write
+    and read (e.g. one input of two GEMMs) pays its own adds."""
     pricing = gm.meta.get(ir.PRICING)
     if not pricing:
         return {}
@@ -152,10 +183,14 @@ def gradient_accumulation_ms(gm: fx.GraphModule) -> dict[fx.Node, float]:
             base = view_base(arg)
             if node not in readers[base]:
                 readers[base].append(node)
+    islands = inductor_fusion.island_groups(gm)
+    compiled = inductor_fusion.runs_compiled(gm)
     out: dict[fx.Node, float] = defaultdict(float)
     for base, users in readers.items():
         dt = ir.dtype_of(base)
         val = base.meta.get("val")
+        if compiled and any(inductor_fusion.is_fusible(n, islands) for n in (base, *users)):
+            continue
         if len(users) < 2 or dt is None or not dt.is_floating_point \
                 or not isinstance(val, torch.Tensor) \
                 or any(u.meta.get(ir.TABLE) or ir.kind_of(u) is OpKind.EMBEDDING
@@ -168,16 +203,18 @@ def gradient_accumulation_ms(gm: fx.GraphModule) -> dict[fx.Node, float]:
 
 
 def _autocast_casts_ms(node: fx.Node, itemsize: dict[fx.Node, int],
-                       pricing: dict[str, Any]) -> float:
+                       pricing: dict[str, Any], fused: set[fx.Node] = frozenset()) -> float:
     """Forward+backward ms of autocast's casts around a GEMM/attention node: each fp32
     floating operand read (4 B) and written bf16 (2 B), and its gradient back (2 + 4 B).
-    Weights are counted too (autocast's cache casts each once a step)."""
+    Weights are counted too (autocast's cache casts each once a step). An operand an
+    Inductor-fused kernel writes (``fused``) is cast inside that kernel: no copy."""
     if ir.kind_of(node) not in (OpKind.GEMM, OpKind.ATTENTION):
         return 0.0
     total = 0.0
     for arg in node.all_input_nodes:
         dt = ir.dtype_of(arg)
-        if dt is None or not dt.is_floating_point or itemsize.get(arg, 0) <= 2:
+        if dt is None or not dt.is_floating_point or itemsize.get(arg, 0) <= 2 \
+                or view_base(arg) in fused:
             continue
         val = arg.meta.get("val")
         numel = int(val.numel()) if isinstance(val, torch.Tensor) else 0

@@ -33,7 +33,8 @@ KERNEL = PREFIX + "kernel"  # facts of a kernel group (dict: id, kind, predicted
 PACKED = PREFIX + "packed"  # {"id", "dims": [batch dim, sequence dim], "zeroed"} per node
 PACKED_REGION = PREFIX + "packed_region"  # a packed token region's facts, on its source node
 PACKED_SKIPPED = PREFIX + "packed_skipped"  # why an attention's history stays padded
-PRICING = PREFIX + "pricing"  # gm.meta: {"gpu", "calibration"} predict-time priced with
+# gm.meta: the GPU, calibration and world size predict-time priced with
+PRICING = PREFIX + "pricing"
 
 
 class OpKind(str, Enum):

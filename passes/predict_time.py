@@ -37,7 +37,9 @@ class PredictTime:
         sources: set[str] = set()
         # what the plan builder needs to reprice a node at the dtype the runner runs it in
         # (gemc.graph_summary.kernel_adjusted_ms): the same GPU and calibration as here
-        gm.meta[PRICING] = {"gpu": gpu, "calibration": calibration}
+        # and the world size (one rank: module mode compiles, cost_model.inductor_fusion)
+        gm.meta[PRICING] = {"gpu": gpu, "calibration": calibration,
+                            "world_size": int(getattr(topology, "world_size", 1))}
         for node in gm.graph.nodes:
             precision = node.meta.get(ir.PRECISION)
             precision = precision if isinstance(precision, str) else None

@@ -42,3 +42,36 @@ def test_plan_mode_smoke(tmp_path: Path) -> None:
     assert [r["model"] for r in doc["refit"]] == ["dlrm", "gem"]
     assert all("time_error_pct" in r for r in doc["refit"]), doc["refit"]
     assert (tmp_path / "refit_0.calibration.json").is_file()
+
+
+def test_leave_half_out_from_saved_zoo_rows(tmp_path: Path) -> None:
+    """Without a GPU: measurements from zoo result rows (here synthetic: every model 1.5x
+    slower than predicted, 1.2x its predicted memory) score the plans compiled now, and the
+    calibration refitted on one model's row moves the other model's prediction towards
+    its own measurement (the fit generalises, in direction)."""
+    module = load_benchmark("cost_model_accuracy")
+    variants = {}
+    base = {}
+    for key in ("gem", "dlrm"):
+        entry = module.plan_models(key)[key]
+        plan = module.compile_plan(entry, "tiny", "h200:1x1", "auto", tmp_path / f"{key}.p.json")
+        base[key] = module._predicted(plan)
+        variants[key] = [{"variant": "eager", "step_ms": 1.0, "peak_memory_bytes": 1},
+                         {"variant": "gemc", "step_ms": 1.5 * base[key]["step_ms"],
+                          "peak_memory_bytes": 1.2e9 * base[key]["peak_gb"]}]
+    zoo = tmp_path / "zoo_rows.json"
+    zoo.write_text(json.dumps({"variants": variants}))
+    out = tmp_path / "acc"
+    rc = module.main(["--preset", "tiny", "--out", str(out), "--measured-from-zoo", str(zoo)])
+    assert rc == 0
+    doc = json.loads((out / "cost_model_accuracy.json").read_text())
+    assert sorted(r["model"] for r in doc["models"]) == ["dlrm", "gem"]
+    for row in doc["models"]:
+        assert row["time_error_pct"] == pytest.approx(100 * (1 / 1.5 - 1), abs=0.5)
+        assert json.loads(Path(row["run_report"]).read_text())["device"] == "cuda"
+    assert sorted(r["model"] for r in doc["refit"]) == ["dlrm", "gem"]
+    for r in doc["refit"]:
+        assert r["trained_on"] != [r["model"]]
+        assert r["predicted"]["step_ms"] > base[r["model"]]["step_ms"]
+        assert abs(r["time_error_pct"]) < abs(100 * (1 / 1.5 - 1))
+        assert r["predicted"]["peak_gb"] > base[r["model"]]["peak_gb"]

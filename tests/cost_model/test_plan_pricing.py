@@ -47,9 +47,11 @@ def test_activations_at_runtime_dtypes_and_liveness(gem_plan_graph):
     gm = gem_plan_graph
     runtime = activation_profile(gm)
     captured = activation_profile(gm, runtime=False)
-    old = saved_activation_bytes(gm)
-    # the captured profile is the old per-region sum; at bf16 autocast and packed sizes less
+    old = saved_activation_bytes(gm, runtime=False)
+    # one walk: the per-region sums (the solver's) are the profile's, eager's the captured
     assert captured.saved_total == sum(v for k, v in old.items() if k != "inputs")
+    solver = saved_activation_bytes(gm)
+    assert {k: v for k, v in solver.items() if k != "inputs"} == runtime.saved
     assert 0 < runtime.saved_total < captured.saved_total
     # the walk's peak holds at least everything saved, and something transient on top
     assert runtime.peak >= runtime.saved_total and runtime.transient == \

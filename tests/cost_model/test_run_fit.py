@@ -131,3 +131,29 @@ def test_cli_from_run(plan, tmp_path, capsys):
     bad = _write(tmp_path, "bad.run.json", {"steps": 1})
     assert main(["calibrate", "--from-run", bad, "--out", str(out)]) == 2
     assert "bad.run.json" in capsys.readouterr().err
+
+
+def _obs(name: str, kinds: dict[str, float], measured: float):
+    from gemc.cost_model.run_fit import RunObservation
+    return RunObservation(name, "h200", measured, kinds, {}, None, None, None)
+
+
+def test_ridge_by_leave_one_out_keeps_a_shared_rate_and_drops_model_noise():
+    """A rate every run shares (GEMMs 1.5x slower than priced) is learnt at a weak pull
+    and predicts a run the fit did not see; errors that are each model's own (a missing
+    term, not a rate) choose a strong pull, so the fit does not carry them to the next."""
+    from gemc.cost_model.run_fit import RIDGE_GRID, fit_runs
+
+    shared = [_obs(f"r{i}", {"gemm": g, "memory": m}, 1.5 * g + m)
+              for i, (g, m) in enumerate([(10, 5), (4, 12), (20, 3), (7, 7)])]
+    fit = fit_runs(shared)
+    assert fit.ridge == min(RIDGE_GRID)
+    assert fit.factors["gemm"] == pytest.approx(1.5, rel=0.05)
+    unseen = _obs("u", {"gemm": 8, "memory": 8}, 1.5 * 8 + 8)
+    pred = sum(fit.factors[k] * v for k, v in unseen.predicted_kind_ms.items())
+    assert pred == pytest.approx(unseen.measured_step_ms, rel=0.05)
+
+    noisy = [_obs(f"n{i}", {"gemm": g, "memory": m}, (g + m) * s)
+             for i, (g, m, s) in enumerate([(10, 5, 2.0), (4, 12, 0.5), (20, 3, 1.6),
+                                            (7, 7, 0.6)])]
+    assert fit_runs(noisy).ridge > min(RIDGE_GRID)
