@@ -75,6 +75,7 @@ def compile(  # noqa: A001 - the public name users expect
     solver: dict[str, Any] | None = None,
     progress: Callable[[str], None] | None = None,
     table_optimizer: str | None = None,
+    table_precision: str | None = None,
 ) -> dict[str, Any]:
     """Compile a model entrypoint into a validated plan (and write it to ``out``).
 
@@ -86,6 +87,10 @@ def compile(  # noqa: A001 - the public name users expect
     ``table_optimizer``: one of ``gemc.plan.TABLE_OPTIMIZERS`` or "auto" (the planner picks
     adam where it fits, else rowwise_adagrad); priced, written to the plan's
     ``optimizer.embedding.kind`` and run by the runner. None: priced as AdamW (as before).
+    ``table_precision``: the tables' storage precision, chosen with their sharding
+    (``gemc.solver.precision_choice``): fp32 (the default), bf16 / fp8 (the lowest
+    allowed; the fastest plan that fits), or auto (lower only tables that must be lowered
+    to fit); recorded per table in the plan with the reason.
     """
     from gemc.cost_model.topology import parse_topology
     from gemc.costing import predicted_block
@@ -120,6 +125,19 @@ def compile(  # noqa: A001 - the public name users expect
                                 where="table_optimizer",
                                 fix=f"use one of: {', '.join((*TABLE_OPTIMIZERS, 'auto'))}")
         ctx.options["table_optimizer"] = table_optimizer
+    if table_precision is not None:
+        from gemc.solver.precision_choice import TABLE_PRECISION_MODES
+
+        if table_precision not in TABLE_PRECISION_MODES:
+            raise GemcUserError(f"unknown table precision {table_precision!r}",
+                                where="table_precision",
+                                fix=f"use one of: {', '.join(TABLE_PRECISION_MODES)}")
+        if table_precision != "fp32" and planner == "default":
+            raise GemcUserError(
+                f"table precision {table_precision!r} is chosen by the solver, which the "
+                "default planner (place-default) does not run",
+                where="table_precision", fix="add --planner cpsat (or greedy / naive)")
+        ctx.options["table_precision"] = table_precision
     batch_size, _ = batch_size_of(spec)
     if batch_size is None:
         ctx.warn(BATCH_SIZE_MISSING)
