@@ -231,8 +231,13 @@ class GraphExecutor:
         params = {**dict(model.named_parameters()), **dict(model.named_buffers())}
         calls: dict[str, Any] = {}
         self.not_applied: list[str] = []
-        if world_size > 1:
-            entries, calls = self._sharded_lookups(gm, entries, tables, world_size)
+        low = sorted(f for f, m in tables.items() if m.precision != "fp32")
+        if world_size > 1 or low:
+            why = (f"on {world_size} ranks: they update whole local tables in the backward, "
+                   "before gradients are exchanged" if world_size > 1 else
+                   f"table(s) {', '.join(low[:4])} are stored bf16/fp8 by the plan, and the "
+                   "graph's lookups would read the stored values as they are")
+            entries, calls = self._sharded_lookups(gm, entries, tables, why)
             for fqn in tables:  # the lookup nodes call the tables: the placeholder is unread
                 params.setdefault(fqn, torch.empty(0, device=device))
         try:
@@ -270,19 +275,18 @@ class GraphExecutor:
         gm: torch.fx.GraphModule,
         entries: list[dict[str, Any]],
         tables: dict[str, ShardedEmbedding],
-        world_size: int,
+        why: str,
     ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        """(the entries still applied, the lookup nodes' calls) on several ranks."""
+        """(the entries still applied, the lookup nodes' calls) when every lookup goes
+        through the sharded tables: on several ranks, or with bf16 / fp8 tables."""
         for entry in entries:
             if entry["kind"] == "batched_embedding_bag":
                 self.not_applied.append(str(entry.get("name")))
         if self.not_applied:
             warnings.warn(
                 f"kernel(s) {', '.join(self.not_applied)} (batched embedding lookup with the "
-                f"optimizer fused into its backward) not applied on {world_size} ranks: "
-                "they update whole local tables in the backward, before gradients are "
-                "exchanged; those lookups run through the sharded tables and the sparse "
-                "optimizer instead",
+                f"optimizer fused into its backward) not applied {why}; those lookups run "
+                "through the sharded tables and the sparse optimizer instead",
                 stacklevel=3,
             )
         calls: dict[str, Any] = {}
