@@ -235,8 +235,10 @@ class GraphExecutor:
         if world_size > 1 or low:
             why = (f"on {world_size} ranks: they update whole local tables in the backward, "
                    "before gradients are exchanged" if world_size > 1 else
-                   f"table(s) {', '.join(low[:4])} are stored bf16/fp8 by the plan, and the "
-                   "graph's lookups would read the stored values as they are")
+                   f"here: table(s) {', '.join(low[:4])}{' ...' if len(low) > 4 else ''} "
+                   "are stored bf16/fp8 by the plan (the fused kernel's low-precision "
+                   "storage is not wired into graph mode yet), and the graph's lookups "
+                   "would read the stored values as they are")
             entries, calls = self._sharded_lookups(gm, entries, tables, why)
             for fqn in tables:  # the lookup nodes call the tables: the placeholder is unread
                 params.setdefault(fqn, torch.empty(0, device=device))

@@ -17,6 +17,7 @@ fp32's loss at every step and fp8 within 6%, and both must actually differ from 
 from __future__ import annotations
 
 import copy
+import warnings
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,32 @@ def plan_w2() -> dict:
                           "t2.weight": ("column_wise", r), "t3.weight": ("data_parallel", r),
                           "t4.weight": ("row_wise", [1, 0]), "t5.weight": ("table_wise", [0])},
                    optimizer={"embedding": {"kind": "rowwise_adagrad", "lr": 0.05}})
+
+
+def test_graph_mode_with_bf16_tables_falls_back_loudly_to_the_sharded_tables():
+    """One rank, the plan's kernels kept: the fused batched lookup is not applied to bf16
+    tables (a warning names them) and the tables train through the sharded path, near the
+    fp32 run (the same 1% as above)."""
+    from gemc.backends.torch.runner import RunOptions, run
+
+    from gemc.api import compile as gemc_compile
+
+    base = gemc_compile(MODEL, {}, topology="h200:1x1")
+    base["precision"] = []
+    assert any(k["kind"] == "batched_embedding_bag" for k in base["kernels"])
+    losses = {}
+    for precision in ("fp32", "bf16"):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            res = run(_with_precision(base, precision),
+                      RunOptions(device="cpu", progress=False, steps=4))
+        fell_back = [str(w.message) for w in caught if "not applied here" in str(w.message)]
+        assert bool(fell_back) == (precision == "bf16")
+        if fell_back:
+            assert "t0.weight" in fell_back[0] and "bf16/fp8" in fell_back[0]
+        losses[precision] = [v for _, v in res.losses]
+    off = max(abs(a - b) / abs(b) for a, b in zip(losses["bf16"], losses["fp32"]))
+    assert 0 < off < RTOL["bf16"]
 
 
 def _with_precision(plan: dict, precision: str) -> dict:
