@@ -76,7 +76,13 @@ def plan_with_table_precision(problem: Problem, mode: str | None, planner: str,
         except PlanInfeasibleError as exc:
             failures[level] = exc
     if not planned:
-        raise failures[allowed[-1]]
+        exc = failures[allowed[-1]]
+        if mode == "fp32" and problem.tables:  # the lever this module adds, named
+            raise PlanInfeasibleError(
+                exc.what, exc.where,
+                f"{exc.fix + '; or ' if exc.fix else ''}store the tables narrower: "
+                "--table-precision auto (bf16 / fp8 only where needed to fit)") from None
+        raise exc
     best_level, best = planned[0]
     for level, res in planned[1:]:
         if res.evaluation.step_s < best.evaluation.step_s * (1 - TIE):

@@ -55,8 +55,9 @@ def test_pricing_per_precision():
 def test_lower_precision_fits_on_fewer_gpus(mode, fewest):
     chosen = plan_with_table_precision(_problem(fewest), mode, "greedy")
     assert chosen.result.evaluation.feasible
-    with pytest.raises(PlanInfeasibleError):
+    with pytest.raises(PlanInfeasibleError) as err:
         plan_with_table_precision(_problem(fewest // 2), mode, "greedy")
+    assert ("--table-precision auto" in str(err.value)) == (mode == "fp32")
     if mode != "fp32":  # fp32 does not fit here: the plan's tables say so
         assert set(chosen.precision.values()) <= {"bf16", "fp8"} - ({"fp8"} if mode == "bf16"
                                                                      else set())
@@ -99,7 +100,7 @@ def test_forced_level_keeps_fp32_unless_lower_is_faster():
     assert "ms" in next(iter(chosen.reason.values()))
 
 
-def test_cli_records_precision_and_reason_per_table(tmp_path):
+def test_cli_records_precision_and_reason_per_table(tmp_path, capsys):
     out = tmp_path / "plan.json"
     assert main(["compile", f"{TOY}:build", "--topology", "h200:1x2", "--out", str(out),
                  "--planner", "greedy", "--table-optimizer", "rowwise_adagrad",
@@ -107,6 +108,8 @@ def test_cli_records_precision_and_reason_per_table(tmp_path):
     plan = load_plan(out)
     for table in plan["tables"]:
         assert table["precision"] in ("fp32", "bf16", "fp8") and table["precision_reason"]
+    assert main(["explain", str(out)]) == 0
+    assert "stored" in capsys.readouterr().out
     plan["tables"][0]["precision"] = "int4"
     bad = tmp_path / "bad.json"
     bad.write_text(__import__("json").dumps(plan))
