@@ -4,6 +4,8 @@ where bf16 / fp8 tables fit a model on fewer GPUs than fp32 tables."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from gemc.cost_model.memory import table_memory
 from gemc.cost_model.op_cost import batched_embedding_time
@@ -110,9 +112,19 @@ def test_cli_records_precision_and_reason_per_table(tmp_path, capsys):
         assert table["precision"] in ("fp32", "bf16", "fp8") and table["precision_reason"]
     assert main(["explain", str(out)]) == 0
     assert "stored" in capsys.readouterr().out
+    fp32 = tmp_path / "fp32.json"
+    assert main(["compile", f"{TOY}:build", "--topology", "h200:1x2", "--out", str(fp32),
+                 "--planner", "greedy", "--table-optimizer", "rowwise_adagrad"]) == 0
+    capsys.readouterr()
+    forced = json.loads(fp32.read_text())
+    forced["tables"][0]["precision"] = "bf16"
+    lowered = tmp_path / "bf16.json"
+    lowered.write_text(json.dumps(forced))
+    assert main(["diff", str(fp32), str(lowered)]) == 0
+    assert "tables: 1 changed" in capsys.readouterr().out
     plan["tables"][0]["precision"] = "int4"
     bad = tmp_path / "bad.json"
-    bad.write_text(__import__("json").dumps(plan))
+    bad.write_text(json.dumps(plan))
     with pytest.raises(GemcUserError, match="precision"):
         load_plan(bad)
 
