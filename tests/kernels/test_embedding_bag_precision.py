@@ -32,10 +32,11 @@ TOL = {"atol": 1e-5, "rtol": 1e-5}
 
 
 def _batch(gen, batch=4, max_bag=4):
-    lengths = torch.randint(0, max_bag + 1, (len(TABLES) * batch,), generator=gen).tolist()
-    ids = [torch.randint(0, TABLES[i // batch][0], (n,), generator=gen)
-           for i, n in enumerate(lengths)]
-    return torch.cat(ids), offsets_of(lengths)
+    """Drawn on the CPU (the generator's device), moved to the test device."""
+    cpu = {"generator": gen, "device": "cpu"}
+    lengths = torch.randint(0, max_bag + 1, (len(TABLES) * batch,), **cpu).tolist()
+    ids = [torch.randint(0, TABLES[i // batch][0], (n,), **cpu) for i, n in enumerate(lengths)]
+    return torch.cat(ids).to(torch.get_default_device()), offsets_of(lengths)
 
 
 def _fp32_step(module, weights, state, ids, offsets, grad):
@@ -94,7 +95,7 @@ def test_rounding_is_unbiased_in_the_torch_reference():
     n = 40_000
     for precision, x in (("bf16", 1.0 - 0.0013), ("bf16", -3.3e-3), ("fp8", 100.7),
                          ("fp8", -0.0061), ("fp8", 0.0013)):  # the last: an e4m3 subnormal
-        values = torch.full((n,), x)
+        values = torch.full((n,), x, device="cpu")  # the reference: on the CPU
         step = float(grid_step(values[:1], precision))
         rounded = stochastic_round(values, precision, gen)
         assert set(torch.unique(rounded).tolist()) <= {
@@ -109,19 +110,21 @@ def test_rounding_is_unbiased_in_the_torch_reference():
 
 def test_kernel_rounding_is_unbiased_for_updates_below_half_a_step():
     """Rows of one value per column parity and one gradient sign per parity: row-wise
-    Adagrad's first step moves each element by exactly ``-lr * sign(g)`` (a quarter of a bf16
-    step below 1.0). Round-to-nearest would store the old weights; the mean over the ~16k
-    independently rounded elements of a parity must be the exact update within 5 standard
-    errors (one step / 2 / sqrt(n) bounds the standard error)."""
-    rows, dim, lr = 4, 4096, 1.0e-3
+    Adagrad's first step moves each element by exactly ``-lr * sign(g)``, about a quarter
+    of the storage grid's step there (bf16 below 1.0; fp8 at 320/448 of the row's amax,
+    which grows by ``lr`` and so rescales the row). Round-to-nearest would keep the bf16
+    weights and land the fp8 ones a quarter step off; the mean over the ~8k independently
+    rounded elements of a parity must be the exact update within 5 standard errors (one
+    step / 2 / sqrt(n) bounds the standard error)."""
+    rows, dim = 64, 256
     parity = torch.arange(dim) % 2 == 0
-    for precision, w0 in (("bf16", 1.0), ("fp8", 0.75)):
+    for precision, w0, lr in (("bf16", 1.0, 1.0e-3), ("fp8", 320.0 / 448.0, 0.018)):
         module = BatchedEmbeddingBag([(rows, dim)], lr=lr, eps=0.0, precision=precision,
                                      seed=11)
         start = torch.full((rows, dim), w0)
-        start[:, 0] = 1.0  # fp8: the row's amax, so the scale stays ~1/448
+        start[:, 0] = 1.0  # fp8: the row's amax (scale 1/448; w0 is then on the grid)
         module.load_weights([start])
-        start = module.dequantized_weights()[0]  # fp8 rounded 0.75 at load
+        assert torch.equal(module.dequantized_weights()[0], start)
         out = module(torch.arange(rows), torch.arange(rows + 1))
         sign = torch.where(parity, 1.0, -1.0)
         sign[0] = -1.0  # the amax column grows: 1 + lr
@@ -140,10 +143,10 @@ def test_kernel_rounding_is_unbiased_for_updates_below_half_a_step():
 
 
 def test_fp8_rows_take_a_fresh_scale_and_zero_rows_stay_finite():
-    rows = torch.tensor([[0.0, 0.0, 0.0], [3.0, -0.5, 1e-4], [-900.0, 2.0, 0.0]])
+    rows = torch.tensor([[0.0, 0.0, 0.0], [3.0, -0.5, 1e-4], [-900.0, 2.0, 0.0]], device="cpu")
     stored, scale = quantize_rows(rows, "fp8", torch.Generator().manual_seed(0))
     assert stored.dtype == torch.float8_e4m3fn
-    torch.testing.assert_close(scale, torch.tensor([1.0, 3.0 / 448, 900.0 / 448]))
+    torch.testing.assert_close(scale, torch.tensor([1.0, 3.0 / 448, 900.0 / 448], device="cpu"))
     back = dequantize_rows(stored, scale)
     assert torch.isfinite(back).all()
     assert back[0].eq(0).all() and back[1, 0] == 3.0 and back[2, 0] == -900.0
