@@ -21,7 +21,6 @@ from gemc.backends.torch.divergence import (
 from gemc.backends.torch.runner import RunOptions, run
 
 from gemc.errors import GemcUserError
-from tests.runner.harness import MODEL
 
 PLAN = {"tables": [{"fqn": "t0.weight", "precision": "fp8"},
                    {"fqn": "t1.weight", "precision": "bf16"},
@@ -98,10 +97,8 @@ def test_reference_file_forms(tmp_path: Path):
 
 
 @pytest.fixture(scope="module")
-def fp8_plan() -> dict:
-    from gemc.api import compile as gemc_compile
-
-    plan = copy.deepcopy(gemc_compile(MODEL, {}, topology="h200:1x1"))
+def fp8_plan(base_plans) -> dict:
+    plan = copy.deepcopy(base_plans[1])
     plan["kernels"], plan["precision"] = [], []
     for t in plan["tables"]:
         t["precision"] = "fp8"

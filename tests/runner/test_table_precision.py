@@ -23,19 +23,16 @@ from pathlib import Path
 import pytest
 
 from gemc.plan import write_plan
-from tests.runner.harness import MODEL, run_scenarios, variant
+from tests.runner.harness import run_scenarios, variant
 
 STEPS = 20
 RTOL = {"bf16": 0.01, "fp8": 0.06}
 
 
 @pytest.fixture(scope="module")
-def plan_w2() -> dict:
-    from gemc.api import compile as gemc_compile
-
-    base = gemc_compile(MODEL, {}, topology="h200:1x2")
+def plan_w2(base_plans) -> dict:
     r = [0, 1]
-    return variant(base, {"t0.weight": ("table_wise", [1]), "t1.weight": ("row_wise", r),
+    return variant(base_plans[2], {"t0.weight": ("table_wise", [1]), "t1.weight": ("row_wise", r),
                           "t2.weight": ("column_wise", r), "t3.weight": ("data_parallel", r),
                           "t4.weight": ("row_wise", [1, 0]), "t5.weight": ("table_wise", [0])},
                    optimizer={"embedding": {"kind": "rowwise_adagrad", "lr": 0.05}})
@@ -51,33 +48,37 @@ def _run_quietly(plan: dict, **kw) -> tuple[list[float], list[str]]:
                                        if "not applied" in str(w.message)]
 
 
-@pytest.mark.parametrize("precision", ["bf16", "fp8"])
-def test_graph_mode_runs_the_fused_kernel_on_low_precision_tables(precision):
-    """One rank, the plan's kernels kept: the batched lookup (Triton, fused row-wise Adagrad)
-    stores the table bf16 / fp8. Its first loss equals the sharded path's (the same stored
-    values and, for fp8, row scales handed over), and it trains near fp32's."""
+@pytest.fixture(scope="module")
+def toy_graph() -> tuple[dict, list[float]]:
+    """The one-table toy compiled for one GPU (kernels kept), and its fp32 losses."""
     from gemc.api import compile as gemc_compile
     from tests.conftest import TOY
 
     base = gemc_compile(f"{TOY}:build", {}, topology="h200:1x1")
     base["precision"] = []
     assert [k["kind"] for k in base["kernels"]][0] == "batched_embedding_bag"
+    return base, _run_quietly(_with_precision(base, "fp32"), steps=6)[0]
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8"])
+def test_graph_mode_runs_the_fused_kernel_on_low_precision_tables(toy_graph, precision):
+    """One rank, the plan's kernels kept: the batched lookup (Triton, fused row-wise Adagrad)
+    stores the table bf16 / fp8. Its first loss equals the sharded path's (the same stored
+    values and, for fp8, row scales handed over), and it trains near fp32's."""
+    base, fp32 = toy_graph
     fused, fell_back = _run_quietly(_with_precision(base, precision), steps=6)
     assert not fell_back
     sharded, _ = _run_quietly(_with_precision(base, precision), steps=1, kernels=False)
     assert abs(fused[0] - sharded[0]) <= 1e-5 * abs(sharded[0])
-    fp32, _ = _run_quietly(_with_precision(base, "fp32"), steps=6)
     off = max(abs(a - b) / abs(b) for a, b in zip(fused, fp32))
     assert 0 < off < RTOL[precision]
 
 
-def test_graph_mode_falls_back_loudly_for_tables_outside_a_batched_lookup():
+def test_graph_mode_falls_back_loudly_for_tables_outside_a_batched_lookup(base_plans):
     """The test model's nn.Embedding / padding_idx tables are looked up by the graph's own
     ops, which would read bf16 bits as they are: every lookup then goes through the
     sharded tables, and a warning names the tables."""
-    from gemc.api import compile as gemc_compile
-
-    base = gemc_compile(MODEL, {}, topology="h200:1x1")
+    base = copy.deepcopy(base_plans[1])
     base["precision"] = []
     _, fell_back = _run_quietly(_with_precision(base, "bf16"), steps=2)
     assert len(fell_back) == 1 and "t3.weight" in fell_back[0] and "bf16/fp8" in fell_back[0]
