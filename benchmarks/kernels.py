@@ -15,7 +15,9 @@ Cases (each timed as forward only and as forward+backward, per variant):
   ``BatchedEmbeddingBag`` (fused lazy Adam, and fused row-wise Adagrad) vs one
   ``nn.EmbeddingBag`` per table with dense gradients and ``AdamW`` (fused on CUDA), eager and
   compiled, and vs ``nn.EmbeddingBag(sparse=True)`` + ``SparseAdam`` (the eager lazy-Adam
-  equivalent). Target: fused Adam >= 3x EmbeddingBag + dense AdamW.
+  equivalent). Target: fused Adam >= 3x EmbeddingBag + dense AdamW. The fused row-wise
+  Adagrad also runs with its tables stored bf16 and fp8 (row-scaled e4m3, issue 21): the
+  same step reading and rewriting narrower rows (stochastically rounded).
 * ``jagged``: ``jagged_to_padded`` vs its ``index_put`` formulation (eager, compiled), and
   ``padded_to_jagged`` vs its gather formulation.
 
@@ -258,13 +260,16 @@ def embedding_case(rec: Recorder, p: Preset, compile_: bool, gen: torch.Generato
                           for t in range(p.tables))
     unit = "GB/s"
 
-    def triton_step(optimizer: str) -> None:
-        module = BatchedEmbeddingBag(tables, optimizer=optimizer, lr=lr, device=dev)
-        with torch.no_grad():
-            rec.run(case, "fwd", f"triton fused {optimizer}", lambda: module(ids, offsets),
-                    work=row_bytes, unit=unit)
-        rec.run(case, "fwd+bwd+opt", f"triton fused {optimizer}",
-                lambda: module(ids, offsets).backward(grad))
+    def triton_step(optimizer: str, precision: str = "fp32") -> None:
+        from gemc.table_precision import element_bytes
+
+        module = BatchedEmbeddingBag(tables, optimizer=optimizer, lr=lr, device=dev,
+                                     precision=precision)
+        name = f"triton fused {optimizer}" + ("" if precision == "fp32" else f" {precision}")
+        with torch.no_grad():  # the rows' stored bytes (fp8's row scales left out)
+            rec.run(case, "fwd", name, lambda: module(ids, offsets),
+                    work=row_bytes * element_bytes(precision) / 4, unit=unit)
+        rec.run(case, "fwd+bwd+opt", name, lambda: module(ids, offsets).backward(grad))
 
     def lookup(bags):
         return torch.cat([bag(i, o[:-1]) for bag, (i, o) in zip(bags, per_table)], dim=1)
@@ -315,6 +320,10 @@ def embedding_case(rec: Recorder, p: Preset, compile_: bool, gen: torch.Generato
 
     for name, fn in [("triton fused adam", lambda: triton_step("adam")),
                      ("triton fused rowwise_adagrad", lambda: triton_step("rowwise_adagrad")),
+                     ("triton fused rowwise_adagrad bf16",
+                      lambda: triton_step("rowwise_adagrad", "bf16")),
+                     ("triton fused rowwise_adagrad fp8",
+                      lambda: triton_step("rowwise_adagrad", "fp8")),
                      ("eager EmbeddingBag + AdamW", eager_dense_step),
                      ("eager EmbeddingBag(sparse) + SparseAdam", eager_sparse_step)]:
         try:  # building a variant (its tables) may itself run out of memory

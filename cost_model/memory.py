@@ -126,10 +126,12 @@ def shard_memory(table: TableCost, rows: float, dim: float, world: int,
     if rows == 0:
         return MemoryBreakdown()
     numel = rows * dim
-    params = numel * table.dtype_bytes
+    params = numel * table.storage_bytes  # its storage precision (fp8: with row scales)
+    # the optimizer state stays fp32 at any storage precision (gemc.table_precision)
     opt = optimizer_state_bytes(options.table_optimizer, numel, rows=rows,
                                 state_bytes=options.state_bytes)
-    grads = params if table.sharding == "data_parallel" else 0.0  # fused TBE: no grads
+    # fused TBE: no grads; a replica's gradient is dense in the lookup's dtype
+    grads = numel * table.dtype_bytes if table.sharding == "data_parallel" else 0.0
     # pooled outputs this rank produces and their gradients
     bags = table.batch * (world if table.sharding != "data_parallel" else 1)
     bags *= table.output_share(rows)

@@ -209,7 +209,7 @@ def embedding_time(rows: int, dim: int, nnz: int, bags: int, dtype: str, gpu: GP
 
 def batched_embedding_time(rows: int, dim: int, nnz: int, bags: int, dtype: str,
                            gpu: GPUSpec, calibration: Calibration | None,
-                           optimizer: str | None) -> float:
+                           optimizer: str | None, storage_bytes: float | None = None) -> float:
     """Seconds one table adds to a batched lookup kernel (every table of a rank in one
     forward and one fused backward+optimizer launch: the runner's
     ``gemc.backends.triton.embedding_bag``, and TorchRec's TBE): its gathered rows, pooled
@@ -220,13 +220,20 @@ def batched_embedding_time(rows: int, dim: int, nnz: int, bags: int, dtype: str,
     tables at 22 ms where the batched kernels measured ~5 ms (0.66 ms forward + 4.3 ms
     fused update, benchmarks/results/e2e_h200_de5d649_gemc_alone.gemc.kernels.txt); this
     prices them at 6.0 ms. One model's profile: a run-fitted ``embedding`` factor corrects
-    it (``gemc calibrate --from-run``)."""
+    it (``gemc calibrate --from-run``).
+
+    ``storage_bytes``: bytes of one stored weight element when the table is stored narrower
+    than ``dtype`` (bf16 / fp8 storage, gemc.table_precision): the gathered rows and the
+    updated rows' read and write move that many; outputs, gradients and the fp32 optimizer
+    state do not change."""
     elt = element_size(dtype)
-    nbytes = kernels.embedding_fwd_bytes(nnz, dim, bags, elt) \
+    narrower = 0.0 if storage_bytes is None else elt - storage_bytes
+    touched = kernels.expected_unique_rows(rows, nnz)
+    nbytes = kernels.embedding_fwd_bytes(nnz, dim, bags, elt) - float(nnz) * dim * narrower \
         + kernels.embedding_bwd_bytes(nnz, dim, bags, rows, elt, dense_grad=False)
     if optimizer:
-        touched = kernels.expected_unique_rows(rows, nnz)
-        nbytes += kernels.optimizer_bytes(optimizer, touched * dim, elt, fused=True)
+        nbytes += kernels.optimizer_bytes(optimizer, touched * dim, elt, fused=True) \
+            - 2.0 * touched * dim * narrower  # the weight rows' read and write
     t = nbytes / (gpu.hbm_bandwidth * ROOFLINE_EFFICIENCY["embedding"])
     return t * _factor(calibration, "embedding")
 

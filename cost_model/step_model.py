@@ -44,8 +44,10 @@ from .types import RankStats, RegionCost, StepOptions, StepPrediction, TableCost
 
 @lru_cache(maxsize=1 << 16)
 def _batched_cost(rows: int, dim: int, lookups: int, bags: int, dtype: str, gpu: GPUSpec,
-                  calibration: Calibration | None, optimizer: str | None) -> float:
-    return batched_embedding_time(rows, dim, lookups, bags, dtype, gpu, calibration, optimizer)
+                  calibration: Calibration | None, optimizer: str | None,
+                  storage_bytes: float | None = None) -> float:
+    return batched_embedding_time(rows, dim, lookups, bags, dtype, gpu, calibration, optimizer,
+                                  storage_bytes)
 
 
 @lru_cache(maxsize=1 << 16)
@@ -93,7 +95,8 @@ def shard_compute_s(t: TableCost, rows: float, dim: float, world: int, gpu: GPUS
         return _embedding_cost(t.rows, t.dim, t.nnz, t.batch, dtype, gpu, calibration, None,
                                True)
     return _batched_cost(max(1, int(rows)), max(1, int(dim)), int(lookups), int(bags), dtype,
-                         gpu, calibration, optimizer)
+                         gpu, calibration, optimizer,
+                         None if t.precision == "fp32" else t.storage_bytes)
 
 
 def _holders(t: TableCost, world: int) -> np.ndarray:

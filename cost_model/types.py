@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gemc.sharding import DENSE_STRATEGIES, TABLE_SHARDINGS  # defined once, in the core
+from gemc.table_precision import TABLE_PRECISIONS, weight_bytes
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,17 @@ class TableCost:
     # the rank that asked for it alone, so a row shard returns only its share of the rows,
     # not a partial sum for every bag.
     pooled: bool = True
+    # the weights' storage (gemc.table_precision): "fp32" keeps the model's own dtype
+    # (``dtype_bytes``); "bf16" / "fp8" shrink the stored rows (fp8: + an fp32 scale per
+    # row). Lookups still produce, exchange and back-propagate ``dtype_bytes`` elements.
+    precision: str = "fp32"
+
+    @property
+    def storage_bytes(self) -> float:
+        """Bytes one stored element of a row takes (fp8: its share of the row scale)."""
+        if self.precision == "fp32":
+            return float(self.dtype_bytes)
+        return weight_bytes(self.precision, 1, self.dim) / self.dim
 
     def output_share(self, shard_rows: float) -> float:
         """Fraction of the world's bags a shard of ``shard_rows`` rows returns rows for."""
@@ -72,6 +84,9 @@ class TableCost:
                              f"{TABLE_SHARDINGS}")
         if not self.ranks:
             raise ValueError(f"table {self.fqn}: needs at least one rank")
+        if self.precision not in TABLE_PRECISIONS:
+            raise ValueError(f"table {self.fqn}: precision {self.precision!r} not in "
+                             f"{TABLE_PRECISIONS}")
         if self.rows <= 0 or self.dim <= 0 or self.nnz < 0 or self.batch < 0:
             raise ValueError(f"table {self.fqn}: rows and dim must be > 0, nnz/batch >= 0")
 

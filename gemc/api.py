@@ -101,6 +101,8 @@ def compile(  # noqa: A001 - the public name users expect
     ctx.options["solver"] = dict(config.solver or {})
     if table_optimizer is not None:
         ctx.options["table_optimizer"] = table_optimizer
+    if config.table_precision is not None:
+        ctx.options["table_precision"] = config.table_precision
     batch_size, _ = batch_size_of(spec)
     if batch_size is None:
         ctx.warn(BATCH_SIZE_MISSING)

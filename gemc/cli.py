@@ -118,6 +118,12 @@ def _parser() -> argparse.ArgumentParser:
                    "recorded in the plan for the runner; auto: adam where it fits, else "
                    "rowwise_adagrad (1 state value per row); default: priced as AdamW, "
                    "run as the runner's default")
+    c.add_argument("--table-precision", default=None, choices=("fp32", "bf16", "fp8", "auto"),
+                   help="storage precision of the embedding tables, chosen with their "
+                   "sharding under memory: fp32 (default); bf16 / fp8: the lowest allowed, "
+                   "kept where the plan predicts faster or fp32 does not fit; auto: fp32 "
+                   "unless lowering (largest tables first, bf16 before fp8) is needed to fit. "
+                   "Recorded per table in the plan with the reason")
     c.add_argument("--calibration", default="auto",
                    help="auto (the file shipped for the topology's GPU, roofline where none "
                    "ships), none (roofline), or a file written by gemc calibrate (checked "
@@ -207,6 +213,7 @@ def compile_config(args: argparse.Namespace) -> CompileConfig:
         calibration=args.calibration,
         solver={} if args.time_limit is None else {"time_limit_s": args.time_limit},
         table_optimizer=args.table_optimizer,
+        table_precision=args.table_precision,
         precision=PrecisionOptions(mode=args.precision, min_sqnr_db=args.min_sqnr_db,
                                    min_block_sqnr_db=args.min_block_sqnr_db),
         disabled_passes=tuple(args.disable_pass),

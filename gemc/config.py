@@ -31,6 +31,10 @@ class CompileConfig:
     ``table_optimizer``: one of ``gemc.plan.TABLE_OPTIMIZERS`` or "auto" (adam where it
     fits, else rowwise_adagrad); priced, written to the plan and run by the runner.
     None: priced as AdamW.
+    ``table_precision``: the tables' storage precision, chosen with their sharding
+    (``gemc.solver.precision_choice``): fp32 (None: the default), bf16 / fp8 (the lowest
+    allowed; the fastest plan that fits), or auto (lower only tables that must be lowered
+    to fit); recorded per table in the plan with the reason. Needs a solver planner.
     ``precision``: the choose-precision pass's options (mode, SQNR bounds, probe budget).
     """
 
@@ -39,6 +43,7 @@ class CompileConfig:
     calibration: str | None = "auto"
     solver: Mapping[str, Any] = field(default_factory=dict)
     table_optimizer: str | None = None
+    table_precision: str | None = None
     precision: PrecisionOptions = field(default_factory=PrecisionOptions)
     disabled_passes: tuple[str, ...] = ()
     dump_dir: str | Path | None = None
@@ -54,6 +59,18 @@ class CompileConfig:
             raise GemcUserError(f"unknown table optimizer {self.table_optimizer!r}",
                                 where="table_optimizer",
                                 fix=f"use one of: {', '.join((*TABLE_OPTIMIZERS, 'auto'))}")
+        if self.table_precision is not None:
+            from gemc.solver.precision_choice import TABLE_PRECISION_MODES
+
+            if self.table_precision not in TABLE_PRECISION_MODES:
+                raise GemcUserError(f"unknown table precision {self.table_precision!r}",
+                                    where="table_precision",
+                                    fix=f"use one of: {', '.join(TABLE_PRECISION_MODES)}")
+            if self.table_precision != "fp32" and self.planner == "default":
+                raise GemcUserError(
+                    f"table precision {self.table_precision!r} is chosen by the solver, "
+                    "which the default planner (place-default) does not run",
+                    where="table_precision", fix="add --planner cpsat (or greedy / naive)")
         if not isinstance(self.precision, PrecisionOptions):
             raise GemcUserError(f"precision is a {type(self.precision).__name__}",
                                 where="precision",

@@ -85,6 +85,7 @@ def table_costs(tables: Sequence[Mapping[str, Any]]) -> list[TableCost]:
             ranks=tuple(s["rank"] for s in t["shards"]),
             dtype_bytes=_DTYPE_BYTES.get(t.get("dtype", "float32"), 4),
             pooled=t.get("pooling", "sum") != "none",
+            precision=t.get("precision", "fp32"),
         )
         for t in tables
     ]

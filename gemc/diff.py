@@ -83,6 +83,15 @@ def _regions(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     return [render_table(["region", "a", "b"], rows, title=f"dense strategies ({len(rows)} changed)")]
 
 
+def _placement_label(t: dict[str, Any] | None) -> str:
+    """A table's sharding, with its storage precision when not fp32 (a change of either
+    is a change of the table's placement)."""
+    if t is None:
+        return "(absent)"
+    precision = t.get("precision", "fp32")
+    return t["sharding"] + ("" if precision == "fp32" else f" {precision}")
+
+
 def _tables(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     ta = {t["fqn"]: t for t in a["tables"]}
     tb = {t["fqn"]: t for t in b["tables"]}
@@ -93,8 +102,7 @@ def _tables(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
             -max(ta.get(f, {}).get("rows", 0) * ta.get(f, {}).get("dim", 0),
                  tb.get(f, {}).get("rows", 0) * tb.get(f, {}).get("dim", 0)), f)):
         x, y = ta.get(fqn), tb.get(fqn)
-        sx = x["sharding"] if x else "(absent)"
-        sy = y["sharding"] if y else "(absent)"
+        sx, sy = _placement_label(x), _placement_label(y)
         rx = [s["rank"] for s in x["shards"]] if x else []
         ry = [s["rank"] for s in y["shards"]] if y else []
         if sx == sy and rx == ry:

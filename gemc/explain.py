@@ -50,8 +50,8 @@ def explain(plan: dict[str, Any]) -> str:
     out += [
         "",
         render_table(
-            ["table", "rows", "dim", "lookups/batch", "pooling", "sharding", "ranks", "pred ms",
-             "shard ms", "shard GB", "a2a MB"],
+            ["table", "rows", "dim", "lookups/batch", "pooling", "sharding", "stored", "ranks",
+             "pred ms", "shard ms", "shard GB", "a2a MB"],
             [
                 [
                     t["fqn"],
@@ -60,6 +60,7 @@ def explain(plan: dict[str, Any]) -> str:
                     t["nnz"],
                     t["pooling"],
                     t["sharding"],
+                    t.get("precision", "fp32"),
                     ranks_str([s["rank"] for s in t["shards"]]),
                     t.get("predicted_ms"),
                     *_table_cost(t.get("cost")),
@@ -75,6 +76,10 @@ def explain(plan: dict[str, Any]) -> str:
             f"... {len(tables) - len(shown)} more: "
             + ", ".join(f"{n} {s}" for s, n in sorted(mix.items()))
         )
+    reasons = Counter((t.get("precision", "fp32"), t["precision_reason"]) for t in tables
+                      if t.get("precision_reason"))
+    for (precision, why), n in sorted(reasons.items()):
+        out.append(f"table storage: {n} table(s) {precision}: {why.split(': ', 1)[-1]}")
     if pred.get("per_rank"):
         out += ["", *_per_rank(plan)]
     out += ["", *_kernel_lines(plan["kernels"]), *precision_section(plan)]

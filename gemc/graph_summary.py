@@ -58,6 +58,9 @@ def table_summaries(gm: fx.GraphModule, captured: Captured) -> list[dict[str, An
         entry["sharding"] = placement["sharding"]
         if "cost" in placement:  # the parallelize pass's per-shard estimate
             entry["cost"] = placement["cost"]
+        if "precision" in placement:  # the storage precision chosen with the sharding
+            entry["precision"] = placement["precision"]
+            entry["precision_reason"] = placement.get("precision_reason", "")
         entry["shards"] = make_shards(
             placement["sharding"],
             list(placement["ranks"]),

@@ -16,6 +16,7 @@ from typing import Any
 from gemc.dump import write_atomic
 from gemc.errors import PlanError
 from gemc.sharding import DENSE_STRATEGIES, TABLE_SHARDINGS
+from gemc.table_precision import TABLE_PRECISIONS
 
 SCHEMA_VERSION = 1
 PLANNERS = ("default", "cpsat", "greedy", "naive")
@@ -220,6 +221,9 @@ def _validate_table(table: Any, where: str, world: int, source: str, fix: str) -
             f"is {table['sharding']!r}, not one of {TABLE_SHARDINGS}",
             fix,
         )
+    if table.get("precision", "fp32") not in TABLE_PRECISIONS:
+        _fail(source, f"{where}.precision",
+              f"is {table.get('precision')!r}, not one of {TABLE_PRECISIONS}", fix)
     rows, dim = table["rows"], table["dim"]
     ranks = [s.get("rank") for s in table["shards"] if isinstance(s, dict)]
     twice = sorted({r for r in ranks if ranks.count(r) > 1 and isinstance(r, int)})

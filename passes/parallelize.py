@@ -10,6 +10,10 @@ bound, gap) goes to ``gm.meta["gemc.solver"]`` and from there into the plan.
 Options come from ``ctx.options["solver"]`` (``SolverSettings`` field names, e.g.
 ``{"time_limit_s": 10}``), so the same pass serves the CLI, the API and the benchmark.
 A problem no plan can fit ends in ``PlanInfeasibleError`` (a GemcUserError: exit 2).
+
+``ctx.options["table_precision"]`` (fp32 | bf16 | fp8 | auto) lets the tables' storage
+precision be chosen with their sharding (``gemc.solver.precision_choice``); each table's
+placement then carries ``precision`` and ``precision_reason`` into the plan.
 """
 
 from __future__ import annotations
@@ -22,8 +26,10 @@ from gemc.cost_model.types import StepOptions
 from torch import fx
 from torch.fx.passes.infra.pass_base import PassResult
 
+from gemc import ir
 from gemc.errors import GemcUserError
-from gemc.solver.planners import PLANNERS, PlanInfeasibleError, PlannerResult, run_planner
+from gemc.solver.planners import PLANNERS, PlanInfeasibleError
+from gemc.solver.precision_choice import PrecisionResult, plan_with_table_precision
 from gemc.solver.problem import Problem, SolverSettings, apply_assignment, problem_from_graph
 
 SOLVER_META = "gemc.solver"  # gm.meta key: the planner's report, copied into the plan
@@ -52,14 +58,16 @@ def settings_from(options: dict[str, Any] | None) -> SolverSettings:
 
 
 def plan_with_table_optimizer(build: Callable[[str | None], Problem], wanted: str | None,
-                              planner: str) -> tuple[str | None, PlannerResult]:
-    """(the table optimizer priced, the planner's result). ``auto``: Adam (two moments per
-    element) where a plan fits, else row-wise Adagrad (one value per row), the optimizer
-    DLRMv2 trains with; an error names the last one tried."""
+                              planner: str, table_precision: str | None = None,
+                              ) -> tuple[str | None, PrecisionResult]:
+    """(the table optimizer priced, the planner's result with each table's precision).
+    ``auto``: Adam (two moments per element) where a plan fits, else row-wise Adagrad (one
+    value per row), the optimizer DLRMv2 trains with; an error names the last one tried.
+    Under each optimizer the tables' precision follows ``table_precision``'s rule."""
     tries: list[str | None] = ["adam", "rowwise_adagrad"] if wanted == "auto" else [wanted]
     for i, opt in enumerate(tries):
         try:
-            return opt, run_planner(build(opt), planner)
+            return opt, plan_with_table_precision(build(opt), table_precision, planner)
         except PlanInfeasibleError:
             if i + 1 == len(tries):
                 raise
@@ -83,13 +91,20 @@ class Parallelize:
         if ctx.topology is None:
             raise ValueError("parallelize needs ctx.topology")
         settings = settings_from((ctx.options or {}).get("solver"))
-        opt, result = plan_with_table_optimizer(
+        opt, chosen = plan_with_table_optimizer(
             lambda o: problem_from_graph(gm, ctx, settings, step_options(o)),
-            (ctx.options or {}).get("table_optimizer"), self.planner)
+            (ctx.options or {}).get("table_optimizer"), self.planner,
+            (ctx.options or {}).get("table_precision"))
+        result = chosen.result
         if opt is not None:
             result.report["table_optimizer"] = opt
             gm.meta[TABLE_OPTIMIZER_META] = opt
         apply_assignment(gm, result.assignment, result.table_cost)
+        for node in gm.graph.nodes:
+            facts = node.meta.get(ir.TABLE)
+            if facts is not None:
+                node.meta[ir.PLACEMENT]["precision"] = chosen.precision[facts["fqn"]]
+                node.meta[ir.PLACEMENT]["precision_reason"] = chosen.reason[facts["fqn"]]
         gm.meta[SOLVER_META] = result.report
         for note in result.notes:
             ctx.warn(note)

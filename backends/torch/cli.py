@@ -96,6 +96,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="autocast the whole forward (added to the plan's precision sites)",
     )
     p.add_argument(
+        "--divergence", choices=("off", "warn", "stop"), default="warn",
+        help="loss safeguard: a non-finite loss, a jump far above the run's recent losses, or "
+        "(with --reference-losses) staying well above a reference run's flags the step; warn "
+        "(default) or stop, naming the plan's low-precision tables and sites to revert",
+    )
+    p.add_argument(
+        "--reference-losses", metavar="FILE",
+        help="a reference run's losses for --divergence (a gemc run report, e.g. the same "
+        "plan at fp32 tables, or a JSON list of per-step losses)",
+    )
+    p.add_argument(
         "--kernel-module",
         action="append",
         default=[],
@@ -177,6 +188,8 @@ def options_from_args(args: argparse.Namespace) -> Any:
         loss_every=args.loss_every,
         measure_kernels=args.measure_kernels,
         kernel_choices=_kernel_choices(args.kernel_choices),
+        divergence=args.divergence,
+        reference_losses=args.reference_losses,
     )
 
 
@@ -329,6 +342,8 @@ def _argv_of(args: argparse.Namespace) -> list[str]:
         "--compile-modules": args.compile_modules,
         "--kernel-choices": args.kernel_choices,
         "--loss-every": args.loss_every,
+        "--divergence": args.divergence,
+        "--reference-losses": args.reference_losses,
     }
     for flag, value in pairs.items():
         if value is not None:

@@ -18,6 +18,12 @@ A table called with the model's own input tensors is looked up ahead of the forw
 every other such table in one exchange (:mod:`.table_prefetch`); the forward then hands
 out the result. A table whose ids the model computes exchanges on its own when called.
 
+A table the plan stores ``bf16`` or ``fp8`` (``precision``, gemc.table_precision) holds
+its shard in that format (fp8: e4m3 values and one fp32 scale per row). A lookup reads the
+used rows dequantised into a small fp32 leaf and pools that, so the lookup and its
+gradient are fp32; the optimizer takes the leaf's gradient (:meth:`take_row_grads`) and
+writes the new rows back rounded (:meth:`stored_rows`, stochastic rounding).
+
 ``data_parallel`` tables are local replicas: a local lookup with a sparse gradient, which
 :mod:`.sparse_optim` all-reduces. ``nn.Embedding`` (one vector per id, no pooling) is routed
 as bags of one id each.
@@ -36,10 +42,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from gemc.backends.torch.embedding_exchange import Bags, exchange_lookups
-from gemc.backends.torch.init import fill_table_slice_
+from gemc.backends.torch.init import derive_seed, fill_table_slice_
+from gemc.backends.torch.table_storage import StoredRows
 from torch import nn
 
 from gemc.errors import GemcUserError, PlanError
+from gemc.table_precision import TABLE_PRECISIONS, quantize_rows, storage_dtype
 
 
 @dataclass(frozen=True)
@@ -150,13 +158,26 @@ class ShardedEmbedding(nn.Module):
         self.local_only = self.replicated or (
             world_size == 1 and self.local is not None
         )
+        self.precision = table.get("precision", "fp32")
+        if self.precision not in TABLE_PRECISIONS:
+            raise PlanError(f"table '{fqn}' has precision {self.precision!r}",
+                            where=f"{where}.precision",
+                            fix=f"use one of {TABLE_PRECISIONS} (compile the plan again)")
+        # the stored dtype, the same on every rank (a checkpoint's shards must agree)
+        self.storage_dtype = (source.weight.dtype if self.precision == "fp32"
+                              else storage_dtype(self.precision))
         if self.local is not None:
+            # bf16 / fp8 shards get no .grad: their lookups differentiate an fp32 copy
             self.weight = nn.Parameter(
-                torch.empty(self.local.rows, self.local.cols, device="meta", dtype=source.weight.dtype)
+                torch.empty(self.local.rows, self.local.cols, device="meta",
+                            dtype=self.storage_dtype),
+                requires_grad=self.precision == "fp32",
             )
         else:
             self.register_parameter("weight", None)
         self.owners = {s.rank: s for s in self.shards}
+        self.row_scale: torch.Tensor | None = None  # fp8: one scale per local row
+        self.working: list[tuple[torch.Tensor, torch.Tensor]] = []  # see rows_for_lookup
         # set by table_prefetch.TablePrefetch: the first step's record of this table's
         # arguments, and this step's result looked up ahead of the forward
         self.recording: Any = None
@@ -167,11 +188,14 @@ class ShardedEmbedding(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        """Fill the local shard with its slice of the deterministic whole-table init."""
+        """Fill the local shard with its slice of the deterministic whole-table init (a
+        bf16 / fp8 shard: that slice rounded to nearest, fp8 with one scale per row)."""
         if self.weight is None or self.local is None:
             return
+        values = self.weight if self.precision == "fp32" else torch.empty(
+            self.weight.shape, device=self.weight.device)
         fill_table_slice_(
-            self.weight,
+            values,
             fqn=self.fqn,
             rows=self.num_embeddings,
             dim=self.embedding_dim,
@@ -180,6 +204,50 @@ class ShardedEmbedding(nn.Module):
             seed=self.seed,
             padding_idx=self.padding_idx,
         )
+        if self.precision != "fp32":
+            stored, scale = quantize_rows(values, self.precision, stochastic=False)
+            self.weight.copy_(stored)
+            self.row_scale = scale
+
+    # -- low-precision storage -------------------------------------------------------
+
+    def rows_for_lookup(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the weight a lookup reads, the ids into it). fp32: the shard and the ids.
+        bf16 / fp8: the used rows dequantised into an fp32 leaf (kept, with their row
+        numbers, until :meth:`take_row_grads`) and each id's index into it."""
+        assert self.weight is not None
+        if self.precision == "fp32":
+            return self.weight, ids
+        used, inverse = torch.unique(ids, return_inverse=True)
+        work = StoredRows(self.weight.data, self.precision, self.row_scale).read(used)
+        if torch.is_grad_enabled():
+            work.requires_grad_()
+            self.working.append((used, work))
+        return work, inverse.view(ids.shape)
+
+    def take_row_grads(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(sorted distinct rows, their summed fp32 gradients) of this step's lookups of a
+        bf16 / fp8 shard; None when none got a gradient. Clears the record."""
+        got = [(rows, w.grad) for rows, w in self.working if w.grad is not None]
+        self.working.clear()
+        if not got:
+            return None
+        rows = torch.cat([r for r, _ in got])
+        grads = torch.cat([g.to_dense() if g.is_sparse else g for _, g in got])
+        distinct, inverse = torch.unique(rows, return_inverse=True)
+        summed = torch.zeros(distinct.numel(), grads.shape[1], device=grads.device)
+        summed.index_add_(0, inverse, grads.float())
+        return distinct, summed
+
+    def stored_rows(self, step: int) -> StoredRows:
+        """The local shard's rows as fp32, written back rounded with step ``step``'s draw
+        (seeded by table and step, not rank: replicas round alike)."""
+        assert self.weight is not None
+        gen = None
+        if self.precision != "fp32":
+            gen = torch.Generator(device=self.weight.device)
+            gen.manual_seed(derive_seed(self.seed, "table-rounding", self.fqn, step))
+        return StoredRows(self.weight.data, self.precision, self.row_scale, gen)
 
     def extra_repr(self) -> str:
         local = self.local
@@ -191,7 +259,7 @@ class ShardedEmbedding(nn.Module):
         )
         return (
             f"{self.fqn}, {self.num_embeddings}x{self.embedding_dim}, {self.sharding}, "
-            f"mode={self.mode}, rank {self.rank} holds {held}"
+            f"mode={self.mode}, precision={self.precision}, rank {self.rank} holds {held}"
         )
 
     # -- forward ---------------------------------------------------------------------
@@ -216,17 +284,22 @@ class ShardedEmbedding(nn.Module):
         return out.view(out_shape)
 
     def _local(self, input, offsets, per_sample_weights) -> torch.Tensor:  # noqa: ANN001
+        weight, ids = self.rows_for_lookup(input)
+        padding_idx = self.padding_idx
+        if padding_idx is not None and ids is not input:  # the padding row's new index
+            hit = (input.reshape(-1) == padding_idx).nonzero()
+            padding_idx = int(ids.reshape(-1)[hit[0, 0]]) if hit.numel() else None
         if not self.is_bag:
-            return F.embedding(input, self.weight, self.padding_idx, sparse=True)
+            return F.embedding(ids, weight, padding_idx, sparse=True)
         return F.embedding_bag(
-            input,
-            self.weight,
+            ids,
+            weight,
             offsets,
             mode=self.mode,
             sparse=True,
             per_sample_weights=per_sample_weights,
             include_last_offset=self.include_last_offset,
-            padding_idx=self.padding_idx,
+            padding_idx=padding_idx,
         )
 
     def as_bags(self, input, offsets, per_sample_weights):  # noqa: ANN001, ANN202

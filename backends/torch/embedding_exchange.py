@@ -194,8 +194,9 @@ def exchange_lookups(tables: Sequence[ShardedEmbedding], bags: Sequence[Bags], *
             psw = torch.cat([w.to(m.dtype) if w is not None
                              else torch.ones(n, dtype=m.dtype, device=device)
                              for w, n in weights_l])
+        weight, ids = m.rows_for_lookup(torch.cat(ids_l))  # bf16 / fp8: dequantised rows
         partials[i] = F.embedding_bag(
-            torch.cat(ids_l), m.weight,
+            ids, weight,
             torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)]),
             mode="sum", sparse=True, per_sample_weights=psw, include_last_offset=True)
 

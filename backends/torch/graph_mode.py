@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 from gemc.backends.torch.embedding import ShardedEmbedding
+from gemc.backends.torch.init import derive_seed
 from gemc.backends.torch.sparse_optim import EmbeddingOptimConfig, EmbeddingOptimizer
 from torch import nn
 
@@ -227,12 +228,22 @@ class GraphExecutor:
                     where=f"plan kernels: {entry.get('name')}",
                     fix="compile the plan again with this gemc and torch",
                 )
-        entries = [self._with_optimizer(e, emb_opt.cfg) for e in kernels]
+        entries = [self._with_table_storage(self._with_optimizer(e, emb_opt.cfg), tables)
+                   for e in kernels]
         params = {**dict(model.named_parameters()), **dict(model.named_buffers())}
         calls: dict[str, Any] = {}
         self.not_applied: list[str] = []
-        if world_size > 1:
-            entries, calls = self._sharded_lookups(gm, entries, tables, world_size)
+        fused = {t["fqn"] for e in entries if e.get("kind") == "batched_embedding_bag"
+                 and len({t["precision"] for t in e["tables"]}) == 1 for t in e["tables"]}
+        low = sorted(f for f, m in tables.items() if m.precision != "fp32" and f not in fused)
+        if world_size > 1 or low:
+            why = (f"on {world_size} ranks: they update whole local tables in the backward, "
+                   "before gradients are exchanged" if world_size > 1 else
+                   f"here: table(s) {', '.join(low[:4])}{' ...' if len(low) > 4 else ''} "
+                   "are stored bf16/fp8 by the plan outside a batched lookup of one "
+                   "precision, and the graph's own lookups would read the stored values "
+                   "as they are")
+            entries, calls = self._sharded_lookups(gm, entries, tables, why)
             for fqn in tables:  # the lookup nodes call the tables: the placeholder is unread
                 params.setdefault(fqn, torch.empty(0, device=device))
         try:
@@ -259,9 +270,13 @@ class GraphExecutor:
                 continue
             module = self.runner.tables[entry["name"]]
             states = module.split_optimizer_state()
-            for t, view, state in zip(entry["tables"], module.split_weights(), states):
+            for t, view, state, scale in zip(entry["tables"], module.split_weights(), states,
+                                             module.split_row_scales()):
                 owner = tables[t["fqn"]]
                 owner.weight.data = view  # checkpoints read and write the fused buffer
+                if scale is not None:  # fp8: the row scales move in with the values
+                    scale.copy_(owner.row_scale)
+                    owner.row_scale = scale
                 emb_opt.adopt_fused(t["fqn"], state, module)
                 self.fused_tables.append(t["fqn"])
 
@@ -270,19 +285,18 @@ class GraphExecutor:
         gm: torch.fx.GraphModule,
         entries: list[dict[str, Any]],
         tables: dict[str, ShardedEmbedding],
-        world_size: int,
+        why: str,
     ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        """(the entries still applied, the lookup nodes' calls) on several ranks."""
+        """(the entries still applied, the lookup nodes' calls) when every lookup goes
+        through the sharded tables: on several ranks, or with bf16 / fp8 tables."""
         for entry in entries:
             if entry["kind"] == "batched_embedding_bag":
                 self.not_applied.append(str(entry.get("name")))
         if self.not_applied:
             warnings.warn(
                 f"kernel(s) {', '.join(self.not_applied)} (batched embedding lookup with the "
-                f"optimizer fused into its backward) not applied on {world_size} ranks: "
-                "they update whole local tables in the backward, before gradients are "
-                "exchanged; those lookups run through the sharded tables and the sparse "
-                "optimizer instead",
+                f"optimizer fused into its backward) not applied {why}; those lookups run "
+                "through the sharded tables and the sparse optimizer instead",
                 stacklevel=3,
             )
         calls: dict[str, Any] = {}
@@ -316,6 +330,19 @@ class GraphExecutor:
                 "weight_decay": cfg.weight_decay,
             },
         }
+
+    @staticmethod
+    def _with_table_storage(entry: dict[str, Any],
+                            tables: dict[str, ShardedEmbedding]) -> dict[str, Any]:
+        """A batched entry's tables carry their storage precision, and the entry the seed of
+        its stochastic rounding (from the run's seed, like the sharded tables')."""
+        if entry.get("kind") != "batched_embedding_bag":
+            return entry
+        owners = [tables[t["fqn"]] for t in entry["tables"]]
+        seed = derive_seed(owners[0].seed, "table-rounding", entry.get("name")) % (2**31 - 1)
+        return {**entry, "rounding_seed": seed,
+                "tables": [{**t, "precision": m.precision}
+                           for t, m in zip(entry["tables"], owners)]}
 
     def __call__(self, *batch: torch.Tensor) -> torch.Tensor:
         if self.executor == "interpreter":

@@ -36,6 +36,7 @@ from gemc.backends.torch import checkpoint as ckpt
 from gemc.backends.torch import kernels as kernel_registry
 from gemc.backends.torch import precision as precision_mod
 from gemc.backends.torch.dense import apply_strategies, check_strategies
+from gemc.backends.torch.divergence import DivergenceGuard, load_reference, low_precision_sites
 from gemc.backends.torch.embedding import shard_tables
 from gemc.backends.torch.graph_mode import (
     GRAPH_KINDS,
@@ -100,6 +101,10 @@ class RunOptions:
     # lookup left eager. "auto": on CUDA with one rank (Inductor's CPU compile would cost
     # the CPU tests minutes for nothing); "on" / "off" force it.
     compile_modules: str = "auto"
+    # loss safeguard (.divergence): off | warn | stop, against the run's own recent losses
+    # and, when given, a reference run's (a run report or a JSON list of losses)
+    divergence: str = "warn"
+    reference_losses: str | None = None
     # called after every step with the number of steps done (benchmarks hang a profiler on it)
     on_step: Callable[[int], None] | None = None
 
@@ -404,6 +409,9 @@ def _run(
         torch.cuda.reset_peak_memory_stats(device)
     every = max(1, int(opts.loss_every))
     pending: list[tuple[int, torch.Tensor, float]] = []  # (step, loss on device, data ms)
+    guard = DivergenceGuard(
+        low_precision_sites(plan), action=opts.divergence, quiet=rank != 0,
+        reference=load_reference(opts.reference_losses) if opts.reference_losses else None)
     block_t0 = time.perf_counter()
 
     def flush() -> None:
@@ -421,6 +429,7 @@ def _run(
         for (done, _, data_ms), value in zip(pending, losses):
             rec = StepRecord(step=done, loss=float(value), ms=ms, data_ms=data_ms)
             metrics.records.append(rec)
+            guard.observe(done, float(value))  # the mean over ranks: all ranks agree
             progress.update(rec, local_batch * wsize / ((ms or 1e-6) / 1e3) if local_batch else None)
         pending.clear()
         block_t0 = time.perf_counter()
@@ -483,6 +492,7 @@ def _run(
         + (" under torch.compile (table lookups eager)" if module_compiled else "")
     )
     report["embedding_exchange"] = prefetch.report()
+    report["divergence"] = guard.report()
     report["batch_size_source"] = batch_source
     report["initialization"] = init_report.summary()
     if local_batch is None:

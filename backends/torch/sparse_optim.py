@@ -11,7 +11,10 @@ Two update rules, the same formulas as the fused Triton kernel
     only, one global step count for the bias correction, decoupled weight decay on the used
     rows.
 
-The row update functions are shared by the sharded optimizer (:class:`EmbeddingOptimizer`)
+The row update functions compute each used row's new value in fp32 and write it back
+through :class:`~gemc.backends.torch.table_storage.StoredRows` (a bf16 / fp8 table rounds
+it stochastically there); its gradient is fp32 whatever the storage. They are shared by
+the sharded optimizer (:class:`EmbeddingOptimizer`)
 and the single-process reference, so both apply the same arithmetic. In the sharded case:
 
 * the gradient arrives as the shard's sparse gradient (the rows requested by every rank) and
@@ -32,6 +35,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from gemc.backends.torch.table_storage import StoredRows
 
 from gemc.plan import TABLE_OPTIMIZERS as EMBEDDING_OPTIMIZERS  # noqa: E402 (one list)
 
@@ -67,7 +71,7 @@ def coalesced_rows(grad: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tenso
 
 @torch.no_grad()
 def rowwise_adagrad_rows_(
-    weight: torch.Tensor,
+    weight: StoredRows,
     state_sum: torch.Tensor,
     rows: torch.Tensor,
     grad_rows: torch.Tensor,
@@ -77,19 +81,19 @@ def rowwise_adagrad_rows_(
 ) -> None:
     """Row-wise Adagrad on ``rows``; ``sq_group`` sums the squares over column shards."""
     g = grad_rows.float()
+    w = weight.read(rows)
     if cfg.weight_decay:
-        g = g + cfg.weight_decay * weight[rows].float()
+        g = g + cfg.weight_decay * w
     sq = g.pow(2).sum(dim=1)
     if sq_group is not None:
         dist.all_reduce(sq, group=sq_group)
     state_sum.index_add_(0, rows, sq / full_dim)
-    step = cfg.lr * g / (state_sum[rows].sqrt().unsqueeze(1) + cfg.eps)
-    weight.index_add_(0, rows, (-step).to(weight.dtype))
+    weight.write(rows, w - cfg.lr * g / (state_sum[rows].sqrt().unsqueeze(1) + cfg.eps))
 
 
 @torch.no_grad()
 def lazy_adam_rows_(
-    weight: torch.Tensor,
+    weight: StoredRows,
     exp_avg: torch.Tensor,
     exp_avg_sq: torch.Tensor,
     rows: torch.Tensor,
@@ -107,10 +111,10 @@ def lazy_adam_rows_(
     exp_avg[rows] = m
     exp_avg_sq[rows] = v
     step_size = cfg.lr * math.sqrt(1 - beta2**step) / (1 - beta1**step)
-    w = weight[rows].float()
+    w = weight.read(rows)
     if cfg.weight_decay:
         w = w * (1 - cfg.lr * cfg.weight_decay)
-    weight[rows] = (w - step_size * m / (v.sqrt() + cfg.eps)).to(weight.dtype)
+    weight.write(rows, w - step_size * m / (v.sqrt() + cfg.eps))
 
 
 class RowState:
@@ -128,7 +132,7 @@ class RowState:
 
     def apply(
         self,
-        weight: torch.Tensor,
+        weight: torch.Tensor | StoredRows,
         rows: torch.Tensor,
         grad_rows: torch.Tensor,
         cfg: EmbeddingOptimConfig,
@@ -136,6 +140,9 @@ class RowState:
         full_dim: int,
         sq_group: dist.ProcessGroup | None = None,
     ) -> None:
+        """Update ``rows`` of ``weight`` (a plain tensor, or a shard's stored rows)."""
+        if isinstance(weight, torch.Tensor):
+            weight = StoredRows(weight)
         if cfg.kind == "rowwise_adagrad":
             rowwise_adagrad_rows_(
                 weight, self.tensors["sum"], rows, grad_rows, cfg, full_dim, sq_group
@@ -189,6 +196,7 @@ class EmbeddingOptimizer:
         for m in self.tables.values():
             if m.weight is not None:
                 m.weight.grad = None
+            m.working.clear()
 
     @torch.no_grad()
     def step(self) -> None:
@@ -197,7 +205,7 @@ class EmbeddingOptimizer:
             if m.weight is None or fqn in self.fused:
                 continue
             w = m.weight
-            got = coalesced_rows(w.grad)
+            got = coalesced_rows(w.grad) if m.precision == "fp32" else m.take_row_grads()
             if m.replicated and self.world_size > 1:
                 got = self._all_reduce_replica(w, got)
             if got is None:
@@ -207,7 +215,7 @@ class EmbeddingOptimizer:
                 continue
             g = g / self.world_size
             self.state[fqn].apply(
-                w,
+                m.stored_rows(self.step_count),
                 rows,
                 g,
                 self.cfg,

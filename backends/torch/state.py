@@ -114,7 +114,21 @@ def _table_tensor(
 
 
 def _dtype(m: ShardedEmbedding) -> torch.dtype:
-    return m.weight.dtype if m.weight is not None else torch.float32
+    return m.storage_dtype
+
+
+def _scale_tensor(m: ShardedEmbedding, *, device: torch.device, local_world: int) -> Any:
+    """An fp8 table's row scales: one per row of each shard, so ``[rows, column blocks]``
+    (a column-split row has one scale per block, each over its own columns)."""
+    local = None if m.row_scale is None else m.row_scale.view(-1, 1)
+    if m.replicated or not dist.is_initialized():
+        return local
+    blocks = sorted({s.col_offset for s in m.shards})
+    pieces = [(s.rank, [s.row_offset, blocks.index(s.col_offset)], [s.rows, 1])
+              for s in m.shards]
+    index = m.shards.index(m.local) if m.local is not None else None
+    return sharded_tensor(pieces, [m.num_embeddings, len(blocks)], local, index, rank=m.rank,
+                          device=device, dtype=torch.float32, local_world=local_world)
 
 
 def _row_tensor(
@@ -172,6 +186,9 @@ def training_state(
         state["tables"][fqn] = _table_tensor(
             m, m.weight, device=device, local_world=local_world
         )
+        if m.precision == "fp8":
+            state["tables"][f"{fqn}.row_scale"] = _scale_tensor(
+                m, device=device, local_world=local_world)
         opt_state = emb_opt.state.get(fqn)
         tensors = opt_state.tensors if opt_state is not None else {}
         if emb_opt.cfg.kind == "rowwise_adagrad":

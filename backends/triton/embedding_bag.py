@@ -27,6 +27,16 @@ place, touching only the rows the batch used:
    that row and writes it back. Each row is owned by exactly one program: no atomics, and the
    result is deterministic.
 
+Storage precision (``precision``, :mod:`gemc.table_precision`): the weights are stored
+``fp32``, ``bf16`` or ``fp8`` (e4m3 values plus one fp32 scale per row in ``row_scale``).
+Both kernels read the stored format and dequantise on load (the lookup is exact to the
+dequantised values); the update computes the new row in fp32 and writes it back rounded
+*stochastically* to the stored grid (fp8: requantised with a fresh row scale
+``amax / 448``), drawing its random bits from ``(seed, step, element)``, so a run is
+reproducible. Both formats are handled as raw bits (bf16 as int16, e4m3 as uint8) with
+integer arithmetic, which rounds exactly and does not depend on the Triton build's float
+conversions. The optimizer state stays fp32.
+
 Optimizers (``lr``, ``eps``, ``weight_decay``):
 
 ``rowwise_adagrad``
@@ -53,6 +63,8 @@ import torch
 import triton
 import triton.language as tl
 from torch import nn
+
+from gemc.table_precision import check_precision, dequantize_rows, quantize_rows, storage_dtype
 
 from .runtime import (
     autotune_configs,
@@ -83,13 +95,63 @@ _FWD_CONFIGS = autotune_configs(
 )
 
 
-@triton.autotune(configs=_FWD_CONFIGS, key=["BLOCK_D", "MEAN", "HAS_WEIGHTS"])
+_STORAGE = {"fp32": 0, "bf16": 1, "fp8": 2}
+
+
+@triton.jit
+def _load_stored(ptr, offs, mask, STORAGE: tl.constexpr):
+    """fp32 values of stored elements (fp8: before the row scale)."""
+    if STORAGE == 0:
+        out = tl.load(ptr + offs, mask=mask, other=0.0)
+    elif STORAGE == 1:  # bf16 bits: the high half of an fp32
+        bits = tl.load(ptr + offs, mask=mask, other=0).to(tl.int32) & 0xFFFF
+        out = (bits << 16).to(tl.float32, bitcast=True)
+    else:  # e4m3: sign, 4 exponent bits (bias 7), 3 mantissa bits; subnormal step 2**-9
+        code = tl.load(ptr + offs, mask=mask, other=0).to(tl.int32)
+        e = (code >> 3) & 15
+        m = code & 7
+        normal = (((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)
+        mag = tl.where(e == 0, m.to(tl.float32) * 0.001953125, normal)
+        out = tl.where((code & 128) != 0, -mag, mag)
+    return out
+
+
+@triton.jit
+def _store_rounded(ptr, row_scale, key, offs, mask, w, seed, STORAGE: tl.constexpr):
+    """Store the fp32 row ``w``: as is, or stochastically rounded to bf16 / to e4m3 with a
+    fresh row scale (see gemc.table_precision for the grid and the rule)."""
+    if STORAGE == 0:
+        tl.store(ptr + offs, w, mask=mask)
+    elif STORAGE == 1:
+        # adding a uniform 16-bit integer to the magnitude bits and truncating rounds up
+        # with probability (dropped bits) / 2**16: unbiased, carries into the exponent
+        noise = (tl.randint(seed, offs.to(tl.int32)) & 0xFFFF).to(tl.int32)
+        bits = (w.to(tl.int32, bitcast=True) + noise) & -65536
+        tl.store(ptr + offs, (bits >> 16).to(tl.int16), mask=mask)
+    else:
+        amax = tl.max(tl.where(mask, tl.abs(w), 0.0), 0)
+        scale = tl.where(amax > 0, amax / 448.0, 1.0)
+        y = tl.minimum(tl.abs(w) / scale, 448.0)
+        exp = tl.maximum(((y.to(tl.int32, bitcast=True) >> 23) & 255) - 127, -6)
+        step = ((exp + 124) << 23).to(tl.float32, bitcast=True)  # 2**(exp - 3)
+        u = tl.rand(seed, offs.to(tl.int32))
+        q = tl.minimum(tl.floor(y / step + u) * step, 448.0)  # exact on the e4m3 grid
+        qbits = q.to(tl.int32, bitcast=True)
+        qexp = ((qbits >> 23) & 255) - 127
+        code = tl.where(qexp >= -6, ((qexp + 7) << 3) | ((qbits >> 20) & 7),
+                        (q * 512.0).to(tl.int32))
+        code = code | tl.where(w < 0, 128, 0)
+        tl.store(ptr + offs, code.to(tl.uint8), mask=mask)
+        tl.store(row_scale + key, scale)
+
+
+@triton.autotune(configs=_FWD_CONFIGS, key=["BLOCK_D", "MEAN", "HAS_WEIGHTS", "STORAGE"])
 @triton.jit
 def _pooled_forward_kernel(
-    weights, ids, offsets, per_sample_weights, weight_offset, table_dim, table_column,
-    out, batch, out_stride,
-    MEAN: tl.constexpr, HAS_WEIGHTS: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_L: tl.constexpr,
+    weights, row_scale, ids, offsets, per_sample_weights, weight_offset, row_base, table_dim,
+    table_column, out, batch, out_stride,
+    MEAN: tl.constexpr, HAS_WEIGHTS: tl.constexpr, STORAGE: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr,
 ):
     bag = tl.program_id(0)  # t * batch + b, the KJT order of offsets
     t = bag // batch
@@ -105,8 +167,11 @@ def _pooled_forward_kernel(
         offs_l = j + tl.arange(0, BLOCK_L)
         id_ok = offs_l < count
         idx = tl.load(ids + start + offs_l, mask=id_ok, other=0).to(tl.int64)
-        rows = tl.load(base + idx[:, None] * dim + offs_d[None, :],
-                       mask=id_ok[:, None] & col_ok[None, :], other=0.0)
+        rows = _load_stored(base, idx[:, None] * dim + offs_d[None, :],
+                            id_ok[:, None] & col_ok[None, :], STORAGE)
+        if STORAGE == 2:
+            scale = tl.load(row_scale + tl.load(row_base + t) + idx, mask=id_ok, other=0.0)
+            rows = rows * scale[:, None]
         if HAS_WEIGHTS:
             psw = tl.load(per_sample_weights + start + offs_l, mask=id_ok, other=0.0)
             rows = rows * psw.to(tl.float32)[:, None]
@@ -121,9 +186,9 @@ def _pooled_forward_kernel(
 def _fused_update_kernel(
     weights, momentum1, momentum2, sorted_keys, run_end, sorted_bag, sorted_coef,
     grad_out, grad_stride, row_base, weight_offset, table_dim, table_column, batch,
-    lr, eps, beta1, beta2, step_size, weight_decay,
-    OPTIMIZER: tl.constexpr, HAS_WEIGHT_DECAY: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_L: tl.constexpr,
+    lr, eps, beta1, beta2, step_size, weight_decay, row_scale, seed,
+    OPTIMIZER: tl.constexpr, HAS_WEIGHT_DECAY: tl.constexpr, STORAGE: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr,
 ):
     i = tl.program_id(0)
     key = tl.load(sorted_keys + i)
@@ -147,7 +212,9 @@ def _fused_update_kernel(
         g += tl.sum(go.to(tl.float32) * coef[:, None], 0)
     row = (key - tl.load(row_base + t)).to(tl.int64)
     element = tl.load(weight_offset + t) + row * dim + offs_d
-    w = tl.load(weights + element, mask=col_ok, other=0.0)
+    w = _load_stored(weights, element, col_ok, STORAGE)
+    if STORAGE == 2:
+        w = w * tl.load(row_scale + key)
     if OPTIMIZER == 0:  # row-wise Adagrad
         if HAS_WEIGHT_DECAY:
             g = g + weight_decay * w
@@ -164,7 +231,7 @@ def _fused_update_kernel(
         if HAS_WEIGHT_DECAY:
             w = w * (1.0 - lr * weight_decay)
         w = w - step_size * m / (tl.sqrt(v) + eps)
-    tl.store(weights + element, w, mask=col_ok)
+    _store_rounded(weights, row_scale, key, element, col_ok, w, seed, STORAGE)
 
 
 class _PooledLookup(torch.autograd.Function):
@@ -194,6 +261,9 @@ class BatchedEmbeddingBag(nn.Module):
     pooling, output columns and the two optimizers. Use it as
     ``out = bag(ids, offsets); loss(out).backward()``: after ``backward`` the weights have
     moved; do not give this module's weights to another optimizer.
+
+    ``precision`` is the weights' storage (``fp32``, ``bf16``, ``fp8``; see the module
+    docstring); ``seed`` seeds the stochastic rounding of the low-precision updates.
     """
 
     def __init__(
@@ -206,8 +276,12 @@ class BatchedEmbeddingBag(nn.Module):
         betas: tuple[float, float] = (0.9, 0.999),
         weight_decay: float = 0.0,
         device: torch.device | str | None = None,
+        precision: str = "fp32",
+        seed: int = 0,
     ) -> None:
         super().__init__()
+        self.precision = check_precision(precision)
+        self.seed = int(seed)
         if not tables:
             raise ValueError("need at least one table")
         if pooling not in ("sum", "mean"):
@@ -230,7 +304,10 @@ class BatchedEmbeddingBag(nn.Module):
         self.total_rows, self.total_dim = sum(self.rows), sum(self.dims)
         self.block_d = next_pow2(max(self.dims), 16)
         total = sum(sizes)
-        self.register_buffer("weights", torch.empty(total, device=device))
+        self.register_buffer("weights", torch.empty(total, device=device,
+                                                    dtype=storage_dtype(precision)))
+        self.register_buffer("row_scale", torch.ones(
+            self.total_rows if precision == "fp8" else 0, device=device))
         self.register_buffer("weight_offset", torch.tensor(weight_offset, device=device))
         self.register_buffer("row_base", torch.tensor(row_base, device=device))
         self.register_buffer("table_dim", torch.tensor(self.dims, dtype=torch.int32,
@@ -254,10 +331,14 @@ class BatchedEmbeddingBag(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        """Uniform(+-sqrt(1/rows)) per table (TorchRec's default); zero optimizer state."""
-        for weight, rows in zip(self.split_weights(), self.rows):
+        """Uniform(+-sqrt(1/rows)) per table (TorchRec's default), rounded to nearest in the
+        storage format; zero optimizer state."""
+        values = []
+        for rows, dim in zip(self.rows, self.dims):
             bound = math.sqrt(1.0 / rows)
-            weight.uniform_(-bound, bound)
+            values.append(torch.empty(rows, dim, device=self.weights.device)
+                          .uniform_(-bound, bound))
+        self.load_weights(values)
         self.reset_optimizer_state()
 
     @torch.no_grad()
@@ -272,14 +353,38 @@ class BatchedEmbeddingBag(nn.Module):
         """Copy the weights of one ``nn.EmbeddingBag`` per table (optimizer state untouched)."""
         if len(bags) != self.num_tables:
             raise ValueError(f"expected {self.num_tables} bags, got {len(bags)}")
-        for t, (dst, bag) in enumerate(zip(self.split_weights(), bags)):
-            if tuple(bag.weight.shape) != tuple(dst.shape):
-                raise ValueError(f"table {t}: bag weight {tuple(bag.weight.shape)} != "
-                                 f"{tuple(dst.shape)}")
-            dst.copy_(bag.weight)
+        self.load_weights([bag.weight for bag in bags])
+
+    @torch.no_grad()
+    def load_weights(self, tables: Sequence[torch.Tensor]) -> None:
+        """Store one fp32 ``[rows, dim]`` tensor per table, rounded to nearest in the storage
+        format (fp8: each row with its own scale)."""
+        if len(tables) != self.num_tables:
+            raise ValueError(f"expected {self.num_tables} tables, got {len(tables)}")
+        scales = self.split_row_scales()
+        for t, (dst, src) in enumerate(zip(self.split_weights(), tables)):
+            if tuple(src.shape) != tuple(dst.shape):
+                raise ValueError(f"table {t}: weight {tuple(src.shape)} != {tuple(dst.shape)}")
+            values, scale = quantize_rows(src.detach().to(dst.device), self.precision,
+                                          stochastic=False)
+            dst.copy_(values)
+            if scale is not None:
+                scales[t].copy_(scale)
+
+    def split_row_scales(self) -> list[torch.Tensor] | list[None]:
+        """Per-table ``[rows]`` views of the fp8 row scales (``None`` for fp32 / bf16)."""
+        if self.precision != "fp8":
+            return [None] * self.num_tables
+        bases = [0] + list(_cumsum(self.rows))[:-1]
+        return [self.row_scale[b : b + r] for b, r in zip(bases, self.rows)]
+
+    def dequantized_weights(self) -> list[torch.Tensor]:
+        """Per-table fp32 ``[rows, dim]`` values the lookups read (a copy unless fp32)."""
+        return [w if self.precision == "fp32" else dequantize_rows(w, s)
+                for w, s in zip(self.split_weights(), self.split_row_scales())]
 
     def split_weights(self) -> list[torch.Tensor]:
-        """Per-table ``[rows, dim]`` views of the flat weight buffer."""
+        """Per-table ``[rows, dim]`` views of the flat weight buffer (its storage dtype)."""
         return [
             self.weights[o : o + r * d].view(r, d)
             for o, r, d in zip(self._weight_offsets(), self.rows, self.dims)
@@ -303,7 +408,8 @@ class BatchedEmbeddingBag(nn.Module):
     def extra_repr(self) -> str:
         return (f"tables={self.num_tables}, total_rows={self.total_rows}, "
                 f"total_dim={self.total_dim}, pooling={self.pooling}, "
-                f"optimizer={self.optimizer}, lr={self.lr}, eps={self.eps}, "
+                f"optimizer={self.optimizer}, precision={self.precision}, "
+                f"lr={self.lr}, eps={self.eps}, "
                 f"betas={self.betas}, weight_decay={self.weight_decay}")
 
     def get_extra_state(self) -> Any:
@@ -353,11 +459,25 @@ class BatchedEmbeddingBag(nn.Module):
             return out
         has_weights = per_sample_weights is not None
         _pooled_forward_kernel[(self.num_tables * batch,)](
-            self.weights, ids, offsets, per_sample_weights if has_weights else ids,
-            self.weight_offset, self.table_dim, self.table_column, out, batch, out.stride(0),
-            MEAN=self.pooling == "mean", HAS_WEIGHTS=has_weights, BLOCK_D=self.block_d,
+            self._stored_bits(), self._scales(), ids, offsets,
+            per_sample_weights if has_weights else ids, self.weight_offset, self.row_base,
+            self.table_dim, self.table_column, out, batch, out.stride(0),
+            MEAN=self.pooling == "mean", HAS_WEIGHTS=has_weights,
+            STORAGE=_STORAGE[self.precision], BLOCK_D=self.block_d,
         )
         return out
+
+    def _stored_bits(self) -> torch.Tensor:
+        return _stored_bits_of(self.weights)
+
+    def _scales(self) -> torch.Tensor:
+        # fp32 / bf16 have no row scale: any fp32 pointer does (the kernels never read it)
+        return self.row_scale if self.precision == "fp8" else self.momentum1
+
+    def _rounding_seed(self) -> int:
+        """This step's random stream of the stochastic rounding: a function of (seed, step),
+        so a resumed run rounds as the uninterrupted one did."""
+        return (self.seed * 1_000_003 + self.step * 7_919) % (2**31 - 1)
 
     @torch.no_grad()
     def _fused_update(self, grad_out, ids, offsets, per_sample_weights) -> None:
@@ -385,15 +505,25 @@ class BatchedEmbeddingBag(nn.Module):
         step_size = self.lr * math.sqrt(1.0 - beta2**self.step) / (1.0 - beta1**self.step)
         block_l = 4 if is_interpreted() else 8
         _fused_update_kernel[(nnz,)](
-            self.weights, self.momentum1, self.momentum2, sorted_keys, run_end, sorted_bag,
+            self._stored_bits(), self.momentum1, self.momentum2, sorted_keys, run_end, sorted_bag,
             coef, grad_out, grad_out.stride(0), self.row_base, self.weight_offset,
             self.table_dim, self.table_column, batch,
             float(self.lr), float(self.eps), float(beta1), float(beta2), float(step_size),
-            float(self.weight_decay),
+            float(self.weight_decay), self._scales(), self._rounding_seed(),
             OPTIMIZER=_ROWWISE_ADAGRAD if self.optimizer == "rowwise_adagrad" else _ADAM,
-            HAS_WEIGHT_DECAY=self.weight_decay != 0.0, BLOCK_D=self.block_d, BLOCK_L=block_l,
+            HAS_WEIGHT_DECAY=self.weight_decay != 0.0, STORAGE=_STORAGE[self.precision],
+            BLOCK_D=self.block_d, BLOCK_L=block_l,
             num_warps=max(1, min(8, block_l * self.block_d // 512)),
         )
+
+
+def _stored_bits_of(weights: torch.Tensor) -> torch.Tensor:
+    """The buffer as the kernels address it: fp32 as is, bf16 as int16, e4m3 as uint8."""
+    if weights.dtype == torch.bfloat16:
+        return weights.view(torch.int16)
+    if weights.dtype == torch.float8_e4m3fn:
+        return weights.view(torch.uint8)
+    return weights
 
 
 def _cumsum(xs: Sequence[int]):

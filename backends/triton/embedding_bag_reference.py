@@ -8,6 +8,9 @@
   gradient restricted to the touched rows, in plain PyTorch, in place. ``lazy_adam_step_`` is
   ``torch.optim.SparseAdam``'s arithmetic (plus optional decoupled weight decay, which
   SparseAdam lacks); the tests check that equivalence against SparseAdam itself.
+* ``rounding_bound``: how far a low-precision table's stored row may lie from the exact fp32
+  row the optimizer computed: one step of the storage grid (stochastic rounding picks one of
+  the two neighbours), so "update = reference within the rounding" is a checkable claim.
 """
 
 from __future__ import annotations
@@ -18,11 +21,14 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from gemc.table_precision import FP8_MAX, grid_step
+
 __all__ = [
     "pooled_lookup_reference",
     "touched_rows",
     "rowwise_adagrad_step_",
     "lazy_adam_step_",
+    "rounding_bound",
 ]
 
 
@@ -85,3 +91,16 @@ def lazy_adam_step_(
     step_size = lr * math.sqrt(1 - beta2**step) / (1 - beta1**step)
     weight[rows] *= 1 - lr * weight_decay
     weight[rows] -= step_size * exp_avg[rows] / (exp_avg_sq[rows].sqrt() + eps)
+
+
+def rounding_bound(exact: torch.Tensor, precision: str) -> torch.Tensor:
+    """Per element of fp32 ``[rows, dim]``: the grid step of the storage format at that value
+    (fp8: in the row's fresh scale ``amax / 448``), with 1e-6 relative slack for the scale's
+    own fp32 rounding. A stored value farther than this from ``exact`` was rounded wrongly."""
+    if precision == "fp32":
+        return torch.zeros_like(exact)
+    if precision == "bf16":
+        return grid_step(exact, "bf16")
+    amax = exact.abs().amax(dim=1, keepdim=True)
+    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    return grid_step(exact / scale, "fp8") * scale * (1 + 1e-6) + 1e-6 * amax

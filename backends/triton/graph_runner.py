@@ -205,10 +205,17 @@ class GraphRunner:
         from .embedding_bag import BatchedEmbeddingBag
 
         opt = entry["optimizer"]
+        precisions = {t.get("precision", "fp32") for t in entry["tables"]}
+        if len(precisions) != 1:
+            raise ValueError(f"kernel {entry['name']}: its tables are stored at different "
+                             f"precisions {sorted(precisions)}; one batched lookup has one")
+        # the stored values (bf16 / fp8 bits) are copied as they are; fp8's row scales are
+        # the caller's to hand over (split_row_scales)
         module = BatchedEmbeddingBag(
             [(t["rows"], t["dim"]) for t in entry["tables"]], pooling="sum",
             optimizer=opt["optimizer"], lr=opt["lr"], eps=opt["eps"],
-            weight_decay=opt["weight_decay"], device=self.device)
+            weight_decay=opt["weight_decay"], device=self.device,
+            precision=precisions.pop(), seed=int(entry.get("rounding_seed", 0)))
         with torch.no_grad():
             for dst, table in zip(module.split_weights(), entry["tables"]):
                 dst.copy_(self.params[table["fqn"]].detach())

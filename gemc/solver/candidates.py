@@ -220,7 +220,7 @@ def table_options(problem: Problem, t: TableCost) -> list[TableOption]:
 def table_classes(problem: Problem) -> list[TableClass]:
     groups: dict[tuple, list[TableCost]] = defaultdict(list)
     for t in problem.tables:
-        groups[(t.rows, t.dim, t.nnz, t.batch, t.dtype_bytes, t.pooled)].append(t)
+        groups[(t.rows, t.dim, t.nnz, t.batch, t.dtype_bytes, t.pooled, t.precision)].append(t)
     out = []
     for members in groups.values():
         members.sort(key=lambda t: t.fqn)

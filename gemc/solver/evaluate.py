@@ -37,8 +37,8 @@ class Pricer:
         return o
 
     def table(self, t: TableCost, choice: TableChoice) -> TableOption:
-        key = (t.rows, t.dim, t.nnz, t.batch, t.dtype_bytes, t.pooled, choice.sharding,
-               len(choice.ranks), choice.grid)
+        key = (t.rows, t.dim, t.nnz, t.batch, t.dtype_bytes, t.pooled, t.precision,
+               choice.sharding, len(choice.ranks), choice.grid)
         o = self._table.get(key)
         if o is None:
             o = self._table[key] = option_of(self.problem, t, choice)

@@ -65,7 +65,7 @@ def greedy(problem: Problem, pricer: Pricer | None = None) -> Assignment:
     load = np.zeros(world)
 
     def size(t: TableCost) -> tuple:
-        return (-t.rows * t.dim * t.dtype_bytes, t.fqn)
+        return (-t.rows * t.dim * t.storage_bytes, t.fqn)
 
     for t in sorted(problem.tables, key=size):
         choice, chosen = None, None

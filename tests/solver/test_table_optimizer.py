@@ -32,7 +32,7 @@ def test_auto_takes_adam_where_it_fits_else_rowwise_adagrad():
     assert opt == "adam"
     # 8 x 100M rows x 128: Adam's two fp32 moments do not fit on 8 GPUs, one value per row does
     opt, r = plan_with_table_optimizer(lambda o: _problem(100_000_000, o), "auto", "greedy")
-    assert opt == "rowwise_adagrad" and r.evaluation.feasible
+    assert opt == "rowwise_adagrad" and r.result.evaluation.feasible
     with pytest.raises(PlanInfeasibleError):
         plan_with_table_optimizer(lambda o: _problem(100_000_000, o), "adam", "greedy")
     with pytest.raises(PlanInfeasibleError):  # too big for either: the error is the last's
@@ -42,9 +42,10 @@ def test_auto_takes_adam_where_it_fits_else_rowwise_adagrad():
 def test_memory_model_prices_the_table_optimizer_per_row():
     """Same plan, three optimizers: the per-rank optimizer bytes differ by what each keeps
     (AdamW/Adam: 2 x 4 B per element; row-wise Adagrad: 4 B per row)."""
-    _, adam = plan_with_table_optimizer(lambda o: _problem(10_000_000, o), "adam", "naive")
-    _, rw = plan_with_table_optimizer(lambda o: _problem(10_000_000, o), "rowwise_adagrad",
-                                      "naive")
+    _, adam_p = plan_with_table_optimizer(lambda o: _problem(10_000_000, o), "adam", "naive")
+    _, rw_p = plan_with_table_optimizer(lambda o: _problem(10_000_000, o), "rowwise_adagrad",
+                                        "naive")
+    adam, rw = adam_p.result, rw_p.result
     assert adam.assignment == rw.assignment
     saved = float(adam.evaluation.memory.sum() - rw.evaluation.memory.sum())
     rows = 8 * 10_000_000
