@@ -85,7 +85,8 @@ def compile(  # noqa: A001 - the public name users expect
     ``{"time_limit_s": 10}``).
     ``table_optimizer``: one of ``gemc.plan.TABLE_OPTIMIZERS`` or "auto" (the planner picks
     adam where it fits, else rowwise_adagrad); priced, written to the plan's
-    ``optimizer.embedding.kind`` and run by the runner. None: priced as AdamW (as before).
+    ``optimizer.embedding.kind`` and run by the runner. None: the runner's default
+    (``StepOptions.table_optimizer``, row-wise Adagrad), priced and recorded the same way.
     """
     from gemc.cost_model.topology import parse_topology
     from gemc.costing import predicted_block
@@ -130,10 +131,9 @@ def compile(  # noqa: A001 - the public name users expect
         plan = build_plan(gm, ctx, captured, planner=planner)
         plan["model"]["batch_size"] = batch_size  # stated by the model; null when not
         chosen = gm.meta.get(TABLE_OPTIMIZER_META) or (
-            None if table_optimizer is None
-            else "rowwise_adagrad" if table_optimizer == "auto" else table_optimizer)
-        if chosen is not None:
-            plan["optimizer"] = {"embedding": {"kind": chosen}}
+            step_options(None).table_optimizer if table_optimizer in (None, "auto")
+            else table_optimizer)
+        plan["optimizer"] = {"embedding": {"kind": chosen}}
         if "predict-time" not in disabled_passes:
             plan["predicted"] = predicted_block(gm, plan["regions"], plan["tables"], topo, calib,
                                                 step_options(chosen))

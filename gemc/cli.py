@@ -112,8 +112,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--table-optimizer", default=None, choices=(*TABLE_OPTIMIZERS, "auto"),
                    help="optimizer of the embedding tables, priced (state bytes per row) and "
                    "recorded in the plan for the runner; auto: adam where it fits, else "
-                   "rowwise_adagrad (1 state value per row); default: priced as AdamW, "
-                   "run as the runner's default")
+                   "rowwise_adagrad (1 state value per row); default: rowwise_adagrad, the "
+                   "runner's default, priced and recorded")
     c.add_argument("--calibration", default="auto",
                    help="auto (the file shipped for the topology's GPU, roofline where none "
                    "ships), none (roofline), or a file written by gemc calibrate (checked "

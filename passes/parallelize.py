@@ -31,7 +31,8 @@ TABLE_OPTIMIZER_META = "gemc.table_optimizer"  # gm.meta key: the table optimize
 
 
 def step_options(table_optimizer: str | None) -> StepOptions:
-    """The step model's options for a table optimizer (None: the model's default, AdamW)."""
+    """The step model's options for a table optimizer (None: the model's default,
+    ``StepOptions.table_optimizer``, which is the runner's default, row-wise Adagrad)."""
     return StepOptions() if table_optimizer is None else StepOptions(
         table_optimizer=table_optimizer)
 
@@ -86,9 +87,11 @@ class Parallelize:
         opt, result = plan_with_table_optimizer(
             lambda o: problem_from_graph(gm, ctx, settings, step_options(o)),
             (ctx.options or {}).get("table_optimizer"), self.planner)
-        if opt is not None:
-            result.report["table_optimizer"] = opt
-            gm.meta[TABLE_OPTIMIZER_META] = opt
+        # recorded even when not asked for: the plan states what it priced, so the runner
+        # runs that and not its own default (tests hold the two defaults equal)
+        opt = opt or step_options(None).table_optimizer
+        result.report["table_optimizer"] = opt
+        gm.meta[TABLE_OPTIMIZER_META] = opt
         apply_assignment(gm, result.assignment, result.table_cost)
         gm.meta[SOLVER_META] = result.report
         for note in result.notes:
