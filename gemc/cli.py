@@ -107,7 +107,8 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         metavar="SECONDS",
         help="CP-SAT's search budget in deterministic seconds (reproducible work units, "
-        "about a core-second each; a number > 0; default 10)",
+        "about a core-second each; a number > 0; default 2: the local search hands it a "
+        "near-optimal hint)",
     )
     c.add_argument("--table-optimizer", default=None, choices=(*TABLE_OPTIMIZERS, "auto"),
                    help="optimizer of the embedding tables, priced (state bytes per row) and "

@@ -174,13 +174,14 @@ class _Packer:
     def add_uniform(self, o: TableOption, n: int) -> None:
         self.free -= n * o.memory
 
-    def add(self, o: TableOption, start: int) -> None:
+    def add(self, o: TableOption, start: int, sign: int = 1) -> None:
+        """Put a piece at ``start`` (sign -1: take it away again)."""
         sl = slice(start, start + o.width)
-        self.comp[sl] += o.compute_s
-        self.out[sl] += o.out_bytes
-        self.mem[sl] += o.memory
+        self.comp[sl] += sign * o.compute_s
+        self.out[sl] += sign * o.out_bytes
+        self.mem[sl] += sign * o.memory
         for h in range(start // self.local, (start + o.width - 1) // self.local + 1):
-            self.host[h] += min(o.width, self.local) * o.out_bytes
+            self.host[h] += sign * min(o.width, self.local) * o.out_bytes
 
     def best(self, o: TableOption, lo: int, hi: int, used: tuple[int, ...] | list[int]) -> int:
         w, local = o.width, self.local
