@@ -107,13 +107,18 @@ class Pricer:
         self.req = req
         self.cache: dict[tuple, list[Any]] = {}
 
-    def options(self, t: dict[str, Any], cw_shards: int | None) -> list[Any]:
-        key = (t["rows"], t["dim"], t["pooling"], cw_shards)
+    def options(self, t: dict[str, Any], cw_shards: int | None,
+                grid_cols: int | None = None) -> list[Any]:
+        """TorchRec's options for a table; ``grid_cols``: its grid_shard (not enumerated
+        unless asked for) with that many column blocks."""
+        key = (t["rows"], t["dim"], t["pooling"], cw_shards, grid_cols)
         if key not in self.cache:
             one = [dict(t, name="t")]
-            extra = {}
+            extra: dict[str, Any] = {}
             if cw_shards:
                 extra = {"min_partition": t["dim"] // cw_shards}
+            if grid_cols:
+                extra = {"min_partition": t["dim"] // grid_cols, "sharding_types": ["grid_shard"]}
             topo = topology(self.req)
             cons = constraints(one, **extra)
             enum = EmbeddingEnumerator(
@@ -136,7 +141,9 @@ class Pricer:
             kind = TO_TORCHREC.get(p["sharding"], p["sharding"])
             ranks = p["ranks"]
             cw = len(ranks) if kind == "column_wise" else None
-            opts = [o for o in self.options(t, cw)
+            # gemc's grid: round(sqrt(shards)) column blocks (its memory model's shape)
+            cols = round(len(ranks) ** 0.5) if kind == "grid_shard" else None
+            opts = [o for o in self.options(t, cw, cols)
                     if o.sharding_type == kind and o.compute_kernel == FUSED
                     and (kind == "data_parallel" or len(o.shards) == len(ranks))]
             if kind == "data_parallel":
