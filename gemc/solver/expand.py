@@ -91,7 +91,7 @@ def expand(problem: Problem, layout: Layout, regions: list[RegionClass],
             for name in rc.members[k:k + n]:
                 a.dense[name] = rc.options[i].choice
             k += n
-    pack = _Packer(problem, pricer, dense_bytes(problem, pricer, a.dense))
+    pack = Packer(problem, pricer, dense_bytes(problem, pricer, a.dense))
     deferred: dict[int, list[tuple[str, TableOption]]] = {}
     for c, tc in enumerate(tables):
         k = 0
@@ -128,7 +128,7 @@ def expand(problem: Problem, layout: Layout, regions: list[RegionClass],
     return a
 
 
-def _pack(pack: _Packer, layout: Layout, deferred: dict[int, list[tuple[str, TableOption]]],
+def _pack(pack: Packer, layout: Layout, deferred: dict[int, list[tuple[str, TableOption]]],
           by_memory: bool) -> dict[str, tuple[TableOption, list[int]]]:
     blocks: dict[str, tuple[TableOption, list[int]]] = {}
     for b in sorted(deferred):
@@ -150,7 +150,7 @@ def _ranks(starts: list[int], width: int) -> tuple[int, ...]:
     return tuple(r for s in starts for r in range(s, s + width))
 
 
-class _Packer:
+class Packer:
     """Per-rank loads while pieces are placed, and the best place for the next piece:
     the one that raises the predicted step least (slowest rank's embedding compute plus
     twice the all-to-all's busiest rank or host), then the least-loaded, among the places

@@ -10,7 +10,7 @@ gap before CP-SAT starts, so CP-SAT's short budget goes to what a one-table move
 see, and the same moves polish CP-SAT's expanded plan afterwards.
 
 A move takes a table off its ranks, then for each of its options places the pieces one
-by one where the step rises least (``expand._Packer.best``: the slowest rank's lookup
+by one where the step rises least (``expand.Packer.best``: the slowest rank's lookup
 and the all-to-all's busiest rank or host, least-loaded on ties, only where memory is
 free), prices the whole plan exactly, and keeps the best option: the plan's order is
 (memory over the cap, step to the nanosecond, fullest rank's bytes, sum of squared rank
@@ -36,7 +36,7 @@ from .evaluate import (
     evaluation_of,
     table_loads,
 )
-from .expand import _Packer
+from .expand import Packer
 from .problem import Assignment, Problem, TableChoice
 
 
@@ -55,7 +55,7 @@ class _State:
         self.dense: DenseSums = dense_sums(problem, pricer, a.dense)
         self.tables = dict(a.tables)
         self.loads: TableLoads = table_loads(problem, self.tables, pricer)
-        self.pack = _Packer(problem, pricer, self.dense.memory)
+        self.pack = Packer(problem, pricer, self.dense.memory)
         self.option: dict[str, TableOption] = {}
         for t in problem.tables:
             o = self.option[t.fqn] = pricer.table(t, self.tables[t.fqn])
