@@ -14,7 +14,8 @@ optimizer (DLRMv2's; gemc: ``--table-optimizer rowwise_adagrad``, TorchRec: fuse
 * gemc's: ``gemc.solver.evaluate`` (held equal to ``predict_step``): the predicted step, ms,
   of the whole model, the dense part planned by gemc for both (TorchRec plans tables only);
 * TorchRec's: its planner's own figure of merit (``NoopPerfModel``: the largest per-rank
-  sum of the shards' estimated perf, ms) from TorchRec's perf estimator.
+  sum of the shards' estimated perf, ms) from TorchRec's perf estimator, with its default
+  link rates (what its planner plans with) and again told H200's (``H200_BANDWIDTHS``).
 
 TorchRec runs in its own venv, ``benchmarks/.venv_torchrec`` (gitignored), which this script
 creates on first use: torch 2.13.0 (CPU) then ``torchrec==1.8.0 fbgemm-gpu-cpu==1.8.0``
@@ -32,6 +33,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import subprocess
 import sys
 import tempfile
@@ -60,6 +62,10 @@ DLRM = f"{REPO}/examples/dlrm/model.py:build"
 VENV = REPO / "benchmarks" / ".venv_torchrec"
 WORKER = REPO / "benchmarks" / "torchrec_worker.py"
 GLOBAL_BATCH = 65536
+# H200 HGX link rates for TorchRec's estimator (bytes/ms, its unit): NVLink 4 at 450 GB/s
+# a direction, one ConnectX-7 400 Gb/s NIC (50 GB/s) per GPU. Its defaults are 600 GiB/s
+# and 12.5 GiB/s (a 100 Gb/s NIC): both plans are priced under both.
+H200_BANDWIDTHS = {"intra_host_bw": 450e9 / 1e3, "inter_host_bw": 50e9 / 1e3}
 # TorchRec's sharding names -> gemc's (one table each way: the worker holds the inverse)
 FROM_TORCHREC = {"table_wise": "table_wise", "row_wise": "row_wise",
                  "column_wise": "column_wise", "table_row_wise": "table_row_wise",
@@ -97,6 +103,12 @@ def gemc_problem(repeat: int, world: int, calibration: Any) -> Any:
     gm, ctx = annotate(captured, parse_topology(topo), entrypoint=DLRM, args=margs,
                        calibration=calibration)
     return problem_from_graph(gm, ctx, options=step_options("rowwise_adagrad"))
+
+
+def cpu_seconds() -> float:
+    """CPU seconds of this process and its finished children (CP-SAT's worker)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def tables_of(problem: Any) -> list[dict[str, Any]]:
@@ -144,13 +156,14 @@ def case(py: Path, repeat: int, world: int, calibration: Any, timeout: float,
     capture_s = time.perf_counter() - t0
     tables = tables_of(problem)
     row: dict[str, Any] = {"tables": len(tables), "world": world, "capture_s": capture_s}
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), cpu_seconds()
     try:
         g = run_planner(problem, "cpsat")
     except PlanInfeasibleError as exc:
         row["gemc_error"] = exc.render()
         return row
     row["gemc_plan_s"] = time.perf_counter() - t0
+    row["gemc_plan_cpu_s"] = cpu_seconds() - c0  # with CP-SAT's child: less load-dependent
     row["gemc_report"] = g.report
     row["gemc_under_gemc_ms"] = g.evaluation.step_ms
     mem = g.evaluation.memory
@@ -160,12 +173,14 @@ def case(py: Path, repeat: int, world: int, calibration: Any, timeout: float,
     gemc_plan = {by_fqn[fqn]: {"sharding": c.sharding, "ranks": list(c.ranks)}
                  for fqn, c in g.assignment.tables.items()}
     req = {"world": world, "local": 8, "hbm_bytes": 141e9, "batch": GLOBAL_BATCH // world,
-           "tables": tables, "gemc_plan": gemc_plan}
+           "tables": tables, "gemc_plan": gemc_plan,
+           "priced_with": {"h200bw": H200_BANDWIDTHS}}
     # TorchRec's pricing of gemc's plan first (quick: repeated tables enumerate once), then
     # its planner under the time limit
     priced = run_worker(py, {**req, "plan": False}, timeout)
     row["torchrec_versions"] = {k: priced.get(k) for k in ("torch", "torchrec")}
     row["gemc_under_torchrec"] = priced.get("gemc_under_torchrec")
+    row["gemc_under_torchrec_h200bw"] = priced.get("gemc_under_torchrec_h200bw")
     if not plan_torchrec:
         return row
     tr = run_worker(py, {**req, "gemc_plan": None}, timeout)
@@ -175,6 +190,7 @@ def case(py: Path, repeat: int, world: int, calibration: Any, timeout: float,
     if "torchrec_plan" in tr:
         row["torchrec_plan_s"] = tr["torchrec_seconds"]
         row["torchrec_under_torchrec"] = tr["torchrec_under_torchrec"]
+        row["torchrec_under_torchrec_h200bw"] = tr.get("torchrec_under_torchrec_h200bw")
         row["torchrec_shardings"] = dict(Counter(p["sharding"]
                                                  for p in tr["torchrec_plan"].values()))
         a, odd = torchrec_assignment(problem, tables, tr["torchrec_plan"], g.assignment.dense)
@@ -219,11 +235,14 @@ def main() -> int:
             results.append(r)
             gt = r.get("gemc_under_torchrec") or {}
             tt = r.get("torchrec_under_torchrec") or {}
+            gh = r.get("gemc_under_torchrec_h200bw") or {}
+            th = r.get("torchrec_under_torchrec_h200bw") or {}
             rows.append([
                 r["tables"], world, fmt(r.get("torchrec_plan_s"), ".1f"),
-                fmt(r.get("gemc_plan_s"), ".1f"),
+                fmt(r.get("gemc_plan_s"), ".1f") + " / " + fmt(r.get("gemc_plan_cpu_s"), ".1f"),
                 fmt(r.get("gemc_under_gemc_ms")), fmt(r.get("torchrec_under_gemc_ms")),
                 fmt(gt.get("max_perf_ms")), fmt(tt.get("max_perf_ms")),
+                fmt(gh.get("max_perf_ms")), fmt(th.get("max_perf_ms")),
                 "/".join(fmt(x, ".1f") for x in r.get("gemc_mem_gb", [])) or "-",
                 "/".join(fmt(x, ".1f") for x in r.get("torchrec_mem_gb_gemc", [])) or "-",
                 r.get("gemc_error", "") and "gemc: infeasible"
@@ -236,8 +255,9 @@ def main() -> int:
                 {"commit": commit, "cpus": os.cpu_count(), "rows": results}, indent=1,
                 default=str))
     print(render_table(
-        ["tables", "ranks", "TorchRec plan s", "gemc plan s", "gemc plan @gemc ms",
+        ["tables", "ranks", "TorchRec plan s", "gemc plan s (wall / cpu)", "gemc plan @gemc ms",
          "TorchRec plan @gemc ms", "gemc plan @TorchRec ms", "TorchRec plan @TorchRec ms",
+         "gemc plan @TorchRec H200 bw ms", "TorchRec plan @TorchRec H200 bw ms",
          "gemc max/mean GB", "TorchRec max/mean GB @gemc", "note"], rows,
         title="gemc vs TorchRec 1.8 planner, DLRMv2 tables, global batch 65,536, H200 x8 hosts"))
     return 0

@@ -257,10 +257,18 @@ def _all_to_all(nbytes: float, p: Placement, topo: Topology, send_bytes: Any,
         inter_out, inter_in = inter.sum(axis=1), inter.sum(axis=0)
     tb = topo.link_bandwidth(p.ranks)
     nvl = tb.nvlink * eff.all_to_all_nvlink
-    t_bw = float(max(np.max(intra_out), np.max(intra_in))) / nvl
     if p.hosts > 1:
         host_out = np.bincount(hosts, weights=inter_out)
         host_in = np.bincount(hosts, weights=inter_in)
+        # PXN (NCCL >= 2.12, on by default): a send to another host leaves by the NIC on
+        # the destination's rail, reached over NVLink through the local GPU on that rail
+        # (the sender's own NIC for 1 rail in L). So (L-1)/L of a rank's cross-host bytes
+        # also leave over its NVLink, and each host peer takes 1/L of them in.
+        per_host = np.bincount(hosts)[hosts].astype(float)
+        intra_out = intra_out + inter_out * (per_host - 1) / per_host
+        intra_in = intra_in + (host_out[hosts] - inter_out) / per_host
+    t_bw = float(max(np.max(intra_out), np.max(intra_in))) / nvl
+    if p.hosts > 1:
         host_bw = min(tb.host_network * eff.all_to_all_network, p.min_local * nvl)
         t_bw = max(t_bw, float(max(host_out.max(), host_in.max())) / host_bw)
         hop = tb.network_latency

@@ -113,10 +113,9 @@ def compile(  # noqa: A001 - the public name users expect
         plan = build_plan(gm, ctx, captured, planner=planner)
         plan["model"]["batch_size"] = batch_size  # stated by the model; null when not
         chosen = gm.meta.get(TABLE_OPTIMIZER_META) or (
-            None if table_optimizer is None
-            else "rowwise_adagrad" if table_optimizer == "auto" else table_optimizer)
-        if chosen is not None:
-            plan["optimizer"] = {"embedding": {"kind": chosen}}
+            step_options(None).table_optimizer if table_optimizer in (None, "auto")
+            else table_optimizer)
+        plan["optimizer"] = {"embedding": {"kind": chosen}}
         if "predict-time" not in disabled_passes:
             plan["predicted"] = predicted_block(gm, plan["regions"], plan["tables"], topo, calib,
                                                 step_options(chosen))

@@ -111,13 +111,14 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         metavar="SECONDS",
         help="CP-SAT's search budget in deterministic seconds (reproducible work units, "
-        "about a core-second each; a number > 0; default 10)",
+        "about a core-second each; a number > 0; default 2: the local search hands it a "
+        "near-optimal hint)",
     )
     c.add_argument("--table-optimizer", default=None, choices=(*TABLE_OPTIMIZERS, "auto"),
                    help="optimizer of the embedding tables, priced (state bytes per row) and "
                    "recorded in the plan for the runner; auto: adam where it fits, else "
-                   "rowwise_adagrad (1 state value per row); default: priced as AdamW, "
-                   "run as the runner's default")
+                   "rowwise_adagrad (1 state value per row); default: rowwise_adagrad, the "
+                   "runner's default, priced and recorded")
     c.add_argument("--table-precision", default=None, choices=("fp32", "bf16", "fp8", "auto"),
                    help="storage precision of the embedding tables, chosen with their "
                    "sharding under memory: fp32 (default); bf16 / fp8: the lowest allowed, "

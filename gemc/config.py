@@ -30,7 +30,8 @@ class CompileConfig:
     e.g. ``{"time_limit_s": 10}``).
     ``table_optimizer``: one of ``gemc.plan.TABLE_OPTIMIZERS`` or "auto" (adam where it
     fits, else rowwise_adagrad); priced, written to the plan and run by the runner.
-    None: priced as AdamW.
+    None: the runner's default (``StepOptions.table_optimizer``, row-wise Adagrad), priced
+    and recorded the same way.
     ``table_precision``: the tables' storage precision, chosen with their sharding
     (``gemc.solver.precision_choice``): fp32 (None: the default), bf16 / fp8 (the lowest
     allowed; the fastest plan that fits), or auto (lower only tables that must be lowered

@@ -37,7 +37,8 @@ TABLE_OPTIMIZER_META = "gemc.table_optimizer"  # gm.meta key: the table optimize
 
 
 def step_options(table_optimizer: str | None) -> StepOptions:
-    """The step model's options for a table optimizer (None: the model's default, AdamW)."""
+    """The step model's options for a table optimizer (None: the model's default,
+    ``StepOptions.table_optimizer``, which is the runner's default, row-wise Adagrad)."""
     return StepOptions() if table_optimizer is None else StepOptions(
         table_optimizer=table_optimizer)
 
@@ -96,9 +97,11 @@ class Parallelize:
             (ctx.options or {}).get("table_optimizer"), self.planner,
             (ctx.options or {}).get("table_precision"))
         result = chosen.result
-        if opt is not None:
-            result.report["table_optimizer"] = opt
-            gm.meta[TABLE_OPTIMIZER_META] = opt
+        # recorded even when not asked for: the plan states what it priced, so the runner
+        # runs that and not its own default (tests hold the two defaults equal)
+        opt = opt or step_options(None).table_optimizer
+        result.report["table_optimizer"] = opt
+        gm.meta[TABLE_OPTIMIZER_META] = opt
         apply_assignment(gm, result.assignment, result.table_cost)
         for node in gm.graph.nodes:
             facts = node.meta.get(ir.TABLE)

@@ -10,6 +10,7 @@ Read in this order:
 - ``greedy``      a largest-table-first heuristic on gemc's own cost model (its option order
                   borrowed from TorchRec's proposer): NOT TorchRec's planner, whose real plans
                   price 3-5x better (``benchmarks/vs_torchrec.py`` runs the real one)
+- ``local_search`` one table moved at a time, exactly priced: CP-SAT's hint and its polish
 - ``cpsat``       one OR-Tools CP-SAT model of the whole plan (the default planner)
 - ``expand``      from the model's counts per bin to concrete ranks
 - ``infeasible``  the error that names the binding memory constraint and the fixes

@@ -264,14 +264,23 @@ class AllToAll:
         return cls(world, topo.gpus_per_host, topo.hosts,
                    eff.launch_s + hop + (world - 1) * eff.per_peer_s, nvl, host_bw)
 
-    # coefficients: seconds per byte a rank sends, for each linear form
+    # coefficients: seconds per byte a rank sends, for each linear form. NVLink carries
+    # a rank's sends inside its host and, through PXN, (local-1)/local of those to other
+    # hosts (to the local GPU on the destination's rail; collectives._all_to_all)
     @cached_property
     def intra_out(self) -> float:
-        return (self.local - 1) / (self.world - 1) / self.nvlink_bw if self.world > 1 else 0.0
+        if self.world <= 1:
+            return 0.0
+        pxn = (self.world - self.local) * (self.local - 1) / self.local
+        return (self.local - 1 + pxn) / (self.world - 1) / self.nvlink_bw
 
     @cached_property
     def intra_in(self) -> float:
-        return 1 / (self.world - 1) / self.nvlink_bw if self.world > 1 else 0.0
+        """Per byte a host peer sends: its share to this rank, and its PXN hop through
+        this rank to other hosts (1/local of its cross-host bytes)."""
+        if self.world <= 1:
+            return 0.0
+        return (1 + (self.world - self.local) / self.local) / (self.world - 1) / self.nvlink_bw
 
     @cached_property
     def host_out(self) -> float:

@@ -24,8 +24,8 @@ A fluid bin adds "the largest piece" bounds (S and A >= any piece it holds; ever
 fits on one rank beside the dense and uniform parts) and keeps ``packing_slack`` of its
 memory free for ``expand`` to pack pieces onto ranks; the expanded plan is checked exactly. Symmetry between ranks of a host, between
 hosts and between bins is broken by ordering their sparse loads; identical tables and
-regions are one class with counts. The greedy plan, relabelled to obey that order, is
-the hint. CP-SAT runs with ``interleave_search`` and a deterministic time limit, so the
+regions are one class with counts. The best heuristic plan after the local search,
+relabelled to obey that order, is the hint. CP-SAT runs with ``interleave_search`` and a deterministic time limit, so the
 same inputs give the same plan on any machine, and in a child process (``cpsat_worker``),
 so a native abort or Ctrl-C never takes the compile down with it.
 """

@@ -28,6 +28,8 @@ class Pricer:
         self.a2a = AllToAll.of(problem)
         self._dense: dict[tuple, DenseOption] = {}
         self._table: dict[tuple, TableOption] = {}
+        self._dp_ar: dict[float, float] = {}
+        self._opt: dict[float, float] = {}
 
     def dense(self, region: RegionCost, choice: DenseChoice) -> DenseOption:
         key = (region.name, choice)
@@ -35,6 +37,25 @@ class Pricer:
         if o is None:
             o = self._dense[key] = dense_option(self.problem, region, choice)
         return o
+
+    def dp_all_reduce(self, nbytes: float) -> float:
+        """Seconds of the all-reduce of data-parallel tables' gradients (remembered)."""
+        s = self._dp_ar.get(nbytes)
+        if s is None:
+            p = self.problem
+            s = self._dp_ar[nbytes] = collective_time("all_reduce", nbytes, range(p.world),
+                                                      p.topology, calibration=p.calibration)
+        return s
+
+    def optimizer_s(self, numel: float) -> float:
+        """Seconds of the dense optimizer over ``numel`` elements per rank (remembered)."""
+        s = self._opt.get(numel)
+        if s is None:
+            p, opts = self.problem, self.problem.options
+            s = self._opt[numel] = optimizer_time(
+                opts.optimizer, numel, opts.dense_dtype, p.topology.gpu, p.calibration,
+                fused=opts.fused_optimizer, tensors=max(1, 2 * len(p.regions)))[0]
+        return s
 
     def table(self, t: TableCost, choice: TableChoice) -> TableOption:
         key = (t.rows, t.dim, t.nnz, t.batch, t.dtype_bytes, t.pooled, t.precision,
@@ -77,50 +98,39 @@ class Evaluation:
         return self.over_bytes <= 0.0
 
 
-def evaluate(problem: Problem, assignment: Assignment, pricer: Pricer | None = None) -> Evaluation:
-    pricer = pricer or Pricer(problem)
-    opts, topo = problem.options, problem.topology
-    world = problem.world
-    sparse, out = np.zeros(world), np.zeros(world)
-    mem, shards = np.zeros(world), np.zeros(world, dtype=np.int64)
-    u_sparse = u_mem = u_out = 0.0
-    dp_grad = dp_numel = ids = 0.0
-    for t in problem.tables:
-        choice = assignment.tables[t.fqn]
-        o = pricer.table(t, choice)
-        if o.sharding == "data_parallel":
-            u_sparse += o.compute_s
-            u_mem += o.memory
-            dp_grad += o.dp_grad_bytes
-            dp_numel += o.dp_numel
-            shards += 1
-            continue
-        ids += o.ids_bytes
-        if o.uniform:
-            u_sparse += o.compute_s
-            u_mem += o.memory
-            u_out += o.out_bytes
-            shards += 1
-            continue
-        idx = np.asarray(choice.ranks, dtype=np.int64)  # a rank listed twice pays twice
-        np.add.at(sparse, idx, o.compute_s)
-        np.add.at(mem, idx, o.memory)
-        np.add.at(out, idx, o.out_bytes)
-        np.add.at(shards, idx, 1)
-    sparse += u_sparse
-    mem += u_mem
-    out += u_out
+@dataclass
+class TableLoads:
+    """What the tables add per rank (embedding seconds, pooled all-to-all bytes sent,
+    bytes, shards) and in total (data-parallel gradient bytes and elements, id bytes)."""
 
-    a2a = input_dist = 0.0
-    if world > 1 and out.any():
-        a2a = 2 * pricer.a2a.time(out)
-        input_dist = pricer.a2a.even(ids)
-    exposed_input = 0.0 if opts.pipeline_sparse else input_dist
+    sparse: np.ndarray
+    out: np.ndarray
+    mem: np.ndarray
+    shards: np.ndarray
+    dp_grad: float = 0.0
+    dp_numel: float = 0.0
+    ids: float = 0.0
 
+
+@dataclass(frozen=True)
+class DenseSums:
+    """The dense part of the step, summed once for a choice of every region's strategy."""
+
+    fwd: float
+    bwd: float
+    c_fwd: float
+    c_bwd: float
+    c_tp: float
+    f_tail: float
+    b_tail: float
+    numel: float
+    memory: float   # every rank: workspace, regions, largest transient and recompute
+
+
+def dense_sums(problem: Problem, pricer: Pricer, dense: dict[str, DenseChoice]) -> DenseSums:
     fwd = bwd = c_fwd = c_bwd = c_tp = f_tail = b_tail = numel = 0.0
-    dense_mem, transient, ckpt = float(opts.workspace_bytes), 0.0, 0.0
     for r in problem.regions:
-        d = pricer.dense(r, assignment.dense.get(r.name, DenseChoice()))
+        d = pricer.dense(r, dense.get(r.name, DenseChoice()))
         fwd += d.fwd_s
         bwd += d.bwd_s
         c_fwd += d.comm_fwd
@@ -129,31 +139,74 @@ def evaluate(problem: Problem, assignment: Assignment, pricer: Pricer | None = N
         f_tail = max(f_tail, d.fwd_tail)
         b_tail = max(b_tail, d.bwd_tail)
         numel += d.numel
-        dense_mem += d.memory
-        transient = max(transient, d.transient)
-        ckpt = max(ckpt, d.ckpt_peak)
-    if dp_grad and world > 1:
-        ar = collective_time("all_reduce", dp_grad, range(world), topo,
-                             calibration=problem.calibration)
+    return DenseSums(fwd, bwd, c_fwd, c_bwd, c_tp, f_tail, b_tail, numel,
+                     dense_bytes(problem, pricer, dense))
+
+
+def table_loads(problem: Problem, tables: dict[str, TableChoice], pricer: Pricer) -> TableLoads:
+    world = problem.world
+    loads = TableLoads(np.zeros(world), np.zeros(world), np.zeros(world),
+                       np.zeros(world, dtype=np.int64))
+    for t in problem.tables:
+        choice = tables[t.fqn]
+        add_table(loads, pricer.table(t, choice), choice.ranks)
+    return loads
+
+
+def add_table(loads: TableLoads, o: TableOption, ranks: tuple[int, ...], sign: int = 1) -> None:
+    """Add (sign 1) or take away (sign -1) one table's option on its ranks."""
+    if o.sharding == "data_parallel":
+        loads.dp_grad += sign * o.dp_grad_bytes
+        loads.dp_numel += sign * o.dp_numel
+    else:
+        loads.ids += sign * o.ids_bytes
+    if o.uniform:
+        loads.sparse += sign * o.compute_s
+        loads.mem += sign * o.memory
+        loads.out += sign * o.out_bytes
+        loads.shards += sign
+        return
+    idx = np.asarray(ranks, dtype=np.int64)  # a rank listed twice pays twice
+    np.add.at(loads.sparse, idx, sign * o.compute_s)
+    np.add.at(loads.mem, idx, sign * o.memory)
+    np.add.at(loads.out, idx, sign * o.out_bytes)
+    np.add.at(loads.shards, idx, sign)
+
+
+def evaluate(problem: Problem, assignment: Assignment, pricer: Pricer | None = None) -> Evaluation:
+    pricer = pricer or Pricer(problem)
+    return evaluation_of(problem, pricer, dense_sums(problem, pricer, assignment.dense),
+                         table_loads(problem, assignment.tables, pricer))
+
+
+def evaluation_of(problem: Problem, pricer: Pricer, d: DenseSums, loads: TableLoads) -> Evaluation:
+    """The step and per-rank memory of a plan from its dense sums and table loads."""
+    opts, world = problem.options, problem.world
+    sparse, out = loads.sparse, loads.out
+    a2a = input_dist = 0.0
+    # (half a byte: what adding and taking away a table may leave behind in floats)
+    if world > 1 and float(out.max(initial=0.0)) > 0.5:
+        a2a = 2 * pricer.a2a.time(out)
+        input_dist = pricer.a2a.even(loads.ids)
+    exposed_input = 0.0 if opts.pipeline_sparse else input_dist
+    c_bwd, b_tail = d.c_bwd, d.b_tail
+    if loads.dp_grad > 0.5 and world > 1:
+        ar = pricer.dp_all_reduce(loads.dp_grad)
         c_bwd += ar
         b_tail = max(b_tail, ar)
     sparse_max = float(sparse.max(initial=0.0))
-    exposed_fwd = max(f_tail if c_fwd else 0.0, c_fwd - opts.overlap * fwd)
-    exposed_bwd = max(b_tail if c_bwd else 0.0, c_bwd - opts.overlap * (bwd + sparse_max))
-    opt_s, _ = optimizer_time(opts.optimizer, numel + dp_numel, opts.dense_dtype, topo.gpu,
-                              problem.calibration, fused=opts.fused_optimizer,
-                              tensors=max(1, 2 * len(problem.regions)))
-    mem += dense_mem + transient + ckpt
+    exposed_fwd = max(d.f_tail if d.c_fwd else 0.0, d.c_fwd - opts.overlap * d.fwd)
+    exposed_bwd = max(b_tail if c_bwd else 0.0, c_bwd - opts.overlap * (d.bwd + sparse_max))
     breakdown = {
         "sparse_compute": sparse_max,
         "all_to_all": a2a,
         "input_dist": exposed_input,
-        "dense_forward": fwd,
-        "dense_backward": bwd,
+        "dense_forward": d.fwd,
+        "dense_backward": d.bwd,
         "exposed_forward_comm": exposed_fwd,
         "exposed_backward_comm": exposed_bwd,
-        "tp_comm": c_tp,
-        "optimizer": opt_s,
+        "tp_comm": d.c_tp,
+        "optimizer": pricer.optimizer_s(d.numel + loads.dp_numel),
     }
-    return Evaluation(sum(breakdown.values()), breakdown, mem, sparse, out, shards,
-                      problem.cap_bytes)
+    return Evaluation(sum(breakdown.values()), breakdown, loads.mem + d.memory, sparse, out,
+                      loads.shards.copy(), problem.cap_bytes)

@@ -91,7 +91,7 @@ def expand(problem: Problem, layout: Layout, regions: list[RegionClass],
             for name in rc.members[k:k + n]:
                 a.dense[name] = rc.options[i].choice
             k += n
-    pack = _Packer(problem, pricer, dense_bytes(problem, pricer, a.dense))
+    pack = Packer(problem, pricer, dense_bytes(problem, pricer, a.dense))
     deferred: dict[int, list[tuple[str, TableOption]]] = {}
     for c, tc in enumerate(tables):
         k = 0
@@ -128,7 +128,7 @@ def expand(problem: Problem, layout: Layout, regions: list[RegionClass],
     return a
 
 
-def _pack(pack: _Packer, layout: Layout, deferred: dict[int, list[tuple[str, TableOption]]],
+def _pack(pack: Packer, layout: Layout, deferred: dict[int, list[tuple[str, TableOption]]],
           by_memory: bool) -> dict[str, tuple[TableOption, list[int]]]:
     blocks: dict[str, tuple[TableOption, list[int]]] = {}
     for b in sorted(deferred):
@@ -150,7 +150,7 @@ def _ranks(starts: list[int], width: int) -> tuple[int, ...]:
     return tuple(r for s in starts for r in range(s, s + width))
 
 
-class _Packer:
+class Packer:
     """Per-rank loads while pieces are placed, and the best place for the next piece:
     the one that raises the predicted step least (slowest rank's embedding compute plus
     twice the all-to-all's busiest rank or host), then the least-loaded, among the places
@@ -174,13 +174,14 @@ class _Packer:
     def add_uniform(self, o: TableOption, n: int) -> None:
         self.free -= n * o.memory
 
-    def add(self, o: TableOption, start: int) -> None:
+    def add(self, o: TableOption, start: int, sign: int = 1) -> None:
+        """Put a piece at ``start`` (sign -1: take it away again)."""
         sl = slice(start, start + o.width)
-        self.comp[sl] += o.compute_s
-        self.out[sl] += o.out_bytes
-        self.mem[sl] += o.memory
+        self.comp[sl] += sign * o.compute_s
+        self.out[sl] += sign * o.out_bytes
+        self.mem[sl] += sign * o.memory
         for h in range(start // self.local, (start + o.width - 1) // self.local + 1):
-            self.host[h] += min(o.width, self.local) * o.out_bytes
+            self.host[h] += sign * min(o.width, self.local) * o.out_bytes
 
     def best(self, o: TableOption, lo: int, hi: int, used: tuple[int, ...] | list[int]) -> int:
         w, local = o.width, self.local

@@ -3,8 +3,8 @@
 Every planner's assignment goes through the same ``evaluate`` (the step model's
 arithmetic), so their plans compare; a plan over the memory cap is never returned, it
 becomes a :class:`PlanInfeasibleError` that names the rank. The CP-SAT planner starts from
-greedy's plan and keeps whichever of the two the step model predicts faster, so it is
-never worse than greedy.
+greedy's plan improved by the local search, and keeps whichever plan the step model
+predicts faster (then the better balanced), so it is never worse than greedy.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from .infeasible import (
     check_lower_bound,
     error_from_evaluation,
 )
+from .local_search import improve, plan_key
 from .naive import naive
 from .problem import Assignment, Problem
 
@@ -80,10 +81,11 @@ def run_planner(problem: Problem, planner: str) -> PlannerResult:
 def _cpsat(problem: Problem, regions, tables, pricer: Pricer, base: dict[str, Any],
            start: float) -> PlannerResult:
     """The finest model the variable budget allows, hinted with the best heuristic plan
-    (greedy or naive). When that model's bins hold several ranks anyway, a first model with
-    every rank in one bin (only shardings and strategies: small, solved fast) takes 30% of
-    the budget and hints the second. Every solution is expanded to ranks and checked
-    exactly; the fastest plan that fits wins."""
+    (greedy or naive) after the local search improved it. When that model's bins hold
+    several ranks anyway, a first model with every rank in one bin (only shardings and
+    strategies: small, solved fast) takes 30% of the budget and hints the second. CP-SAT's
+    solution is expanded to ranks and polished by the same local search; every plan is
+    checked exactly and the best that fits wins (step, then memory balance)."""
     from . import cpsat
 
     clock = {"prepare": time.perf_counter() - start}
@@ -95,11 +97,16 @@ def _cpsat(problem: Problem, regions, tables, pricer: Pricer, base: dict[str, An
     tried: list[tuple[str, Assignment, Evaluation]] = [("greedy", g, g_ev), ("naive", n, n_ev)]
     clock["heuristics"] = time.perf_counter() - t
 
+    def search(name: str, a: Assignment) -> None:
+        """Local search from a plan (``local_search``), kept among the tried ones."""
+        t = time.perf_counter()
+        better = improve(problem, pricer, a)
+        tried.append((name, better, evaluate(problem, better, pricer)))
+        clock[name] = time.perf_counter() - t
+
     def best() -> tuple[str, Assignment, Evaluation]:
-        fits = [x for x in tried if x[2].feasible]
-        if fits:
-            return min(fits, key=lambda x: x[2].step_s)
-        return min(tried, key=lambda x: x[2].over_bytes)
+        # fitting first, then the step, then memory balance (local_search.plan_key)
+        return min(tried, key=lambda x: plan_key(x[2]))
 
     def run(layout: Layout, budget: float, name: str) -> cpsat.CpSatResult:
         t = time.perf_counter()
@@ -112,12 +119,19 @@ def _cpsat(problem: Problem, regions, tables, pricer: Pricer, base: dict[str, An
         clock[f"{name}_total"] = time.perf_counter() - t
         return res
 
+    start_name, start_plan, _ = best()
+    search(f"{start_name}+search", start_plan)  # CP-SAT's hint: one table moved at a time
     layout = choose_layout(problem, tables)
     total = problem.settings.time_limit_s
     coarse = None
     if 1 < layout.bin_size < problem.world:  # the fine model is fluid anyway: start cheap
         coarse = run(Layout(problem.world, layout.local, problem.world), 0.3 * total, "coarse")
     res = run(layout, total - (0.3 * total if coarse else 0.0), "cpsat")
+    for name in ("cpsat", "coarse"):  # CP-SAT's expanded plan, polished by the same moves
+        found = [x for x in tried if x[0] == name]
+        if found:
+            search(f"{name}+search", found[0][1])
+            break
     source, a, ev = best()
     crashes = [r.crash for r in (coarse, res) if r is not None and r.crash]
     if not ev.feasible and crashes and not any(
@@ -181,7 +195,7 @@ def _cpsat(problem: Problem, regions, tables, pricer: Pricer, base: dict[str, An
         why = ("found no solution in its time limit" if res.status == "unknown" else
                "found its model infeasible (multi-rank bins keep a packing slack)")
         notes.append(f"parallelize: CP-SAT {why}; the plan is {source}'s")
-    elif source not in ("cpsat", "coarse"):
+    elif source not in ("cpsat", "coarse", "cpsat+search", "coarse+search"):
         notes.append(f"parallelize: {source}'s plan predicts faster than CP-SAT's expanded "
                      f"solution; the plan is {source}'s")
     return PlannerResult("cpsat", a, ev, report, time.perf_counter() - start, notes,

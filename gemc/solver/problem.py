@@ -40,7 +40,7 @@ class SolverSettings:
     model does not see, on top of the CUDA context (``GPUSpec.usable_hbm_bytes``).
     """
 
-    time_limit_s: float = 10.0
+    time_limit_s: float = 2.0
     workers: int = 2
     seed: int = 0
     gap_limit: float = 1e-3        # stop once within 0.1% of the bound
@@ -53,7 +53,10 @@ class SolverSettings:
     # extra budget (a share of time_limit_s, on top of it) for the lexicographic second
     # objective (memory balance: the fullest rank's bytes, the step held at the first
     # solution's); 0: off
-    balance_share: float = 0.2
+    balance_share: float = 0.0
+    # table moves the local search prices (``local_search``), before CP-SAT and after it:
+    # a count, not a clock, so plans stay reproducible
+    search_moves: int = 5_000
 
     def __post_init__(self) -> None:
         if not self.time_limit_s > 0:

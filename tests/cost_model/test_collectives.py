@@ -117,3 +117,22 @@ def test_uneven_all_to_all_is_bounded_by_the_most_loaded_rank() -> None:
         pytest.approx(t_even, rel=1e-6)
     with pytest.raises(ValueError):
         collective_time("all_to_all", 0, range(n), topo, send_bytes=[1.0, 2.0])
+
+
+def test_one_hot_sender_across_hosts_pays_the_pxn_hop_on_its_nvlink() -> None:
+    """PXN: a rank's bytes to another host reach the NIC on the destination's rail through
+    the local GPU on that rail, so 7/8 of them also leave over its NVLink. One rank of two
+    H200 hosts sending B evenly: NVLink out 7/15 B (its host) + 7/8 x 8/15 B (PXN) = 14/15 B,
+    which binds before the host's eight NICs (8/15 B over 8 x 50 GB/s)."""
+    from gemc.cost_model.collectives import DEFAULT_EFFICIENCY as eff
+
+    topo = parse_topology("h200:2x8")
+    n, b = 16, 1e9
+    sends = np.zeros(n)
+    sends[0] = b
+    t = collective_time("all_to_all", 0, range(n), topo, send_bytes=sends)
+    tb = topo.link_bandwidth(tuple(range(n)))
+    fixed = eff.launch_s + tb.network_latency + (n - 1) * eff.per_peer_s
+    nvl = tb.nvlink * eff.all_to_all_nvlink
+    assert t - fixed == pytest.approx((14 / 15) * b / nvl, rel=1e-9)
+    assert (14 / 15) * b / nvl > (8 / 15) * b / (tb.host_network * eff.all_to_all_network)

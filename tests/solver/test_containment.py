@@ -48,7 +48,7 @@ def test_abort_in_every_solve_gives_the_heuristic_plan_with_a_warning(tmp_path, 
     monkeypatch.setattr(cpsat, "WORKER", _fake_worker(tmp_path, fill_only=False))
     r = run_planner(p, "cpsat")
     assert r.report["status"] == "crashed" and r.report["crashed"] is True
-    assert r.report["kept"] in ("greedy", "naive")
+    assert r.report["kept"] in ("greedy", "naive", "greedy+search", "naive+search")
     assert r.evaluation.step_s <= greedy.evaluation.step_s
     warning = " ".join(r.notes)
     assert "SIGABRT" in warning and "fixed_search" in warning and "WARNING" in warning
@@ -66,8 +66,8 @@ def test_abort_in_the_hint_completion_only_is_retried_without_it(tmp_path, monke
 
 
 def test_abort_without_any_fitting_plan_is_a_named_error(tmp_path, monkeypatch):
-    """Memory under the naive plan's fullest rank, greedy replaced by naive: no heuristic
-    fits, so the crash is the error (not a false "infeasible")."""
+    """Memory under the naive plan's fullest rank, greedy replaced by naive and the local
+    search off: no heuristic fits, so the crash is the error (not a false "infeasible")."""
     from gemc.solver import planners
     from gemc.solver.evaluate import evaluate
     from gemc.solver.naive import naive
@@ -78,6 +78,7 @@ def test_abort_without_any_fitting_plan_is_a_named_error(tmp_path, monkeypatch):
     p = replace(loose, settings=replace(FAST, memory_reserve=(gpu.usable_hbm_bytes - cap)
                                         / gpu.hbm_bytes))
     monkeypatch.setattr(planners, "greedy", lambda problem, pricer: naive(problem))
+    monkeypatch.setattr(planners, "improve", lambda problem, pricer, a: a)  # no search either
     monkeypatch.setattr(cpsat, "WORKER", _fake_worker(tmp_path, fill_only=False))
     with pytest.raises(SolverCrashError) as exc:
         run_planner(p, "cpsat")

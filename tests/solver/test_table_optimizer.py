@@ -70,3 +70,20 @@ def test_cli_refuses_an_optimizer_the_runner_cannot_run(tmp_path, capsys):
         main(["compile", f"{TOY}:build", "--out", str(tmp_path / "p.json"),
               "--table-optimizer", "lamb"])
     assert exc.value.code == 2
+
+
+@pytest.mark.parametrize("planner", ["greedy", "default"])
+def test_without_the_flag_the_plan_prices_and_records_the_runners_default(tmp_path, planner):
+    """No --table-optimizer: the step model's default is the runner's, and the plan says
+    which one it priced, so the runner runs that one whatever its own default becomes."""
+    _, runner_default = resolve_optimizers(None)
+    assert step_options(None).table_optimizer == runner_default.kind
+    out = tmp_path / "plan.json"
+    assert main(["compile", f"{TOY}:build", "--topology", "h200:1x8", "--out", str(out),
+                 "--planner", planner]) == 0
+    plan = load_plan(out)
+    assert plan["optimizer"] == {"embedding": {"kind": runner_default.kind}}
+    if planner != "default":
+        assert plan["solver"]["table_optimizer"] == runner_default.kind
+    _, emb = resolve_optimizers(plan.get("optimizer"))
+    assert emb.kind == runner_default.kind
