@@ -15,6 +15,7 @@ from typing import Any
 
 from gemc.dump import write_atomic
 from gemc.errors import PlanError
+from gemc.kernel_kinds import KINDS
 from gemc.sharding import DENSE_STRATEGIES, TABLE_SHARDINGS
 from gemc.table_precision import TABLE_PRECISIONS
 
@@ -195,6 +196,8 @@ def validate_plan(plan: Any, *, source: str = "plan") -> None:
             )
     for i, table in enumerate(plan["tables"]):
         _validate_table(table, f"tables[{i}]", world, source, recompile)
+    for i, entry in enumerate(plan["kernels"]):
+        _validate_kernel(entry, f"kernels[{i}]", source, recompile)
     predicted = plan["predicted"]
     for key in ("step_ms", "mfu", "per_rank"):
         if key not in predicted:
@@ -206,6 +209,21 @@ def validate_plan(plan: Any, *, source: str = "plan") -> None:
         if solver.get("status") not in SOLVER_STATUSES:
             _fail(source, "solver.status", f"is {solver.get('status')!r}, not one of "
                   f"{SOLVER_STATUSES}", recompile)
+
+
+def _validate_kernel(entry: Any, where: str, source: str, fix: str) -> None:
+    """An entry of a declared kind (gemc.kernel_kinds) has the fields its runtime reads. A
+    kind no declaration names is a module-mode kernel of a backend the runner imports with
+    ``--kernel-module``; the runner refuses it by name when none registers it."""
+    if not isinstance(entry, dict):
+        _fail(source, where, "is not an object", fix)
+    if not isinstance(entry.get("kind"), str):
+        _fail(source, f"{where}.kind", f"is {entry.get('kind')!r}, not a kernel kind", fix)
+    kind = KINDS.get(entry["kind"])
+    missing = kind.missing(entry) if kind is not None else []
+    if missing:
+        _fail(source, f"{where}.{missing[0]}",
+              f"is missing (a {kind.name} entry needs {', '.join(missing)})", fix)
 
 
 def _validate_table(table: Any, where: str, world: int, source: str, fix: str) -> None:

@@ -43,6 +43,7 @@ import torch
 from torch import fx, nn
 
 from gemc import ir
+from gemc.kernel_kinds import KINDS, generated_kinds
 
 from . import ops as gemc_ops
 from . import packed_tokens
@@ -51,10 +52,12 @@ from .graph_runner import _SKIP, GraphRunner, _rank, silu_attention_of_entry
 from .packed_tokens import TokenLayout
 from .transposed_linear import transposed_linear
 
-__all__ = ["CHOICE_ENV", "Built", "build", "default_choice", "measure_groups", "runner_for"]
+__all__ = ["CHOICE_ENV", "EMITTERS", "Built", "build", "default_choice", "measure_groups",
+           "runner_for"]
 
-GENERATED = ("gemm_epilogue", "norm", "pointwise", "reduction")
-"""Kinds where a gemc kernel and Inductor's code compete for the same subgraph."""
+GENERATED = generated_kinds()
+"""Kinds where a gemc kernel and Inductor's code compete for the same subgraph
+(declared in gemc/kernel_kinds.py)."""
 CHOICE_ENV = "GEMC_GROUP_CHOICE"
 """``gemc`` / ``inductor`` forces every generated group's choice (A/B runs); unset or
 ``auto``: the measured choice where there is one, else Inductor."""
@@ -67,9 +70,10 @@ def default_choice(entry: dict[str, Any], measured: Mapping[str, Any] | None = N
     rewrite Inductor compiles anyway (``transposed_linear``). A generated
     group is gemc's only where a measurement recorded a win (``measured[name]["choice"]``),
     because without one Inductor's fused code is the safe default (it never loses to the
-    op-by-op graph, and it fuses across the group's border)."""
-    kind = entry["kind"]
-    if kind not in GENERATED:
+    op-by-op graph, and it fuses across the group's border); the kind's declaration
+    (gemc.kernel_kinds) says which kinds compete and what each runs without a measurement."""
+    kind = KINDS.get(entry["kind"])
+    if kind is None or not kind.generated:
         return "gemc"
     forced = os.environ.get(CHOICE_ENV, "auto")
     if forced in ("gemc", "inductor"):
@@ -77,7 +81,7 @@ def default_choice(entry: dict[str, Any], measured: Mapping[str, Any] | None = N
     rec = (measured or {}).get(str(entry.get("name")))
     if isinstance(rec, Mapping) and rec.get("choice") in ("gemc", "inductor"):
         return str(rec["choice"])
-    return "inductor"
+    return kind.default_choice
 
 
 @dataclass
@@ -420,40 +424,53 @@ class _Emitter:
         if "structure" in entry and unit.get("shared_operand") and self.autocast is not None:
             choice = "inductor"  # its epilogue reads the GEMM operand unrounded (see runner)
         self.choices[name] = choice
-        by_name = self.r.by_name
         if choice == "inductor":
             for node in unit["nodes"]:
                 self.node(node)
-        elif "structure" in entry:
-            self.group(unit)
-        elif kind == "jagged_attention":
-            self.attention(unit)
-        elif kind in ("key_padding_attention", "jagged_silu_attention"):
-            q, k, v, mask = (self.padded(by_name[entry[x]]) for x in (
-                "q", "k", "v", "mask" if entry.get("mask") else "offsets"))
-            if kind == "key_padding_attention":
-                value = self.call(_call_key_padding_attention, (q, k, v, mask, entry))
-                out = by_name[entry.get("output", unit["nodes"][0].name)]
-            else:
-                bias = self.padded(by_name[entry["bias"]]) if entry.get("bias") else None
-                value = self.call(_call_silu_attention, (q, k, v, mask, bias, entry))
-                out = by_name[entry["output"]]
-            self.store(out, value, False)
-        elif kind == "batched_embedding_bag":
-            module = self.r.tables[entry["name"]]
-            mod = self.attr("t_" + name.replace(".", "__"), module)
-            ids = [self.padded(by_name[t["ids"]]) for t in entry["tables"]]
-            offs = [self.padded(by_name[t["offsets"]]) for t in entry["tables"]]
-            call = self.call(_call_embeddings, (name, mod, entry, ids, offs))
-            for j, t in enumerate(entry["tables"]):
-                self.store(by_name[t["output"]], self.call(operator.getitem, (call, j)), False)
-        elif kind == "transposed_linear":
-            bias = self.padded(by_name[entry["bias"]]) if entry.get("bias") else None
-            value = self.call(transposed_linear, (self.padded(by_name[entry["input"]]),
-                                                  self.padded(by_name[entry["weight"]]), bias))
-            self.store(unit["nodes"][0], value, False)
-        else:
+            return
+        emit = EMITTERS.get(kind)
+        if emit is None:
             raise ValueError(f"unknown kernel kind {kind!r}")
+        emit(self, unit)
+
+    def key_padding_attention(self, unit: dict[str, Any]) -> None:
+        entry = unit["entry"]
+        q, k, v, mask = self.attention_operands(entry)
+        value = self.call(_call_key_padding_attention, (q, k, v, mask, entry))
+        self.store(self.r.by_name[entry.get("output", unit["nodes"][0].name)], value, False)
+
+    def silu_attention(self, unit: dict[str, Any]) -> None:
+        entry = unit["entry"]
+        by_name = self.r.by_name
+        q, k, v, mask = self.attention_operands(entry)
+        bias = self.padded(by_name[entry["bias"]]) if entry.get("bias") else None
+        value = self.call(_call_silu_attention, (q, k, v, mask, bias, entry))
+        self.store(by_name[entry["output"]], value, False)
+
+    def attention_operands(self, entry: dict[str, Any]) -> list[Any]:
+        """A guarded attention's q, k, v and its mask (or the offsets it derives one from)."""
+        return [self.padded(self.r.by_name[entry[x]]) for x in (
+            "q", "k", "v", "mask" if entry.get("mask") else "offsets")]
+
+    def embeddings(self, unit: dict[str, Any]) -> None:
+        entry = unit["entry"]
+        name = str(entry.get("name"))
+        by_name = self.r.by_name
+        module = self.r.tables[entry["name"]]
+        mod = self.attr("t_" + name.replace(".", "__"), module)
+        ids = [self.padded(by_name[t["ids"]]) for t in entry["tables"]]
+        offs = [self.padded(by_name[t["offsets"]]) for t in entry["tables"]]
+        call = self.call(_call_embeddings, (name, mod, entry, ids, offs))
+        for j, t in enumerate(entry["tables"]):
+            self.store(by_name[t["output"]], self.call(operator.getitem, (call, j)), False)
+
+    def transposed_gemm(self, unit: dict[str, Any]) -> None:
+        entry = unit["entry"]
+        by_name = self.r.by_name
+        bias = self.padded(by_name[entry["bias"]]) if entry.get("bias") else None
+        value = self.call(transposed_linear, (self.padded(by_name[entry["input"]]),
+                                              self.padded(by_name[entry["weight"]]), bias))
+        self.store(unit["nodes"][0], value, False)
 
     def group(self, unit: dict[str, Any]) -> None:
         """A generated group through ``gemc::fused_group``; inside a packed region at the
@@ -525,6 +542,19 @@ class _Emitter:
         self.graph.eliminate_dead_code()
         module = fx.GraphModule(self.root, self.graph, class_name="GemcRewritten")
         return Built(module=module, choices=self.choices, runner=self.r)
+
+
+EMITTERS: dict[str, Callable[[_Emitter, dict[str, Any]], None]] = {
+    **{kind: _Emitter.group for kind in generated_kinds()},
+    "batched_embedding_bag": _Emitter.embeddings,
+    "jagged_attention": _Emitter.attention,
+    "key_padding_attention": _Emitter.key_padding_attention,
+    "jagged_silu_attention": _Emitter.silu_attention,
+    "transposed_linear": _Emitter.transposed_gemm,
+}
+"""Per unit kind (gemc.kernel_kinds): how its gemc kernel is emitted into the new graph (a
+unit whose choice is Inductor's is emitted as its own ATen nodes instead). Layout kinds
+have none: the emitter reads the runner's packed regions (``graph_runner.LAYOUT_SETUPS``)."""
 
 
 def _missing_param(fqn: str) -> torch.Tensor:
