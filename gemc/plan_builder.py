@@ -167,6 +167,12 @@ def kernel_entries(gm: fx.GraphModule, ctx: PassContext) -> list[dict[str, Any]]
                          merged_heads=bool(f.get("merged_heads", False)),
                          nan_if_empty=bool(f.get("nan_if_empty", False)),
                          **{key: f[key] for key in keep})
+        elif kind == "jagged_query_attention":
+            q, k, v = (a.name for a in nodes[0].args[:3])
+            keep = ("mask", "offsets", "clamp_min", "queries", "keys", "heads", "head_dim",
+                    "scale", "fill")
+            entry.update(library="gemc.backends.triton.jagged_query_attention", q=q, k=k, v=v,
+                         output=nodes[0].name, **{key: f.get(key) for key in keep})
         elif kind == "jagged_silu_attention":
             keep = ("q", "k", "v", "output", "mask", "offsets", "q_perm", "k_perm", "v_perm",
                     "out_perm", "bias", "norm", "scale", "causal", "query_mask", "max_len",

@@ -59,6 +59,7 @@ GRAPH_KINDS = (
     "jagged_attention",
     "key_padding_attention",
     "jagged_silu_attention",
+    "jagged_query_attention",
     "packed_tokens",
     "transposed_linear",
 )

@@ -13,6 +13,9 @@ execute one plan identically) are *emitted* into a new FX graph instead:
 * ``jagged_attention`` -> ``gemc::jagged_attention`` on the padded q, k, v (then the
   transpose back to the graph's ``[B, H, L, D]``, a view), or on the packed values inside
   a packed region;
+* ``jagged_query_attention`` -> ``gemc::jagged_query_attention`` on the padded q and the
+  dense k, v, its query lengths from offsets (ATen ops) or ``gemc::query_prefix_lengths``
+  of the mask (the per-row guard, on the device: no host read, so no graph break);
 * ``batched_embedding_bag`` -> the flat offsets (ATen ops) and one ``gemc::embedding_bag``;
 * ``transposed_linear`` -> its ATen formulation (a batched GEMM reading ``x`` in place);
 * every other node -> its op (``device=`` arguments captured on meta point at the run's
@@ -47,7 +50,14 @@ from gemc import ir
 from . import ops as gemc_ops
 from . import packed_tokens
 from .codegen.host import make_runner
-from .graph_runner import _SKIP, GraphRunner, _rank, silu_attention_of_entry
+from .graph_runner import (
+    _SKIP,
+    GraphRunner,
+    _rank,
+    query_attention,
+    query_attention_args,
+    silu_attention_of_entry,
+)
 from .packed_tokens import TokenLayout
 from .transposed_linear import transposed_linear
 
@@ -439,6 +449,13 @@ class _Emitter:
                 value = self.call(_call_silu_attention, (q, k, v, mask, bias, entry))
                 out = by_name[entry["output"]]
             self.store(out, value, False)
+        elif kind == "jagged_query_attention":
+            source, from_mask, clamp_min, scale = query_attention_args(entry)
+            q, k, v, lengths_from = (self.padded(by_name[x]) for x in (
+                entry["q"], entry["k"], entry["v"], source))
+            value = self.call(query_attention, (q, k, v, lengths_from, from_mask, clamp_min,
+                                                scale))
+            self.store(by_name[entry["output"]], value, False)
         elif kind == "batched_embedding_bag":
             module = self.r.tables[entry["name"]]
             mod = self.attr("t_" + name.replace(".", "__"), module)
