@@ -3,7 +3,9 @@ dense candidate tokens, the output zeroed by the history's mask and pooled. What
 recognises (intent: lengths from offsets, from a lengths input, a bool mask input), that a
 model reading the padding query rows stays padded, the kernel op against SDPA, the per-row
 run-time guard (fallback exactly on the rows whose mask is no prefix, counted), and the
-compiled graph (interpreter and Inductor) against eager, forward and backward."""
+compiled graph (interpreter and Inductor) against eager, forward and backward, alone and in
+a history tower (jagged self-attention and a packed region; a bool-masked one whose region
+is guarded by the same mask)."""
 
 from __future__ import annotations
 
@@ -20,7 +22,14 @@ from torch.testing import FileCheck
 from gemc import ir
 from gemc.dump import format_graph
 from gemc.spec import ModelSpec
-from tests.fusion.helpers import compiled, eager_step, entries_of, params_of, run_against_eager
+from tests.fusion.helpers import (
+    compiled,
+    eager_step,
+    entries_of,
+    fresh_seed,
+    params_of,
+    run_against_eager,
+)
 
 B, L, C, E, H = 4, 7, 3, 8, 2
 FORMS = ("offsets", "lengths", "bool")
@@ -65,8 +74,9 @@ def batch(form: str, lengths: list[int], gen: torch.Generator, scramble: bool = 
     x = torch.randn(len(lengths), L, E, generator=gen)
     cand = torch.randn(len(lengths), C, E, generator=gen)
     keep = torch.arange(L)[None, :] < torch.tensor(lengths)[:, None]
-    if scramble:
-        keep = torch.stack([row[torch.randperm(L, generator=gen)] for row in keep])
+    if scramble:  # every row with 0 < len < L a non-prefix (a shuffled prefix is flipped)
+        shuffled = [row[torch.randperm(L, generator=gen)] for row in keep]
+        keep = torch.stack([r.flip(0) if torch.equal(r, p) else r for r, p in zip(shuffled, keep)])
     x = x * keep[..., None]
     if form == "offsets":
         m = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
@@ -134,6 +144,37 @@ def build_tower() -> ModelSpec:
                                                            torch.Generator().manual_seed(step))))
 
 
+class MaskedTower(nn.Module):
+    """A padded history with a bool mask input: self-attention under the mask, then its
+    items as queries over ``C`` dense candidate tokens, pooled under the mask (a region
+    pack-jagged-tokens guards with the same mask)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(E, 3 * E)
+        self.q = nn.Linear(E, E)
+        self.kv = nn.Linear(E, 2 * E)
+        self.head = nn.Linear(E, 1)
+
+    def forward(self, x: torch.Tensor, cand: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        b = x.shape[0]
+        q, k, v = self.qkv(x).view(b, L, 3, H, E // H).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None, None, :])
+        x = x + a.transpose(1, 2).reshape(b, L, E)
+        qh = self.q(x).view(b, L, H, E // H).transpose(1, 2)
+        kc, vc = self.kv(cand).view(b, C, 2, H, E // H).permute(2, 0, 3, 1, 4)
+        x = x + F.scaled_dot_product_attention(qh, kc, vc).transpose(1, 2).reshape(b, L, E)
+        return self.head((x * keep[..., None].to(x.dtype)).sum(1)).square().mean()
+
+
+def build_masked_tower() -> ModelSpec:
+    return ModelSpec(model=MaskedTower(),
+                     example_inputs=batch("bool", [2, 0, 7, 3], torch.Generator().manual_seed(0)),
+                     make_batch=lambda step, device="cpu": tuple(
+                         t.to(device) for t in batch("bool", [2, 0, 7, 3],
+                                                     torch.Generator().manual_seed(step))))
+
+
 @functools.cache
 def _graph(form: str):  # noqa: ANN202
     gm, ctx, spec = compiled(ENTRY, {"form": form})
@@ -178,7 +219,7 @@ def test_padding_query_rows_read_unmasked_stay_padded():
 
 def test_op_equals_sdpa_on_real_rows_and_falls_back_per_row():
     n = 150  # three query blocks of 64: whole blocks past a row's length are skipped
-    gen = torch.Generator().manual_seed(3)
+    gen = torch.Generator().manual_seed(fresh_seed())
     q = torch.randn(4, H, n, 16, generator=gen, requires_grad=True)
     k, v = (torch.randn(4, H, 5, 16, generator=gen, requires_grad=True) for _ in range(2))
     keep = torch.arange(n)[None, :] < torch.tensor([0, 20, n, 70])[:, None]
@@ -206,7 +247,7 @@ def test_compiled_matches_eager_and_falls_back_exactly_on_non_prefix_rows(form: 
                                                                           scramble: bool):
     gm, _, entries, spec = _graph(form)
     lengths = [5, 0, 7, 1]
-    x, cand, m = batch(form, lengths, torch.Generator().manual_seed(7), scramble)
+    x, cand, m = batch(form, lengths, torch.Generator().manual_seed(fresh_seed()), scramble)
     jqa.STATS.reset()
     run_against_eager(gm, entries, spec.model, (x, cand, m))
     stats = jqa.STATS.as_dict()
@@ -234,6 +275,22 @@ def test_jagged_tower_queries_over_candidates_match_eager():
                       tower_batch([3, 0, 6, 3], torch.Generator().manual_seed(4)))
 
 
+def test_masked_tower_in_a_guarded_region_matches_eager_on_both_paths():
+    from gemc.backends.triton import packed_tokens
+
+    gm, ctx, spec = compiled("tests/fusion/test_jagged_query_attention.py:build_masked_tower")
+    entries = entries_of(gm, ctx)
+    kinds = sorted(e["kind"] for e in entries)
+    assert "jagged_query_attention" in kinds and "packed_tokens" in kinds, kinds
+    for scramble in (False, True):
+        jqa.STATS.reset()
+        packed_tokens.GUARD_STATS.reset()
+        run_against_eager(gm, entries, spec.model,
+                          batch("bool", [5, 0, 7, 1], torch.Generator().manual_seed(3), scramble))
+        assert (jqa.STATS.as_dict()["fallback_rows"] > 0) == scramble
+        assert packed_tokens.GUARD_STATS.as_dict()["padded"] == int(scramble)
+
+
 @pytest.mark.parametrize("scramble", [False, True])
 def test_inductor_graph_calls_the_custom_op_and_matches_eager(scramble: bool):
     from gemc.backends.triton.inductor_graph import build as build_graph
@@ -241,7 +298,7 @@ def test_inductor_graph_calls_the_custom_op_and_matches_eager(scramble: bool):
 
     gm, _, entries, spec = _graph("bool")
     model = spec.model
-    inputs = batch("bool", [5, 0, 7, 1], torch.Generator().manual_seed(5), scramble)
+    inputs = batch("bool", [5, 0, 7, 1], torch.Generator().manual_seed(fresh_seed()), scramble)
     ref, grads = eager_step(model, inputs)
     runner, _ = runner_for(gm, entries, params_of(model))
     built = build_graph(runner)
