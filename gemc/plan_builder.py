@@ -140,6 +140,13 @@ def _jagged_silu_attention(f: dict[str, Any], nodes: list[fx.Node]) -> dict[str,
     return {key: f.get(key) for key in keep}
 
 
+def _jagged_query_attention(f: dict[str, Any], nodes: list[fx.Node]) -> dict[str, Any]:
+    q, k, v = (a.name for a in nodes[0].args[:3])
+    keep = ("mask", "offsets", "clamp_min", "queries", "keys", "heads", "head_dim", "scale",
+            "fill")
+    return dict(q=q, k=k, v=v, output=nodes[0].name, **{key: f.get(key) for key in keep})
+
+
 def _transposed_linear(f: dict[str, Any], nodes: list[fx.Node]) -> dict[str, Any]:
     node = nodes[0]
     bias = node.args[2] if len(node.args) > 2 else None
@@ -175,6 +182,7 @@ PLAN_ENTRIES: dict[str, EntryBuilder] = {
     "batched_embedding_bag": _batched_embedding_bag,
     "jagged_attention": _jagged_attention,
     "key_padding_attention": _key_padding_attention,
+    "jagged_query_attention": _jagged_query_attention,
     "jagged_silu_attention": _jagged_silu_attention,
     "transposed_linear": _transposed_linear,
 }

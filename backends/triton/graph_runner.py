@@ -15,6 +15,8 @@ running
   is a prefix, and falls back to the padded attention when it is not); each
   ``jagged_silu_attention`` entry (HSTU's formula, all its nodes) likewise, as one call of
   :func:`.key_padding_attention.key_padding_silu_attention`,
+* each ``jagged_query_attention`` entry (padded history queries over dense keys) as
+  :func:`query_attention`: the custom op over the real query rows,
 * each ``batched_embedding_bag`` entry as one :class:`BatchedEmbeddingBag` lookup whose
   backward updates the tables in place (the optimizer is fused: no table gradient exists),
 
@@ -110,6 +112,32 @@ def silu_attention_of_entry(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                      entry["causal"], entry["query_mask"], bias)
     perm = entry.get("out_perm")
     return out.permute(*perm) if perm else out
+
+def query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    lengths_from: torch.Tensor, from_mask: bool, clamp_min: int,
+                    scale: float | None) -> torch.Tensor:
+    """A ``jagged_query_attention`` entry's call (both runners): the query lengths from
+    the entry's bool keep mask (checked per row on the device: ``gemc::query_prefix_lengths``)
+    or its offsets (clamped as the model's mask clamps them), then the custom op. Traceable:
+    no host read, static shapes."""
+    from . import ops  # noqa: F401  (registers the gemc:: ops)
+    from .jagged_query_attention import offsets_query_lengths
+
+    if from_mask:
+        lengths = torch.ops.gemc.query_prefix_lengths(lengths_from)
+    else:
+        lengths = offsets_query_lengths(lengths_from, clamp_min, q.shape[2])
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    out, _ = torch.ops.gemc.jagged_query_attention(q, k, v, lengths, scale)
+    return out
+
+
+def query_attention_args(entry: Mapping[str, Any]) -> tuple[str, bool, int, float | None]:
+    """``(lengths source name, from_mask, clamp_min, scale)`` of a query-padded entry."""
+    from_mask = bool(entry.get("mask"))
+    return (entry["mask"] if from_mask else entry["offsets"], from_mask,
+            int(entry.get("clamp_min") or 0), entry.get("scale"))
+
 
 class GraphRunner:
     """``runner(*inputs) -> loss`` of ``gm`` with ``entries`` substituted.
@@ -558,6 +586,14 @@ class GraphRunner:
             out = out.flatten(0, 1)
         self._store(by_name[entry.get("output", unit["nodes"][0].name)], out, env, False)
 
+    def _run_query_attention(self, unit: dict[str, Any], env: dict[fx.Node, Any]) -> None:
+        entry = unit["entry"]
+        source, from_mask, clamp_min, scale = query_attention_args(entry)
+        q, k, v, lengths_from = (self._padded(self.by_name[x], env) for x in (
+            entry["q"], entry["k"], entry["v"], source))
+        out = query_attention(q, k, v, lengths_from, from_mask, clamp_min, scale)
+        self._store(self.by_name[entry["output"]], out, env, False)
+
     def _run_silu_attention(self, unit: dict[str, Any], env: dict[fx.Node, Any]) -> None:
         entry = unit["entry"]
         by_name = self.by_name
@@ -755,6 +791,8 @@ UNIT_RUNTIMES: dict[str, UnitRuntime] = {
                                          run=GraphRunner._run_key_padding_attention),
     "jagged_silu_attention": UnitRuntime(reads=_ATTENTION_READS,
                                          run=GraphRunner._run_silu_attention),
+    "jagged_query_attention": UnitRuntime(reads=_ATTENTION_READS,
+                                          run=GraphRunner._run_query_attention),
     "transposed_linear": UnitRuntime(reads=_named("input", "weight", "bias"),
                                      run=GraphRunner._run_transposed_linear),
 }

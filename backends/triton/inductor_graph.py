@@ -13,6 +13,9 @@ execute one plan identically) are *emitted* into a new FX graph instead:
 * ``jagged_attention`` -> ``gemc::jagged_attention`` on the padded q, k, v (then the
   transpose back to the graph's ``[B, H, L, D]``, a view), or on the packed values inside
   a packed region;
+* ``jagged_query_attention`` -> ``gemc::jagged_query_attention`` on the padded q and the
+  dense k, v, its query lengths from offsets (ATen ops) or ``gemc::query_prefix_lengths``
+  of the mask (the per-row guard, on the device: no host read, so no graph break);
 * ``batched_embedding_bag`` -> the flat offsets (ATen ops) and one ``gemc::embedding_bag``;
 * ``transposed_linear`` -> its ATen formulation (a batched GEMM reading ``x`` in place);
 * every other node -> its op (``device=`` arguments captured on meta point at the run's
@@ -48,7 +51,14 @@ from gemc.kernel_kinds import KINDS, generated_kinds
 from . import ops as gemc_ops
 from . import packed_tokens
 from .codegen.host import make_runner
-from .graph_runner import _SKIP, GraphRunner, _rank, silu_attention_of_entry
+from .graph_runner import (
+    _SKIP,
+    GraphRunner,
+    _rank,
+    query_attention,
+    query_attention_args,
+    silu_attention_of_entry,
+)
 from .packed_tokens import TokenLayout
 from .transposed_linear import transposed_linear
 
@@ -439,6 +449,15 @@ class _Emitter:
         value = self.call(_call_key_padding_attention, (q, k, v, mask, entry))
         self.store(self.r.by_name[entry.get("output", unit["nodes"][0].name)], value, False)
 
+    def query_attention(self, unit: dict[str, Any]) -> None:
+        entry = unit["entry"]
+        source, from_mask, clamp_min, scale = query_attention_args(entry)
+        q, k, v, lengths_from = (self.padded(self.r.by_name[x]) for x in (
+            entry["q"], entry["k"], entry["v"], source))
+        value = self.call(query_attention, (q, k, v, lengths_from, from_mask, clamp_min,
+                                            scale))
+        self.store(self.r.by_name[entry["output"]], value, False)
+
     def silu_attention(self, unit: dict[str, Any]) -> None:
         entry = unit["entry"]
         by_name = self.r.by_name
@@ -550,6 +569,7 @@ EMITTERS: dict[str, Callable[[_Emitter, dict[str, Any]], None]] = {
     "jagged_attention": _Emitter.attention,
     "key_padding_attention": _Emitter.key_padding_attention,
     "jagged_silu_attention": _Emitter.silu_attention,
+    "jagged_query_attention": _Emitter.query_attention,
     "transposed_linear": _Emitter.transposed_gemm,
 }
 """Per unit kind (gemc.kernel_kinds): how its gemc kernel is emitted into the new graph (a
