@@ -25,7 +25,7 @@ reduce-scatter, all-to-all over message sizes, NCCL) with the cost model's datas
 prediction (``cost_model.collectives`` without calibration) on the topology: error per
 collective and size.
 
-``--smoke`` (CPU, gloo): ``prepare --gpus 2 --preset tiny`` and ``run --device cpu`` with
+``--smoke`` (CPU, gloo): ``prepare --gpus 2 --preset tiny`` and ``run --device cpu --no-kernels`` with
 a few steps: a check that the plumbing works, not a measurement.
 """
 
@@ -85,8 +85,11 @@ def _world_of(plan: dict[str, Any]) -> int:
     return size
 
 
-def run_plan(plan_path: Path, steps: int, device: str | None, timeout_s: int) -> dict[str, Any]:
-    """One plan under torchrun; its run report (or the failure, as a result)."""
+def run_plan(plan_path: Path, steps: int, device: str | None, timeout_s: int,
+             no_kernels: bool = False) -> dict[str, Any]:
+    """One plan under torchrun; its run report (or the failure, as a result).
+    ``no_kernels``: run the ops the kernels replace (the CPU smoke: interpreted Triton on
+    two gloo ranks costs seconds a step and checks nothing the kernel tests do not)."""
     plan = json.loads(plan_path.read_text())
     world = _world_of(plan)
     report = plan_path.with_name(plan_path.stem + ".run.json")
@@ -94,8 +97,8 @@ def run_plan(plan_path: Path, steps: int, device: str | None, timeout_s: int) ->
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc_per_node={world}", "-m", "gemc.run", str(plan_path), "--steps", str(steps),
            "--report", str(report), "--quiet"]
-    if world > 1 and plan.get("kernels") and any(r["strategy"] != "ddp"
-                                                 for r in plan["regions"]):
+    if no_kernels or world > 1 and plan.get("kernels") and any(r["strategy"] != "ddp"
+                                                               for r in plan["regions"]):
         cmd.append("--no-kernels")
     if device:
         cmd += ["--device", device]
@@ -185,8 +188,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def run_all(plans_dir: Path, steps: int, device: str | None, timeout_s: int
-            ) -> list[dict[str, Any]]:
+def run_all(plans_dir: Path, steps: int, device: str | None, timeout_s: int,
+            no_kernels: bool = False) -> list[dict[str, Any]]:
     plans = sorted(p for p in plans_dir.glob("*.json")
                    if not p.name.endswith(".run.json") and p.stem in PLANNERS)
     if not plans:
@@ -195,7 +198,7 @@ def run_all(plans_dir: Path, steps: int, device: str | None, timeout_s: int
     rows = []
     for path in plans:
         print(f"run: {path.stem} ...", file=sys.stderr, flush=True)
-        res = run_plan(path, steps, device, timeout_s)
+        res = run_plan(path, steps, device, timeout_s, no_kernels)
         rows.append(summarize(path.stem, json.loads(path.read_text()), res))
     return rows
 
@@ -279,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd in ("run", "smoke"):
         if args.cmd == "smoke":
             prepare(2, "tiny", args.out_dir, list(PLANNERS), 5.0)
-            rows = run_all(args.out_dir, args.steps, "cpu", 600)
+            rows = run_all(args.out_dir, args.steps, "cpu", 600, no_kernels=True)
             out = args.out_dir / "results.json"
         else:
             rows = run_all(args.plans, args.steps, args.device, args.timeout_s)
