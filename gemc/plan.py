@@ -202,7 +202,7 @@ def validate_plan(plan: Any, *, source: str = "plan") -> None:
         _validate_table(table, f"tables[{i}]", world, source, recompile)
     for i, kernel in enumerate(plan["kernels"]):
         if isinstance(kernel, dict) and "choice" in kernel:
-            _validate_choice(kernel["choice"], f"kernels[{i}].choice", source)
+            _validate_choice(kernel, f"kernels[{i}].choice", source)
     predicted = plan["predicted"]
     for key in ("step_ms", "mfu", "per_rank"):
         if key not in predicted:
@@ -216,10 +216,15 @@ def validate_plan(plan: Any, *, source: str = "plan") -> None:
                   f"{SOLVER_STATUSES}", recompile)
 
 
-def _validate_choice(choice: Any, where: str, source: str) -> None:
-    """A recorded choice (see KERNEL_CHOICES): which code, and the times it was chosen by."""
+def _validate_choice(kernel: dict[str, Any], where: str, source: str) -> None:
+    """A recorded choice (see KERNEL_CHOICES): which code, and the times it was chosen by;
+    only a generated group (one with a ``structure``) has an Inductor alternative."""
+    choice = kernel["choice"]
     fix = ("record the choices again (gemc record-choices PLAN RUN.json), or delete the "
            f"field {where} (the group then runs its default)")
+    if "structure" not in kernel:
+        _fail(source, where, f"is set on a {kernel.get('kind')!r} kernel, which has no "
+              "Inductor alternative (only generated groups do)", fix)
     if not isinstance(choice, dict) or choice.get("use") not in KERNEL_CHOICES:
         use = choice.get("use") if isinstance(choice, dict) else choice
         _fail(source, f"{where}.use", f"is {use!r}, not one of {KERNEL_CHOICES}", fix)

@@ -87,6 +87,11 @@ def test_record_choices_folds_a_run_report_into_the_plan(toy_plan, tmp_path, cap
     i = [k["name"] for k in plan["kernels"]].index(gemm)
     assert err.value.where == f"p.json: kernels[{i}].choice.use" and "record-choices" in \
         err.value.fix
+    bag = next(k for k in plan["kernels"] if k["kind"] == "batched_embedding_bag")
+    broken = {**plan, "kernels": [dict(k, choice={"use": "gemc"}) if k is bag else k
+                                  for k in plan["kernels"]]}
+    with pytest.raises(PlanError, match="no Inductor alternative"):
+        validate_plan(broken, source="p.json")
 
     with pytest.raises(GemcUserError) as err:
         check_choices({"gemm_epilogue_9": {"choice": "gemc"}}, plan["kernels"], "r.json")

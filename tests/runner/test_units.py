@@ -381,7 +381,7 @@ def test_gemc_cli_wiring_round_trips_the_flags() -> None:
              "0.002", "--precision", "bf16", "--no-kernels", "--quiet", "--kernel-module", "m",
              "--graph-executor", "interpreter", "--compile-mode", "reduce-overhead",
              "--measure-kernels", "--kernel-choices", "c.json", "--loss-every", "5",
-             "--divergence", "stop", "--reference-losses", "ref.json"]
+             "--divergence", "stop", "--reference-losses", "ref.json", "--cache-dir", "none"]
     args = parser.parse_args(flags)
     again = parser.parse_args(["run", *_argv_of(args)])
     assert vars(again) == vars(args)
