@@ -142,7 +142,7 @@ def applied(name: str, preset: str, topology: str) -> dict[str, Any]:
 
 
 ATTENTION = {"jagged_attention": "jagged", "key_padding_attention": "guarded",
-             "jagged_silu_attention": "silu"}  # kernel kind -> its name in the table
+             "jagged_silu_attention": "silu", "jagged_query_attention": "jagged queries"}  # kernel kind -> its name in the table
 
 
 def _cell(row: dict[str, Any]) -> list[str]:

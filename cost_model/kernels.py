@@ -84,3 +84,81 @@ def optimizer_bytes(optimizer: str, numel: float, elt: int, *, fused: bool = Tru
         raise ValueError(f"unknown optimizer {optimizer!r}; known: {sorted(OPTIMIZER_STATES)}")
     passes = (_FUSED_PASSES if fused else _FOREACH_PASSES)[name]
     return passes * float(numel) * elt
+
+
+# ---- a table outside the batched kernel (gemc.table_lookup SPARSE / DENSE_GRAD) ---------
+# The sparse optimizer's row update, eager (backends/torch/sparse_optim.py): HBM passes over
+# the touched rows' fp32 values (a pass = one [rows, dim] tensor read or written) and the
+# kernels it launches. rowwise_adagrad: / world 2, read rows 2, pow 2, sum 1, lr * g 2,
+# / denominator 2, w - 3, write rows 2, plus 5 kernels on the per-row accumulator;
+# adam (lazy): 2 gathers of the moments, their two updates (5 + 5), 2 scatters, read rows,
+# sqrt, + eps, step * m, /, w -, write rows.
+EAGER_ROW_UPDATE = {"rowwise_adagrad": (16.0, 13), "adam": (44.0, 19)}
+# a sort of nnz int64 ids with their int64 positions (coalesce, unique): radix passes, each
+# reading and writing key and value
+_SORT_PASSES = 4
+
+
+def sort_bytes(nnz: float) -> float:
+    """HBM bytes of sorting ``nnz`` int64 ids with their positions (coalesce, unique)."""
+    return _SORT_PASSES * 2.0 * 2 * INDEX_BYTES * float(nnz)
+
+
+def eager_lookup_bytes(path: str, rows: float, dim: float, nnz: float, bags: float,
+                       lookups: int, elt: int) -> dict[str, float]:
+    """HBM bytes of a table's lookups and gradient as the runner runs them outside the
+    batched kernel, split by access: ``stream`` (zero-fills, whole-gradient adds,
+    contiguous reads) and ``rows`` (gathers and scatters of rows at the ids).
+
+    Forward (either path): gather nnz rows, write the bags, read the ids. Backward:
+    ``dense_grad`` zero-fills a table-sized gradient per lookup, scatter-adds each id's
+    gradient row into it, and adds the lookups' gradients up (read 2, write 1 each);
+    ``sparse`` writes one gradient row per id (and its index) and, with several lookups,
+    concatenates them."""
+    table = float(rows) * dim * elt
+    ids = float(nnz) * dim * elt
+    out = float(bags) * dim * elt
+    fwd_rows = ids + out + float(nnz) * INDEX_BYTES
+    if path == "dense_grad":
+        bwd_stream = lookups * table + 3.0 * table * max(0, lookups - 1)
+        bwd_rows = out + 2.0 * ids + float(nnz) * INDEX_BYTES
+    else:
+        bwd_stream = 2.0 * (ids + 2 * INDEX_BYTES * nnz) * max(0, lookups - 1)
+        bwd_rows = out + ids + 3.0 * INDEX_BYTES * nnz
+    return {"fwd_rows": fwd_rows, "bwd_stream": bwd_stream, "bwd_rows": bwd_rows}
+
+
+def eager_update_bytes(path: str, rows: float, dim: float, nnz: float, optimizer: str | None,
+                       elt: int, storage_elt: float | None = None,
+                       replicas: int = 1) -> dict[str, float]:
+    """HBM bytes of the sparse optimizer's step of one table (its ``step`` per table).
+
+    Finding the touched rows: ``dense_grad`` scans the whole gradient (``abs`` reads and
+    writes it, ``sum(1)`` reads it, ``nonzero`` reads the row sums) and gathers the touched
+    rows; ``sparse`` coalesces (sorts the nnz ids, gathers their rows in order and sums
+    them into the touched rows). Then the row update (``EAGER_ROW_UPDATE``) over the
+    touched rows in fp32; a table stored narrower (``storage_elt`` bytes an element) also
+    sorts its ids once more to dequantise the used rows and writes them rounded. A
+    data-parallel replica on ``replicas`` ranks also writes its rows into a zeroed
+    table-sized gradient and a used-row mask (all-reduced: the collective is priced with
+    the communication) and gathers back the rows any replica used."""
+    table = float(rows) * dim * elt
+    touched = expected_unique_rows(int(rows), int(nnz))
+    vals = touched * dim * 4.0
+    if path == "dense_grad":
+        stream = 3.0 * table + 4.0 * rows
+        row_bytes = 2.0 * touched * dim * elt + touched * INDEX_BYTES
+    else:
+        stream = sort_bytes(nnz)
+        row_bytes = 2.0 * float(nnz) * dim * elt + touched * dim * elt
+    if replicas > 1:
+        touched = expected_unique_rows(int(rows), int(nnz * replicas))
+        vals = touched * dim * 4.0
+        stream += float(rows) * dim * 4.0 + 3.0 * 4.0 * rows
+        row_bytes += 4.0 * vals
+    passes = EAGER_ROW_UPDATE.get((optimizer or "").lower(), (0.0, 0))[0]
+    stream += passes * vals
+    if storage_elt is not None and storage_elt < elt:
+        stream += sort_bytes(nnz)
+        row_bytes += 2.0 * touched * dim * storage_elt
+    return {"stream": stream, "rows": row_bytes}

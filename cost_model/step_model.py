@@ -25,6 +25,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from gemc.table_lookup import BATCHED
+
 from .calibration import Calibration
 from .collectives import collective_time
 from .hardware import GPUSpec
@@ -35,9 +37,10 @@ from .memory import (
     shard_degree,
     shard_memory,
     shard_shape,
+    table_grad_bytes,
     table_memory,
 )
-from .op_cost import batched_embedding_time, embedding_time, optimizer_time
+from .op_cost import batched_embedding_time, eager_table_time, embedding_time, optimizer_time
 from .topology import Topology
 from .types import RankStats, RegionCost, StepOptions, StepPrediction, TableCost
 
@@ -57,6 +60,15 @@ def _embedding_cost(rows: int, dim: int, lookups: int, bags: int, dtype: str, gp
     fwd, bwd, _ = embedding_time(rows, dim, lookups, bags, dtype, gpu, calibration,
                                  dense_grad=dense_grad, optimizer=optimizer)
     return fwd + bwd
+
+
+@lru_cache(maxsize=1 << 16)
+def _eager_cost(path: str, rows: int, dim: int, lookups: int, bags: int, calls: int,
+                dtype: str, gpu: GPUSpec, calibration: Calibration | None,
+                optimizer: str | None, storage_bytes: float | None = None,
+                replicas: int = 1) -> float:
+    return sum(eager_table_time(path, rows, dim, lookups, bags, calls, dtype, gpu,
+                                calibration, optimizer, storage_bytes, replicas))
 
 
 def _dtype(elt: int) -> str:
@@ -83,20 +95,30 @@ def shard_work(t: TableCost, rows: float, dim: float,
 def shard_compute_s(t: TableCost, rows: float, dim: float, world: int, gpu: GPUSpec,
                     calibration: Calibration | None, optimizer: str | None) -> float:
     """Forward + backward seconds of the lookup of a shard of ``rows`` x ``dim`` (0 for
-    none): its share of the rank's batched lookup kernel with the fused backward applying
-    ``optimizer`` to the touched rows (op_cost.batched_embedding_time), or for a
-    data-parallel table eager's dense gradient (its optimizer is priced with the dense
-    parameters'). The one embedding price of predict_step and of the solver."""
+    none), by the path the runner runs it on (``t.lookup``, gemc.table_lookup): its share
+    of the rank's batched lookup kernel with the fused backward applying ``optimizer`` to
+    the touched rows (op_cost.batched_embedding_time); or eager lookups with a sparse or
+    table-sized gradient and the sparse optimizer's step of the touched rows
+    (op_cost.eager_table_time, optimizer included: ``optimizer``, for a data-parallel
+    replica the step's ``table_optimizer``). A data-parallel table priced ``batched`` on
+    several ranks (no plan's rule gives that; a TableCost made by hand) keeps eager's dense
+    gradient, its optimizer priced with the dense parameters'. The one embedding price of
+    predict_step and of the solver."""
     rows, dim, lookups, bags = shard_work(t, rows, dim, world)
     if rows == 0:
         return 0.0
     dtype = _dtype(t.dtype_bytes)
-    if t.sharding == "data_parallel":
+    storage = None if t.precision == "fp32" else t.storage_bytes
+    if t.lookup != BATCHED:
+        replicas = world if t.sharding == "data_parallel" else 1
+        return _eager_cost(t.lookup, max(1, int(rows)), max(1, int(dim)), int(lookups),
+                           int(bags), max(1, t.lookups), dtype, gpu, calibration,
+                           optimizer or StepOptions.table_optimizer, storage, replicas)
+    if t.sharding == "data_parallel" and world > 1:
         return _embedding_cost(t.rows, t.dim, t.nnz, t.batch, dtype, gpu, calibration, None,
                                True)
     return _batched_cost(max(1, int(rows)), max(1, int(dim)), int(lookups), int(bags), dtype,
-                         gpu, calibration, optimizer,
-                         None if t.precision == "fp32" else t.storage_bytes)
+                         gpu, calibration, optimizer, storage)
 
 
 def _holders(t: TableCost, world: int) -> np.ndarray:
@@ -188,9 +210,11 @@ def predict_step(
     dp_table_numel = 0.0
     dp_table_grad_bytes = 0.0
     for t in tables:
-        if t.sharding == "data_parallel":
-            sparse += shard_compute_s(t, *shard_shape(t), world, gpu, calibration, None)
-            dp_table_numel += t.rows * t.dim
+        if t.sharding == "data_parallel" and world > 1:
+            eager = t.lookup != BATCHED  # the sparse optimizer steps it, not the dense one
+            sparse += shard_compute_s(t, *shard_shape(t), world, gpu, calibration,
+                                      opts.table_optimizer if eager else None)
+            dp_table_numel += 0.0 if eager else t.rows * t.dim
             dp_table_grad_bytes += t.rows * t.dim * t.dtype_bytes
             continue
         holders = _holders(t, world)
@@ -235,19 +259,36 @@ def predict_step(
     table_mem = np.zeros((world, len(astuple(MemoryBreakdown()))))
     holds = np.zeros(world, dtype=bool)
     dp_mem = MemoryBreakdown()
+    # the eager lookups' gradients (memory.table_grad_bytes): held at the end of the
+    # backward and through the sparse optimizer's step, plus that step's largest buffer
+    grad_held = np.zeros(world)
+    grad_peak = np.zeros(world)
     for t in tables:
+        held, moment = table_grad_bytes(t, *shard_shape(t), world)
         if t.sharding == "data_parallel":
             dp_mem = dp_mem + table_memory(t, 0, world, opts)
+            grad_held += held
+            grad_peak = np.maximum(grad_peak, moment)
             continue
         holders = _holders(t, world)
         if holders.size:
             shard = shard_memory(t, *shard_shape(t), world, opts)
             np.add.at(table_mem, holders, np.asarray(astuple(shard)))
+            np.add.at(grad_held, holders, held)
+            grad_peak[holders] = np.maximum(grad_peak[holders], moment)
             holds[holders] = True
     base = base + dp_mem
     per_rank = []
     for r in range(world):
         mem = base + MemoryBreakdown(*map(float, table_mem[r])) if holds[r] else base
+        if grad_held[r]:
+            # The lookups are the graph's first ops, so their backward is its last: their
+            # gradients come when the saved activations are gone, and live in that room.
+            # Only what exceeds it adds to the peak (DIN h200: 5.2 GB of table-sized
+            # gradients over 3.8 GB of activations; measured 14.9 GB, 12.8 GB predicted
+            # without them, 18 GB if simply added).
+            extra = max(0.0, float(grad_held[r] + grad_peak[r]) - mem.activations)
+            mem = mem + MemoryBreakdown(grads=extra)
         per_rank.append(RankStats(
             rank=r,
             memory_bytes=mem.total,

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gemc.sharding import DENSE_STRATEGIES, TABLE_SHARDINGS  # defined once, in the core
+from gemc.table_lookup import BATCHED, LOOKUP_PATHS
 from gemc.table_precision import TABLE_PRECISIONS, weight_bytes
 
 
@@ -64,6 +65,11 @@ class TableCost:
     # (``dtype_bytes``); "bf16" / "fp8" shrink the stored rows (fp8: + an fp32 scale per
     # row). Lookups still produce, exchange and back-propagate ``dtype_bytes`` elements.
     precision: str = "fp32"
+    # the code that runs its lookups (gemc.table_lookup): inside the batched kernel with
+    # the optimizer fused, or eager with a sparse / table-sized gradient and the sparse
+    # optimizer after it; and how many lookup ops read it (each has its own gradient)
+    lookup: str = BATCHED
+    lookups: int = 1
 
     @property
     def storage_bytes(self) -> float:
@@ -87,6 +93,8 @@ class TableCost:
         if self.precision not in TABLE_PRECISIONS:
             raise ValueError(f"table {self.fqn}: precision {self.precision!r} not in "
                              f"{TABLE_PRECISIONS}")
+        if self.lookup not in LOOKUP_PATHS:
+            raise ValueError(f"table {self.fqn}: lookup {self.lookup!r} not in {LOOKUP_PATHS}")
         if self.rows <= 0 or self.dim <= 0 or self.nnz < 0 or self.batch < 0:
             raise ValueError(f"table {self.fqn}: rows and dim must be > 0, nnz/batch >= 0")
 

@@ -21,6 +21,7 @@ from gemc.cost_model.step_model import predict_step
 from gemc.cost_model.topology import Topology
 from gemc.cost_model.types import RegionCost, StepOptions, TableCost
 from gemc.ir import OpKind
+from gemc.table_lookup import BATCHED
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8, "float8_e4m3fn": 1}
 
@@ -86,6 +87,7 @@ def table_costs(tables: Sequence[Mapping[str, Any]]) -> list[TableCost]:
             dtype_bytes=_DTYPE_BYTES.get(t.get("dtype", "float32"), 4),
             pooled=t.get("pooling", "sum") != "none",
             precision=t.get("precision", "fp32"),
+            lookup=t.get("lookup", BATCHED), lookups=int(t.get("lookups", 1)),
         )
         for t in tables
     ]

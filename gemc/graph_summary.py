@@ -22,10 +22,52 @@ from gemc.cost_model import inductor_fusion, op_cost
 from gemc.cost_model.activations import packed_fill, plan_autocast, runtime_itemsize, view_base
 from gemc.ir import OpKind
 from gemc.sharding import make_shards
+from gemc.table_lookup import lookup_paths
+
+
+def _captured_sparse(node: fx.Node) -> bool:
+    """A lookup op captured with ``sparse=True`` (its backward makes a sparse gradient):
+    ``aten.embedding``'s 5th argument, ``aten.embedding_bag``'s 6th."""
+    index = 5 if "embedding_bag" in str(node.target) else 4
+    value = node.args[index] if len(node.args) > index else node.kwargs.get("sparse", False)
+    return bool(value)
+
+
+def table_lookup_paths(gm: fx.GraphModule) -> dict[str, str]:
+    """Each table's lookup path as the runner will run the plan built from ``gm``
+    (gemc.table_lookup's rule): its batched kernel groups, the tables' storage precisions
+    (``gemc.placement``), the world size it was priced for, whether the plan has graph
+    kernels at all, and the lookups captured ``sparse=True``."""
+    kinds: dict[str, str] = {}
+    precision: dict[str, str] = {}
+    members: dict[str, set[str]] = defaultdict(set)
+    sparse: dict[str, bool] = {}
+    graph_mode = False
+    for node in gm.graph.nodes:
+        facts = node.meta.get(ir.KERNEL)
+        if facts:
+            kinds[str(facts.get("id"))] = str(facts.get("kind"))
+        graph_mode = graph_mode or bool(facts) or ir.PACKED_REGION in node.meta
+        table = node.meta.get(ir.TABLE)
+        if table is None:
+            continue
+        fqn = table["fqn"]
+        placement = node.meta.get(ir.PLACEMENT) or {}
+        precision[fqn] = placement.get("precision", precision.get(fqn, "fp32"))
+        sparse[fqn] = sparse.get(fqn, True) and _captured_sparse(node)
+        gid = node.meta.get(ir.GROUP)
+        if gid is not None:
+            members[str(gid)].add(fqn)
+    batched = [fqns for gid, fqns in members.items() if kinds.get(gid) == "batched_embedding_bag"]
+    world = int((gm.meta.get(ir.PRICING) or {}).get("world_size", 1))
+    return lookup_paths(precision, batched, world_size=world, graph_mode=graph_mode,
+                        captured_sparse={f for f, s in sparse.items() if s})
 
 
 def table_summaries(gm: fx.GraphModule, captured: Captured) -> list[dict[str, Any]]:
-    """One entry per table FQN: size, lookups per batch, pooling, and its placement."""
+    """One entry per table FQN: size, lookups per batch, pooling, its placement, and the
+    path the runner looks it up on (``lookup``: table_lookup_paths)."""
+    paths = table_lookup_paths(gm)
     by_fqn: dict[str, dict[str, Any]] = {}
     for node in gm.graph.nodes:
         facts = node.meta.get(ir.TABLE)
@@ -69,6 +111,7 @@ def table_summaries(gm: fx.GraphModule, captured: Captured) -> list[dict[str, An
             placement.get("grid"),
         )
         entry["predicted_ms"] = round(entry["predicted_ms"], 6) if entry["predicted_ms"] else None
+        entry["lookup"] = paths[fqn]
         tables.append(entry)
     return tables
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from gemc.dump import write_atomic
 from gemc.errors import PlanError
+from gemc.kernel_kinds import KINDS
 from gemc.sharding import DENSE_STRATEGIES, TABLE_SHARDINGS
 from gemc.table_precision import TABLE_PRECISIONS
 
@@ -200,9 +201,10 @@ def validate_plan(plan: Any, *, source: str = "plan") -> None:
             )
     for i, table in enumerate(plan["tables"]):
         _validate_table(table, f"tables[{i}]", world, source, recompile)
-    for i, kernel in enumerate(plan["kernels"]):
-        if isinstance(kernel, dict) and "choice" in kernel:
-            _validate_choice(kernel, f"kernels[{i}].choice", source)
+    for i, entry in enumerate(plan["kernels"]):
+        _validate_kernel(entry, f"kernels[{i}]", source, recompile)
+        if "choice" in entry:
+            _validate_choice(entry, f"kernels[{i}].choice", source)
     predicted = plan["predicted"]
     for key in ("step_ms", "mfu", "per_rank"):
         if key not in predicted:
@@ -233,6 +235,19 @@ def _validate_choice(kernel: dict[str, Any], where: str, source: str) -> None:
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                   or not value >= 0):
             _fail(source, f"{where}.{key}", f"is {value!r}, not a time in ms >= 0 or null", fix)
+def _validate_kernel(entry: Any, where: str, source: str, fix: str) -> None:
+    """An entry of a declared kind (gemc.kernel_kinds) has the fields its runtime reads. A
+    kind no declaration names is a module-mode kernel of a backend the runner imports with
+    ``--kernel-module``; the runner refuses it by name when none registers it."""
+    if not isinstance(entry, dict):
+        _fail(source, where, "is not an object", fix)
+    if not isinstance(entry.get("kind"), str):
+        _fail(source, f"{where}.kind", f"is {entry.get('kind')!r}, not a kernel kind", fix)
+    kind = KINDS.get(entry["kind"])
+    missing = kind.missing(entry) if kind is not None else []
+    if missing:
+        _fail(source, f"{where}.{missing[0]}",
+              f"is missing (a {kind.name} entry needs {', '.join(missing)})", fix)
 
 
 def _validate_table(table: Any, where: str, world: int, source: str, fix: str) -> None:

@@ -49,7 +49,10 @@ _LOSS = {
     "binary_cross_entropy_with_logits",
     "binary_cross_entropy",
     "cross_entropy",
+    "cross_entropy_loss",  # F.cross_entropy as export keeps it (HSTU's next-item loss)
     "nll_loss",
+    "nll_loss2d",
+    "nll_loss_nd",
     "nll_loss_forward",
     "mse_loss",
     "smooth_l1_loss",

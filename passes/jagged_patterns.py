@@ -591,6 +591,28 @@ def attention_key_mask(mask: Any, batch: int, length: int
     return KeyMask(root, additive, keep if keep is not None else root, batch, length), causal
 
 
+def padding_masks(gm: fx.GraphModule, batch: int, length: int) -> list[Facts]:
+    """Every key-padding mask over ``[batch, length]`` the graph builds or receives, as the
+    facts :func:`follow_padding` takes: ``arange(length) < lens`` over offsets (a prefix by
+    construction: ``(offsets, clamp_min, length)``) first, then every boolean ``[B, L]``
+    keep-mask root (a mask input, ``arange < lengths``, a mask computed from inputs: a
+    :class:`KeyMask`, whose prefix property only a run-time check can establish). Why: a
+    value that attention did not mask (queries of a padded history over dense keys) carries
+    the padding of whichever mask later zeroes it; the caller tries each."""
+    proven: list[Facts] = []
+    keeps: list[Facts] = []
+    for node in gm.graph.nodes:
+        if ir.dtype_of(node) != torch.bool:
+            continue
+        found = key_padding_mask(node)
+        if found is not None and found[2] == length \
+                and (ir.shape_of(found[0]) or (0,))[0] == batch + 1 and found not in proven:
+            proven.append(found)
+        if tuple(ir.shape_of(node) or ()) == (batch, length) and keep_of(node) is node:
+            keeps.append(KeyMask(node, False, node, batch, length))
+    return proven + keeps
+
+
 def _prod(xs: Any) -> int:
     out = 1
     for x in xs:

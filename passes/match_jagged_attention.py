@@ -37,7 +37,13 @@ such a mask is a prefix, so the op (``backends/triton/key_padding_attention``) c
 run time and falls back to the padded attention (counted). Self-attention runs jagged when
 nothing reads its padding query rows unmasked, else every query row is computed over the
 real keys; cross-attention (dense queries of another length: a target item, summary
-queries) likewise. An SDPA left padded carries its reason (``gemc.jagged_skipped``:
+queries) likewise. An SDPA with no mask at all whose queries are a padded history ``[B, H, L, D]`` over
+dense keys ``[B, H, M, D]`` (history items attending to candidate or feature tokens, or to
+a learned memory) becomes a ``jagged_query_attention`` (:func:`match_query_padding`) when,
+under one of the graph's key-padding masks over ``[B, L]`` (offsets: a proven prefix; any
+boolean keep-mask: checked per row at run time, a row that is no prefix computes every query
+row), nothing reads its padding query rows unmasked: only ``len_b * M`` of the ``L * M``
+scores are computed (``backends/triton/jagged_query_attention``). An SDPA left padded carries its reason (``gemc.jagged_skipped``:
 ``dropout``, ``no-key-padding-mask``, ``mask-varies-over-queries``, ...) in the dump and a
 warning.
 """
@@ -60,6 +66,7 @@ from .jagged_patterns import (
     descends,
     key_padding_mask,
     padded_sequences,
+    padding_masks,
     padding_rows_read_by,
     projection_source,
 )
@@ -167,6 +174,38 @@ def match_key_padding(node: fx.Node) -> dict[str, Any] | str:
     }
 
 
+def match_query_padding(gm: fx.GraphModule, node: fx.Node) -> dict[str, Any] | None:
+    """The facts of an SDPA with no mask whose queries are a padded history ``[B, H, L, D]``
+    over dense keys ``[B, H, M, D]``: the first key-padding mask over ``[B, L]`` in the
+    graph (:func:`padding_masks`: offsets first, proven prefixes) under which nothing reads
+    the output's padding query rows unmasked, or None. Exact whatever q, k, v are: a query
+    row's output depends on that row and the keys only, so rows nobody reads may be left
+    zero (and get no gradient, as under the mask multiply that discards them in eager)."""
+    a = _sdpa_args(node)
+    if a["attn_mask"] is not None or a["dropout_p"] or a["is_causal"] or a["enable_gqa"]:
+        return None
+    shapes = [ir.shape_of(x) for x in (a["query"], a["key"], a["value"])]
+    if any(s is None or len(s) != 4 for s in shapes) or shapes[1] != shapes[2] \
+            or tuple(shapes[0][:2]) != tuple(shapes[1][:2]) or shapes[0][3] != shapes[1][3]:
+        return None
+    batch, heads, length, head_dim = (int(x) for x in shapes[0])
+    for facts in padding_masks(gm, batch, length):
+        if padding_rows_read_by(node, facts) is not None:
+            continue
+        scale = a["scale"]
+        common = {"queries": length, "keys": int(shapes[1][2]), "heads": heads,
+                  "head_dim": head_dim, "scale": float(scale) if scale is not None else None}
+        if isinstance(facts, KeyMask):  # checked at run time: fill unknown
+            return {"mask": facts.keep.name, "_mask": facts.keep, **common, "fill": 1.0}
+        offsets, clamp_min, _ = facts
+        padded = padded_sequences(gm, offsets, length)
+        total = (ir.shape_of(padded[0].args[2]) or (batch * length,))[0] if padded \
+            else batch * length
+        return {"offsets": offsets.name, "clamp_min": int(clamp_min), "_mask": None, **common,
+                "fill": round(min(1.0, int(total) / max(1, batch * length)), 6)}
+    return None
+
+
 def _price(node: fx.Node, facts: dict[str, Any], ctx: PassContext) -> dict[str, float] | None:
     topology = getattr(ctx, "topology", None)
     if topology is None:
@@ -195,6 +234,23 @@ def _price_guarded(node: fx.Node, facts: dict[str, Any], mask: fx.Node, ctx: Pas
     data-given mask is unknown at compile time, so the attention is priced at fill 1 (no
     saving claimed) plus what the guard adds: reading the mask, and for the jagged
     self-attention path the padded <-> jagged copies of q, k, v and the output."""
+    moved = ir.nbytes(mask) + (8 * ir.nbytes(node) * 2 if facts["zero_padding_queries"] else 0)
+    return _price_scaled(node, float(facts["fill"]), moved, ctx)
+
+
+def _price_query(node: fx.Node, facts: dict[str, Any], mask: fx.Node | None,
+                 ctx: PassContext) -> dict[str, float] | None:
+    """A query-padded attention's forward+backward ms, padded and as compiled: its work is
+    ``sum(len_b) * M``, the padded ``B * L * M`` times the fill exactly (a guarded mask's
+    fill is data: priced at 1, plus reading the mask for the check). No copies: the
+    kernel reads the padded layout in place."""
+    return _price_scaled(node, float(facts["fill"]), ir.nbytes(mask) if mask else 0, ctx)
+
+
+def _price_scaled(node: fx.Node, fill: float, moved: int, ctx: PassContext
+                  ) -> dict[str, float] | None:
+    """``before``: the node's padded ms; ``after``: ``before * fill`` plus ``moved`` bytes
+    of copies (None without a topology to price on)."""
     topology = getattr(ctx, "topology", None)
     if topology is None:
         return None
@@ -204,9 +260,8 @@ def _price_guarded(node: fx.Node, facts: dict[str, Any], mask: fx.Node, ctx: Pas
     before = node.meta.get(ir.PREDICTED_MS)
     if before is None:
         before = op_cost.node_cost(node, gpu, calib).total_ms
-    moved = ir.nbytes(mask) + (8 * ir.nbytes(node) * 2 if facts["zero_padding_queries"] else 0)
     mem, _ = op_cost.memory_time(moved, gpu, calib, "copy")
-    after = float(before) * float(facts["fill"]) + 1e3 * mem
+    after = float(before) * fill + 1e3 * mem
     return {"before_ms": round(float(before), 6), "after_ms": round(after, 6)}
 
 
@@ -219,7 +274,7 @@ class MatchJaggedAttention:
     requires: ClassVar[tuple[str, ...]] = ("classify-ops",)
 
     def run(self, gm: fx.GraphModule, ctx: PassContext) -> PassResult:
-        count = guarded = 0
+        count = guarded = queries = 0
         for node in gm.graph.nodes:
             if ir.GROUP in node.meta or node.target is not aten.scaled_dot_product_attention.default:
                 continue
@@ -236,9 +291,26 @@ class MatchJaggedAttention:
                     continue
                 ctx.warn(f"match-jagged-attention: {node.name} is not jagged attention: the "
                          f"rows of its padding queries are read unmasked by {reader.name}")
-            if self._guarded(node, guarded, ctx):
+            if self._query_padded(gm, node, queries, ctx):
+                queries += 1
+            elif self._guarded(node, guarded, ctx):
                 guarded += 1
-        return PassResult(gm, count + guarded > 0)
+        return PassResult(gm, count + guarded + queries > 0)
+
+    @staticmethod
+    def _query_padded(gm: fx.GraphModule, node: fx.Node, index: int, ctx: PassContext
+                      ) -> bool:
+        """Make ``node`` a ``jagged_query_attention`` if it has no mask and its padding
+        query rows (under some key-padding mask of the graph) are never read unmasked."""
+        found = match_query_padding(gm, node)
+        if found is None:
+            return False
+        gid = f"jagged_query_attention_{index}"
+        node.meta[ir.GROUP] = gid
+        price = _price_query(node, found, found.pop("_mask"), ctx)
+        node.meta[ir.KERNEL] = {"id": gid, "kind": "jagged_query_attention", **found,
+                                **(price or {})}
+        return True
 
     def _guarded(self, node: fx.Node, index: int, ctx: PassContext) -> bool:
         """Make ``node`` a guarded key-padding attention if its mask is one (any source);

@@ -49,19 +49,9 @@ from torch import nn
 
 from gemc import ir
 from gemc.errors import PlanError
+from gemc.kernel_kinds import graph_kinds
 
-GRAPH_KINDS = (
-    "gemm_epilogue",
-    "pointwise",
-    "norm",
-    "reduction",
-    "batched_embedding_bag",
-    "jagged_attention",
-    "key_padding_attention",
-    "jagged_silu_attention",
-    "packed_tokens",
-    "transposed_linear",
-)
+GRAPH_KINDS = graph_kinds()  # declared in gemc/kernel_kinds.py; the rest go to .kernels
 NO_KERNELS_FIX = "pass --no-kernels to run the ops the kernels replace, or compile without them"
 
 

@@ -14,10 +14,10 @@ with. An entry whose kind nobody registered, or whose source is missing or chang
 :class:`PlanError`: silently running the eager ops instead would report the wrong speed and
 hide the fact that the plan was not executed as written.
 
-The kinds the compiler emits today (fused groups, ``batched_embedding_bag``,
-``jagged_attention``, ``transposed_linear``, and the ``packed_tokens`` layout) replace graph
-nodes rather than modules and are executed by graph
-mode (:mod:`.graph_mode`), not through this registry. The registry is for kernels that
+The kinds the compiler emits are declared in :mod:`gemc.kernel_kinds`; those of mode
+``graph`` (all of them today: fused groups, ``batched_embedding_bag``, the attentions,
+``transposed_linear``, and the ``packed_tokens`` layout) replace graph nodes rather than
+modules and are executed by graph mode (:mod:`.graph_mode`), not through this registry. The registry is for kernels that
 swap whole modules, which keeps them usable in multi-rank (module-mode) runs; backends
 register their appliers on import, and ``--kernel-module`` on the command line imports such
 a module before the plan is applied.

@@ -17,6 +17,12 @@ import torch.distributed as dist
 from gemc.backends.torch.metrics import memory_stats, peak_flops
 
 
+def _query_stats() -> dict[str, int] | None:
+    """The query-padded attention's per-row guard counts (device counters, read here)."""
+    mod = sys.modules.get("gemc.backends.triton.jagged_query_attention")
+    return mod.STATS.as_dict() if mod is not None else None
+
+
 def build_report(
     plan, plan_path, opts, world, device, metrics, prec, layout, tables, applied_kernels,  # noqa: ANN001
     local_batch, start, setup_s, saved, resumed_from, emb_cfg, dense_cfg,  # noqa: ANN001
@@ -34,6 +40,7 @@ def build_report(
         "step_ms": timing,
         "memory": memory_stats(device),
         "guarded_attention": guarded.STATS.as_dict() if guarded is not None else None,
+        "guarded_query_attention": _query_stats(),
         # packed regions guarded by the same check: how often they ran packed / padded
         "guarded_regions": regions.GUARD_STATS.as_dict() if regions is not None else None,
         "tables_held": {

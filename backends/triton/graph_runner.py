@@ -15,6 +15,8 @@ running
   is a prefix, and falls back to the padded attention when it is not); each
   ``jagged_silu_attention`` entry (HSTU's formula, all its nodes) likewise, as one call of
   :func:`.key_padding_attention.key_padding_silu_attention`,
+* each ``jagged_query_attention`` entry (padded history queries over dense keys) as
+  :func:`query_attention`: the custom op over the real query rows,
 * each ``batched_embedding_bag`` entry as one :class:`BatchedEmbeddingBag` lookup whose
   backward updates the tables in place (the optimizer is fused: no table gradient exists),
 
@@ -38,12 +40,14 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import fx
 
 from gemc import ir
+from gemc.kernel_kinds import generated_kinds
 
 from . import packed_tokens as packed
 from .codegen import generated
@@ -52,7 +56,7 @@ from .codegen.spec import sha256
 from .packed_tokens import TokenLayout
 from .transposed_linear import transposed_linear
 
-__all__ = ["GraphRunner"]
+__all__ = ["LAYOUT_SETUPS", "UNIT_RUNTIMES", "GraphRunner", "UnitRuntime"]
 
 
 def _gemm_operand_in_epilogue(structure: dict[str, Any]) -> bool:
@@ -109,6 +113,32 @@ def silu_attention_of_entry(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     perm = entry.get("out_perm")
     return out.permute(*perm) if perm else out
 
+def query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    lengths_from: torch.Tensor, from_mask: bool, clamp_min: int,
+                    scale: float | None) -> torch.Tensor:
+    """A ``jagged_query_attention`` entry's call (both runners): the query lengths from
+    the entry's bool keep mask (checked per row on the device: ``gemc::query_prefix_lengths``)
+    or its offsets (clamped as the model's mask clamps them), then the custom op. Traceable:
+    no host read, static shapes."""
+    from . import ops  # noqa: F401  (registers the gemc:: ops)
+    from .jagged_query_attention import offsets_query_lengths
+
+    if from_mask:
+        lengths = torch.ops.gemc.query_prefix_lengths(lengths_from)
+    else:
+        lengths = offsets_query_lengths(lengths_from, clamp_min, q.shape[2])
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    out, _ = torch.ops.gemc.jagged_query_attention(q, k, v, lengths, scale)
+    return out
+
+
+def query_attention_args(entry: Mapping[str, Any]) -> tuple[str, bool, int, float | None]:
+    """``(lengths source name, from_mask, clamp_min, scale)`` of a query-padded entry."""
+    from_mask = bool(entry.get("mask"))
+    return (entry["mask"] if from_mask else entry["offsets"], from_mask,
+            int(entry.get("clamp_min") or 0), entry.get("scale"))
+
+
 class GraphRunner:
     """``runner(*inputs) -> loss`` of ``gm`` with ``entries`` substituted.
 
@@ -140,21 +170,22 @@ class GraphRunner:
         self.unit_of: dict[fx.Node, int] = {}
         self.units: list[dict[str, Any]] = []
         self.tables: dict[str, Any] = {}  # entry name -> BatchedEmbeddingBag
-        self._setup_packed([e for e in self.entries if e["kind"] == "packed_tokens"])
+        for kind, setup in LAYOUT_SETUPS.items():
+            setup(self, [e for e in self.entries if e["kind"] == kind])
         for entry in self.entries:
-            if entry["kind"] == "packed_tokens":
+            if entry["kind"] in LAYOUT_SETUPS:
                 continue
+            runtime = UNIT_RUNTIMES.get(entry["kind"])
+            if runtime is None:
+                raise ValueError(f"unknown kernel kind {entry['kind']!r}")
             index = len(self.units)
             unit = {"entry": entry, "nodes": [by_name[n] for n in entry["nodes"]]}
             # runs packed (a guarded region's units: when its check passes, per call)
             unit["packed"] = all(n in self.packed for n in unit["nodes"])
             unit["guarded"] = next((self.region_of[n] for n in unit["nodes"]
                                     if n in self.guarded_nodes), None)
-            if "structure" in entry:
-                unit["run"] = make_runner(self._source(entry, sources), entry["binding"])
-                unit["shared_operand"] = _gemm_operand_in_epilogue(entry["structure"])
-            elif entry["kind"] == "batched_embedding_bag":
-                self.tables[entry["name"]] = self._embedding_module(entry)
+            if runtime.setup is not None:
+                runtime.setup(self, unit, sources)
             self.units.append(unit)
             for n in unit["nodes"]:
                 self.unit_of[n] = index
@@ -297,18 +328,7 @@ class GraphRunner:
         if unit.get("guarded") is not None:
             reads.add(self.by_name[unit["guarded"]["mask"]])
         entry = unit["entry"]
-        names: list[str] = []
-        if "structure" in entry:
-            names = list(entry["binding"]["inputs"])
-        elif entry["kind"] == "jagged_attention":
-            names = [entry[x] for x in ("q", "k", "v", "offsets")]
-        elif entry["kind"] in ("key_padding_attention", "jagged_silu_attention"):
-            names = [entry[x] for x in ("q", "k", "v", "mask", "offsets", "bias")
-                     if entry.get(x)]
-        elif entry["kind"] == "batched_embedding_bag":
-            names = [t[x] for t in entry["tables"] for x in ("ids", "offsets")]
-        elif entry["kind"] == "transposed_linear":
-            names = [entry[x] for x in ("input", "weight", "bias") if entry.get(x)]
+        names = UNIT_RUNTIMES[entry["kind"]].reads(entry)
         return reads | {self.by_name[name] for name in names}
 
     def _last_reads(self) -> list[list[fx.Node]]:
@@ -518,56 +538,81 @@ class GraphRunner:
         return packed.gather(out, dims, _rank(node), layout)
 
     def _run_unit(self, unit: dict[str, Any], env: dict[fx.Node, Any]) -> None:
+        UNIT_RUNTIMES[unit["entry"]["kind"]].run(self, unit, env)
+
+    def _setup_group(self, unit: dict[str, Any], sources: dict[str, str]) -> None:
+        entry = unit["entry"]
+        unit["run"] = make_runner(self._source(entry, sources), entry["binding"])
+        unit["shared_operand"] = _gemm_operand_in_epilogue(entry["structure"])
+
+    def _setup_embeddings(self, unit: dict[str, Any], sources: dict[str, str]) -> None:
+        self.tables[unit["entry"]["name"]] = self._embedding_module(unit["entry"])
+
+    def _run_group(self, unit: dict[str, Any], env: dict[fx.Node, Any]) -> None:
         entry = unit["entry"]
         by_name = self.by_name
-        if "structure" in entry:
-            binding = entry["binding"]
-            if unit["packed"]:
-                run, inputs = self._packed_group(unit, env)
-            else:
-                run = unit["run"]
-                inputs = [self._padded(by_name[n], env) for n in binding["inputs"]]
-            if unit.get("shared_operand") and _autocast_dtype(inputs) is not None:
-                self._run_as_aten(unit, env)
-                return
-            dtypes = self._narrowed(unit["narrow"], inputs)
-            outs = run(*inputs, out_dtypes=dtypes)
-            for name, value in zip(binding["outputs"], outs):
-                self._store(by_name[name], value, env, unit["packed"])
-        elif entry["kind"] == "jagged_attention":
-            node = unit["nodes"][0]
-            value, is_packed = self._jagged_attention(entry, env, by_name)
-            self._store(node, value, env, is_packed)
-        elif entry["kind"] == "key_padding_attention":
-            # self-contained op: checks the mask is a prefix and falls back itself
-            from .key_padding_attention import key_padding_attention
-
-            q, k, v, mask = (self._padded(by_name[entry[x]], env) for x in ("q", "k", "v",
-                                                                             "mask"))
-            if entry.get("merged_heads"):  # [B*H, L, d] operands (MultiheadAttention)
-                q, k, v = (x.unflatten(0, (mask.shape[0], -1)) for x in (q, k, v))
-            out = key_padding_attention(q, k, v, mask, entry["scale"], entry["causal"],
-                                        entry["additive"], entry["zero_padding_queries"],
-                                        entry.get("nan_if_empty", False))
-            if entry.get("merged_heads"):
-                out = out.flatten(0, 1)
-            self._store(by_name[entry.get("output", unit["nodes"][0].name)], out, env, False)
-        elif entry["kind"] == "jagged_silu_attention":
-            q, k, v, keys = (self._padded(by_name[entry[x]], env) for x in (
-                "q", "k", "v", "mask" if entry.get("mask") else "offsets"))
-            bias = self._padded(by_name[entry["bias"]], env) if entry.get("bias") else None
-            out = silu_attention_of_entry(q, k, v, keys, bias, entry)
-            self._store(by_name[entry["output"]], out, env, False)
-        elif entry["kind"] == "batched_embedding_bag":
-            self._embeddings(entry, env, by_name)
-        elif entry["kind"] == "transposed_linear":
-            node = unit["nodes"][0]
-            bias = self._padded(by_name[entry["bias"]], env) if entry.get("bias") else None
-            self._store(node, transposed_linear(self._padded(by_name[entry["input"]], env),
-                                                env[by_name[entry["weight"]]], bias), env,
-                        False)
+        binding = entry["binding"]
+        if unit["packed"]:
+            run, inputs = self._packed_group(unit, env)
         else:
-            raise ValueError(f"unknown kernel kind {entry['kind']!r}")
+            run = unit["run"]
+            inputs = [self._padded(by_name[n], env) for n in binding["inputs"]]
+        if unit.get("shared_operand") and _autocast_dtype(inputs) is not None:
+            self._run_as_aten(unit, env)
+            return
+        dtypes = self._narrowed(unit["narrow"], inputs)
+        outs = run(*inputs, out_dtypes=dtypes)
+        for name, value in zip(binding["outputs"], outs):
+            self._store(by_name[name], value, env, unit["packed"])
+
+    def _run_jagged_attention(self, unit: dict[str, Any], env: dict[fx.Node, Any]) -> None:
+        value, is_packed = self._jagged_attention(unit["entry"], env, self.by_name)
+        self._store(unit["nodes"][0], value, env, is_packed)
+
+    def _run_key_padding_attention(self, unit: dict[str, Any],
+                                   env: dict[fx.Node, Any]) -> None:
+        # self-contained op: checks the mask is a prefix and falls back itself
+        from .key_padding_attention import key_padding_attention
+
+        entry = unit["entry"]
+        by_name = self.by_name
+        q, k, v, mask = (self._padded(by_name[entry[x]], env) for x in ("q", "k", "v", "mask"))
+        if entry.get("merged_heads"):  # [B*H, L, d] operands (MultiheadAttention)
+            q, k, v = (x.unflatten(0, (mask.shape[0], -1)) for x in (q, k, v))
+        out = key_padding_attention(q, k, v, mask, entry["scale"], entry["causal"],
+                                    entry["additive"], entry["zero_padding_queries"],
+                                    entry.get("nan_if_empty", False))
+        if entry.get("merged_heads"):
+            out = out.flatten(0, 1)
+        self._store(by_name[entry.get("output", unit["nodes"][0].name)], out, env, False)
+
+    def _run_query_attention(self, unit: dict[str, Any], env: dict[fx.Node, Any]) -> None:
+        entry = unit["entry"]
+        source, from_mask, clamp_min, scale = query_attention_args(entry)
+        q, k, v, lengths_from = (self._padded(self.by_name[x], env) for x in (
+            entry["q"], entry["k"], entry["v"], source))
+        out = query_attention(q, k, v, lengths_from, from_mask, clamp_min, scale)
+        self._store(self.by_name[entry["output"]], out, env, False)
+
+    def _run_silu_attention(self, unit: dict[str, Any], env: dict[fx.Node, Any]) -> None:
+        entry = unit["entry"]
+        by_name = self.by_name
+        q, k, v, keys = (self._padded(by_name[entry[x]], env) for x in (
+            "q", "k", "v", "mask" if entry.get("mask") else "offsets"))
+        bias = self._padded(by_name[entry["bias"]], env) if entry.get("bias") else None
+        out = silu_attention_of_entry(q, k, v, keys, bias, entry)
+        self._store(by_name[entry["output"]], out, env, False)
+
+    def _run_embeddings(self, unit: dict[str, Any], env: dict[fx.Node, Any]) -> None:
+        self._embeddings(unit["entry"], env, self.by_name)
+
+    def _run_transposed_linear(self, unit: dict[str, Any], env: dict[fx.Node, Any]) -> None:
+        entry = unit["entry"]
+        by_name = self.by_name
+        bias = self._padded(by_name[entry["bias"]], env) if entry.get("bias") else None
+        self._store(unit["nodes"][0], transposed_linear(
+            self._padded(by_name[entry["input"]], env), env[by_name[entry["weight"]]], bias),
+            env, False)
 
     def _run_as_aten(self, unit: dict[str, Any], env: dict[fx.Node, Any]) -> None:
         """The loud fallback of a GEMM group that reads its GEMM's operand in the epilogue
@@ -713,3 +758,48 @@ class GraphRunner:
                 if t["fqn"] == fqn:
                     return w
         raise KeyError(fqn)
+
+
+@dataclass(frozen=True)
+class UnitRuntime:
+    """How the interpreter runs one unit kind (gemc.kernel_kinds): the graph values its
+    entry names (read beyond its nodes' own inputs: the release schedule keeps them alive
+    until it ran), what it builds once (a launcher, an embedding module) and the call that
+    computes its outputs. The emitter for the compiled graph reuses the setup."""
+
+    reads: Callable[[dict[str, Any]], list[str]]
+    run: Callable[[GraphRunner, dict[str, Any], dict[fx.Node, Any]], None]
+    setup: Callable[[GraphRunner, dict[str, Any], dict[str, str]], None] | None = None
+
+
+def _named(*fields: str) -> Callable[[dict[str, Any]], list[str]]:
+    """The reads of an entry that names its operands in ``fields`` (absent or null: none)."""
+    return lambda entry: [entry[x] for x in fields if entry.get(x)]
+
+
+_GROUP = UnitRuntime(reads=lambda entry: list(entry["binding"]["inputs"]),
+                     run=GraphRunner._run_group, setup=GraphRunner._setup_group)
+_ATTENTION_READS = _named("q", "k", "v", "mask", "offsets", "bias")
+UNIT_RUNTIMES: dict[str, UnitRuntime] = {
+    **{kind: _GROUP for kind in generated_kinds()},
+    "batched_embedding_bag": UnitRuntime(
+        reads=lambda entry: [t[x] for t in entry["tables"] for x in ("ids", "offsets")],
+        run=GraphRunner._run_embeddings, setup=GraphRunner._setup_embeddings),
+    "jagged_attention": UnitRuntime(reads=_named("q", "k", "v", "offsets"),
+                                    run=GraphRunner._run_jagged_attention),
+    "key_padding_attention": UnitRuntime(reads=_ATTENTION_READS,
+                                         run=GraphRunner._run_key_padding_attention),
+    "jagged_silu_attention": UnitRuntime(reads=_ATTENTION_READS,
+                                         run=GraphRunner._run_silu_attention),
+    "jagged_query_attention": UnitRuntime(reads=_ATTENTION_READS,
+                                          run=GraphRunner._run_query_attention),
+    "transposed_linear": UnitRuntime(reads=_named("input", "weight", "bias"),
+                                     run=GraphRunner._run_transposed_linear),
+}
+"""Per unit kind: its runtime in the interpreter."""
+
+LAYOUT_SETUPS: dict[str, Callable[[GraphRunner, list[dict[str, Any]]], None]] = {
+    "packed_tokens": GraphRunner._setup_packed,
+}
+"""Per layout kind: how the interpreter sets up its entries (all of them at once, before
+the units; called with none too, as the runner always asks where values are packed)."""

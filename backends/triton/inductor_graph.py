@@ -13,6 +13,9 @@ execute one plan identically) are *emitted* into a new FX graph instead:
 * ``jagged_attention`` -> ``gemc::jagged_attention`` on the padded q, k, v (then the
   transpose back to the graph's ``[B, H, L, D]``, a view), or on the packed values inside
   a packed region;
+* ``jagged_query_attention`` -> ``gemc::jagged_query_attention`` on the padded q and the
+  dense k, v, its query lengths from offsets (ATen ops) or ``gemc::query_prefix_lengths``
+  of the mask (the per-row guard, on the device: no host read, so no graph break);
 * ``batched_embedding_bag`` -> the flat offsets (ATen ops) and one ``gemc::embedding_bag``;
 * ``transposed_linear`` -> its ATen formulation (a batched GEMM reading ``x`` in place);
 * every other node -> its op (``device=`` arguments captured on meta point at the run's
@@ -43,19 +46,28 @@ import torch
 from torch import fx, nn
 
 from gemc import ir
+from gemc.kernel_kinds import KINDS, generated_kinds
 
 from . import ops as gemc_ops
 from . import packed_tokens
 from .codegen.host import make_runner
-from .graph_runner import _SKIP, GraphRunner, _rank, silu_attention_of_entry
+from .graph_runner import (
+    _SKIP,
+    GraphRunner,
+    _rank,
+    query_attention,
+    query_attention_args,
+    silu_attention_of_entry,
+)
 from .packed_tokens import TokenLayout
 from .transposed_linear import transposed_linear
 
-__all__ = ["CHOICE_ENV", "Built", "build", "choice_and_source", "default_choice",
+__all__ = ["CHOICE_ENV", "EMITTERS", "Built", "build", "choice_and_source", "default_choice",
            "measure_groups", "runner_for"]
 
-GENERATED = ("gemm_epilogue", "norm", "pointwise", "reduction")
-"""Kinds where a gemc kernel and Inductor's code compete for the same subgraph."""
+GENERATED = generated_kinds()
+"""Kinds where a gemc kernel and Inductor's code compete for the same subgraph
+(declared in gemc/kernel_kinds.py)."""
 CHOICE_ENV = "GEMC_GROUP_CHOICE"
 """``gemc`` / ``inductor`` forces every generated group's choice (A/B runs); unset or
 ``auto``: the measured choice where there is one, else Inductor."""
@@ -68,7 +80,8 @@ def default_choice(entry: dict[str, Any], measured: Mapping[str, Any] | None = N
     rewrite Inductor compiles anyway (``transposed_linear``). A generated
     group is gemc's only where a measurement recorded a win (``measured[name]["choice"]``),
     because without one Inductor's fused code is the safe default (it never loses to the
-    op-by-op graph, and it fuses across the group's border)."""
+    op-by-op graph, and it fuses across the group's border); the kind's declaration
+    (gemc.kernel_kinds) says which kinds compete and what each runs without a measurement."""
     return choice_and_source(entry, measured)[0]
 
 
@@ -76,8 +89,8 @@ def choice_and_source(entry: dict[str, Any], measured: Mapping[str, Any] | None 
                       ) -> tuple[str, str]:
     """:func:`default_choice` and where it came from: ``forced`` (``GEMC_GROUP_CHOICE``),
     the record's ``source`` (``recorded`` when it names none) or ``default``."""
-    kind = entry["kind"]
-    if kind not in GENERATED:
+    kind = KINDS.get(entry["kind"])
+    if kind is None or not kind.generated:
         return "gemc", "default"
     forced = os.environ.get(CHOICE_ENV, "auto")
     if forced in ("gemc", "inductor"):
@@ -85,7 +98,7 @@ def choice_and_source(entry: dict[str, Any], measured: Mapping[str, Any] | None 
     rec = (measured or {}).get(str(entry.get("name")))
     if isinstance(rec, Mapping) and rec.get("choice") in ("gemc", "inductor"):
         return str(rec["choice"]), str(rec.get("source", "recorded"))
-    return "inductor", "default"
+    return kind.default_choice, "default"
 
 
 @dataclass
@@ -432,40 +445,62 @@ class _Emitter:
             choice, source = "inductor", "required"
         self.choices[name] = choice
         self.sources[name] = source
-        by_name = self.r.by_name
         if choice == "inductor":
             for node in unit["nodes"]:
                 self.node(node)
-        elif "structure" in entry:
-            self.group(unit)
-        elif kind == "jagged_attention":
-            self.attention(unit)
-        elif kind in ("key_padding_attention", "jagged_silu_attention"):
-            q, k, v, mask = (self.padded(by_name[entry[x]]) for x in (
-                "q", "k", "v", "mask" if entry.get("mask") else "offsets"))
-            if kind == "key_padding_attention":
-                value = self.call(_call_key_padding_attention, (q, k, v, mask, entry))
-                out = by_name[entry.get("output", unit["nodes"][0].name)]
-            else:
-                bias = self.padded(by_name[entry["bias"]]) if entry.get("bias") else None
-                value = self.call(_call_silu_attention, (q, k, v, mask, bias, entry))
-                out = by_name[entry["output"]]
-            self.store(out, value, False)
-        elif kind == "batched_embedding_bag":
-            module = self.r.tables[entry["name"]]
-            mod = self.attr("t_" + name.replace(".", "__"), module)
-            ids = [self.padded(by_name[t["ids"]]) for t in entry["tables"]]
-            offs = [self.padded(by_name[t["offsets"]]) for t in entry["tables"]]
-            call = self.call(_call_embeddings, (name, mod, entry, ids, offs))
-            for j, t in enumerate(entry["tables"]):
-                self.store(by_name[t["output"]], self.call(operator.getitem, (call, j)), False)
-        elif kind == "transposed_linear":
-            bias = self.padded(by_name[entry["bias"]]) if entry.get("bias") else None
-            value = self.call(transposed_linear, (self.padded(by_name[entry["input"]]),
-                                                  self.padded(by_name[entry["weight"]]), bias))
-            self.store(unit["nodes"][0], value, False)
-        else:
+            return
+        emit = EMITTERS.get(kind)
+        if emit is None:
             raise ValueError(f"unknown kernel kind {kind!r}")
+        emit(self, unit)
+
+    def key_padding_attention(self, unit: dict[str, Any]) -> None:
+        entry = unit["entry"]
+        q, k, v, mask = self.attention_operands(entry)
+        value = self.call(_call_key_padding_attention, (q, k, v, mask, entry))
+        self.store(self.r.by_name[entry.get("output", unit["nodes"][0].name)], value, False)
+
+    def query_attention(self, unit: dict[str, Any]) -> None:
+        entry = unit["entry"]
+        source, from_mask, clamp_min, scale = query_attention_args(entry)
+        q, k, v, lengths_from = (self.padded(self.r.by_name[x]) for x in (
+            entry["q"], entry["k"], entry["v"], source))
+        value = self.call(query_attention, (q, k, v, lengths_from, from_mask, clamp_min,
+                                            scale))
+        self.store(self.r.by_name[entry["output"]], value, False)
+
+    def silu_attention(self, unit: dict[str, Any]) -> None:
+        entry = unit["entry"]
+        by_name = self.r.by_name
+        q, k, v, mask = self.attention_operands(entry)
+        bias = self.padded(by_name[entry["bias"]]) if entry.get("bias") else None
+        value = self.call(_call_silu_attention, (q, k, v, mask, bias, entry))
+        self.store(by_name[entry["output"]], value, False)
+
+    def attention_operands(self, entry: dict[str, Any]) -> list[Any]:
+        """A guarded attention's q, k, v and its mask (or the offsets it derives one from)."""
+        return [self.padded(self.r.by_name[entry[x]]) for x in (
+            "q", "k", "v", "mask" if entry.get("mask") else "offsets")]
+
+    def embeddings(self, unit: dict[str, Any]) -> None:
+        entry = unit["entry"]
+        name = str(entry.get("name"))
+        by_name = self.r.by_name
+        module = self.r.tables[entry["name"]]
+        mod = self.attr("t_" + name.replace(".", "__"), module)
+        ids = [self.padded(by_name[t["ids"]]) for t in entry["tables"]]
+        offs = [self.padded(by_name[t["offsets"]]) for t in entry["tables"]]
+        call = self.call(_call_embeddings, (name, mod, entry, ids, offs))
+        for j, t in enumerate(entry["tables"]):
+            self.store(by_name[t["output"]], self.call(operator.getitem, (call, j)), False)
+
+    def transposed_gemm(self, unit: dict[str, Any]) -> None:
+        entry = unit["entry"]
+        by_name = self.r.by_name
+        bias = self.padded(by_name[entry["bias"]]) if entry.get("bias") else None
+        value = self.call(transposed_linear, (self.padded(by_name[entry["input"]]),
+                                              self.padded(by_name[entry["weight"]]), bias))
+        self.store(unit["nodes"][0], value, False)
 
     def group(self, unit: dict[str, Any]) -> None:
         """A generated group through ``gemc::fused_group``; inside a packed region at the
@@ -537,6 +572,20 @@ class _Emitter:
         self.graph.eliminate_dead_code()
         module = fx.GraphModule(self.root, self.graph, class_name="GemcRewritten")
         return Built(module=module, choices=self.choices, runner=self.r, sources=self.sources)
+
+
+EMITTERS: dict[str, Callable[[_Emitter, dict[str, Any]], None]] = {
+    **{kind: _Emitter.group for kind in generated_kinds()},
+    "batched_embedding_bag": _Emitter.embeddings,
+    "jagged_attention": _Emitter.attention,
+    "key_padding_attention": _Emitter.key_padding_attention,
+    "jagged_silu_attention": _Emitter.silu_attention,
+    "jagged_query_attention": _Emitter.query_attention,
+    "transposed_linear": _Emitter.transposed_gemm,
+}
+"""Per unit kind (gemc.kernel_kinds): how its gemc kernel is emitted into the new graph (a
+unit whose choice is Inductor's is emitted as its own ATen nodes instead). Layout kinds
+have none: the emitter reads the runner's packed regions (``graph_runner.LAYOUT_SETUPS``)."""
 
 
 def _missing_param(fqn: str) -> torch.Tensor:

@@ -20,6 +20,9 @@ One op per kernel *kind*, not per kernel:
   the compiler to trace, no host read of the token count).
 * ``gemc::jagged_attention_values`` (and its backward): the same kernels on the ``[T, H, D]``
   values of a packed token region, in place.
+* ``gemc::jagged_query_attention`` (and its backward) with ``gemc::query_prefix_lengths``:
+  padded history queries over dense keys, only the real query rows computed; the lengths
+  from a mask checked on the device (a row that is no prefix computes every query row).
 * ``gemc::gather_tokens``, ``gemc::segment_sum`` (and ``gemc::segment_sum_rows``, the
   gather's backward): a packed region's entries and its sums over a row's tokens, whose
   gradients add up in fp32 without atomics.
@@ -46,6 +49,8 @@ from torch import Tensor
 from .jagged_attention import _attention_backward, _attention_forward, _meta
 from .packed_tokens import TokenLayout
 from .segment_sum import segment_sum_rows as _segment_sum_rows
+from .varlen_key_attention import attention_backward as _varlen_backward
+from .varlen_key_attention import attention_forward as _varlen_forward
 
 __all__ = ["group_key", "register_group", "register_table", "dtype_name"]
 
@@ -347,6 +352,81 @@ def _values_backward(ctx: Any, grad_out: Tensor, grad_lse: Tensor | None) -> tup
 
 
 jagged_attention_values.register_autograd(_values_backward, setup_context=_values_setup)
+
+
+# ---- padded history queries over dense keys -------------------------------------------------
+
+
+@torch.library.custom_op("gemc::query_prefix_lengths", mutates_args=())
+def query_prefix_lengths(keep: Tensor) -> Tensor:
+    """Per row of a bool ``[B, L]`` keep mask, the query rows to compute: the kept count
+    where it is a prefix, else ``L`` (the row's padded attention; counted on the device in
+    ``jagged_query_attention.STATS``)."""
+    from .jagged_query_attention import mask_query_lengths
+
+    return mask_query_lengths(keep)
+
+
+@query_prefix_lengths.register_fake
+def _query_prefix_lengths_fake(keep: Tensor) -> Tensor:
+    return keep.new_empty((keep.shape[0],), dtype=torch.int32)
+
+
+@torch.library.custom_op("gemc::jagged_query_attention", mutates_args=())
+def jagged_query_attention(q: Tensor, k: Tensor, v: Tensor, query_lengths: Tensor,
+                           scale: float) -> tuple[Tensor, Tensor]:
+    """Padded queries ``[B, H, L, D]`` (rows ``< query_lengths[b]`` real) over dense ``k, v
+    [B, H, M, D]``: the output (zero on padding rows) and the row logsumexp ``[B * H, L]``."""
+    keys = _dense_keys(q, k)
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    out, lse = _varlen_forward(q, k, v, keys, query_lengths.to(torch.int32), scale)
+    return out.contiguous(), lse.contiguous()
+
+
+def _dense_keys(q: Tensor, k: Tensor) -> Tensor:
+    return torch.full((q.shape[0],), k.shape[2], dtype=torch.int32, device=q.device)
+
+
+@jagged_query_attention.register_fake
+def _jagged_query_attention_fake(q: Tensor, k: Tensor, v: Tensor, query_lengths: Tensor,
+                                 scale: float) -> tuple[Tensor, Tensor]:
+    b, h, length, _ = q.shape
+    return q.new_empty(q.shape), q.new_empty((b * h, length), dtype=torch.float32)
+
+
+@torch.library.custom_op("gemc::jagged_query_attention_backward", mutates_args=())
+def jagged_query_attention_backward(q: Tensor, k: Tensor, v: Tensor, query_lengths: Tensor,
+                                    out: Tensor, lse: Tensor, grad: Tensor, scale: float
+                                    ) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients of ``q, k, v`` (zero on padding query rows: their output is a constant)."""
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    grads = _varlen_backward(q, k, v, _dense_keys(q, k), query_lengths.to(torch.int32), out,
+                             lse, grad, scale)
+    return tuple(g.contiguous() for g in grads)  # type: ignore[return-value]
+
+
+@jagged_query_attention_backward.register_fake
+def _jagged_query_attention_backward_fake(q: Tensor, k: Tensor, v: Tensor,
+                                          query_lengths: Tensor, out: Tensor, lse: Tensor,
+                                          grad: Tensor, scale: float
+                                          ) -> tuple[Tensor, Tensor, Tensor]:
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _query_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
+    q, k, v, query_lengths, scale = inputs
+    ctx.scale = float(scale)
+    ctx.save_for_backward(q, k, v, query_lengths, *output)
+
+
+def _query_backward(ctx: Any, grad_out: Tensor, grad_lse: Tensor | None) -> tuple[Any, ...]:
+    q, k, v, query_lengths, out, lse = ctx.saved_tensors
+    dq, dk, dv = torch.ops.gemc.jagged_query_attention_backward(q, k, v, query_lengths, out,
+                                                                lse, grad_out, ctx.scale)
+    return dq, dk, dv, None, None
+
+
+jagged_query_attention.register_autograd(_query_backward, setup_context=_query_setup)
 
 
 # ---- packed token regions: gathers to tokens and sums over a row's tokens ------------------

@@ -10,7 +10,7 @@ from tests.benchmark_module import load_benchmark
 def test_benchmark_smoke_writes_json(tmp_path):
     bench = load_benchmark("kernels")
     out = tmp_path / "kernels.json"
-    bench.main(["--smoke", "--no-compile", "--cases", "attention,embedding,jagged",
+    bench.main(["--smoke", "--no-compile", "--cases", "attention,query,embedding,jagged",
                 "--out", str(out)])
     report = json.loads(out.read_text())
     assert report["preset"] == "smoke"
@@ -19,6 +19,7 @@ def test_benchmark_smoke_writes_json(tmp_path):
     variants = {(r["case"], r["mode"], r["variant"]) for r in rows}
     assert ("softmax attention causal", "fwd+bwd", "triton jagged") in variants
     assert ("embedding step", "fwd+bwd+opt", "eager EmbeddingBag + AdamW") in variants
+    assert ("history queries over dense keys", "fwd+bwd", "triton jagged queries") in variants
     assert ("jagged_to_padded", "fwd+bwd", "eager index_put") in variants
     # The Triton results agree with eager at the benchmark's own size.
     checked = [r for r in rows if r["max_abs_err"] is not None]

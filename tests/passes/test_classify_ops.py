@@ -48,3 +48,22 @@ def test_unknown_op_is_kept_and_named_in_a_warning():
     det = [n for n in gm.graph.nodes if "det" in str(n.target)]
     assert det and ir.kind_of(det[0]) is OpKind.OTHER
     assert any("linalg_det" in w for w in ctx.warnings)
+
+
+def test_losses_as_export_spells_them_are_losses():
+    """``F.cross_entropy`` reaches the graph as ``aten.cross_entropy_loss`` (not decomposed
+    at export): a loss, priced as one, with no unknown-op warning."""
+    from gemc.passes.classify_ops import ClassifyOps
+
+    from gemc.context import PassContext
+
+    class NextItem(torch.nn.Module):
+        def forward(self, logits, target):
+            return torch.nn.functional.cross_entropy(logits, target)
+
+    ep = torch.export.export(NextItem(), (torch.randn(4, 7), torch.randint(0, 7, (4,))),
+                             strict=False)
+    ctx = PassContext()
+    gm, _ = ClassifyOps().run(ep.graph_module, ctx)
+    losses = [n for n in gm.graph.nodes if ir.kind_of(n) is OpKind.LOSS]
+    assert losses and not ctx.warnings, ([str(n.target) for n in gm.graph.nodes], ctx.warnings)

@@ -38,8 +38,11 @@ def plans(gem_tiny):
 
 def test_every_planner_writes_a_valid_plan_with_its_report(plans):
     for name, plan in plans.items():
-        assert plan["planner"] == name
         solver = plan["solver"]
+        # CP-SAT keeps a heuristic's plan when it ties or beats its own (a host-bound tiny
+        # step prices every placement alike); the plan then names the planner of its plan
+        kept = solver.get("kept") if name == "cpsat" else None
+        assert plan["planner"] == (kept if kept in ("greedy", "naive") else name)
         assert solver["planner"] == name
         # the plan's prediction (predict_step on the written plan) is what the planner saw,
         # plus the host's exposed syncs (gemc.costing.host_s: the same for every placement)
@@ -51,7 +54,8 @@ def test_every_planner_writes_a_valid_plan_with_its_report(plans):
     cpsat = plans["cpsat"]["solver"]
     assert cpsat["status"] in ("optimal", "feasible")
     assert cpsat["bound_ms"] <= cpsat["objective_ms"]
-    assert plans["cpsat"]["predicted"]["step_ms"] <= plans["greedy"]["predicted"]["step_ms"]
+    assert plans["cpsat"]["predicted"]["step_ms"] <= \
+        plans["greedy"]["predicted"]["step_ms"] * (1 + 1e-9)  # a tie may differ by rounding
 
 
 def test_cli_compiles_cpsat_by_default_to_identical_bytes(tmp_path):
@@ -61,7 +65,10 @@ def test_cli_compiles_cpsat_by_default_to_identical_bytes(tmp_path):
                      "--time-limit", "2", "--quiet"]) == 0
     assert a.read_bytes() == b.read_bytes()
     plan = load_plan(a)
-    assert plan["planner"] == "cpsat" and plan["solver"]["status"] in ("optimal", "feasible")
+    # CP-SAT ran (the default); on the toy's one table greedy's plan may already be optimal,
+    # and a tie keeps it (plan["planner"] then names greedy)
+    assert plan["solver"]["planner"] == "cpsat"
+    assert plan["solver"]["status"] in ("optimal", "feasible")
 
 
 def test_explain_and_diff(plans, tmp_path, capsys):

@@ -1,0 +1,129 @@
+"""Every kernel kind a plan may list, declared once: the facts each layer reads about it.
+
+A kernel kind is recognised by a pass, written into ``plan["kernels"]`` by the plan
+builder, checked by the plan validator and executed by the runner. Those layers need the
+same few facts about a kind (how the runner executes it, whether gemc's kernel competes
+with Inductor's code for its nodes, which plan-entry fields it needs, which library module
+holds its kernel); declaring them here, in the core, keeps the layers from each keeping a
+list of their own that a new kind must be added to.
+
+What differs per layer stays there, in a table keyed by these names: the plan entry's
+builder (``gemc.plan_builder.PLAN_ENTRIES``), the interpreter's runtime
+(``gemc.backends.triton.graph_runner.UNIT_RUNTIMES``), the emitter for the compiled graph
+(``gemc.backends.triton.inductor_graph.EMITTERS``); ``tests/test_kernel_kinds.py`` checks
+that every declared kind has one in each table and that no table has an undeclared one.
+
+Module-mode kinds (kernels that swap whole modules, registered by a backend module the
+runner imports with ``--kernel-module``, see ``gemc.backends.torch.kernels``) are not the
+compiler's: a kind no declaration names is left to that registry, which refuses it by name
+when nothing registered it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+MODES = ("graph", "module")
+CHOICES = ("gemc", "inductor")
+ENTRY_FIELDS = ("name", "kind", "nodes")
+"""Fields every entry of a declared kind has: its name, its kind, the graph nodes it covers."""
+
+
+@dataclass(frozen=True)
+class KernelKind:
+    """One kind's kind-level facts.
+
+    ``mode``: ``graph`` (the runner executes the captured graph with the kernel in place of
+    ``nodes``) or ``module`` (an applier swaps modules; multi-rank module-mode runs keep it).
+    ``layout``: not a call replacing its nodes but a layout the runner keeps a region's
+    values in (``packed_tokens``: its nodes overlap other kinds' units), set up before them.
+    ``generated``: a kernel generated from the entry's structure, for nodes Inductor also
+    fuses, so the two compete per group (measured, or ``default_choice`` without a
+    measurement); a kind that does not compete always runs gemc's kernel.
+    ``fields``: the entry fields (beyond :data:`ENTRY_FIELDS`) the runner reads, required by
+    the plan validator. ``library``: the module of the runner's kernel, recorded in the
+    entry (None for generated kernels: their source is in the plan).
+    """
+
+    name: str
+    fields: tuple[str, ...]
+    library: str | None = None
+    mode: str = "graph"
+    layout: bool = False
+    generated: bool = False
+    default_choice: str = "gemc"
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"kernel kind {self.name}: mode {self.mode!r} not in {MODES}")
+        if self.default_choice not in CHOICES:
+            raise ValueError(f"kernel kind {self.name}: default choice "
+                             f"{self.default_choice!r} not in {CHOICES}")
+        if not self.generated and self.default_choice != "gemc":
+            raise ValueError(f"kernel kind {self.name}: only a generated kind competes with "
+                             "Inductor, so only its default choice may be 'inductor'")
+        if self.layout and self.mode != "graph":
+            raise ValueError(f"kernel kind {self.name}: a layout is a graph-mode kind")
+
+    def missing(self, entry: Mapping[str, Any]) -> list[str]:
+        """The fields a plan entry of this kind lacks (empty: it has all it needs)."""
+        return [f for f in (*ENTRY_FIELDS, *self.fields) if f not in entry]
+
+
+_GENERATED_FIELDS = ("structure", "binding", "sha256")
+_TRITON = "gemc.backends.triton."
+
+
+def _generated(name: str) -> KernelKind:
+    # Inductor's fused code is the safe default: it never loses to the op-by-op graph and
+    # fuses across the group's border; gemc's kernel runs where a measurement recorded a win
+    return KernelKind(name, _GENERATED_FIELDS, generated=True, default_choice="inductor")
+
+
+DECLARED: tuple[KernelKind, ...] = (
+    _generated("gemm_epilogue"),
+    _generated("pointwise"),
+    _generated("norm"),
+    _generated("reduction"),
+    KernelKind("batched_embedding_bag", ("tables", "optimizer"), _TRITON + "embedding_bag"),
+    KernelKind("jagged_attention", ("q", "k", "v", "offsets", "clamp_min", "max_len", "scale"),
+               _TRITON + "jagged_attention"),
+    KernelKind("key_padding_attention", ("q", "k", "v", "mask", "scale", "causal", "additive",
+                                         "zero_padding_queries"),
+               _TRITON + "key_padding_attention"),
+    KernelKind("jagged_silu_attention", ("q", "k", "v", "output", "norm", "scale", "causal",
+                                         "query_mask"),
+               _TRITON + "key_padding_attention"),
+    KernelKind("jagged_query_attention", ("q", "k", "v", "output", "queries", "keys", "heads",
+                                          "head_dim", "scale"),
+               _TRITON + "jagged_query_attention"),
+    KernelKind("packed_tokens", ("dims", "padded_from", "clamp_min", "max_len"),
+               _TRITON + "packed_tokens", layout=True),
+    KernelKind("transposed_linear", ("input", "weight"), _TRITON + "transposed_linear"),
+)
+
+KINDS: Mapping[str, KernelKind] = MappingProxyType({k.name: k for k in DECLARED})
+"""The declared kinds by name, in declaration order."""
+
+
+def graph_kinds() -> tuple[str, ...]:
+    """Names of the kinds the runner executes in graph mode (declaration order)."""
+    return tuple(k.name for k in DECLARED if k.mode == "graph")
+
+
+def generated_kinds() -> tuple[str, ...]:
+    """Names of the kinds whose kernel competes with Inductor's code for its group."""
+    return tuple(k.name for k in DECLARED if k.generated)
+
+
+def layout_kinds() -> tuple[str, ...]:
+    """Names of the graph-mode kinds that are layouts, not calls replacing their nodes."""
+    return tuple(k.name for k in DECLARED if k.layout)
+
+
+def unit_kinds() -> tuple[str, ...]:
+    """Names of the graph-mode kinds that run as one call in place of their nodes."""
+    return tuple(k.name for k in DECLARED if k.mode == "graph" and not k.layout)

@@ -1,0 +1,76 @@
+"""Which code runs a table's lookup in the runner, decided once for the runner and the cost model.
+
+A table's step costs what the path that runs it costs, and the paths differ by an order of
+magnitude (DIN h200: 18 tables outside any batched kernel, priced as if the fused kernel
+ran them, 18.6 ms predicted against 39.0 ms measured). Three paths:
+
+``BATCHED``
+    inside a ``batched_embedding_bag`` kernel: one fused forward, and a backward that
+    applies the embedding optimizer to the touched rows (no gradient tensor exists).
+``SPARSE``
+    through the runner's sharded table module: ``F.embedding_bag(..., sparse=True)`` (or
+    the exchange, which ends in one), a sparse gradient of one row per looked-up id, which
+    the sparse optimizer coalesces (sorts and sums) and applies to the touched rows.
+``DENSE_GRAD``
+    the captured graph's own lookup op (graph mode on one rank, a table no batched kernel
+    took), captured with ``sparse=False``: its backward zero-fills a gradient the size of
+    the table and scatters into it; the sparse optimizer then scans that whole gradient
+    for the touched rows (``abs().sum(1)``, ``nonzero``: a host sync) before updating them.
+    A lookup captured ``sparse=True`` yields a sparse gradient: ``SPARSE``.
+
+The rule (backends/torch/graph_mode.py applies it): without graph kernels (module mode)
+every table runs ``SPARSE``. With them, a batched entry owns its tables when its tables
+share one storage precision; but on several ranks, or when any table stored bf16/fp8 is
+left outside such an entry, no batched entry is applied and every lookup goes through the
+sharded tables (``SPARSE``). Otherwise an owned table is ``BATCHED`` and any other runs as
+captured (``DENSE_GRAD``, or ``SPARSE`` when captured sparse).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+
+BATCHED = "batched"
+SPARSE = "sparse"
+DENSE_GRAD = "dense_grad"
+LOOKUP_PATHS = (BATCHED, SPARSE, DENSE_GRAD)
+
+
+def owned_by_batched(entries: Iterable[Collection[str]],
+                     precision: Mapping[str, str]) -> set[str]:
+    """Tables a batched entry owns: every table of an entry (its tables' fqns) whose tables
+    share one storage precision (``precision``: fqn -> "fp32" / "bf16" / "fp8"; missing is
+    fp32). A mixed entry is not applied as one kernel."""
+    owned: set[str] = set()
+    for fqns in entries:
+        if len({precision.get(f, "fp32") for f in fqns}) == 1:
+            owned.update(fqns)
+    return owned
+
+
+def batched_applied(owned: Collection[str], precision: Mapping[str, str], *,
+                    world_size: int) -> bool:
+    """Whether the runner applies batched entries at all: one rank, and no table stored
+    narrower than fp32 outside them (the graph's own lookup would read stored bf16/fp8
+    values as they are, so every lookup then goes through the sharded tables)."""
+    if world_size > 1:
+        return False
+    return not any(p != "fp32" and f not in owned for f, p in precision.items())
+
+
+def lookup_paths(precision: Mapping[str, str], batched_entries: Iterable[Collection[str]], *,
+                 world_size: int, graph_mode: bool,
+                 captured_sparse: Collection[str] = ()) -> dict[str, str]:
+    """Each table's path (fqn -> one of ``LOOKUP_PATHS``; see the module doc).
+
+    ``precision``: every table of the plan, fqn -> storage precision. ``batched_entries``:
+    the fqns of each ``batched_embedding_bag`` entry. ``graph_mode``: the plan has kernels
+    the runner executes in the captured graph (and they are not switched off).
+    ``captured_sparse``: tables whose every captured lookup has ``sparse=True``."""
+    if not graph_mode:
+        return dict.fromkeys(precision, SPARSE)
+    owned = owned_by_batched(batched_entries, precision)
+    if not batched_applied(owned, precision, world_size=world_size):
+        return dict.fromkeys(precision, SPARSE)
+    return {f: BATCHED if f in owned else SPARSE if f in captured_sparse else DENSE_GRAD
+            for f in precision}
