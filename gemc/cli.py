@@ -165,8 +165,10 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--run", action="append", default=[], metavar="RUN_JSON",
                    help="a run report (default: *.run.json in DUMP_DIR and next to the plan)")
     from gemc.backends.torch.cli import add_run_parser
+    from gemc.backends.torch.kernel_choices import add_record_choices_parser
 
     add_run_parser(sub)
+    add_record_choices_parser(sub)
     return p
 
 
@@ -332,6 +334,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 COMMANDS["run"] = _cmd_run
+
+
+def _cmd_record_choices(args: argparse.Namespace) -> int:
+    from gemc.backends.torch.kernel_choices import cmd_record_choices
+
+    return cmd_record_choices(args)
+
+
+COMMANDS["record-choices"] = _cmd_record_choices
 
 
 def main(argv: Sequence[str] | None = None) -> int:

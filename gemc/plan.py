@@ -28,6 +28,11 @@ PLANNERS = ("default", "cpsat", "greedy", "naive")
 # ``optimizer.embedding.kind``, the runner runs it
 TABLE_OPTIMIZERS = ("rowwise_adagrad", "adam")
 SOLVER_STATUSES = ("optimal", "feasible", "unknown", "infeasible", "heuristic", "crashed")
+KERNEL_CHOICES = ("gemc", "inductor")
+"""A kernel entry's optional ``choice`` (``{"use": ..., "gemc_ms", "inductor_ms",
+"measured_on"}``): which code runs the group, gemc's kernel or Inductor's for the same
+nodes, as measured by ``gemc run --measure-kernels`` and folded into the plan by ``gemc
+record-choices``. Optional: a plan without it runs each group's default."""
 _TOP_LEVEL = {
     "schema_version": int,
     "gemc_version": str,
@@ -198,6 +203,8 @@ def validate_plan(plan: Any, *, source: str = "plan") -> None:
         _validate_table(table, f"tables[{i}]", world, source, recompile)
     for i, entry in enumerate(plan["kernels"]):
         _validate_kernel(entry, f"kernels[{i}]", source, recompile)
+        if "choice" in entry:
+            _validate_choice(entry, f"kernels[{i}].choice", source)
     predicted = plan["predicted"]
     for key in ("step_ms", "mfu", "per_rank"):
         if key not in predicted:
@@ -211,6 +218,23 @@ def validate_plan(plan: Any, *, source: str = "plan") -> None:
                   f"{SOLVER_STATUSES}", recompile)
 
 
+def _validate_choice(kernel: dict[str, Any], where: str, source: str) -> None:
+    """A recorded choice (see KERNEL_CHOICES): which code, and the times it was chosen by;
+    only a generated group (one with a ``structure``) has an Inductor alternative."""
+    choice = kernel["choice"]
+    fix = ("record the choices again (gemc record-choices PLAN RUN.json), or delete the "
+           f"field {where} (the group then runs its default)")
+    if "structure" not in kernel:
+        _fail(source, where, f"is set on a {kernel.get('kind')!r} kernel, which has no "
+              "Inductor alternative (only generated groups do)", fix)
+    if not isinstance(choice, dict) or choice.get("use") not in KERNEL_CHOICES:
+        use = choice.get("use") if isinstance(choice, dict) else choice
+        _fail(source, f"{where}.use", f"is {use!r}, not one of {KERNEL_CHOICES}", fix)
+    for key in ("gemc_ms", "inductor_ms"):
+        value = choice.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not value >= 0):
+            _fail(source, f"{where}.{key}", f"is {value!r}, not a time in ms >= 0 or null", fix)
 def _validate_kernel(entry: Any, where: str, source: str, fix: str) -> None:
     """An entry of a declared kind (gemc.kernel_kinds) has the fields its runtime reads. A
     kind no declaration names is a module-mode kernel of a backend the runner imports with

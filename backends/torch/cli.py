@@ -23,12 +23,13 @@ Exit codes are ``gemc.exits``'s on every rank: 2 for a user error (one message, 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from gemc.backends.torch.kernel_choices import read_choices
 
 from gemc import checks
 from gemc.errors import GemcUserError
@@ -148,7 +149,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "against Inductor's code for it and keep the faster (in the run report)")
     p.add_argument("--kernel-choices", metavar="FILE",
                    help="JSON {kernel name: {\"choice\": \"gemc\"|\"inductor\"}} (e.g. a run "
-                   "report's graph_executor.measured): per fused group, the choice to use")
+                   "report of --measure-kernels): per fused group, the choice to use, above "
+                   "the plan's recorded choices (gemc record-choices folds them into the plan)")
+    p.add_argument("--cache-dir", metavar="DIR",
+                   help="where Inductor's and Triton's compile and autotune caches persist "
+                   "across runs (default: $GEMC_COMPILE_CACHE, else gemc-cache/ next to the "
+                   "plan; TORCHINDUCTOR_CACHE_DIR / TRITON_CACHE_DIR set by you win); none: "
+                   "a cold compile that keeps nothing")
     p.add_argument("--loss-every", type=int, default=1, metavar="N",
                    help="read the loss every N steps (1: every step; N > 1: no host sync "
                    "in between, step times are block means)")
@@ -187,29 +194,11 @@ def options_from_args(args: argparse.Namespace) -> Any:
         compile_modules=args.compile_modules,
         loss_every=args.loss_every,
         measure_kernels=args.measure_kernels,
-        kernel_choices=_kernel_choices(args.kernel_choices),
+        kernel_choices=read_choices(args.kernel_choices),
+        cache_dir=args.cache_dir,
         divergence=args.divergence,
         reference_losses=args.reference_losses,
     )
-
-
-def _kernel_choices(path: str | None) -> dict[str, Any] | None:
-    """``--kernel-choices FILE``: a JSON object of per-kernel records (or a whole run report,
-    whose ``graph_executor.measured`` is taken)."""
-    if path is None:
-        return None
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise GemcUserError(f"--kernel-choices {path}: {exc}", where=path,
-                            fix="pass a JSON file, e.g. a run report of --measure-kernels"
-                            ) from exc
-    if isinstance(data, dict) and isinstance(data.get("graph_executor"), dict):
-        data = data["graph_executor"].get("measured") or {}
-    if not isinstance(data, dict):
-        raise GemcUserError(f"--kernel-choices {path} is not a JSON object", where=path,
-                            fix="pass {kernel name: {\"choice\": \"gemc\"|\"inductor\"}}")
-    return data
 
 
 def _under_launcher() -> bool:
@@ -341,6 +330,7 @@ def _argv_of(args: argparse.Namespace) -> list[str]:
         "--compile-mode": args.compile_mode,
         "--compile-modules": args.compile_modules,
         "--kernel-choices": args.kernel_choices,
+        "--cache-dir": args.cache_dir,
         "--loss-every": args.loss_every,
         "--divergence": args.divergence,
         "--reference-losses": args.reference_losses,

@@ -116,29 +116,6 @@ def _interpreted_triton() -> None:
 
 
 EXECUTORS = ("inductor", "interpreter")
-INDUCTOR_CACHE_ENV = "GEMC_COMPILE_CACHE"
-"""Where Inductor's FX graph / autograd caches and Triton's kernel cache live across runs
-(default ``~/.cache/gemc/compile``): a second run of the same plan skips most of the
-compile and autotuning of the first step. ``TORCHINDUCTOR_CACHE_DIR`` /
-``TRITON_CACHE_DIR``, when set, win."""
-
-
-def compile_cache_dir() -> str:
-    """Point Inductor's and Triton's caches at one known place (see INDUCTOR_CACHE_ENV).
-    A value torch wrote itself (its per-user temporary default, set in the environment the
-    first time anything asked, e.g. while the graph was captured) is replaced; one a person
-    set is kept."""
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
-    base = os.environ.get(INDUCTOR_CACHE_ENV) or os.path.join(
-        os.path.expanduser("~"), ".cache", "gemc", "compile")
-    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if current is None or os.path.abspath(current) == os.path.abspath(default_cache_dir()):
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(base, "inductor")
-    os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(base, "triton"))
-    return os.environ["TORCHINDUCTOR_CACHE_DIR"]
-
-
 def _erase_dead_code(gm: torch.fx.GraphModule, keep: set[str]) -> None:
     """Erase pure nodes nobody reads, except those the plan's kernels name.
 
@@ -162,9 +139,12 @@ class GraphExecutor:
     AOTAutograd. ``"interpreter"``: the old op-by-op interpreter
     (:class:`~gemc.backends.triton.graph_runner.GraphRunner`), kept as a fallback, with a
     warning that says it runs unfused. ``measured``: per kernel name, a recorded
-    measurement whose ``choice`` (gemc / inductor) decides a generated group; ``measure``:
+    measurement whose ``choice`` (gemc / inductor) decides a generated group (from
+    ``--kernel-choices``); ``recorded``: the plan's own choices, below those; ``measure``:
     measure every generated group against Inductor's code for it on the first call (see
-    :func:`~gemc.backends.triton.inductor_graph.measure_groups`) and keep the winners.
+    :func:`~gemc.backends.triton.inductor_graph.measure_groups`) and keep the winners
+    (above both). ``sources``: where each entry's choice came from
+    (:mod:`gemc.backends.torch.kernel_choices`).
     ``compile_mode``: ``torch.compile``'s mode (e.g. ``reduce-overhead`` for CUDA graphs).
     """
 
@@ -183,17 +163,19 @@ class GraphExecutor:
         measured: dict[str, Any] | None = None,
         compile_mode: str | None = None,
         measure: bool = False,
+        recorded: dict[str, Any] | None = None,
     ) -> None:
         if executor not in EXECUTORS:
             raise PlanError(f"graph executor {executor!r} is not known",
                             where="--graph-executor", fix=f"use one of {', '.join(EXECUTORS)}")
         self.executor = executor
-        self.measured = dict(measured or {})
+        self.measured = {n: {**r, "source": "file"} for n, r in (measured or {}).items()}
+        self.recorded = dict(recorded or {})
         self.compile_mode = compile_mode
         self.measure = measure and executor == "inductor"
         self.choices: dict[str, str] = {}
+        self.sources: dict[str, str] = {}
         self._compiled: dict[torch.dtype | None, Any] = {}
-        self.cache_dir = compile_cache_dir() if executor == "inductor" else None
         if device.type == "cpu":
             _interpreted_triton()
         try:
@@ -344,9 +326,10 @@ class GraphExecutor:
             from gemc.backends.triton.inductor_graph import build, measure_groups
 
             if self.measure:  # the first step pays it; the report records every figure
-                self.measured.update(measure_groups(self.runner, autocast=dt))
-            built = build(self.runner, autocast=dt, measured=self.measured)
-            self.choices = built.choices
+                self.measured.update({n: {**r, "source": "measured"} for n, r in
+                                      measure_groups(self.runner, autocast=dt).items()})
+            built = build(self.runner, autocast=dt, measured={**self.recorded, **self.measured})
+            self.choices, self.sources = built.choices, built.sources
             self.module = built.module
             fn = self._compiled[dt] = torch.compile(
                 built.module, dynamic=False, mode=self.compile_mode,

@@ -26,6 +26,7 @@ import os
 import time
 import warnings
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ import torch.distributed as dist
 from gemc.backends.torch import checkpoint as ckpt
 from gemc.backends.torch import kernels as kernel_registry
 from gemc.backends.torch import precision as precision_mod
+from gemc.backends.torch.compile_cache import CompileCache, compile_cache
 from gemc.backends.torch.dense import apply_strategies, check_strategies
 from gemc.backends.torch.divergence import DivergenceGuard, load_reference, low_precision_sites
 from gemc.backends.torch.embedding import shard_tables
@@ -45,6 +47,7 @@ from gemc.backends.torch.graph_mode import (
     compile_backend,
 )
 from gemc.backends.torch.init import derive_seed
+from gemc.backends.torch.kernel_choices import check_choices, plan_choices
 from gemc.backends.torch.materialize import (
     check_fingerprint,
     load_plan_model,
@@ -91,7 +94,8 @@ class RunOptions:
     # graph mode: "inductor" (torch.compile over the rewritten graph) or "interpreter"
     graph_executor: str = "inductor"
     compile_mode: str | None = None  # torch.compile mode, e.g. "reduce-overhead"
-    # per kernel name {"choice": "gemc"|"inductor", ...}: measured choices for fused groups
+    # per kernel name {"choice": "gemc"|"inductor", ...}: measured choices for fused groups,
+    # above the plan's recorded ones (.kernel_choices)
     kernel_choices: dict[str, Any] | None = None
     measure_kernels: bool = False  # measure each fused group against Inductor's code first
     # read the loss (a host sync) every N steps, 1: every step (each step timed alone);
@@ -107,6 +111,9 @@ class RunOptions:
     reference_losses: str | None = None
     # called after every step with the number of steps done (benchmarks hang a profiler on it)
     on_step: Callable[[int], None] | None = None
+    # where Inductor's and Triton's caches persist (.compile_cache): None -> GEMC_COMPILE_CACHE,
+    # else gemc-cache/ next to the plan; "none": a cold compile in a temporary directory
+    cache_dir: str | None = None
 
 
 def _compile_module_mode(opts: RunOptions, device: torch.device, wsize: int) -> bool:
@@ -255,10 +262,23 @@ def run(plan_or_path: str | Path | dict[str, Any], options: RunOptions | None = 
         )
         created_pg = True
     try:
-        return _run(plan, plan_path, plan_dir, opts, world, device)
+        # before the capture, which imports gemc's kernels (their autotuners read the env)
+        with (compile_cache(opts.cache_dir, plan_dir) if _compiles(plan, opts, device, world)
+              else nullcontext()) as cache:
+            return _run(plan, plan_path, plan_dir, opts, world, device, cache)
     finally:
         if created_pg and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _compiles(plan: dict[str, Any], opts: RunOptions, device: torch.device, world: World
+              ) -> bool:
+    """Whether the run compiles anything (so it wants the compile cache): graph mode, whose
+    kernels autotune even under the interpreter executor, or module mode compiled."""
+    kernels = plan["kernels"] if opts.kernels else []
+    if any(isinstance(k, dict) and k.get("kind") in GRAPH_KINDS for k in kernels):
+        return True
+    return _compile_module_mode(opts, device, world.world_size)
 
 
 def kept_kernels(plan: dict[str, Any], skip: tuple[str, ...]) -> list[Any]:
@@ -284,11 +304,14 @@ def _run(
     opts: RunOptions,
     world: World,
     device: torch.device,
+    cache: CompileCache | None = None,
 ) -> RunResult:
     rank, wsize = world.rank, world.world_size
     t_setup = time.perf_counter()
     spec = load_plan_model(plan, plan_dir)
     kernels = kept_kernels(plan, opts.skip_kernels) if opts.kernels else []
+    if opts.kernel_choices:
+        check_choices(opts.kernel_choices, plan["kernels"], "gemc run --kernel-choices")
     graph_kernels = [k for k in kernels if isinstance(k, dict) and k.get("kind") in GRAPH_KINDS]
     captured = check_fingerprint(plan, spec, rank=rank, world_size=wsize,
                                  every_rank=bool(graph_kernels))
@@ -374,6 +397,7 @@ def _run(
             measured=opts.kernel_choices,
             compile_mode=opts.compile_mode,
             measure=opts.measure_kernels,
+            recorded=plan_choices(graph_kernels),
         )
         applied_kernels += [str(k.get("name", k["kind"])) for k in graph_kernels
                             if str(k.get("name")) not in forward.not_applied]
@@ -500,13 +524,16 @@ def _run(
     # the first step alone (compile and autotuning included): it is always read by itself
     report["first_step_s"] = (metrics.records[0].ms / 1e3 if metrics.records and start == 0
                               else None)
+    report["compile_cache"] = cache.report() if cache is not None else None
     if isinstance(forward, GraphExecutor):
         report["graph_executor"] = {
             "executor": forward.executor,
             "compile_mode": forward.compile_mode,
             "backend": compile_backend(device) if forward.executor == "inductor" else None,
-            "compile_cache": forward.cache_dir,
             "kernel_choices": dict(sorted(forward.choices.items())),
+            # measured (this run), file (--kernel-choices), plan (recorded), default,
+            # forced (GEMC_GROUP_CHOICE), required (an epilogue reading its GEMM operand)
+            "choice_sources": dict(sorted(forward.sources.items())),
             "measured": forward.measured,
             "not_applied": list(forward.not_applied),
         }

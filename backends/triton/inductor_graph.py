@@ -62,8 +62,8 @@ from .graph_runner import (
 from .packed_tokens import TokenLayout
 from .transposed_linear import transposed_linear
 
-__all__ = ["CHOICE_ENV", "EMITTERS", "Built", "build", "default_choice", "measure_groups",
-           "runner_for"]
+__all__ = ["CHOICE_ENV", "EMITTERS", "Built", "build", "choice_and_source", "default_choice",
+           "measure_groups", "runner_for"]
 
 GENERATED = generated_kinds()
 """Kinds where a gemc kernel and Inductor's code compete for the same subgraph
@@ -82,16 +82,23 @@ def default_choice(entry: dict[str, Any], measured: Mapping[str, Any] | None = N
     because without one Inductor's fused code is the safe default (it never loses to the
     op-by-op graph, and it fuses across the group's border); the kind's declaration
     (gemc.kernel_kinds) says which kinds compete and what each runs without a measurement."""
+    return choice_and_source(entry, measured)[0]
+
+
+def choice_and_source(entry: dict[str, Any], measured: Mapping[str, Any] | None = None
+                      ) -> tuple[str, str]:
+    """:func:`default_choice` and where it came from: ``forced`` (``GEMC_GROUP_CHOICE``),
+    the record's ``source`` (``recorded`` when it names none) or ``default``."""
     kind = KINDS.get(entry["kind"])
     if kind is None or not kind.generated:
-        return "gemc"
+        return "gemc", "default"
     forced = os.environ.get(CHOICE_ENV, "auto")
     if forced in ("gemc", "inductor"):
-        return forced
+        return forced, "forced"
     rec = (measured or {}).get(str(entry.get("name")))
     if isinstance(rec, Mapping) and rec.get("choice") in ("gemc", "inductor"):
-        return str(rec["choice"])
-    return kind.default_choice
+        return str(rec["choice"]), str(rec.get("source", "recorded"))
+    return kind.default_choice, "default"
 
 
 @dataclass
@@ -101,6 +108,7 @@ class Built:
     module: fx.GraphModule
     choices: dict[str, str]  # entry name -> "gemc" | "inductor"
     runner: GraphRunner  # owns the launchers and the embedding modules
+    sources: dict[str, str]  # entry name -> where its choice came from (choice_and_source)
 
 
 def _attr_name(fqn: str) -> str:
@@ -290,6 +298,7 @@ class _Emitter:
         self.attrs: dict[str, fx.Node] = {}
         self.unpacked: dict[fx.Node, fx.Node] = {}
         self.choices: dict[str, str] = {}
+        self.sources: dict[str, str] = {}
         for name, module in runner.tables.items():
             gemc_ops.register_table(name, module)
 
@@ -430,10 +439,12 @@ class _Emitter:
         entry = unit["entry"]
         name = str(entry.get("name"))
         kind = entry["kind"]
-        choice = default_choice(entry, self.measured)
+        choice, source = choice_and_source(entry, self.measured)
         if "structure" in entry and unit.get("shared_operand") and self.autocast is not None:
-            choice = "inductor"  # its epilogue reads the GEMM operand unrounded (see runner)
+            # its epilogue reads the GEMM operand unrounded (see runner)
+            choice, source = "inductor", "required"
         self.choices[name] = choice
+        self.sources[name] = source
         if choice == "inductor":
             for node in unit["nodes"]:
                 self.node(node)
@@ -560,7 +571,7 @@ class _Emitter:
         self.graph.output(result)
         self.graph.eliminate_dead_code()
         module = fx.GraphModule(self.root, self.graph, class_name="GemcRewritten")
-        return Built(module=module, choices=self.choices, runner=self.r)
+        return Built(module=module, choices=self.choices, runner=self.r, sources=self.sources)
 
 
 EMITTERS: dict[str, Callable[[_Emitter, dict[str, Any]], None]] = {

@@ -381,7 +381,7 @@ def test_gemc_cli_wiring_round_trips_the_flags() -> None:
              "0.002", "--precision", "bf16", "--no-kernels", "--quiet", "--kernel-module", "m",
              "--graph-executor", "interpreter", "--compile-mode", "reduce-overhead",
              "--measure-kernels", "--kernel-choices", "c.json", "--loss-every", "5",
-             "--divergence", "stop", "--reference-losses", "ref.json"]
+             "--divergence", "stop", "--reference-losses", "ref.json", "--cache-dir", "none"]
     args = parser.parse_args(flags)
     again = parser.parse_args(["run", *_argv_of(args)])
     assert vars(again) == vars(args)
@@ -454,29 +454,12 @@ def test_graph_mode_on_several_ranks_refuses_a_table_read_outside_its_lookup() -
     assert "--no-kernels" in err.value.fix
 
 
-def test_compile_caches_go_to_a_known_place_unless_a_person_chose_one(monkeypatch, tmp_path
-                                                                      ) -> None:
-    """Inductor's FX graph cache and Triton's kernel cache persist across runs under
-    GEMC_COMPILE_CACHE; torch's own temporary default (which it writes into the environment
-    when first asked) is replaced, a directory a person set is kept."""
-    from gemc.backends.torch.graph_mode import INDUCTOR_CACHE_ENV, compile_cache_dir
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
-    monkeypatch.setenv(INDUCTOR_CACHE_ENV, str(tmp_path))
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
-    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
-    assert compile_cache_dir() == str(tmp_path / "inductor")
-    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "triton")
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
-    assert compile_cache_dir() == str(tmp_path / "mine")
-
-
 def test_kernel_choices_come_from_a_file_or_a_run_report(tmp_path) -> None:
     """``--kernel-choices``: a JSON object of per-kernel records, or a run report whose
     ``graph_executor.measured`` holds them; anything else is a user error naming the file."""
     import json
 
-    from gemc.backends.torch.cli import _kernel_choices
+    from gemc.backends.torch.kernel_choices import read_choices as _kernel_choices
 
     record = {"norm_1": {"choice": "gemc", "gemc_ms": 0.1, "inductor_ms": 0.2}}
     plain = tmp_path / "choices.json"
