@@ -18,8 +18,8 @@ ran them, 18.6 ms predicted against 39.0 ms measured). Three paths:
     for the touched rows (``abs().sum(1)``, ``nonzero``: a host sync) before updating them.
     A lookup captured ``sparse=True`` yields a sparse gradient: ``SPARSE``.
 
-The rule (backends/torch/graph_mode.py applies it): without graph kernels (module mode)
-every table runs ``SPARSE``. With them, a batched entry owns its tables when its tables
+The rule (backends/torch/graph_mode.py calls this module for it): without graph kernels
+(module mode) every table runs ``SPARSE``. With them, a batched entry owns its tables when its tables
 share one storage precision; but on several ranks, or when any table stored bf16/fp8 is
 left outside such an entry, no batched entry is applied and every lookup goes through the
 sharded tables (``SPARSE``). Otherwise an owned table is ``BATCHED`` and any other runs as

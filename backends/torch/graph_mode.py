@@ -50,6 +50,7 @@ from torch import nn
 from gemc import ir
 from gemc.errors import PlanError
 from gemc.kernel_kinds import graph_kinds
+from gemc.table_lookup import batched_applied, owned_by_batched
 
 GRAPH_KINDS = graph_kinds()  # declared in gemc/kernel_kinds.py; the rest go to .kernels
 NO_KERNELS_FIX = "pass --no-kernels to run the ops the kernels replace, or compile without them"
@@ -205,10 +206,12 @@ class GraphExecutor:
         params = {**dict(model.named_parameters()), **dict(model.named_buffers())}
         calls: dict[str, Any] = {}
         self.not_applied: list[str] = []
-        fused = {t["fqn"] for e in entries if e.get("kind") == "batched_embedding_bag"
-                 and len({t["precision"] for t in e["tables"]}) == 1 for t in e["tables"]}
-        low = sorted(f for f, m in tables.items() if m.precision != "fp32" and f not in fused)
-        if world_size > 1 or low:
+        # the rule the cost model prices by (gemc.table_lookup): one place for both
+        precision = {f: m.precision for f, m in tables.items()}
+        fused = owned_by_batched(([t["fqn"] for t in e["tables"]] for e in entries
+                                  if e.get("kind") == "batched_embedding_bag"), precision)
+        low = sorted(f for f, p in precision.items() if p != "fp32" and f not in fused)
+        if not batched_applied(fused, precision, world_size=world_size):
             why = (f"on {world_size} ranks: they update whole local tables in the backward, "
                    "before gradients are exchanged" if world_size > 1 else
                    f"here: table(s) {', '.join(low[:4])}{' ...' if len(low) > 4 else ''} "
