@@ -18,12 +18,14 @@ is trustworthy. A check creates nothing that outlives it.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from gemc.errors import GemcUserError
 
@@ -177,6 +179,16 @@ def input_file(path: str | Path, option: str, *, what: str = "file",
         raise GemcUserError(f"{option}: {what} {p} cannot be read (permission denied)",
                             where=f"{option} {p}", fix=f"fix the permissions of {p}")
     return p
+
+
+def read_json(path: str | Path, what: str, where: str, fix: str) -> Any:
+    """A JSON file a user handed in, parsed; one named error (``what`` it should have been,
+    ``where`` it was given, the ``fix``) when it cannot be read or parsed."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise GemcUserError(f"cannot read the {what} {path}: {exc}", where=where,
+                            fix=fix) from None
 
 
 def input_dir(path: str | Path, option: str, *, what: str = "directory",

@@ -24,7 +24,6 @@ precision entries below fp32.
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import warnings
@@ -34,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gemc.checks import read_json
 from gemc.errors import GemcUserError
 
 ACTIONS = ("off", "warn", "stop")
@@ -65,12 +65,8 @@ def load_reference(path: str | Path) -> dict[int, float]:
     """Per-step losses of a reference run: a run report (``losses``: [{step, loss}]) or a
     JSON list of losses (step 1 first)."""
     where = f"--reference-losses {path}"
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise GemcUserError(f"cannot read the reference losses: {exc}", where=where,
-                            fix="give a run report (gemc run --report) or a JSON list of "
-                                "losses") from None
+    data = read_json(path, "reference losses", where,
+                     "give a run report (gemc run --report) or a JSON list of losses")
     if isinstance(data, dict):
         data = data.get("losses")
     if isinstance(data, list) and all(isinstance(x, dict) and "step" in x and "loss" in x

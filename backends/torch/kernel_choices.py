@@ -20,10 +20,9 @@ gemc's kernel where Inductor has nothing equivalent).
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 from typing import Any
 
+from gemc.checks import read_json
 from gemc.errors import GemcUserError
 from gemc.plan import KERNEL_CHOICES
 
@@ -41,12 +40,8 @@ def read_choices(path: str | None) -> dict[str, Any] | None:
 
 def _read(path: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """(the records, the run report they came from or None)."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise GemcUserError(f"kernel choices {path}: {exc}", where=path,
-                            fix="pass a JSON file, e.g. the run report of gemc run "
-                            "--measure-kernels") from exc
+    data = read_json(path, "kernel choices", path,
+                     "pass a JSON file, e.g. the run report of gemc run --measure-kernels")
     report = None
     if isinstance(data, dict) and isinstance(data.get("graph_executor"), dict):
         report = data
