@@ -33,6 +33,7 @@ from torch import fx
 
 from gemc import ir
 from gemc.ir import OpKind
+from gemc.kernel_kinds import generated_kinds
 
 from . import op_cost
 from .activations import view_base
@@ -41,10 +42,10 @@ from .hardware import GPUSpec
 FUSIBLE_KINDS = frozenset({OpKind.POINTWISE, OpKind.NORM, OpKind.REDUCTION, OpKind.LOSS})
 """Gathers (``OpKind.INDEX``) are left out: their backward is a scatter-add whose atomics
 into few rows serialise, a kernel of its own that fusion does not make cheaper."""
-INDUCTOR_KERNEL_KINDS = frozenset({"gemm_epilogue", "norm", "pointwise", "reduction",
-                                   "transposed_linear"})
-"""gemc kernel kinds the runner leaves to Inductor unless a measurement picked gemc's code
-(backends/triton/inductor_graph.default_choice; a kind not listed is a gemc island)."""
+INDUCTOR_KERNEL_KINDS = frozenset({*generated_kinds(), "transposed_linear"})
+"""gemc kernel kinds whose nodes Inductor compiles: the generated groups (their code unless
+a measurement picked gemc's, gemc.kernel_kinds) and the transposed linear (emitted as its
+ATen formulation); a kind not listed is a gemc island."""
 
 
 PRICING = ir.PRICING

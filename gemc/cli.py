@@ -21,10 +21,9 @@ from gemc.exits import (
     EXIT_OK,
     EXIT_USAGE,
     ignore_further_interrupts,
-    install_signal_handlers,
     interrupt_code,
     report_crash,
-    restore_signal_handlers,
+    signal_handlers,
     signal_name,
 )
 from gemc.plan import TABLE_OPTIMIZERS
@@ -346,11 +345,8 @@ COMMANDS["record-choices"] = _cmd_record_choices
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    saved = install_signal_handlers()
-    try:
+    with signal_handlers():
         return _main(argv)
-    finally:
-        restore_signal_handlers(saved)
 
 
 def _main(argv: Sequence[str] | None) -> int:

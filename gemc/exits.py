@@ -20,6 +20,8 @@ import sys
 import tempfile
 import threading
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
@@ -57,6 +59,17 @@ def restore_signal_handlers(saved: dict[int, Any]) -> None:
     for sig, handler in saved.items():
         if handler is not None:
             signal.signal(sig, handler)
+
+
+@contextmanager
+def signal_handlers() -> Iterator[None]:
+    """A CLI ``main()``'s body with gemc's handlers installed, and what they replaced put
+    back however it ends (both ``gemc`` and ``gemc run`` are such mains)."""
+    saved = install_signal_handlers()
+    try:
+        yield
+    finally:
+        restore_signal_handlers(saved)
 
 
 def ignore_further_interrupts() -> None:

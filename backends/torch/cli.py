@@ -37,10 +37,9 @@ from gemc.exits import (
     EXIT_OK,
     EXIT_USAGE,
     ignore_further_interrupts,
-    install_signal_handlers,
     interrupt_code,
     report_crash,
-    restore_signal_handlers,
+    signal_handlers,
     signal_name,
 )
 
@@ -386,11 +385,8 @@ def _user_error(exc: GemcUserError) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m gemc.run PLAN ...``: exit 0; 2 on a user error (every rank); 1 on a bug
     in gemc; 130 / 143 when interrupted by SIGINT / SIGTERM."""
-    saved = install_signal_handlers()
-    try:
+    with signal_handlers():
         return _main(argv)
-    finally:
-        restore_signal_handlers(saved)
 
 
 def _main(argv: Sequence[str] | None) -> int:
