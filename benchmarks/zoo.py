@@ -99,6 +99,11 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
                    "keeps what it measured")
     p.add_argument("--child-timeout", type=float, default=1800, metavar="S",
                    help="a variant's process is stopped after S seconds (default 1800)")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="profile N more steps after the timed ones of each variant "
+                   "(benchmarks/e2e.py's profiler: <out>/<model>.<variant>.<variant>"
+                   ".kernels.txt, device time per kernel, and .gaps.txt, where the GPU "
+                   "idles and why)")
     p.add_argument("--smoke", action="store_true",
                    help="CPU, tiny presets, batch 8, 2 steps: a crash check")
     # one child's job (internal)
@@ -114,7 +119,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     args.steps = args.steps or 30
     args.warmup = 5 if args.warmup is None else args.warmup
     # what e2e.py's variant code reads from its own arguments
-    args.profile, args.profile_stack, args.batch_size = 0, False, 8 if args.smoke else None
+    args.profile_stack, args.batch_size = False, 8 if args.smoke else None
     return args
 
 
@@ -265,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
         passthrough += ["--device", args.device]
     if args.smoke:
         passthrough.append("--smoke")
+    if args.profile:
+        passthrough += ["--profile", str(args.profile)]
     results: dict[str, list[dict[str, Any]]] = {}
     facts: dict[str, Any] = {}
     skipped: list[str] = []

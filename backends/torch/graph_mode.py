@@ -29,9 +29,9 @@ whole local tables inside its backward, before any gradient could be exchanged.
 
 Refused with a named error (``--no-kernels`` runs the ops the kernels replace instead):
 ``fsdp``/``hsdp``/``tp`` regions next to kernels on several ranks (they shard parameters
-through module hooks that the captured graph never calls), module-scoped precision sites
-(per-module autocast, fp8 linears) next to kernels, and a table weight that the graph
-reads other than through its lookup.
+through module hooks that the captured graph never calls), fp8 linears next to kernels,
+and a table weight that the graph reads other than through its lookup. Per-module autocast
+sites are applied node by node (:mod:`.graph_precision`).
 """
 
 from __future__ import annotations
@@ -91,9 +91,9 @@ def check_graph_mode(
         )
     if module_sites:
         raise PlanError(
-            "the plan has module-scoped precision sites "
-            f"({', '.join(module_sites[:4])}) and generated kernels; in graph mode only the "
-            "whole-model autocast ('*') applies",
+            "the plan has fp8 linear sites "
+            f"({', '.join(module_sites[:4])}) and generated kernels; graph mode runs the "
+            "captured graph, whose linears the fp8 module swap never reaches",
             where="plan precision / plan kernels",
             fix=NO_KERNELS_FIX,
         )

@@ -46,6 +46,7 @@ from gemc.backends.torch.graph_mode import (
     check_graph_mode,
     compile_backend,
 )
+from gemc.backends.torch.graph_precision import scope_module_precision
 from gemc.backends.torch.init import derive_seed
 from gemc.backends.torch.kernel_choices import check_choices, plan_choices
 from gemc.backends.torch.materialize import (
@@ -326,9 +327,12 @@ def _run(
         prec_entries.append({"target": "*", "dtype": opts.precision, "source": "--precision"})
     prec = precision_mod.resolve(prec_entries, model)
     precision_mod.install(model, prec, device.type)
-    module_sites = list(prec.per_module) + list(getattr(prec, "fp8_linears", {}) or {})
-    check_graph_mode(graph_kernels, world_size=wsize, module_sites=module_sites,
+    check_graph_mode(graph_kernels, world_size=wsize,
+                     module_sites=list(getattr(prec, "fp8_linears", {}) or {}),
                      regions=plan["regions"])
+    if graph_kernels and prec.per_module:  # the sites' autocast scopes, node by node
+        graph_kernels, _ = scope_module_precision(captured.gm, prec.per_module, graph_kernels,
+                                                  device.type)
     kernel_registry.import_modules(opts.kernel_modules)
     applied_kernels = kernel_registry.apply(
         model,

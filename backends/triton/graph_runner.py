@@ -93,9 +93,10 @@ def silu_attention_of_entry(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             keys: torch.Tensor, bias: torch.Tensor | None,
                             entry: Mapping[str, Any]) -> torch.Tensor:
     """A ``jagged_silu_attention`` entry's call: q, k, v permuted to ``[B, H, L, D]`` (the
-    model's einsum may hold them ``[B, L, H, D]``), the key mask the entry names, or, when
-    the keys' padding is implicit in values zero-padded over offsets, the prefix mask of
-    those offsets' lengths; the result permuted back to the model's output layout."""
+    model's einsum may hold them ``[B, L, H, D]``); with the key mask the entry names, the
+    checked kernel; when the keys' padding is implicit in values zero-padded over offsets
+    (a prefix by construction), ``gemc::padded_silu_attention`` on those offsets' lengths;
+    the result permuted back to the model's output layout."""
     from .key_padding_attention import key_padding_silu_attention
 
     def canonical(x: torch.Tensor, name: str) -> torch.Tensor:
@@ -103,13 +104,14 @@ def silu_attention_of_entry(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         return x.permute(*perm) if perm else x
 
     q, k, v = canonical(q, "q_perm"), canonical(k, "k_perm"), canonical(v, "v_perm")
-    if entry.get("mask"):
-        mask = keys
-    else:
-        positions = torch.arange(q.shape[2], device=keys.device)
-        mask = positions[None, :] < (keys[1:] - keys[:-1])[:, None]
-    out = key_padding_silu_attention(q, k, v, mask, entry["norm"], entry["scale"],
-                                     entry["causal"], entry["query_mask"], bias)
+    if entry.get("mask"):  # a mask given as data: checked (one host read), exact fallback
+        out = key_padding_silu_attention(q, k, v, keys, entry["norm"], entry["scale"],
+                                         entry["causal"], entry["query_mask"], bias)
+    else:  # the offsets' prefix, proved by the graph: one static-shaped op, no host read
+        from . import ops  # noqa: F401  (registers the gemc:: ops)
+        out = torch.ops.gemc.padded_silu_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), keys, bias,
+            int(entry["norm"]), float(entry["scale"]), bool(entry["causal"])).transpose(1, 2)
     perm = entry.get("out_perm")
     return out.permute(*perm) if perm else out
 

@@ -103,11 +103,17 @@ _TUNE_KEY = ["HEAD_DIM", "CAUSAL", "SILU"]
 
 
 @triton.jit
-def _sequence(offsets_ptr, b):
-    """Start row (int64) and length (int32) of sequence ``b``."""
-    start = tl.load(offsets_ptr + b).to(tl.int64)
+def _sequence(offsets_ptr, b, pad_len):
+    """Start row (int64) and length (int32) of sequence ``b``. ``pad_len > 0``: the rows are
+    a padded ``[B, pad_len]`` layout read in place (row ``b`` starts at ``b * pad_len``; its
+    length, from the offsets, clamped to ``pad_len``), so no copy into a packed buffer."""
+    first = tl.load(offsets_ptr + b).to(tl.int64)
     end = tl.load(offsets_ptr + b + 1).to(tl.int64)
-    return start, (end - start).to(tl.int32)
+    length = end - first
+    if pad_len > 0:
+        first = b.to(tl.int64) * pad_len
+        length = tl.minimum(length, pad_len)
+    return first, length.to(tl.int32)
 
 
 @triton.jit
@@ -293,7 +299,7 @@ def _key_phases(start_m, seq_len, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 def _fwd_kernel(
     Q, K, V, Out, LSE, offsets_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-    stride_lse_h, n_heads, scale, inv_max_len,
+    stride_lse_h, n_heads, scale, inv_max_len, pad_len,
     BIAS, DBIAS, stride_bb, stride_bh, stride_bi, stride_bj,
     stride_dbb, stride_dbh, stride_dbi, stride_dbj,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
@@ -308,7 +314,7 @@ def _fwd_kernel(
     pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
     b = pid_bh // n_heads
     h = pid_bh % n_heads
-    start, seq_len = _sequence(offsets_ptr, b)
+    start, seq_len = _sequence(offsets_ptr, b, pad_len)
     start_m = pid_m * BLOCK_M
     if start_m >= seq_len:
         return
@@ -347,7 +353,7 @@ def _bwd_dq_kernel(
     Q, K, V, Out, DO, DQ, LSE, DELTA, offsets_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     stride_dot, stride_doh, stride_dqt, stride_dqh,
-    stride_lse_h, n_heads, scale, inv_max_len,
+    stride_lse_h, n_heads, scale, inv_max_len, pad_len,
     BIAS, DBIAS, stride_bb, stride_bh, stride_bi, stride_bj,
     stride_dbb, stride_dbh, stride_dbi, stride_dbj,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
@@ -363,7 +369,7 @@ def _bwd_dq_kernel(
     pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
     b = pid_bh // n_heads
     h = pid_bh % n_heads
-    start, seq_len = _sequence(offsets_ptr, b)
+    start, seq_len = _sequence(offsets_ptr, b, pad_len)
     start_m = pid_m * BLOCK_M
     if start_m >= seq_len:
         return
@@ -409,7 +415,7 @@ def _bwd_dkdv_kernel(
     Q, K, V, DO, DK, DV, LSE, DELTA, offsets_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_dot, stride_doh, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
-    stride_lse_h, n_heads, scale, inv_max_len,
+    stride_lse_h, n_heads, scale, inv_max_len, pad_len,
     BIAS, DBIAS, stride_bb, stride_bh, stride_bi, stride_bj,
     stride_dbb, stride_dbh, stride_dbi, stride_dbj,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
@@ -423,7 +429,7 @@ def _bwd_dkdv_kernel(
     pid_n = tl.program_id(1)  # causal: early key blocks see the most queries, run them first
     b = pid_bh // n_heads
     h = pid_bh % n_heads
-    start, seq_len = _sequence(offsets_ptr, b)
+    start, seq_len = _sequence(offsets_ptr, b, pad_len)
     start_n = pid_n * BLOCK_N
     if start_n >= seq_len:
         return
@@ -515,7 +521,9 @@ def _bias_args(bias: torch.Tensor | None, dbias: torch.Tensor | None, q: torch.T
 
 
 def _attention_forward(q, k, v, offsets, max_len: int, scale: float, meta: dict,
-                       bias: torch.Tensor | None = None, dbias: torch.Tensor | None = None):
+                       bias: torch.Tensor | None = None, dbias: torch.Tensor | None = None,
+                       pad_len: int = 0):
+    """``pad_len > 0``: q, k, v are ``[B * pad_len, H, D]`` padded rows (``_sequence``)."""
     total, heads, _ = q.shape
     batch = offsets.numel() - 1
     out = torch.zeros_like(q, memory_format=torch.contiguous_format)
@@ -526,14 +534,15 @@ def _attention_forward(q, k, v, offsets, max_len: int, scale: float, meta: dict,
     _fwd_kernel[_grid(batch, heads, max_len, "BLOCK_M")](
         q, k, v, out, lse, offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        out.stride(0), out.stride(1), lse.stride(0), heads, scale, 1.0 / max_len,
+        out.stride(0), out.stride(1), lse.stride(0), heads, scale, 1.0 / max_len, pad_len,
         *_bias_args(bias, dbias, q), **meta,
     )
     return out, lse
 
 
 def _attention_backward(q, k, v, out, lse, do, offsets, max_len: int, scale: float, meta,
-                        bias: torch.Tensor | None = None, dbias: torch.Tensor | None = None):
+                        bias: torch.Tensor | None = None, dbias: torch.Tensor | None = None,
+                        pad_len: int = 0):
     total, heads, _ = q.shape
     batch = offsets.numel() - 1
     dq = torch.zeros_like(q, memory_format=torch.contiguous_format)
@@ -546,13 +555,13 @@ def _attention_backward(q, k, v, out, lse, do, offsets, max_len: int, scale: flo
         q, k, v, out, do, dq, lse, delta, offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1), do.stride(0), do.stride(1), dq.stride(0), dq.stride(1),
-        lse.stride(0), heads, scale, 1.0 / max_len, *_bias_args(bias, dbias, q), **meta,
+        lse.stride(0), heads, scale, 1.0 / max_len, pad_len, *_bias_args(bias, dbias, q), **meta,
     )
     _bwd_dkdv_kernel[_grid(batch, heads, max_len, "BLOCK_N")](
         q, k, v, do, dk, dv, lse, delta, offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         do.stride(0), do.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
-        lse.stride(0), heads, scale, 1.0 / max_len, *_bias_args(bias, dbias, q), **meta,
+        lse.stride(0), heads, scale, 1.0 / max_len, pad_len, *_bias_args(bias, dbias, q), **meta,
     )
     return dq, dk, dv
 

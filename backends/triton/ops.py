@@ -20,6 +20,8 @@ One op per kernel *kind*, not per kernel:
   the compiler to trace, no host read of the token count).
 * ``gemc::jagged_attention_values`` (and its backward): the same kernels on the ``[T, H, D]``
   values of a packed token region, in place.
+* ``gemc::padded_silu_attention`` (and its backward): HSTU's pointwise attention on the
+  padded ``[B, L, H, D]`` layout read in place, only each row's real positions computed.
 * ``gemc::jagged_query_attention`` (and its backward) with ``gemc::query_prefix_lengths``:
   padded history queries over dense keys, only the real query rows computed; the lengths
   from a mask checked on the device (a row that is no prefix computes every query row).
@@ -352,6 +354,128 @@ def _values_backward(ctx: Any, grad_out: Tensor, grad_lse: Tensor | None) -> tup
 
 
 jagged_attention_values.register_autograd(_values_backward, setup_context=_values_setup)
+
+
+# ---- HSTU pointwise (SiLU) attention over padded rows, read in place ------------------------
+
+
+def _padded_rows(x: Tensor) -> Tensor:
+    """``[B, L, H, D]`` -> ``[B * L, H, D]``: a view where the layout allows (the model's
+    projection output usually does), its last dimension contiguous."""
+    rows = x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+    return rows if rows.stride(-1) == 1 else rows.contiguous()
+
+
+def _silu_operands(q: Tensor, bias: Tensor | None, causal: bool, bias_grad: bool
+                   ) -> tuple[dict[str, Any], Tensor | None]:
+    """The kernels' meta-parameters (of padded ``q [B, L, H, D]``) and the bias broadcast
+    to ``[B, H, Lb, Lb]`` (a view)."""
+    meta = _meta(q[0], causal, "silu", "max_len")  # [L, H, D]: _meta reads a values shape
+    meta["HAS_BIAS"], meta["BIAS_GRAD"] = bias is not None, bias is not None and bias_grad
+    if bias is None:
+        return meta, None
+    lb = bias.shape[-1]
+    shape4 = (1,) * (4 - bias.dim()) + tuple(bias.shape)
+    return meta, bias.reshape(shape4).expand(q.shape[0], q.shape[2], lb, lb)
+
+
+def _check_silu(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, bias: Tensor | None,
+                norm: int) -> None:
+    if q.dim() != 4 or q.shape != k.shape or k.shape != v.shape:
+        raise ValueError("q, k, v must be one [B, L, H, D] shape, got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if offsets.shape != (q.shape[0] + 1,):
+        raise ValueError(f"offsets must be [B + 1] = [{q.shape[0] + 1}], got "
+                         f"{tuple(offsets.shape)}")
+    if norm < q.shape[1]:
+        raise ValueError(f"norm must be >= L={q.shape[1]}, got {norm}")
+    if bias is not None and (bias.dim() > 4 or bias.shape[-1] != bias.shape[-2]
+                             or bias.shape[-1] < q.shape[1]):
+        raise ValueError(f"bias must broadcast to [B, H, Lb, Lb] with Lb >= L={q.shape[1]}, "
+                         f"got {tuple(bias.shape)}")
+
+
+@torch.library.custom_op("gemc::padded_silu_attention", mutates_args=())
+def padded_silu_attention(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor,
+                          bias: Tensor | None, norm: int, scale: float, causal: bool
+                          ) -> Tensor:
+    """HSTU's ``silu(scale * q k^T + bias) / norm`` attention of padded ``q, k, v
+    [B, L, H, D]`` within each row's first ``offsets[b+1] - offsets[b]`` positions (clamped
+    to ``L``), computed on those rows only, in place: the jagged kernel reads the padded
+    layout (no gather into packed values, no host read of the token count, static shapes),
+    so the op is one node of the compiled graph. Rows past a row's length come back zero."""
+    from .key_padding_attention import STATS  # the run report's attention counts
+
+    _check_silu(q, k, v, offsets, bias, norm)
+    STATS.calls += 1  # runs per call under Inductor too (it calls the op, not a trace)
+    STATS.jagged += 1
+    meta, bias4 = _silu_operands(q, bias, causal, False)
+    rows = [_padded_rows(x.to(q.dtype)) for x in (q, k, v)]
+    out, _ = _attention_forward(*rows, offsets, int(norm), scale, meta, bias4,
+                                pad_len=q.shape[1])
+    return out.view(q.shape)
+
+
+@padded_silu_attention.register_fake
+def _padded_silu_attention_fake(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor,
+                                bias: Tensor | None, norm: int, scale: float, causal: bool
+                                ) -> Tensor:
+    return q.new_empty(q.shape)
+
+
+@torch.library.custom_op("gemc::padded_silu_attention_backward", mutates_args=())
+def padded_silu_attention_backward(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor,
+                                   bias: Tensor | None, grad: Tensor, norm: int, scale: float,
+                                   causal: bool, bias_grad: bool
+                                   ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Gradients of ``q, k, v`` (zero past each row's length) and, with ``bias_grad``, of
+    ``bias`` in its own shape and dtype (else an empty tensor): the kernel writes ``d s``
+    into an fp32 ``[B, H, Lb, Lb]`` buffer once per visible score, summed down here to the
+    bias's broadcast shape."""
+    meta, bias4 = _silu_operands(q, bias, causal, bias_grad)
+    rows = [_padded_rows(x.to(q.dtype)) for x in (q, k, v)]
+    dbias4 = torch.zeros(bias4.shape, dtype=torch.float32, device=q.device) \
+        if bias4 is not None and bias_grad else None
+    out_unused = rows[0]  # the silu backward reads no output or logsumexp
+    lse = torch.zeros((q.shape[2], 0), device=q.device, dtype=torch.float32)
+    grads = _attention_backward(*rows, out_unused, lse, _padded_rows(grad.to(q.dtype)),
+                                offsets, int(norm), scale, meta, bias4, dbias4,
+                                pad_len=q.shape[1])
+    dq, dk, dv = (g.view(q.shape).to(x.dtype) for g, x in zip(grads, (q, k, v)))
+    if dbias4 is None:
+        return dq, dk, dv, q.new_empty(0)
+    assert bias is not None
+    shape4 = (1,) * (4 - bias.dim()) + tuple(bias.shape)
+    dims = [i for i, n in enumerate(shape4) if n == 1 and dbias4.shape[i] != 1]
+    dbias = dbias4.sum(dims, keepdim=True) if dims else dbias4
+    return dq, dk, dv, dbias.reshape(bias.shape).to(bias.dtype)
+
+
+@padded_silu_attention_backward.register_fake
+def _padded_silu_attention_backward_fake(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor,
+                                         bias: Tensor | None, grad: Tensor, norm: int,
+                                         scale: float, causal: bool, bias_grad: bool
+                                         ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    dbias = bias.new_empty(bias.shape) if bias is not None and bias_grad else q.new_empty(0)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dbias
+
+
+def _silu_setup(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+    q, k, v, offsets, bias, norm, scale, causal = inputs
+    ctx.args = (int(norm), float(scale), bool(causal))
+    ctx.save_for_backward(q, k, v, offsets, bias)
+
+
+def _silu_backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
+    q, k, v, offsets, bias = ctx.saved_tensors
+    norm, scale, causal = ctx.args
+    bias_grad = bias is not None and bool(ctx.needs_input_grad[4])
+    dq, dk, dv, dbias = torch.ops.gemc.padded_silu_attention_backward(
+        q, k, v, offsets, bias, grad, norm, scale, causal, bias_grad)
+    return dq, dk, dv, None, dbias if bias_grad else None, None, None, None
+
+
+padded_silu_attention.register_autograd(_silu_backward, setup_context=_silu_setup)
 
 
 # ---- padded history queries over dense keys -------------------------------------------------

@@ -101,6 +101,61 @@ def test_jagged_attention_op_matches_the_kernel_and_passes_opcheck():
                                torch.autograd.grad(ref, (q, k, v), w))
 
 
+def _silu_padded_reference(q, k, v, lengths, bias, norm, causal):
+    """HSTU's attention as a model writes it on ``[B, L, H, D]``: every score, then masked."""
+    length = q.shape[1]
+    s = torch.einsum("bnhd,bmhd->bhnm", q, k) + bias
+    pos = torch.arange(length)
+    keep = (pos[None, :] < lengths[:, None])
+    visible = keep[:, None, :, None] & keep[:, None, None, :]
+    if causal:
+        visible = visible & (pos[:, None] >= pos[None, :])
+    return torch.einsum("bhnm,bmhd->bnhd", torch.nn.functional.silu(s) / norm * visible, v)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_padded_silu_attention_op_equals_the_padded_formula_with_its_bias_gradient(causal):
+    b, h, length, d = 4, 2, 8, 16
+    g = torch.Generator().manual_seed(3)
+    offsets = torch.tensor([0, 5, 5, 13, 20])  # an empty row, a full one, one past L (clamped)
+    lengths = (offsets[1:] - offsets[:-1]).clamp(max=length)
+    q, k, v = (torch.randn(b, length, h, d, generator=g).requires_grad_() for _ in range(3))
+    bias = (0.1 * torch.randn(b, 1, length, length, generator=g)).requires_grad_()
+    args = (q, k, v, offsets, bias, length + 2, 0.5, causal)
+    torch.library.opcheck(torch.ops.gemc.padded_silu_attention.default, args,
+                          test_utils=STATIC)
+    out = torch.ops.gemc.padded_silu_attention(*args)
+    ref = _silu_padded_reference(0.5 * q, k, v, lengths, bias, length + 2, causal)
+    keep = (torch.arange(length)[None, :] < lengths[:, None])[:, :, None, None]
+    torch.testing.assert_close(out, ref * keep)  # padding query rows: zero
+    w = torch.randn_like(ref) * keep  # nothing reads a padding query row
+    got = torch.autograd.grad(out, (q, k, v, bias), w)
+    want = torch.autograd.grad(ref, (q, k, v, bias), w)
+    for gg, ww in zip(got, want):
+        torch.testing.assert_close(gg, ww)
+
+
+def test_padded_silu_attention_traces_into_one_graph_without_a_host_read():
+    """The point of the op: Dynamo sees one node, so the graph has no break."""
+    b, h, length, d = 2, 2, 8, 16
+    q, k, v = (torch.randn(b, length, h, d).requires_grad_() for _ in range(3))
+    offsets = torch.tensor([0, 3, 9])
+    counts: list[int] = []
+
+    def backend(gm, _inputs):
+        op = torch.ops.gemc.padded_silu_attention
+        counts.append(sum(n.target in (op, op.default) for n in gm.graph.nodes))
+        return gm
+
+    def f(q, k, v, offsets):
+        return torch.ops.gemc.padded_silu_attention(q, k, v, offsets, None, length, 1.0,
+                                                    True).sum()
+
+    torch._dynamo.reset()
+    torch.compile(f, backend=backend, fullgraph=True)(q, k, v, offsets).backward()
+    assert counts == [1]
+
+
 def test_choice_defaults_to_inductor_unless_a_win_was_measured(monkeypatch):
     group = {"name": "norm_1", "kind": "norm"}
     monkeypatch.delenv(CHOICE_ENV, raising=False)

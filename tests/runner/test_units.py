@@ -221,7 +221,7 @@ def test_kernels_on_several_ranks_need_ddp_regions() -> None:
     assert "--no-kernels" in exc.value.fix
     check_graph_mode([gemm], world_size=2, module_sites=[], regions=regions[:1])
     check_graph_mode([gemm], world_size=1, module_sites=[], regions=regions)  # one rank
-    with pytest.raises(PlanError, match="module-scoped precision"):
+    with pytest.raises(PlanError, match="fp8 linear sites"):
         check_graph_mode([gemm], world_size=1, module_sites=["top.0"])
 
 

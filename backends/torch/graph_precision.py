@@ -1,0 +1,106 @@
+"""Module-scoped precision sites in graph mode: the plan's per-module autocast, node by node.
+
+Why: in module mode a site (``{"target": "top.0", "dtype": "fp32"}``) is a pair of forward
+hooks around the module (:func:`gemc.backends.torch.precision.install`). The captured graph
+that graph mode trains never calls those hooks, so the runner used to refuse such a plan
+whenever it also had kernels — a plan gemc's own precision pass emits (DLRM's top MLP keeps
+its first and last layers fp32 when bf16 misses the SQNR bound). Here each node the module
+ran (its ``nn_module_stack``) is wrapped in that scope instead: fp32 turns autocast off and
+lifts narrower float inputs to fp32, exactly as the hook lifts the module's inputs (inside
+the module every value is then fp32 already); another dtype runs under
+``torch.autocast(dtype)``. Dynamo traces the wrapper's context manager, so Inductor compiles
+the scoped ops like any others.
+
+A kernel that replaces a scoped node would run at the whole model's precision instead of
+the site's; such kernels are left out, with a warning that names them.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import fx
+
+__all__ = ["module_path", "scope_module_precision"]
+
+
+def module_path(node: fx.Node) -> str:
+    """The innermost module a captured node ran in (``""``: the root), as an fqn."""
+    stack = node.meta.get("nn_module_stack") or {}
+    paths = [p for p, _ in stack.values() if p]
+    if not paths:
+        return ""
+    path = paths[-1]
+    if path.startswith("L['self']"):  # strict export: L['self'].blocks[0] -> blocks.0
+        path = path[len("L['self']"):].lstrip(".")
+        path = path.replace("[", ".").replace("]", "").replace("'", "")
+    return path
+
+
+def _site_of(path: str, sites: Mapping[str, torch.dtype]) -> str | None:
+    """The innermost site whose module contains ``path`` (hooks nest: the inner one wins)."""
+    best = None
+    for site in sites:
+        if path == site or path.startswith(site + "."):
+            if best is None or len(site) > len(best):
+                best = site
+    return best
+
+
+def _lift(x: Any) -> Any:
+    if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != torch.float32 \
+            and x.dtype.itemsize < 4:
+        return x.float()
+    if isinstance(x, (list, tuple)):
+        return type(x)(_lift(v) for v in x)
+    return x
+
+
+def scoped(op: Callable[..., Any], dtype: torch.dtype, device_type: str) -> Callable[..., Any]:
+    """``op`` run in a site's scope (see the module doc)."""
+    if dtype == torch.float32:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with torch.autocast(device_type=device_type, enabled=False):
+                return op(*_lift(args), **{k: _lift(v) for k, v in kwargs.items()})
+    else:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with torch.autocast(device_type=device_type, dtype=dtype):
+                return op(*args, **kwargs)
+    run.__name__ = f"gemc_{str(dtype).removeprefix('torch.')}_scope"
+    run.__qualname__ = run.__name__
+    return run
+
+
+def scope_module_precision(gm: fx.GraphModule, sites: Mapping[str, torch.dtype],
+                           kernels: list[dict[str, Any]], device_type: str
+                           ) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """Wrap every node of ``gm`` that ran inside a site's module in that site's scope (in
+    place). Returns the kernels that replace no scoped node, and by node name the site each
+    scoped node took (for the run report and tests)."""
+    taken: dict[str, str] = {}
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        site = _site_of(module_path(node), sites)
+        if site is None:
+            continue
+        node.target = scoped(node.target, sites[site], device_type)
+        taken[node.name] = site
+    if not taken:
+        return kernels, taken
+    gm.recompile()
+    kept, dropped = [], []
+    for entry in kernels:
+        hit = sorted({taken[n] for n in entry.get("nodes", []) if n in taken})
+        (dropped if hit else kept).append((entry, hit))
+    if dropped:
+        names = ", ".join(f"{e.get('name')} ({'/'.join(h)})" for e, h in dropped[:6])
+        warnings.warn(
+            f"gemc: {len(dropped)} kernel(s) not applied: they replace ops inside a "
+            f"module-scoped precision site and would run at the whole model's precision: "
+            f"{names}; their ops run in the site's precision instead",
+            stacklevel=2)
+    return [e for e, _ in kept], taken
