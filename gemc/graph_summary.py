@@ -25,23 +25,14 @@ from gemc.sharding import make_shards
 from gemc.table_lookup import lookup_paths
 
 
-def _captured_sparse(node: fx.Node) -> bool:
-    """A lookup op captured with ``sparse=True`` (its backward makes a sparse gradient):
-    ``aten.embedding``'s 5th argument, ``aten.embedding_bag``'s 6th."""
-    index = 5 if "embedding_bag" in str(node.target) else 4
-    value = node.args[index] if len(node.args) > index else node.kwargs.get("sparse", False)
-    return bool(value)
-
-
 def table_lookup_paths(gm: fx.GraphModule) -> dict[str, str]:
     """Each table's lookup path as the runner will run the plan built from ``gm``
     (gemc.table_lookup's rule): its batched kernel groups, the tables' storage precisions
-    (``gemc.placement``), the world size it was priced for, whether the plan has graph
-    kernels at all, and the lookups captured ``sparse=True``."""
+    (``gemc.placement``), the world size it was priced for, and whether the plan has
+    graph kernels at all."""
     kinds: dict[str, str] = {}
     precision: dict[str, str] = {}
     members: dict[str, set[str]] = defaultdict(set)
-    sparse: dict[str, bool] = {}
     graph_mode = False
     for node in gm.graph.nodes:
         facts = node.meta.get(ir.KERNEL)
@@ -54,14 +45,12 @@ def table_lookup_paths(gm: fx.GraphModule) -> dict[str, str]:
         fqn = table["fqn"]
         placement = node.meta.get(ir.PLACEMENT) or {}
         precision[fqn] = placement.get("precision", precision.get(fqn, "fp32"))
-        sparse[fqn] = sparse.get(fqn, True) and _captured_sparse(node)
         gid = node.meta.get(ir.GROUP)
         if gid is not None:
             members[str(gid)].add(fqn)
     batched = [fqns for gid, fqns in members.items() if kinds.get(gid) == "batched_embedding_bag"]
     world = int((gm.meta.get(ir.PRICING) or {}).get("world_size", 1))
-    return lookup_paths(precision, batched, world_size=world, graph_mode=graph_mode,
-                        captured_sparse={f for f, s in sparse.items() if s})
+    return lookup_paths(precision, batched, world_size=world, graph_mode=graph_mode)
 
 
 def table_summaries(gm: fx.GraphModule, captured: Captured) -> list[dict[str, Any]]:

@@ -20,6 +20,13 @@ with the run's embedding optimizer settings). The runner aliases each table's pa
 and optimizer-state tensors to views of that buffer, so checkpoints save and load them
 like any other table, and the sparse optimizer skips those tables.
 
+Every lookup of a table no applied batched entry owns calls its :class:`ShardedEmbedding`
+(gemc.table_lookup's ``SPARSE`` path, the rule the cost model prices by): a lookup with
+``sparse=True`` and the sparse optimizer's row update, as in module mode. The graph's own
+lookup op, captured ``sparse=False``, would build a table-sized gradient every step and
+make the optimizer scan it for the touched rows. A read of a table other than as its
+module's lookup (a tied projection) runs as captured on one rank, with a warning.
+
 On several ranks the dense parameters are replicas (every region ``ddp``: their gradients
 are averaged by the same post-accumulate hooks as in module mode, which the graph's
 backward fires like the modules' would) and every table's lookup node calls its
@@ -30,8 +37,9 @@ whole local tables inside its backward, before any gradient could be exchanged.
 Refused with a named error (``--no-kernels`` runs the ops the kernels replace instead):
 ``fsdp``/``hsdp``/``tp`` regions next to kernels on several ranks (they shard parameters
 through module hooks that the captured graph never calls), fp8 linears next to kernels,
-and a table weight that the graph reads other than through its lookup. Per-module autocast
-sites are applied node by node (:mod:`.graph_precision`).
+and a table weight that the graph reads other than through its module's lookup, on several
+ranks or stored bf16/fp8. Per-module autocast sites are applied node by node
+(:mod:`.graph_precision`).
 """
 
 from __future__ import annotations
@@ -50,7 +58,7 @@ from torch import nn
 from gemc import ir
 from gemc.errors import PlanError
 from gemc.kernel_kinds import graph_kinds
-from gemc.table_lookup import batched_applied, owned_by_batched
+from gemc.table_lookup import SPARSE, batched_applied, lookup_paths, owned_by_batched
 
 GRAPH_KINDS = graph_kinds()  # declared in gemc/kernel_kinds.py; the rest go to .kernels
 NO_KERNELS_FIX = "pass --no-kernels to run the ops the kernels replace, or compile without them"
@@ -204,23 +212,28 @@ class GraphExecutor:
         entries = [self._with_table_storage(self._with_optimizer(e, emb_opt.cfg), tables)
                    for e in kernels]
         params = {**dict(model.named_parameters()), **dict(model.named_buffers())}
-        calls: dict[str, Any] = {}
         self.not_applied: list[str] = []
         # the rule the cost model prices by (gemc.table_lookup): one place for both
         precision = {f: m.precision for f, m in tables.items()}
-        fused = owned_by_batched(([t["fqn"] for t in e["tables"]] for e in entries
-                                  if e.get("kind") == "batched_embedding_bag"), precision)
-        low = sorted(f for f, p in precision.items() if p != "fp32" and f not in fused)
-        if not batched_applied(fused, precision, world_size=world_size):
+        batched = [[t["fqn"] for t in e["tables"]] for e in entries
+                   if e.get("kind") == "batched_embedding_bag"]
+        fused = owned_by_batched(batched, precision)
+        if batched and not batched_applied(fused, precision, world_size=world_size):
+            low = sorted(f for f, p in precision.items() if p != "fp32" and f not in fused)
             why = (f"on {world_size} ranks: they update whole local tables in the backward, "
                    "before gradients are exchanged" if world_size > 1 else
                    f"here: table(s) {', '.join(low[:4])}{' ...' if len(low) > 4 else ''} "
                    "are stored bf16/fp8 by the plan outside a batched lookup of one "
                    "precision, and the graph's own lookups would read the stored values "
                    "as they are")
-            entries, calls = self._sharded_lookups(gm, entries, tables, why)
-            for fqn in tables:  # the lookup nodes call the tables: the placeholder is unread
-                params.setdefault(fqn, torch.empty(0, device=device))
+            entries = self._drop_batched(entries, why)
+        # fqn -> gemc.table_lookup path, as run (the report's ``table_lookups``)
+        self.lookup_paths = lookup_paths(precision, batched, world_size=world_size,
+                                         graph_mode=True)
+        sharded = {f: tables[f] for f, path in self.lookup_paths.items() if path == SPARSE}
+        calls = _sharded_lookups(gm, sharded, world_size=world_size)
+        for fqn in sharded:  # its lookups call the table; a rank without a shard has no weight
+            params.setdefault(fqn, torch.empty(0, device=device))
         try:
             if executor == "inductor":
                 from gemc.backends.triton.inductor_graph import runner_for
@@ -255,41 +268,19 @@ class GraphExecutor:
                 emb_opt.adopt_fused(t["fqn"], state, module)
                 self.fused_tables.append(t["fqn"])
 
-    def _sharded_lookups(
-        self,
-        gm: torch.fx.GraphModule,
-        entries: list[dict[str, Any]],
-        tables: dict[str, ShardedEmbedding],
-        why: str,
-    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        """(the entries still applied, the lookup nodes' calls) when every lookup goes
-        through the sharded tables: on several ranks, or with bf16 / fp8 tables."""
+    def _drop_batched(self, entries: list[dict[str, Any]], why: str) -> list[dict[str, Any]]:
+        """The entries still applied when no batched lookup is (on several ranks, or with
+        bf16 / fp8 tables outside them): every lookup then goes through the sharded tables."""
         for entry in entries:
             if entry["kind"] == "batched_embedding_bag":
                 self.not_applied.append(str(entry.get("name")))
-        if self.not_applied:
-            warnings.warn(
-                f"kernel(s) {', '.join(self.not_applied)} (batched embedding lookup with the "
-                f"optimizer fused into its backward) not applied {why}; those lookups run "
-                "through the sharded tables and the sparse optimizer instead",
-                stacklevel=3,
-            )
-        calls: dict[str, Any] = {}
-        for node in gm.graph.nodes:
-            fqn = node.meta.get(ir.PARAM) if node.op == "placeholder" else None
-            if fqn not in tables:
-                continue
-            for user in node.users:
-                if user.target not in EMBEDDING_OPS or user.args[0] is not node:
-                    raise PlanError(
-                        f"the captured graph reads table '{fqn}' in node {user.name} "
-                        f"({user.target}), not only through its lookup; on several ranks a "
-                        "table is sharded and only its lookup can run",
-                        where=f"plan kernels / table {fqn}",
-                        fix=NO_KERNELS_FIX,
-                    )
-                calls[user.name] = _lookup_call(tables[fqn], user.target)
-        return [e for e in entries if e["kind"] != "batched_embedding_bag"], calls
+        warnings.warn(
+            f"kernel(s) {', '.join(self.not_applied)} (batched embedding lookup with the "
+            f"optimizer fused into its backward) not applied {why}; those lookups run "
+            "through the sharded tables and the sparse optimizer instead",
+            stacklevel=3,
+        )
+        return [e for e in entries if e["kind"] != "batched_embedding_bag"]
 
     @staticmethod
     def _with_optimizer(entry: dict[str, Any], cfg: EmbeddingOptimConfig) -> dict[str, Any]:
@@ -354,11 +345,104 @@ def compile_backend(device: torch.device) -> str:
     return os.environ.get(CPU_BACKEND_ENV, "aot_eager")
 
 
+def _sharded_lookups(gm: torch.fx.GraphModule, tables: dict[str, ShardedEmbedding], *,
+                     world_size: int) -> dict[str, Any]:
+    """By node name, the sharded table module that answers each lookup of ``tables``.
+
+    Every table outside an applied batched kernel is looked up this way (gemc.table_lookup's
+    ``SPARSE`` path): ``F.embedding_bag`` / ``F.embedding`` with ``sparse=True``, a sparse
+    gradient of the looked-up rows, the sparse optimizer's row update. The graph's own op
+    (captured ``sparse=False``) would zero-fill a table-sized gradient every step and make
+    the optimizer scan it (DIN h200: 18 tables, most of a 39 ms step).
+
+    A node that reads a table other than as its module's lookup (a tied output projection,
+    a functional lookup of another form) cannot be routed: on several ranks the table is
+    sharded and on one rank a bf16 / fp8 table is stored narrow, so that is an error; on one
+    rank an fp32 table's whole weight is the graph's parameter, so the node runs as captured
+    on it, as in module mode, with a warning (its gradient is table-sized)."""
+    calls: dict[str, Any] = {}
+    for node in gm.graph.nodes:
+        fqn = node.meta.get(ir.PARAM) if node.op == "placeholder" else None
+        if fqn not in tables:
+            continue
+        table = tables[fqn]
+        for user in node.users:
+            other = _captured_form_differs(table, user, node)
+            if other is None:
+                calls[user.name] = _lookup_call(table, user.target)
+                continue
+            if world_size > 1 or table.precision != "fp32":
+                raise PlanError(
+                    f"the captured graph reads table '{fqn}' in node {user.name} "
+                    f"({user.target}) {other}; "
+                    + ("on several ranks a table is sharded" if world_size > 1 else
+                       f"the table is stored {table.precision}")
+                    + " and only its module's lookup can run",
+                    where=f"plan kernels / table {fqn}",
+                    fix=NO_KERNELS_FIX,
+                )
+            warnings.warn(
+                f"gemc: node {user.name} ({user.target}) reads table '{fqn}' {other}: it "
+                "runs as captured on the whole table, and its gradient is table-sized "
+                "(dense); the table's own lookups still run sparse", stacklevel=4)
+    return calls
+
+
+# the lookup ops' arguments a sharded table answers from its own module (ATen's defaults)
+_BAG_MODES = {"sum": 0, "mean": 1, "max": 2}
+
+
+def _captured_form_differs(table: ShardedEmbedding, user: torch.fx.Node,
+                           weight: torch.fx.Node) -> str | None:
+    """None when ``user`` is a lookup the table's module would make (the same op family,
+    pooling, ``include_last_offset`` and padding row, the weight as its weight); else what
+    differs, in words. ``sparse`` is not compared: the sharded lookup is always sparse."""
+    if user.target not in EMBEDDING_OPS or user.args[0] is not weight:
+        return "other than through its lookup"
+    args = _arguments(user)
+    if args.get("scale_grad_by_freq"):
+        return "with scale_grad_by_freq"
+    if args.get("max_norm") is not None:
+        return "with max_norm"
+    pad = args.get("padding_idx")
+    pad = None if pad is None or pad < 0 else int(pad)
+    want = table.padding_idx
+    want = None if want is None or want < 0 else int(want)
+    is_bag = user.target is not torch.ops.aten.embedding.default
+    if is_bag != table.is_bag:
+        return "as an " + ("embedding_bag" if is_bag else "embedding") + " lookup"
+    if pad != want:
+        return f"with padding_idx {pad} (its module's: {want})"
+    if not is_bag:
+        return None
+    mode = args.get("mode", 0)
+    if mode != _BAG_MODES.get(table.mode):
+        return f"with pooling mode {mode} (its module's: {table.mode})"
+    if bool(args.get("include_last_offset")) != bool(table.include_last_offset):
+        return "with another include_last_offset than its module's"
+    return None
+
+
+def _arguments(node: torch.fx.Node) -> dict[str, Any]:
+    """A call node's arguments by schema name, defaults filled in."""
+    out: dict[str, Any] = {}
+    for i, arg in enumerate(node.target._schema.arguments):
+        if i < len(node.args):
+            out[arg.name] = node.args[i]
+        elif arg.name in node.kwargs:
+            out[arg.name] = node.kwargs[arg.name]
+        elif arg.has_default_value():
+            out[arg.name] = arg.default_value
+    return out
+
+
 def _lookup_call(table: ShardedEmbedding, op: Any) -> Any:
     """A lookup node's ATen signature answered by the sharded table (its own mode,
-    ``include_last_offset`` and ``padding_idx``: the module the graph was captured from)."""
+    ``include_last_offset`` and ``padding_idx``, which :func:`_captured_form_differs` found
+    equal to the node's)."""
     if op is torch.ops.aten.embedding.default:
-        def embedding(weight: Any, indices: torch.Tensor, *rest: Any) -> torch.Tensor:
+        def embedding(weight: Any, indices: torch.Tensor, *rest: Any, **named: Any
+                      ) -> torch.Tensor:
             return table(indices)
 
         return embedding
@@ -366,7 +450,7 @@ def _lookup_call(table: ShardedEmbedding, op: Any) -> Any:
     def embedding_bag(weight: Any, indices: torch.Tensor, offsets: torch.Tensor,
                       scale_grad_by_freq: bool = False, mode: int = 0, sparse: bool = False,
                       per_sample_weights: torch.Tensor | None = None,
-                      include_last_offset: bool = False, *rest: Any) -> tuple:
+                      include_last_offset: bool = False, *rest: Any, **named: Any) -> tuple:
         out = table(indices, offsets, per_sample_weights)
         return (out, None, None, None)  # the graph reads [0]; the rest feed eager's backward
 

@@ -540,6 +540,8 @@ def _run(
             "choice_sources": dict(sorted(forward.sources.items())),
             "measured": forward.measured,
             "not_applied": list(forward.not_applied),
+            # fqn -> "batched" / "sparse" (gemc.table_lookup): the code each table ran on
+            "table_lookups": dict(sorted(forward.lookup_paths.items())),
         }
     report_path = None
     if rank == 0:

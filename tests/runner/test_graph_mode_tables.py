@@ -1,0 +1,146 @@
+"""Graph mode on one rank: a table no batched kernel owns is looked up through its sharded
+table (a sparse gradient, the sparse optimizer's row update), never by the captured op's
+table-sized dense gradient (gemc.table_lookup's rule), and trains exactly like eager."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gemc.backends.torch.reference import ReferenceTrainer
+from gemc.backends.torch.runner import RunOptions, run
+from gemc.backends.torch.sparse_optim import EmbeddingOptimizer
+from torch import nn
+
+from gemc.errors import PlanError
+from tests.runner.harness import MODEL, variant
+
+STEPS = 3
+
+
+def _checkpoint_tables(root) -> dict[str, torch.Tensor]:  # noqa: ANN001
+    """The tables of the run's last checkpoint (DCP), read back into one process."""
+    from gemc.backends.torch import checkpoint as ckpt
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    _, path = ckpt.require_latest(root)
+    flat = root / "flat.pt"
+    dcp_to_torch_save(path, flat)
+    return torch.load(flat, weights_only=True)["tables"]
+
+
+def test_tables_outside_the_batched_kernel_train_sparse_and_exactly(
+        base_plans, tmp_path, monkeypatch) -> None:
+    """The test model's plan keeps its batched lookup (which owns some tables) and leaves
+    others outside it: the plain nn.Embedding over a sequence, the per-sample-weighted
+    bag, the padding_idx bag. Every table outside reaches the sparse optimizer with a
+    sparse gradient (on the captured op's path it was a dense one the size of the table);
+    losses and every table's rows after 3 steps equal eager training's."""
+    from gemc.api import load_model
+
+    plan = variant(base_plans[1], kernels=True)
+    owned = {t["fqn"] for k in plan["kernels"] if k["kind"] == "batched_embedding_bag"
+             for t in k["tables"]}
+    outside = {t["fqn"] for t in plan["tables"]} - owned
+    assert owned and {"t2.weight", "t3.weight"} <= outside
+
+    layouts: dict[str, set[torch.layout]] = {}
+    step = EmbeddingOptimizer.step
+
+    def spy(self: EmbeddingOptimizer) -> None:
+        for fqn, m in self.tables.items():
+            if m.weight is not None and m.weight.grad is not None:
+                layouts.setdefault(fqn, set()).add(m.weight.grad.layout)
+        step(self)
+
+    monkeypatch.setattr(EmbeddingOptimizer, "step", spy)
+    ck = tmp_path / "ck"
+    got = run(plan, RunOptions(steps=STEPS, device="cpu", progress=False,
+                               checkpoint_dir=str(ck)))
+    assert got.report["execution"].startswith("graph") and got.report["kernels_applied"]
+    assert got.report["graph_executor"]["table_lookups"] == {
+        **dict.fromkeys(owned, "batched"), **dict.fromkeys(outside, "sparse")}
+    assert layouts == dict.fromkeys(outside, {torch.sparse_coo})
+
+    ref = ReferenceTrainer(load_model(MODEL, {}), world_size=1)
+    losses = [ref.step(s) for s in range(STEPS)]
+    torch.testing.assert_close([v for _, v in got.losses], losses, rtol=1e-5, atol=0)
+    tables = _checkpoint_tables(ck)
+    for name, module in ref.tables.items():
+        torch.testing.assert_close(tables[f"{name}.weight"], module.weight.detach(),
+                                   rtol=1e-5, atol=1e-7)
+
+
+class _TiedTable(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.bag = nn.EmbeddingBag(10, 4, mode="sum")
+
+    def forward(self, ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        return (self.bag(ids, offsets) @ self.bag.weight.t()).sum()
+
+
+class _OtherPooling(_TiedTable):
+    """A functional lookup of the table with another pooling than its module's."""
+
+    def forward(self, ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        mean = nn.functional.embedding_bag(ids, self.bag.weight, offsets, mode="mean")
+        return (self.bag(ids, offsets) * mean).sum()
+
+
+def _executor_for(model: nn.Module, precision: str = "fp32"):  # noqa: ANN202
+    from gemc.backends.torch.embedding import shard_tables
+    from gemc.backends.torch.graph_mode import GraphExecutor
+    from gemc.backends.torch.sparse_optim import EmbeddingOptimConfig
+
+    from gemc.capture import capture
+    from gemc.sharding import make_shards
+    from gemc.spec import ModelSpec
+
+    example = (torch.tensor([1, 2, 3]), torch.tensor([0, 1]))
+    captured = capture(ModelSpec(model=model, example_inputs=example, make_batch=None))
+    table = {"fqn": "bag.weight", "rows": 10, "dim": 4, "sharding": "table_wise",
+             "shards": make_shards("table_wise", [0], 10, 4), "precision": precision}
+    tables = shard_tables(model, [table], rank=0, world_size=1, seed=0)
+    model.to_empty(device="cpu")  # the sharded table is made on meta, as in the runner
+    tables["bag.weight"].reset_parameters()
+    emb_opt = EmbeddingOptimizer(tables, EmbeddingOptimConfig(), world_size=1)
+    executor = GraphExecutor(captured.gm, captured.param_fqns, model, [], tables=tables,
+                             emb_opt=emb_opt, device=torch.device("cpu"))
+    return executor, tables["bag.weight"], example
+
+
+def test_a_table_also_read_outside_its_lookup_on_one_rank() -> None:
+    """One rank, fp32: a tied read of the weight runs as captured on the whole table (as in
+    module mode), loudly; the lookup itself still runs sparse, and the forward and the
+    gradient are eager's. Stored bf16, the same read is refused (it would read the stored
+    values)."""
+    model = _TiedTable()
+    with pytest.warns(UserWarning, match="reads table 'bag.weight'.*table-sized"):
+        executor, table, example = _executor_for(model)
+    ids, offsets = example
+    weight = table.weight.detach().clone().requires_grad_()
+    want = (nn.functional.embedding_bag(ids, weight, offsets, mode="sum") @ weight.t()).sum()
+    want.backward()
+    loss = executor(*example)
+    loss.backward()
+    torch.testing.assert_close(loss, want)
+    torch.testing.assert_close(table.weight.grad.to_dense(), weight.grad)
+    with pytest.raises(PlanError, match="reads table 'bag.weight'.*stored bf16") as err:
+        _executor_for(_TiedTable(), "bf16")
+    assert "--no-kernels" in err.value.fix
+
+
+def test_a_lookup_of_another_form_than_its_modules_runs_as_captured() -> None:
+    """The sharded table answers only the lookups its module would make: a functional
+    ``mean`` lookup of a ``sum`` table runs as captured (warned, naming the pooling), and
+    the result is eager's."""
+    with pytest.warns(UserWarning, match="with pooling mode 1 \\(its module's: sum\\)"):
+        executor, table, (ids, offsets) = _executor_for(_OtherPooling())
+    weight = table.weight.detach().clone().requires_grad_()
+    want = (nn.functional.embedding_bag(ids, weight, offsets, mode="sum")
+            * nn.functional.embedding_bag(ids, weight, offsets, mode="mean")).sum()
+    want.backward()
+    loss = executor(ids, offsets)
+    loss.backward()
+    torch.testing.assert_close(loss, want)
+    torch.testing.assert_close(table.weight.grad.to_dense(), weight.grad)
