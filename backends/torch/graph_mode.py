@@ -50,6 +50,7 @@ import warnings
 from typing import Any
 
 import torch
+from gemc.backends.torch.contended_gathers import route_contended_gathers
 from gemc.backends.torch.embedding import ShardedEmbedding
 from gemc.backends.torch.init import derive_seed
 from gemc.backends.torch.sparse_optim import EmbeddingOptimConfig, EmbeddingOptimizer
@@ -199,6 +200,10 @@ class GraphExecutor:
             if node.op == "placeholder" and node.name in param_fqns:
                 node.meta[ir.PARAM] = param_fqns[node.name]
         _erase_dead_code(gm, {n for e in kernels for n in e.get("nodes", [])})
+        # small tables gathered by many ids: a backward without per-id atomics (the report's
+        # ``contended_gathers``)
+        self.gathers = route_contended_gathers(
+            gm, tables, {n for e in kernels for n in e.get("nodes", [])})
         names = {n.name for n in gm.graph.nodes}
         for entry in kernels:
             missing = [n for n in entry.get("nodes", []) if n not in names]

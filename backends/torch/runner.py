@@ -542,6 +542,8 @@ def _run(
             "not_applied": list(forward.not_applied),
             # fqn -> "batched" / "sparse" (gemc.table_lookup): the code each table ran on
             "table_lookups": dict(sorted(forward.lookup_paths.items())),
+            # gathers from small tables whose backward adds up per block (no per-id atomics)
+            "contended_gathers": forward.gathers,
         }
     report_path = None
     if rank == 0:
