@@ -536,6 +536,9 @@ def _run(
             "choice_sources": dict(sorted(forward.sources.items())),
             "measured": forward.measured,
             "not_applied": list(forward.not_applied),
+            # one compiled graph per guarded regions' outcome (packed at a bucketed token
+            # count, or padded): how many were compiled, and for what
+            "compiled_variants": list(forward.variants),
         }
     report_path = None
     if rank == 0:
