@@ -90,7 +90,8 @@ def packs(flags: list[int]) -> bool:
 
 BUCKETS = 16
 """How many token counts a guarded region's packed layout is rounded up to (multiples of
-``ceil(B * L / BUCKETS)``), in the compiled graph: see :func:`bucket`."""
+``ceil(B * L / BUCKETS)``), in the compiled graph: see :func:`bucket` (``GEMC_PACKED_BUCKETS``
+overrides it: ``region_guard.bucket_count``)."""
 
 
 def bucket(total: int, capacity: int, buckets: int = BUCKETS) -> int:

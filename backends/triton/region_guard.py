@@ -30,6 +30,7 @@ guarded attention already make, once per step instead of once per region and lay
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,11 +39,30 @@ import torch
 from torch import fx
 
 from gemc import ir
+from gemc.errors import GemcUserError
 
 from . import packed_tokens
 from .graph_runner import GraphRunner
 
-__all__ = ["Decision", "RegionGuard", "why_not_ahead"]
+__all__ = ["BUCKETS_ENV", "Decision", "RegionGuard", "bucket_count", "why_not_ahead"]
+
+BUCKETS_ENV = "GEMC_PACKED_BUCKETS"
+"""Overrides ``packed_tokens.BUCKETS`` (how many token counts, so compiled graphs, a guarded
+region may get): more wastes fewer spare tokens and may compile more graphs."""
+
+
+def bucket_count() -> int:
+    """The bucket count: ``GEMC_PACKED_BUCKETS`` if set, else ``packed_tokens.BUCKETS``."""
+    raw = os.environ.get(BUCKETS_ENV)
+    if raw is None:
+        return packed_tokens.BUCKETS
+    value = int(raw) if raw.strip().isdigit() else 0
+    if value < 1:
+        raise GemcUserError(f"{BUCKETS_ENV}={raw!r} is not a positive integer",
+                            where=f"the environment variable {BUCKETS_ENV}",
+                            fix="set it to how many token counts a guarded packed region may "
+                                f"be compiled for (default {packed_tokens.BUCKETS}), or unset it")
+    return value
 
 
 def why_not_ahead(gm: fx.GraphModule, mask: str, calls: Mapping[str, Any]) -> str | None:
@@ -97,7 +117,7 @@ class RegionGuard:
                  buckets: int | None = None) -> None:
         self.names = [str(r["name"]) for r in regions]
         self.additive = [bool(r.get("additive", False)) for r in regions]
-        self.buckets = buckets or packed_tokens.BUCKETS
+        self.buckets = buckets or bucket_count()
         self.prelude = _prelude(runner, [str(r["mask"]) for r in regions])
 
     @classmethod

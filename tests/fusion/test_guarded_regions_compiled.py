@@ -15,7 +15,9 @@ from gemc.backends.torch.sparse_optim import EmbeddingOptimConfig, EmbeddingOpti
 from gemc.backends.triton import key_padding_attention as kpa
 from gemc.backends.triton import packed_tokens as pt
 from gemc.backends.triton.inductor_graph import runner_for
+from gemc.backends.triton.region_guard import BUCKETS_ENV
 
+from gemc.errors import GemcUserError
 from tests.fusion import key_padding_models as km
 from tests.fusion.helpers import compiled, eager_step, entries_of, params_of
 
@@ -93,7 +95,7 @@ def test_varying_token_totals_compile_within_the_bucket_set(monkeypatch):
     """Random lengths every step: each packed step runs at its total rounded up to a
     multiple of the granule (24 / 4 = 6 here), a graph is compiled once per bucket hit and
     never again, and every step equals eager."""
-    monkeypatch.setattr(pt, "BUCKETS", 4)
+    monkeypatch.setenv(BUCKETS_ENV, "4")
     executor, model = _executor("bool")
     gen = torch.Generator().manual_seed(11)
     lengths = [torch.randint(0, km.L + 1, (km.B,), generator=gen).tolist() for _ in range(7)]
@@ -116,6 +118,13 @@ def test_bucket_rounds_up_to_the_granule_and_never_past_the_padded_count():
     assert len({pt.bucket(t, 4096, 16) for t in range(1, 4097)}) == 16
     with pytest.raises(ValueError, match="must be > 0"):
         pt.bucket(0, 24)
+
+
+@pytest.mark.parametrize("value", ["0", "many"])
+def test_a_bad_bucket_count_is_one_named_error(monkeypatch, value: str):
+    monkeypatch.setenv(BUCKETS_ENV, value)
+    with pytest.raises(GemcUserError, match=rf"{BUCKETS_ENV}='{value}' is not a positive"):
+        _executor("bool")
 
 
 def test_a_mask_the_runner_computes_itself_leaves_its_region_out_loudly():
