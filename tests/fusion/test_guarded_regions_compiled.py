@@ -18,15 +18,38 @@ from gemc.backends.triton.inductor_graph import runner_for
 from gemc.backends.triton.region_guard import BUCKETS_ENV
 
 from gemc.errors import GemcUserError
+from gemc.spec import ModelSpec
 from tests.fusion import key_padding_models as km
 from tests.fusion.helpers import compiled, eager_step, entries_of, params_of
 
 ENTRY = "tests/fusion/key_padding_models.py:build"
+TWO = "tests/fusion/test_guarded_regions_compiled.py:build_two_towers"
+
+
+class TwoTowers(torch.nn.Module):
+    """Two histories, each with its own bool mask: two guarded regions, checked apart."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = km.History("bool"), km.History("bool")
+
+    def forward(self, x: torch.Tensor, m: torch.Tensor, y: torch.Tensor, n: torch.Tensor
+                ) -> torch.Tensor:
+        return self.a(x, m) + self.b(y, n)
+
+
+def build_two_towers() -> ModelSpec:
+    def make(step: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, ...]:
+        g = torch.Generator().manual_seed(step)
+        return tuple(t.to(device) for t in (*km.batch("bool", [2, 0, 6, 3], g),
+                                            *km.batch("bool", [1, 4, 6, 3], g)))
+
+    return ModelSpec(model=TwoTowers(), example_inputs=make(0), make_batch=make)
 
 
 @functools.cache
 def _graph(form: str):  # noqa: ANN202
-    gm, ctx, spec = compiled(ENTRY, {"form": form})
+    gm, ctx, spec = compiled(TWO, {}) if form == "two" else compiled(ENTRY, {"form": form})
     return gm, entries_of(gm, ctx), spec
 
 
@@ -35,7 +58,8 @@ def _executor(form: str) -> tuple[GraphExecutor, torch.nn.Module]:
     emb_opt = EmbeddingOptimizer({}, EmbeddingOptimConfig(), world_size=1)
     executor = GraphExecutor(gm, {}, spec.model, entries, tables={}, emb_opt=emb_opt,
                              device=torch.device("cpu"))
-    assert executor.guard is not None and executor.guard.names == ["packed_tokens_0"]
+    regions = ["packed_tokens_0", "packed_tokens_1"] if form == "two" else ["packed_tokens_0"]
+    assert executor.guard is not None and executor.guard.names == regions
     assert executor.not_applied == []
     return executor, spec.model
 
@@ -110,6 +134,27 @@ def test_varying_token_totals_compile_within_the_bucket_set(monkeypatch):
     assert {t for t in seen if t is not None} <= {6, 12, 18, 24}
     assert pt.GUARD_STATS.as_dict() == {"calls": 7, "packed": sum(t > 0 for t in totals),
                                         "padded": sum(t == 0 for t in totals)}
+
+
+def test_two_regions_are_checked_apart_and_their_offsets_reach_the_right_one():
+    """One region packed and the other padded, then the other way round, then both: each
+    outcome its own graph, each equal to eager, the offsets of the packed one only."""
+    executor, model = _executor("two")
+    gen = torch.Generator().manual_seed(5)
+
+    def towers(first: tuple[list[int], bool], second: tuple[list[int], bool]):  # noqa: ANN202
+        return (*km.batch("bool", first[0], gen, first[1]),
+                *km.batch("bool", second[0], gen, second[1]))
+
+    batches = [towers(([2, 0, 6, 3], False), ([2, 1, 6, 3], True)),
+               towers(([2, 1, 6, 3], True), ([6, 6, 6, 1], False)),
+               towers(([1, 1, 1, 1], False), ([6, 6, 6, 6], False))]
+    pt.GUARD_STATS.reset()
+    _train_against_eager(executor, model, batches)
+    assert pt.GUARD_STATS.as_dict() == {"calls": 6, "packed": 4, "padded": 2}
+    assert [v["packed_regions"] for v in executor.variants] == [
+        {"packed_tokens_0": 12}, {"packed_tokens_1": 20},
+        {"packed_tokens_0": 4, "packed_tokens_1": 24}]
 
 
 def test_bucket_rounds_up_to_the_granule_and_never_past_the_padded_count():
