@@ -66,8 +66,14 @@ GEMC_OPTIONS: dict[str, dict[str, Any]] = {
 }
 
 
+EXTRA_ENV = "GEMC_ZOO_EXTRA"
+"""``NAME=FILE.py:FN[,NAME=...]``: models beyond the zoo (benchmark models such as
+``benchmarks/masked_tower.py``), FILE relative to the repository; the children inherit it."""
+
+
 def models() -> dict[str, str]:
-    """Model name -> entrypoint: the two examples, then examples/zoo/*.py if present."""
+    """Model name -> entrypoint: the two examples, then examples/zoo/*.py if present, then
+    any named in ``GEMC_ZOO_EXTRA``."""
     out = {"gem": f"{REPO / 'examples' / 'gem' / 'model.py'}:build",
            "dlrm": f"{REPO / 'examples' / 'dlrm' / 'model.py'}:build"}
     zoo = REPO / "examples" / "zoo"
@@ -75,6 +81,12 @@ def models() -> dict[str, str]:
         for path in sorted(zoo.glob("*.py")):
             if not path.name.startswith("_"):
                 out[path.stem] = f"{path}:build"
+    for item in filter(None, os.environ.get(EXTRA_ENV, "").split(",")):
+        name, sep, entry = item.partition("=")
+        if not sep or ":" not in entry:
+            raise SystemExit(f"zoo: {EXTRA_ENV} item {item!r} is not NAME=FILE.py:FN "
+                             f"(e.g. masked_tower=benchmarks/masked_tower.py:build)")
+        out[name.strip()] = str(REPO / entry.strip())
     return out
 
 

@@ -86,6 +86,19 @@ def nbytes(t: Any) -> int:
     return 0
 
 
+def ancestors(nodes: list[fx.Node]) -> set[fx.Node]:
+    """``nodes`` and every node they depend on (through any argument)."""
+    seen: set[fx.Node] = set()
+    stack = list(nodes)
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        stack.extend(n.all_input_nodes)
+    return seen
+
+
 def kind_of(node: fx.Node) -> OpKind | None:
     value = node.meta.get(KIND)
     return OpKind(value) if value is not None else None

@@ -39,7 +39,9 @@ packed over those lengths when it passes, else every region node padded, the mod
 computation (``packed_tokens.GUARD_STATS`` counts both; the run report carries it). The
 region's fill is data, so it is priced at fill 1. Not followed (a warning names the
 reader): ``nn.MultiheadAttention``'s merged ``[L, B * H, d]`` heads. The compiled (Inductor)
-graph fixes its shapes when it is compiled, so it leaves guarded regions out, loudly.
+graph fixes its shapes when it is compiled, so there the check runs ahead of it, on the batch,
+and picks a graph compiled for its outcome: packed at the token count rounded up to a bucket,
+or padded (``backends/triton/region_guard``).
 """
 
 from __future__ import annotations
@@ -213,14 +215,7 @@ def _mark(gm: fx.GraphModule, flow: PaddingFlow, rid: str) -> list[fx.Node]:
 def _history_starts(attention: fx.Node, batch: int, length: int) -> list[fx.Node]:
     """Where the attention's padded history begins: the ancestors (of its own arguments)
     that are floating ``[B, L, ...]`` graph inputs or embedding lookups, in graph order."""
-    seen: set[fx.Node] = set()
-    stack = list(attention.all_input_nodes)
-    while stack:
-        n = stack.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        stack.extend(n.all_input_nodes)
+    seen = ir.ancestors(list(attention.all_input_nodes))
     out = []
     for n in seen:
         shape = tuple(ir.shape_of(n) or ())

@@ -185,7 +185,11 @@ class GraphExecutor:
         self.measure = measure and executor == "inductor"
         self.choices: dict[str, str] = {}
         self.sources: dict[str, str] = {}
-        self._compiled: dict[torch.dtype | None, Any] = {}
+        # one compiled graph per (autocast dtype, guarded regions' outcome): see __call__
+        self._compiled: dict[tuple[torch.dtype | None, tuple[int | None, ...]], Any] = {}
+        self._measured_for: set[torch.dtype | None] = set()
+        self.variants: list[dict[str, Any]] = []  # what each compiled graph was built for
+        self.guard: Any = None  # RegionGuard of the guarded packed regions (inductor only)
         if device.type == "cpu":
             _interpreted_triton()
         try:
@@ -242,8 +246,11 @@ class GraphExecutor:
         try:
             if executor == "inductor":
                 from gemc.backends.triton.inductor_graph import runner_for
+                from gemc.backends.triton.region_guard import RegionGuard
 
-                self.runner, _ = runner_for(gm, entries, params, device=device, calls=calls)
+                self.runner, left = runner_for(gm, entries, params, device=device, calls=calls)
+                self.not_applied += left
+                self.guard = RegionGuard.of(self.runner)
             else:
                 warnings.warn(
                     "gemc: graph mode runs through the op-by-op interpreter "
@@ -316,24 +323,42 @@ class GraphExecutor:
                            for t, m in zip(entry["tables"], owners)]}
 
     def __call__(self, *batch: torch.Tensor) -> torch.Tensor:
+        """One step's loss. With guarded packed regions, their masks are checked on the
+        batch first (one host read for all of them, :mod:`~gemc.backends.triton.region_guard`)
+        and the graph compiled for that outcome runs: each region packed at its bucketed
+        token count, or padded; a new outcome compiles a new graph (bounded: ``BUCKETS``
+        counts per region, and padded)."""
         if self.executor == "interpreter":
             return self.runner(*batch)
         dev = self.runner.device.type
         dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
-        fn = self._compiled.get(dt)
+        decision = self.guard.check(batch) if self.guard is not None else None
+        key = decision.key if decision is not None else ()
+        fn = self._compiled.get((dt, key))
         if fn is None:
-            from gemc.backends.triton.inductor_graph import build, measure_groups
+            fn = self._compiled[(dt, key)] = self._compile(dt, key)
+        if decision is None:
+            return fn(*batch)
+        return fn(*decision.offsets, *batch)
 
-            if self.measure:  # the first step pays it; the report records every figure
-                self.measured.update({n: {**r, "source": "measured"} for n, r in
-                                      measure_groups(self.runner, autocast=dt).items()})
-            built = build(self.runner, autocast=dt, measured={**self.recorded, **self.measured})
-            self.choices, self.sources = built.choices, built.sources
-            self.module = built.module
-            fn = self._compiled[dt] = torch.compile(
-                built.module, dynamic=False, mode=self.compile_mode,
-                backend=compile_backend(self.runner.device))
-        return fn(*batch)
+    def _compile(self, dt: torch.dtype | None, key: tuple[int | None, ...]) -> Any:
+        """The rewritten graph for autocast ``dt`` and the guarded regions' outcome ``key``,
+        through ``torch.compile`` (lazily: it compiles on its first call)."""
+        from gemc.backends.triton.inductor_graph import build, measure_groups
+
+        if self.measure and dt not in self._measured_for:  # the first step pays it
+            self._measured_for.add(dt)
+            self.measured.update({n: {**r, "source": "measured"} for n, r in
+                                  measure_groups(self.runner, autocast=dt).items()})
+        guards = self.guard.guards(key) if self.guard is not None else {}
+        built = build(self.runner, autocast=dt, measured={**self.recorded, **self.measured},
+                      guards=guards)
+        self.choices, self.sources = built.choices, built.sources
+        self.module = built.module
+        self.variants.append({"autocast": str(dt).removeprefix("torch.") if dt else None,
+                              "packed_regions": guards})
+        return torch.compile(built.module, dynamic=False, mode=self.compile_mode,
+                             backend=compile_backend(self.runner.device))
 
 
 CPU_BACKEND_ENV = "GEMC_CPU_COMPILE_BACKEND"

@@ -544,6 +544,9 @@ def _run(
             "table_lookups": dict(sorted(forward.lookup_paths.items())),
             # gathers from small tables whose backward adds up per block (no per-id atomics)
             "contended_gathers": forward.gathers,
+            # one compiled graph per guarded regions' outcome (packed at a bucketed token
+            # count, or padded): how many were compiled, and for what
+            "compiled_variants": list(forward.variants),
         }
     report_path = None
     if rank == 0:

@@ -444,14 +444,10 @@ class GraphRunner:
         name = str(region["name"])
         if name in self._guards:
             return
-        from .key_padding_attention import prefix_lengths
-
         mask = env[self.by_name[region["mask"]]]
-        offsets, bad = prefix_lengths(mask, bool(region.get("additive", False)))
-        flags = torch.cat([bad.sum(0).to(torch.int64), offsets[-1:]]).tolist()  # the sync
-        # no real token at all: padded too (a region of 0 tokens would leave the gradients
-        # of its weights None where eager's are zero, which optimizers tell apart)
-        ok = flags[0] == 0 and flags[1] == 0 and flags[2] > 0
+        offsets, check = packed.region_check(mask, bool(region.get("additive", False)))
+        flags = check.tolist()  # the sync
+        ok = packed.packs(flags)
         packed.GUARD_STATS.count(ok)
         self._guards[name] = ok
         if not ok:

@@ -31,6 +31,10 @@ add each row's tokens (``gemc::segment_sum``), its groups launch at ``T`` tokens
 attention reads the values in place (``gemc::jagged_attention_values``). ``T`` is the
 bounded count (``TokenLayout.bounded``): the jagged values' count plus the clamp's slots,
 known from the capture's shapes, so the compiled graph has static shapes and no host read.
+A region guarded by a run-time mask check is packed in the graph built for a check that
+passed (``build(guards=...)``: its offsets and bucketed token count come from the check,
+made ahead of the graph by :mod:`.region_guard`), and padded in the graph built for one that
+did not.
 """
 
 from __future__ import annotations
@@ -196,32 +200,43 @@ def runner_for(gm: fx.GraphModule, entries: Sequence[dict[str, Any]],
     """The interpreter set up for the plan's entries (its schedule, launchers, embedding
     modules and packed regions are what :func:`build` emits), and the names of the entries
     left out: ``packed_tokens`` regions when ``packed`` is False (their ops then run
-    padded)."""
+    padded), and guarded regions whose mask cannot be computed from the batch ahead of the
+    graph (:mod:`.region_guard` checks it there), with a warning saying why."""
+    from .region_guard import why_not_ahead
+
+    reasons = {str(e.get("name")): why_not_ahead(gm, str(e["mask"]), calls or {})
+               for e in entries if e["kind"] == "packed_tokens" and e.get("guard") is not None}
+    blocked = {name: why for name, why in reasons.items() if why is not None}
+    if packed and blocked:
+        warnings.warn(
+            "gemc: packed region(s) guarded by a run-time mask check not applied in the "
+            "compiled graph, as the check runs ahead of it on the batch: "
+            + "; ".join(f"{name}: {why}" for name, why in blocked.items())
+            + "; their token-wise ops run padded (the interpreter, --graph-executor "
+            "interpreter, runs them packed)", stacklevel=2)
+
     def left_out(e: dict[str, Any]) -> bool:
-        return e["kind"] == "packed_tokens" and (not packed or e.get("guard") is not None)
+        return e["kind"] == "packed_tokens" and (not packed or str(e.get("name")) in blocked)
 
     not_applied = [str(e.get("name")) for e in entries if left_out(e)]
-    guarded = [str(e.get("name")) for e in entries
-               if e["kind"] == "packed_tokens" and e.get("guard") is not None]
-    if packed and guarded:
-        warnings.warn(
-            f"gemc: packed region(s) {', '.join(guarded)} guarded by a run-time mask check "
-            "not applied in the compiled graph (its shapes are fixed when it is compiled, "
-            "the packed token count is data): their token-wise ops run padded; the "
-            "interpreter (--graph-executor interpreter) runs them packed", stacklevel=2)
     kept = [e for e in entries if not left_out(e)]
     return GraphRunner(gm, kept, params, device=device, calls=calls, narrow=False), not_applied
 
 
 def build(runner: GraphRunner, *, autocast: torch.dtype | None = None,
-          measured: Mapping[str, Any] | None = None) -> Built:
+          measured: Mapping[str, Any] | None = None,
+          guards: Mapping[str, int] | None = None) -> Built:
     """The rewritten graph of ``runner.gm`` with ``runner.entries`` as custom-op calls (see
     the module doc). The runner's ``params`` feed the graph's parameter placeholders (the
     same tensors: their gradients land on them). ``autocast``: the dtype of the autocast
     the module will run under (None: none); it is baked into the group calls, because
     compiled code does not see the ambient autocast state at run time. ``measured``: per
-    entry name, a recorded measurement (see :func:`default_choice`)."""
-    return _Emitter(runner, autocast, measured).run()
+    entry name, a recorded measurement (see :func:`default_choice`). ``guards``: the
+    guarded regions to run packed, each at its token count (a check ahead of the graph
+    found their masks prefixes: :class:`.region_guard.RegionGuard`); the module then takes
+    their offsets first, in this order, then the batch. Guarded regions not named run
+    padded, the model's own computation."""
+    return _Emitter(runner, autocast, measured, guards or {}).run()
 
 
 # ---- packed token regions, as traceable helpers (shapes from shapes: no host read) --------
@@ -269,14 +284,15 @@ def _p_source(values: torch.Tensor, row: torch.Tensor, pos: torch.Tensor,
 
 def _p_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  dims: tuple[tuple[int, int], ...], offsets: torch.Tensor, clamp_min: int,
-                 max_len: int, total: int, scale: float | None) -> torch.Tensor:
+                 max_len: int, total: int, scale: float | None, causal: bool = False
+                 ) -> torch.Tensor:
     """Jagged attention on region values (``[1, H, T, D]`` at their dims): no conversion."""
     layout = _layout(offsets, clamp_min, max_len, total)
     qj, kj, vj = (x.movedim(d, (0, 1)).flatten(0, 1) for x, d in zip((q, k, v), dims))
     if scale is None:
         scale = qj.shape[-1] ** -0.5
     out, _ = torch.ops.gemc.jagged_attention_values(qj, kj, vj, layout.offsets, max_len,
-                                                    scale)
+                                                    scale, causal)
     return out.unsqueeze(0).movedim((0, 1), dims[3])
 
 
@@ -285,7 +301,7 @@ class _Emitter:
     ``GraphRunner``'s execution of the same node)."""
 
     def __init__(self, runner: GraphRunner, autocast: torch.dtype | None,
-                 measured: Mapping[str, Any] | None) -> None:
+                 measured: Mapping[str, Any] | None, guards: Mapping[str, int]) -> None:
         self.r = runner
         self.autocast = autocast
         self.auto = gemc_ops.dtype_name(autocast)
@@ -301,6 +317,18 @@ class _Emitter:
         self.sources: dict[str, str] = {}
         for name, module in runner.tables.items():
             gemc_ops.register_table(name, module)
+        # where values are packed: the plan's regions, and the guarded ones named in
+        # ``guards`` (their offsets: leading inputs, from the check ahead of the graph)
+        self.packed = {n: d for n, d in runner.packed.items() if n not in runner.guarded_nodes}
+        self.guarded: dict[str, tuple[fx.Node, int]] = {}
+        regions = {str(r["name"]): r for r in runner.region_of.values()
+                   if r.get("guard") is not None}
+        for name, total in guards.items():
+            if name not in regions:
+                raise ValueError(f"guards: {name} is not a guarded region of this graph")
+            self.guarded[name] = (self.graph.placeholder(f"{name}_offsets"), int(total))
+            self.packed.update({n: d for n, d in runner.guarded_nodes.items()
+                                if runner.region_of[n] is regions[name]})
 
     # -- helpers ------------------------------------------------------------------------------
 
@@ -323,6 +351,9 @@ class _Emitter:
         """A region node's layout arguments: its offsets (in the new graph), the clamp, the
         length and the room for tokens (the values' count plus the clamp's slots)."""
         r = self.r.region_of[node]
+        if r.get("guard") is not None:
+            offsets, total = self.guarded[str(r["name"])]
+            return (offsets, 0, int(r["max_len"]), total)
         by_name = self.r.by_name
         values = int(by_name[r["values"]].meta["val"].shape[0])
         batch = int(by_name[r["offsets"]].meta["val"].shape[0]) - 1
@@ -332,22 +363,22 @@ class _Emitter:
 
     def padded(self, node: Any) -> Any:
         """``node``'s value at its padded shape (a region value scattered, once)."""
-        if not isinstance(node, fx.Node) or node not in self.r.packed:
+        if not isinstance(node, fx.Node) or node not in self.packed:
             return self.env[node] if isinstance(node, fx.Node) else node
         if node not in self.unpacked:
-            self.unpacked[node] = self.call(_p_scatter, (self.env[node], self.r.packed[node],
+            self.unpacked[node] = self.call(_p_scatter, (self.env[node], self.packed[node],
                                                          *self.region(node)))
         return self.unpacked[node]
 
     def store(self, node: fx.Node, value: Any, is_packed: bool) -> None:
-        if node in self.r.packed and not is_packed:
-            value = self.call(_p_gather, (value, self.r.packed[node], _rank(node),
+        if node in self.packed and not is_packed:
+            value = self.call(_p_gather, (value, self.packed[node], _rank(node),
                                           *self.region(node)))
         self.env[node] = value
 
     def entering(self, arg: Any, dims: tuple[int, int], rank: int, region: Region) -> Any:
         if isinstance(arg, fx.Node):
-            if arg in self.r.packed:
+            if arg in self.packed:
                 return self.env[arg]
             return self.call(_p_gather, (self.env[arg], dims, rank, *region))
         if isinstance(arg, (list, tuple)):
@@ -383,7 +414,7 @@ class _Emitter:
             self.env[node] = self.call(_p_source, (
                 self.env[by_name[reg["values"]]], self.env[by_name[reg["row"]]],
                 self.env[by_name[reg["pos"]]], *self.region(node), acc))
-        elif node in r.packed:
+        elif node in self.packed:
             self.packed_node(node)
         elif self.segment_sum(node):
             pass
@@ -397,20 +428,20 @@ class _Emitter:
         if node.target is not torch.ops.aten.sum.dim_IntList or node.kwargs:
             return False
         src = node.args[0]
-        if not (isinstance(src, fx.Node) and src in self.r.packed):
+        if not (isinstance(src, fx.Node) and src in self.packed):
             return False
         rank = _rank(src)
         reduced = [int(d) % rank for d in node.args[1]]
         keep = len(node.args) > 2 and node.args[2]
-        if reduced != [self.r.packed[src][1]] or keep:
+        if reduced != [self.packed[src][1]] or keep:
             return False
-        self.env[node] = self.call(_p_segment_sum, (self.env[src], self.r.packed[src],
+        self.env[node] = self.call(_p_segment_sum, (self.env[src], self.packed[src],
                                                     *self.region(src)))
         return True
 
     def packed_node(self, node: fx.Node) -> None:
         """A region node on packed values (``GraphRunner._call_packed``)."""
-        dims = self.r.packed[node]
+        dims = self.packed[node]
         region = self.region(node)
         rank = _rank(node)
         t = node.target
@@ -421,7 +452,7 @@ class _Emitter:
             return
         first = node.args[0]
         if (t in packed_tokens.FIRST_ONLY or t in packed_tokens.SIZED) and \
-                isinstance(first, fx.Node) and first in self.r.packed:
+                isinstance(first, fx.Node) and first in self.packed:
             args = list(fx.node.map_arg(node.args, self.env.__getitem__))
             if t in packed_tokens.SIZED:
                 args[1] = packed_tokens.resize(list(args[1]), dims, region[3])
@@ -456,6 +487,8 @@ class _Emitter:
 
     def key_padding_attention(self, unit: dict[str, Any]) -> None:
         entry = unit["entry"]
+        if self.checked_attention(entry):
+            return
         q, k, v, mask = self.attention_operands(entry)
         value = self.call(_call_key_padding_attention, (q, k, v, mask, entry))
         self.store(self.r.by_name[entry.get("output", unit["nodes"][0].name)], value, False)
@@ -476,6 +509,31 @@ class _Emitter:
         bias = self.padded(by_name[entry["bias"]]) if entry.get("bias") else None
         value = self.call(_call_silu_attention, (q, k, v, mask, bias, entry))
         self.store(by_name[entry["output"]], value, False)
+
+    def checked_attention(self, entry: dict[str, Any]) -> bool:
+        """A guarded self-attention inside a guarded region this graph runs packed, under
+        the very mask the region's check read (same node, same additive rule): that check,
+        ahead of the graph, found every row a prefix, so the attention's own check would
+        take its jagged path over the same offsets. It runs that path here, on the region's
+        values in place: no scatter and gather around it, no second check, no host read
+        (the region's check is counted in ``packed_tokens.GUARD_STATS``, not the
+        attention's ``STATS``). Returns whether it applied."""
+        by_name = self.r.by_name
+        out = by_name[entry.get("output", entry["nodes"][0])]
+        qkv = [by_name[entry[x]] for x in ("q", "k", "v")]
+        region = self.r.region_of.get(out)
+        if region is None or str(region.get("name")) not in self.guarded \
+                or entry.get("mask") != region["mask"] \
+                or bool(entry.get("additive")) != bool(region.get("additive")) \
+                or entry.get("merged_heads") or entry.get("nan_if_empty") \
+                or not entry.get("zero_padding_queries", True) \
+                or not all(n in self.packed for n in (*qkv, out)):
+            return False
+        dims = tuple(self.packed[n] for n in (*qkv, out))
+        self.env[out] = self.call(_p_attention, (*(self.env[n] for n in qkv), dims,
+                                                 *self.region(out), entry["scale"],
+                                                 bool(entry.get("causal"))))
+        return True
 
     def attention_operands(self, entry: dict[str, Any]) -> list[Any]:
         """A guarded attention's q, k, v and its mask (or the offsets it derives one from)."""
@@ -510,9 +568,10 @@ class _Emitter:
         binding = entry["binding"]
         impl = unit["run"].impl
         key_entry = entry
-        if unit["packed"]:
+        packed = all(n in self.packed for n in unit["nodes"])
+        if packed:
             out_node = by_name[binding["outputs"][0]]
-            dims, rank = self.r.packed[out_node], _rank(out_node)
+            dims, rank = self.packed[out_node], _rank(out_node)
             region = self.region(out_node)
             shapes = [packed_tokens.packed_shape(sh, dims, rank, region[3])
                       for sh in binding["shapes"]]
@@ -525,7 +584,7 @@ class _Emitter:
             inputs = []
             for i, name in enumerate(binding["inputs"]):
                 node = by_name[name]
-                if node in self.r.packed or i not in token:
+                if node in self.packed or i not in token:
                     inputs.append(self.env[node])
                 else:
                     inputs.append(self.call(_p_gather, (self.env[node], dims, rank, *region)))
@@ -535,16 +594,15 @@ class _Emitter:
         gemm = tuple(getattr(impl, a) for a in ("ix", "iw", "ib")) if hasattr(impl, "ix") else ()
         call = self.call(_call_group, (kernel, self.auto, gemm, inputs))
         for j, out_name in enumerate(binding["outputs"]):
-            self.store(by_name[out_name], self.call(operator.getitem, (call, j)),
-                       unit["packed"])
+            self.store(by_name[out_name], self.call(operator.getitem, (call, j)), packed)
 
     def attention(self, unit: dict[str, Any]) -> None:
         entry = unit["entry"]
         by_name = self.r.by_name
         node = unit["nodes"][0]
         qkv = [by_name[entry[x]] for x in ("q", "k", "v")]
-        if node in self.r.packed and all(n in self.r.packed for n in qkv):
-            dims = tuple(self.r.packed[n] for n in (*qkv, node))
+        if node in self.packed and all(n in self.packed for n in qkv):
+            dims = tuple(self.packed[n] for n in (*qkv, node))
             self.env[node] = self.call(_p_attention, (*(self.env[n] for n in qkv), dims,
                                                       *self.region(node), entry["scale"]))
             return

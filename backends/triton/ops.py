@@ -306,43 +306,46 @@ jagged_attention.register_autograd(_attention_backward_formula, setup_context=_a
 
 @torch.library.custom_op("gemc::jagged_attention_values", mutates_args=())
 def jagged_attention_values(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, max_len: int,
-                            scale: float) -> tuple[Tensor, Tensor]:
+                            scale: float, causal: bool = False) -> tuple[Tensor, Tensor]:
     """Attention within each sequence of ``[T, H, D]`` values (``offsets`` the attention's
-    lengths; slots past ``offsets[-1]`` are spare, never read): the output and the row
-    logsumexp ``[H, T]``."""
+    lengths; slots past ``offsets[-1]`` are spare, never read), a query seeing only the
+    keys up to its own position when ``causal``: the output and the row logsumexp
+    ``[H, T]``."""
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     out, lse = _attention_forward(q, k, v, offsets, max_len, scale,
-                                  _meta(q, False, "softmax", "max_len"))
+                                  _meta(q, causal, "softmax", "max_len"))
     return out.contiguous(), lse.contiguous()
 
 
 @jagged_attention_values.register_fake
 def _jagged_attention_values_fake(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor,
-                                  max_len: int, scale: float) -> tuple[Tensor, Tensor]:
+                                  max_len: int, scale: float, causal: bool = False
+                                  ) -> tuple[Tensor, Tensor]:
     return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
 @torch.library.custom_op("gemc::jagged_attention_values_backward", mutates_args=())
 def jagged_attention_values_backward(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor,
                                      out: Tensor, lse: Tensor, grad: Tensor, max_len: int,
-                                     scale: float) -> tuple[Tensor, Tensor, Tensor]:
+                                     scale: float, causal: bool = False
+                                     ) -> tuple[Tensor, Tensor, Tensor]:
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     grads = _attention_backward(q, k, v, out, lse, grad.contiguous(), offsets, max_len, scale,
-                                _meta(q, False, "softmax", "max_len"))
+                                _meta(q, causal, "softmax", "max_len"))
     return tuple(g.contiguous() for g in grads)  # type: ignore[return-value]
 
 
 @jagged_attention_values_backward.register_fake
 def _jagged_attention_values_backward_fake(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor,
                                            out: Tensor, lse: Tensor, grad: Tensor,
-                                           max_len: int, scale: float
+                                           max_len: int, scale: float, causal: bool = False
                                            ) -> tuple[Tensor, Tensor, Tensor]:
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _values_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
-    q, k, v, offsets, max_len, scale = inputs
-    ctx.args = (int(max_len), float(scale))
+    q, k, v, offsets, max_len, scale, causal = inputs
+    ctx.args = (int(max_len), float(scale), bool(causal))
     ctx.save_for_backward(q, k, v, offsets, *output)
 
 
@@ -350,7 +353,7 @@ def _values_backward(ctx: Any, grad_out: Tensor, grad_lse: Tensor | None) -> tup
     q, k, v, offsets, out, lse = ctx.saved_tensors
     dq, dk, dv = torch.ops.gemc.jagged_attention_values_backward(q, k, v, offsets, out, lse,
                                                                  grad_out, *ctx.args)
-    return dq, dk, dv, None, None, None
+    return dq, dk, dv, None, None, None, None
 
 
 jagged_attention_values.register_autograd(_values_backward, setup_context=_values_setup)

@@ -69,6 +69,48 @@ class GuardStats:
 GUARD_STATS = GuardStats()
 
 
+def region_check(mask: torch.Tensor, additive: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """A guarded region's run-time check of its ``[B, L]`` key mask, on the device with no
+    sync: ``(offsets [B + 1], flags [3])``, the flags being the rows that break the prefix,
+    the additive values that are no key mask (see ``key_padding_attention``) and the kept
+    tokens in all. Both runners read the flags on the host once per call (:func:`packs`)."""
+    from .key_padding_attention import prefix_lengths
+
+    offsets, bad = prefix_lengths(mask, additive)
+    return offsets, torch.cat([bad.sum(0).to(torch.int64), offsets[-1:]])
+
+
+def packs(flags: list[int]) -> bool:
+    """Whether a region runs packed on the call whose :func:`region_check` read ``flags``:
+    every row a prefix, every additive value a key mask, and some token kept (a region of
+    0 tokens would leave the gradients of its weights None where eager's are zero, which
+    optimizers tell apart)."""
+    return flags[0] == 0 and flags[1] == 0 and flags[2] > 0
+
+
+BUCKETS = 16
+"""How many token counts a guarded region's packed layout is rounded up to (multiples of
+``ceil(B * L / BUCKETS)``), in the compiled graph: see :func:`bucket` (``GEMC_PACKED_BUCKETS``
+overrides it: ``region_guard.bucket_count``)."""
+
+
+def bucket(total: int, capacity: int, buckets: int = BUCKETS) -> int:
+    """``total`` real tokens (of ``capacity = B * L``) rounded up to a multiple of the
+    granule ``ceil(capacity / buckets)``, at most ``capacity``. Why: the compiled graph
+    fixes its shapes, and the token count is data; one compiled variant per count would
+    compile without end, rounding to the granule bounds the variants at ``buckets`` (the
+    counts of a fixed batch size cluster: in steady state one or two are hit) and wastes
+    at most ``capacity / buckets`` spare tokens (6% of the padded work at 16). Powers of
+    two would bound the variants at ``log2(capacity)`` but waste up to half the buffer, the
+    whole saving at 50% fill. The spare tokens read position 0 where a value enters the
+    region (:meth:`TokenLayout.index`), so they compute what eager computes there, never
+    reach a real token, and get zero gradients."""
+    if total <= 0 or capacity <= 0:
+        raise ValueError(f"bucket: total {total} and capacity {capacity} must be > 0")
+    granule = -(-capacity // buckets)
+    return min(capacity, -(-total // granule) * granule)
+
+
 @dataclass
 class TokenLayout:
     """Where the real tokens of one padded ``[B, L]`` batch sit: ``offsets`` (the attention's

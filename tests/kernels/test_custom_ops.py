@@ -291,6 +291,30 @@ def test_packed_region_ops_pass_opcheck_and_add_gradients_up_in_fp32():
     torch.testing.assert_close(gt, torch.cat([torch.ones(7, 4), torch.zeros(2, 4)]))
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_values_attention_op_passes_opcheck_and_is_sdpa_within_each_sequence(causal):
+    """``gemc::jagged_attention_values`` (a packed region's attention, causal for a guarded
+    causal self-attention): per sequence of the ``[T, H, D]`` values, SDPA forward and
+    backward; the spare slots past ``offsets[-1]`` get no gradient."""
+    g = torch.Generator().manual_seed(4)
+    offsets = torch.tensor([0, 3, 3, 7])  # slots 7, 8 are spare
+    q, k, v = (torch.randn(9, 2, 4, generator=g, requires_grad=True) for _ in range(3))
+    torch.library.opcheck(torch.ops.gemc.jagged_attention_values.default,
+                          (q, k, v, offsets, 4, 0.5, causal), test_utils=STATIC)
+    out, _ = torch.ops.gemc.jagged_attention_values(q, k, v, offsets, 4, 0.5, causal)
+    w = torch.randn(9, 2, 4, generator=g)
+    grads = torch.autograd.grad((out[:7] * w[:7]).sum(), (q, k, v))
+    qr, kr, vr = (x.detach().clone().requires_grad_() for x in (q, k, v))
+    ref = torch.cat([torch.nn.functional.scaled_dot_product_attention(
+        *(x[a:b].transpose(0, 1) for x in (qr, kr, vr)), scale=0.5, is_causal=causal
+    ).transpose(0, 1) for a, b in ((0, 3), (3, 7))])
+    torch.testing.assert_close(out[:7], ref, atol=1e-5, rtol=1e-5)
+    expected = torch.autograd.grad((ref * w[:7]).sum(), (qr, kr, vr))
+    for got, want in zip(grads, expected):  # want: zero on the spare slots, never read
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+        assert not want[7:].any()
+
+
 def test_embedding_bag_op_looks_up_and_its_backward_is_the_fused_optimizer_step():
     """``gemc::embedding_bag`` answers as the module does (fake and schema checked), and
     its backward, ``gemc::embedding_bag_update``, moves the weights exactly as the module's

@@ -1,0 +1,150 @@
+"""Guarded packed token regions in the compiled graph: the check ahead of it, one compiled
+variant per outcome.
+
+A ``packed_tokens`` region with ``guard: "prefix-check"`` runs packed only on a call whose
+key mask keeps a prefix on every row (``passes/pack_jagged_tokens``). The interpreter
+decides that mid-graph (``GraphRunner._guard``); the graph Inductor compiles cannot: its
+shapes are fixed when it is compiled, and both the outcome and the packed token count are
+data. So the decision is taken at the compiled graph's boundary, on its inputs:
+
+* a *prelude* computes each region's mask from the batch: the mask's own ops copied from
+  the captured graph (a mask given as input is the input itself; one built from lengths or
+  offsets, the few ops that build it). A region whose mask needs more (a parameter, a
+  sharded lookup) is left out of the compiled graph, loudly (:func:`why_not_ahead`);
+* ``packed_tokens.region_check`` checks each mask on the device, and **one host read per
+  step** (all regions' flags at once: prefix violations, invalid additive values, the
+  token total) decides the key: per region its token count rounded up to a bucket
+  (``packed_tokens.bucket``: at most ``BUCKETS`` counts, so a bounded number of compiled
+  variants) when it packs, ``None`` when it does not (the model's padded computation, the
+  exact fallback), each counted in ``packed_tokens.GUARD_STATS`` as the interpreter counts
+  it;
+* the caller runs the graph built for that key (``inductor_graph.build(guards=...)``),
+  whose packed regions take their offsets as leading inputs: the check is not repeated
+  inside, and the compiled code reads nothing on the host.
+
+Why one read and not none: the read picks which compiled graph runs and at which token
+count; every alternative without it either runs every region padded (no saving) or sizes
+the packed buffer at ``B * L`` (no saving either). It is the read the interpreter and the
+guarded attention already make, once per step instead of once per region and layer.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx
+
+from gemc import ir
+from gemc.errors import GemcUserError
+
+from . import packed_tokens
+from .graph_runner import GraphRunner
+
+__all__ = ["BUCKETS_ENV", "Decision", "RegionGuard", "bucket_count", "why_not_ahead"]
+
+BUCKETS_ENV = "GEMC_PACKED_BUCKETS"
+"""Overrides ``packed_tokens.BUCKETS`` (how many token counts, so compiled graphs, a guarded
+region may get): more wastes fewer spare tokens and may compile more graphs."""
+
+
+def bucket_count() -> int:
+    """The bucket count: ``GEMC_PACKED_BUCKETS`` if set, else ``packed_tokens.BUCKETS``."""
+    raw = os.environ.get(BUCKETS_ENV)
+    if raw is None:
+        return packed_tokens.BUCKETS
+    value = int(raw) if raw.strip().isdigit() else 0
+    if value < 1:
+        raise GemcUserError(f"{BUCKETS_ENV}={raw!r} is not a positive integer",
+                            where=f"the environment variable {BUCKETS_ENV}",
+                            fix="set it to how many token counts a guarded packed region may "
+                                f"be compiled for (default {packed_tokens.BUCKETS}), or unset it")
+    return value
+
+
+def why_not_ahead(gm: fx.GraphModule, mask: str, calls: Mapping[str, Any]) -> str | None:
+    """Why the mask node ``mask`` cannot be computed from the batch ahead of the graph (a
+    parameter, a lookup the runner answers itself, a node that is not an op), or None."""
+    by_name = {n.name: n for n in gm.graph.nodes}
+    if mask not in by_name:
+        return f"its mask {mask} is not in the captured graph"
+    needed = ir.ancestors([by_name[mask]])
+    for n in (n for n in gm.graph.nodes if n in needed):
+        if n.op == "placeholder" and ir.PARAM in n.meta:
+            return f"its mask {mask} reads parameter {n.meta[ir.PARAM]}"
+        if n.name in calls:
+            return f"its mask {mask} reads {n.name}, which the runner computes itself"
+        if n.op not in ("placeholder", "call_function"):
+            return f"its mask {mask} reads {n.name} ({n.op})"
+    return None
+
+
+def _prelude(runner: GraphRunner, masks: Sequence[str]) -> fx.GraphModule:
+    """``prelude(*batch) -> masks``: the masks' ops copied from the captured graph, one
+    placeholder per batch input (those it does not read are ignored)."""
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for n in runner.nodes:
+        if n.op == "placeholder" and ir.PARAM not in n.meta:
+            env[n] = graph.placeholder(n.name)
+    needed = ir.ancestors([runner.by_name[m] for m in masks])
+    for n in runner.nodes:
+        if n in needed and n.op == "call_function":
+            new = graph.node_copy(n, env.__getitem__)
+            if "device" in new.kwargs:  # captured on meta: run where the batch is
+                new.kwargs = {**new.kwargs, "device": runner.device}
+            env[n] = new
+    graph.output(tuple(env[runner.by_name[m]] for m in masks))
+    return fx.GraphModule(torch.nn.Module(), graph, class_name="GemcRegionMasks")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One step's outcome: ``key`` per region (its bucketed token count, or None: padded)
+    and the offsets of the packed regions, in order, to pass ahead of the batch."""
+
+    key: tuple[int | None, ...]
+    offsets: tuple[torch.Tensor, ...]
+
+
+class RegionGuard:
+    """The guarded regions of a runner, checked ahead of the compiled graph (module doc)."""
+
+    def __init__(self, runner: GraphRunner, regions: Sequence[dict[str, Any]],
+                 buckets: int | None = None) -> None:
+        self.names = [str(r["name"]) for r in regions]
+        self.additive = [bool(r.get("additive", False)) for r in regions]
+        self.buckets = buckets or bucket_count()
+        self.prelude = _prelude(runner, [str(r["mask"]) for r in regions])
+
+    @classmethod
+    def of(cls, runner: GraphRunner) -> RegionGuard | None:
+        """The guard of the runner's guarded regions, or None when it has none."""
+        regions = [e for e in runner.entries
+                   if e["kind"] == "packed_tokens" and e.get("guard") is not None]
+        return cls(runner, regions) if regions else None
+
+    def check(self, batch: Sequence[Any]) -> Decision:
+        """Check every region's mask on ``batch`` (one host read for all of them), count
+        each outcome in ``packed_tokens.GUARD_STATS`` and say which variant runs."""
+        masks = self.prelude(*batch)
+        checked = [packed_tokens.region_check(m, a) for m, a in zip(masks, self.additive)]
+        flags = torch.stack([c for _, c in checked]).tolist()  # the step's one host read
+        key: list[int | None] = []
+        offsets = []
+        for (offs, _), f, mask in zip(checked, flags, masks):
+            ok = packed_tokens.packs(f)
+            packed_tokens.GUARD_STATS.count(ok)
+            capacity = int(mask.shape[0]) * int(mask.shape[1])  # B * L: the padded tokens
+            key.append(packed_tokens.bucket(int(f[2]), capacity, self.buckets) if ok else None)
+            if ok:
+                offsets.append(offs)
+        return Decision(tuple(key), tuple(offsets))
+
+    def guards(self, key: Sequence[int | None]) -> dict[str, int]:
+        """``build(guards=...)``'s argument for ``key``: the packed regions' token counts,
+        in the order their offsets come."""
+        return {name: total for name, total in zip(self.names, key) if total is not None}
