@@ -421,9 +421,13 @@ class GraphRunner:
 
     def _compute(self, node: fx.Node, env: dict[fx.Node, Any]) -> Any:
         call = self.calls.get(node.name)
-        if call is not None:
-            return call(*fx.node.map_arg(node.args, env.__getitem__),
-                        **fx.node.map_arg(node.kwargs, env.__getitem__))
+        if call is not None:  # e.g. a table lookup answered by its table module: padded out
+            out = call(*fx.node.map_arg(node.args, lambda n: self._padded(n, env)),
+                       **fx.node.map_arg(node.kwargs, lambda n: self._padded(n, env)))
+            if node in self.packed:  # inside a packed region: its tokens
+                out = packed.gather(out, self.packed[node], _rank(node),
+                                    self._region_layout(node, env))
+            return out
         return self._call_packed(node, env) if node in self.packed else self._call(node, env)
 
     # -- packed token regions -----------------------------------------------------------------

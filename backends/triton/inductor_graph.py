@@ -403,10 +403,12 @@ class _Emitter:
             return
         if node.target in _SKIP or node in r.skipped:
             return
-        if node.name in self.calls:
+        if node.name in self.calls:  # e.g. a table lookup answered by its table module
             fn = torch._dynamo.disable(self.calls[node.name])
-            self.env[node] = self.call(fn, fx.node.map_arg(node.args, self.env.__getitem__),
-                                       fx.node.map_arg(node.kwargs, self.env.__getitem__))
+            out = self.call(fn, fx.node.map_arg(node.args, self.padded),
+                            fx.node.map_arg(node.kwargs, self.padded))
+            self.env[node] = out if node not in self.packed else \
+                self.call(_p_gather, (out, self.packed[node], _rank(node), *self.region(node)))
         elif node in r.packed_sources:
             reg = r.packed_sources[node]
             acc = bool(node.args[3]) if len(node.args) > 3 else False
