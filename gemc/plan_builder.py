@@ -8,7 +8,6 @@ from typing import Any
 from torch import fx
 
 from gemc import ir
-from gemc.backends.triton import kinds
 from gemc.capture import Captured
 from gemc.context import PassContext
 from gemc.graph_summary import region_summaries, table_summaries
@@ -126,6 +125,10 @@ def kernel_entries(gm: fx.GraphModule, ctx: PassContext) -> list[dict[str, Any]]
     kind's own fields come from its implementation's ``entry`` (``gemc.backends.triton.kinds``);
     layouts (``packed_tokens``) follow, from their ``layout_entries``.
     """
+    # the kinds' implementations are the Triton backend's: imported when a plan is built,
+    # not with the API (importing the backend imports Triton)
+    from gemc.backends.triton import kinds
+
     members: dict[str, list[fx.Node]] = defaultdict(list)
     facts: dict[str, dict[str, Any]] = {}
     for node in gm.graph.nodes:
