@@ -63,6 +63,7 @@ from gemc.backends.torch.table_prefetch import TablePrefetch
 
 from gemc.errors import GemcUserError, PlanError
 from gemc.plan import load_plan, validate_plan
+from gemc.sharding import SHARDINGS
 from gemc.spec import BATCH_SIZE_MISSING, BatchSizeWarning, batch_size_of
 
 EXIT_AFTER_STEP_ENV = "GEMC_RUN_EXIT_AFTER_STEP"
@@ -213,7 +214,7 @@ def _column_groups(
         return out
     cache: dict[tuple[int, ...], Any] = {}
     for table in tables:
-        if table["sharding"] == "data_parallel":
+        if SHARDINGS[table["sharding"]].replicated:
             continue
         blocks: dict[tuple[int, int], list[int]] = {}
         for s in table["shards"]:
