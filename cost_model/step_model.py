@@ -127,7 +127,7 @@ def _holders(t: TableCost, world: int) -> np.ndarray:
     return np.array(sorted(r for r in t.ranks if r < world), dtype=np.int64)
 
 
-def _a2a_sends(tables: Sequence[TableCost], world: int) -> tuple[np.ndarray, np.ndarray]:
+def a2a_sends(tables: Sequence[TableCost], world: int) -> tuple[np.ndarray, np.ndarray]:
     """Bytes each rank sends in the pooled-embedding all-to-all (forward; the backward
     sends the same amount back) and in the id all-to-all (input dist).
 
@@ -221,7 +221,7 @@ def predict_step(
         if holders.size:  # every holder's shard is the same: price it once
             np.add.at(sparse, holders, shard_compute_s(t, *shard_shape(t), world, gpu, calibration,
                                                opts.table_optimizer))
-    out_sends, id_sends = _a2a_sends(tables, world)
+    out_sends, id_sends = a2a_sends(tables, world)
     a2a = 0.0
     input_dist = 0.0
     if world > 1 and out_sends.any():

@@ -230,7 +230,7 @@ def _column_groups(
     return out
 
 
-def _batch_size(spec: Any, rank: int) -> tuple[int | None, str | None]:
+def local_batch_size(spec: Any, rank: int) -> tuple[int | None, str | None]:
     """The samples per batch the model states (see :func:`gemc.spec.batch_size_of`).
 
     Never guessed from a tensor: unstated, it is None, samples/s are null, and a
@@ -429,7 +429,7 @@ def _run(
     progress = Progress(opts.steps, start, enabled=opts.progress and rank == 0)
     exit_after = os.environ.get(EXIT_AFTER_STEP_ENV)
     saved: list[str] = []
-    local_batch, batch_source = _batch_size(spec, rank)
+    local_batch, batch_source = local_batch_size(spec, rank)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     every = max(1, int(opts.loss_every))

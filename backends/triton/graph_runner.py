@@ -57,7 +57,7 @@ from .packed_tokens import TokenLayout
 __all__ = ["GraphRunner"]
 
 
-def _gemm_operand_in_epilogue(structure: dict[str, Any]) -> bool:
+def gemm_operand_in_epilogue(structure: dict[str, Any]) -> bool:
     """Whether a GEMM group's epilogue reads one of its GEMM's own operands."""
     if structure["kind"] != "gemm_epilogue":
         return False
@@ -542,7 +542,7 @@ class GraphRunner:
     def _setup_group(self, unit: dict[str, Any], sources: dict[str, str]) -> None:
         entry = unit["entry"]
         unit["run"] = make_runner(self._source(entry, sources), entry["binding"])
-        unit["shared_operand"] = _gemm_operand_in_epilogue(entry["structure"])
+        unit["shared_operand"] = gemm_operand_in_epilogue(entry["structure"])
 
     def _setup_embeddings(self, unit: dict[str, Any], sources: dict[str, str]) -> None:
         self.tables[unit["entry"]["name"]] = self._embedding_module(unit["entry"])
