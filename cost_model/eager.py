@@ -88,7 +88,7 @@ class EagerStepPrediction:
                 "gpu_idle_ms": 1e3 * max(self.step_s - self.gpu_busy_s, 0.0)}
 
 
-def _dispatch(calibration: Calibration | None) -> dict[str, float]:
+def dispatch_costs(calibration: Calibration | None) -> dict[str, float]:
     d = dict(DEFAULT_DISPATCH)
     if calibration is not None:
         for key in ("eager_op_s", "eager_view_op_s", "eager_bwd_op_s"):
@@ -142,7 +142,7 @@ def _params(gm: fx.GraphModule) -> tuple[float, int, str]:
 def predict_eager_step(gm: fx.GraphModule, gpu: GPUSpec, calibration: Calibration | None, *,
                        optimizer: str = "adamw") -> EagerStepPrediction:
     """Eager single-GPU fwd + bwd + optimizer step of an annotated graph."""
-    disp = _dispatch(calibration)
+    disp = dispatch_costs(calibration)
     cpu = gpu_t = 0.0
     busy = 0.0
     sources: set[str] = set()

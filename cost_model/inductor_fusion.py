@@ -33,7 +33,7 @@ from torch import fx
 
 from gemc import ir
 from gemc.ir import OpKind
-from gemc.kernel_kinds import generated_kinds
+from gemc.kernel_kinds import inductor_compiled_kinds
 
 from . import op_cost
 from .activations import view_base
@@ -42,10 +42,11 @@ from .hardware import GPUSpec
 FUSIBLE_KINDS = frozenset({OpKind.POINTWISE, OpKind.NORM, OpKind.REDUCTION, OpKind.LOSS})
 """Gathers (``OpKind.INDEX``) are left out: their backward is a scatter-add whose atomics
 into few rows serialise, a kernel of its own that fusion does not make cheaper."""
-INDUCTOR_KERNEL_KINDS = frozenset({*generated_kinds(), "transposed_linear"})
-"""gemc kernel kinds whose nodes Inductor compiles: the generated groups (their code unless
-a measurement picked gemc's, gemc.kernel_kinds) and the transposed linear (emitted as its
-ATen formulation); a kind not listed is a gemc island."""
+INDUCTOR_KERNEL_KINDS = frozenset(inductor_compiled_kinds())
+"""gemc kernel kinds whose nodes Inductor compiles, from their declarations
+(``KernelKind.compiled_by_inductor`` in gemc.kernel_kinds): the generated groups (their code
+unless a measurement picked gemc's) and ATen formulations (the transposed linear); a kind
+not listed is a gemc island."""
 
 
 PRICING = ir.PRICING

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 
+from gemc.sharding import SHARDINGS
 from gemc.table_lookup import BATCHED
 
 from .kernels import INDEX_BYTES, OPTIMIZER_STATES, expected_unique_rows
@@ -90,21 +91,12 @@ def region_memory(region: RegionCost, world: int, options: StepOptions) -> Memor
 def shard_shape(table: TableCost) -> tuple[float, float]:
     """(rows, dim) of the part of a table each of its holders has: every shard of a
     table is the same size, whichever rank holds it (the whole table if data parallel)."""
-    k = len(table.ranks)
-    if table.sharding in ("data_parallel", "table_wise"):
-        return float(table.rows), float(table.dim)
-    if table.sharding in ("row_wise", "table_row_wise"):
-        return table.rows / k, float(table.dim)
-    if table.sharding == "column_wise":
-        return float(table.rows), table.dim / k
-    # grid: column shards across hosts, row shards inside; ranks are row-major blocks.
-    cols = max(1, int(round(k ** 0.5)))
-    return table.rows / (k / cols), table.dim / cols
+    return SHARDINGS[table.sharding].shard_shape(table.rows, table.dim, len(table.ranks))
 
 
 def table_shard(table: TableCost, rank: int) -> tuple[float, float]:
     """(rows, dim) of the part of a table one rank holds (0, 0 if none)."""
-    if table.sharding != "data_parallel" and rank not in table.ranks:
+    if not table.replicated and rank not in table.ranks:
         return 0.0, 0.0
     return shard_shape(table)
 
@@ -113,7 +105,7 @@ def shards_on(table: TableCost, rank: int) -> int:
     """How many of the table's shards ``rank`` holds: a rank listed twice holds (and pays
     for) two shards, which the plan validator and the runner refuse but a planner's
     candidate may still propose; pricing it as one let such a plan look cheaper."""
-    if table.sharding == "data_parallel":
+    if table.replicated:
         return 1
     return table.ranks.count(rank)
 
@@ -135,9 +127,9 @@ def shard_memory(table: TableCost, rows: float, dim: float, world: int,
     opt = optimizer_state_bytes(options.table_optimizer, numel, rows=rows,
                                 state_bytes=options.state_bytes)
     # fused TBE: no grads; a replica's gradient is dense in the lookup's dtype
-    grads = numel * table.dtype_bytes if table.sharding == "data_parallel" else 0.0
+    grads = numel * table.dtype_bytes if table.replicated else 0.0
     # pooled outputs this rank produces and their gradients
-    bags = table.batch * (world if table.sharding != "data_parallel" else 1)
+    bags = table.batch * (world if not table.replicated else 1)
     bags *= table.output_share(rows)
     act = 2.0 * bags * dim * table.dtype_bytes
     return MemoryBreakdown(params, grads, opt, act, 0.0)
@@ -150,10 +142,9 @@ def table_grad_bytes(table: TableCost, rows: float, dim: float,
     (gemc.table_lookup): the batched kernel holds none; ``sparse`` one gradient row and
     index per looked-up id, and the coalesced rows and sort buffers. A data-parallel replica on
     several ranks is ``shard_memory``'s dense gradient."""
-    if rows == 0 or table.lookup == BATCHED or (table.sharding == "data_parallel"
-                                                and world > 1):
+    if rows == 0 or table.lookup == BATCHED or (table.replicated and world > 1):
         return 0.0, 0.0
-    nnz = float(table.nnz) if table.sharding == "data_parallel" \
+    nnz = float(table.nnz) if table.replicated \
         else world * table.nnz * rows / table.rows
     held = nnz * (dim * table.dtype_bytes + INDEX_BYTES)
     touched = expected_unique_rows(int(rows), int(nnz))

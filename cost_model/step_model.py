@@ -86,7 +86,7 @@ def shard_work(t: TableCost, rows: float, dim: float,
     ids it owns -- the same ``output_share`` that sizes its all-to-all and activations."""
     if rows == 0:
         return 0.0, 0.0, 0.0, 0.0
-    if t.sharding == "data_parallel":
+    if t.replicated:
         return rows, dim, float(t.nnz), float(t.batch)
     share = rows / t.rows  # row-sharded shards see their share of the ids
     return rows, dim, world * t.nnz * share, world * t.batch * t.output_share(rows)
@@ -110,11 +110,11 @@ def shard_compute_s(t: TableCost, rows: float, dim: float, world: int, gpu: GPUS
     dtype = _dtype(t.dtype_bytes)
     storage = None if t.precision == "fp32" else t.storage_bytes
     if t.lookup != BATCHED:
-        replicas = world if t.sharding == "data_parallel" else 1
+        replicas = world if t.replicated else 1
         return _eager_cost(max(1, int(rows)), max(1, int(dim)), int(lookups),
                            int(bags), max(1, t.lookups), dtype, gpu, calibration,
                            optimizer or StepOptions.table_optimizer, storage, replicas)
-    if t.sharding == "data_parallel" and world > 1:
+    if t.replicated and world > 1:
         return _embedding_cost(t.rows, t.dim, t.nnz, t.batch, dtype, gpu, calibration, None,
                                True)
     return _batched_cost(max(1, int(rows)), max(1, int(dim)), int(lookups), int(bags), dtype,
@@ -127,7 +127,7 @@ def _holders(t: TableCost, world: int) -> np.ndarray:
     return np.array(sorted(r for r in t.ranks if r < world), dtype=np.int64)
 
 
-def _a2a_sends(tables: Sequence[TableCost], world: int) -> tuple[np.ndarray, np.ndarray]:
+def a2a_sends(tables: Sequence[TableCost], world: int) -> tuple[np.ndarray, np.ndarray]:
     """Bytes each rank sends in the pooled-embedding all-to-all (forward; the backward
     sends the same amount back) and in the id all-to-all (input dist).
 
@@ -136,7 +136,7 @@ def _a2a_sends(tables: Sequence[TableCost], world: int) -> tuple[np.ndarray, np.
     out = np.zeros(world)
     ids = np.zeros(world)
     for t in tables:
-        if t.sharding == "data_parallel":
+        if t.replicated:
             continue
         holders = [r for r in t.ranks if r < world]  # a rank listed twice sends twice
         if holders:
@@ -210,7 +210,7 @@ def predict_step(
     dp_table_numel = 0.0
     dp_table_grad_bytes = 0.0
     for t in tables:
-        if t.sharding == "data_parallel" and world > 1:
+        if t.replicated and world > 1:
             eager = t.lookup != BATCHED  # the sparse optimizer steps it, not the dense one
             sparse += shard_compute_s(t, *shard_shape(t), world, gpu, calibration,
                                       opts.table_optimizer if eager else None)
@@ -221,7 +221,7 @@ def predict_step(
         if holders.size:  # every holder's shard is the same: price it once
             np.add.at(sparse, holders, shard_compute_s(t, *shard_shape(t), world, gpu, calibration,
                                                opts.table_optimizer))
-    out_sends, id_sends = _a2a_sends(tables, world)
+    out_sends, id_sends = a2a_sends(tables, world)
     a2a = 0.0
     input_dist = 0.0
     if world > 1 and out_sends.any():
@@ -265,7 +265,7 @@ def predict_step(
     grad_peak = np.zeros(world)
     for t in tables:
         held, moment = table_grad_bytes(t, *shard_shape(t), world)
-        if t.sharding == "data_parallel":
+        if t.replicated:
             dp_mem = dp_mem + table_memory(t, 0, world, opts)
             grad_held += held
             grad_peak = np.maximum(grad_peak, moment)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from gemc.sharding import DENSE_STRATEGIES, TABLE_SHARDINGS  # defined once, in the core
+from gemc.sharding import DENSE_STRATEGIES, SHARDINGS, TABLE_SHARDINGS  # defined in the core
 from gemc.table_lookup import BATCHED, LOOKUP_PATHS
 from gemc.table_precision import TABLE_PRECISIONS, weight_bytes
 
@@ -78,9 +78,15 @@ class TableCost:
             return float(self.dtype_bytes)
         return weight_bytes(self.precision, 1, self.dim) / self.dim
 
+    @property
+    def replicated(self) -> bool:
+        """Whether the table is whole on every rank (gemc.sharding: data parallel), its
+        gradient all-reduced with the dense ones instead of exchanged."""
+        return SHARDINGS[self.sharding].replicated
+
     def output_share(self, shard_rows: float) -> float:
         """Fraction of the world's bags a shard of ``shard_rows`` rows returns rows for."""
-        if self.pooled or self.sharding not in ("row_wise", "table_row_wise", "grid"):
+        if self.pooled or not SHARDINGS[self.sharding].row_split:
             return 1.0
         return shard_rows / self.rows
 

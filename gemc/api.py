@@ -45,7 +45,7 @@ def annotate_model(
     return PassManager(annotation_passes()).run(captured.gm, ctx)
 
 
-def _calibration(choice: str | None, gpu_name: str) -> Any:
+def resolve_calibration(choice: str | None, gpu_name: str) -> Any:
     from gemc.cost_model.calibration import default_calibration, load_calibration
 
     if choice is None or choice == "none":
@@ -81,7 +81,7 @@ def compile(  # noqa: A001 - the public name users expect
     dump_dir = Path(config.dump_dir) if config.dump_dir is not None else None
     args = dict(args or {})
     topo = parse_topology(config.topology)
-    calib = _calibration(config.calibration, topo.gpu.name)
+    calib = resolve_calibration(config.calibration, topo.gpu.name)
     manager = PassManager(
         default_pipeline(planner, config.precision),
         disabled=disabled_passes,

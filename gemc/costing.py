@@ -171,7 +171,7 @@ def host_s(tables: Sequence[TableCost], topology: Topology, options: StepOptions
     copies views need (GEM h200: 231 counted, ~1000 kernels in the run's profile); even
     at 1000 x 7.6 us GEM is far from launch-bound (~64 ms of device work)."""
     syncs = options.host_syncs
-    if topology.world_size > 1 and any(t.sharding != "data_parallel" for t in tables):
+    if topology.world_size > 1 and any(not t.replicated for t in tables):
         syncs += options.exchange_host_syncs
     per_op = (calibration.eager_op_s if calibration is not None else None) or DEFAULT_OP_CPU_S
     launch_bound = max(0.0, launches * per_op - device_s)

@@ -170,7 +170,7 @@ def build_spec(
     _check_kwargs(fn, kwargs, entrypoint)
     on_meta = torch.device(device).type == "meta"
     try:
-        with torch.device(device), _skip_init_on_meta(), _stay_on_meta() if on_meta else _nothing():
+        with torch.device(device), _skip_init_on_meta(), stay_on_meta() if on_meta else _nothing():
             spec = fn(**kwargs)
     except GemcUserError:
         raise
@@ -223,7 +223,7 @@ class AuthorBuild:
         # a table's .to("cpu") / .cpu() keeps it on meta; a .cuda() or device="cuda" in
         # the model builds on the CPU
         with torch.random.fork_rng(devices=[]), _tables_on_meta(self.table_shapes), \
-                _stay_on_meta(on_cpu=True):
+                stay_on_meta(on_cpu=True):
             torch.manual_seed(self.seed)
             spec = build_spec(fn, dict(self.kwargs), entrypoint=self.entrypoint, device="cpu")
         return spec.model
@@ -311,7 +311,7 @@ class _StayOnMetaMode(torch.overrides.TorchFunctionMode):
 
 
 @contextlib.contextmanager
-def _stay_on_meta(on_cpu: bool = False) -> Iterator[None]:
+def stay_on_meta(on_cpu: bool = False) -> Iterator[None]:
     with _StayOnMetaMode(on_cpu):
         yield
 

@@ -7,11 +7,11 @@ with Inductor's code for its nodes, which plan-entry fields it needs, which libr
 holds its kernel); declaring them here, in the core, keeps the layers from each keeping a
 list of their own that a new kind must be added to.
 
-What differs per layer stays there, in a table keyed by these names: the plan entry's
-builder (``gemc.plan_builder.PLAN_ENTRIES``), the interpreter's runtime
-(``gemc.backends.triton.graph_runner.UNIT_RUNTIMES``), the emitter for the compiled graph
-(``gemc.backends.triton.inductor_graph.EMITTERS``); ``tests/test_kernel_kinds.py`` checks
-that every declared kind has one in each table and that no table has an undeclared one.
+What the plan builder, the interpreter and the emitter do with a graph-mode kind (its plan
+entry's fields, what the unit reads, builds and runs, its call in the compiled graph) is
+one object per kind, its ``KindImplementation`` in ``gemc.backends.triton.kinds`` (the
+backend: code the core may not import); ``tests/test_kernel_kinds.py`` checks that the
+registered kinds are exactly the declared graph-mode kinds.
 
 Module-mode kinds (kernels that swap whole modules, registered by a backend module the
 runner imports with ``--kernel-module``, see ``gemc.backends.torch.kernels``) are not the
@@ -45,7 +45,10 @@ class KernelKind:
     measurement); a kind that does not compete always runs gemc's kernel.
     ``fields``: the entry fields (beyond :data:`ENTRY_FIELDS`) the runner reads, required by
     the plan validator. ``library``: the module of the runner's kernel, recorded in the
-    entry (None for generated kernels: their source is in the plan).
+    entry (None for generated kernels: their source is in the plan). ``aten_formulation``:
+    the kernel is ATen ops that Inductor compiles with their neighbours (the cost model
+    prices its nodes as fused code, as it does a generated group's: see
+    :attr:`compiled_by_inductor`), not a kernel of its own.
     """
 
     name: str
@@ -55,6 +58,13 @@ class KernelKind:
     layout: bool = False
     generated: bool = False
     default_choice: str = "gemc"
+    aten_formulation: bool = False
+
+    @property
+    def compiled_by_inductor(self) -> bool:
+        """Whether Inductor compiles the kind's nodes in a compiled run (a generated group's
+        code, unless a measurement picked gemc's kernel; an ATen formulation's ops)."""
+        return self.generated or self.aten_formulation
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -67,6 +77,9 @@ class KernelKind:
                              "Inductor, so only its default choice may be 'inductor'")
         if self.layout and self.mode != "graph":
             raise ValueError(f"kernel kind {self.name}: a layout is a graph-mode kind")
+        if self.generated and self.aten_formulation:
+            raise ValueError(f"kernel kind {self.name}: a generated kernel is Triton code, "
+                             "not an ATen formulation")
 
     def missing(self, entry: Mapping[str, Any]) -> list[str]:
         """The fields a plan entry of this kind lacks (empty: it has all it needs)."""
@@ -102,7 +115,8 @@ DECLARED: tuple[KernelKind, ...] = (
                _TRITON + "jagged_query_attention"),
     KernelKind("packed_tokens", ("dims", "padded_from", "clamp_min", "max_len"),
                _TRITON + "packed_tokens", layout=True),
-    KernelKind("transposed_linear", ("input", "weight"), _TRITON + "transposed_linear"),
+    KernelKind("transposed_linear", ("input", "weight"), _TRITON + "transposed_linear",
+               aten_formulation=True),
 )
 
 KINDS: Mapping[str, KernelKind] = MappingProxyType({k.name: k for k in DECLARED})
@@ -127,3 +141,9 @@ def layout_kinds() -> tuple[str, ...]:
 def unit_kinds() -> tuple[str, ...]:
     """Names of the graph-mode kinds that run as one call in place of their nodes."""
     return tuple(k.name for k in DECLARED if k.mode == "graph" and not k.layout)
+
+
+def inductor_compiled_kinds() -> tuple[str, ...]:
+    """Names of the kinds whose nodes Inductor compiles (:attr:`KernelKind.compiled_by_inductor`):
+    the cost model prices them as fused code, every other kind as a gemc island."""
+    return tuple(k.name for k in DECLARED if k.compiled_by_inductor)

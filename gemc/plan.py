@@ -16,7 +16,7 @@ from typing import Any
 from gemc.dump import write_atomic
 from gemc.errors import PlanError
 from gemc.kernel_kinds import KINDS
-from gemc.sharding import DENSE_STRATEGIES, TABLE_SHARDINGS
+from gemc.sharding import DENSE_STRATEGIES, SHARDINGS, TABLE_SHARDINGS
 from gemc.table_precision import TABLE_PRECISIONS
 
 SCHEMA_VERSION = 1
@@ -286,7 +286,7 @@ def _validate_table(table: Any, where: str, world: int, source: str, fix: str) -
         if r0 + nr > rows or c0 + nc > dim:
             _fail(source, sw, f"reaches past the table ({rows} x {dim})", fix)
         covered += nr * nc
-    replicas = len(table["shards"]) if table["sharding"] == "data_parallel" else 1
+    replicas = len(table["shards"]) if SHARDINGS[table["sharding"]].replicated else 1
     if covered != rows * dim * replicas:
         _fail(
             source, f"{where}.shards", f"cover {covered} of {rows * dim * replicas} elements", fix

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
 from typing import Any
 
 from torch import fx
@@ -12,7 +11,6 @@ from gemc import ir
 from gemc.capture import Captured
 from gemc.context import PassContext
 from gemc.graph_summary import region_summaries, table_summaries
-from gemc.kernel_kinds import KINDS, generated_kinds
 from gemc.plan import SCHEMA_VERSION
 from gemc.version import __version__
 
@@ -115,81 +113,6 @@ def _modules(nodes: list[fx.Node]) -> list[str]:
     return sorted(out)
 
 
-def _jagged_attention(f: dict[str, Any], nodes: list[fx.Node]) -> dict[str, Any]:
-    q, k, v = (a.name for a in nodes[0].args[:3])
-    keep = ("offsets", "clamp_min", "max_len", "heads", "head_dim", "scale", "causal",
-            "fill", "padded_from")
-    return dict(q=q, k=k, v=v, **{key: f[key] for key in keep})
-
-
-def _key_padding_attention(f: dict[str, Any], nodes: list[fx.Node]) -> dict[str, Any]:
-    # an SDPA node (q, k, v its arguments), or a written-out formula (named in facts)
-    q, k, v = (f["q"], f["k"], f["v"]) if "q" in f else (a.name for a in nodes[0].args[:3])
-    keep = ("mask", "additive", "causal", "zero_padding_queries", "queries",
-            "max_len", "heads", "head_dim", "scale", "fill")
-    return dict(q=q, k=k, v=v, output=f.get("output", nodes[0].name),
-                merged_heads=bool(f.get("merged_heads", False)),
-                nan_if_empty=bool(f.get("nan_if_empty", False)),
-                **{key: f[key] for key in keep})
-
-
-def _jagged_silu_attention(f: dict[str, Any], nodes: list[fx.Node]) -> dict[str, Any]:
-    keep = ("q", "k", "v", "output", "mask", "offsets", "q_perm", "k_perm", "v_perm",
-            "out_perm", "bias", "norm", "scale", "causal", "query_mask", "max_len",
-            "heads", "head_dim", "fill")
-    return {key: f.get(key) for key in keep}
-
-
-def _jagged_query_attention(f: dict[str, Any], nodes: list[fx.Node]) -> dict[str, Any]:
-    q, k, v = (a.name for a in nodes[0].args[:3])
-    keep = ("mask", "offsets", "clamp_min", "queries", "keys", "heads", "head_dim", "scale",
-            "fill")
-    return dict(q=q, k=k, v=v, output=nodes[0].name, **{key: f.get(key) for key in keep})
-
-
-def _transposed_linear(f: dict[str, Any], nodes: list[fx.Node]) -> dict[str, Any]:
-    node = nodes[0]
-    bias = node.args[2] if len(node.args) > 2 else None
-    return dict(input=node.args[0].name, weight=node.args[1].name,
-                bias=bias.name if isinstance(bias, fx.Node) else None)
-
-
-def _batched_embedding_bag(f: dict[str, Any], nodes: list[fx.Node]) -> dict[str, Any]:
-    from gemc.passes.group_embeddings import lookup_facts
-
-    tables = [t for t in (lookup_facts(n) for n in nodes) if t is not None]
-    return dict(batch=f["batch"], tables=tables,
-                optimizer={key: f[key] for key in ("optimizer", "lr", "eps", "weight_decay")})
-
-
-def _generated_group(f: dict[str, Any], nodes: list[fx.Node]) -> dict[str, Any]:
-    """The group's spec and its generated source (``code``; kernel_entries keeps it on the
-    first entry with its hash only)."""
-    from gemc import fusion_spec
-    from gemc.backends.triton.codegen import generated, source_file_name
-
-    inside = set(nodes)
-    outputs = [n for n in nodes if any(u not in inside for u in n.users)]
-    structure, binding = fusion_spec.build(f["kind"], nodes, outputs)
-    source, digest = generated(structure)
-    return dict(structure=structure, binding=binding, sha256=digest,
-                file=source_file_name(digest), code=source)
-
-
-EntryBuilder = Callable[[dict[str, Any], list[fx.Node]], dict[str, Any]]
-PLAN_ENTRIES: dict[str, EntryBuilder] = {
-    **{kind: _generated_group for kind in generated_kinds()},
-    "batched_embedding_bag": _batched_embedding_bag,
-    "jagged_attention": _jagged_attention,
-    "key_padding_attention": _key_padding_attention,
-    "jagged_query_attention": _jagged_query_attention,
-    "jagged_silu_attention": _jagged_silu_attention,
-    "transposed_linear": _transposed_linear,
-}
-"""Per unit kind (gemc.kernel_kinds): its plan entry's own fields, from the pass's facts
-(``gemc.kernel`` meta) and the group's nodes."""
-
-
 def kernel_entries(gm: fx.GraphModule, ctx: PassContext) -> list[dict[str, Any]]:
     """``plan["kernels"]``: one entry per kernel group (``gemc.group``/``gemc.kernel``).
 
@@ -199,9 +122,13 @@ def kernel_entries(gm: fx.GraphModule, ctx: PassContext) -> list[dict[str, Any]]
     text (``code``); ``file`` is where ``--dump-dir`` puts it. The source is also a pure
     function of ``structure``, so it can be regenerated and checked against the hash.
     Recommendation kernels name their library module and the graph facts they need. Each
-    kind's own fields come from its builder in :data:`PLAN_ENTRIES`; layouts
-    (``packed_tokens``) follow, from :data:`LAYOUT_ENTRIES`.
+    kind's own fields come from its implementation's ``entry`` (``gemc.backends.triton.kinds``);
+    layouts (``packed_tokens``) follow, from their ``layout_entries``.
     """
+    # the kinds' implementations are the Triton backend's: imported when a plan is built,
+    # not with the API (importing the backend imports Triton)
+    from gemc.backends.triton import kinds
+
     members: dict[str, list[fx.Node]] = defaultdict(list)
     facts: dict[str, dict[str, Any]] = {}
     for node in gm.graph.nodes:
@@ -217,11 +144,11 @@ def kernel_entries(gm: fx.GraphModule, ctx: PassContext) -> list[dict[str, Any]]
         if f is None:
             continue
         kind = f["kind"]
-        build = PLAN_ENTRIES.get(kind)
-        if build is None:
-            raise ValueError(f"kernel group {gid} has kind {kind!r}, which no plan-entry "
-                             "builder knows (declare it in gemc/kernel_kinds.py and add its "
-                             "builder to gemc.plan_builder.PLAN_ENTRIES)")
+        implementation = kinds.unit(kind)
+        if implementation is None:
+            raise ValueError(f"kernel group {gid} has kind {kind!r}, which no registered "
+                             "implementation has (declare it in gemc/kernel_kinds.py and "
+                             "register its implementation in gemc/backends/triton/kinds)")
         entry: dict[str, Any] = {
             "name": gid,
             "kind": kind,
@@ -230,44 +157,16 @@ def kernel_entries(gm: fx.GraphModule, ctx: PassContext) -> list[dict[str, Any]]
             "region": nodes[-1].meta.get(ir.REGION, ""),
             "predicted": {"before_ms": f.get("before_ms"), "after_ms": f.get("after_ms")},
         }
-        library = KINDS[kind].library
+        library = implementation.kind.library
         if library is not None:
             entry["library"] = library
-        entry.update(build(f, nodes))
+        entry.update(implementation.entry(f, nodes))
         if "code" in entry:  # the source text once per hash
             if entry["sha256"] in with_code:
                 del entry["code"]
             with_code.add(entry["sha256"])
         entries.append(entry)
-    return entries + [e for build_layout in LAYOUT_ENTRIES.values() for e in build_layout(gm)]
-
-
-def packed_entries(gm: fx.GraphModule) -> list[dict[str, Any]]:
-    """One ``packed_tokens`` entry per region ``pack-jagged-tokens`` found: not a kernel of
-    its own but a layout the runner keeps the region's values in (its nodes overlap the
-    fused groups and the jagged attention that run inside it)."""
-
-    out = []
-    for node in gm.graph.nodes:
-        f = node.meta.get(ir.PACKED_REGION)
-        if f is None:
-            continue
-        members = [n for n in gm.graph.nodes if (n.meta.get(ir.PACKED) or {}).get("id") == f["id"]]
-        facts = {k: v for k, v in f.items() if k not in ("id", "before_ms", "after_ms")}
-        out.append({"name": f["id"], "replaces": [], "region": node.meta.get(ir.REGION, ""),
-                    "library": KINDS["packed_tokens"].library,
-                    "nodes": [n.name for n in members],
-                    "dims": {n.name: n.meta[ir.PACKED]["dims"] for n in members},
-                    "zeroed": [n.name for n in members if n.meta[ir.PACKED]["zeroed"]],
-                    "predicted": {"before_ms": f["before_ms"], "after_ms": f["after_ms"]},
-                    **facts})
-    return out
-
-
-LAYOUT_ENTRIES: dict[str, Callable[[fx.GraphModule], list[dict[str, Any]]]] = {
-    "packed_tokens": packed_entries,
-}
-"""Per layout kind (gemc.kernel_kinds): its plan entries, from the graph's annotations."""
+    return entries + [e for layout in kinds.layouts() for e in layout.layout_entries(gm)]
 
 
 def build_plan(

@@ -1,23 +1,32 @@
-"""How a table's sharding and ranks turn into concrete shards (row and column ranges).
+"""Table sharding types, one :class:`Sharding` object each: its shards, the shape each holder
+keeps, how its lookups communicate and how the solver places it.
 
-One function, used by the plan builder, the solver and the runner, so the three never
-disagree on which rows a rank holds.
+One object per type, in the core, used by the plan builder and the plan validator (the
+shards), the cost model (the shape a holder keeps, whether the table is replicated,
+whether a shard returns only its rows' share of an unpooled lookup), the solver (the
+placement shape of a candidate) and the runner (whether a table is a local replica), so
+no layer keeps a list of type names or an ``if`` per type of its own. A new type is one
+more entry in :data:`SHARDINGS`; see ``docs/architecture.md`` ("Where a new sharding type
+goes").
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 # The names a plan, the cost model and the solver use (defined once, here in the core).
 DENSE_STRATEGIES = ("ddp", "fsdp", "hsdp", "tp")
-TABLE_SHARDINGS = (
-    "data_parallel",
-    "table_wise",
-    "row_wise",
-    "column_wise",
-    "table_row_wise",
-    "grid",
-)
+
+SPLITS = ("none", "rows", "columns", "grid")
+"""How a type cuts a table: not at all (one whole shard per holder), into row ranges, into
+column ranges, or into a grid (column blocks, each cut into row ranges)."""
+PLACEMENTS = ("one_rank", "every_rank", "distinct_ranks", "one_host", "host_grid")
+"""Where the solver may put a type's ranks: one rank; every rank (nothing to place); ``k``
+ranks placed one by one; the GPUs of one host (consecutive ranks); ``c`` hosts of ``L``
+row shards each (``grid = (c, L)``)."""
 
 
 def split_even(total: int, parts: int) -> list[tuple[int, int]]:
@@ -31,33 +40,131 @@ def split_even(total: int, parts: int) -> list[tuple[int, int]]:
     return out
 
 
-def make_shards(
-    sharding: str, ranks: list[int], rows: int, dim: int, grid: list[int] | None = None
-) -> list[dict[str, Any]]:
-    """Concrete shards: [{"rank", "row_offset", "rows", "col_offset", "cols"}, ...]."""
+def _shard(rank: int, r0: int, nr: int, c0: int, nc: int) -> dict[str, Any]:
+    return {"rank": rank, "row_offset": r0, "rows": nr, "col_offset": c0, "cols": nc}
 
-    def shard(rank: int, r0: int, nr: int, c0: int, nc: int) -> dict[str, Any]:
-        return {"rank": rank, "row_offset": r0, "rows": nr, "col_offset": c0, "cols": nc}
 
-    if sharding == "table_wise":
-        return [shard(ranks[0], 0, rows, 0, dim)]
-    if sharding == "data_parallel":
-        return [shard(r, 0, rows, 0, dim) for r in ranks]
-    if sharding in ("row_wise", "table_row_wise"):
-        return [
-            shard(r, r0, nr, 0, dim) for r, (r0, nr) in zip(ranks, split_even(rows, len(ranks)))
-        ]
-    if sharding == "column_wise":
-        return [
-            shard(r, 0, rows, c0, nc) for r, (c0, nc) in zip(ranks, split_even(dim, len(ranks)))
-        ]
-    if sharding == "grid":
+@dataclass(frozen=True)
+class Sharding:
+    """One table sharding type.
+
+    ``split``: how the table is cut (:data:`SPLITS`). ``replicated``: every rank holds the
+    whole table and looks it up locally; its gradient is all-reduced with the dense ones
+    (no all-to-all). Otherwise each rank's lookups go to the shards' holders and the pooled
+    outputs come back through the all-to-all (the communication every other type shares).
+    ``placement``: the shape of the ranks a solver candidate takes (:data:`PLACEMENTS`).
+    """
+
+    name: str
+    split: str
+    placement: str
+    replicated: bool = False
+
+    def __post_init__(self) -> None:
+        if self.split not in SPLITS:
+            raise ValueError(f"sharding {self.name}: split {self.split!r} not in {SPLITS}")
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"sharding {self.name}: placement {self.placement!r} not in "
+                             f"{PLACEMENTS}")
+        if self.replicated and (self.split != "none" or self.placement != "every_rank"):
+            raise ValueError(f"sharding {self.name}: a replicated table is whole on every "
+                             "rank (split 'none', placement 'every_rank')")
+
+    @property
+    def row_split(self) -> bool:
+        """Whether a shard holds a range of the rows (then an unpooled lookup's shard
+        returns only the rows it holds, not a partial sum for every bag)."""
+        return self.split in ("rows", "grid")
+
+    def shards(self, ranks: list[int], rows: int, dim: int,
+               grid: list[int] | tuple[int, int] | None = None) -> list[dict[str, Any]]:
+        """Concrete shards: [{"rank", "row_offset", "rows", "col_offset", "cols"}, ...]."""
+        if self.split == "none":
+            held = ranks if self.replicated else ranks[:1]
+            return [_shard(r, 0, rows, 0, dim) for r in held]
+        if self.split == "rows":
+            return [_shard(r, r0, nr, 0, dim)
+                    for r, (r0, nr) in zip(ranks, split_even(rows, len(ranks)))]
+        if self.split == "columns":
+            return [_shard(r, 0, rows, c0, nc)
+                    for r, (c0, nc) in zip(ranks, split_even(dim, len(ranks)))]
         n_col, n_row = grid if grid else (len(ranks), 1)
         if n_col * n_row != len(ranks):
             raise ValueError(f"grid {grid} does not match {len(ranks)} ranks")
         out = []
         for ci, (c0, nc) in enumerate(split_even(dim, n_col)):
             group = ranks[ci * n_row : (ci + 1) * n_row]
-            out += [shard(r, r0, nr, c0, nc) for r, (r0, nr) in zip(group, split_even(rows, n_row))]
+            out += [_shard(r, r0, nr, c0, nc)
+                    for r, (r0, nr) in zip(group, split_even(rows, n_row))]
         return out
-    raise ValueError(f"unknown sharding {sharding!r}")
+
+    def shard_shape(self, rows: int, dim: int, holders: int) -> tuple[float, float]:
+        """(rows, dim) of the part each of ``holders`` ranks keeps, as the cost model prices
+        it: equal parts (the whole table if not split). A grid's shape is the one the
+        solver offers: ``round(sqrt(holders))`` column blocks."""
+        if self.split == "none":
+            return float(rows), float(dim)
+        if self.split == "rows":
+            return rows / holders, float(dim)
+        if self.split == "columns":
+            return float(rows), dim / holders
+        cols = max(1, int(round(holders ** 0.5)))
+        return rows / (holders / cols), dim / cols
+
+    def label(self, ranks: int, grid: tuple[int, int] | None = None) -> str:
+        """A candidate's name in the solver's reports: the type, with its column count
+        where that varies between candidates (``column_wise/4``) or its grid
+        (``grid/2x8``)."""
+        if self.split == "columns":
+            return f"{self.name}/{ranks}"
+        if self.split == "grid" and grid:
+            return f"{self.name}/{grid[0]}x{grid[1]}"
+        return self.name
+
+    def pieces_and_width(self, ranks: int, world: int, gpus_per_host: int,
+                         grid: tuple[int, int] | None = None) -> tuple[int, int]:
+        """A solver candidate over ``ranks`` ranks as (placement units, consecutive ranks
+        per unit): see ``gemc.solver.candidates``."""
+        if self.placement == "one_rank":
+            return 1, 1
+        if self.placement == "distinct_ranks":
+            return ranks, 1
+        if self.placement == "one_host":
+            return 1, gpus_per_host
+        if self.placement == "host_grid":
+            if grid is None:
+                raise ValueError(f"sharding {self.name}: a candidate needs its grid")
+            return grid[0], grid[1]
+        return 1, world
+
+
+DECLARED: tuple[Sharding, ...] = (
+    Sharding("data_parallel", "none", "every_rank", replicated=True),
+    Sharding("table_wise", "none", "one_rank"),
+    Sharding("row_wise", "rows", "every_rank"),
+    Sharding("column_wise", "columns", "distinct_ranks"),
+    Sharding("table_row_wise", "rows", "one_host"),
+    Sharding("grid", "grid", "host_grid"),
+)
+
+SHARDINGS: Mapping[str, Sharding] = MappingProxyType({s.name: s for s in DECLARED})
+"""The sharding types by name, in declaration order."""
+
+TABLE_SHARDINGS = tuple(SHARDINGS)
+"""Their names (what a plan's ``tables[].sharding`` may be)."""
+
+
+def sharding(name: str) -> Sharding:
+    """The type named ``name`` (a ValueError naming the known ones otherwise)."""
+    found = SHARDINGS.get(name)
+    if found is None:
+        raise ValueError(f"unknown sharding {name!r} (known: {', '.join(TABLE_SHARDINGS)})")
+    return found
+
+
+def make_shards(
+    sharding_name: str, ranks: list[int], rows: int, dim: int, grid: list[int] | None = None
+) -> list[dict[str, Any]]:
+    """Concrete shards of a table sharded ``sharding_name`` over ``ranks`` (see
+    :meth:`Sharding.shards`)."""
+    return sharding(sharding_name).shards(ranks, rows, dim, grid)

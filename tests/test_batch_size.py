@@ -57,15 +57,15 @@ def test_offsets_with_a_last_offset_count_as_the_batch():
 
 
 def test_the_runner_warns_loudly_when_the_batch_is_unstated():
-    from gemc.backends.torch.runner import _batch_size
+    from gemc.backends.torch.runner import local_batch_size
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert _batch_size(load_model(ENTRY, {"state_batch": False}), 0) == (None, None)
-        assert _batch_size(load_model(ENTRY, {"state_batch": False}), 1) == (None, None)
+        assert local_batch_size(load_model(ENTRY, {"state_batch": False}), 0) == (None, None)
+        assert local_batch_size(load_model(ENTRY, {"state_batch": False}), 1) == (None, None)
     assert [w.category for w in caught] == [BatchSizeWarning]  # rank 0 only
     assert str(caught[0].message) == BATCH_SIZE_MISSING
-    assert _batch_size(load_model(ENTRY), 0) == (authored.B, "ModelSpec.batch_size")
+    assert local_batch_size(load_model(ENTRY), 0) == (authored.B, "ModelSpec.batch_size")
 
 
 def _skip_reason(entrypoint: str, args: dict) -> str:

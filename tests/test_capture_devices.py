@@ -52,9 +52,9 @@ def test_to_cpu_calls_in_the_build_keep_parameters_on_meta():
 def test_stay_on_meta_keeps_a_dtype_change():
     spec = load_model(ENTRY, {"params_on_cpu": True})
     with torch.device("meta"):
-        from gemc.entrypoint import _stay_on_meta
+        from gemc.entrypoint import stay_on_meta
 
-        with _stay_on_meta():
+        with stay_on_meta():
             t = torch.zeros(3).to("cpu", torch.float16)
             u = torch.zeros(3).cpu()
     assert t.is_meta and t.dtype == torch.float16

@@ -90,6 +90,26 @@ def test_no_private_names_imported_across_packages() -> None:
     assert not found, "private names imported across packages:\n" + "\n".join(found)
 
 
+OUTSIDE = ("tests", "benchmarks", "scripts", "examples")
+"""The repository's Python outside the package: never one of gemc's packages."""
+
+
+def test_no_private_gemc_names_imported_from_outside_the_package() -> None:
+    """Tests, benchmarks, scripts and examples use gemc's public names only: what they
+    need (a helper a test checks on its own) gets a public name in its owner."""
+    found = []
+    for folder in OUTSIDE:
+        for path in sorted((REPO / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if not isinstance(node, ast.ImportFrom) or node.level:
+                    continue
+                private = [a.name for a in node.names
+                           if a.name.startswith("_") and not a.name.startswith("__")]
+                if private and (node.module or "").startswith("gemc"):
+                    found.append(f"{path.relative_to(REPO)}:{node.lineno} {node.module} {private}")
+    assert not found, "private gemc names imported from outside it:\n" + "\n".join(found)
+
+
 def test_runner_imports_without_ortools() -> None:
     code = ("import sys; sys.modules['ortools'] = None\n"
             "import gemc.backends.torch.runner, gemc.backends.torch.cli, gemc.backends.triton.ops\n"

@@ -1,6 +1,7 @@
-"""One declaration per kernel kind (gemc/kernel_kinds.py): every layer's table keyed by kind
-covers exactly the declared kinds, so a kind without a runtime fails here, not at a run;
-the plan validator requires each kind's fields."""
+"""One declaration per kernel kind (gemc/kernel_kinds.py) and one implementation per graph-mode
+kind (gemc.backends.triton.kinds): the implementations cover exactly the declared kinds, so
+a kind without a runtime fails here, not at a run; the plan validator requires each kind's
+fields; the cost model prices what the declarations say Inductor compiles."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import copy
 import pytest
 from gemc.backends.torch import graph_mode
 from gemc.backends.torch import kernels as module_kernels
-from gemc.backends.triton import graph_runner, inductor_graph
+from gemc.backends.triton import inductor_graph, kinds
+from gemc.backends.triton.kinds import KindImplementation, named
 
 from gemc import kernel_kinds
 from gemc.errors import PlanError
@@ -25,25 +27,45 @@ def test_names_are_unique_and_the_kinds_partition() -> None:
     assert set(kernel_kinds.generated_kinds()) <= units
 
 
-def test_every_declared_kind_has_a_plan_entry_and_a_runtime_in_each_backend() -> None:
-    from gemc import plan_builder
-
-    units, layouts = set(kernel_kinds.unit_kinds()), set(kernel_kinds.layout_kinds())
-    tables = {
-        "gemc.plan_builder.PLAN_ENTRIES": (set(plan_builder.PLAN_ENTRIES), units),
-        "gemc.plan_builder.LAYOUT_ENTRIES": (set(plan_builder.LAYOUT_ENTRIES), layouts),
-        "graph_runner.UNIT_RUNTIMES": (set(graph_runner.UNIT_RUNTIMES), units),
-        "graph_runner.LAYOUT_SETUPS": (set(graph_runner.LAYOUT_SETUPS), layouts),
-        "inductor_graph.EMITTERS": (set(inductor_graph.EMITTERS), units),
-    }
-    for table, (keys, declared) in tables.items():
-        assert keys - declared == set(), f"{table} has undeclared kinds {keys - declared}"
-        assert declared - keys == set(), f"{table} lacks declared kinds {declared - keys}"
+def test_every_declared_graph_kind_has_one_implementation_and_nothing_else_has() -> None:
+    """The plan builder, the interpreter and the emitter read a kind's implementation
+    (gemc.backends.triton.kinds): every declared graph-mode kind has one, built on its
+    declaration, and no kind is implemented that nobody declared."""
+    registered = kinds.registered()
+    assert set(registered) == set(kernel_kinds.graph_kinds())
+    for name, implementation in registered.items():
+        assert implementation.kind is KINDS[name]
+    assert {k.kind.name for k in kinds.layouts()} == set(kernel_kinds.layout_kinds())
+    assert all(kinds.unit(name) is None for name in kernel_kinds.layout_kinds())
     # the runner hands the graph kinds to graph mode, the rest to the module-mode registry,
     # where every declared module-mode kind must find its applier
     assert graph_mode.GRAPH_KINDS == kernel_kinds.graph_kinds()
     module = {k.name for k in KINDS.values() if k.mode == "module"}
     assert module <= set(module_kernels.registered())
+
+
+def test_an_implementation_that_lacks_a_layers_part_is_refused() -> None:
+    unit = KernelKind("u", ("a",))
+    parts = dict(entry=lambda f, n: {}, reads=named("a"), run=lambda r, u, e: None,
+                 emit=lambda e, u: None)
+    KindImplementation(unit, **parts)
+    for missing in parts:
+        with pytest.raises(ValueError, match=f"a unit kind needs {missing}"):
+            KindImplementation(unit, **{k: v for k, v in parts.items() if k != missing})
+    with pytest.raises(ValueError, match="a unit kind has no layout_setup"):
+        KindImplementation(unit, **parts, layout_setup=lambda r, e: None)
+    layout = KernelKind("l", ("a",), layout=True)
+    with pytest.raises(ValueError, match="a layout needs layout_entries, layout_setup"):
+        KindImplementation(layout, **parts)
+    with pytest.raises(ValueError, match="implemented by an applier"):
+        KindImplementation(KernelKind("m", (), mode="module"), **parts)
+
+
+def test_the_cost_model_prices_as_inductor_code_what_the_declarations_say() -> None:
+    from gemc.cost_model.inductor_fusion import INDUCTOR_KERNEL_KINDS
+
+    assert INDUCTOR_KERNEL_KINDS == {k.name for k in KINDS.values() if k.compiled_by_inductor}
+    assert {"transposed_linear", *kernel_kinds.generated_kinds()} == INDUCTOR_KERNEL_KINDS
 
 
 def test_the_kind_decides_the_default_choice(monkeypatch) -> None:
@@ -65,6 +87,8 @@ def test_a_declaration_that_contradicts_itself_is_refused() -> None:
         KernelKind("k", ("a",), mode="eager")
     with pytest.raises(ValueError, match="a layout is a graph-mode kind"):
         KernelKind("k", ("a",), mode="module", layout=True)
+    with pytest.raises(ValueError, match="not an ATen formulation"):
+        KernelKind("k", ("a",), generated=True, aten_formulation=True)
 
 
 def _plan(kernels: list) -> dict:

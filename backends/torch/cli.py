@@ -282,7 +282,7 @@ def cmd_run(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
         plan = load_plan(args.plan)
         world = plan["mesh"]["world_size"]
         if world > 1:
-            return _self_launch(args, list(argv) if argv is not None else _argv_of(args), world, plan["mesh"])
+            return _self_launch(args, list(argv) if argv is not None else argv_of(args), world, plan["mesh"])
     from gemc.backends.torch.runner import run
 
     done = [0]
@@ -311,7 +311,7 @@ def cmd_run(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     return EXIT_OK
 
 
-def _argv_of(args: argparse.Namespace) -> list[str]:
+def argv_of(args: argparse.Namespace) -> list[str]:
     """Flags equivalent to ``args`` (when ``cmd_run`` is called without the raw argv)."""
     out = [args.plan, "--steps", str(args.steps)]
     pairs = {

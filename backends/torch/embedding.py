@@ -47,6 +47,7 @@ from gemc.backends.torch.table_storage import StoredRows
 from torch import nn
 
 from gemc.errors import GemcUserError, PlanError
+from gemc.sharding import SHARDINGS
 from gemc.table_precision import TABLE_PRECISIONS, quantize_rows, storage_dtype
 
 
@@ -145,7 +146,7 @@ class ShardedEmbedding(nn.Module):
                 fix="give each of a table's shards a different rank",
             )
         self.local: Shard | None = mine[0] if mine else None
-        self.replicated = self.sharding == "data_parallel"
+        self.replicated = SHARDINGS[self.sharding].replicated
         if self.replicated and (
             self.local is None or (self.local.rows, self.local.cols) != (self.num_embeddings, self.embedding_dim)
         ):

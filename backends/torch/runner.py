@@ -64,6 +64,7 @@ from gemc.backends.torch.table_prefetch import TablePrefetch
 
 from gemc.errors import GemcUserError, PlanError
 from gemc.plan import load_plan, validate_plan
+from gemc.sharding import SHARDINGS
 from gemc.spec import BATCH_SIZE_MISSING, BatchSizeWarning, batch_size_of
 
 EXIT_AFTER_STEP_ENV = "GEMC_RUN_EXIT_AFTER_STEP"
@@ -214,7 +215,7 @@ def _column_groups(
         return out
     cache: dict[tuple[int, ...], Any] = {}
     for table in tables:
-        if table["sharding"] == "data_parallel":
+        if SHARDINGS[table["sharding"]].replicated:
             continue
         blocks: dict[tuple[int, int], list[int]] = {}
         for s in table["shards"]:
@@ -230,7 +231,7 @@ def _column_groups(
     return out
 
 
-def _batch_size(spec: Any, rank: int) -> tuple[int | None, str | None]:
+def local_batch_size(spec: Any, rank: int) -> tuple[int | None, str | None]:
     """The samples per batch the model states (see :func:`gemc.spec.batch_size_of`).
 
     Never guessed from a tensor: unstated, it is None, samples/s are null, and a
@@ -432,7 +433,7 @@ def _run(
     progress = Progress(opts.steps, start, enabled=opts.progress and rank == 0)
     exit_after = os.environ.get(EXIT_AFTER_STEP_ENV)
     saved: list[str] = []
-    local_batch, batch_source = _batch_size(spec, rank)
+    local_batch, batch_source = local_batch_size(spec, rank)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     every = max(1, int(opts.loss_every))

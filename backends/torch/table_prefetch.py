@@ -131,7 +131,7 @@ class TablePrefetch:
         dist.all_reduce(low, dist.ReduceOp.MIN, group=self.group)
         dist.all_reduce(high, dist.ReduceOp.MAX, group=self.group)
         for m, lo, hi in zip(routed, low.tolist(), high.tolist()):
-            why = _why_not(lo, hi)
+            why = why_not_prefetched(lo, hi)
             if why is None:
                 self.agreed.append((m, (lo[0], lo[1], lo[2])))
             else:
@@ -153,7 +153,7 @@ class TablePrefetch:
                 "on_call": dict(sorted(self.on_call.items()))}
 
 
-def _why_not(low: list[int], high: list[int]) -> str | None:
+def why_not_prefetched(low: list[int], high: list[int]) -> str | None:
     """Why a table recorded (positions, calls) from min/max over ranks is not batched."""
     if low != high:
         return "ranks called it differently"

@@ -40,26 +40,24 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import fx
 
 from gemc import ir
-from gemc.kernel_kinds import generated_kinds
 
+from . import kinds as registry
 from . import packed_tokens as packed
 from .codegen import generated
 from .codegen.host import make_runner
 from .codegen.spec import sha256
 from .packed_tokens import TokenLayout
-from .transposed_linear import transposed_linear
 
-__all__ = ["LAYOUT_SETUPS", "UNIT_RUNTIMES", "GraphRunner", "UnitRuntime"]
+__all__ = ["GraphRunner"]
 
 
-def _gemm_operand_in_epilogue(structure: dict[str, Any]) -> bool:
+def gemm_operand_in_epilogue(structure: dict[str, Any]) -> bool:
     """Whether a GEMM group's epilogue reads one of its GEMM's own operands."""
     if structure["kind"] != "gemm_epilogue":
         return False
@@ -172,12 +170,13 @@ class GraphRunner:
         self.unit_of: dict[fx.Node, int] = {}
         self.units: list[dict[str, Any]] = []
         self.tables: dict[str, Any] = {}  # entry name -> BatchedEmbeddingBag
-        for kind, setup in LAYOUT_SETUPS.items():
-            setup(self, [e for e in self.entries if e["kind"] == kind])
+        layouts = registry.layouts()
+        for layout in layouts:
+            layout.layout_setup(self, [e for e in self.entries if e["kind"] == layout.kind.name])
         for entry in self.entries:
-            if entry["kind"] in LAYOUT_SETUPS:
+            if entry["kind"] in {layout.kind.name for layout in layouts}:
                 continue
-            runtime = UNIT_RUNTIMES.get(entry["kind"])
+            runtime = registry.unit(entry["kind"])
             if runtime is None:
                 raise ValueError(f"unknown kernel kind {entry['kind']!r}")
             index = len(self.units)
@@ -330,7 +329,7 @@ class GraphRunner:
         if unit.get("guarded") is not None:
             reads.add(self.by_name[unit["guarded"]["mask"]])
         entry = unit["entry"]
-        names = UNIT_RUNTIMES[entry["kind"]].reads(entry)
+        names = registry.unit(entry["kind"]).reads(entry)
         return reads | {self.by_name[name] for name in names}
 
     def _last_reads(self) -> list[list[fx.Node]]:
@@ -540,12 +539,12 @@ class GraphRunner:
         return packed.gather(out, dims, _rank(node), layout)
 
     def _run_unit(self, unit: dict[str, Any], env: dict[fx.Node, Any]) -> None:
-        UNIT_RUNTIMES[unit["entry"]["kind"]].run(self, unit, env)
+        registry.unit(unit["entry"]["kind"]).run(self, unit, env)
 
     def _setup_group(self, unit: dict[str, Any], sources: dict[str, str]) -> None:
         entry = unit["entry"]
         unit["run"] = make_runner(self._source(entry, sources), entry["binding"])
-        unit["shared_operand"] = _gemm_operand_in_epilogue(entry["structure"])
+        unit["shared_operand"] = gemm_operand_in_epilogue(entry["structure"])
 
     def _setup_embeddings(self, unit: dict[str, Any], sources: dict[str, str]) -> None:
         self.tables[unit["entry"]["name"]] = self._embedding_module(unit["entry"])
@@ -608,14 +607,6 @@ class GraphRunner:
     def _run_embeddings(self, unit: dict[str, Any], env: dict[fx.Node, Any]) -> None:
         self._embeddings(unit["entry"], env, self.by_name)
 
-    def _run_transposed_linear(self, unit: dict[str, Any], env: dict[fx.Node, Any]) -> None:
-        entry = unit["entry"]
-        by_name = self.by_name
-        bias = self._padded(by_name[entry["bias"]], env) if entry.get("bias") else None
-        self._store(unit["nodes"][0], transposed_linear(
-            self._padded(by_name[entry["input"]], env), env[by_name[entry["weight"]]], bias),
-            env, False)
-
     def _run_as_aten(self, unit: dict[str, Any], env: dict[fx.Node, Any]) -> None:
         """The loud fallback of a GEMM group that reads its GEMM's operand in the epilogue
         too (``n + linear(n)``): under autocast the kernel's GEMM needs the operand cast to
@@ -630,6 +621,15 @@ class GraphRunner:
                 "dtype (eager reads it unrounded)", RuntimeWarning, stacklevel=3)
         for node in unit["nodes"]:
             env[node] = self._compute(node, env)
+
+    def operand(self, name: str, env: dict[fx.Node, Any]) -> Any:
+        """The value of graph node ``name`` at its padded shape: what a kind's ``run`` reads
+        (gemc.backends.triton.kinds)."""
+        return self._padded(self.by_name[name], env)
+
+    def output(self, name: str, value: Any, env: dict[fx.Node, Any]) -> None:
+        """A kind's padded result for graph node ``name`` (gathered if the node is packed)."""
+        self._store(self.by_name[name], value, env, False)
 
     def _store(self, node: fx.Node, value: Any, env: dict[fx.Node, Any],
                is_packed: bool) -> None:
@@ -760,48 +760,3 @@ class GraphRunner:
                 if t["fqn"] == fqn:
                     return w
         raise KeyError(fqn)
-
-
-@dataclass(frozen=True)
-class UnitRuntime:
-    """How the interpreter runs one unit kind (gemc.kernel_kinds): the graph values its
-    entry names (read beyond its nodes' own inputs: the release schedule keeps them alive
-    until it ran), what it builds once (a launcher, an embedding module) and the call that
-    computes its outputs. The emitter for the compiled graph reuses the setup."""
-
-    reads: Callable[[dict[str, Any]], list[str]]
-    run: Callable[[GraphRunner, dict[str, Any], dict[fx.Node, Any]], None]
-    setup: Callable[[GraphRunner, dict[str, Any], dict[str, str]], None] | None = None
-
-
-def _named(*fields: str) -> Callable[[dict[str, Any]], list[str]]:
-    """The reads of an entry that names its operands in ``fields`` (absent or null: none)."""
-    return lambda entry: [entry[x] for x in fields if entry.get(x)]
-
-
-_GROUP = UnitRuntime(reads=lambda entry: list(entry["binding"]["inputs"]),
-                     run=GraphRunner._run_group, setup=GraphRunner._setup_group)
-_ATTENTION_READS = _named("q", "k", "v", "mask", "offsets", "bias")
-UNIT_RUNTIMES: dict[str, UnitRuntime] = {
-    **{kind: _GROUP for kind in generated_kinds()},
-    "batched_embedding_bag": UnitRuntime(
-        reads=lambda entry: [t[x] for t in entry["tables"] for x in ("ids", "offsets")],
-        run=GraphRunner._run_embeddings, setup=GraphRunner._setup_embeddings),
-    "jagged_attention": UnitRuntime(reads=_named("q", "k", "v", "offsets"),
-                                    run=GraphRunner._run_jagged_attention),
-    "key_padding_attention": UnitRuntime(reads=_ATTENTION_READS,
-                                         run=GraphRunner._run_key_padding_attention),
-    "jagged_silu_attention": UnitRuntime(reads=_ATTENTION_READS,
-                                         run=GraphRunner._run_silu_attention),
-    "jagged_query_attention": UnitRuntime(reads=_ATTENTION_READS,
-                                          run=GraphRunner._run_query_attention),
-    "transposed_linear": UnitRuntime(reads=_named("input", "weight", "bias"),
-                                     run=GraphRunner._run_transposed_linear),
-}
-"""Per unit kind: its runtime in the interpreter."""
-
-LAYOUT_SETUPS: dict[str, Callable[[GraphRunner, list[dict[str, Any]]], None]] = {
-    "packed_tokens": GraphRunner._setup_packed,
-}
-"""Per layout kind: how the interpreter sets up its entries (all of them at once, before
-the units; called with none too, as the runner always asks where values are packed)."""

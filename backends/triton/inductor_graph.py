@@ -52,6 +52,7 @@ from torch import fx, nn
 from gemc import ir
 from gemc.kernel_kinds import KINDS, generated_kinds
 
+from . import kinds as registry
 from . import ops as gemc_ops
 from . import packed_tokens
 from .codegen.host import make_runner
@@ -64,9 +65,8 @@ from .graph_runner import (
     silu_attention_of_entry,
 )
 from .packed_tokens import TokenLayout
-from .transposed_linear import transposed_linear
 
-__all__ = ["CHOICE_ENV", "EMITTERS", "Built", "build", "choice_and_source", "default_choice",
+__all__ = ["CHOICE_ENV", "Built", "Emitter", "build", "choice_and_source", "default_choice",
            "measure_groups", "runner_for"]
 
 GENERATED = generated_kinds()
@@ -236,7 +236,7 @@ def build(runner: GraphRunner, *, autocast: torch.dtype | None = None,
     found their masks prefixes: :class:`.region_guard.RegionGuard`); the module then takes
     their offsets first, in this order, then the batch. Guarded regions not named run
     padded, the model's own computation."""
-    return _Emitter(runner, autocast, measured, guards or {}).run()
+    return Emitter(runner, autocast, measured, guards or {}).run()
 
 
 # ---- packed token regions, as traceable helpers (shapes from shapes: no host read) --------
@@ -296,7 +296,7 @@ def _p_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return out.unsqueeze(0).movedim((0, 1), dims[3])
 
 
-class _Emitter:
+class Emitter:
     """Walks the runner's schedule and writes the new graph (one method per case, mirroring
     ``GraphRunner``'s execution of the same node)."""
 
@@ -369,6 +369,15 @@ class _Emitter:
             self.unpacked[node] = self.call(_p_scatter, (self.env[node], self.packed[node],
                                                          *self.region(node)))
         return self.unpacked[node]
+
+    def operand(self, name: str) -> Any:
+        """The value of graph node ``name`` at its padded shape, in the new graph: what a
+        kind's ``emit`` reads (gemc.backends.triton.kinds)."""
+        return self.padded(self.r.by_name[name])
+
+    def output(self, name: str, value: Any) -> None:
+        """A kind's padded result for graph node ``name`` (gathered if the node is packed)."""
+        self.store(self.r.by_name[name], value, False)
 
     def store(self, node: fx.Node, value: Any, is_packed: bool) -> None:
         if node in self.packed and not is_packed:
@@ -482,10 +491,10 @@ class _Emitter:
             for node in unit["nodes"]:
                 self.node(node)
             return
-        emit = EMITTERS.get(kind)
-        if emit is None:
+        implementation = registry.unit(kind)
+        if implementation is None:
             raise ValueError(f"unknown kernel kind {kind!r}")
-        emit(self, unit)
+        implementation.emit(self, unit)
 
     def key_padding_attention(self, unit: dict[str, Any]) -> None:
         entry = unit["entry"]
@@ -553,14 +562,6 @@ class _Emitter:
         call = self.call(_call_embeddings, (name, mod, entry, ids, offs))
         for j, t in enumerate(entry["tables"]):
             self.store(by_name[t["output"]], self.call(operator.getitem, (call, j)), False)
-
-    def transposed_gemm(self, unit: dict[str, Any]) -> None:
-        entry = unit["entry"]
-        by_name = self.r.by_name
-        bias = self.padded(by_name[entry["bias"]]) if entry.get("bias") else None
-        value = self.call(transposed_linear, (self.padded(by_name[entry["input"]]),
-                                              self.padded(by_name[entry["weight"]]), bias))
-        self.store(unit["nodes"][0], value, False)
 
     def group(self, unit: dict[str, Any]) -> None:
         """A generated group through ``gemc::fused_group``; inside a packed region at the
@@ -632,20 +633,6 @@ class _Emitter:
         self.graph.eliminate_dead_code()
         module = fx.GraphModule(self.root, self.graph, class_name="GemcRewritten")
         return Built(module=module, choices=self.choices, runner=self.r, sources=self.sources)
-
-
-EMITTERS: dict[str, Callable[[_Emitter, dict[str, Any]], None]] = {
-    **{kind: _Emitter.group for kind in generated_kinds()},
-    "batched_embedding_bag": _Emitter.embeddings,
-    "jagged_attention": _Emitter.attention,
-    "key_padding_attention": _Emitter.key_padding_attention,
-    "jagged_silu_attention": _Emitter.silu_attention,
-    "jagged_query_attention": _Emitter.query_attention,
-    "transposed_linear": _Emitter.transposed_gemm,
-}
-"""Per unit kind (gemc.kernel_kinds): how its gemc kernel is emitted into the new graph (a
-unit whose choice is Inductor's is emitted as its own ATen nodes instead). Layout kinds
-have none: the emitter reads the runner's packed regions (``graph_runner.LAYOUT_SETUPS``)."""
 
 
 def _missing_param(fqn: str) -> torch.Tensor:

@@ -37,6 +37,7 @@ from gemc.cost_model.memory import region_memory, shard_degree, table_memory, ta
 # solver prices exactly what predict_step will.
 from gemc.cost_model.step_model import dense_comm, shard_compute_s
 from gemc.cost_model.types import RegionCost, TableCost
+from gemc.sharding import SHARDINGS
 
 from .problem import DenseChoice, Problem, TableChoice
 
@@ -142,12 +143,13 @@ class TableOption:
     dp_numel: float = 0.0       # data parallel: elements in the dense optimizer
 
     @property
+    def replicated(self) -> bool:
+        """A whole table on every rank (gemc.sharding): priced with the dense gradients."""
+        return SHARDINGS[self.sharding].replicated
+
+    @property
     def label(self) -> str:
-        if self.sharding == "column_wise":
-            return f"column_wise/{self.ranks}"
-        if self.sharding == "grid" and self.grid:
-            return f"grid/{self.grid[0]}x{self.grid[1]}"
-        return self.sharding
+        return SHARDINGS[self.sharding].label(self.ranks, self.grid)
 
 
 @dataclass(frozen=True)
@@ -173,7 +175,7 @@ def table_option(problem: Problem, t: TableCost, sharding: str, ranks: int,
     mem = table_memory(rep, 0, world, opts).total
     gpu = topo.gpu
     shard_rows, shard_dim = table_shard(rep, 0)
-    if sharding == "data_parallel":
+    if SHARDINGS[sharding].replicated:
         compute = shard_compute_s(rep, shard_rows, shard_dim, world, gpu, problem.calibration,
                                   None)
         return TableOption(sharding, world, 1, world, True, None, compute, mem, 0.0, 0.0,
@@ -183,17 +185,7 @@ def table_option(problem: Problem, t: TableCost, sharding: str, ranks: int,
                               opts.table_optimizer)
     out = (world - 1) * t.batch * shard_dim * t.dtype_bytes * rep.output_share(shard_rows)
     ids = (t.nnz * INDEX_BYTES + t.batch * 4) * (1 - 1 / max(world, 1))
-    if sharding == "table_wise":
-        pieces, width = 1, 1
-    elif sharding == "column_wise":
-        pieces, width = ranks, 1
-    elif sharding == "table_row_wise":
-        pieces, width = 1, local
-    elif sharding == "grid":
-        assert grid is not None
-        pieces, width = grid[0], grid[1]
-    else:  # row_wise over every rank
-        pieces, width = 1, world
+    pieces, width = SHARDINGS[sharding].pieces_and_width(ranks, world, local, grid)
     uniform = pieces * width == world
     return TableOption(sharding, ranks, pieces, width, uniform, grid, compute, mem, out, ids)
 

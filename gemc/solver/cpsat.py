@@ -195,7 +195,7 @@ class _Builder:
                 k = {"compute": _t(o.compute_s), "memory": _m(o.memory),
                      "io": _t(o.out_bytes * a2a.intra_out), "ii": _t(o.out_bytes * a2a.intra_in),
                      "ho": _t(o.out_bytes * a2a.host_out), "hi": _t(o.out_bytes * a2a.host_in)}
-                if o.sharding == "data_parallel":
+                if o.replicated:
                     self.dp_bytes.append((y, o.dp_grad_bytes, o.dp_numel))
                     m.AddImplication(u, self.any_dp)
                 else:
@@ -320,7 +320,7 @@ class _Builder:
         # data-parallel tables: their gradients join one all-reduce (alpha + beta * bytes)
         dp_ar = 0
         dp_total = sum(b * len(self.tables[c].members) for c, tc in enumerate(self.tables)
-                       for o in tc.options if o.sharding == "data_parallel"
+                       for o in tc.options if o.replicated
                        for b in [o.dp_grad_bytes])
         if self.dp_bytes and world > 1 and dp_total > 0:
             ar = lambda nb: collective_time("all_reduce", nb, range(world), p.topology,  # noqa: E731
@@ -341,7 +341,7 @@ class _Builder:
         lo = sum(len(rc.members) * min(o.numel for o in rc.options) for rc in self.regions)
         hi = sum(len(rc.members) * max(o.numel for o in rc.options) for rc in self.regions)
         hi += sum(len(self.tables[c].members) * o.dp_numel for c, tc in enumerate(self.tables)
-                  for o in tc.options if o.sharding == "data_parallel")
+                  for o in tc.options if o.replicated)
 
         def opt_s(numel: float) -> float:
             return optimizer_time(opts.optimizer, numel, opts.dense_dtype, p.topology.gpu,

@@ -155,7 +155,7 @@ def table_loads(problem: Problem, tables: dict[str, TableChoice], pricer: Pricer
 
 def add_table(loads: TableLoads, o: TableOption, ranks: tuple[int, ...], sign: int = 1) -> None:
     """Add (sign 1) or take away (sign -1) one table's option on its ranks."""
-    if o.sharding == "data_parallel":
+    if o.replicated:
         loads.dp_grad += sign * o.dp_grad_bytes
         loads.dp_numel += sign * o.dp_numel
     else:

@@ -31,7 +31,7 @@ from .problem import Assignment, DenseChoice, Problem, TableChoice
 
 def _perf(problem: Problem, o: TableOption, comm_s_per_byte: float) -> float:
     """TorchRec-style total cost of an option, summed over its shards."""
-    if o.sharding == "data_parallel":
+    if o.replicated:
         if problem.world == 1:
             return o.compute_s
         ar = collective_time("all_reduce", o.dp_grad_bytes, range(problem.world),

@@ -62,7 +62,7 @@ def _with_hosts(problem: Problem, hosts: int) -> Problem:
     return replace(problem, topology=topo)
 
 
-def _violation(problem: Problem, regions: list[RegionClass] | None = None,
+def violation(problem: Problem, regions: list[RegionClass] | None = None,
                tables: list[TableClass] | None = None) -> str | None:
     """Which memory floor no placement can beat, or None: the cheap feasibility test."""
     regions = region_classes(problem) if regions is None else regions
@@ -99,7 +99,7 @@ def _fitting_hosts(problem: Problem) -> tuple[int, bool] | None:
     step = max(1, hosts // 8)
     h = hosts + step
     while h <= MAX_HOSTS:  # grow until it fits, then bisect (the floor is monotone enough)
-        if _violation(_with_hosts(problem, h)) is None:
+        if violation(_with_hosts(problem, h)) is None:
             hi = h
             break
         lo, h = h, h + 2 * (h - lo)
@@ -107,17 +107,17 @@ def _fitting_hosts(problem: Problem) -> tuple[int, bool] | None:
         return None
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if _violation(_with_hosts(problem, mid)) is None:
+        if violation(_with_hosts(problem, mid)) is None:
             hi = mid
         else:
             lo = mid
     for h in sorted({hi, hi + 1, math.ceil(hi * 1.1), math.ceil(hi * 1.25)}):
-        if _violation(_with_hosts(problem, h)) is None and _heuristic_fits(_with_hosts(problem, h)):
+        if violation(_with_hosts(problem, h)) is None and _heuristic_fits(_with_hosts(problem, h)):
             return h, True
     return hi, False
 
 
-def _batch_flag(entrypoint: str | None) -> str | None:
+def batch_flag(entrypoint: str | None) -> str | None:
     """``--set NAME=...`` for the entrypoint's own batch parameter, or None if it takes
     none (a fix must name a parameter the entrypoint accepts)."""
     if not entrypoint:
@@ -165,7 +165,7 @@ def _fixes(problem: Problem, regions: list[RegionClass], tables: list[TableClass
                             "the memory bound holds there; no heuristic plan was found to fit, "
                             "CP-SAT may)"))
     if act > 0:
-        flag = _batch_flag(problem.entrypoint)
+        flag = batch_flag(problem.entrypoint)
         fixes.append(f"a smaller batch (saved activations take {as_gb(act)} per rank and "
                      "scale with the local batch: "
                      + (f"{flag})" if flag else "the entrypoint takes no batch parameter; "
@@ -173,7 +173,7 @@ def _fixes(problem: Problem, regions: list[RegionClass], tables: list[TableClass
     opt = problem.options.table_optimizer
     if opt not in ("rowwise_adagrad", "sgd"):
         lean = replace(problem, options=replace(problem.options, table_optimizer="rowwise_adagrad"))
-        if _violation(lean) is None:
+        if violation(lean) is None:
             fixes.append(f"--table-optimizer rowwise_adagrad (one state value per row instead "
                          f"of {opt}'s per element: checked, the memory bound holds then)")
     if not problem.settings.allow_checkpoint:

@@ -169,16 +169,16 @@ def test_embedding_dispatch_is_read_off_launch_bound_measurements() -> None:
 
 
 def test_eager_dispatch_prices_an_embedding_backward_as_many_kernels() -> None:
-    from gemc.cost_model.eager import EMBEDDING_BWD_KERNELS, _dispatch
+    from gemc.cost_model.eager import EMBEDDING_BWD_KERNELS, dispatch_costs
     d = synthetic_calibration_dict()
     d["embedding_bag"] = []
-    disp = _dispatch(Calibration(d))  # nothing dispatch-bound measured
+    disp = dispatch_costs(Calibration(d))  # nothing dispatch-bound measured
     assert disp["embedding_bwd_s"] == pytest.approx(EMBEDDING_BWD_KERNELS *
                                                     disp["eager_bwd_op_s"])
-    assert _dispatch(None)["embedding_bwd_s"] > 10 * _dispatch(None)["eager_bwd_op_s"]
+    assert dispatch_costs(None)["embedding_bwd_s"] > 10 * dispatch_costs(None)["eager_bwd_op_s"]
     d["embedding_bag_skewed"] = [{"rows": 1000, "dim": 32, "bags": 1024, "bag_size": 1,
                                   "dtype": "fp32", "fwd_s": 1e-6, "bwd_s": 400e-6}]
-    disp = _dispatch(Calibration(d))
+    disp = dispatch_costs(Calibration(d))
     assert disp["embedding_bwd_s"] == pytest.approx(400e-6)
     assert disp["embedding_fwd_s"] == disp["eager_op_s"]  # never below a plain op
 

@@ -11,7 +11,7 @@ from gemc.cost_model.topology import parse_topology
 from gemc.cost_model.types import StepOptions, TableCost
 
 from gemc import ir
-from gemc.api import _calibration, load_model, pass_context
+from gemc.api import load_model, pass_context, resolve_calibration
 from gemc.capture import capture
 from gemc.costing import host_s, kernel_launches
 from gemc.graph_summary import kernel_adjusted_ms
@@ -28,7 +28,7 @@ def gem_plan_graph():
     spec = load_model(GEM, {"preset": "tiny"})
     cap = capture(spec, entrypoint=GEM)
     ctx = pass_context(GEM, {"preset": "tiny"}, cap, topo)
-    ctx.calibration = _calibration("auto", "h200")
+    ctx.calibration = resolve_calibration("auto", "h200")
     ctx.options["solver"] = {}
     return PassManager(default_pipeline("greedy")).run(cap.gm, ctx, capture_seconds=0)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from gemc.cost_model.memory import MemoryBreakdown, rank_memory, table_memory, table_shard
-from gemc.cost_model.step_model import _a2a_sends, predict_step, shard_compute_s
+from gemc.cost_model.step_model import a2a_sends, predict_step, shard_compute_s
 from gemc.cost_model.topology import parse_topology
 from gemc.cost_model.types import RegionCost, StepOptions, TableCost
 from hypothesis import given, settings
@@ -118,7 +118,7 @@ def test_per_table_pricing_equals_per_rank_loop(calibration, tables, spec, calib
     assert [r.sparse_compute_s for r in p.per_rank] == pytest.approx(sparse, rel=1e-12)
     for got, want in zip([r.memory for r in p.per_rank], memory, strict=True):
         assert got == pytest.approx(want, rel=1e-12)
-    assert list(_a2a_sends(tables, topo.world_size)[0]) == sends
+    assert list(a2a_sends(tables, topo.world_size)[0]) == sends
 
 
 # ---- scaling: count how often rank lists are read, no clocks ------------------------------

@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 from gemc.cost_model.memory import shard_shape, table_memory
 from gemc.cost_model.op_cost import batched_embedding_time
-from gemc.cost_model.step_model import _a2a_sends, predict_step, shard_compute_s
+from gemc.cost_model.step_model import a2a_sends, predict_step, shard_compute_s
 from gemc.cost_model.topology import parse_topology
 from gemc.cost_model.types import StepOptions, TableCost
 from hypothesis import given
@@ -62,8 +62,8 @@ def test_row_sharded_lookup_computes_its_share(spec):
     # 1/N of the work, give or take the kernel launches and the touched-row count
     assert shard[0] * world == pytest.approx(whole, rel=0.08)
     # and 1/N of the all-to-all: each id's row still travels once
-    sends_one, _ = _a2a_sends([one], world)
-    sends_rows, _ = _a2a_sends([rows], world)
+    sends_one, _ = a2a_sends([one], world)
+    sends_rows, _ = a2a_sends([rows], world)
     assert sends_rows.sum() == pytest.approx(sends_one.sum())
     assert sends_rows.max() == pytest.approx(sends_one.max() / world)
 

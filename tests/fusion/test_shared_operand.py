@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 import torch
-from gemc.backends.triton.graph_runner import GraphRunner, _gemm_operand_in_epilogue
+from gemc.backends.triton.graph_runner import GraphRunner, gemm_operand_in_epilogue
 
 from tests.fusion.helpers import compiled, eager_step, entries_of, fresh_seed, params_of
 
@@ -19,7 +19,7 @@ def test_shared_operand_group_falls_back_loudly_under_autocast() -> None:
     gm, ctx, spec = compiled(MODEL)
     entries = entries_of(gm, ctx)
     shared = [e for e in entries if e["kind"] == "gemm_epilogue"
-              and _gemm_operand_in_epilogue(e["structure"])]
+              and gemm_operand_in_epilogue(e["structure"])]
     assert len(shared) == 1, [e["nodes"] for e in entries]
     model = spec.model
     batch = spec.make_batch(fresh_seed(), "cpu")

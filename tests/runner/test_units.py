@@ -372,7 +372,7 @@ def test_gemc_cli_wiring_round_trips_the_flags() -> None:
     flags it was given."""
     import argparse
 
-    from gemc.backends.torch.cli import _argv_of, add_run_parser
+    from gemc.backends.torch.cli import add_run_parser, argv_of
 
     parser = argparse.ArgumentParser(prog="gemc")
     add_run_parser(parser.add_subparsers(dest="command", required=True))
@@ -383,19 +383,19 @@ def test_gemc_cli_wiring_round_trips_the_flags() -> None:
              "--measure-kernels", "--kernel-choices", "c.json", "--loss-every", "5",
              "--divergence", "stop", "--reference-losses", "ref.json", "--cache-dir", "none"]
     args = parser.parse_args(flags)
-    again = parser.parse_args(["run", *_argv_of(args)])
+    again = parser.parse_args(["run", *argv_of(args)])
     assert vars(again) == vars(args)
 
 
 def test_prefetch_reasons_name_why_a_table_is_looked_up_on_call() -> None:
-    from gemc.backends.torch.table_prefetch import ABSENT, NOT_IN_BATCH, _why_not
+    from gemc.backends.torch.table_prefetch import ABSENT, NOT_IN_BATCH, why_not_prefetched
 
-    assert _why_not([1, 2, ABSENT, 1], [1, 2, ABSENT, 1]) is None
-    assert _why_not([1, 2, 3, 1], [1, 4, 3, 1]) == "ranks called it differently"
-    assert _why_not([1, 2, ABSENT, 2], [1, 2, ABSENT, 2]) == "called 2 times in a step"
-    assert _why_not([1, 2, ABSENT, 0], [1, 2, ABSENT, 0]) == "called 0 times in a step"
+    assert why_not_prefetched([1, 2, ABSENT, 1], [1, 2, ABSENT, 1]) is None
+    assert why_not_prefetched([1, 2, 3, 1], [1, 4, 3, 1]) == "ranks called it differently"
+    assert why_not_prefetched([1, 2, ABSENT, 2], [1, 2, ABSENT, 2]) == "called 2 times in a step"
+    assert why_not_prefetched([1, 2, ABSENT, 0], [1, 2, ABSENT, 0]) == "called 0 times in a step"
     both = [NOT_IN_BATCH, 2, NOT_IN_BATCH, 1]
-    assert _why_not(both, both) == "its ids and per-sample weights are computed in the model"
+    assert why_not_prefetched(both, both) == "its ids and per-sample weights are computed in the model"
 
 
 def test_recording_finds_arguments_by_identity_not_value() -> None:

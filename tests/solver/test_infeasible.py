@@ -11,7 +11,7 @@ from gemc.cost_model.topology import parse_topology
 from gemc.cost_model.types import RegionCost, TableCost
 
 from gemc.errors import GemcUserError
-from gemc.solver.infeasible import PlanInfeasibleError, _batch_flag, _violation
+from gemc.solver.infeasible import PlanInfeasibleError, batch_flag, violation
 from gemc.solver.planners import run_planner
 from gemc.solver.problem import Problem, SolverSettings
 from tests.solver.synth import ADAMW_TABLES
@@ -85,10 +85,10 @@ def test_suggested_topology_is_checked_to_fit_and_is_the_smallest():
     hosts = _suggested_hosts(text)
     assert "checked: a heuristic plan fits there" in text
     bigger = replace(p, topology=parse_topology(f"h200:{hosts}x4"))
-    assert _violation(bigger) is None
+    assert violation(bigger) is None
     run_planner(bigger, "greedy")  # no PlanInfeasibleError: the suggestion is true
     if hosts > 2:
-        assert _violation(replace(p, topology=parse_topology(f"h200:{hosts - 2}x4"))) is not None
+        assert violation(replace(p, topology=parse_topology(f"h200:{hosts - 2}x4"))) is not None
 
 
 def test_fix_names_the_entrypoints_own_batch_parameter(tmp_path):
@@ -96,8 +96,8 @@ def test_fix_names_the_entrypoints_own_batch_parameter(tmp_path):
     own.write_text("def build(preset='x', local_batch: int = 8):\n    pass\n")
     none = tmp_path / "none.py"
     none.write_text("def build(preset='x', seed=0):\n    pass\n")
-    assert _batch_flag(f"{own}:build") == "--set local_batch=..."
-    assert _batch_flag(f"{none}:build") is None
+    assert batch_flag(f"{own}:build") == "--set local_batch=..."
+    assert batch_flag(f"{none}:build") is None
     blocks = [RegionCost(f"blocks.{i}", 10**8, 1e14, 1e-1, activation_bytes=1000 * 10**9,
                          boundary_bytes=10**9) for i in range(2)]
     for entry, expect in ((f"{own}:build", "--set local_batch=..."),

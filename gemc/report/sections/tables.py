@@ -14,6 +14,7 @@ from typing import Any
 from gemc.report import svg
 from gemc.report.inputs import ReportInputs
 from gemc.report.template import Section
+from gemc.sharding import SHARDINGS
 from gemc.table_format import human_count
 
 MAX_TABLES = 64
@@ -39,7 +40,8 @@ def shares(table: dict[str, Any], ncols: int, per: int) -> list[float]:
         col = int(shard["rank"]) // per
         if 0 <= col < ncols:
             out[col] += int(shard["rows"]) * int(shard["cols"]) / total
-    if table.get("sharding") == "data_parallel" and per > 1:
+    if table.get("sharding") in SHARDINGS and SHARDINGS[table["sharding"]].replicated \
+            and per > 1:
         out = [min(v / per, 1.0) for v in out]
     return out
 
