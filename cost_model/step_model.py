@@ -33,6 +33,7 @@ import numpy as np
 from gemc.exchange_precision import (
     CAST_BYTES_PER_ELEMENT,
     CAST_KERNELS,
+    FP32_WIRE,
     WirePrecision,
     casts,
     wire_row_bytes,
@@ -182,7 +183,7 @@ def _holders(t: TableCost, world: int) -> np.ndarray:
 
 
 def _a2a_sends(tables: Sequence[TableCost], world: int,
-               wire: WirePrecision) -> tuple[np.ndarray, np.ndarray]:
+               wire: WirePrecision = FP32_WIRE) -> tuple[np.ndarray, np.ndarray]:
     """Bytes each rank sends in the pooled-embedding all-to-all (the mean of the forward
     and the backward exchange at ``wire``, :func:`exchange_row_bytes`) and in the id
     all-to-all (input dist).
