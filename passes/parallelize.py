@@ -34,7 +34,7 @@ from torch.fx.passes.infra.pass_base import PassResult
 from gemc import ir
 from gemc.errors import GemcUserError
 from gemc.solver.exchange_choice import plan_with_exchange
-from gemc.solver.planners import PLANNERS, PlanInfeasibleError
+from gemc.solver.planners import PLANNERS, PlanInfeasibleError, PlannerResult
 from gemc.solver.precision_choice import PrecisionResult, plan_with_table_precision
 from gemc.solver.problem import Problem, SolverSettings, apply_assignment, problem_from_graph
 
@@ -76,7 +76,7 @@ def plan_with_table_optimizer(build: Callable[[str | None], Problem], wanted: st
     every plan tried has its exchange precision by ``exchange_precision``'s."""
     tries: list[str | None] = ["adam", "rowwise_adagrad"] if wanted == "auto" else [wanted]
 
-    def run(problem: Problem, name: str):  # noqa: ANN202
+    def run(problem: Problem, name: str) -> PlannerResult:
         return plan_with_exchange(problem, exchange_precision, name)
 
     for i, opt in enumerate(tries):

@@ -152,11 +152,13 @@ def _exchange_groups(tables: Sequence[ShardedEmbedding]
 
 
 def _widths(blocks: list[tuple[int, int]], device: torch.device) -> torch.Tensor:
-    """Row widths of ``(rows, cols)`` blocks laid one after the other."""
+    """Row widths of ``(rows, cols)`` blocks laid one after the other (the row count
+    given: no device sync)."""
     if not blocks:
         return torch.empty(0, dtype=torch.int64, device=device)
     sizes = torch.tensor(blocks, dtype=torch.int64, device=device)
-    return torch.repeat_interleave(sizes[:, 1], sizes[:, 0])
+    return torch.repeat_interleave(sizes[:, 1], sizes[:, 0],
+                                   output_size=sum(n for n, _ in blocks))
 
 
 def exchange_lookups(tables: Sequence[ShardedEmbedding], bags: Sequence[Bags], *,
@@ -217,7 +219,7 @@ def exchange_lookups(tables: Sequence[ShardedEmbedding], bags: Sequence[Bags], *
             torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)]),
             mode="sum", sparse=True, per_sample_weights=psw, include_last_offset=True)
 
-    # 5. partials back to the requesters, one exchange per table dtype
+    # 5. partials back to the requesters, one exchange per table dtype and wire precision
     outs: list[torch.Tensor | None] = [None] * len(tables)
     for dtype, wire in _exchange_groups(tables):
         in_group = [i for i, m in enumerate(tables) if (m.dtype, m.exchange) == (dtype, wire)]
