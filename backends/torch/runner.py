@@ -519,8 +519,7 @@ def _run(
         + (" under torch.compile (table lookups eager)" if module_compiled else "")
     )
     report["embedding_exchange"] = prefetch.report()
-    report["embedding_exchange"]["precision"] = {"forward": wire.forward,
-                                                 "backward": wire.backward}
+    report["exchange_precision"] = {"forward": wire.forward, "backward": wire.backward}
     report["divergence"] = guard.report()
     report["batch_size_source"] = batch_source
     report["initialization"] = init_report.summary()

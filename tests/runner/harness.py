@@ -117,6 +117,7 @@ def _worker(rank: int, world: int, port: int, scenarios: list[dict[str, Any]], o
                 meta.append({"all_to_all_per_step": per_step,
                              "all_to_all_sent": list(sent),
                              "embedding_exchange": res.report.get("embedding_exchange"),
+                             "exchange_precision": res.report.get("exchange_precision"),
                              "warnings": [str(w.message) for w in caught]})
             results[sc["name"]] = losses
             results["_meta"][sc["name"]] = meta
@@ -134,8 +135,8 @@ def run_scenarios(world: int, scenarios: list[dict[str, Any]], out: Path) -> dic
 
     Returns rank 0's per-phase losses under each name, and under ``"_meta"`` per name and
     phase: ``all_to_all_single`` calls per step, each call's input (dtype, elements) in
-    order, the run report's ``embedding_exchange``
-    and the warnings the run raised."""
+    order, the run report's ``embedding_exchange`` and ``exchange_precision``, and the
+    warnings the run raised."""
     mp.start_processes(
         _worker,
         args=(world, free_port(), scenarios, str(out)),

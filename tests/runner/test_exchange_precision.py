@@ -89,5 +89,4 @@ def test_low_precision_exchange_trains_near_fp32_and_sends_narrow(plan_w2, tmp_p
             assert n == n32 == 0 or (n32 < n <= 2 * n32 and (n - n32) % 4 == 0)
     assert forward_calls == len(ref) // 2
     for f in ("bf16", "fp8"):
-        report = meta[f]["embedding_exchange"]["precision"]
-        assert report == {"forward": f, "backward": "bf16"}
+        assert meta[f]["exchange_precision"] == {"forward": f, "backward": "bf16"}
