@@ -12,6 +12,12 @@ model computes does: 4 ``all_to_all_single`` and 2 host syncs each), ``batched``
 all up with one ``exchange_lookups`` (what the runner's prefetch does for tables called with
 the batch's own tensors). Both must give the same outputs and gradients (checked each run).
 Rank 0 prints the median ms per step, the collectives per step and the ratio.
+
+``--exchange-precision fp32,bf16,fp8`` also times the batched step with the pooled rows
+sent at each wire precision (gemc.exchange_precision; fp8 forward, bf16 backward) and
+prints the ms, the bytes the pooled exchanges sent (forward + backward, rank 0) and the
+SQNR of the outputs and gradients against fp32's: what the cost model's
+``StepOptions.exchange`` pricing predicts.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
 import os
 import platform
 import socket
@@ -34,6 +41,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 REPO = Path(__file__).resolve().parents[1]
+BYTES = {"float32": 4, "bfloat16": 2, "uint8": 1, "float16": 2, "float64": 8}
 
 
 def _free_port() -> int:
@@ -81,7 +89,10 @@ def _worker(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
     from gemc.backends.torch.embedding import shard_tables
     from gemc.backends.torch.embedding_exchange import exchange_lookups
 
-    calls = count_all_to_all()
+    from gemc.exchange_precision import WirePrecision, sqnr_db
+
+    sent: list[tuple[str, int]] = []
+    calls = count_all_to_all(sent)
     rows: list[dict[str, Any]] = []
     try:
         for n in args.tables:
@@ -109,8 +120,7 @@ def _worker(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
                     bags.append(m.routed_bags(i, o, w))
                 return exchange_lookups(mods, bags, world=args.world)
 
-            results: dict[str, Any] = {}
-            for name, fn in (("per_table", per_table), ("batched", batched)):
+            def timed(fn: Any, mods: list = mods) -> dict[str, Any]:
                 times = []
                 for step in range(args.warmup + args.steps):
                     for m in mods:
@@ -120,31 +130,55 @@ def _worker(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
                         torch.cuda.synchronize()
                     dist.barrier()
                     calls[0] = 0
+                    sent.clear()
                     t0 = time.perf_counter()
                     outs = fn()
-                    torch.stack([o.sum() for o in outs]).sum().backward()
+                    # a loss whose gradient differs per element (a sum's is all ones, which
+                    # every wire carries exactly)
+                    torch.stack([(o * o).sum() for o in outs]).sum().backward()
                     if cuda:
                         torch.cuda.synchronize()
                     if step >= args.warmup:
                         times.append((time.perf_counter() - t0) * 1e3)
-                results[name] = {
+                return {
                     "ms": statistics.median(times), "all_to_all": calls[0],
+                    "pooled_bytes": sum(n * BYTES[d] for d, n in sent if d != "int64"),
                     "outs": [o.detach().cpu() for o in outs],
                     "grads": [m.weight.grad.coalesce().to_dense().cpu()
                               if m.weight is not None and m.weight.grad is not None else None
                               for m in mods]}
+
+            results = {name: timed(fn) for name, fn in (("per_table", per_table),
+                                                          ("batched", batched))}
+            wires: dict[str, Any] = {}
+            for precision in args.exchange_precision:
+                for m in mods:
+                    m.exchange = WirePrecision.of(precision)
+                got = timed(batched)
+                ref = results["batched"]
+                pairs = [(a, b) for a, b in zip(ref["outs"] + ref["grads"],
+                                                got["outs"] + got["grads"]) if a is not None]
+                db = sqnr_db(torch.cat([a.reshape(-1) for a, _ in pairs]),
+                             torch.cat([b.reshape(-1) for _, b in pairs]))
+                wires[precision] = {"ms": got["ms"], "pooled_bytes": got["pooled_bytes"],
+                                    "sqnr_db": db if math.isfinite(db) else None}  # exact
+            for m in mods:
+                m.exchange = WirePrecision()
             for a, b in zip(results["per_table"]["outs"], results["batched"]["outs"]):
                 torch.testing.assert_close(a, b)
             for a, b in zip(results["per_table"]["grads"], results["batched"]["grads"]):
                 if a is not None or b is not None:
                     torch.testing.assert_close(a, b)
             # every rank's slowest is the step's time
-            ms = torch.tensor([results[k]["ms"] for k in ("per_table", "batched")])
+            ms = torch.tensor([results[k]["ms"] for k in ("per_table", "batched")]
+                              + [wires[p]["ms"] for p in args.exchange_precision])
             dist.all_reduce(ms, dist.ReduceOp.MAX)
+            for p, v in zip(args.exchange_precision, ms[2:].tolist()):
+                wires[p]["ms"] = v
             rows.append({"tables": n, "per_table_ms": float(ms[0]), "batched_ms": float(ms[1]),
                          "per_table_all_to_all": results["per_table"]["all_to_all"],
                          "batched_all_to_all": results["batched"]["all_to_all"],
-                         "speedup": float(ms[0] / ms[1])})
+                         "speedup": float(ms[0] / ms[1]), "exchange": wires})
     finally:
         if rank == 0:
             Path(out).write_text(json.dumps(rows))
@@ -177,6 +211,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--exchange-precision", default="",
+                    help="also time the batched step with the pooled rows sent at these wire "
+                    "precisions, comma-separated (fp32,bf16,fp8)")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, a few steps (CPU)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
@@ -186,6 +223,13 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         args.tables = [int(t) for t in str(args.tables).split(",")]
     except ValueError:
         ap.error(f"--tables {args.tables!r}: expected comma-separated integers, e.g. 8,64")
+    from gemc.exchange_precision import EXCHANGE_PRECISIONS
+
+    args.exchange_precision = [p for p in args.exchange_precision.split(",") if p]
+    bad = [p for p in args.exchange_precision if p not in EXCHANGE_PRECISIONS]
+    if bad:
+        ap.error(f"--exchange-precision {','.join(bad)}: expected some of "
+                 f"{','.join(EXCHANGE_PRECISIONS)}, comma-separated")
     if args.device == "cuda" and torch.cuda.device_count() < args.world:
         ap.error(f"--device cuda --world {args.world}: this machine has "
                  f"{torch.cuda.device_count()} GPU(s); pass --world <= that, or --device cpu")
@@ -201,6 +245,14 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     for r in rows:
         print(f"{r['tables']:>7} {r['per_table_ms']:>13.2f} {r['batched_ms']:>11.2f} "
               f"{r['speedup']:>6.2f} {r['per_table_all_to_all']:>16}/{r['batched_all_to_all']}")
+    if args.exchange_precision:
+        print(f"{'tables':>7} {'wire':>5} {'batched ms':>11} {'pooled MB (rank 0)':>19} "
+              f"{'SQNR dB vs fp32':>16}")
+        for r in rows:
+            for p, w in r["exchange"].items():
+                db = "exact" if w["sqnr_db"] is None else f"{w['sqnr_db']:.1f}"
+                print(f"{r['tables']:>7} {p:>5} {w['ms']:>11.2f} "
+                      f"{w['pooled_bytes'] / 1e6:>19.3f} {db:>16}")
     if args.out:
         from gemc.dump import write_atomic
 

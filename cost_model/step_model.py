@@ -11,6 +11,11 @@ FSDP's parameter all-gathers are prefetched behind the forward the same way, nev
 first. Sparse input dist (ids) is hidden by a pipelined loader (TorchRec's
 TrainPipelineSparseDist) when ``pipeline_sparse``.
 
+The pooled all-to-all moves its rows at the plan's exchange precision
+(``StepOptions.exchange``, gemc.exchange_precision): fewer bytes, plus the casts to and
+from the wire (their HBM bytes in the shard holders' sparse compute, their launches as
+``exchange_cast``).
+
 MFU = 3 x sum of regions' forward FLOPs (per rank) / (peak BF16 x step) — model FLOPs,
 recomputation not counted (PaLM's definition, Chowdhery et al. 2022).
 
@@ -25,6 +30,14 @@ from functools import lru_cache
 
 import numpy as np
 
+from gemc.exchange_precision import (
+    CAST_BYTES_PER_ELEMENT,
+    CAST_KERNELS,
+    FP32_WIRE,
+    WirePrecision,
+    casts,
+    wire_row_bytes,
+)
 from gemc.table_lookup import BATCHED
 
 from .calibration import Calibration
@@ -40,7 +53,14 @@ from .memory import (
     table_grad_bytes,
     table_memory,
 )
-from .op_cost import batched_embedding_time, eager_table_time, embedding_time, optimizer_time
+from .op_cost import (
+    DEFAULT_KERNEL_LAUNCH_S,
+    ROOFLINE_EFFICIENCY,
+    batched_embedding_time,
+    eager_table_time,
+    embedding_time,
+    optimizer_time,
+)
 from .topology import Topology
 from .types import RankStats, RegionCost, StepOptions, StepPrediction, TableCost
 
@@ -121,15 +141,52 @@ def shard_compute_s(t: TableCost, rows: float, dim: float, world: int, gpu: GPUS
                          gpu, calibration, optimizer, storage)
 
 
+def exchange_row_bytes(t: TableCost, cols: float, wire: WirePrecision) -> float:
+    """Bytes one pooled row of ``cols`` columns takes on the wire, the forward's and the
+    backward's mean: the all-to-all is priced as twice one exchange of these bytes (exact
+    when both directions shrink rows alike, as fp32 and bf16 do; fp8's row scale makes the
+    two directions' ratio depend on the width, a few bytes a row)."""
+    return 0.5 * (wire_row_bytes(wire.forward, cols, t.dtype_bytes)
+                  + wire_row_bytes(wire.backward, cols, t.dtype_bytes))
+
+
+def exchange_cast_s(t: TableCost, rows: float, dim: float, world: int, gpu: GPUSpec,
+                    calibration: Calibration | None, wire: WirePrecision) -> float:
+    """HBM seconds of casting to the wire and back what a shard of ``rows`` x ``dim``
+    sends a step (its pooled rows forward, their gradients backward; both ends). The
+    requesters' half runs on them, spread over every rank; it is charged to the shard's
+    holder, which keeps each plan's total and lets the planners price it per table. The
+    kernels' launches are one set a step (:func:`exchange_cast_launch_s`)."""
+    if rows == 0 or t.sharding == "data_parallel":
+        return 0.0
+    per_element = sum(CAST_BYTES_PER_ELEMENT[p] for p in (wire.forward, wire.backward)
+                      if casts(p, t.dtype_bytes)) * t.dtype_bytes / 4
+    if per_element == 0:
+        return 0.0
+    elements = world * t.batch * dim * t.output_share(rows)
+    factor = calibration.factor("memory") if calibration is not None else 1.0
+    return elements * per_element / (gpu.hbm_bandwidth * ROOFLINE_EFFICIENCY["memory"]) * factor
+
+
+def exchange_cast_launch_s(wire: WirePrecision, calibration: Calibration | None) -> float:
+    """Launch gaps of the cast kernels of a step's exchange, forward and backward (0 at
+    fp32): the runner casts each exchange's rows in one set of kernels, however many
+    tables it carries."""
+    launch = calibration.kernel_s if calibration is not None else DEFAULT_KERNEL_LAUNCH_S
+    return (CAST_KERNELS[wire.forward] + CAST_KERNELS[wire.backward]) * launch
+
+
 def _holders(t: TableCost, world: int) -> np.ndarray:
     """The ranks (inside the world) holding a shard of a sharded table, once per shard: a
     rank listed twice computes two shards (add with ``np.add.at``)."""
     return np.array(sorted(r for r in t.ranks if r < world), dtype=np.int64)
 
 
-def a2a_sends(tables: Sequence[TableCost], world: int) -> tuple[np.ndarray, np.ndarray]:
-    """Bytes each rank sends in the pooled-embedding all-to-all (forward; the backward
-    sends the same amount back) and in the id all-to-all (input dist).
+def a2a_sends(tables: Sequence[TableCost], world: int,
+               wire: WirePrecision = FP32_WIRE) -> tuple[np.ndarray, np.ndarray]:
+    """Bytes each rank sends in the pooled-embedding all-to-all (the mean of the forward
+    and the backward exchange at ``wire``, :func:`exchange_row_bytes`) and in the id
+    all-to-all (input dist).
 
     Linear in the ranks: every shard of a table is the same size (``shard_shape``), so a
     table's send is priced once and added to each holder."""
@@ -142,8 +199,8 @@ def a2a_sends(tables: Sequence[TableCost], world: int) -> tuple[np.ndarray, np.n
         if holders:
             rows, dim = shard_shape(t)
             # a shard sends its pooled (partial, for row shards) rows to every other rank
-            np.add.at(out, holders,
-                      (world - 1) * t.batch * dim * t.dtype_bytes * t.output_share(rows))
+            np.add.at(out, holders, (world - 1) * t.batch * exchange_row_bytes(t, dim, wire)
+                      * t.output_share(rows))
         ids += (t.nnz * INDEX_BYTES + t.batch * 4) * (1 - 1 / max(world, 1))
     return out, ids
 
@@ -219,16 +276,21 @@ def predict_step(
             continue
         holders = _holders(t, world)
         if holders.size:  # every holder's shard is the same: price it once
-            np.add.at(sparse, holders, shard_compute_s(t, *shard_shape(t), world, gpu, calibration,
-                                               opts.table_optimizer))
-    out_sends, id_sends = a2a_sends(tables, world)
+            np.add.at(sparse, holders,
+                      shard_compute_s(t, *shard_shape(t), world, gpu, calibration,
+                                      opts.table_optimizer)
+                      + exchange_cast_s(t, *shard_shape(t), world, gpu, calibration,
+                                        opts.exchange))
+    out_sends, id_sends = a2a_sends(tables, world, opts.exchange)
     a2a = 0.0
     input_dist = 0.0
+    cast_launch = 0.0
     if world > 1 and out_sends.any():
         a2a = 2 * collective_time("all_to_all", 0, range(world), topology,
                                   send_bytes=out_sends, calibration=calibration)
         input_dist = collective_time("all_to_all", 0, range(world), topology,
                                      send_bytes=id_sends, calibration=calibration)
+        cast_launch = exchange_cast_launch_s(opts.exchange, calibration)
     exposed_input_dist = 0.0 if opts.pipeline_sparse else input_dist
 
     # ---- dense: compute and communication ---------------------------------------------
@@ -303,6 +365,7 @@ def predict_step(
     breakdown = {
         "sparse_compute": float(sparse.max(initial=0.0)),
         "all_to_all": a2a,
+        "exchange_cast": cast_launch,
         "input_dist": exposed_input_dist,
         "dense_forward": fwd_compute,
         "dense_backward": bwd_compute,

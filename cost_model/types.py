@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from gemc.exchange_precision import FP32_WIRE, WirePrecision
 from gemc.sharding import DENSE_STRATEGIES, SHARDINGS, TABLE_SHARDINGS  # defined in the core
 from gemc.table_lookup import BATCHED, LOOKUP_PATHS
 from gemc.table_precision import TABLE_PRECISIONS, weight_bytes
@@ -135,6 +136,9 @@ class StepOptions:
     host_syncs: int = 3
     exchange_host_syncs: int = 2
     host_sync_s: float = 1.3e-3
+    # the pooled all-to-all's wire precision, forward and backward (gemc.exchange_precision):
+    # its bytes, and the casts to and from it, are priced at this
+    exchange: WirePrecision = FP32_WIRE
 
 
 @dataclass(frozen=True)

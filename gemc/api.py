@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from gemc.capture import Captured, capture
 from gemc.config import CompileConfig
 from gemc.context import PassContext
 from gemc.entrypoint import load_model
+from gemc.exchange_precision import fixed_exchange, wire_of_plan
 from gemc.pass_manager import PassManager
 from gemc.pipeline import annotation_passes, default_pipeline
 from gemc.plan import write_plan
@@ -72,7 +74,7 @@ def compile(  # noqa: A001 - the public name users expect
     """
     from gemc.cost_model.topology import parse_topology
     from gemc.costing import predicted_block
-    from gemc.passes.parallelize import TABLE_OPTIMIZER_META, step_options
+    from gemc.passes.parallelize import EXCHANGE_META, TABLE_OPTIMIZER_META, step_options
 
     config = (config or CompileConfig()).with_options(**options)
     config.validate()
@@ -103,6 +105,8 @@ def compile(  # noqa: A001 - the public name users expect
         ctx.options["table_optimizer"] = table_optimizer
     if config.table_precision is not None:
         ctx.options["table_precision"] = config.table_precision
+    if config.exchange_precision is not None:
+        ctx.options["exchange_precision"] = config.exchange_precision
     batch_size, _ = batch_size_of(spec)
     if batch_size is None:
         ctx.warn(BATCH_SIZE_MISSING)
@@ -116,9 +120,12 @@ def compile(  # noqa: A001 - the public name users expect
             step_options(None).table_optimizer if table_optimizer in (None, "auto")
             else table_optimizer)
         plan["optimizer"] = {"embedding": {"kind": chosen}}
+        plan["exchange"] = gm.meta.get(EXCHANGE_META) or fixed_exchange(
+            config.exchange_precision)
         if "predict-time" not in disabled_passes:
+            options = replace(step_options(chosen), exchange=wire_of_plan(plan))
             plan["predicted"] = predicted_block(gm, plan["regions"], plan["tables"], topo, calib,
-                                                step_options(chosen))
+                                                options)
         if dump_dir is not None:
             _write_kernel_sources(plan, dump_dir)
         if dump_dir is not None and dump_mode != "failure":

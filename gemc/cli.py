@@ -124,6 +124,12 @@ def _parser() -> argparse.ArgumentParser:
                    "kept where the plan predicts faster or fp32 does not fit; auto: fp32 "
                    "unless lowering (largest tables first, bf16 before fp8) is needed to fit. "
                    "Recorded per table in the plan with the reason")
+    c.add_argument("--exchange-precision", default=None, metavar="{fp32,bf16,fp8,auto}",
+                   help="wire precision of the sharded tables' pooled exchange (the "
+                   "all-to-all of pooled rows forward, of their gradients backward): fp32 "
+                   "(default); bf16; fp8 (e4m3 with a scale per row forward, bf16 backward); "
+                   "auto: the lowest whose SQNR holds and that the plan predicts faster "
+                   "(needs a solver planner). Recorded in the plan with the reason")
     c.add_argument("--calibration", default="auto",
                    help="auto (the file shipped for the topology's GPU, roofline where none "
                    "ships), none (roofline), or a file written by gemc calibrate (checked "
@@ -216,6 +222,7 @@ def compile_config(args: argparse.Namespace) -> CompileConfig:
         solver={} if args.time_limit is None else {"time_limit_s": args.time_limit},
         table_optimizer=args.table_optimizer,
         table_precision=args.table_precision,
+        exchange_precision=args.exchange_precision,
         precision=PrecisionOptions(mode=args.precision, min_sqnr_db=args.min_sqnr_db,
                                    min_block_sqnr_db=args.min_block_sqnr_db),
         disabled_passes=tuple(args.disable_pass),

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gemc.errors import GemcUserError
+from gemc.exchange_precision import EXCHANGE_MODES
 from gemc.passes.precision import PrecisionOptions
 from gemc.plan import PLANNERS, TABLE_OPTIMIZERS
 
@@ -36,6 +37,10 @@ class CompileConfig:
     (``gemc.solver.precision_choice``): fp32 (None: the default), bf16 / fp8 (the lowest
     allowed; the fastest plan that fits), or auto (lower only tables that must be lowered
     to fit); recorded per table in the plan with the reason. Needs a solver planner.
+    ``exchange_precision``: the wire precision of the sharded tables' pooled exchange
+    (``gemc.solver.exchange_choice``): fp32 (None: the default), bf16, fp8 (forward; the
+    gradients go back bf16), or auto (a lower one where its SQNR holds and the plan
+    predicts faster; needs a solver planner); recorded in the plan's ``exchange`` block.
     ``precision``: the choose-precision pass's options (mode, SQNR bounds, probe budget).
     """
 
@@ -45,6 +50,7 @@ class CompileConfig:
     solver: Mapping[str, Any] = field(default_factory=dict)
     table_optimizer: str | None = None
     table_precision: str | None = None
+    exchange_precision: str | None = None
     precision: PrecisionOptions = field(default_factory=PrecisionOptions)
     disabled_passes: tuple[str, ...] = ()
     dump_dir: str | Path | None = None
@@ -72,6 +78,19 @@ class CompileConfig:
                     f"table precision {self.table_precision!r} is chosen by the solver, "
                     "which the default planner (place-default) does not run",
                     where="table_precision", fix="add --planner cpsat (or greedy / naive)")
+        if self.exchange_precision is not None:
+            where = "--exchange-precision (CompileConfig.exchange_precision)"
+            if self.exchange_precision not in EXCHANGE_MODES:
+                raise GemcUserError(
+                    f"unknown exchange precision {self.exchange_precision!r}", where=where,
+                    fix=f"use one of: {', '.join(EXCHANGE_MODES)} (fp8 sends the pooled rows "
+                    "fp8 with a scale per row and their gradients bf16)")
+            if self.exchange_precision == "auto" and self.planner == "default":
+                raise GemcUserError(
+                    "exchange precision 'auto' is chosen by the solver, which the default "
+                    "planner (place-default) does not run", where=where,
+                    fix="add --planner cpsat (or greedy / naive), or fix it: "
+                    "--exchange-precision bf16")
         if not isinstance(self.precision, PrecisionOptions):
             raise GemcUserError(f"precision is a {type(self.precision).__name__}",
                                 where="precision",

@@ -124,7 +124,8 @@ def kind_breakdown_ms(gm: fx.GraphModule, breakdown_ms: Mapping[str, float]) -> 
     total = sum(out.values())
     if total > 0:  # checkpointed regions recompute their forward: keep the step's sum
         out = {k: v * dense / total for k, v in out.items()}
-    out["embedding"] = breakdown_ms.get("sparse_compute", 0.0)
+    out["embedding"] = breakdown_ms.get("sparse_compute", 0.0) + breakdown_ms.get(
+        "exchange_cast", 0.0)
     out["optimizer"] = breakdown_ms.get("optimizer", 0.0)
     out["comm"] = sum(breakdown_ms.get(k, 0.0) for k in (
         "all_to_all", "input_dist", "exposed_forward_comm", "exposed_backward_comm", "tp_comm"))

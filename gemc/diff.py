@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from gemc.exchange_precision import wire_of_plan
 from gemc.table_format import ranks_str, render_table
 
 MAX_LISTED = 20
@@ -41,6 +42,12 @@ def _header(a: dict[str, Any], b: dict[str, Any], names: tuple[str, str]) -> lis
     out.append(f"topology: {topo(ta)}" if ta == tb else f"topology: {topo(ta)} -> {topo(tb)}")
     out.append(f"planner: {a['planner']}" if a["planner"] == b["planner"]
                else f"planner: {a['planner']} -> {b['planner']}")
+    def wire(plan: dict[str, Any]) -> str:
+        w = wire_of_plan(plan)
+        return f"{w.forward}/{w.backward}"
+
+    out.append(f"table exchange (forward/backward): {wire(a)}" if wire(a) == wire(b)
+               else f"table exchange (forward/backward): {wire(a)} -> {wire(b)}")
     for name, plan in (("a", a), ("b", b)):
         s = plan.get("solver")
         if s and s.get("status") != "heuristic":

@@ -80,6 +80,7 @@ def explain(plan: dict[str, Any]) -> str:
                       if t.get("precision_reason"))
     for (precision, why), n in sorted(reasons.items()):
         out.append(f"table storage: {n} table(s) {precision}: {why.split(': ', 1)[-1]}")
+    out.append(exchange_line(plan))
     if pred.get("per_rank"):
         out += ["", *_per_rank(plan)]
     out += ["", *_kernel_lines(plan["kernels"]), *precision_section(plan)]
@@ -109,6 +110,15 @@ def _kernel_lines(kernels: list[dict[str, Any]]) -> list[str]:
             line += f"  ({spans}; overlaps the kernels inside)"
         lines.append(line)
     return lines
+
+
+def exchange_line(plan: dict[str, Any]) -> str:
+    """The pooled exchange's wire precision, both ways, and why (fp32 for a plan without
+    the block)."""
+    block = plan.get("exchange") or {}
+    fwd, bwd = block.get("forward", "fp32"), block.get("backward", "fp32")
+    why = block.get("reason", "fp32: the plan predates the choice").split(": ", 1)[-1]
+    return f"table exchange: pooled rows {fwd}, gradients {bwd}: {why}"
 
 
 def planner_line(plan: dict[str, Any]) -> str:

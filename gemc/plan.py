@@ -15,6 +15,7 @@ from typing import Any
 
 from gemc.dump import write_atomic
 from gemc.errors import PlanError
+from gemc.exchange_precision import EXCHANGE_PRECISIONS
 from gemc.kernel_kinds import KINDS
 from gemc.sharding import DENSE_STRATEGIES, SHARDINGS, TABLE_SHARDINGS
 from gemc.table_precision import TABLE_PRECISIONS
@@ -209,6 +210,15 @@ def validate_plan(plan: Any, *, source: str = "plan") -> None:
     for key in ("step_ms", "mfu", "per_rank"):
         if key not in predicted:
             _fail(source, f"predicted.{key}", "is missing (null is allowed)", recompile)
+    exchange = plan.get("exchange")
+    if exchange is not None:  # optional: the pooled exchange's wire precision (fp32 without)
+        if not isinstance(exchange, dict):
+            _fail(source, "exchange", f"is a {type(exchange).__name__}, not an object",
+                  recompile)
+        for key in ("forward", "backward"):
+            if exchange.get(key, "fp32") not in EXCHANGE_PRECISIONS:
+                _fail(source, f"exchange.{key}", f"is {exchange.get(key)!r}, not one of "
+                      f"{EXCHANGE_PRECISIONS}", recompile)
     solver = plan.get("solver")
     if solver is not None:
         if not isinstance(solver, dict) or solver.get("planner") not in PLANNERS:

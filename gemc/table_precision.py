@@ -43,6 +43,7 @@ __all__ = [
     "weight_bytes",
     "storage_dtype",
     "grid_step",
+    "row_scale",
     "stochastic_round",
     "quantize_rows",
     "dequantize_rows",
@@ -87,6 +88,13 @@ def grid_step(x: torch.Tensor, precision: str) -> torch.Tensor:
     return torch.ldexp(torch.ones_like(x, dtype=torch.float32), e - _MANTISSA_BITS[precision])
 
 
+def row_scale(amax: torch.Tensor) -> torch.Tensor:
+    """fp8's scale of rows whose largest magnitudes are ``amax``: ``amax / 448`` (the largest
+    element lands on e4m3's largest finite value), 1 for an all-zero row. One rule for the
+    stored tables and the fp8 exchange (gemc.exchange_precision)."""
+    return torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+
+
 def stochastic_round(
     x: torch.Tensor, precision: str, generator: torch.Generator | None = None
 ) -> torch.Tensor:
@@ -121,8 +129,7 @@ def quantize_rows(
         return rows.clone(), None
     scale = None
     if precision == "fp8":
-        amax = rows.abs().amax(dim=-1)
-        scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+        scale = row_scale(rows.abs().amax(dim=-1))
         rows = (rows / scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX)
     if stochastic:
         rows = stochastic_round(rows, precision, generator)

@@ -14,6 +14,11 @@ A problem no plan can fit ends in ``PlanInfeasibleError`` (a GemcUserError: exit
 ``ctx.options["table_precision"]`` (fp32 | bf16 | fp8 | auto) lets the tables' storage
 precision be chosen with their sharding (``gemc.solver.precision_choice``); each table's
 placement then carries ``precision`` and ``precision_reason`` into the plan.
+
+``ctx.options["exchange_precision"]`` (fp32 | bf16 | fp8 | auto) sets or lets the planner
+choose the pooled exchange's wire precision (``gemc.solver.exchange_choice``), under each
+table precision tried; the choice goes to ``gm.meta["gemc.exchange"]`` (the plan's
+``exchange`` block).
 """
 
 from __future__ import annotations
@@ -28,12 +33,14 @@ from torch.fx.passes.infra.pass_base import PassResult
 
 from gemc import ir
 from gemc.errors import GemcUserError
-from gemc.solver.planners import PLANNERS, PlanInfeasibleError
+from gemc.solver.exchange_choice import plan_with_exchange
+from gemc.solver.planners import PLANNERS, PlanInfeasibleError, PlannerResult
 from gemc.solver.precision_choice import PrecisionResult, plan_with_table_precision
 from gemc.solver.problem import Problem, SolverSettings, apply_assignment, problem_from_graph
 
 SOLVER_META = "gemc.solver"  # gm.meta key: the planner's report, copied into the plan
 TABLE_OPTIMIZER_META = "gemc.table_optimizer"  # gm.meta key: the table optimizer priced
+EXCHANGE_META = "gemc.exchange"  # gm.meta key: the exchange precision chosen, and why
 
 
 def step_options(table_optimizer: str | None) -> StepOptions:
@@ -60,15 +67,21 @@ def settings_from(options: dict[str, Any] | None) -> SolverSettings:
 
 def plan_with_table_optimizer(build: Callable[[str | None], Problem], wanted: str | None,
                               planner: str, table_precision: str | None = None,
+                              exchange_precision: str | None = None,
                               ) -> tuple[str | None, PrecisionResult]:
     """(the table optimizer priced, the planner's result with each table's precision).
     ``auto``: Adam (two moments per element) where a plan fits, else row-wise Adagrad (one
     value per row), the optimizer DLRMv2 trains with; an error names the last one tried.
-    Under each optimizer the tables' precision follows ``table_precision``'s rule."""
+    Under each optimizer the tables' precision follows ``table_precision``'s rule, and
+    every plan tried has its exchange precision by ``exchange_precision``'s."""
     tries: list[str | None] = ["adam", "rowwise_adagrad"] if wanted == "auto" else [wanted]
+
+    def run(problem: Problem, name: str) -> PlannerResult:
+        return plan_with_exchange(problem, exchange_precision, name)
+
     for i, opt in enumerate(tries):
         try:
-            return opt, plan_with_table_precision(build(opt), table_precision, planner)
+            return opt, plan_with_table_precision(build(opt), table_precision, planner, run)
         except PlanInfeasibleError:
             if i + 1 == len(tries):
                 raise
@@ -95,8 +108,10 @@ class Parallelize:
         opt, chosen = plan_with_table_optimizer(
             lambda o: problem_from_graph(gm, ctx, settings, step_options(o)),
             (ctx.options or {}).get("table_optimizer"), self.planner,
-            (ctx.options or {}).get("table_precision"))
+            (ctx.options or {}).get("table_precision"),
+            (ctx.options or {}).get("exchange_precision"))
         result = chosen.result
+        gm.meta[EXCHANGE_META] = result.report.pop("exchange")
         # recorded even when not asked for: the plan states what it priced, so the runner
         # runs that and not its own default (tests hold the two defaults equal)
         opt = opt or step_options(None).table_optimizer

@@ -24,6 +24,10 @@ used rows dequantised into a small fp32 leaf and pools that, so the lookup and i
 gradient are fp32; the optimizer takes the leaf's gradient (:meth:`take_row_grads`) and
 writes the new rows back rounded (:meth:`stored_rows`, stochastic rounding).
 
+The pooled rows and their gradients cross ranks at the plan's exchange precision
+(``exchange``, a gemc.exchange_precision.WirePrecision: fp32, bf16, or fp8 with a scale
+per row forward and bf16 backward), cast back on arrival (:mod:`.embedding_exchange`).
+
 ``data_parallel`` tables are local replicas: a local lookup with a sparse gradient, which
 :mod:`.sparse_optim` all-reduces. ``nn.Embedding`` (one vector per id, no pooling) is routed
 as bags of one id each.
@@ -47,6 +51,7 @@ from gemc.backends.torch.table_storage import StoredRows
 from torch import nn
 
 from gemc.errors import GemcUserError, PlanError
+from gemc.exchange_precision import FP32_WIRE, WirePrecision
 from gemc.sharding import SHARDINGS
 from gemc.table_precision import TABLE_PRECISIONS, quantize_rows, storage_dtype
 
@@ -95,8 +100,10 @@ class ShardedEmbedding(nn.Module):
         world_size: int,
         seed: int,
         group: dist.ProcessGroup | None = None,
+        exchange: WirePrecision = FP32_WIRE,
     ) -> None:
         super().__init__()
+        self.exchange = exchange  # the pooled exchange's wire precision, both directions
         fqn = table["fqn"]
         where = f"plan tables: {fqn}"
         self.fqn = fqn
@@ -356,8 +363,11 @@ def shard_tables(
     world_size: int,
     seed: int,
     group: dist.ProcessGroup | None = None,
+    exchange: WirePrecision = FP32_WIRE,
 ) -> dict[str, ShardedEmbedding]:
-    """Replace every table module of ``model`` (still on meta) by its sharded version."""
+    """Replace every table module of ``model`` (still on meta) by its sharded version,
+    exchanging pooled rows at ``exchange`` (the plan's, :func:`gemc.exchange_precision.
+    wire_of_plan`)."""
     out: dict[str, ShardedEmbedding] = {}
     for table in tables:
         name = module_fqn(table["fqn"])
@@ -370,8 +380,8 @@ def shard_tables(
                 fix="compile the plan again for this model",
             ) from exc
         sharded = ShardedEmbedding(
-            source, table, rank=rank, world_size=world_size, seed=seed, group=group
-        )
+            source, table, rank=rank, world_size=world_size, seed=seed, group=group,
+            exchange=exchange)
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, sharded)

@@ -16,8 +16,12 @@ TorchRec's input/output distribution does for a KeyedJaggedTensor:
    they travel exactly);
 4. each owner pools, per table it owns, every requester's bags in one
    ``F.embedding_bag(mode="sum", sparse=True)`` on its shard;
-5. pooled partials: one differentiable ``all_to_all_single`` per table dtype (requester
-   major, tables in list order); its backward carries every table's gradient back at once.
+5. pooled partials: one differentiable ``all_to_all_single`` per table dtype and wire
+   precision (requester major, tables in list order); its backward carries every table's
+   gradient back at once. The plan's exchange precision (``ShardedEmbedding.exchange``,
+   gemc.exchange_precision) sends them bf16, or fp8 with a scale per pooled row (a row:
+   one bag's columns of one table's shard), cast back on arrival: the partials and their
+   gradients keep their shapes and dtype.
 
 The requester adds each owner's partial into its columns (row-wise shards add, column-wise
 fill disjoint columns) and divides ``mean`` bags by their length. Every rank must pass the
@@ -33,7 +37,9 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from gemc.backends.torch.comm import all_to_all, autograd_all_to_all
+from gemc.backends.torch.comm import RowLayout, all_to_all, autograd_all_to_all
+
+from gemc.exchange_precision import WirePrecision
 
 if TYPE_CHECKING:  # the module imports this one
     from gemc.backends.torch.embedding import ShardedEmbedding
@@ -134,12 +140,25 @@ def _route(tables: Sequence[ShardedEmbedding], bags: Sequence[Bags], world: int
     return headers, bodies
 
 
-def _dtype_groups(tables: Sequence[ShardedEmbedding]) -> list[torch.dtype]:
-    seen: list[torch.dtype] = []
+def _exchange_groups(tables: Sequence[ShardedEmbedding]
+                     ) -> list[tuple[torch.dtype, WirePrecision]]:
+    """The (dtype, wire precision) pairs of the tables, in first-seen order: one pooled
+    exchange each (every rank lists the same tables, so the same groups)."""
+    seen: list[tuple[torch.dtype, WirePrecision]] = []
     for m in tables:
-        if m.dtype not in seen:
-            seen.append(m.dtype)
+        if (m.dtype, m.exchange) not in seen:
+            seen.append((m.dtype, m.exchange))
     return seen
+
+
+def _widths(blocks: list[tuple[int, int]], device: torch.device) -> torch.Tensor:
+    """Row widths of ``(rows, cols)`` blocks laid one after the other (the row count
+    given: no device sync)."""
+    if not blocks:
+        return torch.empty(0, dtype=torch.int64, device=device)
+    sizes = torch.tensor(blocks, dtype=torch.int64, device=device)
+    return torch.repeat_interleave(sizes[:, 1], sizes[:, 0],
+                                   output_size=sum(n for n, _ in blocks))
 
 
 def exchange_lookups(tables: Sequence[ShardedEmbedding], bags: Sequence[Bags], *,
@@ -200,10 +219,10 @@ def exchange_lookups(tables: Sequence[ShardedEmbedding], bags: Sequence[Bags], *
             torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)]),
             mode="sum", sparse=True, per_sample_weights=psw, include_last_offset=True)
 
-    # 5. partials back to the requesters, one exchange per table dtype
+    # 5. partials back to the requesters, one exchange per table dtype and wire precision
     outs: list[torch.Tensor | None] = [None] * len(tables)
-    for dtype in _dtype_groups(tables):
-        in_group = [i for i, m in enumerate(tables) if m.dtype == dtype]
+    for dtype, wire in _exchange_groups(tables):
+        in_group = [i for i, m in enumerate(tables) if (m.dtype, m.exchange) == (dtype, wire)]
         mine = [i for i in in_group if i in partials]
         split_rows = {i: partials[i].split(rows_from[i]) for i in mine}
         flat_parts = [split_rows[i][src].reshape(-1) for src in range(world) for i in mine]
@@ -213,10 +232,21 @@ def exchange_lookups(tables: Sequence[ShardedEmbedding], bags: Sequence[Bags], *
                 else torch.empty(0, dtype=dtype, device=device))
         back_out = [sum(bags[i].batch * tables[i].owners[d].cols for i in in_group
                         if d in tables[i].owners) for d in range(world)]
-        returned = autograd_all_to_all(flat, back_out, back_in, group)
+        pairs = [(d, i) for d in range(world) for i in in_group if d in tables[i].owners]
+        rows = None
+        if "fp8" in (wire.forward, wire.backward):  # a scale per pooled row: their widths
+            sent = [(rows_from[i][src], tables[i].local.cols) for src in range(world)
+                    for i in mine]
+            got = [(bags[i].batch, tables[i].owners[d].cols) for d, i in pairs]
+            rows = RowLayout(
+                _widths(sent, device), [sum(rows_from[i][src] for i in mine)
+                                        for src in range(world)],
+                _widths(got, device), [sum(bags[i].batch for i in in_group
+                                           if d in tables[i].owners) for d in range(world)])
+        returned = autograd_all_to_all(flat, back_out, back_in, group, precision=wire,
+                                       rows=rows)
         # one split into every (owner, table) chunk: its backward concatenates the chunks'
         # gradients once (a slice per chunk would build a full-size gradient per slice)
-        pairs = [(d, i) for d in range(world) for i in in_group if d in tables[i].owners]
         chunks = returned.split([bags[i].batch * tables[i].owners[d].cols for d, i in pairs])
         for (d, i), chunk in zip(pairs, chunks):
             shard, m, b = tables[i].owners[d], tables[i], bags[i]

@@ -63,6 +63,7 @@ from gemc.backends.torch.state import restore_after_load, training_state
 from gemc.backends.torch.table_prefetch import TablePrefetch
 
 from gemc.errors import GemcUserError, PlanError
+from gemc.exchange_precision import wire_of_plan
 from gemc.plan import load_plan, validate_plan
 from gemc.sharding import SHARDINGS
 from gemc.spec import BATCH_SIZE_MISSING, BatchSizeWarning, batch_size_of
@@ -318,7 +319,9 @@ def _run(
     captured = check_fingerprint(plan, spec, rank=rank, world_size=wsize,
                                  every_rank=bool(graph_kernels))
     model = spec.model
-    tables = shard_tables(model, plan["tables"], rank=rank, world_size=wsize, seed=opts.seed)
+    wire = wire_of_plan(plan)
+    tables = shard_tables(model, plan["tables"], rank=rank, world_size=wsize, seed=opts.seed,
+                          exchange=wire)
     init_report = materialize_(model, device, opts.seed, table_module_names(plan),
                                origin=spec.origin)
     model.train()
@@ -521,6 +524,7 @@ def _run(
         + (" under torch.compile (table lookups eager)" if module_compiled else "")
     )
     report["embedding_exchange"] = prefetch.report()
+    report["exchange_precision"] = {"forward": wire.forward, "backward": wire.backward}
     report["divergence"] = guard.report()
     report["batch_size_source"] = batch_source
     report["initialization"] = init_report.summary()

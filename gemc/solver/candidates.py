@@ -35,7 +35,12 @@ from gemc.cost_model.memory import region_memory, shard_degree, table_memory, ta
 
 # The step model's per-shard embedding price and per-region collectives, used here so the
 # solver prices exactly what predict_step will.
-from gemc.cost_model.step_model import dense_comm, shard_compute_s
+from gemc.cost_model.step_model import (
+    dense_comm,
+    exchange_cast_s,
+    exchange_row_bytes,
+    shard_compute_s,
+)
 from gemc.cost_model.types import RegionCost, TableCost
 from gemc.sharding import SHARDINGS
 
@@ -182,8 +187,11 @@ def table_option(problem: Problem, t: TableCost, sharding: str, ranks: int,
                            dp_grad_bytes=float(t.rows * t.dim * t.dtype_bytes),
                            dp_numel=float(t.rows * t.dim))
     compute = shard_compute_s(rep, shard_rows, shard_dim, world, gpu, problem.calibration,
-                              opts.table_optimizer)
-    out = (world - 1) * t.batch * shard_dim * t.dtype_bytes * rep.output_share(shard_rows)
+                              opts.table_optimizer) \
+        + exchange_cast_s(rep, shard_rows, shard_dim, world, gpu, problem.calibration,
+                          opts.exchange)
+    out = (world - 1) * t.batch * exchange_row_bytes(t, shard_dim, opts.exchange) \
+        * rep.output_share(shard_rows)
     ids = (t.nnz * INDEX_BYTES + t.batch * 4) * (1 - 1 / max(world, 1))
     pieces, width = SHARDINGS[sharding].pieces_and_width(ranks, world, local, grid)
     uniform = pieces * width == world

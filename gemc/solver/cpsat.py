@@ -45,6 +45,7 @@ from typing import Any
 
 from gemc.cost_model.collectives import collective_time
 from gemc.cost_model.op_cost import optimizer_time
+from gemc.cost_model.step_model import exchange_cast_launch_s
 
 from .candidates import RegionClass, TableClass
 from .evaluate import Pricer
@@ -358,8 +359,11 @@ class _Builder:
             ids = _t(a2a.const_s) * self.any_a2a + expr([(y, _t(b * per_byte))
                                                          for y, b in self.ids])
         a2a_const = _t(a2a.const_s) if world > 1 else 0
-        step = (self.S + 2 * a2a_const * self.any_a2a + 2 * self.A + ids + fwd + bwd + ef + eb
-                + expr(self.c_tp) + optimizer)
+        # the exchange's cast kernels launch once a step whenever it runs (evaluate's
+        # "exchange_cast"); their bytes are in the holders' compute
+        cast = _t(exchange_cast_launch_s(opts.exchange, p.calibration)) if world > 1 else 0
+        step = (self.S + (2 * a2a_const + cast) * self.any_a2a + 2 * self.A + ids + fwd + bwd
+                + ef + eb + expr(self.c_tp) + optimizer)
         self.step = step
         m.Minimize(step)
 

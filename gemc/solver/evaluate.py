@@ -14,6 +14,7 @@ import numpy as np
 
 from gemc.cost_model.collectives import collective_time
 from gemc.cost_model.op_cost import optimizer_time
+from gemc.cost_model.step_model import exchange_cast_launch_s
 from gemc.cost_model.types import RegionCost, TableCost
 
 from .candidates import AllToAll, DenseOption, TableOption, dense_option, option_of
@@ -183,11 +184,12 @@ def evaluation_of(problem: Problem, pricer: Pricer, d: DenseSums, loads: TableLo
     """The step and per-rank memory of a plan from its dense sums and table loads."""
     opts, world = problem.options, problem.world
     sparse, out = loads.sparse, loads.out
-    a2a = input_dist = 0.0
+    a2a = input_dist = cast_launch = 0.0
     # (half a byte: what adding and taking away a table may leave behind in floats)
     if world > 1 and float(out.max(initial=0.0)) > 0.5:
         a2a = 2 * pricer.a2a.time(out)
         input_dist = pricer.a2a.even(loads.ids)
+        cast_launch = exchange_cast_launch_s(opts.exchange, problem.calibration)
     exposed_input = 0.0 if opts.pipeline_sparse else input_dist
     c_bwd, b_tail = d.c_bwd, d.b_tail
     if loads.dp_grad > 0.5 and world > 1:
@@ -200,6 +202,7 @@ def evaluation_of(problem: Problem, pricer: Pricer, d: DenseSums, loads: TableLo
     breakdown = {
         "sparse_compute": sparse_max,
         "all_to_all": a2a,
+        "exchange_cast": cast_launch,
         "input_dist": exposed_input,
         "dense_forward": d.fwd,
         "dense_backward": d.bwd,

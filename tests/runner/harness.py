@@ -92,7 +92,8 @@ def _worker(rank: int, world: int, port: int, scenarios: list[dict[str, Any]], o
     dist.init_process_group("gloo", rank=rank, world_size=world)
     from gemc.backends.torch.comm import count_all_to_all
 
-    calls = count_all_to_all()
+    sent: list[tuple[str, int]] = []
+    calls = count_all_to_all(sent)
     results: dict[str, Any] = {"_meta": {}}
     try:
         for sc in scenarios:
@@ -102,6 +103,7 @@ def _worker(rank: int, world: int, port: int, scenarios: list[dict[str, Any]], o
                 plan = phase.pop("plan", sc["plan"])  # a phase may resume under another plan
                 per_step: list[int] = []
                 calls[0] = 0
+                sent.clear()
 
                 def on_step(done: int, per_step: list[int] = per_step) -> None:
                     per_step.append(calls[0])
@@ -113,7 +115,9 @@ def _worker(rank: int, world: int, port: int, scenarios: list[dict[str, Any]], o
                                                **phase))
                 losses.append(res.losses)
                 meta.append({"all_to_all_per_step": per_step,
+                             "all_to_all_sent": list(sent),
                              "embedding_exchange": res.report.get("embedding_exchange"),
+                             "exchange_precision": res.report.get("exchange_precision"),
                              "warnings": [str(w.message) for w in caught]})
             results[sc["name"]] = losses
             results["_meta"][sc["name"]] = meta
@@ -130,8 +134,9 @@ def run_scenarios(world: int, scenarios: list[dict[str, Any]], out: Path) -> dic
     """Run ``scenarios`` (``{"name", "plan": path, "phases": [RunOptions kwargs, ...]}``).
 
     Returns rank 0's per-phase losses under each name, and under ``"_meta"`` per name and
-    phase: ``all_to_all_single`` calls per step, the run report's ``embedding_exchange``
-    and the warnings the run raised."""
+    phase: ``all_to_all_single`` calls per step, each call's input (dtype, elements) in
+    order, the run report's ``embedding_exchange`` and ``exchange_precision``, and the
+    warnings the run raised."""
     mp.start_processes(
         _worker,
         args=(world, free_port(), scenarios, str(out)),
