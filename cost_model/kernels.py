@@ -86,7 +86,7 @@ def optimizer_bytes(optimizer: str, numel: float, elt: int, *, fused: bool = Tru
     return passes * float(numel) * elt
 
 
-# ---- a table outside the batched kernel (gemc.table_lookup SPARSE) -----------------------
+# ---- a table outside the batched kernel (gemc.table_lookup SPARSE / DENSE_GRAD) ---------
 # The sparse optimizer's row update, eager (backends/torch/sparse_optim.py): HBM passes over
 # the touched rows' fp32 values (a pass = one [rows, dim] tensor read or written) and the
 # kernels it launches. rowwise_adagrad: / world 2, read rows 2, pow 2, sum 1, lr * g 2,
@@ -104,38 +104,53 @@ def sort_bytes(nnz: float) -> float:
     return _SORT_PASSES * 2.0 * 2 * INDEX_BYTES * float(nnz)
 
 
-def eager_lookup_bytes(dim: float, nnz: float, bags: float, lookups: int,
-                       elt: int) -> dict[str, float]:
-    """HBM bytes of a table's lookups and sparse gradient as the runner runs them outside
-    the batched kernel, split by access: ``stream`` (contiguous reads and writes) and
-    ``rows`` (gathers and scatters of rows at the ids).
+def eager_lookup_bytes(path: str, rows: float, dim: float, nnz: float, bags: float,
+                       lookups: int, elt: int) -> dict[str, float]:
+    """HBM bytes of a table's lookups and gradient as the runner runs them outside the
+    batched kernel, split by access: ``stream`` (zero-fills, whole-gradient adds,
+    contiguous reads) and ``rows`` (gathers and scatters of rows at the ids).
 
-    Forward: gather nnz rows, write the bags, read the ids. Backward: one gradient row per
-    id (and its index) and, with several lookups, their concatenation."""
+    Forward (either path): gather nnz rows, write the bags, read the ids. Backward:
+    ``dense_grad`` zero-fills a table-sized gradient per lookup, scatter-adds each id's
+    gradient row into it, and adds the lookups' gradients up (read 2, write 1 each);
+    ``sparse`` writes one gradient row per id (and its index) and, with several lookups,
+    concatenates them."""
+    table = float(rows) * dim * elt
     ids = float(nnz) * dim * elt
     out = float(bags) * dim * elt
     fwd_rows = ids + out + float(nnz) * INDEX_BYTES
-    bwd_stream = 2.0 * (ids + 2 * INDEX_BYTES * nnz) * max(0, lookups - 1)
-    bwd_rows = out + ids + 3.0 * INDEX_BYTES * nnz
+    if path == "dense_grad":
+        bwd_stream = lookups * table + 3.0 * table * max(0, lookups - 1)
+        bwd_rows = out + 2.0 * ids + float(nnz) * INDEX_BYTES
+    else:
+        bwd_stream = 2.0 * (ids + 2 * INDEX_BYTES * nnz) * max(0, lookups - 1)
+        bwd_rows = out + ids + 3.0 * INDEX_BYTES * nnz
     return {"fwd_rows": fwd_rows, "bwd_stream": bwd_stream, "bwd_rows": bwd_rows}
 
 
-def eager_update_bytes(rows: float, dim: float, nnz: float, optimizer: str | None,
+def eager_update_bytes(path: str, rows: float, dim: float, nnz: float, optimizer: str | None,
                        elt: int, storage_elt: float | None = None,
                        replicas: int = 1) -> dict[str, float]:
     """HBM bytes of the sparse optimizer's step of one table (its ``step`` per table).
 
-    Finding the touched rows: the sparse gradient is coalesced (the nnz ids sorted, their
-    rows gathered in order and summed into the touched rows). Then the row update (``EAGER_ROW_UPDATE``) over the
+    Finding the touched rows: ``dense_grad`` scans the whole gradient (``abs`` reads and
+    writes it, ``sum(1)`` reads it, ``nonzero`` reads the row sums) and gathers the touched
+    rows; ``sparse`` coalesces (sorts the nnz ids, gathers their rows in order and sums
+    them into the touched rows). Then the row update (``EAGER_ROW_UPDATE``) over the
     touched rows in fp32; a table stored narrower (``storage_elt`` bytes an element) also
     sorts its ids once more to dequantise the used rows and writes them rounded. A
     data-parallel replica on ``replicas`` ranks also writes its rows into a zeroed
     table-sized gradient and a used-row mask (all-reduced: the collective is priced with
     the communication) and gathers back the rows any replica used."""
+    table = float(rows) * dim * elt
     touched = expected_unique_rows(int(rows), int(nnz))
     vals = touched * dim * 4.0
-    stream = sort_bytes(nnz)
-    row_bytes = 2.0 * float(nnz) * dim * elt + touched * dim * elt
+    if path == "dense_grad":
+        stream = 3.0 * table + 4.0 * rows
+        row_bytes = 2.0 * touched * dim * elt + touched * INDEX_BYTES
+    else:
+        stream = sort_bytes(nnz)
+        row_bytes = 2.0 * float(nnz) * dim * elt + touched * dim * elt
     if replicas > 1:
         touched = expected_unique_rows(int(rows), int(nnz * replicas))
         vals = touched * dim * 4.0

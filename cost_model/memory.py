@@ -8,9 +8,9 @@ Per dense strategy (ZeRO paper's accounting, Rajbhandari et al. 2020):
 - HSDP: as FSDP with g = the shard group inside a host.
 - TP of degree t: params, grads, state and activations inside the region divided by t.
 Embedding shards with a fused optimizer (TorchRec TBE, gemc's batched kernel) store no
-gradient; a table looked up eagerly (gemc.table_lookup) holds a sparse one at the end
-of the backward (``table_grad_bytes``); data-parallel replicas on several ranks hold a
-dense one. Optimizer states per element: adam/adamw 2, adagrad 1,
+gradient; a table looked up eagerly (gemc.table_lookup) holds a sparse or table-sized one
+at the end of the backward (``table_grad_bytes``); data-parallel replicas on several
+ranks hold a dense one. Optimizer states per element: adam/adamw 2, adagrad 1,
 momentum 1, sgd 0; rowwise_adagrad 1 per *row*.
 """
 
@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 
 from gemc.sharding import SHARDINGS
-from gemc.table_lookup import BATCHED
+from gemc.table_lookup import BATCHED, DENSE_GRAD
 
 from .kernels import INDEX_BYTES, OPTIMIZER_STATES, expected_unique_rows
 from .types import RegionCost, StepOptions, TableCost
@@ -139,11 +139,16 @@ def table_grad_bytes(table: TableCost, rows: float, dim: float,
                      world: int) -> tuple[float, float]:
     """(bytes of the gradient a shard of ``rows`` x ``dim`` holds at the end of the
     backward, bytes the sparse optimizer's step of it adds for a moment) by its lookup path
-    (gemc.table_lookup): the batched kernel holds none; ``sparse`` one gradient row and
-    index per looked-up id, and the coalesced rows and sort buffers. A data-parallel replica on
+    (gemc.table_lookup): the batched kernel holds none; ``dense_grad`` a table-sized
+    gradient (each lookup scatters into its own before they are added: one more while
+    adding) and the scan's ``abs`` copy of it; ``sparse`` one gradient row and index per
+    looked-up id, and the coalesced rows and sort buffers. A data-parallel replica on
     several ranks is ``shard_memory``'s dense gradient."""
     if rows == 0 or table.lookup == BATCHED or (table.replicated and world > 1):
         return 0.0, 0.0
+    if table.lookup == DENSE_GRAD:
+        whole = rows * dim * table.dtype_bytes
+        return whole, whole
     nnz = float(table.nnz) if table.replicated \
         else world * table.nnz * rows / table.rows
     held = nnz * (dim * table.dtype_bytes + INDEX_BYTES)

@@ -238,30 +238,34 @@ def batched_embedding_time(rows: int, dim: int, nnz: int, bags: int, dtype: str,
     return t * _factor(calibration, "embedding")
 
 
-# kernels the sparse optimizer launches to find a table's touched rows: the sparse
-# gradient's coalesce (sort, gather, segment sum, unique and their scans)
-_FIND_ROWS_KERNELS = 10
+# kernels the sparse optimizer launches to find a table's touched rows: the dense
+# gradient's scan (abs, sum, nonzero's three, the gather) or the sparse one's coalesce
+# (sort, gather, segment sum, unique and their scans)
+_FIND_ROWS_KERNELS = {"dense_grad": 6, "sparse": 10}
 # CPU seconds one eager op takes to issue when the calibration has no measurement
 # (cost_model/eager.py's default)
 DEFAULT_EAGER_OP_S = 8e-6
 
 
-def eager_table_time(rows: int, dim: int, nnz: int, bags: int, lookups: int,
+def eager_table_time(path: str, rows: int, dim: int, nnz: int, bags: int, lookups: int,
                      dtype: str, gpu: GPUSpec, calibration: Calibration | None,
                      optimizer: str | None, storage_bytes: float | None = None,
                      replicas: int = 1) -> tuple[float, float, float]:
     """(forward s, backward s, optimizer s) of a table the runner looks up outside the
-    batched kernel (gemc.table_lookup's ``sparse`` path), from the bytes it moves
-    (kernels.eager_lookup_bytes, kernels.eager_update_bytes) and its launches. Contiguous
-    passes (sorts, the row update's elementwise ops) stream at the calibrated memory
-    efficiency; gathers and scatters of rows at ``ROOFLINE_EFFICIENCY["embedding"]``, as
-    the batched kernel's. ``replicas``: a data-parallel table's replica count (its step
-    densifies the gradient to all-reduce it: four more kernels and a second sync).
+    batched kernel (``path``: gemc.table_lookup's ``sparse`` or ``dense_grad``), from the
+    bytes it moves (kernels.eager_lookup_bytes, kernels.eager_update_bytes) and its
+    launches. Contiguous passes (zero-fills, whole-gradient scans, the row update's
+    elementwise ops) stream at the calibrated memory efficiency; gathers and scatters of
+    rows at ``ROOFLINE_EFFICIENCY["embedding"]``, as the batched kernel's. ``replicas``:
+    a data-parallel table's replica count (its step densifies the gradient to all-reduce
+    it: four more kernels and a second sync).
 
-    The optimizer step is eager and table by table, with a host sync in each (``coalesce``
-    must know how many rows): a table's step takes the longer of its device time and
-    issuing its kernels (``eager_op_s`` each), plus one issue after the sync while the GPU
-    waits."""
+    The optimizer step is eager and table by table, with a host sync in each (``nonzero``
+    or ``coalesce`` must know how many rows): a table's step takes the longer of its device
+    time and issuing its kernels (``eager_op_s`` each), plus one issue after the sync while
+    the GPU waits. Why: DIN's 16 weighted bags of 1M rows each pay a 0.77 GB scan of their
+    dense gradient for ~40k touched rows; priced as the fused kernel (no gradient at all)
+    its tables came to 2.5 ms of a 39 ms step predicted at 18.6 ms."""
     elt = element_size(dtype)
     launch = _launch(calibration)
     rows_eff = ROOFLINE_EFFICIENCY["embedding"]
@@ -273,16 +277,18 @@ def eager_table_time(rows: int, dim: int, nnz: int, bags: int, lookups: int,
         t, _ = memory_time(nbytes, gpu, calibration, "pointwise")
         return t / _factor(calibration, "memory") - launch  # launches counted below
 
-    looked = kernels.eager_lookup_bytes(dim, nnz, bags, lookups, elt)
-    fwd_k = bwd_k = 3 * lookups
+    looked = kernels.eager_lookup_bytes(path, rows, dim, nnz, bags, lookups, elt)
+    dense = path == "dense_grad"
+    fwd_k = lookups if dense else 3 * lookups
+    bwd_k = (2 * lookups + max(0, lookups - 1)) if dense else 3 * lookups
     fwd = looked["fwd_rows"] / (bw * rows_eff) + fwd_k * launch
     bwd = stream_s(looked["bwd_stream"]) + looked["bwd_rows"] / (bw * rows_eff) \
         + bwd_k * launch
     opt = 0.0
     if optimizer:
-        upd = kernels.eager_update_bytes(rows, dim, nnz, optimizer, elt, storage_bytes,
+        upd = kernels.eager_update_bytes(path, rows, dim, nnz, optimizer, elt, storage_bytes,
                                          replicas)
-        ops = _FIND_ROWS_KERNELS \
+        ops = _FIND_ROWS_KERNELS.get(path, 6) \
             + kernels.EAGER_ROW_UPDATE.get(optimizer.lower(), (0.0, 0))[1] \
             + (4 if replicas > 1 else 0)
         device = stream_s(upd["stream"]) + upd["rows"] / (bw * rows_eff) + ops * launch

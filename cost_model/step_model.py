@@ -83,11 +83,11 @@ def _embedding_cost(rows: int, dim: int, lookups: int, bags: int, dtype: str, gp
 
 
 @lru_cache(maxsize=1 << 16)
-def _eager_cost(rows: int, dim: int, lookups: int, bags: int, calls: int,
+def _eager_cost(path: str, rows: int, dim: int, lookups: int, bags: int, calls: int,
                 dtype: str, gpu: GPUSpec, calibration: Calibration | None,
                 optimizer: str | None, storage_bytes: float | None = None,
                 replicas: int = 1) -> float:
-    return sum(eager_table_time(rows, dim, lookups, bags, calls, dtype, gpu,
+    return sum(eager_table_time(path, rows, dim, lookups, bags, calls, dtype, gpu,
                                 calibration, optimizer, storage_bytes, replicas))
 
 
@@ -117,8 +117,8 @@ def shard_compute_s(t: TableCost, rows: float, dim: float, world: int, gpu: GPUS
     """Forward + backward seconds of the lookup of a shard of ``rows`` x ``dim`` (0 for
     none), by the path the runner runs it on (``t.lookup``, gemc.table_lookup): its share
     of the rank's batched lookup kernel with the fused backward applying ``optimizer`` to
-    the touched rows (op_cost.batched_embedding_time); or eager lookups with a sparse
-    gradient and the sparse optimizer's step of the touched rows
+    the touched rows (op_cost.batched_embedding_time); or eager lookups with a sparse or
+    table-sized gradient and the sparse optimizer's step of the touched rows
     (op_cost.eager_table_time, optimizer included: ``optimizer``, for a data-parallel
     replica the step's ``table_optimizer``). A data-parallel table priced ``batched`` on
     several ranks (no plan's rule gives that; a TableCost made by hand) keeps eager's dense
@@ -131,7 +131,7 @@ def shard_compute_s(t: TableCost, rows: float, dim: float, world: int, gpu: GPUS
     storage = None if t.precision == "fp32" else t.storage_bytes
     if t.lookup != BATCHED:
         replicas = world if t.replicated else 1
-        return _eager_cost(max(1, int(rows)), max(1, int(dim)), int(lookups),
+        return _eager_cost(t.lookup, max(1, int(rows)), max(1, int(dim)), int(lookups),
                            int(bags), max(1, t.lookups), dtype, gpu, calibration,
                            optimizer or StepOptions.table_optimizer, storage, replicas)
     if t.replicated and world > 1:

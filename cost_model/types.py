@@ -67,8 +67,8 @@ class TableCost:
     # row). Lookups still produce, exchange and back-propagate ``dtype_bytes`` elements.
     precision: str = "fp32"
     # the code that runs its lookups (gemc.table_lookup): inside the batched kernel with
-    # the optimizer fused, or eager with a sparse gradient and the sparse optimizer after
-    # it; and how many lookup ops read it (each has its own gradient)
+    # the optimizer fused, or eager with a sparse / table-sized gradient and the sparse
+    # optimizer after it; and how many lookup ops read it (each has its own gradient)
     lookup: str = BATCHED
     lookups: int = 1
 

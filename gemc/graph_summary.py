@@ -22,17 +22,18 @@ from gemc.cost_model import inductor_fusion, op_cost
 from gemc.cost_model.activations import packed_fill, plan_autocast, runtime_itemsize, view_base
 from gemc.ir import OpKind
 from gemc.sharding import make_shards
-from gemc.table_lookup import lookup_paths
+from gemc.table_lookup import captured_sparse, lookup_paths
 
 
 def table_lookup_paths(gm: fx.GraphModule) -> dict[str, str]:
     """Each table's lookup path as the runner will run the plan built from ``gm``
     (gemc.table_lookup's rule): its batched kernel groups, the tables' storage precisions
-    (``gemc.placement``), the world size it was priced for, and whether the plan has
-    graph kernels at all."""
+    (``gemc.placement``), the world size it was priced for, whether the plan has graph
+    kernels at all, and the lookups captured ``sparse=True``."""
     kinds: dict[str, str] = {}
     precision: dict[str, str] = {}
     members: dict[str, set[str]] = defaultdict(set)
+    sparse: dict[str, bool] = {}
     graph_mode = False
     for node in gm.graph.nodes:
         facts = node.meta.get(ir.KERNEL)
@@ -45,12 +46,14 @@ def table_lookup_paths(gm: fx.GraphModule) -> dict[str, str]:
         fqn = table["fqn"]
         placement = node.meta.get(ir.PLACEMENT) or {}
         precision[fqn] = placement.get("precision", precision.get(fqn, "fp32"))
+        sparse[fqn] = sparse.get(fqn, True) and captured_sparse(node)
         gid = node.meta.get(ir.GROUP)
         if gid is not None:
             members[str(gid)].add(fqn)
     batched = [fqns for gid, fqns in members.items() if kinds.get(gid) == "batched_embedding_bag"]
     world = int((gm.meta.get(ir.PRICING) or {}).get("world_size", 1))
-    return lookup_paths(precision, batched, world_size=world, graph_mode=graph_mode)
+    return lookup_paths(precision, batched, world_size=world, graph_mode=graph_mode,
+                        captured_sparse={f for f, s in sparse.items() if s})
 
 
 def table_summaries(gm: fx.GraphModule, captured: Captured) -> list[dict[str, Any]]:

@@ -2,7 +2,7 @@
 
 A table's step costs what the path that runs it costs, and the paths differ by an order of
 magnitude (DIN h200: 18 tables outside any batched kernel, priced as if the fused kernel
-ran them, 18.6 ms predicted against 39.0 ms measured). Two paths:
+ran them, 18.6 ms predicted against 39.0 ms measured). Three paths:
 
 ``BATCHED``
     inside a ``batched_embedding_bag`` kernel: one fused forward, and a backward that
@@ -11,24 +11,37 @@ ran them, 18.6 ms predicted against 39.0 ms measured). Two paths:
     through the runner's sharded table module: ``F.embedding_bag(..., sparse=True)`` (or
     the exchange, which ends in one), a sparse gradient of one row per looked-up id, which
     the sparse optimizer coalesces (sorts and sums) and applies to the touched rows.
+``DENSE_GRAD``
+    the captured graph's own lookup op (graph mode on one rank, a table no batched kernel
+    took), captured with ``sparse=False``: its backward zero-fills a gradient the size of
+    the table and scatters into it; the sparse optimizer then scans that whole gradient
+    for the touched rows (``abs().sum(1)``, ``nonzero``: a host sync) before updating them.
+    A lookup captured ``sparse=True`` yields a sparse gradient: ``SPARSE``.
+
+Why graph mode keeps ``DENSE_GRAD`` on one rank rather than routing those lookups to the
+sharded tables (``SPARSE``): measured on the H200 (DIN h200, 18 such tables of up to 1M
+rows), the dense path trained at 39-44 ms a step and the sparse one at 318 ms — on a GPU a
+table-sized zero-fill and scan streams at HBM speed, while the sparse gradient's coalesce
+(sort, unique, a host sync) and the graph breaks around each routed lookup do not
+(BENCHMARKS.md, "The zoo on one H200").
 
 The rule (backends/torch/graph_mode.py calls this module for it): without graph kernels
-(module mode) every table runs ``SPARSE``. With them, a batched entry owns its tables when
-its tables share one storage precision; but on several ranks, or when any table stored
-bf16/fp8 is left outside such an entry, no batched entry is applied. An owned table of an
-applied entry is ``BATCHED``; every other table's lookups go through the sharded tables
-(``SPARSE``), in graph mode as in module mode: the graph's own lookup op, captured with
-``sparse=False``, would zero-fill a table-sized gradient every step and make the optimizer
-scan all of it for the touched rows (a host sync per table), so graph mode never runs it.
+(module mode) every table runs ``SPARSE``. With them, a batched entry owns its tables when its tables
+share one storage precision; but on several ranks, or when any table stored bf16/fp8 is
+left outside such an entry, no batched entry is applied and every lookup goes through the
+sharded tables (``SPARSE``). Otherwise an owned table is ``BATCHED`` and any other runs as
+captured (``DENSE_GRAD``, or ``SPARSE`` when captured sparse).
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
+from typing import Any
 
 BATCHED = "batched"
 SPARSE = "sparse"
-LOOKUP_PATHS = (BATCHED, SPARSE)
+DENSE_GRAD = "dense_grad"
+LOOKUP_PATHS = (BATCHED, SPARSE, DENSE_GRAD)
 
 
 def owned_by_batched(entries: Iterable[Collection[str]],
@@ -54,15 +67,26 @@ def batched_applied(owned: Collection[str], precision: Mapping[str, str], *,
 
 
 def lookup_paths(precision: Mapping[str, str], batched_entries: Iterable[Collection[str]], *,
-                 world_size: int, graph_mode: bool) -> dict[str, str]:
+                 world_size: int, graph_mode: bool,
+                 captured_sparse: Collection[str] = ()) -> dict[str, str]:
     """Each table's path (fqn -> one of ``LOOKUP_PATHS``; see the module doc).
 
     ``precision``: every table of the plan, fqn -> storage precision. ``batched_entries``:
     the fqns of each ``batched_embedding_bag`` entry. ``graph_mode``: the plan has kernels
-    the runner executes in the captured graph (and they are not switched off)."""
+    the runner executes in the captured graph (and they are not switched off).
+    ``captured_sparse``: tables whose every captured lookup has ``sparse=True``."""
     if not graph_mode:
         return dict.fromkeys(precision, SPARSE)
     owned = owned_by_batched(batched_entries, precision)
     if not batched_applied(owned, precision, world_size=world_size):
         return dict.fromkeys(precision, SPARSE)
-    return {f: BATCHED if f in owned else SPARSE for f in precision}
+    return {f: BATCHED if f in owned else SPARSE if f in captured_sparse else DENSE_GRAD
+            for f in precision}
+
+
+def captured_sparse(node: Any) -> bool:
+    """A captured lookup op (an ``fx.Node``) with ``sparse=True`` (its backward makes a
+    sparse gradient): ``aten.embedding``'s 5th argument, ``aten.embedding_bag``'s 6th."""
+    index = 5 if "embedding_bag" in str(node.target) else 4
+    value = node.args[index] if len(node.args) > index else node.kwargs.get("sparse", False)
+    return bool(value)

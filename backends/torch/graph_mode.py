@@ -20,12 +20,14 @@ with the run's embedding optimizer settings). The runner aliases each table's pa
 and optimizer-state tensors to views of that buffer, so checkpoints save and load them
 like any other table, and the sparse optimizer skips those tables.
 
-Every lookup of a table no applied batched entry owns calls its :class:`ShardedEmbedding`
-(gemc.table_lookup's ``SPARSE`` path, the rule the cost model prices by): a lookup with
-``sparse=True`` and the sparse optimizer's row update, as in module mode. The graph's own
-lookup op, captured ``sparse=False``, would build a table-sized gradient every step and
-make the optimizer scan it for the touched rows. A read of a table other than as its
-module's lookup (a tied projection) runs as captured on one rank, with a warning.
+A table no applied batched entry owns takes gemc.table_lookup's path (the rule the cost
+model prices by). On one rank an fp32 table captured ``sparse=False`` runs the graph's own
+lookup op (``DENSE_GRAD``: a table-sized gradient the sparse optimizer scans for the
+touched rows — measured 8x faster on the H200 than the sparse route, see that module);
+every other such table (captured ``sparse=True``, stored bf16/fp8, several ranks) has its
+lookups call its :class:`ShardedEmbedding` (``SPARSE``: a lookup with ``sparse=True`` and
+the sparse optimizer's row update, as in module mode). A read of a routed table other than
+as its module's lookup (a tied projection) runs as captured on one rank, with a warning.
 
 On several ranks the dense parameters are replicas (every region ``ddp``: their gradients
 are averaged by the same post-accumulate hooks as in module mode, which the graph's
@@ -59,7 +61,13 @@ from torch import nn
 from gemc import ir
 from gemc.errors import PlanError
 from gemc.kernel_kinds import graph_kinds
-from gemc.table_lookup import SPARSE, batched_applied, lookup_paths, owned_by_batched
+from gemc.table_lookup import (
+    SPARSE,
+    batched_applied,
+    captured_sparse,
+    lookup_paths,
+    owned_by_batched,
+)
 
 GRAPH_KINDS = graph_kinds()  # declared in gemc/kernel_kinds.py; the rest go to .kernels
 NO_KERNELS_FIX = "pass --no-kernels to run the ops the kernels replace, or compile without them"
@@ -237,8 +245,15 @@ class GraphExecutor:
                    "as they are")
             entries = self._drop_batched(entries, why)
         # fqn -> gemc.table_lookup path, as run (the report's ``table_lookups``)
+        sparse_read = {f: True for f in tables}
+        for node in gm.graph.nodes:  # a table whose every lookup was captured sparse=True
+            if node.target in EMBEDDING_OPS and isinstance(node.args[0], torch.fx.Node):
+                fqn = node.args[0].meta.get(ir.PARAM)
+                if fqn in sparse_read:
+                    sparse_read[fqn] = sparse_read[fqn] and captured_sparse(node)
         self.lookup_paths = lookup_paths(precision, batched, world_size=world_size,
-                                         graph_mode=True)
+                                         graph_mode=True,
+                                         captured_sparse={f for f, s in sparse_read.items() if s})
         sharded = {f: tables[f] for f, path in self.lookup_paths.items() if path == SPARSE}
         calls = _sharded_lookups(gm, sharded, world_size=world_size)
         for fqn in sharded:  # its lookups call the table; a rank without a shard has no weight

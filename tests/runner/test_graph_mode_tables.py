@@ -1,9 +1,12 @@
-"""Graph mode on one rank: a table no batched kernel owns is looked up through its sharded
-table (a sparse gradient, the sparse optimizer's row update), never by the captured op's
-table-sized dense gradient (gemc.table_lookup's rule), and trains exactly like eager."""
+"""Graph mode on one rank: a table no batched kernel owns takes gemc.table_lookup's path —
+the captured op's table-sized gradient for an fp32 table captured ``sparse=False``
+(measured faster on the H200), its sharded table (a sparse gradient, the sparse optimizer's
+row update) for one captured ``sparse=True`` or stored narrower — and trains exactly like
+eager either way."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -30,13 +33,13 @@ def _checkpoint_tables(root) -> dict[str, torch.Tensor]:  # noqa: ANN001
     return torch.load(flat, weights_only=True)["tables"]
 
 
-def test_tables_outside_the_batched_kernel_train_sparse_and_exactly(
+def test_tables_outside_the_batched_kernel_train_exactly_on_their_paths(
         base_plans, tmp_path, monkeypatch) -> None:
     """The test model's plan keeps its batched lookup (which owns some tables) and leaves
     others outside it: the plain nn.Embedding over a sequence, the per-sample-weighted
-    bag, the padding_idx bag. Every table outside reaches the sparse optimizer with a
-    sparse gradient (on the captured op's path it was a dense one the size of the table);
-    losses and every table's rows after 3 steps equal eager training's."""
+    bag, the padding_idx bag. Each table outside reaches the sparse optimizer with the
+    gradient its path makes (dense for ``dense_grad``, sparse for ``sparse``), as the
+    report says; losses and every table's rows after 3 steps equal eager training's."""
     from gemc.api import load_model
 
     plan = variant(base_plans[1], kernels=True)
@@ -59,9 +62,12 @@ def test_tables_outside_the_batched_kernel_train_sparse_and_exactly(
     got = run(plan, RunOptions(steps=STEPS, device="cpu", progress=False,
                                checkpoint_dir=str(ck)))
     assert got.report["execution"].startswith("graph") and got.report["kernels_applied"]
-    assert got.report["graph_executor"]["table_lookups"] == {
-        **dict.fromkeys(owned, "batched"), **dict.fromkeys(outside, "sparse")}
-    assert layouts == dict.fromkeys(outside, {torch.sparse_coo})
+    paths = got.report["graph_executor"]["table_lookups"]
+    assert {f: p for f, p in paths.items() if f in owned} == dict.fromkeys(owned, "batched")
+    assert {paths[f] for f in outside} <= {"sparse", "dense_grad"} and "dense_grad" in {
+        paths[f] for f in outside}
+    assert layouts == {f: {torch.sparse_coo if paths[f] == "sparse" else torch.strided}
+                       for f in outside}
 
     ref = ReferenceTrainer(load_model(MODEL, {}), world_size=1)
     losses = [ref.step(s) for s in range(STEPS)]
@@ -75,7 +81,7 @@ def test_tables_outside_the_batched_kernel_train_sparse_and_exactly(
 class _TiedTable(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.bag = nn.EmbeddingBag(10, 4, mode="sum")
+        self.bag = nn.EmbeddingBag(10, 4, mode="sum", sparse=True)  # routed: SPARSE
 
     def forward(self, ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         return (self.bag(ids, offsets) @ self.bag.weight.t()).sum()
@@ -85,7 +91,8 @@ class _OtherPooling(_TiedTable):
     """A functional lookup of the table with another pooling than its module's."""
 
     def forward(self, ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        mean = nn.functional.embedding_bag(ids, self.bag.weight, offsets, mode="mean")
+        mean = nn.functional.embedding_bag(ids, self.bag.weight, offsets, mode="mean",
+                                           sparse=True)
         return (self.bag(ids, offsets) * mean).sum()
 
 
@@ -148,11 +155,14 @@ def test_a_lookup_of_another_form_than_its_modules_runs_as_captured() -> None:
     torch.testing.assert_close(table.weight.grad.to_dense(), weight.grad)
 
 
-def test_a_packed_region_starting_at_a_sharded_table_lookup_matches_eager() -> None:
+def test_a_packed_region_starting_at_a_table_lookup_matches_eager_on_both_paths() -> None:
     """A guarded packed region (a bool mask given as input) whose first node is the lookup
-    of a table no batched kernel owns: the table module answers the lookup padded and the
-    region packs its tokens from there (compiled and interpreted), as eager computes."""
+    of a table no batched kernel owns: run as captured (``dense_grad``), or answered padded
+    by its table module (the table stored bf16: ``sparse``) with the region packing its
+    tokens from there — compiled and interpreted, as eager computes (bf16 rows: to their
+    rounding)."""
     from gemc.backends.torch.reference import reference_losses
+    from gemc.backends.triton.packed_tokens import GUARD_STATS
 
     from gemc.api import compile as gemc_compile
     from gemc.api import load_model
@@ -162,14 +172,16 @@ def test_a_packed_region_starting_at_a_sharded_table_lookup_matches_eager() -> N
     plan["precision"] = []
     assert any(k["kind"] == "packed_tokens" and k.get("guard") for k in plan["kernels"])
     ref = reference_losses(load_model(entry, {"preset": "tiny"}), steps=2, world_size=1)
-    from gemc.backends.triton.packed_tokens import GUARD_STATS
-
-    for executor in ("inductor", "interpreter"):
-        GUARD_STATS.reset()
-        res = run(plan, RunOptions(steps=2, device="cpu", progress=False,
-                                   graph_executor=executor))
-        graph = res.report["graph_executor"]
-        assert set(graph["table_lookups"].values()) == {"sparse"}, graph["table_lookups"]
-        regions = res.report["per_rank"][0]["guarded_regions"]
-        assert regions["packed"] >= 2, regions  # every step ran packed
-        torch.testing.assert_close([v for _, v in res.losses], ref, rtol=1e-4, atol=1e-5)
+    bf16 = json.loads(json.dumps(plan))
+    for t in bf16["tables"]:
+        t["precision"] = "bf16"
+    for p, path, tol in ((plan, "dense_grad", 1e-4), (bf16, "sparse", 2e-2)):
+        for executor in ("inductor", "interpreter"):
+            GUARD_STATS.reset()
+            res = run(p, RunOptions(steps=2, device="cpu", progress=False,
+                                    graph_executor=executor))
+            graph = res.report["graph_executor"]
+            assert set(graph["table_lookups"].values()) == {path}, graph["table_lookups"]
+            regions = res.report["per_rank"][0]["guarded_regions"]
+            assert regions["packed"] >= 2, regions  # every step ran packed
+            torch.testing.assert_close([v for _, v in res.losses], ref, rtol=tol, atol=1e-5)
