@@ -110,8 +110,9 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         metavar="SECONDS",
         help="CP-SAT's search budget in deterministic seconds (reproducible work units, "
-        "about a core-second each; a number > 0; default 2: the local search hands it a "
-        "near-optimal hint)",
+        "about a core-second each; a number > 0; default: sized by the tables, 0.25 up to "
+        "64 tables, rising to 2 at 512 and more: the local search hands it a near-optimal "
+        "hint)",
     )
     c.add_argument("--table-optimizer", default=None, choices=(*TABLE_OPTIMIZERS, "auto"),
                    help="optimizer of the embedding tables, priced (state bytes per row) and "

@@ -142,7 +142,14 @@ def _solver_lines(solver: dict[str, Any] | None) -> list[str]:
     extra = (f"           greedy {_ms(solver.get('greedy_step_ms'))}  "
              f"{solver.get('variables')} variables, bins of {solver.get('bin_size')} rank(s), "
              f"{solver.get('deterministic_seconds')} deterministic s of {solver.get('time_limit_s')}")
-    return [line, extra]
+    out = [line, extra]
+    if solver.get("unbalanced_step_ms") is not None:  # the memory-balance trade, stated
+        out.append(f"           memory balance replaced the step-first plan "
+                   f"({_ms(solver.get('unbalanced_step_ms'))}, fullest rank "
+                   f"{solver.get('unbalanced_max_gb')} GB) within balance_tolerance "
+                   f"{solver.get('balance_tolerance')}: step now "
+                   f"{_ms(solver.get('predicted_step_ms'))}")
+    return out
 
 
 def _strategy(r: dict[str, Any]) -> str:

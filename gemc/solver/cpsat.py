@@ -480,6 +480,23 @@ def _params(s, **fields: Any) -> str:
     return str(params)
 
 
+def _wall(s, deterministic_s: float) -> float:
+    """The wall-clock safety net of a solve of ``deterministic_s``: never what stops a
+    healthy search, even a short one on a loaded machine (0.25 deterministic s took 14 s
+    of wall on two cores shared by ten processes)."""
+    return max(deterministic_s * s.wall_limit_factor, s.wall_limit_min_s)
+
+
+def _interleaved(s) -> dict[str, Any]:
+    """Workers and interleaving. A batch of one task per worker: the deterministic limit
+    is checked between batches, and OR-Tools' default batch (6 tasks at 2 workers) ran
+    0.9 deterministic s before its first check, whatever the budget (DLRMv2, 16 ranks)."""
+    if s.workers <= 1:
+        return {"num_workers": 1}
+    return {"num_workers": s.workers, "interleave_search": True,
+            "interleave_batch_size": s.workers}
+
+
 def _run_child(model_text: str, fill: str | None, main: str, budget: float,
                timeout_s: float, balance: dict[str, Any] | None = None
                ) -> tuple[dict[str, Any] | None, str, str]:
@@ -531,20 +548,20 @@ def solve(problem: Problem, layout: Layout, regions: list[RegionClass],
     b.loads()
     b.objective()
     s = problem.settings
-    budget = s.time_limit_s if time_limit_s is None else time_limit_s
+    budget = problem.budget_s if time_limit_s is None else time_limit_s
     fill = None
     if hint is not None:
         b.hint(hint)
         fill_det = min(1.0, 0.2 * budget)
         fill = _params(s, num_workers=1, fix_variables_to_their_hinted_value=True,
                        max_deterministic_time=fill_det,
-                       max_time_in_seconds=fill_det * s.wall_limit_factor,
+                       max_time_in_seconds=_wall(s, fill_det),
                        probing_deterministic_time_limit=0.0,
                        presolve_probing_deterministic_time_limit=0.0,
                        find_big_linear_overlap=False, max_presolve_iterations=1)
     main = _params(
-        s, num_workers=s.workers, interleave_search=s.workers > 1,
-        max_time_in_seconds=budget * s.wall_limit_factor, relative_gap_limit=s.gap_limit,
+        s, **_interleaved(s),
+        max_time_in_seconds=_wall(s, budget), relative_gap_limit=s.gap_limit,
         # presolve spends deterministic time too: on thousands of tables its default
         # probing and overlap detection alone take the whole budget (1 s each)
         probing_deterministic_time_limit=min(1.0, 0.02 * budget),
@@ -562,15 +579,15 @@ def solve(problem: Problem, layout: Layout, regions: list[RegionClass],
         step_index, mem_index = b.balance()
         balance = {"step": step_index, "memory": mem_index, "model": str(b.m.Proto()),
                    "params": _params(
-            s, num_workers=s.workers, interleave_search=s.workers > 1,
-            max_deterministic_time=share, max_time_in_seconds=share * s.wall_limit_factor,
+            s, **_interleaved(s),
+            max_deterministic_time=share, max_time_in_seconds=_wall(s, share),
             probing_deterministic_time_limit=min(1.0, 0.02 * share),
             presolve_probing_deterministic_time_limit=min(1.0, 0.02 * share),
             find_big_linear_overlap=False, max_presolve_iterations=1)}
     build = time.perf_counter() - start
     start = time.perf_counter()
     # the child's own limits stop it; this only catches a hung one
-    timeout = (budget + s.balance_share * budget) * s.wall_limit_factor * (2 if fill else 1) + 60.0
+    timeout = (_wall(s, budget) + _wall(s, s.balance_share * budget)) * (2 if fill else 1) + 60.0
     res, stage, why = _run_child(model_text, fill, main, budget, timeout, balance)
     crash = None
     if res is None:

@@ -183,32 +183,47 @@ class Packer:
         for h in range(start // self.local, (start + o.width - 1) // self.local + 1):
             self.host[h] += sign * min(o.width, self.local) * o.out_bytes
 
-    def best(self, o: TableOption, lo: int, hi: int, used: tuple[int, ...] | list[int]) -> int:
+    def _window_max(self, a: np.ndarray, lo: int, hi: int, w: int) -> np.ndarray:
+        """Each candidate place's largest value (a piece spans ``w`` ranks)."""
+        return a[lo:hi] if w == 1 else a[lo:hi].reshape(-1, w).max(axis=1)
+
+    def best(self, o: TableOption, lo: int, hi: int, used: tuple[int, ...] | list[int],
+             slack: float | None = None) -> int:
+        """The start of the best place for a piece. With ``slack`` (seconds the step may
+        still rise), the emptiest place in memory among those rising at most that much."""
         w, local = o.width, self.local
         starts = np.arange(lo, hi, w)
-        comp = self.comp[lo:hi].reshape(-1, w).max(axis=1) + o.compute_s
-        out = self.out[lo:hi].reshape(-1, w).max(axis=1) + o.out_bytes
-        mem = self.mem[lo:hi].reshape(-1, w).max(axis=1) + o.memory
+        comp = self._window_max(self.comp, lo, hi, w) + o.compute_s
+        out = self._window_max(self.out, lo, hi, w) + o.out_bytes
+        mem = self._window_max(self.mem, lo, hi, w) + o.memory
         add = min(w, local) * o.out_bytes
         if w <= local:
             host = self.host[starts // local] + add
         else:
             host = self.host[lo // local:hi // local].reshape(-1, w // local).max(axis=1) + add
         s_cur = float(self.comp.max())
+        host_sum = float(self.host.sum())
         m1 = float(self.host.min())
         a_cur = max(float(self.out.max()) * self.io, float(self.host.max()) * self.ho,
-                    (float(self.host.sum()) - m1) * self.hi)
-        total = float(self.host.sum()) + w * o.out_bytes
-        a_new = np.maximum(np.maximum(out * self.io, host * self.ho), (total - m1) * self.hi)
-        a_new = np.maximum(a_new, a_cur)
+                    (host_sum - m1) * self.hi)
+        total = host_sum + w * o.out_bytes
+        a_new = np.maximum(out * self.io, host * self.ho)
+        np.maximum(a_new, max((total - m1) * self.hi, a_cur), out=a_new)
         rise = (np.maximum(comp, s_cur) - s_cur) + 2 * (a_new - a_cur)
         balance = comp + 2 * (host * self.ho + out * self.io)
         bad = mem > self.free
-        if used:
-            bad |= np.isin(starts, np.asarray(list(used)))
+        taken = np.zeros(len(starts), dtype=bool)
+        for u in used:  # pieces of this table already placed: distinct places
+            if lo <= u < hi and (u - lo) % w == 0:
+                taken[(u - lo) // w] = True
+        bad |= taken
         if bad.all():  # no room anywhere: the least-full place; the planner refuses the plan
             self.overflow = True
-            bad = np.isin(starts, np.asarray(list(used))) if used else np.zeros_like(bad)
+            bad = taken
             rise, balance = mem, mem
+        elif slack is not None:
+            over = rise > slack
+            if not (over | bad).all():
+                return int(starts[np.lexsort((starts, rise, mem, over, bad))[0]])
         order = np.lexsort((starts, balance, rise, bad))
         return int(starts[order[0]])

@@ -34,13 +34,15 @@ class SolverSettings:
 
     ``time_limit_s`` is CP-SAT's *deterministic* time (its own work counter, about a second
     of one core on an idle machine), so the same inputs give the same plan on any machine
-    and any load; ``wall_limit_factor`` x that in wall seconds is only a safety net (when it
-    is what stops the search, the plan says so: it may then differ from run to run).
+    and any load; ``wall_limit_factor`` x that in wall seconds (at least ``wall_limit_min_s``)
+    is only a safety net (when it is what stops the search, the plan says so: it may then
+    differ from run to run).
+    ``None`` (the default) sizes it by the tables to place (``budget_s``).
     ``memory_reserve`` is the share of HBM kept free for fragmentation and what the memory
     model does not see, on top of the CUDA context (``GPUSpec.usable_hbm_bytes``).
     """
 
-    time_limit_s: float = 2.0
+    time_limit_s: float | None = None
     workers: int = 2
     seed: int = 0
     gap_limit: float = 1e-3        # stop once within 0.1% of the bound
@@ -50,21 +52,43 @@ class SolverSettings:
     max_placement_vars: int = 6_000
     packing_slack: float = 0.03   # memory a bin of several ranks keeps free for packing
     wall_limit_factor: float = 6.0
+    wall_limit_min_s: float = 30.0  # the safety net's floor (short budgets on loaded boxes)
     # extra budget (a share of time_limit_s, on top of it) for the lexicographic second
     # objective (memory balance: the fullest rank's bytes, the step held at the first
     # solution's); 0: off
     balance_share: float = 0.0
+    # memory balance after the plan is found (``planners._balanced``): the share of its
+    # step a better-balanced plan may cost (headroom for activations and fragmentation
+    # the memory model does not see); 0: the step is never traded
+    balance_tolerance: float = 0.02
     # table moves the local search prices (``local_search``), before CP-SAT and after it:
     # a count, not a clock, so plans stay reproducible
     search_moves: int = 5_000
 
     def __post_init__(self) -> None:
-        if not self.time_limit_s > 0:
+        if self.time_limit_s is not None and not self.time_limit_s > 0:
             raise ValueError(f"time limit must be > 0 seconds, got {self.time_limit_s}")
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
+        if not 0 <= self.balance_tolerance < 1:
+            raise ValueError(f"balance_tolerance must be in [0, 1), got {self.balance_tolerance}")
         if not 0 <= self.memory_reserve < 1:
             raise ValueError(f"memory_reserve must be in [0, 1), got {self.memory_reserve}")
+
+
+# CP-SAT's deterministic budget when none is given: BUDGET_MAX_S from BUDGET_FULL_TABLES
+# tables up, proportionally fewer below, never under BUDGET_MIN_S. Measured on DLRMv2
+# (BENCHMARKS.md, issue 19): its 26 tables planned as well in 0.25 s as in 2 (the local
+# search's hint is near CP-SAT's best at that size, and 2 s cost 7-9 s of wall on two
+# cores), its tables x40 (1,040) were 14-32% slower at 512 and 4,096 ranks in 0.25 s.
+BUDGET_MIN_S = 0.25
+BUDGET_MAX_S = 2.0
+BUDGET_FULL_TABLES = 512
+
+
+def default_budget_s(tables: int) -> float:
+    """Deterministic seconds for CP-SAT on ``tables`` tables (see BUDGET_MAX_S)."""
+    return max(BUDGET_MIN_S, BUDGET_MAX_S * min(1.0, tables / BUDGET_FULL_TABLES))
 
 
 @dataclass(frozen=True)
@@ -135,6 +159,12 @@ class Problem:
         """Per-GPU memory a plan may use: usable HBM minus the reserve."""
         gpu = self.topology.gpu
         return float(gpu.usable_hbm_bytes) - self.settings.memory_reserve * gpu.hbm_bytes
+
+    @property
+    def budget_s(self) -> float:
+        """CP-SAT's deterministic seconds: the user's limit, else sized by the tables."""
+        given = self.settings.time_limit_s
+        return given if given is not None else default_budget_s(len(self.tables))
 
     def can_place(self, region: str) -> bool:
         return self.placeable is None or region in self.placeable

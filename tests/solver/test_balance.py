@@ -1,10 +1,15 @@
 """Memory balance: CP-SAT's lexicographic second objective (``balance_share``, off by
-default since the local search polishes the balance of every plan) never costs step."""
+default since the local search polishes the balance of every plan) never costs step; the
+local balance search (``local_search.balance``) reaches the 1.3x bound on a small set,
+and the planner keeps its plan only within ``balance_tolerance`` of the step."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from gemc.solver.evaluate import Pricer, evaluate
+from gemc.solver.greedy import greedy
+from gemc.solver.local_search import balance, improve
 from gemc.solver.planners import run_planner
 from gemc.solver.problem import SolverSettings
 from tests.solver.synth import make_problem
@@ -13,13 +18,65 @@ from tests.solver.synth import make_problem
 def test_balancing_never_slows_the_step_and_lowers_the_fullest_rank():
     """16 tables on 8 ranks: without the second solve the fullest rank holds 63 GB
     (mean 36); with it 47 GB, at the same step (measured: 21.232 -> 21.231 ms, before the
-    local search polished both)."""
+    local search polished both). The step held is the model's: the local search then
+    polishes the two expanded plans from different places, so the final steps may differ
+    by a hair either way (21.3569 vs 21.3583 ms since the search's spread phase)."""
     settings = SolverSettings(time_limit_s=2, wall_limit_factor=100, gap_limit=0.0,
                               balance_share=0.2)
     p = make_problem("h200:2x4", n_tables=16, seed=1, big=4.0, settings=settings)
     off = run_planner(replace(p, settings=replace(settings, balance_share=0.0)), "cpsat")
     on = run_planner(p, "cpsat")
-    assert on.evaluation.step_s <= off.evaluation.step_s * (1 + 1e-9)
+    assert on.report["objective_ms"] == off.report["objective_ms"]  # the first solve's
+    assert on.evaluation.step_s <= off.evaluation.step_s * (1 + 1e-3)
     assert on.evaluation.memory.max() <= off.evaluation.memory.max()
     assert off.report["balanced_max_gb"] is None
     assert on.report["balanced_max_gb"] is not None
+
+
+def test_local_balance_meets_the_bound_within_its_tolerance_and_is_deterministic():
+    """Eight ranks, sixteen tables of up to 4x the synthetic sizes: the step-first plan
+    holds 2.36x the mean on its fullest rank; the balance search (step let rise 10%,
+    then won back with the fullest rank held) ends at <= 1.3x within 5% of the step
+    (measured 1.00x at +0.6%), twice the same."""
+    p = make_problem("h200:2x4", n_tables=16, seed=1, big=4.0, settings=SolverSettings())
+    pricer = Pricer(p)
+    start = improve(p, pricer, greedy(p, pricer))
+    before = evaluate(p, start, pricer)
+    assert before.memory.max() / before.memory.mean() > 1.3
+    a = balance(p, pricer, start, 0.1)
+    after = evaluate(p, a, pricer)
+    assert after.memory.max() / after.memory.mean() <= 1.3
+    assert after.step_s <= before.step_s * 1.05
+    assert balance(p, pricer, start, 0.1).tables == a.tables
+    held = evaluate(p, balance(p, pricer, start, 0.0), pricer)
+    assert held.step_s <= before.step_s * (1 + 1e-9)  # no tolerance: the step is held
+
+
+def test_the_planner_trades_step_for_balance_only_within_its_tolerance():
+    """``balance_tolerance`` bounds what the kept plan may cost against the step-first
+    plan (reported as ``unbalanced_step_ms``); 0 never trades."""
+    p = make_problem("h200:2x4", n_tables=16, seed=1, big=4.0,
+                     settings=SolverSettings(time_limit_s=0.3, wall_limit_factor=200))
+    on = run_planner(p, "cpsat")
+    off = run_planner(replace(p, settings=replace(p.settings, balance_tolerance=0.0)),
+                      "cpsat")
+    assert on.report["balance_tolerance"] == 0.02
+    if on.report["unbalanced_step_ms"] is not None:
+        assert on.report["predicted_step_ms"] <= on.report["unbalanced_step_ms"] * 1.02 + 1e-9
+        assert 1e9 * on.report["unbalanced_max_gb"] > on.evaluation.memory.max()
+    if off.report["unbalanced_step_ms"] is not None:  # only a faster, better-balanced plan
+        assert off.report["predicted_step_ms"] <= off.report["unbalanced_step_ms"] + 1e-9
+    assert on.evaluation.memory.max() <= off.evaluation.memory.max()
+
+
+def test_explain_states_the_balance_trade():
+    """A plan whose balance search replaced the step-first plan says so, with both steps
+    and the fullest rank it had; one that did not, says nothing."""
+    from gemc.explain import _solver_lines
+
+    block = {"status": "feasible", "planner": "cpsat", "kept": "cpsat+search",
+             "predicted_step_ms": 6.73, "unbalanced_step_ms": 6.77,
+             "unbalanced_max_gb": 27.364, "balance_tolerance": 0.02}
+    text = "\n".join(_solver_lines(block))
+    assert "6.770 ms" in text and "27.364 GB" in text and "6.730 ms" in text
+    assert "balance" not in "\n".join(_solver_lines({**block, "unbalanced_step_ms": None}))
