@@ -17,7 +17,9 @@ generalises to models it has not seen:
   ``f_k * predicted_k = measured_k``.
 - memory: one ``activation_factor`` on the activations (the part the model knows least;
   parameters, gradients and optimizer state are counted exactly), least squares of
-  ``measured - static = a * activations`` over runs, clipped the same way.
+  the *relative* error ``(static + a * activations - measured) / measured`` over runs
+  (as the time fit and as the accuracy is judged: a 30 GB run must not outweigh a
+  10 GB one ninefold), clipped the same way.
 
 Factors multiply what the base calibration already predicts, so refitting a fitted file
 composes. The residuals (per run, after the fit) are written next to the factors: a
@@ -180,6 +182,20 @@ def choose_ridge(runs: Sequence[RunObservation], kinds: list[str]) -> float:
     return best
 
 
+def activation_factor(runs: Sequence[RunObservation]) -> float | None:
+    """The ``a`` minimising sum over runs of ((static + a * activations - measured) /
+    measured)^2, clipped to ``FACTOR_BOUNDS``; None when no run has memory to fit."""
+    mem = [r for r in runs if r.measured_peak_bytes and r.predicted_activation_bytes
+           and r.predicted_static_bytes is not None]
+    if not mem:
+        return None
+    m = np.array([r.measured_peak_bytes for r in mem])
+    x = np.array([r.predicted_activation_bytes for r in mem]) / m
+    y = (m - np.array([r.predicted_static_bytes for r in mem])) / m
+    lo, hi = FACTOR_BOUNDS
+    return float(np.clip(float(x @ y) / float(x @ x), lo, hi))
+
+
 def fit_runs(runs: Sequence[RunObservation], *, ridge: float | None = None) -> RunFit:
     """Least-squares factors over the runs (see the module doc); deterministic.
     ``ridge``: None chooses it by leave-one-out over the runs (``choose_ridge``)."""
@@ -191,12 +207,7 @@ def fit_runs(runs: Sequence[RunObservation], *, ridge: float | None = None) -> R
     factors = _time_factors(runs, kinds, ridge)
     lo, hi = FACTOR_BOUNDS
 
-    act = None
-    mem = [r for r in runs if r.measured_peak_bytes and r.predicted_activation_bytes]
-    if mem:
-        x = np.array([r.predicted_activation_bytes for r in mem])
-        y = np.array([r.measured_peak_bytes - r.predicted_static_bytes for r in mem])
-        act = float(np.clip(float(x @ y) / float(x @ x), lo, hi))
+    act = activation_factor(runs)
 
     residuals = []
     for r in runs:
