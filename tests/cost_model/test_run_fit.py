@@ -185,3 +185,19 @@ def test_activation_factor_fits_relative_memory_error():
     assert worst(1.985) == pytest.approx(0.99, abs=0.01)  # absolute least squares' a
     assert worst(a) < 0.5
     assert activation_factor([_obs("t", {"gemm": 1.0}, 1.0)]) is None
+
+
+def test_two_runs_choose_their_ridge_by_predicting_each_other():
+    """With two runs each is held out once: a slowdown both share (the whole step 1.4x)
+    keeps the weak pull; one run's own error (the other predicted well as is) chooses a
+    strong pull, so a fit on the two does not carry it to a third model."""
+    from gemc.cost_model.run_fit import RIDGE_GRID, fit_runs
+
+    shared = [_obs("a", {"gemm": 10, "memory": 5}, 1.4 * 15),
+              _obs("b", {"gemm": 4, "memory": 12}, 1.4 * 16)]
+    assert fit_runs(shared).ridge == min(RIDGE_GRID)
+    own = [_obs("a", {"gemm": 10, "host": 4}, 1.5 * 14),
+           _obs("b", {"gemm": 6, "host": 4}, 10.0)]
+    fit = fit_runs(own)
+    assert fit.ridge > min(RIDGE_GRID)
+    assert fit.factors["host"] < 1.3
