@@ -344,7 +344,6 @@ def match(node: fx.Node) -> dict[str, Any] | str | None:
         ("q_perm", q_perm), ("k_perm", k_perm), ("v_perm", v_perm), ("out_perm", out_perm))}
     return {
         "_group": group,
-        "_keys": key_mask.node if key_mask is not None else keys[0],
         "q": q.name, "k": k.name, "v": v.name,
         "output": node.name,
         "mask": key_mask.node.name if key_mask is not None else None,
@@ -407,7 +406,6 @@ class MatchSiluAttention:
             group: list[fx.Node] = found.pop("_group")
             if any(ir.GROUP in n.meta for n in group):
                 continue
-            found.pop("_keys")
             gid = f"jagged_silu_attention_{count}"
             count += 1
             for n in group:
