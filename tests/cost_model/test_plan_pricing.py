@@ -122,7 +122,20 @@ def test_jagged_attention_kernel_time_adds_the_bias_traffic():
     assert shared > own and narrow > plain
 
 
-def test_silu_kernel_is_priced_as_it_runs():
+@pytest.fixture(scope="module")
+def hstu_plan_graph():
+    """The zoo's tiny HSTU through the default pipeline for h200:1x1 (greedy)."""
+    entry = str(Path(__file__).resolve().parents[2] / "examples" / "zoo" / "hstu.py") + ":build"
+    topo = parse_topology("h200:1x1")
+    spec = load_model(entry, {"preset": "tiny"})
+    cap = capture(spec, entrypoint=entry)
+    ctx = pass_context(entry, {"preset": "tiny"}, cap, topo)
+    ctx.calibration = _calibration("auto", "h200")
+    ctx.options["solver"] = {}
+    return PassManager(default_pipeline("greedy")).run(cap.gm, ctx, capture_seconds=0)
+
+
+def test_silu_kernel_is_priced_as_it_runs(hstu_plan_graph):
     """HSTU's matched SiLU attention (tiny) is priced as the jagged kernel at the plan's
     autocast dtype (its members sum to ``jagged_silu_kernel_time`` in bf16), below the
     padded formula op by op, which stores the [B, H, L, L] scores."""
@@ -132,14 +145,8 @@ def test_silu_kernel_is_priced_as_it_runs():
 
     from gemc.graph_summary import _silu_kernel_ratios
 
-    entry = str(Path(__file__).resolve().parents[2] / "examples" / "zoo" / "hstu.py") + ":build"
-    topo = parse_topology("h200:1x1")
-    spec = load_model(entry, {"preset": "tiny"})
-    cap = capture(spec, entrypoint=entry)
-    ctx = pass_context(entry, {"preset": "tiny"}, cap, topo)
-    ctx.calibration = _calibration("auto", "h200")
-    ctx.options["solver"] = {}
-    gm = PassManager(default_pipeline("greedy")).run(cap.gm, ctx, capture_seconds=0)
+    gm = hstu_plan_graph
+    pricing = gm.meta[ir.PRICING]
     assert plan_autocast(gm) == "bf16"
     ms = kernel_adjusted_ms(gm)
     named = {n.name: n for n in gm.graph.nodes}
@@ -152,9 +159,31 @@ def test_silu_kernel_is_priced_as_it_runs():
         facts = node.meta[ir.KERNEL]
         members = [n for n in gm.graph.nodes if n.meta.get(ir.GROUP) == facts["id"]]
         expected = 1e3 * op_cost.jagged_silu_kernel_time(
-            facts, node, named, "bf16", lambda n: sizes.get(n) or 4, topo.gpu, ctx.calibration)
+            facts, node, named, "bf16", lambda n: sizes.get(n) or 4, pricing["gpu"],
+            pricing["calibration"])
         own = sum(float(n.meta[ir.PREDICTED_MS]) for n in members)
         assert ratios[facts["id"]] * own == pytest.approx(expected, rel=1e-9)
         # plus autocast's casts of fp32 operands, nothing else
         assert expected <= sum(ms[n] for n in members) < 2 * expected
         assert 0 < facts["after_ms"] < facts["before_ms"]
+
+
+def test_attention_kernel_saves_its_operands_bias_and_output(hstu_plan_graph, monkeypatch):
+    """A matched attention kernel saves q, k, v, the score bias and its output for its
+    backward (JaggedAttentionFunction.save_for_backward); the walk counts the output and
+    the bias, which its members' own rules (matmul inputs, an add) left out."""
+    from gemc.cost_model import activations
+
+    gm = hstu_plan_graph
+    operands = activations._attention_kernel_operands(gm)
+    assert len(operands) == 2
+    extra = 0
+    for node, saved in operands.items():
+        facts = node.meta[ir.KERNEL]
+        assert [n.name for n in saved] == [facts["q"], facts["k"], facts["v"], node.name,
+                                           facts["bias"]]
+        extra += ir.nbytes(node) + ir.nbytes(saved[-1])
+    with_operands = activation_profile(gm).saved_total
+    monkeypatch.setattr(activations, "_attention_kernel_operands", lambda gm: {})
+    without = activation_profile(gm).saved_total
+    assert 0 < with_operands - without <= extra
