@@ -24,6 +24,10 @@ scored against plans compiled now, and the leave-half-out refit runs on them (ea
 becomes a run report pairing the plan compiled now with the measured step and peak).
 Predictions at this commit against measurements of an earlier one: a cost-model change
 is re-checked on the CPU, and after an H200 zoo run the refit needs no second GPU pass.
+A row whose run applied other kernels than the plan compiled now has (by kind, from the
+row's ``runner_report.kernels_applied``) is marked ``same_program: false`` with the
+kinds that changed: it is scored, summarised apart (``same_program_*``), and never
+fitted on.
 
     python benchmarks/cost_model_accuracy.py --planner default --out /tmp/acc \
         --measured-from-zoo benchmarks/results/zoo_h200_8e10b4c.json \
@@ -58,10 +62,12 @@ import gc
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
@@ -235,9 +241,34 @@ def zoo_measurements(paths: list[str]) -> dict[str, dict[str, Any]]:
                 found[name] = {"step_ms": float(v["step_ms"]),
                                "peak_gb": float(v["peak_memory_bytes"]) / 1e9,
                                "device": "cuda", "source": str(path)}
+                report = v.get("runner_report")
+                applied = report.get("kernels_applied") if isinstance(report, dict) else None
+                if isinstance(applied, list):
+                    found[name]["kernel_kinds"] = kernel_kinds(applied)
     if not found:
         raise SystemExit(f"no gemc rows with step_ms and peak_memory_bytes in {paths}")
     return found
+
+
+def kernel_kinds(names: list[str]) -> dict[str, int]:
+    """How many kernels of each kind a list of plan kernel names holds (a name is its
+    kind and an index: ``jagged_silu_attention_3``); what ``gemc run`` reports as applied."""
+    return dict(sorted(Counter(re.sub(r"_\d+$", "", str(n)) for n in names).items()))
+
+
+def program_change(plan: dict[str, Any], measured: dict[str, Any]) -> dict[str, list[int]] | None:
+    """Kernel kinds whose count differs between the run that was measured (its
+    ``kernels_applied``) and the plan compiled now: ``{kind: [ran, now]}``; empty when the
+    same kernels run, None when the measurement does not say what ran. Why: a run of
+    another program (a pass since matched more of the graph) neither judges nor
+    calibrates today's plan -- the zoo's HSTU ran with Inductor's padded attention, its
+    plan now has 8 jagged SiLU kernels."""
+    ran = measured.get("kernel_kinds")
+    if ran is None:
+        return None
+    now = kernel_kinds([k.get("name", "") for k in plan.get("kernels") or []])
+    return {k: [ran.get(k, 0), now.get(k, 0)] for k in sorted(set(ran) | set(now))
+            if ran.get(k, 0) != now.get(k, 0)}
 
 
 def synthetic_run_report(plan: dict[str, Any], measured: dict[str, Any],
@@ -332,6 +363,10 @@ def plan_main(args: argparse.Namespace) -> int:
             row["compile_s"] = time.perf_counter() - t0
             if name in zoo:  # measured earlier (a zoo row), predicted now
                 row["measured"] = zoo[name]
+                change = program_change(plan, zoo[name])
+                row["same_program"] = None if change is None else not change
+                if change:
+                    row["kernels_changed"] = change
                 row["run_report"] = str(synthetic_run_report(
                     plan, zoo[name], out / f"{_slug(name)}.run.json"))
                 row.update(_errors(row["predicted"], row["measured"]))
@@ -348,9 +383,16 @@ def plan_main(args: argparse.Namespace) -> int:
 
     refit = _leave_half_out(rows, base, preset, topology, out, smoke=args.smoke,
                             fit=calibrate_from_runs, planner=args.planner)
+    same = [r for r in rows if r.get("same_program") is not False]
+    refit_same = [r for r in refit if r.get("same_program") is not False]
     summary = {"time": _stats(rows, "time_error_pct"), "memory": _stats(rows, "memory_error_pct"),
                "refit_time": _stats(refit, "time_error_pct"),
                "refit_memory": _stats(refit, "memory_error_pct"),
+               "same_program_time": _stats(same, "time_error_pct"),
+               "same_program_memory": _stats(same, "memory_error_pct"),
+               "same_program_refit_time": _stats(refit_same, "time_error_pct"),
+               "same_program_refit_memory": _stats(refit_same, "memory_error_pct"),
+               "program_changed": [r["model"] for r in rows if r.get("same_program") is False],
                "failed": [r["model"] for r in rows if "error" in r],
                "targets": "time MAPE <= 10%, worst <= 20%; memory MAPE <= 10%"}
     doc = {"benchmark": "cost_model_accuracy", "mode": "plan", "gpu": gpu,
@@ -370,14 +412,21 @@ def plan_main(args: argparse.Namespace) -> int:
 def _leave_half_out(rows: list[dict[str, Any]], base: Any, preset: str, topology: str,
                     out: Path, *, smoke: bool, fit: Any,
                     planner: str = "greedy") -> list[dict[str, Any]]:
-    """Fit on the runs of every other model, judge on the rest, then the other way round."""
+    """Fit on the runs of every other model, judge on the rest, then the other way round.
+    A run of another program than the plan compiled now (``same_program`` False) is
+    judged but never fitted on."""
     measured = [r for r in rows if "measured" in r]
     if len(measured) < 2 or base is None:
         return []
     halves = (measured[0::2], measured[1::2])
     result = []
-    for i, (train, test) in enumerate((halves, halves[::-1])):
+    for i, (half, test) in enumerate((halves, halves[::-1])):
+        train = [r for r in half if r.get("same_program") is not False]
         cal_path = out / f"refit_{i}.calibration.json"
+        if not train:
+            result.append({"fold": i, "error": "no run of the same program in this half: "
+                           f"{', '.join(r['model'] for r in half)} ran other kernels"})
+            continue
         try:
             fit([r["run_report"] for r in train], base, cal_path, require_gpu=not smoke)
         except Exception as exc:
@@ -385,7 +434,10 @@ def _leave_half_out(rows: list[dict[str, Any]], base: Any, preset: str, topology
             continue
         for r in test:
             entry: dict[str, Any] = {"fold": i, "model": r["model"],
-                                     "trained_on": [t["model"] for t in train]}
+                                     "trained_on": [t["model"] for t in train],
+                                     "same_program": r.get("same_program")}
+            if r.get("kernels_changed"):
+                entry["kernels_changed"] = r["kernels_changed"]
             try:
                 plan = compile_plan(plan_models(r["model"])[r["model"]], preset, topology,
                                     str(cal_path), out / f"{_slug(r['model'])}.refit.plan.json",
@@ -409,6 +461,10 @@ def _fmt_row(row: dict[str, Any]) -> str:
     if meas:
         text += (f"  meas {meas['step_ms']:9.2f} ms {meas['peak_gb']:7.2f} GB ({meas['device']})"
                  f"  err {row['time_error_pct']:+6.1f}% / {row['memory_error_pct']:+6.1f}%")
+    if row.get("same_program") is False:
+        text += "  (ran other kernels: " + ", ".join(
+            f"{k} {ran}->{now}" for k, (ran, now) in (row.get("kernels_changed") or {}).items()
+        ) + ")"
     return text
 
 

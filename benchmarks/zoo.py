@@ -34,6 +34,14 @@ torch.compile per model, and the geometric mean); writes ``OUT/zoo.json`` (rewri
 every variant: a run cut short keeps what it measured) and each child's JSON as
 ``OUT/<model>.<variant>.json``. Exit code 1 if any variant failed or was skipped by
 ``--time-limit`` (the others' rows are still written).
+
+``--profile N``: N more steps of each variant under torch.profiler after its timed ones
+(e2e.py's ``--profile``: they stay out of the median), writing per variant the device time
+per kernel (``OUT/<model>.<variant>.<variant>.kernels.txt``) and where the GPU idles
+(``.gaps.txt``): what a cost-model gap needs to be attributed (issue 18: HSTU's run took
+117 ms where its plan's prediction is ~40 ms).
+
+    python benchmarks/zoo.py --out $OUT --models hstu --variants gemc --steps 10 --warmup 3 --profile 2
 """
 
 from __future__ import annotations
@@ -111,14 +119,13 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
                    "keeps what it measured")
     p.add_argument("--child-timeout", type=float, default=1800, metavar="S",
                    help="a variant's process is stopped after S seconds (default 1800)")
-    p.add_argument("--profile", type=int, default=0, metavar="N",
-                   help="profile N more steps after the timed ones of each variant "
-                   "(benchmarks/e2e.py's profiler: <out>/<model>.<variant>.<variant>"
-                   ".kernels.txt, device time per kernel, and .gaps.txt, where the GPU "
-                   "idles and why)")
     p.add_argument("--smoke", action="store_true",
                    help="CPU, tiny presets, batch 8, 2 steps: a crash check")
     # one child's job (internal)
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="profile N more steps of every variant after its timed ones "
+                   "(e2e.py's profiler): OUT/<model>.<variant>.<variant>.kernels.txt (device "
+                   "time per kernel) and .gaps.txt (where the GPU idles and why)")
     p.add_argument("--child", nargs=3, metavar=("MODEL", "VARIANT", "PLAN"),
                    help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -131,6 +138,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     args.steps = args.steps or 30
     args.warmup = 5 if args.warmup is None else args.warmup
     # what e2e.py's variant code reads from its own arguments
+    args.profile = max(0, int(args.profile))
     args.profile_stack, args.batch_size = False, 8 if args.smoke else None
     return args
 
@@ -248,6 +256,20 @@ def summary(results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     return {"per_model": per_model, "geomean_x_compile": geo}
 
 
+def child_args(args: argparse.Namespace, out: Path) -> list[str]:
+    """The arguments every variant's child process gets (the run's settings)."""
+    passthrough = ["--out", str(out), "--steps", str(args.steps), "--warmup", str(args.warmup),
+                   "--preset", args.preset, "--seed", str(args.seed),
+                   "--loss-every", str(args.loss_every)]
+    if args.device:
+        passthrough += ["--device", args.device]
+    if args.smoke:
+        passthrough.append("--smoke")
+    if args.profile:
+        passthrough += ["--profile", str(args.profile)]
+    return passthrough
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     if args.child:
@@ -275,15 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"zoo: {len(names)} model(s) x {len(variants)} variant(s) on {device} "
           f"(torch {torch.__version__}); measured bf16 peak "
           f"{measured / 1e12 if measured else float('nan'):.0f} TFLOP/s", file=sys.stderr)
-    passthrough = ["--out", str(out), "--steps", str(args.steps), "--warmup", str(args.warmup),
-                   "--preset", args.preset, "--seed", str(args.seed),
-                   "--loss-every", str(args.loss_every)]
-    if args.device:
-        passthrough += ["--device", args.device]
-    if args.smoke:
-        passthrough.append("--smoke")
-    if args.profile:
-        passthrough += ["--profile", str(args.profile)]
+    passthrough = child_args(args, out)
     results: dict[str, list[dict[str, Any]]] = {}
     facts: dict[str, Any] = {}
     skipped: list[str] = []

@@ -163,6 +163,7 @@ def activation_profile(gm: fx.GraphModule, *, runtime: bool = True) -> Activatio
     internal = _fused_internal(gm, fusion_groups(gm)) if runtime else set()
     in_kernel = _fused_internal(gm, _attention_kernels(gm)) if runtime else set()
     internal |= in_kernel
+    operands = _attention_kernel_operands(gm) if runtime else {}
 
     def nbytes(n: fx.Node, itemsize: int | None = None) -> int:
         isz = size.get(n, 0) if itemsize is None else itemsize
@@ -184,7 +185,7 @@ def activation_profile(gm: fx.GraphModule, *, runtime: bool = True) -> Activatio
             continue
         region = str(node.meta.get(ir.REGION, ""))
         gemm = autocast is not None and kind in (OpKind.GEMM, OpKind.ATTENTION)
-        for t in _saved_inputs(node, kind):
+        for t in [*_saved_inputs(node, kind), *operands.get(node, ())]:
             b = view_base(t)
             is_param = ir.kind_of(b) is OpKind.PARAM or bool(b.meta.get(ir.PARAM))
             cast = gemm and t is not node and size.get(b, 0) > 2
@@ -272,6 +273,29 @@ def _attention_kernels(gm: fx.GraphModule) -> dict[fx.Node, str]:
              if isinstance(f := n.meta.get(ir.KERNEL), dict) and "id" in f}
     islands = {g for g in island_groups(gm) if kinds.get(g, "").endswith("attention")}
     return {n: g for n in gm.graph.nodes if (g := n.meta.get(ir.GROUP)) in islands}
+
+
+def _attention_kernel_operands(gm: fx.GraphModule) -> dict[fx.Node, list[fx.Node]]:
+    """Output node -> what a gemc attention kernel matched from a written-out formula saves
+    for its backward (``JaggedAttentionFunction.save_for_backward``: q, k, v, the score
+    bias, its output): the facts name them. Why: priced by its members' own rules, the
+    formula's second matmul kept its (never stored) weights and v, and neither the output
+    nor the bias (HSTU: 134 MB a layer) was counted."""
+    from .inductor_fusion import island_groups
+
+    islands = island_groups(gm)
+    named = {n.name: n for n in gm.graph.nodes}
+    out: dict[fx.Node, list[fx.Node]] = {}
+    for node in gm.graph.nodes:
+        facts = node.meta.get(ir.KERNEL)
+        if not isinstance(facts, dict) or facts.get("id") not in islands \
+                or not str(facts.get("kind", "")).endswith("attention") \
+                or not all(isinstance(facts.get(k), str) for k in ("q", "k", "v", "output")):
+            continue
+        names = [facts[k] for k in ("q", "k", "v", "output")] + \
+            ([facts["bias"]] if isinstance(facts.get("bias"), str) else [])
+        out[node] = [named[n] for n in names if n in named]
+    return out
 
 
 def _fused_internal(gm: fx.GraphModule, groups: dict[fx.Node, object]) -> set[fx.Node]:

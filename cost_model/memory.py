@@ -2,7 +2,8 @@
 
 Per dense strategy (ZeRO paper's accounting, Rajbhandari et al. 2020):
 - DDP: full params and grads, plus DDP's gradient buckets (a second copy of the grads
-  unless ``gradient_as_bucket_view``), full optimizer state.
+  unless ``gradient_as_bucket_view``; none on one rank, where nothing is wrapped), full
+  optimizer state.
 - FSDP over g ranks: params, grads and state divided by g; the all-gathered params of the
   unit being computed and of the prefetched next one are transient (counted as workspace).
 - HSDP: as FSDP with g = the shard group inside a host.
@@ -76,8 +77,11 @@ def region_memory(region: RegionCost, world: int, options: StepOptions) -> Memor
     numel = region.params / g
     params = numel * region.param_bytes
     grads = numel * region.grad_bytes
-    if region.strategy == "ddp" and region.params > 0:
-        grads *= 2  # DDP's bucket copy (gradient_as_bucket_view=False)
+    if region.strategy == "ddp" and region.params > 0 and world > 1:
+        # the runner's GradientAverager: each bucket's flat copy of its gradients lives
+        # until finish() (DDP's gradient_as_bucket_view=False); one rank wraps nothing
+        # (backends/torch/dense.py), so there is no copy to hold
+        grads *= 2
     opt = optimizer_state_bytes(options.optimizer, numel, state_bytes=options.state_bytes)
     if options.master_weights and region.param_bytes < 4:
         opt += numel * 4

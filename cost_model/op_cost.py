@@ -19,8 +19,9 @@ reduction ≈ 1x; views and placeholders are free; ops on integer tensors have n
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import fx
@@ -154,6 +155,39 @@ def attention_time(batch: int, heads: int, q_len: int, kv_len: int, head_dim: in
         out.append((t + _launch(calibration) * (1 if phase == "fwd" else 3))
                    * _factor(calibration, "attention"))
     return out[0], out[1], source
+
+
+def jagged_attention_time(batch: int, heads: int, max_len: int, head_dim: int, causal: bool,
+                          dtype: str, fill: float, gpu: GPUSpec,
+                          calibration: Calibration | None, *, bias_numel: float = 0.0,
+                          bias_itemsize: int = 4) -> float:
+    """Forward+backward seconds of gemc's jagged attention kernel
+    (``backends/triton/jagged_attention``, softmax or SiLU) over ``batch`` sequences padded
+    to ``max_len`` and filled ``fill``: the fused attention's time at the padded shape
+    times the fill (its work is over the real tokens: E[len^2] / L^2 <= fill), plus with a
+    score bias (``bias_numel`` elements as stored, broadcast to ``[B, H, L, L]`` for the
+    kernel) the bias's traffic: every head reads it over the real tokens in the forward
+    and in the two backward kernels; its fp32 gradient ``[B, H, L, L]`` is zero-filled
+    whole, written over the real tokens, cast back to a narrower bias dtype, and summed
+    down to the stored shape (the broadcast's backward).
+    Why: the SiLU kernel (HSTU) was priced as its padded op-by-op formula times the fill,
+    4.1 ms a layer at HSTU's h200 preset, where the kernel measured as fast as the jagged
+    softmax one at the same size (7.35 vs 7.76 ms fwd+bwd, B=4096, L=512, H=4, d=64:
+    benchmarks/results/kernels_attention_h200.json, no bias); with HSTU's fp32 bias this
+    prices ~0.3 ms of attention and ~0.8 ms of bias traffic a layer."""
+    fwd, bwd, _ = attention_time(batch, heads, max_len, max_len, head_dim, causal, dtype, gpu,
+                                 calibration)
+    t = (fwd + bwd) * fill
+    if bias_numel > 0:
+        full = float(batch) * heads * max_len * max_len
+        moved = full * (3.0 * bias_itemsize * fill + 4.0 + 4.0 * fill)
+        if bias_itemsize < 4:
+            moved += full * (4.0 + bias_itemsize)
+        if bias_numel < full:
+            moved += full * bias_itemsize + bias_numel * bias_itemsize
+        m, _ = memory_time(moved, gpu, calibration, "copy")
+        t += m
+    return t
 
 
 def memory_time(nbytes: float, gpu: GPUSpec, calibration: Calibration | None,
@@ -324,6 +358,34 @@ def optimizer_time(optimizer: str, numel: float, dtype: str, gpu: GPUSpec,
 
 
 # ---- fx nodes ---------------------------------------------------------------------------
+def jagged_silu_kernel_time(facts: Mapping[str, Any], output: fx.Node,
+                            named: Mapping[str, fx.Node], dtype: str,
+                            itemsize: Callable[[fx.Node], int], gpu: GPUSpec,
+                            calibration: Calibration | None) -> float:
+    """Forward+backward seconds of one matched SiLU attention (match-silu-attention's
+    ``facts`` on its ``output`` node; ``named``: the graph's nodes by name) run as the
+    jagged kernel in ``dtype``: ``jagged_attention_time`` with its bias, plus the guard's
+    read of the key mask (or offsets) and the padded <-> jagged copies of q, k, v, the
+    output and their gradients (16 passes over the output's size), each tensor at
+    ``itemsize(node)`` bytes an element (the runner's: autocast, packed sizes)."""
+    def numel(n: fx.Node | None) -> int:
+        val = n.meta.get("val") if n is not None else None
+        return int(val.numel()) if isinstance(val, torch.Tensor) else 0
+
+    heads, length, head_dim = int(facts["heads"]), int(facts["max_len"]), int(facts["head_dim"])
+    batch = max(1, round(numel(named.get(str(facts["q"]))) / max(1, heads * length * head_dim)))
+    bias = named.get(str(facts.get("bias")))
+    t = jagged_attention_time(batch, heads, length, head_dim, bool(facts.get("causal")), dtype,
+                              float(facts.get("fill", 1.0)), gpu, calibration,
+                              bias_numel=numel(bias),
+                              bias_itemsize=itemsize(bias) if bias is not None else 4)
+    keys = named.get(str(facts.get("mask") or facts.get("offsets")))
+    copies = numel(keys) * (itemsize(keys) if keys is not None else 0) \
+        + 16.0 * numel(output) * itemsize(output)
+    m, _ = memory_time(copies, gpu, calibration, "copy")
+    return t + m
+
+
 def _first_tensor_dtype(node: fx.Node) -> torch.dtype | None:
     for arg in node.all_input_nodes:
         dt = ir.dtype_of(arg)

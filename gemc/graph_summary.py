@@ -167,8 +167,8 @@ def kernel_adjusted_ms(gm: fx.GraphModule) -> dict[fx.Node, float]:
         if facts and facts.get("before_ms") and facts.get("after_ms") is not None \
                 and facts.get("id") in islands:  # Inductor runs the others' nodes
             ratio[facts["id"]] = float(facts["after_ms"]) / float(facts["before_ms"])
-        if facts and facts.get("kind") == "jagged_attention":
-            attention.add(facts["id"])
+        if facts and facts.get("kind") in ("jagged_attention", "jagged_silu_attention"):
+            attention.add(facts["id"])  # priced over the real tokens already
         region = node.meta.get(ir.PACKED_REGION)
         if region is not None:
             fill[region["id"]] = float(region["fill"])
@@ -176,6 +176,8 @@ def kernel_adjusted_ms(gm: fx.GraphModule) -> dict[fx.Node, float]:
                 convert[node] = convert.get(node, 0.0) + max(
                     0.0, float(region["after_ms"])
                     - float(region["before_ms"]) * float(region["fill"]))
+    if pricing:
+        ratio.update(_silu_kernel_ratios(gm, islands, autocast, itemsize, pricing))
     out: dict[fx.Node, float] = {}
     for node in gm.graph.nodes:
         ms = float(node.meta.get(ir.PREDICTED_MS, 0.0) or 0.0)
@@ -195,6 +197,36 @@ def kernel_adjusted_ms(gm: fx.GraphModule) -> dict[fx.Node, float]:
         if packed is not None and gid not in attention:
             ms *= node_fill
         out[node] = ms + casts + convert.get(node, 0.0)
+    return out
+
+
+def _silu_kernel_ratios(gm: fx.GraphModule, islands: set[str], autocast: str | None,
+                        itemsize: dict[fx.Node, int], pricing: dict[str, Any]
+                        ) -> dict[str, float]:
+    """Group id -> (the jagged SiLU kernel's ms at the runtime dtype) / (its members' ms) of
+    every matched SiLU attention: the kernel priced as it runs (autocast's dtype, the
+    runtime element sizes of its bias and copies), shared over the members by their own
+    times. Why: its ``after_ms`` is priced at the captured dtype (fp32 for HSTU), where
+    the runner computes it in bf16, as the jagged softmax attention is repriced
+    (``_attention_at_autocast``)."""
+    named = {n.name: n for n in gm.graph.nodes}
+    members: dict[str, float] = defaultdict(float)
+    for n in gm.graph.nodes:
+        if (gid := n.meta.get(ir.GROUP)) is not None:
+            members[gid] += float(n.meta.get(ir.PREDICTED_MS, 0.0) or 0.0)
+    sizes = itemsize or runtime_itemsize(gm, None)
+    out: dict[str, float] = {}
+    for node in gm.graph.nodes:
+        facts = node.meta.get(ir.KERNEL)
+        if not facts or facts.get("kind") != "jagged_silu_attention" \
+                or facts.get("id") not in islands or members[facts["id"]] <= 0:
+            continue
+        dtype = autocast or op_cost.dtype_name(ir.dtype_of(node))
+        s = op_cost.jagged_silu_kernel_time(
+            facts, node, named, dtype,
+            lambda n: sizes.get(n) or (ir.dtype_of(n) or torch.float32).itemsize,
+            pricing["gpu"], pricing["calibration"])
+        out[facts["id"]] = 1e3 * s / members[facts["id"]]
     return out
 
 

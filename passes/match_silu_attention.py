@@ -344,7 +344,6 @@ def match(node: fx.Node) -> dict[str, Any] | str | None:
         ("q_perm", q_perm), ("k_perm", k_perm), ("v_perm", v_perm), ("out_perm", out_perm))}
     return {
         "_group": group,
-        "_keys": key_mask.node if key_mask is not None else keys[0],
         "q": q.name, "k": k.name, "v": v.name,
         "output": node.name,
         "mask": key_mask.node.name if key_mask is not None else None,
@@ -362,11 +361,12 @@ def match(node: fx.Node) -> dict[str, Any] | str | None:
     }
 
 
-def _price(group: list[fx.Node], mask: fx.Node, fill: float, ctx: PassContext
-           ) -> dict[str, float] | None:
-    """The group's forward+backward ms padded, and as compiled at ``fill`` (1 for a data
-    mask: unknown at compile time; E[len^2] / L^2 <= fill bounds the kernel's work) plus
-    the guard's traffic and the jagged copies."""
+def _price(group: list[fx.Node], facts: dict[str, Any], named: dict[str, fx.Node],
+           ctx: PassContext) -> dict[str, float] | None:
+    """The group's forward+backward ms padded (op by op), and as the jagged kernel in the
+    captured dtype (``op_cost.jagged_silu_kernel_time``: the attention over the real
+    tokens, the bias's traffic, the guard and the jagged copies). The plan's step reprices
+    the kernel at the runtime dtype (graph_summary.kernel_adjusted_ms)."""
     topology = getattr(ctx, "topology", None)
     if topology is None:
         return None
@@ -375,10 +375,9 @@ def _price(group: list[fx.Node], mask: fx.Node, fill: float, ctx: PassContext
     gpu, calib = topology.gpu, getattr(ctx, "calibration", None)
     before = sum(float(n.meta.get(ir.PREDICTED_MS) or
                        op_cost.node_cost(n, gpu, calib).total_ms) for n in group)
-    scores = sum(ir.nbytes(n) for n in group[1:])  # what the kernel never stores
-    mem, _ = op_cost.memory_time(ir.nbytes(mask) + 16 * ir.nbytes(group[0]), gpu, calib, "copy")
-    saved, _ = op_cost.memory_time(scores, gpu, calib, "copy")
-    after = max(before - 1e3 * saved, 0.0) * fill + 1e3 * mem
+    after = 1e3 * op_cost.jagged_silu_kernel_time(
+        facts, group[0], named, op_cost.dtype_name(ir.dtype_of(group[0])),
+        lambda n: (ir.dtype_of(n) or torch.float32).itemsize, gpu, calib)
     return {"before_ms": round(before, 6), "after_ms": round(after, 6)}
 
 
@@ -392,6 +391,7 @@ class MatchSiluAttention:
 
     def run(self, gm: fx.GraphModule, ctx: PassContext) -> PassResult:
         count = 0
+        named = {n.name: n for n in gm.graph.nodes}
         for node in list(gm.graph.nodes):
             if ir.GROUP in node.meta:
                 continue
@@ -406,11 +406,10 @@ class MatchSiluAttention:
             group: list[fx.Node] = found.pop("_group")
             if any(ir.GROUP in n.meta for n in group):
                 continue
-            keys: fx.Node = found.pop("_keys")
             gid = f"jagged_silu_attention_{count}"
             count += 1
             for n in group:
                 n.meta[ir.GROUP] = gid
             node.meta[ir.KERNEL] = {"id": gid, "kind": "jagged_silu_attention", **found,
-                                    **(_price(group, keys, float(found["fill"]), ctx) or {})}
+                                    **(_price(group, found, named, ctx) or {})}
         return PassResult(gm, count > 0)

@@ -75,3 +75,36 @@ def test_leave_half_out_from_saved_zoo_rows(tmp_path: Path) -> None:
         assert r["predicted"]["step_ms"] > base[r["model"]]["step_ms"]
         assert abs(r["time_error_pct"]) < abs(100 * (1 / 1.5 - 1))
         assert r["predicted"]["peak_gb"] > base[r["model"]]["peak_gb"]
+
+
+def test_a_run_of_other_kernels_is_judged_apart_and_never_fitted_on(tmp_path: Path) -> None:
+    """A zoo row whose run applied other kernels than the plan compiled now (a pass since
+    matched more of the graph) is marked, with the kinds that changed, and the refit does
+    not train on it; a row that does not say what ran is kept."""
+    module = load_benchmark("cost_model_accuracy")
+    plan = {"kernels": [{"name": "norm_0"}, {"name": "jagged_silu_attention_1"},
+                        {"name": "norm_2"}]}
+    assert module.program_change(plan, {"kernel_kinds": {"norm": 2,
+                                                         "jagged_silu_attention": 1}}) == {}
+    assert module.program_change(plan, {"kernel_kinds": {"norm": 2, "pointwise": 3}}) == {
+        "jagged_silu_attention": [0, 1], "pointwise": [3, 0]}
+    assert module.program_change(plan, {}) is None
+    zoo = tmp_path / "zoo.json"
+    zoo.write_text(json.dumps({"variants": {"hstu": [
+        {"variant": "gemc", "step_ms": 2.0, "peak_memory_bytes": 3e9,
+         "runner_report": {"kernels_applied": ["norm_0", "pointwise_1", "pointwise_2"]}}]}}))
+    assert module.zoo_measurements([str(zoo)])["zoo/hstu"]["kernel_kinds"] == {
+        "norm": 1, "pointwise": 2}
+
+    trained: list[list[str]] = []
+
+    def fit(reports, base, path, require_gpu):  # noqa: ANN001
+        trained.append(list(reports))
+        raise RuntimeError("stop before compiling")
+
+    rows = [{"model": m, "measured": {}, "run_report": m, "same_program": same}
+            for m, same in (("a", True), ("b", False), ("c", None), ("d", False))]
+    refit = module._leave_half_out(rows, object(), "tiny", "h200:1x1", tmp_path,
+                                   smoke=True, fit=fit)
+    assert trained == [["a", "c"]]
+    assert "no run of the same program" in refit[1]["error"]

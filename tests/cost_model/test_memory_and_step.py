@@ -55,6 +55,8 @@ def test_strategies_shard_what_zero_says() -> None:
     assert ddp.params == 4 * p and ddp.optimizer == 8 * p and ddp.grads == 8 * p
     assert fsdp.params == pytest.approx(ddp.params / 8)
     assert hsdp.optimizer == pytest.approx(ddp.optimizer / 4)
+    # one rank: the runner wraps nothing, so no bucket copy of the gradients
+    assert region_memory(RegionCost("r", p, 0, 0, "ddp"), 1, opts).grads == 4 * p
     assert optimizer_state_bytes("rowwise_adagrad", 1000, rows=10) == 40
     with pytest.raises(ValueError):
         optimizer_state_bytes("lion", 1)

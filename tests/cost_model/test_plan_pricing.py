@@ -97,3 +97,93 @@ def test_gradient_additions_are_priced_in_their_regions(gem_plan_graph):
     ms = kernel_adjusted_ms(gm)
     expected = sum(ms[n] for n in counted) + sum(adds.values())
     assert sum(r["predicted_ms"] or 0.0 for r in regions) == pytest.approx(expected, rel=1e-4)
+
+
+def test_jagged_attention_kernel_time_adds_the_bias_traffic():
+    """The jagged kernel is the fused attention at the padded shape times the fill; a score
+    bias adds its traffic (read by each head in three kernels, an fp32 gradient), more for
+    a broadcast bias (its gradient is summed down) and for a narrower one (cast back)."""
+    from gemc.cost_model import op_cost
+    from gemc.cost_model.hardware import get_gpu
+
+    gpu, cal = get_gpu("h200"), resolve_calibration("auto", "h200")
+    fwd, bwd, _ = op_cost.attention_time(8, 4, 256, 256, 64, True, "bf16", gpu, cal)
+    plain = op_cost.jagged_attention_time(8, 4, 256, 64, True, "bf16", 0.5, gpu, cal)
+    assert plain == pytest.approx((fwd + bwd) * 0.5)
+    full = 8 * 4 * 256 * 256
+    own = op_cost.jagged_attention_time(8, 4, 256, 64, True, "bf16", 0.5, gpu, cal,
+                                        bias_numel=full)
+    shared = op_cost.jagged_attention_time(8, 4, 256, 64, True, "bf16", 0.5, gpu, cal,
+                                           bias_numel=full // 4)
+    narrow = op_cost.jagged_attention_time(8, 4, 256, 64, True, "bf16", 0.5, gpu, cal,
+                                           bias_numel=full, bias_itemsize=2)
+    moved = full * (3 * 4 * 0.5 + 4 + 4 * 0.5)  # reads over the real tokens, zero, write
+    assert own - plain == pytest.approx(op_cost.memory_time(moved, gpu, cal, "copy")[0])
+    assert shared > own and narrow > plain
+
+
+@pytest.fixture(scope="module")
+def hstu_plan_graph():
+    """The zoo's tiny HSTU through the default pipeline for h200:1x1 (greedy)."""
+    entry = str(Path(__file__).resolve().parents[2] / "examples" / "zoo" / "hstu.py") + ":build"
+    topo = parse_topology("h200:1x1")
+    spec = load_model(entry, {"preset": "tiny"})
+    cap = capture(spec, entrypoint=entry)
+    ctx = pass_context(entry, {"preset": "tiny"}, cap, topo)
+    ctx.calibration = resolve_calibration("auto", "h200")
+    ctx.options["solver"] = {}
+    return PassManager(default_pipeline("greedy")).run(cap.gm, ctx, capture_seconds=0)
+
+
+def test_silu_kernel_is_priced_as_it_runs(hstu_plan_graph):
+    """HSTU's matched SiLU attention (tiny) is priced as the jagged kernel at the plan's
+    autocast dtype (its members sum to ``jagged_silu_kernel_time`` in bf16), below the
+    padded formula op by op, which stores the [B, H, L, L] scores."""
+    from gemc.cost_model import op_cost
+    from gemc.cost_model.activations import runtime_itemsize
+    from gemc.cost_model.inductor_fusion import island_groups
+
+    from gemc.graph_summary import _silu_kernel_ratios
+
+    gm = hstu_plan_graph
+    pricing = gm.meta[ir.PRICING]
+    assert plan_autocast(gm) == "bf16"
+    ms = kernel_adjusted_ms(gm)
+    named = {n.name: n for n in gm.graph.nodes}
+    sizes = runtime_itemsize(gm, "bf16")
+    kernels = [n for n in gm.graph.nodes
+               if (n.meta.get(ir.KERNEL) or {}).get("kind") == "jagged_silu_attention"]
+    ratios = _silu_kernel_ratios(gm, island_groups(gm), "bf16", sizes, gm.meta[ir.PRICING])
+    assert len(kernels) == 2
+    for node in kernels:
+        facts = node.meta[ir.KERNEL]
+        members = [n for n in gm.graph.nodes if n.meta.get(ir.GROUP) == facts["id"]]
+        expected = 1e3 * op_cost.jagged_silu_kernel_time(
+            facts, node, named, "bf16", lambda n: sizes.get(n) or 4, pricing["gpu"],
+            pricing["calibration"])
+        own = sum(float(n.meta[ir.PREDICTED_MS]) for n in members)
+        assert ratios[facts["id"]] * own == pytest.approx(expected, rel=1e-9)
+        # plus autocast's casts of fp32 operands, nothing else
+        assert expected <= sum(ms[n] for n in members) < 2 * expected
+        assert 0 < facts["after_ms"] < facts["before_ms"]
+
+
+def test_attention_kernel_saves_its_operands_bias_and_output(hstu_plan_graph, monkeypatch):
+    """A matched attention kernel saves q, k, v, the score bias and its output for its
+    backward (JaggedAttentionFunction.save_for_backward); the walk counts the output and
+    the bias, which its members' own rules (matmul inputs, an add) left out."""
+    from gemc.cost_model import activations
+
+    gm = hstu_plan_graph
+    operands = activations._attention_kernel_operands(gm)
+    assert len(operands) == 2
+    extra = 0
+    for node, saved in operands.items():
+        facts = node.meta[ir.KERNEL]
+        assert [n.name for n in saved] == [facts["q"], facts["k"], facts["v"], node.name,
+                                           facts["bias"]]
+        extra += ir.nbytes(node) + ir.nbytes(saved[-1])
+    with_operands = activation_profile(gm).saved_total
+    monkeypatch.setattr(activations, "_attention_kernel_operands", lambda gm: {})
+    without = activation_profile(gm).saved_total
+    assert 0 < with_operands - without <= extra

@@ -157,3 +157,47 @@ def test_ridge_by_leave_one_out_keeps_a_shared_rate_and_drops_model_noise():
              for i, (g, m, s) in enumerate([(10, 5, 2.0), (4, 12, 0.5), (20, 3, 1.6),
                                             (7, 7, 0.6)])]
     assert fit_runs(noisy).ridge > min(RIDGE_GRID)
+
+
+def test_activation_factor_fits_relative_memory_error():
+    """The memory fit minimises the runs' squared *relative* errors (the accuracy is judged
+    relative): a 21 GB run whose activations read 2x and a 1.5 GB run whose read 0.5x pull
+    alike (-47% / +34%), where absolute least squares (a = 1.99) put the small one +99%."""
+    from gemc.cost_model.run_fit import RunObservation, activation_factor
+
+    def obs(static: float, act: float, peak: float) -> RunObservation:
+        return RunObservation("r", "h200", 1.0, {"gemm": 1.0}, {}, peak * 1e9, static * 1e9,
+                              act * 1e9)
+
+    runs = [obs(1.0, 10.0, 21.0), obs(1.0, 1.0, 1.5)]
+    a = activation_factor(runs)
+
+    def rel_sq(f: float) -> float:
+        return sum(((r.predicted_static_bytes + f * r.predicted_activation_bytes
+                     - r.measured_peak_bytes) / r.measured_peak_bytes) ** 2 for r in runs)
+
+    assert rel_sq(a) < rel_sq(a - 0.01) and rel_sq(a) < rel_sq(a + 0.01)
+    assert a == pytest.approx(1.0067, abs=1e-3)
+    def worst(f: float) -> float:
+        return max(abs(r.predicted_static_bytes + f * r.predicted_activation_bytes
+                       - r.measured_peak_bytes) / r.measured_peak_bytes for r in runs)
+
+    assert worst(1.985) == pytest.approx(0.99, abs=0.01)  # absolute least squares' a
+    assert worst(a) < 0.5
+    assert activation_factor([_obs("t", {"gemm": 1.0}, 1.0)]) is None
+
+
+def test_two_runs_choose_their_ridge_by_predicting_each_other():
+    """With two runs each is held out once: a slowdown both share (the whole step 1.4x)
+    keeps the weak pull; one run's own error (the other predicted well as is) chooses a
+    strong pull, so a fit on the two does not carry it to a third model."""
+    from gemc.cost_model.run_fit import RIDGE_GRID, fit_runs
+
+    shared = [_obs("a", {"gemm": 10, "memory": 5}, 1.4 * 15),
+              _obs("b", {"gemm": 4, "memory": 12}, 1.4 * 16)]
+    assert fit_runs(shared).ridge == min(RIDGE_GRID)
+    own = [_obs("a", {"gemm": 10, "host": 4}, 1.5 * 14),
+           _obs("b", {"gemm": 6, "host": 4}, 10.0)]
+    fit = fit_runs(own)
+    assert fit.ridge > min(RIDGE_GRID)
+    assert fit.factors["host"] < 1.3

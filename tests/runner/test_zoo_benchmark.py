@@ -72,3 +72,17 @@ def test_a_time_limit_skips_what_it_leaves_and_says_so(tmp_path: Path) -> None:
     assert result["skipped"] == [f"{m}/{v}" for m in ("gem", "dlrm")
                                  for v in ("eager", "compile", "gemc")]
     assert result["variants"] == {}
+
+
+def test_profile_reaches_every_child_and_e2e_profiler(tmp_path: Path) -> None:
+    """``--profile N`` is passed to each variant's child, where e2e.py's profiler reads it
+    (N profiled steps after the timed ones); without it the children run unprofiled."""
+    zoo = load_benchmark("zoo")
+    args = zoo._args(["--out", str(tmp_path), "--profile", "2", "--steps", "6"])
+    assert args.profile == 2 and args.profile_stack is False
+    passed = zoo.child_args(args, tmp_path)
+    assert passed[passed.index("--profile") + 1] == "2"
+    child = zoo._args([*passed, "--child", "hstu", "gemc", str(tmp_path / "p.json")])
+    assert child.profile == 2 and zoo.e2e.steps_run(child) == 6 + 2 + 2
+    plain = zoo._args(["--out", str(tmp_path)])
+    assert plain.profile == 0 and "--profile" not in zoo.child_args(plain, tmp_path)

@@ -1,0 +1,127 @@
+"""A gather's backward into few rows: contended scatter-add, eager and under Inductor.
+
+Why: HSTU's relative time bias gathers ``ts_w`` (129 rows) at every position of a
+``[B, L, L]`` bucket map, 33.5M ids a layer at its h200 preset; the backward scatter-adds
+33.5M fp32 gradients into those 129 rows. The cost model prices a gather's backward as the
+stream of its bytes (``op_cost``: 2x the forward's), which a scatter whose atomics collide
+on a few addresses need not reach. The zoo's HSTU run measured 117 ms where the plan of that
+same program predicts ~40 ms (BENCHMARKS.md, issue 18); this measures whether this term
+is the gap, and at which row counts the stream rule holds.
+
+For each (ids, rows) of the grid: forward + backward of ``torch.index_select(w, 0, ids)``
+(fp32 ``w`` of ``rows`` x ``dim``, ids uniform in ``[0, rows)``), eager and with
+``torch.compile``; the median ms, and the ms its bytes stream at the GPU's HBM bandwidth
+(gemc.cost_model.hardware), so ``x_stream`` says how far contention is from the rule.
+
+    python3 benchmarks/scatter_add_contention.py --out contention.json      # on the H200
+    python3 benchmarks/scatter_add_contention.py --smoke --out /tmp/c.json  # CPU crash check
+
+``--smoke``: tiny sizes on the CPU, eager only (CPU times say nothing about a GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+GRID_IDS = (1 << 20, 1 << 25)
+GRID_ROWS = (129, 1023, 1 << 16, 1 << 20)
+SMOKE_IDS = (4096,)
+SMOKE_ROWS = (4, 64)
+
+
+def _timed(fn: Callable[[], None], device: torch.device, iters: int) -> float:
+    """Median ms of ``fn`` after two warm-up calls (CUDA events on a GPU)."""
+    for _ in range(2):
+        fn()
+    times = []
+    for _ in range(iters):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize(device)
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(1e3 * (time.perf_counter() - t0))
+    return statistics.median(times)
+
+
+def stream_ms(ids: int, rows: int, dim: int, bandwidth: float) -> float:
+    """ms the forward and backward bytes take streamed at ``bandwidth`` (B/s): the forward
+    reads the ids and the gathered rows and writes the output; the backward reads the
+    output's gradient and the ids and adds into the rows' gradient (zero-filled)."""
+    fwd = ids * 8 + 2 * ids * dim * 4
+    bwd = ids * 8 + ids * dim * 4 + 2 * rows * dim * 4
+    return 1e3 * (fwd + bwd) / bandwidth
+
+
+def measure(ids: int, rows: int, dim: int, device: torch.device, compiled: bool,
+            iters: int) -> float:
+    """Median ms of one forward + backward of the gather."""
+    gen = torch.Generator().manual_seed(ids + rows)
+    index = torch.randint(0, rows, (ids,), generator=gen).to(device)
+    weight = torch.randn(rows, dim, generator=gen).to(device).requires_grad_()
+    grad = torch.ones(ids, dim, device=device)
+
+    def gather(w: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        return torch.index_select(w, 0, i)
+
+    fn = torch.compile(gather) if compiled else gather
+
+    def step() -> None:
+        weight.grad = None
+        fn(weight, index).backward(grad)
+
+    return _timed(step, device, iters)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True, help="JSON results")
+    p.add_argument("--dim", type=int, default=1, help="row width (HSTU's bias tables: 1)")
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--smoke", action="store_true", help="CPU, tiny sizes, eager only")
+    args = p.parse_args(argv)
+    if not args.smoke and not torch.cuda.is_available():
+        print("scatter_add_contention: needs a CUDA device (or --smoke)", file=sys.stderr)
+        return 2
+    from gemc.cost_model.hardware import get_gpu
+
+    device = torch.device("cpu" if args.smoke else "cuda")
+    bandwidth = get_gpu("h200").hbm_bandwidth
+    variants = ("eager",) if args.smoke else ("eager", "compile")
+    rows_out: list[dict[str, Any]] = []
+    for ids in SMOKE_IDS if args.smoke else GRID_IDS:
+        for rows in SMOKE_ROWS if args.smoke else GRID_ROWS:
+            stream = stream_ms(ids, rows, args.dim, bandwidth)
+            for variant in variants:
+                ms = measure(ids, rows, args.dim, device, variant == "compile", args.iters)
+                rows_out.append({"ids": ids, "rows": rows, "dim": args.dim, "variant": variant,
+                                 "ms": ms, "stream_ms": stream, "x_stream": ms / stream})
+                print(f"ids {ids:>9} rows {rows:>8} {variant:<8} {ms:9.3f} ms  "
+                      f"stream {stream:8.3f} ms  x{ms / stream:8.1f}", flush=True)
+    doc = {"benchmark": "scatter_add_contention", "device": str(device),
+           "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+           "torch": torch.__version__, "results": rows_out}
+    out = Path(args.out)
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    os.replace(tmp, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
