@@ -26,7 +26,7 @@ def explain(plan: dict[str, Any]) -> str:
     ]
     if pred.get("note"):
         out.append(f"           ({pred['note']})")
-    out += _solver_lines(plan.get("solver"))
+    out += solver_lines(plan.get("solver"))
     out.append("")
     out.append(
         render_table(
@@ -131,7 +131,7 @@ def planner_line(plan: dict[str, Any]) -> str:
     return str(plan["planner"])
 
 
-def _solver_lines(solver: dict[str, Any] | None) -> list[str]:
+def solver_lines(solver: dict[str, Any] | None) -> list[str]:
     if not solver:
         return []
     if solver.get("status") == "heuristic":

@@ -177,7 +177,7 @@ def kernel_adjusted_ms(gm: fx.GraphModule) -> dict[fx.Node, float]:
                     0.0, float(region["after_ms"])
                     - float(region["before_ms"]) * float(region["fill"]))
     if pricing:
-        ratio.update(_silu_kernel_ratios(gm, islands, autocast, itemsize, pricing))
+        ratio.update(silu_kernel_ratios(gm, islands, autocast, itemsize, pricing))
     out: dict[fx.Node, float] = {}
     for node in gm.graph.nodes:
         ms = float(node.meta.get(ir.PREDICTED_MS, 0.0) or 0.0)
@@ -200,7 +200,7 @@ def kernel_adjusted_ms(gm: fx.GraphModule) -> dict[fx.Node, float]:
     return out
 
 
-def _silu_kernel_ratios(gm: fx.GraphModule, islands: set[str], autocast: str | None,
+def silu_kernel_ratios(gm: fx.GraphModule, islands: set[str], autocast: str | None,
                         itemsize: dict[fx.Node, int], pricing: dict[str, Any]
                         ) -> dict[str, float]:
     """Group id -> (the jagged SiLU kernel's ms at the runtime dtype) / (its members' ms) of

@@ -143,7 +143,7 @@ def test_silu_kernel_is_priced_as_it_runs(hstu_plan_graph):
     from gemc.cost_model.activations import runtime_itemsize
     from gemc.cost_model.inductor_fusion import island_groups
 
-    from gemc.graph_summary import _silu_kernel_ratios
+    from gemc.graph_summary import silu_kernel_ratios
 
     gm = hstu_plan_graph
     pricing = gm.meta[ir.PRICING]
@@ -153,7 +153,7 @@ def test_silu_kernel_is_priced_as_it_runs(hstu_plan_graph):
     sizes = runtime_itemsize(gm, "bf16")
     kernels = [n for n in gm.graph.nodes
                if (n.meta.get(ir.KERNEL) or {}).get("kind") == "jagged_silu_attention"]
-    ratios = _silu_kernel_ratios(gm, island_groups(gm), "bf16", sizes, gm.meta[ir.PRICING])
+    ratios = silu_kernel_ratios(gm, island_groups(gm), "bf16", sizes, gm.meta[ir.PRICING])
     assert len(kernels) == 2
     for node in kernels:
         facts = node.meta[ir.KERNEL]

@@ -72,11 +72,11 @@ def test_the_planner_trades_step_for_balance_only_within_its_tolerance():
 def test_explain_states_the_balance_trade():
     """A plan whose balance search replaced the step-first plan says so, with both steps
     and the fullest rank it had; one that did not, says nothing."""
-    from gemc.explain import _solver_lines
+    from gemc.explain import solver_lines
 
     block = {"status": "feasible", "planner": "cpsat", "kept": "cpsat+search",
              "predicted_step_ms": 6.73, "unbalanced_step_ms": 6.77,
              "unbalanced_max_gb": 27.364, "balance_tolerance": 0.02}
-    text = "\n".join(_solver_lines(block))
+    text = "\n".join(solver_lines(block))
     assert "6.770 ms" in text and "27.364 GB" in text and "6.730 ms" in text
-    assert "balance" not in "\n".join(_solver_lines({**block, "unbalanced_step_ms": None}))
+    assert "balance" not in "\n".join(solver_lines({**block, "unbalanced_step_ms": None}))
