@@ -89,7 +89,8 @@ def _worker(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
     from gemc.backends.torch.embedding import shard_tables
     from gemc.backends.torch.embedding_exchange import exchange_lookups
 
-    from gemc.exchange_precision import WirePrecision, sqnr_db
+    from gemc.exchange_precision import WirePrecision
+    from gemc.probe_types import sqnr_db
 
     sent: list[tuple[str, int]] = []
     calls = count_all_to_all(sent)

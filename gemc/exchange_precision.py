@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
+from gemc.probe_types import sqnr_db
 from gemc.table_precision import row_scale
 
 EXCHANGE_PRECISIONS = ("fp32", "bf16", "fp8")
@@ -70,7 +71,6 @@ __all__ = [
     "wire_row_bytes",
     "encode_rows",
     "decode_rows",
-    "sqnr_db",
     "representative_sqnr_db",
 ]
 
@@ -183,16 +183,6 @@ def decode_rows(wire: torch.Tensor, widths: torch.Tensor, precision: str,
     scale = torch.cat(parts[1::2]).view(torch.float32)
     n = values.numel()
     return (values.float() * torch.repeat_interleave(scale, widths, output_size=n)).to(dtype)
-
-
-def sqnr_db(reference: torch.Tensor, approx: torch.Tensor) -> float:
-    """Signal-to-quantisation-noise ratio in dB (inf when exact)."""
-    ref = reference.double()
-    noise = float((ref - approx.double()).pow(2).sum())
-    signal = float(ref.pow(2).sum())
-    if noise == 0.0:
-        return math.inf
-    return 10.0 * math.log10(signal / noise) if signal > 0 else -math.inf
 
 
 def representative_rows(dim: int, rows: int = 512, seed: int = 0) -> list[torch.Tensor]:

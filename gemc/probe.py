@@ -87,13 +87,6 @@ CANDIDATES = {"bf16": fp8_recipe.BF16, "fp8-row": fp8_recipe.FP8_ROW,
 # ----------------------------------------------------------------------------- energies
 
 
-def sqnr_db(ref: torch.Tensor, test: torch.Tensor) -> float:
-    """SQNR in dB of ``test`` against ``ref`` (inf when equal)."""
-    e = Energy()
-    e.add(ref, test)
-    return e.db
-
-
 def outlier_ratio(t: torch.Tensor, dim: int) -> float:
     """max over slices of the slice amax, over their median (amax taken along ``dim``).
 

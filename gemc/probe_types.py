@@ -60,6 +60,14 @@ class Energy:
         return 10.0 * math.log10(self.signal / self.noise)
 
 
+def sqnr_db(ref: torch.Tensor, test: torch.Tensor) -> float:
+    """SQNR in dB of ``test`` against ``ref`` (inf when equal): the one definition the
+    precision probe and the exchange precision's bound share."""
+    e = Energy()
+    e.add(ref, test)
+    return e.db
+
+
 @dataclass
 class SiteStats:
     """What the probe measured for one GEMM site (pooled over its calls)."""

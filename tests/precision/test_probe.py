@@ -106,7 +106,7 @@ def test_gem_xl_is_not_materialised_on_a_cpu() -> None:
 
 
 def test_sqnr_helper_agrees_with_the_tests_own() -> None:
-    from gemc.probe import sqnr_db
+    from gemc.probe_types import sqnr_db
 
     a = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
     b = a + 1e-3 * torch.randn(64, 64, generator=torch.Generator().manual_seed(1))
