@@ -57,6 +57,29 @@ def resolve_calibration(choice: str | None, gpu_name: str) -> Any:
     return load_calibration(choice)
 
 
+def emit_plan(gm: fx.GraphModule, ctx: PassContext, captured: Captured, planner: str, *,
+              predict: bool = True) -> dict[str, Any]:
+    """The plan of a placed graph, as both ``compile`` and ``replan`` write it: the builder's
+    plan, the table optimizer and the exchange precision the placement chose (or the
+    context's fixed ones), and the prediction priced with them. One place, so a replanned
+    plan is the plan a compile would write."""
+    from gemc.costing import predicted_block
+    from gemc.passes.parallelize import EXCHANGE_META, TABLE_OPTIMIZER_META, step_options
+
+    plan = build_plan(gm, ctx, captured, planner=planner)
+    requested = ctx.options.get("table_optimizer")
+    chosen = gm.meta.get(TABLE_OPTIMIZER_META) or (
+        step_options(None).table_optimizer if requested in (None, "auto") else requested)
+    plan["optimizer"] = {"embedding": {"kind": chosen}}
+    plan["exchange"] = gm.meta.get(EXCHANGE_META) or fixed_exchange(
+        ctx.options.get("exchange_precision"))
+    if predict:
+        options = replace(step_options(chosen), exchange=wire_of_plan(plan))
+        plan["predicted"] = predicted_block(gm, plan["regions"], plan["tables"],
+                                            ctx.topology, ctx.calibration, options)
+    return plan
+
+
 def compile(  # noqa: A001 - the public name users expect
     entrypoint: str,
     args: dict[str, Any] | None = None,
@@ -73,8 +96,6 @@ def compile(  # noqa: A001 - the public name users expect
     ``gemc.compile(entry, topology="h200:1x8", planner="cpsat")``.
     """
     from gemc.cost_model.topology import parse_topology
-    from gemc.costing import predicted_block
-    from gemc.passes.parallelize import EXCHANGE_META, TABLE_OPTIMIZER_META, step_options
 
     config = (config or CompileConfig()).with_options(**options)
     config.validate()
@@ -114,18 +135,9 @@ def compile(  # noqa: A001 - the public name users expect
     try:
         if progress:
             progress("predict step")
-        plan = build_plan(gm, ctx, captured, planner=planner)
+        plan = emit_plan(gm, ctx, captured, planner,
+                         predict="predict-time" not in disabled_passes)
         plan["model"]["batch_size"] = batch_size  # stated by the model; null when not
-        chosen = gm.meta.get(TABLE_OPTIMIZER_META) or (
-            step_options(None).table_optimizer if table_optimizer in (None, "auto")
-            else table_optimizer)
-        plan["optimizer"] = {"embedding": {"kind": chosen}}
-        plan["exchange"] = gm.meta.get(EXCHANGE_META) or fixed_exchange(
-            config.exchange_precision)
-        if "predict-time" not in disabled_passes:
-            options = replace(step_options(chosen), exchange=wire_of_plan(plan))
-            plan["predicted"] = predicted_block(gm, plan["regions"], plan["tables"], topo, calib,
-                                                options)
         if dump_dir is not None:
             _write_kernel_sources(plan, dump_dir)
         if dump_dir is not None and dump_mode != "failure":

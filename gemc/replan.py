@@ -14,16 +14,14 @@ from typing import Any
 
 from torch import fx
 
-from gemc.api import pass_context
+from gemc.api import emit_plan, pass_context
 from gemc.capture import Captured
 from gemc.context import PassContext
 from gemc.cost_model.topology import Topology
-from gemc.costing import predicted_block
 from gemc.pass_manager import PassManager
 from gemc.passes.precision import PrecisionOptions
 from gemc.pipeline import default_pipeline, placement_pass
 from gemc.plan import validate_plan
-from gemc.plan_builder import build_plan
 
 
 def annotate(captured: Captured, topology: Topology, *, entrypoint: str,
@@ -48,9 +46,7 @@ def replan(gm: fx.GraphModule, ctx: PassContext, captured: Captured, topology: T
     start = time.perf_counter()
     gm, _ = placement_pass(planner).run(gm, ctx)
     placed = time.perf_counter()
-    plan = build_plan(gm, ctx, captured, planner=planner)
-    plan["predicted"] = predicted_block(gm, plan["regions"], plan["tables"], topology,
-                                        ctx.calibration)
+    plan = emit_plan(gm, ctx, captured, planner)
     validate_plan(plan, source="replan")
     gm.meta.pop("gemc.solver", None)  # the next planner writes its own report
     return plan, {"plan": placed - start, "predict": time.perf_counter() - placed}
