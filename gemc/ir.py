@@ -86,6 +86,28 @@ def nbytes(t: Any) -> int:
     return 0
 
 
+def _module_fqn(path: str) -> str:
+    # strict export writes L['self'].blocks[0]; non-strict writes blocks.0. Keep the latter.
+    if path.startswith("L['self']"):
+        path = path[len("L['self']"):].lstrip(".")
+        path = path.replace("[", ".").replace("]", "").replace("'", "")
+    return path
+
+
+def module_path(node: fx.Node) -> str:
+    """The innermost module a captured node ran in, as an fqn ('' for the root)."""
+    stack = node.meta.get("nn_module_stack") or {}
+    paths = [p for p, _ in stack.values() if p]
+    return _module_fqn(paths[-1]) if paths else ""
+
+
+def outermost_path(node: fx.Node) -> str:
+    """The outermost module (below the root) a captured node ran in ('' for the root)."""
+    stack = node.meta.get("nn_module_stack") or {}
+    paths = [p for p, _ in stack.values() if p]
+    return _module_fqn(paths[0]) if paths else ""
+
+
 def ancestors(nodes: list[fx.Node]) -> set[fx.Node]:
     """``nodes`` and every node they depend on (through any argument)."""
     seen: set[fx.Node] = set()

@@ -16,29 +16,9 @@ from torch.fx.passes.infra.pass_base import PassResult
 
 from gemc import ir
 from gemc.context import PassContext
+from gemc.ir import outermost_path
 
 ROOT = ""
-
-
-def module_path(node: fx.Node) -> str:
-    """The innermost module path of a node ('' for the root)."""
-    stack = node.meta.get("nn_module_stack") or {}
-    paths = [p for p, _ in stack.values() if p]
-    return _clean(paths[-1]) if paths else ROOT
-
-
-def outermost_path(node: fx.Node) -> str:
-    stack = node.meta.get("nn_module_stack") or {}
-    paths = [p for p, _ in stack.values() if p]
-    return _clean(paths[0]) if paths else ROOT
-
-
-def _clean(path: str) -> str:
-    # strict export writes L['self'].blocks[0]; non-strict writes blocks.0. Keep the latter.
-    if path.startswith("L['self']"):
-        path = path[len("L['self']") :].lstrip(".")
-        path = path.replace("[", ".").replace("]", "").replace("'", "")
-    return path
 
 
 def region_of_fqn(fqn: str, regions: set[str]) -> str:

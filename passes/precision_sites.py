@@ -32,12 +32,11 @@ from typing import Any
 
 from gemc.cost_model import kernels
 from gemc.cost_model.op_cost import gemm_time, memory_time
-from gemc.passes.assign_regions import module_path
 from gemc.passes.classify_ops import op_name
 from torch import fx
 
 from gemc import fp8_recipe, ir
-from gemc.ir import OpKind
+from gemc.ir import OpKind, module_path
 
 GEMMS = fp8_recipe.GEMMS
 SiteKey = tuple[str, str, int]

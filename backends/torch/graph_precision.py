@@ -24,20 +24,9 @@ from typing import Any
 import torch
 from torch import fx
 
-__all__ = ["module_path", "scope_module_precision"]
+from gemc.ir import module_path
 
-
-def module_path(node: fx.Node) -> str:
-    """The innermost module a captured node ran in (``""``: the root), as an fqn."""
-    stack = node.meta.get("nn_module_stack") or {}
-    paths = [p for p, _ in stack.values() if p]
-    if not paths:
-        return ""
-    path = paths[-1]
-    if path.startswith("L['self']"):  # strict export: L['self'].blocks[0] -> blocks.0
-        path = path[len("L['self']"):].lstrip(".")
-        path = path.replace("[", ".").replace("]", "").replace("'", "")
-    return path
+__all__ = ["scope_module_precision"]
 
 
 def _site_of(path: str, sites: Mapping[str, torch.dtype]) -> str | None:

@@ -21,16 +21,21 @@ from gemc.pipeline import default_pipeline
 GEM = str(Path(__file__).resolve().parents[2] / "examples" / "gem" / "model.py") + ":build"
 
 
-@pytest.fixture(scope="module")
-def gem_plan_graph():
-    """The tiny GEM through the default pipeline for h200:1x1 (greedy), as compile runs it."""
+def _tiny_plan_graph(entry: str):
+    """``entry``'s tiny preset through the default pipeline for h200:1x1 (greedy), as
+    compile runs it."""
     topo = parse_topology("h200:1x1")
-    spec = load_model(GEM, {"preset": "tiny"})
-    cap = capture(spec, entrypoint=GEM)
-    ctx = pass_context(GEM, {"preset": "tiny"}, cap, topo)
+    spec = load_model(entry, {"preset": "tiny"})
+    cap = capture(spec, entrypoint=entry)
+    ctx = pass_context(entry, {"preset": "tiny"}, cap, topo)
     ctx.calibration = resolve_calibration("auto", "h200")
     ctx.options["solver"] = {}
     return PassManager(default_pipeline("greedy")).run(cap.gm, ctx, capture_seconds=0)
+
+
+@pytest.fixture(scope="module")
+def gem_plan_graph():
+    return _tiny_plan_graph(GEM)
 
 
 def test_attention_is_priced_at_the_autocast_dtype(gem_plan_graph):
@@ -124,15 +129,8 @@ def test_jagged_attention_kernel_time_adds_the_bias_traffic():
 
 @pytest.fixture(scope="module")
 def hstu_plan_graph():
-    """The zoo's tiny HSTU through the default pipeline for h200:1x1 (greedy)."""
-    entry = str(Path(__file__).resolve().parents[2] / "examples" / "zoo" / "hstu.py") + ":build"
-    topo = parse_topology("h200:1x1")
-    spec = load_model(entry, {"preset": "tiny"})
-    cap = capture(spec, entrypoint=entry)
-    ctx = pass_context(entry, {"preset": "tiny"}, cap, topo)
-    ctx.calibration = resolve_calibration("auto", "h200")
-    ctx.options["solver"] = {}
-    return PassManager(default_pipeline("greedy")).run(cap.gm, ctx, capture_seconds=0)
+    return _tiny_plan_graph(
+        str(Path(__file__).resolve().parents[2] / "examples" / "zoo" / "hstu.py") + ":build")
 
 
 def test_silu_kernel_is_priced_as_it_runs(hstu_plan_graph):
