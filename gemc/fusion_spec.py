@@ -108,6 +108,22 @@ def translate(node: fx.Node) -> tuple[str, list[Arg], dict[str, Any]] | None:
     return None
 
 
+def elementwise(node: fx.Node) -> bool:
+    """Whether ``node`` computes each output element from the same element of its (broadcast)
+    tensor operands: an op the code generator computes (:func:`translate`), or any
+    functional ATen op tagged ``pointwise`` (``leaky_relu``, ``elu``, ``masked_fill``...).
+    Why the tag and not a list: the padding follower and the packed runner need only
+    that property (an op per token keeps a token's padding its own), which ATen states for
+    every op it has; a list would miss the activation a model happens to use."""
+    if translate(node) is not None:
+        return True
+    t = node.target if node.op == "call_function" else None
+    if not isinstance(t, torch._ops.OpOverload) or torch.Tag.pointwise not in t.tags \
+            or t._schema.is_mutable:
+        return False
+    return any(isinstance(a, fx.Node) for a in node.args)
+
+
 def _checked(op: str, raw: list[Any], attrs: dict[str, Any]) -> tuple[str, list[Arg], dict] | None:
     args = [_arg(a) for a in raw]
     if any(a is False for a in args) or not any(isinstance(a, fx.Node) for a in args):

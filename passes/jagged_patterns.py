@@ -17,7 +17,7 @@ import torch
 from torch import fx
 
 from gemc import ir
-from gemc.fusion_spec import translate
+from gemc.fusion_spec import elementwise
 
 aten = torch.ops.aten
 _VIEWS = {
@@ -219,7 +219,10 @@ def projection_source(q: fx.Node, k: fx.Node, v: fx.Node) -> fx.Node | None:
 
 _CASTS = {aten.to.dtype, aten._to_copy.default, aten.alias.default, aten.clone.default,
           aten.detach.default, aten.contiguous.default}
-_SAME = _CASTS | {aten.expand.default}
+_SAME = _CASTS | {aten.expand.default, aten.dropout.default}
+"""Ops whose output keeps the operand's layout element for element: casts, copies, an
+expand, and dropout (each element kept or zeroed on its own draw: a token's padding stays
+its own, and eager's padding rows are as unread after it as before)."""
 Dims = tuple[int, int]  # (batch dim, sequence dim) of a tensor whose padding rows are unknown
 # Merged: a reshape that flattens the two (adjacent) dims into one dim ``d`` (a token-wise
 # GEMM over ``[B * L, E]``, or ``nn.MultiheadAttention``'s ``[L * B, E]``) gives ``(d, d)``
@@ -309,6 +312,11 @@ def _step(user: fx.Node, src: fx.Node, dims: Dims, facts: Facts
         if mapped is None and isinstance(facts, KeyMask):
             mapped = _merge_dims(in_shape, out_shape, dims)
         return [(user, mapped)] if mapped is not None else None
+    if t is aten.select.int and user.args[0] is src:
+        d = _norm(user.args[1], rank)
+        if d in dims:
+            return None
+        return [(user, (bd - (bd > d), ld - (ld > d)))]
     if t in (aten.unbind.int, aten.split.Tensor, aten.chunk.default):
         at = 1 if t is aten.unbind.int else 2  # split(x, size, dim), chunk(x, n, dim)
         d = _norm(user.args[at] if len(user.args) > at else user.kwargs.get("dim", 0), rank)
@@ -362,7 +370,7 @@ def _step(user: fx.Node, src: fx.Node, dims: Dims, facts: Facts
             return None
         offsets = jagged_positions(indices[bd], indices[ld])
         return "clean" if offsets is not None and offsets is facts[0] else None
-    if translate(user) is not None:  # pointwise
+    if elementwise(user):  # pointwise
         shift = len(out_shape) - rank
         nd = (bd + shift, ld + shift)
         if t in (aten.mul.Tensor,) and any(
@@ -669,7 +677,7 @@ def _merged_step(user: fx.Node, src: fx.Node, dims: Dims, facts: Facts
             if tuple(out_shape[j:j + 2]) == (outer, inner) and facts.batch != facts.length:
                 return [(user, (j, j + 1) if batch_outer else (j + 1, j))]
         return None
-    if translate(user) is not None and len(out_shape) == rank:  # pointwise, same rank
+    if elementwise(user) and len(out_shape) == rank:  # pointwise, same rank
         others = [a for a in user.args if isinstance(a, fx.Node) and a is not src]
         for a in others:  # another operand must not vary along the merged dim
             shape = tuple(ir.shape_of(a) or ())

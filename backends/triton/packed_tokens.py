@@ -35,7 +35,7 @@ FIRST_ONLY = {
     aten.linear.default, aten.layer_norm.default, aten.transpose.int, aten.permute.default,
     aten.unsqueeze.default, aten.squeeze.dim, aten.flatten.using_ints, aten.unflatten.int,
     aten.unbind.int, aten.split.Tensor, aten.chunk.default, aten.clone.default,
-    aten.contiguous.default,
+    aten.contiguous.default, aten.select.int, aten.dropout.default,
     aten._to_copy.default, aten.to.dtype, aten.alias.default, aten.detach.default,
     aten.sum.dim_IntList, aten.mean.dim, operator.getitem,
 }
@@ -310,7 +310,6 @@ def source(values: torch.Tensor, row: torch.Tensor, pos: torch.Tensor,
 
 
 def is_pointwise(node: fx.Node) -> bool:
-    from gemc.fusion_spec import translate
+    from gemc.fusion_spec import elementwise
 
-    return translate(node) is not None or node.target in (aten.cat.default,
-                                                           aten.where.self)
+    return elementwise(node) or node.target is aten.cat.default
