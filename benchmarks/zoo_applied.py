@@ -56,10 +56,10 @@ WHY_NOT = {
         "nn.MultiheadAttention (need_weights left True) exports as baddbmm + softmax + bmm: "
         "match-softmax-attention takes it as a guarded attention (its key_padding_mask is "
         "a bool built in the graph, checked at run time; the target appended after the "
-        "padding makes it a non-prefix, so the compacted path runs); no packed tokens: the "
-        "history's padding rows reach leaky_relu (no packed rule yet) and MHA's merged "
-        "[L, B*H, d] heads, which pack-jagged-tokens does not follow; the nn.Embedding "
-        "lookups are not bags"
+        "padding makes it a non-prefix, so the compacted path runs); the whole history "
+        "tower (lookups, MHA's [L, B*H, d] head views, projections, LayerNorms, LeakyReLU "
+        "FFN) is one guarded packed region, compact (its kept tokens in order, so the "
+        "non-prefix mask packs too); the nn.Embedding lookups are not bags"
     ),
     "din": (
         "target attention is an MLP over [h,c,h-c,h*c] (no SDPA); bags with "

@@ -294,6 +294,9 @@ def _step(user: fx.Node, src: fx.Node, dims: Dims, facts: Facts
     bd, ld = dims
     if bd == ld or bd < 0:
         return _merged_step(user, src, dims, facts)
+    unit = _attention_unit(user, src, dims, facts)
+    if unit is not None:
+        return unit
     if t in _SAME:
         return [(user, dims)]
     if t is aten.transpose.int:
@@ -310,7 +313,9 @@ def _step(user: fx.Node, src: fx.Node, dims: Dims, facts: Facts
              aten.flatten.using_ints, aten.unflatten.int, aten.squeeze.dim):
         mapped = _reshape_dims(in_shape, out_shape, dims)
         if mapped is None and isinstance(facts, KeyMask):
-            mapped = _merge_dims(in_shape, out_shape, dims)
+            whole = in_shape[bd] == facts.batch  # else the batch dim holds an inner factor
+            mapped = (_merge_dims(in_shape, out_shape, dims) if whole else None) or \
+                _factor_dims(in_shape, out_shape, dims, facts.batch, facts.length)
         return [(user, mapped)] if mapped is not None else None
     if t is aten.select.int and user.args[0] is src:
         d = _norm(user.args[1], rank)
@@ -379,6 +384,71 @@ def _step(user: fx.Node, src: fx.Node, dims: Dims, facts: Facts
             return ("zero", nd)
         return [(user, nd)]
     return None
+
+
+def _factor_dims(before: tuple[int, ...], after: tuple[int, ...], dims: Dims, batch: int,
+                 length: int) -> Dims | None:
+    """``dims`` after a reshape that keeps the batch as the *outer* factor of a dim (the
+    batch dim may hold ``batch * k``: heads merged into it, as ``nn.MultiheadAttention``
+    writes ``[L, B * heads, d]``) and the sequence whole, or that merges the two (adjacent,
+    the batch's inner factor moving to the dims after): ``(j, j)`` / ``(~j, ~j)`` as
+    :func:`_merge_dims`. Where a factor lands is read from the element order alone: the
+    elements before it (the product of the dims before it) are the same on both sides."""
+    bd, ld = dims
+    if batch < 2 or before[ld] != length or before[bd] % batch:
+        return None  # (a batch of 1 is a factor of every dim: nowhere to place it)
+    lead_b, lead_l = _prod(before[:bd]), _prod(before[:ld])
+    jb = jl = None
+    for j in range(len(after)):
+        lead = _prod(after[:j])
+        if lead == lead_b and after[j] % batch == 0 and jb is None:
+            jb = j
+        if lead == lead_l and after[j] == length and jl is None:
+            jl = j
+    if jb is not None and jl is not None and jb != jl:
+        return jb, jl
+    outer, inner = (bd, ld) if bd < ld else (ld, bd)
+    if inner - outer != 1 or (ld < bd and before[ld + 1] % batch):
+        return None  # not adjacent, or the batch is not the outer part of its dim
+    for j in range(len(after)):
+        if _prod(after[:j]) == _prod(before[:outer]) and after[j] == batch * length:
+            return (j, j) if bd < ld else (~j, ~j)
+    return None
+
+
+def _attention_unit(user: fx.Node, src: fx.Node, dims: Dims, facts: Facts
+                    ) -> list[tuple[fx.Node, Dims]] | str | None:
+    """Through a guarded attention kernel ``user`` is part of (a fused softmax attention:
+    scale, score matmul, softmax, value matmul; ``key_padding_attention`` facts on its last
+    node), as a whole: its queries' padding rows become its output's (at the same dims), its
+    keys and values (or views of them) are not read when the kernel masks them with the key
+    mask followed here. None when ``user`` is no such kernel's member."""
+    group = user.meta.get(ir.GROUP)
+    if group is None or not isinstance(facts, KeyMask):
+        return None
+    kernel: fx.Node | None = user  # its facts sit on the group's last node: walk forward
+    while kernel is not None and kernel.op != "output" and \
+            (kernel.meta.get(ir.KERNEL) or {}).get("id") != group:
+        kernel = kernel.next
+    found = (kernel.meta.get(ir.KERNEL) or {}) if kernel is not None else {}
+    if found.get("kind") != "key_padding_attention" or not found.get("mask") or \
+            not all(found.get(x) for x in ("q", "k", "v")):
+        return None  # (an SDPA call: its own rule in :func:`_step`)
+    by_name = {n.name: n for n in user.graph.nodes}
+    mask = by_name.get(found["mask"])
+    out = by_name.get(found.get("output", kernel.name))
+    if mask is None or out is None or keep_of(mask) is not facts.keep:
+        return None
+    if src.name == found["q"]:
+        same = len(ir.shape_of(out) or ()) == len(ir.shape_of(src) or ()) and \
+            (ir.shape_of(out) or ())[dims[1]] == (ir.shape_of(src) or ())[dims[1]]
+        return [(out, dims)] if same else None
+    chain = src
+    while isinstance(chain, fx.Node) and chain.name not in (found["k"], found["v"]) and \
+            chain.op == "call_function" and (chain.target in _VIEWS or chain.target in _CASTS):
+        chain = chain.args[0]
+    return "clean" if isinstance(chain, fx.Node) and chain.name in (found["k"], found["v"]) \
+        else None
 
 
 def padding_rows_read_by(sdpa: fx.Node, facts: Facts) -> fx.Node | None:

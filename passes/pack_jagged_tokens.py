@@ -37,16 +37,27 @@ call, before the region's first node, the runner checks it (the guarded attentio
 kernel: a prefix on every row, an additive mask's values 0 or <= -1e4) and runs the region
 packed over those lengths when it passes, else every region node padded, the model's own
 computation (``packed_tokens.GUARD_STATS`` counts both; the run report carries it). The
-region's fill is data, so it is priced at fill 1. Not followed (a warning names the
-reader): ``nn.MultiheadAttention``'s merged ``[L, B * H, d]`` heads. The compiled (Inductor)
-graph fixes its shapes when it is compiled, so there the check runs ahead of it, on the batch,
+region's fill is data, so it is priced at fill 1. ``nn.MultiheadAttention``'s views are
+followed by where the batch sits in each shape (``[L, B * heads, d]``: the batch the outer
+factor of a dim; ``[L * B, E]``: merged with the sequence), its fused attention as one unit.
+
+Compact regions: where the flow holds without assuming the padding is a suffix (no causal
+attention whose keys are clean only then), the region is ``compact``: a mask that keeps
+positions in any order packs too, each row's kept tokens in order, their positions in the
+layout (``packed_tokens.kept_positions``). Exact: every op is token-wise or an attention
+masked by the key mask (order-invariant over its keys; a causal one keeps its meaning, the
+order being kept). A history with a target item appended after its padding is never a
+prefix, so only this packs it. ``every_row``: the region holds an attention that is NaN on a
+row with no kept key (eager's softmax); it packs only when every row keeps one.
+
+The compiled (Inductor) graph fixes its shapes when it is compiled, so there the check runs ahead of it, on the batch,
 and picks a graph compiled for its outcome: packed at the token count rounded up to a bucket,
 or padded (``backends/triton/region_guard``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import torch
@@ -174,6 +185,11 @@ class PackJaggedTokens:
                          f"({found})")
                 continue
             flow, starts = found
+            # compact: the same flow without the prefix assumption (no causal attention
+            # relying on the padding being a suffix), so kept positions in any order pack
+            loose = _guarded_flow(gm, node, replace(key_mask, prefix=False))
+            compact = not isinstance(loose, str) and loose[0].carriers == flow.carriers \
+                and loose[0].zeroed == flow.zeroed
             if set(flow.carriers) & taken or set(flow.zeroed) & taken:
                 node.meta[PACKED_SKIPPED] = "overlap"
                 ctx.warn(f"pack-jagged-tokens: the sequence around {node.name} stays padded "
@@ -194,6 +210,11 @@ class PackJaggedTokens:
                 "starts": [n.name for n in starts],
                 "mask": check.name,
                 "additive": check is mask and key_mask.additive,
+                # an attention NaN on a row with no kept key (eager's softmax): packed only
+                # when every row keeps one (its NaN reaches the loss, masked or not)
+                "compact": compact,
+                "every_row": any((n.meta.get(ir.KERNEL) or {}).get("nan_if_empty")
+                                 for n in (node, *flow.carriers)),
                 "clamp_min": 0,
                 "max_len": key_mask.length,
                 "batch": key_mask.batch,

@@ -442,22 +442,26 @@ class GraphRunner:
     def _guard(self, region: dict[str, Any], env: dict[fx.Node, Any]) -> None:
         """Once per call, before a guarded region's first node: check its mask (one small
         kernel and one host read, as the guarded attention's) and run the region packed
-        when every row keeps a prefix (its layout: those lengths) and some row keeps a
-        token, else padded: the model's own computation. Counted in ``packed_tokens.GUARD_STATS``."""
+        when every row keeps a prefix (its layout: those lengths; or any kept positions, in
+        order, in a ``compact`` region) and some row keeps a token, else padded: the model's own computation. Counted in ``packed_tokens.GUARD_STATS``."""
         name = str(region["name"])
         if name in self._guards:
             return
         mask = env[self.by_name[region["mask"]]]
-        offsets, check = packed.region_check(mask, bool(region.get("additive", False)))
+        additive = bool(region.get("additive", False))
+        offsets, check = packed.region_check(mask, additive)
         flags = check.tolist()  # the sync
-        ok = packed.packs(flags)
+        compact = bool(region.get("compact", False))
+        ok = packed.packs(flags, bool(region.get("every_row", False)), compact)
         packed.GUARD_STATS.count(ok)
         self._guards[name] = ok
         if not ok:
             return
         key = (region["mask"], 0, int(region["max_len"]), name)
+        positions = packed.kept_positions(mask, additive, int(flags[2])) \
+            if compact and flags[0] else None
         self._layouts[key] = TokenLayout(offsets, int(flags[2]), int(mask.shape[0]),
-                                         int(region["max_len"]))
+                                         int(region["max_len"]), positions)
         for n in self.guarded_nodes:
             if self.region_of[n] is region:
                 self.packed[n] = self.guarded_nodes[n]
@@ -525,7 +529,7 @@ class GraphRunner:
                 return self._padded_then_packed(node, env, layout, dims)
             args = list(fx.node.map_arg(node.args, env.__getitem__))
             if t in packed.SIZED:
-                args[1] = packed.resize(list(args[1]), dims, layout.total)
+                args[1] = packed.resize(list(args[1]), dims, layout.total, layout.batch)
             kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
             return t(*args, **kwargs)
         return self._padded_then_packed(node, env, layout, dims)
@@ -654,7 +658,7 @@ class GraphRunner:
         rank = _rank(out_node)
         runs = unit.setdefault("packed_runs", {})
         if layout.total not in runs:
-            shapes = [packed.packed_shape(sh, dims, rank, layout.total)
+            shapes = [packed.packed_shape(sh, dims, rank, layout.total, layout.batch)
                       for sh in binding["shapes"]]
             runs[layout.total] = make_runner(unit["run"].impl.m, {**binding, "shapes": shapes})
         token_inputs = {slot["input"] for slot in st["slots"]}

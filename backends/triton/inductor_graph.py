@@ -242,32 +242,37 @@ def build(runner: GraphRunner, *, autocast: torch.dtype | None = None,
 # ---- packed token regions, as traceable helpers (shapes from shapes: no host read) --------
 
 
-Region = tuple[Any, int, int, int]  # (offsets, clamp_min, max_len, total)
+Region = tuple[Any, int, int, int, Any]  # (offsets, clamp_min, max_len, total, positions)
 
 
-def _layout(offsets: torch.Tensor, clamp_min: int, max_len: int, total: int) -> TokenLayout:
+def _layout(offsets: torch.Tensor, clamp_min: int, max_len: int, total: int,
+            positions: torch.Tensor | None = None) -> TokenLayout:
     """The region's layout, room for ``total`` tokens (``TokenLayout.bounded``'s count,
-    computed from the capture's shapes when the graph is built)."""
+    computed from the capture's shapes when the graph is built); ``positions``: a compact
+    guarded region's kept positions (``packed_tokens.kept_positions``), else None."""
     return TokenLayout(TokenLayout._offsets(offsets, clamp_min, max_len), total,
-                       offsets.shape[0] - 1, max_len)
+                       offsets.shape[0] - 1, max_len, positions)
 
 
 def _p_gather(x: Any, dims: tuple[int, int], rank: int, offsets: torch.Tensor,
-              clamp_min: int, max_len: int, total: int) -> Any:
+              clamp_min: int, max_len: int, total: int, positions: Any = None) -> Any:
     """``packed_tokens.gather`` through ``gemc::gather_tokens``."""
-    return packed_tokens.gather(x, dims, rank, _layout(offsets, clamp_min, max_len, total),
+    return packed_tokens.gather(x, dims, rank,
+                                _layout(offsets, clamp_min, max_len, total, positions),
                                 take=torch.ops.gemc.gather_tokens)
 
 
 def _p_scatter(x: torch.Tensor, dims: tuple[int, int], offsets: torch.Tensor, clamp_min: int,
-               max_len: int, total: int) -> torch.Tensor:
-    return packed_tokens.scatter(x, dims, _layout(offsets, clamp_min, max_len, total))
+               max_len: int, total: int, positions: Any = None) -> torch.Tensor:
+    return packed_tokens.scatter(x, dims, _layout(offsets, clamp_min, max_len, total,
+                                                  positions))
 
 
 def _p_segment_sum(x: torch.Tensor, dims: tuple[int, int], offsets: torch.Tensor,
-                   clamp_min: int, max_len: int, total: int) -> torch.Tensor:
+                   clamp_min: int, max_len: int, total: int, positions: Any = None
+                   ) -> torch.Tensor:
     """``packed_tokens.segment_sum`` through ``gemc::segment_sum``."""
-    layout = _layout(offsets, clamp_min, max_len, total)
+    layout = _layout(offsets, clamp_min, max_len, total, positions)
     bd, ld = dims
     moved = x.movedim(dims, (0, 1))
     tokens = moved.reshape(total, *moved.shape[2:])
@@ -277,17 +282,20 @@ def _p_segment_sum(x: torch.Tensor, dims: tuple[int, int], offsets: torch.Tensor
 
 def _p_source(values: torch.Tensor, row: torch.Tensor, pos: torch.Tensor,
               offsets: torch.Tensor, clamp_min: int, max_len: int, total: int,
-              accumulate: bool) -> torch.Tensor:
-    return packed_tokens.source(values, row, pos, _layout(offsets, clamp_min, max_len, total),
+              positions: Any, accumulate: bool) -> torch.Tensor:
+    return packed_tokens.source(values, row, pos,
+                                _layout(offsets, clamp_min, max_len, total, positions),
                                 accumulate)
 
 
 def _p_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  dims: tuple[tuple[int, int], ...], offsets: torch.Tensor, clamp_min: int,
-                 max_len: int, total: int, scale: float | None, causal: bool = False
-                 ) -> torch.Tensor:
-    """Jagged attention on region values (``[1, H, T, D]`` at their dims): no conversion."""
-    layout = _layout(offsets, clamp_min, max_len, total)
+                 max_len: int, total: int, positions: Any, scale: float | None,
+                 causal: bool = False) -> torch.Tensor:
+    """Jagged attention on region values (``[1, H, T, D]`` at their dims): no conversion
+    (over a compact region's kept tokens too: their order in each row is kept, so the
+    causal rule over ranks is the rule over positions)."""
+    layout = _layout(offsets, clamp_min, max_len, total, positions)
     qj, kj, vj = (x.movedim(d, (0, 1)).flatten(0, 1) for x, d in zip((q, k, v), dims))
     if scale is None:
         scale = qj.shape[-1] ** -0.5
@@ -320,13 +328,16 @@ class Emitter:
         # where values are packed: the plan's regions, and the guarded ones named in
         # ``guards`` (their offsets: leading inputs, from the check ahead of the graph)
         self.packed = {n: d for n, d in runner.packed.items() if n not in runner.guarded_nodes}
-        self.guarded: dict[str, tuple[fx.Node, int]] = {}
+        self.guarded: dict[str, tuple[fx.Node, int, fx.Node | None]] = {}
         regions = {str(r["name"]): r for r in runner.region_of.values()
                    if r.get("guard") is not None}
         for name, total in guards.items():
             if name not in regions:
                 raise ValueError(f"guards: {name} is not a guarded region of this graph")
-            self.guarded[name] = (self.graph.placeholder(f"{name}_offsets"), int(total))
+            offsets = self.graph.placeholder(f"{name}_offsets")
+            positions = self.graph.placeholder(f"{name}_positions") \
+                if regions[name].get("compact") else None  # each after its offsets
+            self.guarded[name] = (offsets, int(total), positions)
             self.packed.update({n: d for n, d in runner.guarded_nodes.items()
                                 if runner.region_of[n] is regions[name]})
 
@@ -352,14 +363,14 @@ class Emitter:
         length and the room for tokens (the values' count plus the clamp's slots)."""
         r = self.r.region_of[node]
         if r.get("guard") is not None:
-            offsets, total = self.guarded[str(r["name"])]
-            return (offsets, 0, int(r["max_len"]), total)
+            offsets, total, positions = self.guarded[str(r["name"])]
+            return (offsets, 0, int(r["max_len"]), total, positions)
         by_name = self.r.by_name
         values = int(by_name[r["values"]].meta["val"].shape[0])
         batch = int(by_name[r["offsets"]].meta["val"].shape[0]) - 1
         clamp = int(r["clamp_min"])
         return (self.env[by_name[r["offsets"]]], clamp, int(r["max_len"]),
-                values + batch * max(0, clamp))
+                values + batch * max(0, clamp), None)
 
     def padded(self, node: Any) -> Any:
         """``node``'s value at its padded shape (a region value scattered, once)."""
@@ -466,7 +477,8 @@ class Emitter:
                 isinstance(first, fx.Node) and first in self.packed:
             args = list(fx.node.map_arg(node.args, self.env.__getitem__))
             if t in packed_tokens.SIZED:
-                args[1] = packed_tokens.resize(list(args[1]), dims, region[3])
+                args[1] = packed_tokens.resize(list(args[1]), dims, region[3],
+                                                int(self.r.region_of[node]["batch"]))
             kwargs = dict(fx.node.map_arg(node.kwargs, self.env.__getitem__))
             self.env[node] = self.call(t, tuple(args), kwargs)
             return
@@ -576,7 +588,8 @@ class Emitter:
             out_node = by_name[binding["outputs"][0]]
             dims, rank = self.packed[out_node], _rank(out_node)
             region = self.region(out_node)
-            shapes = [packed_tokens.packed_shape(sh, dims, rank, region[3])
+            shapes = [packed_tokens.packed_shape(sh, dims, rank, region[3],
+                                                  int(self.r.region_of[out_node]["batch"]))
                       for sh in binding["shapes"]]
             key_entry = {**entry, "binding": {**binding, "shapes": shapes}}
             impl = make_runner(impl.m, key_entry["binding"]).impl

@@ -71,21 +71,43 @@ GUARD_STATS = GuardStats()
 
 def region_check(mask: torch.Tensor, additive: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """A guarded region's run-time check of its ``[B, L]`` key mask, on the device with no
-    sync: ``(offsets [B + 1], flags [3])``, the flags being the rows that break the prefix,
-    the additive values that are no key mask (see ``key_padding_attention``) and the kept
-    tokens in all. Both runners read the flags on the host once per call (:func:`packs`)."""
+    sync: ``(offsets [B + 1], flags [4])``, the flags being the rows that break the prefix,
+    the additive values that are no key mask (see ``key_padding_attention``), the kept
+    tokens in all and the rows that keep none. Both runners read the flags on the host once
+    per call (:func:`packs`)."""
     from .key_padding_attention import prefix_lengths
 
     offsets, bad = prefix_lengths(mask, additive)
-    return offsets, torch.cat([bad.sum(0).to(torch.int64), offsets[-1:]])
+    empty = (offsets[1:] == offsets[:-1]).sum().reshape(1)
+    return offsets, torch.cat([bad.sum(0).to(torch.int64), offsets[-1:], empty])
 
 
-def packs(flags: list[int]) -> bool:
+def kept_positions(mask: torch.Tensor, additive: bool, room: int) -> torch.Tensor:
+    """For each of ``room`` token slots (the kept positions of a ``[B, L]`` key mask in row
+    order, then spare slots) the position it has in its row, on the device with no sync:
+    the layout of a guarded region whose mask keeps positions that are not a prefix
+    (``TokenLayout.positions``). Kept: True, or an additive 0 (the check's rule). A spare
+    slot answers 0, as :meth:`TokenLayout.index` reads it."""
+    keep = (mask == 0) if additive else mask.to(torch.bool)
+    flat = keep.flatten()
+    slot = torch.cumsum(flat.to(torch.int64), 0) - 1
+    cols = torch.arange(mask.shape[1], device=mask.device).repeat(mask.shape[0])
+    out = torch.zeros(room + 1, dtype=torch.int64, device=mask.device)
+    return out.index_copy(0, torch.where(flat, slot.clamp(max=room), room), cols)[:room]
+
+
+def packs(flags: list[int], every_row: bool = False, compact: bool = False) -> bool:
     """Whether a region runs packed on the call whose :func:`region_check` read ``flags``:
     every row a prefix, every additive value a key mask, and some token kept (a region of
     0 tokens would leave the gradients of its weights None where eager's are zero, which
-    optimizers tell apart)."""
-    return flags[0] == 0 and flags[1] == 0 and flags[2] > 0
+    optimizers tell apart); with ``every_row`` (the region holds an attention whose rows
+    with no kept key are NaN in eager, as ``nn.MultiheadAttention``'s softmax makes them,
+    and so is everything the row reaches, masked or not) also a token on every row, so a
+    batch with an empty row runs padded and returns eager's NaN. With ``compact`` (nothing
+    in the region depends on the kept positions being a prefix: the pass's ``compact``)
+    rows that are not prefixes pack too, their kept tokens in order (:func:`kept_positions`)."""
+    return (flags[0] == 0 or compact) and flags[1] == 0 and flags[2] > 0 and \
+        not (every_row and flags[3] > 0)
 
 
 BUCKETS = 16
@@ -129,6 +151,10 @@ class TokenLayout:
     total: int
     batch: int
     max_len: int
+    positions: torch.Tensor | None = None
+    """Per token slot its position in the row, where the kept positions are not a prefix
+    (:func:`kept_positions`: a guarded region over a mask that is not one, compacted);
+    None: the slot's rank in its row (``t - offsets[row]``), a prefix."""
     _index: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @staticmethod
@@ -161,7 +187,8 @@ class TokenLayout:
             row = _row_of_slot(self.offsets, self.total)  # B for spare slots
             live = row < self.batch
             row_in = torch.where(live, row, 0)
-            pos = torch.where(live, t - self.offsets[row_in], 0)
+            rank = t - self.offsets[row_in] if self.positions is None else self.positions
+            pos = torch.where(live, rank, 0)
             flat = row_in * self.max_len + pos
             self._index.update(row=row_in, pos=pos, flat=flat, row_out=row,
                                flat_out=torch.where(live, flat, self.batch * self.max_len))
@@ -195,6 +222,12 @@ def gather(x: Any, dims: Dims, rank: int, layout: TokenLayout,
     given = x
     if x.dim() < rank:
         x = x.reshape((1,) * (rank - x.dim()) + tuple(x.shape))
+    split = _split_padded(x, dims, layout)
+    if split is not None:
+        x, plain, at = split
+        return gather(x, plain, rank + 1, layout, take).flatten(at, at + 1)
+    if dims[0] == dims[1] or dims[0] < 0:  # merged, constant over the tokens: broadcast
+        return given
     bd, ld = dims
     sb, sl = x.shape[bd], x.shape[ld]
     if sb == 1 and sl == 1:
@@ -255,8 +288,47 @@ def _tokens(x: torch.Tensor, dims: Dims, layout: TokenLayout
     return moved.reshape(layout.total, *rest), rest
 
 
+def _merged_at(dims: Dims) -> int | None:
+    """The one dim a merged pair of token dims occupies (``(d, d)``: batch outer, ``(~d, ~d)``:
+    sequence outer, as ``passes/jagged_patterns`` writes them), or None."""
+    if dims[0] != dims[1]:
+        return None
+    return dims[0] if dims[0] >= 0 else ~dims[0]
+
+
+def _split_padded(x: torch.Tensor, dims: Dims, layout: TokenLayout
+                  ) -> tuple[torch.Tensor, Dims, int] | None:
+    """A padded value whose token dims are not two plain dims, with them made so: a merged
+    ``B * L`` (or ``L * B``) dim unflattened, a batch dim that holds ``B * k`` (the batch
+    outer of an inner factor: ``nn.MultiheadAttention``'s ``[L, B * heads, d]``) split into
+    ``(B, k)``. Returns the split value, its plain dims and the dim to flatten back at; None
+    when there is nothing to split (plain dims, or a value constant over the tokens)."""
+    d = _merged_at(dims)
+    b, n = layout.batch, layout.max_len
+    if d is not None:
+        if x.shape[d] == 1:
+            return None
+        outer_batch = dims[0] >= 0
+        x = x.unflatten(d, (b, n) if outer_batch else (n, b))
+        return x, ((d, d + 1) if outer_batch else (d + 1, d)), d
+    bd, ld = dims
+    size = x.shape[bd]
+    if bd < 0 or size <= b or size % b:
+        return None
+    return x.unflatten(bd, (b, size // b)), (bd, ld + (ld > bd)), bd
+
+
 def scatter(x: torch.Tensor, dims: Dims, layout: TokenLayout) -> torch.Tensor:
     """A packed value back at its padded shape, zeros on the padding rows."""
+    d = _merged_at(dims)
+    if d is not None:  # [.., T, ..] -> [.., 1, T, ..] (or [.., T, 1, ..]) -> B * L
+        outer_batch = dims[0] >= 0
+        plain = (d, d + 1) if outer_batch else (d + 1, d)
+        return scatter(x.unsqueeze(d if outer_batch else d + 1), plain, layout
+                       ).flatten(d, d + 1)
+    if x.shape[dims[0]] > 1:  # the batch dim holds an inner factor k: [.., k, ..] -> B * k
+        bd, ld = dims
+        return scatter(x.unsqueeze(bd), (bd, ld + (ld > bd)), layout).flatten(bd, bd + 1)
     bd, ld = dims
     tokens, rest = _tokens(x, dims, layout)
     full = tokens.new_zeros((layout.batch * layout.max_len + 1, *rest))  # + a spare row
@@ -275,26 +347,44 @@ def segment_sum(x: torch.Tensor, dims: Dims, layout: TokenLayout) -> torch.Tenso
 
 
 def packed_shape(shape: list[int] | tuple[int, ...], dims: Dims, rank: int,
-                 total: int) -> list[int]:
+                 total: int, batch: int = 1) -> list[int]:
     """A (right-aligned) value shape of a region value in the packed layout: the batch dim
-    1, the sequence dim ``total`` when the value varies over either (it is gathered to every
-    token), else 1."""
+    1 (``k`` where it holds ``batch * k``), the sequence dim ``total`` when the value varies
+    over either (it is gathered to every token), else 1; a merged pair's dim ``total``."""
     s = [int(v) for v in shape]
     off = rank - len(s)
+    d = _merged_at(dims)
+    if d is not None:
+        if d - off >= 0 and s[d - off] != 1:
+            s[d - off] = total
+        return s
     bd, ld = dims[0] - off, dims[1] - off
     sb = s[bd] if bd >= 0 else 1
     sl = s[ld] if ld >= 0 else 1
     if bd >= 0:
-        s[bd] = 1
+        s[bd] = _packed_batch(sb, batch)
     if ld >= 0:
         s[ld] = total if (sb != 1 or sl != 1) else 1
     return s
 
 
-def resize(sizes: list[Any], dims: Dims, total: int) -> list[Any]:
-    """A view's or expand's size list with the batch and sequence sizes packed."""
+def _packed_batch(size: Any, batch: int) -> Any:
+    """A batch dim's packed size: 1, or ``k`` where the dim holds ``batch * k`` (the batch
+    outer of an inner factor: heads merged into the batch dim)."""
+    if isinstance(size, int) and size > batch and size % batch == 0:
+        return size // batch
+    return 1
+
+
+def resize(sizes: list[Any], dims: Dims, total: int, batch: int = 1) -> list[Any]:
+    """A view's or expand's size list with the batch and sequence sizes packed (a merged
+    pair's one dim: ``total``)."""
     out = list(sizes)
-    out[dims[0]] = 1
+    d = _merged_at(dims)
+    if d is not None:
+        out[d] = total
+        return out
+    out[dims[0]] = _packed_batch(out[dims[0]], batch)
     out[dims[1]] = total
     return out
 

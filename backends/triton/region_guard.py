@@ -104,7 +104,8 @@ def _prelude(runner: GraphRunner, masks: Sequence[str]) -> fx.GraphModule:
 @dataclass(frozen=True)
 class Decision:
     """One step's outcome: ``key`` per region (its bucketed token count, or None: padded)
-    and the offsets of the packed regions, in order, to pass ahead of the batch."""
+    and the offsets of the packed regions (each followed by its kept positions in a
+    ``compact`` region), in order, to pass ahead of the batch."""
 
     key: tuple[int | None, ...]
     offsets: tuple[torch.Tensor, ...]
@@ -117,6 +118,8 @@ class RegionGuard:
                  buckets: int | None = None) -> None:
         self.names = [str(r["name"]) for r in regions]
         self.additive = [bool(r.get("additive", False)) for r in regions]
+        self.every_row = [bool(r.get("every_row", False)) for r in regions]
+        self.compact = [bool(r.get("compact", False)) for r in regions]
         self.buckets = buckets or bucket_count()
         self.prelude = _prelude(runner, [str(r["mask"]) for r in regions])
 
@@ -135,13 +138,17 @@ class RegionGuard:
         flags = torch.stack([c for _, c in checked]).tolist()  # the step's one host read
         key: list[int | None] = []
         offsets = []
-        for (offs, _), f, mask in zip(checked, flags, masks):
-            ok = packed_tokens.packs(f)
+        for (offs, _), f, mask, additive, every_row, compact in zip(
+                checked, flags, masks, self.additive, self.every_row, self.compact):
+            ok = packed_tokens.packs(f, every_row, compact)
             packed_tokens.GUARD_STATS.count(ok)
             capacity = int(mask.shape[0]) * int(mask.shape[1])  # B * L: the padded tokens
-            key.append(packed_tokens.bucket(int(f[2]), capacity, self.buckets) if ok else None)
-            if ok:
+            total = packed_tokens.bucket(int(f[2]), capacity, self.buckets) if ok else None
+            key.append(total)
+            if total is not None:
                 offsets.append(offs)
+                if compact:  # its kept positions, in the room the graph has for tokens
+                    offsets.append(packed_tokens.kept_positions(mask, additive, total))
         return Decision(tuple(key), tuple(offsets))
 
     def guards(self, key: Sequence[int | None]) -> dict[str, int]:

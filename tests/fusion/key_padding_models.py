@@ -21,10 +21,16 @@ attention); ``summary``: two learned queries attend over it (mask from lengths);
 ``mha_weights``: MultiheadAttention with its default ``need_weights=True`` (exports as
 baddbmm / softmax / bmm); ``formula``: softmax attention written by hand
 (``masked_fill(q k^T / sqrt(d), ~mask, -inf).softmax(-1) @ v``)."""
-PACKED_FORMS = ("bool", "additive", "lengths", "offsets", "causal", "summary")
-"""The forms whose history tower pack-jagged-tokens packs (a region guarded by the mask):
-the others read padding rows where the pass cannot follow them (a query sliced off the
-history, MultiheadAttention's merged heads, a written-out softmax's matmul)."""
+PACKED_FORMS = ("bool", "additive", "lengths", "offsets", "causal", "summary", "mha",
+                "mha_weights", "formula")
+"""The forms whose history tower pack-jagged-tokens packs (a region guarded by the mask;
+MultiheadAttention's through its ``[L, B * heads, d]`` views, a written-out softmax as the
+attention it is matched as): ``target`` reads padding rows where the pass cannot follow
+them (a query sliced off the history). Every one of these regions is ``compact`` (no
+attention in it relies on the padding being a suffix), so a mask that is not a prefix packs
+too, its kept positions in order. ``mha_weights`` and ``formula`` are NaN on a row with no
+kept key, so their regions also need a token on every row (:data:`EVERY_ROW_FORMS`)."""
+EVERY_ROW_FORMS = ("mha_weights", "formula")
 
 
 class History(nn.Module):

@@ -1,8 +1,9 @@
 """pack-jagged-tokens around a guarded attention (a mask only known at run time: a bool or
 additive input, lengths, offsets, causal, summary queries over the history): the token-wise
-ops around it form a region guarded by one prefix check per call; compiled = eager forward
-and backward on prefix masks (packed) and on masks that are not prefixes (the padded
-computation), the path counted exactly; the compiled (Inductor) graph keeps them (checked ahead of it:
+ops around it form a region guarded by one check per call; compiled = eager forward
+and backward on prefix masks (packed), on masks that are not prefixes (packed compacted
+where nothing in the region needs a prefix, else the padded computation), the path counted
+exactly; the compiled (Inductor) graph keeps them (checked ahead of it:
 tests/fusion/test_guarded_regions_compiled.py)."""
 
 from __future__ import annotations
@@ -44,10 +45,19 @@ def _keep(form: str, m: torch.Tensor) -> torch.Tensor:
     return m == 0 if form == "additive" else m
 
 
-def _packs(keep: torch.Tensor) -> bool:
-    """The region's rule: every row a prefix, and some token kept."""
+def _lengths(form: str, lengths: list[int]) -> list[int]:
+    """No empty row for a form whose attention is NaN on one: eager's NaN gradients there
+    are not the guarded op's (its fallback, not the region, is at stake; the region's rule
+    for an empty row: tests/fusion/test_packed_tokenwise_ops.py)."""
+    return [max(1, n) for n in lengths] if form in km.EVERY_ROW_FORMS else lengths
+
+
+def _packs(keep: torch.Tensor, form: str = "", compact: bool = True) -> bool:
+    """The region's rule: every row a prefix (any kept positions in a compact region), and
+    some token kept (on every row where the attention is NaN on an empty one)."""
     prefix = (keep == (torch.arange(keep.shape[1]) < keep.sum(1, keepdim=True))).all()
-    return bool(prefix) and bool(keep.any())
+    rows = bool(keep.any(1).all()) if form in km.EVERY_ROW_FORMS else True
+    return (bool(prefix) or compact) and bool(keep.any()) and rows
 
 
 @pytest.mark.parametrize("form", km.PACKED_FORMS)
@@ -55,7 +65,8 @@ def test_region_follows_the_run_time_mask(form: str):
     gm, ctx, entries, _ = _graph(ENTRY, (("form", form),))
     (region,) = [e for e in entries if e["kind"] == "packed_tokens"]
     (attn,) = [e for e in entries if e["kind"] == "key_padding_attention"]
-    assert region["guard"] == "prefix-check"
+    assert region["guard"] == "prefix-check" and region["compact"] is True
+    assert region["every_row"] is (form in km.EVERY_ROW_FORMS)
     # the check reads the keep mask the attention's mask is (or an additive input itself)
     assert region["mask"] == {"additive": "m", "lengths": "lt", "offsets": "lt",
                               "summary": "lt"}.get(form, "m")
@@ -76,12 +87,13 @@ def test_region_follows_the_run_time_mask(form: str):
 def test_compiled_matches_eager_and_counts_the_region_path(form: str):
     gm, _, entries, spec = _graph(ENTRY, (("form", form),))
     for scramble in (False, True):
-        x, m = km.batch(form, [2, 0, 6, 3], torch.Generator().manual_seed(5), scramble)
+        x, m = km.batch(form, _lengths(form, [2, 0, 6, 3]), torch.Generator().manual_seed(5),
+                        scramble)
         kpa.STATS.reset()
         pt.GUARD_STATS.reset()
         run_against_eager(gm, entries, spec.model, (x, m))
-        packed = _packs(_keep(form, m))
-        assert packed is not (scramble and form in ("bool", "additive", "causal"))
+        packed = _packs(_keep(form, m), form)
+        assert packed  # scrambled too: each row's kept tokens, in order (compact)
         assert pt.GUARD_STATS.as_dict() == {"calls": 1, "packed": int(packed),
                                             "padded": int(not packed)}
 
@@ -119,16 +131,34 @@ def test_compiled_graph_keeps_guarded_regions_for_the_check_ahead_of_it():
 @given(form=st.sampled_from(km.PACKED_FORMS),
        lengths=st.lists(st.integers(0, km.L), min_size=km.B, max_size=km.B),
        scramble=st.booleans(), seed=st.integers(0, 2**16))
-def test_any_mask_region_matches_eager_packed_exactly_on_prefixes(form, lengths, scramble,
-                                                                  seed):
+def test_any_mask_region_matches_eager_packed_on_any_kept_tokens(form, lengths, scramble,
+                                                                 seed):
     """Random lengths 0..L, prefix or scrambled, every form the region follows: compiled =
-    eager forward and backward; the region packed exactly when the mask is a prefix (and
-    keeps a token: with none every gradient must stay as eager's, zero, not absent)."""
+    eager forward and backward; the (compact) region packed whenever the mask keeps a token
+    (with none every gradient must stay as eager's, zero, not absent), prefix or not."""
     gm, _, entries, spec = _graph(ENTRY, (("form", form),))
-    x, m = km.batch(form, lengths, torch.Generator().manual_seed(seed), scramble)
+    x, m = km.batch(form, _lengths(form, lengths), torch.Generator().manual_seed(seed),
+                    scramble)
     pt.GUARD_STATS.reset()
     run_against_eager(gm, entries, spec.model, (x, m))
-    packed = _packs(_keep(form, m))
+    packed = _packs(_keep(form, m), form)
+    assert pt.GUARD_STATS.as_dict() == {"calls": 1, "packed": int(packed),
+                                        "padded": int(not packed)}
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
+@example(lengths=[1, 2, 3, 4], scramble=True, seed=0)
+@given(lengths=st.lists(st.integers(0, km.L), min_size=km.B, max_size=km.B),
+       scramble=st.booleans(), seed=st.integers(0, 2**16))
+def test_a_region_that_needs_a_prefix_falls_back_exactly_when_there_is_none(lengths,
+                                                                            scramble, seed):
+    """A region whose causal attention has no mask (its keys are clean only if the padding
+    is a suffix): random masks, compiled = eager, packed exactly on prefixes."""
+    gm, _, entries, spec = _graph(CAUSAL, (("mask_input", True),))
+    x, m = km.batch("bool", lengths, torch.Generator().manual_seed(seed), scramble)
+    pt.GUARD_STATS.reset()
+    run_against_eager(gm, entries, spec.model, (x, m))
+    packed = _packs(m, compact=False)
     assert pt.GUARD_STATS.as_dict() == {"calls": 1, "packed": int(packed),
                                         "padded": int(not packed)}
 
@@ -177,6 +207,7 @@ def test_causal_attention_over_right_padding_stays_in_the_region(mask_input: boo
     stay packed; compiled = eager, packed on a prefix, padded on a scrambled mask."""
     gm, ctx, entries, spec = _graph(CAUSAL, (("mask_input", mask_input),))
     (region,) = [e for e in entries if e["kind"] == "packed_tokens"]
+    assert region["compact"] is False  # its causal rule needs the padding to be a suffix
     by_name = {n.name: n for n in gm.graph.nodes}
     assert any(by_name[n].target is torch.ops.aten.scaled_dot_product_attention.default
                and True in (*by_name[n].args[5:6], by_name[n].kwargs.get("is_causal"))
@@ -191,12 +222,15 @@ def test_causal_attention_over_right_padding_stays_in_the_region(mask_input: boo
 
 
 def test_one_runner_switches_paths_between_calls():
-    """The guard is decided per call: one runner, a prefix mask (packed), a scrambled one
+    """The guard is decided per call: one runner over a region that needs a prefix (a
+    causal attention with no mask: not compact), a prefix mask (packed), a scrambled one
     (padded), a prefix again (packed), each equal to eager."""
-    gm, _, entries, spec = _graph(ENTRY, (("form", "causal"),))
+    gm, _, entries, spec = _graph(CAUSAL, (("mask_input", True),))
+    (region,) = [e for e in entries if e["kind"] == "packed_tokens"]
+    assert region["compact"] is False
     runner = GraphRunner(gm, entries, params_of(spec.model))
     for i, scramble in enumerate([False, True, False]):
-        batch = km.batch("causal", [2, 0, 6, 3], torch.Generator().manual_seed(i), scramble)
+        batch = km.batch("bool", [2, 1, 6, 3], torch.Generator().manual_seed(i), scramble)
         ref, grads = eager_step(spec.model, batch)
         pt.GUARD_STATS.reset()
         loss = runner(*batch)

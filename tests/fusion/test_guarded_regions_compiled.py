@@ -1,6 +1,7 @@
 """Guarded packed token regions in graph mode (the rewritten graph through torch.compile):
 the mask is checked ahead of the compiled graph, which runs packed at a bucketed token count
-when every row is a prefix and padded (the model's computation) when not; either way loss
+when every row is a prefix (any kept positions, in order, in a compact region) and padded
+(the model's computation) when not; either way loss
 and gradients equal eager over several training steps, each outcome is counted, and the
 compiled variants stay within the bucket set."""
 
@@ -24,6 +25,7 @@ from tests.fusion.helpers import compiled, eager_step, entries_of, params_of
 
 ENTRY = "tests/fusion/key_padding_models.py:build"
 TWO = "tests/fusion/test_guarded_regions_compiled.py:build_two_towers"
+CAUSAL = "tests/fusion/test_guarded_packed_tokens.py:build_causal_tower"
 
 
 class TwoTowers(torch.nn.Module):
@@ -49,7 +51,10 @@ def build_two_towers() -> ModelSpec:
 
 @functools.cache
 def _graph(form: str):  # noqa: ANN202
-    gm, ctx, spec = compiled(TWO, {}) if form == "two" else compiled(ENTRY, {"form": form})
+    if form == "causal_tower":
+        gm, ctx, spec = compiled(CAUSAL, {"mask_input": True})
+    else:
+        gm, ctx, spec = compiled(TWO, {}) if form == "two" else compiled(ENTRY, {"form": form})
     return gm, entries_of(gm, ctx), spec
 
 
@@ -99,7 +104,10 @@ def test_prefix_masks_run_packed_and_train_as_eager(form: str):
     assert "_p_gather(" in code and kpa.STATS.calls == 0
 
 
-def test_a_mask_that_is_no_prefix_falls_back_counted_and_trains_as_eager():
+def test_a_mask_that_is_no_prefix_packs_compacted_and_trains_as_eager():
+    """A scrambled mask: the region is compact (nothing in it needs a prefix), so its kept
+    tokens run packed in order, their positions an input next to the offsets; no padded
+    graph is built and the attention's own check never runs."""
     executor, model = _executor("bool")
     gen = torch.Generator().manual_seed(3)
     batches = [km.batch("bool", [2, 0, 6, 3], gen, scramble=True),
@@ -108,11 +116,24 @@ def test_a_mask_that_is_no_prefix_falls_back_counted_and_trains_as_eager():
     pt.GUARD_STATS.reset()
     kpa.STATS.reset()
     _train_against_eager(executor, model, batches)
+    assert pt.GUARD_STATS.as_dict() == {"calls": 3, "packed": 3, "padded": 0}
+    assert [v["packed_regions"] for v in executor.variants] == [{"packed_tokens_0": 12},
+                                                                {"packed_tokens_0": 14}]
+    assert "packed_tokens_0_positions" in executor.module.code and kpa.STATS.calls == 0
+
+
+def test_a_region_that_needs_a_prefix_falls_back_counted_and_trains_as_eager():
+    """A causal attention with no mask needs the padding to be a suffix: a scrambled mask
+    runs the padded graph (the attention's own check compacting it), counted."""
+    executor, model = _executor("causal_tower")
+    gen = torch.Generator().manual_seed(3)
+    batches = [km.batch("bool", [2, 1, 6, 3], gen, scramble=True),
+               km.batch("bool", [2, 1, 6, 3], gen),
+               km.batch("bool", [4, 1, 5, 3], gen, scramble=True)]
+    pt.GUARD_STATS.reset()
+    _train_against_eager(executor, model, batches)
     assert pt.GUARD_STATS.as_dict() == {"calls": 3, "packed": 1, "padded": 2}
-    # the padded graph (compiled once, for both scrambled steps) and the packed one
     assert [v["packed_regions"] for v in executor.variants] == [{}, {"packed_tokens_0": 12}]
-    # on the padded graph the attention's own check ran (compacting the scrambled rows)
-    assert kpa.STATS.as_dict()["compacted"] == 2
 
 
 def test_varying_token_totals_compile_within_the_bucket_set(monkeypatch):
@@ -138,7 +159,8 @@ def test_varying_token_totals_compile_within_the_bucket_set(monkeypatch):
 
 def test_two_regions_are_checked_apart_and_their_offsets_reach_the_right_one():
     """One region packed and the other padded, then the other way round, then both: each
-    outcome its own graph, each equal to eager, the offsets of the packed one only."""
+    outcome its own graph, each equal to eager, the offsets (and kept positions) of the
+    packed one only."""
     executor, model = _executor("two")
     gen = torch.Generator().manual_seed(5)
 
@@ -146,9 +168,10 @@ def test_two_regions_are_checked_apart_and_their_offsets_reach_the_right_one():
         return (*km.batch("bool", first[0], gen, first[1]),
                 *km.batch("bool", second[0], gen, second[1]))
 
-    batches = [towers(([2, 0, 6, 3], False), ([2, 1, 6, 3], True)),
-               towers(([2, 1, 6, 3], True), ([6, 6, 6, 1], False)),
-               towers(([1, 1, 1, 1], False), ([6, 6, 6, 6], False))]
+    # padded: a history with no token at all (a scrambled one packs: the regions are compact)
+    batches = [towers(([2, 0, 6, 3], True), ([0, 0, 0, 0], False)),
+               towers(([0, 0, 0, 0], False), ([6, 6, 6, 1], True)),
+               towers(([1, 1, 1, 1], True), ([6, 6, 6, 6], False))]
     pt.GUARD_STATS.reset()
     _train_against_eager(executor, model, batches)
     assert pt.GUARD_STATS.as_dict() == {"calls": 6, "packed": 4, "padded": 2}
