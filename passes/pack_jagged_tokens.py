@@ -213,6 +213,11 @@ class PackJaggedTokens:
                 # an attention NaN on a row with no kept key (eager's softmax): packed only
                 # when every row keeps one (its NaN reaches the loss, masked or not)
                 "compact": compact,
+                # the guarded attentions in it whose key mask keeps what the region's check
+                # reads (another spelling of one mask: a bool keep, the additive mask
+                # nn.MultiheadAttention fills from it): the compiled graph runs them on the
+                # region's tokens, as the check already found their layout
+                "in_place": [n.name for n in nodes if _same_mask(n, key_mask)],
                 "every_row": any((n.meta.get(ir.KERNEL) or {}).get("nan_if_empty")
                                  for n in (node, *flow.carriers)),
                 "clamp_min": 0,
@@ -222,6 +227,16 @@ class PackJaggedTokens:
                 **_price(nodes, head, 1.0, ctx),
             }
         return around
+
+
+def _same_mask(node: fx.Node, key_mask: KeyMask) -> bool:
+    """``node`` ends a guarded key-padding attention whose mask keeps exactly the keys
+    ``key_mask`` keeps (the same keep-mask node, whatever spelling reaches the kernel)."""
+    facts = node.meta.get(ir.KERNEL) or {}
+    if facts.get("kind") != "key_padding_attention" or not facts.get("mask"):
+        return False
+    mask = next((n for n in node.graph.nodes if n.name == facts["mask"]), None)
+    return mask is not None and keep_of(mask) is key_mask.keep
 
 
 def _mark(gm: fx.GraphModule, flow: PaddingFlow, rid: str) -> list[fx.Node]:

@@ -296,12 +296,25 @@ def _p_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     (over a compact region's kept tokens too: their order in each row is kept, so the
     causal rule over ranks is the rule over positions)."""
     layout = _layout(offsets, clamp_min, max_len, total, positions)
-    qj, kj, vj = (x.movedim(d, (0, 1)).flatten(0, 1) for x, d in zip((q, k, v), dims))
+    qj, kj, vj = (_token_major(x, d) for x, d in zip((q, k, v), dims))
     if scale is None:
         scale = qj.shape[-1] ** -0.5
     out, _ = torch.ops.gemc.jagged_attention_values(qj, kj, vj, layout.offsets, max_len,
                                                     scale, causal)
+    if q.dim() == 3:  # heads in the batch dim: [T, H, D] -> [H, T, D] at its dims
+        bd, ld = dims[3]
+        return out.movedim((0, 1), (ld, bd))
     return out.unsqueeze(0).movedim((0, 1), dims[3])
+
+
+def _token_major(x: torch.Tensor, dims: tuple[int, int]) -> torch.Tensor:
+    """A packed attention operand as ``[T, H, D]``: ``[1, H, T, D]`` at its dims (heads a
+    dim of their own), or rank 3 with the heads in the batch dim (``nn.MultiheadAttention``'s
+    ``[B * H, L, D]``, packed ``[H, T, D]``)."""
+    bd, ld = dims
+    if x.dim() == 3:
+        return x.movedim((ld, bd), (0, 1))
+    return x.movedim(dims, (0, 1)).flatten(0, 1)
 
 
 class Emitter:
@@ -535,23 +548,29 @@ class Emitter:
 
     def checked_attention(self, entry: dict[str, Any]) -> bool:
         """A guarded self-attention inside a guarded region this graph runs packed, under
-        the very mask the region's check read (same node, same additive rule): that check,
-        ahead of the graph, found every row a prefix, so the attention's own check would
-        take its jagged path over the same offsets. It runs that path here, on the region's
-        values in place: no scatter and gather around it, no second check, no host read
-        (the region's check is counted in ``packed_tokens.GUARD_STATS``, not the
-        attention's ``STATS``). Returns whether it applied."""
+        the very mask the region's check read (same node, same additive rule), or one the
+        pass proved keeps the same keys (the region's ``in_place``: e.g. the additive mask
+        ``nn.MultiheadAttention`` fills from the keep-mask the region checks): that check,
+        ahead of the graph, found the kept tokens' layout (a prefix, or in a compact region
+        any kept positions, in order), so the attention's own check would take its jagged
+        or compacted path over the same offsets. It runs that path here, on the region's
+        values in place (``[1, H, T, D]``, or ``[H, T, D]`` with the heads in the batch
+        dim): no scatter and gather around it, no second check, no host read (the region's
+        check is counted in ``packed_tokens.GUARD_STATS``, not the attention's ``STATS``).
+        An attention NaN on a row with no kept key runs here only in an ``every_row`` region
+        (packed only with a kept key on every row). Returns whether it applied."""
         by_name = self.r.by_name
         out = by_name[entry.get("output", entry["nodes"][0])]
         qkv = [by_name[entry[x]] for x in ("q", "k", "v")]
         region = self.r.region_of.get(out)
         if region is None or str(region.get("name")) not in self.guarded \
-                or entry.get("mask") != region["mask"] \
-                or bool(entry.get("additive")) != bool(region.get("additive")) \
-                or entry.get("merged_heads") or entry.get("nan_if_empty") \
-                or not entry.get("zero_padding_queries", True) \
                 or not all(n in self.packed for n in (*qkv, out)):
-            return False
+            return False  # (its queries packed: a self-attention over the region's tokens)
+        same = (entry.get("mask") == region["mask"]
+                and bool(entry.get("additive")) == bool(region.get("additive"))) \
+            or out.name in region.get("in_place", ())
+        if not same or (entry.get("nan_if_empty") and not region.get("every_row")):
+            return False  # (every_row: packed only with a kept key on every row: no NaN)
         dims = tuple(self.packed[n] for n in (*qkv, out))
         self.env[out] = self.call(_p_attention, (*(self.env[n] for n in qkv), dims,
                                                  *self.region(out), entry["scale"],

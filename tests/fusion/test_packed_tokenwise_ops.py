@@ -211,3 +211,39 @@ def test_bst_history_tower_packs_its_never_prefix_mask_compacted():
         pt.GUARD_STATS.reset()
         run_against_eager(gm, entries, spec.model, batch)
         assert pt.GUARD_STATS.as_dict() == {"calls": 1, "packed": 1, "padded": 0}
+
+
+def test_bst_in_graph_mode_runs_its_attention_on_the_region_tokens():
+    """The compiled graph (aot_eager on the CPU): BST's region packed at a bucketed count on
+    its own batches, its attentions (an additive mask MultiheadAttention fills from the
+    region's keep-mask, heads in the batch dim) on the region's tokens in place: no eager
+    island, no second check; three SGD steps equal eager's."""
+    gm, ctx, spec = compiled(BST, {"preset": "tiny"})
+    entries = entries_of(gm, ctx)
+    (region,) = [e for e in entries if e["kind"] == "packed_tokens"]
+    attn = [e for e in entries if e["kind"] == "key_padding_attention"]
+    assert [a["output"] for a in attn] == region["in_place"] and attn[0]["additive"]
+    model = spec.model
+    emb_opt = EmbeddingOptimizer({}, EmbeddingOptimConfig(), world_size=1)
+    executor = GraphExecutor(gm, {}, model, entries, tables={}, emb_opt=emb_opt,
+                             device=torch.device("cpu"))
+    pt.GUARD_STATS.reset()
+    for step in (1, 2, 3):
+        batch = spec.make_batch(step, "cpu")
+        ref, grads = eager_step(model, batch)
+        loss = executor(*batch)
+        loss.backward()
+        torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-5, msg=f"step {step}")
+        with torch.no_grad():
+            for k, p in model.named_parameters():
+                if k not in grads:  # the table lookups: sparse, the executor's optimizer
+                    continue
+                torch.testing.assert_close(p.grad, grads[k], atol=1e-5, rtol=1e-4,
+                                           msg=f"step {step}: {k}")
+                p -= 0.1 * p.grad
+                p.grad = None
+    assert pt.GUARD_STATS.as_dict() == {"calls": 3, "packed": 3, "padded": 0}
+    # 8 rows x (4 history tokens on average + the target) of 72: a bucket of 40
+    assert [v["packed_regions"] for v in executor.variants] == [{"packed_tokens_0": 40}]
+    code = executor.module.code
+    assert code.count("_p_attention(") == 1 and "_call_key_padding_attention(" not in code
