@@ -86,3 +86,20 @@ def run_against_eager(gm: fx.GraphModule, entries: list[dict[str, Any]],
     for k, p in model.named_parameters():
         torch.testing.assert_close(p.grad, expected[k], atol=1e-5, rtol=1e-4, msg=k)
     return runner
+
+
+def train_against_eager(executor: Any, model: torch.nn.Module,
+                        batches: list[tuple[torch.Tensor, ...]]) -> None:
+    """Steps of plain SGD through the compiled graph, each step's loss and every gradient
+    checked against eager's on the same parameters (the two share them)."""
+    for i, batch in enumerate(batches):
+        ref, grads = eager_step(model, batch)
+        loss = executor(*batch)
+        loss.backward()
+        torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-5, msg=f"step {i}")
+        with torch.no_grad():
+            for k, p in model.named_parameters():
+                torch.testing.assert_close(p.grad, grads[k], atol=1e-5, rtol=1e-4,
+                                           msg=f"step {i}: {k}")
+                p -= 0.1 * p.grad
+                p.grad = None

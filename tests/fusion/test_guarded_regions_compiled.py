@@ -21,7 +21,7 @@ from gemc.backends.triton.region_guard import BUCKETS_ENV
 from gemc.errors import GemcUserError
 from gemc.spec import ModelSpec
 from tests.fusion import key_padding_models as km
-from tests.fusion.helpers import compiled, eager_step, entries_of, params_of
+from tests.fusion.helpers import compiled, entries_of, params_of, train_against_eager
 
 ENTRY = "tests/fusion/key_padding_models.py:build"
 TWO = "tests/fusion/test_guarded_regions_compiled.py:build_two_towers"
@@ -69,23 +69,6 @@ def _executor(form: str) -> tuple[GraphExecutor, torch.nn.Module]:
     return executor, spec.model
 
 
-def _train_against_eager(executor: GraphExecutor, model: torch.nn.Module,
-                         batches: list[tuple[torch.Tensor, ...]]) -> None:
-    """Steps of plain SGD through the compiled graph, each step's loss and every gradient
-    checked against eager's on the same parameters (the two share them)."""
-    for i, batch in enumerate(batches):
-        ref, grads = eager_step(model, batch)
-        loss = executor(*batch)
-        loss.backward()
-        torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-5, msg=f"step {i}")
-        with torch.no_grad():
-            for k, p in model.named_parameters():
-                torch.testing.assert_close(p.grad, grads[k], atol=1e-5, rtol=1e-4,
-                                           msg=f"step {i}: {k}")
-                p -= 0.1 * p.grad
-                p.grad = None
-
-
 @pytest.mark.parametrize("form", ["bool", "causal"])
 def test_prefix_masks_run_packed_and_train_as_eager(form: str):
     executor, model = _executor(form)
@@ -94,7 +77,7 @@ def test_prefix_masks_run_packed_and_train_as_eager(form: str):
                enumerate(lengths)]
     pt.GUARD_STATS.reset()
     kpa.STATS.reset()
-    _train_against_eager(executor, model, batches)
+    train_against_eager(executor, model, batches)
     assert pt.GUARD_STATS.as_dict() == {"calls": 3, "packed": 3, "padded": 0}
     # one compiled graph, its region at 12 of the 24 padded tokens (granule 24 / 16 -> 2)
     assert executor.variants == [{"autocast": None, "packed_regions": {"packed_tokens_0": 12}}]
@@ -115,7 +98,7 @@ def test_a_mask_that_is_no_prefix_packs_compacted_and_trains_as_eager():
                km.batch("bool", [4, 1, 5, 3], gen, scramble=True)]
     pt.GUARD_STATS.reset()
     kpa.STATS.reset()
-    _train_against_eager(executor, model, batches)
+    train_against_eager(executor, model, batches)
     assert pt.GUARD_STATS.as_dict() == {"calls": 3, "packed": 3, "padded": 0}
     assert [v["packed_regions"] for v in executor.variants] == [{"packed_tokens_0": 12},
                                                                 {"packed_tokens_0": 14}]
@@ -131,7 +114,7 @@ def test_a_region_that_needs_a_prefix_falls_back_counted_and_trains_as_eager():
                km.batch("bool", [2, 1, 6, 3], gen),
                km.batch("bool", [4, 1, 5, 3], gen, scramble=True)]
     pt.GUARD_STATS.reset()
-    _train_against_eager(executor, model, batches)
+    train_against_eager(executor, model, batches)
     assert pt.GUARD_STATS.as_dict() == {"calls": 3, "packed": 1, "padded": 2}
     assert [v["packed_regions"] for v in executor.variants] == [{}, {"packed_tokens_0": 12}]
 
@@ -147,7 +130,7 @@ def test_varying_token_totals_compile_within_the_bucket_set(monkeypatch):
     lengths[0] = [0] * km.B  # no token at all: padded, counted
     batches = [km.batch("bool", n, gen) for n in lengths]
     pt.GUARD_STATS.reset()
-    _train_against_eager(executor, model, batches)
+    train_against_eager(executor, model, batches)
     totals = [sum(n) for n in lengths]
     expected = [None if t == 0 else -(-t // 6) * 6 for t in totals]
     seen = list(dict.fromkeys(expected))
@@ -173,7 +156,7 @@ def test_two_regions_are_checked_apart_and_their_offsets_reach_the_right_one():
                towers(([0, 0, 0, 0], False), ([6, 6, 6, 1], True)),
                towers(([1, 1, 1, 1], True), ([6, 6, 6, 6], False))]
     pt.GUARD_STATS.reset()
-    _train_against_eager(executor, model, batches)
+    train_against_eager(executor, model, batches)
     assert pt.GUARD_STATS.as_dict() == {"calls": 6, "packed": 4, "padded": 2}
     assert [v["packed_regions"] for v in executor.variants] == [
         {"packed_tokens_0": 12}, {"packed_tokens_1": 20},

@@ -21,7 +21,14 @@ from torch import fx
 
 from gemc.fusion_spec import elementwise
 from tests.fusion import key_padding_models as km
-from tests.fusion.helpers import compiled, eager_step, entries_of, params_of, run_against_eager
+from tests.fusion.helpers import (
+    compiled,
+    eager_step,
+    entries_of,
+    params_of,
+    run_against_eager,
+    train_against_eager,
+)
 
 ENTRY = "tests/fusion/tokenwise_tower.py:build"
 aten = torch.ops.aten
@@ -31,6 +38,13 @@ aten = torch.ops.aten
 def _graph():  # noqa: ANN202
     gm, ctx, spec = compiled(ENTRY)
     return gm, ctx, entries_of(gm, ctx), spec
+
+
+def _executor(gm: fx.GraphModule, entries: list, model: torch.nn.Module) -> GraphExecutor:
+    """The graph-mode executor of a model without sharded tables, on the CPU."""
+    emb_opt = EmbeddingOptimizer({}, EmbeddingOptimConfig(), world_size=1)
+    return GraphExecutor(gm, {}, model, entries, tables={}, emb_opt=emb_opt,
+                         device=torch.device("cpu"))
 
 
 def _packs(keep: torch.Tensor) -> bool:
@@ -118,26 +132,13 @@ def test_graph_mode_trains_as_eager_packed_on_prefixes_padded_otherwise():
     a batch with no token the padded one; loss and every gradient equal eager's over four
     SGD steps."""
     gm, _, entries, spec = _graph()
-    model = spec.model
-    emb_opt = EmbeddingOptimizer({}, EmbeddingOptimConfig(), world_size=1)
-    executor = GraphExecutor(gm, {}, model, entries, tables={}, emb_opt=emb_opt,
-                             device=torch.device("cpu"))
+    executor = _executor(gm, entries, spec.model)
     assert executor.guard is not None and executor.not_applied == []
     gen = torch.Generator().manual_seed(7)
     batches = [km.batch("bool", [2, 0, 6, 3], gen), km.batch("bool", [2, 1, 5, 3], gen, True),
                km.batch("bool", [0, 0, 0, 0], gen), km.batch("bool", [1, 2, 5, 3], gen)]
     pt.GUARD_STATS.reset()
-    for i, batch in enumerate(batches):
-        ref, grads = eager_step(model, batch)
-        loss = executor(*batch)
-        loss.backward()
-        torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-5, msg=f"step {i}")
-        with torch.no_grad():
-            for k, p in model.named_parameters():
-                torch.testing.assert_close(p.grad, grads[k], atol=1e-5, rtol=1e-4,
-                                           msg=f"step {i}: {k}")
-                p -= 0.1 * p.grad
-                p.grad = None
+    train_against_eager(executor, spec.model, batches)
     assert pt.GUARD_STATS.as_dict() == {"calls": 4, "packed": 3, "padded": 1}
     assert [v["packed_regions"] for v in executor.variants] == [{"packed_tokens_0": 12}, {}]
 
@@ -223,25 +224,9 @@ def test_bst_in_graph_mode_runs_its_attention_on_the_region_tokens():
     (region,) = [e for e in entries if e["kind"] == "packed_tokens"]
     attn = [e for e in entries if e["kind"] == "key_padding_attention"]
     assert [a["output"] for a in attn] == region["in_place"] and attn[0]["additive"]
-    model = spec.model
-    emb_opt = EmbeddingOptimizer({}, EmbeddingOptimConfig(), world_size=1)
-    executor = GraphExecutor(gm, {}, model, entries, tables={}, emb_opt=emb_opt,
-                             device=torch.device("cpu"))
+    executor = _executor(gm, entries, spec.model)
     pt.GUARD_STATS.reset()
-    for step in (1, 2, 3):
-        batch = spec.make_batch(step, "cpu")
-        ref, grads = eager_step(model, batch)
-        loss = executor(*batch)
-        loss.backward()
-        torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-5, msg=f"step {step}")
-        with torch.no_grad():
-            for k, p in model.named_parameters():
-                if k not in grads:  # the table lookups: sparse, the executor's optimizer
-                    continue
-                torch.testing.assert_close(p.grad, grads[k], atol=1e-5, rtol=1e-4,
-                                           msg=f"step {step}: {k}")
-                p -= 0.1 * p.grad
-                p.grad = None
+    train_against_eager(executor, spec.model, [spec.make_batch(s, "cpu") for s in (1, 2, 3)])
     assert pt.GUARD_STATS.as_dict() == {"calls": 3, "packed": 3, "padded": 0}
     # 8 rows x (4 history tokens on average + the target) of 72: a bucket of 40
     assert [v["packed_regions"] for v in executor.variants] == [{"packed_tokens_0": 40}]
