@@ -120,6 +120,7 @@ class ConfigChoice:
     prefer: Callable[[Mapping[str, Any]], Sequence[Preferred]] | None = None
     arg_names: Sequence[str] = ()
     source_key: str = ""  # the kernel source's hash: a record of other code is ignored
+    fn: Any = None  # the jitted function, whose source hash is taken at the first launch
     # tuning key -> ("heuristic" | "recorded" | "autotuned", config or None until tuned)
     chosen: dict[str, tuple[str, str | None]] = field(default_factory=dict)
     pruned: dict[str, list[str]] = field(default_factory=dict)  # key -> configs too big
@@ -127,6 +128,9 @@ class ConfigChoice:
     def __call__(self, configs: list[triton.Config], nargs: Mapping[str, Any],
                  **kwargs: Any) -> list[triton.Config]:
         args = {**nargs, **kwargs}
+        if not self.source_key and self.fn is not None:
+            # at a launch, not at import: Triton hashes the source with its dependencies
+            self.source_key = str(getattr(self.fn, "cache_key", ""))
         key = tuning_key(self.arg_names, self.keys, args)
         limit = shared_memory_limit(_device_of(args))
         fits = [c for c in configs
@@ -180,7 +184,7 @@ def autotune(configs: list[triton.Config], key: list[str], *, name: str,
         tuner = triton.autotune(configs=configs, key=key,
                                 prune_configs_by={"early_config_prune": hook})(fn)
         hook.arg_names = list(getattr(fn, "arg_names", ()))
-        hook.source_key = str(getattr(fn, "cache_key", ""))
+        hook.fn = fn
         _KERNELS[name] = (hook, tuner)
         return tuner
 
