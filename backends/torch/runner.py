@@ -25,8 +25,8 @@ import json
 import os
 import time
 import warnings
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,6 +101,8 @@ class RunOptions:
     # above the plan's recorded ones (.kernel_choices)
     kernel_choices: dict[str, Any] | None = None
     measure_kernels: bool = False  # measure each fused group against Inductor's code first
+    # autotune gemc's hand-written kernels (--autotune); off: a recorded or heuristic config
+    autotune: bool = False
     # read the loss (a host sync) every N steps, 1: every step (each step timed alone);
     # N > 1: the losses stay on the device in between and a step's time is its block's mean
     loss_every: int = 1
@@ -267,11 +269,52 @@ def run(plan_or_path: str | Path | dict[str, Any], options: RunOptions | None = 
     try:
         # before the capture, which imports gemc's kernels (their autotuners read the env)
         with (compile_cache(opts.cache_dir, plan_dir) if _compiles(plan, opts, device, world)
-              else nullcontext()) as cache:
+              else nullcontext()) as cache, _autotuning(opts.autotune):
             return _run(plan, plan_path, plan_dir, opts, world, device, cache)
     finally:
         if created_pg and dist.is_initialized():
             dist.destroy_process_group()
+
+
+@contextmanager
+def _autotuning(on: bool) -> Iterator[None]:
+    """``--autotune``: gemc's kernels autotune in this run (config_choice reads the variable
+    at each launch; imported only when asked, after the compile cache's variables are set)."""
+    if not on:
+        yield
+        return
+    from gemc.backends.triton.config_choice import AUTOTUNE_ENV
+
+    before = os.environ.get(AUTOTUNE_ENV)
+    os.environ[AUTOTUNE_ENV] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(AUTOTUNE_ENV, None)
+        else:
+            os.environ[AUTOTUNE_ENV] = before
+
+
+def _kernel_tuning(rank: int) -> dict[str, Any] | None:
+    """The run report's ``kernel_tuning`` (see config_choice.report), after recording what
+    this run autotuned; None when no gemc kernel with several configs was imported. A
+    heuristic config is said on stderr too: it is not a measured one."""
+    import sys
+
+    if "gemc.backends.triton.config_choice" not in sys.modules:
+        return None
+    from gemc.backends.triton import config_choice
+
+    config_choice.record_tuned()
+    tuning = config_choice.report()
+    guessed = sorted(n for n, keys in tuning.items()
+                     if any(v["source"] == "heuristic" for v in keys.values()))
+    if guessed and rank == 0:
+        print(f"gemc: {len(guessed)} kernel(s) ran a heuristic launch config, not an "
+              f"autotuned one ({', '.join(guessed)}); gemc run --autotune tunes them and "
+              "records the winners for later runs", file=sys.stderr)
+    return tuning
 
 
 def _compiles(plan: dict[str, Any], opts: RunOptions, device: torch.device, world: World
@@ -534,6 +577,8 @@ def _run(
     report["first_step_s"] = (metrics.records[0].ms / 1e3 if metrics.records and start == 0
                               else None)
     report["compile_cache"] = cache.report() if cache is not None else None
+    # per hand-written kernel and key: the launch config and whether it was autotuned
+    report["kernel_tuning"] = _kernel_tuning(rank)
     if isinstance(forward, GraphExecutor):
         report["graph_executor"] = {
             "executor": forward.executor,
