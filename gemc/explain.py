@@ -144,10 +144,13 @@ def solver_lines(solver: dict[str, Any] | None) -> list[str]:
              f"{solver.get('deterministic_seconds')} deterministic s of {solver.get('time_limit_s')}")
     out = [line, extra]
     if solver.get("unbalanced_step_ms") is not None:  # the memory-balance trade, stated
+        within = (f"under max/mean {solver.get('balance_ratio')} within balance_cap_tolerance "
+                  f"{solver.get('balance_cap_tolerance')}"
+                  if solver.get("balanced_by") == "cap" else
+                  f"within balance_tolerance {solver.get('balance_tolerance')}")
         out.append(f"           memory balance replaced the step-first plan "
                    f"({_ms(solver.get('unbalanced_step_ms'))}, fullest rank "
-                   f"{solver.get('unbalanced_max_gb')} GB) within balance_tolerance "
-                   f"{solver.get('balance_tolerance')}: step now "
+                   f"{solver.get('unbalanced_max_gb')} GB) {within}: step now "
                    f"{_ms(solver.get('predicted_step_ms'))}")
     return out
 
