@@ -24,6 +24,10 @@ def explain(plan: dict[str, Any]) -> str:
         f"planner    {planner_line(plan)}",
         f"predicted  step {_ms(pred.get('step_ms'))}  MFU {_pct(pred.get('mfu'))}  cost model {pred.get('cost_model') or '-'}",
     ]
+    if pred.get("device_step_ms") is not None and pred.get("breakdown_ms", {}).get("host"):
+        out.append(f"           = device {_ms(pred['device_step_ms'])} (the planner's objective, "
+                   f"solver's step) + host {_ms(pred['breakdown_ms']['host'])} (syncs and "
+                   "launches, the same for every plan that shards a table)")
     if pred.get("note"):
         out.append(f"           ({pred['note']})")
     out += solver_lines(plan.get("solver"))
