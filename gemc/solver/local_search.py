@@ -43,7 +43,7 @@ import numpy as np
 
 from gemc.cost_model.types import TableCost
 
-from .candidates import TableOption, table_options
+from .candidates import TableOption, least_bytes, table_options
 from .evaluate import (
     DenseSums,
     Evaluation,
@@ -213,12 +213,11 @@ def _options_of(problem: Problem, options: dict[tuple, list[TableOption]],
 def mean_floor(problem: Problem, dense_bytes: float,
                options: dict[tuple, list[TableOption]]) -> float:
     """The least mean rank memory any plan with this dense part can have: each table in
-    its option of fewest bytes over all ranks (``memory x ranks``). A plan whose fullest
+    its option of fewest bytes over all ranks (``candidates.least_bytes``). A plan whose fullest
     rank is under ``ratio`` x this has max / mean <= ``ratio`` whatever its tables do;
     measured against the plan's own mean instead, replicating a table would lower the
     ratio while only adding bytes."""
-    tables = sum(min(o.memory * o.ranks for o in _options_of(problem, options, t))
-                 for t in problem.tables)
+    tables = sum(least_bytes(_options_of(problem, options, t)) for t in problem.tables)
     return dense_bytes + tables / max(1, problem.world)
 
 
