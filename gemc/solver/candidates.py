@@ -217,6 +217,12 @@ def table_options(problem: Problem, t: TableCost) -> list[TableOption]:
     return fits or [min(out, key=lambda o: o.memory)]  # nothing fits: infeasible, say why later
 
 
+def least_bytes(options: list[TableOption] | tuple[TableOption, ...]) -> float:
+    """A table's fewest bytes over all ranks among its options (each shard's bytes x the
+    ranks holding one): what it adds to the mean rank at the least."""
+    return min(o.memory * o.ranks for o in options)
+
+
 def table_classes(problem: Problem) -> list[TableClass]:
     groups: dict[tuple, list[TableCost]] = defaultdict(list)
     for t in problem.tables:
