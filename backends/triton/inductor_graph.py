@@ -54,7 +54,7 @@ import torch
 from torch import fx, nn
 
 from gemc import ir
-from gemc.kernel_kinds import KINDS, generated_kinds
+from gemc.kernel_kinds import KINDS
 
 from . import kinds as registry
 from . import ops as gemc_ops
@@ -66,9 +66,6 @@ from .packed_tokens import TokenLayout
 __all__ = ["CHOICE_ENV", "Built", "Emitter", "build", "choice_and_source", "default_choice",
            "measure_groups", "runner_for"]
 
-GENERATED = generated_kinds()
-"""Kinds where a gemc kernel and Inductor's code compete for the same subgraph
-(declared in gemc/kernel_kinds.py)."""
 CHOICE_ENV = "GEMC_GROUP_CHOICE"
 """``gemc`` / ``inductor`` forces every generated group's choice (A/B runs); unset or
 ``auto``: the measured choice where there is one, else Inductor."""
