@@ -157,7 +157,7 @@ def exchange_cast_s(t: TableCost, rows: float, dim: float, world: int, gpu: GPUS
     requesters' half runs on them, spread over every rank; it is charged to the shard's
     holder, which keeps each plan's total and lets the planners price it per table. The
     kernels' launches are one set a step (:func:`exchange_cast_launch_s`)."""
-    if rows == 0 or t.sharding == "data_parallel":
+    if rows == 0 or t.replicated:
         return 0.0
     per_element = sum(CAST_BYTES_PER_ELEMENT[p] for p in (wire.forward, wire.backward)
                       if casts(p, t.dtype_bytes)) * t.dtype_bytes / 4

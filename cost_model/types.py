@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gemc.exchange_precision import FP32_WIRE, WirePrecision
-from gemc.sharding import DENSE_STRATEGIES, SHARDINGS, TABLE_SHARDINGS  # defined in the core
+from gemc.sharding import DENSE_STRATEGIES, SHARDINGS  # defined in the core
 from gemc.table_lookup import BATCHED, LOOKUP_PATHS
 from gemc.table_precision import TABLE_PRECISIONS, weight_bytes
 
@@ -92,9 +92,9 @@ class TableCost:
         return shard_rows / self.rows
 
     def __post_init__(self) -> None:
-        if self.sharding not in TABLE_SHARDINGS:
+        if self.sharding not in SHARDINGS:
             raise ValueError(f"table {self.fqn}: sharding {self.sharding!r} not in "
-                             f"{TABLE_SHARDINGS}")
+                             f"{tuple(SHARDINGS)}")
         if not self.ranks:
             raise ValueError(f"table {self.fqn}: needs at least one rank")
         if self.precision not in TABLE_PRECISIONS:

@@ -69,7 +69,6 @@ from gemc.table_lookup import (
     owned_by_batched,
 )
 
-GRAPH_KINDS = graph_kinds()  # declared in gemc/kernel_kinds.py; the rest go to .kernels
 NO_KERNELS_FIX = "pass --no-kernels to run the ops the kernels replace, or compile without them"
 
 
@@ -88,12 +87,12 @@ def check_graph_mode(
     """Refuse kernels the runner cannot execute as the plan says (see the module doc)."""
     for i, entry in enumerate(kernels):
         kind = entry.get("kind") if isinstance(entry, dict) else None
-        if kind not in GRAPH_KINDS:
+        if kind not in graph_kinds():
             raise PlanError(
                 f"plan kernels[{i}] ({entry.get('name', '?') if isinstance(entry, dict) else entry}) "
                 f"has kind {kind!r}, which the runner cannot execute",
                 where=f"plan kernels[{i}]",
-                fix=f"known kinds: {', '.join(GRAPH_KINDS)}; {NO_KERNELS_FIX}",
+                fix=f"known kinds: {', '.join(graph_kinds())}; {NO_KERNELS_FIX}",
             )
     if not kernels:
         return

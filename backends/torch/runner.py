@@ -40,12 +40,7 @@ from gemc.backends.torch.compile_cache import CompileCache, compile_cache
 from gemc.backends.torch.dense import apply_strategies, check_strategies
 from gemc.backends.torch.divergence import DivergenceGuard, load_reference, low_precision_sites
 from gemc.backends.torch.embedding import shard_tables
-from gemc.backends.torch.graph_mode import (
-    GRAPH_KINDS,
-    GraphExecutor,
-    check_graph_mode,
-    compile_backend,
-)
+from gemc.backends.torch.graph_mode import GraphExecutor, check_graph_mode, compile_backend
 from gemc.backends.torch.graph_precision import scope_module_precision
 from gemc.backends.torch.init import derive_seed
 from gemc.backends.torch.kernel_choices import check_choices, plan_choices
@@ -64,6 +59,7 @@ from gemc.backends.torch.table_prefetch import TablePrefetch
 
 from gemc.errors import GemcUserError, PlanError
 from gemc.exchange_precision import wire_of_plan
+from gemc.kernel_kinds import graph_kinds
 from gemc.plan import load_plan, validate_plan
 from gemc.sharding import SHARDINGS
 from gemc.spec import BATCH_SIZE_MISSING, BatchSizeWarning, batch_size_of
@@ -322,7 +318,7 @@ def _compiles(plan: dict[str, Any], opts: RunOptions, device: torch.device, worl
     """Whether the run compiles anything (so it wants the compile cache): graph mode, whose
     kernels autotune even under the interpreter executor, or module mode compiled."""
     kernels = plan["kernels"] if opts.kernels else []
-    if any(isinstance(k, dict) and k.get("kind") in GRAPH_KINDS for k in kernels):
+    if any(isinstance(k, dict) and k.get("kind") in graph_kinds() for k in kernels):
         return True
     return _compile_module_mode(opts, device, world.world_size)
 
@@ -358,7 +354,7 @@ def _run(
     kernels = kept_kernels(plan, opts.skip_kernels) if opts.kernels else []
     if opts.kernel_choices:
         check_choices(opts.kernel_choices, plan["kernels"], "gemc run --kernel-choices")
-    graph_kernels = [k for k in kernels if isinstance(k, dict) and k.get("kind") in GRAPH_KINDS]
+    graph_kernels = [k for k in kernels if isinstance(k, dict) and k.get("kind") in graph_kinds()]
     captured = check_fingerprint(plan, spec, rank=rank, world_size=wsize,
                                  every_rank=bool(graph_kernels))
     model = spec.model
@@ -383,7 +379,7 @@ def _run(
     kernel_registry.import_modules(opts.kernel_modules)
     applied_kernels = kernel_registry.apply(
         model,
-        [k for k in kernels if not (isinstance(k, dict) and k.get("kind") in GRAPH_KINDS)],
+        [k for k in kernels if not (isinstance(k, dict) and k.get("kind") in graph_kinds())],
         kernel_registry.KernelContext(
             device=device.type,
             rank=rank,
