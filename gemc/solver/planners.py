@@ -94,11 +94,11 @@ def _balanced(problem: Problem, pricer: Pricer, a: Assignment, ev: Evaluation
               ) -> tuple[Evaluation | None, Assignment, Evaluation, str | None]:
     """(the evaluation before, if a better-balanced plan replaced ``a``; the plan; its
     evaluation; which search replaced it: "cap" or "search"). First the cap search to
-    ``balance_ratio`` (``_capped``); where it does not pay, balanced plans are searched with the step let rise BALANCE_EXPLORE and
+    ``balance_ratio`` (``capped_plan``); where it does not pay, balanced plans are searched with the step let rise BALANCE_EXPLORE and
     ``balance_tolerance``; the one with the emptiest fullest rank (then the fastest)
     within ``balance_tolerance`` of ``a``'s step wins, if it empties that rank (by
     BALANCE_MIN_GAIN at least, where it costs step)."""
-    capped = _capped(problem, pricer, a, ev)
+    capped = capped_plan(problem, pricer, a, ev)
     if capped is not None:
         return ev, *capped, "cap"
     tol = problem.settings.balance_tolerance
@@ -126,7 +126,7 @@ def _ratio(ev: Evaluation) -> float:
     return float(ev.memory.max()) / mean if mean > 0 else 1.0
 
 
-def _capped(problem: Problem, pricer: Pricer, a: Assignment, ev: Evaluation
+def capped_plan(problem: Problem, pricer: Pricer, a: Assignment, ev: Evaluation
             ) -> tuple[Assignment, Evaluation] | None:
     """The plan ``cap_memory`` finds with every rank under ``balance_ratio`` x the least
     mean, if ``a`` is above that ratio and the capped plan reaches it within
@@ -257,7 +257,7 @@ def _cpsat(problem: Problem, regions, tables, pricer: Pricer, base: dict[str, An
         if res.balanced else None,
         # the step and fullest rank before the balance_tolerance trade (null: not traded)
         "balance_tolerance": problem.settings.balance_tolerance,
-        # the max / mean cap searched (``_capped``), its tolerance, and which search made
+        # the max / mean cap searched (``capped_plan``), its tolerance, and which search made
         # the plan kept ("cap", "search"; null: the step-first plan)
         "balance_ratio": problem.settings.balance_ratio,
         "balance_cap_tolerance": problem.settings.balance_cap_tolerance,

@@ -117,7 +117,7 @@ def test_the_planner_meets_the_ratio_only_within_its_cap_tolerance():
     ``balance_cap_tolerance`` of the step-first plan's step (reported as
     ``unbalanced_step_ms``); a plan already under the ratio, or the ratio 0, leaves the
     cap search off."""
-    from gemc.solver.planners import _capped
+    from gemc.solver.planners import capped_plan
 
     settings = SolverSettings(time_limit_s=0.3, wall_limit_factor=200)
     p = make_problem("h200:2x4", n_tables=12, seed=2, big=4.0, settings=settings)
@@ -126,12 +126,12 @@ def test_the_planner_meets_the_ratio_only_within_its_cap_tolerance():
     pricer = Pricer(p)
     start = improve(p, pricer, greedy(p, pricer))
     before = evaluate(p, start, pricer)
-    capped = _capped(p, pricer, start, before)
+    capped = capped_plan(p, pricer, start, before)
     assert capped is not None
     assert capped[1].memory.max() / capped[1].memory.mean() <= 1.3
     assert capped[1].step_s <= before.step_s * (1 + settings.balance_cap_tolerance)
-    assert _capped(p, pricer, capped[0], capped[1]) is None   # already under the ratio
+    assert capped_plan(p, pricer, capped[0], capped[1]) is None   # already under the ratio
     off = replace(p, settings=replace(settings, balance_ratio=0.0))
-    assert _capped(off, Pricer(off), start, before) is None
+    assert capped_plan(off, Pricer(off), start, before) is None
     with pytest.raises(ValueError, match="balance_ratio"):
         SolverSettings(balance_ratio=0.5)
