@@ -151,7 +151,10 @@ def shard_compute_s(t: TableCost, rows: float, dim: float, world: int, gpu: GPUS
         # every rank's padding ids reach a sharded table (priced on each holder: the pad
         # row's holder is not known)
         hot = t.hot_ids * (1 if t.replicated else world)
-        routed = ROUTED_LOOKUP_S * max(1, t.lookups) if t.routed and t.lookup == SPARSE else 0.0
+        routed = 0.0
+        if t.lookup == SPARSE:  # host time the sparse lookups add: graph splits, syncs
+            routed = max(1, t.lookups) * (ROUTED_LOOKUP_S * t.routed
+                                          + StepOptions.host_sync_s * t.padding_row)
         return routed + _eager_cost(t.lookup, max(1, int(rows)), max(1, int(dim)),
                                     int(lookups), int(bags), max(1, t.lookups), dtype, gpu,
                                     calibration, optimizer or StepOptions.table_optimizer,

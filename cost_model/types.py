@@ -79,6 +79,9 @@ class TableCost:
     # its lookups are called out of the compiled graph (graph mode, gemc.table_lookup's
     # SPARSE): each splits the graph (op_cost.ROUTED_LOOKUP_S)
     routed: bool = False
+    # a lookup of it names a padding row (``padding_idx``): its sparse backward drops
+    # that row's ids by a boolean mask, a host sync each lookup
+    padding_row: bool = False
     # per lookup, the saved activations still live when its backward runs
     # (activations.ActivationProfile.alive_at_lookup): where a table-sized gradient lands
     lookup_alive: tuple[int, ...] = ()

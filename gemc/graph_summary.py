@@ -56,6 +56,14 @@ def padded_ids(node: fx.Node) -> int:
     return int(facts.get("nnz", 0)) if shape is not None and len(shape) >= 2 else 0
 
 
+def padding_row(node: fx.Node) -> bool:
+    """A lookup op naming a padding row (``aten.embedding``'s 3rd argument, or
+    ``aten.embedding_bag``'s 9th, >= 0)."""
+    index = 8 if "embedding_bag" in str(node.target) else 2
+    value = node.args[index] if len(node.args) > index else node.kwargs.get("padding_idx")
+    return isinstance(value, int) and value >= 0
+
+
 def _table_costs(gm: fx.GraphModule) -> dict[str, TableCost]:
     """Each table's TableCost on one rank as the graph looks it up (lookups summed)."""
     out: dict[str, TableCost] = {}
@@ -68,7 +76,8 @@ def _table_costs(gm: fx.GraphModule) -> dict[str, TableCost]:
                                         int(facts["batch"]), pooled=facts["mode"] != "none",
                                         lookups=0)
         out[fqn] = replace(old, nnz=old.nnz + int(facts["nnz"]), lookups=old.lookups + 1,
-                           padded_nnz=old.padded_nnz + padded_ids(node))
+                           padded_nnz=old.padded_nnz + padded_ids(node),
+                           padding_row=old.padding_row or padding_row(node))
     return out
 
 
@@ -158,6 +167,7 @@ def table_summaries(gm: fx.GraphModule, captured: Captured) -> list[dict[str, An
         )
         entry["nnz"] += facts["nnz"]
         entry["padded_nnz"] = entry.get("padded_nnz", 0) + padded_ids(node)
+        entry["padding_row"] = entry.get("padding_row", False) or padding_row(node)
         if paths.get(fqn) == DENSE_GRAD and node.name in alive:
             entry.setdefault("lookup_alive_bytes", []).append(int(alive[node.name]))
         entry["lookups"] += 1

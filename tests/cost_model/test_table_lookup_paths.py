@@ -110,6 +110,12 @@ def test_route_follows_the_cheaper_price() -> None:
     narrow = TableCost("pos", 256, 256, 524_288, 524_288, pooled=False, routed=True)
     assert narrow.hot_ids == pytest.approx(2048)
     assert cheaper_route(_route_ms(narrow)) == DENSE_GRAD
+    # a padding row: each sparse backward masks its ids out, a host sync per lookup
+    hstu = TableCost("item", 1_000_001, 512, 66_560, 32_768, pooled=False, lookups=3,
+                     routed=True)
+    padded = _route_ms(replace(hstu, padding_row=True))
+    assert padded[SPARSE] == pytest.approx(_route_ms(hstu)[SPARSE] + 3 * 1.3, rel=1e-6)
+    assert padded[DENSE_GRAD] == _route_ms(hstu)[DENSE_GRAD]
     assert cheaper_route({SPARSE: 1.0, DENSE_GRAD: 2.0}) == SPARSE
     assert cheaper_route({SPARSE: 2.0, DENSE_GRAD: 2.0}) == DENSE_GRAD  # a tie keeps it
     # the rule: a priced choice moves a DENSE_GRAD table only
@@ -237,6 +243,7 @@ def test_plan_records_both_route_prices_and_takes_the_cheaper(annotated) -> None
     # the history lookups read padded [B, L] grids; the profile bags do not
     assert tables["goods_emb.weight"]["padded_nnz"] > 0
     assert tables["profile.0.weight"]["padded_nnz"] == 0
+    assert not any(t["padding_row"] for t in tables.values())
     # a batched table has no choice to record
     assert all("route_ms" not in t
                for t in table_summaries(annotated["dlrm"], SimpleNamespace(param_dtypes={})))
@@ -249,6 +256,7 @@ def test_loss_side_lookups_see_the_saved_activations() -> None:
 
     from gemc.api import load_model
     from gemc.capture import capture
+    from gemc.graph_summary import padding_row
     from gemc.replan import annotate
     from tests.conftest import REPO
 
@@ -257,6 +265,8 @@ def test_loss_side_lookups_see_the_saved_activations() -> None:
     gm, _ = annotate(captured, parse_topology("h200:1x1"), entrypoint=entry,
                      args={"preset": "tiny"})
     profile = activation_profile(gm)
-    alive = [profile.alive_at_lookup[n.name] for n in gm.graph.nodes if n.meta.get(ir.TABLE)]
+    lookups = [n for n in gm.graph.nodes if n.meta.get(ir.TABLE)]
+    alive = [profile.alive_at_lookup[n.name] for n in lookups]
+    assert all(padding_row(n) for n in lookups)  # nn.Embedding(..., padding_idx=0)
     assert len(alive) == 3 and alive[0] < 0.1 * profile.saved_total
     assert min(alive[1:]) > 0.8 * profile.saved_total
