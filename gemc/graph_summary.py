@@ -141,6 +141,7 @@ def table_summaries(gm: fx.GraphModule, captured: Captured) -> list[dict[str, An
     prices where the cost model chose between them (``route_ms``), and the ids read from
     padded grids (``padded_nnz``)."""
     paths, prices, graph_mode = _routes(gm)
+    world = int((gm.meta.get(ir.PRICING) or {}).get("world_size", 1))
     # where each dense_grad lookup's table-sized gradient lands in the backward
     alive = activation_profile(gm).alive_at_lookup if DENSE_GRAD in paths.values() else {}
     by_fqn: dict[str, dict[str, Any]] = {}
@@ -191,7 +192,10 @@ def table_summaries(gm: fx.GraphModule, captured: Captured) -> list[dict[str, An
         )
         entry["predicted_ms"] = round(entry["predicted_ms"], 6) if entry["predicted_ms"] else None
         entry["lookup"] = paths[fqn]
-        entry["routed"] = graph_mode and paths[fqn] == SPARSE
+        # a lookup called out of the compiled graph on one rank; on several ranks every
+        # rank calls every table's lookup, held or not, which a holder's price cannot say
+        # (those graph splits are not priced there)
+        entry["routed"] = graph_mode and world == 1 and paths[fqn] == SPARSE
         if fqn in prices:
             entry["route_ms"] = {k: round(v, 6) for k, v in prices[fqn].items()}
         tables.append(entry)

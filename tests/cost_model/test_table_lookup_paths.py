@@ -225,6 +225,11 @@ def test_graph_summary_names_each_tables_path(annotated) -> None:
     try:
         gm.meta[ir.PRICING] = {**saved, "world_size": 8}
         assert set(table_lookup_paths(gm).values()) == {SPARSE}
+        # every rank calls every lookup there: not priced on the holders as graph splits
+        from types import SimpleNamespace
+
+        from gemc.graph_summary import table_summaries
+        assert not any(t["routed"] for t in table_summaries(gm, SimpleNamespace(param_dtypes={})))
     finally:
         gm.meta[ir.PRICING] = saved
 
