@@ -74,6 +74,8 @@ def test_tables_outside_the_batched_kernel_train_exactly_on_their_paths(
     assert {paths[f] for f in outside} <= {"sparse", "dense_grad"} and "dense_grad" in {
         paths[f] for f in outside}
     assert paths[chosen] == "sparse"
+    assert got.report["graph_executor"]["table_route_ms"] == {
+        t["fqn"]: t["route_ms"] for t in plan["tables"] if "route_ms" in t}
     assert layouts == {f: {torch.sparse_coo if paths[f] == "sparse" else torch.strided}
                        for f in outside}
 
