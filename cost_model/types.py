@@ -14,6 +14,8 @@ from gemc.sharding import DENSE_STRATEGIES, SHARDINGS  # defined in the core
 from gemc.table_lookup import BATCHED, LOOKUP_PATHS
 from gemc.table_precision import TABLE_PRECISIONS, weight_bytes
 
+from .kernels import hottest_row_ids
+
 
 @dataclass(frozen=True)
 class RegionCost:
@@ -71,6 +73,23 @@ class TableCost:
     # optimizer after it; and how many lookup ops read it (each has its own gradient)
     lookup: str = BATCHED
     lookups: int = 1
+    # of ``nnz``, the ids read from padded [batch, length] grids (unpooled lookups of a
+    # 2-D or wider id tensor): their padding repeats one id (kernels.hottest_row_ids)
+    padded_nnz: int = 0
+    # its lookups are called out of the compiled graph (graph mode, gemc.table_lookup's
+    # SPARSE): each splits the graph (op_cost.ROUTED_LOOKUP_S)
+    routed: bool = False
+    # a lookup of it names a padding row (``padding_idx``): its sparse backward drops
+    # that row's ids by a boolean mask, a host sync each lookup
+    padding_row: bool = False
+    # per lookup, the saved activations still live when its backward runs
+    # (activations.ActivationProfile.alive_at_lookup): where a table-sized gradient lands
+    lookup_alive: tuple[int, ...] = ()
+
+    @property
+    def hot_ids(self) -> float:
+        """Lookups of the most looked-up row in one rank's step (kernels.hottest_row_ids)."""
+        return hottest_row_ids(self.rows, self.nnz, self.padded_nnz)
 
     @property
     def storage_bytes(self) -> float:

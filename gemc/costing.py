@@ -88,6 +88,9 @@ def table_costs(tables: Sequence[Mapping[str, Any]]) -> list[TableCost]:
             pooled=t.get("pooling", "sum") != "none",
             precision=t.get("precision", "fp32"),
             lookup=t.get("lookup", BATCHED), lookups=int(t.get("lookups", 1)),
+            padded_nnz=int(t.get("padded_nnz", 0)), routed=bool(t.get("routed", False)),
+            padding_row=bool(t.get("padding_row", False)),
+            lookup_alive=tuple(int(b) for b in t.get("lookup_alive_bytes", ())),
         )
         for t in tables
     ]

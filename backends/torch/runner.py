@@ -63,6 +63,7 @@ from gemc.kernel_kinds import graph_kinds
 from gemc.plan import load_plan, validate_plan
 from gemc.sharding import SHARDINGS
 from gemc.spec import BATCH_SIZE_MISSING, BatchSizeWarning, batch_size_of
+from gemc.table_lookup import SPARSE
 
 EXIT_AFTER_STEP_ENV = "GEMC_RUN_EXIT_AFTER_STEP"
 """Test hook: ``os._exit`` right after this completed-step count (a killed run)."""
@@ -445,6 +446,8 @@ def _run(
             compile_mode=opts.compile_mode,
             measure=opts.measure_kernels,
             recorded=plan_choices(graph_kernels),
+            priced_sparse=frozenset(str(t["fqn"]) for t in plan["tables"]
+                                    if t.get("lookup") == SPARSE),
         )
         applied_kernels += [str(k.get("name", k["kind"])) for k in graph_kernels
                             if str(k.get("name")) not in forward.not_applied]
@@ -588,6 +591,10 @@ def _run(
             "not_applied": list(forward.not_applied),
             # fqn -> "batched" / "sparse" (gemc.table_lookup): the code each table ran on
             "table_lookups": dict(sorted(forward.lookup_paths.items())),
+            # fqn -> both routes' predicted ms, where the plan chose by price
+            # (gemc.table_lookup.cheaper_route): set a measured run against them
+            "table_route_ms": {str(t["fqn"]): t["route_ms"] for t in plan["tables"]
+                               if isinstance(t.get("route_ms"), dict)},
             # gathers from small tables whose backward adds up per block (no per-id atomics)
             "contended_gathers": forward.gathers,
             # one compiled graph per guarded regions' outcome (packed at a bucketed token
