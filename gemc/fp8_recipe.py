@@ -95,14 +95,25 @@ class Fp8Recipe:
 
 SCALE_KERNELS = 7
 """Tiny launches per quantized operand for the scale arithmetic (clamp, divide, frexp,
-ones, ldexp x2, cast) on the [M, 1] / [1, N] amax."""
+ones, ldexp x2, cast) on the [M, 1] / [1, N] amax (the eager, tensor-wise path)."""
+
+
+def one_pass_quantize_bytes(numel: int, elt_bytes: int, relayout: bool) -> int:
+    """Bytes moved by the one kernel that quantizes a *row-wise* operand on the GPU
+    (``gemc.backends.triton.fp8_quant`` through ``gemc.backends.torch.fp8_ops``): read it
+    once and write 1 byte an element where it is already in ``_scaled_mm``'s layout
+    (``rowwise_quant``); read it twice (amax, then scale) and write the transposed fp8 copy
+    where it is not (``colwise_quant``). Scales are computed in registers (4 bytes a row,
+    not counted). The cost model prices exactly this (change both together)."""
+    return numel * ((2 if relayout else 1) * elt_bytes + 1)
 
 
 def quantize_kernels(numel: int, elt_bytes: int, relayout: bool) -> list[int]:
     """Bytes moved by each streaming kernel of ``gemc.backends.torch.fp8.quantize`` (+ the
     layout copy that its ``fp8_matmul`` adds where the operand is not already in
-    ``_scaled_mm``'s layout), for the cost model: it prices exactly what the runner
-    launches (change both together)."""
+    ``_scaled_mm``'s layout): the tensor-wise path (row-wise runs
+    :func:`one_pass_quantize_bytes` on a GPU). For the cost model: it prices exactly what
+    the runner launches (change both together)."""
     out = [numel * elt_bytes]  # amax
     work = elt_bytes
     if elt_bytes not in (2, 4):  # fp16 goes through fp32

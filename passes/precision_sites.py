@@ -26,6 +26,7 @@ autocast baseline they run as autocast runs them (norms, softmax and the loss in
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -147,15 +148,22 @@ def structural_reason(site: Site, table_fqns: set[str], is_linear: bool | None) 
 
 @dataclass(frozen=True)
 class Prices:
-    """Predicted seconds of one GEMM in each precision; fp8 includes its quantization."""
+    """Predicted seconds of one GEMM in each precision; fp8 includes its quantization.
+
+    ``fp8`` is row-wise scaling, each operand quantized by one fused pass (what the runner
+    launches on a GPU); ``fp8_tensor`` is tensor-wise, quantized by the eager amax / scale /
+    cast kernels (9-17 bytes an element), so it is chosen only where it is not slower."""
 
     fp32: float
     bf16: float
     fp8: float
     fp8_quant: float  # the part of fp8 spent quantizing the two operands
     source: str
+    fp8_tensor: float = math.inf
 
-    def of(self, dtype: str) -> float:
+    def of(self, dtype: str, scaling: str | None = None) -> float:
+        if dtype == "fp8" and scaling == fp8_recipe.TENSORWISE:
+            return self.fp8_tensor
         return {"fp32": self.fp32, "bf16": self.bf16, "fp8": self.fp8}[dtype]
 
 
@@ -172,8 +180,9 @@ def activation_bytes(site: Site) -> int:
 def _operands(gemm: str, x_elt: int) -> tuple[tuple[int, bool], tuple[int, bool]]:
     """(element bytes, needs a layout copy) of a GEMM's two operands as the runner holds
     them: x as :func:`activation_bytes` says, dy in bf16, the master weight in fp32. The
-    column-major right operand of dgrad and both operands of wgrad pay a copy of their fp8
-    bytes into ``_scaled_mm``'s layout."""
+    column-major right operand of dgrad and both operands of wgrad are not in
+    ``_scaled_mm``'s layout: tensor-wise they pay a copy of their fp8 bytes, row-wise the
+    two-read column pass that writes them transposed."""
     return {
         "fwd": ((x_elt, False), (4, False)),  # x row-major; W^T column-major as stored
         "dgrad": ((2, False), (4, True)),  # dy row-major; W must become column-major
@@ -181,8 +190,13 @@ def _operands(gemm: str, x_elt: int) -> tuple[tuple[int, bool], tuple[int, bool]
     }[gemm]
 
 
-def _quant_time(numel: int, elt: int, relayout: bool, gpu: Any, calibration: Any) -> float:
-    """Quantizing one operand the way the runner's fp8 module does, kernel by kernel."""
+def _quant_time(numel: int, elt: int, relayout: bool, gpu: Any, calibration: Any,
+                scaling: str) -> float:
+    """Quantizing one operand the way the runner's fp8 module does, kernel by kernel: one
+    fused pass row-wise, the eager kernels and the scale arithmetic tensor-wise."""
+    if scaling == fp8_recipe.ROWWISE:
+        nbytes = fp8_recipe.one_pass_quantize_bytes(numel, elt, relayout)
+        return memory_time(float(nbytes), gpu, calibration, "copy")[0]
     t = sum(memory_time(float(b), gpu, calibration, "copy")[0]
             for b in fp8_recipe.quantize_kernels(numel, elt, relayout))
     launch = calibration.kernel_s if calibration is not None else 2.5e-6
@@ -202,9 +216,12 @@ def price(site: Site, gpu: Any, calibration: Any) -> dict[str, Prices]:
             # fp8 quantizes from the fp32 weight instead (priced below)
             t16 += memory_time(6.0 * n * k, gpu, calibration, "copy")[0]
         (ea, ra), (eb, rb) = _operands(gemm, x_elt)
-        # one quantization kernel sequence over the whole (batched) operand
-        quant = (_quant_time(b * m * k, ea, ra, gpu, calibration)
-                 + _quant_time(b * k * n, eb, rb, gpu, calibration))
+        # quantization over the whole (batched) operands, per scaling
+        quant = {sc: _quant_time(b * m * k, ea, ra, gpu, calibration, sc)
+                 + _quant_time(b * k * n, eb, rb, gpu, calibration, sc)
+                 for sc in fp8_recipe.SCALINGS}
         source = src if src == src8 else "roofline"
-        out[gemm] = Prices(t32, t16, t8 + quant, quant, source)
+        row = quant[fp8_recipe.ROWWISE]
+        out[gemm] = Prices(t32, t16, t8 + row, row, source,
+                           fp8_tensor=t8 + quant[fp8_recipe.TENSORWISE])
     return out

@@ -31,13 +31,20 @@ tensor-wise scales are single fp32 values, row-wise scales are contiguous fp32 `
 and ``[1, N]`` with a bf16 output. Outputs here are always bf16 (the only dtype both
 scalings accept on every Hopper software stack). Accumulation is fp32 (no fast accum).
 
+**Quantization kernels.** Row-wise operands on CUDA are quantized by one Triton pass each
+(:mod:`gemc.backends.torch.fp8_ops`, kernels in :mod:`gemc.backends.triton.fp8_quant`),
+which also writes the operand in ``_scaled_mm``'s layout: the same fp8 values as
+:func:`quantize` bit for bit. Tensor-wise operands, and every operand off CUDA, go through
+:func:`quantize`'s torch ops.
+
 **Emulation** (CPU, or ``emulate=True``): the same quantization, then dequantize (exact,
 power-of-two scales) and matmul in fp32, rounded to the output dtype -- what the tensor
 cores compute up to the order of fp32 accumulation.
 
 The recipe *types* (:class:`GemmChoice`, :class:`Fp8Recipe`, the GEMM names and the
 kernel counts the cost model prices) live in :mod:`gemc.fp8_recipe`, in the core, so the
-precision pass chooses recipes without importing the runner. Imports torch and that only.
+precision pass chooses recipes without importing the runner. Imports torch and that only
+(the Triton kernels lazily, where a CUDA operand needs them).
 """
 
 from __future__ import annotations
@@ -234,8 +241,18 @@ def fp8_matmul(
     """``a[M, K] @ b[K, N]`` in fp8 from high-precision operands of any layout.
 
     Each operand is quantized along K (its own scales), then laid out as ``_scaled_mm``
-    wants (row-major a, column-major b) -- the copy, where one is needed, moves fp8 bytes."""
+    wants (row-major a, column-major b) -- the copy, where one is needed, moves fp8 bytes.
+    Row-wise on CUDA, each operand is quantized *and* laid out by one Triton pass
+    (:func:`gemc.backends.torch.fp8_ops.quant_left` / ``quant_right``; the same fp8 values
+    bit for bit) instead of the amax / scale / cast kernels."""
     a, b = _pad_contraction(a, b)
+    if scaling == ROWWISE and a.is_cuda:
+        from . import fp8_ops  # imports the Triton kernels: only where they run
+
+        qa, sa = fp8_ops.quant_left(a)
+        qb, sb = fp8_ops.quant_right(b)
+        out = scaled_mm(qa, qb, sa, sb, FP8_OUT_DTYPE, emulate=emulate)
+        return out if out_dtype == FP8_OUT_DTYPE else out.to(out_dtype)
     qa, sa = quantize(a, scaling, dim=1)
     qb, sb = quantize(b, scaling, dim=0)
     if not _is_row_major(qa):

@@ -78,6 +78,28 @@ def quant_cols(x: Tensor) -> tuple[Tensor, Tensor]:
     return q.t().contiguous(), s.reshape(-1, 1)
 
 
+def _row_major(t: Tensor) -> bool:
+    return t.stride(1) == 1 or t.shape[1] <= 1
+
+
+def quant_left(a: Tensor) -> tuple[Tensor, Tensor]:
+    """``_scaled_mm``'s left operand ``a[M, K]`` quantised per row: (row-major e4m3, ``[M, 1]``)
+    in one pass, by the kernel that reads a's memory order (a transposed view -- dy^T of the
+    weight gradient -- is quantised along its columns, which writes it transposed back)."""
+    if _row_major(a):
+        return quant_rows(a)
+    return quant_cols(a.t())
+
+
+def quant_right(b: Tensor) -> tuple[Tensor, Tensor]:
+    """``_scaled_mm``'s right operand ``b[K, N]`` quantised per column: (column-major e4m3,
+    ``[1, N]``) in one pass. ``W^T`` of the forward is a row-wise pass over W; any other
+    layout takes the column kernel, which writes the column-major copy as it quantises."""
+    bt = b.t()
+    q, s = quant_rows(bt) if _row_major(bt) else quant_cols(b)
+    return q.t(), s.reshape(1, -1)
+
+
 def norm_rows(x: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Tensor,
               rstd: Tensor) -> tuple[Tensor, Tensor]:
     """(normalised rows without the affine, with it) in fp32, from the saved statistics."""
@@ -104,12 +126,6 @@ def norm_quant(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float
 # ----------------------------------------------------------------------------- GEMMs
 
 
-def _as_right(q: Tensor, s: Tensor) -> tuple[Tensor, Tensor]:
-    """A ``[N, K]`` row-major quantised operand, scaled per row, as ``_scaled_mm``'s right
-    operand ``[K, N]`` column-major with scales ``[1, N]`` (a view, no copy)."""
-    return q.t(), s.reshape(1, -1)
-
-
 def _pad_rows(t: Tensor) -> Tensor:
     """Zero rows up to a multiple of 16: the wgrad GEMM contracts over the tokens, whose
     count need not be aligned; zero rows add zero products and leave every amax alone."""
@@ -119,9 +135,12 @@ def _pad_rows(t: Tensor) -> Tensor:
 
 def forward_gemm(q: Tensor, s: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """``(q * s) @ W^T + b`` in bf16: W quantised per output feature."""
-    b, sb = _as_right(*quant_rows(weight))
-    y = fp8.scaled_mm(q, b, s, sb, OUT)
+    y = _scaled(q, s, *quant_right(weight.t()))
     return y if bias is None else y + bias.to(OUT)
+
+
+def _scaled(qa: Tensor, sa: Tensor, qb: Tensor, sb: Tensor) -> Tensor:
+    return fp8.scaled_mm(qa, qb, sa, sb, OUT)
 
 
 def grad_gemms(dy: Tensor, h: Tensor, weight: Tensor, wgrad_fp8: bool, need_dx: bool,
@@ -129,14 +148,11 @@ def grad_gemms(dy: Tensor, h: Tensor, weight: Tensor, wgrad_fp8: bool, need_dx: 
     """(dgrad ``dy W`` in bf16, wgrad ``dy^T h`` in W's dtype), as the recipe says."""
     dx = dw = None
     if need_dx:
-        qd, sd = quant_rows(dy)
-        b, sb = _as_right(*quant_cols(weight))  # W^T [K, N], per input feature
-        dx = fp8.scaled_mm(qd, b, sd, sb, OUT)
+        dx = _scaled(*quant_left(dy), *quant_right(weight))
     if need_dw:
         if wgrad_fp8:
-            qa, sa = quant_cols(_pad_rows(dy))  # dy^T [N, M], per output feature
-            b, sb = _as_right(*quant_cols(_pad_rows(h)))  # h^T [K, M], per input feature
-            dw = fp8.scaled_mm(qa, b, sa, sb, OUT)
+            dy_p, h_p = _pad_rows(dy), _pad_rows(h)
+            dw = _scaled(*quant_left(dy_p.t()), *quant_right(h_p))
         else:
             dw = fp8.gemm(dy.t(), h, BF16, OUT)
         dw = dw.to(weight.dtype)
