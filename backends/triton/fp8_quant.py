@@ -20,8 +20,9 @@ Three kernels:
   ``[R, 1]``: the left operand of a GEMM, or a weight quantised along its input features.
 * :func:`colwise_quant` -- ``x[R, C]`` -> ``q[C, R]`` row-major (x transposed) + scales
   ``[C, 1]``: quantisation along dim 0, which the backward GEMMs need (dy and x along the
-  tokens for wgrad, W along its output features for dgrad). Two passes over a block of
-  columns (amax, then scale + transposed store): 5 bytes an element for bf16.
+  tokens for wgrad, W along its output features for dgrad). Two launches over tiles
+  (partial column amaxes, then reduce + scale + transposed store): 5 bytes an element for
+  bf16.
 * :func:`norm_quant` -- LayerNorm (with or without affine) or RMSNorm of ``x[R, C]``
   and quantisation of the result, plus the per-row mean and 1/std the backward needs.
 
@@ -49,8 +50,9 @@ AMAX_FLOOR = 1e-12  # as gemc.backends.torch.fp8.AMAX_FLOOR (tested equal)
 MAX_ROW = 16384
 """Widest row one program holds in registers (fp32: 64 KiB at 8 warps); wider rows are
 refused with a clear error rather than spilled."""
-COL_BLOCK = 32
-ROW_CHUNK = 64 if INTERPRETED else 128
+COL_BLOCK = 64
+COL_ROWS = 64 if INTERPRETED else 128
+"""colwise_quant's tile: 128 rows x 64 columns (32 KiB of bf16), R/128 x C/64 programs."""
 
 LAYER, RMS = "layer", "rms"
 NORMS = (LAYER, RMS)
@@ -89,27 +91,39 @@ def _rowwise_kernel(x_ptr, q_ptr, s_ptr, C, stride_r, stride_c, BLOCK_C: tl.cons
 
 
 @triton.jit
-def _colwise_kernel(x_ptr, q_ptr, s_ptr, R, C, stride_r, stride_c, BLOCK_R: tl.constexpr,
-                    BLOCK_C: tl.constexpr, STAGE_FP32: tl.constexpr):
-    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+def _col_amax_kernel(x_ptr, part_ptr, R, C, stride_r, stride_c, BLOCK_R: tl.constexpr,
+                     BLOCK_C: tl.constexpr):
+    """Per (row block, column block) tile: the columns' amax over the tile's rows."""
+    rb = tl.program_id(0)
+    rows = rb * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = cols < C
+    m = (rows < R)[:, None] & cmask[None, :]
+    x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_r + cols[None, :] * stride_c,
+                mask=m, other=0.0).to(tl.float32)
+    tl.store(part_ptr + rb.to(tl.int64) * C + cols, tl.max(tl.abs(x), 0), mask=cmask)
+
+
+@triton.jit
+def _col_scale_kernel(x_ptr, part_ptr, q_ptr, s_ptr, R, C, n_rb, stride_r, stride_c,
+                      BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, STAGE_FP32: tl.constexpr):
+    """Reduce the columns' partial amaxes, then scale the tile and store it transposed."""
+    rb = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = cols < C
     amax = tl.zeros([BLOCK_C], dtype=tl.float32)
-    for first in range(0, R, BLOCK_R):
-        rows = first + tl.arange(0, BLOCK_R)
-        m = (rows < R)[:, None] & cmask[None, :]
-        x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_r + cols[None, :] * stride_c,
-                    mask=m, other=0.0).to(tl.float32)
-        amax = tl.maximum(amax, tl.max(tl.abs(x), 0))
+    for i in range(0, n_rb):
+        amax = tl.maximum(amax, tl.load(part_ptr + i * C + cols, mask=cmask, other=0.0))
     scale, inv = _pow2_scale(amax)
-    for first in range(0, R, BLOCK_R):
-        rows = first + tl.arange(0, BLOCK_R)
-        m = (rows < R)[:, None] & cmask[None, :]
-        x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_r + cols[None, :] * stride_c,
-                    mask=m, other=0.0).to(tl.float32)
-        # q is x^T, row-major [C, R]
-        _store_scaled(q_ptr + cols[None, :].to(tl.int64) * R + rows[:, None], x, inv[None, :],
-                      m, STAGE_FP32)
-    tl.store(s_ptr + cols, scale, mask=cmask)
+    rows = rb * BLOCK_R + tl.arange(0, BLOCK_R)
+    m = (rows < R)[:, None] & cmask[None, :]
+    x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_r + cols[None, :] * stride_c,
+                mask=m, other=0.0).to(tl.float32)
+    # q is x^T, row-major [C, R]
+    _store_scaled(q_ptr + cols[None, :].to(tl.int64) * R + rows[:, None], x, inv[None, :], m,
+                  STAGE_FP32)
+    if rb == 0:
+        tl.store(s_ptr + cols, scale, mask=cmask)
 
 
 @triton.jit
@@ -179,15 +193,25 @@ def rowwise_quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def colwise_quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``x[R, C]`` -> (e4m3 ``x^T`` as ``[C, R]`` row-major, fp32 scales ``[C, 1]``): each
-    column of x quantised with its own scale, laid out so its values are contiguous."""
+    column of x quantised with its own scale, laid out so its values are contiguous.
+
+    Two launches over a grid of tiles (a column's amax spans every row, more than one
+    program should read): the tiles' partial column amaxes, then per tile the reduction
+    of its columns' partials (``R / BLOCK_R`` values each, from L2), the scaling and the
+    transposed store. x is read twice, the fp8 copy written once."""
     _check(x, "colwise_quant")
     r, c = x.shape
     q = torch.empty((c, r), dtype=_stage_dtype(), device=x.device)
     s = torch.empty((c, 1), dtype=torch.float32, device=x.device)
     if r and c:
-        _colwise_kernel[(cdiv(c, COL_BLOCK),)](x, q, s, r, c, x.stride(0), x.stride(1),
-                                               BLOCK_R=ROW_CHUNK, BLOCK_C=COL_BLOCK,
-                                               STAGE_FP32=INTERPRETED, num_warps=4)
+        n_rb = cdiv(r, COL_ROWS)
+        part = torch.empty((n_rb, c), dtype=torch.float32, device=x.device)
+        grid = (n_rb, cdiv(c, COL_BLOCK))
+        _col_amax_kernel[grid](x, part, r, c, x.stride(0), x.stride(1), BLOCK_R=COL_ROWS,
+                               BLOCK_C=COL_BLOCK, num_warps=4)
+        _col_scale_kernel[grid](x, part, q, s, r, c, n_rb, x.stride(0), x.stride(1),
+                                BLOCK_R=COL_ROWS, BLOCK_C=COL_BLOCK, STAGE_FP32=INTERPRETED,
+                                num_warps=4)
     return _finish(q), s
 
 

@@ -35,7 +35,7 @@ def test_constants_match_the_torch_definition() -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("shape", [(37, 200), (5, 16)])
+@pytest.mark.parametrize("shape", [(37, 200), (5, 16), (150, 40)])  # 150: 3 row tiles
 def test_rowwise_and_colwise_match_torch_quantize(dtype: torch.dtype, shape: tuple) -> None:
     x = _data(*shape, dtype)
     q, s = fq.rowwise_quant(x)
