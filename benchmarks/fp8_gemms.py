@@ -13,10 +13,12 @@ median of ``--iters`` after ``--warmup``:
 
 * ``bf16``: ``F.layer_norm`` then ``F.linear`` in bf16 (cuBLAS), the baseline;
 * ``fp8 eager quant``: the same norm, then the previous fp8 linear
-  (:func:`gemc.backends.torch.fp8.fp8_linear`): amax, scale and cast as separate eager
-  kernels around ``torch._scaled_mm`` -- what made forced fp8 2.8x slower;
+  (:func:`gemc.backends.torch.fp8.fp8_linear` with ``one_pass=False``): amax, scale and
+  cast as separate eager kernels around ``torch._scaled_mm`` -- what made forced fp8 2.8x
+  slower;
 * ``fp8 one-pass quant``: the same norm, then ``gemc::fp8_linear``: x quantised by one
-  row-wise Triton kernel (a producer gemc does not generate);
+  row-wise Triton kernel (a producer gemc does not generate); the module-mode runner's
+  ``Fp8Linear`` runs these kernels too now (row-wise, on CUDA);
 * ``fp8 fused``: ``gemc::norm_fp8_linear``, the norm writing fp8 and its row scales;
 * ``fp8 fused, wgrad bf16``: the same with the weight-gradient GEMM in bf16.
 
@@ -57,7 +59,8 @@ def _variants() -> dict[str, Callable[..., torch.Tensor]]:
         return F.linear(F.layer_norm(x, (x.shape[1],), lw, lb, EPS), w)
 
     def eager(x, lw, lb, w):
-        return fp8.fp8_linear(F.layer_norm(x, (x.shape[1],), lw, lb, EPS), w, None, row)
+        return fp8.fp8_linear(F.layer_norm(x, (x.shape[1],), lw, lb, EPS), w, None, row,
+                              one_pass=False)
 
     def one_pass(x, lw, lb, w):
         return fp8_ops.linear(F.layer_norm(x, (x.shape[1],), lw, lb, EPS), w, None)

@@ -237,6 +237,7 @@ def fp8_matmul(
     out_dtype: torch.dtype = FP8_OUT_DTYPE,
     *,
     emulate: bool | None = None,
+    one_pass: bool = True,
 ) -> torch.Tensor:
     """``a[M, K] @ b[K, N]`` in fp8 from high-precision operands of any layout.
 
@@ -244,9 +245,10 @@ def fp8_matmul(
     wants (row-major a, column-major b) -- the copy, where one is needed, moves fp8 bytes.
     Row-wise on CUDA, each operand is quantized *and* laid out by one Triton pass
     (:func:`gemc.backends.torch.fp8_ops.quant_left` / ``quant_right``; the same fp8 values
-    bit for bit) instead of the amax / scale / cast kernels."""
+    bit for bit) instead of the amax / scale / cast kernels (``one_pass=False`` keeps those:
+    the benchmark's before-and-after)."""
     a, b = _pad_contraction(a, b)
-    if scaling == ROWWISE and a.is_cuda:
+    if scaling == ROWWISE and a.is_cuda and one_pass:
         from . import fp8_ops  # imports the Triton kernels: only where they run
 
         qa, sa = fp8_ops.quant_left(a)
@@ -270,6 +272,7 @@ def gemm(
     out_dtype: torch.dtype,
     *,
     emulate: bool | None = None,
+    one_pass: bool = True,
 ) -> torch.Tensor:
     """``a @ b`` in the precision ``choice`` says, returned in ``out_dtype``.
 
@@ -277,7 +280,8 @@ def gemm(
     exact there) and the result rounded to bf16 -- what a bf16 GEMM with fp32 accumulation
     computes, without CPUs' slow native bf16 matmul."""
     if choice.dtype == "fp8":
-        return fp8_matmul(a, b, str(choice.scaling), out_dtype, emulate=emulate)
+        return fp8_matmul(a, b, str(choice.scaling), out_dtype, emulate=emulate,
+                          one_pass=one_pass)
     if choice.dtype == "fp32":
         return (a.float() @ b.float()).to(out_dtype)
     if a.device.type == "cpu":
@@ -311,12 +315,14 @@ class _Fp8LinearFn(torch.autograd.Function):
         recipe: Fp8Recipe,
         out_dtype: torch.dtype,
         emulate: bool | None,
+        one_pass: bool,
     ) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
         ctx.recipe, ctx.emulate, ctx.has_bias = recipe, emulate, bias is not None
+        ctx.one_pass = one_pass
         ctx.x_dtype, ctx.out_dtype = x.dtype, out_dtype
         with _no_autocast(x.device.type):
-            y = gemm(x, weight.t(), recipe.fwd, out_dtype, emulate=emulate)
+            y = gemm(x, weight.t(), recipe.fwd, out_dtype, emulate=emulate, one_pass=one_pass)
             if bias is not None:
                 y = y + bias.to(out_dtype)
         return y
@@ -328,12 +334,14 @@ class _Fp8LinearFn(torch.autograd.Function):
         dx = dw = db = None
         with _no_autocast(dy.device.type):
             if ctx.needs_input_grad[0]:
-                dx = gemm(dy, weight, recipe.dgrad, ctx.x_dtype, emulate=ctx.emulate)
+                dx = gemm(dy, weight, recipe.dgrad, ctx.x_dtype, emulate=ctx.emulate,
+                          one_pass=ctx.one_pass)
             if ctx.needs_input_grad[1]:
-                dw = gemm(dy.t(), x, recipe.wgrad, weight.dtype, emulate=ctx.emulate)
+                dw = gemm(dy.t(), x, recipe.wgrad, weight.dtype, emulate=ctx.emulate,
+                          one_pass=ctx.one_pass)
             if ctx.has_bias and ctx.needs_input_grad[2]:
                 db = dy.sum(0, dtype=torch.float32)
-        return dx, dw, db, None, None, None
+        return dx, dw, db, None, None, None, None
 
 
 def fp8_linear(
@@ -344,16 +352,19 @@ def fp8_linear(
     *,
     out_dtype: torch.dtype | None = None,
     emulate: bool | None = None,
+    one_pass: bool = True,
 ) -> torch.Tensor:
     """``F.linear`` with the recipe's precisions; leading dims of x are flattened into M.
 
     ``out_dtype`` defaults to the autocast dtype when autocast is on (what ``nn.Linear``
-    returns there), else x's dtype."""
+    returns there), else x's dtype. ``one_pass=False``: row-wise operands quantized by the
+    eager kernels even on CUDA (for measuring what the one-pass kernels save)."""
     if out_dtype is None:
         dev = x.device.type
         out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
     lead = x.shape[:-1]
-    y = _Fp8LinearFn.apply(x.reshape(-1, x.shape[-1]), weight, bias, recipe, out_dtype, emulate)
+    y = _Fp8LinearFn.apply(x.reshape(-1, x.shape[-1]), weight, bias, recipe, out_dtype, emulate,
+                           one_pass)
     return y.reshape(*lead, weight.shape[0])
 
 
