@@ -63,8 +63,11 @@ NORMS = fp8_quant.NORMS
 
 
 def quant_rows(x: Tensor) -> tuple[Tensor, Tensor]:
-    """``x[R, C]`` -> (e4m3 ``[R, C]`` row-major, fp32 ``[R, 1]``), scaled per row."""
+    """``x[R, C]`` -> (e4m3 ``[R, C]`` row-major, fp32 ``[R, 1]``), scaled per row (rows
+    wider than one program holds go through the tiled column kernel on x^T: same values)."""
     if x.is_cuda:
+        if x.shape[1] > fp8_quant.MAX_ROW:
+            return fp8_quant.colwise_quant(x.t())
         return fp8_quant.rowwise_quant(x)
     q, s = fp8.quantize(x, ROWWISE, dim=1)
     return q.contiguous(), s
@@ -173,7 +176,7 @@ def _check(x: Tensor, weight: Tensor, where: str) -> None:
 def fp8_linear(x: Tensor, weight: Tensor, bias: Tensor | None, wgrad_fp8: bool) -> Tensor:
     """``x[M, K] W[N, K]^T + b`` in bf16, forward GEMM in fp8 (x quantised in one pass)."""
     _check(x, weight, "gemc::fp8_linear")
-    q, s = quant_rows(x)
+    q, s = quant_left(x)
     return forward_gemm(q, s, weight, bias)
 
 
