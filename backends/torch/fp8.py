@@ -344,6 +344,13 @@ class _Fp8LinearFn(torch.autograd.Function):
         return dx, dw, db, None, None, None, None
 
 
+def linear_out_dtype(x: torch.Tensor) -> torch.dtype:
+    """What ``nn.Linear`` returns for input ``x`` here: the autocast dtype when autocast is
+    on for x's device, else x's dtype (every fp8 linear returns it, module or graph mode)."""
+    dev = x.device.type
+    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+
+
 def fp8_linear(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -360,8 +367,7 @@ def fp8_linear(
     returns there), else x's dtype. ``one_pass=False``: row-wise operands quantized by the
     eager kernels even on CUDA (for measuring what the one-pass kernels save)."""
     if out_dtype is None:
-        dev = x.device.type
-        out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+        out_dtype = linear_out_dtype(x)
     lead = x.shape[:-1]
     y = _Fp8LinearFn.apply(x.reshape(-1, x.shape[-1]), weight, bias, recipe, out_dtype, emulate,
                            one_pass)
