@@ -10,8 +10,10 @@ per GEMM, in ``--precision auto`` (the default):
       dim divisible by 16) on a GPU with fp8 tensor cores;
    b. it pays: the cost model's fp8 time at the real M, N, K *plus the quantization the
       runner launches* (row-wise: one fused Triton pass per operand, which also writes it
-      in ``_scaled_mm``'s layout; tensor-wise: eager amax, scale, cast and layout copy)
-      beats bf16 by at least ``min_gain`` (5%) -- so small and skinny GEMMs stay bf16;
+      in ``_scaled_mm``'s layout; in graph mode, a LayerNorm / RMSNorm feeding the linear
+      alone writes x in fp8 itself, a saving -- ``quant_fused_into`` names it; tensor-wise:
+      eager amax, scale, cast and layout copy) beats bf16 by at least ``min_gain`` (5%) --
+      so small and skinny GEMMs stay bf16;
    c. it is accurate: the probe (:mod:`gemc.probe`, a measured input the driver hands
       the pass as ``ctx.precision_probe``, like calibration) measured SQNR >= ``min_sqnr_db``
       (25 dB) on this model's own activations and gradients. Tensor-wise scaling is taken
@@ -143,6 +145,7 @@ class GemmDecision:
                 **{d: _ms(p.of(d, self.choice.scaling)) for d in ("fp32", "bf16", "fp8")},
                 "fp8_rowwise": _ms(p.fp8), "fp8_tensorwise": _ms(p.fp8_tensor)},
             "quant_ms": None if p is None else _ms(p.fp8_quant),
+            **({"quant_fused_into": p.fused_into} if p is not None and p.fused_into else {}),
             "gain_ms": None if p is None else _ms(
                 p.bf16 - p.of(self.choice.dtype, self.choice.scaling)),
             "rejected": dict(sorted(self.rejected.items())),
@@ -306,7 +309,11 @@ class ChoosePrecision:
         topo = ctx.topology
         gpu = topo.gpu if topo is not None else None
         calibration = ctx.calibration
-        prices = {s.node: price(s, gpu, calibration) for s in sites} if gpu else {}
+        # generated kernels: the runner trains the captured graph, where a norm feeding an
+        # fp8 linear alone writes its output in fp8 (priced so)
+        graph_mode = any(ir.KERNEL in n.meta for n in gm.graph.nodes)
+        prices = {s.node: price(s, gpu, calibration, graph_mode=graph_mode)
+                  for s in sites} if gpu else {}
         graph_facts: dict[str, Any] = {"mode": opts.mode, "baseline": "fp32" if opts.mode ==
                                        "fp32" else "bf16", "rule": opts.rule(), "probe": None,
                                        "blocks": []}

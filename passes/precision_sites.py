@@ -160,6 +160,7 @@ class Prices:
     fp8_quant: float  # the part of fp8 spent quantizing the two operands
     source: str
     fp8_tensor: float = math.inf
+    fused_into: str | None = None  # the norm node writing x in fp8 (row-wise, graph mode)
 
     def of(self, dtype: str, scaling: str | None = None) -> float:
         if dtype == "fp8" and scaling == fp8_recipe.TENSORWISE:
@@ -203,10 +204,33 @@ def _quant_time(numel: int, elt: int, relayout: bool, gpu: Any, calibration: Any
     return t + fp8_recipe.SCALE_KERNELS * launch
 
 
-def price(site: Site, gpu: Any, calibration: Any) -> dict[str, Prices]:
-    """Prices of the site's three GEMMs at its real (batch, M, N, K)."""
+def fused_norm(site: Site) -> fx.Node | None:
+    """The norm node graph mode fuses into this site's fp8 linear, if any
+    (:func:`gemc.fp8_recipe.fusable_norm`: the linear's input itself, read by it alone)."""
+    x = site.node.args[0] if site.op == "linear" and site.node.args else None
+    if not isinstance(x, fx.Node) or x.op != "call_function":
+        return None
+    shape = x.args[1] if len(x.args) > 1 else x.kwargs.get("normalized_shape")
+    return x if fp8_recipe.fusable_norm(op_name(x), shape, len(x.users)) else None
+
+
+def _norm_input_bytes(norm: fx.Node) -> int:
+    val = norm.args[0].meta.get("val") if isinstance(norm.args[0], fx.Node) else None
+    return int(val.element_size()) if hasattr(val, "element_size") else 4
+
+
+def price(site: Site, gpu: Any, calibration: Any, *, graph_mode: bool = False
+          ) -> dict[str, Prices]:
+    """Prices of the site's three GEMMs at its real (batch, M, N, K).
+
+    ``graph_mode`` (the plan has generated kernels, so the runner trains the captured graph):
+    where a norm feeds this linear alone, row-wise fp8 is priced with the quantization fused
+    into the norm -- the forward's x costs no pass and the norm writes 1 byte an element
+    instead of its output's width (a saving), the weight gradient recomputes the normalised
+    rows first (:func:`gemc.fp8_recipe.fused_norm_bytes`)."""
     out = {}
     x_elt = activation_bytes(site)
+    norm = fused_norm(site) if graph_mode else None
     for gemm, (b, m, n, k) in site.problems().items():
         t32, src = gemm_time(b, m, n, k, "fp32", gpu, calibration)
         t16, _ = gemm_time(b, m, n, k, "bf16", gpu, calibration)
@@ -222,6 +246,17 @@ def price(site: Site, gpu: Any, calibration: Any) -> dict[str, Prices]:
                  for sc in fp8_recipe.SCALINGS}
         source = src if src == src8 else "roofline"
         row = quant[fp8_recipe.ROWWISE]
+        if norm is not None and gemm in ("fwd", "wgrad"):
+            saved, added = fp8_recipe.fused_norm_bytes(b * m * k, x_elt, _norm_input_bytes(norm))
+            if gemm == "fwd":  # x's pass gone, and the norm writes less
+                # bytes only: the norm launches either way
+                write_saving = (memory_time(float(saved), gpu, calibration, "copy")[0]
+                                - memory_time(0.0, gpu, calibration, "copy")[0])
+                row = _quant_time(b * k * n, eb, rb, gpu, calibration,
+                                  fp8_recipe.ROWWISE) - write_saving
+            else:
+                row += memory_time(float(added), gpu, calibration, "copy")[0]
         out[gemm] = Prices(t32, t16, t8 + row, row, source,
-                           fp8_tensor=t8 + quant[fp8_recipe.TENSORWISE])
+                           fp8_tensor=t8 + quant[fp8_recipe.TENSORWISE],
+                           fused_into=norm.name if norm is not None else None)
     return out

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from gemc.fp8_recipe import BF16, FP8_ROW, Fp8Recipe
+from gemc.fp8_recipe import BF16, FP8_ROW, Fp8Recipe, fusable_norm
 from gemc.ir import module_path
 
 from . import fp8, fp8_ops
@@ -34,9 +34,9 @@ from . import fp8, fp8_ops
 __all__ = ["apply_fp8_sites", "op_wgrad_fp8", "unsupported_sites"]
 
 LINEAR = torch.ops.aten.linear.default
-NORMS: dict[Any, str] = {torch.ops.aten.layer_norm.default: "layer"}
+NORMS: dict[Any, str] = {torch.ops.aten.layer_norm.default: "layer_norm"}  # -> ATen name
 if hasattr(torch.ops.aten, "rms_norm"):
-    NORMS[torch.ops.aten.rms_norm.default] = "rms"
+    NORMS[torch.ops.aten.rms_norm.default] = "rms_norm"
 
 
 def op_wgrad_fp8(recipe: Fp8Recipe) -> bool | None:
@@ -82,15 +82,13 @@ def _arg(node: fx.Node, i: int, name: str, default: Any = None) -> Any:
 
 def _fusable_norm(x: Any) -> tuple[str, Any, Any, Any, float | None] | None:
     """(kind, input, weight, bias, eps) when ``x`` is a norm over the last dim alone that
-    only this linear reads."""
+    only this linear reads (:func:`gemc.fp8_recipe.fusable_norm`, the rule the precision
+    pass prices by)."""
     if not isinstance(x, fx.Node) or x.op != "call_function" or x.target not in NORMS:
         return None
-    if len(x.users) != 1:
+    kind = fusable_norm(NORMS[x.target], _arg(x, 1, "normalized_shape"), len(x.users))
+    if kind is None:
         return None
-    shape = _arg(x, 1, "normalized_shape")
-    if not isinstance(shape, (list, tuple)) or len(shape) != 1:
-        return None
-    kind = NORMS[x.target]
     if kind == "layer":
         return kind, x.args[0], _arg(x, 2, "weight"), _arg(x, 3, "bias"), \
             float(_arg(x, 4, "eps", 1e-5))

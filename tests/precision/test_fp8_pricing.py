@@ -72,3 +72,40 @@ def test_tensorwise_needs_to_be_no_slower() -> None:
     fast_tensor = Prices(1.0, 1.0, 0.5, 0.01, "roofline", fp8_tensor=0.45)
     d = decide_gemm(site, "fwd", fast_tensor, None, None, stats, None, PrecisionOptions())
     assert d.label == "fp8-tensor", d
+
+
+def _norm_linear_site(residual: bool) -> precision_sites.Site:
+    """The linear of ``Linear(LayerNorm(x))`` (its norm also read by a residual add when
+    ``residual``) as the pass sees it: a real exported node, at M=8192, K=N=2048."""
+    import torch
+    from torch import nn
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm, self.lin = nn.LayerNorm(2048), nn.Linear(2048, 2048)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.norm(x)
+            return self.lin(h) + h if residual else self.lin(h)
+
+    gm = torch.export.export(Net(), (torch.randn(16, 2048),)).module()
+    node = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.linear.default)
+    return precision_sites.Site(node, "linear", "lin", "Linear", "", ("lin", "linear", 0),
+                                {"batch": 1, "m": 8192, "n": 2048, "k": 2048}, None)
+
+
+def test_graph_mode_prices_the_quantisation_fused_into_the_norm() -> None:
+    gpu = get_gpu("h200")
+    site = _norm_linear_site(residual=False)
+    plain, fused = price(site, gpu, None), price(site, gpu, None, graph_mode=True)
+    assert fused["fwd"].fused_into and fused["fwd"].fused_into.startswith("layer_norm")
+    # forward: no pass over x and a narrower norm write (a saving beyond the GEMM's);
+    # wgrad: the normalised rows recomputed first; dgrad untouched
+    assert fused["fwd"].fp8 < plain["fwd"].fp8
+    assert fused["fwd"].fp8_quant < plain["fwd"].fp8_quant - 0.5 * plain["fwd"].fp8_quant
+    assert fused["wgrad"].fp8 > plain["wgrad"].fp8
+    assert fused["dgrad"].fp8 == plain["dgrad"].fp8
+    # a norm another op reads keeps its bf16 output: nothing fused, priced as before
+    shared = price(_norm_linear_site(residual=True), gpu, None, graph_mode=True)
+    assert shared["fwd"].fused_into is None and shared["fwd"].fp8 == plain["fwd"].fp8
