@@ -103,12 +103,14 @@ def apply_fp8_sites(gm: fx.GraphModule, recipes: Mapping[str, Fp8Recipe],
     no rewritten node, and by node name how each was rewritten (``fp8_linear`` or
     ``norm_fp8_linear``; the norm node fused away under its own name, ``fused``)."""
     taken: dict[str, str] = {}
+    hit: set[str] = set()
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target is not LINEAR:
             continue
         recipe = recipes.get(module_path(node))
         if recipe is None or not recipe.any_fp8:
             continue
+        hit.add(module_path(node))
         wgrad = op_wgrad_fp8(recipe)
         if wgrad is None:
             raise ValueError(f"fp8 site {module_path(node)}: recipe not run by the fp8 ops")
@@ -125,6 +127,12 @@ def apply_fp8_sites(gm: fx.GraphModule, recipes: Mapping[str, Fp8Recipe],
         taken[node.name] = "norm_fp8_linear"
         taken[x.name] = "fused"
         gm.graph.erase_node(x)
+    missing = sorted(f for f, r in recipes.items() if r.any_fp8 and f not in hit)
+    if missing:
+        warnings.warn(
+            f"gemc: fp8 site(s) {', '.join(missing[:6])} have no aten.linear node in the "
+            "captured graph: they run as captured (bf16 under the plan's autocast)",
+            stacklevel=2)
     if not taken:
         return kernels, taken
     gm.recompile()

@@ -335,11 +335,11 @@ def _run(
     check_graph_mode(graph_kernels, world_size=wsize,
                      module_sites=unsupported_sites(prec.fp8_linears),
                      regions=plan["regions"])
+    if graph_kernels and prec.fp8_linears:  # fp8 sites call gemc's fp8 ops, node by node
+        graph_kernels, _ = apply_fp8_sites(captured.gm, prec.fp8_linears, graph_kernels)
     if graph_kernels and prec.per_module:  # the sites' autocast scopes, node by node
         graph_kernels, _ = scope_module_precision(captured.gm, prec.per_module, graph_kernels,
                                                   device.type)
-    if graph_kernels and prec.fp8_linears:  # fp8 sites call gemc's fp8 ops, node by node
-        graph_kernels, _ = apply_fp8_sites(captured.gm, prec.fp8_linears, graph_kernels)
     kernel_registry.import_modules(opts.kernel_modules)
     applied_kernels = kernel_registry.apply(
         model,

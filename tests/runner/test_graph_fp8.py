@@ -120,3 +120,10 @@ def test_a_plan_with_an_fp8_site_and_kernels_trains_in_graph_mode(tmp_path) -> N
     ref = run(plan_path, RunOptions(**opts, kernels=False))
     torch.testing.assert_close([v for _, v in got.losses], [v for _, v in ref.losses],
                                rtol=2e-2, atol=2e-3)
+
+
+def test_a_site_without_a_linear_node_is_named() -> None:
+    gm = _export(_model())
+    with pytest.warns(UserWarning, match="gone have no aten.linear node"):
+        _, taken = apply_fp8_sites(gm, {"up": ROW, "gone": ROW}, [])
+    assert "norm_fp8_linear" in taken.values()
