@@ -243,13 +243,14 @@ def fp8_matmul(
 
     Each operand is quantized along K (its own scales), then laid out as ``_scaled_mm``
     wants (row-major a, column-major b) -- the copy, where one is needed, moves fp8 bytes.
-    Row-wise on CUDA, each operand is quantized *and* laid out by one Triton pass
-    (:func:`gemc.backends.torch.fp8_ops.quant_left` / ``quant_right``; the same fp8 values
-    bit for bit) instead of the amax / scale / cast kernels (``one_pass=False`` keeps those:
-    the benchmark's before-and-after)."""
+    Row-wise, each operand is quantized *and* laid out by one pass
+    (:func:`gemc.backends.torch.fp8_ops.quant_left` / ``quant_right``: a Triton kernel on
+    CUDA, :func:`quantize`'s torch ops elsewhere; the same fp8 values bit for bit) instead
+    of the amax / scale / cast kernels (``one_pass=False`` keeps those: the benchmark's
+    before-and-after)."""
     a, b = _pad_contraction(a, b)
-    if scaling == ROWWISE and a.is_cuda and one_pass:
-        from . import fp8_ops  # imports the Triton kernels: only where they run
+    if scaling == ROWWISE and one_pass:
+        from . import fp8_ops  # imports the Triton kernels: only where fp8 runs
 
         qa, sa = fp8_ops.quant_left(a)
         qb, sb = fp8_ops.quant_right(b)

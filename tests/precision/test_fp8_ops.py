@@ -168,3 +168,18 @@ def test_ops_trace_through_aot_autograd() -> None:
     compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
     for got, want in zip(grads(compiled), grads(step)):
         torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_fp8_matmul_one_pass_and_eager_quantisation_agree(transposed: bool) -> None:
+    """Fp8Linear's GEMMs: the one-pass layout-aware quantisers (default) and the eager
+    kernels give the same fp8 values, so the same product, for either operand layout."""
+    g = _gen()
+    a = _randn(g, 48, 64, scale=3.0)
+    b = _randn(g, 64, 32)
+    if transposed:  # dy^T and x of the weight gradient: neither in _scaled_mm's layout
+        a, b = a.t().contiguous().t(), b.t().contiguous().t()
+    one = fp8.fp8_matmul(a, b, "rowwise")
+    eager = fp8.fp8_matmul(a, b, "rowwise", one_pass=False)
+    assert one.dtype == eager.dtype == BF16
+    torch.testing.assert_close(one, eager, rtol=0, atol=0)
