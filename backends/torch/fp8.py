@@ -218,7 +218,7 @@ def scaled_mm(
     return out.to(out_dtype)
 
 
-def _pad_contraction(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def pad_contraction(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Zero-pad K to a multiple of 16 (exact: zero products). Only the wgrad GEMM contracts
     over tokens, whose count a jagged batch does not promise to align."""
     k = a.shape[1]
@@ -248,7 +248,7 @@ def fp8_matmul(
     CUDA, :func:`quantize`'s torch ops elsewhere; the same fp8 values bit for bit) instead
     of the amax / scale / cast kernels (``one_pass=False`` keeps those: the benchmark's
     before-and-after)."""
-    a, b = _pad_contraction(a, b)
+    a, b = pad_contraction(a, b)
     if scaling == ROWWISE and one_pass:
         from . import fp8_ops  # imports the Triton kernels: only where fp8 runs
 

@@ -47,11 +47,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from gemc.backends.triton import fp8_quant
 from torch import Tensor
 
-from gemc.fp8_recipe import ALIGN, BF16, ROWWISE
+from gemc.fp8_recipe import BF16, ROWWISE
 
 from . import fp8
 
@@ -129,13 +128,6 @@ def norm_quant(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float
 # ----------------------------------------------------------------------------- GEMMs
 
 
-def _pad_rows(t: Tensor) -> Tensor:
-    """Zero rows up to a multiple of 16: the wgrad GEMM contracts over the tokens, whose
-    count need not be aligned; zero rows add zero products and leave every amax alone."""
-    pad = -t.shape[0] % ALIGN
-    return F.pad(t, (0, 0, 0, pad)) if pad else t
-
-
 def forward_gemm(q: Tensor, s: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """``(q * s) @ W^T + b`` in bf16: W quantised per output feature."""
     y = _scaled(q, s, *quant_right(weight.t()))
@@ -154,8 +146,9 @@ def grad_gemms(dy: Tensor, h: Tensor, weight: Tensor, wgrad_fp8: bool, need_dx: 
         dx = _scaled(*quant_left(dy), *quant_right(weight))
     if need_dw:
         if wgrad_fp8:
-            dy_p, h_p = _pad_rows(dy), _pad_rows(h)
-            dw = _scaled(*quant_left(dy_p.t()), *quant_right(h_p))
+            # the tokens' count need not be aligned: zero-padded (exact) where it is not
+            a, b = fp8.pad_contraction(dy.t(), h)
+            dw = _scaled(*quant_left(a), *quant_right(b))
         else:
             dw = fp8.gemm(dy.t(), h, BF16, OUT)
         dw = dw.to(weight.dtype)
