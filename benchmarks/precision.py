@@ -4,12 +4,6 @@ One command on the H200 (after ``source scripts/device_env.sh``)::
 
     python3 benchmarks/precision.py --out precision.json
     python3 benchmarks/precision.py --smoke --out /tmp/precision.json     # CPU, emulated fp8
-    python3 benchmarks/precision.py --gemms --out fp8_gemms.json          # per GEMM shape
-
-``--gemms`` (first argument or anywhere) runs ``benchmarks/fp8_gemms.py`` instead, with the
-other arguments: a LayerNorm -> Linear fwd + bwd per shape (M in {8192, 16384}, K and N in
-{2048, 4096}) in bf16, fp8 with eager quantisation, fp8 with the one-pass quantisation
-kernel, and fp8 with the quantisation fused into the norm (see that module).
 
 Compiles the GEM example (``--preset h200``) for one H200 with ``--precision auto`` (the
 pass's choice) and with fp8 *forced* wherever the rule allows it and the probe measured it
@@ -210,12 +204,6 @@ def _table(results: dict[str, dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if "--gemms" in argv:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        import fp8_gemms  # benchmarks/ is not a package
-
-        return fp8_gemms.main([a for a in argv if a != "--gemms"])
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="h200")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",

@@ -95,25 +95,14 @@ class Fp8Recipe:
 
 SCALE_KERNELS = 7
 """Tiny launches per quantized operand for the scale arithmetic (clamp, divide, frexp,
-ones, ldexp x2, cast) on the [M, 1] / [1, N] amax (the eager, tensor-wise path)."""
-
-
-def one_pass_quantize_bytes(numel: int, elt_bytes: int, relayout: bool) -> int:
-    """Bytes moved by the one kernel that quantizes a *row-wise* operand on the GPU
-    (``gemc.backends.triton.fp8_quant`` through ``gemc.backends.torch.fp8_ops``): read it
-    once and write 1 byte an element where it is already in ``_scaled_mm``'s layout
-    (``rowwise_quant``); read it twice (amax, then scale) and write the transposed fp8 copy
-    where it is not (``colwise_quant``). Scales are computed in registers (4 bytes a row,
-    not counted). The cost model prices exactly this (change both together)."""
-    return numel * ((2 if relayout else 1) * elt_bytes + 1)
+ones, ldexp x2, cast) on the [M, 1] / [1, N] amax."""
 
 
 def quantize_kernels(numel: int, elt_bytes: int, relayout: bool) -> list[int]:
     """Bytes moved by each streaming kernel of ``gemc.backends.torch.fp8.quantize`` (+ the
     layout copy that its ``fp8_matmul`` adds where the operand is not already in
-    ``_scaled_mm``'s layout): the tensor-wise path (row-wise runs
-    :func:`one_pass_quantize_bytes` on a GPU). For the cost model: it prices exactly what
-    the runner launches (change both together)."""
+    ``_scaled_mm``'s layout), for the cost model: it prices exactly what the runner
+    launches (change both together)."""
     out = [numel * elt_bytes]  # amax
     work = elt_bytes
     if elt_bytes not in (2, 4):  # fp16 goes through fp32
@@ -123,29 +112,3 @@ def quantize_kernels(numel: int, elt_bytes: int, relayout: bool) -> list[int]:
     if relayout:
         out.append(2 * numel)
     return out
-
-
-FUSABLE_NORMS = {"layer_norm": "layer", "rms_norm": "rms"}
-"""ATen norms (packet name -> the kernel's kind) whose output graph mode writes in fp8
-straight from the norm kernel (``gemc::norm_fp8_linear``)."""
-
-
-def fusable_norm(op: str, normalized_shape: Any, users: int) -> str | None:
-    """The kind of a norm node that graph mode fuses into the fp8 linear reading it: a
-    LayerNorm / RMSNorm over the last dim alone whose only user is that linear (another
-    reader would need the bf16 output the fused kernel never writes). One rule for the
-    runner's rewrite and the precision pass's price."""
-    if op not in FUSABLE_NORMS or users != 1:
-        return None
-    if not isinstance(normalized_shape, (list, tuple)) or len(normalized_shape) != 1:
-        return None
-    return FUSABLE_NORMS[op]
-
-
-def fused_norm_bytes(numel: int, out_elt_bytes: int, in_elt_bytes: int) -> tuple[int, int]:
-    """(bytes the forward saves, bytes the backward adds) when a norm's output is written in
-    fp8 by the norm (row scales: 4 bytes a row, not counted): forward, the norm writes 1
-    byte an element instead of ``out_elt_bytes`` and the GEMM's input needs no quantizing
-    pass; backward, the weight gradient recomputes the normalised rows from the norm's input
-    (read ``in_elt_bytes``, written fp32) before quantizing them along the tokens."""
-    return numel * (out_elt_bytes - 1), numel * (in_elt_bytes + 4)

@@ -9,17 +9,13 @@ per GEMM, in ``--precision auto`` (the default):
       ``nn.Linear``, not attention scores, not the logits, not an embedding table, every
       dim divisible by 16) on a GPU with fp8 tensor cores;
    b. it pays: the cost model's fp8 time at the real M, N, K *plus the quantization the
-      runner launches* (row-wise: one fused Triton pass per operand, which also writes it
-      in ``_scaled_mm``'s layout; in graph mode, a LayerNorm / RMSNorm feeding the linear
-      alone writes x in fp8 itself, a saving -- ``quant_fused_into`` names it; tensor-wise:
-      eager amax, scale, cast and layout copy) beats bf16 by at least ``min_gain`` (5%) --
-      so small and skinny GEMMs stay bf16;
+      runner launches* (amax, scale, cast, layout copy per operand) beats bf16 by at least
+      ``min_gain`` (5%) -- so small and skinny GEMMs stay bf16;
    c. it is accurate: the probe (:mod:`gemc.probe`, a measured input the driver hands
       the pass as ``ctx.precision_probe``, like calibration) measured SQNR >= ``min_sqnr_db``
       (25 dB) on this model's own activations and gradients. Tensor-wise scaling is taken
       only when no operand shows outliers (max slice amax <= ``max_outlier_ratio`` x the
-      median), it is within ``tensorwise_margin_db`` of row-wise and its eager
-      quantization is priced no slower than row-wise's fused pass; otherwise row-wise.
+      median) and it is within ``tensorwise_margin_db`` of row-wise; otherwise row-wise.
 2. else **bf16**, if its measured SQNR >= ``min_sqnr_db`` (or it could not be measured:
    bf16 is the baseline every GEM model trains in);
 3. else **fp32**.
@@ -140,14 +136,9 @@ class GemmDecision:
             "sqnr_db_by": {k: _db(v) for k, v in self.sqnr.items() if v is not None},
             "outlier_ratio": None if self.outlier_ratio is None else round(
                 min(self.outlier_ratio, 1e6), 2),
-            # fp8 at the chosen scaling (row-wise where not fp8); both scalings' fp8 times
-            "pred_ms": None if p is None else {
-                **{d: _ms(p.of(d, self.choice.scaling)) for d in ("fp32", "bf16", "fp8")},
-                "fp8_rowwise": _ms(p.fp8), "fp8_tensorwise": _ms(p.fp8_tensor)},
+            "pred_ms": None if p is None else {d: _ms(p.of(d)) for d in ("fp32", "bf16", "fp8")},
             "quant_ms": None if p is None else _ms(p.fp8_quant),
-            **({"quant_fused_into": p.fused_into} if p is not None and p.fused_into else {}),
-            "gain_ms": None if p is None else _ms(
-                p.bf16 - p.of(self.choice.dtype, self.choice.scaling)),
+            "gain_ms": None if p is None else _ms(p.bf16 - p.of(self.choice.dtype)),
             "rejected": dict(sorted(self.rejected.items())),
             **({"note": self.note} if self.note else {}),
         }
@@ -165,10 +156,9 @@ def _pct(gain: float, base: float) -> str:
     return f"{100 * gain / base:.0f}%" if base > 0 else "-"
 
 
-def decide_gemm(site: Site, gemm: str, prices: Prices | None, structural: str | None,
-                hw_reason: str | None, stats: SiteStats | None, probe_note: str | None,
-                opts: PrecisionOptions) -> GemmDecision:
-    """One GEMM's choice by the rule of the module doc, with the evidence and the reasons."""
+def _decide(site: Site, gemm: str, prices: Prices | None, structural: str | None,
+            hw_reason: str | None, stats: SiteStats | None, probe_note: str | None,
+            opts: PrecisionOptions) -> GemmDecision:
     sq = {label: (stats.sqnr(gemm, label) if stats else None)
           for label in ("bf16", "fp8-row", "fp8-tensor")}
     ratio = stats.outliers.get(gemm) if stats else None
@@ -191,28 +181,19 @@ def decide_gemm(site: Site, gemm: str, prices: Prices | None, structural: str | 
     else:
         row, ten = sq["fp8-row"], sq["fp8-tensor"]
         clean = ratio is not None and ratio <= opts.max_outlier_ratio
-        # tensor-wise quantizes with eager kernels, row-wise in one fused pass: tensor-wise
-        # only where that is not slower (or the cost is overruled)
-        ten_pays = not opts.require_gain or (prices is not None
-                                             and prices.fp8_tensor <= prices.fp8)
-        if ten is not None and clean and ten_pays and ten >= lo \
-                and ten >= row - opts.tensorwise_margin_db:
+        if ten is not None and clean and ten >= lo and ten >= row - opts.tensorwise_margin_db:
             fp8_label = "fp8-tensor"
             d.note = f"tensor-wise: no outliers (ratio {ratio:.1f} <= {opts.max_outlier_ratio:g})"
         elif row >= lo:
             fp8_label = "fp8-row"
             d.note = ("row-wise: outliers (ratio " + (f"{ratio:.1f}" if ratio else "?")
-                      + f" > {opts.max_outlier_ratio:g})") if not clean else (
-                "row-wise" if ten_pays or prices is None else
-                f"row-wise: tensor-wise's eager quantization costs "
-                f"{_ms(prices.fp8_tensor - prices.fp8)} ms more")
+                      + f" > {opts.max_outlier_ratio:g})") if not clean else "row-wise"
         else:
             d.rejected["fp8"] = f"SQNR {row:.1f} dB < {lo:g} dB"
     bf16_db = sq["bf16"]
     if fp8_label is not None:
         d.choice = _BY_LABEL[fp8_label]
         base = prices.bf16 if prices else 0.0
-        gain = base - prices.of("fp8", d.choice.scaling) if prices else 0.0
         saving = (f"fp8 saves {_ms(gain)} ms ({_pct(gain, base)})" if pays else
                   f"fp8 forced (require_gain off; it costs {_ms(-gain)} ms more)")
         d.rejected["bf16"] = f"{saving} at {sq[fp8_label]:.1f} dB >= {lo:g} dB"
@@ -309,11 +290,7 @@ class ChoosePrecision:
         topo = ctx.topology
         gpu = topo.gpu if topo is not None else None
         calibration = ctx.calibration
-        # generated kernels: the runner trains the captured graph, where a norm feeding an
-        # fp8 linear alone writes its output in fp8 (priced so)
-        graph_mode = any(ir.KERNEL in n.meta for n in gm.graph.nodes)
-        prices = {s.node: price(s, gpu, calibration, graph_mode=graph_mode)
-                  for s in sites} if gpu else {}
+        prices = {s.node: price(s, gpu, calibration) for s in sites} if gpu else {}
         graph_facts: dict[str, Any] = {"mode": opts.mode, "baseline": "fp32" if opts.mode ==
                                        "fp32" else "bf16", "rule": opts.rule(), "probe": None,
                                        "blocks": []}
@@ -361,8 +338,8 @@ class ChoosePrecision:
             stats = probe.sites.get(s.key) if probe is not None else None
             site_note = note if probe is None else (None if stats else "site not seen by the probe")
             decisions[s.node] = {
-                g: decide_gemm(s, g, prices.get(s.node, {}).get(g), structural[s.node],
-                               hw_reason, stats, site_note, opts)
+                g: _decide(s, g, prices.get(s.node, {}).get(g), structural[s.node], hw_reason,
+                           stats, site_note, opts)
                 for g in fp8_recipe.GEMMS
             }
         targets = self._targets(sites, probe)
@@ -504,7 +481,6 @@ class ChoosePrecision:
             s.node.meta[ir.PRECISION] = record
             if ir.PREDICTED_MS in s.node.meta and all(d.prices for d in ds.values()):
                 s.node.meta[ir.PREDICTED_MS] = sum(
-                    1e3 * d.prices.of(d.choice.dtype, d.choice.scaling)  # type: ignore[union-attr]
-                    for d in ds.values())
+                    1e3 * d.prices.of(d.choice.dtype) for d in ds.values())  # type: ignore[union-attr]
         out = next(n for n in gm.graph.nodes if n.op == "output")
         out.meta[ir.PRECISION] = facts

@@ -26,7 +26,6 @@ autocast baseline they run as autocast runs them (norms, softmax and the loss in
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -148,23 +147,15 @@ def structural_reason(site: Site, table_fqns: set[str], is_linear: bool | None) 
 
 @dataclass(frozen=True)
 class Prices:
-    """Predicted seconds of one GEMM in each precision; fp8 includes its quantization.
-
-    ``fp8`` is row-wise scaling, each operand quantized by one fused pass (what the runner
-    launches on a GPU); ``fp8_tensor`` is tensor-wise, quantized by the eager amax / scale /
-    cast kernels (9-17 bytes an element), so it is chosen only where it is not slower."""
+    """Predicted seconds of one GEMM in each precision; fp8 includes its quantization."""
 
     fp32: float
     bf16: float
     fp8: float
     fp8_quant: float  # the part of fp8 spent quantizing the two operands
     source: str
-    fp8_tensor: float = math.inf
-    fused_into: str | None = None  # the norm node writing x in fp8 (row-wise, graph mode)
 
-    def of(self, dtype: str, scaling: str | None = None) -> float:
-        if dtype == "fp8" and scaling == fp8_recipe.TENSORWISE:
-            return self.fp8_tensor
+    def of(self, dtype: str) -> float:
         return {"fp32": self.fp32, "bf16": self.bf16, "fp8": self.fp8}[dtype]
 
 
@@ -181,9 +172,8 @@ def activation_bytes(site: Site) -> int:
 def _operands(gemm: str, x_elt: int) -> tuple[tuple[int, bool], tuple[int, bool]]:
     """(element bytes, needs a layout copy) of a GEMM's two operands as the runner holds
     them: x as :func:`activation_bytes` says, dy in bf16, the master weight in fp32. The
-    column-major right operand of dgrad and both operands of wgrad are not in
-    ``_scaled_mm``'s layout: tensor-wise they pay a copy of their fp8 bytes, row-wise the
-    two-read column pass that writes them transposed."""
+    column-major right operand of dgrad and both operands of wgrad pay a copy of their fp8
+    bytes into ``_scaled_mm``'s layout."""
     return {
         "fwd": ((x_elt, False), (4, False)),  # x row-major; W^T column-major as stored
         "dgrad": ((2, False), (4, True)),  # dy row-major; W must become column-major
@@ -191,46 +181,18 @@ def _operands(gemm: str, x_elt: int) -> tuple[tuple[int, bool], tuple[int, bool]
     }[gemm]
 
 
-def _quant_time(numel: int, elt: int, relayout: bool, gpu: Any, calibration: Any,
-                scaling: str) -> float:
-    """Quantizing one operand the way the runner's fp8 module does, kernel by kernel: one
-    fused pass row-wise, the eager kernels and the scale arithmetic tensor-wise."""
-    if scaling == fp8_recipe.ROWWISE:
-        nbytes = fp8_recipe.one_pass_quantize_bytes(numel, elt, relayout)
-        return memory_time(float(nbytes), gpu, calibration, "copy")[0]
+def _quant_time(numel: int, elt: int, relayout: bool, gpu: Any, calibration: Any) -> float:
+    """Quantizing one operand the way the runner's fp8 module does, kernel by kernel."""
     t = sum(memory_time(float(b), gpu, calibration, "copy")[0]
             for b in fp8_recipe.quantize_kernels(numel, elt, relayout))
     launch = calibration.kernel_s if calibration is not None else 2.5e-6
     return t + fp8_recipe.SCALE_KERNELS * launch
 
 
-def fused_norm(site: Site) -> fx.Node | None:
-    """The norm node graph mode fuses into this site's fp8 linear, if any
-    (:func:`gemc.fp8_recipe.fusable_norm`: the linear's input itself, read by it alone)."""
-    x = site.node.args[0] if site.op == "linear" and site.node.args else None
-    if not isinstance(x, fx.Node) or x.op != "call_function":
-        return None
-    shape = x.args[1] if len(x.args) > 1 else x.kwargs.get("normalized_shape")
-    return x if fp8_recipe.fusable_norm(op_name(x), shape, len(x.users)) else None
-
-
-def _norm_input_bytes(norm: fx.Node) -> int:
-    val = norm.args[0].meta.get("val") if isinstance(norm.args[0], fx.Node) else None
-    return int(val.element_size()) if hasattr(val, "element_size") else 4
-
-
-def price(site: Site, gpu: Any, calibration: Any, *, graph_mode: bool = False
-          ) -> dict[str, Prices]:
-    """Prices of the site's three GEMMs at its real (batch, M, N, K).
-
-    ``graph_mode`` (the plan has generated kernels, so the runner trains the captured graph):
-    where a norm feeds this linear alone, row-wise fp8 is priced with the quantization fused
-    into the norm -- the forward's x costs no pass and the norm writes 1 byte an element
-    instead of its output's width (a saving), the weight gradient recomputes the normalised
-    rows first (:func:`gemc.fp8_recipe.fused_norm_bytes`)."""
+def price(site: Site, gpu: Any, calibration: Any) -> dict[str, Prices]:
+    """Prices of the site's three GEMMs at its real (batch, M, N, K)."""
     out = {}
     x_elt = activation_bytes(site)
-    norm = fused_norm(site) if graph_mode else None
     for gemm, (b, m, n, k) in site.problems().items():
         t32, src = gemm_time(b, m, n, k, "fp32", gpu, calibration)
         t16, _ = gemm_time(b, m, n, k, "bf16", gpu, calibration)
@@ -240,23 +202,9 @@ def price(site: Site, gpu: Any, calibration: Any, *, graph_mode: bool = False
             # fp8 quantizes from the fp32 weight instead (priced below)
             t16 += memory_time(6.0 * n * k, gpu, calibration, "copy")[0]
         (ea, ra), (eb, rb) = _operands(gemm, x_elt)
-        # quantization over the whole (batched) operands, per scaling
-        quant = {sc: _quant_time(b * m * k, ea, ra, gpu, calibration, sc)
-                 + _quant_time(b * k * n, eb, rb, gpu, calibration, sc)
-                 for sc in fp8_recipe.SCALINGS}
+        # one quantization kernel sequence over the whole (batched) operand
+        quant = (_quant_time(b * m * k, ea, ra, gpu, calibration)
+                 + _quant_time(b * k * n, eb, rb, gpu, calibration))
         source = src if src == src8 else "roofline"
-        row = quant[fp8_recipe.ROWWISE]
-        if norm is not None and gemm in ("fwd", "wgrad"):
-            saved, added = fp8_recipe.fused_norm_bytes(b * m * k, x_elt, _norm_input_bytes(norm))
-            if gemm == "fwd":  # x's pass gone, and the norm writes less
-                # bytes only: the norm launches either way
-                write_saving = (memory_time(float(saved), gpu, calibration, "copy")[0]
-                                - memory_time(0.0, gpu, calibration, "copy")[0])
-                row = _quant_time(b * k * n, eb, rb, gpu, calibration,
-                                  fp8_recipe.ROWWISE) - write_saving
-            else:
-                row += memory_time(float(added), gpu, calibration, "copy")[0]
-        out[gemm] = Prices(t32, t16, t8 + row, row, source,
-                           fp8_tensor=t8 + quant[fp8_recipe.TENSORWISE],
-                           fused_into=norm.name if norm is not None else None)
+        out[gemm] = Prices(t32, t16, t8 + quant, quant, source)
     return out

@@ -31,20 +31,13 @@ tensor-wise scales are single fp32 values, row-wise scales are contiguous fp32 `
 and ``[1, N]`` with a bf16 output. Outputs here are always bf16 (the only dtype both
 scalings accept on every Hopper software stack). Accumulation is fp32 (no fast accum).
 
-**Quantization kernels.** Row-wise operands on CUDA are quantized by one Triton pass each
-(:mod:`gemc.backends.torch.fp8_ops`, kernels in :mod:`gemc.backends.triton.fp8_quant`),
-which also writes the operand in ``_scaled_mm``'s layout: the same fp8 values as
-:func:`quantize` bit for bit. Tensor-wise operands, and every operand off CUDA, go through
-:func:`quantize`'s torch ops.
-
 **Emulation** (CPU, or ``emulate=True``): the same quantization, then dequantize (exact,
 power-of-two scales) and matmul in fp32, rounded to the output dtype -- what the tensor
 cores compute up to the order of fp32 accumulation.
 
 The recipe *types* (:class:`GemmChoice`, :class:`Fp8Recipe`, the GEMM names and the
 kernel counts the cost model prices) live in :mod:`gemc.fp8_recipe`, in the core, so the
-precision pass chooses recipes without importing the runner. Imports torch and that only
-(the Triton kernels lazily, where a CUDA operand needs them).
+precision pass chooses recipes without importing the runner. Imports torch and that only.
 """
 
 from __future__ import annotations
@@ -218,7 +211,7 @@ def scaled_mm(
     return out.to(out_dtype)
 
 
-def pad_contraction(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _pad_contraction(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Zero-pad K to a multiple of 16 (exact: zero products). Only the wgrad GEMM contracts
     over tokens, whose count a jagged batch does not promise to align."""
     k = a.shape[1]
@@ -237,25 +230,12 @@ def fp8_matmul(
     out_dtype: torch.dtype = FP8_OUT_DTYPE,
     *,
     emulate: bool | None = None,
-    one_pass: bool = True,
 ) -> torch.Tensor:
     """``a[M, K] @ b[K, N]`` in fp8 from high-precision operands of any layout.
 
     Each operand is quantized along K (its own scales), then laid out as ``_scaled_mm``
-    wants (row-major a, column-major b) -- the copy, where one is needed, moves fp8 bytes.
-    Row-wise, each operand is quantized *and* laid out by one pass
-    (:func:`gemc.backends.torch.fp8_ops.quant_left` / ``quant_right``: a Triton kernel on
-    CUDA, :func:`quantize`'s torch ops elsewhere; the same fp8 values bit for bit) instead
-    of the amax / scale / cast kernels (``one_pass=False`` keeps those: the benchmark's
-    before-and-after)."""
-    a, b = pad_contraction(a, b)
-    if scaling == ROWWISE and one_pass:
-        from . import fp8_ops  # imports the Triton kernels: only where fp8 runs
-
-        qa, sa = fp8_ops.quant_left(a)
-        qb, sb = fp8_ops.quant_right(b)
-        out = scaled_mm(qa, qb, sa, sb, FP8_OUT_DTYPE, emulate=emulate)
-        return out if out_dtype == FP8_OUT_DTYPE else out.to(out_dtype)
+    wants (row-major a, column-major b) -- the copy, where one is needed, moves fp8 bytes."""
+    a, b = _pad_contraction(a, b)
     qa, sa = quantize(a, scaling, dim=1)
     qb, sb = quantize(b, scaling, dim=0)
     if not _is_row_major(qa):
@@ -273,7 +253,6 @@ def gemm(
     out_dtype: torch.dtype,
     *,
     emulate: bool | None = None,
-    one_pass: bool = True,
 ) -> torch.Tensor:
     """``a @ b`` in the precision ``choice`` says, returned in ``out_dtype``.
 
@@ -281,8 +260,7 @@ def gemm(
     exact there) and the result rounded to bf16 -- what a bf16 GEMM with fp32 accumulation
     computes, without CPUs' slow native bf16 matmul."""
     if choice.dtype == "fp8":
-        return fp8_matmul(a, b, str(choice.scaling), out_dtype, emulate=emulate,
-                          one_pass=one_pass)
+        return fp8_matmul(a, b, str(choice.scaling), out_dtype, emulate=emulate)
     if choice.dtype == "fp32":
         return (a.float() @ b.float()).to(out_dtype)
     if a.device.type == "cpu":
@@ -316,14 +294,12 @@ class _Fp8LinearFn(torch.autograd.Function):
         recipe: Fp8Recipe,
         out_dtype: torch.dtype,
         emulate: bool | None,
-        one_pass: bool,
     ) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
         ctx.recipe, ctx.emulate, ctx.has_bias = recipe, emulate, bias is not None
-        ctx.one_pass = one_pass
         ctx.x_dtype, ctx.out_dtype = x.dtype, out_dtype
         with _no_autocast(x.device.type):
-            y = gemm(x, weight.t(), recipe.fwd, out_dtype, emulate=emulate, one_pass=one_pass)
+            y = gemm(x, weight.t(), recipe.fwd, out_dtype, emulate=emulate)
             if bias is not None:
                 y = y + bias.to(out_dtype)
         return y
@@ -335,21 +311,12 @@ class _Fp8LinearFn(torch.autograd.Function):
         dx = dw = db = None
         with _no_autocast(dy.device.type):
             if ctx.needs_input_grad[0]:
-                dx = gemm(dy, weight, recipe.dgrad, ctx.x_dtype, emulate=ctx.emulate,
-                          one_pass=ctx.one_pass)
+                dx = gemm(dy, weight, recipe.dgrad, ctx.x_dtype, emulate=ctx.emulate)
             if ctx.needs_input_grad[1]:
-                dw = gemm(dy.t(), x, recipe.wgrad, weight.dtype, emulate=ctx.emulate,
-                          one_pass=ctx.one_pass)
+                dw = gemm(dy.t(), x, recipe.wgrad, weight.dtype, emulate=ctx.emulate)
             if ctx.has_bias and ctx.needs_input_grad[2]:
                 db = dy.sum(0, dtype=torch.float32)
-        return dx, dw, db, None, None, None, None
-
-
-def linear_out_dtype(x: torch.Tensor) -> torch.dtype:
-    """What ``nn.Linear`` returns for input ``x`` here: the autocast dtype when autocast is
-    on for x's device, else x's dtype (every fp8 linear returns it, module or graph mode)."""
-    dev = x.device.type
-    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+        return dx, dw, db, None, None, None
 
 
 def fp8_linear(
@@ -360,18 +327,16 @@ def fp8_linear(
     *,
     out_dtype: torch.dtype | None = None,
     emulate: bool | None = None,
-    one_pass: bool = True,
 ) -> torch.Tensor:
     """``F.linear`` with the recipe's precisions; leading dims of x are flattened into M.
 
     ``out_dtype`` defaults to the autocast dtype when autocast is on (what ``nn.Linear``
-    returns there), else x's dtype. ``one_pass=False``: row-wise operands quantized by the
-    eager kernels even on CUDA (for measuring what the one-pass kernels save)."""
+    returns there), else x's dtype."""
     if out_dtype is None:
-        out_dtype = linear_out_dtype(x)
+        dev = x.device.type
+        out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
     lead = x.shape[:-1]
-    y = _Fp8LinearFn.apply(x.reshape(-1, x.shape[-1]), weight, bias, recipe, out_dtype, emulate,
-                           one_pass)
+    y = _Fp8LinearFn.apply(x.reshape(-1, x.shape[-1]), weight, bias, recipe, out_dtype, emulate)
     return y.reshape(*lead, weight.shape[0])
 
 

@@ -43,9 +43,7 @@ Refused with a named error (``--no-kernels`` runs the ops the kernels replace in
 through module hooks that the captured graph never calls), fp8 linears next to kernels,
 and a table weight that the graph reads other than through its module's lookup, on several
 ranks or stored bf16/fp8. Per-module autocast sites are applied node by node
-(:mod:`.graph_precision`); fp8 linear sites call gemc's fp8 custom ops, fused with the norm
-that feeds them where it can be (:mod:`.graph_fp8`); an fp8 recipe those ops do not run
-(tensor-wise or fp32 GEMMs) is refused next to kernels.
+(:mod:`.graph_precision`).
 """
 
 from __future__ import annotations
@@ -111,13 +109,11 @@ def check_graph_mode(
         )
     if module_sites:
         raise PlanError(
-            "the plan has fp8 linear sites whose recipe graph mode's fp8 ops do not run "
-            f"({'; '.join(module_sites[:4])}): next to generated kernels the captured graph "
-            "runs, and its linears call gemc::fp8_linear (forward and dgrad fp8 row-wise, "
-            "wgrad fp8 row-wise or bf16)",
+            "the plan has fp8 linear sites "
+            f"({', '.join(module_sites[:4])}) and generated kernels; graph mode runs the "
+            "captured graph, whose linears the fp8 module swap never reaches",
             where="plan precision / plan kernels",
-            fix="compile the plan again (the precision pass picks row-wise), or "
-                + NO_KERNELS_FIX,
+            fix=NO_KERNELS_FIX,
         )
 
 
