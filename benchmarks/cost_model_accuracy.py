@@ -245,6 +245,10 @@ def zoo_measurements(paths: list[str]) -> dict[str, dict[str, Any]]:
                 applied = report.get("kernels_applied") if isinstance(report, dict) else None
                 if isinstance(applied, list):
                     found[name]["kernel_kinds"] = kernel_kinds(applied)
+                executor = report.get("graph_executor") if isinstance(report, dict) else None
+                routes = executor.get("table_lookups") if isinstance(executor, dict) else None
+                if isinstance(routes, dict):
+                    found[name]["table_routes"] = route_counts(routes.values())
     if not found:
         raise SystemExit(f"no gemc rows with step_ms and peak_memory_bytes in {paths}")
     return found
@@ -256,17 +260,27 @@ def kernel_kinds(names: list[str]) -> dict[str, int]:
     return dict(sorted(Counter(re.sub(r"_\d+$", "", str(n)) for n in names).items()))
 
 
+def route_counts(paths: Any) -> dict[str, int]:
+    """How many tables take each lookup route (gemc.table_lookup), as ``lookup_<route>``."""
+    return dict(sorted(Counter(f"lookup_{p}" for p in paths).items()))
+
+
 def program_change(plan: dict[str, Any], measured: dict[str, Any]) -> dict[str, list[int]] | None:
     """Kernel kinds whose count differs between the run that was measured (its
-    ``kernels_applied``) and the plan compiled now: ``{kind: [ran, now]}``; empty when the
-    same kernels run, None when the measurement does not say what ran. Why: a run of
-    another program (a pass since matched more of the graph) neither judges nor
-    calibrates today's plan -- the zoo's HSTU ran with Inductor's padded attention, its
-    plan now has 8 jagged SiLU kernels."""
+    ``kernels_applied``) and the plan compiled now: ``{kind: [ran, now]}``, and likewise
+    the tables on each lookup route (``lookup_sparse``: the run's
+    ``graph_executor.table_lookups`` against the plan's ``tables[].lookup``); empty when
+    the same program runs, None when the measurement does not say what ran. Why: a run
+    of another program (a pass since matched more of the graph, a table the cost model
+    now routes otherwise) neither judges nor calibrates today's plan -- the zoo's HSTU ran
+    with Inductor's padded attention, its plan now has 8 jagged SiLU kernels."""
     ran = measured.get("kernel_kinds")
     if ran is None:
         return None
     now = kernel_kinds([k.get("name", "") for k in plan.get("kernels") or []])
+    if "table_routes" in measured:
+        ran = {**ran, **measured["table_routes"]}
+        now = {**now, **route_counts(t.get("lookup", "batched") for t in plan["tables"])}
     return {k: [ran.get(k, 0), now.get(k, 0)] for k in sorted(set(ran) | set(now))
             if ran.get(k, 0) != now.get(k, 0)}
 

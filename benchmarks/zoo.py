@@ -24,7 +24,16 @@ the variants (``_baseline``, ``_gemc``), so the two benchmarks measure alike:
 ``gemc-groups``  (optional) the same with every fused group as gemc's kernel (no measurement:
                  ``GEMC_GROUP_CHOICE=gemc``), the other end of the A/B;
 ``gemc-interp``  (optional) graph mode through the op-by-op interpreter (the old path);
-``gemc-cudagraphs`` (optional) ``gemc`` with ``torch.compile(mode="reduce-overhead")``.
+``gemc-cudagraphs`` (optional) ``gemc`` with ``torch.compile(mode="reduce-overhead")``;
+``gemc-autotune`` (optional) ``gemc`` with ``--autotune``: its hand-written kernels time every
+                 config that fits (``gemc``'s first step runs one heuristic config each).
+
+``--cold``: every child gets fresh, empty Inductor and Triton cache directories (removed
+after it), so each variant's first step is a cold compile, as on a fresh machine. The
+first step, cold, gemc against torch.compile on GEM and HSTU (one device call, < 5 min)::
+
+    TRITON_PRINT_AUTOTUNING=1 python benchmarks/zoo.py --out $OUT --models gem,hstu \
+        --variants compile,gemc --steps 5 --warmup 1 --cold
 
 Per row: step ms (median after ``--warmup``), samples/s, MFU against the H200's bf16
 datasheet (989 TFLOP/s) and against the measured bf16 matmul peak (e2e.py's), peak memory,
@@ -52,6 +61,7 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -64,14 +74,18 @@ sys.path.insert(0, str(HERE))
 import e2e  # noqa: E402  (the variants' code, shared with the GEM benchmark)
 
 VARIANTS = ("eager", "compile", "gemc", "gemc-measured", "gemc-groups", "gemc-interp",
-            "gemc-cudagraphs")
+            "gemc-cudagraphs", "gemc-autotune")
 GEMC_OPTIONS: dict[str, dict[str, Any]] = {
     "gemc": {"graph_executor": "inductor"},
     "gemc-groups": {"graph_executor": "inductor"},  # + GEMC_GROUP_CHOICE=gemc (child())
     "gemc-measured": {"graph_executor": "inductor", "measure_kernels": True},
     "gemc-interp": {"graph_executor": "interpreter"},
     "gemc-cudagraphs": {"graph_executor": "inductor", "compile_mode": "reduce-overhead"},
+    "gemc-autotune": {"graph_executor": "inductor", "autotune": True},
 }
+COLD_VARS = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+"""What ``--cold`` points at a fresh directory per child (gemc's run keeps a directory a
+person set, so both compilers start from nothing)."""
 
 
 EXTRA_ENV = "GEMC_ZOO_EXTRA"
@@ -119,6 +133,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
                    "keeps what it measured")
     p.add_argument("--child-timeout", type=float, default=1800, metavar="S",
                    help="a variant's process is stopped after S seconds (default 1800)")
+    p.add_argument("--cold", action="store_true",
+                   help="each variant compiles with fresh, empty Inductor and Triton caches "
+                   "(its first step as on a fresh machine)")
     p.add_argument("--smoke", action="store_true",
                    help="CPU, tiny presets, batch 8, 2 steps: a crash check")
     # one child's job (internal)
@@ -333,7 +350,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.time_limit is not None and time.perf_counter() - t_start > args.time_limit:
                 skipped.append(f"{name}/{variant}")
                 continue
-            rows.append(_run_child(name, variant, out, passthrough, args.child_timeout))
+            rows.append(_run_child(name, variant, out, passthrough, args.child_timeout,
+                                   cold=args.cold))
             _mfu(rows[-1], flops, measured)
             e2e._compare_losses(rows)
             write()
@@ -364,19 +382,24 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run_child(name: str, variant: str, out: Path, passthrough: list[str],
-               timeout: float) -> dict[str, Any]:
-    """One variant of one model in a fresh process; its row (or why there is none)."""
+               timeout: float, cold: bool = False) -> dict[str, Any]:
+    """One variant of one model in a fresh process (``cold``: with empty compile caches of
+    its own); its row (or why there is none)."""
     row_path = out / f"{name}.{variant}.json"
     row_path.unlink(missing_ok=True)
     cmd = [sys.executable, str(Path(__file__).resolve()), *passthrough, "--child", name,
            variant, str(out / f"{name}.plan.json")]
-    print(f"zoo: {name} / {variant} in a child process ...", file=sys.stderr)
+    print(f"zoo: {name} / {variant} in a child process{' (cold caches)' if cold else ''} ...",
+          file=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix="zoo-cold-") as fresh:
+        env = {**os.environ, **{v: os.path.join(fresh, v.lower()) for v in COLD_VARS}} \
+            if cold else None
+        try:
+            code: Any = subprocess.run(cmd, check=False, timeout=timeout, env=env).returncode
+        except subprocess.TimeoutExpired:
+            code = f"killed after {timeout:.0f}s (--child-timeout)"
     try:
-        code: Any = subprocess.run(cmd, check=False, timeout=timeout).returncode
-    except subprocess.TimeoutExpired:
-        code = f"killed after {timeout:.0f}s (--child-timeout)"
-    try:
-        return json.loads(row_path.read_text())
+        return {**json.loads(row_path.read_text()), **({"cold_caches": True} if cold else {})}
     except (OSError, ValueError) as exc:
         return {"variant": variant, "model": name, "losses": [], "step_ms": None,
                 "samples_per_s": None, "peak_memory_bytes": None,

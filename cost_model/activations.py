@@ -141,6 +141,8 @@ class ActivationProfile:
     saved_total: int = 0
     peak: int = 0             # max over the step of saved + live temporaries (and grads)
     transient: int = 0        # peak above what is saved: the extra the walk finds
+    # table lookup node name -> saved bytes still live when its backward runs
+    alive_at_lookup: dict[str, int] = field(default_factory=dict)
 
 
 def activation_profile(gm: fx.GraphModule, *, runtime: bool = True) -> ActivationProfile:
@@ -213,7 +215,38 @@ def activation_profile(gm: fx.GraphModule, *, runtime: bool = True) -> Activatio
         peak = max(peak, _backward_peak(gm, {**saved, **casts}, nbytes, internal))
     return ActivationProfile(saved=dict(per_region), inputs=inputs, saved_total=saved_total,
                              peak=max(peak, saved_total),
-                             transient=max(0, peak - saved_total))
+                             transient=max(0, peak - saved_total),
+                             alive_at_lookup=_alive_at_lookups(gm, {**saved, **casts}))
+
+
+def _backward_order(gm: fx.GraphModule) -> tuple[list[fx.Node], dict[fx.Node, int],
+                                                  dict[fx.Node, int]]:
+    """(the forward's compute nodes in order, their index, each tensor's first reader's
+    index): a saved tensor is freed after its first reader's backward."""
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"
+             and ir.kind_of(n) is not OpKind.VIEW]
+    order = {n: i for i, n in enumerate(nodes)}
+    first_reader: dict[fx.Node, int] = {}
+    for n in nodes:
+        for a in n.all_input_nodes:
+            first_reader.setdefault(view_base(a), order[n])
+    return nodes, order, first_reader
+
+
+def _alive_at_lookups(gm: fx.GraphModule, saved: dict[fx.Node, tuple[str, int]]) -> dict[str, int]:
+    """Saved bytes still live when each table lookup's backward runs: those first read at
+    or before the lookup (the backward frees a saved tensor after its first reader's).
+    A lookup used at the loss (HSTU's targets and negatives) sees nearly all of them, one
+    at the model's start none: where its table-sized gradient (``dense_grad``) lands."""
+    nodes, order, first_reader = _backward_order(gm)
+    lookups = [n for n in nodes if n.meta.get(ir.TABLE)]
+    if not lookups:
+        return {}
+    read = sorted((first_reader.get(b, order.get(b, 0)), size) for b, (_, size) in saved.items())
+    out = {}
+    for n in lookups:
+        out[n.name] = sum(size for i, size in read if i <= order[n])
+    return out
 
 
 def _backward_peak(gm: fx.GraphModule, saved: dict[fx.Node, tuple[str, int]],
@@ -225,13 +258,7 @@ def _backward_peak(gm: fx.GraphModule, saved: dict[fx.Node, tuple[str, int]],
     the batch and integer tensors get none, a fused kernel's internal values none.
     Why: at the start of the backward the saved tensors and the first gradients are live
     together, which is where a compiled step peaks."""
-    nodes = [n for n in gm.graph.nodes if n.op == "call_function"
-             and ir.kind_of(n) is not OpKind.VIEW]
-    order = {n: i for i, n in enumerate(nodes)}
-    first_reader: dict[fx.Node, int] = {}
-    for n in nodes:
-        for a in n.all_input_nodes:
-            first_reader.setdefault(view_base(a), order[n])
+    nodes, order, first_reader = _backward_order(gm)
     frees: dict[int, list[int]] = defaultdict(list)
     for b, (_, size) in saved.items():
         frees[first_reader.get(b, order.get(b, 0))].append(size)

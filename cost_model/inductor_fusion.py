@@ -42,11 +42,6 @@ from .hardware import GPUSpec
 FUSIBLE_KINDS = frozenset({OpKind.POINTWISE, OpKind.NORM, OpKind.REDUCTION, OpKind.LOSS})
 """Gathers (``OpKind.INDEX``) are left out: their backward is a scatter-add whose atomics
 into few rows serialise, a kernel of its own that fusion does not make cheaper."""
-INDUCTOR_KERNEL_KINDS = frozenset(inductor_compiled_kinds())
-"""gemc kernel kinds whose nodes Inductor compiles, from their declarations
-(``KernelKind.compiled_by_inductor`` in gemc.kernel_kinds): the generated groups (their code
-unless a measurement picked gemc's) and ATen formulations (the transposed linear); a kind
-not listed is a gemc island."""
 
 
 PRICING = ir.PRICING
@@ -63,10 +58,14 @@ def runs_compiled(gm: fx.GraphModule) -> bool:
 
 
 def island_groups(gm: fx.GraphModule) -> set[str]:
-    """Group ids of gemc kernels that run as their own kernels (not Inductor's code)."""
+    """Group ids of gemc kernels that run as their own kernels (not Inductor's code): every
+    kind but those whose declaration says Inductor compiles their nodes
+    (``KernelKind.compiled_by_inductor`` in gemc.kernel_kinds: the generated groups, their
+    code unless a measurement picked gemc's, and ATen formulations, the transposed linear)."""
+    compiled = set(inductor_compiled_kinds())
     return {f["id"] for n in gm.graph.nodes
             if isinstance(f := n.meta.get(ir.KERNEL), dict) and "id" in f
-            and f.get("kind") not in INDUCTOR_KERNEL_KINDS}
+            and f.get("kind") not in compiled}
 
 
 def is_fusible(node: fx.Node, islands: set[str]) -> bool:

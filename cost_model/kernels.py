@@ -99,6 +99,31 @@ EAGER_ROW_UPDATE = {"rowwise_adagrad": (16.0, 13), "adam": (44.0, 19)}
 _SORT_PASSES = 4
 
 
+# The sparse gradient's coalesce (torch's ``coalesceValuesKernel``) sums each distinct
+# id's gradient rows in one warp, one duplicate after another: a row looked up k times a
+# step costs k dependent gathers in sequence, however wide the GPU. Seconds per
+# duplicate on the H200, fitted on one measurement: DIN h200's 18 tables on the sparse
+# route trained at 318.4 ms a step against 41.3 ms on the dense gradient (BENCHMARKS.md),
+# ~277 ms over the 2 x 524,288 padding ids of its two history lookups (one id each).
+# Cross-check, not fitted: GEM's eager profile spends 25.3 ms in that kernel over 102
+# tables whose skewed ids put ~88k duplicates on their hottest rows (this prices 23 ms).
+COALESCE_DUPLICATE_S = 2.65e-7
+# Share of a padded [batch, length] id grid that is padding (one id, repeated): the
+# family's history presets are half full on average (uniform lengths), the fill the
+# activation model assumes for padded histories too. The graph cannot tell the data.
+PADDED_SHARE = 0.5
+
+
+def hottest_row_ids(rows: float, nnz: float, padded_nnz: float) -> float:
+    """Lookups of the most looked-up row in a step: the mean duplicates of uniform ids
+    (``nnz / rows``, when the table is smaller than the batch), or the padding of
+    ``padded_nnz`` ids read from padded [batch, length] grids, all on one pad id.
+    Skewed ids (a hot head) are data the graph does not show: not priced."""
+    if rows <= 0 or nnz <= 0:
+        return 0.0
+    return max(float(nnz) / rows, PADDED_SHARE * float(padded_nnz))
+
+
 def sort_bytes(nnz: float) -> float:
     """HBM bytes of sorting ``nnz`` int64 ids with their positions (coalesce, unique)."""
     return _SORT_PASSES * 2.0 * 2 * INDEX_BYTES * float(nnz)

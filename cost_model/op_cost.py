@@ -276,6 +276,13 @@ def batched_embedding_time(rows: int, dim: int, nnz: int, bags: int, dtype: str,
 # gradient's scan (abs, sum, nonzero's three, the gather) or the sparse one's coalesce
 # (sort, gather, segment sum, unique and their scans)
 _FIND_ROWS_KERNELS = {"dense_grad": 6, "sparse": 10}
+# Host seconds a lookup called out of the compiled graph adds (graph mode's SPARSE route,
+# a ``torch._dynamo.disable``d call of the table module): four transitions between
+# compiled pieces (out of and back into the graph, forward and backward), each a guard
+# check, AOTAutograd's runtime wrapper and an autograd node, ~40 us of Python each. An
+# estimate, not measured in isolation (GEM's two routed tables and DIN's 18 do not
+# separate it from the routes' device time).
+ROUTED_LOOKUP_S = 1.5e-4
 # CPU seconds one eager op takes to issue when the calibration has no measurement
 # (cost_model/eager.py's default)
 DEFAULT_EAGER_OP_S = 8e-6
@@ -284,7 +291,7 @@ DEFAULT_EAGER_OP_S = 8e-6
 def eager_table_time(path: str, rows: int, dim: int, nnz: int, bags: int, lookups: int,
                      dtype: str, gpu: GPUSpec, calibration: Calibration | None,
                      optimizer: str | None, storage_bytes: float | None = None,
-                     replicas: int = 1) -> tuple[float, float, float]:
+                     replicas: int = 1, hot_ids: float = 0.0) -> tuple[float, float, float]:
     """(forward s, backward s, optimizer s) of a table the runner looks up outside the
     batched kernel (``path``: gemc.table_lookup's ``sparse`` or ``dense_grad``), from the
     bytes it moves (kernels.eager_lookup_bytes, kernels.eager_update_bytes) and its
@@ -299,7 +306,14 @@ def eager_table_time(path: str, rows: int, dim: int, nnz: int, bags: int, lookup
     time and issuing its kernels (``eager_op_s`` each), plus one issue after the sync while
     the GPU waits. Why: DIN's 16 weighted bags of 1M rows each pay a 0.77 GB scan of their
     dense gradient for ~40k touched rows; priced as the fused kernel (no gradient at all)
-    its tables came to 2.5 ms of a 39 ms step predicted at 18.6 ms."""
+    its tables came to 2.5 ms of a 39 ms step predicted at 18.6 ms.
+
+    ``hot_ids``: lookups of the table's most looked-up row a step
+    (kernels.hottest_row_ids). The sparse path's coalesce sums one row's duplicates in
+    sequence (kernels.COALESCE_DUPLICATE_S each); the dense gradient's backward splits
+    them over many threads. Why: DIN's padded histories put half a million ids on one
+    pad row; priced by bytes alone, its sparse route came to 22.5 ms against 318 ms
+    measured."""
     elt = element_size(dtype)
     launch = _launch(calibration)
     rows_eff = ROOFLINE_EFFICIENCY["embedding"]
@@ -326,6 +340,8 @@ def eager_table_time(path: str, rows: int, dim: int, nnz: int, bags: int, lookup
             + kernels.EAGER_ROW_UPDATE.get(optimizer.lower(), (0.0, 0))[1] \
             + (4 if replicas > 1 else 0)
         device = stream_s(upd["stream"]) + upd["rows"] / (bw * rows_eff) + ops * launch
+        if not dense:
+            device += hot_ids * kernels.COALESCE_DUPLICATE_S
         issue = (calibration.eager_op_s if calibration is not None else None) \
             or DEFAULT_EAGER_OP_S
         opt = max(device, ops * issue) + issue * (2 if replicas > 1 else 1)

@@ -38,7 +38,7 @@ from gemc.exchange_precision import (
     casts,
     wire_row_bytes,
 )
-from gemc.table_lookup import BATCHED
+from gemc.table_lookup import BATCHED, DENSE_GRAD, SPARSE
 
 from .calibration import Calibration
 from .collectives import collective_time
@@ -56,6 +56,7 @@ from .memory import (
 from .op_cost import (
     DEFAULT_KERNEL_LAUNCH_S,
     ROOFLINE_EFFICIENCY,
+    ROUTED_LOOKUP_S,
     batched_embedding_time,
     eager_table_time,
     embedding_time,
@@ -63,6 +64,22 @@ from .op_cost import (
 )
 from .topology import Topology
 from .types import RankStats, RegionCost, StepOptions, StepPrediction, TableCost
+
+
+def late_gradient_peak(landing: list[tuple[float, float]]) -> float:
+    """Largest saved activations + table-sized gradients live at once in the backward:
+    ``landing`` holds, per dense_grad lookup, the saved bytes still live when its
+    backward runs and the gradient it allocates, which lives on to the end of the
+    backward (a table's lookups are summed there). The backward meets them in order of
+    falling live activations. Why: HSTU's target and negative lookups are read at the
+    loss, so their 2 GB gradients come while every activation is still saved; priced
+    in the room the activations leave at the end, its peak came to 8.2 GB against
+    17.3 GB measured."""
+    peak = grads = 0.0
+    for alive, nbytes in sorted(landing, reverse=True):
+        grads += nbytes
+        peak = max(peak, alive + grads)
+    return peak
 
 
 @lru_cache(maxsize=1 << 16)
@@ -86,9 +103,9 @@ def _embedding_cost(rows: int, dim: int, lookups: int, bags: int, dtype: str, gp
 def _eager_cost(path: str, rows: int, dim: int, lookups: int, bags: int, calls: int,
                 dtype: str, gpu: GPUSpec, calibration: Calibration | None,
                 optimizer: str | None, storage_bytes: float | None = None,
-                replicas: int = 1) -> float:
+                replicas: int = 1, hot_ids: float = 0.0) -> float:
     return sum(eager_table_time(path, rows, dim, lookups, bags, calls, dtype, gpu,
-                                calibration, optimizer, storage_bytes, replicas))
+                                calibration, optimizer, storage_bytes, replicas, hot_ids))
 
 
 def _dtype(elt: int) -> str:
@@ -131,9 +148,17 @@ def shard_compute_s(t: TableCost, rows: float, dim: float, world: int, gpu: GPUS
     storage = None if t.precision == "fp32" else t.storage_bytes
     if t.lookup != BATCHED:
         replicas = world if t.replicated else 1
-        return _eager_cost(t.lookup, max(1, int(rows)), max(1, int(dim)), int(lookups),
-                           int(bags), max(1, t.lookups), dtype, gpu, calibration,
-                           optimizer or StepOptions.table_optimizer, storage, replicas)
+        # every rank's padding ids reach a sharded table (priced on each holder: the pad
+        # row's holder is not known)
+        hot = t.hot_ids * (1 if t.replicated else world)
+        routed = 0.0
+        if t.lookup == SPARSE:  # host time the sparse lookups add: graph splits, syncs
+            routed = max(1, t.lookups) * (ROUTED_LOOKUP_S * t.routed
+                                          + StepOptions.host_sync_s * t.padding_row)
+        return routed + _eager_cost(t.lookup, max(1, int(rows)), max(1, int(dim)),
+                                    int(lookups), int(bags), max(1, t.lookups), dtype, gpu,
+                                    calibration, optimizer or StepOptions.table_optimizer,
+                                    storage, replicas, hot)
     if t.replicated and world > 1:
         return _embedding_cost(t.rows, t.dim, t.nnz, t.batch, dtype, gpu, calibration, None,
                                True)
@@ -157,7 +182,7 @@ def exchange_cast_s(t: TableCost, rows: float, dim: float, world: int, gpu: GPUS
     requesters' half runs on them, spread over every rank; it is charged to the shard's
     holder, which keeps each plan's total and lets the planners price it per table. The
     kernels' launches are one set a step (:func:`exchange_cast_launch_s`)."""
-    if rows == 0 or t.sharding == "data_parallel":
+    if rows == 0 or t.replicated:
         return 0.0
     per_element = sum(CAST_BYTES_PER_ELEMENT[p] for p in (wire.forward, wire.backward)
                       if casts(p, t.dtype_bytes)) * t.dtype_bytes / 4
@@ -325,8 +350,13 @@ def predict_step(
     # backward and through the sparse optimizer's step, plus that step's largest buffer
     grad_held = np.zeros(world)
     grad_peak = np.zeros(world)
+    # (saved bytes live, gradient bytes) when each dense_grad lookup's backward runs
+    landing: list[list[tuple[float, float]]] = [[] for _ in range(world)]
     for t in tables:
         held, moment = table_grad_bytes(t, *shard_shape(t), world)
+        if t.lookup == DENSE_GRAD and held:
+            for r in _holders(t, world):
+                landing[r] += [(float(a), held) for a in t.lookup_alive]
         if t.replicated:
             dp_mem = dp_mem + table_memory(t, 0, world, opts)
             grad_held += held
@@ -349,7 +379,8 @@ def predict_step(
             # Only what exceeds it adds to the peak (DIN h200: 5.2 GB of table-sized
             # gradients over 3.8 GB of activations; measured 14.9 GB, 12.8 GB predicted
             # without them, 18 GB if simply added).
-            extra = max(0.0, float(grad_held[r] + grad_peak[r]) - mem.activations)
+            extra = max(0.0, float(grad_held[r] + grad_peak[r]) - mem.activations,
+                        late_gradient_peak(landing[r]) - mem.activations)
             mem = mem + MemoryBreakdown(grads=extra)
         per_rank.append(RankStats(
             rank=r,

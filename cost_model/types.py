@@ -10,9 +10,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gemc.exchange_precision import FP32_WIRE, WirePrecision
-from gemc.sharding import DENSE_STRATEGIES, SHARDINGS, TABLE_SHARDINGS  # defined in the core
+from gemc.sharding import DENSE_STRATEGIES, SHARDINGS  # defined in the core
 from gemc.table_lookup import BATCHED, LOOKUP_PATHS
 from gemc.table_precision import TABLE_PRECISIONS, weight_bytes
+
+from .kernels import hottest_row_ids
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,23 @@ class TableCost:
     # optimizer after it; and how many lookup ops read it (each has its own gradient)
     lookup: str = BATCHED
     lookups: int = 1
+    # of ``nnz``, the ids read from padded [batch, length] grids (unpooled lookups of a
+    # 2-D or wider id tensor): their padding repeats one id (kernels.hottest_row_ids)
+    padded_nnz: int = 0
+    # its lookups are called out of the compiled graph (graph mode, gemc.table_lookup's
+    # SPARSE): each splits the graph (op_cost.ROUTED_LOOKUP_S)
+    routed: bool = False
+    # a lookup of it names a padding row (``padding_idx``): its sparse backward drops
+    # that row's ids by a boolean mask, a host sync each lookup
+    padding_row: bool = False
+    # per lookup, the saved activations still live when its backward runs
+    # (activations.ActivationProfile.alive_at_lookup): where a table-sized gradient lands
+    lookup_alive: tuple[int, ...] = ()
+
+    @property
+    def hot_ids(self) -> float:
+        """Lookups of the most looked-up row in one rank's step (kernels.hottest_row_ids)."""
+        return hottest_row_ids(self.rows, self.nnz, self.padded_nnz)
 
     @property
     def storage_bytes(self) -> float:
@@ -92,9 +111,9 @@ class TableCost:
         return shard_rows / self.rows
 
     def __post_init__(self) -> None:
-        if self.sharding not in TABLE_SHARDINGS:
+        if self.sharding not in SHARDINGS:
             raise ValueError(f"table {self.fqn}: sharding {self.sharding!r} not in "
-                             f"{TABLE_SHARDINGS}")
+                             f"{tuple(SHARDINGS)}")
         if not self.ranks:
             raise ValueError(f"table {self.fqn}: needs at least one rank")
         if self.precision not in TABLE_PRECISIONS:

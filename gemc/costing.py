@@ -88,6 +88,9 @@ def table_costs(tables: Sequence[Mapping[str, Any]]) -> list[TableCost]:
             pooled=t.get("pooling", "sum") != "none",
             precision=t.get("precision", "fp32"),
             lookup=t.get("lookup", BATCHED), lookups=int(t.get("lookups", 1)),
+            padded_nnz=int(t.get("padded_nnz", 0)), routed=bool(t.get("routed", False)),
+            padding_row=bool(t.get("padding_row", False)),
+            lookup_alive=tuple(int(b) for b in t.get("lookup_alive_bytes", ())),
         )
         for t in tables
     ]
@@ -209,6 +212,11 @@ def predicted_block(
     host = host_s(table_list, topology, opts, calibration, launches=launches,
                   device_s=prediction.step_s)
     block = prediction.to_dict()
+    # the device step is what the planner minimised (its ``solver.predicted_step_ms``,
+    # the same arithmetic): the host term is left out of the search because it is the
+    # same for every plan that shards a table (syncs a step; launch-bound time only where
+    # the device step is shorter than issuing the launches), so ``step_ms`` = this + host
+    block["device_step_ms"] = block["step_ms"]
     block["step_ms"] = block["step_ms"] + 1e3 * host
     block["breakdown_ms"]["host"] = 1e3 * host
     for rank in block.get("per_rank") or []:

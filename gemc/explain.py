@@ -24,6 +24,10 @@ def explain(plan: dict[str, Any]) -> str:
         f"planner    {planner_line(plan)}",
         f"predicted  step {_ms(pred.get('step_ms'))}  MFU {_pct(pred.get('mfu'))}  cost model {pred.get('cost_model') or '-'}",
     ]
+    if pred.get("device_step_ms") is not None and pred.get("breakdown_ms", {}).get("host"):
+        out.append(f"           = device {_ms(pred['device_step_ms'])} (the planner's objective, "
+                   f"solver's step) + host {_ms(pred['breakdown_ms']['host'])} (syncs and "
+                   "launches, the same for every plan that shards a table)")
     if pred.get("note"):
         out.append(f"           ({pred['note']})")
     out += solver_lines(plan.get("solver"))
@@ -144,10 +148,13 @@ def solver_lines(solver: dict[str, Any] | None) -> list[str]:
              f"{solver.get('deterministic_seconds')} deterministic s of {solver.get('time_limit_s')}")
     out = [line, extra]
     if solver.get("unbalanced_step_ms") is not None:  # the memory-balance trade, stated
+        within = (f"under max/mean {solver.get('balance_ratio')} within balance_cap_tolerance "
+                  f"{solver.get('balance_cap_tolerance')}"
+                  if solver.get("balanced_by") == "cap" else
+                  f"within balance_tolerance {solver.get('balance_tolerance')}")
         out.append(f"           memory balance replaced the step-first plan "
                    f"({_ms(solver.get('unbalanced_step_ms'))}, fullest rank "
-                   f"{solver.get('unbalanced_max_gb')} GB) within balance_tolerance "
-                   f"{solver.get('balance_tolerance')}: step now "
+                   f"{solver.get('unbalanced_max_gb')} GB) {within}: step now "
                    f"{_ms(solver.get('predicted_step_ms'))}")
     return out
 

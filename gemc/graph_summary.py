@@ -11,6 +11,8 @@ writes them into the plan).
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -19,17 +21,87 @@ from torch import fx
 from gemc import ir
 from gemc.capture import Captured
 from gemc.cost_model import inductor_fusion, op_cost
-from gemc.cost_model.activations import packed_fill, plan_autocast, runtime_itemsize, view_base
+from gemc.cost_model.activations import (
+    activation_profile,
+    packed_fill,
+    plan_autocast,
+    runtime_itemsize,
+    view_base,
+)
+from gemc.cost_model.step_model import shard_compute_s
+from gemc.cost_model.types import StepOptions, TableCost
 from gemc.ir import OpKind
 from gemc.sharding import make_shards
-from gemc.table_lookup import captured_sparse, lookup_paths
+from gemc.table_lookup import DENSE_GRAD, SPARSE, captured_sparse, cheaper_route, lookup_paths
 
 
 def table_lookup_paths(gm: fx.GraphModule) -> dict[str, str]:
     """Each table's lookup path as the runner will run the plan built from ``gm``
     (gemc.table_lookup's rule): its batched kernel groups, the tables' storage precisions
     (``gemc.placement``), the world size it was priced for, whether the plan has graph
-    kernels at all, and the lookups captured ``sparse=True``."""
+    kernels at all, the lookups captured ``sparse=True``, and, for a table that would run
+    ``DENSE_GRAD``, which of its two routes the cost model prices cheaper
+    (:func:`table_route_prices`; only once predict-time has set the pricing)."""
+    return _routes(gm)[0]
+
+
+def padded_ids(node: fx.Node) -> int:
+    """Ids an unpooled lookup reads from a padded grid (an id tensor of 2 or more dims,
+    [batch, length]: its padding repeats one id, kernels.hottest_row_ids); 0 otherwise. A
+    bag lookup's 2-D ids are fixed-size bags, not padding."""
+    facts = node.meta.get(ir.TABLE) or {}
+    if "embedding_bag" in str(node.target) or len(node.args) < 2:
+        return 0
+    shape = ir.shape_of(node.args[1]) if isinstance(node.args[1], fx.Node) else None
+    return int(facts.get("nnz", 0)) if shape is not None and len(shape) >= 2 else 0
+
+
+def padding_row(node: fx.Node) -> bool:
+    """A lookup op naming a padding row (``aten.embedding``'s 3rd argument, or
+    ``aten.embedding_bag``'s 9th, >= 0)."""
+    index = 8 if "embedding_bag" in str(node.target) else 2
+    value = node.args[index] if len(node.args) > index else node.kwargs.get("padding_idx")
+    return isinstance(value, int) and value >= 0
+
+
+def _table_costs(gm: fx.GraphModule) -> dict[str, TableCost]:
+    """Each table's TableCost on one rank as the graph looks it up (lookups summed)."""
+    out: dict[str, TableCost] = {}
+    for node in gm.graph.nodes:
+        facts = node.meta.get(ir.TABLE)
+        if facts is None:
+            continue
+        fqn = facts["fqn"]
+        old = out.get(fqn) or TableCost(fqn, int(facts["rows"]), int(facts["dim"]), 0,
+                                        int(facts["batch"]), pooled=facts["mode"] != "none",
+                                        lookups=0)
+        out[fqn] = replace(old, nnz=old.nnz + int(facts["nnz"]), lookups=old.lookups + 1,
+                           padded_nnz=old.padded_nnz + padded_ids(node),
+                           padding_row=old.padding_row or padding_row(node))
+    return out
+
+
+def table_route_prices(gm: fx.GraphModule, fqns: Iterable[str]) -> dict[str, dict[str, float]]:
+    """Milliseconds a step of each table in ``fqns`` costs on each route outside the
+    batched kernel on one rank (``{SPARSE: ms, DENSE_GRAD: ms}``: lookups, gradient,
+    the sparse optimizer's step; cost_model.step_model.shard_compute_s), at the GPU and
+    calibration predict-time priced the graph with. Empty before predict-time."""
+    pricing = gm.meta.get(ir.PRICING)
+    if not pricing or not fqns:
+        return {}
+    costs = _table_costs(gm)
+    optimizer = StepOptions.table_optimizer
+    return {f: {path: 1e3 * shard_compute_s(replace(costs[f], lookup=path, routed=True),
+                                            costs[f].rows,
+                                            costs[f].dim, 1, pricing["gpu"],
+                                            pricing["calibration"], optimizer)
+                for path in (SPARSE, DENSE_GRAD)}
+            for f in fqns if f in costs}
+
+
+def _routes(gm: fx.GraphModule) -> tuple[dict[str, str], dict[str, dict[str, float]], bool]:
+    """(table_lookup_paths, the route prices of the tables the cost model chose for,
+    whether the runner runs the captured graph: its SPARSE lookups are then routed)."""
     kinds: dict[str, str] = {}
     precision: dict[str, str] = {}
     members: dict[str, set[str]] = defaultdict(set)
@@ -52,14 +124,26 @@ def table_lookup_paths(gm: fx.GraphModule) -> dict[str, str]:
             members[str(gid)].add(fqn)
     batched = [fqns for gid, fqns in members.items() if kinds.get(gid) == "batched_embedding_bag"]
     world = int((gm.meta.get(ir.PRICING) or {}).get("world_size", 1))
-    return lookup_paths(precision, batched, world_size=world, graph_mode=graph_mode,
-                        captured_sparse={f for f, s in sparse.items() if s})
+    captured = {f for f, s in sparse.items() if s}
+    paths = lookup_paths(precision, batched, world_size=world, graph_mode=graph_mode,
+                         captured_sparse=captured)
+    prices = table_route_prices(gm, [f for f, p in paths.items() if p == DENSE_GRAD])
+    priced = {f for f, p in prices.items() if cheaper_route(p) == SPARSE}
+    if priced:
+        paths = lookup_paths(precision, batched, world_size=world, graph_mode=graph_mode,
+                             captured_sparse=captured, priced_sparse=priced)
+    return paths, prices, graph_mode
 
 
 def table_summaries(gm: fx.GraphModule, captured: Captured) -> list[dict[str, Any]]:
     """One entry per table FQN: size, lookups per batch, pooling, its placement, and the
-    path the runner looks it up on (``lookup``: table_lookup_paths)."""
-    paths = table_lookup_paths(gm)
+    path the runner looks it up on (``lookup``: table_lookup_paths), with both routes'
+    prices where the cost model chose between them (``route_ms``), and the ids read from
+    padded grids (``padded_nnz``)."""
+    paths, prices, graph_mode = _routes(gm)
+    world = int((gm.meta.get(ir.PRICING) or {}).get("world_size", 1))
+    # where each dense_grad lookup's table-sized gradient lands in the backward
+    alive = activation_profile(gm).alive_at_lookup if DENSE_GRAD in paths.values() else {}
     by_fqn: dict[str, dict[str, Any]] = {}
     for node in gm.graph.nodes:
         facts = node.meta.get(ir.TABLE)
@@ -83,6 +167,10 @@ def table_summaries(gm: fx.GraphModule, captured: Captured) -> list[dict[str, An
             },
         )
         entry["nnz"] += facts["nnz"]
+        entry["padded_nnz"] = entry.get("padded_nnz", 0) + padded_ids(node)
+        entry["padding_row"] = entry.get("padding_row", False) or padding_row(node)
+        if paths.get(fqn) == DENSE_GRAD and node.name in alive:
+            entry.setdefault("lookup_alive_bytes", []).append(int(alive[node.name]))
         entry["lookups"] += 1
         entry["predicted_ms"] += float(node.meta.get(ir.PREDICTED_MS, 0.0))
     tables = []
@@ -104,6 +192,12 @@ def table_summaries(gm: fx.GraphModule, captured: Captured) -> list[dict[str, An
         )
         entry["predicted_ms"] = round(entry["predicted_ms"], 6) if entry["predicted_ms"] else None
         entry["lookup"] = paths[fqn]
+        # a lookup called out of the compiled graph on one rank; on several ranks every
+        # rank calls every table's lookup, held or not, which a holder's price cannot say
+        # (those graph splits are not priced there)
+        entry["routed"] = graph_mode and world == 1 and paths[fqn] == SPARSE
+        if fqn in prices:
+            entry["route_ms"] = {k: round(v, 6) for k, v in prices[fqn].items()}
         tables.append(entry)
     return tables
 

@@ -119,31 +119,57 @@ DECLARED: tuple[KernelKind, ...] = (
                aten_formulation=True),
 )
 
-KINDS: Mapping[str, KernelKind] = MappingProxyType({k.name: k for k in DECLARED})
-"""The declared kinds by name, in declaration order."""
+_REGISTRY: dict[str, KernelKind] = {}
+
+KINDS: Mapping[str, KernelKind] = MappingProxyType(_REGISTRY)
+"""The declared kinds by name, the built-in ones (:data:`DECLARED`) first: a read-only view
+that follows :func:`declare`."""
+
+
+def declare(kind: KernelKind) -> KernelKind:
+    """Make a kind's declaration known to the core's readers (the plan validator, the cost
+    model, the runner's choice of graph mode): a kind from outside gemc, declared by
+    ``gemc.backends.triton.kinds.register`` with its implementation. A name already
+    declared is refused (two declarations of one kind would disagree)."""
+    if kind.name in _REGISTRY:
+        raise ValueError(f"kernel kind {kind.name} is already declared")
+    _REGISTRY[kind.name] = kind
+    return kind
+
+
+def forget(name: str) -> None:
+    """Forget a kind :func:`declare` added (a test's, after it ran); built-in ones stay."""
+    if any(k.name == name for k in DECLARED):
+        raise ValueError(f"kernel kind {name} is built in")
+    del _REGISTRY[name]
+
+
+for _kind in DECLARED:
+    declare(_kind)
 
 
 def graph_kinds() -> tuple[str, ...]:
-    """Names of the kinds the runner executes in graph mode (declaration order)."""
-    return tuple(k.name for k in DECLARED if k.mode == "graph")
+    """Names of the kinds the runner executes in graph mode (declaration order); the rest go
+    to the module-mode registry (``gemc.backends.torch.kernels``)."""
+    return tuple(k.name for k in KINDS.values() if k.mode == "graph")
 
 
 def generated_kinds() -> tuple[str, ...]:
     """Names of the kinds whose kernel competes with Inductor's code for its group."""
-    return tuple(k.name for k in DECLARED if k.generated)
+    return tuple(k.name for k in KINDS.values() if k.generated)
 
 
 def layout_kinds() -> tuple[str, ...]:
     """Names of the graph-mode kinds that are layouts, not calls replacing their nodes."""
-    return tuple(k.name for k in DECLARED if k.layout)
+    return tuple(k.name for k in KINDS.values() if k.layout)
 
 
 def unit_kinds() -> tuple[str, ...]:
     """Names of the graph-mode kinds that run as one call in place of their nodes."""
-    return tuple(k.name for k in DECLARED if k.mode == "graph" and not k.layout)
+    return tuple(k.name for k in KINDS.values() if k.mode == "graph" and not k.layout)
 
 
 def inductor_compiled_kinds() -> tuple[str, ...]:
     """Names of the kinds whose nodes Inductor compiles (:attr:`KernelKind.compiled_by_inductor`):
     the cost model prices them as fused code, every other kind as a gemc island."""
-    return tuple(k.name for k in DECLARED if k.compiled_by_inductor)
+    return tuple(k.name for k in KINDS.values() if k.compiled_by_inductor)

@@ -17,7 +17,7 @@ from gemc.dump import write_atomic
 from gemc.errors import PlanError
 from gemc.exchange_precision import EXCHANGE_PRECISIONS
 from gemc.kernel_kinds import KINDS
-from gemc.sharding import DENSE_STRATEGIES, SHARDINGS, TABLE_SHARDINGS
+from gemc.sharding import DENSE_STRATEGIES, SHARDINGS
 from gemc.table_precision import TABLE_PRECISIONS
 
 SCHEMA_VERSION = 1
@@ -266,11 +266,11 @@ def _validate_table(table: Any, where: str, world: int, source: str, fix: str) -
     for key in ("fqn", "rows", "dim", "sharding", "shards"):
         if key not in table:
             _fail(source, f"{where}.{key}", "is missing", fix)
-    if table["sharding"] not in TABLE_SHARDINGS:
+    if table["sharding"] not in SHARDINGS:
         _fail(
             source,
             f"{where}.sharding",
-            f"is {table['sharding']!r}, not one of {TABLE_SHARDINGS}",
+            f"is {table['sharding']!r}, not one of {tuple(SHARDINGS)}",
             fix,
         )
     if table.get("precision", "fp32") not in TABLE_PRECISIONS:

@@ -1,17 +1,19 @@
 """Table sharding types, one :class:`Sharding` object each: its shards, the shape each holder
-keeps, how its lookups communicate and how the solver places it.
+keeps, how its lookups communicate, and where the solver may place it.
 
 One object per type, in the core, used by the plan builder and the plan validator (the
 shards), the cost model (the shape a holder keeps, whether the table is replicated,
 whether a shard returns only its rows' share of an unpooled lookup), the solver (the
-placement shape of a candidate) and the runner (whether a table is a local replica), so
-no layer keeps a list of type names or an ``if`` per type of its own. A new type is one
-more entry in :data:`SHARDINGS`; see ``docs/architecture.md`` ("Where a new sharding type
-goes").
+candidate placements of a table of a given width on a given topology, and the placement
+shape of each) and the runner (whether a table is a local replica), so no layer keeps a
+list of type names or an ``if`` per type of its own. A new type is one more entry in
+:data:`DECLARED` (or, from outside gemc, :func:`register`); see ``docs/architecture.md``
+("Where a new sharding type goes").
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -27,6 +29,21 @@ PLACEMENTS = ("one_rank", "every_rank", "distinct_ranks", "one_host", "host_grid
 """Where the solver may put a type's ranks: one rank; every rank (nothing to place); ``k``
 ranks placed one by one; the GPUs of one host (consecutive ranks); ``c`` hosts of ``L``
 row shards each (``grid = (c, L)``)."""
+
+DISTINCT_RANK_COUNTS = (2, 4, 8)
+"""The rank counts a ``distinct_ranks`` candidate may take (at most the world)."""
+MIN_SHARD_DIM = 16
+"""A column split is offered only where every shard keeps at least this many columns (and
+the columns split evenly): narrower shards waste the lookup kernel's vector width."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One placement of a table the solver may price: over ``ranks`` ranks, and for a grid
+    its ``(column blocks, row shards per block)``."""
+
+    ranks: int
+    grid: tuple[int, int] | None = None
 
 
 def split_even(total: int, parts: int) -> list[tuple[int, int]]:
@@ -137,28 +154,81 @@ class Sharding:
             return grid[0], grid[1]
         return 1, world
 
+    def candidates(self, dim: int, hosts: int, gpus_per_host: int) -> tuple[Candidate, ...]:
+        """The placements the solver may offer a table ``dim`` columns wide on ``hosts``
+        hosts of ``gpus_per_host`` GPUs, by :attr:`placement`: one rank; every rank (more
+        than one); :data:`DISTINCT_RANK_COUNTS` ranks; one host, or a grid of ``c`` hosts of
+        ``gpus_per_host`` row shards each, on several hosts of several GPUs. A grid's ``c``
+        is the largest with ``round(sqrt(c * gpus_per_host)) == c``, the shape
+        :meth:`shard_shape` prices (8 hosts of 8 GPUs: 8 x 8). A column split keeps only the
+        counts that cut ``dim`` evenly into shards of at least :data:`MIN_SHARD_DIM`."""
+        world = hosts * gpus_per_host
+        several = hosts > 1 and gpus_per_host > 1
+        if self.placement == "one_rank":
+            found = [Candidate(1)]
+        elif self.placement == "every_rank":
+            found = [Candidate(world)] if world > 1 else []
+        elif self.placement == "distinct_ranks":
+            found = [Candidate(k) for k in DISTINCT_RANK_COUNTS if k <= world]
+        elif self.placement == "one_host":
+            found = [Candidate(gpus_per_host)] if several else []
+        else:
+            columns = [c for c in range(2, hosts + 1)
+                       if round(math.sqrt(c * gpus_per_host)) == c] if several else []
+            found = [Candidate(c * gpus_per_host, (c, gpus_per_host)) for c in columns[-1:]]
+        if self.split == "columns":
+            found = [c for c in found if dim % c.ranks == 0 and dim // c.ranks >= MIN_SHARD_DIM]
+        return tuple(found)
+
 
 DECLARED: tuple[Sharding, ...] = (
-    Sharding("data_parallel", "none", "every_rank", replicated=True),
     Sharding("table_wise", "none", "one_rank"),
     Sharding("row_wise", "rows", "every_rank"),
+    Sharding("data_parallel", "none", "every_rank", replicated=True),
     Sharding("column_wise", "columns", "distinct_ranks"),
     Sharding("table_row_wise", "rows", "one_host"),
     Sharding("grid", "grid", "host_grid"),
 )
+"""The built-in types. Their order is the order of the solver's candidates (part of its
+determinism: CP-SAT's variables and the greedy planner's ties follow it)."""
 
-SHARDINGS: Mapping[str, Sharding] = MappingProxyType({s.name: s for s in DECLARED})
-"""The sharding types by name, in declaration order."""
+TABLE_SHARDINGS = tuple(s.name for s in DECLARED)
+"""The built-in types' names."""
 
-TABLE_SHARDINGS = tuple(SHARDINGS)
-"""Their names (what a plan's ``tables[].sharding`` may be)."""
+_REGISTRY: dict[str, Sharding] = {}
+
+SHARDINGS: Mapping[str, Sharding] = MappingProxyType(_REGISTRY)
+"""The known types by name, in registration order (the built-in ones first): what a plan's
+``tables[].sharding`` may be, what the cost model prices and what the solver offers. A
+read-only view: it follows :func:`register`."""
+
+
+def register(new: Sharding) -> Sharding:
+    """Make a type known to every layer: the solver offers its candidates (after the
+    built-in ones'), the cost model prices it, the plan validator and the runner accept
+    it. A name already known is refused (two types of one name would disagree)."""
+    if new.name in _REGISTRY:
+        raise ValueError(f"sharding {new.name} is already registered")
+    _REGISTRY[new.name] = new
+    return new
+
+
+def unregister(name: str) -> None:
+    """Forget a registered type (a test's, after it ran); the built-in ones stay."""
+    if name in TABLE_SHARDINGS:
+        raise ValueError(f"sharding {name} is built in")
+    del _REGISTRY[name]
+
+
+for _declared in DECLARED:
+    register(_declared)
 
 
 def sharding(name: str) -> Sharding:
     """The type named ``name`` (a ValueError naming the known ones otherwise)."""
     found = SHARDINGS.get(name)
     if found is None:
-        raise ValueError(f"unknown sharding {name!r} (known: {', '.join(TABLE_SHARDINGS)})")
+        raise ValueError(f"unknown sharding {name!r} (known: {', '.join(SHARDINGS)})")
     return found
 
 

@@ -30,7 +30,11 @@ The rule (backends/torch/graph_mode.py calls this module for it): without graph 
 share one storage precision; but on several ranks, or when any table stored bf16/fp8 is
 left outside such an entry, no batched entry is applied and every lookup goes through the
 sharded tables (``SPARSE``). Otherwise an owned table is ``BATCHED`` and any other runs as
-captured (``DENSE_GRAD``, or ``SPARSE`` when captured sparse).
+captured (``DENSE_GRAD``, or ``SPARSE`` when captured sparse) — unless the cost model prices
+that table cheaper on ``SPARSE`` (both routes priced per table from what they execute,
+``cheaper_route``; the plan records the choice and both prices, the runner follows the
+plan): a table of few rows looked up by many ids pays a table-sized scan for little, one
+whose padded ids repeat one row pays the sparse coalesce's serial sum of its duplicates.
 """
 
 from __future__ import annotations
@@ -68,20 +72,34 @@ def batched_applied(owned: Collection[str], precision: Mapping[str, str], *,
 
 def lookup_paths(precision: Mapping[str, str], batched_entries: Iterable[Collection[str]], *,
                  world_size: int, graph_mode: bool,
-                 captured_sparse: Collection[str] = ()) -> dict[str, str]:
+                 captured_sparse: Collection[str] = (),
+                 priced_sparse: Collection[str] = ()) -> dict[str, str]:
     """Each table's path (fqn -> one of ``LOOKUP_PATHS``; see the module doc).
 
     ``precision``: every table of the plan, fqn -> storage precision. ``batched_entries``:
     the fqns of each ``batched_embedding_bag`` entry. ``graph_mode``: the plan has kernels
     the runner executes in the captured graph (and they are not switched off).
-    ``captured_sparse``: tables whose every captured lookup has ``sparse=True``."""
+    ``captured_sparse``: tables whose every captured lookup has ``sparse=True``.
+    ``priced_sparse``: tables the cost model priced cheaper on ``SPARSE`` than on
+    ``DENSE_GRAD`` (:func:`cheaper_route`; the plan records the choice, the runner
+    follows it); they run ``SPARSE`` where they would otherwise run ``DENSE_GRAD``."""
     if not graph_mode:
         return dict.fromkeys(precision, SPARSE)
     owned = owned_by_batched(batched_entries, precision)
     if not batched_applied(owned, precision, world_size=world_size):
         return dict.fromkeys(precision, SPARSE)
-    return {f: BATCHED if f in owned else SPARSE if f in captured_sparse else DENSE_GRAD
+    sparse = set(captured_sparse) | set(priced_sparse)
+    return {f: BATCHED if f in owned else SPARSE if f in sparse else DENSE_GRAD
             for f in precision}
+
+
+def cheaper_route(prices_ms: Mapping[str, float]) -> str:
+    """The route a table outside the batched kernel takes on one rank, given both routes'
+    prices (``{SPARSE: ms, DENSE_GRAD: ms}``): the cheaper; a tie keeps ``DENSE_GRAD``
+    (the route measured on the most models). Why priced per table: DIN's padded history
+    lookups ran 8x slower on ``SPARSE`` (318 against 41 ms a step), GEM's two unowned
+    tables 10% faster (56.4 against 62.7 ms): neither route wins everywhere."""
+    return SPARSE if prices_ms[SPARSE] < prices_ms[DENSE_GRAD] else DENSE_GRAD
 
 
 def captured_sparse(node: Any) -> bool:

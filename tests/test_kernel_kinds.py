@@ -20,7 +20,11 @@ from gemc.plan import validate_plan
 
 
 def test_names_are_unique_and_the_kinds_partition() -> None:
-    assert len(KINDS) == len(kernel_kinds.DECLARED)
+    assert tuple(KINDS.values()) == kernel_kinds.DECLARED
+    with pytest.raises(ValueError, match="kernel kind norm is already declared"):
+        kernel_kinds.declare(KernelKind("norm", ("a",)))
+    with pytest.raises(ValueError, match="kernel kind norm is built in"):
+        kernel_kinds.forget("norm")
     units, layouts = set(kernel_kinds.unit_kinds()), set(kernel_kinds.layout_kinds())
     assert not units & layouts
     assert units | layouts == set(kernel_kinds.graph_kinds())
@@ -39,7 +43,8 @@ def test_every_declared_graph_kind_has_one_implementation_and_nothing_else_has()
     assert all(kinds.unit(name) is None for name in kernel_kinds.layout_kinds())
     # the runner hands the graph kinds to graph mode, the rest to the module-mode registry,
     # where every declared module-mode kind must find its applier
-    assert graph_mode.GRAPH_KINDS == kernel_kinds.graph_kinds()
+    graph_mode.check_graph_mode([{"kind": k} for k in kernel_kinds.graph_kinds()],
+                                world_size=1, module_sites=[])
     module = {k.name for k in KINDS.values() if k.mode == "module"}
     assert module <= set(module_kernels.registered())
 
@@ -62,10 +67,8 @@ def test_an_implementation_that_lacks_a_layers_part_is_refused() -> None:
 
 
 def test_the_cost_model_prices_as_inductor_code_what_the_declarations_say() -> None:
-    from gemc.cost_model.inductor_fusion import INDUCTOR_KERNEL_KINDS
-
-    assert INDUCTOR_KERNEL_KINDS == {k.name for k in KINDS.values() if k.compiled_by_inductor}
-    assert {"transposed_linear", *kernel_kinds.generated_kinds()} == INDUCTOR_KERNEL_KINDS
+    compiled = set(kernel_kinds.inductor_compiled_kinds())
+    assert {"transposed_linear", *kernel_kinds.generated_kinds()} == compiled
 
 
 def test_the_kind_decides_the_default_choice(monkeypatch) -> None:
@@ -77,7 +80,6 @@ def test_the_kind_decides_the_default_choice(monkeypatch) -> None:
         lost = inductor_graph.default_choice(entry, {"x": {"choice": "inductor"}})
         # a measurement decides only where gemc's kernel competes with Inductor's code
         assert (won, lost) == (("gemc", "inductor") if kind.generated else ("gemc", "gemc"))
-    assert set(inductor_graph.GENERATED) == {k.name for k in KINDS.values() if k.generated}
 
 
 def test_a_declaration_that_contradicts_itself_is_refused() -> None:

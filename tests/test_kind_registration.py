@@ -1,24 +1,30 @@
 """A kernel kind registered from outside gemc (here, this file) flows through every layer:
 the plan builder writes its entry, the interpreter runs it and the emitter writes its
 call into the graph torch.compile compiles, each through the one ``KindImplementation``
-(gemc.backends.triton.kinds); values and gradients equal eager's."""
+(gemc.backends.triton.kinds); values and gradients equal eager's. Its declaration reaches
+the core's readers with it: the plan validator requires its fields, the cost model prices
+it as a gemc island, the runner sends it to graph mode."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
+from gemc.backends.torch import graph_mode
 from gemc.backends.triton import inductor_graph, kinds
 from gemc.backends.triton.graph_runner import GraphRunner
 from gemc.backends.triton.kinds import KindImplementation, named
+from gemc.cost_model.inductor_fusion import island_groups
 from torch import fx, nn
 
-from gemc import ir
+from gemc import ir, kernel_kinds
 from gemc.api import load_model, pass_context
 from gemc.capture import capture
+from gemc.errors import PlanError
 from gemc.kernel_kinds import KernelKind
 from gemc.pass_manager import PassManager
 from gemc.pipeline import annotation_passes
+from gemc.plan import validate_plan
 from gemc.plan_builder import kernel_entries
 from tests.fusion.helpers import eager_step, fresh_seed, params_of
 
@@ -132,3 +138,31 @@ def test_an_unregistered_kind_is_refused_by_name() -> None:
 def test_a_kind_is_registered_once(toy_kind) -> None:
     with pytest.raises(ValueError, match="toy_tanh is already registered"):
         kinds.register(TOY)
+
+
+def test_a_registered_kind_is_declared_to_the_core_readers(toy_kind) -> None:
+    gm, ctx, _, tanh = _marked()
+    assert kernel_kinds.KINDS["toy_tanh"] is TOY.kind
+    (entry,) = kernel_entries(gm, ctx)
+    # the runner executes it in graph mode (a kind it does not know it refuses by name)
+    graph_mode.check_graph_mode([entry], world_size=1, module_sites=[])
+    # the cost model prices its nodes as a gemc kernel, not as Inductor's fused code
+    assert island_groups(gm) == {"toy_tanh_0"}
+    # the plan validator requires the fields its declaration lists
+    plan = {"schema_version": 1, "gemc_version": "0", "planner": "default", "warnings": [],
+            "model": {"entrypoint": ENTRY, "args": {}, "fingerprint": "x"},
+            "topology": {}, "mesh": {"world_size": 1, "shape": [1]}, "regions": [],
+            "tables": [], "precision": [],
+            "predicted": {"step_ms": None, "mfu": None, "per_rank": None},
+            "kernels": [{k: v for k, v in entry.items() if k != "input"}]}
+    with pytest.raises(PlanError, match=r"kernels\[0\].input is missing"):
+        validate_plan(plan)
+
+
+def test_an_unregistered_kind_leaves_the_core_too() -> None:
+    kinds.register(TOY)
+    kinds.unregister("toy_tanh")
+    assert "toy_tanh" not in kernel_kinds.KINDS
+    with pytest.raises(PlanError, match="'toy_tanh', which the runner cannot execute"):
+        graph_mode.check_graph_mode([{"name": "t", "kind": "toy_tanh"}], world_size=1,
+                                    module_sites=[])

@@ -1,6 +1,7 @@
 """One object per table sharding type (gemc.sharding): the shards it cuts, the shape the cost
-model prices for each holder, its communication (replicated or exchanged) and the solver's
-placement shape agree with each other for every declared type."""
+model prices for each holder, its communication (replicated or exchanged), the solver's
+candidate placements and their placement shape agree with each other for every declared
+type."""
 
 from __future__ import annotations
 
@@ -8,7 +9,17 @@ import pytest
 from gemc.cost_model.memory import shard_shape
 from gemc.cost_model.types import TableCost
 
-from gemc.sharding import DECLARED, SHARDINGS, TABLE_SHARDINGS, Sharding, make_shards, sharding
+from gemc.sharding import (
+    DECLARED,
+    SHARDINGS,
+    TABLE_SHARDINGS,
+    Candidate,
+    Sharding,
+    make_shards,
+    register,
+    sharding,
+    unregister,
+)
 
 ROWS, DIM = 48, 24
 
@@ -63,8 +74,53 @@ def test_the_solvers_placement_shape_covers_the_candidates_ranks() -> None:
 def test_names_are_declared_once() -> None:
     assert TABLE_SHARDINGS == tuple(SHARDINGS) == tuple(s.name for s in DECLARED)
     assert [s.name for s in DECLARED if s.replicated] == ["data_parallel"]
-    with pytest.raises(ValueError, match="unknown sharding 'diagonal'.*known: data_parallel"):
+    with pytest.raises(ValueError, match="unknown sharding 'diagonal'.*known: table_wise"):
         make_shards("diagonal", [0], 4, 4)
+
+
+def _offered(hosts: int, local: int, dim: int = 64) -> list[tuple[str, int, object]]:
+    return [(s.name, c.ranks, c.grid) for s in DECLARED
+            for c in s.candidates(dim, hosts, local)]
+
+
+def test_each_type_offers_its_candidates_for_the_table_and_topology() -> None:
+    # one GPU: only the table on it
+    assert _offered(1, 1) == [("table_wise", 1, None)]
+    # one host of 8: every rank, and column splits that keep >= 16 whole columns
+    assert _offered(1, 8, dim=64) == [
+        ("table_wise", 1, None), ("row_wise", 8, None), ("data_parallel", 8, None),
+        ("column_wise", 2, None), ("column_wise", 4, None)]
+    assert [r for n, r, _ in _offered(1, 8, dim=128) if n == "column_wise"] == [2, 4, 8]
+    assert [r for n, r, _ in _offered(1, 8, dim=48) if n == "column_wise"] == [2]  # 48/4 = 12
+    # several hosts: one host's GPUs, and a grid whose shape the memory model prices
+    assert _offered(8, 8)[-2:] == [("table_row_wise", 8, None), ("grid", 64, (8, 8))]
+    assert ("grid", 16, (2, 8)) not in _offered(2, 8)  # round(sqrt(16)) = 4 column blocks
+    assert [(n, g) for n, _, g in _offered(4, 4) if n == "grid"] == [("grid", (4, 4))]
+    for hosts, local in ((1, 1), (1, 8), (2, 4), (8, 8), (3, 2)):
+        for s in DECLARED:
+            for c in s.candidates(64, hosts, local):
+                # the candidate's placement shape covers its ranks, and its shards tile
+                # the table as the cost model prices them
+                pieces, width = s.pieces_and_width(c.ranks, hosts * local, local, c.grid)
+                assert pieces * width == c.ranks, (s.name, c)
+                shards = s.shards(list(range(c.ranks)), 192, 64, c.grid)
+                expected = s.shard_shape(192, 64, c.ranks)
+                assert all((x["rows"], x["cols"]) == expected for x in shards), (s.name, c)
+    assert Candidate(4) == Candidate(4, None)
+
+
+def test_a_type_is_registered_once_and_built_in_ones_stay() -> None:
+    with pytest.raises(ValueError, match="sharding row_wise is already registered"):
+        register(Sharding("row_wise", "rows", "every_rank"))
+    with pytest.raises(ValueError, match="sharding grid is built in"):
+        unregister("grid")
+    toy = register(Sharding("toy_host_columns", "columns", "one_host"))
+    try:
+        assert SHARDINGS["toy_host_columns"] is toy and sharding("toy_host_columns") is toy
+        assert tuple(SHARDINGS)[-1] == "toy_host_columns"  # offered after the built-in ones
+    finally:
+        unregister("toy_host_columns")
+    assert tuple(SHARDINGS) == TABLE_SHARDINGS
 
 
 def test_a_declaration_that_contradicts_itself_is_refused() -> None:
@@ -87,3 +143,7 @@ def test_a_new_type_is_one_declaration() -> None:
     assert host_columns.shard_shape(ROWS, DIM, 4) == (ROWS, DIM / 4)
     assert host_columns.pieces_and_width(4, 16, 4) == (1, 4)
     assert not host_columns.replicated and not host_columns.row_split
+    # the solver's candidates: one host's GPUs, on several hosts, where the columns split
+    assert host_columns.candidates(DIM * 4, 4, 4) == (Candidate(4),)
+    assert host_columns.candidates(DIM, 4, 4) == ()  # 24 / 4 < 16 columns a shard
+    assert host_columns.candidates(DIM * 4, 1, 4) == ()  # one host: row_wise's place

@@ -146,6 +146,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--measure-kernels", action="store_true",
                    help="graph mode: on the first step, time each fused group's gemc kernel "
                    "against Inductor's code for it and keep the faster (in the run report)")
+    p.add_argument("--autotune", action="store_true",
+                   help="autotune gemc's hand-written kernels (jagged attention, embedding "
+                   "bag, jagged copies) over every launch config that fits in shared memory, "
+                   "and record the winners in the Triton cache dir for later runs; without "
+                   "it a kernel runs the recorded winner, else one heuristic config (the run "
+                   "report's kernel_tuning says which)")
     p.add_argument("--kernel-choices", metavar="FILE",
                    help="JSON {kernel name: {\"choice\": \"gemc\"|\"inductor\"}} (e.g. a run "
                    "report of --measure-kernels): per fused group, the choice to use, above "
@@ -193,6 +199,7 @@ def options_from_args(args: argparse.Namespace) -> Any:
         compile_modules=args.compile_modules,
         loss_every=args.loss_every,
         measure_kernels=args.measure_kernels,
+        autotune=args.autotune,
         kernel_choices=read_choices(args.kernel_choices),
         cache_dir=args.cache_dir,
         divergence=args.divergence,
@@ -349,6 +356,8 @@ def argv_of(args: argparse.Namespace) -> list[str]:
         out += ["--skip-kernels", ",".join(args.skip_kernels)]
     if args.measure_kernels:
         out.append("--measure-kernels")
+    if args.autotune:
+        out.append("--autotune")
     return out
 
 

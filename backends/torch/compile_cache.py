@@ -13,8 +13,9 @@ directory (``gemc-cache/`` next to the plan by default, ``--cache-dir DIR``, or
 * ``TRITON_CACHE_DIR`` = ``DIR/triton``: compiled Triton kernels, Inductor's and gemc's
   (Inductor puts its own under its cache dir only when this is unset);
 * ``TRITON_CACHE_AUTOTUNING=1``: ``triton.autotune`` keeps its timings in Triton's cache,
-  so gemc's own kernels (jagged attention, embedding bag, generated groups) do not
-  re-autotune in every run. Triton reads it when a kernel is defined, so it is set before
+  so gemc's generated groups and ``--autotune`` runs of its hand-written kernels do not
+  re-autotune in every run (without ``--autotune`` those run one recorded or heuristic
+  config, :mod:`gemc.backends.triton.config_choice`, whose record is kept here too). Triton reads it when a kernel is defined, so it is set before
   the run captures the model (which imports gemc's kernels).
 
 A variable the user set wins over gemc's directory (the report lists it under

@@ -23,7 +23,9 @@ like any other table, and the sparse optimizer skips those tables.
 A table no applied batched entry owns takes gemc.table_lookup's path (the rule the cost
 model prices by). On one rank an fp32 table captured ``sparse=False`` runs the graph's own
 lookup op (``DENSE_GRAD``: a table-sized gradient the sparse optimizer scans for the
-touched rows — measured 8x faster on the H200 than the sparse route, see that module);
+touched rows — measured 8x faster on the H200 than the sparse route for DIN, see that
+module) unless the plan chose ``SPARSE`` for it by price (``priced_sparse``: the plan's
+tables whose ``lookup`` is ``sparse``);
 every other such table (captured ``sparse=True``, stored bf16/fp8, several ranks) has its
 lookups call its :class:`ShardedEmbedding` (``SPARSE``: a lookup with ``sparse=True`` and
 the sparse optimizer's row update, as in module mode). A read of a routed table other than
@@ -69,7 +71,6 @@ from gemc.table_lookup import (
     owned_by_batched,
 )
 
-GRAPH_KINDS = graph_kinds()  # declared in gemc/kernel_kinds.py; the rest go to .kernels
 NO_KERNELS_FIX = "pass --no-kernels to run the ops the kernels replace, or compile without them"
 
 
@@ -88,12 +89,12 @@ def check_graph_mode(
     """Refuse kernels the runner cannot execute as the plan says (see the module doc)."""
     for i, entry in enumerate(kernels):
         kind = entry.get("kind") if isinstance(entry, dict) else None
-        if kind not in GRAPH_KINDS:
+        if kind not in graph_kinds():
             raise PlanError(
                 f"plan kernels[{i}] ({entry.get('name', '?') if isinstance(entry, dict) else entry}) "
                 f"has kind {kind!r}, which the runner cannot execute",
                 where=f"plan kernels[{i}]",
-                fix=f"known kinds: {', '.join(GRAPH_KINDS)}; {NO_KERNELS_FIX}",
+                fix=f"known kinds: {', '.join(graph_kinds())}; {NO_KERNELS_FIX}",
             )
     if not kernels:
         return
@@ -182,6 +183,7 @@ class GraphExecutor:
         compile_mode: str | None = None,
         measure: bool = False,
         recorded: dict[str, Any] | None = None,
+        priced_sparse: frozenset[str] = frozenset(),
     ) -> None:
         if executor not in EXECUTORS:
             raise PlanError(f"graph executor {executor!r} is not known",
@@ -253,7 +255,8 @@ class GraphExecutor:
                     sparse_read[fqn] = sparse_read[fqn] and captured_sparse(node)
         self.lookup_paths = lookup_paths(precision, batched, world_size=world_size,
                                          graph_mode=True,
-                                         captured_sparse={f for f, s in sparse_read.items() if s})
+                                         captured_sparse={f for f, s in sparse_read.items() if s},
+                                         priced_sparse=priced_sparse)
         sharded = {f: tables[f] for f, path in self.lookup_paths.items() if path == SPARSE}
         calls = _sharded_lookups(gm, sharded, world_size=world_size)
         for fqn in sharded:  # its lookups call the table; a rank without a shard has no weight

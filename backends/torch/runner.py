@@ -25,8 +25,8 @@ import json
 import os
 import time
 import warnings
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,12 +40,7 @@ from gemc.backends.torch.compile_cache import CompileCache, compile_cache
 from gemc.backends.torch.dense import apply_strategies, check_strategies
 from gemc.backends.torch.divergence import DivergenceGuard, load_reference, low_precision_sites
 from gemc.backends.torch.embedding import shard_tables
-from gemc.backends.torch.graph_mode import (
-    GRAPH_KINDS,
-    GraphExecutor,
-    check_graph_mode,
-    compile_backend,
-)
+from gemc.backends.torch.graph_mode import GraphExecutor, check_graph_mode, compile_backend
 from gemc.backends.torch.graph_precision import scope_module_precision
 from gemc.backends.torch.init import derive_seed
 from gemc.backends.torch.kernel_choices import check_choices, plan_choices
@@ -64,9 +59,11 @@ from gemc.backends.torch.table_prefetch import TablePrefetch
 
 from gemc.errors import GemcUserError, PlanError
 from gemc.exchange_precision import wire_of_plan
+from gemc.kernel_kinds import graph_kinds
 from gemc.plan import load_plan, validate_plan
 from gemc.sharding import SHARDINGS
 from gemc.spec import BATCH_SIZE_MISSING, BatchSizeWarning, batch_size_of
+from gemc.table_lookup import SPARSE
 
 EXIT_AFTER_STEP_ENV = "GEMC_RUN_EXIT_AFTER_STEP"
 """Test hook: ``os._exit`` right after this completed-step count (a killed run)."""
@@ -101,6 +98,8 @@ class RunOptions:
     # above the plan's recorded ones (.kernel_choices)
     kernel_choices: dict[str, Any] | None = None
     measure_kernels: bool = False  # measure each fused group against Inductor's code first
+    # autotune gemc's hand-written kernels (--autotune); off: a recorded or heuristic config
+    autotune: bool = False
     # read the loss (a host sync) every N steps, 1: every step (each step timed alone);
     # N > 1: the losses stay on the device in between and a step's time is its block's mean
     loss_every: int = 1
@@ -267,11 +266,52 @@ def run(plan_or_path: str | Path | dict[str, Any], options: RunOptions | None = 
     try:
         # before the capture, which imports gemc's kernels (their autotuners read the env)
         with (compile_cache(opts.cache_dir, plan_dir) if _compiles(plan, opts, device, world)
-              else nullcontext()) as cache:
+              else nullcontext()) as cache, _autotuning(opts.autotune):
             return _run(plan, plan_path, plan_dir, opts, world, device, cache)
     finally:
         if created_pg and dist.is_initialized():
             dist.destroy_process_group()
+
+
+@contextmanager
+def _autotuning(on: bool) -> Iterator[None]:
+    """``--autotune``: gemc's kernels autotune in this run (config_choice reads the variable
+    at each launch; imported only when asked, after the compile cache's variables are set)."""
+    if not on:
+        yield
+        return
+    from gemc.backends.triton.config_choice import AUTOTUNE_ENV
+
+    before = os.environ.get(AUTOTUNE_ENV)
+    os.environ[AUTOTUNE_ENV] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(AUTOTUNE_ENV, None)
+        else:
+            os.environ[AUTOTUNE_ENV] = before
+
+
+def _kernel_tuning(rank: int) -> dict[str, Any] | None:
+    """The run report's ``kernel_tuning`` (see config_choice.report), after recording what
+    this run autotuned; None when no gemc kernel with several configs was imported. A
+    heuristic config is said on stderr too: it is not a measured one."""
+    import sys
+
+    if "gemc.backends.triton.config_choice" not in sys.modules:
+        return None
+    from gemc.backends.triton import config_choice
+
+    config_choice.record_tuned()
+    tuning = config_choice.report()
+    guessed = sorted(n for n, keys in tuning.items()
+                     if any(v["source"] == "heuristic" for v in keys.values()))
+    if guessed and rank == 0:
+        print(f"gemc: {len(guessed)} kernel(s) ran a heuristic launch config, not an "
+              f"autotuned one ({', '.join(guessed)}); gemc run --autotune tunes them and "
+              "records the winners for later runs", file=sys.stderr)
+    return tuning
 
 
 def _compiles(plan: dict[str, Any], opts: RunOptions, device: torch.device, world: World
@@ -279,7 +319,7 @@ def _compiles(plan: dict[str, Any], opts: RunOptions, device: torch.device, worl
     """Whether the run compiles anything (so it wants the compile cache): graph mode, whose
     kernels autotune even under the interpreter executor, or module mode compiled."""
     kernels = plan["kernels"] if opts.kernels else []
-    if any(isinstance(k, dict) and k.get("kind") in GRAPH_KINDS for k in kernels):
+    if any(isinstance(k, dict) and k.get("kind") in graph_kinds() for k in kernels):
         return True
     return _compile_module_mode(opts, device, world.world_size)
 
@@ -315,7 +355,7 @@ def _run(
     kernels = kept_kernels(plan, opts.skip_kernels) if opts.kernels else []
     if opts.kernel_choices:
         check_choices(opts.kernel_choices, plan["kernels"], "gemc run --kernel-choices")
-    graph_kernels = [k for k in kernels if isinstance(k, dict) and k.get("kind") in GRAPH_KINDS]
+    graph_kernels = [k for k in kernels if isinstance(k, dict) and k.get("kind") in graph_kinds()]
     captured = check_fingerprint(plan, spec, rank=rank, world_size=wsize,
                                  every_rank=bool(graph_kernels))
     model = spec.model
@@ -340,7 +380,7 @@ def _run(
     kernel_registry.import_modules(opts.kernel_modules)
     applied_kernels = kernel_registry.apply(
         model,
-        [k for k in kernels if not (isinstance(k, dict) and k.get("kind") in GRAPH_KINDS)],
+        [k for k in kernels if not (isinstance(k, dict) and k.get("kind") in graph_kinds())],
         kernel_registry.KernelContext(
             device=device.type,
             rank=rank,
@@ -406,6 +446,8 @@ def _run(
             compile_mode=opts.compile_mode,
             measure=opts.measure_kernels,
             recorded=plan_choices(graph_kernels),
+            priced_sparse=frozenset(str(t["fqn"]) for t in plan["tables"]
+                                    if t.get("lookup") == SPARSE),
         )
         applied_kernels += [str(k.get("name", k["kind"])) for k in graph_kernels
                             if str(k.get("name")) not in forward.not_applied]
@@ -534,6 +576,8 @@ def _run(
     report["first_step_s"] = (metrics.records[0].ms / 1e3 if metrics.records and start == 0
                               else None)
     report["compile_cache"] = cache.report() if cache is not None else None
+    # per hand-written kernel and key: the launch config and whether it was autotuned
+    report["kernel_tuning"] = _kernel_tuning(rank)
     if isinstance(forward, GraphExecutor):
         report["graph_executor"] = {
             "executor": forward.executor,
@@ -547,6 +591,10 @@ def _run(
             "not_applied": list(forward.not_applied),
             # fqn -> "batched" / "sparse" (gemc.table_lookup): the code each table ran on
             "table_lookups": dict(sorted(forward.lookup_paths.items())),
+            # fqn -> both routes' predicted ms, where the plan chose by price
+            # (gemc.table_lookup.cheaper_route): set a measured run against them
+            "table_route_ms": {str(t["fqn"]): t["route_ms"] for t in plan["tables"]
+                               if isinstance(t.get("route_ms"), dict)},
             # gathers from small tables whose backward adds up per block (no per-id atomics)
             "contended_gathers": forward.gathers,
             # one compiled graph per guarded regions' outcome (packed at a bucketed token

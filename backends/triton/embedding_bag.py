@@ -66,6 +66,8 @@ from torch import nn
 
 from gemc.table_precision import check_precision, dequantize_rows, quantize_rows, storage_dtype
 
+from . import config_choice
+from .config_choice import Preferred, Tiles
 from .runtime import (
     autotune_configs,
     check_launchable,
@@ -145,7 +147,19 @@ def _store_rounded(ptr, row_scale, key, offs, mask, w, seed, STORAGE: tl.constex
         tl.store(row_scale + key, scale)
 
 
-@triton.autotune(configs=_FWD_CONFIGS, key=["BLOCK_D", "MEAN", "HAS_WEIGHTS", "STORAGE"])
+def _gather_tiles(cfg: triton.Config, args: dict) -> Tiles:
+    """One [BLOCK_L, BLOCK_D] fp32 gather tile in flight per stage (far below any limit)."""
+    return Tiles(streamed=cfg.kwargs["BLOCK_L"] * int(args.get("BLOCK_D", 128)) * 4)
+
+
+def _gather_prefer(args: dict) -> list[Preferred]:
+    """The H200's pick for the GEM example's bags (issue 16's first-step log)."""
+    return [({"BLOCK_L": 8}, 1, None)]
+
+
+@config_choice.autotune(_FWD_CONFIGS, ["BLOCK_D", "MEAN", "HAS_WEIGHTS", "STORAGE"],
+                        name="embedding_bag._pooled_forward_kernel", tiles=_gather_tiles,
+                        prefer=_gather_prefer)
 @triton.jit
 def _pooled_forward_kernel(
     weights, row_scale, ids, offsets, per_sample_weights, weight_offset, row_base, table_dim,

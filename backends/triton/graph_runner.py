@@ -14,9 +14,10 @@ running
   :func:`.key_padding_attention.key_padding_attention` (it checks at run time that the mask
   is a prefix, and falls back to the padded attention when it is not); each
   ``jagged_silu_attention`` entry (HSTU's formula, all its nodes) likewise, as one call of
-  :func:`.key_padding_attention.key_padding_silu_attention`,
-* each ``jagged_query_attention`` entry (padded history queries over dense keys) as
-  :func:`query_attention`: the custom op over the real query rows,
+  :func:`.key_padding_attention.key_padding_silu_attention`; each
+  ``jagged_query_attention`` entry (padded history queries over dense keys) as the custom
+  op over the real query rows (these three guarded attentions' calls are their kind's
+  ``run``, in ``kinds/attention.py``),
 * each ``batched_embedding_bag`` entry as one :class:`BatchedEmbeddingBag` lookup whose
   backward updates the tables in place (the optimizer is fused: no table gradient exists),
 
@@ -85,58 +86,6 @@ def _rank(node: fx.Node) -> int:
 def _param_fqn(node: fx.Node) -> str | None:
     return node.meta.get("gemc.param")
 
-
-
-def silu_attention_of_entry(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                            keys: torch.Tensor, bias: torch.Tensor | None,
-                            entry: Mapping[str, Any]) -> torch.Tensor:
-    """A ``jagged_silu_attention`` entry's call: q, k, v permuted to ``[B, H, L, D]`` (the
-    model's einsum may hold them ``[B, L, H, D]``); with the key mask the entry names, the
-    checked kernel; when the keys' padding is implicit in values zero-padded over offsets
-    (a prefix by construction), ``gemc::padded_silu_attention`` on those offsets' lengths;
-    the result permuted back to the model's output layout."""
-    from .key_padding_attention import key_padding_silu_attention
-
-    def canonical(x: torch.Tensor, name: str) -> torch.Tensor:
-        perm = entry.get(name)
-        return x.permute(*perm) if perm else x
-
-    q, k, v = canonical(q, "q_perm"), canonical(k, "k_perm"), canonical(v, "v_perm")
-    if entry.get("mask"):  # a mask given as data: checked (one host read), exact fallback
-        out = key_padding_silu_attention(q, k, v, keys, entry["norm"], entry["scale"],
-                                         entry["causal"], entry["query_mask"], bias)
-    else:  # the offsets' prefix, proved by the graph: one static-shaped op, no host read
-        from . import ops  # noqa: F401  (registers the gemc:: ops)
-        out = torch.ops.gemc.padded_silu_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), keys, bias,
-            int(entry["norm"]), float(entry["scale"]), bool(entry["causal"])).transpose(1, 2)
-    perm = entry.get("out_perm")
-    return out.permute(*perm) if perm else out
-
-def query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                    lengths_from: torch.Tensor, from_mask: bool, clamp_min: int,
-                    scale: float | None) -> torch.Tensor:
-    """A ``jagged_query_attention`` entry's call (both runners): the query lengths from
-    the entry's bool keep mask (checked per row on the device: ``gemc::query_prefix_lengths``)
-    or its offsets (clamped as the model's mask clamps them), then the custom op. Traceable:
-    no host read, static shapes."""
-    from . import ops  # noqa: F401  (registers the gemc:: ops)
-    from .jagged_query_attention import offsets_query_lengths
-
-    if from_mask:
-        lengths = torch.ops.gemc.query_prefix_lengths(lengths_from)
-    else:
-        lengths = offsets_query_lengths(lengths_from, clamp_min, q.shape[2])
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    out, _ = torch.ops.gemc.jagged_query_attention(q, k, v, lengths, scale)
-    return out
-
-
-def query_attention_args(entry: Mapping[str, Any]) -> tuple[str, bool, int, float | None]:
-    """``(lengths source name, from_mask, clamp_min, scale)`` of a query-padded entry."""
-    from_mask = bool(entry.get("mask"))
-    return (entry["mask"] if from_mask else entry["offsets"], from_mask,
-            int(entry.get("clamp_min") or 0), entry.get("scale"))
 
 
 class GraphRunner:
@@ -573,40 +522,6 @@ class GraphRunner:
     def _run_jagged_attention(self, unit: dict[str, Any], env: dict[fx.Node, Any]) -> None:
         value, is_packed = self._jagged_attention(unit["entry"], env, self.by_name)
         self._store(unit["nodes"][0], value, env, is_packed)
-
-    def _run_key_padding_attention(self, unit: dict[str, Any],
-                                   env: dict[fx.Node, Any]) -> None:
-        # self-contained op: checks the mask is a prefix and falls back itself
-        from .key_padding_attention import key_padding_attention
-
-        entry = unit["entry"]
-        by_name = self.by_name
-        q, k, v, mask = (self._padded(by_name[entry[x]], env) for x in ("q", "k", "v", "mask"))
-        if entry.get("merged_heads"):  # [B*H, L, d] operands (MultiheadAttention)
-            q, k, v = (x.unflatten(0, (mask.shape[0], -1)) for x in (q, k, v))
-        out = key_padding_attention(q, k, v, mask, entry["scale"], entry["causal"],
-                                    entry["additive"], entry["zero_padding_queries"],
-                                    entry.get("nan_if_empty", False))
-        if entry.get("merged_heads"):
-            out = out.flatten(0, 1)
-        self._store(by_name[entry.get("output", unit["nodes"][0].name)], out, env, False)
-
-    def _run_query_attention(self, unit: dict[str, Any], env: dict[fx.Node, Any]) -> None:
-        entry = unit["entry"]
-        source, from_mask, clamp_min, scale = query_attention_args(entry)
-        q, k, v, lengths_from = (self._padded(self.by_name[x], env) for x in (
-            entry["q"], entry["k"], entry["v"], source))
-        out = query_attention(q, k, v, lengths_from, from_mask, clamp_min, scale)
-        self._store(self.by_name[entry["output"]], out, env, False)
-
-    def _run_silu_attention(self, unit: dict[str, Any], env: dict[fx.Node, Any]) -> None:
-        entry = unit["entry"]
-        by_name = self.by_name
-        q, k, v, keys = (self._padded(by_name[entry[x]], env) for x in (
-            "q", "k", "v", "mask" if entry.get("mask") else "offsets"))
-        bias = self._padded(by_name[entry["bias"]], env) if entry.get("bias") else None
-        out = silu_attention_of_entry(q, k, v, keys, bias, entry)
-        self._store(by_name[entry["output"]], out, env, False)
 
     def _run_embeddings(self, unit: dict[str, Any], env: dict[fx.Node, Any]) -> None:
         self._embeddings(unit["entry"], env, self.by_name)

@@ -16,6 +16,10 @@ execute one plan identically) are *emitted* into a new FX graph instead:
 * ``jagged_query_attention`` -> ``gemc::jagged_query_attention`` on the padded q and the
   dense k, v, its query lengths from offsets (ATen ops) or ``gemc::query_prefix_lengths``
   of the mask (the per-row guard, on the device: no host read, so no graph break);
+  ``key_padding_attention`` and ``jagged_silu_attention`` -> one eager island each
+  (:meth:`Emitter.eager`: their check reads the host), or, for a key-padding attention
+  under the mask of a guarded region this graph runs packed, the packed attention (these
+  three are their kind's ``emit``, in ``kinds/attention.py``);
 * ``batched_embedding_bag`` -> the flat offsets (ATen ops) and one ``gemc::embedding_bag``;
 * ``transposed_linear`` -> its ATen formulation (a batched GEMM reading ``x`` in place);
 * every other node -> its op (``device=`` arguments captured on meta point at the run's
@@ -50,28 +54,18 @@ import torch
 from torch import fx, nn
 
 from gemc import ir
-from gemc.kernel_kinds import KINDS, generated_kinds
+from gemc.kernel_kinds import KINDS
 
 from . import kinds as registry
 from . import ops as gemc_ops
 from . import packed_tokens
 from .codegen.host import make_runner
-from .graph_runner import (
-    _SKIP,
-    GraphRunner,
-    _rank,
-    query_attention,
-    query_attention_args,
-    silu_attention_of_entry,
-)
+from .graph_runner import _SKIP, GraphRunner, _rank
 from .packed_tokens import TokenLayout
 
 __all__ = ["CHOICE_ENV", "Built", "Emitter", "build", "choice_and_source", "default_choice",
            "measure_groups", "runner_for"]
 
-GENERATED = generated_kinds()
-"""Kinds where a gemc kernel and Inductor's code compete for the same subgraph
-(declared in gemc/kernel_kinds.py)."""
 CHOICE_ENV = "GEMC_GROUP_CHOICE"
 """``gemc`` / ``inductor`` forces every generated group's choice (A/B runs); unset or
 ``auto``: the measured choice where there is one, else Inductor."""
@@ -103,6 +97,10 @@ def choice_and_source(entry: dict[str, Any], measured: Mapping[str, Any] | None 
     if isinstance(rec, Mapping) and rec.get("choice") in ("gemc", "inductor"):
         return str(rec["choice"]), str(rec.get("source", "recorded"))
     return kind.default_choice, "default"
+
+
+_ISLANDS: dict[Callable[..., Any], Callable[..., Any]] = {}
+"""A kind's eager-island call -> its ``torch._dynamo.disable`` wrapper (one per function)."""
 
 
 @dataclass
@@ -155,32 +153,6 @@ def _call_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: 
         scale = q.shape[-1] ** -0.5
     out, _ = torch.ops.gemc.jagged_attention(q, k, v, offsets, clamp_min, max_len, scale)
     return out.transpose(1, 2)
-
-
-@torch._dynamo.disable
-def _call_key_padding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                                mask: torch.Tensor, entry: dict[str, Any]) -> torch.Tensor:
-    """A guarded key-padding attention (its mask is checked at run time and the op picks
-    the jagged, compacted or padded path itself). Why outside Inductor's graph: the check
-    reads three integers on the host and the path's kernels differ in shape, so Dynamo
-    would break the graph inside it anyway; as one eager island the rest compiles whole."""
-    from .key_padding_attention import key_padding_attention
-
-    merged = bool(entry.get("merged_heads"))
-    if merged:  # [B*H, L, d] operands (nn.MultiheadAttention's layout)
-        q, k, v = (x.unflatten(0, (mask.shape[0], -1)) for x in (q, k, v))
-    out = key_padding_attention(q, k, v, mask, entry["scale"], entry["causal"],
-                                entry["additive"], entry["zero_padding_queries"],
-                                entry.get("nan_if_empty", False))
-    return out.flatten(0, 1) if merged else out
-
-
-@torch._dynamo.disable
-def _call_silu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                         mask: torch.Tensor, bias: torch.Tensor | None,
-                         entry: dict[str, Any]) -> torch.Tensor:
-    """HSTU's guarded pointwise attention: an eager island for the same reason."""
-    return silu_attention_of_entry(q, k, v, mask, bias, entry)
 
 
 @torch._dynamo.disable
@@ -403,6 +375,38 @@ class Emitter:
         """A kind's padded result for graph node ``name`` (gathered if the node is packed)."""
         self.store(self.r.by_name[name], value, False)
 
+    def eager(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> fx.Node:
+        """A call of ``fn`` that Dynamo leaves to eager code (``torch._dynamo.disable``): a
+        kind's call whose run-time check reads the host (a guarded attention) would break
+        the graph inside it anyway; as one eager island the rest compiles whole."""
+        island = _ISLANDS.get(fn)
+        if island is None:
+            island = _ISLANDS[fn] = torch._dynamo.disable(fn)
+        return self.call(island, args)
+
+    def packed_guarded_region(self, name: str) -> dict[str, Any] | None:
+        """The guarded region graph node ``name`` is in, when this graph runs that region
+        packed (its check, ahead of the graph, passed: ``build(guards=...)``); else None."""
+        region = self.r.region_of.get(self.r.by_name[name])
+        if region is None or str(region.get("name")) not in self.guarded:
+            return None
+        return region
+
+    def packed_attention(self, qkv: Sequence[str], out: str, scale: float | None,
+                         causal: bool | None = None) -> bool:
+        """Jagged attention on packed region values in place (``gemc::jagged_attention_values``,
+        no conversion) when q, k, v and the output ``out`` (graph node names) all are in a
+        region this graph runs packed; returns whether it applied (nothing is emitted
+        otherwise)."""
+        nodes = [self.r.by_name[name] for name in (*qkv, out)]
+        if not all(n in self.packed for n in nodes):
+            return False
+        *inputs, node = nodes
+        dims = tuple(self.packed[n] for n in nodes)
+        args = (*(self.env[n] for n in inputs), dims, *self.region(node), scale)
+        self.env[node] = self.call(_p_attention, args if causal is None else (*args, causal))
+        return True
+
     def store(self, node: fx.Node, value: Any, is_packed: bool) -> None:
         if node in self.packed and not is_packed:
             value = self.call(_p_gather, (value, self.packed[node], _rank(node),
@@ -521,67 +525,6 @@ class Emitter:
             raise ValueError(f"unknown kernel kind {kind!r}")
         implementation.emit(self, unit)
 
-    def key_padding_attention(self, unit: dict[str, Any]) -> None:
-        entry = unit["entry"]
-        if self.checked_attention(entry):
-            return
-        q, k, v, mask = self.attention_operands(entry)
-        value = self.call(_call_key_padding_attention, (q, k, v, mask, entry))
-        self.store(self.r.by_name[entry.get("output", unit["nodes"][0].name)], value, False)
-
-    def query_attention(self, unit: dict[str, Any]) -> None:
-        entry = unit["entry"]
-        source, from_mask, clamp_min, scale = query_attention_args(entry)
-        q, k, v, lengths_from = (self.padded(self.r.by_name[x]) for x in (
-            entry["q"], entry["k"], entry["v"], source))
-        value = self.call(query_attention, (q, k, v, lengths_from, from_mask, clamp_min,
-                                            scale))
-        self.store(self.r.by_name[entry["output"]], value, False)
-
-    def silu_attention(self, unit: dict[str, Any]) -> None:
-        entry = unit["entry"]
-        by_name = self.r.by_name
-        q, k, v, mask = self.attention_operands(entry)
-        bias = self.padded(by_name[entry["bias"]]) if entry.get("bias") else None
-        value = self.call(_call_silu_attention, (q, k, v, mask, bias, entry))
-        self.store(by_name[entry["output"]], value, False)
-
-    def checked_attention(self, entry: dict[str, Any]) -> bool:
-        """A guarded self-attention inside a guarded region this graph runs packed, under
-        the very mask the region's check read (same node, same additive rule), or one the
-        pass proved keeps the same keys (the region's ``in_place``: e.g. the additive mask
-        ``nn.MultiheadAttention`` fills from the keep-mask the region checks): that check,
-        ahead of the graph, found the kept tokens' layout (a prefix, or in a compact region
-        any kept positions, in order), so the attention's own check would take its jagged
-        or compacted path over the same offsets. It runs that path here, on the region's
-        values in place (``[1, H, T, D]``, or ``[H, T, D]`` with the heads in the batch
-        dim): no scatter and gather around it, no second check, no host read (the region's
-        check is counted in ``packed_tokens.GUARD_STATS``, not the attention's ``STATS``).
-        An attention NaN on a row with no kept key runs here only in an ``every_row`` region
-        (packed only with a kept key on every row). Returns whether it applied."""
-        by_name = self.r.by_name
-        out = by_name[entry.get("output", entry["nodes"][0])]
-        qkv = [by_name[entry[x]] for x in ("q", "k", "v")]
-        region = self.r.region_of.get(out)
-        if region is None or str(region.get("name")) not in self.guarded \
-                or not all(n in self.packed for n in (*qkv, out)):
-            return False  # (its queries packed: a self-attention over the region's tokens)
-        same = (entry.get("mask") == region["mask"]
-                and bool(entry.get("additive")) == bool(region.get("additive"))) \
-            or out.name in region.get("in_place", ())
-        if not same or (entry.get("nan_if_empty") and not region.get("every_row")):
-            return False  # (every_row: packed only with a kept key on every row: no NaN)
-        dims = tuple(self.packed[n] for n in (*qkv, out))
-        self.env[out] = self.call(_p_attention, (*(self.env[n] for n in qkv), dims,
-                                                 *self.region(out), entry["scale"],
-                                                 bool(entry.get("causal"))))
-        return True
-
-    def attention_operands(self, entry: dict[str, Any]) -> list[Any]:
-        """A guarded attention's q, k, v and its mask (or the offsets it derives one from)."""
-        return [self.padded(self.r.by_name[entry[x]]) for x in (
-            "q", "k", "v", "mask" if entry.get("mask") else "offsets")]
-
     def embeddings(self, unit: dict[str, Any]) -> None:
         entry = unit["entry"]
         name = str(entry.get("name"))
@@ -635,13 +578,10 @@ class Emitter:
         entry = unit["entry"]
         by_name = self.r.by_name
         node = unit["nodes"][0]
-        qkv = [by_name[entry[x]] for x in ("q", "k", "v")]
-        if node in self.packed and all(n in self.packed for n in qkv):
-            dims = tuple(self.packed[n] for n in (*qkv, node))
-            self.env[node] = self.call(_p_attention, (*(self.env[n] for n in qkv), dims,
-                                                      *self.region(node), entry["scale"]))
+        if self.packed_attention([entry[x] for x in ("q", "k", "v")], node.name,
+                                 entry["scale"]):
             return
-        q, k, v = (self.padded(n) for n in qkv)
+        q, k, v = (self.padded(by_name[entry[x]]) for x in ("q", "k", "v"))
         value = self.call(_call_attention, (q, k, v, self.env[by_name[entry["offsets"]]],
                                             int(entry["clamp_min"]), int(entry["max_len"]),
                                             entry["scale"]))

@@ -28,6 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import config_choice
+from .config_choice import Tiles
 from .runtime import autotune_configs, check_launchable, check_offsets, next_pow2
 
 __all__ = [
@@ -50,7 +52,12 @@ _COPY_CONFIGS = autotune_configs(
 )
 
 
-@triton.autotune(configs=_COPY_CONFIGS, key=["D"])
+def _copy_tiles(cfg: triton.Config, args: dict) -> Tiles:
+    """A copy stages at most one [BLOCK_R, BLOCK_D] tile (fp32 at the widest)."""
+    return Tiles(streamed=cfg.kwargs["BLOCK_R"] * cfg.kwargs["BLOCK_D"] * 4)
+
+
+@config_choice.autotune(_COPY_CONFIGS, ["D"], name="jagged._jagged_to_padded_kernel", tiles=_copy_tiles)
 @triton.jit
 def _jagged_to_padded_kernel(
     values, offsets_ptr, padded, max_len, D, stride_v, stride_pb, stride_pl, pad_value,
@@ -83,7 +90,7 @@ def _sequence_of_rows(offsets_ptr, rows, batch, SEARCH_STEPS: tl.constexpr):
     return lo
 
 
-@triton.autotune(configs=_COPY_CONFIGS, key=["D"])
+@config_choice.autotune(_COPY_CONFIGS, ["D"], name="jagged._padded_to_jagged_kernel", tiles=_copy_tiles)
 @triton.jit
 def _padded_to_jagged_kernel(
     padded, offsets_ptr, values, total_len, batch, max_len, D, stride_v, stride_pb, stride_pl,

@@ -49,6 +49,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import config_choice
+from .config_choice import Preferred, Tiles
 from .jagged import jagged_to_padded_reference, padded_to_jagged_reference
 from .runtime import (
     MIN_DOT,
@@ -89,6 +91,57 @@ _BWD_Q_CONFIGS = autotune_configs(
     _cfg(MIN_DOT, MIN_DOT, 1, 1),
 )
 _TUNE_KEY = ["HEAD_DIM", "CAUSAL", "SILU"]
+
+
+# Shared memory per config (config_choice.shared_memory_bytes): the loop's operand tiles are
+# streamed (k, v and the bias tile in the forward and dq kernels; q, dO, the bias and the
+# row statistics in the dk/dv kernel), the program's own rows stay resident, and score
+# tiles (one fp32 tile in the forward, p and ds in the backward) go through a conversion.
+def _sizes(cfg: triton.Config, args: dict) -> tuple[int, int, int, int, int]:
+    q = args.get("Q")
+    e = q.element_size() if isinstance(q, torch.Tensor) else 2
+    bias = args.get("BIAS")
+    eb = (bias.element_size() if isinstance(bias, torch.Tensor) else 4) \
+        if args.get("HAS_BIAS") else 0
+    return cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"], int(args.get("BLOCK_D", 64)), e, eb
+
+
+def _fwd_tiles(cfg: triton.Config, args: dict) -> Tiles:
+    bm, bn, d, e, eb = _sizes(cfg, args)
+    return Tiles(streamed=2 * bn * d * e + bm * bn * eb, resident=bm * d * e, scratch=bm * bn * 4)
+
+
+def _dq_tiles(cfg: triton.Config, args: dict) -> Tiles:
+    bm, bn, d, e, eb = _sizes(cfg, args)
+    return Tiles(streamed=2 * bn * d * e + bm * bn * eb, resident=2 * bm * d * e,
+                 scratch=2 * bm * bn * 4)
+
+
+def _dkdv_tiles(cfg: triton.Config, args: dict) -> Tiles:
+    bm, bn, d, e, eb = _sizes(cfg, args)
+    stats = 0 if args.get("SILU") else 2 * bm * 4
+    return Tiles(streamed=2 * bm * d * e + bm * bn * eb + stats, resident=2 * bn * d * e,
+                 scratch=2 * bm * bn * 4)
+
+
+# The cold first step's configs (no autotuning): what the H200 picked in bf16 (issue 16's
+# first-step log), head dim 64 (the GEM example) and 128 (HSTU, with a bias).
+def _pick(block_m: int, block_n: int, warps: int, stages: int) -> Preferred:
+    return {"BLOCK_M": block_m, "BLOCK_N": block_n}, warps, stages
+
+
+def _fwd_prefer(args: dict) -> list[Preferred]:
+    return [_pick(64, 64, 4, 4)] if int(args.get("BLOCK_D", 64)) <= 64 else \
+        [_pick(128, 64, 8, 3), _pick(64, 64, 4, 4)]
+
+
+def _dq_prefer(args: dict) -> list[Preferred]:
+    return [_pick(64, 32, 4, 4)]
+
+
+def _dkdv_prefer(args: dict) -> list[Preferred]:
+    return [_pick(64, 64, 4, 3)] if int(args.get("BLOCK_D", 64)) <= 64 else \
+        [_pick(32, 64, 4, 4)]
 
 
 # ---------------------------------------------------------------------------------------
@@ -294,7 +347,8 @@ def _key_phases(start_m, seq_len, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     return full, end
 
 
-@triton.autotune(configs=_FWD_CONFIGS, key=_TUNE_KEY)
+@config_choice.autotune(_FWD_CONFIGS, _TUNE_KEY, name="jagged_attention._fwd_kernel",
+                        tiles=_fwd_tiles, prefer=_fwd_prefer)
 @triton.jit
 def _fwd_kernel(
     Q, K, V, Out, LSE, offsets_ptr,
@@ -347,7 +401,8 @@ def _fwd_kernel(
     _store_rows(Out + h * stride_oh, start, offs_m, seq_len, stride_ot, offs_d, acc, HEAD_DIM)
 
 
-@triton.autotune(configs=_BWD_Q_CONFIGS, key=_TUNE_KEY)
+@config_choice.autotune(_BWD_Q_CONFIGS, _TUNE_KEY, name="jagged_attention._bwd_dq_kernel",
+                        tiles=_dq_tiles, prefer=_dq_prefer)
 @triton.jit
 def _bwd_dq_kernel(
     Q, K, V, Out, DO, DQ, LSE, DELTA, offsets_ptr,
@@ -409,7 +464,8 @@ def _bwd_dq_kernel(
     _store_rows(DQ + h * stride_dqh, start, offs_m, seq_len, stride_dqt, offs_d, dq, HEAD_DIM)
 
 
-@triton.autotune(configs=_BWD_KV_CONFIGS, key=_TUNE_KEY)
+@config_choice.autotune(_BWD_KV_CONFIGS, _TUNE_KEY, name="jagged_attention._bwd_dkdv_kernel",
+                        tiles=_dkdv_tiles, prefer=_dkdv_prefer)
 @triton.jit
 def _bwd_dkdv_kernel(
     Q, K, V, DO, DK, DV, LSE, DELTA, offsets_ptr,

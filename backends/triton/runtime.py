@@ -9,7 +9,8 @@ One module owns these facts so the kernels do not each re-derive them:
   tensors (slowly) wherever they are imported first;
 * the autotune config lists: the interpreter gets a single small config (autotuning an
   interpreted kernel would only multiply the test time), the GPU gets the short list written
-  for Hopper next to each kernel;
+  for Hopper next to each kernel (which of them a launch compiles, and whether it times
+  them, is :mod:`.config_choice`'s decision);
 * block-size arithmetic (powers of two, the 16-wide minimum of ``tl.dot``);
 * ``mma``: the one matrix-multiply every kernel calls, with fp32 accumulation. It routes
   around an interpreter defect (Triton 3.9's interpreter multiplies bf16 tiles as their raw

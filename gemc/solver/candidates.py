@@ -10,19 +10,19 @@ Tables with equal shape and traffic form a *class*, and so do identical dense re
 (``blocks.0`` .. ``blocks.3``): a planner decides how many members of a class take each
 option, never which one, which removes the symmetry between them.
 
-Placement shapes (``pieces`` x ``width`` consecutive, aligned ranks per piece):
+A table's options are its sharding types' candidates (``gemc.sharding.Sharding.candidates``:
+which rank counts, and grids, a type offers for a table of this width on this topology),
+each type in registration order; this module only prices them. A candidate's placement
+shape is ``pieces`` x ``width`` consecutive, aligned ranks per piece
+(``Sharding.pieces_and_width``):
 
     table_wise       1 x 1                column_wise k   k x 1 on distinct ranks
     table_row_wise   1 x gpus_per_host    grid c x L      c hosts, L row shards each
     row_wise, data_parallel, and a grid over every host: the same on every rank (uniform)
-
-A grid's shape follows the memory model (``cols = round(sqrt(ranks))``), so only column
-counts ``c`` with ``round(sqrt(c * L)) == c`` are offered (8 hosts of 8 GPUs: 8 x 8).
 """
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from dataclasses import dataclass, replace
 from functools import cached_property
@@ -45,9 +45,6 @@ from gemc.cost_model.types import RegionCost, TableCost
 from gemc.sharding import SHARDINGS
 
 from .problem import DenseChoice, Problem, TableChoice
-
-COLUMN_SPLITS = (2, 4, 8)
-MIN_SHARD_DIM = 16
 
 
 # ---- dense regions ------------------------------------------------------------------------
@@ -164,13 +161,6 @@ class TableClass:
     options: tuple[TableOption, ...]
 
 
-def grid_columns(problem: Problem) -> list[int]:
-    """Column-block counts c (one host each) the memory model's grid shape agrees with."""
-    topo = problem.topology
-    local = topo.gpus_per_host
-    return [c for c in range(2, topo.hosts + 1) if round(math.sqrt(c * local)) == c]
-
-
 def table_option(problem: Problem, t: TableCost, sharding: str, ranks: int,
                  grid: tuple[int, int] | None = None) -> TableOption:
     """What one table sharded this way adds to each rank holding a shard."""
@@ -199,22 +189,21 @@ def table_option(problem: Problem, t: TableCost, sharding: str, ranks: int,
 
 
 def table_options(problem: Problem, t: TableCost) -> list[TableOption]:
+    """Every sharding type's candidates for ``t`` on the problem's topology, priced; those
+    that fit in memory (if none does, the smallest one: the plan is infeasible and
+    ``infeasible`` says why)."""
     topo = problem.topology
-    world, local, hosts = topo.world_size, topo.gpus_per_host, topo.hosts
-    cap = problem.cap_bytes
-    out = [table_option(problem, t, "table_wise", 1)]
-    if world > 1:
-        out.append(table_option(problem, t, "row_wise", world))
-        out.append(table_option(problem, t, "data_parallel", world))
-        for k in COLUMN_SPLITS:
-            if k <= world and t.dim % k == 0 and t.dim // k >= MIN_SHARD_DIM:
-                out.append(table_option(problem, t, "column_wise", k))
-    if hosts > 1 and local > 1:
-        out.append(table_option(problem, t, "table_row_wise", local))
-        for c in grid_columns(problem)[-1:]:
-            out.append(table_option(problem, t, "grid", c * local, (c, local)))
-    fits = [o for o in out if o.memory <= cap]
-    return fits or [min(out, key=lambda o: o.memory)]  # nothing fits: infeasible, say why later
+    out = [table_option(problem, t, s.name, c.ranks, c.grid)
+           for s in SHARDINGS.values()
+           for c in s.candidates(t.dim, topo.hosts, topo.gpus_per_host)]
+    fits = [o for o in out if o.memory <= problem.cap_bytes]
+    return fits or [min(out, key=lambda o: o.memory)]
+
+
+def least_bytes(options: list[TableOption] | tuple[TableOption, ...]) -> float:
+    """A table's fewest bytes over all ranks among its options (each shard's bytes x the
+    ranks holding one): what it adds to the mean rank at the least."""
+    return min(o.memory * o.ranks for o in options)
 
 
 def table_classes(problem: Problem) -> list[TableClass]:

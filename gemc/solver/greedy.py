@@ -24,7 +24,7 @@ import numpy as np
 from gemc.cost_model.collectives import collective_time
 from gemc.cost_model.types import TableCost
 
-from .candidates import TableOption, table_options
+from .candidates import TableOption, least_bytes, table_options
 from .evaluate import Pricer, dense_bytes
 from .problem import Assignment, DenseChoice, Problem, TableChoice
 
@@ -54,7 +54,7 @@ def greedy(problem: Problem, pricer: Pricer | None = None) -> Assignment:
         proposals[t.fqn] = sorted(opts, key=lambda o: (_perf(problem, o, comm_s_per_byte),
                                                        o.memory))
     a = Assignment(dense={r.name: DenseChoice("ddp") for r in problem.regions})
-    tables_avg = sum(min(o.memory * o.ranks for o in opts) for opts in proposals.values()) / world
+    tables_avg = sum(least_bytes(opts) for opts in proposals.values()) / world
     for r in sorted(problem.regions, key=lambda r: (-r.params, r.name)):
         if dense_bytes(problem, pricer, a.dense) + tables_avg <= cap:
             break

@@ -26,6 +26,10 @@ fragmentation). So a move never makes the step worse.
 emptiest among the places the step may still rise to, then the step is won back with
 the fullest rank held (``planners._balanced`` keeps its plan only where it pays).
 
+``cap_memory`` searches for a plan at a max / mean target instead: the bytes above the
+cap summed over ranks first (a move that unloads one of several ranks at the maximum
+lowers it), then the step with that held.
+
 Deterministic: tables in a fixed order (heaviest first), a fixed number of sweeps, and
 a cap on priced moves (``SolverSettings.search_moves``, scaled down beyond
 SEARCH_FULL_WORLD ranks), never a wall clock.
@@ -39,7 +43,7 @@ import numpy as np
 
 from gemc.cost_model.types import TableCost
 
-from .candidates import TableOption, table_options
+from .candidates import TableOption, least_bytes, table_options
 from .evaluate import (
     DenseSums,
     Evaluation,
@@ -197,6 +201,63 @@ def balance(problem: Problem, pricer: Pricer, a: Assignment, tolerance: float, *
     return Assignment(dense=dict(a.dense), tables=dict(s.tables))
 
 
+def _options_of(problem: Problem, options: dict[tuple, list[TableOption]],
+                t: TableCost) -> list[TableOption]:
+    """A table's options, priced once per class of identical tables."""
+    key = (t.rows, t.dim, t.nnz, t.batch, t.dtype_bytes, t.pooled, t.precision)
+    if key not in options:
+        options[key] = table_options(problem, t)
+    return options[key]
+
+
+def mean_floor(problem: Problem, dense_bytes: float,
+               options: dict[tuple, list[TableOption]]) -> float:
+    """The least mean rank memory any plan with this dense part can have: each table in
+    its option of fewest bytes over all ranks (``candidates.least_bytes``). A plan whose fullest
+    rank is under ``ratio`` x this has max / mean <= ``ratio`` whatever its tables do;
+    measured against the plan's own mean instead, replicating a table would lower the
+    ratio while only adding bytes."""
+    tables = sum(least_bytes(_options_of(problem, options, t)) for t in problem.tables)
+    return dense_bytes + tables / max(1, problem.world)
+
+
+def cap_memory(problem: Problem, pricer: Pricer, a: Assignment, ratio: float, *,
+               sweeps: int = 4, max_moves: int | None = None) -> Assignment:
+    """The plan with every rank's memory under ``ratio`` x ``mean_floor`` where single
+    table moves get it there, at the lowest step they find with that held.
+
+    Why a cap and not a weight: the step search's memory tie-break (``plan_key``) and
+    ``balance``'s emptiest-place search move a table only while the fullest rank drops;
+    where several ranks share the maximum (DLRMv2 at 64 ranks: three 40M-row tables
+    column-wise over 8 ranks, 24 ranks at 4.9 GB against a 3.2 GB mean) no single move
+    lowers it. Here the first key is the bytes above the cap summed over ranks, which
+    every such move lowers, and pieces go only where a rank stays under the cap
+    (``Packer.free`` lowered to it) where the step rises least; then the step, its
+    per-rank terms spread (``spread_key``), then as ``plan_key``."""
+    if problem.world <= 1 or not problem.tables:
+        return a
+    budget = move_budget(problem, max_moves)
+    options: dict[tuple, list[TableOption]] = {}
+    s = _State(problem, pricer, a)
+    target = ratio * mean_floor(problem, s.dense.memory, options)
+    s.pack.free -= max(0.0, problem.cap_bytes - target)
+
+    def excess(ev: Evaluation) -> int:
+        return int(np.maximum(ev.memory - target, 0.0).sum() // 2**20)
+
+    def first(ev: Evaluation) -> tuple[float, int, int, int]:
+        over, step, ssq = spread_key(ev, pricer)
+        return (over, excess(ev), step, ssq)
+
+    def then(ev: Evaluation) -> tuple[float, int, int, float, float]:
+        over, step, mem_max, mem_sq = plan_key(ev)
+        return (over, excess(ev), step, mem_max, mem_sq)
+
+    _sweep(s, options, sweeps, budget, first)
+    _sweep(s, options, sweeps, budget, then)
+    return Assignment(dense=dict(a.dense), tables=dict(s.tables))
+
+
 def _sweep(s: _State, options: dict[tuple, list[TableOption]], sweeps: int, budget: int,
            plan_key: Callable[[Evaluation], tuple],
            slack: Callable[[], float] | None = None) -> None:
@@ -206,10 +267,7 @@ def _sweep(s: _State, options: dict[tuple, list[TableOption]], sweeps: int, budg
     problem = s.p
 
     def opts_of(t: TableCost) -> list[TableOption]:
-        key = (t.rows, t.dim, t.nnz, t.batch, t.dtype_bytes, t.pooled, t.precision)
-        if key not in options:
-            options[key] = table_options(problem, t)
-        return options[key]
+        return _options_of(problem, options, t)
 
     def weight(t: TableCost) -> tuple[float, str]:
         o = s.option[t.fqn]

@@ -5,8 +5,9 @@ arithmetic), so their plans compare; a plan over the memory cap is never returne
 becomes a :class:`PlanInfeasibleError` that names the rank. The CP-SAT planner starts from
 greedy's plan improved by the local search, and keeps whichever plan the step model
 predicts faster (then the better balanced), so it is never worse than greedy; then a
-better-balanced plan may replace it within ``balance_tolerance`` of its step (the report
-gives the step and fullest rank it replaced).
+better-balanced plan may replace it: one with every rank under ``balance_ratio`` x the
+mean within ``balance_cap_tolerance`` of its step, else one with an emptier fullest rank
+within ``balance_tolerance`` (the report gives the step and fullest rank it replaced).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from .infeasible import (
     check_lower_bound,
     error_from_evaluation,
 )
-from .local_search import balance, improve, move_budget, plan_key
+from .local_search import balance, cap_memory, improve, move_budget, plan_key
 from .naive import naive
 from .problem import Assignment, Problem
 
@@ -90,12 +91,16 @@ BALANCE_MOVES_SHARE = 4  # each balance phase prices a quarter of the search's m
 
 
 def _balanced(problem: Problem, pricer: Pricer, a: Assignment, ev: Evaluation
-              ) -> tuple[Evaluation | None, Assignment, Evaluation]:
+              ) -> tuple[Evaluation | None, Assignment, Evaluation, str | None]:
     """(the evaluation before, if a better-balanced plan replaced ``a``; the plan; its
-    evaluation). Balanced plans are searched with the step let rise BALANCE_EXPLORE and
+    evaluation; which search replaced it: "cap" or "search"). First the cap search to
+    ``balance_ratio`` (``capped_plan``); where it does not pay, balanced plans are searched with the step let rise BALANCE_EXPLORE and
     ``balance_tolerance``; the one with the emptiest fullest rank (then the fastest)
     within ``balance_tolerance`` of ``a``'s step wins, if it empties that rank (by
     BALANCE_MIN_GAIN at least, where it costs step)."""
+    capped = capped_plan(problem, pricer, a, ev)
+    if capped is not None:
+        return ev, *capped, "cap"
     tol = problem.settings.balance_tolerance
     limit = int(round(ev.step_s * (1 + tol) * 1e9))
     best_mem, step = int(ev.memory.max() // 2**20), int(round(ev.step_s * 1e9))
@@ -111,8 +116,36 @@ def _balanced(problem: Problem, pricer: Pricer, a: Assignment, ev: Evaluation
         if b_ev.feasible and key[1] <= limit and pays and key < best:
             best, chosen = key, (b, b_ev)
     if chosen is None:
-        return None, a, ev
-    return ev, *chosen
+        return None, a, ev, None
+    return ev, *chosen, "search"
+
+
+def _ratio(ev: Evaluation) -> float:
+    """The plan's max / mean rank memory."""
+    mean = float(ev.memory.mean())
+    return float(ev.memory.max()) / mean if mean > 0 else 1.0
+
+
+def capped_plan(problem: Problem, pricer: Pricer, a: Assignment, ev: Evaluation
+            ) -> tuple[Assignment, Evaluation] | None:
+    """The plan ``cap_memory`` finds with every rank under ``balance_ratio`` x the least
+    mean, if ``a`` is above that ratio and the capped plan reaches it within
+    ``balance_cap_tolerance`` of ``a``'s step; else None (``_balanced``'s search goes on).
+    Measured on DLRMv2 (BENCHMARKS.md, s7): 1,040 tables x 64 ranks 1.53 -> 1.29 for
+    +0.4% of step, x 512 ranks 2.03 -> 1.25 for +1.2%; 26 tables x 64 ranks would cost
+    +45% (its 40M-row tables have no option between 8 ranks at 2.7 GB and 64 at 0.35 GB),
+    so that plan stays as it was (1.52)."""
+    s = problem.settings
+    if not s.balance_ratio or problem.world <= 1 or _ratio(ev) <= s.balance_ratio:
+        return None
+    # the search's budget unscaled by ranks: at 1,040 tables x 512 ranks the scaled one
+    # (2,500 moves, under one sweep) left 1.83, 5,000 reached 1.25
+    b = cap_memory(problem, pricer, a, s.balance_ratio, max_moves=s.search_moves)
+    b_ev = evaluate(problem, b, pricer)
+    if (b_ev.feasible and _ratio(b_ev) <= s.balance_ratio
+            and b_ev.step_s <= ev.step_s * (1 + s.balance_cap_tolerance)):
+        return b, b_ev
+    return None
 
 
 def _cpsat(problem: Problem, regions, tables, pricer: Pricer, base: dict[str, Any],
@@ -186,7 +219,7 @@ def _cpsat(problem: Problem, regions, tables, pricer: Pricer, base: dict[str, An
         raise error_from_evaluation(problem, a, ev, pricer, regions, tables, planner="cpsat",
                                     proven=proven)
     t = time.perf_counter()
-    unbalanced, a, ev = _balanced(problem, pricer, a, ev)
+    unbalanced, a, ev, balanced_by = _balanced(problem, pricer, a, ev)
     clock["balance"] = time.perf_counter() - t
     wall_stopped = res.wall_stopped or bool(coarse and coarse.wall_stopped)
     if res.solution is None and coarse is not None and coarse.solution is not None:
@@ -224,6 +257,11 @@ def _cpsat(problem: Problem, regions, tables, pricer: Pricer, base: dict[str, An
         if res.balanced else None,
         # the step and fullest rank before the balance_tolerance trade (null: not traded)
         "balance_tolerance": problem.settings.balance_tolerance,
+        # the max / mean cap searched (``capped_plan``), its tolerance, and which search made
+        # the plan kept ("cap", "search"; null: the step-first plan)
+        "balance_ratio": problem.settings.balance_ratio,
+        "balance_cap_tolerance": problem.settings.balance_cap_tolerance,
+        "balanced_by": balanced_by,
         "unbalanced_step_ms": _round(unbalanced.step_ms) if unbalanced else None,
         "unbalanced_max_gb": round(float(unbalanced.memory.max()) / 1e9, 3)
         if unbalanced else None,

@@ -61,6 +61,13 @@ class SolverSettings:
     # step a better-balanced plan may cost (headroom for activations and fragmentation
     # the memory model does not see); 0: the step is never traded
     balance_tolerance: float = 0.02
+    # the memory-balance target, max / mean rank memory (``local_search.cap_memory``): a
+    # plan above it is searched again with every rank under ``balance_ratio`` x the least
+    # mean its tables allow, and that plan kept if it costs at most
+    # ``balance_cap_tolerance`` of the step (more than ``balance_tolerance``: a plan at the
+    # target, not just an emptier fullest rank); 0: no cap search
+    balance_ratio: float = 1.3
+    balance_cap_tolerance: float = 0.05
     # table moves the local search prices (``local_search``), before CP-SAT and after it:
     # a count, not a clock, so plans stay reproducible
     search_moves: int = 5_000
@@ -72,6 +79,11 @@ class SolverSettings:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
         if not 0 <= self.balance_tolerance < 1:
             raise ValueError(f"balance_tolerance must be in [0, 1), got {self.balance_tolerance}")
+        if not (self.balance_ratio == 0 or self.balance_ratio >= 1):
+            raise ValueError(f"balance_ratio must be 0 (off) or >= 1, got {self.balance_ratio}")
+        if not 0 <= self.balance_cap_tolerance < 1:
+            raise ValueError("balance_cap_tolerance must be in [0, 1), got "
+                             f"{self.balance_cap_tolerance}")
         if not 0 <= self.memory_reserve < 1:
             raise ValueError(f"memory_reserve must be in [0, 1), got {self.memory_reserve}")
 

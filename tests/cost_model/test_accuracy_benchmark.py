@@ -89,6 +89,14 @@ def test_a_run_of_other_kernels_is_judged_apart_and_never_fitted_on(tmp_path: Pa
     assert module.program_change(plan, {"kernel_kinds": {"norm": 2, "pointwise": 3}}) == {
         "jagged_silu_attention": [0, 1], "pointwise": [3, 0]}
     assert module.program_change(plan, {}) is None
+    # a table the plan now routes otherwise than the run did is another program too
+    routed = {**plan, "tables": [{"fqn": "a", "lookup": "sparse"}, {"fqn": "b"}]}
+    ran = {"kernel_kinds": {"norm": 2, "jagged_silu_attention": 1},
+           "table_routes": module.route_counts(["dense_grad", "batched"])}
+    assert module.program_change(routed, ran) == {"lookup_dense_grad": [1, 0],
+                                                  "lookup_sparse": [0, 1]}
+    assert module.program_change({**routed, "tables": [{"fqn": "a", "lookup": "dense_grad"},
+                                                       {"fqn": "b"}]}, ran) == {}
     zoo = tmp_path / "zoo.json"
     zoo.write_text(json.dumps({"variants": {"hstu": [
         {"variant": "gemc", "step_ms": 2.0, "peak_memory_bytes": 3e9,

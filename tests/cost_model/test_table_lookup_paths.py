@@ -12,7 +12,7 @@ from gemc.cost_model.topology import parse_topology
 from gemc.cost_model.types import RegionCost, StepOptions, TableCost
 
 from gemc import ir
-from gemc.table_lookup import BATCHED, DENSE_GRAD, SPARSE, lookup_paths
+from gemc.table_lookup import BATCHED, DENSE_GRAD, SPARSE, cheaper_route, lookup_paths
 
 FP32 = {"a": "fp32", "b": "fp32", "c": "fp32"}
 
@@ -71,6 +71,59 @@ def test_din_tables_priced_toward_the_run() -> None:
     assert 7.0 < _sparse_ms(DIN, DENSE_GRAD) < 15.0
 
 
+def _route_ms(t: TableCost) -> dict[str, float]:
+    return {path: _sparse_ms([t], path) for path in (SPARSE, DENSE_GRAD)}
+
+
+def test_padded_ids_make_the_sparse_route_pay_their_duplicates() -> None:
+    """DIN h200's history lookups read padded [B, L] grids whose padding is one id: the
+    sparse coalesce sums that row's half a million duplicates in sequence. Measured:
+    318 ms a step on the sparse route against 41 ms on the dense gradient."""
+    goods, cates = DIN[0], DIN[1]
+    padded = [replace(t, padded_nnz=1_048_576) for t in (goods, cates)]
+    for plain, pad in zip((goods, cates), padded):
+        assert _sparse_ms([pad], SPARSE) > _sparse_ms([plain], SPARSE) + 100.0
+        # the dense gradient's backward splits the duplicates: its price does not move
+        assert _sparse_ms([pad], DENSE_GRAD) == pytest.approx(_sparse_ms([plain], DENSE_GRAD))
+        assert cheaper_route(_route_ms(pad)) == DENSE_GRAD
+    # the whole sparse route of DIN's 18 tables toward the run (318 ms, of which ~40 ms is
+    # the rest of the step)
+    assert 200.0 < _sparse_ms(padded + DIN[2:], SPARSE) < 350.0
+    # without padding a 4M-row table looked up by 1M ids pays less for a sparse gradient
+    # than for a 1 GB one
+    assert cheaper_route(_route_ms(goods)) == SPARSE
+    # a profile bag's sparse gradient is cheaper on the device, but called out of the
+    # compiled graph (graph mode) its split of the graph makes DIN keep the dense route
+    bag = DIN[2]
+    routed = replace(bag, routed=True)
+    assert _sparse_ms([routed], SPARSE) > _sparse_ms([bag], SPARSE)
+    assert _sparse_ms([routed], DENSE_GRAD) == _sparse_ms([bag], DENSE_GRAD)
+    assert cheaper_route(_route_ms(bag)) == SPARSE
+    assert cheaper_route(_route_ms(routed)) == DENSE_GRAD
+
+
+def test_route_follows_the_cheaper_price() -> None:
+    """GEM's item table (1M x 128, 524k jagged ids: 1-D, no padding) measured faster on the
+    sparse route; a few rows looked up by many ids pay the duplicates' serial sum."""
+    item = TableCost("item", 1_000_000, 128, 524_288, 524_288, pooled=False, routed=True)
+    assert cheaper_route(_route_ms(item)) == SPARSE
+    narrow = TableCost("pos", 256, 256, 524_288, 524_288, pooled=False, routed=True)
+    assert narrow.hot_ids == pytest.approx(2048)
+    assert cheaper_route(_route_ms(narrow)) == DENSE_GRAD
+    # a padding row: each sparse backward masks its ids out, a host sync per lookup
+    hstu = TableCost("item", 1_000_001, 512, 66_560, 32_768, pooled=False, lookups=3,
+                     routed=True)
+    padded = _route_ms(replace(hstu, padding_row=True))
+    assert padded[SPARSE] == pytest.approx(_route_ms(hstu)[SPARSE] + 3 * 1.3, rel=1e-6)
+    assert padded[DENSE_GRAD] == _route_ms(hstu)[DENSE_GRAD]
+    assert cheaper_route({SPARSE: 1.0, DENSE_GRAD: 2.0}) == SPARSE
+    assert cheaper_route({SPARSE: 2.0, DENSE_GRAD: 2.0}) == DENSE_GRAD  # a tie keeps it
+    # the rule: a priced choice moves a DENSE_GRAD table only
+    paths = lookup_paths(FP32, [{"a"}], world_size=1, graph_mode=True,
+                         priced_sparse={"a", "c"})
+    assert paths == {"a": BATCHED, "b": DENSE_GRAD, "c": SPARSE}
+
+
 def test_eager_gradient_joins_the_peak_only_past_the_activations() -> None:
     topo = parse_topology("h200:1x1")
     table = TableCost("t", 1_000_000, 64, 40_960, 2048, lookup=DENSE_GRAD)
@@ -91,6 +144,30 @@ def test_eager_gradient_joins_the_peak_only_past_the_activations() -> None:
     sparse = replace(table, lookup=SPARSE)
     extra = peak(sparse, 0) - peak(batched, 0)
     assert 40_960 * 64 * 4 <= extra < 0.1 * grad
+
+
+def test_a_gradient_made_at_the_loss_lands_on_the_saved_activations() -> None:
+    """HSTU reads its item table at the start (the history) and at the loss (targets,
+    negatives): the loss-side lookups' table-sized gradients come while every activation
+    is still saved and live on to the end of the backward (measured 17.3 GB against
+    8.2 GB priced as if they all came at the end)."""
+    topo = parse_topology("h200:1x1")
+    acts = 4 * 10**9
+    table = TableCost("item", 1_000_001, 512, 66_560, 32_768, pooled=False, lookups=3,
+                      lookup=DENSE_GRAD)
+    grad = 1_000_001 * 512 * 4
+
+    def peak(alive: tuple[int, ...]) -> float:
+        region = RegionCost("r", 1000, 1e9, 1e-3, activation_bytes=acts)
+        return predict_step([region], [replace(table, lookup_alive=alive)], topo,
+                            options=StepOptions()).max_memory_bytes
+
+    early = peak((0, 0, 0))  # the three partial gradients meet at the end, alone
+    late = peak((0, acts, acts))  # two lookups at the loss
+    # two gradients on every saved activation, against three gradients alone
+    assert late - early == pytest.approx(acts + 2 * grad - 3 * grad, rel=1e-6)
+    assert peak((0, acts, 0)) < late  # one at the loss: one gradient on top
+    assert peak(()) <= early  # no liveness known: the room the activations leave
 
 
 def test_data_parallel_replica_is_stepped_by_the_sparse_optimizer() -> None:
@@ -148,5 +225,53 @@ def test_graph_summary_names_each_tables_path(annotated) -> None:
     try:
         gm.meta[ir.PRICING] = {**saved, "world_size": 8}
         assert set(table_lookup_paths(gm).values()) == {SPARSE}
+        # every rank calls every lookup there: not priced on the holders as graph splits
+        from types import SimpleNamespace
+
+        from gemc.graph_summary import table_summaries
+        assert not any(t["routed"] for t in table_summaries(gm, SimpleNamespace(param_dtypes={})))
     finally:
         gm.meta[ir.PRICING] = saved
+
+
+def test_plan_records_both_route_prices_and_takes_the_cheaper(annotated) -> None:
+    from types import SimpleNamespace
+
+    from gemc.graph_summary import table_lookup_paths, table_summaries
+
+    gm = annotated["din"]
+    tables = {t["fqn"]: t for t in table_summaries(gm, SimpleNamespace(param_dtypes={}))}
+    paths = table_lookup_paths(gm)
+    assert tables and all("route_ms" in t for t in tables.values())
+    for fqn, t in tables.items():
+        assert t["lookup"] == paths[fqn] == cheaper_route(t["route_ms"])
+    # the history lookups read padded [B, L] grids; the profile bags do not
+    assert tables["goods_emb.weight"]["padded_nnz"] > 0
+    assert tables["profile.0.weight"]["padded_nnz"] == 0
+    assert not any(t["padding_row"] for t in tables.values())
+    # a batched table has no choice to record
+    assert all("route_ms" not in t
+               for t in table_summaries(annotated["dlrm"], SimpleNamespace(param_dtypes={})))
+
+
+def test_loss_side_lookups_see_the_saved_activations() -> None:
+    """The liveness walk: HSTU tiny's history lookup runs first (nothing saved is live at
+    its backward), its target and negative lookups at the loss (nearly all of it)."""
+    from gemc.cost_model.activations import activation_profile
+
+    from gemc.api import load_model
+    from gemc.capture import capture
+    from gemc.graph_summary import padding_row
+    from gemc.replan import annotate
+    from tests.conftest import REPO
+
+    entry = f"{REPO}/examples/zoo/hstu.py:build"
+    captured = capture(load_model(entry, {"preset": "tiny"}), entrypoint=entry)
+    gm, _ = annotate(captured, parse_topology("h200:1x1"), entrypoint=entry,
+                     args={"preset": "tiny"})
+    profile = activation_profile(gm)
+    lookups = [n for n in gm.graph.nodes if n.meta.get(ir.TABLE)]
+    alive = [profile.alive_at_lookup[n.name] for n in lookups]
+    assert all(padding_row(n) for n in lookups)  # nn.Embedding(..., padding_idx=0)
+    assert len(alive) == 3 and alive[0] < 0.1 * profile.saved_total
+    assert min(alive[1:]) > 0.8 * profile.saved_total

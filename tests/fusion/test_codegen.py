@@ -195,11 +195,25 @@ def run_case(name: str, dims: Dims, dtype: torch.dtype = torch.float32) -> None:
     ref = torch.autograd.grad(expected, ref_inputs, [g.to(ref_dtype) for g in grads],
                               allow_unused=True)
     out = torch.autograd.grad(got, inputs, grads, allow_unused=True)
+    eager32 = None
+    if dtype == torch.float32:
+        fp32_inputs = [x.detach().clone().requires_grad_() for x in inputs]
+        eager_out = case.fn(*fp32_inputs)
+        eager_out = list(eager_out) if isinstance(eager_out, tuple) else [eager_out]
+        eager32 = [torch.zeros(x.shape, dtype=ref_dtype) if g is None else g.to(ref_dtype)
+                   for x, g in zip(fp32_inputs, torch.autograd.grad(
+                       eager_out, fp32_inputs, grads, allow_unused=True))]
     for i, (o, r) in enumerate(zip(out, ref)):
         r = torch.zeros_like(ref_inputs[i]) if r is None else r
         o = torch.zeros_like(inputs[i]) if o is None else o
         assert o.dtype == dtype
-        torch.testing.assert_close(o.float(), r.float(), **tol,
+        # fp32: the bound is eager fp32's own error against the fp64 reference (times 4) on
+        # top of 1e-4. Some cases are ill-conditioned, not the kernel: a LayerNorm over N = 2
+        # nearly equal values has rstd in the thousands, so any fp32 program's input gradient
+        # is off by ~1e-3 there. A wrong kernel is off by the gradient's own size.
+        gtol = tol if eager32 is None else {
+            **tol, "atol": tol["atol"] + 4 * float((eager32[i] - r).abs().max())}
+        torch.testing.assert_close(o.float(), r.float(), **gtol,
                                    msg=lambda m, i=i: f"grad of input {i}: {m}")
 
 

@@ -136,11 +136,12 @@ def test_region_times_are_priced_with_the_plans_kernels():
     the fill; the jagged attention is already priced on the real tokens); a generated group runs as Inductor's code, so its GEMM costs its own
     time and its memory-bound nodes their share of Inductor's fused kernels, below their
     op-by-op time; a transposed linear keeps the GEMM alone. The plan's regions sum these."""
-    from gemc.cost_model.inductor_fusion import FUSIBLE_KINDS, INDUCTOR_KERNEL_KINDS
+    from gemc.cost_model.inductor_fusion import FUSIBLE_KINDS
     from gemc.passes.pack_jagged_tokens import PACKED
 
     from gemc import ir
     from gemc.graph_summary import kernel_adjusted_ms
+    from gemc.kernel_kinds import inductor_compiled_kinds
 
     gm, ctx, _ = compiled(GEM, ARGS)
     ms = kernel_adjusted_ms(gm)
@@ -156,7 +157,7 @@ def test_region_times_are_priced_with_the_plans_kernels():
             assert ms[node] == node.meta["gemc.predicted_ms"] < e["predicted"]["before_ms"]
             continue
         inside = set(e["nodes"]) <= set(region["nodes"])
-        if e["kind"] in INDUCTOR_KERNEL_KINDS:
+        if e["kind"] in inductor_compiled_kinds():
             for name in e["nodes"]:
                 node = by_name[name]
                 own = float(node.meta.get("gemc.predicted_ms") or 0.0)

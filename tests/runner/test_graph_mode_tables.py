@@ -47,6 +47,13 @@ def test_tables_outside_the_batched_kernel_train_exactly_on_their_paths(
              for t in k["tables"]}
     outside = {t["fqn"] for t in plan["tables"]} - owned
     assert owned and {"t2.weight", "t3.weight"} <= outside
+    # the plan's route choice by price (gemc.table_lookup.cheaper_route): the runner
+    # follows a table the plan sends SPARSE though it was captured sparse=False
+    dense = sorted(t["fqn"] for t in plan["tables"] if t.get("lookup") == "dense_grad")
+    assert len(dense) >= 2
+    chosen = dense[0]
+    plan = {**plan, "tables": [{**t, "lookup": "sparse"} if t["fqn"] == chosen else t
+                               for t in plan["tables"]]}
 
     layouts: dict[str, set[torch.layout]] = {}
     step = EmbeddingOptimizer.step
@@ -66,6 +73,9 @@ def test_tables_outside_the_batched_kernel_train_exactly_on_their_paths(
     assert {f: p for f, p in paths.items() if f in owned} == dict.fromkeys(owned, "batched")
     assert {paths[f] for f in outside} <= {"sparse", "dense_grad"} and "dense_grad" in {
         paths[f] for f in outside}
+    assert paths[chosen] == "sparse"
+    assert got.report["graph_executor"]["table_route_ms"] == {
+        t["fqn"]: t["route_ms"] for t in plan["tables"] if "route_ms" in t}
     assert layouts == {f: {torch.sparse_coo if paths[f] == "sparse" else torch.strided}
                        for f in outside}
 

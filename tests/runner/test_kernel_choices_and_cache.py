@@ -13,6 +13,7 @@ import torch
 from gemc.backends.torch import compile_cache as cc
 from gemc.backends.torch.kernel_choices import check_choices, plan_choices
 from gemc.backends.torch.runner import RunOptions, run
+from gemc.backends.triton.config_choice import AUTOTUNE_ENV
 from gemc.backends.triton.inductor_graph import CHOICE_ENV, build, runner_for
 
 from gemc.cli import main as gemc_main
@@ -51,6 +52,7 @@ def clean_cache_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     for var in CACHE_VARS:
         monkeypatch.delenv(var, raising=False)
     monkeypatch.delenv(CHOICE_ENV, raising=False)
+    monkeypatch.delenv(AUTOTUNE_ENV, raising=False)
     return monkeypatch
 
 
@@ -144,7 +146,13 @@ def test_a_run_uses_the_plans_choices_and_says_where_each_came_from(
     mine = tmp_path / "my-inductor-cache"
     clean_cache_env.setenv(cc.INDUCTOR, str(mine))
     opts = dict(steps=3, device="cpu", progress=False)
-    got = run(plan_path, RunOptions(**opts, kernel_choices={norm: {"choice": "gemc"}}))
+    seen: list[str | None] = []  # --autotune holds GEMC_AUTOTUNE=1 for the run, then restores
+    got = run(plan_path, RunOptions(**opts, kernel_choices={norm: {"choice": "gemc"}},
+                                    autotune=True,
+                                    on_step=lambda n: seen.append(os.environ.get(AUTOTUNE_ENV))))
+    assert seen == ["1"] * 3 and AUTOTUNE_ENV not in os.environ
+    # interpreted kernels have a single config: nothing to choose, so nothing is reported
+    assert got.report["kernel_tuning"] == {}
     graph = got.report["graph_executor"]
     assert graph["kernel_choices"][gemm] == graph["kernel_choices"][norm] == "gemc"
     assert graph["choice_sources"][gemm] == "plan" and graph["choice_sources"][norm] == "file"

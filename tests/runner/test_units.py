@@ -380,11 +380,12 @@ def test_gemc_cli_wiring_round_trips_the_flags() -> None:
              "3", "--resume", "--device", "cpu", "--embedding-optimizer", "adam", "--lr",
              "0.002", "--precision", "bf16", "--no-kernels", "--quiet", "--kernel-module", "m",
              "--graph-executor", "interpreter", "--compile-mode", "reduce-overhead",
-             "--measure-kernels", "--kernel-choices", "c.json", "--loss-every", "5",
+             "--measure-kernels", "--autotune", "--kernel-choices", "c.json", "--loss-every", "5",
              "--divergence", "stop", "--reference-losses", "ref.json", "--cache-dir", "none"]
     args = parser.parse_args(flags)
     again = parser.parse_args(["run", *argv_of(args)])
     assert vars(again) == vars(args)
+    assert args.autotune and not parser.parse_args(["run", "p.json"]).autotune
 
 
 def test_prefetch_reasons_name_why_a_table_is_looked_up_on_call() -> None:

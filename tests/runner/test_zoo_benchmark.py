@@ -86,3 +86,38 @@ def test_profile_reaches_every_child_and_e2e_profiler(tmp_path: Path) -> None:
     assert child.profile == 2 and zoo.e2e.steps_run(child) == 6 + 2 + 2
     plain = zoo._args(["--out", str(tmp_path)])
     assert plain.profile == 0 and "--profile" not in zoo.child_args(plain, tmp_path)
+
+
+def test_cold_gives_each_child_empty_caches_of_its_own(tmp_path: Path, monkeypatch) -> None:
+    """``--cold``: each variant's process compiles into fresh Inductor and Triton cache
+    directories (removed after it), so its first step is cold; without it the children
+    inherit the caller's environment."""
+    import json
+    import os
+
+    zoo = load_benchmark("zoo")
+    seen: list[dict | None] = []
+
+    class Done:
+        returncode = 0
+
+    def fake_run(cmd, check, timeout, env):
+        seen.append(env)
+        if env is not None:  # nothing in them yet: the child starts from empty caches
+            assert not any(os.path.exists(env[v]) for v in zoo.COLD_VARS)
+            assert os.path.isdir(os.path.dirname(env["TRITON_CACHE_DIR"]))
+        name, variant = cmd[-3], cmd[-2]
+        (tmp_path / f"{name}.{variant}.json").write_text(json.dumps({"variant": variant}))
+        return Done()
+
+    monkeypatch.setattr(zoo.subprocess, "run", fake_run)
+    rows = [zoo._run_child("gem", v, tmp_path, [], 10.0, cold=True) for v in ("compile", "gemc")]
+    assert [r["cold_caches"] for r in rows] == [True, True]
+    dirs = [{v: env[v] for v in zoo.COLD_VARS} for env in seen]
+    assert dirs[0] != dirs[1] and not any(os.path.exists(d) for e in dirs for d in e.values())
+    assert all(os.path.dirname(e["TRITON_CACHE_DIR"]) == os.path.dirname(
+        e["TORCHINDUCTOR_CACHE_DIR"]) for e in dirs)
+    assert "cold_caches" not in zoo._run_child("gem", "gemc", tmp_path, [], 10.0)
+    assert seen[-1] is None
+    assert zoo._args(["--out", str(tmp_path), "--cold"]).cold
+    assert "gemc-autotune" in zoo.VARIANTS and zoo.GEMC_OPTIONS["gemc-autotune"]["autotune"]

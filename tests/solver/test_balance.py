@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gemc.solver.evaluate import Pricer, evaluate
+import pytest
+
+from gemc.solver.evaluate import Pricer, dense_sums, evaluate
 from gemc.solver.greedy import greedy
-from gemc.solver.local_search import balance, improve
+from gemc.solver.local_search import balance, cap_memory, improve, mean_floor
 from gemc.solver.planners import run_planner
 from gemc.solver.problem import SolverSettings
 from tests.solver.synth import make_problem
@@ -20,9 +22,10 @@ def test_balancing_never_slows_the_step_and_lowers_the_fullest_rank():
     (mean 36); with it 47 GB, at the same step (measured: 21.232 -> 21.231 ms, before the
     local search polished both). The step held is the model's: the local search then
     polishes the two expanded plans from different places, so the final steps may differ
-    by a hair either way (21.3569 vs 21.3583 ms since the search's spread phase)."""
+    by a hair either way (21.3569 vs 21.3583 ms since the search's spread phase). The cap
+    search (``balance_ratio``) is off here: it trades step on its own terms (below)."""
     settings = SolverSettings(time_limit_s=2, wall_limit_factor=100, gap_limit=0.0,
-                              balance_share=0.2)
+                              balance_share=0.2, balance_ratio=0.0)
     p = make_problem("h200:2x4", n_tables=16, seed=1, big=4.0, settings=settings)
     off = run_planner(replace(p, settings=replace(settings, balance_share=0.0)), "cpsat")
     on = run_planner(p, "cpsat")
@@ -54,9 +57,11 @@ def test_local_balance_meets_the_bound_within_its_tolerance_and_is_deterministic
 
 def test_the_planner_trades_step_for_balance_only_within_its_tolerance():
     """``balance_tolerance`` bounds what the kept plan may cost against the step-first
-    plan (reported as ``unbalanced_step_ms``); 0 never trades."""
+    plan (reported as ``unbalanced_step_ms``); 0 never trades (the cap search off: it has
+    its own tolerance, below)."""
     p = make_problem("h200:2x4", n_tables=16, seed=1, big=4.0,
-                     settings=SolverSettings(time_limit_s=0.3, wall_limit_factor=200))
+                     settings=SolverSettings(time_limit_s=0.3, wall_limit_factor=200,
+                                             balance_ratio=0.0))
     on = run_planner(p, "cpsat")
     off = run_planner(replace(p, settings=replace(p.settings, balance_tolerance=0.0)),
                       "cpsat")
@@ -80,3 +85,53 @@ def test_explain_states_the_balance_trade():
     text = "\n".join(solver_lines(block))
     assert "6.770 ms" in text and "27.364 GB" in text and "6.730 ms" in text
     assert "balance" not in "\n".join(solver_lines({**block, "unbalanced_step_ms": None}))
+    capped = "\n".join(solver_lines({**block, "balanced_by": "cap", "balance_ratio": 1.3,
+                                      "balance_cap_tolerance": 0.05}))
+    assert "under max/mean 1.3 within balance_cap_tolerance 0.05" in capped
+
+
+def test_cap_search_brings_every_rank_under_the_ratio_of_the_least_mean():
+    """``cap_memory`` on step-first plans at 2.36x, 2.82x and 1.44x max/mean (sixteen or
+    twelve tables on eight ranks): every rank ends under 1.3 x ``mean_floor``, which no
+    plan's mean is below, so max/mean <= 1.3 (measured 1.12, 1.18, 1.29, each within
+    0.1% of the step); the same plan twice."""
+    for n, seed in ((16, 1), (12, 2), (16, 3)):
+        p = make_problem("h200:2x4", n_tables=n, seed=seed, big=4.0,
+                         settings=SolverSettings())
+        pricer = Pricer(p)
+        start = improve(p, pricer, greedy(p, pricer))
+        before = evaluate(p, start, pricer)
+        assert before.memory.max() / before.memory.mean() > 1.3
+        floor = mean_floor(p, dense_sums(p, pricer, start.dense).memory, {})
+        assert floor <= before.memory.mean() * (1 + 1e-12)
+        a = cap_memory(p, pricer, start, 1.3)
+        after = evaluate(p, a, pricer)
+        assert after.memory.max() <= 1.3 * floor
+        assert after.memory.max() / after.memory.mean() <= 1.3
+        assert after.step_s <= before.step_s * 1.01
+        assert cap_memory(p, pricer, start, 1.3).tables == a.tables
+
+
+def test_the_planner_meets_the_ratio_only_within_its_cap_tolerance():
+    """The planner keeps the capped plan where it reaches ``balance_ratio`` within
+    ``balance_cap_tolerance`` of the step-first plan's step (reported as
+    ``unbalanced_step_ms``); a plan already under the ratio, or the ratio 0, leaves the
+    cap search off."""
+    from gemc.solver.planners import capped_plan
+
+    settings = SolverSettings(time_limit_s=0.3, wall_limit_factor=200)
+    p = make_problem("h200:2x4", n_tables=12, seed=2, big=4.0, settings=settings)
+    on = run_planner(p, "cpsat")
+    assert on.evaluation.memory.max() / on.evaluation.memory.mean() <= 1.3
+    pricer = Pricer(p)
+    start = improve(p, pricer, greedy(p, pricer))
+    before = evaluate(p, start, pricer)
+    capped = capped_plan(p, pricer, start, before)
+    assert capped is not None
+    assert capped[1].memory.max() / capped[1].memory.mean() <= 1.3
+    assert capped[1].step_s <= before.step_s * (1 + settings.balance_cap_tolerance)
+    assert capped_plan(p, pricer, capped[0], capped[1]) is None   # already under the ratio
+    off = replace(p, settings=replace(settings, balance_ratio=0.0))
+    assert capped_plan(off, Pricer(off), start, before) is None
+    with pytest.raises(ValueError, match="balance_ratio"):
+        SolverSettings(balance_ratio=0.5)

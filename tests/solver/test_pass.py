@@ -50,6 +50,8 @@ def test_every_planner_writes_a_valid_plan_with_its_report(plans):
         pred = plan["predicted"]
         assert pred["step_ms"] - pred["breakdown_ms"]["host"] == pytest.approx(
             solver["predicted_step_ms"], rel=1e-6)
+        # and the plan states the device step beside it, so the two figures agree on sight
+        assert pred["device_step_ms"] == pytest.approx(solver["predicted_step_ms"], rel=1e-6)
         assert plan["predicted"]["max_memory_gb"] * 1e9 <= 141 * 2**30
         assert all("cost" in t for t in plan["tables"])
     cpsat = plans["cpsat"]["solver"]
@@ -83,6 +85,9 @@ def test_explain_and_diff(plans, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "solver     CP-SAT" in out and "per rank" in out and "shards" in out
     assert "shard ms" in out
+    pred = plans["cpsat"]["predicted"]
+    assert (f"= device {pred['device_step_ms']:.3f} ms (the planner's objective" in out
+            and f"+ host {pred['breakdown_ms']['host']:.3f} ms" in out)
     assert main(["diff", str(paths["naive"]), str(paths["cpsat"])]) == 0
     out = capsys.readouterr().out
     assert "planner: naive -> cpsat" in out

@@ -3,20 +3,31 @@ formula with a key mask), HSTU's pointwise (silu) attention and padded-query att
 dense keys.
 
 Each entry names the graph values its kernel reads (q, k, v, the mask or offsets the
-lengths come from) and the attention's constants. The interpreter's calls and the
-emitter's are the runner's and the emitter's methods, which share the packed-region state
-(a jagged attention inside a packed region reads its values in place).
+lengths come from) and the attention's constants. The three guarded attentions (key
+padding, silu, padded queries: each checks at run time what the graph cannot prove and
+falls back exactly) are whole here: their entry, the interpreter's call (``run``) and the
+emitter's (``emit``), which read and store values through ``runner.operand`` /
+``runner.output`` and ``emitter.operand`` / ``emitter.output`` as any kind does. The
+jagged attention's run and emit stay the interpreter's and the emitter's methods: inside a
+packed token region it reads the region's values in place, which is their packed-region
+state.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import fx
 
 from gemc.kernel_kinds import KINDS
 
-from .implementation import KindImplementation, named
+from .implementation import Entry, Env, KindImplementation, Unit, named
+
+if TYPE_CHECKING:
+    from ..graph_runner import GraphRunner
+    from ..inductor_graph import Emitter
 
 
 def jagged_entry(facts: dict[str, Any], nodes: list[fx.Node]) -> dict[str, Any]:
@@ -52,6 +63,171 @@ def query_entry(facts: dict[str, Any], nodes: list[fx.Node]) -> dict[str, Any]:
     return dict(q=q, k=k, v=v, output=nodes[0].name, **{key: facts.get(key) for key in keep})
 
 
+def _operands(entry: Entry) -> tuple[str, str, str, str]:
+    """The node names of a guarded attention's q, k, v and its key mask (or, where the
+    keys' padding is implicit in values zero-padded over offsets, those offsets)."""
+    return (entry["q"], entry["k"], entry["v"], entry["mask"] if entry.get("mask")
+            else entry["offsets"])
+
+
+# ---- key-padding attention --------------------------------------------------------------
+
+def key_padding_of_entry(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         mask: torch.Tensor, entry: Mapping[str, Any]) -> torch.Tensor:
+    """A ``key_padding_attention`` entry's call (both runners). The op is self-contained:
+    it checks that the mask keeps a prefix of every row and picks the jagged, compacted or
+    padded path itself (the exact fallback, counted in its ``STATS``)."""
+    from ..key_padding_attention import key_padding_attention
+
+    merged = bool(entry.get("merged_heads"))
+    if merged:  # [B*H, L, d] operands (nn.MultiheadAttention's layout)
+        q, k, v = (x.unflatten(0, (mask.shape[0], -1)) for x in (q, k, v))
+    out = key_padding_attention(q, k, v, mask, entry["scale"], entry["causal"],
+                                entry["additive"], entry["zero_padding_queries"],
+                                entry.get("nan_if_empty", False))
+    return out.flatten(0, 1) if merged else out
+
+
+def _call_key_padding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                mask: torch.Tensor, entry: dict[str, Any]) -> torch.Tensor:
+    """The emitted call, an eager island (``Emitter.eager``). Why outside Inductor's
+    graph: the check reads three integers on the host and the paths' kernels differ in
+    shape, so Dynamo would break the graph inside it anyway; as one eager island the rest
+    compiles whole."""
+    return key_padding_of_entry(q, k, v, mask, entry)
+
+
+def key_padding_run(runner: GraphRunner, unit: Unit, env: Env) -> None:
+    e = unit["entry"]
+    q, k, v, mask = (runner.operand(name, env) for name in _operands(e))
+    runner.output(e.get("output", e["nodes"][0]), key_padding_of_entry(q, k, v, mask, e), env)
+
+
+def key_padding_emit(emitter: Emitter, unit: Unit) -> None:
+    e = unit["entry"]
+    if _checked_by_region(emitter, e):
+        return
+    q, k, v, mask = (emitter.operand(name) for name in _operands(e))
+    emitter.output(e.get("output", e["nodes"][0]),
+                   emitter.eager(_call_key_padding_attention, (q, k, v, mask, e)))
+
+
+def _checked_by_region(emitter: Emitter, entry: Entry) -> bool:
+    """A key-padding attention inside a guarded region this graph runs packed, under the
+    very mask the region's check read (same node, same additive rule), or one the pass
+    proved keeps the same keys (the region's ``in_place``: e.g. the additive mask
+    ``nn.MultiheadAttention`` fills from the keep-mask the region checks): that check, ahead
+    of the graph, found the kept tokens' layout (a prefix, or in a compact region any kept
+    positions, in order), so the attention's own check would take its jagged or compacted
+    path over the same offsets. It runs that path here, on the region's values in place
+    (``[1, H, T, D]``, or ``[H, T, D]`` with the heads in the batch dim): no scatter and
+    gather around it, no second check, no host read (the region's check is counted in
+    ``packed_tokens.GUARD_STATS``, not the attention's ``STATS``). An attention NaN on a
+    row with no kept key runs here only in an ``every_row`` region (packed only with a kept
+    key on every row). Returns whether it applied."""
+    out = entry.get("output", entry["nodes"][0])
+    region = emitter.packed_guarded_region(out)
+    if region is None:
+        return False
+    same = (entry.get("mask") == region["mask"]
+            and bool(entry.get("additive")) == bool(region.get("additive"))) \
+        or out in region.get("in_place", ())
+    if not same or (entry.get("nan_if_empty") and not region.get("every_row")):
+        return False
+    return emitter.packed_attention((entry["q"], entry["k"], entry["v"]), out,
+                                    entry["scale"], bool(entry.get("causal")))
+
+
+# ---- HSTU's pointwise (silu) attention ----------------------------------------------------
+
+def silu_attention_of_entry(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            keys: torch.Tensor, bias: torch.Tensor | None,
+                            entry: Mapping[str, Any]) -> torch.Tensor:
+    """A ``jagged_silu_attention`` entry's call (both runners): q, k, v permuted to
+    ``[B, H, L, D]`` (the model's einsum may hold them ``[B, L, H, D]``); with the key mask
+    the entry names, the checked kernel; when the keys' padding is implicit in values
+    zero-padded over offsets (a prefix by construction), ``gemc::padded_silu_attention`` on
+    those offsets' lengths; the result permuted back to the model's output layout."""
+    from ..key_padding_attention import key_padding_silu_attention
+
+    def canonical(x: torch.Tensor, name: str) -> torch.Tensor:
+        perm = entry.get(name)
+        return x.permute(*perm) if perm else x
+
+    q, k, v = canonical(q, "q_perm"), canonical(k, "k_perm"), canonical(v, "v_perm")
+    if entry.get("mask"):  # a mask given as data: checked (one host read), exact fallback
+        out = key_padding_silu_attention(q, k, v, keys, entry["norm"], entry["scale"],
+                                         entry["causal"], entry["query_mask"], bias)
+    else:  # the offsets' prefix, proved by the graph: one static-shaped op, no host read
+        from .. import ops  # noqa: F401  (registers the gemc:: ops)
+        out = torch.ops.gemc.padded_silu_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), keys, bias,
+            int(entry["norm"]), float(entry["scale"]), bool(entry["causal"])).transpose(1, 2)
+    perm = entry.get("out_perm")
+    return out.permute(*perm) if perm else out
+
+
+def _call_silu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         mask: torch.Tensor, bias: torch.Tensor | None,
+                         entry: dict[str, Any]) -> torch.Tensor:
+    """The emitted call: an eager island for the key-padding attention's reason."""
+    return silu_attention_of_entry(q, k, v, mask, bias, entry)
+
+
+def silu_run(runner: GraphRunner, unit: Unit, env: Env) -> None:
+    e = unit["entry"]
+    q, k, v, keys = (runner.operand(name, env) for name in _operands(e))
+    bias = runner.operand(e["bias"], env) if e.get("bias") else None
+    runner.output(e["output"], silu_attention_of_entry(q, k, v, keys, bias, e), env)
+
+
+def silu_emit(emitter: Emitter, unit: Unit) -> None:
+    e = unit["entry"]
+    q, k, v, keys = (emitter.operand(name) for name in _operands(e))
+    bias = emitter.operand(e["bias"]) if e.get("bias") else None
+    emitter.output(e["output"], emitter.eager(_call_silu_attention, (q, k, v, keys, bias, e)))
+
+
+# ---- padded queries over dense keys -------------------------------------------------------
+
+def query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    lengths_from: torch.Tensor, from_mask: bool, clamp_min: int,
+                    scale: float | None) -> torch.Tensor:
+    """A ``jagged_query_attention`` entry's call (both runners): the query lengths from
+    the entry's bool keep mask (checked per row on the device: ``gemc::query_prefix_lengths``)
+    or its offsets (clamped as the model's mask clamps them), then the custom op. Traceable:
+    no host read, static shapes (so the emitter writes it into the compiled graph)."""
+    from .. import ops  # noqa: F401  (registers the gemc:: ops)
+    from ..jagged_query_attention import offsets_query_lengths
+
+    if from_mask:
+        lengths = torch.ops.gemc.query_prefix_lengths(lengths_from)
+    else:
+        lengths = offsets_query_lengths(lengths_from, clamp_min, q.shape[2])
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    out, _ = torch.ops.gemc.jagged_query_attention(q, k, v, lengths, scale)
+    return out
+
+
+def _query_args(entry: Entry) -> tuple[bool, int, float | None]:
+    """``(from_mask, clamp_min, scale)`` of a padded-query entry (its lengths' source:
+    :func:`_operands`' fourth name)."""
+    return bool(entry.get("mask")), int(entry.get("clamp_min") or 0), entry.get("scale")
+
+
+def query_run(runner: GraphRunner, unit: Unit, env: Env) -> None:
+    e = unit["entry"]
+    q, k, v, lengths_from = (runner.operand(name, env) for name in _operands(e))
+    runner.output(e["output"], query_attention(q, k, v, lengths_from, *_query_args(e)), env)
+
+
+def query_emit(emitter: Emitter, unit: Unit) -> None:
+    e = unit["entry"]
+    q, k, v, lengths_from = (emitter.operand(name) for name in _operands(e))
+    emitter.output(e["output"], emitter.call(query_attention,
+                                             (q, k, v, lengths_from, *_query_args(e))))
+
+
 _READS = named("q", "k", "v", "mask", "offsets", "bias")
 
 IMPLEMENTATIONS = (
@@ -59,16 +235,10 @@ IMPLEMENTATIONS = (
         KINDS["jagged_attention"], entry=jagged_entry, reads=named("q", "k", "v", "offsets"),
         run=lambda runner, unit, env: runner._run_jagged_attention(unit, env),
         emit=lambda emitter, unit: emitter.attention(unit)),
-    KindImplementation(
-        KINDS["key_padding_attention"], entry=key_padding_entry, reads=_READS,
-        run=lambda runner, unit, env: runner._run_key_padding_attention(unit, env),
-        emit=lambda emitter, unit: emitter.key_padding_attention(unit)),
-    KindImplementation(
-        KINDS["jagged_silu_attention"], entry=silu_entry, reads=_READS,
-        run=lambda runner, unit, env: runner._run_silu_attention(unit, env),
-        emit=lambda emitter, unit: emitter.silu_attention(unit)),
-    KindImplementation(
-        KINDS["jagged_query_attention"], entry=query_entry, reads=_READS,
-        run=lambda runner, unit, env: runner._run_query_attention(unit, env),
-        emit=lambda emitter, unit: emitter.query_attention(unit)),
+    KindImplementation(KINDS["key_padding_attention"], entry=key_padding_entry, reads=_READS,
+                       run=key_padding_run, emit=key_padding_emit),
+    KindImplementation(KINDS["jagged_silu_attention"], entry=silu_entry, reads=_READS,
+                       run=silu_run, emit=silu_emit),
+    KindImplementation(KINDS["jagged_query_attention"], entry=query_entry, reads=_READS,
+                       run=query_run, emit=query_emit),
 )

@@ -1,0 +1,248 @@
+"""Which launch config each hand-written gemc kernel runs, without paying for autotuning
+on a cold first step.
+
+``triton.autotune`` compiles and times every config of a kernel the first time it sees a
+key: on the H200 that was 18 s of the GEM example's first step and 38 s of an HSTU model's
+(issue 16), several configs compiled only to fail with "out of resource: shared memory".
+Two decisions, both made in one ``early_config_prune`` hook (:class:`ConfigChoice`), so
+every kernel decides the same way:
+
+1. **Fit.** A config whose estimated shared memory (:func:`shared_memory_bytes`) exceeds
+   the device's limit (:func:`shared_memory_limit`) is dropped before anything compiles.
+2. **Tune or not.** Unless the user asked for autotuning (``GEMC_AUTOTUNE=1``, which
+   ``gemc run --autotune`` sets), the kernel runs *one* config per key: the one an earlier
+   ``--autotune`` run measured and recorded in the run's Triton cache directory
+   (:data:`RECORD_NAME`), else the kernel's heuristic (the configs the H200 picked, by
+   shape). Which of the two each kernel ran is in the run report (:func:`report`), so a
+   heuristic config is never mistaken for a tuned one.
+
+Under the interpreter each kernel has a single config and Triton never calls the hook.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import triton
+
+__all__ = ["AUTOTUNE_ENV", "H200_SHARED_MEMORY", "RECORD_NAME", "ConfigChoice", "Preferred",
+           "Tiles", "autotune", "autotuning_requested", "record_tuned", "report",
+           "shared_memory_bytes", "shared_memory_limit"]
+
+AUTOTUNE_ENV = "GEMC_AUTOTUNE"
+"""``1``: gemc's kernels autotune over every config that fits (``gemc run --autotune``)."""
+H200_SHARED_MEMORY = 232448
+"""Opt-in shared memory per block of an H100/H200 (227 KiB): the limit assumed where no
+CUDA device can be asked (compiling on a CPU machine, tests)."""
+RECORD_NAME = "gemc-tuned-configs.json"
+"""The tuned choices of ``--autotune`` runs, in the run's ``TRITON_CACHE_DIR``."""
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """Bytes of a config's tiles that pass through shared memory. ``streamed``: loaded in
+    every loop iteration (the software pipeliner keeps ``num_stages - 1`` copies in
+    flight); ``resident``: loaded once and kept as a ``tl.dot`` operand; ``scratch``:
+    layout conversions of score tiles (once)."""
+
+    streamed: int = 0
+    resident: int = 0
+    scratch: int = 0
+
+
+def shared_memory_bytes(num_stages: int, tiles: Tiles) -> int:
+    """Estimated shared memory of one program. Fitted to what Triton 3.6 reported on the
+    H200 for the jagged attention kernels (exact for the three configs that failed there);
+    Triton 3.9 allocates less for the same configs, so it errs on the safe side."""
+    return max(num_stages - 1, 1) * tiles.streamed + tiles.resident + tiles.scratch
+
+
+def shared_memory_limit(device: torch.device | int | None = None) -> int:
+    """The device's opt-in shared memory per block, or :data:`H200_SHARED_MEMORY` where no
+    CUDA device answers."""
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(
+            device if device is not None else torch.cuda.current_device())
+        limit = getattr(props, "shared_memory_per_block_optin", 0)
+        if limit:
+            return int(limit)
+    return H200_SHARED_MEMORY
+
+
+def autotuning_requested() -> bool:
+    """Whether this run autotunes (``GEMC_AUTOTUNE=1``); read at the launch, not at import."""
+    return os.environ.get(AUTOTUNE_ENV, "0") == "1"
+
+
+def describe(cfg: triton.Config) -> str:
+    """A config as a stable string (the record's and the report's spelling)."""
+    kw = ", ".join(f"{k}={v}" for k, v in sorted(cfg.kwargs.items()))
+    return f"{kw}, num_warps={cfg.num_warps}, num_stages={cfg.num_stages}"
+
+
+Preferred = tuple[Mapping[str, int], int, int | None]
+"""A heuristic's pick: (block sizes, num_warps, num_stages or None: the config's own)."""
+
+
+def _matches(cfg: triton.Config, want: Preferred) -> bool:
+    kwargs, warps, stages = want
+    return dict(cfg.kwargs) == dict(kwargs) and cfg.num_warps == warps \
+        and stages in (None, cfg.num_stages)
+
+
+def tuning_key(arg_names: Sequence[str], keys: Sequence[str], args: Mapping[str, Any]
+               ) -> str:
+    """The autotuner's key of a launch, as ``triton.autotune`` forms it (the key
+    arguments' values, then every tensor argument's dtype), spelled as a string."""
+    present = {k: v for k, v in args.items() if k in arg_names}
+    key: list[Any] = [present[k] for k in keys if k in present]
+    key += [str(v.dtype) for v in present.values() if hasattr(v, "dtype")]
+    return str(tuple(key))
+
+
+@dataclass
+class ConfigChoice:
+    """The ``early_config_prune`` hook of one kernel (see the module doc). ``tiles`` gives
+    a config's shared-memory tiles for a launch's arguments; ``prefer`` the heuristic's
+    picks for those arguments, best first (the first that fits runs; none: the first
+    config of the list that fits)."""
+
+    name: str
+    keys: Sequence[str]
+    tiles: Callable[[triton.Config, Mapping[str, Any]], Tiles]
+    prefer: Callable[[Mapping[str, Any]], Sequence[Preferred]] | None = None
+    arg_names: Sequence[str] = ()
+    source_key: str = ""  # the kernel source's hash: a record of other code is ignored
+    fn: Any = None  # the jitted function, whose source hash is taken at the first launch
+    # tuning key -> ("heuristic" | "recorded" | "autotuned", config or None until tuned)
+    chosen: dict[str, tuple[str, str | None]] = field(default_factory=dict)
+    pruned: dict[str, list[str]] = field(default_factory=dict)  # key -> configs too big
+
+    def __call__(self, configs: list[triton.Config], nargs: Mapping[str, Any],
+                 **kwargs: Any) -> list[triton.Config]:
+        args = {**nargs, **kwargs}
+        if not self.source_key and self.fn is not None:
+            # at a launch, not at import: Triton hashes the source with its dependencies
+            self.source_key = str(getattr(self.fn, "cache_key", ""))
+        key = tuning_key(self.arg_names, self.keys, args)
+        limit = shared_memory_limit(_device_of(args))
+        fits = [c for c in configs
+                if shared_memory_bytes(c.num_stages, self.tiles(c, args)) <= limit]
+        self.pruned[key] = [describe(c) for c in configs if c not in fits]
+        if not fits:  # nothing fits by the estimate: let the compiler be the judge
+            fits = [min(configs, key=lambda c: shared_memory_bytes(c.num_stages,
+                                                                   self.tiles(c, args)))]
+        if autotuning_requested() and len(fits) > 1:
+            self.chosen[key] = ("autotuned", None)
+            return fits
+        recorded = _read_record().get(self.name, {})
+        if recorded.get("source") == self.source_key:
+            want = recorded.get("configs", {}).get(key)
+            for c in fits:
+                if describe(c) == want:
+                    self.chosen[key] = ("recorded", want)
+                    return [c]
+        pick = self._heuristic(fits, args)
+        self.chosen[key] = ("heuristic", describe(pick))
+        return [pick]
+
+    def _heuristic(self, fits: list[triton.Config], args: Mapping[str, Any]) -> triton.Config:
+        for want in (self.prefer(args) if self.prefer else ()):
+            for c in fits:
+                if _matches(c, want):
+                    return c
+        return fits[0]
+
+
+def _device_of(args: Mapping[str, Any]) -> torch.device | None:
+    for v in args.values():
+        if isinstance(v, torch.Tensor) and v.device.type == "cuda":
+            return v.device
+    return None
+
+
+_KERNELS: dict[str, tuple[ConfigChoice, Any]] = {}
+"""name -> (its hook, its autotuner): what :func:`report` and :func:`record_tuned` read."""
+
+
+def autotune(configs: list[triton.Config], key: list[str], *, name: str,
+             tiles: Callable[[triton.Config, Mapping[str, Any]], Tiles],
+             prefer: Callable[[Mapping[str, Any]], Sequence[Preferred]] | None = None
+             ) -> Callable[[Any], Any]:
+    """``triton.autotune(configs, key)`` with :class:`ConfigChoice` as its pruning hook:
+    the decorator every hand-written gemc kernel with several configs uses."""
+    hook = ConfigChoice(name, key, tiles, prefer)
+
+    def wrap(fn: Any) -> Any:
+        tuner = triton.autotune(configs=configs, key=key,
+                                prune_configs_by={"early_config_prune": hook})(fn)
+        hook.arg_names = list(getattr(fn, "arg_names", ()))
+        hook.fn = fn
+        _KERNELS[name] = (hook, tuner)
+        return tuner
+
+    return wrap
+
+
+def _record_path() -> Path | None:
+    d = os.environ.get("TRITON_CACHE_DIR")
+    return Path(d) / RECORD_NAME if d else None
+
+
+def _read_record() -> dict[str, Any]:
+    path = _record_path()
+    if path is None or not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def record_tuned() -> int:
+    """Write the configs this process autotuned into :data:`RECORD_NAME` (temp + rename),
+    so a later run without ``--autotune`` runs them (``recorded``) instead of the
+    heuristic. Returns how many keys were written; nothing without a cache directory."""
+    path = _record_path()
+    if path is None:
+        return 0
+    data = _read_record()
+    written = 0
+    for name, (hook, tuner) in _KERNELS.items():
+        best = {str(k): describe(c) for k, c in getattr(tuner, "cache", {}).items()}
+        tuned = {k: best[k] for k, (how, _) in hook.chosen.items()
+                 if how == "autotuned" and k in best}
+        if not tuned:
+            continue
+        hook.chosen.update({k: ("autotuned", v) for k, v in tuned.items()})
+        entry = data.get(name, {})
+        old = entry.get("configs", {}) if entry.get("source") == hook.source_key else {}
+        data[name] = {"source": hook.source_key, "configs": {**old, **tuned}}
+        written += len(tuned)
+    if written:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".gemc-tuned-")
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    return written
+
+
+def report() -> dict[str, Any]:
+    """The run report's ``kernel_tuning``: per kernel and key, the config it ran and where
+    it came from (``heuristic``, ``recorded`` by an earlier ``--autotune`` run, or
+    ``autotuned`` in this one), and the configs dropped as too big for shared memory."""
+    out: dict[str, Any] = {}
+    for name, (hook, _) in sorted(_KERNELS.items()):
+        for key, (how, cfg) in hook.chosen.items():
+            out.setdefault(name, {})[key] = {"source": how, "config": cfg,
+                                             "too_big": hook.pruned.get(key, [])}
+    return out

@@ -1,0 +1,177 @@
+"""Launch-config choice of gemc's hand-written kernels (backends/triton/config_choice.py):
+configs too big for shared memory are dropped before compiling, a cold run takes one
+heuristic config per key, ``--autotune`` times every config that fits, and what it picked
+is recorded for later runs. The figures are the H200's (issue 16's first-step log)."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import json
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from gemc.backends.triton import config_choice as cc
+from gemc.backends.triton.config_choice import H200_SHARED_MEMORY, Tiles
+
+ja = importlib.import_module("gemc.backends.triton.jagged_attention")
+
+
+def _cfg(bm: int, bn: int, warps: int, stages: int) -> triton.Config:
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps, num_stages=stages)
+
+
+# The GPU lists as written in jagged_attention.py (the interpreter's lists hold one config).
+FWD = [_cfg(128, 64, 4, 3), _cfg(128, 64, 8, 3), _cfg(64, 64, 4, 4), _cfg(128, 128, 8, 3)]
+DQ = [_cfg(128, 32, 4, 3), _cfg(128, 64, 8, 3), _cfg(64, 64, 4, 3), _cfg(64, 32, 4, 4)]
+DKDV = [_cfg(32, 128, 4, 3), _cfg(64, 128, 8, 3), _cfg(64, 64, 4, 3), _cfg(32, 64, 4, 4)]
+
+
+def _hstu_args() -> dict:
+    """HSTU's launch on the H200: bf16 q, head dim 128, an fp32 relative bias, silu."""
+    return {"Q": torch.empty(1, dtype=torch.bfloat16), "BIAS": torch.empty(1),
+            "HEAD_DIM": 128, "BLOCK_D": 128, "CAUSAL": True, "SILU": True, "HAS_BIAS": True}
+
+
+def _gem_args() -> dict:
+    return {"Q": torch.empty(1, dtype=torch.bfloat16), "BIAS": torch.empty(1, dtype=torch.bfloat16),
+            "HEAD_DIM": 64, "BLOCK_D": 64, "CAUSAL": False, "SILU": False, "HAS_BIAS": False}
+
+
+def _hook(name: str, tiles, prefer, keys=("HEAD_DIM", "CAUSAL", "SILU")) -> cc.ConfigChoice:
+    return cc.ConfigChoice(name, list(keys), tiles, prefer,
+                           arg_names=["Q", "BIAS", "HEAD_DIM", "BLOCK_D", "CAUSAL", "SILU",
+                                      "HAS_BIAS"], source_key="src-1")
+
+
+@pytest.fixture
+def cold(monkeypatch, tmp_path):
+    """No autotuning asked, an empty Triton cache directory of the run's own."""
+    monkeypatch.delenv(cc.AUTOTUNE_ENV, raising=False)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    return tmp_path
+
+
+def test_limit_without_cuda_is_the_h200s():
+    if torch.cuda.is_available():
+        pytest.skip("the device answers itself")
+    assert cc.shared_memory_limit() == H200_SHARED_MEMORY == 232448
+
+
+@pytest.mark.parametrize("tiles, configs, failed, kept", [
+    # Triton 3.6 on the H200: "out of resource: shared memory, Required: N" for exactly these
+    (ja._fwd_tiles, FWD, [(128, 128, 8, 3, 360448)], [0, 1, 2]),
+    (ja._dq_tiles, DQ, [(128, 64, 8, 3, 262144)], [0, 2, 3]),
+    (ja._dkdv_tiles, DKDV, [(64, 128, 8, 3, 245760)], [0, 2, 3]),
+])
+def test_estimate_drops_exactly_the_configs_that_failed_on_the_h200(tiles, configs, failed, kept):
+    args = _hstu_args()
+    for bm, bn, warps, stages, required in failed:
+        est = cc.shared_memory_bytes(stages, tiles(_cfg(bm, bn, warps, stages), args))
+        assert est >= required > H200_SHARED_MEMORY
+    fits = [i for i, c in enumerate(configs)
+            if cc.shared_memory_bytes(c.num_stages, tiles(c, args)) <= H200_SHARED_MEMORY]
+    assert fits == kept
+    # head dim 64 without a bias (the GEM example): every config compiled there
+    assert all(cc.shared_memory_bytes(c.num_stages, tiles(c, _gem_args())) <= H200_SHARED_MEMORY
+               for c in configs)
+
+
+@pytest.mark.parametrize("args, tiles, prefer, configs, want", [
+    (_hstu_args(), ja._fwd_tiles, ja._fwd_prefer, FWD, (128, 64, 8, 3)),
+    (_hstu_args(), ja._dq_tiles, ja._dq_prefer, DQ, (64, 32, 4, 4)),
+    (_hstu_args(), ja._dkdv_tiles, ja._dkdv_prefer, DKDV, (32, 64, 4, 4)),
+    (_gem_args(), ja._fwd_tiles, ja._fwd_prefer, FWD, (64, 64, 4, 4)),
+    (_gem_args(), ja._dq_tiles, ja._dq_prefer, DQ, (64, 32, 4, 4)),
+    (_gem_args(), ja._dkdv_tiles, ja._dkdv_prefer, DKDV, (64, 64, 4, 3)),
+])
+def test_cold_run_takes_the_h200_pick_alone(cold, args, tiles, prefer, configs, want):
+    hook = _hook("k", tiles, prefer)
+    got = hook(configs, args)
+    assert [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
+            for c in got] == [want]
+    (how, cfg), = hook.chosen.values()
+    assert how == "heuristic" and cfg == cc.describe(got[0])
+
+
+def test_heuristic_pick_that_does_not_fit_falls_to_one_that_does(cold):
+    # a preference for the config too big for the H200 is passed over, loudly in the report
+    hook = _hook("k", ja._fwd_tiles, lambda a: [({"BLOCK_M": 128, "BLOCK_N": 128}, 8, 3)])
+    got = hook(FWD, _hstu_args())
+    assert got == [FWD[0]]
+    assert list(hook.pruned.values()) == [[cc.describe(FWD[3])]]
+
+
+def test_autotune_times_every_config_that_fits(cold, monkeypatch):
+    monkeypatch.setenv(cc.AUTOTUNE_ENV, "1")
+    hook = _hook("k", ja._dkdv_tiles, ja._dkdv_prefer)
+    got = hook(DKDV, _hstu_args())
+    assert got == [DKDV[0], DKDV[2], DKDV[3]]
+    assert list(hook.chosen.values()) == [("autotuned", None)]
+
+
+class _Tuner:
+    """What record_tuned reads of a triton Autotuner: its per-key best config."""
+
+    def __init__(self) -> None:
+        self.cache: dict = {}
+
+
+def test_autotuned_winner_is_recorded_and_used_by_the_next_cold_run(cold, monkeypatch):
+    args = _hstu_args()
+    monkeypatch.setenv(cc.AUTOTUNE_ENV, "1")
+    hook, tuner = _hook("test.k", ja._dq_tiles, ja._dq_prefer), _Tuner()
+    monkeypatch.setitem(cc._KERNELS, "test.k", (hook, tuner))
+    hook(DQ, args)
+    key = next(iter(hook.chosen))
+    tuner.cache[ast.literal_eval(key)] = DQ[2]  # what triton.autotune timed fastest
+    assert cc.record_tuned() == 1
+    saved = json.loads((cold / cc.RECORD_NAME).read_text())
+    assert saved["test.k"] == {"source": "src-1", "configs": {key: cc.describe(DQ[2])}}
+    assert cc.report()["test.k"][key]["source"] == "autotuned"
+
+    monkeypatch.delenv(cc.AUTOTUNE_ENV)
+    again = _hook("test.k", ja._dq_tiles, ja._dq_prefer)
+    assert again(DQ, args) == [DQ[2]]  # not the heuristic's (64, 32, 4, 4)
+    assert list(again.chosen.values()) == [("recorded", cc.describe(DQ[2]))]
+    # a record of other kernel source is not trusted
+    other = _hook("test.k", ja._dq_tiles, ja._dq_prefer)
+    other.source_key = "src-2"
+    assert other(DQ, args) == [DQ[3]]
+    assert list(other.chosen.values())[0][0] == "heuristic"
+
+
+def test_no_cache_directory_records_nothing(monkeypatch):
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    assert cc.record_tuned() == 0
+
+
+@triton.jit
+def _scale_kernel(x, y, n, FACTOR: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y + offs, tl.load(x + offs, mask=offs < n) * FACTOR, mask=offs < n)
+
+
+def test_hook_inside_triton_autotune_runs_one_config_and_keys_as_triton_does(cold):
+    """Through triton.autotune itself (interpreter): the hook's key is the autotuner's, and
+    the one config it returns is what runs, with no timing of the others."""
+    configs = [triton.Config({"BLOCK": 64}), triton.Config({"BLOCK": 16})]
+    kernel = cc.autotune(configs, ["n"], name="test._scale_kernel",
+                         tiles=lambda c, a: Tiles(streamed=c.kwargs["BLOCK"] * 4),
+                         prefer=lambda a: [({"BLOCK": 16}, configs[1].num_warps, None)]
+                         )(_scale_kernel)
+    try:
+        x = torch.randn(40)
+        y = torch.empty_like(x)
+        kernel[lambda m: (triton.cdiv(40, m["BLOCK"]),)](x, y, 40, FACTOR=3.0)
+        torch.testing.assert_close(y, x * 3.0)
+        hook, tuner = cc._KERNELS["test._scale_kernel"]
+        assert {str(k) for k in tuner.cache} == set(hook.chosen)
+        assert list(tuner.cache.values()) == [configs[1]]
+        assert cc.report()["test._scale_kernel"] == {
+            next(iter(hook.chosen)): {"source": "heuristic",
+                                      "config": cc.describe(configs[1]), "too_big": []}}
+    finally:
+        cc._KERNELS.pop("test._scale_kernel", None)

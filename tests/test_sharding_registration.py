@@ -1,0 +1,120 @@
+"""A table sharding type registered from outside gemc (here, this file) flows through every
+layer from its one ``Sharding`` object (gemc.sharding): the solver offers and prices its
+candidates, picks it where it is the fastest, the plan builder writes its shards, the
+plan validator accepts it, and the cost model prices the plan with it.
+
+The toy type splits a table's columns over every rank, which no built-in type does
+(``column_wise`` stops at 8 distinct ranks): on 2 hosts of 8 GPUs a 256-wide table too
+large for 8 ranks then has two placements that fit, row-wise over 16 ranks and the toy's
+16 column shards, whose pooled exchange carries 1/16 of row-wise's bytes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from gemc.cost_model.topology import parse_topology
+from gemc.cost_model.types import RegionCost, TableCost
+from torch import nn
+
+import gemc
+from gemc.errors import GemcUserError
+from gemc.plan import load_plan, validate_plan, write_plan
+from gemc.sharding import Sharding, register, unregister
+from gemc.solver.candidates import table_options
+from gemc.solver.planners import run_planner
+from gemc.solver.problem import Problem, SolverSettings
+
+ENTRY = f"{__file__}:build"
+BATCH, IDS, ROWS, DIM = 8192, 8192 * 20, 1_200_000_000, 256  # 1.2 TB of fp32 rows
+TOPOLOGY = "h200:2x8"
+SPREAD = Sharding("spread_columns", "columns", "every_rank")
+
+
+class Wide(nn.Module):
+    """One table too large for 8 GPUs (built on meta: gemc compiles without its weights)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.EmbeddingBag(ROWS, DIM, mode="sum", include_last_offset=True)
+        self.head = nn.Linear(DIM, 1)
+
+    def forward(self, ids: torch.Tensor, offsets: torch.Tensor,
+                labels: torch.Tensor) -> torch.Tensor:
+        logits = self.head(self.table(ids, offsets)).squeeze(1)
+        return F.binary_cross_entropy_with_logits(logits, labels)
+
+
+def build() -> object:
+    from gemc.spec import ModelSpec
+
+    def batch(step: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, ...]:
+        gen = torch.Generator().manual_seed(step)
+        return (torch.randint(0, ROWS, (IDS,), generator=gen).to(device),
+                torch.arange(0, IDS + 1, IDS // BATCH).to(device),
+                torch.randint(0, 2, (BATCH,), generator=gen).float().to(device))
+
+    example = (torch.zeros(IDS, dtype=torch.long), torch.arange(0, IDS + 1, IDS // BATCH),
+               torch.zeros(BATCH))
+    return ModelSpec(model=Wide(), example_inputs=example, make_batch=batch)
+
+
+@pytest.fixture
+def spread():
+    register(SPREAD)
+    try:
+        yield SPREAD
+    finally:
+        unregister(SPREAD.name)
+
+
+def _problem() -> Problem:
+    region = RegionCost("", params=DIM + 1, fwd_flops=1e9, compute_s=1e-3,
+                        activation_bytes=10**8, boundary_bytes=10**6)
+    table = TableCost("table", rows=ROWS, dim=DIM, nnz=IDS, batch=BATCH)
+    return Problem((region,), (table,), parse_topology(TOPOLOGY),
+                   settings=SolverSettings(time_limit_s=0.5))
+
+
+def test_the_solver_offers_prices_and_picks_a_registered_type(spread) -> None:
+    problem = _problem()
+    options = {o.label: o for o in table_options(problem, problem.tables[0])}
+    # what fits: 16 shards, either way (8 ranks' shards would not)
+    assert sorted(options) == ["row_wise", "spread_columns/16"]
+    toy, rows = options["spread_columns/16"], options["row_wise"]
+    assert (toy.ranks, toy.uniform, toy.replicated) == (16, True, False)
+    # the same share of the weights, but a column shard keeps every row's optimizer state
+    # (row-wise Adagrad: one value per row) where a row shard keeps 1/16 of them
+    assert rows.memory < toy.memory <= problem.cap_bytes
+    assert toy.out_bytes == pytest.approx(rows.out_bytes / 16)  # 16 columns of 256 back
+    chosen = run_planner(problem, "greedy").assignment.tables["table"]
+    assert (chosen.sharding, chosen.ranks) == ("spread_columns", tuple(range(16)))
+
+
+def test_without_it_the_solver_keeps_the_built_in_types() -> None:
+    problem = _problem()
+    assert [o.label for o in table_options(problem, problem.tables[0])] == ["row_wise"]
+    assert run_planner(problem, "greedy").assignment.tables["table"].sharding == "row_wise"
+
+
+def test_a_compile_plans_it_and_the_plan_carries_its_shards(spread, tmp_path) -> None:
+    plan = gemc.compile(ENTRY, topology=TOPOLOGY, planner="cpsat",
+                         solver={"time_limit_s": 0.5})
+    (table,) = plan["tables"]
+    assert table["sharding"] == "spread_columns"
+    # the plan builder cut the shards through the type: 16 column ranges on every rank
+    assert [(s["rank"], s["col_offset"], s["cols"], s["rows"]) for s in table["shards"]] == [
+        (r, 16 * r, 16, ROWS) for r in range(16)]
+    # the cost model priced it: each rank holds 1/16 of the table
+    assert plan["predicted"]["max_memory_gb"] * 1e9 >= ROWS * DIM * 4 / 16
+    path = tmp_path / "plan.json"
+    write_plan(path, plan)
+    assert load_plan(path)["tables"][0]["sharding"] == "spread_columns"  # validated
+    # once the type is gone, the same plan is refused by name
+    unregister(SPREAD.name)
+    try:
+        with pytest.raises(GemcUserError, match="'spread_columns', not one of"):
+            validate_plan(plan)
+    finally:
+        register(SPREAD)
