@@ -108,18 +108,36 @@ def translate(node: fx.Node) -> tuple[str, list[Arg], dict[str, Any]] | None:
     return None
 
 
+UNTAGGED_POINTWISE = frozenset({
+    "leaky_relu", "hardtanh", "relu6", "elu", "celu", "selu", "softplus", "hardswish",
+    "hardsigmoid", "mish", "silu", "gelu", "threshold", "logit",
+})
+"""ATen activations that compute each output element from the same input element, for the
+torch versions whose ``pointwise`` tag misses them. torch 2.11 exports ``leaky_relu``
+untagged (the H200's plan for BST named it "of unknown kind" and pack-jagged-tokens stopped
+at it), torch 2.13 tags it. The tag stays the rule; this only fills its gaps."""
+
+
+def pointwise_op(target: Any) -> bool:
+    """Whether ``target`` is an ATen op that ATen tags ``pointwise`` or that is one of
+    :data:`UNTAGGED_POINTWISE` (read by classify-ops and by :func:`elementwise`)."""
+    if not isinstance(target, torch._ops.OpOverload):
+        return False
+    return torch.Tag.pointwise in target.tags or target._opname in UNTAGGED_POINTWISE
+
+
 def elementwise(node: fx.Node) -> bool:
     """Whether ``node`` computes each output element from the same element of its (broadcast)
     tensor operands: an op the code generator computes (:func:`translate`), or any
-    functional ATen op tagged ``pointwise`` (``leaky_relu``, ``elu``, ``masked_fill``...).
-    Why the tag and not a list: the padding follower and the packed runner need only
-    that property (an op per token keeps a token's padding its own), which ATen states for
-    every op it has; a list would miss the activation a model happens to use."""
+    functional ATen op tagged ``pointwise`` (``leaky_relu``, ``elu``, ``masked_fill``...;
+    :func:`pointwise_op`). Why the tag and not a list: the padding follower and the packed
+    runner need only that property (an op per token keeps a token's padding its own), which
+    ATen states for every op it has; a list would miss the activation a model happens to
+    use."""
     if translate(node) is not None:
         return True
     t = node.target if node.op == "call_function" else None
-    if not isinstance(t, torch._ops.OpOverload) or torch.Tag.pointwise not in t.tags \
-            or t._schema.is_mutable:
+    if not pointwise_op(t) or t._schema.is_mutable:
         return False
     return any(isinstance(a, fx.Node) for a in node.args)
 

@@ -17,6 +17,7 @@ from torch.fx.passes.infra.pass_base import PassResult
 
 from gemc import ir
 from gemc.context import PassContext
+from gemc.fusion_spec import pointwise_op
 from gemc.ir import OpKind
 
 _GEMM = {"linear", "mm", "addmm", "bmm", "matmul", "baddbmm", "addbmm", "_scaled_mm", "einsum"}
@@ -215,7 +216,7 @@ def classify(node: fx.Node) -> OpKind:
         if names_of_node & names:
             return kind
     target = node.target
-    if isinstance(target, torch._ops.OpOverload) and torch.Tag.pointwise in target.tags:
+    if pointwise_op(target):
         return OpKind.POINTWISE
     if names_of_node & _COPY_LIKE:
         return OpKind.POINTWISE

@@ -67,3 +67,23 @@ def test_losses_as_export_spells_them_are_losses():
     gm, _ = ClassifyOps().run(ep.graph_module, ctx)
     losses = [n for n in gm.graph.nodes if ir.kind_of(n) is OpKind.LOSS]
     assert losses and not ctx.warnings, ([str(n.target) for n in gm.graph.nodes], ctx.warnings)
+
+
+def test_an_activation_torch_leaves_untagged_is_still_pointwise(monkeypatch):
+    """torch 2.11 exports ``leaky_relu`` without ATen's ``pointwise`` tag (2.13 has it): the
+    op is still one element in, one element out, for classify-ops and for the padding
+    follower; an untagged op outside the known activations stays unknown."""
+    from torch import fx
+
+    from gemc.fusion_spec import elementwise
+    from gemc.passes.classify_ops import classify
+
+    aten = torch.ops.aten
+    g = fx.Graph()
+    x = g.placeholder("x")
+    act = g.call_function(aten.leaky_relu.default, (x, 0.1))
+    other = g.call_function(aten.cumsum.default, (x, 0))
+    monkeypatch.setattr(aten.leaky_relu.default, "_tags", [])
+    assert torch.Tag.pointwise not in aten.leaky_relu.default.tags
+    assert classify(act) is OpKind.POINTWISE and elementwise(act)
+    assert classify(other) is not OpKind.POINTWISE and not elementwise(other)
