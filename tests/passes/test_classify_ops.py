@@ -73,10 +73,10 @@ def test_an_activation_torch_leaves_untagged_is_still_pointwise(monkeypatch):
     """torch 2.11 exports ``leaky_relu`` without ATen's ``pointwise`` tag (2.13 has it): the
     op is still one element in, one element out, for classify-ops and for the padding
     follower; an untagged op outside the known activations stays unknown."""
+    from gemc.passes.classify_ops import classify
     from torch import fx
 
     from gemc.fusion_spec import elementwise
-    from gemc.passes.classify_ops import classify
 
     aten = torch.ops.aten
     g = fx.Graph()
