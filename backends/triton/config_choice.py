@@ -10,7 +10,9 @@ every kernel decides the same way:
 1. **Fit.** A config whose estimated shared memory (:func:`shared_memory_bytes`) exceeds
    the device's limit (:func:`shared_memory_limit`) is dropped before anything compiles.
 2. **Tune or not.** Unless the user asked for autotuning (``GEMC_AUTOTUNE=1``, which
-   ``gemc run --autotune`` sets), the kernel runs *one* config per key: the one an earlier
+   ``gemc run --autotune`` sets) or the kernel's tuning is cheap (``tune_cold``: the
+   pooled embedding bag, 1.7 s for its four small configs in the GEM log, whose best
+   config depends on the model's bag sizes), the kernel runs *one* config per key: the one an earlier
    ``--autotune`` run measured and recorded in the run's Triton cache directory
    (:data:`RECORD_NAME`), else the kernel's heuristic (the configs the H200 picked, by
    shape). Which of the two each kernel ran is in the run report (:func:`report`), so a
@@ -121,6 +123,7 @@ class ConfigChoice:
     arg_names: Sequence[str] = ()
     source_key: str = ""  # the kernel source's hash: a record of other code is ignored
     fn: Any = None  # the jitted function, whose source hash is taken at the first launch
+    tune_cold: bool = False  # autotune even on a cold run (a kernel whose tuning is cheap)
     # tuning key -> ("heuristic" | "recorded" | "autotuned", config or None until tuned)
     chosen: dict[str, tuple[str, str | None]] = field(default_factory=dict)
     pruned: dict[str, list[str]] = field(default_factory=dict)  # key -> configs too big
@@ -139,7 +142,7 @@ class ConfigChoice:
         if not fits:  # nothing fits by the estimate: let the compiler be the judge
             fits = [min(configs, key=lambda c: shared_memory_bytes(c.num_stages,
                                                                    self.tiles(c, args)))]
-        if autotuning_requested() and len(fits) > 1:
+        if (autotuning_requested() or self.tune_cold) and len(fits) > 1:
             self.chosen[key] = ("autotuned", None)
             return fits
         recorded = _read_record().get(self.name, {})
@@ -174,11 +177,13 @@ _KERNELS: dict[str, tuple[ConfigChoice, Any]] = {}
 
 def autotune(configs: list[triton.Config], key: list[str], *, name: str,
              tiles: Callable[[triton.Config, Mapping[str, Any]], Tiles],
-             prefer: Callable[[Mapping[str, Any]], Sequence[Preferred]] | None = None
-             ) -> Callable[[Any], Any]:
+             prefer: Callable[[Mapping[str, Any]], Sequence[Preferred]] | None = None,
+             tune_cold: bool = False) -> Callable[[Any], Any]:
     """``triton.autotune(configs, key)`` with :class:`ConfigChoice` as its pruning hook:
-    the decorator every hand-written gemc kernel with several configs uses."""
-    hook = ConfigChoice(name, key, tiles, prefer)
+    the decorator every hand-written gemc kernel with several configs uses. ``tune_cold``:
+    the kernel autotunes on a cold run too, for kernels whose tuning costs little next to
+    a wrong pick (small configs that all compile)."""
+    hook = ConfigChoice(name, key, tiles, prefer, tune_cold=tune_cold)
 
     def wrap(fn: Any) -> Any:
         tuner = triton.autotune(configs=configs, key=key,

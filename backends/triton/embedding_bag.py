@@ -153,13 +153,17 @@ def _gather_tiles(cfg: triton.Config, args: dict) -> Tiles:
 
 
 def _gather_prefer(args: dict) -> list[Preferred]:
-    """The H200's pick for the GEM example's bags (issue 16's first-step log)."""
+    """The H200's pick for the GEM example's bags (issue 16's first-step log). Only the
+    interpreter-free fallback: the kernel autotunes on cold runs too (``tune_cold``), since
+    its four configs cost 1.7 s there and the best one depends on the model's bag sizes
+    (MMoE, Wukong and DLRM-DCNv2 ran 12-30% slower at b15cb54, on this pick, than at
+    3c7f966, tuned; whether this pick is the cause was not measured)."""
     return [({"BLOCK_L": 8}, 1, None)]
 
 
 @config_choice.autotune(_FWD_CONFIGS, ["BLOCK_D", "MEAN", "HAS_WEIGHTS", "STORAGE"],
                         name="embedding_bag._pooled_forward_kernel", tiles=_gather_tiles,
-                        prefer=_gather_prefer)
+                        prefer=_gather_prefer, tune_cold=True)
 @triton.jit
 def _pooled_forward_kernel(
     weights, row_scale, ids, offsets, per_sample_weights, weight_offset, row_base, table_dim,

@@ -112,6 +112,25 @@ def test_autotune_times_every_config_that_fits(cold, monkeypatch):
     assert list(hook.chosen.values()) == [("autotuned", None)]
 
 
+def test_a_cheap_kernel_tunes_on_a_cold_run_too(cold):
+    """``tune_cold`` (the pooled embedding bag): every config that fits is timed without
+    ``--autotune``; the same hook without it runs its one heuristic pick."""
+    from gemc.backends.triton import embedding_bag as eb
+
+    hook = eb._pooled_forward_kernel  # the autotuner; its hook is registered by name
+    choice, _ = cc._KERNELS["embedding_bag._pooled_forward_kernel"]
+    assert choice.tune_cold and hook is not None
+    bags = [triton.Config({"BLOCK_L": b}, num_warps=w) for b, w in ((16, 2), (32, 4), (8, 1))]
+    args = {"BLOCK_D": 128}
+    tuned = cc.ConfigChoice("bag", ["BLOCK_D"], eb._gather_tiles, eb._gather_prefer,
+                            arg_names=["BLOCK_D"], tune_cold=True)
+    assert tuned(bags, args) == bags and list(tuned.chosen.values()) == [("autotuned", None)]
+    once = cc.ConfigChoice("bag", ["BLOCK_D"], eb._gather_tiles, eb._gather_prefer,
+                           arg_names=["BLOCK_D"])
+    assert once(bags, args) == [bags[2]]
+    assert list(once.chosen.values())[0][0] == "heuristic"
+
+
 class _Tuner:
     """What record_tuned reads of a triton Autotuner: its per-key best config."""
 
