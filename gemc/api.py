@@ -17,7 +17,7 @@ from gemc.context import PassContext
 from gemc.entrypoint import load_model
 from gemc.exchange_precision import fixed_exchange, wire_of_plan
 from gemc.pass_manager import PassManager
-from gemc.pipeline import annotation_passes, default_pipeline
+from gemc.pipeline import annotation_passes
 from gemc.plan import write_plan
 from gemc.plan_builder import build_plan
 from gemc.spec import BATCH_SIZE_MISSING, ModelSpec, batch_size_of
@@ -106,7 +106,7 @@ def compile(  # noqa: A001 - the public name users expect
     topo = parse_topology(config.topology)
     calib = resolve_calibration(config.calibration, topo.gpu.name)
     manager = PassManager(
-        default_pipeline(planner, config.precision),
+        config.pipeline(),
         disabled=disabled_passes,
         dump_dir=dump_dir,
         dump_mode=dump_mode,

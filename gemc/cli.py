@@ -91,6 +91,13 @@ def _parser() -> argparse.ArgumentParser:
                    "directory, created if missing; checked writable before compiling)")
     c.add_argument("--dump-mode", default="all", help="all | changed | failure")
     c.add_argument(
+        "--passes", default=None, metavar="SPEC",
+        help="the pipeline as a pass spec: pass names in the default order, each with "
+             "optional options, e.g. 'classify-ops,collect-tables,count-flops-bytes,"
+             "assign-regions,predict-time,fuse{max_outputs=2},place-default' (default: "
+             "every pass)",
+    )
+    c.add_argument(
         "--disable-pass",
         action="append",
         default=[],
@@ -227,6 +234,7 @@ def compile_config(args: argparse.Namespace) -> CompileConfig:
         precision=PrecisionOptions(mode=args.precision, min_sqnr_db=args.min_sqnr_db,
                                    min_block_sqnr_db=args.min_block_sqnr_db),
         disabled_passes=tuple(args.disable_pass),
+        passes=args.passes,
         dump_dir=args.dump_dir,
         dump_mode=args.dump_mode,
     )

@@ -42,6 +42,9 @@ class CompileConfig:
     gradients go back bf16), or auto (a lower one where its SQNR holds and the plan
     predicts faster; needs a solver planner); recorded in the plan's ``exchange`` block.
     ``precision``: the choose-precision pass's options (mode, SQNR bounds, probe budget).
+    ``passes``: a pass-spec string (``gemc.pipeline.pipeline_from_spec``:
+    ``"classify-ops,...,fuse{max_outputs=2},..."``) choosing the pipeline's passes and their
+    options; None: the default pipeline.
     """
 
     topology: str = "h200:1x8"
@@ -53,6 +56,7 @@ class CompileConfig:
     exchange_precision: str | None = None
     precision: PrecisionOptions = field(default_factory=PrecisionOptions)
     disabled_passes: tuple[str, ...] = ()
+    passes: str | None = None
     dump_dir: str | Path | None = None
     dump_mode: str = "all"
 
@@ -96,6 +100,15 @@ class CompileConfig:
                                 where="precision",
                                 fix="pass gemc.passes.precision.PrecisionOptions(...)")
         self.precision.validate()
+        self.pipeline()  # a bad pass spec is named before any capture
+
+    def pipeline(self) -> list[Any]:
+        """The passes this compile runs: the default pipeline, or the one ``passes`` names."""
+        from gemc.pipeline import default_pipeline, pipeline_from_spec
+
+        if self.passes is None:
+            return default_pipeline(self.planner, self.precision)
+        return pipeline_from_spec(self.passes, self.planner, self.precision)
 
     def with_options(self, **options: Any) -> CompileConfig:
         """A copy with ``options`` (field names) replaced; an unknown name is a user error."""

@@ -150,6 +150,10 @@ def test_disable_pass_by_name_and_dependency_error(tmp_path, capsys):
             ["compile", f"{TOY}:build", "--disable-pass", "nope", "--out", "{out}"],
             "no pass named 'nope'",
         ),
+        (
+            ["compile", f"{TOY}:build", "--passes", "classify-ops,fusion", "--out", "{out}"],
+            "unknown pass 'fusion'",
+        ),
         (["compile"], "required"),
         (["frobnicate"], "invalid choice"),
     ],
