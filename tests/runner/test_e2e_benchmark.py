@@ -67,7 +67,7 @@ def _timeline(e2e):  # noqa: ANN001, ANN202
     aten::add_ launches D at 725, D [740, 800]     -> 138 us after the sync
     900: end of the closing synchronize           -> 100 us tail
     """
-    T = e2e.TraceEvent
+    T = e2e.trace_analysis.TraceEvent
 
     def op(name, start, end, corr):  # noqa: ANN001, ANN202
         return T(name, "op", start, end, tid=1, corr=corr)
@@ -101,7 +101,7 @@ def _timeline(e2e):  # noqa: ANN001, ANN202
 
 def test_gaps_of_a_cuda_step_by_cause() -> None:
     e2e = _module()
-    result = e2e.step_gaps(_timeline(e2e))
+    result = e2e.trace_analysis.step_gaps(_timeline(e2e))
     s = result["summary"]
     assert s["device_timeline"] and s["profiled_steps"] == 1
     assert s["window_ms"] == pytest.approx(0.8)  # 100 -> 900: the timed region
@@ -127,7 +127,7 @@ def test_gaps_of_a_cuda_step_by_cause() -> None:
     (site,) = result["sync_sites"]
     assert site[0].endswith("cudaStreamSynchronize") and site[1] == 1
     assert site[2] == pytest.approx(82)  # us the host blocked
-    text = e2e.format_gaps("gemc", result, [], "trace: -")
+    text = e2e.trace_analysis.format_gaps("gemc", result, [], "trace: -")
     assert "GPU busy 0.43 ms + GPU idle 0.37 ms" in text
     assert "[sync]" in text and "ops in gap: 4 (aten::view x3, aten::mul x1)" in text
 
@@ -142,8 +142,8 @@ def test_gap_analysis_failure_keeps_the_benchmark(tmp_path: Path, monkeypatch, c
     def missing(_prof):  # noqa: ANN001, ANN202
         raise AttributeError("no events()")
 
-    monkeypatch.setattr(e2e, "profiler_events", missing)
-    prof = e2e.StepProfiler(1, 1, torch.device("cpu"), tmp_path / "x.json.v.kernels.txt")
+    monkeypatch.setattr(e2e.trace_analysis, "profiler_events", missing)
+    prof = e2e.trace_analysis.StepProfiler(1, 1, torch.device("cpu"), tmp_path / "x.json.v.kernels.txt")
     x = torch.randn(64, 64)
     for _ in range(3):
         (x @ x).sum().item()
@@ -166,7 +166,7 @@ def test_sync_sites_name_the_repo_line(monkeypatch) -> None:  # noqa: ANN001
     monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: 0)
     monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
     monkeypatch.setattr(warnings, "showwarning", lambda message, *_: shown.append(str(message)))
-    sites = e2e.SyncSites()
+    sites = e2e.trace_analysis.SyncSites()
     sites.start()
     for _ in range(2):
         warnings.warn("called a synchronizing CUDA operation", UserWarning, stacklevel=1)
