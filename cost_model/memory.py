@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 
-from gemc.sharding import SHARDINGS
+from gemc.sharding import SHARDINGS, dense_strategy
 from gemc.table_lookup import BATCHED, DENSE_GRAD
 
 from .kernels import INDEX_BYTES, OPTIMIZER_STATES, expected_unique_rows
@@ -65,19 +65,16 @@ def optimizer_state_bytes(optimizer: str, numel: float, *, rows: float = 0.0,
 
 def shard_degree(region: RegionCost, world: int) -> int:
     """How many ranks split the region's parameters."""
-    if region.strategy == "ddp":
-        return 1
-    if region.strategy == "fsdp":
-        return region.shard_group or world
-    return max(1, region.shard_group or 1)
+    return dense_strategy(region.strategy).degree(region.shard_group, world)
 
 
 def region_memory(region: RegionCost, world: int, options: StepOptions) -> MemoryBreakdown:
-    g = shard_degree(region, world)
+    strategy = dense_strategy(region.strategy)
+    g = strategy.degree(region.shard_group, world)
     numel = region.params / g
     params = numel * region.param_bytes
     grads = numel * region.grad_bytes
-    if region.strategy == "ddp" and region.params > 0 and world > 1:
+    if strategy.replicated and region.params > 0 and world > 1:
         # the runner's GradientAverager: each bucket's flat copy of its gradients lives
         # until finish() (DDP's gradient_as_bucket_view=False); one rank wraps nothing
         # (backends/torch/dense.py), so there is no copy to hold
@@ -85,7 +82,7 @@ def region_memory(region: RegionCost, world: int, options: StepOptions) -> Memor
     opt = optimizer_state_bytes(options.optimizer, numel, state_bytes=options.state_bytes)
     if options.master_weights and region.param_bytes < 4:
         opt += numel * 4
-    act = region.activation_bytes / (region.shard_group if region.strategy == "tp"
+    act = region.activation_bytes / (region.shard_group if strategy.splits_activations
                                      and region.shard_group else 1)
     if region.checkpoint:
         act = region.boundary_bytes
@@ -169,7 +166,7 @@ def rank_memory(regions: Sequence[RegionCost], tables: Iterable[TableCost], rank
     ckpt_peak = 0.0
     for region in regions:
         total = total + region_memory(region, world, options)
-        if region.strategy in ("fsdp", "hsdp") and shard_degree(region, world) > 1:
+        if dense_strategy(region.strategy).sharded and shard_degree(region, world) > 1:
             # the gathered unit being computed + the prefetched one
             transient = max(transient, 2.0 * region.params * region.param_bytes)
         if region.checkpoint:

@@ -38,6 +38,7 @@ from gemc.exchange_precision import (
     casts,
     wire_row_bytes,
 )
+from gemc.sharding import dense_strategy
 from gemc.table_lookup import BATCHED, DENSE_GRAD, SPARSE
 
 from .calibration import Calibration
@@ -244,23 +245,24 @@ def dense_comm(region: RegionCost, topo: Topology, calibration: Calibration | No
     def t(op: str, nbytes: float, ranks: Sequence[int] | range) -> float:
         return collective_time(op, nbytes, tuple(ranks), topo, calibration=calibration)
 
-    if region.strategy == "ddp":
+    comm = dense_strategy(region.strategy).comm
+    if comm == "all_reduce":
         buckets = max(1, int(np.ceil(grad_bytes / options.ddp_bucket_bytes)))
         one = t("all_reduce", grad_bytes / buckets, range(world))
         out["bwd"] = buckets * one
         out["bwd_tail"] = one
-    elif region.strategy in ("fsdp", "hsdp"):
+    elif comm == "gather_scatter":
         g = min(shard_degree(region, world), world)
         group = range(g)
         ag = t("all_gather", param_bytes, group)
         rs = t("reduce_scatter", grad_bytes, group)
         out["fwd"], out["fwd_tail"] = ag, ag
         out["bwd"], out["bwd_tail"] = ag + rs, rs
-        if g < world:  # HSDP: replicas all-reduce their shard across hosts
+        if g < world:  # a group smaller than the world: replicas all-reduce their shard
             ar = t("all_reduce", grad_bytes / g, range(0, world, g))
             out["bwd"] += ar
             out["bwd_tail"] += ar
-    else:  # tp: sequence-parallel all-gather + reduce-scatter of the activation, fwd & bwd
+    else:  # sequence parallel: all-gather + reduce-scatter of the activation, fwd & bwd
         tp = max(1, min(region.shard_group or 1, world))
         if tp > 1:
             act = region.boundary_bytes * tp

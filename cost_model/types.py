@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gemc.exchange_precision import FP32_WIRE, WirePrecision
-from gemc.sharding import DENSE_STRATEGIES, SHARDINGS  # defined in the core
+from gemc.sharding import DENSE_STRATEGIES, REPLICATED_DENSE, SHARDINGS  # defined in the core
 from gemc.table_lookup import BATCHED, LOOKUP_PATHS
 from gemc.table_precision import TABLE_PRECISIONS, weight_bytes
 
@@ -30,7 +30,7 @@ class RegionCost:
     params: int
     fwd_flops: float
     compute_s: float
-    strategy: str = "ddp"
+    strategy: str = REPLICATED_DENSE
     shard_group: int = 0
     param_bytes: int = 4          # bytes per parameter element (compute copy)
     grad_bytes: int = 4           # bytes per gradient element (reduced in this dtype)

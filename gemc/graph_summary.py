@@ -31,7 +31,7 @@ from gemc.cost_model.activations import (
 from gemc.cost_model.step_model import shard_compute_s
 from gemc.cost_model.types import StepOptions, TableCost
 from gemc.ir import OpKind
-from gemc.sharding import make_shards
+from gemc.sharding import REPLICATED_DENSE, make_shards
 from gemc.table_lookup import DENSE_GRAD, SPARSE, captured_sparse, cheaper_route, lookup_paths
 
 
@@ -446,7 +446,7 @@ def region_summaries(
         kinds[region][kind.value if kind else "other"] += 1
         predicted[region] += node_ms[node]
         placement = node.meta.get(ir.PLACEMENT) or {}
-        strategy.setdefault(region, placement.get("strategy", "ddp"))
+        strategy.setdefault(region, placement.get("strategy", REPLICATED_DENSE))
         extra.setdefault(
             region, {k: placement[k] for k in ("shard_group", "checkpoint") if k in placement}
         )
@@ -459,7 +459,7 @@ def region_summaries(
             "fwd_flops": flops[name],
             "fwd_bytes": nbytes[name],
             "ops": dict(sorted(kinds[name].items())),
-            "strategy": strategy.get(name, "ddp"),
+            "strategy": strategy.get(name, REPLICATED_DENSE),
             "predicted_ms": round(predicted[name], 6) if predicted[name] else None,
             **extra.get(name, {}),
         }

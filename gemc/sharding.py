@@ -9,6 +9,10 @@ shape of each) and the runner (whether a table is a local replica), so no layer 
 list of type names or an ``if`` per type of its own. A new type is one more entry in
 :data:`DECLARED` (or, from outside gemc, :func:`register`); see ``docs/architecture.md``
 ("Where a new sharding type goes").
+
+Dense strategies likewise, one :class:`DenseStrategy` each (:data:`DENSE_DECLARED`): how a
+region's parameters are held, the collectives the cost model prices, the shard groups the
+solver may offer and whether the runner executes it ("Dense strategies" in the same doc).
 """
 
 from __future__ import annotations
@@ -19,8 +23,19 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-# The names a plan, the cost model and the solver use (defined once, here in the core).
-DENSE_STRATEGIES = ("ddp", "fsdp", "hsdp", "tp")
+PARAM_GROUPS = ("none", "world", "host", "tensor")
+"""Which ranks split a dense region's parameters: none (every rank holds them whole), the
+whole world (or the plan's ``shard_group``), the GPUs of one host (``shard_group``, the
+other hosts holding replicas), or a tensor-parallel group of ``shard_group`` ranks."""
+DENSE_COMMS = ("all_reduce", "gather_scatter", "sequence_parallel")
+"""A dense strategy's collectives per step, as the cost model prices them: the gradients'
+bucketed all-reduce; an all-gather of the parameters (forward, again in backward) and a
+reduce-scatter of the gradients, plus an all-reduce of the shard across replicas when the
+group is smaller than the world; or a sequence-parallel all-gather + reduce-scatter of the
+activation (forward and backward, on the critical path) and an all-reduce of the shard
+across replicas."""
+TP_DEGREES = (2, 4, 8)
+"""The tensor-parallel degrees the solver may offer (dividing a host's GPUs)."""
 
 SPLITS = ("none", "rows", "columns", "grid")
 """How a type cuts a table: not at all (one whole shard per holder), into row ranges, into
@@ -238,3 +253,92 @@ def make_shards(
     """Concrete shards of a table sharded ``sharding_name`` over ``ranks`` (see
     :meth:`Sharding.shards`)."""
     return sharding(sharding_name).shards(ranks, rows, dim, grid)
+
+
+@dataclass(frozen=True)
+class DenseStrategy:
+    """One dense-region strategy: how its parameters are held, what it communicates per
+    step, the shard groups the solver may offer it and whether the runner executes it.
+
+    ``group``: which ranks split the parameters (:data:`PARAM_GROUPS`). ``sharded``: the
+    parameters are sharded and gathered around each use (the gathered unit and the
+    prefetched one are transient memory); otherwise a non-``none`` group splits the
+    computation (tensor parallel: the activation is split too). ``comm``: the collectives
+    the cost model prices (:data:`DENSE_COMMS`). ``runner``: whether the runner executes
+    it; one it does not is offered by the solver only where its settings allow
+    (``allow_tp``). ``title``: its name in errors.
+    """
+
+    name: str
+    group: str
+    comm: str
+    sharded: bool = False
+    runner: bool = True
+    title: str = ""
+
+    def __post_init__(self) -> None:
+        if self.group not in PARAM_GROUPS:
+            raise ValueError(f"dense strategy {self.name}: group {self.group!r} not in "
+                             f"{PARAM_GROUPS}")
+        if self.comm not in DENSE_COMMS:
+            raise ValueError(f"dense strategy {self.name}: comm {self.comm!r} not in "
+                             f"{DENSE_COMMS}")
+
+    @property
+    def replicated(self) -> bool:
+        """Whether every rank holds the whole parameters (their gradient all-reduced in
+        buckets by the runner's averager, which keeps a flat copy of each bucket)."""
+        return self.group == "none"
+
+    @property
+    def splits_activations(self) -> bool:
+        """Whether each rank of the group keeps only its share of the activation."""
+        return self.group == "tensor"
+
+    def degree(self, shard_group: int, world: int) -> int:
+        """How many ranks split the parameters, for a region planned with ``shard_group``
+        (0 = the strategy's default: the whole world for a world group)."""
+        if self.group == "none":
+            return 1
+        if self.group == "world":
+            return shard_group or world
+        return max(1, shard_group or 1)
+
+    def shard_groups(self, world: int, hosts: int, gpus_per_host: int) -> tuple[int, ...]:
+        """The ``shard_group`` values the solver may offer a region that can be sharded:
+        0 for a replicated or world-wide strategy, a host's GPUs for a host group (on
+        several hosts of several GPUs), the :data:`TP_DEGREES` that divide a host's GPUs
+        for a tensor group."""
+        if self.group in ("none", "world"):
+            return (0,)
+        if self.group == "host":
+            return (gpus_per_host,) if hosts > 1 and gpus_per_host > 1 else ()
+        return tuple(t for t in TP_DEGREES
+                     if t <= gpus_per_host and gpus_per_host % t == 0 and t <= world)
+
+
+DENSE_DECLARED: tuple[DenseStrategy, ...] = (
+    DenseStrategy("ddp", "none", "all_reduce", title="data parallel"),
+    DenseStrategy("fsdp", "world", "gather_scatter", sharded=True, title="fully sharded"),
+    DenseStrategy("hsdp", "host", "gather_scatter", sharded=True, title="hybrid sharded"),
+    DenseStrategy("tp", "tensor", "sequence_parallel", runner=False, title="tensor parallel"),
+)
+"""The dense strategies. Their order is the order of the solver's choices (part of its
+determinism). The first is the replicated one every region may take."""
+
+DENSE: Mapping[str, DenseStrategy] = MappingProxyType({d.name: d for d in DENSE_DECLARED})
+"""The dense strategies by name: what a plan's ``regions[].strategy`` may be."""
+
+DENSE_STRATEGIES = tuple(DENSE)
+"""The dense strategies' names (defined once, here in the core)."""
+
+REPLICATED_DENSE = DENSE_DECLARED[0].name
+"""The strategy a region has unless a planner shards it."""
+
+
+def dense_strategy(name: str) -> DenseStrategy:
+    """The dense strategy named ``name`` (a ValueError naming the known ones otherwise)."""
+    found = DENSE.get(name)
+    if found is None:
+        raise ValueError(f"unknown dense strategy {name!r} (known: {', '.join(DENSE)})")
+    return found

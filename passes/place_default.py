@@ -17,6 +17,7 @@ from torch.fx.passes.infra.pass_base import PassResult
 from gemc import ir
 from gemc.context import PassContext
 from gemc.ir import OpKind
+from gemc.sharding import REPLICATED_DENSE
 
 # A table whose weights plus row-wise optimizer state exceed this share of one GPU's HBM
 # is split row-wise instead of being placed whole on one rank.
@@ -57,5 +58,5 @@ class PlaceDefault:
             if facts is not None:
                 node.meta[ir.PLACEMENT] = placement[facts["fqn"]]
             elif node.op == "call_function" and ir.kind_of(node) is not OpKind.VIEW:
-                node.meta[ir.PLACEMENT] = {"strategy": "ddp"}
+                node.meta[ir.PLACEMENT] = {"strategy": REPLICATED_DENSE}
         return PassResult(gm, True)

@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch import nn
 
 from gemc.errors import GemcUserError, PlanError
+from gemc.sharding import DENSE_DECLARED, REPLICATED_DENSE, dense_strategy
 
 BUCKET_BYTES = 25 * 1024 * 1024
 
@@ -157,14 +158,19 @@ def _owner(fqn: str, names: Iterable[str]) -> str:
 
 def check_strategies(regions: list[dict[str, Any]]) -> None:
     """Refuse what the runner cannot execute, before any process group work starts."""
-    tp = [r["name"] or "(root)" for r in regions if r["strategy"] == "tp"]
-    if tp:
-        raise TensorParallelNotSupported(
-            "tensor parallel not yet supported by the runner: the plan asks for it in "
-            f"region(s) {', '.join(tp)}",
-            where="plan regions[].strategy",
-            fix="compile a plan without tensor parallelism (set those regions to fsdp or ddp)",
-        )
+    for strategy in DENSE_DECLARED:
+        if strategy.runner:
+            continue
+        asked = [r["name"] or "(root)" for r in regions if r["strategy"] == strategy.name]
+        if asked:
+            runs = [s.name for s in DENSE_DECLARED if s.runner and s.name != REPLICATED_DENSE]
+            raise TensorParallelNotSupported(
+                f"{strategy.title} not yet supported by the runner: the plan asks for it in "
+                f"region(s) {', '.join(asked)}",
+                where="plan regions[].strategy",
+                fix=f"compile a plan without {strategy.name} regions (set those regions to "
+                f"{' or '.join(runs[:1] + [REPLICATED_DENSE])})",
+            )
 
 
 def apply_strategies(
@@ -181,7 +187,7 @@ def apply_strategies(
     check_strategies(regions)
     modules = _region_modules(model, regions)
     strategy = {r["name"]: r["strategy"] for r in regions}
-    strategy.setdefault("", "ddp")
+    strategy.setdefault("", REPLICATED_DENSE)
     layout = DenseLayout(strategy_of_region=dict(strategy))
     owner_of: dict[str, str] = {}
     for fqn, p in model.named_parameters():
@@ -197,8 +203,8 @@ def apply_strategies(
     modules.setdefault("", model)
     # innermost first: a region's own fully_shard must precede its parent's
     for name in sorted(strategy, key=lambda n: (-(n.count(".") + 1) if n else 0, n)):
-        how = strategy[name]
-        if how not in ("fsdp", "hsdp"):
+        how = dense_strategy(strategy[name])
+        if not how.sharded:
             continue
         module = modules[name]
         prefix = f"{name}." if name else ""
@@ -210,11 +216,13 @@ def apply_strategies(
         ignored |= {
             params[f]
             for f in inside
-            if f in owner_of and owner_of[f] != name and strategy[owner_of[f]] == "ddp"
+            if f in owner_of and owner_of[f] != name
+            and dense_strategy(strategy[owner_of[f]]).replicated
         }
-        mesh = mesh_2d if how == "hsdp" else mesh_1d
+        mesh = mesh_2d if how.group == "host" else mesh_1d
         fully_shard(module, mesh=mesh, ignored_params=ignored or None)
-    ddp_params = [params[f] for f in owner_of if strategy[owner_of[f]] == "ddp"]
+    ddp_params = [params[f] for f in owner_of
+                  if dense_strategy(strategy[owner_of[f]]).replicated]
     ddp_params = [p for p in ddp_params if p.requires_grad]
     if ddp_params:
         layout.averager = GradientAverager(ddp_params, ddp_group, world_size)

@@ -63,6 +63,7 @@ from torch import nn
 from gemc import ir
 from gemc.errors import PlanError
 from gemc.kernel_kinds import graph_kinds
+from gemc.sharding import dense_strategy
 from gemc.table_lookup import (
     SPARSE,
     batched_applied,
@@ -98,7 +99,8 @@ def check_graph_mode(
             )
     if not kernels:
         return
-    sharded = [r["name"] or "<root>" for r in regions or [] if r["strategy"] != "ddp"]
+    sharded = [r["name"] or "<root>" for r in regions or []
+               if not dense_strategy(r["strategy"]).replicated]
     if world_size > 1 and sharded:
         raise PlanError(
             f"the plan lists {len(kernels)} generated kernel(s) for {world_size} ranks, and "

@@ -61,7 +61,7 @@ from gemc.errors import GemcUserError, PlanError
 from gemc.exchange_precision import wire_of_plan
 from gemc.kernel_kinds import graph_kinds
 from gemc.plan import load_plan, validate_plan
-from gemc.sharding import SHARDINGS
+from gemc.sharding import SHARDINGS, dense_strategy
 from gemc.spec import BATCH_SIZE_MISSING, BatchSizeWarning, batch_size_of
 from gemc.table_lookup import SPARSE
 
@@ -392,13 +392,14 @@ def _run(
 
     table_params = {m.weight for m in tables.values() if m.weight is not None}
     mesh_1d = mesh_2d = ddp_group = None
-    strategies = {r["strategy"] for r in plan["regions"]}
+    groups = {dense_strategy(r["strategy"]).group for r in plan["regions"]
+              if dense_strategy(r["strategy"]).sharded}
     if wsize > 1:
         from torch.distributed.device_mesh import init_device_mesh
 
-        if "fsdp" in strategies:
+        if "world" in groups:
             mesh_1d = init_device_mesh(device.type, (wsize,), mesh_dim_names=("dp",))
-        if "hsdp" in strategies:
+        if "host" in groups:
             mesh_2d = init_device_mesh(
                 device.type,
                 tuple(plan["mesh"]["shape"]),

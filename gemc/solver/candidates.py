@@ -42,7 +42,7 @@ from gemc.cost_model.step_model import (
     shard_compute_s,
 )
 from gemc.cost_model.types import RegionCost, TableCost
-from gemc.sharding import SHARDINGS
+from gemc.sharding import DENSE_DECLARED, SHARDINGS, dense_strategy
 
 from .problem import DenseChoice, Problem, TableChoice
 
@@ -74,14 +74,10 @@ class RegionClass:
 def dense_choices(problem: Problem, region: RegionCost) -> list[DenseChoice]:
     topo, s = problem.topology, problem.settings
     world, local, hosts = topo.world_size, topo.gpus_per_host, topo.hosts
-    strategies = [DenseChoice("ddp")]
-    if world > 1 and region.params > 0 and problem.can_place(region.name):
-        strategies.append(DenseChoice("fsdp"))
-        if hosts > 1 and local > 1:
-            strategies.append(DenseChoice("hsdp", local))
-        if s.allow_tp:
-            strategies += [DenseChoice("tp", t) for t in (2, 4, 8)
-                           if t <= local and local % t == 0 and t <= world]
+    shardable = world > 1 and region.params > 0 and problem.can_place(region.name)
+    strategies = [DenseChoice(d.name, g) for d in DENSE_DECLARED
+                  if d.replicated or (shardable and (d.runner or s.allow_tp))
+                  for g in d.shard_groups(world, hosts, local)]
     out = list(strategies)
     if (s.allow_checkpoint and region.name and problem.can_place(region.name)
             and region.activation_bytes > region.boundary_bytes):
@@ -95,7 +91,7 @@ def dense_option(problem: Problem, region: RegionCost, choice: DenseChoice) -> D
                  checkpoint=choice.checkpoint)
     mem = region_memory(rc, world, problem.options)
     degree = shard_degree(rc, world)
-    gathered = rc.strategy in ("fsdp", "hsdp") and degree > 1
+    gathered = dense_strategy(rc.strategy).sharded and degree > 1
     comm = dense_comm(rc, problem.topology, problem.calibration, problem.options)
     fwd = rc.compute_s * rc.fwd_fraction
     return DenseOption(

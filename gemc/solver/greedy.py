@@ -23,6 +23,7 @@ import numpy as np
 
 from gemc.cost_model.collectives import collective_time
 from gemc.cost_model.types import TableCost
+from gemc.sharding import REPLICATED_DENSE
 
 from .candidates import TableOption, least_bytes, table_options
 from .evaluate import Pricer, dense_bytes
@@ -53,7 +54,7 @@ def greedy(problem: Problem, pricer: Pricer | None = None) -> Assignment:
         opts = table_options(problem, t)
         proposals[t.fqn] = sorted(opts, key=lambda o: (_perf(problem, o, comm_s_per_byte),
                                                        o.memory))
-    a = Assignment(dense={r.name: DenseChoice("ddp") for r in problem.regions})
+    a = Assignment(dense={r.name: DenseChoice(REPLICATED_DENSE) for r in problem.regions})
     tables_avg = sum(least_bytes(opts) for opts in proposals.values()) / world
     for r in sorted(problem.regions, key=lambda r: (-r.params, r.name)):
         if dense_bytes(problem, pricer, a.dense) + tables_avg <= cap:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from gemc.sharding import REPLICATED_DENSE
+
 from .candidates import table_option, table_options
 from .greedy import _place
 from .problem import Assignment, DenseChoice, Problem, TableChoice
@@ -21,7 +23,7 @@ def naive(problem: Problem) -> Assignment:
     a = Assignment()
     for r in problem.regions:
         shard = world > 1 and r.params > 0 and problem.can_place(r.name)
-        a.dense[r.name] = DenseChoice("fsdp" if shard else "ddp")
+        a.dense[r.name] = DenseChoice("fsdp" if shard else REPLICATED_DENSE)
     shards = np.zeros(world)
     next_rank = 0
     for t in problem.tables:

@@ -24,6 +24,7 @@ from gemc.cost_model.topology import Topology
 from gemc.cost_model.types import RegionCost, StepOptions, StepPrediction, TableCost
 from gemc.costing import region_boundary_bytes, region_costs, table_costs
 from gemc.ir import OpKind
+from gemc.sharding import REPLICATED_DENSE
 
 GB = 1e9
 
@@ -108,7 +109,7 @@ class DenseChoice:
     """A dense region's strategy. ``shard_group``: HSDP's group inside a host, TP's degree
     (0 for DDP and for FSDP over the whole world)."""
 
-    strategy: str = "ddp"
+    strategy: str = REPLICATED_DENSE
     shard_group: int = 0
     checkpoint: bool = False
 
@@ -201,7 +202,7 @@ def problem_from_graph(
         and not n.meta.get(ir.TABLE)
     )
     return Problem(
-        regions=tuple(replace(r, strategy="ddp", shard_group=0, checkpoint=False) for r in costs),
+        regions=tuple(replace(r, strategy=REPLICATED_DENSE, shard_group=0, checkpoint=False) for r in costs),
         tables=tuple(table_costs(tables)),
         topology=ctx.topology,
         calibration=getattr(ctx, "calibration", None),
