@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 INDEX_BYTES = 8          # int64 indices, as torch.nn.EmbeddingBag takes them
+SECTOR_BYTES = 32        # the smallest piece of HBM a GPU load moves (an L2 sector)
 ATTENTION_BWD_FLOPS = 2.5  # FlashAttention-2 backward ~2.5x forward FLOPs (5 GEMMs vs 2,
 #                            recomputing P), Dao 2023, section 3.1
 
@@ -43,6 +44,16 @@ def attention_bytes(batch: int, heads: int, q_len: int, kv_len: int, head_dim: i
 def embedding_fwd_bytes(nnz: int, dim: int, bags: int, elt: int) -> float:
     """Gather nnz rows, write one pooled row per bag, read the indices."""
     return float(nnz) * dim * elt + float(bags) * dim * elt + float(nnz) * INDEX_BYTES
+
+
+def row_sector_waste(dim: int, elt: float) -> float:
+    """Bytes a randomly gathered row of ``dim`` elements of ``elt`` bytes moves beyond its
+    own: a gather reads whole 32-byte sectors, so a row narrower than a sector (an 8-wide
+    bf16 column shard: 16 bytes) or not a whole number of them still costs the rounded-up
+    sectors. Rows of a contiguous shard start on their own stride, so a row of whole
+    sectors wastes nothing."""
+    row = dim * elt
+    return math.ceil(row / SECTOR_BYTES) * SECTOR_BYTES - row if row > 0 else 0.0
 
 
 def expected_unique_rows(rows: int, nnz: int) -> float:

@@ -259,7 +259,8 @@ def batched_embedding_time(rows: int, dim: int, nnz: int, bags: int, dtype: str,
     ``storage_bytes``: bytes of one stored weight element when the table is stored narrower
     than ``dtype`` (bf16 / fp8 storage, gemc.table_precision): the gathered rows and the
     updated rows' read and write move that many; outputs, gradients and the fp32 optimizer
-    state do not change."""
+    state do not change. Weight rows move in whole 32-byte sectors
+    (kernels.row_sector_waste): a bf16 8-wide column shard's 16-byte row costs a sector."""
     elt = element_size(dtype)
     narrower = 0.0 if storage_bytes is None else elt - storage_bytes
     touched = kernels.expected_unique_rows(rows, nnz)
@@ -268,6 +269,9 @@ def batched_embedding_time(rows: int, dim: int, nnz: int, bags: int, dtype: str,
     if optimizer:
         nbytes += kernels.optimizer_bytes(optimizer, touched * dim, elt, fused=True) \
             - 2.0 * touched * dim * narrower  # the weight rows' read and write
+    # whole sectors: every gathered row, and the touched rows the update reads and writes
+    waste = kernels.row_sector_waste(dim, elt - narrower)
+    nbytes += float(nnz) * waste + (2.0 * touched * waste if optimizer else 0.0)
     t = nbytes / (gpu.hbm_bandwidth * ROOFLINE_EFFICIENCY["embedding"])
     return t * _factor(calibration, "embedding")
 

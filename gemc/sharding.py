@@ -45,11 +45,14 @@ PLACEMENTS = ("one_rank", "every_rank", "distinct_ranks", "one_host", "host_grid
 ranks placed one by one; the GPUs of one host (consecutive ranks); ``c`` hosts of ``L``
 row shards each (``grid = (c, L)``)."""
 
-DISTINCT_RANK_COUNTS = (2, 4, 8)
+DISTINCT_RANK_COUNTS = (2, 4, 8, 16)
 """The rank counts a ``distinct_ranks`` candidate may take (at most the world)."""
-MIN_SHARD_DIM = 16
+MIN_SHARD_DIM = 8
 """A column split is offered only where every shard keeps at least this many columns (and
-the columns split evenly): narrower shards waste the lookup kernel's vector width."""
+the columns split evenly). 8 fp32 columns are one 32-byte sector, the smallest piece a
+gather moves; narrower shards (or narrower storage) pay whole sectors anyway
+(cost_model.kernels.row_sector_waste prices it). The runner's kernel pads its tile to 16
+lanes and masks the rest, so an 8-wide shard loads no more than its own bytes."""
 
 
 @dataclass(frozen=True)

@@ -86,12 +86,15 @@ def _offered(hosts: int, local: int, dim: int = 64) -> list[tuple[str, int, obje
 def test_each_type_offers_its_candidates_for_the_table_and_topology() -> None:
     # one GPU: only the table on it
     assert _offered(1, 1) == [("table_wise", 1, None)]
-    # one host of 8: every rank, and column splits that keep >= 16 whole columns
-    assert _offered(1, 8, dim=64) == [
+    # one host of 8: every rank, and column splits that keep >= 8 whole columns
+    assert _offered(1, 8, dim=32) == [
         ("table_wise", 1, None), ("row_wise", 8, None), ("data_parallel", 8, None),
         ("column_wise", 2, None), ("column_wise", 4, None)]
     assert [r for n, r, _ in _offered(1, 8, dim=128) if n == "column_wise"] == [2, 4, 8]
-    assert [r for n, r, _ in _offered(1, 8, dim=48) if n == "column_wise"] == [2]  # 48/4 = 12
+    assert [r for n, r, _ in _offered(1, 8, dim=48) if n == "column_wise"] == [2, 4]  # 48/8 = 6
+    # two hosts: a 16-way split of a dim-128 table (8 columns = one fp32 32-byte sector)
+    assert [r for n, r, _ in _offered(2, 8, dim=128) if n == "column_wise"] == [2, 4, 8, 16]
+    assert [r for n, r, _ in _offered(2, 8, dim=64) if n == "column_wise"] == [2, 4, 8]
     # several hosts: one host's GPUs, and a grid whose shape the memory model prices
     assert _offered(8, 8)[-2:] == [("table_row_wise", 8, None), ("grid", 64, (8, 8))]
     assert ("grid", 16, (2, 8)) not in _offered(2, 8)  # round(sqrt(16)) = 4 column blocks

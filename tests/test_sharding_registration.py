@@ -27,13 +27,13 @@ from gemc.solver.planners import run_planner
 from gemc.solver.problem import Problem, SolverSettings
 
 ENTRY = f"{__file__}:build"
-BATCH, IDS, ROWS, DIM = 8192, 8192 * 20, 1_200_000_000, 256  # 1.2 TB of fp32 rows
-TOPOLOGY = "h200:2x8"
+BATCH, IDS, ROWS, DIM = 8192, 8192 * 20, 2_400_000_000, 256  # 2.5 TB of fp32 rows
+TOPOLOGY = "h200:4x8"  # 32 ranks: more than the built-in column split reaches (16)
 SPREAD = Sharding("spread_columns", "columns", "every_rank")
 
 
 class Wide(nn.Module):
-    """One table too large for 8 GPUs (built on meta: gemc compiles without its weights)."""
+    """One table too large for 16 GPUs (built on meta: gemc compiles without its weights)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -80,16 +80,16 @@ def _problem() -> Problem:
 def test_the_solver_offers_prices_and_picks_a_registered_type(spread) -> None:
     problem = _problem()
     options = {o.label: o for o in table_options(problem, problem.tables[0])}
-    # what fits: 16 shards, either way (8 ranks' shards would not)
-    assert sorted(options) == ["row_wise", "spread_columns/16"]
-    toy, rows = options["spread_columns/16"], options["row_wise"]
-    assert (toy.ranks, toy.uniform, toy.replicated) == (16, True, False)
+    # what fits: 32 shards, either way (16 ranks' shards would not)
+    assert sorted(options) == ["row_wise", "spread_columns/32"]
+    toy, rows = options["spread_columns/32"], options["row_wise"]
+    assert (toy.ranks, toy.uniform, toy.replicated) == (32, True, False)
     # the same share of the weights, but a column shard keeps every row's optimizer state
-    # (row-wise Adagrad: one value per row) where a row shard keeps 1/16 of them
+    # (row-wise Adagrad: one value per row) where a row shard keeps 1/32 of them
     assert rows.memory < toy.memory <= problem.cap_bytes
-    assert toy.out_bytes == pytest.approx(rows.out_bytes / 16)  # 16 columns of 256 back
+    assert toy.out_bytes == pytest.approx(rows.out_bytes / 32)  # 8 columns of 256 back
     chosen = run_planner(problem, "greedy").assignment.tables["table"]
-    assert (chosen.sharding, chosen.ranks) == ("spread_columns", tuple(range(16)))
+    assert (chosen.sharding, chosen.ranks) == ("spread_columns", tuple(range(32)))
 
 
 def test_without_it_the_solver_keeps_the_built_in_types() -> None:
@@ -103,11 +103,11 @@ def test_a_compile_plans_it_and_the_plan_carries_its_shards(spread, tmp_path) ->
                          solver={"time_limit_s": 0.5})
     (table,) = plan["tables"]
     assert table["sharding"] == "spread_columns"
-    # the plan builder cut the shards through the type: 16 column ranges on every rank
+    # the plan builder cut the shards through the type: 32 column ranges on every rank
     assert [(s["rank"], s["col_offset"], s["cols"], s["rows"]) for s in table["shards"]] == [
-        (r, 16 * r, 16, ROWS) for r in range(16)]
-    # the cost model priced it: each rank holds 1/16 of the table
-    assert plan["predicted"]["max_memory_gb"] * 1e9 >= ROWS * DIM * 4 / 16
+        (r, 8 * r, 8, ROWS) for r in range(32)]
+    # the cost model priced it: each rank holds 1/32 of the table
+    assert plan["predicted"]["max_memory_gb"] * 1e9 >= ROWS * DIM * 4 / 32
     path = tmp_path / "plan.json"
     write_plan(path, plan)
     assert load_plan(path)["tables"][0]["sharding"] == "spread_columns"  # validated

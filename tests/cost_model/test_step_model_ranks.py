@@ -46,14 +46,16 @@ def test_small_case_is_pinned() -> None:
     version before it went linear; re-pinned (issue 18) when the defaults became what the
     runner does -- rowwise Adagrad tables in one batched lookup kernel, the id exchange
     inside the step -- and all-to-all took its fitted NVLink/NIC efficiencies; and
-    (issue 19) rank 2, which holds both shards of ``cw_twice_on_2``, pays for two."""
+    (issue 19) rank 2, which holds both shards of ``cw_twice_on_2``, pays for two; and
+    (issue 19) weight rows move in whole 32-byte sectors: the 8-rank grid's shards of
+    ``grid`` are 128/3 columns wide (171 bytes, priced as 192)."""
     regions, tables = small_case()
     p = predict_step(regions, tables, parse_topology("h200:2x4"))
-    assert p.step_s == pytest.approx(0.009968473067827683, rel=1e-12)
+    assert p.step_s == pytest.approx(0.009968928889389238, rel=1e-12)
     assert p.breakdown["all_to_all"] == pytest.approx(0.0020281769105691063, rel=1e-12)
-    sparse = [6.362218033157959e-05, 0.00013177190629302108, 0.0009090927970606276,
-              0.0001270891602324003, 0.0001367734628947418, 0.00015509828917842534,
-              0.0005487721794658825, 0.0005487721794658825]
+    sparse = [6.407800189313451e-05, 0.000132227727854576, 0.0009095486186221825,
+              0.00012754498179395521, 0.0001372292844562967, 0.00015555411073998025,
+              0.0005492280010274374, 0.0005492280010274374]
     memory = [2713415082.666667, 2884992298.6666665, 3432480298.6666665,
               2876397994.6666665, 2786097994.6666665, 2807486602.6666665,
               3106533450.666667, 3106533450.666667]

@@ -101,6 +101,16 @@ def _train_and_compare(module, tables, batch, max_bag, gen, steps, **batch_kw):
 TABLES = [(10, 8), (7, 20), (13, 16), (5, 3)]  # different dims, one not a power of two
 
 
+def test_column_shards_eight_wide_match_reference():
+    """A rank's shards of a 16-way column split of dim-128 tables (gemc.sharding's
+    MIN_SHARD_DIM): every table 8 wide, so the tile is 16 lanes with half of them masked."""
+    tables = [(40, 8), (25, 8), (9, 8)]
+    gen = fresh_generator()
+    module = BatchedEmbeddingBag(tables, pooling="sum", optimizer="rowwise_adagrad", lr=0.05)
+    assert module.block_d == 16
+    _train_and_compare(module, tables, batch=5, max_bag=7, gen=gen, steps=3, weighted=True)
+
+
 @pytest.mark.parametrize("optimizer", ["rowwise_adagrad", "adam"])
 @pytest.mark.parametrize("pooling", ["sum", "mean"])
 def test_three_steps_match_reference(optimizer, pooling):
