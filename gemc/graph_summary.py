@@ -142,6 +142,7 @@ def table_summaries(gm: fx.GraphModule, captured: Captured) -> list[dict[str, An
     padded grids (``padded_nnz``)."""
     paths, prices, graph_mode = _routes(gm)
     world = int((gm.meta.get(ir.PRICING) or {}).get("world_size", 1))
+    costs = _table_costs(gm)  # per table, its lookups summed (padded ids, a padding row)
     # where each dense_grad lookup's table-sized gradient lands in the backward
     alive = activation_profile(gm).alive_at_lookup if DENSE_GRAD in paths.values() else {}
     by_fqn: dict[str, dict[str, Any]] = {}
@@ -167,8 +168,6 @@ def table_summaries(gm: fx.GraphModule, captured: Captured) -> list[dict[str, An
             },
         )
         entry["nnz"] += facts["nnz"]
-        entry["padded_nnz"] = entry.get("padded_nnz", 0) + padded_ids(node)
-        entry["padding_row"] = entry.get("padding_row", False) or padding_row(node)
         if paths.get(fqn) == DENSE_GRAD and node.name in alive:
             entry.setdefault("lookup_alive_bytes", []).append(int(alive[node.name]))
         entry["lookups"] += 1
@@ -192,6 +191,8 @@ def table_summaries(gm: fx.GraphModule, captured: Captured) -> list[dict[str, An
         )
         entry["predicted_ms"] = round(entry["predicted_ms"], 6) if entry["predicted_ms"] else None
         entry["lookup"] = paths[fqn]
+        entry["padded_nnz"] = costs[fqn].padded_nnz
+        entry["padding_row"] = costs[fqn].padding_row
         # a lookup called out of the compiled graph on one rank; on several ranks every
         # rank calls every table's lookup, held or not, which a holder's price cannot say
         # (those graph splits are not priced there)

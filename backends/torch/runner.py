@@ -392,8 +392,8 @@ def _run(
 
     table_params = {m.weight for m in tables.values() if m.weight is not None}
     mesh_1d = mesh_2d = ddp_group = None
-    groups = {dense_strategy(r["strategy"]).group for r in plan["regions"]
-              if dense_strategy(r["strategy"]).sharded}
+    held = [dense_strategy(r["strategy"]) for r in plan["regions"]]
+    groups = {d.group for d in held if d.sharded}
     if wsize > 1:
         from torch.distributed.device_mesh import init_device_mesh
 
