@@ -50,9 +50,9 @@ order being kept). A history with a target item appended after its padding is ne
 prefix, so only this packs it. ``every_row``: the region holds an attention that is NaN on a
 row with no kept key (eager's softmax); it packs only when every row keeps one.
 
-The compiled (Inductor) graph fixes its shapes when it is compiled, so there the check runs ahead of it, on the batch,
-and picks a graph compiled for its outcome: packed at the token count rounded up to a bucket,
-or padded (``backends/triton/region_guard``).
+The compiled (Inductor) graph fixes its shapes when it is compiled, so there the check runs
+ahead of it, on the batch, and picks a graph compiled for its outcome: packed at the token
+count rounded up to a bucket, or padded (``backends/triton/region_guard``).
 """
 
 from __future__ import annotations
@@ -210,14 +210,15 @@ class PackJaggedTokens:
                 "starts": [n.name for n in starts],
                 "mask": check.name,
                 "additive": check is mask and key_mask.additive,
-                # an attention NaN on a row with no kept key (eager's softmax): packed only
-                # when every row keeps one (its NaN reaches the loss, masked or not)
+                # kept positions in any order pack (the flow holds without the prefix)
                 "compact": compact,
                 # the guarded attentions in it whose key mask keeps what the region's check
                 # reads (another spelling of one mask: a bool keep, the additive mask
                 # nn.MultiheadAttention fills from it): the compiled graph runs them on the
                 # region's tokens, as the check already found their layout
                 "in_place": [n.name for n in nodes if _same_mask(n, key_mask)],
+                # an attention NaN on a row with no kept key (eager's softmax): packed only
+                # when every row keeps one (its NaN reaches the loss, masked or not)
                 "every_row": any((n.meta.get(ir.KERNEL) or {}).get("nan_if_empty")
                                  for n in (node, *flow.carriers)),
                 "clamp_min": 0,
