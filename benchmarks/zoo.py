@@ -71,6 +71,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
+import compile_accounting  # noqa: E402  (where the first step's seconds go)
 import e2e  # noqa: E402  (the variants' code, shared with the GEM benchmark)
 
 VARIANTS = ("eager", "compile", "gemc", "gemc-measured", "gemc-groups", "gemc-interp",
@@ -185,6 +186,7 @@ def child(args: argparse.Namespace) -> int:
     if variant == "gemc-groups":
         os.environ["GEMC_GROUP_CHOICE"] = "gemc"
     device = _setup_child(args)
+    missing = compile_accounting.start()
     from gemc.api import load_model
     from gemc.plan import load_plan
 
@@ -207,6 +209,9 @@ def child(args: argparse.Namespace) -> int:
                "step_ms": None, "samples_per_s": None, "peak_memory_bytes": None}
     row["model"] = name
     row["batch_size"] = args.batch_size_effective
+    row["compile_accounting"] = compile_accounting.report(missing)
+    print(f"zoo: {name} / {variant} first step: "
+          f"{compile_accounting.summary(row['compile_accounting'])}", file=sys.stderr)
     Path(args.out + ".json").write_text(json.dumps(row, indent=1, default=str) + "\n")
     return 0 if not row.get("error") else 1
 
