@@ -10,8 +10,12 @@ is the gap, and at which row counts the stream rule holds.
 
 For each (ids, rows) of the grid: forward + backward of ``torch.index_select(w, 0, ids)``
 (fp32 ``w`` of ``rows`` x ``dim``, ids uniform in ``[0, rows)``), eager and with
-``torch.compile``; the median ms, and the ms its bytes stream at the GPU's HBM bandwidth
-(gemc.cost_model.hardware), so ``x_stream`` says how far contention is from the rule.
+``torch.compile``, and gemc's ``gemc::gather_rows`` (the op graph mode routes such gathers
+to, ``backends/triton/small_table_gather.py``) for tables of <= 4,096 rows; the median ms,
+and the ms its bytes stream at the GPU's HBM bandwidth (gemc.cost_model.hardware), so
+``x_stream`` says how far contention is from the rule. ``--hstu`` adds HSTU's own two
+gathers at its h200 preset (B 128, L 512): relative positions ``j - i`` into 1,023 rows
+and log time buckets into 129 rows with half the pairs padding (bucket 0).
 
     python3 benchmarks/scatter_add_contention.py --out contention.json      # on the H200
     python3 benchmarks/scatter_add_contention.py --smoke --out /tmp/c.json  # CPU crash check
@@ -68,18 +72,39 @@ def stream_ms(ids: int, rows: int, dim: int, bandwidth: float) -> float:
     return 1e3 * (fwd + bwd) / bandwidth
 
 
-def measure(ids: int, rows: int, dim: int, device: torch.device, compiled: bool,
-            iters: int) -> float:
-    """Median ms of one forward + backward of the gather."""
+def hstu_ids(kind: str, batch: int = 128, n: int = 512) -> tuple[torch.Tensor, int]:
+    """(ids, rows) of HSTU's relative-bias gathers: ``pos`` (``j - i + n - 1``, 2n-1 rows)
+    or ``ts`` (log2-ish time buckets of |t_i - t_j|, 129 rows, the second half of every
+    history padding with time 0)."""
+    gen = torch.Generator().manual_seed(7)
+    if kind == "pos":
+        i = torch.arange(n)
+        return (i[None, :] - i[:, None] + n - 1).expand(batch, n, n).flatten(), 2 * n - 1
+    t = torch.cumsum(torch.randint(0, 3600, (batch, n), generator=gen), 1)
+    t[:, n // 2:] = 0
+    dt = (t[:, :, None] - t[:, None, :]).abs().clamp(min=1).float()
+    return (torch.log(dt) / 0.301).long().clamp(0, 128).flatten(), 129
+
+
+def measure(ids: int, rows: int, dim: int, device: torch.device, variant: str,
+            iters: int, index: torch.Tensor | None = None) -> float:
+    """Median ms of one forward + backward of the gather (``variant``: eager, compile or
+    gemc)."""
     gen = torch.Generator().manual_seed(ids + rows)
-    index = torch.randint(0, rows, (ids,), generator=gen).to(device)
+    if index is None:
+        index = torch.randint(0, rows, (ids,), generator=gen)
+    index = index.to(device)
     weight = torch.randn(rows, dim, generator=gen).to(device).requires_grad_()
     grad = torch.ones(ids, dim, device=device)
 
     def gather(w: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
         return torch.index_select(w, 0, i)
 
-    fn = torch.compile(gather) if compiled else gather
+    if variant == "gemc":
+        from gemc.backends.triton import small_table_gather  # noqa: F401 (registers the op)
+        fn = torch.ops.gemc.gather_rows
+    else:
+        fn = torch.compile(gather) if variant == "compile" else gather
 
     def step() -> None:
         weight.grad = None
@@ -94,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dim", type=int, default=1, help="row width (HSTU's bias tables: 1)")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--smoke", action="store_true", help="CPU, tiny sizes, eager only")
+    p.add_argument("--hstu", action="store_true", help="add HSTU's own two gathers")
+    p.add_argument("--grid", action=argparse.BooleanOptionalAction, default=True,
+                   help="the uniform-ids grid (--no-grid: HSTU's gathers only)")
     args = p.parse_args(argv)
     if not args.smoke and not torch.cuda.is_available():
         print("scatter_add_contention: needs a CUDA device (or --smoke)", file=sys.stderr)
@@ -102,17 +130,28 @@ def main(argv: list[str] | None = None) -> int:
 
     device = torch.device("cpu" if args.smoke else "cuda")
     bandwidth = get_gpu("h200").hbm_bandwidth
-    variants = ("eager",) if args.smoke else ("eager", "compile")
+    variants = ("eager", "gemc") if args.smoke else ("eager", "compile", "gemc")
+    cases: list[tuple[str, int, int, torch.Tensor | None]] = []
+    if args.grid:
+        cases += [("uniform", ids, rows, None)
+                  for ids in (SMOKE_IDS if args.smoke else GRID_IDS)
+                  for rows in (SMOKE_ROWS if args.smoke else GRID_ROWS)]
+    if args.hstu:
+        for kind in ("pos", "ts"):
+            index, rows = hstu_ids(kind, *((2, 64) if args.smoke else ()))
+            cases.append((f"hstu_{kind}", index.numel(), rows, index))
     rows_out: list[dict[str, Any]] = []
-    for ids in SMOKE_IDS if args.smoke else GRID_IDS:
-        for rows in SMOKE_ROWS if args.smoke else GRID_ROWS:
-            stream = stream_ms(ids, rows, args.dim, bandwidth)
-            for variant in variants:
-                ms = measure(ids, rows, args.dim, device, variant == "compile", args.iters)
-                rows_out.append({"ids": ids, "rows": rows, "dim": args.dim, "variant": variant,
-                                 "ms": ms, "stream_ms": stream, "x_stream": ms / stream})
-                print(f"ids {ids:>9} rows {rows:>8} {variant:<8} {ms:9.3f} ms  "
-                      f"stream {stream:8.3f} ms  x{ms / stream:8.1f}", flush=True)
+    for case, ids, rows, index in cases:
+        stream = stream_ms(ids, rows, args.dim, bandwidth)
+        for variant in variants:
+            if variant == "gemc" and rows > 4096:  # graph mode routes only small tables
+                continue
+            ms = measure(ids, rows, args.dim, device, variant, args.iters, index)
+            rows_out.append({"case": case, "ids": ids, "rows": rows, "dim": args.dim,
+                             "variant": variant, "ms": ms, "stream_ms": stream,
+                             "x_stream": ms / stream})
+            print(f"{case:<8} ids {ids:>9} rows {rows:>8} {variant:<8} {ms:9.3f} ms  "
+                  f"stream {stream:8.3f} ms  x{ms / stream:8.1f}", flush=True)
     doc = {"benchmark": "scatter_add_contention", "device": str(device),
            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
            "torch": torch.__version__, "results": rows_out}

@@ -29,6 +29,22 @@ def test_row_sums_equal_index_add_with_ids_piled_on_one_row(row_shape) -> None:
                                         n_rows), want, rtol=1e-4, atol=1e-3)
 
 
+def test_row_sums_of_relative_positions_visit_only_each_chunks_rows() -> None:
+    """HSTU's position ids ``j - i + n - 1`` over a 1023-row table: each program's ids span
+    a window of the rows (and the last one ends mid-table), the case the kernel narrows
+    its row tiles to; a wrong window would drop sums."""
+    n = 512
+    i = torch.arange(n)
+    ids = (i[None, :] - i[:, None] + n - 1).flatten()[: 3 * CHUNK + 77]
+    g = torch.Generator().manual_seed(2)
+    values = torch.randn(ids.numel(), generator=g)
+    want = torch.zeros(2 * n - 1).index_add_(0, ids, values)
+    torch.testing.assert_close(row_sums(ids, values, 2 * n - 1), want, rtol=1e-5, atol=1e-4)
+    shifted = ids % 300 + 700  # every id in the table's last third, ending at its last row
+    want = torch.zeros(1000).index_add_(0, shifted, values)
+    torch.testing.assert_close(row_sums(shifted, values, 1000), want, rtol=1e-5, atol=1e-4)
+
+
 def test_gather_rows_op_matches_indexing_with_negative_ids_and_passes_opcheck() -> None:
     g = torch.Generator().manual_seed(1)
     weight = torch.randn(11, 2, generator=g, requires_grad=True)
