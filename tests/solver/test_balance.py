@@ -90,6 +90,16 @@ def test_explain_states_the_balance_trade():
     assert "under max/mean 1.3 within balance_cap_tolerance 0.05" in capped
 
 
+def _unbalanced_start(p):
+    """(pricer, the step-first plan, its evaluation, ``mean_floor``); the plan is above
+    1.3 max/mean, or the test would prove nothing."""
+    pricer = Pricer(p)
+    start = improve(p, pricer, greedy(p, pricer))
+    before = evaluate(p, start, pricer)
+    assert before.memory.max() / before.memory.mean() > 1.3
+    return pricer, start, before, mean_floor(p, dense_sums(p, pricer, start.dense).memory, {})
+
+
 def test_cap_search_brings_every_rank_under_the_ratio_of_the_least_mean():
     """``cap_memory`` on step-first plans at 2.36x, 2.82x and 1.44x max/mean (sixteen or
     twelve tables on eight ranks): every rank ends under 1.3 x ``mean_floor``, which no
@@ -98,11 +108,7 @@ def test_cap_search_brings_every_rank_under_the_ratio_of_the_least_mean():
     for n, seed in ((16, 1), (12, 2), (16, 3)):
         p = make_problem("h200:2x4", n_tables=n, seed=seed, big=4.0,
                          settings=SolverSettings())
-        pricer = Pricer(p)
-        start = improve(p, pricer, greedy(p, pricer))
-        before = evaluate(p, start, pricer)
-        assert before.memory.max() / before.memory.mean() > 1.3
-        floor = mean_floor(p, dense_sums(p, pricer, start.dense).memory, {})
+        pricer, start, before, floor = _unbalanced_start(p)
         assert floor <= before.memory.mean() * (1 + 1e-12)
         a = cap_memory(p, pricer, start, 1.3)
         after = evaluate(p, a, pricer)
@@ -135,3 +141,39 @@ def test_the_planner_meets_the_ratio_only_within_its_cap_tolerance():
     assert capped_plan(off, Pricer(off), start, before) is None
     with pytest.raises(ValueError, match="balance_ratio"):
         SolverSettings(balance_ratio=0.5)
+
+
+def test_priced_cap_search_keeps_the_hot_table_cheap_where_the_hard_cap_does_not():
+    """Five 80M-row tables on 8 ranks, one at pooling 100: with the bytes above the cap as
+    the first key, the cap search's first move unloads most whatever it costs (14% of the
+    step here, past ``balance_cap_tolerance``); with that excess priced in step
+    (``penalty``) it reaches the same cap within 1% of the step-first plan, and
+    ``capped_plan`` falls back to it (its plan, not the hard search's, is kept)."""
+    from gemc.cost_model.topology import parse_topology
+    from gemc.cost_model.types import RegionCost, StepOptions, TableCost
+
+    from gemc.solver.planners import CAP_PENALTY, capped_plan
+    from gemc.solver.problem import Problem
+
+    batch = 8192
+    pooling = {"hot": 100, "b0": 3, "b1": 12, "b2": 27, "b3": 12}
+    tables = [TableCost(n, rows=80_000_000, dim=128, nnz=batch * k, batch=batch)
+              for n, k in pooling.items()]
+    tables += [TableCost("s0", rows=100_000, dim=128, nnz=batch * 4, batch=batch),
+               TableCost("s1", rows=100_000, dim=128, nnz=batch * 8, batch=batch),
+               TableCost("s2", rows=1000, dim=128, nnz=batch * 9, batch=batch)]
+    region = RegionCost("r0", params=10**7, fwd_flops=1e12, compute_s=1e-3,
+                        activation_bytes=10**9, boundary_bytes=10**8)
+    p = Problem((region,), tuple(tables), parse_topology("h200:1x8"),
+                options=StepOptions(table_optimizer="rowwise_adagrad"),
+                settings=SolverSettings())
+    pricer, start, before, floor = _unbalanced_start(p)
+    hard = evaluate(p, cap_memory(p, pricer, start, 1.3), pricer)
+    assert hard.step_s > before.step_s * (1 + p.settings.balance_cap_tolerance)
+    priced = cap_memory(p, pricer, start, 1.3, penalty=CAP_PENALTY)
+    after = evaluate(p, priced, pricer)
+    assert after.memory.max() <= 1.3 * floor
+    assert after.step_s <= before.step_s * 1.01
+    kept = capped_plan(p, pricer, start, before)
+    assert kept is not None and kept[0].tables == priced.tables
+    assert cap_memory(p, pricer, start, 1.3, penalty=CAP_PENALTY).tables == priced.tables
