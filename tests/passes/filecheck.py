@@ -141,7 +141,7 @@ def check_graph(text: str | fx.GraphModule, directives: str) -> None:
                     break
                 k += 1
             if m is None:
-                fail(d, "not found after the last match", cur, cur + 6)
+                fail(d, "not found after the last match", cur, cur + 40)
         settle_nots(k, m.start())
         cur, col = k, m.end()
     settle_nots(len(lines), 0)
