@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from gemc.passes.fold_transposed_linear import FoldTransposedLinear
+from gemc.passes.fuse import Fuse
 from gemc.passes.predict_time import PredictTime
 from torch import nn
 
@@ -58,6 +60,22 @@ def test_a_linear_over_the_token_axis_is_folded_and_nothing_else():
 
 
 def test_a_linear_already_in_a_group_is_not_taken_again():
-    gm, _ = graph_of(_TokenMix(), (torch.randn(2, 6, 4),),
-                     annotated(FoldTransposedLinear(), FoldTransposedLinear()))
-    check_graph(gm, "CHECK-COUNT-1: group=transposed_linear_0\nCHECK-NOT: group=")
+    """A kernel pass before it (here fuse, run first on purpose) keeps what it took."""
+
+    class Activated(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.mix = nn.Linear(6, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return F.gelu(self.mix(x.transpose(1, 2))).sum()
+
+    gm, _ = graph_of(Activated(), (torch.randn(2, 6, 4),),
+                     annotated(Fuse(), FoldTransposedLinear()))
+    check_graph(gm, """
+        CHECK: aten.linear.default(%transpose,
+        CHECK-SAME: group=gemm_epilogue_0
+        CHECK-NEXT: aten.gelu.default
+        CHECK-SAME: kind:gemm_epilogue,
+        CHECK-NOT: transposed_linear
+    """)

@@ -1,6 +1,6 @@
 """fuse, intent on small graphs: a Linear with its bias and activation is one GEMM-epilogue
 kernel; a reduction takes the pointwise ops producing its input but stops at itself (its
-consumers are another group); a sum over the last dim is no reduction root; ``max_outputs``
+consumers are another group, even one of its input's shape); a sum over the last dim is no reduction root; ``max_outputs``
 bounds what a group may write.
 
 Other fuse tests: cycles, residuals, views ending a group and the fused graph against eager
@@ -79,6 +79,28 @@ def test_a_reduction_takes_its_producers_and_stops_at_itself():
         CHECK-NOT: reduction_0
         CHECK-SAME: group=pointwise_1
         CHECK-NEXT: aten.mul.Tensor
+        CHECK-SAME: group=pointwise_1
+    """)
+
+
+class _Center(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x * 2.0
+        return ((y - y.mean(1, keepdim=True)) * 3.0).sum()
+
+
+def test_a_consumer_of_the_reduction_is_not_fused_into_it():
+    """``y - mean(y)``: the sub has the reduction's input shape and reads a group member, but
+    needs the finished mean: it is no part of the reduction kernel (a pointwise group of its
+    own with the multiply after it)."""
+    gm, _ = graph_of(_Center(), (torch.randn(2, 4, 8),), annotated(Fuse()))
+    check_graph(gm, """
+        CHECK: aten.mul.Tensor(%x, 2.0)
+        CHECK-SAME: group=reduction_0
+        CHECK-NEXT: aten.mean.dim(%mul, [1], True)
+        CHECK-SAME: kernel={id:reduction_0,kind:reduction,nodes:2,
+        CHECK-NEXT: aten.sub.Tensor(%mul, %mean)
+        CHECK-NOT: reduction_0
         CHECK-SAME: group=pointwise_1
     """)
 

@@ -18,14 +18,16 @@ from tests.passes.helpers import annotated, graph_of
 class _Tables(nn.Module):
     def __init__(self, huge_rows: int) -> None:
         super().__init__()
+        self.tiny = nn.EmbeddingBag(5, 4, mode="sum")
         self.small = nn.EmbeddingBag(10, 4, mode="sum")
         self.large = nn.EmbeddingBag(40, 4, mode="sum")
         self.mid = nn.EmbeddingBag(20, 4, mode="sum")
         self.huge = nn.EmbeddingBag(huge_rows, 64, mode="sum")
-        self.fc = nn.Linear(76, 1)
+        self.fc = nn.Linear(80, 1)
 
     def forward(self, ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        pooled = [t(ids, offsets) for t in (self.small, self.large, self.mid, self.huge)]
+        pooled = [t(ids, offsets) for t in (self.tiny, self.small, self.large, self.mid,
+                                                self.huge)]
         return self.fc(torch.cat(pooled, 1)).sum()
 
 
@@ -46,6 +48,7 @@ def test_tables_round_robin_largest_first_and_a_huge_one_row_wise():
         "large.weight": {"sharding": "table_wise", "ranks": [0]},
         "mid.weight": {"sharding": "table_wise", "ranks": [1]},
         "small.weight": {"sharding": "table_wise", "ranks": [0]},
+        "tiny.weight": {"sharding": "table_wise", "ranks": [1]},
     }
     check_graph(gm, """
         CHECK: %cat = aten.cat.default(

@@ -5,8 +5,8 @@ CPU, the model's own weights): fp8 only where the rule allows all three of its c
   the attention scores' matmuls, not the logits feeding the loss),
 - paying (``require_gain``: at these tiny shapes the quantization costs more than fp8
   saves, so nothing goes fp8 by default),
-- accurate (the measured SQNR over ``min_sqnr_db``; a bound above what bf16 measures moves
-  the measured GEMMs to fp32);
+- accurate (the measured SQNR over ``min_sqnr_db``: a bound above what fp8 measures keeps
+  the layer bf16, one above what bf16 measures moves the measured GEMMs to fp32);
 
 every other GEMM bf16, each choice with the reason the others were rejected, and the
 graph's facts (mode, rule, probe, blocks) on the output node.
@@ -108,8 +108,19 @@ def test_fp8_that_does_not_pay_is_not_taken():
         CHECK: %linear = aten.linear.default(%x, %p_block_up_weight
         CHECK-SAME: fwd:bf16,dgrad:bf16,wgrad:bf16,
         CHECK-SAME: fp8:no gain: fp8
-        CHECK-NOT: fp8-
+        CHECK-NOT: dtype:fp8
     """ + _EXCLUDED)
+
+
+def test_fp8_the_probe_measures_below_the_bound_is_not_taken():
+    """fp8 measures ~29 dB on this layer, bf16 ~50: a 40 dB bound keeps it bf16."""
+    gm, _ = _chosen(PrecisionOptions(require_gain=False, min_sqnr_db=40.0))
+    check_graph(gm, """
+        CHECK: %linear = aten.linear.default(%x, %p_block_up_weight
+        CHECK-SAME: fwd:bf16,dgrad:bf16,wgrad:bf16,
+        CHECK-SAME: fp8:SQNR {{[0-9.]+}} dB < 40 dB
+        CHECK-NOT: dtype:fp8
+    """)
 
 
 def test_a_bound_bf16_does_not_meet_moves_the_gemms_to_fp32():
