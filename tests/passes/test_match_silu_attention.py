@@ -16,23 +16,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 from gemc.passes.match_silu_attention import MatchSiluAttention
-from torch import nn
 
 from gemc import ir
 from tests.passes.filecheck import check_graph
 from tests.passes.helpers import annotated, graph_of
+from tests.passes.written_attention import L, WrittenAttention, inputs
 
-B, H, L, D = 2, 2, 4, 4
 
-
-class _Pointwise(nn.Module):
-    def __init__(self, form: str) -> None:
-        super().__init__()
-        self.form = form
-        self.qkv = nn.Linear(H * D, 3 * H * D)
-
-    def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.qkv(x).view(B, L, 3, H, D).permute(2, 0, 3, 1, 4)
+class _Pointwise(WrittenAttention):
+    def weights(self, q: torch.Tensor, k: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         s = q @ k.transpose(-1, -2)
         if self.form == "bias":
             s = s + q.sum(-1, keepdim=True)  # [B, H, L, 1]: a per-query addend
@@ -44,15 +36,11 @@ class _Pointwise(nn.Module):
             visible = keep[:, None, :]
         else:  # the key axis and the query axis
             visible = keep[:, None, :] & keep[:, :, None]
-        a = act / n * visible[:, None].to(s.dtype)
-        o = (a @ v).transpose(1, 2).reshape(B, L, H * D)
-        return (o * keep[:, :, None]).sum()
+        return act / n * visible[:, None].to(s.dtype)
 
 
 def _matched(form: str):
-    keep = torch.arange(L)[None, :] < torch.tensor([1, 3])[:, None]
-    return graph_of(_Pointwise(form), (torch.randn(B, L, H * D), keep),
-                    annotated(MatchSiluAttention()))
+    return graph_of(_Pointwise(form), inputs(), annotated(MatchSiluAttention()))
 
 
 def _warnings(ctx) -> list[str]:

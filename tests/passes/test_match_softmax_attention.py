@@ -27,18 +27,11 @@ from torch import nn
 from gemc import ir
 from tests.passes.filecheck import check_graph
 from tests.passes.helpers import annotated, graph_of
+from tests.passes.written_attention import B, D, L, WrittenAttention, inputs
 
-B, H, L, D = 2, 2, 4, 4
 
-
-class _Formula(nn.Module):
-    def __init__(self, form: str) -> None:
-        super().__init__()
-        self.form = form
-        self.qkv = nn.Linear(H * D, 3 * H * D)
-
-    def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.qkv(x).view(B, L, 3, H, D).permute(2, 0, 3, 1, 4)
+class _Formula(WrittenAttention):
+    def weights(self, q: torch.Tensor, k: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         scores = q @ k.transpose(-1, -2) / math.sqrt(D)
         additive = torch.zeros(B, L).masked_fill(~keep, float("-inf"))[:, None, None, :]
         if self.form == "fill":
@@ -49,19 +42,16 @@ class _Formula(nn.Module):
             p = torch.softmax(scores, -1)
         else:
             p = torch.softmax(scores + additive, -1)
-        if self.form == "dropout":
-            p = F.dropout(p, 0.1)
-        o = p @ v
-        out = (o.transpose(1, 2).reshape(B, L, H * D) * keep[:, :, None]).sum()
+        return F.dropout(p, 0.1) if self.form == "dropout" else p
+
+    def extra(self, weights: torch.Tensor) -> torch.Tensor | None:
         if self.form == "dead":
-            p.mean(1)  # the average weights, computed and discarded
-        return out + p.sum() if self.form == "weights" else out
+            weights.mean(1)  # the average weights, computed and discarded
+        return weights.sum() if self.form == "weights" else None
 
 
 def _matched(form: str):
-    keep = torch.arange(L)[None, :] < torch.tensor([1, 3])[:, None]
-    return graph_of(_Formula(form), (torch.randn(B, L, H * D), keep),
-                    annotated(MatchSoftmaxAttention()))
+    return graph_of(_Formula(form), inputs(), annotated(MatchSoftmaxAttention()))
 
 
 @pytest.mark.parametrize("form,mask,additive", [("additive", "masked_fill", True),
