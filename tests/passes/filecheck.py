@@ -15,9 +15,11 @@ silently check nothing)::
                         the end of the text) contains pat
     CHECK-COUNT-n: pat  n CHECKs of pat in a row (follow with CHECK-NOT for "exactly n")
 
-``pat`` is matched literally, except ``{{regex}}`` parts, which are Python regular
-expressions (``%{{\\w+}} = aten.linear``). The search is by line: after a CHECK matches,
-the next CHECK looks from the following line, and CHECK-SAME from the end of the match.
+``pat`` is matched literally (as a substring: end it with the character that follows, as
+in ``region=tower}``, to tell ``tower`` from ``tower.up``; surrounding blanks are dropped),
+except ``{{regex}}`` parts, which are Python regular expressions
+(``%{{\\w+}} = aten.linear``). The search is by line: after a CHECK matches, the next
+CHECK looks from the following line, and CHECK-SAME from the end of the match.
 
 Written here rather than taken from ``torch.testing.FileCheck``: that one lives in
 TorchScript's C++ test utilities (``torch._C``), which are in maintenance mode and
