@@ -59,6 +59,13 @@ def _dead(node: fx.Node) -> bool:
     return node.op != "output" and all(_dead(u) for u in node.users)
 
 
+def _over_keys(softmax: fx.Node) -> bool:
+    """The softmax normalises over the scores' last dim, the keys (dim 2 is that of merged
+    ``[B*H, L, L]`` scores, but the queries of ``[B, H, L, L]`` ones: a column softmax)."""
+    dim, rank = softmax.args[1], len(ir.shape_of(softmax) or ())
+    return isinstance(dim, int) and rank > 0 and dim % rank == rank - 1
+
+
 def _scores(node: Any) -> tuple[fx.Node, fx.Node, float, Any, list[fx.Node]] | str | None:
     """``(q, k, scale, mask or None, nodes)`` of the scores before the softmax."""
     nodes: list[fx.Node] = []
@@ -118,8 +125,12 @@ def match(node: fx.Node) -> dict[str, Any] | str | None:
         return None
     p, v = node.args[:2]
     if isinstance(p, fx.Node) and p.target in (aten.dropout.default, aten.native_dropout.default):
-        return "dropout"
-    if not (isinstance(p, fx.Node) and p.target in _SOFTMAX and p.args[1] in (-1, 3, 2)):
+        # attention dropout (of softmax weights); any other matmul after a dropout is no
+        # attention at all and gets no reason (nor a warning)
+        weights = p.args[0]
+        return "dropout" if isinstance(weights, fx.Node) and weights.target in _SOFTMAX \
+            else None
+    if not (isinstance(p, fx.Node) and p.target in _SOFTMAX and _over_keys(p)):
         return None
     if len(p.args) > 2 and p.args[2] not in (False, None) and p.target is aten._softmax.default:
         return None

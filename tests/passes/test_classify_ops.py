@@ -1,9 +1,12 @@
 import torch
+from gemc.passes.classify_ops import ClassifyOps
 
 from gemc import ir
 from gemc.ir import OpKind
 from tests.conftest import check_golden
-from tests.passes.helpers import dump_after, run_until
+from tests.passes.filecheck import check_graph
+from tests.passes.helpers import dump_after, graph_of, run_until
+from tests.passes.recsys_model import Recsys, inputs
 
 
 def test_classify_ops_golden_dump():
@@ -87,3 +90,39 @@ def test_an_activation_torch_leaves_untagged_is_still_pointwise(monkeypatch):
     assert torch.Tag.pointwise not in aten.leaky_relu.default.tags
     assert classify(act) is OpKind.POINTWISE and elementwise(act)
     assert classify(other) is not OpKind.POINTWISE and not elementwise(other)
+
+
+def test_each_op_kind_on_a_small_model():
+    """Intent in a few dump lines (the golden above holds the whole graph)."""
+    gm, ctx = graph_of(Recsys(), inputs(), [ClassifyOps()])
+    check_graph(gm, """
+        CHECK: %p_bag_weight = input
+        CHECK-SAME: kind=param
+        CHECK: %ids = input
+        CHECK-SAME: kind=input
+        CHECK: aten.embedding_bag.padding_idx(
+        CHECK-SAME: kind=embedding
+        CHECK-NEXT: getitem(
+        CHECK-SAME: kind=view
+        CHECK: aten.embedding.default(%p_emb_weight, %tokens)
+        CHECK-SAME: kind=embedding
+        CHECK-NEXT: aten.sum.dim_IntList(
+        CHECK-SAME: kind=reduction
+        CHECK-NEXT: aten.add.Tensor(
+        CHECK-SAME: kind=pointwise
+        CHECK-NEXT: aten.linear.default(
+        CHECK-SAME: gemm={batch:1,m:3,n:16,k:8} kind=gemm
+        CHECK-NEXT: aten.gelu.default(
+        CHECK-SAME: kind=pointwise
+        CHECK-NEXT: aten.layer_norm.default(
+        CHECK-SAME: kind=norm
+        CHECK-NEXT: aten.linear.default(
+        CHECK-SAME: gemm={batch:1,m:3,n:1,k:16} kind=gemm
+        CHECK-NEXT: aten.view.default(
+        CHECK-SAME: kind=view
+        CHECK-NEXT: aten.binary_cross_entropy_with_logits.default(
+        CHECK-SAME: kind=loss
+        CHECK-NEXT: return
+        CHECK-SAME: kind=output
+    """)
+    assert not ctx.warnings

@@ -5,7 +5,9 @@ from gemc import ir
 from gemc.api import load_model
 from gemc.ir import OpKind
 from tests.conftest import TOY, check_golden
-from tests.passes.helpers import dump_after, run_until
+from tests.passes.filecheck import check_graph
+from tests.passes.helpers import annotated, dump_after, graph_of, run_until
+from tests.passes.recsys_model import Recsys, inputs
 
 
 def test_count_flops_bytes_golden_dump():
@@ -47,3 +49,15 @@ def test_bytes_of_a_pointwise_op_are_inputs_plus_output():
     assert gelu.meta[ir.BYTES] == 2 * gelu.meta["val"].numel() * 4
     views = [n for n in gm.graph.nodes if ir.kind_of(n) is OpKind.VIEW]
     assert views and all(n.meta[ir.BYTES] == 0 and n.meta[ir.FLOPS] == 0 for n in views)
+
+
+def test_a_gemm_and_a_view_on_a_small_model():
+    """A Linear [3, 8] x [8, 16]: 2 m n k FLOPs; bytes: input, weight, bias and output in
+    fp32. A view moves nothing."""
+    gm, _ = graph_of(Recsys(), inputs(), annotated())
+    check_graph(gm, f"""
+        CHECK: aten.linear.default(%add, %p_tower_up_weight
+        CHECK-SAME: bytes={4 * (3 * 8 + 16 * 8 + 16 + 3 * 16)} flops={2 * 3 * 16 * 8}
+        CHECK: aten.view.default(
+        CHECK-SAME: bytes=0 flops=0
+    """)

@@ -1,0 +1,120 @@
+"""pack-jagged-tokens, intent on small graphs:
+
+- around the jagged attention (tests/passes/jagged_model.py), the region starts at the
+  ``index_put`` that pads the history, takes the token-wise ops (GEMMs, views, the
+  attention's operands and output) with the (batch, sequence) dims of each, and ends at the
+  multiply by the key-padding mask, whose padding rows are zero (``zeroed``);
+- a second reader of the padded history that reads its padding rows unmasked (a mean over
+  every position of a projection whose padding rows hold its bias) leaves it padded, with
+  a warning naming the reader;
+- around a guarded attention over a padded ``[B, L, D]`` input and a boolean keep-mask, a
+  region checked at run time (``guard: prefix-check`` on that mask), where a sequence-mixing
+  op (``cumsum`` over the positions) keeps the graph padded and says why.
+
+The packed runner against eager, the layout helpers and the golden dump:
+tests/fusion/test_pack_jagged_tokens.py; guarded regions against eager, compiled:
+tests/fusion/test_guarded_packed_tokens.py."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from gemc.passes.match_jagged_attention import MatchJaggedAttention
+from gemc.passes.pack_jagged_tokens import PackJaggedTokens
+from torch import nn
+
+from gemc import ir
+from tests.passes.filecheck import check_graph
+from tests.passes.helpers import annotated, graph_of
+from tests.passes.jagged_model import HEADS, Jagged, inputs
+
+PASSES = (MatchJaggedAttention(), PackJaggedTokens())
+REGION = "packed={id:packed_tokens_0,dims:"
+
+
+def test_the_region_runs_from_the_padding_to_the_mask_multiply():
+    gm, ctx = graph_of(Jagged("lengths"), inputs(), annotated(*PASSES))
+    check_graph(gm, f"""
+        CHECK-NOT: packed=
+        CHECK: %index_put = aten.index_put.default(
+        CHECK-SAME: {REGION}[0, 1],zeroed:False}}
+        CHECK-SAME: packed_region={{id:packed_tokens_0,kind:packed_tokens,padded_from:index_put,
+        CHECK-SAME: offsets:offsets,clamp_min:1,max_len:4,batch:3,fill:0.583333
+        CHECK: aten.linear.default(%index_put, %p_qkv_weight
+        CHECK-SAME: {REGION}[0, 1],
+        CHECK: %getitem_2 = getitem(
+        CHECK-SAME: {REGION}[0, 2],
+        CHECK-NEXT: aten.scaled_dot_product_attention.default(
+        CHECK-SAME: kind:jagged_attention
+        CHECK-NEXT: aten.transpose.int(
+        CHECK-SAME: {REGION}[0, 1],
+        CHECK: aten.linear.default(%reshape, %p_out_weight
+        CHECK-SAME: {REGION}[0, 1],zeroed:False}}
+        CHECK: aten.mul.Tensor(%linear_2,
+        CHECK-SAME: {REGION}[0, 1],zeroed:True}}
+        CHECK-NOT: packed=
+    """)
+    assert not ctx.warnings
+
+
+def test_a_reader_of_the_padding_rows_leaves_the_history_padded():
+    gm, ctx = graph_of(Jagged("lengths", tail="side"), inputs(), annotated(*PASSES))
+    # the attention is still jagged (its own padding rows are masked)...
+    check_graph(gm, "CHECK: aten.scaled_dot_product_attention\nCHECK-SAME: kind:jagged_attention")
+    # ...but its history is read unmasked beside it: no region at all
+    assert not [n for n in gm.graph.nodes if ir.PACKED in n.meta or ir.PACKED_REGION in n.meta]
+    assert ctx.warnings == ["pack-jagged-tokens: index_put stays padded: its padding rows may "
+                            "be read unmasked by mean"]
+
+
+class _PaddedHistory(nn.Module):
+    """A padded ``[B, L, D]`` history input under a boolean keep-mask input."""
+
+    def __init__(self, mix: bool) -> None:
+        super().__init__()
+        self.mix = mix
+        self.qkv = nn.Linear(8, 24)
+        self.out = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, HEADS, d // HEADS).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None, None, :])
+        y = self.out(a.transpose(1, 2).reshape(b, n, d))
+        y = y.cumsum(1) if self.mix else y
+        return (y * keep[:, :, None].to(y.dtype)).sum()
+
+
+def _padded(mix: bool):
+    keep = torch.arange(4)[None, :] < torch.tensor([1, 4, 2])[:, None]
+    return graph_of(_PaddedHistory(mix), (torch.randn(3, 4, 8), keep), annotated(*PASSES))
+
+
+def test_a_run_time_mask_gives_a_guarded_region():
+    gm, ctx = _padded(mix=False)
+    check_graph(gm, f"""
+        CHECK: %x = input
+        CHECK-NOT: packed=
+        CHECK: aten.linear.default(%x, %p_qkv_weight
+        CHECK-SAME: {REGION}[0, 1],zeroed:False}}
+        CHECK-SAME: packed_region={{id:packed_tokens_0,kind:packed_tokens,guard:prefix-check,
+        CHECK-SAME: mask:keep,additive:False,compact:True,
+        CHECK: aten.scaled_dot_product_attention.default(
+        CHECK-SAME: kind:key_padding_attention,mask:keep,
+        CHECK-SAME: {REGION}[0, 2],
+        CHECK: aten.mul.Tensor(
+        CHECK-SAME: zeroed:True}}
+    """)
+    assert not ctx.warnings
+
+
+def test_a_sequence_mixing_op_keeps_the_guarded_history_padded():
+    gm, ctx = _padded(mix=True)
+    check_graph(gm, """
+        CHECK-NOT: packed=
+        CHECK: aten.scaled_dot_product_attention.default(
+        CHECK-SAME: packed_skipped=padding rows of x may be read unmasked by cumsum
+        CHECK-NOT: packed=
+    """)
+    assert any("stays padded (padding rows of x may be read unmasked by cumsum)" in w
+               for w in ctx.warnings), ctx.warnings
