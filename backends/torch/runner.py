@@ -40,6 +40,7 @@ from gemc.backends.torch.compile_cache import CompileCache, compile_cache
 from gemc.backends.torch.dense import apply_strategies, check_strategies
 from gemc.backends.torch.divergence import DivergenceGuard, load_reference, low_precision_sites
 from gemc.backends.torch.embedding import shard_tables
+from gemc.backends.torch.graph_fp8 import apply_fp8_sites
 from gemc.backends.torch.graph_mode import GraphExecutor, check_graph_mode, compile_backend
 from gemc.backends.torch.graph_precision import scope_module_precision
 from gemc.backends.torch.init import derive_seed
@@ -371,9 +372,9 @@ def _run(
         prec_entries.append({"target": "*", "dtype": opts.precision, "source": "--precision"})
     prec = precision_mod.resolve(prec_entries, model)
     precision_mod.install(model, prec, device.type)
-    check_graph_mode(graph_kernels, world_size=wsize,
-                     module_sites=list(getattr(prec, "fp8_linears", {}) or {}),
-                     regions=plan["regions"])
+    check_graph_mode(graph_kernels, world_size=wsize, regions=plan["regions"])
+    if graph_kernels and prec.fp8_linears:  # fp8 sites' linear nodes call the fp8 linear
+        graph_kernels, _ = apply_fp8_sites(captured.gm, prec.fp8_linears, graph_kernels, device)
     if graph_kernels and prec.per_module:  # the sites' autocast scopes, node by node
         graph_kernels, _ = scope_module_precision(captured.gm, prec.per_module, graph_kernels,
                                                   device.type)
