@@ -25,6 +25,11 @@ plan is bf16 everywhere (no fp8 or fp32 site) it is the bf16 run, and is not tra
 ``--smoke``: tiny preset on the CPU (fp8 emulated), 30 steps -- it checks the code, not the
 speed. ``--set KEY=VALUE`` overrides the model config (e.g. ``--set d_model=1024`` to see
 where fp8 starts to pay).
+
+``--gemms``: instead, the per-shape LayerNorm -> Linear benchmark of compiled row-wise fp8
+against compiled bf16 (``benchmarks/precision_gemms.py``, its own options)::
+
+    python3 benchmarks/precision.py --gemms --out fp8_gemms.json
 """
 
 from __future__ import annotations
@@ -204,6 +209,11 @@ def _table(results: dict[str, dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if "--gemms" in (sys.argv[1:] if argv is None else argv):
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import precision_gemms
+
+        return precision_gemms.main(argv)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="h200")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
