@@ -86,6 +86,9 @@ class RunOptions:
     embedding_optimizer: str | None = None
     embedding_lr: float | None = None
     precision: str | None = None  # adds a whole-model autocast site: bf16 | fp16 | fp32
+    # --fp8-linears: row-wise fp8 forced on every nn.Linear with in and out features >= this
+    # (precision.forced_fp8_entries; a measurement switch, the plan's choice otherwise)
+    fp8_min_features: int | None = None
     kernel_modules: list[str] = field(default_factory=list)
     kernels: bool = True  # False: run the ops the plan's kernels replace (--no-kernels)
     # kernel names or kinds whose replaced ops run instead (--skip-kernels: bisecting)
@@ -370,6 +373,9 @@ def _run(
     prec_entries = list(plan["precision"])
     if opts.precision:
         prec_entries.append({"target": "*", "dtype": opts.precision, "source": "--precision"})
+    forced_fp8 = [] if opts.fp8_min_features is None else \
+        precision_mod.forced_fp8_entries(model, opts.fp8_min_features, prec_entries)
+    prec_entries += forced_fp8
     prec = precision_mod.resolve(prec_entries, model)
     precision_mod.install(model, prec, device.type)
     check_graph_mode(graph_kernels, world_size=wsize, regions=plan["regions"])
@@ -486,7 +492,8 @@ def _run(
     every = max(1, int(opts.loss_every))
     pending: list[tuple[int, torch.Tensor, float]] = []  # (step, loss on device, data ms)
     guard = DivergenceGuard(
-        low_precision_sites(plan), action=opts.divergence, quiet=rank != 0,
+        low_precision_sites({**plan, "precision": prec_entries}), action=opts.divergence,
+        quiet=rank != 0,
         reference=load_reference(opts.reference_losses) if opts.reference_losses else None)
     block_t0 = time.perf_counter()
 
@@ -570,6 +577,7 @@ def _run(
     report["embedding_exchange"] = prefetch.report()
     report["exchange_precision"] = {"forward": wire.forward, "backward": wire.backward}
     report["divergence"] = guard.report()
+    report["forced_fp8_linears"] = [e["target"] for e in forced_fp8]
     report["batch_size_source"] = batch_source
     report["initialization"] = init_report.summary()
     if local_batch is None:

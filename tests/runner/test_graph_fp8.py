@@ -78,3 +78,42 @@ def test_a_plan_with_fp8_sites_and_kernels_trains_in_graph_mode(tmp_path) -> Non
     ref = run(plan_path, RunOptions(**opts, kernels=False))
     torch.testing.assert_close([v for _, v in got.losses], [v for _, v in ref.losses],
                                rtol=2e-2, atol=2e-3)
+
+
+def test_forced_fp8_entries_pick_big_aligned_linears_outside_fp32_sites() -> None:
+    from gemc.backends.torch.precision import forced_fp8_entries
+
+    from gemc.errors import GemcUserError
+
+    model = nn.ModuleDict({
+        "big": nn.Linear(64, 48), "small": nn.Linear(64, 16), "odd": nn.Linear(72, 50),
+        "kept": nn.Sequential(nn.Linear(64, 64)), "planned": nn.Linear(64, 64)})
+    entries = [{"target": "*", "dtype": "bf16"}, {"target": "kept", "dtype": "fp32"},
+               {"target": "planned", "dtype": "fp8", "recipe": {**ROW, "wgrad": {
+                   "dtype": "bf16", "scaling": None}}}]
+    got = forced_fp8_entries(model, 32, entries)
+    assert [e["target"] for e in got] == ["big"]
+    assert Fp8Recipe.from_dict(got[0]["recipe"]) == Fp8Recipe.uniform(FP8_ROW)
+    for bad in (8, 32.0, True):
+        with pytest.raises(GemcUserError, match="--fp8-linears"):
+            forced_fp8_entries(model, bad, entries)
+
+
+def test_fp8_linears_forces_fp8_in_graph_mode_and_reports_it(tmp_path) -> None:
+    """``gemc run --fp8-linears N``: the lead's switch for an A/B of fp8 on a plan that did
+    not pick it; the losses stay near bf16's (row-wise e4m3: ~30 dB per GEMM)."""
+    from gemc.api import compile as gemc_compile
+
+    plan = gemc_compile(MODEL, {}, topology="h200:1x1")
+    plan["precision"] = [{"target": "*", "dtype": "bf16"}]
+    plan_path = tmp_path / "plan.json"
+    write_plan(plan_path, json.loads(json.dumps(plan)))
+    opts = dict(steps=3, device="cpu", progress=False)
+    with pytest.warns(UserWarning, match="replace the linear of an fp8 site"):
+        got = run(plan_path, RunOptions(**opts, fp8_min_features=32))
+    assert got.report["forced_fp8_linears"] == ["block.up", "block.down", "attn.q", "attn.k",
+                                                "attn.v"]
+    ref = run(plan_path, RunOptions(**opts))
+    assert ref.report["forced_fp8_linears"] == []
+    torch.testing.assert_close([v for _, v in got.losses], [v for _, v in ref.losses],
+                               rtol=5e-2, atol=5e-3)

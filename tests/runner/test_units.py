@@ -376,7 +376,8 @@ def test_gemc_cli_wiring_round_trips_the_flags() -> None:
     add_run_parser(parser.add_subparsers(dest="command", required=True))
     flags = ["run", "p.json", "--steps", "7", "--checkpoint-dir", "ck", "--checkpoint-every",
              "3", "--resume", "--device", "cpu", "--embedding-optimizer", "adam", "--lr",
-             "0.002", "--precision", "bf16", "--no-kernels", "--quiet", "--kernel-module", "m",
+             "0.002", "--precision", "bf16", "--fp8-linears", "1024", "--no-kernels", "--quiet",
+             "--kernel-module", "m",
              "--graph-executor", "interpreter", "--compile-mode", "reduce-overhead",
              "--measure-kernels", "--autotune", "--kernel-choices", "c.json", "--loss-every", "5",
              "--divergence", "stop", "--reference-losses", "ref.json", "--cache-dir", "none"]
