@@ -12,7 +12,7 @@ from gemc.backends.torch import fp8
 from torch import nn
 
 from gemc.fp8_recipe import BF16, FP8_ROW, FP32, Fp8Recipe
-from tests.precision.conftest import sqnr
+from tests.precision.conftest import DEVICE, sqnr
 
 ROW = Fp8Recipe.uniform(FP8_ROW)
 
@@ -33,7 +33,7 @@ def _step(fn, norm: nn.LayerNorm, lin: nn.Linear, x: torch.Tensor, dy: torch.Ten
     """y, dx, dW, db, dgamma of ``fn`` under bf16 autocast."""
     for t in (x, lin.weight, lin.bias, norm.weight):
         t.grad = None
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast(x.device.type, dtype=torch.bfloat16):
         y = fn(x)
     (y.float() * dy).sum().backward()
     return [y.detach().float(), x.grad, lin.weight.grad, lin.bias.grad, norm.weight.grad]
@@ -83,22 +83,30 @@ def _cpu_scaled_mm() -> bool:
     return True
 
 
-@pytest.mark.skipif(not _cpu_scaled_mm(), reason="this torch has no CPU row-wise _scaled_mm")
+def _native_fp8(device: torch.device) -> bool:
+    return fp8.hardware_fp8(device) if device.type == "cuda" else _cpu_scaled_mm()
+
+
+@pytest.mark.skipif(not _native_fp8(torch.device(DEVICE)),
+                    reason=f"no row-wise _scaled_mm on {DEVICE} with this torch")
 def test_inductor_fuses_the_quantisation_into_the_norm_and_matches_the_emulation() -> None:
-    """Inductor (C++ on the CPU) compiles the real ``_scaled_mm`` path: the LayerNorm and the
-    activation's row-wise quantisation are one kernel (the normalised activation is not
-    re-read from memory to be quantised), and the values are the emulation's up to the bf16
-    rounding of the output."""
-    norm, lin, x = _setup(32, 64, 48, seed=13)
-    dy = torch.randn(32, 48)
+    """Inductor (C++ on the CPU, Triton with ``GEMC_TEST_DEVICE=cuda``) compiles the real
+    ``_scaled_mm`` path: the LayerNorm and the activation's row-wise quantisation are one
+    kernel (the normalised activation is not re-read from memory to be quantised), and the
+    values are the emulation's up to the bf16 rounding of the output."""
+    m, k, n = (32, 64, 48) if DEVICE == "cpu" else (256, 512, 384)
+    norm, lin, x = _setup(m, k, n, seed=13)
+    norm, lin = norm.to(DEVICE), lin.to(DEVICE)
+    x = x.detach().to(DEVICE).requires_grad_()
+    dy = torch.randn(m, n).to(DEVICE)
     want = _step(_fp8_fn(norm, lin, ROW, emulate=True), norm, lin, x, dy)
     torch._dynamo.reset()
     compiled = torch.compile(_fp8_fn(norm, lin, ROW, emulate=False), backend="inductor",
                              fullgraph=True)
     got, codes = inductor_utils.run_and_get_code(_step, compiled, norm, lin, x, dy)
     forward = codes[0]
-    fused = [line for line in forward.splitlines()
-             if "def " not in line and "native_layer_norm" in line and "frexp" in line]
+    fused = [line for line in forward.splitlines()  # a kernel's name or its ATen ops
+             if "def " not in line and "layer_norm" in line and "frexp" in line]
     assert fused, "no kernel computes the norm and the fp8 scales together"
     assert "_scaled_mm" in forward
     for name, g, w in zip(("y", "dx", "dW", "db", "dgamma"), got, want):
