@@ -179,7 +179,9 @@ def test_cli_precision_flags_and_explain_table(tmp_path, capsys) -> None:
     # --planner default: the flags under test do not need CP-SAT, and the GPU box that runs
     # this suite with GEMC_TEST_DEVICE=cuda has no ortools
     assert main(["compile", MODEL, "--topology", "h200:1x1", "--out", str(out), "--quiet",
-                 "--precision", "bf16", "--planner", "default"]) == 0
+                 "--precision", "bf16", "--planner", "default",
+                 "--fp8-quantisation", "compiled"]) == 0
+    assert json.loads(out.read_text())["precision"][0]["rule"]["quantisation"] == "compiled"
     assert main(["explain", str(out)]) == 0
     text = capsys.readouterr().out
     assert "precision  baseline bf16 (mode bf16)" in text
