@@ -179,10 +179,14 @@ def check_scaled_mm_args(
 
 
 def hardware_fp8(device: torch.device) -> bool:
-    """Whether ``device`` runs ``_scaled_mm`` natively (CUDA, compute capability >= 8.9)."""
+    """Whether ``device`` runs ``_scaled_mm`` natively (CUDA, compute capability >= 8.9).
+
+    Through ``get_device_properties``, which Dynamo folds to a constant when this runs in a
+    compiled linear (``get_device_capability`` it would try to put in the graph)."""
     if device.type != "cuda" or not torch.cuda.is_available():
         return False
-    return torch.cuda.get_device_capability(device) >= (8, 9)
+    props = torch.cuda.get_device_properties(device)
+    return (props.major, props.minor) >= (8, 9)
 
 
 def scaled_mm(
