@@ -20,8 +20,8 @@ own row. *Tensor-wise* (one scale per operand) is for operands without outliers.
 **Gradients are e4m3 too**, not e5m2: e5m2's wider range served delayed, per-tensor scales
 that had to cover a gradient's spread across steps and rows; with a fresh scale per row the
 largest value of every row lands in [224, 448), so the range is not needed and e4m3's extra
-mantissa bit (about 6 dB of SQNR) is kept. It is also the one fp8 type every operand of a
-row-wise ``_scaled_mm`` takes on Hopper.
+mantissa bit (about 6 dB of SQNR) is kept. One type also keeps one contract below (older
+torch builds' row-wise ``_scaled_mm`` took e4m3 alone; not re-checked on torch 2.11).
 
 **Scales are powers of two** (``2^(floor(log2(amax / 448)) + 1)``): dividing by them is exact in
 any float format, so a bf16 operand is scaled in bf16 without rounding (7 bytes moved per
