@@ -3,7 +3,7 @@
 # its emulation, Inductor's LayerNorm+quantisation kernel, _scaled_mm's contract), then the
 # per-shape benchmark of compiled bf16 vs row-wise fp8 (precision.py --gemms, ~3 min).
 # The zoo A/B with fp8 forced on the big linears is a second call:
-#   bash benchmarks/zoo_h200.sh --models gem,dlrm_dcnv2,wukong --variants gemc,gemc-fp8
+#   bash benchmarks/zoo_h200.sh --models wukong,gem,dlrm_dcnv2 --variants gemc,gemc-fp8
 set -uo pipefail
 source scripts/device_env.sh
 export PYTHONUNBUFFERED=1
