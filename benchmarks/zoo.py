@@ -27,6 +27,9 @@ the variants (``_baseline``, ``_gemc``), so the two benchmarks measure alike:
 ``gemc-cudagraphs`` (optional) ``gemc`` with ``torch.compile(mode="reduce-overhead")``;
 ``gemc-autotune`` (optional) ``gemc`` with ``--autotune``: its hand-written kernels time every
                  config that fits (``gemc``'s first step runs one heuristic config each).
+``gemc-fp8``     (optional) ``gemc`` with ``--fp8-linears 1024``: row-wise fp8 forced on every
+                 linear with in and out features >= 1024, whatever the plan chose (its
+                 losses next to ``gemc``'s are the accuracy side of the A/B).
 
 ``--cold``: every child gets fresh, empty Inductor and Triton cache directories (removed
 after it), so each variant's first step is a cold compile, as on a fresh machine. The
@@ -75,7 +78,7 @@ import compile_accounting  # noqa: E402  (where the first step's seconds go)
 import e2e  # noqa: E402  (the variants' code, shared with the GEM benchmark)
 
 VARIANTS = ("eager", "compile", "gemc", "gemc-measured", "gemc-groups", "gemc-interp",
-            "gemc-cudagraphs", "gemc-autotune")
+            "gemc-cudagraphs", "gemc-autotune", "gemc-fp8")
 GEMC_OPTIONS: dict[str, dict[str, Any]] = {
     "gemc": {"graph_executor": "inductor"},
     "gemc-groups": {"graph_executor": "inductor"},  # + GEMC_GROUP_CHOICE=gemc (child())
@@ -83,6 +86,7 @@ GEMC_OPTIONS: dict[str, dict[str, Any]] = {
     "gemc-interp": {"graph_executor": "interpreter"},
     "gemc-cudagraphs": {"graph_executor": "inductor", "compile_mode": "reduce-overhead"},
     "gemc-autotune": {"graph_executor": "inductor", "autotune": True},
+    "gemc-fp8": {"graph_executor": "inductor", "fp8_min_features": 1024},
 }
 COLD_VARS = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
 """What ``--cold`` points at a fresh directory per child (gemc's run keeps a directory a

@@ -151,6 +151,10 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--min-block-sqnr-db", type=_SQNR_DB, default=23.0,
                    help="lowest SQNR of a block (region) run with its chosen precisions "
                    f"(0..{_MAX_SQNR_DB:g}; default 23)")
+    c.add_argument("--fp8-quantisation", default="eager", choices=("eager", "compiled"),
+                   help="the fp8 quantisation the precision pass prices: eager (default: "
+                   "separate kernels) or compiled (fused by torch.compile, as graph mode "
+                   "runs it; opt-in until measured on the GPU)")
     c.add_argument("--quiet", action="store_true", help="no progress display")
 
     cal = sub.add_parser("calibrate", help="measure this GPU and write a calibration file")
@@ -232,7 +236,8 @@ def compile_config(args: argparse.Namespace) -> CompileConfig:
         table_precision=args.table_precision,
         exchange_precision=args.exchange_precision,
         precision=PrecisionOptions(mode=args.precision, min_sqnr_db=args.min_sqnr_db,
-                                   min_block_sqnr_db=args.min_block_sqnr_db),
+                                   min_block_sqnr_db=args.min_block_sqnr_db,
+                                   quantisation=args.fp8_quantisation),
         disabled_passes=tuple(args.disable_pass),
         passes=args.passes,
         dump_dir=args.dump_dir,

@@ -112,3 +112,22 @@ def quantize_kernels(numel: int, elt_bytes: int, relayout: bool) -> list[int]:
     if relayout:
         out.append(2 * numel)
     return out
+
+
+EAGER_QUANT = "eager"
+COMPILED_QUANT = "compiled"
+QUANT_PATHS = (EAGER_QUANT, COMPILED_QUANT)
+"""How the runner quantises an fp8 GEMM's operands, as the precision pass prices it:
+``eager`` kernel by kernel (:func:`quantize_kernels`), ``compiled`` under torch.compile
+(:func:`compiled_quantize_bytes`)."""
+
+
+def compiled_quantize_bytes(numel: int, rows: int, elt_bytes: int) -> int:
+    """Bytes the compiled fp8 linear moves to quantise one operand of ``rows`` scales.
+
+    Under torch.compile the quantisation is ATen ops Inductor fuses: the amax, the scale and
+    the cast (and the layout copy, a transposed store) are at most one pass -- read the
+    operand, write its fp8 copy and one fp32 scale per row. Fused into the producer's kernel
+    (a LayerNorm writing its fp8 copy as well) the read is of registers, so this is an upper
+    bound that does not depend on which fusions Inductor makes."""
+    return numel * (elt_bytes + 1) + 4 * rows

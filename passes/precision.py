@@ -10,7 +10,10 @@ per GEMM, in ``--precision auto`` (the default):
       dim divisible by 16) on a GPU with fp8 tensor cores;
    b. it pays: the cost model's fp8 time at the real M, N, K *plus the quantization the
       runner launches* (amax, scale, cast, layout copy per operand) beats bf16 by at least
-      ``min_gain`` (5%) -- so small and skinny GEMMs stay bf16;
+      ``min_gain`` (5%) -- so small and skinny GEMMs stay bf16. ``quantisation`` says which
+      runner path is priced: ``eager`` (the default: separate kernels, 9-17 bytes an
+      element) or ``compiled`` (torch.compile fuses them: one pass per operand at most);
+      ``compiled`` stays opt-in until the H200 measures that path (issue 21);
    c. it is accurate: the probe (:mod:`gemc.probe`, a measured input the driver hands
       the pass as ``ctx.precision_probe``, like calibration) measured SQNR >= ``min_sqnr_db``
       (25 dB) on this model's own activations and gradients. Tensor-wise scaling is taken
@@ -76,6 +79,7 @@ class PrecisionOptions:
     min_block_sqnr_db: float = 23.0
     min_gain: float = 0.05
     require_gain: bool = True  # False: fp8 wherever allowed and accurate (numerics studies)
+    quantisation: str = fp8_recipe.EAGER_QUANT  # the fp8 quantisation priced (QUANT_PATHS)
     max_outlier_ratio: float = 8.0
     tensorwise_margin_db: float = 0.5
     block_margin_db: float = 10.0
@@ -86,6 +90,10 @@ class PrecisionOptions:
         if self.mode not in MODES:
             raise GemcUserError(f"unknown precision mode {self.mode!r}", where="--precision",
                                 fix=f"use one of {', '.join(MODES)}")
+        if self.quantisation not in fp8_recipe.QUANT_PATHS:
+            raise GemcUserError(f"unknown fp8 quantisation {self.quantisation!r}",
+                                where="PrecisionOptions.quantisation",
+                                fix=f"use one of {', '.join(fp8_recipe.QUANT_PATHS)}")
         for name in ("min_sqnr_db", "min_block_sqnr_db"):
             if not math.isfinite(getattr(self, name)):
                 raise GemcUserError(f"{name} must be a finite number of dB",
@@ -290,7 +298,8 @@ class ChoosePrecision:
         topo = ctx.topology
         gpu = topo.gpu if topo is not None else None
         calibration = ctx.calibration
-        prices = {s.node: price(s, gpu, calibration) for s in sites} if gpu else {}
+        prices = {s.node: price(s, gpu, calibration, opts.quantisation) for s in sites} \
+            if gpu else {}
         graph_facts: dict[str, Any] = {"mode": opts.mode, "baseline": "fp32" if opts.mode ==
                                        "fp32" else "bf16", "rule": opts.rule(), "probe": None,
                                        "blocks": []}

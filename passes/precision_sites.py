@@ -181,16 +181,23 @@ def _operands(gemm: str, x_elt: int) -> tuple[tuple[int, bool], tuple[int, bool]
     }[gemm]
 
 
-def _quant_time(numel: int, elt: int, relayout: bool, gpu: Any, calibration: Any) -> float:
-    """Quantizing one operand the way the runner's fp8 module does, kernel by kernel."""
+def _quant_time(numel: int, rows: int, elt: int, relayout: bool, gpu: Any, calibration: Any,
+                quantisation: str) -> float:
+    """Quantizing one operand the way the runner does: eager, kernel by kernel as the fp8
+    module launches them; compiled, one pass (or less, fused into its producer)."""
+    launch = calibration.kernel_s if calibration is not None else 2.5e-6
+    if quantisation == fp8_recipe.COMPILED_QUANT:
+        moved = float(fp8_recipe.compiled_quantize_bytes(numel, rows, elt))
+        return memory_time(moved, gpu, calibration, "copy")[0] + launch
     t = sum(memory_time(float(b), gpu, calibration, "copy")[0]
             for b in fp8_recipe.quantize_kernels(numel, elt, relayout))
-    launch = calibration.kernel_s if calibration is not None else 2.5e-6
     return t + fp8_recipe.SCALE_KERNELS * launch
 
 
-def price(site: Site, gpu: Any, calibration: Any) -> dict[str, Prices]:
-    """Prices of the site's three GEMMs at its real (batch, M, N, K)."""
+def price(site: Site, gpu: Any, calibration: Any,
+          quantisation: str = fp8_recipe.EAGER_QUANT) -> dict[str, Prices]:
+    """Prices of the site's three GEMMs at its real (batch, M, N, K), the fp8 one with its
+    operands' quantisation as ``quantisation`` (:data:`gemc.fp8_recipe.QUANT_PATHS`) runs."""
     out = {}
     x_elt = activation_bytes(site)
     for gemm, (b, m, n, k) in site.problems().items():
@@ -203,8 +210,8 @@ def price(site: Site, gpu: Any, calibration: Any) -> dict[str, Prices]:
             t16 += memory_time(6.0 * n * k, gpu, calibration, "copy")[0]
         (ea, ra), (eb, rb) = _operands(gemm, x_elt)
         # one quantization kernel sequence over the whole (batched) operand
-        quant = (_quant_time(b * m * k, ea, ra, gpu, calibration)
-                 + _quant_time(b * k * n, eb, rb, gpu, calibration))
+        quant = (_quant_time(b * m * k, b * m, ea, ra, gpu, calibration, quantisation)
+                 + _quant_time(b * k * n, b * n, eb, rb, gpu, calibration, quantisation))
         source = src if src == src8 else "roofline"
         out[gemm] = Prices(t32, t16, t8 + quant, quant, source)
     return out

@@ -44,7 +44,7 @@ def test_every_declared_graph_kind_has_one_implementation_and_nothing_else_has()
     # the runner hands the graph kinds to graph mode, the rest to the module-mode registry,
     # where every declared module-mode kind must find its applier
     graph_mode.check_graph_mode([{"kind": k} for k in kernel_kinds.graph_kinds()],
-                                world_size=1, module_sites=[])
+                                world_size=1)
     module = {k.name for k in KINDS.values() if k.mode == "module"}
     assert module <= set(module_kernels.registered())
 

@@ -145,7 +145,7 @@ def test_a_registered_kind_is_declared_to_the_core_readers(toy_kind) -> None:
     assert kernel_kinds.KINDS["toy_tanh"] is TOY.kind
     (entry,) = kernel_entries(gm, ctx)
     # the runner executes it in graph mode (a kind it does not know it refuses by name)
-    graph_mode.check_graph_mode([entry], world_size=1, module_sites=[])
+    graph_mode.check_graph_mode([entry], world_size=1)
     # the cost model prices its nodes as a gemc kernel, not as Inductor's fused code
     assert island_groups(gm) == {"toy_tanh_0"}
     # the plan validator requires the fields its declaration lists
@@ -164,5 +164,4 @@ def test_an_unregistered_kind_leaves_the_core_too() -> None:
     kinds.unregister("toy_tanh")
     assert "toy_tanh" not in kernel_kinds.KINDS
     with pytest.raises(PlanError, match="'toy_tanh', which the runner cannot execute"):
-        graph_mode.check_graph_mode([{"name": "t", "kind": "toy_tanh"}], world_size=1,
-                                    module_sites=[])
+        graph_mode.check_graph_mode([{"name": "t", "kind": "toy_tanh"}], world_size=1)

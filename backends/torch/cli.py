@@ -96,6 +96,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="autocast the whole forward (added to the plan's precision sites)",
     )
     p.add_argument(
+        "--fp8-linears", type=checks.int_at_least(16), metavar="N",
+        help="force row-wise fp8 (e4m3, all three GEMMs) on every nn.Linear whose in and out "
+        "features are both >= N, whatever the plan chose (a measurement switch; linears the "
+        "plan keeps fp32 are left alone); the run report lists them",
+    )
+    p.add_argument(
         "--divergence", choices=("off", "warn", "stop"), default="warn",
         help="loss safeguard: a non-finite loss, a jump far above the run's recent losses, or "
         "(with --reference-losses) staying well above a reference run's flags the step; warn "
@@ -190,6 +196,7 @@ def options_from_args(args: argparse.Namespace) -> Any:
         embedding_optimizer=args.embedding_optimizer,
         embedding_lr=args.embedding_lr,
         precision=args.precision,
+        fp8_min_features=args.fp8_linears,
         kernel_modules=list(args.kernel_module),
         kernels=not args.no_kernels,
         skip_kernels=args.skip_kernels,
@@ -332,6 +339,7 @@ def argv_of(args: argparse.Namespace) -> list[str]:
         "--embedding-optimizer": args.embedding_optimizer,
         "--embedding-lr": args.embedding_lr,
         "--precision": args.precision,
+        "--fp8-linears": args.fp8_linears,
         "--graph-executor": args.graph_executor,
         "--compile-mode": args.compile_mode,
         "--compile-modules": args.compile_modules,

@@ -17,6 +17,12 @@ scale, taken along the contraction dimension (the only layout ``_scaled_mm`` acc
 ``[M, 1]``, scale_b ``[1, N]``), so one outlier token or feature costs precision only in its
 own row. *Tensor-wise* (one scale per operand) is for operands without outliers.
 
+**Gradients are e4m3 too**, not e5m2: e5m2's wider range served delayed, per-tensor scales
+that had to cover a gradient's spread across steps and rows; with a fresh scale per row the
+largest value of every row lands in [224, 448), so the range is not needed and e4m3's extra
+mantissa bit (about 6 dB of SQNR) is kept. One type also keeps one contract below (older
+torch builds' row-wise ``_scaled_mm`` took e4m3 alone; not re-checked on torch 2.11).
+
 **Scales are powers of two** (``2^(floor(log2(amax / 448)) + 1)``): dividing by them is exact in
 any float format, so a bf16 operand is scaled in bf16 without rounding (7 bytes moved per
 element instead of 11 for an fp32 intermediate), the CPU emulation and the GPU quantize to
@@ -179,10 +185,14 @@ def check_scaled_mm_args(
 
 
 def hardware_fp8(device: torch.device) -> bool:
-    """Whether ``device`` runs ``_scaled_mm`` natively (CUDA, compute capability >= 8.9)."""
+    """Whether ``device`` runs ``_scaled_mm`` natively (CUDA, compute capability >= 8.9).
+
+    Through ``get_device_properties``, which Dynamo folds to a constant when this runs in a
+    compiled linear (``get_device_capability`` it would try to put in the graph)."""
     if device.type != "cuda" or not torch.cuda.is_available():
         return False
-    return torch.cuda.get_device_capability(device) >= (8, 9)
+    props = torch.cuda.get_device_properties(device)
+    return (props.major, props.minor) >= (8, 9)
 
 
 def scaled_mm(
@@ -253,15 +263,20 @@ def gemm(
     out_dtype: torch.dtype,
     *,
     emulate: bool | None = None,
+    under_autocast: bool = False,
 ) -> torch.Tensor:
     """``a @ b`` in the precision ``choice`` says, returned in ``out_dtype``.
 
     bf16 on a CPU is emulated: bf16-rounded operands multiplied in fp32 (their products are
     exact there) and the result rounded to bf16 -- what a bf16 GEMM with fp32 accumulation
-    computes, without CPUs' slow native bf16 matmul."""
+    computes, without CPUs' slow native bf16 matmul. ``under_autocast``: the caller cannot
+    turn an active autocast off, so an fp32 GEMM multiplies in float64, which autocast never
+    narrows (bf16 and the fp8 paths give the same values under a bf16 autocast)."""
     if choice.dtype == "fp8":
         return fp8_matmul(a, b, str(choice.scaling), out_dtype, emulate=emulate)
     if choice.dtype == "fp32":
+        if under_autocast:
+            return (a.double() @ b.double()).to(out_dtype)
         return (a.float() @ b.float()).to(out_dtype)
     if a.device.type == "cpu":
         out = a.to(torch.bfloat16).float() @ b.to(torch.bfloat16).float()
@@ -298,10 +313,9 @@ class _Fp8LinearFn(torch.autograd.Function):
         ctx.save_for_backward(x, weight)
         ctx.recipe, ctx.emulate, ctx.has_bias = recipe, emulate, bias is not None
         ctx.x_dtype, ctx.out_dtype = x.dtype, out_dtype
-        with _no_autocast(x.device.type):
-            y = gemm(x, weight.t(), recipe.fwd, out_dtype, emulate=emulate)
-            if bias is not None:
-                y = y + bias.to(out_dtype)
+        y = gemm(x, weight.t(), recipe.fwd, out_dtype, emulate=emulate)
+        if bias is not None:
+            y = y + bias.to(out_dtype)
         return y
 
     @staticmethod
@@ -309,11 +323,18 @@ class _Fp8LinearFn(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         recipe: Fp8Recipe = ctx.recipe
         dx = dw = db = None
-        with _no_autocast(dy.device.type):
+        # Eager, the engine may run this under the caller's autocast: turn it off. Compiled,
+        # Dynamo refuses an autocast change inside a traced backward, and AOTAutograd traces
+        # the backward under the forward's ambient autocast: gemm keeps fp32 GEMMs wide.
+        compiling = torch.compiler.is_compiling()
+        guard = contextlib.nullcontext() if compiling else _no_autocast(dy.device.type)
+        with guard:
             if ctx.needs_input_grad[0]:
-                dx = gemm(dy, weight, recipe.dgrad, ctx.x_dtype, emulate=ctx.emulate)
+                dx = gemm(dy, weight, recipe.dgrad, ctx.x_dtype, emulate=ctx.emulate,
+                          under_autocast=compiling)
             if ctx.needs_input_grad[1]:
-                dw = gemm(dy.t(), x, recipe.wgrad, weight.dtype, emulate=ctx.emulate)
+                dw = gemm(dy.t(), x, recipe.wgrad, weight.dtype, emulate=ctx.emulate,
+                          under_autocast=compiling)
             if ctx.has_bias and ctx.needs_input_grad[2]:
                 db = dy.sum(0, dtype=torch.float32)
         return dx, dw, db, None, None, None
@@ -331,12 +352,21 @@ def fp8_linear(
     """``F.linear`` with the recipe's precisions; leading dims of x are flattened into M.
 
     ``out_dtype`` defaults to the autocast dtype when autocast is on (what ``nn.Linear``
-    returns there), else x's dtype."""
+    returns there), else x's dtype.
+
+    Every op of the three GEMMs is an ATen op (the amax, the power-of-two scale, the cast,
+    ``torch._scaled_mm``), so under ``torch.compile`` Dynamo traces the autograd function and
+    Inductor fuses each quantisation into the kernel that produced its operand (a LayerNorm
+    writes the fp8 activation and its row scales). Autocast is turned off *around* the
+    function, not inside its forward: Dynamo refuses an autocast change inside a traced
+    ``autograd.Function`` forward."""
     if out_dtype is None:
         dev = x.device.type
         out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
     lead = x.shape[:-1]
-    y = _Fp8LinearFn.apply(x.reshape(-1, x.shape[-1]), weight, bias, recipe, out_dtype, emulate)
+    with _no_autocast(x.device.type):
+        y = _Fp8LinearFn.apply(x.reshape(-1, x.shape[-1]), weight, bias, recipe, out_dtype,
+                               emulate)
     return y.reshape(*lead, weight.shape[0])
 
 

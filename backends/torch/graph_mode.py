@@ -40,10 +40,11 @@ whole local tables inside its backward, before any gradient could be exchanged.
 
 Refused with a named error (``--no-kernels`` runs the ops the kernels replace instead):
 ``fsdp``/``hsdp``/``tp`` regions next to kernels on several ranks (they shard parameters
-through module hooks that the captured graph never calls), fp8 linears next to kernels,
-and a table weight that the graph reads other than through its module's lookup, on several
-ranks or stored bf16/fp8. Per-module autocast sites are applied node by node
-(:mod:`.graph_precision`).
+through module hooks that the captured graph never calls), and a table weight that the
+graph reads other than through its module's lookup, on several ranks or stored bf16/fp8.
+Per-module autocast sites are applied node by node (:mod:`.graph_precision`), fp8 linear
+sites likewise (:mod:`.graph_fp8`: their linear nodes call the fp8 linear, whose
+quantisation Inductor fuses into the producers).
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ EMBEDDING_OPS = {
 
 
 def check_graph_mode(
-    kernels: list[dict[str, Any]], *, world_size: int, module_sites: list[str],
+    kernels: list[dict[str, Any]], *, world_size: int,
     regions: list[dict[str, Any]] | None = None,
 ) -> None:
     """Refuse kernels the runner cannot execute as the plan says (see the module doc)."""
@@ -108,14 +109,6 @@ def check_graph_mode(
             "the module hooks through which fsdp/hsdp/tp shard parameters",
             where="plan regions / plan kernels",
             fix="plan those regions ddp (every region), or " + NO_KERNELS_FIX,
-        )
-    if module_sites:
-        raise PlanError(
-            "the plan has fp8 linear sites "
-            f"({', '.join(module_sites[:4])}) and generated kernels; graph mode runs the "
-            "captured graph, whose linears the fp8 module swap never reaches",
-            where="plan precision / plan kernels",
-            fix=NO_KERNELS_FIX,
         )
 
 

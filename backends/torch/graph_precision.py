@@ -26,7 +26,7 @@ from torch import fx
 
 from gemc.ir import module_path
 
-__all__ = ["scope_module_precision"]
+__all__ = ["kernels_outside", "scope_module_precision"]
 
 
 def _site_of(path: str, sites: Mapping[str, torch.dtype]) -> str | None:
@@ -81,15 +81,27 @@ def scope_module_precision(gm: fx.GraphModule, sites: Mapping[str, torch.dtype],
     if not taken:
         return kernels, taken
     gm.recompile()
+    kept = kernels_outside(
+        kernels, taken,
+        "they replace ops inside a module-scoped precision site and would run at the whole "
+        "model's precision", "their ops run in the site's precision instead")
+    return kept, taken
+
+
+def kernels_outside(kernels: list[dict[str, Any]], taken: Mapping[str, str], why: str,
+                    instead: str) -> list[dict[str, Any]]:
+    """The kernels that replace no node of ``taken`` (node name -> its site); the others are
+    left out with one warning naming each and the sites it touches (``why``: why they cannot
+    run, ``instead``: what runs in their place)."""
     kept, dropped = [], []
     for entry in kernels:
         hit = sorted({taken[n] for n in entry.get("nodes", []) if n in taken})
-        (dropped if hit else kept).append((entry, hit))
+        if hit:
+            dropped.append((entry, hit))
+        else:
+            kept.append(entry)
     if dropped:
         names = ", ".join(f"{e.get('name')} ({'/'.join(h)})" for e, h in dropped[:6])
-        warnings.warn(
-            f"gemc: {len(dropped)} kernel(s) not applied: they replace ops inside a "
-            f"module-scoped precision site and would run at the whole model's precision: "
-            f"{names}; their ops run in the site's precision instead",
-            stacklevel=2)
-    return [e for e, _ in kept], taken
+        warnings.warn(f"gemc: {len(dropped)} kernel(s) not applied: {why}: {names}; {instead}",
+                      stacklevel=3)
+    return kept

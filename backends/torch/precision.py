@@ -17,7 +17,8 @@ module the runner cannot apply is a :class:`PlanError`, never silently skipped: 
 whose precision is not what it says would make its predicted error meaningless.
 ``--precision`` on the command line adds a ``"*"`` entry; a ``"*"`` entry overrides every
 entry before it (the compiler writes its ``"*"`` first), so ``--precision fp32`` means the
-whole model.
+whole model. ``--fp8-linears N`` (:func:`forced_fp8_entries`) adds a row-wise fp8 entry for
+every big linear, whatever the plan chose: a measurement switch, never a default.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ import torch
 from gemc.backends.torch import fp8
 from torch import nn
 
-from gemc.errors import PlanError
+from gemc.errors import GemcUserError, PlanError
+from gemc.fp8_recipe import ALIGN, FP8_ROW, Fp8Recipe
 
 DTYPES = {
     "bf16": torch.bfloat16,
@@ -154,3 +156,39 @@ def install(model: nn.Module, plan: PrecisionPlan, device_type: str) -> None:
 
         module.register_forward_pre_hook(pre)
         module.register_forward_hook(post)
+
+
+FORCED_FP8_FLAG = "--fp8-linears"
+
+
+def forced_fp8_entries(model: nn.Module, min_features: int,
+                       entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A row-wise fp8 site (all three GEMMs) for every ``nn.Linear`` of ``model`` whose in and
+    out features are both >= ``min_features`` (and multiples of 16, as ``_scaled_mm`` needs).
+
+    Why: the precision pass picks fp8 only where the cost model predicts a gain, so measuring
+    fp8 where it was not picked needs it forced (the lead's A/B on the zoo's big linears).
+    Left alone: a linear the plan already makes fp8 (its recipe stands) and one inside a
+    module the plan keeps fp32 (the pass measured bf16 too inaccurate there). The entries go
+    after the plan's and ``--precision``'s, so a ``"*"`` entry does not clear them."""
+    if isinstance(min_features, bool) or not isinstance(min_features, int) \
+            or min_features < ALIGN:
+        raise GemcUserError(f"the fp8 linear size {min_features!r} is not an integer >= "
+                            f"{ALIGN}", where=FORCED_FP8_FLAG,
+                            fix="give the smallest in/out features to force fp8 on, e.g. 1024")
+    fp8_sites = {e.get("target") for e in entries if str(e.get("dtype", "")).lower() == "fp8"}
+    fp32_sites = [str(e.get("target")) for e in entries
+                  if str(e.get("dtype", "")).lower() in ("fp32", "float32")
+                  and e.get("target") not in ("*", "")]
+    out = []
+    for fqn, module in model.named_modules():
+        if not isinstance(module, nn.Linear) or fqn in fp8_sites:
+            continue
+        if min(module.in_features, module.out_features) < min_features or \
+                module.in_features % ALIGN or module.out_features % ALIGN:
+            continue
+        if any(fqn == s or fqn.startswith(s + ".") for s in fp32_sites):
+            continue
+        out.append({"target": fqn, "dtype": "fp8", "source": FORCED_FP8_FLAG,
+                    "recipe": Fp8Recipe.uniform(FP8_ROW).to_dict()})
+    return out

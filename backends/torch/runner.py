@@ -40,6 +40,7 @@ from gemc.backends.torch.compile_cache import CompileCache, compile_cache
 from gemc.backends.torch.dense import apply_strategies, check_strategies
 from gemc.backends.torch.divergence import DivergenceGuard, load_reference, low_precision_sites
 from gemc.backends.torch.embedding import shard_tables
+from gemc.backends.torch.graph_fp8 import apply_fp8_sites
 from gemc.backends.torch.graph_mode import GraphExecutor, check_graph_mode, compile_backend
 from gemc.backends.torch.graph_precision import scope_module_precision
 from gemc.backends.torch.init import derive_seed
@@ -85,6 +86,9 @@ class RunOptions:
     embedding_optimizer: str | None = None
     embedding_lr: float | None = None
     precision: str | None = None  # adds a whole-model autocast site: bf16 | fp16 | fp32
+    # --fp8-linears: row-wise fp8 forced on every nn.Linear with in and out features >= this
+    # (precision.forced_fp8_entries; a measurement switch, the plan's choice otherwise)
+    fp8_min_features: int | None = None
     kernel_modules: list[str] = field(default_factory=list)
     kernels: bool = True  # False: run the ops the plan's kernels replace (--no-kernels)
     # kernel names or kinds whose replaced ops run instead (--skip-kernels: bisecting)
@@ -369,11 +373,14 @@ def _run(
     prec_entries = list(plan["precision"])
     if opts.precision:
         prec_entries.append({"target": "*", "dtype": opts.precision, "source": "--precision"})
+    forced_fp8 = [] if opts.fp8_min_features is None else \
+        precision_mod.forced_fp8_entries(model, opts.fp8_min_features, prec_entries)
+    prec_entries += forced_fp8
     prec = precision_mod.resolve(prec_entries, model)
     precision_mod.install(model, prec, device.type)
-    check_graph_mode(graph_kernels, world_size=wsize,
-                     module_sites=list(getattr(prec, "fp8_linears", {}) or {}),
-                     regions=plan["regions"])
+    check_graph_mode(graph_kernels, world_size=wsize, regions=plan["regions"])
+    if graph_kernels and prec.fp8_linears:  # fp8 sites' linear nodes call the fp8 linear
+        graph_kernels, _ = apply_fp8_sites(captured.gm, prec.fp8_linears, graph_kernels, device)
     if graph_kernels and prec.per_module:  # the sites' autocast scopes, node by node
         graph_kernels, _ = scope_module_precision(captured.gm, prec.per_module, graph_kernels,
                                                   device.type)
@@ -485,7 +492,8 @@ def _run(
     every = max(1, int(opts.loss_every))
     pending: list[tuple[int, torch.Tensor, float]] = []  # (step, loss on device, data ms)
     guard = DivergenceGuard(
-        low_precision_sites(plan), action=opts.divergence, quiet=rank != 0,
+        low_precision_sites({**plan, "precision": prec_entries}), action=opts.divergence,
+        quiet=rank != 0,
         reference=load_reference(opts.reference_losses) if opts.reference_losses else None)
     block_t0 = time.perf_counter()
 
@@ -569,6 +577,7 @@ def _run(
     report["embedding_exchange"] = prefetch.report()
     report["exchange_precision"] = {"forward": wire.forward, "backward": wire.backward}
     report["divergence"] = guard.report()
+    report["forced_fp8_linears"] = [e["target"] for e in forced_fp8]
     report["batch_size_source"] = batch_source
     report["initialization"] = init_report.summary()
     if local_batch is None:

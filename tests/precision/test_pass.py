@@ -179,7 +179,9 @@ def test_cli_precision_flags_and_explain_table(tmp_path, capsys) -> None:
     # --planner default: the flags under test do not need CP-SAT, and the GPU box that runs
     # this suite with GEMC_TEST_DEVICE=cuda has no ortools
     assert main(["compile", MODEL, "--topology", "h200:1x1", "--out", str(out), "--quiet",
-                 "--precision", "bf16", "--planner", "default"]) == 0
+                 "--precision", "bf16", "--planner", "default",
+                 "--fp8-quantisation", "compiled"]) == 0
+    assert json.loads(out.read_text())["precision"][0]["rule"]["quantisation"] == "compiled"
     assert main(["explain", str(out)]) == 0
     text = capsys.readouterr().out
     assert "precision  baseline bf16 (mode bf16)" in text
@@ -189,3 +191,26 @@ def test_cli_precision_flags_and_explain_table(tmp_path, capsys) -> None:
         CompileConfig(precision=PrecisionOptions(mode="fp4")).validate()
     with pytest.raises(GemcUserError, match="unknown compile option"):
         gemc_compile(MODEL, precision_mode="bf16")
+
+
+def test_compiled_quantisation_is_priced_as_one_pass_per_operand(forced) -> None:
+    """``quantisation="compiled"`` (opt-in): each fp8 operand costs one read + fp8 write +
+    row scales and one launch, far below the eager kernel sequence; only the fp8 prices
+    move, and the default stays eager."""
+    from gemc import fp8_recipe
+
+    assert PrecisionOptions().quantisation == fp8_recipe.EAGER_QUANT
+    with pytest.raises(GemcUserError, match="unknown fp8 quantisation"):
+        PrecisionOptions(quantisation="fused").validate()
+    compiled, _ = run_pass(PrecisionOptions(require_gain=False, quantisation="compiled"))
+    eager, got = _records(forced[0]), _records(compiled)
+    launch = 2.5e-3  # ms, the roofline's launch cost
+    for name, r in eager.items():
+        for g in GEMMS:
+            e, c = r["gemms"][g], got[name]["gemms"][g]
+            assert c["pred_ms"]["bf16"] == e["pred_ms"]["bf16"], (name, g)
+            assert 2 * launch <= c["quant_ms"] < e["quant_ms"], (name, g)
+            assert c["pred_ms"]["fp8"] - c["quant_ms"] == pytest.approx(
+                e["pred_ms"]["fp8"] - e["quant_ms"], abs=1e-4)
+    facts = next(n for n in compiled.graph.nodes if n.op == "output").meta[ir.PRECISION]
+    assert facts["rule"]["quantisation"] == "compiled"

@@ -217,12 +217,10 @@ def test_kernels_on_several_ranks_need_ddp_regions() -> None:
     regions = [{"name": "", "strategy": "ddp"}, {"name": "top", "strategy": "fsdp"},
                {"name": "bottom", "strategy": "hsdp"}]
     with pytest.raises(PlanError, match="top, bottom are not ddp") as exc:
-        check_graph_mode([gemm], world_size=2, module_sites=[], regions=regions)
+        check_graph_mode([gemm], world_size=2, regions=regions)
     assert "--no-kernels" in exc.value.fix
-    check_graph_mode([gemm], world_size=2, module_sites=[], regions=regions[:1])
-    check_graph_mode([gemm], world_size=1, module_sites=[], regions=regions)  # one rank
-    with pytest.raises(PlanError, match="fp8 linear sites"):
-        check_graph_mode([gemm], world_size=1, module_sites=["top.0"])
+    check_graph_mode([gemm], world_size=2, regions=regions[:1])
+    check_graph_mode([gemm], world_size=1, regions=regions)  # one rank
 
 
 def test_skip_kernels_leaves_out_names_and_kinds_and_refuses_typos() -> None:
@@ -243,7 +241,7 @@ def test_unknown_kernel_kind_is_refused() -> None:
     from gemc.backends.torch.graph_mode import check_graph_mode
 
     with pytest.raises(PlanError, match="kind 'mystery'"):
-        check_graph_mode([{"name": "m", "kind": "mystery"}], world_size=1, module_sites=[])
+        check_graph_mode([{"name": "m", "kind": "mystery"}], world_size=1)
 
 
 def test_world_size_mismatch_is_a_named_error(base_plans, monkeypatch, capsys) -> None:
@@ -378,7 +376,8 @@ def test_gemc_cli_wiring_round_trips_the_flags() -> None:
     add_run_parser(parser.add_subparsers(dest="command", required=True))
     flags = ["run", "p.json", "--steps", "7", "--checkpoint-dir", "ck", "--checkpoint-every",
              "3", "--resume", "--device", "cpu", "--embedding-optimizer", "adam", "--lr",
-             "0.002", "--precision", "bf16", "--no-kernels", "--quiet", "--kernel-module", "m",
+             "0.002", "--precision", "bf16", "--fp8-linears", "1024", "--no-kernels", "--quiet",
+             "--kernel-module", "m",
              "--graph-executor", "interpreter", "--compile-mode", "reduce-overhead",
              "--measure-kernels", "--autotune", "--kernel-choices", "c.json", "--loss-every", "5",
              "--divergence", "stop", "--reference-losses", "ref.json", "--cache-dir", "none"]
