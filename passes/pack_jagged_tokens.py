@@ -19,6 +19,17 @@ each region node records where its batch and sequence dims are. If any path may 
 (an unmasked mean over the sequence, the graph's output), the pass warns, names the reader
 and leaves the graph padded.
 
+HSTU's pointwise attention (``match-silu-attention``) is a member of a region as one unit:
+over offsets (no key mask; v written into zeros over them, as HSTU's authors pad q, k and v
+for it), each of q, k and v zero-padded over those offsets is a source (their regions share
+one layout), the queries' padding rows become the output's, the keys' and values' are never
+read, and the kernel's own ``[L, L]`` nodes are no carriers. The runner then runs it on the
+region's tokens (``gemc::jagged_silu_attention_values``). A gather of a region value at the
+jagged positions of the region's own offsets (``x[row, col]``, the model's
+``dense_to_jagged``) is an ``exit``: it reads real tokens only, so the runner takes it from
+the tokens instead of scattering the value back first (unclamped lengths only). A source
+written at those same positions is ``in_order``: its values are the tokens, viewed.
+
 What the runner does with it (``backends/triton/graph_runner``): a region value is held with
 batch dim 1 and sequence dim ``T`` (the real tokens, in offsets order: the layout of the
 jagged attention, a length-0 history keeping its slot 0 when the mask clamps lengths to 1);
@@ -47,7 +58,8 @@ positions in any order packs too, each row's kept tokens in order, their positio
 layout (``packed_tokens.kept_positions``). Exact: every op is token-wise or an attention
 masked by the key mask (order-invariant over its keys; a causal one keeps its meaning, the
 order being kept). A history with a target item appended after its padding is never a
-prefix, so only this packs it. ``every_row``: the region holds an attention that is NaN on a
+prefix, so only this packs it. A region holding HSTU's pointwise attention is never
+compact: its bias and normaliser read positions, not ranks. ``every_row``: the region holds an attention that is NaN on a
 row with no kept key (eager's softmax); it packs only when every row keeps one.
 
 The compiled (Inductor) graph fixes its shapes when it is compiled, so there the check runs
@@ -67,24 +79,69 @@ from torch.fx.passes.infra.pass_base import PassResult
 from gemc import ir
 from gemc.context import PassContext
 
-from .jagged_patterns import KeyMask, PaddingFlow, follow_padding, keep_of
+from .jagged_patterns import (
+    KeyMask,
+    PaddingFlow,
+    follow_padding,
+    jagged_positions,
+    keep_of,
+    zero_padded_source,
+)
 
 aten = torch.ops.aten
 PACKED = ir.PACKED  # re-exported: the keys are owned by gemc.ir (the plan builder reads them)
 PACKED_REGION = ir.PACKED_REGION
 PACKED_SKIPPED = ir.PACKED_SKIPPED
 _GUARDED = ("key_padding_attention", "jagged_silu_attention")
+_ATTENTIONS = ("jagged_attention", *_GUARDED)  # kernels priced on their own
 
 
 def _sources(gm: fx.GraphModule) -> dict[str, dict[str, Any]]:
-    """Padded sequences a jagged attention reads: name -> the attention's layout facts."""
+    """Padded sequences a jagged attention reads: name -> the attention's layout facts. The
+    softmax kernel names its padded input; HSTU's pointwise kernel over offsets (no key
+    mask: its values zero-padded over them) reads q, k and v each written into zeros over
+    those offsets, each a source (their regions share the offsets' layout, so the kernel
+    reads all three packed)."""
     out: dict[str, dict[str, Any]] = {}
+    by_name = {n.name: n for n in gm.graph.nodes}
     for node in gm.graph.nodes:
         facts = node.meta.get(ir.KERNEL)
-        if not facts or facts.get("kind") != "jagged_attention":
+        if not facts:
             continue
-        out.setdefault(facts["padded_from"], {k: facts[k] for k in
-                                              ("offsets", "clamp_min", "max_len", "fill")})
+        if facts.get("kind") == "jagged_attention":
+            out.setdefault(facts["padded_from"], {k: facts[k] for k in
+                                                  ("offsets", "clamp_min", "max_len", "fill")})
+        elif facts.get("kind") == "jagged_silu_attention" and facts.get("offsets"):
+            for operand in (facts["q"], facts["k"], facts["v"]):
+                found = zero_padded_source(by_name[operand])
+                if found is None or found[1].name != facts["offsets"] \
+                        or (ir.shape_of(found[0]) or (0, 0))[1] != facts["max_len"]:
+                    continue
+                out.setdefault(found[0].name, {"offsets": facts["offsets"], "clamp_min": 0,
+                                               "max_len": facts["max_len"],
+                                               "fill": facts["fill"]})
+    return out
+
+
+def _exits(flow: PaddingFlow, offsets: fx.Node, clamp_min: int) -> list[fx.Node]:
+    """Readers outside the region that gather a region value at the jagged positions of
+    the region's own offsets (``x[row, col]``, the model's ``dense_to_jagged``): each reads
+    real tokens only, in offsets order, so the runner takes them from the packed tokens
+    instead of scattering the value back to its padded shape first. Only with unclamped
+    lengths (a clamped empty row's slot is no jagged position)."""
+    if clamp_min != 0:
+        return []
+    out = []
+    for node, dims in flow.carriers.items():
+        for user in node.users:
+            if user in flow.carriers or user in flow.zeroed or user in out \
+                    or user.target is not aten.index.Tensor or user.args[0] is not node:
+                continue
+            indices = list(user.args[1])
+            if dims != (0, 1) or len(indices) != 2:
+                continue
+            if jagged_positions(indices[0], indices[1]) is offsets:
+                out.append(user)
     return out
 
 
@@ -96,7 +153,7 @@ def _price(nodes: list[fx.Node], source: fx.Node, fill: float, ctx: PassContext
     before = 0.0
     for n in nodes:
         facts = n.meta.get(ir.KERNEL) or {}
-        if facts.get("kind") == "jagged_attention":
+        if facts.get("kind") in _ATTENTIONS:
             continue  # already priced over the real tokens
         before += float(n.meta.get(ir.PREDICTED_MS) or 0.0)
     convert_ms = 0.0
@@ -150,6 +207,11 @@ class PackJaggedTokens:
                 "max_len": layout[2],
                 "batch": int(shape[0]),
                 "fill": facts["fill"],
+                # the values already in the layout's order (no clamp, written at the jagged
+                # positions of these offsets): the source is the values, viewed
+                "in_order": layout[1] == 0 and jagged_positions(row, pos) is offsets,
+                # gathers at the region's jagged positions: read from the packed tokens
+                "exits": [n.name for n in _exits(flow, offsets, layout[1])],
                 **_price(nodes, source, float(facts["fill"]), ctx),
             }
         around = self._guarded_regions(gm, count, ctx)
@@ -189,7 +251,7 @@ class PackJaggedTokens:
             # relying on the padding being a suffix), so kept positions in any order pack
             loose = _guarded_flow(gm, node, replace(key_mask, prefix=False))
             compact = not isinstance(loose, str) and loose[0].carriers == flow.carriers \
-                and loose[0].zeroed == flow.zeroed
+                and loose[0].zeroed == flow.zeroed and not _by_position(flow)
             if set(flow.carriers) & taken or set(flow.zeroed) & taken:
                 node.meta[PACKED_SKIPPED] = "overlap"
                 ctx.warn(f"pack-jagged-tokens: the sequence around {node.name} stays padded "
@@ -238,6 +300,14 @@ def _same_mask(node: fx.Node, key_mask: KeyMask) -> bool:
         return False
     mask = next((n for n in node.graph.nodes if n.name == facts["mask"]), None)
     return mask is not None and keep_of(mask) is key_mask.keep
+
+
+def _by_position(flow: PaddingFlow) -> bool:
+    """The region holds HSTU's pointwise attention, whose bias and normaliser read each
+    token's position in its row (and its causal rule the positions, not the ranks): its
+    tokens cannot be compacted from a mask that is not a prefix."""
+    return any((n.meta.get(ir.KERNEL) or {}).get("kind") == "jagged_silu_attention"
+               for n in flow.carriers)
 
 
 def _mark(gm: fx.GraphModule, flow: PaddingFlow, rid: str) -> list[fx.Node]:
