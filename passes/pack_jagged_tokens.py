@@ -21,9 +21,9 @@ and leaves the graph padded.
 
 HSTU's pointwise attention (``match-silu-attention``) is a member of a region as one unit:
 over offsets (no key mask; v written into zeros over them, as HSTU's authors pad q, k and v
-for it), each of q, k and v zero-padded over those offsets is a source (their regions share
-one layout), the queries' padding rows become the output's, the keys' and values' are never
-read, and the kernel's own ``[L, L]`` nodes are no carriers. The runner then runs it on the
+for it), q, k and v each zero-padded over those offsets are the sources of one region (its
+entry lists them under ``sources``), the queries' padding rows become the output's, the keys'
+and values' are never read, and the kernel's own ``[L, L]`` nodes are no carriers. The runner then runs it on the
 region's tokens (``gemc::jagged_silu_attention_values``). A gather of a region value at the
 jagged positions of the region's own offsets (``x[row, col]``, the model's
 ``dense_to_jagged``) is an ``exit``: it reads real tokens only, so the runner takes it from
@@ -96,31 +96,67 @@ _GUARDED = ("key_padding_attention", "jagged_silu_attention")
 _ATTENTIONS = ("jagged_attention", *_GUARDED)  # kernels priced on their own
 
 
-def _sources(gm: fx.GraphModule) -> dict[str, dict[str, Any]]:
-    """Padded sequences a jagged attention reads: name -> the attention's layout facts. The
-    softmax kernel names its padded input; HSTU's pointwise kernel over offsets (no key
-    mask: its values zero-padded over them) reads q, k and v each written into zeros over
-    those offsets, each a source (their regions share the offsets' layout, so the kernel
-    reads all three packed)."""
-    out: dict[str, dict[str, Any]] = {}
+def _sources(gm: fx.GraphModule) -> list[tuple[list[str], dict[str, Any]]]:
+    """The padded sequences jagged attentions read, grouped per attention: (their names,
+    the attention's layout facts). The softmax kernel names its one padded input; HSTU's
+    pointwise kernel over offsets (no key mask: its values zero-padded over them) reads q,
+    k and v each written into zeros over those offsets: one region with three sources, so
+    the kernel reads and writes that region's tokens. A sequence already in a group is not
+    taken again."""
+    out: list[tuple[list[str], dict[str, Any]]] = []
+    taken: set[str] = set()
     by_name = {n.name: n for n in gm.graph.nodes}
     for node in gm.graph.nodes:
         facts = node.meta.get(ir.KERNEL)
         if not facts:
             continue
+        names: list[str] = []
         if facts.get("kind") == "jagged_attention":
-            out.setdefault(facts["padded_from"], {k: facts[k] for k in
-                                                  ("offsets", "clamp_min", "max_len", "fill")})
+            names = [facts["padded_from"]]
+            layout = {k: facts[k] for k in ("offsets", "clamp_min", "max_len", "fill")}
         elif facts.get("kind") == "jagged_silu_attention" and facts.get("offsets"):
             for operand in (facts["q"], facts["k"], facts["v"]):
                 found = zero_padded_source(by_name[operand])
-                if found is None or found[1].name != facts["offsets"] \
-                        or (ir.shape_of(found[0]) or (0, 0))[1] != facts["max_len"]:
-                    continue
-                out.setdefault(found[0].name, {"offsets": facts["offsets"], "clamp_min": 0,
-                                               "max_len": facts["max_len"],
-                                               "fill": facts["fill"]})
+                if found is not None and found[1].name == facts["offsets"] \
+                        and (ir.shape_of(found[0]) or (0, 0))[1] == facts["max_len"] \
+                        and found[0].name not in names:
+                    names.append(found[0].name)
+            layout = {"offsets": facts["offsets"], "clamp_min": 0,
+                      "max_len": facts["max_len"], "fill": facts["fill"]}
+        names = [n for n in names if n not in taken]
+        if names:
+            taken.update(names)
+            out.append((names, layout))
     return out
+
+
+def _merge(flows: list[PaddingFlow]) -> PaddingFlow | str:
+    """One flow of several sources' (each node at one layout), or why not."""
+    merged = PaddingFlow()
+    for flow in flows:
+        for part, into in ((flow.carriers, merged.carriers), (flow.zeroed, merged.zeroed)):
+            for n, dims in part.items():
+                if into.setdefault(n, dims) != dims:
+                    return f"{n.name} reached with two layouts"
+    if set(merged.carriers) & set(merged.zeroed):
+        return "a mask multiply is also a carrier"
+    return merged
+
+
+def _source_facts(source: fx.Node, offsets: fx.Node, clamp_min: int) -> dict[str, Any]:
+    """What the runner builds a region source's tokens from: the ``index_put``'s zeros,
+    positions and values."""
+    zeros, (row, pos), values = source.args[0], source.args[1], source.args[2]
+    return {
+        "padded_from": source.name,
+        "zeros": zeros.name if isinstance(zeros, fx.Node) else None,
+        "row": row.name,
+        "pos": pos.name,
+        "values": values.name,
+        # the values already in the layout's order (no clamp, written at the jagged
+        # positions of these offsets): the source is the values, viewed
+        "in_order": clamp_min == 0 and jagged_positions(row, pos) is offsets,
+    }
 
 
 def _exits(flow: PaddingFlow, offsets: fx.Node, clamp_min: int) -> list[fx.Node]:
@@ -145,11 +181,12 @@ def _exits(flow: PaddingFlow, offsets: fx.Node, clamp_min: int) -> list[fx.Node]
     return out
 
 
-def _price(nodes: list[fx.Node], source: fx.Node, fill: float, ctx: PassContext
+def _price(nodes: list[fx.Node], copied: list[fx.Node], fill: float, ctx: PassContext
            ) -> dict[str, float]:
     """Forward+backward ms of the region's nodes padded, and packed: the token-wise work
     scales with the fill; the gathers and scatters at the boundary are priced as copies of
-    the source (in and out, forward and backward)."""
+    the ``copied`` sources (in and out, forward and backward): a source whose values are
+    the tokens already (``in_order``: viewed) copies nothing."""
     before = 0.0
     for n in nodes:
         facts = n.meta.get(ir.KERNEL) or {}
@@ -161,7 +198,7 @@ def _price(nodes: list[fx.Node], source: fx.Node, fill: float, ctx: PassContext
     if topology is not None:
         from gemc.cost_model import op_cost
 
-        mem, _ = op_cost.memory_time(4 * ir.nbytes(source), topology.gpu,
+        mem, _ = op_cost.memory_time(4 * sum(ir.nbytes(s) for s in copied), topology.gpu,
                                      getattr(ctx, "calibration", None), "copy")
         convert_ms = 1e3 * mem
     return {"before_ms": round(before, 6), "after_ms": round(before * fill + convert_ms, 6)}
@@ -178,41 +215,44 @@ class PackJaggedTokens:
     def run(self, gm: fx.GraphModule, ctx: PassContext) -> PassResult:
         by_name = {n.name: n for n in gm.graph.nodes}
         count = 0
-        for source_name, facts in _sources(gm).items():
-            source = by_name.get(source_name)
+        for names, facts in _sources(gm):
+            sources = [by_name[n] for n in names]
             offsets = by_name.get(facts["offsets"])
-            if source is None or offsets is None or source.target is not aten.index_put.default:
-                continue
+            if offsets is None or any(s.target is not aten.index_put.default for s in sources) \
+                    or len({(ir.shape_of(s.args[2]) or (0,))[0] for s in sources}) != 1:
+                continue  # (one layout: as many values in every source)
             layout = (offsets, int(facts["clamp_min"]), int(facts["max_len"]))
-            flow = follow_padding(source, (0, 1), layout)
-            if isinstance(flow, fx.Node):
-                ctx.warn(f"pack-jagged-tokens: {source.name} stays padded: its padding rows "
-                         f"may be read unmasked by {flow.name}")
+            flows = [follow_padding(s, (0, 1), layout) for s in sources]
+            read = next(((s, f) for s, f in zip(sources, flows) if isinstance(f, fx.Node)),
+                        None)
+            if read is not None:
+                ctx.warn(f"pack-jagged-tokens: {read[0].name} stays padded: its padding rows "
+                         f"may be read unmasked by {read[1].name}")
+                continue
+            flow = _merge(flows)  # type: ignore[arg-type]
+            if isinstance(flow, str):
+                ctx.warn(f"pack-jagged-tokens: {', '.join(names)} stay padded ({flow})")
                 continue
             rid = f"packed_tokens_{count}"
             count += 1
             nodes = _mark(gm, flow, rid)
-            zeros, (row, pos), values = source.args[0], source.args[1], source.args[2]
-            shape = ir.shape_of(source) or (0, 0)
-            source.meta[PACKED_REGION] = {
+            each = [_source_facts(s, offsets, layout[1]) for s in sources]
+            shape = ir.shape_of(sources[0]) or (0, 0)
+            sources[0].meta[PACKED_REGION] = {
                 "id": rid,
                 "kind": "packed_tokens",
-                "padded_from": source.name,
-                "zeros": zeros.name if isinstance(zeros, fx.Node) else None,
-                "row": row.name,
-                "pos": pos.name,
-                "values": values.name,
+                **each[0],
+                # more than one source (HSTU's q, k, v): every one, the first included
+                **({"sources": each} if len(each) > 1 else {}),
                 "offsets": offsets.name,
                 "clamp_min": layout[1],
                 "max_len": layout[2],
                 "batch": int(shape[0]),
                 "fill": facts["fill"],
-                # the values already in the layout's order (no clamp, written at the jagged
-                # positions of these offsets): the source is the values, viewed
-                "in_order": layout[1] == 0 and jagged_positions(row, pos) is offsets,
                 # gathers at the region's jagged positions: read from the packed tokens
                 "exits": [n.name for n in _exits(flow, offsets, layout[1])],
-                **_price(nodes, source, float(facts["fill"]), ctx),
+                **_price(nodes, [s for s, f in zip(sources, each) if not f["in_order"]],
+                         float(facts["fill"]), ctx),
             }
         around = self._guarded_regions(gm, count, ctx)
         return PassResult(gm, count > 0 or bool(around))
@@ -287,7 +327,7 @@ class PackJaggedTokens:
                 "max_len": key_mask.length,
                 "batch": key_mask.batch,
                 "fill": 1.0,  # data: unknown at compile time
-                **_price(nodes, head, 1.0, ctx),
+                **_price(nodes, [head], 1.0, ctx),
             }
         return around
 
@@ -344,17 +384,15 @@ def _guarded_flow(gm: fx.GraphModule, attention: fx.Node, key_mask: KeyMask
     starts = _history_starts(attention, key_mask.batch, key_mask.length)
     if not starts:
         return "no-history-input: no [B, L, ...] input or lookup feeds the attention"
-    merged = PaddingFlow()
+    flows = []
     for start in starts:
         flow = follow_padding(start, (0, 1), key_mask)
         if isinstance(flow, fx.Node):
             return f"padding rows of {start.name} may be read unmasked by {flow.name}"
-        for part, into in ((flow.carriers, merged.carriers), (flow.zeroed, merged.zeroed)):
-            for n, dims in part.items():
-                if into.setdefault(n, dims) != dims:
-                    return f"{n.name} reached with two layouts"
-    if set(merged.carriers) & set(merged.zeroed):
-        return "a mask multiply is also a carrier"
+        flows.append(flow)
+    merged = _merge(flows)
+    if isinstance(merged, str):
+        return merged
     placeholders = [s for s in starts if s.op == "placeholder"]
     for s in placeholders:  # an input stays padded: it enters the region by a gather
         merged.carriers.pop(s)

@@ -172,11 +172,12 @@ class GraphRunner:
                 continue
             for name in region.get("exits", ()):
                 self.exits[self.by_name[name]] = region
-            src = self.by_name[region["padded_from"]]
-            self.packed_sources[src] = region
-            zeros = self.by_name.get(region.get("zeros") or "")
-            if zeros is not None and list(zeros.users) == [src]:
-                self.skipped.add(zeros)
+            for facts in region.get("sources") or [region]:  # HSTU's q, k, v: three
+                src = self.by_name[facts["padded_from"]]
+                self.packed_sources[src] = {**region, **facts}
+                zeros = self.by_name.get(facts.get("zeros") or "")
+                if zeros is not None and list(zeros.users) == [src]:
+                    self.skipped.add(zeros)
 
     @staticmethod
     def _source(entry: dict[str, Any], sources: dict[str, str]) -> str:

@@ -46,35 +46,31 @@ def _graph(entry: str, key: tuple[tuple[str, Any], ...] = ()):  # noqa: ANN202
 
 
 def test_zoo_hstu_attention_reads_and_writes_the_region_tokens():
-    """Tiny HSTU: per layer, q, k and v written into zeros over the history's offsets are
-    each a region's source (one layout: the offsets unclamped); the attention's output and
-    its reshape are in q's region, its own [L, L] nodes in none; the model's gather at the
-    jagged positions is the region's exit; nothing warns."""
+    """Tiny HSTU: per layer one region whose sources are q, k and v, each written into
+    zeros over the history's offsets (unclamped) at its jagged positions (so in order: the
+    values are the tokens); the attention's output and its reshape are in it, the kernel's
+    own [L, L] nodes are not; the model's gather at the jagged positions is its exit."""
     gm, ctx, entries, _ = _graph(ZOO_HSTU, (("preset", "tiny"),))
     by_name = {n.name: n for n in gm.graph.nodes}
     silu = [e for e in entries if e["kind"] == "jagged_silu_attention"]
     regions = [e for e in entries if e["kind"] == "packed_tokens"]
-    assert len(silu) == 2 and len(regions) == 6, [e["name"] for e in entries]
+    assert len(silu) == 2 and len(regions) == 2, [e["name"] for e in entries]
     in_region = {n: r for r in regions for n in r["nodes"]}
     for attn in silu:
-        sources = set()
-        for operand in ("q", "k", "v"):
-            region = in_region[attn[operand]]  # the view the einsum reads, packed
-            source = by_name[region["padded_from"]]
-            assert source.target is aten.index_put.default
-            assert region["offsets"] == "seq_offsets" and region["clamp_min"] == 0
-            assert region["max_len"] == attn["max_len"] and region.get("guard") is None
-            assert region["in_order"] is True  # the values are the tokens: no copy in
-            sources.add(source)
-        assert len(sources) == 3
-        out_region = in_region[attn["output"]]
-        assert out_region is in_region[attn["q"]]
+        region = in_region[attn["output"]]
+        assert all(in_region[attn[x]] is region for x in ("q", "k", "v"))
+        assert region["offsets"] == "seq_offsets" and region["clamp_min"] == 0
+        assert region["max_len"] == attn["max_len"] and region.get("guard") is None
+        sources = [by_name[s["padded_from"]] for s in region["sources"]]
+        assert len(set(sources)) == 3 and region["padded_from"] == sources[0].name
+        assert all(s.target is aten.index_put.default for s in sources)
+        assert all(s["in_order"] for s in region["sources"])  # values viewed: no copy in
         # the kernel's own nodes (scores, bias add, silu, / n, causal multiply) stay out
         assert not set(attn["nodes"]) - {attn["output"]} & set(in_region)
-        (exit_name,) = out_region["exits"]
+        (exit_name,) = region["exits"]
         gather = by_name[exit_name]
         assert gather.target is aten.index.Tensor and exit_name not in in_region
-        assert gather.args[0].name in out_region["nodes"]
+        assert gather.args[0].name in region["nodes"]
     assert not [w for w in ctx.warnings if "pack-jagged-tokens" in w], ctx.warnings
     text = format_graph(gm, "after pack-jagged-tokens")
     FileCheck().check("packed_region={id:packed_tokens_0,kind:packed_tokens") \
