@@ -493,14 +493,10 @@ def _attention_unit(user: fx.Node, src: fx.Node, dims: Dims, facts: Facts
     node), as a whole: its queries' padding rows become its output's (at the same dims), its
     keys and values (or views of them) are not read when the kernel masks them with the key
     mask followed here. None when ``user`` is no such kernel's member."""
-    group = user.meta.get(ir.GROUP)
-    if group is None or not isinstance(facts, KeyMask):
+    held = _kernel_facts(user) if isinstance(facts, KeyMask) else None
+    if held is None:
         return None
-    kernel: fx.Node | None = user  # its facts sit on the group's last node: walk forward
-    while kernel is not None and kernel.op != "output" and \
-            (kernel.meta.get(ir.KERNEL) or {}).get("id") != group:
-        kernel = kernel.next
-    found = (kernel.meta.get(ir.KERNEL) or {}) if kernel is not None else {}
+    kernel, found = held
     if found.get("kind") != "key_padding_attention" or not found.get("mask") or \
             not all(found.get(x) for x in ("q", "k", "v")):
         return None  # (an SDPA call: its own rule in :func:`_step`)
