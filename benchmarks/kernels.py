@@ -2,6 +2,7 @@
 
     python benchmarks/kernels.py [--preset h200] [--cases attention,silu,embedding,jagged]
                                  [--no-compile] [--no-causal] [--out results.json]
+    python benchmarks/kernels.py --cases zoo --out $OUT/zoo_attention.json   # H200, < 4 min
     TRITON_INTERPRET=1 python benchmarks/kernels.py --smoke --no-compile   # CPU, tiny
 
 Cases (each timed as forward only and as forward+backward, per variant):
@@ -23,6 +24,13 @@ Cases (each timed as forward only and as forward+backward, per variant):
   same step reading and rewriting narrower rows (stochastically rounded).
 * ``jagged``: ``jagged_to_padded`` vs its ``index_put`` formulation (eager, compiled), and
   ``padded_to_jagged`` vs its gather formulation.
+* ``zoo`` (not in the default set): each zoo model with a history, its attention at the
+  model's own preset shapes (``h200``; ``tiny`` under ``--smoke``), lengths uniform in 1..L
+  (~50% fill): gemc's jagged kernel vs padded ``F.scaled_dot_product_attention`` with the
+  padding mask (PyTorch's backend choice; cuDNN and memory-efficient forced; flash with no
+  padding mask as the padded floor) and, for HSTU, vs the padded SiLU formula (eager and
+  compiled). The JSON's ``zoo`` section has per model the fwd+bwd speedups (target: >= 2x
+  over padded masked SDPA).
 
 Timing: on CUDA ``triton.testing.do_bench`` (warmup, L2 flushed between runs, median of the
 repetitions); on CPU (``--smoke`` under the interpreter, only to check that nothing crashes)
@@ -172,11 +180,14 @@ def _offsets(lengths: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def attention_case(rec: Recorder, p: Preset, kind: str, causal: bool, compile_: bool,
-                   gen: torch.Generator) -> None:
+                   gen: torch.Generator, label: str = "", sdpa: bool = False) -> None:
+    """``label`` prefixes the case's name (a zoo model's); ``sdpa``: also the padded SDPA
+    variants of :func:`_sdpa_variants` (for ``silu``, SDPA with the same padding mask as a
+    reference of what a tuned padded attention costs at these shapes)."""
     from gemc.backends.triton import jagged_attention, jagged_to_padded, padded_to_jagged
 
     dev = rec.device
-    case = f"{kind} attention{' causal' if causal else ''}"
+    case = f"{label}{kind} attention{' causal' if causal else ''}"
     lengths = _lengths(p, gen)
     offsets = _offsets(lengths, dev)
     total, L, H, D = int(lengths.sum()), p.max_len, p.heads, p.head_dim
@@ -217,6 +228,9 @@ def attention_case(rec: Recorder, p: Preset, kind: str, causal: bool, compile_: 
     if compiled is not None:
         variants.append(("compiled padded", lambda: compiled(qp, kp, vp), (qp, kp, vp), gp,
                          False))
+    if sdpa:
+        for name, fn in _sdpa_variants(safe, scale, causal, kind == "silu", dev):
+            variants.append((name, lambda fn=fn: fn(qp, kp, vp), (qp, kp, vp), gp, False))
     for name, fwd, inputs, grad, is_base in variants:
         with torch.no_grad():
             rec.run(case, "fwd", name, fwd, baseline=is_base, work=work)
@@ -235,6 +249,125 @@ def attention_case(rec: Recorder, p: Preset, kind: str, causal: bool, compile_: 
     except Exception as exc:  # noqa: BLE001
         print(f"[{case}] check skipped: {type(exc).__name__}: {exc}", file=sys.stderr)
     _free(dev)
+
+
+def _sdpa_variants(mask: torch.Tensor, scale: float, causal: bool, with_default: bool,
+                   device: torch.device) -> list[tuple[str, Callable[..., torch.Tensor]]]:
+    """Padded ``F.scaled_dot_product_attention`` variants on ``[B, H, L, D]``: with the
+    padding (and causal) mask, PyTorch's own backend choice (``with_default``: the softmax
+    case's ``eager padded`` already is that one), cuDNN forced (recorded as failed where it
+    refuses the mask) and the memory-efficient kernel forced; and flash with ``is_causal``
+    and no padding mask, which computes the padding as real tokens (not the model's result:
+    the speed of a padded flash attention, a floor for any padded SDPA). Forced backends
+    only on CUDA."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    sdpa_fn = torch.nn.functional.scaled_dot_product_attention
+
+    def masked(backend: Any = None) -> Callable[..., torch.Tensor]:
+        def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            if backend is None:
+                return sdpa_fn(q, k, v, attn_mask=mask, scale=scale)
+            with sdpa_kernel([backend]):
+                return sdpa_fn(q, k, v, attn_mask=mask, scale=scale)
+        return fn
+
+    def flash_no_mask(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+            return sdpa_fn(q, k, v, is_causal=causal, scale=scale)
+
+    out = [("sdpa padded (softmax, masked)", masked())] if with_default else []
+    if device.type == "cuda":
+        out += [("sdpa padded cudnn (masked)", masked(SDPBackend.CUDNN_ATTENTION)),
+                ("sdpa padded efficient (masked)", masked(SDPBackend.EFFICIENT_ATTENTION)),
+                ("sdpa padded flash (no padding mask)", flash_no_mask)]
+    return out
+
+
+def _zoo_attentions(preset: str) -> list[tuple[str, dict[str, Any]]]:
+    """Per zoo model with a history, its attention at the model's ``preset`` shapes (read
+    from the model's own ``PRESETS``): batch, padded length, heads, head dim, score
+    function, causal. The history's lengths are the benchmark's (uniform in 1..L: ~50%
+    fill). BST's history has its target appended (L + 1 keys: a mask that is no prefix, which
+    gemc runs compacted over the kept keys: the same kernel over as many tokens). DIN's
+    target attention is an MLP over the history (no attention kernel); DLRM-DCNv2 and
+    Wukong have no history."""
+    repo = Path(__file__).resolve().parent.parent
+    if str(repo) not in sys.path:
+        sys.path.insert(0, str(repo))
+    from examples.zoo import hstu, mmoe, sasrec_bst
+
+    h = hstu.PRESETS[preset]
+    b = sasrec_bst.PRESETS[preset]
+    m = mmoe.PRESETS[preset]
+    return [
+        ("hstu", dict(batch=h.batch_size, max_len=h.max_seq_len, heads=h.num_heads,
+                      head_dim=h.attention_dim, kind="silu", causal=True)),
+        ("sasrec_bst", dict(batch=b.batch_size, max_len=b.max_len + 1, heads=b.num_heads,
+                            head_dim=(b.item_dim + b.cate_dim) // b.num_heads,
+                            kind="softmax", causal=False)),
+        ("mmoe", dict(batch=m.batch_size, max_len=m.max_len, heads=m.num_heads,
+                      head_dim=m.d // m.num_heads, kind="softmax", causal=True)),
+    ]
+
+
+ZOO_TIMED = ("hstu", "sasrec_bst", "mmoe")
+"""The zoo models whose attention :func:`zoo_case` times (:func:`_zoo_attentions`)."""
+ZOO_NOT_TIMED = {
+    "din": "target attention is an MLP over the history: no attention kernel",
+    "dlrm_dcnv2": "no history",
+    "wukong": "no history",
+}
+
+
+def zoo_case(rec: Recorder, p: Preset, preset: str, compile_: bool,
+             gen: torch.Generator) -> None:
+    """Each zoo model's attention (:func:`_zoo_attentions`), forward and forward+backward:
+    gemc's jagged kernel against the padded SDPA variants and, for HSTU, the padded SiLU
+    formula (eager, and compiled unless ``--no-compile``: Inductor's fused pointwise is
+    what runs without gemc)."""
+    for model, shape in _zoo_attentions(preset):
+        kind, causal = shape.pop("kind"), shape.pop("causal")
+        attention_case(rec, dataclasses.replace(p, **shape), kind, causal,
+                       compile_ and kind == "silu", gen, label=f"{model}: ", sdpa=True)
+
+
+def zoo_summary(rows: list[Row]) -> dict[str, Any]:
+    """Per zoo model, forward+backward ms of gemc's jagged attention and its speedup over
+    padded SDPA with the padding mask (PyTorch's backend choice: the softmax case's
+    ``eager padded``, HSTU's ``sdpa padded (softmax, masked)``; and the fastest masked
+    backend forced), over flash on the padded tensors without the mask and, for HSTU, over
+    the padded SiLU formula. The issue's target: >= 2x over padded masked SDPA."""
+    out: dict[str, Any] = {}
+    for model in ZOO_TIMED:
+        mine = [r for r in rows if r.case.startswith(f"{model}: ") and r.mode == "fwd+bwd"
+                and r.ms]
+        by = {r.variant: r.ms for r in mine}
+        gemc_ms = by.get("triton jagged")
+        if gemc_ms is None:
+            continue
+        silu = "silu" in mine[0].case
+
+        def over(variant: str, by: dict[str, float] = by, ms: float = gemc_ms
+                 ) -> float | None:
+            return by[variant] / ms if by.get(variant) else None
+
+        default = "sdpa padded (softmax, masked)" if silu else "eager padded"
+        masked = [ms for v, ms in by.items() if v == default or v.endswith("(masked)")]
+        entry: dict[str, Any] = {
+            "case": mine[0].case, "gemc_ms": gemc_ms, "sdpa_masked_ms": by.get(default),
+            "vs_sdpa_masked": over(default),
+            "vs_fastest_masked_sdpa": min(masked) / gemc_ms if masked else None,
+            "vs_flash_no_mask": over("sdpa padded flash (no padding mask)"),
+        }
+        if silu:
+            entry["vs_padded_silu_eager"] = over("eager padded")
+            entry["vs_padded_silu_compiled"] = over("compiled padded")
+        entry["target_2x_vs_sdpa_met"] = (entry["vs_sdpa_masked"] or 0.0) >= 2.0
+        out[model] = entry
+    for model, why in ZOO_NOT_TIMED.items():
+        out[model] = {"not_timed": why}
+    return out
 
 
 QUERY_KEYS = 16
@@ -493,7 +626,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--preset", choices=sorted(PRESETS), default="h200")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (same as --preset smoke)")
     ap.add_argument("--cases", default="attention,silu,embedding,jagged",
-                    help="comma-separated subset of attention,silu,query,embedding,jagged")
+                    help="comma-separated subset of attention,silu,query,embedding,jagged,zoo")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile variants")
     ap.add_argument("--no-causal", action="store_true", help="attention without causal mask")
     ap.add_argument("--seed", type=int, default=None, help="input seed (default: fresh)")
@@ -510,7 +643,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
     gen = torch.Generator().manual_seed(seed)
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
-    unknown = set(cases) - {"attention", "silu", "query", "embedding", "jagged"}
+    unknown = set(cases) - {"attention", "silu", "query", "embedding", "jagged", "zoo"}
     if unknown:
         ap.error(f"unknown cases: {sorted(unknown)}")
 
@@ -523,6 +656,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                            compile_, gen)
         elif case == "query":
             query_case(rec, preset, compile_, gen)
+        elif case == "zoo":
+            zoo_case(rec, preset, "tiny" if preset_name == "smoke" else preset_name,
+                     compile_, gen)
         elif case == "embedding":
             embedding_case(rec, preset, compile_, gen)
         else:
@@ -540,6 +676,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "results": [dataclasses.asdict(r) for r in rec.rows],
         "targets": targets(rec.rows),
     }
+    if "zoo" in cases:
+        report["zoo"] = zoo_summary(rec.rows)
+        for model, z in report["zoo"].items():
+            if "gemc_ms" in z:
+                print(f"zoo {model}: gemc {z['gemc_ms']:.3f} ms fwd+bwd, "
+                      f"{_fmt(z['vs_sdpa_masked'], '.2f')}x vs padded masked SDPA")
     for t in report["targets"]:
         got = t["measured_speedup"]
         verdict = "NOT RUN" if got is None else ("MET" if t["met"] else "NOT MET")

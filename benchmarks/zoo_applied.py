@@ -48,8 +48,12 @@ WHY_NOT = {
     ),
     "hstu": (
         "the pointwise silu(QK^T+rab)/n attention (einsum) is the jagged SiLU kernel over "
-        "the history's offsets (match-silu-attention: keys zero-padded by index_put); no "
-        "packed tokens because its token-wise ops already run on the jagged [N, D] values; "
+        "the history's offsets (match-silu-attention: keys zero-padded by index_put); its "
+        "token-wise ops already run on the jagged [N, D] values, and the attention runs "
+        "inside packed regions (one per layer: q, k, v, each padded by index_put, are its "
+        "sources; the attention reads their tokens and writes its output as one, and the "
+        "model's gather at the jagged positions reads the tokens: no padded q, k, v or "
+        "output); "
         "the item nn.Embedding (padding_idx) is not a bag for group-embeddings"
     ),
     "sasrec_bst": (

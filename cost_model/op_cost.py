@@ -381,13 +381,15 @@ def optimizer_time(optimizer: str, numel: float, dtype: str, gpu: GPUSpec,
 def jagged_silu_kernel_time(facts: Mapping[str, Any], output: fx.Node,
                             named: Mapping[str, fx.Node], dtype: str,
                             itemsize: Callable[[fx.Node], int], gpu: GPUSpec,
-                            calibration: Calibration | None) -> float:
+                            calibration: Calibration | None, in_region: bool = False
+                            ) -> float:
     """Forward+backward seconds of one matched SiLU attention (match-silu-attention's
     ``facts`` on its ``output`` node; ``named``: the graph's nodes by name) run as the
     jagged kernel in ``dtype``: ``jagged_attention_time`` with its bias, plus the guard's
     read of the key mask (or offsets) and the padded <-> jagged copies of q, k, v, the
     output and their gradients (16 passes over the output's size), each tensor at
-    ``itemsize(node)`` bytes an element (the runner's: autocast, packed sizes)."""
+    ``itemsize(node)`` bytes an element (the runner's: autocast, packed sizes). ``in_region``:
+    the kernel runs inside a packed token region, on its tokens: no copies."""
     def numel(n: fx.Node | None) -> int:
         val = n.meta.get("val") if n is not None else None
         return int(val.numel()) if isinstance(val, torch.Tensor) else 0
@@ -401,7 +403,7 @@ def jagged_silu_kernel_time(facts: Mapping[str, Any], output: fx.Node,
                               bias_itemsize=itemsize(bias) if bias is not None else 4)
     keys = named.get(str(facts.get("mask") or facts.get("offsets")))
     copies = numel(keys) * (itemsize(keys) if keys is not None else 0) \
-        + 16.0 * numel(output) * itemsize(output)
+        + (0.0 if in_region else 16.0 * numel(output) * itemsize(output))
     m, _ = memory_time(copies, gpu, calibration, "copy")
     return t + m
 

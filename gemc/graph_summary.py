@@ -320,7 +320,7 @@ def silu_kernel_ratios(gm: fx.GraphModule, islands: set[str], autocast: str | No
         s = op_cost.jagged_silu_kernel_time(
             facts, node, named, dtype,
             lambda n: sizes.get(n) or (ir.dtype_of(n) or torch.float32).itemsize,
-            pricing["gpu"], pricing["calibration"])
+            pricing["gpu"], pricing["calibration"], in_region=ir.PACKED in node.meta)
         out[facts["id"]] = 1e3 * s / members[facts["id"]]
     return out
 

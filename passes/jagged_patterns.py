@@ -297,6 +297,9 @@ def _step(user: fx.Node, src: fx.Node, dims: Dims, facts: Facts
     unit = _attention_unit(user, src, dims, facts)
     if unit is not None:
         return unit
+    silu = _silu_unit(user, src, dims, facts)
+    if silu is not None:
+        return None if silu == "read" else silu
     if t in _SAME:
         return [(user, dims)]
     if t is aten.transpose.int:
@@ -416,6 +419,73 @@ def _factor_dims(before: tuple[int, ...], after: tuple[int, ...], dims: Dims, ba
     return None
 
 
+def _kernel_facts(user: fx.Node) -> tuple[fx.Node, dict[str, Any]] | None:
+    """The node holding the kernel facts of the fused group ``user`` is a member of (they
+    sit on the group's last node: walked forward to it) and the facts, or None."""
+    group = user.meta.get(ir.GROUP)
+    if group is None:
+        return None
+    kernel: fx.Node | None = user
+    while kernel is not None and kernel.op != "output" and \
+            (kernel.meta.get(ir.KERNEL) or {}).get("id") != group:
+        kernel = kernel.next
+    if kernel is None or kernel.op == "output":
+        return None
+    return kernel, kernel.meta[ir.KERNEL]
+
+
+def _silu_unit(user: fx.Node, src: fx.Node, dims: Dims, facts: Facts
+               ) -> list[tuple[fx.Node, Dims]] | str | None:
+    """Through HSTU's pointwise attention kernel ``user`` is part of
+    (``jagged_silu_attention`` facts on its output), as a whole, when its keys are the ones
+    followed here (the same keep mask; or the same offsets, unclamped, which its values
+    were zero-padded over): its queries' padding rows become its output's, at the dims the
+    output layout puts batch and sequence; its keys' and values' padding rows are never
+    read (the kernel walks each row's real keys). ``"read"`` when ``src`` reaches the
+    kernel another way (its bias, or as an operand at other dims): the kernel's own nodes
+    are never a region's carriers. None when ``user`` is no such kernel's member."""
+    found = _kernel_facts(user)
+    if found is None or found[1].get("kind") != "jagged_silu_attention":
+        return None
+    kernel, f = found
+    by_name = {n.name: n for n in user.graph.nodes}
+    if isinstance(facts, KeyMask):
+        mask = by_name.get(f.get("mask") or "")
+        same = mask is not None and (keep_of(mask) or mask) is facts.keep
+    else:
+        offsets, clamp_min, length = facts
+        same = f.get("offsets") == offsets.name and clamp_min == 0 \
+            and int(f["max_len"]) == length
+    if not same:
+        return "read"
+
+    def at(perm: list[int] | None) -> Dims:
+        p = perm or [0, 1, 2, 3]
+        return p[0], p[2]
+
+    out: list[tuple[fx.Node, Dims]] = []
+    read_as = False
+    if src.name == f["q"] and dims == at(f.get("q_perm")):
+        perm = f.get("out_perm") or [0, 1, 2, 3]
+        out.append((by_name[f.get("output", kernel.name)], (perm.index(0), perm.index(2))))
+        read_as = True
+    keys_dims = dims
+    if src.target is aten.transpose.int and isinstance(src.args[0], fx.Node) \
+            and src.args[0].name == f["k"]:  # matmul(q, k.transpose(-1, -2))
+        rank = len(ir.shape_of(src) or ())
+        a, b = (_norm(x, rank) for x in src.args[1:3])
+        swap = {a: b, b: a}
+        src, keys_dims = src.args[0], (swap.get(dims[0], dims[0]), swap.get(dims[1], dims[1]))
+    for name, perm in (("k", "k_perm"), ("v", "v_perm")):
+        if src.name == f[name]:
+            if keys_dims != at(f.get(perm)):
+                return "read"
+            read_as = True
+    if not read_as:
+        return "read"
+    return out or "clean"
+
+
 def _attention_unit(user: fx.Node, src: fx.Node, dims: Dims, facts: Facts
                     ) -> list[tuple[fx.Node, Dims]] | str | None:
     """Through a guarded attention kernel ``user`` is part of (a fused softmax attention:
@@ -423,14 +493,10 @@ def _attention_unit(user: fx.Node, src: fx.Node, dims: Dims, facts: Facts
     node), as a whole: its queries' padding rows become its output's (at the same dims), its
     keys and values (or views of them) are not read when the kernel masks them with the key
     mask followed here. None when ``user`` is no such kernel's member."""
-    group = user.meta.get(ir.GROUP)
-    if group is None or not isinstance(facts, KeyMask):
+    held = _kernel_facts(user) if isinstance(facts, KeyMask) else None
+    if held is None:
         return None
-    kernel: fx.Node | None = user  # its facts sit on the group's last node: walk forward
-    while kernel is not None and kernel.op != "output" and \
-            (kernel.meta.get(ir.KERNEL) or {}).get("id") != group:
-        kernel = kernel.next
-    found = (kernel.meta.get(ir.KERNEL) or {}) if kernel is not None else {}
+    kernel, found = held
     if found.get("kind") != "key_padding_attention" or not found.get("mask") or \
             not all(found.get(x) for x in ("q", "k", "v")):
         return None  # (an SDPA call: its own rule in :func:`_step`)

@@ -19,6 +19,17 @@ each region node records where its batch and sequence dims are. If any path may 
 (an unmasked mean over the sequence, the graph's output), the pass warns, names the reader
 and leaves the graph padded.
 
+HSTU's pointwise attention (``match-silu-attention``) is a member of a region as one unit:
+over offsets (no key mask; v written into zeros over them, as HSTU's authors pad q, k and v
+for it), q, k and v each zero-padded over those offsets are the sources of one region (its
+entry lists them under ``sources``), the queries' padding rows become the output's, the keys'
+and values' are never read, and the kernel's own ``[L, L]`` nodes are no carriers. The runner then runs it on the
+region's tokens (``gemc::jagged_silu_attention_values``). A gather of a region value at the
+jagged positions of the region's own offsets (``x[row, col]``, the model's
+``dense_to_jagged``) is an ``exit``: it reads real tokens only, so the runner takes it from
+the tokens instead of scattering the value back first (unclamped lengths only). A source
+written at those same positions is ``in_order``: its values are the tokens, viewed.
+
 What the runner does with it (``backends/triton/graph_runner``): a region value is held with
 batch dim 1 and sequence dim ``T`` (the real tokens, in offsets order: the layout of the
 jagged attention, a length-0 history keeping its slot 0 when the mask clamps lengths to 1);
@@ -47,7 +58,8 @@ positions in any order packs too, each row's kept tokens in order, their positio
 layout (``packed_tokens.kept_positions``). Exact: every op is token-wise or an attention
 masked by the key mask (order-invariant over its keys; a causal one keeps its meaning, the
 order being kept). A history with a target item appended after its padding is never a
-prefix, so only this packs it. ``every_row``: the region holds an attention that is NaN on a
+prefix, so only this packs it. A region holding HSTU's pointwise attention is never
+compact: its bias and normaliser read positions, not ranks. ``every_row``: the region holds an attention that is NaN on a
 row with no kept key (eager's softmax); it packs only when every row keeps one.
 
 The compiled (Inductor) graph fixes its shapes when it is compiled, so there the check runs
@@ -67,36 +79,118 @@ from torch.fx.passes.infra.pass_base import PassResult
 from gemc import ir
 from gemc.context import PassContext
 
-from .jagged_patterns import KeyMask, PaddingFlow, follow_padding, keep_of
+from .jagged_patterns import (
+    KeyMask,
+    PaddingFlow,
+    follow_padding,
+    jagged_positions,
+    keep_of,
+    zero_padded_source,
+)
 
 aten = torch.ops.aten
 PACKED = ir.PACKED  # re-exported: the keys are owned by gemc.ir (the plan builder reads them)
 PACKED_REGION = ir.PACKED_REGION
 PACKED_SKIPPED = ir.PACKED_SKIPPED
 _GUARDED = ("key_padding_attention", "jagged_silu_attention")
+_ATTENTIONS = ("jagged_attention", *_GUARDED)  # kernels priced on their own
 
 
-def _sources(gm: fx.GraphModule) -> dict[str, dict[str, Any]]:
-    """Padded sequences a jagged attention reads: name -> the attention's layout facts."""
-    out: dict[str, dict[str, Any]] = {}
+def _sources(gm: fx.GraphModule) -> list[tuple[list[str], dict[str, Any]]]:
+    """The padded sequences jagged attentions read, grouped per attention: (their names,
+    the attention's layout facts). The softmax kernel names its one padded input; HSTU's
+    pointwise kernel over offsets (no key mask: its values zero-padded over them) reads q,
+    k and v each written into zeros over those offsets: one region with three sources, so
+    the kernel reads and writes that region's tokens. A sequence already in a group is not
+    taken again."""
+    out: list[tuple[list[str], dict[str, Any]]] = []
+    taken: set[str] = set()
+    by_name = {n.name: n for n in gm.graph.nodes}
     for node in gm.graph.nodes:
         facts = node.meta.get(ir.KERNEL)
-        if not facts or facts.get("kind") != "jagged_attention":
+        if not facts:
             continue
-        out.setdefault(facts["padded_from"], {k: facts[k] for k in
-                                              ("offsets", "clamp_min", "max_len", "fill")})
+        names: list[str] = []
+        if facts.get("kind") == "jagged_attention":
+            names = [facts["padded_from"]]
+            layout = {k: facts[k] for k in ("offsets", "clamp_min", "max_len", "fill")}
+        elif facts.get("kind") == "jagged_silu_attention" and facts.get("offsets"):
+            for operand in (facts["q"], facts["k"], facts["v"]):
+                found = zero_padded_source(by_name[operand])
+                if found is not None and found[1].name == facts["offsets"] \
+                        and (ir.shape_of(found[0]) or (0, 0))[1] == facts["max_len"] \
+                        and found[0].name not in names:
+                    names.append(found[0].name)
+            layout = {"offsets": facts["offsets"], "clamp_min": 0,
+                      "max_len": facts["max_len"], "fill": facts["fill"]}
+        names = [n for n in names if n not in taken]
+        if names:
+            taken.update(names)
+            out.append((names, layout))
     return out
 
 
-def _price(nodes: list[fx.Node], source: fx.Node, fill: float, ctx: PassContext
+def _merge(flows: list[PaddingFlow]) -> PaddingFlow | str:
+    """One flow of several sources' (each node at one layout), or why not."""
+    merged = PaddingFlow()
+    for flow in flows:
+        for part, into in ((flow.carriers, merged.carriers), (flow.zeroed, merged.zeroed)):
+            for n, dims in part.items():
+                if into.setdefault(n, dims) != dims:
+                    return f"{n.name} reached with two layouts"
+    if set(merged.carriers) & set(merged.zeroed):
+        return "a mask multiply is also a carrier"
+    return merged
+
+
+def _source_facts(source: fx.Node, offsets: fx.Node, clamp_min: int) -> dict[str, Any]:
+    """What the runner builds a region source's tokens from: the ``index_put``'s zeros,
+    positions and values."""
+    zeros, (row, pos), values = source.args[0], source.args[1], source.args[2]
+    return {
+        "padded_from": source.name,
+        "zeros": zeros.name if isinstance(zeros, fx.Node) else None,
+        "row": row.name,
+        "pos": pos.name,
+        "values": values.name,
+        # the values already in the layout's order (no clamp, written at the jagged
+        # positions of these offsets): the source is the values, viewed
+        "in_order": clamp_min == 0 and jagged_positions(row, pos) is offsets,
+    }
+
+
+def _exits(flow: PaddingFlow, offsets: fx.Node, clamp_min: int) -> list[fx.Node]:
+    """Readers outside the region that gather a region value at the jagged positions of
+    the region's own offsets (``x[row, col]``, the model's ``dense_to_jagged``): each reads
+    real tokens only, in offsets order, so the runner takes them from the packed tokens
+    instead of scattering the value back to its padded shape first. Only with unclamped
+    lengths (a clamped empty row's slot is no jagged position)."""
+    if clamp_min != 0:
+        return []
+    out = []
+    for node, dims in flow.carriers.items():
+        for user in node.users:
+            if user in flow.carriers or user in flow.zeroed or user in out \
+                    or user.target is not aten.index.Tensor or user.args[0] is not node:
+                continue
+            indices = list(user.args[1])
+            if dims != (0, 1) or len(indices) != 2:
+                continue
+            if jagged_positions(indices[0], indices[1]) is offsets:
+                out.append(user)
+    return out
+
+
+def _price(nodes: list[fx.Node], copied: list[fx.Node], fill: float, ctx: PassContext
            ) -> dict[str, float]:
     """Forward+backward ms of the region's nodes padded, and packed: the token-wise work
     scales with the fill; the gathers and scatters at the boundary are priced as copies of
-    the source (in and out, forward and backward)."""
+    the ``copied`` sources (in and out, forward and backward): a source whose values are
+    the tokens already (``in_order``: viewed) copies nothing."""
     before = 0.0
     for n in nodes:
         facts = n.meta.get(ir.KERNEL) or {}
-        if facts.get("kind") == "jagged_attention":
+        if facts.get("kind") in _ATTENTIONS:
             continue  # already priced over the real tokens
         before += float(n.meta.get(ir.PREDICTED_MS) or 0.0)
     convert_ms = 0.0
@@ -104,7 +198,7 @@ def _price(nodes: list[fx.Node], source: fx.Node, fill: float, ctx: PassContext
     if topology is not None:
         from gemc.cost_model import op_cost
 
-        mem, _ = op_cost.memory_time(4 * ir.nbytes(source), topology.gpu,
+        mem, _ = op_cost.memory_time(4 * sum(ir.nbytes(s) for s in copied), topology.gpu,
                                      getattr(ctx, "calibration", None), "copy")
         convert_ms = 1e3 * mem
     return {"before_ms": round(before, 6), "after_ms": round(before * fill + convert_ms, 6)}
@@ -121,36 +215,44 @@ class PackJaggedTokens:
     def run(self, gm: fx.GraphModule, ctx: PassContext) -> PassResult:
         by_name = {n.name: n for n in gm.graph.nodes}
         count = 0
-        for source_name, facts in _sources(gm).items():
-            source = by_name.get(source_name)
+        for names, facts in _sources(gm):
+            sources = [by_name[n] for n in names]
             offsets = by_name.get(facts["offsets"])
-            if source is None or offsets is None or source.target is not aten.index_put.default:
-                continue
+            if offsets is None or any(s.target is not aten.index_put.default for s in sources) \
+                    or len({(ir.shape_of(s.args[2]) or (0,))[0] for s in sources}) != 1:
+                continue  # (one layout: as many values in every source)
             layout = (offsets, int(facts["clamp_min"]), int(facts["max_len"]))
-            flow = follow_padding(source, (0, 1), layout)
-            if isinstance(flow, fx.Node):
-                ctx.warn(f"pack-jagged-tokens: {source.name} stays padded: its padding rows "
-                         f"may be read unmasked by {flow.name}")
+            flows = [follow_padding(s, (0, 1), layout) for s in sources]
+            read = next(((s, f) for s, f in zip(sources, flows) if isinstance(f, fx.Node)),
+                        None)
+            if read is not None:
+                ctx.warn(f"pack-jagged-tokens: {read[0].name} stays padded: its padding rows "
+                         f"may be read unmasked by {read[1].name}")
+                continue
+            flow = _merge(flows)  # type: ignore[arg-type]
+            if isinstance(flow, str):
+                ctx.warn(f"pack-jagged-tokens: {', '.join(names)} stay padded ({flow})")
                 continue
             rid = f"packed_tokens_{count}"
             count += 1
             nodes = _mark(gm, flow, rid)
-            zeros, (row, pos), values = source.args[0], source.args[1], source.args[2]
-            shape = ir.shape_of(source) or (0, 0)
-            source.meta[PACKED_REGION] = {
+            each = [_source_facts(s, offsets, layout[1]) for s in sources]
+            shape = ir.shape_of(sources[0]) or (0, 0)
+            sources[0].meta[PACKED_REGION] = {
                 "id": rid,
                 "kind": "packed_tokens",
-                "padded_from": source.name,
-                "zeros": zeros.name if isinstance(zeros, fx.Node) else None,
-                "row": row.name,
-                "pos": pos.name,
-                "values": values.name,
+                **each[0],
+                # more than one source (HSTU's q, k, v): every one, the first included
+                **({"sources": each} if len(each) > 1 else {}),
                 "offsets": offsets.name,
                 "clamp_min": layout[1],
                 "max_len": layout[2],
                 "batch": int(shape[0]),
                 "fill": facts["fill"],
-                **_price(nodes, source, float(facts["fill"]), ctx),
+                # gathers at the region's jagged positions: read from the packed tokens
+                "exits": [n.name for n in _exits(flow, offsets, layout[1])],
+                **_price(nodes, [s for s, f in zip(sources, each) if not f["in_order"]],
+                         float(facts["fill"]), ctx),
             }
         around = self._guarded_regions(gm, count, ctx)
         return PassResult(gm, count > 0 or bool(around))
@@ -189,7 +291,7 @@ class PackJaggedTokens:
             # relying on the padding being a suffix), so kept positions in any order pack
             loose = _guarded_flow(gm, node, replace(key_mask, prefix=False))
             compact = not isinstance(loose, str) and loose[0].carriers == flow.carriers \
-                and loose[0].zeroed == flow.zeroed
+                and loose[0].zeroed == flow.zeroed and not _by_position(flow)
             if set(flow.carriers) & taken or set(flow.zeroed) & taken:
                 node.meta[PACKED_SKIPPED] = "overlap"
                 ctx.warn(f"pack-jagged-tokens: the sequence around {node.name} stays padded "
@@ -225,7 +327,7 @@ class PackJaggedTokens:
                 "max_len": key_mask.length,
                 "batch": key_mask.batch,
                 "fill": 1.0,  # data: unknown at compile time
-                **_price(nodes, head, 1.0, ctx),
+                **_price(nodes, [head], 1.0, ctx),
             }
         return around
 
@@ -238,6 +340,14 @@ def _same_mask(node: fx.Node, key_mask: KeyMask) -> bool:
         return False
     mask = next((n for n in node.graph.nodes if n.name == facts["mask"]), None)
     return mask is not None and keep_of(mask) is key_mask.keep
+
+
+def _by_position(flow: PaddingFlow) -> bool:
+    """The region holds HSTU's pointwise attention, whose bias and normaliser read each
+    token's position in its row (and its causal rule the positions, not the ranks): its
+    tokens cannot be compacted from a mask that is not a prefix."""
+    return any((n.meta.get(ir.KERNEL) or {}).get("kind") == "jagged_silu_attention"
+               for n in flow.carriers)
 
 
 def _mark(gm: fx.GraphModule, flow: PaddingFlow, rid: str) -> list[fx.Node]:
@@ -274,17 +384,15 @@ def _guarded_flow(gm: fx.GraphModule, attention: fx.Node, key_mask: KeyMask
     starts = _history_starts(attention, key_mask.batch, key_mask.length)
     if not starts:
         return "no-history-input: no [B, L, ...] input or lookup feeds the attention"
-    merged = PaddingFlow()
+    flows = []
     for start in starts:
         flow = follow_padding(start, (0, 1), key_mask)
         if isinstance(flow, fx.Node):
             return f"padding rows of {start.name} may be read unmasked by {flow.name}"
-        for part, into in ((flow.carriers, merged.carriers), (flow.zeroed, merged.zeroed)):
-            for n, dims in part.items():
-                if into.setdefault(n, dims) != dims:
-                    return f"{n.name} reached with two layouts"
-    if set(merged.carriers) & set(merged.zeroed):
-        return "a mask multiply is also a carrier"
+        flows.append(flow)
+    merged = _merge(flows)
+    if isinstance(merged, str):
+        return merged
     placeholders = [s for s in starts if s.op == "placeholder"]
     for s in placeholders:  # an input stays padded: it enters the region by a gather
         merged.carriers.pop(s)

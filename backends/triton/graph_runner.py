@@ -17,7 +17,8 @@ running
   :func:`.key_padding_attention.key_padding_silu_attention`; each
   ``jagged_query_attention`` entry (padded history queries over dense keys) as the custom
   op over the real query rows (these three guarded attentions' calls are their kind's
-  ``run``, in ``kinds/attention.py``),
+  ``run``, in ``kinds/attention.py``); a silu attention inside a packed token region runs
+  on the region's tokens in place,
 * each ``batched_embedding_bag`` entry as one :class:`BatchedEmbeddingBag` lookup whose
   backward updates the tables in place (the optimizer is fused: no table gradient exists),
 
@@ -158,6 +159,8 @@ class GraphRunner:
         # regions guarded by a run-time mask check: packed only on a call whose mask is a
         # prefix on every row (decided before the region's first node runs), else padded
         self.guarded_nodes: dict[fx.Node, tuple[int, int]] = {}
+        # gathers at a region's jagged positions, read from its tokens (the pass's exits)
+        self.exits: dict[fx.Node, dict[str, Any]] = {}
         for region in regions:
             guarded = region.get("guard") is not None
             for name, dims in region["dims"].items():
@@ -167,11 +170,14 @@ class GraphRunner:
                 self.region_of[node] = region
             if guarded:
                 continue
-            src = self.by_name[region["padded_from"]]
-            self.packed_sources[src] = region
-            zeros = self.by_name.get(region.get("zeros") or "")
-            if zeros is not None and list(zeros.users) == [src]:
-                self.skipped.add(zeros)
+            for name in region.get("exits", ()):
+                self.exits[self.by_name[name]] = region
+            for facts in region.get("sources") or [region]:  # HSTU's q, k, v: three
+                src = self.by_name[facts["padded_from"]]
+                self.packed_sources[src] = {**region, **facts}
+                zeros = self.by_name.get(facts.get("zeros") or "")
+                if zeros is not None and list(zeros.users) == [src]:
+                    self.skipped.add(zeros)
 
     @staticmethod
     def _source(entry: dict[str, Any], sources: dict[str, str]) -> str:
@@ -368,6 +374,10 @@ class GraphRunner:
         return packed.segment_sum(env[src], self.packed[src], self._region_layout(src, env))
 
     def _compute(self, node: fx.Node, env: dict[fx.Node, Any]) -> Any:
+        if node in self.exits and node.args[0] in self.packed:
+            x, (row, col) = node.args[0], node.args[1]
+            return packed.exit_tokens(env[x], self.packed[x], self._region_layout(x, env),
+                                      env[row], env[col])
         call = self.calls.get(node.name)
         if call is not None:  # e.g. a table lookup answered by its table module: padded out
             out = call(*fx.node.map_arg(node.args, lambda n: self._padded(n, env)),
@@ -465,7 +475,8 @@ class GraphRunner:
             r = self.packed_sources[node]
             acc = bool(node.args[3]) if len(node.args) > 3 else False
             return packed.source(env[self.by_name[r["values"]]], env[self.by_name[r["row"]]],
-                                 env[self.by_name[r["pos"]]], layout, acc)
+                                 env[self.by_name[r["pos"]]], layout, acc,
+                                 bool(r.get("in_order")))
         rank = _rank(node)
         if packed.is_pointwise(node):
             args = [self._entering(a, dims, rank, env, layout) for a in node.args]
@@ -545,6 +556,24 @@ class GraphRunner:
         """The value of graph node ``name`` at its padded shape: what a kind's ``run`` reads
         (gemc.backends.triton.kinds)."""
         return self._padded(self.by_name[name], env)
+
+    def packed_operands(self, names: Sequence[str], env: dict[fx.Node, Any]
+                        ) -> tuple[list[Any], TokenLayout] | None:
+        """The values of graph nodes ``names`` as they are, in the packed layout, and the
+        layout of the last one's region (the kind's output), when every one of them is in
+        a region packed on this call; else None. What a kind that runs on a region's tokens
+        in place reads (``kinds/attention.py``'s silu attention)."""
+        nodes = [self.by_name[n] for n in names]
+        if not all(n in self.packed for n in nodes):
+            return None
+        layout = self._region_layout(nodes[-1], env)
+        if layout.positions is not None:  # kept positions that are not a prefix
+            return None
+        return [env[n] for n in nodes[:-1]], layout
+
+    def packed_output(self, name: str, value: Any, env: dict[fx.Node, Any]) -> None:
+        """A kind's result for region node ``name``, already in the packed layout."""
+        self._store(self.by_name[name], value, env, True)
 
     def output(self, name: str, value: Any, env: dict[fx.Node, Any]) -> None:
         """A kind's padded result for graph node ``name`` (gathered if the node is packed)."""

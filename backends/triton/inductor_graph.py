@@ -32,7 +32,9 @@ A ``packed_tokens`` region runs on packed values as the interpreter runs it: its
 builds the ``[1, T, ...]`` values, operands entering it are gathered to its tokens
 (``gemc::gather_tokens``), values read outside it are scattered back, sums over positions
 add each row's tokens (``gemc::segment_sum``), its groups launch at ``T`` tokens and its
-attention reads the values in place (``gemc::jagged_attention_values``). ``T`` is the
+attention reads the values in place (``gemc::jagged_attention_values``; HSTU's SiLU
+attention ``gemc::jagged_silu_attention_values``), and a gather at the region's jagged
+positions (its ``exits``) reads the tokens (``_p_exit``). ``T`` is the
 bounded count (``TokenLayout.bounded``): the jagged values' count plus the clamp's slots,
 known from the capture's shapes, so the compiled graph has static shapes and no host read.
 A region guarded by a run-time mask check is packed in the graph built for a check that
@@ -254,10 +256,10 @@ def _p_segment_sum(x: torch.Tensor, dims: tuple[int, int], offsets: torch.Tensor
 
 def _p_source(values: torch.Tensor, row: torch.Tensor, pos: torch.Tensor,
               offsets: torch.Tensor, clamp_min: int, max_len: int, total: int,
-              positions: Any, accumulate: bool) -> torch.Tensor:
+              positions: Any, accumulate: bool, in_order: bool = False) -> torch.Tensor:
     return packed_tokens.source(values, row, pos,
                                 _layout(offsets, clamp_min, max_len, total, positions),
-                                accumulate)
+                                accumulate, in_order)
 
 
 def _p_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -277,6 +279,21 @@ def _p_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         bd, ld = dims[3]
         return out.movedim((0, 1), (ld, bd))
     return out.unsqueeze(0).movedim((0, 1), dims[3])
+
+
+def _p_exit(x: torch.Tensor, dims: tuple[int, int], row: torch.Tensor, col: torch.Tensor,
+            offsets: torch.Tensor, clamp_min: int, max_len: int, total: int,
+            positions: Any = None) -> torch.Tensor:
+    """``packed_tokens.exit_tokens``: a gather at the region's jagged positions, from its
+    tokens."""
+    return packed_tokens.exit_tokens(x, dims, _layout(offsets, clamp_min, max_len, total,
+                                                      positions), row, col)
+
+
+def _p_offsets(offsets: torch.Tensor, clamp_min: int, max_len: int, total: int,
+               positions: Any = None) -> torch.Tensor:
+    """A region's layout offsets (its lengths, clamped as the region clamps them)."""
+    return _layout(offsets, clamp_min, max_len, total, positions).offsets
 
 
 def _token_major(x: torch.Tensor, dims: tuple[int, int]) -> torch.Tensor:
@@ -407,6 +424,22 @@ class Emitter:
         self.env[node] = self.call(_p_attention, args if causal is None else (*args, causal))
         return True
 
+    def packed_operands(self, names: Sequence[str]) -> tuple[list[Any], fx.Node] | None:
+        """``GraphRunner.packed_operands`` in the new graph: the packed values of ``names``
+        but the last (the kind's output) and the layout offsets of the last one's region,
+        when all are in regions this graph runs packed; else None (nothing emitted)."""
+        nodes = [self.r.by_name[n] for n in names]
+        if not all(n in self.packed for n in nodes):
+            return None
+        region = self.region(nodes[-1])
+        if region[4] is not None:  # kept positions that are not a prefix: no offsets
+            return None
+        return [self.env[n] for n in nodes[:-1]], self.call(_p_offsets, region)
+
+    def packed_output(self, name: str, value: Any) -> None:
+        """A kind's result for region node ``name``, already in the packed layout."""
+        self.store(self.r.by_name[name], value, True)
+
     def store(self, node: fx.Node, value: Any, is_packed: bool) -> None:
         if node in self.packed and not is_packed:
             value = self.call(_p_gather, (value, self.packed[node], _rank(node),
@@ -452,7 +485,12 @@ class Emitter:
             by_name = r.by_name
             self.env[node] = self.call(_p_source, (
                 self.env[by_name[reg["values"]]], self.env[by_name[reg["row"]]],
-                self.env[by_name[reg["pos"]]], *self.region(node), acc))
+                self.env[by_name[reg["pos"]]], *self.region(node), acc,
+                bool(reg.get("in_order"))))
+        elif node in r.exits and node.args[0] in self.packed:
+            x, (row, col) = node.args[0], node.args[1]
+            self.env[node] = self.call(_p_exit, (self.env[x], self.packed[x], self.env[row],
+                                                 self.env[col], *self.region(x)))
         elif node in self.packed:
             self.packed_node(node)
         elif self.segment_sum(node):

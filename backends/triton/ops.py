@@ -21,7 +21,9 @@ One op per kernel *kind*, not per kernel:
 * ``gemc::jagged_attention_values`` (and its backward): the same kernels on the ``[T, H, D]``
   values of a packed token region, in place.
 * ``gemc::padded_silu_attention`` (and its backward): HSTU's pointwise attention on the
-  padded ``[B, L, H, D]`` layout read in place, only each row's real positions computed.
+  padded ``[B, L, H, D]`` layout read in place, only each row's real positions computed;
+  ``gemc::jagged_silu_attention_values`` (and its backward): the same kernels on the
+  ``[T, H, D]`` values of a packed token region.
 * ``gemc::jagged_query_attention`` (and its backward) with ``gemc::query_prefix_lengths``:
   padded history queries over dense keys, only the real query rows computed; the lengths
   from a mask checked on the device (a row that is no prefix computes every query row).
@@ -369,17 +371,54 @@ def _padded_rows(x: Tensor) -> Tensor:
     return rows if rows.stride(-1) == 1 else rows.contiguous()
 
 
-def _silu_operands(q: Tensor, bias: Tensor | None, causal: bool, bias_grad: bool
-                   ) -> tuple[dict[str, Any], Tensor | None]:
-    """The kernels' meta-parameters (of padded ``q [B, L, H, D]``) and the bias broadcast
-    to ``[B, H, Lb, Lb]`` (a view)."""
-    meta = _meta(q[0], causal, "silu", "max_len")  # [L, H, D]: _meta reads a values shape
+def _silu_operands(rows: Tensor, batch: int, bias: Tensor | None, causal: bool,
+                   bias_grad: bool) -> tuple[dict[str, Any], Tensor | None]:
+    """The kernels' meta-parameters (of ``rows [N, H, D]``: padded rows or packed values)
+    and the bias broadcast to ``[B, H, Lb, Lb]`` (a view)."""
+    meta = _meta(rows, causal, "silu", "max_len")
     meta["HAS_BIAS"], meta["BIAS_GRAD"] = bias is not None, bias is not None and bias_grad
     if bias is None:
         return meta, None
     lb = bias.shape[-1]
     shape4 = (1,) * (4 - bias.dim()) + tuple(bias.shape)
-    return meta, bias.reshape(shape4).expand(q.shape[0], q.shape[2], lb, lb)
+    return meta, bias.reshape(shape4).expand(batch, rows.shape[1], lb, lb)
+
+
+def _silu_forward(rows: list[Tensor], offsets: Tensor, bias: Tensor | None, norm: int,
+                  scale: float, causal: bool, pad_len: int) -> Tensor:
+    """The silu attention of ``rows`` (q, k, v as ``[N, H, D]``: padded rows read in place
+    when ``pad_len > 0``, else packed values over ``offsets``), counted in the guarded
+    attentions' ``STATS`` as a jagged call (it runs per call under Inductor too: Inductor
+    calls the op, not a trace)."""
+    from .key_padding_attention import STATS  # the run report's attention counts
+
+    STATS.calls += 1
+    STATS.jagged += 1
+    meta, bias4 = _silu_operands(rows[0], offsets.shape[0] - 1, bias, causal, False)
+    out, _ = _attention_forward(*rows, offsets, int(norm), scale, meta, bias4,
+                                pad_len=pad_len)
+    return out
+
+
+def _silu_grads(rows: list[Tensor], grad: Tensor, offsets: Tensor, bias: Tensor | None,
+                norm: int, scale: float, causal: bool, bias_grad: bool, pad_len: int
+                ) -> tuple[list[Tensor], Tensor | None]:
+    """dq, dk, dv as ``[N, H, D]`` rows and, with ``bias_grad``, the bias's gradient in its
+    own shape and dtype: the kernel writes ``d s`` into an fp32 ``[B, H, Lb, Lb]`` buffer
+    once per visible score, summed down here to the bias's broadcast shape."""
+    meta, bias4 = _silu_operands(rows[0], offsets.shape[0] - 1, bias, causal, bias_grad)
+    dbias4 = torch.zeros(bias4.shape, dtype=torch.float32, device=grad.device) \
+        if bias4 is not None and bias_grad else None
+    lse = torch.zeros((rows[0].shape[1], 0), device=grad.device, dtype=torch.float32)
+    # the silu backward reads no output or logsumexp (rows[0] stands in for the output)
+    grads = _attention_backward(*rows, rows[0], lse, grad, offsets, int(norm), scale, meta,
+                                bias4, dbias4, pad_len=pad_len)
+    if dbias4 is None or bias is None:
+        return list(grads), None
+    shape4 = (1,) * (4 - bias.dim()) + tuple(bias.shape)
+    dims = [i for i, n in enumerate(shape4) if n == 1 and dbias4.shape[i] != 1]
+    dbias = dbias4.sum(dims, keepdim=True) if dims else dbias4
+    return list(grads), dbias.reshape(bias.shape).to(bias.dtype)
 
 
 def _check_silu(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, bias: Tensor | None,
@@ -407,16 +446,9 @@ def padded_silu_attention(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor,
     to ``L``), computed on those rows only, in place: the jagged kernel reads the padded
     layout (no gather into packed values, no host read of the token count, static shapes),
     so the op is one node of the compiled graph. Rows past a row's length come back zero."""
-    from .key_padding_attention import STATS  # the run report's attention counts
-
     _check_silu(q, k, v, offsets, bias, norm)
-    STATS.calls += 1  # runs per call under Inductor too (it calls the op, not a trace)
-    STATS.jagged += 1
-    meta, bias4 = _silu_operands(q, bias, causal, False)
     rows = [_padded_rows(x.to(q.dtype)) for x in (q, k, v)]
-    out, _ = _attention_forward(*rows, offsets, int(norm), scale, meta, bias4,
-                                pad_len=q.shape[1])
-    return out.view(q.shape)
+    return _silu_forward(rows, offsets, bias, norm, scale, causal, q.shape[1]).view(q.shape)
 
 
 @padded_silu_attention.register_fake
@@ -432,26 +464,12 @@ def padded_silu_attention_backward(q: Tensor, k: Tensor, v: Tensor, offsets: Ten
                                    causal: bool, bias_grad: bool
                                    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Gradients of ``q, k, v`` (zero past each row's length) and, with ``bias_grad``, of
-    ``bias`` in its own shape and dtype (else an empty tensor): the kernel writes ``d s``
-    into an fp32 ``[B, H, Lb, Lb]`` buffer once per visible score, summed down here to the
-    bias's broadcast shape."""
-    meta, bias4 = _silu_operands(q, bias, causal, bias_grad)
+    ``bias`` (else an empty tensor)."""
     rows = [_padded_rows(x.to(q.dtype)) for x in (q, k, v)]
-    dbias4 = torch.zeros(bias4.shape, dtype=torch.float32, device=q.device) \
-        if bias4 is not None and bias_grad else None
-    out_unused = rows[0]  # the silu backward reads no output or logsumexp
-    lse = torch.zeros((q.shape[2], 0), device=q.device, dtype=torch.float32)
-    grads = _attention_backward(*rows, out_unused, lse, _padded_rows(grad.to(q.dtype)),
-                                offsets, int(norm), scale, meta, bias4, dbias4,
-                                pad_len=q.shape[1])
+    grads, dbias = _silu_grads(rows, _padded_rows(grad.to(q.dtype)), offsets, bias, norm,
+                               scale, causal, bias_grad, q.shape[1])
     dq, dk, dv = (g.view(q.shape).to(x.dtype) for g, x in zip(grads, (q, k, v)))
-    if dbias4 is None:
-        return dq, dk, dv, q.new_empty(0)
-    assert bias is not None
-    shape4 = (1,) * (4 - bias.dim()) + tuple(bias.shape)
-    dims = [i for i, n in enumerate(shape4) if n == 1 and dbias4.shape[i] != 1]
-    dbias = dbias4.sum(dims, keepdim=True) if dims else dbias4
-    return dq, dk, dv, dbias.reshape(bias.shape).to(bias.dtype)
+    return dq, dk, dv, q.new_empty(0) if dbias is None else dbias
 
 
 @padded_silu_attention_backward.register_fake
@@ -459,8 +477,7 @@ def _padded_silu_attention_backward_fake(q: Tensor, k: Tensor, v: Tensor, offset
                                          bias: Tensor | None, grad: Tensor, norm: int,
                                          scale: float, causal: bool, bias_grad: bool
                                          ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    dbias = bias.new_empty(bias.shape) if bias is not None and bias_grad else q.new_empty(0)
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dbias
+    return _silu_grads_fake(q, k, v, bias, bias_grad)
 
 
 def _silu_setup(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
@@ -469,16 +486,89 @@ def _silu_setup(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
     ctx.save_for_backward(q, k, v, offsets, bias)
 
 
-def _silu_backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
-    q, k, v, offsets, bias = ctx.saved_tensors
-    norm, scale, causal = ctx.args
-    bias_grad = bias is not None and bool(ctx.needs_input_grad[4])
-    dq, dk, dv, dbias = torch.ops.gemc.padded_silu_attention_backward(
-        q, k, v, offsets, bias, grad, norm, scale, causal, bias_grad)
-    return dq, dk, dv, None, dbias if bias_grad else None, None, None, None
+def _silu_backward_through(op: str) -> Any:
+    """The autograd formula of a silu attention op whose backward is ``gemc::<op>`` (the
+    padded op's and the packed values' take the same arguments)."""
+    def backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
+        q, k, v, offsets, bias = ctx.saved_tensors
+        norm, scale, causal = ctx.args
+        bias_grad = bias is not None and bool(ctx.needs_input_grad[4])
+        dq, dk, dv, dbias = getattr(torch.ops.gemc, op)(
+            q, k, v, offsets, bias, grad, norm, scale, causal, bias_grad)
+        return dq, dk, dv, None, dbias if bias_grad else None, None, None, None
+
+    return backward
 
 
-padded_silu_attention.register_autograd(_silu_backward, setup_context=_silu_setup)
+def _silu_grads_fake(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, bias_grad: bool
+                     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    dbias = bias.new_empty(bias.shape) if bias is not None and bias_grad else q.new_empty(0)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dbias
+
+
+padded_silu_attention.register_autograd(
+    _silu_backward_through("padded_silu_attention_backward"), setup_context=_silu_setup)
+
+
+# ---- HSTU pointwise (SiLU) attention over packed values (inside a packed token region) ------
+
+
+def _check_silu_values(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor) -> None:
+    if q.dim() != 3 or q.shape != k.shape or k.shape != v.shape:
+        raise ValueError("q, k, v must be one [T, H, D] shape, got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if offsets.dim() != 1 or offsets.shape[0] < 1:
+        raise ValueError(f"offsets must be [B + 1], got {tuple(offsets.shape)}")
+
+
+@torch.library.custom_op("gemc::jagged_silu_attention_values", mutates_args=())
+def jagged_silu_attention_values(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor,
+                                 bias: Tensor | None, norm: int, scale: float, causal: bool
+                                 ) -> Tensor:
+    """HSTU's ``silu(scale * q k^T + bias) / norm`` attention within each sequence of the
+    ``[T, H, D]`` values of a packed token region (``offsets`` its lengths, at most
+    ``norm``; slots past ``offsets[-1]`` are spare, never read, zero out). ``bias``
+    broadcasts to ``[B, H, Lb, Lb]``, indexed by positions within each sequence. Why a
+    values op next to the padded one: inside a region q, k, v already are the real tokens,
+    so no padded tensor is read or written around the attention."""
+    _check_silu_values(q, k, v, offsets)
+    rows = [(x if x.stride(-1) == 1 else x.contiguous()).to(q.dtype) for x in (q, k, v)]
+    return _silu_forward(rows, offsets, bias, norm, scale, causal, 0)
+
+
+@jagged_silu_attention_values.register_fake
+def _jagged_silu_attention_values_fake(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor,
+                                       bias: Tensor | None, norm: int, scale: float,
+                                       causal: bool) -> Tensor:
+    return q.new_empty(q.shape)
+
+
+@torch.library.custom_op("gemc::jagged_silu_attention_values_backward", mutates_args=())
+def jagged_silu_attention_values_backward(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor,
+                                          bias: Tensor | None, grad: Tensor, norm: int,
+                                          scale: float, causal: bool, bias_grad: bool
+                                          ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Gradients of the values ``q, k, v`` (zero on spare slots) and, with ``bias_grad``,
+    of ``bias`` (else an empty tensor)."""
+    rows = [(x if x.stride(-1) == 1 else x.contiguous()).to(q.dtype) for x in (q, k, v)]
+    grads, dbias = _silu_grads(rows, grad.to(q.dtype).contiguous(), offsets, bias, norm,
+                               scale, causal, bias_grad, 0)
+    dq, dk, dv = (g.to(x.dtype) for g, x in zip(grads, (q, k, v)))
+    return dq, dk, dv, q.new_empty(0) if dbias is None else dbias
+
+
+@jagged_silu_attention_values_backward.register_fake
+def _jagged_silu_attention_values_backward_fake(q: Tensor, k: Tensor, v: Tensor,
+                                                offsets: Tensor, bias: Tensor | None,
+                                                grad: Tensor, norm: int, scale: float,
+                                                causal: bool, bias_grad: bool
+                                                ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    return _silu_grads_fake(q, k, v, bias, bias_grad)
+
+
+jagged_silu_attention_values.register_autograd(
+    _silu_backward_through("jagged_silu_attention_values_backward"),
+    setup_context=_silu_setup)
 
 
 # ---- padded history queries over dense keys -------------------------------------------------

@@ -390,13 +390,30 @@ def resize(sizes: list[Any], dims: Dims, total: int, batch: int = 1) -> list[Any
 
 
 def source(values: torch.Tensor, row: torch.Tensor, pos: torch.Tensor,
-           layout: TokenLayout, accumulate: bool = False) -> torch.Tensor:
+           layout: TokenLayout, accumulate: bool = False, in_order: bool = False
+           ) -> torch.Tensor:
     """The packed form of ``zeros(B, L, ...).index_put((row, pos), values)``, built without
-    the padded tensor: value ``i`` lands on token ``offsets[row[i]] + pos[i]``."""
+    the padded tensor: value ``i`` lands on token ``offsets[row[i]] + pos[i]``. With
+    ``in_order`` (the pass proved ``(row, pos)`` the jagged positions of the region's own,
+    unclamped offsets: ``offsets[row[i]] + pos[i] = i``) value ``i`` is token ``i`` and the
+    values are the packed value as they are, viewed: no copy."""
+    if in_order and values.shape[0] == layout.total:
+        return values.view(1, layout.total, *values.shape[1:])
     token = layout.offsets[row] + pos
     out = values.new_zeros((layout.total, *values.shape[1:]))
     out = out.index_put((token,), values, accumulate=accumulate)
     return out.view(1, layout.total, *values.shape[1:])
+
+
+def exit_tokens(x: torch.Tensor, dims: Dims, layout: TokenLayout, row: torch.Tensor,
+                col: torch.Tensor) -> torch.Tensor:
+    """``scatter(x)[row, col]`` without the padded tensor: a region value gathered at
+    jagged positions ``(row, col)`` of the region's own offsets (``pack-jagged-tokens``'
+    ``exits``: every ``col`` below its row's length), read from the packed tokens. Token
+    ``(r, c)`` sits at ``offsets[r] + c``; in the model's own jagged order that is every
+    token in order, one gather over the real tokens (no spare slot is read)."""
+    tokens, _ = _tokens(x, dims, layout)
+    return tokens.index_select(0, layout.offsets[row] + col)
 
 
 def is_pointwise(node: fx.Node) -> bool:

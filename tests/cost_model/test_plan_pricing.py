@@ -135,8 +135,9 @@ def hstu_plan_graph():
 
 def test_silu_kernel_is_priced_as_it_runs(hstu_plan_graph):
     """HSTU's matched SiLU attention (tiny) is priced as the jagged kernel at the plan's
-    autocast dtype (its members sum to ``jagged_silu_kernel_time`` in bf16), below the
-    padded formula op by op, which stores the [B, H, L, L] scores."""
+    autocast dtype (its members sum to ``jagged_silu_kernel_time`` in bf16, inside its
+    packed region: no padded <-> jagged copies), below the padded formula op by op, which
+    stores the [B, H, L, L] scores."""
     from gemc.cost_model import op_cost
     from gemc.cost_model.activations import runtime_itemsize
     from gemc.cost_model.inductor_fusion import island_groups
@@ -156,7 +157,11 @@ def test_silu_kernel_is_priced_as_it_runs(hstu_plan_graph):
     for node in kernels:
         facts = node.meta[ir.KERNEL]
         members = [n for n in gm.graph.nodes if n.meta.get(ir.GROUP) == facts["id"]]
+        assert ir.PACKED in node.meta  # on a packed region's tokens: no copies priced
         expected = 1e3 * op_cost.jagged_silu_kernel_time(
+            facts, node, named, "bf16", lambda n: sizes.get(n) or 4, pricing["gpu"],
+            pricing["calibration"], in_region=True)
+        assert expected < 1e3 * op_cost.jagged_silu_kernel_time(
             facts, node, named, "bf16", lambda n: sizes.get(n) or 4, pricing["gpu"],
             pricing["calibration"])
         own = sum(float(n.meta[ir.PREDICTED_MS]) for n in members)

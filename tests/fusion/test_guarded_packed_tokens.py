@@ -109,13 +109,15 @@ def test_additive_mask_that_is_no_key_mask_runs_padded():
     assert pt.GUARD_STATS.as_dict() == {"calls": 1, "packed": 0, "padded": 1}
 
 
-def test_written_out_silu_attention_names_what_reads_the_padding():
-    """The region does not follow a written-out formula's score matmul yet (the rows of q,
-    k flow into one [L, L] product): the sequence stays padded and the warning says why."""
+def test_written_out_silu_attention_is_one_member_of_the_region():
+    """A written-out SiLU formula over a bool mask input: the region takes the matched
+    kernel as a whole (q's rows become its output's, k's and v's are masked by the same
+    mask), so the sequence packs under the mask's guard, not compact (the formula reads
+    positions); tests/fusion/test_silu_in_packed_region.py runs it."""
     gm, ctx, entries, _ = _graph(HSTU, (("mask_input", True),))
-    assert not [e for e in entries if e["kind"] == "packed_tokens"]
-    assert any("stays padded (padding rows of x may be read unmasked by matmul)" in w
-               for w in ctx.warnings), ctx.warnings
+    (region,) = [e for e in entries if e["kind"] == "packed_tokens"]
+    assert region["guard"] == "prefix-check" and region["compact"] is False
+    assert not [w for w in ctx.warnings if "pack-jagged-tokens" in w], ctx.warnings
 
 
 def test_compiled_graph_keeps_guarded_regions_for_the_check_ahead_of_it():

@@ -135,6 +135,40 @@ def test_padded_silu_attention_op_equals_the_padded_formula_with_its_bias_gradie
         torch.testing.assert_close(gg, ww)
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_silu_attention_on_packed_values_equals_the_padded_op(causal):
+    """The packed region's op: the ``[T, H, D]`` values of the same rows (an empty row, a
+    full one, two spare slots past ``offsets[-1]``) give the padded op's real rows, forward
+    and backward (the bias's gradient too); spare slots come out zero, their gradient
+    zero."""
+    b, h, length, d = 4, 2, 8, 16
+    g = torch.Generator().manual_seed(5)
+    offsets = torch.tensor([0, 5, 5, 13, 16])
+    total = int(offsets[-1]) + 2  # spare slots, as a region's bounded layout has
+    q, k, v = (torch.randn(total, h, d, generator=g).requires_grad_() for _ in range(3))
+    bias = (0.1 * torch.randn(b, 1, length, length, generator=g)).requires_grad_()
+    args = (q, k, v, offsets, bias, length + 2, 0.5, causal)
+    torch.library.opcheck(torch.ops.gemc.jagged_silu_attention_values.default, args,
+                          test_utils=STATIC)
+    out = torch.ops.gemc.jagged_silu_attention_values(*args)
+    real = int(offsets[-1])
+    padded = [jagged_to_padded(x[:real], offsets, length).detach().requires_grad_()
+              for x in (q, k, v)]
+    ref_padded = torch.ops.gemc.padded_silu_attention(*padded, offsets, bias, length + 2,
+                                                      0.5, causal)
+    ref = padded_to_jagged(ref_padded, offsets, real)
+    torch.testing.assert_close(out[:real], ref)
+    assert not out[real:].any()
+    w = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v, bias), w)
+    want = torch.autograd.grad(ref_padded, (*padded, bias),
+                               jagged_to_padded(w[:real], offsets, length))
+    for gg, ww in zip(got[:3], want[:3]):
+        torch.testing.assert_close(gg[:real], padded_to_jagged(ww, offsets, real))
+        assert not gg[real:].any()
+    torch.testing.assert_close(got[3], want[3])
+
+
 def test_padded_silu_attention_traces_into_one_graph_without_a_host_read():
     """The point of the op: Dynamo sees one node, so the graph has no break."""
     b, h, length, d = 2, 2, 8, 16

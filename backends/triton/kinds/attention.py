@@ -10,7 +10,8 @@ emitter's (``emit``), which read and store values through ``runner.operand`` /
 ``runner.output`` and ``emitter.operand`` / ``emitter.output`` as any kind does. The
 jagged attention's run and emit stay the interpreter's and the emitter's methods: inside a
 packed token region it reads the region's values in place, which is their packed-region
-state.
+state. The silu attention, when its q, k, v and output are a packed region's values, runs
+on the region's tokens too (``runner.packed_operands`` / ``emitter.packed_operands``).
 """
 
 from __future__ import annotations
@@ -167,6 +168,34 @@ def silu_attention_of_entry(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return out.permute(*perm) if perm else out
 
 
+def silu_attention_of_tokens(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             offsets: torch.Tensor, bias: torch.Tensor | None,
+                             entry: Mapping[str, Any]) -> torch.Tensor:
+    """A ``jagged_silu_attention`` entry's call inside a packed token region (both runners):
+    q, k, v are region values, ``[1, H, T, D]`` once permuted to the kernel's order (the
+    batch dim 1, the sequence dim the region's ``T`` tokens), ``offsets`` the region's
+    lengths; the kernel runs on the tokens in place and its result is a region value in the
+    model's output layout. No check and no host read: the region's own layout (offsets
+    proved by the graph, or a guarded region's mask found a prefix by its check) is the
+    kernel's. Traceable (static shapes), so the emitter writes it into the compiled graph."""
+    from .. import ops  # noqa: F401  (registers the gemc:: ops)
+
+    def tokens(x: torch.Tensor, name: str) -> torch.Tensor:
+        perm = entry.get(name)
+        return (x.permute(*perm) if perm else x).movedim((0, 2), (0, 1)).flatten(0, 1)
+
+    out = torch.ops.gemc.jagged_silu_attention_values(
+        tokens(q, "q_perm"), tokens(k, "k_perm"), tokens(v, "v_perm"), offsets, bias,
+        int(entry["norm"]), float(entry["scale"]), bool(entry["causal"]))
+    canonical = out.unsqueeze(0).movedim((0, 1), (0, 2))  # [1, H, T, D]
+    perm = entry.get("out_perm")
+    return canonical.permute(*perm) if perm else canonical
+
+
+def _qkv_out(entry: Entry) -> tuple[str, str, str, str]:
+    return entry["q"], entry["k"], entry["v"], entry["output"]
+
+
 def _call_silu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          mask: torch.Tensor, bias: torch.Tensor | None,
                          entry: dict[str, Any]) -> torch.Tensor:
@@ -176,13 +205,26 @@ def _call_silu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 def silu_run(runner: GraphRunner, unit: Unit, env: Env) -> None:
     e = unit["entry"]
-    q, k, v, keys = (runner.operand(name, env) for name in _operands(e))
     bias = runner.operand(e["bias"], env) if e.get("bias") else None
+    inside = runner.packed_operands(_qkv_out(e), env)
+    if inside is not None:  # a member of a packed region: on its tokens, in place
+        (q, k, v), layout = inside
+        runner.packed_output(e["output"], silu_attention_of_tokens(
+            q, k, v, layout.offsets, bias, e), env)
+        return
+    q, k, v, keys = (runner.operand(name, env) for name in _operands(e))
     runner.output(e["output"], silu_attention_of_entry(q, k, v, keys, bias, e), env)
 
 
 def silu_emit(emitter: Emitter, unit: Unit) -> None:
     e = unit["entry"]
+    inside = emitter.packed_operands(_qkv_out(e))
+    if inside is not None:  # a member of a region this graph runs packed
+        (q, k, v), offsets = inside
+        bias = emitter.operand(e["bias"]) if e.get("bias") else None
+        emitter.packed_output(e["output"], emitter.call(silu_attention_of_tokens,
+                                                        (q, k, v, offsets, bias, e)))
+        return
     q, k, v, keys = (emitter.operand(name) for name in _operands(e))
     bias = emitter.operand(e["bias"]) if e.get("bias") else None
     emitter.output(e["output"], emitter.eager(_call_silu_attention, (q, k, v, keys, bias, e)))
