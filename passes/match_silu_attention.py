@@ -58,6 +58,7 @@ from gemc.context import PassContext
 
 from .jagged_patterns import (
     _ANDS,
+    _CASTS,
     KeyMask,
     _broadcast_root,
     _is_tril,
@@ -91,7 +92,9 @@ def _mask_factors(node: Any, out: list[fx.Node]) -> None:
             and ir.dtype_of(inner) == torch.bool:
         for a in inner.args[:2]:
             _mask_factors(a, out)
-    else:
+    else:  # the factor as broadcast (its views kept), without the casts to the scores' dtype
+        while isinstance(node, fx.Node) and node.op == "call_function" and node.target in _CASTS:
+            node = node.args[0]
         out.append(node)
 
 
@@ -101,6 +104,10 @@ def _visible(mask: Any, batch: int, length: int
     or a float of 0 / 1: a cast bool, a ``tril`` of ones), or why not. The key mask is None
     when the mask names none (the caller then looks for zero-padded values)."""
     root = _through_views_and_casts(mask)
+    if not (isinstance(root, fx.Node) and root.op == "call_function" and root.target in _ANDS):
+        # one mask, no and: its shape as the scores read it ([B, 1, 1, L] for a bare key
+        # mask), not as it was built ([B, L], which would read as [L, L])
+        root = mask
     rshape = tuple(ir.shape_of(root) or ()) if isinstance(root, fx.Node) else ()
 
     def batch_query_key(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -117,7 +124,7 @@ def _visible(mask: Any, batch: int, length: int
             or whole[2] != length:
         return "mask-shape"
     factors: list[fx.Node] = []
-    _mask_factors(root, factors)
+    _mask_factors(mask, factors)
     keys: list[fx.Node] = []
     queries: list[fx.Node] = []
     causal = False

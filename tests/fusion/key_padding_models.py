@@ -137,15 +137,16 @@ class Hstu(nn.Module):
     """One HSTU block written out (the formula, on padded tensors): ``u, v, q, k`` from one
     projection, ``silu(q k^T [+ relative bias]) / n`` (``div``) or ``* (1 / n)`` (``mul``),
     ``n = divisor``,
-    masked by ``causal & key-valid [& query-valid]`` (a float multiply or ``where``),
+    masked by ``causal & key-valid [& query-valid]`` (a float multiply or ``where``; with
+    ``causal=False`` and no query mask, the bare key mask ``valid[:, None, None, :]``),
     ``@ v``, gated by ``u``, pooled under the mask. The mask comes from lengths or is a bool
     input (``mask_input``)."""
 
     def __init__(self, bias: bool = False, query_mask: bool = True, norm: str = "div",
                  where: bool = False, mask_input: bool = False, divisor: int = L,
-                 einsum: bool = False) -> None:
+                 einsum: bool = False, causal: bool = True) -> None:
         super().__init__()
-        self.divisor, self.einsum = divisor, einsum
+        self.divisor, self.einsum, self.causal = divisor, einsum, causal
         self.uvqk = nn.Linear(E, 4 * E)
         self.rel = nn.Parameter(torch.randn(2 * L - 1)) if bias else None
         self.head = nn.Linear(E, 1)
@@ -158,7 +159,9 @@ class Hstu(nn.Module):
         q, k, v = (t.view(b, L, H, E // H).transpose(1, 2) for t in (q, k, v))
         pos = torch.arange(L, device=x.device)
         valid = m if self.mask_input else pos[None, :] < m[:, None]
-        visible = (pos[:, None] >= pos[None, :])[None] & valid[:, None, :]
+        visible = valid[:, None, :]
+        if self.causal:
+            visible = (pos[:, None] >= pos[None, :])[None] & visible
         if self.query_mask:
             visible = visible & valid[:, :, None]
         s = torch.einsum("bhnd,bhmd->bhnm", q, k) if self.einsum else q @ k.transpose(-1, -2)
@@ -178,7 +181,7 @@ class Hstu(nn.Module):
 
 def build_hstu(bias: bool = False, query_mask: bool = True, norm: str = "div",
                where: bool = False, mask_input: bool = False, divisor: int = L,
-               einsum: bool = False) -> ModelSpec:
+               einsum: bool = False, causal: bool = True) -> ModelSpec:
     lengths = [2, 0, 6, 3]
     form = "bool" if mask_input else "lengths"
 
@@ -187,7 +190,8 @@ def build_hstu(bias: bool = False, query_mask: bool = True, norm: str = "div",
                                                  torch.Generator().manual_seed(step)))
 
     x, m = batch(form, lengths, torch.Generator().manual_seed(0))
-    return ModelSpec(model=Hstu(bias, query_mask, norm, where, mask_input, divisor, einsum),
+    return ModelSpec(model=Hstu(bias, query_mask, norm, where, mask_input, divisor, einsum,
+                                causal),
                      example_inputs=(torch.zeros(x.shape), torch.zeros(m.shape, dtype=m.dtype)),
                      make_batch=make)
 

@@ -24,7 +24,9 @@ JAGGED = "tests/fusion/key_padding_models.py:build_jagged_hstu"
 ZOO_HSTU = "examples/zoo/hstu.py:build"
 VARIANTS = [{}, {"query_mask": False}, {"norm": "mul", "where": True}, {"mask_input": True},
             {"bias": True}, {"bias": True, "mask_input": True, "divisor": 2 * km.L},
-            {"bias": True, "einsum": True}]
+            {"bias": True, "einsum": True},
+            {"causal": False, "query_mask": False},  # a bare [B, 1, 1, L] key mask
+            {"causal": False, "query_mask": False, "mask_input": True}]
 
 
 @functools.cache
@@ -44,7 +46,7 @@ def test_formula_becomes_one_guarded_kernel(args: dict):
     contraction = aten.einsum.default if args.get("einsum") else aten.matmul.default
     assert targets.count(contraction) == 2 and aten.silu.default in targets
     assert entry["norm"] == args.get("divisor", km.L)
-    assert entry["causal"] is True and entry["scale"] == 1.0
+    assert entry["causal"] is args.get("causal", True) and entry["scale"] == 1.0
     # the relative bias is the kernel's operand (its gradient reaches the parameter)
     assert (entry["bias"] is not None) is args.get("bias", False)
     if args.get("bias"):

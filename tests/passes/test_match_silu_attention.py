@@ -5,7 +5,7 @@ normaliser, mask multiply, output matmul), its facts naming the mask, ``n``, no 
 that compute something else are not matched: ``relu`` in place of ``silu`` (no attention,
 no reason), a normaliser per row (``normaliser``), an addend that is no ``[B|1, H|1, L, L]``
 bias (``bias-shape``), a causal mask and-ed with a mask on the query axis only (``no-key-padding-mask``).
-A bare key mask (no and) is refused today (``mask-shape``): an expected failure below.
+A bare key mask (no and, broadcast as ``[B, 1, 1, L]``) is a key mask.
 
 Every spelling (causal, query mask, ``where``, ``* 1/n``, bias, einsum, zero-padded values)
 against eager, the run-time fallback counted: tests/fusion/test_match_silu_attention.py."""
@@ -91,8 +91,6 @@ def test_a_look_alike_stays_the_padded_formula_with_its_reason(form: str, reason
     assert _warnings(ctx) == [f"match-silu-attention: matmul_1 stays the padded formula ({reason})"]
 
 
-@pytest.mark.xfail(strict=True, reason="a bare [B, L] key mask broadcast as [B, 1, 1, L] "
-                   "is read through its views as an [L, L] mask: refused as mask-shape")
 def test_a_bare_key_mask_is_a_key_mask():
     gm, _ = _matched("keys")
     check_graph(gm, "CHECK: %matmul_1 = aten.matmul.default(\nCHECK-SAME: kind:jagged_silu_attention")
