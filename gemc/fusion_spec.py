@@ -111,11 +111,14 @@ def translate(node: fx.Node) -> tuple[str, list[Arg], dict[str, Any]] | None:
 UNTAGGED_POINTWISE = frozenset({
     "leaky_relu", "hardtanh", "relu6", "elu", "celu", "selu", "softplus", "hardswish",
     "hardsigmoid", "mish", "silu", "gelu", "threshold", "logit",
+    "__and__", "__or__", "__xor__",
 })
 """ATen activations that compute each output element from the same input element, for the
 torch versions whose ``pointwise`` tag misses them. torch 2.11 exports ``leaky_relu``
 untagged (the H200's plan for BST named it "of unknown kind" and pack-jagged-tokens stopped
-at it), torch 2.13 tags it. The tag stays the rule; this only fills its gaps."""
+at it), torch 2.13 tags it. The Python operators on tensors (``mask & keep``) export as
+``aten.__and__`` and friends, untagged where ``bitwise_and`` is tagged. The tag stays the
+rule; this only fills its gaps."""
 
 
 def pointwise_op(target: Any) -> bool:

@@ -126,3 +126,14 @@ def test_each_op_kind_on_a_small_model():
         CHECK-SAME: kind=output
     """)
     assert not ctx.warnings
+
+
+def test_python_mask_operators_are_pointwise_not_unknown():
+    """``a & b`` on bool masks exports as ``aten.__and__`` (untagged on every torch here)."""
+    from gemc.fusion_spec import pointwise_op
+
+    aten = torch.ops.aten
+    for op in (aten.__and__.Tensor, aten.__or__.Tensor, aten.__xor__.Tensor,
+               aten.bitwise_and.Tensor):
+        assert pointwise_op(op), op
+    assert not pointwise_op(aten.mm.default)

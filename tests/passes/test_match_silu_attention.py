@@ -44,7 +44,7 @@ def _matched(form: str):
 
 
 def _warnings(ctx) -> list[str]:
-    """This pass's warnings (classify-ops names ``&`` of bool masks an op of unknown kind)."""
+    """This pass's warnings, not the other passes'."""
     return [w for w in ctx.warnings if w.startswith("match-silu-attention")]
 
 
