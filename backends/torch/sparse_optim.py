@@ -123,7 +123,7 @@ def summed_rows(ids: torch.Tensor, values: torch.Tensor, num_rows: int,
     run = torch.cumsum(head, 0) - 1
     # each id's run, in the ids' own order: the values are added where they lie (no
     # ordered copy of them)
-    run_of_id = torch.empty_like(run).index_put_((perm,), run)
+    run_of_id = torch.empty_like(run).scatter_(0, perm, run)
     summed = torch.zeros((n, values.shape[1]), dtype=torch.float32, device=values.device)
     summed.index_add_(0, run_of_id, values.float())
     # every id of a run writes the run's key: equal values, so duplicates do not race
