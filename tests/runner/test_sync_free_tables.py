@@ -227,3 +227,41 @@ def test_summed_rows_are_coalesces_rows_in_static_shape(n: int, rows: int,
         assert torch.equal(got.rows[k:], distinct[-1].expand(got.rows.numel() - k))
         assert torch.equal(got.grads[k:], got.grads[k - 1].expand(got.rows.numel() - k, 3))
     assert summed_rows(ids[:0], values[:0], rows, skip) is None
+
+
+@pytest.mark.parametrize("optimizer,weight_decay",
+                         [(o, wd) for o in ("rowwise_adagrad", "adam") for wd in (0.0, 0.01)])
+def test_masked_update_in_aten_equals_the_kernel(optimizer: str, weight_decay: float) -> None:
+    """The masked pass's CPU form (ATen, where Triton's interpreter is off) and its kernel
+    update the same rows alike; a row with a NaN gradient counts as used, one of -0.0 not."""
+    from gemc.backends.triton import masked_row_update as masked
+
+    gen = torch.Generator().manual_seed(3)
+    weight = torch.randn(50, 5, generator=gen)
+    grad = torch.randn(50, 5, generator=gen)
+    grad[::3] = 0.0
+    grad[1] = -0.0
+    grad[2, 1] = float("nan")
+    args = dict(optimizer=optimizer, lr=0.05, eps=1e-8, betas=(0.9, 0.999),
+                weight_decay=weight_decay, step_size=0.02)
+    results = []
+    for aten in (False, True):
+        w = weight.clone()
+        state = ({"sum": torch.rand(50, generator=torch.Generator().manual_seed(4))}
+                 if optimizer == "rowwise_adagrad" else
+                 {"exp_avg": torch.zeros(50, 5), "exp_avg_sq": torch.zeros(50, 5)})
+        if aten:
+            s1 = state.get("sum", state.get("exp_avg"))
+            s2 = state.get("exp_avg_sq", s1)
+            masked._masked_row_update_aten(w, grad, s1, s2, optimizer == "adam", 0.05, 1e-8,
+                                           (0.9, 0.999), weight_decay, 0.02)
+        else:
+            masked.masked_row_update_(w, grad, state, **args)
+        results.append((w, state))
+    (w_kernel, s_kernel), (w_aten, s_aten) = results
+    torch.testing.assert_close(w_kernel, w_aten, equal_nan=True)
+    for name in s_kernel:
+        torch.testing.assert_close(s_kernel[name], s_aten[name], equal_nan=True)
+    unused = [i for i in range(50) if i % 3 == 0 and i != 0] + [1]
+    assert torch.equal(w_kernel[unused], weight[unused])
+    assert torch.isnan(w_kernel[2]).any()  # the NaN row was updated (and poisoned)
