@@ -20,7 +20,7 @@ and the single-process reference, so both apply the same arithmetic.
 The sharded optimizer reads a step's gradient without making the host wait for the device
 (issue 16: the H200 profiles of DIN and HSTU showed 18 and 11 blocking syncs a step here,
 the GPU idle behind each while the host refilled its queue): a sparse gradient's rows are
-summed by sort and segment into one slot per id (:func:`summed_rows`, not ``coalesce``),
+summed by sort and segment into static slots (:func:`summed_rows`, not ``coalesce``),
 a table-sized one (``dense_grad``) is updated in one masked pass
 (:mod:`gemc.backends.triton.masked_row_update`, not ``nonzero``). The rows updated are the
 reference's (:func:`coalesced_rows`): the rows a sparse gradient lists (never the padding
@@ -107,9 +107,10 @@ def summed_rows(ids: torch.Tensor, values: torch.Tensor, num_rows: int,
     kernel (HSTU h200: the GPU idle 26 ms a step behind such syncs). Here every shape is
     ``len(ids)`` (the rows returned: ``min(len(ids), num_rows)``): sort the ids, mark where
     each run of one id starts, number the runs (cumsum) and add each value into its run's
-    slot; the slots past the last run repeat it. A row's duplicates contend in the add (atomics on a GPU), as they were summed in
-    sequence by ``coalesce``. ``skip_row`` (the padding row): its ids get keys past every row, one each (no run
-    of them, so no contended adds), and are left out like ids never looked up."""
+    slot; the slots past the last run repeat it. A row's duplicates contend in the add
+    (atomics on a GPU), as ``coalesce`` summed them in sequence. ``skip_row`` (the padding
+    row): its ids get keys past every row, one each (no run of them, so no contended
+    adds), and are left out like ids never looked up."""
     n = ids.numel()
     if n == 0:
         return None
