@@ -118,6 +118,8 @@ _SORT_PASSES = 4
 # ~277 ms over the 2 x 524,288 padding ids of its two history lookups (one id each).
 # Cross-check, not fitted: GEM's eager profile spends 25.3 ms in that kernel over 102
 # tables whose skewed ids put ~88k duplicates on their hottest rows (this prices 23 ms).
+# The runner no longer coalesces (sparse_optim.summed_rows adds the duplicates with
+# index_add, contended atomics on one row): the price is kept until that is measured.
 COALESCE_DUPLICATE_S = 2.65e-7
 # Share of a padded [batch, length] id grid that is padding (one id, repeated): the
 # family's history presets are half full on average (uniform lengths), the fill the

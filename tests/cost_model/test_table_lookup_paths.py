@@ -143,16 +143,18 @@ def test_eager_gradient_joins_the_peak_only_past_the_activations() -> None:
         return predict_step([region], [t], topo, options=StepOptions()).max_memory_bytes
 
     batched = replace(table, lookup=BATCHED)
-    # no dense activations to take their room: the gradient and the scan's copy add to
-    # the peak, less the room of the lookup's own outputs and their gradients
+    # no dense activations to take their room: the gradient adds to the peak (the
+    # optimizer's masked pass reads it in place, no copy), less the room of the lookup's
+    # own outputs and their gradients
     outputs = 2 * 2048 * 64 * 4
-    assert peak(table, 0) - peak(batched, 0) == pytest.approx(2 * grad - outputs, rel=1e-6)
+    assert peak(table, 0) - peak(batched, 0) == pytest.approx(grad - outputs, rel=1e-6)
     # activations larger than both: the gradient lives where they were
     assert peak(table, 4 * grad) == pytest.approx(peak(batched, 4 * grad), rel=1e-9)
-    # a sparse gradient holds one row per looked-up id, far less than the table
+    # a sparse gradient holds one row per looked-up id, and the optimizer's sums one per
+    # id and its slots one per id at most: far less than the table (41k ids, 1M rows)
     sparse = replace(table, lookup=SPARSE)
     extra = peak(sparse, 0) - peak(batched, 0)
-    assert 40_960 * 64 * 4 <= extra < 0.1 * grad
+    assert 3 * 40_960 * 64 * 4 <= extra < 0.2 * grad
 
 
 def test_a_gradient_made_at_the_loss_lands_on_the_saved_activations() -> None:
