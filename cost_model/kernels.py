@@ -118,6 +118,8 @@ _SORT_PASSES = 4
 # ~277 ms over the 2 x 524,288 padding ids of its two history lookups (one id each).
 # Cross-check, not fitted: GEM's eager profile spends 25.3 ms in that kernel over 102
 # tables whose skewed ids put ~88k duplicates on their hottest rows (this prices 23 ms).
+# The runner no longer coalesces (sparse_optim.summed_rows adds the duplicates with
+# index_add, contended atomics on one row): the price is kept until that is measured.
 COALESCE_DUPLICATE_S = 2.65e-7
 # Share of a padded [batch, length] id grid that is padding (one id, repeated): the
 # family's history presets are half full on average (uniform lengths), the fill the
@@ -169,32 +171,39 @@ def eager_update_bytes(path: str, rows: float, dim: float, nnz: float, optimizer
                        replicas: int = 1) -> dict[str, float]:
     """HBM bytes of the sparse optimizer's step of one table (its ``step`` per table).
 
-    Finding the touched rows: ``dense_grad`` scans the whole gradient (``abs`` reads and
-    writes it, ``sum(1)`` reads it, ``nonzero`` reads the row sums) and gathers the touched
-    rows; ``sparse`` coalesces (sorts the nnz ids, gathers their rows in order and sums
-    them into the touched rows). Then the row update (``EAGER_ROW_UPDATE``) over the
-    touched rows in fp32; a table stored narrower (``storage_elt`` bytes an element) also
-    sorts its ids once more to dequantise the used rows and writes them rounded. A
-    data-parallel replica on ``replicas`` ranks also writes its rows into a zeroed
-    table-sized gradient and a used-row mask (all-reduced: the collective is priced with
-    the communication) and gathers back the rows any replica used."""
+    ``dense_grad`` (one rank): one masked pass (backends/triton/masked_row_update.py)
+    reads the table-sized gradient once and reads and writes only the used rows' weights
+    and state. ``sparse``: the gradient's rows summed without a host sync
+    (sparse_optim.summed_rows: sort the nnz ids, add their rows into one zeroed sum per
+    id, gather the sums back into the update's slots), then the row update (``EAGER_ROW_UPDATE``)
+    over ``min(nnz, rows)`` slots (the slots past the distinct rows repeat the last one). A table
+    stored narrower (``storage_elt`` bytes an element) instead sorts its ids once more to
+    dequantise the used rows, sums their gradients into the distinct rows and writes them
+    rounded; its update runs over the distinct rows. A data-parallel replica on
+    ``replicas`` ranks also writes its rows into a zeroed table-sized gradient and a
+    used-row mask (all-reduced: the collective is priced with the communication) and
+    gathers back the rows any replica used, which its update runs over."""
     table = float(rows) * dim * elt
     touched = expected_unique_rows(int(rows), int(nnz))
-    vals = touched * dim * 4.0
     if path == "dense_grad":
-        stream = 3.0 * table + 4.0 * rows
-        row_bytes = 2.0 * touched * dim * elt + touched * INDEX_BYTES
-    else:
-        stream = sort_bytes(nnz)
+        state = 2.0 * (4.0 if (optimizer or "").lower() != "adam" else 2.0 * dim * 4.0)
+        return {"stream": table, "rows": touched * (2.0 * dim * elt + state)}
+    narrow = storage_elt is not None and storage_elt < elt
+    stream = sort_bytes(nnz)
+    if narrow:
         row_bytes = 2.0 * float(nnz) * dim * elt + touched * dim * elt
+        slots = touched
+    else:
+        slots = float(min(nnz, rows))  # the update's slots: one per id, at most one a row
+        stream += float(nnz) * dim * 4.0  # the zeroed sums
+        row_bytes = 3.0 * float(nnz) * dim * elt + 2.0 * slots * dim * elt
     if replicas > 1:
-        touched = expected_unique_rows(int(rows), int(nnz * replicas))
-        vals = touched * dim * 4.0
+        slots = expected_unique_rows(int(rows), int(nnz * replicas))
         stream += float(rows) * dim * 4.0 + 3.0 * 4.0 * rows
-        row_bytes += 4.0 * vals
+        row_bytes += 4.0 * slots * dim * 4.0
     passes = EAGER_ROW_UPDATE.get((optimizer or "").lower(), (0.0, 0))[0]
-    stream += passes * vals
-    if storage_elt is not None and storage_elt < elt:
+    stream += passes * slots * dim * 4.0
+    if narrow:
         stream += sort_bytes(nnz)
         row_bytes += 2.0 * touched * dim * storage_elt
     return {"stream": stream, "rows": row_bytes}

@@ -23,7 +23,7 @@ from dataclasses import dataclass, fields
 from gemc.sharding import SHARDINGS, dense_strategy
 from gemc.table_lookup import BATCHED, DENSE_GRAD
 
-from .kernels import INDEX_BYTES, OPTIMIZER_STATES, expected_unique_rows
+from .kernels import INDEX_BYTES, OPTIMIZER_STATES
 from .types import RegionCost, StepOptions, TableCost
 
 
@@ -142,19 +142,19 @@ def table_grad_bytes(table: TableCost, rows: float, dim: float,
     backward, bytes the sparse optimizer's step of it adds for a moment) by its lookup path
     (gemc.table_lookup): the batched kernel holds none; ``dense_grad`` a table-sized
     gradient (each lookup scatters into its own before they are added: one more while
-    adding) and the scan's ``abs`` copy of it; ``sparse`` one gradient row and index per
-    looked-up id, and the coalesced rows and sort buffers. A data-parallel replica on
-    several ranks is ``shard_memory``'s dense gradient."""
+    adding; the optimizer's masked pass reads it in place, adding nothing); ``sparse`` one gradient row and
+    index per looked-up id, and the optimizer's per-id sums, the rows gathered into its
+    slots (at most one a row) and the sort buffers. A data-parallel replica on several
+    ranks is ``shard_memory``'s dense gradient."""
     if rows == 0 or table.lookup == BATCHED or (table.replicated and world > 1):
         return 0.0, 0.0
     if table.lookup == DENSE_GRAD:
-        whole = rows * dim * table.dtype_bytes
-        return whole, whole
+        return rows * dim * table.dtype_bytes, 0.0
     nnz = float(table.nnz) if table.replicated \
         else world * table.nnz * rows / table.rows
     held = nnz * (dim * table.dtype_bytes + INDEX_BYTES)
-    touched = expected_unique_rows(int(rows), int(nnz))
-    return held, touched * dim * 4.0 + 4.0 * INDEX_BYTES * nnz
+    slots = min(nnz, float(rows))
+    return held, (nnz + slots) * dim * 4.0 + 6.0 * INDEX_BYTES * nnz
 
 
 def rank_memory(regions: Sequence[RegionCost], tables: Iterable[TableCost], rank: int,

@@ -276,10 +276,13 @@ def batched_embedding_time(rows: int, dim: int, nnz: int, bags: int, dtype: str,
     return t * _factor(calibration, "embedding")
 
 
-# kernels the sparse optimizer launches to find a table's touched rows: the dense
-# gradient's scan (abs, sum, nonzero's three, the gather) or the sparse one's coalesce
-# (sort, gather, segment sum, unique and their scans)
-_FIND_ROWS_KERNELS = {"dense_grad": 6, "sparse": 10}
+# kernels the sparse optimizer launches to sum a sparse gradient's rows without a sync
+# (sparse_optim.summed_rows: the padding keys, the sort, the run heads and their numbers,
+# the zeroed slots, the ordered gather, the add, the run keys, the distinct count, the
+# slot gathers; counted from the code) and the guards the row update adds around them
+_SUMMED_ROWS_KERNELS = 20
+# a narrower-stored table's: the unique of its ids, the gradients' concatenation and sum
+_NARROW_ROWS_KERNELS = 10
 # Host seconds a lookup called out of the compiled graph adds (graph mode's SPARSE route,
 # a ``torch._dynamo.disable``d call of the table module): four transitions between
 # compiled pieces (out of and back into the graph, forward and backward), each a guard
@@ -305,19 +308,24 @@ def eager_table_time(path: str, rows: int, dim: int, nnz: int, bags: int, lookup
     a data-parallel table's replica count (its step densifies the gradient to all-reduce
     it: four more kernels and a second sync).
 
-    The optimizer step is eager and table by table, with a host sync in each (``nonzero``
-    or ``coalesce`` must know how many rows): a table's step takes the longer of its device
-    time and issuing its kernels (``eager_op_s`` each), plus one issue after the sync while
-    the GPU waits. Why: DIN's 16 weighted bags of 1M rows each pay a 0.77 GB scan of their
-    dense gradient for ~40k touched rows; priced as the fused kernel (no gradient at all)
-    its tables came to 2.5 ms of a 39 ms step predicted at 18.6 ms.
+    The optimizer step is eager and table by table: a table's step takes the longer of its
+    device time and issuing its kernels (``eager_op_s`` each). On ``dense_grad`` it is one
+    masked pass over the table-sized gradient (one kernel); on ``sparse`` the gradient's
+    rows are summed by sort and segment and updated in ATen ops. Neither waits on the
+    device, except a table stored narrower (the unique of its ids) and a data-parallel
+    replica (its used rows, counted after the all-reduce): one issue after each such sync
+    while the GPU waits. Why priced by path: DIN's 16 weighted bags of 1M rows each pay a
+    read of their 0.26 GB dense gradient for ~40k touched rows; priced as the fused
+    kernel (no gradient at all) its tables came to 2.5 ms of a 39 ms step predicted at
+    18.6 ms.
 
     ``hot_ids``: lookups of the table's most looked-up row a step
-    (kernels.hottest_row_ids). The sparse path's coalesce sums one row's duplicates in
-    sequence (kernels.COALESCE_DUPLICATE_S each); the dense gradient's backward splits
-    them over many threads. Why: DIN's padded histories put half a million ids on one
-    pad row; priced by bytes alone, its sparse route came to 22.5 ms against 318 ms
-    measured."""
+    (kernels.hottest_row_ids). The sparse path adds one row's duplicates into one slot
+    (kernels.COALESCE_DUPLICATE_S each: measured on the coalesce it replaced, which summed
+    them in sequence; the add's contended atomics are not measured yet); the dense
+    gradient's backward splits them over many threads. Why: DIN's padded histories put
+    half a million ids on one pad row; priced by bytes alone, its sparse route came to
+    22.5 ms against 318 ms measured."""
     elt = element_size(dtype)
     launch = _launch(calibration)
     rows_eff = ROOFLINE_EFFICIENCY["embedding"]
@@ -340,15 +348,20 @@ def eager_table_time(path: str, rows: int, dim: int, nnz: int, bags: int, lookup
     if optimizer:
         upd = kernels.eager_update_bytes(path, rows, dim, nnz, optimizer, elt, storage_bytes,
                                          replicas)
-        ops = _FIND_ROWS_KERNELS.get(path, 6) \
-            + kernels.EAGER_ROW_UPDATE.get(optimizer.lower(), (0.0, 0))[1] \
-            + (4 if replicas > 1 else 0)
+        narrow = storage_bytes is not None and storage_bytes < elt
+        if dense:
+            ops = 1
+        else:
+            ops = (_NARROW_ROWS_KERNELS if narrow else _SUMMED_ROWS_KERNELS) \
+                + kernels.EAGER_ROW_UPDATE.get(optimizer.lower(), (0.0, 0))[1] \
+                + (4 if replicas > 1 else 0)
         device = stream_s(upd["stream"]) + upd["rows"] / (bw * rows_eff) + ops * launch
         if not dense:
             device += hot_ids * kernels.COALESCE_DUPLICATE_S
         issue = (calibration.eager_op_s if calibration is not None else None) \
             or DEFAULT_EAGER_OP_S
-        opt = max(device, ops * issue) + issue * (2 if replicas > 1 else 1)
+        syncs = 0 if dense else int(narrow) + int(replicas > 1)
+        opt = max(device, ops * issue) + issue * syncs
     f = _factor(calibration, "embedding")
     return fwd * f, bwd * f, opt * f
 

@@ -154,8 +154,9 @@ def shard_compute_s(t: TableCost, rows: float, dim: float, world: int, gpu: GPUS
         hot = t.hot_ids * (1 if t.replicated else world)
         routed = 0.0
         if t.lookup == SPARSE:  # host time the sparse lookups add: graph splits, syncs
+            masked = t.padding_row and (world > 1 or t.precision != "fp32")
             routed = max(1, t.lookups) * (ROUTED_LOOKUP_S * t.routed
-                                          + StepOptions.host_sync_s * t.padding_row)
+                                          + StepOptions.host_sync_s * masked)
         return routed + _eager_cost(t.lookup, max(1, int(rows)), max(1, int(dim)),
                                     int(lookups), int(bags), max(1, t.lookups), dtype, gpu,
                                     calibration, optimizer or StepOptions.table_optimizer,

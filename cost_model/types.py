@@ -79,8 +79,10 @@ class TableCost:
     # its lookups are called out of the compiled graph (graph mode, gemc.table_lookup's
     # SPARSE): each splits the graph (op_cost.ROUTED_LOOKUP_S)
     routed: bool = False
-    # a lookup of it names a padding row (``padding_idx``): its sparse backward drops
-    # that row's ids by a boolean mask, a host sync each lookup
+    # a lookup of it names a padding row (``padding_idx``): on several ranks, or stored
+    # narrower, its lookups drop that row's ids by a boolean mask, a host sync each
+    # lookup; a local fp32 lookup keeps them in its gradient, where the optimizer skips
+    # them one key each (no duplicates: kernels.hottest_row_ids leaves them out)
     padding_row: bool = False
     # per lookup, the saved activations still live when its backward runs
     # (activations.ActivationProfile.alive_at_lookup): where a table-sized gradient lands
@@ -88,8 +90,10 @@ class TableCost:
 
     @property
     def hot_ids(self) -> float:
-        """Lookups of the most looked-up row in one rank's step (kernels.hottest_row_ids)."""
-        return hottest_row_ids(self.rows, self.nnz, self.padded_nnz)
+        """Lookups of the most looked-up row in one rank's step (kernels.hottest_row_ids);
+        a padding row's ids are not summed (the exchange drops them, the optimizer skips
+        them), so its padded grids add none."""
+        return hottest_row_ids(self.rows, self.nnz, 0 if self.padding_row else self.padded_nnz)
 
     @property
     def storage_bytes(self) -> float:

@@ -10,20 +10,21 @@ ran them, 18.6 ms predicted against 39.0 ms measured). Three paths:
 ``SPARSE``
     through the runner's sharded table module: ``F.embedding_bag(..., sparse=True)`` (or
     the exchange, which ends in one), a sparse gradient of one row per looked-up id, which
-    the sparse optimizer coalesces (sorts and sums) and applies to the touched rows.
+    the sparse optimizer sums by row (sort and segment, one slot per id: no host sync on
+    one rank) and applies to the touched rows.
 ``DENSE_GRAD``
     the captured graph's own lookup op (graph mode on one rank, a table no batched kernel
     took), captured with ``sparse=False``: its backward zero-fills a gradient the size of
-    the table and scatters into it; the sparse optimizer then scans that whole gradient
-    for the touched rows (``abs().sum(1)``, ``nonzero``: a host sync) before updating them.
+    the table and scatters into it; the sparse optimizer then reads that whole gradient
+    once, updating the rows whose gradient is not zero in the same pass (no host sync).
     A lookup captured ``sparse=True`` yields a sparse gradient: ``SPARSE``.
 
 Why graph mode keeps ``DENSE_GRAD`` on one rank rather than routing those lookups to the
 sharded tables (``SPARSE``): measured on the H200 (DIN h200, 18 such tables of up to 1M
 rows), the dense path trained at 39-44 ms a step and the sparse one at 318 ms — on a GPU a
 table-sized zero-fill and scan streams at HBM speed, while the sparse gradient's coalesce
-(sort, unique, a host sync) and the graph breaks around each routed lookup do not
-(BENCHMARKS.md, "The zoo on one H200").
+(then: sort, unique, a host sync, a padding row's duplicates summed in sequence) and the
+graph breaks around each routed lookup do not (BENCHMARKS.md, "The zoo on one H200").
 
 The rule (backends/torch/graph_mode.py calls this module for it): without graph kernels
 (module mode) every table runs ``SPARSE``. With them, a batched entry owns its tables when its tables

@@ -47,6 +47,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from gemc.backends.torch.embedding_exchange import Bags, exchange_lookups
 from gemc.backends.torch.init import derive_seed, fill_table_slice_
+from gemc.backends.torch.padded_lookup import padded_sparse_lookup
 from gemc.backends.torch.table_storage import StoredRows
 from torch import nn
 
@@ -247,6 +248,15 @@ class ShardedEmbedding(nn.Module):
         summed.index_add_(0, inverse, grads.float())
         return distinct, summed
 
+    def local_padding_row(self) -> int | None:
+        """The padding row's index in this rank's shard, None when it holds none. Its ids
+        may reach the local lookups' gradient (:mod:`.padded_lookup`); the optimizer
+        leaves it alone, as torch's sparse gradient does."""
+        if self.padding_idx is None or self.local is None:
+            return None
+        row = int(self.padding_idx) - self.local.row_offset
+        return row if 0 <= row < self.local.rows else None
+
     def stored_rows(self, step: int) -> StoredRows:
         """The local shard's rows as fp32, written back rounded with step ``step``'s draw
         (seeded by table and step, not rank: replicas round alike)."""
@@ -294,6 +304,15 @@ class ShardedEmbedding(nn.Module):
     def _local(self, input, offsets, per_sample_weights) -> torch.Tensor:  # noqa: ANN001
         weight, ids = self.rows_for_lookup(input)
         padding_idx = self.padding_idx
+        if padding_idx is not None and ids is input and not (
+                per_sample_weights is not None and per_sample_weights.requires_grad):
+            # torch's sparse gradient would drop the padding ids with a host sync
+            if not self.is_bag:
+                return padded_sparse_lookup(weight, ids, padding_idx)
+            ids, offsets, weights, out_shape = self.as_bags(input, offsets, per_sample_weights)
+            return padded_sparse_lookup(weight, ids.long(), padding_idx, offsets=offsets,
+                                        per_sample_weights=weights,
+                                        mode=self.mode).view(out_shape)
         if padding_idx is not None and ids is not input:  # the padding row's new index
             hit = (input.reshape(-1) == padding_idx).nonzero()
             padding_idx = int(ids.reshape(-1)[hit[0, 0]]) if hit.numel() else None

@@ -22,9 +22,9 @@ like any other table, and the sparse optimizer skips those tables.
 
 A table no applied batched entry owns takes gemc.table_lookup's path (the rule the cost
 model prices by). On one rank an fp32 table captured ``sparse=False`` runs the graph's own
-lookup op (``DENSE_GRAD``: a table-sized gradient the sparse optimizer scans for the
-touched rows — measured 8x faster on the H200 than the sparse route for DIN, see that
-module) unless the plan chose ``SPARSE`` for it by price (``priced_sparse``: the plan's
+lookup op (``DENSE_GRAD``: a table-sized gradient the sparse optimizer reads once,
+updating the touched rows in the same pass — measured 8x faster on the H200 than the
+sparse route for DIN, see that module) unless the plan chose ``SPARSE`` for it by price (``priced_sparse``: the plan's
 tables whose ``lookup`` is ``sparse``);
 every other such table (captured ``sparse=True``, stored bf16/fp8, several ranks) has its
 lookups call its :class:`ShardedEmbedding` (``SPARSE``: a lookup with ``sparse=True`` and
@@ -395,8 +395,9 @@ def _sharded_lookups(gm: torch.fx.GraphModule, tables: dict[str, ShardedEmbeddin
     Every table outside an applied batched kernel is looked up this way (gemc.table_lookup's
     ``SPARSE`` path): ``F.embedding_bag`` / ``F.embedding`` with ``sparse=True``, a sparse
     gradient of the looked-up rows, the sparse optimizer's row update. The graph's own op
-    (captured ``sparse=False``) would zero-fill a table-sized gradient every step and make
-    the optimizer scan it (DIN h200: 18 tables, most of a 39 ms step).
+    (captured ``sparse=False``) zero-fills a table-sized gradient every step and makes the
+    optimizer read it (DIN h200: 18 tables, most of a 39 ms step): ``DENSE_GRAD``, where
+    the plan prices it cheaper.
 
     A node that reads a table other than as its module's lookup (a tied output projection,
     a functional lookup of another form) cannot be routed: on several ranks the table is

@@ -15,7 +15,16 @@ The row update functions compute each used row's new value in fp32 and write it 
 through :class:`~gemc.backends.torch.table_storage.StoredRows` (a bf16 / fp8 table rounds
 it stochastically there); its gradient is fp32 whatever the storage. They are shared by
 the sharded optimizer (:class:`EmbeddingOptimizer`)
-and the single-process reference, so both apply the same arithmetic. In the sharded case:
+and the single-process reference, so both apply the same arithmetic.
+
+The sharded optimizer reads a step's gradient without making the host wait for the device
+(issue 16: the H200 profiles of DIN and HSTU showed 18 and 11 blocking syncs a step here,
+the GPU idle behind each while the host refilled its queue): a sparse gradient's rows are
+summed by sort and segment into static slots (:func:`summed_rows`, not ``coalesce``),
+a table-sized one (``dense_grad``) is updated in one masked pass
+(:mod:`gemc.backends.triton.masked_row_update`, not ``nonzero``). The rows updated are the
+reference's (:func:`coalesced_rows`): the rows a sparse gradient lists (never the padding
+row), the rows of a dense gradient that are not all zero. In the sharded case:
 
 * the gradient arrives as the shard's sparse gradient (the rows requested by every rank) and
   is divided by the world size: each rank's loss is its own batch's mean, the global loss the
@@ -59,7 +68,11 @@ class EmbeddingOptimConfig:
 
 
 def coalesced_rows(grad: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(sorted unique rows, summed row gradients) of a sparse or dense gradient."""
+    """(sorted unique rows, summed row gradients) of a sparse or dense gradient.
+
+    The single-process reference's reading (:mod:`.reference`); it syncs with the host
+    (``coalesce`` and ``nonzero`` must know how many rows there are). The sharded optimizer
+    reads a gradient without a sync: :func:`summed_rows`, :func:`masked_row_update_`."""
     if grad is None:
         return None
     if grad.is_sparse:
@@ -67,6 +80,64 @@ def coalesced_rows(grad: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tenso
         return g.indices()[0], g.values()
     rows = torch.nonzero(grad.abs().sum(dim=1)).flatten()
     return rows, grad[rows]
+
+
+@dataclass(frozen=True)
+class RowGrads:
+    """A step's gradient of one table as rows: ``rows[i]`` gets ``grads[i]`` (fp32).
+
+    Of static shape when made by :func:`summed_rows`: ``rows`` then repeats a row (the
+    slots past the distinct rows repeat the last one, with its gradient), so the row
+    updates gather, compute and write back (never accumulate) and apply each row once.
+    ``live``: a 0-d bool tensor, False when the step used no row at all (the slots then
+    point at an arbitrary row, which must not be written); None when rows are known used."""
+
+    rows: torch.Tensor
+    grads: torch.Tensor
+    live: torch.Tensor | None = None
+
+
+def summed_rows(ids: torch.Tensor, values: torch.Tensor, num_rows: int,
+                skip_row: int | None = None) -> RowGrads | None:
+    """The distinct rows of ``ids`` and their summed ``values`` (one ``[dim]`` row per id),
+    with no host sync: a sparse gradient read without ``coalesce``.
+
+    Why: ``coalesce`` (like ``unique`` and ``nonzero``) returns as many rows as there are
+    distinct ids, so the host waits for the GPU to count them before it can queue the next
+    kernel (HSTU h200: the GPU idle 26 ms a step behind such syncs). Here every shape is
+    ``len(ids)`` (the rows returned: ``min(len(ids), num_rows)``): sort the ids, mark where
+    each run of one id starts, number the runs (cumsum) and add each value into its run's
+    slot; the slots past the last run repeat it. A row's duplicates contend in the add
+    (atomics on a GPU), as ``coalesce`` summed them in sequence. ``skip_row`` (the padding
+    row): its ids get keys past every row, one each (no run of them, so no contended
+    adds), and are left out like ids never looked up."""
+    n = ids.numel()
+    if n == 0:
+        return None
+    keys = ids.reshape(-1).long()
+    pos = torch.arange(n, device=keys.device)
+    if skip_row is not None:
+        keys = torch.where(keys == skip_row, num_rows + pos, keys)
+    sorted_keys, perm = torch.sort(keys)
+    head = torch.ones(n, dtype=torch.bool, device=keys.device)
+    head[1:] = sorted_keys[1:] != sorted_keys[:-1]
+    run = torch.cumsum(head, 0) - 1
+    # each id's run, in the ids' own order: the values are added where they lie (no
+    # ordered copy of them)
+    run_of_id = torch.empty_like(run).scatter_(0, perm, run)
+    summed = torch.zeros((n, values.shape[1]), dtype=torch.float32, device=values.device)
+    summed.index_add_(0, run_of_id, values.float())
+    # every id of a run writes the run's key: equal values, so duplicates do not race
+    run_key = sorted_keys.new_full((n,), num_rows).scatter_(0, run, sorted_keys)
+    distinct = (head & (sorted_keys < num_rows)).sum()  # the used rows' runs come first
+    # at most one slot per row of the table: the rest could only repeat the last run
+    slot = torch.minimum(pos[:num_rows], (distinct - 1).clamp(min=0))
+    return RowGrads(run_key[slot].clamp(max=num_rows - 1), summed[slot], distinct > 0)
+
+
+def _kept(live: torch.Tensor | None, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+    """``new``, or ``old`` where the step used no row (``live`` False): see RowGrads."""
+    return new if live is None else torch.where(live, new, old)
 
 
 @torch.no_grad()
@@ -78,8 +149,10 @@ def rowwise_adagrad_rows_(
     cfg: EmbeddingOptimConfig,
     full_dim: int,
     sq_group: dist.ProcessGroup | None = None,
+    live: torch.Tensor | None = None,
 ) -> None:
-    """Row-wise Adagrad on ``rows``; ``sq_group`` sums the squares over column shards."""
+    """Row-wise Adagrad on ``rows``; ``sq_group`` sums the squares over column shards.
+    A row listed twice must come with the same gradient (see RowGrads)."""
     g = grad_rows.float()
     w = weight.read(rows)
     if cfg.weight_decay:
@@ -87,8 +160,16 @@ def rowwise_adagrad_rows_(
     sq = g.pow(2).sum(dim=1)
     if sq_group is not None:
         dist.all_reduce(sq, group=sq_group)
-    state_sum.index_add_(0, rows, sq / full_dim)
-    weight.write(rows, w - cfg.lr * g / (state_sum[rows].sqrt().unsqueeze(1) + cfg.eps))
+    old = state_sum[rows]
+    acc = old + sq / full_dim
+    state_sum[rows] = _kept(live, acc, old)
+    weight.write(rows, _kept(live, w - cfg.lr * g / (acc.sqrt().unsqueeze(1) + cfg.eps), w))
+
+
+def adam_step_size(cfg: EmbeddingOptimConfig, step: int) -> float:
+    """Lazy Adam's bias-corrected learning rate at global step ``step`` (>= 1)."""
+    beta1, beta2 = cfg.betas
+    return cfg.lr * math.sqrt(1 - beta2**step) / (1 - beta1**step)
 
 
 @torch.no_grad()
@@ -100,21 +181,22 @@ def lazy_adam_rows_(
     grad_rows: torch.Tensor,
     step: int,
     cfg: EmbeddingOptimConfig,
+    live: torch.Tensor | None = None,
 ) -> None:
-    """SparseAdam's update of ``rows`` at global step ``step`` (>= 1)."""
+    """SparseAdam's update of ``rows`` at global step ``step`` (>= 1). A row listed twice
+    must come with the same gradient (see RowGrads)."""
     beta1, beta2 = cfg.betas
     g = grad_rows.float()
-    m = exp_avg[rows]
-    v = exp_avg_sq[rows]
-    m += (g - m) * (1 - beta1)
-    v += (g * g - v) * (1 - beta2)
-    exp_avg[rows] = m
-    exp_avg_sq[rows] = v
-    step_size = cfg.lr * math.sqrt(1 - beta2**step) / (1 - beta1**step)
+    m0 = exp_avg[rows]
+    v0 = exp_avg_sq[rows]
+    m = m0 + (g - m0) * (1 - beta1)
+    v = v0 + (g * g - v0) * (1 - beta2)
+    exp_avg[rows] = _kept(live, m, m0)
+    exp_avg_sq[rows] = _kept(live, v, v0)
     w = weight.read(rows)
-    if cfg.weight_decay:
-        w = w * (1 - cfg.lr * cfg.weight_decay)
-    weight.write(rows, w - step_size * m / (v.sqrt() + cfg.eps))
+    new = w * (1 - cfg.lr * cfg.weight_decay) if cfg.weight_decay else w
+    weight.write(rows, _kept(live, new - adam_step_size(cfg, step) * m / (v.sqrt() + cfg.eps),
+                             w))
 
 
 class RowState:
@@ -139,18 +221,33 @@ class RowState:
         step: int,
         full_dim: int,
         sq_group: dist.ProcessGroup | None = None,
+        live: torch.Tensor | None = None,
     ) -> None:
-        """Update ``rows`` of ``weight`` (a plain tensor, or a shard's stored rows)."""
+        """Update ``rows`` of ``weight`` (a plain tensor, or a shard's stored rows);
+        ``live``: see RowGrads."""
         if isinstance(weight, torch.Tensor):
             weight = StoredRows(weight)
         if cfg.kind == "rowwise_adagrad":
             rowwise_adagrad_rows_(
-                weight, self.tensors["sum"], rows, grad_rows, cfg, full_dim, sq_group
+                weight, self.tensors["sum"], rows, grad_rows, cfg, full_dim, sq_group, live
             )
         else:
             lazy_adam_rows_(
-                weight, self.tensors["exp_avg"], self.tensors["exp_avg_sq"], rows, grad_rows, step, cfg
+                weight, self.tensors["exp_avg"], self.tensors["exp_avg_sq"], rows, grad_rows,
+                step, cfg, live
             )
+
+    def apply_dense(self, weight: torch.Tensor, grad: torch.Tensor,
+                    cfg: EmbeddingOptimConfig, step: int) -> None:
+        """Update the rows of the fp32 ``weight`` whose table-sized ``grad`` row is not all
+        zero, in one pass and without a host sync (:mod:`gemc.backends.triton.
+        masked_row_update`; the rows :func:`coalesced_rows` finds, the same formulas)."""
+        from gemc.backends.triton.masked_row_update import masked_row_update_
+
+        masked_row_update_(
+            weight, grad, self.tensors, optimizer=cfg.kind, lr=cfg.lr, eps=cfg.eps,
+            betas=cfg.betas, weight_decay=cfg.weight_decay,
+            step_size=adam_step_size(cfg, step) if cfg.kind == "adam" else 0.0)
 
 
 class EmbeddingOptimizer:
@@ -200,41 +297,63 @@ class EmbeddingOptimizer:
 
     @torch.no_grad()
     def step(self) -> None:
+        """Apply each table's step gradient. No host sync on one rank: a sparse gradient is
+        read by :func:`summed_rows`, a table-sized one (``dense_grad``) updated by
+        :meth:`RowState.apply_dense`. Several ranks still sync where a collective or a
+        replica's used rows need counts."""
         self.step_count += 1
         for fqn, m in self.tables.items():
             if m.weight is None or fqn in self.fused:
                 continue
             w = m.weight
-            got = coalesced_rows(w.grad) if m.precision == "fp32" else m.take_row_grads()
+            grad = w.grad if m.precision == "fp32" else None
+            if grad is not None and not grad.is_sparse and self.world_size == 1:
+                self.state[fqn].apply_dense(w.data, grad, self.cfg, self.step_count)
+                continue
+            got = self._row_grads(m, grad)
             if m.replicated and self.world_size > 1:
                 got = self._all_reduce_replica(w, got)
-            if got is None:
+            if got is None or got.rows.numel() == 0:
                 continue
-            rows, g = got
-            if rows.numel() == 0:
-                continue
-            g = g / self.world_size
             self.state[fqn].apply(
                 m.stored_rows(self.step_count),
-                rows,
-                g,
+                got.rows,
+                got.grads / self.world_size,
                 self.cfg,
                 self.step_count,
                 m.embedding_dim,
                 self.column_groups.get(fqn),
+                got.live,
             )
 
-    def _all_reduce_replica(
-        self, w: torch.Tensor, got: tuple[torch.Tensor, torch.Tensor] | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    @staticmethod
+    def _row_grads(m: Any, grad: torch.Tensor | None) -> RowGrads | None:
+        """The rows table ``m``'s step used and their gradients: a bf16 / fp8 shard's from
+        its lookups' leaves, a sparse gradient's without a sync (the padding row left out:
+        its ids may reach the gradient, :mod:`.padded_lookup`), a dense one's (several
+        ranks only) as the reference reads it."""
+        if m.precision != "fp32":
+            got = m.take_row_grads()
+            return None if got is None else RowGrads(*got)
+        if grad is None:
+            return None
+        if grad.is_sparse:
+            return summed_rows(grad._indices()[0], grad._values(), grad.shape[0],
+                               m.local_padding_row())
+        rows, g = coalesced_rows(grad)
+        return RowGrads(rows, g)
+
+    def _all_reduce_replica(self, w: torch.Tensor, got: RowGrads | None) -> RowGrads:
         """Sum a replica's gradient and its used rows over all ranks (dense: DP tables are small)."""
         dense = torch.zeros(w.shape, device=w.device, dtype=torch.float32)
         used = torch.zeros(w.shape[0], device=w.device, dtype=torch.float32)
         if got is not None:
-            rows, g = got
-            dense.index_add_(0, rows, g.float())
-            used[rows] = 1.0
+            # written, not added: a row listed twice comes with the same gradient
+            live = torch.ones((), dtype=torch.bool, device=w.device) if got.live is None \
+                else got.live
+            dense[got.rows] = torch.where(live, got.grads.float(), 0.0)
+            used[got.rows] = live.float()
         dist.all_reduce(dense)
         dist.all_reduce(used)
         rows = torch.nonzero(used).flatten()
-        return rows, dense[rows]
+        return RowGrads(rows, dense[rows])

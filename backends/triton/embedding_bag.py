@@ -201,6 +201,19 @@ def _pooled_forward_kernel(
 
 
 @triton.jit
+def lazy_adam_update(w, g, m, v, lr, eps, beta1, beta2, step_size, weight_decay,
+                     HAS_WEIGHT_DECAY: tl.constexpr):
+    """Lazy Adam (torch.optim.SparseAdam, decoupled weight decay) on rows read in fp32:
+    the new ``(w, m, v)``; ``step_size`` carries the bias correction. Shared with the
+    masked update of a dense gradient (:mod:`.masked_row_update`)."""
+    m = m + (g - m) * (1.0 - beta1)
+    v = v + (g * g - v) * (1.0 - beta2)
+    if HAS_WEIGHT_DECAY:
+        w = w * (1.0 - lr * weight_decay)
+    return w - step_size * m / (tl.sqrt(v) + eps), m, v
+
+
+@triton.jit
 def _fused_update_kernel(
     weights, momentum1, momentum2, sorted_keys, run_end, sorted_bag, sorted_coef,
     grad_out, grad_stride, row_base, weight_offset, table_dim, table_column, batch,
@@ -239,16 +252,13 @@ def _fused_update_kernel(
         acc = tl.load(momentum1 + key) + tl.sum(g * g, 0) / dim.to(tl.float32)
         tl.store(momentum1 + key, acc)
         w = w - lr * g / (tl.sqrt(acc) + eps)
-    else:  # lazy Adam (torch.optim.SparseAdam), decoupled weight decay
-        m = tl.load(momentum1 + element, mask=col_ok, other=0.0)
-        v = tl.load(momentum2 + element, mask=col_ok, other=0.0)
-        m = m + (g - m) * (1.0 - beta1)
-        v = v + (g * g - v) * (1.0 - beta2)
+    else:
+        w, m, v = lazy_adam_update(
+            w, g, tl.load(momentum1 + element, mask=col_ok, other=0.0),
+            tl.load(momentum2 + element, mask=col_ok, other=0.0),
+            lr, eps, beta1, beta2, step_size, weight_decay, HAS_WEIGHT_DECAY)
         tl.store(momentum1 + element, m, mask=col_ok)
         tl.store(momentum2 + element, v, mask=col_ok)
-        if HAS_WEIGHT_DECAY:
-            w = w * (1.0 - lr * weight_decay)
-        w = w - step_size * m / (tl.sqrt(v) + eps)
     _store_rounded(weights, row_scale, key, element, col_ok, w, seed, STORAGE)
 
 

@@ -150,3 +150,40 @@ def test_run_two_gloo_ranks_match_eager(tmp_path: Path) -> None:
         except AssertionError as exc:
             failures.append(str(exc))
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("name,route", [("hstu", "sparse"), ("din", None)])
+def test_graph_mode_backward_and_table_step_never_wait_on_the_device(
+        name: str, route: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 16 item 3, end to end in graph mode: the H200 profiles showed HSTU's sparse
+    route (its padded item table's masked backward, the optimizer's coalesce) and DIN's
+    dense_grad tables (the optimizer's nonzero scan) syncing every step. No op that makes
+    the host wait on the device runs in the backward (the compiled graph's and the table
+    lookups') or the sparse optimizer's step, on either route (``route``: every table's
+    plan lookup forced, else the plan's own)."""
+    from gemc.backends.torch import sparse_optim
+
+    from tests.runner.test_sync_free_tables import SyncOps
+
+    plan = variant(_compiled(name, "tiny", "h200:1x1")[0], kernels=True)
+    plan["kernels"] = [k for k in plan["kernels"] if k["kind"] not in SLOW_INTERPRETED]
+    if route is not None:
+        plan["tables"] = [{**t, "lookup": route} for t in plan["tables"]]
+    found: list[str] = []
+    backward, step = torch.Tensor.backward, sparse_optim.EmbeddingOptimizer.step
+
+    def watched(fn):  # noqa: ANN001, ANN202
+        def call(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            with SyncOps() as mode:
+                out = fn(*args, **kwargs)
+            found.extend(mode.found)
+            return out
+        return call
+
+    monkeypatch.setattr(torch.Tensor, "backward", watched(backward))
+    monkeypatch.setattr(sparse_optim.EmbeddingOptimizer, "step", watched(step))
+    res = run(plan, RunOptions(steps=2, device="cpu", progress=False))
+    assert len(res.losses) == 2
+    paths = set(res.report["graph_executor"]["table_lookups"].values())
+    assert paths == ({route} if route else {"dense_grad"}), paths
+    assert not found, found
