@@ -1,4 +1,5 @@
-"""benchmarks/scatter_add_contention.py: its CPU smoke run writes the grid it measured."""
+"""benchmarks/scatter_add_contention.py: its CPU smoke run writes the grid it measured
+(eager and gemc::gather_rows, the uniform grid and HSTU's two gathers)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ from tests.benchmark_module import load_benchmark
 def test_smoke_writes_every_cell(tmp_path: Path) -> None:
     module = load_benchmark("scatter_add_contention")
     out = tmp_path / "c.json"
-    assert module.main(["--smoke", "--iters", "2", "--out", str(out)]) == 0
+    assert module.main(["--smoke", "--hstu", "--iters", "1", "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
-    cells = {(r["ids"], r["rows"], r["variant"]) for r in doc["results"]}
-    assert cells == {(4096, 4, "eager"), (4096, 64, "eager")}
+    cells = {(r["case"], r["rows"], r["variant"]) for r in doc["results"]}
+    assert cells == {(case, rows, variant) for variant in ("eager", "gemc")
+                     for case, rows in (("uniform", 4), ("uniform", 64), ("hstu_pos", 127),
+                                        ("hstu_ts", 129))}
     for r in doc["results"]:
         assert r["ms"] > 0 and r["x_stream"] == pytest.approx(r["ms"] / r["stream_ms"])
 
