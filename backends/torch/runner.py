@@ -40,6 +40,7 @@ from gemc.backends.torch.compile_cache import CompileCache, compile_cache
 from gemc.backends.torch.dense import apply_strategies, check_strategies
 from gemc.backends.torch.divergence import DivergenceGuard, load_reference, low_precision_sites
 from gemc.backends.torch.embedding import shard_tables
+from gemc.backends.torch.first_step import FirstStepAccount
 from gemc.backends.torch.graph_mode import GraphExecutor, check_graph_mode, compile_backend
 from gemc.backends.torch.graph_precision import scope_module_precision
 from gemc.backends.torch.init import derive_seed
@@ -487,6 +488,9 @@ def _run(
     guard = DivergenceGuard(
         low_precision_sites(plan), action=opts.divergence, quiet=rank != 0,
         reference=load_reference(opts.reference_losses) if opts.reference_losses else None)
+    # what the first step is made of (torch's compile timers, Triton's compiles): the report
+    account = FirstStepAccount().start() if start == 0 else None
+    first_step: dict[str, Any] | None = None
     block_t0 = time.perf_counter()
 
     def flush() -> None:
@@ -539,6 +543,9 @@ def _run(
         pending.append((done, mean_loss, (t1 - t0) * 1e3))
         if every == 1 or done % every == 0 or done == opts.steps or done == start + 1:
             flush()
+        if account is not None and metrics.records:
+            first_step = account.finish(metrics.records[0].ms / 1e3)
+            account = None
         if opts.on_step is not None:
             opts.on_step(done)
         if opts.checkpoint_dir and opts.checkpoint_every > 0 and done % opts.checkpoint_every == 0:
@@ -576,6 +583,7 @@ def _run(
     # the first step alone (compile and autotuning included): it is always read by itself
     report["first_step_s"] = (metrics.records[0].ms / 1e3 if metrics.records and start == 0
                               else None)
+    report["first_step"] = first_step
     report["compile_cache"] = cache.report() if cache is not None else None
     # per hand-written kernel and key: the launch config and whether it was autotuned
     report["kernel_tuning"] = _kernel_tuning(rank)
