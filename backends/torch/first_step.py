@@ -17,6 +17,13 @@ dictionary copy before the step, one after, and a counter per Triton compile.
 
 ``benchmarks/compile_accounting.py`` reports the same numbers for the baselines, which do
 not run through the runner.
+
+:func:`warm_compile_workers` takes one cost out of the first step: Inductor compiles its
+Triton kernels in a pool of worker processes, but starts that pool only when the first graph
+reaches Inductor, and until every worker has imported torch it compiles each kernel in the
+main process, one after another (``AsyncCompile.use_process_pool`` is False until the pool
+answers). The runner starts the pool before its setup (capture, table materialisation), so
+the workers are up when the first step compiles.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from collections import defaultdict
 from typing import Any
 
 __all__ = ["TORCH_TIMERS", "FirstStepAccount", "TritonCompiles", "torch_phases",
-           "torch_timers"]
+           "torch_timers", "warm_compile_workers"]
 
 TORCH_TIMERS = ("bytecode_tracing", "create_aot_dispatcher_function",
                 "compile_fx.<locals>.fw_compiler_base", "compile_fx.<locals>.bw_compiler",
@@ -178,3 +185,24 @@ class FirstStepAccount:
             "torch_timers": timers,
             "triton_in_process": self.triton.report(),
         }
+
+
+def warm_compile_workers(device: Any) -> str:
+    """Start Inductor's compile workers now, in the background (see the module doc), where
+    the run will compile Triton kernels with Inductor (a CUDA device). Returns what it did,
+    for the report. Call it after the compile cache's variables are set: the workers
+    inherit the environment they start with. A torch without the hook runs as before, with a
+    warning (its first step then starts the workers itself)."""
+    if getattr(device, "type", None) != "cuda":
+        return "not started: Inductor's compile workers serve Triton (CUDA) compiles only"
+    try:
+        from torch._inductor.async_compile import maybe_warm_pool
+    except ImportError as exc:
+        import warnings
+
+        warnings.warn(f"gemc: Inductor's compile workers not started ahead of the first "
+                      f"step ({exc}); the first step starts them and compiles in this "
+                      "process until they are up", stacklevel=2)
+        return f"not started: {exc}"
+    maybe_warm_pool()  # honours TORCH_WARM_POOL=0 and TORCHINDUCTOR_COMPILE_THREADS=1
+    return "started before setup"

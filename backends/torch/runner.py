@@ -40,7 +40,7 @@ from gemc.backends.torch.compile_cache import CompileCache, compile_cache
 from gemc.backends.torch.dense import apply_strategies, check_strategies
 from gemc.backends.torch.divergence import DivergenceGuard, load_reference, low_precision_sites
 from gemc.backends.torch.embedding import shard_tables
-from gemc.backends.torch.first_step import FirstStepAccount
+from gemc.backends.torch.first_step import FirstStepAccount, warm_compile_workers
 from gemc.backends.torch.graph_mode import GraphExecutor, check_graph_mode, compile_backend
 from gemc.backends.torch.graph_precision import scope_module_precision
 from gemc.backends.torch.init import derive_seed
@@ -266,9 +266,12 @@ def run(plan_or_path: str | Path | dict[str, Any], options: RunOptions | None = 
         created_pg = True
     try:
         # before the capture, which imports gemc's kernels (their autotuners read the env)
-        with (compile_cache(opts.cache_dir, plan_dir) if _compiles(plan, opts, device, world)
+        compiles = _compiles(plan, opts, device, world)
+        with (compile_cache(opts.cache_dir, plan_dir) if compiles
               else nullcontext()) as cache, _autotuning(opts.autotune):
-            return _run(plan, plan_path, plan_dir, opts, world, device, cache)
+            workers = warm_compile_workers(device) if compiles and \
+                opts.graph_executor == "inductor" else None
+            return _run(plan, plan_path, plan_dir, opts, world, device, cache, workers)
     finally:
         if created_pg and dist.is_initialized():
             dist.destroy_process_group()
@@ -349,7 +352,10 @@ def _run(
     world: World,
     device: torch.device,
     cache: CompileCache | None = None,
+    workers: str | None = None,
 ) -> RunResult:
+    """One run (see :func:`run`); ``workers``: what was done about Inductor's compile
+    workers before it (:func:`~gemc.backends.torch.first_step.warm_compile_workers`)."""
     rank, wsize = world.rank, world.world_size
     t_setup = time.perf_counter()
     spec = load_plan_model(plan, plan_dir)
@@ -544,7 +550,8 @@ def _run(
         if every == 1 or done % every == 0 or done == opts.steps or done == start + 1:
             flush()
         if account is not None and metrics.records:
-            first_step = account.finish(metrics.records[0].ms / 1e3)
+            first_step = {**account.finish(metrics.records[0].ms / 1e3),
+                          "compile_workers": workers}
             account = None
         if opts.on_step is not None:
             opts.on_step(done)

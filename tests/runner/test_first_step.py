@@ -60,3 +60,25 @@ def test_report_line_names_each_part() -> None:
     for part in ("first step 73.5 s", "torch.compile 52.7 s", "Dynamo tracing 4.1",
                  "backward 13.9", "outside it 20.8 s", "gemc's kernels 6.3 s", "others 6.1 s"):
         assert part in line, (part, line)
+
+
+def test_compile_workers_start_ahead_only_for_triton_compiles(monkeypatch) -> None:
+    """Inductor's compile pool is started before setup on a CUDA device (so the first step
+    does not compile kernels one by one in the main process while it starts), not on the
+    CPU, and a torch without the hook is said so, loudly."""
+    import sys
+
+    import torch
+    from gemc.backends.torch.first_step import warm_compile_workers
+    from torch._inductor import async_compile
+
+    calls = []
+    monkeypatch.setattr(async_compile, "maybe_warm_pool", lambda: calls.append(1))
+    assert warm_compile_workers(torch.device("cpu")).startswith("not started")
+    assert calls == []
+    assert warm_compile_workers(torch.device("cuda")) == "started before setup"
+    assert calls == [1]
+    monkeypatch.delattr(async_compile, "maybe_warm_pool")
+    monkeypatch.setitem(sys.modules, "torch._inductor.async_compile", async_compile)
+    with pytest.warns(UserWarning, match="compile workers not started"):
+        assert warm_compile_workers(torch.device("cuda")).startswith("not started")
