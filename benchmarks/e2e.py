@@ -293,7 +293,8 @@ def _gemc(
     summary["run_wall_s"] = wall
     summary["runner_report"] = {
         k: rep.get(k) for k in ("vs_predicted", "kernels_applied", "precision", "execution",
-                                "mfu", "graph_executor", "first_step_s")
+                                "mfu", "graph_executor", "first_step_s",
+                                "first_step")
     }
     summary.update(prof.summary)
     _free(device)

@@ -322,7 +322,22 @@ def cmd_run(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
             f"{rep['world_size']} rank(s), loss {first} -> {last}, {step_ms}{sps}{mfu_text}"
             + (f"; report {result.report_path}" if result.report_path else "")
         )
+        if rep.get("first_step"):
+            print(f"gemc run: {first_step_line(rep['first_step'])}")
     return EXIT_OK
+
+
+def first_step_line(acc: dict[str, Any]) -> str:
+    """The report's ``first_step`` in one line: where the first step's seconds went."""
+    timers = acc.get("torch_timers", {})
+    phases = acc.get("torch_phases_s", {})
+    tri = acc.get("triton_in_process", {})
+    tracing = timers.get("bytecode_tracing", {}).get("seconds", 0.0)
+    return (f"first step {acc['first_step_s']:.1f} s: torch.compile {acc['torch_compile_s']:.1f} s "
+            f"(Dynamo tracing {tracing:.1f}, backward {phases.get('entire_backward_compile', 0.0):.1f}), "
+            f"outside it {acc['outside_torch_compile_s']:.1f} s; Triton compiles in this "
+            f"process {tri.get('compiles', 0)}: gemc's kernels {tri.get('gemc_kernels_s', 0.0):.1f} s, "
+            f"others {tri.get('other_kernels_s', 0.0):.1f} s")
 
 
 def argv_of(args: argparse.Namespace) -> list[str]:

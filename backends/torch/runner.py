@@ -40,6 +40,7 @@ from gemc.backends.torch.compile_cache import CompileCache, compile_cache
 from gemc.backends.torch.dense import apply_strategies, check_strategies
 from gemc.backends.torch.divergence import DivergenceGuard, load_reference, low_precision_sites
 from gemc.backends.torch.embedding import shard_tables
+from gemc.backends.torch.first_step import FirstStepAccount, warm_compile_workers
 from gemc.backends.torch.graph_fp8 import apply_fp8_sites
 from gemc.backends.torch.graph_mode import GraphExecutor, check_graph_mode, compile_backend
 from gemc.backends.torch.graph_precision import scope_module_precision
@@ -269,9 +270,12 @@ def run(plan_or_path: str | Path | dict[str, Any], options: RunOptions | None = 
         created_pg = True
     try:
         # before the capture, which imports gemc's kernels (their autotuners read the env)
-        with (compile_cache(opts.cache_dir, plan_dir) if _compiles(plan, opts, device, world)
+        compiles = _compiles(plan, opts, device, world)
+        with (compile_cache(opts.cache_dir, plan_dir) if compiles
               else nullcontext()) as cache, _autotuning(opts.autotune):
-            return _run(plan, plan_path, plan_dir, opts, world, device, cache)
+            workers = warm_compile_workers(device) if compiles and \
+                opts.graph_executor == "inductor" else None
+            return _run(plan, plan_path, plan_dir, opts, world, device, cache, workers)
     finally:
         if created_pg and dist.is_initialized():
             dist.destroy_process_group()
@@ -352,7 +356,10 @@ def _run(
     world: World,
     device: torch.device,
     cache: CompileCache | None = None,
+    workers: str | None = None,
 ) -> RunResult:
+    """One run (see :func:`run`); ``workers``: what was done about Inductor's compile
+    workers before it (:func:`~gemc.backends.torch.first_step.warm_compile_workers`)."""
     rank, wsize = world.rank, world.world_size
     t_setup = time.perf_counter()
     spec = load_plan_model(plan, plan_dir)
@@ -495,6 +502,9 @@ def _run(
         low_precision_sites({**plan, "precision": prec_entries}), action=opts.divergence,
         quiet=rank != 0,
         reference=load_reference(opts.reference_losses) if opts.reference_losses else None)
+    # what the first step is made of (torch's compile timers, Triton's compiles): the report
+    account = FirstStepAccount().start() if start == 0 else None
+    first_step: dict[str, Any] | None = None
     block_t0 = time.perf_counter()
 
     def flush() -> None:
@@ -547,6 +557,10 @@ def _run(
         pending.append((done, mean_loss, (t1 - t0) * 1e3))
         if every == 1 or done % every == 0 or done == opts.steps or done == start + 1:
             flush()
+        if account is not None and metrics.records:
+            first_step = {**account.finish(metrics.records[0].ms / 1e3),
+                          "compile_workers": workers}
+            account = None
         if opts.on_step is not None:
             opts.on_step(done)
         if opts.checkpoint_dir and opts.checkpoint_every > 0 and done % opts.checkpoint_every == 0:
@@ -585,6 +599,7 @@ def _run(
     # the first step alone (compile and autotuning included): it is always read by itself
     report["first_step_s"] = (metrics.records[0].ms / 1e3 if metrics.records and start == 0
                               else None)
+    report["first_step"] = first_step
     report["compile_cache"] = cache.report() if cache is not None else None
     # per hand-written kernel and key: the launch config and whether it was autotuned
     report["kernel_tuning"] = _kernel_tuning(rank)

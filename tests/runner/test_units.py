@@ -187,8 +187,18 @@ def test_graph_mode_runs_the_plans_kernels(base_plans, tmp_path) -> None:
     assert all(c == ("gemc" if "embedding" in n else "inductor")
                for n, c in graph["kernel_choices"].items() if "transposed" not in n)
     assert first.report["first_step_s"] > 0
+    # what the first step is made of: torch's compile (Dynamo traced the rewritten graph)
+    # inside it, the rest outside
+    acc = first.report["first_step"]
+    assert acc["first_step_s"] == first.report["first_step_s"]
+    assert acc["torch_timers"]["bytecode_tracing"]["calls"] >= 1
+    assert 0 < acc["torch_compile_s"] < acc["first_step_s"]
+    assert acc["compile_workers"].startswith("not started")  # the CPU compiles no Triton
+    assert acc["outside_torch_compile_s"] == pytest.approx(
+        acc["first_step_s"] - acc["torch_compile_s"], abs=1e-3)
     resumed = run(plan, RunOptions(steps=3, device="cpu", progress=False, checkpoint_dir=ck,
                                    resume=True))
+    assert resumed.report["first_step"] is None  # a resumed run's first step is not one
     got = [loss for _, loss in first.losses + resumed.losses]
     ref = reference_losses(load_model(MODEL, {}), steps=3, world_size=1)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=0)
