@@ -207,6 +207,8 @@ class Calibration:
         self.eager_op_s = launch.get("eager_op_s")
         self.eager_view_op_s = launch.get("eager_view_op_s")
         self.eager_bwd_op_s = launch.get("eager_bwd_op_s")
+        # host seconds per kernel of a compiled step (cost_model.launches; None: its default)
+        self.graph_launch_s = launch.get("graph_launch_s")
         fit = data.get("run_fit") or {}
         self.factors: dict[str, float] = {k: float(v) for k, v in fit.get("factors", {}).items()}
         self.activation_factor = float(fit.get("activation_factor", 1.0))
@@ -246,6 +248,16 @@ class Calibration:
     def gemm_efficiency(self, m: int, n: int, k: int, dtype: str) -> float | None:
         curve = self._gemm.get(dtype)
         return curve((max(m, 1), max(n, 1), max(k, 1))) if curve else None
+
+    def gemm_span(self, dtype: str) -> tuple[tuple[int, int, int], float] | None:
+        """(largest measured m, n and k, best measured efficiency) of ``dtype``'s GEMMs
+        (None: not measured): beyond them op_cost extrapolates the time, not the
+        efficiency."""
+        rows = self.data.get("gemm", {}).get(dtype)
+        if not rows:
+            return None
+        span = tuple(int(max(r[i] for r in rows)) for i in range(3))
+        return (span[0], span[1], span[2]), float(self._gemm[dtype].y.max())
 
     @cached_property
     def _attention(self) -> dict[tuple[str, str], LogIDW]:

@@ -115,7 +115,17 @@ def roofline_time(flops: float, nbytes: float, peak_flops: float, bandwidth: flo
 
 def gemm_time(batch: int, m: int, n: int, k: int, dtype: str, gpu: GPUSpec,
               calibration: Calibration | None) -> tuple[float, str]:
-    """One (batched) GEMM, launch gap included."""
+    """One (batched) GEMM, launch gap included; past the calibration's largest measured
+    shape see :func:`_gemm_beyond_s`."""
+    span = calibration.gemm_span(dtype) if calibration is not None and batch == 1 else None
+    if span is not None and (m > span[0][0] or n > span[0][1] or k > span[0][2]):
+        t = _gemm_beyond_s(m, n, k, dtype, gpu, calibration, span)
+        return t * _factor(calibration, "gemm"), "calibrated"
+    return _gemm_s(batch, m, n, k, dtype, gpu, calibration)
+
+
+def _gemm_s(batch: int, m: int, n: int, k: int, dtype: str, gpu: GPUSpec,
+            calibration: Calibration | None, *, factor: bool = True) -> tuple[float, str]:
     eff = None
     if calibration is not None:
         eff = calibration.gemm_efficiency(batch * m, n, k, dtype)
@@ -127,7 +137,38 @@ def gemm_time(batch: int, m: int, n: int, k: int, dtype: str, gpu: GPUSpec,
                       kernels.gemm_bytes(batch, m, n, k, element_size(dtype)),
                       gpu.peak_flops(dtype), gpu.hbm_bandwidth,
                       compute_efficiency=eff, memory_efficiency=mem_eff)
-    return (t + _launch(calibration)) * _factor(calibration, "gemm"), source
+    t += _launch(calibration)
+    return (t * _factor(calibration, "gemm") if factor else t), source
+
+
+def _gemm_beyond_s(m: int, n: int, k: int, dtype: str, gpu: GPUSpec,
+                   calibration: Calibration, span: tuple[tuple[int, int, int], float]) -> float:
+    """Seconds of a GEMM larger than any measured along some dimension: the time at the
+    largest measured size of that dimension plus the marginal time per unit of it (between
+    a quarter of that size and it), oriented with M >= N (cuBLAS computes the transpose at
+    the same cost and the calibration measures M furthest), and never below the roofline
+    at the best measured efficiency. Why: the efficiency interpolated in log space held
+    the per-kernel fixed cost of a 32,768-row GEMM over a million rows; DIN's two MLP
+    GEMMs of 1,048,576 x 512/256 x 512 were priced 7.0 ms forward and backward, where the
+    H200 profile shows 4.3 ms for all of its GEMMs (data/s8 profiles)."""
+    if n > m:
+        m, n = n, m
+    (cap_m, cap_n, cap_k), best = span
+    dims, caps = [m, n, k], [cap_m, cap_n, cap_k]
+    axis = max(range(3), key=lambda i: dims[i] / caps[i])
+    if dims[axis] <= caps[axis]:
+        return _gemm_s(1, m, n, k, dtype, gpu, calibration, factor=False)[0]
+    hi, lo = list(dims), list(dims)
+    hi[axis], lo[axis] = caps[axis], max(1, caps[axis] // 4)
+    t_hi = _gemm_beyond_s(*hi, dtype, gpu, calibration, span)
+    t_lo = _gemm_beyond_s(*lo, dtype, gpu, calibration, span)
+    slope = max(0.0, (t_hi - t_lo) / (hi[axis] - lo[axis]))
+    t = t_hi + (dims[axis] - caps[axis]) * slope
+    floor = roofline_time(kernels.gemm_flops(1, m, n, k),
+                          kernels.gemm_bytes(1, m, n, k, element_size(dtype)),
+                          gpu.peak_flops(dtype), gpu.hbm_bandwidth, compute_efficiency=best,
+                          memory_efficiency=ROOFLINE_EFFICIENCY["memory"])
+    return max(t, floor + _launch(calibration))
 
 
 def attention_time(batch: int, heads: int, q_len: int, kv_len: int, head_dim: int,

@@ -17,6 +17,8 @@ from torch import fx
 from gemc import ir
 from gemc.cost_model.activations import activation_profile
 from gemc.cost_model.calibration import Calibration
+from gemc.cost_model.inductor_fusion import runs_compiled
+from gemc.cost_model.launches import GRAPH_LAUNCH_HOST_S, graph_launches, launch_bound_s
 from gemc.cost_model.step_model import predict_step
 from gemc.cost_model.topology import Topology
 from gemc.cost_model.types import RegionCost, StepOptions, TableCost
@@ -165,22 +167,39 @@ def kernel_launches(gm: fx.GraphModule) -> int:
 
 def host_s(tables: Sequence[TableCost], topology: Topology, options: StepOptions,
            calibration: Calibration | None, *, launches: int = 0,
-           device_s: float = 0.0) -> float:
+           device_s: float = 0.0, per_launch_s: float | None = None) -> float:
     """Exposed host time a step: the runner's syncs (plus the table exchange's two when
     tables are sharded over several ranks), each draining the queue the host then
-    refills; and, when issuing the step's ``launches`` takes the CPU longer than the GPU
-    takes to run them (``device_s``), the difference -- a launch-bound step waits on the
-    host. Only the sync term is checked against a run (GEM h200: 3 syncs, 3.9 ms of
-    host-late idle). The launch count is a floor: it misses autocast's casts and the
-    copies views need (GEM h200: 231 counted, ~1000 kernels in the run's profile); even
-    at 1000 x 7.6 us GEM is far from launch-bound (~64 ms of device work)."""
+    refills; and, when issuing the step's ``launches`` at ``per_launch_s`` each (default:
+    the calibration's eager op, for an eager step) takes the CPU longer than the GPU takes
+    to run them (``device_s``), the difference: a launch-bound step waits on the host
+    (cost_model.launches.launch_bound_s). The sync term is checked against one run (GEM
+    h200: 3 syncs, 3.9 ms of host-late idle); the launch term of a compiled step against
+    two (cost_model.launches: Wukong and DCNv2 h200, both launch-bound)."""
     syncs = options.host_syncs
     if topology.world_size > 1 and any(not t.replicated for t in tables):
         syncs += options.exchange_host_syncs
-    per_op = (calibration.eager_op_s if calibration is not None else None) or DEFAULT_OP_CPU_S
-    launch_bound = max(0.0, launches * per_op - device_s)
+    if per_launch_s is None:
+        per_launch_s = (calibration.eager_op_s if calibration is not None else None) \
+            or DEFAULT_OP_CPU_S
+    launch_bound = launch_bound_s(launches, per_launch_s, device_s)
     factor = calibration.factor("host") if calibration is not None else 1.0
     return (syncs * options.host_sync_s + launch_bound) * factor
+
+
+def step_launches(gm: fx.GraphModule, tables: Sequence[Mapping[str, Any]],
+                  calibration: Calibration | None) -> tuple[dict[str, int], float]:
+    """(launches by source with their ``total``, host seconds per launch) of the step the
+    runner executes: a compiled step counted as Inductor, cuBLAS, gemc's kernels and the
+    eager ops around the graph launch it (cost_model.launches.graph_launches) at the
+    fitted graph-mode cost; an eager step (module mode on several ranks) op by op
+    (:func:`kernel_launches`) at the calibration's eager op."""
+    if runs_compiled(gm):
+        per = (calibration.graph_launch_s if calibration is not None else None) \
+            or GRAPH_LAUNCH_HOST_S
+        return graph_launches(gm, tables), float(per)
+    per = (calibration.eager_op_s if calibration is not None else None) or DEFAULT_OP_CPU_S
+    return {"total": kernel_launches(gm)}, float(per)
 
 
 def predicted_block(
@@ -208,9 +227,9 @@ def predicted_block(
         table_list, topology,
         calibration=calibration, options=opts,
     )
-    launches = kernel_launches(gm)
-    host = host_s(table_list, topology, opts, calibration, launches=launches,
-                  device_s=prediction.step_s)
+    launches, per_launch = step_launches(gm, tables, calibration)
+    host = host_s(table_list, topology, opts, calibration, launches=launches["total"],
+                  device_s=prediction.step_s, per_launch_s=per_launch)
     block = prediction.to_dict()
     # the device step is what the planner minimised (its ``solver.predicted_step_ms``,
     # the same arithmetic): the host term is left out of the search because it is the
@@ -224,7 +243,8 @@ def predicted_block(
     if block.get("mfu") and prediction.step_s > 0:
         block["mfu"] = block["mfu"] * prediction.step_s / (prediction.step_s + host)
     block["kind_ms"] = kind_breakdown_ms(gm, block["breakdown_ms"])
-    block["host"] = {"launches": launches, "exposed_ms": 1e3 * host}
+    block["host"] = {"launches": launches["total"], "launches_by_source": launches,
+                     "per_launch_us": 1e6 * per_launch, "exposed_ms": 1e3 * host}
     block["activations"] = {"saved_bytes": int(profile.saved_total * act_factor),
                             "forward_peak_bytes": int(profile.peak * act_factor),
                             "inputs_bytes": profile.inputs, "factor": act_factor}

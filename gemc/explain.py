@@ -26,8 +26,9 @@ def explain(plan: dict[str, Any]) -> str:
     ]
     if pred.get("device_step_ms") is not None and pred.get("breakdown_ms", {}).get("host"):
         out.append(f"           = device {_ms(pred['device_step_ms'])} (the planner's objective, "
-                   f"solver's step) + host {_ms(pred['breakdown_ms']['host'])} (syncs and "
-                   "launches, the same for every plan that shards a table)")
+                   f"solver's step) + host {_ms(pred['breakdown_ms']['host'])} (syncs, and "
+                   f"issuing {(pred.get('host') or {}).get('launches', '?')} kernel launches "
+                   "where that outlasts the device step)")
     if pred.get("note"):
         out.append(f"           ({pred['note']})")
     out += solver_lines(plan.get("solver"))

@@ -99,3 +99,24 @@ def test_optimizer_bytes_know_their_optimizers() -> None:
 def test_unique_rows_saturate() -> None:
     assert kernels.expected_unique_rows(10, 10**6) == pytest.approx(10)
     assert kernels.expected_unique_rows(10**9, 1000) == pytest.approx(1000, rel=1e-3)
+
+
+def test_gemm_past_the_measured_shapes_extrapolates_time() -> None:
+    """Past the calibration's largest M, a GEMM costs the largest measured one plus the
+    marginal time per row: continuous at the edge, cheaper per row as rows grow (the fixed
+    cost amortises), the same either way round, never under the roofline."""
+    from gemc.cost_model.calibration import default_calibration
+
+    cal = default_calibration("h200")
+    h200 = get_gpu("h200")
+    (cap_m, _, _), best = cal.gemm_span("bf16")
+    n, k = 512, 512
+    at_cap, _ = gemm_time(1, cap_m, n, k, "bf16", h200, cal)
+    just_past, _ = gemm_time(1, cap_m + 1, n, k, "bf16", h200, cal)
+    assert just_past == pytest.approx(at_cap, rel=1e-3)
+    big = 32 * cap_m
+    t_big, source = gemm_time(1, big, n, k, "bf16", h200, cal)
+    assert source == "calibrated"
+    assert at_cap < t_big < 32 * at_cap
+    assert t_big == pytest.approx(gemm_time(1, n, big, k, "bf16", h200, cal)[0])
+    assert t_big >= kernels.gemm_flops(1, big, n, k) / (h200.peak_flops("bf16") * best)

@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pytest
 from gemc.cost_model.activations import activation_profile, plan_autocast, saved_activation_bytes
+from gemc.cost_model.launches import GRAPH_LAUNCH_HOST_S, graph_launches
 from gemc.cost_model.topology import parse_topology
 from gemc.cost_model.types import StepOptions, TableCost
 
 from gemc import ir
 from gemc.api import load_model, pass_context, resolve_calibration
 from gemc.capture import capture
-from gemc.costing import host_s, kernel_launches
+from gemc.costing import host_s, kernel_launches, step_launches
 from gemc.graph_summary import kernel_adjusted_ms
 from gemc.pass_manager import PassManager
 from gemc.pipeline import default_pipeline
@@ -76,6 +77,48 @@ def test_host_time_syncs_and_launch_bound():
     assert host_s([], topo1, opts, None, launches=10_000, device_s=0.010) == pytest.approx(
         syncs + 0.070)
     assert host_s([], topo1, opts, None, launches=100, device_s=0.010) == pytest.approx(syncs)
+
+
+def test_host_term_rises_with_launches_and_bounds_the_step():
+    """A compiled step's host time: issuing more kernels costs more once the host is the
+    longer of the two, and the step (device + exposed host) never undercuts issuing."""
+    topo = parse_topology("h200:1x1")
+    opts = StepOptions()
+    device = 0.010
+    host = [host_s([], topo, opts, None, launches=n, device_s=device,
+                   per_launch_s=GRAPH_LAUNCH_HOST_S) for n in (0, 100, 400, 1000, 2000)]
+    assert host == sorted(host) and host[-1] > host[0]
+    assert host[-1] - host[-2] == pytest.approx(1000 * GRAPH_LAUNCH_HOST_S)
+    for n, h in zip((0, 100, 400, 1000, 2000), host, strict=True):
+        assert device + h >= n * GRAPH_LAUNCH_HOST_S
+
+
+def test_compiled_plan_counts_launches_by_source(gem_plan_graph):
+    """The graph-mode count: Inductor's kernels, cuBLAS calls, the batched lookup's and
+    the optimizer's; more than one a fused group (the backward launches its own)."""
+    gm = gem_plan_graph
+    tables = [{"lookup": "batched"}] * 3
+    counts, per = step_launches(gm, tables, resolve_calibration("auto", "h200"))
+    assert per == pytest.approx(GRAPH_LAUNCH_HOST_S)
+    assert counts == graph_launches(gm, tables)
+    assert counts["total"] == sum(v for k, v in counts.items() if k != "total")
+    assert counts["gemm"] > 0 and counts["inductor"] > 0 and counts["tables"] > 0
+    assert graph_launches(gm, tables * 2)["total"] > counts["total"]
+
+
+def test_launch_bound_plan_is_priced_at_its_host_time():
+    """The tiny GEM plan's GPU work is ~1 ms: its prediction is the host's issuing time
+    plus the syncs, not the device step."""
+    from gemc.api import compile as gemc_compile
+
+    plan = gemc_compile(GEM, {"preset": "tiny"}, topology="h200:1x1", planner="greedy",
+                        calibration="auto")
+    pred = plan["predicted"]
+    issue_ms = pred["host"]["launches"] * pred["host"]["per_launch_us"] / 1e3
+    opts = StepOptions()
+    assert issue_ms > pred["device_step_ms"]
+    assert pred["step_ms"] >= issue_ms
+    assert pred["step_ms"] == pytest.approx(issue_ms + 1e3 * opts.host_syncs * opts.host_sync_s)
 
 
 def test_launch_count_counts_groups_once(gem_plan_graph):

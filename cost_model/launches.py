@@ -1,0 +1,109 @@
+"""How many kernels one training step of a plan launches, and what issuing them costs the host.
+
+The runner trains a plan through ``torch.compile``: Inductor's fused Triton kernels,
+cuBLAS for the GEMMs, gemc's own kernels, and the eager ops around the compiled graph
+(the batched lookup's per-table id preparation, eager table routes, the optimizer). Each
+launch costs the host Python and driver time; when the GPU's work per launch is short
+the host falls behind and the step is bounded below by the time to issue it. Why: on the
+session-7 H200 profiles Wukong ran 31.9 ms of GPU work in a 41.2 ms step and DCNv2 9.8 ms
+in 14.2 ms, the rest host-late idle, where the plans predicted a flat 3.9 ms of host time.
+
+Per-item counts below are read off those two profiles (``data/s8/p/*.gaps.txt`` and the
+Kineto traces, the timed window of a step; host-to-device batch copies fall outside it),
+the per-launch host cost fitted on their measured steps (see ``GRAPH_LAUNCH_HOST_S``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from torch import fx
+
+from gemc import ir
+from gemc.ir import OpKind
+from gemc.table_lookup import BATCHED
+
+from .inductor_fusion import fusion_groups, island_groups
+from .op_cost import BWD_KERNELS
+
+# Inductor: a fused group's forward kernel and its backward kernel.
+INDUCTOR_KERNELS_PER_GROUP = 2
+# Inductor: per parameter, the autocast cast of the weight (forward) and its gradient's
+# cast back (backward) fuse into about one kernel a parameter (Wukong: 344 Triton kernels
+# for 102 groups and 171 parameters; DCNv2: 84 for 11 and 51).
+INDUCTOR_KERNELS_PER_PARAM = 1
+# A GEMM node: forward, dgrad and wgrad cuBLAS calls, each with its workspace memset or
+# split-K reduction (Wukong: 214 GEMM kernels + 136 memsets for 54 GEMMs; DCNv2: 51 + 21
+# for 14).
+GEMM_LAUNCHES = 6
+# The batched lookup: per table, the runner's fill and cat that build the kernel's ids
+# and offsets (Wukong: 65 + 66 for 64 tables; DCNv2: 27 + 28 for 26), and per batched
+# kernel its forward, sort, scans and fused backward+update (DCNv2: ~25 around its two).
+BATCHED_TABLE_LAUNCHES = 2
+BATCHED_LOOKUP_LAUNCHES = 25
+# A table looked up eagerly (sparse or dense-gradient route): lookup, backward, finding
+# the touched rows and the sparse optimizer's step, ~40 kernels (DIN: 731 eager kernels
+# for 18 dense-gradient tables, syncs included).
+EAGER_TABLE_LAUNCHES = 40
+# A gemc kernel run as its own (attention, packed tokens): forward and two backward.
+ISLAND_LAUNCHES = 3
+# The fused optimizer: one multi-tensor kernel per ~20 parameters, plus its step count.
+OPTIMIZER_PARAMS_PER_LAUNCH = 20
+
+GRAPH_LAUNCH_HOST_S = 42e-6
+"""Host seconds per kernel a compiled step launches, everything the host does in a step
+divided by its launches: Inductor's Python launchers, AOTAutograd's and autograd's
+wrappers, the custom ops' dispatch, the eager ops and the optimizer. Fitted on the two
+launch-bound H200 profiles with the sync term left as it is (step - 3.9 ms of syncs over
+the launches counted here): Wukong 37.1 ms / 862 = 43 us, DCNv2 9.9 ms / 238 = 42 us.
+A calibration's ``launch.graph_launch_s`` replaces it."""
+
+
+def graph_launches(gm: fx.GraphModule, tables: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """Kernels one compiled training step launches, by source (see the module constants):
+    ``inductor``, ``gemm``, ``island``, ``extern`` (other ATen kernels in the graph),
+    ``tables`` and ``optimizer``; ``total`` sums them."""
+    groups = fusion_groups(gm)
+    islands = island_groups(gm)
+    out = dict.fromkeys(("inductor", "gemm", "island", "extern", "tables", "optimizer"), 0)
+    params = 0
+    seen_islands: set[Any] = set()
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            params += bool(node.meta.get(ir.PARAM)) or ir.kind_of(node) is OpKind.PARAM
+            continue
+        kind = ir.kind_of(node)
+        if node.op != "call_function" or kind in (None, OpKind.VIEW, OpKind.PARAM) \
+                or node in groups or node.meta.get(ir.TABLE):
+            continue
+        gid = node.meta.get(ir.GROUP)
+        if gid in islands:
+            if gid not in seen_islands and kind is not OpKind.EMBEDDING:
+                seen_islands.add(gid)
+                out["island"] += ISLAND_LAUNCHES
+            continue
+        if kind is OpKind.EMBEDDING:
+            continue
+        if kind is OpKind.GEMM:
+            out["gemm"] += GEMM_LAUNCHES
+        else:
+            out["extern"] += 1 + BWD_KERNELS.get(kind, 1)
+    out["inductor"] = (INDUCTOR_KERNELS_PER_GROUP * len(set(groups.values()))
+                       + INDUCTOR_KERNELS_PER_PARAM * params)
+    batched = [t for t in tables if t.get("lookup", BATCHED) == BATCHED]
+    out["tables"] = (BATCHED_TABLE_LAUNCHES * len(batched)
+                     + (BATCHED_LOOKUP_LAUNCHES if batched else 0)
+                     + EAGER_TABLE_LAUNCHES * (len(tables) - len(batched)))
+    out["optimizer"] = 1 + math.ceil(params / OPTIMIZER_PARAMS_PER_LAUNCH) if params else 0
+    out["total"] = sum(out.values())
+    return out
+
+
+def launch_bound_s(launches: int, per_launch_s: float, device_s: float) -> float:
+    """Seconds the host adds to a step beyond the GPU's: issuing ``launches`` at
+    ``per_launch_s`` overlaps the device's ``device_s`` of work, so the step is the longer
+    of the two (the host runs ahead while kernels are long; when they are short the GPU
+    waits for every launch)."""
+    return max(0.0, launches * per_launch_s - device_s)
