@@ -15,7 +15,9 @@ to, ``backends/triton/small_table_gather.py``) for tables of <= 4,096 rows; the 
 and the ms its bytes stream at the GPU's HBM bandwidth (gemc.cost_model.hardware), so
 ``x_stream`` says how far contention is from the rule. ``--hstu`` adds HSTU's own two
 gathers at its h200 preset (B 128, L 512): relative positions ``j - i`` into 1,023 rows
-and log time buckets into 129 rows with half the pairs padding (bucket 0).
+and log time buckets into 129 rows with half the pairs padding (bucket 0). ``--sweep``
+times gemc's backward alone (``row_sums``) at HSTU's gathers for a few launches (ids per
+program, ids per tile, warps): what ``RowSumsLaunch``'s default is chosen from.
 
     python3 benchmarks/scatter_add_contention.py --out contention.json      # on the H200
     python3 benchmarks/scatter_add_contention.py --smoke --out /tmp/c.json  # CPU crash check
@@ -113,6 +115,31 @@ def measure(ids: int, rows: int, dim: int, device: torch.device, variant: str,
     return _timed(step, device, iters)
 
 
+SWEEP = ((2048, 128, 4), (2048, 256, 8), (8192, 128, 4), (8192, 256, 8), (8192, 512, 8),
+         (4096, 256, 4))
+
+
+def sweep(device: torch.device, iters: int, small: bool = False) -> list[dict[str, Any]]:
+    """Median ms of ``row_sums`` alone per launch (chunk, block, warps) at HSTU's gathers."""
+    from gemc.backends.triton.small_table_gather import RowSumsLaunch, row_sums
+
+    out = []
+    for kind in ("pos", "ts"):
+        index, rows = hstu_ids(kind, *((2, 64) if small else ()))
+        index = index.to(device)
+        grad = torch.randn(index.numel(), device=device)
+        for chunk, block, warps in SWEEP[:2] if small else SWEEP:
+            launch = RowSumsLaunch(chunk=chunk, block=block, warps=warps)
+            ms = _timed(lambda i=index, g=grad, r=rows, lc=launch: row_sums(i, g, r, lc),
+                        device, iters)
+            out.append({"case": f"hstu_{kind}", "ids": index.numel(), "rows": rows,
+                        "variant": f"row_sums chunk={chunk} block={block} warps={warps}",
+                        "ms": ms})
+            print(f"hstu_{kind:<3} rows {rows:>5} row_sums chunk {chunk:>5} block {block:>4} "
+                  f"warps {warps}  {ms:8.3f} ms", flush=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="JSON results")
@@ -120,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--smoke", action="store_true", help="CPU, tiny sizes, eager only")
     p.add_argument("--hstu", action="store_true", help="add HSTU's own two gathers")
+    p.add_argument("--sweep", action="store_true",
+                   help="time gemc's backward at HSTU's gathers per launch choice")
     p.add_argument("--grid", action=argparse.BooleanOptionalAction, default=True,
                    help="the uniform-ids grid (--no-grid: HSTU's gathers only)")
     args = p.parse_args(argv)
@@ -152,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
                              "x_stream": ms / stream})
             print(f"{case:<8} ids {ids:>9} rows {rows:>8} {variant:<8} {ms:9.3f} ms  "
                   f"stream {stream:8.3f} ms  x{ms / stream:8.1f}", flush=True)
+    if args.sweep:
+        rows_out += sweep(device, args.iters, small=args.smoke)
     doc = {"benchmark": "scatter_add_contention", "device": str(device),
            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
            "torch": torch.__version__, "results": rows_out}

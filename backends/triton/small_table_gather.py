@@ -20,6 +20,8 @@ differs (which the atomics do not fix either).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -27,16 +29,28 @@ from torch import Tensor
 
 from .runtime import check_launchable, next_pow2
 
-__all__ = ["CHUNK", "gather_rows", "row_sums"]
+__all__ = ["CHUNK", "WIDE_ROWS", "RowSumsLaunch", "gather_rows", "row_sums"]
 
-CHUNK = 8192  # indices per program
+CHUNK = 8192  # indices per program (the default launch; ``row_sums(config=...)`` varies it)
 _BLOCK = 128  # indices per compare tile
 _BINS = 32  # rows per compare tile
+WIDE_ROWS = 256  # a chunk whose ids span more rows than this adds them one atomic each
+
+
+@dataclass(frozen=True)
+class RowSumsLaunch:
+    """How :func:`row_sums` launches its kernel: ids per program, ids per tile, warps.
+    ``benchmarks/scatter_add_contention.py --sweep`` times the choices on a GPU."""
+
+    chunk: int = CHUNK
+    block: int = _BLOCK
+    warps: int = 4
 
 
 @triton.jit
 def _row_sums_kernel(idx_ptr, val_ptr, out_ptr, n_idx, n_rows, width,
-                     CHUNK: tl.constexpr, BLOCK: tl.constexpr, BINS: tl.constexpr):
+                     CHUNK: tl.constexpr, BLOCK: tl.constexpr, BINS: tl.constexpr,
+                     WIDE: tl.constexpr):
     """Program (chunk, column): per row, the sum of the chunk's values of that column whose
     index is the row, added once into ``out[row, column]``.
 
@@ -45,7 +59,11 @@ def _row_sums_kernel(idx_ptr, val_ptr, out_ptr, n_idx, n_rows, width,
     small part of the table). Within a tile of rows the matches accumulate elementwise in
     a ``[BLOCK, BINS]`` register tile and are summed over the ids once per tile of rows,
     not once per block of ids: a reduction across threads per block was what bounded the
-    kernel (1.7 ms a call on HSTU's 33.5M ids on the H200, half its step)."""
+    kernel (1.7 ms a call on HSTU's 33.5M ids on the H200, half its step). A chunk whose
+    ids span more than ``WIDE`` rows is spread by construction, where one atomic per id
+    does not contend and a compare per row would cost rows / BINS passes: its ids are
+    added one by one (on the H200, 33.5M ids over 1,023 rows took 7.0 ms through tiles
+    against 0.9 ms for ATen's atomics)."""
     base = tl.program_id(0).to(tl.int64) * CHUNK
     col = tl.program_id(1)
     lo = tl.full([BLOCK], 2147483647, tl.int64)
@@ -58,22 +76,33 @@ def _row_sums_kernel(idx_ptr, val_ptr, out_ptr, n_idx, n_rows, width,
         hi = tl.maximum(hi, ix)
     first = (tl.min(lo, axis=0) // BINS) * BINS
     last = tl.minimum(tl.max(hi, axis=0) + 1, n_rows)
-    for b0 in range(first, last, BINS):
-        rows = b0 + tl.arange(0, BINS)
-        acc = tl.zeros([BLOCK, BINS], dtype=tl.float32)
+    if last - first > WIDE:
         for s in range(0, CHUNK, BLOCK):
             offs = base + s + tl.arange(0, BLOCK)
             inside = offs < n_idx
-            ix = tl.load(idx_ptr + offs, mask=inside, other=-1)
+            ix = tl.load(idx_ptr + offs, mask=inside, other=0)
             v = tl.load(val_ptr + offs * width + col, mask=inside, other=0.0).to(tl.float32)
-            acc += tl.where(ix[:, None] == rows[None, :], v[:, None], 0.0)
-        tl.atomic_add(out_ptr + rows * width + col, tl.sum(acc, axis=0), mask=rows < n_rows)
+            tl.atomic_add(out_ptr + ix * width + col, v, mask=inside)
+    else:
+        for b0 in range(first, last, BINS):
+            rows = b0 + tl.arange(0, BINS)
+            acc = tl.zeros([BLOCK, BINS], dtype=tl.float32)
+            for s in range(0, CHUNK, BLOCK):
+                offs = base + s + tl.arange(0, BLOCK)
+                inside = offs < n_idx
+                ix = tl.load(idx_ptr + offs, mask=inside, other=-1)
+                v = tl.load(val_ptr + offs * width + col, mask=inside, other=0.0)
+                acc += tl.where(ix[:, None] == rows[None, :], v.to(tl.float32)[:, None], 0.0)
+            tl.atomic_add(out_ptr + rows * width + col, tl.sum(acc, axis=0),
+                          mask=rows < n_rows)
 
 
-def row_sums(index: Tensor, values: Tensor, n_rows: int) -> Tensor:
+def row_sums(index: Tensor, values: Tensor, n_rows: int,
+             launch: RowSumsLaunch | None = None) -> Tensor:
     """``zeros(n_rows, *values.shape[index.dim():]).index_add_(0, index.flatten(), values)``
-    in fp32, without one atomic per index (see the module doc). ``index``: ids in
-    ``[0, n_rows)``; ``values``: ``[*index.shape, *row_shape]``."""
+    in fp32, without one atomic per index where ids pile up (see the module doc).
+    ``index``: ids in ``[0, n_rows)``; ``values``: ``[*index.shape, *row_shape]``."""
+    launch = launch or RowSumsLaunch()
     row_shape = tuple(values.shape[index.dim():])
     width = 1
     for n in row_shape:
@@ -84,9 +113,11 @@ def row_sums(index: Tensor, values: Tensor, n_rows: int) -> Tensor:
     if flat_idx.numel() == 0 or n_rows == 0 or width == 0:
         return out.view(n_rows, *row_shape)
     check_launchable(flat_idx, flat_val, out)
-    grid = (triton.cdiv(flat_idx.numel(), CHUNK), width)
+    grid = (triton.cdiv(flat_idx.numel(), launch.chunk), width)
     _row_sums_kernel[grid](flat_idx, flat_val, out, flat_idx.numel(), n_rows, width,
-                           CHUNK=CHUNK, BLOCK=_BLOCK, BINS=min(_BINS, next_pow2(n_rows, 16)))
+                           CHUNK=launch.chunk, BLOCK=launch.block,
+                           BINS=min(_BINS, next_pow2(n_rows, 16)), WIDE=WIDE_ROWS,
+                           num_warps=launch.warps)
     return out.view(n_rows, *row_shape)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from gemc.backends.torch.contended_gathers import MIN_IDS_PER_ROW, route_contended_gathers
-from gemc.backends.triton.small_table_gather import CHUNK, row_sums
+from gemc.backends.triton.small_table_gather import CHUNK, WIDE_ROWS, RowSumsLaunch, row_sums
 from torch import nn
 
 from gemc import ir
@@ -43,6 +43,23 @@ def test_row_sums_of_relative_positions_visit_only_each_chunks_rows() -> None:
     shifted = ids % 300 + 700  # every id in the table's last third, ending at its last row
     want = torch.zeros(1000).index_add_(0, shifted, values)
     torch.testing.assert_close(row_sums(shifted, values, 1000), want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("launch", [RowSumsLaunch(), RowSumsLaunch(chunk=1024, block=256,
+                                                                    warps=8)], ids=str)
+def test_row_sums_both_paths_under_any_launch(launch) -> None:
+    """A chunk spanning at most ``WIDE_ROWS`` rows sums in row tiles (from a tile that does
+    not start at row 0, over several tiles); a wider one adds one atomic per id. Both, at
+    the default launch and another one, equal index_add."""
+    g = torch.Generator().manual_seed(3)
+    n = 2 * CHUNK + 333
+    narrow = torch.randint(600, 600 + WIDE_ROWS - 40, (n,), generator=g)
+    wide = torch.randint(0, 1000, (n,), generator=g)
+    values = torch.randn(n, 2, generator=g)
+    for ids in (narrow, wide):
+        want = torch.zeros(1000, 2).index_add_(0, ids, values)
+        torch.testing.assert_close(row_sums(ids, values, 1000, launch), want,
+                                   rtol=1e-5, atol=1e-4)
 
 
 def test_gather_rows_op_matches_indexing_with_negative_ids_and_passes_opcheck() -> None:
