@@ -120,7 +120,8 @@ SWEEP = ((2048, 128, 4), (2048, 256, 8), (8192, 128, 4), (8192, 256, 8), (8192, 
 
 
 def sweep(device: torch.device, iters: int, small: bool = False) -> list[dict[str, Any]]:
-    """Median ms of ``row_sums`` alone per launch (chunk, block, warps) at HSTU's gathers."""
+    """Median ms of ``row_sums`` alone per launch (chunk, block, warps) at HSTU's gathers,
+    and its largest error relative to ``index_add_``'s largest sum."""
     from gemc.backends.triton.small_table_gather import RowSumsLaunch, row_sums
 
     out = []
@@ -128,15 +129,18 @@ def sweep(device: torch.device, iters: int, small: bool = False) -> list[dict[st
         index, rows = hstu_ids(kind, *((2, 64) if small else ()))
         index = index.to(device)
         grad = torch.randn(index.numel(), device=device)
+        want = torch.zeros(rows, device=device).index_add_(0, index, grad)
         for chunk, block, warps in SWEEP[:2] if small else SWEEP:
             launch = RowSumsLaunch(chunk=chunk, block=block, warps=warps)
+            err = (row_sums(index, grad, rows, launch) - want).abs().max().item() / \
+                max(want.abs().max().item(), 1e-30)
             ms = _timed(lambda i=index, g=grad, r=rows, lc=launch: row_sums(i, g, r, lc),
                         device, iters)
             out.append({"case": f"hstu_{kind}", "ids": index.numel(), "rows": rows,
                         "variant": f"row_sums chunk={chunk} block={block} warps={warps}",
-                        "ms": ms})
+                        "ms": ms, "max_rel_err_vs_index_add": err})
             print(f"hstu_{kind:<3} rows {rows:>5} row_sums chunk {chunk:>5} block {block:>4} "
-                  f"warps {warps}  {ms:8.3f} ms", flush=True)
+                  f"warps {warps}  {ms:8.3f} ms  rel err {err:.1e}", flush=True)
     return out
 
 
