@@ -216,6 +216,11 @@ def child(args: argparse.Namespace) -> int:
     row["compile_accounting"] = compile_accounting.report(missing)
     print(f"zoo: {name} / {variant} first step: "
           f"{compile_accounting.summary(row['compile_accounting'])}", file=sys.stderr)
+    runner_first = (row.get("runner_report") or {}).get("first_step")
+    if runner_first:  # gemc's own account of its first step, phase by phase
+        from gemc.backends.torch.cli import first_step_line
+
+        print(f"zoo: {name} / {variant} {first_step_line(runner_first)}", file=sys.stderr)
     Path(args.out + ".json").write_text(json.dumps(row, indent=1, default=str) + "\n")
     return 0 if not row.get("error") else 1
 

@@ -337,7 +337,18 @@ def first_step_line(acc: dict[str, Any]) -> str:
             f"(Dynamo tracing {tracing:.1f}, backward {phases.get('entire_backward_compile', 0.0):.1f}), "
             f"outside it {acc['outside_torch_compile_s']:.1f} s; Triton compiles in this "
             f"process {tri.get('compiles', 0)}: gemc's kernels {tri.get('gemc_kernels_s', 0.0):.1f} s, "
-            f"others {tri.get('other_kernels_s', 0.0):.1f} s")
+            f"others {tri.get('other_kernels_s', 0.0):.1f} s"
+            + _phases_part(acc.get("phases") or {}))
+
+
+def _phases_part(phases: dict[str, dict[str, float]]) -> str:
+    """'; by phase: forward 38.8 (compile 30.1, kernels 2.0, running 6.7), ...'."""
+    if not phases:
+        return ""
+    parts = [f"{name} {p['wall_s']:.1f} (compile {p['torch_compile_s']:.1f}, "
+             f"kernels {p['gemc_triton_compile_s']:.1f}, running {p['rest_s']:.1f})"
+             for name, p in phases.items()]
+    return "; by phase: " + ", ".join(parts)
 
 
 def argv_of(args: argparse.Namespace) -> list[str]:

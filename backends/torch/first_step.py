@@ -28,7 +28,9 @@ the workers are up when the first step compiles.
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["TORCH_TIMERS", "FirstStepAccount", "TritonCompiles", "torch_phases",
@@ -158,13 +160,43 @@ class FirstStepAccount:
     def __init__(self) -> None:
         self._phases: dict[str, float] = {}
         self._timers: dict[str, list[float]] = {}
+        self._marks: list[tuple[str, float, float, float]] = []
         self.triton = TritonCompiles()
 
     def start(self) -> FirstStepAccount:
         self._phases = torch_phases()
         self._timers = torch_timers()
         self.triton.install()
+        self._marks = [("start", *self._clock())]
         return self
+
+    def _clock(self) -> tuple[float, float, float]:
+        """(wall s, torch's cumulative compile s, gemc's own Triton compile s) now. Only
+        gemc's kernels: Inductor's in-process compiles happen inside torch's compile time."""
+        return (time.perf_counter(), torch_phases().get("total_wall_time", 0.0),
+                self.triton.seconds["gemc"])
+
+    def mark(self, phase: str, wait: Callable[[], None] | None = None) -> None:
+        """End the first step's ``phase`` here (after ``wait``, e.g. a device sync, so the
+        phase's queued kernels are counted in it, not in the next one). The two totals do
+        not say *where* in the step the seconds outside torch's compile went: a slow
+        optimizer's first launch and a slow forward read the same; these marks do."""
+        if not self._marks:
+            return
+        if wait is not None:
+            wait()
+        self._marks.append((phase, *self._clock()))
+
+    def _phase_walls(self) -> dict[str, dict[str, float]]:
+        """Per marked phase: wall seconds, torch's compile and gemc's Triton compiles inside
+        it, and the rest (running it: first launches, allocations, host work)."""
+        out: dict[str, dict[str, float]] = {}
+        for (_, t0, c0, k0), (name, t1, c1, k1) in zip(self._marks, self._marks[1:]):
+            wall, comp, trit = t1 - t0, max(0.0, c1 - c0), max(0.0, k1 - k0)
+            out[name] = {"wall_s": round(wall, 3), "torch_compile_s": round(comp, 3),
+                         "gemc_triton_compile_s": round(trit, 3),
+                         "rest_s": round(max(0.0, wall - comp - trit), 3)}
+        return out
 
     def finish(self, first_step_s: float | None) -> dict[str, Any]:
         self.triton.remove()
@@ -184,6 +216,7 @@ class FirstStepAccount:
             "torch_phases_s": phases,
             "torch_timers": timers,
             "triton_in_process": self.triton.report(),
+            **({"phases": self._phase_walls()} if len(self._marks) > 1 else {}),
         }
 
 

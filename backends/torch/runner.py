@@ -504,6 +504,9 @@ def _run(
         reference=load_reference(opts.reference_losses) if opts.reference_losses else None)
     # what the first step is made of (torch's compile timers, Triton's compiles): the report
     account = FirstStepAccount().start() if start == 0 else None
+
+    def wait() -> None:
+        sync(device)
     first_step: dict[str, Any] | None = None
     block_t0 = time.perf_counter()
 
@@ -538,17 +541,25 @@ def _run(
         t1 = time.perf_counter()
         if every == 1:
             block_t0 = t1
+        if account is not None:  # the first step only: its phases, each ended by a sync
+            account.mark("batch", wait)
         with prec.autocast(device.type):
             prefetch.begin_step(batch)
             loss = forward(*batch)
+        if account is not None:
+            account.mark("forward", wait)
         loss.backward()
         if layout.averager is not None:
             layout.averager.finish()
         prefetch.end_step()
+        if account is not None:
+            account.mark("backward", wait)
         dense_opt.step()
         emb_opt.step()
         dense_opt.zero_grad(set_to_none=True)
         emb_opt.zero_grad()
+        if account is not None:
+            account.mark("optimizers", wait)
         mean_loss = loss.detach().float().clone()
         if wsize > 1:
             dist.all_reduce(mean_loss)
@@ -558,6 +569,7 @@ def _run(
         if every == 1 or done % every == 0 or done == opts.steps or done == start + 1:
             flush()
         if account is not None and metrics.records:
+            account.mark("loss_read")
             first_step = {**account.finish(metrics.records[0].ms / 1e3),
                           "compile_workers": workers}
             account = None

@@ -55,11 +55,31 @@ def test_report_line_names_each_part() -> None:
            "torch_phases_s": {"entire_backward_compile": 13.9},
            "torch_timers": {"bytecode_tracing": {"seconds": 4.1, "calls": 9}},
            "triton_in_process": {"compiles": 27, "gemc_kernels_s": 6.3,
-                                 "other_kernels_s": 6.1}}
+                                 "other_kernels_s": 6.1},
+           "phases": {"forward": {"wall_s": 40.2, "torch_compile_s": 30.1,
+                                  "gemc_triton_compile_s": 2.0, "rest_s": 8.1}}}
     line = first_step_line(acc)
     for part in ("first step 73.5 s", "torch.compile 52.7 s", "Dynamo tracing 4.1",
-                 "backward 13.9", "outside it 20.8 s", "gemc's kernels 6.3 s", "others 6.1 s"):
+                 "backward 13.9", "outside it 20.8 s", "gemc's kernels 6.3 s", "others 6.1 s",
+                 "forward 40.2 (compile 30.1, kernels 2.0, running 8.1)"):
         assert part in line, (part, line)
+
+
+def test_marks_split_the_step_into_phases() -> None:
+    """Each mark ends a phase; the wait runs before the clock is read (a device sync, so a
+    phase's queued kernels count in it); without start() marks are ignored."""
+    import time
+
+    idle = FirstStepAccount()
+    idle.mark("forward")
+    assert "phases" not in idle.finish(0.1)
+    account = FirstStepAccount().start()
+    account.mark("forward", lambda: time.sleep(0.05))
+    account.mark("backward")
+    phases = account.finish(0.2)["phases"]
+    assert list(phases) == ["forward", "backward"]
+    assert phases["forward"]["wall_s"] >= 0.05 and phases["backward"]["wall_s"] < 0.05
+    assert phases["forward"]["rest_s"] == pytest.approx(phases["forward"]["wall_s"], abs=2e-3)
 
 
 def test_compile_workers_start_ahead_only_for_triton_compiles(monkeypatch) -> None:

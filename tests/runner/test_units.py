@@ -196,6 +196,15 @@ def test_graph_mode_runs_the_plans_kernels(base_plans, tmp_path) -> None:
     assert acc["compile_workers"].startswith("not started")  # the CPU compiles no Triton
     assert acc["outside_torch_compile_s"] == pytest.approx(
         acc["first_step_s"] - acc["torch_compile_s"], abs=1e-3)
+    # ... and by phase: the forward frame compiles in the forward, the backward's lazily in
+    # the backward; each phase's parts never exceed its wall time
+    phases = acc["phases"]
+    assert list(phases) == ["batch", "forward", "backward", "optimizers", "loss_read"]
+    assert phases["forward"]["torch_compile_s"] > 0 and phases["backward"]["torch_compile_s"] > 0
+    for p in phases.values():
+        assert p["torch_compile_s"] + p["gemc_triton_compile_s"] <= p["wall_s"] + 2e-3
+    assert sum(p["torch_compile_s"] for p in phases.values()) == pytest.approx(
+        acc["torch_compile_s"], abs=5e-3)
     resumed = run(plan, RunOptions(steps=3, device="cpu", progress=False, checkpoint_dir=ck,
                                    resume=True))
     assert resumed.report["first_step"] is None  # a resumed run's first step is not one
