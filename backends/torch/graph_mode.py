@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import warnings
 from typing import Any
 
@@ -193,6 +194,10 @@ class GraphExecutor:
         # one compiled graph per (autocast dtype, guarded regions' outcome): see __call__
         self._compiled: dict[tuple[torch.dtype | None, tuple[int | None, ...]], Any] = {}
         self._measured_for: set[torch.dtype | None] = set()
+        # host seconds gemc spends before torch.compile sees a graph (the first step's
+        # "running" part would otherwise hide them): building each rewritten graph, and
+        # the guarded regions' mask checks
+        self.host_s = {"build": 0.0, "guard_checks": 0.0}
         self.variants: list[dict[str, Any]] = []  # what each compiled graph was built for
         self.guard: Any = None  # RegionGuard of the guarded packed regions (inductor only)
         if device.type == "cpu":
@@ -345,11 +350,15 @@ class GraphExecutor:
             return self.runner(*batch)
         dev = self.runner.device.type
         dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
+        t0 = time.perf_counter()
         decision = self.guard.check(batch) if self.guard is not None else None
+        t1 = time.perf_counter()
+        self.host_s["guard_checks"] += t1 - t0
         key = decision.key if decision is not None else ()
         fn = self._compiled.get((dt, key))
         if fn is None:
             fn = self._compiled[(dt, key)] = self._compile(dt, key)
+            self.host_s["build"] += time.perf_counter() - t1
         if decision is None:
             return fn(*batch)
         return fn(*decision.offsets, *batch)

@@ -625,6 +625,7 @@ def _run(
             # forced (GEMC_GROUP_CHOICE), required (an epilogue reading its GEMM operand)
             "choice_sources": dict(sorted(forward.sources.items())),
             "measured": forward.measured,
+            "host_s": {k: round(v, 3) for k, v in forward.host_s.items()},
             "not_applied": list(forward.not_applied),
             # fqn -> "batched" / "sparse" (gemc.table_lookup): the code each table ran on
             "table_lookups": dict(sorted(forward.lookup_paths.items())),
