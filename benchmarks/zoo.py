@@ -141,6 +141,10 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cold", action="store_true",
                    help="each variant compiles with fresh, empty Inductor and Triton caches "
                    "(its first step as on a fresh machine)")
+    p.add_argument("--child-prefix", default=None, metavar="CMD",
+                   help="run each variant's process under CMD (split on spaces; {name} and "
+                   "{variant} replaced), e.g. a sampling profiler: 'py-spy record --idle "
+                   "--format raw -o OUT/{name}.{variant}.pyspy.txt --'")
     p.add_argument("--smoke", action="store_true",
                    help="CPU, tiny presets, batch 8, 2 steps: a crash check")
     # one child's job (internal)
@@ -365,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
                 skipped.append(f"{name}/{variant}")
                 continue
             rows.append(_run_child(name, variant, out, passthrough, args.child_timeout,
-                                   cold=args.cold))
+                                   cold=args.cold, prefix=args.child_prefix))
             _mfu(rows[-1], flops, measured)
             e2e._compare_losses(rows)
             write()
@@ -396,13 +400,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run_child(name: str, variant: str, out: Path, passthrough: list[str],
-               timeout: float, cold: bool = False) -> dict[str, Any]:
+               timeout: float, cold: bool = False, prefix: str | None = None
+               ) -> dict[str, Any]:
     """One variant of one model in a fresh process (``cold``: with empty compile caches of
-    its own); its row (or why there is none)."""
+    its own; ``prefix``: under that command); its row (or why there is none)."""
     row_path = out / f"{name}.{variant}.json"
     row_path.unlink(missing_ok=True)
     cmd = [sys.executable, str(Path(__file__).resolve()), *passthrough, "--child", name,
            variant, str(out / f"{name}.plan.json")]
+    if prefix:
+        cmd = [w.format(name=name, variant=variant) for w in prefix.split()] + cmd
     print(f"zoo: {name} / {variant} in a child process{' (cold caches)' if cold else ''} ...",
           file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="zoo-cold-") as fresh:

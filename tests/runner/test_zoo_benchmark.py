@@ -120,4 +120,11 @@ def test_cold_gives_each_child_empty_caches_of_its_own(tmp_path: Path, monkeypat
     assert "cold_caches" not in zoo._run_child("gem", "gemc", tmp_path, [], 10.0)
     assert seen[-1] is None
     assert zoo._args(["--out", str(tmp_path), "--cold"]).cold
+    # --child-prefix: the variant's process runs under that command, names filled in
+    commands: list[list[str]] = []
+    monkeypatch.setattr(zoo.subprocess, "run",
+                        lambda cmd, **kw: commands.append(cmd) or fake_run(cmd, **kw))
+    zoo._run_child("gem", "gemc", tmp_path, [], 10.0, prefix="py-spy record -o p/{name}.{variant} --")
+    assert commands[-1][:5] == ["py-spy", "record", "-o", "p/gem.gemc", "--"]
+    assert commands[-1][5] == zoo.sys.executable
     assert "gemc-autotune" in zoo.VARIANTS and zoo.GEMC_OPTIONS["gemc-autotune"]["autotune"]

@@ -1,0 +1,108 @@
+"""Where a first step's wall seconds went, from a py-spy ``--format raw`` sample file.
+
+    python benchmarks/first_step_profile.py OUT/p/gem.gemc.pyspy.txt [--top 25]
+
+The run report's ``first_step`` section (gemc.backends.torch.first_step) reads torch's
+compile timers and Triton's compiles; what it cannot name is the rest ("running"), and
+cProfile cannot sample it on Python 3.12 (it shares ``sys.monitoring`` with Dynamo). py-spy
+samples the process from outside, so this file splits every sampled second:
+
+* **by owner**, walking each stack from the leaf up to the first frame of a known owner
+  (Triton's compiler, Inductor's runtime autotuning, its wait on the compile workers, the
+  rest of Inductor, AOTAutograd, Dynamo, gemc, the model's own code, torch otherwise);
+* **by frame, inclusive**: the functions most samples pass through (a frame counted once
+  per sample), which is where a slow phase is named.
+
+Samples are 1/rate seconds each (``--rate``, py-spy's ``-r``; 100 by default there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections import Counter
+from pathlib import Path
+
+OWNERS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("triton compile", re.compile(r"triton/(compiler|backends)/")),
+    ("inductor runtime autotune", re.compile(
+        r"^(benchmark_all_configs|autotune_to_one_config|bench\w*) \(.*_inductor/runtime/")),
+    ("inductor wait on workers", re.compile(r"_inductor/(async_compile|compile_worker)")),
+    ("inductor", re.compile(r"torch/_inductor/")),
+    ("aot autograd", re.compile(r"torch/_functorch/")),
+    ("dynamo", re.compile(r"torch/_dynamo/")),
+    ("gemc", re.compile(r"/(gemc|backends|passes|cost_model)/")),
+    ("model / benchmark", re.compile(r"/(examples|benchmarks)/")),
+)
+_FRAME = re.compile(r"^(?P<fn>.*?) \((?P<file>[^()]*?):(?P<line>\d+)\)$")
+
+
+def parse(path: Path) -> list[tuple[list[str], int]]:
+    """(frames root first, sample count) per line of a collapsed-stack file."""
+    stacks = []
+    for raw in path.read_text(errors="replace").splitlines():
+        stack, _, count = raw.rpartition(" ")
+        if stack and count.isdigit():
+            stacks.append((stack.split(";"), int(count)))
+    return stacks
+
+
+def owner(frames: list[str]) -> str:
+    """The first known owner from the leaf up (a frame's function and file both count:
+    the autotuning pattern names the function)."""
+    for frame in reversed(frames):
+        for name, pattern in OWNERS:
+            if pattern.search(frame):
+                return name
+    return "torch / other"
+
+
+def short(frame: str) -> str:
+    """'fn (a/b/c/file.py:12)' -> 'fn (c/file.py)': one row per function, not per line."""
+    m = _FRAME.match(frame)
+    if not m:
+        return frame
+    parts = m["file"].split("/")
+    return f"{m['fn']} ({'/'.join(parts[-2:])})"
+
+
+def summarise(stacks: list[tuple[list[str], int]], rate: float, top: int) -> str:
+    total = sum(c for _, c in stacks)
+    owners: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
+    for frames, count in stacks:
+        owners[owner(frames)] += count
+        for f in {short(f) for f in frames}:
+            inclusive[f] += count
+    sec = 1.0 / rate
+    lines = [f"{total * sec:.1f} s sampled ({total} samples at {rate:g} Hz)", "by owner:"]
+    lines += [f"  {n:<28} {c * sec:7.2f} s  {100 * c / total:5.1f}%"
+              for n, c in owners.most_common()]
+    lines.append(f"by frame (inclusive, top {top}):")
+    lines += [f"  {c * sec:7.2f} s  {f}" for f, c in inclusive.most_common(top)]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("raw", type=Path, help="py-spy record --format raw output")
+    p.add_argument("--rate", type=float, default=100.0, help="py-spy's -r (samples/s)")
+    p.add_argument("--top", type=int, default=25)
+    args = p.parse_args(argv)
+    if not args.raw.is_file():
+        print(f"first_step_profile: {args.raw}: no such file (run py-spy record --format raw "
+              "-o it first)", file=sys.stderr)
+        return 2
+    stacks = parse(args.raw)
+    if not stacks:
+        print(f"first_step_profile: {args.raw}: no collapsed stacks in it (py-spy's "
+              "--format raw writes 'frame;frame;... count' lines)", file=sys.stderr)
+        return 2
+    print(f"== {args.raw.name}")
+    print(summarise(stacks, args.rate, args.top))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
