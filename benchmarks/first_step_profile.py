@@ -9,7 +9,9 @@ samples the process from outside, so this file splits every sampled second:
 
 * **by owner**, walking each stack from the leaf up to the first frame of a known owner
   (Triton's compiler, Inductor's runtime autotuning, its wait on the compile workers, the
-  rest of Inductor, AOTAutograd, Dynamo, gemc, the model's own code, torch otherwise);
+  rest of Inductor, the compiled graph running (its runtime wrappers, Triton launches:
+  a frame the running code passes through, so compiling beneath it is claimed first),
+  AOTAutograd, Dynamo, gemc, the model's own code, torch otherwise);
 * **by frame, inclusive**: the functions most samples pass through (a frame counted once
   per sample), which is where a slow phase is named.
 
@@ -29,7 +31,10 @@ OWNERS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("inductor runtime autotune", re.compile(
         r"^(benchmark_all_configs|autotune_to_one_config|bench\w*) \(.*_inductor/runtime/")),
     ("inductor wait on workers", re.compile(r"_inductor/(async_compile|compile_worker)")),
-    ("inductor", re.compile(r"torch/_inductor/")),
+    ("inductor", re.compile(r"torch/_inductor/(?!runtime/)")),
+    ("compiled graph running", re.compile(
+        r"torch/_inductor/runtime/|_aot_autograd/runtime_wrappers|_dynamo/eval_frame|"
+        r"triton/runtime/")),
     ("aot autograd", re.compile(r"torch/_functorch/")),
     ("dynamo", re.compile(r"torch/_dynamo/")),
     ("gemc", re.compile(r"/(gemc|backends|passes|cost_model)/")),
