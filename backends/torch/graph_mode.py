@@ -373,12 +373,15 @@ class GraphExecutor:
             self.measured.update({n: {**r, "source": "measured"} for n, r in
                                   measure_groups(self.runner, autocast=dt).items()})
         guards = self.guard.guards(key) if self.guard is not None else {}
+        attention_guards = self.guard.attention_guards(key) if self.guard is not None else {}
         built = build(self.runner, autocast=dt, measured={**self.recorded, **self.measured},
-                      guards=guards)
+                      guards=guards, attention_guards=attention_guards)
         self.choices, self.sources = built.choices, built.sources
         self.module = built.module
         self.variants.append({"autocast": str(dt).removeprefix("torch.") if dt else None,
-                              "packed_regions": guards})
+                              "packed_regions": guards,
+                              **({"checked_attentions": attention_guards}
+                                 if attention_guards else {})})
         return torch.compile(built.module, dynamic=False, mode=self.compile_mode,
                              backend=compile_backend(self.runner.device))
 

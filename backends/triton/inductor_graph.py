@@ -18,8 +18,11 @@ execute one plan identically) are *emitted* into a new FX graph instead:
   of the mask (the per-row guard, on the device: no host read, so no graph break);
   ``key_padding_attention`` and ``jagged_silu_attention`` -> one eager island each
   (:meth:`Emitter.eager`: their check reads the host), or, for a key-padding attention
-  under the mask of a guarded region this graph runs packed, the packed attention (these
-  three are their kind's ``emit``, in ``kinds/attention.py``);
+  under the mask of a guarded region this graph runs packed, the packed attention, or,
+  for a key-padding cross-attention decided by the check ahead of the graph
+  (``build(attention_guards=...)``), ``gemc::key_lengths_attention`` on the lengths it
+  found (or the padded attention), in the graph (these are their kind's ``emit``, in
+  ``kinds/attention.py``);
 * ``batched_embedding_bag`` -> the flat offsets (ATen ops) and one ``gemc::embedding_bag``;
 * ``transposed_linear`` -> its ATen formulation (a batched GEMM reading ``x`` in place);
 * every other node -> its op (``device=`` arguments captured on meta point at the run's
@@ -199,7 +202,8 @@ def runner_for(gm: fx.GraphModule, entries: Sequence[dict[str, Any]],
 
 def build(runner: GraphRunner, *, autocast: torch.dtype | None = None,
           measured: Mapping[str, Any] | None = None,
-          guards: Mapping[str, int] | None = None) -> Built:
+          guards: Mapping[str, int] | None = None,
+          attention_guards: Mapping[str, str] | None = None) -> Built:
     """The rewritten graph of ``runner.gm`` with ``runner.entries`` as custom-op calls (see
     the module doc). The runner's ``params`` feed the graph's parameter placeholders (the
     same tensors: their gradients land on them). ``autocast``: the dtype of the autocast
@@ -209,8 +213,11 @@ def build(runner: GraphRunner, *, autocast: torch.dtype | None = None,
     guarded regions to run packed, each at its token count (a check ahead of the graph
     found their masks prefixes: :class:`.region_guard.RegionGuard`); the module then takes
     their offsets first, in this order, then the batch. Guarded regions not named run
-    padded, the model's own computation."""
-    return Emitter(runner, autocast, measured, guards or {}).run()
+    padded, the model's own computation. ``attention_guards``: key-padding attentions the
+    same check decided (:func:`.region_guard.guarded_attentions`), each ``"prefix"``,
+    ``"compact"`` or ``"padded"``; the first two take their keys' lengths as leading inputs
+    after the regions' offsets, in this order. Attentions not named stay eager islands."""
+    return Emitter(runner, autocast, measured, guards or {}, attention_guards or {}).run()
 
 
 # ---- packed token regions, as traceable helpers (shapes from shapes: no host read) --------
@@ -311,7 +318,8 @@ class Emitter:
     ``GraphRunner``'s execution of the same node)."""
 
     def __init__(self, runner: GraphRunner, autocast: torch.dtype | None,
-                 measured: Mapping[str, Any] | None, guards: Mapping[str, int]) -> None:
+                 measured: Mapping[str, Any] | None, guards: Mapping[str, int],
+                 attention_guards: Mapping[str, str] | None = None) -> None:
         self.r = runner
         self.autocast = autocast
         self.auto = gemc_ops.dtype_name(autocast)
@@ -342,6 +350,12 @@ class Emitter:
             self.guarded[name] = (offsets, int(total), positions)
             self.packed.update({n: d for n, d in runner.guarded_nodes.items()
                                 if runner.region_of[n] is regions[name]})
+        # attention name -> (its outcome, its key lengths placeholder or None: padded)
+        self.attention_guards: dict[str, tuple[str, fx.Node | None]] = {}
+        for name, outcome in (attention_guards or {}).items():
+            lengths = self.graph.placeholder(f"{name}_key_lengths") \
+                if outcome != "padded" else None
+            self.attention_guards[name] = (outcome, lengths)
 
     # -- helpers ------------------------------------------------------------------------------
 

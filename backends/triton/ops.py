@@ -646,6 +646,54 @@ def _query_backward(ctx: Any, grad_out: Tensor, grad_lse: Tensor | None) -> tupl
 jagged_query_attention.register_autograd(_query_backward, setup_context=_query_setup)
 
 
+@torch.library.custom_op("gemc::key_lengths_attention", mutates_args=())
+def key_lengths_attention(q: Tensor, k: Tensor, v: Tensor, key_lengths: Tensor,
+                          scale: float) -> tuple[Tensor, Tensor]:
+    """Dense queries ``[B, H, M, D]`` over the first ``key_lengths[b]`` keys of padded
+    ``k, v [B, H, L, D]``: the output and the row logsumexp ``[B * H, M]``. A guarded
+    key-padding attention whose mask the check ahead of the compiled graph found a prefix
+    (or compacted to one): static shapes, no host read, so Inductor compiles around it."""
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    out, lse = _varlen_forward(q, k, v, key_lengths.to(torch.int32), None, scale)
+    return out.contiguous(), lse.contiguous()
+
+
+@key_lengths_attention.register_fake
+def _key_lengths_attention_fake(q: Tensor, k: Tensor, v: Tensor, key_lengths: Tensor,
+                                scale: float) -> tuple[Tensor, Tensor]:
+    return _jagged_query_attention_fake(q, k, v, key_lengths, scale)
+
+
+@torch.library.custom_op("gemc::key_lengths_attention_backward", mutates_args=())
+def key_lengths_attention_backward(q: Tensor, k: Tensor, v: Tensor, key_lengths: Tensor,
+                                   out: Tensor, lse: Tensor, grad: Tensor, scale: float
+                                   ) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients of ``q, k, v`` (keys past a row's length get zero)."""
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    grads = _varlen_backward(q, k, v, key_lengths.to(torch.int32), None, out, lse, grad,
+                             scale)
+    return tuple(g.contiguous() for g in grads)  # type: ignore[return-value]
+
+
+@key_lengths_attention_backward.register_fake
+def _key_lengths_attention_backward_fake(q: Tensor, k: Tensor, v: Tensor, key_lengths: Tensor,
+                                         out: Tensor, lse: Tensor, grad: Tensor, scale: float
+                                         ) -> tuple[Tensor, Tensor, Tensor]:
+    return _jagged_query_attention_backward_fake(q, k, v, key_lengths, out, lse, grad, scale)
+
+
+def _key_lengths_backward(ctx: Any, grad_out: Tensor, grad_lse: Tensor | None
+                          ) -> tuple[Any, ...]:
+    q, k, v, key_lengths, out, lse = ctx.saved_tensors
+    dq, dk, dv = torch.ops.gemc.key_lengths_attention_backward(q, k, v, key_lengths, out, lse,
+                                                               grad_out, ctx.scale)
+    return dq, dk, dv, None, None
+
+
+# the same inputs as the padded-query op's (q, k, v, lengths, scale): its setup saves alike
+key_lengths_attention.register_autograd(_key_lengths_backward, setup_context=_query_setup)
+
+
 # ---- packed token regions: gathers to tokens and sums over a row's tokens ------------------
 
 

@@ -22,6 +22,16 @@ data. So the decision is taken at the compiled graph's boundary, on its inputs:
   whose packed regions take their offsets as leading inputs: the check is not repeated
   inside, and the compiled code reads nothing on the host.
 
+The same read decides the **key-padding attentions outside packed regions** whose mask the
+prelude can compute (:func:`guarded_attentions`: cross-attention of queries over a padded
+history, not causal): each is checked with ``key_padding_attention.prefix_lengths`` and
+its outcome joins the key: ``"prefix"`` or ``"compact"`` (a boolean-valid mask; its kept
+keys moved to the front in order) run ``gemc::key_lengths_attention`` on the keys' lengths
+passed as leading inputs, ``"padded"`` (an additive row that is no mask) the exact padded
+attention, all in the compiled graph. Without this each such attention is an eager island
+with a host read of its own, and Dynamo compiles the graph in pieces around it (GEM's two
+history cross-attentions split its forward into three frames).
+
 Why one read and not none: the read picks which compiled graph runs and at which token
 count; every alternative without it either runs every region padded (no saving) or sizes
 the packed buffer at ``B * L`` (no saving either). It is the read the interpreter and the
@@ -44,7 +54,8 @@ from gemc.errors import GemcUserError
 from . import packed_tokens
 from .graph_runner import GraphRunner
 
-__all__ = ["BUCKETS_ENV", "Decision", "RegionGuard", "bucket_count", "why_not_ahead"]
+__all__ = ["BUCKETS_ENV", "Decision", "RegionGuard", "bucket_count", "guarded_attentions",
+           "why_not_ahead"]
 
 BUCKETS_ENV = "GEMC_PACKED_BUCKETS"
 """Overrides ``packed_tokens.BUCKETS`` (how many token counts, so compiled graphs, a guarded
@@ -82,6 +93,25 @@ def why_not_ahead(gm: fx.GraphModule, mask: str, calls: Mapping[str, Any]) -> st
     return None
 
 
+def guarded_attentions(runner: GraphRunner) -> list[dict[str, Any]]:
+    """The ``key_padding_attention`` entries the check ahead of the graph decides: not
+    causal, queries not the keys' own padded rows (so the attention's shapes do not depend
+    on the kept-token count), outside any packed region (those the region's check decides),
+    with a mask the prelude can compute from the batch."""
+    out = []
+    for e in runner.entries:
+        if e["kind"] != "key_padding_attention" or e.get("causal") or not e.get("mask"):
+            continue
+        if e.get("zero_padding_queries") and e.get("queries") == e.get("max_len"):
+            continue  # self-attention on jagged queries: its token count is data
+        node = runner.by_name.get(str(e.get("output", e["nodes"][0])))
+        if node is None or runner.region_of.get(node) is not None:
+            continue
+        if why_not_ahead(runner.gm, str(e["mask"]), runner.calls) is None:
+            out.append(e)
+    return out
+
+
 def _prelude(runner: GraphRunner, masks: Sequence[str]) -> fx.GraphModule:
     """``prelude(*batch) -> masks``: the masks' ops copied from the captured graph, one
     placeholder per batch input (those it does not read are ignored)."""
@@ -103,11 +133,12 @@ def _prelude(runner: GraphRunner, masks: Sequence[str]) -> fx.GraphModule:
 
 @dataclass(frozen=True)
 class Decision:
-    """One step's outcome: ``key`` per region (its bucketed token count, or None: padded)
-    and the offsets of the packed regions (each followed by its kept positions in a
-    ``compact`` region), in order, to pass ahead of the batch."""
+    """One step's outcome: ``key`` per region (its bucketed token count, or None: padded),
+    then per guarded attention (``"prefix"``, ``"compact"`` or ``"padded"``), and the
+    leading inputs: the offsets of the packed regions (each followed by its kept positions
+    in a ``compact`` region), then the key lengths of the attentions that run on them."""
 
-    key: tuple[int | None, ...]
+    key: tuple[int | str | None, ...]
     offsets: tuple[torch.Tensor, ...]
 
 
@@ -115,28 +146,44 @@ class RegionGuard:
     """The guarded regions of a runner, checked ahead of the compiled graph (module doc)."""
 
     def __init__(self, runner: GraphRunner, regions: Sequence[dict[str, Any]],
-                 buckets: int | None = None) -> None:
+                 buckets: int | None = None,
+                 attentions: Sequence[dict[str, Any]] = ()) -> None:
         self.names = [str(r["name"]) for r in regions]
         self.additive = [bool(r.get("additive", False)) for r in regions]
         self.every_row = [bool(r.get("every_row", False)) for r in regions]
         self.compact = [bool(r.get("compact", False)) for r in regions]
+        self.attentions = [str(e["name"]) for e in attentions]
+        self.attention_additive = [bool(e.get("additive", False)) for e in attentions]
         self.buckets = buckets or bucket_count()
-        self.prelude = _prelude(runner, [str(r["mask"]) for r in regions])
+        self.prelude = _prelude(runner, [str(r["mask"]) for r in regions]
+                                + [str(e["mask"]) for e in attentions])
 
     @classmethod
     def of(cls, runner: GraphRunner) -> RegionGuard | None:
-        """The guard of the runner's guarded regions, or None when it has none."""
+        """The guard of the runner's guarded regions and attentions, or None without any."""
         regions = [e for e in runner.entries
                    if e["kind"] == "packed_tokens" and e.get("guard") is not None]
-        return cls(runner, regions) if regions else None
+        attentions = guarded_attentions(runner)
+        return cls(runner, regions, attentions=attentions) if regions or attentions else None
 
     def check(self, batch: Sequence[Any]) -> Decision:
-        """Check every region's mask on ``batch`` (one host read for all of them), count
-        each outcome in ``packed_tokens.GUARD_STATS`` and say which variant runs."""
+        """Check every region's and guarded attention's mask on ``batch`` (one host read for
+        all of them), count each outcome (``packed_tokens.GUARD_STATS``,
+        ``key_padding_attention.STATS``) and say which variant runs."""
+        from .key_padding_attention import STATS, prefix_lengths
+
         masks = self.prelude(*batch)
-        checked = [packed_tokens.region_check(m, a) for m, a in zip(masks, self.additive)]
-        flags = torch.stack([c for _, c in checked]).tolist()  # the step's one host read
-        key: list[int | None] = []
+        count = len(self.names)
+        checked = [packed_tokens.region_check(m, a)
+                   for m, a in zip(masks[:count], self.additive)]
+        lengths = [prefix_lengths(m, a) for m, a in zip(masks[count:], self.attention_additive)]
+        flat = torch.cat([c for _, c in checked]
+                         + [bad.sum(0).to(torch.int64) for _, bad in lengths])
+        values = flat.tolist()  # the step's one host read
+        per = checked[0][1].numel() if checked else 0  # each region's flags
+        width = per * count
+        flags = [values[i * per:(i + 1) * per] for i in range(count)]
+        key: list[int | str | None] = []
         offsets = []
         for (offs, _), f, mask, additive, every_row, compact in zip(
                 checked, flags, masks, self.additive, self.every_row, self.compact):
@@ -149,9 +196,28 @@ class RegionGuard:
                 offsets.append(offs)
                 if compact:  # its kept positions, in the room the graph has for tokens
                     offsets.append(packed_tokens.kept_positions(mask, additive, total))
+        for i, (offs, _) in enumerate(lengths):
+            not_prefix, invalid = values[width + 2 * i: width + 2 * i + 2]
+            STATS.calls += 1
+            if invalid:
+                STATS.fallback += 1
+                key.append("padded")
+                continue
+            if not_prefix:
+                STATS.compacted += 1
+            else:
+                STATS.jagged += 1
+            key.append("compact" if not_prefix else "prefix")
+            offsets.append((offs[1:] - offs[:-1]).to(torch.int32))
         return Decision(tuple(key), tuple(offsets))
 
-    def guards(self, key: Sequence[int | None]) -> dict[str, int]:
+    def guards(self, key: Sequence[int | str | None]) -> dict[str, int]:
         """``build(guards=...)``'s argument for ``key``: the packed regions' token counts,
         in the order their offsets come."""
-        return {name: total for name, total in zip(self.names, key) if total is not None}
+        return {name: total for name, total in zip(self.names, key)
+                if isinstance(total, int)}
+
+    def attention_guards(self, key: Sequence[int | str | None]) -> dict[str, str]:
+        """``build(attention_guards=...)``'s argument for ``key``: each guarded attention's
+        outcome, in the order their key lengths come (after the regions' offsets)."""
+        return dict(zip(self.attentions, (str(k) for k in key[len(self.names):])))

@@ -98,6 +98,39 @@ def _call_key_padding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     return key_padding_of_entry(q, k, v, mask, entry)
 
 
+def key_padding_checked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        mask: torch.Tensor, key_lengths: torch.Tensor | None, outcome: str,
+                        entry: Mapping[str, Any]) -> torch.Tensor:
+    """A ``key_padding_attention`` entry whose mask the check ahead of the compiled graph
+    decided (``region_guard``): the path :func:`key_padding_of_entry` would take for that
+    outcome, with no check and no host read, so it traces into the compiled graph.
+    ``"prefix"``: queries over each row's first ``key_lengths`` keys; ``"compact"``: the
+    kept keys moved to the front in order first (a stable sort of the mask, as the op's
+    compacted path); ``"padded"``: the exact padded attention."""
+    from .. import ops  # noqa: F401  (registers the gemc:: ops)
+    from ..key_padding_attention import _padded, _permute
+
+    merged = bool(entry.get("merged_heads"))
+    if merged:  # [B*H, L, d] operands (nn.MultiheadAttention's layout)
+        q, k, v = (x.unflatten(0, (mask.shape[0], -1)) for x in (q, k, v))
+    additive = bool(entry["additive"])
+    scale = entry["scale"]
+    if outcome == "padded":
+        out = _padded(q, k, v, mask, scale, False, additive)
+    else:
+        if outcome == "compact":
+            keep = mask == 0 if additive else mask
+            order = torch.sort((~keep).to(torch.uint8), dim=1, stable=True).indices
+            k, v = (_permute(x, order) for x in (k, v))
+        if scale is None:
+            scale = q.shape[-1] ** -0.5
+        out, _ = torch.ops.gemc.key_lengths_attention(q, k, v, key_lengths, float(scale))
+    if entry.get("nan_if_empty"):
+        keep = mask == 0 if additive else mask
+        out = out.masked_fill(~keep.any(1)[:, None, None, None], float("nan"))
+    return out.flatten(0, 1) if merged else out
+
+
 def key_padding_run(runner: GraphRunner, unit: Unit, env: Env) -> None:
     e = unit["entry"]
     q, k, v, mask = (runner.operand(name, env) for name in _operands(e))
@@ -109,6 +142,12 @@ def key_padding_emit(emitter: Emitter, unit: Unit) -> None:
     if _checked_by_region(emitter, e):
         return
     q, k, v, mask = (emitter.operand(name) for name in _operands(e))
+    decided = emitter.attention_guards.get(str(e["name"]))
+    if decided is not None:  # the check ahead of the graph took the decision: in the graph
+        outcome, lengths = decided
+        emitter.output(e.get("output", e["nodes"][0]),
+                       emitter.call(key_padding_checked, (q, k, v, mask, lengths, outcome, e)))
+        return
     emitter.output(e.get("output", e["nodes"][0]),
                    emitter.eager(_call_key_padding_attention, (q, k, v, mask, e)))
 
