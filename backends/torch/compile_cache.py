@@ -6,10 +6,13 @@ generation) and autotunes kernels, Inductor's and gemc's: tens of seconds on a l
 directory (``gemc-cache/`` next to the plan by default, ``--cache-dir DIR``, or
 ``GEMC_COMPILE_CACHE``):
 
-* ``TORCHINDUCTOR_CACHE_DIR`` = ``DIR/inductor``: Inductor's FX graph cache, AOTAutograd's
-  cache and Inductor's autotuning results (each on by default in torch 2.11 and 2.13;
-  torch's own default is a per-user folder under ``/tmp``, which a reboot or another job
-  empties);
+* ``TORCHINDUCTOR_CACHE_DIR`` = ``DIR/inductor-<ops>``: Inductor's FX graph cache,
+  AOTAutograd's cache and Inductor's autotuning results (each on by default in torch 2.11
+  and 2.13; torch's own default is a per-user folder under ``/tmp``, which a reboot or
+  another job empties). ``<ops>`` fingerprints gemc's custom-op definitions
+  (:func:`ops_fingerprint`): torch's cache keys do not cover a custom op's schema, so a
+  gemc whose op changed its arguments would be served compiled code calling the old ones
+  (seen: ``gemc::embedding_bag_update() expected at most 6 argument(s) but received 9``);
 * ``TRITON_CACHE_DIR`` = ``DIR/triton``: compiled Triton kernels, Inductor's and gemc's
   (Inductor puts its own under its cache dir only when this is unset);
 * ``TRITON_CACHE_AUTOTUNING=1``: ``triton.autotune`` keeps its timings in Triton's cache,
@@ -33,6 +36,7 @@ what hits) and the cache counters torch kept during the run (hits and misses); i
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -73,6 +77,16 @@ class CompileCache:
         return {"dir": self.dir, "inductor": self.inductor, "triton": self.triton,
                 "from_environment": list(self.from_environment), "warm": self.warm,
                 "kept": self.dir is not None, "counters": counters}
+
+
+def ops_fingerprint() -> str:
+    """12 hex digits of the file that defines gemc's custom ops (their schemas and
+    autograd formulas): the Inductor cache's namespace (module doc)."""
+    ops = Path(__file__).resolve().parent.parent / "triton" / "ops.py"
+    try:
+        return hashlib.sha256(ops.read_bytes()).hexdigest()[:12]
+    except OSError:  # an install without the kernels: no compiled gemc ops to go stale
+        return "no-ops"
 
 
 def cache_base(option: str | None, plan_dir: Path | None) -> Path | None:
@@ -140,8 +154,8 @@ def compile_cache(option: str | None, plan_dir: Path | None) -> Iterator[Compile
         root = str(base.resolve())
     else:
         root = tempfile.mkdtemp(prefix="gemc-cold-cache-")
-    wanted = {INDUCTOR: os.path.join(root, "inductor"), TRITON: os.path.join(root, "triton"),
-              AUTOTUNE: "1"}
+    wanted = {INDUCTOR: os.path.join(root, f"inductor-{ops_fingerprint()}"),
+              TRITON: os.path.join(root, "triton"), AUTOTUNE: "1"}
     saved: dict[str, str | None] = {}
     kept = []
     for var, value in wanted.items():

@@ -160,7 +160,6 @@ def _call_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: 
     return out.transpose(1, 2)
 
 
-@torch._dynamo.disable
 def _call_embeddings(name: str, module: nn.Module, entry: dict[str, Any],
                      ids: list[torch.Tensor], offsets: list[torch.Tensor]) -> list[torch.Tensor]:
     flat_ids, flat_offsets, psw = _embedding_inputs(entry, ids, offsets)

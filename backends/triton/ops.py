@@ -31,9 +31,11 @@ One op per kernel *kind*, not per kernel:
   gather's backward): a packed region's entries and its sums over a row's tokens, whose
   gradients add up in fp32 without atomics.
 * ``gemc::embedding_bag`` / ``gemc::embedding_bag_update``: the batched lookup, and its
-  backward, the fused optimizer step, which mutates the flat weight buffer and the optimizer
-  state (declared in ``mutates_args``; a ``0-d`` anchor that requires grad keeps the lookup
-  in the autograd graph, its gradient a zero the optimizer never reads).
+  backward, the fused optimizer step, which writes the registered module's flat weight
+  buffer and optimizer state (module state the op owns, not arguments: see
+  :func:`embedding_bag_update`; a ``0-d`` anchor that requires grad keeps the lookup in the
+  autograd graph, its gradient a zero the optimizer never reads). Traced into the compiled
+  graph like any op: the lookup is no eager island.
 
 Outputs are allocated contiguous in the real and the fake implementation alike: Inductor
 indexes a custom op's outputs with the fake's strides.
@@ -785,20 +787,27 @@ def _embedding_bag_fake(table: str, weights: Tensor, momentum1: Tensor, momentum
     return weights.new_empty((batch, module.total_dim), dtype=torch.float32)
 
 
-@torch.library.custom_op("gemc::embedding_bag_update",
-                         mutates_args=("weights", "momentum1", "momentum2"), **_HOST_SIDE)
-def embedding_bag_update(table: str, weights: Tensor, momentum1: Tensor, momentum2: Tensor,
-                         grad: Tensor, ids: Tensor, offsets: Tensor,
+@torch.library.custom_op("gemc::embedding_bag_update", mutates_args=(), **_HOST_SIDE)
+def embedding_bag_update(table: str, grad: Tensor, ids: Tensor, offsets: Tensor,
                          per_sample_weights: Tensor | None, anchor: Tensor) -> Tensor:
-    """The fused optimizer step of group ``table`` (writes ``weights`` and the optimizer
-    state in place); returns the anchor's gradient, a zero."""
+    """The fused optimizer step of group ``table``: writes the registered module's weights
+    and optimizer state in place, as an optimizer's ``step()`` writes its parameters, and
+    returns the anchor's gradient (a zero).
+
+    Why the tables are not arguments (declared mutated): the step runs in the backward, and
+    AOTAutograd cannot carry a mutation of a tensor the backward received as a saved
+    activation back to the module (it updated a functional copy, and the step was lost:
+    measured on GEM tiny, the tables never moved). As module state the op owns, like the
+    step count it keeps on the host, the update lands wherever the backward runs (eager,
+    or compiled into the same graph as the rest of the model: no eager island, no graph
+    break). Nothing in the backward reads the tables after the update, and the next
+    forward is a later call, so the order is the data's (grad, ids) alone."""
     _TABLES[table]._fused_update(grad, ids, offsets, per_sample_weights)
     return torch.zeros_like(anchor)
 
 
 @embedding_bag_update.register_fake
-def _embedding_bag_update_fake(table: str, weights: Tensor, momentum1: Tensor,
-                               momentum2: Tensor, grad: Tensor, ids: Tensor, offsets: Tensor,
+def _embedding_bag_update_fake(table: str, grad: Tensor, ids: Tensor, offsets: Tensor,
                                per_sample_weights: Tensor | None, anchor: Tensor) -> Tensor:
     return torch.empty_like(anchor)
 
@@ -807,14 +816,13 @@ def _embedding_setup(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
     table, weights, m1, m2, ids, offsets, psw, anchor = inputs
     ctx.table = table
     ctx.has_psw = psw is not None
-    ctx.save_for_backward(weights, m1, m2, ids, offsets, psw if psw is not None else ids,
-                          anchor)
+    ctx.save_for_backward(ids, offsets, psw if psw is not None else ids, anchor)
 
 
 def _embedding_backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
-    weights, m1, m2, ids, offsets, psw, anchor = ctx.saved_tensors
+    ids, offsets, psw, anchor = ctx.saved_tensors
     g_anchor = torch.ops.gemc.embedding_bag_update(
-        ctx.table, weights, m1, m2, grad, ids, offsets, psw if ctx.has_psw else None, anchor)
+        ctx.table, grad, ids, offsets, psw if ctx.has_psw else None, anchor)
     return None, None, None, None, None, None, None, g_anchor
 
 

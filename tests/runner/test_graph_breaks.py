@@ -1,7 +1,9 @@
 """The compiled graph the runner trains is one Dynamo frame where gemc has no eager island
 left: MMoE's task attention over the padded history (a key-padding cross-attention, mask
-from the batch) is decided by the check ahead of the graph and compiled inside it, so the
-run has no graph break and trains as eager does."""
+from the batch) is decided by the check ahead of the graph and compiled inside it; GEM's
+batched lookup with its fused optimizer traces into the graph (its update owns the tables'
+state, so AOTAutograd does not lose it). Each run has no graph break and trains as eager
+does, step after step (a lost table update shows from the second step's loss on)."""
 
 from __future__ import annotations
 
@@ -16,26 +18,38 @@ from gemc.api import load_model
 from gemc.plan import write_plan
 
 MMOE = "examples/zoo/mmoe.py:build"
+GEM = "examples/gem/model.py:build"
 
 
-def test_mmoe_trains_as_one_compiled_frame(tmp_path) -> None:
-    plan = gemc_compile(MMOE, {"preset": "tiny"}, topology="h200:1x1", planner="default")
-    assert any(k["kind"] == "key_padding_attention" for k in plan["kernels"])
-    path = tmp_path / "mmoe.plan.json"
+def _run(entry: str, tmp_path, steps: int = 3):  # noqa: ANN202
+    plan = gemc_compile(entry, {"preset": "tiny"}, topology="h200:1x1", planner="default")
+    path = tmp_path / "plan.json"
     write_plan(path, plan)
     torch._dynamo.reset()
     counters.clear()
     kpa.STATS.reset()
-    result = run(str(path), RunOptions(steps=3, device="cpu", progress=False))
+    result = run(str(path), RunOptions(steps=steps, device="cpu", progress=False))
     assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
-    graph = result.report["graph_executor"]
-    variants = graph["compiled_variants"]
-    assert variants and all(v["checked_attentions"] for v in variants), variants
+    ref = reference_losses(load_model(entry, {"preset": "tiny"}), steps=steps, world_size=1)
+    torch.testing.assert_close([loss for _, loss in result.losses], ref, rtol=1e-4, atol=1e-5)
+    return plan, result
+
+
+def test_mmoe_trains_as_one_compiled_frame(tmp_path) -> None:
+    plan, result = _run(MMOE, tmp_path)
+    assert any(k["kind"] == "key_padding_attention" for k in plan["kernels"])
+    variants = result.report["graph_executor"]["compiled_variants"]
     # the check ahead of the graph counts each step's decision as the op would: MMoE's
     # batches always hold an empty history, whose finite additive row (-1e4 everywhere) is
     # no key mask, so the exact padded attention runs, inside the graph
     assert kpa.STATS.calls == 3 and kpa.STATS.fallback == 3
-    assert all(v["checked_attentions"] == {"key_padding_attention_0": "padded"}
-               for v in variants)
-    ref = reference_losses(load_model(MMOE, {"preset": "tiny"}), steps=3, world_size=1)
-    torch.testing.assert_close([loss for _, loss in result.losses], ref, rtol=1e-4, atol=1e-5)
+    assert variants and all(v["checked_attentions"] == {"key_padding_attention_0": "padded"}
+                            for v in variants), variants
+
+
+def test_gem_trains_as_one_compiled_frame_its_tables_updated_inside_it(tmp_path) -> None:
+    plan, result = _run(GEM, tmp_path)
+    kinds = {k["kind"] for k in plan["kernels"]}
+    assert {"batched_embedding_bag", "key_padding_attention"} <= kinds
+    assert result.report["graph_executor"]["table_lookups"]  # the batched tables ran
+    assert "batched" in result.report["graph_executor"]["table_lookups"].values()

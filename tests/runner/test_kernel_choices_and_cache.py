@@ -169,6 +169,21 @@ def test_a_run_uses_the_plans_choices_and_says_where_each_came_from(
         run(plan_path, RunOptions(**opts, kernel_choices={"norm_7": {"choice": "gemc"}}))
 
 
+def test_the_inductor_cache_is_namespaced_by_gemcs_op_definitions(tmp_path, monkeypatch,
+                                                                  clean_cache_env) -> None:
+    """Compiled code calls gemc's ops by schema, which torch's cache keys do not cover: a
+    gemc whose ops changed compiles into another directory instead of being served stale
+    code."""
+    fingerprint = cc.ops_fingerprint()
+    assert len(fingerprint) == 12 and fingerprint != "no-ops"
+    with cc.compile_cache(str(tmp_path / "c"), None) as cache:
+        first = cache.inductor
+    monkeypatch.setattr(cc, "ops_fingerprint", lambda: "0123456789ab")
+    with cc.compile_cache(str(tmp_path / "c"), None) as cache:
+        assert cache.inductor != first and cache.inductor.endswith("inductor-0123456789ab")
+        assert Path(cache.triton) == tmp_path / "c" / "triton"  # Triton keys on the source
+
+
 def test_cache_variables_a_person_set_win_and_none_keeps_nothing(tmp_path,
                                                                  clean_cache_env) -> None:
     """torch's own /tmp default is replaced, a person's directory is kept, everything is
@@ -178,7 +193,8 @@ def test_cache_variables_a_person_set_win_and_none_keeps_nothing(tmp_path,
 
     clean_cache_env.setenv(cc.INDUCTOR, default_cache_dir())
     with cc.compile_cache(str(tmp_path / "c"), None) as cache:
-        assert cache.inductor == str(tmp_path / "c" / "inductor") == os.environ[cc.INDUCTOR]
+        assert cache.inductor == str(tmp_path / "c" / f"inductor-{cc.ops_fingerprint()}") \
+            == os.environ[cc.INDUCTOR]
         assert cache.triton == str(tmp_path / "c" / "triton") and os.environ[cc.AUTOTUNE] == "1"
         assert cache.from_environment == [] and not cache.warm
     assert os.environ[cc.INDUCTOR] == default_cache_dir() and cc.TRITON not in os.environ
