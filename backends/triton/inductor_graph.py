@@ -126,19 +126,13 @@ def _embedding_inputs(entry: dict[str, Any], ids: list[torch.Tensor],
                       offsets: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor,
                                                             torch.Tensor | None]:
     """The batched lookup's flat ids, offsets and per-id weights, from each table's ids and
-    offsets (ATen ops, compiled with the rest; see ``GraphRunner._bag_layout``)."""
+    offsets: one ``gemc::bag_inputs`` (see there why not its ATen ops)."""
     tables = entry["tables"]
-    ids = [t.to(torch.int64) for t in ids]
-    offs = []
-    for t, tid, off in zip(tables, ids, offsets):
-        off = off.to(torch.int64)
-        if not t["include_last_offset"]:
-            off = torch.cat([off, off.new_full((1,), tid.numel())])
-        offs.append(off)
-    nnz = [tid.numel() for tid in ids]
-    mean = [t["pooling"] == "mean" for t in tables]
-    flat_offsets, psw = GraphRunner._bag_layout(offs, nnz, mean)
-    return torch.cat(ids), flat_offsets, psw
+    flat_ids, flat_offsets, psw = torch.ops.gemc.bag_inputs(
+        ids, offsets, [bool(t["include_last_offset"]) for t in tables],
+        [t["pooling"] == "mean" for t in tables])
+    mean = any(t["pooling"] == "mean" for t in tables)
+    return flat_ids, flat_offsets, psw if mean else None
 
 
 def _call_group(kernel: str, autocast: str, gemm_operands: Sequence[int],

@@ -768,6 +768,41 @@ gather_tokens.register_autograd(_gather_backward, setup_context=_gather_setup)
 # ---- batched embedding lookup with the optimizer in its backward ---------------------------
 
 
+@torch.library.custom_op("gemc::bag_inputs", mutates_args=())
+def bag_inputs(ids: list[Tensor], offsets: list[Tensor], include_last: list[bool],
+               mean: list[bool]) -> tuple[Tensor, Tensor, Tensor]:
+    """The batched lookup's flat ids, offsets and per-id weights (empty when no table is
+    mean-pooled) from each table's ids and offsets (``GraphRunner._bag_layout``).
+
+    Why an op and not its ATen ops in the compiled graph: with a table per sparse feature
+    (hundreds), Inductor writes and autotunes a copy kernel per table for the ``cat``s and
+    the per-table offsets (measured on the H200 when the lookup first compiled into the
+    graph: Wukong's first step 29.4 -> 39.2 s, its runtime autotuning runs 58 -> 123), for
+    a few microseconds of work it does not speed up. As one opaque op those launches are a
+    handful, as in eager."""
+    from .graph_runner import GraphRunner
+
+    flat_ids = torch.cat([t.to(torch.int64) for t in ids])
+    offs = []
+    for tid, off, last in zip(ids, offsets, include_last):
+        off = off.to(torch.int64)
+        offs.append(off if last else torch.cat([off, off.new_full((1,), tid.numel())]))
+    flat_offsets, psw = GraphRunner._bag_layout(offs, [t.numel() for t in ids], list(mean))
+    return flat_ids, flat_offsets, psw if psw is not None else flat_ids.new_empty(
+        0, dtype=torch.float32)
+
+
+@bag_inputs.register_fake
+def _bag_inputs_fake(ids: list[Tensor], offsets: list[Tensor], include_last: list[bool],
+                     mean: list[bool]) -> tuple[Tensor, Tensor, Tensor]:
+    total = sum(t.numel() for t in ids)
+    bags = sum(o.shape[0] - (1 if last else 0) for o, last in zip(offsets, include_last))
+    first = ids[0]
+    return (first.new_empty(total, dtype=torch.int64),
+            first.new_empty(bags + 1, dtype=torch.int64),
+            first.new_empty(total if any(mean) else 0, dtype=torch.float32))
+
+
 @torch.library.custom_op("gemc::embedding_bag", mutates_args=())
 def embedding_bag(table: str, weights: Tensor, momentum1: Tensor, momentum2: Tensor,
                   ids: Tensor, offsets: Tensor, per_sample_weights: Tensor | None,

@@ -380,3 +380,23 @@ def test_embedding_bag_op_looks_up_and_its_backward_is_the_fused_optimizer_step(
     torch.testing.assert_close(ops_module.weights, twin.weights)
     torch.testing.assert_close(ops_module.momentum1, twin.momentum1)
     assert not torch.equal(ops_module.weights, module().weights)  # the step did move them
+
+
+def test_bag_inputs_op_lays_out_the_batched_lookup_as_the_interpreter_does():
+    """``gemc::bag_inputs``: one opaque op for the flat ids, offsets and mean-pooling
+    weights of many tables (start offsets or with the last offset; sum and mean tables),
+    equal to the interpreter's layout; its fake gives the same shapes."""
+    ids = [torch.tensor([1, 3, 3]), torch.tensor([0, 5, 2, 2], dtype=torch.int32)]
+    offsets = [torch.tensor([0, 2]), torch.tensor([0, 1, 4])]  # starts; with the last
+    include_last, mean = [False, True], [True, False]
+    args = (ids, offsets, include_last, mean)
+    torch.library.opcheck(torch.ops.gemc.bag_inputs.default, args,
+                          test_utils=("test_schema", "test_faketensor"))
+    flat_ids, flat_offsets, psw = torch.ops.gemc.bag_inputs(*args)
+    assert flat_ids.tolist() == [1, 3, 3, 0, 5, 2, 2]
+    assert flat_offsets.tolist() == [0, 2, 3, 4, 7]  # table 2 shifted by table 1's 3 ids
+    want = GraphRunner._bag_layout([torch.tensor([0, 2, 3]), torch.tensor([0, 1, 4])],
+                                   [3, 4], mean)[1]
+    torch.testing.assert_close(psw, want)
+    torch.testing.assert_close(psw, torch.tensor([0.5, 0.5, 1.0, 1.0, 1.0, 1.0, 1.0]))
+    assert torch.ops.gemc.bag_inputs(ids, offsets, include_last, [False, False])[2].numel() == 0
