@@ -49,3 +49,57 @@ def test_zoo_attention_case_times_every_model_with_a_history(tmp_path):
     for model in ("hstu", "sasrec_bst", "mmoe"):
         assert zoo[model]["gemc_ms"] > 0 and zoo[model]["vs_sdpa_masked"] > 0
     assert zoo["hstu"]["vs_padded_silu_eager"] > 0
+
+
+def test_narrow_shards_case_checks_every_width_against_pytorch(tmp_path):
+    """``--cases narrow`` at smoke sizes under the interpreter: every width's forward and
+    fused row-wise Adagrad step were checked against PyTorch (the case raises on a
+    mismatch) and timed next to ``nn.EmbeddingBag``; the summary has each width's time per
+    column against the 128-wide shard (1.0 at 128 itself) and both GB/s figures."""
+    bench = load_benchmark("kernels")
+    out = tmp_path / "narrow.json"
+    bench.main(["--smoke", "--no-compile", "--cases", "narrow", "--out", str(out)])
+    report = json.loads(out.read_text())
+    rows = report["results"]
+    assert not [r for r in rows if r["error"]], [r for r in rows if r["error"]]
+    assert {r["case"] for r in rows} == {f"narrow shard {w} wide, pooling {p}"
+                                         for w in (8, 16, 32, 64, 128) for p in (5, 2)}
+    narrow = report["narrow"]
+    assert set(narrow) == {"pooling 5", "pooling 2"}
+    for per_mode in narrow.values():
+        assert set(per_mode) == {"gemc triton fwd", "gemc triton fwd+bwd+opt",
+                                 "eager EmbeddingBag fwd", "eager EmbeddingBag fwd+bwd",
+                                 "eager EmbeddingBag + Adagrad fwd+bwd+opt"}
+        for cells in per_mode.values():
+            assert cells["128"]["per_column_vs_128"] == 1.0
+            assert all(c["ms"] > 0 and c["rows_gbps"] > 0 and c["per_column_vs_128"] > 0
+                       for c in cells.values())
+            # an 8-wide fp32 row is exactly one sector: the two byte counts agree
+            assert abs(cells["8"]["rows_gbps"] - cells["8"]["sectors_gbps"]) < 1e-9
+
+
+def test_narrow_check_catches_a_wrong_update():
+    """The benchmark's own check fails on a kernel that is off: a shard whose learning rate
+    differs from the reference's by 1% is caught."""
+    import pytest
+    import torch
+
+    bench = load_benchmark("kernels")
+    from gemc.backends.triton import BatchedEmbeddingBag
+
+    torch.manual_seed(0)
+    bag = torch.nn.EmbeddingBag(50, 8, mode="sum", sparse=True)
+    ids, offsets = torch.randint(0, 50, (12,)), torch.arange(0, 13, 3)
+    grad = torch.randn(4, 8)
+    good = BatchedEmbeddingBag([(50, 8)], lr=0.01, eps=1e-8)
+    bench._narrow_check(good, bag, ids, offsets, grad, 0.01, 1e-8)
+    bad = BatchedEmbeddingBag([(50, 8)], lr=0.0101, eps=1e-8)
+    with pytest.raises(AssertionError):
+        bench._narrow_check(bad, bag, ids, offsets, grad, 0.01, 1e-8)
+
+
+def test_sector_bytes():
+    bench = load_benchmark("kernels")
+    assert bench.sector_bytes(8) == 32.0 and bench.sector_bytes(128) == 512.0
+    assert bench.sector_bytes(8, element_bytes=2) == 32.0  # a 16-byte row moves a sector
+    assert bench.sector_bytes(12) == 64.0  # 48-byte rows straddle two sectors each
