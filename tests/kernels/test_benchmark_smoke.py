@@ -28,15 +28,21 @@ def test_benchmark_smoke_writes_json(tmp_path):
     assert [t["required_speedup"] for t in report["targets"]] == [2.0, 3.0]
 
 
-def test_zoo_attention_case_times_every_model_with_a_history(tmp_path):
-    """``--cases zoo`` at the zoo's tiny shapes: per model with a history, gemc's kernel and
-    the padded baselines timed and checked against eager; the summary names every model."""
-    bench = load_benchmark("kernels")
-    out = tmp_path / "zoo.json"
-    bench.main(["--smoke", "--no-compile", "--cases", "zoo", "--out", str(out)])
+def _smoke_rows(tmp_path, case: str) -> tuple[dict, list[dict]]:
+    """The report of ``--smoke --cases <case>`` and its rows, none of which failed."""
+    out = tmp_path / f"{case}.json"
+    load_benchmark("kernels").main(["--smoke", "--no-compile", "--cases", case, "--out",
+                                    str(out)])
     report = json.loads(out.read_text())
     rows = report["results"]
     assert not [r for r in rows if r["error"]], [r for r in rows if r["error"]]
+    return report, rows
+
+
+def test_zoo_attention_case_times_every_model_with_a_history(tmp_path):
+    """``--cases zoo`` at the zoo's tiny shapes: per model with a history, gemc's kernel and
+    the padded baselines timed and checked against eager; the summary names every model."""
+    report, rows = _smoke_rows(tmp_path, "zoo")
     cases = {r["case"] for r in rows}
     assert cases == {"hstu: silu attention causal", "sasrec_bst: softmax attention",
                      "mmoe: softmax attention causal"}
@@ -56,12 +62,7 @@ def test_narrow_shards_case_checks_every_width_against_pytorch(tmp_path):
     fused row-wise Adagrad step were checked against PyTorch (the case raises on a
     mismatch) and timed next to ``nn.EmbeddingBag``; the summary has each width's time per
     column against the 128-wide shard (1.0 at 128 itself) and both GB/s figures."""
-    bench = load_benchmark("kernels")
-    out = tmp_path / "narrow.json"
-    bench.main(["--smoke", "--no-compile", "--cases", "narrow", "--out", str(out)])
-    report = json.loads(out.read_text())
-    rows = report["results"]
-    assert not [r for r in rows if r["error"]], [r for r in rows if r["error"]]
+    report, rows = _smoke_rows(tmp_path, "narrow")
     assert {r["case"] for r in rows} == {f"narrow shard {w} wide, pooling {p}"
                                          for w in (8, 16, 32, 64, 128) for p in (5, 2)}
     narrow = report["narrow"]
