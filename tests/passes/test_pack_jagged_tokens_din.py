@@ -174,6 +174,30 @@ def test_masked_dice_region_runs_packed_and_matches_eager():
     assert pt.GUARD_STATS.packed == before + 1
 
 
+def test_masked_dice_region_trains_as_eager_in_the_compiled_graph():
+    """The compiled (Inductor) graph checks the mask ahead of it and runs a graph compiled
+    for the step's token count: three steps of other lengths, each packed, each loss and
+    gradient as eager's."""
+    from gemc.backends.torch.graph_mode import GraphExecutor
+    from gemc.backends.torch.sparse_optim import EmbeddingOptimConfig, EmbeddingOptimizer
+    from gemc.backends.triton import packed_tokens as pt
+
+    from tests.fusion.helpers import compiled, entries_of, train_against_eager
+
+    gm, ctx, spec = compiled(f"{__file__}:build_masked")
+    executor = GraphExecutor(gm, {}, spec.model, entries_of(gm, ctx), tables={},
+                             emb_opt=EmbeddingOptimizer({}, EmbeddingOptimConfig(),
+                                                        world_size=1),
+                             device=torch.device("cpu"))
+    assert executor.guard is not None and executor.guard.names == ["packed_tokens_0"]
+    assert executor.not_applied == []
+    batches = [din._batch(din.PRESETS["tiny"], step, 0, "cpu") for step in range(3)]
+    pt.GUARD_STATS.reset()
+    train_against_eager(executor, spec.model, batches)
+    assert pt.GUARD_STATS.as_dict() == {"calls": 3, "packed": 3, "padded": 0}
+    assert all(v["packed_regions"]["packed_tokens_0"] < 64 for v in executor.variants)
+
+
 def build_masked(dtype: str = "float32") -> ModelSpec:
     """The masked-Dice DIN as an entrypoint (its tiny batches)."""
     model, batch = _masked(getattr(torch, dtype))
