@@ -3,6 +3,7 @@
     python benchmarks/kernels.py [--preset h200] [--cases attention,silu,embedding,jagged]
                                  [--no-compile] [--no-causal] [--out results.json]
     python benchmarks/kernels.py --cases zoo --out $OUT/zoo_attention.json   # H200, < 4 min
+    python benchmarks/kernels.py --cases narrow --out $OUT/narrow.json       # H200, < 40 s
     TRITON_INTERPRET=1 python benchmarks/kernels.py --smoke --no-compile   # CPU, tiny
 
 Cases (each timed as forward only and as forward+backward, per variant):
@@ -24,6 +25,19 @@ Cases (each timed as forward only and as forward+backward, per variant):
   same step reading and rewriting narrower rows (stochastically rounded).
 * ``jagged``: ``jagged_to_padded`` vs its ``index_put`` formulation (eager, compiled), and
   ``padded_to_jagged`` vs its gather formulation.
+* ``narrow`` (not in the default set): is gemc's pooled lookup slow on narrow shards?
+  TorchRec's estimator charges shards under 128 columns 1.15x and under 64 1.75x per byte
+  (a block penalty); gemc's cost model charges whole 32-byte sectors per row. One table of
+  ``NARROW`` shape (DLRMv2-like: 40M rows, local batch 4,096, pooling 100 and 12 ids a
+  bag) at widths 8, 16, 32, 64, 128: gemc's ``BatchedEmbeddingBag`` (fp32, fused row-wise
+  Adagrad in its backward) forward and forward+backward+optimizer, vs ``nn.EmbeddingBag``
+  (``sparse=True``) forward, forward+backward, and + ``torch.optim.Adagrad``. Each row
+  has ms, GB/s of rows read (``width x 4`` bytes a row, and the 32-byte sectors it spans)
+  and the time per column relative to the 128-wide shard (the JSON's ``narrow`` section;
+  1.0 = no penalty, 16 = a width-8 shard as slow as a 128-wide one). Every width's forward
+  and one fused step (its touched rows after row-wise Adagrad, from PyTorch's sparse
+  gradient) are checked against PyTorch with ``assert_close`` before timing. H200, < 40 s:
+  ``python benchmarks/kernels.py --cases narrow --out $OUT/narrow.json``.
 * ``zoo`` (not in the default set): each zoo model with a history, its attention at the
   model's own preset shapes (``h200``; ``tiny`` under ``--smoke``), lengths uniform in 1..L
   (~50% fill): gemc's jagged kernel vs padded ``F.scaled_dot_product_attention`` with the
@@ -82,6 +96,20 @@ PRESETS = {
                     tables=3, rows=(50, 100), dims=(8, 16), pooling=(0, 5), jagged_dim=8),
 }
 
+@dataclasses.dataclass(frozen=True)
+class Narrow:
+    """One embedding shard of the ``narrow`` case: ``rows`` x each of ``widths``, ``batch``
+    bags of each of ``poolings`` ids (fixed, as DLRMv2's multi-hot features)."""
+
+    rows: int
+    batch: int
+    poolings: tuple[int, ...]
+    widths: tuple[int, ...] = (8, 16, 32, 64, 128)
+
+
+NARROW = {"h200": Narrow(rows=40_000_000, batch=4096, poolings=(100, 12)),
+          "smoke": Narrow(rows=1000, batch=4, poolings=(5, 2))}
+
 TARGETS = {
     "attention": ("jagged softmax attention fwd+bwd vs padded SDPA (eager)", 2.0),
     "embedding": ("fused lazy-Adam embedding step vs EmbeddingBag + dense AdamW (eager)", 3.0),
@@ -93,12 +121,15 @@ TARGETS = {
 # ---------------------------------------------------------------------------------------
 
 
-def bench_ms(fn: Callable[[], Any], device: torch.device) -> float:
-    """Median milliseconds of ``fn``: CUDA events through do_bench, or wall clock on CPU."""
+def bench_ms(fn: Callable[[], Any], device: torch.device, warmup: int = 25, rep: int = 100
+             ) -> float:
+    """Median milliseconds of ``fn``: CUDA events through do_bench (``warmup`` and ``rep``
+    ms of runs), or wall clock on CPU."""
     if device.type == "cuda":
         import triton.testing
 
-        return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+        return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep,
+                                             return_mode="median"))
     fn()  # warm up (compiles, autotunes); the CPU run only checks that nothing crashes
     times = []
     for _ in range(1):
@@ -127,12 +158,13 @@ class Recorder:
     def __init__(self, device: torch.device):
         self.device = device
         self.rows: list[Row] = []
+        self.timing: dict[str, int] = {}  # bench_ms's warmup / rep (ms), where not default
 
     def run(self, case: str, mode: str, variant: str, fn: Callable[[], Any], *,
             baseline: bool = False, work: float | None = None, unit: str = "TFLOP/s") -> Row:
         row = Row(case, mode, variant, baseline=baseline)
         try:
-            row.ms = bench_ms(fn, self.device)
+            row.ms = bench_ms(fn, self.device, **self.timing)
             if work:
                 row.throughput = f"{work / row.ms / 1e9:.3g} {unit}"
         except Exception as exc:  # noqa: BLE001 - a failed variant is a result, not a crash
@@ -521,6 +553,135 @@ def embedding_case(rec: Recorder, p: Preset, compile_: bool, gen: torch.Generato
         _free(dev)
 
 
+def sector_bytes(width: int, element_bytes: int = 4, sector: int = 32) -> float:
+    """Mean bytes of the 32-byte sectors one row of ``width`` elements spans (the table's
+    base sector-aligned, rows at uniformly random ids): what the memory system moves for
+    it, the unit of gemc's cost model (a 16-byte row still moves a whole sector)."""
+    row = width * element_bytes
+    spans = [(r * row + row - 1) // sector - (r * row) // sector + 1 for r in range(sector)]
+    return sector * sum(spans) / len(spans)
+
+
+def narrow_case(rec: Recorder, n: Narrow, gen: torch.Generator) -> dict[str, Any]:
+    """gemc's pooled lookup on one shard at each width of ``n.widths`` against PyTorch's
+    ``nn.EmbeddingBag``; see the module docstring (``narrow``). Returns the summary: per
+    (pooling, variant, mode), per width, ms, GB/s and time per column against 128 wide."""
+    from gemc.backends.triton import BatchedEmbeddingBag
+
+    dev = rec.device
+    lr, eps = 0.01, 1.0e-8
+    summary: dict[str, Any] = {}
+    # 50 timings in a 40 s run on an H200 (with the tables' setup and the autotuning):
+    # shorter than the default 25 + 100 ms each; ~20 steps of the slowest variant
+    rec.timing = {"warmup": 10, "rep": 40}
+    for width in n.widths:
+        bag = torch.nn.EmbeddingBag(n.rows, width, mode="sum", sparse=True, device=dev)
+        gemc = BatchedEmbeddingBag([(n.rows, width)], optimizer="rowwise_adagrad", lr=lr,
+                                   eps=eps, device=dev)
+        opt = torch.optim.Adagrad(bag.parameters(), lr=lr, eps=eps)
+        for pooling in n.poolings:
+            nnz = n.batch * pooling
+            ids = torch.randint(0, n.rows, (nnz,), generator=gen).to(dev)
+            offsets = (torch.arange(n.batch + 1) * pooling).to(dev)
+            grad = torch.randn(n.batch, width, generator=gen).to(dev)
+            _narrow_check(gemc, bag, ids, offsets, grad, lr, eps)
+            _narrow_timings(rec, summary, f"pooling {pooling}", width, gemc, bag, opt, ids,
+                            offsets, grad)
+        del bag, gemc, opt
+        _free(dev)
+    rec.timing = {}
+    for per_mode in summary.values():  # time per column, against the 128-wide shard
+        for widths in per_mode.values():
+            ref = widths.get("128", {}).get("ms")
+            for w, cell in widths.items():
+                cell["per_column_vs_128"] = (cell["ms"] / int(w)) / (ref / 128) \
+                    if cell["ms"] and ref else None
+    return summary
+
+
+def _narrow_timings(rec: Recorder, summary: dict[str, Any], key: str, width: int, gemc: Any,
+                    bag: torch.nn.EmbeddingBag, opt: torch.optim.Optimizer, ids: torch.Tensor,
+                    offsets: torch.Tensor, grad: torch.Tensor) -> None:
+    """The ``narrow`` case's five timings of one (width, pooling), into ``rec`` and
+    ``summary[key]``."""
+    import torch.nn.functional as F
+
+    nnz = ids.numel()
+    case = f"narrow shard {width} wide, pooling {nnz // (offsets.numel() - 1)}"
+    variants: list[tuple[str, str, Callable[[], Any], bool]] = [  # (..., baseline)
+        ("gemc triton", "fwd", lambda: gemc(ids, offsets), False),
+        ("gemc triton", "fwd+bwd+opt", lambda: gemc(ids, offsets).backward(grad), False),
+        ("eager EmbeddingBag", "fwd",
+         lambda: F.embedding_bag(ids, bag.weight.detach(), offsets[:-1], mode="sum"), True),
+        ("eager EmbeddingBag", "fwd+bwd",
+         lambda: _eager_step(bag, None, ids, offsets, grad), False),
+        ("eager EmbeddingBag + Adagrad", "fwd+bwd+opt",
+         lambda: _eager_step(bag, opt, ids, offsets, grad), True),
+    ]
+    width_bytes = 4.0 * nnz * width
+    sectors = nnz * sector_bytes(width)
+    for variant, mode, fn, base in variants:
+        with torch.no_grad() if mode == "fwd" else torch.enable_grad():
+            row = rec.run(case, mode, variant, fn, baseline=base)
+        if row.ms:
+            row.throughput = (f"{width_bytes / row.ms / 1e6:.0f} GB/s rows, "
+                              f"{sectors / row.ms / 1e6:.0f} GB/s sectors")
+        summary.setdefault(key, {}).setdefault(f"{variant} {mode}", {})[str(width)] = {
+            "ms": row.ms, "error": row.error,
+            "rows_gbps": row.ms and width_bytes / row.ms / 1e6,
+            "sectors_gbps": row.ms and sectors / row.ms / 1e6}
+
+
+def _eager_step(bag: torch.nn.EmbeddingBag, opt: torch.optim.Optimizer | None,
+                ids: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor) -> None:
+    """PyTorch's lookup, its sparse gradient and (with ``opt``) the optimizer step; the
+    gradient dropped after each (an accumulated sparse gradient grows every run)."""
+    bag(ids, offsets[:-1]).backward(grad)
+    if opt is not None:
+        opt.step()
+    bag.weight.grad = None
+
+
+@torch.no_grad()
+def _narrow_check(gemc: Any, bag: torch.nn.EmbeddingBag, ids: torch.Tensor,
+                  offsets: torch.Tensor, grad: torch.Tensor, lr: float, eps: float) -> None:
+    """gemc's shard against PyTorch at the benchmark's size, before timing: the pooled
+    forward, and one fused backward + row-wise Adagrad step on the rows the batch touched
+    (PyTorch's sparse gradient, coalesced: ``acc = mean(g^2)``,
+    ``w -= lr * g / (sqrt(acc) + eps)``). Raises on a mismatch: a wrong kernel is not
+    timed. The shard's weights are PyTorch's afterwards again (the step is undone)."""
+    import torch.nn.functional as F
+
+    gemc.load_weights([bag.weight])
+    gemc.reset_optimizer_state()
+    torch.testing.assert_close(gemc(ids, offsets),
+                               F.embedding_bag(ids, bag.weight, offsets[:-1], mode="sum"))
+    with torch.enable_grad():
+        weight = bag.weight.detach().requires_grad_()
+        F.embedding_bag(ids, weight, offsets[:-1], mode="sum", sparse=True).backward(grad)
+        g = weight.grad.coalesce()
+        gemc(ids, offsets).backward(grad)
+    touched, g = g.indices()[0], g.values()
+    acc = g.pow(2).mean(1, keepdim=True)
+    want = bag.weight[touched] - lr * g / (acc.sqrt() + eps)
+    torch.testing.assert_close(gemc.split_weights()[0][touched], want)
+    torch.testing.assert_close(gemc.momentum1[touched], acc.squeeze(1))
+    gemc.load_weights([bag.weight])
+    gemc.reset_optimizer_state()
+
+
+def print_narrow(summary: dict[str, Any]) -> None:
+    """Time per column against the 128-wide shard, per pooling, variant and mode."""
+    for pooling, per_mode in summary.items():
+        widths = sorted({int(w) for cells in per_mode.values() for w in cells})
+        print(f"narrow shards, {pooling}: time per column / the 128-wide shard's "
+              f"(1.0 = no penalty; TorchRec charges 1.15 below 128, 1.75 below 64)")
+        print("  " + "variant / mode".ljust(40) + "".join(f"{w:>8}" for w in widths))
+        for name, cells in per_mode.items():
+            vals = [cells.get(str(w), {}).get("per_column_vs_128") for w in widths]
+            print("  " + name.ljust(40) + "".join(f"{_fmt(v, '.2f'):>8}" for v in vals))
+
+
 def jagged_case(rec: Recorder, p: Preset, compile_: bool, gen: torch.Generator) -> None:
     from gemc.backends.triton import (
         jagged_to_padded,
@@ -626,7 +787,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--preset", choices=sorted(PRESETS), default="h200")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (same as --preset smoke)")
     ap.add_argument("--cases", default="attention,silu,embedding,jagged",
-                    help="comma-separated subset of attention,silu,query,embedding,jagged,zoo")
+                    help="comma-separated subset of attention,silu,query,embedding,jagged,zoo,"
+                         "narrow")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile variants")
     ap.add_argument("--no-causal", action="store_true", help="attention without causal mask")
     ap.add_argument("--seed", type=int, default=None, help="input seed (default: fresh)")
@@ -643,12 +805,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
     gen = torch.Generator().manual_seed(seed)
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
-    unknown = set(cases) - {"attention", "silu", "query", "embedding", "jagged", "zoo"}
+    unknown = set(cases) - {"attention", "silu", "query", "embedding", "jagged", "zoo",
+                            "narrow"}
     if unknown:
         ap.error(f"unknown cases: {sorted(unknown)}")
 
     rec = Recorder(device)
     compile_, causal = not args.no_compile, not args.no_causal
+    narrow: dict[str, Any] = {}
     for case in cases:
         print(f"... {case}", file=sys.stderr, flush=True)
         if case in ("attention", "silu"):
@@ -661,10 +825,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                      compile_, gen)
         elif case == "embedding":
             embedding_case(rec, preset, compile_, gen)
+        elif case == "narrow":
+            narrow = narrow_case(rec, NARROW["smoke" if preset_name == "smoke" else "h200"],
+                                 gen)
         else:
             jagged_case(rec, preset, compile_, gen)
     rec.finish()
     print_table(rec.rows)
+    if narrow:
+        print_narrow(narrow)
     report = {
         "environment": environment(device),
         "preset": preset_name,
@@ -676,6 +845,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "results": [dataclasses.asdict(r) for r in rec.rows],
         "targets": targets(rec.rows),
     }
+    if narrow:
+        report["narrow"] = narrow
     if "zoo" in cases:
         report["zoo"] = zoo_summary(rec.rows)
         for model, z in report["zoo"].items():

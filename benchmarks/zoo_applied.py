@@ -66,7 +66,9 @@ WHY_NOT = {
         "non-prefix mask packs too); the nn.Embedding lookups are not bags"
     ),
     "din": (
-        "target attention is an MLP over [h,c,h-c,h*c] (no SDPA); bags with "
+        "target attention is an MLP over [h,c,h-c,h*c] (no SDPA); the history stays padded "
+        "because Dice's batch statistics (mean/var over all B*L rows) read the padded "
+        "tokens (the pass's warning names the node and module); bags with "
         "per_sample_weights are excluded from group-embeddings"
     ),
     "wukong": (
@@ -145,6 +147,20 @@ def applied(name: str, preset: str, topology: str) -> dict[str, Any]:
     }
 
 
+def packed_refusals(warnings: list[str]) -> list[str]:
+    """Why ``pack-jagged-tokens`` left a history padded, from the plan's warnings: the text
+    after "stays padded" (what reads the padded tokens, in which module; or what the
+    runner lacks to pack it)."""
+    out = []
+    for w in warnings:
+        if not w.startswith("pack-jagged-tokens:") or "stays padded" not in w:
+            continue
+        why = w.split("stays padded", 1)[1].lstrip(": (").rstrip(")")
+        subject = w[len("pack-jagged-tokens:"):].split("stays padded", 1)[0].strip()
+        out.append(f"{subject}: {why}")
+    return out
+
+
 ATTENTION = {"jagged_attention": "jagged", "key_padding_attention": "guarded",
              "jagged_silu_attention": "silu", "jagged_query_attention": "jagged queries"}  # kernel kind -> its name in the table
 
@@ -158,6 +174,9 @@ def _cell(row: dict[str, Any]) -> list[str]:
     attn = (f"yes ({made})" if made
             else f"no (graph: {g.get('sdpa', 0)} SDPA, {g.get('sdpa_causal', 0)} causal)")
     packed = f"yes ({k['packed_tokens']})" if k.get("packed_tokens") else "no"
+    refused = packed_refusals(row["warnings"])
+    if refused:  # the pass's own reasons, from the plan's warnings (measured, not inferred)
+        packed += "; stays padded: " + " | ".join(refused)
     bags = g.get("embedding_bag", 0)
     batched = (f"{row['batched_lookups']} of {bags} bags in {k.get('batched_embedding_bag', 0)} "
                f"kernel(s) ({g.get('bag_weighted', 0)} weighted bags); "

@@ -280,6 +280,32 @@ def _cleaning_mask(arg: Any, out_shape: tuple[int, ...], dims: Dims, facts: Fact
     return all(s == (out_shape[i] if i in dims else 1) for i, s in enumerate(padded))
 
 
+def _masked_product(arg: Any, out_shape: tuple[int, ...], dims: Dims, facts: Facts) -> bool:
+    """``arg`` is a product by the key-padding mask (``scores * mask``), possibly cast or
+    with trailing dims unsqueezed (``[..., None]``), laid along ``dims``: its padding rows
+    are zero, so multiplying by it zeroes them too (DIN's sum pooling
+    ``sum(weights[..., None] * keys, 1)`` with ``weights`` masked). The same rule as a
+    multiply by the mask itself: a padding row of the other factor is never read."""
+    node = arg
+    while isinstance(node, fx.Node) and node.op == "call_function" and (
+            node.target in _CASTS or (node.target is aten.unsqueeze.default
+                                      and _norm(node.args[1], len(ir.shape_of(node) or ()))
+                                      == len(ir.shape_of(node) or ()) - 1)):
+        node = node.args[0]
+    if not (isinstance(node, fx.Node) and node.target is aten.mul.Tensor):
+        return False
+    shape = tuple(ir.shape_of(arg) or ())
+    inner = tuple(ir.shape_of(node) or ())
+    padded = (1,) * (len(out_shape) - len(shape)) + shape
+    lead = len(out_shape) - len(shape)  # where ``arg``'s dims start in the output
+    if len(padded) != len(out_shape) or any(padded[d] != out_shape[d] for d in dims) \
+            or any(d - lead >= len(inner) or d < lead for d in dims) \
+            or shape[:len(inner)] != inner or any(s != 1 for s in shape[len(inner):]):
+        return False
+    at = (dims[0] - lead, dims[1] - lead)
+    return any(_cleaning_mask(a, inner, at, facts) for a in node.args[:2])
+
+
 def _step(user: fx.Node, src: fx.Node, dims: Dims, facts: Facts
           ) -> list[tuple[fx.Node, Dims]] | str | tuple[str, Dims] | None:
     """Where the padding rows go through ``user``: new (node, dims), ``"clean"`` (not read),
@@ -382,7 +408,8 @@ def _step(user: fx.Node, src: fx.Node, dims: Dims, facts: Facts
         shift = len(out_shape) - rank
         nd = (bd + shift, ld + shift)
         if t in (aten.mul.Tensor,) and any(
-            _cleaning_mask(a, out_shape, nd, facts) for a in user.args if a is not src
+            _cleaning_mask(a, out_shape, nd, facts) or _masked_product(a, out_shape, nd, facts)
+            for a in user.args if a is not src
         ):
             return ("zero", nd)
         return [(user, nd)]

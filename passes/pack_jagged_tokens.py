@@ -62,6 +62,19 @@ prefix, so only this packs it. A region holding HSTU's pointwise attention is ne
 compact: its bias and normaliser read positions, not ranks. ``every_row``: the region holds an attention that is NaN on a
 row with no kept key (eager's softmax); it packs only when every row keeps one.
 
+Histories no attention reads: a boolean ``[B, L]`` keep-mask (an input, ``arange(L) <
+lengths``) multiplied into values that come from ``[B, L, ...]`` lookups or inputs, with no
+attention kernel using it (DIN: an MLP scores each behaviour, the scores are masked and
+sum-pooled), gets a guarded region the same way, its flow followed from those lookups. A
+product by a masked value (``(scores * mask)[..., None] * keys``) zeroes padding rows as a
+multiply by the mask does. Where a node may read the padded tokens (DIN's Dice: mean and
+variance over all ``B * L`` rows), the history stays padded.
+
+Every history left padded is a warning (in the plan's ``warnings``) naming the reader, its
+op and what it reduces over, and the module it was traced in (:func:`why_read`): e.g. "a
+reduction over the token axis (mean over the B*L = 2048*512 rows in mean_1, from
+attention.dnn.3 (Dice)) reads padded tokens; packing would change the result".
+
 The compiled (Inductor) graph fixes its shapes when it is compiled, so there the check runs
 ahead of it, on the batch, and picks a graph compiled for its outcome: packed at the token
 count rounded up to a bucket, or padded (``backends/triton/region_guard``).
@@ -80,6 +93,8 @@ from gemc import ir
 from gemc.context import PassContext
 
 from .jagged_patterns import (
+    _CASTS,
+    _VIEWS,
     KeyMask,
     PaddingFlow,
     follow_padding,
@@ -218,16 +233,24 @@ class PackJaggedTokens:
         for names, facts in _sources(gm):
             sources = [by_name[n] for n in names]
             offsets = by_name.get(facts["offsets"])
-            if offsets is None or any(s.target is not aten.index_put.default for s in sources) \
-                    or len({(ir.shape_of(s.args[2]) or (0,))[0] for s in sources}) != 1:
-                continue  # (one layout: as many values in every source)
+            why = ("its offsets are not in the graph" if offsets is None else
+                   "a source is not an index_put of values into the padded shape"
+                   if any(s.target is not aten.index_put.default for s in sources) else
+                   "its sources hold different numbers of tokens (one layout needs as many "
+                   "in each)" if len({(ir.shape_of(s.args[2]) or (0,))[0] for s in sources})
+                   != 1 else None)
+            if why is not None:
+                ctx.warn(f"pack-jagged-tokens: {', '.join(names)} stay padded ({why})")
+                continue
             layout = (offsets, int(facts["clamp_min"]), int(facts["max_len"]))
             flows = [follow_padding(s, (0, 1), layout) for s in sources]
             read = next(((s, f) for s, f in zip(sources, flows) if isinstance(f, fx.Node)),
                         None)
             if read is not None:
+                shape = ir.shape_of(read[0]) or (0, 0)
                 ctx.warn(f"pack-jagged-tokens: {read[0].name} stays padded: its padding rows "
-                         f"may be read unmasked by {read[1].name}")
+                         f"may be read unmasked by {read[1].name}: "
+                         f"{why_read(read[1], int(shape[0]), int(shape[1]))}")
                 continue
             flow = _merge(flows)  # type: ignore[arg-type]
             if isinstance(flow, str):
@@ -255,7 +278,9 @@ class PackJaggedTokens:
                          float(facts["fill"]), ctx),
             }
         around = self._guarded_regions(gm, count, ctx)
-        return PassResult(gm, count > 0 or bool(around))
+        made = {n.meta[PACKED]["id"] for n in gm.graph.nodes if PACKED in n.meta}
+        unattended = _unattended_histories(gm, len(made), ctx)
+        return PassResult(gm, count > 0 or bool(around) or unattended > 0)
 
     def _guarded_regions(self, gm: fx.GraphModule, first: int, ctx: PassContext
                          ) -> set[fx.Node]:
@@ -289,9 +314,7 @@ class PackJaggedTokens:
             flow, starts = found
             # compact: the same flow without the prefix assumption (no causal attention
             # relying on the padding being a suffix), so kept positions in any order pack
-            loose = _guarded_flow(gm, node, replace(key_mask, prefix=False))
-            compact = not isinstance(loose, str) and loose[0].carriers == flow.carriers \
-                and loose[0].zeroed == flow.zeroed and not _by_position(flow)
+            compact = _compact(flow, _guarded_flow(gm, node, replace(key_mask, prefix=False)))
             if set(flow.carriers) & taken or set(flow.zeroed) & taken:
                 node.meta[PACKED_SKIPPED] = "overlap"
                 ctx.warn(f"pack-jagged-tokens: the sequence around {node.name} stays padded "
@@ -300,36 +323,46 @@ class PackJaggedTokens:
             around.add(node)
             rid = f"packed_tokens_{first + count}"
             count += 1
-            nodes = _mark(gm, flow, rid)
-            taken |= set(nodes)
-            check = key_mask.keep if ir.dtype_of(key_mask.keep) == torch.bool else mask
-            head = starts[0]
-            head.meta[PACKED_REGION] = {
-                "id": rid,
-                "kind": "packed_tokens",
-                "guard": "prefix-check",
-                "padded_from": head.name,
-                "starts": [n.name for n in starts],
-                "mask": check.name,
-                "additive": check is mask and key_mask.additive,
-                # kept positions in any order pack (the flow holds without the prefix)
-                "compact": compact,
-                # the guarded attentions in it whose key mask keeps what the region's check
-                # reads (another spelling of one mask: a bool keep, the additive mask
-                # nn.MultiheadAttention fills from it): the compiled graph runs them on the
-                # region's tokens, as the check already found their layout
-                "in_place": [n.name for n in nodes if _same_mask(n, key_mask)],
-                # an attention NaN on a row with no kept key (eager's softmax): packed only
-                # when every row keeps one (its NaN reaches the loss, masked or not)
-                "every_row": any((n.meta.get(ir.KERNEL) or {}).get("nan_if_empty")
-                                 for n in (node, *flow.carriers)),
-                "clamp_min": 0,
-                "max_len": key_mask.length,
-                "batch": key_mask.batch,
-                "fill": 1.0,  # data: unknown at compile time
-                **_price(nodes, [head], 1.0, ctx),
-            }
+            taken |= set(_guarded_entry(gm, rid, flow, starts, key_mask, mask, compact,
+                                        [node], ctx))
         return around
+
+
+def _guarded_entry(gm: fx.GraphModule, rid: str, flow: PaddingFlow, starts: list[fx.Node],
+                   key_mask: KeyMask, mask: fx.Node, compact: bool, also: list[fx.Node],
+                   ctx: PassContext) -> list[fx.Node]:
+    """Mark ``flow`` as guarded region ``rid`` (checked at run time on ``mask``) and put its
+    entry on its first start; ``also``: nodes beside the flow whose kernel facts count for
+    ``every_row`` (the attention it is built around). Returns the region's nodes."""
+    nodes = _mark(gm, flow, rid)
+    check = key_mask.keep if ir.dtype_of(key_mask.keep) == torch.bool else mask
+    head = starts[0]
+    head.meta[PACKED_REGION] = {
+        "id": rid,
+        "kind": "packed_tokens",
+        "guard": "prefix-check",
+        "padded_from": head.name,
+        "starts": [n.name for n in starts],
+        "mask": check.name,
+        "additive": check is mask and key_mask.additive,
+        # kept positions in any order pack (the flow holds without the prefix)
+        "compact": compact,
+        # the guarded attentions in it whose key mask keeps what the region's check
+        # reads (another spelling of one mask: a bool keep, the additive mask
+        # nn.MultiheadAttention fills from it): the compiled graph runs them on the
+        # region's tokens, as the check already found their layout
+        "in_place": [n.name for n in nodes if _same_mask(n, key_mask)],
+        # an attention NaN on a row with no kept key (eager's softmax): packed only
+        # when every row keeps one (its NaN reaches the loss, masked or not)
+        "every_row": any((n.meta.get(ir.KERNEL) or {}).get("nan_if_empty")
+                         for n in (*also, *flow.carriers)),
+        "clamp_min": 0,
+        "max_len": key_mask.length,
+        "batch": key_mask.batch,
+        "fill": 1.0,  # data: unknown at compile time
+        **_price(nodes, [head], 1.0, ctx),
+    }
+    return nodes
 
 
 def _same_mask(node: fx.Node, key_mask: KeyMask) -> bool:
@@ -340,6 +373,13 @@ def _same_mask(node: fx.Node, key_mask: KeyMask) -> bool:
         return False
     mask = next((n for n in node.graph.nodes if n.name == facts["mask"]), None)
     return mask is not None and keep_of(mask) is key_mask.keep
+
+
+def _compact(flow: PaddingFlow, loose: tuple[PaddingFlow, list[fx.Node]] | str) -> bool:
+    """The region of ``flow`` packs kept positions in any order: ``loose``, the same flow
+    followed without the prefix assumption, is the same, and no op reads positions."""
+    return not isinstance(loose, str) and loose[0].carriers == flow.carriers \
+        and loose[0].zeroed == flow.zeroed and not _by_position(flow)
 
 
 def _by_position(flow: PaddingFlow) -> bool:
@@ -363,6 +403,13 @@ def _history_starts(attention: fx.Node, batch: int, length: int) -> list[fx.Node
     """Where the attention's padded history begins: the ancestors (of its own arguments)
     that are floating ``[B, L, ...]`` graph inputs or embedding lookups, in graph order."""
     seen = ir.ancestors(list(attention.all_input_nodes))
+    return _starts_among(seen, attention.graph, batch, length)
+
+
+def _starts_among(seen: set[fx.Node], graph: fx.Graph, batch: int, length: int
+                  ) -> list[fx.Node]:
+    """The floating ``[B, L, ...]`` graph inputs and embedding lookups of ``seen``, in
+    graph order."""
     out = []
     for n in seen:
         shape = tuple(ir.shape_of(n) or ())
@@ -373,7 +420,7 @@ def _history_starts(attention: fx.Node, batch: int, length: int) -> list[fx.Node
         if (n.op == "placeholder" and ir.PARAM not in n.meta) or \
                 n.target is aten.embedding.default:
             out.append(n)
-    order = {n: i for i, n in enumerate(attention.graph.nodes)}
+    order = {n: i for i, n in enumerate(graph.nodes)}
     return sorted(out, key=order.__getitem__)
 
 
@@ -384,11 +431,26 @@ def _guarded_flow(gm: fx.GraphModule, attention: fx.Node, key_mask: KeyMask
     starts = _history_starts(attention, key_mask.batch, key_mask.length)
     if not starts:
         return "no-history-input: no [B, L, ...] input or lookup feeds the attention"
+    found = _flow_from(gm, starts, key_mask)
+    if isinstance(found, str):
+        return found
+    if attention not in found[0].carriers and not any(
+            a in found[0].carriers for a in attention.all_input_nodes):
+        return "the attention is not in the region"
+    return found
+
+
+def _flow_from(gm: fx.GraphModule, starts: list[fx.Node], key_mask: KeyMask
+               ) -> tuple[PaddingFlow, list[fx.Node]] | str:
+    """The padding flow from every one of ``starts`` (a history's inputs and lookups),
+    merged (each node at one layout), and the starts that are in it; or why there is no
+    region."""
     flows = []
     for start in starts:
         flow = follow_padding(start, (0, 1), key_mask)
         if isinstance(flow, fx.Node):
-            return f"padding rows of {start.name} may be read unmasked by {flow.name}"
+            return (f"padding rows of {start.name} may be read unmasked by {flow.name}: "
+                    f"{why_read(flow, key_mask.batch, key_mask.length)}")
         flows.append(flow)
     merged = _merge(flows)
     if isinstance(merged, str):
@@ -396,10 +458,147 @@ def _guarded_flow(gm: fx.GraphModule, attention: fx.Node, key_mask: KeyMask
     placeholders = [s for s in starts if s.op == "placeholder"]
     for s in placeholders:  # an input stays padded: it enters the region by a gather
         merged.carriers.pop(s)
-    if attention not in merged.carriers and not any(
-            a in merged.carriers for a in attention.all_input_nodes):
-        return "the attention is not in the region"
+    if not merged.carriers:
+        return "no token-wise op reads the history"
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     inside = [s for s in starts if s.op != "placeholder"] or [
         min(merged.carriers, key=order.__getitem__)]
     return merged, inside
+
+
+# ---- why a history stays padded ------------------------------------------------------------
+
+_REDUCTIONS = {
+    aten.sum.dim_IntList: "sum", aten.sum.default: "sum", aten.mean.dim: "mean",
+    aten.mean.default: "mean", aten.var.correction: "var", aten.var.dim: "var",
+    aten.std.correction: "std", aten.std.dim: "std", aten.amax.default: "amax",
+    aten.amin.default: "amin", aten.max.dim: "max", aten.min.dim: "min",
+    aten.logsumexp.default: "logsumexp", aten.prod.dim_int: "prod",
+    aten.native_batch_norm.default: "batch_norm", aten._native_batch_norm_legit.default:
+    "batch_norm", aten._native_batch_norm_legit_functional.default: "batch_norm",
+}
+_MIXING = {aten.cumsum.default: "cumsum", aten.cumprod.default: "cumprod",
+           aten._softmax.default: "softmax", aten._log_softmax.default: "log_softmax"}
+
+
+def _module_of(node: fx.Node) -> str:
+    """``, from <module path> (<class>)`` of the innermost module ``node`` was traced in
+    (the capture's ``nn_module_stack``), or nothing: for the message only, never matched."""
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return ""
+    path, cls = list(stack.values())[-1]
+    cls = getattr(cls, "__name__", str(cls)).rsplit(".", 1)[-1]
+    return f", from {path} ({cls})" if path else f", from the model ({cls})"
+
+
+def _reduced(node: fx.Node, rank: int) -> list[int]:
+    """The dims ``node`` (a reduction) reduces; all of them when it names none."""
+    dims = node.args[1] if len(node.args) > 1 and not isinstance(node.args[1], bool) \
+        else node.kwargs.get("dim")
+    if node.target in (aten.native_batch_norm.default, aten._native_batch_norm_legit.default,
+                       aten._native_batch_norm_legit_functional.default):
+        return [d for d in range(rank) if d != 1]  # statistics per channel (dim 1)
+    if dims is None:
+        return list(range(rank))
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    return sorted({d % rank for d in dims}) if rank else []
+
+
+def why_read(reader: fx.Node, batch: int, length: int) -> str:
+    """Why ``reader`` (the first node :func:`.jagged_patterns.follow_padding` found that may
+    read padding rows) stops packing, in the user's terms: which op, over what, in which
+    module. A reduction or scan over the token axis reads every padded token, so packing
+    would change its result; any other op is one gemc has no token-wise rule for."""
+    where = f"{reader.name}{_module_of(reader)}"
+    if reader.op == "output":
+        return "the graph returns them (a model output holds the padded tokens)"
+    data = reader.args[0] if reader.args and isinstance(reader.args[0], fx.Node) else None
+    shape = tuple(ir.shape_of(data) or ()) if data is not None else ()
+    if reader.target in _REDUCTIONS or reader.target in _MIXING:
+        op = _REDUCTIONS.get(reader.target) or _MIXING[reader.target]
+        dims = _reduced(reader, len(shape)) if reader.target in _REDUCTIONS else \
+            [int(reader.args[1]) % max(len(shape), 1)]
+        sizes = [int(shape[d]) for d in dims if d < len(shape)]
+        if batch * length in sizes or (batch in sizes and length in sizes):
+            over = f"the B*L = {batch}*{length} rows"
+        elif length in sizes:
+            over = f"the L = {length} positions of each row"
+        else:
+            over = "dims " + ", ".join(map(str, dims))
+        kind = "reduction" if reader.target in _REDUCTIONS else (
+            "scan" if op.startswith("cum") else "softmax")
+        return (f"a {kind} over the token axis ({op} over {over} in {where}) reads padded "
+                "tokens; packing would change the result")
+    op = getattr(reader.target, "__name__", str(reader.target))
+    return (f"{op} in {where} has no rule proving it token-wise (it may mix or read padded "
+            "tokens)")
+
+
+def _multiplied_masks(gm: fx.GraphModule) -> list[tuple[fx.Node, list[fx.Node]]]:
+    """Boolean ``[B, L]`` keep-masks (an input, ``arange(L) < lengths``, a mask computed
+    from inputs) that the graph multiplies into values, each with those multiplies: the
+    key-padding masks of histories no attention kernel reads (DIN's weights masked by the
+    history's length). Found by what the mask is and does, not by name."""
+    out = []
+    for node in gm.graph.nodes:
+        shape = tuple(ir.shape_of(node) or ())
+        if ir.dtype_of(node) != torch.bool or len(shape) != 2 or keep_of(node) is not node:
+            continue
+        muls, stack, seen = [], [node], set()
+        while stack:
+            x = stack.pop()
+            if x in seen:
+                continue
+            seen.add(x)
+            for user in x.users:
+                if user.op != "call_function":
+                    continue
+                if user.target in _CASTS or user.target in _VIEWS:
+                    stack.append(user)
+                elif user.target is aten.mul.Tensor:
+                    muls.append(user)
+        if muls:
+            out.append((node, muls))
+    return out
+
+
+def _unattended_histories(gm: fx.GraphModule, first: int, ctx: PassContext) -> int:
+    """Guarded regions of padded histories under a key-padding mask that no attention
+    kernel reads (DIN: an MLP scores each behaviour, the scores are multiplied by the mask
+    and sum-pooled), numbered from ``first``; returns how many. The mask is only known at
+    run time here as around a guarded attention (the runner checks it once per call and
+    runs the region padded when it is no prefix); where a node may read the padded tokens
+    (Dice's mean over all B*L rows) the history stays padded and the warning says which
+    node, which op and which module."""
+    taken = {n for n in gm.graph.nodes if PACKED in n.meta}
+    count = 0
+    by_name = {n.name: n for n in gm.graph.nodes}
+    attended = {keep_of(by_name[f["mask"]]) for n in gm.graph.nodes
+                if (f := n.meta.get(ir.KERNEL) or {}).get("mask") in by_name}
+    for mask, muls in _multiplied_masks(gm):
+        if mask in attended or any(m in taken for m in muls):
+            continue  # an attention's key mask: its region (or why not) is reported above
+        batch, length = (int(x) for x in ir.shape_of(mask))
+        starts = [s for s in _starts_among(ir.ancestors(muls), gm.graph, batch, length)
+                  if s not in taken and s is not mask]
+        if not starts or any(PACKED_SKIPPED in s.meta for s in starts):
+            continue
+        key_mask = KeyMask(mask, False, mask, batch, length, prefix=True)
+        found = _flow_from(gm, starts, key_mask)
+        if not isinstance(found, str) and (set(found[0].carriers) | set(found[0].zeroed)) \
+                & taken:
+            found = "overlap: the history meets another region's"
+        if isinstance(found, str):
+            for s in starts:
+                s.meta[PACKED_SKIPPED] = found
+            ctx.warn(f"pack-jagged-tokens: the history {', '.join(x.name for x in starts)} "
+                     f"(masked by {mask.name}, [{batch}, {length}]) stays padded: "
+                     f"{found}")
+            continue
+        flow, inside = found
+        compact = _compact(flow, _flow_from(gm, starts, replace(key_mask, prefix=False)))
+        rid = f"packed_tokens_{first + count}"
+        count += 1
+        taken |= set(_guarded_entry(gm, rid, flow, inside, key_mask, mask, compact, [], ctx))
+    return count

@@ -28,15 +28,21 @@ def test_benchmark_smoke_writes_json(tmp_path):
     assert [t["required_speedup"] for t in report["targets"]] == [2.0, 3.0]
 
 
-def test_zoo_attention_case_times_every_model_with_a_history(tmp_path):
-    """``--cases zoo`` at the zoo's tiny shapes: per model with a history, gemc's kernel and
-    the padded baselines timed and checked against eager; the summary names every model."""
-    bench = load_benchmark("kernels")
-    out = tmp_path / "zoo.json"
-    bench.main(["--smoke", "--no-compile", "--cases", "zoo", "--out", str(out)])
+def _smoke_rows(tmp_path, case: str) -> tuple[dict, list[dict]]:
+    """The report of ``--smoke --cases <case>`` and its rows, none of which failed."""
+    out = tmp_path / f"{case}.json"
+    load_benchmark("kernels").main(["--smoke", "--no-compile", "--cases", case, "--out",
+                                    str(out)])
     report = json.loads(out.read_text())
     rows = report["results"]
     assert not [r for r in rows if r["error"]], [r for r in rows if r["error"]]
+    return report, rows
+
+
+def test_zoo_attention_case_times_every_model_with_a_history(tmp_path):
+    """``--cases zoo`` at the zoo's tiny shapes: per model with a history, gemc's kernel and
+    the padded baselines timed and checked against eager; the summary names every model."""
+    report, rows = _smoke_rows(tmp_path, "zoo")
     cases = {r["case"] for r in rows}
     assert cases == {"hstu: silu attention causal", "sasrec_bst: softmax attention",
                      "mmoe: softmax attention causal"}
@@ -49,3 +55,52 @@ def test_zoo_attention_case_times_every_model_with_a_history(tmp_path):
     for model in ("hstu", "sasrec_bst", "mmoe"):
         assert zoo[model]["gemc_ms"] > 0 and zoo[model]["vs_sdpa_masked"] > 0
     assert zoo["hstu"]["vs_padded_silu_eager"] > 0
+
+
+def test_narrow_shards_case_checks_every_width_against_pytorch(tmp_path):
+    """``--cases narrow`` at smoke sizes under the interpreter: every width's forward and
+    fused row-wise Adagrad step were checked against PyTorch (the case raises on a
+    mismatch) and timed next to ``nn.EmbeddingBag``; the summary has each width's time per
+    column against the 128-wide shard (1.0 at 128 itself) and both GB/s figures."""
+    report, rows = _smoke_rows(tmp_path, "narrow")
+    assert {r["case"] for r in rows} == {f"narrow shard {w} wide, pooling {p}"
+                                         for w in (8, 16, 32, 64, 128) for p in (5, 2)}
+    narrow = report["narrow"]
+    assert set(narrow) == {"pooling 5", "pooling 2"}
+    for per_mode in narrow.values():
+        assert set(per_mode) == {"gemc triton fwd", "gemc triton fwd+bwd+opt",
+                                 "eager EmbeddingBag fwd", "eager EmbeddingBag fwd+bwd",
+                                 "eager EmbeddingBag + Adagrad fwd+bwd+opt"}
+        for cells in per_mode.values():
+            assert cells["128"]["per_column_vs_128"] == 1.0
+            assert all(c["ms"] > 0 and c["rows_gbps"] > 0 and c["per_column_vs_128"] > 0
+                       for c in cells.values())
+            # an 8-wide fp32 row is exactly one sector: the two byte counts agree
+            assert abs(cells["8"]["rows_gbps"] - cells["8"]["sectors_gbps"]) < 1e-9
+
+
+def test_narrow_check_catches_a_wrong_update():
+    """The benchmark's own check fails on a kernel that is off: a shard whose learning rate
+    differs from the reference's by 1% is caught."""
+    import pytest
+    import torch
+
+    bench = load_benchmark("kernels")
+    from gemc.backends.triton import BatchedEmbeddingBag
+
+    torch.manual_seed(0)
+    bag = torch.nn.EmbeddingBag(50, 8, mode="sum", sparse=True)
+    ids, offsets = torch.randint(0, 50, (12,)), torch.arange(0, 13, 3)
+    grad = torch.randn(4, 8)
+    good = BatchedEmbeddingBag([(50, 8)], lr=0.01, eps=1e-8)
+    bench._narrow_check(good, bag, ids, offsets, grad, 0.01, 1e-8)
+    bad = BatchedEmbeddingBag([(50, 8)], lr=0.0101, eps=1e-8)
+    with pytest.raises(AssertionError):
+        bench._narrow_check(bad, bag, ids, offsets, grad, 0.01, 1e-8)
+
+
+def test_sector_bytes():
+    bench = load_benchmark("kernels")
+    assert bench.sector_bytes(8) == 32.0 and bench.sector_bytes(128) == 512.0
+    assert bench.sector_bytes(8, element_bytes=2) == 32.0  # a 16-byte row moves a sector
+    assert bench.sector_bytes(12) == 64.0  # 48-byte rows straddle two sectors each

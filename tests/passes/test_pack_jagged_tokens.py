@@ -64,7 +64,9 @@ def test_a_reader_of_the_padding_rows_leaves_the_history_padded():
     # ...but its history is read unmasked beside it: no region at all
     assert not [n for n in gm.graph.nodes if ir.PACKED in n.meta or ir.PACKED_REGION in n.meta]
     assert ctx.warnings == ["pack-jagged-tokens: index_put stays padded: its padding rows may "
-                            "be read unmasked by mean"]
+                            "be read unmasked by mean: a reduction over the token axis (mean "
+                            "over the L = 4 positions of each row in mean, from the model "
+                            "(Jagged)) reads padded tokens; packing would change the result"]
 
 
 class _PaddedHistory(nn.Module):
@@ -116,5 +118,6 @@ def test_a_sequence_mixing_op_keeps_the_guarded_history_padded():
         CHECK-SAME: packed_skipped=padding rows of x may be read unmasked by cumsum
         CHECK-NOT: packed=
     """)
-    assert any("stays padded (padding rows of x may be read unmasked by cumsum)" in w
+    assert any("stays padded (padding rows of x may be read unmasked by cumsum: a scan over "
+               "the token axis (cumsum over the L = 4 positions of each row in cumsum" in w
                for w in ctx.warnings), ctx.warnings
