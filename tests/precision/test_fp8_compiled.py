@@ -1,6 +1,7 @@
-"""The fp8 linear under torch.compile: Dynamo traces its autograd function (all ATen ops and
-``torch._scaled_mm``), AOTAutograd its backward, and Inductor fuses the quantisation into the
-LayerNorm that produced the activation. On the CPU the GEMMs are the exact emulation
+"""The fp8 linear under torch.compile: Dynamo records the ``gemc::fp8_linear`` custom op by its
+fake with the quantisation in front of it as ATen ops, AOTAutograd traces its autograd formula
+(the output gradient's quantisation, ``gemc::fp8_scaled_mm``), and Inductor fuses the
+quantisation into the LayerNorm that produced the activation. On the CPU the GEMMs are the exact emulation
 (dequantised fp32 matmul), or the CPU's own ``_scaled_mm`` where torch has one."""
 
 from __future__ import annotations
@@ -108,6 +109,6 @@ def test_inductor_fuses_the_quantisation_into_the_norm_and_matches_the_emulation
     fused = [line for line in forward.splitlines()  # a kernel's name or its ATen ops
              if "def " not in line and "layer_norm" in line and "frexp" in line]
     assert fused, "no kernel computes the norm and the fp8 scales together"
-    assert "_scaled_mm" in forward
+    assert "gemc.fp8_linear" in forward and "gemc.fp8_scaled_mm" in codes[1]
     for name, g, w in zip(("y", "dx", "dW", "db", "dgamma"), got, want):
         assert sqnr(w, g) >= 40.0, name
