@@ -233,6 +233,20 @@ def _pad_contraction(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, to
     return a, b
 
 
+def _quantized_operands(a: torch.Tensor, b: torch.Tensor, scaling: str
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(qa, qb, scale_a, scale_b) of ``a[M, K] @ b[K, N]``: K padded to 16, each operand
+    quantised along K and laid out as ``_scaled_mm`` wants -- ATen ops, traced and fused."""
+    a, b = _pad_contraction(a.detach(), b.detach())
+    qa, sa = quantize(a, scaling, dim=1)
+    qb, sb = quantize(b, scaling, dim=0)
+    if not _is_row_major(qa):
+        qa = qa.contiguous()
+    if not _is_col_major(qb):
+        qb = qb.t().contiguous().t()
+    return qa, qb, sa, sb
+
+
 def fp8_matmul(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -245,13 +259,7 @@ def fp8_matmul(
 
     Each operand is quantized along K (its own scales), then laid out as ``_scaled_mm``
     wants (row-major a, column-major b) -- the copy, where one is needed, moves fp8 bytes."""
-    a, b = _pad_contraction(a, b)
-    qa, sa = quantize(a, scaling, dim=1)
-    qb, sb = quantize(b, scaling, dim=0)
-    if not _is_row_major(qa):
-        qa = qa.contiguous()
-    if not _is_col_major(qb):
-        qb = qb.t().contiguous().t()
+    qa, qb, sa, sb = _quantized_operands(a, b, scaling)
     out = scaled_mm(qa, qb, sa, sb, FP8_OUT_DTYPE, emulate=emulate)
     return out if out_dtype == FP8_OUT_DTYPE else out.to(out_dtype)
 
@@ -342,20 +350,6 @@ def _wide_mm_op(a: torch.Tensor, b: torch.Tensor, choice: str, out_dtype: str) -
 @_wide_mm_op.register_fake
 def _(a: torch.Tensor, b: torch.Tensor, choice: str, out_dtype: str) -> torch.Tensor:
     return a.new_empty(a.shape[0], b.shape[1], dtype=_dtype(out_dtype))
-
-
-def _quantized_operands(a: torch.Tensor, b: torch.Tensor, scaling: str
-                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(qa, qb, scale_a, scale_b) of ``a[M, K] @ b[K, N]``: K padded to 16, each operand
-    quantised along K and laid out as ``_scaled_mm`` wants -- ATen ops, traced and fused."""
-    a, b = _pad_contraction(a.detach(), b.detach())
-    qa, sa = quantize(a, scaling, dim=1)
-    qb, sb = quantize(b, scaling, dim=0)
-    if not _is_row_major(qa):
-        qa = qa.contiguous()
-    if not _is_col_major(qb):
-        qb = qb.t().contiguous().t()
-    return qa, qb, sa, sb
 
 
 def _op_gemm(a: torch.Tensor, b: torch.Tensor, choice: GemmChoice, out_dtype: torch.dtype,
