@@ -271,20 +271,16 @@ def gemm(
     out_dtype: torch.dtype,
     *,
     emulate: bool | None = None,
-    under_autocast: bool = False,
 ) -> torch.Tensor:
     """``a @ b`` in the precision ``choice`` says, returned in ``out_dtype``.
 
     bf16 on a CPU is emulated: bf16-rounded operands multiplied in fp32 (their products are
     exact there) and the result rounded to bf16 -- what a bf16 GEMM with fp32 accumulation
-    computes, without CPUs' slow native bf16 matmul. ``under_autocast``: the caller cannot
-    turn an active autocast off, so an fp32 GEMM multiplies in float64, which autocast never
-    narrows (bf16 and the fp8 paths give the same values under a bf16 autocast)."""
+    computes, without CPUs' slow native bf16 matmul. Under an active autocast the matmuls
+    here would be narrowed: callers turn it off (the linear's custom ops do)."""
     if choice.dtype == "fp8":
         return fp8_matmul(a, b, str(choice.scaling), out_dtype, emulate=emulate)
     if choice.dtype == "fp32":
-        if under_autocast:
-            return (a.double() @ b.double()).to(out_dtype)
         return (a.float() @ b.float()).to(out_dtype)
     if a.device.type == "cpu":
         out = a.to(torch.bfloat16).float() @ b.to(torch.bfloat16).float()
