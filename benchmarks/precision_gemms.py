@@ -57,19 +57,22 @@ class _Unit(nn.Module):
 
     def __init__(self, k: int, n: int, fp8_rowwise: bool, emulate: bool) -> None:
         super().__init__()
+        from gemc.fp8_recipe import FP8_ROW, Fp8Recipe
+
         self.norm, self.linear = nn.LayerNorm(k), nn.Linear(k, n)
         self.fp8_rowwise, self.emulate = fp8_rowwise, emulate
+        # Built here, not in forward: torch 2.11's Dynamo cannot construct the recipe
+        # dataclass in a traced frame and breaks the graph there.
+        self.recipe = Fp8Recipe.uniform(FP8_ROW)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from gemc.backends.torch import fp8
 
-        from gemc.fp8_recipe import FP8_ROW, Fp8Recipe
-
         h = self.norm(x)
         if not self.fp8_rowwise:
             return self.linear(h)
-        return fp8.fp8_linear(h, self.linear.weight, self.linear.bias,
-                              Fp8Recipe.uniform(FP8_ROW), emulate=self.emulate)
+        return fp8.fp8_linear(h, self.linear.weight, self.linear.bias, self.recipe,
+                              emulate=self.emulate)
 
 
 def _grads(unit: _Unit, x: torch.Tensor, dy: torch.Tensor, fn: Callable[..., torch.Tensor],

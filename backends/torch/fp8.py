@@ -233,6 +233,20 @@ def _pad_contraction(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, to
     return a, b
 
 
+def _quantized_operands(a: torch.Tensor, b: torch.Tensor, scaling: str
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(qa, qb, scale_a, scale_b) of ``a[M, K] @ b[K, N]``: K padded to 16, each operand
+    quantised along K and laid out as ``_scaled_mm`` wants -- ATen ops, traced and fused."""
+    a, b = _pad_contraction(a.detach(), b.detach())
+    qa, sa = quantize(a, scaling, dim=1)
+    qb, sb = quantize(b, scaling, dim=0)
+    if not _is_row_major(qa):
+        qa = qa.contiguous()
+    if not _is_col_major(qb):
+        qb = qb.t().contiguous().t()
+    return qa, qb, sa, sb
+
+
 def fp8_matmul(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -245,13 +259,7 @@ def fp8_matmul(
 
     Each operand is quantized along K (its own scales), then laid out as ``_scaled_mm``
     wants (row-major a, column-major b) -- the copy, where one is needed, moves fp8 bytes."""
-    a, b = _pad_contraction(a, b)
-    qa, sa = quantize(a, scaling, dim=1)
-    qb, sb = quantize(b, scaling, dim=0)
-    if not _is_row_major(qa):
-        qa = qa.contiguous()
-    if not _is_col_major(qb):
-        qb = qb.t().contiguous().t()
+    qa, qb, sa, sb = _quantized_operands(a, b, scaling)
     out = scaled_mm(qa, qb, sa, sb, FP8_OUT_DTYPE, emulate=emulate)
     return out if out_dtype == FP8_OUT_DTYPE else out.to(out_dtype)
 
@@ -263,20 +271,16 @@ def gemm(
     out_dtype: torch.dtype,
     *,
     emulate: bool | None = None,
-    under_autocast: bool = False,
 ) -> torch.Tensor:
     """``a @ b`` in the precision ``choice`` says, returned in ``out_dtype``.
 
     bf16 on a CPU is emulated: bf16-rounded operands multiplied in fp32 (their products are
     exact there) and the result rounded to bf16 -- what a bf16 GEMM with fp32 accumulation
-    computes, without CPUs' slow native bf16 matmul. ``under_autocast``: the caller cannot
-    turn an active autocast off, so an fp32 GEMM multiplies in float64, which autocast never
-    narrows (bf16 and the fp8 paths give the same values under a bf16 autocast)."""
+    computes, without CPUs' slow native bf16 matmul. Under an active autocast the matmuls
+    here would be narrowed: callers turn it off (the linear's custom ops do)."""
     if choice.dtype == "fp8":
         return fp8_matmul(a, b, str(choice.scaling), out_dtype, emulate=emulate)
     if choice.dtype == "fp32":
-        if under_autocast:
-            return (a.double() @ b.double()).to(out_dtype)
         return (a.float() @ b.float()).to(out_dtype)
     if a.device.type == "cpu":
         out = a.to(torch.bfloat16).float() @ b.to(torch.bfloat16).float()
@@ -284,60 +288,133 @@ def gemm(
     return (a.to(torch.bfloat16) @ b.to(torch.bfloat16)).to(out_dtype)
 
 
-# ----------------------------------------------------------------------------- autograd
+# ----------------------------------------------------------------------------- custom ops
+#
+# Why custom ops and not an ``autograd.Function``: Dynamo traces an autograd.Function by
+# speculating its forward and backward as subgraphs of a higher-order op, and torch 2.11's
+# speculation failed on this one on the H200 (an AssertionError in
+# ``overwrite_tensor_vt_proxy`` after a graph break at the call), while torch 2.13's passed.
+# A ``torch.library.custom_op`` with a fake and an autograd formula is one node of an ordinary
+# ATen graph on every torch version: Dynamo records it by its fake, AOTAutograd traces its
+# backward formula (plain Python over ATen ops and these ops) into the backward graph, and
+# Inductor calls it. What stays outside the ops -- every quantisation (amax, power-of-two
+# scale, cast, layout copy) -- is ATen ops in the traced graphs, so Inductor still fuses the
+# activation's quantisation into the kernel that produced it (a LayerNorm), forward and
+# backward. Inside the ops only the GEMMs run, with autocast off: a real kernel call is not
+# traced, so turning autocast off there is allowed on every version, and a compiled fp32
+# GEMM is the eager one (the autograd.Function had to widen it to float64 instead).
+
+
+def _dtype(name: str) -> torch.dtype:
+    return getattr(torch, name)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _choice(label: str) -> GemmChoice:
+    """The :class:`GemmChoice` of its ``label`` (an op argument is a string)."""
+    for choice in (GemmChoice("fp32"), GemmChoice("bf16"), GemmChoice("fp8", ROWWISE),
+                   GemmChoice("fp8", TENSORWISE)):
+        if choice.label == label:
+            return choice
+    raise ValueError(f"unknown GEMM choice {label!r}")
+
+
+@torch.library.custom_op("gemc::fp8_scaled_mm", mutates_args=())
+def _scaled_mm_op(qa: torch.Tensor, qb: torch.Tensor, scale_a: torch.Tensor,
+                  scale_b: torch.Tensor, emulate: bool) -> torch.Tensor:
+    """:func:`scaled_mm` to bf16 (the quantised operands in ``_scaled_mm``'s layouts)."""
+    with _no_autocast(qa.device.type):
+        return scaled_mm(qa, qb, scale_a, scale_b, FP8_OUT_DTYPE, emulate=emulate)
+
+
+@_scaled_mm_op.register_fake
+def _(qa: torch.Tensor, qb: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+      emulate: bool) -> torch.Tensor:
+    return qa.new_empty(qa.shape[0], qb.shape[1], dtype=FP8_OUT_DTYPE)
+
+
+@torch.library.custom_op("gemc::wide_mm", mutates_args=())
+def _wide_mm_op(a: torch.Tensor, b: torch.Tensor, choice: str, out_dtype: str) -> torch.Tensor:
+    """``a @ b`` in fp32 or bf16 (:func:`gemm`) with autocast off."""
+    with _no_autocast(a.device.type):
+        return gemm(a, b, _choice(choice), _dtype(out_dtype))
+
+
+@_wide_mm_op.register_fake
+def _(a: torch.Tensor, b: torch.Tensor, choice: str, out_dtype: str) -> torch.Tensor:
+    return a.new_empty(a.shape[0], b.shape[1], dtype=_dtype(out_dtype))
+
+
+def _op_gemm(a: torch.Tensor, b: torch.Tensor, choice: GemmChoice, out_dtype: torch.dtype,
+             emulate: bool) -> torch.Tensor:
+    """:func:`gemm`'s values, its GEMM a custom op and its quantisation ATen ops."""
+    if choice.dtype != "fp8":
+        return torch.ops.gemc.wide_mm(a, b, choice.label, _dtype_name(out_dtype))
+    qa, qb, sa, sb = _quantized_operands(a, b, str(choice.scaling))
+    out = torch.ops.gemc.fp8_scaled_mm(qa, qb, sa, sb, emulate)
+    return out if out_dtype == FP8_OUT_DTYPE else out.to(out_dtype)
+
+
+@torch.library.custom_op("gemc::fp8_linear", mutates_args=())
+def _linear_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+               qx: torch.Tensor | None, qw: torch.Tensor | None, sx: torch.Tensor | None,
+               sw: torch.Tensor | None, fwd: str, dgrad: str, wgrad: str, out_dtype: str,
+               emulate: bool) -> torch.Tensor:
+    """``x[M, K] W[N, K]^T + b``: from the quantised ``qx``, ``qw^T`` and their scales when
+    ``fwd`` is fp8 (quantised by the caller, outside the op, where Inductor fuses it), else
+    from ``x`` and ``weight``. ``x`` and ``weight`` are inputs either way: the autograd
+    formula saves them for the backward's GEMMs (``dgrad``, ``wgrad``)."""
+    dtype = _dtype(out_dtype)
+    with _no_autocast(x.device.type):
+        if qx is not None and qw is not None and sx is not None and sw is not None:
+            y = scaled_mm(qx, qw, sx, sw, FP8_OUT_DTYPE, emulate=emulate).to(dtype)
+        else:
+            y = gemm(x, weight.t(), _choice(fwd), dtype, emulate=emulate)
+        if bias is not None:
+            y = y + bias.to(dtype)
+    return y
+
+
+@_linear_op.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+      qx: torch.Tensor | None, qw: torch.Tensor | None, sx: torch.Tensor | None,
+      sw: torch.Tensor | None, fwd: str, dgrad: str, wgrad: str, out_dtype: str,
+      emulate: bool) -> torch.Tensor:
+    return x.new_empty(x.shape[0], weight.shape[0], dtype=_dtype(out_dtype))
+
+
+def _linear_setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    x, weight, bias, _, _, _, _, _, dgrad, wgrad, _, emulate = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.dgrad, ctx.wgrad, ctx.emulate = _choice(dgrad), _choice(wgrad), emulate
+    ctx.has_bias = bias is not None
+
+
+def _linear_backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    """dx = dy W (``dgrad``), dW = dy^T x (``wgrad``), db = the fp32 sum of dy: the high-
+    precision x and W saved, quantised again along the backward GEMMs' contractions (a
+    row-wise scale of the forward is not the scale they need)."""
+    x, weight = ctx.saved_tensors
+    dx = dw = db = None
+    if ctx.needs_input_grad[0]:
+        dx = _op_gemm(dy, weight, ctx.dgrad, x.dtype, ctx.emulate)
+    if ctx.needs_input_grad[1]:
+        dw = _op_gemm(dy.t(), x, ctx.wgrad, weight.dtype, ctx.emulate)
+    if ctx.has_bias and ctx.needs_input_grad[2]:
+        db = dy.sum(0, dtype=torch.float32)
+    return dx, dw, db, None, None, None, None, None, None, None, None, None
+
+
+_linear_op.register_autograd(_linear_backward, setup_context=_linear_setup)
 
 
 @contextlib.contextmanager
 def _no_autocast(device_type: str) -> Iterator[None]:
     with torch.autocast(device_type=device_type, enabled=False):
         yield
-
-
-class _Fp8LinearFn(torch.autograd.Function):
-    """``x[M, K] W[N, K]^T + b`` with each of the three GEMMs in its recipe's precision.
-
-    Saves the high-precision x and W (as a bf16 linear under autocast saves its inputs) and
-    quantizes again in backward along the other axes: a row-wise scale of the forward is
-    not the scale the backward GEMMs need."""
-
-    @staticmethod
-    def forward(  # type: ignore[override]
-        ctx: Any,
-        x: torch.Tensor,
-        weight: torch.Tensor,
-        bias: torch.Tensor | None,
-        recipe: Fp8Recipe,
-        out_dtype: torch.dtype,
-        emulate: bool | None,
-    ) -> torch.Tensor:
-        ctx.save_for_backward(x, weight)
-        ctx.recipe, ctx.emulate, ctx.has_bias = recipe, emulate, bias is not None
-        ctx.x_dtype, ctx.out_dtype = x.dtype, out_dtype
-        y = gemm(x, weight.t(), recipe.fwd, out_dtype, emulate=emulate)
-        if bias is not None:
-            y = y + bias.to(out_dtype)
-        return y
-
-    @staticmethod
-    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
-        x, weight = ctx.saved_tensors
-        recipe: Fp8Recipe = ctx.recipe
-        dx = dw = db = None
-        # Eager, the engine may run this under the caller's autocast: turn it off. Compiled,
-        # Dynamo refuses an autocast change inside a traced backward, and AOTAutograd traces
-        # the backward under the forward's ambient autocast: gemm keeps fp32 GEMMs wide.
-        compiling = torch.compiler.is_compiling()
-        guard = contextlib.nullcontext() if compiling else _no_autocast(dy.device.type)
-        with guard:
-            if ctx.needs_input_grad[0]:
-                dx = gemm(dy, weight, recipe.dgrad, ctx.x_dtype, emulate=ctx.emulate,
-                          under_autocast=compiling)
-            if ctx.needs_input_grad[1]:
-                dw = gemm(dy.t(), x, recipe.wgrad, weight.dtype, emulate=ctx.emulate,
-                          under_autocast=compiling)
-            if ctx.has_bias and ctx.needs_input_grad[2]:
-                db = dy.sum(0, dtype=torch.float32)
-        return dx, dw, db, None, None, None
 
 
 def fp8_linear(
@@ -352,21 +429,28 @@ def fp8_linear(
     """``F.linear`` with the recipe's precisions; leading dims of x are flattened into M.
 
     ``out_dtype`` defaults to the autocast dtype when autocast is on (what ``nn.Linear``
-    returns there), else x's dtype.
+    returns there), else x's dtype. ``emulate=None``: emulate unless the device runs
+    ``_scaled_mm`` natively.
 
-    Every op of the three GEMMs is an ATen op (the amax, the power-of-two scale, the cast,
-    ``torch._scaled_mm``), so under ``torch.compile`` Dynamo traces the autograd function and
-    Inductor fuses each quantisation into the kernel that produced its operand (a LayerNorm
-    writes the fp8 activation and its row scales). Autocast is turned off *around* the
-    function, not inside its forward: Dynamo refuses an autocast change inside a traced
-    ``autograd.Function`` forward."""
+    One ``gemc::fp8_linear`` node (see the custom ops above for why not an autograd.Function)
+    with the forward's quantisations in front of it as ATen ops: under ``torch.compile``
+    Inductor fuses the activation's into the kernel that produced it (a LayerNorm writes the
+    fp8 activation and its row scales) and the weight's is one pass over the weight; the
+    backward formula quantises the output gradient the same way."""
     if out_dtype is None:
         dev = x.device.type
         out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+    if emulate is None:
+        emulate = not hardware_fp8(x.device)
     lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    qx = qw = sx = sw = None
     with _no_autocast(x.device.type):
-        y = _Fp8LinearFn.apply(x.reshape(-1, x.shape[-1]), weight, bias, recipe, out_dtype,
-                               emulate)
+        if recipe.fwd.dtype == "fp8":
+            qx, qw, sx, sw = _quantized_operands(x2, weight.t(), str(recipe.fwd.scaling))
+        y = torch.ops.gemc.fp8_linear(x2, weight, bias, qx, qw, sx, sw, recipe.fwd.label,
+                                      recipe.dgrad.label, recipe.wgrad.label,
+                                      _dtype_name(out_dtype), bool(emulate))
     return y.reshape(*lead, weight.shape[0])
 
 

@@ -5,12 +5,14 @@ Why: in module mode an fp8 site is its ``nn.Linear`` swapped for
 calls modules, so the runner used to refuse a plan with fp8 sites and generated kernels.
 Here each ``aten.linear`` node that ran in a site's module (its ``nn_module_stack``) calls
 :func:`gemc.backends.torch.fp8.fp8_linear` with the site's recipe instead. That function is
-ATen ops under an ``autograd.Function`` (row-wise amax, power-of-two scale, cast to e4m3,
-``torch._scaled_mm``; the backward likewise), not an opaque custom op, so ``torch.compile``
-traces through it and Inductor fuses each quantisation into the kernel that produced the
-operand: a LayerNorm before the linear writes the fp8 activation and its row scales in the
-same kernel, the weight's quantisation is one pass over the weight, and the backward's
-quantisations of the output gradient fuse into whatever produced it.
+the quantisation as ATen ops (row-wise amax, power-of-two scale, cast to e4m3) in front of
+one ``gemc::fp8_linear`` custom op whose autograd formula quantises the output gradient the
+same way and runs the backward GEMMs as custom ops (not an ``autograd.Function``, which
+torch 2.11's Dynamo failed to trace: see :mod:`.fp8`). So ``torch.compile`` records one node
+per site on every torch version, and Inductor fuses each quantisation into the kernel that
+produced the operand: a LayerNorm before the linear writes the fp8 activation and its row
+scales in the same kernel, the weight's quantisation is one pass over the weight, and the
+backward's quantisations of the output gradient fuse into whatever produced it.
 
 Whether the device runs ``_scaled_mm`` natively is decided here, once, outside the trace
 (off a GPU with fp8 tensor cores the same quantisation is dequantised into an fp32 matmul:
