@@ -6,12 +6,9 @@
 #      layout as one op): GEM, DLRM, MMoE, Wukong, DLRM-DCNv2;
 #   2. gemc's pooled lookup on narrow shards (issue 19: does a narrow shard cost more per
 #      column, as TorchRec's estimator charges?);
-#   3. fp8 under torch.compile on torch 2.11 (issue 21): timeout 55 python3 benchmarks/precision.py --gemms --tokens 8192,32768 --features 4096 \
-  --warmup 2 --iters 10 --out "$OUT/fp8_gemms.json" 2>&1 | quiet | tail -12
-timeout 130 python3 benchmarks/zoo.py --out "$OUT/f8" --models wukong --variants gemc-fp8 \
-  --steps 10 --warmup 3 --time-limit 60 --child-timeout 110 > "$OUT/f8.log" 2>&1
-echo "(wukong gemc-fp8 exit $?)"
-quiet < "$OUT/f8.log" | grep -E "gemc|first step|skipped|rror" | cut -c1-300 | tail -8 below.
+#   3. fp8 under torch.compile on torch 2.11 (issue 21): compiled row-wise fp8 vs bf16 on
+#      LayerNorm -> Linear at K = N = 4096 (benchmarks/h200_fp8_s9.sh's first piece), and
+#      Wukong gemc-fp8 (its bf16 row is step 1's).
 set -uo pipefail
 source scripts/device_env.sh
 export PYTHONUNBUFFERED=1
