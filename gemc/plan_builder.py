@@ -47,7 +47,8 @@ def precision_entries(gm: fx.GraphModule) -> list[dict[str, Any]]:
     swapped for an fp8 linear running ``recipe``), ``"fp32"`` or ``"bf16"`` (an autocast
     scope). Every GEMM site's record (per GEMM: choice, SQNR, predicted times and gain, why
     the others were rejected) sits on the entry whose scope it runs in: sites running at
-    the baseline on the ``"*"`` entry.
+    the baseline on the ``"*"`` entry, with ``fp32_matmul`` (how fp32 GEMMs run, as
+    priced: the runner sets TF32 from it).
     """
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     facts = out_node.meta.get(ir.PRECISION)
@@ -79,6 +80,8 @@ def precision_entries(gm: fx.GraphModule) -> list[dict[str, Any]]:
         "blocks": facts["blocks"],
         "sites": [s for name, sites in modules.items() if owner[name] == "*" for s in sites],
     }
+    gpu = (gm.meta.get(ir.PRICING) or {}).get("gpu")
+    star["fp32_matmul"] = getattr(gpu, "fp32_matmul", "ieee")  # what the prediction priced
     entries = [star]
     for name in modules:
         if name not in applied:
