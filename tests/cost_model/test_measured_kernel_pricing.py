@@ -164,3 +164,13 @@ def test_plan_records_the_fp32_matmul_it_was_priced_with() -> None:
         # what the runner applies is what was priced
         assert runner_precision.resolve(star, _Bias(4)).fp32_matmul == mode
     assert plans["tf32"]["predicted"]["step_ms"] <= plans["ieee"]["predicted"]["step_ms"]
+
+
+def test_cli_flag_reaches_the_compile_config() -> None:
+    from gemc.cli import _parser, compile_config
+
+    for argv, mode in (([], "ieee"), (["--fp32-matmul", "tf32"], "tf32")):
+        args = _parser().parse_args(["compile", "m.py:build", "--out", "p.json", *argv])
+        assert compile_config(args).fp32_matmul == mode
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["compile", "m.py:build", "--out", "p.json", "--fp32-matmul", "x"])
