@@ -166,11 +166,15 @@ def test_plan_records_the_fp32_matmul_it_was_priced_with() -> None:
     assert plans["tf32"]["predicted"]["step_ms"] <= plans["ieee"]["predicted"]["step_ms"]
 
 
-def test_cli_flag_reaches_the_compile_config() -> None:
-    from gemc.cli import _parser, compile_config
+def test_cli_flag_reaches_the_plan(tmp_path) -> None:
+    import json
 
-    for argv, mode in (([], "ieee"), (["--fp32-matmul", "tf32"], "tf32")):
-        args = _parser().parse_args(["compile", "m.py:build", "--out", "p.json", *argv])
-        assert compile_config(args).fp32_matmul == mode
+    from gemc.cli import main
+
+    out = tmp_path / "p.json"
+    assert main(["compile", "examples/dlrm/model.py:build", "--set", "preset=tiny",
+                 "--topology", "h200:1x1", "--fp32-matmul", "tf32", "--out", str(out)]) == 0
+    star = [e for e in json.loads(out.read_text())["precision"] if e["target"] == "*"]
+    assert star[-1]["fp32_matmul"] == "tf32"
     with pytest.raises(SystemExit):
-        _parser().parse_args(["compile", "m.py:build", "--out", "p.json", "--fp32-matmul", "x"])
+        main(["compile", "m.py:build", "--out", str(out), "--fp32-matmul", "x"])
