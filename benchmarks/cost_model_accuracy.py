@@ -216,13 +216,14 @@ def _slug(name: str) -> str:
 
 
 def compile_plan(entrypoint: str, preset: str, topology: str, calibration: str,
-                 out: Path, planner: str = "greedy") -> dict[str, Any]:
-    """The plan ``gemc compile --planner PLANNER`` writes (greedy, the default here, needs
-    no ortools)."""
+                 out: Path, planner: str = "greedy", fp32_matmul: str = "ieee"
+                 ) -> dict[str, Any]:
+    """The plan ``gemc compile --planner PLANNER --fp32-matmul MODE`` writes (greedy, the
+    default here, needs no ortools)."""
     from gemc.api import compile as gemc_compile
 
     return gemc_compile(entrypoint, {"preset": preset}, topology=topology, planner=planner,
-                        calibration=calibration, out=out)
+                        calibration=calibration, out=out, fp32_matmul=fp32_matmul)
 
 
 def zoo_measurements(paths: list[str]) -> dict[str, dict[str, Any]]:
@@ -362,6 +363,8 @@ def plan_main(args: argparse.Namespace) -> int:
     zoo = zoo_measurements(args.measured_from_zoo) if args.measured_from_zoo else {}
     if zoo:
         run_on = False
+    # benchmarks/zoo.py turns TF32 on for every variant: its rows ran fp32 GEMMs on TF32
+    fp32_matmul = args.fp32_matmul or ("tf32" if zoo else "ieee")
     models = plan_models(args.models)
     if zoo and not args.models:
         models = {n: e for n, e in models.items() if n in zoo}
@@ -372,7 +375,7 @@ def plan_main(args: argparse.Namespace) -> int:
         try:
             t0 = time.perf_counter()
             plan = compile_plan(entrypoint, preset, topology, calibration, plan_path,
-                                args.planner)
+                                args.planner, fp32_matmul)
             row["predicted"] = _predicted(plan)
             row["compile_s"] = time.perf_counter() - t0
             if name in zoo:  # measured earlier (a zoo row), predicted now
@@ -396,7 +399,8 @@ def plan_main(args: argparse.Namespace) -> int:
         _print_plan_row(row)
 
     refit = _leave_half_out(rows, base, preset, topology, out, smoke=args.smoke,
-                            fit=calibrate_from_runs, planner=args.planner)
+                            fit=calibrate_from_runs, planner=args.planner,
+                            fp32_matmul=fp32_matmul)
     same = [r for r in rows if r.get("same_program") is not False]
     refit_same = [r for r in refit if r.get("same_program") is not False]
     summary = {"time": _stats(rows, "time_error_pct"), "memory": _stats(rows, "memory_error_pct"),
@@ -412,7 +416,7 @@ def plan_main(args: argparse.Namespace) -> int:
     doc = {"benchmark": "cost_model_accuracy", "mode": "plan", "gpu": gpu,
            "environment": _environment("cuda" if run_on and not args.smoke else "cpu", base),
            "steps": steps, "summary": summary, "models": rows, "refit": refit,
-           "planner": args.planner, "measured_from_zoo": args.measured_from_zoo or None}
+           "planner": args.planner, "fp32_matmul": fp32_matmul, "measured_from_zoo": args.measured_from_zoo or None}
     if zoo:
         doc["note"] = ("predicted at this commit, measured at the commits of the zoo files "
                        "named in measured_from_zoo")
@@ -425,7 +429,8 @@ def plan_main(args: argparse.Namespace) -> int:
 
 def _leave_half_out(rows: list[dict[str, Any]], base: Any, preset: str, topology: str,
                     out: Path, *, smoke: bool, fit: Any,
-                    planner: str = "greedy") -> list[dict[str, Any]]:
+                    planner: str = "greedy", fp32_matmul: str = "ieee"
+                    ) -> list[dict[str, Any]]:
     """Fit on the runs of every other model, judge on the rest, then the other way round.
     A run of another program than the plan compiled now (``same_program`` False) is
     judged but never fitted on."""
@@ -455,7 +460,7 @@ def _leave_half_out(rows: list[dict[str, Any]], base: Any, preset: str, topology
             try:
                 plan = compile_plan(plan_models(r["model"])[r["model"]], preset, topology,
                                     str(cal_path), out / f"{_slug(r['model'])}.refit.plan.json",
-                                    planner)
+                                    planner, fp32_matmul)
                 entry["predicted"] = _predicted(plan)
                 entry["measured"] = r["measured"]
                 entry.update(_errors(entry["predicted"], r["measured"]))
@@ -522,6 +527,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--planner", default="greedy",
                         help="plan mode: the planner to compile with (default greedy; the "
                         "zoo runs used 'default')")
+    parser.add_argument("--fp32-matmul", default=None, choices=("ieee", "tf32"),
+                        help="plan mode: how the plans run fp32 GEMMs (gemc compile "
+                        "--fp32-matmul); default tf32 with --measured-from-zoo (zoo.py's "
+                        "runs had TF32 on), else ieee")
     parser.add_argument("--check", action="store_true",
                         help="exit 1 unless MAPE <= 10%% and every config within 20%%")
     args = parser.parse_args(argv)

@@ -236,7 +236,9 @@ def _compile_plan(name: str, entry: str, args: argparse.Namespace, out: Path
 
     t0 = time.perf_counter()
     try:
-        plan = gemc_compile(entry, model_args(args), topology="h200:1x1", planner="default")
+        # TF32 as every variant here runs (_setup_child): priced so, and the runner sets it
+        plan = gemc_compile(entry, model_args(args), topology="h200:1x1", planner="default",
+                            fp32_matmul="tf32")
     except Exception as exc:  # noqa: BLE001 - one model failing must not lose the others
         traceback.print_exc()
         return None, f"gemc compile failed: {type(exc).__name__}: {exc}"

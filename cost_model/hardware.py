@@ -42,6 +42,10 @@ class GPUSpec:
     max_gpus_per_host: int      # GPUs one NVLink/NVSwitch domain of the host holds
     sm_count: int
     source: tuple[str, ...]     # datasheets the numbers come from
+    # how the run executes fp32 GEMMs: "ieee" (PyTorch's default) or "tf32" (tensor cores,
+    # ``torch.backends.cuda.matmul.allow_tf32``). Not hardware: the plan's setting, which the
+    # runner applies (backends/torch/precision.py), so that the prediction prices what runs.
+    fp32_matmul: str = "ieee"
 
     def peak_flops(self, dtype: str) -> float:
         """Dense peak for a dtype name ('bf16', 'float32', 'fp8', ...).
@@ -56,6 +60,14 @@ class GPUSpec:
         if value <= 0:  # no such tensor core (fp8 on A100): the op falls back to bf16
             return self.bf16_flops
         return value
+
+    def gemm_dtype(self, dtype: str) -> str:
+        """The dtype a GEMM of ``dtype`` runs at here: fp32 runs TF32 under ``fp32_matmul``
+        "tf32" (why: the zoo's DLRM runs its fp32 sites with TF32 on and was priced at the
+        CUDA-core fp32 peak, 62.5 ms predicted against 39.4 ms measured)."""
+        if self.fp32_matmul == "tf32" and DTYPE_ALIASES.get(str(dtype).lower()) == "fp32":
+            return "tf32"
+        return dtype
 
     @property
     def usable_hbm_bytes(self) -> int:

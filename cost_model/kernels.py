@@ -121,6 +121,24 @@ _SORT_PASSES = 4
 # The runner no longer coalesces (sparse_optim.summed_rows adds the duplicates with
 # index_add, contended atomics on one row): the price is kept until that is measured.
 COALESCE_DUPLICATE_S = 2.65e-7
+# An unpooled lookup's table-sized gradient, as the runner computes it inside the compiled
+# graph (gemc.table_lookup's DENSE_GRAD: Inductor's ``embedding_dense_backward``, one
+# atomic add per id and column): the adds on one row serialise. Seconds per id of the
+# hottest row, measured on DIN's sync-free H200 step (e05fd50, rows_e05fd50.tar.gz): its
+# two history tables' backwards, 1,048,576 ids each with 524,288 padding ids on one row,
+# took 2.605 and 2.586 ms, the same on 100k rows (cate) and 4M rows (goods): set by the
+# pad row, not by the 0.3 GB of rows the kernel moves (~0.15 ms at the rows' rate).
+DENSE_GRAD_HOT_ADD_S = 0.5 * (2.605e-3 + 2.586e-3) / 524288
+# gemc::gather_rows' backward (backends/triton/small_table_gather.py ``_row_sums_kernel``):
+# seconds per id and row element. The kernel compares each block of ids with a tile of the
+# rows its chunk spans and sums in registers: bound by that compare, not by HBM (its ids and
+# values stream in ~0.2 ms, the kernel takes ~6x that). Measured in HSTU's step on the H200
+# (the Kineto traces of rows_e05fd50.tar.gz and hstu_c1d6b51.tar.gz under
+# benchmarks/results/zoo_h200_session7/): each layer's time-bucket gather, 33,554,432 ids of
+# one element into 129 rows, 1.253-1.260 ms at both commits (8,192 ids a program), 37.5 ps
+# an id. Alone, on synthetic buckets, the same kernel took 0.99 ms (2,048 ids a program, now
+# the default: 0.90 ms; gathers_sweep_c1d6b51.json): the step's figure is kept, what runs.
+ROW_SUMS_S_PER_ID = 1.258e-3 / 33554432
 # Share of a padded [batch, length] id grid that is padding (one id, repeated): the
 # family's history presets are half full on average (uniform lengths), the fill the
 # activation model assumes for padded histories too. The graph cannot tell the data.

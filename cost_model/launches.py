@@ -23,7 +23,7 @@ from torch import fx
 
 from gemc import ir
 from gemc.ir import OpKind
-from gemc.table_lookup import BATCHED
+from gemc.table_lookup import BATCHED, DENSE_GRAD
 
 from .inductor_fusion import fusion_groups, island_groups
 from .op_cost import BWD_KERNELS
@@ -43,10 +43,15 @@ GEMM_LAUNCHES = 6
 # kernel its forward, sort, scans and fused backward+update (DCNv2: ~25 around its two).
 BATCHED_TABLE_LAUNCHES = 2
 BATCHED_LOOKUP_LAUNCHES = 25
-# A table looked up eagerly (sparse or dense-gradient route): lookup, backward, finding
-# the touched rows and the sparse optimizer's step, ~40 kernels (DIN: 731 eager kernels
-# for 18 dense-gradient tables, syncs included).
+# A table looked up eagerly on the sparse route: lookup, backward, finding the touched rows
+# and the sparse optimizer's step, ~40 kernels (DIN: 731 eager kernels for 18 tables, syncs
+# included, when its dense-gradient route still scanned for the used rows like this one).
 EAGER_TABLE_LAUNCHES = 40
+# A table on the dense-gradient route since its update became one masked pass
+# (backends/triton/masked_row_update.py, no scan, no sync): DIN's e05fd50 H200 profile
+# launches 549 kernels a step for its 18 such tables (ATen's bag backwards with their cub
+# sorts and memsets, the gradients' zero-fills, the masked updates), 30 a table.
+DENSE_GRAD_TABLE_LAUNCHES = 30
 # A gemc kernel run as its own (attention, packed tokens): forward and two backward.
 ISLAND_LAUNCHES = 3
 # The fused optimizer: one multi-tensor kernel per ~20 parameters, plus its step count.
@@ -95,7 +100,9 @@ def graph_launches(gm: fx.GraphModule, tables: Sequence[Mapping[str, Any]]) -> d
     batched = [t for t in tables if t.get("lookup", BATCHED) == BATCHED]
     out["tables"] = (BATCHED_TABLE_LAUNCHES * len(batched)
                      + (BATCHED_LOOKUP_LAUNCHES if batched else 0)
-                     + EAGER_TABLE_LAUNCHES * (len(tables) - len(batched)))
+                     + sum(DENSE_GRAD_TABLE_LAUNCHES if t.get("lookup") == DENSE_GRAD
+                           else EAGER_TABLE_LAUNCHES
+                           for t in tables if t.get("lookup", BATCHED) != BATCHED))
     out["optimizer"] = 1 + math.ceil(params / OPTIMIZER_PARAMS_PER_LAUNCH) if params else 0
     out["total"] = sum(out.values())
     return out

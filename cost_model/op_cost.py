@@ -27,6 +27,7 @@ import torch
 from torch import fx
 
 from gemc import ir
+from gemc.contended_gather import contended_gather
 from gemc.ir import OpKind
 
 from . import kernels
@@ -116,7 +117,9 @@ def roofline_time(flops: float, nbytes: float, peak_flops: float, bandwidth: flo
 def gemm_time(batch: int, m: int, n: int, k: int, dtype: str, gpu: GPUSpec,
               calibration: Calibration | None) -> tuple[float, str]:
     """One (batched) GEMM, launch gap included; past the calibration's largest measured
-    shape see :func:`_gemm_beyond_s`."""
+    shape see :func:`_gemm_beyond_s`. An fp32 GEMM is priced at TF32 where the plan runs
+    fp32 matmuls on TF32 (``gpu.fp32_matmul``)."""
+    dtype = gpu.gemm_dtype(dtype)
     span = calibration.gemm_span(dtype) if calibration is not None and batch == 1 else None
     if span is not None and (m > span[0][0] or n > span[0][1] or k > span[0][2]):
         t = _gemm_beyond_s(m, n, k, dtype, gpu, calibration, span)
@@ -361,10 +364,13 @@ def eager_table_time(path: str, rows: int, dim: int, nnz: int, bags: int, lookup
     18.6 ms.
 
     ``hot_ids``: lookups of the table's most looked-up row a step
-    (kernels.hottest_row_ids). The sparse path adds one row's duplicates into one slot
-    (kernels.COALESCE_DUPLICATE_S each: measured on the coalesce it replaced, which summed
-    them in sequence; the add's contended atomics are not measured yet); the dense
-    gradient's backward splits them over many threads. Why: DIN's padded histories put
+    (kernels.hottest_row_ids; the caller passes 0 for a pooled dense-gradient lookup, whose
+    ATen backward sorts its ids instead of adding them atomically). The sparse path adds
+    one row's duplicates into one slot (kernels.COALESCE_DUPLICATE_S each: measured on the
+    coalesce it replaced, which summed them in sequence; the add's contended atomics are
+    not measured yet); an unpooled lookup's dense gradient (Inductor's atomic scatter) adds
+    them one after another too: its scatter takes the longer of its bytes and that chain
+    (kernels.DENSE_GRAD_HOT_ADD_S, measured on DIN's history tables). Why: DIN's padded histories put
     half a million ids on one pad row; priced by bytes alone, its sparse route came to
     22.5 ms against 318 ms measured."""
     elt = element_size(dtype)
@@ -383,8 +389,10 @@ def eager_table_time(path: str, rows: int, dim: int, nnz: int, bags: int, lookup
     fwd_k = lookups if dense else 3 * lookups
     bwd_k = (2 * lookups + max(0, lookups - 1)) if dense else 3 * lookups
     fwd = looked["fwd_rows"] / (bw * rows_eff) + fwd_k * launch
-    bwd = stream_s(looked["bwd_stream"]) + looked["bwd_rows"] / (bw * rows_eff) \
-        + bwd_k * launch
+    rows_s = looked["bwd_rows"] / (bw * rows_eff)
+    if dense:  # the scatter of an unpooled lookup: its hottest row's adds in sequence
+        rows_s = max(rows_s, hot_ids * kernels.DENSE_GRAD_HOT_ADD_S)
+    bwd = stream_s(looked["bwd_stream"]) + rows_s + bwd_k * launch
     opt = 0.0
     if optimizer:
         upd = kernels.eager_update_bytes(path, rows, dim, nnz, optimizer, elt, storage_bytes,
@@ -429,6 +437,21 @@ def optimizer_time(optimizer: str, numel: float, dtype: str, gpu: GPUSpec,
     t /= _factor(calibration, "memory")  # memory_time applied it; optimizers have their own
     return (t + _launch(calibration) * (n_kernels - 1)) * _factor(calibration, "optimizer"), \
         source
+
+
+def gather_rows_backward_time(weight: fx.Node, index: fx.Node,
+                               calibration: Calibration | None) -> float:
+    """Seconds of the backward of a gather the runner sends through ``gemc::gather_rows``
+    (gemc.contended_gather): the weight's gradient zeroed, then ``_row_sums_kernel`` at its
+    measured rate per id and row element (kernels.ROW_SUMS_S_PER_ID). Why not by bytes: the
+    kernel is bound by its compare of ids against rows; priced as a scatter of its bytes,
+    HSTU's 16 such backwards came to ~1.5 ms of a step that spent 13.4 ms in them. Fewer
+    rows than ``MIN_IDS_PER_ROW`` ids each do not take this route: plain atomics, priced by
+    bytes (the contention that made the route necessary is no longer paid)."""
+    w, ix = weight.meta["val"], index.meta["val"]
+    width = int(w.numel()) // max(1, int(w.shape[0]))
+    t = float(ix.numel()) * width * kernels.ROW_SUMS_S_PER_ID + 2 * _launch(calibration)
+    return t * _factor(calibration, "memory")
 
 
 # ---- fx nodes ---------------------------------------------------------------------------
@@ -536,6 +559,12 @@ def node_cost(node: fx.Node, gpu: GPUSpec, calibration: Calibration | None,
         bwd = roofline_time(mult * flops, 2 * nbytes, gpu.peak_flops(dt), gpu.hbm_bandwidth,
                             compute_efficiency=eff) + 2 * _launch(calibration)
         return OpCost(fwd, bwd if backward else 0.0, "roofline", 1, 2 if backward else 0)
+
+    if kind is OpKind.INDEX and backward:
+        gather = contended_gather(node)
+        if gather is not None:  # the runner's gemc::gather_rows
+            fwd, source = memory_time(nbytes, gpu, calibration, "pointwise", flops, dt)
+            return OpCost(fwd, gather_rows_backward_time(*gather, calibration), source, 1, 2)
 
     curve_fwd, curve_bwd = ("norm_fwd", "norm_bwd") if kind is OpKind.NORM else \
         ("pointwise", "pointwise")

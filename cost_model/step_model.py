@@ -152,6 +152,8 @@ def shard_compute_s(t: TableCost, rows: float, dim: float, world: int, gpu: GPUS
         # every rank's padding ids reach a sharded table (priced on each holder: the pad
         # row's holder is not known)
         hot = t.hot_ids * (1 if t.replicated else world)
+        if t.lookup != SPARSE and t.pooled:  # ATen's bag backward sorts: no atomic chain
+            hot = 0.0
         routed = 0.0
         if t.lookup == SPARSE:  # host time the sparse lookups add: graph splits, syncs
             masked = t.padding_row and (world > 1 or t.precision != "fp32")

@@ -104,6 +104,8 @@ def compile(  # noqa: A001 - the public name users expect
     dump_dir = Path(config.dump_dir) if config.dump_dir is not None else None
     args = dict(args or {})
     topo = parse_topology(config.topology)
+    # the run's fp32 GEMM mode is priced through the GPU spec (GPUSpec.gemm_dtype)
+    topo.gpu = replace(topo.gpu, fp32_matmul=config.fp32_matmul)
     calib = resolve_calibration(config.calibration, topo.gpu.name)
     manager = PassManager(
         config.pipeline(),

@@ -145,6 +145,10 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp32"),
                    help="GEMM precision: auto (bf16, fp8 where measured accurate and faster), "
                    "or bf16 / fp32 everywhere")
+    c.add_argument("--fp32-matmul", default="ieee", choices=("ieee", "tf32"),
+                   help="how the run executes fp32 GEMMs (sites kept fp32, a model without "
+                   "autocast): ieee (PyTorch's default) or tf32; priced so, and the runner "
+                   "sets torch.backends.cuda.matmul.allow_tf32 from the plan")
     c.add_argument("--min-sqnr-db", type=_SQNR_DB, default=25.0,
                    help="lowest SQNR (dB vs fp32) a GEMM may have in bf16 or fp8 "
                    f"(0..{_MAX_SQNR_DB:g}; default 25)")
@@ -235,6 +239,7 @@ def compile_config(args: argparse.Namespace) -> CompileConfig:
         table_optimizer=args.table_optimizer,
         table_precision=args.table_precision,
         exchange_precision=args.exchange_precision,
+        fp32_matmul=args.fp32_matmul,
         precision=PrecisionOptions(mode=args.precision, min_sqnr_db=args.min_sqnr_db,
                                    min_block_sqnr_db=args.min_block_sqnr_db,
                                    quantisation=args.fp8_quantisation),

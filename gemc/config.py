@@ -17,7 +17,7 @@ from typing import Any
 from gemc.errors import GemcUserError
 from gemc.exchange_precision import EXCHANGE_MODES
 from gemc.passes.precision import PrecisionOptions
-from gemc.plan import PLANNERS, TABLE_OPTIMIZERS
+from gemc.plan import FP32_MATMUL, PLANNERS, TABLE_OPTIMIZERS
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,9 @@ class CompileConfig:
     ``passes``: a pass-spec string (``gemc.pipeline.pipeline_from_spec``:
     ``"classify-ops,...,fuse{max_outputs=2},..."``) choosing the pipeline's passes and their
     options; None: the default pipeline.
+    ``fp32_matmul``: how the run executes fp32 GEMMs (the precision sites kept fp32, a
+    model without autocast): "ieee" (PyTorch's default) or "tf32"; priced so and written
+    to the plan, whose runner sets ``torch.backends.cuda.matmul.allow_tf32`` from it.
     """
 
     topology: str = "h200:1x8"
@@ -59,6 +62,7 @@ class CompileConfig:
     passes: str | None = None
     dump_dir: str | Path | None = None
     dump_mode: str = "all"
+    fp32_matmul: str = "ieee"
 
     def validate(self) -> None:
         """Raise GemcUserError naming the first bad option (before any capture)."""
@@ -95,6 +99,10 @@ class CompileConfig:
                     "planner (place-default) does not run", where=where,
                     fix="add --planner cpsat (or greedy / naive), or fix it: "
                     "--exchange-precision bf16")
+        if self.fp32_matmul not in FP32_MATMUL:
+            raise GemcUserError(f"unknown fp32 matmul mode {self.fp32_matmul!r}",
+                                where="--fp32-matmul (CompileConfig.fp32_matmul)",
+                                fix=f"use one of: {', '.join(FP32_MATMUL)}")
         if not isinstance(self.precision, PrecisionOptions):
             raise GemcUserError(f"precision is a {type(self.precision).__name__}",
                                 where="precision",

@@ -28,6 +28,8 @@ PLANNERS = ("default", "cpsat", "greedy", "naive")
 # compile's --table-optimizer offers these (plus "auto"), the plan records the one priced in
 # ``optimizer.embedding.kind``, the runner runs it
 TABLE_OPTIMIZERS = ("rowwise_adagrad", "adam")
+FP32_MATMUL = ("ieee", "tf32")
+"""How a plan runs fp32 GEMMs (its ``"*"`` precision entry's ``fp32_matmul``)."""
 SOLVER_STATUSES = ("optimal", "feasible", "unknown", "infeasible", "heuristic", "crashed")
 KERNEL_CHOICES = ("gemc", "inductor")
 """A kernel entry's optional ``choice`` (``{"use": ..., "gemc_ms", "inductor_ms",

@@ -38,7 +38,7 @@ def _module_dtype(sites: list[dict[str, Any]]) -> str:
     return "fp8" if "fp8" in dtypes else "fp32" if "fp32" in dtypes else "bf16"
 
 
-def precision_entries(gm: fx.GraphModule) -> list[dict[str, Any]]:
+def precision_entries(gm: fx.GraphModule, gpu: Any = None) -> list[dict[str, Any]]:
     """``plan["precision"]`` from the choose-precision annotations (empty without the pass).
 
     Entries are what the runner applies (backends/torch/precision.py): first ``"*"`` with
@@ -47,7 +47,9 @@ def precision_entries(gm: fx.GraphModule) -> list[dict[str, Any]]:
     swapped for an fp8 linear running ``recipe``), ``"fp32"`` or ``"bf16"`` (an autocast
     scope). Every GEMM site's record (per GEMM: choice, SQNR, predicted times and gain, why
     the others were rejected) sits on the entry whose scope it runs in: sites running at
-    the baseline on the ``"*"`` entry.
+    the baseline on the ``"*"`` entry, with ``fp32_matmul`` (how fp32 GEMMs run, as
+    priced: the runner sets TF32 from it), read off ``gpu`` (the compile's topology GPU;
+    else the one predict-time priced with).
     """
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     facts = out_node.meta.get(ir.PRECISION)
@@ -79,6 +81,8 @@ def precision_entries(gm: fx.GraphModule) -> list[dict[str, Any]]:
         "blocks": facts["blocks"],
         "sites": [s for name, sites in modules.items() if owner[name] == "*" for s in sites],
     }
+    gpu = gpu if gpu is not None else (gm.meta.get(ir.PRICING) or {}).get("gpu")
+    star["fp32_matmul"] = getattr(gpu, "fp32_matmul", "ieee")  # what the prediction priced
     entries = [star]
     for name in modules:
         if name not in applied:
@@ -206,7 +210,7 @@ def build_plan(
         "regions": regions,
         "tables": tables,
         "kernels": kernel_entries(gm, ctx),
-        "precision": precision_entries(gm),
+        "precision": precision_entries(gm, getattr(getattr(ctx, "topology", None), "gpu", None)),
         "predicted": predicted
         or {
             "step_ms": None,

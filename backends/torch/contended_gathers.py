@@ -7,8 +7,10 @@ one index per token pair backpropagates as one atomic add per index, which seria
 the indices pile onto a few rows; on the H200 that one scatter was 89% of the HSTU zoo
 model's step. Which gathers qualify is read from the graph, not from names: a parameter
 placeholder with at most :data:`MAX_ROWS` rows of at most :data:`MAX_ROW_ELEMS` elements,
-indexed on its first dimension by at least :data:`MIN_IDS_PER_ROW` ids per row. The
-embedding tables (the plan's sparse tables) are never taken: they have their own paths.
+indexed on its first dimension by at least :data:`MIN_IDS_PER_ROW` ids per row (the rule
+lives in gemc/contended_gather.py, shared with the cost model, which prices these
+backwards at the kernel's rate). The embedding tables (the plan's sparse tables) are
+never taken: they have their own paths.
 """
 
 from __future__ import annotations
@@ -20,46 +22,9 @@ import torch
 from torch import fx
 
 from gemc import ir
+from gemc.contended_gather import MAX_ROW_ELEMS, MAX_ROWS, MIN_IDS_PER_ROW, contended_gather
 
 __all__ = ["MAX_ROWS", "MAX_ROW_ELEMS", "MIN_IDS_PER_ROW", "route_contended_gathers"]
-
-MAX_ROWS = 4096
-MAX_ROW_ELEMS = 16
-MIN_IDS_PER_ROW = 64  # below this, one atomic per id meets little contention
-
-aten = torch.ops.aten
-
-
-def _weight_and_index(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
-    """The (weight, index) of a plain row gather, else None."""
-    args, kwargs = node.args, node.kwargs
-    if node.target is aten.index_select.default:
-        if len(args) == 3 and args[1] == 0 and not kwargs:
-            return args[0], args[2]  # type: ignore[return-value]
-    elif node.target is aten.embedding.default:
-        extra = list(args[2:]) + list(kwargs.values())
-        # padding_idx, scale_grad_by_freq, sparse: only the defaults are a plain gather
-        if len(args) >= 2 and all(a in (-1, False) for a in extra):
-            return args[0], args[1]  # type: ignore[return-value]
-    elif node.target is aten.index.Tensor:
-        if len(args) == 2 and isinstance(args[1], (list, tuple)) and len(args[1]) == 1 \
-                and isinstance(args[1][0], fx.Node):
-            return args[0], args[1][0]  # type: ignore[return-value]
-    return None
-
-
-def _qualifies(weight: fx.Node, index: fx.Node, tables: Collection[str]) -> bool:
-    if weight.op != "placeholder" or weight.meta.get(ir.PARAM) in (None, *tables):
-        return False
-    w, ix = weight.meta.get("val"), index.meta.get("val")
-    if not isinstance(w, torch.Tensor) or not isinstance(ix, torch.Tensor):
-        return False
-    if not w.is_floating_point() or w.dim() < 1 or ix.dtype not in (torch.int32, torch.int64):
-        return False
-    rows = int(w.shape[0])
-    row_elems = int(w.numel()) // max(rows, 1)
-    return 0 < rows <= MAX_ROWS and row_elems <= MAX_ROW_ELEMS \
-        and int(ix.numel()) >= MIN_IDS_PER_ROW * rows
 
 
 def route_contended_gathers(gm: fx.GraphModule, tables: Collection[str],
@@ -73,8 +38,8 @@ def route_contended_gathers(gm: fx.GraphModule, tables: Collection[str],
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.name in in_kernels:
             continue
-        found = _weight_and_index(node)
-        if found is None or not _qualifies(*found, tables):
+        found = contended_gather(node, tables)
+        if found is None:
             continue
         weight, index = found
         node.target = torch.ops.gemc.gather_rows.default

@@ -33,6 +33,7 @@ from torch import nn
 
 from gemc.errors import GemcUserError, PlanError
 from gemc.fp8_recipe import ALIGN, FP8_ROW, Fp8Recipe
+from gemc.plan import FP32_MATMUL
 
 DTYPES = {
     "bf16": torch.bfloat16,
@@ -51,6 +52,8 @@ class PrecisionPlan:
     global_dtype: torch.dtype | None = None
     per_module: dict[str, torch.dtype] = field(default_factory=dict)
     fp8_linears: dict[str, fp8.Fp8Recipe] = field(default_factory=dict)  # fqn -> recipe
+    # how fp32 GEMMs run ("ieee" / "tf32", the last "*" entry's); None: the process's setting
+    fp32_matmul: str | None = None
 
     @property
     def compute_dtype(self) -> str:
@@ -98,6 +101,8 @@ def resolve(entries: list[dict[str, Any]], model: nn.Module) -> PrecisionPlan:
         dtype = _dtype(entry, where)
         if target in ("*", ""):
             out.global_dtype = dtype
+            if "fp32_matmul" in entry:
+                out.fp32_matmul = _fp32_matmul(entry, where)
             out.per_module.clear()
             out.fp8_linears.clear()
         elif target in modules:
@@ -129,9 +134,20 @@ def _fp8_recipe(
         raise PlanError(f"{where}: {exc}", where=where, fix="compile the plan again") from exc
 
 
+def _fp32_matmul(entry: dict[str, Any], where: str) -> str:
+    value = entry["fp32_matmul"]
+    if value not in FP32_MATMUL:
+        raise PlanError(f"{where} has fp32_matmul {value!r}", where=where,
+                        fix=f"use one of {', '.join(FP32_MATMUL)}, or recompile the plan")
+    return str(value)
+
+
 def install(model: nn.Module, plan: PrecisionPlan, device_type: str) -> None:
     """Swap the fp8 linears, then wrap each per-module site's forward in its autocast scope
-    (forward pre/post hooks)."""
+    (forward pre/post hooks). Sets how fp32 GEMMs run (TF32 or not) where the plan says:
+    the plan was priced so, and the process's own setting would otherwise decide."""
+    if plan.fp32_matmul is not None:
+        torch.backends.cuda.matmul.allow_tf32 = plan.fp32_matmul == "tf32"
     fp8.swap_linears(model, plan.fp8_linears)
     for name, dtype in plan.per_module.items():
         module = model.get_submodule(name)

@@ -604,6 +604,7 @@ def _run(
     report["exchange_precision"] = {"forward": wire.forward, "backward": wire.backward}
     report["divergence"] = guard.report()
     report["forced_fp8_linears"] = [e["target"] for e in forced_fp8]
+    report["fp32_matmul"] = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
     report["batch_size_source"] = batch_source
     report["initialization"] = init_report.summary()
     if local_batch is None:

@@ -85,8 +85,10 @@ def test_padded_ids_make_the_sparse_route_pay_their_duplicates() -> None:
     padded = [replace(t, padded_nnz=1_048_576) for t in (goods, cates)]
     for plain, pad in zip((goods, cates), padded):
         assert _sparse_ms([pad], SPARSE) > _sparse_ms([plain], SPARSE) + 100.0
-        # the dense gradient's backward splits the duplicates: its price does not move
-        assert _sparse_ms([pad], DENSE_GRAD) == pytest.approx(_sparse_ms([plain], DENSE_GRAD))
+        # the dense gradient's atomic scatter adds them in sequence too, far faster (DIN's
+        # e05fd50 profile: 2.6 ms a history table), and stays the cheaper route
+        assert _sparse_ms([plain], DENSE_GRAD) + 2.0 < _sparse_ms([pad], DENSE_GRAD) \
+            < _sparse_ms([plain], DENSE_GRAD) + 3.5
         assert cheaper_route(_route_ms(pad)) == DENSE_GRAD
     # the whole sparse route of DIN's 18 tables toward the run (318 ms, of which ~40 ms is
     # the rest of the step)
