@@ -62,7 +62,7 @@ from gemc.backends.torch.table_prefetch import TablePrefetch
 from gemc.errors import GemcUserError, PlanError
 from gemc.exchange_precision import wire_of_plan
 from gemc.kernel_kinds import graph_kinds
-from gemc.plan import load_plan, validate_plan
+from gemc.plan import Plan, read_plan
 from gemc.sharding import SHARDINGS, dense_strategy
 from gemc.spec import BATCH_SIZE_MISSING, BatchSizeWarning, batch_size_of
 from gemc.table_lookup import SPARSE
@@ -169,12 +169,12 @@ class World:
         return cls(rank, world, local_rank, local_world)
 
 
-def check_world(plan: dict[str, Any], world: World, source: str = "plan") -> None:
+def check_world(plan: Plan, world: World, source: str = "plan") -> None:
     """The process count must be the plan's mesh; say how to launch it otherwise."""
-    want = plan["mesh"]["world_size"]
+    want = plan.mesh.world_size
     if world.world_size != want:
-        shape = "x".join(str(s) for s in plan["mesh"]["shape"])
-        mesh_shape = plan["mesh"]["shape"]
+        mesh_shape = plan.mesh.shape
+        shape = "x".join(str(s) for s in mesh_shape)
         hosts, per_host = (mesh_shape[0], mesh_shape[-1]) if len(mesh_shape) > 1 else (1, want)
         raise PlanError(
             f"world size mismatch: the plan was compiled for {want} ranks (mesh {shape}) "
@@ -184,7 +184,7 @@ def check_world(plan: dict[str, Any], world: World, source: str = "plan") -> Non
                 f"launch {want} processes (torchrun --nnodes={hosts} "
                 f"--nproc_per_node={per_host} -m gemc.run PLAN), or compile a plan for "
                 f"{world.world_size} GPUs (gemc compile ... --topology "
-                f"{plan['topology'].get('gpu', 'h200')}:1x{world.world_size})"
+                f"{plan.topology.get('gpu', 'h200')}:1x{world.world_size})"
             ),
         )
 
@@ -247,19 +247,26 @@ def local_batch_size(spec: Any, rank: int) -> tuple[int | None, str | None]:
     return size, source
 
 
-def run(plan_or_path: str | Path | dict[str, Any], options: RunOptions | None = None) -> RunResult:
-    """Train the plan's model for ``options.steps`` steps on this process's rank."""
+def run(plan_or_path: str | Path | Plan | dict[str, Any],
+        options: RunOptions | None = None) -> RunResult:
+    """Train the plan's model for ``options.steps`` steps on this process's rank.
+
+    The plan is read once into a :class:`gemc.plan.Plan` (validated as it is built); the
+    checks before any process group starts read its typed sections, the run itself its
+    plain document (``Plan.to_dict``: the layers below still read entries by key)."""
     opts = options or RunOptions()
-    if isinstance(plan_or_path, dict):
-        plan, plan_path = plan_or_path, None
-        validate_plan(plan, source="plan")
+    if isinstance(plan_or_path, Plan):
+        typed, plan_path = plan_or_path, None
+    elif isinstance(plan_or_path, dict):
+        typed, plan_path = Plan.from_json(plan_or_path, source="plan"), None
     else:
         plan_path = Path(plan_or_path)
-        plan = load_plan(plan_path)
+        typed = read_plan(plan_path)
     plan_dir = plan_path.parent if plan_path is not None else None
     world = World.from_env()
-    check_world(plan, world, str(plan_path or "plan"))
-    check_strategies(plan["regions"])
+    check_world(typed, world, str(plan_path or "plan"))
+    check_strategies(typed.regions)
+    plan = typed.to_dict()
     device = _device(opts.device, world)
     created_pg = False
     if world.world_size > 1 and not dist.is_initialized():
