@@ -24,7 +24,7 @@ from typing import Any, NoReturn
 
 from gemc.dump import write_atomic
 from gemc.errors import PlanError
-from gemc.exchange_precision import EXCHANGE_PRECISIONS
+from gemc.exchange_precision import EXCHANGE_PRECISIONS, WirePrecision
 from gemc.kernel_kinds import KINDS
 from gemc.sharding import DENSE_STRATEGIES, SHARDINGS
 from gemc.table_precision import TABLE_PRECISIONS
@@ -399,6 +399,12 @@ class Plan:
     def optimizer(self) -> Mapping[str, Any] | None:
         """The optimizers priced (``optimizer.embedding.kind``); None in older plans."""
         return self.extra.get("optimizer")
+
+    @property
+    def wire(self) -> WirePrecision:
+        """The pooled exchange's precision (fp32 where the plan states none)."""
+        block = self.exchange or Exchange()
+        return WirePrecision(block.forward or "fp32", block.backward or "fp32")
 
     @classmethod
     def from_json(cls, text_or_dict: str | Mapping[str, Any], *, source: str = "plan") -> Plan:

@@ -134,3 +134,18 @@ def test_split_even_is_contiguous_and_balanced(total, parts):
     assert sum(s for _, s in pieces) == total
     assert all(b[0] == a[0] + a[1] for a, b in zip(pieces, pieces[1:]))
     assert max(s for _, s in pieces) - min(s for _, s in pieces) <= 1
+
+
+def test_diff_reads_typed_plans(plan):
+    from gemc.diff import diff
+
+    first = plan["tables"][0]
+    lowered = {**plan, "tables": [{**first, "precision": "bf16"}, *plan["tables"][1:]],
+               "exchange": {**plan.get("exchange", {}), "forward": "bf16"}}
+    a, b = Plan.from_json(plan), Plan.from_json(lowered)
+    assert b.wire.forward == "bf16" and a.wire.forward == (plan.get("exchange") or {}).get(
+        "forward", "fp32")
+    text = diff(a, b)
+    assert f"{first['sharding']} -> {first['sharding']} bf16" in text
+    assert f"table exchange (forward/backward): {a.wire.forward}/" in text and "-> bf16/" in text
+    assert "dense strategies: unchanged" in diff(a, a) and "tables: unchanged" in diff(a, a)
