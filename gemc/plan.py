@@ -85,7 +85,8 @@ def write_plan(path: str | Path, plan: Plan | dict[str, Any]) -> None:
     dict), so a plan on disk finds its model file from any working directory."""
     data = plan.to_dict() if isinstance(plan, Plan) else plan
     locate_model(data, Path(path))
-    write_atomic(Path(path), Plan.from_json(data, source="the plan being written").to_json())
+    # built without Plan.from_json's copy of a dict: this plan is written and dropped
+    write_atomic(Path(path), _build(data, "the plan being written").to_json())
 
 
 def locate_model(plan: dict[str, Any], plan_path: Path) -> dict[str, Any]:
@@ -124,7 +125,16 @@ def locate_model(plan: dict[str, Any], plan_path: Path) -> dict[str, Any]:
 def read_plan(path: str | Path) -> Plan:
     """The plan file at ``path`` as a :class:`Plan` (one PlanError naming the file and the
     field when it is missing, not JSON, a run report, or invalid)."""
-    path = Path(path)
+    return _read(Path(path))[1]
+
+
+def load_plan(path: str | Path) -> dict[str, Any]:
+    """The plan file at ``path`` as a validated plain dict (see :func:`read_plan`): the
+    parsed document itself, which the validated :class:`Plan` was built from."""
+    return _read(Path(path))[0]
+
+
+def _read(path: Path) -> tuple[dict[str, Any], Plan]:
     if not path.is_file():
         raise PlanError(
             f"plan file '{path}' does not exist",
@@ -146,12 +156,7 @@ def read_plan(path: str | Path) -> Plan:
             fix=f"`gemc report DUMP_DIR --run {path}` reads it; commands that take a plan "
             "want the file gemc compile --out wrote",
         )
-    return Plan.from_json(plan, source=str(path))
-
-
-def load_plan(path: str | Path) -> dict[str, Any]:
-    """The plan file at ``path`` as a validated plain dict (see :func:`read_plan`)."""
-    return read_plan(path).to_dict()
+    return plan, _build(plan, str(path))  # parsed here: the plan's own, no copy needed
 
 
 def validate_plan(plan: Any, *, source: str = "plan") -> Plan:
@@ -175,13 +180,14 @@ def _copy(value: Any) -> Any:
 
 def _rest(raw: dict[str, Any], typed: tuple[str, ...]) -> dict[str, Any]:
     """The keys a section's dataclass does not type: kept verbatim, written back as read."""
-    return {k: _copy(v) for k, v in raw.items() if k not in typed}
+    return {k: v for k, v in raw.items() if k not in typed}
 
 
 def _emit(extra: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
     """A section's JSON object: its untyped keys, then its typed fields; an optional field
-    that is None was absent and stays absent (``_MISSING`` marks those)."""
-    out = _copy(dict(extra))
+    that is None was absent and stays absent (``_MISSING`` marks those). Shares the
+    plan's values: ``to_dict`` copies, ``to_json`` only reads."""
+    out = dict(extra)
     for key, value in fields.items():
         if value is not _MISSING:
             out[key] = value
@@ -192,8 +198,21 @@ def _opt(value: Any) -> Any:
     return _MISSING if value is None else value
 
 
+class _Section:
+    """What every section (and the plan) offers: its JSON object as the caller's own copy.
+    Copies are made at the two edges only (``Plan.from_json`` of a dict, ``to_dict``), so
+    reading a plan file and writing a plan copy nothing: a 10^5-shard plan stays cheap."""
+
+    def _document(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def to_dict(self) -> dict[str, Any]:
+        """The section as plain JSON values (the caller's own copy)."""
+        return _copy(self._document())
+
+
 @dataclass(frozen=True)
-class Shard:
+class Shard(_Section):
     """One rank's block of a table: rows ``[row_offset, row_offset + rows)`` by columns
     ``[col_offset, col_offset + cols)``."""
 
@@ -206,13 +225,14 @@ class Shard:
 
     _TYPED = ("rank", "row_offset", "rows", "col_offset", "cols")
 
-    def to_dict(self) -> dict[str, Any]:
-        return _emit(self.extra, rank=self.rank, row_offset=self.row_offset, rows=self.rows,
-                     col_offset=self.col_offset, cols=self.cols)
+    def _document(self) -> dict[str, Any]:
+        out = {"rank": self.rank, "row_offset": self.row_offset, "rows": self.rows,
+               "col_offset": self.col_offset, "cols": self.cols}
+        return {**self.extra, **out} if self.extra else out
 
 
 @dataclass(frozen=True)
-class Table:
+class Table(_Section):
     """An embedding table: its size, sharding type and shards. ``precision`` is None when
     the plan does not state it (the table is stored in fp32); ``extra`` holds the graph
     facts and prices (lookup, pooling, predicted_ms, route_ms, ...) the runner and the
@@ -228,14 +248,14 @@ class Table:
 
     _TYPED = ("fqn", "rows", "dim", "sharding", "shards", "precision")
 
-    def to_dict(self) -> dict[str, Any]:
+    def _document(self) -> dict[str, Any]:
         return _emit(self.extra, fqn=self.fqn, rows=self.rows, dim=self.dim,
-                     sharding=self.sharding, shards=[s.to_dict() for s in self.shards],
+                     sharding=self.sharding, shards=[s._document() for s in self.shards],
                      precision=_opt(self.precision))
 
 
 @dataclass(frozen=True)
-class Region:
+class Region(_Section):
     """A dense region and its strategy (one of ``gemc.sharding.DENSE_STRATEGIES``)."""
 
     name: str
@@ -244,12 +264,12 @@ class Region:
 
     _TYPED = ("name", "strategy")
 
-    def to_dict(self) -> dict[str, Any]:
+    def _document(self) -> dict[str, Any]:
         return _emit(self.extra, name=self.name, strategy=self.strategy)
 
 
 @dataclass(frozen=True)
-class KernelChoice:
+class KernelChoice(_Section):
     """A recorded choice (see ``KERNEL_CHOICES``): which code runs a generated group, and
     the measured times (``gemc_ms``, ``inductor_ms``, ``measured_on`` in ``extra``)."""
 
@@ -258,12 +278,12 @@ class KernelChoice:
 
     _TYPED = ("use",)
 
-    def to_dict(self) -> dict[str, Any]:
+    def _document(self) -> dict[str, Any]:
         return _emit(self.extra, use=self.use)
 
 
 @dataclass(frozen=True)
-class Kernel:
+class Kernel(_Section):
     """A kernel entry: its kind (``gemc.kernel_kinds``) and the fields its runtime reads
     (``extra``: name, nodes, structure, sha256, ...), and an optional recorded choice."""
 
@@ -277,13 +297,13 @@ class Kernel:
     def name(self) -> str | None:
         return self.extra.get("name")
 
-    def to_dict(self) -> dict[str, Any]:
+    def _document(self) -> dict[str, Any]:
         return _emit(self.extra, kind=self.kind,
-                     choice=self.choice.to_dict() if self.choice is not None else _MISSING)
+                     choice=self.choice._document() if self.choice is not None else _MISSING)
 
 
 @dataclass(frozen=True)
-class Model:
+class Model(_Section):
     """What the runner rebuilds: the entrypoint and its arguments, the capture's
     fingerprint; where the entrypoint's file is (see :func:`locate_model`; None when not
     stated); ``extra``: sizes, FLOPs and the stated ``batch_size``."""
@@ -302,15 +322,15 @@ class Model:
         """The samples per batch the model states; None when it states none."""
         return self.extra.get("batch_size")
 
-    def to_dict(self) -> dict[str, Any]:
-        return _emit(self.extra, entrypoint=self.entrypoint, args=_copy(dict(self.args)),
+    def _document(self) -> dict[str, Any]:
+        return _emit(self.extra, entrypoint=self.entrypoint, args=self.args,
                      fingerprint=self.fingerprint,
                      entrypoint_from_plan=_opt(self.entrypoint_from_plan),
                      entrypoint_absolute=_opt(self.entrypoint_absolute))
 
 
 @dataclass(frozen=True)
-class Mesh:
+class Mesh(_Section):
     """The device mesh: ``world_size`` ranks as ``shape`` (hosts x GPUs per host)."""
 
     world_size: int
@@ -320,13 +340,13 @@ class Mesh:
 
     _TYPED = ("world_size", "shape", "dim_names")
 
-    def to_dict(self) -> dict[str, Any]:
+    def _document(self) -> dict[str, Any]:
         return _emit(self.extra, world_size=self.world_size, shape=list(self.shape),
                      dim_names=list(self.dim_names) if self.dim_names is not None else _MISSING)
 
 
 @dataclass(frozen=True)
-class Predicted:
+class Predicted(_Section):
     """The cost model's prediction; null (None) fields when no cost model ran."""
 
     step_ms: float | None
@@ -336,13 +356,13 @@ class Predicted:
 
     _TYPED = ("step_ms", "mfu", "per_rank")
 
-    def to_dict(self) -> dict[str, Any]:
+    def _document(self) -> dict[str, Any]:
         return _emit(self.extra, step_ms=self.step_ms, mfu=self.mfu,
-                     per_rank=_copy(self.per_rank))
+                     per_rank=self.per_rank)
 
 
 @dataclass(frozen=True)
-class Exchange:
+class Exchange(_Section):
     """The pooled exchange's wire precisions (None: not stated, fp32)."""
 
     forward: str | None = None
@@ -351,12 +371,12 @@ class Exchange:
 
     _TYPED = ("forward", "backward")
 
-    def to_dict(self) -> dict[str, Any]:
+    def _document(self) -> dict[str, Any]:
         return _emit(self.extra, forward=_opt(self.forward), backward=_opt(self.backward))
 
 
 @dataclass(frozen=True)
-class SolverReport:
+class SolverReport(_Section):
     """The parallelize pass's report: the planner asked for, CP-SAT's status (or
     ``heuristic``/``crashed``), and its figures in ``extra``."""
 
@@ -366,12 +386,12 @@ class SolverReport:
 
     _TYPED = ("planner", "status")
 
-    def to_dict(self) -> dict[str, Any]:
+    def _document(self) -> dict[str, Any]:
         return _emit(self.extra, planner=self.planner, status=self.status)
 
 
 @dataclass(frozen=True)
-class Plan:
+class Plan(_Section):
     """The plan as a typed object: ``Plan.from_json`` validates while it builds (one
     PlanError naming the field, the plan file and the fix), ``to_json`` writes the
     canonical bytes. Keys no section types (``extra``: e.g. ``optimizer``) are kept and
@@ -410,6 +430,8 @@ class Plan:
     def from_json(cls, text_or_dict: str | Mapping[str, Any], *, source: str = "plan") -> Plan:
         """Parse (text) and validate while building; ``source`` names the plan in errors."""
         data: Any = text_or_dict
+        if isinstance(text_or_dict, Mapping):
+            data = _copy(dict(text_or_dict))  # the plan owns its data; parsed text it owns
         if isinstance(text_or_dict, str):
             try:
                 data = json.loads(text_or_dict)
@@ -420,24 +442,22 @@ class Plan:
                     "gemc compile") from exc
         return _build(data, source)
 
-    def to_dict(self) -> dict[str, Any]:
-        """The plan document as plain JSON values (the caller's own copy)."""
-        out = _emit(
+    def _document(self) -> dict[str, Any]:
+        return _emit(
             self.extra, schema_version=self.schema_version, gemc_version=self.gemc_version,
-            model=self.model.to_dict(), topology=_copy(dict(self.topology)),
-            mesh=self.mesh.to_dict(), regions=[r.to_dict() for r in self.regions],
-            tables=[t.to_dict() for t in self.tables],
-            kernels=[k.to_dict() for k in self.kernels],
-            precision=[_copy(dict(p)) for p in self.precision],
-            predicted=self.predicted.to_dict(), planner=self.planner,
-            warnings=_copy(list(self.warnings)),
-            exchange=self.exchange.to_dict() if self.exchange is not None else _MISSING,
-            solver=self.solver.to_dict() if self.solver is not None else _MISSING)
-        return out
+            model=self.model._document(), topology=self.topology,
+            mesh=self.mesh._document(), regions=[r._document() for r in self.regions],
+            tables=[t._document() for t in self.tables],
+            kernels=[k._document() for k in self.kernels],
+            precision=list(self.precision),
+            predicted=self.predicted._document(), planner=self.planner,
+            warnings=list(self.warnings),
+            exchange=self.exchange._document() if self.exchange is not None else _MISSING,
+            solver=self.solver._document() if self.solver is not None else _MISSING)
 
     def to_json(self) -> str:
         """The canonical text (:func:`dumps`): the same plan gives the same bytes."""
-        return dumps(self.to_dict())
+        return dumps(self._document())
 
 
 def _fail(source: str, field: str, what: str, fix: str) -> NoReturn:
@@ -501,16 +521,16 @@ def _build(plan: Any, source: str) -> Plan:
         schema_version=version,
         gemc_version=plan["gemc_version"],
         model=model,
-        topology=_copy(plan["topology"]),
+        topology=plan["topology"],
         mesh=mesh,
         regions=regions,
         tables=tables,
         kernels=kernels,
-        precision=tuple(_copy(p) for p in plan["precision"]),
-        predicted=Predicted(predicted["step_ms"], predicted["mfu"], _copy(predicted["per_rank"]),
+        precision=tuple(plan["precision"]),
+        predicted=Predicted(predicted["step_ms"], predicted["mfu"], predicted["per_rank"],
                             _rest(predicted, Predicted._TYPED)),
         planner=plan["planner"],
-        warnings=tuple(_copy(plan["warnings"])),
+        warnings=tuple(plan["warnings"]),
         exchange=None if exchange is None else Exchange(
             exchange.get("forward"), exchange.get("backward"), _rest(exchange, Exchange._TYPED)),
         solver=None if solver is None else SolverReport(
@@ -531,7 +551,7 @@ def _model(model: dict[str, Any], source: str) -> Model:
         value = model.get(key)
         if value is not None and (not isinstance(value, str) or ":" not in value):
             _fail(source, f"model.{key}", f"is {value!r}, not FILE.py:FUNC", _RECOMPILE)
-    return Model(model["entrypoint"], _copy(model["args"]), _copy(model["fingerprint"]),
+    return Model(model["entrypoint"], model["args"], model["fingerprint"],
                  model.get("entrypoint_from_plan"), model.get("entrypoint_absolute"),
                  _rest(model, Model._TYPED))
 
@@ -636,13 +656,16 @@ def _table(table: Any, where: str, world: int, source: str, fix: str) -> Table:
         rank = shard.get("rank")
         if not isinstance(rank, int) or not 0 <= rank < world:
             _fail(source, f"{sw}.rank", f"is {rank!r}, outside the mesh of {world} ranks", fix)
-        r0, nr, c0, nc = (shard.get(k) for k in ("row_offset", "rows", "col_offset", "cols"))
-        if not all(isinstance(v, int) and v >= 0 for v in (r0, nr, c0, nc)):
+        r0, nr = shard.get("row_offset"), shard.get("rows")
+        c0, nc = shard.get("col_offset"), shard.get("cols")
+        if not (_count(r0) and _count(nr) and _count(c0) and _count(nc)):
             _fail(source, sw, "needs non-negative integers row_offset, rows, col_offset, cols", fix)
         if r0 + nr > rows or c0 + nc > dim:
             _fail(source, sw, f"reaches past the table ({rows} x {dim})", fix)
         covered += nr * nc
-        shards.append(Shard(rank, r0, nr, c0, nc, _rest(shard, Shard._TYPED)))
+        # a 10^5-shard plan: no dict of untyped keys where there are none (the usual case)
+        extra = _rest(shard, Shard._TYPED) if len(shard) > len(Shard._TYPED) else {}
+        shards.append(Shard(rank, r0, nr, c0, nc, extra))
     replicas = len(table["shards"]) if SHARDINGS[table["sharding"]].replicated else 1
     if covered != rows * dim * replicas:
         _fail(
@@ -650,6 +673,11 @@ def _table(table: Any, where: str, world: int, source: str, fix: str) -> Table:
         )
     return Table(table["fqn"], rows, dim, table["sharding"], tuple(shards),
                  table.get("precision"), _rest(table, Table._TYPED))
+
+
+def _count(value: Any) -> bool:
+    """A non-negative integer (a bool is an int too: the validator always took it)."""
+    return isinstance(value, int) and value >= 0
 
 
 def _prod(values: list[Any]) -> int:

@@ -1,3 +1,4 @@
+import copy
 import json
 
 import pytest
@@ -50,6 +51,10 @@ def test_typed_plan_reads_and_writes_the_same_bytes(plan, tmp_path):
     out["tables"][0]["shards"][0]["rows"] = -1
     out["model"]["args"]["x"] = 1
     assert typed.to_json() == text
+    given = copy.deepcopy(plan)
+    built = Plan.from_json(given)
+    given["tables"][0]["shards"][0]["rows"] = -1  # nor editing the dict it was built from
+    assert built.to_json() == text
     write_plan(path, typed)  # a Plan is written as is
     assert path.read_text() == text
 
