@@ -203,8 +203,20 @@ class _Section:
     Copies are made at the two edges only (``Plan.from_json`` of a dict, ``to_dict``), so
     reading a plan file and writing a plan copy nothing: a 10^5-shard plan stays cheap."""
 
+    _TYPED: tuple[str, ...] = ()
+
     def _document(self) -> dict[str, Any]:
-        raise NotImplementedError
+        """The JSON object: ``extra``, then the typed fields (a section as its object, a
+        tuple as a list, None as absent)."""
+        fields = {}
+        for name in self._TYPED:
+            value = getattr(self, name)
+            if isinstance(value, _Section):
+                value = value._document()
+            elif isinstance(value, tuple):
+                value = [v._document() if isinstance(v, _Section) else v for v in value]
+            fields[name] = _opt(value)
+        return _emit(self.extra, **fields)
 
     def to_dict(self) -> dict[str, Any]:
         """The section as plain JSON values (the caller's own copy)."""
@@ -248,24 +260,17 @@ class Table(_Section):
 
     _TYPED = ("fqn", "rows", "dim", "sharding", "shards", "precision")
 
-    def _document(self) -> dict[str, Any]:
-        return _emit(self.extra, fqn=self.fqn, rows=self.rows, dim=self.dim,
-                     sharding=self.sharding, shards=[s._document() for s in self.shards],
-                     precision=_opt(self.precision))
-
 
 @dataclass(frozen=True)
 class Region(_Section):
-    """A dense region and its strategy (one of ``gemc.sharding.DENSE_STRATEGIES``)."""
+    """A dense region and its strategy (one of ``gemc.sharding.DENSE_STRATEGIES``);
+    ``extra``: its size, FLOPs, ops, predicted time, shard group, checkpointing."""
 
     name: str
     strategy: str
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     _TYPED = ("name", "strategy")
-
-    def _document(self) -> dict[str, Any]:
-        return _emit(self.extra, name=self.name, strategy=self.strategy)
 
 
 @dataclass(frozen=True)
@@ -277,9 +282,6 @@ class KernelChoice(_Section):
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     _TYPED = ("use",)
-
-    def _document(self) -> dict[str, Any]:
-        return _emit(self.extra, use=self.use)
 
 
 @dataclass(frozen=True)
@@ -296,10 +298,6 @@ class Kernel(_Section):
     @property
     def name(self) -> str | None:
         return self.extra.get("name")
-
-    def _document(self) -> dict[str, Any]:
-        return _emit(self.extra, kind=self.kind,
-                     choice=self.choice._document() if self.choice is not None else _MISSING)
 
 
 @dataclass(frozen=True)
@@ -322,12 +320,6 @@ class Model(_Section):
         """The samples per batch the model states; None when it states none."""
         return self.extra.get("batch_size")
 
-    def _document(self) -> dict[str, Any]:
-        return _emit(self.extra, entrypoint=self.entrypoint, args=self.args,
-                     fingerprint=self.fingerprint,
-                     entrypoint_from_plan=_opt(self.entrypoint_from_plan),
-                     entrypoint_absolute=_opt(self.entrypoint_absolute))
-
 
 @dataclass(frozen=True)
 class Mesh(_Section):
@@ -339,10 +331,6 @@ class Mesh(_Section):
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     _TYPED = ("world_size", "shape", "dim_names")
-
-    def _document(self) -> dict[str, Any]:
-        return _emit(self.extra, world_size=self.world_size, shape=list(self.shape),
-                     dim_names=list(self.dim_names) if self.dim_names is not None else _MISSING)
 
 
 @dataclass(frozen=True)
@@ -371,23 +359,17 @@ class Exchange(_Section):
 
     _TYPED = ("forward", "backward")
 
-    def _document(self) -> dict[str, Any]:
-        return _emit(self.extra, forward=_opt(self.forward), backward=_opt(self.backward))
-
 
 @dataclass(frozen=True)
 class SolverReport(_Section):
     """The parallelize pass's report: the planner asked for, CP-SAT's status (or
     ``heuristic``/``crashed``), and its figures in ``extra``."""
 
-    planner: str
-    status: str
-    extra: Mapping[str, Any] = field(default_factory=dict)
-
     _TYPED = ("planner", "status")
 
-    def _document(self) -> dict[str, Any]:
-        return _emit(self.extra, planner=self.planner, status=self.status)
+    planner: str  # one of PLANNERS
+    status: str  # one of SOLVER_STATUSES
+    extra: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -441,19 +423,6 @@ class Plan(_Section):
                     fix="the file is corrupt or truncated; compile the plan again with "
                     "gemc compile") from exc
         return _build(data, source)
-
-    def _document(self) -> dict[str, Any]:
-        return _emit(
-            self.extra, schema_version=self.schema_version, gemc_version=self.gemc_version,
-            model=self.model._document(), topology=self.topology,
-            mesh=self.mesh._document(), regions=[r._document() for r in self.regions],
-            tables=[t._document() for t in self.tables],
-            kernels=[k._document() for k in self.kernels],
-            precision=list(self.precision),
-            predicted=self.predicted._document(), planner=self.planner,
-            warnings=list(self.warnings),
-            exchange=self.exchange._document() if self.exchange is not None else _MISSING,
-            solver=self.solver._document() if self.solver is not None else _MISSING)
 
     def to_json(self) -> str:
         """The canonical text (:func:`dumps`): the same plan gives the same bytes."""
