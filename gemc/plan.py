@@ -610,8 +610,9 @@ def _table(table: Any, where: str, world: int, source: str, fix: str) -> Table:
         _fail(source, f"{where}.precision",
               f"is {table.get('precision')!r}, not one of {TABLE_PRECISIONS}", fix)
     rows, dim = table["rows"], table["dim"]
-    ranks = [s.get("rank") for s in table["shards"] if isinstance(s, dict)]
-    counts = Counter(r for r in ranks if isinstance(r, int))
+    ranks = [r for s in table["shards"] if isinstance(s, dict)
+             and isinstance(r := s.get("rank"), int)]
+    counts = Counter(ranks) if len(set(ranks)) != len(ranks) else Counter()
     twice = sorted(r for r, n in counts.items() if n > 1)
     if twice:
         # the runner keeps one local shard per table, and the cost model would have priced
@@ -627,7 +628,8 @@ def _table(table: Any, where: str, world: int, source: str, fix: str) -> Table:
             _fail(source, f"{sw}.rank", f"is {rank!r}, outside the mesh of {world} ranks", fix)
         r0, nr = shard.get("row_offset"), shard.get("rows")
         c0, nc = shard.get("col_offset"), shard.get("cols")
-        if not (_count(r0) and _count(nr) and _count(c0) and _count(nc)):
+        if not (isinstance(r0, int) and isinstance(nr, int) and isinstance(c0, int)
+                and isinstance(nc, int) and min(r0, nr, c0, nc) >= 0):
             _fail(source, sw, "needs non-negative integers row_offset, rows, col_offset, cols", fix)
         if r0 + nr > rows or c0 + nc > dim:
             _fail(source, sw, f"reaches past the table ({rows} x {dim})", fix)
@@ -642,11 +644,6 @@ def _table(table: Any, where: str, world: int, source: str, fix: str) -> Table:
         )
     return Table(table["fqn"], rows, dim, table["sharding"], tuple(shards),
                  table.get("precision"), _rest(table, Table._TYPED))
-
-
-def _count(value: Any) -> bool:
-    """A non-negative integer (a bool is an int too: the validator always took it)."""
-    return isinstance(value, int) and value >= 0
 
 
 def _prod(values: list[Any]) -> int:
