@@ -36,7 +36,7 @@ def _header(a: Plan, b: Plan, names: tuple[str, str]) -> list[str]:
     else:
         out.append("model: same graph and parameter shapes")
     if a.model.args != b.model.args:
-        out.append(f"model args: {dict(a.model.args)} -> {dict(b.model.args)}")
+        out.append(f"model args: {a.model.args} -> {b.model.args}")
     ta, tb = a.topology, b.topology
     topo = lambda t: f"{t.get('gpu')}:{t.get('hosts')}x{t.get('gpus_per_host')}"  # noqa: E731
     out.append(f"topology: {topo(ta)}" if ta == tb else f"topology: {topo(ta)} -> {topo(tb)}")

@@ -266,7 +266,6 @@ def run(plan_or_path: str | Path | Plan | dict[str, Any],
     world = World.from_env()
     check_world(typed, world, str(plan_path or "plan"))
     check_strategies(typed.regions)
-    plan = typed.to_dict()
     device = _device(opts.device, world)
     created_pg = False
     if world.world_size > 1 and not dist.is_initialized():
@@ -277,12 +276,12 @@ def run(plan_or_path: str | Path | Plan | dict[str, Any],
         created_pg = True
     try:
         # before the capture, which imports gemc's kernels (their autotuners read the env)
-        compiles = _compiles(plan, opts, device, world)
+        compiles = _compiles(typed, opts, device, world)
         with (compile_cache(opts.cache_dir, plan_dir) if compiles
               else nullcontext()) as cache, _autotuning(opts.autotune):
             workers = warm_compile_workers(device) if compiles and \
                 opts.graph_executor == "inductor" else None
-            return _run(plan, plan_path, plan_dir, opts, world, device, cache, workers)
+            return _run(typed, plan_path, plan_dir, opts, world, device, cache, workers)
     finally:
         if created_pg and dist.is_initialized():
             dist.destroy_process_group()
@@ -329,12 +328,11 @@ def _kernel_tuning(rank: int) -> dict[str, Any] | None:
     return tuning
 
 
-def _compiles(plan: dict[str, Any], opts: RunOptions, device: torch.device, world: World
-              ) -> bool:
+def _compiles(plan: Plan, opts: RunOptions, device: torch.device, world: World) -> bool:
     """Whether the run compiles anything (so it wants the compile cache): graph mode, whose
     kernels autotune even under the interpreter executor, or module mode compiled."""
-    kernels = plan["kernels"] if opts.kernels else []
-    if any(isinstance(k, dict) and k.get("kind") in graph_kinds() for k in kernels):
+    kernels = plan.kernels if opts.kernels else ()
+    if any(k.kind in graph_kinds() for k in kernels):
         return True
     return _compile_module_mode(opts, device, world.world_size)
 
@@ -356,7 +354,7 @@ def kept_kernels(plan: dict[str, Any], skip: tuple[str, ...]) -> list[Any]:
 
 
 def _run(
-    plan: dict[str, Any],
+    typed: Plan,
     plan_path: Path | None,
     plan_dir: Path | None,
     opts: RunOptions,
@@ -366,15 +364,18 @@ def _run(
     workers: str | None = None,
 ) -> RunResult:
     """One run (see :func:`run`); ``workers``: what was done about Inductor's compile
-    workers before it (:func:`~gemc.backends.torch.first_step.warm_compile_workers`)."""
+    workers before it (:func:`~gemc.backends.torch.first_step.warm_compile_workers`).
+    The model is rebuilt and checked from the typed plan's ``Model``; the rest reads the
+    plan's document (``Plan.to_dict``) by key."""
     rank, wsize = world.rank, world.world_size
     t_setup = time.perf_counter()
-    spec = load_plan_model(plan, plan_dir)
+    plan = typed.to_dict()
+    spec = load_plan_model(typed.model, plan_dir)
     kernels = kept_kernels(plan, opts.skip_kernels) if opts.kernels else []
     if opts.kernel_choices:
         check_choices(opts.kernel_choices, plan["kernels"], "gemc run --kernel-choices")
     graph_kernels = [k for k in kernels if isinstance(k, dict) and k.get("kind") in graph_kinds()]
-    captured = check_fingerprint(plan, spec, rank=rank, world_size=wsize,
+    captured = check_fingerprint(typed.model, spec, rank=rank, world_size=wsize,
                                  every_rank=bool(graph_kernels))
     model = spec.model
     wire = wire_of_plan(plan)
