@@ -3,7 +3,8 @@
 from gemc.spec import ModelSpec
 from gemc.version import __version__
 
-__all__ = ["ModelSpec", "__version__", "compile", "load_plan", "validate_plan"]
+__all__ = ["ModelSpec", "Plan", "__version__", "compile", "load_plan", "read_plan",
+           "validate_plan"]
 
 
 def __getattr__(name: str):
@@ -12,7 +13,7 @@ def __getattr__(name: str):
         from gemc.api import compile as fn
 
         return fn
-    if name in ("load_plan", "validate_plan"):
+    if name in ("Plan", "load_plan", "read_plan", "validate_plan"):
         from gemc import plan
 
         return getattr(plan, name)

@@ -287,10 +287,10 @@ def _plan_file(path: str, command: str) -> str:
 
 def _cmd_diff(args: argparse.Namespace) -> int:
     from gemc.diff import diff
-    from gemc.plan import load_plan
+    from gemc.plan import read_plan
 
     a, b = _plan_file(args.a, "diff"), _plan_file(args.b, "diff")
-    print(diff(load_plan(a), load_plan(b), names=(args.a, args.b)))
+    print(diff(read_plan(a), read_plan(b), names=(args.a, args.b)))
     return EXIT_OK
 
 

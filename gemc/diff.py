@@ -1,6 +1,6 @@
 """``gemc diff a.json b.json``: what changed between two plans, and why the costs differ.
 
-Reads only the two plan documents. The "why" is the predicted step's breakdown (sparse
+Reads only the two plans (typed, :class:`gemc.plan.Plan`). The "why" is the predicted step's breakdown (sparse
 compute, all-to-all, dense compute, exposed communication, optimizer) part by part, with
 the parts that moved most first, then the decisions behind them: dense strategies, table
 shardings and the ranks holding them, and where per-rank memory moved.
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from gemc.exchange_precision import wire_of_plan
+from gemc.plan import Plan, Region, Table
 from gemc.table_format import ranks_str, render_table
 
 MAX_LISTED = 20
@@ -29,40 +29,41 @@ def _delta(a: float | None, b: float | None, unit: str = " ms") -> str:
     return f"{d:+.3f}{unit}{pct}"
 
 
-def _header(a: dict[str, Any], b: dict[str, Any], names: tuple[str, str]) -> list[str]:
+def _header(a: Plan, b: Plan, names: tuple[str, str]) -> list[str]:
     out = [f"a: {names[0]}", f"b: {names[1]}"]
-    if a["model"]["fingerprint"] != b["model"]["fingerprint"]:
+    if a.model.fingerprint != b.model.fingerprint:
         out.append("model: DIFFERENT graphs or parameter shapes (fingerprints differ)")
     else:
         out.append("model: same graph and parameter shapes")
-    if a["model"].get("args") != b["model"].get("args"):
-        out.append(f"model args: {a['model'].get('args')} -> {b['model'].get('args')}")
-    ta, tb = a["topology"], b["topology"]
+    if a.model.args != b.model.args:
+        out.append(f"model args: {a.model.args} -> {b.model.args}")
+    ta, tb = a.topology, b.topology
     topo = lambda t: f"{t.get('gpu')}:{t.get('hosts')}x{t.get('gpus_per_host')}"  # noqa: E731
     out.append(f"topology: {topo(ta)}" if ta == tb else f"topology: {topo(ta)} -> {topo(tb)}")
-    out.append(f"planner: {a['planner']}" if a["planner"] == b["planner"]
-               else f"planner: {a['planner']} -> {b['planner']}")
-    def wire(plan: dict[str, Any]) -> str:
-        w = wire_of_plan(plan)
-        return f"{w.forward}/{w.backward}"
+    out.append(f"planner: {a.planner}" if a.planner == b.planner
+               else f"planner: {a.planner} -> {b.planner}")
+
+    def wire(plan: Plan) -> str:
+        return f"{plan.wire.forward}/{plan.wire.backward}"
 
     out.append(f"table exchange (forward/backward): {wire(a)}" if wire(a) == wire(b)
                else f"table exchange (forward/backward): {wire(a)} -> {wire(b)}")
     for name, plan in (("a", a), ("b", b)):
-        s = plan.get("solver")
-        if s and s.get("status") != "heuristic":
-            out.append(f"solver {name}: {s.get('status')}, objective {_f(s.get('objective_ms'))} "
-                       f"ms, bound {_f(s.get('bound_ms'))} ms, gap {_f(s.get('gap'))}")
+        s = plan.solver
+        if s is not None and s.status != "heuristic":
+            got = s.extra.get
+            out.append(f"solver {name}: {s.status}, objective {_f(got('objective_ms'))} "
+                       f"ms, bound {_f(got('bound_ms'))} ms, gap {_f(got('gap'))}")
     return out
 
 
-def _costs(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
-    pa, pb = a["predicted"], b["predicted"]
-    out = [f"predicted step: {_f(pa.get('step_ms'))} ms -> {_f(pb.get('step_ms'))} ms  "
-           f"{_delta(pa.get('step_ms'), pb.get('step_ms'))}",
-           f"max memory per rank: {_f(pa.get('max_memory_gb'), ' GB', 2)} -> "
-           f"{_f(pb.get('max_memory_gb'), ' GB', 2)}"]
-    ba, bb = pa.get("breakdown_ms") or {}, pb.get("breakdown_ms") or {}
+def _costs(a: Plan, b: Plan) -> list[str]:
+    pa, pb = a.predicted, b.predicted
+    out = [f"predicted step: {_f(pa.step_ms)} ms -> {_f(pb.step_ms)} ms  "
+           f"{_delta(pa.step_ms, pb.step_ms)}",
+           f"max memory per rank: {_f(pa.extra.get('max_memory_gb'), ' GB', 2)} -> "
+           f"{_f(pb.extra.get('max_memory_gb'), ' GB', 2)}"]
+    ba, bb = pa.extra.get("breakdown_ms") or {}, pb.extra.get("breakdown_ms") or {}
     parts = sorted(set(ba) | set(bb),
                    key=lambda k: (-abs((bb.get(k) or 0) - (ba.get(k) or 0)), k))
     rows = [[k, ba.get(k), bb.get(k), _delta(ba.get(k, 0.0), bb.get(k, 0.0), "")]
@@ -73,15 +74,16 @@ def _costs(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     return out
 
 
-def _regions(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
-    ra = {r["name"]: r for r in a["regions"]}
-    rb = {r["name"]: r for r in b["regions"]}
+def _regions(a: Plan, b: Plan) -> list[str]:
+    ra = {r.name: r for r in a.regions}
+    rb = {r.name: r for r in b.regions}
 
-    def label(r: dict[str, Any] | None) -> str:
+    def label(r: Region | None) -> str:
         if r is None:
             return "(absent)"
-        s = r["strategy"] + (f"/{r['shard_group']}" if r.get("shard_group") else "")
-        return s + ("+ckpt" if r.get("checkpoint") else "")
+        group = r.extra.get("shard_group")
+        s = r.strategy + (f"/{group}" if group else "")
+        return s + ("+ckpt" if r.extra.get("checkpoint") else "")
 
     rows = [[n or "(root)", label(ra.get(n)), label(rb.get(n))]
             for n in sorted(set(ra) | set(rb)) if label(ra.get(n)) != label(rb.get(n))]
@@ -90,28 +92,31 @@ def _regions(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     return [render_table(["region", "a", "b"], rows, title=f"dense strategies ({len(rows)} changed)")]
 
 
-def _placement_label(t: dict[str, Any] | None) -> str:
+def _placement_label(t: Table | None) -> str:
     """A table's sharding, with its storage precision when not fp32 (a change of either
     is a change of the table's placement)."""
     if t is None:
         return "(absent)"
-    precision = t.get("precision", "fp32")
-    return t["sharding"] + ("" if precision == "fp32" else f" {precision}")
+    precision = t.precision or "fp32"
+    return t.sharding + ("" if precision == "fp32" else f" {precision}")
 
 
-def _tables(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
-    ta = {t["fqn"]: t for t in a["tables"]}
-    tb = {t["fqn"]: t for t in b["tables"]}
+def _size(t: Table | None) -> int:
+    return t.rows * t.dim if t is not None else 0
+
+
+def _tables(a: Plan, b: Plan) -> list[str]:
+    ta = {t.fqn: t for t in a.tables}
+    tb = {t.fqn: t for t in b.tables}
     moves: Counter = Counter()
     rows = []
     same = 0
-    for fqn in sorted(set(ta) | set(tb), key=lambda f: (
-            -max(ta.get(f, {}).get("rows", 0) * ta.get(f, {}).get("dim", 0),
-                 tb.get(f, {}).get("rows", 0) * tb.get(f, {}).get("dim", 0)), f)):
+    for fqn in sorted(set(ta) | set(tb),
+                      key=lambda f: (-max(_size(ta.get(f)), _size(tb.get(f))), f)):
         x, y = ta.get(fqn), tb.get(fqn)
         sx, sy = _placement_label(x), _placement_label(y)
-        rx = [s["rank"] for s in x["shards"]] if x else []
-        ry = [s["rank"] for s in y["shards"]] if y else []
+        rx = [s.rank for s in x.shards] if x else []
+        ry = [s.rank for s in y.shards] if y else []
         if sx == sy and rx == ry:
             same += 1
             continue
@@ -128,8 +133,8 @@ def _tables(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     return out
 
 
-def _ranks(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
-    pa, pb = a["predicted"].get("per_rank"), b["predicted"].get("per_rank")
+def _ranks(a: Plan, b: Plan) -> list[str]:
+    pa, pb = a.predicted.per_rank, b.predicted.per_rank
     if not pa or not pb or len(pa) != len(pb):
         return []
     keys = ("memory_gb", "sparse_compute_ms", "comm_ms")
@@ -143,8 +148,8 @@ def _ranks(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
                              title="per-rank extremes")]
 
 
-def diff(a: dict[str, Any], b: dict[str, Any], *, names: tuple[str, str] = ("a", "b")) -> str:
-    """The report ``gemc diff`` prints (both plans already validated)."""
+def diff(a: Plan, b: Plan, *, names: tuple[str, str] = ("a", "b")) -> str:
+    """The report ``gemc diff`` prints (both plans typed, so validated as they were read)."""
     out = _header(a, b, names)
     out += [""] + _costs(a, b)
     out += [""] + _regions(a, b)

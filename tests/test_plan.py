@@ -1,3 +1,4 @@
+import copy
 import json
 
 import pytest
@@ -5,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gemc.errors import PlanError
-from gemc.plan import dumps, load_plan, validate_plan, write_plan
+from gemc.plan import Plan, Shard, Table, dumps, load_plan, read_plan, validate_plan, write_plan
 from gemc.sharding import make_shards, split_even
 
 
@@ -25,6 +26,52 @@ def test_round_trip_is_byte_identical(plan, tmp_path):
     again = load_plan(path)
     assert again == plan
     assert dumps(again) == path.read_text()
+
+
+def test_typed_plan_reads_and_writes_the_same_bytes(plan, tmp_path):
+    path = tmp_path / "p.json"
+    write_plan(path, plan)
+    text = path.read_text()
+    typed = Plan.from_json(text, source=str(path))
+    assert typed.to_json() == text  # one writer: the bytes of the dict's dumps
+    assert typed == Plan.from_json(plan, source="dict") == read_plan(path)
+    assert typed.mesh.world_size == 8 and typed.mesh.shape == (2, 4)
+    assert all(isinstance(t, Table) and all(isinstance(s, Shard) for s in t.shards)
+               for t in typed.tables)
+    assert {t.fqn for t in typed.tables} == {t["fqn"] for t in plan["tables"]}
+    assert [k.kind for k in typed.kernels] == [k["kind"] for k in plan["kernels"]]
+    assert typed.predicted.step_ms == plan["predicted"]["step_ms"]
+    # keys no section types are kept, and written back where they were
+    extra = {**plan, "tables": [{**plan["tables"][0], "note": "kept"}, *plan["tables"][1:]]}
+    again = Plan.from_json(extra)
+    assert again.tables[0].extra["note"] == "kept"
+    assert again.to_json() == dumps(extra)
+    # the plan owns its data: editing what to_dict gave changes neither the plan nor its text
+    out = typed.to_dict()
+    out["tables"][0]["shards"][0]["rows"] = -1
+    out["model"]["args"]["x"] = 1
+    assert typed.to_json() == text
+    given = copy.deepcopy(plan)
+    built = Plan.from_json(given)
+    given["tables"][0]["shards"][0]["rows"] = -1  # nor editing the dict it was built from
+    assert built.to_json() == text
+    write_plan(path, typed)  # a Plan is written as is
+    assert path.read_text() == text
+
+
+def test_typed_plan_states_absent_optional_fields_as_none(plan):
+    bare = {k: v for k, v in plan.items() if k not in ("exchange", "solver")}
+    bare["tables"] = [{k: v for k, v in t.items() if k != "precision"} for t in plan["tables"]]
+    typed = Plan.from_json(bare)
+    assert typed.exchange is None and typed.solver is None
+    assert all(t.precision is None for t in typed.tables)
+    assert typed.to_json() == dumps(bare)  # absent stays absent, not written as null
+
+
+def test_text_that_is_not_json_names_the_plan():
+    with pytest.raises(PlanError, match="not valid JSON") as info:
+        Plan.from_json("{not json", source="p.json")
+    assert info.value.where == "p.json"
 
 
 def test_invalid_plan_is_never_written(plan, tmp_path):
@@ -92,3 +139,18 @@ def test_split_even_is_contiguous_and_balanced(total, parts):
     assert sum(s for _, s in pieces) == total
     assert all(b[0] == a[0] + a[1] for a, b in zip(pieces, pieces[1:]))
     assert max(s for _, s in pieces) - min(s for _, s in pieces) <= 1
+
+
+def test_diff_reads_typed_plans(plan):
+    from gemc.diff import diff
+
+    first = plan["tables"][0]
+    lowered = {**plan, "tables": [{**first, "precision": "bf16"}, *plan["tables"][1:]],
+               "exchange": {**plan.get("exchange", {}), "forward": "bf16"}}
+    a, b = Plan.from_json(plan), Plan.from_json(lowered)
+    assert b.wire.forward == "bf16" and a.wire.forward == (plan.get("exchange") or {}).get(
+        "forward", "fp32")
+    text = diff(a, b)
+    assert f"{first['sharding']} -> {first['sharding']} bf16" in text
+    assert f"table exchange (forward/backward): {a.wire.forward}/" in text and "-> bf16/" in text
+    assert "dense strategies: unchanged" in diff(a, a) and "tables: unchanged" in diff(a, a)

@@ -42,6 +42,7 @@ from gemc.exits import (
     signal_handlers,
     signal_name,
 )
+from gemc.plan import Mesh
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -257,9 +258,11 @@ def check_run_paths(args: argparse.Namespace) -> None:
         require_latest(args.checkpoint_dir)
 
 
-def _self_launch(args: argparse.Namespace, argv: Sequence[str], world: int, mesh: dict) -> int:
-    """Start torchrun for a one-host plan of ``world`` ranks; returns its exit code."""
-    shape = mesh.get("shape") or [1, world]
+def _self_launch(args: argparse.Namespace, argv: Sequence[str], mesh: Mesh) -> int:
+    """Start torchrun for a one-host plan of ``mesh.world_size`` ranks; returns its exit
+    code."""
+    world = mesh.world_size
+    shape = list(mesh.shape)
     if len(shape) > 1 and shape[0] > 1:
         raise GemcUserError(
             f"the plan spans {shape[0]} hosts; gemc run starts processes on this host only",
@@ -288,15 +291,14 @@ def _self_launch(args: argparse.Namespace, argv: Sequence[str], world: int, mesh
 
 def cmd_run(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     """Run the plan (starting torchrun first when needed). ``argv`` re-creates the flags."""
-    from gemc.plan import load_plan
+    from gemc.plan import read_plan
 
     prepare_device_env(args.device)
     check_run_paths(args)
     if not _under_launcher():
-        plan = load_plan(args.plan)
-        world = plan["mesh"]["world_size"]
-        if world > 1:
-            return _self_launch(args, list(argv) if argv is not None else argv_of(args), world, plan["mesh"])
+        mesh = read_plan(args.plan).mesh
+        if mesh.world_size > 1:
+            return _self_launch(args, list(argv) if argv is not None else argv_of(args), mesh)
     from gemc.backends.torch.runner import run
 
     done = [0]

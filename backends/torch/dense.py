@@ -20,7 +20,7 @@ strategy. With one rank every strategy is the identity and nothing is wrapped.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch import nn
 
 from gemc.errors import GemcUserError, PlanError
+from gemc.plan import Region
 from gemc.sharding import DENSE_DECLARED, REPLICATED_DENSE, dense_strategy
 
 BUCKET_BYTES = 25 * 1024 * 1024
@@ -156,12 +157,15 @@ def _owner(fqn: str, names: Iterable[str]) -> str:
     return best
 
 
-def check_strategies(regions: list[dict[str, Any]]) -> None:
-    """Refuse what the runner cannot execute, before any process group work starts."""
+def check_strategies(regions: Sequence[Region | Mapping[str, Any]]) -> None:
+    """Refuse what the runner cannot execute, before any process group work starts.
+    ``regions``: the typed plan's (``Plan.regions``) or the document's."""
+    pairs = [(r.name, r.strategy) if isinstance(r, Region) else (r["name"], r["strategy"])
+             for r in regions]
     for strategy in DENSE_DECLARED:
         if strategy.runner:
             continue
-        asked = [r["name"] or "(root)" for r in regions if r["strategy"] == strategy.name]
+        asked = [name or "(root)" for name, kind in pairs if kind == strategy.name]
         if asked:
             runs = [s.name for s in DENSE_DECLARED if s.runner and s.name != REPLICATED_DENSE]
             raise TensorParallelNotSupported(

@@ -20,11 +20,12 @@ gemc's kernel where Inductor has nothing equivalent).
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from typing import Any
 
 from gemc.checks import read_json
 from gemc.errors import GemcUserError
-from gemc.plan import KERNEL_CHOICES
+from gemc.plan import KERNEL_CHOICES, KernelChoice, Plan
 
 CHOICES_FORMAT = '{kernel name: {"choice": "gemc"|"inductor", ...}}'
 
@@ -84,18 +85,21 @@ def plan_choices(kernels: list[Any]) -> dict[str, dict[str, Any]]:
             for k in kernels if isinstance(k, dict) and isinstance(k.get("choice"), dict)}
 
 
-def record_choices(plan: dict[str, Any], choices: dict[str, Any],
-                   measured_on: str | None) -> list[str]:
-    """Store each record as its kernel's ``choice`` (in place); returns the names."""
-    by_name = {str(k.get("name")): k for k in plan["kernels"] if isinstance(k, dict)}
-    for name, rec in choices.items():
-        stored: dict[str, Any] = {"use": rec["choice"], "measured_on": measured_on}
-        for key in ("gemc_ms", "inductor_ms"):
-            stored[key] = rec.get(key)
-        if rec.get("error"):
-            stored["error"] = str(rec["error"])
-        by_name[name]["choice"] = stored
-    return sorted(choices)
+def record_choices(plan: Plan, choices: dict[str, Any], measured_on: str | None) -> Plan:
+    """The plan with each record stored as its kernel's ``choice`` (a new plan: ``Plan``
+    is frozen; ``write_plan`` validates the choices as it writes)."""
+    kernels = []
+    for kernel in plan.kernels:
+        rec = choices.get(str(kernel.name))
+        if rec is not None:
+            stored: dict[str, Any] = {"measured_on": measured_on}
+            for key in ("gemc_ms", "inductor_ms"):
+                stored[key] = rec.get(key)
+            if rec.get("error"):
+                stored["error"] = str(rec["error"])
+            kernel = replace(kernel, choice=KernelChoice(rec["choice"], stored))
+        kernels.append(kernel)
+    return replace(plan, kernels=tuple(kernels))
 
 
 def add_record_choices_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -117,7 +121,7 @@ def cmd_record_choices(args: argparse.Namespace) -> int:
 
     from gemc import checks
     from gemc.exits import EXIT_OK
-    from gemc.plan import load_plan, write_plan
+    from gemc.plan import read_plan, write_plan
 
     checks.input_file(args.plan, "gemc record-choices", what="plan file",
                       fix="give the plan file gemc compile --out wrote")
@@ -125,24 +129,24 @@ def cmd_record_choices(args: argparse.Namespace) -> int:
                       fix="give the PLAN.run.json of gemc run PLAN --measure-kernels")
     out = args.out or args.plan
     checks.output_file(out, "--out")
-    plan = load_plan(args.plan)
+    plan = read_plan(args.plan)
     choices, report = _read(args.choices)
     if not choices:
         raise GemcUserError(f"{args.choices} holds no measured kernel choices",
                             where=f"{args.choices}: graph_executor.measured",
                             fix="run gemc run PLAN --measure-kernels and give its report")
     if report is not None:
-        mine = plan["model"].get("fingerprint")
+        mine = plan.model.fingerprint
         theirs = (report.get("model") or {}).get("fingerprint")
         if theirs is not None and theirs != mine:
             raise GemcUserError(
                 f"{args.choices} measured another model (fingerprint {theirs}, the plan's "
                 f"is {mine})", where=f"{args.choices}: model.fingerprint",
                 fix="measure this plan: gemc run PLAN --measure-kernels")
-    check_choices(choices, plan["kernels"], args.choices)
+    check_choices(choices, [k.to_dict() for k in plan.kernels], args.choices)
     measured_on = report.get("device") if report is not None else None
-    names = record_choices(plan, choices, measured_on)
-    write_plan(out, plan)
+    write_plan(out, record_choices(plan, choices, measured_on))
+    names = sorted(choices)
     if measured_on == "cpu":
         print("gemc: warning: these choices were measured on the CPU (gemc's kernels in "
               "Triton's interpreter): their times say nothing about a GPU", file=sys.stderr)

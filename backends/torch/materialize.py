@@ -30,10 +30,11 @@ from gemc.backends.torch.init import (
 from torch import nn
 
 from gemc.errors import PlanError
+from gemc.plan import Model
 from gemc.spec import ModelSpec
 
 
-def _entrypoint_for(model: dict[str, Any], plan_dir: Path | None) -> str:
+def _entrypoint_for(model: Model, plan_dir: Path | None) -> str:
     """The plan's entrypoint, resolved from any working directory.
 
     ``FILE.py:FUNC`` is tried as typed (from the current directory), then relative to the
@@ -41,16 +42,16 @@ def _entrypoint_for(model: dict[str, Any], plan_dir: Path | None) -> str:
     absolute path of the compile. ``package.module:FUNC`` is imported as it is. The model's
     fingerprint is checked afterwards, so a file found in the wrong place cannot run.
     """
-    entrypoint = model["entrypoint"]
+    entrypoint = model.entrypoint
     target, sep, func = entrypoint.rpartition(":")
     if not sep or not target.endswith(".py"):
         return entrypoint
     tried: list[tuple[str, Path]] = [("as typed, from the current directory", Path(target))]
     if plan_dir is not None:
-        rel = model.get("entrypoint_from_plan")
+        rel = model.entrypoint_from_plan
         rel_file = rel.rpartition(":")[0] if isinstance(rel, str) else target
         tried.append(("relative to the plan's folder", plan_dir / rel_file))
-    absolute = model.get("entrypoint_absolute")
+    absolute = model.entrypoint_absolute
     if isinstance(absolute, str):
         tried.append(("where it was compiled", Path(absolute.rpartition(":")[0])))
     for _, path in tried:
@@ -65,16 +66,15 @@ def _entrypoint_for(model: dict[str, Any], plan_dir: Path | None) -> str:
     )
 
 
-def load_plan_model(plan: dict[str, Any], plan_dir: Path | None = None) -> ModelSpec:
-    """The model the plan names, built on meta."""
+def load_plan_model(model: Model, plan_dir: Path | None = None) -> ModelSpec:
+    """The model the plan names (``Plan.model``), built on meta."""
     from gemc.entrypoint import load_model
 
-    entry = _entrypoint_for(plan["model"], plan_dir)
-    return load_model(entry, plan["model"].get("args") or {}, device="meta")
+    return load_model(_entrypoint_for(model, plan_dir), dict(model.args or {}), device="meta")
 
 
 def check_fingerprint(
-    plan: dict[str, Any], spec: ModelSpec, *, rank: int = 0, world_size: int = 1,
+    model: Model, spec: ModelSpec, *, rank: int = 0, world_size: int = 1,
     every_rank: bool = False,
 ) -> Any:
     """Raise PlanError (on every rank) when the rebuilt model is not the plan's model.
@@ -85,7 +85,7 @@ def check_fingerprint(
     """
     from gemc.capture import capture
 
-    expected = plan["model"]["fingerprint"]
+    expected = model.fingerprint
     verdict: Any = None
     captured = None
     if rank == 0 or every_rank:
@@ -107,18 +107,18 @@ def check_fingerprint(
             raise PlanError(
                 "the plan was compiled for a different model: model fingerprint "
                 f"{expected[:23]}... in the plan, {str(got)[:23]}... for "
-                f"{plan['model']['entrypoint']} with args {plan['model'].get('args') or {}}"
-                + _loaded_from(plan, spec),
+                f"{model.entrypoint} with args {dict(model.args or {})}"
+                + _loaded_from(model, spec),
                 where="plan model.fingerprint",
                 fix="compile the plan again for this model (gemc compile ... --out plan.json)",
             )
     return captured
 
 
-def _loaded_from(plan: dict[str, Any], spec: ModelSpec) -> str:
+def _loaded_from(model: Model, spec: ModelSpec) -> str:
     """Where the model was found, when not as the plan names it (see _entrypoint_for)."""
     used = spec.origin[0] if spec.origin else None
-    return f" (loaded from {used})" if used and used != plan["model"]["entrypoint"] else ""
+    return f" (loaded from {used})" if used and used != model.entrypoint else ""
 
 
 def materialize_(

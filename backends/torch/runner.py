@@ -62,7 +62,7 @@ from gemc.backends.torch.table_prefetch import TablePrefetch
 from gemc.errors import GemcUserError, PlanError
 from gemc.exchange_precision import wire_of_plan
 from gemc.kernel_kinds import graph_kinds
-from gemc.plan import load_plan, validate_plan
+from gemc.plan import Plan, read_plan
 from gemc.sharding import SHARDINGS, dense_strategy
 from gemc.spec import BATCH_SIZE_MISSING, BatchSizeWarning, batch_size_of
 from gemc.table_lookup import SPARSE
@@ -169,12 +169,12 @@ class World:
         return cls(rank, world, local_rank, local_world)
 
 
-def check_world(plan: dict[str, Any], world: World, source: str = "plan") -> None:
+def check_world(plan: Plan, world: World, source: str = "plan") -> None:
     """The process count must be the plan's mesh; say how to launch it otherwise."""
-    want = plan["mesh"]["world_size"]
+    want = plan.mesh.world_size
     if world.world_size != want:
-        shape = "x".join(str(s) for s in plan["mesh"]["shape"])
-        mesh_shape = plan["mesh"]["shape"]
+        mesh_shape = plan.mesh.shape
+        shape = "x".join(str(s) for s in mesh_shape)
         hosts, per_host = (mesh_shape[0], mesh_shape[-1]) if len(mesh_shape) > 1 else (1, want)
         raise PlanError(
             f"world size mismatch: the plan was compiled for {want} ranks (mesh {shape}) "
@@ -184,7 +184,7 @@ def check_world(plan: dict[str, Any], world: World, source: str = "plan") -> Non
                 f"launch {want} processes (torchrun --nnodes={hosts} "
                 f"--nproc_per_node={per_host} -m gemc.run PLAN), or compile a plan for "
                 f"{world.world_size} GPUs (gemc compile ... --topology "
-                f"{plan['topology'].get('gpu', 'h200')}:1x{world.world_size})"
+                f"{plan.topology.get('gpu', 'h200')}:1x{world.world_size})"
             ),
         )
 
@@ -247,19 +247,25 @@ def local_batch_size(spec: Any, rank: int) -> tuple[int | None, str | None]:
     return size, source
 
 
-def run(plan_or_path: str | Path | dict[str, Any], options: RunOptions | None = None) -> RunResult:
-    """Train the plan's model for ``options.steps`` steps on this process's rank."""
+def run(plan_or_path: str | Path | Plan | dict[str, Any],
+        options: RunOptions | None = None) -> RunResult:
+    """Train the plan's model for ``options.steps`` steps on this process's rank.
+
+    The plan is read once into a :class:`gemc.plan.Plan` (validated as it is built); the
+    checks before any process group starts read its typed sections, the run itself its
+    plain document (``Plan.to_dict``: the layers below still read entries by key)."""
     opts = options or RunOptions()
-    if isinstance(plan_or_path, dict):
-        plan, plan_path = plan_or_path, None
-        validate_plan(plan, source="plan")
+    if isinstance(plan_or_path, Plan):
+        typed, plan_path = plan_or_path, None
+    elif isinstance(plan_or_path, dict):
+        typed, plan_path = Plan.from_json(plan_or_path, source="plan"), None
     else:
         plan_path = Path(plan_or_path)
-        plan = load_plan(plan_path)
+        typed = read_plan(plan_path)
     plan_dir = plan_path.parent if plan_path is not None else None
     world = World.from_env()
-    check_world(plan, world, str(plan_path or "plan"))
-    check_strategies(plan["regions"])
+    check_world(typed, world, str(plan_path or "plan"))
+    check_strategies(typed.regions)
     device = _device(opts.device, world)
     created_pg = False
     if world.world_size > 1 and not dist.is_initialized():
@@ -270,12 +276,12 @@ def run(plan_or_path: str | Path | dict[str, Any], options: RunOptions | None = 
         created_pg = True
     try:
         # before the capture, which imports gemc's kernels (their autotuners read the env)
-        compiles = _compiles(plan, opts, device, world)
+        compiles = _compiles(typed, opts, device, world)
         with (compile_cache(opts.cache_dir, plan_dir) if compiles
               else nullcontext()) as cache, _autotuning(opts.autotune):
             workers = warm_compile_workers(device) if compiles and \
                 opts.graph_executor == "inductor" else None
-            return _run(plan, plan_path, plan_dir, opts, world, device, cache, workers)
+            return _run(typed, plan_path, plan_dir, opts, world, device, cache, workers)
     finally:
         if created_pg and dist.is_initialized():
             dist.destroy_process_group()
@@ -322,12 +328,11 @@ def _kernel_tuning(rank: int) -> dict[str, Any] | None:
     return tuning
 
 
-def _compiles(plan: dict[str, Any], opts: RunOptions, device: torch.device, world: World
-              ) -> bool:
+def _compiles(plan: Plan, opts: RunOptions, device: torch.device, world: World) -> bool:
     """Whether the run compiles anything (so it wants the compile cache): graph mode, whose
     kernels autotune even under the interpreter executor, or module mode compiled."""
-    kernels = plan["kernels"] if opts.kernels else []
-    if any(isinstance(k, dict) and k.get("kind") in graph_kinds() for k in kernels):
+    kernels = plan.kernels if opts.kernels else ()
+    if any(k.kind in graph_kinds() for k in kernels):
         return True
     return _compile_module_mode(opts, device, world.world_size)
 
@@ -349,7 +354,7 @@ def kept_kernels(plan: dict[str, Any], skip: tuple[str, ...]) -> list[Any]:
 
 
 def _run(
-    plan: dict[str, Any],
+    typed: Plan,
     plan_path: Path | None,
     plan_dir: Path | None,
     opts: RunOptions,
@@ -359,15 +364,18 @@ def _run(
     workers: str | None = None,
 ) -> RunResult:
     """One run (see :func:`run`); ``workers``: what was done about Inductor's compile
-    workers before it (:func:`~gemc.backends.torch.first_step.warm_compile_workers`)."""
+    workers before it (:func:`~gemc.backends.torch.first_step.warm_compile_workers`).
+    The model is rebuilt and checked from the typed plan's ``Model``; the rest reads the
+    plan's document (``Plan.to_dict``) by key."""
     rank, wsize = world.rank, world.world_size
     t_setup = time.perf_counter()
-    spec = load_plan_model(plan, plan_dir)
+    plan = typed.to_dict()
+    spec = load_plan_model(typed.model, plan_dir)
     kernels = kept_kernels(plan, opts.skip_kernels) if opts.kernels else []
     if opts.kernel_choices:
         check_choices(opts.kernel_choices, plan["kernels"], "gemc run --kernel-choices")
     graph_kernels = [k for k in kernels if isinstance(k, dict) and k.get("kind") in graph_kinds()]
-    captured = check_fingerprint(plan, spec, rank=rank, world_size=wsize,
+    captured = check_fingerprint(typed.model, spec, rank=rank, world_size=wsize,
                                  every_rank=bool(graph_kernels))
     model = spec.model
     wire = wire_of_plan(plan)
