@@ -64,7 +64,7 @@ from .runtime import next_pow2
 from .varlen_key_attention import varlen_key_attention
 
 __all__ = ["STATS", "KeyPaddingStats", "key_padding_attention", "key_padding_silu_attention",
-           "prefix_lengths"]
+           "padded_attention", "permute_keys", "prefix_lengths"]
 
 ADDITIVE_MASKED_MAX = -1.0e4
 """An additive mask entry counts as masked at or below this (``exp(-1e4)`` is 0 in fp32)."""
@@ -141,8 +141,9 @@ def prefix_lengths(key_mask: torch.Tensor, additive: bool = False
     return offsets, bad
 
 
-def _padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor,
-            scale: float | None, causal: bool, additive: bool) -> torch.Tensor:
+def padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     key_mask: torch.Tensor, scale: float | None, causal: bool,
+                     additive: bool) -> torch.Tensor:
     """The exact padded attention (the fallback), as eager SDPA computes it."""
     mask = key_mask[:, None, None, :]
     length = q.shape[2]
@@ -200,7 +201,7 @@ def _key_padding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                             offsets[-1:]]).tolist()  # the one sync
     if invalid:
         STATS.fallback += 1
-        return _padded(q, k, v, key_mask, scale, causal, additive)
+        return padded_attention(q, k, v, key_mask, scale, causal, additive)
     if scale is None:
         scale = 1.0 / math.sqrt(head_dim)
     order = None
@@ -209,9 +210,9 @@ def _key_padding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         keep = key_mask == 0 if additive else key_mask
         # kept positions first, in their order: a stable sort of "dropped"
         order = torch.sort((~keep).to(torch.uint8), dim=1, stable=True).indices
-        k, v = (_permute(x, order) for x in (k, v))
+        k, v = (permute_keys(x, order) for x in (k, v))
         if jagged_queries:
-            q = _permute(q, order)
+            q = permute_keys(q, order)
     else:
         STATS.jagged += 1
     if not jagged_queries:
@@ -225,7 +226,7 @@ def _key_padding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return out
 
 
-def _permute(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+def permute_keys(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
     """``x[b, :, order[b]]`` of a ``[B, H, L, D]`` tensor (differentiable)."""
     return x.gather(2, order[:, None, :, None].expand(x.shape))
 

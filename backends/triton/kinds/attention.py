@@ -108,7 +108,7 @@ def key_padding_checked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     kept keys moved to the front in order first (a stable sort of the mask, as the op's
     compacted path); ``"padded"``: the exact padded attention."""
     from .. import ops  # noqa: F401  (registers the gemc:: ops)
-    from ..key_padding_attention import _padded, _permute
+    from ..key_padding_attention import padded_attention, permute_keys
 
     merged = bool(entry.get("merged_heads"))
     if merged:  # [B*H, L, d] operands (nn.MultiheadAttention's layout)
@@ -116,12 +116,12 @@ def key_padding_checked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     additive = bool(entry["additive"])
     scale = entry["scale"]
     if outcome == "padded":
-        out = _padded(q, k, v, mask, scale, False, additive)
+        out = padded_attention(q, k, v, mask, scale, False, additive)
     else:
         if outcome == "compact":
             keep = mask == 0 if additive else mask
             order = torch.sort((~keep).to(torch.uint8), dim=1, stable=True).indices
-            k, v = (_permute(x, order) for x in (k, v))
+            k, v = (permute_keys(x, order) for x in (k, v))
         if scale is None:
             scale = q.shape[-1] ** -0.5
         out, _ = torch.ops.gemc.key_lengths_attention(q, k, v, key_lengths, float(scale))
