@@ -657,22 +657,33 @@ class GraphRunner:
                     by_name: dict[str, fx.Node]) -> None:
         module = self.tables[entry["name"]]
         tables = entry["tables"]
-        ids = [env[by_name[t["ids"]]].to(torch.int64) for t in tables]
-        offs = []
-        for t, tid in zip(tables, ids):
-            off = env[by_name[t["offsets"]]].to(torch.int64)
-            if not t["include_last_offset"]:
-                off = torch.cat([off, off.new_full((1,), tid.numel())])
-            offs.append(off)
-        nnz = [tid.numel() for tid in ids]  # shapes: known on the host, no sync
-        mean = [t["pooling"] == "mean" for t in tables]
-        if len({o.numel() for o in offs}) != 1:  # group-embeddings groups one batch size
+        ids = [env[by_name[t["ids"]]] for t in tables]
+        offsets = [env[by_name[t["offsets"]]] for t in tables]
+        last = [bool(t["include_last_offset"]) for t in tables]
+        batches = {o.numel() - int(x) for o, x in zip(offsets, last)}
+        if len(batches) != 1:  # group-embeddings groups one batch size
             raise ValueError(f"kernel {entry['name']}: its tables' batches differ "
-                             f"({sorted({o.numel() - 1 for o in offs})})")
-        flat_offsets, psw = self._bag_layout(offs, nnz, mean)
-        out = module(torch.cat(ids), flat_offsets, psw)
+                             f"({sorted(batches)})")
+        out = module(*self.bag_inputs(ids, offsets, last,
+                                      [t["pooling"] == "mean" for t in tables]))
         for t, part in zip(tables, module.split_output(out)):
             env[by_name[t["output"]]] = part
+
+    @staticmethod
+    def bag_inputs(ids: list[torch.Tensor], offsets: list[torch.Tensor],
+                   include_last: list[bool], mean: list[bool]
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The batched lookup's flat ids, flat offsets and per-id weights (None without a
+        mean-pooled table) from each table's ids and offsets (start offsets, or with the
+        last): the interpreter's, and the compiled graph's through ``gemc::bag_inputs``."""
+        ids = [t.to(torch.int64) for t in ids]
+        offs = []
+        for tid, off, last in zip(ids, offsets, include_last):
+            off = off.to(torch.int64)
+            offs.append(off if last else torch.cat([off, off.new_full((1,), tid.numel())]))
+        nnz = [tid.numel() for tid in ids]  # shapes: known on the host, no sync
+        flat_offsets, psw = GraphRunner._bag_layout(offs, nnz, list(mean))
+        return torch.cat(ids), flat_offsets, psw
 
     @staticmethod
     def _bag_layout(offs: list[torch.Tensor], nnz: list[int], mean: list[bool]

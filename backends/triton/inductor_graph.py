@@ -128,11 +128,10 @@ def _embedding_inputs(entry: dict[str, Any], ids: list[torch.Tensor],
     """The batched lookup's flat ids, offsets and per-id weights, from each table's ids and
     offsets: one ``gemc::bag_inputs`` (see there why not its ATen ops)."""
     tables = entry["tables"]
+    mean = [t["pooling"] == "mean" for t in tables]
     flat_ids, flat_offsets, psw = torch.ops.gemc.bag_inputs(
-        ids, offsets, [bool(t["include_last_offset"]) for t in tables],
-        [t["pooling"] == "mean" for t in tables])
-    mean = any(t["pooling"] == "mean" for t in tables)
-    return flat_ids, flat_offsets, psw if mean else None
+        ids, offsets, [bool(t["include_last_offset"]) for t in tables], mean)
+    return flat_ids, flat_offsets, psw if any(mean) else None
 
 
 def _call_group(kernel: str, autocast: str, gemm_operands: Sequence[int],

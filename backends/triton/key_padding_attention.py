@@ -63,8 +63,9 @@ from .jagged_attention import jagged_attention
 from .runtime import next_pow2
 from .varlen_key_attention import varlen_key_attention
 
-__all__ = ["STATS", "KeyPaddingStats", "key_padding_attention", "key_padding_silu_attention",
-           "padded_attention", "permute_keys", "prefix_lengths"]
+__all__ = ["STATS", "KeyPaddingStats", "kept_first", "kept_keys", "key_padding_attention",
+           "key_padding_silu_attention", "nan_where_no_key", "padded_attention",
+           "permute_keys", "prefix_lengths"]
 
 ADDITIVE_MASKED_MAX = -1.0e4
 """An additive mask entry counts as masked at or below this (``exp(-1e4)`` is 0 in fp32)."""
@@ -141,6 +142,27 @@ def prefix_lengths(key_mask: torch.Tensor, additive: bool = False
     return offsets, bad
 
 
+def kept_keys(key_mask: torch.Tensor, additive: bool) -> torch.Tensor:
+    """``[B, L]`` bool, True where a key is kept: the mask itself, or an additive mask's
+    zeros (the check's rule)."""
+    return key_mask == 0 if additive else key_mask.to(torch.bool)
+
+
+def kept_first(key_mask: torch.Tensor, additive: bool) -> torch.Tensor:
+    """Per row, the positions with the kept keys first, in their order (a stable sort of
+    "dropped"): the permutation that makes a boolean-valid mask a prefix."""
+    return torch.sort((~kept_keys(key_mask, additive)).to(torch.uint8), dim=1,
+                      stable=True).indices
+
+
+def nan_where_no_key(out: torch.Tensor, key_mask: torch.Tensor,
+                     additive: bool) -> torch.Tensor:
+    """``out [B, H, M, D]`` NaN on the rows that keep no key (a written-out softmax over
+    all ``-inf``, where the kernels give 0)."""
+    return out.masked_fill(~kept_keys(key_mask, additive).any(1)[:, None, None, None],
+                           math.nan)
+
+
 def padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      key_mask: torch.Tensor, scale: float | None, causal: bool,
                      additive: bool) -> torch.Tensor:
@@ -171,10 +193,7 @@ def key_padding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     (semantics, the one sync)."""
     out = _key_padding_attention(q, k, v, key_mask, scale, causal, additive,
                                  zero_padding_queries)
-    if nan_if_empty:
-        keep = key_mask == 0 if additive else key_mask
-        out = out.masked_fill(~keep.any(1)[:, None, None, None], math.nan)
-    return out
+    return nan_where_no_key(out, key_mask, additive) if nan_if_empty else out
 
 
 def _key_padding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -207,9 +226,7 @@ def _key_padding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     order = None
     if not_prefix:
         STATS.compacted += 1
-        keep = key_mask == 0 if additive else key_mask
-        # kept positions first, in their order: a stable sort of "dropped"
-        order = torch.sort((~keep).to(torch.uint8), dim=1, stable=True).indices
+        order = kept_first(key_mask, additive)
         k, v = (permute_keys(x, order) for x in (k, v))
         if jagged_queries:
             q = permute_keys(q, order)

@@ -782,12 +782,7 @@ def bag_inputs(ids: list[Tensor], offsets: list[Tensor], include_last: list[bool
     handful, as in eager."""
     from .graph_runner import GraphRunner
 
-    flat_ids = torch.cat([t.to(torch.int64) for t in ids])
-    offs = []
-    for tid, off, last in zip(ids, offsets, include_last):
-        off = off.to(torch.int64)
-        offs.append(off if last else torch.cat([off, off.new_full((1,), tid.numel())]))
-    flat_offsets, psw = GraphRunner._bag_layout(offs, [t.numel() for t in ids], list(mean))
+    flat_ids, flat_offsets, psw = GraphRunner.bag_inputs(ids, offsets, include_last, mean)
     return flat_ids, flat_offsets, psw if psw is not None else flat_ids.new_empty(
         0, dtype=torch.float32)
 

@@ -88,8 +88,9 @@ def kept_positions(mask: torch.Tensor, additive: bool, room: int) -> torch.Tenso
     the layout of a guarded region whose mask keeps positions that are not a prefix
     (``TokenLayout.positions``). Kept: True, or an additive 0 (the check's rule). A spare
     slot answers 0, as :meth:`TokenLayout.index` reads it."""
-    keep = (mask == 0) if additive else mask.to(torch.bool)
-    flat = keep.flatten()
+    from .key_padding_attention import kept_keys
+
+    flat = kept_keys(mask, additive).flatten()
     slot = torch.cumsum(flat.to(torch.int64), 0) - 1
     cols = torch.arange(mask.shape[1], device=mask.device).repeat(mask.shape[0])
     out = torch.zeros(room + 1, dtype=torch.int64, device=mask.device)

@@ -108,7 +108,12 @@ def key_padding_checked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     kept keys moved to the front in order first (a stable sort of the mask, as the op's
     compacted path); ``"padded"``: the exact padded attention."""
     from .. import ops  # noqa: F401  (registers the gemc:: ops)
-    from ..key_padding_attention import padded_attention, permute_keys
+    from ..key_padding_attention import (
+        kept_first,
+        nan_where_no_key,
+        padded_attention,
+        permute_keys,
+    )
 
     merged = bool(entry.get("merged_heads"))
     if merged:  # [B*H, L, d] operands (nn.MultiheadAttention's layout)
@@ -119,15 +124,13 @@ def key_padding_checked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         out = padded_attention(q, k, v, mask, scale, False, additive)
     else:
         if outcome == "compact":
-            keep = mask == 0 if additive else mask
-            order = torch.sort((~keep).to(torch.uint8), dim=1, stable=True).indices
+            order = kept_first(mask, additive)
             k, v = (permute_keys(x, order) for x in (k, v))
         if scale is None:
             scale = q.shape[-1] ** -0.5
         out, _ = torch.ops.gemc.key_lengths_attention(q, k, v, key_lengths, float(scale))
     if entry.get("nan_if_empty"):
-        keep = mask == 0 if additive else mask
-        out = out.masked_fill(~keep.any(1)[:, None, None, None], float("nan"))
+        out = nan_where_no_key(out, mask, additive)
     return out.flatten(0, 1) if merged else out
 
 
