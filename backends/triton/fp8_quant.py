@@ -226,3 +226,35 @@ def quantize_cols(x: torch.Tensor, *, align: int = ALIGN, soft_round: bool | Non
         BLOCK_K=bk, BLOCK_S=min(next_pow2(segments), 64), SOFT=_soft(soft_round),
         num_warps=4)
     return qt, scale
+
+
+# ----------------------------------------------------------------------------- custom ops
+#
+# For gemc's fp8 linear under torch.compile (``gemc.backends.torch.fp8``, quantizer
+# "triton"): one graph node per kernel call, outputs fresh and contiguous in the real and the
+# fake implementation alike. Not differentiable: the linear quantises detached operands.
+
+
+@torch.library.custom_op("gemc::fp8_quantize_rows", mutates_args=())
+def _rows_op(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`quantize_rows`."""
+    return quantize_rows(x)
+
+
+@_rows_op.register_fake
+def _(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    m, k = x.shape
+    return x.new_empty(m, k, dtype=E4M3), x.new_empty(m, 1, dtype=torch.float32)
+
+
+@torch.library.custom_op("gemc::fp8_quantize_cols", mutates_args=())
+def _cols_op(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`quantize_cols` (M padded to :data:`ALIGN`)."""
+    return quantize_cols(x)
+
+
+@_cols_op.register_fake
+def _(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    m, k = x.shape
+    m_pad = (m + ALIGN - 1) // ALIGN * ALIGN
+    return x.new_empty(k, m_pad, dtype=E4M3), x.new_empty(k, 1, dtype=torch.float32)

@@ -112,3 +112,40 @@ def test_inductor_fuses_the_quantisation_into_the_norm_and_matches_the_emulation
     assert "gemc.fp8_linear" in forward and "gemc.fp8_scaled_mm" in codes[1]
     for name, g, w in zip(("y", "dx", "dW", "db", "dgamma"), got, want):
         assert sqnr(w, g) >= 40.0, name
+
+
+@pytest.mark.parametrize("m", [48, 37], ids=["aligned", "wgrad_padded"])
+def test_triton_quantizer_equals_the_aten_one_eager_and_compiled(m: int) -> None:
+    """gemc's quantisation kernels (quantizer "triton") produce the ATen path's fp8 bits and
+    scales, so the whole step is bit-equal to it, eager and compiled in one graph; 37 tokens
+    make the wgrad's contraction padded by the column kernel."""
+    norm, lin, x = _setup(m, 64, 32, seed=14)
+    x = x.detach().to(DEVICE).requires_grad_()
+    norm, lin = norm.to(DEVICE), lin.to(DEVICE)
+    dy = torch.randn(m, 32).to(DEVICE)
+    want = _step(_fp8_fn(norm, lin, ROW, emulate=True), norm, lin, x, dy)
+
+    def fn(t: torch.Tensor) -> torch.Tensor:
+        return fp8.fp8_linear(norm(t), lin.weight, lin.bias, ROW, emulate=True,
+                              quantizer=fp8.TRITON_QUANT)
+
+    for label, g, w in zip(("y", "dx", "dW", "db", "dgamma"), _step(fn, norm, lin, x, dy), want):
+        torch.testing.assert_close(g, w, rtol=0, atol=0, msg=label)
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+    for label, g, w in zip(("y", "dx", "dW", "db", "dgamma"),
+                           _step(compiled, norm, lin, x, dy), want):
+        torch.testing.assert_close(g, w, rtol=0, atol=0, msg=label)
+
+
+def test_quantizer_is_chosen_outside_the_trace_and_checked(monkeypatch) -> None:
+    monkeypatch.delenv(fp8.QUANTIZER_ENV, raising=False)
+    assert fp8.default_quantizer() == fp8.ATEN_QUANT  # the default until the H200 says
+    monkeypatch.setenv(fp8.QUANTIZER_ENV, "triton")
+    lin = fp8.Fp8Linear.from_linear(nn.Linear(32, 16), ROW, emulate=True)
+    assert lin.quantizer == fp8.TRITON_QUANT
+    monkeypatch.setenv(fp8.QUANTIZER_ENV, "cutlass")
+    with pytest.raises(ValueError, match="GEMC_FP8_QUANTIZER.*one of"):
+        fp8.default_quantizer()
+    with pytest.raises(ValueError, match="unknown fp8 quantizer 'cutlass'"):
+        fp8.fp8_linear(torch.zeros(2, 32), lin.weight, None, ROW, quantizer="cutlass")
