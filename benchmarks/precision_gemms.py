@@ -55,12 +55,13 @@ def _sqnr(ref: torch.Tensor, got: torch.Tensor) -> float:
 class _Unit(nn.Module):
     """LayerNorm -> Linear, the linear in bf16 (autocast) or row-wise fp8."""
 
-    def __init__(self, k: int, n: int, fp8_rowwise: bool, emulate: bool) -> None:
+    def __init__(self, k: int, n: int, fp8_rowwise: bool, emulate: bool,
+                 quantizer: str = "aten") -> None:
         super().__init__()
         from gemc.fp8_recipe import FP8_ROW, Fp8Recipe
 
         self.norm, self.linear = nn.LayerNorm(k), nn.Linear(k, n)
-        self.fp8_rowwise, self.emulate = fp8_rowwise, emulate
+        self.fp8_rowwise, self.emulate, self.quantizer = fp8_rowwise, emulate, quantizer
         # Built here, not in forward: torch 2.11's Dynamo cannot construct the recipe
         # dataclass in a traced frame and breaks the graph there.
         self.recipe = Fp8Recipe.uniform(FP8_ROW)
@@ -72,7 +73,7 @@ class _Unit(nn.Module):
         if not self.fp8_rowwise:
             return self.linear(h)
         return fp8.fp8_linear(h, self.linear.weight, self.linear.bias, self.recipe,
-                              emulate=self.emulate)
+                              emulate=self.emulate, quantizer=self.quantizer)
 
 
 def _grads(unit: _Unit, x: torch.Tensor, dy: torch.Tensor, fn: Callable[..., torch.Tensor],

@@ -55,8 +55,9 @@ ROW_TILE = 8192
 """Elements of a row block held in registers at once: a row of up to this many is read once."""
 SEGMENT = 512
 """Rows per partial column amax (:func:`quantize_cols`' first kernel)."""
-COL_TILE = (64, 64)
-"""(rows, columns) of the cast-and-transpose kernel's tile."""
+COL_TILE = (128, 64)
+"""(rows, columns) of the cast-and-transpose kernel's tile: 128 rows make each transposed
+store 128 contiguous fp8 bytes."""
 
 
 @triton.jit
@@ -129,9 +130,10 @@ def _col_amax_kernel(x_ptr, part_ptr, M, K, sxm, sxk, SEGMENT: tl.constexpr,
     cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
     cmask = cols < K
     acc = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
-    for m0 in range(seg * SEGMENT, tl.minimum(seg * SEGMENT + SEGMENT, M), BLOCK_M):
+    end = tl.minimum(seg * SEGMENT + SEGMENT, M)
+    for m0 in range(seg * SEGMENT, end, BLOCK_M):
         rows = m0 + tl.arange(0, BLOCK_M)
-        mask = (rows < M)[:, None] & cmask[None, :]
+        mask = (rows < end)[:, None] & cmask[None, :]
         x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * sxm + cols[None, :] * sxk, mask=mask,
                     other=0.0)
         acc = tl.maximum(acc, tl.abs(x.to(tl.float32)))
@@ -156,7 +158,7 @@ def _quant_cols_kernel(x_ptr, part_ptr, q_ptr, scale_ptr, M, K, M_pad, S, sxm, s
     mask = (rows < M)[:, None] & cmask[None, :]
     x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * sxm + cols[None, :] * sxk, mask=mask,
                 other=0.0).to(tl.float32)
-    q = tl.trans(_to_e4m3(x * _pow2(-e)[None, :], SOFT))  # [BLOCK_K, BLOCK_M]: padding is 0
+    q = _to_e4m3(tl.trans(x * _pow2(-e)[None, :]), SOFT)  # [BLOCK_K, BLOCK_M]: padding is 0
     tl.store(q_ptr + cols.to(tl.int64)[:, None] * M_pad + rows[None, :], q,
              mask=cmask[:, None] & (rows < M_pad)[None, :])
     if pid_m == 0:
