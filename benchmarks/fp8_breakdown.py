@@ -23,7 +23,9 @@ Pieces (each the median of ``--iters`` CUDA-event timings after ``--warmup``):
   (what the compiled unit's LayerNorm hands the linear under bf16 autocast) and bf16.
 * ``unit``: the whole compiled LayerNorm -> Linear forward + backward
   (``precision_gemms._Unit``): bf16, and row-wise fp8 with each quantizer
-  (:data:`gemc.backends.torch.fp8.QUANTIZERS`); ``summary.quantizer_choice`` is the faster.
+  (:data:`gemc.backends.torch.fp8.QUANTIZERS`; ``summary.quantizer_choice`` is the faster),
+  and with the wgrad left in bf16 (torchao's ``ROWWISE_WITH_GW_HP``: no operand quantised
+  along the tokens), ATen quantizer.
 
 A piece that fails is recorded with its error and the rest still runs. ``--smoke``: one
 tiny shape on the CPU (fp8 GEMMs emulated, Inductor replaced by AOTAutograd, the Triton
@@ -190,18 +192,25 @@ def _units(m: int, k: int, n: int, device: torch.device, backend: str, kernels: 
     """The compiled units, built once per variant (``compiled``) with M dynamic."""
     from gemc.backends.torch import fp8
 
+    from gemc.fp8_recipe import BF16, FP8_ROW, Fp8Recipe
+
     torch.manual_seed(seed)
     x = torch.randn(m, k, device=device).mul_(2).add_(0.5).to(torch.bfloat16).requires_grad_()
     torch._dynamo.maybe_mark_dynamic(x, 0)
     dy = torch.randn(m, n, device=device) / math.sqrt(n)
     out: dict[str, Any] = {}
-    variants = [("bf16", False, fp8.ATEN_QUANT), ("fp8 aten", True, fp8.ATEN_QUANT)]
+    # torchao's ROWWISE_WITH_GW_HP: the wgrad in high precision, so neither of its operands
+    # is quantised along the tokens (the two column-wise quantisations)
+    gw_bf16 = Fp8Recipe(FP8_ROW, FP8_ROW, BF16)
+    variants = [("bf16", False, fp8.ATEN_QUANT, None), ("fp8 aten", True, fp8.ATEN_QUANT, None),
+                ("fp8 aten wgrad-bf16", True, fp8.ATEN_QUANT, gw_bf16)]
     if kernels:
-        variants.append(("fp8 triton", True, fp8.TRITON_QUANT))
-    for name, rowwise, quantizer in variants:
+        variants.append(("fp8 triton", True, fp8.TRITON_QUANT, None))
+    for name, rowwise, quantizer, recipe in variants:
         if name not in compiled:
             torch.manual_seed(seed + 1)  # the same weights for every variant
-            unit = precision_gemms._Unit(k, n, rowwise, device.type != "cuda", quantizer)
+            unit = precision_gemms._Unit(k, n, rowwise, device.type != "cuda", quantizer,
+                                         recipe)
             unit = unit.to(device)
             compiled[name] = unit, torch.compile(unit, backend=backend)
         unit, fn = compiled[name]
@@ -245,14 +254,16 @@ def _summary(row: dict[str, Any]) -> dict[str, Any]:
     if s["bf16_gemms_ms"] and s["fp8_gemms_ms"]:
         s["fp8_gemm_speedup"] = round(s["bf16_gemms_ms"] / s["fp8_gemms_ms"], 3)
     units = {nm: pieces.get(f"unit {nm} fwd+bwd", {}).get("ms")
-             for nm in ("bf16", "fp8 aten", "fp8 triton")}
+             for nm in ("bf16", "fp8 aten", "fp8 triton", "fp8 aten wgrad-bf16")}
     s["unit_ms"] = units
+    quantizers = {nm: units[f"fp8 {nm}"] for nm in ("aten", "triton") if units[f"fp8 {nm}"]}
+    if quantizers:  # the same recipe (all three GEMMs fp8), each quantizer
+        s["quantizer_choice"] = min(quantizers, key=quantizers.__getitem__)
     fp8_units = {nm: v for nm, v in units.items() if nm != "bf16" and v}
-    if fp8_units:
+    if fp8_units and units["bf16"]:
         best = min(fp8_units, key=fp8_units.__getitem__)
-        s["quantizer_choice"] = best.removeprefix("fp8 ")
-        if units["bf16"]:
-            s["best_fp8_vs_bf16"] = round(units["bf16"] / fp8_units[best], 3)
+        s["best_fp8_unit"] = best
+        s["best_fp8_vs_bf16"] = round(units["bf16"] / fp8_units[best], 3)
     return s
 
 

@@ -56,7 +56,8 @@ class _Unit(nn.Module):
     """LayerNorm -> Linear, the linear in bf16 (autocast) or row-wise fp8."""
 
     def __init__(self, k: int, n: int, fp8_rowwise: bool, emulate: bool,
-                 quantizer: str = "aten") -> None:
+                 quantizer: str = "aten", recipe: Any = None) -> None:
+        """``recipe``: an ``Fp8Recipe`` other than row-wise fp8 for all three GEMMs."""
         super().__init__()
         from gemc.fp8_recipe import FP8_ROW, Fp8Recipe
 
@@ -64,7 +65,7 @@ class _Unit(nn.Module):
         self.fp8_rowwise, self.emulate, self.quantizer = fp8_rowwise, emulate, quantizer
         # Built here, not in forward: torch 2.11's Dynamo cannot construct the recipe
         # dataclass in a traced frame and breaks the graph there.
-        self.recipe = Fp8Recipe.uniform(FP8_ROW)
+        self.recipe = recipe or Fp8Recipe.uniform(FP8_ROW)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from gemc.backends.torch import fp8
