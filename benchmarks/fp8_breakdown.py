@@ -39,7 +39,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import sys
 import time
 from collections.abc import Callable
@@ -311,16 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     for limit in ("recompile_limit", "cache_size_limit"):
         if hasattr(torch._dynamo.config, limit):
             setattr(torch._dynamo.config, limit, 64)
-    report: dict[str, Any] = {
-        "benchmark": "fp8_breakdown",
-        "command": " ".join([sys.executable, *sys.argv]),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "software": {"torch": torch.__version__, "cuda": torch.version.cuda,
-                     "python": platform.python_version()},
-        "config": {k: v for k, v in vars(args).items() if k != "out"} | {"backend": backend},
-        "notes": notes, "native_fp8": native, "results": [],
-    }
+    report = precision_gemms.report_header("fp8_breakdown", args, device, backend) | {
+        "notes": notes, "native_fp8": native, "results": []}
     units: dict[str, Any] = {}
     for m in tokens:
         k = n = feats
@@ -339,16 +330,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"M={m}: {json.dumps(row['summary'])}")
         report["results"].append(row)
         report["total_s"] = round(time.perf_counter() - t_start, 1)
-        _write(Path(args.out), report)  # after every shape: a timeout keeps what ran
+        # after every shape: a timeout keeps what ran
+        precision_gemms.write_report(Path(args.out), report)
     print(f"wrote {args.out} in {report['total_s']} s")
     return 0
-
-
-def _write(out: Path, report: dict[str, Any]) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    tmp.write_text(json.dumps(report, indent=1) + "\n")
-    tmp.replace(out)
 
 
 if __name__ == "__main__":

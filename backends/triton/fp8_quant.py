@@ -39,6 +39,9 @@ rounding is what is tested; the hardware conversion is exercised only on a GPU
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
@@ -209,7 +212,7 @@ def quantize_cols(x: torch.Tensor, *, align: int = ALIGN, soft_round: bool | Non
     plus the layout copy, in two kernels and no separate transpose."""
     _check(x, "quantize_cols")
     m, k = x.shape
-    m_pad = -(-m // align) * align
+    m_pad = -(-m // align) * align  # _padded(m) for the default align
     qt = torch.empty((k, m_pad), dtype=E4M3, device=x.device)
     scale = torch.empty((k, 1), dtype=torch.float32, device=x.device)
     if k == 0:
@@ -237,26 +240,27 @@ def quantize_cols(x: torch.Tensor, *, align: int = ALIGN, soft_round: bool | Non
 # fake implementation alike. Not differentiable: the linear quantises detached operands.
 
 
-@torch.library.custom_op("gemc::fp8_quantize_rows", mutates_args=())
-def _rows_op(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`quantize_rows`."""
-    return quantize_rows(x)
+def _quant_op(name: str, kernel: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+              shapes: Callable[[Any, Any], tuple[tuple[Any, Any], tuple[Any, Any]]]) -> Any:
+    """``gemc::<name>(x) -> (q, scale)`` running ``kernel``, its fake shaped by ``shapes(M, K)``
+    (the fp8 values' shape, the scales')."""
+
+    @torch.library.custom_op(f"gemc::{name}", mutates_args=())
+    def op(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return kernel(x)
+
+    @op.register_fake
+    def _(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        q_shape, s_shape = shapes(*x.shape)
+        return x.new_empty(q_shape, dtype=E4M3), x.new_empty(s_shape, dtype=torch.float32)
+
+    return op
 
 
-@_rows_op.register_fake
-def _(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    m, k = x.shape
-    return x.new_empty(m, k, dtype=E4M3), x.new_empty(m, 1, dtype=torch.float32)
+def _padded(m: Any) -> Any:
+    """M rounded up to :data:`ALIGN` (an int or a symbolic size)."""
+    return (m + ALIGN - 1) // ALIGN * ALIGN
 
 
-@torch.library.custom_op("gemc::fp8_quantize_cols", mutates_args=())
-def _cols_op(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`quantize_cols` (M padded to :data:`ALIGN`)."""
-    return quantize_cols(x)
-
-
-@_cols_op.register_fake
-def _(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    m, k = x.shape
-    m_pad = (m + ALIGN - 1) // ALIGN * ALIGN
-    return x.new_empty(k, m_pad, dtype=E4M3), x.new_empty(k, 1, dtype=torch.float32)
+_rows_op = _quant_op("fp8_quantize_rows", quantize_rows, lambda m, k: ((m, k), (m, 1)))
+_cols_op = _quant_op("fp8_quantize_cols", quantize_cols, lambda m, k: ((k, _padded(m)), (k, 1)))
