@@ -40,10 +40,15 @@ def _assert_within_rounding(x: torch.Tensor, deq: torch.Tensor, scale: torch.Ten
     assert bool(((deq.double() - x).abs() <= bound).all())
 
 
+SOFT = [None] if fp8_quant.INTERPRETED else [None, True]
+"""Each kernel's default rounding, and on a GPU the soft one too (the interpreter's default)."""
+
+
+@pytest.mark.parametrize("soft", SOFT)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_rows_match_aten_quantize_bit_for_bit(dtype) -> None:
+def test_rows_match_aten_quantize_bit_for_bit(dtype, soft) -> None:
     x = _operand(70, 48, dtype)
-    q, s = quantize_rows(x)
+    q, s = quantize_rows(x, soft_round=soft)
     ref_q, ref_s = fp8.quantize(x, fp8.ROWWISE, dim=1)
     assert q.is_contiguous() and s.shape == (70, 1)
     assert torch.equal(s, ref_s)
@@ -65,11 +70,12 @@ def test_wide_rows_take_the_two_pass_path_and_strided_input(monkeypatch) -> None
     assert torch.equal(s, ref_s) and torch.equal(_bits(q), _bits(ref_q))
 
 
+@pytest.mark.parametrize("soft", SOFT)
 @pytest.mark.parametrize("segment", [512, 1])  # 1: 70 partials per column, > one BLOCK_S
-def test_cols_match_aten_quantize_transposed_and_padded(monkeypatch, segment) -> None:
+def test_cols_match_aten_quantize_transposed_and_padded(monkeypatch, segment, soft) -> None:
     monkeypatch.setattr(fp8_quant, "SEGMENT", segment)
     x = _operand(70, 48, torch.bfloat16, seed=2)
-    qt, s = quantize_cols(x)
+    qt, s = quantize_cols(x, soft_round=soft)
     ref_q, ref_s = fp8.quantize(x, fp8.ROWWISE, dim=0)  # [70, 48], scales [1, 48]
     assert qt.shape == (48, 80) and qt.is_contiguous() and s.shape == (48, 1)
     assert torch.equal(s.t(), ref_s)
