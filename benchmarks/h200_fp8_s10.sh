@@ -3,7 +3,10 @@
 #   source scripts/device_env.sh && bash benchmarks/h200_fp8_s10.sh
 # 1. tests/kernels/test_fp8_quant.py on the GPU: gemc's fp8 quantisation kernels with the
 #    hardware cast (cvt.rn.satfinite), bit for bit against gemc's ATen quantisation (on the
-#    CPU only the soft-rounded path is checked). Prints pytest's summary line.
+#    CPU only the soft-rounded path is checked); and the fp8 linear with quantizer "triton"
+#    on CUDA tensors (tests/precision/test_fp8_compiled.py -k triton_quantizer: the step
+#    bit-equal to the ATen quantizer's, eager and compiled; one compile for aligned and
+#    unaligned token counts). Prints pytest's summary line and any failure.
 # 2. benchmarks/fp8_breakdown.py at K = N = 4096, M in {8192, 32768}: every piece timed
 #    alone (bf16 and fp8 GEMMs, each operand's quantisation eager step by step, compiled,
 #    and by gemc's kernels) and the whole compiled LayerNorm -> Linear fwd+bwd in bf16, fp8
@@ -17,13 +20,14 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 
 echo "== 1. fp8 quantisation kernels on the GPU"
-GEMC_TEST_DEVICE=cuda timeout 45 python3 -m pytest -q -x -p no:cacheprovider \
-  tests/kernels/test_fp8_quant.py > "$OUT/kernel_tests.log" 2>&1
+GEMC_TEST_DEVICE=cuda timeout 60 python3 -m pytest -q -p no:cacheprovider \
+  tests/kernels/test_fp8_quant.py tests/precision/test_fp8_compiled.py -k "test_fp8_quant or triton_quantizer" \
+  > "$OUT/kernel_tests.log" 2>&1
 echo "(exit $?) $(tail -1 "$OUT/kernel_tests.log")"
 grep -E "^(FAILED|E ) " "$OUT/kernel_tests.log" | head -6
 
 echo "== 2. fp8 breakdown"
-timeout 185 python3 benchmarks/fp8_breakdown.py --warmup 3 --iters 20 \
+timeout 170 python3 benchmarks/fp8_breakdown.py --warmup 3 --iters 20 \
   --out "$OUT/fp8_breakdown.json" > "$OUT/breakdown.log" 2> "$OUT/breakdown.err"
 echo "(exit $?)"
 grep -E "^M=|^note|wrote" "$OUT/breakdown.log" "$OUT/breakdown.err" | cut -d: -f2- | cut -c1-600

@@ -149,3 +149,35 @@ def test_quantizer_is_chosen_outside_the_trace_and_checked(monkeypatch) -> None:
         fp8.default_quantizer()
     with pytest.raises(ValueError, match="unknown fp8 quantizer 'cutlass'"):
         fp8.fp8_linear(torch.zeros(2, 32), lin.weight, None, ROW, quantizer="cutlass")
+
+
+def test_triton_quantizer_compiles_once_for_aligned_and_unaligned_token_counts() -> None:
+    """With M dynamic, the ATen quantizer's wgrad pads M to 16 behind a guard on M % 16 (a
+    second compile when the token count stops being aligned); gemc's column kernel pads
+    inside, so the graph holds for both."""
+    torch.manual_seed(15)
+    norm, lin = nn.LayerNorm(64).to(DEVICE), nn.Linear(64, 48).to(DEVICE)
+    compiles = {}
+    for quantizer in fp8.QUANTIZERS:
+        graphs: list[torch.fx.GraphModule] = []
+
+        def backend(gm: torch.fx.GraphModule, inputs: list[torch.Tensor],  # noqa: ANN202
+                    graphs: list[torch.fx.GraphModule] = graphs):
+            graphs.append(gm)
+            from torch._dynamo.backends.common import aot_autograd
+            return aot_autograd(fw_compiler=lambda g, _: g, bw_compiler=lambda g, _: g)(
+                gm, inputs)
+
+        def fn(x: torch.Tensor, q: str = quantizer) -> torch.Tensor:
+            return fp8.fp8_linear(norm(x), lin.weight, lin.bias, ROW, emulate=True, quantizer=q)
+
+        torch._dynamo.reset()
+        compiled = torch.compile(fn, backend=backend)
+        for m in (32, 48, 37):
+            x = torch.randn(m, 64, device=DEVICE, requires_grad=True)
+            torch._dynamo.maybe_mark_dynamic(x, 0)
+            with torch.autocast(x.device.type, dtype=torch.bfloat16):
+                y = compiled(x)
+            y.float().sum().backward()
+        compiles[quantizer] = len(graphs)
+    assert compiles == {fp8.ATEN_QUANT: 2, fp8.TRITON_QUANT: 1}, compiles
