@@ -43,7 +43,8 @@ cores compute up to the order of fp32 accumulation.
 
 The recipe *types* (:class:`GemmChoice`, :class:`Fp8Recipe`, the GEMM names and the
 kernel counts the cost model prices) live in :mod:`gemc.fp8_recipe`, in the core, so the
-precision pass chooses recipes without importing the runner. Imports torch and that only.
+precision pass chooses recipes without importing the runner. Imports torch and that only
+(and, lazily, :mod:`gemc.backends.triton.fp8_quant` where the quantizer is ``triton``).
 """
 
 from __future__ import annotations
@@ -248,6 +249,8 @@ QUANTIZER_ENV = "GEMC_FP8_QUANTIZER"
 
 
 def check_quantizer(quantizer: str) -> str:
+    """``quantizer`` if it is one of :data:`QUANTIZERS`: a misspelt name fails where it is
+    given, not as the ATen path silently taken."""
     if quantizer not in QUANTIZERS:
         raise ValueError(f"unknown fp8 quantizer {quantizer!r} (from the argument or "
                          f"{QUANTIZER_ENV}); use one of {QUANTIZERS}")
