@@ -123,6 +123,7 @@ def compile(  # noqa: A001 - the public name users expect
     captured = capture(spec, entrypoint=entrypoint)
     ctx = pass_context(entrypoint, args, captured, topo)
     ctx.calibration = calib
+    ctx.sample_inputs = tuple(spec.example_inputs)
     ctx.options["solver"] = dict(config.solver or {})
     if table_optimizer is not None:
         ctx.options["table_optimizer"] = table_optimizer

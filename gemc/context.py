@@ -27,6 +27,10 @@ class PassContext:
     # a measured input, like calibration: the driver binds the precision probe to the model
     # (gemc.probe.opener); None: choose-precision measures nothing and keeps GEMMs bf16
     precision_probe: ProbeOpener | None = None
+    # the entrypoint's example batch (ModelSpec.example_inputs, real wherever the author
+    # built it): a sample of what is data at compile time, e.g. a guarded packed region's
+    # fill (gemc.guard_sample); None: priced padded, with a warning
+    sample_inputs: tuple[Any, ...] | None = None
     warnings: list[str] = field(default_factory=list)
 
     def warn(self, message: str) -> None:

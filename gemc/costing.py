@@ -202,6 +202,17 @@ def step_launches(gm: fx.GraphModule, tables: Sequence[Mapping[str, Any]],
     return {"total": kernel_launches(gm)}, float(per)
 
 
+def guarded_fills(gm: fx.GraphModule) -> dict[str, dict[str, Any]]:
+    """Region id -> the fill each guarded packed region is priced at and where it came
+    from (``fill_source``: "sample batch", or why padded), its sample's real tokens and
+    the share of the padded scores its attentions compute. In the prediction because the
+    fill is data: a user whose batches are fuller or emptier than the example's sees what
+    the step was priced at (gemc.guard_sample)."""
+    keys = ("fill", "attention_fill", "fill_source", "sample_tokens")
+    return {f["id"]: {k: f[k] for k in keys if k in f} for n in gm.graph.nodes
+            if isinstance(f := n.meta.get(ir.PACKED_REGION), dict) and f.get("guard")}
+
+
 def predicted_block(
     gm: fx.GraphModule,
     regions: Sequence[Mapping[str, Any]],
@@ -245,6 +256,7 @@ def predicted_block(
     block["kind_ms"] = kind_breakdown_ms(gm, block["breakdown_ms"])
     block["host"] = {"launches": launches["total"], "launches_by_source": launches,
                      "per_launch_us": 1e6 * per_launch, "exposed_ms": 1e3 * host}
+    block["packed_fill"] = guarded_fills(gm)
     block["activations"] = {"saved_bytes": int(profile.saved_total * act_factor),
                             "forward_peak_bytes": int(profile.peak * act_factor),
                             "inputs_bytes": profile.inputs, "factor": act_factor}

@@ -207,7 +207,9 @@ def kernel_adjusted_ms(gm: fx.GraphModule) -> dict[fx.Node, float]:
     """Each node's forward+backward ms as the plan runs it (``gemc.predicted_ms`` is the node
     run alone, as ATen would): a kernel group's members scaled by its after/before,
     and, inside a packed token region, by the region's fill (the token-wise work shrinks
-    with the real tokens; the jagged attention is already priced over them). Why: the step
+    with the real tokens; the jagged attention is already priced over them; a guarded
+    region's attention that runs on its tokens, its ``in_place``, by the share of the padded
+    scores over kept keys, ``attention_fill``, which the sample batch gives). Why: the step
     the plan predicts, and the placement the solver picks, are for the plan's kernels, not
     for the graph without them (the GEM h200 plan predicted 175 ms where its run measured
     82 ms before this).
@@ -254,6 +256,7 @@ def kernel_adjusted_ms(gm: fx.GraphModule) -> dict[fx.Node, float]:
     ratio: dict[str, float] = {}
     attention: set[str] = set()
     fill: dict[str, float] = {}
+    in_place: dict[str, float] = {}  # attention output -> its share of the padded scores
     for node in gm.graph.nodes:
         facts = node.meta.get(ir.KERNEL)
         # a ratio, not after_ms itself: the precision pass reprices the nodes after the
@@ -267,12 +270,17 @@ def kernel_adjusted_ms(gm: fx.GraphModule) -> dict[fx.Node, float]:
         region = node.meta.get(ir.PACKED_REGION)
         if region is not None:
             fill[region["id"]] = float(region["fill"])
+            for name in region.get("in_place") or ():  # on the region's kept keys
+                in_place[name] = float(region.get("attention_fill", region["fill"]))
             if region.get("after_ms") is not None and region.get("before_ms") is not None:
                 convert[node] = convert.get(node, 0.0) + max(
                     0.0, float(region["after_ms"])
                     - float(region["before_ms"]) * float(region["fill"]))
     if pricing:
         ratio.update(silu_kernel_ratios(gm, islands, autocast, itemsize, pricing))
+    # a guarded region's attention run on its tokens: every member over the kept keys
+    scores = {f["id"]: in_place[str(f["output"])] for n in gm.graph.nodes
+              if isinstance(f := n.meta.get(ir.KERNEL), dict) and str(f.get("output")) in in_place}
     out: dict[fx.Node, float] = {}
     for node in gm.graph.nodes:
         ms = float(node.meta.get(ir.PREDICTED_MS, 0.0) or 0.0)
@@ -286,10 +294,12 @@ def kernel_adjusted_ms(gm: fx.GraphModule) -> dict[fx.Node, float]:
             if autocast else 0.0
         repriced = _attention_at_autocast(node, autocast, pricing) if autocast else None
         if repriced is not None:
-            out[node] = repriced + casts + convert.get(node, 0.0)
+            out[node] = repriced * scores.get(gid, 1.0) + casts + convert.get(node, 0.0)
             continue
         ms *= ratio.get(gid, 1.0)
-        if packed is not None and gid not in attention:
+        if gid in scores:
+            ms *= scores[gid]
+        elif packed is not None and gid not in attention:
             ms *= node_fill
         out[node] = ms + casts + convert.get(node, 0.0)
     return out

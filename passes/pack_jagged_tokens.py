@@ -48,7 +48,11 @@ call, before the region's first node, the runner checks it (the guarded attentio
 kernel: a prefix on every row, an additive mask's values 0 or <= -1e4) and runs the region
 packed over those lengths when it passes, else every region node padded, the model's own
 computation (``packed_tokens.GUARD_STATS`` counts both; the run report carries it). The
-region's fill is data, so it is priced at fill 1. ``nn.MultiheadAttention``'s views are
+region's fill is data: it is priced at the fill the same check finds on the entrypoint's
+example batch (``gemc.guard_sample.sample_fill``: its real tokens as the compiled graph
+rounds them, ``fill_source: "sample batch"``), and at fill 1 (padded), with a warning
+naming why, where there is no real sample or the sample fails the check.
+``nn.MultiheadAttention``'s views are
 followed by where the batch sits in each shape (``[L, B * heads, d]``: the batch the outer
 factor of a dim; ``[L * B, E]``: merged with the sequence), its fused attention as one unit.
 
@@ -91,6 +95,7 @@ from torch.fx.passes.infra.pass_base import PassResult
 
 from gemc import ir
 from gemc.context import PassContext
+from gemc.guard_sample import SAMPLE, sample_fill
 
 from .jagged_patterns import (
     _CASTS,
@@ -359,9 +364,15 @@ def _guarded_entry(gm: fx.GraphModule, rid: str, flow: PaddingFlow, starts: list
         "clamp_min": 0,
         "max_len": key_mask.length,
         "batch": key_mask.batch,
-        "fill": 1.0,  # data: unknown at compile time
-        **_price(nodes, [head], 1.0, ctx),
     }
+    # the fill is data: read off the example batch by the run-time check's own rule
+    sampled = sample_fill(gm, head.meta[PACKED_REGION], ctx.sample_inputs)
+    if sampled["fill_source"] != SAMPLE:
+        ctx.warn(f"pack-jagged-tokens: guarded region {rid} (mask {check.name}) is priced "
+                 f"padded (fill 1): {sampled['fill_source'].removeprefix('padded: ')}; "
+                 "the run packs whatever its batches allow")
+    head.meta[PACKED_REGION].update(sampled)
+    head.meta[PACKED_REGION].update(_price(nodes, [head], sampled["fill"], ctx))
     return nodes
 
 

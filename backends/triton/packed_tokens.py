@@ -23,6 +23,11 @@ from typing import Any
 import torch
 from torch import fx
 
+# the check's rules, shared with the cost model (which prices a region at a sample's fill)
+from gemc.guard_sample import BUCKETS as BUCKETS  # noqa: F401 - re-exported
+from gemc.guard_sample import bucket as bucket  # noqa: F401
+from gemc.guard_sample import packs as packs  # noqa: F401
+
 from .segment_sum import segment_sum_rows
 
 aten = torch.ops.aten
@@ -95,43 +100,6 @@ def kept_positions(mask: torch.Tensor, additive: bool, room: int) -> torch.Tenso
     cols = torch.arange(mask.shape[1], device=mask.device).repeat(mask.shape[0])
     out = torch.zeros(room + 1, dtype=torch.int64, device=mask.device)
     return out.index_copy(0, torch.where(flat, slot.clamp(max=room), room), cols)[:room]
-
-
-def packs(flags: list[int], every_row: bool = False, compact: bool = False) -> bool:
-    """Whether a region runs packed on the call whose :func:`region_check` read ``flags``:
-    every row a prefix, every additive value a key mask, and some token kept (a region of
-    0 tokens would leave the gradients of its weights None where eager's are zero, which
-    optimizers tell apart); with ``every_row`` (the region holds an attention whose rows
-    with no kept key are NaN in eager, as ``nn.MultiheadAttention``'s softmax makes them,
-    and so is everything the row reaches, masked or not) also a token on every row, so a
-    batch with an empty row runs padded and returns eager's NaN. With ``compact`` (nothing
-    in the region depends on the kept positions being a prefix: the pass's ``compact``)
-    rows that are not prefixes pack too, their kept tokens in order (:func:`kept_positions`)."""
-    return (flags[0] == 0 or compact) and flags[1] == 0 and flags[2] > 0 and \
-        not (every_row and flags[3] > 0)
-
-
-BUCKETS = 16
-"""How many token counts a guarded region's packed layout is rounded up to (multiples of
-``ceil(B * L / BUCKETS)``), in the compiled graph: see :func:`bucket` (``GEMC_PACKED_BUCKETS``
-overrides it: ``region_guard.bucket_count``)."""
-
-
-def bucket(total: int, capacity: int, buckets: int = BUCKETS) -> int:
-    """``total`` real tokens (of ``capacity = B * L``) rounded up to a multiple of the
-    granule ``ceil(capacity / buckets)``, at most ``capacity``. Why: the compiled graph
-    fixes its shapes, and the token count is data; one compiled variant per count would
-    compile without end, rounding to the granule bounds the variants at ``buckets`` (the
-    counts of a fixed batch size cluster: in steady state one or two are hit) and wastes
-    at most ``capacity / buckets`` spare tokens (6% of the padded work at 16). Powers of
-    two would bound the variants at ``log2(capacity)`` but waste up to half the buffer, the
-    whole saving at 50% fill. The spare tokens read position 0 where a value enters the
-    region (:meth:`TokenLayout.index`), so they compute what eager computes there, never
-    reach a real token, and get zero gradients."""
-    if total <= 0 or capacity <= 0:
-        raise ValueError(f"bucket: total {total} and capacity {capacity} must be > 0")
-    granule = -(-capacity // buckets)
-    return min(capacity, -(-total // granule) * granule)
 
 
 @dataclass

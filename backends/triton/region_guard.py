@@ -41,15 +41,14 @@ guarded attention already make, once per step instead of once per region and lay
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import fx
 
-from gemc import ir
 from gemc.errors import GemcUserError
+from gemc.guard_sample import mask_prelude, why_not_ahead
 
 from . import packed_tokens
 from .graph_runner import GraphRunner
@@ -76,23 +75,6 @@ def bucket_count() -> int:
     return value
 
 
-def why_not_ahead(gm: fx.GraphModule, mask: str, calls: Mapping[str, Any]) -> str | None:
-    """Why the mask node ``mask`` cannot be computed from the batch ahead of the graph (a
-    parameter, a lookup the runner answers itself, a node that is not an op), or None."""
-    by_name = {n.name: n for n in gm.graph.nodes}
-    if mask not in by_name:
-        return f"its mask {mask} is not in the captured graph"
-    needed = ir.ancestors([by_name[mask]])
-    for n in (n for n in gm.graph.nodes if n in needed):
-        if n.op == "placeholder" and ir.PARAM in n.meta:
-            return f"its mask {mask} reads parameter {n.meta[ir.PARAM]}"
-        if n.name in calls:
-            return f"its mask {mask} reads {n.name}, which the runner computes itself"
-        if n.op not in ("placeholder", "call_function"):
-            return f"its mask {mask} reads {n.name} ({n.op})"
-    return None
-
-
 def guarded_attentions(runner: GraphRunner) -> list[dict[str, Any]]:
     """The ``key_padding_attention`` entries the check ahead of the graph decides: not
     causal, queries not the keys' own padded rows (so the attention's shapes do not depend
@@ -110,25 +92,6 @@ def guarded_attentions(runner: GraphRunner) -> list[dict[str, Any]]:
         if why_not_ahead(runner.gm, str(e["mask"]), runner.calls) is None:
             out.append(e)
     return out
-
-
-def _prelude(runner: GraphRunner, masks: Sequence[str]) -> fx.GraphModule:
-    """``prelude(*batch) -> masks``: the masks' ops copied from the captured graph, one
-    placeholder per batch input (those it does not read are ignored)."""
-    graph = fx.Graph()
-    env: dict[fx.Node, fx.Node] = {}
-    for n in runner.nodes:
-        if n.op == "placeholder" and ir.PARAM not in n.meta:
-            env[n] = graph.placeholder(n.name)
-    needed = ir.ancestors([runner.by_name[m] for m in masks])
-    for n in runner.nodes:
-        if n in needed and n.op == "call_function":
-            new = graph.node_copy(n, env.__getitem__)
-            if "device" in new.kwargs:  # captured on meta: run where the batch is
-                new.kwargs = {**new.kwargs, "device": runner.device}
-            env[n] = new
-    graph.output(tuple(env[runner.by_name[m]] for m in masks))
-    return fx.GraphModule(torch.nn.Module(), graph, class_name="GemcRegionMasks")
 
 
 @dataclass(frozen=True)
@@ -155,8 +118,8 @@ class RegionGuard:
         self.attentions = [str(e["name"]) for e in attentions]
         self.attention_additive = [bool(e.get("additive", False)) for e in attentions]
         self.buckets = buckets or bucket_count()
-        self.prelude = _prelude(runner, [str(r["mask"]) for r in regions]
-                                + [str(e["mask"]) for e in attentions])
+        self.prelude = mask_prelude(runner.gm, [str(r["mask"]) for r in regions]
+                                    + [str(e["mask"]) for e in attentions], runner.device)
 
     @classmethod
     def of(cls, runner: GraphRunner) -> RegionGuard | None:

@@ -1,0 +1,177 @@
+"""A guarded packed region's check, as rules the compiler and the runner share, and its fill
+read from a sample batch.
+
+A ``packed_tokens`` region with ``guard: "prefix-check"`` (``passes/pack_jagged_tokens``)
+runs packed only on a batch whose key mask passes the check, and then over that batch's real
+tokens: both are data. The runner checks the mask ahead of the compiled graph
+(``backends/triton/region_guard``): it computes the mask from the batch with the mask's own
+ops (:func:`mask_prelude`, possible where :func:`why_not_ahead` finds nothing in the way),
+reads four flags per region (:func:`guard_flags` is their reference), decides with
+:func:`packs`, and sizes the packed layout at the token count rounded up by :func:`bucket`.
+
+The compiler has one batch in hand: the entrypoint's own ``example_inputs``, real tensors
+wherever the author built them on the CPU (the bundled models do: ``make_batch(0, "cpu")``).
+:func:`sample_fill` runs that same check on it, so the cost model prices the packed path
+that batch would run (the token-wise work at the bucketed token count, an attention over
+the kept keys at its rows' squared lengths) instead of the padded one. Why: sasrec_bst's
+plan priced its guarded region fully padded (42.5 ms predicted, 23.0 ms measured on an
+H200, BENCHMARKS.md) where its runs pack ~50% of the tokens (231,552 of 411,648 slots in
+the run report's ``compiled_variants``). One example batch is one sample: a model whose
+real batches differ in fill is priced at its example's, and the plan says so
+(``fill_source``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import fx
+
+from gemc import ir
+
+BUCKETS = 16
+"""How many token counts a guarded region's packed layout is rounded up to (multiples of
+``ceil(B * L / BUCKETS)``), in the compiled graph: see :func:`bucket` (``GEMC_PACKED_BUCKETS``
+overrides it at run time: ``backends/triton/region_guard.bucket_count``)."""
+
+SAMPLE = "sample batch"  # a fill_source: the fill the example batch's check found
+
+
+def bucket(total: int, capacity: int, buckets: int = BUCKETS) -> int:
+    """``total`` real tokens (of ``capacity = B * L``) rounded up to a multiple of the
+    granule ``ceil(capacity / buckets)``, at most ``capacity``. Why: the compiled graph
+    fixes its shapes, and the token count is data; one compiled variant per count would
+    compile without end, rounding to the granule bounds the variants at ``buckets`` (the
+    counts of a fixed batch size cluster: in steady state one or two are hit) and wastes
+    at most ``capacity / buckets`` spare tokens (6% of the padded work at 16). Powers of
+    two would bound the variants at ``log2(capacity)`` but waste up to half the buffer, the
+    whole saving at 50% fill. The spare tokens read position 0 where a value enters the
+    region (``TokenLayout.index``), so they compute what eager computes there, never
+    reach a real token, and get zero gradients."""
+    if total <= 0 or capacity <= 0:
+        raise ValueError(f"bucket: total {total} and capacity {capacity} must be > 0")
+    granule = -(-capacity // buckets)
+    return min(capacity, -(-total // granule) * granule)
+
+
+def packs(flags: Sequence[int], every_row: bool = False, compact: bool = False) -> bool:
+    """Whether a region runs packed on the call whose check read ``flags`` (rows that break
+    the prefix, invalid additive values, kept tokens, rows keeping none): every row a
+    prefix, every additive value a key mask, and some token kept (a region of 0 tokens
+    would leave the gradients of its weights None where eager's are zero, which
+    optimizers tell apart); with ``every_row`` (the region holds an attention whose rows
+    with no kept key are NaN in eager, as ``nn.MultiheadAttention``'s softmax makes them,
+    and so is everything the row reaches, masked or not) also a token on every row, so a
+    batch with an empty row runs padded and returns eager's NaN. With ``compact`` (nothing
+    in the region depends on the kept positions being a prefix: the pass's ``compact``)
+    rows that are not prefixes pack too, their kept tokens in order."""
+    return (flags[0] == 0 or compact) and flags[1] == 0 and flags[2] > 0 and \
+        not (every_row and flags[3] > 0)
+
+
+def guard_flags(mask: torch.Tensor, additive: bool) -> tuple[torch.Tensor, list[int]]:
+    """``(kept keys per row [B], flags)`` of a ``[B, L]`` key mask, by the rule of the
+    runner's check kernel (``key_padding_attention._prefix_kernel``) in plain torch: the
+    flags are the positions breaking a prefix, the additive values that are no key mask
+    (a masked entry above -1e4; a finite entry on a row that keeps nothing), the kept tokens
+    in all and the rows keeping none. Kept: True, or an additive 0."""
+    kept = mask == 0 if additive else mask.to(torch.bool)
+    lengths = kept.sum(1)
+    prefix = torch.arange(mask.shape[1], device=mask.device)[None, :] < lengths[:, None]
+    invalid = 0
+    if additive:
+        invalid = int((~kept & (mask > -1.0e4)).sum()) + \
+            int(((lengths == 0)[:, None] & (mask > float("-inf"))).sum())
+    return lengths, [int((kept != prefix).sum()), invalid, int(lengths.sum()),
+                     int((lengths == 0).sum())]
+
+
+def why_not_ahead(gm: fx.GraphModule, mask: str, calls: Mapping[str, Any]) -> str | None:
+    """Why the mask node ``mask`` cannot be computed from the batch ahead of the graph (a
+    parameter, a lookup the runner answers itself, a node that is not an op), or None."""
+    by_name = {n.name: n for n in gm.graph.nodes}
+    if mask not in by_name:
+        return f"its mask {mask} is not in the captured graph"
+    needed = ir.ancestors([by_name[mask]])
+    for n in (n for n in gm.graph.nodes if n in needed):
+        if n.op == "placeholder" and ir.PARAM in n.meta:
+            return f"its mask {mask} reads parameter {n.meta[ir.PARAM]}"
+        if n.name in calls:
+            return f"its mask {mask} reads {n.name}, which the runner computes itself"
+        if n.op not in ("placeholder", "call_function"):
+            return f"its mask {mask} reads {n.name} ({n.op})"
+    return None
+
+
+def mask_prelude(gm: fx.GraphModule, masks: Sequence[str],
+                 device: torch.device | str) -> fx.GraphModule:
+    """``prelude(*batch) -> masks``: the masks' ops copied from the captured graph, one
+    placeholder per batch input (those it does not read are ignored), run on ``device``."""
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    by_name = {n.name: n for n in gm.graph.nodes}
+    for n in gm.graph.nodes:
+        if n.op == "placeholder" and ir.PARAM not in n.meta:
+            env[n] = graph.placeholder(n.name)
+    needed = ir.ancestors([by_name[m] for m in masks])
+    for n in gm.graph.nodes:
+        if n in needed and n.op == "call_function":
+            new = graph.node_copy(n, env.__getitem__)
+            if "device" in new.kwargs:  # captured on meta: run where the batch is
+                new.kwargs = {**new.kwargs, "device": torch.device(device)}
+            env[n] = new
+    graph.output(tuple(env[by_name[m]] for m in masks))
+    return fx.GraphModule(torch.nn.Module(), graph, class_name="GemcRegionMasks")
+
+
+def sample_fill(gm: fx.GraphModule, region: Mapping[str, Any],
+                sample: Sequence[Any] | None) -> dict[str, Any]:
+    """The fill a guarded region (its ``packed_region`` facts: ``mask``, ``additive``,
+    ``every_row``, ``compact``) is priced at, from ``sample`` (the entrypoint's example
+    batch): ``{"fill", "attention_fill", "fill_source", "sample_tokens"}``.
+
+    When the sample passes the check: ``fill`` is its real tokens rounded up as the
+    compiled graph rounds them (:func:`bucket`) over ``B * L``; ``attention_fill`` is
+    ``sum(len^2) / (B * L^2)``, the share of the padded score matrix an attention over the
+    kept keys computes. Otherwise both are 1 (the padded computation that runs) and
+    ``fill_source`` says why: no sample, a sample on meta or of another arity, a mask the
+    runner cannot compute ahead of the graph, or the check failing on the sample."""
+    def padded(why: str) -> dict[str, Any]:
+        return {"fill": 1.0, "attention_fill": 1.0, "fill_source": f"padded: {why}"}
+
+    mask_name = str(region["mask"])
+    blocked = why_not_ahead(gm, mask_name, {})
+    if blocked is not None:
+        return padded(f"{blocked}, so the region runs padded")
+    tensors = list(sample or ())
+    if not tensors:
+        return padded("no sample batch (the entrypoint gave no example_inputs)")
+    if any(not isinstance(t, torch.Tensor) or t.device.type == "meta" for t in tensors):
+        return padded("the example batch is not real data (a tensor on meta, or not a "
+                      "tensor); build example_inputs with make_batch(0, 'cpu')")
+    inputs = [n for n in gm.graph.nodes if n.op == "placeholder" and ir.PARAM not in n.meta]
+    if len(inputs) != len(tensors):
+        return padded(f"the example batch has {len(tensors)} tensors where the graph takes "
+                      f"{len(inputs)} inputs")
+    try:
+        with torch.no_grad():
+            (mask,) = mask_prelude(gm, [mask_name], "cpu")(*[t.cpu() for t in tensors])
+    except Exception as exc:  # the mask's ops on the sample: any failure prices padded
+        return padded(f"computing the mask {mask_name} on the example batch failed "
+                      f"({type(exc).__name__}: {exc})")
+    additive = bool(region.get("additive", False))
+    lengths, flags = guard_flags(mask, additive)
+    if not packs(flags, bool(region.get("every_row")), bool(region.get("compact"))):
+        why = ("rows that keep no prefix" if flags[0] and not region.get("compact") else
+               "additive values that are no key mask" if flags[1] else
+               "no kept token" if flags[2] == 0 else "a row that keeps no token")
+        return padded(f"the example batch fails the region's check ({why}), so it would "
+                      "run padded")
+    batch, length = int(mask.shape[0]), int(mask.shape[1])
+    capacity = batch * length
+    squares = float((lengths.double() ** 2).sum())
+    return {"fill": bucket(flags[2], capacity) / capacity,
+            "attention_fill": min(1.0, squares / (batch * length * length)),
+            "fill_source": SAMPLE, "sample_tokens": flags[2]}
