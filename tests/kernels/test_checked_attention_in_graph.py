@@ -126,3 +126,32 @@ def test_key_lengths_attention_op_passes_opcheck_and_is_sdpa_over_each_rows_keys
     ref = torch.autograd.grad(want, (q, k, v), grad)
     for a, w in zip(got, ref):
         torch.testing.assert_close(a, w, atol=1e-5, rtol=1e-4)
+
+
+def test_operands_of_mixed_dtypes_reach_the_kernel_in_the_autocast_dtype(monkeypatch) -> None:
+    """MMoE h200 on the GPU: a candidate query in fp32 over a history's bf16 keys and values
+    (autocast) reached the kernel mixed and did not compile (``tl.dot`` of bf16 and fp32).
+    The operands now arrive in the autocast dtype, as eager's SDPA casts them, and the
+    result is SDPA's under autocast."""
+    import torch.nn.functional as F
+    from gemc.backends.triton import ops
+
+    seen = []
+    forward = ops._varlen_forward
+
+    def spy(q, k, v, *rest):  # noqa: ANN001, ANN002, ANN202
+        seen.append({q.dtype, k.dtype, v.dtype})
+        return forward(q, k, v, *rest)
+
+    monkeypatch.setattr(ops, "_varlen_forward", spy)
+    gen = torch.Generator().manual_seed(7)
+    q = torch.randn(2, 2, 1, 8, generator=gen)
+    k, v = (torch.randn(2, 2, 6, 8, generator=gen).bfloat16() for _ in range(2))
+    mask = torch.zeros(2, 6).masked_fill(torch.arange(6)[None] >= torch.tensor([[4], [6]]),
+                                         -1e4)
+    entry = {"merged_heads": False, "additive": True, "scale": None}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = key_padding_checked(q, k, v, mask, torch.tensor([4, 6]), "prefix", entry)
+        ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :])
+    assert seen == [{torch.bfloat16}]
+    torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)

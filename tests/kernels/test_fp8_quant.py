@@ -22,8 +22,8 @@ def _bits(q: torch.Tensor) -> torch.Tensor:
 
 def _operand(m: int, k: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
     """Columns spanning six decades (so subnormal e4m3 values occur), one zero row."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(m, k, generator=g) * torch.logspace(-3, 3, k)
+    g = torch.Generator().manual_seed(seed)  # on the CPU, whatever the default device
+    x = torch.randn(m, k, generator=g, device="cpu") * torch.logspace(-3, 3, k, device="cpu")
     x[min(3, m - 1)] = 0.0
     return x.to(dtype).to(torch.get_default_device())
 

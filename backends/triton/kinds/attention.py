@@ -73,6 +73,22 @@ def _operands(entry: Entry) -> tuple[str, str, str, str]:
 
 # ---- key-padding attention --------------------------------------------------------------
 
+def one_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k and v in one dtype, as gemc's attention kernels read them (a ``tl.dot`` of a
+    bf16 and an fp32 tile does not compile). A mix arises under autocast, where the SDPA
+    eager runs casts all three to the autocast dtype (MMoE h200: its candidate query in
+    fp32, the history's keys and values from bf16 projections); elsewhere the wider one."""
+    if q.dtype == k.dtype == v.dtype:
+        return q, k, v
+    device = q.device.type
+    if torch.is_autocast_enabled(device):
+        dtype = torch.get_autocast_dtype(device)
+    else:
+        dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
 def key_padding_of_entry(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          mask: torch.Tensor, entry: Mapping[str, Any]) -> torch.Tensor:
     """A ``key_padding_attention`` entry's call (both runners). The op is self-contained:
@@ -83,6 +99,7 @@ def key_padding_of_entry(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     merged = bool(entry.get("merged_heads"))
     if merged:  # [B*H, L, d] operands (nn.MultiheadAttention's layout)
         q, k, v = (x.unflatten(0, (mask.shape[0], -1)) for x in (q, k, v))
+    q, k, v = one_dtype(q, k, v)
     out = key_padding_attention(q, k, v, mask, entry["scale"], entry["causal"],
                                 entry["additive"], entry["zero_padding_queries"],
                                 entry.get("nan_if_empty", False))
@@ -118,6 +135,7 @@ def key_padding_checked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     merged = bool(entry.get("merged_heads"))
     if merged:  # [B*H, L, d] operands (nn.MultiheadAttention's layout)
         q, k, v = (x.unflatten(0, (mask.shape[0], -1)) for x in (q, k, v))
+    q, k, v = one_dtype(q, k, v)
     additive = bool(entry["additive"])
     scale = entry["scale"]
     if outcome == "padded":
