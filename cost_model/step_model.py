@@ -44,7 +44,7 @@ from gemc.table_lookup import BATCHED, DENSE_GRAD, SPARSE
 from .calibration import Calibration
 from .collectives import collective_time
 from .hardware import GPUSpec
-from .kernels import INDEX_BYTES
+from .kernels import INDEX_BYTES, SHARD_STEP_FLOOR_S
 from .memory import (
     MemoryBreakdown,
     rank_memory,
@@ -141,7 +141,16 @@ def shard_compute_s(t: TableCost, rows: float, dim: float, world: int, gpu: GPUS
     replica the step's ``table_optimizer``). A data-parallel table priced ``batched`` on
     several ranks (no plan's rule gives that; a TableCost made by hand) keeps eager's dense
     gradient, its optimizer priced with the dense parameters'. The one embedding price of
-    predict_step and of the solver."""
+    predict_step and of the solver.
+
+    A piece of a table split over ranks (row-, column-, grid-wise) on the batched path costs
+    at least ``kernels.SHARD_STEP_FLOOR_S`` (0.855 ms, a lone shard's measured step at
+    DLRMv2's local batch, whatever its width): priced by bytes alone, splitting a table
+    into many narrow column-wise shards looked free where each piece's step costs about as
+    much as the whole table's (BENCHMARKS.md, "Narrow embedding shards"). Measured for a
+    shard alone in its batched module; whether a piece sharing a rank's batched kernel with
+    other tables pays all of it is not measured, so whole tables keep their byte price (the
+    1x1 plans, checked against their runs, have no split table)."""
     rows, dim, lookups, bags = shard_work(t, rows, dim, world)
     if rows == 0:
         return 0.0
@@ -166,8 +175,11 @@ def shard_compute_s(t: TableCost, rows: float, dim: float, world: int, gpu: GPUS
     if t.replicated and world > 1:
         return _embedding_cost(t.rows, t.dim, t.nnz, t.batch, dtype, gpu, calibration, None,
                                True)
-    return _batched_cost(max(1, int(rows)), max(1, int(dim)), int(lookups), int(bags), dtype,
-                         gpu, calibration, optimizer, storage)
+    t_bytes = _batched_cost(max(1, int(rows)), max(1, int(dim)), int(lookups), int(bags),
+                            dtype, gpu, calibration, optimizer, storage)
+    if rows < t.rows or dim < t.dim:  # one piece of a table split over ranks
+        return max(t_bytes, SHARD_STEP_FLOOR_S)
+    return t_bytes
 
 
 def exchange_row_bytes(t: TableCost, cols: float, wire: WirePrecision) -> float:
