@@ -55,15 +55,17 @@ def _sqnr(ref: torch.Tensor, got: torch.Tensor) -> float:
 class _Unit(nn.Module):
     """LayerNorm -> Linear, the linear in bf16 (autocast) or row-wise fp8."""
 
-    def __init__(self, k: int, n: int, fp8_rowwise: bool, emulate: bool) -> None:
+    def __init__(self, k: int, n: int, fp8_rowwise: bool, emulate: bool,
+                 quantizer: str = "aten", recipe: Any = None) -> None:
+        """``recipe``: an ``Fp8Recipe`` other than row-wise fp8 for all three GEMMs."""
         super().__init__()
         from gemc.fp8_recipe import FP8_ROW, Fp8Recipe
 
         self.norm, self.linear = nn.LayerNorm(k), nn.Linear(k, n)
-        self.fp8_rowwise, self.emulate = fp8_rowwise, emulate
+        self.fp8_rowwise, self.emulate, self.quantizer = fp8_rowwise, emulate, quantizer
         # Built here, not in forward: torch 2.11's Dynamo cannot construct the recipe
         # dataclass in a traced frame and breaks the graph there.
-        self.recipe = Fp8Recipe.uniform(FP8_ROW)
+        self.recipe = recipe or Fp8Recipe.uniform(FP8_ROW)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from gemc.backends.torch import fp8
@@ -72,7 +74,7 @@ class _Unit(nn.Module):
         if not self.fp8_rowwise:
             return self.linear(h)
         return fp8.fp8_linear(h, self.linear.weight, self.linear.bias, self.recipe,
-                              emulate=self.emulate)
+                              emulate=self.emulate, quantizer=self.quantizer)
 
 
 def _grads(unit: _Unit, x: torch.Tensor, dy: torch.Tensor, fn: Callable[..., torch.Tensor],
@@ -177,26 +179,38 @@ def main(argv: list[str] | None = None) -> int:
                   for m in (int(v) for v in args.tokens.split(","))]
     results = run_shapes(shapes, device, backend, args.warmup, args.iters, args.seed)
     speedups = [r["variants"]["fp8 rowwise"]["speedup_vs_bf16"] for r in results]
-    report = {
-        "benchmark": "fp8_gemms_compiled",
+    report = report_header("fp8_gemms_compiled", args, device, backend) | {
+        "total_s": round(time.perf_counter() - t_start, 1),
+        "fp8_speedup_geomean": round(math.exp(statistics.fmean(map(math.log, speedups))), 3),
+        "results": results,
+    }
+    write_report(Path(args.out), report)
+    print(f"fp8/bf16 geomean {report['fp8_speedup_geomean']}x over {len(results)} shapes; "
+          f"wrote {args.out}")
+    return 0
+
+
+def report_header(name: str, args: argparse.Namespace, device: torch.device,
+                  backend: str) -> dict[str, Any]:
+    """What every fp8 benchmark report opens with: the command, the date, the machine, the
+    software and the options (also ``fp8_breakdown.py``'s)."""
+    return {
+        "benchmark": name,
         "command": " ".join([sys.executable, *sys.argv]),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "software": {"torch": torch.__version__, "cuda": torch.version.cuda,
                      "python": platform.python_version()},
         "config": {k: v for k, v in vars(args).items() if k != "out"} | {"backend": backend},
-        "total_s": round(time.perf_counter() - t_start, 1),
-        "fp8_speedup_geomean": round(math.exp(statistics.fmean(map(math.log, speedups))), 3),
-        "results": results,
     }
-    out = Path(args.out)
+
+
+def write_report(out: Path, report: dict[str, Any]) -> None:
+    """``report`` as JSON at ``out``, atomically (a reader never sees half a file)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(out.suffix + ".tmp")
     tmp.write_text(json.dumps(report, indent=1) + "\n")
     tmp.replace(out)
-    print(f"fp8/bf16 geomean {report['fp8_speedup_geomean']}x over {len(results)} shapes; "
-          f"wrote {out}")
-    return 0
 
 
 if __name__ == "__main__":

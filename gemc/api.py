@@ -35,6 +35,7 @@ def pass_context(
         param_dtypes=captured.param_dtypes,
         topology=topology,
         precision_probe=probe.opener(entrypoint, args),
+        sample_inputs=captured.example_inputs,
     )
 
 
@@ -123,7 +124,6 @@ def compile(  # noqa: A001 - the public name users expect
     captured = capture(spec, entrypoint=entrypoint)
     ctx = pass_context(entrypoint, args, captured, topo)
     ctx.calibration = calib
-    ctx.sample_inputs = tuple(spec.example_inputs)
     ctx.options["solver"] = dict(config.solver or {})
     if table_optimizer is not None:
         ctx.options["table_optimizer"] = table_optimizer

@@ -13,6 +13,7 @@ import hashlib
 import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import fx
@@ -30,6 +31,9 @@ class Captured:
     param_shapes: dict[str, tuple[int, ...]]
     param_dtypes: dict[str, str]
     fingerprint: str
+    # the batch it was captured with: real tensors where the author built them on the CPU,
+    # the one sample of the data the compiler has (a guarded region's fill is priced on it)
+    example_inputs: tuple[Any, ...] = ()
 
 
 def capture(spec: ModelSpec, *, entrypoint: str = "model") -> Captured:
@@ -69,6 +73,7 @@ def capture(spec: ModelSpec, *, entrypoint: str = "model") -> Captured:
         param_shapes=shapes,
         param_dtypes=dtypes,
         fingerprint=fingerprint(gm, shapes, dtypes),
+        example_inputs=tuple(spec.example_inputs),
     )
 
 

@@ -21,6 +21,7 @@ from gemc.exits import (
     EXIT_OK,
     EXIT_USAGE,
     ignore_further_interrupts,
+    interrupt_behind,
     interrupt_code,
     report_crash,
     signal_handlers,
@@ -383,14 +384,19 @@ def _main(argv: Sequence[str] | None) -> int:
         print(f"gemc: error: {exc.render()}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt as exc:  # from anywhere, the CP-SAT solve included: exit 130
-        ignore_further_interrupts()
-        print(f"gemc: interrupted by {signal_name(exc)}", file=sys.stderr)
-        return interrupt_code(exc)
+        return _interrupted(exc)
     except BrokenPipeError:  # `gemc explain plan.json | head`: the reader left, not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
     except Exception as exc:  # a bug in gemc: say so, keep the traceback in a file
-        return report_crash(exc)
+        interrupt = interrupt_behind(exc)  # or Ctrl-C that a C extension reported as its own
+        return report_crash(exc) if interrupt is None else _interrupted(interrupt)
+
+
+def _interrupted(exc: KeyboardInterrupt) -> int:
+    ignore_further_interrupts()
+    print(f"gemc: interrupted by {signal_name(exc)}", file=sys.stderr)
+    return interrupt_code(exc)
 
 
 if __name__ == "__main__":

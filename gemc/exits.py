@@ -10,6 +10,13 @@ Exit codes (the same for ``gemc`` and ``python -m gemc.run``, on every rank):
 SIGTERM is turned into :class:`Terminated`, a ``KeyboardInterrupt``, so one code path
 (``except KeyboardInterrupt``) cleans up after both signals: the files gemc writes are
 renamed into place only when complete, so an interrupt leaves the previous file (or none).
+
+A signal can land while a C extension converts its arguments (torch's argument parser
+asks Python for an int, the handler raises there); the extension then reports its own
+error, e.g. ``TypeError: expected a sequence of integers ... got '(16)'``, and the
+interrupt is lost. The handlers therefore also remember the signal, and
+:func:`interrupt_behind` turns such an error back into the interrupt it hides, so Ctrl-C
+is exit 130, not "internal error".
 """
 
 from __future__ import annotations
@@ -33,20 +40,48 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised in the main thread where Ctrl-C raises KeyboardInterrupt."""
 
 
+_received: list[int] = []  # signals taken by gemc's handlers since they were installed
+
+
 def _raise_terminated(signum: int, frame: FrameType | None) -> None:
+    _received.append(signum)
     raise Terminated()
 
 
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    _received.append(signum)
+    raise KeyboardInterrupt()
+
+
+def interrupt_behind(exc: BaseException) -> KeyboardInterrupt | None:
+    """The interrupt an error stands for, or None when it is an error of its own: one in
+    its cause / context chain, or a signal gemc's handlers took since they were installed
+    (the one a C extension swallowed and reported as its own error)."""
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        if isinstance(link, KeyboardInterrupt):
+            return link
+        seen.add(id(link))
+        link = link.__cause__ or link.__context__
+    if not _received:
+        return None
+    return Terminated() if _received[-1] == signal.SIGTERM else KeyboardInterrupt()
+
+
 def install_signal_handlers() -> dict[int, Any]:
-    """SIGTERM raises :class:`Terminated`; SIGINT keeps Python's KeyboardInterrupt (set it
-    back if an embedding program ignored it). Only the main thread may install handlers.
-    Returns the handlers it replaced, for :func:`restore_signal_handlers`."""
+    """SIGTERM raises :class:`Terminated`; SIGINT raises KeyboardInterrupt as Python's own
+    handler does (also where an embedding program ignored it; a handler of its own is
+    kept). Both remember the signal for :func:`interrupt_behind`. Only the main thread
+    may install handlers. Returns the handlers it replaced, for
+    :func:`restore_signal_handlers`."""
     if threading.current_thread() is not threading.main_thread():
         return {}
+    _received.clear()
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     signal.signal(signal.SIGTERM, _raise_terminated)
-    if signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, signal.SIG_DFL):
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if saved[signal.SIGINT] in (signal.SIG_IGN, signal.SIG_DFL, signal.default_int_handler):
+        signal.signal(signal.SIGINT, _raise_interrupt)
     return saved
 
 
@@ -56,6 +91,7 @@ def restore_signal_handlers(saved: dict[int, Any]) -> None:
     :func:`ignore_further_interrupts`."""
     if threading.current_thread() is not threading.main_thread():
         return
+    _received.clear()
     for sig, handler in saved.items():
         if handler is not None:
             signal.signal(sig, handler)

@@ -71,19 +71,42 @@ def packs(flags: Sequence[int], every_row: bool = False, compact: bool = False) 
         not (every_row and flags[3] > 0)
 
 
+ADDITIVE_MASKED_GAP = 1.0e4
+"""An additive entry is masked when it lies this far or more below its row's kept value
+(``exp`` of the gap underflows to exactly 0 in fp32); the kept value itself must be within
+this of 0 (beyond it, eager's own rounding of ``score + value`` moves the scores:
+``backends/triton/key_padding_attention``'s module doc)."""
+
+
+def kept_keys(mask: torch.Tensor, additive: bool) -> torch.Tensor:
+    """``[B, L]`` bool, True where a key is kept: the mask itself, or where an additive
+    row has its largest finite value (softmax ignores a row's constant, so a row of one
+    finite value, e.g. a BERT-style ``-1e4`` for an empty history, keeps every key, as
+    eager's uniform row does). The check kernel's rule
+    (``key_padding_attention._prefix_kernel``) in plain torch."""
+    if not additive:
+        return mask.to(torch.bool)
+    if mask.shape[-1] == 0:
+        return torch.zeros(mask.shape, dtype=torch.bool, device=mask.device)
+    top = mask.amax(-1, keepdim=True)
+    return (mask == top) & (top > float("-inf"))
+
+
 def guard_flags(mask: torch.Tensor, additive: bool) -> tuple[torch.Tensor, list[int]]:
     """``(kept keys per row [B], flags)`` of a ``[B, L]`` key mask, by the rule of the
     runner's check kernel (``key_padding_attention._prefix_kernel``) in plain torch: the
     flags are the positions breaking a prefix, the additive values that are no key mask
-    (a masked entry above -1e4; a finite entry on a row that keeps nothing), the kept tokens
-    in all and the rows keeping none. Kept: True, or an additive 0."""
-    kept = mask == 0 if additive else mask.to(torch.bool)
+    (a masked entry less than ``ADDITIVE_MASKED_GAP`` below its row's kept value; a kept
+    value farther than that from 0), the kept tokens in all and the rows keeping none."""
+    kept = kept_keys(mask, additive)
     lengths = kept.sum(1)
     prefix = torch.arange(mask.shape[1], device=mask.device)[None, :] < lengths[:, None]
     invalid = 0
-    if additive:
-        invalid = int((~kept & (mask > -1.0e4)).sum()) + \
-            int(((lengths == 0)[:, None] & (mask > float("-inf"))).sum())
+    if additive and mask.shape[1]:
+        top = mask.amax(1, keepdim=True)
+        finite = top > float("-inf")
+        invalid = int((~kept & (mask > top - ADDITIVE_MASKED_GAP)).sum()) + \
+            int((finite & (top.abs() > ADDITIVE_MASKED_GAP)).sum())
     return lengths, [int((kept != prefix).sum()), invalid, int(lengths.sum()),
                      int((lengths == 0).sum())]
 

@@ -368,9 +368,9 @@ def _guarded_entry(gm: fx.GraphModule, rid: str, flow: PaddingFlow, starts: list
     # the fill is data: read off the example batch by the run-time check's own rule
     sampled = sample_fill(gm, head.meta[PACKED_REGION], ctx.sample_inputs)
     if sampled["fill_source"] != SAMPLE:
-        ctx.warn(f"pack-jagged-tokens: guarded region {rid} (mask {check.name}) is priced "
-                 f"padded (fill 1): {sampled['fill_source'].removeprefix('padded: ')}; "
-                 "the run packs whatever its batches allow")
+        ctx.warn(f"guarded-region fill: {rid} (mask {check.name}) is priced padded "
+                 f"(fill 1): {sampled['fill_source'].removeprefix('padded: ')}; the run "
+                 "packs whatever its batches allow")
     head.meta[PACKED_REGION].update(sampled)
     head.meta[PACKED_REGION].update(_price(nodes, [head], sampled["fill"], ctx))
     return nodes

@@ -134,3 +134,39 @@ def test_ctrl_c_during_a_run_says_where_it_stopped_and_leaves_no_partial_state(
     assert "continue with --resume" in text and "Traceback" not in text, text
     assert not list(ck.glob("*.tmp")) and not (ck / ".latest.tmp").exists()
     assert not (tmp_path / "plan.run.json").exists()
+
+
+class _SignalledIndex:
+    """An int whose conversion is where Ctrl-C lands: torch's argument parser catches the
+    KeyboardInterrupt the handler raises and reports a TypeError of its own."""
+
+    def __index__(self) -> int:
+        signal.raise_signal(signal.SIGINT)
+        return 16
+
+
+def test_ctrl_c_that_torch_reports_as_a_type_error_is_still_exit_130(
+    monkeypatch, capsys,
+) -> None:
+    """The CI failure of stop 28: SIGINT inside torch's argument parsing came back as
+    'internal error ... TypeError' and exit 1. The handler remembers the signal, so the
+    error is known for the interrupt it hides; a TypeError with no signal stays a bug."""
+    import torch
+
+    import gemc.cli as cli
+
+    def swallowed(args) -> int:
+        torch.zeros((_SignalledIndex(),))
+        return 0
+
+    def plain_bug(args) -> int:
+        torch.zeros(("16",))
+        return 0
+
+    monkeypatch.setitem(cli.COMMANDS, "validate", swallowed)
+    assert main(["validate", "x.json"]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted by SIGINT" in err and "internal error" not in err, err
+    monkeypatch.setitem(cli.COMMANDS, "validate", plain_bug)
+    assert main(["validate", "x.json"]) == 1
+    assert "internal error" in capsys.readouterr().err

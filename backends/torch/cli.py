@@ -37,6 +37,7 @@ from gemc.exits import (
     EXIT_OK,
     EXIT_USAGE,
     ignore_further_interrupts,
+    interrupt_behind,
     interrupt_code,
     report_crash,
     signal_handlers,
@@ -310,6 +311,13 @@ def cmd_run(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
         ignore_further_interrupts()
         _interrupted(exc, args, done[0])
         raise
+    except Exception as exc:  # Ctrl-C inside torch's argument parsing arrives as its error
+        interrupt = interrupt_behind(exc)
+        if interrupt is None:
+            raise
+        ignore_further_interrupts()
+        _interrupted(interrupt, args, done[0])
+        raise interrupt from exc
     if int(os.environ.get("RANK", "0")) == 0:
         rep = result.report
         losses = result.losses
@@ -449,4 +457,8 @@ def _main(argv: Sequence[str] | None) -> int:
         ignore_further_interrupts()
         return interrupt_code(exc)
     except Exception as exc:  # a bug in gemc: one line per rank, the traceback in a file
+        interrupt = interrupt_behind(exc)
+        if interrupt is not None:  # Ctrl-C that a C extension reported as its own error
+            ignore_further_interrupts()
+            return interrupt_code(interrupt)
         return report_crash(exc, prefix=f"gemc run (rank {os.environ.get('RANK', '0')})")

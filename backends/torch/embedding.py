@@ -187,6 +187,8 @@ class ShardedEmbedding(nn.Module):
         self.owners = {s.rank: s for s in self.shards}
         self.row_scale: torch.Tensor | None = None  # fp8: one scale per local row
         self.working: list[tuple[torch.Tensor, torch.Tensor]] = []  # see rows_for_lookup
+        # lookups whose output gradient came through gemc::table_lookup's backward
+        self.deferred: list[tuple[torch.Tensor, ...]] = []  # see defer_backward
         # set by table_prefetch.TablePrefetch: the first step's record of this table's
         # arguments, and this step's result looked up ahead of the forward
         self.recording: Any = None
@@ -328,6 +330,48 @@ class ShardedEmbedding(nn.Module):
             include_last_offset=self.include_last_offset,
             padding_idx=padding_idx,
         )
+
+    def defer_backward(self, grad: torch.Tensor, input: torch.Tensor,  # noqa: A002
+                       offsets: torch.Tensor | None,
+                       per_sample_weights: torch.Tensor | None) -> None:
+        """Keep a lookup's output gradient that arrived in ``gemc::table_lookup``'s backward
+        for :meth:`replay_deferred`.
+
+        Why deferred: that backward runs inside a custom op, where autograd records
+        nothing, so the table's own sparse gradient (``weight.grad``, or a bf16 / fp8
+        table's working rows) cannot be made there. Copies, because the compiled backward
+        may reuse the buffers it passed once the op returns."""
+        self.deferred.append(tuple(
+            t.detach().clone() if t is not None else None
+            for t in (grad, input, offsets, per_sample_weights)))
+
+    def replay_deferred(self) -> None:
+        """Each deferred lookup again under grad and its backward: the table's gradient is
+        then exactly the one the eager lookup leaves (the sparse optimizer reads it). The
+        gather repeated is a small part of a sparse lookup's backward."""
+        pending, self.deferred = self.deferred, []
+        with torch.enable_grad():
+            for grad, input, offsets, weights in pending:
+                out = self(input, offsets, weights)
+                out.backward(grad.to(out.dtype))
+
+    @torch.no_grad()
+    def per_sample_weight_grad(self, grad: torch.Tensor, input: torch.Tensor,  # noqa: A002
+                               offsets: torch.Tensor | None,
+                               per_sample_weights: torch.Tensor) -> torch.Tensor:
+        """The per-sample weights' gradient of a sum-pooled lookup: each id's row dotted with
+        its bag's output gradient, zero at the padding row (torch's embedding_bag backward).
+        Made where :meth:`defer_backward` is called: autograd needs it in the backward."""
+        ids, offs, _, _ = self.as_bags(input, offsets, None)
+        weight, index = self.rows_for_lookup(ids)
+        rows = F.embedding(index.long(), weight).float()
+        if self.padding_idx is not None:
+            rows = rows.masked_fill((ids == self.padding_idx).unsqueeze(1), 0.0)
+        position = torch.arange(ids.numel(), device=ids.device)
+        bag = torch.searchsorted(offs, position, right=True) - 1
+        out = grad.reshape(-1, self.embedding_dim).float()
+        return (out[bag] * rows).sum(1).to(per_sample_weights.dtype).view_as(
+            per_sample_weights)
 
     def as_bags(self, input, offsets, per_sample_weights):  # noqa: ANN001, ANN202
         """(ids [n], offsets [B+1], weights or None, output shape) for every call form."""

@@ -43,13 +43,15 @@ cores compute up to the order of fp32 accumulation.
 
 The recipe *types* (:class:`GemmChoice`, :class:`Fp8Recipe`, the GEMM names and the
 kernel counts the cost model prices) live in :mod:`gemc.fp8_recipe`, in the core, so the
-precision pass chooses recipes without importing the runner. Imports torch and that only.
+precision pass chooses recipes without importing the runner. Imports torch and that only
+(and, lazily, :mod:`gemc.backends.triton.fp8_quant` where the quantizer is ``triton``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -233,10 +235,68 @@ def _pad_contraction(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, to
     return a, b
 
 
-def _quantized_operands(a: torch.Tensor, b: torch.Tensor, scaling: str
+ATEN_QUANT = "aten"
+TRITON_QUANT = "triton"
+QUANTIZERS = (ATEN_QUANT, TRITON_QUANT)
+"""Who quantises a row-wise fp8 GEMM's operands. ``aten`` (the default): ATen ops in the
+traced graph, which Inductor fuses into the operand's producer (a LayerNorm writes the fp8
+activation). ``triton``: gemc's kernels (:mod:`gemc.backends.triton.fp8_quant`: one pass
+per row-wise operand, the column-wise ones written transposed), opaque to Inductor, so the
+producer writes bf16 and the kernel reads it back. Which is faster is measured, per shape,
+by ``benchmarks/fp8_breakdown.py`` on the GPU; tensor-wise scaling always uses ``aten``."""
+QUANTIZER_ENV = "GEMC_FP8_QUANTIZER"
+"""Environment variable choosing the runner's quantizer (one of :data:`QUANTIZERS`)."""
+
+
+def check_quantizer(quantizer: str) -> str:
+    """``quantizer`` if it is one of :data:`QUANTIZERS`: a misspelt name fails where it is
+    given, not as the ATen path silently taken."""
+    if quantizer not in QUANTIZERS:
+        raise ValueError(f"unknown fp8 quantizer {quantizer!r} (from the argument or "
+                         f"{QUANTIZER_ENV}); use one of {QUANTIZERS}")
+    return quantizer
+
+
+def default_quantizer() -> str:
+    """The quantizer of :data:`QUANTIZER_ENV`, else ``aten``: read where a site is built
+    (outside any trace), never inside the compiled linear."""
+    return check_quantizer(os.environ.get(QUANTIZER_ENV, ATEN_QUANT))
+
+
+def _kernel_operands(a: torch.Tensor, b: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`_quantized_operands` (row-wise) by gemc's Triton kernels, as custom ops.
+
+    Each operand is read in the layout it has: ``a`` whose rows are strided (``dy^T`` of the
+    wgrad) and ``b`` whose columns are not (``x`` of the wgrad, ``W`` of the dgrad) go
+    through the column kernel, which writes the transpose ``_scaled_mm`` wants and pads the
+    contraction; the others through the row kernel (``b`` as its transpose's rows). Where
+    the contraction needs padding but one side would not be padded by its kernel, both are
+    padded first (ATen copies; no linear of gemc's takes that path: only the wgrad contracts
+    over tokens, and both of its operands take the column kernel)."""
+    from gemc.backends.triton import fp8_quant  # noqa: F401  (registers the ops)
+
+    a_cols = a.stride(1) != 1 and a.stride(0) == 1
+    b_rows = b.stride(0) == 1 and b.stride(1) != 1
+    # the alignment tested last: on the wgrad's path (both column kernels) a symbolic token
+    # count gets no guard on M % 16, so it is not recompiled for that
+    if not (a_cols and not b_rows) and a.shape[1] % ALIGN:
+        a, b = _pad_contraction(a, b)
+        a_cols = b_rows = False
+    rows, cols = torch.ops.gemc.fp8_quantize_rows, torch.ops.gemc.fp8_quantize_cols
+    qa, sa = cols(a.t()) if a_cols else rows(a)
+    qb, sb = rows(b.t()) if b_rows else cols(b)
+    return qa, qb.t(), sa, sb.t()
+
+
+def _quantized_operands(a: torch.Tensor, b: torch.Tensor, scaling: str,
+                        quantizer: str = ATEN_QUANT
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(qa, qb, scale_a, scale_b) of ``a[M, K] @ b[K, N]``: K padded to 16, each operand
-    quantised along K and laid out as ``_scaled_mm`` wants -- ATen ops, traced and fused."""
+    quantised along K and laid out as ``_scaled_mm`` wants -- ATen ops, traced and fused
+    (or gemc's kernels: :data:`QUANTIZERS`)."""
+    if quantizer == TRITON_QUANT and scaling == ROWWISE:
+        return _kernel_operands(a.detach(), b.detach())
     a, b = _pad_contraction(a.detach(), b.detach())
     qa, sa = quantize(a, scaling, dim=1)
     qb, sb = quantize(b, scaling, dim=0)
@@ -349,11 +409,12 @@ def _(a: torch.Tensor, b: torch.Tensor, choice: str, out_dtype: str) -> torch.Te
 
 
 def _op_gemm(a: torch.Tensor, b: torch.Tensor, choice: GemmChoice, out_dtype: torch.dtype,
-             emulate: bool) -> torch.Tensor:
-    """:func:`gemm`'s values, its GEMM a custom op and its quantisation ATen ops."""
+             emulate: bool, quantizer: str = ATEN_QUANT) -> torch.Tensor:
+    """:func:`gemm`'s values, its GEMM a custom op and its quantisation ATen ops (or the
+    ``quantizer``'s kernels)."""
     if choice.dtype != "fp8":
         return torch.ops.gemc.wide_mm(a, b, choice.label, _dtype_name(out_dtype))
-    qa, qb, sa, sb = _quantized_operands(a, b, str(choice.scaling))
+    qa, qb, sa, sb = _quantized_operands(a, b, str(choice.scaling), quantizer)
     out = torch.ops.gemc.fp8_scaled_mm(qa, qb, sa, sb, emulate)
     return out if out_dtype == FP8_OUT_DTYPE else out.to(out_dtype)
 
@@ -362,11 +423,12 @@ def _op_gemm(a: torch.Tensor, b: torch.Tensor, choice: GemmChoice, out_dtype: to
 def _linear_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                qx: torch.Tensor | None, qw: torch.Tensor | None, sx: torch.Tensor | None,
                sw: torch.Tensor | None, fwd: str, dgrad: str, wgrad: str, out_dtype: str,
-               emulate: bool) -> torch.Tensor:
+               emulate: bool, quantizer: str = ATEN_QUANT) -> torch.Tensor:
     """``x[M, K] W[N, K]^T + b``: from the quantised ``qx``, ``qw^T`` and their scales when
     ``fwd`` is fp8 (quantised by the caller, outside the op, where Inductor fuses it), else
     from ``x`` and ``weight``. ``x`` and ``weight`` are inputs either way: the autograd
-    formula saves them for the backward's GEMMs (``dgrad``, ``wgrad``)."""
+    formula saves them for the backward's GEMMs (``dgrad``, ``wgrad``), whose operands
+    ``quantizer`` quantises (:data:`QUANTIZERS`)."""
     dtype = _dtype(out_dtype)
     with _no_autocast(x.device.type):
         if qx is not None and qw is not None and sx is not None and sw is not None:
@@ -382,14 +444,15 @@ def _linear_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
 def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
       qx: torch.Tensor | None, qw: torch.Tensor | None, sx: torch.Tensor | None,
       sw: torch.Tensor | None, fwd: str, dgrad: str, wgrad: str, out_dtype: str,
-      emulate: bool) -> torch.Tensor:
+      emulate: bool, quantizer: str = ATEN_QUANT) -> torch.Tensor:
     return x.new_empty(x.shape[0], weight.shape[0], dtype=_dtype(out_dtype))
 
 
 def _linear_setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
-    x, weight, bias, _, _, _, _, _, dgrad, wgrad, _, emulate = inputs
+    x, weight, bias, _, _, _, _, _, dgrad, wgrad, _, emulate, *quantizer = inputs
     ctx.save_for_backward(x, weight)
     ctx.dgrad, ctx.wgrad, ctx.emulate = _choice(dgrad), _choice(wgrad), emulate
+    ctx.quantizer = quantizer[0] if quantizer else ATEN_QUANT
     ctx.has_bias = bias is not None
 
 
@@ -400,12 +463,12 @@ def _linear_backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, .
     x, weight = ctx.saved_tensors
     dx = dw = db = None
     if ctx.needs_input_grad[0]:
-        dx = _op_gemm(dy, weight, ctx.dgrad, x.dtype, ctx.emulate)
+        dx = _op_gemm(dy, weight, ctx.dgrad, x.dtype, ctx.emulate, ctx.quantizer)
     if ctx.needs_input_grad[1]:
-        dw = _op_gemm(dy.t(), x, ctx.wgrad, weight.dtype, ctx.emulate)
+        dw = _op_gemm(dy.t(), x, ctx.wgrad, weight.dtype, ctx.emulate, ctx.quantizer)
     if ctx.has_bias and ctx.needs_input_grad[2]:
         db = dy.sum(0, dtype=torch.float32)
-    return dx, dw, db, None, None, None, None, None, None, None, None, None
+    return dx, dw, db, *([None] * 10)
 
 
 _linear_op.register_autograd(_linear_backward, setup_context=_linear_setup)
@@ -425,8 +488,10 @@ def fp8_linear(
     *,
     out_dtype: torch.dtype | None = None,
     emulate: bool | None = None,
+    quantizer: str = ATEN_QUANT,
 ) -> torch.Tensor:
     """``F.linear`` with the recipe's precisions; leading dims of x are flattened into M.
+    ``quantizer`` quantises the row-wise operands, forward and backward (:data:`QUANTIZERS`).
 
     ``out_dtype`` defaults to the autocast dtype when autocast is on (what ``nn.Linear``
     returns there), else x's dtype. ``emulate=None``: emulate unless the device runs
@@ -444,13 +509,15 @@ def fp8_linear(
         emulate = not hardware_fp8(x.device)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
+    check_quantizer(quantizer)
     qx = qw = sx = sw = None
     with _no_autocast(x.device.type):
         if recipe.fwd.dtype == "fp8":
-            qx, qw, sx, sw = _quantized_operands(x2, weight.t(), str(recipe.fwd.scaling))
+            qx, qw, sx, sw = _quantized_operands(x2, weight.t(), str(recipe.fwd.scaling),
+                                                 quantizer)
         y = torch.ops.gemc.fp8_linear(x2, weight, bias, qx, qw, sx, sw, recipe.fwd.label,
                                       recipe.dgrad.label, recipe.wgrad.label,
-                                      _dtype_name(out_dtype), bool(emulate))
+                                      _dtype_name(out_dtype), bool(emulate), quantizer)
     return y.reshape(*lead, weight.shape[0])
 
 
@@ -463,11 +530,14 @@ class Fp8Linear(nn.Linear):
 
     recipe: Fp8Recipe
     emulate: bool | None
+    quantizer: str
 
     @classmethod
     def from_linear(
-        cls, linear: nn.Linear, recipe: Fp8Recipe, *, emulate: bool | None = None
+        cls, linear: nn.Linear, recipe: Fp8Recipe, *, emulate: bool | None = None,
+        quantizer: str | None = None,
     ) -> Fp8Linear:
+        """``quantizer``: default :func:`default_quantizer` (read here, not in forward)."""
         check_linear_dims(linear.in_features, linear.out_features)
         new = cls.__new__(cls)
         nn.Module.__init__(new)
@@ -475,11 +545,13 @@ class Fp8Linear(nn.Linear):
         new.weight = linear.weight
         new.register_parameter("bias", linear.bias)  # a Parameter or None, like nn.Linear
         new.recipe, new.emulate = recipe, emulate
+        new.quantizer = check_quantizer(quantizer or default_quantizer())
         new.train(linear.training)
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return fp8_linear(x, self.weight, self.bias, self.recipe, emulate=self.emulate)
+        return fp8_linear(x, self.weight, self.bias, self.recipe, emulate=self.emulate,
+                          quantizer=self.quantizer)
 
     def extra_repr(self) -> str:
         r = self.recipe

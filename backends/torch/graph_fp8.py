@@ -14,7 +14,8 @@ produced the operand: a LayerNorm before the linear writes the fp8 activation an
 scales in the same kernel, the weight's quantisation is one pass over the weight, and the
 backward's quantisations of the output gradient fuse into whatever produced it.
 
-Whether the device runs ``_scaled_mm`` natively is decided here, once, outside the trace
+Whether the device runs ``_scaled_mm`` natively, and who quantises (ATen ops or gemc's
+kernels: ``GEMC_FP8_QUANTIZER``, :data:`.fp8.QUANTIZERS`), are decided here, once, outside the trace
 (off a GPU with fp8 tensor cores the same quantisation is dequantised into an fp32 matmul:
 the emulation of :mod:`.fp8`). A generated kernel that replaces a rewritten linear (a GEMM
 epilogue) is left out with a warning naming it; its other ops then run as Inductor compiles
@@ -40,11 +41,11 @@ __all__ = ["apply_fp8_sites"]
 LINEAR = torch.ops.aten.linear.default
 
 
-def _site_call(recipe: fp8.Fp8Recipe, emulate: bool) -> Callable[..., Any]:
+def _site_call(recipe: fp8.Fp8Recipe, emulate: bool, quantizer: str) -> Callable[..., Any]:
     """``aten.linear``'s signature, running ``recipe``."""
     def run(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
             ) -> torch.Tensor:
-        return fp8.fp8_linear(x, weight, bias, recipe, emulate=emulate)
+        return fp8.fp8_linear(x, weight, bias, recipe, emulate=emulate, quantizer=quantizer)
 
     r = recipe
     run.__name__ = run.__qualname__ = (
@@ -64,6 +65,7 @@ def apply_fp8_sites(gm: fx.GraphModule, recipes: Mapping[str, fp8.Fp8Recipe],
     each rewritten node belongs to. A site with no linear node in the graph is named in a
     warning (it runs as captured)."""
     emulate = not fp8.hardware_fp8(device)
+    quantizer = fp8.default_quantizer()
     taken: dict[str, str] = {}
     for node in gm.graph.nodes:
         if node.op != "call_function" or node.target is not LINEAR:
@@ -72,7 +74,7 @@ def apply_fp8_sites(gm: fx.GraphModule, recipes: Mapping[str, fp8.Fp8Recipe],
         recipe = recipes.get(site)
         if recipe is None or not recipe.any_fp8:
             continue
-        node.target = _site_call(recipe, emulate)
+        node.target = _site_call(recipe, emulate, quantizer)
         node.args = (node.args[0], _arg(node, 1, "weight"), _arg(node, 2, "bias"))
         node.kwargs = {}
         taken[node.name] = site

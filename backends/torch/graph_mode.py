@@ -28,8 +28,10 @@ sparse route for DIN, see that module) unless the plan chose ``SPARSE`` for it b
 tables whose ``lookup`` is ``sparse``);
 every other such table (captured ``sparse=True``, stored bf16/fp8, several ranks) has its
 lookups call its :class:`ShardedEmbedding` (``SPARSE``: a lookup with ``sparse=True`` and
-the sparse optimizer's row update, as in module mode). A read of a routed table other than
-as its module's lookup (a tied projection) runs as captured on one rank, with a warning.
+the sparse optimizer's row update, as in module mode; on one rank through
+``gemc::table_lookup``, which compiles inside the graph, on several an eager island). A
+read of a routed table other than as its module's lookup (a tied projection) runs as
+captured on one rank, with a warning.
 
 On several ranks the dense parameters are replicas (every region ``ddp``: their gradients
 are averaged by the same post-accumulate hooks as in module mode, which the graph's
@@ -495,19 +497,43 @@ def _arguments(node: torch.fx.Node) -> dict[str, Any]:
 def _lookup_call(table: ShardedEmbedding, op: Any) -> Any:
     """A lookup node's ATen signature answered by the sharded table (its own mode,
     ``include_last_offset`` and ``padding_idx``, which :func:`_captured_form_differs` found
-    equal to the node's)."""
+    equal to the node's).
+
+    A table whose lookups stay on this rank (one rank, or a replicated table) is looked
+    up through ``gemc::table_lookup``, which the compiled graph traces (marked
+    ``in_graph``); a sharded table on several ranks is called as the module itself, an
+    eager island (the exchange's collectives and their host-side bookkeeping)."""
+    lookup: Any = table
+    if table.local_only:
+        from gemc.backends.triton.ops import register_lookup
+
+        register_lookup(table.fqn, table)
+        anchor = torch.zeros((), device=_device_of(table), requires_grad=True)
+
+        def lookup(indices: torch.Tensor, offsets: torch.Tensor | None = None,
+                   per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
+            return torch.ops.gemc.table_lookup(table.fqn, indices, offsets,
+                                               per_sample_weights, anchor)
+
     if op is torch.ops.aten.embedding.default:
         def embedding(weight: Any, indices: torch.Tensor, *rest: Any, **named: Any
                       ) -> torch.Tensor:
-            return table(indices)
+            return lookup(indices)
 
+        embedding.in_graph = table.local_only  # type: ignore[attr-defined]
         return embedding
 
     def embedding_bag(weight: Any, indices: torch.Tensor, offsets: torch.Tensor,
                       scale_grad_by_freq: bool = False, mode: int = 0, sparse: bool = False,
                       per_sample_weights: torch.Tensor | None = None,
                       include_last_offset: bool = False, *rest: Any, **named: Any) -> tuple:
-        out = table(indices, offsets, per_sample_weights)
+        out = lookup(indices, offsets, per_sample_weights)
         return (out, None, None, None)  # the graph reads [0]; the rest feed eager's backward
 
+    embedding_bag.in_graph = table.local_only  # type: ignore[attr-defined]
     return embedding_bag
+
+
+def _device_of(table: ShardedEmbedding) -> torch.device:
+    weight = table.weight
+    return weight.device if weight is not None else torch.device("cpu")

@@ -294,6 +294,7 @@ class EmbeddingOptimizer:
             if m.weight is not None:
                 m.weight.grad = None
             m.working.clear()
+            m.deferred.clear()
 
     @torch.no_grad()
     def step(self) -> None:
@@ -305,6 +306,7 @@ class EmbeddingOptimizer:
         for fqn, m in self.tables.items():
             if m.weight is None or fqn in self.fused:
                 continue
+            m.replay_deferred()  # lookups compiled as gemc::table_lookup: their gradient
             w = m.weight
             grad = w.grad if m.precision == "fp32" else None
             if grad is not None and not grad.is_sparse and self.world_size == 1:

@@ -27,9 +27,11 @@ execute one plan identically) are *emitted* into a new FX graph instead:
 * ``transposed_linear`` -> its ATen formulation (a batched GEMM reading ``x`` in place);
 * every other node -> its op (``device=`` arguments captured on meta point at the run's
   device; ``_assert_tensor_metadata`` nodes are dropped);
-* a node with a ``call`` (the sharded lookups on several ranks) -> that callable, behind
-  ``torch._dynamo.disable``: the exchange and the sparse optimizer stay gemc's eager code
-  and Dynamo splits the graph around them.
+* a node with a ``call`` (a table lookup answered by its sharded table) -> that callable:
+  on one rank it calls ``gemc::table_lookup`` (marked ``in_graph``: traced like any op, its
+  sparse gradient left to the sparse optimizer by the op's backward); on several ranks it
+  is behind ``torch._dynamo.disable``: the exchange stays gemc's eager code and Dynamo
+  splits the graph around it.
 
 A ``packed_tokens`` region runs on packed values as the interpreter runs it: its source
 builds the ``[1, T, ...]`` values, operands entering it are gathered to its tokens
@@ -480,7 +482,9 @@ class Emitter:
         if node.target in _SKIP or node in r.skipped:
             return
         if node.name in self.calls:  # e.g. a table lookup answered by its table module
-            fn = torch._dynamo.disable(self.calls[node.name])
+            fn = self.calls[node.name]
+            if not getattr(fn, "in_graph", False):  # an island unless it says it traces
+                fn = torch._dynamo.disable(fn)
             out = self.call(fn, fx.node.map_arg(node.args, self.padded),
                             fx.node.map_arg(node.kwargs, self.padded))
             self.env[node] = out if node not in self.packed else \

@@ -16,8 +16,9 @@ that are no mask) and picks a path, each counted in :data:`STATS`:
   scatter of the output), which makes it a prefix. Exact: softmax attention is invariant to
   the order of its keys, and the causal mask keeps its meaning because the order of the kept
   positions is preserved;
-* ``fallback``: anything else (an additive row with a value that is neither 0 nor <= -1e4,
-  or a finite-negative row with nothing kept; the SiLU kernel's masks that are not prefixes,
+* ``fallback``: anything else (an additive row with a value less than 1e4 below its kept
+  keys' but not equal to it, or whose kept keys' value is beyond 1e4 of 0; the SiLU
+  kernel's masks that are not prefixes,
   whose relative bias is indexed by position): the exact padded computation.
 
 Never silently wrong. The op is a plain function of tensors and static scalars (``scale``,
@@ -35,10 +36,16 @@ caller, i.e. the pass, proves nothing reads them unmasked). With
 computed, over the row's kept keys only (:mod:`.varlen_key_attention`). On the fallback
 path every row is exactly the padded attention.
 
-What counts as a mask, checked per row: bool: any; additive: ``0`` on the kept keys and
-``<= -1e4`` elsewhere (so ``exp`` of a masked score underflows to exactly 0 next to any kept
-one, as in eager), and a row with no kept key all ``-inf`` (eager's output for such a row is
-then 0, as the jagged kernel's; with finite negatives eager would average every value).
+What counts as a mask, checked per row: bool: any; additive: one value on the kept keys,
+the row's largest, and every other entry ``1e4`` or more below it (so ``exp`` of a masked
+score underflows to exactly 0 next to any kept one, as in eager); a row that is all
+``-inf`` keeps nothing (eager's output for such a row is then 0, as the jagged kernel's).
+The kept keys' value is ``0`` as usual, or any constant within ``1e4`` of 0: softmax is
+invariant to a row's constant, so a BERT-style ``(1 - mask) * -1e4`` row of an empty
+history (``-1e4`` everywhere) keeps every key and attends over all of them, as eager does
+(eager's own rounding of ``score - 1e4`` in fp32 moves a logit by at most ``2**-11``). A
+larger constant is no mask: at ``-1e9`` every fp32 score rounds to the constant and eager
+averages the values, which only the exact padded path reproduces.
 
 Host synchronisation: one per call, a read of three integers (prefix violations, invalid
 values, the total number of kept tokens). Why it cannot be avoided here: the paths launch
@@ -57,6 +64,8 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+
+from gemc.guard_sample import kept_keys
 
 from .jagged import jagged_to_padded, padded_to_jagged
 from .jagged_attention import jagged_attention
@@ -100,8 +109,9 @@ def _prefix_kernel(mask_ptr, stride_b, stride_l, length, lengths_ptr, bad_ptr,
     inside = offs < length
     ptrs = mask_ptr + b.to(tl.int64) * stride_b + offs * stride_l
     if ADDITIVE:
-        m = tl.load(ptrs, mask=inside, other=0.0).to(tl.float32)
-        keep = m == 0.0
+        m = tl.load(ptrs, mask=inside, other=float("-inf")).to(tl.float32)
+        top = tl.max(m, 0)  # the row's kept keys sit at its largest value
+        keep = (m == top) & (m > float("-inf"))
     else:
         m = tl.load(ptrs, mask=inside, other=0).to(tl.float32)
         keep = m != 0.0
@@ -109,11 +119,11 @@ def _prefix_kernel(mask_ptr, stride_b, stride_l, length, lengths_ptr, bad_ptr,
     not_prefix = tl.sum((inside & (keep != (offs < n))).to(tl.int32), 0)
     invalid = not_prefix * 0
     if ADDITIVE:
-        # masked entries must be <= -1e4; a row with nothing kept must be all -inf
-        weak = inside & (~keep) & (m > -1.0e4)
-        finite = inside & (m > float("-inf"))
+        # masked entries must lie 1e4 or more below the kept ones (nothing kept: all -inf),
+        # and the kept ones' value be at most 1e4 from 0 (see the module doc)
+        weak = inside & (~keep) & (m > top - 1.0e4)
         invalid += tl.sum(weak.to(tl.int32), 0)
-        invalid += tl.where(n == 0, tl.sum(finite.to(tl.int32), 0), 0)
+        invalid += tl.where(top > float("-inf"), tl.where(tl.abs(top) > 1.0e4, 1, 0), 0)
     tl.store(lengths_ptr + b, n)
     tl.store(bad_ptr + 2 * b, not_prefix)
     tl.store(bad_ptr + 2 * b + 1, invalid)
@@ -140,12 +150,6 @@ def prefix_lengths(key_mask: torch.Tensor, additive: bool = False
     offsets = torch.cat([lengths.new_zeros(1, dtype=torch.int64),
                          torch.cumsum(lengths, 0, dtype=torch.int64)])
     return offsets, bad
-
-
-def kept_keys(key_mask: torch.Tensor, additive: bool) -> torch.Tensor:
-    """``[B, L]`` bool, True where a key is kept: the mask itself, or an additive mask's
-    zeros (the check's rule)."""
-    return key_mask == 0 if additive else key_mask.to(torch.bool)
 
 
 def kept_first(key_mask: torch.Tensor, additive: bool) -> torch.Tensor:

@@ -58,7 +58,7 @@ from .segment_sum import segment_sum_rows as _segment_sum_rows
 from .varlen_key_attention import attention_backward as _varlen_backward
 from .varlen_key_attention import attention_forward as _varlen_forward
 
-__all__ = ["group_key", "register_group", "register_table", "dtype_name"]
+__all__ = ["group_key", "register_group", "register_table", "register_lookup", "dtype_name"]
 
 _HOST_SIDE: dict[str, Any] = (
     {"tags": (torch.Tag.cudagraph_unsafe,)}
@@ -70,6 +70,7 @@ it uncaptured)."""
 
 _GROUPS: dict[str, Any] = {}  # kernel id -> codegen.host._Impl (the group's launcher)
 _TABLES: dict[str, Any] = {}  # table group id -> BatchedEmbeddingBag
+_LOOKUPS: dict[str, Any] = {}  # table fqn -> the ShardedEmbedding answering its lookups
 
 
 def dtype_name(dtype: torch.dtype | None) -> str:
@@ -98,6 +99,12 @@ def register_group(entry: dict[str, Any], impl: Any) -> str:
 def register_table(name: str, module: Any) -> None:
     """Make ``gemc::embedding_bag`` run ``module`` (a BatchedEmbeddingBag) under ``name``."""
     _TABLES[name] = module
+
+
+def register_lookup(name: str, module: Any) -> None:
+    """Make ``gemc::table_lookup`` answer table ``name`` with ``module`` (a one-rank
+    ShardedEmbedding: its lookup, its sparse gradient, the sparse optimizer's update)."""
+    _LOOKUPS[name] = module
 
 
 def _group(kernel: str) -> Any:
@@ -857,3 +864,82 @@ def _embedding_backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
 
 
 embedding_bag.register_autograd(_embedding_backward, setup_context=_embedding_setup)
+
+
+# ---- one table's lookup on one rank, its sparse gradient left to the sparse optimizer -------
+
+
+@torch.library.custom_op("gemc::table_lookup", mutates_args=())
+def table_lookup(table: str, ids: Tensor, offsets: Tensor | None,
+                 per_sample_weights: Tensor | None, anchor: Tensor) -> Tensor:
+    """Table ``table``'s lookup by its registered module (``register_lookup``), as the
+    module answers it in eager code: the rows (pooled for a bag), the table's storage
+    precision decoded.
+
+    Why an op: the lookup's gradient is sparse (one row per id, summed by the sparse
+    optimizer), which AOTAutograd does not trace, so the lookup was an eager island and
+    Dynamo broke the compiled graph around it (MMoE h200's 4M-row user table, priced
+    cheaper sparse than dense: one break, a second Dynamo frame and Inductor compile in
+    the first step). As an opaque op with its own backward the graph compiles whole."""
+    with torch.no_grad():  # the gradient is made from the backward's (table_lookup_backward)
+        return _LOOKUPS[table](ids, offsets, per_sample_weights).contiguous()
+
+
+@table_lookup.register_fake
+def _table_lookup_fake(table: str, ids: Tensor, offsets: Tensor | None,
+                       per_sample_weights: Tensor | None, anchor: Tensor) -> Tensor:
+    module = _LOOKUPS[table]
+    if not module.is_bag:
+        rows: tuple[Any, ...] = tuple(ids.shape)
+    elif offsets is None:  # a 2-D ids tensor: one bag a row
+        rows = (ids.shape[0],)
+    else:
+        rows = (offsets.shape[0] - int(bool(module.include_last_offset)),)
+    dtype = module.dtype if module.precision == "fp32" else torch.float32
+    return ids.new_empty((*rows, module.embedding_dim), dtype=dtype)
+
+
+@torch.library.custom_op("gemc::table_lookup_backward", mutates_args=(), **_HOST_SIDE)
+def table_lookup_backward(table: str, grad: Tensor, ids: Tensor, offsets: Tensor | None,
+                          per_sample_weights: Tensor | None, anchor: Tensor
+                          ) -> tuple[Tensor, Tensor]:
+    """The lookup's backward: hands the output gradient to the table module, which makes
+    the table's sparse gradient from it before the sparse optimizer's ``step()`` reads it
+    (``ShardedEmbedding.defer_backward``: autograd records nothing inside an op). Returns
+    the anchor's gradient (a zero) and the per-sample weights' (empty when there are none).
+    Module state the op owns, not arguments, as for ``gemc::embedding_bag_update``: a
+    gradient AOTAutograd does not see."""
+    module = _LOOKUPS[table]
+    module.defer_backward(grad, ids, offsets, per_sample_weights)
+    g_psw = grad.new_empty(0) if per_sample_weights is None else \
+        module.per_sample_weight_grad(grad, ids, offsets, per_sample_weights)
+    return torch.zeros_like(anchor), g_psw
+
+
+@table_lookup_backward.register_fake
+def _table_lookup_backward_fake(table: str, grad: Tensor, ids: Tensor, offsets: Tensor | None,
+                                per_sample_weights: Tensor | None, anchor: Tensor
+                                ) -> tuple[Tensor, Tensor]:
+    psw = per_sample_weights
+    return (torch.empty_like(anchor),
+            torch.empty_like(psw) if psw is not None else grad.new_empty(0))
+
+
+def _lookup_setup(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+    table, ids, offsets, psw, anchor = inputs
+    ctx.table = table
+    ctx.has = (offsets is not None, psw is not None)
+    ctx.save_for_backward(ids, offsets if offsets is not None else ids,
+                          psw if psw is not None else ids, anchor)
+
+
+def _lookup_backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
+    ids, offsets, psw, anchor = ctx.saved_tensors
+    has_offsets, has_psw = ctx.has
+    g_anchor, g_psw = torch.ops.gemc.table_lookup_backward(
+        ctx.table, grad, ids, offsets if has_offsets else None, psw if has_psw else None,
+        anchor)
+    return None, None, None, g_psw if has_psw and ctx.needs_input_grad[3] else None, g_anchor
+
+
+table_lookup.register_autograd(_lookup_backward, setup_context=_lookup_setup)

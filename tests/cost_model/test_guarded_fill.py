@@ -107,7 +107,7 @@ def test_no_real_sample_prices_padded_and_says_why():
     region = _region(plan)
     assert region["fill"] == 1.0 and region["fill_source"].startswith("padded: ")
     assert "not real data" in region["fill_source"]
-    assert any(f"guarded region {region['name']}" in w and "priced padded" in w
+    assert any(f"guarded-region fill: {region['name']}" in w and "priced padded" in w
                for w in plan["warnings"])
 
 

@@ -163,15 +163,25 @@ def test_prefix_check_rules():
     additive = torch.tensor([
         [0.0, 0.0, -1e9, -1e9],  # a large negative is masked
         [inf, inf, inf, inf],  # nothing kept, all -inf: eager gives 0, as jagged does
-        [-1e9, -1e9, -1e9, -1e9],  # nothing kept, finite: eager averages every value
+        [-1e9, -1e9, -1e9, -1e9],  # every fp32 score rounds to -1e9: eager averages
         [0.0, -100.0, inf, inf],  # -100 is a soft bias, not a mask
-        [0.0, 0.5, inf, inf],  # a non-zero kept bias is not a key-padding mask
+        [0.0, 0.5, inf, inf],  # a bias on the keys, not a key-padding mask
         [inf, 0.0, inf, 0.0],  # a mask, not a prefix
+        [-1e4, -1e4, -1e4, -1e4],  # BERT's empty history: a constant, every key kept
+        [-5.0, -5.0, -5.0 - 1e4, inf],  # a shifted mask: the row's constant cancels
     ])
     offsets, bad = kpa.prefix_lengths(additive, additive=True)
-    assert offsets.tolist() == [0, 2, 2, 2, 3, 4, 6]
-    assert (bad[:, 0] > 0).tolist() == [False, False, False, False, False, True]
-    assert (bad[:, 1] > 0).tolist() == [False, False, True, True, True, False]
+    assert offsets.tolist() == [0, 2, 2, 6, 7, 8, 10, 14, 16]
+    assert (bad[:, 0] > 0).tolist() == [False, False, False, False, True, True, False, False]
+    assert (bad[:, 1] > 0).tolist() == [False, False, True, True, True, False, False, False]
+    assert kpa.kept_keys(additive, True).sum(1).tolist() == [2, 0, 4, 1, 1, 2, 4, 2]
+    # the compiler's copy of the rule (the guarded region's sample fill) agrees, per row
+    from gemc.guard_sample import guard_flags
+
+    for row in range(additive.shape[0]):
+        lengths, flags = guard_flags(additive[row:row + 1], True)
+        assert int(lengths[0]) == int(offsets[row + 1] - offsets[row])
+        assert (flags[0] > 0, flags[1] > 0) == tuple((bad[row] > 0).tolist()), row
 
 
 def _sdpa(q, k, v, keep, causal):
@@ -246,6 +256,21 @@ def test_op_falls_back_on_a_finite_mask_of_an_empty_row():
     assert kpa.STATS.fallback == 1
     ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :])
     torch.testing.assert_close(out, ref)  # every row, the empty one's average included
+
+
+def test_a_bert_style_empty_row_attends_over_every_key_without_fallback():
+    """``(1 - mask) * -1e4``: an empty history's row is -1e4 everywhere, a constant softmax
+    ignores, so the row keeps every key (no fallback) and equals eager's attention."""
+    gen = torch.Generator().manual_seed(4)
+    keep = km.keep_masks([3, 0, km.L], gen, False)
+    mask = (1.0 - keep.float()) * -10000.0
+    q, k, v = (torch.randn(3, 2, km.L, 4, generator=gen) for _ in range(3))
+    kpa.STATS.reset()
+    out = kpa.key_padding_attention(q, k, v, mask, None, False, True,
+                                    zero_padding_queries=False)
+    assert kpa.STATS.fallback == 0 and kpa.STATS.jagged == 1
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :])
+    torch.testing.assert_close(out, ref, rtol=2e-3, atol=2e-4)  # eager rounds s - 1e4
 
 
 # ---- compiled = eager, every form, prefix and not ------------------------------------------

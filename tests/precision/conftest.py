@@ -11,10 +11,13 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
-import pytest
-import torch
-
 DEVICE = os.environ.get("GEMC_TEST_DEVICE", "cpu")
+if DEVICE == "cpu":  # gemc's fp8 quantisation kernels (quantizer "triton") run interpreted
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402  (after TRITON_INTERPRET: Triton reads it when kernels are defined)
+import torch  # noqa: E402
+
 MODEL = "tests/precision/models.py:build"
 
 

@@ -112,3 +112,72 @@ def test_inductor_fuses_the_quantisation_into_the_norm_and_matches_the_emulation
     assert "gemc.fp8_linear" in forward and "gemc.fp8_scaled_mm" in codes[1]
     for name, g, w in zip(("y", "dx", "dW", "db", "dgamma"), got, want):
         assert sqnr(w, g) >= 40.0, name
+
+
+@pytest.mark.parametrize("m", [48, 37], ids=["aligned", "wgrad_padded"])
+def test_triton_quantizer_equals_the_aten_one_eager_and_compiled(m: int) -> None:
+    """gemc's quantisation kernels (quantizer "triton") produce the ATen path's fp8 bits and
+    scales, so the whole step is bit-equal to it, eager and compiled in one graph; 37 tokens
+    make the wgrad's contraction padded by the column kernel."""
+    norm, lin, x = _setup(m, 64, 32, seed=14)
+    x = x.detach().to(DEVICE).requires_grad_()
+    norm, lin = norm.to(DEVICE), lin.to(DEVICE)
+    dy = torch.randn(m, 32).to(DEVICE)
+    want = _step(_fp8_fn(norm, lin, ROW, emulate=True), norm, lin, x, dy)
+
+    def fn(t: torch.Tensor) -> torch.Tensor:
+        return fp8.fp8_linear(norm(t), lin.weight, lin.bias, ROW, emulate=True,
+                              quantizer=fp8.TRITON_QUANT)
+
+    for label, g, w in zip(("y", "dx", "dW", "db", "dgamma"), _step(fn, norm, lin, x, dy), want):
+        torch.testing.assert_close(g, w, rtol=0, atol=0, msg=label)
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+    for label, g, w in zip(("y", "dx", "dW", "db", "dgamma"),
+                           _step(compiled, norm, lin, x, dy), want):
+        torch.testing.assert_close(g, w, rtol=0, atol=0, msg=label)
+
+
+def test_quantizer_is_chosen_outside_the_trace_and_checked(monkeypatch) -> None:
+    monkeypatch.delenv(fp8.QUANTIZER_ENV, raising=False)
+    assert fp8.default_quantizer() == fp8.ATEN_QUANT  # the default until the H200 says
+    monkeypatch.setenv(fp8.QUANTIZER_ENV, "triton")
+    lin = fp8.Fp8Linear.from_linear(nn.Linear(32, 16), ROW, emulate=True)
+    assert lin.quantizer == fp8.TRITON_QUANT
+    monkeypatch.setenv(fp8.QUANTIZER_ENV, "cutlass")
+    with pytest.raises(ValueError, match="GEMC_FP8_QUANTIZER.*one of"):
+        fp8.default_quantizer()
+    with pytest.raises(ValueError, match="unknown fp8 quantizer 'cutlass'"):
+        fp8.fp8_linear(torch.zeros(2, 32), lin.weight, None, ROW, quantizer="cutlass")
+
+
+def test_triton_quantizer_compiles_once_for_aligned_and_unaligned_token_counts() -> None:
+    """With M dynamic, the ATen quantizer's wgrad pads M to 16 behind a guard on M % 16 (a
+    second compile when the token count stops being aligned); gemc's column kernel pads
+    inside, so the graph holds for both."""
+    torch.manual_seed(15)
+    norm, lin = nn.LayerNorm(64).to(DEVICE), nn.Linear(64, 48).to(DEVICE)
+    compiles = {}
+    for quantizer in fp8.QUANTIZERS:
+        graphs: list[torch.fx.GraphModule] = []
+
+        def backend(gm: torch.fx.GraphModule, inputs: list[torch.Tensor],  # noqa: ANN202
+                    graphs: list[torch.fx.GraphModule] = graphs):
+            graphs.append(gm)
+            from torch._dynamo.backends.common import aot_autograd
+            return aot_autograd(fw_compiler=lambda g, _: g, bw_compiler=lambda g, _: g)(
+                gm, inputs)
+
+        def fn(x: torch.Tensor, q: str = quantizer) -> torch.Tensor:
+            return fp8.fp8_linear(norm(x), lin.weight, lin.bias, ROW, emulate=True, quantizer=q)
+
+        torch._dynamo.reset()
+        compiled = torch.compile(fn, backend=backend)
+        for m in (32, 48, 37):
+            x = torch.randn(m, 64, device=DEVICE, requires_grad=True)
+            torch._dynamo.maybe_mark_dynamic(x, 0)
+            with torch.autocast(x.device.type, dtype=torch.bfloat16):
+                y = compiled(x)
+            y.float().sum().backward()
+        compiles[quantizer] = len(graphs)
+    assert compiles == {fp8.ATEN_QUANT: 2, fp8.TRITON_QUANT: 1}, compiles

@@ -107,6 +107,17 @@ def test_opcheck(name: str) -> None:
                           test_utils=utils)
 
 
+def test_opcheck_quantisation_kernels() -> None:
+    """The Triton quantisation ops (quantizer "triton"): fakes, and AOT dispatch with a
+    dynamic token count, on a strided input (the wgrad's ``dy^T``) and an unaligned M."""
+    from gemc.backends.triton import fp8_quant  # noqa: F401  (registers the ops)
+
+    x = torch.randn(37, 48).t()
+    utils = ("test_faketensor", "test_aot_dispatch_dynamic")
+    for op in (torch.ops.gemc.fp8_quantize_rows, torch.ops.gemc.fp8_quantize_cols):
+        torch.library.opcheck(op.default, (x,), test_utils=utils)
+
+
 def test_compiled_norm_then_fp8_linear_is_one_graph_forward_and_backward() -> None:
     """``fullgraph=True`` (a graph break raises), with a dynamic token count as the benchmark
     marks it: Dynamo's graph holds one ``gemc::fp8_linear`` node and no autograd-function

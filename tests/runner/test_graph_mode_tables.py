@@ -1,8 +1,8 @@
 """Graph mode on one rank: a table no batched kernel owns takes gemc.table_lookup's path —
 the captured op's table-sized gradient for an fp32 table captured ``sparse=False``
 (measured faster on the H200), its sharded table (a sparse gradient, the sparse optimizer's
-row update) for one captured ``sparse=True`` or stored narrower — and trains exactly like
-eager either way."""
+row update; compiled as ``gemc::table_lookup``, no graph break) for one captured
+``sparse=True`` or stored narrower — and trains exactly like eager either way."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from gemc.backends.torch.reference import ReferenceTrainer
 from gemc.backends.torch.runner import RunOptions, run
 from gemc.backends.torch.sparse_optim import EmbeddingOptimizer
 from torch import nn
+from torch._dynamo.utils import counters
 
 from gemc.errors import PlanError
 from tests.runner.harness import MODEL, variant
@@ -60,14 +61,19 @@ def test_tables_outside_the_batched_kernel_train_exactly_on_their_paths(
 
     def spy(self: EmbeddingOptimizer) -> None:
         for fqn, m in self.tables.items():
+            m.replay_deferred()  # a compiled sparse lookup's gradient, as step() makes it
             if m.weight is not None and m.weight.grad is not None:
                 layouts.setdefault(fqn, set()).add(m.weight.grad.layout)
         step(self)
 
     monkeypatch.setattr(EmbeddingOptimizer, "step", spy)
     ck = tmp_path / "ck"
+    torch._dynamo.reset()
+    counters.clear()
     got = run(plan, RunOptions(steps=STEPS, device="cpu", progress=False,
                                checkpoint_dir=str(ck)))
+    # the sparse tables' lookups compile inside the graph (gemc::table_lookup): no island
+    assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
     assert got.report["execution"].startswith("graph") and got.report["kernels_applied"]
     paths = got.report["graph_executor"]["table_lookups"]
     assert {f: p for f, p in paths.items() if f in owned} == dict.fromkeys(owned, "batched")
@@ -142,6 +148,7 @@ def test_a_table_also_read_outside_its_lookup_on_one_rank() -> None:
     want.backward()
     loss = executor(*example)
     loss.backward()
+    table.replay_deferred()  # the compiled lookup's sparse part, as the optimizer makes it
     torch.testing.assert_close(loss, want)
     torch.testing.assert_close(table.weight.grad.to_dense(), weight.grad)
     with pytest.raises(PlanError, match="reads table 'bag.weight'.*stored bf16") as err:
@@ -161,6 +168,7 @@ def test_a_lookup_of_another_form_than_its_modules_runs_as_captured() -> None:
     want.backward()
     loss = executor(ids, offsets)
     loss.backward()
+    table.replay_deferred()  # the compiled lookup's sparse part, as the optimizer makes it
     torch.testing.assert_close(loss, want)
     torch.testing.assert_close(table.weight.grad.to_dense(), weight.grad)
 
