@@ -147,6 +147,7 @@ ROW_SUMS_S_PER_ID = 1.258e-3 / 33554432
 # mean of those ten steps, 0.855 ms, is the floor that fits max(bytes, floor) best (least
 # squares: the mean of the points under it; residuals -0.24..+0.14 ms). Measured at one
 # batch only (the floor does not move with ids there, so it is not scaled by them).
+# Charged once per rank's batched kernel, on several ranks (step_model.batched_floor_s).
 SHARD_STEP_FLOOR_S = 0.855e-3
 # Share of a padded [batch, length] id grid that is padding (one id, repeated): the
 # family's history presets are half full on average (uniform lengths), the fill the
