@@ -4,6 +4,7 @@
                                  [--no-compile] [--no-causal] [--out results.json]
     python benchmarks/kernels.py --cases zoo --out $OUT/zoo_attention.json   # H200, < 4 min
     python benchmarks/kernels.py --cases narrow --out $OUT/narrow.json       # H200, < 40 s
+    python benchmarks/kernels.py --cases narrow_group --out $OUT/group.json  # H200, < 40 s
     TRITON_INTERPRET=1 python benchmarks/kernels.py --smoke --no-compile   # CPU, tiny
 
 Cases (each timed as forward only and as forward+backward, per variant):
@@ -38,6 +39,14 @@ Cases (each timed as forward only and as forward+backward, per variant):
   and one fused step (its touched rows after row-wise Adagrad, from PyTorch's sparse
   gradient) are checked against PyTorch with ``assert_close`` before timing. H200, < 40 s:
   ``python benchmarks/kernels.py --cases narrow --out $OUT/narrow.json``.
+* ``narrow_group`` (not in the default set): does each shard of a rank's batched kernel
+  pay the ``narrow`` case's fixed ~0.85 ms step, or the kernel once? (The cost model
+  assumes once: ``cost_model.step_model.batched_floor_s``.) ``k`` = 1, 2, 4, 8 shards 16
+  wide (``NARROW``'s rows / 8 each, its batch, pooling 100) in one ``BatchedEmbeddingBag``
+  against ``k`` modules of one shard each, stepped one after another: forward+backward+
+  fused row-wise Adagrad, ms (both forms' pooled outputs checked equal first, from the same
+  weights). The JSON's ``narrow_group`` section has per ``k`` both times;
+  a floor per kernel shows as a flat first column and a second growing ~0.85 ms a shard.
 * ``zoo`` (not in the default set): each zoo model with a history, its attention at the
   model's own preset shapes (``h200``; ``tiny`` under ``--smoke``), lengths uniform in 1..L
   (~50% fill): gemc's jagged kernel vs padded ``F.scaled_dot_product_attention`` with the
@@ -632,6 +641,50 @@ def _narrow_timings(rec: Recorder, summary: dict[str, Any], key: str, width: int
             "sectors_gbps": row.ms and sectors / row.ms / 1e6}
 
 
+def narrow_group_case(rec: Recorder, n: Narrow, gen: torch.Generator,
+                      shards: tuple[int, ...] = (1, 2, 4, 8), width: int = 16
+                      ) -> dict[str, Any]:
+    """``shards`` narrow shards in one batched kernel against one module each (see the
+    module docstring, ``narrow_group``); returns per shard count both steps' ms."""
+    from gemc.backends.triton import BatchedEmbeddingBag
+
+    dev, pooling, rows = rec.device, n.poolings[0], max(1, n.rows // max(shards))
+    summary: dict[str, Any] = {}
+    rec.timing = {"warmup": 10, "rep": 40}
+    for k in shards:
+        one = BatchedEmbeddingBag([(rows, width)] * k, optimizer="rowwise_adagrad", device=dev)
+        each = [BatchedEmbeddingBag([(rows, width)], optimizer="rowwise_adagrad", device=dev)
+                for _ in range(k)]
+        ids = torch.randint(0, rows, (k * n.batch * pooling,), generator=gen).to(dev)
+        offsets = (torch.arange(k * n.batch + 1) * pooling).to(dev)
+        grad = torch.randn(n.batch, k * width, generator=gen).to(dev)
+        per = n.batch * pooling  # one shard's ids and bags, table-major
+        parts = [(ids[i * per:(i + 1) * per], offsets[:n.batch + 1],
+                  grad[:, i * width:(i + 1) * width].contiguous()) for i in range(k)]
+        with torch.no_grad():  # the same lookups both ways, checked before timing
+            for module, w in zip(each, one.split_weights()):
+                module.load_weights([w])
+            torch.testing.assert_close(
+                one(ids, offsets), torch.cat([m(i, o) for m, (i, o, _) in zip(each, parts)], 1))
+
+        def separate(parts=parts, each=each) -> None:
+            for module, (i, o, g) in zip(each, parts):
+                module(i, o).backward(g)
+
+        case = f"{k} narrow shards {width} wide, pooling {pooling}"
+        with torch.enable_grad():
+            a = rec.run(case, "fwd+bwd+opt", "gemc triton, one kernel",
+                        lambda one=one, ids=ids, offsets=offsets, grad=grad:
+                        one(ids, offsets).backward(grad), baseline=True)
+            b = rec.run(case, "fwd+bwd+opt", "gemc triton, a kernel a shard", separate)
+        summary[str(k)] = {"one_kernel_ms": a.ms, "kernel_per_shard_ms": b.ms,
+                           "errors": [r.error for r in (a, b) if r.error]}
+        del one, each, parts
+        _free(dev)
+    rec.timing = {}
+    return summary
+
+
 def _eager_step(bag: torch.nn.EmbeddingBag, opt: torch.optim.Optimizer | None,
                 ids: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor) -> None:
     """PyTorch's lookup, its sparse gradient and (with ``opt``) the optimizer step; the
@@ -788,7 +841,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (same as --preset smoke)")
     ap.add_argument("--cases", default="attention,silu,embedding,jagged",
                     help="comma-separated subset of attention,silu,query,embedding,jagged,zoo,"
-                         "narrow")
+                         "narrow,narrow_group")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile variants")
     ap.add_argument("--no-causal", action="store_true", help="attention without causal mask")
     ap.add_argument("--seed", type=int, default=None, help="input seed (default: fresh)")
@@ -806,13 +859,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(seed)
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     unknown = set(cases) - {"attention", "silu", "query", "embedding", "jagged", "zoo",
-                            "narrow"}
+                            "narrow", "narrow_group"}
     if unknown:
         ap.error(f"unknown cases: {sorted(unknown)}")
 
     rec = Recorder(device)
     compile_, causal = not args.no_compile, not args.no_causal
     narrow: dict[str, Any] = {}
+    group: dict[str, Any] = {}
     for case in cases:
         print(f"... {case}", file=sys.stderr, flush=True)
         if case in ("attention", "silu"):
@@ -828,6 +882,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         elif case == "narrow":
             narrow = narrow_case(rec, NARROW["smoke" if preset_name == "smoke" else "h200"],
                                  gen)
+        elif case == "narrow_group":
+            group = narrow_group_case(
+                rec, NARROW["smoke" if preset_name == "smoke" else "h200"], gen)
         else:
             jagged_case(rec, preset, compile_, gen)
     rec.finish()
@@ -847,6 +904,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     if narrow:
         report["narrow"] = narrow
+    if group:
+        report["narrow_group"] = group
+        for k, cell in group.items():
+            print(f"narrow group, {k} shards: one kernel {_fmt(cell['one_kernel_ms'], '.3f')} "
+                  f"ms, a kernel a shard {_fmt(cell['kernel_per_shard_ms'], '.3f')} ms")
     if "zoo" in cases:
         report["zoo"] = zoo_summary(rec.rows)
         for model, z in report["zoo"].items():

@@ -139,6 +139,16 @@ DENSE_GRAD_HOT_ADD_S = 0.5 * (2.605e-3 + 2.586e-3) / 524288
 # an id. Alone, on synthetic buckets, the same kernel took 0.99 ms (2,048 ids a program, now
 # the default: 0.90 ms; gathers_sweep_c1d6b51.json): the step's figure is kept, what runs.
 ROW_SUMS_S_PER_ID = 1.258e-3 / 33554432
+# A shard's step in gemc's batched lookup (forward, backward, fused row-wise Adagrad) has a
+# floor: one 40M-row fp32 shard at local batch 4,096 took 0.61-0.99 ms at every width 8-128
+# and at pooling 12 and 100 (49,152 and 409,600 ids) on the H200, where its bytes are priced
+# 0.007-0.77 ms (benchmarks/results/zoo_h200_session9/narrow_7e2449b.json, "narrow":
+# "gemc triton fwd+bwd+opt"; `python3 benchmarks/kernels.py --cases narrow`, 7e2449b). The
+# mean of those ten steps, 0.855 ms, is the floor that fits max(bytes, floor) best (least
+# squares: the mean of the points under it; residuals -0.24..+0.14 ms). Measured at one
+# batch only (the floor does not move with ids there, so it is not scaled by them).
+# Charged once per rank's batched kernel, on several ranks (step_model.batched_floor_s).
+SHARD_STEP_FLOOR_S = 0.855e-3
 # Share of a padded [batch, length] id grid that is padding (one id, repeated): the
 # family's history presets are half full on average (uniform lengths), the fill the
 # activation model assumes for padded histories too. The graph cannot tell the data.

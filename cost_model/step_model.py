@@ -44,7 +44,7 @@ from gemc.table_lookup import BATCHED, DENSE_GRAD, SPARSE
 from .calibration import Calibration
 from .collectives import collective_time
 from .hardware import GPUSpec
-from .kernels import INDEX_BYTES
+from .kernels import INDEX_BYTES, SHARD_STEP_FLOOR_S
 from .memory import (
     MemoryBreakdown,
     rank_memory,
@@ -141,7 +141,11 @@ def shard_compute_s(t: TableCost, rows: float, dim: float, world: int, gpu: GPUS
     replica the step's ``table_optimizer``). A data-parallel table priced ``batched`` on
     several ranks (no plan's rule gives that; a TableCost made by hand) keeps eager's dense
     gradient, its optimizer priced with the dense parameters'. The one embedding price of
-    predict_step and of the solver."""
+    predict_step and of the solver.
+
+    On the batched path this is the shard's bytes only: the fixed cost of the rank's
+    batched kernel (``kernels.SHARD_STEP_FLOOR_S``) is paid once per rank, not per shard
+    (:func:`batched_floor_s`)."""
     rows, dim, lookups, bags = shard_work(t, rows, dim, world)
     if rows == 0:
         return 0.0
@@ -168,6 +172,46 @@ def shard_compute_s(t: TableCost, rows: float, dim: float, world: int, gpu: GPUS
                                True)
     return _batched_cost(max(1, int(rows)), max(1, int(dim)), int(lookups), int(bags), dtype,
                          gpu, calibration, optimizer, storage)
+
+
+def in_batched_kernel(t: TableCost, world: int) -> bool:
+    """Whether ``t``'s shards run in their rank's batched lookup kernel (priced by
+    ``_batched_cost``), the kernel whose fixed cost :func:`batched_floor_s` adds: the
+    batched path, and not a data-parallel replica on several ranks (priced with eager's
+    dense gradient, :func:`shard_compute_s`)."""
+    return t.lookup == BATCHED and not (t.replicated and world > 1)
+
+
+def batched_floor_s(kernel_s: np.ndarray, shards: np.ndarray, world: int) -> np.ndarray:
+    """Seconds each rank's batched lookup kernel adds above its shards' bytes
+    (``kernel_s``: the sum of their :func:`shard_compute_s`; ``shards``: how many it runs):
+    the kernel costs at least ``kernels.SHARD_STEP_FLOOR_S``, so a rank whose shards' bytes
+    are priced below it pays the difference.
+
+    Why per rank and not per shard: every shard a rank holds on the batched path runs in
+    the same kernel (one forward launch, one sort of every table's ids, one fused
+    backward+update launch: ``backends.triton.embedding_bag.BatchedEmbeddingBag``, as
+    TorchRec's TBE), so what a step costs whatever its bytes is paid once per launch group,
+    and the shards' bytes add inside it. Assumed, not measured: the H200 benchmark behind
+    the floor timed one shard alone in its module (0.61-0.99 ms at every width 8-128;
+    ``narrow_7e2449b.json``); a rank running several shards in one kernel was not timed
+    (``benchmarks/kernels.py --cases narrow_group`` measures it). Charged per shard, a rank
+    holding ten pieces paid ten floors (8.6 ms) for one launch group, and the balance
+    search's splits of big tables looked 5% dearer than they are.
+
+    Only on several ranks (:func:`batched_kernel_floor_s`)."""
+    floor = batched_kernel_floor_s(world)
+    return np.where(shards > 0, np.maximum(0.0, floor - kernel_s), 0.0)
+
+
+def batched_kernel_floor_s(world: int) -> float:
+    """The least seconds a rank's batched lookup kernel costs a step (see
+    :func:`batched_floor_s`): ``kernels.SHARD_STEP_FLOOR_S`` on several ranks, 0 on one.
+    Why not on one: the one-GPU plans were checked against their runs priced by bytes
+    alone (BENCHMARKS.md: 7 of 8 within 11.5%), so the unmeasured per-kernel term is kept
+    out of them; whether a compiled one-GPU step hides the kernel's fixed cost (its host
+    running ahead, with no exchange to wait for) is not measured either."""
+    return SHARD_STEP_FLOOR_S if world > 1 else 0.0
 
 
 def exchange_row_bytes(t: TableCost, cols: float, wire: WirePrecision) -> float:
@@ -294,6 +338,8 @@ def predict_step(
 
     # ---- sparse: per-rank embedding compute, all-to-all -------------------------------
     sparse = np.zeros(world)
+    kernel_s = np.zeros(world)  # the rank's batched kernel: its shards' bytes, their count
+    kernel_shards = np.zeros(world, dtype=np.int64)
     dp_table_numel = 0.0
     dp_table_grad_bytes = 0.0
     for t in tables:
@@ -306,11 +352,15 @@ def predict_step(
             continue
         holders = _holders(t, world)
         if holders.size:  # every holder's shard is the same: price it once
+            lookup = shard_compute_s(t, *shard_shape(t), world, gpu, calibration,
+                                     opts.table_optimizer)
             np.add.at(sparse, holders,
-                      shard_compute_s(t, *shard_shape(t), world, gpu, calibration,
-                                      opts.table_optimizer)
-                      + exchange_cast_s(t, *shard_shape(t), world, gpu, calibration,
-                                        opts.exchange))
+                      lookup + exchange_cast_s(t, *shard_shape(t), world, gpu, calibration,
+                                               opts.exchange))
+            if in_batched_kernel(t, world):
+                np.add.at(kernel_s, holders, lookup)
+                np.add.at(kernel_shards, holders, 1)
+    sparse += batched_floor_s(kernel_s, kernel_shards, world)
     out_sends, id_sends = a2a_sends(tables, world, opts.exchange)
     a2a = 0.0
     input_dist = 0.0

@@ -39,6 +39,7 @@ from gemc.cost_model.step_model import (
     dense_comm,
     exchange_cast_s,
     exchange_row_bytes,
+    in_batched_kernel,
     shard_compute_s,
 )
 from gemc.cost_model.types import RegionCost, TableCost
@@ -139,6 +140,11 @@ class TableOption:
     ids_bytes: float           # id all-to-all bytes each rank sends (input dist)
     dp_grad_bytes: float = 0.0  # data parallel: all-reduced with the dense gradients
     dp_numel: float = 0.0       # data parallel: elements in the dense optimizer
+    # in the rank's batched lookup kernel (step_model.in_batched_kernel): the shard's
+    # lookup seconds in compute_s, which the kernel's floor compares against
+    # (step_model.batched_floor_s: paid once per rank, not per shard)
+    in_kernel: bool = False
+    kernel_s: float = 0.0
 
     @property
     def replicated(self) -> bool:
@@ -172,16 +178,18 @@ def table_option(problem: Problem, t: TableCost, sharding: str, ranks: int,
         return TableOption(sharding, world, 1, world, True, None, compute, mem, 0.0, 0.0,
                            dp_grad_bytes=float(t.rows * t.dim * t.dtype_bytes),
                            dp_numel=float(t.rows * t.dim))
-    compute = shard_compute_s(rep, shard_rows, shard_dim, world, gpu, problem.calibration,
-                              opts.table_optimizer) \
-        + exchange_cast_s(rep, shard_rows, shard_dim, world, gpu, problem.calibration,
-                          opts.exchange)
+    lookup = shard_compute_s(rep, shard_rows, shard_dim, world, gpu, problem.calibration,
+                             opts.table_optimizer)
+    compute = lookup + exchange_cast_s(rep, shard_rows, shard_dim, world, gpu,
+                                       problem.calibration, opts.exchange)
+    in_kernel = in_batched_kernel(rep, world)
     out = (world - 1) * t.batch * exchange_row_bytes(t, shard_dim, opts.exchange) \
         * rep.output_share(shard_rows)
     ids = (t.nnz * INDEX_BYTES + t.batch * 4) * (1 - 1 / max(world, 1))
     pieces, width = SHARDINGS[sharding].pieces_and_width(ranks, world, local, grid)
     uniform = pieces * width == world
-    return TableOption(sharding, ranks, pieces, width, uniform, grid, compute, mem, out, ids)
+    return TableOption(sharding, ranks, pieces, width, uniform, grid, compute, mem, out, ids,
+                       in_kernel=in_kernel, kernel_s=lookup if in_kernel else 0.0)
 
 
 def table_options(problem: Problem, t: TableCost) -> list[TableOption]:

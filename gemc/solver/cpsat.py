@@ -45,7 +45,7 @@ from typing import Any
 
 from gemc.cost_model.collectives import collective_time
 from gemc.cost_model.op_cost import optimizer_time
-from gemc.cost_model.step_model import exchange_cast_launch_s
+from gemc.cost_model.step_model import batched_kernel_floor_s, exchange_cast_launch_s
 
 from .candidates import RegionClass, TableClass
 from .evaluate import Pricer
@@ -185,6 +185,7 @@ class _Builder:
         self.dp_bytes, self.ids = [], []
         self.any_a2a = m.NewBoolVar("any_all_to_all")
         self.any_dp = m.NewBoolVar("any_data_parallel")
+        self.any_kernel = m.NewBoolVar("any_batched_kernel")
         self.piece_bounds = []  # (u, compute, memory, io, ho) of fluid pieces
         a2a = self.a2a
         for c, tc in enumerate(self.tables):
@@ -202,6 +203,8 @@ class _Builder:
                 else:
                     self.ids.append((y, o.ids_bytes))
                     m.AddImplication(u, self.any_a2a)
+                if o.in_kernel:
+                    m.AddImplication(u, self.any_kernel)
                 if o.uniform:
                     for key, val in k.items():
                         self.unif[key].append((y, val))
@@ -248,6 +251,13 @@ class _Builder:
             m.Add(n * self.S >= sb + n * uc)
             m.Add(expr(self.bins["memory"][b]) + n * (um + dense_mem) <= n * bin_cap)
             self.bin_memory.append(expr(self.bins["memory"][b]) + n * (um + dense_mem))
+        # a rank's batched kernel costs at least its floor (step_model.batched_floor_s):
+        # S >= the floor wherever some rank runs one (what else that rank computes outside
+        # the kernel, exchange casts or eager tables, is left out: a bound, and the
+        # expanded plan is priced exactly)
+        floor = _t(batched_kernel_floor_s(p.world))
+        if floor:
+            m.Add(self.S >= floor * self.any_kernel)
         for u, comp, mem, io, ho in self.piece_bounds:
             m.Add(self.S >= uc + comp * u)
             m.Add(um + dense_mem + mem * u <= cap)  # the piece fits on one rank

@@ -14,7 +14,7 @@ import numpy as np
 
 from gemc.cost_model.collectives import collective_time
 from gemc.cost_model.op_cost import optimizer_time
-from gemc.cost_model.step_model import exchange_cast_launch_s
+from gemc.cost_model.step_model import batched_floor_s, exchange_cast_launch_s
 from gemc.cost_model.types import RegionCost, TableCost
 
 from .candidates import AllToAll, DenseOption, TableOption, dense_option, option_of
@@ -108,6 +108,8 @@ class TableLoads:
     out: np.ndarray
     mem: np.ndarray
     shards: np.ndarray
+    kernel_s: np.ndarray       # the rank's batched kernel: its shards' lookup seconds
+    kernel_shards: np.ndarray  # and how many it runs (step_model.batched_floor_s)
     dp_grad: float = 0.0
     dp_numel: float = 0.0
     ids: float = 0.0
@@ -147,6 +149,7 @@ def dense_sums(problem: Problem, pricer: Pricer, dense: dict[str, DenseChoice]) 
 def table_loads(problem: Problem, tables: dict[str, TableChoice], pricer: Pricer) -> TableLoads:
     world = problem.world
     loads = TableLoads(np.zeros(world), np.zeros(world), np.zeros(world),
+                       np.zeros(world, dtype=np.int64), np.zeros(world),
                        np.zeros(world, dtype=np.int64))
     for t in problem.tables:
         choice = tables[t.fqn]
@@ -161,17 +164,22 @@ def add_table(loads: TableLoads, o: TableOption, ranks: tuple[int, ...], sign: i
         loads.dp_numel += sign * o.dp_numel
     else:
         loads.ids += sign * o.ids_bytes
+    kernel = int(o.in_kernel)
     if o.uniform:
         loads.sparse += sign * o.compute_s
         loads.mem += sign * o.memory
         loads.out += sign * o.out_bytes
         loads.shards += sign
+        loads.kernel_s += sign * o.kernel_s
+        loads.kernel_shards += sign * kernel
         return
     idx = np.asarray(ranks, dtype=np.int64)  # a rank listed twice pays twice
     np.add.at(loads.sparse, idx, sign * o.compute_s)
     np.add.at(loads.mem, idx, sign * o.memory)
     np.add.at(loads.out, idx, sign * o.out_bytes)
     np.add.at(loads.shards, idx, sign)
+    np.add.at(loads.kernel_s, idx, sign * o.kernel_s)
+    np.add.at(loads.kernel_shards, idx, sign * kernel)
 
 
 def evaluate(problem: Problem, assignment: Assignment, pricer: Pricer | None = None) -> Evaluation:
@@ -183,7 +191,8 @@ def evaluate(problem: Problem, assignment: Assignment, pricer: Pricer | None = N
 def evaluation_of(problem: Problem, pricer: Pricer, d: DenseSums, loads: TableLoads) -> Evaluation:
     """The step and per-rank memory of a plan from its dense sums and table loads."""
     opts, world = problem.options, problem.world
-    sparse, out = loads.sparse, loads.out
+    sparse = loads.sparse + batched_floor_s(loads.kernel_s, loads.kernel_shards, world)
+    out = loads.out
     a2a = input_dist = cast_launch = 0.0
     # (half a byte: what adding and taking away a table may leave behind in floats)
     if world > 1 and float(out.max(initial=0.0)) > 0.5:

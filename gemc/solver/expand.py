@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from gemc.cost_model.step_model import batched_floor_s
+
 from .candidates import RegionClass, TableClass, TableOption
 from .evaluate import Pricer, dense_bytes
 from .problem import Assignment, Problem, TableChoice
@@ -152,7 +154,8 @@ def _ranks(starts: list[int], width: int) -> tuple[int, ...]:
 
 class Packer:
     """Per-rank loads while pieces are placed, and the best place for the next piece:
-    the one that raises the predicted step least (slowest rank's embedding compute plus
+    the one that raises the predicted step least (slowest rank's embedding compute, its
+    batched kernel's floor in as the step prices it (step_model.batched_floor_s), plus
     twice the all-to-all's busiest rank or host), then the least-loaded, among the places
     with memory room. Vectorised over candidate places (thousands of ranks)."""
 
@@ -162,6 +165,10 @@ class Packer:
         self.io, self.ho, self.hi = a2a.intra_out, a2a.host_out, a2a.host_in
         self.free = problem.cap_bytes - base_bytes   # per rank, for table shards
         self.comp = np.zeros(self.world)
+        # each rank's batched kernel: its shards' lookup seconds and count, for the
+        # kernel's floor (step_model.batched_floor_s), which ``comp`` leaves out
+        self.kern = np.zeros(self.world)
+        self.kshards = np.zeros(self.world, dtype=np.int64)
         self.out = np.zeros(self.world)
         self.mem = np.zeros(self.world)
         self.host = np.zeros(self.world // self.local)
@@ -178,6 +185,8 @@ class Packer:
         """Put a piece at ``start`` (sign -1: take it away again)."""
         sl = slice(start, start + o.width)
         self.comp[sl] += sign * o.compute_s
+        self.kern[sl] += sign * o.kernel_s
+        self.kshards[sl] += sign * int(o.in_kernel)
         self.out[sl] += sign * o.out_bytes
         self.mem[sl] += sign * o.memory
         for h in range(start // self.local, (start + o.width - 1) // self.local + 1):
@@ -193,7 +202,13 @@ class Packer:
         still rise), the emptiest place in memory among those rising at most that much."""
         w, local = o.width, self.local
         starts = np.arange(lo, hi, w)
-        comp = self._window_max(self.comp, lo, hi, w) + o.compute_s
+        # the ranks' embedding seconds as the step prices them (the kernel floor in), now
+        # and with the piece added
+        floored = self.comp + batched_floor_s(self.kern, self.kshards, self.world)
+        comp = self._window_max(
+            self.comp + o.compute_s + batched_floor_s(self.kern + o.kernel_s,
+                                                      self.kshards + int(o.in_kernel),
+                                                      self.world), lo, hi, w)
         out = self._window_max(self.out, lo, hi, w) + o.out_bytes
         mem = self._window_max(self.mem, lo, hi, w) + o.memory
         add = min(w, local) * o.out_bytes
@@ -201,7 +216,7 @@ class Packer:
             host = self.host[starts // local] + add
         else:
             host = self.host[lo // local:hi // local].reshape(-1, w // local).max(axis=1) + add
-        s_cur = float(self.comp.max())
+        s_cur = float(floored.max())
         host_sum = float(self.host.sum())
         m1 = float(self.host.min())
         a_cur = max(float(self.out.max()) * self.io, float(self.host.max()) * self.ho,

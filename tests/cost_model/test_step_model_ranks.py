@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import pytest
 from gemc.cost_model.memory import MemoryBreakdown, rank_memory, table_memory, table_shard
-from gemc.cost_model.step_model import a2a_sends, predict_step, shard_compute_s
+from gemc.cost_model.step_model import (
+    a2a_sends,
+    batched_kernel_floor_s,
+    in_batched_kernel,
+    predict_step,
+    shard_compute_s,
+)
 from gemc.cost_model.topology import parse_topology
 from gemc.cost_model.types import RegionCost, StepOptions, TableCost
 from hypothesis import given, settings
@@ -48,14 +54,16 @@ def test_small_case_is_pinned() -> None:
     inside the step -- and all-to-all took its fitted NVLink/NIC efficiencies; and
     (issue 19) rank 2, which holds both shards of ``cw_twice_on_2``, pays for two; and
     (issue 19) weight rows move in whole 32-byte sectors: the 8-rank grid's shards of
-    ``grid`` are 128/3 columns wide (171 bytes, priced as 192)."""
+    ``grid`` are 128/3 columns wide (171 bytes, priced as 192); and (issue 19) a rank's
+    batched kernel costs at least ``kernels.SHARD_STEP_FLOOR_S`` (its step unchanged:
+    rank 2 is past it)."""
     regions, tables = small_case()
     p = predict_step(regions, tables, parse_topology("h200:2x4"))
     assert p.step_s == pytest.approx(0.009968928889389238, rel=1e-12)
     assert p.breakdown["all_to_all"] == pytest.approx(0.0020281769105691063, rel=1e-12)
-    sparse = [6.407800189313451e-05, 0.000132227727854576, 0.0009095486186221825,
-              0.00012754498179395521, 0.0001372292844562967, 0.00015555411073998025,
-              0.0005492280010274374, 0.0005492280010274374]
+    # every rank's batched kernel at its floor but rank 2's, plus the data-parallel table
+    floored = 0.0008653986092985231
+    sparse = [floored, floored, 0.0009095486186221825] + [floored] * 5
     memory = [2713415082.666667, 2884992298.6666665, 3432480298.6666665,
               2876397994.6666665, 2786097994.6666665, 2807486602.6666665,
               3106533450.666667, 3106533450.666667]
@@ -68,6 +76,8 @@ def reference_per_rank(regions, tables, topo, calibration, opts):
     """(sparse seconds, memory dicts, all-to-all sends) per rank, by the obvious loops."""
     world, gpu = topo.world_size, topo.gpu
     sparse = [0.0] * world
+    kernel = [0.0] * world  # the rank's batched kernel: its shards' seconds, their count
+    kernel_shards = [0] * world
     sends = [0.0] * world
     table_mem: dict[int, MemoryBreakdown] = {}
     dp_mem = MemoryBreakdown()
@@ -81,14 +91,21 @@ def reference_per_rank(regions, tables, topo, calibration, opts):
             if r not in t.ranks:
                 continue
             # a rank listed twice computes two shards (table_memory counts them too)
-            sparse[r] += t.ranks.count(r) * shard_compute_s(
+            c = t.ranks.count(r) * shard_compute_s(
                 t, *table_shard(t, r), world, gpu, calibration, opts.table_optimizer)
+            sparse[r] += c
+            if in_batched_kernel(t, world):
+                kernel[r] += c
+                kernel_shards[r] += t.ranks.count(r)
             table_mem[r] = table_mem.get(r, MemoryBreakdown()) + table_memory(t, r, world,
                                                                              opts)
         for r in t.ranks:  # a rank listed twice sends twice
             if r < world:
                 rows, dim = table_shard(t, r)
                 sends[r] += (world - 1) * t.batch * dim * t.dtype_bytes * t.output_share(rows)
+    for r in range(world):  # the kernel costs at least its floor, once a rank
+        if kernel_shards[r]:
+            sparse[r] += max(0.0, batched_kernel_floor_s(world) - kernel[r])
     base = rank_memory(regions, (), 0, world, opts) + dp_mem
     memory = [(base + table_mem[r] if r in table_mem else base).to_dict() for r in range(world)]
     return sparse, memory, sends

@@ -4,6 +4,7 @@ the asking rank alone; a pooled bag's row shard returns a partial sum for every 
 from dataclasses import replace
 
 import pytest
+from gemc.cost_model import step_model
 from gemc.cost_model.memory import shard_shape, table_memory
 from gemc.cost_model.op_cost import batched_embedding_time
 from gemc.cost_model.step_model import a2a_sends, predict_step, shard_compute_s
@@ -45,6 +46,14 @@ def test_table_wise_lookup_is_priced_like_a_bag():
 
 
 # ---- compute: a row shard of a plain lookup only looks up (and writes) its own ids ---------
+@pytest.fixture(autouse=True)
+def _no_kernel_floor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests compare shards' lookup work: the floor of a rank's batched kernel
+    (step_model.batched_floor_s, tested in tests/solver/test_narrow_shards.py) would
+    hide it, every shard here being priced under it."""
+    monkeypatch.setattr(step_model, "SHARD_STEP_FLOOR_S", 0.0)
+
+
 def _sparse_per_rank(table: TableCost, spec: str, calibration=None) -> list[float]:
     p = predict_step([], [table], parse_topology(spec), calibration=calibration)
     return [r.sparse_compute_s for r in p.per_rank]

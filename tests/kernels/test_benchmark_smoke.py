@@ -79,6 +79,20 @@ def test_narrow_shards_case_checks_every_width_against_pytorch(tmp_path):
             assert abs(cells["8"]["rows_gbps"] - cells["8"]["sectors_gbps"]) < 1e-9
 
 
+def test_narrow_group_case_times_one_kernel_against_a_kernel_a_shard(tmp_path):
+    """``--cases narrow_group`` at smoke sizes: 1, 2, 4 and 8 shards in one batched kernel
+    and in one kernel each, both timed (their outputs checked equal first: the case raises
+    otherwise), and the summary has both times per shard count."""
+    report, rows = _smoke_rows(tmp_path, "narrow_group")
+    assert {(r["case"], r["variant"]) for r in rows} == {
+        (f"{k} narrow shards 16 wide, pooling 5", v) for k in (1, 2, 4, 8)
+        for v in ("gemc triton, one kernel", "gemc triton, a kernel a shard")}
+    group = report["narrow_group"]
+    assert set(group) == {"1", "2", "4", "8"}
+    assert all(c["one_kernel_ms"] > 0 and c["kernel_per_shard_ms"] > 0 and not c["errors"]
+               for c in group.values())
+
+
 def test_narrow_check_catches_a_wrong_update():
     """The benchmark's own check fails on a kernel that is off: a shard whose learning rate
     differs from the reference's by 1% is caught."""

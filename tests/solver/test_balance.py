@@ -23,9 +23,13 @@ def test_balancing_never_slows_the_step_and_lowers_the_fullest_rank():
     local search polished both). The step held is the model's: the local search then
     polishes the two expanded plans from different places, so the final steps may differ
     by a hair either way (21.3569 vs 21.3583 ms since the search's spread phase). The cap
-    search (``balance_ratio``) is off here: it trades step on its own terms (below)."""
+    search (``balance_ratio``) and the balance search (``balance_tolerance``) are off
+    here: they trade step on their own terms (below). Since a rank's batched kernel has a
+    floor (issue 19) every rank's lookup here sits at it, and the balance search traded
+    1.5% of step (within its 2%) for 45.9 -> 35.9 GB on one of the two plans only.
+    Measured with the floor (h200 model, CPU): 47.4 GB off, 45.9 GB on, both 21.4621 ms."""
     settings = SolverSettings(time_limit_s=2, wall_limit_factor=100, gap_limit=0.0,
-                              balance_share=0.2, balance_ratio=0.0)
+                              balance_share=0.2, balance_ratio=0.0, balance_tolerance=0.0)
     p = make_problem("h200:2x4", n_tables=16, seed=1, big=4.0, settings=settings)
     off = run_planner(replace(p, settings=replace(settings, balance_share=0.0)), "cpsat")
     on = run_planner(p, "cpsat")

@@ -7,6 +7,7 @@ import copy
 
 import numpy as np
 import pytest
+from gemc.cost_model.kernels import SHARD_STEP_FLOOR_S
 from gemc.cost_model.memory import table_memory
 from gemc.cost_model.topology import parse_topology
 from gemc.cost_model.types import RegionCost, StepOptions, TableCost
@@ -20,7 +21,9 @@ MLP = RegionCost("mlp", 10**6, 1e12, 5e-3, activation_bytes=10**9, boundary_byte
 
 
 def _problem() -> Problem:
-    return Problem((MLP,), (TableCost("t", 4_000_000, 128, 8192, 4096),),
+    # 256 ids a bag: a shard's lookup bytes past the floor of its rank's batched kernel
+    # (step_model.batched_floor_s), so two shards' seconds add visibly
+    return Problem((MLP,), (TableCost("t", 4_000_000, 128, 4096 * 256, 4096),),
                    parse_topology("h200:1x8"))
 
 
@@ -36,6 +39,7 @@ def test_two_shards_on_one_rank_cost_twice_one():
     shard = table_memory(replace_ranks(t, sharding, (0, 1, 2, 3)), 0, 8, StepOptions()).total
     assert e2.memory[0] - e1.memory[0] == pytest.approx(shard, rel=1e-9)
     assert e2.memory[1] == pytest.approx(e1.memory[1] - shard, rel=1e-9)
+    assert e1.sparse[0] > SHARD_STEP_FLOOR_S
     assert e2.sparse[0] == pytest.approx(2 * e1.sparse[0])
     assert e2.out[0] == pytest.approx(2 * e1.out[0])
     assert e2.shards[0] == 2 and e2.shards[1] == 0
@@ -52,6 +56,7 @@ def test_predict_charges_two_row_shards_on_one_rank():
     m1 = [r.memory_bytes for r in once.per_rank]
     m2 = [r.memory_bytes for r in twice.per_rank]
     assert m2[0] - m1[0] == pytest.approx(m1[1] - m2[1]) and m2[0] > m1[0]
+    assert once.per_rank[0].sparse_compute_s > SHARD_STEP_FLOOR_S
     assert twice.per_rank[0].sparse_compute_s == pytest.approx(
         2 * once.per_rank[0].sparse_compute_s)
 
