@@ -48,7 +48,7 @@ STEPS = 20
 ADAM = {"embedding": {"kind": "adam", "lr": 0.01}}
 GEM = f"{REPO / 'examples' / 'gem' / 'model.py'}:build"
 GEM_ARGS = {"preset": "tiny", "batch_size": 8}
-GEM_STEPS = 10
+GEM_STEPS = 5  # every sharding kind and both dense strategies; kernels interpreted
 
 
 def _gem_plan() -> dict | None:
