@@ -53,6 +53,18 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt()
 
 
+def raise_pending_interrupt() -> None:
+    """Raise the interrupt a signal asked for that has not ended the command: one that
+    landed in code which swallowed it (a C extension reporting its own error, which a
+    fallback then caught) would otherwise be lost, and a run would go on for all its
+    steps (seen in CI: ``gemc run --steps 100000`` kept training after Ctrl-C). Called
+    where stopping is clean, between a run's steps."""
+    if _received:
+        signum = _received[-1]
+        _received.clear()
+        raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
 def interrupt_behind(exc: BaseException) -> KeyboardInterrupt | None:
     """The interrupt an error stands for, or None when it is an error of its own: one in
     its cause / context chain, or a signal gemc's handlers took since they were installed

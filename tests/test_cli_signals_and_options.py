@@ -170,3 +170,34 @@ def test_ctrl_c_that_torch_reports_as_a_type_error_is_still_exit_130(
     monkeypatch.setitem(cli.COMMANDS, "validate", plain_bug)
     assert main(["validate", "x.json"]) == 1
     assert "internal error" in capsys.readouterr().err
+
+
+def test_a_swallowed_ctrl_c_still_stops_the_run_at_the_next_step(tmp_path, monkeypatch,
+                                                                 capsys) -> None:
+    """The second face of stop 28's CI failure: Ctrl-C inside code that swallows the
+    interrupt (torch reports it as its own error, a fallback catches that) left ``gemc run
+    --steps 100000`` training. The handler remembers the signal and the step boundary
+    raises it: exit 130, with the steps done named."""
+    import gemc.backends.torch.runner as runner
+
+    plan = tmp_path / "plan.json"
+    assert main(["compile", f"{TOY}:build", "--topology", "h200:1x1", "--planner", "greedy",
+                 "--out", str(plan), "--quiet"]) == 0
+    steps_seen = []
+
+    def swallowing_run(path, options):  # noqa: ANN001, ANN202
+        for step in range(1, 6):
+            if step == 2:
+                try:
+                    signal.raise_signal(signal.SIGINT)
+                except KeyboardInterrupt:
+                    pass  # swallowed, as a fallback around a native call would
+            steps_seen.append(step)
+            options.on_step(step)
+        raise AssertionError("the run was not stopped")
+
+    monkeypatch.setattr(runner, "run", swallowing_run)
+    assert main(["run", str(plan), "--device", "cpu", "--steps", "5", "--quiet"]) == 130
+    err = capsys.readouterr().err
+    assert steps_seen == [1, 2] and "interrupted by SIGINT" in err, err
+    assert "2 step(s) of this run" in err, err

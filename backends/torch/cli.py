@@ -39,6 +39,7 @@ from gemc.exits import (
     ignore_further_interrupts,
     interrupt_behind,
     interrupt_code,
+    raise_pending_interrupt,
     report_crash,
     signal_handlers,
     signal_name,
@@ -304,7 +305,12 @@ def cmd_run(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
 
     done = [0]
     options = options_from_args(args)
-    options.on_step = lambda step: done.__setitem__(0, step)
+
+    def on_step(step: int) -> None:
+        done[0] = step
+        raise_pending_interrupt()  # a Ctrl-C that something swallowed still stops here
+
+    options.on_step = on_step
     try:
         result = run(args.plan, options)
     except KeyboardInterrupt as exc:
