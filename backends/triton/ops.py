@@ -36,6 +36,10 @@ One op per kernel *kind*, not per kernel:
   :func:`embedding_bag_update`; a ``0-d`` anchor that requires grad keeps the lookup in the
   autograd graph, its gradient a zero the optimizer never reads). Traced into the compiled
   graph like any op: the lookup is no eager island.
+* ``gemc::table_lookup`` / ``gemc::table_lookup_backward``: one table's lookup by its
+  registered one-rank table module (the sparse route), whose backward hands the output
+  gradient to the module; the module makes the table's sparse gradient from it before the
+  sparse optimizer's step (``ShardedEmbedding.replay_deferred``). No eager island either.
 
 Outputs are allocated contiguous in the real and the fake implementation alike: Inductor
 indexes a custom op's outputs with the fake's strides.
