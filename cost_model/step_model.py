@@ -38,7 +38,7 @@ from gemc.exchange_precision import (
     casts,
     wire_row_bytes,
 )
-from gemc.sharding import dense_strategy
+from gemc.sharding import SHARDINGS, dense_strategy
 from gemc.table_lookup import BATCHED, DENSE_GRAD, SPARSE
 
 from .calibration import Calibration
@@ -255,11 +255,32 @@ def _holders(t: TableCost, world: int) -> np.ndarray:
     return np.array(sorted(r for r in t.ranks if r < world), dtype=np.int64)
 
 
+def id_send_bytes(t: TableCost, world: int) -> float:
+    """Bytes each rank sends, on the mean, in the id all-to-all (input dist) for the
+    sharded table ``t``: what the runner's exchange sends
+    (backends/torch/embedding_exchange.py, ``_route``): each id, int64, to every owner of
+    its row range -- one per column range (``Sharding.column_blocks``: a column-wise table
+    over k distinct ranks gets every id k times, as each piece looks up the same rows for
+    its own columns) -- and, to every holder, the per-bag id counts (int64, one per bag of
+    the batch). Of the holders' copies, a holder keeps its own: ``1 - 1/world`` of the
+    bytes leave a rank on the mean.
+
+    A rank listed twice is one destination (the runner keys its sends by rank). Not
+    counted: the headers' separate all-to-all (3 int64 per holder and table), and the
+    per-sample weights of weighted bags (one int64 more per id copy; ``TableCost`` does
+    not say which tables have them)."""
+    holders = len({r for r in t.ranks if r < world})
+    if t.replicated or holders == 0:
+        return 0.0
+    copies = min(SHARDINGS[t.sharding].column_blocks(len(t.ranks)), holders)
+    return (copies * t.nnz + holders * t.batch) * INDEX_BYTES * (1 - 1 / max(world, 1))
+
+
 def a2a_sends(tables: Sequence[TableCost], world: int,
                wire: WirePrecision = FP32_WIRE) -> tuple[np.ndarray, np.ndarray]:
     """Bytes each rank sends in the pooled-embedding all-to-all (the mean of the forward
     and the backward exchange at ``wire``, :func:`exchange_row_bytes`) and in the id
-    all-to-all (input dist).
+    all-to-all (input dist, :func:`id_send_bytes`).
 
     Linear in the ranks: every shard of a table is the same size (``shard_shape``), so a
     table's send is priced once and added to each holder."""
@@ -274,7 +295,7 @@ def a2a_sends(tables: Sequence[TableCost], world: int,
             # a shard sends its pooled (partial, for row shards) rows to every other rank
             np.add.at(out, holders, (world - 1) * t.batch * exchange_row_bytes(t, dim, wire)
                       * t.output_share(rows))
-        ids += (t.nnz * INDEX_BYTES + t.batch * 4) * (1 - 1 / max(world, 1))
+        ids += id_send_bytes(t, world)
     return out, ids
 
 

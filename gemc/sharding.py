@@ -143,8 +143,20 @@ class Sharding:
             return rows / holders, float(dim)
         if self.split == "columns":
             return float(rows), dim / holders
-        cols = max(1, int(round(holders ** 0.5)))
+        cols = self.column_blocks(holders)
         return rows / (holders / cols), dim / cols
+
+    def column_blocks(self, holders: int) -> int:
+        """Into how many column ranges the table is cut over ``holders`` ranks, as
+        :meth:`shard_shape` prices it (a grid: ``round(sqrt(holders))``). Why it matters
+        beyond the shape: every column range looks up the same rows, so each id of a batch
+        goes to one holder per range (the runner's exchange sends it to every owner of its
+        row range), and the id all-to-all carries that many copies."""
+        if self.split == "columns":
+            return holders
+        if self.split == "grid":
+            return max(1, int(round(holders ** 0.5)))
+        return 1
 
     def label(self, ranks: int, grid: tuple[int, int] | None = None) -> str:
         """A candidate's name in the solver's reports: the type, with its column count

@@ -30,7 +30,6 @@ from functools import cached_property
 import numpy as np
 
 from gemc.cost_model.collectives import DEFAULT_EFFICIENCY
-from gemc.cost_model.kernels import INDEX_BYTES
 from gemc.cost_model.memory import region_memory, shard_degree, table_memory, table_shard
 
 # The step model's per-shard embedding price and per-region collectives, used here so the
@@ -39,6 +38,7 @@ from gemc.cost_model.step_model import (
     dense_comm,
     exchange_cast_s,
     exchange_row_bytes,
+    id_send_bytes,
     in_batched_kernel,
     shard_compute_s,
 )
@@ -185,7 +185,7 @@ def table_option(problem: Problem, t: TableCost, sharding: str, ranks: int,
     in_kernel = in_batched_kernel(rep, world)
     out = (world - 1) * t.batch * exchange_row_bytes(t, shard_dim, opts.exchange) \
         * rep.output_share(shard_rows)
-    ids = (t.nnz * INDEX_BYTES + t.batch * 4) * (1 - 1 / max(world, 1))
+    ids = id_send_bytes(rep, world)
     pieces, width = SHARDINGS[sharding].pieces_and_width(ranks, world, local, grid)
     uniform = pieces * width == world
     return TableOption(sharding, ranks, pieces, width, uniform, grid, compute, mem, out, ids,

@@ -56,10 +56,14 @@ def test_small_case_is_pinned() -> None:
     (issue 19) weight rows move in whole 32-byte sectors: the 8-rank grid's shards of
     ``grid`` are 128/3 columns wide (171 bytes, priced as 192); and (issue 19) a rank's
     batched kernel costs at least ``kernels.SHARD_STEP_FLOOR_S`` (its step unchanged:
-    rank 2 is past it)."""
+    rank 2 is past it); and (issue 19) the id all-to-all carries what the runner sends
+    (step_model.id_send_bytes): each id once per column piece or grid column block, the
+    int64 per-bag counts once per holder (input dist 0.0403 -> 0.0659 ms, nothing else
+    moved)."""
     regions, tables = small_case()
     p = predict_step(regions, tables, parse_topology("h200:2x4"))
-    assert p.step_s == pytest.approx(0.009968928889389238, rel=1e-12)
+    assert p.step_s == pytest.approx(0.009994603816218507, rel=1e-12)
+    assert p.breakdown["input_dist"] == pytest.approx(6.594770731707317e-05, rel=1e-12)
     assert p.breakdown["all_to_all"] == pytest.approx(0.0020281769105691063, rel=1e-12)
     # every rank's batched kernel at its floor but rank 2's, plus the data-parallel table
     floored = 0.0008653986092985231
