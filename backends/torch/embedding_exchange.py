@@ -89,10 +89,12 @@ def _row_groups(m: ShardedEmbedding, device: torch.device
     return cached
 
 
-def _route(tables: Sequence[ShardedEmbedding], bags: Sequence[Bags], world: int
-           ) -> tuple[list[list[int]], list[list[torch.Tensor]]]:
+def route(tables: Sequence[ShardedEmbedding], bags: Sequence[Bags], world: int
+          ) -> tuple[list[list[int]], list[list[torch.Tensor]]]:
     """Per destination: the header (ids, bags, weight kind of each listed table it owns)
-    and the body (per table: per-bag id counts, shard-local ids, weight bits).
+    and the body (per table: per-bag id counts, shard-local ids, weight bits). Public:
+    the cost model's id-traffic price is tested against what it sends
+    (``tests/cost_model/test_id_exchange_pricing.py``).
 
     Ids are sorted by row range on the device and every table's range sizes come to the
     host in one copy: one device sync for all tables (a boolean mask per table and owner
@@ -169,7 +171,7 @@ def exchange_lookups(tables: Sequence[ShardedEmbedding], bags: Sequence[Bags], *
     rank = tables[0].rank
     device = bags[0].ids.device
     # 1-3. ids to their owners: the headers with the payload sizes, then the payloads
-    headers, bodies = _route(tables, bags, world)
+    headers, bodies = route(tables, bags, world)
     owned = [i for i, m in enumerate(tables) if rank in m.owners]
     head_in = [1 + len(h) for h in headers]  # body length + header, per destination
     bodies_cat = [torch.cat(b) if b else torch.empty(0, dtype=torch.int64, device=device)

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from gemc.backends.torch.embedding_exchange import Bags, _route
+from gemc.backends.torch.embedding_exchange import Bags, route
 from gemc.cost_model.kernels import INDEX_BYTES
 from gemc.cost_model.step_model import a2a_sends, id_send_bytes, predict_step
 from gemc.cost_model.topology import parse_topology
@@ -37,7 +37,7 @@ LAYOUTS = [
 def _runner_bytes_off_rank(sharding: str, ranks: tuple[int, ...],
                            grid: tuple[int, int] | None) -> int:
     """Bytes all ranks' id payloads send to other ranks, from the runner's own routing
-    (embedding_exchange._route), every rank routing the same batch (ids over all the row
+    (embedding_exchange.route), every rank routing the same batch (ids over all the row
     ranges)."""
     shards = SHARDINGS[sharding].shards(list(ranks), ROWS, DIM, grid)
     owners = {s["rank"]: SimpleNamespace(row_offset=s["row_offset"], rows=s["rows"])
@@ -48,7 +48,7 @@ def _runner_bytes_off_rank(sharding: str, ranks: tuple[int, ...],
                 lengths=torch.full((BATCH,), NNZ // BATCH))
     total = 0
     for rank in range(WORLD):
-        _, bodies = _route([m], [bags], WORLD)
+        _, bodies = route([m], [bags], WORLD)
         total += sum(int(t.numel()) * t.element_size()
                      for dest, body in enumerate(bodies) if dest != rank for t in body)
     return total
