@@ -18,6 +18,7 @@ from torch import fx
 
 from gemc import ir
 from gemc.fusion_spec import elementwise
+from gemc.guard_sample import ADDITIVE_MASKED_GAP
 
 aten = torch.ops.aten
 _VIEWS = {
@@ -612,7 +613,7 @@ _BROADCASTS = {aten.unsqueeze.default, aten.view.default, aten.reshape.default,
 _NOTS = {aten.bitwise_not.default, aten.logical_not.default}
 _ANDS = {aten.bitwise_and.Tensor, aten.logical_and.default, aten.mul.Tensor,
          aten.__and__.Tensor}
-ADDITIVE_MASKED_MAX = -1.0e4  # the op's rule: a masked additive entry is <= this
+ADDITIVE_MASKED_MAX = -ADDITIVE_MASKED_GAP  # the check's rule, with the kept keys at 0
 
 
 @dataclass(frozen=True)

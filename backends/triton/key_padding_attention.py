@@ -65,7 +65,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from gemc.guard_sample import kept_keys
+from gemc.guard_sample import ADDITIVE_MASKED_GAP, kept_keys
 
 from .jagged import jagged_to_padded, padded_to_jagged
 from .jagged_attention import jagged_attention
@@ -76,8 +76,6 @@ __all__ = ["STATS", "KeyPaddingStats", "kept_first", "kept_keys", "key_padding_a
            "key_padding_silu_attention", "nan_where_no_key", "padded_attention",
            "permute_keys", "prefix_lengths"]
 
-ADDITIVE_MASKED_MAX = -1.0e4
-"""An additive mask entry counts as masked at or below this (``exp(-1e4)`` is 0 in fp32)."""
 
 
 @dataclass
@@ -102,7 +100,7 @@ STATS = KeyPaddingStats()
 
 @triton.jit
 def _prefix_kernel(mask_ptr, stride_b, stride_l, length, lengths_ptr, bad_ptr,
-                   ADDITIVE: tl.constexpr, BLOCK_L: tl.constexpr):
+                   ADDITIVE: tl.constexpr, GAP: tl.constexpr, BLOCK_L: tl.constexpr):
     """One program per row: its kept-key count, and how many positions break the prefix."""
     b = tl.program_id(0)
     offs = tl.arange(0, BLOCK_L)
@@ -121,9 +119,9 @@ def _prefix_kernel(mask_ptr, stride_b, stride_l, length, lengths_ptr, bad_ptr,
     if ADDITIVE:
         # masked entries must lie 1e4 or more below the kept ones (nothing kept: all -inf),
         # and the kept ones' value be at most 1e4 from 0 (see the module doc)
-        weak = inside & (~keep) & (m > top - 1.0e4)
+        weak = inside & (~keep) & (m > top - GAP)
         invalid += tl.sum(weak.to(tl.int32), 0)
-        invalid += tl.where(top > float("-inf"), tl.where(tl.abs(top) > 1.0e4, 1, 0), 0)
+        invalid += tl.where(top > float("-inf"), tl.where(tl.abs(top) > GAP, 1, 0), 0)
     tl.store(lengths_ptr + b, n)
     tl.store(bad_ptr + 2 * b, not_prefix)
     tl.store(bad_ptr + 2 * b + 1, invalid)
@@ -143,7 +141,8 @@ def prefix_lengths(key_mask: torch.Tensor, additive: bool = False
     bad = torch.empty((batch, 2), dtype=torch.int32, device=key_mask.device)
     if batch and length:
         _prefix_kernel[(batch,)](mask, mask.stride(0), mask.stride(1), length, lengths, bad,
-                                 ADDITIVE=bool(additive), BLOCK_L=next_pow2(length, 16))
+                                 ADDITIVE=bool(additive), GAP=ADDITIVE_MASKED_GAP,
+                                 BLOCK_L=next_pow2(length, 16))
     else:
         lengths.zero_()
         bad.zero_()

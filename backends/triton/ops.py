@@ -905,28 +905,29 @@ def _table_lookup_fake(table: str, ids: Tensor, offsets: Tensor | None,
 
 @torch.library.custom_op("gemc::table_lookup_backward", mutates_args=(), **_HOST_SIDE)
 def table_lookup_backward(table: str, grad: Tensor, ids: Tensor, offsets: Tensor | None,
-                          per_sample_weights: Tensor | None, anchor: Tensor
-                          ) -> tuple[Tensor, Tensor]:
+                          per_sample_weights: Tensor | None, anchor: Tensor,
+                          weights_grad: bool) -> tuple[Tensor, Tensor]:
     """The lookup's backward: hands the output gradient to the table module, which makes
     the table's sparse gradient from it before the sparse optimizer's ``step()`` reads it
     (``ShardedEmbedding.defer_backward``: autograd records nothing inside an op). Returns
-    the anchor's gradient (a zero) and the per-sample weights' (empty when there are none).
+    the anchor's gradient (a zero) and the per-sample weights' (empty unless
+    ``weights_grad``: autograd wants it).
     Module state the op owns, not arguments, as for ``gemc::embedding_bag_update``: a
     gradient AOTAutograd does not see."""
     module = _LOOKUPS[table]
     module.defer_backward(grad, ids, offsets, per_sample_weights)
-    g_psw = grad.new_empty(0) if per_sample_weights is None else \
+    g_psw = grad.new_empty(0) if per_sample_weights is None or not weights_grad else \
         module.per_sample_weight_grad(grad, ids, offsets, per_sample_weights)
     return torch.zeros_like(anchor), g_psw
 
 
 @table_lookup_backward.register_fake
 def _table_lookup_backward_fake(table: str, grad: Tensor, ids: Tensor, offsets: Tensor | None,
-                                per_sample_weights: Tensor | None, anchor: Tensor
-                                ) -> tuple[Tensor, Tensor]:
+                                per_sample_weights: Tensor | None, anchor: Tensor,
+                                weights_grad: bool) -> tuple[Tensor, Tensor]:
     psw = per_sample_weights
     return (torch.empty_like(anchor),
-            torch.empty_like(psw) if psw is not None else grad.new_empty(0))
+            torch.empty_like(psw) if psw is not None and weights_grad else grad.new_empty(0))
 
 
 def _lookup_setup(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
@@ -940,10 +941,11 @@ def _lookup_setup(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
 def _lookup_backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
     ids, offsets, psw, anchor = ctx.saved_tensors
     has_offsets, has_psw = ctx.has
+    weights_grad = has_psw and ctx.needs_input_grad[3]
     g_anchor, g_psw = torch.ops.gemc.table_lookup_backward(
         ctx.table, grad, ids, offsets if has_offsets else None, psw if has_psw else None,
-        anchor)
-    return None, None, None, g_psw if has_psw and ctx.needs_input_grad[3] else None, g_anchor
+        anchor, weights_grad)
+    return None, None, None, g_psw if weights_grad else None, g_anchor
 
 
 table_lookup.register_autograd(_lookup_backward, setup_context=_lookup_setup)
