@@ -92,8 +92,13 @@ def pow2_scale(amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     lands in [224, 448).
 
     ``frexp(amax / 448) = m * 2^e`` with m in [0.5, 1) gives that e; the scale and its
-    inverse are exact."""
-    _, exp = torch.frexp(amax.clamp(min=AMAX_FLOOR) / E4M3_MAX)
+    inverse are exact. The quotient is not formed: CUDA divides by a scalar as a multiply
+    by its reciprocal, which rounds an amax one ulp below 448 2^k up to the edge (and the
+    scale one binade up), so the e is read from ``frexp(amax) = m' 2^e'`` instead:
+    448 = 0.875 2^9, so e = e' - 9, plus one when m' >= 0.875 — exact on every device, and
+    the exponent the fused quantisation kernels compute from the bits."""
+    mant, exp = torch.frexp(amax.clamp(min=AMAX_FLOOR))
+    exp = exp - 9 + (mant >= E4M3_MAX / 512).to(exp.dtype)
     one = torch.ones_like(amax)
     return torch.ldexp(one, exp), torch.ldexp(one, -exp)
 

@@ -91,7 +91,9 @@ def _to_e4m3(y, SOFT: tl.constexpr):
         e = tl.maximum(((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6)
         r = ((a * _pow2(3 - e) + 12582912.0) - 12582912.0) * _pow2(e - 3)
         r = tl.where(r > 448.0, 448.0, r)
-        y = tl.where(y.to(tl.int32, bitcast=True) < 0, -r, r)  # the sign bit: -0 stays -0
+        # the sign bit copied, not ``-r``: Triton negates as 0 - r, which makes -0 +0 on a GPU
+        sign = y.to(tl.int32, bitcast=True) & -2147483648
+        y = (r.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
     else:
         y = tl.where(y > 448.0, 448.0, tl.where(y < -448.0, -448.0, y))
     return y.to(tl.float8e4nv)
