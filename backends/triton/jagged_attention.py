@@ -141,8 +141,10 @@ def _dq_tiles(cfg: triton.Config, args: dict) -> Tiles:
 def _dkdv_tiles(cfg: triton.Config, args: dict) -> Tiles:
     bm, bn, d, e, eb = _sizes(cfg, args)
     stats = 0 if args.get("SILU") else 2 * bm * 4
+    # the fused backward's ds also feeds ds @ k (one more score tile converted)
+    tiles = 3 if args.get("FUSED_DQ") else 2
     return Tiles(streamed=2 * bm * d * e + bm * bn * eb + stats, resident=2 * bn * d * e,
-                 scratch=2 * bm * bn * 4)
+                 scratch=tiles * bm * bn * 4)
 
 
 # The cold first step's configs (no autotuning): what the H200 picked in bf16 (issue 16's
