@@ -26,6 +26,15 @@ Cases (each timed as forward only and as forward+backward, per variant):
   same step reading and rewriting narrower rows (stochastically rounded).
 * ``jagged``: ``jagged_to_padded`` vs its ``index_put`` formulation (eager, compiled), and
   ``padded_to_jagged`` vs its gather formulation.
+* ``silu_variants`` (not in the default set): HSTU's attention at the ``zoo`` case's shape
+  (``h200``: B=128, L=512, 4 heads of 128, causal, ~50% fill, bf16), gemc's kernel in each
+  of :data:`SILU_VARIANTS` (exact or fast sigmoid, two backward kernels or one with atomic
+  dq, heuristic or autotuned configs, with and without HSTU's ``[B, 1, L, L]`` relative
+  bias) against padded masked SDPA; each variant
+  checked against the padded formula in fp32 (output and every gradient). The JSON's
+  ``silu_variants`` section has per variant the ms, the speedup over the fastest masked
+  SDPA, the error and the configs it ran. H200, < 2 min:
+  ``python benchmarks/kernels.py --cases silu_variants --out $OUT/silu_variants.json``.
 * ``narrow`` (not in the default set): is gemc's pooled lookup slow on narrow shards?
   TorchRec's estimator charges shards under 128 columns 1.15x and under 64 1.75x per byte
   (a block penalty); gemc's cost model charges whole 32-byte sectors per row. One table of
@@ -409,6 +418,142 @@ def zoo_summary(rows: list[Row]) -> dict[str, Any]:
     for model, why in ZOO_NOT_TIMED.items():
         out[model] = {"not_timed": why}
     return out
+
+
+SILU_VARIANTS = (  # (name, fast sigmoid, fused backward, autotune, bias)
+    ("exact sigmoid, heuristic configs", False, False, False, False),
+    ("fast sigmoid, heuristic configs", True, False, False, False),
+    ("fused bwd, heuristic configs", False, True, False, False),
+    ("fast sigmoid + fused bwd, heuristic configs", True, True, False, False),
+    ("exact sigmoid, autotuned", False, False, True, False),
+    ("fast sigmoid, autotuned", True, False, True, False),
+    ("fused bwd, autotuned", False, True, True, False),
+    ("fast sigmoid + fused bwd, autotuned", True, True, True, False),
+    ("exact sigmoid, heuristic configs, bias", False, False, False, True),
+    ("fast sigmoid + fused bwd, heuristic configs, bias", True, True, False, True),
+    ("fast sigmoid + fused bwd, autotuned, bias", True, True, True, True),
+)
+"""The ``silu_variants`` case's kernel variants: the sigmoid (``jagged_attention.FAST_SIGMOID``),
+the backward as one kernel with atomic dq or two (``FUSED_SILU_BACKWARD``), the launch
+configs (``config_choice``'s heuristic picks, or ``GEMC_AUTOTUNE=1``'s timed best), and
+HSTU's relative bias ``[B, 1, L, L]`` with its gradient, or none (the ``zoo`` case's
+kernel has none)."""
+
+
+def silu_variants_case(rec: Recorder, p: Preset, preset: str, gen: torch.Generator
+                       ) -> dict[str, Any]:
+    """HSTU's attention at the zoo preset's shape (``hstu`` of :func:`_zoo_attentions`,
+    lengths uniform in 1..L), the gemc kernel's :data:`SILU_VARIANTS` against padded
+    masked SDPA (PyTorch's choice, and cuDNN forced): fwd and fwd+bwd ms, each variant's
+    output and q/k/v (and bias) gradients checked against the padded formula in fp32 (the
+    worst abs error over them, next to the reference's largest magnitude), and the
+    configs each variant ran. Returns the JSON's ``silu_variants`` section."""
+    import importlib
+
+    from gemc.backends.triton import config_choice, jagged_attention, jagged_to_padded
+
+    kernel = importlib.import_module("gemc.backends.triton.jagged_attention")
+    shape = dict(_zoo_attentions(preset)[0][1])
+    causal = bool(shape.pop("causal"))
+    shape.pop("kind")
+    p = dataclasses.replace(p, **shape)
+    dev, case = rec.device, "hstu silu variants"
+    lengths = _lengths(p, gen)
+    offsets = _offsets(lengths, dev)
+    total, L, H, D = int(lengths.sum()), p.max_len, p.heads, p.head_dim
+    scale = 1.0 / math.sqrt(D)
+    q, k, v, g = (torch.randn(total, H, D, generator=gen).to(dev, p.dtype) for _ in range(4))
+    bias = (0.1 * torch.randn(p.batch, 1, L, L, generator=gen)).to(dev, p.dtype)
+    pos = torch.arange(L, device=dev)
+    real = pos[None, :] < lengths.to(dev)[:, None]  # [B, L]
+    # keys and queries: a padding query row is no token (with a bias its scores are not 0)
+    visible = real[:, None, :] & real[:, :, None]
+    if causal:
+        visible = visible & (pos[:, None] >= pos[None, :])
+    visible = visible[:, None]  # [B, 1, L, L]
+    with torch.no_grad():
+        qp, kp, vp, gp = (jagged_to_padded(x, offsets, L).transpose(1, 2).contiguous()
+                          for x in (q, k, v, g))
+    work = sum(4.0 * H * D * n * n * (0.5 if causal else 1.0) for n in lengths.tolist())
+
+    def reference(with_bias: bool) -> list[torch.Tensor]:
+        """Out, dq, dk, dv (and dbias) of the padded formula in fp32, [B, H, L, D]."""
+        x = [t.float().requires_grad_() for t in (qp, kp, vp, bias)]
+        s = scale * x[0] @ x[1].transpose(-1, -2) + (x[3] if with_bias else 0.0)
+        out = (torch.nn.functional.silu(s) * visible / L) @ x[2]
+        grads = torch.autograd.grad(out, x[:4] if with_bias else x[:3], gp.float())
+        return [out.detach(), *grads]
+
+    padded_inputs = [t.detach().clone().requires_grad_() for t in (qp, kp, vp)]
+    safe = visible | ~visible.any(-1, keepdim=True)
+    for name, fn in _sdpa_variants(safe, scale, causal, True, dev):
+        if "flash" in name:
+            continue
+        rec.run(case, "fwd", name, lambda fn=fn: fn(*padded_inputs), work=work)
+        rec.run(case, "fwd+bwd", name,
+                lambda fn=fn: torch.autograd.grad(fn(*padded_inputs), padded_inputs, gp),
+                work=3.5 * work)
+    refs = {False: reference(False), True: reference(True)}
+    summary: dict[str, Any] = {"shape": {**shape, "causal": causal, "tokens": total}}
+    autotune_was = os.environ.get(config_choice.AUTOTUNE_ENV)
+    try:
+        for name, fast, fused, tune, with_bias in SILU_VARIANTS:
+            kernel.FAST_SIGMOID, kernel.FUSED_SILU_BACKWARD = fast, fused
+            os.environ[config_choice.AUTOTUNE_ENV] = "1" if tune else "0"
+            config_choice.forget("jagged_attention.")
+            leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+            b = bias.detach().clone().requires_grad_() if with_bias else None
+            wrt = [*leaves, b] if b is not None else leaves
+
+            def fwd(leaves: list[torch.Tensor] = leaves, b: torch.Tensor | None = b
+                    ) -> torch.Tensor:
+                return jagged_attention(*leaves, offsets, L, scale=scale, causal=causal,
+                                        kind="silu", bias=b)
+
+            def err_of(fwd: Callable[[], torch.Tensor] = fwd, wrt: list[torch.Tensor] = wrt,
+                       ref: list[torch.Tensor] = refs[with_bias]) -> float:
+                out = fwd()
+                got = [out, *torch.autograd.grad(out, wrt, g)]
+                padded = [jagged_to_padded(x.detach(), offsets, L).transpose(1, 2)
+                          for x in got[:4]] + [x.detach().expand_as(ref[4]) for x in got[4:]]
+                return max(float((a.float() - r).abs().max()) for a, r in zip(padded, ref))
+
+            err = err_of()  # first launch: compiles and (autotuned) times the configs
+            with torch.no_grad():
+                fwd_row = rec.run(case, "fwd", name, fwd, work=work)
+            both = rec.run(case, "fwd+bwd", name,
+                           lambda fwd=fwd, wrt=wrt: torch.autograd.grad(fwd(), wrt, g),
+                           work=3.5 * work)
+            rec.check(case, name, err)
+            summary[name] = {"fwd_ms": fwd_row.ms, "fwd_bwd_ms": both.ms, "max_abs_err": err,
+                             "configs": {k.removeprefix("jagged_attention."): v
+                                         for k, v in config_choice.report().items()
+                                         if k.startswith("jagged_attention.")}}
+    finally:
+        kernel.FAST_SIGMOID = kernel.FUSED_SILU_BACKWARD = False
+        if autotune_was is None:
+            os.environ.pop(config_choice.AUTOTUNE_ENV, None)
+        else:
+            os.environ[config_choice.AUTOTUNE_ENV] = autotune_was
+        config_choice.forget("jagged_attention.")
+    summary["reference_max_abs"] = max(float(r.abs().max()) for r in refs[True])
+    masked = [r.ms for r in rec.rows if r.case == case and r.mode == "fwd+bwd" and r.ms
+              and r.variant.startswith("sdpa")]
+    summary["fastest_masked_sdpa_ms"] = min(masked) if masked else None
+    for name, *_ in SILU_VARIANTS:
+        ms = summary[name]["fwd_bwd_ms"]
+        summary[name]["vs_fastest_masked_sdpa"] = min(masked) / ms if masked and ms else None
+    _free(dev)
+    return summary
+
+
+def print_silu_variants(summary: dict[str, Any]) -> None:
+    for name, *_ in SILU_VARIANTS:
+        row = summary[name]
+        print(f"silu variant {name}: fwd {_fmt(row['fwd_ms'], '.3f')} ms, fwd+bwd "
+              f"{_fmt(row['fwd_bwd_ms'], '.3f')} ms, {_fmt(row['vs_fastest_masked_sdpa'], '.2f')}"
+              f"x vs fastest masked SDPA, max abs err {row['max_abs_err']:.3g} "
+              f"(reference up to {summary['reference_max_abs']:.3g})")
 
 
 QUERY_KEYS = 16
@@ -841,7 +986,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (same as --preset smoke)")
     ap.add_argument("--cases", default="attention,silu,embedding,jagged",
                     help="comma-separated subset of attention,silu,query,embedding,jagged,zoo,"
-                         "narrow,narrow_group")
+                         "silu_variants,narrow,narrow_group")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile variants")
     ap.add_argument("--no-causal", action="store_true", help="attention without causal mask")
     ap.add_argument("--seed", type=int, default=None, help="input seed (default: fresh)")
@@ -859,7 +1004,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(seed)
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     unknown = set(cases) - {"attention", "silu", "query", "embedding", "jagged", "zoo",
-                            "narrow", "narrow_group"}
+                            "silu_variants", "narrow", "narrow_group"}
     if unknown:
         ap.error(f"unknown cases: {sorted(unknown)}")
 
@@ -867,6 +1012,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     compile_, causal = not args.no_compile, not args.no_causal
     narrow: dict[str, Any] = {}
     group: dict[str, Any] = {}
+    variants: dict[str, Any] = {}
     for case in cases:
         print(f"... {case}", file=sys.stderr, flush=True)
         if case in ("attention", "silu"):
@@ -877,6 +1023,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         elif case == "zoo":
             zoo_case(rec, preset, "tiny" if preset_name == "smoke" else preset_name,
                      compile_, gen)
+        elif case == "silu_variants":
+            variants = silu_variants_case(rec, preset,
+                                          "tiny" if preset_name == "smoke" else preset_name, gen)
         elif case == "embedding":
             embedding_case(rec, preset, compile_, gen)
         elif case == "narrow":
@@ -904,6 +1053,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     if narrow:
         report["narrow"] = narrow
+    if variants:
+        report["silu_variants"] = variants
+        print_silu_variants(variants)
     if group:
         report["narrow_group"] = group
         for k, cell in group.items():

@@ -35,7 +35,7 @@ import torch
 import triton
 
 __all__ = ["AUTOTUNE_ENV", "H200_SHARED_MEMORY", "RECORD_NAME", "ConfigChoice", "Preferred",
-           "Tiles", "autotune", "autotuning_requested", "record_tuned", "report",
+           "Tiles", "autotune", "autotuning_requested", "forget", "record_tuned", "report",
            "shared_memory_bytes", "shared_memory_limit"]
 
 AUTOTUNE_ENV = "GEMC_AUTOTUNE"
@@ -194,6 +194,20 @@ def autotune(configs: list[triton.Config], key: list[str], *, name: str,
         return tuner
 
     return wrap
+
+
+def forget(prefix: str) -> list[str]:
+    """Drop the configs chosen so far for the kernels whose name starts with ``prefix``
+    (their autotuner's cache and this module's note of it), so their next launch chooses
+    again, by the rules in force then (the heuristic, or ``GEMC_AUTOTUNE=1``'s timing).
+    Why: a benchmark times one kernel under several choices in one process
+    (``benchmarks/kernels.py --cases silu_variants``). Returns the kernels' names."""
+    names = [name for name in _KERNELS if name.startswith(prefix)]
+    for name in names:
+        hook, tuner = _KERNELS[name]
+        getattr(tuner, "cache", {}).clear()
+        hook.chosen.clear()
+    return names
 
 
 def _record_path() -> Path | None:

@@ -57,6 +57,7 @@ from .runtime import (
     autotune_configs,
     check_launchable,
     check_offsets,
+    is_interpreted,
     max_length,
     mma,
     next_pow2,
@@ -90,7 +91,27 @@ _BWD_Q_CONFIGS = autotune_configs(
     [_cfg(128, 32, 4, 3), _cfg(128, 64, 8, 3), _cfg(64, 64, 4, 3), _cfg(64, 32, 4, 4)],
     _cfg(MIN_DOT, MIN_DOT, 1, 1),
 )
-_TUNE_KEY = ["HEAD_DIM", "CAUSAL", "SILU"]
+_TUNE_KEY = ["HEAD_DIM", "CAUSAL", "SILU", "FAST_SIGMOID", "FUSED_DQ"]
+
+FAST_SIGMOID = False
+"""The silu kernels' sigmoid as ``0.5 + 0.5 * tanh.approx(x / 2)`` (one special-function
+instruction per score) instead of ``1 / (1 + exp(-x))`` (two: ``ex2`` and ``rcp``), for bf16
+and fp16 inputs on the GPU (never fp32, never under the interpreter). Why: at HSTU's head
+dim 128 the special-function unit's time per score is about the tensor cores' (16 MUFU ops
+a clock per SM against ~4,096 bf16 FLOPs, 512 of them a score in the forward), so the
+sigmoid, not the matmuls, can bound the kernel. ``tanh.approx.f32``'s relative error
+(2^-10.99) is under bf16's rounding (2^-8). Off until ``benchmarks/kernels.py --cases
+silu_variants`` measures it on the H200 (speed, and the error against eager)."""
+
+FUSED_SILU_BACKWARD = False
+"""The silu backward as one kernel: the dk/dv kernel also computes each tile's ``ds @ k``
+and adds it into an fp32 dq with atomics, instead of a second kernel walking the key blocks
+of each query block again for dq. Why: the silu backward needs no row statistics (no
+softmax), so nothing orders dq after dk/dv; one pass computes ``q k^T`` and ``dO v^T`` once
+per tile instead of twice (5 tile products instead of 7, and half the sigmoids). The price:
+fp32 atomics into dq (``T x H x D`` per key block a query sees) and a dq whose sum order,
+so its last bits, varies from run to run. Off (deterministic) until ``benchmarks/kernels.py
+--cases silu_variants`` measures it on the H200."""
 
 
 # Shared memory per config (config_choice.shared_memory_bytes): the loop's operand tiles are
@@ -120,8 +141,10 @@ def _dq_tiles(cfg: triton.Config, args: dict) -> Tiles:
 def _dkdv_tiles(cfg: triton.Config, args: dict) -> Tiles:
     bm, bn, d, e, eb = _sizes(cfg, args)
     stats = 0 if args.get("SILU") else 2 * bm * 4
+    # the fused backward's ds also feeds ds @ k (one more score tile converted)
+    tiles = 3 if args.get("FUSED_DQ") else 2
     return Tiles(streamed=2 * bm * d * e + bm * bn * eb + stats, resident=2 * bn * d * e,
-                 scratch=2 * bm * bn * 4)
+                 scratch=tiles * bm * bn * 4)
 
 
 # The cold first step's configs (no autotuning): what the H200 picked in bf16 (issue 16's
@@ -210,11 +233,22 @@ def _visible(offs_m, offs_n, seq_len, CAUSAL: tl.constexpr):
 
 
 @triton.jit
+def _sigmoid(x, FAST: tl.constexpr):
+    """``sigmoid(x)``; ``FAST``: through ``tanh.approx.f32`` (see :data:`FAST_SIGMOID`)."""
+    if FAST:
+        t = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [0.5 * x],
+                                      dtype=tl.float32, is_pure=True, pack=1)
+        return 0.5 * t + 0.5
+    else:
+        return tl.sigmoid(x)
+
+
+@triton.jit
 def _probs(s, offs_m, offs_n, seq_len, lse, inv_norm, CAUSAL: tl.constexpr,
-           SILU: tl.constexpr, MASK: tl.constexpr):
+           SILU: tl.constexpr, MASK: tl.constexpr, FAST_SIGMOID: tl.constexpr):
     """Recomputed attention weights ``p`` and ``d p / d s`` (silu; None-like 0 for softmax)."""
     if SILU:
-        sig = tl.sigmoid(s)
+        sig = _sigmoid(s, FAST_SIGMOID)
         p = s * sig * inv_norm
         dp_ds = sig * (1.0 + s * (1.0 - sig)) * inv_norm
     else:
@@ -254,7 +288,7 @@ def _fwd_step(acc, m_i, l_i, q, k_base, v_base, start, start_n, offs_m, offs_d, 
               stride_kt, stride_vt, scale, inv_norm, bias_base, sbi, sbj,
               HEAD_DIM: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr,
               CAUSAL: tl.constexpr, SILU: tl.constexpr, IEEE: tl.constexpr,
-              MASK: tl.constexpr, HAS_BIAS: tl.constexpr):
+              MASK: tl.constexpr, HAS_BIAS: tl.constexpr, FAST_SIGMOID: tl.constexpr):
     offs_n = start_n + tl.arange(0, BLOCK_N)
     k = _load_rows(k_base, start, offs_n, seq_len, stride_kt, offs_d, HEAD_DIM, EVEN_D, MASK)
     v = _load_rows(v_base, start, offs_n, seq_len, stride_vt, offs_d, HEAD_DIM, EVEN_D, MASK)
@@ -262,7 +296,8 @@ def _fwd_step(acc, m_i, l_i, q, k_base, v_base, start, start_n, offs_m, offs_d, 
     if HAS_BIAS:
         s += _bias_tile(bias_base, offs_m, offs_n, seq_len, sbi, sbj)
     if SILU:
-        p, _ = _probs(s, offs_m, offs_n, seq_len, m_i, inv_norm, CAUSAL, SILU, MASK)
+        p, _ = _probs(s, offs_m, offs_n, seq_len, m_i, inv_norm, CAUSAL, SILU, MASK,
+                      FAST_SIGMOID)
         acc += mma(p.to(v.dtype), v, IEEE)
     else:
         if MASK:
@@ -284,14 +319,16 @@ def _dq_step(dq, q, do, lse, delta, k_base, v_base, start, start_n, offs_m, offs
              stride_kt, stride_vt, scale, inv_norm, bias_base, sbi, sbj, db_base, sdi, sdj,
              HEAD_DIM: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr,
              CAUSAL: tl.constexpr, SILU: tl.constexpr, IEEE: tl.constexpr,
-             MASK: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr):
+             MASK: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr,
+             FAST_SIGMOID: tl.constexpr):
     offs_n = start_n + tl.arange(0, BLOCK_N)
     k = _load_rows(k_base, start, offs_n, seq_len, stride_kt, offs_d, HEAD_DIM, EVEN_D, MASK)
     v = _load_rows(v_base, start, offs_n, seq_len, stride_vt, offs_d, HEAD_DIM, EVEN_D, MASK)
     s = mma(q, tl.trans(k), IEEE) * scale
     if HAS_BIAS:
         s += _bias_tile(bias_base, offs_m, offs_n, seq_len, sbi, sbj)
-    p, dp_ds = _probs(s, offs_m, offs_n, seq_len, lse, inv_norm, CAUSAL, SILU, MASK)
+    p, dp_ds = _probs(s, offs_m, offs_n, seq_len, lse, inv_norm, CAUSAL, SILU, MASK,
+                      FAST_SIGMOID)
     dp = mma(do, tl.trans(v), IEEE)
     if SILU:
         ds = dp * dp_ds
@@ -308,7 +345,12 @@ def _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start, start
                offs_d, seq_len, stride_qt, stride_dot, scale, inv_norm, bias_base, sbi, sbj,
                HEAD_DIM: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr,
                CAUSAL: tl.constexpr, SILU: tl.constexpr, IEEE: tl.constexpr,
-               MASK: tl.constexpr, HAS_BIAS: tl.constexpr):
+               MASK: tl.constexpr, HAS_BIAS: tl.constexpr, FAST_SIGMOID: tl.constexpr,
+               dq_base, stride_dqt, db_base, sdi, sdj, FUSED_DQ: tl.constexpr,
+               BIAS_GRAD: tl.constexpr):
+    """dk, dv of a key block after one more query block; ``FUSED_DQ`` (silu only): also
+    that query block's share of dq (``ds @ k``, added with atomics) and of the bias's
+    gradient (``ds``: each tile visited once here), see :data:`FUSED_SILU_BACKWARD`."""
     offs_m = start_m + tl.arange(0, BLOCK_M)
     q = _load_rows(q_base, start, offs_m, seq_len, stride_qt, offs_d, HEAD_DIM, EVEN_D, MASK)
     do = _load_rows(do_base, start, offs_m, seq_len, stride_dot, offs_d, HEAD_DIM, EVEN_D, MASK)
@@ -317,13 +359,23 @@ def _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start, start
         s += _bias_tile(bias_base, offs_m, offs_n, seq_len, sbi, sbj)
     dp = mma(do, tl.trans(v), IEEE)
     if SILU:
-        p, dp_ds = _probs(s, offs_m, offs_n, seq_len, offs_m, inv_norm, CAUSAL, SILU, MASK)
+        p, dp_ds = _probs(s, offs_m, offs_n, seq_len, offs_m, inv_norm, CAUSAL, SILU, MASK,
+                          FAST_SIGMOID)
         ds = dp * dp_ds
     else:
         lse = _row_stat(lse_base, start, offs_m, seq_len, MASK)
         delta = _row_stat(delta_base, start, offs_m, seq_len, MASK)
-        p, _ = _probs(s, offs_m, offs_n, seq_len, lse, inv_norm, CAUSAL, SILU, MASK)
+        p, _ = _probs(s, offs_m, offs_n, seq_len, lse, inv_norm, CAUSAL, SILU, MASK, False)
         ds = p * (dp - delta[:, None])
+    if FUSED_DQ:
+        inside = offs_m[:, None] < seq_len
+        dq = mma(ds.to(k.dtype), k, IEEE) * scale
+        tl.atomic_add(dq_base + (start + offs_m[:, None]) * stride_dqt + offs_d[None, :], dq,
+                      mask=inside & (offs_d[None, :] < HEAD_DIM))
+        if BIAS_GRAD:
+            ptrs = db_base + offs_m[:, None].to(tl.int64) * sdi \
+                + offs_n[None, :].to(tl.int64) * sdj
+            tl.store(ptrs, ds, mask=inside & (offs_n[None, :] < seq_len))
     dv += mma(tl.trans(p.to(do.dtype)), do, IEEE)
     dk += mma(tl.trans(ds.to(q.dtype)), q, IEEE)
     return dk, dv
@@ -359,6 +411,7 @@ def _fwd_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     CAUSAL: tl.constexpr, SILU: tl.constexpr, NORM_BY_SEQ_LEN: tl.constexpr,
     IEEE: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr,
+    FAST_SIGMOID: tl.constexpr, FUSED_DQ: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     bias_base = BIAS + (tl.program_id(0) // n_heads).to(tl.int64) * stride_bb \
@@ -387,12 +440,14 @@ def _fwd_kernel(
         acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, start, start_n, offs_m,
                                   offs_d, seq_len, stride_kt, stride_vt, scale, inv_norm,
                                   bias_base, stride_bi, stride_bj,
-                                  HEAD_DIM, EVEN_D, BLOCK_N, CAUSAL, SILU, IEEE, False, HAS_BIAS)
+                                  HEAD_DIM, EVEN_D, BLOCK_N, CAUSAL, SILU, IEEE, False, HAS_BIAS,
+                                  FAST_SIGMOID)
     for start_n in range(full, end, BLOCK_N):
         acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, start, start_n, offs_m,
                                   offs_d, seq_len, stride_kt, stride_vt, scale, inv_norm,
                                   bias_base, stride_bi, stride_bj,
-                                  HEAD_DIM, EVEN_D, BLOCK_N, CAUSAL, SILU, IEEE, True, HAS_BIAS)
+                                  HEAD_DIM, EVEN_D, BLOCK_N, CAUSAL, SILU, IEEE, True, HAS_BIAS,
+                                  FAST_SIGMOID)
     if not SILU:
         l_safe = tl.where(l_i > 0.0, l_i, 1.0)
         acc = acc / l_safe[:, None]
@@ -414,6 +469,7 @@ def _bwd_dq_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     CAUSAL: tl.constexpr, SILU: tl.constexpr, NORM_BY_SEQ_LEN: tl.constexpr,
     IEEE: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr,
+    FAST_SIGMOID: tl.constexpr, FUSED_DQ: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     bias_base = BIAS + (tl.program_id(0) // n_heads).to(tl.int64) * stride_bb \
@@ -453,13 +509,13 @@ def _bwd_dq_kernel(
                       seq_len, stride_kt, stride_vt, scale, inv_norm,
                       bias_base, stride_bi, stride_bj, db_base, stride_dbi, stride_dbj,
                       HEAD_DIM, EVEN_D, BLOCK_N, CAUSAL, SILU, IEEE, False, HAS_BIAS,
-                      BIAS_GRAD)
+                      BIAS_GRAD, FAST_SIGMOID)
     for start_n in range(full, end, BLOCK_N):
         dq = _dq_step(dq, q, do, lse, delta, k_base, v_base, start, start_n, offs_m, offs_d,
                       seq_len, stride_kt, stride_vt, scale, inv_norm,
                       bias_base, stride_bi, stride_bj, db_base, stride_dbi, stride_dbj,
                       HEAD_DIM, EVEN_D, BLOCK_N, CAUSAL, SILU, IEEE, True, HAS_BIAS,
-                      BIAS_GRAD)
+                      BIAS_GRAD, FAST_SIGMOID)
     dq = dq * scale
     _store_rows(DQ + h * stride_dqh, start, offs_m, seq_len, stride_dqt, offs_d, dq, HEAD_DIM)
 
@@ -468,19 +524,24 @@ def _bwd_dq_kernel(
                         tiles=_dkdv_tiles, prefer=_dkdv_prefer)
 @triton.jit
 def _bwd_dkdv_kernel(
-    Q, K, V, DO, DK, DV, LSE, DELTA, offsets_ptr,
+    Q, K, V, DO, DK, DV, DQ, LSE, DELTA, offsets_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_dot, stride_doh, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
+    stride_dqt, stride_dqh,
     stride_lse_h, n_heads, scale, inv_max_len, pad_len,
     BIAS, DBIAS, stride_bb, stride_bh, stride_bi, stride_bj,
     stride_dbb, stride_dbh, stride_dbi, stride_dbj,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     CAUSAL: tl.constexpr, SILU: tl.constexpr, NORM_BY_SEQ_LEN: tl.constexpr,
     IEEE: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr,
+    FAST_SIGMOID: tl.constexpr, FUSED_DQ: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     bias_base = BIAS + (tl.program_id(0) // n_heads).to(tl.int64) * stride_bb \
         + (tl.program_id(0) % n_heads) * stride_bh
+    db_base = DBIAS + (tl.program_id(0) // n_heads).to(tl.int64) * stride_dbb \
+        + (tl.program_id(0) % n_heads) * stride_dbh
+    dq_base = DQ + (tl.program_id(0) % n_heads) * stride_dqh
     pid_bh = tl.program_id(0)
     pid_n = tl.program_id(1)  # causal: early key blocks see the most queries, run them first
     b = pid_bh // n_heads
@@ -515,17 +576,23 @@ def _bwd_dkdv_kernel(
         dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start,
                             start_m, offs_n, offs_d, seq_len, stride_qt, stride_dot, scale,
                             inv_norm, bias_base, stride_bi, stride_bj,
-                            HEAD_DIM, EVEN_D, BLOCK_M, CAUSAL, SILU, IEEE, True, HAS_BIAS)
+                            HEAD_DIM, EVEN_D, BLOCK_M, CAUSAL, SILU, IEEE, True, HAS_BIAS,
+                            FAST_SIGMOID, dq_base, stride_dqt, db_base, stride_dbi,
+                            stride_dbj, FUSED_DQ, BIAS_GRAD)
     for start_m in range(diag, full, BLOCK_M):
         dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start,
                             start_m, offs_n, offs_d, seq_len, stride_qt, stride_dot, scale,
                             inv_norm, bias_base, stride_bi, stride_bj,
-                            HEAD_DIM, EVEN_D, BLOCK_M, CAUSAL, SILU, IEEE, False, HAS_BIAS)
+                            HEAD_DIM, EVEN_D, BLOCK_M, CAUSAL, SILU, IEEE, False, HAS_BIAS,
+                            FAST_SIGMOID, dq_base, stride_dqt, db_base, stride_dbi,
+                            stride_dbj, FUSED_DQ, BIAS_GRAD)
     for start_m in range(tl.maximum(diag, full), seq_len, BLOCK_M):
         dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start,
                             start_m, offs_n, offs_d, seq_len, stride_qt, stride_dot, scale,
                             inv_norm, bias_base, stride_bi, stride_bj,
-                            HEAD_DIM, EVEN_D, BLOCK_M, CAUSAL, SILU, IEEE, True, HAS_BIAS)
+                            HEAD_DIM, EVEN_D, BLOCK_M, CAUSAL, SILU, IEEE, True, HAS_BIAS,
+                            FAST_SIGMOID, dq_base, stride_dqt, db_base, stride_dbi,
+                            stride_dbj, FUSED_DQ, BIAS_GRAD)
     dk = dk * scale
     _store_rows(DK + h * stride_dkh, start, offs_n, seq_len, stride_dkt, offs_d, dk, HEAD_DIM)
     _store_rows(DV + h * stride_dvh, start, offs_n, seq_len, stride_dvt, offs_d, dv, HEAD_DIM)
@@ -558,6 +625,9 @@ def _meta(q: torch.Tensor, causal: bool, kind: str, silu_normalizer: str) -> dic
         "IEEE": q.dtype == torch.float32,
         "HAS_BIAS": False,  # set by the caller that passes a score bias
         "BIAS_GRAD": False,
+        "FAST_SIGMOID": FAST_SIGMOID and kind == "silu" and q.dtype != torch.float32
+        and not is_interpreted(),
+        "FUSED_DQ": FUSED_SILU_BACKWARD and kind == "silu",
     }
 
 
@@ -601,25 +671,29 @@ def _attention_backward(q, k, v, out, lse, do, offsets, max_len: int, scale: flo
                         pad_len: int = 0):
     total, heads, _ = q.shape
     batch = offsets.numel() - 1
-    dq = torch.zeros_like(q, memory_format=torch.contiguous_format)
+    fused = bool(meta.get("FUSED_DQ"))  # dq summed by the dk/dv kernel, in fp32
+    dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32 if fused else q.dtype)
     dk = torch.zeros_like(k, memory_format=torch.contiguous_format)
     dv = torch.zeros_like(v, memory_format=torch.contiguous_format)
     if total == 0 or batch == 0 or max_len == 0:
-        return dq, dk, dv
+        return dq.to(q.dtype), dk, dv
     delta = torch.empty_like(lse)
-    _bwd_dq_kernel[_grid(batch, heads, max_len, "BLOCK_M")](
-        q, k, v, out, do, dq, lse, delta, offsets,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        out.stride(0), out.stride(1), do.stride(0), do.stride(1), dq.stride(0), dq.stride(1),
-        lse.stride(0), heads, scale, 1.0 / max_len, pad_len, *_bias_args(bias, dbias, q), **meta,
-    )
+    if not fused:
+        _bwd_dq_kernel[_grid(batch, heads, max_len, "BLOCK_M")](
+            q, k, v, out, do, dq, lse, delta, offsets,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            out.stride(0), out.stride(1), do.stride(0), do.stride(1), dq.stride(0),
+            dq.stride(1), lse.stride(0), heads, scale, 1.0 / max_len, pad_len,
+            *_bias_args(bias, dbias, q), **meta,
+        )
     _bwd_dkdv_kernel[_grid(batch, heads, max_len, "BLOCK_N")](
-        q, k, v, do, dk, dv, lse, delta, offsets,
+        q, k, v, do, dk, dv, dq, lse, delta, offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         do.stride(0), do.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
+        dq.stride(0), dq.stride(1),
         lse.stride(0), heads, scale, 1.0 / max_len, pad_len, *_bias_args(bias, dbias, q), **meta,
     )
-    return dq, dk, dv
+    return dq.to(q.dtype), dk, dv
 
 
 class JaggedAttentionFunction(torch.autograd.Function):
