@@ -496,6 +496,7 @@ def silu_variants_case(rec: Recorder, p: Preset, preset: str, gen: torch.Generat
     refs = {False: reference(False), True: reference(True)}
     summary: dict[str, Any] = {"shape": {**shape, "causal": causal, "tokens": total}}
     autotune_was = os.environ.get(config_choice.AUTOTUNE_ENV)
+    defaults = kernel.FAST_SIGMOID, kernel.FUSED_SILU_BACKWARD
     try:
         for name, fast, fused, tune, with_bias in SILU_VARIANTS:
             kernel.FAST_SIGMOID, kernel.FUSED_SILU_BACKWARD = fast, fused
@@ -530,7 +531,7 @@ def silu_variants_case(rec: Recorder, p: Preset, preset: str, gen: torch.Generat
                                          for k, v in config_choice.report().items()
                                          if k.startswith("jagged_attention.")}}
     finally:
-        kernel.FAST_SIGMOID = kernel.FUSED_SILU_BACKWARD = False
+        kernel.FAST_SIGMOID, kernel.FUSED_SILU_BACKWARD = defaults
         if autotune_was is None:
             os.environ.pop(config_choice.AUTOTUNE_ENV, None)
         else:

@@ -281,12 +281,13 @@ def kernel_adjusted_ms(gm: fx.GraphModule) -> dict[fx.Node, float]:
     # a guarded region's attention run on its tokens: every member over the kept keys
     scores = {f["id"]: in_place[str(f["output"])] for n in gm.graph.nodes
               if isinstance(f := n.meta.get(ir.KERNEL), dict) and str(f.get("output")) in in_place}
+    runs_at = packed_fill(gm)
     out: dict[fx.Node, float] = {}
     for node in gm.graph.nodes:
         ms = float(node.meta.get(ir.PREDICTED_MS, 0.0) or 0.0)
         gid = node.meta.get(ir.GROUP)
         packed = node.meta.get(ir.PACKED)
-        node_fill = fill.get(packed["id"], 1.0) if packed is not None else 1.0
+        node_fill = runs_at.get(node, 1.0)  # 1.0 where the node runs padded
         if node in fused:
             out[node] = fused[node] + convert.get(node, 0.0)
             continue

@@ -96,6 +96,7 @@ from torch.fx.passes.infra.pass_base import PassResult
 from gemc import ir
 from gemc.context import PassContext
 from gemc.guard_sample import SAMPLE, sample_fill
+from gemc.packed_rules import runs_packed
 
 from .jagged_patterns import (
     _CASTS,
@@ -204,15 +205,20 @@ def _exits(flow: PaddingFlow, offsets: fx.Node, clamp_min: int) -> list[fx.Node]
 def _price(nodes: list[fx.Node], copied: list[fx.Node], fill: float, ctx: PassContext
            ) -> dict[str, float]:
     """Forward+backward ms of the region's nodes padded, and packed: the token-wise work
-    scales with the fill; the gathers and scatters at the boundary are priced as copies of
+    scales with the fill, except a node without a packed rule (``gemc.packed_rules``), which
+    runs padded; the gathers and scatters at the boundary are priced as copies of
     the ``copied`` sources (in and out, forward and backward): a source whose values are
     the tokens already (``in_order``: viewed) copies nothing."""
-    before = 0.0
+    before = padded = 0.0
+    members = set(nodes)
     for n in nodes:
         facts = n.meta.get(ir.KERNEL) or {}
         if facts.get("kind") in _ATTENTIONS:
             continue  # already priced over the real tokens
-        before += float(n.meta.get(ir.PREDICTED_MS) or 0.0)
+        ms = float(n.meta.get(ir.PREDICTED_MS) or 0.0)
+        before += ms
+        if n.meta.get(ir.GROUP) is None and not runs_packed(n, members):
+            padded += ms  # no packed rule: the runners run it on the padded tensor
     convert_ms = 0.0
     topology = getattr(ctx, "topology", None)
     if topology is not None:
@@ -221,7 +227,8 @@ def _price(nodes: list[fx.Node], copied: list[fx.Node], fill: float, ctx: PassCo
         mem, _ = op_cost.memory_time(4 * sum(ir.nbytes(s) for s in copied), topology.gpu,
                                      getattr(ctx, "calibration", None), "copy")
         convert_ms = 1e3 * mem
-    return {"before_ms": round(before, 6), "after_ms": round(before * fill + convert_ms, 6)}
+    after = (before - padded) * fill + padded + convert_ms
+    return {"before_ms": round(before, 6), "after_ms": round(after, 6)}
 
 
 @dataclass(frozen=True)

@@ -15,37 +15,27 @@ masks make them).
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import fx
 
 # the check's rules, shared with the cost model (which prices a region at a sample's fill)
 from gemc.guard_sample import BUCKETS as BUCKETS  # noqa: F401 - re-exported
 from gemc.guard_sample import bucket as bucket  # noqa: F401
 from gemc.guard_sample import packs as packs  # noqa: F401
 
+# the packed rules, shared with the cost model (which prices each region node at the size
+# it runs at)
+from gemc.packed_rules import FIRST_ONLY as FIRST_ONLY  # noqa: F401 - re-exported
+from gemc.packed_rules import SIZED as SIZED  # noqa: F401
+from gemc.packed_rules import is_pointwise as is_pointwise  # noqa: F401
+
 from .segment_sum import segment_sum_rows
 
 aten = torch.ops.aten
 Dims = tuple[int, int]
-
-SIZED = {aten.view.default, aten.reshape.default, aten._unsafe_view.default,
-         aten.expand.default}
-"""Ops whose size argument names the batch and sequence sizes: rewritten to (1, T)."""
-FIRST_ONLY = {
-    aten.linear.default, aten.layer_norm.default, aten.transpose.int, aten.permute.default,
-    aten.unsqueeze.default, aten.squeeze.dim, aten.flatten.using_ints, aten.unflatten.int,
-    aten.unbind.int, aten.split.Tensor, aten.chunk.default, aten.clone.default,
-    aten.contiguous.default, aten.select.int, aten.dropout.default,
-    aten._to_copy.default, aten.to.dtype, aten.alias.default, aten.detach.default,
-    aten.sum.dim_IntList, aten.mean.dim, operator.getitem,
-}
-"""Ops that act per token when their first argument is packed (the rest are weights,
-dims or dtypes)."""
 
 
 @dataclass
@@ -385,7 +375,3 @@ def exit_tokens(x: torch.Tensor, dims: Dims, layout: TokenLayout, row: torch.Ten
     return tokens.index_select(0, layout.offsets[row] + col)
 
 
-def is_pointwise(node: fx.Node) -> bool:
-    from gemc.fusion_spec import elementwise
-
-    return elementwise(node) or node.target is aten.cat.default

@@ -1,0 +1,54 @@
+"""Which nodes of a packed token region run on the packed tokens, and which run padded.
+
+Both runners (the Inductor graph's emitter, ``backends/triton/inductor_graph.py``, and the
+interpreter, ``backends/triton/graph_runner.py``) compute a region node on the region's
+packed tokens only when the op has a packed rule: it is pointwise (or a ``cat``), or it
+acts per token on a packed first argument (:data:`FIRST_ONLY`, :data:`SIZED`). Any other
+op (an SDPA no gemc kernel took, a table lookup answered by its module) runs on the padded
+tensor, its inputs scattered out and its output gathered back: exact, but at the padded
+size. The cost model reads the same rule (:func:`runs_packed`), so a region is priced,
+in time and in memory, at the size each of its nodes runs at. Why: MMoE's causal
+self-attention inside its region ran padded while the plan priced its saved tensors
+packed, and the plan under-stated MMoE's peak by 2.2 GB (BENCHMARKS.md, eleventh session).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Container
+
+import torch
+from torch import fx
+
+from gemc.fusion_spec import elementwise
+
+aten = torch.ops.aten
+
+SIZED = frozenset({aten.view.default, aten.reshape.default, aten._unsafe_view.default,
+                   aten.expand.default})
+"""Ops whose size argument names the batch and sequence sizes: rewritten to (1, T)."""
+FIRST_ONLY = frozenset({
+    aten.linear.default, aten.layer_norm.default, aten.transpose.int, aten.permute.default,
+    aten.unsqueeze.default, aten.squeeze.dim, aten.flatten.using_ints, aten.unflatten.int,
+    aten.unbind.int, aten.split.Tensor, aten.chunk.default, aten.clone.default,
+    aten.contiguous.default, aten.select.int, aten.dropout.default,
+    aten._to_copy.default, aten.to.dtype, aten.alias.default, aten.detach.default,
+    aten.sum.dim_IntList, aten.mean.dim, operator.getitem,
+})
+"""Ops that act per token when their first argument is packed (the rest are weights,
+dims or dtypes)."""
+
+
+def is_pointwise(node: fx.Node) -> bool:
+    """An elementwise op (or ``cat``): runs on packed tokens whatever its inputs are."""
+    return elementwise(node) or node.target is aten.cat.default
+
+
+def runs_packed(node: fx.Node, packed: Container[fx.Node]) -> bool:
+    """Whether the runners compute region node ``node`` on the packed tokens (``packed``:
+    the region's nodes). False: it runs on the padded tensor and is gathered back."""
+    if is_pointwise(node):
+        return True
+    first = node.args[0] if node.args else None
+    return (node.target in FIRST_ONLY or node.target in SIZED) \
+        and isinstance(first, fx.Node) and first in packed
