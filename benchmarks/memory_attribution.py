@@ -52,6 +52,8 @@ CATEGORIES = ("params", "grads", "optimizer", "buffers", "forward_allocated",
               "backward_allocated")
 GENERATED = re.compile(r"/c[a-z0-9]{20,}\.py$")  # Inductor's output code files
 SOURCE_NODES = re.compile(r"# Topologically Sorted Source Nodes: \[([^\]]*)\]")
+INTERNAL = re.compile(r"(site|dist)-packages/(torch|triton)/|^<|^\?\?$")
+"""torch's and Triton's own frames (not gemc's ``backends/torch/``)."""
 KERNEL_CALL = re.compile(r"^\s*(?:\w+ = )?((?:extern_kernels|torch\.ops)\.[\w.]+|\w+\.run)\(")
 
 
@@ -75,6 +77,7 @@ class Peak:
     bytes: int
     at: int
     blocks: list[Block] = field(default_factory=list)
+    where: str = "before the trace"  # the allocation that reached the peak
 
 
 def _marker(event: dict[str, Any]) -> str | None:
@@ -155,6 +158,9 @@ def step_peaks(snapshot: dict[str, Any], device: int = 0) -> tuple[list[Peak], d
         peaks.pop()  # nothing after the last step's end marker
     for peak in peaks:
         peak.blocks = _live_at(events, dict(start), peak.at)
+        if peak.at >= 0:
+            frames = events[peak.at].get("frames") or []
+            peak.where = describe(frames)[0] + (" (backward)" if _backward(frames) else "")
     return peaks, dict(marks)
 
 
@@ -189,7 +195,7 @@ def _frame(frames: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The innermost frame worth naming: generated code, else code outside torch/triton."""
     for f in frames:
         name = f.get("filename", "")
-        if GENERATED.search(name) or not re.search(r"/(torch|triton)/|^<|^\?\?$", name):
+        if GENERATED.search(name) or f.get("fx_node_name") or not INTERNAL.search(name):
             return f
     return frames[0] if frames else None
 
@@ -210,6 +216,8 @@ def describe(frames: list[dict[str, Any]]) -> tuple[str, str]:
             nodes = nodes or (m.group(1) if (m := SOURCE_NODES.search(src)) else None)
             kernel = kernel or (m.group(1) if (m := KERNEL_CALL.match(src)) else None)
         text += f"  -> {kernel or '?'} [{nodes or '?'}]"
+    if f.get("fx_node_name"):  # FX code (augment_with_fx_traces): the node and its source
+        text += f"  [fx {f['fx_node_name']}: {str(f.get('fx_original_trace', ''))[-120:]}]"
     return key, text
 
 
@@ -246,6 +254,7 @@ def attribute(peak: Peak, owned: dict[str, Iterable[int]], grads: Iterable[int],
         g["blocks"] += 1
     ranked = sorted(groups.values(), key=lambda g: -g["bytes"])
     return {"step": peak.step, "peak_bytes": peak.bytes, "trace_index": peak.at,
+            "reached_by": peak.where,
             "categories": cats, "groups": ranked[:top],
             "other_groups_bytes": sum(g["bytes"] for g in ranked[top:])}
 
@@ -344,7 +353,8 @@ def table(result: dict[str, Any]) -> str:
     lines.append(f"(activations measured: forward-allocated blocks live at the peak; "
                  f"workspace: backward-allocated; predicted saved {_mb(acts.get('saved_bytes', 0))}"
                  f" MB, forward peak {_mb(acts.get('forward_peak_bytes', 0))} MB)")
-    lines.append(f"\nlargest groups at the peak (step {runs[0]['step']}):")
+    lines.append(f"\nlargest groups at the peak (step {runs[0]['step']}, reached by "
+                 f"{runs[0].get('reached_by')}):")
     lines += [f"{_mb(g['bytes'])} MB {g['blocks']:>5}x {g['phase'][:3]} {g['group']}\n"
               f"{'':>20}{g['source'][:160]}" for g in runs[0]["groups"]]
     return "\n".join(lines)
@@ -356,7 +366,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", required=True, help="directory for the plan and the JSON")
     p.add_argument("--steps", type=int, default=3, help="steps to train (default 3)")
     p.add_argument("--top", type=int, default=25, help="groups kept per peak (default 25)")
-    p.add_argument("--max-entries", type=int, default=2_000_000,
+    p.add_argument("--max-entries", type=int, default=1_000_000,
                    help="allocator trace entries kept (the oldest dropped beyond it)")
     p.add_argument("--preset", default=None, help="model preset (default h200; tiny: --smoke)")
     p.add_argument("--seed", type=int, default=0)
@@ -396,7 +406,12 @@ def main(argv: list[str] | None = None) -> int:
                                   **zoo.GEMC_OPTIONS["gemc"]))
     addresses = owned.addresses()
     if cuda:
-        snapshot = torch.cuda.memory._snapshot()
+        try:  # FX code's frames named by node (torch >= 2.9)
+            snapshot = torch.cuda.memory._snapshot(augment_with_fx_traces=True)
+        except Exception as exc:  # noqa: BLE001 - the plain snapshot still attributes
+            print(f"memory_attribution: no FX node names ({type(exc).__name__}: {exc})",
+                  file=sys.stderr)
+            snapshot = torch.cuda.memory._snapshot()
         torch.cuda.memory._record_memory_history(enabled=None)
         index = device.index if device.index is not None else torch.cuda.current_device()
     else:

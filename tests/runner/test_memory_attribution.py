@@ -82,6 +82,10 @@ def test_attribution_by_identity_and_line(snapshot: dict[str, Any]) -> None:
     assert "buf3 = empty_strided_cuda" in group["source"]
     assert "triton_poi_fused_relu_0.run [linear, relu]" in group["source"]
     assert one["other_groups_bytes"] == 6144
+    assert one["reached_by"] == "/repo/model.py:7 (backward) (backward)"
+    # gemc's own backends/torch/ is not torch: its frame names the group
+    runner = {"filename": "/w/gemc/backends/torch/runner.py", "line": 3, "name": "_run"}
+    assert ma.describe([TORCH, runner])[0] == "/w/gemc/backends/torch/runner.py:3 (_run)"
     # step 2: the block at step 1's gradient address is an activation freed before the
     # optimizer, not a gradient
     two = ma.attribute(peaks[2], owned, {G}, marks[2])
