@@ -18,7 +18,8 @@ the blocks live at each step's peak and attributes them:
 
 Prints the categories next to ``predicted.per_rank[0].memory`` and the largest groups;
 writes ``OUT/<model>.memory.json``. One model per process (the allocator's state is the
-thing measured)::
+thing measured); an h200 preset takes ~1 min (its cold compile ~25 s; keep the compile
+caches out of OUT with ``GEMC_COMPILE_CACHE=/tmp/...``)::
 
     for m in mmoe sasrec_bst; do python benchmarks/memory_attribution.py --model $m --out $OUT; done
     python benchmarks/memory_attribution.py --smoke --out /tmp/mem     # CPU: tiny preset,
