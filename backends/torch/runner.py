@@ -71,6 +71,15 @@ EXIT_AFTER_STEP_ENV = "GEMC_RUN_EXIT_AFTER_STEP"
 """Test hook: ``os._exit`` right after this completed-step count (a killed run)."""
 
 
+@dataclass(frozen=True)
+class Trainables:
+    """The model and optimizers of a run, for :attr:`RunOptions.on_ready`."""
+
+    model: torch.nn.Module
+    dense_opt: torch.optim.Optimizer
+    emb_opt: EmbeddingOptimizer
+
+
 @dataclass
 class RunOptions:
     """Everything ``gemc run`` can be told; the defaults are the CLI's."""
@@ -118,6 +127,9 @@ class RunOptions:
     reference_losses: str | None = None
     # called after every step with the number of steps done (benchmarks hang a profiler on it)
     on_step: Callable[[int], None] | None = None
+    # called once, set up and before the first step, with what the run trains (a benchmark
+    # tells the run's own tensors from the rest by identity: memory_attribution.py)
+    on_ready: Callable[[Trainables], None] | None = None
     # where Inductor's and Triton's caches persist (.compile_cache): None -> GEMC_COMPILE_CACHE,
     # else gemc-cache/ next to the plan; "none": a cold compile in a temporary directory
     cache_dir: str | None = None
@@ -502,6 +514,8 @@ def _run(
     exit_after = os.environ.get(EXIT_AFTER_STEP_ENV)
     saved: list[str] = []
     local_batch, batch_source = local_batch_size(spec, rank)
+    if opts.on_ready is not None:
+        opts.on_ready(Trainables(model, dense_opt, emb_opt))
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     every = max(1, int(opts.loss_every))
