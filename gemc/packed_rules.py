@@ -15,7 +15,8 @@ packed, and the plan under-stated MMoE's peak by 2.2 GB (BENCHMARKS.md, eleventh
 from __future__ import annotations
 
 import operator
-from collections.abc import Container
+from collections.abc import Container, Mapping
+from typing import Any
 
 import torch
 from torch import fx
@@ -52,3 +53,11 @@ def runs_packed(node: fx.Node, packed: Container[fx.Node]) -> bool:
     first = node.args[0] if node.args else None
     return (node.target in FIRST_ONLY or node.target in SIZED) \
         and isinstance(first, fx.Node) and first in packed
+
+
+def source_names(region: Mapping[str, Any]) -> set[str]:
+    """The nodes a region's facts (``gemc.packed_region``) name as its sources: the padded
+    tensors the runners build the tokens from (HSTU's q, k and v: three), which run on the
+    tokens whatever their op."""
+    return {str(f["padded_from"]) for f in region.get("sources") or [region]
+            if "padded_from" in f}

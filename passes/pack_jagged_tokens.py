@@ -202,11 +202,11 @@ def _exits(flow: PaddingFlow, offsets: fx.Node, clamp_min: int) -> list[fx.Node]
     return out
 
 
-def _price(nodes: list[fx.Node], copied: list[fx.Node], fill: float, ctx: PassContext
-           ) -> dict[str, float]:
+def _price(nodes: list[fx.Node], copied: list[fx.Node], fill: float, ctx: PassContext,
+           sources: list[fx.Node]) -> dict[str, float]:
     """Forward+backward ms of the region's nodes padded, and packed: the token-wise work
     scales with the fill, except a node without a packed rule (``gemc.packed_rules``), which
-    runs padded; the gathers and scatters at the boundary are priced as copies of
+    runs padded (the ``sources`` the tokens are built from excepted); the gathers and scatters at the boundary are priced as copies of
     the ``copied`` sources (in and out, forward and backward): a source whose values are
     the tokens already (``in_order``: viewed) copies nothing."""
     before = padded = 0.0
@@ -217,7 +217,7 @@ def _price(nodes: list[fx.Node], copied: list[fx.Node], fill: float, ctx: PassCo
             continue  # already priced over the real tokens
         ms = float(n.meta.get(ir.PREDICTED_MS) or 0.0)
         before += ms
-        if n.meta.get(ir.GROUP) is None and not runs_packed(n, members):
+        if n.meta.get(ir.GROUP) is None and n not in sources and not runs_packed(n, members):
             padded += ms  # no packed rule: the runners run it on the padded tensor
     convert_ms = 0.0
     topology = getattr(ctx, "topology", None)
@@ -287,7 +287,7 @@ class PackJaggedTokens:
                 # gathers at the region's jagged positions: read from the packed tokens
                 "exits": [n.name for n in _exits(flow, offsets, layout[1])],
                 **_price(nodes, [s for s, f in zip(sources, each) if not f["in_order"]],
-                         float(facts["fill"]), ctx),
+                         float(facts["fill"]), ctx, sources),
             }
         around = self._guarded_regions(gm, count, ctx)
         made = {n.meta[PACKED]["id"] for n in gm.graph.nodes if PACKED in n.meta}
@@ -379,7 +379,7 @@ def _guarded_entry(gm: fx.GraphModule, rid: str, flow: PaddingFlow, starts: list
                  f"(fill 1): {sampled['fill_source'].removeprefix('padded: ')}; the run "
                  "packs whatever its batches allow")
     head.meta[PACKED_REGION].update(sampled)
-    head.meta[PACKED_REGION].update(_price(nodes, [head], sampled["fill"], ctx))
+    head.meta[PACKED_REGION].update(_price(nodes, [head], sampled["fill"], ctx, [head]))
     return nodes
 
 

@@ -6,11 +6,11 @@ tensors were priced packed (the plan 2.2 GB under its H200 peak)."""
 from __future__ import annotations
 
 import torch
+from gemc.backends.triton import packed_tokens
+from gemc.cost_model.activations import packed_fill
 from torch import fx
 
 from gemc import ir, packed_rules
-from gemc.backends.triton import packed_tokens
-from gemc.cost_model.activations import packed_fill
 
 aten = torch.ops.aten
 
