@@ -11,7 +11,7 @@ writes them into the plan).
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -19,7 +19,6 @@ import torch
 from torch import fx
 
 from gemc import ir
-from gemc.capture import Captured
 from gemc.cost_model import inductor_fusion, op_cost
 from gemc.cost_model.activations import (
     activation_profile,
@@ -135,8 +134,10 @@ def _routes(gm: fx.GraphModule) -> tuple[dict[str, str], dict[str, dict[str, flo
     return paths, prices, graph_mode
 
 
-def table_summaries(gm: fx.GraphModule, captured: Captured) -> list[dict[str, Any]]:
-    """One entry per table FQN: size, lookups per batch, pooling, its placement, and the
+def table_summaries(gm: fx.GraphModule, param_dtypes: Mapping[str, str]
+                    ) -> list[dict[str, Any]]:
+    """One entry per table FQN: size, lookups per batch, pooling, its dtype (``param_dtypes``:
+    parameter FQN -> torch dtype name, as capture records them), its placement, and the
     path the runner looks it up on (``lookup``: table_lookup_paths), with both routes'
     prices where the cost model chose between them (``route_ms``), and the ids read from
     padded grids (``padded_nnz``)."""
@@ -161,7 +162,7 @@ def table_summaries(gm: fx.GraphModule, captured: Captured) -> list[dict[str, An
                 "batch": facts["batch"],
                 "pooling": facts["mode"],
                 "weighted": facts["weighted"],
-                "dtype": captured.param_dtypes.get(fqn, "float32"),
+                "dtype": param_dtypes.get(fqn, "float32"),
                 "lookups": 0,
                 "placement": node.meta.get(ir.PLACEMENT),
                 "predicted_ms": 0.0,
@@ -418,9 +419,7 @@ def _attention_at_autocast(node: fx.Node, autocast: str,
     return op_cost.node_cost(node, gpu, calib, dtype=autocast).total_ms
 
 
-def region_summaries(
-    gm: fx.GraphModule, captured: Captured, table_fqns: set[str]
-) -> list[dict[str, Any]]:
+def region_summaries(gm: fx.GraphModule, table_fqns: set[str]) -> list[dict[str, Any]]:
     """One entry per dense region: its weights (tables excluded), FLOPs, op mix, strategy."""
     flops: dict[str, int] = defaultdict(int)
     nbytes: dict[str, int] = defaultdict(int)

@@ -214,12 +214,12 @@ def _price(nodes: list[fx.Node], copied: list[fx.Node], fill: float, ctx: PassCo
             continue  # already priced over the real tokens
         before += float(n.meta.get(ir.PREDICTED_MS) or 0.0)
     convert_ms = 0.0
-    topology = getattr(ctx, "topology", None)
+    topology = ctx.topology
     if topology is not None:
         from gemc.cost_model import op_cost
 
         mem, _ = op_cost.memory_time(4 * sum(ir.nbytes(s) for s in copied), topology.gpu,
-                                     getattr(ctx, "calibration", None), "copy")
+                                     ctx.calibration, "copy")
         convert_ms = 1e3 * mem
     return {"before_ms": round(before, 6), "after_ms": round(before * fill + convert_ms, 6)}
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from types import SimpleNamespace
 from typing import Any
 
 from torch import fx
 
 from gemc import ir
+from gemc.context import PassContext
 from gemc.cost_model.activations import saved_activation_bytes
 from gemc.cost_model.step_model import predict_step
 from gemc.cost_model.topology import Topology
@@ -184,16 +184,15 @@ class Problem:
 
 
 def problem_from_graph(
-    gm: fx.GraphModule, ctx: Any, settings: SolverSettings | None = None,
+    gm: fx.GraphModule, ctx: PassContext, settings: SolverSettings | None = None,
     options: StepOptions | None = None,
 ) -> Problem:
     """The regions and tables of an annotated graph (after predict-time), as the plan
     builder will summarise them and ``gemc.costing`` will price them."""
     from gemc.graph_summary import region_summaries, table_summaries
 
-    shim = SimpleNamespace(param_dtypes=ctx.param_dtypes)
-    tables = table_summaries(gm, shim)  # type: ignore[arg-type]
-    regions = region_summaries(gm, shim, {t["fqn"] for t in tables})  # type: ignore[arg-type]
+    tables = table_summaries(gm, ctx.param_dtypes)
+    regions = region_summaries(gm, {t["fqn"] for t in tables})
     costs = region_costs(regions, saved_activation_bytes(gm), region_boundary_bytes(gm))
     placeable = frozenset(
         str(n.meta.get(ir.REGION, ""))
@@ -205,11 +204,11 @@ def problem_from_graph(
         regions=tuple(replace(r, strategy=REPLICATED_DENSE, shard_group=0, checkpoint=False) for r in costs),
         tables=tuple(table_costs(tables)),
         topology=ctx.topology,
-        calibration=getattr(ctx, "calibration", None),
+        calibration=ctx.calibration,
         options=options or StepOptions(),
         settings=settings or SolverSettings(),
         placeable=placeable,
-        entrypoint=getattr(ctx, "entrypoint", None),
+        entrypoint=ctx.entrypoint,
     )
 
 

@@ -3,7 +3,6 @@ report, predict what the solver optimised, and compile to the same bytes twice."
 
 from __future__ import annotations
 
-import copy
 import json
 
 import pytest
@@ -109,13 +108,12 @@ def test_bad_planner_and_time_limit_are_user_errors(tmp_path, capsys):
 
 def test_replan_writes_the_plan_a_compile_writes(gem_tiny):
     """One emission for both drivers: the table optimizer and the exchange precision the
-    context fixes reach a replanned plan and its prediction, as they reach a compile's."""
+    compile's options fix reach a replanned plan and its prediction, as they reach a
+    compile's."""
     gm, ctx, captured = gem_tiny
     topo = parse_topology("h200:2x4")
-    fixed = copy.copy(ctx)
-    fixed.options = {**ctx.options, "exchange_precision": "bf16",
-                     "table_optimizer": "rowwise_adagrad"}
-    plan, _ = replan(gm, fixed, captured, topo, "greedy")
+    plan, _ = replan(gm, ctx, captured, topo, "greedy", exchange_precision="bf16",
+                     table_optimizer="rowwise_adagrad")
     assert plan["exchange"]["forward"] == "bf16", plan["exchange"]
     assert plan["optimizer"] == {"embedding": {"kind": "rowwise_adagrad"}}
     plain, _ = replan(gm, ctx, captured, topo, "greedy")
