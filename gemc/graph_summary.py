@@ -30,6 +30,7 @@ from gemc.cost_model.activations import (
 from gemc.cost_model.step_model import shard_compute_s
 from gemc.cost_model.types import StepOptions, TableCost
 from gemc.ir import OpKind
+from gemc.kernel_kinds import graph_kinds
 from gemc.sharding import REPLICATED_DENSE, make_shards
 from gemc.table_lookup import DENSE_GRAD, SPARSE, captured_sparse, cheaper_route, lookup_paths
 
@@ -42,6 +43,18 @@ def table_lookup_paths(gm: fx.GraphModule) -> dict[str, str]:
     ``DENSE_GRAD``, which of its two routes the cost model prices cheaper
     (:func:`table_route_prices`; only once predict-time has set the pricing)."""
     return _routes(gm)[0]
+
+
+def runs_graph_mode(gm: fx.GraphModule) -> bool:
+    """Whether the plan built from ``gm`` puts the runner in graph mode: it lists a kernel
+    of a graph kind (a kernel group's ``gemc.kernel``, or a packed token region: its
+    layout entry, a graph-mode kind too), as the runner's ``graph_kinds`` check reads the
+    plan's kernels. What the runner executes then is narrower
+    (``gemc.sharding.runner_executes``), so the solver reads this before it offers a
+    strategy."""
+    kinds = graph_kinds()
+    return any((isinstance(f := n.meta.get(ir.KERNEL), dict) and f.get("kind") in kinds)
+               or ir.PACKED_REGION in n.meta for n in gm.graph.nodes)
 
 
 def padded_ids(node: fx.Node) -> int:
