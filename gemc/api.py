@@ -59,21 +59,21 @@ def resolve_calibration(choice: str | None, gpu_name: str) -> Any:
 
 
 def emit_plan(gm: fx.GraphModule, ctx: PassContext, captured: Captured, planner: str, *,
-              predict: bool = True) -> dict[str, Any]:
+              predict: bool = True, table_optimizer: str | None = None,
+              exchange_precision: str | None = None) -> dict[str, Any]:
     """The plan of a placed graph, as both ``compile`` and ``replan`` write it: the builder's
-    plan, the table optimizer and the exchange precision the placement chose (or the
-    context's fixed ones), and the prediction priced with them. One place, so a replanned
-    plan is the plan a compile would write."""
+    plan, the table optimizer and the exchange precision the placement chose (or, where no
+    planner chose them, the ones given here: the compile's options), and the prediction
+    priced with them. One place, so a replanned plan is the plan a compile would write."""
     from gemc.costing import predicted_block
     from gemc.passes.parallelize import EXCHANGE_META, TABLE_OPTIMIZER_META, step_options
 
     plan = build_plan(gm, ctx, captured, planner=planner)
-    requested = ctx.options.get("table_optimizer")
     chosen = gm.meta.get(TABLE_OPTIMIZER_META) or (
-        step_options(None).table_optimizer if requested in (None, "auto") else requested)
+        step_options(None).table_optimizer if table_optimizer in (None, "auto")
+        else table_optimizer)
     plan["optimizer"] = {"embedding": {"kind": chosen}}
-    plan["exchange"] = gm.meta.get(EXCHANGE_META) or fixed_exchange(
-        ctx.options.get("exchange_precision"))
+    plan["exchange"] = gm.meta.get(EXCHANGE_META) or fixed_exchange(exchange_precision)
     if predict:
         options = replace(step_options(chosen), exchange=wire_of_plan(plan))
         plan["predicted"] = predicted_block(gm, plan["regions"], plan["tables"],
@@ -124,13 +124,6 @@ def compile(  # noqa: A001 - the public name users expect
     captured = capture(spec, entrypoint=entrypoint)
     ctx = pass_context(entrypoint, args, captured, topo)
     ctx.calibration = calib
-    ctx.options["solver"] = dict(config.solver or {})
-    if table_optimizer is not None:
-        ctx.options["table_optimizer"] = table_optimizer
-    if config.table_precision is not None:
-        ctx.options["table_precision"] = config.table_precision
-    if config.exchange_precision is not None:
-        ctx.options["exchange_precision"] = config.exchange_precision
     batch_size, _ = batch_size_of(spec)
     if batch_size is None:
         ctx.warn(BATCH_SIZE_MISSING)
@@ -139,7 +132,9 @@ def compile(  # noqa: A001 - the public name users expect
         if progress:
             progress("predict step")
         plan = emit_plan(gm, ctx, captured, planner,
-                         predict="predict-time" not in disabled_passes)
+                         predict="predict-time" not in disabled_passes,
+                         table_optimizer=table_optimizer,
+                         exchange_precision=config.exchange_precision)
         plan["model"]["batch_size"] = batch_size  # stated by the model; null when not
         if dump_dir is not None:
             _write_kernel_sources(plan, dump_dir)

@@ -4,7 +4,7 @@ Why one typed object: the CLI and the API used to pass the same options through 
 channels (keyword arguments, a context variable for the precision options, ``ctx.options``
 read with ``getattr``). Now the CLI builds a :class:`CompileConfig`, the API reads one, and
 a pass gets its options as its own dataclass fields from the pipeline the driver builds
-(``ChoosePrecision(options=config.precision)``).
+(``ChoosePrecision(options=config.precision)``, ``Parallelize(planner, solver, ...)``).
 """
 
 from __future__ import annotations
@@ -115,8 +115,18 @@ class CompileConfig:
         from gemc.pipeline import default_pipeline, pipeline_from_spec
 
         if self.passes is None:
-            return default_pipeline(self.planner, self.precision)
-        return pipeline_from_spec(self.passes, self.planner, self.precision)
+            return default_pipeline(self.planner, self.precision, self.placement_pass())
+        return pipeline_from_spec(self.passes, self.planner, self.precision,
+                                  self.placement_pass())
+
+    def placement_pass(self) -> Any:
+        """The placement pass with this compile's planner options as its fields (a bad
+        solver setting is a GemcUserError naming it)."""
+        from gemc.passes.parallelize import settings_from
+        from gemc.pipeline import placement_pass
+
+        return placement_pass(self.planner, settings_from(self.solver), self.table_optimizer,
+                              self.table_precision, self.exchange_precision)
 
     def with_options(self, **options: Any) -> CompileConfig:
         """A copy with ``options`` (field names) replaced; an unknown name is a user error."""

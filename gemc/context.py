@@ -1,11 +1,16 @@
-"""What every pass may read besides the graph: the model's facts, the topology, options."""
+"""What every pass may read besides the graph: the model's facts, the topology, the measured
+inputs (a pass's options are its own dataclass fields, set by the driver)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gemc.probe_types import ProbeOpener
+
+if TYPE_CHECKING:  # the context sits above the cost model (pyproject's stack contract)
+    from gemc.cost_model.calibration import Calibration
+    from gemc.cost_model.topology import Topology
 
 
 @dataclass
@@ -21,9 +26,9 @@ class PassContext:
     param_fqns: dict[str, str] = field(default_factory=dict)  # placeholder -> FQN
     param_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     param_dtypes: dict[str, str] = field(default_factory=dict)
-    topology: Any = None  # gemc.cost_model.topology.Topology
-    calibration: Any = None  # gemc.cost_model.calibration.Calibration | None
-    options: dict[str, Any] = field(default_factory=dict)
+    # None: a pipeline without costs (annotation only); the pricing passes refuse it
+    topology: Topology | None = None
+    calibration: Calibration | None = None  # None: the cost model's uncalibrated curves
     # a measured input, like calibration: the driver binds the precision probe to the model
     # (gemc.probe.opener); None: choose-precision measures nothing and keeps GEMMs bf16
     precision_probe: ProbeOpener | None = None

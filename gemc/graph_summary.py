@@ -11,7 +11,7 @@ writes them into the plan).
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -19,7 +19,6 @@ import torch
 from torch import fx
 
 from gemc import ir
-from gemc.capture import Captured
 from gemc.cost_model import inductor_fusion, op_cost
 from gemc.cost_model.activations import (
     activation_profile,
@@ -31,6 +30,7 @@ from gemc.cost_model.activations import (
 from gemc.cost_model.step_model import shard_compute_s
 from gemc.cost_model.types import StepOptions, TableCost
 from gemc.ir import OpKind
+from gemc.kernel_kinds import graph_kinds
 from gemc.sharding import REPLICATED_DENSE, make_shards
 from gemc.table_lookup import DENSE_GRAD, SPARSE, captured_sparse, cheaper_route, lookup_paths
 
@@ -43,6 +43,18 @@ def table_lookup_paths(gm: fx.GraphModule) -> dict[str, str]:
     ``DENSE_GRAD``, which of its two routes the cost model prices cheaper
     (:func:`table_route_prices`; only once predict-time has set the pricing)."""
     return _routes(gm)[0]
+
+
+def runs_graph_mode(gm: fx.GraphModule) -> bool:
+    """Whether the plan built from ``gm`` puts the runner in graph mode: it lists a kernel
+    of a graph kind (a kernel group's ``gemc.kernel``, or a packed token region: its
+    layout entry, a graph-mode kind too), as the runner's ``graph_kinds`` check reads the
+    plan's kernels. What the runner executes then is narrower
+    (``gemc.sharding.runner_executes``), so the solver reads this before it offers a
+    strategy."""
+    kinds = graph_kinds()
+    return any((isinstance(f := n.meta.get(ir.KERNEL), dict) and f.get("kind") in kinds)
+               or ir.PACKED_REGION in n.meta for n in gm.graph.nodes)
 
 
 def padded_ids(node: fx.Node) -> int:
@@ -135,8 +147,10 @@ def _routes(gm: fx.GraphModule) -> tuple[dict[str, str], dict[str, dict[str, flo
     return paths, prices, graph_mode
 
 
-def table_summaries(gm: fx.GraphModule, captured: Captured) -> list[dict[str, Any]]:
-    """One entry per table FQN: size, lookups per batch, pooling, its placement, and the
+def table_summaries(gm: fx.GraphModule, param_dtypes: Mapping[str, str]
+                    ) -> list[dict[str, Any]]:
+    """One entry per table FQN: size, lookups per batch, pooling, its dtype (``param_dtypes``:
+    parameter FQN -> torch dtype name, as capture records them), its placement, and the
     path the runner looks it up on (``lookup``: table_lookup_paths), with both routes'
     prices where the cost model chose between them (``route_ms``), and the ids read from
     padded grids (``padded_nnz``)."""
@@ -161,7 +175,7 @@ def table_summaries(gm: fx.GraphModule, captured: Captured) -> list[dict[str, An
                 "batch": facts["batch"],
                 "pooling": facts["mode"],
                 "weighted": facts["weighted"],
-                "dtype": captured.param_dtypes.get(fqn, "float32"),
+                "dtype": param_dtypes.get(fqn, "float32"),
                 "lookups": 0,
                 "placement": node.meta.get(ir.PLACEMENT),
                 "predicted_ms": 0.0,
@@ -419,9 +433,7 @@ def _attention_at_autocast(node: fx.Node, autocast: str,
     return op_cost.node_cost(node, gpu, calib, dtype=autocast).total_ms
 
 
-def region_summaries(
-    gm: fx.GraphModule, captured: Captured, table_fqns: set[str]
-) -> list[dict[str, Any]]:
+def region_summaries(gm: fx.GraphModule, table_fqns: set[str]) -> list[dict[str, Any]]:
     """One entry per dense region: its weights (tables excluded), FLOPs, op mix, strategy."""
     flops: dict[str, int] = defaultdict(int)
     nbytes: dict[str, int] = defaultdict(int)

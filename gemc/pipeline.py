@@ -18,6 +18,7 @@ from gemc.passes.parallelize import Parallelize
 from gemc.passes.place_default import PlaceDefault
 from gemc.passes.precision import ChoosePrecision, PrecisionOptions
 from gemc.passes.predict_time import PredictTime
+from gemc.solver.problem import SolverSettings
 
 
 def annotation_passes() -> list[Pass]:
@@ -25,17 +26,25 @@ def annotation_passes() -> list[Pass]:
     return [ClassifyOps(), CollectTables(), CountFlopsBytes(), AssignRegions()]
 
 
-def placement_pass(planner: str) -> Pass:
+def placement_pass(planner: str, solver: SolverSettings | None = None,
+                   table_optimizer: str | None = None, table_precision: str | None = None,
+                   exchange_precision: str | None = None) -> Pass:
     """``default``: the place-default placeholder; ``cpsat`` / ``greedy`` / ``naive``: the
-    parallelize pass with that planner."""
-    return PlaceDefault() if planner == "default" else Parallelize(planner)
+    parallelize pass with that planner and those options (its fields; place-default has
+    none: the table optimizer and exchange precision a plan without a planner records are
+    the driver's, ``gemc.api.emit_plan``)."""
+    if planner == "default":
+        return PlaceDefault()
+    return Parallelize(planner, solver or SolverSettings(), table_optimizer, table_precision,
+                       exchange_precision)
 
 
-def default_pipeline(planner: str = "default",
-                     precision: PrecisionOptions | None = None) -> list[Pass]:
-    """Every pass of a compile; ``precision``: choose-precision's options (None: defaults)."""
+def default_pipeline(planner: str = "default", precision: PrecisionOptions | None = None,
+                     placement: Pass | None = None) -> list[Pass]:
+    """Every pass of a compile; ``precision``: choose-precision's options (None: defaults);
+    ``placement``: the placement pass with its options (None: ``placement_pass(planner)``)."""
     return [*annotation_passes(), PredictTime(), *kernel_passes(), ChoosePrecision(precision),
-            placement_pass(planner)]
+            placement or placement_pass(planner)]
 
 
 def kernel_passes() -> list[Pass]:
@@ -48,7 +57,8 @@ def kernel_passes() -> list[Pass]:
 
 
 def pipeline_from_spec(spec: str, planner: str = "default",
-                       precision: PrecisionOptions | None = None) -> list[Pass]:
+                       precision: PrecisionOptions | None = None,
+                       placement: Pass | None = None) -> list[Pass]:
     """The pipeline a pass-spec string names: ``"name{option=value,...},name,..."`` (as
     xDSL's ``-p``), each pass one of :func:`default_pipeline`'s with its dataclass fields
     set from the options. Why the default order is kept (the spec may leave passes out and
@@ -59,7 +69,7 @@ def pipeline_from_spec(spec: str, planner: str = "default",
     Bad input is one :class:`~gemc.errors.GemcUserError` naming the item and the fix."""
     from gemc.errors import GemcUserError
 
-    passes = default_pipeline(planner, precision)
+    passes = default_pipeline(planner, precision, placement)
     by_name = {p.name: p for p in passes}
     order = {p.name: i for i, p in enumerate(passes)}
     where = f"--passes {spec!r}"

@@ -181,9 +181,9 @@ def build_plan(
     planner: str = "default",
     predicted: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    tables = table_summaries(gm, captured)
+    tables = table_summaries(gm, captured.param_dtypes)
     table_fqns = {t["fqn"] for t in tables}
-    regions = region_summaries(gm, captured, table_fqns)
+    regions = region_summaries(gm, table_fqns)
     topo = ctx.topology
     fwd_flops = sum(int(n.meta.get(ir.FLOPS, 0)) for n in gm.graph.nodes)
     embedding_params = sum(t["rows"] * t["dim"] for t in tables)
@@ -210,7 +210,7 @@ def build_plan(
         "regions": regions,
         "tables": tables,
         "kernels": kernel_entries(gm, ctx),
-        "precision": precision_entries(gm, getattr(getattr(ctx, "topology", None), "gpu", None)),
+        "precision": precision_entries(gm, topo.gpu if topo is not None else None),
         "predicted": predicted
         or {
             "step_ms": None,

@@ -19,6 +19,7 @@ from gemc.capture import Captured
 from gemc.context import PassContext
 from gemc.cost_model.topology import Topology
 from gemc.pass_manager import PassManager
+from gemc.passes.parallelize import settings_from
 from gemc.passes.precision import PrecisionOptions
 from gemc.pipeline import default_pipeline, placement_pass
 from gemc.plan import validate_plan
@@ -37,16 +38,21 @@ def annotate(captured: Captured, topology: Topology, *, entrypoint: str,
 
 
 def replan(gm: fx.GraphModule, ctx: PassContext, captured: Captured, topology: Topology,
-           planner: str, solver: dict[str, Any] | None = None
+           planner: str, solver: dict[str, Any] | None = None, *,
+           table_optimizer: str | None = None, table_precision: str | None = None,
+           exchange_precision: str | None = None,
            ) -> tuple[dict[str, Any], dict[str, float]]:
-    """(validated plan, wall seconds of the placement pass and of the prediction)."""
+    """(validated plan, wall seconds of the placement pass and of the prediction).
+    ``solver`` and the keywords are the compile's options of the same names
+    (``CompileConfig``)."""
     ctx = copy.copy(ctx)
     ctx.topology, ctx.warnings = topology, []
-    ctx.options = {**ctx.options, "solver": dict(solver or {})}
     start = time.perf_counter()
-    gm, _ = placement_pass(planner).run(gm, ctx)
+    gm, _ = placement_pass(planner, settings_from(solver), table_optimizer, table_precision,
+                           exchange_precision).run(gm, ctx)
     placed = time.perf_counter()
-    plan = emit_plan(gm, ctx, captured, planner)
+    plan = emit_plan(gm, ctx, captured, planner, table_optimizer=table_optimizer,
+                     exchange_precision=exchange_precision)
     validate_plan(plan, source="replan")
     gm.meta.pop("gemc.solver", None)  # the next planner writes its own report
     return plan, {"plan": placed - start, "predict": time.perf_counter() - placed}

@@ -280,8 +280,9 @@ class DenseStrategy:
     prefetched one are transient memory); otherwise a non-``none`` group splits the
     computation (tensor parallel: the activation is split too). ``comm``: the collectives
     the cost model prices (:data:`DENSE_COMMS`). ``runner``: whether the runner executes
-    it; one it does not is offered by the solver only where its settings allow
-    (``allow_tp``). ``title``: its name in errors.
+    it at all; ``graph_mode``: whether it does so next to graph-mode kernels on several
+    ranks (the runner's side of :func:`runner_executes`, which the solver's search and
+    the runner's refusals both read). ``title``: its name in errors.
     """
 
     name: str
@@ -289,6 +290,7 @@ class DenseStrategy:
     comm: str
     sharded: bool = False
     runner: bool = True
+    graph_mode: bool = False
     title: str = ""
 
     def __post_init__(self) -> None:
@@ -333,7 +335,7 @@ class DenseStrategy:
 
 
 DENSE_DECLARED: tuple[DenseStrategy, ...] = (
-    DenseStrategy("ddp", "none", "all_reduce", title="data parallel"),
+    DenseStrategy("ddp", "none", "all_reduce", graph_mode=True, title="data parallel"),
     DenseStrategy("fsdp", "world", "gather_scatter", sharded=True, title="fully sharded"),
     DenseStrategy("hsdp", "host", "gather_scatter", sharded=True, title="hybrid sharded"),
     DenseStrategy("tp", "tensor", "sequence_parallel", runner=False, title="tensor parallel"),
@@ -349,6 +351,22 @@ DENSE_STRATEGIES = tuple(DENSE)
 
 REPLICATED_DENSE = DENSE_DECLARED[0].name
 """The strategy a region has unless a planner shards it."""
+
+
+def runner_executes(strategy: DenseStrategy, *, world_size: int, graph_mode: bool) -> bool:
+    """Whether the runner executes ``strategy`` for a region of a plan on ``world_size``
+    ranks whose kernels put it in graph mode (``graph_mode``: the plan lists a kernel of a
+    graph kind, ``gemc.kernel_kinds.graph_kinds``) or not: the runner's capabilities,
+    declared once. Why one rule: the solver offers only what it allows
+    (``SolverSettings.runner_only``) and the runner refuses the rest by it
+    (``backends/torch/dense.check_strategies``, ``graph_mode.check_graph_mode``), so a
+    compile never writes a plan its run refuses. In graph mode the runner trains the
+    captured graph, which never calls the module hooks through which a sharded strategy
+    gathers and scatters parameters; replicas' gradients it averages by post-accumulate
+    hooks, which the graph's backward fires (``DenseStrategy.graph_mode``)."""
+    if not strategy.runner:
+        return False
+    return strategy.graph_mode or not graph_mode or world_size == 1
 
 
 def dense_strategy(name: str) -> DenseStrategy:

@@ -50,14 +50,14 @@ def transposed_input(node: fx.Node) -> fx.Node | None:
 def _price(node: fx.Node, ctx: PassContext) -> dict[str, float] | None:
     """Before: the linear plus the copy of its transposed input, forward and backward (the
     weight gradient reads it again); after: the linear alone."""
-    topology = getattr(ctx, "topology", None)
+    topology = ctx.topology
     if topology is None:
         return None
     from gemc.cost_model import op_cost
 
     gemm = float(node.meta.get(ir.PREDICTED_MS) or 0.0)
     copy, _ = op_cost.memory_time(2 * ir.nbytes(node.args[0]), topology.gpu,
-                                  getattr(ctx, "calibration", None), "copy")
+                                  ctx.calibration, "copy")
     return {"before_ms": round(gemm + 1e3 * 2 * copy, 6), "after_ms": round(gemm, 6)}
 
 

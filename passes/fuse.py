@@ -237,12 +237,12 @@ def form_groups(gm: fx.GraphModule, kinds: tuple[str, ...], max_outputs: int) ->
 def _price(kind: str, members: list[fx.Node], outputs: list[fx.Node], ctx: PassContext
            ) -> dict[str, float] | None:
     """Cost model's fwd+bwd ms: the nodes as they run now, and the group as one kernel."""
-    topology = getattr(ctx, "topology", None)
+    topology = ctx.topology
     if topology is None:
         return None
     from gemc.cost_model import op_cost
 
-    gpu, calib = topology.gpu, getattr(ctx, "calibration", None)
+    gpu, calib = topology.gpu, ctx.calibration
     before = 0.0
     for n in members:
         ms = n.meta.get(ir.PREDICTED_MS)

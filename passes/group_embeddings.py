@@ -31,12 +31,12 @@ OPTIMIZERS = ("rowwise_adagrad", "adam")
 
 def _price(nodes: list[fx.Node], facts: list[dict[str, Any]], ctx: PassContext,
            optimizer: str) -> dict[str, float] | None:
-    topology = getattr(ctx, "topology", None)
+    topology = ctx.topology
     if topology is None:
         return None
     from gemc.cost_model import op_cost
 
-    gpu, calib = topology.gpu, getattr(ctx, "calibration", None)
+    gpu, calib = topology.gpu, ctx.calibration
     before = sum(float(n.meta.get(ir.PREDICTED_MS) or 0.0) for n in nodes)
     after = 0.0
     for n, f in zip(nodes, facts):

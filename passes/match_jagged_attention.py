@@ -207,12 +207,12 @@ def match_query_padding(gm: fx.GraphModule, node: fx.Node) -> dict[str, Any] | N
 
 
 def _price(node: fx.Node, facts: dict[str, Any], ctx: PassContext) -> dict[str, float] | None:
-    topology = getattr(ctx, "topology", None)
+    topology = ctx.topology
     if topology is None:
         return None
     from gemc.cost_model import op_cost
 
-    gpu, calib = topology.gpu, getattr(ctx, "calibration", None)
+    gpu, calib = topology.gpu, ctx.calibration
     before = node.meta.get(ir.PREDICTED_MS)
     if before is None:
         before = op_cost.node_cost(node, gpu, calib).total_ms
@@ -251,12 +251,12 @@ def _price_scaled(node: fx.Node, fill: float, moved: int, ctx: PassContext
                   ) -> dict[str, float] | None:
     """``before``: the node's padded ms; ``after``: ``before * fill`` plus ``moved`` bytes
     of copies (None without a topology to price on)."""
-    topology = getattr(ctx, "topology", None)
+    topology = ctx.topology
     if topology is None:
         return None
     from gemc.cost_model import op_cost
 
-    gpu, calib = topology.gpu, getattr(ctx, "calibration", None)
+    gpu, calib = topology.gpu, ctx.calibration
     before = node.meta.get(ir.PREDICTED_MS)
     if before is None:
         before = op_cost.node_cost(node, gpu, calib).total_ms

@@ -374,12 +374,12 @@ def _price(group: list[fx.Node], facts: dict[str, Any], named: dict[str, fx.Node
     captured dtype (``op_cost.jagged_silu_kernel_time``: the attention over the real
     tokens, the bias's traffic, the guard and the jagged copies). The plan's step reprices
     the kernel at the runtime dtype (graph_summary.kernel_adjusted_ms)."""
-    topology = getattr(ctx, "topology", None)
+    topology = ctx.topology
     if topology is None:
         return None
     from gemc.cost_model import op_cost
 
-    gpu, calib = topology.gpu, getattr(ctx, "calibration", None)
+    gpu, calib = topology.gpu, ctx.calibration
     before = sum(float(n.meta.get(ir.PREDICTED_MS) or
                        op_cost.node_cost(n, gpu, calib).total_ms) for n in group)
     after = 1e3 * op_cost.jagged_silu_kernel_time(

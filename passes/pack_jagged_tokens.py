@@ -220,12 +220,12 @@ def _price(nodes: list[fx.Node], copied: list[fx.Node], fill: float, ctx: PassCo
         if n.meta.get(ir.GROUP) is None and n not in sources and not runs_packed(n, members):
             padded += ms  # no packed rule: the runners run it on the padded tensor
     convert_ms = 0.0
-    topology = getattr(ctx, "topology", None)
+    topology = ctx.topology
     if topology is not None:
         from gemc.cost_model import op_cost
 
         mem, _ = op_cost.memory_time(4 * sum(ir.nbytes(s) for s in copied), topology.gpu,
-                                     getattr(ctx, "calibration", None), "copy")
+                                     ctx.calibration, "copy")
         convert_ms = 1e3 * mem
     after = (before - padded) * fill + padded + convert_ms
     return {"before_ms": round(before, 6), "after_ms": round(after, 6)}

@@ -7,24 +7,27 @@ per-node times from predict-time) into a planning problem, runs the planner name
 builder and ``gemc.costing`` need nothing new. The planner's report (status, objective,
 bound, gap) goes to ``gm.meta["gemc.solver"]`` and from there into the plan.
 
-Options come from ``ctx.options["solver"]`` (``SolverSettings`` field names, e.g.
-``{"time_limit_s": 10}``), so the same pass serves the CLI, the API and the benchmark.
-A problem no plan can fit ends in ``PlanInfeasibleError`` (a GemcUserError: exit 2).
+Its options are its dataclass fields, which the driver sets from the compile's
+``CompileConfig`` (``CompileConfig.placement_pass``): ``solver`` (``SolverSettings``;
+``settings_from`` turns the user's mapping of field names, e.g. ``{"time_limit_s": 10}``,
+into one, naming a bad one), ``table_optimizer`` (one of ``gemc.plan.TABLE_OPTIMIZERS``,
+``auto``, or None: the runner's default), and the two below. A problem no plan can fit
+ends in ``PlanInfeasibleError`` (a GemcUserError: exit 2).
 
-``ctx.options["table_precision"]`` (fp32 | bf16 | fp8 | auto) lets the tables' storage
-precision be chosen with their sharding (``gemc.solver.precision_choice``); each table's
-placement then carries ``precision`` and ``precision_reason`` into the plan.
+``table_precision`` (fp32 | bf16 | fp8 | auto) lets the tables' storage precision be
+chosen with their sharding (``gemc.solver.precision_choice``); each table's placement then
+carries ``precision`` and ``precision_reason`` into the plan.
 
-``ctx.options["exchange_precision"]`` (fp32 | bf16 | fp8 | auto) sets or lets the planner
-choose the pooled exchange's wire precision (``gemc.solver.exchange_choice``), under each
-table precision tried; the choice goes to ``gm.meta["gemc.exchange"]`` (the plan's
-``exchange`` block).
+``exchange_precision`` (fp32 | bf16 | fp8 | auto) sets or lets the planner choose the
+pooled exchange's wire precision (``gemc.solver.exchange_choice``), under each table
+precision tried; the choice goes to ``gm.meta["gemc.exchange"]`` (the plan's ``exchange``
+block).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from gemc.cost_model.types import StepOptions
@@ -32,6 +35,7 @@ from torch import fx
 from torch.fx.passes.infra.pass_base import PassResult
 
 from gemc import ir
+from gemc.context import PassContext
 from gemc.errors import GemcUserError
 from gemc.solver.exchange_choice import plan_with_exchange
 from gemc.solver.planners import PLANNERS, PlanInfeasibleError, PlannerResult
@@ -96,20 +100,22 @@ class Parallelize:
     requires: ClassVar[tuple[str, ...]] = (
         "classify-ops", "collect-tables", "assign-regions", "predict-time")
     planner: str = "cpsat"
+    solver: SolverSettings = field(default_factory=SolverSettings)
+    table_optimizer: str | None = None
+    table_precision: str | None = None
+    exchange_precision: str | None = None
 
     def __post_init__(self) -> None:
         if self.planner not in PLANNERS:
             raise ValueError(f"unknown planner {self.planner!r}; known: {', '.join(PLANNERS)}")
 
-    def run(self, gm: fx.GraphModule, ctx: Any) -> PassResult:
+    def run(self, gm: fx.GraphModule, ctx: PassContext) -> PassResult:
         if ctx.topology is None:
             raise ValueError("parallelize needs ctx.topology")
-        settings = settings_from((ctx.options or {}).get("solver"))
         opt, chosen = plan_with_table_optimizer(
-            lambda o: problem_from_graph(gm, ctx, settings, step_options(o)),
-            (ctx.options or {}).get("table_optimizer"), self.planner,
-            (ctx.options or {}).get("table_precision"),
-            (ctx.options or {}).get("exchange_precision"))
+            lambda o: problem_from_graph(gm, ctx, self.solver, step_options(o)),
+            self.table_optimizer, self.planner, self.table_precision,
+            self.exchange_precision)
         result = chosen.result
         gm.meta[EXCHANGE_META] = result.report.pop("exchange")
         # recorded even when not asked for: the plan states what it priced, so the runner

@@ -8,13 +8,14 @@ topology's GPU with the context's calibration (roofline when there is none) and 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from gemc.cost_model.op_cost import node_cost
 from torch import fx
 from torch.fx.passes.infra.pass_base import PassResult
 
 from gemc import ir
+from gemc.context import PassContext
 
 PREDICTED_SOURCE = ir.PREDICTED_SOURCE  # re-exported: the key is owned by gemc.ir
 PRICING = ir.PRICING  # re-exported: the key is owned by gemc.ir
@@ -28,12 +29,12 @@ class PredictTime:
     requires: ClassVar[tuple[str, ...]] = ("classify-ops", "collect-tables", "count-flops-bytes")
     eager: bool = False  # price embeddings as eager PyTorch runs them (dense gradients)
 
-    def run(self, gm: fx.GraphModule, ctx: Any) -> PassResult:
-        topology = getattr(ctx, "topology", None)
+    def run(self, gm: fx.GraphModule, ctx: PassContext) -> PassResult:
+        topology = ctx.topology
         if topology is None:
             raise ValueError("predict-time needs ctx.topology (a gemc.cost_model Topology)")
         gpu = topology.gpu
-        calibration = getattr(ctx, "calibration", None)
+        calibration = ctx.calibration
         sources: set[str] = set()
         # what the plan builder needs to reprice a node at the dtype the runner runs it in
         # (gemc.graph_summary.kernel_adjusted_ms): the same GPU and calibration as here

@@ -63,6 +63,24 @@ def test_every_module_has_a_layer() -> None:
         " -- add each to the layer it belongs to (docs/architecture.md)")
 
 
+def test_the_docs_picture_draws_the_stack_contracts_layers_in_order() -> None:
+    """docs/architecture.md's picture of the package graph shows the ``stack`` contract's
+    layers top to bottom (each above the layers it may import): a layer moved in
+    pyproject.toml and not in the picture fails here."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    start = text.index("```", text.index("The same stack as a picture"))
+    picture = text[start:text.index("```", start + 3)].splitlines()
+    stack = next(c for c in _config()["tool"]["importlinter"]["contracts"] if c["id"] == "stack")
+    rows = []
+    for layer in stack["layers"][:-1]:  # the core: named in the table, summarised there
+        names = [m.strip().removeprefix("gemc.") for m in layer.replace("|", ":").split(":")]
+        row = next((i for i, line in enumerate(picture)
+                    if all(f" {n} " in f" {line} " for n in names)), None)
+        assert row is not None, f"layer {layer!r} is not drawn in docs/architecture.md"
+        rows.append(row)
+    assert rows == sorted(rows) and len(set(rows)) == len(rows), rows
+
+
 def _package_of(module: str, path: Path) -> str:
     return module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
 
@@ -88,6 +106,49 @@ def test_no_private_names_imported_across_packages() -> None:
             if private and target.rsplit(".", 1)[0] != here and target != here:
                 found.append(f"{path.relative_to(REPO)}:{node.lineno} {target} {private}")
     assert not found, "private names imported across packages:\n" + "\n".join(found)
+
+
+def _module_names(tree: ast.Module, modules: dict[str, Path]) -> dict[str, str]:
+    """Local name -> the gemc module it is bound to (``import gemc.x.y as m``,
+    ``from gemc.x import y`` where y is a module)."""
+    bound: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("gemc"):
+                    bound[a.asname or "gemc"] = a.name if a.asname else "gemc"
+        elif isinstance(node, ast.ImportFrom) and not node.level \
+                and (node.module or "").startswith("gemc"):
+            for a in node.names:
+                if f"{node.module}.{a.name}" in modules:
+                    bound[a.asname or a.name] = f"{node.module}.{a.name}"
+    return bound
+
+
+def test_no_private_names_read_across_packages_through_a_module() -> None:
+    """``module._name`` (a gemc module imported whole, ``from gemc.x import y; y._f()``) only
+    inside that module's package: the same rule as the import of the name itself."""
+    modules = _modules()
+    found = []
+    for module, path in sorted(modules.items()):
+        here = _package_of(module, path)
+        tree = ast.parse(path.read_text(), str(path))
+        bound = _module_names(tree, modules)
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute) or not node.attr.startswith("_") \
+                    or node.attr.startswith("__"):
+                continue
+            chain, value = [], node.value
+            while isinstance(value, ast.Attribute):
+                chain.append(value.attr)
+                value = value.value
+            if not isinstance(value, ast.Name) or value.id not in bound:
+                continue
+            target = ".".join([bound[value.id], *reversed(chain)])
+            if target in modules and _package_of(target, modules[target]) != here \
+                    and target.rsplit(".", 1)[0] != here and target != here:
+                found.append(f"{path.relative_to(REPO)}:{node.lineno} {target}.{node.attr}")
+    assert not found, "private names read across packages:\n" + "\n".join(found)
 
 
 OUTSIDE = ("tests", "benchmarks", "scripts", "examples")

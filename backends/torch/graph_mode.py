@@ -67,7 +67,7 @@ from torch import nn
 from gemc import ir
 from gemc.errors import PlanError
 from gemc.kernel_kinds import graph_kinds
-from gemc.sharding import dense_strategy
+from gemc.sharding import dense_strategy, runner_executes
 from gemc.table_lookup import (
     SPARSE,
     batched_applied,
@@ -104,8 +104,9 @@ def check_graph_mode(
     if not kernels:
         return
     sharded = [r["name"] or "<root>" for r in regions or []
-               if not dense_strategy(r["strategy"]).replicated]
-    if world_size > 1 and sharded:
+               if not runner_executes(dense_strategy(r["strategy"]), world_size=world_size,
+                                      graph_mode=True)]
+    if sharded:
         raise PlanError(
             f"the plan lists {len(kernels)} generated kernel(s) for {world_size} ranks, and "
             f"region(s) {', '.join(sharded[:4])} are not ddp; the captured graph never calls "

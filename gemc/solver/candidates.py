@@ -77,7 +77,7 @@ def dense_choices(problem: Problem, region: RegionCost) -> list[DenseChoice]:
     world, local, hosts = topo.world_size, topo.gpus_per_host, topo.hosts
     shardable = world > 1 and region.params > 0 and problem.can_place(region.name)
     strategies = [DenseChoice(d.name, g) for d in DENSE_DECLARED
-                  if d.replicated or (shardable and (d.runner or s.allow_tp))
+                  if problem.offers(d) and (d.replicated or shardable)
                   for g in d.shard_groups(world, hosts, local)]
     out = list(strategies)
     if (s.allow_checkpoint and region.name and problem.can_place(region.name)

@@ -23,7 +23,7 @@ import numpy as np
 
 from gemc.cost_model.collectives import collective_time
 from gemc.cost_model.types import TableCost
-from gemc.sharding import REPLICATED_DENSE
+from gemc.sharding import REPLICATED_DENSE, dense_strategy
 
 from .candidates import TableOption, least_bytes, table_options
 from .evaluate import Pricer, dense_bytes
@@ -59,7 +59,8 @@ def greedy(problem: Problem, pricer: Pricer | None = None) -> Assignment:
     for r in sorted(problem.regions, key=lambda r: (-r.params, r.name)):
         if dense_bytes(problem, pricer, a.dense) + tables_avg <= cap:
             break
-        if world > 1 and r.params > 0 and problem.can_place(r.name):
+        if world > 1 and r.params > 0 and problem.can_place(r.name) \
+                and problem.offers(dense_strategy("fsdp")):
             a.dense[r.name] = DenseChoice("fsdp")
 
     mem = np.full(world, dense_bytes(problem, pricer, a.dense))

@@ -1,4 +1,5 @@
-"""The naive baseline: FSDP for every dense region, tables table-wise round-robin.
+"""The naive baseline: FSDP for every dense region (where the runner executes it next to
+the plan's kernels: ``Problem.offers``; else DDP), tables table-wise round-robin.
 
 What a first distributed port of a model does, and the floor the other planners must
 beat. Tables go to ranks 0, 1, 2, ... in name order; a table too large for one GPU takes
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gemc.sharding import REPLICATED_DENSE
+from gemc.sharding import REPLICATED_DENSE, dense_strategy
 
 from .candidates import table_option, table_options
 from .greedy import _place
@@ -22,7 +23,8 @@ def naive(problem: Problem) -> Assignment:
     world, local = problem.world, problem.topology.gpus_per_host
     a = Assignment()
     for r in problem.regions:
-        shard = world > 1 and r.params > 0 and problem.can_place(r.name)
+        shard = world > 1 and r.params > 0 and problem.can_place(r.name) \
+            and problem.offers(dense_strategy("fsdp"))
         a.dense[r.name] = DenseChoice("fsdp" if shard else REPLICATED_DENSE)
     shards = np.zeros(world)
     next_rank = 0

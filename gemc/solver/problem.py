@@ -12,19 +12,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from types import SimpleNamespace
 from typing import Any
 
 from torch import fx
 
 from gemc import ir
+from gemc.context import PassContext
 from gemc.cost_model.activations import saved_activation_bytes
 from gemc.cost_model.step_model import predict_step
 from gemc.cost_model.topology import Topology
 from gemc.cost_model.types import RegionCost, StepOptions, StepPrediction, TableCost
 from gemc.costing import region_boundary_bytes, region_costs, table_costs
 from gemc.ir import OpKind
-from gemc.sharding import REPLICATED_DENSE
+from gemc.sharding import REPLICATED_DENSE, DenseStrategy, runner_executes
 
 GB = 1e9
 
@@ -48,7 +48,10 @@ class SolverSettings:
     seed: int = 0
     gap_limit: float = 1e-3        # stop once within 0.1% of the bound
     memory_reserve: float = 0.05
-    allow_tp: bool = True
+    # offer only what the runner executes (gemc.sharding.runner_executes); False: also the
+    # strategies it refuses (tensor parallel, sharded regions next to graph-mode kernels),
+    # for cost-model studies of plans that cannot run yet
+    runner_only: bool = True
     allow_checkpoint: bool = False
     max_placement_vars: int = 6_000
     packing_slack: float = 0.03   # memory a bin of several ranks keeps free for packing
@@ -162,6 +165,9 @@ class Problem:
     placeable: frozenset[str] | None = None
     # the model's entrypoint (FILE.py:FUNC): an infeasibility fix names its own parameters
     entrypoint: str | None = None
+    # the plan's kernels put the runner in graph mode (graph_summary.runs_graph_mode): on
+    # several ranks it then executes replicated regions only
+    graph_mode: bool = False
 
     @property
     def world(self) -> int:
@@ -182,18 +188,23 @@ class Problem:
     def can_place(self, region: str) -> bool:
         return self.placeable is None or region in self.placeable
 
+    def offers(self, strategy: DenseStrategy) -> bool:
+        """Whether the planners may give a region ``strategy``: what the runner executes
+        for this plan (``runner_executes``), unless the settings admit the rest."""
+        return not self.settings.runner_only or runner_executes(
+            strategy, world_size=self.world, graph_mode=self.graph_mode)
+
 
 def problem_from_graph(
-    gm: fx.GraphModule, ctx: Any, settings: SolverSettings | None = None,
+    gm: fx.GraphModule, ctx: PassContext, settings: SolverSettings | None = None,
     options: StepOptions | None = None,
 ) -> Problem:
     """The regions and tables of an annotated graph (after predict-time), as the plan
     builder will summarise them and ``gemc.costing`` will price them."""
-    from gemc.graph_summary import region_summaries, table_summaries
+    from gemc.graph_summary import region_summaries, runs_graph_mode, table_summaries
 
-    shim = SimpleNamespace(param_dtypes=ctx.param_dtypes)
-    tables = table_summaries(gm, shim)  # type: ignore[arg-type]
-    regions = region_summaries(gm, shim, {t["fqn"] for t in tables})  # type: ignore[arg-type]
+    tables = table_summaries(gm, ctx.param_dtypes)
+    regions = region_summaries(gm, {t["fqn"] for t in tables})
     costs = region_costs(regions, saved_activation_bytes(gm), region_boundary_bytes(gm))
     placeable = frozenset(
         str(n.meta.get(ir.REGION, ""))
@@ -205,11 +216,12 @@ def problem_from_graph(
         regions=tuple(replace(r, strategy=REPLICATED_DENSE, shard_group=0, checkpoint=False) for r in costs),
         tables=tuple(table_costs(tables)),
         topology=ctx.topology,
-        calibration=getattr(ctx, "calibration", None),
+        calibration=ctx.calibration,
         options=options or StepOptions(),
         settings=settings or SolverSettings(),
         placeable=placeable,
-        entrypoint=getattr(ctx, "entrypoint", None),
+        entrypoint=ctx.entrypoint,
+        graph_mode=runs_graph_mode(gm),
     )
 
 

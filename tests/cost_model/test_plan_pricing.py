@@ -30,7 +30,6 @@ def _tiny_plan_graph(entry: str):
     cap = capture(spec, entrypoint=entry)
     ctx = pass_context(entry, {"preset": "tiny"}, cap, topo)
     ctx.calibration = resolve_calibration("auto", "h200")
-    ctx.options["solver"] = {}
     return PassManager(default_pipeline("greedy")).run(cap.gm, ctx, capture_seconds=0)
 
 
@@ -129,16 +128,13 @@ def test_launch_count_counts_groups_once(gem_plan_graph):
 
 def test_gradient_additions_are_priced_in_their_regions(gem_plan_graph):
     """A tensor read by several ops costs the backward's adds; the regions carry them."""
-    from types import SimpleNamespace
-
     from gemc.graph_summary import gradient_accumulation_ms, region_summaries, table_summaries
 
     gm = gem_plan_graph
     adds = gradient_accumulation_ms(gm)
     assert adds and all(ms > 0 for ms in adds.values())
-    shim = SimpleNamespace(param_dtypes={})
-    tables = {t["fqn"] for t in table_summaries(gm, shim)}
-    regions = region_summaries(gm, shim, tables)
+    tables = {t["fqn"] for t in table_summaries(gm, {})}
+    regions = region_summaries(gm, tables)
     counted = {n for n in gm.graph.nodes if n.op == "call_function"
                and ir.kind_of(n) not in (ir.OpKind.VIEW, ir.OpKind.EMBEDDING)
                and not n.meta.get(ir.TABLE)}

@@ -239,21 +239,17 @@ def test_graph_summary_names_each_tables_path(annotated) -> None:
         gm.meta[ir.PRICING] = {**saved, "world_size": 8}
         assert set(table_lookup_paths(gm).values()) == {SPARSE}
         # every rank calls every lookup there: not priced on the holders as graph splits
-        from types import SimpleNamespace
-
         from gemc.graph_summary import table_summaries
-        assert not any(t["routed"] for t in table_summaries(gm, SimpleNamespace(param_dtypes={})))
+        assert not any(t["routed"] for t in table_summaries(gm, {}))
     finally:
         gm.meta[ir.PRICING] = saved
 
 
 def test_plan_records_both_route_prices_and_takes_the_cheaper(annotated) -> None:
-    from types import SimpleNamespace
-
     from gemc.graph_summary import table_lookup_paths, table_summaries
 
     gm = annotated["din"]
-    tables = {t["fqn"]: t for t in table_summaries(gm, SimpleNamespace(param_dtypes={}))}
+    tables = {t["fqn"]: t for t in table_summaries(gm, {})}
     paths = table_lookup_paths(gm)
     assert tables and all("route_ms" in t for t in tables.values())
     for fqn, t in tables.items():
@@ -264,7 +260,7 @@ def test_plan_records_both_route_prices_and_takes_the_cheaper(annotated) -> None
     assert not any(t["padding_row"] for t in tables.values())
     # a batched table has no choice to record
     assert all("route_ms" not in t
-               for t in table_summaries(annotated["dlrm"], SimpleNamespace(param_dtypes={})))
+               for t in table_summaries(annotated["dlrm"], {}))
 
 
 def test_loss_side_lookups_see_the_saved_activations() -> None:

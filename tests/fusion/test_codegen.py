@@ -25,6 +25,7 @@ from gemc.backends.triton.codegen.kernels import (
     passes_gradient_through,
     reloaded_outputs,
 )
+from gemc.backends.triton.runtime import cdiv
 from gemc.passes.classify_ops import ClassifyOps
 from gemc.passes.count_flops_bytes import CountFlopsBytes
 from gemc.passes.fuse import Fuse
@@ -392,6 +393,23 @@ def test_launch_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPat
     assert host._row_programs(1000, 16) == (63, 1)
     monkeypatch.setattr(host, "ROW_PROGRAMS", 10)
     assert host._row_programs(1000, 16) == (9, 7)  # 63 blocks: 7 each, 9 programs
+
+
+def test_launch_shapes_scale_with_the_devices_sms(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unset, the row programs and the wgrad's split are per SM of the device (what was
+    tuned on the H200's 132 SMs), so an A100 (108) or a B200 (148) gets as many per SM."""
+    monkeypatch.setattr(host, "ROW_PROGRAMS", None)
+    monkeypatch.setattr(host, "INTERPRETED", False)
+    for sms in (132, 108, 148):
+        monkeypatch.setattr(host, "sm_count", lambda sms=sms: sms)
+        assert host.row_programs() == 16 * sms
+        assert host.loop_launch()["row_programs"] == 16 * sms
+        blocks = 3 * 16 * sms  # three row blocks for each program
+        assert host._row_programs(16 * blocks, 16) == (16 * sms, 3)
+        # the split-M wgrad: two programs per SM over its 128 x 128 tiles
+        assert host._Gemm._split(1 << 20, 256, 256) == cdiv(2 * sms, 4)
+    monkeypatch.setattr(host, "ROW_PROGRAMS", 5)
+    assert host.row_programs() == 5
 
 
 def _bwd_source(name: str) -> str:

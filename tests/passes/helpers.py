@@ -37,8 +37,7 @@ def dump_after(pass_name: str, func: str = "build") -> str:
 
 
 def graph_of(model: torch.nn.Module, inputs: Sequence[torch.Tensor], passes: Sequence[Pass],
-             *, topology: str | None = None, options: dict[str, Any] | None = None,
-             precision_probe: Any = None) -> tuple[fx.GraphModule, PassContext]:
+             *, topology: str | None = None, precision_probe: Any = None) -> tuple[fx.GraphModule, PassContext]:
     """``model`` (a small module written in the test, returning a scalar loss) captured as
     a compile captures it and run through ``passes`` only (verified after each, as in a
     compile); ``topology`` a spec such as ``"h200:1x1"``; ``precision_probe`` what
@@ -52,7 +51,7 @@ def graph_of(model: torch.nn.Module, inputs: Sequence[torch.Tensor], passes: Seq
     ctx = PassContext(entrypoint="test", param_fqns=captured.param_fqns,
                       param_shapes=captured.param_shapes, param_dtypes=captured.param_dtypes,
                       topology=parse_topology(topology) if topology else None,
-                      options=dict(options or {}), precision_probe=precision_probe)
+                      precision_probe=precision_probe)
     return PassManager(list(passes)).run(captured.gm, ctx), ctx
 
 

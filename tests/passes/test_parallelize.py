@@ -17,7 +17,9 @@ from gemc.passes.predict_time import PredictTime
 from torch import nn
 
 from gemc import ir
+from gemc.config import CompileConfig
 from gemc.errors import GemcUserError
+from gemc.solver.problem import SolverSettings
 from tests.passes.filecheck import check_graph
 from tests.passes.helpers import annotated, graph_of
 
@@ -34,12 +36,12 @@ class _Tables(nn.Module):
         return self.fc(pooled).sum()
 
 
-def _planned(big_rows: int, planner: str = "greedy", options: dict | None = None):
+def _planned(big_rows: int, planner: str = "greedy"):
     with torch.device("meta"):  # the big table is ~150 GB: never allocated
         model = _Tables(big_rows)
     return graph_of(model, (torch.zeros(64, dtype=torch.long), torch.arange(0, 64, 4)),
-                    annotated(PredictTime(), Parallelize(planner)), topology="h200:1x2",
-                    options={"solver": {"time_limit_s": 2.0}, **(options or {})})
+                    annotated(PredictTime(), Parallelize(planner, SolverSettings(time_limit_s=2.0))),
+                    topology="h200:1x2")
 
 
 @pytest.mark.parametrize("planner", ["greedy", "cpsat"])
@@ -76,6 +78,12 @@ def test_a_table_no_plan_can_hold_is_a_user_error_naming_it():
     assert "big.weight" in str(info.value), str(info.value)
 
 
-def test_a_bad_solver_option_is_a_user_error():
+def test_a_bad_solver_option_is_a_user_error_before_capture():
+    """The pass takes typed settings; the user's mapping is checked when the driver builds
+    the pipeline (CompileConfig.validate, before any capture)."""
     with pytest.raises(GemcUserError, match="unknown solver option"):
-        _planned(1000, options={"solver": {"time_limit": 1}})
+        CompileConfig(planner="greedy", solver={"time_limit": 1}).validate()
+    placement = CompileConfig(planner="greedy", solver={"time_limit_s": 3.0},
+                              table_precision="auto").pipeline()[-1]
+    assert placement == Parallelize("greedy", SolverSettings(time_limit_s=3.0),
+                                    table_precision="auto")

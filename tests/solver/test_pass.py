@@ -3,7 +3,6 @@ report, predict what the solver optimised, and compile to the same bytes twice."
 
 from __future__ import annotations
 
-import copy
 import json
 
 import pytest
@@ -109,15 +108,41 @@ def test_bad_planner_and_time_limit_are_user_errors(tmp_path, capsys):
 
 def test_replan_writes_the_plan_a_compile_writes(gem_tiny):
     """One emission for both drivers: the table optimizer and the exchange precision the
-    context fixes reach a replanned plan and its prediction, as they reach a compile's."""
+    compile's options fix reach a replanned plan and its prediction, as they reach a
+    compile's."""
     gm, ctx, captured = gem_tiny
     topo = parse_topology("h200:2x4")
-    fixed = copy.copy(ctx)
-    fixed.options = {**ctx.options, "exchange_precision": "bf16",
-                     "table_optimizer": "rowwise_adagrad"}
-    plan, _ = replan(gm, fixed, captured, topo, "greedy")
+    plan, _ = replan(gm, ctx, captured, topo, "greedy", exchange_precision="bf16",
+                     table_optimizer="rowwise_adagrad")
     assert plan["exchange"]["forward"] == "bf16", plan["exchange"]
     assert plan["optimizer"] == {"embedding": {"kind": "rowwise_adagrad"}}
     plain, _ = replan(gm, ctx, captured, topo, "greedy")
     assert plain["exchange"]["forward"] == "fp32"
     assert plan["predicted"]["breakdown_ms"] != plain["predicted"]["breakdown_ms"]
+
+
+def test_several_ranks_next_to_kernels_are_planned_as_the_runner_executes(plans, gem_tiny):
+    """On several ranks the runner's graph mode runs replicated regions only
+    (check_graph_mode refuses fsdp/hsdp/tp beside kernels); the planners search only what
+    the runner executes (gemc.sharding.runner_executes), so every plan passes that check.
+    With the filter off the naive planner's FSDP plan is the one the runner refused."""
+    from gemc.backends.torch.graph_mode import check_graph_mode
+
+    from gemc.errors import PlanError
+    from gemc.graph_summary import runs_graph_mode
+    from gemc.kernel_kinds import graph_kinds
+
+    def check(plan: dict) -> None:
+        check_graph_mode([k for k in plan["kernels"] if k["kind"] in graph_kinds()],
+                         world_size=plan["mesh"]["world_size"], regions=plan["regions"])
+
+    gm, ctx, captured = gem_tiny
+    assert runs_graph_mode(gm)
+    for name, plan in plans.items():
+        assert {r["strategy"] for r in plan["regions"]} == {"ddp"}, name
+        check(plan)
+    unfiltered, _ = replan(gm, ctx, captured, parse_topology("h200:2x4"), "naive",
+                           {"runner_only": False})
+    assert "fsdp" in {r["strategy"] for r in unfiltered["regions"]}
+    with pytest.raises(PlanError, match="are not ddp"):
+        check(unfiltered)

@@ -12,6 +12,7 @@ its epilogue is not affine) and recomputes everything else in registers.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import math
@@ -21,7 +22,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -30,7 +31,10 @@ from .kernels import passes_gradient_through
 from .spec import kernel_classes, reduced_value, sha256
 
 _MODULES: dict[str, ModuleType] = {}
-SM_TARGET = 264  # programs that keep an H200's 132 SMs busy (two per SM)
+_D = TypeVar("_D", int, None)
+WGRAD_PROGRAMS_PER_SM = 2  # the split-M wgrad's programs: two per SM keep every SM busy
+PROGRAMS_PER_SM = 16  # a looping backward pass's row programs (ROW_PROGRAMS, below)
+FALLBACK_SMS = 132  # an H200's, where no CUDA device is visible (launch shapes for reports)
 WGRAD_PARTIAL_BYTES = 256 << 20  # cap of the split-M wgrad's fp32 partial sums
 
 
@@ -721,7 +725,7 @@ class _Gemm(_Impl):
         if INTERPRETED:
             return max(1, min(2, cdiv(m, 64)))
         tiles = cdiv(n, 128) * cdiv(k, 128)
-        split = max(1, cdiv(SM_TARGET, tiles))
+        split = max(1, cdiv(WGRAD_PROGRAMS_PER_SM * sm_count(), tiles))
         split = min(split, max(1, m // 512), max(1, WGRAD_PARTIAL_BYTES // (4 * n * k)))
         return split
 
@@ -731,7 +735,21 @@ def _tile_n(n: int) -> int:
     return min(next_pow2(n, 16), 256)
 
 
-def _env_int(name: str, default: int) -> int:
+def sm_count() -> int:
+    """Streaming multiprocessors of the current CUDA device (132 on an H200), which the
+    launch shapes scale with, so a kernel fills another GPU as it fills the H200 it was
+    tuned on; ``FALLBACK_SMS`` where no CUDA device is visible."""
+    return _sm_count(torch.cuda.current_device() if torch.cuda.is_available() else -1)
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    if index < 0:
+        return FALLBACK_SMS
+    return int(torch.cuda.get_device_properties(index).multi_processor_count)
+
+
+def _env_int(name: str, default: _D) -> int | _D:
     """An integer launch setting from the environment (unset or empty: ``default``)."""
     value = os.environ.get(name, "").strip()
     if not value:
@@ -752,9 +770,9 @@ LOOP_TILE = _env_int("GEMC_LOOP_TILE", 8192 if INTERPRETED else 1024)
 thread at 4 warps on Hopper for the fusion benchmark's groups, 2048 already 45-150
 (``benchmarks/kernel_resources.py``); the interpreter wants few, large tiles (each is a
 numpy op)."""
-ROW_PROGRAMS = _env_int("GEMC_ROW_PROGRAMS", 3 if INTERPRETED else 132 * 16)
-"""Programs of a looping backward pass along the rows (``GEMC_ROW_PROGRAMS``): 16 per H200
-SM, the fastest backward of all three fusion cases in ``benchmarks/bwd_sweep.py`` on the
+ROW_PROGRAMS = _env_int("GEMC_ROW_PROGRAMS", 3 if INTERPRETED else None)
+"""Programs of a looping backward pass along the rows (``GEMC_ROW_PROGRAMS``; None:
+``PROGRAMS_PER_SM`` per SM of the device, 2112 on an H200): 16 per H200 SM, the fastest backward of all three fusion cases in ``benchmarks/bwd_sweep.py`` on the
 H200 (2026-12-02, tile 1024: LayerNorm 0.571 ms, pointwise 0.492, masked sum 0.302; at 8 per
 SM 0.733 / 0.499 / 0.358; ``benchmarks/results/bwd_sweep_h200.log``); under the interpreter
 few, so the tests walk several row blocks per program. 0 (or less): one row block per
@@ -774,15 +792,21 @@ def _loop_rows(bn: int) -> int:
 def _row_programs(m: int, bm: int) -> tuple[int, int]:
     """(programs, row blocks per program) covering ``m`` rows in blocks of ``bm``."""
     blocks = max(1, cdiv(m, bm))
-    if ROW_PROGRAMS <= 0:
+    programs = row_programs()
+    if programs <= 0:
         return blocks, 1
-    iters = cdiv(blocks, min(blocks, ROW_PROGRAMS))
+    iters = cdiv(blocks, min(blocks, programs))
     return cdiv(blocks, iters), iters
+
+
+def row_programs() -> int:
+    """``ROW_PROGRAMS`` in force: the setting, else ``PROGRAMS_PER_SM`` per SM."""
+    return ROW_PROGRAMS if ROW_PROGRAMS is not None else PROGRAMS_PER_SM * sm_count()
 
 
 def loop_launch() -> dict[str, int]:
     """The looping backward passes' launch settings now in force (for reports)."""
-    return {"loop_tile": LOOP_TILE, "row_programs": ROW_PROGRAMS, "loop_stages": LOOP_STAGES}
+    return {"loop_tile": LOOP_TILE, "row_programs": row_programs(), "loop_stages": LOOP_STAGES}
 
 
 def _autocast_dtype(t: torch.Tensor) -> torch.dtype | None:
