@@ -70,8 +70,8 @@ from .codegen.host import make_runner
 from .graph_runner import _SKIP, GraphRunner, _rank
 from .packed_tokens import TokenLayout
 
-__all__ = ["CHOICE_ENV", "Built", "Emitter", "build", "choice_and_source", "default_choice",
-           "measure_groups", "runner_for"]
+__all__ = ["CHOICE_ENV", "Built", "Column", "Emitter", "build", "choice_and_source",
+           "default_choice", "in_join_order", "measure_groups", "merge_columns", "runner_for"]
 
 CHOICE_ENV = "GEMC_GROUP_CHOICE"
 """``gemc`` / ``inductor`` forces every generated group's choice (A/B runs); unset or
@@ -211,6 +211,33 @@ def merge_columns(values: Sequence[Any], columns: Mapping[fx.Node, Column]) -> l
             run_values.append(v)
     flush()
     return out
+
+
+def in_join_order(gm: fx.GraphModule, entry: dict[str, Any]) -> dict[str, Any]:
+    """``entry`` with a batched lookup's tables in the order the graph joins their outputs
+    (its ``cat`` / ``stack`` nodes in graph order, each's operands in order; tables no join
+    reads keep the plan's order, after those): its output's columns then lie in that order,
+    so each join reads one view of them (:func:`merge_columns`). Other entries as they are.
+
+    Why: GEM stacks its 100 tables in groups of one dim (60 of dim 64, 20 of 96, 20 of
+    128, interleaved in table order), which left few adjacent columns to merge; a copy
+    kernel per table in the forward and again in the backward stayed (GEM's first step on
+    the H200 ran Inductor's runtime autotuning 288 times, 7.3 s). The order is the runner's
+    layout of the fused buffer, not the plan's: each table's weights and optimizer state
+    are still views the runner hands to its table (checkpoints are per table), and the
+    lookups, the update and the loss are the same; a bf16 / fp8 table's stochastic
+    rounding draws by its place in the buffer, so those bits move, not their law."""
+    if entry.get("kind") != "batched_embedding_bag":
+        return entry
+    position = {t["output"]: i for i, t in enumerate(entry["tables"])}
+    order: list[int] = []
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in (torch.ops.aten.cat.default,
+                                                          torch.ops.aten.stack.default):
+            order += [position.pop(a.name) for a in node.args[0]
+                      if isinstance(a, fx.Node) and a.name in position]
+    order += sorted(position.values())
+    return {**entry, "tables": [entry["tables"][i] for i in order]}
 
 
 def runner_for(gm: fx.GraphModule, entries: Sequence[dict[str, Any]],
