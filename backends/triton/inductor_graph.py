@@ -23,7 +23,11 @@ execute one plan identically) are *emitted* into a new FX graph instead:
   (``build(attention_guards=...)``), ``gemc::key_lengths_attention`` on the lengths it
   found (or the padded attention), in the graph (these are their kind's ``emit``, in
   ``kinds/attention.py``);
-* ``batched_embedding_bag`` -> the flat offsets (ATen ops) and one ``gemc::embedding_bag``;
+* ``batched_embedding_bag`` -> its flat ids and offsets (``gemc::bag_inputs``) and one
+  ``gemc::embedding_bag``, each table's output a column view of its output; a ``cat`` or
+  ``stack`` of adjacent columns reads them as one view (:func:`merge_columns`; the tables
+  laid out in the order the graph joins them, :func:`in_join_order`), not one copy kernel
+  per table forward and backward;
 * ``transposed_linear`` -> its ATen formulation (a batched GEMM reading ``x`` in place);
 * every other node -> its op (``device=`` arguments captured on meta point at the run's
   device; ``_assert_tensor_metadata`` nodes are dropped);
