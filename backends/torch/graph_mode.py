@@ -268,9 +268,10 @@ class GraphExecutor:
             params.setdefault(fqn, torch.empty(0, device=device))
         try:
             if executor == "inductor":
-                from gemc.backends.triton.inductor_graph import runner_for
+                from gemc.backends.triton.inductor_graph import in_join_order, runner_for
                 from gemc.backends.triton.region_guard import RegionGuard
 
+                entries = [in_join_order(gm, e) for e in entries]
                 self.runner, left = runner_for(gm, entries, params, device=device, calls=calls)
                 self.not_applied += left
                 self.guard = RegionGuard.of(self.runner)

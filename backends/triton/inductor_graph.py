@@ -23,7 +23,11 @@ execute one plan identically) are *emitted* into a new FX graph instead:
   (``build(attention_guards=...)``), ``gemc::key_lengths_attention`` on the lengths it
   found (or the padded attention), in the graph (these are their kind's ``emit``, in
   ``kinds/attention.py``);
-* ``batched_embedding_bag`` -> the flat offsets (ATen ops) and one ``gemc::embedding_bag``;
+* ``batched_embedding_bag`` -> its flat ids and offsets (``gemc::bag_inputs``) and one
+  ``gemc::embedding_bag``, each table's output a column view of its output; a ``cat`` or
+  ``stack`` of adjacent columns reads them as one view (:func:`merge_columns`; the tables
+  laid out in the order the graph joins them, :func:`in_join_order`), not one copy kernel
+  per table forward and backward;
 * ``transposed_linear`` -> its ATen formulation (a batched GEMM reading ``x`` in place);
 * every other node -> its op (``device=`` arguments captured on meta point at the run's
   device; ``_assert_tensor_metadata`` nodes are dropped);
@@ -70,8 +74,8 @@ from .codegen.host import make_runner
 from .graph_runner import _SKIP, GraphRunner, _rank
 from .packed_tokens import TokenLayout
 
-__all__ = ["CHOICE_ENV", "Built", "Emitter", "build", "choice_and_source", "default_choice",
-           "measure_groups", "runner_for"]
+__all__ = ["CHOICE_ENV", "Built", "Column", "Emitter", "build", "choice_and_source",
+           "default_choice", "in_join_order", "measure_groups", "merge_columns", "runner_for"]
 
 CHOICE_ENV = "GEMC_GROUP_CHOICE"
 """``gemc`` / ``inductor`` forces every generated group's choice (A/B runs); unset or
@@ -156,12 +160,88 @@ def _call_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: 
 
 
 def _call_embeddings(name: str, module: nn.Module, entry: dict[str, Any],
-                     ids: list[torch.Tensor], offsets: list[torch.Tensor]) -> list[torch.Tensor]:
+                     ids: list[torch.Tensor], offsets: list[torch.Tensor]) -> torch.Tensor:
+    """The batched lookup's whole ``[B, sum(dims)]`` output; each table's pooled value is a
+    column view of it (:meth:`Emitter.embeddings`)."""
     flat_ids, flat_offsets, psw = _embedding_inputs(entry, ids, offsets)
-    out = torch.ops.gemc.embedding_bag(name, module.weights, module.momentum1,
-                                       module.momentum2, flat_ids, flat_offsets, psw,
-                                       module._anchor)
-    return list(module.split_output(out))
+    return torch.ops.gemc.embedding_bag(name, module.weights, module.momentum1,
+                                        module.momentum2, flat_ids, flat_offsets, psw,
+                                        module._anchor)
+
+
+@dataclass(frozen=True)
+class Column:
+    """Columns ``[first, first + width)`` of a batched lookup's whole output in the new
+    graph (``whole``: its width): a table's pooled value, or a run of adjacent ones."""
+
+    base: fx.Node
+    first: int
+    width: int
+    whole: int
+
+
+def merge_columns(values: Sequence[Any], columns: Mapping[fx.Node, Column]) -> list[Any]:
+    """``values`` (a ``cat`` along dim 1) with each run of two or more adjacent column views
+    of one batched lookup's output, in column order, replaced by the :class:`Column` it
+    spans (the caller emits it as one view); other values as they are.
+
+    Why: a model concatenating its pooled features (DLRM's ``cat([bottom, *pooled], 1)``,
+    26 tables on the H200) makes Inductor write one copy kernel per table in the forward,
+    and in the backward the split's gradient is a ``cat`` of those columns again, one more
+    copy kernel per table, each autotuned on the first step; a merged run is one slice of
+    the output both ways."""
+    out: list[Any] = []
+    run: list[Column] = []
+
+    def flush() -> None:
+        if len(run) > 1:
+            out.append(Column(run[0].base, run[0].first,
+                              run[-1].first + run[-1].width - run[0].first, run[0].whole))
+        else:
+            out.extend(run_values)
+        run.clear()
+        run_values.clear()
+
+    run_values: list[Any] = []
+    for v in values:
+        col = columns.get(v) if isinstance(v, fx.Node) else None
+        if col is None or not run or col.base is not run[-1].base or \
+                col.first != run[-1].first + run[-1].width:
+            flush()
+        if col is None:
+            out.append(v)
+        else:
+            run.append(col)
+            run_values.append(v)
+    flush()
+    return out
+
+
+def in_join_order(gm: fx.GraphModule, entry: dict[str, Any]) -> dict[str, Any]:
+    """``entry`` with a batched lookup's tables in the order the graph joins their outputs
+    (its ``cat`` / ``stack`` nodes in graph order, each's operands in order; tables no join
+    reads keep the plan's order, after those): its output's columns then lie in that order,
+    so each join reads one view of them (:func:`merge_columns`). Other entries as they are.
+
+    Why: GEM stacks its 100 tables in groups of one dim (60 of dim 64, 20 of 96, 20 of
+    128, interleaved in table order), which left few adjacent columns to merge; a copy
+    kernel per table in the forward and again in the backward stayed (GEM's first step on
+    the H200 ran Inductor's runtime autotuning 288 times, 7.3 s). The order is the runner's
+    layout of the fused buffer, not the plan's: each table's weights and optimizer state
+    are still views the runner hands to its table (checkpoints are per table), and the
+    lookups, the update and the loss are the same; a bf16 / fp8 table's stochastic
+    rounding draws by its place in the buffer, so those bits move, not their law."""
+    if entry.get("kind") != "batched_embedding_bag":
+        return entry
+    position = {t["output"]: i for i, t in enumerate(entry["tables"])}
+    order: list[int] = []
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in (torch.ops.aten.cat.default,
+                                                          torch.ops.aten.stack.default):
+            order += [position.pop(a.name) for a in node.args[0]
+                      if isinstance(a, fx.Node) and a.name in position]
+    order += sorted(position.values())
+    return {**entry, "tables": [entry["tables"][i] for i in order]}
 
 
 def runner_for(gm: fx.GraphModule, entries: Sequence[dict[str, Any]],
@@ -325,6 +405,7 @@ class Emitter:
         self.env: dict[fx.Node, Any] = {}
         self.attrs: dict[str, fx.Node] = {}
         self.unpacked: dict[fx.Node, fx.Node] = {}
+        self.columns: dict[fx.Node, Column] = {}  # batched lookups' table outputs
         self.choices: dict[str, str] = {}
         self.sources: dict[str, str] = {}
         for name, module in runner.tables.items():
@@ -503,7 +584,7 @@ class Emitter:
                                                  self.env[col], *self.region(x)))
         elif node in self.packed:
             self.packed_node(node)
-        elif self.segment_sum(node):
+        elif self.segment_sum(node) or self.cat(node):
             pass
         else:
             args = fx.node.map_arg(node.args, self.padded)
@@ -581,9 +662,43 @@ class Emitter:
         mod = self.attr("t_" + name.replace(".", "__"), module)
         ids = [self.padded(by_name[t["ids"]]) for t in entry["tables"]]
         offs = [self.padded(by_name[t["offsets"]]) for t in entry["tables"]]
-        call = self.call(_call_embeddings, (name, mod, entry, ids, offs))
-        for j, t in enumerate(entry["tables"]):
-            self.store(by_name[t["output"]], self.call(operator.getitem, (call, j)), False)
+        out = self.call(_call_embeddings, (name, mod, entry, ids, offs))
+        first = 0
+        for t, width in zip(entry["tables"], module.dims):
+            view = self.call(torch.narrow, (out, 1, first, width))
+            self.columns[view] = Column(out, first, width, module.total_dim)
+            self.store(by_name[t["output"]], view, False)
+            first += width
+
+    def cat(self, node: fx.Node) -> bool:
+        """A ``cat`` or ``stack`` along dim 1 of 2-d values with adjacent columns of a
+        batched lookup among them reads each run as one view (:func:`merge_columns`): for
+        ``cat`` the run's columns, for ``stack`` (equal widths) the same columns as
+        ``[B, n, width]``."""
+        stack = node.target is torch.ops.aten.stack.default
+        if not self.columns or not (stack or node.target is torch.ops.aten.cat.default):
+            return False
+        values = [self.padded(a) for a in node.args[0]]
+        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+        rank = node.meta["val"].dim()
+        if rank != (3 if stack else 2) or dim % rank != 1:
+            return False
+        parts = merge_columns(values, self.columns)
+        if not any(isinstance(p, Column) for p in parts):
+            return False
+        width = int(node.meta["val"].shape[2]) if stack else 0
+        pieces = []
+        for p in parts:
+            if not isinstance(p, Column):
+                pieces.append(self.call(torch.unsqueeze, (p, 1)) if stack else p)
+                continue
+            view = p.base if p.width == p.whole else \
+                self.call(torch.narrow, (p.base, 1, p.first, p.width))
+            pieces.append(self.call(torch.unflatten, (view, 1, (p.width // width, width)))
+                          if stack else view)
+        self.env[node] = pieces[0] if stack and len(pieces) == 1 else \
+            self.call(torch.ops.aten.cat.default, (pieces, 1))
+        return True
 
     def group(self, unit: dict[str, Any]) -> None:
         """A generated group through ``gemc::fused_group``; inside a packed region at the

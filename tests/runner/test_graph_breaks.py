@@ -19,6 +19,7 @@ from gemc.plan import write_plan
 
 MMOE = "examples/zoo/mmoe.py:build"
 GEM = "examples/gem/model.py:build"
+DLRM = "examples/dlrm/model.py:build"
 
 
 def _run(entry: str, tmp_path, steps: int = 2, **args: object):  # noqa: ANN202
@@ -56,3 +57,13 @@ def test_gem_trains_as_one_compiled_frame_its_tables_updated_inside_it(tmp_path)
     assert {"batched_embedding_bag", "key_padding_attention"} <= kinds
     assert result.report["graph_executor"]["table_lookups"]  # the batched tables ran
     assert "batched" in result.report["graph_executor"]["table_lookups"].values()
+
+
+def test_dlrm_compiles_one_frame_once_for_every_step(tmp_path) -> None:
+    """DLRM (every table in the batched lookup, no guarded region) compiles one graph for
+    every step: one Dynamo frame, no graph break, no recompile after the first step (a
+    recompile is a whole second compile, first-step sized, at a later step)."""
+    plan, result = _run(DLRM, tmp_path, steps=3)
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    assert len(result.report["graph_executor"]["compiled_variants"]) == 1
+    assert set(result.report["graph_executor"]["table_lookups"].values()) == {"batched"}
