@@ -119,3 +119,32 @@ def test_empty_and_errors() -> None:
         quantize_rows(torch.zeros(2, 3, 4))
     with pytest.raises(TypeError, match="bf16, fp16 or fp32"):
         quantize_cols(torch.zeros(4, 4, dtype=torch.int32))
+
+
+@pytest.mark.parametrize(("launch", "kernels"), [("_rows", 1), ("_cols", 2)])
+def test_launch_code_traces_to_kernel_nodes_without_guarding_the_token_count(
+        monkeypatch, launch, kernels) -> None:
+    """What makes the ops ``triton_op``s on a GPU: traced with symbolic sizes (as AOTAutograd
+    decomposes a ``triton_op`` under torch.compile), the launch code is ``kernels`` Triton
+    kernel nodes plus allocations, with no Python op in between, and it specialises nothing
+    on the token count M (the graph holds for every M; the feature count may be guarded).
+    On the CPU the kernels are interpreted functions, which ``wrap_triton`` does not trace,
+    so they are re-wrapped as JIT functions (traced, never launched) for this check."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    for name, value in list(vars(fp8_quant).items()):
+        if isinstance(value, InterpretedFunction):
+            monkeypatch.setattr(fp8_quant, name, JITFunction(value.fn))
+    x = torch.randn(48, 37, dtype=torch.bfloat16, device="cpu")  # [K, M]: x.t() is strided
+    # M in the cols kernel's x[M, K] and the rows kernel's x[M, K] alike
+    gm = make_fx(lambda t: getattr(fp8_quant, launch)(t.t(), False), tracing_mode="symbolic")(x)
+    targets = [getattr(n.target, "__name__", str(n.target)) for n in gm.graph.nodes
+               if n.op == "call_function"]
+    assert targets.count("triton_kernel_wrapper_mutation") == kernels, targets
+    assert not [t for t in targets if "gemc" in t], targets
+    fake = next(n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder")
+    m_symbol = fake.shape[1].node.expr
+    guards = fake.fake_mode.shape_env.guards
+    assert not [g for g in guards if m_symbol in g.expr.free_symbols], guards
