@@ -244,9 +244,10 @@ def quantize_rows(x: torch.Tensor, *, soft_round: bool | None = None
     """(q ``[M, K]`` row-major e4m3, scale ``[M, 1]`` fp32) with ``q * scale`` ~ ``x``, one
     power-of-two scale per row: :func:`gemc.backends.torch.fp8.quantize` (row-wise, dim 1)
     in one kernel. ``soft_round``: round in fp32 before the cast (default: under the
-    interpreter only; see the module doc). The default is the op ``gemc::fp8_quantize_rows``."""
-    if soft_round is None:
-        return torch.ops.gemc.fp8_quantize_rows(x)
+    interpreter only; see the module doc). The default rounding is the op
+    ``gemc::fp8_quantize_rows``; the other launches through ``wrap_triton``'s eager path."""
+    if _soft(soft_round) == _soft(None):
+        return torch.ops.gemc.fp8_quantize_rows.default(x)
     return _rows(x, _soft(soft_round))
 
 
@@ -258,10 +259,10 @@ def quantize_cols(x: torch.Tensor, *, soft_round: bool | None = None
     ``qt`` with ``scale`` is the left operand of ``x^T @ ...`` (``dy^T`` of the wgrad) and
     ``qt.t()`` with ``scale.t()`` the right operand of ``... @ x`` in column-major (the
     wgrad's ``x``, the dgrad's ``W``): :func:`gemc.backends.torch.fp8.quantize` along dim 0
-    plus the layout copy, in two kernels and no separate transpose. The default
-    ``soft_round`` is the op ``gemc::fp8_quantize_cols``."""
-    if soft_round is None:
-        return torch.ops.gemc.fp8_quantize_cols(x)
+    plus the layout copy, in two kernels and no separate transpose. The default rounding
+    is the op ``gemc::fp8_quantize_cols``."""
+    if _soft(soft_round) == _soft(None):
+        return torch.ops.gemc.fp8_quantize_cols.default(x)
     return _cols(x, _soft(soft_round))
 
 
