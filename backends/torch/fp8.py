@@ -420,7 +420,17 @@ def _op_gemm(a: torch.Tensor, b: torch.Tensor, choice: GemmChoice, out_dtype: to
     if choice.dtype != "fp8":
         return torch.ops.gemc.wide_mm(a, b, choice.label, _dtype_name(out_dtype))
     qa, qb, sa, sb = _quantized_operands(a, b, str(choice.scaling), quantizer)
-    out = torch.ops.gemc.fp8_scaled_mm(qa, qb, sa, sb, emulate)
+    if emulate:
+        out = torch.ops.gemc.fp8_scaled_mm(qa, qb, sa, sb, True)
+    else:
+        # The ATen op itself, not gemc's wrapper op: traced into the backward graph, Inductor
+        # calls it as an extern kernel from its generated code, where the wrapper cost a
+        # Python custom-op dispatch and these checks per call (~95 us host on the H200,
+        # benchmarks/results/session11/fp8_unit_profile.json). The contract is checked here,
+        # at trace time; autocast has no rule for ``_scaled_mm`` (its dtypes are explicit).
+        check_scaled_mm_args(qa, qb, sa, sb, FP8_OUT_DTYPE)
+        out = torch._scaled_mm(qa, qb, scale_a=sa, scale_b=sb, out_dtype=FP8_OUT_DTYPE,
+                               use_fast_accum=False)
     return out if out_dtype == FP8_OUT_DTYPE else out.to(out_dtype)
 
 
