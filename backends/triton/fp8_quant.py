@@ -195,8 +195,15 @@ def _soft(soft_round: bool | None) -> bool:
 # anyway), and the one size-dependent choice is ``torch.sym_max``.
 
 
-def _rows(x: torch.Tensor, soft: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`quantize_rows`' launch: two allocations, one kernel."""
+def _launched(kernel: Any) -> Any:
+    """A kernel as launched outside any op: directly (``wrap_triton``'s stand-in)."""
+    return kernel
+
+
+def _rows(x: torch.Tensor, soft: bool, wrap: Callable[[Any], Any] = wrap_triton
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`quantize_rows`' launch: two allocations, one kernel (``wrap``: how kernels
+    are launched: traceably in an op, :func:`_launched` outside one)."""
     _check(x, "quantize_rows")
     m, k = x.shape
     q = torch.empty((m, k), dtype=E4M3, device=x.device)
@@ -205,13 +212,14 @@ def _rows(x: torch.Tensor, soft: bool) -> tuple[torch.Tensor, torch.Tensor]:
         return q, scale
     block_k = min(next_pow2(k, 16), ROW_TILE)
     block_m = min(max(ROW_TILE // block_k, 1), 64)
-    wrap_triton(_quant_rows_kernel)[(cdiv(m, block_m),)](
+    wrap(_quant_rows_kernel)[(cdiv(m, block_m),)](
         x, q, scale, m, k, x.stride(0), x.stride(1), BLOCK_M=block_m, BLOCK_K=block_k,
         ONE_TILE=k <= block_k, SOFT=soft, num_warps=8 if block_k >= 2048 else 4)
     return q, scale
 
 
-def _cols(x: torch.Tensor, soft: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _cols(x: torch.Tensor, soft: bool, wrap: Callable[[Any], Any] = wrap_triton
+          ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`quantize_cols`' launch (the padding :data:`ALIGN`): three allocations, two
     kernels (the partials' buffer zeroed instead when there are no rows)."""
     _check(x, "quantize_cols")
@@ -228,12 +236,12 @@ def _cols(x: torch.Tensor, soft: bool) -> tuple[torch.Tensor, torch.Tensor]:
     if m == 0:
         part.zero_()
     else:
-        wrap_triton(_col_amax_kernel)[(segments, cdiv(k, bk))](
+        wrap(_col_amax_kernel)[(segments, cdiv(k, bk))](
             x, part, m, k, x.stride(0), x.stride(1), SEGMENT=SEGMENT, BLOCK_M=bm, BLOCK_K=bk,
             num_warps=4)
     # BLOCK_S fixed, not sized to the segment count: that count follows the token count,
     # which a constexpr would specialise the graph on (the amax over masked zeros is exact)
-    wrap_triton(_quant_cols_kernel)[(torch.sym_max(cdiv(m_pad, bm), 1), cdiv(k, bk))](
+    wrap(_quant_cols_kernel)[(torch.sym_max(cdiv(m_pad, bm), 1), cdiv(k, bk))](
         x, part, qt, scale, m, k, m_pad, segments, x.stride(0), x.stride(1), BLOCK_M=bm,
         BLOCK_K=bk, BLOCK_S=BLOCK_S, SOFT=soft, num_warps=4)
     return qt, scale
@@ -245,10 +253,10 @@ def quantize_rows(x: torch.Tensor, *, soft_round: bool | None = None
     power-of-two scale per row: :func:`gemc.backends.torch.fp8.quantize` (row-wise, dim 1)
     in one kernel. ``soft_round``: round in fp32 before the cast (default: under the
     interpreter only; see the module doc). The default rounding is the op
-    ``gemc::fp8_quantize_rows``; the other launches through ``wrap_triton``'s eager path."""
+    ``gemc::fp8_quantize_rows``; the other launches the kernel directly."""
     if _soft(soft_round) == _soft(None):
         return torch.ops.gemc.fp8_quantize_rows.default(x)
-    return _rows(x, _soft(soft_round))
+    return _rows(x, _soft(soft_round), _launched)
 
 
 def quantize_cols(x: torch.Tensor, *, soft_round: bool | None = None
@@ -263,7 +271,7 @@ def quantize_cols(x: torch.Tensor, *, soft_round: bool | None = None
     is the op ``gemc::fp8_quantize_cols``."""
     if _soft(soft_round) == _soft(None):
         return torch.ops.gemc.fp8_quantize_cols.default(x)
-    return _cols(x, _soft(soft_round))
+    return _cols(x, _soft(soft_round), _launched)
 
 
 # ----------------------------------------------------------------------------- custom ops
