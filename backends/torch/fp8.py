@@ -246,8 +246,9 @@ QUANTIZERS = (ATEN_QUANT, TRITON_QUANT)
 """Who quantises a row-wise fp8 GEMM's operands. ``aten`` (the default): ATen ops in the
 traced graph, which Inductor fuses into the operand's producer (a LayerNorm writes the fp8
 activation). ``triton``: gemc's kernels (:mod:`gemc.backends.triton.fp8_quant`: one pass
-per row-wise operand, the column-wise ones written transposed), opaque to Inductor, so the
-producer writes bf16 and the kernel reads it back. Which is faster is measured, per shape,
+per row-wise operand, the column-wise ones written transposed), which Inductor launches
+from its own code on a GPU but does not fuse into, so the producer writes bf16 and the
+kernel reads it back. Which is faster is measured, per shape,
 by ``benchmarks/fp8_breakdown.py`` on the GPU; tensor-wise scaling always uses ``aten``."""
 QUANTIZER_ENV = "GEMC_FP8_QUANTIZER"
 """Environment variable choosing the runner's quantizer (one of :data:`QUANTIZERS`)."""
@@ -270,7 +271,8 @@ def default_quantizer() -> str:
 
 def _kernel_operands(a: torch.Tensor, b: torch.Tensor
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`_quantized_operands` (row-wise) by gemc's Triton kernels, as custom ops.
+    """:func:`_quantized_operands` (row-wise) by gemc's Triton kernels, as ops (``triton_op``s
+    on a GPU, which torch.compile decomposes into the kernel launches).
 
     Each operand is read in the layout it has: ``a`` whose rows are strided (``dy^T`` of the
     wgrad) and ``b`` whose columns are not (``x`` of the wgrad, ``W`` of the dgrad) go
@@ -367,7 +369,9 @@ def gemm(
 # activation's quantisation into the kernel that produced it (a LayerNorm), forward and
 # backward. Inside the ops only the GEMMs run, with autocast off: a real kernel call is not
 # traced, so turning autocast off there is allowed on every version, and a compiled fp32
-# GEMM is the eager one (the autograd.Function had to widen it to float64 instead).
+# GEMM is the eager one (the autograd.Function had to widen it to float64 instead). The
+# backward's native fp8 GEMMs are the exception: ``torch._scaled_mm`` has no autocast rule,
+# so the formula calls it directly and Inductor launches it without a Python op per call.
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -415,12 +419,22 @@ def _(a: torch.Tensor, b: torch.Tensor, choice: str, out_dtype: str) -> torch.Te
 
 def _op_gemm(a: torch.Tensor, b: torch.Tensor, choice: GemmChoice, out_dtype: torch.dtype,
              emulate: bool, quantizer: str = ATEN_QUANT) -> torch.Tensor:
-    """:func:`gemm`'s values, its GEMM a custom op and its quantisation ATen ops (or the
-    ``quantizer``'s kernels)."""
+    """:func:`gemm`'s values, its GEMM ``torch._scaled_mm`` (a custom op where emulated) and
+    its quantisation ATen ops (or the ``quantizer``'s kernels)."""
     if choice.dtype != "fp8":
         return torch.ops.gemc.wide_mm(a, b, choice.label, _dtype_name(out_dtype))
     qa, qb, sa, sb = _quantized_operands(a, b, str(choice.scaling), quantizer)
-    out = torch.ops.gemc.fp8_scaled_mm(qa, qb, sa, sb, emulate)
+    if emulate:
+        out = torch.ops.gemc.fp8_scaled_mm(qa, qb, sa, sb, True)
+    else:
+        # The ATen op itself, not gemc's wrapper op: traced into the backward graph, Inductor
+        # calls it as an extern kernel from its generated code, where the wrapper cost a
+        # Python custom-op dispatch and these checks per call (~95 us host on the H200,
+        # benchmarks/results/session11/fp8_unit_profile.json). The contract is checked here,
+        # at trace time; autocast has no rule for ``_scaled_mm`` (its dtypes are explicit).
+        check_scaled_mm_args(qa, qb, sa, sb, FP8_OUT_DTYPE)
+        out = torch._scaled_mm(qa, qb, scale_a=sa, scale_b=sb, out_dtype=FP8_OUT_DTYPE,
+                               use_fast_accum=False)
     return out if out_dtype == FP8_OUT_DTYPE else out.to(out_dtype)
 
 

@@ -45,6 +45,7 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
+from torch.library import wrap_triton
 
 from .runtime import INTERPRETED, cdiv, check_launchable, next_pow2
 
@@ -61,6 +62,8 @@ SEGMENT = 512
 COL_TILE = (128, 64)
 """(rows, columns) of the cast-and-transpose kernel's tile: 128 rows make each transposed
 store 128 contiguous fp8 bytes."""
+BLOCK_S = 64
+"""Partial amaxes (segments) the cast kernel reduces per step: 64 x 512 = 32,768 rows."""
 
 
 @triton.jit
@@ -183,12 +186,24 @@ def _soft(soft_round: bool | None) -> bool:
     return INTERPRETED if soft_round is None else bool(soft_round)
 
 
-def quantize_rows(x: torch.Tensor, *, soft_round: bool | None = None
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(q ``[M, K]`` row-major e4m3, scale ``[M, 1]`` fp32) with ``q * scale`` ~ ``x``, one
-    power-of-two scale per row: :func:`gemc.backends.torch.fp8.quantize` (row-wise, dim 1)
-    in one kernel. ``soft_round``: round in fp32 before the cast (default: under the
-    interpreter only; see the module doc)."""
+# The launch code below runs in three ways: eagerly (the kernels launched by Triton's own
+# launcher), traced with symbolic sizes when the ops are ``triton_op``s under torch.compile
+# (:func:`torch.library.wrap_triton` records each launch as a graph node that Inductor
+# compiles and launches from its generated code), and traced with fake tensors (the ops'
+# meta implementation). So the sizes here may be SymInts: nothing calls ``int()`` on the
+# token count, the constexprs depend on the feature count alone (a graph specialises on it
+# anyway), and the one size-dependent choice is ``torch.sym_max``.
+
+
+def _launched(kernel: Any) -> Any:
+    """A kernel as launched outside any op: directly (``wrap_triton``'s stand-in)."""
+    return kernel
+
+
+def _rows(x: torch.Tensor, soft: bool, wrap: Callable[[Any], Any] = wrap_triton
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`quantize_rows`' launch: two allocations, one kernel (``wrap``: how kernels
+    are launched: traceably in an op, :func:`_launched` outside one)."""
     _check(x, "quantize_rows")
     m, k = x.shape
     q = torch.empty((m, k), dtype=E4M3, device=x.device)
@@ -197,59 +212,104 @@ def quantize_rows(x: torch.Tensor, *, soft_round: bool | None = None
         return q, scale
     block_k = min(next_pow2(k, 16), ROW_TILE)
     block_m = min(max(ROW_TILE // block_k, 1), 64)
-    _quant_rows_kernel[(cdiv(m, block_m),)](
+    wrap(_quant_rows_kernel)[(cdiv(m, block_m),)](
         x, q, scale, m, k, x.stride(0), x.stride(1), BLOCK_M=block_m, BLOCK_K=block_k,
-        ONE_TILE=k <= block_k, SOFT=_soft(soft_round), num_warps=8 if block_k >= 2048 else 4)
+        ONE_TILE=k <= block_k, SOFT=soft, num_warps=8 if block_k >= 2048 else 4)
     return q, scale
 
 
-def quantize_cols(x: torch.Tensor, *, align: int = ALIGN, soft_round: bool | None = None
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(qt ``[K, M_pad]`` row-major e4m3, scale ``[K, 1]`` fp32): ``x[M, K]`` quantised per
-    column (amax over M), written transposed, M zero-padded to a multiple of ``align``.
-
-    ``qt`` with ``scale`` is the left operand of ``x^T @ ...`` (``dy^T`` of the wgrad) and
-    ``qt.t()`` with ``scale.t()`` the right operand of ``... @ x`` in column-major (the
-    wgrad's ``x``, the dgrad's ``W``): :func:`gemc.backends.torch.fp8.quantize` along dim 0
-    plus the layout copy, in two kernels and no separate transpose."""
+def _cols(x: torch.Tensor, soft: bool, wrap: Callable[[Any], Any] = wrap_triton
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`quantize_cols`' launch (the padding :data:`ALIGN`): three allocations, two
+    kernels (the partials' buffer zeroed instead when there are no rows)."""
     _check(x, "quantize_cols")
     m, k = x.shape
-    m_pad = -(-m // align) * align  # _padded(m) for the default align
+    m_pad = _padded(m)
     qt = torch.empty((k, m_pad), dtype=E4M3, device=x.device)
     scale = torch.empty((k, 1), dtype=torch.float32, device=x.device)
     if k == 0:
         return qt, scale
     bm, bk = COL_TILE
-    segments = max(cdiv(m, SEGMENT), 1)
-    part = torch.empty((segments, k), dtype=torch.float32, device=x.device)
+    segments = torch.sym_max(cdiv(m, SEGMENT), 1)
+    # flat: a [segments, K] buffer's contiguity check would guard on segments == 1 (M <= 512)
+    part = torch.empty((segments * k,), dtype=torch.float32, device=x.device)
     if m == 0:
         part.zero_()
     else:
-        _col_amax_kernel[(segments, cdiv(k, bk))](
+        wrap(_col_amax_kernel)[(segments, cdiv(k, bk))](
             x, part, m, k, x.stride(0), x.stride(1), SEGMENT=SEGMENT, BLOCK_M=bm, BLOCK_K=bk,
             num_warps=4)
-    _quant_cols_kernel[(max(cdiv(m_pad, bm), 1), cdiv(k, bk))](
+    # BLOCK_S fixed, not sized to the segment count: that count follows the token count,
+    # which a constexpr would specialise the graph on (the amax over masked zeros is exact)
+    wrap(_quant_cols_kernel)[(torch.sym_max(cdiv(m_pad, bm), 1), cdiv(k, bk))](
         x, part, qt, scale, m, k, m_pad, segments, x.stride(0), x.stride(1), BLOCK_M=bm,
-        BLOCK_K=bk, BLOCK_S=min(next_pow2(segments), 64), SOFT=_soft(soft_round),
-        num_warps=4)
+        BLOCK_K=bk, BLOCK_S=BLOCK_S, SOFT=soft, num_warps=4)
     return qt, scale
+
+
+def quantize_rows(x: torch.Tensor, *, soft_round: bool | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q ``[M, K]`` row-major e4m3, scale ``[M, 1]`` fp32) with ``q * scale`` ~ ``x``, one
+    power-of-two scale per row: :func:`gemc.backends.torch.fp8.quantize` (row-wise, dim 1)
+    in one kernel. ``soft_round``: round in fp32 before the cast (default: under the
+    interpreter only; see the module doc). The default rounding is the op
+    ``gemc::fp8_quantize_rows``; the other launches the kernel directly."""
+    if _soft(soft_round) == _soft(None):
+        return torch.ops.gemc.fp8_quantize_rows.default(x)
+    return _rows(x, _soft(soft_round), _launched)
+
+
+def quantize_cols(x: torch.Tensor, *, soft_round: bool | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(qt ``[K, M_pad]`` row-major e4m3, scale ``[K, 1]`` fp32): ``x[M, K]`` quantised per
+    column (amax over M), written transposed, M zero-padded to a multiple of :data:`ALIGN`.
+
+    ``qt`` with ``scale`` is the left operand of ``x^T @ ...`` (``dy^T`` of the wgrad) and
+    ``qt.t()`` with ``scale.t()`` the right operand of ``... @ x`` in column-major (the
+    wgrad's ``x``, the dgrad's ``W``): :func:`gemc.backends.torch.fp8.quantize` along dim 0
+    plus the layout copy, in two kernels and no separate transpose. The default rounding
+    is the op ``gemc::fp8_quantize_cols``."""
+    if _soft(soft_round) == _soft(None):
+        return torch.ops.gemc.fp8_quantize_cols.default(x)
+    return _cols(x, _soft(soft_round), _launched)
 
 
 # ----------------------------------------------------------------------------- custom ops
 #
 # For gemc's fp8 linear under torch.compile (``gemc.backends.torch.fp8``, quantizer
-# "triton"): one graph node per kernel call, outputs fresh and contiguous in the real and the
-# fake implementation alike. Not differentiable: the linear quantises detached operands.
+# "triton"): one op per operand, outputs fresh and contiguous. Not differentiable: the
+# linear quantises detached operands.
+#
+# On a GPU they are ``triton_op``s. Why: as opaque ``custom_op``s each call cost ~130-170 us
+# of host time on the H200 (Python dispatch into the op, then Triton's launcher binding the
+# arguments), 0.9 ms of the compiled LayerNorm -> Linear's 3.9 ms step at M = 8,192, which
+# made the unit host-bound (benchmarks/results/session11/fp8_unit_profile.json). A
+# ``triton_op`` is decomposed by AOTAutograd into its launches, which Inductor compiles into
+# its own code and launches through its own launcher, as it does its generated kernels.
+# Under the interpreter (CPU tensors) they stay ``custom_op``s: ``wrap_triton`` hands an
+# interpreted kernel back unwrapped, so a trace would run it on fake tensors, and Inductor
+# cannot compile a user Triton kernel for the CPU; the launch code is the same either way.
 
 
-def _quant_op(name: str, kernel: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
-              shapes: Callable[[Any, Any], tuple[tuple[Any, Any], tuple[Any, Any]]]) -> Any:
-    """``gemc::<name>(x) -> (q, scale)`` running ``kernel``, its fake shaped by ``shapes(M, K)``
-    (the fp8 values' shape, the scales')."""
+def _padded(m: Any) -> Any:
+    """M rounded up to :data:`ALIGN` (an int or a symbolic size)."""
+    return (m + ALIGN - 1) // ALIGN * ALIGN
 
-    @torch.library.custom_op(f"gemc::{name}", mutates_args=())
-    def op(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return kernel(x)
+
+def _quant_op(name: str, launch: Callable[[torch.Tensor, bool], tuple[torch.Tensor, torch.Tensor]],
+              shapes: Callable[[Any, Any], tuple[tuple[Any, Any], tuple[Any, Any]]],
+              interpreted: bool = INTERPRETED) -> Any:
+    """``gemc::<name>(x) -> (q, scale)``: ``launch(x, soft)`` with the default rounding, a
+    ``triton_op`` (its launch code its meta implementation), or under the interpreter a
+    ``custom_op`` whose fake is shaped by ``shapes(M, K)`` (the fp8 values', the scales')."""
+    soft = _soft(None)
+
+    def impl(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return launch(x, soft)
+
+    if not interpreted:
+        return torch.library.triton_op(f"gemc::{name}", impl, mutates_args=())
+    op = torch.library.custom_op(f"gemc::{name}", impl, mutates_args=())
 
     @op.register_fake
     def _(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -259,10 +319,5 @@ def _quant_op(name: str, kernel: Callable[[torch.Tensor], tuple[torch.Tensor, to
     return op
 
 
-def _padded(m: Any) -> Any:
-    """M rounded up to :data:`ALIGN` (an int or a symbolic size)."""
-    return (m + ALIGN - 1) // ALIGN * ALIGN
-
-
-_rows_op = _quant_op("fp8_quantize_rows", quantize_rows, lambda m, k: ((m, k), (m, 1)))
-_cols_op = _quant_op("fp8_quantize_cols", quantize_cols, lambda m, k: ((k, _padded(m)), (k, 1)))
+_rows_op = _quant_op("fp8_quantize_rows", _rows, lambda m, k: ((m, k), (m, 1)))
+_cols_op = _quant_op("fp8_quantize_cols", _cols, lambda m, k: ((k, _padded(m)), (k, 1)))

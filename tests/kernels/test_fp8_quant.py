@@ -119,3 +119,82 @@ def test_empty_and_errors() -> None:
         quantize_rows(torch.zeros(2, 3, 4))
     with pytest.raises(TypeError, match="bf16, fp16 or fp32"):
         quantize_cols(torch.zeros(4, 4, dtype=torch.int32))
+
+
+@pytest.mark.parametrize(("launch", "kernels"), [("_rows", 1), ("_cols", 2)])
+def test_launch_code_traces_to_kernel_nodes_without_guarding_the_token_count(
+        monkeypatch, launch, kernels) -> None:
+    """What makes the ops ``triton_op``s on a GPU: traced with symbolic sizes (as AOTAutograd
+    decomposes a ``triton_op`` under torch.compile), the launch code is ``kernels`` Triton
+    kernel nodes plus allocations, with no Python op in between, and it specialises nothing
+    on the token count M (the graph holds for every M; the feature count may be guarded).
+    On the CPU the kernels are interpreted functions, which ``wrap_triton`` does not trace,
+    so they are re-wrapped as JIT functions (traced, never launched) for this check."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    for name, value in list(vars(fp8_quant).items()):
+        if isinstance(value, InterpretedFunction):
+            monkeypatch.setattr(fp8_quant, name, JITFunction(value.fn))
+    x = torch.randn(48, 37, dtype=torch.bfloat16)  # [K, M]: x.t() is strided
+    # M in the cols kernel's x[M, K] and the rows kernel's x[M, K] alike
+    gm = make_fx(lambda t: getattr(fp8_quant, launch)(t.t(), False), tracing_mode="symbolic")(x)
+    targets = [getattr(n.target, "__name__", str(n.target)) for n in gm.graph.nodes
+               if n.op == "call_function"]
+    assert targets.count("triton_kernel_wrapper_mutation") == kernels, targets
+    assert not [t for t in targets if "gemc" in t], targets
+    fake = next(n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder")
+    m_symbol = fake.shape[1].node.expr
+    guards = fake.fake_mode.shape_env.guards
+    assert not [g for g in guards if m_symbol in g.expr.free_symbols], guards
+
+
+class _Traced(Exception):
+    """Raised instead of running the captured graph: the JIT kernels cannot run here."""
+
+
+def test_triton_ops_decompose_into_kernel_nodes_under_torch_compile(monkeypatch) -> None:
+    """The ops as a GPU registers them (``triton_op``), compiled with a dynamic token count:
+    AOTAutograd's forward graph launches the kernels as Triton kernel nodes (which Inductor
+    compiles and launches from its own code) and holds no ``gemc`` op, so no Python custom-op
+    call is left per launch. Registered here under test names, with the kernels re-wrapped
+    as JIT functions (see above); the graph is captured, not run."""
+    from torch._dynamo.backends.common import aot_autograd
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    for name, value in list(vars(fp8_quant).items()):
+        if isinstance(value, InterpretedFunction):
+            monkeypatch.setattr(fp8_quant, name, JITFunction(value.fn))
+    if not hasattr(torch.ops.gemc, "test_quantize_cols_traced"):
+        for name, launch in (("rows", fp8_quant._rows), ("cols", fp8_quant._cols)):
+            # the shapes serve a custom_op's fake; a triton_op's is its launch code
+            fp8_quant._quant_op(f"test_quantize_{name}_traced", launch, lambda m, k: None,
+                                interpreted=False)
+    graphs: list[torch.fx.GraphModule] = []
+
+    def capture(gm: torch.fx.GraphModule, _: object):  # noqa: ANN202
+        graphs.append(gm)
+
+        def run(*args: object) -> None:
+            raise _Traced
+
+        return run
+
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (*torch.ops.gemc.test_quantize_rows_traced(x),
+                *torch.ops.gemc.test_quantize_cols_traced(x))
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=aot_autograd(fw_compiler=capture), fullgraph=True)
+    x = torch.randn(37, 64, dtype=torch.bfloat16)
+    torch._dynamo.mark_dynamic(x, 0)
+    with pytest.raises(_Traced):
+        compiled(x)
+    torch._dynamo.reset()
+    (graph,) = graphs
+    targets = [getattr(n.target, "__name__", str(n.target)) for n in graph.graph.nodes
+               if n.op == "call_function"]
+    assert targets.count("triton_kernel_wrapper_functional") == 3, targets
+    assert not [t for t in targets if "gemc" in t], targets
