@@ -7,6 +7,18 @@ REPO = Path(__file__).resolve().parent.parent
 TOY = str(REPO / "tests" / "models" / "toy.py")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """A pytest-xdist worker (the default run has two, ``-n 2`` in pyproject.toml) computes
+    on one thread, as do the processes its tests start: the workers already keep the cores
+    busy, and torch's default of one thread per core each would oversubscribe them (on a
+    loaded 2-core machine thread synchronisation costs more than the tiny ops it splits)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
+
+
 @pytest.fixture
 def toy_entrypoint() -> str:
     return f"{TOY}:build"

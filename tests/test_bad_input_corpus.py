@@ -16,7 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,17 @@ def gemc(*args: str, cwd: Path, env: dict[str, str] | None = None,
     return subprocess.run([sys.executable, "-m", "gemc.cli", *args], cwd=cwd,
                           env={**base, **(env or {})}, capture_output=True, text=True,
                           timeout=timeout)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def own_tmpdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The TMPDIR of every gemc this module starts: a crash file (gemc.exits.report_crash
+    writes it in the temporary directory) is then this module's own, not one that another
+    test, running at the same time in another pytest-xdist worker, left in /tmp."""
+    tmp = tmp_path_factory.mktemp("tmpdir")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TMPDIR", str(tmp))
+        yield tmp
 
 
 @pytest.fixture(scope="module")
@@ -149,8 +160,8 @@ def _files(root: Path) -> set[Path]:
     return set(root.rglob("*"))
 
 
-def _crash_files() -> set[str]:
-    return {p for p in os.listdir(tempfile.gettempdir()) if p.startswith("gemc-crash-")}
+def _crash_files(tmp: Path) -> set[str]:
+    return {p for p in os.listdir(tmp) if p.startswith("gemc-crash-")}
 
 
 def _assert_one_clean_message(proc: subprocess.CompletedProcess[str], expect: str) -> None:
@@ -187,12 +198,13 @@ def _run_case(corpus: dict[str, Path], name: str) -> tuple[subprocess.CompletedP
 
 
 @pytest.fixture(scope="module")
-def outcomes(corpus: dict[str, Path]) -> dict[str, tuple[Any, set[Path], set[Path]]]:
+def outcomes(corpus: dict[str, Path],
+             own_tmpdir: Path) -> dict[str, tuple[Any, set[Path], set[Path]]]:
     """Every case, two at a time (each is mostly a Python start-up importing torch)."""
-    crashes = _crash_files()
+    crashes = _crash_files(own_tmpdir)
     with ThreadPoolExecutor(max_workers=2) as pool:
         done = dict(zip(CASES, pool.map(lambda n: _run_case(corpus, n), CASES)))
-    assert _crash_files() == crashes, "a case left a gemc-crash file (exit 1: a bug)"
+    assert _crash_files(own_tmpdir) == crashes, "a case left a gemc-crash file (exit 1: a bug)"
     return done
 
 

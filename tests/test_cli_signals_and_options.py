@@ -146,11 +146,15 @@ class _SignalledIndex:
 
 
 def test_ctrl_c_that_torch_reports_as_a_type_error_is_still_exit_130(
-    monkeypatch, capsys,
+    monkeypatch, capsys, tmp_path,
 ) -> None:
     """The CI failure of stop 28: SIGINT inside torch's argument parsing came back as
     'internal error ... TypeError' and exit 1. The handler remembers the signal, so the
-    error is known for the interrupt it hides; a TypeError with no signal stays a bug."""
+    error is known for the interrupt it hides; a TypeError with no signal stays a bug.
+    (Its crash file goes to tmp_path, not /tmp, where the bad-input corpus, maybe running at
+    the same time in another pytest-xdist worker, checks that its cases left none.)"""
+    import tempfile
+
     import torch
 
     import gemc.cli as cli
@@ -168,8 +172,10 @@ def test_ctrl_c_that_torch_reports_as_a_type_error_is_still_exit_130(
     err = capsys.readouterr().err
     assert "interrupted by SIGINT" in err and "internal error" not in err, err
     monkeypatch.setitem(cli.COMMANDS, "validate", plain_bug)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     assert main(["validate", "x.json"]) == 1
     assert "internal error" in capsys.readouterr().err
+    assert [p.name.startswith("gemc-crash-") for p in tmp_path.iterdir()] == [True]
 
 
 def test_a_swallowed_ctrl_c_still_stops_the_run_at_the_next_step(tmp_path, monkeypatch,
