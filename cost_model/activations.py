@@ -197,8 +197,15 @@ def activation_profile(gm: fx.GraphModule, *, runtime: bool = True) -> Activatio
             continue
         region = str(node.meta.get(ir.REGION, ""))
         gemm = autocast is not None and kind in (OpKind.GEMM, OpKind.ATTENTION)
+        # a region node without a packed rule runs on padded copies of its packed inputs
+        # (gemc.packed_rules): what it saves is those copies, at the padded size
+        padded_op = fill.get(node) == 1.0
         for t in [*_saved_inputs(node, kind), *operands.get(node, ())]:
             b = view_base(t)
+            if padded_op and t is not node and fill.get(b, 1.0) < 1.0 and t not in saved:
+                itemsize = 2 if gemm and size.get(b, 0) > 2 else size.get(b, 0)
+                saved[t] = (region, _numel(t) * itemsize)
+                continue
             is_param = ir.kind_of(b) is OpKind.PARAM or bool(b.meta.get(ir.PARAM))
             cast = gemm and t is not node and size.get(b, 0) > 2
             if b in sources:  # the partitioner's choice: b, or what recomputes b

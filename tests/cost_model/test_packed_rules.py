@@ -55,3 +55,33 @@ def test_the_runners_read_the_rules_the_cost_model_reads() -> None:
     assert not packed_rules.runs_packed(n["scaled_dot_product_attention_default"], members)
     assert packed_rules.runs_packed(n["linear_default"], members)
     assert not packed_rules.runs_packed(n["linear_default"], outside - {n["x"]})
+
+
+def _typed(gm: fx.GraphModule, n: dict[str, fx.Node]) -> None:
+    """Shapes, dtypes and kinds: x [4, 8, 16] fp32 -> linear [4, 8, 16] -> sdpa -> add."""
+    from gemc.ir import OpKind
+
+    kinds = {"x": OpKind.INPUT, "w": OpKind.PARAM, "linear_default": OpKind.GEMM,
+             "scaled_dot_product_attention_default": OpKind.ATTENTION,
+             "view_default": OpKind.VIEW, "add_tensor": OpKind.POINTWISE}
+    shapes = {"w": (16, 16), "view_default": (4, 8, 16)}
+    for name, kind in kinds.items():
+        n[name].meta[ir.KIND] = kind.value
+        n[name].meta["val"] = torch.empty(shapes.get(name, (4, 8, 16)), device="meta")
+    n["w"].meta[ir.PARAM] = "w"
+
+
+def test_a_padded_op_in_a_region_saves_padded_copies_of_its_packed_inputs() -> None:
+    """The runners scatter a padded op's packed inputs to padded tensors, which it saves:
+    counted at the padded size, where its packed inputs themselves are at the fill."""
+    from gemc.cost_model.activations import activation_profile
+
+    gm, n = _region_graph()
+    _typed(gm, n)
+    sdpa = n["scaled_dot_product_attention_default"]
+    padded_bytes = 4 * 8 * 16 * 4  # one fp32 [4, 8, 16] tensor, every row
+    # padded: the scattered copy of its input (q, k and v are one tensor here) and its
+    # output, both at the padded size; the linear's packed output is not what it keeps
+    assert activation_profile(gm).saved_total == 2 * padded_bytes
+    sdpa.meta[ir.GROUP] = "jagged_attention_0"  # a gemc kernel: runs on the tokens
+    assert activation_profile(gm).saved_total < padded_bytes
