@@ -44,7 +44,11 @@ first-step seconds (compile and autotuning included), the loss curve and its lar
 relative deviation from eager's. Prints one table per model and a summary (gemc against
 torch.compile per model, and the geometric mean); writes ``OUT/zoo.json`` (rewritten after
 every variant: a run cut short keeps what it measured) and each child's JSON as
-``OUT/<model>.<variant>.json``. Exit code 1 if any variant failed or was skipped by
+``OUT/<model>.<variant>.json``. zoo.json's ``provenance`` records gemc's version, a hash of
+the source tree (``source_hash``: the GPU machine's copy has no ``.git``) and the commit where
+git or ``GEMC_COMMIT`` knows it, so that ``benchmarks/zoo_table.py`` can merge the files of
+several device calls (``benchmarks/h200_issue16.sh a|b|c``) only when they are one tree, and
+judge issue 16 on them (``loss_tolerance`` is its loss condition). Exit code 1 if any variant failed or was skipped by
 ``--time-limit`` (the others' rows are still written).
 
 ``--profile N``: N more steps of each variant under torch.profiler after its timed ones
@@ -59,6 +63,7 @@ per kernel (``OUT/<model>.<variant>.<variant>.kernels.txt``) and where the GPU i
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -91,6 +96,70 @@ GEMC_OPTIONS: dict[str, dict[str, Any]] = {
 COLD_VARS = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
 """What ``--cold`` points at a fresh directory per child (gemc's run keeps a directory a
 person set, so both compilers start from nothing)."""
+
+
+LOSS_RTOL = 2e-2
+LOSS_X_COMPILE = 1.5
+"""Issue 16's "loss curves within tolerance of eager": a gemc variant's largest relative
+deviation from eager's curve may be ``max(LOSS_RTOL, LOSS_X_COMPILE x torch.compile's own)``.
+Why both: without dropout gemc's bf16 curves sit within 1.3e-3 of eager's (ninth session),
+so 2e-2 catches a wrong program (GEM's searchsorted bug departed by 9% at step 2); BST's
+dropout stream and Wukong's bf16 drift move torch.compile's own curve by 2.7e-1 and 4.3e-2,
+and gemc cannot be held closer to eager than the baseline it is compared with."""
+
+
+def loss_tolerance(compile_dev: float | None) -> float:
+    """The largest deviation from eager a gemc curve may have (``LOSS_RTOL``'s rule)."""
+    return max(LOSS_RTOL, LOSS_X_COMPILE * compile_dev) if compile_dev else LOSS_RTOL
+
+
+SOURCE_DIRS = ("gemc", "passes", "backends", "cost_model", "examples", "benchmarks",
+               "scripts")
+SOURCE_SUFFIXES = (".py", ".sh", ".toml")
+COMMIT_ENV = "GEMC_COMMIT"
+"""Set by whoever launches a run where there is no ``.git`` to ask (the device machine gets
+a copy of the working tree without it): recorded as the run's commit."""
+
+
+def source_hash(root: Path = REPO) -> str:
+    """sha256 (16 hex) of gemc's source as it is on disk: every .py, .sh and .toml file of
+    ``SOURCE_DIRS`` and pyproject.toml, by path and content (results, caches and hidden
+    directories left out). Why not the git commit: the GPU machine gets a copy of the
+    working tree without ``.git``; this hash is the same there as in the checkout it was
+    copied from, so zoo.json files of several device calls can be told to be one tree."""
+    h = hashlib.sha256()
+    files = [root / "pyproject.toml"] if (root / "pyproject.toml").is_file() else []
+    for d in SOURCE_DIRS:
+        files += [p for p in (root / d).rglob("*") if p.suffix in SOURCE_SUFFIXES
+                  and p.is_file() and not any(part.startswith((".", "__pycache__")) or
+                                              part == "results"
+                                              for part in p.relative_to(root).parts)]
+    for path in sorted(files):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0")
+        h.update(path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def provenance() -> dict[str, Any]:
+    """What code a zoo.json was measured with: gemc's version, the source tree's hash, and
+    the git commit where one can be asked (``GEMC_COMMIT``, else ``git rev-parse``)."""
+    from gemc.version import __version__
+
+    commit, dirty = os.environ.get(COMMIT_ENV) or None, None
+    if commit is None and (REPO / ".git").exists():
+        def git(*cmd: str) -> str | None:
+            try:
+                done = subprocess.run(["git", "-C", str(REPO), *cmd], capture_output=True,
+                                      text=True, timeout=30, check=False)
+            except (OSError, subprocess.TimeoutExpired):
+                return None
+            return done.stdout.strip() if done.returncode == 0 else None
+
+        commit = git("rev-parse", "HEAD")
+        status = git("status", "--porcelain", "--", *SOURCE_DIRS, "pyproject.toml")
+        dirty = bool(status) if status is not None else None
+    return {"gemc_version": __version__, "source_hash": source_hash(), "git_commit": commit,
+            "git_dirty": dirty}
 
 
 EXTRA_ENV = "GEMC_ZOO_EXTRA"
@@ -256,16 +325,43 @@ def _mfu(row: dict[str, Any], flops: float | None, measured: float | None) -> No
     row["mfu_measured"] = flops / (step_s * measured) if flops and step_s and measured else None
 
 
-def _table(rows: list[dict[str, Any]]) -> str:
-    """e2e's table plus the first step and the loss deviation from eager."""
+def _table(rows: list[dict[str, Any]], source: bool = False) -> str:
+    """e2e's table plus the first step and the loss deviation from eager (``source``: and
+    each row's ``source`` label, for a merge of runs at different commits)."""
     lines = e2e._table(rows).splitlines()
-    lines[0] += f"  {'1st step s':>12}  {'loss dev':>12}"
+    lines[0] += f"  {'1st step s':>12}  {'loss dev':>12}" + ("  source" if source else "")
     for i, r in enumerate(rows, 1):
         first = r.get("first_step_s")
         dev = r.get("max_rel_loss_diff_vs_eager")
         lines[i] += "  " + f"{first:>12.1f}" if isinstance(first, (int, float)) else \
             "  " + f"{'-':>12}"
         lines[i] += "  " + (f"{dev:>12.2e}" if isinstance(dev, (int, float)) else f"{'-':>12}")
+        lines[i] += f"  {r.get('source', '-')}" if source else ""
+    return "\n".join(lines)
+
+
+def model_block(name: str, rows: list[dict[str, Any]], flops: float | None,
+                source: bool = False) -> str:
+    """One model's heading, table and errors, as printed after its variants ran."""
+    lines = [f"\n== {name} (batch {rows[0].get('batch_size')}, "
+             f"{(flops or 0) / 1e12:.3f} TFLOP/step)", _table(rows, source)]
+    lines += [f"error {r['variant']}: {r['error']}" for r in rows if r.get("error")]
+    return "\n".join(lines)
+
+
+def summary_text(summ: dict[str, Any], skipped: list[str]) -> str:
+    """The closing lines: gemc over torch.compile per model, the geometric means, and what
+    ``--time-limit`` skipped."""
+    lines = ["\n== gemc / torch.compile (samples/s; first step)"]
+    for name, per in summ["per_model"].items():
+        lines.append(f"{name:>14}: " + "  ".join(
+            f"{v} {d['x_compile']:.2f}x"
+            + (f" (1st step {d['first_step_x_compile']:.2f}x)"
+               if d["first_step_x_compile"] else "") for v, d in per.items()))
+    lines += [f"{'geomean':>14}: {variant} {g:.2f}x"
+              for variant, g in summ["geomean_x_compile"].items()]
+    if skipped:
+        lines.append(f"skipped (--time-limit): {', '.join(skipped)}")
     return "\n".join(lines)
 
 
@@ -335,6 +431,7 @@ def main(argv: list[str] | None = None) -> int:
           f"(torch {torch.__version__}); measured bf16 peak "
           f"{measured / 1e12 if measured else float('nan'):.0f} TFLOP/s", file=sys.stderr)
     passthrough = child_args(args, out)
+    made_with = provenance()
     results: dict[str, list[dict[str, Any]]] = {}
     facts: dict[str, Any] = {}
     skipped: list[str] = []
@@ -345,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
         result = {
             "device": str(device),
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-            "torch": torch.__version__,
+            "torch": torch.__version__, "provenance": made_with,
             "preset": args.preset, "steps": args.steps, "warmup": args.warmup,
             "peak_flops": {"datasheet_bf16": e2e.H200_BF16_DATASHEET,
                            "measured_bf16_matmul": measured},
@@ -377,26 +474,11 @@ def main(argv: list[str] | None = None) -> int:
             write()
         failed = failed or bool(error) or any(r.get("error") for r in rows)
         if rows:
-            print(f"\n== {name} (batch {rows[0].get('batch_size')}, "
-                  f"{(flops or 0) / 1e12:.3f} TFLOP/step)")
-            print(_table(rows))
-            for r in rows:
-                if r.get("error"):
-                    print(f"error {r['variant']}: {r['error']}")
+            print(model_block(name, rows, flops))
         elif error:
             print(f"\n== {name}: {error}")
     result = write()
-    summ = result["summary"]
-    print("\n== gemc / torch.compile (samples/s; first step)")
-    for name, per in summ["per_model"].items():
-        print(f"{name:>14}: " + "  ".join(
-            f"{v} {d['x_compile']:.2f}x"
-            + (f" (1st step {d['first_step_x_compile']:.2f}x)"
-               if d["first_step_x_compile"] else "") for v, d in per.items()))
-    for variant, g in summ["geomean_x_compile"].items():
-        print(f"{'geomean':>14}: {variant} {g:.2f}x")
-    if skipped:
-        print(f"skipped (--time-limit): {', '.join(skipped)}")
+    print(summary_text(result["summary"], skipped))
     print(f"zoo: wrote {out / 'zoo.json'}", file=sys.stderr)
     return 1 if failed or skipped else 0
 
