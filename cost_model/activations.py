@@ -30,7 +30,7 @@ from torch import fx
 
 from gemc import ir
 from gemc.ir import OpKind
-from gemc.packed_rules import runs_packed, source_names
+from gemc.packed_rules import on_tokens, source_names
 
 _KEEP_OUTPUT = ("relu", "exp", "sigmoid", "tanh", "softmax", "threshold", "hardtanh")
 _KEEP_NOTHING = ("add", "sub", "neg", "cat", "stack", "sum", "mean", "clone", "copy",
@@ -99,17 +99,16 @@ def plan_autocast(gm: fx.GraphModule) -> str | None:
 def packed_fill(gm: fx.GraphModule) -> dict[fx.Node, float]:
     """Fill (real tokens / padded rows) of every node inside a packed token region, as the
     runners run it: 1.0 for a node without a packed rule, which runs on the padded tensor
-    (:func:`gemc.packed_rules.runs_packed`); a region's source and the members of a gemc
-    kernel run on the tokens."""
+    (:func:`gemc.packed_rules.on_tokens`)."""
     regions = [f for n in gm.graph.nodes if isinstance(f := n.meta.get(PACKED_REGION), dict)]
     fills = {f["id"]: float(f["fill"]) for f in regions if "fill" in f}
     sources = set().union(*(source_names(f) for f in regions))
     members = {n for n in gm.graph.nodes if isinstance(n.meta.get(PACKED), dict)}
     out: dict[fx.Node, float] = {}
     for n in members:
-        on_tokens = n.meta.get(ir.GROUP) is not None or n.name in sources \
-            or isinstance(n.meta.get(PACKED_REGION), dict) or runs_packed(n, members)
-        out[n] = fills.get(n.meta[PACKED]["id"], 1.0) if on_tokens else 1.0
+        runs_on_tokens = isinstance(n.meta.get(PACKED_REGION), dict) \
+            or on_tokens(n, members, sources)
+        out[n] = fills.get(n.meta[PACKED]["id"], 1.0) if runs_on_tokens else 1.0
     return out
 
 

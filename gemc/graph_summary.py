@@ -253,14 +253,14 @@ def kernel_adjusted_ms(gm: fx.GraphModule) -> dict[fx.Node, float]:
     itemsize = runtime_itemsize(gm, autocast) if autocast else {}
     fused: dict[fx.Node, float] = {}
     islands = inductor_fusion.island_groups(gm)
+    runs_at = packed_fill(gm)  # each region node's fill as it runs (1.0 where padded)
     if pricing:
         sizes = itemsize or runtime_itemsize(gm, None)
-        fills = packed_fill(gm)
 
         def runtime_bytes(n: fx.Node) -> float:
             val = n.meta.get("val")
             numel = val.numel() if isinstance(val, torch.Tensor) else 0
-            return float(numel * sizes.get(n, 0) * fills.get(n, 1.0))
+            return float(numel * sizes.get(n, 0) * runs_at.get(n, 1.0))
 
         fused = inductor_fusion.fused_ms(
             gm, pricing["gpu"], pricing["calibration"], runtime_bytes,
@@ -295,13 +295,12 @@ def kernel_adjusted_ms(gm: fx.GraphModule) -> dict[fx.Node, float]:
     # a guarded region's attention run on its tokens: every member over the kept keys
     scores = {f["id"]: in_place[str(f["output"])] for n in gm.graph.nodes
               if isinstance(f := n.meta.get(ir.KERNEL), dict) and str(f.get("output")) in in_place}
-    runs_at = packed_fill(gm)
     out: dict[fx.Node, float] = {}
     for node in gm.graph.nodes:
         ms = float(node.meta.get(ir.PREDICTED_MS, 0.0) or 0.0)
         gid = node.meta.get(ir.GROUP)
         packed = node.meta.get(ir.PACKED)
-        node_fill = runs_at.get(node, 1.0)  # 1.0 where the node runs padded
+        node_fill = runs_at.get(node, 1.0)
         if node in fused:
             out[node] = fused[node] + convert.get(node, 0.0)
             continue

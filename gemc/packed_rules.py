@@ -6,10 +6,10 @@ packed tokens only when the op has a packed rule: it is pointwise (or a ``cat``)
 acts per token on a packed first argument (:data:`FIRST_ONLY`, :data:`SIZED`). Any other
 op (an SDPA no gemc kernel took, a table lookup answered by its module) runs on the padded
 tensor, its inputs scattered out and its output gathered back: exact, but at the padded
-size. The cost model reads the same rule (:func:`runs_packed`), so a region is priced,
+size. The cost model reads the same rule (:func:`on_tokens`), so a region is priced,
 in time and in memory, at the size each of its nodes runs at. Why: MMoE's causal
-self-attention inside its region ran padded while the plan priced its saved tensors
-packed, and the plan under-stated MMoE's peak by 2.2 GB (BENCHMARKS.md, eleventh session).
+self-attention inside its region ran padded while the plan priced it packed, one part of
+the plan's 2.2 GB under MMoE's H200 peak (BENCHMARKS.md, eleventh session).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import torch
 from torch import fx
 
 from gemc.fusion_spec import elementwise
+from gemc.ir import GROUP
 
 aten = torch.ops.aten
 
@@ -61,3 +62,11 @@ def source_names(region: Mapping[str, Any]) -> set[str]:
     tokens whatever their op."""
     return {str(f["padded_from"]) for f in region.get("sources") or [region]
             if "padded_from" in f}
+
+
+def on_tokens(node: fx.Node, members: Container[fx.Node], sources: Container[str]) -> bool:
+    """Whether region node ``node`` runs on the region's tokens in the runners: a member of
+    a gemc kernel (it runs on the tokens in place), a source named in ``sources``
+    (:func:`source_names`), or an op with a packed rule (:func:`runs_packed`)."""
+    return node.meta.get(GROUP) is not None or node.name in sources \
+        or runs_packed(node, members)

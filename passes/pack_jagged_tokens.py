@@ -96,7 +96,7 @@ from torch.fx.passes.infra.pass_base import PassResult
 from gemc import ir
 from gemc.context import PassContext
 from gemc.guard_sample import SAMPLE, sample_fill
-from gemc.packed_rules import runs_packed
+from gemc.packed_rules import on_tokens
 
 from .jagged_patterns import (
     _CASTS,
@@ -205,19 +205,19 @@ def _exits(flow: PaddingFlow, offsets: fx.Node, clamp_min: int) -> list[fx.Node]
 def _price(nodes: list[fx.Node], copied: list[fx.Node], fill: float, ctx: PassContext,
            sources: list[fx.Node]) -> dict[str, float]:
     """Forward+backward ms of the region's nodes padded, and packed: the token-wise work
-    scales with the fill, except a node without a packed rule (``gemc.packed_rules``), which
-    runs padded (the ``sources`` the tokens are built from excepted); the gathers and scatters at the boundary are priced as copies of
-    the ``copied`` sources (in and out, forward and backward): a source whose values are
+    scales with the fill, except a node the runners run padded (``gemc.packed_rules``:
+    ``sources``, the tokens' padded inputs, run on them); the gathers and scatters at the
+    boundary are priced as copies of the ``copied`` sources (in and out, forward and backward): a source whose values are
     the tokens already (``in_order``: viewed) copies nothing."""
     before = padded = 0.0
-    members = set(nodes)
+    members, names = set(nodes), {s.name for s in sources}
     for n in nodes:
         facts = n.meta.get(ir.KERNEL) or {}
         if facts.get("kind") in _ATTENTIONS:
             continue  # already priced over the real tokens
         ms = float(n.meta.get(ir.PREDICTED_MS) or 0.0)
         before += ms
-        if n.meta.get(ir.GROUP) is None and n not in sources and not runs_packed(n, members):
+        if not on_tokens(n, members, names):
             padded += ms  # no packed rule: the runners run it on the padded tensor
     convert_ms = 0.0
     topology = ctx.topology

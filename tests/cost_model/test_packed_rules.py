@@ -1,7 +1,7 @@
 """A packed region's node is priced at the size it runs at: on the tokens when the runners
 have a packed rule for it, padded otherwise (gemc.packed_rules). Issue 18: MMoE's causal
-self-attention, which no gemc kernel takes, ran padded inside its region while its saved
-tensors were priced packed (the plan 2.2 GB under its H200 peak)."""
+self-attention, which no gemc kernel takes, ran padded inside its region while it was
+priced packed (part of the plan's 2.2 GB under its H200 peak)."""
 
 from __future__ import annotations
 
