@@ -11,6 +11,7 @@ from gemc import ir
 from gemc.capture import Captured
 from gemc.context import PassContext
 from gemc.graph_summary import region_summaries, table_summaries
+from gemc.passes.precision_sites import module_scopes
 from gemc.plan import SCHEMA_VERSION
 from gemc.version import __version__
 
@@ -33,11 +34,6 @@ def _json_safe(value: Any) -> Any:
 _GEMMS = ("fwd", "dgrad", "wgrad")
 
 
-def _module_dtype(sites: list[dict[str, Any]]) -> str:
-    dtypes = {s["gemms"][g]["dtype"] for s in sites for g in _GEMMS}
-    return "fp8" if "fp8" in dtypes else "fp32" if "fp32" in dtypes else "bf16"
-
-
 def precision_entries(gm: fx.GraphModule, gpu: Any = None) -> list[dict[str, Any]]:
     """``plan["precision"]`` from the choose-precision annotations (empty without the pass).
 
@@ -51,29 +47,15 @@ def precision_entries(gm: fx.GraphModule, gpu: Any = None) -> list[dict[str, Any
     priced: the runner sets TF32 from it), read off ``gpu`` (the compile's topology GPU;
     else the one predict-time priced with).
     """
-    out_node = next(n for n in gm.graph.nodes if n.op == "output")
-    facts = out_node.meta.get(ir.PRECISION)
-    if not isinstance(facts, dict):
+    scopes = module_scopes(gm)
+    if scopes is None:
         return []
-    baseline = facts["baseline"]
-    modules: dict[str, list[dict[str, Any]]] = {}
-    for node in gm.graph.nodes:
-        record = node.meta.get(ir.PRECISION) if node.op == "call_function" else None
-        if isinstance(record, dict) and "gemms" in record:
-            modules.setdefault(record["module"], []).append({"node": node.name, **record})
-    dtype = {name: _module_dtype(sites) for name, sites in modules.items()}
-    applied: set[str] = set()
-    owner: dict[str, str] = {}  # module -> the entry whose scope it runs in
-    for name in sorted(modules, key=lambda n: n.count(".")):  # parents before children
-        scopes = [a for a in applied if name.startswith(a + ".") and dtype[a] != "fp8"]
-        scope = max(scopes, key=len) if scopes else "*"
-        if name and dtype[name] != (dtype[scope] if scopes else baseline):
-            applied.add(name)  # e.g. an fp8 layer, or a bf16 layer inside an fp32 module
-            scope = name
-        owner[name] = scope
+    facts = next(n for n in gm.graph.nodes if n.op == "output").meta[ir.PRECISION]
+    modules, dtype, owner = scopes.modules, scopes.dtype, scopes.owner
+    applied = scopes.applied
     star: dict[str, Any] = {
         "target": "*",
-        "dtype": baseline,
+        "dtype": scopes.baseline,
         "source": "choose-precision",
         "mode": facts["mode"],
         "rule": facts["rule"],

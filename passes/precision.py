@@ -53,7 +53,16 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
-from gemc.passes.precision_sites import Prices, Site, collect_sites, price, structural_reason
+from gemc.passes.precision_sites import (
+    Prices,
+    Site,
+    collect_sites,
+    drop_displaced_kernels,
+    module_scopes,
+    price,
+    scoped_nodes,
+    structural_reason,
+)
 from torch import fx
 from torch.fx.passes.infra.pass_base import PassResult
 
@@ -317,6 +326,13 @@ class ChoosePrecision:
                             d.rejected[other] = f"--precision {opts.mode} requested"
                     decisions[s.node][g] = d
         self._annotate(gm, sites, decisions, graph_facts)
+        scopes = module_scopes(gm)
+        dropped = drop_displaced_kernels(gm, scoped_nodes(gm, scopes)) if scopes else []
+        if dropped:
+            ctx.warn(f"choose-precision: {len(dropped)} kernel(s) left out of the plan: "
+                     f"{', '.join(dropped[:6])}: their ops run in a module scoped to another "
+                     "precision (or an fp8 site's linear), which the runner executes as the "
+                     "model's own ops; priced that way")
         return PassResult(gm, True)
 
     # -- auto

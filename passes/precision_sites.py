@@ -215,3 +215,104 @@ def price(site: Site, gpu: Any, calibration: Any,
         source = src if src == src8 else "roofline"
         out[gemm] = Prices(t32, t16, t8 + quant, quant, source)
     return out
+
+
+# ---- module scopes: where each choice runs, and which kernels a scope displaces ---------------
+
+
+def module_dtype(records: list[dict[str, Any]]) -> str:
+    """A module's one precision from its GEMM sites' records: fp8 if any GEMM is, else fp32
+    if any is (autocast scopes a whole module), else bf16."""
+    dtypes = {r["gemms"][g]["dtype"] for r in records for g in GEMMS}
+    return "fp8" if "fp8" in dtypes else "fp32" if "fp32" in dtypes else "bf16"
+
+
+@dataclass(frozen=True)
+class Scopes:
+    """The choose-precision annotations as the runner applies them (``plan["precision"]``):
+    ``modules`` each module's site records (node name first), ``dtype`` each module's one
+    precision, ``applied`` the modules that get an entry of their own (their dtype differs
+    from the scope they sit in), ``owner`` per module the entry whose scope it runs in
+    (``"*"``: the baseline)."""
+
+    baseline: str
+    modules: dict[str, list[dict[str, Any]]]
+    dtype: dict[str, str]
+    applied: frozenset[str]
+    owner: dict[str, str]
+
+
+def module_scopes(gm: fx.GraphModule) -> Scopes | None:
+    """The graph's :class:`Scopes`, or None where choose-precision has not run."""
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    facts = out_node.meta.get(ir.PRECISION)
+    if not isinstance(facts, dict):
+        return None
+    baseline = facts["baseline"]
+    modules: dict[str, list[dict[str, Any]]] = {}
+    for node in gm.graph.nodes:
+        record = node.meta.get(ir.PRECISION) if node.op == "call_function" else None
+        if isinstance(record, dict) and "gemms" in record:
+            modules.setdefault(record["module"], []).append({"node": node.name, **record})
+    dtype = {name: module_dtype(records) for name, records in modules.items()}
+    applied: set[str] = set()
+    owner: dict[str, str] = {}
+    for name in sorted(modules, key=lambda n: n.count(".")):  # parents before children
+        scopes = [a for a in applied if name.startswith(a + ".") and dtype[a] != "fp8"]
+        scope = max(scopes, key=len) if scopes else "*"
+        if name and dtype[name] != (dtype[scope] if scopes else baseline):
+            applied.add(name)  # e.g. an fp8 layer, or a bf16 layer inside an fp32 module
+            scope = name
+        owner[name] = scope
+    return Scopes(baseline, modules, dtype, frozenset(applied), owner)
+
+
+def _inside(path: str, scope: str) -> bool:
+    return path == scope or path.startswith(scope + ".")
+
+
+def scoped_nodes(gm: fx.GraphModule, scopes: Scopes) -> dict[str, str]:
+    """By node name, the applied scope each node runs in, by the runner's rules: an autocast
+    scope (fp32 / bf16) takes every op inside its module
+    (``backends/torch/graph_precision.scope_module_precision``), an fp8 site its module's
+    linear (``graph_fp8.apply_fp8_sites``)."""
+    autocast = [s for s in scopes.applied if scopes.dtype[s] != "fp8"]
+    fp8 = {s for s in scopes.applied if scopes.dtype[s] == "fp8"}
+    taken: dict[str, str] = {}
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        path = module_path(node)
+        if path in fp8 and op_name(node) == "linear":
+            taken[node.name] = path
+            continue
+        inner = [s for s in autocast if _inside(path, s)]
+        if inner:
+            taken[node.name] = max(inner, key=len)
+    return taken
+
+
+def drop_displaced_kernels(gm: fx.GraphModule, taken: dict[str, str]) -> list[str]:
+    """Take out of the graph every kernel group with a node in ``taken`` (its group and
+    kernel annotations), and return them as ``"<kind> <id> (<scopes>)"``.
+
+    Why: the runner cannot run such a kernel (it would compute a scoped op at the whole
+    model's precision, or replace an fp8 site's linear) and leaves it out with a warning
+    (``graph_precision.kernels_outside``); a plan that kept it priced a program that never
+    runs (DLRM's top MLP: two fp32 modules' GEMM epilogues, 8 kernels run of 10 planned)."""
+    members: dict[str, list[fx.Node]] = {}
+    for node in gm.graph.nodes:
+        gid = node.meta.get(ir.GROUP)
+        if gid is not None:
+            members.setdefault(gid, []).append(node)
+    dropped = []
+    for gid, nodes in members.items():
+        hit = sorted({taken[n.name] for n in nodes if n.name in taken})
+        if not hit:
+            continue
+        facts = next((n.meta[ir.KERNEL] for n in nodes if ir.KERNEL in n.meta), {})
+        for n in nodes:
+            n.meta.pop(ir.GROUP, None)
+            n.meta.pop(ir.KERNEL, None)
+        dropped.append(f"{facts.get('kind', 'kernel')} {gid} ({'/'.join(hit)})")
+    return dropped

@@ -214,3 +214,30 @@ def test_compiled_quantisation_is_priced_as_one_pass_per_operand(forced) -> None
                 e["pred_ms"]["fp8"] - e["quant_ms"], abs=1e-4)
     facts = next(n for n in compiled.graph.nodes if n.op == "output").meta[ir.PRECISION]
     assert facts["rule"]["quantisation"] == "compiled"
+
+
+def test_kernels_inside_a_module_scoped_to_fp32_are_left_out_of_the_plan() -> None:
+    """The runner cannot run a kernel over a module scoped to another precision (it drops
+    it: ``graph_precision.kernels_outside``); the plan leaves it out and prices the module's
+    own ops, so the plan's kernels are the ones that run."""
+    from gemc.backends.torch.graph_precision import scope_module_precision
+
+    plan = gemc_compile(MODEL, topology="h200:1x1", planner="default",
+                        precision=PrecisionOptions(min_sqnr_db=70.0, block_margin_db=0.0))
+    scoped = {e["target"]: e["dtype"] for e in plan["precision"][1:]}
+    assert scoped and set(scoped.values()) == {"fp32"}
+    assert any("left out of the plan" in w for w in plan["warnings"])
+    # what the runner would apply: scope the captured graph as the plan says, keep the rest
+    model = load_model(MODEL, {})
+    gm = capture(model, entrypoint=MODEL).gm
+    per_module = {t: torch.float32 for t in scoped}
+    kept, taken = scope_module_precision(gm, per_module, plan["kernels"], "cpu")
+    assert taken, "the fp32 scopes take some nodes"
+    assert [k["name"] for k in kept] == [k["name"] for k in plan["kernels"]]
+    # and without the scopes the same model does plan kernels in those modules
+    bf16 = gemc_compile(MODEL, topology="h200:1x1", planner="default",
+                        precision=PrecisionOptions(mode="bf16"))
+    inside = [k for k in bf16["kernels"]
+              if any(m == t or m.startswith(t + ".") for m in k.get("replaces", [])
+                     for t in scoped)]
+    assert inside, "the test model has kernels inside the scoped modules"
