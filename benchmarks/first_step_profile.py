@@ -29,8 +29,10 @@ from pathlib import Path
 OWNERS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("triton compile", re.compile(r"triton/(compiler|backends)/")),
     ("inductor runtime autotune", re.compile(
-        r"^(benchmark_all_configs|autotune_to_one_config|bench\w*) \(.*_inductor/runtime/")),
+        r"^(\w+\.)?(benchmark_all_configs|autotune_to_one_config|bench\w*) \(.*_inductor/runtime/")),
     ("inductor wait on workers", re.compile(r"_inductor/(async_compile|compile_worker)")),
+    ("inductor pad_mm benchmark", re.compile(r"_inductor/fx_passes/pad_mm")),
+    ("inductor import of generated code", re.compile(r"^(PyCodeCache\.\w+|load_by_key_path) ")),
     ("inductor", re.compile(r"torch/_inductor/(?!runtime/)")),
     ("compiled graph running", re.compile(
         r"torch/_inductor/runtime/|_aot_autograd/runtime_wrappers|_dynamo/eval_frame|"
@@ -53,9 +55,40 @@ def parse(path: Path) -> list[tuple[list[str], int]]:
     return stacks
 
 
+# the training step: the runner's step loop (its forward, backward and optimizer lines) or the
+# reference trainer's step on the main thread, and the autograd engine's thread (a CUDA
+# backward runs there, and with it the lazily compiled backward graph); the batch's
+# creation inside the loop is not step time (the runner's step time excludes it)
+_STEP_MAIN = re.compile(r"^_run \(.*backends/torch/runner\.py:(5[6-9]\d|6\d\d)\)$|"
+                        r"^ReferenceTrainer\.train_step ")
+_BATCH = re.compile(r"make_batch|synthetic_batch|ReferenceTrainer\.batches ")
+_BACKWARD_THREAD = re.compile(r"^BackwardCFunction\.apply ")
+
+
+def in_step(frames: list[str]) -> bool:
+    """Whether a sample is the training step's (see ``_STEP_MAIN``)."""
+    if _BACKWARD_THREAD.search(frames[0]):
+        return True
+    if frames[-1].startswith("_engine_run_backward "):  # waits for the engine's thread
+        return False
+    return any(_STEP_MAIN.search(f) for f in frames) and not any(_BATCH.search(f)
+                                                                  for f in frames)
+
+
+# owners that claim a sample wherever they sit in its stack, in this order (the frames below
+# them run the compiled code: autotuning benchmarks by launching, a launch compiles first)
+_ANYWHERE = ("triton compile", "inductor runtime autotune", "inductor pad_mm benchmark",
+             "inductor import of generated code", "inductor wait on workers")
+
+
 def owner(frames: list[str]) -> str:
-    """The first known owner from the leaf up (a frame's function and file both count:
-    the autotuning pattern names the function)."""
+    """The owner of a sample: one of ``_ANYWHERE`` if any frame is theirs, else the first
+    known owner from the leaf up (a frame's function and file both count: the autotuning
+    pattern names the function)."""
+    patterns = dict(OWNERS)
+    for name in _ANYWHERE:
+        if any(patterns[name].search(f) for f in frames):
+            return name
     for frame in reversed(frames):
         for name, pattern in OWNERS:
             if pattern.search(frame):
@@ -94,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("raw", type=Path, help="py-spy record --format raw output")
     p.add_argument("--rate", type=float, default=100.0, help="py-spy's -r (samples/s)")
     p.add_argument("--top", type=int, default=25)
+    p.add_argument("--step", action="store_true",
+                   help="only the training steps' samples: the step loop on the main thread "
+                   "(batch creation left out) and the autograd engine's thread")
     args = p.parse_args(argv)
     if not args.raw.is_file():
         print(f"first_step_profile: {args.raw}: no such file (run py-spy record --format raw "
@@ -104,7 +140,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"first_step_profile: {args.raw}: no collapsed stacks in it (py-spy's "
               "--format raw writes 'frame;frame;... count' lines)", file=sys.stderr)
         return 2
-    print(f"== {args.raw.name}")
+    if args.step:
+        stacks = [(f, c) for f, c in stacks if in_step(f)]
+    print(f"== {args.raw.name}{' (training steps only)' if args.step else ''}")
     print(summarise(stacks, args.rate, args.top))
     return 0
 

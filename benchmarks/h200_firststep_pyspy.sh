@@ -2,14 +2,15 @@
 # Where a cold first step's seconds go, by Python stack (issue 16): gemc on the models whose
 # first step is over 1.5x torch.compile's, each child process sampled by py-spy (100 Hz,
 # idle included, non-blocking), cold caches, 2 steps. py-spy travels as a wheel in .whl
-# (carry it). Then benchmarks/first_step_profile.py summarises each raw file.
+# (carry it; `pip download py-spy --no-deps -d .whl`). VARIANTS=compile,gemc samples the
+# baseline too. Then benchmarks/first_step_profile.py summarises each raw file.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/py_spy-*.whl && export PATH=/tmp/site/bin:$PATH || exit 1
 source scripts/device_env.sh
 export PYTHONUNBUFFERED=1
 timeout 280 python3 benchmarks/zoo.py --out "$OUT/p" --models "${MODELS:-dlrm,mmoe,gem}" \
-  --variants gemc --steps 2 --warmup 0 --cold --child-timeout 150 \
+  --variants "${VARIANTS:-gemc}" --steps 2 --warmup 0 --cold --child-timeout 150 \
   --child-prefix "py-spy record --idle --nonblocking -r 100 --format raw -o $OUT/p/{name}.{variant}.pyspy.txt --" \
   > "$OUT/p.log" 2>&1
 echo "== exit $?"; grep -E "first step|Error|error" "$OUT/p.log" | cut -c1-600

@@ -40,3 +40,29 @@ def test_a_missing_or_empty_file_is_one_named_error(tmp_path, capsys) -> None:
     assert prof.main([str(tmp_path / "empty.txt")]) == 2
     err = capsys.readouterr().err
     assert "no such file" in err and "no collapsed stacks" in err
+
+
+STEP_RAW = """\
+<module> (zoo.py:10);_run (gemc/backends/torch/runner.py:300);capture (gemc/capture.py:4) 100
+<module> (zoo.py:10);_run (gemc/backends/torch/runner.py:560);make_batch (examples/dlrm/model.py:9) 70
+<module> (zoo.py:10);_run (gemc/backends/torch/runner.py:567);_compile (torch/_dynamo/convert_frame.py:3) 30
+<module> (zoo.py:10);_run (gemc/backends/torch/runner.py:573);backward (torch/_tensor.py:1);_engine_run_backward (torch/autograd/graph.py:869) 50
+BackwardCFunction.apply (torch/autograd/function.py:317);CachingAutotuner.run (torch/_inductor/runtime/triton_heuristics.py:1448);CachingAutotuner.benchmark_all_configs (torch/_inductor/runtime/triton_heuristics.py:1139);InductorBenchmarker.benchmark_gpu (torch/_inductor/runtime/benchmarking.py:417) 20
+"""
+
+
+def test_step_samples_leave_out_setup_batches_and_the_wait_for_the_backward(tmp_path,
+                                                                          capsys) -> None:
+    """--step: the step loop's samples (not set-up, not the batch's creation, not the main
+    thread waiting in the autograd engine) and the engine thread's; a class-qualified
+    autotuner frame is autotuning, not the compiled code running, though the frames below
+    it are Inductor's runtime."""
+    prof = load_benchmark("first_step_profile")
+    path = tmp_path / "dlrm.gemc.pyspy.txt"
+    path.write_text(STEP_RAW)
+    assert prof.main([str(path), "--step", "--top", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "training steps only" in out and "0.5 s sampled (50 samples" in out
+    lines = {m[1]: m[0] for m in re.finditer(r"^  ([a-z /]+?)\s+\d+\.\d+ s .*$", out, re.M)}
+    assert "0.30 s" in lines["dynamo"] and "0.20 s" in lines["inductor runtime autotune"]
+    assert "compiled graph running" not in lines
