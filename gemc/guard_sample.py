@@ -41,13 +41,15 @@ SAMPLE = "sample batch"  # a fill_source: the fill the example batch's check fou
 
 def bucket(total: int, capacity: int, buckets: int = BUCKETS) -> int:
     """``total`` real tokens (of ``capacity = B * L``) rounded up to a multiple of the
-    granule ``ceil(capacity / buckets)``, at most ``capacity``. Why: the compiled graph
-    fixes its shapes, and the token count is data; one compiled variant per count would
-    compile without end, rounding to the granule bounds the variants at ``buckets`` (the
-    counts of a fixed batch size cluster: in steady state one or two are hit) and wastes
-    at most ``capacity / buckets`` spare tokens (6% of the padded work at 16). Powers of
-    two would bound the variants at ``log2(capacity)`` but waste up to half the buffer, the
-    whole saving at 50% fill. The spare tokens read position 0 where a value enters the
+    granule ``ceil(capacity / buckets)``, at most ``capacity``. Why: the token count is
+    data. The compiled graph takes it as a dynamic size (one graph for every count:
+    ``backends/torch/graph_mode``), but the kernels launched with it still specialise on
+    it (Triton on an int's divisibility by 16, a bucketed count always is at the h200
+    presets) and a graph that does fix it (``maybe_mark_dynamic`` lets a graph specialise)
+    compiles once per count; rounding to the granule bounds both at ``buckets`` counts and
+    wastes at most ``capacity / buckets`` spare tokens (6% of the padded work at 16).
+    Powers of two would bound the variants at ``log2(capacity)`` but waste up to half the
+    buffer, the whole saving at 50% fill. The spare tokens read position 0 where a value enters the
     region (``TokenLayout.index``), so they compute what eager computes there, never
     reach a real token, and get zero gradients."""
     if total <= 0 or capacity <= 0:

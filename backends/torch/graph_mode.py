@@ -202,6 +202,8 @@ class GraphExecutor:
         # the guarded regions' mask checks
         self.host_s = {"build": 0.0, "guard_checks": 0.0}
         self.variants: list[dict[str, Any]] = []  # what each compiled graph was built for
+        # per packed guarded region, the bucketed token counts its steps ran at (one graph)
+        self.token_counts: dict[str, set[int]] = {}
         self.guard: Any = None  # RegionGuard of the guarded packed regions (inductor only)
         if executor == "inductor":
             _set_up_torch_compile(device)
@@ -349,9 +351,9 @@ class GraphExecutor:
     def __call__(self, *batch: torch.Tensor) -> torch.Tensor:
         """One step's loss. With guarded packed regions, their masks are checked on the
         batch first (one host read for all of them, :mod:`~gemc.backends.triton.region_guard`)
-        and the graph compiled for that outcome runs: each region packed at its bucketed
-        token count, or padded; a new outcome compiles a new graph (bounded: ``BUCKETS``
-        counts per region, and padded)."""
+        and the graph compiled for that outcome runs: each region packed (at its bucketed
+        token count, a dynamic size of the graph's inputs) or padded; a new outcome compiles
+        a new graph (at most two per region: packed and padded), a new count does not."""
         if self.executor == "interpreter":
             return self.runner(*batch)
         dev = self.runner.device.type
@@ -361,13 +363,23 @@ class GraphExecutor:
         t1 = time.perf_counter()
         self.host_s["guard_checks"] += t1 - t0
         key = decision.key if decision is not None else ()
-        fn = self._compiled.get((dt, key))
+        # one graph per outcome (which regions pack, each attention's outcome), not per
+        # token count: the counts are sizes of the graph's inputs (token_count_input)
+        outcome = tuple(PACKED if isinstance(k, int) else k for k in key)
+        fn = self._compiled.get((dt, outcome))
         if fn is None:
-            fn = self._compiled[(dt, key)] = self._compile(dt, key)
+            fn = self._compiled[(dt, outcome)] = self._compile(dt, key)
             self.host_s["build"] += time.perf_counter() - t1
         if decision is None:
             return fn(*batch)
-        return fn(*decision.offsets, *batch)
+        from gemc.backends.triton.inductor_graph import token_count_input
+
+        counts = [k for k in key if isinstance(k, int)]
+        for name, total in zip((n for n, k in zip(self.guard.names, key) if isinstance(k, int)),
+                               counts):
+            self.token_counts.setdefault(name, set()).add(total)
+        dev = self.runner.device
+        return fn(*decision.offsets, *(token_count_input(t, dev) for t in counts), *batch)
 
     def _compile(self, dt: torch.dtype | None, key: tuple[int | None, ...]) -> Any:
         """The rewritten graph for autocast ``dt`` and the guarded regions' outcome ``key``,
@@ -381,14 +393,14 @@ class GraphExecutor:
         guards = self.guard.guards(key) if self.guard is not None else {}
         attention_guards = self.guard.attention_guards(key) if self.guard is not None else {}
         built = build(self.runner, autocast=dt, measured={**self.recorded, **self.measured},
-                      guards=guards, attention_guards=attention_guards)
+                      guards=guards, attention_guards=attention_guards, dynamic_tokens=True)
         self.choices, self.sources = built.choices, built.sources
         self.module = built.module
         self.variants.append({"autocast": str(dt).removeprefix("torch.") if dt else None,
                               "packed_regions": guards,
                               **({"checked_attentions": attention_guards}
                                  if attention_guards else {})})
-        return torch.compile(built.module, dynamic=False, mode=self.compile_mode,
+        return torch.compile(built.module, dynamic=None, mode=self.compile_mode,
                              backend=compile_backend(self.runner.device))
 
 
@@ -403,6 +415,10 @@ def _set_up_torch_compile(device: torch.device) -> None:
     the baseline included, pay it at set-up. The same work, at the same point of a run."""
     torch.compile(nn.Identity(), dynamic=False, backend=compile_backend(device))
 
+
+PACKED = "packed"
+"""A packed guarded region in a compiled graph's outcome key (its token count is an input's
+size, not part of the key)."""
 
 CPU_BACKEND_ENV = "GEMC_CPU_COMPILE_BACKEND"
 

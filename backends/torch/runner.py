@@ -658,9 +658,11 @@ def _run(
                                if isinstance(t.get("route_ms"), dict)},
             # gathers from small tables whose backward adds up per block (no per-id atomics)
             "contended_gathers": forward.gathers,
-            # one compiled graph per guarded regions' outcome (packed at a bucketed token
-            # count, or padded): how many were compiled, and for what
+            # one compiled graph per guarded regions' outcome (packed, or padded; its
+            # packed_regions: the token count it was first compiled at): how many were
+            # compiled, and for what; then the bucketed counts each region ran at
             "compiled_variants": list(forward.variants),
+            "packed_token_counts": {n: sorted(c) for n, c in forward.token_counts.items()},
         }
     report_path = None
     if rank == 0:

@@ -277,7 +277,8 @@ def runner_for(gm: fx.GraphModule, entries: Sequence[dict[str, Any]],
 def build(runner: GraphRunner, *, autocast: torch.dtype | None = None,
           measured: Mapping[str, Any] | None = None,
           guards: Mapping[str, int] | None = None,
-          attention_guards: Mapping[str, str] | None = None) -> Built:
+          attention_guards: Mapping[str, str] | None = None,
+          dynamic_tokens: bool = False) -> Built:
     """The rewritten graph of ``runner.gm`` with ``runner.entries`` as custom-op calls (see
     the module doc). The runner's ``params`` feed the graph's parameter placeholders (the
     same tensors: their gradients land on them). ``autocast``: the dtype of the autocast
@@ -290,8 +291,13 @@ def build(runner: GraphRunner, *, autocast: torch.dtype | None = None,
     padded, the model's own computation. ``attention_guards``: key-padding attentions the
     same check decided (:func:`.region_guard.guarded_attentions`), each ``"prefix"``,
     ``"compact"`` or ``"padded"``; the first two take their keys' lengths as leading inputs
-    after the regions' offsets, in this order. Attentions not named stay eager islands."""
-    return Emitter(runner, autocast, measured, guards or {}, attention_guards or {}).run()
+    after the regions' offsets, in this order. Attentions not named stay eager islands.
+    ``dynamic_tokens``: each packed region's token count is not a constant of the graph but
+    the size of one more leading input per region (``<name>_tokens``, after the key
+    lengths, in the regions' order; :func:`token_count_input` makes it), so a compile that
+    traces that size as dynamic serves every token count with one graph."""
+    return Emitter(runner, autocast, measured, guards or {}, attention_guards or {},
+                   dynamic_tokens).run()
 
 
 # ---- packed token regions, as traceable helpers (shapes from shapes: no host read) --------
@@ -393,7 +399,8 @@ class Emitter:
 
     def __init__(self, runner: GraphRunner, autocast: torch.dtype | None,
                  measured: Mapping[str, Any] | None, guards: Mapping[str, int],
-                 attention_guards: Mapping[str, str] | None = None) -> None:
+                 attention_guards: Mapping[str, str] | None = None,
+                 dynamic_tokens: bool = False) -> None:
         self.r = runner
         self.autocast = autocast
         self.auto = gemc_ops.dtype_name(autocast)
@@ -431,6 +438,14 @@ class Emitter:
             lengths = self.graph.placeholder(f"{name}_key_lengths") \
                 if outcome != "padded" else None
             self.attention_guards[name] = (outcome, lengths)
+        # each packed guarded region's token count, as the size of a leading input of its
+        # own (after the key lengths): traced as a size, not a constant, so one compiled
+        # graph serves every bucket (``build(dynamic_tokens=True)``); read once, lazily
+        self.token_counts: dict[str, fx.Node] = {}
+        self.token_sizes: dict[str, fx.Node] = {}
+        if dynamic_tokens:
+            for name in self.guarded:
+                self.token_counts[name] = self.graph.placeholder(f"{name}_tokens")
 
     # -- helpers ------------------------------------------------------------------------------
 
@@ -454,7 +469,13 @@ class Emitter:
         length and the room for tokens (the values' count plus the clamp's slots)."""
         r = self.r.region_of[node]
         if r.get("guard") is not None:
-            offsets, total, positions = self.guarded[str(r["name"])]
+            name = str(r["name"])
+            offsets, total, positions = self.guarded[name]
+            if name in self.token_counts:
+                if name not in self.token_sizes:
+                    self.token_sizes[name] = self.graph.call_method(
+                        "size", (self.token_counts[name], 0))
+                return (offsets, 0, int(r["max_len"]), self.token_sizes[name], positions)
             return (offsets, 0, int(r["max_len"]), total, positions)
         by_name = self.r.by_name
         values = int(by_name[r["values"]].meta["val"].shape[0])
@@ -768,6 +789,16 @@ class Emitter:
         self.graph.eliminate_dead_code()
         module = fx.GraphModule(self.root, self.graph, class_name="GemcRewritten")
         return Built(module=module, choices=self.choices, runner=self.r, sources=self.sources)
+
+
+def token_count_input(total: int, device: torch.device) -> torch.Tensor:
+    """``build(dynamic_tokens=True)``'s input for a region packed at ``total`` tokens: an
+    empty ``[total, 0]`` tensor (no storage), its first dim marked as a size Dynamo may keep
+    symbolic (``maybe_mark_dynamic``: where the graph needs it fixed, it specialises and
+    compiles per count instead of failing)."""
+    carrier = torch.empty((int(total), 0), device=device)
+    torch._dynamo.maybe_mark_dynamic(carrier, 0)
+    return carrier
 
 
 def _missing_param(fqn: str) -> torch.Tensor:

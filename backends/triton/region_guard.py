@@ -14,13 +14,16 @@ data. So the decision is taken at the compiled graph's boundary, on its inputs:
 * ``packed_tokens.region_check`` checks each mask on the device, and **one host read per
   step** (all regions' flags at once: prefix violations, invalid additive values, the
   token total) decides the key: per region its token count rounded up to a bucket
-  (``packed_tokens.bucket``: at most ``BUCKETS`` counts, so a bounded number of compiled
-  variants) when it packs, ``None`` when it does not (the model's padded computation, the
-  exact fallback), each counted in ``packed_tokens.GUARD_STATS`` as the interpreter counts
-  it;
-* the caller runs the graph built for that key (``inductor_graph.build(guards=...)``),
-  whose packed regions take their offsets as leading inputs: the check is not repeated
-  inside, and the compiled code reads nothing on the host.
+  (``packed_tokens.bucket``: at most ``BUCKETS`` counts) when it packs, ``None`` when it
+  does not (the model's padded computation, the exact fallback), each counted in
+  ``packed_tokens.GUARD_STATS`` as the interpreter counts it;
+* the caller runs the graph built for that outcome (``inductor_graph.build(guards=...,
+  dynamic_tokens=True)``: which regions pack, not at which count), whose packed regions
+  take their offsets as leading inputs and their token counts as the sizes of further
+  inputs (``inductor_graph.token_count_input``), traced as dynamic sizes: one compile
+  serves every bucket (MMoE on the H200 compiled a second 20-s graph at its third step
+  when the count was part of the key); the check is not repeated inside, and the
+  compiled code reads nothing on the host.
 
 The same read decides the **key-padding attentions outside packed regions** whose mask the
 prelude can compute (:func:`guarded_attentions`: cross-attention of queries over a padded
@@ -158,7 +161,11 @@ class RegionGuard:
             if total is not None:
                 offsets.append(offs)
                 if compact:  # its kept positions, in the room the graph has for tokens
-                    offsets.append(packed_tokens.kept_positions(mask, additive, total))
+                    positions = packed_tokens.kept_positions(mask, additive, total)
+                    # sized by the token count, which the graph takes as a dynamic size
+                    # (inductor_graph.token_count_input): this one may not fix it
+                    torch._dynamo.maybe_mark_dynamic(positions, 0)
+                    offsets.append(positions)
         for i, (offs, _) in enumerate(lengths):
             not_prefix, invalid = values[width + 2 * i: width + 2 * i + 2]
             STATS.calls += 1

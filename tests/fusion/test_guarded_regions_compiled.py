@@ -3,7 +3,8 @@ the mask is checked ahead of the compiled graph, which runs packed at a bucketed
 when every row is a prefix (any kept positions, in order, in a compact region) and padded
 (the model's computation) when not; either way loss
 and gradients equal eager over several training steps, each outcome is counted, and the
-compiled variants stay within the bucket set."""
+token count is an input's size, so one compiled graph serves every bucket (Dynamo traces it
+as a dynamic size: no recompile when the count changes)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from gemc.backends.triton import key_padding_attention as kpa
 from gemc.backends.triton import packed_tokens as pt
 from gemc.backends.triton.inductor_graph import runner_for
 from gemc.backends.triton.region_guard import BUCKETS_ENV
+from torch._dynamo.utils import counters
 
 from gemc.errors import GemcUserError
 from gemc.spec import ModelSpec
@@ -100,8 +102,9 @@ def test_a_mask_that_is_no_prefix_packs_compacted_and_trains_as_eager():
     kpa.STATS.reset()
     train_against_eager(executor, model, batches)
     assert pt.GUARD_STATS.as_dict() == {"calls": 3, "packed": 3, "padded": 0}
-    assert [v["packed_regions"] for v in executor.variants] == [{"packed_tokens_0": 12},
-                                                                {"packed_tokens_0": 14}]
+    # one graph for both counts (12, then 14 kept tokens of the scrambled rows)
+    assert [v["packed_regions"] for v in executor.variants] == [{"packed_tokens_0": 12}]
+    assert executor.token_counts == {"packed_tokens_0": {12, 14}}
     assert "packed_tokens_0_positions" in executor.module.code and kpa.STATS.calls == 0
 
 
@@ -119,10 +122,11 @@ def test_a_region_that_needs_a_prefix_falls_back_counted_and_trains_as_eager():
     assert [v["packed_regions"] for v in executor.variants] == [{}, {"packed_tokens_0": 12}]
 
 
-def test_varying_token_totals_compile_within_the_bucket_set(monkeypatch):
+def test_varying_token_totals_run_one_graph_at_bucketed_counts(monkeypatch):
     """Random lengths every step: each packed step runs at its total rounded up to a
-    multiple of the granule (24 / 4 = 6 here), a graph is compiled once per bucket hit and
-    never again, and every step equals eager."""
+    multiple of the granule (24 / 4 = 6 here), all through one compiled graph whose token
+    count is a dynamic size (Dynamo compiles the packed graph once, the padded one once),
+    and every step equals eager."""
     monkeypatch.setenv(BUCKETS_ENV, "4")
     executor, model = _executor("bool")
     gen = torch.Generator().manual_seed(11)
@@ -130,12 +134,20 @@ def test_varying_token_totals_compile_within_the_bucket_set(monkeypatch):
     lengths[0] = [0] * km.B  # no token at all: padded, counted
     batches = [km.batch("bool", n, gen) for n in lengths]
     pt.GUARD_STATS.reset()
+    torch._dynamo.reset()
+    counters.clear()
     train_against_eager(executor, model, batches)
     totals = [sum(n) for n in lengths]
-    expected = [None if t == 0 else -(-t // 6) * 6 for t in totals]
-    seen = list(dict.fromkeys(expected))
-    assert [v["packed_regions"].get("packed_tokens_0") for v in executor.variants] == seen
-    assert {t for t in seen if t is not None} <= {6, 12, 18, 24}
+    buckets = {-(-t // 6) * 6 for t in totals if t > 0}
+    assert len(buckets) >= 2  # the counts moved: a graph per count would recompile
+    assert [bool(v["packed_regions"]) for v in executor.variants] == [False, True]
+    assert executor.token_counts == {"packed_tokens_0": buckets}
+    assert buckets <= {6, 12, 18, 24}
+    # Dynamo's graphs, each compiled once: the packed graph one, the padded one two (its
+    # attention's own check is an eager island, one break); a graph per count would add
+    # one per bucket after the first
+    assert sum(counters["graph_break"].values()) == 1, dict(counters["graph_break"])
+    assert counters["stats"]["unique_graphs"] == 3, dict(counters["stats"])
     assert pt.GUARD_STATS.as_dict() == {"calls": 7, "packed": sum(t > 0 for t in totals),
                                         "padded": sum(t == 0 for t in totals)}
 
