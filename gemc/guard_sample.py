@@ -42,10 +42,10 @@ SAMPLE = "sample batch"  # a fill_source: the fill the example batch's check fou
 def bucket(total: int, capacity: int, buckets: int = BUCKETS) -> int:
     """``total`` real tokens (of ``capacity = B * L``) rounded up to a multiple of the
     granule ``ceil(capacity / buckets)``, at most ``capacity``. Why: the token count is
-    data. The compiled graph takes it as a dynamic size (one graph for every count:
-    ``backends/torch/graph_mode``), but the kernels launched with it still specialise on
-    it (Triton on an int's divisibility by 16, a bucketed count always is at the h200
-    presets) and a graph that does fix it (``maybe_mark_dynamic`` lets a graph specialise)
+    data. The compiled graph takes it as an input's size, static for the first count and
+    dynamic from the second on (``inductor_graph.token_count_input``), but the kernels
+    launched with it still specialise on it (Triton on an int's divisibility by 16, which
+    a bucketed count at the h200 presets always has) and a graph whose code fixes the count
     compiles once per count; rounding to the granule bounds both at ``buckets`` counts and
     wastes at most ``capacity / buckets`` spare tokens (6% of the padded work at 16).
     Powers of two would bound the variants at ``log2(capacity)`` but waste up to half the

@@ -353,7 +353,9 @@ class GraphExecutor:
         batch first (one host read for all of them, :mod:`~gemc.backends.triton.region_guard`)
         and the graph compiled for that outcome runs: each region packed (at its bucketed
         token count, a dynamic size of the graph's inputs) or padded; a new outcome compiles
-        a new graph (at most two per region: packed and padded), a new count does not."""
+        a new graph (at most two per region: packed and padded); of the packed one, a
+        second count recompiles it once with the count a dynamic size (see
+        ``inductor_graph.token_count_input``), later counts do not."""
         if self.executor == "interpreter":
             return self.runner(*batch)
         dev = self.runner.device.type

@@ -295,7 +295,7 @@ def build(runner: GraphRunner, *, autocast: torch.dtype | None = None,
     ``dynamic_tokens``: each packed region's token count is not a constant of the graph but
     the size of one more leading input per region (``<name>_tokens``, after the key
     lengths, in the regions' order; :func:`token_count_input` makes it), so a compile that
-    traces that size as dynamic serves every token count with one graph."""
+    traces that size as dynamic (after a second count) serves every token count."""
     return Emitter(runner, autocast, measured, guards or {}, attention_guards or {},
                    dynamic_tokens).run()
 
@@ -793,12 +793,13 @@ class Emitter:
 
 def token_count_input(total: int, device: torch.device) -> torch.Tensor:
     """``build(dynamic_tokens=True)``'s input for a region packed at ``total`` tokens: an
-    empty ``[total, 0]`` tensor (no storage), its first dim marked as a size Dynamo may keep
-    symbolic (``maybe_mark_dynamic``: where the graph needs it fixed, it specialises and
-    compiles per count instead of failing)."""
-    carrier = torch.empty((int(total), 0), device=device)
-    torch._dynamo.maybe_mark_dynamic(carrier, 0)
-    return carrier
+    empty ``[total, 0]`` tensor (no storage). Not marked dynamic: the first count compiles a
+    static graph, and Dynamo's automatic dynamic shapes (``torch.compile(dynamic=None)``)
+    recompiles once, with the count symbolic, when a second count arrives. Why not dynamic
+    from the start: on the H200 SASRec/BST's packed graph ran 25.93 ms a step with its
+    count symbolic against 24.00 static (8% slower), and it meets one bucket in 30 steps;
+    MMoE's meets two, where one dynamic graph serves every later count."""
+    return torch.empty((int(total), 0), device=device)
 
 
 def _missing_param(fqn: str) -> torch.Tensor:

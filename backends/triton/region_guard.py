@@ -20,10 +20,11 @@ data. So the decision is taken at the compiled graph's boundary, on its inputs:
 * the caller runs the graph built for that outcome (``inductor_graph.build(guards=...,
   dynamic_tokens=True)``: which regions pack, not at which count), whose packed regions
   take their offsets as leading inputs and their token counts as the sizes of further
-  inputs (``inductor_graph.token_count_input``), traced as dynamic sizes: one compile
-  serves every bucket (MMoE on the H200 compiled a second 20-s graph at its third step
-  when the count was part of the key); the check is not repeated inside, and the
-  compiled code reads nothing on the host.
+  inputs (``inductor_graph.token_count_input``): the first count compiles a static graph,
+  a second one recompiles it once with the count a dynamic size (Dynamo's automatic
+  dynamic shapes), which then serves every bucket (with the count part of the key, MMoE
+  on the H200 compiled a new 20-s graph for each new bucket); the check is not repeated
+  inside, and the compiled code reads nothing on the host.
 
 The same read decides the **key-padding attentions outside packed regions** whose mask the
 prelude can compute (:func:`guarded_attentions`: cross-attention of queries over a padded
@@ -161,11 +162,7 @@ class RegionGuard:
             if total is not None:
                 offsets.append(offs)
                 if compact:  # its kept positions, in the room the graph has for tokens
-                    positions = packed_tokens.kept_positions(mask, additive, total)
-                    # sized by the token count, which the graph takes as a dynamic size
-                    # (inductor_graph.token_count_input): this one may not fix it
-                    torch._dynamo.maybe_mark_dynamic(positions, 0)
-                    offsets.append(positions)
+                    offsets.append(packed_tokens.kept_positions(mask, additive, total))
         for i, (offs, _) in enumerate(lengths):
             not_prefix, invalid = values[width + 2 * i: width + 2 * i + 2]
             STATS.calls += 1
