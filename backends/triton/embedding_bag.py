@@ -213,7 +213,10 @@ def lazy_adam_update(w, g, m, v, lr, eps, beta1, beta2, step_size, weight_decay,
     return w - step_size * m / (tl.sqrt(v) + eps), m, v
 
 
-@triton.jit
+# ``seed`` changes every step (``_rounding_seed``): Triton would specialise on it (an int
+# divisible by 16 compiles a variant of its own), so a run recompiled the kernel, ~0.3 s on
+# the H200, at the first step whose seed changed class
+@triton.jit(do_not_specialize=["seed"])
 def _fused_update_kernel(
     weights, momentum1, momentum2, sorted_keys, run_end, sorted_bag, sorted_coef,
     grad_out, grad_stride, row_base, weight_offset, table_dim, table_column, batch,
