@@ -157,6 +157,10 @@ def solver_lines(solver: dict[str, Any] | None) -> list[str]:
                    f"({_ms(solver.get('unbalanced_step_ms'))}, fullest rank "
                    f"{solver.get('unbalanced_max_gb')} GB) {within}: step now "
                    f"{_ms(solver.get('predicted_step_ms'))}")
+    if solver.get("unspread_max_rank_sends_mb") is not None:  # spread_sends, stated
+        out.append(f"           pooled all-to-all sends spread over the ranks at the same step: "
+                   f"busiest rank {solver.get('max_rank_sends_mb')} MB a step (was "
+                   f"{solver.get('unspread_max_rank_sends_mb')} MB)")
     return out
 
 
