@@ -224,7 +224,7 @@ def sends_key(ev: Evaluation) -> tuple[int, int]:
 
 
 def spread_sends(problem: Problem, pricer: Pricer, a: Assignment, *, sweeps: int = 4,
-                 max_moves: int | None = None) -> Assignment:
+                 max_moves: int | None = None, tolerance: float = 0.0) -> Assignment:
     """The plan with its pooled all-to-all sends spread over the ranks, at no cost in
     step and none in the fullest rank's memory: tables move only where the step does not
     rise above ``a``'s and no rank fills past ``a``'s fullest; among such places, pieces go
@@ -243,14 +243,15 @@ def spread_sends(problem: Problem, pricer: Pricer, a: Assignment, *, sweeps: int
     an even spread takes 0.7. TorchRec's estimator charges each shard's output to the
     rank holding it in the same way (``TableWiseEvaluator``: the shard's outputs at
     ``inter_host_bw``, summed per rank). So among plans the step model prices equal, the
-    one whose ranks send evenly is kept."""
+    one whose ranks send evenly is kept. ``tolerance`` lets the step rise by that share of
+    ``a``'s (the planner passes 0; a study of what a wider spread costs may pass more)."""
     if problem.world <= 1 or not problem.tables or pricer.a2a.hosts <= 1:
         return a
     budget = move_budget(problem, max_moves)
     s = _State(problem, pricer, a)
     s.pack.fill = "sends"
     start = s.evaluation()
-    limit_s = start.step_s
+    limit_s = start.step_s * (1 + tolerance)
     limit = int(round(limit_s * 1e9))
     held = int(start.memory.max(initial=0.0) // 2**20)
 

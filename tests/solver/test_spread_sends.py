@@ -92,3 +92,18 @@ def test_explain_states_the_spread():
     assert not any("sends spread" in line for line in solver_lines(base))
     lines = solver_lines({**base, "unspread_max_rank_sends_mb": 18.9})
     assert any("busiest rank 12.6 MB a step (was 18.9 MB)" in line for line in lines)
+
+
+def test_a_tolerance_bounds_what_the_spread_may_cost():
+    """``tolerance`` (for studies; the planner passes 0): the step stays within that share
+    of the start's, and the busiest rank sends no more than at 0."""
+    p = make_problem("h200:2x4", n_tables=12, seed=1)
+    pricer = Pricer(p)
+    start = improve(p, pricer, greedy(p, pricer))
+    before = evaluate(p, start, pricer)
+    held = evaluate(p, spread_sends(p, pricer, start), pricer)
+    loose = evaluate(p, spread_sends(p, pricer, start, tolerance=0.05), pricer)
+    assert loose.step_s <= before.step_s * 1.05 + 1e-12
+    assert loose.memory.max() <= before.memory.max()
+    assert sends_key(loose) <= sends_key(before)
+    assert held.step_s <= before.step_s * (1 + 1e-12)
