@@ -15,7 +15,10 @@ optimizer (DLRMv2's; gemc: ``--table-optimizer rowwise_adagrad``, TorchRec: fuse
   of the whole model, the dense part planned by gemc for both (TorchRec plans tables only);
 * TorchRec's: its planner's own figure of merit (``NoopPerfModel``: the largest per-rank
   sum of the shards' estimated perf, ms) from TorchRec's perf estimator, with its default
-  link rates (what its planner plans with) and again told H200's (``H200_BANDWIDTHS``).
+  link rates (what its planner plans with), again told H200's link rates
+  (``H200_BANDWIDTHS``), and again told H200's link rates and HBM bandwidth
+  (``H200_RATES``: its compute estimates divide bytes by ``hbm_mem_bw``, whose default is
+  963 GB/s, an A100's; the H200 streams 4.8 TB/s).
 
 TorchRec runs in its own venv, ``benchmarks/.venv_torchrec`` (gitignored), which this script
 creates on first use: torch 2.13.0 (CPU) then ``torchrec==1.8.0 fbgemm-gpu-cpu==1.8.0``
@@ -66,6 +69,11 @@ GLOBAL_BATCH = 65536
 # a direction, one ConnectX-7 400 Gb/s NIC (50 GB/s) per GPU. Its defaults are 600 GiB/s
 # and 12.5 GiB/s (a 100 Gb/s NIC): both plans are priced under both.
 H200_BANDWIDTHS = {"intra_host_bw": 450e9 / 1e3, "inter_host_bw": 50e9 / 1e3}
+# ... and HBM's 4.8 TB/s (the H200 datasheet's, gemc.cost_model.hardware), for TorchRec's
+# lookup compute estimates (its default hbm_mem_bw is 963 GB/s)
+H200_RATES = {**H200_BANDWIDTHS, "hbm_mem_bw": 4.8e12 / 1e3}
+# the pricings besides TorchRec's defaults: name in the request and the row -> rates
+PRICED_WITH = {"h200bw": H200_BANDWIDTHS, "h200": H200_RATES}
 # TorchRec's sharding names -> gemc's (one table each way: the worker holds the inverse)
 FROM_TORCHREC = {"table_wise": "table_wise", "row_wise": "row_wise",
                  "column_wise": "column_wise", "table_row_wise": "table_row_wise",
@@ -172,15 +180,17 @@ def case(py: Path, repeat: int, world: int, calibration: Any, timeout: float,
     by_fqn = {t["fqn"]: t["name"] for t in tables}
     gemc_plan = {by_fqn[fqn]: {"sharding": c.sharding, "ranks": list(c.ranks)}
                  for fqn, c in g.assignment.tables.items()}
+    row["gemc_plan"] = gemc_plan
     req = {"world": world, "local": 8, "hbm_bytes": 141e9, "batch": GLOBAL_BATCH // world,
            "tables": tables, "gemc_plan": gemc_plan,
-           "priced_with": {"h200bw": H200_BANDWIDTHS}}
+           "priced_with": PRICED_WITH}
     # TorchRec's pricing of gemc's plan first (quick: repeated tables enumerate once), then
     # its planner under the time limit
     priced = run_worker(py, {**req, "plan": False}, timeout)
     row["torchrec_versions"] = {k: priced.get(k) for k in ("torch", "torchrec")}
     row["gemc_under_torchrec"] = priced.get("gemc_under_torchrec")
-    row["gemc_under_torchrec_h200bw"] = priced.get("gemc_under_torchrec_h200bw")
+    for name in PRICED_WITH:
+        row[f"gemc_under_torchrec_{name}"] = priced.get(f"gemc_under_torchrec_{name}")
     if not plan_torchrec:
         return row
     tr = run_worker(py, {**req, "gemc_plan": None}, timeout)
@@ -190,9 +200,11 @@ def case(py: Path, repeat: int, world: int, calibration: Any, timeout: float,
     if "torchrec_plan" in tr:
         row["torchrec_plan_s"] = tr["torchrec_seconds"]
         row["torchrec_under_torchrec"] = tr["torchrec_under_torchrec"]
-        row["torchrec_under_torchrec_h200bw"] = tr.get("torchrec_under_torchrec_h200bw")
+        for name in PRICED_WITH:
+            row[f"torchrec_under_torchrec_{name}"] = tr.get(f"torchrec_under_torchrec_{name}")
         row["torchrec_shardings"] = dict(Counter(p["sharding"]
                                                  for p in tr["torchrec_plan"].values()))
+        row["torchrec_plan"] = tr["torchrec_plan"]
         a, odd = torchrec_assignment(problem, tables, tr["torchrec_plan"], g.assignment.dense)
         ev = evaluate(problem, a, Pricer(problem))
         row["torchrec_under_gemc_ms"] = ev.step_ms
@@ -235,14 +247,14 @@ def main() -> int:
             results.append(r)
             gt = r.get("gemc_under_torchrec") or {}
             tt = r.get("torchrec_under_torchrec") or {}
-            gh = r.get("gemc_under_torchrec_h200bw") or {}
-            th = r.get("torchrec_under_torchrec_h200bw") or {}
+            priced = [fmt((r.get(f"{who}_under_torchrec_{name}") or {}).get("max_perf_ms"))
+                      for name in PRICED_WITH for who in ("gemc", "torchrec")]
             rows.append([
                 r["tables"], world, fmt(r.get("torchrec_plan_s"), ".1f"),
                 fmt(r.get("gemc_plan_s"), ".1f") + " / " + fmt(r.get("gemc_plan_cpu_s"), ".1f"),
                 fmt(r.get("gemc_under_gemc_ms")), fmt(r.get("torchrec_under_gemc_ms")),
                 fmt(gt.get("max_perf_ms")), fmt(tt.get("max_perf_ms")),
-                fmt(gh.get("max_perf_ms")), fmt(th.get("max_perf_ms")),
+                *priced,
                 "/".join(fmt(x, ".1f") for x in r.get("gemc_mem_gb", [])) or "-",
                 "/".join(fmt(x, ".1f") for x in r.get("torchrec_mem_gb_gemc", [])) or "-",
                 r.get("gemc_error", "") and "gemc: infeasible"
@@ -258,6 +270,7 @@ def main() -> int:
         ["tables", "ranks", "TorchRec plan s", "gemc plan s (wall / cpu)", "gemc plan @gemc ms",
          "TorchRec plan @gemc ms", "gemc plan @TorchRec ms", "TorchRec plan @TorchRec ms",
          "gemc plan @TorchRec H200 bw ms", "TorchRec plan @TorchRec H200 bw ms",
+         "gemc plan @TorchRec H200 bw+HBM ms", "TorchRec plan @TorchRec H200 bw+HBM ms",
          "gemc max/mean GB", "TorchRec max/mean GB @gemc", "note"], rows,
         title="gemc vs TorchRec 1.8 planner, DLRMv2 tables, global batch 65,536, H200 x8 hosts"))
     return 0
