@@ -57,7 +57,8 @@ from gemc.capture import capture  # noqa: E402
 from gemc.replan import annotate  # noqa: E402
 from gemc.solver.evaluate import Pricer, evaluate  # noqa: E402
 from gemc.solver.infeasible import PlanInfeasibleError  # noqa: E402
-from gemc.solver.planners import run_planner  # noqa: E402
+from gemc.solver.local_search import move_budget, spread_sends  # noqa: E402
+from gemc.solver.planners import BALANCE_MOVES_SHARE, run_planner  # noqa: E402
 from gemc.solver.problem import Assignment, TableChoice, problem_from_graph  # noqa: E402
 from gemc.table_format import render_table  # noqa: E402
 
@@ -157,8 +158,36 @@ def run_worker(py: Path, req: dict[str, Any], timeout: float) -> dict[str, Any]:
         return json.loads((Path(d) / "res.json").read_text())
 
 
+def spread_study(py: Path, problem: Any, a: Assignment, req: dict[str, Any], timeout: float,
+                 tolerances: list[float]) -> dict[str, Any]:
+    """gemc's plan with its pooled sends spread further than the planner does
+    (``spread_sends`` with the step let rise by each tolerance), priced by both models:
+    what a plan whose ranks send evenly costs in gemc's step and buys under TorchRec's
+    estimator (which charges each shard's outputs to its rank)."""
+    pricer = Pricer(problem)
+    by_fqn = {t["fqn"]: t["name"] for t in req["tables"]}
+    out = {}
+    for tol in tolerances:
+        b = spread_sends(problem, pricer, a, tolerance=tol,
+                         max_moves=move_budget(problem) // BALANCE_MOVES_SHARE)
+        ev = evaluate(problem, b, pricer)
+        plan = {by_fqn[f]: {"sharding": c.sharding, "ranks": list(c.ranks)}
+                for f, c in b.tables.items()}
+        priced = run_worker(py, {**req, "gemc_plan": plan, "plan": False}, timeout)
+        out[f"{tol:g}"] = {
+            "gemc_ms": ev.step_ms, "max_rank_sends_mb": float(ev.out.max()) / 1e6,
+            "mem_gb": [float(ev.memory.max()) / 1e9, float(ev.memory.mean()) / 1e9],
+            **{f"torchrec{'_' + n if n else ''}_ms":
+               (priced.get(f"gemc_under_torchrec{'_' + n if n else ''}") or {}).get("max_perf_ms")
+               for n in ("", *PRICED_WITH)}}
+        print(f"    spread, step let rise {100 * tol:g}%: " + ", ".join(
+            f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
+            for k, v in out[f"{tol:g}"].items()), flush=True)
+    return out
+
+
 def case(py: Path, repeat: int, world: int, calibration: Any, timeout: float,
-         plan_torchrec: bool) -> dict[str, Any]:
+         plan_torchrec: bool, spread_tolerances: list[float] | None = None) -> dict[str, Any]:
     t0 = time.perf_counter()
     problem = gemc_problem(repeat, world, calibration)
     capture_s = time.perf_counter() - t0
@@ -191,6 +220,9 @@ def case(py: Path, repeat: int, world: int, calibration: Any, timeout: float,
     row["gemc_under_torchrec"] = priced.get("gemc_under_torchrec")
     for name in PRICED_WITH:
         row[f"gemc_under_torchrec_{name}"] = priced.get(f"gemc_under_torchrec_{name}")
+    if spread_tolerances:
+        row["spread_study"] = spread_study(py, problem, g.assignment, req, timeout,
+                                           spread_tolerances)
     if not plan_torchrec:
         return row
     tr = run_worker(py, {**req, "gemc_plan": None}, timeout)
@@ -229,11 +261,23 @@ def main() -> int:
                          "by TorchRec, its planner not run")
     ap.add_argument("--json", default=str(REPO / "benchmarks" / "results" / "vs_torchrec.json"))
     ap.add_argument("--setup-only", action="store_true")
+    ap.add_argument("--spread-tolerances", default="",
+                    help="also price gemc's plan with its pooled sends spread at these step "
+                         "tolerances (e.g. 0.01,0.05; local_search.spread_sends)")
+    ap.add_argument("--what-if-coalesce-s", type=float, default=None,
+                    help="a sensitivity study: plan and price with the cost model's "
+                         "kernels.COALESCE_DUPLICATE_S (seconds a duplicate id on the sparse "
+                         "route, 2.65e-7 shipped) set to this; not what gemc compiles")
     args = ap.parse_args()
     py = setup_venv()
     if args.setup_only:
         return 0
     skip = {tuple(map(int, p.split(","))) for p in args.skip_torchrec_plan.split(";") if p}
+    if args.what_if_coalesce_s is not None:
+        from gemc.cost_model import kernels
+        kernels.COALESCE_DUPLICATE_S = args.what_if_coalesce_s
+        print(f"what-if: kernels.COALESCE_DUPLICATE_S = {args.what_if_coalesce_s:g} s", flush=True)
+    tolerances = [float(x) for x in args.spread_tolerances.split(",") if x]
     calibration = default_calibration("h200")
     rows, results = [], []
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
@@ -243,7 +287,7 @@ def main() -> int:
     for repeat in map(int, args.repeats.split(",")):
         for world in map(int, args.worlds.split(",")):
             r = case(py, repeat, world, calibration, args.torchrec_timeout,
-                     (26 * repeat, world) not in skip)
+                     (26 * repeat, world) not in skip, tolerances)
             results.append(r)
             gt = r.get("gemc_under_torchrec") or {}
             tt = r.get("torchrec_under_torchrec") or {}
@@ -264,7 +308,8 @@ def main() -> int:
                   flush=True)
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json).write_text(json.dumps(
-                {"commit": commit, "cpus": os.cpu_count(), "rows": results}, indent=1,
+                {"commit": commit, "cpus": os.cpu_count(), "rows": results,
+                 "what_if_coalesce_s": args.what_if_coalesce_s}, indent=1,
                 default=str))
     print(render_table(
         ["tables", "ranks", "TorchRec plan s", "gemc plan s (wall / cpu)", "gemc plan @gemc ms",
