@@ -254,6 +254,10 @@ def spread_sends(problem: Problem, pricer: Pricer, a: Assignment, *, sweeps: int
     limit_s = start.step_s * (1 + tolerance)
     limit = int(round(limit_s * 1e9))
     held = int(start.memory.max(initial=0.0) // 2**20)
+    # pieces only where a rank stays under the fullest one: the ranks sending least are
+    # often the fullest (DLRMv2 x 64: the 2-way column shards of 40M-row tables, 11.9 GB
+    # and one 8-column piece each), and a piece there was a move the key then refused
+    s.pack.free -= max(0.0, problem.cap_bytes - float(start.memory.max(initial=0.0)))
 
     def key(ev: Evaluation) -> tuple[float, int, int, int, int]:
         over, step, mem_max, _ = plan_key(ev)

@@ -107,3 +107,25 @@ def test_a_tolerance_bounds_what_the_spread_may_cost():
     assert loose.memory.max() <= before.memory.max()
     assert sends_key(loose) <= sends_key(before)
     assert held.step_s <= before.step_s * (1 + 1e-12)
+
+
+def test_pieces_do_not_go_to_the_fullest_rank_even_where_it_sends_least():
+    """Rank 2 holds a 12.8-GB table 8 wide (the fullest rank, and the one sending least):
+    the spread places rank 1's surplus table on rank 3 instead, the fullest rank held (a
+    piece on rank 2 was a move the key refused: DLRMv2 x 64 ranks' least-sending ranks
+    were its fullest)."""
+    p, start = piled("h200:2x2")
+    wide8 = TableCost("wide8", rows=4 * 10**8, dim=8, nnz=BATCH, batch=BATCH)
+    p = replace(p, tables=(*p.tables[:5], wide8))  # hot, s0-s3; s4/s5 out
+    place = {"hot": 0, "s0": 1, "s1": 1, "s2": 1, "s3": 3, "wide8": 2}
+    start = Assignment(dense={}, tables={f: TableChoice("table_wise", (r,))
+                                         for f, r in place.items()})
+    pricer = Pricer(p)
+    before = evaluate(p, start, pricer)
+    assert before.memory.argmax() == 2 and before.out.argmin() == 2
+    a = spread_sends(p, pricer, start)
+    after = evaluate(p, a, pricer)
+    assert after.out.max() < before.out.max()
+    assert after.memory.max() <= before.memory.max()
+    assert a.tables["wide8"] == start.tables["wide8"]
+    assert int(round(after.step_s * 1e9)) <= int(round(before.step_s * 1e9))
