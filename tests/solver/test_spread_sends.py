@@ -92,6 +92,9 @@ def test_explain_states_the_spread():
     assert not any("sends spread" in line for line in solver_lines(base))
     lines = solver_lines({**base, "unspread_max_rank_sends_mb": 18.9})
     assert any("busiest rank 12.6 MB a step (was 18.9 MB)" in line for line in lines)
+    lines = solver_lines({**base, "unspread_max_rank_sends_mb": 12.6})  # only the others
+    assert any("busiest rank unchanged at 12.6 MB a step, the others evened" in line
+               for line in lines)
 
 
 def test_a_tolerance_bounds_what_the_spread_may_cost():
