@@ -21,6 +21,10 @@ program, ids per tile, warps): what ``RowSumsLaunch``'s default is chosen from.
 
     python3 benchmarks/scatter_add_contention.py --out contention.json      # on the H200
     python3 benchmarks/scatter_add_contention.py --smoke --out /tmp/c.json  # CPU crash check
+    python3 benchmarks/scatter_add_contention.py --no-grid --sparse-rows --out rows.json
+
+``--sparse-rows`` times the runner's sparse-gradient row sum (``sparse_optim.summed_rows``)
+at DLRMv2's small tables against the cost model's price of their duplicates.
 
 ``--smoke``: tiny sizes on the CPU, eager only (CPU times say nothing about a GPU).
 """
@@ -144,6 +148,49 @@ def sweep(device: torch.device, iters: int, small: bool = False) -> list[dict[st
     return out
 
 
+# DLRMv2's smallest tables (rows) and the ids a table-wise shard of one takes a step at
+# global batch 65,536, one id a bag: the duplicates the runner's sparse optimizer sums
+SPARSE_ROWS = (3, 4, 10, 14, 36, 63, 155, 976, 17295)
+SPARSE_IDS = 65536
+
+
+def sparse_rows(device: torch.device, iters: int, small: bool = False
+                ) -> list[dict[str, Any]]:
+    """Median ms of the runner's sparse-gradient row sum (``sparse_optim.summed_rows``: a
+    sort, then ``index_add_`` of every id's gradient row into its run's slot, so one row's
+    duplicates contend on atomics) at DLRMv2's small tables, 128 wide, against what the
+    cost model charges for those duplicates (``op_cost.eager_table_time``: the hottest
+    row's ids x ``kernels.COALESCE_DUPLICATE_S``, fitted on the ``coalesce`` the runner no
+    longer runs) and what the measured atomic chain of a dense-gradient scatter would
+    charge (x ``kernels.DENSE_GRAD_HOT_ADD_S``). Why: on DLRMv2 at 16 ranks the 3-row
+    table's shard is priced 5.96 ms, the plan's slowest rank (BENCHMARKS.md, issue 19)."""
+    from gemc.backends.torch.sparse_optim import summed_rows
+    from gemc.cost_model import kernels
+
+    ids_n, dim = (4096, 8) if small else (SPARSE_IDS, 128)
+    out = []
+    for rows in (SPARSE_ROWS[:2] if small else SPARSE_ROWS):
+        gen = torch.Generator().manual_seed(rows)
+        ids = torch.randint(0, rows, (ids_n,), generator=gen).to(device)
+        values = torch.randn(ids_n, dim, generator=gen).to(device)
+        got = summed_rows(ids, values, rows)
+        want = torch.zeros(rows, dim, device=device).index_add_(0, ids, values)
+        # slots past the distinct rows repeat the last one with its sum: copy, never add
+        summed = torch.zeros(rows, dim, device=device).index_copy_(0, got.rows, got.grads)
+        err = ((summed - want).abs().max() / want.abs().max().clamp(min=1e-30)).item()
+        ms = _timed(lambda i=ids, v=values, r=rows: summed_rows(i, v, r), device, iters)
+        hot = kernels.hottest_row_ids(rows, ids_n, 0)
+        out.append({"case": "sparse_rows", "ids": ids_n, "rows": rows, "dim": dim,
+                    "variant": "summed_rows", "ms": ms, "hottest_row_ids": hot,
+                    "priced_ms": 1e3 * hot * kernels.COALESCE_DUPLICATE_S,
+                    "atomic_chain_ms": 1e3 * hot * kernels.DENSE_GRAD_HOT_ADD_S,
+                    "max_rel_err_vs_index_add": err})
+        print(f"sparse_rows ids {ids_n:>6} rows {rows:>6} summed_rows {ms:8.3f} ms  priced "
+              f"{out[-1]['priced_ms']:8.3f} ms  atomic chain {out[-1]['atomic_chain_ms']:7.3f} ms",
+              flush=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="JSON results")
@@ -153,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hstu", action="store_true", help="add HSTU's own two gathers")
     p.add_argument("--sweep", action="store_true",
                    help="time gemc's backward at HSTU's gathers per launch choice")
+    p.add_argument("--sparse-rows", action="store_true",
+                   help="time the runner's sparse-gradient row sum at DLRMv2's small tables")
     p.add_argument("--grid", action=argparse.BooleanOptionalAction, default=True,
                    help="the uniform-ids grid (--no-grid: HSTU's gathers only)")
     args = p.parse_args(argv)
@@ -187,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"stream {stream:8.3f} ms  x{ms / stream:8.1f}", flush=True)
     if args.sweep:
         rows_out += sweep(device, args.iters, small=args.smoke)
+    if args.sparse_rows:
+        rows_out += sparse_rows(device, args.iters, small=args.smoke)
     doc = {"benchmark": "scatter_add_contention", "device": str(device),
            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
            "torch": torch.__version__, "results": rows_out}

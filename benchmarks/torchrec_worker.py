@@ -57,7 +57,7 @@ def sharder() -> EmbeddingBagCollectionSharder:
 
 def topology(req: dict[str, Any]) -> Topology:
     """TorchRec's topology; its bandwidths (bytes/ms) are its defaults unless the request
-    names them (``bandwidths``: intra_host_bw, inter_host_bw)."""
+    names them (``bandwidths``: intra_host_bw, inter_host_bw, hbm_mem_bw)."""
     return Topology(world_size=req["world"], compute_device="cuda",
                     local_world_size=req["local"], hbm_cap=int(req["hbm_bytes"]),
                     **req.get("bandwidths", {}))
@@ -135,6 +135,8 @@ class Pricer:
         world = self.req["world"]
         perf = [0.0] * world
         hbm = [0.0] * world
+        comms = [0.0] * world  # of perf: the outputs' and gradients' communication
+        held: list[list[str]] = [[] for _ in range(world)]
         unpriced = []
         for t in tables:
             p = plan[t["name"]]
@@ -157,8 +159,17 @@ class Pricer:
             for rank, shard in zip(ranks, shards):
                 perf[rank] += shard.perf.total
                 hbm[rank] += shard.storage.hbm
+                sp = shard.perf
+                comms[rank] += sp.fwd_comms + sp.bwd_comms
+                if kind != "data_parallel":
+                    held[rank].append(f"{t['name']} {kind} {shard.size[1]}c")
+        top = max(range(world), key=perf.__getitem__)
+        # where the figure comes from: the slowest rank's communication and compute, and
+        # what it holds (data-parallel tables, on every rank, left out of the list)
         return {"max_perf_ms": max(perf), "max_hbm_gb": max(hbm) / 1e9,
-                "mean_hbm_gb": sum(hbm) / world / 1e9, "unpriced": unpriced}
+                "mean_hbm_gb": sum(hbm) / world / 1e9, "unpriced": unpriced,
+                "max_rank": top, "max_rank_comms_ms": comms[top],
+                "max_rank_compute_ms": perf[top] - comms[top], "max_rank_shards": held[top]}
 
 
 def main(argv: list[str]) -> int:

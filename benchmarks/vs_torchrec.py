@@ -15,7 +15,10 @@ optimizer (DLRMv2's; gemc: ``--table-optimizer rowwise_adagrad``, TorchRec: fuse
   of the whole model, the dense part planned by gemc for both (TorchRec plans tables only);
 * TorchRec's: its planner's own figure of merit (``NoopPerfModel``: the largest per-rank
   sum of the shards' estimated perf, ms) from TorchRec's perf estimator, with its default
-  link rates (what its planner plans with) and again told H200's (``H200_BANDWIDTHS``).
+  link rates (what its planner plans with), again told H200's link rates
+  (``H200_BANDWIDTHS``), and again told H200's link rates and HBM bandwidth
+  (``H200_RATES``: its compute estimates divide bytes by ``hbm_mem_bw``, whose default is
+  963 GB/s, an A100's; the H200 streams 4.8 TB/s).
 
 TorchRec runs in its own venv, ``benchmarks/.venv_torchrec`` (gitignored), which this script
 creates on first use: torch 2.13.0 (CPU) then ``torchrec==1.8.0 fbgemm-gpu-cpu==1.8.0``
@@ -54,7 +57,8 @@ from gemc.capture import capture  # noqa: E402
 from gemc.replan import annotate  # noqa: E402
 from gemc.solver.evaluate import Pricer, evaluate  # noqa: E402
 from gemc.solver.infeasible import PlanInfeasibleError  # noqa: E402
-from gemc.solver.planners import run_planner  # noqa: E402
+from gemc.solver.local_search import move_budget, spread_sends  # noqa: E402
+from gemc.solver.planners import BALANCE_MOVES_SHARE, run_planner  # noqa: E402
 from gemc.solver.problem import Assignment, TableChoice, problem_from_graph  # noqa: E402
 from gemc.table_format import render_table  # noqa: E402
 
@@ -66,6 +70,11 @@ GLOBAL_BATCH = 65536
 # a direction, one ConnectX-7 400 Gb/s NIC (50 GB/s) per GPU. Its defaults are 600 GiB/s
 # and 12.5 GiB/s (a 100 Gb/s NIC): both plans are priced under both.
 H200_BANDWIDTHS = {"intra_host_bw": 450e9 / 1e3, "inter_host_bw": 50e9 / 1e3}
+# ... and HBM's 4.8 TB/s (the H200 datasheet's, gemc.cost_model.hardware), for TorchRec's
+# lookup compute estimates (its default hbm_mem_bw is 963 GB/s)
+H200_RATES = {**H200_BANDWIDTHS, "hbm_mem_bw": 4.8e12 / 1e3}
+# the pricings besides TorchRec's defaults: name in the request and the row -> rates
+PRICED_WITH = {"h200bw": H200_BANDWIDTHS, "h200": H200_RATES}
 # TorchRec's sharding names -> gemc's (one table each way: the worker holds the inverse)
 FROM_TORCHREC = {"table_wise": "table_wise", "row_wise": "row_wise",
                  "column_wise": "column_wise", "table_row_wise": "table_row_wise",
@@ -149,8 +158,36 @@ def run_worker(py: Path, req: dict[str, Any], timeout: float) -> dict[str, Any]:
         return json.loads((Path(d) / "res.json").read_text())
 
 
+def spread_study(py: Path, problem: Any, a: Assignment, req: dict[str, Any], timeout: float,
+                 tolerances: list[float]) -> dict[str, Any]:
+    """gemc's plan with its pooled sends spread further than the planner does
+    (``spread_sends`` with the step let rise by each tolerance), priced by both models:
+    what a plan whose ranks send evenly costs in gemc's step and buys under TorchRec's
+    estimator (which charges each shard's outputs to its rank)."""
+    pricer = Pricer(problem)
+    by_fqn = {t["fqn"]: t["name"] for t in req["tables"]}
+    out = {}
+    for tol in tolerances:
+        b = spread_sends(problem, pricer, a, tolerance=tol,
+                         max_moves=move_budget(problem) // BALANCE_MOVES_SHARE)
+        ev = evaluate(problem, b, pricer)
+        plan = {by_fqn[f]: {"sharding": c.sharding, "ranks": list(c.ranks)}
+                for f, c in b.tables.items()}
+        priced = run_worker(py, {**req, "gemc_plan": plan, "plan": False}, timeout)
+        out[f"{tol:g}"] = {
+            "gemc_ms": ev.step_ms, "max_rank_sends_mb": float(ev.out.max()) / 1e6,
+            "mem_gb": [float(ev.memory.max()) / 1e9, float(ev.memory.mean()) / 1e9],
+            **{f"torchrec{'_' + n if n else ''}_ms":
+               (priced.get(f"gemc_under_torchrec{'_' + n if n else ''}") or {}).get("max_perf_ms")
+               for n in ("", *PRICED_WITH)}}
+        print(f"    spread, step let rise {100 * tol:g}%: " + ", ".join(
+            f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
+            for k, v in out[f"{tol:g}"].items()), flush=True)
+    return out
+
+
 def case(py: Path, repeat: int, world: int, calibration: Any, timeout: float,
-         plan_torchrec: bool) -> dict[str, Any]:
+         plan_torchrec: bool, spread_tolerances: list[float] | None = None) -> dict[str, Any]:
     t0 = time.perf_counter()
     problem = gemc_problem(repeat, world, calibration)
     capture_s = time.perf_counter() - t0
@@ -172,15 +209,20 @@ def case(py: Path, repeat: int, world: int, calibration: Any, timeout: float,
     by_fqn = {t["fqn"]: t["name"] for t in tables}
     gemc_plan = {by_fqn[fqn]: {"sharding": c.sharding, "ranks": list(c.ranks)}
                  for fqn, c in g.assignment.tables.items()}
+    row["gemc_plan"] = gemc_plan
     req = {"world": world, "local": 8, "hbm_bytes": 141e9, "batch": GLOBAL_BATCH // world,
            "tables": tables, "gemc_plan": gemc_plan,
-           "priced_with": {"h200bw": H200_BANDWIDTHS}}
+           "priced_with": PRICED_WITH}
     # TorchRec's pricing of gemc's plan first (quick: repeated tables enumerate once), then
     # its planner under the time limit
     priced = run_worker(py, {**req, "plan": False}, timeout)
     row["torchrec_versions"] = {k: priced.get(k) for k in ("torch", "torchrec")}
     row["gemc_under_torchrec"] = priced.get("gemc_under_torchrec")
-    row["gemc_under_torchrec_h200bw"] = priced.get("gemc_under_torchrec_h200bw")
+    for name in PRICED_WITH:
+        row[f"gemc_under_torchrec_{name}"] = priced.get(f"gemc_under_torchrec_{name}")
+    if spread_tolerances:
+        row["spread_study"] = spread_study(py, problem, g.assignment, req, timeout,
+                                           spread_tolerances)
     if not plan_torchrec:
         return row
     tr = run_worker(py, {**req, "gemc_plan": None}, timeout)
@@ -190,9 +232,11 @@ def case(py: Path, repeat: int, world: int, calibration: Any, timeout: float,
     if "torchrec_plan" in tr:
         row["torchrec_plan_s"] = tr["torchrec_seconds"]
         row["torchrec_under_torchrec"] = tr["torchrec_under_torchrec"]
-        row["torchrec_under_torchrec_h200bw"] = tr.get("torchrec_under_torchrec_h200bw")
+        for name in PRICED_WITH:
+            row[f"torchrec_under_torchrec_{name}"] = tr.get(f"torchrec_under_torchrec_{name}")
         row["torchrec_shardings"] = dict(Counter(p["sharding"]
                                                  for p in tr["torchrec_plan"].values()))
+        row["torchrec_plan"] = tr["torchrec_plan"]
         a, odd = torchrec_assignment(problem, tables, tr["torchrec_plan"], g.assignment.dense)
         ev = evaluate(problem, a, Pricer(problem))
         row["torchrec_under_gemc_ms"] = ev.step_ms
@@ -217,11 +261,23 @@ def main() -> int:
                          "by TorchRec, its planner not run")
     ap.add_argument("--json", default=str(REPO / "benchmarks" / "results" / "vs_torchrec.json"))
     ap.add_argument("--setup-only", action="store_true")
+    ap.add_argument("--spread-tolerances", default="",
+                    help="also price gemc's plan with its pooled sends spread at these step "
+                         "tolerances (e.g. 0.01,0.05; local_search.spread_sends)")
+    ap.add_argument("--what-if-coalesce-s", type=float, default=None,
+                    help="a sensitivity study: plan and price with the cost model's "
+                         "kernels.COALESCE_DUPLICATE_S (seconds a duplicate id on the sparse "
+                         "route, 2.65e-7 shipped) set to this; not what gemc compiles")
     args = ap.parse_args()
     py = setup_venv()
     if args.setup_only:
         return 0
     skip = {tuple(map(int, p.split(","))) for p in args.skip_torchrec_plan.split(";") if p}
+    if args.what_if_coalesce_s is not None:
+        from gemc.cost_model import kernels
+        kernels.COALESCE_DUPLICATE_S = args.what_if_coalesce_s
+        print(f"what-if: kernels.COALESCE_DUPLICATE_S = {args.what_if_coalesce_s:g} s", flush=True)
+    tolerances = [float(x) for x in args.spread_tolerances.split(",") if x]
     calibration = default_calibration("h200")
     rows, results = [], []
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
@@ -231,18 +287,18 @@ def main() -> int:
     for repeat in map(int, args.repeats.split(",")):
         for world in map(int, args.worlds.split(",")):
             r = case(py, repeat, world, calibration, args.torchrec_timeout,
-                     (26 * repeat, world) not in skip)
+                     (26 * repeat, world) not in skip, tolerances)
             results.append(r)
             gt = r.get("gemc_under_torchrec") or {}
             tt = r.get("torchrec_under_torchrec") or {}
-            gh = r.get("gemc_under_torchrec_h200bw") or {}
-            th = r.get("torchrec_under_torchrec_h200bw") or {}
+            priced = [fmt((r.get(f"{who}_under_torchrec_{name}") or {}).get("max_perf_ms"))
+                      for name in PRICED_WITH for who in ("gemc", "torchrec")]
             rows.append([
                 r["tables"], world, fmt(r.get("torchrec_plan_s"), ".1f"),
                 fmt(r.get("gemc_plan_s"), ".1f") + " / " + fmt(r.get("gemc_plan_cpu_s"), ".1f"),
                 fmt(r.get("gemc_under_gemc_ms")), fmt(r.get("torchrec_under_gemc_ms")),
                 fmt(gt.get("max_perf_ms")), fmt(tt.get("max_perf_ms")),
-                fmt(gh.get("max_perf_ms")), fmt(th.get("max_perf_ms")),
+                *priced,
                 "/".join(fmt(x, ".1f") for x in r.get("gemc_mem_gb", [])) or "-",
                 "/".join(fmt(x, ".1f") for x in r.get("torchrec_mem_gb_gemc", [])) or "-",
                 r.get("gemc_error", "") and "gemc: infeasible"
@@ -252,12 +308,14 @@ def main() -> int:
                   flush=True)
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json).write_text(json.dumps(
-                {"commit": commit, "cpus": os.cpu_count(), "rows": results}, indent=1,
+                {"commit": commit, "cpus": os.cpu_count(), "rows": results,
+                 "what_if_coalesce_s": args.what_if_coalesce_s}, indent=1,
                 default=str))
     print(render_table(
         ["tables", "ranks", "TorchRec plan s", "gemc plan s (wall / cpu)", "gemc plan @gemc ms",
          "TorchRec plan @gemc ms", "gemc plan @TorchRec ms", "TorchRec plan @TorchRec ms",
          "gemc plan @TorchRec H200 bw ms", "TorchRec plan @TorchRec H200 bw ms",
+         "gemc plan @TorchRec H200 bw+HBM ms", "TorchRec plan @TorchRec H200 bw+HBM ms",
          "gemc max/mean GB", "TorchRec max/mean GB @gemc", "note"], rows,
         title="gemc vs TorchRec 1.8 planner, DLRMv2 tables, global batch 65,536, H200 x8 hosts"))
     return 0

@@ -157,6 +157,13 @@ def solver_lines(solver: dict[str, Any] | None) -> list[str]:
                    f"({_ms(solver.get('unbalanced_step_ms'))}, fullest rank "
                    f"{solver.get('unbalanced_max_gb')} GB) {within}: step now "
                    f"{_ms(solver.get('predicted_step_ms'))}")
+    was = solver.get("unspread_max_rank_sends_mb")
+    if was is not None:  # spread_sends, stated
+        now = solver.get("max_rank_sends_mb")
+        what = (f"busiest rank {now} MB a step (was {was} MB)" if now != was else
+                f"busiest rank unchanged at {now} MB a step, the others evened")
+        out.append(f"           pooled all-to-all sends spread over the ranks at the same step: "
+                   f"{what}")
     return out
 
 

@@ -173,6 +173,10 @@ class Packer:
         self.mem = np.zeros(self.world)
         self.host = np.zeros(self.world // self.local)
         self.overflow = False   # a piece found no place with room
+        # what ``best`` with a slack fills first among the places the step allows: the
+        # emptiest in memory ("memory", the balance searches) or the rank sending least
+        # in the pooled all-to-all ("sends", ``local_search.spread_sends``)
+        self.fill = "memory"
 
     def size(self, o: TableOption) -> float:
         """A piece's own weight in the step: what it adds on an empty place."""
@@ -199,7 +203,8 @@ class Packer:
     def best(self, o: TableOption, lo: int, hi: int, used: tuple[int, ...] | list[int],
              slack: float | None = None) -> int:
         """The start of the best place for a piece. With ``slack`` (seconds the step may
-        still rise), the emptiest place in memory among those rising at most that much."""
+        still rise), the emptiest place among those rising at most that much (in memory,
+        or in pooled bytes sent: ``fill``)."""
         w, local = o.width, self.local
         starts = np.arange(lo, hi, w)
         # the ranks' embedding seconds as the step prices them (the kernel floor in), now
@@ -239,6 +244,7 @@ class Packer:
         elif slack is not None:
             over = rise > slack
             if not (over | bad).all():
-                return int(starts[np.lexsort((starts, rise, mem, over, bad))[0]])
+                fill = mem if self.fill == "memory" else out
+                return int(starts[np.lexsort((starts, rise, fill, over, bad))[0]])
         order = np.lexsort((starts, balance, rise, bad))
         return int(starts[order[0]])

@@ -31,6 +31,10 @@ the fullest rank held (``planners._balanced`` keeps its plan only where it pays)
 cap summed over ranks first (a move that unloads one of several ranks at the maximum
 lowers it), then the step with that held.
 
+``spread_sends`` spreads the pooled all-to-all's bytes over the ranks where the step and
+the fullest rank stay as they are (robust to an exchange without PXN; what TorchRec's
+estimator charges per rank).
+
 Deterministic: tables in a fixed order (heaviest first), a fixed number of sweeps, and
 a cap on priced moves (``SolverSettings.search_moves``, scaled down beyond
 SEARCH_FULL_WORLD ranks), never a wall clock.
@@ -209,6 +213,59 @@ def balance(problem: Problem, pricer: Pricer, a: Assignment, tolerance: float, *
     # then the step back, the fullest rank's MiB held: what the spreading gave up for
     # nothing (moves that only evened out ranks below the fullest)
     _sweep(s, options, sweeps, budget, recover)
+    return Assignment(dense=dict(a.dense), tables=dict(s.tables))
+
+
+def sends_key(ev: Evaluation) -> tuple[int, int]:
+    """Lower is better: the most pooled all-to-all bytes one rank sends (MiB), then the
+    sum of squares of every rank's (how evenly the ranks' NICs would be loaded)."""
+    mib = ev.out / 2**20
+    return int(mib.max(initial=0.0)), int(np.square(np.rint(mib)).sum())
+
+
+def spread_sends(problem: Problem, pricer: Pricer, a: Assignment, *, sweeps: int = 4,
+                 max_moves: int | None = None, tolerance: float = 0.0) -> Assignment:
+    """The plan with its pooled all-to-all sends spread over the ranks, at no cost in
+    step and none in the fullest rank's memory: tables move only where the step does not
+    rise above ``a``'s and no rank fills past ``a``'s fullest; among such places, pieces go
+    to the rank sending least (``Packer.fill``), and a move is kept when the most bytes one
+    rank sends drops (then their sum of squares).
+
+    Why, on a plan spanning hosts: a table- or column-wise shard's pooled output goes to
+    every rank's local batch, so (hosts - 1) / hosts of it crosses hosts wherever the
+    shard sits; the step model (``collectives._all_to_all``) prices those bytes at the
+    host's NICs together, because NCCL's PXN (2.12+, on by default) sends each of them
+    through the host peer on the destination's rail. Where PXN does not apply (it is off,
+    ``NCCL_P2P_PXN_LEVEL=0``, or the NICs are not rail-matched) a rank's cross-host bytes
+    leave by its own NIC, and the rank sending most sets the exchange: DLRMv2's 16-rank
+    plan sent 114 MB from one rank against a 51 MB mean, which at one NIC's 41 GB/s (the
+    all-to-all rate fitted in ``collectives.CommEfficiency``) is 1.5 ms a direction where
+    an even spread takes 0.7. TorchRec's estimator charges each shard's output to the
+    rank holding it in the same way (``TableWiseEvaluator``: the shard's outputs at
+    ``inter_host_bw``, summed per rank). So among plans the step model prices equal, the
+    one whose ranks send evenly is kept. ``tolerance`` lets the step rise by that share of
+    ``a``'s (the planner passes 0; a study of what a wider spread costs may pass more)."""
+    if problem.world <= 1 or not problem.tables or pricer.a2a.hosts <= 1:
+        return a
+    budget = move_budget(problem, max_moves)
+    s = _State(problem, pricer, a)
+    s.pack.fill = "sends"
+    start = s.evaluation()
+    limit_s = start.step_s * (1 + tolerance)
+    limit = int(round(limit_s * 1e9))
+    held = int(start.memory.max(initial=0.0) // 2**20)
+    # pieces only where a rank stays under the fullest one: the ranks sending least are
+    # often the fullest (DLRMv2 x 64: the 2-way column shards of 40M-row tables, 11.9 GB
+    # and one 8-column piece each), and a piece there was a move the key then refused
+    s.pack.free -= max(0.0, problem.cap_bytes - float(start.memory.max(initial=0.0)))
+
+    def key(ev: Evaluation) -> tuple[float, int, int, int, int]:
+        over, step, mem_max, _ = plan_key(ev)
+        return (over, step if step > limit else 0, max(held, int(mem_max // 2**20)),
+                *sends_key(ev))
+
+    options: dict[tuple, list[TableOption]] = {}
+    _sweep(s, options, sweeps, budget, key, lambda: max(0.0, limit_s - s.evaluation().step_s))
     return Assignment(dense=dict(a.dense), tables=dict(s.tables))
 
 
