@@ -66,9 +66,11 @@ def emit_plan(gm: fx.GraphModule, ctx: PassContext, captured: Captured, planner:
     planner chose them, the ones given here: the compile's options), and the prediction
     priced with them. One place, so a replanned plan is the plan a compile would write."""
     from gemc.costing import predicted_block
+    from gemc.graph_summary import graph_facts
     from gemc.passes.parallelize import EXCHANGE_META, TABLE_OPTIMIZER_META, step_options
 
-    plan = build_plan(gm, ctx, captured, planner=planner)
+    facts = graph_facts(gm, captured.param_dtypes)  # recorded and priced: one summary
+    plan = build_plan(gm, ctx, captured, planner=planner, facts=facts)
     chosen = gm.meta.get(TABLE_OPTIMIZER_META) or (
         step_options(None).table_optimizer if table_optimizer in (None, "auto")
         else table_optimizer)
@@ -76,7 +78,7 @@ def emit_plan(gm: fx.GraphModule, ctx: PassContext, captured: Captured, planner:
     plan["exchange"] = gm.meta.get(EXCHANGE_META) or fixed_exchange(exchange_precision)
     if predict:
         options = replace(step_options(chosen), exchange=wire_of_plan(plan))
-        plan["predicted"] = predicted_block(gm, plan["regions"], plan["tables"],
+        plan["predicted"] = predicted_block(gm, facts.regions, facts.tables,
                                             ctx.topology, ctx.calibration, options)
     return plan
 

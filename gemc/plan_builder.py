@@ -10,7 +10,7 @@ from torch import fx
 from gemc import ir
 from gemc.capture import Captured
 from gemc.context import PassContext
-from gemc.graph_summary import region_summaries, table_summaries
+from gemc.graph_summary import GraphFacts, graph_facts
 from gemc.passes.precision_sites import module_scopes
 from gemc.plan import SCHEMA_VERSION
 from gemc.version import __version__
@@ -162,14 +162,17 @@ def build_plan(
     *,
     planner: str = "default",
     predicted: dict[str, Any] | None = None,
+    facts: GraphFacts | None = None,
 ) -> dict[str, Any]:
-    tables = table_summaries(gm, captured.param_dtypes)
-    table_fqns = {t["fqn"] for t in tables}
-    regions = region_summaries(gm, table_fqns)
+    """The plan document of the placed graph ``gm``: its ``facts`` (``graph_facts`` of
+    ``gm`` when not given: the caller that prices them passes the same object) recorded
+    as the plan's tables and regions, its kernels and precisions, the solver's report."""
+    if facts is None:
+        facts = graph_facts(gm, captured.param_dtypes)
     topo = ctx.topology
     fwd_flops = sum(int(n.meta.get(ir.FLOPS, 0)) for n in gm.graph.nodes)
-    embedding_params = sum(t["rows"] * t["dim"] for t in tables)
-    dense_params = sum(r["params"] for r in regions)
+    embedding_params = sum(t.rows * t.dim for t in facts.tables)
+    dense_params = sum(r.params for r in facts.regions)
     plan = {
         "schema_version": SCHEMA_VERSION,
         "gemc_version": __version__,
@@ -189,8 +192,8 @@ def build_plan(
             "shape": [topo.hosts, topo.gpus_per_host],
             "dim_names": ["host", "local"],
         },
-        "regions": regions,
-        "tables": tables,
+        "regions": [r.entry() for r in facts.regions],
+        "tables": [t.entry() for t in facts.tables],
         "kernels": kernel_entries(gm, ctx),
         "precision": precision_entries(gm, topo.gpu if topo is not None else None),
         "predicted": predicted
