@@ -1,15 +1,25 @@
-"""Plan emission: aggregate the annotated graph into the plan document."""
+"""Plan emission, the pipeline's last pass (``emit-plan``): aggregate the placed graph
+into the plan document.
+
+Why a pass: ``gemc.compile`` and ``gemc.replan`` end the same way, by running it (a
+replanned plan is the plan a compile writes), and the pass manager times it and dumps
+the graph it emitted from like any other step. Why here and not in ``passes/``: it calls
+the Triton backend's kind implementations for the kernels' plan entries, which only the
+driver layer may import (docs/architecture.md).
+"""
 
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
 
 from torch import fx
+from torch.fx.passes.infra.pass_base import PassResult
 
 from gemc import ir
-from gemc.capture import Captured
 from gemc.context import PassContext
+from gemc.exchange_precision import fixed_exchange, wire_of_plan
 from gemc.graph_summary import GraphFacts, graph_facts
 from gemc.passes.precision_sites import module_scopes
 from gemc.plan import SCHEMA_VERSION
@@ -158,17 +168,17 @@ def kernel_entries(gm: fx.GraphModule, ctx: PassContext) -> list[dict[str, Any]]
 def build_plan(
     gm: fx.GraphModule,
     ctx: PassContext,
-    captured: Captured,
     *,
     planner: str = "default",
     predicted: dict[str, Any] | None = None,
     facts: GraphFacts | None = None,
 ) -> dict[str, Any]:
-    """The plan document of the placed graph ``gm``: its ``facts`` (``graph_facts`` of
-    ``gm`` when not given: the caller that prices them passes the same object) recorded
-    as the plan's tables and regions, its kernels and precisions, the solver's report."""
+    """The plan document of the placed graph ``gm`` (the model named by ``ctx``'s
+    entrypoint, arguments and fingerprint): its ``facts`` (``graph_facts`` of ``gm`` when
+    not given: the caller that prices them passes the same object) recorded as the
+    plan's tables and regions, its kernels and precisions, the solver's report."""
     if facts is None:
-        facts = graph_facts(gm, captured.param_dtypes)
+        facts = graph_facts(gm, ctx.param_dtypes)
     topo = ctx.topology
     fwd_flops = sum(int(n.meta.get(ir.FLOPS, 0)) for n in gm.graph.nodes)
     embedding_params = sum(t.rows * t.dim for t in facts.tables)
@@ -179,7 +189,7 @@ def build_plan(
         "model": {
             "entrypoint": ctx.entrypoint,
             "args": _json_safe(ctx.args),  # only user values can be non-JSON types
-            "fingerprint": captured.fingerprint,
+            "fingerprint": ctx.fingerprint,
             "graph_nodes": len(gm.graph.nodes),
             "dense_params": dense_params,
             "embedding_params": embedding_params,
@@ -214,4 +224,62 @@ def build_plan(
         plan["planner"] = solver["kept"]
     if solver is not None:
         plan["solver"] = _json_safe(solver)
+    return plan
+
+
+def emit_plan(gm: fx.GraphModule, ctx: PassContext, planner: str, *, predict: bool = True,
+              table_optimizer: str | None = None,
+              exchange_precision: str | None = None) -> dict[str, Any]:
+    """The plan of a placed graph: the builder's plan, the table optimizer and the exchange
+    precision the placement chose (or, where no planner chose them, the ones given here:
+    the compile's options), and the prediction priced with them (``predict``: whether
+    predict-time ran). The graph's facts are read once, recorded and priced."""
+    from gemc.costing import predicted_block
+    from gemc.passes.parallelize import EXCHANGE_META, TABLE_OPTIMIZER_META, step_options
+
+    facts = graph_facts(gm, ctx.param_dtypes)
+    plan = build_plan(gm, ctx, planner=planner, facts=facts)
+    chosen = gm.meta.get(TABLE_OPTIMIZER_META) or (
+        step_options(None).table_optimizer if table_optimizer in (None, "auto")
+        else table_optimizer)
+    plan["optimizer"] = {"embedding": {"kind": chosen}}
+    plan["exchange"] = gm.meta.get(EXCHANGE_META) or fixed_exchange(exchange_precision)
+    if predict:
+        options = replace(step_options(chosen), exchange=wire_of_plan(plan))
+        plan["predicted"] = predicted_block(gm, facts.regions, facts.tables,
+                                            ctx.topology, ctx.calibration, options)
+    return plan
+
+
+@dataclass(frozen=True)
+class EmitPlan:
+    """The pipeline's last pass: builds the plan document of the placed graph
+    (:func:`emit_plan`) into ``gm.meta[gemc.ir.PLAN]``, where the driver takes it; the
+    graph itself is left as it is. Its fields are the compile's options the plan records:
+    the planner's name, the table optimizer and exchange precision a plan without a
+    planner states, and whether to price the step (False where predict-time is
+    disabled: the ``predicted`` block then stays null, not invented)."""
+
+    name: ClassVar[str] = "emit-plan"
+    requires: ClassVar[tuple[str, ...]] = ("classify-ops", "collect-tables", "assign-regions")
+
+    planner: str = "default"
+    table_optimizer: str | None = None
+    exchange_precision: str | None = None
+    predict: bool = True
+
+    def run(self, gm: fx.GraphModule, ctx: PassContext) -> PassResult:
+        gm.meta[ir.PLAN] = emit_plan(gm, ctx, self.planner, predict=self.predict,
+                                     table_optimizer=self.table_optimizer,
+                                     exchange_precision=self.exchange_precision)
+        return PassResult(gm, False)
+
+
+def take_plan(gm: fx.GraphModule) -> dict[str, Any]:
+    """The plan emit-plan left on ``gm`` (removed from it: a graph planned again emits its
+    own). A pipeline that did not end with emit-plan is a bug of its driver."""
+    plan = gm.meta.pop(ir.PLAN, None)
+    if plan is None:
+        raise RuntimeError("the pipeline ran without its last pass, emit-plan: no plan to "
+                           "take (gemc.pipeline.default_pipeline ends with it)")
     return plan

@@ -84,6 +84,6 @@ def test_a_bad_solver_option_is_a_user_error_before_capture():
     with pytest.raises(GemcUserError, match="unknown solver option"):
         CompileConfig(planner="greedy", solver={"time_limit": 1}).validate()
     placement = CompileConfig(planner="greedy", solver={"time_limit_s": 3.0},
-                              table_precision="auto").pipeline()[-1]
+                              table_precision="auto").pipeline()[-2]
     assert placement == Parallelize("greedy", SolverSettings(time_limit_s=3.0),
                                     table_precision="auto")

@@ -11,13 +11,13 @@ from gemc.cost_model.topology import parse_topology
 from gemc.passes.predict_time import PredictTime
 
 from gemc import graph_summary, plan_builder
-from gemc.api import emit_plan
 from gemc.capture import capture
 from gemc.context import PassContext
 from gemc.costing import predicted_block, region_costs, table_costs
 from gemc.graph_summary import RegionFacts, TableFacts, graph_facts
 from gemc.pass_manager import PassManager
 from gemc.plan import validate_plan
+from gemc.plan_builder import emit_plan
 from gemc.solver.problem import Assignment, DenseChoice, TableChoice, apply_assignment
 from gemc.spec import ModelSpec
 from tests.passes.helpers import annotated
@@ -33,7 +33,7 @@ def recsys():
     captured = capture(spec, entrypoint="test")
     ctx = PassContext(entrypoint="test", param_fqns=captured.param_fqns,
                       param_shapes=captured.param_shapes, param_dtypes=captured.param_dtypes,
-                      topology=parse_topology("h200:1x2"))
+                      topology=parse_topology("h200:1x2"), fingerprint=captured.fingerprint)
     gm = PassManager(annotated(PredictTime())).run(captured.gm, ctx)
     return gm, ctx, captured
 
@@ -112,7 +112,7 @@ def test_entries_are_plain_json_with_optional_facts_absent():
 def test_emission_records_and_prices_one_summary(recsys, monkeypatch):
     """emit_plan reads the placed graph's facts once: the plan's tables and regions are
     their entries, and its ``predicted`` block prices those same objects."""
-    gm, ctx, captured = recsys
+    gm, ctx, _ = recsys
     apply_assignment(gm, Assignment(tables={"bag.weight": TableChoice("table_wise", (1,)),
                                             "emb.weight": TableChoice("table_wise", (0,))}))
     calls = []
@@ -123,7 +123,7 @@ def test_emission_records_and_prices_one_summary(recsys, monkeypatch):
 
     monkeypatch.setattr(graph_summary, "graph_facts", counted)
     monkeypatch.setattr(plan_builder, "graph_facts", counted)
-    plan = emit_plan(gm, ctx, captured, "default")
+    plan = emit_plan(gm, ctx, "default")
     assert len(calls) == 1
     facts = graph_facts(gm, ctx.param_dtypes)
     assert plan["tables"] == [t.entry() for t in facts.tables]
