@@ -19,7 +19,7 @@ from gemc.pass_manager import PassManager
 from gemc.pipeline import annotation_passes
 from gemc.plan import write_plan
 from gemc.plan_builder import take_plan
-from gemc.spec import BATCH_SIZE_MISSING, ModelSpec, batch_size_of
+from gemc.spec import BATCH_SIZE_MISSING, ModelSpec
 
 
 def pass_context(
@@ -33,6 +33,7 @@ def pass_context(
         param_shapes=captured.param_shapes,
         param_dtypes=captured.param_dtypes,
         fingerprint=captured.fingerprint,
+        batch_size=captured.batch_size,
         topology=topology,
         precision_probe=probe.opener(entrypoint, args),
         sample_inputs=captured.example_inputs,
@@ -100,13 +101,11 @@ def compile(  # noqa: A001 - the public name users expect
     captured = capture(spec, entrypoint=entrypoint)
     ctx = pass_context(entrypoint, args, captured, topo)
     ctx.calibration = calib
-    batch_size, _ = batch_size_of(spec)
-    if batch_size is None:
+    if captured.batch_size is None:
         ctx.warn(BATCH_SIZE_MISSING)
     gm = manager.run(captured.gm, ctx, capture_seconds=time.perf_counter() - start)
     plan = take_plan(gm)  # emit-plan's, the pipeline's last pass
     try:
-        plan["model"]["batch_size"] = batch_size  # stated by the model; null when not
         if dump_dir is not None:
             _write_kernel_sources(plan, dump_dir)
         if dump_dir is not None and dump_mode != "failure":

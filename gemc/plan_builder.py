@@ -190,6 +190,7 @@ def build_plan(
             "entrypoint": ctx.entrypoint,
             "args": _json_safe(ctx.args),  # only user values can be non-JSON types
             "fingerprint": ctx.fingerprint,
+            "batch_size": ctx.batch_size,  # stated by the model; null when not
             "graph_nodes": len(gm.graph.nodes),
             "dense_params": dense_params,
             "embedding_params": embedding_params,

@@ -50,6 +50,7 @@ def replan(gm: fx.GraphModule, ctx: PassContext, captured: Captured, topology: T
     ctx = copy.copy(ctx)
     ctx.topology, ctx.warnings = topology, []
     ctx.fingerprint = ctx.fingerprint or captured.fingerprint
+    ctx.batch_size = ctx.batch_size or captured.batch_size
     manager = PassManager([
         placement_pass(planner, settings_from(solver), table_optimizer, table_precision,
                        exchange_precision),
