@@ -281,6 +281,7 @@ def take_plan(gm: fx.GraphModule) -> dict[str, Any]:
     own). A pipeline that did not end with emit-plan is a bug of its driver."""
     plan = gm.meta.pop(ir.PLAN, None)
     if plan is None:
-        raise RuntimeError("the pipeline ran without its last pass, emit-plan: no plan to "
-                           "take (gemc.pipeline.default_pipeline ends with it)")
+        raise RuntimeError("no plan on the graph: the pass list the driver ran did not end "
+                           "with emit-plan; end it with gemc.plan_builder.EmitPlan (as "
+                           "gemc.pipeline.default_pipeline and pipeline_from_spec do)")
     return plan

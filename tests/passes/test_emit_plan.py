@@ -54,7 +54,7 @@ def test_the_pass_leaves_the_graph_and_the_plan_beside_it():
     assert plan["model"]["fingerprint"] == "f00d" and plan["planner"] == "default"
     assert plan["optimizer"] == {"embedding": {"kind": "adam"}}  # the pass's field
     assert plan["predicted"]["step_ms"] > 0
-    with pytest.raises(RuntimeError, match="emit-plan"):
+    with pytest.raises(RuntimeError, match="did not end with emit-plan"):
         take_plan(gm)
 
 
