@@ -218,13 +218,14 @@ def build_plan(
         "planner": planner,
         "warnings": list(ctx.warnings),
     }
-    solver = gm.meta.get("gemc.solver")  # the parallelize pass's report, if it ran
-    if solver is not None and solver.get("kept") in ("greedy", "naive"):
+    solver = gm.meta.get("gemc.solver")  # the parallelize pass's PlannerReport, if it ran
+    kept = solver.cpsat.kept if solver is not None and solver.cpsat is not None else None
+    if kept in ("greedy", "naive"):
         # CP-SAT was tried (solver.planner says so) but another planner's plan won: the
         # plan names the planner whose plan it is, not the one that was asked for
-        plan["planner"] = solver["kept"]
+        plan["planner"] = kept
     if solver is not None:
-        plan["solver"] = _json_safe(solver)
+        plan["solver"] = _json_safe(solver.to_dict())
     return plan
 
 

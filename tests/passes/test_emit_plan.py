@@ -77,4 +77,8 @@ def test_a_replanned_plan_is_the_compiled_plan():
     replanned, seconds = replan(gm, ctx, captured, topo, "greedy")
     assert set(seconds) == {"plan", "predict"} and min(seconds.values()) > 0
     assert replanned["model"]["batch_size"] == 4  # the toy's stated batch, from its capture
+    # the planner's typed report as the plan's solver block: the optimizer priced beside
+    # it; the exchange precision's choice moved to the plan's own block
+    assert replanned["solver"]["table_optimizer"] == replanned["optimizer"]["embedding"]["kind"]
+    assert "exchange" not in replanned["solver"] and replanned["exchange"]["forward"] == "fp32"
     assert json.dumps(replanned, sort_keys=True) == json.dumps(compiled, sort_keys=True)

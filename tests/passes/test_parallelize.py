@@ -66,7 +66,7 @@ def test_placements_where_place_default_writes_them_and_the_report(planner: str)
     big = tables["big.weight"]
     assert big["sharding"] != "table_wise" and len(set(big["ranks"])) == 2, big
     assert all(set(p["ranks"]) <= {0, 1} and p["precision_reason"] for p in tables.values())
-    assert gm.meta[SOLVER_META]["planner"] == planner
+    assert gm.meta[SOLVER_META].planner == planner
     assert gm.meta[TABLE_OPTIMIZER_META] == "rowwise_adagrad"
     assert EXCHANGE_META in gm.meta
 
