@@ -16,7 +16,7 @@ the per-launch host cost fitted on their measured steps (see ``GRAPH_LAUNCH_HOST
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from torch import fx
@@ -27,6 +27,7 @@ from gemc.table_lookup import BATCHED, DENSE_GRAD
 
 from .inductor_fusion import fusion_groups, island_groups
 from .op_cost import BWD_KERNELS
+from .types import TableCost
 
 # Inductor: a fused group's forward kernel and its backward kernel.
 INDUCTOR_KERNELS_PER_GROUP = 2
@@ -66,10 +67,10 @@ the launches counted here): Wukong 37.1 ms / 862 = 43 us, DCNv2 9.9 ms / 238 = 4
 A calibration's ``launch.graph_launch_s`` replaces it."""
 
 
-def graph_launches(gm: fx.GraphModule, tables: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+def graph_launches(gm: fx.GraphModule, tables: Sequence[TableCost]) -> dict[str, int]:
     """Kernels one compiled training step launches, by source (see the module constants):
     ``inductor``, ``gemm``, ``island``, ``extern`` (other ATen kernels in the graph),
-    ``tables`` and ``optimizer``; ``total`` sums them."""
+    ``tables`` (by each table's lookup path) and ``optimizer``; ``total`` sums them."""
     groups = fusion_groups(gm)
     islands = island_groups(gm)
     out = dict.fromkeys(("inductor", "gemm", "island", "extern", "tables", "optimizer"), 0)
@@ -97,12 +98,12 @@ def graph_launches(gm: fx.GraphModule, tables: Sequence[Mapping[str, Any]]) -> d
             out["extern"] += 1 + BWD_KERNELS.get(kind, 1)
     out["inductor"] = (INDUCTOR_KERNELS_PER_GROUP * len(set(groups.values()))
                        + INDUCTOR_KERNELS_PER_PARAM * params)
-    batched = [t for t in tables if t.get("lookup", BATCHED) == BATCHED]
+    batched = [t for t in tables if t.lookup == BATCHED]
     out["tables"] = (BATCHED_TABLE_LAUNCHES * len(batched)
                      + (BATCHED_LOOKUP_LAUNCHES if batched else 0)
-                     + sum(DENSE_GRAD_TABLE_LAUNCHES if t.get("lookup") == DENSE_GRAD
+                     + sum(DENSE_GRAD_TABLE_LAUNCHES if t.lookup == DENSE_GRAD
                            else EAGER_TABLE_LAUNCHES
-                           for t in tables if t.get("lookup", BATCHED) != BATCHED))
+                           for t in tables if t.lookup != BATCHED))
     out["optimizer"] = 1 + math.ceil(params / OPTIMIZER_PARAMS_PER_LAUNCH) if params else 0
     out["total"] = sum(out.values())
     return out

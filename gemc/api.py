@@ -15,12 +15,11 @@ from gemc.capture import Captured, capture
 from gemc.config import CompileConfig
 from gemc.context import PassContext
 from gemc.entrypoint import load_model
-from gemc.exchange_precision import fixed_exchange, wire_of_plan
 from gemc.pass_manager import PassManager
 from gemc.pipeline import annotation_passes
 from gemc.plan import write_plan
-from gemc.plan_builder import build_plan
-from gemc.spec import BATCH_SIZE_MISSING, ModelSpec, batch_size_of
+from gemc.plan_builder import take_plan
+from gemc.spec import BATCH_SIZE_MISSING, ModelSpec
 
 
 def pass_context(
@@ -33,6 +32,8 @@ def pass_context(
         param_fqns=captured.param_fqns,
         param_shapes=captured.param_shapes,
         param_dtypes=captured.param_dtypes,
+        fingerprint=captured.fingerprint,
+        batch_size=captured.batch_size,
         topology=topology,
         precision_probe=probe.opener(entrypoint, args),
         sample_inputs=captured.example_inputs,
@@ -58,29 +59,6 @@ def resolve_calibration(choice: str | None, gpu_name: str) -> Any:
     return load_calibration(choice)
 
 
-def emit_plan(gm: fx.GraphModule, ctx: PassContext, captured: Captured, planner: str, *,
-              predict: bool = True, table_optimizer: str | None = None,
-              exchange_precision: str | None = None) -> dict[str, Any]:
-    """The plan of a placed graph, as both ``compile`` and ``replan`` write it: the builder's
-    plan, the table optimizer and the exchange precision the placement chose (or, where no
-    planner chose them, the ones given here: the compile's options), and the prediction
-    priced with them. One place, so a replanned plan is the plan a compile would write."""
-    from gemc.costing import predicted_block
-    from gemc.passes.parallelize import EXCHANGE_META, TABLE_OPTIMIZER_META, step_options
-
-    plan = build_plan(gm, ctx, captured, planner=planner)
-    chosen = gm.meta.get(TABLE_OPTIMIZER_META) or (
-        step_options(None).table_optimizer if table_optimizer in (None, "auto")
-        else table_optimizer)
-    plan["optimizer"] = {"embedding": {"kind": chosen}}
-    plan["exchange"] = gm.meta.get(EXCHANGE_META) or fixed_exchange(exchange_precision)
-    if predict:
-        options = replace(step_options(chosen), exchange=wire_of_plan(plan))
-        plan["predicted"] = predicted_block(gm, plan["regions"], plan["tables"],
-                                            ctx.topology, ctx.calibration, options)
-    return plan
-
-
 def compile(  # noqa: A001 - the public name users expect
     entrypoint: str,
     args: dict[str, Any] | None = None,
@@ -100,7 +78,6 @@ def compile(  # noqa: A001 - the public name users expect
 
     config = (config or CompileConfig()).with_options(**options)
     config.validate()
-    planner, table_optimizer = config.planner, config.table_optimizer
     disabled_passes, dump_mode = config.disabled_passes, config.dump_mode
     dump_dir = Path(config.dump_dir) if config.dump_dir is not None else None
     args = dict(args or {})
@@ -124,24 +101,17 @@ def compile(  # noqa: A001 - the public name users expect
     captured = capture(spec, entrypoint=entrypoint)
     ctx = pass_context(entrypoint, args, captured, topo)
     ctx.calibration = calib
-    batch_size, _ = batch_size_of(spec)
-    if batch_size is None:
+    if captured.batch_size is None:
         ctx.warn(BATCH_SIZE_MISSING)
     gm = manager.run(captured.gm, ctx, capture_seconds=time.perf_counter() - start)
+    plan = take_plan(gm)  # emit-plan's, the pipeline's last pass
     try:
-        if progress:
-            progress("predict step")
-        plan = emit_plan(gm, ctx, captured, planner,
-                         predict="predict-time" not in disabled_passes,
-                         table_optimizer=table_optimizer,
-                         exchange_precision=config.exchange_precision)
-        plan["model"]["batch_size"] = batch_size  # stated by the model; null when not
         if dump_dir is not None:
             _write_kernel_sources(plan, dump_dir)
         if dump_dir is not None and dump_mode != "failure":
             _dump_for_report(gm, plan, dump_dir, progress)
     except KeyboardInterrupt:
-        manager.interrupted("plan emission and the report dumps, after every pass")
+        manager.interrupted("the report dumps, after every pass")
         raise
     if out is not None:  # last: an interrupted compile never leaves a plan behind
         write_plan(out, plan)

@@ -19,7 +19,7 @@ import torch
 from torch import fx
 
 from gemc.errors import CaptureError
-from gemc.spec import ModelSpec
+from gemc.spec import ModelSpec, batch_size_of
 
 
 @dataclass
@@ -34,6 +34,8 @@ class Captured:
     # the batch it was captured with: real tensors where the author built them on the CPU,
     # the one sample of the data the compiler has (a guarded region's fill is priced on it)
     example_inputs: tuple[Any, ...] = ()
+    # the samples per batch the model states (gemc.spec.batch_size_of); None: it states none
+    batch_size: int | None = None
 
 
 def capture(spec: ModelSpec, *, entrypoint: str = "model") -> Captured:
@@ -74,6 +76,7 @@ def capture(spec: ModelSpec, *, entrypoint: str = "model") -> Captured:
         param_dtypes=dtypes,
         fingerprint=fingerprint(gm, shapes, dtypes),
         example_inputs=tuple(spec.example_inputs),
+        batch_size=batch_size_of(spec)[0],
     )
 
 

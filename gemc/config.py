@@ -108,16 +108,32 @@ class CompileConfig:
                                 where="precision",
                                 fix="pass gemc.passes.precision.PrecisionOptions(...)")
         self.precision.validate()
+        if "emit-plan" in self.disabled_passes:
+            raise GemcUserError("pass 'emit-plan' cannot be disabled: it writes the plan, "
+                                "which is what a compile makes", where="--disable-pass",
+                                fix="disable the passes before it (e.g. --disable-pass fuse); "
+                                "to stop after a pass, read its dump (--dump-dir)")
         self.pipeline()  # a bad pass spec is named before any capture
 
     def pipeline(self) -> list[Any]:
-        """The passes this compile runs: the default pipeline, or the one ``passes`` names."""
+        """The passes this compile runs: the default pipeline, or the one ``passes`` names;
+        both end with emit-plan (:meth:`emission_pass`)."""
         from gemc.pipeline import default_pipeline, pipeline_from_spec
 
         if self.passes is None:
-            return default_pipeline(self.planner, self.precision, self.placement_pass())
+            return default_pipeline(self.planner, self.precision, self.placement_pass(),
+                                    self.emission_pass())
         return pipeline_from_spec(self.passes, self.planner, self.precision,
-                                  self.placement_pass())
+                                  self.placement_pass(), self.emission_pass())
+
+    def emission_pass(self) -> Any:
+        """emit-plan with what this compile's plan records: the planner, the table
+        optimizer and exchange precision (where no planner chooses them), and whether the
+        step is priced (not when predict-time is disabled)."""
+        from gemc.plan_builder import EmitPlan
+
+        return EmitPlan(self.planner, self.table_optimizer, self.exchange_precision,
+                        predict="predict-time" not in self.disabled_passes)
 
     def placement_pass(self) -> Any:
         """The placement pass with this compile's planner options as its fields (a bad

@@ -22,8 +22,13 @@ from gemc.cost_model.launches import GRAPH_LAUNCH_HOST_S, graph_launches, launch
 from gemc.cost_model.step_model import predict_step
 from gemc.cost_model.topology import Topology
 from gemc.cost_model.types import RegionCost, StepOptions, TableCost
+from gemc.graph_summary import (
+    RegionFacts,
+    TableFacts,
+    gradient_accumulation_ms,
+    kernel_adjusted_ms,
+)
 from gemc.ir import OpKind
-from gemc.table_lookup import BATCHED
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8, "float8_e4m3fn": 1}
 
@@ -58,41 +63,39 @@ def region_boundary_bytes(gm: fx.GraphModule) -> dict[str, int]:
     return {region: sum(ir.nbytes(n) for n in nodes) for region, nodes in seen.items()}
 
 
-def region_costs(regions: Sequence[Mapping[str, Any]], activations: Mapping[str, int],
+def region_costs(regions: Sequence[RegionFacts], activations: Mapping[str, int],
                  boundaries: Mapping[str, int] | None = None) -> list[RegionCost]:
+    """The cost model's ``RegionCost`` of each region's facts, with its saved
+    ``activations`` and the activations it reads across its boundary (bytes by region)."""
     out = []
     for r in regions:
-        params = int(r["params"])
         out.append(
             RegionCost(
-                name=r["name"],
-                params=params,
-                fwd_flops=float(r["fwd_flops"]),
-                compute_s=float(r.get("predicted_ms") or 0.0) / 1e3,
-                strategy=r["strategy"],
-                shard_group=int(r.get("shard_group", 0)),
-                param_bytes=max(1, int(r["param_bytes"]) // params) if params else 4,
-                activation_bytes=int(activations.get(r["name"], 0)),
-                boundary_bytes=int((boundaries or {}).get(r["name"], 0)),
-                checkpoint=bool(r.get("checkpoint", False)),
+                name=r.name,
+                params=r.params,
+                fwd_flops=float(r.fwd_flops),
+                compute_s=float(r.predicted_ms or 0.0) / 1e3,
+                strategy=r.strategy,
+                shard_group=int(r.shard_group or 0),
+                param_bytes=max(1, r.param_bytes // r.params) if r.params else 4,
+                activation_bytes=int(activations.get(r.name, 0)),
+                boundary_bytes=int((boundaries or {}).get(r.name, 0)),
+                checkpoint=bool(r.checkpoint),
             )
         )
     return out
 
 
-def table_costs(tables: Sequence[Mapping[str, Any]]) -> list[TableCost]:
+def table_costs(tables: Sequence[TableFacts]) -> list[TableCost]:
+    """The cost model's ``TableCost`` of each table's facts, as placed."""
     return [
         TableCost(
-            fqn=t["fqn"], rows=int(t["rows"]), dim=int(t["dim"]), nnz=int(t["nnz"]),
-            batch=int(t["batch"]), sharding=t["sharding"],
-            ranks=tuple(s["rank"] for s in t["shards"]),
-            dtype_bytes=_DTYPE_BYTES.get(t.get("dtype", "float32"), 4),
-            pooled=t.get("pooling", "sum") != "none",
-            precision=t.get("precision", "fp32"),
-            lookup=t.get("lookup", BATCHED), lookups=int(t.get("lookups", 1)),
-            padded_nnz=int(t.get("padded_nnz", 0)), routed=bool(t.get("routed", False)),
-            padding_row=bool(t.get("padding_row", False)),
-            lookup_alive=tuple(int(b) for b in t.get("lookup_alive_bytes", ())),
+            fqn=t.fqn, rows=int(t.rows), dim=int(t.dim), nnz=int(t.nnz), batch=int(t.batch),
+            sharding=t.sharding, ranks=t.ranks,
+            dtype_bytes=_DTYPE_BYTES.get(t.dtype, 4), pooled=t.pooling != "none",
+            precision=t.precision or "fp32", lookup=t.lookup, lookups=t.lookups,
+            padded_nnz=t.padded_nnz, routed=t.routed, padding_row=t.padding_row,
+            lookup_alive=t.lookup_alive_bytes,
         )
         for t in tables
     ]
@@ -117,8 +120,6 @@ def kind_breakdown_ms(gm: fx.GraphModule, breakdown_ms: Mapping[str, float]) -> 
     dense regions' node times by kind, then the step model's sparse, optimizer,
     communication and host parts. Sums to the step. Copied into the run report, it is
     what ``gemc calibrate --from-run`` regresses the measured step on."""
-    from gemc.graph_summary import gradient_accumulation_ms, kernel_adjusted_ms
-
     out = dict.fromkeys(("gemm", "attention", "memory"), 0.0)
     for node, ms in kernel_adjusted_ms(gm).items():
         kind = _dense_kind(node)
@@ -187,7 +188,7 @@ def host_s(tables: Sequence[TableCost], topology: Topology, options: StepOptions
     return (syncs * options.host_sync_s + launch_bound) * factor
 
 
-def step_launches(gm: fx.GraphModule, tables: Sequence[Mapping[str, Any]],
+def step_launches(gm: fx.GraphModule, tables: Sequence[TableCost],
                   calibration: Calibration | None) -> tuple[dict[str, int], float]:
     """(launches by source with their ``total``, host seconds per launch) of the step the
     runner executes: a compiled step counted as Inductor, cuBLAS, gemc's kernels and the
@@ -215,13 +216,14 @@ def guarded_fills(gm: fx.GraphModule) -> dict[str, dict[str, Any]]:
 
 def predicted_block(
     gm: fx.GraphModule,
-    regions: Sequence[Mapping[str, Any]],
-    tables: Sequence[Mapping[str, Any]],
+    regions: Sequence[RegionFacts],
+    tables: Sequence[TableFacts],
     topology: Topology,
     calibration: Calibration | None,
     options: StepOptions | None = None,
 ) -> dict[str, Any]:
-    """The plan's ``predicted`` block: step ms, MFU, per-rank memory and time, priced as
+    """The plan's ``predicted`` block of the placed ``regions`` and ``tables`` (the facts
+    the plan records): step ms, MFU, per-rank memory and time, priced as
     the runner executes the plan: activations at the autocast dtype and packed sizes
     with the forward's liveness peak (activations.activation_profile; the batch and the
     transient peak go to workspace), the host's exposed syncs, and the run-fitted factors
@@ -238,7 +240,7 @@ def predicted_block(
         table_list, topology,
         calibration=calibration, options=opts,
     )
-    launches, per_launch = step_launches(gm, tables, calibration)
+    launches, per_launch = step_launches(gm, table_list, calibration)
     host = host_s(table_list, topology, opts, calibration, launches=launches["total"],
                   device_s=prediction.step_s, per_launch_s=per_launch)
     block = prediction.to_dict()

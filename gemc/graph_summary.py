@@ -1,18 +1,20 @@
 """What the annotated graph says per table and per dense region, priced as the plan runs.
 
-The facts the solver plans with and the plan records (``table_summaries``,
-``region_summaries``), and the per-node times under the plan's kernels and autocast
-(``kernel_adjusted_ms``, ``gradient_accumulation_ms``) that both sum. One place, below
-the solver and the plan builder, so the step a plan predicts is the step its planner
-optimised (the solver reads these through ``gemc.solver.problem``, the plan builder
-writes them into the plan).
+The planner's facts stage: typed facts the solver plans with and the plan records
+(:class:`TableFacts`, :class:`RegionFacts`, both from :func:`graph_facts`), and the
+per-node times under the plan's kernels and autocast (``kernel_adjusted_ms``,
+``gradient_accumulation_ms``) that both sum. One place, below the solver and the plan
+builder, so the step a plan predicts is the step its planner optimised (the solver prices
+the facts through ``gemc.costing`` into ``gemc.solver.problem``'s ``Problem``, the plan
+builder writes each one's ``entry()`` into the plan and ``gemc.costing`` prices the same
+objects for its ``predicted`` block).
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -147,73 +149,163 @@ def _routes(gm: fx.GraphModule) -> tuple[dict[str, str], dict[str, dict[str, flo
     return paths, prices, graph_mode
 
 
-def table_summaries(gm: fx.GraphModule, param_dtypes: Mapping[str, str]
-                    ) -> list[dict[str, Any]]:
-    """One entry per table FQN: size, lookups per batch, pooling, its dtype (``param_dtypes``:
-    parameter FQN -> torch dtype name, as capture records them), its placement, and the
-    path the runner looks it up on (``lookup``: table_lookup_paths), with both routes'
-    prices where the cost model chose between them (``route_ms``), and the ids read from
-    padded grids (``padded_nnz``)."""
+@dataclass(frozen=True)
+class TableFacts:
+    """One embedding table as the graph states it and as it is placed: the planner's facts
+    stage. The solver prices it (``gemc.costing.table_costs`` -> ``TableCost``) and the
+    plan records it (:meth:`entry`), so both read one typed object instead of each
+    reading keys of a dict. Summarised before the placement (the placeholder placement:
+    table-wise on rank 0, as the solver starts) and again after it, because the lookup
+    path (``lookup``, ``routed``, ``route_ms``, ``lookup_alive_bytes``) depends on the
+    storage precision the placement chose."""
+
+    fqn: str
+    rows: int
+    dim: int
+    nnz: int  # ids a step looks up, all its lookups summed
+    batch: int
+    pooling: str  # the lookup's mode: "sum", "mean", "max", or "none" (unpooled)
+    weighted: bool
+    dtype: str  # torch dtype name of its weight, as captured
+    lookups: int  # lookup ops reading it
+    predicted_ms: float | None  # its lookups' own times (predict-time), None before
+    sharding: str
+    shards: tuple[dict[str, Any], ...]  # gemc.sharding.make_shards' row/column ranges
+    lookup: str  # the runner's lookup path (gemc.table_lookup)
+    padded_nnz: int  # of nnz, ids read from padded [batch, length] grids
+    padding_row: bool  # a lookup names a padding row
+    routed: bool  # its lookups are called out of the compiled graph (one rank)
+    cost: Mapping[str, Any] | None = None  # the parallelize pass's per-shard estimate
+    precision: str | None = None  # storage precision, where the placement chose one
+    precision_reason: str = ""  # why that precision (where one was chosen)
+    route_ms: Mapping[str, float] | None = None  # both routes' prices, where chosen
+    lookup_alive_bytes: tuple[int, ...] = ()  # per dense_grad lookup, live saved bytes
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        """The ranks holding its shards, in shard order."""
+        return tuple(int(s["rank"]) for s in self.shards)
+
+    def entry(self) -> dict[str, Any]:
+        """The plan's ``tables[]`` entry (an optional fact that is None or empty is absent)."""
+        out: dict[str, Any] = {
+            "fqn": self.fqn, "rows": self.rows, "dim": self.dim, "nnz": self.nnz,
+            "batch": self.batch, "pooling": self.pooling, "weighted": self.weighted,
+            "dtype": self.dtype, "lookups": self.lookups, "predicted_ms": self.predicted_ms,
+            "sharding": self.sharding, "shards": list(self.shards), "lookup": self.lookup,
+            "padded_nnz": self.padded_nnz, "padding_row": self.padding_row,
+            "routed": self.routed,
+        }
+        if self.cost is not None:
+            out["cost"] = self.cost
+        if self.precision is not None:
+            out["precision"] = self.precision
+            out["precision_reason"] = self.precision_reason
+        if self.route_ms is not None:
+            out["route_ms"] = dict(self.route_ms)
+        if self.lookup_alive_bytes:
+            out["lookup_alive_bytes"] = list(self.lookup_alive_bytes)
+        return out
+
+
+@dataclass(frozen=True)
+class RegionFacts:
+    """One dense region as the graph states it and as it is placed (its strategy): the
+    facts stage's other half, priced by ``gemc.costing.region_costs`` and recorded by
+    :meth:`entry`. Its tables' weights are not its parameters."""
+
+    name: str
+    params: int
+    param_bytes: int
+    fwd_flops: int
+    fwd_bytes: int
+    ops: Mapping[str, int]  # op kind -> count (``param`` for its weights)
+    strategy: str
+    predicted_ms: float | None  # forward+backward as the plan runs it, None before
+    shard_group: int | None = None  # the solver's, where it set one
+    checkpoint: bool | None = None
+
+    def entry(self) -> dict[str, Any]:
+        """The plan's ``regions[]`` entry (``shard_group`` and ``checkpoint`` only where
+        the placement set them)."""
+        out: dict[str, Any] = {
+            "name": self.name, "params": self.params, "param_bytes": self.param_bytes,
+            "fwd_flops": self.fwd_flops, "fwd_bytes": self.fwd_bytes, "ops": dict(self.ops),
+            "strategy": self.strategy, "predicted_ms": self.predicted_ms,
+        }
+        if self.shard_group is not None:
+            out["shard_group"] = self.shard_group
+        if self.checkpoint is not None:
+            out["checkpoint"] = self.checkpoint
+        return out
+
+
+@dataclass(frozen=True)
+class GraphFacts:
+    """The facts stage's output: every table and dense region of an annotated graph,
+    sorted by name (what the solver's ``Problem`` and the plan builder both start from)."""
+
+    tables: tuple[TableFacts, ...]
+    regions: tuple[RegionFacts, ...]
+
+
+def graph_facts(gm: fx.GraphModule, param_dtypes: Mapping[str, str]) -> GraphFacts:
+    """The tables and regions of ``gm`` as it is placed now (see :class:`TableFacts`)."""
+    tables = table_facts(gm, param_dtypes)
+    return GraphFacts(tuple(tables), tuple(region_facts(gm, {t.fqn for t in tables})))
+
+
+def table_facts(gm: fx.GraphModule, param_dtypes: Mapping[str, str]) -> list[TableFacts]:
+    """One :class:`TableFacts` per table FQN, sorted: size, lookups per batch, pooling, its
+    dtype (``param_dtypes``: parameter FQN -> torch dtype name, as capture records them),
+    its placement (``gemc.placement``; table-wise on rank 0 where none is set yet), and
+    the path the runner looks it up on (``lookup``: table_lookup_paths), with both
+    routes' prices where the cost model chose between them (``route_ms``), and the ids
+    read from padded grids (``padded_nnz``)."""
     paths, prices, graph_mode = _routes(gm)
     world = int((gm.meta.get(ir.PRICING) or {}).get("world_size", 1))
     costs = _table_costs(gm)  # per table, its lookups summed (padded ids, a padding row)
     # where each dense_grad lookup's table-sized gradient lands in the backward
     alive = activation_profile(gm).alive_at_lookup if DENSE_GRAD in paths.values() else {}
-    by_fqn: dict[str, dict[str, Any]] = {}
+    first: dict[str, fx.Node] = {}  # the table's first lookup: its facts and placement
+    alive_bytes: dict[str, list[int]] = defaultdict(list)
+    predicted: dict[str, float] = defaultdict(float)
     for node in gm.graph.nodes:
         facts = node.meta.get(ir.TABLE)
         if facts is None:
             continue
         fqn = facts["fqn"]
-        entry = by_fqn.setdefault(
-            fqn,
-            {
-                "fqn": fqn,
-                "rows": facts["rows"],
-                "dim": facts["dim"],
-                "nnz": 0,
-                "batch": facts["batch"],
-                "pooling": facts["mode"],
-                "weighted": facts["weighted"],
-                "dtype": param_dtypes.get(fqn, "float32"),
-                "lookups": 0,
-                "placement": node.meta.get(ir.PLACEMENT),
-                "predicted_ms": 0.0,
-            },
-        )
-        entry["nnz"] += facts["nnz"]
+        first.setdefault(fqn, node)
         if paths.get(fqn) == DENSE_GRAD and node.name in alive:
-            entry.setdefault("lookup_alive_bytes", []).append(int(alive[node.name]))
-        entry["lookups"] += 1
-        entry["predicted_ms"] += float(node.meta.get(ir.PREDICTED_MS, 0.0))
+            alive_bytes[fqn].append(int(alive[node.name]))
+        predicted[fqn] += float(node.meta.get(ir.PREDICTED_MS, 0.0))
     tables = []
-    for fqn in sorted(by_fqn):
-        entry = by_fqn[fqn]
-        placement = entry.pop("placement") or {"sharding": "table_wise", "ranks": [0]}
-        entry["sharding"] = placement["sharding"]
-        if "cost" in placement:  # the parallelize pass's per-shard estimate
-            entry["cost"] = placement["cost"]
-        if "precision" in placement:  # the storage precision chosen with the sharding
-            entry["precision"] = placement["precision"]
-            entry["precision_reason"] = placement.get("precision_reason", "")
-        entry["shards"] = make_shards(
-            placement["sharding"],
-            list(placement["ranks"]),
-            entry["rows"],
-            entry["dim"],
-            placement.get("grid"),
-        )
-        entry["predicted_ms"] = round(entry["predicted_ms"], 6) if entry["predicted_ms"] else None
-        entry["lookup"] = paths[fqn]
-        entry["padded_nnz"] = costs[fqn].padded_nnz
-        entry["padding_row"] = costs[fqn].padding_row
-        # a lookup called out of the compiled graph on one rank; on several ranks every
-        # rank calls every table's lookup, held or not, which a holder's price cannot say
-        # (those graph splits are not priced there)
-        entry["routed"] = graph_mode and world == 1 and paths[fqn] == SPARSE
-        if fqn in prices:
-            entry["route_ms"] = {k: round(v, 6) for k, v in prices[fqn].items()}
-        tables.append(entry)
+    for fqn in sorted(first):
+        node = first[fqn]
+        facts = node.meta[ir.TABLE]
+        placement = node.meta.get(ir.PLACEMENT) or {"sharding": "table_wise", "ranks": [0]}
+        cost = costs[fqn]
+        tables.append(TableFacts(
+            fqn=fqn, rows=facts["rows"], dim=facts["dim"], nnz=cost.nnz,
+            batch=facts["batch"], pooling=facts["mode"], weighted=facts["weighted"],
+            dtype=param_dtypes.get(fqn, "float32"), lookups=cost.lookups,
+            predicted_ms=round(predicted[fqn], 6) if predicted[fqn] else None,
+            sharding=placement["sharding"],
+            shards=tuple(make_shards(placement["sharding"], list(placement["ranks"]),
+                                     facts["rows"], facts["dim"], placement.get("grid"))),
+            lookup=paths[fqn], padded_nnz=cost.padded_nnz, padding_row=cost.padding_row,
+            # a lookup called out of the compiled graph on one rank; on several ranks
+            # every rank calls every table's lookup, held or not, which a holder's price
+            # cannot say (those graph splits are not priced there)
+            routed=graph_mode and world == 1 and paths[fqn] == SPARSE,
+            cost=placement.get("cost"),  # the parallelize pass's per-shard estimate
+            # the storage precision chosen with the sharding
+            precision=placement.get("precision"),
+            precision_reason=placement.get("precision_reason", ""),
+            route_ms={k: round(v, 6) for k, v in prices[fqn].items()}
+            if fqn in prices else None,
+            lookup_alive_bytes=tuple(alive_bytes[fqn]),
+        ))
     return tables
 
 
@@ -432,15 +524,16 @@ def _attention_at_autocast(node: fx.Node, autocast: str,
     return op_cost.node_cost(node, gpu, calib, dtype=autocast).total_ms
 
 
-def region_summaries(gm: fx.GraphModule, table_fqns: set[str]) -> list[dict[str, Any]]:
-    """One entry per dense region: its weights (tables excluded), FLOPs, op mix, strategy."""
+def region_facts(gm: fx.GraphModule, table_fqns: set[str]) -> list[RegionFacts]:
+    """One :class:`RegionFacts` per dense region, sorted: its weights (the tables in
+    ``table_fqns`` excluded), FLOPs, op mix, predicted time and strategy (``ddp`` where no
+    placement is set yet)."""
     flops: dict[str, int] = defaultdict(int)
     nbytes: dict[str, int] = defaultdict(int)
     kinds: dict[str, Counter] = defaultdict(Counter)
     params: dict[str, int] = defaultdict(int)
     param_bytes: dict[str, int] = defaultdict(int)
-    strategy: dict[str, str] = {}
-    extra: dict[str, dict[str, Any]] = {}  # the solver's shard_group / checkpoint, if any
+    placed: dict[str, Mapping[str, Any]] = {}  # its first compute node's gemc.placement
     predicted: dict[str, float] = defaultdict(float)
     node_ms = kernel_adjusted_ms(gm)
     for node, ms in gradient_accumulation_ms(gm).items():
@@ -468,23 +561,15 @@ def region_summaries(gm: fx.GraphModule, table_fqns: set[str]) -> list[dict[str,
         nbytes[region] += int(node.meta.get(ir.BYTES, 0))
         kinds[region][kind.value if kind else "other"] += 1
         predicted[region] += node_ms[node]
-        placement = node.meta.get(ir.PLACEMENT) or {}
-        strategy.setdefault(region, placement.get("strategy", REPLICATED_DENSE))
-        extra.setdefault(
-            region, {k: placement[k] for k in ("shard_group", "checkpoint") if k in placement}
-        )
-    names = sorted(set(flops) | set(params))
-    return [
-        {
-            "name": name,
-            "params": params[name],
-            "param_bytes": param_bytes[name],
-            "fwd_flops": flops[name],
-            "fwd_bytes": nbytes[name],
-            "ops": dict(sorted(kinds[name].items())),
-            "strategy": strategy.get(name, REPLICATED_DENSE),
-            "predicted_ms": round(predicted[name], 6) if predicted[name] else None,
-            **extra.get(name, {}),
-        }
-        for name in names
-    ]
+        placed.setdefault(region, node.meta.get(ir.PLACEMENT) or {})
+    out = []
+    for name in sorted(set(flops) | set(params)):
+        placement = placed.get(name, {})  # none for a region of weights alone
+        out.append(RegionFacts(
+            name=name, params=params[name], param_bytes=param_bytes[name],
+            fwd_flops=flops[name], fwd_bytes=nbytes[name],
+            ops=dict(sorted(kinds[name].items())),
+            strategy=placement.get("strategy", REPLICATED_DENSE),
+            predicted_ms=round(predicted[name], 6) if predicted[name] else None,
+            shard_group=placement.get("shard_group"), checkpoint=placement.get("checkpoint")))
+    return out

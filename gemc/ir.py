@@ -35,6 +35,8 @@ PACKED_REGION = PREFIX + "packed_region"  # a packed token region's facts, on it
 PACKED_SKIPPED = PREFIX + "packed_skipped"  # why an attention's history stays padded
 # gm.meta: the GPU, calibration and world size predict-time priced with
 PRICING = PREFIX + "pricing"
+# gm.meta: the plan document emit-plan (the pipeline's last pass) built from the graph
+PLAN = PREFIX + "plan"
 
 
 class OpKind(str, Enum):

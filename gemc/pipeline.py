@@ -18,6 +18,7 @@ from gemc.passes.parallelize import Parallelize
 from gemc.passes.place_default import PlaceDefault
 from gemc.passes.precision import ChoosePrecision, PrecisionOptions
 from gemc.passes.predict_time import PredictTime
+from gemc.plan_builder import EmitPlan
 from gemc.solver.problem import SolverSettings
 
 
@@ -32,7 +33,7 @@ def placement_pass(planner: str, solver: SolverSettings | None = None,
     """``default``: the place-default placeholder; ``cpsat`` / ``greedy`` / ``naive``: the
     parallelize pass with that planner and those options (its fields; place-default has
     none: the table optimizer and exchange precision a plan without a planner records are
-    the driver's, ``gemc.api.emit_plan``)."""
+    emit-plan's fields, ``gemc.plan_builder.EmitPlan``)."""
     if planner == "default":
         return PlaceDefault()
     return Parallelize(planner, solver or SolverSettings(), table_optimizer, table_precision,
@@ -40,9 +41,19 @@ def placement_pass(planner: str, solver: SolverSettings | None = None,
 
 
 def default_pipeline(planner: str = "default", precision: PrecisionOptions | None = None,
-                     placement: Pass | None = None) -> list[Pass]:
+                     placement: Pass | None = None,
+                     emission: EmitPlan | None = None) -> list[Pass]:
     """Every pass of a compile; ``precision``: choose-precision's options (None: defaults);
-    ``placement``: the placement pass with its options (None: ``placement_pass(planner)``)."""
+    ``placement``: the placement pass with its options (None: ``placement_pass(planner)``);
+    ``emission``: the last pass, emit-plan, with the options the plan records (None:
+    ``EmitPlan(planner)``)."""
+    return [*planning_passes(planner, precision, placement),
+            emission or EmitPlan(planner)]
+
+
+def planning_passes(planner: str = "default", precision: PrecisionOptions | None = None,
+                    placement: Pass | None = None) -> list[Pass]:
+    """The default pipeline up to and including the placement (without emit-plan)."""
     return [*annotation_passes(), PredictTime(), *kernel_passes(), ChoosePrecision(precision),
             placement or placement_pass(planner)]
 
@@ -58,18 +69,20 @@ def kernel_passes() -> list[Pass]:
 
 def pipeline_from_spec(spec: str, planner: str = "default",
                        precision: PrecisionOptions | None = None,
-                       placement: Pass | None = None) -> list[Pass]:
+                       placement: Pass | None = None,
+                       emission: EmitPlan | None = None) -> list[Pass]:
     """The pipeline a pass-spec string names: ``"name{option=value,...},name,..."`` (as
     xDSL's ``-p``), each pass one of :func:`default_pipeline`'s with its dataclass fields
     set from the options. Why the default order is kept (the spec may leave passes out and
     set their options, not reorder them): every pass reads what the annotation passes
     before it wrote, and the placement pass decides last; a reordered pipeline would fail
     far from its cause. The annotation passes and the placement pass are required for the
-    same reason. Tuple options take ``|``-separated values (``fuse{kinds=norm|pointwise}``).
+    same reason. emit-plan, which turns the graph into the plan, is appended where the spec
+    leaves it out. Tuple options take ``|``-separated values (``fuse{kinds=norm|pointwise}``).
     Bad input is one :class:`~gemc.errors.GemcUserError` naming the item and the fix."""
     from gemc.errors import GemcUserError
 
-    passes = default_pipeline(planner, precision, placement)
+    passes = default_pipeline(planner, precision, placement, emission)
     by_name = {p.name: p for p in passes}
     order = {p.name: i for i, p in enumerate(passes)}
     where = f"--passes {spec!r}"
@@ -93,6 +106,8 @@ def pipeline_from_spec(spec: str, planner: str = "default",
                             fix="the annotation passes and the placement pass are needed by "
                                 "every later step; add them (or use --disable-pass to skip "
                                 "an optional pass)")
+    if names[-1] != EmitPlan.name:
+        chosen.append(passes[-1])
     return chosen
 
 

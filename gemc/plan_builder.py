@@ -1,16 +1,26 @@
-"""Plan emission: aggregate the annotated graph into the plan document."""
+"""Plan emission, the pipeline's last pass (``emit-plan``): aggregate the placed graph
+into the plan document.
+
+Why a pass: ``gemc.compile`` and ``gemc.replan`` end the same way, by running it (a
+replanned plan is the plan a compile writes), and the pass manager times it and dumps
+the graph it emitted from like any other step. Why here and not in ``passes/``: it calls
+the Triton backend's kind implementations for the kernels' plan entries, which only the
+driver layer may import (docs/architecture.md).
+"""
 
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
 
 from torch import fx
+from torch.fx.passes.infra.pass_base import PassResult
 
 from gemc import ir
-from gemc.capture import Captured
 from gemc.context import PassContext
-from gemc.graph_summary import region_summaries, table_summaries
+from gemc.exchange_precision import fixed_exchange, wire_of_plan
+from gemc.graph_summary import GraphFacts, graph_facts
 from gemc.passes.precision_sites import module_scopes
 from gemc.plan import SCHEMA_VERSION
 from gemc.version import __version__
@@ -158,25 +168,29 @@ def kernel_entries(gm: fx.GraphModule, ctx: PassContext) -> list[dict[str, Any]]
 def build_plan(
     gm: fx.GraphModule,
     ctx: PassContext,
-    captured: Captured,
     *,
     planner: str = "default",
     predicted: dict[str, Any] | None = None,
+    facts: GraphFacts | None = None,
 ) -> dict[str, Any]:
-    tables = table_summaries(gm, captured.param_dtypes)
-    table_fqns = {t["fqn"] for t in tables}
-    regions = region_summaries(gm, table_fqns)
+    """The plan document of the placed graph ``gm`` (the model named by ``ctx``'s
+    entrypoint, arguments and fingerprint): its ``facts`` (``graph_facts`` of ``gm`` when
+    not given: the caller that prices them passes the same object) recorded as the
+    plan's tables and regions, its kernels and precisions, the solver's report."""
+    if facts is None:
+        facts = graph_facts(gm, ctx.param_dtypes)
     topo = ctx.topology
     fwd_flops = sum(int(n.meta.get(ir.FLOPS, 0)) for n in gm.graph.nodes)
-    embedding_params = sum(t["rows"] * t["dim"] for t in tables)
-    dense_params = sum(r["params"] for r in regions)
+    embedding_params = sum(t.rows * t.dim for t in facts.tables)
+    dense_params = sum(r.params for r in facts.regions)
     plan = {
         "schema_version": SCHEMA_VERSION,
         "gemc_version": __version__,
         "model": {
             "entrypoint": ctx.entrypoint,
             "args": _json_safe(ctx.args),  # only user values can be non-JSON types
-            "fingerprint": captured.fingerprint,
+            "fingerprint": ctx.fingerprint,
+            "batch_size": ctx.batch_size,  # stated by the model; null when not
             "graph_nodes": len(gm.graph.nodes),
             "dense_params": dense_params,
             "embedding_params": embedding_params,
@@ -189,8 +203,8 @@ def build_plan(
             "shape": [topo.hosts, topo.gpus_per_host],
             "dim_names": ["host", "local"],
         },
-        "regions": regions,
-        "tables": tables,
+        "regions": [r.entry() for r in facts.regions],
+        "tables": [t.entry() for t in facts.tables],
         "kernels": kernel_entries(gm, ctx),
         "precision": precision_entries(gm, topo.gpu if topo is not None else None),
         "predicted": predicted
@@ -204,11 +218,71 @@ def build_plan(
         "planner": planner,
         "warnings": list(ctx.warnings),
     }
-    solver = gm.meta.get("gemc.solver")  # the parallelize pass's report, if it ran
-    if solver is not None and solver.get("kept") in ("greedy", "naive"):
+    solver = gm.meta.get("gemc.solver")  # the parallelize pass's PlannerReport, if it ran
+    kept = solver.cpsat.kept if solver is not None and solver.cpsat is not None else None
+    if kept in ("greedy", "naive"):
         # CP-SAT was tried (solver.planner says so) but another planner's plan won: the
         # plan names the planner whose plan it is, not the one that was asked for
-        plan["planner"] = solver["kept"]
+        plan["planner"] = kept
     if solver is not None:
-        plan["solver"] = _json_safe(solver)
+        plan["solver"] = _json_safe(solver.to_dict())
+    return plan
+
+
+def emit_plan(gm: fx.GraphModule, ctx: PassContext, planner: str, *, predict: bool = True,
+              table_optimizer: str | None = None,
+              exchange_precision: str | None = None) -> dict[str, Any]:
+    """The plan of a placed graph: the builder's plan, the table optimizer and the exchange
+    precision the placement chose (or, where no planner chose them, the ones given here:
+    the compile's options), and the prediction priced with them (``predict``: whether
+    predict-time ran). The graph's facts are read once, recorded and priced."""
+    from gemc.costing import predicted_block
+    from gemc.passes.parallelize import EXCHANGE_META, TABLE_OPTIMIZER_META, step_options
+
+    facts = graph_facts(gm, ctx.param_dtypes)
+    plan = build_plan(gm, ctx, planner=planner, facts=facts)
+    chosen = gm.meta.get(TABLE_OPTIMIZER_META) or (
+        step_options(None).table_optimizer if table_optimizer in (None, "auto")
+        else table_optimizer)
+    plan["optimizer"] = {"embedding": {"kind": chosen}}
+    plan["exchange"] = gm.meta.get(EXCHANGE_META) or fixed_exchange(exchange_precision)
+    if predict:
+        options = replace(step_options(chosen), exchange=wire_of_plan(plan))
+        plan["predicted"] = predicted_block(gm, facts.regions, facts.tables,
+                                            ctx.topology, ctx.calibration, options)
+    return plan
+
+
+@dataclass(frozen=True)
+class EmitPlan:
+    """The pipeline's last pass: builds the plan document of the placed graph
+    (:func:`emit_plan`) into ``gm.meta[gemc.ir.PLAN]``, where the driver takes it; the
+    graph itself is left as it is. Its fields are the compile's options the plan records:
+    the planner's name, the table optimizer and exchange precision a plan without a
+    planner states, and whether to price the step (False where predict-time is
+    disabled: the ``predicted`` block then stays null, not invented)."""
+
+    name: ClassVar[str] = "emit-plan"
+    requires: ClassVar[tuple[str, ...]] = ("classify-ops", "collect-tables", "assign-regions")
+
+    planner: str = "default"
+    table_optimizer: str | None = None
+    exchange_precision: str | None = None
+    predict: bool = True
+
+    def run(self, gm: fx.GraphModule, ctx: PassContext) -> PassResult:
+        gm.meta[ir.PLAN] = emit_plan(gm, ctx, self.planner, predict=self.predict,
+                                     table_optimizer=self.table_optimizer,
+                                     exchange_precision=self.exchange_precision)
+        return PassResult(gm, False)
+
+
+def take_plan(gm: fx.GraphModule) -> dict[str, Any]:
+    """The plan emit-plan left on ``gm`` (removed from it: a graph planned again emits its
+    own). A pipeline that did not end with emit-plan is a bug of its driver."""
+    plan = gm.meta.pop(ir.PLAN, None)
+    if plan is None:
+        raise RuntimeError("no plan on the graph: the pass list the driver ran did not end "
+                           "with emit-plan; end it with gemc.plan_builder.EmitPlan (as "
+                           "gemc.pipeline.default_pipeline and pipeline_from_spec do)")
     return plan

@@ -5,7 +5,8 @@ per-node times from predict-time) into a planning problem, runs the planner name
 ``planner`` (``cpsat``, the default, or the ``greedy`` / ``naive`` baselines; see
 ``gemc.solver``) and writes ``gemc.placement`` exactly as place-default does, so the plan
 builder and ``gemc.costing`` need nothing new. The planner's report (status, objective,
-bound, gap) goes to ``gm.meta["gemc.solver"]`` and from there into the plan.
+bound, gap: a typed ``gemc.solver.planners.PlannerReport``) goes to
+``gm.meta["gemc.solver"]`` and from there into the plan.
 
 Its options are its dataclass fields, which the driver sets from the compile's
 ``CompileConfig`` (``CompileConfig.placement_pass``): ``solver`` (``SolverSettings``;
@@ -27,7 +28,7 @@ block).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar
 
 from gemc.cost_model.types import StepOptions
@@ -117,11 +118,10 @@ class Parallelize:
             self.table_optimizer, self.planner, self.table_precision,
             self.exchange_precision)
         result = chosen.result
-        gm.meta[EXCHANGE_META] = result.report.pop("exchange")
+        gm.meta[EXCHANGE_META] = result.summary.exchange  # the plan's own exchange block
         # recorded even when not asked for: the plan states what it priced, so the runner
         # runs that and not its own default (tests hold the two defaults equal)
         opt = opt or step_options(None).table_optimizer
-        result.report["table_optimizer"] = opt
         gm.meta[TABLE_OPTIMIZER_META] = opt
         apply_assignment(gm, result.assignment, result.table_cost)
         for node in gm.graph.nodes:
@@ -129,7 +129,7 @@ class Parallelize:
             if facts is not None:
                 node.meta[ir.PLACEMENT]["precision"] = chosen.precision[facts["fqn"]]
                 node.meta[ir.PLACEMENT]["precision_reason"] = chosen.reason[facts["fqn"]]
-        gm.meta[SOLVER_META] = result.report
+        gm.meta[SOLVER_META] = replace(result.summary, exchange=None, table_optimizer=opt)
         for note in result.notes:
             ctx.warn(note)
         return PassResult(gm, True)

@@ -14,9 +14,10 @@ def test_a_spec_selects_passes_and_sets_their_fields():
     passes = pipeline_from_spec(
         f"{BASE},predict-time{{eager=true}},fuse{{max_outputs=2,kinds=norm|pointwise}},"
         "place-default")
+    # emit-plan, the plan's emission, is appended where the spec leaves it out
     assert [p.name for p in passes] == [*BASE.split(","), "predict-time", "fuse",
-                                        "place-default"]
-    fuse = passes[-2]
+                                        "place-default", "emit-plan"]
+    fuse = passes[-3]
     assert fuse.max_outputs == 2 and fuse.kinds == ("norm", "pointwise")
     assert passes[4].eager is True
 

@@ -57,8 +57,8 @@ def _repriced(result: PlannerResult, problem: Problem) -> PlannerResult:
     """``result``'s assignment priced under ``problem`` (another exchange precision)."""
     pricer = Pricer(problem)
     ev = evaluate(problem, result.assignment, pricer)
-    report = {**result.report, "predicted_step_ms": round(ev.step_ms, 6)}
-    return replace(result, evaluation=ev, report=report,
+    summary = replace(result.summary, predicted_step_ms=round(ev.step_ms, 6))
+    return replace(result, evaluation=ev, summary=summary,
                    table_cost=table_costs(problem, result.assignment, pricer))
 
 
@@ -74,14 +74,13 @@ def plan_with_exchange(problem: Problem, mode: str | None, planner: str,
                        run: Callable[[Problem, str], PlannerResult] = run_planner
                        ) -> PlannerResult:
     """Plan ``problem`` with the exchange precision ``mode``'s rule picks; the choice is
-    the result's ``report["exchange"]``."""
+    the result's ``summary.exchange``."""
     mode = mode or "fp32"
     if mode not in EXCHANGE_MODES:
         raise ValueError(f"exchange precision must be one of {EXCHANGE_MODES}, got {mode!r}")
     if mode != "auto":
         result = run(with_exchange(problem, WirePrecision.of(mode)), planner)
-        result.report["exchange"] = fixed_exchange(mode)
-        return result
+        return replace(result, summary=replace(result.summary, exchange=fixed_exchange(mode)))
     sqnr = measured_sqnr(problem)
     base = run(with_exchange(problem, WirePrecision()), planner)
     steps = {"fp32": base.evaluation.step_s}
@@ -126,5 +125,4 @@ def _recorded(result: PlannerResult, wire: WirePrecision, why: str,
         block["solver_step_ms"] = {p: round(1e3 * s, 6) for p, s in steps.items()}
     if sqnr:
         block["sqnr_db"] = sqnr
-    result.report["exchange"] = block
-    return result
+    return replace(result, summary=replace(result.summary, exchange=block))

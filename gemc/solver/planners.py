@@ -13,7 +13,8 @@ within ``balance_tolerance`` (the report gives the step and fullest rank it repl
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .candidates import region_classes, table_classes
@@ -41,16 +42,96 @@ from .problem import Assignment, Problem
 PLANNERS = ("cpsat", "greedy", "naive")
 
 
+@dataclass(frozen=True)
+class CpsatFigures:
+    """What the CP-SAT planner adds to its report (reproducible values only): which
+    planner's plan it kept, its model's objective, bound and size, the heuristics' steps,
+    its settings, and what the memory balance did."""
+
+    kept: str  # the plan kept: "cpsat", "coarse", "greedy", "naive", each maybe "+search"
+    objective_ms: float | None
+    bound_ms: float | None
+    gap: float | None
+    greedy_step_ms: float | None  # None where the plan did not fit
+    naive_step_ms: float | None
+    deterministic_seconds: float | None
+    time_limit_s: float
+    gap_limit: float
+    workers: int
+    seed: int
+    bin_size: int
+    coarse_status: str | None  # the first, one-bin model's status, where it ran
+    variables: int
+    constraints: int
+    crashed: bool
+    # the fullest rank's (a bin's mean) GB in the model after the memory-balance solve
+    # (lexicographic second objective, the step held), None if it did not run
+    balanced_max_gb: float | None
+    balance_tolerance: float
+    # the max / mean cap searched (``capped_plan``), its tolerance, and which search made
+    # the plan kept ("cap", "search"; None: the step-first plan)
+    balance_ratio: float
+    balance_cap_tolerance: float
+    balanced_by: str | None
+    # the step and fullest rank before the balance trade (None: not traded)
+    unbalanced_step_ms: float | None
+    unbalanced_max_gb: float | None
+    # the most pooled all-to-all MB one rank sends (a step's mean of forward and backward),
+    # and before ``spread_sends`` re-placed the tables (None: it did not)
+    max_rank_sends_mb: float
+    unspread_max_rank_sends_mb: float | None
+
+
+@dataclass(frozen=True)
+class PlannerReport:
+    """The planners' report stage, typed: the planner asked for, its status (CP-SAT's, or
+    ``heuristic`` for greedy / naive, ``crashed``), the classes it planned over, the
+    predicted device step, CP-SAT's own figures, and what the stages after the planner
+    add (the exchange precision chosen, the table optimizer priced). ``to_dict`` is the
+    plan's ``solver`` block (reproducible values only)."""
+
+    planner: str
+    region_classes: int
+    table_classes: int
+    status: str
+    predicted_step_ms: float | None
+    cpsat: CpsatFigures | None = None
+    # the exchange precision's choice (gemc.solver.exchange_choice); the parallelize pass
+    # moves it to the plan's own ``exchange`` block
+    exchange: Mapping[str, Any] | None = None
+    table_optimizer: str | None = None  # the optimizer priced (the parallelize pass)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as JSON values: every field but ``cpsat``, whose figures are keys of
+        their own; ``exchange`` and ``table_optimizer`` only where set."""
+        out: dict[str, Any] = {"planner": self.planner, "region_classes": self.region_classes,
+                               "table_classes": self.table_classes, "status": self.status,
+                               "predicted_step_ms": self.predicted_step_ms}
+        if self.cpsat is not None:
+            out.update(asdict(self.cpsat))
+        if self.exchange is not None:
+            out["exchange"] = self.exchange
+        if self.table_optimizer is not None:
+            out["table_optimizer"] = self.table_optimizer
+        return out
+
+
 @dataclass
 class PlannerResult:
     planner: str
     assignment: Assignment
     evaluation: Evaluation
-    report: dict[str, Any]              # the plan's "solver" block (reproducible values only)
+    summary: PlannerReport
     wall_s: float = 0.0                 # not in the plan: it differs run to run
     notes: list[str] = field(default_factory=list)
     table_cost: dict[str, dict[str, float]] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)  # wall time per phase
+
+    @property
+    def report(self) -> dict[str, Any]:
+        """The report as the plan's ``solver`` block (a new dict each time: change the
+        typed ``summary``)."""
+        return self.summary.to_dict()
 
 
 def table_costs(problem: Problem, a: Assignment, pricer: Pricer) -> dict[str, dict[str, float]]:
@@ -76,17 +157,17 @@ def run_planner(problem: Problem, planner: str) -> PlannerResult:
     regions, tables = region_classes(problem), table_classes(problem)
     pricer = Pricer(problem)
     check_lower_bound(problem, regions, tables)
-    base = {"planner": planner, "region_classes": len(regions), "table_classes": len(tables)}
     if planner in ("naive", "greedy"):
         a = naive(problem) if planner == "naive" else greedy(problem, pricer)
         ev = evaluate(problem, a, pricer)
         if not ev.feasible:
             raise error_from_evaluation(problem, a, ev, pricer, regions, tables,
                                         planner=planner, proven=False)
-        report = {**base, "status": "heuristic", "predicted_step_ms": _round(ev.step_ms)}
+        report = PlannerReport(planner, len(regions), len(tables), "heuristic",
+                               _round(ev.step_ms))
         return PlannerResult(planner, a, ev, report, time.perf_counter() - start,
                              table_cost=table_costs(problem, a, pricer))
-    return _cpsat(problem, regions, tables, pricer, base, start)
+    return _cpsat(problem, regions, tables, pricer, start)
 
 
 # how far the balance search may let the step rise while it spreads memory (it then wins
@@ -181,8 +262,7 @@ def capped_plan(problem: Problem, pricer: Pricer, a: Assignment, ev: Evaluation
     return None
 
 
-def _cpsat(problem: Problem, regions, tables, pricer: Pricer, base: dict[str, Any],
-           start: float) -> PlannerResult:
+def _cpsat(problem: Problem, regions, tables, pricer: Pricer, start: float) -> PlannerResult:
     """The finest model the variable budget allows, hinted with the best heuristic plan
     (greedy or naive) after the local search improved it. When that model's bins hold
     several ranks anyway, a first model with every rank in one bin (only shardings and
@@ -267,47 +347,39 @@ def _cpsat(problem: Problem, regions, tables, pricer: Pricer, base: dict[str, An
     gap = None
     if res.objective_s and res.bound_s is not None:
         gap = max(0.0, (res.objective_s - res.bound_s) / res.objective_s)
-    report = {
-        **base,
-        "status": res.status,
-        "kept": source,
-        "objective_ms": _round(res.objective_s and 1e3 * res.objective_s),
-        "bound_ms": _round(res.bound_s and 1e3 * res.bound_s),
-        "gap": _round(gap),
-        "predicted_step_ms": _round(ev.step_ms),
-        "greedy_step_ms": _round(g_ev.step_ms) if g_ev.feasible else None,
-        "naive_step_ms": _round(n_ev.step_ms) if n_ev.feasible else None,
-        "deterministic_seconds": _round(
+    figures = CpsatFigures(
+        kept=source,
+        objective_ms=_round(res.objective_s and 1e3 * res.objective_s),
+        bound_ms=_round(res.bound_s and 1e3 * res.bound_s),
+        gap=_round(gap),
+        greedy_step_ms=_round(g_ev.step_ms) if g_ev.feasible else None,
+        naive_step_ms=_round(n_ev.step_ms) if n_ev.feasible else None,
+        deterministic_seconds=_round(
             res.deterministic_s + (coarse.deterministic_s if coarse else 0.0), 3),
-        "time_limit_s": problem.budget_s,
-        "gap_limit": problem.settings.gap_limit,
-        "workers": problem.settings.workers,
-        "seed": problem.settings.seed,
-        "bin_size": layout.bin_size,
-        "coarse_status": coarse.status if coarse else None,
-        "variables": res.variables,
-        "constraints": res.constraints,
-        "crashed": bool(crashes),
-        # the fullest rank's (a bin's mean) GB in the model after the memory-balance solve
-        # (lexicographic second objective, the step held), null if it did not run
-        "balanced_max_gb": round(res.balanced[1] * cpsat.MEM_UNIT_B / 1e9, 3)
+        time_limit_s=problem.budget_s,
+        gap_limit=problem.settings.gap_limit,
+        workers=problem.settings.workers,
+        seed=problem.settings.seed,
+        bin_size=layout.bin_size,
+        coarse_status=coarse.status if coarse else None,
+        variables=res.variables,
+        constraints=res.constraints,
+        crashed=bool(crashes),
+        balanced_max_gb=round(res.balanced[1] * cpsat.MEM_UNIT_B / 1e9, 3)
         if res.balanced else None,
-        # the step and fullest rank before the balance_tolerance trade (null: not traded)
-        "balance_tolerance": problem.settings.balance_tolerance,
-        # the max / mean cap searched (``capped_plan``), its tolerance, and which search made
-        # the plan kept ("cap", "search"; null: the step-first plan)
-        "balance_ratio": problem.settings.balance_ratio,
-        "balance_cap_tolerance": problem.settings.balance_cap_tolerance,
-        "balanced_by": balanced_by,
-        "unbalanced_step_ms": _round(unbalanced.step_ms) if unbalanced else None,
-        "unbalanced_max_gb": round(float(unbalanced.memory.max()) / 1e9, 3)
+        balance_tolerance=problem.settings.balance_tolerance,
+        balance_ratio=problem.settings.balance_ratio,
+        balance_cap_tolerance=problem.settings.balance_cap_tolerance,
+        balanced_by=balanced_by,
+        unbalanced_step_ms=_round(unbalanced.step_ms) if unbalanced else None,
+        unbalanced_max_gb=round(float(unbalanced.memory.max()) / 1e9, 3)
         if unbalanced else None,
-        # the most pooled all-to-all MB one rank sends (a step's mean of forward and
-        # backward), and before ``spread_sends`` re-placed the tables (null: it did not)
-        "max_rank_sends_mb": round(float(ev.out.max(initial=0.0)) / 1e6, 3),
-        "unspread_max_rank_sends_mb": round(float(unsent.out.max(initial=0.0)) / 1e6, 3)
+        max_rank_sends_mb=round(float(ev.out.max(initial=0.0)) / 1e6, 3),
+        unspread_max_rank_sends_mb=round(float(unsent.out.max(initial=0.0)) / 1e6, 3)
         if sent else None,
-    }
+    )
+    report = PlannerReport("cpsat", len(regions), len(tables), res.status,
+                           _round(ev.step_ms), figures)
     if wall_stopped:
         notes.append("parallelize: CP-SAT was stopped by the wall-clock safety net "
                      f"({problem.settings.wall_limit_factor:g} x its budget, at least "
@@ -328,4 +400,5 @@ def _cpsat(problem: Problem, regions, tables, pricer: Pricer, base: dict[str, An
                          table_costs(problem, a, pricer), clock)
 
 
-__all__ = ["PLANNERS", "PlanInfeasibleError", "PlannerResult", "run_planner"]
+__all__ = ["PLANNERS", "CpsatFigures", "PlanInfeasibleError", "PlannerReport", "PlannerResult",
+           "run_planner"]

@@ -1,7 +1,9 @@
 """What the planners decide, and how the decision is read from and written to the graph.
 
 A planner sees a :class:`Problem` (the regions and tables as the cost model's plain
-``RegionCost`` / ``TableCost``, the topology, the step model's options, the memory cap)
+``RegionCost`` / ``TableCost``, priced from the graph's typed facts,
+``graph_summary.RegionFacts`` / ``TableFacts``; the topology, the step model's options,
+the memory cap)
 and returns an :class:`Assignment` (a :class:`DenseChoice` per region, a
 :class:`TableChoice` per table). The conversion from the graph goes through the same
 functions the plan builder and ``gemc.costing`` use, so the numbers a planner optimises
@@ -23,6 +25,7 @@ from gemc.cost_model.step_model import predict_step
 from gemc.cost_model.topology import Topology
 from gemc.cost_model.types import RegionCost, StepOptions, StepPrediction, TableCost
 from gemc.costing import region_boundary_bytes, region_costs, table_costs
+from gemc.graph_summary import graph_facts, runs_graph_mode
 from gemc.ir import OpKind
 from gemc.sharding import REPLICATED_DENSE, DenseStrategy, runner_executes
 
@@ -199,13 +202,11 @@ def problem_from_graph(
     gm: fx.GraphModule, ctx: PassContext, settings: SolverSettings | None = None,
     options: StepOptions | None = None,
 ) -> Problem:
-    """The regions and tables of an annotated graph (after predict-time), as the plan
-    builder will summarise them and ``gemc.costing`` will price them."""
-    from gemc.graph_summary import region_summaries, runs_graph_mode, table_summaries
-
-    tables = table_summaries(gm, ctx.param_dtypes)
-    regions = region_summaries(gm, {t["fqn"] for t in tables})
-    costs = region_costs(regions, saved_activation_bytes(gm), region_boundary_bytes(gm))
+    """The regions and tables of an annotated graph (after predict-time): its facts
+    (``graph_summary.graph_facts``, what the plan builder records) priced by
+    ``gemc.costing``, as the plan's ``predicted`` block will price them."""
+    facts = graph_facts(gm, ctx.param_dtypes)
+    costs = region_costs(facts.regions, saved_activation_bytes(gm), region_boundary_bytes(gm))
     placeable = frozenset(
         str(n.meta.get(ir.REGION, ""))
         for n in gm.graph.nodes
@@ -214,7 +215,7 @@ def problem_from_graph(
     )
     return Problem(
         regions=tuple(replace(r, strategy=REPLICATED_DENSE, shard_group=0, checkpoint=False) for r in costs),
-        tables=tuple(table_costs(tables)),
+        tables=tuple(table_costs(facts.tables)),
         topology=ctx.topology,
         calibration=ctx.calibration,
         options=options or StepOptions(),

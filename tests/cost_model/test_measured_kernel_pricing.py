@@ -144,9 +144,9 @@ def test_unpooled_dense_gradient_pays_its_pad_rows_adds() -> None:
 
 def test_dense_gradient_route_launches_fewer_kernels_than_the_sparse_one() -> None:
     gm = fx.symbolic_trace(nn.Identity())
-    tables = [{"fqn": f"t{i}", "lookup": DENSE_GRAD} for i in range(18)]
+    tables = [TableCost(f"t{i}", 1000, 16, 64, 64, lookup=DENSE_GRAD) for i in range(18)]
     dense = graph_launches(gm, tables)["tables"]
-    sparse = graph_launches(gm, [{**t, "lookup": SPARSE} for t in tables])["tables"]
+    sparse = graph_launches(gm, [replace(t, lookup=SPARSE) for t in tables])["tables"]
     assert dense == 18 * DENSE_GRAD_TABLE_LAUNCHES < sparse == 18 * EAGER_TABLE_LAUNCHES
     # DIN's sync-free profile: 549 kernels for its 18 tables
     assert abs(dense - 549) < 0.05 * 549

@@ -96,7 +96,7 @@ def test_compiled_plan_counts_launches_by_source(gem_plan_graph):
     """The graph-mode count: Inductor's kernels, cuBLAS calls, the batched lookup's and
     the optimizer's; more than one a fused group (the backward launches its own)."""
     gm = gem_plan_graph
-    tables = [{"lookup": "batched"}] * 3
+    tables = [TableCost(f"t{i}", 1000, 16, 64, 64, lookup="batched") for i in range(3)]
     counts, per = step_launches(gm, tables, resolve_calibration("auto", "h200"))
     assert per == pytest.approx(GRAPH_LAUNCH_HOST_S)
     assert counts == graph_launches(gm, tables)
@@ -128,19 +128,18 @@ def test_launch_count_counts_groups_once(gem_plan_graph):
 
 def test_gradient_additions_are_priced_in_their_regions(gem_plan_graph):
     """A tensor read by several ops costs the backward's adds; the regions carry them."""
-    from gemc.graph_summary import gradient_accumulation_ms, region_summaries, table_summaries
+    from gemc.graph_summary import gradient_accumulation_ms, graph_facts
 
     gm = gem_plan_graph
     adds = gradient_accumulation_ms(gm)
     assert adds and all(ms > 0 for ms in adds.values())
-    tables = {t["fqn"] for t in table_summaries(gm, {})}
-    regions = region_summaries(gm, tables)
+    regions = graph_facts(gm, {}).regions
     counted = {n for n in gm.graph.nodes if n.op == "call_function"
                and ir.kind_of(n) not in (ir.OpKind.VIEW, ir.OpKind.EMBEDDING)
                and not n.meta.get(ir.TABLE)}
     ms = kernel_adjusted_ms(gm)
     expected = sum(ms[n] for n in counted) + sum(adds.values())
-    assert sum(r["predicted_ms"] or 0.0 for r in regions) == pytest.approx(expected, rel=1e-4)
+    assert sum(r.predicted_ms or 0.0 for r in regions) == pytest.approx(expected, rel=1e-4)
 
 
 def test_jagged_attention_kernel_time_adds_the_bias_traffic():

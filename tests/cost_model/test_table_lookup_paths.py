@@ -239,28 +239,29 @@ def test_graph_summary_names_each_tables_path(annotated) -> None:
         gm.meta[ir.PRICING] = {**saved, "world_size": 8}
         assert set(table_lookup_paths(gm).values()) == {SPARSE}
         # every rank calls every lookup there: not priced on the holders as graph splits
-        from gemc.graph_summary import table_summaries
-        assert not any(t["routed"] for t in table_summaries(gm, {}))
+        from gemc.graph_summary import table_facts
+        assert not any(t.routed for t in table_facts(gm, {}))
     finally:
         gm.meta[ir.PRICING] = saved
 
 
 def test_plan_records_both_route_prices_and_takes_the_cheaper(annotated) -> None:
-    from gemc.graph_summary import table_lookup_paths, table_summaries
+    from gemc.graph_summary import table_facts, table_lookup_paths
 
     gm = annotated["din"]
-    tables = {t["fqn"]: t for t in table_summaries(gm, {})}
+    tables = {t.fqn: t for t in table_facts(gm, {})}
     paths = table_lookup_paths(gm)
-    assert tables and all("route_ms" in t for t in tables.values())
+    assert tables and all(t.route_ms is not None for t in tables.values())
     for fqn, t in tables.items():
-        assert t["lookup"] == paths[fqn] == cheaper_route(t["route_ms"])
+        assert t.lookup == paths[fqn] == cheaper_route(t.route_ms)
+        assert t.entry()["route_ms"] == t.route_ms  # what the plan records
     # the history lookups read padded [B, L] grids; the profile bags do not
-    assert tables["goods_emb.weight"]["padded_nnz"] > 0
-    assert tables["profile.0.weight"]["padded_nnz"] == 0
-    assert not any(t["padding_row"] for t in tables.values())
+    assert tables["goods_emb.weight"].padded_nnz > 0
+    assert tables["profile.0.weight"].padded_nnz == 0
+    assert not any(t.padding_row for t in tables.values())
     # a batched table has no choice to record
-    assert all("route_ms" not in t
-               for t in table_summaries(annotated["dlrm"], {}))
+    assert all(t.route_ms is None and "route_ms" not in t.entry()
+               for t in table_facts(annotated["dlrm"], {}))
 
 
 def test_loss_side_lookups_see_the_saved_activations() -> None:

@@ -66,7 +66,7 @@ def test_placements_where_place_default_writes_them_and_the_report(planner: str)
     big = tables["big.weight"]
     assert big["sharding"] != "table_wise" and len(set(big["ranks"])) == 2, big
     assert all(set(p["ranks"]) <= {0, 1} and p["precision_reason"] for p in tables.values())
-    assert gm.meta[SOLVER_META]["planner"] == planner
+    assert gm.meta[SOLVER_META].planner == planner
     assert gm.meta[TABLE_OPTIMIZER_META] == "rowwise_adagrad"
     assert EXCHANGE_META in gm.meta
 
@@ -84,6 +84,6 @@ def test_a_bad_solver_option_is_a_user_error_before_capture():
     with pytest.raises(GemcUserError, match="unknown solver option"):
         CompileConfig(planner="greedy", solver={"time_limit": 1}).validate()
     placement = CompileConfig(planner="greedy", solver={"time_limit_s": 3.0},
-                              table_precision="auto").pipeline()[-1]
+                              table_precision="auto").pipeline()[-2]
     assert placement == Parallelize("greedy", SolverSettings(time_limit_s=3.0),
                                     table_precision="auto")
