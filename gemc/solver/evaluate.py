@@ -32,6 +32,9 @@ class Pricer:
         self._dp_ar: dict[float, float] = {}
         self._opt: dict[float, float] = {}
         self._ids: dict[float, float] = {}
+        # every candidate option of a class of identical tables, as the local searches
+        # price them (``local_search._options_of``): shared by the planner's searches
+        self.option_lists: dict[tuple, list[TableOption]] = {}
 
     def dense(self, region: RegionCost, choice: DenseChoice) -> DenseOption:
         key = (region.name, choice)

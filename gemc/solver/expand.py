@@ -177,6 +177,7 @@ class Packer:
         # emptiest in memory ("memory", the balance searches) or the rank sending least
         # in the pooled all-to-all ("sends", ``local_search.spread_sends``)
         self.fill = "memory"
+        self._places: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
 
     def size(self, o: TableOption) -> float:
         """A piece's own weight in the step: what it adds on an empty place."""
@@ -214,7 +215,11 @@ class Packer:
         still rise), the emptiest place among those rising at most that much (in memory,
         or in pooled bytes sent: ``fill``)."""
         w, local = o.width, self.local
-        starts = np.arange(lo, hi, w)
+        places = self._places.get((lo, hi, w))
+        if places is None:  # the candidate starts and their hosts, made once per window
+            starts = np.arange(lo, hi, w)
+            places = self._places[(lo, hi, w)] = (starts, starts // local)
+        starts, hosts = places
         # the ranks' embedding seconds as the step prices them (the kernel floor in), now
         # and with the piece added (a piece outside the batched kernel leaves the floor as
         # it is: the same arrays, not computed twice)
@@ -230,7 +235,7 @@ class Packer:
         mem = self._window_max(self.mem, lo, hi, w) + o.memory
         add = min(w, local) * o.out_bytes
         if w <= local:
-            host = self.host[starts // local] + add
+            host = self.host[hosts] + add
         else:
             host = self.host[lo // local:hi // local].reshape(-1, w // local).max(axis=1) + add
         s_cur = float(floored.max())
