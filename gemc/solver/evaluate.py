@@ -31,6 +31,10 @@ class Pricer:
         self._table: dict[tuple, TableOption] = {}
         self._dp_ar: dict[float, float] = {}
         self._opt: dict[float, float] = {}
+        self._ids: dict[float, float] = {}
+        # every candidate option of a class of identical tables, as the local searches
+        # price them (``local_search._options_of``): shared by the planner's searches
+        self.option_lists: dict[tuple, list[TableOption]] = {}
 
     def dense(self, region: RegionCost, choice: DenseChoice) -> DenseOption:
         key = (region.name, choice)
@@ -46,6 +50,15 @@ class Pricer:
             p = self.problem
             s = self._dp_ar[nbytes] = collective_time("all_reduce", nbytes, range(p.world),
                                                       p.topology, calibration=p.calibration)
+        return s
+
+    def id_exchange_s(self, per_rank: float) -> float:
+        """Seconds of the id all-to-all, every rank sending ``per_rank`` bytes
+        (``AllToAll.even``, remembered: the searches price thousands of plans, most with
+        the ids of the one before)."""
+        s = self._ids.get(per_rank)
+        if s is None:
+            s = self._ids[per_rank] = self.a2a.even(per_rank)
         return s
 
     def optimizer_s(self, numel: float) -> float:
@@ -157,6 +170,11 @@ def table_loads(problem: Problem, tables: dict[str, TableChoice], pricer: Pricer
     return loads
 
 
+# up to this many ranks ``add_table`` adds per rank in Python: the same sums as
+# ``np.add.at`` (which adds a rank listed twice twice, in order), without its call overhead
+SCALAR_RANKS = 4
+
+
 def add_table(loads: TableLoads, o: TableOption, ranks: tuple[int, ...], sign: int = 1) -> None:
     """Add (sign 1) or take away (sign -1) one table's option on its ranks."""
     if o.replicated:
@@ -172,6 +190,15 @@ def add_table(loads: TableLoads, o: TableOption, ranks: tuple[int, ...], sign: i
         loads.shards += sign
         loads.kernel_s += sign * o.kernel_s
         loads.kernel_shards += sign * kernel
+        return
+    if len(ranks) <= SCALAR_RANKS:  # a few ranks: scalar adds, in np.add.at's order
+        for r in ranks:
+            loads.sparse[r] += sign * o.compute_s
+            loads.mem[r] += sign * o.memory
+            loads.out[r] += sign * o.out_bytes
+            loads.shards[r] += sign
+            loads.kernel_s[r] += sign * o.kernel_s
+            loads.kernel_shards[r] += sign * kernel
         return
     idx = np.asarray(ranks, dtype=np.int64)  # a rank listed twice pays twice
     np.add.at(loads.sparse, idx, sign * o.compute_s)
@@ -197,7 +224,7 @@ def evaluation_of(problem: Problem, pricer: Pricer, d: DenseSums, loads: TableLo
     # (half a byte: what adding and taking away a table may leave behind in floats)
     if world > 1 and float(out.max(initial=0.0)) > 0.5:
         a2a = 2 * pricer.a2a.time(out)
-        input_dist = pricer.a2a.even(loads.ids)
+        input_dist = pricer.id_exchange_s(loads.ids)
         cast_launch = exchange_cast_launch_s(opts.exchange, problem.calibration)
     exposed_input = 0.0 if opts.pipeline_sparse else input_dist
     c_bwd, b_tail = d.c_bwd, d.b_tail

@@ -177,6 +177,7 @@ class Packer:
         # emptiest in memory ("memory", the balance searches) or the rank sending least
         # in the pooled all-to-all ("sends", ``local_search.spread_sends``)
         self.fill = "memory"
+        self._places: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
 
     def size(self, o: TableOption) -> float:
         """A piece's own weight in the step: what it adds on an empty place."""
@@ -187,6 +188,14 @@ class Packer:
 
     def add(self, o: TableOption, start: int, sign: int = 1) -> None:
         """Put a piece at ``start`` (sign -1: take it away again)."""
+        if o.width == 1:  # one rank: scalar updates (the same sums, no slice's overhead)
+            self.comp[start] += sign * o.compute_s
+            self.kern[start] += sign * o.kernel_s
+            self.kshards[start] += sign * int(o.in_kernel)
+            self.out[start] += sign * o.out_bytes
+            self.mem[start] += sign * o.memory
+            self.host[start // self.local] += sign * o.out_bytes
+            return
         sl = slice(start, start + o.width)
         self.comp[sl] += sign * o.compute_s
         self.kern[sl] += sign * o.kernel_s
@@ -206,19 +215,27 @@ class Packer:
         still rise), the emptiest place among those rising at most that much (in memory,
         or in pooled bytes sent: ``fill``)."""
         w, local = o.width, self.local
-        starts = np.arange(lo, hi, w)
+        places = self._places.get((lo, hi, w))
+        if places is None:  # the candidate starts and their hosts, made once per window
+            starts = np.arange(lo, hi, w)
+            places = self._places[(lo, hi, w)] = (starts, starts // local)
+        starts, hosts = places
         # the ranks' embedding seconds as the step prices them (the kernel floor in), now
-        # and with the piece added
-        floored = self.comp + batched_floor_s(self.kern, self.kshards, self.world)
-        comp = self._window_max(
-            self.comp + o.compute_s + batched_floor_s(self.kern + o.kernel_s,
-                                                      self.kshards + int(o.in_kernel),
-                                                      self.world), lo, hi, w)
+        # and with the piece added (a piece outside the batched kernel leaves the floor as
+        # it is: the same arrays, not computed twice)
+        floor_now = batched_floor_s(self.kern, self.kshards, self.world)
+        floored = self.comp + floor_now
+        if o.in_kernel or o.kernel_s:
+            floor_new = batched_floor_s(self.kern + o.kernel_s, self.kshards + int(o.in_kernel),
+                                        self.world)
+        else:
+            floor_new = floor_now
+        comp = self._window_max(self.comp + o.compute_s + floor_new, lo, hi, w)
         out = self._window_max(self.out, lo, hi, w) + o.out_bytes
         mem = self._window_max(self.mem, lo, hi, w) + o.memory
         add = min(w, local) * o.out_bytes
         if w <= local:
-            host = self.host[starts // local] + add
+            host = self.host[hosts] + add
         else:
             host = self.host[lo // local:hi // local].reshape(-1, w // local).max(axis=1) + add
         s_cur = float(floored.max())
@@ -230,21 +247,24 @@ class Packer:
         a_new = np.maximum(out * self.io, host * self.ho)
         np.maximum(a_new, max((total - m1) * self.hi, a_cur), out=a_new)
         rise = (np.maximum(comp, s_cur) - s_cur) + 2 * (a_new - a_cur)
-        balance = comp + 2 * (host * self.ho + out * self.io)
         bad = mem > self.free
-        taken = np.zeros(len(starts), dtype=bool)
-        for u in used:  # pieces of this table already placed: distinct places
-            if lo <= u < hi and (u - lo) % w == 0:
-                taken[(u - lo) // w] = True
-        bad |= taken
+        taken = None
+        if used:  # pieces of this table already placed: distinct places
+            taken = np.zeros(len(starts), dtype=bool)
+            for u in used:
+                if lo <= u < hi and (u - lo) % w == 0:
+                    taken[(u - lo) // w] = True
+            bad |= taken
         if bad.all():  # no room anywhere: the least-full place; the planner refuses the plan
             self.overflow = True
-            bad = taken
+            bad = taken if taken is not None else np.zeros(len(starts), dtype=bool)
             rise, balance = mem, mem
-        elif slack is not None:
-            over = rise > slack
-            if not (over | bad).all():
-                fill = mem if self.fill == "memory" else out
-                return int(starts[np.lexsort((starts, rise, fill, over, bad))[0]])
+        else:
+            if slack is not None:
+                over = rise > slack
+                if not (over | bad).all():
+                    fill = mem if self.fill == "memory" else out
+                    return int(starts[np.lexsort((starts, rise, fill, over, bad))[0]])
+            balance = comp + 2 * (host * self.ho + out * self.io)
         order = np.lexsort((starts, balance, rise, bad))
         return int(starts[order[0]])
