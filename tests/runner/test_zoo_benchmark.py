@@ -239,3 +239,22 @@ def test_source_hash_is_the_tree_not_the_checkout(tmp_path: Path) -> None:
     assert zoo.source_hash(tmp_path) != first
     prov = zoo.provenance()
     assert prov["source_hash"] == zoo.source_hash() and prov["gemc_version"]
+
+
+def test_zoo_table_lists_later_steps_that_compiled_again(tmp_path: Path, capsys) -> None:
+    """A step after the first that takes seconds (a recompile: a new token bucket) is
+    listed beside the verdicts; a slower step of a few hundred ms is not."""
+    import json
+
+    table = load_benchmark("zoo_table")
+    gemc = {**_curve("gemc", 120, 30), "step_ms_all": [30e3, 40.0, 20.4e3, 39.0, 41.0, 38.0]}
+    dlrm = {**_curve("gemc", 120, 9), "step_ms_all": [9e3, 350.0, 39.0, 38.0, 40.0]}
+    doc = _run(variants={"mmoe": [_curve("eager", 50, 1), _curve("compile", 100, 20), gemc],
+                         "dlrm": [dlrm]})
+    path = tmp_path / "zoo.json"
+    path.write_text(json.dumps(doc))
+    table.main([str(path), "--out", str(tmp_path / "m"), "--models", "mmoe"])
+    text = capsys.readouterr().out
+    merged = json.loads((tmp_path / "m" / "zoo.json").read_text())
+    assert merged["late_steps"] == ["mmoe/gemc: step 3 20.4 s (median 40.0 ms)"]
+    assert "== later steps that compiled again" in text and "dlrm/gemc" not in text
