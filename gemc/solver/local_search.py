@@ -169,7 +169,7 @@ def improve(problem: Problem, pricer: Pricer, a: Assignment, *, sweeps: int = 4,
     if problem.world <= 1 or not problem.tables:
         return a
     budget = move_budget(problem, max_moves)
-    options = _option_lists(problem, pricer)
+    options = shared_options(problem, pricer)
     s = _State(problem, pricer, a)
     held = int(s.evaluation().memory.max(initial=0.0) // 2**20)
 
@@ -207,7 +207,7 @@ def balance(problem: Problem, pricer: Pricer, a: Assignment, tolerance: float, *
         over, step, mem_max, mem_sq = plan_key(ev)
         return (over, step if step > limit else 0, int(mem_max // 2**20), step, mem_sq)
 
-    options = _option_lists(problem, pricer)
+    options = shared_options(problem, pricer)
     _sweep(s, options, sweeps, budget, spread,
            lambda: max(0.0, limit_s - s.evaluation().step_s))
     # then the step back, the fullest rank's MiB held: what the spreading gave up for
@@ -264,12 +264,12 @@ def spread_sends(problem: Problem, pricer: Pricer, a: Assignment, *, sweeps: int
         return (over, step if step > limit else 0, max(held, int(mem_max // 2**20)),
                 *sends_key(ev))
 
-    options = _option_lists(problem, pricer)
+    options = shared_options(problem, pricer)
     _sweep(s, options, sweeps, budget, key, lambda: max(0.0, limit_s - s.evaluation().step_s))
     return Assignment(dense=dict(a.dense), tables=dict(s.tables))
 
 
-def _option_lists(problem: Problem, pricer: Pricer) -> dict[tuple, list[TableOption]]:
+def shared_options(problem: Problem, pricer: Pricer) -> dict[tuple, list[TableOption]]:
     """Where a search keeps its tables' options: the pricer's (``Pricer.option_lists``),
     so the planner's searches (the step's, the balance and cap searches, the sends')
     price each class's options once between them, not once each; a fresh dict where the
@@ -325,7 +325,7 @@ def cap_memory(problem: Problem, pricer: Pricer, a: Assignment, ratio: float, *,
     if problem.world <= 1 or not problem.tables:
         return a
     budget = move_budget(problem, max_moves)
-    options = _option_lists(problem, pricer)
+    options = shared_options(problem, pricer)
     s = _State(problem, pricer, a)
     floor = mean_floor(problem, s.dense.memory, options)
     target = ratio * floor

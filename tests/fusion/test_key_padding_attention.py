@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from gemc.backends.triton import key_padding_attention as kpa
 from gemc.passes.match_jagged_attention import SKIPPED
 from gemc.passes.pack_jagged_tokens import PACKED, PACKED_SKIPPED
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from torch import nn
 from torch.testing import FileCheck
@@ -225,9 +225,12 @@ def test_op_matches_sdpa_and_falls_back_exactly_on_non_prefix_masks(
 @settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
 @given(lengths=st.lists(st.integers(0, km.L), min_size=1, max_size=3),
        soft=st.floats(-9e3, 1.0), seed=st.integers(0, 2**16))
+@example(lengths=[0], soft=1.0, seed=0)  # the row's only finite entry: its one kept key
 def test_op_falls_back_exactly_when_an_additive_mask_is_no_key_mask(lengths, soft, seed):
     """One masked entry raised to ``soft`` (> -1e4: a bias, not a mask) where a row has one:
-    the exact padded attention over the float mask, else the jagged path."""
+    the exact padded attention over the float mask, else the jagged path. In a row with no
+    kept key the raised entry is the row's only finite one, so the rule keeps it (a row's
+    kept keys are those at its largest value) and the row is a mask of one key."""
     gen = torch.Generator().manual_seed(seed)
     keep = km.keep_masks(lengths, gen, False)
     mask = torch.zeros(keep.shape).masked_fill(~keep, -math.inf)
@@ -235,7 +238,7 @@ def test_op_falls_back_exactly_when_an_additive_mask_is_no_key_mask(lengths, sof
     if rows:
         mask[rows[0], km.L - 1] = soft
     # what fp32 holds: a tiny soft value rounds to 0, a kept key (then a non-prefix mask)
-    invalid = bool(rows) and float(mask[rows[0], km.L - 1]) != 0.0
+    invalid = bool(rows) and float(mask[rows[0], km.L - 1]) != 0.0 and lengths[rows[0]] > 0
     q, k, v = (torch.randn(len(lengths), 2, km.L, 4, generator=gen) for _ in range(3))
     kpa.STATS.reset()
     out = kpa.key_padding_attention(q, k, v, mask, None, False, True)

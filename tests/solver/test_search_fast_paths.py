@@ -15,10 +15,10 @@ from gemc.solver.evaluate import Pricer, add_table, table_loads
 from gemc.solver.expand import Packer
 from gemc.solver.greedy import greedy
 from gemc.solver.local_search import (
-    _option_lists,
     balance,
     cap_memory,
     improve,
+    shared_options,
     spread_sends,
 )
 from gemc.solver.problem import TableChoice
@@ -108,4 +108,4 @@ def test_searches_share_the_pricers_options_and_plan_as_with_a_fresh_one():
     assert shared.option_lists == priced  # nothing priced twice
     assert b.tables == cap_memory(p, Pricer(p), a, 1.1).tables
     other = make_problem("h200:1x8", n_tables=10, seed=7)
-    assert _option_lists(other, shared) is not shared.option_lists
+    assert shared_options(other, shared) is not shared.option_lists
