@@ -6,6 +6,7 @@ spelled once and a dump, the plan and every pass agree on it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import Enum
 from typing import Any
 
@@ -101,6 +102,18 @@ def module_path(node: fx.Node) -> str:
     stack = node.meta.get("nn_module_stack") or {}
     paths = [p for p, _ in stack.values() if p]
     return _module_fqn(paths[-1]) if paths else ""
+
+
+def innermost_scope(path: str, scopes: Iterable[str]) -> str | None:
+    """The innermost of ``scopes`` (module fqns) whose module contains ``path``, or None:
+    the precision scope a node of that module runs in (scopes nest: the inner one wins),
+    read by the runner that applies the scopes and the pass that plans around them."""
+    best = None
+    for scope in scopes:
+        if (path == scope or path.startswith(scope + ".")) and (
+                best is None or len(scope) > len(best)):
+            best = scope
+    return best
 
 
 def outermost_path(node: fx.Node) -> str:

@@ -36,7 +36,7 @@ from gemc.passes.classify_ops import op_name
 from torch import fx
 
 from gemc import fp8_recipe, ir
-from gemc.ir import OpKind, module_path
+from gemc.ir import OpKind, innermost_scope, module_path
 
 GEMMS = fp8_recipe.GEMMS
 SiteKey = tuple[str, str, int]
@@ -267,10 +267,6 @@ def module_scopes(gm: fx.GraphModule) -> Scopes | None:
     return Scopes(baseline, modules, dtype, frozenset(applied), owner)
 
 
-def _inside(path: str, scope: str) -> bool:
-    return path == scope or path.startswith(scope + ".")
-
-
 def scoped_nodes(gm: fx.GraphModule, scopes: Scopes) -> dict[str, str]:
     """By node name, the applied scope each node runs in, by the runner's rules: an autocast
     scope (fp32 / bf16) takes every op inside its module
@@ -286,9 +282,9 @@ def scoped_nodes(gm: fx.GraphModule, scopes: Scopes) -> dict[str, str]:
         if path in fp8 and op_name(node) == "linear":
             taken[node.name] = path
             continue
-        inner = [s for s in autocast if _inside(path, s)]
-        if inner:
-            taken[node.name] = max(inner, key=len)
+        scope = innermost_scope(path, autocast)
+        if scope is not None:
+            taken[node.name] = scope
     return taken
 
 

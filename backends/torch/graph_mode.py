@@ -376,12 +376,11 @@ class GraphExecutor:
             return fn(*batch)
         from gemc.backends.triton.inductor_graph import token_count_input
 
-        counts = [k for k in key if isinstance(k, int)]
-        for name, total in zip((n for n, k in zip(self.guard.names, key) if isinstance(k, int)),
-                               counts):
+        packed = [(n, k) for n, k in zip(self.guard.names, key) if isinstance(k, int)]
+        for name, total in packed:
             self.token_counts.setdefault(name, set()).add(total)
-        dev = self.runner.device
-        return fn(*decision.offsets, *(token_count_input(t, dev) for t in counts), *batch)
+        return fn(*decision.offsets,
+                  *(token_count_input(total, self.runner.device) for _, total in packed), *batch)
 
     def _compile(self, dt: torch.dtype | None, key: tuple[int | None, ...]) -> Any:
         """The rewritten graph for autocast ``dt`` and the guarded regions' outcome ``key``,
@@ -395,7 +394,7 @@ class GraphExecutor:
         guards = self.guard.guards(key) if self.guard is not None else {}
         attention_guards = self.guard.attention_guards(key) if self.guard is not None else {}
         built = build(self.runner, autocast=dt, measured={**self.recorded, **self.measured},
-                      guards=guards, attention_guards=attention_guards, dynamic_tokens=True)
+                      guards=guards, attention_guards=attention_guards)
         self.choices, self.sources = built.choices, built.sources
         self.module = built.module
         self.variants.append({"autocast": str(dt).removeprefix("torch.") if dt else None,

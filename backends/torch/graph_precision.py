@@ -24,19 +24,9 @@ from typing import Any
 import torch
 from torch import fx
 
-from gemc.ir import module_path
+from gemc.ir import innermost_scope, module_path
 
 __all__ = ["kernels_outside", "scope_module_precision"]
-
-
-def _site_of(path: str, sites: Mapping[str, torch.dtype]) -> str | None:
-    """The innermost site whose module contains ``path`` (hooks nest: the inner one wins)."""
-    best = None
-    for site in sites:
-        if path == site or path.startswith(site + "."):
-            if best is None or len(site) > len(best):
-                best = site
-    return best
 
 
 def _lift(x: Any) -> Any:
@@ -73,7 +63,7 @@ def scope_module_precision(gm: fx.GraphModule, sites: Mapping[str, torch.dtype],
     for node in gm.graph.nodes:
         if node.op != "call_function":
             continue
-        site = _site_of(module_path(node), sites)
+        site = innermost_scope(module_path(node), sites)
         if site is None:
             continue
         node.target = scoped(node.target, sites[site], device_type)

@@ -214,8 +214,9 @@ def lazy_adam_update(w, g, m, v, lr, eps, beta1, beta2, step_size, weight_decay,
 
 
 # ``seed`` changes every step (``_rounding_seed``): Triton would specialise on it (an int
-# divisible by 16 compiles a variant of its own), so a run recompiled the kernel, ~0.3 s on
-# the H200, at the first step whose seed changed class
+# divisible by 16 compiles a variant of its own), so a run would compile the kernel again
+# (0.30-0.37 s on the H200: its first-step compile in the twelfth session's zoo rows) at the
+# first step whose seed changes class
 @triton.jit(do_not_specialize=["seed"])
 def _fused_update_kernel(
     weights, momentum1, momentum2, sorted_keys, run_end, sorted_bag, sorted_coef,

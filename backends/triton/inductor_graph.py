@@ -57,7 +57,7 @@ from __future__ import annotations
 import operator
 import os
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -277,27 +277,26 @@ def runner_for(gm: fx.GraphModule, entries: Sequence[dict[str, Any]],
 def build(runner: GraphRunner, *, autocast: torch.dtype | None = None,
           measured: Mapping[str, Any] | None = None,
           guards: Mapping[str, int] | None = None,
-          attention_guards: Mapping[str, str] | None = None,
-          dynamic_tokens: bool = False) -> Built:
+          attention_guards: Mapping[str, str] | None = None) -> Built:
     """The rewritten graph of ``runner.gm`` with ``runner.entries`` as custom-op calls (see
     the module doc). The runner's ``params`` feed the graph's parameter placeholders (the
     same tensors: their gradients land on them). ``autocast``: the dtype of the autocast
     the module will run under (None: none); it is baked into the group calls, because
     compiled code does not see the ambient autocast state at run time. ``measured``: per
     entry name, a recorded measurement (see :func:`default_choice`). ``guards``: the
-    guarded regions to run packed, each at its token count (a check ahead of the graph
-    found their masks prefixes: :class:`.region_guard.RegionGuard`); the module then takes
-    their offsets first, in this order, then the batch. Guarded regions not named run
+    guarded regions to run packed (a check ahead of the graph found their masks prefixes:
+    :class:`.region_guard.RegionGuard`), by name (a mapping's values, the counts the check
+    found, are not read); the module then takes their offsets first, in this order, then
+    the inputs named below, then the batch. Guarded regions not named run
     padded, the model's own computation. ``attention_guards``: key-padding attentions the
     same check decided (:func:`.region_guard.guarded_attentions`), each ``"prefix"``,
     ``"compact"`` or ``"padded"``; the first two take their keys' lengths as leading inputs
     after the regions' offsets, in this order. Attentions not named stay eager islands.
-    ``dynamic_tokens``: each packed region's token count is not a constant of the graph but
-    the size of one more leading input per region (``<name>_tokens``, after the key
-    lengths, in the regions' order; :func:`token_count_input` makes it), so a compile that
-    traces that size as dynamic (after a second count) serves every token count."""
-    return Emitter(runner, autocast, measured, guards or {}, attention_guards or {},
-                   dynamic_tokens).run()
+    Each packed region's token count is not a constant of the graph but the size of one
+    more leading input per region (``<name>_tokens``, after the key lengths, in the
+    regions' order; :func:`token_count_input` makes it), so a compile that traces that
+    size as dynamic (after a second count) serves every token count."""
+    return Emitter(runner, autocast, measured, guards or {}, attention_guards or {}).run()
 
 
 # ---- packed token regions, as traceable helpers (shapes from shapes: no host read) --------
@@ -398,9 +397,8 @@ class Emitter:
     ``GraphRunner``'s execution of the same node)."""
 
     def __init__(self, runner: GraphRunner, autocast: torch.dtype | None,
-                 measured: Mapping[str, Any] | None, guards: Mapping[str, int],
-                 attention_guards: Mapping[str, str] | None = None,
-                 dynamic_tokens: bool = False) -> None:
+                 measured: Mapping[str, Any] | None, guards: Collection[str],
+                 attention_guards: Mapping[str, str] | None = None) -> None:
         self.r = runner
         self.autocast = autocast
         self.auto = gemc_ops.dtype_name(autocast)
@@ -420,16 +418,16 @@ class Emitter:
         # where values are packed: the plan's regions, and the guarded ones named in
         # ``guards`` (their offsets: leading inputs, from the check ahead of the graph)
         self.packed = {n: d for n, d in runner.packed.items() if n not in runner.guarded_nodes}
-        self.guarded: dict[str, tuple[fx.Node, int, fx.Node | None]] = {}
+        self.guarded: dict[str, tuple[fx.Node, fx.Node | None]] = {}
         regions = {str(r["name"]): r for r in runner.region_of.values()
                    if r.get("guard") is not None}
-        for name, total in guards.items():
+        for name in guards:
             if name not in regions:
                 raise ValueError(f"guards: {name} is not a guarded region of this graph")
             offsets = self.graph.placeholder(f"{name}_offsets")
             positions = self.graph.placeholder(f"{name}_positions") \
                 if regions[name].get("compact") else None  # each after its offsets
-            self.guarded[name] = (offsets, int(total), positions)
+            self.guarded[name] = (offsets, positions)
             self.packed.update({n: d for n, d in runner.guarded_nodes.items()
                                 if runner.region_of[n] is regions[name]})
         # attention name -> (its outcome, its key lengths placeholder or None: padded)
@@ -440,12 +438,10 @@ class Emitter:
             self.attention_guards[name] = (outcome, lengths)
         # each packed guarded region's token count, as the size of a leading input of its
         # own (after the key lengths): traced as a size, not a constant, so one compiled
-        # graph serves every bucket (``build(dynamic_tokens=True)``); read once, lazily
-        self.token_counts: dict[str, fx.Node] = {}
+        # graph serves every bucket; read once, lazily (``region``)
+        self.token_counts = {name: self.graph.placeholder(f"{name}_tokens")
+                             for name in self.guarded}
         self.token_sizes: dict[str, fx.Node] = {}
-        if dynamic_tokens:
-            for name in self.guarded:
-                self.token_counts[name] = self.graph.placeholder(f"{name}_tokens")
 
     # -- helpers ------------------------------------------------------------------------------
 
@@ -470,13 +466,11 @@ class Emitter:
         r = self.r.region_of[node]
         if r.get("guard") is not None:
             name = str(r["name"])
-            offsets, total, positions = self.guarded[name]
-            if name in self.token_counts:
-                if name not in self.token_sizes:
-                    self.token_sizes[name] = self.graph.call_method(
-                        "size", (self.token_counts[name], 0))
-                return (offsets, 0, int(r["max_len"]), self.token_sizes[name], positions)
-            return (offsets, 0, int(r["max_len"]), total, positions)
+            offsets, positions = self.guarded[name]
+            if name not in self.token_sizes:
+                self.token_sizes[name] = self.graph.call_method(
+                    "size", (self.token_counts[name], 0))
+            return (offsets, 0, int(r["max_len"]), self.token_sizes[name], positions)
         by_name = self.r.by_name
         values = int(by_name[r["values"]].meta["val"].shape[0])
         batch = int(by_name[r["offsets"]].meta["val"].shape[0]) - 1
@@ -792,7 +786,7 @@ class Emitter:
 
 
 def token_count_input(total: int, device: torch.device) -> torch.Tensor:
-    """``build(dynamic_tokens=True)``'s input for a region packed at ``total`` tokens: an
+    """:func:`build`'s token-count input for a region packed at ``total`` tokens: an
     empty ``[total, 0]`` tensor (no storage). Not marked dynamic: the first count compiles a
     static graph, and Dynamo's automatic dynamic shapes (``torch.compile(dynamic=None)``)
     recompiles once, with the count symbolic, when a second count arrives. Why not dynamic

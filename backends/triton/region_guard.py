@@ -17,8 +17,8 @@ data. So the decision is taken at the compiled graph's boundary, on its inputs:
   (``packed_tokens.bucket``: at most ``BUCKETS`` counts) when it packs, ``None`` when it
   does not (the model's padded computation, the exact fallback), each counted in
   ``packed_tokens.GUARD_STATS`` as the interpreter counts it;
-* the caller runs the graph built for that outcome (``inductor_graph.build(guards=...,
-  dynamic_tokens=True)``: which regions pack, not at which count), whose packed regions
+* the caller runs the graph built for that outcome (``inductor_graph.build(guards=...)``:
+  which regions pack, not at which count), whose packed regions
   take their offsets as leading inputs and their token counts as the sizes of further
   inputs (``inductor_graph.token_count_input``): the first count compiles a static graph,
   a second one recompiles it once with the count a dynamic size (Dynamo's automatic
