@@ -6,7 +6,9 @@
 #      graph_executor.packed_token_counts);
 #   2. dlrm, gemc, cold, 6 steps with Triton's kernel dump: which kernel compiles again
 #      at the second step (0.30-0.40 s on every model with the batched lookup);
-#   3. the sparse route's duplicate price for issue 19 (scatter_add_contention --sparse-rows).
+#   3. the sparse route's duplicate price for issue 19 (scatter_add_contention --sparse-rows);
+#   4. HSTU's silu attention variants (kernels.py --cases silu_variants): the one-kernel
+#      backward's error now at the two-kernel path's (the timed runs no longer add into dq).
 #   GEMC_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/h200_pending12.sh
 set -uo pipefail
 source scripts/device_env.sh
@@ -49,7 +51,10 @@ for name, heads in sorted(found.items()):
         for h in heads:
             print("   ", h[:600])
 PY
-timeout 150 python3 benchmarks/scatter_add_contention.py --no-grid --sparse-rows \
+timeout 100 python3 benchmarks/scatter_add_contention.py --no-grid --sparse-rows \
   --out "$OUT/sparse_rows.json" > "$OUT/p3.log" 2>&1
 echo "== 3. sparse rows (exit $?)"; tail -15 "$OUT/p3.log" | cut -c1-300
+timeout 120 python3 benchmarks/kernels.py --cases silu_variants --no-compile \
+  --out "$OUT/silu_variants.json" > "$OUT/p4.log" 2>&1
+echo "== 4. silu variants (exit $?)"; grep -E "silu variant|rror" "$OUT/p4.log" | cut -c1-300
 cd "$OUT" && tar czf pending12.tar.gz p1 p2 p2dump 2>/dev/null && rm -rf p1 p2 p2dump

@@ -34,9 +34,10 @@ from typing import Any
 import torch
 import triton
 
-__all__ = ["AUTOTUNE_ENV", "H200_SHARED_MEMORY", "RECORD_NAME", "ConfigChoice", "Preferred",
-           "Tiles", "autotune", "autotuning_requested", "forget", "record_tuned", "report",
-           "shared_memory_bytes", "shared_memory_limit"]
+__all__ = ["AUTOTUNE_ENV", "H200_SHARED_MEMORY", "RECORD_NAME", "ConfigChoice",
+           "OneConfigLauncher", "Preferred", "Tiles", "autotune", "autotuning_requested",
+           "forget", "record_tuned", "report", "shared_memory_bytes", "shared_memory_limit",
+           "triton_key", "tuning_key"]
 
 AUTOTUNE_ENV = "GEMC_AUTOTUNE"
 """``1``: gemc's kernels autotune over every config that fits (``gemc run --autotune``)."""
@@ -99,14 +100,21 @@ def _matches(cfg: triton.Config, want: Preferred) -> bool:
         and stages in (None, cfg.num_stages)
 
 
+def triton_key(arg_names: Sequence[str], keys: Sequence[str], args: Mapping[str, Any]
+               ) -> tuple[Any, ...]:
+    """The key ``triton.autotune``'s ``Autotuner.run`` caches a launch's choice under (the
+    key arguments' values, then every kernel argument's dtype, in the launch's order);
+    :func:`tuning_key` is its spelling as a string."""
+    present = {k: v for k, v in args.items() if k in arg_names}
+    return (*[present[k] for k in keys if k in present],
+            *[str(v.dtype) for v in present.values() if hasattr(v, "dtype")])
+
+
 def tuning_key(arg_names: Sequence[str], keys: Sequence[str], args: Mapping[str, Any]
                ) -> str:
     """The autotuner's key of a launch, as ``triton.autotune`` forms it (the key
     arguments' values, then every tensor argument's dtype), spelled as a string."""
-    present = {k: v for k, v in args.items() if k in arg_names}
-    key: list[Any] = [present[k] for k in keys if k in present]
-    key += [str(v.dtype) for v in present.values() if hasattr(v, "dtype")]
-    return str(tuple(key))
+    return str(triton_key(arg_names, keys, args))
 
 
 @dataclass
@@ -175,23 +183,80 @@ _KERNELS: dict[str, tuple[ConfigChoice, Any]] = {}
 """name -> (its hook, its autotuner): what :func:`report` and :func:`record_tuned` read."""
 
 
+class OneConfigLauncher(triton.runtime.KernelInterface):
+    """A kernel's ``triton.autotune`` with the one config :class:`ConfigChoice` picks
+    settled before Triton's autotuner sees the launch.
+
+    Why: until Triton's PR 10413 (May 2026; Triton 3.6, the H200's, predates it) an
+    autotuner whose pruning leaves *one* config still times it, running the kernel a few
+    hundred times on its first launch of each key. That costs the cold first step about a
+    tenth of a second per kernel and key, and it is wrong for a kernel that adds into its
+    output: the silu backward's one-kernel variant (``FUSED_SILU_BACKWARD``, atomic dq)
+    returned dq summed over every timing run on the H200 (max abs error 21-78) and the
+    right one under the interpreter, which has one config and never times. Settling the
+    autotuner's cache entry for the key first makes Triton launch that config once, on
+    every Triton version. Where the hook leaves several configs (``--autotune``,
+    ``tune_cold``) Triton times them as before; a kernel that adds into an output says
+    which (``accumulates``), and each timed run starts from zeros."""
+
+    def __init__(self, tuner: Any, hook: ConfigChoice) -> None:
+        self.tuner = tuner
+        self.hook = hook
+
+    def __getattr__(self, name: str) -> Any:
+        # the autotuner's own attributes (fn, cache, configs, warmup...), for callers that
+        # read them as they would on triton.autotune's object
+        return getattr(self.__dict__["tuner"], name)
+
+    def settle(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> bool:
+        """Put the hook's one config in the autotuner's cache for this launch's key;
+        whether it did (False: cached already, one config in all, or several to time)."""
+        tuner = self.tuner
+        if len(tuner.configs) <= 1:
+            return False
+        nargs = dict(zip(tuner.arg_names, args))
+        key = triton_key(tuner.arg_names, tuner.keys, {**nargs, **kwargs})
+        if key in tuner.cache:
+            return False
+        pruned = self.hook(tuner.configs, nargs, **kwargs)
+        if len(pruned) != 1:
+            return False
+        tuner.cache[key] = pruned[0]
+        return True
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        self.settle(args, kwargs)
+        return self.tuner.run(*args, **kwargs)
+
+
 def autotune(configs: list[triton.Config], key: list[str], *, name: str,
              tiles: Callable[[triton.Config, Mapping[str, Any]], Tiles],
              prefer: Callable[[Mapping[str, Any]], Sequence[Preferred]] | None = None,
-             tune_cold: bool = False) -> Callable[[Any], Any]:
-    """``triton.autotune(configs, key)`` with :class:`ConfigChoice` as its pruning hook:
-    the decorator every hand-written gemc kernel with several configs uses. ``tune_cold``:
-    the kernel autotunes on a cold run too, for kernels whose tuning costs little next to
-    a wrong pick (small configs that all compile)."""
+             tune_cold: bool = False,
+             accumulates: Callable[[Mapping[str, Any]], Sequence[str]] | None = None,
+             ) -> Callable[[Any], OneConfigLauncher]:
+    """``triton.autotune(configs, key)`` with :class:`ConfigChoice` as its pruning hook,
+    launched through :class:`OneConfigLauncher`: the decorator every hand-written gemc
+    kernel with several configs uses. ``tune_cold``: the kernel autotunes on a cold run
+    too, for kernels whose tuning costs little next to a wrong pick (small configs that
+    all compile). ``accumulates``: given a launch's arguments, the outputs it adds into,
+    zeroed before each timed run when it autotunes (Triton's ``reset_to_zero``, decided
+    per launch: a kernel may add into an output under one constexpr and not another)."""
     hook = ConfigChoice(name, key, tiles, prefer, tune_cold=tune_cold)
 
-    def wrap(fn: Any) -> Any:
+    def zero_outputs(nargs: dict[str, Any], reset_only: bool = False) -> None:
+        for out in accumulates(nargs) if accumulates is not None else ():
+            nargs[out].zero_()
+
+    def wrap(fn: Any) -> OneConfigLauncher:
         tuner = triton.autotune(configs=configs, key=key,
-                                prune_configs_by={"early_config_prune": hook})(fn)
+                                prune_configs_by={"early_config_prune": hook},
+                                pre_hook=zero_outputs if accumulates is not None else None
+                                )(fn)
         hook.arg_names = list(getattr(fn, "arg_names", ()))
         hook.fn = fn
         _KERNELS[name] = (hook, tuner)
-        return tuner
+        return OneConfigLauncher(tuner, hook)
 
     return wrap
 

@@ -120,7 +120,13 @@ fp32 atomics into dq (``T x H x D`` per key block a query sees) and a dq whose s
 so its last bits, varies from run to run. Off: on the H200 (``benchmarks/kernels.py --cases
 silu_variants``, 2026-12-04) it ran fwd+bwd 0.73-0.78 ms against 0.93-1.16 but its gradients
 were wrong (max abs error 21-78 against the fp32 formula, every variant that used it), while
-the interpreter's runs agree with the formula: a GPU-only race, not found yet."""
+the interpreter's runs agree with the formula. The cause, found on the CPU (thirteenth
+session) and not yet confirmed on the GPU: Triton 3.6 times even the one config gemc's
+hook leaves, so the first launch ran the kernel hundreds of times adding into the same dq
+(the error was larger where several configs were timed, 46-78, than with one, 21-25);
+launches now settle their one config first (``config_choice.OneConfigLauncher``) and a
+timed run starts from a zeroed dq (``accumulates``). Stays off until the H200 shows the
+error at the two-kernel path's (``benchmarks/h200_pending12.sh``, part 4)."""
 
 
 # Shared memory per config (config_choice.shared_memory_bytes): the loop's operand tiles are
@@ -530,7 +536,8 @@ def _bwd_dq_kernel(
 
 
 @config_choice.autotune(_BWD_KV_CONFIGS, _TUNE_KEY, name="jagged_attention._bwd_dkdv_kernel",
-                        tiles=_dkdv_tiles, prefer=_dkdv_prefer)
+                        tiles=_dkdv_tiles, prefer=_dkdv_prefer,
+                        accumulates=lambda a: ("DQ",) if a.get("FUSED_DQ") else ())
 @triton.jit
 def _bwd_dkdv_kernel(
     Q, K, V, DO, DK, DV, DQ, LSE, DELTA, offsets_ptr,

@@ -193,3 +193,86 @@ def test_hook_inside_triton_autotune_runs_one_config_and_keys_as_triton_does(col
                                       "config": cc.describe(configs[1]), "too_big": []}}
     finally:
         cc._KERNELS.pop("test._scale_kernel", None)
+
+
+@triton.jit
+def _add_into_kernel(x, y, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y + offs, tl.load(y + offs, mask=offs < n) + tl.load(x + offs, mask=offs < n),
+             mask=offs < n)
+
+
+def _add_into(name: str, **options) -> cc.OneConfigLauncher:
+    configs = [triton.Config({"BLOCK": 64}), triton.Config({"BLOCK": 16})]
+    return cc.autotune(configs, ["n"], name=name,
+                       tiles=lambda c, a: Tiles(streamed=c.kwargs["BLOCK"] * 4),
+                       prefer=lambda a: [({"BLOCK": 16}, configs[1].num_warps, None)],
+                       **options)(_add_into_kernel)
+
+
+def test_one_config_launches_once_without_triton_pruning_or_timing_it(cold):
+    """The hook's one config is settled in the autotuner's cache before Triton sees the
+    launch: Triton neither prunes nor times (Triton 3.6 timed a pruned single config,
+    running a kernel that adds into its output hundreds of times: the H200's wrong fused
+    silu dq). A kernel adding into ``y`` therefore adds once."""
+    kernel = _add_into("test._add_into_kernel")
+    try:
+        hook, tuner = cc._KERNELS["test._add_into_kernel"]
+
+        def refuse(*a, **k):
+            raise AssertionError("Triton pruned (and would time) a settled launch")
+
+        tuner.prune_configs = refuse
+        x, y = torch.randn(40), torch.ones(40)
+        kernel[lambda m: (triton.cdiv(40, m["BLOCK"]),)](x, y, 40)
+        torch.testing.assert_close(y, x + 1.0)
+        assert list(tuner.cache.values()) == [tuner.configs[1]]
+        assert {str(k) for k in tuner.cache} == set(hook.chosen)
+        # a second key is settled too, the first left as it was
+        x2, y2 = torch.randn(24), torch.zeros(24)
+        kernel[lambda m: (triton.cdiv(24, m["BLOCK"]),)](x2, y2, 24)
+        torch.testing.assert_close(y2, x2)
+        assert len(tuner.cache) == 2
+    finally:
+        cc._KERNELS.pop("test._add_into_kernel", None)
+
+
+def test_launcher_leaves_several_configs_to_triton_and_reads_as_the_autotuner(
+        cold, monkeypatch):
+    """With autotuning asked the hook returns every config that fits: nothing is settled
+    (Triton times them); the launcher answers for the autotuner's own attributes."""
+    monkeypatch.setenv(cc.AUTOTUNE_ENV, "1")
+    kernel = _add_into("test._add_into_kernel")
+    try:
+        _, tuner = cc._KERNELS["test._add_into_kernel"]
+        assert kernel.settle((torch.randn(8), torch.zeros(8), 8), {}) is False
+        assert tuner.cache == {}
+        assert kernel.configs is tuner.configs and kernel.fn is tuner.fn
+    finally:
+        cc._KERNELS.pop("test._add_into_kernel", None)
+
+
+def test_an_accumulating_output_is_zeroed_before_each_timed_run_only_when_it_accumulates(cold):
+    kernel = _add_into("test._add_into_kernel",
+                       accumulates=lambda a: ("y",) if a.get("ADDS") else ())
+    try:
+        _, tuner = cc._KERNELS["test._add_into_kernel"]
+        y = torch.ones(4)
+        tuner.pre_hook({"y": y, "ADDS": False})
+        assert torch.equal(y, torch.ones(4))
+        tuner.pre_hook({"y": y, "ADDS": True}, reset_only=True)
+        assert torch.equal(y, torch.zeros(4))
+        assert kernel.tuner is tuner
+    finally:
+        cc._KERNELS.pop("test._add_into_kernel", None)
+
+
+def test_fused_silu_dkdv_kernel_zeroes_dq_only_when_it_adds_into_it():
+    """The one-kernel silu backward adds dq with atomics: timed runs start from zeros; the
+    two-kernel path's dq (written by the dq kernel before dk/dv runs) is left alone."""
+    _, tuner = cc._KERNELS["jagged_attention._bwd_dkdv_kernel"]
+    dq = torch.ones(3)
+    tuner.pre_hook({"DQ": dq, "FUSED_DQ": False})
+    assert torch.equal(dq, torch.ones(3))
+    tuner.pre_hook({"DQ": dq, "FUSED_DQ": True})
+    assert torch.equal(dq, torch.zeros(3))
