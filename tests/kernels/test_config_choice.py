@@ -276,3 +276,23 @@ def test_fused_silu_dkdv_kernel_zeroes_dq_only_when_it_adds_into_it():
     assert torch.equal(dq, torch.ones(3))
     tuner.pre_hook({"DQ": dq, "FUSED_DQ": True})
     assert torch.equal(dq, torch.zeros(3))
+
+
+def test_a_cold_tuned_kernel_times_briefly_unless_autotuning_was_asked(cold, monkeypatch):
+    """``tune_cold`` kernels tune inside the cold first step: their timer takes
+    ``COLD_BENCH_MS``; ``--autotune`` gets Triton's full timing."""
+    import triton.testing
+    seen = []
+    monkeypatch.setattr(triton.testing, "do_bench",
+                        lambda fn, **kw: seen.append(kw) or [1.0, 1.0, 1.0])
+    kernel = _add_into("test._add_into_kernel", tune_cold=True)
+    try:
+        assert kernel.tuner.do_bench is cc.cold_bench
+        cc.cold_bench(lambda: None, quantiles=(0.5,))
+        monkeypatch.setenv(cc.AUTOTUNE_ENV, "1")
+        cc.cold_bench(lambda: None, quantiles=(0.5,))
+        warmup, rep = cc.COLD_BENCH_MS
+        assert seen == [{"warmup": warmup, "rep": rep, "quantiles": (0.5,)},
+                        {"quantiles": (0.5,)}]
+    finally:
+        cc._KERNELS.pop("test._add_into_kernel", None)
