@@ -83,7 +83,7 @@ import compile_accounting  # noqa: E402  (where the first step's seconds go)
 import e2e  # noqa: E402  (the variants' code, shared with the GEM benchmark)
 
 VARIANTS = ("eager", "compile", "gemc", "gemc-measured", "gemc-groups", "gemc-interp",
-            "gemc-cudagraphs", "gemc-autotune", "gemc-fp8")
+            "gemc-cudagraphs", "gemc-autotune", "gemc-fp8", "gemc-nowarm")
 GEMC_OPTIONS: dict[str, dict[str, Any]] = {
     "gemc": {"graph_executor": "inductor"},
     "gemc-groups": {"graph_executor": "inductor"},  # + GEMC_GROUP_CHOICE=gemc (child())
@@ -92,6 +92,8 @@ GEMC_OPTIONS: dict[str, dict[str, Any]] = {
     "gemc-cudagraphs": {"graph_executor": "inductor", "compile_mode": "reduce-overhead"},
     "gemc-autotune": {"graph_executor": "inductor", "autotune": True},
     "gemc-fp8": {"graph_executor": "inductor", "fp8_min_features": 1024},
+    # gemc's own kernels compiled at their first launch, not ahead in workers (issue 16)
+    "gemc-nowarm": {"graph_executor": "inductor", "warm_kernels": False},
 }
 COLD_VARS = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
 """What ``--cold`` points at a fresh directory per child (gemc's run keeps a directory a
@@ -294,8 +296,26 @@ def child(args: argparse.Namespace) -> int:
         from gemc.backends.torch.cli import first_step_line
 
         print(f"zoo: {name} / {variant} {first_step_line(runner_first)}", file=sys.stderr)
+        if runner_first.get("kernel_warmup"):
+            print(f"zoo: {name} / {variant} {warmup_line(runner_first)}", file=sys.stderr)
     Path(args.out + ".json").write_text(json.dumps(row, indent=1, default=str) + "\n")
     return 0 if not row.get("error") else 1
+
+
+def warmup_line(first: dict[str, Any]) -> str:
+    """The warm-up of gemc's kernels in one line: what was compiled ahead, in how long,
+    and whether the first launches found it (a hit) or compiled in the process (a miss)."""
+    warm = first["kernel_warmup"]
+    rows = warm["kernels"].values()
+    return (f"kernel warm-up: {len(warm['kernels'])} kernels, "
+            f"{sum(r['variants'] for r in rows)} specialisations, "
+            f"{sum(r['compiled'] for r in rows)} compiled in {warm['workers']} workers "
+            f"({sum(r['seconds'] for r in rows):.1f} s of workers' time, "
+            f"{sum(r['pending'] for r in rows)} still compiling at the step's end); first "
+            f"launches: {len(warm['first_launch_hits'])} hit, "
+            f"{len(warm['first_launch_misses'])} missed "
+            f"({', '.join(sorted(set(warm['first_launch_misses']))) or 'none'}); "
+            f"{len(warm['failures'])} failure(s)")
 
 
 def _compile_plan(name: str, entry: str, args: argparse.Namespace, out: Path

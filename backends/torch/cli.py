@@ -161,6 +161,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "and record the winners in the Triton cache dir for later runs; without "
                    "it a kernel runs the recorded winner, else one heuristic config (the run "
                    "report's kernel_tuning says which)")
+    p.add_argument("--no-warm-kernels", action="store_true",
+                   help="compile each of gemc's hand-written kernels at its first launch, in "
+                   "the training process; by default the kernels the first step launches "
+                   "are compiled ahead in worker processes (GEMC_WARM_WORKERS of them; the "
+                   "run report's first_step.kernel_warmup says what hit)")
     p.add_argument("--kernel-choices", metavar="FILE",
                    help="JSON {kernel name: {\"choice\": \"gemc\"|\"inductor\"}} (e.g. a run "
                    "report of --measure-kernels): per fused group, the choice to use, above "
@@ -210,6 +215,7 @@ def options_from_args(args: argparse.Namespace) -> Any:
         loss_every=args.loss_every,
         measure_kernels=args.measure_kernels,
         autotune=args.autotune,
+        warm_kernels=not args.no_warm_kernels,
         kernel_choices=read_choices(args.kernel_choices),
         cache_dir=args.cache_dir,
         divergence=args.divergence,
@@ -408,6 +414,8 @@ def argv_of(args: argparse.Namespace) -> list[str]:
         out.append("--measure-kernels")
     if args.autotune:
         out.append("--autotune")
+    if args.no_warm_kernels:
+        out.append("--no-warm-kernels")
     return out
 
 

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 __all__ = ["TORCH_TIMERS", "FirstStepAccount", "TritonCompiles", "torch_phases",
-           "torch_timers", "warm_compile_workers"]
+           "torch_timers", "warm_compile_workers", "warm_kernels"]
 
 TORCH_TIMERS = ("bytecode_tracing", "create_aot_dispatcher_function",
                 "compile_fx.<locals>.fw_compiler_base", "compile_fx.<locals>.bw_compiler",
@@ -90,6 +90,10 @@ class TritonCompiles:
         self.cache_hits = 0
         self.seconds = {"gemc": 0.0, "other": 0.0}
         self.by_kernel: dict[str, float] = defaultdict(float)
+        # gemc's kernels, per compile in this process: found in Triton's on-disk cache (a
+        # warm-up compiled it, or an earlier run) or compiled here
+        self.gemc_hits: list[str] = []
+        self.gemc_misses: list[str] = []
         self.missing: str | None = None
         self._previous: Any = None
         self._installed = False
@@ -103,6 +107,8 @@ class TritonCompiles:
         own = module.startswith(_OWN_PACKAGES) or module == "gemc"
         self.seconds["gemc" if own else "other"] += seconds
         self.by_kernel[name] += seconds
+        if own:
+            (self.gemc_hits if cache_hit else self.gemc_misses).append(name)
         if self._previous is not None:
             self._previous(src=src, metadata=metadata, metadata_group=metadata_group,
                            times=times, cache_hit=cache_hit)
@@ -140,6 +146,8 @@ class TritonCompiles:
                 "gemc_kernels_s": round(self.seconds["gemc"], 3),
                 "other_kernels_s": round(self.seconds["other"], 3),
                 "by_kernel": {k: round(v, 3) for k, v in worst},
+                "gemc_cache_hits": len(self.gemc_hits),
+                "gemc_cache_misses": len(self.gemc_misses),
                 **({"listener_missing": self.missing} if self.missing else {})}
 
 
@@ -239,3 +247,15 @@ def warm_compile_workers(device: Any) -> str:
         return f"not started: {exc}"
     maybe_warm_pool()  # honours TORCH_WARM_POOL=0 and TORCHINDUCTOR_COMPILE_THREADS=1
     return "started before setup"
+
+
+def warm_kernels(device: Any) -> Any:
+    """The warm-up of gemc's own kernels (:class:`gemc.backends.triton.warm.WarmUp`), its
+    workers started now, before setup: on a CUDA device. Elsewhere (Triton's interpreter:
+    nothing compiles) it derives the launches for the report and compiles nothing. Call it
+    after the compile cache's variables are set (the workers inherit them)."""
+    from gemc.backends.triton.warm import WarmUp
+
+    if getattr(device, "type", None) != "cuda":
+        return WarmUp(workers=0)
+    return WarmUp().start()

@@ -69,6 +69,7 @@ from gemc.errors import PlanError
 from gemc.kernel_kinds import graph_kinds
 from gemc.sharding import dense_strategy, runner_executes
 from gemc.table_lookup import (
+    DENSE_GRAD,
     SPARSE,
     batched_applied,
     captured_sparse,
@@ -183,6 +184,7 @@ class GraphExecutor:
         measure: bool = False,
         recorded: dict[str, Any] | None = None,
         priced_sparse: frozenset[str] = frozenset(),
+        warm: Any = None,
     ) -> None:
         if executor not in EXECUTORS:
             raise PlanError(f"graph executor {executor!r} is not known",
@@ -205,6 +207,9 @@ class GraphExecutor:
         # per packed guarded region, the bucketed token counts its steps ran at (one graph)
         self.token_counts: dict[str, set[int]] = {}
         self.guard: Any = None  # RegionGuard of the guarded packed regions (inductor only)
+        # gemc's kernels compiled ahead in worker processes (gemc.backends.triton.warm)
+        self.warm = warm if executor == "inductor" else None
+        self.unwarmed_ops: dict[str, int] = {}
         if executor == "inductor":
             _set_up_torch_compile(device)
         if device.type == "cpu":
@@ -277,6 +282,9 @@ class GraphExecutor:
                 self.runner, left = runner_for(gm, entries, params, device=device, calls=calls)
                 self.not_applied += left
                 self.guard = RegionGuard.of(self.runner)
+                if self.warm is not None and self.guard is not None:
+                    self.warm.derive("the region guard's mask checks",
+                                     lambda: self.guard.warm(self.runner.gm))
             else:
                 warnings.warn(
                     "gemc: graph mode runs through the op-by-op interpreter "
@@ -305,6 +313,10 @@ class GraphExecutor:
                     owner.row_scale = scale
                 emb_opt.adopt_fused(t["fqn"], state, module)
                 self.fused_tables.append(t["fqn"])
+        if self.warm is not None:  # the optimizer's masked row update of table-sized grads
+            dense = [f for f, path in self.lookup_paths.items() if path == DENSE_GRAD]
+            self.warm.derive("the sparse optimizer's dense-gradient tables",
+                             lambda: emb_opt.warm_dense(dense))
 
     def _drop_batched(self, entries: list[dict[str, Any]], why: str) -> list[dict[str, Any]]:
         """The entries still applied when no batched lookup is (on several ranks, or with
@@ -401,8 +413,46 @@ class GraphExecutor:
                               "packed_regions": guards,
                               **({"checked_attentions": attention_guards}
                                  if attention_guards else {})})
+        backend = compile_backend(self.runner.device)
+        if self.warm is not None:
+            return torch.compile(built.module, dynamic=None,
+                                 backend=_WarmingBackend(backend, self.compile_mode, self))
         return torch.compile(built.module, dynamic=None, mode=self.compile_mode,
-                             backend=compile_backend(self.runner.device))
+                             backend=backend)
+
+
+class _WarmingBackend:
+    """``torch.compile``'s backend (``name``, with ``mode``) that first hands each graph
+    Dynamo captured to the warm-up: its gemc op nodes and their fake values say which of
+    gemc's kernels the step will launch (``ops.warm_graph``), and the workers compile them
+    while Inductor compiles the graph. A failure there is the warm-up's warning, never the
+    compile's."""
+
+    def __init__(self, name: str, mode: str | None, executor: GraphExecutor) -> None:
+        self.executor = executor
+        self.__name__ = name  # the compiler's name in Dynamo's logs and guards
+        if name == "inductor":
+            self.inner: Any = torch._TorchCompileInductorWrapper(mode, None, None)
+        else:
+            from torch._dynamo.backends.registry import lookup_backend
+
+            self.inner = lookup_backend(name)
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
+        from gemc.backends.triton.ops import warm_graph
+
+        try:
+            for name, n in warm_graph(gm, self.executor.warm).items():
+                self.executor.unwarmed_ops[name] = self.executor.unwarmed_ops.get(name, 0) + n
+        except Exception as exc:  # noqa: BLE001 - the warm-up must not break the compile
+            warnings.warn(f"gemc warm-up: reading the compiled graph's gemc ops failed "
+                          f"({type(exc).__name__}: {exc}); their kernels compile at their "
+                          "first launch", stacklevel=2)
+        return self.inner(gm, example_inputs, **kwargs)
+
+    def reset(self) -> None:
+        if hasattr(self.inner, "reset"):
+            self.inner.reset()
 
 
 def _set_up_torch_compile(device: torch.device) -> None:

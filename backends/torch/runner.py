@@ -40,7 +40,11 @@ from gemc.backends.torch.compile_cache import CompileCache, compile_cache
 from gemc.backends.torch.dense import apply_strategies, check_strategies
 from gemc.backends.torch.divergence import DivergenceGuard, load_reference, low_precision_sites
 from gemc.backends.torch.embedding import shard_tables
-from gemc.backends.torch.first_step import FirstStepAccount, warm_compile_workers
+from gemc.backends.torch.first_step import (
+    FirstStepAccount,
+    warm_compile_workers,
+    warm_kernels,
+)
 from gemc.backends.torch.graph_fp8 import apply_fp8_sites
 from gemc.backends.torch.graph_mode import GraphExecutor, check_graph_mode, compile_backend
 from gemc.backends.torch.graph_precision import scope_module_precision
@@ -114,6 +118,9 @@ class RunOptions:
     measure_kernels: bool = False  # measure each fused group against Inductor's code first
     # autotune gemc's hand-written kernels (--autotune); off: a recorded or heuristic config
     autotune: bool = False
+    # compile gemc's kernels the first step launches in worker processes ahead of their
+    # first launch (gemc.backends.triton.warm); False: each compiles at its first launch
+    warm_kernels: bool = True
     # read the loss (a host sync) every N steps, 1: every step (each step timed alone);
     # N > 1: the losses stay on the device in between and a step's time is its block's mean
     loss_every: int = 1
@@ -293,7 +300,14 @@ def run(plan_or_path: str | Path | Plan | dict[str, Any],
               else nullcontext()) as cache, _autotuning(opts.autotune):
             workers = warm_compile_workers(device) if compiles and \
                 opts.graph_executor == "inductor" else None
-            return _run(typed, plan_path, plan_dir, opts, world, device, cache, workers)
+            warm = warm_kernels(device) if compiles and opts.warm_kernels and \
+                opts.graph_executor == "inductor" else None
+            try:
+                return _run(typed, plan_path, plan_dir, opts, world, device, cache, workers,
+                            warm)
+            finally:
+                if warm is not None:
+                    warm.close()
     finally:
         if created_pg and dist.is_initialized():
             dist.destroy_process_group()
@@ -374,6 +388,7 @@ def _run(
     device: torch.device,
     cache: CompileCache | None = None,
     workers: str | None = None,
+    warm: Any = None,
 ) -> RunResult:
     """One run (see :func:`run`); ``workers``: what was done about Inductor's compile
     workers before it (:func:`~gemc.backends.torch.first_step.warm_compile_workers`).
@@ -483,6 +498,7 @@ def _run(
             recorded=plan_choices(graph_kernels),
             priced_sparse=frozenset(str(t["fqn"]) for t in plan["tables"]
                                     if t.get("lookup") == SPARSE),
+            warm=warm,
         )
         applied_kernels += [str(k.get("name", k["kind"])) for k in graph_kernels
                             if str(k.get("name")) not in forward.not_applied]
@@ -594,6 +610,10 @@ def _run(
             account.mark("loss_read")
             first_step = {**account.finish(metrics.records[0].ms / 1e3),
                           "compile_workers": workers}
+            if warm is not None:  # what was compiled ahead, and whether launches found it
+                first_step["kernel_warmup"] = {
+                    **warm.report(account.triton.gemc_hits, account.triton.gemc_misses),
+                    "ops_not_derived": dict(getattr(forward, "unwarmed_ops", {}))}
             account = None
         if opts.on_step is not None:
             opts.on_step(done)

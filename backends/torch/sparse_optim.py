@@ -296,6 +296,25 @@ class EmbeddingOptimizer:
             m.working.clear()
             m.deferred.clear()
 
+    def warm_dense(self, fqns: list[str]) -> None:
+        """Run the dense-gradient step of tables ``fqns`` on ``meta`` tensors of their
+        shapes (the warm-up's derivation, :mod:`gemc.backends.triton.warm`: the masked row
+        update's launches are recorded, nothing is updated). Only the tables :meth:`step`
+        updates that way: fp32, one rank, not fused into a batched lookup."""
+        import copy
+
+        from gemc.backends.triton.warm import meta_like
+
+        for fqn in fqns:
+            m = self.tables.get(fqn)
+            if m is None or m.weight is None or fqn in self.fused or m.precision != "fp32" \
+                    or self.world_size != 1:
+                continue
+            twin = copy.copy(self.state[fqn])
+            twin.tensors = {k: meta_like(v) for k, v in self.state[fqn].tensors.items()}
+            weight = meta_like(m.weight.data)
+            twin.apply_dense(weight, torch.empty_like(weight), self.cfg, 1)
+
     @torch.no_grad()
     def step(self) -> None:
         """Apply each table's step gradient. No host sync on one rank: a sparse gradient is

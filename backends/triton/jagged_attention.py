@@ -135,9 +135,10 @@ error at the two-kernel path's (``benchmarks/h200_pending12.sh``, part 4)."""
 # tiles (one fp32 tile in the forward, p and ds in the backward) go through a conversion.
 def _sizes(cfg: triton.Config, args: dict) -> tuple[int, int, int, int, int]:
     q = args.get("Q")
-    e = q.element_size() if isinstance(q, torch.Tensor) else 2
+    # duck-typed: a warm-up passes its argument descriptors (warm.Arg) here too
+    e = q.element_size() if hasattr(q, "element_size") else 2
     bias = args.get("BIAS")
-    eb = (bias.element_size() if isinstance(bias, torch.Tensor) else 4) \
+    eb = (bias.element_size() if hasattr(bias, "element_size") else 4) \
         if args.get("HAS_BIAS") else 0
     return cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"], int(args.get("BLOCK_D", 64)), e, eb
 

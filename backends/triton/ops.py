@@ -949,3 +949,107 @@ def _lookup_backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
 
 
 table_lookup.register_autograd(_lookup_backward, setup_context=_lookup_setup)
+
+
+# ---- which kernels each op launches, for the warm-up ahead of the first step ----------------
+
+
+def _meta_module(module: Any) -> Any:
+    """A shallow copy of a kernel module whose tensors are ``meta`` tensors of the same
+    shapes, strides and dtypes: its host code then runs on them without touching the real
+    state (the fused update's step count included)."""
+    import copy
+
+    from .warm import meta_like
+
+    twin = copy.copy(module)
+    state = dict(module.__dict__)
+    for name in ("_parameters", "_buffers"):
+        if isinstance(state.get(name), dict):
+            state[name] = {k: meta_like(v) if v is not None else None
+                           for k, v in state[name].items()}
+    twin.__dict__ = {k: meta_like(v) if isinstance(v, Tensor) else v for k, v in state.items()}
+    return twin
+
+
+def _warm_attention(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, clamp_min: int,
+                    max_len: int, scale: float) -> None:
+    out, lse = jagged_attention._init_fn(q, k, v, offsets, clamp_min, max_len, scale)
+    jagged_attention_backward._init_fn(q, k, v, offsets, out, lse, torch.empty_like(out),
+                                       clamp_min, max_len, scale)
+
+
+def _warm_attention_values(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, max_len: int,
+                           scale: float, causal: bool = False) -> None:
+    out, lse = jagged_attention_values._init_fn(q, k, v, offsets, max_len, scale, causal)
+    jagged_attention_values_backward._init_fn(q, k, v, offsets, out, lse,
+                                              torch.empty_like(out), max_len, scale, causal)
+
+
+def _warm_key_lengths(q: Tensor, k: Tensor, v: Tensor, key_lengths: Tensor,
+                      scale: float) -> None:
+    out, lse = key_lengths_attention._init_fn(q, k, v, key_lengths, scale)
+    key_lengths_attention_backward._init_fn(q, k, v, key_lengths, out, lse,
+                                            torch.empty_like(out), scale)
+
+
+def _warm_embedding_bag(table: str, weights: Tensor, momentum1: Tensor, momentum2: Tensor,
+                        ids: Tensor, offsets: Tensor, per_sample_weights: Tensor | None,
+                        anchor: Tensor) -> None:
+    module = _meta_module(_TABLES[table])
+    out = module._pooled(ids, offsets, per_sample_weights)
+    module._fused_update(torch.empty_like(out), ids, offsets, per_sample_weights)
+
+
+WARM: dict[str, Any] = {
+    "jagged_attention": _warm_attention,
+    "jagged_attention_values": _warm_attention_values,
+    "key_lengths_attention": _warm_key_lengths,
+    "embedding_bag": _warm_embedding_bag,
+}
+"""Per gemc op (forward), the host code of its forward and backward, run on ``meta``
+tensors by :func:`warm_graph` to find the kernel launches the first step will make (the
+op's backward is the autograd formula's op, with the forward's outputs' shapes)."""
+
+
+def gemc_op_name(target: Any) -> str | None:
+    """The gemc op a graph node calls (``torch.ops.gemc.<name>.<overload>``), else None."""
+    if isinstance(target, torch._ops.OpOverload) and target.namespace == "gemc":
+        return target._schema.name.split("::", 1)[1]
+    if isinstance(target, torch._ops.OpOverloadPacket) and target._qualified_op_name \
+            .startswith("gemc::"):
+        return target._qualified_op_name.split("::", 1)[1]
+    return None
+
+
+def warm_graph(gm: torch.fx.GraphModule, warm: Any) -> dict[str, int]:
+    """Submit to ``warm`` (a :class:`~.warm.WarmUp`) the launches of every gemc op node of
+    ``gm`` (a Dynamo graph: each node's fake value in ``meta["example_value"]``). Returns
+    the gemc ops seen without a :data:`WARM` entry (their kernels compile at first launch:
+    the generated groups'), by name."""
+    from .warm import meta_like
+
+    def value(a: Any) -> Any:
+        if isinstance(a, torch.fx.Node):
+            v = a.meta.get("example_value", a.meta.get("val"))
+            return meta_like(v) if isinstance(v, Tensor) else \
+                [meta_like(x) for x in v] if isinstance(v, (list, tuple)) else meta_like(v)
+        if isinstance(a, (list, tuple)):
+            return type(a)(value(x) for x in a)
+        return meta_like(a)
+
+    other: dict[str, int] = {}
+    for node in gm.graph.nodes:
+        name = gemc_op_name(node.target) if node.op == "call_function" else None
+        if name is None:
+            continue
+        fn = WARM.get(name)
+        if fn is None:
+            if not name.endswith("_backward"):
+                other[name] = other.get(name, 0) + 1
+            continue
+        args = [value(a) for a in node.args]
+        kwargs = {k: value(a) for k, a in node.kwargs.items()}
+        warm.derive(f"gemc::{name} ({node.name})",
+                    lambda fn=fn, args=args, kwargs=kwargs: fn(*args, **kwargs))
+    return other

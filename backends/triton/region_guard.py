@@ -122,8 +122,24 @@ class RegionGuard:
         self.attentions = [str(e["name"]) for e in attentions]
         self.attention_additive = [bool(e.get("additive", False)) for e in attentions]
         self.buckets = buckets or bucket_count()
-        self.prelude = mask_prelude(runner.gm, [str(r["mask"]) for r in regions]
-                                    + [str(e["mask"]) for e in attentions], runner.device)
+        self.masks = [str(r["mask"]) for r in regions] + [str(e["mask"]) for e in attentions]
+        self.prelude = mask_prelude(runner.gm, self.masks, runner.device)
+
+    def warm(self, gm: Any) -> None:
+        """The checks' host code on ``meta`` masks shaped as the captured graph's mask nodes
+        (the warm-up's derivation of the prefix check's launches, ahead of the first
+        batch: the kernel's specialisation depends on the mask's width and layout, which
+        the capture fixes, not on the batch)."""
+        from .key_padding_attention import prefix_lengths
+        from .warm import meta_like
+
+        vals = {n.name: n.meta.get("val") for n in gm.graph.nodes}
+        masks = [meta_like(vals[name]) for name in self.masks]
+        count = len(self.names)
+        for mask, additive in zip(masks[:count], self.additive):
+            packed_tokens.region_check(mask, additive)
+        for mask, additive in zip(masks[count:], self.attention_additive):
+            prefix_lengths(mask, additive)
 
     @classmethod
     def of(cls, runner: GraphRunner) -> RegionGuard | None:
