@@ -47,10 +47,12 @@ indexes a custom op's outputs with the fake's strides.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import json
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -972,44 +974,116 @@ def _meta_module(module: Any) -> Any:
     return twin
 
 
-def _warm_attention(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, clamp_min: int,
-                    max_len: int, scale: float) -> None:
-    out, lse = jagged_attention._init_fn(q, k, v, offsets, clamp_min, max_len, scale)
-    jagged_attention_backward._init_fn(q, k, v, offsets, out, lse, torch.empty_like(out),
-                                       clamp_min, max_len, scale)
+def _warm_attention_pair(forward: Any, backward: Any) -> Any:
+    """The warm-up of an attention op whose backward op takes its first four arguments,
+    then its output, row logsumexp and output gradient, then its other arguments."""
+    def warm(q: Tensor, k: Tensor, v: Tensor, lengths: Tensor, *rest: Any,
+             **kw: Any) -> None:
+        out, lse = forward._init_fn(q, k, v, lengths, *rest, **kw)
+        backward._init_fn(q, k, v, lengths, out, lse, torch.empty_like(out), *rest, **kw)
+    return warm
 
 
-def _warm_attention_values(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, max_len: int,
-                           scale: float, causal: bool = False) -> None:
-    out, lse = jagged_attention_values._init_fn(q, k, v, offsets, max_len, scale, causal)
-    jagged_attention_values_backward._init_fn(q, k, v, offsets, out, lse,
-                                              torch.empty_like(out), max_len, scale, causal)
+def _warm_silu(forward: Any, backward: Any) -> Any:
+    """The warm-up of a silu attention op (padded or packed values): its backward computes
+    the bias's gradient where the bias requires one (as the autograd formula asks)."""
+    def warm(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, bias: Tensor | None,
+             norm: int, scale: float, causal: bool) -> None:
+        forward._init_fn(q, k, v, offsets, bias, norm, scale, causal)
+        backward._init_fn(q, k, v, offsets, bias, torch.empty_like(q), norm, scale, causal,
+                          bias is not None and bias.requires_grad)
+    return warm
 
 
-def _warm_key_lengths(q: Tensor, k: Tensor, v: Tensor, key_lengths: Tensor,
-                      scale: float) -> None:
-    out, lse = key_lengths_attention._init_fn(q, k, v, key_lengths, scale)
-    key_lengths_attention_backward._init_fn(q, k, v, key_lengths, out, lse,
-                                            torch.empty_like(out), scale)
+def _warm_segment_sum(tokens: Tensor, offsets: Tensor, row_out: Tensor) -> None:
+    segment_sum._init_fn(tokens, offsets, row_out)  # the backward is an index_select
+
+
+def _warm_gather_tokens(src: Tensor, index: Tensor, offsets: Tensor | None) -> None:
+    # the forward is an index_select; the backward sums by row only with offsets
+    if offsets is not None and src.requires_grad:
+        grad = src.new_empty((index.shape[0], *src.shape[1:]))
+        segment_sum_rows._init_fn(grad, offsets, src.dtype)
+
+
+def _warm_gather_rows(weight: Tensor, index: Tensor) -> None:
+    from .small_table_gather import gather_rows_backward
+
+    if weight.requires_grad:  # the forward is an index_select
+        grad = weight.new_empty((*index.shape, *weight.shape[1:]))
+        gather_rows_backward._init_fn(grad, index, weight.shape[0], weight.dtype)
 
 
 def _warm_embedding_bag(table: str, weights: Tensor, momentum1: Tensor, momentum2: Tensor,
                         ids: Tensor, offsets: Tensor, per_sample_weights: Tensor | None,
                         anchor: Tensor) -> None:
+    from .warm import variant
+
     module = _meta_module(_TABLES[table])
     out = module._pooled(ids, offsets, per_sample_weights)
-    module._fused_update(torch.empty_like(out), ids, offsets, per_sample_weights)
+    # the output gradient's row stride is the backward graph's: its own width, or a wider
+    # buffer's when the output fed a concatenation (the gradient is then a column slice)
+    width = out.shape[1]
+    for stride in (width, width + 1 if width % 16 == 0 else width + 16 - width % 16):
+        with variant(f"output gradient row stride {stride}"):
+            grad = out.new_empty((out.shape[0], stride))[:, :width]
+            module._fused_update(grad, ids, offsets, per_sample_weights)
 
 
 WARM: dict[str, Any] = {
-    "jagged_attention": _warm_attention,
-    "jagged_attention_values": _warm_attention_values,
-    "key_lengths_attention": _warm_key_lengths,
+    "jagged_attention": _warm_attention_pair(jagged_attention, jagged_attention_backward),
+    "jagged_attention_values": _warm_attention_pair(jagged_attention_values,
+                                                    jagged_attention_values_backward),
+    "key_lengths_attention": _warm_attention_pair(key_lengths_attention,
+                                                  key_lengths_attention_backward),
+    "jagged_query_attention": _warm_attention_pair(jagged_query_attention,
+                                                   jagged_query_attention_backward),
+    "query_prefix_lengths": lambda keep: query_prefix_lengths._init_fn(keep),
+    "padded_silu_attention": _warm_silu(padded_silu_attention,
+                                        padded_silu_attention_backward),
+    "jagged_silu_attention_values": _warm_silu(jagged_silu_attention_values,
+                                               jagged_silu_attention_values_backward),
+    "segment_sum": _warm_segment_sum,
+    "gather_tokens": _warm_gather_tokens,
+    "gather_rows": _warm_gather_rows,
     "embedding_bag": _warm_embedding_bag,
 }
 """Per gemc op (forward), the host code of its forward and backward, run on ``meta``
 tensors by :func:`warm_graph` to find the kernel launches the first step will make (the
-op's backward is the autograd formula's op, with the forward's outputs' shapes)."""
+op's backward is the autograd formula's op, with the forward's outputs' shapes; it runs
+where the formula would: a bias or a gathered table that requires grad)."""
+
+NO_KERNELS: dict[str, str] = {
+    "bag_inputs": "ATen ops (GraphRunner.bag_inputs)",
+    "table_lookup": "ATen lookups; the sparse gradient's update is the sparse optimizer's "
+                    "(its dense-gradient kernel is derived from the optimizer)",
+    "fp8_linear": "ATen GEMMs; the triton quantiser's kernels are triton_ops, which "
+                  "Inductor compiles with the graph's own kernels",
+    "fp8_scaled_mm": "an ATen GEMM (torch._scaled_mm)",
+    "wide_mm": "an ATen GEMM",
+    "fp8_quantize_rows": "a triton_op: Inductor compiles its kernel with the graph's own",
+    "fp8_quantize_cols": "a triton_op: Inductor compiles its kernel with the graph's own",
+}
+"""gemc ops whose host code launches none of gemc's own kernels (nothing to warm), and
+why. The generated groups' ``fused_group`` is in neither table: its kernels are modules
+imported from files in the kernel cache (``codegen.host.load_source``), which a worker
+cannot import by name; they compile at their first launch (``ops_not_derived``)."""
+
+
+@contextlib.contextmanager
+def _counts_kept() -> Iterator[None]:
+    """The run report's attention counts as they were before: a derivation runs the ops'
+    host code, which counts its calls."""
+    from .jagged_query_attention import STATS as query_stats
+    from .key_padding_attention import STATS as key_stats
+
+    saved, counts = dict(key_stats.__dict__), dict(query_stats._counts)
+    try:
+        yield
+    finally:
+        key_stats.__dict__.update(saved)
+        query_stats._counts.clear()
+        query_stats._counts.update(counts)
 
 
 def gemc_op_name(target: Any) -> str | None:
@@ -1024,32 +1098,50 @@ def gemc_op_name(target: Any) -> str | None:
 
 def warm_graph(gm: torch.fx.GraphModule, warm: Any) -> dict[str, int]:
     """Submit to ``warm`` (a :class:`~.warm.WarmUp`) the launches of every gemc op node of
-    ``gm`` (a Dynamo graph: each node's fake value in ``meta["example_value"]``). Returns
-    the gemc ops seen without a :data:`WARM` entry (their kernels compile at first launch:
-    the generated groups'), by name."""
-    from .warm import meta_like
+    ``gm`` (a Dynamo graph: each node's fake value in ``meta["example_value"]``), once per
+    variant of the symbolic sizes its arguments hold (:func:`~.warm.size_variants`).
+    Returns the gemc ops seen without a :data:`WARM` entry whose host code launches gemc
+    kernels (they compile at first launch: the generated groups'), by name."""
+    from .warm import meta_like, size_variants, symbols_of
 
-    def value(a: Any) -> Any:
+    def fake(a: Any) -> Any:
         if isinstance(a, torch.fx.Node):
-            v = a.meta.get("example_value", a.meta.get("val"))
-            return meta_like(v) if isinstance(v, Tensor) else \
-                [meta_like(x) for x in v] if isinstance(v, (list, tuple)) else meta_like(v)
+            return a.meta.get("example_value", a.meta.get("val"))
         if isinstance(a, (list, tuple)):
-            return type(a)(value(x) for x in a)
-        return meta_like(a)
+            return type(a)(fake(x) for x in a)
+        return a
+
+    def value(v: Any, sizes: dict[Any, int]) -> Any:
+        if isinstance(v, (list, tuple)):
+            return type(v)(value(x, sizes) for x in v)
+        return meta_like(v, sizes, grad=True)
+
+    def derive(fn: Any, args: list[Any], kwargs: dict[str, Any],
+               sizes: dict[Any, int]) -> None:
+        with torch.no_grad(), _counts_kept():
+            fn(*value(args, sizes), **{k: value(a, sizes) for k, a in kwargs.items()})
 
     other: dict[str, int] = {}
     for node in gm.graph.nodes:
         name = gemc_op_name(node.target) if node.op == "call_function" else None
-        if name is None:
+        if name is None or name in NO_KERNELS:
             continue
         fn = WARM.get(name)
         if fn is None:
             if not name.endswith("_backward"):
                 other[name] = other.get(name, 0) + 1
             continue
-        args = [value(a) for a in node.args]
-        kwargs = {k: value(a) for k, a in node.kwargs.items()}
-        warm.derive(f"gemc::{name} ({node.name})",
-                    lambda fn=fn, args=args, kwargs=kwargs: fn(*args, **kwargs))
+        args, kwargs = fake(list(node.args)), {k: fake(a) for k, a in node.kwargs.items()}
+        try:
+            variants = size_variants(symbols_of([args, list(kwargs.values())]))
+        except Exception as exc:  # noqa: BLE001 - the hints alone are still a warm-up
+            warnings.warn(f"gemc warm-up: the symbolic sizes of gemc::{name} ({node.name}) "
+                          f"could not be varied ({type(exc).__name__}: {exc}); only their "
+                          "hints are warmed, the other specialisations compile at their "
+                          "first launch", stacklevel=2)
+            variants = [({}, "")]
+        for sizes, label in variants:
+            warm.derive(f"gemc::{name} ({node.name})",
+                        lambda fn=fn, args=args, kwargs=kwargs, sizes=sizes:
+                        derive(fn, args, kwargs, sizes), label)
     return other

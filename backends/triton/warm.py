@@ -26,8 +26,12 @@ passed (Triton 3.6 and 3.9 alike: a pointer is specialised on its address being 
 of 16, an integer on being 1 (then a constant) or a multiple of 16, and typed i32 or
 i64 by its range; floats are fp32). :class:`Arg` answers ``data_ptr()`` with 0 or 8 by the
 real tensor's alignment, so the key a warm-up computes is the launch's by construction.
-An integer the graph cannot know (a token count that is a dynamic size) is warmed with
-both of its specialisations (:func:`int_variants`).
+An integer the graph cannot know is warmed with both of its specialisations
+(:func:`int_variants`): where an op's shapes hold a symbolic size (a token count Dynamo made
+dynamic on its recompile), the op's host code runs once per variant of each symbol
+(:func:`size_variants`), so every integer it computes from that size (counts, strides,
+grids) is derived at values of both kinds. A launch derived for a value the graph does not
+fix says so (``Launch.variant``, set inside :func:`variant`): it may never be made.
 
 A warm-up never breaks training: a launch whose derivation fails, or whose compile fails
 in the worker, is a warning naming the kernel and the reason, and the launch compiles in
@@ -39,7 +43,11 @@ took, and whether each first launch found its kernel compiled (the hit / miss li
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import functools
 import importlib
+import itertools
+import math
 import multiprocessing
 import os
 import time
@@ -52,7 +60,8 @@ from typing import Any
 import torch
 
 __all__ = ["Arg", "Launch", "WORKERS_ENV", "WarmUp", "compile_launch", "dry_launches",
-           "int_variants", "meta_like", "record_launches", "signature"]
+           "int_variants", "meta_like", "record_launches", "signature", "size_variants",
+           "symbols_of", "variant"]
 
 WORKERS_ENV = "GEMC_WARM_WORKERS"
 """Worker processes of the warm-up (default: half the CPUs, at most 8; ``0``: no warm-up,
@@ -100,6 +109,9 @@ class Launch:
     name: str
     args: tuple[Any, ...]
     kwargs: tuple[tuple[str, Any], ...]
+    variant: str = ""
+    """Empty for a launch of the values the graph fixes; else which value it was derived at
+    that the graph does not fix (a dynamic size's other specialisation)."""
 
     @property
     def kernel(self) -> str:
@@ -122,11 +134,34 @@ def _specialise(value: Any) -> Any:
     return value
 
 
+@functools.cache
+def _unspecialised(module: str, name: str) -> frozenset[int]:
+    """Positions of the arguments the kernel declares ``do_not_specialize`` (an integer
+    Triton types but never specialises: the fused update's per-step seed)."""
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except Exception:  # noqa: BLE001 - an unknown kernel specialises everything
+        return frozenset()
+    while not hasattr(fn, "arg_names") and hasattr(fn, "fn"):
+        fn = fn.fn  # an autotuner's kernel
+    names = getattr(fn, "do_not_specialize", None)
+    if names is None:  # the interpreter keeps the decorator's arguments
+        names = (getattr(fn, "kwargs", None) or {}).get("do_not_specialize")
+    arg_names = list(getattr(fn, "arg_names", ()))
+    return frozenset(arg_names.index(n) if isinstance(n, str) else int(n)
+                     for n in names or () if not isinstance(n, str) or n in arg_names)
+
+
 def signature(launch: Launch, skip: Sequence[str] = ()) -> tuple[Any, ...]:
-    """The launch's specialisation: kernel, every argument's specialised form, and the
-    keyword arguments not in ``skip`` (an autotuner's config keys, chosen at the launch)."""
+    """The launch's specialisation: kernel, every argument's specialised form (an integer
+    the kernel does not specialise: its type only), and the keyword arguments not in
+    ``skip`` (an autotuner's config keys, chosen at the launch)."""
     kw = tuple((k, _specialise(v)) for k, v in launch.kwargs if k not in skip)
-    return (launch.kernel, tuple(_specialise(a) for a in launch.args), kw)
+    plain = _unspecialised(launch.module, launch.name)
+    args = tuple(_specialise(a)[:2] if i in plain and isinstance(a, int)
+                 and not isinstance(a, bool) else _specialise(a)
+                 for i, a in enumerate(launch.args))
+    return (launch.kernel, args, kw)
 
 
 def int_variants(value: int) -> list[int]:
@@ -137,27 +172,100 @@ def int_variants(value: int) -> list[int]:
     return [value, value + 1] if value % 16 == 0 else [value, value - value % 16 or 16]
 
 
-def meta_like(t: Any) -> Any:
+def meta_like(t: Any, sizes: dict[Any, int] | None = None, grad: bool = False) -> Any:
     """A ``meta`` tensor with ``t``'s shape, strides, storage offset and dtype (a fake or
-    real tensor; symbolic sizes take their hint), anything else as it is."""
+    real tensor), anything else as it is. Symbolic sizes take their value in ``sizes``
+    (symbol -> int, :func:`size_variants`), else their hint. ``grad``: the result requires
+    grad where ``t`` does (the host code of a backward asks which inputs need one)."""
     if not isinstance(t, torch.Tensor):
-        return _hint(t)
-    shape = tuple(_hint(s) for s in t.shape)
-    stride = tuple(_hint(s) for s in t.stride())
-    offset = _hint(t.storage_offset())
+        return _hint(t, sizes)
+    shape = tuple(_hint(s, sizes) for s in t.shape)
+    stride = tuple(_hint(s, sizes) for s in t.stride())
+    offset = _hint(t.storage_offset(), sizes)
     size = 1 + sum((n - 1) * s for n, s in zip(shape, stride) if n > 0) + offset
     base = torch.empty(size if all(shape) else 0, dtype=t.dtype, device="meta")
     out = base.as_strided(shape, stride, offset) if all(shape) else \
         torch.empty(shape, dtype=t.dtype, device="meta")
-    return out.requires_grad_(False)
+    return out.requires_grad_(grad and t.requires_grad and t.is_floating_point())
 
 
-def _hint(x: Any) -> Any:
+def _hint(x: Any, sizes: dict[Any, int] | None = None) -> Any:
     if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        if sizes:
+            import sympy
+
+            value = x.node.expr.xreplace({k: sympy.Integer(v) for k, v in sizes.items()})
+            if not value.free_symbols:
+                return type(x.node.hint)(value) if x.node.hint is not None else int(value)
         return x.node.hint if x.node.hint is not None else x.node.require_hint()
     if isinstance(x, (list, tuple)):
-        return type(x)(_hint(v) for v in x)
+        return type(x)(_hint(v, sizes) for v in x)
     return x
+
+
+def symbols_of(values: Any) -> dict[Any, int]:
+    """The free symbols of the symbolic sizes in ``values`` (fake tensors' shapes, strides
+    and offsets, symbolic scalars, nested in lists), each with its hint."""
+    found: dict[Any, int] = {}
+
+    def visit(x: Any) -> None:
+        if isinstance(x, torch.Tensor):
+            for s in (*x.shape, *x.stride(), x.storage_offset()):
+                visit(s)
+        elif isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            shape_env = x.node.shape_env  # torch >= 2.10 names the hints backed_var_to_val
+            env = getattr(shape_env, "backed_var_to_val", None)
+            env = env if env is not None else shape_env.var_to_val
+            for sym in x.node.expr.free_symbols:
+                if sym not in found and sym in env:
+                    found[sym] = int(env[sym])
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                visit(v)
+
+    visit(values)
+    return found
+
+
+MAX_SIZE_VARIANTS = 8
+"""Above this many combinations of its symbols' variants, an op's host code runs with one
+symbol varied at a time (a launch's integers seldom mix several dynamic sizes)."""
+
+
+def size_variants(symbols: dict[Any, int]) -> list[tuple[dict[Any, int], str]]:
+    """Assignments of ``symbols`` (symbol -> hint) covering each symbol's specialisations
+    (:func:`int_variants`), the hints first (label ""), each other with a label naming its
+    values: every combination, or one symbol varied at a time past
+    :data:`MAX_SIZE_VARIANTS`."""
+    names = list(symbols)
+    options = [int_variants(symbols[s]) for s in names]
+    combos: list[tuple[int, ...]]
+    if math.prod(len(o) for o in options) <= MAX_SIZE_VARIANTS:
+        combos = list(itertools.product(*options))
+    else:
+        hints = tuple(o[0] for o in options)
+        combos = [hints] + [hints[:i] + (v,) + hints[i + 1:]
+                            for i, o in enumerate(options) for v in o[1:]]
+    out = []
+    for combo in combos:
+        changed = [f"{s}={v}" for s, v, o in zip(names, combo, options) if v != o[0]]
+        out.append((dict(zip(names, combo)), "dynamic size " + ", ".join(changed)
+                    if changed else ""))
+    return out
+
+
+_VARIANT: contextvars.ContextVar[str] = contextvars.ContextVar("gemc_warm_variant", default="")
+
+
+@contextlib.contextmanager
+def variant(label: str) -> Iterator[None]:
+    """Launches recorded inside are derived at a value the graph does not fix (``label``
+    says which): :attr:`Launch.variant`."""
+    token = _VARIANT.set(label)
+    try:
+        yield
+    finally:
+        _VARIANT.reset(token)
 
 
 def _kernel_of(obj: Any) -> tuple[str, str] | None:
@@ -198,7 +306,7 @@ def _intercept(on_launch: Callable[[Launch], None], launch: bool) -> Iterator[No
             if who is not None:
                 on_launch(Launch(who[0], who[1], tuple(
                     Arg.of(a) if isinstance(a, torch.Tensor) else a for a in args),
-                    tuple(sorted(kwargs.items()))))
+                    tuple(sorted(kwargs.items())), _VARIANT.get()))
                 if not launch:
                     return None
             depth[0] += 1
@@ -277,7 +385,9 @@ _KERNEL_MODULES = ("gemc.backends.triton.jagged_attention",
                    "gemc.backends.triton.varlen_key_attention",
                    "gemc.backends.triton.key_padding_attention",
                    "gemc.backends.triton.embedding_bag",
-                   "gemc.backends.triton.masked_row_update")
+                   "gemc.backends.triton.masked_row_update",
+                   "gemc.backends.triton.segment_sum",
+                   "gemc.backends.triton.small_table_gather")
 
 
 def default_workers() -> int:
@@ -333,10 +443,12 @@ class WarmUp:
         self.failures.append(msg)
         warnings.warn(msg, stacklevel=3)
 
-    def derive(self, source: str, fn: Callable[[], Any]) -> list[Launch]:
+    def derive(self, source: str, fn: Callable[[], Any], label: str = "") -> list[Launch]:
         """The launches ``fn`` (host code on meta tensors) reaches, submitted; a failure
-        is a warning naming ``source``."""
-        with dry_launches() as seen:
+        is a warning naming ``source`` (and ``label``, the :func:`variant` it derives)."""
+        if label:
+            source = f"{source} at {label}"
+        with dry_launches() as seen, variant(label):
             try:
                 fn()
             except Exception as exc:  # noqa: BLE001 - the warm-up must not break training
