@@ -136,6 +136,17 @@ def ancestors(nodes: list[fx.Node]) -> set[fx.Node]:
     return seen
 
 
+SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
+             "enable_gqa")
+
+
+def sdpa_args(node: fx.Node) -> dict[str, Any]:
+    """An ``aten.scaled_dot_product_attention`` node's arguments by name, positional or
+    keyword (absent ones None)."""
+    args = list(node.args) + [None] * (len(SDPA_ARGS) - len(node.args))
+    return {n: node.kwargs.get(n, args[i]) for i, n in enumerate(SDPA_ARGS)}
+
+
 def kind_of(node: fx.Node) -> OpKind | None:
     value = node.meta.get(KIND)
     return OpKind(value) if value is not None else None

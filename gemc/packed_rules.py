@@ -6,7 +6,10 @@ packed tokens only when the op has a packed rule: it is pointwise (or a ``cat``)
 acts per token on a packed first argument (:data:`FIRST_ONLY`, :data:`SIZED`). Any other
 op (an SDPA no gemc kernel took, a table lookup answered by its module) runs on the padded
 tensor, its inputs scattered out and its output gathered back: exact, but at the padded
-size. The cost model reads the same rule (:func:`on_tokens`), so a region is priced,
+size. One SDPA has a packed rule of its own: a causal self-attention with no mask
+(:func:`causal_self_attention`) over region values runs as gemc's jagged causal attention
+on the tokens, where the region's tokens are a prefix of each row (the runners check that
+their layout has no kept positions: a compact region's may not be). The cost model reads the same rule (:func:`on_tokens`), so a region is priced,
 in time and in memory, at the size each of its nodes runs at. Why: MMoE's causal
 self-attention inside its region ran padded while the plan priced it packed, one part of
 the plan's 2.2 GB under MMoE's H200 peak (BENCHMARKS.md, eleventh session).
@@ -21,6 +24,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from gemc import ir
 from gemc.fusion_spec import elementwise
 from gemc.ir import GROUP
 
@@ -46,11 +50,40 @@ def is_pointwise(node: fx.Node) -> bool:
     return elementwise(node) or node.target is aten.cat.default
 
 
+def causal_self_attention(node: fx.Node) -> bool:
+    """``scaled_dot_product_attention(q, k, v, is_causal=True)`` with no mask, no dropout,
+    no grouped heads, and queries, keys and values of one shape (a self-attention).
+
+    Why it may run on a region's tokens: over a history padded at its end (a prefix kept
+    per row, which a non-compact region's check proves at run time), a real query at
+    position p sees the keys 0..p, all real, so its row is the jagged causal attention's
+    over the row's tokens, exactly; the padding query rows it would also compute are the
+    region's padding, which the pass proved nothing reads (MMoE's causal history tower,
+    written as SASRec is: right-padded, ``is_causal=True``, no mask)."""
+    if node.target is not aten.scaled_dot_product_attention.default:
+        return False
+    a = ir.sdpa_args(node)
+    if a["is_causal"] is not True or a["attn_mask"] is not None or a["dropout_p"] \
+            or a["enable_gqa"]:
+        return False
+    shapes = [ir.shape_of(a[x]) if isinstance(a[x], fx.Node) else None
+              for x in ("query", "key", "value")]
+    return shapes[0] is not None and len(shapes[0]) == 4 and shapes[0] == shapes[1] == shapes[2]
+
+
+def attention_operands(node: fx.Node) -> tuple[fx.Node, fx.Node, fx.Node]:
+    """q, k and v of a :func:`causal_self_attention` node."""
+    a = ir.sdpa_args(node)
+    return a["query"], a["key"], a["value"]
+
+
 def runs_packed(node: fx.Node, packed: Container[fx.Node]) -> bool:
     """Whether the runners compute region node ``node`` on the packed tokens (``packed``:
     the region's nodes). False: it runs on the padded tensor and is gathered back."""
     if is_pointwise(node):
         return True
+    if causal_self_attention(node):
+        return all(x in packed for x in attention_operands(node))
     first = node.args[0] if node.args else None
     return (node.target in FIRST_ONLY or node.target in SIZED) \
         and isinstance(first, fx.Node) and first in packed

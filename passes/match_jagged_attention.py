@@ -123,19 +123,12 @@ def match(gm: fx.GraphModule, node: fx.Node) -> dict[str, Any] | None:
     }
 
 
-def _sdpa_args(node: fx.Node) -> dict[str, Any]:
-    args = list(node.args) + [None] * (8 - len(node.args))
-    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
-             "enable_gqa")
-    return {n: node.kwargs.get(n, args[i]) for i, n in enumerate(names)}
-
-
 def match_key_padding(node: fx.Node) -> dict[str, Any] | str:
     """The facts of an SDPA under a key-padding mask from any source (a graph input, an
     additive float mask, ``arange < lengths``, ``nn.MultiheadAttention``'s key_padding_mask,
     optionally and-ed with the causal mask), or the named reason it is not one. The mask's
     prefix property is not proven here: the op checks it at run time and falls back."""
-    a = _sdpa_args(node)
+    a = ir.sdpa_args(node)
     if a["dropout_p"]:
         return "dropout"
     if a["enable_gqa"]:
@@ -181,7 +174,7 @@ def match_query_padding(gm: fx.GraphModule, node: fx.Node) -> dict[str, Any] | N
     the output's padding query rows unmasked, or None. Exact whatever q, k, v are: a query
     row's output depends on that row and the keys only, so rows nobody reads may be left
     zero (and get no gradient, as under the mask multiply that discards them in eager)."""
-    a = _sdpa_args(node)
+    a = ir.sdpa_args(node)
     if a["attn_mask"] is not None or a["dropout_p"] or a["is_causal"] or a["enable_gqa"]:
         return None
     shapes = [ir.shape_of(x) for x in (a["query"], a["key"], a["value"])]

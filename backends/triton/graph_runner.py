@@ -483,6 +483,12 @@ class GraphRunner:
             kwargs = {k: self._entering(v, dims, rank, env, layout)
                       for k, v in node.kwargs.items()}
             return t(*args, **kwargs)
+        if packed.causal_self_attention(node) and layout.positions is None:
+            operands = packed.attention_operands(node)
+            if all(x in self.packed for x in operands):
+                return packed.attention(*(env[x] for x in operands),
+                                        tuple(self.packed[x] for x in (*operands, node)),
+                                        layout, ir.sdpa_args(node)["scale"], True)
         first = node.args[0]
         if t in packed.FIRST_ONLY or t in packed.SIZED:
             if not (isinstance(first, fx.Node) and first in self.packed):

@@ -352,19 +352,12 @@ def _p_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  dims: tuple[tuple[int, int], ...], offsets: torch.Tensor, clamp_min: int,
                  max_len: int, total: int, positions: Any, scale: float | None,
                  causal: bool = False) -> torch.Tensor:
-    """Jagged attention on region values (``[1, H, T, D]`` at their dims): no conversion
-    (over a compact region's kept tokens too: their order in each row is kept, so the
-    causal rule over ranks is the rule over positions)."""
-    layout = _layout(offsets, clamp_min, max_len, total, positions)
-    qj, kj, vj = (_token_major(x, d) for x, d in zip((q, k, v), dims))
-    if scale is None:
-        scale = qj.shape[-1] ** -0.5
-    out, _ = torch.ops.gemc.jagged_attention_values(qj, kj, vj, layout.offsets, max_len,
-                                                    scale, causal)
-    if q.dim() == 3:  # heads in the batch dim: [T, H, D] -> [H, T, D] at its dims
-        bd, ld = dims[3]
-        return out.movedim((0, 1), (ld, bd))
-    return out.unsqueeze(0).movedim((0, 1), dims[3])
+    """``packed_tokens.attention`` on region values: no conversion (over a compact region's
+    kept tokens too: their order in each row is kept, so the causal rule over ranks is the
+    rule over positions)."""
+    return packed_tokens.attention(q, k, v, dims,
+                                   _layout(offsets, clamp_min, max_len, total, positions),
+                                   scale, causal)
 
 
 def _p_exit(x: torch.Tensor, dims: tuple[int, int], row: torch.Tensor, col: torch.Tensor,
@@ -380,16 +373,6 @@ def _p_offsets(offsets: torch.Tensor, clamp_min: int, max_len: int, total: int,
                positions: Any = None) -> torch.Tensor:
     """A region's layout offsets (its lengths, clamped as the region clamps them)."""
     return _layout(offsets, clamp_min, max_len, total, positions).offsets
-
-
-def _token_major(x: torch.Tensor, dims: tuple[int, int]) -> torch.Tensor:
-    """A packed attention operand as ``[T, H, D]``: ``[1, H, T, D]`` at its dims (heads a
-    dim of their own), or rank 3 with the heads in the batch dim (``nn.MultiheadAttention``'s
-    ``[B * H, L, D]``, packed ``[H, T, D]``)."""
-    bd, ld = dims
-    if x.dim() == 3:
-        return x.movedim((ld, bd), (0, 1))
-    return x.movedim(dims, (0, 1)).flatten(0, 1)
 
 
 class Emitter:
@@ -632,6 +615,10 @@ class Emitter:
             args = tuple(self.entering(a, dims, rank, region) for a in node.args)
             kwargs = {k: self.entering(v, dims, rank, region) for k, v in node.kwargs.items()}
             self.env[node] = self.call(t, args, kwargs)
+            return
+        if packed_tokens.causal_self_attention(node) and region[4] is None and \
+                self.packed_attention([x.name for x in packed_tokens.attention_operands(node)],
+                                      node.name, ir.sdpa_args(node)["scale"], True):
             return
         first = node.args[0]
         if (t in packed_tokens.FIRST_ONLY or t in packed_tokens.SIZED) and \

@@ -30,6 +30,8 @@ from gemc.guard_sample import packs as packs  # noqa: F401
 # it runs at)
 from gemc.packed_rules import FIRST_ONLY as FIRST_ONLY  # noqa: F401 - re-exported
 from gemc.packed_rules import SIZED as SIZED  # noqa: F401
+from gemc.packed_rules import attention_operands as attention_operands  # noqa: F401
+from gemc.packed_rules import causal_self_attention as causal_self_attention  # noqa: F401
 from gemc.packed_rules import is_pointwise as is_pointwise  # noqa: F401
 
 from .segment_sum import segment_sum_rows
@@ -375,3 +377,35 @@ def exit_tokens(x: torch.Tensor, dims: Dims, layout: TokenLayout, row: torch.Ten
     return tokens.index_select(0, layout.offsets[row] + col)
 
 
+
+
+def token_major(x: torch.Tensor, dims: Dims) -> torch.Tensor:
+    """A packed attention operand as ``[T, H, D]``: ``[1, H, T, D]`` at its dims (heads a
+    dim of their own), or rank 3 with the heads in the batch dim (``nn.MultiheadAttention``'s
+    ``[B * H, L, D]``, packed ``[H, T, D]``)."""
+    bd, ld = dims
+    if x.dim() == 3:
+        return x.movedim((ld, bd), (0, 1))
+    return x.movedim(dims, (0, 1)).flatten(0, 1)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dims: tuple[Dims, ...],
+              layout: TokenLayout, scale: float | None, causal: bool = False) -> torch.Tensor:
+    """Jagged attention on region values (``dims``: q's, k's, v's and the output's), within
+    each row's tokens of ``layout``, in the values' own layout (no conversion); over a
+    compact region's kept tokens too where the caller knows the rule holds (their order in
+    each row is kept). Both runners call it (``gemc::jagged_attention_values``)."""
+    qj, kj, vj = (token_major(x, d) for x, d in zip((q, k, v), dims))
+    if not qj.dtype == kj.dtype == vj.dtype:  # autocast's SDPA reads all three in its dtype
+        dev = qj.device.type
+        dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else \
+            torch.promote_types(torch.promote_types(qj.dtype, kj.dtype), vj.dtype)
+        qj, kj, vj = qj.to(dt), kj.to(dt), vj.to(dt)
+    if scale is None:
+        scale = qj.shape[-1] ** -0.5
+    out, _ = torch.ops.gemc.jagged_attention_values(qj, kj, vj, layout.offsets,
+                                                    layout.max_len, scale, causal)
+    if q.dim() == 3:  # heads in the batch dim: [T, H, D] -> [H, T, D] at its dims
+        bd, ld = dims[3]
+        return out.movedim((0, 1), (ld, bd))
+    return out.unsqueeze(0).movedim((0, 1), dims[3])

@@ -244,3 +244,23 @@ def test_one_runner_switches_paths_between_calls():
         assert pt.GUARD_STATS.as_dict() == {"calls": 1, "packed": int(not scramble),
                                             "padded": int(scramble)}
         assert bool(runner.packed) is not scramble
+
+
+def test_interpreter_runs_the_unmasked_causal_attention_jagged_on_a_prefix(monkeypatch):
+    """The interpreter's rule is the compiled graph's: on a prefix mask the region's causal
+    SDPA is one jagged causal attention over the region's tokens; on a scrambled mask the
+    region runs padded and the model's SDPA with it. Both equal eager."""
+    gm, _, entries, spec = _graph(CAUSAL, (("mask_input", True),))
+    calls: list[bool] = []
+    real = pt.attention
+
+    def spy(*args, **kwargs):  # noqa: ANN202
+        calls.append(bool(args[6] if len(args) > 6 else kwargs.get("causal")))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pt, "attention", spy)
+    for scramble in (False, True):
+        calls.clear()
+        batch = km.batch("bool", [2, 1, 6, 3], torch.Generator().manual_seed(7), scramble)
+        run_against_eager(gm, entries, spec.model, batch)
+        assert calls == ([] if scramble else [True])

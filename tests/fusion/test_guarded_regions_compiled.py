@@ -122,6 +122,26 @@ def test_a_region_that_needs_a_prefix_falls_back_counted_and_trains_as_eager():
     assert [v["packed_regions"] for v in executor.variants] == [{}, {"packed_tokens_0": 12}]
 
 
+def test_causal_attention_with_no_mask_runs_jagged_on_the_packed_tokens():
+    """The region's unmasked causal SDPA (right-padded rows, MMoE's and SASRec's spelling)
+    runs as gemc's jagged causal attention on the region's values when the region runs
+    packed: no padded SDPA in the graph, no scatter of q, k, v to the padded shape for it
+    (the one scatter left is the summary queries' keys, which that attention reads padded
+    under its checked lengths). Trains as eager."""
+    executor, model = _executor("causal_tower")
+    gen = torch.Generator().manual_seed(5)
+    batches = [km.batch("bool", [2, 1, 6, 3], gen), km.batch("bool", [3, 1, 5, 3], gen)]
+    pt.GUARD_STATS.reset()
+    train_against_eager(executor, model, batches)
+    assert pt.GUARD_STATS.as_dict() == {"calls": 2, "packed": 2, "padded": 0}
+    assert [v["packed_regions"] for v in executor.variants] == [{"packed_tokens_0": 12}]
+    code = executor.module.code
+    assert "aten.scaled_dot_product_attention" not in code
+    (call,) = [line for line in code.splitlines() if "_p_attention(" in line]
+    assert ", True);" in call  # causal: its last argument
+    assert code.count("_p_scatter(") == 1
+
+
 def test_varying_token_totals_run_one_graph_at_bucketed_counts(monkeypatch):
     """Random lengths every step: each packed step runs at its total rounded up to a
     multiple of the granule (24 / 4 = 6 here), all through one built graph whose token
