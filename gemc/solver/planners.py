@@ -227,15 +227,9 @@ def _sent(problem: Problem, pricer: Pricer, a: Assignment, ev: Evaluation
     b_ev = evaluate(problem, b, pricer)
     keeps = (b_ev.feasible and int(round(b_ev.step_s * 1e9)) <= int(round(ev.step_s * 1e9))
              and b_ev.memory.max() <= ev.memory.max()
-             and _ratio(b_ev) <= max(_ratio(ev), problem.settings.balance_ratio or 0.0)
+             and b_ev.max_over_mean <= max(ev.max_over_mean, problem.settings.balance_ratio or 0.0)
              and sends_key(b_ev) < sends_key(ev))
     return (b, b_ev, True) if keeps else (a, ev, False)
-
-
-def _ratio(ev: Evaluation) -> float:
-    """The plan's max / mean rank memory."""
-    mean = float(ev.memory.mean())
-    return float(ev.memory.max()) / mean if mean > 0 else 1.0
 
 
 def capped_plan(problem: Problem, pricer: Pricer, a: Assignment, ev: Evaluation
@@ -248,7 +242,7 @@ def capped_plan(problem: Problem, pricer: Pricer, a: Assignment, ev: Evaluation
     more than the tolerance, it runs again with the excess priced in step
     (``CAP_PENALTY``): 26 tables x 64 ranks, 12.8% -> 4.5% of step (s8)."""
     s = problem.settings
-    if not s.balance_ratio or problem.world <= 1 or _ratio(ev) <= s.balance_ratio:
+    if not s.balance_ratio or problem.world <= 1 or ev.max_over_mean <= s.balance_ratio:
         return None
     # the search's budget unscaled by ranks: at 1,040 tables x 512 ranks the scaled one
     # (2,500 moves, under one sweep) left 1.83, 5,000 reached 1.25
@@ -256,7 +250,7 @@ def capped_plan(problem: Problem, pricer: Pricer, a: Assignment, ev: Evaluation
         b = cap_memory(problem, pricer, a, s.balance_ratio, max_moves=s.search_moves,
                        penalty=penalty)
         b_ev = evaluate(problem, b, pricer)
-        if (b_ev.feasible and _ratio(b_ev) <= s.balance_ratio
+        if (b_ev.feasible and b_ev.max_over_mean <= s.balance_ratio
                 and b_ev.step_s <= ev.step_s * (1 + s.balance_cap_tolerance)):
             return b, b_ev
     return None
