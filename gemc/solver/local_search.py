@@ -144,6 +144,14 @@ class _State:
     def evaluation(self) -> Evaluation:
         return evaluation_of(self.p, self.pricer, self.dense, self.loads)
 
+    def over(self, fqn: str, cap: float) -> bool:
+        """Whether a rank holding a piece of table ``fqn`` holds more than ``cap`` bytes."""
+        mem = self.loads.mem
+        ranks = self.tables[fqn].ranks
+        if len(ranks) >= self.p.world:
+            return float(mem.max(initial=0.0)) + self.dense.memory > cap
+        return any(mem[r] + self.dense.memory > cap for r in ranks)
+
 
 # a priced move costs numpy work over vectors of every rank: beyond this many ranks the
 # budget of moves shrinks in proportion (the same work at any size; from hundreds of
@@ -387,7 +395,13 @@ def cap_memory(problem: Problem, pricer: Pricer, a: Assignment, ratio: float, *,
         _sweep(s, options, max(sweeps, PRICED_SWEEPS), budget, priced)
         priced_met = keep_if_met()
     if not priced_met:
-        _sweep(s, options, sweeps, budget, first)
+        # where the budget cannot price every table's options once, only tables on a
+        # rank above the cap: moving any other cannot lower the excess, and pricing them
+        # spent the budget (1,040 tables x 512 ranks: 5,000 moves, under one sweep of
+        # ~9,400, left 1.56). Where it can, every table (they may still win step back)
+        sweep_moves = sum(len(_options_of(problem, options, t)) for t in problem.tables)
+        only = (lambda t: s.over(t.fqn, target)) if sweep_moves > budget else None
+        _sweep(s, options, sweeps, budget, first, only=only)
         keep_if_met()
         _sweep(s, options, sweeps, budget, then)
         keep_if_met()
@@ -396,10 +410,12 @@ def cap_memory(problem: Problem, pricer: Pricer, a: Assignment, ratio: float, *,
 
 def _sweep(s: _State, options: dict[tuple, list[TableOption]], sweeps: int, budget: int,
            plan_key: Callable[[Evaluation], tuple],
-           slack: Callable[[], float] | None = None) -> None:
+           slack: Callable[[], float] | None = None,
+           only: Callable[[TableCost], bool] | None = None) -> None:
     """Move tables, heaviest first, while ``plan_key`` improves (at most ``budget``
     priced moves). ``slack``: how far the step may rise with the moved table off the
-    plan; its pieces then go where memory is emptiest within that (``Packer.best``)."""
+    plan; its pieces then go where memory is emptiest within that (``Packer.best``).
+    ``only``: the tables worth moving when their turn comes (the others are not priced)."""
     problem = s.p
 
     def opts_of(t: TableCost) -> list[TableOption]:
@@ -417,6 +433,8 @@ def _sweep(s: _State, options: dict[tuple, list[TableOption]], sweeps: int, budg
         for t in order:
             if moves >= budget:
                 break
+            if only is not None and not only(t):
+                continue
             current = (s.option[t.fqn], s.tables[t.fqn])
             s.take(t.fqn)
             room = slack() if slack is not None else None
