@@ -24,7 +24,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from gemc.cost_model.calibration import default_calibration  # noqa: E402
-from vs_torchrec import gemc_problem  # noqa: E402
+from vs_torchrec import add_what_if_coalesce, apply_what_if_coalesce, gemc_problem  # noqa: E402
 
 from gemc.solver import planners  # noqa: E402
 from gemc.solver.evaluate import Evaluation, Pricer, evaluate  # noqa: E402
@@ -66,7 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worlds", default="16,64")
     ap.add_argument("--repeat", type=int, default=1, help="table-set repeats (1: DLRMv2's 26)")
     ap.add_argument("--json", default=None)
+    add_what_if_coalesce(ap)
     args = ap.parse_args(argv)
+    apply_what_if_coalesce(args)
     calibration = default_calibration("h200")
     results = {}
     for world in map(int, args.worlds.split(",")):
