@@ -24,11 +24,48 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from gemc.cost_model.calibration import default_calibration  # noqa: E402
-from vs_torchrec import gemc_problem  # noqa: E402
+from vs_torchrec import add_what_if_coalesce, apply_what_if_coalesce, gemc_problem  # noqa: E402
 
-from gemc.solver import planners  # noqa: E402
+from gemc.solver import candidates, planners  # noqa: E402
 from gemc.solver.evaluate import Evaluation, Pricer, evaluate  # noqa: E402
 from gemc.solver.local_search import cap_memory  # noqa: E402
+
+
+def price_column_sums() -> None:
+    """A sensitivity study (``--what-if-column-sums``), not what gemc compiles: charge each
+    holder of a column-split table (column-wise, grid) under row-wise Adagrad the all-reduce
+    of its per-row sums of squares over its column group, which the runner makes every step
+    (``backends/torch/sparse_optim.rowwise_adagrad_rows_``, ``sq_group``: ``min(ids, rows)``
+    fp32 values) and the step model does not price; the group is taken spread evenly over
+    the world (its placement is not known when an option is priced). Only the solver's
+    options are re-priced (``candidates.table_option``), so the figures compare with each
+    other, not with ``predict_step``."""
+    from dataclasses import replace
+
+    from gemc.cost_model.collectives import collective_time
+    from gemc.cost_model.memory import table_shard
+    from gemc.cost_model.step_model import shard_work
+
+    from gemc.sharding import SHARDINGS
+
+    plain = candidates.table_option
+
+    def table_option(problem: Any, t: Any, sharding: str, ranks: int,
+                     grid: tuple[int, int] | None = None) -> Any:
+        o = plain(problem, t, sharding, ranks, grid)
+        k = SHARDINGS[sharding].column_blocks(ranks)
+        if k <= 1 or o.replicated or problem.options.table_optimizer != "rowwise_adagrad":
+            return o
+        rep = replace(t, sharding=sharding, ranks=tuple(range(ranks)))
+        rows, dim = table_shard(rep, 0)
+        ids = shard_work(rep, rows, dim, problem.world)[2]
+        group = tuple(range(0, problem.world, max(1, problem.world // k)))[:k]
+        s = collective_time("all_reduce", min(ids, rows) * 4, group, problem.topology,
+                            calibration=problem.calibration)
+        return replace(o, compute_s=o.compute_s + s)
+
+    candidates.table_option = table_option
+    print("what-if: column groups' sum-of-squares all-reduce priced", flush=True)
 
 
 def _row(ev: Evaluation, base: Evaluation) -> dict[str, Any]:
@@ -66,7 +103,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worlds", default="16,64")
     ap.add_argument("--repeat", type=int, default=1, help="table-set repeats (1: DLRMv2's 26)")
     ap.add_argument("--json", default=None)
+    add_what_if_coalesce(ap)
+    ap.add_argument("--what-if-column-sums", action="store_true",
+                    help="price the column groups' sum-of-squares all-reduce "
+                         "(price_column_sums; a sensitivity study)")
     args = ap.parse_args(argv)
+    apply_what_if_coalesce(args)
+    if args.what_if_column_sums:
+        price_column_sums()
     calibration = default_calibration("h200")
     results = {}
     for world in map(int, args.worlds.split(",")):

@@ -114,6 +114,22 @@ def gemc_problem(repeat: int, world: int, calibration: Any) -> Any:
     return problem_from_graph(gm, ctx, options=step_options("rowwise_adagrad"))
 
 
+def add_what_if_coalesce(ap: argparse.ArgumentParser) -> None:
+    """The ``--what-if-coalesce-s`` option (read by :func:`apply_what_if_coalesce`)."""
+    ap.add_argument("--what-if-coalesce-s", type=float, default=None,
+                    help="a sensitivity study: plan and price with the cost model's "
+                         "kernels.COALESCE_DUPLICATE_S (seconds a duplicate id on the sparse "
+                         "route, 2.65e-7 shipped) set to this; not what gemc compiles")
+
+
+def apply_what_if_coalesce(args: argparse.Namespace) -> None:
+    """Set the duplicate price the option names, before any table is priced."""
+    if args.what_if_coalesce_s is not None:
+        from gemc.cost_model import kernels
+        kernels.COALESCE_DUPLICATE_S = args.what_if_coalesce_s
+        print(f"what-if: kernels.COALESCE_DUPLICATE_S = {args.what_if_coalesce_s:g} s", flush=True)
+
+
 def cpu_seconds() -> float:
     """CPU seconds of this process and its finished children (CP-SAT's worker)."""
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -264,19 +280,13 @@ def main() -> int:
     ap.add_argument("--spread-tolerances", default="",
                     help="also price gemc's plan with its pooled sends spread at these step "
                          "tolerances (e.g. 0.01,0.05; local_search.spread_sends)")
-    ap.add_argument("--what-if-coalesce-s", type=float, default=None,
-                    help="a sensitivity study: plan and price with the cost model's "
-                         "kernels.COALESCE_DUPLICATE_S (seconds a duplicate id on the sparse "
-                         "route, 2.65e-7 shipped) set to this; not what gemc compiles")
+    add_what_if_coalesce(ap)
     args = ap.parse_args()
     py = setup_venv()
     if args.setup_only:
         return 0
     skip = {tuple(map(int, p.split(","))) for p in args.skip_torchrec_plan.split(";") if p}
-    if args.what_if_coalesce_s is not None:
-        from gemc.cost_model import kernels
-        kernels.COALESCE_DUPLICATE_S = args.what_if_coalesce_s
-        print(f"what-if: kernels.COALESCE_DUPLICATE_S = {args.what_if_coalesce_s:g} s", flush=True)
+    apply_what_if_coalesce(args)
     tolerances = [float(x) for x in args.spread_tolerances.split(",") if x]
     calibration = default_calibration("h200")
     rows, results = [], []

@@ -111,6 +111,13 @@ class Evaluation:
     def feasible(self) -> bool:
         return self.over_bytes <= 0.0
 
+    @property
+    def max_over_mean(self) -> float:
+        """The fullest rank's bytes over the mean rank's (1 for an empty plan): the
+        memory balance ``SolverSettings.balance_ratio`` bounds."""
+        mean = float(self.memory.mean())
+        return float(self.memory.max()) / mean if mean > 0 else 1.0
+
 
 @dataclass
 class TableLoads:
