@@ -78,13 +78,12 @@ WHY_NOT = {
     ),
     "mmoe": (
         "the target attention (additive float mask from history_len) is a guarded "
-        "attention and the history tower around it a guarded packed region (its causal "
-        "SDPA(is_causal=True) with no mask reads only real keys from real queries when the "
-        "padding is a suffix, which the region's check guarantees); packed only on a step "
-        "whose mask passes the check: the zoo's batches have empty histories, an all -1e4 "
-        "row that is no key mask, so the attention and the region run padded there; the "
-        "self-attention itself stays padded SDPA (no key-padding mask); the nn.Embedding "
-        "lookups are not bags"
+        "attention and the history tower around it a guarded packed region; the tower's "
+        "causal SDPA(is_causal=True) with no mask runs as the jagged causal kernel on the "
+        "region's tokens (a real query sees only real keys when the padding is a suffix, "
+        "which the region's check proves each step); an empty history's all -1e4 row "
+        "keeps every key (eager attends over all of them), so that row runs packed at its "
+        "full length; the nn.Embedding lookups are not bags"
     ),
 }
 

@@ -334,4 +334,8 @@ class MatchJaggedAttention:
         """Record why an attention stays padded SDPA: on the node (the dump shows it as
         ``jagged_skipped=...``) and as a warning naming the reason."""
         node.meta[SKIPPED] = reason
-        ctx.warn(f"match-jagged-attention: {node.name} stays padded SDPA ({reason})")
+        later = ""
+        if reason == "no-key-padding-mask" and ir.sdpa_args(node)["is_causal"] is True:
+            later = ("; if pack-jagged-tokens puts this causal attention in a packed region, "
+                     "it runs jagged on the region's tokens there (the region's nodes list it)")
+        ctx.warn(f"match-jagged-attention: {node.name} stays padded SDPA ({reason}){later}")
