@@ -236,6 +236,10 @@ def error_from_evaluation(problem: Problem, assignment: Assignment, ev: Evaluati
         rest = sum(b for b, _, _ in on_rank[MAX_NAMED_TABLES:])
         named += f" and {len(on_rank) - MAX_NAMED_TABLES} more ({as_gb(rest)})"
     tables_b = sum(b for b, _, _ in on_rank)
+    grads = float(ev.lookup_grads[rank]) if ev.lookup_grads is not None else 0.0
+    grads_part = (f", its lookups' gradients beyond the activations' room {as_gb(grads)} "
+                  "(a row per id its tables look up, as many as the global batch sends them)"
+                  if grads > 0 else "")
     how = ("CP-SAT proved that no assignment fits" if proven
            else "CP-SAT's best assignment in its time limit" if planner == "cpsat"
            else f"the {planner} planner's assignment")
@@ -243,6 +247,7 @@ def error_from_evaluation(problem: Problem, assignment: Assignment, ev: Evaluati
         f"no plan fits in memory ({how}): rank {rank} needs "
         f"{as_gb(float(ev.memory[rank]))} of {as_gb(ev.cap)} usable, "
         f"{as_gb(ev.over_bytes)} over; its tables: {named or 'none'} ({as_gb(tables_b)}), "
-        f"dense state and activations {as_gb(float(ev.memory[rank]) - tables_b)}",
+        f"dense state and activations {as_gb(float(ev.memory[rank]) - tables_b - grads)}"
+        f"{grads_part}",
         where=f"rank {rank} of {problem.topology.spec}",
         fix=_fixes(problem, regions, tables, None if proven else planner))
