@@ -50,6 +50,26 @@ def _tables_floor(tables: list[TableClass]) -> float:
     return sum(len(tc.members) * min(o.memory * o.ranks for o in tc.options) for tc in tables)
 
 
+def _gradients_floor(problem: Problem, regions: list[RegionClass],
+                     tables: list[TableClass]) -> tuple[float, float]:
+    """(the least bytes the mean rank holds at the end of the backward, the eager lookups'
+    gradients among them): each part at its smallest, the activations given back
+    (``memory.lookup_gradient_extra``: the gradients land in the room they leave). The
+    gradients are a row per id a rank's tables look up, as many as the local batch sends
+    whatever the sharding: more GPUs do not shrink them. Why: DLRM xl's sparse gradients
+    take ~100 GB a rank (BENCHMARKS.md, issue 21), which the steady-state floors above do
+    not see."""
+    dense = float(problem.options.workspace_bytes) + sum(
+        len(rc.members) * min(o.memory - o.activations for o in rc.options) for rc in regions)
+    late = sum(len(tc.members) * min((o.memory + o.grad_held - o.activations) * o.ranks
+                                     for o in tc.options) for tc in tables)
+    grads = sum(len(tc.members) * min(o.grad_held * o.ranks for o in tc.options
+                                      if not o.replicated or problem.world == 1)
+                if any(not o.replicated or problem.world == 1 for o in tc.options) else 0.0
+                for tc in tables)
+    return dense + late / problem.world, grads / problem.world
+
+
 MAX_HOSTS = 8192  # the largest topology the fix search tries
 
 
@@ -60,6 +80,10 @@ def _with_hosts(problem: Problem, hosts: int) -> Problem:
     topo = Topology(t.gpu, hosts, t.gpus_per_host, nvlink_bandwidth=t.nvlink_bandwidth,
                     network=t.network, latency_us=t.latency_us)
     return replace(problem, topology=topo)
+
+
+def _classes(problem: Problem) -> tuple[list[RegionClass], list[TableClass]]:
+    return region_classes(problem), table_classes(problem)
 
 
 def violation(problem: Problem, regions: list[RegionClass] | None = None,
@@ -75,6 +99,8 @@ def violation(problem: Problem, regions: list[RegionClass] | None = None,
         return "table"
     if dense + _tables_floor(tables) / problem.world > cap:
         return "tables"
+    if _gradients_floor(problem, regions, tables)[0] > cap:
+        return "gradients"
     return None
 
 
@@ -153,8 +179,13 @@ def _fixes(problem: Problem, regions: list[RegionClass], tables: list[TableClass
         found = _fitting_hosts(problem)
         g = topo.gpus_per_host
         if found is None:
-            fixes.append(f"more GPUs do not help up to {MAX_HOSTS} hosts: every rank's "
-                         "pooled outputs grow with the world as fast as the room does")
+            largest = _with_hosts(problem, MAX_HOSTS)
+            why = ("every rank's pooled outputs grow with the world as fast as the room does"
+                   if violation(largest) != "gradients" else
+                   "the table lookups' gradients, a row per id of a rank's local batch, take "
+                   f"{as_gb(_gradients_floor(largest, *_classes(largest))[1])} per rank at "
+                   "any GPU count")
+            fixes.append(f"more GPUs do not help up to {MAX_HOSTS} hosts: {why}")
         else:
             hosts, checked = found
             where = (f"--topology {topo.gpu.name}:{hosts}x{g}"
@@ -216,6 +247,14 @@ def check_lower_bound(problem: Problem, regions: list[RegionClass],
             f"average (each at its smallest sharding, {as_gb(_tables_floor(tables))} in all) "
             f"on top of {as_gb(dense)} of dense state, over the {as_gb(cap)} usable by "
             f"{as_gb(per_rank - cap)}",
+            where=every, fix=_fixes(problem, regions, tables))
+    late, grads = _gradients_floor(problem, regions, tables)
+    if late > cap:
+        raise PlanInfeasibleError(
+            f"no plan fits: at the end of the backward the mean rank holds at least "
+            f"{as_gb(late)}, of which {as_gb(grads)} are its table lookups' gradients (a "
+            f"row per id its local batch looks up, in the room the activations leave), over "
+            f"the {as_gb(cap)} usable by {as_gb(late - cap)}",
             where=every, fix=_fixes(problem, regions, tables))
 
 
