@@ -225,37 +225,37 @@ def check_lower_bound(problem: Problem, regions: list[RegionClass],
     every = (f"every rank of {topo.spec} ({topo.gpu.name}: {as_gb(topo.gpu.hbm_bytes)} HBM, "
              f"{as_gb(cap)} usable after the CUDA context and a "
              f"{problem.settings.memory_reserve:.0%} reserve)")
+
+    def refuse(what: str, over: float) -> PlanInfeasibleError:
+        return PlanInfeasibleError(f"{what}, over the {as_gb(cap)} usable by {as_gb(over)}",
+                                   where=every, fix=_fixes(problem, regions, tables))
+
     if dense > cap:
-        raise PlanInfeasibleError(
+        raise refuse(
             f"no plan fits: the dense part alone needs {as_gb(dense)} per GPU with every "
             f"region at its smallest strategy (parameters, gradients, optimizer state and "
-            f"saved activations; the largest activations in region '{heaviest or '(root)'}'), "
-            f"over the {as_gb(cap)} usable by {as_gb(dense - cap)}",
-            where=every, fix=_fixes(problem, regions, tables))
+            f"saved activations; the largest activations in region '{heaviest or '(root)'}')",
+            dense - cap)
     for tc in tables:
         smallest = min(o.memory for o in tc.options)
         if dense + smallest > cap:
-            raise PlanInfeasibleError(
+            raise refuse(
                 f"table {tc.members[0]} does not fit: its smallest shard needs "
                 f"{as_gb(smallest)} on top of the {as_gb(dense)} of dense state every rank "
-                f"holds, over the {as_gb(cap)} usable by {as_gb(dense + smallest - cap)}",
-                where=every, fix=_fixes(problem, regions, tables))
+                "holds", dense + smallest - cap)
     per_rank = dense + _tables_floor(tables) / problem.world
     if per_rank > cap:
-        raise PlanInfeasibleError(
+        raise refuse(
             f"no plan fits: the tables need at least {as_gb(per_rank - dense)} per GPU on "
             f"average (each at its smallest sharding, {as_gb(_tables_floor(tables))} in all) "
-            f"on top of {as_gb(dense)} of dense state, over the {as_gb(cap)} usable by "
-            f"{as_gb(per_rank - cap)}",
-            where=every, fix=_fixes(problem, regions, tables))
+            f"on top of {as_gb(dense)} of dense state", per_rank - cap)
     late, grads = _gradients_floor(problem, regions, tables)
     if late > cap:
-        raise PlanInfeasibleError(
+        raise refuse(
             f"no plan fits: at the end of the backward the mean rank holds at least "
             f"{as_gb(late)}, of which {as_gb(grads)} are its table lookups' gradients (a "
-            f"row per id its local batch looks up, in the room the activations leave), over "
-            f"the {as_gb(cap)} usable by {as_gb(late - cap)}",
-            where=every, fix=_fixes(problem, regions, tables))
+            f"row per id its local batch looks up, in the room the activations leave)",
+            late - cap)
 
 
 def error_from_evaluation(problem: Problem, assignment: Assignment, ev: Evaluation,
