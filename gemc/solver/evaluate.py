@@ -142,12 +142,13 @@ class TableLoads:
     ids: float = 0.0
     # the lookup-gradient term's parts (memory.lookup_gradient_extra): the shards'
     # activations, gradients held, the largest optimizer buffer per rank (``moment``,
-    # kept exact under removal by ``moments``: buffer bytes -> shards per rank with it),
-    # and the dense_grad lookups' landings per rank
+    # kept exact under removal by counting each buffer size: per rank for placed shards,
+    # once for options on every rank), and the dense_grad lookups' landings per rank
     act: np.ndarray | None = None
     grad: np.ndarray | None = None
     moment: np.ndarray | None = None
-    moments: dict[float, np.ndarray] = field(default_factory=dict)
+    rank_moments: dict[int, dict[float, int]] = field(default_factory=dict)
+    uniform_moments: dict[float, int] = field(default_factory=dict)
     landing: dict[int, list[tuple[float, float]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -281,27 +282,46 @@ def _add_gradient(loads: TableLoads, o: TableOption, ranks: tuple[int, ...] | No
     """The lookup-gradient parts of one table's option on its ranks (None: every rank):
     gradients held add up, the optimizer's buffer is the rank's largest (on removal, the
     next largest its other shards have), a dense_grad lookup's landings are listed."""
-    where = slice(None) if ranks is None else np.asarray(ranks, dtype=np.int64)
-    np.add.at(loads.grad, where, sign * o.grad_held)
-    count = loads.moments.get(o.grad_moment)
-    if count is None:
-        count = loads.moments[o.grad_moment] = np.zeros(len(loads.mem), dtype=np.int64)
-    np.add.at(count, where, sign)
-    if sign > 0:
-        loads.moment[where] = np.maximum(loads.moment[where], o.grad_moment)
+    m = o.grad_moment
+    if ranks is None:
+        loads.grad += sign * o.grad_held
+        _count(loads.uniform_moments, m, sign)
+        if sign > 0:
+            np.maximum(loads.moment, m, out=loads.moment)
+        elif m not in loads.uniform_moments:
+            for r in np.flatnonzero(loads.moment == m):
+                _refresh_moment(loads, int(r))
     else:
-        for r in np.unique(np.arange(len(loads.mem))[where]):
-            if loads.moment[r] == o.grad_moment and count[r] == 0:
-                loads.moment[r] = max((m for m, c in loads.moments.items() if c[r] > 0),
-                                      default=0.0)
+        for r in ranks:
+            loads.grad[r] += sign * o.grad_held
+            held = loads.rank_moments.setdefault(r, {})
+            _count(held, m, sign)
+            if sign > 0:
+                loads.moment[r] = max(loads.moment[r], m)
+            elif loads.moment[r] == m and m not in held and m not in loads.uniform_moments:
+                _refresh_moment(loads, r)
     if o.landing:
         for r in (range(len(loads.mem)) if ranks is None else ranks):
-            held = loads.landing.setdefault(r, [])
+            items = loads.landing.setdefault(r, [])
             for item in o.landing:
                 if sign > 0:
-                    held.append(item)
+                    items.append(item)
                 else:
-                    held.remove(item)
+                    items.remove(item)
+
+
+def _count(counts: dict[float, int], key: float, sign: int) -> None:
+    n = counts.get(key, 0) + sign
+    if n:
+        counts[key] = n
+    else:
+        del counts[key]
+
+
+def _refresh_moment(loads: TableLoads, r: int) -> None:
+    """Rank ``r``'s largest optimizer buffer from the shards it still holds."""
+    loads.moment[r] = max(max(loads.rank_moments.get(r, {}), default=0.0),
+                          max(loads.uniform_moments, default=0.0))
 
 
 def evaluate(problem: Problem, assignment: Assignment, pricer: Pricer | None = None) -> Evaluation:
