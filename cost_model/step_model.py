@@ -47,6 +47,7 @@ from .hardware import GPUSpec
 from .kernels import INDEX_BYTES, SHARD_STEP_FLOOR_S
 from .memory import (
     MemoryBreakdown,
+    lookup_gradient_extra,
     rank_memory,
     shard_degree,
     shard_memory,
@@ -449,14 +450,10 @@ def predict_step(
     per_rank = []
     for r in range(world):
         mem = base + MemoryBreakdown(*map(float, table_mem[r])) if holds[r] else base
-        if grad_held[r]:
-            # The lookups are the graph's first ops, so their backward is its last: their
-            # gradients come when the saved activations are gone, and live in that room.
-            # Only what exceeds it adds to the peak (DIN h200: 5.2 GB of table-sized
-            # gradients over 3.8 GB of activations; measured 14.9 GB, 12.8 GB predicted
-            # without them, 18 GB if simply added).
-            extra = max(0.0, float(grad_held[r] + grad_peak[r]) - mem.activations,
-                        late_gradient_peak(landing[r]) - mem.activations)
+        if grad_held[r]:  # in the room the saved activations leave (memory's doc)
+            extra = float(lookup_gradient_extra(grad_held[r], grad_peak[r],
+                                                late_gradient_peak(landing[r]),
+                                                mem.activations))
             mem = mem + MemoryBreakdown(grads=extra)
         per_rank.append(RankStats(
             rank=r,

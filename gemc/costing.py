@@ -8,14 +8,14 @@ the prediction written in a plan is the one the planner optimised.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from torch import fx
 
 from gemc import ir
-from gemc.cost_model.activations import activation_profile
+from gemc.cost_model.activations import ActivationProfile, activation_profile
 from gemc.cost_model.calibration import Calibration
 from gemc.cost_model.inductor_fusion import runs_compiled
 from gemc.cost_model.launches import GRAPH_LAUNCH_HOST_S, graph_launches, launch_bound_s
@@ -214,6 +214,38 @@ def guarded_fills(gm: fx.GraphModule) -> dict[str, dict[str, Any]]:
             if isinstance(f := n.meta.get(ir.PACKED_REGION), dict) and f.get("guard")}
 
 
+@dataclass(frozen=True)
+class PricedActivations:
+    """The step's activations as both the planner and the plan's ``predicted`` block price
+    them: each region's saved bytes, and the batch plus the liveness walk's transient peak
+    (``activations.activation_profile``), which go to workspace, all but the batch scaled by
+    the calibration's run-fitted ``activation_factor``. Why one object: the planner fitted
+    plans against the saved bytes alone while the block added the rest, so a plan the
+    planner fitted could predict its fullest rank over the cap (DLRM xl on 48 GPUs: 147.6
+    GB predicted against the 140.5 GB fitted; BENCHMARKS.md, issue 21)."""
+
+    profile: ActivationProfile
+    factor: float
+    saved: dict[str, int]   # region -> bytes kept for the backward
+    workspace: int          # the batch + the transient peak above what is saved
+
+    def options(self, options: StepOptions) -> StepOptions:
+        """``options`` with this step's activation workspace added to its own."""
+        return replace(options, workspace_bytes=int(options.workspace_bytes + self.workspace))
+
+
+def priced_activations(gm: fx.GraphModule, calibration: Calibration | None
+                       ) -> PricedActivations:
+    """The graph's activations as the runner holds them (see :class:`PricedActivations`);
+    computed once a graph: they do not depend on the strategies or shardings chosen."""
+    profile = activation_profile(gm)
+    factor = calibration.activation_factor if calibration is not None else 1.0
+    return PricedActivations(
+        profile=profile, factor=factor,
+        saved={k: int(v * factor) for k, v in profile.saved.items()},
+        workspace=int(profile.inputs + profile.transient * factor))
+
+
 def predicted_block(
     gm: fx.GraphModule,
     regions: Sequence[RegionFacts],
@@ -225,18 +257,14 @@ def predicted_block(
     """The plan's ``predicted`` block of the placed ``regions`` and ``tables`` (the facts
     the plan records): step ms, MFU, per-rank memory and time, priced as
     the runner executes the plan: activations at the autocast dtype and packed sizes
-    with the forward's liveness peak (activations.activation_profile; the batch and the
-    transient peak go to workspace), the host's exposed syncs, and the run-fitted factors
-    of the calibration (``activation_factor`` scales the activations)."""
-    opts = options or StepOptions()
-    profile = activation_profile(gm)
-    act_factor = calibration.activation_factor if calibration is not None else 1.0
-    saved = {k: int(v * act_factor) for k, v in profile.saved.items()}
-    opts = replace(opts, workspace_bytes=int(opts.workspace_bytes + profile.inputs
-                                             + profile.transient * act_factor))
+    with the forward's liveness peak (:func:`priced_activations`, as the planner fits
+    them), the host's exposed syncs, and the run-fitted factors of the calibration."""
+    acts = priced_activations(gm, calibration)
+    profile, act_factor = acts.profile, acts.factor
+    opts = acts.options(options or StepOptions())
     table_list = table_costs(tables)
     prediction = predict_step(
-        region_costs(regions, saved, region_boundary_bytes(gm)),
+        region_costs(regions, acts.saved, region_boundary_bytes(gm)),
         table_list, topology,
         calibration=calibration, options=opts,
     )

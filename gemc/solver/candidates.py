@@ -30,7 +30,14 @@ from functools import cached_property
 import numpy as np
 
 from gemc.cost_model.collectives import DEFAULT_EFFICIENCY
-from gemc.cost_model.memory import region_memory, shard_degree, table_memory, table_shard
+from gemc.cost_model.memory import (
+    region_memory,
+    shard_degree,
+    shard_shape,
+    table_grad_bytes,
+    table_memory,
+    table_shard,
+)
 
 # The step model's per-shard embedding price and per-region collectives, used here so the
 # solver prices exactly what predict_step will.
@@ -44,6 +51,7 @@ from gemc.cost_model.step_model import (
 )
 from gemc.cost_model.types import RegionCost, TableCost
 from gemc.sharding import DENSE_DECLARED, SHARDINGS, dense_strategy
+from gemc.table_lookup import DENSE_GRAD
 
 from .problem import DenseChoice, Problem, TableChoice
 
@@ -63,6 +71,7 @@ class DenseOption:
     fwd_tail: float
     bwd_tail: float
     numel: float           # optimizer elements on each rank
+    activations: float = 0.0  # of ``memory``: the saved activations (the gradients' room)
 
 
 @dataclass(frozen=True)
@@ -105,6 +114,7 @@ def dense_option(problem: Problem, region: RegionCost, choice: DenseChoice) -> D
         comm_fwd=comm["fwd"], comm_bwd=comm["bwd"], comm_tp=comm["tp"],
         fwd_tail=comm["fwd_tail"], bwd_tail=comm["bwd_tail"],
         numel=rc.params / degree,
+        activations=mem.activations,
     )
 
 
@@ -145,6 +155,14 @@ class TableOption:
     # (step_model.batched_floor_s: paid once per rank, not per shard)
     in_kernel: bool = False
     kernel_s: float = 0.0
+    # what a shard adds to its rank's lookup-gradient term (memory.lookup_gradient_extra):
+    # its pooled outputs' activations (the room), its gradient held at the end of the
+    # backward and its optimizer step's buffer (memory.table_grad_bytes), and for a
+    # table-sized gradient (dense_grad) each lookup's (saved bytes alive, gradient bytes)
+    activations: float = 0.0
+    grad_held: float = 0.0
+    grad_moment: float = 0.0
+    landing: tuple[tuple[float, float], ...] = ()
 
     @property
     def replicated(self) -> bool:
@@ -169,7 +187,12 @@ def table_option(problem: Problem, t: TableCost, sharding: str, ranks: int,
     world, topo, opts = problem.world, problem.topology, problem.options
     local = topo.gpus_per_host
     rep = replace(t, sharding=sharding, ranks=tuple(range(ranks)))
-    mem = table_memory(rep, 0, world, opts).total
+    breakdown = table_memory(rep, 0, world, opts)
+    mem = breakdown.total
+    held, moment = table_grad_bytes(rep, *shard_shape(rep), world)
+    grads = {"activations": breakdown.activations, "grad_held": held, "grad_moment": moment,
+             "landing": tuple((float(a), held) for a in t.lookup_alive)
+             if t.lookup == DENSE_GRAD and held else ()}
     gpu = topo.gpu
     shard_rows, shard_dim = table_shard(rep, 0)
     if SHARDINGS[sharding].replicated:
@@ -177,7 +200,7 @@ def table_option(problem: Problem, t: TableCost, sharding: str, ranks: int,
                                   None)
         return TableOption(sharding, world, 1, world, True, None, compute, mem, 0.0, 0.0,
                            dp_grad_bytes=float(t.rows * t.dim * t.dtype_bytes),
-                           dp_numel=float(t.rows * t.dim))
+                           dp_numel=float(t.rows * t.dim), **grads)
     lookup = shard_compute_s(rep, shard_rows, shard_dim, world, gpu, problem.calibration,
                              opts.table_optimizer)
     compute = lookup + exchange_cast_s(rep, shard_rows, shard_dim, world, gpu,
@@ -189,7 +212,7 @@ def table_option(problem: Problem, t: TableCost, sharding: str, ranks: int,
     pieces, width = SHARDINGS[sharding].pieces_and_width(ranks, world, local, grid)
     uniform = pieces * width == world
     return TableOption(sharding, ranks, pieces, width, uniform, grid, compute, mem, out, ids,
-                       in_kernel=in_kernel, kernel_s=lookup if in_kernel else 0.0)
+                       in_kernel=in_kernel, kernel_s=lookup if in_kernel else 0.0, **grads)
 
 
 def table_options(problem: Problem, t: TableCost) -> list[TableOption]:
@@ -210,10 +233,18 @@ def least_bytes(options: list[TableOption] | tuple[TableOption, ...]) -> float:
     return min(o.memory * o.ranks for o in options)
 
 
+def table_key(t: TableCost) -> tuple:
+    """What a table's options are priced from besides the problem (tables with equal keys
+    form a class and share priced options): its shape, traffic and precision, and its
+    lookup path with what its gradient's memory depends on."""
+    return (t.rows, t.dim, t.nnz, t.batch, t.dtype_bytes, t.pooled, t.precision,
+            t.lookup, t.lookups, t.lookup_alive)
+
+
 def table_classes(problem: Problem) -> list[TableClass]:
     groups: dict[tuple, list[TableCost]] = defaultdict(list)
     for t in problem.tables:
-        groups[(t.rows, t.dim, t.nnz, t.batch, t.dtype_bytes, t.pooled, t.precision)].append(t)
+        groups[table_key(t)].append(t)
     out = []
     for members in groups.values():
         members.sort(key=lambda t: t.fqn)

@@ -22,7 +22,11 @@ and the step the step model predicts, linear once the maxima are variables:
 
 A fluid bin adds "the largest piece" bounds (S and A >= any piece it holds; every piece
 fits on one rank beside the dense and uniform parts) and keeps ``packing_slack`` of its
-memory free for ``expand`` to pack pieces onto ranks; the expanded plan is checked exactly. Symmetry between ranks of a host, between
+memory free for ``expand`` to pack pieces onto ranks; the expanded plan is checked exactly.
+``memory`` is a rank's steady state: the eager lookups' gradients, which land in the room
+the activations leave at the end of the backward (``memory.lookup_gradient_extra``: a
+maximum, not a sum), are not in the model; the exact check (``evaluate``) and the local
+search after it price them, and the greedy hint places by them. Symmetry between ranks of a host, between
 hosts and between bins is broken by ordering their sparse loads; identical tables and
 regions are one class with counts. The best heuristic plan after the local search,
 relabelled to obey that order, is the hint. CP-SAT runs with ``interleave_search`` and a deterministic time limit, so the

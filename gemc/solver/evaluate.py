@@ -8,16 +8,21 @@ of every row-wise table.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from gemc.cost_model.collectives import collective_time
+from gemc.cost_model.memory import lookup_gradient_extra
 from gemc.cost_model.op_cost import optimizer_time
-from gemc.cost_model.step_model import batched_floor_s, exchange_cast_launch_s
+from gemc.cost_model.step_model import (
+    batched_floor_s,
+    exchange_cast_launch_s,
+    late_gradient_peak,
+)
 from gemc.cost_model.types import RegionCost, TableCost
 
-from .candidates import AllToAll, DenseOption, TableOption, dense_option, option_of
+from .candidates import AllToAll, DenseOption, TableOption, dense_option, option_of, table_key
 from .problem import Assignment, DenseChoice, Problem, TableChoice
 
 
@@ -72,8 +77,7 @@ class Pricer:
         return s
 
     def table(self, t: TableCost, choice: TableChoice) -> TableOption:
-        key = (t.rows, t.dim, t.nnz, t.batch, t.dtype_bytes, t.pooled, t.precision,
-               choice.sharding, len(choice.ranks), choice.grid)
+        key = (*table_key(t), choice.sharding, len(choice.ranks), choice.grid)
         o = self._table.get(key)
         if o is None:
             o = self._table[key] = option_of(self.problem, t, choice)
@@ -83,10 +87,18 @@ class Pricer:
 def dense_bytes(problem: Problem, pricer: Pricer, dense: dict[str, DenseChoice]) -> float:
     """Bytes every rank holds for the dense part (workspace, regions, the largest
     gathered FSDP unit and the largest recomputed region), as ``rank_memory`` counts."""
+    return dense_memory(problem, pricer, dense)[0]
+
+
+def dense_memory(problem: Problem, pricer: Pricer, dense: dict[str, DenseChoice]
+                 ) -> tuple[float, float]:
+    """(:func:`dense_bytes`, the activations among them: the room the lookups'
+    gradients land in, ``memory.lookup_gradient_extra``)."""
     opts = [pricer.dense(r, dense.get(r.name, DenseChoice())) for r in problem.regions]
+    ckpt = max((o.ckpt_peak for o in opts), default=0.0)
     return (float(problem.options.workspace_bytes) + sum(o.memory for o in opts)
-            + max((o.transient for o in opts), default=0.0)
-            + max((o.ckpt_peak for o in opts), default=0.0))
+            + max((o.transient for o in opts), default=0.0) + ckpt,
+            sum(o.activations for o in opts) + ckpt)
 
 
 @dataclass
@@ -98,6 +110,8 @@ class Evaluation:
     out: np.ndarray           # pooled all-to-all bytes sent per rank
     shards: np.ndarray        # table shards per rank
     cap: float
+    # of ``memory``: what the eager lookups' gradients add (memory.lookup_gradient_extra)
+    lookup_grads: np.ndarray | None = None
 
     @property
     def step_ms(self) -> float:
@@ -133,6 +147,32 @@ class TableLoads:
     dp_grad: float = 0.0
     dp_numel: float = 0.0
     ids: float = 0.0
+    # the lookup-gradient term's parts (memory.lookup_gradient_extra): the shards'
+    # activations, gradients held, the largest optimizer buffer per rank (``moment``,
+    # kept exact under removal by counting each buffer size: per rank for placed shards,
+    # once for options on every rank), and the dense_grad lookups' landings per rank
+    act: np.ndarray | None = None
+    grad: np.ndarray | None = None
+    moment: np.ndarray | None = None
+    rank_moments: dict[int, dict[float, int]] = field(default_factory=dict)
+    uniform_moments: dict[float, int] = field(default_factory=dict)
+    landing: dict[int, list[tuple[float, float]]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = len(self.mem)
+        self.act = np.zeros(n) if self.act is None else self.act
+        self.grad = np.zeros(n) if self.grad is None else self.grad
+        self.moment = np.zeros(n) if self.moment is None else self.moment
+
+    def gradient_extra(self, dense_activations: float) -> np.ndarray | None:
+        """Bytes per rank the lookups' gradients add (None: no lookup holds one)."""
+        if not self.grad.any():
+            return None
+        late = np.zeros(len(self.mem))
+        for r, landing in self.landing.items():
+            late[r] = late_gradient_peak(landing)
+        return lookup_gradient_extra(self.grad, self.moment, late,
+                                     self.act + dense_activations)
 
 
 @dataclass(frozen=True)
@@ -148,6 +188,7 @@ class DenseSums:
     b_tail: float
     numel: float
     memory: float   # every rank: workspace, regions, largest transient and recompute
+    activations: float = 0.0  # of ``memory``: the saved activations
 
 
 def dense_sums(problem: Problem, pricer: Pricer, dense: dict[str, DenseChoice]) -> DenseSums:
@@ -163,14 +204,36 @@ def dense_sums(problem: Problem, pricer: Pricer, dense: dict[str, DenseChoice]) 
         b_tail = max(b_tail, d.bwd_tail)
         numel += d.numel
     return DenseSums(fwd, bwd, c_fwd, c_bwd, c_tp, f_tail, b_tail, numel,
-                     dense_bytes(problem, pricer, dense))
+                     *dense_memory(problem, pricer, dense))
+
+
+def empty_loads(world: int) -> TableLoads:
+    """The loads of no table on ``world`` ranks."""
+    return TableLoads(np.zeros(world), np.zeros(world), np.zeros(world),
+                      np.zeros(world, dtype=np.int64), np.zeros(world),
+                      np.zeros(world, dtype=np.int64))
+
+
+def memory_with(loads: TableLoads, dense: DenseSums | tuple[float, float],
+                o: TableOption) -> np.ndarray:
+    """Each rank's bytes, as ``evaluation_of`` counts them, were one shard of ``o``
+    added to that rank (``dense``: the dense part's bytes and activations): the room a
+    heuristic places a shard by, with the lookups' gradients in."""
+    d_mem, d_act = (dense.memory, dense.activations) if isinstance(dense, DenseSums) \
+        else dense
+    steady = loads.mem + d_mem + o.memory
+    if not o.grad_held and not loads.grad.any():
+        return steady
+    late = np.zeros(len(loads.mem))
+    for r in set(loads.landing) | (set(range(len(late))) if o.landing else set()):
+        late[r] = late_gradient_peak([*loads.landing.get(r, ()), *o.landing])
+    return steady + lookup_gradient_extra(
+        loads.grad + o.grad_held, np.maximum(loads.moment, o.grad_moment), late,
+        loads.act + o.activations + d_act)
 
 
 def table_loads(problem: Problem, tables: dict[str, TableChoice], pricer: Pricer) -> TableLoads:
-    world = problem.world
-    loads = TableLoads(np.zeros(world), np.zeros(world), np.zeros(world),
-                       np.zeros(world, dtype=np.int64), np.zeros(world),
-                       np.zeros(world, dtype=np.int64))
+    loads = empty_loads(problem.world)
     for t in problem.tables:
         choice = tables[t.fqn]
         add_table(loads, pricer.table(t, choice), choice.ranks)
@@ -190,9 +253,12 @@ def add_table(loads: TableLoads, o: TableOption, ranks: tuple[int, ...], sign: i
     else:
         loads.ids += sign * o.ids_bytes
     kernel = int(o.in_kernel)
+    if o.grad_held:
+        _add_gradient(loads, o, None if o.uniform else ranks, sign)
     if o.uniform:
         loads.sparse += sign * o.compute_s
         loads.mem += sign * o.memory
+        loads.act += sign * o.activations
         loads.out += sign * o.out_bytes
         loads.shards += sign
         loads.kernel_s += sign * o.kernel_s
@@ -202,6 +268,7 @@ def add_table(loads: TableLoads, o: TableOption, ranks: tuple[int, ...], sign: i
         for r in ranks:
             loads.sparse[r] += sign * o.compute_s
             loads.mem[r] += sign * o.memory
+            loads.act[r] += sign * o.activations
             loads.out[r] += sign * o.out_bytes
             loads.shards[r] += sign
             loads.kernel_s[r] += sign * o.kernel_s
@@ -210,10 +277,58 @@ def add_table(loads: TableLoads, o: TableOption, ranks: tuple[int, ...], sign: i
     idx = np.asarray(ranks, dtype=np.int64)  # a rank listed twice pays twice
     np.add.at(loads.sparse, idx, sign * o.compute_s)
     np.add.at(loads.mem, idx, sign * o.memory)
+    np.add.at(loads.act, idx, sign * o.activations)
     np.add.at(loads.out, idx, sign * o.out_bytes)
     np.add.at(loads.shards, idx, sign)
     np.add.at(loads.kernel_s, idx, sign * o.kernel_s)
     np.add.at(loads.kernel_shards, idx, sign * kernel)
+
+
+def _add_gradient(loads: TableLoads, o: TableOption, ranks: tuple[int, ...] | None,
+                  sign: int) -> None:
+    """The lookup-gradient parts of one table's option on its ranks (None: every rank):
+    gradients held add up, the optimizer's buffer is the rank's largest (on removal, the
+    next largest its other shards have), a dense_grad lookup's landings are listed."""
+    m = o.grad_moment
+    if ranks is None:
+        loads.grad += sign * o.grad_held
+        _count(loads.uniform_moments, m, sign)
+        if sign > 0:
+            np.maximum(loads.moment, m, out=loads.moment)
+        elif m not in loads.uniform_moments:
+            for r in np.flatnonzero(loads.moment == m):
+                _refresh_moment(loads, int(r))
+    else:
+        for r in ranks:
+            loads.grad[r] += sign * o.grad_held
+            held = loads.rank_moments.setdefault(r, {})
+            _count(held, m, sign)
+            if sign > 0:
+                loads.moment[r] = max(loads.moment[r], m)
+            elif loads.moment[r] == m and m not in held and m not in loads.uniform_moments:
+                _refresh_moment(loads, r)
+    if o.landing:
+        for r in (range(len(loads.mem)) if ranks is None else ranks):
+            items = loads.landing.setdefault(r, [])
+            for item in o.landing:
+                if sign > 0:
+                    items.append(item)
+                else:
+                    items.remove(item)
+
+
+def _count(counts: dict[float, int], key: float, sign: int) -> None:
+    n = counts.get(key, 0) + sign
+    if n:
+        counts[key] = n
+    else:
+        del counts[key]
+
+
+def _refresh_moment(loads: TableLoads, r: int) -> None:
+    """Rank ``r``'s largest optimizer buffer from the shards it still holds."""
+    loads.moment[r] = max(max(loads.rank_moments.get(r, {}), default=0.0),
+                          max(loads.uniform_moments, default=0.0))
 
 
 def evaluate(problem: Problem, assignment: Assignment, pricer: Pricer | None = None) -> Evaluation:
@@ -254,5 +369,9 @@ def evaluation_of(problem: Problem, pricer: Pricer, d: DenseSums, loads: TableLo
         "tp_comm": d.c_tp,
         "optimizer": pricer.optimizer_s(d.numel + loads.dp_numel),
     }
-    return Evaluation(sum(breakdown.values()), breakdown, loads.mem + d.memory, sparse, out,
-                      loads.shards.copy(), problem.cap_bytes)
+    memory = loads.mem + d.memory
+    grads = loads.gradient_extra(d.activations)
+    if grads is not None:
+        memory = memory + grads
+    return Evaluation(sum(breakdown.values()), breakdown, memory, sparse, out,
+                      loads.shards.copy(), problem.cap_bytes, grads)

@@ -11,7 +11,8 @@ Tables are taken largest first (bytes). Each table's sharding options are tried 
 of their estimated cost ("perf": the compute of all its shards plus the time to send their
 pooled outputs, or to all-reduce a data-parallel table's gradients), as TorchRec's
 proposer orders them; the first whose shards fit goes onto the least-loaded ranks (by
-perf) that have room. If none fits, the table takes its smallest-shard option and the
+perf) that have room, as the plan is checked (``evaluate.memory_with``: the lookups'
+gradients in, so a plan greedy fits is one its prediction fits). If none fits, the table takes its smallest-shard option and the
 plan is refused, naming the rank.
 
 Greedy is also the CP-SAT planner's hint, so CP-SAT starts from it and can only improve.
@@ -26,7 +27,7 @@ from gemc.cost_model.types import TableCost
 from gemc.sharding import REPLICATED_DENSE, dense_strategy
 
 from .candidates import TableOption, least_bytes, table_options
-from .evaluate import Pricer, dense_bytes
+from .evaluate import Pricer, add_table, dense_bytes, dense_memory, empty_loads, memory_with
 from .problem import Assignment, DenseChoice, Problem, TableChoice
 
 
@@ -63,7 +64,10 @@ def greedy(problem: Problem, pricer: Pricer | None = None) -> Assignment:
                 and problem.offers(dense_strategy("fsdp")):
             a.dense[r.name] = DenseChoice("fsdp")
 
-    mem = np.full(world, dense_bytes(problem, pricer, a.dense))
+    # each rank's bytes as the plan will be checked (evaluate): the dense part and the
+    # tables placed so far, their lookups' gradients in
+    dense = dense_memory(problem, pricer, a.dense)
+    loads = empty_loads(world)
     load = np.zeros(world)
 
     def size(t: TableCost) -> tuple:
@@ -72,18 +76,18 @@ def greedy(problem: Problem, pricer: Pricer | None = None) -> Assignment:
     for t in sorted(problem.tables, key=size):
         choice, chosen = None, None
         for o in proposals[t.fqn]:
-            ranks = _place(o, mem + o.memory <= cap, load, world, local)
+            ranks = _place(o, memory_with(loads, dense, o) <= cap, load, world, local)
             if ranks is not None:
                 choice, chosen = TableChoice(o.sharding, ranks, o.grid), o
                 break
         if choice is None:  # fits nowhere: the smallest shards, and the error names the rank
             chosen = min(proposals[t.fqn], key=lambda o: (o.memory, o.ranks))
-            ranks = _place(chosen, np.ones(world, dtype=bool), mem, world, local)
+            ranks = _place(chosen, np.ones(world, dtype=bool), memory_with(loads, dense, chosen),
+                           world, local)
             assert ranks is not None
             choice = TableChoice(chosen.sharding, ranks, chosen.grid)
-        idx = list(choice.ranks)
-        mem[idx] += chosen.memory
-        load[idx] += chosen.compute_s + chosen.out_bytes * comm_s_per_byte
+        add_table(loads, chosen, choice.ranks)
+        load[list(choice.ranks)] += chosen.compute_s + chosen.out_bytes * comm_s_per_byte
         a.tables[t.fqn] = choice
     return a
 

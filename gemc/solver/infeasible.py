@@ -50,6 +50,26 @@ def _tables_floor(tables: list[TableClass]) -> float:
     return sum(len(tc.members) * min(o.memory * o.ranks for o in tc.options) for tc in tables)
 
 
+def _gradients_floor(problem: Problem, regions: list[RegionClass],
+                     tables: list[TableClass]) -> tuple[float, float]:
+    """(the least bytes the mean rank holds at the end of the backward, the eager lookups'
+    gradients among them): each part at its smallest, the activations given back
+    (``memory.lookup_gradient_extra``: the gradients land in the room they leave). The
+    gradients are a row per id a rank's tables look up, as many as the local batch sends
+    whatever the sharding: more GPUs do not shrink them. Why: DLRM xl's sparse gradients
+    take ~100 GB a rank (BENCHMARKS.md, issue 21), which the steady-state floors above do
+    not see."""
+    dense = float(problem.options.workspace_bytes) + sum(
+        len(rc.members) * min(o.memory - o.activations for o in rc.options) for rc in regions)
+    late = sum(len(tc.members) * min((o.memory + o.grad_held - o.activations) * o.ranks
+                                     for o in tc.options) for tc in tables)
+    grads = sum(len(tc.members) * min(o.grad_held * o.ranks for o in tc.options
+                                      if not o.replicated or problem.world == 1)
+                if any(not o.replicated or problem.world == 1 for o in tc.options) else 0.0
+                for tc in tables)
+    return dense + late / problem.world, grads / problem.world
+
+
 MAX_HOSTS = 8192  # the largest topology the fix search tries
 
 
@@ -60,6 +80,10 @@ def _with_hosts(problem: Problem, hosts: int) -> Problem:
     topo = Topology(t.gpu, hosts, t.gpus_per_host, nvlink_bandwidth=t.nvlink_bandwidth,
                     network=t.network, latency_us=t.latency_us)
     return replace(problem, topology=topo)
+
+
+def _classes(problem: Problem) -> tuple[list[RegionClass], list[TableClass]]:
+    return region_classes(problem), table_classes(problem)
 
 
 def violation(problem: Problem, regions: list[RegionClass] | None = None,
@@ -75,6 +99,8 @@ def violation(problem: Problem, regions: list[RegionClass] | None = None,
         return "table"
     if dense + _tables_floor(tables) / problem.world > cap:
         return "tables"
+    if _gradients_floor(problem, regions, tables)[0] > cap:
+        return "gradients"
     return None
 
 
@@ -153,8 +179,13 @@ def _fixes(problem: Problem, regions: list[RegionClass], tables: list[TableClass
         found = _fitting_hosts(problem)
         g = topo.gpus_per_host
         if found is None:
-            fixes.append(f"more GPUs do not help up to {MAX_HOSTS} hosts: every rank's "
-                         "pooled outputs grow with the world as fast as the room does")
+            largest = _with_hosts(problem, MAX_HOSTS)
+            why = ("every rank's pooled outputs grow with the world as fast as the room does"
+                   if violation(largest) != "gradients" else
+                   "the table lookups' gradients, a row per id of a rank's local batch, take "
+                   f"{as_gb(_gradients_floor(largest, *_classes(largest))[1])} per rank at "
+                   "any GPU count")
+            fixes.append(f"more GPUs do not help up to {MAX_HOSTS} hosts: {why}")
         else:
             hosts, checked = found
             where = (f"--topology {topo.gpu.name}:{hosts}x{g}"
@@ -194,29 +225,37 @@ def check_lower_bound(problem: Problem, regions: list[RegionClass],
     every = (f"every rank of {topo.spec} ({topo.gpu.name}: {as_gb(topo.gpu.hbm_bytes)} HBM, "
              f"{as_gb(cap)} usable after the CUDA context and a "
              f"{problem.settings.memory_reserve:.0%} reserve)")
+
+    def refuse(what: str, over: float) -> PlanInfeasibleError:
+        return PlanInfeasibleError(f"{what}, over the {as_gb(cap)} usable by {as_gb(over)}",
+                                   where=every, fix=_fixes(problem, regions, tables))
+
     if dense > cap:
-        raise PlanInfeasibleError(
+        raise refuse(
             f"no plan fits: the dense part alone needs {as_gb(dense)} per GPU with every "
             f"region at its smallest strategy (parameters, gradients, optimizer state and "
-            f"saved activations; the largest activations in region '{heaviest or '(root)'}'), "
-            f"over the {as_gb(cap)} usable by {as_gb(dense - cap)}",
-            where=every, fix=_fixes(problem, regions, tables))
+            f"saved activations; the largest activations in region '{heaviest or '(root)'}')",
+            dense - cap)
     for tc in tables:
         smallest = min(o.memory for o in tc.options)
         if dense + smallest > cap:
-            raise PlanInfeasibleError(
+            raise refuse(
                 f"table {tc.members[0]} does not fit: its smallest shard needs "
                 f"{as_gb(smallest)} on top of the {as_gb(dense)} of dense state every rank "
-                f"holds, over the {as_gb(cap)} usable by {as_gb(dense + smallest - cap)}",
-                where=every, fix=_fixes(problem, regions, tables))
+                "holds", dense + smallest - cap)
     per_rank = dense + _tables_floor(tables) / problem.world
     if per_rank > cap:
-        raise PlanInfeasibleError(
+        raise refuse(
             f"no plan fits: the tables need at least {as_gb(per_rank - dense)} per GPU on "
             f"average (each at its smallest sharding, {as_gb(_tables_floor(tables))} in all) "
-            f"on top of {as_gb(dense)} of dense state, over the {as_gb(cap)} usable by "
-            f"{as_gb(per_rank - cap)}",
-            where=every, fix=_fixes(problem, regions, tables))
+            f"on top of {as_gb(dense)} of dense state", per_rank - cap)
+    late, grads = _gradients_floor(problem, regions, tables)
+    if late > cap:
+        raise refuse(
+            f"no plan fits: at the end of the backward the mean rank holds at least "
+            f"{as_gb(late)}, of which {as_gb(grads)} are its table lookups' gradients (a "
+            f"row per id its local batch looks up, in the room the activations leave)",
+            late - cap)
 
 
 def error_from_evaluation(problem: Problem, assignment: Assignment, ev: Evaluation,
@@ -236,6 +275,10 @@ def error_from_evaluation(problem: Problem, assignment: Assignment, ev: Evaluati
         rest = sum(b for b, _, _ in on_rank[MAX_NAMED_TABLES:])
         named += f" and {len(on_rank) - MAX_NAMED_TABLES} more ({as_gb(rest)})"
     tables_b = sum(b for b, _, _ in on_rank)
+    grads = float(ev.lookup_grads[rank]) if ev.lookup_grads is not None else 0.0
+    grads_part = (f", its lookups' gradients beyond the activations' room {as_gb(grads)} "
+                  "(a row per id its tables look up, as many as the global batch sends them)"
+                  if grads > 0 else "")
     how = ("CP-SAT proved that no assignment fits" if proven
            else "CP-SAT's best assignment in its time limit" if planner == "cpsat"
            else f"the {planner} planner's assignment")
@@ -243,6 +286,7 @@ def error_from_evaluation(problem: Problem, assignment: Assignment, ev: Evaluati
         f"no plan fits in memory ({how}): rank {rank} needs "
         f"{as_gb(float(ev.memory[rank]))} of {as_gb(ev.cap)} usable, "
         f"{as_gb(ev.over_bytes)} over; its tables: {named or 'none'} ({as_gb(tables_b)}), "
-        f"dense state and activations {as_gb(float(ev.memory[rank]) - tables_b)}",
+        f"dense state and activations {as_gb(float(ev.memory[rank]) - tables_b - grads)}"
+        f"{grads_part}",
         where=f"rank {rank} of {problem.topology.spec}",
         fix=_fixes(problem, regions, tables, None if proven else planner))

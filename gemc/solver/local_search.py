@@ -48,7 +48,7 @@ import numpy as np
 
 from gemc.cost_model.types import TableCost
 
-from .candidates import TableOption, least_bytes, table_options
+from .candidates import TableOption, least_bytes, table_key, table_options
 from .evaluate import (
     DenseSums,
     Evaluation,
@@ -288,7 +288,7 @@ def shared_options(problem: Problem, pricer: Pricer) -> dict[tuple, list[TableOp
 def _options_of(problem: Problem, options: dict[tuple, list[TableOption]],
                 t: TableCost) -> list[TableOption]:
     """A table's options, priced once per class of identical tables."""
-    key = (t.rows, t.dim, t.nnz, t.batch, t.dtype_bytes, t.pooled, t.precision)
+    key = table_key(t)
     if key not in options:
         options[key] = table_options(problem, t)
     return options[key]

@@ -100,13 +100,19 @@ class PlannerReport:
     # moves it to the plan's own ``exchange`` block
     exchange: Mapping[str, Any] | None = None
     table_optimizer: str | None = None  # the optimizer priced (the parallelize pass)
+    # the fullest rank's GB as the planner fitted it and the per-GPU GB it fitted under:
+    # the plan's ``predicted.max_memory_gb`` is priced by the same memory model, so it
+    # equals the first and never exceeds the second
+    max_memory_gb: float | None = None
+    cap_gb: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The report as JSON values: every field but ``cpsat``, whose figures are keys of
         their own; ``exchange`` and ``table_optimizer`` only where set."""
         out: dict[str, Any] = {"planner": self.planner, "region_classes": self.region_classes,
                                "table_classes": self.table_classes, "status": self.status,
-                               "predicted_step_ms": self.predicted_step_ms}
+                               "predicted_step_ms": self.predicted_step_ms,
+                               "max_memory_gb": self.max_memory_gb, "cap_gb": self.cap_gb}
         if self.cpsat is not None:
             out.update(asdict(self.cpsat))
         if self.exchange is not None:
@@ -149,6 +155,12 @@ def _round(x: float | None, digits: int = 6) -> float | None:
     return None if x is None else round(float(x), digits)
 
 
+def _memory_figures(ev: Evaluation) -> dict[str, float | None]:
+    """The report's fullest rank and cap (GB) of the plan's evaluation."""
+    return {"max_memory_gb": _round(float(ev.memory.max(initial=0.0)) / 1e9),
+            "cap_gb": _round(ev.cap / 1e9)}
+
+
 def run_planner(problem: Problem, planner: str) -> PlannerResult:
     """The chosen planner's assignment, checked against the memory cap."""
     if planner not in PLANNERS:
@@ -164,7 +176,7 @@ def run_planner(problem: Problem, planner: str) -> PlannerResult:
             raise error_from_evaluation(problem, a, ev, pricer, regions, tables,
                                         planner=planner, proven=False)
         report = PlannerReport(planner, len(regions), len(tables), "heuristic",
-                               _round(ev.step_ms))
+                               _round(ev.step_ms), **_memory_figures(ev))
         return PlannerResult(planner, a, ev, report, time.perf_counter() - start,
                              table_cost=table_costs(problem, a, pricer))
     return _cpsat(problem, regions, tables, pricer, start)
@@ -376,7 +388,7 @@ def _cpsat(problem: Problem, regions, tables, pricer: Pricer, start: float) -> P
         if sent else None,
     )
     report = PlannerReport("cpsat", len(regions), len(tables), res.status,
-                           _round(ev.step_ms), figures)
+                           _round(ev.step_ms), figures, **_memory_figures(ev))
     if wall_stopped:
         notes.append("parallelize: CP-SAT was stopped by the wall-clock safety net "
                      f"({problem.settings.wall_limit_factor:g} x its budget, at least "

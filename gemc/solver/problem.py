@@ -20,11 +20,10 @@ from torch import fx
 
 from gemc import ir
 from gemc.context import PassContext
-from gemc.cost_model.activations import saved_activation_bytes
 from gemc.cost_model.step_model import predict_step
 from gemc.cost_model.topology import Topology
 from gemc.cost_model.types import RegionCost, StepOptions, StepPrediction, TableCost
-from gemc.costing import region_boundary_bytes, region_costs, table_costs
+from gemc.costing import priced_activations, region_boundary_bytes, region_costs, table_costs
 from gemc.graph_summary import graph_facts, runs_graph_mode
 from gemc.ir import OpKind
 from gemc.sharding import REPLICATED_DENSE, DenseStrategy, runner_executes
@@ -204,9 +203,12 @@ def problem_from_graph(
 ) -> Problem:
     """The regions and tables of an annotated graph (after predict-time): its facts
     (``graph_summary.graph_facts``, what the plan builder records) priced by
-    ``gemc.costing``, as the plan's ``predicted`` block will price them."""
+    ``gemc.costing``, as the plan's ``predicted`` block will price them: the same saved
+    activations per region and the same activation workspace (``priced_activations``) on
+    top of ``options``' own, so the memory a plan is fitted in is the memory it predicts."""
     facts = graph_facts(gm, ctx.param_dtypes)
-    costs = region_costs(facts.regions, saved_activation_bytes(gm), region_boundary_bytes(gm))
+    acts = priced_activations(gm, ctx.calibration)
+    costs = region_costs(facts.regions, acts.saved, region_boundary_bytes(gm))
     placeable = frozenset(
         str(n.meta.get(ir.REGION, ""))
         for n in gm.graph.nodes
@@ -218,7 +220,7 @@ def problem_from_graph(
         tables=tuple(table_costs(facts.tables)),
         topology=ctx.topology,
         calibration=ctx.calibration,
-        options=options or StepOptions(),
+        options=acts.options(options or StepOptions()),
         settings=settings or SolverSettings(),
         placeable=placeable,
         entrypoint=ctx.entrypoint,

@@ -13,7 +13,8 @@ from gemc.solver.problem import SolverSettings
 from tests.solver.synth import make_problem
 
 FAST = SolverSettings(time_limit_s=0.3, wall_limit_factor=200)
-BASE = {"planner", "region_classes", "table_classes", "status", "predicted_step_ms"}
+BASE = {"planner", "region_classes", "table_classes", "status", "predicted_step_ms",
+        "max_memory_gb", "cap_gb"}
 
 
 def test_a_heuristic_reports_its_step_and_classes_only():
