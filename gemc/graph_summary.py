@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from gemc import ir
+from gemc import ir, packed_rules
 from gemc.cost_model import inductor_fusion, op_cost
 from gemc.cost_model.activations import (
     activation_profile,
@@ -362,6 +362,7 @@ def kernel_adjusted_ms(gm: fx.GraphModule) -> dict[fx.Node, float]:
     ratio: dict[str, float] = {}
     attention: set[str] = set()
     fill: dict[str, float] = {}
+    score_fill: dict[str, float] = {}  # region -> its kept tokens' share of padded scores
     in_place: dict[str, float] = {}  # attention output -> its share of the padded scores
     for node in gm.graph.nodes:
         facts = node.meta.get(ir.KERNEL)
@@ -376,6 +377,7 @@ def kernel_adjusted_ms(gm: fx.GraphModule) -> dict[fx.Node, float]:
         region = node.meta.get(ir.PACKED_REGION)
         if region is not None:
             fill[region["id"]] = float(region["fill"])
+            score_fill[region["id"]] = float(region.get("attention_fill", region["fill"]))
             for name in region.get("in_place") or ():  # on the region's kept keys
                 in_place[name] = float(region.get("attention_fill", region["fill"]))
             if region.get("after_ms") is not None and region.get("before_ms") is not None:
@@ -398,13 +400,20 @@ def kernel_adjusted_ms(gm: fx.GraphModule) -> dict[fx.Node, float]:
             continue
         casts = _autocast_casts_ms(node, itemsize, pricing, fused_writers) * node_fill \
             if autocast else 0.0
+        # a region's unmasked causal attention run on its tokens (the jagged kernel):
+        # the score work over each row's tokens, sum(len^2) of the padded B * L^2
+        on_tokens = score_fill.get(packed["id"]) if gid is None and packed is not None \
+            and node_fill != 1.0 and packed_rules.causal_self_attention(node) else None
         repriced = _attention_at_autocast(node, autocast, pricing) if autocast else None
         if repriced is not None:
-            out[node] = repriced * scores.get(gid, 1.0) + casts + convert.get(node, 0.0)
+            share = on_tokens if on_tokens is not None else scores.get(gid, 1.0)
+            out[node] = repriced * share + casts + convert.get(node, 0.0)
             continue
         ms *= ratio.get(gid, 1.0)
         if gid in scores:
             ms *= scores[gid]
+        elif on_tokens is not None:
+            ms *= on_tokens
         elif packed is not None and gid not in attention:
             ms *= node_fill
         out[node] = ms + casts + convert.get(node, 0.0)

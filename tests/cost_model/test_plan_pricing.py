@@ -228,3 +228,29 @@ def test_attention_kernel_saves_its_operands_bias_and_output(hstu_plan_graph, mo
     monkeypatch.setattr(activations, "_attention_kernel_operands", lambda gm: {})
     without = activation_profile(gm).saved_total
     assert 0 < with_operands - without <= extra
+
+
+def test_a_regions_causal_attention_run_on_its_tokens_is_priced_over_them():
+    """MMoE's causal tower (SDPA is_causal=True, no mask, right-padded) inside its guarded
+    packed region runs as the jagged causal kernel on the tokens (gemc.packed_rules): its
+    time is the padded attention's at the autocast dtype times the region's score share
+    (sum(len^2) / (B * L^2), the sample batch's ``attention_fill``), not the padded time."""
+    from gemc.graph_summary import _attention_at_autocast
+
+    from gemc import packed_rules
+
+    entry = str(Path(__file__).resolve().parents[2] / "examples" / "zoo" / "mmoe.py") + ":build"
+    gm = _tiny_plan_graph(entry)
+    causal = [n for n in gm.graph.nodes if packed_rules.causal_self_attention(n)
+              and n.meta.get(ir.PACKED) is not None]
+    assert causal  # the tower's self-attentions are region members
+    (region,) = [n.meta[ir.PACKED_REGION] for n in gm.graph.nodes
+                 if isinstance(n.meta.get(ir.PACKED_REGION), dict)]
+    share = float(region["attention_fill"])
+    assert 0 < share < 1
+    ms = kernel_adjusted_ms(gm)
+    autocast = plan_autocast(gm)
+    for node in causal:
+        padded = _attention_at_autocast(node, autocast, gm.meta[ir.PRICING])
+        assert padded is not None and padded > 0
+        assert ms[node] == pytest.approx(padded * share, rel=1e-6)
