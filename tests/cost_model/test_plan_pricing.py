@@ -235,9 +235,8 @@ def test_a_regions_causal_attention_run_on_its_tokens_is_priced_over_them():
     packed region runs as the jagged causal kernel on the tokens (gemc.packed_rules): its
     time is the padded attention's at the autocast dtype times the region's score share
     (sum(len^2) / (B * L^2), the sample batch's ``attention_fill``), not the padded time."""
-    from gemc.graph_summary import _attention_at_autocast
-
     from gemc import packed_rules
+    from gemc.graph_summary import _attention_at_autocast
 
     entry = str(Path(__file__).resolve().parents[2] / "examples" / "zoo" / "mmoe.py") + ":build"
     gm = _tiny_plan_graph(entry)
