@@ -122,6 +122,42 @@ def summarise(stacks: list[tuple[list[str], int]], rate: float, top: int) -> str
     return "\n".join(lines)
 
 
+_AUTOTUNE = re.compile(r"^(\w+\.)?benchmark_all_configs \(.*_inductor/runtime/")
+_GENERATED = re.compile(r"\((?P<file>[^()]*?(?P<module>c[a-z0-9]{40,})\.py):(?P<line>\d+)\)$")
+_LAUNCH = re.compile(r"^\s*(?P<kernel>\w+)\.run\(")
+
+
+def autotuned_sites(stacks: list[tuple[list[str], int]], code: Path | None = None
+                    ) -> Counter[str]:
+    """Samples of Inductor's runtime autotuning per launch site: the generated module's line
+    that launched the kernel being tuned (the nearest generated-code frame above
+    ``benchmark_all_configs``), named by the kernel that line runs where ``code`` holds the
+    generated modules (``zoo.py --keep-output-code``). Why: gemc's first steps ran this
+    autotuning at many more sites than torch.compile's (MMoE: 67 against 12, twelfth
+    session) and the samples alone name a line, not a kernel."""
+    files = {f.stem: f for f in code.rglob("c*.py")} if code is not None else {}
+    lines: dict[str, list[str]] = {}
+    sites: Counter[str] = Counter()
+    for frames, count in stacks:
+        at = next((i for i, f in enumerate(frames) if _AUTOTUNE.search(f)), None)
+        if at is None:
+            continue
+        site = next((m for f in reversed(frames[:at]) if (m := _GENERATED.search(f))), None)
+        if site is None:
+            sites["(no generated frame)"] += count
+            continue
+        name = f"{site['module'][:10]}..py:{site['line']}"
+        src = files.get(site["module"])
+        if src is not None:
+            text = lines.setdefault(site["module"], src.read_text(errors="replace").splitlines())
+            n = int(site["line"])
+            launch = _LAUNCH.match(text[n - 1]) if 0 < n <= len(text) else None
+            if launch:
+                name = f"{launch['kernel']} ({name})"
+        sites[name] += count
+    return sites
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("raw", type=Path, help="py-spy record --format raw output")
@@ -130,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--step", action="store_true",
                    help="only the training steps' samples: the step loop on the main thread "
                    "(batch creation left out) and the autograd engine's thread")
+    p.add_argument("--code", type=Path, default=None,
+                   help="a directory of Inductor's generated modules (zoo.py "
+                   "--keep-output-code): name the kernels its runtime autotuning tuned")
     args = p.parse_args(argv)
     if not args.raw.is_file():
         print(f"first_step_profile: {args.raw}: no such file (run py-spy record --format raw "
@@ -144,6 +183,10 @@ def main(argv: list[str] | None = None) -> int:
         stacks = [(f, c) for f, c in stacks if in_step(f)]
     print(f"== {args.raw.name}{' (training steps only)' if args.step else ''}")
     print(summarise(stacks, args.rate, args.top))
+    sites = autotuned_sites(stacks, args.code)
+    if sites:
+        print(f"inductor runtime autotuning, {len(sites)} launch site(s), by samples:")
+        print("\n".join(f"  {c / args.rate:7.2f} s  {n}" for n, c in sites.most_common(args.top)))
     return 0
 
 

@@ -216,6 +216,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
                    help="run each variant's process under CMD (split on spaces; {name} and "
                    "{variant} replaced), e.g. a sampling profiler: 'py-spy record --idle "
                    "--format raw -o OUT/{name}.{variant}.pyspy.txt --'")
+    p.add_argument("--keep-output-code", type=Path, default=None, metavar="DIR",
+                   help="with --cold: keep each child's Inductor output modules in "
+                   "DIR/{name}.{variant}/ (first_step_profile.py --code reads them)")
     p.add_argument("--smoke", action="store_true",
                    help="CPU, tiny presets, batch 8, 2 steps: a crash check")
     # one child's job (internal)
@@ -488,7 +491,8 @@ def main(argv: list[str] | None = None) -> int:
                 skipped.append(f"{name}/{variant}")
                 continue
             rows.append(_run_child(name, variant, out, passthrough, args.child_timeout,
-                                   cold=args.cold, prefix=args.child_prefix))
+                                   cold=args.cold, prefix=args.child_prefix,
+                                   keep_code=args.keep_output_code))
             _mfu(rows[-1], flops, measured)
             e2e._compare_losses(rows)
             write()
@@ -503,11 +507,30 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed or skipped else 0
 
 
+def keep_output_code(cache: Path, dest: Path) -> int:
+    """Copy Inductor's generated output modules (the ``call`` / ``Runner`` of a compiled
+    graph; not its per-kernel modules) from a cold child's cache to ``dest``; how many.
+    Why: a py-spy sample names a line of such a module, which is gone with the cold cache
+    (``first_step_profile.py --code`` names the kernel launched there)."""
+    kept = 0
+    for f in cache.rglob("c*.py"):
+        try:
+            text = f.read_text(errors="replace")
+        except OSError:
+            continue
+        if "def call(" in text or "class Runner" in text:
+            dest.mkdir(parents=True, exist_ok=True)
+            (dest / f.name).write_text(text)
+            kept += 1
+    return kept
+
+
 def _run_child(name: str, variant: str, out: Path, passthrough: list[str],
-               timeout: float, cold: bool = False, prefix: str | None = None
-               ) -> dict[str, Any]:
+               timeout: float, cold: bool = False, prefix: str | None = None,
+               keep_code: Path | None = None) -> dict[str, Any]:
     """One variant of one model in a fresh process (``cold``: with empty compile caches of
-    its own; ``prefix``: under that command); its row (or why there is none)."""
+    its own; ``prefix``: under that command; ``keep_code``: where its generated output
+    modules are kept, :func:`keep_output_code`); its row (or why there is none)."""
     row_path = out / f"{name}.{variant}.json"
     row_path.unlink(missing_ok=True)
     cmd = [sys.executable, str(Path(__file__).resolve()), *passthrough, "--child", name,
@@ -523,6 +546,8 @@ def _run_child(name: str, variant: str, out: Path, passthrough: list[str],
             code: Any = subprocess.run(cmd, check=False, timeout=timeout, env=env).returncode
         except subprocess.TimeoutExpired:
             code = f"killed after {timeout:.0f}s (--child-timeout)"
+        if cold and keep_code is not None:
+            keep_output_code(Path(fresh), keep_code / f"{name}.{variant}")
     try:
         return {**json.loads(row_path.read_text()), **({"cold_caches": True} if cold else {})}
     except (OSError, ValueError) as exc:

@@ -66,3 +66,47 @@ def test_step_samples_leave_out_setup_batches_and_the_wait_for_the_backward(tmp_
     lines = {m[1]: m[0] for m in re.finditer(r"^  ([a-z /]+?)\s+\d+\.\d+ s .*$", out, re.M)}
     assert "0.30 s" in lines["dynamo"] and "0.20 s" in lines["inductor runtime autotune"]
     assert "compiled graph running" not in lines
+
+
+MODULE = "c" + "a" * 51
+SITES_RAW = f"""\
+BackwardCFunction.apply (torch/autograd/function.py:317);Runner.call (/tmp/x/{MODULE}.py:3);CachingAutotuner.run (torch/_inductor/runtime/triton_heuristics.py:1448);CachingAutotuner.benchmark_all_configs (torch/_inductor/runtime/triton_heuristics.py:1139);InductorBenchmarker.benchmark_gpu (torch/_inductor/runtime/benchmarking.py:417) 20
+BackwardCFunction.apply (torch/autograd/function.py:317);Runner.call (/tmp/x/{MODULE}.py:4);CachingAutotuner.run (torch/_inductor/runtime/triton_heuristics.py:1448);CachingAutotuner.benchmark_all_configs (torch/_inductor/runtime/triton_heuristics.py:1139) 5
+BackwardCFunction.apply (torch/autograd/function.py:317);Runner.call (/tmp/x/{MODULE}.py:3);CachingAutotuner.run (torch/_inductor/runtime/triton_heuristics.py:1448);CachingAutotuner.benchmark_all_configs (torch/_inductor/runtime/triton_heuristics.py:1139) 10
+<module> (zoo.py:10);run (gemc/backends/torch/runner.py:5) 50
+"""
+
+
+def test_autotuning_samples_are_named_by_the_kernel_their_launch_line_runs(tmp_path,
+                                                                          capsys) -> None:
+    """--code: the generated module's line above each runtime-autotuning sample names the
+    kernel tuned there (from zoo.py --keep-output-code's copy); without the module the
+    site is the line itself."""
+    prof = load_benchmark("first_step_profile")
+    raw = tmp_path / "mmoe.gemc.pyspy.txt"
+    raw.write_text(SITES_RAW)
+    stacks = prof.parse(raw)
+    bare = prof.autotuned_sites(stacks)
+    assert bare == {f"{MODULE[:10]}..py:3": 30, f"{MODULE[:10]}..py:4": 5}
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / f"{MODULE}.py").write_text(
+        "class Runner:\n    def call(self, args):\n"
+        "        triton_red_fused_sum_7.run(buf0, buf1, 64, stream=stream0)\n"
+        "        extern_kernels.mm(buf1, buf2, out=buf3)\n")
+    named = prof.autotuned_sites(stacks, code)
+    assert named[f"triton_red_fused_sum_7 ({MODULE[:10]}..py:3)"] == 30
+    assert named[f"{MODULE[:10]}..py:4"] == 5  # not a kernel's .run line: the line stays
+    assert prof.main([str(raw), "--code", str(code)]) == 0
+    out = capsys.readouterr().out
+    assert "2 launch site(s)" in out and "0.30 s  triton_red_fused_sum_7" in out
+
+
+def test_zoo_keeps_only_the_generated_output_modules(tmp_path) -> None:
+    zoo = load_benchmark("zoo")
+    cache = tmp_path / "cache"
+    (cache / "ab").mkdir(parents=True)
+    (cache / "ab" / f"{MODULE}.py").write_text("class Runner:\n    def call(self, args): ...\n")
+    (cache / "ab" / ("c" + "b" * 51 + ".py")).write_text("@triton.jit\ndef triton_poi_0(): ...\n")
+    assert zoo.keep_output_code(cache, tmp_path / "kept") == 1
+    assert [f.name for f in (tmp_path / "kept").iterdir()] == [f"{MODULE}.py"]
