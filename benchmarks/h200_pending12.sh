@@ -14,8 +14,8 @@ set -uo pipefail
 source scripts/device_env.sh
 export PYTHONUNBUFFERED=1
 quiet() { grep -vE "Warning|warnings.warn|^ *$|^zoo: .* in a child process"; }
-timeout 250 python3 benchmarks/zoo.py --out "$OUT/p1" --models mmoe,sasrec_bst \
-  --variants gemc --steps 30 --warmup 3 --cold --time-limit 240 --child-timeout 120 \
+timeout 230 python3 benchmarks/zoo.py --out "$OUT/p1" --models mmoe,sasrec_bst \
+  --variants gemc --steps 30 --warmup 3 --cold --time-limit 220 --child-timeout 110 \
   > "$OUT/p1.log" 2>&1
 echo "== 1. mmoe, sasrec_bst gemc (exit $?)"
 quiet < "$OUT/p1.log" | grep -E "first step|gemc  |^== |rror" | cut -c1-300
