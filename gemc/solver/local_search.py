@@ -356,11 +356,11 @@ def cap_memory(problem: Problem, pricer: Pricer, a: Assignment, ratio: float, *,
     lookups' sparse gradients add at the end of the step (``memory.lookup_gradient_extra``:
     not additive, the rank's largest optimizer buffer, in the room its activations
     leave), which neither ``mean_floor`` nor the packer counts. Counted against a cap
-    from the floor, they were an excess no plan clears: on DLRMv2 x 64 ranks 0.33 GB a
-    rank on the mean (the hot tables' column pieces: 0.36-0.93 GB each), so the plan
-    s13 kept (4.692 ms, 1.27 with them) stood 6.0 GB above the cap, not 2.8, and the
-    priced phase paid step for it (5.372 ms, +16.7%). Whether a plan meets ``ratio``
-    is still judged on all of its bytes (``Evaluation.max_over_mean``).
+    from the floor, they were an excess no plan clears: on DLRMv2 x 64 ranks 0.51 GB a
+    rank on the mean, so the plan s13 kept (4.692 ms, 1.28 with them) stood 11.8 GB
+    above the cap, not 2.8, and the priced phase paid step for it (4.958 ms, +7.7%;
+    5.372 ms, +16.7% before the row update's buffers were priced). Whether a plan meets
+    ``ratio`` is still judged on all of its bytes (``Evaluation.max_over_mean``).
 
     Returned: the fastest plan that met ``ratio`` by its own mean at the end of a phase
     (what ``planners.capped_plan`` accepts), else the last plan. The cap is ``ratio`` x the

@@ -272,9 +272,10 @@ def _cap_search(problem: Problem, pricer: Pricer, a: Assignment, ev: Evaluation
     fullest rank within ``balance_tolerance``. DLRMv2 x 4096 ranks: no plan meets 1.3
     there without the pooling-100 40M-row table row-wise over every rank (+36.6% of
     step): its finest other shard, an 8 x 8 grid piece, is 0.35 GB and its lookup's
-    sparse gradient 0.16 GB on a rank whose dense part alone is 1.43 GB of a 1.46-GB
-    mean. The cap search still reaches 1.33 at the same step (11.96 -> 1.94 GB), where
-    ``balance``'s 78 moves (the budget scaled to 4096 ranks) moved nothing."""
+    sparse gradient and row update 0.29 GB on a rank whose dense part alone is 1.43 GB
+    of a 1.46-GB mean. The cap search still reaches 1.42 at the same step (12.10 ->
+    2.07 GB), where ``balance``'s 78 moves (the budget scaled to 4096 ranks) moved
+    nothing."""
     s = problem.settings
     if not s.balance_ratio or problem.world <= 1 or ev.max_over_mean <= s.balance_ratio:
         return None, []

@@ -316,15 +316,15 @@ def _dlrmv2(topology: str, batch: int, plan: dict, cross: tuple, ends: tuple):
 
 
 def test_priced_cap_search_meets_the_ratio_on_dlrmv2_at_64_ranks_within_its_tolerance():
-    """DLRMv2 x 64 ranks from its step-first plan (4.604 ms, max / mean 6.44 with the
+    """DLRMv2 x 64 ranks from its step-first plan (4.604 ms, max / mean 6.27 with the
     lookups' gradients in the memory): the hard cap search costs 21.6% of step (5.596
     ms, past ``balance_cap_tolerance``); the priced one, swept until it moves nothing,
-    meets 1.3 by the plan's own mean at +1.9% (4.692 ms, 1.27: three 40M-row tables in
-    8-way column shards, 4.55 GB on a 3.59-GB mean, 4.19 GB of it steady), and that is
+    meets 1.3 by the plan's own mean at +1.9% (4.692 ms, 1.28: three 40M-row tables in
+    8-way column shards, 4.84 GB on a 3.77-GB mean, 4.19 GB of it steady), and that is
     the plan ``capped_plan`` keeps. Fails before s13-balance (four priced sweeps, then
-    the hard phases: 8.456 ms, 1.48) and with the gradients' bytes counted above the
-    cap (s13-memory's merge: 6.0 GB above it where the steady bytes are 2.8, so the
-    priced phase paid step for them: 5.372 ms, +16.7%)."""
+    the hard phases: 8.456 ms, 1.52) and with the gradients' bytes counted above the
+    cap (s13-memory's merge: 11.8 GB above it where the steady bytes are 2.8, so the
+    priced phase paid step for them: 4.958 ms, +7.7%)."""
     from gemc.solver.planners import CAP_PENALTY, capped_plan
 
     p, start = _dlrmv2_64()
@@ -343,12 +343,12 @@ def test_priced_cap_search_meets_the_ratio_on_dlrmv2_at_64_ranks_within_its_tole
 
 
 def test_where_no_plan_meets_the_ratio_the_cap_searchs_plan_still_balances_within_tolerance():
-    """DLRMv2 x 4,096 ranks from its step-first plan (5.285 ms, 11.96 GB on a 1.46-GB
-    mean, 8.2): the cap search meets 1.3 in neither try (its best, 1.33: the pooling-100
-    40M-row table's 8 x 8 grid piece, 0.35 GB and 0.16 GB of its sparse gradient on a
-    rank whose dense part is 1.43 GB), but reaches 1.94 GB at the same step; ``balance``
-    with its 78 moves (the budget scaled to 4,096 ranks) moves nothing, so before the cap
-    search's refused plans competed the planner kept 11.96 GB."""
+    """DLRMv2 x 4,096 ranks from its step-first plan (5.285 ms, 12.10 GB on a 1.46-GB
+    mean, 8.3): the cap search meets 1.3 in neither try (its best, 1.42: the pooling-100
+    40M-row table's 8 x 8 grid piece, 0.35 GB and 0.29 GB of its sparse gradient and row
+    update, on a rank whose dense part is 1.43 GB), but reaches 2.07 GB at the same step;
+    ``balance`` with its 78 moves (the budget scaled to 4,096 ranks) moves nothing, so
+    before the cap search's refused plans competed the planner kept 12.10 GB."""
     from gemc.solver.planners import _balanced, _cap_search
 
     p, start = _dlrmv2_4096()
@@ -359,7 +359,7 @@ def test_where_no_plan_meets_the_ratio_the_cap_searchs_plan_still_balances_withi
     assert met is None and unmet
     replaced, a, after, by = _balanced(p, pricer, start, before)
     assert replaced is before and by == "cap"
-    assert after.memory.max() < 2.0e9 and after.max_over_mean < 1.35
+    assert after.memory.max() < 2.1e9 and after.max_over_mean < 1.42
     assert after.step_s <= before.step_s * (1 + p.settings.balance_tolerance)
     assert any(a.tables == b.tables for b, _ in unmet)
 
