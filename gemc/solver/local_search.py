@@ -322,7 +322,7 @@ PRICED_SWEEPS = 16
 
 def cap_memory(problem: Problem, pricer: Pricer, a: Assignment, ratio: float, *,
                sweeps: int = 4, max_moves: int | None = None,
-               penalty: float = 0.0) -> Assignment:
+               penalty: float = 0.0, gradients: bool = False) -> Assignment:
     """A plan at max / mean <= ``ratio``: every rank's memory under ``ratio`` x
     ``mean_floor`` where single table moves get it there, at the lowest step they find
     with that held.
@@ -361,6 +361,9 @@ def cap_memory(problem: Problem, pricer: Pricer, a: Assignment, ratio: float, *,
     above the cap, not 2.8, and the priced phase paid step for it (4.958 ms, +7.7%;
     5.372 ms, +16.7% before the row update's buffers were priced). Whether a plan meets
     ``ratio`` is still judged on all of its bytes (``Evaluation.max_over_mean``).
+    ``gradients``: every byte against the cap raised by ``ratio`` x the start's mean
+    gradient term, for a start whose ranks clear the steady cap but not the ratio
+    (``planners._cap_search``'s third try).
 
     Returned: the fastest plan that met ``ratio`` by its own mean at the end of a phase
     (what ``planners.capped_plan`` accepts), else the last plan. The cap is ``ratio`` x the
@@ -375,6 +378,10 @@ def cap_memory(problem: Problem, pricer: Pricer, a: Assignment, ratio: float, *,
     floor = mean_floor(problem, s.dense.memory, options)
     target = ratio * floor
     s.pack.free -= max(0.0, problem.cap_bytes - target)
+    start = s.evaluation()
+    if gradients and start.lookup_grads is not None:
+        # every byte against a cap raised by the start's mean gradient term
+        target += ratio * float(start.lookup_grads.mean())
     met: list[tuple[int, dict[str, TableChoice]]] = []  # the fastest plan meeting ratio
 
     def keep_if_met() -> bool:
@@ -390,7 +397,8 @@ def cap_memory(problem: Problem, pricer: Pricer, a: Assignment, ratio: float, *,
 
     def excess(ev: Evaluation) -> int:
         # the steady bytes, as the packer and ``mean_floor`` count them (see the doc)
-        return int(np.maximum(steady_bytes(ev) - target, 0.0).sum() // 2**20)
+        held = ev.memory if gradients else steady_bytes(ev)
+        return int(np.maximum(held - target, 0.0).sum() // 2**20)
 
     def first(ev: Evaluation) -> tuple[float, int, int, int]:
         over, step, ssq = spread_key(ev, pricer)
@@ -403,7 +411,7 @@ def cap_memory(problem: Problem, pricer: Pricer, a: Assignment, ratio: float, *,
     priced_met = False
     if penalty > 0:
         # ns of step one MiB above the cap is worth (excess counts MiB)
-        per_mib = penalty * s.evaluation().step_s * 1e9 * 2**20 / max(1.0, floor)
+        per_mib = penalty * start.step_s * 1e9 * 2**20 / max(1.0, floor)
 
         def priced(ev: Evaluation) -> tuple[float, int, int, int]:
             over, step, ssq = spread_key(ev, pricer)
