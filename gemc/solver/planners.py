@@ -268,7 +268,7 @@ def _cap_search(problem: Problem, pricer: Pricer, a: Assignment, ev: Evaluation
                 ) -> tuple[tuple[Assignment, Evaluation] | None,
                            list[tuple[Assignment, Evaluation]]]:
     """(``capped_plan``'s answer; the plans the cap search found that it refused): the
-    hard and the priced tries on the steady bytes, then, where neither met the ratio, a
+    hard and the priced tries on the steady bytes, then, where none met the ratio, a
     priced try counting the gradient terms too (``cap_memory``'s ``gradients``).
     Why the refused ones: ``_balanced`` weighs them with its own searches' plans by the
     fullest rank within ``balance_tolerance``. DLRMv2 x 4096 ranks: no plan meets 1.3
@@ -281,35 +281,41 @@ def _cap_search(problem: Problem, pricer: Pricer, a: Assignment, ev: Evaluation
     s = problem.settings
     if not s.balance_ratio or problem.world <= 1 or ev.max_over_mean <= s.balance_ratio:
         return None, []
+    limit = ev.step_s * (1 + s.balance_cap_tolerance)
     met: tuple[Assignment, Evaluation] | None = None
-    unmet = []
-    # the search's budget unscaled by ranks: at 1,040 tables x 512 ranks the scaled one
-    # (2,500 moves, under one sweep) left 1.83, 5,000 reached 1.25. Both searches run and
-    # the faster plan meeting the ratio is kept: at 26 tables x 16 ranks the hard one
-    # meets it at 9.608 ms, the priced one at 9.364
-    for penalty in (0.0, CAP_PENALTY):
-        b = cap_memory(problem, pricer, a, s.balance_ratio, max_moves=s.search_moves,
-                       penalty=penalty)
+    unmet: list[tuple[Assignment, Evaluation]] = []
+
+    def cap(start: Assignment, penalty: float, gradients: bool = False) -> Evaluation:
+        """One try from ``start``, kept as met (the fastest) or refused."""
+        nonlocal met
+        # the search's budget unscaled by ranks: at 1,040 tables x 512 ranks the scaled
+        # one (2,500 moves, under one sweep) left 1.83, 5,000 reached 1.25
+        b = cap_memory(problem, pricer, start, s.balance_ratio, max_moves=s.search_moves,
+                       penalty=penalty, gradients=gradients)
         b_ev = evaluate(problem, b, pricer)
         if not (b_ev.feasible and b_ev.max_over_mean <= s.balance_ratio
-                and b_ev.step_s <= ev.step_s * (1 + s.balance_cap_tolerance)):
+                and b_ev.step_s <= limit):
             unmet.append((b, b_ev))
         elif met is None or round(b_ev.step_s * 1e9) < round(met[1].step_s * 1e9):
             met = b, b_ev
+        return b_ev
+
+    hard = cap(a, 0.0)
+    # the priced try where the hard one met the ratio (the faster plan is kept: at 26
+    # tables x 16 ranks the hard one meets it at 9.608 ms, the priced one at 9.364) or
+    # cost too much step; not where it kept the step and missed only the ratio: the
+    # priced try clears the same steady cap (1,040 tables x 4096 ranks: both 1.303,
+    # 12.8 s for the priced one)
+    if met is not None or hard.step_s > limit:
+        cap(a, CAP_PENALTY)
     if met is None and unmet:
-        # neither try met the ratio by every byte although both cleared the steady cap:
-        # the gradient terms tip the fullest ranks over (DLRMv2 x 4096: a 3M-row table's
+        # no try met the ratio by every byte although they cleared the steady cap: the
+        # gradient terms tip the fullest ranks over (DLRMv2 x 4096: a 3M-row table's
         # 4-way column pieces, 0.42 GB and 0.11 GB of gradient terms on a 1.43-GB dense
-        # part, 1.34). A third try from the emptier plan counts every byte against the
-        # cap raised by the start's mean gradient term: 1.25 at +0.0% there
+        # part, 1.34). A last try from the emptier plan counts every byte against the
+        # cap raised by the start's mean gradient term: 1.22 at +0.1% there
         near, _ = min(unmet, key=lambda x: (float(x[1].memory.max()), x[1].step_s))
-        b = cap_memory(problem, pricer, near, s.balance_ratio, max_moves=s.search_moves,
-                       penalty=CAP_PENALTY, gradients=True)
-        b_ev = evaluate(problem, b, pricer)
-        if (b_ev.feasible and b_ev.max_over_mean <= s.balance_ratio
-                and b_ev.step_s <= ev.step_s * (1 + s.balance_cap_tolerance)):
-            return (b, b_ev), unmet
-        unmet.append((b, b_ev))
+        cap(near, CAP_PENALTY, gradients=True)
     return met, unmet
 
 
