@@ -139,15 +139,30 @@ def shard_memory(table: TableCost, rows: float, dim: float, world: int,
     return MemoryBreakdown(params, grads, opt, act, 0.0)
 
 
-def table_grad_bytes(table: TableCost, rows: float, dim: float,
-                     world: int) -> tuple[float, float]:
+# fp32 buffers of one row per slot (a used row) that the sparse optimizer's row update
+# holds at once after ``summed_rows`` (backends/torch/sparse_optim.py), counted per ATen
+# op's output on the CPU (benchmarks/lookup_gradient_memory.py, BENCHMARKS.md issue 19):
+# row-wise Adagrad 5 (the summed rows, their share of the world, the rows read, the
+# step's product and quotient), lazy Adam 10; other optimizers priced as Adam
+ROW_UPDATE_BUFFERS = {"rowwise_adagrad": 5}
+ROW_UPDATE_BUFFERS_DEFAULT = 10
+
+
+def table_grad_bytes(table: TableCost, rows: float, dim: float, world: int,
+                     optimizer: str = "rowwise_adagrad") -> tuple[float, float]:
     """(bytes of the gradient a shard of ``rows`` x ``dim`` holds at the end of the
     backward, bytes the sparse optimizer's step of it adds for a moment) by its lookup path
     (gemc.table_lookup): the batched kernel holds none; ``dense_grad`` a table-sized
     gradient (each lookup scatters into its own before they are added: one more while
     adding; the optimizer's masked pass reads it in place, adding nothing); ``sparse`` one gradient row and
-    index per looked-up id, and the optimizer's per-id sums, the rows gathered into its
-    slots (at most one a row) and the sort buffers. A data-parallel replica on several
+    index per looked-up id, and the larger of the two moments of ``optimizer``'s step:
+    ``summed_rows`` (its per-id sums, the rows gathered into its slots, at most one a
+    row, and eight int64 buffers an id: sort, runs, keys) and the row update after it
+    (``ROW_UPDATE_BUFFERS`` rows a slot, and two int64-sized vectors a slot). Counted on
+    the runner (4 ranks, gloo): the held gradient to 0.5%, the step's moment to 2.5%;
+    before the update was counted it was priced at 23 MB where the runner held 53 MB
+    (row-wise Adagrad, a table-wise shard looking up 41k ids of 64 columns; lazy Adam
+    105 MB). A data-parallel replica on several
     ranks is ``shard_memory``'s dense gradient."""
     if rows == 0 or table.lookup == BATCHED or (table.replicated and world > 1):
         return 0.0, 0.0
@@ -157,7 +172,10 @@ def table_grad_bytes(table: TableCost, rows: float, dim: float,
         else world * table.nnz * rows / table.rows
     held = nnz * (dim * table.dtype_bytes + INDEX_BYTES)
     slots = min(nnz, float(rows))
-    return held, (nnz + slots) * dim * 4.0 + 6.0 * INDEX_BYTES * nnz
+    summing = (nnz + slots) * dim * 4.0 + 8.0 * INDEX_BYTES * nnz
+    buffers = ROW_UPDATE_BUFFERS.get(optimizer, ROW_UPDATE_BUFFERS_DEFAULT)
+    update = slots * (buffers * dim * 4.0 + 2.0 * INDEX_BYTES)
+    return held, max(summing, update)
 
 
 def lookup_gradient_extra(held: ArrayLike, moment: ArrayLike, late: ArrayLike,

@@ -430,7 +430,7 @@ def predict_step(
     # (saved bytes live, gradient bytes) when each dense_grad lookup's backward runs
     landing: list[list[tuple[float, float]]] = [[] for _ in range(world)]
     for t in tables:
-        held, moment = table_grad_bytes(t, *shard_shape(t), world)
+        held, moment = table_grad_bytes(t, *shard_shape(t), world, opts.table_optimizer)
         if t.lookup == DENSE_GRAD and held:
             for r in _holders(t, world):
                 landing[r] += [(float(a), held) for a in t.lookup_alive]

@@ -133,6 +133,23 @@ class Sharding:
                     for r, (r0, nr) in zip(group, split_even(rows, n_row))]
         return out
 
+    @staticmethod
+    def _wide_grid(dim: int, hosts: int, gpus_per_host: int) -> list[int]:
+        """The side of the one square grid offered beyond a host a column block, if any:
+        ``k * gpus_per_host`` column blocks of as many row shards (``k`` hosts each, ``k``
+        >= 2, on ``k * k * gpus_per_host`` <= ``hosts`` hosts), the largest cutting
+        ``dim`` into blocks of at least :data:`MIN_SHARD_DIM` columns. Why: at 4,096 ranks
+        DLRMv2's pooling-100 40M-row table's finest shard was the 8 x 8 grid piece, 0.35
+        GB with 0.29 GB of sparse gradient and row update on a 1.43-GB dense part: over
+        1.3 x the mean rank whatever the rest did (BENCHMARKS.md, issue 19, s13-balance2);
+        a 16 x 16 piece is 0.09 + 0.09 GB."""
+        if gpus_per_host <= 1:
+            return []
+        sides = [k * gpus_per_host for k in range(2, hosts + 1)
+                 if k * k * gpus_per_host <= hosts and dim % (k * gpus_per_host) == 0
+                 and dim // (k * gpus_per_host) >= MIN_SHARD_DIM]
+        return sides[-1:]
+
     def shard_shape(self, rows: int, dim: int, holders: int) -> tuple[float, float]:
         """(rows, dim) of the part each of ``holders`` ranks keeps, as the cost model prices
         it: equal parts (the whole table if not split). A grid's shape is the one the
@@ -190,8 +207,10 @@ class Sharding:
         than one); :data:`DISTINCT_RANK_COUNTS` ranks; one host, or a grid of ``c`` hosts of
         ``gpus_per_host`` row shards each, on several hosts of several GPUs. A grid's ``c``
         is the largest with ``round(sqrt(c * gpus_per_host)) == c``, the shape
-        :meth:`shard_shape` prices (8 hosts of 8 GPUs: 8 x 8). A column split keeps only the
-        counts that cut ``dim`` evenly into shards of at least :data:`MIN_SHARD_DIM`."""
+        :meth:`shard_shape` prices (8 hosts of 8 GPUs: 8 x 8), and on enough hosts one
+        square grid of several hosts a column block (:meth:`_wide_grid`: 16 x 16 from 32
+        hosts of 8). A column split keeps only the counts that cut ``dim`` evenly into
+        shards of at least :data:`MIN_SHARD_DIM`."""
         world = hosts * gpus_per_host
         several = hosts > 1 and gpus_per_host > 1
         if self.placement == "one_rank":
@@ -206,6 +225,8 @@ class Sharding:
             columns = [c for c in range(2, hosts + 1)
                        if round(math.sqrt(c * gpus_per_host)) == c] if several else []
             found = [Candidate(c * gpus_per_host, (c, gpus_per_host)) for c in columns[-1:]]
+            found += [Candidate(c * c, (c, c)) for c in self._wide_grid(dim, hosts,
+                                                                      gpus_per_host)]
         if self.split == "columns":
             found = [c for c in found if dim % c.ranks == 0 and dim // c.ranks >= MIN_SHARD_DIM]
         return tuple(found)

@@ -99,15 +99,23 @@ def test_each_type_offers_its_candidates_for_the_table_and_topology() -> None:
     assert _offered(8, 8)[-2:] == [("table_row_wise", 8, None), ("grid", 64, (8, 8))]
     assert ("grid", 16, (2, 8)) not in _offered(2, 8)  # round(sqrt(16)) = 4 column blocks
     assert [(n, g) for n, _, g in _offered(4, 4) if n == "grid"] == [("grid", (4, 4))]
-    for hosts, local in ((1, 1), (1, 8), (2, 4), (8, 8), (3, 2)):
+    # from 32 hosts of 8, one square grid of two hosts a column block (16 x 16), where
+    # its blocks keep >= 8 whole columns; not on 31 hosts, nor for a 64-wide table
+    assert [(r, g) for n, r, g in _offered(32, 8, dim=128) if n == "grid"] == [
+        (64, (8, 8)), (256, (16, 16))]
+    assert [g for n, _, g in _offered(512, 8, dim=128) if n == "grid"] == [(8, 8), (16, 16)]
+    assert [g for n, _, g in _offered(31, 8, dim=128) if n == "grid"] == [(8, 8)]
+    assert [g for n, _, g in _offered(32, 8, dim=64) if n == "grid"] == [(8, 8)]
+    for hosts, local, dim in ((1, 1, 64), (1, 8, 64), (2, 4, 64), (8, 8, 64), (3, 2, 64),
+                              (32, 8, 128)):
         for s in DECLARED:
-            for c in s.candidates(64, hosts, local):
+            for c in s.candidates(dim, hosts, local):
                 # the candidate's placement shape covers its ranks, and its shards tile
                 # the table as the cost model prices them
                 pieces, width = s.pieces_and_width(c.ranks, hosts * local, local, c.grid)
                 assert pieces * width == c.ranks, (s.name, c)
-                shards = s.shards(list(range(c.ranks)), 192, 64, c.grid)
-                expected = s.shard_shape(192, 64, c.ranks)
+                shards = s.shards(list(range(c.ranks)), 3072, dim, c.grid)
+                expected = s.shard_shape(3072, dim, c.ranks)
                 assert all((x["rows"], x["cols"]) == expected for x in shards), (s.name, c)
     assert Candidate(4) == Candidate(4, None)
 

@@ -189,7 +189,7 @@ def table_option(problem: Problem, t: TableCost, sharding: str, ranks: int,
     rep = replace(t, sharding=sharding, ranks=tuple(range(ranks)))
     breakdown = table_memory(rep, 0, world, opts)
     mem = breakdown.total
-    held, moment = table_grad_bytes(rep, *shard_shape(rep), world)
+    held, moment = table_grad_bytes(rep, *shard_shape(rep), world, opts.table_optimizer)
     grads = {"activations": breakdown.activations, "grad_held": held, "grad_moment": moment,
              "landing": tuple((float(a), held) for a in t.lookup_alive)
              if t.lookup == DENSE_GRAD and held else ()}
