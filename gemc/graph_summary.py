@@ -404,7 +404,7 @@ def kernel_adjusted_ms(gm: fx.GraphModule) -> dict[fx.Node, float]:
         # the score work over each row's tokens, sum(len^2) of the padded B * L^2
         on_tokens = score_fill.get(packed["id"]) if gid is None and packed is not None \
             and node_fill != 1.0 and packed_rules.causal_self_attention(node) else None
-        repriced = _attention_at_autocast(node, autocast, pricing) if autocast else None
+        repriced = attention_at_autocast(node, autocast, pricing) if autocast else None
         if repriced is not None:
             share = on_tokens if on_tokens is not None else scores.get(gid, 1.0)
             out[node] = repriced * share + casts + convert.get(node, 0.0)
@@ -428,7 +428,7 @@ def silu_kernel_ratios(gm: fx.GraphModule, islands: set[str], autocast: str | No
     runtime element sizes of its bias and copies), shared over the members by their own
     times. Why: its ``after_ms`` is priced at the captured dtype (fp32 for HSTU), where
     the runner computes it in bf16, as the jagged softmax attention is repriced
-    (``_attention_at_autocast``)."""
+    (``attention_at_autocast``)."""
     named = {n.name: n for n in gm.graph.nodes}
     members: dict[str, float] = defaultdict(float)
     for n in gm.graph.nodes:
@@ -515,7 +515,7 @@ def _autocast_casts_ms(node: fx.Node, itemsize: dict[fx.Node, int],
     return 1e3 * total
 
 
-def _attention_at_autocast(node: fx.Node, autocast: str,
+def attention_at_autocast(node: fx.Node, autocast: str,
                            pricing: dict[str, Any]) -> float | None:
     """Forward+backward ms of an fp32-captured attention node run under ``autocast``
     (the jagged kernel over its real tokens), or None for any other node."""

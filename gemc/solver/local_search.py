@@ -25,7 +25,7 @@ fragmentation). So a move never makes the step worse.
 
 ``balance`` trades step for memory within a tolerance: pieces go where memory is
 emptiest among the places the step may still rise to, then the step is won back with
-the fullest rank held (``planners._balanced`` keeps its plan only where it pays).
+the fullest rank held (``planners.balanced_plan`` keeps its plan only where it pays).
 
 ``cap_memory`` searches for a plan at a max / mean target instead: the bytes above the
 cap summed over ranks first (a move that unloads one of several ranks at the maximum
@@ -363,7 +363,7 @@ def cap_memory(problem: Problem, pricer: Pricer, a: Assignment, ratio: float, *,
     ``ratio`` is still judged on all of its bytes (``Evaluation.max_over_mean``).
     ``gradients``: every byte against the cap raised by ``ratio`` x the start's mean
     gradient term, for a start whose ranks clear the steady cap but not the ratio
-    (``planners._cap_search``'s third try).
+    (``planners.cap_search``'s third try).
 
     Returned: the fastest plan that met ``ratio`` by its own mean at the end of a phase
     (what ``planners.capped_plan`` accepts), else the last plan. The cap is ``ratio`` x the

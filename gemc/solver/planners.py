@@ -200,7 +200,7 @@ BALANCE_MOVES_SHARE = 4  # each balance phase prices a quarter of the search's m
 CAP_PENALTY = 0.05
 
 
-def _balanced(problem: Problem, pricer: Pricer, a: Assignment, ev: Evaluation
+def balanced_plan(problem: Problem, pricer: Pricer, a: Assignment, ev: Evaluation
               ) -> tuple[Evaluation | None, Assignment, Evaluation, str | None]:
     """(the evaluation before, if a better-balanced plan replaced ``a``; the plan; its
     evaluation; which search replaced it: "cap" or "search"). First the cap search to
@@ -208,8 +208,8 @@ def _balanced(problem: Problem, pricer: Pricer, a: Assignment, ev: Evaluation
     ``balance_tolerance``; the one with the emptiest fullest rank (then the fastest)
     within ``balance_tolerance`` of ``a``'s step wins, if it empties that rank (by
     BALANCE_MIN_GAIN at least, where it costs step). The cap search's plans that missed
-    the ratio are among them ("cap"; ``_cap_search`` says why)."""
-    capped, unmet = _cap_search(problem, pricer, a, ev)
+    the ratio are among them ("cap"; ``cap_search`` says why)."""
+    capped, unmet = cap_search(problem, pricer, a, ev)
     if capped is not None:
         return ev, *capped, "cap"
     tol = problem.settings.balance_tolerance
@@ -255,22 +255,22 @@ def capped_plan(problem: Problem, pricer: Pricer, a: Assignment, ev: Evaluation
             ) -> tuple[Assignment, Evaluation] | None:
     """The plan ``cap_memory`` finds with every rank under ``balance_ratio`` x the least
     mean, if ``a`` is above that ratio and the capped plan reaches it within
-    ``balance_cap_tolerance`` of ``a``'s step; else None (``_balanced``'s search goes on).
+    ``balance_cap_tolerance`` of ``a``'s step; else None (``balanced_plan``'s search goes on).
     Measured on DLRMv2 (BENCHMARKS.md, s7): 1,040 tables x 64 ranks 1.53 -> 1.29 for
     +0.4% of step, x 512 ranks 2.03 -> 1.25 for +1.2%. Where the hard cap search costs
     more than the tolerance, it runs again with the excess priced in step
     (``CAP_PENALTY``): 26 tables x 64 ranks, 12.8% -> 4.5% of step (s8); 21.6% -> 1.9%
     under s13's pricing (the id exchange per column piece, ddp-only dense parts)."""
-    return _cap_search(problem, pricer, a, ev)[0]
+    return cap_search(problem, pricer, a, ev)[0]
 
 
-def _cap_search(problem: Problem, pricer: Pricer, a: Assignment, ev: Evaluation
+def cap_search(problem: Problem, pricer: Pricer, a: Assignment, ev: Evaluation
                 ) -> tuple[tuple[Assignment, Evaluation] | None,
                            list[tuple[Assignment, Evaluation]]]:
     """(``capped_plan``'s answer; the plans the cap search found that it refused): the
     hard and the priced tries on the steady bytes, then, where none met the ratio, a
     priced try counting the gradient terms too (``cap_memory``'s ``gradients``).
-    Why the refused ones: ``_balanced`` weighs them with its own searches' plans by the
+    Why the refused ones: ``balanced_plan`` weighs them with its own searches' plans by the
     fullest rank within ``balance_tolerance``. DLRMv2 x 4096 ranks: no plan meets 1.3
     there without the pooling-100 40M-row table row-wise over every rank (+36.6% of
     step): its finest other shard, an 8 x 8 grid piece, is 0.35 GB and its lookup's
@@ -389,7 +389,7 @@ def _cpsat(problem: Problem, regions, tables, pricer: Pricer, start: float) -> P
         raise error_from_evaluation(problem, a, ev, pricer, regions, tables, planner="cpsat",
                                     proven=proven)
     t = time.perf_counter()
-    unbalanced, a, ev, balanced_by = _balanced(problem, pricer, a, ev)
+    unbalanced, a, ev, balanced_by = balanced_plan(problem, pricer, a, ev)
     clock["balance"] = time.perf_counter() - t
     t = time.perf_counter()
     unsent = ev
@@ -458,4 +458,4 @@ def _cpsat(problem: Problem, regions, tables, pricer: Pricer, start: float) -> P
 
 
 __all__ = ["PLANNERS", "CpsatFigures", "PlanInfeasibleError", "PlannerReport", "PlannerResult",
-           "run_planner"]
+           "balanced_plan", "cap_search", "run_planner"]

@@ -63,7 +63,7 @@ class SolverSettings:
     # objective (memory balance: the fullest rank's bytes, the step held at the first
     # solution's); 0: off
     balance_share: float = 0.0
-    # memory balance after the plan is found (``planners._balanced``): the share of its
+    # memory balance after the plan is found (``planners.balanced_plan``): the share of its
     # step a better-balanced plan may cost (headroom for activations and fragmentation
     # the memory model does not see); 0: the step is never traded
     balance_tolerance: float = 0.02

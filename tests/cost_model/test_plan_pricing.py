@@ -236,7 +236,7 @@ def test_a_regions_causal_attention_run_on_its_tokens_is_priced_over_them():
     time is the padded attention's at the autocast dtype times the region's score share
     (sum(len^2) / (B * L^2), the sample batch's ``attention_fill``), not the padded time."""
     from gemc import packed_rules
-    from gemc.graph_summary import _attention_at_autocast
+    from gemc.graph_summary import attention_at_autocast
 
     entry = str(Path(__file__).resolve().parents[2] / "examples" / "zoo" / "mmoe.py") + ":build"
     gm = _tiny_plan_graph(entry)
@@ -250,6 +250,6 @@ def test_a_regions_causal_attention_run_on_its_tokens_is_priced_over_them():
     ms = kernel_adjusted_ms(gm)
     autocast = plan_autocast(gm)
     for node in causal:
-        padded = _attention_at_autocast(node, autocast, gm.meta[ir.PRICING])
+        padded = attention_at_autocast(node, autocast, gm.meta[ir.PRICING])
         assert padded is not None and padded > 0
         assert ms[node] == pytest.approx(padded * share, rel=1e-6)

@@ -350,20 +350,20 @@ def test_cap_search_meets_the_ratio_on_dlrmv2_at_4096_ranks_counting_the_gradien
     1.43 GB), so the priced one is skipped; the last, counting every byte, meets it at
     the same step (5.282 ms, 1.25: that table on the 16 x 16 grid, the other pieces
     over the line re-cut). Without that last try the cap search kept 1.42."""
-    from gemc.solver.planners import _balanced, _cap_search
+    from gemc.solver.planners import balanced_plan, cap_search
 
     p, start = _dlrmv2_4096()
     pricer = Pricer(p)
     before = evaluate(p, start, pricer)
     assert before.max_over_mean > 8
-    met, unmet = _cap_search(p, pricer, start, before)
+    met, unmet = cap_search(p, pricer, start, before)
     assert len(unmet) == 1 and unmet[0][1].max_over_mean > 1.3  # the hard try: 1.42
     assert met is not None
     a, after = met
     assert after.max_over_mean <= 1.3
     assert after.step_s <= before.step_s * (1 + p.settings.balance_cap_tolerance)
     assert a.tables["bags.20.weight"].grid == (16, 16)
-    assert _balanced(p, pricer, start, before)[1].tables == a.tables
+    assert balanced_plan(p, pricer, start, before)[1].tables == a.tables
 
 
 def test_where_no_plan_meets_the_ratio_the_cap_searchs_plan_still_balances_within_tolerance(
@@ -374,15 +374,15 @@ def test_where_no_plan_meets_the_ratio_the_cap_searchs_plan_still_balances_withi
     step; ``balance`` with its 78 moves (the budget scaled to 4,096 ranks) moves nothing,
     so before the cap search's refused plans competed the planner kept 12.10 GB."""
     from gemc.sharding import Sharding
-    from gemc.solver.planners import _balanced, _cap_search
+    from gemc.solver.planners import balanced_plan, cap_search
 
     monkeypatch.setattr(Sharding, "_wide_grid", staticmethod(lambda *_: []))
     p, start = _dlrmv2_4096()
     pricer = Pricer(p)
     before = evaluate(p, start, pricer)
-    met, unmet = _cap_search(p, pricer, start, before)
+    met, unmet = cap_search(p, pricer, start, before)
     assert met is None and len(unmet) == 2  # the hard try, then counting every byte
-    replaced, a, after, by = _balanced(p, pricer, start, before)
+    replaced, a, after, by = balanced_plan(p, pricer, start, before)
     assert replaced is before and by == "cap"
     assert after.memory.max() < 2.1e9 and after.max_over_mean < 1.42
     assert after.step_s <= before.step_s * (1 + p.settings.balance_tolerance)
