@@ -21,6 +21,7 @@ Samples are 1/rate seconds each (``--rate``, py-spy's ``-r``; 100 by default the
 from __future__ import annotations
 
 import argparse
+import ast
 import re
 import sys
 from collections import Counter
@@ -59,20 +60,40 @@ def parse(path: Path) -> list[tuple[list[str], int]]:
 # reference trainer's step on the main thread, and the autograd engine's thread (a CUDA
 # backward runs there, and with it the lazily compiled backward graph); the batch's
 # creation inside the loop is not step time (the runner's step time excludes it)
-_STEP_MAIN = re.compile(r"^_run \(.*backends/torch/runner\.py:(5[6-9]\d|6\d\d)\)$|"
-                        r"^ReferenceTrainer\.train_step ")
+RUNNER = Path(__file__).resolve().parent.parent / "backends" / "torch" / "runner.py"
+_RUNNER_FRAME = re.compile(r"^_run \(.*backends/torch/runner\.py:(?P<line>\d+)\)$")
+_REFERENCE_STEP = re.compile(r"^ReferenceTrainer\.train_step ")
 _BATCH = re.compile(r"make_batch|synthetic_batch|ReferenceTrainer\.batches ")
 _BACKWARD_THREAD = re.compile(r"^BackwardCFunction\.apply ")
 
 
-def in_step(frames: list[str]) -> bool:
-    """Whether a sample is the training step's (see ``_STEP_MAIN``)."""
+def step_loop_lines(source: Path = RUNNER) -> range:
+    """The lines of the runner's training loop (``for step in ...`` in ``_run``), read from
+    the source. Why not fixed numbers: the loop moves whenever the runner is edited, and a
+    profile split by stale numbers silently drops or adds whole phases. Read the profile
+    with the checkout of the commit that made it."""
+    tree = ast.parse(source.read_text())
+    for fn in ast.walk(tree):
+        if isinstance(fn, ast.FunctionDef) and fn.name == "_run":
+            for node in ast.walk(fn):
+                if isinstance(node, ast.For) and isinstance(node.target, ast.Name) \
+                        and node.target.id == "step":
+                    return range(node.lineno, (node.end_lineno or node.lineno) + 1)
+    raise ValueError(f"{source}: no 'for step in ...' loop in _run; update step_loop_lines")
+
+
+def in_step(frames: list[str], loop: range | None = None) -> bool:
+    """Whether a sample is the training step's: a frame of the runner's step loop
+    (``loop``: :func:`step_loop_lines`) or the reference trainer's step, not inside the
+    batch's creation; or the autograd engine's thread."""
     if _BACKWARD_THREAD.search(frames[0]):
         return True
     if frames[-1].startswith("_engine_run_backward "):  # waits for the engine's thread
         return False
-    return any(_STEP_MAIN.search(f) for f in frames) and not any(_BATCH.search(f)
-                                                                  for f in frames)
+    loop = step_loop_lines() if loop is None else loop
+    stepping = any(_REFERENCE_STEP.search(f) or ((m := _RUNNER_FRAME.search(f)) is not None
+                                                 and int(m["line"]) in loop) for f in frames)
+    return stepping and not any(_BATCH.search(f) for f in frames)
 
 
 # owners that claim a sample wherever they sit in its stack, in this order (the frames below
@@ -180,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
               "--format raw writes 'frame;frame;... count' lines)", file=sys.stderr)
         return 2
     if args.step:
-        stacks = [(f, c) for f, c in stacks if in_step(f)]
+        loop = step_loop_lines()
+        stacks = [(f, c) for f, c in stacks if in_step(f, loop)]
     print(f"== {args.raw.name}{' (training steps only)' if args.step else ''}")
     print(summarise(stacks, args.rate, args.top))
     sites = autotuned_sites(stacks, args.code)

@@ -42,12 +42,18 @@ def test_a_missing_or_empty_file_is_one_named_error(tmp_path, capsys) -> None:
     assert "no such file" in err and "no collapsed stacks" in err
 
 
-STEP_RAW = """\
-<module> (zoo.py:10);_run (gemc/backends/torch/runner.py:300);capture (gemc/capture.py:4) 100
-<module> (zoo.py:10);_run (gemc/backends/torch/runner.py:560);make_batch (examples/dlrm/model.py:9) 70
-<module> (zoo.py:10);_run (gemc/backends/torch/runner.py:567);_compile (torch/_dynamo/convert_frame.py:3) 30
-<module> (zoo.py:10);_run (gemc/backends/torch/runner.py:573);backward (torch/_tensor.py:1);_engine_run_backward (torch/autograd/graph.py:869) 50
+def _step_raw(loop: range) -> str:
+    """Samples at the runner's set-up (before its step loop) and inside the loop: a batch's
+    creation, a compile, the wait on the backward; and the autograd engine's thread."""
+    a, b, c = loop.start + 2, loop.start + 5, loop.start + 10
+    runner = "gemc/backends/torch/runner.py"
+    return f"""\
+<module> (zoo.py:10);_run ({runner}:{loop.start - 50});capture (gemc/capture.py:4) 100
+<module> (zoo.py:10);_run ({runner}:{a});make_batch (examples/dlrm/model.py:9) 70
+<module> (zoo.py:10);_run ({runner}:{b});_compile (torch/_dynamo/convert_frame.py:3) 30
+<module> (zoo.py:10);_run ({runner}:{c});backward (torch/_tensor.py:1);_engine_run_backward (torch/autograd/graph.py:869) 50
 BackwardCFunction.apply (torch/autograd/function.py:317);CachingAutotuner.run (torch/_inductor/runtime/triton_heuristics.py:1448);CachingAutotuner.benchmark_all_configs (torch/_inductor/runtime/triton_heuristics.py:1139);InductorBenchmarker.benchmark_gpu (torch/_inductor/runtime/benchmarking.py:417) 20
+<module> (zoo.py:10);_run ({runner}:{loop.stop + 5});close (gemc/backends/torch/runner.py:9) 40
 """
 
 
@@ -59,7 +65,10 @@ def test_step_samples_leave_out_setup_batches_and_the_wait_for_the_backward(tmp_
     it are Inductor's runtime."""
     prof = load_benchmark("first_step_profile")
     path = tmp_path / "dlrm.gemc.pyspy.txt"
-    path.write_text(STEP_RAW)
+    loop = prof.step_loop_lines()
+    assert 20 < len(loop) < 200 and "for step in" in prof.RUNNER.read_text().splitlines()[
+        loop.start - 1]
+    path.write_text(_step_raw(loop))
     assert prof.main([str(path), "--step", "--top", "0"]) == 0
     out = capsys.readouterr().out
     assert "training steps only" in out and "0.5 s sampled (50 samples" in out
