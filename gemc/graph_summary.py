@@ -402,18 +402,18 @@ def kernel_adjusted_ms(gm: fx.GraphModule) -> dict[fx.Node, float]:
             if autocast else 0.0
         # a region's unmasked causal attention run on its tokens (the jagged kernel):
         # the score work over each row's tokens, sum(len^2) of the padded B * L^2
-        on_tokens = score_fill.get(packed["id"]) if gid is None and packed is not None \
+        causal_share = score_fill.get(packed["id"]) if gid is None and packed is not None \
             and node_fill != 1.0 and packed_rules.causal_self_attention(node) else None
         repriced = attention_at_autocast(node, autocast, pricing) if autocast else None
         if repriced is not None:
-            share = on_tokens if on_tokens is not None else scores.get(gid, 1.0)
+            share = causal_share if causal_share is not None else scores.get(gid, 1.0)
             out[node] = repriced * share + casts + convert.get(node, 0.0)
             continue
         ms *= ratio.get(gid, 1.0)
         if gid in scores:
             ms *= scores[gid]
-        elif on_tokens is not None:
-            ms *= on_tokens
+        elif causal_share is not None:
+            ms *= causal_share
         elif packed is not None and gid not in attention:
             ms *= node_fill
         out[node] = ms + casts + convert.get(node, 0.0)

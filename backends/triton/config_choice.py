@@ -35,9 +35,8 @@ import torch
 import triton
 
 __all__ = ["AUTOTUNE_ENV", "COLD_BENCH_MS", "H200_SHARED_MEMORY", "RECORD_NAME", "ConfigChoice",
-           "OneConfigLauncher", "Preferred", "Tiles", "autotune", "autotuning_requested",
-           "cold_bench", "forget", "record_tuned", "report", "shared_memory_bytes",
-           "shared_memory_limit", "triton_key", "tuning_key"]
+           "Preferred", "Tiles", "autotune", "autotuning_requested", "forget", "record_tuned",
+           "report", "shared_memory_bytes", "shared_memory_limit", "tuning_key"]
 
 AUTOTUNE_ENV = "GEMC_AUTOTUNE"
 """``1``: gemc's kernels autotune over every config that fits (``gemc run --autotune``)."""
@@ -100,21 +99,14 @@ def _matches(cfg: triton.Config, want: Preferred) -> bool:
         and stages in (None, cfg.num_stages)
 
 
-def triton_key(arg_names: Sequence[str], keys: Sequence[str], args: Mapping[str, Any]
-               ) -> tuple[Any, ...]:
-    """The key ``triton.autotune``'s ``Autotuner.run`` caches a launch's choice under (the
-    key arguments' values, then every kernel argument's dtype, in the launch's order);
-    :func:`tuning_key` is its spelling as a string."""
-    present = {k: v for k, v in args.items() if k in arg_names}
-    return (*[present[k] for k in keys if k in present],
-            *[str(v.dtype) for v in present.values() if hasattr(v, "dtype")])
-
-
 def tuning_key(arg_names: Sequence[str], keys: Sequence[str], args: Mapping[str, Any]
                ) -> str:
     """The autotuner's key of a launch, as ``triton.autotune`` forms it (the key
     arguments' values, then every tensor argument's dtype), spelled as a string."""
-    return str(triton_key(arg_names, keys, args))
+    present = {k: v for k, v in args.items() if k in arg_names}
+    key: list[Any] = [present[k] for k in keys if k in present]
+    key += [str(v.dtype) for v in present.values() if hasattr(v, "dtype")]
+    return str(tuple(key))
 
 
 @dataclass
@@ -135,6 +127,7 @@ class ConfigChoice:
     # tuning key -> ("heuristic" | "recorded" | "autotuned", config or None until tuned)
     chosen: dict[str, tuple[str, str | None]] = field(default_factory=dict)
     pruned: dict[str, list[str]] = field(default_factory=dict)  # key -> configs too big
+    left: int = 0  # configs the last launch's pruning left (read by :meth:`bench`)
 
     def __call__(self, configs: list[triton.Config], nargs: Mapping[str, Any],
                  **kwargs: Any) -> list[triton.Config]:
@@ -150,9 +143,11 @@ class ConfigChoice:
         if not fits:  # nothing fits by the estimate: let the compiler be the judge
             fits = [min(configs, key=lambda c: shared_memory_bytes(c.num_stages,
                                                                    self.tiles(c, args)))]
+        self.left = len(fits)
         if (autotuning_requested() or self.tune_cold) and len(fits) > 1:
             self.chosen[key] = ("autotuned", None)
             return fits
+        self.left = 1
         recorded = _read_record().get(self.name, {})
         if recorded.get("source") == self.source_key:
             want = recorded.get("configs", {}).get(key)
@@ -164,12 +159,43 @@ class ConfigChoice:
         self.chosen[key] = ("heuristic", describe(pick))
         return [pick]
 
+    def bench(self, fn: Callable[[], Any], quantiles: Sequence[float]) -> Any:
+        """The kernel's autotuner's timer (``triton.autotune(do_bench=...)``), reached only
+        on the first launch of a key, right after this hook pruned it.
+
+        One config left: nothing to choose, so nothing runs. Why: until Triton's PR 10413
+        (May 2026; Triton 3.6, the H200's, predates it) an autotuner whose pruning leaves
+        *one* config still times it, running the kernel a few hundred times on the first
+        launch of each key: first-step time on every gemc kernel, and wrong for a kernel
+        that adds into its output (the silu backward's one-kernel variant,
+        ``FUSED_SILU_BACKWARD``, returned dq summed over every timing run on the H200: max
+        abs error 21-78; the interpreter, with one config and no timing, was right).
+        Several configs: a ``tune_cold`` kernel on a cold run times each
+        :data:`COLD_BENCH_MS` (the pooled bag's four configs took 0.65 s of timing in DLRM's
+        H200 first step, twelfth session's py-spy; they differ by 12-30% where the pick
+        matters); otherwise Triton's own timer."""
+        if self.left == 1:
+            return [0.0] * len(quantiles) if quantiles else 0.0
+        if self.tune_cold and not autotuning_requested():
+            from triton.testing import do_bench
+
+            warmup, rep = COLD_BENCH_MS
+            return do_bench(fn, warmup=warmup, rep=rep, quantiles=quantiles)
+        return _triton_timer()(fn, quantiles=quantiles)
+
+
     def _heuristic(self, fits: list[triton.Config], args: Mapping[str, Any]) -> triton.Config:
         for want in (self.prefer(args) if self.prefer else ()):
             for c in fits:
                 if _matches(c, want):
                     return c
         return fits[0]
+
+
+def _triton_timer() -> Callable[..., Any]:
+    """Triton's own timer for the active device (what ``triton.autotune`` uses without a
+    ``do_bench``)."""
+    return triton.runtime.driver.active.get_benchmarker()
 
 
 def _device_of(args: Mapping[str, Any]) -> torch.device | None:
@@ -183,69 +209,9 @@ _KERNELS: dict[str, tuple[ConfigChoice, Any]] = {}
 """name -> (its hook, its autotuner): what :func:`report` and :func:`record_tuned` read."""
 
 
-class OneConfigLauncher(triton.runtime.KernelInterface):
-    """A kernel's ``triton.autotune`` with the one config :class:`ConfigChoice` picks
-    settled before Triton's autotuner sees the launch.
-
-    Why: until Triton's PR 10413 (May 2026; Triton 3.6, the H200's, predates it) an
-    autotuner whose pruning leaves *one* config still times it, running the kernel a few
-    hundred times on its first launch of each key. That costs the cold first step about a
-    tenth of a second per kernel and key, and it is wrong for a kernel that adds into its
-    output: the silu backward's one-kernel variant (``FUSED_SILU_BACKWARD``, atomic dq)
-    returned dq summed over every timing run on the H200 (max abs error 21-78) and the
-    right one under the interpreter, which has one config and never times. Settling the
-    autotuner's cache entry for the key first makes Triton launch that config once, on
-    every Triton version. Where the hook leaves several configs (``--autotune``,
-    ``tune_cold``) Triton times them as before; a kernel that adds into an output says
-    which (``accumulates``), and each timed run starts from zeros."""
-
-    def __init__(self, tuner: Any, hook: ConfigChoice) -> None:
-        self.tuner = tuner
-        self.hook = hook
-
-    def __getattr__(self, name: str) -> Any:
-        # the autotuner's own attributes (fn, cache, configs, warmup...), for callers that
-        # read them as they would on triton.autotune's object
-        return getattr(self.__dict__["tuner"], name)
-
-    def settle(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> bool:
-        """Put the hook's one config in the autotuner's cache for this launch's key;
-        whether it did (False: cached already, one config in all, or several to time)."""
-        tuner = self.tuner
-        if len(tuner.configs) <= 1:
-            return False
-        nargs = dict(zip(tuner.arg_names, args))
-        key = triton_key(tuner.arg_names, tuner.keys, {**nargs, **kwargs})
-        if key in tuner.cache:
-            return False
-        pruned = self.hook(tuner.configs, nargs, **kwargs)
-        if len(pruned) != 1:
-            return False
-        tuner.cache[key] = pruned[0]
-        return True
-
-    def run(self, *args: Any, **kwargs: Any) -> Any:
-        self.settle(args, kwargs)
-        return self.tuner.run(*args, **kwargs)
-
-
 COLD_BENCH_MS = (5, 20)
 """Warm-up and timing milliseconds per config when a ``tune_cold`` kernel tunes on a cold
 run (Triton's defaults, 25 and 100, under ``--autotune``)."""
-
-
-def cold_bench(fn: Callable[[], Any], quantiles: Sequence[float]) -> Any:
-    """The timer a ``tune_cold`` kernel's autotuner uses. Why shorter than Triton's: the
-    pooled embedding bag tunes its four configs inside the cold first step (DLRM on the
-    H200, twelfth session's py-spy: 0.65 s timing and 0.77 s compiling them, of a 6.7-s
-    step), and its configs differ by 12-30% on the models where the pick matters, which
-    20 ms of repeats per config resolves. Under ``--autotune`` the user asked for the best
-    config, and gets Triton's full timing."""
-    from triton.testing import do_bench
-    if autotuning_requested():
-        return do_bench(fn, quantiles=quantiles)
-    warmup, rep = COLD_BENCH_MS
-    return do_bench(fn, warmup=warmup, rep=rep, quantiles=quantiles)
 
 
 def autotune(configs: list[triton.Config], key: list[str], *, name: str,
@@ -253,10 +219,10 @@ def autotune(configs: list[triton.Config], key: list[str], *, name: str,
              prefer: Callable[[Mapping[str, Any]], Sequence[Preferred]] | None = None,
              tune_cold: bool = False,
              accumulates: Callable[[Mapping[str, Any]], Sequence[str]] | None = None,
-             ) -> Callable[[Any], OneConfigLauncher]:
-    """``triton.autotune(configs, key)`` with :class:`ConfigChoice` as its pruning hook,
-    launched through :class:`OneConfigLauncher`: the decorator every hand-written gemc
-    kernel with several configs uses. ``tune_cold``: the kernel autotunes on a cold run
+             ) -> Callable[[Any], Any]:
+    """``triton.autotune(configs, key)`` with :class:`ConfigChoice` as its pruning hook and
+    its timer (:meth:`ConfigChoice.bench`): the decorator every hand-written gemc kernel
+    with several configs uses. ``tune_cold``: the kernel autotunes on a cold run
     too, for kernels whose tuning costs little next to a wrong pick (small configs that
     all compile). ``accumulates``: given a launch's arguments, the outputs it adds into,
     zeroed before each timed run when it autotunes (Triton's ``reset_to_zero``, decided
@@ -267,15 +233,15 @@ def autotune(configs: list[triton.Config], key: list[str], *, name: str,
         for out in accumulates(nargs) if accumulates is not None else ():
             nargs[out].zero_()
 
-    def wrap(fn: Any) -> OneConfigLauncher:
+    def wrap(fn: Any) -> Any:
         tuner = triton.autotune(configs=configs, key=key,
                                 prune_configs_by={"early_config_prune": hook},
                                 pre_hook=zero_outputs if accumulates is not None else None,
-                                do_bench=cold_bench if tune_cold else None)(fn)
+                                do_bench=hook.bench)(fn)
         hook.arg_names = list(getattr(fn, "arg_names", ()))
         hook.fn = fn
         _KERNELS[name] = (hook, tuner)
-        return OneConfigLauncher(tuner, hook)
+        return tuner
 
     return wrap
 

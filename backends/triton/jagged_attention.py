@@ -124,7 +124,7 @@ the interpreter's runs agree with the formula. The cause, found on the CPU (thir
 session) and not yet confirmed on the GPU: Triton 3.6 times even the one config gemc's
 hook leaves, so the first launch ran the kernel hundreds of times adding into the same dq
 (the error was larger where several configs were timed, 46-78, than with one, 21-25);
-launches now settle their one config first (``config_choice.OneConfigLauncher``) and a
+its timer now runs nothing where one config is left (``config_choice.ConfigChoice.bench``) and a
 timed run starts from a zeroed dq (``accumulates``). Stays off until the H200 shows the
 error at the two-kernel path's (``benchmarks/h200_pending12.sh``, part 4)."""
 

@@ -379,6 +379,22 @@ def exit_tokens(x: torch.Tensor, dims: Dims, layout: TokenLayout, row: torch.Ten
 
 
 
+def one_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k and v in one dtype, as gemc's attention kernels read them (a ``tl.dot`` of a
+    bf16 and an fp32 tile does not compile). A mix arises under autocast, where the SDPA
+    eager runs casts all three to the autocast dtype (MMoE h200: its candidate query in
+    fp32, the history's keys and values from bf16 projections); elsewhere the wider one."""
+    if q.dtype == k.dtype == v.dtype:
+        return q, k, v
+    device = q.device.type
+    if torch.is_autocast_enabled(device):
+        dtype = torch.get_autocast_dtype(device)
+    else:
+        dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
 def token_major(x: torch.Tensor, dims: Dims) -> torch.Tensor:
     """A packed attention operand as ``[T, H, D]``: ``[1, H, T, D]`` at its dims (heads a
     dim of their own), or rank 3 with the heads in the batch dim (``nn.MultiheadAttention``'s
@@ -395,12 +411,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dims: tuple[Dim
     each row's tokens of ``layout``, in the values' own layout (no conversion); over a
     compact region's kept tokens too where the caller knows the rule holds (their order in
     each row is kept). Both runners call it (``gemc::jagged_attention_values``)."""
-    qj, kj, vj = (token_major(x, d) for x, d in zip((q, k, v), dims))
-    if not qj.dtype == kj.dtype == vj.dtype:  # autocast's SDPA reads all three in its dtype
-        dev = qj.device.type
-        dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else \
-            torch.promote_types(torch.promote_types(qj.dtype, kj.dtype), vj.dtype)
-        qj, kj, vj = qj.to(dt), kj.to(dt), vj.to(dt)
+    qj, kj, vj = one_dtype(*(token_major(x, d) for x, d in zip((q, k, v), dims)))
     if scale is None:
         scale = qj.shape[-1] ** -0.5
     out, _ = torch.ops.gemc.jagged_attention_values(qj, kj, vj, layout.offsets,

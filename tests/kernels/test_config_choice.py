@@ -202,7 +202,7 @@ def _add_into_kernel(x, y, n, BLOCK: tl.constexpr):
              mask=offs < n)
 
 
-def _add_into(name: str, **options) -> cc.OneConfigLauncher:
+def _add_into(name: str, **options):  # noqa: ANN202 - triton.autotune's object
     configs = [triton.Config({"BLOCK": 64}), triton.Config({"BLOCK": 16})]
     return cc.autotune(configs, ["n"], name=name,
                        tiles=lambda c, a: Tiles(streamed=c.kwargs["BLOCK"] * 4),
@@ -210,44 +210,41 @@ def _add_into(name: str, **options) -> cc.OneConfigLauncher:
                        **options)(_add_into_kernel)
 
 
-def test_one_config_launches_once_without_triton_pruning_or_timing_it(cold):
-    """The hook's one config is settled in the autotuner's cache before Triton sees the
-    launch: Triton neither prunes nor times (Triton 3.6 timed a pruned single config,
-    running a kernel that adds into its output hundreds of times: the H200's wrong fused
-    silu dq). A kernel adding into ``y`` therefore adds once."""
+def _never(*_: object) -> None:
+    raise AssertionError("the timer ran the kernel with one config left")
+
+
+def test_one_config_is_launched_once_and_never_timed(cold):
+    """The hook leaves one config: the launch adds into ``y`` once, and the autotuner's
+    timer (which Triton 3.6 still calls for a lone pruned config, running the kernel a few
+    hundred times: the H200's wrong fused silu dq) runs nothing for it."""
     kernel = _add_into("test._add_into_kernel")
     try:
         hook, tuner = cc._KERNELS["test._add_into_kernel"]
-
-        def refuse(*a, **k):
-            raise AssertionError("Triton pruned (and would time) a settled launch")
-
-        tuner.prune_configs = refuse
+        assert tuner is kernel and tuner.do_bench == hook.bench
         x, y = torch.randn(40), torch.ones(40)
         kernel[lambda m: (triton.cdiv(40, m["BLOCK"]),)](x, y, 40)
         torch.testing.assert_close(y, x + 1.0)
-        assert list(tuner.cache.values()) == [tuner.configs[1]]
-        assert {str(k) for k in tuner.cache} == set(hook.chosen)
-        # a second key is settled too, the first left as it was
-        x2, y2 = torch.randn(24), torch.zeros(24)
-        kernel[lambda m: (triton.cdiv(24, m["BLOCK"]),)](x2, y2, 24)
-        torch.testing.assert_close(y2, x2)
-        assert len(tuner.cache) == 2
+        assert list(tuner.cache.values()) == [tuner.configs[1]] and hook.left == 1
+        assert tuner.do_bench(_never, quantiles=(0.5, 0.2, 0.8)) == [0.0, 0.0, 0.0]
     finally:
         cc._KERNELS.pop("test._add_into_kernel", None)
 
 
-def test_launcher_leaves_several_configs_to_triton_and_reads_as_the_autotuner(
-        cold, monkeypatch):
-    """With autotuning asked the hook returns every config that fits: nothing is settled
-    (Triton times them); the launcher answers for the autotuner's own attributes."""
+def test_several_configs_left_are_timed_by_triton(cold, monkeypatch):
+    """With autotuning asked the hook leaves every config that fits, and Triton's own timer
+    times each (the kernel runs)."""
     monkeypatch.setenv(cc.AUTOTUNE_ENV, "1")
-    kernel = _add_into("test._add_into_kernel")
+    timed = []
+    monkeypatch.setattr(cc, "_triton_timer",
+                        lambda: lambda fn, quantiles: timed.append(fn()) or [1.0] * 3)
+    _add_into("test._add_into_kernel")
     try:
-        _, tuner = cc._KERNELS["test._add_into_kernel"]
-        assert kernel.settle((torch.randn(8), torch.zeros(8), 8), {}) is False
-        assert tuner.cache == {}
-        assert kernel.configs is tuner.configs and kernel.fn is tuner.fn
+        hook, tuner = cc._KERNELS["test._add_into_kernel"]
+        assert len(hook(tuner.configs, {"x": torch.randn(8), "y": torch.zeros(8), "n": 8})) == 2
+        assert hook.left == 2
+        assert tuner.do_bench(lambda: "ran", quantiles=(0.5, 0.2, 0.8)) == [1.0] * 3
+        assert timed == ["ran"]
     finally:
         cc._KERNELS.pop("test._add_into_kernel", None)
 
@@ -262,7 +259,7 @@ def test_an_accumulating_output_is_zeroed_before_each_timed_run_only_when_it_acc
         assert torch.equal(y, torch.ones(4))
         tuner.pre_hook({"y": y, "ADDS": True}, reset_only=True)
         assert torch.equal(y, torch.zeros(4))
-        assert kernel.tuner is tuner
+        assert kernel is tuner
     finally:
         cc._KERNELS.pop("test._add_into_kernel", None)
 
@@ -285,14 +282,17 @@ def test_a_cold_tuned_kernel_times_briefly_unless_autotuning_was_asked(cold, mon
     seen = []
     monkeypatch.setattr(triton.testing, "do_bench",
                         lambda fn, **kw: seen.append(kw) or [1.0, 1.0, 1.0])
+    monkeypatch.setattr(cc, "_triton_timer",
+                        lambda: lambda fn, **kw: seen.append({"triton": kw}) or [1.0] * 3)
     kernel = _add_into("test._add_into_kernel", tune_cold=True)
     try:
-        assert kernel.tuner.do_bench is cc.cold_bench
-        cc.cold_bench(lambda: None, quantiles=(0.5,))
+        hook, _ = cc._KERNELS["test._add_into_kernel"]
+        assert len(hook(kernel.configs, {"x": torch.randn(8), "y": torch.zeros(8), "n": 8})) == 2
+        kernel.do_bench(lambda: None, quantiles=(0.5,))
         monkeypatch.setenv(cc.AUTOTUNE_ENV, "1")
-        cc.cold_bench(lambda: None, quantiles=(0.5,))
+        kernel.do_bench(lambda: None, quantiles=(0.5,))
         warmup, rep = cc.COLD_BENCH_MS
         assert seen == [{"warmup": warmup, "rep": rep, "quantiles": (0.5,)},
-                        {"quantiles": (0.5,)}]
+                        {"triton": {"quantiles": (0.5,)}}]
     finally:
         cc._KERNELS.pop("test._add_into_kernel", None)

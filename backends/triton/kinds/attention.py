@@ -24,6 +24,7 @@ from torch import fx
 
 from gemc.kernel_kinds import KINDS
 
+from ..packed_tokens import one_dtype
 from .implementation import Entry, Env, KindImplementation, Unit, named
 
 if TYPE_CHECKING:
@@ -72,22 +73,6 @@ def _operands(entry: Entry) -> tuple[str, str, str, str]:
 
 
 # ---- key-padding attention --------------------------------------------------------------
-
-def one_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q, k and v in one dtype, as gemc's attention kernels read them (a ``tl.dot`` of a
-    bf16 and an fp32 tile does not compile). A mix arises under autocast, where the SDPA
-    eager runs casts all three to the autocast dtype (MMoE h200: its candidate query in
-    fp32, the history's keys and values from bf16 projections); elsewhere the wider one."""
-    if q.dtype == k.dtype == v.dtype:
-        return q, k, v
-    device = q.device.type
-    if torch.is_autocast_enabled(device):
-        dtype = torch.get_autocast_dtype(device)
-    else:
-        dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
-    return q.to(dtype), k.to(dtype), v.to(dtype)
-
 
 def key_padding_of_entry(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          mask: torch.Tensor, entry: Mapping[str, Any]) -> torch.Tensor:
