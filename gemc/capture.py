@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from gemc.batch_structure import flat_spec
 from gemc.errors import CaptureError
 from gemc.spec import ModelSpec, batch_size_of
 
@@ -39,7 +40,10 @@ class Captured:
 
 
 def capture(spec: ModelSpec, *, entrypoint: str = "model") -> Captured:
-    """Export ``spec.model`` on ``spec.example_inputs``; a failure is a named CaptureError."""
+    """Export ``spec.model`` on ``spec.example_inputs``; a failure is a named CaptureError.
+    A structured batch (a spec not built through an entrypoint) is flattened first, as
+    the entrypoint does (gemc.batch_structure)."""
+    spec = flat_spec(spec, entrypoint)
     model = spec.model
     inputs = _inputs_on_model_device(model, spec.example_inputs)
     model.train()

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from gemc.batch_structure import example_leaves, flat_spec
 from gemc.errors import EntrypointError, GemcUserError
 from gemc.spec import ModelSpec
 
@@ -189,6 +190,7 @@ def build_spec(
             "default)",
         ) from exc
     check_spec(spec, entrypoint)
+    spec = flat_spec(spec, entrypoint)
     if on_meta:
         _params_to_meta(spec.model)
     spec.origin = (entrypoint, dict(kwargs))
@@ -410,28 +412,22 @@ def check_spec(spec: Any, entrypoint: str) -> None:
     inputs = spec.example_inputs
     if not isinstance(inputs, tuple) or not inputs:
         raise EntrypointError(
-            "ModelSpec.example_inputs must be a non-empty tuple of tensors, got "
-            f"{type(inputs).__name__}",
+            "ModelSpec.example_inputs must be a non-empty tuple of the forward's arguments "
+            f"(tensors, or dicts / lists / tuples of tensors), got {type(inputs).__name__}",
             where=f"{entrypoint} -> ModelSpec.example_inputs",
-            fix="give a tuple: example_inputs=(dense, ids, offsets, labels)",
+            fix="give a tuple: example_inputs=(dense, ids, offsets, labels), or "
+            "example_inputs=(batch,) for forward(self, batch)",
         )
-    for i, t in enumerate(inputs):
-        if not isinstance(t, torch.Tensor):
-            raise EntrypointError(
-                f"ModelSpec.example_inputs[{i}] is a {type(t).__name__}, not a tensor",
-                where=f"{entrypoint} -> ModelSpec.example_inputs[{i}]",
-                fix="flatten structured inputs into a tuple of tensors",
-            )
     if not callable(spec.make_batch):
         raise EntrypointError(
             "ModelSpec.make_batch is not callable",
             where=f"{entrypoint} -> ModelSpec.make_batch",
             fix="give a function make_batch(step, device) returning a tuple like example_inputs",
         )
-    _check_batch_size(spec, entrypoint)
+    _check_batch_size(spec, example_leaves(inputs, entrypoint), entrypoint)
 
 
-def _check_batch_size(spec: ModelSpec, entrypoint: str) -> None:
+def _check_batch_size(spec: ModelSpec, leaves: list[torch.Tensor], entrypoint: str) -> None:
     """A stated batch size is a positive integer that some example input has as a
     dimension (the labels, a dense feature, a bag's offsets: ``B`` or ``B + 1``)."""
     size = spec.batch_size
@@ -445,9 +441,9 @@ def _check_batch_size(spec: ModelSpec, entrypoint: str) -> None:
             where=where,
             fix="set batch_size=B, the number of samples make_batch returns per step",
         )
-    dims = {int(d) for t in spec.example_inputs for d in t.shape}
+    dims = {int(d) for t in leaves for d in t.shape}
     if size not in dims and size + 1 not in dims:
-        shapes = ", ".join("x".join(map(str, t.shape)) or "scalar" for t in spec.example_inputs)
+        shapes = ", ".join("x".join(map(str, t.shape)) or "scalar" for t in leaves)
         raise EntrypointError(
             f"ModelSpec.batch_size is {size}, but no example input has {size} (or {size + 1} "
             f"offsets) along any dimension: inputs are {shapes}",

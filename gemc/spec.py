@@ -13,8 +13,11 @@ import torch
 class ModelSpec:
     """A model as gemc sees it.
 
-    ``model.forward(*example_inputs)`` returns the scalar training loss. ``example_inputs``
-    may live on any device (a real batch on the CPU, or meta): capture moves them to meta
+    ``model.forward(*example_inputs)`` returns the scalar training loss. An argument may
+    be a tensor or a structure of them as a data pipeline hands it over (a dict of
+    features, nested lists / tuples; gemc.batch_structure flattens it once, where the model
+    is built, and the forward still receives it as written). ``example_inputs`` may live on
+    any device (a real batch on the CPU, or meta): capture moves them to meta
     with the model, so GEM-scale models compile without allocating a byte of weights;
     their shapes are the representative batch the cost model prices.
     ``make_batch(step, device)`` returns a real synthetic batch (same structure) for the
@@ -22,8 +25,8 @@ class ModelSpec:
     """
 
     model: torch.nn.Module
-    example_inputs: tuple[torch.Tensor, ...]
-    make_batch: Callable[[int, torch.device | str], tuple[torch.Tensor, ...]]
+    example_inputs: tuple[Any, ...]
+    make_batch: Callable[[int, torch.device | str], tuple[Any, ...]]
     # Optional, free-form facts the model author wants in the plan (preset, table counts).
     info: dict[str, Any] = field(default_factory=dict)
     # Samples in one batch of ``make_batch``: stated by the author, never guessed from a
