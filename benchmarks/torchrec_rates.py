@@ -227,6 +227,12 @@ PRICINGS: dict[str, dict[str, Any]] = {
     "all_measured": {"bandwidths": _ALL_RATES, "comms": "ap"},
     "all_links_derated": {"bandwidths": {**_ALL_RATES, "hbm_mem_bw": H200_HBM_DERATED},
                           "comms": "share"},
+    # an assumption, not a published correction: gemc's lookup without FBGEMM's narrow-shard
+    # terms (TorchRec's hooks: no block-usage penalty below 128 columns, rows read at their
+    # own width rather than at least 32)
+    "all_links_plain_lookup": {"bandwidths": _ALL_RATES, "comms": "share",
+                               "lookup_hooks": {"use_block_usage_penalty": False,
+                                                "use_min_dim_for_lookup": False}},
 }
 # The variants reported: name -> (pricing, PXN re-derived on top). One correction at a
 # time, then all of them: "all" composes the links (NIC, NVLink, the shares, PXN) from
@@ -243,6 +249,7 @@ VARIANTS: dict[str, tuple[str, bool]] = {
     "all": ("all_links", True),
     "all_measured": ("all_measured", False),
     "all_hbm_derated": ("all_links_derated", True),
+    "all_no_narrow_penalty": ("all_links_plain_lookup", True),
 }
 
 

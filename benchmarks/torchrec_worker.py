@@ -189,10 +189,14 @@ class Pricer:
                 extra["min_partition"] = t["dim"] // grid_cols
             topo = topology(self.req)
             cons = constraints(one, **extra)
+            perf = EmbeddingPerfEstimator(topology=topo, constraints=cons)
+            for hook, on in (self.req.get("lookup_hooks") or {}).items():
+                # TorchRec's own per-config hooks (estimator/annotations.py
+                # use_block_usage_penalty, use_min_dim_for_lookup), set on its config
+                setattr(perf._estimator.config, f"_{hook}", bool(on))
             enum = EmbeddingEnumerator(
                 topology=topo, batch_size=self.req["batch"], constraints=cons,
-                estimator=[EmbeddingPerfEstimator(topology=topo, constraints=cons),
-                           EmbeddingStorageEstimator(topology=topo, constraints=cons)])
+                estimator=[perf, EmbeddingStorageEstimator(topology=topo, constraints=cons)])
             self.cache[key] = enum.enumerate(ebc(one), [sharder()])
         return self.cache[key]
 
@@ -284,7 +288,8 @@ def main(argv: list[str]) -> int:
                  else None}
         result["terms"] = {}
         for name, knobs in req["terms"].items():
-            sub = {**req, "bandwidths": knobs.get("bandwidths", {}), "comms": knobs.get("comms")}
+            sub = {**req, "bandwidths": knobs.get("bandwidths", {}), "comms": knobs.get("comms"),
+                   "lookup_hooks": knobs.get("lookup_hooks")}
             again = Pricer(sub)
             result["terms"][name] = {
                 "a2a_bw": a2a_rate(sub),
