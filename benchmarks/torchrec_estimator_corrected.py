@@ -93,8 +93,14 @@ def case(py: Path, world: int, calibration: Any, timeout: float, plan_torchrec: 
     row["terms"] = terms
     plans = [who for who in ("gemc", "torchrec") if who in terms["torchrec"]]
     row["unpriced"] = {who: terms["torchrec"][who]["unpriced"] for who in plans}
-    row["variants"] = {who: rates.reprice(terms, who, world, LOCAL, vt.GLOBAL_BATCH)
-                       for who in plans}
+    return judge(row)
+
+
+def judge(row: dict[str, Any]) -> dict[str, Any]:
+    """A size's variants and verdict from its recorded terms (``row["terms"]``)."""
+    plans = [who for who in ("gemc", "torchrec") if who in row["terms"]["torchrec"]]
+    row["variants"] = {who: rates.reprice(row["terms"], who, row["world"], LOCAL,
+                                          vt.GLOBAL_BATCH) for who in plans}
     if "torchrec" in row["variants"]:
         row["verdict"] = rates.verdict(row["variants"]["gemc"], row["variants"]["torchrec"])
     return row
@@ -122,6 +128,25 @@ def size_table(row: dict[str, Any]) -> str:
               f"{vt.fmt(row.get('torchrec_under_gemc_ms'))} ms)")
 
 
+def reprice_recorded(src: Path, dst: Path) -> int:
+    """``--reprice``: every size of a recorded run judged again by this commit's
+    re-derivations (TorchRec's own pricings are the recorded ones)."""
+    run = json.loads(src.read_text())
+    run["repriced"] = {"from": str(src), "commit": _commit(),
+                       "date": datetime.now(UTC).isoformat(timespec="seconds"),
+                       "variants": {k: list(v) for k, v in rates.VARIANTS.items()}}
+    for row in run["rows"]:
+        if "terms" in row:
+            print(size_table(judge(row)), flush=True)
+    dst.write_text(json.dumps(run, indent=1, default=str))
+    return 0
+
+
+def _commit() -> str:
+    return subprocess.run(["git", "-C", str(vt.REPO), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True).stdout.strip()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--worlds", default="16,64,512,4096")
@@ -133,12 +158,16 @@ def main() -> int:
                          "gemc's plan is priced")
     ap.add_argument("--json", default=str(vt.REPO / "benchmarks" / "results"
                                           / "torchrec_estimator_corrected.json"))
+    ap.add_argument("--reprice", default=None,
+                    help="a recorded run's JSON: re-derive its variants from the per-shard "
+                         "terms it holds (no planning, no TorchRec) and write them to --json")
     args = ap.parse_args()
+    if args.reprice:
+        return reprice_recorded(Path(args.reprice), Path(args.json))
     py = vt.setup_venv()
     skip = {int(w) for w in args.skip_torchrec_plan.split(",") if w}
     calibration = default_calibration("h200")
-    commit = subprocess.run(["git", "-C", str(vt.REPO), "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip()
+    commit = _commit()
     meta = {"commit": commit, "date": datetime.now(UTC).isoformat(timespec="seconds"),
             "cpus": os.cpu_count(), "machine": platform.machine(),
             "sources": rates.SOURCES, "pricings": rates.PRICINGS,

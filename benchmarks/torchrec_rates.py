@@ -116,6 +116,45 @@ def _ap(table: dict[tuple[int, int], float], op: str, hosts: int, gpus: int) -> 
     return per_ms(table[(at, gpus)])
 
 
+# ... and, for the all-to-all at 8 GPUs a host, its fitted latency (us) and size ramp: the
+# share of the peak bandwidth reached with a per-peer chunk of 64 x 2^i bytes (AP's
+# fit_profile.py: time = latency + bytes / (peak x ramp(log2(chunk / 64)))).
+AP_ALL_TO_ALL_LATENCY_US: dict[int, float] = {2: 107.584, 8: 173.759997, 16: 323.663995,
+                                              32: 636.143982}
+AP_ALL_TO_ALL_RAMP: dict[int, tuple[float, ...]] = {
+    2: (0.03043, 0.01805, 0.01, 0.01, 0.01, 0.01, 0.052269, 0.136005, 0.250046, 0.386247,
+        0.509604, 0.585114, 0.63155, 0.667687, 0.771885, 0.869944, 0.943457, 0.925582,
+        0.968346, 0.967401, 0.999668, 1.0, 1.0, 1.0),
+    8: (0.01, 0.01, 0.01, 0.01, 0.11495, 0.363726, 0.648272, 0.886742, 0.997293, 0.898079,
+        0.777973, 0.825848, 0.625731, 0.731843, 0.836931, 0.919436, 0.954716, 0.988598, 1.0,
+        1.0, 1.0, 1.0, 1.0, 1.0),
+    16: (0.01, 0.347972, 0.656088, 0.886504, 1.0, 1.0, 1.0, 1.0, 1.0, 0.9984, 0.935775,
+         0.938098, 0.912835, 0.865016, 0.952429, 0.990285, 0.999979, 0.994526, 0.989072,
+         0.983619, 0.978166, 0.972713, 0.96726, 0.961807),
+    32: (0.066816, 0.074591, 0.097428, 0.150386, 0.248529, 0.406916, 0.593547, 0.776421,
+         0.923536, 1.0, 0.98249, 0.916307, 0.976105, 0.945287, 0.968074, 0.999239, 0.996528,
+         0.993816, 0.991105, 0.988394, 0.985683, 0.982972, 0.98026, 0.977549),
+}
+
+
+def ap_all_to_all_ms(nbytes: float, world: int, local: int = 8) -> float:
+    """AP's fitted time (ms) of one all-to-all in which a rank sends ``nbytes`` in all to
+    ``world`` ranks, ``local`` a host: its latency plus the bytes at its peak rate times the
+    ramp at the per-peer chunk (the nearest measured host count at or below, 32 past 32)."""
+    if local != 8:
+        raise ValueError(f"AP's all-to-all ramps here are for 8 GPUs a host, not {local}; "
+                         "add the shape's rows from SOURCES['measured']")
+    if nbytes <= 0:
+        return 0.0
+    hosts = max(1, world // local)
+    at = max([h for h in AP_ALL_TO_ALL_RAMP if h <= hosts] or [min(AP_ALL_TO_ALL_RAMP)])
+    ramp = AP_ALL_TO_ALL_RAMP[at]
+    x = min(max(math.log2(nbytes / world / 64.0), 0.0), len(ramp) - 1.0)
+    lo = min(int(x), len(ramp) - 2)
+    share = ramp[lo] + (ramp[lo + 1] - ramp[lo]) * (x - lo)
+    return AP_ALL_TO_ALL_LATENCY_US[at] / 1e3 + nbytes / (ap_all_to_all(hosts, local) * share)
+
+
 def ap_all_to_all(hosts: int, gpus: int) -> float:
     """AP's measured all-to-all rate per rank (bytes/ms) for ``hosts`` x ``gpus``."""
     return _ap(AP_ALL_TO_ALL_GBPS, "all_to_all", hosts, gpus)
@@ -166,8 +205,11 @@ def rank_times(shards: list[dict[str, Any]], world: int, local: int, global_batc
     rank's sum (its ``NoopPerfModel``). A record's ``ranks`` is a list or ``"all"``
     (data parallel: the same terms on every rank).
 
-    ``pxn`` re-derives the world-wide all-to-all of table- and column-wise shards as NCCL's
-    PXN runs it: ``{"a2a_bw": rate the pricing charged those bytes at, "intra": NVLink rate,
+    ``pxn`` re-derives the world-wide all-to-all of table- and column-wise shards; with
+    ``{"a2a_bw": ..., "sized": True}`` as AP measured it at the size it has: one exchange
+    a direction per rank, its bytes the rank's shards' (half of TorchRec's forward +
+    backward bytes each way), at :func:`ap_all_to_all_ms` (latency and size ramp).
+    Otherwise as NCCL's PXN runs it: ``{"a2a_bw": rate the pricing charged those bytes at, "intra": NVLink rate,
     "inter": NIC rate, "share": bool}``. Each rank's bytes are recovered from its terms
     (``comms x a2a_bw``, checked against TorchRec's byte formula); the cross-host bytes
     (all of them as TorchRec counts, or the (W-L)/W share with ``share``) leave by the
@@ -195,7 +237,10 @@ def rank_times(shards: list[dict[str, Any]], world: int, local: int, global_batc
                 sent[r] += got
             else:
                 comms[r] += m
-    if pxn is not None:
+    if pxn is not None and pxn.get("sized"):
+        for r in range(world):
+            comms[r] += 2 * ap_all_to_all_ms(sent[r] / 2, world, local)
+    elif pxn is not None:
         if pxn.get("share"):
             nvl_share, cross_share = a2a_shares(world, local)
         else:
@@ -250,7 +295,10 @@ VARIANTS: dict[str, tuple[str, bool]] = {
     "all_measured": ("all_measured", False),
     "all_hbm_derated": ("all_links_derated", True),
     "all_no_narrow_penalty": ("all_links_plain_lookup", True),
+    "all_measured_sized": ("all_measured", True),
 }
+# variants whose re-derivation is AP's sized all-to-all rather than PXN
+SIZED = ("all_measured_sized",)
 
 
 def pricing_rates(pricing: str) -> tuple[float, float]:
@@ -274,7 +322,8 @@ def reprice(terms: dict[str, Any], who: str, world: int, local: int,
         if pxn:
             intra, inter = pricing_rates(pricing)
             spec = {"a2a_bw": terms[pricing]["a2a_bw"], "intra": intra, "inter": inter,
-                    "share": PRICINGS[pricing].get("comms") == "share"}
+                    "share": PRICINGS[pricing].get("comms") == "share",
+                    "sized": name in SIZED}
         r = rank_times(got["shards"], world, local, global_batch, spec)
         if not pxn and abs(r["max_ms"] - got["max_perf_ms"]) > 1e-3:
             raise ValueError(f"{who} plan, pricing {pricing}: re-summed {r['max_ms']:.4f} ms "
