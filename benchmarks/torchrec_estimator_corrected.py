@@ -59,9 +59,11 @@ def gemc_side(world: int, calibration: Any
     return problem, g, seconds, tables, plan
 
 
-def case(py: Path, world: int, calibration: Any, timeout: float, plan_torchrec: bool
-         ) -> dict[str, Any]:
-    """Both plans at ``world`` ranks, every variant of both."""
+def case(py: Path, world: int, calibration: Any, timeout: float, plan_torchrec: bool,
+         torchrec_plans_with: str = "torchrec") -> dict[str, Any]:
+    """Both plans at ``world`` ranks, every variant of both; TorchRec's planner plans
+    under the pricing ``torchrec_plans_with`` names (its knobs: PXN is no knob, so a
+    pricing that re-derives it plans without it)."""
     problem, g, seconds, tables, gemc_plan = gemc_side(world, calibration)
     req = {"world": world, "local": LOCAL, "hbm_bytes": 141e9,
            "batch": vt.GLOBAL_BATCH // world, "tables": tables, "terms": rates.PRICINGS}
@@ -77,7 +79,9 @@ def case(py: Path, world: int, calibration: Any, timeout: float, plan_torchrec: 
     terms = {p: {"a2a_bw": v["a2a_bw"], "gemc": v["gemc"]} for p, v in mine["terms"].items()}
     if plan_torchrec:
         t0 = time.perf_counter()
-        theirs = vt.run_worker(py, {**req, "gemc_plan": None}, timeout)
+        knobs = rates.PRICINGS[torchrec_plans_with]
+        theirs = vt.run_worker(py, {**req, "gemc_plan": None, **knobs}, timeout)
+        row["torchrec_planned_with"] = torchrec_plans_with
         row["torchrec_worker_s"] = time.perf_counter() - t0
         if "error" in theirs:
             row["torchrec_error"] = str(theirs["error"])
@@ -158,6 +162,9 @@ def main() -> int:
                          "gemc's plan is priced")
     ap.add_argument("--json", default=str(vt.REPO / "benchmarks" / "results"
                                           / "torchrec_estimator_corrected.json"))
+    ap.add_argument("--torchrec-plans-with", default="torchrec", choices=sorted(rates.PRICINGS),
+                    help="the pricing whose knobs TorchRec's planner plans under (default: "
+                         "its own defaults, as in vs_torchrec.py)")
     ap.add_argument("--reprice", default=None,
                     help="a recorded run's JSON: re-derive its variants from the per-shard "
                          "terms it holds (no planning, no TorchRec) and write them to --json")
@@ -176,7 +183,8 @@ def main() -> int:
           flush=True)
     rows = []
     for world in map(int, args.worlds.split(",")):
-        row = case(py, world, calibration, args.torchrec_timeout, world not in skip)
+        row = case(py, world, calibration, args.torchrec_timeout, world not in skip,
+                   args.torchrec_plans_with)
         rows.append(row)
         print(size_table(row) if "variants" in row else f"{world}: {row.get('error')}",
               flush=True)

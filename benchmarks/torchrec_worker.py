@@ -141,10 +141,30 @@ def constraints(tables: list[dict[str, Any]], **extra: Any) -> dict[str, Paramet
             for t in tables}
 
 
+def enumerator(req: dict[str, Any], cons: dict[str, ParameterConstraints]
+               ) -> EmbeddingEnumerator:
+    """TorchRec's enumerator with its perf and storage estimators on the request's
+    topology; ``lookup_hooks`` (name -> bool) set TorchRec's own per-config hooks
+    (estimator/annotations.py: use_block_usage_penalty, use_min_dim_for_lookup) on its
+    perf estimator's config."""
+    topo = topology(req)
+    perf = EmbeddingPerfEstimator(topology=topo, constraints=cons)
+    for hook, on in (req.get("lookup_hooks") or {}).items():
+        setattr(perf._estimator.config, f"_{hook}", bool(on))
+    return EmbeddingEnumerator(
+        topology=topo, batch_size=req["batch"], constraints=cons,
+        estimator=[perf, EmbeddingStorageEstimator(topology=topo, constraints=cons)])
+
+
 def plan_with_torchrec(req: dict[str, Any]) -> dict[str, Any]:
+    """TorchRec's plan of the tables; under the request's knobs when it names any (its
+    enumerator passed only when lookup hooks are set, so the default path is TorchRec's
+    own)."""
     tables = req["tables"]
+    cons = constraints(tables)
+    extra = {"enumerator": enumerator(req, cons)} if req.get("lookup_hooks") else {}
     planner = EmbeddingShardingPlanner(topology=topology(req), batch_size=req["batch"],
-                                       constraints=constraints(tables))
+                                       constraints=cons, **extra)
     start = time.perf_counter()
     plan = planner.plan(ebc(tables), [sharder()])
     seconds = time.perf_counter() - start
@@ -187,16 +207,7 @@ class Pricer:
                 extra["min_partition"] = t["dim"] // cw_shards
             if grid_cols:
                 extra["min_partition"] = t["dim"] // grid_cols
-            topo = topology(self.req)
-            cons = constraints(one, **extra)
-            perf = EmbeddingPerfEstimator(topology=topo, constraints=cons)
-            for hook, on in (self.req.get("lookup_hooks") or {}).items():
-                # TorchRec's own per-config hooks (estimator/annotations.py
-                # use_block_usage_penalty, use_min_dim_for_lookup), set on its config
-                setattr(perf._estimator.config, f"_{hook}", bool(on))
-            enum = EmbeddingEnumerator(
-                topology=topo, batch_size=self.req["batch"], constraints=cons,
-                estimator=[perf, EmbeddingStorageEstimator(topology=topo, constraints=cons)])
+            enum = enumerator(self.req, constraints(one, **extra))
             self.cache[key] = enum.enumerate(ebc(one), [sharder()])
         return self.cache[key]
 
