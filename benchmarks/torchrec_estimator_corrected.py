@@ -67,7 +67,7 @@ def case(py: Path, world: int, calibration: Any, timeout: float, plan_torchrec: 
     problem, g, seconds, tables, gemc_plan = gemc_side(world, calibration)
     req = {"world": world, "local": LOCAL, "hbm_bytes": 141e9,
            "batch": vt.GLOBAL_BATCH // world, "tables": tables, "terms": rates.PRICINGS}
-    row: dict[str, Any] = {"world": world, "gemc_plan_s": seconds,
+    row: dict[str, Any] = {"world": world, "tables": tables, "gemc_plan_s": seconds,
                            "gemc_under_gemc_ms": g.evaluation.step_ms}
     t0 = time.perf_counter()
     mine = vt.run_worker(py, {**req, "gemc_plan": gemc_plan, "plan": False}, timeout)
