@@ -16,12 +16,13 @@ to 0.001 ms, checked on every run).
 
 Prints one table per size (each plan's max-rank ms under each variant, the rank and its
 compute / comms split, and whether gemc's plan is no worse) and writes
-``benchmarks/results/torchrec_estimator_corrected.json``.
+``benchmarks/results/torchrec_estimator_corrected.json.gz``.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import platform
@@ -132,17 +133,33 @@ def size_table(row: dict[str, Any]) -> str:
               f"{vt.fmt(row.get('torchrec_under_gemc_ms'))} ms)")
 
 
+def read_run(path: Path) -> dict[str, Any]:
+    """A recorded run (``.json`` or ``.json.gz``)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        return json.load(f)
+
+
+def write_run(path: Path, run: dict[str, Any]) -> None:
+    """A run as JSON, gzipped when the name ends ``.gz`` (every shard of both plans under
+    every pricing is megabytes of repeated keys)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "wt") as f:
+        json.dump(run, f, default=str)
+
+
 def reprice_recorded(src: Path, dst: Path) -> int:
     """``--reprice``: every size of a recorded run judged again by this commit's
     re-derivations (TorchRec's own pricings are the recorded ones)."""
-    run = json.loads(src.read_text())
+    run = read_run(src)
     run["repriced"] = {"from": str(src), "commit": _commit(),
                        "date": datetime.now(UTC).isoformat(timespec="seconds"),
                        "variants": {k: list(v) for k, v in rates.VARIANTS.items()}}
     for row in run["rows"]:
         if "terms" in row:
             print(size_table(judge(row)), flush=True)
-    dst.write_text(json.dumps(run, indent=1, default=str))
+    write_run(dst, run)
     return 0
 
 
@@ -161,7 +178,7 @@ def main() -> int:
                     help="worlds (e.g. 4096) where TorchRec's planner is not run: only "
                          "gemc's plan is priced")
     ap.add_argument("--json", default=str(vt.REPO / "benchmarks" / "results"
-                                          / "torchrec_estimator_corrected.json"))
+                                          / "torchrec_estimator_corrected.json.gz"))
     ap.add_argument("--torchrec-plans-with", default="torchrec", choices=sorted(rates.PRICINGS),
                     help="the pricing whose knobs TorchRec's planner plans under (default: "
                          "its own defaults, as in vs_torchrec.py)")
@@ -190,8 +207,7 @@ def main() -> int:
               flush=True)
         if row.get("torchrec_error"):
             print(f"  TorchRec's side: {row['torchrec_error']}", flush=True)
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({**meta, "rows": rows}, indent=1, default=str))
+        write_run(Path(args.json), {**meta, "rows": rows})
     return 0
 
 
