@@ -61,10 +61,13 @@ def gemc_side(world: int, calibration: Any
 
 
 def case(py: Path, world: int, calibration: Any, timeout: float, plan_torchrec: bool,
-         torchrec_plans_with: str = "torchrec") -> dict[str, Any]:
+         torchrec_plans_with: str = "torchrec", recorded: dict[str, Any] | None = None
+         ) -> dict[str, Any]:
     """Both plans at ``world`` ranks, every variant of both; TorchRec's planner plans
     under the pricing ``torchrec_plans_with`` names (its knobs: PXN is no knob, so a
-    pricing that re-derives it plans without it)."""
+    pricing that re-derives it plans without it). ``recorded``: a recorded row of this
+    size whose TorchRec plan and terms are taken instead of planning again (its plan does
+    not depend on gemc's code; at 4,096 ranks its planner takes ~15 minutes)."""
     problem, g, seconds, tables, gemc_plan = gemc_side(world, calibration)
     req = {"world": world, "local": LOCAL, "hbm_bytes": 141e9,
            "batch": vt.GLOBAL_BATCH // world, "tables": tables, "terms": rates.PRICINGS}
@@ -78,7 +81,15 @@ def case(py: Path, world: int, calibration: Any, timeout: float, plan_torchrec: 
         return row
     row["versions"] = {k: mine.get(k) for k in ("torch", "torchrec")}
     terms = {p: {"a2a_bw": v["a2a_bw"], "gemc": v["gemc"]} for p, v in mine["terms"].items()}
-    if plan_torchrec:
+    if recorded is not None:
+        for p, v in recorded["terms"].items():
+            if "torchrec" in v and p in terms:
+                terms[p]["torchrec"] = v["torchrec"]
+        for key in ("torchrec_plan_s", "torchrec_under_gemc_ms", "torchrec_planned_with"):
+            if key in recorded:
+                row[key] = recorded[key]
+        row["torchrec_from"] = recorded.get("from")
+    elif plan_torchrec:
         t0 = time.perf_counter()
         knobs = rates.PRICINGS[torchrec_plans_with]
         theirs = vt.run_worker(py, {**req, "gemc_plan": None, **knobs}, timeout)
@@ -182,6 +193,9 @@ def main() -> int:
     ap.add_argument("--torchrec-plans-with", default="torchrec", choices=sorted(rates.PRICINGS),
                     help="the pricing whose knobs TorchRec's planner plans under (default: "
                          "its own defaults, as in vs_torchrec.py)")
+    ap.add_argument("--torchrec-terms-from", default=None,
+                    help="a recorded run: take TorchRec's plan and its terms from it for the "
+                         "sizes it holds, instead of running TorchRec's planner again")
     ap.add_argument("--reprice", default=None,
                     help="a recorded run's JSON: re-derive its variants from the per-shard "
                          "terms it holds (no planning, no TorchRec) and write them to --json")
@@ -198,10 +212,15 @@ def main() -> int:
             "variants": {k: list(v) for k, v in rates.VARIANTS.items()}}
     print(f"TorchRec's estimator corrected: {os.cpu_count()} CPUs, commit {commit}\n",
           flush=True)
+    recorded: dict[int, dict[str, Any]] = {}
+    if args.torchrec_terms_from:
+        for r in read_run(Path(args.torchrec_terms_from))["rows"]:
+            if "torchrec" in r.get("terms", {}).get("torchrec", {}):
+                recorded[r["world"]] = {**r, "from": args.torchrec_terms_from}
     rows = []
     for world in map(int, args.worlds.split(",")):
         row = case(py, world, calibration, args.torchrec_timeout, world not in skip,
-                   args.torchrec_plans_with)
+                   args.torchrec_plans_with, recorded.get(world))
         rows.append(row)
         print(size_table(row) if "variants" in row else f"{world}: {row.get('error')}",
               flush=True)

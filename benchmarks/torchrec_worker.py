@@ -119,7 +119,8 @@ def topology(req: dict[str, Any]) -> Topology:
             req["comms"], bw.get("intra_host_bw", INTRA_NODE_BANDWIDTH),
             bw.get("inter_host_bw", CROSS_NODE_BANDWIDTH))
     return Topology(world_size=req["world"], compute_device="cuda",
-                    local_world_size=req["local"], hbm_cap=int(req["hbm_bytes"]), **bw)
+                    local_world_size=req["local"], hbm_cap=int(req["hbm_bytes"]),
+                    pod_size=req.get("pod_size"), **bw)
 
 
 def a2a_rate(req: dict[str, Any]) -> float:
@@ -196,10 +197,16 @@ class Pricer:
         self.cache: dict[tuple, list[Any]] = {}
 
     def options(self, t: dict[str, Any], kind: str, cw_shards: int | None = None,
-                grid_cols: int | None = None) -> list[Any]:
+                grid_cols: int | None = None, grid_rows: int | None = None) -> list[Any]:
         """TorchRec's ``kind`` options for a table; ``cw_shards``: that many column blocks
-        (column-wise), ``grid_cols``: its grid_shard with that many column blocks."""
-        key = (t["rows"], t["dim"], t["pooling"], kind, cw_shards, grid_cols)
+        (column-wise), ``grid_cols``: its grid_shard with that many column blocks of
+        ``grid_rows`` row shards. TorchRec cuts a grid's column block over its table-row-wise
+        group (``intra_group_size``: a host, or ``pod_size`` hosts), so a block of more row
+        shards than a host has GPUs is priced with ``pod_size`` that many hosts: TorchRec's
+        own pricing of a group across hosts (its reduce-scatter at the cross-host rate)."""
+        local = self.req["local"]
+        pod = grid_rows // local if grid_rows and grid_rows > local else None
+        key = (t["rows"], t["dim"], t["pooling"], kind, cw_shards, grid_cols, pod)
         if key not in self.cache:
             one = [dict(t, name="t")]
             extra: dict[str, Any] = {"sharding_types": [kind]}
@@ -207,7 +214,8 @@ class Pricer:
                 extra["min_partition"] = t["dim"] // cw_shards
             if grid_cols:
                 extra["min_partition"] = t["dim"] // grid_cols
-            enum = enumerator(self.req, constraints(one, **extra))
+            req = {**self.req, "pod_size": pod} if pod else self.req
+            enum = enumerator(req, constraints(one, **extra))
             self.cache[key] = enum.enumerate(ebc(one), [sharder()])
         return self.cache[key]
 
@@ -234,7 +242,8 @@ class Pricer:
                 cw = len(ranks) if kind == "column_wise" else None
                 # gemc's grid: round(sqrt(shards)) column blocks (its memory model's shape)
                 cols = round(len(ranks) ** 0.5) if kind == "grid_shard" else None
-                opts = [o for o in self.options(t, kind, cw, cols)
+                rows = len(ranks) // cols if cols else None
+                opts = [o for o in self.options(t, kind, cw, cols, rows)
                         if o.compute_kernel == FUSED and len(o.shards) == len(ranks)]
             if not opts:
                 unpriced.append(f"{t['name']} ({p['sharding']} x{len(ranks)})")
