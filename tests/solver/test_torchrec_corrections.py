@@ -146,19 +146,34 @@ def test_reprice_reproduces_recorded_figures_and_refuses_drift() -> None:
         rates.reprice(terms, "gemc", W, L, BATCH)
 
 
-RECORDED = BENCHMARKS / "results" / "torchrec_estimator_corrected.json.gz"
+RECORDED = [BENCHMARKS / "results" / f"torchrec_estimator_corrected{tail}.json.gz"
+            for tail in ("", "_4096", "_replanned")]
+
+
+def recorded_rows() -> dict[tuple[str, int], dict]:
+    """(file, world) -> a recorded size, from every recorded run."""
+    out = {}
+    for path in RECORDED:
+        with gzip.open(path, "rt") as f:
+            for row in json.load(f)["rows"]:
+                if "terms" in row:
+                    out[(path.name, row["world"])] = row
+    return out
 
 
 def test_recorded_run_reproduces_torchrecs_figures() -> None:
-    """Every plan and pricing of the recorded run: the re-summed shard terms give TorchRec's
-    own figure (reprice checks it to 0.001 ms), the default one is what vs_torchrec.py
-    recorded for TorchRec's plan (8.12 ms at 16 ranks, 3.88 at 64), and the table-/column-
-    wise comms are TorchRec's byte formula at the pricing's all-to-all rate."""
-    with gzip.open(RECORDED, "rt") as f:
-        run = json.load(f)
-    worlds = {row["world"]: row for row in run["rows"] if "terms" in row}
-    assert {16, 64} <= set(worlds)
-    for world, row in worlds.items():
+    """Every plan and pricing of the recorded runs: the re-summed shard terms give
+    TorchRec's own figure (reprice checks it to 0.001 ms), the default one is what
+    vs_torchrec.py recorded for TorchRec's plan (8.12 ms at 16 ranks, 3.88 at 64), the
+    table-/column-wise comms are TorchRec's byte formula at the pricing's all-to-all rate,
+    and at 4,096 ranks every table of both plans is priced (gemc's grids included)."""
+    rows = recorded_rows()
+    worlds = {w: row for (name, w), row in rows.items()
+              if name == "torchrec_estimator_corrected.json.gz"}
+    assert {16, 64, 512, 4096} <= set(worlds)
+    assert rows[("torchrec_estimator_corrected_4096.json.gz", 4096)]["unpriced"] == {
+        "gemc": [], "torchrec": []}
+    for (_, world), row in rows.items():
         for who in row["variants"]:
             again = rates.reprice(row["terms"], who, world, 8, BATCH)
             for name, r in again.items():
