@@ -310,20 +310,23 @@ class EmbeddingOptimizer:
         """Run the dense-gradient step of tables ``fqns`` on ``meta`` tensors of their
         shapes (the warm-up's derivation, :mod:`gemc.backends.triton.warm`: the masked row
         update's launches are recorded, nothing is updated). Only the tables :meth:`step`
-        updates that way: fp32, one rank, not fused into a batched lookup."""
+        updates that way: fp32, not fused into a batched lookup; on one rank ``fqns``, on
+        several every data-parallel replica (its masked pass with used-row flags,
+        :class:`ReplicaBucket`), whatever ``fqns`` says."""
         import copy
 
         from gemc.backends.triton.warm import meta_like
 
-        for fqn in fqns:
+        replicas = self._replicas()
+        for fqn in replicas or (fqns if self.world_size == 1 else []):
             m = self.tables.get(fqn)
-            if m is None or m.weight is None or fqn in self.fused or m.precision != "fp32" \
-                    or self.world_size != 1:
+            if m is None or m.weight is None or fqn in self.fused or m.precision != "fp32":
                 continue
             twin = copy.copy(self.state[fqn])
             twin.tensors = {k: meta_like(v) for k, v in self.state[fqn].tensors.items()}
             weight = meta_like(m.weight.data)
-            twin.apply_dense(weight, torch.empty_like(weight), self.cfg, 1)
+            used = torch.empty(weight.shape[0], device="meta") if replicas else None
+            twin.apply_dense(weight, torch.empty_like(weight), self.cfg, 1, used)
 
     @torch.no_grad()
     def step(self) -> None:
@@ -368,13 +371,17 @@ class EmbeddingOptimizer:
     def _replica_bucket(self) -> ReplicaBucket | None:
         """The step's bucket of data-parallel replicas (made at the first step, once the
         fused tables are known), None on one rank or without replicas."""
+        if self._bucket is None and self.world_size > 1:
+            self._bucket = ReplicaBucket({fqn: self.tables[fqn] for fqn in self._replicas()})
+        return self._bucket if self._bucket is not None and self._bucket.segments else None
+
+    def _replicas(self) -> list[str]:
+        """The data-parallel tables this optimizer steps through the bucket (several
+        ranks; not fused into a batched lookup), in the tables' order."""
         if self.world_size == 1:
-            return None
-        if self._bucket is None:
-            self._bucket = ReplicaBucket({
-                fqn: m for fqn, m in self.tables.items()
-                if m.weight is not None and m.replicated and fqn not in self.fused})
-        return self._bucket if self._bucket.segments else None
+            return []
+        return [fqn for fqn, m in self.tables.items()
+                if m.weight is not None and m.replicated and fqn not in self.fused]
 
     @staticmethod
     def _row_grads(m: Any, grad: torch.Tensor | None) -> RowGrads | None:

@@ -298,6 +298,23 @@ def one_process_group(tmp_path):  # noqa: ANN001, ANN201
         dist.destroy_process_group()
 
 
+def _replica(seed: int, padding: bool) -> tuple[nn.Embedding, ShardedEmbedding]:
+    """(a reference nn.Embedding, this rank's data-parallel replica of it, one of two)."""
+    from gemc.sharding import make_shards
+
+    ref = nn.Embedding(ROWS, DIM, padding_idx=PAD if padding else None, sparse=True)
+    with torch.no_grad():
+        ref.weight.copy_(torch.randn(ROWS, DIM, generator=torch.Generator().manual_seed(seed)))
+    plan_table = {"fqn": f"t{seed}.weight", "rows": ROWS, "dim": DIM,
+                  "sharding": "data_parallel",
+                  "shards": make_shards("data_parallel", [0, 1], ROWS, DIM)}
+    table = ShardedEmbedding(ref, plan_table, rank=0, world_size=2, seed=0)
+    table.to_empty(device="cpu")
+    with torch.no_grad():
+        table.weight.copy_(ref.weight)
+    return ref, table
+
+
 @pytest.mark.parametrize("optimizer", ["rowwise_adagrad", "adam"])
 def test_replicas_reduce_in_one_all_reduce_without_a_sync(optimizer: str,
                                                           one_process_group) -> None:  # noqa: ANN001
@@ -308,22 +325,7 @@ def test_replicas_reduce_in_one_all_reduce_without_a_sync(optimizer: str,
     not all zero, would leave it)."""
     from gemc.backends.torch.comm import count_calls
 
-    from gemc.sharding import make_shards
-
-    def replica(seed: int, padding: bool) -> tuple[nn.Embedding, ShardedEmbedding]:
-        ref = nn.Embedding(ROWS, DIM, padding_idx=PAD if padding else None, sparse=True)
-        with torch.no_grad():
-            ref.weight.copy_(torch.randn(ROWS, DIM, generator=torch.Generator().manual_seed(seed)))
-        plan_table = {"fqn": f"t{seed}.weight", "rows": ROWS, "dim": DIM,
-                      "sharding": "data_parallel",
-                      "shards": make_shards("data_parallel", [0, 1], ROWS, DIM)}
-        table = ShardedEmbedding(ref, plan_table, rank=0, world_size=2, seed=0)
-        table.to_empty(device="cpu")
-        with torch.no_grad():
-            table.weight.copy_(ref.weight)
-        return ref, table
-
-    pairs = {f"t{s}.weight": replica(s, padding=s == 1) for s in (1, 2)}
+    pairs = {f"t{s}.weight": _replica(s, padding=s == 1) for s in (1, 2)}
     cfg = EmbeddingOptimConfig(kind=optimizer, lr=0.05)
     ref_states = {f: RowState(ref.weight.data, optimizer) for f, (ref, _) in pairs.items()}
     opt = EmbeddingOptimizer({f: table for f, (_, table) in pairs.items()}, cfg, world_size=2)
@@ -356,4 +358,21 @@ def test_replicas_reduce_in_one_all_reduce_without_a_sync(optimizer: str,
     moved = not torch.equal(before["t2.weight"][5], pairs["t2.weight"][1].weight.data[5])
     assert moved == (optimizer == "adam")
     assert torch.equal(pairs["t1.weight"][1].weight.data[PAD],
-                       replica(1, padding=True)[1].weight.data[PAD])
+                       _replica(1, padding=True)[1].weight.data[PAD])
+
+
+def test_the_replicas_masked_update_is_warmed_as_it_launches(one_process_group) -> None:  # noqa: ANN001
+    """The warm-up's derivation (graph mode's first step) of the replicas' masked pass:
+    the launch a real step makes (used-row flags given), and none on one rank's list."""
+    from gemc.backends.triton import warm as W
+
+    tables = {f"t{s}.weight": _replica(s, padding=False)[1] for s in (1, 2)}
+    opt = EmbeddingOptimizer(tables, EmbeddingOptimConfig(kind="adam"), world_size=2)
+    with W.dry_launches() as derived:
+        opt.warm_dense([])
+    for table in tables.values():
+        table(torch.tensor([[1, 2, 2]])).sum().backward()
+    with W.record_launches() as launched:
+        opt.step()
+    assert len(launched) == len(tables) == len(derived)
+    assert {W.signature(x) for x in derived} == {W.signature(x) for x in launched}
