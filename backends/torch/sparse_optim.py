@@ -320,7 +320,8 @@ class EmbeddingOptimizer:
         replicas = self._replicas()
         for fqn in replicas or (fqns if self.world_size == 1 else []):
             m = self.tables.get(fqn)
-            if m is None or m.weight is None or fqn in self.fused or m.precision != "fp32":
+            if m is None or m.weight is None or fqn in self.fused or m.precision != "fp32" \
+                    or m.weight.dtype != torch.float32:
                 continue
             twin = copy.copy(self.state[fqn])
             twin.tensors = {k: meta_like(v) for k, v in self.state[fqn].tensors.items()}
@@ -490,9 +491,10 @@ class ReplicaBucket:
                step: int) -> None:
         """Apply replica ``fqn``'s reduced gradient to the rows some rank used: fp32 in one
         masked pass; bf16 / fp8 through the stored rows (rounded as every replica rounds:
-        the draw is seeded by table and step), unflagged rows kept as stored."""
+        the draw is seeded by table and step), unflagged rows kept as stored; a model's own
+        narrower weights (precision "fp32" of a bf16 model) through the rows, cast back."""
         grad, used = self.views(fqn)
-        if m.precision == "fp32":
+        if m.precision == "fp32" and m.weight.dtype == torch.float32:
             state.apply_dense(m.weight.data, grad, cfg, step, used)
             return
         rows = self._all_rows.get(fqn)

@@ -376,3 +376,29 @@ def test_the_replicas_masked_update_is_warmed_as_it_launches(one_process_group) 
         opt.step()
     assert len(launched) == len(tables) == len(derived)
     assert {W.signature(x) for x in derived} == {W.signature(x) for x in launched}
+
+
+def test_a_replica_of_a_bf16_model_table_steps_as_the_reference(one_process_group) -> None:  # noqa: ANN001
+    """A model whose table is bf16 itself (plan precision "fp32": the model's own dtype)
+    has no fp32 weight for the masked pass: its replica steps through the rows, as the
+    reference does, and rows no rank used stay as they are."""
+    ref, table = _replica(3, padding=False)
+    ref.to(torch.bfloat16)
+    table.weight.data = table.weight.data.to(torch.bfloat16)
+    cfg = EmbeddingOptimConfig(kind="rowwise_adagrad", lr=0.05)
+    ref_state = RowState(ref.weight.data, cfg.kind)
+    opt = EmbeddingOptimizer({"t3.weight": table}, cfg, world_size=2)
+    ids = torch.tensor([[1, 2, 2, 5]])
+    probe = torch.randn(1, 4, DIM).to(torch.bfloat16)
+    (table(ids) * probe).sum().backward()
+    opt.step()
+    (ref(ids) * probe).sum().backward()
+    ref.weight.grad = ref.weight.grad * 0.5
+    _reference_step(ref.weight, ref_state, cfg, 1)
+    assert table.weight.dtype == torch.bfloat16
+    torch.testing.assert_close(table.weight.data, ref.weight.data)
+    # the reference sums the duplicated row's bf16 gradients in bf16 (coalesce), the
+    # bucket in fp32 (as summed_rows did): its accumulator differs by bf16's rounding
+    torch.testing.assert_close(opt.state["t3.weight"].tensors["sum"], ref_state.tensors["sum"],
+                               rtol=2e-3, atol=1e-5)
+    assert torch.equal(table.weight.data[6:], ref.weight.data[6:])  # never looked up
