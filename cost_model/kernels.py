@@ -195,8 +195,7 @@ def eager_lookup_bytes(path: str, rows: float, dim: float, nnz: float, bags: flo
 
 
 def eager_update_bytes(path: str, rows: float, dim: float, nnz: float, optimizer: str | None,
-                       elt: int, storage_elt: float | None = None,
-                       replicas: int = 1) -> dict[str, float]:
+                       elt: int, storage_elt: float | None = None) -> dict[str, float]:
     """HBM bytes of the sparse optimizer's step of one table (its ``step`` per table).
 
     ``dense_grad`` (one rank): one masked pass (backends/triton/masked_row_update.py)
@@ -207,10 +206,8 @@ def eager_update_bytes(path: str, rows: float, dim: float, nnz: float, optimizer
     over ``min(nnz, rows)`` slots (the slots past the distinct rows repeat the last one). A table
     stored narrower (``storage_elt`` bytes an element) instead sorts its ids once more to
     dequantise the used rows, sums their gradients into the distinct rows and writes them
-    rounded; its update runs over the distinct rows. A data-parallel replica on
-    ``replicas`` ranks also writes its rows into a zeroed table-sized gradient and a
-    used-row mask (all-reduced: the collective is priced with the communication) and
-    gathers back the rows any replica used, which its update runs over."""
+    rounded; its update runs over the distinct rows. A data-parallel replica on several
+    ranks is priced by :func:`replica_update_bytes`."""
     table = float(rows) * dim * elt
     touched = expected_unique_rows(int(rows), int(nnz))
     if path == "dense_grad":
@@ -225,13 +222,59 @@ def eager_update_bytes(path: str, rows: float, dim: float, nnz: float, optimizer
         slots = float(min(nnz, rows))  # the update's slots: one per id, at most one a row
         stream += float(nnz) * dim * 4.0  # the zeroed sums
         row_bytes = 3.0 * float(nnz) * dim * elt + 2.0 * slots * dim * elt
-    if replicas > 1:
-        slots = expected_unique_rows(int(rows), int(nnz * replicas))
-        stream += float(rows) * dim * 4.0 + 3.0 * 4.0 * rows
-        row_bytes += 4.0 * slots * dim * 4.0
     passes = EAGER_ROW_UPDATE.get((optimizer or "").lower(), (0.0, 0))[0]
     stream += passes * slots * dim * 4.0
     if narrow:
         stream += sort_bytes(nnz)
         row_bytes += 2.0 * touched * dim * storage_elt
+    return {"stream": stream, "rows": row_bytes}
+
+
+# ---- a data-parallel replica on several ranks (sparse_optim.ReplicaBucket) ---------------
+# Kernels a replica's step issues on its own: its gradient rows added into its segment of
+# the step's bucket, its used-row flags set, and its masked update pass (fp32); a replica
+# stored narrower instead issues the narrow rows' kernels (the unique and sum of its rows'
+# gradients), their copy into the segment, and the row update over every row with the
+# keep-mask's selects (two more).
+REPLICA_KERNELS = 3
+REPLICA_NARROW_EXTRA_KERNELS = 2
+# Kernels the bucket issues once a step whatever the replicas: its zero-fill and the
+# division by the world after the all-reduce (the all-reduce is priced as a collective).
+REPLICA_BUCKET_KERNELS = 2
+
+
+def replica_bucket_bytes(rows: float, dim: float) -> float:
+    """Bytes one replica of ``rows`` x ``dim`` adds to the step's bucket (and to the one
+    all-reduce of it): its fp32 gradient rows and one fp32 used-row flag a row, whatever
+    the table's storage precision (sparse_optim.ReplicaBucket)."""
+    return float(rows) * (float(dim) + 1.0) * 4.0
+
+
+def replica_update_bytes(rows: float, dim: float, nnz: float, optimizer: str | None,
+                         elt: int, replicas: int,
+                         storage_elt: float | None = None) -> dict[str, float]:
+    """HBM bytes of one data-parallel replica's part of the sparse optimizer's step, split
+    as :func:`eager_update_bytes`: ``stream`` (its share of the bucket's zero-fill and
+    division, three passes over its segment; the masked pass's read of its gradient and
+    flags) and ``rows`` (the add of its ``nnz`` local gradient rows into the segment,
+    read and written at the ids; the masked pass's read and write of the rows some of the
+    ``replicas`` used, weights and optimizer state). A replica stored narrower sums its
+    rows' gradients first (its ids sorted twice: the lookup's unique and the rows' sum)
+    and updates every row in ATen (``EAGER_ROW_UPDATE``'s passes over the table, the
+    stored rows read and written)."""
+    segment = replica_bucket_bytes(rows, dim)
+    stream = 3.0 * segment
+    narrow = storage_elt is not None and storage_elt < elt
+    if narrow:
+        touched = expected_unique_rows(int(rows), int(nnz))
+        stream += 2.0 * sort_bytes(nnz)
+        row_bytes = 2.0 * float(nnz) * dim * elt + touched * dim * (elt + 2.0 * 4.0)
+        passes = EAGER_ROW_UPDATE.get((optimizer or "").lower(), (0.0, 0))[0]
+        stream += passes * float(rows) * dim * 4.0 + 2.0 * float(rows) * dim * storage_elt
+        return {"stream": stream, "rows": row_bytes}
+    used = expected_unique_rows(int(rows), int(nnz * replicas))
+    state = 2.0 * (4.0 if (optimizer or "").lower() != "adam" else 2.0 * dim * 4.0)
+    stream += segment  # the masked pass reads the reduced gradient and flags once
+    row_bytes = float(nnz) * (dim * (elt + 2.0 * 4.0) + INDEX_BYTES) \
+        + used * (2.0 * dim * 4.0 + state)
     return {"stream": stream, "rows": row_bytes}

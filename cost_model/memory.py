@@ -11,7 +11,7 @@ Per dense strategy (ZeRO paper's accounting, Rajbhandari et al. 2020):
 Embedding shards with a fused optimizer (TorchRec TBE, gemc's batched kernel) store no
 gradient; a table looked up eagerly (gemc.table_lookup) holds a sparse or table-sized one
 at the end of the backward (``table_grad_bytes``); data-parallel replicas on several
-ranks hold a dense one. Optimizer states per element: adam/adamw 2, adagrad 1,
+ranks hold their segment of the step's replica bucket. Optimizer states per element: adam/adamw 2, adagrad 1,
 momentum 1, sgd 0; rowwise_adagrad 1 per *row*.
 """
 
@@ -26,7 +26,7 @@ from numpy.typing import ArrayLike
 from gemc.sharding import SHARDINGS, dense_strategy
 from gemc.table_lookup import BATCHED, DENSE_GRAD
 
-from .kernels import INDEX_BYTES, OPTIMIZER_STATES
+from .kernels import INDEX_BYTES, OPTIMIZER_STATES, replica_bucket_bytes
 from .types import RegionCost, StepOptions, TableCost
 
 
@@ -130,8 +130,9 @@ def shard_memory(table: TableCost, rows: float, dim: float, world: int,
     # the optimizer state stays fp32 at any storage precision (gemc.table_precision)
     opt = optimizer_state_bytes(options.table_optimizer, numel, rows=rows,
                                 state_bytes=options.state_bytes)
-    # fused TBE: no grads; a replica's gradient is dense in the lookup's dtype
-    grads = numel * table.dtype_bytes if table.replicated else 0.0
+    # fused TBE: no grads; a replica on several ranks: its segment of the step's bucket
+    # (fp32 gradient rows and used-row flags, kept between steps)
+    grads = replica_bucket_bytes(rows, dim) if table.replicated and world > 1 else 0.0
     # pooled outputs this rank produces and their gradients
     bags = table.batch * (world if not table.replicated else 1)
     bags *= table.output_share(rows)
@@ -162,15 +163,20 @@ def table_grad_bytes(table: TableCost, rows: float, dim: float, world: int,
     the runner (4 ranks, gloo): the held gradient to 0.5%, the step's moment to 2.5%;
     before the update was counted it was priced at 23 MB where the runner held 53 MB
     (row-wise Adagrad, a table-wise shard looking up 41k ids of 64 columns; lazy Adam
-    105 MB). A data-parallel replica on several
-    ranks is ``shard_memory``'s dense gradient."""
-    if rows == 0 or table.lookup == BATCHED or (table.replicated and world > 1):
+    105 MB). A data-parallel replica on several ranks holds its local batch's sparse
+    gradient (its bucket segment is ``shard_memory``'s, steady); its fp32 update is one
+    masked pass in place (no moment), a narrower-stored one runs the row update over
+    every row (``ROW_UPDATE_BUFFERS`` rows of the table)."""
+    if rows == 0 or table.lookup == BATCHED:
         return 0.0, 0.0
     if table.lookup == DENSE_GRAD:
         return rows * dim * table.dtype_bytes, 0.0
     nnz = float(table.nnz) if table.replicated \
         else world * table.nnz * rows / table.rows
     held = nnz * (dim * table.dtype_bytes + INDEX_BYTES)
+    if table.replicated and world > 1:
+        buffers = ROW_UPDATE_BUFFERS.get(optimizer, ROW_UPDATE_BUFFERS_DEFAULT)
+        return held, 0.0 if table.precision == "fp32" else rows * buffers * dim * 4.0
     slots = min(nnz, float(rows))
     summing = (nnz + slots) * dim * 4.0 + 8.0 * INDEX_BYTES * nnz
     buffers = ROW_UPDATE_BUFFERS.get(optimizer, ROW_UPDATE_BUFFERS_DEFAULT)

@@ -349,16 +349,17 @@ def eager_table_time(path: str, rows: int, dim: int, nnz: int, bags: int, lookup
     launches. Contiguous passes (zero-fills, whole-gradient scans, the row update's
     elementwise ops) stream at the calibrated memory efficiency; gathers and scatters of
     rows at ``ROOFLINE_EFFICIENCY["embedding"]``, as the batched kernel's. ``replicas``:
-    a data-parallel table's replica count (its step densifies the gradient to all-reduce
-    it: four more kernels and a second sync).
+    a data-parallel table's replica count: on several, its step is the bucketed one
+    (sparse_optim.ReplicaBucket, kernels.replica_update_bytes): its rows added into the
+    step's bucket and one masked pass over the table, no sync (the bucket's all-reduce is
+    priced once a step with the communication, step_model.replica_all_reduce_s).
 
     The optimizer step is eager and table by table: a table's step takes the longer of its
     device time and issuing its kernels (``eager_op_s`` each). On ``dense_grad`` it is one
     masked pass over the table-sized gradient (one kernel); on ``sparse`` the gradient's
     rows are summed by sort and segment and updated in ATen ops. Neither waits on the
-    device, except a table stored narrower (the unique of its ids) and a data-parallel
-    replica (its used rows, counted after the all-reduce): one issue after each such sync
-    while the GPU waits. Why priced by path: DIN's 16 weighted bags of 1M rows each pay a
+    device, except a table stored narrower (the unique of its ids): one issue after
+    that sync while the GPU waits. Why priced by path: DIN's 16 weighted bags of 1M rows each pay a
     read of their 0.26 GB dense gradient for ~40k touched rows; priced as the fused
     kernel (no gradient at all) its tables came to 2.5 ms of a 39 ms step predicted at
     18.6 ms.
@@ -395,21 +396,28 @@ def eager_table_time(path: str, rows: int, dim: int, nnz: int, bags: int, lookup
     bwd = stream_s(looked["bwd_stream"]) + rows_s + bwd_k * launch
     opt = 0.0
     if optimizer:
-        upd = kernels.eager_update_bytes(path, rows, dim, nnz, optimizer, elt, storage_bytes,
-                                         replicas)
         narrow = storage_bytes is not None and storage_bytes < elt
-        if dense:
-            ops = 1
+        row_kernels = kernels.EAGER_ROW_UPDATE.get(optimizer.lower(), (0.0, 0))[1]
+        if replicas > 1:  # the bucketed step (kernels.replica_update_bytes)
+            upd = kernels.replica_update_bytes(rows, dim, nnz, optimizer, elt, replicas,
+                                               storage_bytes)
+            ops = kernels.REPLICA_KERNELS if not narrow else (
+                _NARROW_ROWS_KERNELS + kernels.REPLICA_KERNELS - 1 + row_kernels
+                + kernels.REPLICA_NARROW_EXTRA_KERNELS)
+            # its ids' rows added into the table-sized segment: the dense gradient's
+            # contended adds on the hottest row
+            chain = hot_ids * kernels.DENSE_GRAD_HOT_ADD_S
         else:
-            ops = (_NARROW_ROWS_KERNELS if narrow else _SUMMED_ROWS_KERNELS) \
-                + kernels.EAGER_ROW_UPDATE.get(optimizer.lower(), (0.0, 0))[1] \
-                + (4 if replicas > 1 else 0)
-        device = stream_s(upd["stream"]) + upd["rows"] / (bw * rows_eff) + ops * launch
-        if not dense:
-            device += hot_ids * kernels.COALESCE_DUPLICATE_S
+            upd = kernels.eager_update_bytes(path, rows, dim, nnz, optimizer, elt,
+                                             storage_bytes)
+            ops = 1 if dense else (_NARROW_ROWS_KERNELS if narrow else _SUMMED_ROWS_KERNELS) \
+                + row_kernels
+            chain = 0.0 if dense else hot_ids * kernels.COALESCE_DUPLICATE_S
+        device = stream_s(upd["stream"]) + upd["rows"] / (bw * rows_eff) + ops * launch \
+            + chain
         issue = (calibration.eager_op_s if calibration is not None else None) \
             or DEFAULT_EAGER_OP_S
-        syncs = 0 if dense else int(narrow) + int(replicas > 1)
+        syncs = 0 if dense else int(narrow)
         opt = max(device, ops * issue) + issue * syncs
     f = _factor(calibration, "embedding")
     return fwd * f, bwd * f, opt * f

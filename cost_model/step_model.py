@@ -2,7 +2,7 @@
 
     step = max_r sparse_compute_r + all-to-all (forward output dist + backward grad dist)
          + dense forward + exposed forward comm + dense backward + exposed backward comm
-         + TP comm (on the critical path) + max_r optimizer_r
+         + TP comm (on the critical path) + the replicas' one all-reduce + max_r optimizer_r
 
 All-to-all is a barrier, so the slowest rank's embedding work sets when it can start.
 Exposed comm is what overlap cannot hide: gradient all-reduce / reduce-scatter runs beside
@@ -44,7 +44,12 @@ from gemc.table_lookup import BATCHED, DENSE_GRAD, SPARSE
 from .calibration import Calibration
 from .collectives import collective_time
 from .hardware import GPUSpec
-from .kernels import INDEX_BYTES, SHARD_STEP_FLOOR_S
+from .kernels import (
+    INDEX_BYTES,
+    REPLICA_BUCKET_KERNELS,
+    SHARD_STEP_FLOOR_S,
+    replica_bucket_bytes,
+)
 from .memory import (
     MemoryBreakdown,
     lookup_gradient_extra,
@@ -161,7 +166,9 @@ def shard_compute_s(t: TableCost, rows: float, dim: float, world: int, gpu: GPUS
             hot = 0.0
         routed = 0.0
         if t.lookup == SPARSE:  # host time the sparse lookups add: graph splits, syncs
-            masked = t.padding_row and (world > 1 or t.precision != "fp32")
+            # (a replica's fp32 lookup is local: padded_lookup keeps the ids, no mask)
+            masked = t.padding_row and ((world > 1 and not t.replicated)
+                                        or t.precision != "fp32")
             routed = max(1, t.lookups) * (ROUTED_LOOKUP_S * t.routed
                                           + StepOptions.host_sync_s * masked)
         return routed + _eager_cost(t.lookup, max(1, int(rows)), max(1, int(dim)),
@@ -173,6 +180,40 @@ def shard_compute_s(t: TableCost, rows: float, dim: float, world: int, gpu: GPUS
                                True)
     return _batched_cost(max(1, int(rows)), max(1, int(dim)), int(lookups), int(bags), dtype,
                          gpu, calibration, optimizer, storage)
+
+
+def replica_compute_s(t: TableCost, world: int, gpu: GPUSpec,
+                      calibration: Calibration | None, table_optimizer: str) -> float:
+    """:func:`shard_compute_s` of a data-parallel replica on ``world`` ranks: the step's
+    ``table_optimizer`` on the sparse optimizer's paths (on several ranks its bucketed
+    step); priced ``batched`` on several ranks, its optimizer is the dense one's."""
+    optimizer = None if t.lookup == BATCHED and world > 1 else table_optimizer
+    return shard_compute_s(t, *shard_shape(t), world, gpu, calibration, optimizer)
+
+
+def replica_dense_numel(t: TableCost) -> float:
+    """Elements a data-parallel table on several ranks puts in the dense optimizer: none
+    when the sparse optimizer steps it (every lookup path but ``batched``: its bucketed
+    step, in :func:`shard_compute_s`), the table when priced ``batched`` (a TableCost made
+    by hand: no plan's rule gives that)."""
+    return 0.0 if t.lookup != BATCHED else float(t.rows) * t.dim
+
+
+def replica_all_reduce_s(nbytes: float, topology: Topology,
+                         calibration: Calibration | None) -> float:
+    """Seconds of a step's ONE all-reduce of every data-parallel replica's gradient and
+    used-row flags (``nbytes``: the sum of their ``kernels.replica_bucket_bytes``) and of
+    the bucket's once-a-step kernels (zero-fill, division: ``REPLICA_BUCKET_KERNELS``):
+    one collective latency a step however many replicas, each replica adding its bytes.
+    Exposed whole: the runner reduces the bucket in the embedding optimizer's step, after
+    the backward (the replicas' gradients are complete only when the lookups' backward,
+    the graph's last, has run). Why bucketed: per table, two all-reduces and a host sync
+    cost >= 0.23 ms a replica a rank at 16 ranks; TorchRec and DDP bucket them."""
+    if nbytes <= 0 or topology.world_size == 1:
+        return 0.0
+    launch = calibration.kernel_s if calibration is not None else DEFAULT_KERNEL_LAUNCH_S
+    return collective_time("all_reduce", nbytes, range(topology.world_size), topology,
+                           calibration=calibration) + REPLICA_BUCKET_KERNELS * launch
 
 
 def in_batched_kernel(t: TableCost, world: int) -> bool:
@@ -366,11 +407,9 @@ def predict_step(
     dp_table_grad_bytes = 0.0
     for t in tables:
         if t.replicated and world > 1:
-            eager = t.lookup != BATCHED  # the sparse optimizer steps it, not the dense one
-            sparse += shard_compute_s(t, *shard_shape(t), world, gpu, calibration,
-                                      opts.table_optimizer if eager else None)
-            dp_table_numel += 0.0 if eager else t.rows * t.dim
-            dp_table_grad_bytes += t.rows * t.dim * t.dtype_bytes
+            sparse += replica_compute_s(t, world, gpu, calibration, opts.table_optimizer)
+            dp_table_numel += replica_dense_numel(t)
+            dp_table_grad_bytes += replica_bucket_bytes(t.rows, t.dim)
             continue
         holders = _holders(t, world)
         if holders.size:  # every holder's shard is the same: price it once
@@ -403,11 +442,7 @@ def predict_step(
     for region in regions:
         for k, v in dense_comm(region, topology, calibration, opts).items():
             comm[k] = max(comm[k], v) if k.endswith("tail") else comm[k] + v
-    if dp_table_grad_bytes and world > 1:
-        ar = collective_time("all_reduce", dp_table_grad_bytes, range(world), topology,
-                             calibration=calibration)
-        comm["bwd"] += ar
-        comm["bwd_tail"] = max(comm["bwd_tail"], ar)
+    replica_ar = replica_all_reduce_s(dp_table_grad_bytes, topology, calibration)
     exposed_fwd = max(comm["fwd_tail"] if comm["fwd"] else 0.0,
                       comm["fwd"] - opts.overlap * fwd_compute)
     exposed_bwd = max(comm["bwd_tail"] if comm["bwd"] else 0.0,
@@ -459,8 +494,8 @@ def predict_step(
             rank=r,
             memory_bytes=mem.total,
             compute_s=float(sparse[r]) + fwd_compute + bwd_compute + opt_s,
-            comm_s=a2a + input_dist + comm["fwd"] + comm["bwd"] + comm["tp"],
-            exposed_comm_s=a2a + exposed,
+            comm_s=a2a + input_dist + comm["fwd"] + comm["bwd"] + comm["tp"] + replica_ar,
+            exposed_comm_s=a2a + exposed + replica_ar,
             sparse_compute_s=float(sparse[r]),
             dense_compute_s=fwd_compute + bwd_compute,
             optimizer_s=opt_s,
@@ -476,6 +511,7 @@ def predict_step(
         "exposed_forward_comm": exposed_fwd,
         "exposed_backward_comm": exposed_bwd,
         "tp_comm": comm["tp"],
+        "replica_all_reduce": replica_ar,
         "optimizer": opt_s,
     }
     step = sum(breakdown.values())

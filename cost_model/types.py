@@ -105,7 +105,7 @@ class TableCost:
     @property
     def replicated(self) -> bool:
         """Whether the table is whole on every rank (gemc.sharding: data parallel), its
-        gradient all-reduced with the dense ones instead of exchanged."""
+        gradient in the step's one all-reduce of the replicas instead of exchanged."""
         return SHARDINGS[self.sharding].replicated
 
     def output_share(self, shard_rows: float) -> float:

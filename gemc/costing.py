@@ -134,7 +134,8 @@ def kind_breakdown_ms(gm: fx.GraphModule, breakdown_ms: Mapping[str, float]) -> 
         "exchange_cast", 0.0)
     out["optimizer"] = breakdown_ms.get("optimizer", 0.0)
     out["comm"] = sum(breakdown_ms.get(k, 0.0) for k in (
-        "all_to_all", "input_dist", "exposed_forward_comm", "exposed_backward_comm", "tp_comm"))
+        "all_to_all", "input_dist", "exposed_forward_comm", "exposed_backward_comm", "tp_comm",
+        "replica_all_reduce"))
     out["host"] = breakdown_ms.get("host", 0.0)
     return {k: round(v, 6) for k, v in out.items()}
 

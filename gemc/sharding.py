@@ -84,8 +84,8 @@ class Sharding:
     """One table sharding type.
 
     ``split``: how the table is cut (:data:`SPLITS`). ``replicated``: every rank holds the
-    whole table and looks it up locally; its gradient is all-reduced with the dense ones
-    (no all-to-all). Otherwise each rank's lookups go to the shards' holders and the pooled
+    whole table and looks it up locally; its gradient goes into the step's one all-reduce
+    of every replica (no all-to-all). Otherwise each rank's lookups go to the shards' holders and the pooled
     outputs come back through the all-to-all (the communication every other type shares).
     ``placement``: the shape of the ranks a solver candidate takes (:data:`PLACEMENTS`).
     """

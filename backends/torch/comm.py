@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -133,17 +134,30 @@ def count_all_to_all(log: list[tuple[str, int]] | None = None) -> list[int]:
     it by assigning ``counter[0] = 0``): how a benchmark or test sees the exchanges a step
     issues. The embedding exchange looks the function up on ``dist`` at every call.
     ``log``: also append each call's input (dtype name, elements): what went on the wire."""
+
+    def sent(*args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        if log is not None:
+            data = args[1] if len(args) > 1 else kwargs["input"]
+            log.append((str(data.dtype).removeprefix("torch."), int(data.numel())))
+
+    return count_calls("all_to_all_single", sent)
+
+
+def count_calls(name: str, on_call: Callable[..., None] | None = None) -> list[int]:
+    """Count calls of the collective ``dist.<name>`` from now on in this process (``[n]``;
+    reset by assigning ``counter[0] = 0``), calling ``on_call`` with each call's
+    arguments. Only callers that look the function up on ``dist`` at every call are seen
+    (the runner's do: the embedding exchange, the sparse optimizer's replica bucket)."""
     calls = [0]
-    inner = dist.all_to_all_single
+    inner = getattr(dist, name)
 
     def counted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         calls[0] += 1
-        if log is not None:
-            sent = args[1] if len(args) > 1 else kwargs["input"]
-            log.append((str(sent.dtype).removeprefix("torch."), int(sent.numel())))
+        if on_call is not None:
+            on_call(*args, **kwargs)
         return inner(*args, **kwargs)
 
-    dist.all_to_all_single = counted
+    setattr(dist, name, counted)
     return calls
 
 

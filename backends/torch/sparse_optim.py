@@ -29,8 +29,11 @@ row), the rows of a dense gradient that are not all zero. In the sharded case:
 * the gradient arrives as the shard's sparse gradient (the rows requested by every rank) and
   is divided by the world size: each rank's loss is its own batch's mean, the global loss the
   mean over ranks, as in DDP;
-* a ``data_parallel`` replica all-reduces its gradient and the set of used rows, so every
-  replica applies the same update;
+* every ``data_parallel`` replica's gradient and used-row flags go into one flat fp32
+  buffer (:class:`ReplicaBucket`), reduced by ONE all-reduce a step whatever the number of
+  replicas (as DDP and TorchRec bucket a data-parallel table's gradient), and each replica
+  is then updated in one masked pass over its table (the rows whose flag is set, no
+  ``nonzero``), so every replica applies the same update without a host sync;
 * a row split over column shards (``column_wise``, ``grid``) all-reduces the per-row sum of
   squares over the ranks holding that row's columns, so the row-wise Adagrad accumulator
   is the same mean over the full width that one process computes.
@@ -136,8 +139,11 @@ def summed_rows(ids: torch.Tensor, values: torch.Tensor, num_rows: int,
 
 
 def _kept(live: torch.Tensor | None, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
-    """``new``, or ``old`` where the step used no row (``live`` False): see RowGrads."""
-    return new if live is None else torch.where(live, new, old)
+    """``new``, or ``old`` where the step used no row (``live`` False: a 0-d flag, see
+    RowGrads, or one flag a row, a low-precision replica's :meth:`ReplicaBucket.update`)."""
+    if live is None:
+        return new
+    return torch.where(live.reshape(live.shape + (1,) * (new.dim() - live.dim())), new, old)
 
 
 @torch.no_grad()
@@ -163,7 +169,8 @@ def rowwise_adagrad_rows_(
     old = state_sum[rows]
     acc = old + sq / full_dim
     state_sum[rows] = _kept(live, acc, old)
-    weight.write(rows, _kept(live, w - cfg.lr * g / (acc.sqrt().unsqueeze(1) + cfg.eps), w))
+    weight.write(rows, _kept(live, w - cfg.lr * g / (acc.sqrt().unsqueeze(1) + cfg.eps), w),
+                 live)
 
 
 def adam_step_size(cfg: EmbeddingOptimConfig, step: int) -> float:
@@ -196,7 +203,7 @@ def lazy_adam_rows_(
     w = weight.read(rows)
     new = w * (1 - cfg.lr * cfg.weight_decay) if cfg.weight_decay else w
     weight.write(rows, _kept(live, new - adam_step_size(cfg, step) * m / (v.sqrt() + cfg.eps),
-                             w))
+                             w), live)
 
 
 class RowState:
@@ -238,16 +245,18 @@ class RowState:
             )
 
     def apply_dense(self, weight: torch.Tensor, grad: torch.Tensor,
-                    cfg: EmbeddingOptimConfig, step: int) -> None:
+                    cfg: EmbeddingOptimConfig, step: int,
+                    used: torch.Tensor | None = None) -> None:
         """Update the rows of the fp32 ``weight`` whose table-sized ``grad`` row is not all
-        zero, in one pass and without a host sync (:mod:`gemc.backends.triton.
-        masked_row_update`; the rows :func:`coalesced_rows` finds, the same formulas)."""
+        zero (or whose ``used`` flag is not), in one pass and without a host sync
+        (:mod:`gemc.backends.triton.masked_row_update`; the rows :func:`coalesced_rows`
+        finds, the same formulas)."""
         from gemc.backends.triton.masked_row_update import masked_row_update_
 
         masked_row_update_(
             weight, grad, self.tensors, optimizer=cfg.kind, lr=cfg.lr, eps=cfg.eps,
             betas=cfg.betas, weight_decay=cfg.weight_decay,
-            step_size=adam_step_size(cfg, step) if cfg.kind == "adam" else 0.0)
+            step_size=adam_step_size(cfg, step) if cfg.kind == "adam" else 0.0, used=used)
 
 
 class EmbeddingOptimizer:
@@ -271,6 +280,7 @@ class EmbeddingOptimizer:
         self.column_groups = column_groups or {}
         self.step_count = 0
         self.fused: dict[str, Any] = {}  # fqn -> module whose backward applies the update
+        self._bucket: ReplicaBucket | None = None  # several ranks: see _replica_bucket
         self.state: dict[str, RowState] = {
             fqn: RowState(m.weight, cfg.kind)
             for fqn, m in tables.items()
@@ -300,40 +310,47 @@ class EmbeddingOptimizer:
         """Run the dense-gradient step of tables ``fqns`` on ``meta`` tensors of their
         shapes (the warm-up's derivation, :mod:`gemc.backends.triton.warm`: the masked row
         update's launches are recorded, nothing is updated). Only the tables :meth:`step`
-        updates that way: fp32, one rank, not fused into a batched lookup."""
+        updates that way: fp32, not fused into a batched lookup; on one rank ``fqns``, on
+        several every data-parallel replica (its masked pass with used-row flags,
+        :class:`ReplicaBucket`), whatever ``fqns`` says."""
         import copy
 
         from gemc.backends.triton.warm import meta_like
 
-        for fqn in fqns:
+        replicas = self._replicas()
+        for fqn in replicas or (fqns if self.world_size == 1 else []):
             m = self.tables.get(fqn)
             if m is None or m.weight is None or fqn in self.fused or m.precision != "fp32" \
-                    or self.world_size != 1:
+                    or m.weight.dtype != torch.float32:
                 continue
             twin = copy.copy(self.state[fqn])
             twin.tensors = {k: meta_like(v) for k, v in self.state[fqn].tensors.items()}
             weight = meta_like(m.weight.data)
-            twin.apply_dense(weight, torch.empty_like(weight), self.cfg, 1)
+            used = torch.empty(weight.shape[0], device="meta") if replicas else None
+            twin.apply_dense(weight, torch.empty_like(weight), self.cfg, 1, used)
 
     @torch.no_grad()
     def step(self) -> None:
         """Apply each table's step gradient. No host sync on one rank: a sparse gradient is
         read by :func:`summed_rows`, a table-sized one (``dense_grad``) updated by
-        :meth:`RowState.apply_dense`. Several ranks still sync where a collective or a
-        replica's used rows need counts."""
+        :meth:`RowState.apply_dense`. On several ranks the data-parallel replicas go
+        through one bucketed all-reduce and masked updates (:class:`ReplicaBucket`, no
+        sync); the sharded tables still sync where a collective needs counts."""
         self.step_count += 1
+        bucket = self._replica_bucket()
         for fqn, m in self.tables.items():
             if m.weight is None or fqn in self.fused:
                 continue
             m.replay_deferred()  # lookups compiled as gemc::table_lookup: their gradient
             w = m.weight
             grad = w.grad if m.precision == "fp32" else None
+            if bucket is not None and fqn in bucket.segments:
+                bucket.add(fqn, m, grad)
+                continue
             if grad is not None and not grad.is_sparse and self.world_size == 1:
                 self.state[fqn].apply_dense(w.data, grad, self.cfg, self.step_count)
                 continue
             got = self._row_grads(m, grad)
-            if m.replicated and self.world_size > 1:
-                got = self._all_reduce_replica(w, got)
             if got is None or got.rows.numel() == 0:
                 continue
             self.state[fqn].apply(
@@ -346,6 +363,26 @@ class EmbeddingOptimizer:
                 self.column_groups.get(fqn),
                 got.live,
             )
+        if bucket is not None:
+            bucket.reduce(self.world_size)
+            for fqn in bucket.segments:
+                bucket.update(fqn, self.tables[fqn], self.state[fqn], self.cfg,
+                              self.step_count)
+
+    def _replica_bucket(self) -> ReplicaBucket | None:
+        """The step's bucket of data-parallel replicas (made at the first step, once the
+        fused tables are known), None on one rank or without replicas."""
+        if self._bucket is None and self.world_size > 1:
+            self._bucket = ReplicaBucket({fqn: self.tables[fqn] for fqn in self._replicas()})
+        return self._bucket if self._bucket is not None and self._bucket.segments else None
+
+    def _replicas(self) -> list[str]:
+        """The data-parallel tables this optimizer steps through the bucket (several
+        ranks; not fused into a batched lookup), in the tables' order."""
+        if self.world_size == 1:
+            return []
+        return [fqn for fqn, m in self.tables.items()
+                if m.weight is not None and m.replicated and fqn not in self.fused]
 
     @staticmethod
     def _row_grads(m: Any, grad: torch.Tensor | None) -> RowGrads | None:
@@ -364,17 +401,104 @@ class EmbeddingOptimizer:
         rows, g = coalesced_rows(grad)
         return RowGrads(rows, g)
 
-    def _all_reduce_replica(self, w: torch.Tensor, got: RowGrads | None) -> RowGrads:
-        """Sum a replica's gradient and its used rows over all ranks (dense: DP tables are small)."""
-        dense = torch.zeros(w.shape, device=w.device, dtype=torch.float32)
-        used = torch.zeros(w.shape[0], device=w.device, dtype=torch.float32)
-        if got is not None:
-            # written, not added: a row listed twice comes with the same gradient
-            live = torch.ones((), dtype=torch.bool, device=w.device) if got.live is None \
-                else got.live
-            dense[got.rows] = torch.where(live, got.grads.float(), 0.0)
-            used[got.rows] = live.float()
-        dist.all_reduce(dense)
-        dist.all_reduce(used)
-        rows = torch.nonzero(used).flatten()
-        return RowGrads(rows, dense[rows])
+
+class ReplicaBucket:
+    """Every data-parallel replica's step gradient in one flat fp32 buffer, reduced by ONE
+    all-reduce a step, then each replica updated in one masked pass: no per-table
+    collective, no host sync.
+
+    Layout, in the tables' order (the plan's, the same on every rank): per replica of
+    ``rows`` x ``dim``, its gradient rows (``rows * dim``), then ``rows`` used-row flags.
+    Why the flags and not the masked update's own rule (a row is used when its gradient is
+    not all zero): the reference's sparse gradient lists every row a step looked up
+    (:func:`coalesced_rows`), and a row whose summed gradient is exactly zero (opposite
+    contributions, a zero per-sample weight) is still updated there: lazy Adam decays its
+    moments and moves it, weight decay moves it. The flags cost one fp32 a row (1/(dim+1)
+    of the buffer); they go in the same buffer so one collective carries both. Why one
+    dense buffer and not the used rows: the replicas are the small tables (the planner
+    replicates where the bytes pay) and a dense buffer keeps every shape static (no count
+    of used rows to wait for), as DDP's and TorchRec's data-parallel tables do.
+
+    What a replica's step issues on its own: the add of its gradient rows into its
+    segment and the set of its flags (two kernels; its padding row cleared: two more), and
+    its update: one masked pass over the table (fp32, :func:`RowState.apply_dense`), or a
+    bf16 / fp8 replica's row update over every row, writing back only the flagged ones
+    (:meth:`StoredRows.write`'s ``keep``). The bucket's zero-fill, all-reduce and division
+    by the world are issued once a step. Priced so by ``gemc.cost_model``
+    (``kernels.replica_update_bytes``, ``step_model.replica_reduce_bytes``)."""
+
+    def __init__(self, tables: dict[str, Any]) -> None:
+        self.segments: dict[str, tuple[int, int, int]] = {}  # fqn -> (offset, rows, dim)
+        offset = 0
+        device = None
+        for fqn, m in tables.items():
+            rows, dim = m.weight.shape
+            self.segments[fqn] = (offset, int(rows), int(dim))
+            offset += int(rows) * (int(dim) + 1)
+            device = m.weight.device
+        self.buffer = torch.zeros(offset, dtype=torch.float32, device=device) \
+            if self.segments else None
+        self._filled = False
+        self._all_rows: dict[str, torch.Tensor] = {}  # low-precision replicas' arange
+
+    def views(self, fqn: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(gradient ``[rows, dim]``, used flags ``[rows]``) of replica ``fqn``."""
+        assert self.buffer is not None
+        offset, rows, dim = self.segments[fqn]
+        grad = self.buffer[offset:offset + rows * dim].view(rows, dim)
+        return grad, self.buffer[offset + rows * dim:offset + rows * (dim + 1)]
+
+    def add(self, fqn: str, m: Any, grad: torch.Tensor | None) -> None:
+        """Put replica ``fqn``'s step gradient into its segment: a sparse gradient's rows
+        added at their ids (its duplicates summed there, in the ids' order as
+        :func:`summed_rows` sums them), a table-sized one added whole (its not-all-zero
+        rows flagged, the reference's reading), a bf16 / fp8 replica's summed rows
+        written. The padding row is never used (torch's sparse gradient leaves it out)."""
+        assert self.buffer is not None
+        if not self._filled:
+            self.buffer.zero_()
+            self._filled = True
+        seg, used = self.views(fqn)
+        if m.precision != "fp32":
+            got = m.take_row_grads()
+            if got is not None:
+                seg.index_copy_(0, got[0], got[1].float())
+                used.index_fill_(0, got[0], 1.0)
+        elif grad is not None and grad.is_sparse:
+            ids = grad._indices()[0]
+            seg.index_add_(0, ids, grad._values().float())
+            used.index_fill_(0, ids, 1.0)
+        elif grad is not None:
+            seg.add_(grad.float())
+            used.masked_fill_(grad.ne(0).any(dim=1), 1.0)
+        pad = m.local_padding_row()
+        if pad is not None:
+            seg[pad] = 0.0
+            used[pad] = 0.0
+
+    def reduce(self, world: int) -> None:
+        """The step's one all-reduce of every replica's segment, then the mean over ranks
+        (each rank's loss is its own batch's mean, as in DDP); the flags stay non-zero
+        exactly where some rank used the row."""
+        assert self.buffer is not None
+        if not self._filled:  # no replica had a gradient call: the buffer is stale
+            self.buffer.zero_()
+        dist.all_reduce(self.buffer)
+        self.buffer.div_(world)
+        self._filled = False
+
+    def update(self, fqn: str, m: Any, state: RowState, cfg: EmbeddingOptimConfig,
+               step: int) -> None:
+        """Apply replica ``fqn``'s reduced gradient to the rows some rank used: fp32 in one
+        masked pass; bf16 / fp8 through the stored rows (rounded as every replica rounds:
+        the draw is seeded by table and step), unflagged rows kept as stored; a model's own
+        narrower weights (precision "fp32" of a bf16 model) through the rows, cast back."""
+        grad, used = self.views(fqn)
+        if m.precision == "fp32" and m.weight.dtype == torch.float32:
+            state.apply_dense(m.weight.data, grad, cfg, step, used)
+            return
+        rows = self._all_rows.get(fqn)
+        if rows is None:
+            rows = self._all_rows[fqn] = torch.arange(grad.shape[0], device=grad.device)
+        state.apply(m.stored_rows(step), rows, grad, cfg, step, m.embedding_dim,
+                    live=used.ne(0))

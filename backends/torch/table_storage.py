@@ -30,11 +30,21 @@ class StoredRows:
         scale = None if self.row_scale is None else self.row_scale[rows]
         return dequantize_rows(self.weight[rows], scale)
 
-    def write(self, rows: torch.Tensor, values: torch.Tensor) -> None:
+    def write(self, rows: torch.Tensor, values: torch.Tensor,
+              keep: torch.Tensor | None = None) -> None:
+        """Store ``values`` at ``rows``; ``keep`` (one bool a row, optional): where False
+        the stored row (and fp8 scale) stays as it is, bytes unchanged, instead of being
+        rounded again (a replica's update runs over the whole table: its unused rows must
+        not drift by re-rounding, the reference never writes them)."""
         if self.precision == "fp32":
             self.weight[rows] = values.to(self.weight.dtype)
             return
         stored, scale = quantize_rows(values, self.precision, self.generator)
+        if keep is not None and keep.dim() == 1:
+            stored = torch.where(keep.unsqueeze(1), stored, self.weight[rows])
+            if scale is not None:
+                assert self.row_scale is not None
+                scale = torch.where(keep, scale, self.row_scale[rows])
         self.weight[rows] = stored
         if scale is not None:
             assert self.row_scale is not None

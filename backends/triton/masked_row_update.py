@@ -11,6 +11,11 @@ block of rows reads its gradient rows once, decides which are used, and applies 
 to those in registers: the weights and optimizer state of the other rows are neither read
 nor written. One launch, one pass over the gradient, no host sync.
 
+A data-parallel replica (several ranks) passes its rows' used flags (``used``, all-reduced
+with its gradient in the step's one bucket: ``sparse_optim.ReplicaBucket``): a row any
+replica looked up is updated even when its summed gradient is exactly zero, as the
+reference's sparse gradient lists it (lazy Adam then decays its moments and moves it).
+
 The formulas are :mod:`gemc.backends.torch.sparse_optim`'s and the fused embedding-bag
 kernel's (whose lazy Adam this kernel calls), fp32 tables only (a bf16 / fp8 table has no dense gradient). Off CUDA without the
 Triton interpreter the same update runs as ATen ops over the whole table (the CPU
@@ -33,9 +38,9 @@ OPTIMIZERS = {"rowwise_adagrad": ROWWISE_ADAGRAD, "adam": ADAM}
 
 @triton.jit
 def _masked_row_update_kernel(
-    weight, grad, state1, state2, rows, dim,
+    weight, grad, state1, state2, used_rows, rows, dim,
     lr, eps, beta1, beta2, step_size, weight_decay,
-    OPTIMIZER: tl.constexpr, HAS_WEIGHT_DECAY: tl.constexpr,
+    OPTIMIZER: tl.constexpr, HAS_WEIGHT_DECAY: tl.constexpr, HAS_USED: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -44,9 +49,12 @@ def _masked_row_update_kernel(
     inside = row_ok[:, None] & (c < dim)[None, :]
     offs = r.to(tl.int64)[:, None] * dim + c[None, :]
     g = tl.load(grad + offs, mask=inside, other=0.0)
-    # a row is used when any element of its gradient is not zero (NaN counts, -0.0 not:
-    # ``abs().sum(1) != 0``, the rule the row update has always had)
-    used = tl.max(tl.where(g != 0.0, 1, 0), 1) > 0
+    if HAS_USED:  # the caller's flags (a replica's, all-reduced): any non-zero is used
+        used = tl.load(used_rows + r, mask=row_ok, other=0.0) != 0.0
+    else:
+        # a row is used when any element of its gradient is not zero (NaN counts, -0.0
+        # not: ``abs().sum(1) != 0``, the rule the row update has always had)
+        used = tl.max(tl.where(g != 0.0, 1, 0), 1) > 0
     row_used = row_ok & used
     mask = inside & used[:, None]
     w = tl.load(weight + offs, mask=mask, other=0.0)
@@ -70,12 +78,13 @@ def _masked_row_update_kernel(
 def masked_row_update_(
     weight: torch.Tensor, grad: torch.Tensor, state: dict[str, torch.Tensor], *,
     optimizer: str, lr: float, eps: float, betas: tuple[float, float], weight_decay: float,
-    step_size: float,
+    step_size: float, used: torch.Tensor | None = None,
 ) -> None:
     """Update, in place, the rows of the fp32 ``weight`` ``[rows, dim]`` whose ``grad`` row
-    is not all zero, and their optimizer ``state`` (``{"sum": [rows]}`` for row-wise
-    Adagrad, ``{"exp_avg", "exp_avg_sq"}`` ``[rows, dim]`` for lazy Adam, whose bias
-    correction the caller folds into ``step_size``)."""
+    is not all zero (or, given ``used`` ``[rows]``, whose flag there is not zero), and their
+    optimizer ``state`` (``{"sum": [rows]}`` for row-wise Adagrad, ``{"exp_avg",
+    "exp_avg_sq"}`` ``[rows, dim]`` for lazy Adam, whose bias correction the caller folds
+    into ``step_size``)."""
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, got {optimizer!r}")
     if weight.dtype != torch.float32 or weight.dim() != 2 or not weight.is_contiguous():
@@ -83,7 +92,11 @@ def masked_row_update_(
                          f"got {weight.dtype} {tuple(weight.shape)}")
     if grad.shape != weight.shape:
         raise ValueError(f"gradient {tuple(grad.shape)} != weight {tuple(weight.shape)}")
+    if used is not None and used.shape != weight.shape[:1]:
+        raise ValueError(f"used-row flags {tuple(used.shape)} != the weight's rows "
+                         f"({weight.shape[0]},): pass one flag a row of the table")
     grad = grad.float().contiguous()
+    flags = None if used is None else used.float().contiguous()
     adam = optimizer == "adam"
     state1 = state["exp_avg"] if adam else state["sum"]
     state2 = state["exp_avg_sq"] if adam else state1
@@ -94,23 +107,23 @@ def masked_row_update_(
         return
     if not (weight.is_cuda or INTERPRETED):
         _masked_row_update_aten(weight, grad, state1, state2, adam, lr, eps, betas,
-                                weight_decay, step_size)
+                                weight_decay, step_size, flags)
         return
     block_d = next_pow2(dim, 16)
     block_r = max(1, min(64, 4096 // block_d))
     beta1, beta2 = betas
     _masked_row_update_kernel[(cdiv(rows, block_r),)](
-        weight, grad, state1, state2, rows, dim,
+        weight, grad, state1, state2, grad if flags is None else flags, rows, dim,
         float(lr), float(eps), float(beta1), float(beta2), float(step_size),
         float(weight_decay),
         OPTIMIZER=OPTIMIZERS[optimizer], HAS_WEIGHT_DECAY=weight_decay != 0.0,
-        BLOCK_R=block_r, BLOCK_D=block_d, num_warps=4,
+        HAS_USED=flags is not None, BLOCK_R=block_r, BLOCK_D=block_d, num_warps=4,
     )
 
 
 def _masked_row_update_aten(weight, grad, state1, state2, adam, lr, eps, betas,  # noqa: ANN001
-                            weight_decay, step_size) -> None:
-    used = grad.ne(0).any(dim=1, keepdim=True)
+                            weight_decay, step_size, flags=None) -> None:
+    used = grad.ne(0).any(dim=1, keepdim=True) if flags is None else flags.ne(0).unsqueeze(1)
     g, w = grad, weight
     if adam:
         beta1, beta2 = betas

@@ -30,6 +30,7 @@ from functools import cached_property
 import numpy as np
 
 from gemc.cost_model.collectives import DEFAULT_EFFICIENCY
+from gemc.cost_model.kernels import replica_bucket_bytes
 from gemc.cost_model.memory import (
     region_memory,
     shard_degree,
@@ -47,6 +48,8 @@ from gemc.cost_model.step_model import (
     exchange_row_bytes,
     id_send_bytes,
     in_batched_kernel,
+    replica_compute_s,
+    replica_dense_numel,
     shard_compute_s,
 )
 from gemc.cost_model.types import RegionCost, TableCost
@@ -148,8 +151,8 @@ class TableOption:
     memory: float              # bytes per rank holding a shard
     out_bytes: float           # pooled all-to-all bytes sent per rank holding a shard
     ids_bytes: float           # id all-to-all bytes each rank sends (input dist)
-    dp_grad_bytes: float = 0.0  # data parallel: all-reduced with the dense gradients
-    dp_numel: float = 0.0       # data parallel: elements in the dense optimizer
+    dp_grad_bytes: float = 0.0  # data parallel: bytes in the step's one replica all-reduce
+    dp_numel: float = 0.0       # data parallel: elements in the dense optimizer (batched)
     # in the rank's batched lookup kernel (step_model.in_batched_kernel): the shard's
     # lookup seconds in compute_s, which the kernel's floor compares against
     # (step_model.batched_floor_s: paid once per rank, not per shard)
@@ -195,12 +198,12 @@ def table_option(problem: Problem, t: TableCost, sharding: str, ranks: int,
              if t.lookup == DENSE_GRAD and held else ()}
     gpu = topo.gpu
     shard_rows, shard_dim = table_shard(rep, 0)
-    if SHARDINGS[sharding].replicated:
-        compute = shard_compute_s(rep, shard_rows, shard_dim, world, gpu, problem.calibration,
-                                  None)
+    if SHARDINGS[sharding].replicated and world > 1:  # predict_step's replica terms
+        compute = replica_compute_s(rep, world, gpu, problem.calibration,
+                                    opts.table_optimizer)
         return TableOption(sharding, world, 1, world, True, None, compute, mem, 0.0, 0.0,
-                           dp_grad_bytes=float(t.rows * t.dim * t.dtype_bytes),
-                           dp_numel=float(t.rows * t.dim), **grads)
+                           dp_grad_bytes=replica_bucket_bytes(t.rows, t.dim),
+                           dp_numel=replica_dense_numel(rep), **grads)
     lookup = shard_compute_s(rep, shard_rows, shard_dim, world, gpu, problem.calibration,
                              opts.table_optimizer)
     compute = lookup + exchange_cast_s(rep, shard_rows, shard_dim, world, gpu,

@@ -47,9 +47,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gemc.cost_model.collectives import collective_time
 from gemc.cost_model.op_cost import optimizer_time
-from gemc.cost_model.step_model import batched_kernel_floor_s, exchange_cast_launch_s
+from gemc.cost_model.step_model import (
+    batched_kernel_floor_s,
+    exchange_cast_launch_s,
+    replica_all_reduce_s,
+)
 
 from .candidates import RegionClass, TableClass
 from .evaluate import Pricer
@@ -332,15 +335,16 @@ class _Builder:
         lin, expr = self.cp.LinearExpr.WeightedSum, self._expr
 
         fwd, bwd = expr(self.fwd), expr(self.bwd)
-        # data-parallel tables: their gradients join one all-reduce (alpha + beta * bytes)
+        # data-parallel tables: their gradients join the step's one all-reduce of the
+        # replicas' bucket (alpha + beta * bytes), exposed whole
+        # (step_model.replica_all_reduce_s)
         dp_ar = 0
         dp_total = sum(b * len(self.tables[c].members) for c, tc in enumerate(self.tables)
                        for o in tc.options if o.replicated
                        for b in [o.dp_grad_bytes])
         if self.dp_bytes and world > 1 and dp_total > 0:
-            ar = lambda nb: collective_time("all_reduce", nb, range(world), p.topology,  # noqa: E731
-                                            calibration=p.calibration)
-            alpha, top = ar(1.0), ar(dp_total)
+            alpha = replica_all_reduce_s(1.0, p.topology, p.calibration)
+            top = replica_all_reduce_s(dp_total, p.topology, p.calibration)
             beta = (top - alpha) / dp_total
             dp_ar = _t(alpha) * self.any_dp + lin([y for y, _, _ in self.dp_bytes],
                                                   [_t(beta * b) for _, b, _ in self.dp_bytes])
@@ -350,8 +354,7 @@ class _Builder:
         m.Add(ef >= self.f_tail)
         m.Add(100 * ef >= 100 * expr(self.c_fwd) - ov * fwd)
         m.Add(eb >= self.b_tail)
-        m.Add(eb >= dp_ar)
-        m.Add(100 * eb >= 100 * (expr(self.c_bwd) + dp_ar) - ov * (bwd + self.S))
+        m.Add(100 * eb >= 100 * expr(self.c_bwd) - ov * (bwd + self.S))
         # optimizer: the secant of optimizer_time over the elements a plan can leave per rank
         lo = sum(len(rc.members) * min(o.numel for o in rc.options) for rc in self.regions)
         hi = sum(len(rc.members) * max(o.numel for o in rc.options) for rc in self.regions)
@@ -377,7 +380,7 @@ class _Builder:
         # "exchange_cast"); their bytes are in the holders' compute
         cast = _t(exchange_cast_launch_s(opts.exchange, p.calibration)) if world > 1 else 0
         step = (self.S + (2 * a2a_const + cast) * self.any_a2a + 2 * self.A + ids + fwd + bwd
-                + ef + eb + expr(self.c_tp) + optimizer)
+                + ef + eb + expr(self.c_tp) + dp_ar + optimizer)
         self.step = step
         m.Minimize(step)
 

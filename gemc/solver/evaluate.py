@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gemc.cost_model.collectives import collective_time
 from gemc.cost_model.memory import lookup_gradient_extra
 from gemc.cost_model.op_cost import optimizer_time
 from gemc.cost_model.step_model import (
     batched_floor_s,
     exchange_cast_launch_s,
     late_gradient_peak,
+    replica_all_reduce_s,
 )
 from gemc.cost_model.types import RegionCost, TableCost
 
@@ -49,12 +49,12 @@ class Pricer:
         return o
 
     def dp_all_reduce(self, nbytes: float) -> float:
-        """Seconds of the all-reduce of data-parallel tables' gradients (remembered)."""
+        """Seconds of the step's one all-reduce of the data-parallel replicas' bucket
+        (``step_model.replica_all_reduce_s``, remembered)."""
         s = self._dp_ar.get(nbytes)
         if s is None:
             p = self.problem
-            s = self._dp_ar[nbytes] = collective_time("all_reduce", nbytes, range(p.world),
-                                                      p.topology, calibration=p.calibration)
+            s = self._dp_ar[nbytes] = replica_all_reduce_s(nbytes, p.topology, p.calibration)
         return s
 
     def id_exchange_s(self, per_rank: float) -> float:
@@ -350,10 +350,7 @@ def evaluation_of(problem: Problem, pricer: Pricer, d: DenseSums, loads: TableLo
         cast_launch = exchange_cast_launch_s(opts.exchange, problem.calibration)
     exposed_input = 0.0 if opts.pipeline_sparse else input_dist
     c_bwd, b_tail = d.c_bwd, d.b_tail
-    if loads.dp_grad > 0.5 and world > 1:
-        ar = pricer.dp_all_reduce(loads.dp_grad)
-        c_bwd += ar
-        b_tail = max(b_tail, ar)
+    replica_ar = pricer.dp_all_reduce(loads.dp_grad) if loads.dp_grad > 0.5 else 0.0
     sparse_max = float(sparse.max(initial=0.0))
     exposed_fwd = max(d.f_tail if d.c_fwd else 0.0, d.c_fwd - opts.overlap * d.fwd)
     exposed_bwd = max(b_tail if c_bwd else 0.0, c_bwd - opts.overlap * (d.bwd + sparse_max))
@@ -367,6 +364,7 @@ def evaluation_of(problem: Problem, pricer: Pricer, d: DenseSums, loads: TableLo
         "exposed_forward_comm": exposed_fwd,
         "exposed_backward_comm": exposed_bwd,
         "tp_comm": d.c_tp,
+        "replica_all_reduce": replica_ar,
         "optimizer": pricer.optimizer_s(d.numel + loads.dp_numel),
     }
     memory = loads.mem + d.memory

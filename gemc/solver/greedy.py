@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gemc.cost_model.collectives import collective_time
+from gemc.cost_model.step_model import replica_all_reduce_s
 from gemc.cost_model.types import TableCost
 from gemc.sharding import REPLICATED_DENSE, dense_strategy
 
@@ -36,8 +36,7 @@ def _perf(problem: Problem, o: TableOption, comm_s_per_byte: float) -> float:
     if o.replicated:
         if problem.world == 1:
             return o.compute_s
-        ar = collective_time("all_reduce", o.dp_grad_bytes, range(problem.world),
-                             problem.topology, calibration=problem.calibration)
+        ar = replica_all_reduce_s(o.dp_grad_bytes, problem.topology, problem.calibration)
         return problem.world * o.compute_s + ar
     return o.ranks * (o.compute_s + o.out_bytes * comm_s_per_byte)
 

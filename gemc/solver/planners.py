@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from .candidates import region_classes, table_classes
+from .candidates import TableClass, region_classes, table_classes
 from .evaluate import Evaluation, Pricer, evaluate
 from .expand import Layout, choose_layout, expand
 from .greedy import greedy
@@ -319,6 +319,13 @@ def cap_search(problem: Problem, pricer: Pricer, a: Assignment, ev: Evaluation
     return met, unmet
 
 
+def _without_replicas(tables: list[TableClass]) -> list[TableClass]:
+    """The classes with their data-parallel options dropped (one kept where a class has
+    nothing else)."""
+    return [replace(tc, options=tuple(o for o in tc.options if not o.replicated)
+                    or tc.options) for tc in tables]
+
+
 def _cpsat(problem: Problem, regions, tables, pricer: Pricer, start: float) -> PlannerResult:
     """The finest model the variable budget allows, hinted with the best heuristic plan
     (greedy or naive) after the local search improved it. When that model's bins hold
@@ -348,15 +355,18 @@ def _cpsat(problem: Problem, regions, tables, pricer: Pricer, start: float) -> P
         # fitting first, then the step, then memory balance (local_search.plan_key)
         return min(tried, key=lambda x: plan_key(x[2]))
 
-    def run(layout: Layout, budget: float, name: str) -> cpsat.CpSatResult:
+    def run(layout: Layout, budget: float, name: str,
+            classes: list[TableClass] | None = None) -> cpsat.CpSatResult:
         t = time.perf_counter()
-        hint = cpsat.to_model_solution(problem, layout, regions, tables, best()[1], pricer)
-        res = cpsat.solve(problem, layout, regions, tables, pricer, hint, budget)
-        clock[f"{name}_build"], clock[name] = res.build_s, res.wall_s
+        classes = tables if classes is None else classes
+        hint = cpsat.to_model_solution(problem, layout, regions, classes, best()[1], pricer)
+        res = cpsat.solve(problem, layout, regions, classes, pricer, hint, budget)
+        for key, s in ((f"{name}_build", res.build_s), (name, res.wall_s)):
+            clock[key] = clock.get(key, 0.0) + s  # a model run twice: both runs
         if res.solution is not None:
-            a = expand(problem, layout, regions, tables, res.solution, pricer)
+            a = expand(problem, layout, regions, classes, res.solution, pricer)
             tried.append((name, a, evaluate(problem, a, pricer)))
-        clock[f"{name}_total"] = time.perf_counter() - t
+        clock[f"{name}_total"] = clock.get(f"{name}_total", 0.0) + time.perf_counter() - t
         return res
 
     start_name, start_plan, _ = best()
@@ -365,7 +375,15 @@ def _cpsat(problem: Problem, regions, tables, pricer: Pricer, start: float) -> P
     total = problem.budget_s
     coarse = None
     if 1 < layout.bin_size < problem.world:  # the fine model is fluid anyway: start cheap
-        coarse = run(Layout(problem.world, layout.local, problem.world), 0.3 * total, "coarse")
+        one_bin = Layout(problem.world, layout.local, problem.world)
+        coarse = run(one_bin, 0.3 * total, "coarse")
+        if any(x[0] == "coarse" and not x[2].feasible for x in tried) \
+                and any(o.replicated for tc in tables for o in tc.options):
+            # the one-bin model sees memory summed, not packed: where its replicas left the
+            # other tables too little room to pack (DLRMv2 x 40 at 64 ranks: 280 replicas,
+            # the 20.7-GB tables over the cap by 6 GB), it runs again without replicas, so
+            # the fine model starts from a plan that fits (and may replicate from there)
+            coarse = run(one_bin, 0.3 * total, "coarse", _without_replicas(tables))
     res = run(layout, total - (0.3 * total if coarse else 0.0), "cpsat")
     for name in ("cpsat", "coarse"):  # CP-SAT's expanded plan, polished by the same moves
         found = [x for x in tried if x[0] == name]

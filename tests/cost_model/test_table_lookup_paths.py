@@ -189,7 +189,7 @@ def test_a_gradient_made_at_the_loss_lands_on_the_saved_activations() -> None:
 
 def test_data_parallel_replica_is_stepped_by_the_sparse_optimizer() -> None:
     """On several ranks a data-parallel table is a local sparse lookup whose gradient the
-    sparse optimizer densifies and all-reduces: priced so, and not in the dense AdamW."""
+    sparse optimizer's replica bucket reduces: priced so, and not in the dense AdamW."""
     topo = parse_topology("h200:1x8")
     calib = default_calibration("h200")
     t = TableCost("t", 1_000_000, 64, 40_960, 2048, sharding="data_parallel",
@@ -200,7 +200,8 @@ def test_data_parallel_replica_is_stepped_by_the_sparse_optimizer() -> None:
     assert eager.breakdown["optimizer"] < legacy.breakdown["optimizer"]
     one = shard_compute_s(t, t.rows, t.dim, 8, topo.gpu, calib, "rowwise_adagrad")
     assert eager.breakdown["sparse_compute"] == pytest.approx(one)
-    # the replicas' densify (zero-fill of the table, gather of every rank's rows) is paid;
+    # the replica's bucketed step (its segment's fill and division, the masked pass over
+    # the table) is paid;
     # one rank has no replica to agree with
     alone = shard_compute_s(replace(t, ranks=(0,)), t.rows, t.dim, 1, topo.gpu, calib,
                             "rowwise_adagrad")

@@ -90,10 +90,21 @@ def _worker(rank: int, world: int, port: int, scenarios: list[dict[str, Any]], o
     from gemc.backends.torch.runner import RunOptions, run
 
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    from gemc.backends.torch.comm import count_all_to_all
+    from gemc.backends.torch.comm import count_all_to_all, count_calls
+    from gemc.backends.torch.sparse_optim import EmbeddingOptimizer
 
     sent: list[tuple[str, int]] = []
     calls = count_all_to_all(sent)
+    # all-reduces issued inside the embedding optimizer's step, one entry a step
+    reduces, emb_reduces = count_calls("all_reduce"), []
+    emb_step = EmbeddingOptimizer.step
+
+    def counted_step(self: EmbeddingOptimizer) -> None:
+        before = reduces[0]
+        emb_step(self)
+        emb_reduces.append(reduces[0] - before)
+
+    EmbeddingOptimizer.step = counted_step
     results: dict[str, Any] = {"_meta": {}}
     try:
         for sc in scenarios:
@@ -104,6 +115,7 @@ def _worker(rank: int, world: int, port: int, scenarios: list[dict[str, Any]], o
                 per_step: list[int] = []
                 calls[0] = 0
                 sent.clear()
+                emb_reduces.clear()
 
                 def on_step(done: int, per_step: list[int] = per_step) -> None:
                     per_step.append(calls[0])
@@ -116,6 +128,7 @@ def _worker(rank: int, world: int, port: int, scenarios: list[dict[str, Any]], o
                 losses.append(res.losses)
                 meta.append({"all_to_all_per_step": per_step,
                              "all_to_all_sent": list(sent),
+                             "embedding_all_reduce_per_step": list(emb_reduces),
                              "embedding_exchange": res.report.get("embedding_exchange"),
                              "exchange_precision": res.report.get("exchange_precision"),
                              "warnings": [str(w.message) for w in caught]})
@@ -135,7 +148,8 @@ def run_scenarios(world: int, scenarios: list[dict[str, Any]], out: Path) -> dic
 
     Returns rank 0's per-phase losses under each name, and under ``"_meta"`` per name and
     phase: ``all_to_all_single`` calls per step, each call's input (dtype, elements) in
-    order, the run report's ``embedding_exchange`` and ``exchange_precision``, and the
+    order, all-reduces per step inside the embedding optimizer's step, the run report's
+    ``embedding_exchange`` and ``exchange_precision``, and the
     warnings the run raised."""
     mp.start_processes(
         _worker,

@@ -105,7 +105,18 @@ def _example() -> tuple[torch.Tensor, ...]:
     )
 
 
-def build(computed_ids: bool = False) -> ModelSpec:
+def _idle_t5_on_odd(step: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, ...]:
+    """``make_batch`` whose odd batches look ``t5`` up with no id (every bag empty): on two
+    ranks, rank 1's batch (``step * 2 + 1``) never touches it."""
+    batch = list(make_batch(step, device))
+    if step % 2:
+        batch[10] = batch[10][:0]
+        batch[11] = torch.zeros_like(batch[11])
+    return tuple(batch)
+
+
+def build(computed_ids: bool = False, idle_t5_on_odd: bool = False) -> ModelSpec:
     return ModelSpec(
-        model=MultiTable(computed_ids), example_inputs=_example(), make_batch=make_batch, info={"batch_size": B}
+        model=MultiTable(computed_ids), example_inputs=_example(),
+        make_batch=_idle_t5_on_odd if idle_t5_on_odd else make_batch, info={"batch_size": B}
     )

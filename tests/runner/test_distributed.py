@@ -33,6 +33,7 @@ Each trains 20 steps; the mean-over-ranks loss of every step must match
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -268,3 +269,54 @@ def test_loss_trajectory_matches_single_process(world, base_plans, plan_dir: Pat
         assert [loss for _, loss in first] == [uninterrupted[s] for s in range(1, 11)]
         # resuming is exact: same state, same batches, same reduction order
         assert [loss for _, loss in resumed] == [uninterrupted[s] for s in range(11, STEPS + 1)]
+
+
+def _replica_plans(base: dict) -> dict[str, dict]:
+    """Four data-parallel tables on 2 ranks beside a table-wise and a row-wise one: t4 has a
+    padding row (and a bag of padding only), t5 is never looked up by rank 1's batches
+    (``idle_t5_on_odd``), t3 is an unpooled lookup."""
+    r = [0, 1]
+    tables = {"t0.weight": ("table_wise", [1]), "t1.weight": ("data_parallel", r),
+              "t2.weight": ("row_wise", r), "t3.weight": ("data_parallel", r),
+              "t4.weight": ("data_parallel", r), "t5.weight": ("data_parallel", r)}
+    regions = {"": "ddp", "bottom": "ddp", "top": "ddp"}
+    adagrad = variant(base, tables, regions,
+                      optimizer={"embedding": {"kind": "rowwise_adagrad", "lr": 0.05}})
+    bf16 = copy.deepcopy(adagrad)
+    for t in bf16["tables"]:
+        if t["sharding"] == "data_parallel":
+            t["precision"], t["precision_reason"] = "bf16", "set by the test"
+    return {"adagrad": adagrad, "adam": variant(base, tables, regions, optimizer=ADAM),
+            "bf16": bf16}
+
+
+def test_replicas_train_as_the_reference_with_one_all_reduce(plan_dir: Path) -> None:
+    """Every data-parallel table is reduced in ONE all-reduce a step (the embedding
+    optimizer's only collective here: no column shards), with the single-process
+    reference's arithmetic (fp32, row-wise Adagrad and lazy Adam, a padding row, a table
+    one rank never touches), bf16 replicas near fp32's, and a resume exact."""
+    from gemc.api import compile as gemc_compile
+
+    args = {"idle_t5_on_odd": True}
+    base = gemc_compile(MODEL, args, topology="h200:1x2")
+    plans = _replica_plans(base)
+    scenarios = []
+    for name, plan in plans.items():
+        write_plan(plan_dir / f"w2-dp-{name}.json", plan)
+        scenarios.append({"name": name, "plan": str(plan_dir / f"w2-dp-{name}.json"),
+                          "phases": [{"steps": STEPS}]})
+    ck = plan_dir / "w2-dp-resume-ckpt"
+    scenarios.append({"name": "resume", "plan": str(plan_dir / "w2-dp-adam.json"), "phases": [
+        {"steps": 10, "checkpoint_dir": str(ck), "checkpoint_every": 5},
+        {"steps": STEPS, "checkpoint_dir": str(ck), "resume": True}]})
+    results = run_scenarios(2, scenarios, plan_dir / "w2-dp-results.json")
+    for name in ("adagrad", "adam"):
+        _close([loss for _, loss in results[name][0]], _reference(plans[name], 2, args))
+    for name in plans:
+        assert results["_meta"][name][0]["embedding_all_reduce_per_step"] == [1] * STEPS, name
+    fp32 = [loss for _, loss in results["adagrad"][0]]
+    bf16 = [loss for _, loss in results["bf16"][0]]
+    off = max(abs(a - b) / abs(b) for a, b in zip(bf16, fp32))
+    assert 0 < off < 0.01, f"bf16 replicas off fp32's by {off:.3%}"
+    first, resumed = results["resume"]
+    assert [loss for _, loss in first + resumed] == [loss for _, loss in results["adam"][0]]

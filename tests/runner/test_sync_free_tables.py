@@ -229,11 +229,14 @@ def test_summed_rows_are_coalesces_rows_in_static_shape(n: int, rows: int,
     assert summed_rows(ids[:0], values[:0], rows, skip) is None
 
 
-@pytest.mark.parametrize("optimizer,weight_decay",
-                         [(o, wd) for o in ("rowwise_adagrad", "adam") for wd in (0.0, 0.01)])
-def test_masked_update_in_aten_equals_the_kernel(optimizer: str, weight_decay: float) -> None:
+@pytest.mark.parametrize("optimizer,weight_decay,flags",
+                         [(o, wd, f) for o in ("rowwise_adagrad", "adam") for wd in (0.0, 0.01)
+                          for f in (False, True)])
+def test_masked_update_in_aten_equals_the_kernel(optimizer: str, weight_decay: float,
+                                                 flags: bool) -> None:
     """The masked pass's CPU form (ATen, where Triton's interpreter is off) and its kernel
-    update the same rows alike; a row with a NaN gradient counts as used, one of -0.0 not."""
+    update the same rows alike; a row with a NaN gradient counts as used, one of -0.0 not.
+    With ``flags`` (a replica's used rows): exactly the flagged rows, zero gradient or not."""
     from gemc.backends.triton import masked_row_update as masked
 
     gen = torch.Generator().manual_seed(3)
@@ -242,8 +245,13 @@ def test_masked_update_in_aten_equals_the_kernel(optimizer: str, weight_decay: f
     grad[::3] = 0.0
     grad[1] = -0.0
     grad[2, 1] = float("nan")
+    used = None
+    if flags:  # every 4th row unused; zero-gradient rows among the used ones
+        used = torch.ones(50)
+        used[::4] = 0.0
+        grad[2, 1] = 0.0
     args = dict(optimizer=optimizer, lr=0.05, eps=1e-8, betas=(0.9, 0.999),
-                weight_decay=weight_decay, step_size=0.02)
+                weight_decay=weight_decay, step_size=0.02, used=used)
     results = []
     for aten in (False, True):
         w = weight.clone()
@@ -254,7 +262,7 @@ def test_masked_update_in_aten_equals_the_kernel(optimizer: str, weight_decay: f
             s1 = state.get("sum", state.get("exp_avg"))
             s2 = state.get("exp_avg_sq", s1)
             masked._masked_row_update_aten(w, grad, s1, s2, optimizer == "adam", 0.05, 1e-8,
-                                           (0.9, 0.999), weight_decay, 0.02)
+                                           (0.9, 0.999), weight_decay, 0.02, used)
         else:
             masked.masked_row_update_(w, grad, state, **args)
         results.append((w, state))
@@ -262,6 +270,135 @@ def test_masked_update_in_aten_equals_the_kernel(optimizer: str, weight_decay: f
     torch.testing.assert_close(w_kernel, w_aten, equal_nan=True)
     for name in s_kernel:
         torch.testing.assert_close(s_kernel[name], s_aten[name], equal_nan=True)
+    if flags:
+        unused = list(range(0, 50, 4))
+        assert torch.equal(w_kernel[unused], weight[unused])
+        assert not torch.isnan(w_kernel).any()  # (row 2's NaN cleared above)
+        if weight_decay:  # the flagged zero-gradient rows were updated: decay moved them
+            zero_used = [i for i in range(3, 50, 3) if i % 4]
+            assert not torch.equal(w_kernel[zero_used], weight[zero_used])
+        return
     unused = [i for i in range(50) if i % 3 == 0 and i != 0] + [1]
     assert torch.equal(w_kernel[unused], weight[unused])
     assert torch.isnan(w_kernel[2]).any()  # the NaN row was updated (and poisoned)
+
+
+@pytest.fixture
+def one_process_group(tmp_path):  # noqa: ANN001, ANN201
+    """A gloo group of this process alone: its all-reduce is the identity, so a replica
+    told it is one of two sees its own gradient as the world's sum (the reference is then
+    fed half the gradient: ``world_size=2`` divides by two)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _replica(seed: int, padding: bool) -> tuple[nn.Embedding, ShardedEmbedding]:
+    """(a reference nn.Embedding, this rank's data-parallel replica of it, one of two)."""
+    from gemc.sharding import make_shards
+
+    ref = nn.Embedding(ROWS, DIM, padding_idx=PAD if padding else None, sparse=True)
+    with torch.no_grad():
+        ref.weight.copy_(torch.randn(ROWS, DIM, generator=torch.Generator().manual_seed(seed)))
+    plan_table = {"fqn": f"t{seed}.weight", "rows": ROWS, "dim": DIM,
+                  "sharding": "data_parallel",
+                  "shards": make_shards("data_parallel", [0, 1], ROWS, DIM)}
+    table = ShardedEmbedding(ref, plan_table, rank=0, world_size=2, seed=0)
+    table.to_empty(device="cpu")
+    with torch.no_grad():
+        table.weight.copy_(ref.weight)
+    return ref, table
+
+
+@pytest.mark.parametrize("optimizer", ["rowwise_adagrad", "adam"])
+def test_replicas_reduce_in_one_all_reduce_without_a_sync(optimizer: str,
+                                                          one_process_group) -> None:  # noqa: ANN001
+    """Two data-parallel tables (a padding row in one) step in ONE all-reduce and masked
+    updates, no host sync, equal to the reference; a row whose summed gradient is exactly
+    zero (two lookups that cancel) is still updated, as the reference's sparse gradient
+    lists it (lazy Adam moves it by its moments: the masked update's own rule, a gradient
+    not all zero, would leave it)."""
+    from gemc.backends.torch.comm import count_calls
+
+    pairs = {f"t{s}.weight": _replica(s, padding=s == 1) for s in (1, 2)}
+    cfg = EmbeddingOptimConfig(kind=optimizer, lr=0.05)
+    ref_states = {f: RowState(ref.weight.data, optimizer) for f, (ref, _) in pairs.items()}
+    opt = EmbeddingOptimizer({f: table for f, (_, table) in pairs.items()}, cfg, world_size=2)
+    reduces = count_calls("all_reduce")
+    gen = torch.Generator().manual_seed(3)
+    ids = [torch.tensor([[5, 7, PAD, 5]]), torch.tensor([[5, 5, 9, PAD]])]
+    probes = [torch.randn(1, 4, DIM, generator=gen) for _ in ids]
+    probes[1][0, 1] = -probes[1][0, 0]  # step 2: row 5's two gradients cancel exactly
+    for step, (x, probe) in enumerate(zip(ids, probes), start=1):
+        reduces[0] = 0
+        syncs = SyncOps()
+        with syncs:
+            for _, table in pairs.values():
+                (table(x) * probe).sum().backward()
+            opt.step()
+        opt.zero_grad()
+        assert not syncs.found, syncs.found
+        assert reduces[0] == 1  # both replicas in one collective
+        for fqn, (ref, table) in pairs.items():
+            (ref(x) * probe).sum().backward()
+            ref.weight.grad = ref.weight.grad * 0.5  # the mean over the two ranks
+            _reference_step(ref.weight, ref_states[fqn], cfg, step)
+            torch.testing.assert_close(table.weight.data, ref.weight.data)
+            for name, tensor in ref_states[fqn].tensors.items():
+                torch.testing.assert_close(opt.state[fqn].tensors[name], tensor)
+        if step == 1:
+            before = {f: table.weight.data.clone() for f, (_, table) in pairs.items()}
+    # row 5's step-2 gradient summed to zero: lazy Adam still moved it (its moments),
+    # row-wise Adagrad left it (a zero step); the padding row never moved
+    moved = not torch.equal(before["t2.weight"][5], pairs["t2.weight"][1].weight.data[5])
+    assert moved == (optimizer == "adam")
+    assert torch.equal(pairs["t1.weight"][1].weight.data[PAD],
+                       _replica(1, padding=True)[1].weight.data[PAD])
+
+
+def test_the_replicas_masked_update_is_warmed_as_it_launches(one_process_group) -> None:  # noqa: ANN001
+    """The warm-up's derivation (graph mode's first step) of the replicas' masked pass:
+    the launch a real step makes (used-row flags given), and none on one rank's list."""
+    from gemc.backends.triton import warm as W
+
+    tables = {f"t{s}.weight": _replica(s, padding=False)[1] for s in (1, 2)}
+    opt = EmbeddingOptimizer(tables, EmbeddingOptimConfig(kind="adam"), world_size=2)
+    with W.dry_launches() as derived:
+        opt.warm_dense([])
+    for table in tables.values():
+        table(torch.tensor([[1, 2, 2]])).sum().backward()
+    with W.record_launches() as launched:
+        opt.step()
+    assert len(launched) == len(tables) == len(derived)
+    assert {W.signature(x) for x in derived} == {W.signature(x) for x in launched}
+
+
+def test_a_replica_of_a_bf16_model_table_steps_as_the_reference(one_process_group) -> None:  # noqa: ANN001
+    """A model whose table is bf16 itself (plan precision "fp32": the model's own dtype)
+    has no fp32 weight for the masked pass: its replica steps through the rows, as the
+    reference does, and rows no rank used stay as they are."""
+    ref, table = _replica(3, padding=False)
+    ref.to(torch.bfloat16)
+    table.weight.data = table.weight.data.to(torch.bfloat16)
+    cfg = EmbeddingOptimConfig(kind="rowwise_adagrad", lr=0.05)
+    ref_state = RowState(ref.weight.data, cfg.kind)
+    opt = EmbeddingOptimizer({"t3.weight": table}, cfg, world_size=2)
+    ids = torch.tensor([[1, 2, 2, 5]])
+    probe = torch.randn(1, 4, DIM).to(torch.bfloat16)
+    (table(ids) * probe).sum().backward()
+    opt.step()
+    (ref(ids) * probe).sum().backward()
+    ref.weight.grad = ref.weight.grad * 0.5
+    _reference_step(ref.weight, ref_state, cfg, 1)
+    assert table.weight.dtype == torch.bfloat16
+    torch.testing.assert_close(table.weight.data, ref.weight.data)
+    # the reference sums the duplicated row's bf16 gradients in bf16 (coalesce), the
+    # bucket in fp32 (as summed_rows did): its accumulator differs by bf16's rounding
+    torch.testing.assert_close(opt.state["t3.weight"].tensors["sum"], ref_state.tensors["sum"],
+                               rtol=2e-3, atol=1e-5)
+    assert torch.equal(table.weight.data[6:], ref.weight.data[6:])  # never looked up
