@@ -28,7 +28,8 @@ row), the rows of a dense gradient that are not all zero. In the sharded case:
 
 * the gradient arrives as the shard's sparse gradient (the rows requested by every rank) and
   is divided by the world size: each rank's loss is its own batch's mean, the global loss the
-  mean over ranks, as in DDP;
+  mean over ranks, as in DDP (a shard on the owners' fused route, :mod:`.owner_lookup`, is
+  updated in its lookup's backward with the same division, and is skipped here);
 * a ``data_parallel`` replica all-reduces its gradient and the set of used rows, so every
   replica applies the same update;
 * a row split over column shards (``column_wise``, ``grid``) all-reduces the per-row sum of
@@ -321,7 +322,7 @@ class EmbeddingOptimizer:
         read by :func:`summed_rows`, a table-sized one (``dense_grad``) updated by
         :meth:`RowState.apply_dense`. Several ranks still sync where a collective or a
         replica's used rows need counts."""
-        self.step_count += 1
+        self.set_step_count(self.step_count + 1)  # the fused modules' count follows
         for fqn, m in self.tables.items():
             if m.weight is None or fqn in self.fused:
                 continue
