@@ -52,7 +52,7 @@ from gemc.cost_model.step_model import (
 )
 from gemc.cost_model.types import RegionCost, TableCost
 from gemc.sharding import DENSE_DECLARED, SHARDINGS, dense_strategy
-from gemc.table_lookup import DENSE_GRAD
+from gemc.table_lookup import BATCHED, DENSE_GRAD
 
 from .problem import DenseChoice, Problem, TableChoice
 
@@ -200,11 +200,14 @@ def table_option(problem: Problem, t: TableCost, sharding: str, ranks: int,
     gpu = topo.gpu
     shard_rows, shard_dim = table_shard(rep, 0)
     if SHARDINGS[sharding].replicated:
+        # as predict_step: a replica on the sparse route (every replica on several ranks)
+        # is stepped by the sparse optimizer, not in the dense one's elements
+        eager = rep.lookup != BATCHED
         compute = shard_compute_s(rep, shard_rows, shard_dim, world, gpu, problem.calibration,
-                                  None)
+                                  opts.table_optimizer if eager else None)
         return TableOption(sharding, world, 1, world, True, None, compute, mem, 0.0, 0.0,
                            dp_grad_bytes=float(t.rows * t.dim * t.dtype_bytes),
-                           dp_numel=float(t.rows * t.dim), **grads)
+                           dp_numel=0.0 if eager else float(t.rows * t.dim), **grads)
     lookup = shard_compute_s(rep, shard_rows, shard_dim, world, gpu, problem.calibration,
                              opts.table_optimizer)
     compute = lookup + exchange_cast_s(rep, shard_rows, shard_dim, world, gpu,

@@ -70,8 +70,9 @@ def test_small_case_is_pinned() -> None:
     moved); and (issue 21) each table is priced on the route the runner runs it on
     (gemc.table_lookup.sharded_route): the column-split tables (``grid``, ``cw``,
     ``cw_twice_on_2``, ``seq_cw``) under row-wise Adagrad on the sparse route, the others
-    in their owners' batched kernel (step 9.99 -> 11.48 ms, memory unchanged: the sparse
-    gradients fit in the activations' room)."""
+    in their owners' batched kernel, the data-parallel table on the sparse route (step
+    9.99 -> 11.48 ms, memory unchanged: the sparse gradients fit in the activations'
+    room)."""
     regions, tables = small_case()
     p = predict_step(regions, tables, parse_topology("h200:2x4"))
     assert p.step_s == pytest.approx(0.011475374999196323, rel=1e-12)

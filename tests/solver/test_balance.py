@@ -147,6 +147,12 @@ def test_the_planner_meets_the_ratio_only_within_its_cap_tolerance():
         SolverSettings(balance_ratio=0.5)
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "issue 21: the instance's balancing moves were column splits priced in the batched "
+    "kernel; under row-wise Adagrad they run (and are now priced) on the sparse route, "
+    "with a gradient row per id, and both searches end at 43 GB max against the 36.6 GB "
+    "cap (17.5 / 18.3 ms against 6.7 ms); under lazy Adam both find the same plan. A new "
+    "instance for the priced search is open (s14-fusedshard report)"))
 def test_priced_cap_search_keeps_the_hot_table_cheap_where_the_hard_cap_does_not():
     """Five 80M-row tables on 8 ranks, one at pooling 200: with the bytes above the cap as
     the first key, the cap search's first move unloads most whatever it costs (32% of the
