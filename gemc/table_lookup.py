@@ -37,11 +37,17 @@ once per lookup, the reference once per step), and a column-split table (``colum
 ``grid``) under row-wise Adagrad, whose row accumulator needs the row's sum of squares over
 every column shard before any column moves (the sparse optimizer all-reduces it).
 
+Why not the plan's batched entries there: they would update whole local tables inside
+the graph's backward, before any gradient is exchanged; the owners' lookup runs after the
+exchange. Why the route is per sharding: the cost model prices each candidate sharding on
+the route it runs (:func:`routed_as_sharded`), so a column split under row-wise Adagrad
+pays its sparse gradient where the planner weighs it.
+
 The rule on one rank (backends/torch/graph_mode.py calls this module for it): without
-graph kernels (module mode) every table runs ``SPARSE``. With them, a batched entry owns its tables when its tables
-share one storage precision; but on several ranks, or when any table stored bf16/fp8 is
-left outside such an entry, no batched entry is applied and every lookup goes through the
-sharded tables (``SPARSE``). Otherwise an owned table is ``BATCHED`` and any other runs as
+graph kernels (module mode) every table runs ``SPARSE``. With them, a batched entry owns
+its tables when its tables share one storage precision; but when any table stored
+bf16/fp8 is left outside such an entry, no batched entry is applied and every lookup goes
+through the sharded tables (``SPARSE``). Otherwise an owned table is ``BATCHED`` and any other runs as
 captured (``DENSE_GRAD``, or ``SPARSE`` when captured sparse) — unless the cost model prices
 that table cheaper on ``SPARSE`` (both routes priced per table from what they execute,
 ``cheaper_route``; the plan records the choice and both prices, the runner follows the
