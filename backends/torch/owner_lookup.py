@@ -36,6 +36,11 @@ rather than padded with empty bags: padding would make the launch's output
 pooled tables' own for nothing. A model whose tables all take the batch's bags (DLRM) runs
 one launch per rank and exchange.
 
+Graph mode: on several ranks a sharded table's lookup node calls the table as an eager
+island (``graph_mode._lookup_call``), never the deferred ``gemc::table_lookup`` op (that is
+for tables whose lookups stay on their rank), so the fused backward runs in the step's own
+backward and ``replay_deferred`` has nothing of these tables to replay.
+
 Per-sample weights: one launch reads weights for all its tables or none; a table without
 them gets ones. bf16 / fp8 storage: the kernel reads and rounds the stored format itself
 (stochastic rounding from its own ``(seed, step, element)`` stream, not the sparse route's
