@@ -231,3 +231,31 @@ def test_bf16_storage_fused_agrees_with_the_sparse_route_to_its_rounding(results
         assert abs(float((a - b).mean())) < 2**-9
         # and near the fp32 reference, which neither stores
         assert fused["t.weight"]["weight_err"] < 0.05
+
+
+def test_a_second_lookup_in_one_step_is_refused_on_the_fused_route() -> None:
+    """Looked up twice before the optimizer steps, a fused table would have its rows updated
+    once per lookup where the reference updates them once a step: refused by name. (The
+    owner's pool is called directly: no collective is needed.)"""
+    import torch
+    from gemc.backends.torch.embedding import ShardedEmbedding
+    from gemc.backends.torch.owner_lookup import OwnerLookup
+    from gemc.backends.torch.sparse_optim import EmbeddingOptimConfig, EmbeddingOptimizer
+
+    from gemc.errors import GemcUserError
+
+    table = ShardedEmbedding(_source("sum"), _plan_table("t.weight", "table_wise", [0], "fp32"),
+                             rank=0, world_size=WORLD, seed=7)
+    table.to_empty(device="cpu")
+    table.reset_parameters()
+    opt = EmbeddingOptimizer({"t.weight": table}, EmbeddingOptimConfig(), world_size=WORLD)
+    OwnerLookup({"t.weight": table}, ["t.weight"], opt, world_size=WORLD, seed=7)
+    request = (table, torch.tensor([1, 2, 3]), torch.tensor([2, 1]), None)
+    table.owner_lookup.pool([request])
+    with torch.no_grad():  # a lookup without a backward does not count
+        table.owner_lookup.pool([request])
+    with pytest.raises(GemcUserError, match="'t.weight' is looked up twice in one step"):
+        table.owner_lookup.pool([request])
+    opt.step()  # the next step may look it up again
+    out = table.owner_lookup.pool([request])[0]
+    assert out.shape == (2, DIM)
