@@ -140,6 +140,14 @@ def shard_memory(table: TableCost, rows: float, dim: float, world: int,
     return MemoryBreakdown(params, grads, opt, act, 0.0)
 
 
+# The owners' fused update (backends/triton/embedding_bag.py ``_fused_update``) holds per
+# received id, while it runs: its bag (int64), row key (int32 below 2**31 rows), the sorted
+# keys (int32) and their order (int64), each run's end (int64), the sorted bags (int64) and
+# the per-id coefficient (fp32): 44 bytes, rounded up for the transient int64 keys it
+# narrows. Counted on the runner by benchmarks/lookup_gradient_memory.py (BENCHMARKS.md,
+# issue 21, "The owners' fused lookup").
+FUSED_UPDATE_BYTES_PER_ID = 48.0
+
 # fp32 buffers of one row per slot (a used row) that the sparse optimizer's row update
 # holds at once after ``summed_rows`` (backends/torch/sparse_optim.py), counted per ATen
 # op's output on the CPU (benchmarks/lookup_gradient_memory.py, BENCHMARKS.md issue 19):
@@ -166,9 +174,21 @@ def table_grad_bytes(table: TableCost, rows: float, dim: float, world: int,
     105 MB). A data-parallel replica on several ranks holds its local batch's sparse
     gradient (its bucket segment is ``shard_memory``'s, steady); its fp32 update is one
     masked pass in place (no moment), a narrower-stored one runs the row update over
-    every row (``ROW_UPDATE_BUFFERS`` rows of the table)."""
-    if rows == 0 or table.lookup == BATCHED:
+    every row (``ROW_UPDATE_BUFFERS`` rows of the table).
+
+    ``batched`` holds no gradient. On several ranks (the owners' fused lookup, issue 21)
+    its backward's update sorts the ids the shard received from every rank:
+    ``FUSED_UPDATE_BYTES_PER_ID`` a received id, alive while the update runs (the lookup
+    is the backward's last op) and for every shard of the rank's launch at once, so they
+    are returned as held (summed over the rank's shards). One rank's batched kernel is
+    priced without them (its ids are one batch's; its plans were checked against runs
+    without this term)."""
+    if rows == 0:
         return 0.0, 0.0
+    if table.lookup == BATCHED:
+        if world == 1 or table.replicated:  # replicas run the sparse route on several ranks
+            return 0.0, 0.0
+        return world * table.nnz * rows / table.rows * FUSED_UPDATE_BYTES_PER_ID, 0.0
     if table.lookup == DENSE_GRAD:
         return rows * dim * table.dtype_bytes, 0.0
     nnz = float(table.nnz) if table.replicated \

@@ -25,7 +25,7 @@ Pure and fast (no fx): the solver calls it in its inner loop.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import astuple
+from dataclasses import astuple, replace
 from functools import lru_cache
 
 import numpy as np
@@ -39,7 +39,7 @@ from gemc.exchange_precision import (
     wire_row_bytes,
 )
 from gemc.sharding import SHARDINGS, dense_strategy
-from gemc.table_lookup import BATCHED, DENSE_GRAD, SPARSE
+from gemc.table_lookup import BATCHED, DENSE_GRAD, SPARSE, routed_as_sharded
 
 from .calibration import Calibration
 from .collectives import collective_time
@@ -214,6 +214,19 @@ def replica_all_reduce_s(nbytes: float, topology: Topology,
     launch = calibration.kernel_s if calibration is not None else DEFAULT_KERNEL_LAUNCH_S
     return collective_time("all_reduce", nbytes, range(topology.world_size), topology,
                            calibration=calibration) + REPLICA_BUCKET_KERNELS * launch
+
+
+def routed_tables(tables: Sequence[TableCost], world: int,
+                  optimizer: str) -> list[TableCost]:
+    """``tables`` each on the route the runner runs it on as sharded
+    (gemc.table_lookup.routed_as_sharded: on several ranks the owners' fused lookup, or the
+    sparse route for a replica, a column split under row-wise Adagrad, a table looked up
+    more than once; on one rank the path given). What :func:`predict_step` prices, and
+    the solver's options (``gemc.solver.candidates``) by the same rule."""
+    return [replace(t, lookup=routed_as_sharded(t.lookup, t.sharding, world_size=world,
+                                                optimizer=optimizer, lookups=t.lookups,
+                                                fp32=t.dtype_bytes == 4))
+            for t in tables]
 
 
 def in_batched_kernel(t: TableCost, world: int) -> bool:
@@ -398,6 +411,8 @@ def predict_step(
     world = topology.world_size
     gpu = topology.gpu
     source = "calibrated" if calibration is not None else "roofline"
+    # each table on the route its sharding runs (as the solver's options price it)
+    tables = routed_tables(tables, world, opts.table_optimizer)
 
     # ---- sparse: per-rank embedding compute, all-to-all -------------------------------
     sparse = np.zeros(world)

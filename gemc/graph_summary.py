@@ -120,6 +120,9 @@ def _routes(gm: fx.GraphModule) -> tuple[dict[str, str], dict[str, dict[str, flo
     precision: dict[str, str] = {}
     members: dict[str, set[str]] = defaultdict(set)
     sparse: dict[str, bool] = {}
+    shardings: dict[str, str] = {}
+    lookups: dict[str, int] = defaultdict(int)
+    not_fp32: set[str] = set()  # tables the model holds in another dtype
     graph_mode = False
     for node in gm.graph.nodes:
         facts = node.meta.get(ir.KERNEL)
@@ -132,6 +135,11 @@ def _routes(gm: fx.GraphModule) -> tuple[dict[str, str], dict[str, dict[str, flo
         fqn = table["fqn"]
         placement = node.meta.get(ir.PLACEMENT) or {}
         precision[fqn] = placement.get("precision", precision.get(fqn, "fp32"))
+        shardings[fqn] = placement.get("sharding", "table_wise")
+        weight = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None
+        if weight is not None and weight.dtype != torch.float32:
+            not_fp32.add(fqn)
+        lookups[fqn] += 1
         sparse[fqn] = sparse.get(fqn, True) and captured_sparse(node)
         gid = node.meta.get(ir.GROUP)
         if gid is not None:
@@ -139,13 +147,16 @@ def _routes(gm: fx.GraphModule) -> tuple[dict[str, str], dict[str, dict[str, flo
     batched = [fqns for gid, fqns in members.items() if kinds.get(gid) == "batched_embedding_bag"]
     world = int((gm.meta.get(ir.PRICING) or {}).get("world_size", 1))
     captured = {f for f, s in sparse.items() if s}
+    # several ranks: the owners' route by sharding (gemc.table_lookup.sharded_route)
+    sharded = {"shardings": shardings, "lookups": dict(lookups), "not_fp32": not_fp32,
+               "optimizer": gm.meta.get(ir.TABLE_OPTIMIZER) or StepOptions.table_optimizer}
     paths = lookup_paths(precision, batched, world_size=world, graph_mode=graph_mode,
-                         captured_sparse=captured)
+                         captured_sparse=captured, **sharded)
     prices = table_route_prices(gm, [f for f, p in paths.items() if p == DENSE_GRAD])
     priced = {f for f, p in prices.items() if cheaper_route(p) == SPARSE}
     if priced:
         paths = lookup_paths(precision, batched, world_size=world, graph_mode=graph_mode,
-                             captured_sparse=captured, priced_sparse=priced)
+                             captured_sparse=captured, priced_sparse=priced, **sharded)
     return paths, prices, graph_mode
 
 

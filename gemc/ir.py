@@ -38,6 +38,9 @@ PACKED_SKIPPED = PREFIX + "packed_skipped"  # why an attention's history stays p
 PRICING = PREFIX + "pricing"
 # gm.meta: the plan document emit-plan (the pipeline's last pass) built from the graph
 PLAN = PREFIX + "plan"
+# gm.meta: the table optimizer the placement priced (parallelize); on several ranks it
+# decides which tables' owners look them up fused (gemc.table_lookup.sharded_route)
+TABLE_OPTIMIZER = PREFIX + "table_optimizer"
 
 
 class OpKind(str, Enum):

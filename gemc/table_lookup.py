@@ -26,11 +26,28 @@ table-sized zero-fill and scan streams at HBM speed, while the sparse gradient's
 (then: sort, unique, a host sync, a padding row's duplicates summed in sequence) and the
 graph breaks around each routed lookup do not (BENCHMARKS.md, "The zoo on one H200").
 
-The rule (backends/torch/graph_mode.py calls this module for it): without graph kernels
-(module mode) every table runs ``SPARSE``. With them, a batched entry owns its tables when its tables
-share one storage precision; but on several ranks, or when any table stored bf16/fp8 is
-left outside such an entry, no batched entry is applied and every lookup goes through the
-sharded tables (``SPARSE``). Otherwise an owned table is ``BATCHED`` and any other runs as
+On several ranks (:func:`sharded_route`, the rule for every mode): a table's shards run
+``BATCHED`` on their owners — the exchange's received ids (every requester's bags) looked up
+by the rank's fused module (:mod:`gemc.backends.torch.owner_lookup`: one
+``BatchedEmbeddingBag`` launch per storage precision and bag count, whose backward applies
+the optimizer to the touched rows; no gradient of one row per id over the world's batch,
+issue 21) — except a data-parallel replica (its gradient is all-reduced, ``SPARSE``), a
+table the graph looks up more than once a step (the fused backward would update its rows
+once per lookup, the reference once per step), and a column-split table (``column_wise``,
+``grid``) under row-wise Adagrad, whose row accumulator needs the row's sum of squares over
+every column shard before any column moves (the sparse optimizer all-reduces it).
+
+Why not the plan's batched entries there: they would update whole local tables inside
+the graph's backward, before any gradient is exchanged; the owners' lookup runs after the
+exchange. Why the route is per sharding: the cost model prices each candidate sharding on
+the route it runs (:func:`routed_as_sharded`), so a column split under row-wise Adagrad
+pays its sparse gradient where the planner weighs it.
+
+The rule on one rank (backends/torch/graph_mode.py calls this module for it): without
+graph kernels (module mode) every table runs ``SPARSE``. With them, a batched entry owns
+its tables when its tables share one storage precision; but when any table stored
+bf16/fp8 is left outside such an entry, no batched entry is applied and every lookup goes
+through the sharded tables (``SPARSE``). Otherwise an owned table is ``BATCHED`` and any other runs as
 captured (``DENSE_GRAD``, or ``SPARSE`` when captured sparse) — unless the cost model prices
 that table cheaper on ``SPARSE`` (both routes priced per table from what they execute,
 ``cheaper_route``; the plan records the choice and both prices, the runner follows the
@@ -42,6 +59,8 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
+
+from gemc.sharding import SHARDINGS
 
 BATCHED = "batched"
 SPARSE = "sparse"
@@ -63,7 +82,8 @@ def owned_by_batched(entries: Iterable[Collection[str]],
 
 def batched_applied(owned: Collection[str], precision: Mapping[str, str], *,
                     world_size: int) -> bool:
-    """Whether the runner applies batched entries at all: one rank, and no table stored
+    """Whether the runner applies the plan's batched entries at all (on several ranks the
+    owners' fused lookups, :func:`sharded_route`, take their place): one rank, and no table stored
     narrower than fp32 outside them (the graph's own lookup would read stored bf16/fp8
     values as they are, so every lookup then goes through the sharded tables)."""
     if world_size > 1:
@@ -71,10 +91,44 @@ def batched_applied(owned: Collection[str], precision: Mapping[str, str], *,
     return not any(p != "fp32" and f not in owned for f, p in precision.items())
 
 
+def sharded_route(sharding: str, *, world_size: int, optimizer: str,
+                  lookups: int = 1, fp32: bool = True) -> str:
+    """The route of a table's shards on ``world_size`` > 1 ranks (see the module doc):
+    ``BATCHED`` (the owner's fused lookup) unless the table is replicated, looked up
+    ``lookups`` > 1 times a step, split by columns under row-wise Adagrad (``optimizer``:
+    the plan's table optimizer), or held by the model in a dtype other than fp32
+    (``fp32`` False: the fused kernel's buffer and update are fp32 rows, or bf16 / fp8
+    storage of them), which stay ``SPARSE``. One rank: see :func:`lookup_paths`."""
+    kind = SHARDINGS[sharding]
+    if world_size <= 1:
+        raise ValueError("sharded_route is the several-rank rule; one rank: lookup_paths")
+    column_split = kind.split in ("columns", "grid")
+    if kind.replicated or lookups > 1 or not fp32 \
+            or (column_split and optimizer == "rowwise_adagrad"):
+        return SPARSE
+    return BATCHED
+
+
+def routed_as_sharded(path: str, sharding: str, *, world_size: int, optimizer: str,
+                      lookups: int = 1, fp32: bool = True) -> str:
+    """``path`` (a table's route, as :func:`lookup_paths` gave it) for the table sharded
+    ``sharding``: on several ranks :func:`sharded_route`, on one ``path`` unchanged. The
+    cost model prices each candidate sharding through this, so a table is priced on the
+    route its sharding runs."""
+    if world_size <= 1:
+        return path
+    return sharded_route(sharding, world_size=world_size, optimizer=optimizer,
+                         lookups=lookups, fp32=fp32)
+
+
 def lookup_paths(precision: Mapping[str, str], batched_entries: Iterable[Collection[str]], *,
                  world_size: int, graph_mode: bool,
                  captured_sparse: Collection[str] = (),
-                 priced_sparse: Collection[str] = ()) -> dict[str, str]:
+                 priced_sparse: Collection[str] = (),
+                 shardings: Mapping[str, str] | None = None,
+                 optimizer: str = "rowwise_adagrad",
+                 lookups: Mapping[str, int] | None = None,
+                 not_fp32: Collection[str] = ()) -> dict[str, str]:
     """Each table's path (fqn -> one of ``LOOKUP_PATHS``; see the module doc).
 
     ``precision``: every table of the plan, fqn -> storage precision. ``batched_entries``:
@@ -83,7 +137,15 @@ def lookup_paths(precision: Mapping[str, str], batched_entries: Iterable[Collect
     ``captured_sparse``: tables whose every captured lookup has ``sparse=True``.
     ``priced_sparse``: tables the cost model priced cheaper on ``SPARSE`` than on
     ``DENSE_GRAD`` (:func:`cheaper_route`; the plan records the choice, the runner
-    follows it); they run ``SPARSE`` where they would otherwise run ``DENSE_GRAD``."""
+    follows it); they run ``SPARSE`` where they would otherwise run ``DENSE_GRAD``.
+    ``shardings`` (fqn -> sharding; missing: table-wise), ``optimizer`` and ``lookups``
+    (fqn -> lookup ops; missing: 1), ``not_fp32`` (tables the model holds in another
+    dtype): on several ranks, :func:`sharded_route`'s inputs."""
+    if world_size > 1:
+        return {f: sharded_route((shardings or {}).get(f, "table_wise"),
+                                 world_size=world_size, optimizer=optimizer,
+                                 lookups=(lookups or {}).get(f, 1), fp32=f not in not_fp32)
+                for f in precision}
     if not graph_mode:
         return dict.fromkeys(precision, SPARSE)
     owned = owned_by_batched(batched_entries, precision)

@@ -44,7 +44,7 @@ from gemc.solver.precision_choice import PrecisionResult, plan_with_table_precis
 from gemc.solver.problem import Problem, SolverSettings, apply_assignment, problem_from_graph
 
 SOLVER_META = "gemc.solver"  # gm.meta key: the planner's report, copied into the plan
-TABLE_OPTIMIZER_META = "gemc.table_optimizer"  # gm.meta key: the table optimizer priced
+TABLE_OPTIMIZER_META = ir.TABLE_OPTIMIZER  # gm.meta key: the table optimizer priced
 EXCHANGE_META = "gemc.exchange"  # gm.meta key: the exchange precision chosen, and why
 
 

@@ -88,8 +88,17 @@ def test_the_solver_offers_prices_and_picks_a_registered_type(spread) -> None:
     # (row-wise Adagrad: one value per row) where a row shard keeps 1/32 of them
     assert rows.memory < toy.memory <= problem.cap_bytes
     assert toy.out_bytes == pytest.approx(rows.out_bytes / 32)  # 8 columns of 256 back
-    chosen = run_planner(problem, "greedy").assignment.tables["table"]
-    assert (chosen.sharding, chosen.ranks) == ("spread_columns", tuple(range(32)))
+    # a column split under row-wise Adagrad runs (and is priced) on the sparse route
+    # (gemc.table_lookup.sharded_route), a row split in its owners' batched kernel
+    assert not toy.in_kernel and rows.in_kernel
+    from gemc.solver.evaluate import evaluate
+    from gemc.solver.problem import Assignment, TableChoice
+
+    steps = {o.sharding: evaluate(problem, Assignment(tables={"table": TableChoice(
+        o.sharding, tuple(range(o.ranks)))})).step_s for o in (toy, rows)}
+    chosen = run_planner(problem, "cpsat").assignment.tables["table"]
+    assert chosen.sharding == min(steps, key=steps.get) == "spread_columns"
+    assert chosen.ranks == tuple(range(32))
 
 
 def test_without_it_the_solver_keeps_the_built_in_types() -> None:

@@ -13,6 +13,8 @@ So table-wise is one owner with the whole table, row-wise and table-row-wise are
 row ranges, column-wise owners of column ranges, grid both. Gradients flow back through the
 same exchange to the owner's ``embedding_bag``, whose sparse gradient lists exactly the
 rows used this step (over all ranks' batches): the sparse optimizer updates only those.
+Where gemc.table_lookup.sharded_route says so (most shards), the owner instead looks its
+shards up in one fused kernel whose backward applies the optimizer (:mod:`.owner_lookup`).
 
 A table called with the model's own input tensors is looked up ahead of the forward, with
 every other such table in one exchange (:mod:`.table_prefetch`); the forward then hands
@@ -194,6 +196,9 @@ class ShardedEmbedding(nn.Module):
         self.recording: Any = None
         self.prefetched: Any = None
         self.route_cache: dict[torch.device, Any] = {}  # embedding_exchange's, per device
+        # the owners' fused lookup holding this rank's shard (owner_lookup.OwnerLookup),
+        # None on the sparse route
+        self.owner_lookup: Any = None
 
     # -- initialization --------------------------------------------------------------
 

@@ -14,8 +14,10 @@ TorchRec's input/output distribution does for a KeyedJaggedTensor:
 3. payload: one int64 ``all_to_all_single`` carrying per table the per-bag id counts, the
    shard-local ids and the per-sample weights (their bits: fp32 as int32, fp64 as int64, so
    they travel exactly);
-4. each owner pools, per table it owns, every requester's bags in one
-   ``F.embedding_bag(mode="sum", sparse=True)`` on its shard;
+4. each owner pools, per table it owns, every requester's bags: the tables on the owners'
+   fused route (gemc.table_lookup.sharded_route) all at once in the rank's batched kernel
+   (:mod:`.owner_lookup`: the optimizer applied in its backward, no gradient tensor), any
+   other in one ``F.embedding_bag(mode="sum", sparse=True)`` on its shard;
 5. pooled partials: one differentiable ``all_to_all_single`` per table dtype and wire
    precision (requester major, tables in list order); its backward carries every table's
    gradient back at once. The plan's exchange precision (``ShardedEmbedding.exchange``,
@@ -206,10 +208,18 @@ def exchange_lookups(tables: Sequence[ShardedEmbedding], bags: Sequence[Bags], *
             per_table[i][1].append(ids)
             per_table[i][2].append((weights, n_ids))
             rows_from[i].append(n_bags)
+    fused: list[tuple[int, tuple]] = []  # the owners' fused lookups (.owner_lookup)
     for i in owned:
         m = tables[i]
         counts_l, ids_l, weights_l = per_table[i]
         counts = torch.cat(counts_l)
+        if m.owner_lookup is not None:
+            psw = None
+            if any(w is not None for w, _ in weights_l):
+                psw = torch.cat([w.float() if w is not None
+                                 else torch.ones(n, device=device) for w, n in weights_l])
+            fused.append((i, (m, torch.cat(ids_l), counts, psw)))
+            continue
         psw = None
         if any(w is not None for w, _ in weights_l):
             psw = torch.cat([w.to(m.dtype) if w is not None
@@ -220,6 +230,10 @@ def exchange_lookups(tables: Sequence[ShardedEmbedding], bags: Sequence[Bags], *
             ids, weight,
             torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)]),
             mode="sum", sparse=True, per_sample_weights=psw, include_last_offset=True)
+    if fused:  # one launch per fused module and bag count, every such table at once
+        pooled = fused[0][1][0].owner_lookup.pool([request for _, request in fused])
+        for (i, _), part in zip(fused, pooled):
+            partials[i] = part.to(tables[i].dtype)
 
     # 5. partials back to the requesters, one exchange per table dtype and wire precision
     outs: list[torch.Tensor | None] = [None] * len(tables)

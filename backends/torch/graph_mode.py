@@ -36,9 +36,12 @@ captured on one rank, with a warning.
 On several ranks the dense parameters are replicas (every region ``ddp``: their gradients
 are averaged by the same post-accumulate hooks as in module mode, which the graph's
 backward fires like the modules' would) and every table's lookup node calls its
-:class:`ShardedEmbedding` (the exchange, the batched prefetch, the sparse optimizer after
-it). A ``batched_embedding_bag`` kernel is not applied there, with a warning: it updates
-whole local tables inside its backward, before any gradient could be exchanged.
+:class:`ShardedEmbedding` (the exchange, the batched prefetch, and the owners' lookup on the
+route gemc.table_lookup.sharded_route gives it: fused with the optimizer in its backward,
+:mod:`.owner_lookup`, or sparse with the sparse optimizer after it). A
+``batched_embedding_bag`` kernel entry is not applied there, with a warning: it updates
+whole local tables inside its backward, before any gradient could be exchanged; the owners'
+fused lookup runs after the exchange instead.
 
 Refused with a named error (``--no-kernels`` runs the ops the kernels replace instead):
 ``fsdp``/``hsdp``/``tp`` regions next to kernels on several ranks (they shard parameters
@@ -260,16 +263,25 @@ class GraphExecutor:
             entries = self._drop_batched(entries, why)
         # fqn -> gemc.table_lookup path, as run (the report's ``table_lookups``)
         sparse_read = {f: True for f in tables}
+        lookups = dict.fromkeys(tables, 0)  # lookup ops per table (the plan's ``lookups``)
         for node in gm.graph.nodes:  # a table whose every lookup was captured sparse=True
             if node.target in EMBEDDING_OPS and isinstance(node.args[0], torch.fx.Node):
                 fqn = node.args[0].meta.get(ir.PARAM)
                 if fqn in sparse_read:
                     sparse_read[fqn] = sparse_read[fqn] and captured_sparse(node)
+                    lookups[fqn] += 1
         self.lookup_paths = lookup_paths(precision, batched, world_size=world_size,
                                          graph_mode=True,
                                          captured_sparse={f for f, s in sparse_read.items() if s},
-                                         priced_sparse=priced_sparse)
-        sharded = {f: tables[f] for f, path in self.lookup_paths.items() if path == SPARSE}
+                                         priced_sparse=priced_sparse,
+                                         shardings={f: m.sharding for f, m in tables.items()},
+                                         optimizer=emb_opt.cfg.kind, lookups=lookups,
+                                         not_fp32={f for f, m in tables.items()
+                                                   if m.dtype != torch.float32})
+        # on several ranks every table is called as its module (an eager island): its
+        # owners' lookup is fused or sparse as the module's own route says
+        sharded = {f: tables[f] for f, path in self.lookup_paths.items()
+                   if path == SPARSE or world_size > 1}
         calls = _sharded_lookups(gm, sharded, world_size=world_size)
         for fqn in sharded:  # its lookups call the table; a rank without a shard has no weight
             params.setdefault(fqn, torch.empty(0, device=device))

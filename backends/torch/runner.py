@@ -58,6 +58,7 @@ from gemc.backends.torch.materialize import (
 )
 from gemc.backends.torch.metrics import Metrics, Progress, StepRecord, sync
 from gemc.backends.torch.optimizers import make_dense_optimizer, resolve_optimizers
+from gemc.backends.torch.owner_lookup import OwnerLookup, fused_owner_tables, owner_routes
 from gemc.backends.torch.report import build_report
 from gemc.backends.torch.sparse_optim import EmbeddingOptimizer
 from gemc.backends.torch.state import restore_after_load, training_state
@@ -479,6 +480,13 @@ def _run(
     emb_opt = EmbeddingOptimizer(
         tables, emb_cfg, world_size=wsize, column_groups=column_groups
     )
+    # the shards this rank owns on the fused route (gemc.table_lookup.sharded_route): in
+    # one batched kernel whose backward applies the optimizer; before any resume, which
+    # loads into the fused buffers through the shards' aliased tensors
+    fused_owned = fused_owner_tables(tables, plan["tables"], world_size=wsize,
+                                     optimizer=emb_cfg.kind)
+    if fused_owned:
+        OwnerLookup(tables, fused_owned, emb_opt, world_size=wsize, seed=opts.seed)
 
     forward: Any = model
     if graph_kernels:
@@ -643,6 +651,10 @@ def _run(
         + (" under torch.compile (table lookups eager)" if module_compiled else "")
     )
     report["embedding_exchange"] = prefetch.report()
+    # fqn -> the owners' route on several ranks (gemc.table_lookup.sharded_route: "batched"
+    # is the fused owner lookup), as the plan's cost model priced it
+    report["owner_routes"] = owner_routes(plan["tables"], world_size=wsize,
+                                          optimizer=emb_cfg.kind)
     report["exchange_precision"] = {"forward": wire.forward, "backward": wire.backward}
     report["divergence"] = guard.report()
     report["forced_fp8_linears"] = [e["target"] for e in forced_fp8]

@@ -28,7 +28,8 @@ row), the rows of a dense gradient that are not all zero. In the sharded case:
 
 * the gradient arrives as the shard's sparse gradient (the rows requested by every rank) and
   is divided by the world size: each rank's loss is its own batch's mean, the global loss the
-  mean over ranks, as in DDP;
+  mean over ranks, as in DDP (a shard on the owners' fused route, :mod:`.owner_lookup`, is
+  updated in its lookup's backward with the same division, and is skipped here);
 * every ``data_parallel`` replica's gradient and used-row flags go into one flat fp32
   buffer (:class:`ReplicaBucket`), reduced by ONE all-reduce a step whatever the number of
   replicas (as DDP and TorchRec bucket a data-parallel table's gradient), and each replica
@@ -335,8 +336,9 @@ class EmbeddingOptimizer:
         read by :func:`summed_rows`, a table-sized one (``dense_grad``) updated by
         :meth:`RowState.apply_dense`. On several ranks the data-parallel replicas go
         through one bucketed all-reduce and masked updates (:class:`ReplicaBucket`, no
-        sync); the sharded tables still sync where a collective needs counts."""
-        self.step_count += 1
+        sync); the shards on the owners' fused route were updated in their backward; the
+        other sharded tables still sync where a collective needs counts."""
+        self.set_step_count(self.step_count + 1)  # the fused modules' count follows
         bucket = self._replica_bucket()
         for fqn, m in self.tables.items():
             if m.weight is None or fqn in self.fused:

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -274,16 +275,38 @@ class _PooledLookup(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, anchor, ids, offsets, per_sample_weights, module):  # type: ignore[override]
-        ctx.module = module
+    def forward(ctx, anchor, ids, offsets, per_sample_weights, module, layout):  # type: ignore[override]
+        ctx.module, ctx.layout = module, layout
         ctx.save_for_backward(ids, offsets, per_sample_weights)
-        return module._pooled(ids, offsets, per_sample_weights)
+        return module._pooled(ids, offsets, per_sample_weights, layout)
 
     @staticmethod
     def backward(ctx, grad_out):  # type: ignore[override]
         ids, offsets, per_sample_weights = ctx.saved_tensors
-        ctx.module._fused_update(grad_out, ids, offsets, per_sample_weights)
-        return None, None, None, None, None
+        ctx.module._fused_update(grad_out, ids, offsets, per_sample_weights, ctx.layout)
+        return None, None, None, None, None, None
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """The tables one launch covers (all of the module's, or a subset: ``tables``), as the
+    kernels address them: each table's start in the flat buffer, its first row key, its
+    width and its columns in the launch's output."""
+
+    tables: tuple[int, ...]
+    weight_offset: torch.Tensor
+    row_base: torch.Tensor
+    table_dim: torch.Tensor
+    table_column: torch.Tensor
+    dims: tuple[int, ...]
+
+    @property
+    def num_tables(self) -> int:
+        return len(self.tables)
+
+    @property
+    def total_dim(self) -> int:
+        return sum(self.dims)
 
 
 class BatchedEmbeddingBag(nn.Module):
@@ -328,6 +351,15 @@ class BatchedEmbeddingBag(nn.Module):
         self.optimizer = optimizer
         self.lr, self.eps, self.betas, self.weight_decay = lr, eps, tuple(betas), weight_decay
         self.step = 0  # optimizer steps taken (Adam's bias correction)
+        # Whether each backward counts a step. False where the caller keeps the count
+        # (several launches a step: the owners' fused lookups, gemc.backends.torch.
+        # owner_lookup): a backward then updates at step ``self.step + 1``.
+        self.counts_steps = True
+        # the factor on every gradient the backward reads (the owners' fused lookups:
+        # 1 / world size, each rank's loss being its own batch's mean), folded into the
+        # per-id coefficients
+        self.grad_scale = 1.0
+        self._layouts: dict[tuple[tuple[int, ...], torch.device], _Layout] = {}
 
         sizes = [r * d for r, d in zip(self.rows, self.dims)]
         weight_offset = [0] + list(_cumsum(sizes))[:-1]
@@ -460,17 +492,39 @@ class BatchedEmbeddingBag(nn.Module):
         ids: torch.Tensor,
         offsets: torch.Tensor,
         per_sample_weights: torch.Tensor | None = None,
+        tables: Sequence[int] | None = None,
     ) -> torch.Tensor:
-        """Pooled lookups of all tables: ``[B, sum(dims)]`` with ``B = (len(offsets)-1) / T``."""
-        self._check(ids, offsets, per_sample_weights)
+        """Pooled lookups of all tables: ``[B, sum(dims)]`` with ``B = (len(offsets)-1) / T``.
+        ``tables``: look up only these tables (indices, in this order; ``T`` their count,
+        the output's columns theirs): the others' rows and state are left alone."""
+        layout = self.layout(tables)
+        self._check(ids, offsets, per_sample_weights, layout.num_tables)
         if self._anchor.device != self.weights.device:
             self._anchor = torch.zeros((), device=self.weights.device, requires_grad=True)
-        return _PooledLookup.apply(self._anchor, ids, offsets, per_sample_weights, self)
+        return _PooledLookup.apply(self._anchor, ids, offsets, per_sample_weights, self,
+                                   layout)
 
-    def _check(self, ids, offsets, per_sample_weights) -> None:
+    def layout(self, tables: Sequence[int] | None = None) -> _Layout:
+        """The launch layout of ``tables`` (None: every table), made once per subset and
+        device: row keys and buffer offsets stay the module's, so one row has one key and
+        one optimizer slot whichever launch looks it up."""
+        which = tuple(range(self.num_tables)) if tables is None else tuple(int(t) for t in tables)
+        key = (which, self.weights.device)
+        got = self._layouts.get(key)
+        if got is None or got.weight_offset.device != self.weights.device:
+            index = torch.tensor(which, dtype=torch.long, device=self.weights.device)
+            dims = tuple(self.dims[t] for t in which)
+            column = [0] + list(_cumsum(dims))[:-1]
+            got = self._layouts[key] = _Layout(
+                which, self.weight_offset[index], self.row_base[index],
+                self.table_dim[index],
+                torch.tensor(column, dtype=torch.int32, device=self.weights.device), dims)
+        return got
+
+    def _check(self, ids, offsets, per_sample_weights, num_tables: int) -> None:
         bags = check_offsets(offsets)
-        if bags % self.num_tables:
-            raise ValueError(f"offsets must have T*B+1 entries (T={self.num_tables}), "
+        if bags % num_tables:
+            raise ValueError(f"offsets must have T*B+1 entries (T={num_tables}), "
                              f"got {offsets.numel()}")
         if ids.dim() != 1 or ids.dtype not in (torch.int32, torch.int64):
             raise TypeError("ids must be a 1-D int32/int64 tensor")
@@ -484,16 +538,18 @@ class BatchedEmbeddingBag(nn.Module):
                 raise ValueError("per_sample_weights are constants here (no gradient is "
                                  "computed for them); pass them detached")
 
-    def _pooled(self, ids, offsets, per_sample_weights) -> torch.Tensor:
-        batch = (offsets.numel() - 1) // self.num_tables
-        out = torch.empty((batch, self.total_dim), device=self.weights.device)
+    def _pooled(self, ids, offsets, per_sample_weights,
+                layout: _Layout | None = None) -> torch.Tensor:
+        layout = layout or self.layout()
+        batch = (offsets.numel() - 1) // layout.num_tables
+        out = torch.empty((batch, layout.total_dim), device=self.weights.device)
         if batch == 0:
             return out
         has_weights = per_sample_weights is not None
-        _pooled_forward_kernel[(self.num_tables * batch,)](
+        _pooled_forward_kernel[(layout.num_tables * batch,)](
             self._stored_bits(), self._scales(), ids, offsets,
-            per_sample_weights if has_weights else ids, self.weight_offset, self.row_base,
-            self.table_dim, self.table_column, out, batch, out.stride(0),
+            per_sample_weights if has_weights else ids, layout.weight_offset,
+            layout.row_base, layout.table_dim, layout.table_column, out, batch, out.stride(0),
             MEAN=self.pooling == "mean", HAS_WEIGHTS=has_weights,
             STORAGE=_STORAGE[self.precision], BLOCK_D=self.block_d,
         )
@@ -506,16 +562,20 @@ class BatchedEmbeddingBag(nn.Module):
         # fp32 / bf16 have no row scale: any fp32 pointer does (the kernels never read it)
         return self.row_scale if self.precision == "fp8" else self.momentum1
 
-    def _rounding_seed(self) -> int:
-        """This step's random stream of the stochastic rounding: a function of (seed, step),
-        so a resumed run rounds as the uninterrupted one did."""
-        return (self.seed * 1_000_003 + self.step * 7_919) % (2**31 - 1)
+    def _rounding_seed(self, step: int) -> int:
+        """Step ``step``'s random stream of the stochastic rounding: a function of (seed,
+        step), so a resumed run rounds as the uninterrupted one did."""
+        return (self.seed * 1_000_003 + step * 7_919) % (2**31 - 1)
 
     @torch.no_grad()
-    def _fused_update(self, grad_out, ids, offsets, per_sample_weights) -> None:
-        self.step += 1
+    def _fused_update(self, grad_out, ids, offsets, per_sample_weights,
+                      layout: _Layout | None = None) -> None:
+        layout = layout or self.layout()
+        step = self.step + 1
+        if self.counts_steps:
+            self.step = step
         nnz = ids.numel()
-        batch = (offsets.numel() - 1) // self.num_tables
+        batch = (offsets.numel() - 1) // layout.num_tables
         if nnz == 0 or batch == 0:
             return
         grad_out = grad_out if grad_out.stride(1) == 1 else grad_out.contiguous()
@@ -523,7 +583,7 @@ class BatchedEmbeddingBag(nn.Module):
         bag = torch.repeat_interleave(
             torch.arange(lengths.numel(), device=ids.device), lengths, output_size=nnz
         )
-        keys = self.row_base[bag // batch] + ids.long()
+        keys = layout.row_base[bag // batch] + ids.long()
         if self.total_rows < 2**31:  # fewer radix passes for the sort
             keys = keys.int()
         sorted_keys, perm = torch.sort(keys, stable=True)
@@ -533,15 +593,17 @@ class BatchedEmbeddingBag(nn.Module):
                 else torch.ones(nnz, device=ids.device))
         if self.pooling == "mean":
             coef = coef / lengths[sorted_bag].float()
+        if self.grad_scale != 1.0:
+            coef = coef * self.grad_scale
         beta1, beta2 = self.betas
-        step_size = self.lr * math.sqrt(1.0 - beta2**self.step) / (1.0 - beta1**self.step)
+        step_size = self.lr * math.sqrt(1.0 - beta2**step) / (1.0 - beta1**step)
         block_l = 4 if is_interpreted() else 8
         _fused_update_kernel[(nnz,)](
             self._stored_bits(), self.momentum1, self.momentum2, sorted_keys, run_end, sorted_bag,
-            coef, grad_out, grad_out.stride(0), self.row_base, self.weight_offset,
-            self.table_dim, self.table_column, batch,
+            coef, grad_out, grad_out.stride(0), layout.row_base, layout.weight_offset,
+            layout.table_dim, layout.table_column, batch,
             float(self.lr), float(self.eps), float(beta1), float(beta2), float(step_size),
-            float(self.weight_decay), self._scales(), self._rounding_seed(),
+            float(self.weight_decay), self._scales(), self._rounding_seed(step),
             OPTIMIZER=_ROWWISE_ADAGRAD if self.optimizer == "rowwise_adagrad" else _ADAM,
             HAS_WEIGHT_DECAY=self.weight_decay != 0.0, STORAGE=_STORAGE[self.precision],
             BLOCK_D=self.block_d, BLOCK_L=block_l,

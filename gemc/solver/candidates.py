@@ -50,6 +50,7 @@ from gemc.cost_model.step_model import (
     in_batched_kernel,
     replica_compute_s,
     replica_dense_numel,
+    routed_tables,
     shard_compute_s,
 )
 from gemc.cost_model.types import RegionCost, TableCost
@@ -189,13 +190,16 @@ def table_option(problem: Problem, t: TableCost, sharding: str, ranks: int,
     """What one table sharded this way adds to each rank holding a shard."""
     world, topo, opts = problem.world, problem.topology, problem.options
     local = topo.gpus_per_host
-    rep = replace(t, sharding=sharding, ranks=tuple(range(ranks)))
+    # priced on the route this sharding runs (on several ranks the owners' fused lookup
+    # or the sparse route, gemc.table_lookup.sharded_route)
+    rep = routed_tables([replace(t, sharding=sharding, ranks=tuple(range(ranks)))], world,
+                        opts.table_optimizer)[0]
     breakdown = table_memory(rep, 0, world, opts)
     mem = breakdown.total
     held, moment = table_grad_bytes(rep, *shard_shape(rep), world, opts.table_optimizer)
     grads = {"activations": breakdown.activations, "grad_held": held, "grad_moment": moment,
              "landing": tuple((float(a), held) for a in t.lookup_alive)
-             if t.lookup == DENSE_GRAD and held else ()}
+             if rep.lookup == DENSE_GRAD and held else ()}
     gpu = topo.gpu
     shard_rows, shard_dim = table_shard(rep, 0)
     if SHARDINGS[sharding].replicated and world > 1:  # predict_step's replica terms

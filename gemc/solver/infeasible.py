@@ -254,7 +254,9 @@ def check_lower_bound(problem: Problem, regions: list[RegionClass],
         raise refuse(
             f"no plan fits: at the end of the backward the mean rank holds at least "
             f"{as_gb(late)}, of which {as_gb(grads)} are its table lookups' gradients (a "
-            f"row per id its local batch looks up, in the room the activations leave)",
+            f"row per id its local batch looks up on the sparse route, the sort buffers of "
+            f"the owners' fused update on the batched one, in the room the activations "
+            f"leave)",
             late - cap)
 
 
@@ -277,7 +279,8 @@ def error_from_evaluation(problem: Problem, assignment: Assignment, ev: Evaluati
     tables_b = sum(b for b, _, _ in on_rank)
     grads = float(ev.lookup_grads[rank]) if ev.lookup_grads is not None else 0.0
     grads_part = (f", its lookups' gradients beyond the activations' room {as_gb(grads)} "
-                  "(a row per id its tables look up, as many as the global batch sends them)"
+                  "(a row per id its tables look up on the sparse route, the fused update's "
+                  "sort buffers on the batched one, as many as the global batch sends them)"
                   if grads > 0 else "")
     how = ("CP-SAT proved that no assignment fits" if proven
            else "CP-SAT's best assignment in its time limit" if planner == "cpsat"

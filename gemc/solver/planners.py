@@ -37,7 +37,7 @@ from .local_search import (
     spread_sends,
 )
 from .naive import naive
-from .problem import Assignment, Problem
+from .problem import Assignment, Problem, host_step_s
 
 PLANNERS = ("cpsat", "greedy", "naive")
 
@@ -390,7 +390,14 @@ def _cpsat(problem: Problem, regions, tables, pricer: Pricer, start: float) -> P
         if found:
             search(f"{name}+search", found[0][1])
             break
-    source, a, ev = best()
+    # the plan kept: fitting first, then the step with the host's exposed time (the
+    # searches price the device step; the tables' routes set the step's launches, so on a
+    # host-bound step the least device time may lose: GEM tiny on 8 ranks, every table a
+    # replica at 1.28 ms of device step, 38.8 ms with its eager lookups' launches, against
+    # greedy's 1.76 and 26.5), then plan_key
+    source, a, ev = min(tried, key=lambda x: (
+        x[2].over_bytes, int(round(host_step_s(problem, x[1], x[2].step_s) * 1e9)),
+        plan_key(x[2])))
     crashes = [r.crash for r in (coarse, res) if r is not None and r.crash]
     if not ev.feasible and crashes and not any(
             r is not None and r.solution is not None for r in (coarse, res)):

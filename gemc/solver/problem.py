@@ -12,7 +12,7 @@ are the numbers the plan's ``predicted`` block is computed from.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -20,10 +20,17 @@ from torch import fx
 
 from gemc import ir
 from gemc.context import PassContext
-from gemc.cost_model.step_model import predict_step
+from gemc.cost_model.step_model import predict_step, routed_tables
 from gemc.cost_model.topology import Topology
 from gemc.cost_model.types import RegionCost, StepOptions, StepPrediction, TableCost
-from gemc.costing import priced_activations, region_boundary_bytes, region_costs, table_costs
+from gemc.costing import (
+    host_s,
+    priced_activations,
+    region_boundary_bytes,
+    region_costs,
+    step_launches,
+    table_costs,
+)
 from gemc.graph_summary import graph_facts, runs_graph_mode
 from gemc.ir import OpKind
 from gemc.sharding import REPLICATED_DENSE, DenseStrategy, runner_executes
@@ -170,6 +177,13 @@ class Problem:
     # the plan's kernels put the runner in graph mode (graph_summary.runs_graph_mode): on
     # several ranks it then executes replicated regions only
     graph_mode: bool = False
+    # exposed host seconds of a plan whose tables are these (sharded, on their routes) at
+    # this device step (gemc.costing.host_s over the graph's launches), or None (a problem
+    # built by hand: no host term). Why: the tables' routes set the step's launches (an
+    # eager replica ~40, a shard in its owners' fused kernel 2), so on a host-bound step
+    # the plan with the least device time may not be the fastest (host_step_s)
+    host_s: Callable[[list[TableCost], float], float] | None = field(
+        default=None, compare=False, repr=False)
 
     @property
     def world(self) -> int:
@@ -215,16 +229,25 @@ def problem_from_graph(
         if n.op == "call_function" and ir.kind_of(n) is not OpKind.VIEW
         and not n.meta.get(ir.TABLE)
     )
+    calibration = ctx.calibration
+    step_options = acts.options(options or StepOptions())
+
+    def host_of(tables: list[TableCost], device_s: float) -> float:
+        launches, per_launch = step_launches(gm, tables, calibration)
+        return host_s(tables, ctx.topology, step_options, calibration,
+                      launches=launches["total"], device_s=device_s, per_launch_s=per_launch)
+
     return Problem(
         regions=tuple(replace(r, strategy=REPLICATED_DENSE, shard_group=0, checkpoint=False) for r in costs),
         tables=tuple(table_costs(facts.tables)),
         topology=ctx.topology,
         calibration=ctx.calibration,
-        options=acts.options(options or StepOptions()),
+        options=step_options,
         settings=settings or SolverSettings(),
         placeable=placeable,
         entrypoint=ctx.entrypoint,
         graph_mode=runs_graph_mode(gm),
+        host_s=host_of,
     )
 
 
@@ -259,6 +282,16 @@ def chosen_tables(problem: Problem, assignment: Assignment) -> list[TableCost]:
         c = assignment.tables[t.fqn]
         out.append(replace(t, sharding=c.sharding, ranks=c.ranks))
     return out
+
+
+def host_step_s(problem: Problem, assignment: Assignment, device_s: float) -> float:
+    """The plan's step with the host's exposed time (the plan's ``predicted`` step): the
+    device step ``device_s`` plus :attr:`Problem.host_s` of its tables on their routes."""
+    if problem.host_s is None:
+        return device_s
+    tables = routed_tables(chosen_tables(problem, assignment), problem.world,
+                           problem.options.table_optimizer)
+    return device_s + problem.host_s(tables, device_s)
 
 
 def predict(problem: Problem, assignment: Assignment) -> StepPrediction:

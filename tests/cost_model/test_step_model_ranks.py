@@ -4,12 +4,20 @@ per-rank loop over every rank, in time linear in the ranks (not quadratic)."""
 from __future__ import annotations
 
 import pytest
-from gemc.cost_model.memory import MemoryBreakdown, rank_memory, table_memory, table_shard
+from gemc.cost_model.memory import (
+    MemoryBreakdown,
+    lookup_gradient_extra,
+    rank_memory,
+    table_grad_bytes,
+    table_memory,
+    table_shard,
+)
 from gemc.cost_model.step_model import (
     a2a_sends,
     batched_kernel_floor_s,
     in_batched_kernel,
     predict_step,
+    routed_tables,
     shard_compute_s,
 )
 from gemc.cost_model.topology import parse_topology
@@ -60,19 +68,22 @@ def test_small_case_is_pinned() -> None:
     (step_model.id_send_bytes): each id once per column piece or grid column block, the
     int64 per-bag counts once per holder (input dist 0.0403 -> 0.0659 ms, nothing else
     moved); and (issue 19) the data-parallel table's gradient goes in the step's one
-    replica bucket with a used-row flag a row (memory + 4,000 B a rank), reduced after the
-    backward, exposed (``replica_all_reduce`` 0.0257 ms, hidden behind the backward
-    before: the step + 0.0257 ms, nothing else moved)."""
+    replica bucket with a used-row flag a row, reduced after the backward, exposed
+    (``replica_all_reduce``); and (issue 21) each table is priced on the route the runner
+    runs it on (gemc.table_lookup.sharded_route): the column-split tables (``grid``,
+    ``cw``, ``cw_twice_on_2``, ``seq_cw``) under row-wise Adagrad on the sparse route, the
+    others in their owners' batched kernel, the data-parallel table on the sparse route."""
     regions, tables = small_case()
     p = predict_step(regions, tables, parse_topology("h200:2x4"))
-    assert p.step_s == pytest.approx(0.010020322415252324, rel=1e-12)
-    assert p.breakdown["replica_all_reduce"] == pytest.approx(2.5718599033816424e-05,
-                                                              rel=1e-12)
+    assert p.step_s == pytest.approx(0.01122109359823014, rel=1e-12)
+    assert p.breakdown["replica_all_reduce"] == pytest.approx(2.5718599033816424e-05, rel=1e-12)
     assert p.breakdown["input_dist"] == pytest.approx(6.594770731707317e-05, rel=1e-12)
     assert p.breakdown["all_to_all"] == pytest.approx(0.0020281769105691063, rel=1e-12)
-    # every rank's batched kernel at its floor but rank 2's, plus the data-parallel table
-    floored = 0.0008653986092985231
-    sparse = [floored, floored, 0.0009095486186221825] + [floored] * 5
+    # the batched kernels at their floor plus the sparse route's column shards and the
+    # data-parallel table
+    sparse = [0.0011773007999999999, 0.001483061333333333, 0.0017495002666666664,
+              0.001483061333333333, 0.0011773007999999999, 0.0011773007999999999,
+              0.002110382023822222, 0.002110382023822222]
     memory = [2713419082.666667, 2884996298.6666665, 3432484298.6666665,
               2876401994.6666665, 2786101994.6666665, 2807490602.6666665,
               3106537450.666667, 3106537450.666667]
@@ -89,12 +100,19 @@ def reference_per_rank(regions, tables, topo, calibration, opts):
     kernel_shards = [0] * world
     sends = [0.0] * world
     table_mem: dict[int, MemoryBreakdown] = {}
+    held = [0.0] * world  # the lookups' gradients (sparse) or sort buffers (batched)
+    moment = [0.0] * world  # the largest sparse optimizer step's buffers
     dp_mem = MemoryBreakdown()
-    for t in tables:
-        if t.sharding == "data_parallel":
-            c = shard_compute_s(t, *table_shard(t, 0), world, gpu, calibration, None)
+    for t in routed_tables(tables, world, opts.table_optimizer):  # as the runner runs them
+        if t.sharding == "data_parallel":  # stepped by the sparse optimizer (sparse route)
+            c = shard_compute_s(t, *table_shard(t, 0), world, gpu, calibration,
+                                opts.table_optimizer)
             sparse = [s + c for s in sparse]
             dp_mem = dp_mem + table_memory(t, 0, world, opts)
+            # every replica holds its local batch's gradient (and its step's buffers)
+            grads = table_grad_bytes(t, *table_shard(t, 0), world, opts.table_optimizer)
+            held = [h + grads[0] for h in held]
+            moment = [max(m, grads[1]) for m in moment]
             continue
         for r in range(world):
             if r not in t.ranks:
@@ -108,6 +126,9 @@ def reference_per_rank(regions, tables, topo, calibration, opts):
                 kernel_shards[r] += t.ranks.count(r)
             table_mem[r] = table_mem.get(r, MemoryBreakdown()) + table_memory(t, r, world,
                                                                              opts)
+            grads = table_grad_bytes(t, *table_shard(t, r), world, opts.table_optimizer)
+            held[r] += t.ranks.count(r) * grads[0]
+            moment[r] = max(moment[r], grads[1])
         for r in t.ranks:  # a rank listed twice sends twice
             if r < world:
                 rows, dim = table_shard(t, r)
@@ -116,7 +137,14 @@ def reference_per_rank(regions, tables, topo, calibration, opts):
         if kernel_shards[r]:
             sparse[r] += max(0.0, batched_kernel_floor_s(world) - kernel[r])
     base = rank_memory(regions, (), 0, world, opts) + dp_mem
-    memory = [(base + table_mem[r] if r in table_mem else base).to_dict() for r in range(world)]
+    memory = []
+    for r in range(world):
+        mem = base + table_mem[r] if r in table_mem else base
+        # what the lookups' gradients (sparse) and sort buffers (batched) add beyond the
+        # activations' room: the largest sparse step's moment, no table-sized gradient
+        mem = mem + MemoryBreakdown(grads=float(lookup_gradient_extra(
+            held[r], moment[r], 0.0, mem.activations)))
+        memory.append(mem.to_dict())
     return sparse, memory, sends
 
 

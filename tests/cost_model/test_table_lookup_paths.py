@@ -6,13 +6,22 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from gemc.backends.torch.owner_lookup import owner_routes
 from gemc.cost_model.calibration import default_calibration
-from gemc.cost_model.step_model import predict_step, shard_compute_s
+from gemc.cost_model.step_model import predict_step, routed_tables, shard_compute_s
 from gemc.cost_model.topology import parse_topology
 from gemc.cost_model.types import RegionCost, StepOptions, TableCost
 
 from gemc import ir
-from gemc.table_lookup import BATCHED, DENSE_GRAD, SPARSE, cheaper_route, lookup_paths
+from gemc.table_lookup import (
+    BATCHED,
+    DENSE_GRAD,
+    SPARSE,
+    cheaper_route,
+    lookup_paths,
+    routed_as_sharded,
+    sharded_route,
+)
 
 FP32 = {"a": "fp32", "b": "fp32", "c": "fp32"}
 
@@ -25,8 +34,28 @@ def test_rule_follows_the_runner() -> None:
     assert lookup_paths(FP32, [{"a", "b"}], world_size=1, graph_mode=True,
                         captured_sparse={"c"}) == {"a": BATCHED, "b": BATCHED, "c": SPARSE}
     assert lookup_paths(FP32, [{"a"}], world_size=1, graph_mode=True)["c"] == DENSE_GRAD
-    # several ranks: no batched entry is applied
-    assert set(lookup_paths(FP32, [{"a"}], world_size=2, graph_mode=True).values()) == {SPARSE}
+    # several ranks: no batched entry is applied; the owners look their shards up fused
+    # (sharded_route), in module and graph mode alike
+    for graph_mode in (False, True):
+        assert set(lookup_paths(FP32, [{"a"}], world_size=2,
+                                graph_mode=graph_mode).values()) == {BATCHED}
+    paths = lookup_paths(FP32, [], world_size=2, graph_mode=False,
+                         shardings={"a": "column_wise", "b": "data_parallel"},
+                         lookups={"c": 2})
+    assert paths == {"a": SPARSE, "b": SPARSE, "c": SPARSE}
+    # a table the model holds in bf16 keeps the sparse route (the fused kernel's rows are
+    # fp32, or bf16 / fp8 storage of fp32 rows): the runner, its plan facts and the cost
+    # model read that from the model's dtype alike
+    assert lookup_paths(FP32, [], world_size=2, graph_mode=False, not_fp32={"b"}) == {
+        "a": BATCHED, "b": SPARSE, "c": BATCHED}
+    assert owner_routes([{"fqn": "a", "sharding": "row_wise", "dtype": "float32"},
+                         {"fqn": "b", "sharding": "row_wise", "dtype": "bfloat16"}],
+                        world_size=2, optimizer="rowwise_adagrad") == {"a": BATCHED,
+                                                                       "b": SPARSE}
+    narrow = TableCost("b", 1000, 16, 64, 32, sharding="row_wise", ranks=(0, 1),
+                       dtype_bytes=2)
+    assert [t.lookup for t in routed_tables([narrow, replace(narrow, dtype_bytes=4)], 2,
+                                             "rowwise_adagrad")] == [SPARSE, BATCHED]
     # a bf16 table outside any entry sends every lookup through the sharded tables
     low = {**FP32, "c": "bf16"}
     assert set(lookup_paths(low, [{"a"}], world_size=1, graph_mode=True).values()) == {SPARSE}
@@ -196,8 +225,12 @@ def test_data_parallel_replica_is_stepped_by_the_sparse_optimizer() -> None:
                   ranks=tuple(range(8)), lookup=SPARSE)
     region = RegionCost("r", 1000, 1e9, 1e-3)
     eager = predict_step([region], [t], topo, calibration=calib)
+    # handed in as batched (no rule gives a replica that on several ranks), it is priced
+    # on the route the runner runs it on (gemc.table_lookup.sharded_route): the same
     legacy = predict_step([region], [replace(t, lookup=BATCHED)], topo, calibration=calib)
-    assert eager.breakdown["optimizer"] < legacy.breakdown["optimizer"]
+    assert eager.breakdown == legacy.breakdown
+    dense_only = predict_step([region], [], topo, calibration=calib)
+    assert eager.breakdown["optimizer"] == dense_only.breakdown["optimizer"]
     one = shard_compute_s(t, t.rows, t.dim, 8, topo.gpu, calib, "rowwise_adagrad")
     assert eager.breakdown["sparse_compute"] == pytest.approx(one)
     # the replica's bucketed step (its segment's fill and division, the masked pass over
@@ -237,12 +270,13 @@ def test_graph_summary_names_each_tables_path(annotated) -> None:
     # DLRM: sum-pooled bags, all in the batched kernel
     dlrm = table_lookup_paths(annotated["dlrm"])
     assert dlrm and set(dlrm.values()) == {BATCHED}
-    # on several ranks the runner applies no batched kernel
+    # on several ranks the runner applies no batched kernel: the owners' fused lookup
+    # runs each table as placed (table-wise here)
     gm = annotated["dlrm"]
     saved = dict(gm.meta[ir.PRICING])
     try:
         gm.meta[ir.PRICING] = {**saved, "world_size": 8}
-        assert set(table_lookup_paths(gm).values()) == {SPARSE}
+        assert set(table_lookup_paths(gm).values()) == {BATCHED}
         # every rank calls every lookup there: not priced on the holders as graph splits
         from gemc.graph_summary import table_facts
         assert not any(t.routed for t in table_facts(gm, {}))
@@ -290,3 +324,74 @@ def test_loss_side_lookups_see_the_saved_activations() -> None:
     assert all(padding_row(n) for n in lookups)  # nn.Embedding(..., padding_idx=0)
     assert len(alive) == 3 and alive[0] < 0.1 * profile.saved_total
     assert min(alive[1:]) > 0.8 * profile.saved_total
+
+
+@pytest.mark.parametrize("sharding,optimizer,lookups,route", [
+    ("table_wise", "rowwise_adagrad", 1, BATCHED),
+    ("row_wise", "rowwise_adagrad", 1, BATCHED),
+    ("table_row_wise", "rowwise_adagrad", 1, BATCHED),
+    # the row accumulator needs every column shard's squares: kept on the sparse route
+    ("column_wise", "rowwise_adagrad", 1, SPARSE),
+    ("grid", "rowwise_adagrad", 1, SPARSE),
+    ("column_wise", "adam", 1, BATCHED),
+    ("grid", "adam", 1, BATCHED),
+    ("data_parallel", "adam", 1, SPARSE),  # a replica's gradient is all-reduced
+    ("table_wise", "adam", 2, SPARSE),  # two updates a step where the reference makes one
+])
+def test_several_ranks_fuse_the_owners_lookup_by_sharding(sharding, optimizer, lookups,
+                                                          route) -> None:
+    assert sharded_route(sharding, world_size=4, optimizer=optimizer, lookups=lookups) == route
+    # one rank keeps its own rule's path whatever the sharding
+    assert routed_as_sharded(DENSE_GRAD, sharding, world_size=1, optimizer=optimizer,
+                             lookups=lookups) == DENSE_GRAD
+
+
+def test_cost_model_prices_each_sharding_on_the_route_the_runner_runs() -> None:
+    """The solver's option and the plan's facts price a table on the route the runner's
+    rule (owner_lookup.owner_routes, from the plan entry) gives it: time in the rank's
+    batched kernel with one floor per rank, and no gradient of one row per id."""
+    from gemc.backends.torch.owner_lookup import owner_routes
+    from gemc.cost_model.memory import FUSED_UPDATE_BYTES_PER_ID, table_grad_bytes
+    from gemc.cost_model.step_model import in_batched_kernel
+
+    from gemc.solver.candidates import table_option
+    from gemc.solver.problem import Problem
+
+    topo = parse_topology("h200:1x4")
+    calib = default_calibration("h200")
+    t = TableCost("t.weight", 1_000_000, 64, 40_960, 2048, lookup=SPARSE)
+    problem = Problem(regions=(), tables=(t,), topology=topo, calibration=calib,
+                      options=StepOptions())
+    for sharding in ("table_wise", "row_wise", "column_wise", "data_parallel"):
+        ranks = 1 if sharding == "table_wise" else 4
+        option = table_option(problem, t, sharding, ranks)
+        entry = {"fqn": t.fqn, "sharding": sharding, "lookups": 1}
+        runs = owner_routes([entry], world_size=4, optimizer="rowwise_adagrad")[t.fqn]
+        assert option.in_kernel == (runs == BATCHED), sharding
+        placed = replace(t, sharding=sharding, ranks=tuple(range(ranks)), lookup=runs)
+        held, _ = table_grad_bytes(placed, t.rows / (4 if sharding == "row_wise" else 1),
+                                   64 // (4 if sharding == "column_wise" else 1), 4)
+        assert option.grad_held == pytest.approx(held)
+        if runs == BATCHED:  # the fused update's sort buffers, no gradient rows
+            ids = 4 * t.nnz / (4 if sharding == "row_wise" else 1)
+            assert held == pytest.approx(ids * FUSED_UPDATE_BYTES_PER_ID)
+            assert in_batched_kernel(placed, 4)
+        # the plan's facts of that table placed so carry the same route, and the step
+        # prediction prices it so whatever lookup it is handed
+        paths = lookup_paths({t.fqn: "fp32"}, [], world_size=4, graph_mode=False,
+                             shardings={t.fqn: sharding}, optimizer="rowwise_adagrad")
+        assert paths[t.fqn] == runs
+        for given in (SPARSE, BATCHED):
+            pred = predict_step([RegionCost("r", 1000, 1e6, 1e-4)],
+                                [replace(placed, lookup=given)], topo, calibration=calib)
+            same = predict_step([RegionCost("r", 1000, 1e6, 1e-4)], [placed], topo,
+                                calibration=calib)
+            assert pred.step_s == pytest.approx(same.step_s)
+            assert [r.memory_bytes for r in pred.per_rank] == pytest.approx(
+                [r.memory_bytes for r in same.per_rank])
+    # the sparse route's per-id gradient rows (64 fp32 columns and an index an id) dwarf
+    # the fused update's sort buffers
+    whole = replace(t, sharding="table_wise")
+    sparse, _ = table_grad_bytes(whole, t.rows, t.dim, 4)
+    fused, _ = table_grad_bytes(replace(whole, lookup=BATCHED), t.rows, t.dim, 4)
+    assert sparse > 5 * fused > 0

@@ -252,3 +252,37 @@ def test_the_fused_update_compiles_once_for_every_steps_rounding_seed() -> None:
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, timeout=300, check=True).stdout.split("\n")[-2]
     assert out == "JITFunction ['seed']"
+
+
+def test_a_subset_launch_looks_up_and_updates_only_its_tables() -> None:
+    """``forward(..., tables=[...])`` (the owners' fused lookup, one launch per bag count):
+    the subset's columns of a full launch, and its backward moves only the subset's rows,
+    at the caller's step count (``counts_steps`` False) with the gradient scaled
+    (``grad_scale``), as a full launch of a gradient scaled by hand would."""
+    gen = torch.Generator().manual_seed(3)
+    tables = [(7, 8), (5, 16), (9, 8)]
+    full = BatchedEmbeddingBag(tables, optimizer="adam", lr=0.1)
+    part = BatchedEmbeddingBag(tables, optimizer="adam", lr=0.1)
+    part.load_weights([w.clone() for w in full.split_weights()])
+    part.counts_steps, part.grad_scale, part.step = False, 0.5, 4
+    full.step = 4
+    ids = torch.tensor([1, 4, 4, 0, 2, 3])  # table 2: bags [1, 4], [4]; table 0: [0, 2, 3]
+    offsets = torch.tensor([0, 2, 3, 6, 6])  # two bags each, table-major, one empty
+    before = [w.clone() for w in part.split_weights()]
+    out = part(ids, offsets, tables=[2, 0])
+    assert out.shape == (2, 16)
+    # the full launch: table 1 empty, tables 0 and 2 with the same bags
+    full_ids = torch.tensor([0, 2, 3, 1, 4, 4])
+    full_offsets = torch.tensor([0, 3, 3, 3, 3, 5, 6])
+    ref = full(full_ids, full_offsets)
+    torch.testing.assert_close(out, torch.cat([ref[:, 24:32], ref[:, :8]], 1))
+    grad = torch.randn(2, 16, generator=gen)
+    out.backward(grad)
+    full_grad = torch.zeros(2, 32)
+    full_grad[:, 24:32], full_grad[:, :8] = grad[:, :8] * 0.5, grad[:, 8:] * 0.5
+    ref.backward(full_grad)
+    assert part.step == 4 and full.step == 5  # the caller counts the subset's steps
+    for a, b in zip(part.split_weights(), full.split_weights()):
+        torch.testing.assert_close(a, b)
+    torch.testing.assert_close(part.split_weights()[1], before[1])  # untouched table
+    assert not torch.equal(part.split_weights()[0], before[0])

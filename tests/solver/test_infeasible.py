@@ -133,9 +133,10 @@ def test_lookup_gradients_that_fit_no_rank_are_refused_before_solving(planner):
     sharding: 8 tables x 40M ids a rank x 516 B is 165 GB a rank at any GPU count (data
     parallel, whose gradient is dense, costs 41 GB a table). The steady-state floors do
     not see it; the gradients' floor refuses the problem before any planner runs, names the
-    term, and does not offer more GPUs (they do not help)."""
-    tables = [TableCost(f"t{i}", 20_000_000, 128, 40_000_000, 4096, lookup="sparse")
-              for i in range(8)]
+    term, and does not offer more GPUs (they do not help). Looked up twice a step, the
+    tables stay on the sparse route at every sharding (gemc.table_lookup.sharded_route)."""
+    tables = [TableCost(f"t{i}", 20_000_000, 128, 40_000_000, 4096, lookup="sparse",
+                        lookups=2) for i in range(8)]
     p = problem("h200:1x4", [MLP], tables)
     assert violation(p) == "gradients"
     with pytest.raises(PlanInfeasibleError) as err:
@@ -143,6 +144,7 @@ def test_lookup_gradients_that_fit_no_rank_are_refused_before_solving(planner):
     text = str(err.value)
     assert "at the end of the backward" in text and "lookups' gradients" in text
     assert "more GPUs do not help" in text and "smaller batch" in text
-    # the same tables looked up inside the batched kernel hold no gradient: they fit
-    batched = replace(p, tables=tuple(replace(t, lookup="batched") for t in tables))
+    # looked up once, their owners' batched kernel holds no gradient (48 B a received id
+    # of sort buffers): they fit
+    batched = replace(p, tables=tuple(replace(t, lookups=1) for t in tables))
     assert violation(batched) is None

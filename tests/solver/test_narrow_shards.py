@@ -11,7 +11,7 @@ import pytest
 from gemc.cost_model.kernels import SHARD_STEP_FLOOR_S
 from gemc.cost_model.step_model import predict_step
 from gemc.cost_model.topology import parse_topology
-from gemc.cost_model.types import RegionCost, TableCost
+from gemc.cost_model.types import RegionCost, StepOptions, TableCost
 
 from gemc.solver.evaluate import Pricer, evaluate
 from gemc.solver.planners import run_planner
@@ -23,20 +23,30 @@ MLP = RegionCost("mlp", 10**6, 1e12, 5e-3, activation_bytes=10**9, boundary_byte
 TABLE = TableCost("t", 4_000_000, 128, 512 * 100, 512)
 SETTINGS = SolverSettings(time_limit_s=20, gap_limit=0.0, wall_limit_factor=30)
 COLUMNS = TableChoice("column_wise", tuple(range(8)))
+PIECES = TableChoice("row_wise", tuple(range(8)))  # eight pieces in the owners' kernels
+PIECE_S = 0.0952e-3  # one row piece's bytes (a 16-wide column piece's were 0.0993 ms)
 WHOLE = TableChoice("table_wise", (0,))
 
 
+# Lazy Adam: column pieces run in their owners' batched kernel (gemc.table_lookup.
+# sharded_route; under row-wise Adagrad, the default here, a column split takes the sparse
+# route, and the floor tests below cut rows)
+ADAM = StepOptions(table_optimizer="adam")
+
+
 def _problem(tables: tuple[TableCost, ...] = (TABLE,), topology: str = "h200:1x8",
-             settings: SolverSettings = SETTINGS) -> Problem:
-    return Problem((MLP,), tables, parse_topology(topology), settings=settings)
+             settings: SolverSettings = SETTINGS,
+             options: StepOptions | None = None) -> Problem:
+    return Problem((MLP,), tables, parse_topology(topology), settings=settings,
+                   options=options or StepOptions())
 
 
 def test_a_lone_shard_costs_the_floor_whatever_its_width():
-    """Alone in its rank's kernel, a 16-wide piece and the whole 128-wide table (its bytes
+    """Alone in its rank's kernel, an eighth of the rows and the whole table (its bytes
     priced 0.75 ms, measured 0.83 ms) both cost the floor on several ranks; on one rank
     the table keeps its bytes' price (the one-GPU runs were fitted without the floor)."""
     p = _problem()
-    narrow = evaluate(p, Assignment(tables={"t": COLUMNS}))
+    narrow = evaluate(p, Assignment(tables={"t": PIECES}))
     whole = evaluate(p, Assignment(tables={"t": WHOLE}))
     assert SHARD_STEP_FLOOR_S == pytest.approx(0.855e-3)
     assert list(narrow.sparse) == pytest.approx([SHARD_STEP_FLOOR_S] * 8)
@@ -49,18 +59,18 @@ def test_a_lone_shard_costs_the_floor_whatever_its_width():
 
 
 def test_shards_sharing_a_ranks_kernel_pay_the_floor_once():
-    """Eight tables column-wise over the same eight ranks: every rank runs eight 16-wide
-    pieces in one kernel, their bytes (0.10 ms each) summed and floored once — not eight
+    """Eight tables row-wise over the same eight ranks: every rank runs eight pieces in one
+    kernel, their bytes (0.095 ms each) summed and floored once — not eight
     floors (6.8 ms), which is what made the balance search's splits look 5% dearer; and
     past the floor a rank pays its bytes."""
     tables = tuple(replace(TABLE, fqn=f"t{i}") for i in range(8))
     p = _problem(tables)
-    ev = evaluate(p, Assignment(tables={t.fqn: COLUMNS for t in tables}))
+    ev = evaluate(p, Assignment(tables={t.fqn: PIECES for t in tables}))
     assert list(ev.sparse) == pytest.approx([SHARD_STEP_FLOOR_S] * 8)
-    piece = Pricer(p).table(TABLE, COLUMNS)
-    assert piece.in_kernel and piece.kernel_s == pytest.approx(0.0993e-3, rel=1e-2)
+    piece = Pricer(p).table(TABLE, PIECES)
+    assert piece.in_kernel and piece.kernel_s == pytest.approx(PIECE_S, rel=1e-2)
     many = tuple(replace(TABLE, fqn=f"t{i}") for i in range(12))
-    heavy = evaluate(_problem(many), Assignment(tables={t.fqn: COLUMNS for t in many}))
+    heavy = evaluate(_problem(many), Assignment(tables={t.fqn: PIECES for t in many}))
     assert list(heavy.sparse) == pytest.approx([12 * piece.kernel_s] * 8, rel=1e-9)
     assert heavy.sparse[0] > SHARD_STEP_FLOOR_S  # twelve pieces' bytes are past it
 
@@ -69,13 +79,13 @@ def test_predict_step_prices_the_floor_as_the_planners_do():
     """The step model and the solver's evaluation agree on a plan where the floor binds
     on some ranks and not on others."""
     tables = (TABLE, replace(TABLE, fqn="u"), replace(TABLE, fqn="v", dim=32))
-    p = _problem(tables)
+    p = _problem(tables, options=ADAM)
     a = Assignment(tables={"t": WHOLE, "u": TableChoice("column_wise", (0, 1)),
                            "v": TableChoice("column_wise", (4, 5, 6, 7))})
     ev = evaluate(p, a)
     placed = [replace(t, sharding=a.tables[t.fqn].sharding, ranks=a.tables[t.fqn].ranks)
               for t in tables]
-    pred = predict_step([MLP], placed, p.topology)
+    pred = predict_step([MLP], placed, p.topology, options=ADAM)
     assert [r.sparse_compute_s for r in pred.per_rank] == pytest.approx(list(ev.sparse))
     assert pred.step_s == pytest.approx(ev.step_s, rel=1e-9)
     assert ev.sparse[0] > SHARD_STEP_FLOOR_S > ev.sparse[1] - 1e-12
@@ -107,7 +117,8 @@ def test_the_planners_pay_each_column_piece_its_ids():
     (5.9354 ms against eight pieces' 5.9384 ms, two's 5.9360 and the whole table's
     5.9405): eight pieces won when their ids were priced as one copy (5.9307 ms), and
     CP-SAT now returns four."""
-    p = _problem(settings=replace(SETTINGS, balance_ratio=0.0, balance_tolerance=0.0))
+    p = _problem(settings=replace(SETTINGS, balance_ratio=0.0, balance_tolerance=0.0),
+                 options=ADAM)
     pricer = Pricer(p)
     whole = pricer.table(TABLE, WHOLE).ids_bytes
     steps = {}
@@ -116,7 +127,7 @@ def test_the_planners_pay_each_column_piece_its_ids():
         assert pricer.table(TABLE, choice).ids_bytes == pytest.approx(k * whole, rel=1e-12)
         ev = evaluate(p, Assignment(tables={"t": choice}))
         placed = replace(TABLE, sharding="column_wise", ranks=choice.ranks)
-        pred = predict_step([MLP], [placed], p.topology)
+        pred = predict_step([MLP], [placed], p.topology, options=ADAM)
         assert pred.breakdown["input_dist"] == pytest.approx(ev.breakdown["input_dist"])
         assert pred.step_s == pytest.approx(ev.step_s, rel=1e-9)
         steps[k] = ev.step_s

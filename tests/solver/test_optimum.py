@@ -41,8 +41,10 @@ def test_cpsat_matches_brute_force(topology, n_tables, seed):
     assert r.report["status"] == "optimal"
     assert r.report["bin_size"] == 1  # the exact model: one bin per rank
     # the model's integer units (10 ns, 1 KiB) and its secant of the optimizer's time
-    # leave room for ties within a few microseconds
-    assert r.evaluation.step_s == pytest.approx(best, rel=1e-5, abs=2e-6)
+    # leave room for ties within a few microseconds (h200:2x2 seed 5: 5.0 us of 33.2 ms,
+    # a column split against a whole table, once the data-parallel options were priced
+    # on the sparse route they run on; issue 21)
+    assert r.evaluation.step_s == pytest.approx(best, rel=1e-5, abs=6e-6)
 
 
 def test_cpsat_optimum_when_memory_binds():
