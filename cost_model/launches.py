@@ -48,6 +48,13 @@ BATCHED_LOOKUP_LAUNCHES = 25
 # and the sparse optimizer's step, ~40 kernels (DIN: 731 eager kernels for 18 tables, syncs
 # included, when its dense-gradient route still scanned for the used rows like this one).
 EAGER_TABLE_LAUNCHES = 40
+# A data-parallel replica on several ranks since its step went into the step's one bucket
+# (backends/torch/sparse_optim.ReplicaBucket): its lookup (the bag and its offsets, ~2),
+# ATen's sparse bag backward (~8: its index sort, copies and the COO's values), its rows
+# and flags added into the bucket (2), its masked pass (1): ~13, read from the runner's
+# code path (no coalesce, no nonzero, no exchange: what made the 40 above), not measured
+# (a several-rank step's profile needs several GPUs)
+REPLICA_TABLE_LAUNCHES = 13
 # A table on the dense-gradient route since its update became one masked pass
 # (backends/triton/masked_row_update.py, no scan, no sync): DIN's e05fd50 H200 profile
 # launches 549 kernels a step for its 18 such tables (ATen's bag backwards with their cub
@@ -67,10 +74,12 @@ the launches counted here): Wukong 37.1 ms / 862 = 43 us, DCNv2 9.9 ms / 238 = 4
 A calibration's ``launch.graph_launch_s`` replaces it."""
 
 
-def graph_launches(gm: fx.GraphModule, tables: Sequence[TableCost]) -> dict[str, int]:
+def graph_launches(gm: fx.GraphModule, tables: Sequence[TableCost],
+                   world: int = 1) -> dict[str, int]:
     """Kernels one compiled training step launches, by source (see the module constants):
     ``inductor``, ``gemm``, ``island``, ``extern`` (other ATen kernels in the graph),
-    ``tables`` (by each table's lookup path) and ``optimizer``; ``total`` sums them."""
+    ``tables`` (by each table's lookup path; a replica on ``world`` > 1 ranks by its
+    bucketed step) and ``optimizer``; ``total`` sums them."""
     groups = fusion_groups(gm)
     islands = island_groups(gm)
     out = dict.fromkeys(("inductor", "gemm", "island", "extern", "tables", "optimizer"), 0)
@@ -102,6 +111,7 @@ def graph_launches(gm: fx.GraphModule, tables: Sequence[TableCost]) -> dict[str,
     out["tables"] = (BATCHED_TABLE_LAUNCHES * len(batched)
                      + (BATCHED_LOOKUP_LAUNCHES if batched else 0)
                      + sum(DENSE_GRAD_TABLE_LAUNCHES if t.lookup == DENSE_GRAD
+                           else REPLICA_TABLE_LAUNCHES if t.replicated and world > 1
                            else EAGER_TABLE_LAUNCHES
                            for t in tables if t.lookup != BATCHED))
     out["optimizer"] = 1 + math.ceil(params / OPTIMIZER_PARAMS_PER_LAUNCH) if params else 0

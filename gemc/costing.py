@@ -190,7 +190,8 @@ def host_s(tables: Sequence[TableCost], topology: Topology, options: StepOptions
 
 
 def step_launches(gm: fx.GraphModule, tables: Sequence[TableCost],
-                  calibration: Calibration | None) -> tuple[dict[str, int], float]:
+                  calibration: Calibration | None, world: int = 1
+                  ) -> tuple[dict[str, int], float]:
     """(launches by source with their ``total``, host seconds per launch) of the step the
     runner executes: a compiled step counted as Inductor, cuBLAS, gemc's kernels and the
     eager ops around the graph launch it (cost_model.launches.graph_launches) at the
@@ -199,7 +200,7 @@ def step_launches(gm: fx.GraphModule, tables: Sequence[TableCost],
     if runs_compiled(gm):
         per = (calibration.graph_launch_s if calibration is not None else None) \
             or GRAPH_LAUNCH_HOST_S
-        return graph_launches(gm, tables), float(per)
+        return graph_launches(gm, tables, world), float(per)
     per = (calibration.eager_op_s if calibration is not None else None) or DEFAULT_OP_CPU_S
     return {"total": kernel_launches(gm)}, float(per)
 
@@ -269,7 +270,7 @@ def predicted_block(
         table_list, topology,
         calibration=calibration, options=opts,
     )
-    launches, per_launch = step_launches(gm, table_list, calibration)
+    launches, per_launch = step_launches(gm, table_list, calibration, topology.world_size)
     host = host_s(table_list, topology, opts, calibration, launches=launches["total"],
                   device_s=prediction.step_s, per_launch_s=per_launch)
     block = prediction.to_dict()

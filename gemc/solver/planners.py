@@ -194,7 +194,7 @@ BALANCE_MOVES_SHARE = 4  # each balance phase prices a quarter of the search's m
 # the cap search's second try (``cap_memory``'s ``penalty``): one mean rank of bytes above
 # the cap is worth this share of the step. On DLRMv2 x 64 ranks (s8's pricing) 0.025 and
 # 0.075 found the same plan (4.092 ms), 0.22 the hard search's (4.418): the share a
-# balanced plan may cost (balance_cap_tolerance, 0.05) is in that range. Under s13's
+# balanced plan may cost (balance_cap_tolerance, 0.05 then) is in that range. Under s13's
 # pricing only 0.05 of those three meets 1.3 there (4.692 ms; 0.025 and 0.075 end at
 # 8.418 and 8.271 ms, 1.33): the search is sensitive to it (BENCHMARKS.md, issue 19)
 CAP_PENALTY = 0.05

@@ -7,7 +7,12 @@ from pathlib import Path
 
 import pytest
 from gemc.cost_model.activations import activation_profile, plan_autocast, saved_activation_bytes
-from gemc.cost_model.launches import GRAPH_LAUNCH_HOST_S, graph_launches
+from gemc.cost_model.launches import (
+    EAGER_TABLE_LAUNCHES,
+    GRAPH_LAUNCH_HOST_S,
+    REPLICA_TABLE_LAUNCHES,
+    graph_launches,
+)
 from gemc.cost_model.topology import parse_topology
 from gemc.cost_model.types import StepOptions, TableCost
 
@@ -103,6 +108,16 @@ def test_compiled_plan_counts_launches_by_source(gem_plan_graph):
     assert counts["total"] == sum(v for k, v in counts.items() if k != "total")
     assert counts["gemm"] > 0 and counts["inductor"] > 0 and counts["tables"] > 0
     assert graph_launches(gm, tables * 2)["total"] > counts["total"]
+    # a table off the batched kernel: the sparse route's eager step, but a data-parallel
+    # replica on several ranks only its lookup and its share of the step's one bucket
+    eager = TableCost("e", 1000, 16, 64, 64, lookup="sparse")
+    replica = TableCost("r", 1000, 16, 64, 64, lookup="sparse", sharding="data_parallel",
+                        ranks=(0, 1))
+    base = graph_launches(gm, tables, 2)["tables"]
+    assert graph_launches(gm, [*tables, eager], 2)["tables"] - base == EAGER_TABLE_LAUNCHES
+    assert graph_launches(gm, [*tables, replica], 2)["tables"] - base == \
+        REPLICA_TABLE_LAUNCHES < EAGER_TABLE_LAUNCHES
+    assert graph_launches(gm, [*tables, replica], 1)["tables"] - base == EAGER_TABLE_LAUNCHES
 
 
 def test_launch_bound_plan_is_priced_at_its_host_time():
