@@ -274,10 +274,11 @@ def predicted_block(
     host = host_s(table_list, topology, opts, calibration, launches=launches["total"],
                   device_s=prediction.step_s, per_launch_s=per_launch)
     block = prediction.to_dict()
-    # the device step is what the planner minimised (its ``solver.predicted_step_ms``,
-    # the same arithmetic): the host term is left out of the search because it is the
-    # same for every plan that shards a table (syncs a step; launch-bound time only where
-    # the device step is shorter than issuing the launches), so ``step_ms`` = this + host
+    # the device step is what the planner's searches minimised (its
+    # ``solver.predicted_step_ms``, the same arithmetic); the host term (syncs a step;
+    # launch-bound time where the device step is shorter than issuing the launches, whose
+    # count the tables' routes set) weighs only in the cpsat planner's choice among the
+    # plans it tried (solver.problem.host_step_s), so ``step_ms`` = this + host
     block["device_step_ms"] = block["step_ms"]
     block["step_ms"] = block["step_ms"] + 1e3 * host
     block["breakdown_ms"]["host"] = 1e3 * host
