@@ -109,3 +109,27 @@ def test_searches_share_the_pricers_options_and_plan_as_with_a_fresh_one():
     assert b.tables == cap_memory(p, Pricer(p), a, 1.1).tables
     other = make_problem("h200:1x8", n_tables=10, seed=7)
     assert shared_options(other, shared) is not shared.option_lists
+
+
+def test_taking_a_zero_buffer_leaves_the_moments_without_a_rescan(monkeypatch):
+    """A shard with no optimizer buffer (the owners' fused lookup: ``grad_moment`` 0) taken
+    off rescans no rank (a rank's largest buffer cannot fall below 0), and leaves every
+    rank's largest buffer what a fresh count of the remaining shards gives."""
+    p = make_problem("h200:2x4", n_tables=6, seed=5)
+    pricer = Pricer(p)
+    opts = [pricer.table(t, TableChoice(s, r)) for t in p.tables
+            for s, r in (("table_wise", (1,)), ("row_wise", tuple(range(p.world))))]
+    zero = [o for o in opts if o.grad_moment == 0]
+    assert zero, "the synthetic tables should run fused on several ranks"
+    ops = [(o, r, 1) for o, r in zip(opts, [(1,), None] * len(p.tables), strict=True)]
+    loads = _loads_after(p, pricer, ops)
+    refreshed = []
+    monkeypatch.setattr(evaluate_mod, "_refresh_moment",
+                        lambda loads, r: refreshed.append(r))
+    for o, r, _ in ops:
+        if o.grad_moment == 0:
+            add_table(loads, o, r, -1)
+    assert refreshed == []
+    monkeypatch.undo()
+    left = [(o, r, 1) for o, r, _ in ops if o.grad_moment != 0]
+    assert np.array_equal(loads.moment, _loads_after(p, pricer, left).moment)
