@@ -38,10 +38,6 @@ def is_flat(inputs: tuple[Any, ...]) -> bool:
     return all(isinstance(t, torch.Tensor) for t in inputs)
 
 
-def _path_text(path: tuple[Any, ...]) -> str:
-    return pytree.keystr(path)
-
-
 def example_leaves(inputs: tuple[Any, ...], entrypoint: str) -> list[torch.Tensor]:
     """The tensors of an example batch, in the order the flat spec takes them; a value
     that is not a tensor is a named EntrypointError."""
@@ -54,9 +50,9 @@ def _leaves(inputs: tuple[Any, ...], entrypoint: str
     for path, leaf in with_paths:
         if not isinstance(leaf, torch.Tensor):
             raise EntrypointError(
-                f"ModelSpec.example_inputs{_path_text(path)} is a {type(leaf).__name__}, "
+                f"ModelSpec.example_inputs{pytree.keystr(path)} is a {type(leaf).__name__}, "
                 "not a tensor",
-                where=f"{entrypoint} -> ModelSpec.example_inputs{_path_text(path)}",
+                where=f"{entrypoint} -> ModelSpec.example_inputs{pytree.keystr(path)}",
                 fix="a batch may nest dicts, lists, tuples and named tuples (a dataclass once "
                 "registered with torch.utils._pytree.register_dataclass), and every value in "
                 "it must be a tensor (make a constant a tensor, or an attribute of the model)",

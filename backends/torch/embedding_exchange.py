@@ -73,6 +73,18 @@ def _weights_from_bits(kind: int, bits: torch.Tensor) -> torch.Tensor:
     return bits.to(torch.int32).view(torch.float32)
 
 
+def weights_or_ones(parts: Sequence[tuple[torch.Tensor | None, int]], dtype: torch.dtype,
+                    device: torch.device) -> torch.Tensor | None:
+    """One per-sample weight per id over ``parts`` (each its weights or None, and its id
+    count) in ``dtype``, ones where a part has none; None when no part has any. Why ones:
+    a lookup pools several requesters' (or tables') bags at once, and ``embedding_bag``
+    takes weights for all its ids or none."""
+    if all(w is None for w, _ in parts):
+        return None
+    return torch.cat([w.to(dtype) if w is not None else torch.ones(n, dtype=dtype, device=device)
+                      for w, n in parts])
+
+
 def _row_groups(m: ShardedEmbedding, device: torch.device
                 ) -> tuple[list[tuple[int, int, list[int]]], torch.Tensor | None]:
     """The table's row ranges (row offset, rows, owners), by offset, and the ranges' first
@@ -213,18 +225,10 @@ def exchange_lookups(tables: Sequence[ShardedEmbedding], bags: Sequence[Bags], *
         m = tables[i]
         counts_l, ids_l, weights_l = per_table[i]
         counts = torch.cat(counts_l)
-        if m.owner_lookup is not None:
-            psw = None
-            if any(w is not None for w, _ in weights_l):
-                psw = torch.cat([w.float() if w is not None
-                                 else torch.ones(n, device=device) for w, n in weights_l])
+        psw = weights_or_ones(weights_l, m.dtype, device)
+        if m.owner_lookup is not None:  # fp32 tables only (gemc.table_lookup.sharded_route)
             fused.append((i, (m, torch.cat(ids_l), counts, psw)))
             continue
-        psw = None
-        if any(w is not None for w, _ in weights_l):
-            psw = torch.cat([w.to(m.dtype) if w is not None
-                             else torch.ones(n, dtype=m.dtype, device=device)
-                             for w, n in weights_l])
         weight, ids = m.rows_for_lookup(torch.cat(ids_l))  # bf16 / fp8: dequantised rows
         partials[i] = F.embedding_bag(
             ids, weight,

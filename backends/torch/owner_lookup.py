@@ -54,6 +54,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+from gemc.backends.torch.embedding_exchange import weights_or_ones
 from gemc.backends.torch.init import derive_seed
 
 from gemc.errors import GemcUserError, PlanError
@@ -158,12 +159,8 @@ class OwnerLookup:
             ids = torch.cat([requests[k][1] for k in members])
             counts = torch.cat([requests[k][2] for k in members])
             offsets = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
-            weights = None
-            if any(requests[k][3] is not None for k in members):
-                weights = torch.cat([
-                    requests[k][3].float() if requests[k][3] is not None
-                    else torch.ones(requests[k][1].numel(), device=ids.device)
-                    for k in members])
+            weights = weights_or_ones([(requests[k][3], requests[k][1].numel())
+                                       for k in members], torch.float32, ids.device)
             pooled = module(ids, offsets, weights,
                             tables=[self.index[requests[k][0].fqn][1] for k in members])
             for k, part in zip(members, pooled.split([requests[k][0].local.cols
