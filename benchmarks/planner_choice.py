@@ -39,9 +39,10 @@ GEM = f"{REPO / 'examples' / 'gem' / 'model.py'}:build"
 
 
 def gem_tiny_problem() -> Problem:
+    from gemc.cost_model.topology import parse_topology
+
     from gemc.api import load_model
     from gemc.capture import capture
-    from gemc.cost_model.topology import parse_topology
     from gemc.replan import annotate
 
     captured = capture(load_model(GEM, {"preset": "tiny"}), entrypoint=GEM)
