@@ -83,7 +83,7 @@ import compile_accounting  # noqa: E402  (where the first step's seconds go)
 import e2e  # noqa: E402  (the variants' code, shared with the GEM benchmark)
 
 VARIANTS = ("eager", "compile", "gemc", "gemc-measured", "gemc-groups", "gemc-interp",
-            "gemc-cudagraphs", "gemc-autotune", "gemc-fp8", "gemc-nowarm")
+            "gemc-cudagraphs", "gemc-autotune", "gemc-fp8", "gemc-nowarm", "gemc-pwtune")
 GEMC_OPTIONS: dict[str, dict[str, Any]] = {
     "gemc": {"graph_executor": "inductor"},
     "gemc-groups": {"graph_executor": "inductor"},  # + GEMC_GROUP_CHOICE=gemc (child())
@@ -94,6 +94,9 @@ GEMC_OPTIONS: dict[str, dict[str, Any]] = {
     "gemc-fp8": {"graph_executor": "inductor", "fp8_min_features": 1024},
     # gemc's own kernels compiled at their first launch, not ahead in workers (issue 16)
     "gemc-nowarm": {"graph_executor": "inductor", "warm_kernels": False},
+    # Inductor's pointwise kernels autotuned at their first launch, as torch.compile does
+    # (gemc turns it off: graph_mode.inductor_options)
+    "gemc-pwtune": {"graph_executor": "inductor", "pointwise_autotune": True},
 }
 COLD_VARS = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
 """What ``--cold`` points at a fresh directory per child (gemc's run keeps a directory a

@@ -161,6 +161,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "and record the winners in the Triton cache dir for later runs; without "
                    "it a kernel runs the recorded winner, else one heuristic config (the run "
                    "report's kernel_tuning says which)")
+    p.add_argument("--pointwise-autotune", action="store_true",
+                   help="graph mode: let Inductor time two configs of each pointwise kernel "
+                   "at its first launch, as torch.compile does; off by default (one config: "
+                   "a shorter first step; the run report's graph_executor.inductor_options)")
     p.add_argument("--no-warm-kernels", action="store_true",
                    help="compile each of gemc's hand-written kernels at its first launch, in "
                    "the training process; by default the kernels the first step launches "
@@ -216,6 +220,7 @@ def options_from_args(args: argparse.Namespace) -> Any:
         measure_kernels=args.measure_kernels,
         autotune=args.autotune,
         warm_kernels=not args.no_warm_kernels,
+        pointwise_autotune=args.pointwise_autotune,
         kernel_choices=read_choices(args.kernel_choices),
         cache_dir=args.cache_dir,
         divergence=args.divergence,
@@ -416,6 +421,8 @@ def argv_of(args: argparse.Namespace) -> list[str]:
         out.append("--autotune")
     if args.no_warm_kernels:
         out.append("--no-warm-kernels")
+    if args.pointwise_autotune:
+        out.append("--pointwise-autotune")
     return out
 
 

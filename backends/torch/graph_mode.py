@@ -167,7 +167,8 @@ class GraphExecutor:
     :func:`~gemc.backends.triton.inductor_graph.measure_groups`) and keep the winners
     (above both). ``sources``: where each entry's choice came from
     (:mod:`gemc.backends.torch.kernel_choices`).
-    ``compile_mode``: ``torch.compile``'s mode (e.g. ``reduce-overhead`` for CUDA graphs).
+    ``compile_mode``: ``torch.compile``'s mode (e.g. ``reduce-overhead`` for CUDA graphs);
+    ``pointwise_autotune``: see :func:`inductor_options`.
     """
 
     def __init__(
@@ -184,6 +185,7 @@ class GraphExecutor:
         executor: str = "inductor",
         measured: dict[str, Any] | None = None,
         compile_mode: str | None = None,
+        pointwise_autotune: bool = False,
         measure: bool = False,
         recorded: dict[str, Any] | None = None,
         priced_sparse: frozenset[str] = frozenset(),
@@ -196,6 +198,8 @@ class GraphExecutor:
         self.measured = {n: {**r, "source": "file"} for n, r in (measured or {}).items()}
         self.recorded = dict(recorded or {})
         self.compile_mode = compile_mode
+        self.inductor_options = inductor_options(compile_mode, pointwise_autotune) \
+            if executor == "inductor" and compile_backend(device) == "inductor" else None
         self.measure = measure and executor == "inductor"
         self.choices: dict[str, str] = {}
         self.sources: dict[str, str] = {}
@@ -428,7 +432,11 @@ class GraphExecutor:
         backend = compile_backend(self.runner.device)
         if self.warm is not None:
             return torch.compile(built.module, dynamic=None,
-                                 backend=_WarmingBackend(backend, self.compile_mode, self))
+                                 backend=_WarmingBackend(backend, self.compile_mode, self,
+                                                         self.inductor_options))
+        if self.inductor_options is not None:  # mode's options are in it: torch takes one
+            return torch.compile(built.module, dynamic=None, backend=backend,
+                                 options=self.inductor_options)
         return torch.compile(built.module, dynamic=None, mode=self.compile_mode,
                              backend=backend)
 
@@ -440,11 +448,13 @@ class _WarmingBackend:
     while Inductor compiles the graph. A failure there is the warm-up's warning, never the
     compile's."""
 
-    def __init__(self, name: str, mode: str | None, executor: GraphExecutor) -> None:
+    def __init__(self, name: str, mode: str | None, executor: GraphExecutor,
+                 options: dict[str, Any] | None = None) -> None:
         self.executor = executor
         self.__name__ = name  # the compiler's name in Dynamo's logs and guards
         if name == "inductor":
-            self.inner: Any = torch._TorchCompileInductorWrapper(mode, None, None)
+            self.inner: Any = torch._TorchCompileInductorWrapper(
+                None if options is not None else mode, options, None)
         else:
             from torch._dynamo.backends.registry import lookup_backend
 
@@ -465,6 +475,28 @@ class _WarmingBackend:
     def reset(self) -> None:
         if hasattr(self.inner, "reset"):
             self.inner.reset()
+
+
+POINTWISE_AUTOTUNE = "triton.autotune_pointwise"
+
+
+def inductor_options(mode: str | None, pointwise_autotune: bool) -> dict[str, Any] | None:
+    """Inductor's options for gemc's graph (``mode``'s own, then gemc's); None: its defaults.
+
+    Why pointwise autotuning is off: Inductor gives each 1-D pointwise kernel two configs
+    and times both at its first launch. gemc's graph holds more pointwise kernels than
+    torch.compile's (the dense-gradient tables' lookups and their table-sized backward,
+    the packed regions' gathers: MMoE h200, 77 against 16 on the H200 at 9f27354), and the
+    timing was most of the runtime autotuning on its cold first step (MMoE 76 timed kernels,
+    2.7 s; DLRM 45, 1.6 s), which issue 16 holds to 1.5x torch.compile's. The two configs
+    differ only in warps per block over a memory-bound loop; with it off Inductor launches
+    the first of them. ``--pointwise-autotune`` restores Inductor's default."""
+    from torch._inductor import list_mode_options
+
+    if pointwise_autotune:
+        return None if mode is None else dict(list_mode_options(mode))
+    return {**(list_mode_options(mode) if mode else {}),
+            POINTWISE_AUTOTUNE: False}
 
 
 def _set_up_torch_compile(device: torch.device) -> None:

@@ -122,6 +122,9 @@ class RunOptions:
     # compile gemc's kernels the first step launches in worker processes ahead of their
     # first launch (gemc.backends.triton.warm); False: each compiles at its first launch
     warm_kernels: bool = True
+    # Inductor's runtime autotuning of its 1-D pointwise kernels (two configs each, timed at
+    # the first launch): off by default in graph mode (graph_mode.inductor_options says why)
+    pointwise_autotune: bool = False
     # read the loss (a host sync) every N steps, 1: every step (each step timed alone);
     # N > 1: the losses stay on the device in between and a step's time is its block's mean
     loss_every: int = 1
@@ -502,6 +505,7 @@ def _run(
             executor=opts.graph_executor,
             measured=opts.kernel_choices,
             compile_mode=opts.compile_mode,
+            pointwise_autotune=opts.pointwise_autotune,
             measure=opts.measure_kernels,
             recorded=plan_choices(graph_kernels),
             priced_sparse=frozenset(str(t["fqn"]) for t in plan["tables"]
@@ -674,6 +678,7 @@ def _run(
         report["graph_executor"] = {
             "executor": forward.executor,
             "compile_mode": forward.compile_mode,
+            "inductor_options": forward.inductor_options,
             "backend": compile_backend(device) if forward.executor == "inductor" else None,
             "kernel_choices": dict(sorted(forward.choices.items())),
             # measured (this run), file (--kernel-choices), plan (recorded), default,
