@@ -43,13 +43,15 @@ a learned memory) becomes a ``jagged_query_attention`` (:func:`match_query_paddi
 under one of the graph's key-padding masks over ``[B, L]`` (offsets: a proven prefix; any
 boolean keep-mask: checked per row at run time, a row that is no prefix computes every query
 row), nothing reads its padding query rows unmasked: only ``len_b * M`` of the ``L * M``
-scores are computed (``backends/triton/jagged_query_attention``). An SDPA left padded carries its reason (``gemc.jagged_skipped``:
+scores are computed (``backends/triton/jagged_query_attention``), where its measured time
+says it wins (:data:`QUERY_KERNEL_TIME_PER_FILL`). An SDPA left padded carries its reason (``gemc.jagged_skipped``:
 ``dropout``, ``no-key-padding-mask``, ``mask-varies-over-queries``, ...) in the dump and a
 warning.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -73,6 +75,17 @@ from .jagged_patterns import (
 
 aten = torch.ops.aten
 SKIPPED = ir.PREFIX + "jagged_skipped"  # why an attention was not made jagged (a named reason)
+
+QUERY_KERNEL_TIME_PER_FILL = 3.57
+"""The history-query kernel's forward + backward time over padded SDPA's, per unit of fill,
+measured on the H200 (fifteenth session, ``benchmarks/kernels.py --cases query``: 9.435 ms
+against padded SDPA's 5.281 ms at fill 0.50; B 4,096, L 512, 16 dense keys; the forward
+alone 0.94x padded). Its backward costs more per real row than the padded backward saves.
+So the kernel replaces the padded SDPA only where ``fill`` times this is under 1 (a fill
+under 0.28). A mask given as data has fill 1 at compile time, so it never qualifies."""
+QUERY_KERNEL_ENV = "GEMC_QUERY_KERNEL"
+"""``always``: apply the history-query kernel wherever it matches, whatever its price (the
+kernel's tests and measurements)."""
 
 def match(gm: fx.GraphModule, node: fx.Node) -> dict[str, Any] | None:
     """The jagged-attention facts of an SDPA node, or None when it is not the pattern.
@@ -235,9 +248,11 @@ def _price_query(node: fx.Node, facts: dict[str, Any], mask: fx.Node | None,
                  ctx: PassContext) -> dict[str, float] | None:
     """A query-padded attention's forward+backward ms, padded and as compiled: its work is
     ``sum(len_b) * M``, the padded ``B * L * M`` times the fill exactly (a guarded mask's
-    fill is data: priced at 1, plus reading the mask for the check). No copies: the
-    kernel reads the padded layout in place."""
-    return _price_scaled(node, float(facts["fill"]), ir.nbytes(mask) if mask else 0, ctx)
+    fill is data: priced at 1, plus reading the mask for the check), at the kernel's measured
+    cost per unit of fill (:data:`QUERY_KERNEL_TIME_PER_FILL`). No copies: the kernel reads
+    the padded layout in place."""
+    return _price_scaled(node, float(facts["fill"]) * QUERY_KERNEL_TIME_PER_FILL,
+                         ir.nbytes(mask) if mask else 0, ctx)
 
 
 def _price_scaled(node: fx.Node, fill: float, moved: int, ctx: PassContext
@@ -286,7 +301,7 @@ class MatchJaggedAttention:
                          f"rows of its padding queries are read unmasked by {reader.name}")
             if self._query_padded(gm, node, queries, ctx):
                 queries += 1
-            elif self._guarded(node, guarded, ctx):
+            elif SKIPPED not in node.meta and self._guarded(node, guarded, ctx):
                 guarded += 1
         return PassResult(gm, count + guarded + queries > 0)
 
@@ -297,6 +312,13 @@ class MatchJaggedAttention:
         query rows (under some key-padding mask of the graph) are never read unmasked."""
         found = match_query_padding(gm, node)
         if found is None:
+            return False
+        slower = float(found["fill"]) * QUERY_KERNEL_TIME_PER_FILL
+        if slower >= 1.0 and os.environ.get(QUERY_KERNEL_ENV) != "always":
+            MatchJaggedAttention._skip(
+                node, f"query-kernel-slower: fill {found['fill']:g} x {QUERY_KERNEL_TIME_PER_FILL}"
+                f" = {slower:.2f} of padded SDPA's time (the kernel's measured backward; "
+                f"{QUERY_KERNEL_ENV}=always applies it anyway)", ctx)
             return False
         gid = f"jagged_query_attention_{index}"
         node.meta[ir.GROUP] = gid

@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from gemc.backends.triton import jagged_query_attention as jqa
+from gemc.passes import match_jagged_attention as mja
 from gemc.passes.match_jagged_attention import SKIPPED
 from torch import nn
 from torch.testing import FileCheck
@@ -136,11 +137,11 @@ def tower_batch(lengths: list[int], gen: torch.Generator) -> tuple[torch.Tensor,
             torch.randn(len(lengths), C, E, generator=gen))
 
 
-def build_tower() -> ModelSpec:
+def build_tower(lengths: tuple[int, ...] = (2, 0, 7, 3)) -> ModelSpec:
     return ModelSpec(model=JaggedTower(),
-                     example_inputs=tower_batch([2, 0, 7, 3], torch.Generator().manual_seed(0)),
+                     example_inputs=tower_batch(list(lengths), torch.Generator().manual_seed(0)),
                      make_batch=lambda step, device="cpu": tuple(
-                         t.to(device) for t in tower_batch([2, 0, 7, 3],
+                         t.to(device) for t in tower_batch(list(lengths),
                                                            torch.Generator().manual_seed(step))))
 
 
@@ -173,6 +174,13 @@ def build_masked_tower() -> ModelSpec:
                      make_batch=lambda step, device="cpu": tuple(
                          t.to(device) for t in batch("bool", [2, 0, 7, 3],
                                                      torch.Generator().manual_seed(step))))
+
+
+@pytest.fixture(autouse=True)
+def _query_kernel_always(monkeypatch):  # noqa: ANN202
+    """The kernel's own tests apply it wherever it matches (its measured price keeps it off
+    at these fills, tested below with the switch cleared)."""
+    monkeypatch.setenv(mja.QUERY_KERNEL_ENV, "always")
 
 
 @functools.cache
@@ -270,7 +278,10 @@ def test_jagged_tower_queries_over_candidates_match_eager():
     assert kinds == ["jagged_attention", "jagged_query_attention"], kinds
     (query,) = [e for e in entries if e["kind"] == "jagged_query_attention"]
     assert (query["offsets"], query["clamp_min"], query["fill"]) == ("offsets", 1, round(12 / (4 * L), 6))
-    assert query["predicted"]["after_ms"] < query["predicted"]["before_ms"]
+    # priced at the kernel's measured cost per unit of fill: here above padded's (applied
+    # only under the switch, see the tests at the end)
+    after, before = query["predicted"]["after_ms"], query["predicted"]["before_ms"]
+    assert after >= before * query["fill"] * mja.QUERY_KERNEL_TIME_PER_FILL > before
     run_against_eager(gm, entries, spec.model,
                       tower_batch([3, 0, 6, 3], torch.Generator().manual_seed(4)))
 
@@ -314,3 +325,43 @@ def test_inductor_graph_calls_the_custom_op_and_matches_eager(scramble: bool):
     assert (jqa.STATS.as_dict()["fallback_rows"] > 0) == scramble
     for k, p in model.named_parameters():
         torch.testing.assert_close(p.grad, grads[k], atol=2e-5, rtol=1e-4, msg=k)
+
+
+# ---- where the kernel is used without the switch: its measured price -----------------------
+
+
+def _query_sdpa(gm):  # noqa: ANN001, ANN202 - the SDPA whose queries are the history items
+    return [n for n in gm.graph.nodes
+            if n.target is torch.ops.aten.scaled_dot_product_attention.default][-1]
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_history_queries_stay_padded_where_the_kernel_is_measured_slower(form, monkeypatch):
+    """At fill 1 (a mask given as data, or offsets over an already padded history) the
+    kernel's measured cost (3.57 x the fill of padded SDPA's) loses: the SDPA stays padded,
+    the reason on the node and in a warning."""
+    monkeypatch.delenv(mja.QUERY_KERNEL_ENV)
+    gm, ctx, _ = compiled(ENTRY, {"form": form}, upto="match-jagged-attention")
+    sdpa = _query_sdpa(gm)
+    assert ir.KERNEL not in sdpa.meta and ir.GROUP not in sdpa.meta
+    assert sdpa.meta[mja.SKIPPED].startswith("query-kernel-slower: fill 1 x 3.57")
+    assert any("query-kernel-slower" in w and sdpa.name in w for w in ctx.warnings)
+
+
+def test_the_kernel_is_used_where_the_fill_makes_it_faster(monkeypatch):
+    """A jagged tower: at fill 0.43 (12 of 28 slots) the query attention stays padded while
+    the self-attention goes jagged; at fill 0.11 (3 of 28) the kernel is priced faster and
+    applied, and trains as eager."""
+    monkeypatch.delenv(mja.QUERY_KERNEL_ENV)
+    entry = "tests/fusion/test_jagged_query_attention.py:build_tower"
+    gm, ctx, _ = compiled(entry)
+    kinds = sorted(e["kind"] for e in entries_of(gm, ctx) if "attention" in e["kind"])
+    assert kinds == ["jagged_attention"], kinds
+    assert _query_sdpa(gm).meta[mja.SKIPPED].startswith("query-kernel-slower: fill 0.428571")
+    gm, ctx, spec = compiled(entry, {"lengths": [1, 0, 1, 1]})
+    entries = entries_of(gm, ctx)
+    (query,) = [e for e in entries if e["kind"] == "jagged_query_attention"]
+    assert query["fill"] == round(3 / (4 * L), 6)
+    assert query["predicted"]["after_ms"] < query["predicted"]["before_ms"]
+    run_against_eager(gm, entries, spec.model,
+                      tower_batch([1, 0, 1, 1], torch.Generator().manual_seed(fresh_seed())))
