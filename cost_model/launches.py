@@ -49,12 +49,13 @@ BATCHED_LOOKUP_LAUNCHES = 25
 # included, when its dense-gradient route still scanned for the used rows like this one).
 EAGER_TABLE_LAUNCHES = 40
 # A data-parallel replica on several ranks since its step went into the step's one bucket
-# (backends/torch/sparse_optim.ReplicaBucket): its lookup (the bag and its offsets, ~2),
-# ATen's sparse bag backward (~8: its index sort, copies and the COO's values), its rows
-# and flags added into the bucket (2), its masked pass (1): ~13, read from the runner's
-# code path (no coalesce, no nonzero, no exchange: what made the 40 above), not measured
-# (a several-rank step's profile needs several GPUs)
-REPLICA_TABLE_LAUNCHES = 13
+# (backends/torch/sparse_optim.ReplicaBucket): its lookup, ATen's sparse bag backward, its
+# rows and flags added into the bucket, its masked pass. Measured on the H200 (fifteenth
+# session, benchmarks/replica_step.py --device cuda: DLRMv2's 18 smallest tables as
+# replicas, batch 4,096 at world 16): 3.68 ms of lookups + 2.73 ms of optimizer step, wall,
+# 0.356 ms a replica, i.e. 8.5 launches at GRAPH_LAUNCH_HOST_S; 9 here (13, read from the
+# code path before, priced a replica 1.5x over the measurement)
+REPLICA_TABLE_LAUNCHES = 9
 # A table on the dense-gradient route since its update became one masked pass
 # (backends/triton/masked_row_update.py, no scan, no sync): DIN's e05fd50 H200 profile
 # launches 549 kernels a step for its 18 such tables (ATen's bag backwards with their cub

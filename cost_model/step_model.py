@@ -247,10 +247,12 @@ def batched_floor_s(kernel_s: np.ndarray, shards: np.ndarray, world: int) -> np.
     the same kernel (one forward launch, one sort of every table's ids, one fused
     backward+update launch: ``backends.triton.embedding_bag.BatchedEmbeddingBag``, as
     TorchRec's TBE), so what a step costs whatever its bytes is paid once per launch group,
-    and the shards' bytes add inside it. Assumed, not measured: the H200 benchmark behind
-    the floor timed one shard alone in its module (0.61-0.99 ms at every width 8-128;
-    ``narrow_7e2449b.json``); a rank running several shards in one kernel was not timed
-    (``benchmarks/kernels.py --cases narrow_group`` measures it). Charged per shard, a rank
+    and the shards' bytes add inside it. Measured on the H200 (fifteenth session,
+    ``benchmarks/kernels.py --cases narrow_group``, 16-wide shards, pooling 100, lookup +
+    backward + row-wise Adagrad): one launch of 1, 2, 4 and 8 shards took 1.20, 1.33, 1.32
+    and 2.54 ms, against 1.21, 2.44, 5.07 and 10.59 ms for a launch per shard. So one floor
+    per rank holds to 4 shards; at 8 the launch costs two, which this still prices as one.
+    Charged per shard, a rank
     holding ten pieces paid ten floors (8.6 ms) for one launch group, and the balance
     search's splits of big tables looked 5% dearer than they are.
 
