@@ -30,6 +30,10 @@ the variants (``_baseline``, ``_gemc``), so the two benchmarks measure alike:
 ``gemc-fp8``     (optional) ``gemc`` with ``--fp8-linears 1024``: row-wise fp8 forced on every
                  linear with in and out features >= 1024, whatever the plan chose (its
                  losses next to ``gemc``'s are the accuracy side of the A/B).
+``gemc-nowarm``  (optional) ``gemc`` with its own kernels compiled at their first launch.
+``gemc-pwtune``  (optional) ``gemc`` with Inductor's pointwise kernels autotuned at their
+                 first launch, as torch.compile does (``gemc`` turns it off:
+                 ``graph_mode.inductor_options``), the first step's A/B.
 
 ``--cold``: every child gets fresh, empty Inductor and Triton cache directories (removed
 after it), so each variant's first step is a cold compile, as on a fresh machine. The
