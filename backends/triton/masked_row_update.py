@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from .embedding_bag import lazy_adam_update
-from .runtime import INTERPRETED, cdiv, next_pow2
+from .runtime import cdiv, kernel_runs_on, next_pow2
 
 ROWWISE_ADAGRAD = 0
 ADAM = 1
@@ -105,7 +105,7 @@ def masked_row_update_(
     rows, dim = weight.shape
     if rows == 0 or dim == 0:
         return
-    if not (weight.is_cuda or INTERPRETED):
+    if not kernel_runs_on(weight):
         _masked_row_update_aten(weight, grad, state1, state2, adam, lr, eps, betas,
                                 weight_decay, step_size, flags)
         return

@@ -45,6 +45,16 @@ MIN_DOT = 16
 """Smallest extent ``tl.dot`` accepts along any dimension."""
 
 
+def kernel_runs_on(t: torch.Tensor) -> bool:
+    """Whether a host function with an ATen fallback takes its Triton kernel for ``t``:
+    on a GPU, in the interpreter, and on ``meta`` (the warm-up runs host code on meta
+    tensors and records the launch, :func:`gemc.backends.triton.warm.dry_launches`; a
+    host function that took its fallback there derived nothing, and its kernel compiled
+    in the training process at its first launch on the H200: the masked row update of
+    MMoE's dense-gradient tables, 0.6 s of its first step)."""
+    return t.is_cuda or t.device.type == "meta" or INTERPRETED
+
+
 def is_interpreted() -> bool:
     """Whether Triton kernels run in the CPU interpreter (set by ``TRITON_INTERPRET=1``)."""
     return INTERPRETED

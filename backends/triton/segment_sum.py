@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .runtime import INTERPRETED, cdiv, check_offsets, next_pow2
+from .runtime import INTERPRETED, cdiv, check_offsets, kernel_runs_on, next_pow2
 
 BLOCK_T = 64 if INTERPRETED else 32
 """Rows a program adds per step: 32 x 128 fp32 accumulators are 32 registers a thread at 4
@@ -57,7 +57,7 @@ def segment_sum_rows(x: torch.Tensor, offsets: torch.Tensor,
     segments = check_offsets(offsets)
     rest = tuple(x.shape[1:])
     dtype = dtype or x.dtype
-    if not (x.is_cuda or INTERPRETED):
+    if not kernel_runs_on(x):
         return _segment_sum_aten(x, offsets, dtype)
     flat = x.reshape(x.shape[0], math.prod(rest))
     if flat.shape[1] and flat.stride(1) != 1:

@@ -284,3 +284,36 @@ def test_a_failing_op_derivation_is_one_warning_naming_the_op(monkeypatch) -> No
         assert ops.warm_graph(graphs[0], warm) == {}
     msgs = [str(w.message) for w in caught if "gemc warm-up" in str(w.message)]
     assert len(msgs) == 1 and "gemc::segment_sum" in msgs[0] and "no launch here" in msgs[0]
+
+
+def test_host_code_with_an_aten_fallback_derives_its_kernel_on_meta_as_on_a_gpu(monkeypatch) -> None:
+    """On a GPU (not interpreted) the masked row update and the segment sums chose their
+    ATen fallback for anything not CUDA, meta included, so the warm-up derived nothing for
+    them and they compiled at their first launch (MMoE's dense-gradient tables on the
+    H200). With the interpreter off, meta tensors now reach the kernel's launch (recorded,
+    not run) while CPU tensors still take the fallback."""
+    from gemc.backends.triton import masked_row_update as mru
+    from gemc.backends.triton import runtime
+    from gemc.backends.triton import segment_sum as ss
+
+    monkeypatch.setattr(runtime, "INTERPRETED", False)  # the GPU's branch
+    weight = torch.empty(100, 32, device="meta")
+    state = {"sum": torch.empty(100, device="meta")}
+    x = torch.empty(50, 16, dtype=torch.bfloat16, device="meta")
+    offsets = torch.empty(5, dtype=torch.int64, device="meta")
+    with W.dry_launches() as seen:
+        mru.masked_row_update_(weight, torch.empty_like(weight), state,
+                               optimizer="rowwise_adagrad", lr=0.1, eps=1e-8,
+                               betas=(0.9, 0.999), weight_decay=0.0, step_size=0.0)
+        ss.segment_sum_rows(x, offsets)
+    assert [(s.module, s.name) for s in seen] == [
+        ("gemc.backends.triton.masked_row_update", "_masked_row_update_kernel"),
+        ("gemc.backends.triton.segment_sum", "_segment_sum_kernel")]
+    # a CPU tensor on that branch takes the fallback: no launch, the update done by ATen
+    w = torch.zeros(4, 2)
+    g = torch.ones(4, 2)
+    s = {"sum": torch.zeros(4)}
+    with W.record_launches() as launched:
+        mru.masked_row_update_(w, g, s, optimizer="rowwise_adagrad", lr=0.1, eps=1e-8,
+                               betas=(0.9, 0.999), weight_decay=0.0, step_size=0.0)
+    assert launched == [] and bool((w != 0).all())
