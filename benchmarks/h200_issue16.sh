@@ -5,6 +5,8 @@
 #   bash benchmarks/h200_issue16.sh b     # wukong, mmoe, dlrm     (~5 min)
 #   bash benchmarks/h200_issue16.sh c     # din, sasrec_bst, dlrm_dcnv2 (~4.5 min)
 #   bash benchmarks/h200_issue16.sh x --models wukong --variants gemc   # what a part left out
+# Prefix each with GEMC_COMMIT=<this checkout's sha, typed>: the GPU machine's copy answers
+# git with a stale commit (fifteenth session); zoo.json's source_hash is what zoo_table.py checks.
 # The split balances the ninth and eleventh sessions' cold first steps (BENCHMARKS.md:
 # compile / gemc 30.6 / 51.8 s GEM, 42.9 / 25.6 HSTU, ~30 / 30 Wukong, 18 / 27 MMoE, 14 / 19
 # DIN and BST, 13 / 12 DLRM-DCNv2, 7 / 14 DLRM) plus ~15 s a child for start-up and 33 steps.

@@ -9,7 +9,7 @@
 #   3. the sparse route's duplicate price for issue 19 (scatter_add_contention --sparse-rows);
 #   4. HSTU's silu attention variants (kernels.py --cases silu_variants): the one-kernel
 #      backward's error now at the two-kernel path's (the timed runs no longer add into dq).
-#   GEMC_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/h200_pending12.sh
+#   GEMC_COMMIT=<this checkout's sha, typed: git on the GPU machine's copy answers a stale one> bash benchmarks/h200_pending12.sh
 set -uo pipefail
 source scripts/device_env.sh
 export PYTHONUNBUFFERED=1

@@ -5,7 +5,7 @@
 #   3. the data-parallel replicas' bucketed step on the GPU beside its price (issue 19);
 #   4. MMoE cold, torch.compile and gemc, 1 step, Inductor's output code kept: what
 #      Inductor compiles in gemc's graph that it does not in torch.compile's (issue 16).
-#   GEMC_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/h200_session15.sh
+#   GEMC_COMMIT=<this checkout's sha, typed: git on the GPU machine's copy answers a stale one> bash benchmarks/h200_session15.sh
 set -uo pipefail
 source scripts/device_env.sh
 export PYTHONUNBUFFERED=1

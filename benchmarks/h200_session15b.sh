@@ -3,7 +3,7 @@
 #   1. MMoE and DLRM cold, torch.compile / gemc (Inductor's pointwise autotuning off, the
 #      new default) / gemc-pwtune (on, as before): first step and step time side by side;
 #   2. HSTU's silu attention variants (the one-kernel backward's error since 967719c).
-#   GEMC_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/h200_session15b.sh
+#   GEMC_COMMIT=<this checkout's sha, typed: git on the GPU machine's copy answers a stale one> bash benchmarks/h200_session15b.sh
 set -uo pipefail
 source scripts/device_env.sh
 export PYTHONUNBUFFERED=1
