@@ -87,6 +87,7 @@ QUERY_KERNEL_ENV = "GEMC_QUERY_KERNEL"
 """``always``: apply the history-query kernel wherever it matches, whatever its price (the
 kernel's tests and measurements)."""
 
+
 def match(gm: fx.GraphModule, node: fx.Node) -> dict[str, Any] | None:
     """The jagged-attention facts of an SDPA node, or None when it is not the pattern.
     (Whether its padding rows are read is checked separately: :func:`padding_rows_read_by`.)"""

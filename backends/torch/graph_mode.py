@@ -488,9 +488,11 @@ def inductor_options(mode: str | None, pointwise_autotune: bool) -> dict[str, An
     torch.compile's (the dense-gradient tables' lookups and their table-sized backward,
     the packed regions' gathers: MMoE h200, 77 against 16 on the H200 at 9f27354), and the
     timing was most of the runtime autotuning on its cold first step (MMoE 76 timed kernels,
-    2.7 s; DLRM 45, 1.6 s), which issue 16 holds to 1.5x torch.compile's. The two configs
-    differ only in warps per block over a memory-bound loop; with it off Inductor launches
-    the first of them. ``--pointwise-autotune`` restores Inductor's default."""
+    2.7 s; DLRM 45, 1.6 s), which issue 16 holds to 1.5x torch.compile's. The configs
+    (torch's ``triton_heuristics.pointwise``) differ in block size and warps over a
+    memory-bound loop; with it off Inductor launches the first (its default block, 256
+    elements a warp). Step time measured equal either way on MMoE and DLRM (BENCHMARKS.md,
+    fifteenth session). ``--pointwise-autotune`` restores Inductor's default."""
     from torch._inductor import list_mode_options
 
     if pointwise_autotune:
