@@ -294,6 +294,20 @@ def _bias_tile(bias_base, offs_m, offs_n, seq_len, sbi, sbj):
     return tl.load(ptrs, mask=inside, other=0.0).to(tl.float32)
 
 
+@triton.jit
+def _bias_grad_tile(db_base, ds, offs_m, offs_n, seq_len, sdi, sdj, rows_inside,
+                    ADD: tl.constexpr):
+    """A score tile's share of the bias's gradient (``ds``). ``ADD``: the heads share one
+    fp32 buffer (the bias is one for all heads), so each head adds its tile with atomics
+    instead of writing a ``[B, H, Lb, Lb]`` buffer that a separate pass sums over H."""
+    ptrs = db_base + offs_m[:, None].to(tl.int64) * sdi + offs_n[None, :].to(tl.int64) * sdj
+    inside = rows_inside & (offs_n[None, :] < seq_len)
+    if ADD:
+        tl.atomic_add(ptrs, ds, mask=inside)
+    else:
+        tl.store(ptrs, ds, mask=inside)
+
+
 # ---------------------------------------------------------------------------------------
 # one block step of each kernel
 # ---------------------------------------------------------------------------------------
@@ -336,7 +350,7 @@ def _dq_step(dq, q, do, lse, delta, k_base, v_base, start, start_n, offs_m, offs
              HEAD_DIM: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr,
              CAUSAL: tl.constexpr, SILU: tl.constexpr, IEEE: tl.constexpr,
              MASK: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr,
-             FAST_SIGMOID: tl.constexpr):
+             FAST_SIGMOID: tl.constexpr, BIAS_GRAD_ADD: tl.constexpr):
     offs_n = start_n + tl.arange(0, BLOCK_N)
     k = _load_rows(k_base, start, offs_n, seq_len, stride_kt, offs_d, HEAD_DIM, EVEN_D, MASK)
     v = _load_rows(v_base, start, offs_n, seq_len, stride_vt, offs_d, HEAD_DIM, EVEN_D, MASK)
@@ -351,8 +365,8 @@ def _dq_step(dq, q, do, lse, delta, k_base, v_base, start, start_n, offs_m, offs
     else:
         ds = p * (dp - delta[:, None])
     if BIAS_GRAD:  # d loss / d bias = d loss / d s: each visible tile is visited once here
-        ptrs = db_base + offs_m[:, None].to(tl.int64) * sdi + offs_n[None, :].to(tl.int64) * sdj
-        tl.store(ptrs, ds, mask=(offs_m[:, None] < seq_len) & (offs_n[None, :] < seq_len))
+        _bias_grad_tile(db_base, ds, offs_m, offs_n, seq_len, sdi, sdj,
+                        offs_m[:, None] < seq_len, BIAS_GRAD_ADD)
     return dq + mma(ds.to(k.dtype), k, IEEE)
 
 
@@ -363,7 +377,7 @@ def _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start, start
                CAUSAL: tl.constexpr, SILU: tl.constexpr, IEEE: tl.constexpr,
                MASK: tl.constexpr, HAS_BIAS: tl.constexpr, FAST_SIGMOID: tl.constexpr,
                dq_base, stride_dqt, db_base, sdi, sdj, FUSED_DQ: tl.constexpr,
-               BIAS_GRAD: tl.constexpr):
+               BIAS_GRAD: tl.constexpr, BIAS_GRAD_ADD: tl.constexpr):
     """dk, dv of a key block after one more query block; ``FUSED_DQ`` (silu only): also
     that query block's share of dq (``ds @ k``, added with atomics) and of the bias's
     gradient (``ds``: each tile visited once here), see :data:`FUSED_SILU_BACKWARD`."""
@@ -389,9 +403,8 @@ def _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start, start
         tl.atomic_add(dq_base + (start + offs_m[:, None]) * stride_dqt + offs_d[None, :], dq,
                       mask=inside & (offs_d[None, :] < HEAD_DIM))
         if BIAS_GRAD:
-            ptrs = db_base + offs_m[:, None].to(tl.int64) * sdi \
-                + offs_n[None, :].to(tl.int64) * sdj
-            tl.store(ptrs, ds, mask=inside & (offs_n[None, :] < seq_len))
+            _bias_grad_tile(db_base, ds, offs_m, offs_n, seq_len, sdi, sdj, inside,
+                            BIAS_GRAD_ADD)
     dv += mma(tl.trans(p.to(do.dtype)), do, IEEE)
     dk += mma(tl.trans(ds.to(q.dtype)), q, IEEE)
     return dk, dv
@@ -415,6 +428,13 @@ def _key_phases(start_m, seq_len, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     return full, end
 
 
+def _accumulated(args: dict, outputs: tuple[str, ...]) -> tuple[str, ...]:
+    """A backward launch's outputs that it adds into (zeroed before each timed autotuning
+    run): ``outputs`` and, where the heads share the bias's gradient buffer, that buffer."""
+    bias_grad_added = args.get("BIAS_GRAD") and args.get("BIAS_GRAD_ADD")
+    return outputs + ("DBIAS",) if bias_grad_added else outputs
+
+
 @config_choice.autotune(_FWD_CONFIGS, _TUNE_KEY, name="jagged_attention._fwd_kernel",
                         tiles=_fwd_tiles, prefer=_fwd_prefer)
 @triton.jit
@@ -427,7 +447,7 @@ def _fwd_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     CAUSAL: tl.constexpr, SILU: tl.constexpr, NORM_BY_SEQ_LEN: tl.constexpr,
     IEEE: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr,
-    FAST_SIGMOID: tl.constexpr, FUSED_DQ: tl.constexpr,
+    FAST_SIGMOID: tl.constexpr, FUSED_DQ: tl.constexpr, BIAS_GRAD_ADD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     bias_base = BIAS + (tl.program_id(0) // n_heads).to(tl.int64) * stride_bb \
@@ -473,7 +493,8 @@ def _fwd_kernel(
 
 
 @config_choice.autotune(_BWD_Q_CONFIGS, _TUNE_KEY, name="jagged_attention._bwd_dq_kernel",
-                        tiles=_dq_tiles, prefer=_dq_prefer)
+                        tiles=_dq_tiles, prefer=_dq_prefer,
+                        accumulates=lambda a: _accumulated(a, ()))
 @triton.jit
 def _bwd_dq_kernel(
     Q, K, V, Out, DO, DQ, LSE, DELTA, offsets_ptr,
@@ -485,7 +506,7 @@ def _bwd_dq_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     CAUSAL: tl.constexpr, SILU: tl.constexpr, NORM_BY_SEQ_LEN: tl.constexpr,
     IEEE: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr,
-    FAST_SIGMOID: tl.constexpr, FUSED_DQ: tl.constexpr,
+    FAST_SIGMOID: tl.constexpr, FUSED_DQ: tl.constexpr, BIAS_GRAD_ADD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     bias_base = BIAS + (tl.program_id(0) // n_heads).to(tl.int64) * stride_bb \
@@ -525,20 +546,21 @@ def _bwd_dq_kernel(
                       seq_len, stride_kt, stride_vt, scale, inv_norm,
                       bias_base, stride_bi, stride_bj, db_base, stride_dbi, stride_dbj,
                       HEAD_DIM, EVEN_D, BLOCK_N, CAUSAL, SILU, IEEE, False, HAS_BIAS,
-                      BIAS_GRAD, FAST_SIGMOID)
+                      BIAS_GRAD, FAST_SIGMOID, BIAS_GRAD_ADD)
     for start_n in range(full, end, BLOCK_N):
         dq = _dq_step(dq, q, do, lse, delta, k_base, v_base, start, start_n, offs_m, offs_d,
                       seq_len, stride_kt, stride_vt, scale, inv_norm,
                       bias_base, stride_bi, stride_bj, db_base, stride_dbi, stride_dbj,
                       HEAD_DIM, EVEN_D, BLOCK_N, CAUSAL, SILU, IEEE, True, HAS_BIAS,
-                      BIAS_GRAD, FAST_SIGMOID)
+                      BIAS_GRAD, FAST_SIGMOID, BIAS_GRAD_ADD)
     dq = dq * scale
     _store_rows(DQ + h * stride_dqh, start, offs_m, seq_len, stride_dqt, offs_d, dq, HEAD_DIM)
 
 
 @config_choice.autotune(_BWD_KV_CONFIGS, _TUNE_KEY, name="jagged_attention._bwd_dkdv_kernel",
                         tiles=_dkdv_tiles, prefer=_dkdv_prefer,
-                        accumulates=lambda a: ("DQ",) if a.get("FUSED_DQ") else ())
+                        accumulates=lambda a: _accumulated(a, ("DQ",) if a.get("FUSED_DQ")
+                                                           else ()))
 @triton.jit
 def _bwd_dkdv_kernel(
     Q, K, V, DO, DK, DV, DQ, LSE, DELTA, offsets_ptr,
@@ -551,7 +573,7 @@ def _bwd_dkdv_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     CAUSAL: tl.constexpr, SILU: tl.constexpr, NORM_BY_SEQ_LEN: tl.constexpr,
     IEEE: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr,
-    FAST_SIGMOID: tl.constexpr, FUSED_DQ: tl.constexpr,
+    FAST_SIGMOID: tl.constexpr, FUSED_DQ: tl.constexpr, BIAS_GRAD_ADD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     bias_base = BIAS + (tl.program_id(0) // n_heads).to(tl.int64) * stride_bb \
@@ -595,21 +617,21 @@ def _bwd_dkdv_kernel(
                             inv_norm, bias_base, stride_bi, stride_bj,
                             HEAD_DIM, EVEN_D, BLOCK_M, CAUSAL, SILU, IEEE, True, HAS_BIAS,
                             FAST_SIGMOID, dq_base, stride_dqt, db_base, stride_dbi,
-                            stride_dbj, FUSED_DQ, BIAS_GRAD)
+                            stride_dbj, FUSED_DQ, BIAS_GRAD, BIAS_GRAD_ADD)
     for start_m in range(diag, full, BLOCK_M):
         dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start,
                             start_m, offs_n, offs_d, seq_len, stride_qt, stride_dot, scale,
                             inv_norm, bias_base, stride_bi, stride_bj,
                             HEAD_DIM, EVEN_D, BLOCK_M, CAUSAL, SILU, IEEE, False, HAS_BIAS,
                             FAST_SIGMOID, dq_base, stride_dqt, db_base, stride_dbi,
-                            stride_dbj, FUSED_DQ, BIAS_GRAD)
+                            stride_dbj, FUSED_DQ, BIAS_GRAD, BIAS_GRAD_ADD)
     for start_m in range(tl.maximum(diag, full), seq_len, BLOCK_M):
         dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start,
                             start_m, offs_n, offs_d, seq_len, stride_qt, stride_dot, scale,
                             inv_norm, bias_base, stride_bi, stride_bj,
                             HEAD_DIM, EVEN_D, BLOCK_M, CAUSAL, SILU, IEEE, True, HAS_BIAS,
                             FAST_SIGMOID, dq_base, stride_dqt, db_base, stride_dbi,
-                            stride_dbj, FUSED_DQ, BIAS_GRAD)
+                            stride_dbj, FUSED_DQ, BIAS_GRAD, BIAS_GRAD_ADD)
     dk = dk * scale
     _store_rows(DK + h * stride_dkh, start, offs_n, seq_len, stride_dkt, offs_d, dk, HEAD_DIM)
     _store_rows(DV + h * stride_dvh, start, offs_n, seq_len, stride_dvt, offs_d, dv, HEAD_DIM)
@@ -645,6 +667,7 @@ def _meta(q: torch.Tensor, causal: bool, kind: str, silu_normalizer: str) -> dic
         "FAST_SIGMOID": FAST_SIGMOID and kind == "silu" and q.dtype != torch.float32
         and not is_interpreted(),
         "FUSED_DQ": FUSED_SILU_BACKWARD and kind == "silu",
+        "BIAS_GRAD_ADD": False,  # set with BIAS_GRAD where heads share the gradient buffer
     }
 
 
@@ -718,7 +741,8 @@ class JaggedAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, offsets, max_len, scale, meta, bias=None):  # type: ignore[override]
-        out, lse = _attention_forward(q, k, v, offsets, max_len, scale, meta, bias)
+        bias4 = broadcast_bias(bias, offsets.numel() - 1, q.shape[1])
+        out, lse = _attention_forward(q, k, v, offsets, max_len, scale, meta, bias4)
         ctx.save_for_backward(q, k, v, offsets, out, lse, bias)
         ctx.max_len, ctx.scale, ctx.meta = max_len, scale, meta
         return out
@@ -727,15 +751,51 @@ class JaggedAttentionFunction(torch.autograd.Function):
     def backward(ctx, grad_out):  # type: ignore[override]
         q, k, v, offsets, out, lse, bias = ctx.saved_tensors
         do = _last_dim_contiguous(grad_out)
-        dbias = None
-        if bias is not None and ctx.meta["BIAS_GRAD"]:
-            # [B, H, Lb, Lb] in fp32: the backward of the caller's expand sums it down
-            dbias = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device)
+        bias4 = broadcast_bias(bias, offsets.numel() - 1, q.shape[1])
+        meta, buffer, dbias4 = bias_grad_buffer(bias4, ctx.meta)
         dq, dk, dv = _attention_backward(
-            q, k, v, out, lse, do, offsets, ctx.max_len, ctx.scale, ctx.meta, bias, dbias
+            q, k, v, out, lse, do, offsets, ctx.max_len, ctx.scale, meta, bias4, dbias4
         )
         return dq, dk, dv, None, None, None, None, \
-            dbias.to(bias.dtype) if dbias is not None else None
+            bias_grad_sum(buffer, bias) if buffer is not None else None
+
+
+def broadcast_bias(bias: torch.Tensor | None, batch: int, heads: int) -> torch.Tensor | None:
+    """A score bias that broadcasts to ``[B, H, Lb, Lb]`` as that 4-D view (no copy)."""
+    if bias is None:
+        return None
+    lb = bias.shape[-1]
+    return bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape)).expand(
+        batch, heads, lb, lb)
+
+
+def bias_grad_buffer(bias4: torch.Tensor | None, meta: dict
+                     ) -> tuple[dict, torch.Tensor | None, torch.Tensor | None]:
+    """The backward's meta-parameters, and the zeroed fp32 buffer the kernels write the
+    bias's gradient into with its ``[B, H, Lb, Lb]`` view (``None``s without a bias
+    gradient). The buffer has one ``[Lb, Lb]`` block per sequence (sequences never share
+    one: no atomics between them) and per head only where the bias has heads. Why not
+    ``[B, H, Lb, Lb]`` always: with a bias shared by the heads (HSTU's relative bias,
+    ``[B, 1, n, n]``) that buffer is H times larger, and zeroing it, then reading it back
+    to sum over the heads, moved more bytes than the kernels' own writes (0.5 GB each at
+    HSTU's h200 preset); the heads add into one block instead (``BIAS_GRAD_ADD``: fp32
+    atomics, so the sum's order varies from run to run)."""
+    if bias4 is None or not meta["BIAS_GRAD"]:
+        return meta, None, None
+    batch, heads, lb, _ = bias4.shape
+    shared = bias4.stride(1) == 0 and heads > 1
+    buffer = torch.zeros((batch, 1 if shared else heads, lb, lb), dtype=torch.float32,
+                         device=bias4.device)
+    return {**meta, "BIAS_GRAD_ADD": shared}, buffer, buffer.expand(bias4.shape)
+
+
+def bias_grad_sum(buffer: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """The bias's gradient in its own shape and dtype: the buffer summed over the
+    dimensions the bias broadcasts along (its batch, where it has none)."""
+    shape4 = (1,) * (4 - bias.dim()) + tuple(bias.shape)
+    dims = [i for i, n in enumerate(shape4) if n == 1 and buffer.shape[i] != 1]
+    summed = buffer.sum(dims, keepdim=True) if dims else buffer
+    return summed.reshape(bias.shape).to(bias.dtype)
 
 
 def _check_inputs(q, k, v, offsets) -> None:
@@ -771,7 +831,7 @@ def jagged_attention(
     ``bias``: an additive score bias broadcastable to ``[B, heads, Lb, Lb]`` (e.g. HSTU's
     relative position bias ``[Lb, Lb]``), indexed by positions within each sequence
     (``Lb`` >= every length): ``s_ij = scale * q_i . k_j + bias[b, h, i, j]``. Its gradient,
-    when it requires one, goes through a ``[B, heads, Lb, Lb]`` fp32 buffer.
+    when it requires one, goes through an fp32 buffer (:func:`bias_grad_buffer`).
     Rows of length-0 sequences do not exist, so they produce nothing and get no gradient.
     """
     _check_inputs(q, k, v, offsets)
@@ -787,8 +847,6 @@ def jagged_attention(
         lb = bias.shape[-1]
         if bias.dim() > 4 or bias.shape[-2] != lb:
             raise ValueError(f"bias must broadcast to [B, H, Lb, Lb], got {tuple(bias.shape)}")
-        bias = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape)).expand(
-            offsets.numel() - 1, q.shape[1], lb, lb)
     q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
     return JaggedAttentionFunction.apply(q, k, v, offsets, int(max_len), float(scale), meta,
                                          bias)

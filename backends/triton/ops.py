@@ -58,7 +58,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .jagged_attention import _attention_backward, _attention_forward, _meta
+from .jagged_attention import (
+    _attention_backward,
+    _attention_forward,
+    _meta,
+    bias_grad_buffer,
+    bias_grad_sum,
+    broadcast_bias,
+)
 from .packed_tokens import TokenLayout
 from .segment_sum import segment_sum_rows as _segment_sum_rows
 from .varlen_key_attention import attention_backward as _varlen_backward
@@ -392,11 +399,7 @@ def _silu_operands(rows: Tensor, batch: int, bias: Tensor | None, causal: bool,
     and the bias broadcast to ``[B, H, Lb, Lb]`` (a view)."""
     meta = _meta(rows, causal, "silu", "max_len")
     meta["HAS_BIAS"], meta["BIAS_GRAD"] = bias is not None, bias is not None and bias_grad
-    if bias is None:
-        return meta, None
-    lb = bias.shape[-1]
-    shape4 = (1,) * (4 - bias.dim()) + tuple(bias.shape)
-    return meta, bias.reshape(shape4).expand(batch, rows.shape[1], lb, lb)
+    return meta, broadcast_bias(bias, batch, rows.shape[1])
 
 
 def _silu_forward(rows: list[Tensor], offsets: Tensor, bias: Tensor | None, norm: int,
@@ -419,21 +422,17 @@ def _silu_grads(rows: list[Tensor], grad: Tensor, offsets: Tensor, bias: Tensor 
                 norm: int, scale: float, causal: bool, bias_grad: bool, pad_len: int
                 ) -> tuple[list[Tensor], Tensor | None]:
     """dq, dk, dv as ``[N, H, D]`` rows and, with ``bias_grad``, the bias's gradient in its
-    own shape and dtype: the kernel writes ``d s`` into an fp32 ``[B, H, Lb, Lb]`` buffer
-    once per visible score, summed down here to the bias's broadcast shape."""
+    own shape and dtype (written once per visible score into :func:`bias_grad_buffer`'s
+    fp32 buffer, summed down to the bias's broadcast shape)."""
     meta, bias4 = _silu_operands(rows[0], offsets.shape[0] - 1, bias, causal, bias_grad)
-    dbias4 = torch.zeros(bias4.shape, dtype=torch.float32, device=grad.device) \
-        if bias4 is not None and bias_grad else None
+    meta, buffer, dbias4 = bias_grad_buffer(bias4, meta)
     lse = torch.zeros((rows[0].shape[1], 0), device=grad.device, dtype=torch.float32)
     # the silu backward reads no output or logsumexp (rows[0] stands in for the output)
     grads = _attention_backward(*rows, rows[0], lse, grad, offsets, int(norm), scale, meta,
                                 bias4, dbias4, pad_len=pad_len)
-    if dbias4 is None or bias is None:
+    if buffer is None or bias is None:
         return list(grads), None
-    shape4 = (1,) * (4 - bias.dim()) + tuple(bias.shape)
-    dims = [i for i, n in enumerate(shape4) if n == 1 and dbias4.shape[i] != 1]
-    dbias = dbias4.sum(dims, keepdim=True) if dims else dbias4
-    return list(grads), dbias.reshape(bias.shape).to(bias.dtype)
+    return list(grads), bias_grad_sum(buffer, bias)
 
 
 def _check_silu(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, bias: Tensor | None,

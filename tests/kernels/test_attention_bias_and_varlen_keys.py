@@ -4,13 +4,21 @@ kernel (dense queries over the first len_b padded keys), against padded PyTorch.
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 import torch.nn.functional as F
 from gemc.backends.triton.jagged import jagged_to_padded, padded_to_jagged
-from gemc.backends.triton.jagged_attention import jagged_attention
+from gemc.backends.triton.jagged_attention import (
+    bias_grad_buffer,
+    bias_grad_sum,
+    broadcast_bias,
+    jagged_attention,
+)
 from gemc.backends.triton.varlen_key_attention import varlen_key_attention
 
+jagged_attention_module = importlib.import_module("gemc.backends.triton.jagged_attention")
 B, H, L, D = 3, 2, 6, 4
 LENGTHS = [2, 0, 6]
 
@@ -58,3 +66,17 @@ def test_varlen_keys_match_masked_sdpa(m: int):
     torch.testing.assert_close(got, ref)
     for g, w in zip(_grads(got, (q, k, v)), _grads(ref, (q, k, v))):
         torch.testing.assert_close(g, w)
+
+
+@pytest.mark.parametrize("shape, shared", [((L, L), True), ((B, 1, L, L), True),
+                                           ((1, H, L, L), False)], ids=str)
+def test_heads_add_into_one_gradient_block_where_the_bias_has_no_heads(shape, shared):
+    """The gradient buffer is ``[B, 1, Lb, Lb]`` for a bias shared by the heads (they add
+    into it with atomics, and autotuning zeroes it before each timed run) and per head
+    otherwise; the gradients themselves are checked by ``test_bias_matches_padded``."""
+    bias4 = broadcast_bias(torch.zeros(shape), B, H)
+    meta, buffer, view = bias_grad_buffer(bias4, {"BIAS_GRAD": True, "BIAS_GRAD_ADD": False})
+    assert meta["BIAS_GRAD_ADD"] is shared
+    assert buffer.shape == (B, 1 if shared else H, L, L) and view.shape == (B, H, L, L)
+    assert ("DBIAS" in jagged_attention_module._accumulated(meta, ())) is shared
+    assert bias_grad_sum(buffer, torch.zeros(shape)).shape == shape
