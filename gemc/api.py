@@ -11,7 +11,7 @@ from typing import Any
 from torch import fx
 
 from gemc import probe
-from gemc.capture import Captured, capture
+from gemc.capture import Captured, capture, frozen_draws_warning
 from gemc.config import CompileConfig
 from gemc.context import PassContext
 from gemc.entrypoint import load_model
@@ -98,9 +98,11 @@ def compile(  # noqa: A001 - the public name users expect
     if progress:
         progress("capture")
     start = time.perf_counter()
-    captured = capture(spec, entrypoint=entrypoint)
+    captured = capture(spec, entrypoint=entrypoint, host_randomness=config.host_randomness)
     ctx = pass_context(entrypoint, args, captured, topo)
     ctx.calibration = calib
+    if captured.frozen_draws:
+        ctx.warn(frozen_draws_warning(captured))
     if captured.batch_size is None:
         ctx.warn(BATCH_SIZE_MISSING)
     gm = manager.run(captured.gm, ctx, capture_seconds=time.perf_counter() - start)

@@ -20,6 +20,7 @@ from torch import fx
 
 from gemc.batch_structure import flat_spec
 from gemc.errors import CaptureError
+from gemc.host_randomness import watch as host_randomness_watch
 from gemc.spec import ModelSpec, batch_size_of
 
 
@@ -37,18 +38,25 @@ class Captured:
     example_inputs: tuple[Any, ...] = ()
     # the samples per batch the model states (gemc.spec.batch_size_of); None: it states none
     batch_size: int | None = None
+    # where the forward drew from Python's / NumPy's generators while traced, the values
+    # kept as constants (only with host_randomness="freeze": gemc.host_randomness)
+    frozen_draws: tuple[str, ...] = ()
 
 
-def capture(spec: ModelSpec, *, entrypoint: str = "model") -> Captured:
+def capture(spec: ModelSpec, *, entrypoint: str = "model",
+            host_randomness: str = "error") -> Captured:
     """Export ``spec.model`` on ``spec.example_inputs``; a failure is a named CaptureError.
     A structured batch (a spec not built through an entrypoint) is flattened first, as
-    the entrypoint does (gemc.batch_structure)."""
+    the entrypoint does (gemc.batch_structure). A forward that draws from Python's or
+    NumPy's generator is refused (``host_randomness="error"``: the traced value would be
+    a constant of every step) or kept with its draws listed in ``frozen_draws``
+    (``"freeze"``), see :mod:`gemc.host_randomness`."""
     spec = flat_spec(spec, entrypoint)
     model = spec.model
     inputs = _inputs_on_model_device(model, spec.example_inputs)
     model.train()
     try:
-        with warnings.catch_warnings(), _no_gc():
+        with warnings.catch_warnings(), _no_gc(), host_randomness_watch() as draws:
             warnings.simplefilter("ignore")
             exported = torch.export.export(model, inputs, strict=False)
     except Exception as exc:  # any export failure is the user's model not being capturable
@@ -64,6 +72,8 @@ def capture(spec: ModelSpec, *, entrypoint: str = "model") -> Captured:
             ),
         ) from exc
 
+    if draws and host_randomness != "freeze":
+        raise _host_randomness_error(draws, entrypoint)
     gm = exported.graph_module
     _check_scalar_loss(gm, entrypoint)
     sig = exported.graph_signature
@@ -81,6 +91,31 @@ def capture(spec: ModelSpec, *, entrypoint: str = "model") -> Captured:
         fingerprint=fingerprint(gm, shapes, dtypes),
         example_inputs=tuple(spec.example_inputs),
         batch_size=batch_size_of(spec)[0],
+        frozen_draws=tuple(draws.sites) if draws else (),
+    )
+
+
+def frozen_draws_warning(captured: Captured) -> str:
+    """The warning of a capture that kept host draws as constants (empty: none)."""
+    if not captured.frozen_draws:
+        return ""
+    return ("capture: the forward draws from Python's or NumPy's random generator ("
+            + "; ".join(captured.frozen_draws) + "); --host-randomness freeze keeps the "
+            "values drawn at capture (seeded with gemc.host_randomness.CAPTURE_SEED) as "
+            "constants of every compiled step, where eager PyTorch draws anew each step")
+
+
+def _host_randomness_error(draws: Any, entrypoint: str) -> CaptureError:
+    return CaptureError(
+        "the model's forward draws from Python's or NumPy's random generator while "
+        f"traced ({draws.describe()}): torch.export records the value drawn at capture as "
+        "a constant, so every compiled step would reuse it where eager PyTorch draws a "
+        "fresh one",
+        where=f"{entrypoint}'s forward",
+        fix="draw it with torch on the tensors' device (e.g. torch.randint(0, n + 1, (1,), "
+            "device=x.device)) or make it part of the batch, so each step draws anew; or "
+            "compile with --host-randomness freeze (CompileConfig.host_randomness) to keep "
+            "the traced value, listed in the plan's warnings",
     )
 
 

@@ -160,6 +160,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="the fp8 quantisation the precision pass prices: eager (default: "
                    "separate kernels) or compiled (fused by torch.compile, as graph mode "
                    "runs it; opt-in until measured on the GPU)")
+    c.add_argument("--host-randomness", default="error", choices=("error", "freeze"),
+                   help="a forward that draws from Python's random or NumPy's global "
+                        "generator: error (default: torch.export would keep the drawn value "
+                        "as a constant of every step) or freeze (keep it; listed in the "
+                        "plan's warnings)")
     c.add_argument("--quiet", action="store_true", help="no progress display")
 
     cal = sub.add_parser("calibrate", help="measure this GPU and write a calibration file")
@@ -241,6 +246,7 @@ def compile_config(args: argparse.Namespace) -> CompileConfig:
         table_precision=args.table_precision,
         exchange_precision=args.exchange_precision,
         fp32_matmul=args.fp32_matmul,
+        host_randomness=args.host_randomness,
         precision=PrecisionOptions(mode=args.precision, min_sqnr_db=args.min_sqnr_db,
                                    min_block_sqnr_db=args.min_block_sqnr_db,
                                    quantisation=args.fp8_quantisation),

@@ -16,6 +16,7 @@ from typing import Any
 
 from gemc.errors import GemcUserError
 from gemc.exchange_precision import EXCHANGE_MODES
+from gemc.host_randomness import MODES as HOST_RANDOMNESS_MODES
 from gemc.passes.precision import PrecisionOptions
 from gemc.plan import FP32_MATMUL, PLANNERS, TABLE_OPTIMIZERS
 
@@ -48,6 +49,9 @@ class CompileConfig:
     ``fp32_matmul``: how the run executes fp32 GEMMs (the precision sites kept fp32, a
     model without autocast): "ieee" (PyTorch's default) or "tf32"; priced so and written
     to the plan, whose runner sets ``torch.backends.cuda.matmul.allow_tf32`` from it.
+    ``host_randomness``: a forward that draws from Python's or NumPy's generator while
+    traced is refused ("error") or compiled with the drawn values as constants, listed in
+    the plan's warnings ("freeze"): :mod:`gemc.host_randomness`.
     """
 
     topology: str = "h200:1x8"
@@ -63,9 +67,14 @@ class CompileConfig:
     dump_dir: str | Path | None = None
     dump_mode: str = "all"
     fp32_matmul: str = "ieee"
+    host_randomness: str = "error"
 
     def validate(self) -> None:
         """Raise GemcUserError naming the first bad option (before any capture)."""
+        if self.host_randomness not in HOST_RANDOMNESS_MODES:
+            raise GemcUserError(f"unknown host randomness mode {self.host_randomness!r}",
+                                where="--host-randomness (CompileConfig.host_randomness)",
+                                fix=f"use one of: {', '.join(HOST_RANDOMNESS_MODES)}")
         if self.planner not in PLANNERS:
             raise GemcUserError(f"unknown planner {self.planner!r}", where="planner",
                                 fix=f"use one of: {', '.join(PLANNERS)}")

@@ -13,6 +13,7 @@ rank's device and :mod:`.init` fills them deterministically.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -83,14 +84,19 @@ def check_fingerprint(
     ``every_rank`` (graph mode on several ranks, which executes that very graph) each
     rank's own; None elsewhere. Every capture's fingerprint is checked on every rank.
     """
-    from gemc.capture import capture
+    from gemc.capture import capture, frozen_draws_warning
 
     expected = model.fingerprint
     verdict: Any = None
     captured = None
     if rank == 0 or every_rank:
         try:
-            captured = capture(spec)
+            # the compile refused host draws unless asked to freeze them: a plan exists, so
+            # they were accepted (or predate the check); graph mode runs this very graph
+            captured = capture(spec, host_randomness="freeze")
+            if captured.frozen_draws:
+                warnings.warn(f"{frozen_draws_warning(captured)} (graph mode runs this "
+                              "graph; module mode runs the forward as written)", stacklevel=2)
             verdict = captured.fingerprint
         except Exception as exc:  # a capture error is reported on every rank, not hung
             verdict = exc
