@@ -4,6 +4,8 @@
 #   bash benchmarks/h200_issue16.sh a     # gem, hstu              (~4.5 min expected)
 #   bash benchmarks/h200_issue16.sh b     # wukong, mmoe, dlrm     (~5 min)
 #   bash benchmarks/h200_issue16.sh c     # din, sasrec_bst, dlrm_dcnv2 (~4.5 min)
+#   bash benchmarks/h200_issue16.sh d     # transact (the zoo's seventh model, sixteenth
+#                                         # session; not yet measured: ~2 min expected)
 #   bash benchmarks/h200_issue16.sh x --models wukong --variants gemc   # what a part left out
 # Prefix each with GEMC_COMMIT=<this checkout's sha, typed>: the GPU machine's copy answers
 # git with a stale commit (fifteenth session); zoo.json's source_hash is what zoo_table.py checks.
@@ -17,18 +19,19 @@
 # rows_PART.tar.gz (plans and each row with its run report). Then, on the CPU machine, with
 # the three parts' zoo_issue16_*.json files in one directory R (same working tree!):
 #   python benchmarks/zoo_table.py R/zoo_issue16_a.json R/zoo_issue16_b.json \
-#       R/zoo_issue16_c.json --out R/issue16
+#       R/zoo_issue16_c.json R/zoo_issue16_d.json --out R/issue16
 # which refuses files of different source trees (zoo.json's provenance.source_hash).
 set -uo pipefail
-PART="${1:?usage: bash benchmarks/h200_issue16.sh a|b|c|x [zoo.py arguments]}"
+PART="${1:?usage: bash benchmarks/h200_issue16.sh a|b|c|d|x [zoo.py arguments]}"
 shift
 case "$PART" in
   a) MODELS=(--models gem,hstu) ;;
   b) MODELS=(--models wukong,mmoe,dlrm) ;;
   c) MODELS=(--models din,sasrec_bst,dlrm_dcnv2) ;;
+  d) MODELS=(--models transact) ;;
   *) MODELS=()
      if [[ " $* " != *" --models "* ]]; then
-       echo "h200_issue16.sh: part '$PART' is not a, b or c: name its models, e.g." \
+       echo "h200_issue16.sh: part '$PART' is not a, b, c or d: name its models, e.g." \
             "bash benchmarks/h200_issue16.sh x --models wukong --variants gemc" >&2
        exit 2
      fi ;;
@@ -49,4 +52,4 @@ cp "$OUT/rows_$PART/zoo.json" "$OUT/zoo_issue16_$PART.json" 2>/dev/null \
 python3 -c "import json,sys; p=json.load(open(sys.argv[1]))['provenance']; print('tree', p['source_hash'], 'gemc', p['gemc_version'])" \
   "$OUT/zoo_issue16_$PART.json" 2>/dev/null
 echo "merge (CPU, all parts in R): python benchmarks/zoo_table.py" \
-  "R/zoo_issue16_a.json R/zoo_issue16_b.json R/zoo_issue16_c.json [R/zoo_issue16_x.json] --out R/issue16"
+  "R/zoo_issue16_a.json R/zoo_issue16_b.json R/zoo_issue16_c.json R/zoo_issue16_d.json [R/zoo_issue16_x.json] --out R/issue16"

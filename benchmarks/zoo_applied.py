@@ -85,6 +85,15 @@ WHY_NOT = {
         "keeps every key (eager attends over all of them), so that row runs packed at its "
         "full length; the nn.Embedding lookups are not bags"
     ),
+    "transact": (
+        "nn.TransformerEncoder's additive float key mask (padding OR'd with the random time "
+        "window, the latest action kept) is a guarded key-padding attention: the window "
+        "masks the latest actions, so the mask is no prefix on most rows: their kept keys "
+        "are gathered first and the varlen-key kernel runs over them (compacted, counted); "
+        "the encoder stays padded "
+        "(pack-jagged-tokens: the un-masked max pool and the first-tokens slice read the "
+        "padded positions' outputs, as the published module does)"
+    ),
 }
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from gemc.backends.torch.init import derive_seed
 from gemc.backends.torch.materialize import materialize_
 from gemc.backends.torch.optimizers import DenseOptimConfig, make_dense_optimizer
 from gemc.backends.torch.sparse_optim import EmbeddingOptimConfig, RowState, coalesced_rows
@@ -110,12 +111,18 @@ class ReferenceTrainer:
 
     def step(self, step: int) -> float:
         """One training step over the ``W`` batches of global step ``step``; returns the loss."""
-        return self.train_step(self.batches(step))
+        return self.train_step(self.batches(step), step)
 
-    def train_step(self, batches: list[tuple[torch.Tensor, ...]]) -> float:
-        """Forward and backward of the mean loss over ``batches``, then both optimizers."""
+    def train_step(self, batches: list[tuple[torch.Tensor, ...]],
+                   step: int | None = None) -> float:
+        """Forward and backward of the mean loss over ``batches``, then both optimizers.
+        With ``step``, rank r's forward draws its random numbers (a dropout mask, TransAct's
+        time window) from the generator seeded as the runner seeds rank r at that step
+        (``derive_seed(seed, "rng", r, step)``), so eager and gemc draw alike."""
         total = None
-        for batch in batches:
+        for r, batch in enumerate(batches):
+            if step is not None:
+                torch.manual_seed(derive_seed(self.seed, "rng", r, step))
             with self._autocast():
                 loss = self.forward(*batch)
             total = loss if total is None else total + loss

@@ -6,4 +6,4 @@ each carries is in its docstring; ``tests/zoo`` checks them, ``benchmarks/zoo_ap
 says what gemc applied to each.
 """
 
-MODELS = ("dlrm_dcnv2", "hstu", "sasrec_bst", "din", "wukong", "mmoe")
+MODELS = ("dlrm_dcnv2", "hstu", "sasrec_bst", "din", "wukong", "mmoe", "transact")

@@ -40,9 +40,10 @@ H200_PARAMS = {
     "din": 1_288_633_602,
     "wukong": 1_169_760_578,
     "mmoe": 806_748_443,
+    "transact": 1_561_192_323,
 }
 H200_BATCH = {"dlrm_dcnv2": 16384, "hstu": 128, "sasrec_bst": 2048, "din": 2048,
-              "wukong": 8192, "mmoe": 2048}
+              "wukong": 8192, "mmoe": 2048, "transact": 4096}
 
 
 TINY_BATCH = {name: 16 if name == "dlrm_dcnv2" else 8 for name in MODELS}
@@ -98,6 +99,12 @@ def _lengths(
         lengths = batch[4]
         valid = torch.arange(batch[3].size(1))[None, :] < lengths[:, None]
         assert torch.equal(batch[3] == 0, ~valid)
+        return lengths, info["max_len"]
+    if name == "transact":  # action type 0 is padding, at the end; latest action first
+        real = batch[0] > 0
+        lengths = real.sum(1)
+        assert torch.equal(real, torch.arange(real.size(1))[None, :] < lengths[:, None])
+        assert (batch[2][:, 1:] < batch[2][:, :-1]).all()  # times fall along the sequence
         return lengths, info["max_len"]
     return None
 
@@ -226,6 +233,10 @@ def test_zoo_carries_every_idiom_of_issue_15() -> None:
     assert uses("key_padding_mask=")
     assert uses("F.scaled_dot_product_attention(q, k, v, is_causal=True)")
     assert uses("-10000.0")  # an additive float mask
+    # nn.TransformerEncoder under an additive float key mask that is no prefix (TransAct's
+    # time window masks the latest actions)
+    assert any(isinstance(m, nn.TransformerEncoder) for m in mods)
+    assert uses('masked_fill_(key_padding_mask, float("-inf"))') and uses("src_key_padding_mask=")
     # boolean mask input and lengths / offsets as the jagged input
     example = {n: _module(n).build("tiny").example_inputs for n in MODELS}
     assert any(t.dtype == torch.bool for t in example["sasrec_bst"])
