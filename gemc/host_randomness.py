@@ -2,8 +2,8 @@
 generator while torch.export traces the model.
 
 Why gemc watches for it: torch.export (non-strict, as gemc captures) runs the forward's
-Python once, so a value such as TransAct's random time window
-(``random.randint(0, time_window_ms)`` in Pinterest's published forward) enters the graph
+Python once, so any value the forward draws there (a random masking window drawn with
+``random.randint`` in a published recommender's forward, for one) enters the graph
 as the constant drawn at capture, and every compiled step would reuse it where eager
 PyTorch draws a fresh one (torch.compile lifts such draws into inputs; strict export
 refuses them). Training would differ from the model as written, silently. So the capture
