@@ -56,6 +56,13 @@ Cases (each timed as forward only and as forward+backward, per variant):
   fused row-wise Adagrad, ms (both forms' pooled outputs checked equal first, from the same
   weights). The JSON's ``narrow_group`` section has per ``k`` both times;
   a floor per kernel shows as a flat first column and a second growing ~0.85 ms a shard.
+* ``narrow_split`` (not in the default set): what the second pass of a column shard's
+  row-wise Adagrad costs (``BatchedEmbeddingBag.split_rows``: the backward computes the
+  touched rows' squares over the shard's columns, the optimizer step sums them over the
+  column group and updates; the collective is not on one GPU). ``NARROW``'s rows, batch
+  and pooling 100, shards 16, 32 and 64 of a 128-wide row and the whole row: two phases
+  against the one-pass step of the same shard, ms (the JSON's ``narrow_split`` section).
+  H200, < 40 s: ``python benchmarks/kernels.py --cases narrow_split --out $OUT/split.json``.
 * ``zoo`` (not in the default set): each zoo model with a history, its attention at the
   model's own preset shapes (``h200``; ``tiny`` under ``--smoke``), lengths uniform in 1..L
   (~50% fill): gemc's jagged kernel vs padded ``F.scaled_dot_product_attention`` with the
@@ -817,18 +824,70 @@ def narrow_group_case(rec: Recorder, n: Narrow, gen: torch.Generator,
             for module, (i, o, g) in zip(each, parts):
                 module(i, o).backward(g)
 
-        case = f"{k} narrow shards {width} wide, pooling {pooling}"
-        with torch.enable_grad():
-            a = rec.run(case, "fwd+bwd+opt", "gemc triton, one kernel",
-                        lambda one=one, ids=ids, offsets=offsets, grad=grad:
-                        one(ids, offsets).backward(grad), baseline=True)
-            b = rec.run(case, "fwd+bwd+opt", "gemc triton, a kernel a shard", separate)
-        summary[str(k)] = {"one_kernel_ms": a.ms, "kernel_per_shard_ms": b.ms,
-                           "errors": [r.error for r in (a, b) if r.error]}
+        summary[str(k)] = _step_against(
+            rec, f"{k} narrow shards {width} wide, pooling {pooling}", one, ids, offsets,
+            grad, ("one kernel", "one_kernel_ms"),
+            ("a kernel a shard", "kernel_per_shard_ms"), separate)
         del one, each, parts
         _free(dev)
     rec.timing = {}
     return summary
+
+
+def narrow_split_case(rec: Recorder, n: Narrow, gen: torch.Generator,
+                      widths: tuple[int, ...] = (16, 32, 64), full: int = 128
+                      ) -> dict[str, Any]:
+    """A column shard under row-wise Adagrad: the fused step in two phases (the row's
+    squares, then the update from them: ``BatchedEmbeddingBag.split_rows``; the column
+    group's all-reduce between them is left out, one GPU) against the one-pass fused step
+    of the same shard (what a shard of whole rows runs); see the module docstring
+    (``narrow_split``). Both from the same weights; checked equal where the shard is the
+    whole row (``width == full``, squares summed over one shard) before timing."""
+    from gemc.backends.triton import BatchedEmbeddingBag
+
+    dev, pooling = rec.device, n.poolings[0]
+    summary: dict[str, Any] = {}
+    rec.timing = {"warmup": 10, "rep": 40}
+    for width in (*widths, full):
+        one = BatchedEmbeddingBag([(n.rows, width)], optimizer="rowwise_adagrad", device=dev)
+        two = BatchedEmbeddingBag([(n.rows, width)], optimizer="rowwise_adagrad", device=dev)
+        two.load_weights(one.split_weights())
+        two.split_rows({0: full})
+        ids = torch.randint(0, n.rows, (n.batch * pooling,), generator=gen).to(dev)
+        offsets = (torch.arange(n.batch + 1) * pooling).to(dev)
+        grad = torch.randn(n.batch, width, generator=gen).to(dev)
+        counts = [ids.numel()]
+
+        def two_phase(two=two, ids=ids, offsets=offsets, grad=grad, counts=counts) -> None:
+            two(ids, offsets, id_counts=counts).backward(grad)
+            two.apply_pending()  # squares as this shard's: the group's sum left out
+
+        if width == full:  # a whole row in two phases moves as in one
+            with torch.enable_grad():
+                one(ids, offsets).backward(grad)
+                two_phase()
+            torch.testing.assert_close(two.split_weights()[0], one.split_weights()[0])
+        summary[str(width)] = _step_against(
+            rec, f"column shard {width} of {full} wide, pooling {pooling}", one, ids,
+            offsets, grad, ("one pass", "one_pass_ms"), ("two phases", "two_phase_ms"),
+            two_phase)
+        del one, two
+        _free(dev)
+    rec.timing = {}
+    return summary
+
+
+def _step_against(rec: Recorder, case: str, module: Any, ids: torch.Tensor,
+                  offsets: torch.Tensor, grad: torch.Tensor, base: tuple[str, str],
+                  other: tuple[str, str], other_step: Callable[[], Any]) -> dict[str, Any]:
+    """``module``'s fused step (the baseline) and ``other_step`` timed in ``case``: the
+    summary's two ms under their keys (``base``, ``other``: the variant's name after
+    "gemc triton, ", the key) and any error."""
+    with torch.enable_grad():
+        a = rec.run(case, "fwd+bwd+opt", f"gemc triton, {base[0]}",
+                    lambda: module(ids, offsets).backward(grad), baseline=True)
+        b = rec.run(case, "fwd+bwd+opt", f"gemc triton, {other[0]}", other_step)
+    return {base[1]: a.ms, other[1]: b.ms, "errors": [r.error for r in (a, b) if r.error]}
 
 
 def _eager_step(bag: torch.nn.EmbeddingBag, opt: torch.optim.Optimizer | None,
@@ -987,7 +1046,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (same as --preset smoke)")
     ap.add_argument("--cases", default="attention,silu,embedding,jagged",
                     help="comma-separated subset of attention,silu,query,embedding,jagged,zoo,"
-                         "silu_variants,narrow,narrow_group")
+                         "silu_variants,narrow,narrow_group,narrow_split")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile variants")
     ap.add_argument("--no-causal", action="store_true", help="attention without causal mask")
     ap.add_argument("--seed", type=int, default=None, help="input seed (default: fresh)")
@@ -1005,7 +1064,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(seed)
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     unknown = set(cases) - {"attention", "silu", "query", "embedding", "jagged", "zoo",
-                            "silu_variants", "narrow", "narrow_group"}
+                            "silu_variants", "narrow", "narrow_group", "narrow_split"}
     if unknown:
         ap.error(f"unknown cases: {sorted(unknown)}")
 
@@ -1013,6 +1072,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     compile_, causal = not args.no_compile, not args.no_causal
     narrow: dict[str, Any] = {}
     group: dict[str, Any] = {}
+    split: dict[str, Any] = {}
     variants: dict[str, Any] = {}
     for case in cases:
         print(f"... {case}", file=sys.stderr, flush=True)
@@ -1034,6 +1094,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                  gen)
         elif case == "narrow_group":
             group = narrow_group_case(
+                rec, NARROW["smoke" if preset_name == "smoke" else "h200"], gen)
+        elif case == "narrow_split":
+            split = narrow_split_case(
                 rec, NARROW["smoke" if preset_name == "smoke" else "h200"], gen)
         else:
             jagged_case(rec, preset, compile_, gen)
@@ -1057,6 +1120,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if variants:
         report["silu_variants"] = variants
         print_silu_variants(variants)
+    if split:
+        report["narrow_split"] = split
+        for w, cell in split.items():
+            print(f"column shard {w} wide: one pass {_fmt(cell['one_pass_ms'], '.3f')} ms, "
+                  f"two phases {_fmt(cell['two_phase_ms'], '.3f')} ms")
     if group:
         report["narrow_group"] = group
         for k, cell in group.items():

@@ -287,7 +287,8 @@ def embedding_time(rows: int, dim: int, nnz: int, bags: int, dtype: str, gpu: GP
 
 def batched_embedding_time(rows: int, dim: int, nnz: int, bags: int, dtype: str,
                            gpu: GPUSpec, calibration: Calibration | None,
-                           optimizer: str | None, storage_bytes: float | None = None) -> float:
+                           optimizer: str | None, storage_bytes: float | None = None,
+                           split_squares: bool = False) -> float:
     """Seconds one table adds to a batched lookup kernel (every table of a rank in one
     forward and one fused backward+optimizer launch: the runner's
     ``gemc.backends.triton.embedding_bag``, and TorchRec's TBE): its gathered rows, pooled
@@ -299,6 +300,9 @@ def batched_embedding_time(rows: int, dim: int, nnz: int, bags: int, dtype: str,
     fused update, benchmarks/results/e2e_h200_de5d649_gemc_alone.gemc.kernels.txt); this
     prices them at 6.0 ms. One model's profile: a run-fitted ``embedding`` factor corrects
     it (``gemc calibrate --from-run``).
+
+    ``split_squares``: the table is a column shard under row-wise Adagrad, updated in two
+    phases (its squares first, summed over the row's shards).
 
     ``storage_bytes``: bytes of one stored weight element when the table is stored narrower
     than ``dtype`` (bf16 / fp8 storage, gemc.table_precision): the gathered rows and the
@@ -316,6 +320,13 @@ def batched_embedding_time(rows: int, dim: int, nnz: int, bags: int, dtype: str,
     # whole sectors: every gathered row, and the touched rows the update reads and writes
     waste = kernels.row_sector_waste(dim, elt - narrower)
     nbytes += float(nnz) * waste + (2.0 * touched * waste if optimizer else 0.0)
+    if split_squares:
+        # a column shard under row-wise Adagrad (BatchedEmbeddingBag.split_rows): a first
+        # pass streams the backward's gradient reads again for the rows' squares, written
+        # per id and read back by the update (the column group's all-reduce of them is
+        # not priced here: it is a collective, and an option is priced before it is placed)
+        nbytes += kernels.embedding_bwd_bytes(nnz, dim, bags, rows, elt, dense_grad=False) \
+            + 2.0 * nnz * 4
     t = nbytes / (gpu.hbm_bandwidth * ROOFLINE_EFFICIENCY["embedding"])
     return t * _factor(calibration, "embedding")
 

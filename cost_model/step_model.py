@@ -92,9 +92,9 @@ def late_gradient_peak(landing: list[tuple[float, float]]) -> float:
 @lru_cache(maxsize=1 << 16)
 def _batched_cost(rows: int, dim: int, lookups: int, bags: int, dtype: str, gpu: GPUSpec,
                   calibration: Calibration | None, optimizer: str | None,
-                  storage_bytes: float | None = None) -> float:
+                  storage_bytes: float | None = None, split_squares: bool = False) -> float:
     return batched_embedding_time(rows, dim, lookups, bags, dtype, gpu, calibration, optimizer,
-                                  storage_bytes)
+                                  storage_bytes, split_squares)
 
 
 @lru_cache(maxsize=1 << 16)
@@ -178,8 +178,42 @@ def shard_compute_s(t: TableCost, rows: float, dim: float, world: int, gpu: GPUS
     if t.replicated and world > 1:
         return _embedding_cost(t.rows, t.dim, t.nnz, t.batch, dtype, gpu, calibration, None,
                                True)
+    split_squares = (optimizer == "rowwise_adagrad" and world > 1
+                     and SHARDINGS[t.sharding].split in ("columns", "grid"))
     return _batched_cost(max(1, int(rows)), max(1, int(dim)), int(lookups), int(bags), dtype,
-                         gpu, calibration, optimizer, storage)
+                         gpu, calibration, optimizer, storage, split_squares)
+
+
+def column_squares_s(t: TableCost, world: int, topology: Topology,
+                     calibration: Calibration | None, optimizer: str | None) -> float:
+    """Seconds each holder of a column shard under row-wise Adagrad waits a step for its
+    column group's all-reduce of the touched rows' squares (one fp32 a looked-up id: the
+    fused kernel's two-phase update, ``BatchedEmbeddingBag.split_rows``; 0 for any other
+    table). The group is priced as ranks ``0..group-1`` (inside a host when it fits one),
+    in the solver's options and here alike: an option is priced before it is placed, and
+    both must agree. Exposed: the runner sums the squares in the optimizer's step, after
+    the backward."""
+    kind = SHARDINGS[t.sharding]
+    if world <= 1 or optimizer != "rowwise_adagrad" or t.lookup != BATCHED \
+            or kind.split not in ("columns", "grid"):
+        return 0.0
+    # a rank holding two pieces of a row is one member of its group (the runner's groups
+    # are sets of ranks): never more members than ranks
+    group = min(kind.column_blocks(len(t.ranks) if t.ranks else world), world,
+                len(set(t.ranks)) if t.ranks else world)
+    if group < 2:
+        return 0.0
+    _, _, lookups, _ = shard_work(t, *shard_shape(t), world)
+    if lookups <= 0:
+        return 0.0
+    return _squares_all_reduce_s(4.0 * lookups, group, topology, calibration)
+
+
+@lru_cache(maxsize=1 << 12)
+def _squares_all_reduce_s(nbytes: float, group: int, topology: Topology,
+                          calibration: Calibration | None) -> float:
+    return collective_time("all_reduce", nbytes, range(group), topology,
+                           calibration=calibration)
 
 
 def replica_compute_s(t: TableCost, world: int, gpu: GPUSpec,
@@ -220,8 +254,8 @@ def routed_tables(tables: Sequence[TableCost], world: int,
                   optimizer: str) -> list[TableCost]:
     """``tables`` each on the route the runner runs it on as sharded
     (gemc.table_lookup.routed_as_sharded: on several ranks the owners' fused lookup, or the
-    sparse route for a replica, a column split under row-wise Adagrad, a table looked up
-    more than once; on one rank the path given). What :func:`predict_step` prices, and
+    sparse route for a replica, a table looked up more than once or held in a dtype other
+    than fp32; on one rank the path given). What :func:`predict_step` prices, and
     the solver's options (``gemc.solver.candidates``) by the same rule."""
     return [replace(t, lookup=routed_as_sharded(t.lookup, t.sharding, world_size=world,
                                                 optimizer=optimizer, lookups=t.lookups,
@@ -434,7 +468,9 @@ def predict_step(
                                      opts.table_optimizer)
             np.add.at(sparse, holders,
                       lookup + exchange_cast_s(t, *shard_shape(t), world, gpu, calibration,
-                                               opts.exchange))
+                                               opts.exchange)
+                      + column_squares_s(t, world, topology, calibration,
+                                         opts.table_optimizer))
             if in_batched_kernel(t, world):
                 np.add.at(kernel_s, holders, lookup)
                 np.add.at(kernel_shards, holders, 1)

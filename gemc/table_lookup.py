@@ -33,9 +33,13 @@ by the rank's fused module (:mod:`gemc.backends.torch.owner_lookup`: one
 the optimizer to the touched rows; no gradient of one row per id over the world's batch,
 issue 21) — except a data-parallel replica (its gradient is all-reduced, ``SPARSE``), a
 table the graph looks up more than once a step (the fused backward would update its rows
-once per lookup, the reference once per step), and a column-split table (``column_wise``,
-``grid``) under row-wise Adagrad, whose row accumulator needs the row's sum of squares over
-every column shard before any column moves (the sparse optimizer all-reduces it).
+once per lookup, the reference once per step), and a table the model holds in a dtype
+other than fp32. A column-split table (``column_wise``, ``grid``) under row-wise Adagrad
+runs there too: its row accumulator needs the row's squares over every column shard before
+any column moves, so the fused backward computes its shard's squares and the optimizer's
+step all-reduces them over the column group before it applies the update (two phases,
+``BatchedEmbeddingBag.split_rows``; until the seventeenth session it took the sparse route,
+whose per-shard eager launches made the balance searches' column splits host-bound).
 
 Why not the plan's batched entries there: they would update whole local tables inside
 the graph's backward, before any gradient is exchanged; the owners' lookup runs after the
@@ -95,16 +99,17 @@ def sharded_route(sharding: str, *, world_size: int, optimizer: str,
                   lookups: int = 1, fp32: bool = True) -> str:
     """The route of a table's shards on ``world_size`` > 1 ranks (see the module doc):
     ``BATCHED`` (the owner's fused lookup) unless the table is replicated, looked up
-    ``lookups`` > 1 times a step, split by columns under row-wise Adagrad (``optimizer``:
-    the plan's table optimizer), or held by the model in a dtype other than fp32
+    ``lookups`` > 1 times a step, or held by the model in a dtype other than fp32
     (``fp32`` False: the fused kernel's buffer and update are fp32 rows, or bf16 / fp8
-    storage of them), which stay ``SPARSE``. One rank: see :func:`lookup_paths`."""
+    storage of them), which stay ``SPARSE``. ``optimizer`` (the plan's table optimizer)
+    does not change the route today: both optimizers run every sharding in the fused
+    kernel (row-wise Adagrad's column shards in two phases); it stays an input of the rule
+    because a route is a property of the sharding *and* the update it must make. One
+    rank: see :func:`lookup_paths`."""
     kind = SHARDINGS[sharding]
     if world_size <= 1:
         raise ValueError("sharded_route is the several-rank rule; one rank: lookup_paths")
-    column_split = kind.split in ("columns", "grid")
-    if kind.replicated or lookups > 1 or not fp32 \
-            or (column_split and optimizer == "rowwise_adagrad"):
+    if kind.replicated or lookups > 1 or not fp32:
         return SPARSE
     return BATCHED
 

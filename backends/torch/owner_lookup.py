@@ -19,6 +19,12 @@ What keeps the arithmetic the reference's (:mod:`.reference`):
   sparse route; padding ids never reach the owner (the requester drops them);
 * the gradient is divided by the world size (each rank's loss is its own batch's mean;
   :mod:`.sparse_optim`'s doc), folded into the kernel's per-id coefficients;
+* a column shard under row-wise Adagrad (the plan's ``column_wise`` or ``grid``): the row's
+  accumulator takes the mean square of the *whole* row, so the backward computes each
+  touched row's squares over this shard's columns only, and the optimizer's step sums them
+  over the row's column group (one all-reduce per table, in table order on every rank) and
+  then applies the update (``BatchedEmbeddingBag.split_rows``) -- the sparse route's
+  arithmetic (``sparse_optim.rowwise_adagrad_rows_``) in the fused kernel;
 * one update a step per row, at the optimizer's step count: the modules do not count steps
   themselves (``counts_steps`` False), :class:`~.sparse_optim.EmbeddingOptimizer` sets
   their count after each step and on resume (``set_step_count``), and a table looked up a
@@ -127,9 +133,15 @@ class OwnerLookup:
                     if scale is not None:  # fp8: the row scales move in with the values
                         scale.copy_(m.row_scale)
                         m.row_scale = scale
-                    emb_opt.adopt_fused(m.fqn, states[t], module)
+                    emb_opt.adopt_fused(m.fqn, states[t], module, table=t)
                     m.owner_lookup = self
                     self.index[m.fqn] = (module, t)
+            # column shards under row-wise Adagrad: the update waits for the row's squares
+            # over every shard (EmbeddingOptimizer.step sums them over the column group)
+            split = {t: int(m.embedding_dim) for t, m in enumerate(members)
+                     if emb_opt.column_groups.get(m.fqn) is not None}
+            if split and cfg.kind == "rowwise_adagrad":
+                module.split_rows(split)
             self.modules.append(module)
 
     def pool(self, requests: Sequence[tuple[Any, torch.Tensor, torch.Tensor,
@@ -162,7 +174,8 @@ class OwnerLookup:
             weights = weights_or_ones([(requests[k][3], requests[k][1].numel())
                                        for k in members], torch.float32, ids.device)
             pooled = module(ids, offsets, weights,
-                            tables=[self.index[requests[k][0].fqn][1] for k in members])
+                            tables=[self.index[requests[k][0].fqn][1] for k in members],
+                            id_counts=[requests[k][1].numel() for k in members])
             for k, part in zip(members, pooled.split([requests[k][0].local.cols
                                                       for k in members], dim=1)):
                 out[k] = part

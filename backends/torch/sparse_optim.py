@@ -281,6 +281,7 @@ class EmbeddingOptimizer:
         self.column_groups = column_groups or {}
         self.step_count = 0
         self.fused: dict[str, Any] = {}  # fqn -> module whose backward applies the update
+        self.fused_index: dict[str, int] = {}  # fqn -> its table index in that module
         self._bucket: ReplicaBucket | None = None  # several ranks: see _replica_bucket
         self.state: dict[str, RowState] = {
             fqn: RowState(m.weight, cfg.kind)
@@ -288,11 +289,35 @@ class EmbeddingOptimizer:
             if m.weight is not None
         }
 
-    def adopt_fused(self, fqn: str, tensors: dict[str, torch.Tensor], module: Any) -> None:
-        """Table ``fqn`` is updated inside ``module``'s backward (a fused kernel); its state
-        lives there (``tensors`` are views of it) and :meth:`step` leaves it alone."""
+    def adopt_fused(self, fqn: str, tensors: dict[str, torch.Tensor], module: Any,
+                    table: int | None = None) -> None:
+        """Table ``fqn`` is updated inside ``module``'s backward (a fused kernel; ``table``:
+        its index there); its state lives there (``tensors`` are views of it) and
+        :meth:`step` leaves it alone, but for a column shard's pending update
+        (:meth:`_finish_fused`)."""
         self.state[fqn].tensors = dict(tensors)
         self.fused[fqn] = module
+        if table is not None:
+            self.fused_index[fqn] = table
+
+    def _finish_fused(self) -> None:
+        """The fused modules' pending updates (column shards under row-wise Adagrad,
+        ``BatchedEmbeddingBag.split_rows``): each table's row squares summed over its column
+        group, in table order (every rank walks the same tables, so the all-reduces pair
+        up), then applied. A table whose launch had no id sends nothing, as every shard of
+        it received the same ids."""
+        modules = {id(m): m for m in self.fused.values() if getattr(m, "pending", None)}
+        if not modules:
+            return
+        for fqn in self.tables:  # the model's order, every rank's; not adoption order
+            module, group = self.fused.get(fqn), self.column_groups.get(fqn)
+            if group is None or module is None or id(module) not in modules:
+                continue
+            for squares in module.pending_squares(self.fused_index[fqn]):
+                if squares.numel():
+                    dist.all_reduce(squares, group=group)
+        for module in modules.values():
+            module.apply_pending()
 
     def set_step_count(self, count: int) -> None:
         """After a resume: the bias-correction step of Adam, here and in fused modules."""
@@ -301,6 +326,9 @@ class EmbeddingOptimizer:
             module.step = count
 
     def zero_grad(self) -> None:
+        for module in {id(m): m for m in self.fused.values()}.values():
+            if hasattr(module, "discard_pending"):
+                module.discard_pending()  # a backward whose step was not taken
         for m in self.tables.values():
             if m.weight is not None:
                 m.weight.grad = None
@@ -338,6 +366,7 @@ class EmbeddingOptimizer:
         through one bucketed all-reduce and masked updates (:class:`ReplicaBucket`, no
         sync); the shards on the owners' fused route were updated in their backward; the
         other sharded tables still sync where a collective needs counts."""
+        self._finish_fused()  # at the backward's step count, before it moves on
         self.set_step_count(self.step_count + 1)  # the fused modules' count follows
         bucket = self._replica_bucket()
         for fqn, m in self.tables.items():

@@ -84,6 +84,11 @@ OptimizerKind = Literal["rowwise_adagrad", "adam"]
 
 _ROWWISE_ADAGRAD = 0
 _ADAM = 1
+# the fused update's phases (``_fused_update_kernel``'s PHASE): all at once; a row-wise
+# Adagrad row's squares only; the update from squares summed over the row's column shards
+_ONE_PASS: tl.constexpr = tl.constexpr(0)
+_SQUARES: tl.constexpr = tl.constexpr(1)
+_SUMMED: tl.constexpr = tl.constexpr(2)
 
 # Bags of 1-30 ids and rows of 64-128 fp32: a [BLOCK_L, BLOCK_D] gather tile per step keeps
 # BLOCK_L rows in flight per program; few warps, since one program's tile is small.
@@ -222,9 +227,10 @@ def lazy_adam_update(w, g, m, v, lr, eps, beta1, beta2, step_size, weight_decay,
 def _fused_update_kernel(
     weights, momentum1, momentum2, sorted_keys, run_end, sorted_bag, sorted_coef,
     grad_out, grad_stride, row_base, weight_offset, table_dim, table_column, batch,
-    lr, eps, beta1, beta2, step_size, weight_decay, row_scale, seed,
+    lr, eps, beta1, beta2, step_size, weight_decay, row_scale, seed, head_squares,
+    squares_dim,
     OPTIMIZER: tl.constexpr, HAS_WEIGHT_DECAY: tl.constexpr, STORAGE: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_L: tl.constexpr, PHASE: tl.constexpr,
 ):
     i = tl.program_id(0)
     key = tl.load(sorted_keys + i)
@@ -254,7 +260,14 @@ def _fused_update_kernel(
     if OPTIMIZER == 0:  # row-wise Adagrad
         if HAS_WEIGHT_DECAY:
             g = g + weight_decay * w
-        acc = tl.load(momentum1 + key) + tl.sum(g * g, 0) / dim.to(tl.float32)
+        if PHASE == _SQUARES:  # this shard's columns' share of the row's squares
+            tl.store(head_squares + i, tl.sum(g * g, 0))
+            return
+        if PHASE == _SUMMED:  # the row's squares over every column shard, summed by the caller
+            mean_sq = tl.load(head_squares + i) / tl.load(squares_dim + t).to(tl.float32)
+        else:
+            mean_sq = tl.sum(g * g, 0) / dim.to(tl.float32)
+        acc = tl.load(momentum1 + key) + mean_sq
         tl.store(momentum1 + key, acc)
         w = w - lr * g / (tl.sqrt(acc) + eps)
     else:
@@ -275,15 +288,16 @@ class _PooledLookup(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, anchor, ids, offsets, per_sample_weights, module, layout):  # type: ignore[override]
-        ctx.module, ctx.layout = module, layout
+    def forward(ctx, anchor, ids, offsets, per_sample_weights, module, launch):  # type: ignore[override]
+        ctx.module, (ctx.layout, ctx.slices) = module, launch
         ctx.save_for_backward(ids, offsets, per_sample_weights)
-        return module._pooled(ids, offsets, per_sample_weights, layout)
+        return module._pooled(ids, offsets, per_sample_weights, ctx.layout)
 
     @staticmethod
     def backward(ctx, grad_out):  # type: ignore[override]
         ids, offsets, per_sample_weights = ctx.saved_tensors
-        ctx.module._fused_update(grad_out, ids, offsets, per_sample_weights, ctx.layout)
+        ctx.module._fused_update(grad_out, ids, offsets, per_sample_weights, ctx.layout,
+                                 ctx.slices)
         return None, None, None, None, None, None
 
 
@@ -299,6 +313,7 @@ class _Layout:
     table_dim: torch.Tensor
     table_column: torch.Tensor
     dims: tuple[int, ...]
+    squares_dim: torch.Tensor  # each row's full width (BatchedEmbeddingBag.split_rows)
 
     @property
     def num_tables(self) -> int:
@@ -360,6 +375,10 @@ class BatchedEmbeddingBag(nn.Module):
         # per-id coefficients
         self.grad_scale = 1.0
         self._layouts: dict[tuple[tuple[int, ...], torch.device], _Layout] = {}
+        # row-wise Adagrad tables whose rows are column shards (``split_rows``): their
+        # update waits for the row's squares summed over every shard (``pending``)
+        self.split: frozenset[int] = frozenset()
+        self.pending: list[_PendingUpdate] = []
 
         sizes = [r * d for r, d in zip(self.rows, self.dims)]
         weight_offset = [0] + list(_cumsum(sizes))[:-1]
@@ -378,6 +397,9 @@ class BatchedEmbeddingBag(nn.Module):
                                                        device=device))
         self.register_buffer("table_column", torch.tensor(column, dtype=torch.int32,
                                                           device=device))
+        # each row's full width, over its column shards (``split_rows``): Adagrad's mean
+        self.register_buffer("squares_dim", torch.tensor(self.dims, dtype=torch.int32,
+                                                         device=device), persistent=False)
         if optimizer == "rowwise_adagrad":
             self.register_buffer("momentum1", torch.zeros(self.total_rows, device=device))
             self.register_buffer("momentum2", torch.zeros(0, device=device))
@@ -493,16 +515,20 @@ class BatchedEmbeddingBag(nn.Module):
         offsets: torch.Tensor,
         per_sample_weights: torch.Tensor | None = None,
         tables: Sequence[int] | None = None,
+        id_counts: Sequence[int] | None = None,
     ) -> torch.Tensor:
         """Pooled lookups of all tables: ``[B, sum(dims)]`` with ``B = (len(offsets)-1) / T``.
         ``tables``: look up only these tables (indices, in this order; ``T`` their count,
-        the output's columns theirs): the others' rows and state are left alone."""
+        the output's columns theirs): the others' rows and state are left alone.
+        ``id_counts``: the ids of each looked-up table (the host's count; needed when one
+        is a column shard, ``split_rows``: its squares' slice is that long)."""
         layout = self.layout(tables)
         self._check(ids, offsets, per_sample_weights, layout.num_tables)
         if self._anchor.device != self.weights.device:
             self._anchor = torch.zeros((), device=self.weights.device, requires_grad=True)
+        slices = self._square_slices(layout, id_counts)
         return _PooledLookup.apply(self._anchor, ids, offsets, per_sample_weights, self,
-                                   layout)
+                                   (layout, slices))
 
     def layout(self, tables: Sequence[int] | None = None) -> _Layout:
         """The launch layout of ``tables`` (None: every table), made once per subset and
@@ -518,7 +544,8 @@ class BatchedEmbeddingBag(nn.Module):
             got = self._layouts[key] = _Layout(
                 which, self.weight_offset[index], self.row_base[index],
                 self.table_dim[index],
-                torch.tensor(column, dtype=torch.int32, device=self.weights.device), dims)
+                torch.tensor(column, dtype=torch.int32, device=self.weights.device), dims,
+                self.squares_dim[index])
         return got
 
     def _check(self, ids, offsets, per_sample_weights, num_tables: int) -> None:
@@ -569,7 +596,12 @@ class BatchedEmbeddingBag(nn.Module):
 
     @torch.no_grad()
     def _fused_update(self, grad_out, ids, offsets, per_sample_weights,
-                      layout: _Layout | None = None) -> None:
+                      layout: _Layout | None = None,
+                      slices: dict[int, tuple[int, int]] | None = None) -> None:
+        """The backward's update of the rows ``ids`` touched. Where the launch holds a column
+        shard of row-wise Adagrad (``slices``, see :meth:`split_rows`), only each row's
+        squares over this shard's columns are computed now; the update waits in
+        :attr:`pending` for the caller to sum them over the row's shards."""
         layout = layout or self.layout()
         step = self.step + 1
         if self.counts_steps:
@@ -595,20 +627,108 @@ class BatchedEmbeddingBag(nn.Module):
             coef = coef / lengths[sorted_bag].float()
         if self.grad_scale != 1.0:
             coef = coef * self.grad_scale
+        update = _PendingUpdate(grad_out, sorted_keys, run_end, sorted_bag, coef, layout,
+                                batch, step, torch.zeros(nnz if slices else 0,
+                                                         device=ids.device), slices or {})
+        if slices and self.optimizer == "rowwise_adagrad":
+            self._launch_update(update, _SQUARES.value)
+            self.pending.append(update)
+            return
+        self._launch_update(update, _ONE_PASS.value)
+
+    def _launch_update(self, u: _PendingUpdate, phase: int) -> None:
         beta1, beta2 = self.betas
-        step_size = self.lr * math.sqrt(1.0 - beta2**step) / (1.0 - beta1**step)
+        step_size = self.lr * math.sqrt(1.0 - beta2**u.step) / (1.0 - beta1**u.step)
         block_l = 4 if is_interpreted() else 8
-        _fused_update_kernel[(nnz,)](
-            self._stored_bits(), self.momentum1, self.momentum2, sorted_keys, run_end, sorted_bag,
-            coef, grad_out, grad_out.stride(0), layout.row_base, layout.weight_offset,
-            layout.table_dim, layout.table_column, batch,
+        layout = u.layout
+        _fused_update_kernel[(u.sorted_keys.numel(),)](
+            self._stored_bits(), self.momentum1, self.momentum2, u.sorted_keys, u.run_end,
+            u.sorted_bag, u.coef, u.grad_out, u.grad_out.stride(0), layout.row_base,
+            layout.weight_offset, layout.table_dim, layout.table_column, u.batch,
             float(self.lr), float(self.eps), float(beta1), float(beta2), float(step_size),
-            float(self.weight_decay), self._scales(), self._rounding_seed(step),
+            float(self.weight_decay), self._scales(), self._rounding_seed(u.step),
+            u.head_squares if u.head_squares.numel() else self.momentum1,
+            layout.squares_dim,
             OPTIMIZER=_ROWWISE_ADAGRAD if self.optimizer == "rowwise_adagrad" else _ADAM,
             HAS_WEIGHT_DECAY=self.weight_decay != 0.0, STORAGE=_STORAGE[self.precision],
-            BLOCK_D=self.block_d, BLOCK_L=block_l,
+            BLOCK_D=self.block_d, BLOCK_L=block_l, PHASE=phase,
             num_warps=max(1, min(8, block_l * self.block_d // 512)),
         )
+
+    # -- column shards of row-wise Adagrad ---------------------------------------------
+
+    def split_rows(self, full_dims: dict[int, int]) -> None:
+        """Tables (index -> the row's width over all its column shards) whose rows are
+        column shards: row-wise Adagrad's accumulator takes the mean of the *whole* row's
+        squared gradient, so their update is two-phase. The backward computes each touched
+        row's squares over this shard's columns (:attr:`pending`); the caller sums them
+        over the row's shards (:meth:`pending_squares`, e.g. an all-reduce over the
+        shards' ranks) and then applies every pending update (:meth:`apply_pending`).
+        Why not the sparse route (a gradient of one row per id, summed, then the same
+        all-reduce): its eager lookup and optimizer launches per shard cost the step more
+        than the second pass does (BENCHMARKS.md, narrow shards)."""
+        if self.optimizer != "rowwise_adagrad":
+            raise ValueError("only row-wise Adagrad couples a row's columns; "
+                             f"{self.optimizer} updates each column on its own")
+        for t, d in full_dims.items():
+            if not 0 <= t < self.num_tables or d < self.dims[t]:
+                raise ValueError(f"table {t}: full width {d} for a shard of "
+                                 f"{self.dims[t] if 0 <= t < self.num_tables else '?'} columns")
+            self.squares_dim[t] = int(d)
+        self.split = self.split | frozenset(full_dims)
+        self._layouts.clear()
+
+    def _square_slices(self, layout: _Layout, id_counts: Sequence[int] | None
+                       ) -> dict[int, tuple[int, int]] | None:
+        """Where each split table's heads lie in the launch's sorted ids: (start, count)
+        by table index. Why positions: a table's keys are one contiguous range, sorted
+        by row, so every shard of its rows (the same ids, from the same requesters) has
+        its rows' run heads at the same offsets of that range: the squares sum
+        element-wise over the shards, no row index exchanged."""
+        if not self.split.intersection(layout.tables) or not torch.is_grad_enabled():
+            return None
+        if id_counts is None or len(id_counts) != layout.num_tables:
+            raise ValueError(f"tables {sorted(self.split.intersection(layout.tables))} are "
+                             "column shards (split_rows): pass id_counts, the ids of each "
+                             "looked-up table")
+        slices, start = {}, 0
+        for t, count in sorted(zip(layout.tables, id_counts)):
+            slices[t] = (start, int(count))
+            start += int(count)
+        return slices
+
+    def pending_squares(self, table: int) -> list[torch.Tensor]:
+        """Views of the pending updates' squares of ``table`` (index), one per pending
+        launch that looked it up: sum each over the row's column shards in place."""
+        return [u.head_squares[a : a + n] for u in self.pending
+                for a, n in [u.slices[table]] if table in u.slices]
+
+    @torch.no_grad()
+    def apply_pending(self) -> None:
+        """Every pending update, with the squares as summed now."""
+        pending, self.pending = self.pending, []
+        for u in pending:
+            self._launch_update(u, _SUMMED.value)
+
+    def discard_pending(self) -> None:
+        """Drop the pending updates (a backward whose step was not taken)."""
+        self.pending = []
+
+
+@dataclass
+class _PendingUpdate:
+    """A fused update's inputs, sorted by row, kept for its second phase."""
+
+    grad_out: torch.Tensor
+    sorted_keys: torch.Tensor
+    run_end: torch.Tensor
+    sorted_bag: torch.Tensor
+    coef: torch.Tensor
+    layout: _Layout
+    batch: int
+    step: int
+    head_squares: torch.Tensor  # fp32 [nnz]: a run head's squares; 0 elsewhere
+    slices: dict[int, tuple[int, int]]
 
 
 def _stored_bits_of(weights: torch.Tensor) -> torch.Tensor:

@@ -43,6 +43,7 @@ from gemc.cost_model.memory import (
 # The step model's per-shard embedding price and per-region collectives, used here so the
 # solver prices exactly what predict_step will.
 from gemc.cost_model.step_model import (
+    column_squares_s,
     dense_comm,
     exchange_cast_s,
     exchange_row_bytes,
@@ -211,7 +212,8 @@ def table_option(problem: Problem, t: TableCost, sharding: str, ranks: int,
     lookup = shard_compute_s(rep, shard_rows, shard_dim, world, gpu, problem.calibration,
                              opts.table_optimizer)
     compute = lookup + exchange_cast_s(rep, shard_rows, shard_dim, world, gpu,
-                                       problem.calibration, opts.exchange)
+                                       problem.calibration, opts.exchange) \
+        + column_squares_s(rep, world, topo, problem.calibration, opts.table_optimizer)
     in_kernel = in_batched_kernel(rep, world)
     out = (world - 1) * t.batch * exchange_row_bytes(t, shard_dim, opts.exchange) \
         * rep.output_share(shard_rows)

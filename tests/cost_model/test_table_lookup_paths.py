@@ -42,7 +42,8 @@ def test_rule_follows_the_runner() -> None:
     paths = lookup_paths(FP32, [], world_size=2, graph_mode=False,
                          shardings={"a": "column_wise", "b": "data_parallel"},
                          lookups={"c": 2})
-    assert paths == {"a": SPARSE, "b": SPARSE, "c": SPARSE}
+    # column shards under row-wise Adagrad run fused too (two phases: split_rows)
+    assert paths == {"a": BATCHED, "b": SPARSE, "c": SPARSE}
     # a table the model holds in bf16 keeps the sparse route (the fused kernel's rows are
     # fp32, or bf16 / fp8 storage of fp32 rows): the runner, its plan facts and the cost
     # model read that from the model's dtype alike
@@ -330,9 +331,10 @@ def test_loss_side_lookups_see_the_saved_activations() -> None:
     ("table_wise", "rowwise_adagrad", 1, BATCHED),
     ("row_wise", "rowwise_adagrad", 1, BATCHED),
     ("table_row_wise", "rowwise_adagrad", 1, BATCHED),
-    # the row accumulator needs every column shard's squares: kept on the sparse route
-    ("column_wise", "rowwise_adagrad", 1, SPARSE),
-    ("grid", "rowwise_adagrad", 1, SPARSE),
+    # the row accumulator needs every column shard's squares: the fused kernel's two
+    # phases (BatchedEmbeddingBag.split_rows) sum them before the update
+    ("column_wise", "rowwise_adagrad", 1, BATCHED),
+    ("grid", "rowwise_adagrad", 1, BATCHED),
     ("column_wise", "adam", 1, BATCHED),
     ("grid", "adam", 1, BATCHED),
     ("data_parallel", "adam", 1, SPARSE),  # a replica's gradient is all-reduced

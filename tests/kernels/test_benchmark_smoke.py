@@ -93,6 +93,20 @@ def test_narrow_group_case_times_one_kernel_against_a_kernel_a_shard(tmp_path):
                for c in group.values())
 
 
+def test_narrow_split_case_times_the_two_phase_update_against_one_pass(tmp_path):
+    """``--cases narrow_split`` at smoke sizes: column shards 16, 32 and 64 of a 128-wide
+    row and the whole row, each stepped in one pass and in two phases (the whole row's
+    two checked equal to its one pass first: the case raises otherwise)."""
+    report, rows = _smoke_rows(tmp_path, "narrow_split")
+    assert {(r["case"], r["variant"]) for r in rows} == {
+        (f"column shard {w} of 128 wide, pooling 5", v) for w in (16, 32, 64, 128)
+        for v in ("gemc triton, one pass", "gemc triton, two phases")}
+    split = report["narrow_split"]
+    assert set(split) == {"16", "32", "64", "128"}
+    assert all(c["one_pass_ms"] > 0 and c["two_phase_ms"] > 0 and not c["errors"]
+               for c in split.values())
+
+
 def test_narrow_check_catches_a_wrong_update():
     """The benchmark's own check fails on a kernel that is off: a shard whose learning rate
     differs from the reference's by 1% is caught."""

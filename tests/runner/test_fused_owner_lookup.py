@@ -6,7 +6,7 @@ kernel (:mod:`gemc.backends.torch.owner_lookup`, Triton interpreted); every step
 outputs, then the shards' weights and optimizer state, must equal one process training the
 whole table on both ranks' batches (the reference's reading: ``coalesced_rows`` and the row
 update of the mean over ranks' losses). Cases: table-wise, row-wise, table-row-wise,
-column-wise under Adam, per-sample weights, mean pooling, a padding row, ``nn.Embedding``
+column-wise under Adam and under row-wise Adagrad (two phases), per-sample weights, mean pooling, a padding row, ``nn.Embedding``
 (bags of one id), two tables of different bag counts in one exchange (two launches), and
 bf16 storage (against the sparse route at bf16: the two round stochastically from their
 own streams, so they agree to bf16's rounding). The whole runner's agreement (plans,
@@ -35,6 +35,8 @@ CASES: dict[str, tuple[str, list[int], str, str, str, bool]] = {
     "row_wise_mean_padding": ("row_wise", [0, 1], "mean", "rowwise_adagrad", "fp32", False),
     "table_row_wise_weighted": ("table_row_wise", [0, 1], "sum", "adam", "fp32", True),
     "column_wise_adam": ("column_wise", [0, 1], "sum", "adam", "fp32", False),
+    # the row's squares summed over both column shards before the update (two phases)
+    "column_wise_adagrad": ("column_wise", [1, 0], "mean", "rowwise_adagrad", "fp32", False),
     "embedding": ("row_wise", [1, 0], "embedding", "adam", "fp32", False),
     "bf16": ("row_wise", [0, 1], "sum", "rowwise_adagrad", "bf16", False),
 }
