@@ -700,8 +700,12 @@ class BatchedEmbeddingBag(nn.Module):
     def pending_squares(self, table: int) -> list[torch.Tensor]:
         """Views of the pending updates' squares of ``table`` (index), one per pending
         launch that looked it up: sum each over the row's column shards in place."""
-        return [u.head_squares[a : a + n] for u in self.pending
-                for a, n in [u.slices[table]] if table in u.slices]
+        out = []
+        for u in self.pending:
+            if table in u.slices:
+                start, count = u.slices[table]
+                out.append(u.head_squares[start : start + count])
+        return out
 
     @torch.no_grad()
     def apply_pending(self) -> None:

@@ -97,3 +97,19 @@ def test_without_split_tables_the_update_is_one_pass_in_the_backward() -> None:
     m(torch.tensor([1, 2]), offsets_of([2], torch.int64)).sum().backward()
     assert not m.pending
     assert not torch.equal(before, m.split_weights()[0])
+
+
+def test_each_split_tables_squares_come_from_the_launches_that_looked_it_up() -> None:
+    """Two split tables looked up in two launches (different bag counts, as the owners'
+    lookup groups them): each table's squares are the one view of its own launch."""
+    m = _module([(ROWS, SPLIT[0]), (ROWS, SPLIT[1])], 0.0)
+    m.split_rows({0: DIM, 1: DIM})
+    a = m(torch.tensor([1, 2, 2]), offsets_of([3], torch.int64), tables=[0], id_counts=[3])
+    b = m(torch.tensor([4, 5]), offsets_of([1, 1], torch.int64), tables=[1], id_counts=[2])
+    (a.sum() + b.sum()).backward()
+    assert len(m.pending) == 2
+    (first,), (second,) = m.pending_squares(0), m.pending_squares(1)
+    assert first.shape == (3,) and second.shape == (2,)
+    assert first[0] > 0 and first[1] > 0 and first[2] == 0  # row 2's run head only
+    m.apply_pending()
+    assert not m.pending and m.pending_squares(0) == []
