@@ -19,6 +19,7 @@ import torch
 from torch import fx
 
 from gemc.batch_structure import flat_spec
+from gemc.data_dependent import bound_unbacked_sizes
 from gemc.errors import CaptureError
 from gemc.host_randomness import watch as host_randomness_watch
 from gemc.spec import ModelSpec, batch_size_of
@@ -41,6 +42,9 @@ class Captured:
     # where the forward drew from Python's / NumPy's generators while traced, the values
     # kept as constants (only with host_randomness="freeze": gemc.host_randomness)
     frozen_draws: tuple[str, ...] = ()
+    # nodes whose size depends on the batch's values, priced at its upper bound
+    # (gemc.data_dependent)
+    bounded_sizes: tuple[str, ...] = ()
 
 
 def capture(spec: ModelSpec, *, entrypoint: str = "model",
@@ -76,6 +80,7 @@ def capture(spec: ModelSpec, *, entrypoint: str = "model",
         raise _host_randomness_error(draws, entrypoint)
     gm = exported.graph_module
     _check_scalar_loss(gm, entrypoint)
+    bounded = bound_unbacked_sizes(gm, entrypoint)
     sig = exported.graph_signature
     param_fqns = {**sig.inputs_to_parameters, **sig.inputs_to_buffers}
     state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
@@ -92,6 +97,7 @@ def capture(spec: ModelSpec, *, entrypoint: str = "model",
         example_inputs=tuple(spec.example_inputs),
         batch_size=batch_size_of(spec)[0],
         frozen_draws=tuple(draws.sites) if draws else (),
+        bounded_sizes=tuple(bounded),
     )
 
 

@@ -1,0 +1,108 @@
+"""Models written by others in their own idioms (tests/models/probes_b): sparse features,
+interactions, multi-task heads. Each test pins a way gemc used to break on one of them.
+
+* ``loss[label >= 0].mean()``: a data-dependent size crashed the count-flops-bytes pass.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from gemc.backends.torch.reference import reference_losses
+from gemc.backends.torch.runner import RunOptions, run
+
+from gemc import ir
+from gemc.api import compile as gemc_compile
+from gemc.api import load_model
+from gemc.capture import capture
+from gemc.errors import CaptureError
+from gemc.plan import write_plan
+from tests.runner.harness import REPO, run_scenarios, variant
+
+if not torch.cuda.is_available():  # graph mode's kernels run in Triton's interpreter
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+PROBES = REPO / "tests" / "models" / "probes_b"
+MASKED = (f"{PROBES / 'multitask.py'}:build", {"arch": "ple", "mask": "index"})
+STEPS = 3
+
+
+def _compile(case: tuple[str, dict], topology: str) -> dict:
+    return gemc_compile(case[0], case[1], topology=topology)
+
+
+def _close(got: list[float], ref: list[float]) -> None:
+    assert len(got) == len(ref) == STEPS
+    assert got == pytest.approx(ref, rel=1e-4), (got, ref)
+
+
+def _one_rank(case: tuple[str, dict], kernels: bool) -> None:
+    plan = variant(_compile(case, "h200:1x1"), kernels=kernels)
+    res = run(plan, RunOptions(steps=STEPS, device="cpu", progress=False))
+    _close([loss for _, loss in res.losses],
+           reference_losses(load_model(*case), steps=STEPS, world_size=1))
+
+
+def test_two_gloo_ranks_match_eager(tmp_path: Path) -> None:
+    """PLE with a loss on the labelled samples only (``loss[mask].mean()``), on two
+    ranks."""
+    scenarios = []
+    for name, case in (("masked", MASKED),):
+        path = tmp_path / f"{name}.json"
+        write_plan(path, variant(_compile(case, "h200:1x2")))
+        scenarios.append({"name": name, "plan": str(path),
+                          "phases": [{"steps": STEPS, "kernels": False}]})
+    results = run_scenarios(2, scenarios, tmp_path / "results.json")
+    for name, case in (("masked", MASKED),):
+        ref = reference_losses(load_model(*case), steps=STEPS, world_size=2)
+        _close([loss for _, loss in results[name][0]], ref)
+
+
+def test_a_data_dependent_loss_compiles_at_its_bound_and_trains() -> None:
+    captured = capture(load_model(*MASKED))
+    bounded = [n for n in captured.gm.graph.nodes if ir.BOUNDED in n.meta]
+    assert len(bounded) == 2 and all(ir.shape_of(n) == (8,) for n in bounded)
+    assert len(captured.bounded_sizes) == 2 and "multitask.py:" in captured.bounded_sizes[0]
+    for topology in ("h200:1x1", "h200:1x8"):
+        plan = _compile(MASKED, topology)
+        assert sum("data-dependent size" in w for w in plan["warnings"]) == 2
+    kernel_nodes = {n for k in plan["kernels"] for n in k.get("nodes", [])}
+    assert not kernel_nodes & {n.name for n in bounded}
+    _one_rank(MASKED, kernels=True)
+
+
+@pytest.mark.parametrize("returns", ["dict", "tuple"])
+def test_a_forward_returning_more_than_the_loss_is_named(returns: str) -> None:
+    with pytest.raises(CaptureError, match="must return the scalar training loss"):
+        gemc_compile(f"{PROBES / 'multitask.py'}:build", {"returns": returns},
+                     topology="h200:1x1")
+
+
+class _MaskedScale(torch.nn.Module):
+    """Pointwise work on a masked selection, then a reduction over it: a fusion candidate
+    whose size is the batch's (``u0``), not the bound's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x)[keep]  # [u0, 4]
+        return (torch.sigmoid(h) * 2.0 - 1.0).sum(0).mean()
+
+
+def test_no_kernel_takes_a_data_dependent_size() -> None:
+    from gemc.passes.fuse import Fuse
+
+    from tests.passes.helpers import annotated, graph_of
+
+    gm, _ = graph_of(_MaskedScale(), (torch.randn(6, 4), torch.tensor([1, 0, 1, 1, 0, 1]) > 0),
+                     annotated(Fuse()))
+    bounded = {n for n in gm.graph.nodes if ir.BOUNDED in n.meta}
+    assert {ir.shape_of(n) for n in bounded} == {(6, 4)}
+    assert not [n.name for n in bounded if ir.GROUP in n.meta]
+    assert not [n.name for n in gm.graph.nodes if ir.GROUP in n.meta
+                and any(a in bounded for a in n.all_input_nodes)]
