@@ -32,6 +32,7 @@ def pass_context(
         param_fqns=captured.param_fqns,
         param_shapes=captured.param_shapes,
         param_dtypes=captured.param_dtypes,
+        param_aliases=captured.param_aliases,
         fingerprint=captured.fingerprint,
         batch_size=captured.batch_size,
         topology=topology,

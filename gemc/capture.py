@@ -12,7 +12,7 @@ import gc
 import hashlib
 import warnings
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -45,6 +45,8 @@ class Captured:
     # nodes whose size depends on the batch's values, priced at its upper bound
     # (gemc.data_dependent)
     bounded_sizes: tuple[str, ...] = ()
+    # FQN -> the other names of the same tensor (tied weights: ``out.weight = emb.weight``)
+    param_aliases: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def capture(spec: ModelSpec, *, entrypoint: str = "model",
@@ -88,6 +90,13 @@ def capture(spec: ModelSpec, *, entrypoint: str = "model",
         fqn: tuple(int(s) for s in state[fqn].shape) for fqn in param_fqns.values() if fqn in state
     }
     dtypes = {fqn: str(state[fqn].dtype).removeprefix("torch.") for fqn in shapes}
+    every = {**dict(model.named_parameters(remove_duplicate=False)),
+             **dict(model.named_buffers(remove_duplicate=False))}
+    names: dict[int, list[str]] = {}
+    for name, tensor in every.items():
+        names.setdefault(id(tensor), []).append(name)
+    aliases = {fqn: tuple(n for n in names[id(every[fqn])] if n != fqn)
+               for fqn in param_fqns.values() if fqn in every}
     return Captured(
         gm=gm,
         param_fqns=dict(param_fqns),
@@ -98,6 +107,7 @@ def capture(spec: ModelSpec, *, entrypoint: str = "model",
         batch_size=batch_size_of(spec)[0],
         frozen_draws=tuple(draws.sites) if draws else (),
         bounded_sizes=tuple(bounded),
+        param_aliases={fqn: a for fqn, a in aliases.items() if a},
     )
 
 

@@ -1,6 +1,10 @@
 """Models written by others in their own idioms (tests/models/probes_b): sparse features,
 interactions, multi-task heads. Each test pins a way gemc used to break on one of them.
 
+* DeepCTR-Torch adds an L2 penalty over every embedding table's whole weight to the loss:
+  sharded, each rank's penalty saw only its own rows (a silently wrong loss on 2 ranks).
+* ``F.embedding`` on a raw ``nn.Parameter``: compiled as a table, then refused by the
+  runner ("does not name a weight ... compile the plan again", which could not help).
 * ``loss[label >= 0].mean()``: a data-dependent size crashed the count-flops-bytes pass.
 """
 
@@ -26,6 +30,8 @@ if not torch.cuda.is_available():  # graph mode's kernels run in Triton's interp
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 PROBES = REPO / "tests" / "models" / "probes_b"
+DEEPFM = (f"{PROBES / 'deepctr.py'}:build", {"arch": "deepfm", "use_bn": True, "dropout": 0.2})
+RAW = (f"{PROBES / 'sparse_idioms.py'}:build", {"variant": "raw_param"})
 MASKED = (f"{PROBES / 'multitask.py'}:build", {"arch": "ple", "mask": "index"})
 STEPS = 3
 
@@ -46,19 +52,41 @@ def _one_rank(case: tuple[str, dict], kernels: bool) -> None:
            reference_losses(load_model(*case), steps=STEPS, world_size=1))
 
 
+@pytest.mark.parametrize("planner", ["default", "cpsat"])
+def test_a_table_read_whole_is_only_replicated(planner: str) -> None:
+    plan = gemc_compile(*DEEPFM, topology="h200:1x8", planner=planner)
+    sharding = {t["fqn"]: t["sharding"] for t in plan["tables"]}
+    penalised = {f for f in sharding if ".embedding_dict." in f}
+    assert len(penalised) == 4
+    assert {sharding[f] for f in penalised} == {"data_parallel"}, sharding
+    warned = [w for w in plan["warnings"] if "read outside its lookups" in w]
+    assert len(warned) == 4 and "deepctr.py:" in warned[0], warned
+    # the linear part's tables are only looked up: still free to shard
+    assert not any("linear_embedding_dict" in w for w in warned)
+
+
 def test_two_gloo_ranks_match_eager(tmp_path: Path) -> None:
-    """PLE with a loss on the labelled samples only (``loss[mask].mean()``), on two
-    ranks."""
+    """DeepFM with the tables' L2 penalty, BatchNorm and dropout, and PLE with a loss on
+    the labelled samples only (``loss[mask].mean()``), on two ranks."""
     scenarios = []
-    for name, case in (("masked", MASKED),):
+    for name, case in (("deepfm", DEEPFM), ("masked", MASKED)):
         path = tmp_path / f"{name}.json"
         write_plan(path, variant(_compile(case, "h200:1x2")))
         scenarios.append({"name": name, "plan": str(path),
                           "phases": [{"steps": STEPS, "kernels": False}]})
     results = run_scenarios(2, scenarios, tmp_path / "results.json")
-    for name, case in (("masked", MASKED),):
+    for name, case in (("deepfm", DEEPFM), ("masked", MASKED)):
         ref = reference_losses(load_model(*case), steps=STEPS, world_size=2)
         _close([loss for _, loss in results[name][0]], ref)
+
+
+def test_a_raw_parameter_looked_up_stays_dense() -> None:
+    for topology in ("h200:1x1", "h200:1x8"):
+        plan = _compile(RAW, topology)
+        assert [t["fqn"] for t in plan["tables"]] == ["item.weight"]
+        assert any("'table' is looked up" in w and "stays a dense parameter" in w
+                   for w in plan["warnings"]), plan["warnings"]
+    _one_rank(RAW, kernels=False)
 
 
 def test_a_data_dependent_loss_compiles_at_its_bound_and_trains() -> None:
