@@ -87,9 +87,9 @@ class TableCost:
     # per lookup, the saved activations still live when its backward runs
     # (activations.ActivationProfile.alive_at_lookup): where a table-sized gradient lands
     lookup_alive: tuple[int, ...] = ()
-    # the model reads the whole weight outside its lookups (an L2 penalty over the table,
-    # passes/collect_tables): a shard would see only its rows, so only replicas are offered
-    read_whole: bool = False
+    # only a whole replica on every rank runs it right (passes/collect_tables: the model
+    # reads the weight outside its lookups, e.g. an L2 penalty, or max-pools it)
+    replicated_only: bool = False
 
     @property
     def hot_ids(self) -> float:

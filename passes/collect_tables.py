@@ -13,8 +13,12 @@ The runner shards a table by swapping the module that owns it (``emb`` for
   priced as a gather (a warning says so, and how to have it sharded);
 * a table the model also reads otherwise (DeepCTR's L2 penalty
   ``sum(w ** 2 for w in self.embedding_dict.parameters())``, a lookup from another
-  module) would see only its rank's shard there, silently: it is marked ``read_whole``
-  (the lines that read it) and only a replicated placement is offered for it.
+  module) would see only its rank's shard there, silently;
+* a ``mode="max"`` bag: the runner pools a max only over a whole local table (a row
+  shard's partial maxima do not add up);
+
+the last two are marked ``replicated`` (the reasons, with the lines that read it) and only
+a replicated placement is offered for them.
 """
 
 from __future__ import annotations
@@ -115,13 +119,20 @@ class CollectTables:
                     continue
                 others = _other_reads(node.args[0], fqn)
                 if others:
-                    facts["read_whole"] = others
+                    facts["replicated"] = [f"read at {line}" for line in others]
                     ctx.warn(
                         f"collect-tables: table '{fqn}' is also read outside its lookups "
                         f"({', '.join(others)}): a shard would see only its rows there, so "
                         "it is only placed data_parallel (a full replica on every rank); to "
                         "shard it, read it only through its module's lookups (e.g. penalise "
                         "the looked-up rows)"
+                    )
+                if facts["mode"] == "max":
+                    facts.setdefault("replicated", []).append("mode='max'")
+                    ctx.warn(
+                        f"collect-tables: table '{fqn}' max-pools (mode='max'): the runner "
+                        "pools a max only over a whole table, so it is only placed "
+                        "data_parallel (a full replica on every rank), with a dense gradient"
                     )
                 node.meta[ir.TABLE] = facts
                 changed = True

@@ -5,6 +5,7 @@ interactions, multi-task heads. Each test pins a way gemc used to break on one o
   sharded, each rank's penalty saw only its own rows (a silently wrong loss on 2 ranks).
 * ``F.embedding`` on a raw ``nn.Parameter``: compiled as a table, then refused by the
   runner ("does not name a weight ... compile the plan again", which could not help).
+* ``nn.EmbeddingBag(mode="max")``: compiled, then refused by the runner (any sharding).
 * ``loss[label >= 0].mean()``: a data-dependent size crashed the count-flops-bytes pass.
 """
 
@@ -32,6 +33,7 @@ if not torch.cuda.is_available():  # graph mode's kernels run in Triton's interp
 PROBES = REPO / "tests" / "models" / "probes_b"
 DEEPFM = (f"{PROBES / 'deepctr.py'}:build", {"arch": "deepfm", "use_bn": True, "dropout": 0.2})
 RAW = (f"{PROBES / 'sparse_idioms.py'}:build", {"variant": "raw_param"})
+MAX = (f"{PROBES / 'sparse_idioms.py'}:build", {"variant": "bag_max"})
 MASKED = (f"{PROBES / 'multitask.py'}:build", {"arch": "ple", "mask": "index"})
 STEPS = 3
 
@@ -65,17 +67,20 @@ def test_a_table_read_whole_is_only_replicated(planner: str) -> None:
     assert not any("linear_embedding_dict" in w for w in warned)
 
 
+CASES = (("deepfm", DEEPFM), ("max", MAX), ("masked", MASKED))
+
+
 def test_two_gloo_ranks_match_eager(tmp_path: Path) -> None:
-    """DeepFM with the tables' L2 penalty, BatchNorm and dropout, and PLE with a loss on
-    the labelled samples only (``loss[mask].mean()``), on two ranks."""
+    """DeepFM with the tables' L2 penalty, BatchNorm and dropout, a max-pooled bag, and
+    PLE with a loss on the labelled samples only (``loss[mask].mean()``), on two ranks."""
     scenarios = []
-    for name, case in (("deepfm", DEEPFM), ("masked", MASKED)):
+    for name, case in CASES:
         path = tmp_path / f"{name}.json"
         write_plan(path, variant(_compile(case, "h200:1x2")))
         scenarios.append({"name": name, "plan": str(path),
                           "phases": [{"steps": STEPS, "kernels": False}]})
     results = run_scenarios(2, scenarios, tmp_path / "results.json")
-    for name, case in (("deepfm", DEEPFM), ("masked", MASKED)):
+    for name, case in CASES:
         ref = reference_losses(load_model(*case), steps=STEPS, world_size=2)
         _close([loss for _, loss in results[name][0]], ref)
 
@@ -87,6 +92,28 @@ def test_a_raw_parameter_looked_up_stays_dense() -> None:
         assert any("'table' is looked up" in w and "stays a dense parameter" in w
                    for w in plan["warnings"]), plan["warnings"]
     _one_rank(RAW, kernels=False)
+
+
+def test_a_max_pooled_bag_is_replicated_and_trains() -> None:
+    plan = _compile(MAX, "h200:1x8")
+    assert {t["fqn"]: t["sharding"] for t in plan["tables"]}["table.weight"] == "data_parallel"
+    assert any("max-pools" in w for w in plan["warnings"]), plan["warnings"]
+    _one_rank(MAX, kernels=True)
+
+
+def test_a_sharded_max_pooled_bag_is_refused_by_name() -> None:
+    """A plan from before (or edited to) a table-wise max table on 2 ranks: named."""
+    from gemc.backends.torch.embedding import ShardedEmbedding
+
+    from gemc.errors import GemcUserError
+    from gemc.sharding import make_shards
+
+    table = {"fqn": "table.weight", "rows": 50, "dim": 8, "sharding": "table_wise",
+             "shards": make_shards("table_wise", [1], 50, 8)}
+    with pytest.raises(GemcUserError, match="mode='max'.*shards it table_wise") as info:
+        ShardedEmbedding(torch.nn.EmbeddingBag(50, 8, mode="max"), table, rank=0,
+                         world_size=2, seed=0)
+    assert "data_parallel" in info.value.fix
 
 
 def test_a_data_dependent_loss_compiles_at_its_bound_and_trains() -> None:

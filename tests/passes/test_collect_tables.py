@@ -84,11 +84,12 @@ class _Penalised(torch.nn.Module):
         return loss + 1e-3 * self.emb.weight.square().sum()
 
 
-def test_a_table_read_outside_its_lookups_is_marked_read_whole() -> None:
+def test_a_table_read_outside_its_lookups_is_marked_replicated() -> None:
     gm, ctx = graph_of(_Penalised(), (torch.randint(0, 20, (6,)),), annotated())
     facts = {n.meta[ir.TABLE]["fqn"]: n.meta[ir.TABLE] for n in gm.graph.nodes
              if ir.TABLE in n.meta}
     assert set(facts) == {"emb.weight", "free.weight"}
-    assert "test_collect_tables.py:" in facts["emb.weight"]["read_whole"][0]
-    assert "read_whole" not in facts["free.weight"]
+    assert facts["emb.weight"]["replicated"][0].startswith("read at ")
+    assert "test_collect_tables.py:" in facts["emb.weight"]["replicated"][0]
+    assert "replicated" not in facts["free.weight"]
     assert any("'emb.weight' is also read outside its lookups" in w for w in ctx.warnings)
