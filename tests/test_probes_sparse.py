@@ -129,11 +129,15 @@ def test_a_data_dependent_loss_compiles_at_its_bound_and_trains() -> None:
     _one_rank(MASKED, kernels=True)
 
 
-@pytest.mark.parametrize("returns", ["dict", "tuple"])
-def test_a_forward_returning_more_than_the_loss_is_named(returns: str) -> None:
-    with pytest.raises(CaptureError, match="must return the scalar training loss"):
+@pytest.mark.parametrize("returns,shape,fix", [
+    ("dict", "a dict {'ctr', 'cvr'} of 2 value(s)", "sum(losses.values())"),
+    ("tuple", "a tuple of 2 value(s): scalar torch.float32, 8x2", "model(...)[0]")])
+def test_a_forward_returning_more_than_the_loss_is_named(returns: str, shape: str,
+                                                         fix: str) -> None:
+    with pytest.raises(CaptureError, match="must return the scalar training loss") as info:
         gemc_compile(f"{PROBES / 'multitask.py'}:build", {"returns": returns},
                      topology="h200:1x1")
+    assert shape in info.value.what and fix in info.value.fix, str(info.value)
 
 
 class _MaskedScale(torch.nn.Module):
@@ -161,3 +165,14 @@ def test_no_kernel_takes_a_data_dependent_size() -> None:
     assert not [n.name for n in bounded if ir.GROUP in n.meta]
     assert not [n.name for n in gm.graph.nodes if ir.GROUP in n.meta
                 and any(a in bounded for a in n.all_input_nodes)]
+
+
+def test_a_batch_read_on_meta_names_the_authors_line_and_the_cpu_fix() -> None:
+    """``int(lengths.sum())`` in make_batch under gemc's meta default device: the error
+    named torch/_meta_registrations.py as the place; now the author's line, and the fix."""
+    from gemc.errors import EntrypointError
+
+    with pytest.raises(EntrypointError) as info:
+        load_model(RAW[0], {"variant": "bag_mean", "cpu_batch": False})
+    assert "sparse_idioms.py:" in info.value.where, info.value.where
+    assert "torch.device('cpu')" in info.value.fix, info.value.fix

@@ -89,8 +89,12 @@ def _jagged(g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randint(1, ROWS, (int(lengths.sum()),), generator=g), lengths
 
 
-def make_batch_for(variant: str):  # noqa: ANN201
+def make_batch_for(variant: str, cpu_batch: bool = True):  # noqa: ANN201
+    """``cpu_batch=False``: the batch is made under whatever default device is current (gemc
+    builds under ``torch.device("meta")``, where ``int(lengths.sum())`` has no value)."""
     def make_batch(step: int, device: torch.device | str) -> tuple:
+        if not cpu_batch:
+            return _make(step, device)
         with torch.device("cpu"):  # a data pipeline's batch is real (gemc builds on meta)
             return _make(step, device)
 
@@ -114,9 +118,9 @@ def make_batch_for(variant: str):  # noqa: ANN201
     return make_batch
 
 
-def build(variant: str = "bag_mean") -> ModelSpec:
+def build(variant: str = "bag_mean", cpu_batch: bool = True) -> ModelSpec:
     assert variant in VARIANTS, variant
     torch.manual_seed(0)
     model = KJTModel(variant) if variant == "kjt" else SparseModel(variant)
-    mb = make_batch_for(variant)
+    mb = make_batch_for(variant, cpu_batch)
     return ModelSpec(model=model, example_inputs=mb(0, "cpu"), make_batch=mb, batch_size=B)
