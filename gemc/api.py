@@ -106,7 +106,7 @@ def compile(  # noqa: A001 - the public name users expect
         ctx.warn(frozen_draws_warning(captured))
     for site in captured.bounded_sizes:
         ctx.warn(f"data-dependent size: {site}; the prediction assumes every sample is kept "
-                 "and gemc generates no kernel over it")
+                 "and no fused kernel takes it")
     if captured.batch_size is None:
         ctx.warn(BATCH_SIZE_MISSING)
     gm = manager.run(captured.gm, ctx, capture_seconds=time.perf_counter() - start)

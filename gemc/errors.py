@@ -43,14 +43,16 @@ def _library_roots() -> tuple[str, ...]:
                  | {str(Path(__file__).resolve().parent)})
 
 
+def users_file(filename: str) -> bool:
+    """``filename`` is the user's code: not Python's library, an installed package or gemc."""
+    return not filename.startswith("<") and not str(Path(filename).resolve()).startswith(
+        _library_roots())
+
+
 def user_frame(exc: BaseException) -> str | None:
-    """``file:line`` of the innermost frame of ``exc``'s traceback in the user's code (not
-    Python's library, an installed package or gemc), or None: a torch error raised deep in
-    torch is the user's line that called it."""
-    roots = _library_roots()
-    frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if not f.filename.startswith("<")
-              and not str(Path(f.filename).resolve()).startswith(roots)]
+    """``file:line`` of the innermost frame of ``exc``'s traceback in the user's code, or
+    None: a torch error raised deep in torch is the user's line that called it."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if users_file(f.filename)]
     return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else None
 
 

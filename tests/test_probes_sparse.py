@@ -6,7 +6,8 @@ interactions, multi-task heads. Each test pins a way gemc used to break on one o
 * ``F.embedding`` on a raw ``nn.Parameter``: compiled as a table, then refused by the
   runner ("does not name a weight ... compile the plan again", which could not help).
 * ``nn.EmbeddingBag(mode="max")``: compiled, then refused by the runner (any sharding).
-* ``loss[label >= 0].mean()``: a data-dependent size crashed the count-flops-bytes pass.
+* ``loss[label >= 0].mean()``, ``bag(ids[ids != 0], ...)``: a data-dependent size crashed
+  the count-flops-bytes pass.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ PROBES = REPO / "tests" / "models" / "probes_b"
 DEEPFM = (f"{PROBES / 'deepctr.py'}:build", {"arch": "deepfm", "use_bn": True, "dropout": 0.2})
 RAW = (f"{PROBES / 'sparse_idioms.py'}:build", {"variant": "raw_param"})
 MAX = (f"{PROBES / 'sparse_idioms.py'}:build", {"variant": "bag_max"})
+UNPAD = (f"{PROBES / 'sparse_idioms.py'}:build", {"variant": "unpad"})
 MASKED = (f"{PROBES / 'multitask.py'}:build", {"arch": "ple", "mask": "index"})
 STEPS = 3
 
@@ -67,12 +69,13 @@ def test_a_table_read_whole_is_only_replicated(planner: str) -> None:
     assert not any("linear_embedding_dict" in w for w in warned)
 
 
-CASES = (("deepfm", DEEPFM), ("max", MAX), ("masked", MASKED))
+CASES = (("deepfm", DEEPFM), ("max", MAX), ("masked", MASKED), ("unpad", UNPAD))
 
 
 def test_two_gloo_ranks_match_eager(tmp_path: Path) -> None:
-    """DeepFM with the tables' L2 penalty, BatchNorm and dropout, a max-pooled bag, and
-    PLE with a loss on the labelled samples only (``loss[mask].mean()``), on two ranks."""
+    """DeepFM with the tables' L2 penalty, BatchNorm and dropout, a max-pooled bag, PLE
+    with a loss on the labelled samples only (``loss[mask].mean()``) and a bag over
+    ``ids[ids != 0]``, on two ranks."""
     scenarios = []
     for name, case in CASES:
         path = tmp_path / f"{name}.json"
@@ -127,6 +130,17 @@ def test_a_data_dependent_loss_compiles_at_its_bound_and_trains() -> None:
     kernel_nodes = {n for k in plan["kernels"] for n in k.get("nodes", [])}
     assert not kernel_nodes & {n.name for n in bounded}
     _one_rank(MASKED, kernels=True)
+
+
+def test_a_bag_over_data_dependent_ids_trains_with_the_batched_kernel() -> None:
+    """``bag(ids[ids != 0], offsets)``: the lookup's output tuple (offset2bag is [u0]) used to
+    crash count-flops-bytes; the batched kernel reads the ids' count at run time."""
+    plan = _compile(UNPAD, "h200:1x8")
+    assert [w for w in plan["warnings"] if "data-dependent size: embedding_bag" in w
+            and "sparse_idioms.py:" in w]
+    plan = _compile(UNPAD, "h200:1x1")
+    assert "batched_embedding_bag" in {k["kind"] for k in plan["kernels"]}
+    _one_rank(UNPAD, kernels=True)
 
 
 @pytest.mark.parametrize("returns,shape,fix", [

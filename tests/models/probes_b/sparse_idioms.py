@@ -9,7 +9,9 @@
 * ``raw_param``: ``F.embedding`` on an ``nn.Parameter`` table (no embedding module);
 * ``int32``: int32 ids and offsets;
 * ``kjt``: a dict batch ``{feature: (values, lengths)}``, TorchRec KeyedJaggedTensor-like;
-* ``shared``: one table looked up by two features (history bag and candidate item).
+* ``shared``: one table looked up by two features (history bag and candidate item);
+* ``unpad``: padded ids made jagged in forward (``ids[ids != 0]``, a data-dependent count)
+  with offsets from the mask's row sums, then a sum bag.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from gemc.spec import ModelSpec
 
 B, ROWS, DIM, L = 6, 50, 8, 5
 VARIANTS = ("bag_max", "bag_mean", "psw", "lengths_cumsum", "lengths_pad", "padding_mean",
-            "raw_param", "int32", "kjt", "shared")
+            "raw_param", "int32", "kjt", "shared", "unpad")
 
 
 class SparseModel(nn.Module):
@@ -50,6 +52,10 @@ class SparseModel(nn.Module):
         if v == "padding_mean":  # ids [B, L], 0 = pad
             mask = (ids != 0).unsqueeze(-1).float()
             return (self.table(ids) * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+        if v == "unpad":
+            keep = ids != 0
+            offsets = F.pad(torch.cumsum(keep.sum(1), 0)[:-1], (1, 0))
+            return self.table(ids[keep], offsets)
         if v == "raw_param":
             mask = (ids != 0).unsqueeze(-1).float()
             return (F.embedding(ids, self.table) * mask).sum(1)
@@ -106,7 +112,7 @@ def make_batch_for(variant: str, cpu_batch: bool = True):  # noqa: ANN201
             feats = {f: tuple(t.to(device) for t in _jagged(g)) for f in ("clicks", "tags")}
             return feats, item.to(device), label.to(device)
         ids, lengths = _jagged(g)
-        if variant in ("padding_mean", "raw_param"):
+        if variant in ("padding_mean", "raw_param", "unpad"):
             ids = torch.randint(1, ROWS, (B, L), generator=g)
             ids = ids * (torch.arange(L)[None, :] < lengths[:, None])
         # fixed shapes across steps: pad the flat ids to B * L with an extra last bag
