@@ -5,6 +5,7 @@ interactions, multi-task heads. Each test pins a way gemc used to break on one o
   sharded, each rank's penalty saw only its own rows (a silently wrong loss on 2 ranks).
 * ``F.embedding`` on a raw ``nn.Parameter``: compiled as a table, then refused by the
   runner ("does not name a weight ... compile the plan again", which could not help).
+* weight tying (``out.weight = item.weight``): untied by the runner's allocation.
 * ``nn.EmbeddingBag(mode="max")``: compiled, then refused by the runner (any sharding).
 * ``loss[label >= 0].mean()``, ``bag(ids[ids != 0], ...)``: a data-dependent size crashed
   the count-flops-bytes pass.
@@ -36,6 +37,7 @@ DEEPFM = (f"{PROBES / 'deepctr.py'}:build", {"arch": "deepfm", "use_bn": True, "
 RAW = (f"{PROBES / 'sparse_idioms.py'}:build", {"variant": "raw_param"})
 MAX = (f"{PROBES / 'sparse_idioms.py'}:build", {"variant": "bag_max"})
 UNPAD = (f"{PROBES / 'sparse_idioms.py'}:build", {"variant": "unpad"})
+TIED = (f"{PROBES / 'tied.py'}:build", {"tie": "alias"})
 MASKED = (f"{PROBES / 'multitask.py'}:build", {"arch": "ple", "mask": "index"})
 STEPS = 3
 
@@ -49,11 +51,17 @@ def _close(got: list[float], ref: list[float]) -> None:
     assert got == pytest.approx(ref, rel=1e-4), (got, ref)
 
 
+def _tables(plan: dict) -> list[str]:
+    """The reference's tables: the plan's (a weight gemc keeps dense is dense there too)."""
+    return [t["fqn"].removesuffix(".weight") for t in plan["tables"]]
+
+
 def _one_rank(case: tuple[str, dict], kernels: bool) -> None:
     plan = variant(_compile(case, "h200:1x1"), kernels=kernels)
     res = run(plan, RunOptions(steps=STEPS, device="cpu", progress=False))
     _close([loss for _, loss in res.losses],
-           reference_losses(load_model(*case), steps=STEPS, world_size=1))
+           reference_losses(load_model(*case), steps=STEPS, world_size=1,
+                            table_modules=_tables(plan)))
 
 
 @pytest.mark.parametrize("planner", ["default", "cpsat"])
@@ -117,6 +125,24 @@ def test_a_sharded_max_pooled_bag_is_refused_by_name() -> None:
         ShardedEmbedding(torch.nn.EmbeddingBag(50, 8, mode="max"), table, rank=0,
                          world_size=2, seed=0)
     assert "data_parallel" in info.value.fix
+
+
+def test_tied_weights_stay_tied_when_the_runner_allocates_them() -> None:
+    """``to_empty`` from meta made a Parameter per module: ``out.weight = item.weight``
+    trained as two tensors in the runner and its reference alike, so they agreed."""
+    from gemc.backends.torch.materialize import materialize_
+
+    model = load_model(*TIED).model
+    assert model.out.weight is model.item.weight
+    materialize_(model, torch.device("cpu"), 0, [])
+    assert model.out.weight is model.item.weight
+    assert model.out.weight.device.type == "cpu"
+    assert len(list(model.parameters())) == 4  # item (= out), history, proj weight and bias
+
+
+def test_a_tied_model_trains_tied_in_graph_mode() -> None:
+    """The graph has a placeholder per name of the tied weight: both get the one tensor."""
+    _one_rank(TIED, kernels=True)
 
 
 def test_a_data_dependent_loss_compiles_at_its_bound_and_trains() -> None:

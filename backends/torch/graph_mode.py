@@ -249,7 +249,9 @@ class GraphExecutor:
                 )
         entries = [self._with_table_storage(self._with_optimizer(e, emb_opt.cfg), tables)
                    for e in kernels]
-        params = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+        # every name of a tied tensor: the graph has a placeholder for each
+        params = {**dict(model.named_parameters(remove_duplicate=False)),
+                  **dict(model.named_buffers(remove_duplicate=False))}
         self.not_applied: list[str] = []
         # the rule the cost model prices by (gemc.table_lookup): one place for both
         precision = {f: m.precision for f, m in tables.items()}

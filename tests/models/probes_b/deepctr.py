@@ -125,12 +125,15 @@ class BilinearInteraction(nn.Module):
 
 class BaseModel(nn.Module):
     def __init__(self, arch: str, use_bn: bool, dropout: float, l2_reg_embedding: float,
-                 init_std: float = 1e-4) -> None:
+                 init_std: float = 1e-4, sparse: bool = False) -> None:
         super().__init__()
         self.arch = arch
         self.feature_index = feature_index()
-        self.embedding_dict = nn.ModuleDict({f: nn.Embedding(v, EMB) for f, v in SPARSE.items()})
-        self.linear_embedding_dict = nn.ModuleDict({f: nn.Embedding(v, 1) for f, v in SPARSE.items()})
+        # create_embedding_matrix(..., sparse=sparse)
+        self.embedding_dict = nn.ModuleDict({f: nn.Embedding(v, EMB, sparse=sparse)
+                                             for f, v in SPARSE.items()})
+        self.linear_embedding_dict = nn.ModuleDict({f: nn.Embedding(v, 1, sparse=sparse)
+                                                    for f, v in SPARSE.items()})
         for tensor in [*self.embedding_dict.values(), *self.linear_embedding_dict.values()]:
             nn.init.normal_(tensor.weight, mean=0, std=init_std)
         self.dense_weight = nn.Parameter(torch.Tensor(len(DENSE), 1))
@@ -205,9 +208,11 @@ def make_batch(step: int, device: torch.device | str) -> tuple[torch.Tensor, tor
 
 
 def build(arch: str = "deepfm", use_bn: bool = False, dropout: float = 0.0,
-          l2_reg_embedding: float = 1e-5, init_std: float = 1e-4) -> ModelSpec:
-    """``arch``: deepfm, xdeepfm, fibinet_each, fibinet_all."""
+          l2_reg_embedding: float = 1e-5, init_std: float = 1e-4, sparse: bool = False
+          ) -> ModelSpec:
+    """``arch``: deepfm, xdeepfm, fibinet_each, fibinet_all; ``sparse``: sparse gradients
+    of the tables (``nn.Embedding(sparse=True)``)."""
     torch.manual_seed(1024)
-    model = Fit(BaseModel(arch, use_bn, dropout, l2_reg_embedding, init_std))
+    model = Fit(BaseModel(arch, use_bn, dropout, l2_reg_embedding, init_std, sparse))
     return ModelSpec(model=model, example_inputs=make_batch(0, "cpu"), make_batch=make_batch,
                      batch_size=B)
