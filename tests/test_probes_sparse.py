@@ -77,22 +77,32 @@ def test_a_table_read_whole_is_only_replicated(planner: str) -> None:
     assert not any("linear_embedding_dict" in w for w in warned)
 
 
-CASES = (("deepfm", DEEPFM), ("max", MAX), ("masked", MASKED), ("unpad", UNPAD))
+CASES = (("deepfm", DEEPFM), ("max", MAX), ("masked", MASKED), ("unpad", UNPAD),
+         ("tied", TIED))
 
 
 def test_two_gloo_ranks_match_eager(tmp_path: Path) -> None:
     """DeepFM with the tables' L2 penalty, BatchNorm and dropout, a max-pooled bag, PLE
-    with a loss on the labelled samples only (``loss[mask].mean()``) and a bag over
-    ``ids[ids != 0]``, on two ranks."""
-    scenarios = []
-    for name, case in CASES:
+    with a loss on the labelled samples only (``loss[mask].mean()``), a bag over
+    ``ids[ids != 0]`` and a tied output layer, on two ranks; DeepFM and the tied model
+    (``h @ item.weight.T``) in graph mode too, where reading a replicated table outside
+    its lookups was refused ("on several ranks a table is sharded")."""
+    runs = [(name, case, False) for name, case in CASES]
+    runs += [("deepfm_graph", DEEPFM, True), ("tied_graph", (TIED[0], {"tie": "matmul"}), True)]
+    scenarios, plans = [], {}
+    for name, case, kernels in runs:
+        plan = variant(_compile(case, "h200:1x2"), kernels=kernels)
+        if kernels:  # graph mode on several ranks runs ddp regions (harness.variant's rule)
+            plan["regions"] = [{**r, "strategy": "ddp"} for r in plan["regions"]]
         path = tmp_path / f"{name}.json"
-        write_plan(path, variant(_compile(case, "h200:1x2")))
+        write_plan(path, plan)
+        plans[name] = plan
         scenarios.append({"name": name, "plan": str(path),
-                          "phases": [{"steps": STEPS, "kernels": False}]})
+                          "phases": [{"steps": STEPS, "kernels": kernels}]})
     results = run_scenarios(2, scenarios, tmp_path / "results.json")
-    for name, case in CASES:
-        ref = reference_losses(load_model(*case), steps=STEPS, world_size=2)
+    for name, case, _ in runs:
+        ref = reference_losses(load_model(*case), steps=STEPS, world_size=2,
+                               table_modules=_tables(plans[name]))
         _close([loss for _, loss in results[name][0]], ref)
 
 
