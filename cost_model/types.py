@@ -87,6 +87,9 @@ class TableCost:
     # per lookup, the saved activations still live when its backward runs
     # (activations.ActivationProfile.alive_at_lookup): where a table-sized gradient lands
     lookup_alive: tuple[int, ...] = ()
+    # only a whole replica on every rank runs it right (passes/collect_tables: the model
+    # reads the weight outside its lookups, e.g. an L2 penalty, or max-pools it)
+    replicated_only: bool = False
 
     @property
     def hot_ids(self) -> float:

@@ -32,6 +32,7 @@ def pass_context(
         param_fqns=captured.param_fqns,
         param_shapes=captured.param_shapes,
         param_dtypes=captured.param_dtypes,
+        param_aliases=captured.param_aliases,
         fingerprint=captured.fingerprint,
         batch_size=captured.batch_size,
         topology=topology,
@@ -103,6 +104,9 @@ def compile(  # noqa: A001 - the public name users expect
     ctx.calibration = calib
     if captured.frozen_draws:
         ctx.warn(frozen_draws_warning(captured))
+    for site in captured.bounded_sizes:
+        ctx.warn(f"data-dependent size: {site}; the prediction assumes every sample is kept "
+                 "and no fused kernel takes it")
     if captured.batch_size is None:
         ctx.warn(BATCH_SIZE_MISSING)
     gm = manager.run(captured.gm, ctx, capture_seconds=time.perf_counter() - start)

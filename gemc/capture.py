@@ -12,14 +12,15 @@ import gc
 import hashlib
 import warnings
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import fx
 
 from gemc.batch_structure import flat_spec
-from gemc.errors import CaptureError
+from gemc.data_dependent import bound_unbacked_sizes
+from gemc.errors import CaptureError, user_frame
 from gemc.host_randomness import watch as host_randomness_watch
 from gemc.spec import ModelSpec, batch_size_of
 
@@ -41,6 +42,11 @@ class Captured:
     # where the forward drew from Python's / NumPy's generators while traced, the values
     # kept as constants (only with host_randomness="freeze": gemc.host_randomness)
     frozen_draws: tuple[str, ...] = ()
+    # nodes whose size depends on the batch's values, priced at its upper bound
+    # (gemc.data_dependent)
+    bounded_sizes: tuple[str, ...] = ()
+    # FQN -> the other names of the same tensor (tied weights: ``out.weight = emb.weight``)
+    param_aliases: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def capture(spec: ModelSpec, *, entrypoint: str = "model",
@@ -75,7 +81,8 @@ def capture(spec: ModelSpec, *, entrypoint: str = "model",
     if draws and host_randomness != "freeze":
         raise _host_randomness_error(draws, entrypoint)
     gm = exported.graph_module
-    _check_scalar_loss(gm, entrypoint)
+    _check_scalar_loss(gm, entrypoint, exported.call_spec.out_spec)
+    bounded = bound_unbacked_sizes(gm, entrypoint)
     sig = exported.graph_signature
     param_fqns = {**sig.inputs_to_parameters, **sig.inputs_to_buffers}
     state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
@@ -83,6 +90,13 @@ def capture(spec: ModelSpec, *, entrypoint: str = "model",
         fqn: tuple(int(s) for s in state[fqn].shape) for fqn in param_fqns.values() if fqn in state
     }
     dtypes = {fqn: str(state[fqn].dtype).removeprefix("torch.") for fqn in shapes}
+    every = {**dict(model.named_parameters(remove_duplicate=False)),
+             **dict(model.named_buffers(remove_duplicate=False))}
+    names: dict[int, list[str]] = {}
+    for name, tensor in every.items():
+        names.setdefault(id(tensor), []).append(name)
+    aliases = {fqn: tuple(n for n in names[id(every[fqn])] if n != fqn)
+               for fqn in param_fqns.values() if fqn in every}
     return Captured(
         gm=gm,
         param_fqns=dict(param_fqns),
@@ -92,6 +106,8 @@ def capture(spec: ModelSpec, *, entrypoint: str = "model",
         example_inputs=tuple(spec.example_inputs),
         batch_size=batch_size_of(spec)[0],
         frozen_draws=tuple(draws.sites) if draws else (),
+        bounded_sizes=tuple(bounded),
+        param_aliases={fqn: a for fqn, a in aliases.items() if a},
     )
 
 
@@ -196,7 +212,10 @@ def _no_gc() -> Iterator[None]:
             gc.enable()
 
 
-def _check_scalar_loss(gm: fx.GraphModule, entrypoint: str) -> None:
+def _check_scalar_loss(gm: fx.GraphModule, entrypoint: str, out_spec: Any = None) -> None:
+    """The forward returns one floating-point scalar. A multi-task forward often returns a
+    dict of per-task losses or ``(loss, logits)``: the error then names that structure
+    (``out_spec``: the forward's output pytree, its dict keys) and how to reduce it."""
     out = next(n for n in gm.graph.nodes if n.op == "output")
     results = out.args[0]
     results = results if isinstance(results, (list, tuple)) else [results]
@@ -214,11 +233,23 @@ def _check_scalar_loss(gm: fx.GraphModule, entrypoint: str) -> None:
             else type(v).__name__
             for v in vals
         )
+        kind = getattr(out_spec, "type", None)
+        if kind is dict:
+            shape = f"a dict {{{', '.join(map(repr, out_spec.context))}}} of"
+            fix = ("return one loss: the sum (or your weighting) of the dict's losses, e.g. "
+                   "sum(losses.values()); gemc trains on that scalar")
+        elif kind in (tuple, list):
+            shape = f"a {kind.__name__} of"
+            fix = ("return only the training loss (e.g. a wrapper module whose forward "
+                   "returns model(...)[0]); logits for metrics come from another method")
+        else:
+            shape = ""
+            fix = "reduce to one floating-point scalar (e.g. loss.mean()) and return only that"
         raise CaptureError(
-            f"the model's forward must return the scalar training loss; it returned {len(vals)} "
-            f"value(s): {got}",
+            f"the model's forward must return the scalar training loss; it returned {shape}"
+            f"{' ' if shape else ''}{len(vals)} value(s): {got}",
             where=f"{entrypoint} -> model.forward",
-            fix="reduce to one floating-point scalar (e.g. loss.mean()) and return only that",
+            fix=fix,
         )
 
 
@@ -246,15 +277,4 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _where(exc: BaseException, entrypoint: str) -> str:
-    import traceback
-
-    frames = [
-        f
-        for f in traceback.extract_tb(exc.__traceback__)
-        if "site-packages" not in f.filename
-        and "/torch/" not in f.filename
-        and "/gemc/" not in f.filename
-    ]
-    return (
-        f"{frames[-1].filename}:{frames[-1].lineno}" if frames else f"{entrypoint} -> model.forward"
-    )
+    return user_frame(exc) or f"{entrypoint} -> model.forward"

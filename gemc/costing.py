@@ -95,7 +95,7 @@ def table_costs(tables: Sequence[TableFacts]) -> list[TableCost]:
             dtype_bytes=_DTYPE_BYTES.get(t.dtype, 4), pooled=t.pooling != "none",
             precision=t.precision or "fp32", lookup=t.lookup, lookups=t.lookups,
             padded_nnz=t.padded_nnz, routed=t.routed, padding_row=t.padding_row,
-            lookup_alive=t.lookup_alive_bytes,
+            lookup_alive=t.lookup_alive_bytes, replicated_only=t.replicated_only,
         )
         for t in tables
     ]

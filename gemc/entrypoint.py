@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from gemc.batch_structure import example_leaves, flat_spec
-from gemc.errors import EntrypointError, GemcUserError
+from gemc.errors import EntrypointError, GemcUserError, user_frame
 from gemc.spec import ModelSpec
 
 ENTRYPOINT_FIX = (
@@ -185,9 +185,13 @@ def build_spec(
     except Exception as exc:
         raise EntrypointError(
             f"'{entrypoint}' raised {type(exc).__name__}: {exc}",
-            where=_last_frame(exc),
+            where=user_frame(exc) or _last_frame(exc),
             fix=f"fix the model's build function (it runs with torch.device({device!r}) as "
-            "default)",
+            "default" + ("" if not on_meta else
+                         ", where a tensor holds no values: make what reads values from a "
+                         "tensor (.item(), int(t), a size from data), such as the example "
+                         "batch, on the CPU: `with torch.device('cpu'):` around it, or "
+                         "device='cpu'; gemc moves the batch to meta itself") + ")",
         ) from exc
     check_spec(spec, entrypoint)
     spec = flat_spec(spec, entrypoint)

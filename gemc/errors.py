@@ -7,6 +7,10 @@ escaping is a bug in gemc and exits 1.
 
 from __future__ import annotations
 
+import sysconfig
+import traceback
+from pathlib import Path
+
 
 class GemcError(Exception):
     """Base class of gemc's own errors."""
@@ -28,6 +32,28 @@ class GemcUserError(GemcError):
         if self.fix:
             parts.append(f"  fix: {self.fix}")
         return "\n".join(parts)
+
+
+def _library_roots() -> tuple[str, ...]:
+    """Folders of code that is not the user's: Python's own library, installed packages,
+    and gemc's package (found by path, so gemc's namespace packages count too)."""
+    paths = sysconfig.get_paths()
+    return tuple({str(Path(p).resolve()) for p in (paths["stdlib"], paths["purelib"],
+                                                   paths["platlib"])}
+                 | {str(Path(__file__).resolve().parent)})
+
+
+def users_file(filename: str) -> bool:
+    """``filename`` is the user's code: not Python's library, an installed package or gemc."""
+    return not filename.startswith("<") and not str(Path(filename).resolve()).startswith(
+        _library_roots())
+
+
+def user_frame(exc: BaseException) -> str | None:
+    """``file:line`` of the innermost frame of ``exc``'s traceback in the user's code, or
+    None: a torch error raised deep in torch is the user's line that called it."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if users_file(f.filename)]
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else None
 
 
 class EntrypointError(GemcUserError):

@@ -191,6 +191,8 @@ class TableFacts:
     precision_reason: str = ""  # why that precision (where one was chosen)
     route_ms: Mapping[str, float] | None = None  # both routes' prices, where chosen
     lookup_alive_bytes: tuple[int, ...] = ()  # per dense_grad lookup, live saved bytes
+    # only a whole replica runs it right (collect-tables' ``replicated`` reasons)
+    replicated_only: bool = False
 
     @property
     def ranks(self) -> tuple[int, ...]:
@@ -316,6 +318,7 @@ def table_facts(gm: fx.GraphModule, param_dtypes: Mapping[str, str]) -> list[Tab
             route_ms={k: round(v, 6) for k, v in prices[fqn].items()}
             if fqn in prices else None,
             lookup_alive_bytes=tuple(alive_bytes[fqn]),
+            replicated_only=bool(facts.get("replicated")),
         ))
     return tables
 

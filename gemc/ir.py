@@ -34,6 +34,9 @@ KERNEL = PREFIX + "kernel"  # facts of a kernel group (dict: id, kind, predicted
 PACKED = PREFIX + "packed"  # {"id", "dims": [batch dim, sequence dim], "zeroed"} per node
 PACKED_REGION = PREFIX + "packed_region"  # a packed token region's facts, on its source node
 PACKED_SKIPPED = PREFIX + "packed_skipped"  # why an attention's history stays padded
+# the captured size of a node whose length depends on the batch's values (``u0``), on a node
+# whose ``val`` gemc.data_dependent gave the upper-bound shape: no kernel may bake it in
+BOUNDED = PREFIX + "bounded"
 # gm.meta: the GPU, calibration and world size predict-time priced with
 PRICING = PREFIX + "pricing"
 # gm.meta: the plan document emit-plan (the pipeline's last pass) built from the graph

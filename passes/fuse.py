@@ -53,9 +53,11 @@ MAX_SLOTS = 12  # operand tiles one kernel reads; bounds its argument list and r
 
 
 def _float_tensor(node: fx.Node) -> bool:
+    """A float tensor of a fixed size (a data-dependent one, gemc.data_dependent's bound,
+    would be baked into the kernel)."""
     val = node.meta.get("val")
     return isinstance(val, torch.Tensor) and val.dtype in _FLOAT and val.dim() >= 1 \
-        and val.numel() > 0
+        and val.numel() > 0 and ir.BOUNDED not in node.meta
 
 
 def gemm_root(node: fx.Node) -> bool:
@@ -80,7 +82,7 @@ def reduction_root(node: fx.Node) -> bool:
     if node.kwargs.get("dtype") is not None or len(node.args) > 3:
         return False
     src = node.args[0]
-    shape = ir.shape_of(src) if isinstance(src, fx.Node) else None
+    shape = ir.shape_of(src) if isinstance(src, fx.Node) and _float_tensor(src) else None
     dims = node.args[1] if len(node.args) > 1 else None
     if shape is None or len(shape) < 2 or not isinstance(dims, (list, tuple)) or len(dims) != 1:
         return False

@@ -2,7 +2,9 @@
 
 Dense regions are replicated (DDP). Tables go table-wise, round-robin over the ranks in
 order of size (largest first), except tables too large for one GPU's share of memory,
-which go row-wise over every rank. The plan says ``"planner": "default"`` so nobody
+which go row-wise over every rank, and tables only a whole replica runs right
+(collect-tables' ``replicated`` reasons: read outside their lookups, max pooling), which
+are replicated (``data_parallel``) on every rank. The plan says ``"planner": "default"`` so nobody
 mistakes this for an optimised placement.
 """
 
@@ -48,7 +50,9 @@ class PlaceDefault:
         placement: dict[str, dict] = {}
         next_rank = 0
         for facts in order:
-            if world > 1 and _table_bytes(facts) > TABLE_WISE_MAX_HBM_SHARE * hbm:
+            if facts.get("replicated"):
+                placement[facts["fqn"]] = {"sharding": "data_parallel", "ranks": list(range(world))}
+            elif world > 1 and _table_bytes(facts) > TABLE_WISE_MAX_HBM_SHARE * hbm:
                 placement[facts["fqn"]] = {"sharding": "row_wise", "ranks": list(range(world))}
             else:
                 placement[facts["fqn"]] = {"sharding": "table_wise", "ranks": [next_rank % world]}

@@ -34,7 +34,12 @@ per row forward and bf16 backward), cast back on arrival (:mod:`.embedding_excha
 :mod:`.sparse_optim` all-reduces. ``nn.Embedding`` (one vector per id, no pooling) is routed
 as bags of one id each.
 
-Not supported (a named error at setup): ``max`` pooling, ``max_norm``,
+``max`` pooling runs only where the lookup is local (one rank, or ``data_parallel``, where
+gemc places such tables): partial maxima of row shards do not add up. Torch has no sparse
+gradient of a max pool, so its gradient is dense (the sparse optimizer reads its non-zero
+rows).
+
+Not supported (a named error at setup): ``max`` pooling of a sharded table, ``max_norm``,
 ``scale_grad_by_freq``, per-sample weights that require grad, and a rank holding two
 shards of one table.
 """
@@ -131,8 +136,6 @@ class ShardedEmbedding(nn.Module):
         self.include_last_offset = bool(getattr(source, "include_last_offset", False))
         self.padding_idx = source.padding_idx
         unsupported = []
-        if self.mode == "max":
-            unsupported.append("mode='max'")
         if source.max_norm is not None:
             unsupported.append("max_norm")
         if source.scale_grad_by_freq:
@@ -142,7 +145,7 @@ class ShardedEmbedding(nn.Module):
                 f"table '{fqn}' uses {', '.join(unsupported)}, which the sharded runner "
                 "does not support",
                 where=f"model module {module_fqn(fqn)}",
-                fix="use sum/mean pooling without max_norm / scale_grad_by_freq",
+                fix="leave max_norm / scale_grad_by_freq out of the table",
             )
         self.sharding = table["sharding"]
         self.shards = [Shard.from_plan(s) for s in table["shards"]]
@@ -169,6 +172,16 @@ class ShardedEmbedding(nn.Module):
         self.local_only = self.replicated or (
             world_size == 1 and self.local is not None
         )
+        if self.mode == "max" and not self.local_only:
+            # the exchange adds the owners' partial pools: partial maxima do not add up
+            raise GemcUserError(
+                f"table '{fqn}' uses mode='max', which the runner pools only over a whole "
+                f"table on the rank (one rank, or data_parallel), but the plan shards it "
+                f"{self.sharding}",
+                where=where,
+                fix="compile the plan again with this gemc (it places max-pooled tables "
+                    "data_parallel), or pool with mode='sum' / 'mean'",
+            )
         self.precision = table.get("precision", "fp32")
         if self.precision not in TABLE_PRECISIONS:
             raise PlanError(f"table '{fqn}' has precision {self.precision!r}",
@@ -311,7 +324,7 @@ class ShardedEmbedding(nn.Module):
     def _local(self, input, offsets, per_sample_weights) -> torch.Tensor:  # noqa: ANN001
         weight, ids = self.rows_for_lookup(input)
         padding_idx = self.padding_idx
-        if padding_idx is not None and ids is input and not (
+        if padding_idx is not None and ids is input and self.mode != "max" and not (
                 per_sample_weights is not None and per_sample_weights.requires_grad):
             # torch's sparse gradient would drop the padding ids with a host sync
             if not self.is_bag:
@@ -330,7 +343,7 @@ class ShardedEmbedding(nn.Module):
             weight,
             offsets,
             mode=self.mode,
-            sparse=True,
+            sparse=self.mode != "max",  # torch has no sparse gradient of a max pool
             per_sample_weights=per_sample_weights,
             include_last_offset=self.include_last_offset,
             padding_idx=padding_idx,

@@ -249,7 +249,9 @@ class GraphExecutor:
                 )
         entries = [self._with_table_storage(self._with_optimizer(e, emb_opt.cfg), tables)
                    for e in kernels]
-        params = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+        # every name of a tied tensor: the graph has a placeholder for each
+        params = {**dict(model.named_parameters(remove_duplicate=False)),
+                  **dict(model.named_buffers(remove_duplicate=False))}
         self.not_applied: list[str] = []
         # the rule the cost model prices by (gemc.table_lookup): one place for both
         precision = {f: m.precision for f, m in tables.items()}
@@ -543,10 +545,12 @@ def _sharded_lookups(gm: torch.fx.GraphModule, tables: dict[str, ShardedEmbeddin
     the plan prices it cheaper.
 
     A node that reads a table other than as its module's lookup (a tied output projection,
-    a functional lookup of another form) cannot be routed: on several ranks the table is
-    sharded and on one rank a bf16 / fp8 table is stored narrow, so that is an error; on one
-    rank an fp32 table's whole weight is the graph's parameter, so the node runs as captured
-    on it, as in module mode, with a warning (its gradient is table-sized)."""
+    an L2 penalty on the table, a functional lookup of another form) cannot be routed: a
+    table sharded over several ranks has only its shard here, and a bf16 / fp8 table is
+    stored narrow, so that is an error; where the rank holds the whole fp32 table (one
+    rank, or a data_parallel replica: gemc places such tables so), its weight is the
+    graph's parameter, so the node runs as captured on it, as in module mode, with a
+    warning (its gradient is table-sized)."""
     calls: dict[str, Any] = {}
     for node in gm.graph.nodes:
         fqn = node.meta.get(ir.PARAM) if node.op == "placeholder" else None
@@ -558,7 +562,7 @@ def _sharded_lookups(gm: torch.fx.GraphModule, tables: dict[str, ShardedEmbeddin
             if other is None:
                 calls[user.name] = _lookup_call(table, user.target)
                 continue
-            if world_size > 1 or table.precision != "fp32":
+            if (world_size > 1 and not table.replicated) or table.precision != "fp32":
                 raise PlanError(
                     f"the captured graph reads table '{fqn}' in node {user.name} "
                     f"({user.target}) {other}; "

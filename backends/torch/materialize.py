@@ -156,7 +156,7 @@ def materialize_(
         snapshot = real_dense_state(model, skip=table_modules)
         if snapshot:
             author = _Snapshot(snapshot)
-    model.to_empty(device=device)
+    _to_empty_keeping_ties(model, device)
     report = init_dense_(model, seed, skip=table_modules, author_build=author)
     for name in table_modules:
         module = model.get_submodule(name)
@@ -177,6 +177,27 @@ def materialize_(
                 padding_idx=getattr(module, "padding_idx", None),
             )
     return report
+
+
+def _to_empty_keeping_ties(model: nn.Module, device: torch.device | str) -> None:
+    """``model.to_empty(device)`` with tied tensors still tied.
+
+    From meta, torch's ``Module._apply`` cannot swap a parameter's data in place, so it
+    makes a new Parameter for every module holding one: ``out.weight = emb.weight`` came out
+    as two tensors, trained apart, in the runner and in the reference alike (silently: a
+    tied model trained as an untied one). Each module's slot is pointed back at the first
+    name's new tensor."""
+    slots: dict[int, list[tuple[nn.Module, str, str]]] = {}
+    for module in model.modules():
+        for kind, held in (("_parameters", module._parameters), ("_buffers", module._buffers)):
+            for attr, tensor in held.items():
+                if tensor is not None:
+                    slots.setdefault(id(tensor), []).append((module, kind, attr))
+    model.to_empty(device=device)
+    for group in slots.values():
+        (first, kind, attr), rest = group[0], group[1:]
+        for module, other_kind, other_attr in rest:
+            getattr(module, other_kind)[other_attr] = getattr(first, kind)[attr]
 
 
 class _Snapshot:

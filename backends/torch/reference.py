@@ -76,7 +76,8 @@ class ReferenceTrainer:
         table_weights = set()
         for name in self.table_modules:
             module = model.get_submodule(name)
-            module.sparse = True
+            # torch has no sparse gradient of a max pool: its rows are read from a dense one
+            module.sparse = getattr(module, "mode", "sum") != "max"
             self.tables[name] = module
             table_weights.add(id(module.weight))
         dense = [p for p in model.parameters() if p.requires_grad and id(p) not in table_weights]

@@ -227,10 +227,11 @@ def table_option(problem: Problem, t: TableCost, sharding: str, ranks: int,
 def table_options(problem: Problem, t: TableCost) -> list[TableOption]:
     """Every sharding type's candidates for ``t`` on the problem's topology, priced; those
     that fit in memory (if none does, the smallest one: the plan is infeasible and
-    ``infeasible`` says why)."""
+    ``infeasible`` says why). A table only a whole replica runs right (``replicated_only``: the model
+    reads it outside its lookups, or max-pools it) is offered its replicated types only."""
     topo = problem.topology
     out = [table_option(problem, t, s.name, c.ranks, c.grid)
-           for s in SHARDINGS.values()
+           for s in SHARDINGS.values() if s.replicated or not t.replicated_only
            for c in s.candidates(t.dim, topo.hosts, topo.gpus_per_host)]
     fits = [o for o in out if o.memory <= problem.cap_bytes]
     return fits or [min(out, key=lambda o: o.memory)]
@@ -247,7 +248,7 @@ def table_key(t: TableCost) -> tuple:
     form a class and share priced options): its shape, traffic and precision, and its
     lookup path with what its gradient's memory depends on."""
     return (t.rows, t.dim, t.nnz, t.batch, t.dtype_bytes, t.pooled, t.precision,
-            t.lookup, t.lookups, t.lookup_alive)
+            t.lookup, t.lookups, t.lookup_alive, t.replicated_only)
 
 
 def table_classes(problem: Problem) -> list[TableClass]:

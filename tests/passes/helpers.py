@@ -50,6 +50,7 @@ def graph_of(model: torch.nn.Module, inputs: Sequence[torch.Tensor], passes: Seq
     captured = capture(spec, entrypoint="test")
     ctx = PassContext(entrypoint="test", param_fqns=captured.param_fqns,
                       param_shapes=captured.param_shapes, param_dtypes=captured.param_dtypes,
+                      param_aliases=captured.param_aliases,
                       topology=parse_topology(topology) if topology else None,
                       precision_probe=precision_probe)
     return PassManager(list(passes)).run(captured.gm, ctx), ctx

@@ -1,3 +1,6 @@
+import pytest
+import torch
+
 from gemc import ir
 from gemc.api import load_model
 from tests.conftest import TOY, check_golden
@@ -40,3 +43,53 @@ def test_bag_and_plain_lookups_on_a_small_model():
         CHECK-SAME: table={fqn:emb.weight,rows:30,dim:8,nnz:15,batch:15,mode:none,weighted:False}
         CHECK-NOT: table=
     """)
+
+
+class _TiedOutput(torch.nn.Module):
+    """A bag table whose weight the output layer shares (weight tying), tied either way."""
+
+    def __init__(self, table_owns: bool) -> None:
+        super().__init__()
+        self.emb = torch.nn.EmbeddingBag(64, 8, mode="sum")
+        self.out = torch.nn.Linear(8, 64, bias=False)
+        if table_owns:
+            self.out.weight = self.emb.weight
+        else:
+            self.emb.weight = self.out.weight
+
+    def forward(self, ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        return self.out(self.emb(ids, offsets)).logsumexp(-1).sum()
+
+
+@pytest.mark.parametrize("table_owns", [True, False])
+def test_a_tied_table_stays_a_dense_parameter(table_owns: bool) -> None:
+    """The runner shards a table by swapping its module: the other name of a tied weight
+    would keep the old tensor. Whichever name export keeps, the weight is no table."""
+    gm, ctx = graph_of(_TiedOutput(table_owns), (torch.randint(0, 64, (12,)),
+                                                 torch.arange(0, 12, 3)), annotated())
+    assert not any(ir.TABLE in n.meta for n in gm.graph.nodes)
+    assert any("is tied to" in w and "stays a dense parameter" in w for w in ctx.warnings)
+
+
+class _Penalised(torch.nn.Module):
+    """A table looked up by its module and also read whole (an L2 penalty on it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(20, 4)
+        self.free = torch.nn.Embedding(20, 4)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        loss = (self.emb(ids) * self.free(ids)).sum()
+        return loss + 1e-3 * self.emb.weight.square().sum()
+
+
+def test_a_table_read_outside_its_lookups_is_marked_replicated() -> None:
+    gm, ctx = graph_of(_Penalised(), (torch.randint(0, 20, (6,)),), annotated())
+    facts = {n.meta[ir.TABLE]["fqn"]: n.meta[ir.TABLE] for n in gm.graph.nodes
+             if ir.TABLE in n.meta}
+    assert set(facts) == {"emb.weight", "free.weight"}
+    assert facts["emb.weight"]["replicated"][0].startswith("read at ")
+    assert "test_collect_tables.py:" in facts["emb.weight"]["replicated"][0]
+    assert "replicated" not in facts["free.weight"]
+    assert any("'emb.weight' is also read outside its lookups" in w for w in ctx.warnings)
