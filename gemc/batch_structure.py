@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from gemc.capture_idioms import NESTED_FIX
 from gemc.errors import EntrypointError, GemcUserError
 from gemc.spec import ModelSpec
 
@@ -57,6 +58,8 @@ def _leaves(inputs: tuple[Any, ...], entrypoint: str
                 "registered with torch.utils._pytree.register_dataclass), and every value in "
                 "it must be a tensor (make a constant a tensor, or an attribute of the model)",
             )
+        if leaf.is_nested:
+            raise _nested_input_error(pytree.keystr(path), leaf, entrypoint)
     if not with_paths:
         raise EntrypointError(
             "ModelSpec.example_inputs holds no tensor",
@@ -64,6 +67,24 @@ def _leaves(inputs: tuple[Any, ...], entrypoint: str
             fix="give the batch the forward takes: example_inputs=(batch,)",
         )
     return [leaf for _, leaf in with_paths], [p for p, _ in with_paths], spec
+
+
+def _nested_input_error(key: str, leaf: torch.Tensor, entrypoint: str) -> EntrypointError:
+    """A ``torch.nested`` tensor in the batch. Its ragged dimension is a symbolic "nested
+    int" with no integer value: gemc's checks of the batch, its non-strict torch.export
+    capture (the graph's input placeholders) and the runner's batches all need dense
+    tensors with integer shapes (reading the shape crashed inside torch before this check:
+    ``'NestedIntNode' object has no attribute 'int_'``). The same data as a values tensor
+    plus an offsets tensor is what gemc treats as jagged."""
+    layout = str(leaf.layout).removeprefix("torch.")
+    return EntrypointError(
+        f"ModelSpec.example_inputs{key} is a torch.nested tensor (layout {layout}); gemc "
+        "takes a batch of dense tensors only (its capture, torch.export non-strict, and its "
+        "runner cannot take a nested tensor's ragged dimension as an input)",
+        where=f"{entrypoint} -> ModelSpec.example_inputs{key}",
+        fix="hand the forward the nested tensor's parts, nt.values() and nt.offsets(), as "
+        f"two entries of the batch (e.g. batch['hist_values'], batch['hist_offsets']); {NESTED_FIX}",
+    )
 
 
 def input_names(forward: Callable[..., Any], paths: list[tuple[Any, ...]]) -> list[str]:

@@ -19,6 +19,7 @@ import torch
 from torch import fx
 
 from gemc.batch_structure import flat_spec
+from gemc.capture_idioms import undetermined_causal_hint, untraceable_call
 from gemc.data_dependent import bound_unbacked_sizes
 from gemc.errors import CaptureError, user_frame
 from gemc.host_randomness import watch as host_randomness_watch
@@ -62,12 +63,18 @@ def capture(spec: ModelSpec, *, entrypoint: str = "model",
     inputs = _inputs_on_model_device(model, spec.example_inputs)
     model.train()
     try:
-        with warnings.catch_warnings(), _no_gc(), host_randomness_watch() as draws:
+        with warnings.catch_warnings(), _no_gc(), host_randomness_watch() as draws, \
+                undetermined_causal_hint():
             warnings.simplefilter("ignore")
             exported = torch.export.export(model, inputs, strict=False)
     except Exception as exc:  # any export failure is the user's model not being capturable
         if _is_device_mismatch(exc):
             raise _device_error(exc, model, spec.example_inputs, entrypoint) from exc
+        if (call := untraceable_call(exc)) is not None:
+            api, site, fix = call
+            raise CaptureError(
+                f"torch.export cannot trace {api}, which the model's forward calls "
+                f"({_first_line(exc)})", where=site, fix=fix) from exc
         raise CaptureError(
             f"torch.export could not capture the model: {_first_line(exc)}",
             where=_where(exc, entrypoint),
