@@ -1,0 +1,95 @@
+"""SASRec / BERT4Rec in the RecBole style (Kang & McAuley 2018; Sun et al. 2019).
+
+``item_seq`` is left-aligned, 0 = padding, with ``item_seq_len``. An item embedding
+(``padding_idx=0``) plus a position embedding, LayerNorm, then
+``nn.TransformerEncoder(nn.TransformerEncoderLayer(norm_first=True, batch_first=True,
+activation="gelu"))``. ``mask``:
+
+* ``"pad"`` (BERT4Rec, bidirectional): ``src_key_padding_mask = item_seq == 0``;
+  ``"pad_left"`` the same with the history left-padded (pmixer/SASRec.pytorch's layout),
+  the last position read;
+* ``"causal"`` (SASRec): ``mask=nn.Transformer.generate_square_subsequent_mask(L)`` and the
+  padding mask;
+* ``"causal_hinted"``: the same with ``is_causal=False`` given; ``"causal_only"``: the
+  causal mask, ``is_causal=False``, no padding mask;
+* ``"is_causal"``: the causal mask with ``is_causal=True`` and no padding mask.
+
+The last real position is gathered with RecBole's ``gather_indexes(output, item_seq_len -
+1)``; the loss is CE over all items (``logits = seq_output @ item_emb.weight.T``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gemc.spec import ModelSpec
+
+B, L, ITEMS, H, HEADS, LAYERS = 8, 6, 50, 16, 2, 2
+
+
+class SeqRec(nn.Module):
+    def __init__(self, mask: str) -> None:
+        super().__init__()
+        self.mask = mask
+        self.item_embedding = nn.Embedding(ITEMS, H, padding_idx=0)
+        self.position_embedding = nn.Embedding(L, H)
+        self.layer_norm = nn.LayerNorm(H, eps=1e-12)
+        layer = nn.TransformerEncoderLayer(H, HEADS, dim_feedforward=2 * H, dropout=0.0,
+                                           activation="gelu", batch_first=True,
+                                           norm_first=True)
+        self.encoder = nn.TransformerEncoder(layer, LAYERS, enable_nested_tensor=False)
+
+    @staticmethod
+    def gather_indexes(output: torch.Tensor, gather_index: torch.Tensor) -> torch.Tensor:
+        gather_index = gather_index.view(-1, 1, 1).expand(-1, -1, output.shape[-1])
+        output_tensor = output.gather(dim=1, index=gather_index)
+        return output_tensor.squeeze(1)
+
+    def forward(self, item_seq: torch.Tensor, item_seq_len: torch.Tensor,
+                pos_items: torch.Tensor) -> torch.Tensor:
+        position_ids = torch.arange(item_seq.size(1), dtype=torch.long, device=item_seq.device)
+        position_ids = position_ids.unsqueeze(0).expand_as(item_seq)
+        x = self.item_embedding(item_seq) + self.position_embedding(position_ids)
+        x = self.layer_norm(x)
+        pad = item_seq == 0
+        seq_len = item_seq.size(1)
+        if self.mask in ("pad", "pad_left"):
+            out = self.encoder(x, src_key_padding_mask=pad)
+        elif self.mask == "causal":
+            causal = nn.Transformer.generate_square_subsequent_mask(seq_len, device=x.device)
+            out = self.encoder(x, mask=causal, src_key_padding_mask=pad)
+        elif self.mask == "causal_hinted":  # the hint given: no mask comparison
+            causal = nn.Transformer.generate_square_subsequent_mask(seq_len, device=x.device)
+            out = self.encoder(x, mask=causal, src_key_padding_mask=pad, is_causal=False)
+        elif self.mask == "causal_only":
+            causal = nn.Transformer.generate_square_subsequent_mask(seq_len, device=x.device)
+            out = self.encoder(x, mask=causal, is_causal=False)
+        else:
+            causal = nn.Transformer.generate_square_subsequent_mask(seq_len, device=x.device)
+            out = self.encoder(x, mask=causal, is_causal=True)
+        last = item_seq_len - 1 if self.mask != "pad_left" else torch.full_like(
+            item_seq_len, seq_len - 1)
+        seq_output = self.gather_indexes(out, last)
+        logits = torch.matmul(seq_output, self.item_embedding.weight.transpose(0, 1))
+        return F.cross_entropy(logits, pos_items)
+
+
+def build(mask: str = "causal", seed: int = 0) -> ModelSpec:
+    torch.manual_seed(seed)
+    model = SeqRec(mask)
+
+    def make_batch(step: int, device: torch.device | str) -> tuple[torch.Tensor, ...]:
+        g = torch.Generator().manual_seed(1000 * seed + step)
+        lengths = torch.randint(1, L + 1, (B,), generator=g)
+        lengths[0], lengths[1] = 1, L
+        real = torch.arange(L)[None, :] < lengths[:, None]
+        if mask == "pad_left":  # pmixer/SASRec.pytorch's layout: history at the end
+            real = real.flip(1)
+        seq = torch.randint(1, ITEMS, (B, L), generator=g) * real
+        pos = torch.randint(1, ITEMS, (B,), generator=g)
+        return seq.to(device), lengths.to(device), pos.to(device)
+
+    return ModelSpec(model=model, example_inputs=make_batch(0, "cpu"), make_batch=make_batch,
+                     batch_size=B)
