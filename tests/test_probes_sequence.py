@@ -15,6 +15,10 @@ What each probe found (the fix it holds in place):
 * DIEN's ``pack_padded_sequence`` and ``torch.nested`` jagged tensors: a capture error in
   torch's words (or, for a nested tensor in the batch, an AttributeError crash); now one
   error naming the API, the line and the rewrite.
+* SASRec's per-position loss over ``logits[pos != 0]`` (a data-dependent size): a crash in
+  count-flops-bytes; now priced at its bound and trained as written (gemc.data_dependent).
+* A make_batch reading a value under build's meta device: the error's where was torch's
+  meta registration; now the author's line, and the fix says to build the batch on the CPU.
 """
 
 from __future__ import annotations
@@ -54,6 +58,10 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "sasrec_is_causal": ("recbole_transformer", {"mask": "is_causal"}),
     "dien_padded_gru": ("dien_gru", {"packed": False}),
     "sim_topk": ("sim_topk", {}),
+    # attention by hand over a history that may be empty: SASRec-TF's -2**32 + 1 fill
+    # (packed by gemc), and SDPA with a boolean keep-mask (True = attend)
+    "hand_attention_where": ("manual_attention", {"mask": "where_2_32"}),
+    "hand_attention_sdpa_bool": ("manual_attention", {"mask": "sdpa_bool"}),
 }
 
 
@@ -151,6 +159,24 @@ def test_packed_sequence_is_named_with_the_padded_rewrite() -> None:
     assert "torch.nn.utils.rnn.pack_padded_sequence" in err.what
     assert err.where == f"{PROBES / 'dien_gru.py'}:34"  # the forward's call
     assert "out.gather(1, (lengths - 1)" in err.fix
+
+
+def test_boolean_mask_indexing_is_priced_at_its_bound_and_trains_as_eager() -> None:
+    """SASRec's per-position loss over ``logits[pos != 0]``: a size known only from the
+    data, which crashed count-flops-bytes (PassFailure, exit 1); now priced at its upper
+    bound (gemc.data_dependent), named in the plan's warnings with the model's line, and
+    run as the model wrote it."""
+    args = {"mask": "fill_1e9", "loss": "positions"}
+    plan = gemc_compile(_entry("manual_attention"), args, topology="h200:1x1")
+    line = next(i for i, text in enumerate((PROBES / "manual_attention.py").read_text()
+                                           .splitlines(), 1) if "pos_logits[istarget], " in text)
+    assert any("upper bound" in w and f"manual_attention.py:{line}" in w
+               for w in plan["warnings"]), plan["warnings"]
+    res = run(variant(plan, kernels=True), RunOptions(steps=STEPS, device="cpu",
+                                                      progress=False))
+    ref = reference_losses(load_model(_entry("manual_attention"), args), steps=STEPS,
+                           world_size=1)
+    _close("boolean mask indexing", [loss for _, loss in res.losses], ref)
 
 
 def test_nested_tensor_made_in_forward_is_named() -> None:
