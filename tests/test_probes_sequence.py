@@ -24,6 +24,7 @@ What each probe found (the fix it holds in place):
 from __future__ import annotations
 
 import functools
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ if not torch.cuda.is_available():
 from gemc.backends.torch.embedding import ShardedEmbedding
 from gemc.backends.torch.reference import reference_losses
 from gemc.backends.torch.runner import RunOptions, run
+from gemc.backends.triton.key_padding_attention import key_padding_attention
 
 from gemc.api import compile as gemc_compile
 from gemc.api import load_model
@@ -62,6 +64,12 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     # (packed by gemc), and SDPA with a boolean keep-mask (True = attend)
     "hand_attention_where": ("manual_attention", {"mask": "where_2_32"}),
     "hand_attention_sdpa_bool": ("manual_attention", {"mask": "sdpa_bool"}),
+    # nn.MultiheadAttention target attention (need_weights: a written-out softmax) with a
+    # new user's all-padding row: cleaned by nan_to_num (eager's weights go NaN at step 1's
+    # backward, and gemc's must too), or kept alive by mask[:, 0] = False with DIEN's
+    # AUGRU as a Python loop over the steps
+    "target_attention_nan_to_num": ("target_attention", {"empty": "nan_to_num"}),
+    "target_attention_augru": ("target_attention", {"empty": "keep_first", "cell": True}),
 }
 
 
@@ -76,8 +84,11 @@ def _compiled(name: str, topology: str) -> dict[str, Any]:
 
 
 def _close(name: str, got: list[float], ref: list[float]) -> None:
+    """Equal to rtol, NaN where eager's is NaN (a model that goes NaN must do so on the
+    same step under gemc)."""
     assert len(got) == len(ref) == STEPS
-    bad = [(i + 1, g, r) for i, (g, r) in enumerate(zip(got, ref)) if abs(g - r) > RTOL * abs(r)]
+    bad = [(i + 1, g, r) for i, (g, r) in enumerate(zip(got, ref))
+           if not (abs(g - r) <= RTOL * abs(r) or (math.isnan(g) and math.isnan(r)))]
     assert not bad, f"{name}: (step, gemc run, eager) off by more than rtol {RTOL}: {bad}"
 
 
@@ -95,6 +106,33 @@ def test_compiles_and_one_rank_matches_eager(name: str) -> None:
     module, args = CASES[name]
     ref = reference_losses(load_model(_entry(module), args), steps=STEPS, world_size=1)
     _close(name, [loss for _, loss in res.losses], ref)
+
+
+@pytest.mark.parametrize("additive", [False, True])
+def test_a_query_with_no_key_has_eagers_nan_gradients(additive: bool) -> None:
+    """A written-out softmax over a row whose keys are all masked is NaN forward and, in
+    its backward, NaN for that row's v (and q, k where the mask is added to the scores,
+    not masked_fill-ed) even where the upstream gradient is zero (nan_to_num's backward):
+    the kernel path gave finite (zero) gradients, so a model that eager PyTorch turns NaN
+    after one step trained on silently under gemc."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 1 if i == 0 else 3, 4, generator=gen, requires_grad=True)
+               for i in range(3))
+    pad = torch.tensor([[False, False, True], [True, True, True]])  # row 1: no key
+    mask = torch.zeros(pad.shape).masked_fill(pad, -math.inf) if additive else ~pad
+    eager_qkv = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    scores = eager_qkv[0] @ eager_qkv[1].transpose(-2, -1) * 0.5
+    scores = (scores + mask[:, None, None, :] if additive
+              else scores.masked_fill(pad[:, None, None, :], -math.inf))
+    torch.nan_to_num(torch.softmax(scores, dim=-1) @ eager_qkv[2]).sum().backward()
+    out = key_padding_attention(q, k, v, mask, scale=0.5, additive=additive,
+                                zero_padding_queries=False, nan_if_empty=True)
+    assert out[1].isnan().all() and not out[0].isnan().any()
+    torch.nan_to_num(out).sum().backward()
+    assert eager_qkv[2].grad[1].isnan().all()
+    for got, want in zip((q, k, v), eager_qkv):
+        assert not want.grad[0].isnan().any()
+        torch.testing.assert_close(got.grad, want.grad, equal_nan=True)
 
 
 def test_tied_item_table_is_replicated_on_several_ranks() -> None:

@@ -158,12 +158,35 @@ def kept_first(key_mask: torch.Tensor, additive: bool) -> torch.Tensor:
                       stable=True).indices
 
 
-def nan_where_no_key(out: torch.Tensor, key_mask: torch.Tensor,
-                     additive: bool) -> torch.Tensor:
-    """``out [B, H, M, D]`` NaN on the rows that keep no key (a written-out softmax over
-    all ``-inf``, where the kernels give 0)."""
-    return out.masked_fill(~kept_keys(key_mask, additive).any(1)[:, None, None, None],
-                           math.nan)
+def nan_where_no_key(out: torch.Tensor, key_mask: torch.Tensor, additive: bool,
+                     operands: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
+    """``out [B, H, M, D]`` NaN on the rows that keep no key, as a written-out softmax over
+    all ``-inf`` gives them where the kernels give 0; and, through ``operands``, NaN
+    gradients for those batch rows' operands, as that softmax's backward gives them: its
+    NaN probabilities multiply every upstream gradient, zero included, so a model that
+    cleans the output with ``torch.nan_to_num`` still gets NaN weights in eager PyTorch
+    after one step, and so it does here (a masked fill alone passed none back). Which
+    operands: :func:`nan_gradient_operands`."""
+    empty = ~kept_keys(key_mask, additive).any(1)
+    out = out.masked_fill(empty[:, None, None, None], math.nan)
+    if not operands:
+        return out
+    # zero where a row keeps a key, NaN where none: NaN x (sum of the row's operands) adds
+    # nothing elsewhere, and differentiates to NaN for each of that row's elements
+    poison = torch.zeros(empty.shape, dtype=out.dtype, device=out.device).masked_fill(
+        empty, math.nan)
+    total = sum(x.sum(dim=tuple(range(1, x.dim()))) for x in operands)
+    return out + (poison * total)[:, None, None, None]
+
+
+def nan_gradient_operands(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          additive: bool) -> tuple[torch.Tensor, ...]:
+    """The operands whose gradient a written-out softmax over an all-``-inf`` row makes
+    NaN in eager PyTorch: ``v`` always (``probs^T @ dout``); ``q`` and ``k`` too where the
+    mask is added to the scores (its backward passes the NaN score gradient on), not where
+    the scores are ``masked_fill``-ed (whose backward zeroes every masked position, here
+    the whole row)."""
+    return (q, k, v) if additive else (v,)
 
 
 def padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -192,11 +215,14 @@ def key_padding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     ``zero_padding_queries``) runs jagged and leaves padding query rows zero; otherwise
     (cross-attention, or padding query rows someone reads) every query row is computed, its
     key loop stopping at the row's length. ``nan_if_empty``: a row with no kept key gives NaN
-    (a written-out ``softmax`` over all ``-inf``, where SDPA gives 0). See the module doc
+    and NaN gradients (a written-out ``softmax`` over all ``-inf``, where SDPA gives 0:
+    :func:`nan_where_no_key`). See the module doc
     (semantics, the one sync)."""
     out = _key_padding_attention(q, k, v, key_mask, scale, causal, additive,
                                  zero_padding_queries)
-    return nan_where_no_key(out, key_mask, additive) if nan_if_empty else out
+    if not nan_if_empty:
+        return out
+    return nan_where_no_key(out, key_mask, additive, nan_gradient_operands(q, k, v, additive))
 
 
 def _key_padding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -112,6 +112,7 @@ def key_padding_checked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     from .. import ops  # noqa: F401  (registers the gemc:: ops)
     from ..key_padding_attention import (
         kept_first,
+        nan_gradient_operands,
         nan_where_no_key,
         padded_attention,
         permute_keys,
@@ -133,7 +134,8 @@ def key_padding_checked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             scale = q.shape[-1] ** -0.5
         out, _ = torch.ops.gemc.key_lengths_attention(q, k, v, key_lengths, float(scale))
     if entry.get("nan_if_empty"):
-        out = nan_where_no_key(out, mask, additive)
+        out = nan_where_no_key(out, mask, additive,
+                               nan_gradient_operands(q, k, v, additive))
     return out.flatten(0, 1) if merged else out
 
 

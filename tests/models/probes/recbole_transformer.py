@@ -30,13 +30,14 @@ B, L, ITEMS, H, HEADS, LAYERS = 8, 6, 50, 16, 2, 2
 
 
 class SeqRec(nn.Module):
-    def __init__(self, mask: str) -> None:
+    def __init__(self, mask: str, dropout: float = 0.0) -> None:
         super().__init__()
         self.mask = mask
+        self.dropout = nn.Dropout(dropout)
         self.item_embedding = nn.Embedding(ITEMS, H, padding_idx=0)
         self.position_embedding = nn.Embedding(L, H)
         self.layer_norm = nn.LayerNorm(H, eps=1e-12)
-        layer = nn.TransformerEncoderLayer(H, HEADS, dim_feedforward=2 * H, dropout=0.0,
+        layer = nn.TransformerEncoderLayer(H, HEADS, dim_feedforward=2 * H, dropout=dropout,
                                            activation="gelu", batch_first=True,
                                            norm_first=True)
         self.encoder = nn.TransformerEncoder(layer, LAYERS, enable_nested_tensor=False)
@@ -52,7 +53,7 @@ class SeqRec(nn.Module):
         position_ids = torch.arange(item_seq.size(1), dtype=torch.long, device=item_seq.device)
         position_ids = position_ids.unsqueeze(0).expand_as(item_seq)
         x = self.item_embedding(item_seq) + self.position_embedding(position_ids)
-        x = self.layer_norm(x)
+        x = self.dropout(self.layer_norm(x))
         pad = item_seq == 0
         seq_len = item_seq.size(1)
         if self.mask in ("pad", "pad_left"):
@@ -76,9 +77,11 @@ class SeqRec(nn.Module):
         return F.cross_entropy(logits, pos_items)
 
 
-def build(mask: str = "causal", seed: int = 0) -> ModelSpec:
+def build(mask: str = "causal", seed: int = 0, dropout: float = 0.0) -> ModelSpec:
+    """``dropout``: RecBole's hidden and attention dropout (its default 0.5; 0 here so the
+    losses compare with eager exactly)."""
     torch.manual_seed(seed)
-    model = SeqRec(mask)
+    model = SeqRec(mask, dropout)
 
     def make_batch(step: int, device: torch.device | str) -> tuple[torch.Tensor, ...]:
         g = torch.Generator().manual_seed(1000 * seed + step)
