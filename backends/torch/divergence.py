@@ -48,6 +48,7 @@ class Verdict:
     step: int
     what: str  # "loss" or "grad_norm"
     evidence: str
+    non_finite: bool = False  # the value itself is NaN or infinite
 
 
 def low_precision_sites(plan: dict[str, Any]) -> list[str]:
@@ -77,6 +78,12 @@ def load_reference(path: str | Path) -> dict[int, float]:
     raise GemcUserError("the reference losses are neither a run report nor a list of numbers",
                         where=where, fix="give a run report (gemc run --report) or a JSON "
                                          "list of losses")
+
+
+def _from_initial_weights(v: Verdict) -> bool:
+    """A non-finite loss at step 1 (steps count from the run's start, a resumed run's
+    continue): computed before any update, so no learning rate made it."""
+    return v.step == 1 and v.what == "loss" and v.non_finite
 
 
 class DivergenceGuard:
@@ -126,7 +133,7 @@ class DivergenceGuard:
     def _check(self, what: str, step: int, value: float) -> Verdict | None:
         recent = self.recent[what]
         if not math.isfinite(value):
-            return Verdict(step, what, f"{what} is {value}")
+            return Verdict(step, what, f"{what} is {value}", non_finite=True)
         verdict = None
         if 0 < len(recent) < self.warmup:
             median = statistics.median(recent)
@@ -149,17 +156,30 @@ class DivergenceGuard:
         return verdict
 
     def message(self, v: Verdict) -> str:
-        revert = ("; ".join(self.sites) if self.sites else
-                  "none: every table and site of this plan is fp32 (look at the learning "
-                  "rate and the data instead)")
+        if self.sites:
+            revert = "; ".join(self.sites)
+        elif _from_initial_weights(v):
+            revert = ("none: every table and site of this plan is fp32, and step 1's loss "
+                      "is the initial weights' on the first batch (no update has run, so "
+                      "not the learning rate either): the forward itself makes it")
+        else:
+            revert = ("none: every table and site of this plan is fp32 (look at the "
+                      "learning rate and the data instead)")
         return (f"training diverged at step {v.step}: {v.evidence}. Low-precision sites to "
                 f"revert: {revert}")
 
     def _act(self, v: Verdict) -> None:
         self.verdicts.append(v)
-        fix = ("compile again with --table-precision fp32 and / or --precision bf16 (no "
-               "fp8 GEMM sites), or fp32" if self.sites else
-               "lower the learning rate, check the data")
+        if self.sites:
+            fix = ("compile again with --table-precision fp32 and / or --precision bf16 (no "
+                   "fp8 GEMM sites), or fp32")
+        elif _from_initial_weights(v):
+            fix = ("run the model eagerly on make_batch(0) under torch.autograd.detect_anomaly"
+                   "() to find the first non-finite value; the usual ones: a softmax whose "
+                   "every key is masked (a row that is all padding: keep one key, e.g. "
+                   "mask[:, 0] = False), a log or a division of 0")
+        else:
+            fix = "lower the learning rate, check the data"
         if self.action == "stop":
             raise TrainingDiverged(self.message(v), where=f"gemc run, step {v.step}", fix=fix)
         if not self.quiet:

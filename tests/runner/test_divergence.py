@@ -70,6 +70,21 @@ def test_early_and_non_finite_blow_ups_and_grad_norm():
         guard.observe(31, 0.7, grad_norm=500.0)
 
 
+def test_a_non_finite_first_loss_is_the_forwards_not_the_learning_rate():
+    """Step 1's loss comes from the initial weights: NaN there (a softmax over a row that
+    is all padding, say) is no learning-rate problem, and the message says where to look;
+    NaN later keeps the learning-rate advice."""
+    guard = DivergenceGuard([], action="stop")
+    with pytest.raises(TrainingDiverged, match="no update has run") as err:
+        guard.observe(1, float("nan"))
+    assert "detect_anomaly" in err.value.fix and "learning rate" not in err.value.fix
+    guard = DivergenceGuard([], action="stop")
+    guard.observe(1, 0.7)
+    with pytest.raises(TrainingDiverged) as err:
+        guard.observe(2, float("nan"))
+    assert err.value.fix == "lower the learning rate, check the data"
+
+
 def test_reference_trajectory_needs_several_steps_above():
     ref = {i + 1: v for i, v in enumerate(_noisy(40))}
     guard = DivergenceGuard(["table t0.weight (fp8)"], action="stop", reference=ref,
