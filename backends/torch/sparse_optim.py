@@ -484,7 +484,8 @@ class ReplicaBucket:
         added at their ids (its duplicates summed there, in the ids' order as
         :func:`summed_rows` sums them), a table-sized one added whole (its not-all-zero
         rows flagged, the reference's reading), a bf16 / fp8 replica's summed rows
-        written. The padding row is never used (torch's sparse gradient leaves it out)."""
+        written. The padding row is never used by a lookup (torch's sparse gradient leaves
+        it out); a table-sized gradient's padding row is a whole read's and is kept."""
         assert self.buffer is not None
         if not self._filled:
             self.buffer.zero_()
@@ -500,8 +501,13 @@ class ReplicaBucket:
             seg.index_add_(0, ids, grad._values().float())
             used.index_fill_(0, ids, 1.0)
         elif grad is not None:
+            # table-sized: a read of the whole weight (a tied projection) added to the
+            # lookups' gradient. Their part of the padding row is zero (torch's and the
+            # padded lookup's backward), so what that row holds is the whole read's, which
+            # eager PyTorch applies: kept, flagged where non-zero (the reference's reading)
             seg.add_(grad.float())
             used.masked_fill_(grad.ne(0).any(dim=1), 1.0)
+            return
         pad = m.local_padding_row()
         if pad is not None:
             seg[pad] = 0.0
