@@ -26,14 +26,26 @@ from __future__ import annotations
 import os
 
 import torch
-import triton
-import triton.language as tl
+
+if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # before Triton is imported here: see below
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 
 def _decide_interpreted() -> bool:
-    if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
-        os.environ["TRITON_INTERPRET"] = "1"
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    """Whether gemc's kernels can run in the interpreter: the variable set *and*
+    ``triton.language``'s own helpers interpreted. Triton decorates those once, at its
+    first import; a process that imported it before the variable was set (``torch.export``
+    does, through ``torch._dynamo``: a Python script that compiles a plan and then runs it
+    on the CPU) has compiled-mode helpers that no interpreted kernel may call ("Cannot
+    call @triton.jit'd outside of the scope of a kernel", a crash in the sparse optimizer's
+    row update). There the kernels count as not runnable on the CPU: host functions take
+    their ATen fallbacks, and :func:`check_launchable` names the fix."""
+    if os.environ.get("TRITON_INTERPRET", "0") != "1":
+        return False
+    return type(tl.cdiv).__name__ == "InterpretedFunction"
 
 
 INTERPRETED: bool = _decide_interpreted()
@@ -92,7 +104,8 @@ def check_launchable(*tensors: torch.Tensor) -> None:
         elif t.device.type != "cuda":
             raise ValueError(
                 f"gemc Triton kernels need CUDA tensors, got {t.device}; "
-                "set TRITON_INTERPRET=1 (before importing triton) to run them on the CPU"
+                "set TRITON_INTERPRET=1 (before importing triton: start Python with it, "
+                "as Triton was imported first here) to run them on the CPU"
             )
 
 
