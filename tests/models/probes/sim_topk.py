@@ -31,8 +31,9 @@ class DinAttention(nn.Module):
 
 
 class SIM(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, lookup: bool = False) -> None:
         super().__init__()
+        self.lookup = lookup
         self.item_emb = nn.Embedding(ITEMS, D, padding_idx=0)
         self.attention = DinAttention(D)
         self.mlp = nn.Sequential(nn.Linear(2 * D, 16), nn.ReLU(), nn.Linear(16, 1))
@@ -44,15 +45,20 @@ class SIM(nn.Module):
         scores = (keys * query.unsqueeze(1)).sum(-1)
         scores = scores.masked_fill(hist == 0, float("-inf"))
         top_scores, top_idx = torch.topk(scores, K, dim=1)
-        top_keys = torch.gather(keys, 1, top_idx.unsqueeze(-1).expand(-1, -1, D))
+        if self.lookup:  # SIM's second stage looks the retrieved ids up again
+            top_keys = self.item_emb(torch.gather(hist, 1, top_idx))
+        else:
+            top_keys = torch.gather(keys, 1, top_idx.unsqueeze(-1).expand(-1, -1, D))
         interest = self.attention(query, top_keys, torch.isfinite(top_scores))
         logit = self.mlp(torch.cat([interest, query], dim=-1)).squeeze(-1)
         return F.binary_cross_entropy_with_logits(logit, label)
 
 
-def build(seed: int = 0) -> ModelSpec:
+def build(seed: int = 0, lookup: bool = False) -> ModelSpec:
+    """``lookup``: the top-k embeddings by a second lookup of the retrieved ids (ids the
+    model computes), not by gathering the first lookup's rows."""
     torch.manual_seed(seed)
-    model = SIM()
+    model = SIM(lookup)
 
     def make_batch(step: int, device: torch.device | str) -> tuple[torch.Tensor, ...]:
         g = torch.Generator().manual_seed(1000 * seed + step)
