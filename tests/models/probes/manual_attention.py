@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gemc.spec import ModelSpec
+from tests.models.probes.data import padded_history, target_and_label
 
 B, L, ITEMS, D, HEADS = 8, 6, 40, 8, 2
 
@@ -82,17 +83,13 @@ def build(mask: str = "fill_1e9", loss: str = "last", seed: int = 0) -> ModelSpe
     model = HandAttention(mask, loss)
 
     def make_batch(step: int, device: torch.device | str) -> tuple[torch.Tensor, ...]:
+        # a new user (no history) and a full one
+        g, real, seq = padded_history(step, seed, B, L, ITEMS, first=(0, L))
         with torch.device("cpu"):
-            g = torch.Generator().manual_seed(1000 * seed + step)
-            lengths = torch.randint(0, L + 1, (B,), generator=g)
-            lengths[0], lengths[1] = 0, L  # a new user (no history) and a full one
-            real = torch.arange(L)[None, :] < lengths[:, None]
-            seq = torch.randint(1, ITEMS, (B, L), generator=g) * real
             pos = torch.randint(1, ITEMS, (B, L), generator=g) * real
             neg = torch.randint(1, ITEMS, (B, L), generator=g) * real
-            target = torch.randint(1, ITEMS, (B,), generator=g)
-            label = (torch.rand(B, generator=g) < 0.4).float()
-            return tuple(t.to(device) for t in (seq, pos, neg, target, label))
+        target, label = target_and_label(g, B, ITEMS)
+        return tuple(t.to(device) for t in (seq, pos, neg, target, label))
 
     return ModelSpec(model=model, example_inputs=make_batch(0, "cpu"), make_batch=make_batch,
                      batch_size=B)

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gemc.spec import ModelSpec
+from tests.models.probes.data import history_spec
 
 B, L, K, ITEMS, D = 8, 16, 4, 60, 8
 
@@ -58,17 +59,5 @@ def build(seed: int = 0, lookup: bool = False) -> ModelSpec:
     """``lookup``: the top-k embeddings by a second lookup of the retrieved ids (ids the
     model computes), not by gathering the first lookup's rows."""
     torch.manual_seed(seed)
-    model = SIM(lookup)
-
-    def make_batch(step: int, device: torch.device | str) -> tuple[torch.Tensor, ...]:
-        g = torch.Generator().manual_seed(1000 * seed + step)
-        lengths = torch.randint(0, L + 1, (B,), generator=g)
-        lengths[0], lengths[1] = 2, L  # a user with fewer than K behaviours, one full
-        real = torch.arange(L)[None, :] < lengths[:, None]
-        hist = torch.randint(1, ITEMS, (B, L), generator=g) * real
-        target = torch.randint(1, ITEMS, (B,), generator=g)
-        label = (torch.rand(B, generator=g) < 0.4).float()
-        return tuple(t.to(device) for t in (hist, target, label))
-
-    return ModelSpec(model=model, example_inputs=make_batch(0, "cpu"), make_batch=make_batch,
-                     batch_size=B)
+    # a user with fewer than K behaviours, one full
+    return history_spec(SIM(lookup), seed, B, L, ITEMS, first=(2, L))

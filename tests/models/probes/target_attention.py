@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gemc.spec import ModelSpec
+from tests.models.probes.data import history_spec
 
 B, L, ITEMS, D, HEADS = 8, 6, 40, 8, 2
 
@@ -69,18 +70,5 @@ class TargetAttention(nn.Module):
 
 def build(empty: str = "nan_to_num", cell: bool = False, seed: int = 0) -> ModelSpec:
     torch.manual_seed(seed)
-    model = TargetAttention(empty, cell)
-
-    def make_batch(step: int, device: torch.device | str) -> tuple[torch.Tensor, ...]:
-        with torch.device("cpu"):
-            g = torch.Generator().manual_seed(1000 * seed + step)
-            lengths = torch.randint(0, L + 1, (B,), generator=g)
-            lengths[0], lengths[1] = 0, L  # a new user and a full history
-            real = torch.arange(L)[None, :] < lengths[:, None]
-            hist = torch.randint(1, ITEMS, (B, L), generator=g) * real
-            target = torch.randint(1, ITEMS, (B,), generator=g)
-            label = (torch.rand(B, generator=g) < 0.4).float()
-            return tuple(t.to(device) for t in (hist, target, label))
-
-    return ModelSpec(model=model, example_inputs=make_batch(0, "cpu"), make_batch=make_batch,
-                     batch_size=B)
+    # a new user and a full history
+    return history_spec(TargetAttention(empty, cell), seed, B, L, ITEMS, first=(0, L))
