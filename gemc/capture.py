@@ -10,6 +10,9 @@ from __future__ import annotations
 import contextlib
 import gc
 import hashlib
+import io
+import logging
+import sys
 import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -64,7 +67,7 @@ def capture(spec: ModelSpec, *, entrypoint: str = "model",
     model.train()
     try:
         with warnings.catch_warnings(), _no_gc(), host_randomness_watch() as draws, \
-                undetermined_causal_hint():
+                undetermined_causal_hint(), _quiet_export_noise():
             warnings.simplefilter("ignore")
             exported = torch.export.export(model, inputs, strict=False)
     except Exception as exc:  # any export failure is the user's model not being capturable
@@ -217,6 +220,33 @@ def _no_gc() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
+
+
+@contextlib.contextmanager
+def _quiet_export_noise() -> Iterator[None]:
+    """What torch prints ahead of a failed capture, left out: its symbolic-shapes logger's
+    "Unable to find user code corresponding to {u0}" warning, and the partial traced graph
+    torch.export prints to stderr (``partial_fx_graph``), dozens of lines per failure
+    (three times over for SASRec's causal mask) ahead of the one CaptureError that names
+    the line and the fix. Anything else written to stderr meanwhile is written after."""
+    from torch.fx.experimental import symbolic_shapes
+
+    log = symbolic_shapes.log
+    level = log.level
+    log.setLevel(max(level, logging.ERROR))
+    buffer = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(buffer):
+            yield
+    except BaseException as exc:
+        graph = getattr(exc, "partial_fx_graph", None)
+        text = buffer.getvalue()
+        sys.stderr.write(text.replace(f"{graph}\n", "") if graph else text)
+        raise
+    else:
+        sys.stderr.write(buffer.getvalue())
+    finally:
+        log.setLevel(level)
 
 
 def _check_scalar_loss(gm: fx.GraphModule, entrypoint: str, out_spec: Any = None) -> None:

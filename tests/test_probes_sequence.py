@@ -50,6 +50,7 @@ from gemc.api import load_model
 from gemc.capture import capture
 from gemc.errors import CaptureError, EntrypointError, PlanError
 from gemc.plan import validate_plan, write_plan
+from gemc.spec import ModelSpec
 from tests.runner.harness import REPO, run_scenarios, variant
 
 PROBES = REPO / "tests" / "models" / "probes"
@@ -227,6 +228,28 @@ def test_boolean_mask_indexing_is_priced_at_its_bound_and_trains_as_eager() -> N
     ref = reference_losses(load_model(_entry("manual_attention"), args), steps=STEPS,
                            world_size=1)
     _close("boolean mask indexing", [loss for _, loss in res.losses], ref)
+
+
+def test_a_failed_capture_prints_no_graph_dump(capfd: pytest.CaptureFixture[str]) -> None:
+    """A data-dependent branch made torch's shape logger print the whole traced graph to
+    stderr ahead of gemc's one error (three times for SASRec's causal mask); only the
+    named error remains."""
+
+    class Branching(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.linear(x).sum()
+            return y if y > 0 else -y
+
+    spec = ModelSpec(model=Branching(), example_inputs=(torch.randn(2, 4),),
+                     make_batch=lambda step, device: (torch.randn(2, 4),), batch_size=2)
+    with pytest.raises(CaptureError, match="GuardOnDataDependentSymNode"):
+        capture(spec)
+    err = capfd.readouterr().err
+    assert "def forward(" not in err and "Unable to find user code" not in err, err[:500]
 
 
 def test_nested_tensor_made_in_forward_is_named() -> None:
