@@ -20,6 +20,9 @@ What each probe found (the fix it holds in place):
   and gemc did not (silently: 5e-3 off eager at step 2 where the padding id is a target).
 * SASRec's per-position loss over ``logits[pos != 0]`` (a data-dependent size): a crash in
   count-flops-bytes; now priced at its bound and trained as written (gemc.data_dependent).
+* A jagged batch whose total varies by step, in graph mode: the graph holds the
+  example's sizes (``values.numel()``), so a later batch ran with them (a crash in the
+  backward, or a silently different loss); now refused by name (module mode runs it).
 * A make_batch reading a value under build's meta device: the error's where was torch's
   meta registration; now the author's line, and the fix says to build the batch on the CPU.
 """
@@ -228,6 +231,31 @@ def test_boolean_mask_indexing_is_priced_at_its_bound_and_trains_as_eager() -> N
     ref = reference_losses(load_model(_entry("manual_attention"), args), steps=STEPS,
                            world_size=1)
     _close("boolean mask indexing", [loss for _, loss in res.losses], ref)
+
+
+@pytest.mark.parametrize("module,args", [
+    ("nested_jagged", {"form": "bag"}), ("nested_jagged", {"form": "index_put"}),
+    ("manual_attention", {"mask": "where_2_32", "loss": "masked"})])
+def test_the_rewrites_the_errors_name_train_as_eager(module: str, args: dict[str, Any]) -> None:
+    """What the nested-tensor error tells the author to write (values + offsets through
+    EmbeddingBag or index_put padding), and a masked loss in place of boolean indexing,
+    compile and train as eager: module mode, as the jagged batches' totals vary by step."""
+    plan = gemc_compile(_entry(module), args, topology="h200:1x1")
+    res = run(variant(plan), RunOptions(steps=STEPS, device="cpu", progress=False))
+    ref = reference_losses(load_model(_entry(module), args), steps=STEPS, world_size=1)
+    _close(module, [loss for _, loss in res.losses], ref)
+
+
+def test_graph_mode_refuses_a_batch_of_another_shape() -> None:
+    """``values.numel()`` is a constant of the graph captured at the example's total: a
+    later batch with another total ran with the example's and gave another loss than eager
+    at step 3, silently; the graph executor now refuses it by name, with the fix."""
+    plan = variant(gemc_compile(_entry("nested_jagged"), {"form": "numel"},
+                                topology="h200:1x1"), kernels=True)
+    assert plan["kernels"]
+    with pytest.raises(PlanError, match="batch input 'batch_hist_values' is") as err:
+        run(plan, RunOptions(steps=STEPS, device="cpu", progress=False))
+    assert "--no-kernels" in err.value.fix and "fixed total" in err.value.fix
 
 
 def test_a_failed_capture_prints_no_graph_dump(capfd: pytest.CaptureFixture[str]) -> None:

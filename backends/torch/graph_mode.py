@@ -232,6 +232,10 @@ class GraphExecutor:
         for node in gm.graph.nodes:
             if node.op == "placeholder" and node.name in param_fqns:
                 node.meta[ir.PARAM] = param_fqns[node.name]
+        # the batch's inputs as captured: (name, shape), in the batch's order
+        self.input_shapes = [(n.name, tuple(n.meta["val"].shape)) for n in gm.graph.nodes
+                             if n.op == "placeholder" and n.name not in param_fqns
+                             and isinstance(n.meta.get("val"), torch.Tensor)]
         _erase_dead_code(gm, {n for e in kernels for n in e.get("nodes", [])})
         # small tables gathered by many ids: a backward without per-id atomics (the report's
         # ``contended_gathers``)
@@ -378,6 +382,27 @@ class GraphExecutor:
                 "tables": [{**t, "precision": m.precision}
                            for t, m in zip(entry["tables"], owners)]}
 
+    def _check_shapes(self, batch: tuple[torch.Tensor, ...]) -> None:
+        """Refuse a batch whose shapes differ from the captured example's. The graph is
+        torch.export's at the example's shapes: a size the forward reads from an input
+        (``values.numel()``, ``output_size=N``, ``torch.arange(n)``) is a constant in it,
+        so a batch of another shape (a jagged history whose total length varies from step
+        to step) would run with the example's sizes: a crash deep in the compiled
+        backward, or, where the constant only scales or slices, wrong numbers silently.
+        The model's own forward (module mode) reads each batch's sizes afresh."""
+        for (name, shape), t in zip(self.input_shapes, batch):
+            if tuple(t.shape) != shape:
+                raise PlanError(
+                    f"batch input '{name}' is {list(t.shape)} at this step, but the plan's "
+                    f"graph was captured with {list(shape)} (the example batch): the "
+                    "graph's sizes are the example's, so it cannot run a batch of another "
+                    "shape",
+                    where=f"make_batch's '{name}'",
+                    fix="give every batch the example's shapes (pad a jagged input's values "
+                    "to a fixed total per batch, as examples/zoo/hstu.py's synthetic data "
+                    "does), or " + NO_KERNELS_FIX,
+                )
+
     def __call__(self, *batch: torch.Tensor) -> torch.Tensor:
         """One step's loss. With guarded packed regions, their masks are checked on the
         batch first (one host read for all of them, :mod:`~gemc.backends.triton.region_guard`)
@@ -386,6 +411,7 @@ class GraphExecutor:
         a new graph (at most two per region: packed and padded); of the packed one, a
         second count recompiles it once with the count a dynamic size (see
         ``inductor_graph.token_count_input``), later counts do not."""
+        self._check_shapes(batch)
         if self.executor == "interpreter":
             return self.runner(*batch)
         dev = self.runner.device.type

@@ -8,7 +8,8 @@ that may be empty (a new user: every key is padding).
 uniformly to its padding); ``"where_2_32"`` SASRec-TF's ``torch.where(key_masks == 0,
 -2**32 + 1, scores)``. ``loss``: ``"last"`` BCE of the pooled history against the target,
 ``"positions"`` SASRec's per-position BCE over real positions, selected by boolean
-indexing (``logits[istarget]``).
+indexing (``logits[istarget]``); ``"masked"`` the same loss masked, not selected (the
+rewrite gemc's error names).
 """
 
 from __future__ import annotations
@@ -65,6 +66,16 @@ class HandAttention(nn.Module):
         positions = torch.arange(seq.size(1), device=seq.device)
         x = (self.item_emb(seq) + self.pos_emb(positions)) * keep.unsqueeze(-1)
         h = self.block(x, keep)
+        if self.loss == "masked":  # the rewrite gemc's error names: mask, not select
+            mask = (pos != 0).float()
+            pos_logits = (h * self.item_emb(pos)).sum(-1)
+            neg_logits = (h * self.item_emb(neg)).sum(-1)
+            per = (F.binary_cross_entropy_with_logits(pos_logits, torch.ones_like(pos_logits),
+                                                      reduction="none")
+                   + F.binary_cross_entropy_with_logits(neg_logits,
+                                                        torch.zeros_like(neg_logits),
+                                                        reduction="none"))
+            return (per * mask).sum() / mask.sum().clamp(min=1)
         if self.loss == "positions":
             pos_logits = (h * self.item_emb(pos)).sum(-1)
             neg_logits = (h * self.item_emb(neg)).sum(-1)
