@@ -225,15 +225,20 @@ def _no_gc() -> Iterator[None]:
 @contextlib.contextmanager
 def _quiet_export_noise() -> Iterator[None]:
     """What torch prints ahead of a failed capture, left out: its symbolic-shapes logger's
-    "Unable to find user code corresponding to {u0}" warning, and the partial traced graph
+    "Unable to find user code corresponding to {u0}" warning, the fake-tensor logger's
+    traceback of a failing op, and the partial traced graph
     torch.export prints to stderr (``partial_fx_graph``), dozens of lines per failure
     (three times over for SASRec's causal mask) ahead of the one CaptureError that names
     the line and the fix. Anything else written to stderr meanwhile is written after."""
+    from torch._subclasses import fake_tensor
     from torch.fx.experimental import symbolic_shapes
 
-    log = symbolic_shapes.log
-    level = log.level
-    log.setLevel(max(level, logging.ERROR))
+    # the shape logger's warnings; the fake-tensor logger's traceback of the op that
+    # failed ("failed while attempting to run meta for ..."), raised and named after
+    muted = {symbolic_shapes.log: logging.ERROR, fake_tensor.log: logging.CRITICAL}
+    levels = {log: log.level for log in muted}
+    for log, level in muted.items():
+        log.setLevel(max(log.level, level))
     buffer = io.StringIO()
     try:
         with contextlib.redirect_stderr(buffer):
@@ -246,7 +251,8 @@ def _quiet_export_noise() -> Iterator[None]:
     else:
         sys.stderr.write(buffer.getvalue())
     finally:
-        log.setLevel(level)
+        for log, level in levels.items():
+            log.setLevel(level)
 
 
 def _check_scalar_loss(gm: fx.GraphModule, entrypoint: str, out_spec: Any = None) -> None:

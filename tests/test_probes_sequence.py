@@ -30,6 +30,7 @@ What each probe found (the fix it holds in place):
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import os
 from pathlib import Path
@@ -272,12 +273,39 @@ def test_a_failed_capture_prints_no_graph_dump(capfd: pytest.CaptureFixture[str]
             y = self.linear(x).sum()
             return y if y > 0 else -y
 
-    spec = ModelSpec(model=Branching(), example_inputs=(torch.randn(2, 4),),
-                     make_batch=lambda step, device: (torch.randn(2, 4),), batch_size=2)
-    with pytest.raises(CaptureError, match="GuardOnDataDependentSymNode"):
-        capture(spec)
-    err = capfd.readouterr().err
-    assert "def forward(" not in err and "Unable to find user code" not in err, err[:500]
+    class Mismatched(torch.nn.Module):  # a shape error inside an op's meta function
+        def __init__(self) -> None:  # (B + 1 offsets without include_last_offset)
+            super().__init__()
+            self.bag = torch.nn.EmbeddingBag(10, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            pooled = self.bag(torch.zeros(6, dtype=torch.long), torch.arange(3) * 2)
+            return torch.cat([x, pooled], dim=1).sum()
+
+    from torch._subclasses import fake_tensor
+    from torch.fx.experimental import symbolic_shapes
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    loggers = (symbolic_shapes.log, fake_tensor.log)  # torch's, which do not propagate
+    for log in loggers:
+        log.addHandler(handler)
+    try:
+        for model, error in ((Branching(), "GuardOnDataDependentSymNode"),
+                             (Mismatched(), "Sizes of tensors must match")):
+            spec = ModelSpec(model=model, example_inputs=(torch.randn(2, 4),),
+                             make_batch=lambda step, device: (torch.randn(2, 4),),
+                             batch_size=2)
+            with pytest.raises(CaptureError, match=error):
+                capture(spec)
+            err = capfd.readouterr().err
+            assert "def forward(" not in err, err[:500]
+    finally:
+        for log in loggers:
+            log.removeHandler(handler)
+    shown = [r.getMessage() for r in records if r.levelno >= logging.WARNING]
+    assert not shown, shown
 
 
 def test_nested_tensor_made_in_forward_is_named() -> None:
