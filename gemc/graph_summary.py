@@ -218,6 +218,8 @@ class TableFacts:
             out["route_ms"] = dict(self.route_ms)
         if self.lookup_alive_bytes:
             out["lookup_alive_bytes"] = list(self.lookup_alive_bytes)
+        if self.replicated_only:  # the runner refuses a hand-edited plan that shards it
+            out["replicated_only"] = True
         return out
 
 

@@ -119,7 +119,9 @@ def test_a_max_pooled_bag_is_replicated_and_trains() -> None:
     plan = _compile(MAX, "h200:1x8")
     assert {t["fqn"]: t["sharding"] for t in plan["tables"]}["table.weight"] == "data_parallel"
     assert any("max-pools" in w for w in plan["warnings"]), plan["warnings"]
-    _one_rank(MAX, kernels=True)
+    # module mode: the probe's jagged ids change their total every step, which graph mode
+    # refuses by name (its graph holds the example's sizes: GraphExecutor._check_shapes)
+    _one_rank(MAX, kernels=False)
 
 
 def test_a_sharded_max_pooled_bag_is_refused_by_name() -> None:

@@ -39,7 +39,9 @@ gemc places such tables): partial maxima of row shards do not add up. Torch has 
 gradient of a max pool, so its gradient is dense (the sparse optimizer reads its non-zero
 rows).
 
-Not supported (a named error at setup): ``max`` pooling of a sharded table, ``max_norm``,
+Not supported (a named error at setup): a table the plan marks ``replicated_only`` (the
+model reads it outside its lookups) sharded over several ranks, ``max`` pooling of a
+sharded table, ``max_norm``,
 ``scale_grad_by_freq``, per-sample weights that require grad, and a rank holding two
 shards of one table.
 """
@@ -172,6 +174,17 @@ class ShardedEmbedding(nn.Module):
         self.local_only = self.replicated or (
             world_size == 1 and self.local is not None
         )
+        if table.get("replicated_only") and world_size > 1 and not self.replicated:
+            # the model reads the weight outside its lookups (a tied projection, a
+            # penalty over the table): a shard holder would see its rows only, a rank
+            # without one no weight at all
+            raise PlanError(
+                f"the model reads table '{fqn}' outside its lookups (the plan marks it "
+                f"replicated_only), but the plan shards it {self.sharding}",
+                where=where,
+                fix="compile the plan again (gemc keeps such a table data_parallel on "
+                    "several ranks), or make it data_parallel with a whole-table shard on "
+                    "every rank")
         if self.mode == "max" and not self.local_only:
             # the exchange adds the owners' partial pools: partial maxima do not add up
             raise GemcUserError(

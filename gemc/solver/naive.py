@@ -4,8 +4,9 @@ the plan's kernels: ``Problem.offers``; else DDP), tables table-wise round-robin
 What a first distributed port of a model does, and the floor the other planners must
 beat. Tables go to ranks 0, 1, 2, ... in name order; a table too large for one GPU takes
 the sharding with the smallest shards instead, on the ranks holding the fewest shards
-(there is no table-wise placement of it to be naive about). Memory is not balanced, only
-checked: a plan over the cap is refused.
+(there is no table-wise placement of it to be naive about), and so does a table only a
+whole replica runs right (``TableCost.replicated_only``: its options are the replicated
+ones). Memory is not balanced, only checked: a plan over the cap is refused.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ def naive(problem: Problem) -> Assignment:
     shards = np.zeros(world)
     next_rank = 0
     for t in problem.tables:
-        if world == 1 or table_option(problem, t, "table_wise", 1).memory <= problem.cap_bytes:
+        if world == 1 or (not t.replicated_only
+                          and table_option(problem, t, "table_wise", 1).memory
+                          <= problem.cap_bytes):
             rank = next_rank % world
             a.tables[t.fqn] = TableChoice("table_wise", (rank,))
             shards[rank] += 1
