@@ -8,7 +8,7 @@ What each probe found (the fix it holds in place):
 
 * SASRec's full softmax over a tied item table (``seq_out @ item_emb.weight.T``): on two
   ranks the table went table-wise and the rank without it read ``weight`` None, a crash
-  inside the model's forward; such a table is now replicated (collect_tables.whole_reads).
+  inside the model's forward; such a table is now replicated (collect-tables marks it replicated_only).
 * SASRec's ``nn.TransformerEncoder(x, mask=causal, src_key_padding_mask=pad)``: torch's
   ``is_causal`` detection compares the mask's values, a data-dependent branch that failed
   the capture; capture now treats the hint as not given (gemc.capture_idioms).
