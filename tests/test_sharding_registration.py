@@ -88,9 +88,11 @@ def test_the_solver_offers_prices_and_picks_a_registered_type(spread) -> None:
     # (row-wise Adagrad: one value per row) where a row shard keeps 1/32 of them
     assert rows.memory < toy.memory <= problem.cap_bytes
     assert toy.out_bytes == pytest.approx(rows.out_bytes / 32)  # 8 columns of 256 back
-    # a column split under row-wise Adagrad runs (and is priced) on the sparse route
-    # (gemc.table_lookup.sharded_route), a row split in its owners' batched kernel
-    assert not toy.in_kernel and rows.in_kernel
+    # both run (and are priced) in their owners' batched kernel (gemc.table_lookup.
+    # sharded_route): a column split under row-wise Adagrad in two phases, its squares
+    # all-reduced over the column group (step_model.column_squares_s)
+    assert toy.in_kernel and rows.in_kernel
+    assert toy.compute_s > toy.kernel_s  # the all-reduce, outside the kernel
     from gemc.solver.evaluate import evaluate
     from gemc.solver.problem import Assignment, TableChoice
 

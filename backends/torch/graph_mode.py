@@ -389,8 +389,13 @@ class GraphExecutor:
         so a batch of another shape (a jagged history whose total length varies from step
         to step) would run with the example's sizes: a crash deep in the compiled
         backward, or, where the constant only scales or slices, wrong numbers silently.
-        The model's own forward (module mode) reads each batch's sizes afresh."""
-        for (name, shape), t in zip(self.input_shapes, batch):
+        The model's own forward (module mode) reads each batch's sizes afresh.
+
+        The batch's inputs are the graph's last placeholders (torch.export lifts the
+        parameters and buffers ahead of the user's inputs): a graph given without every
+        parameter's name still pairs each batch tensor with its own placeholder."""
+        shapes = self.input_shapes[-len(batch):] if batch else []
+        for (name, shape), t in zip(shapes, batch):
             if tuple(t.shape) != shape:
                 raise PlanError(
                     f"batch input '{name}' is {list(t.shape)} at this step, but the plan's "
