@@ -10,7 +10,7 @@ from typing import Any
 
 from torch import fx
 
-from gemc import probe
+from gemc import probe, shape_stability
 from gemc.capture import Captured, capture, frozen_draws_warning
 from gemc.config import CompileConfig
 from gemc.context import PassContext
@@ -100,6 +100,9 @@ def compile(  # noqa: A001 - the public name users expect
         progress("capture")
     start = time.perf_counter()
     captured = capture(spec, entrypoint=entrypoint, host_randomness=config.host_randomness)
+    # before the passes rewrite the graph: which inputs may change shape by step
+    stability = shape_stability.check(spec, captured, lambda s: capture(
+        s, entrypoint=entrypoint, host_randomness=config.host_randomness))
     ctx = pass_context(entrypoint, args, captured, topo)
     ctx.calibration = calib
     if captured.frozen_draws:
@@ -111,6 +114,7 @@ def compile(  # noqa: A001 - the public name users expect
         ctx.warn(BATCH_SIZE_MISSING)
     gm = manager.run(captured.gm, ctx, capture_seconds=time.perf_counter() - start)
     plan = take_plan(gm)  # emit-plan's, the pipeline's last pass
+    _record_varying_inputs(plan, stability)
     try:
         if dump_dir is not None:
             _write_kernel_sources(plan, dump_dir)
@@ -122,6 +126,31 @@ def compile(  # noqa: A001 - the public name users expect
     if out is not None:  # last: an interrupted compile never leaves a plan behind
         write_plan(out, plan)
     return plan
+
+
+# kernels that read their sizes from their inputs at run time (the batched lookup: ids and
+# offsets), not from the example's shapes
+_SIZED_AT_RUN_TIME = frozenset({"batched_embedding_bag"})
+
+
+def _record_varying_inputs(plan: dict[str, Any],
+                           stability: shape_stability.ShapeStability) -> None:
+    """The plan's ``model.varying_inputs`` (batch inputs whose shapes may change by step in
+    graph mode) or ``model.fixed_shapes`` (why every shape is the example's), where a later
+    batch's shapes differ from the example's (gemc.shape_stability). A generated kernel over a node
+    whose shape moves was specialised to the example's sizes: the shapes stay fixed."""
+    if stability.inputs:
+        sized = [str(k.get("name", k["kind"])) for k in plan.get("kernels", [])
+                 if k["kind"] not in _SIZED_AT_RUN_TIME
+                 and stability.nodes.intersection(k.get("nodes", []))]
+        if not sized:
+            plan["model"]["varying_inputs"] = list(stability.inputs)
+            return
+        plan["model"]["fixed_shapes"] = (
+            f"kernel {sized[0]} was generated for the example's sizes of a node whose size "
+            "follows the batch's")
+    elif stability.held:
+        plan["model"]["fixed_shapes"] = stability.held
 
 
 def _dump_for_report(

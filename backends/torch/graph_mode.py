@@ -58,6 +58,7 @@ import os
 import sys
 import time
 import warnings
+from collections.abc import Collection
 from typing import Any
 
 import torch
@@ -190,7 +191,13 @@ class GraphExecutor:
         recorded: dict[str, Any] | None = None,
         priced_sparse: frozenset[str] = frozenset(),
         warm: Any = None,
+        varying_inputs: Collection[str] = (),
+        fixed_shapes: str = "",
     ) -> None:
+        # the batch inputs the compile found may change shape by step (the plan's
+        # model.varying_inputs, gemc.shape_stability), and why none may where it said so
+        self.varying_inputs = frozenset(varying_inputs)
+        self.fixed_shapes = fixed_shapes
         if executor not in EXECUTORS:
             raise PlanError(f"graph executor {executor!r} is not known",
                             where="--graph-executor", fix=f"use one of {', '.join(EXECUTORS)}")
@@ -389,19 +396,21 @@ class GraphExecutor:
         so a batch of another shape (a jagged history whose total length varies from step
         to step) would run with the example's sizes: a crash deep in the compiled
         backward, or, where the constant only scales or slices, wrong numbers silently.
-        The model's own forward (module mode) reads each batch's sizes afresh.
+        The model's own forward (module mode) reads each batch's sizes afresh. An input
+        the compile found free to vary (``varying_inputs``: its graph on another batch
+        was the same up to shapes, gemc.shape_stability) passes.
 
         The batch's inputs are the graph's last placeholders (torch.export lifts the
         parameters and buffers ahead of the user's inputs): a graph given without every
         parameter's name still pairs each batch tensor with its own placeholder."""
         shapes = self.input_shapes[-len(batch):] if batch else []
         for (name, shape), t in zip(shapes, batch):
-            if tuple(t.shape) != shape:
+            if tuple(t.shape) != shape and name not in self.varying_inputs:
                 raise PlanError(
                     f"batch input '{name}' is {list(t.shape)} at this step, but the plan's "
                     f"graph was captured with {list(shape)} (the example batch): the "
                     "graph's sizes are the example's, so it cannot run a batch of another "
-                    "shape",
+                    "shape" + (f" ({self.fixed_shapes})" if self.fixed_shapes else ""),
                     where=f"make_batch's '{name}'",
                     fix="give every batch the example's shapes (pad a jagged input's values "
                     "to a fixed total per batch, as examples/zoo/hstu.py's synthetic data "

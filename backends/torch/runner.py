@@ -511,6 +511,8 @@ def _run(
             priced_sparse=frozenset(str(t["fqn"]) for t in plan["tables"]
                                     if t.get("lookup") == SPARSE),
             warm=warm,
+            varying_inputs=plan["model"].get("varying_inputs") or (),
+            fixed_shapes=str(plan["model"].get("fixed_shapes") or ""),
         )
         applied_kernels += [str(k.get("name", k["kind"])) for k in graph_kernels
                             if str(k.get("name")) not in forward.not_applied]
