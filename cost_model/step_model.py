@@ -199,8 +199,8 @@ def column_squares_s(t: TableCost, world: int, topology: Topology,
         return 0.0
     # a rank holding two pieces of a row is one member of its group (the runner's groups
     # are sets of ranks): never more members than ranks
-    group = min(kind.column_blocks(len(t.ranks) if t.ranks else world), world,
-                len(set(t.ranks)) if t.ranks else world)
+    ranks = t.ranks or tuple(range(world))
+    group = min(kind.column_blocks(len(ranks)), len(set(ranks)), world)
     if group < 2:
         return 0.0
     _, _, lookups, _ = shard_work(t, *shard_shape(t), world)

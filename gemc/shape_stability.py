@@ -26,6 +26,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch import fx
 
+from gemc.data_dependent import source_line
 from gemc.spec import ModelSpec
 
 # the later steps whose batches are made to find one of another shape (a jagged total may
@@ -98,9 +99,8 @@ def check(spec: ModelSpec, first: Any, recapture: Callable[[ModelSpec], Any]
     for x, y in zip(a, b):
         if (x.op, str(x.target), _literal(x.args), _literal(x.kwargs)) != \
                 (y.op, str(y.target), _literal(y.args), _literal(y.kwargs)):
-            line = (x.meta.get("stack_trace") or "").strip().splitlines()[-2:-1]
             return ShapeStability(held=f"node {x.name} ({x.target}) holds a size of the "
-                                       f"batch ({line[0].strip() if line else 'forward'})")
+                                       f"batch ({source_line(x) or 'forward'})")
         if _shape(x) != _shape(y):
             nodes.add(x.name)
     return ShapeStability(tuple(moved), "", frozenset(nodes))

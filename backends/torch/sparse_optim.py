@@ -300,13 +300,17 @@ class EmbeddingOptimizer:
         if table is not None:
             self.fused_index[fqn] = table
 
+    def _fused_modules(self) -> list[Any]:
+        """Each module holding fused tables, once (one module holds many)."""
+        return list({id(m): m for m in self.fused.values()}.values())
+
     def _finish_fused(self) -> None:
         """The fused modules' pending updates (column shards under row-wise Adagrad,
         ``BatchedEmbeddingBag.split_rows``): each table's row squares summed over its column
         group, in table order (every rank walks the same tables, so the all-reduces pair
         up), then applied. A table whose launch had no id sends nothing, as every shard of
         it received the same ids."""
-        modules = {id(m): m for m in self.fused.values() if getattr(m, "pending", None)}
+        modules = {id(m): m for m in self._fused_modules() if m.pending}
         if not modules:
             return
         for fqn in self.tables:  # the model's order, every rank's; not adoption order
@@ -322,13 +326,12 @@ class EmbeddingOptimizer:
     def set_step_count(self, count: int) -> None:
         """After a resume: the bias-correction step of Adam, here and in fused modules."""
         self.step_count = count
-        for module in {id(m): m for m in self.fused.values()}.values():
+        for module in self._fused_modules():
             module.step = count
 
     def zero_grad(self) -> None:
-        for module in {id(m): m for m in self.fused.values()}.values():
-            if hasattr(module, "discard_pending"):
-                module.discard_pending()  # a backward whose step was not taken
+        for module in self._fused_modules():
+            module.discard_pending()  # a backward whose step was not taken
         for m in self.tables.values():
             if m.weight is not None:
                 m.weight.grad = None

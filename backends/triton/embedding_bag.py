@@ -627,10 +627,12 @@ class BatchedEmbeddingBag(nn.Module):
             coef = coef / lengths[sorted_bag].float()
         if self.grad_scale != 1.0:
             coef = coef * self.grad_scale
+        two_phase = bool(slices) and self.optimizer == "rowwise_adagrad"
         update = _PendingUpdate(grad_out, sorted_keys, run_end, sorted_bag, coef, layout,
-                                batch, step, torch.zeros(nnz if slices else 0,
-                                                         device=ids.device), slices or {})
-        if slices and self.optimizer == "rowwise_adagrad":
+                                batch, step,
+                                torch.zeros(nnz, device=ids.device) if two_phase else None,
+                                slices or {})
+        if two_phase:
             self._launch_update(update, _SQUARES.value)
             self.pending.append(update)
             return
@@ -647,7 +649,7 @@ class BatchedEmbeddingBag(nn.Module):
             layout.weight_offset, layout.table_dim, layout.table_column, u.batch,
             float(self.lr), float(self.eps), float(beta1), float(beta2), float(step_size),
             float(self.weight_decay), self._scales(), self._rounding_seed(u.step),
-            u.head_squares if u.head_squares.numel() else self.momentum1,
+            self.momentum1 if u.head_squares is None else u.head_squares,  # any fp32
             layout.squares_dim,
             OPTIMIZER=_ROWWISE_ADAGRAD if self.optimizer == "rowwise_adagrad" else _ADAM,
             HAS_WEIGHT_DECAY=self.weight_decay != 0.0, STORAGE=_STORAGE[self.precision],
@@ -731,7 +733,8 @@ class _PendingUpdate:
     layout: _Layout
     batch: int
     step: int
-    head_squares: torch.Tensor  # fp32 [nnz]: a run head's squares; 0 elsewhere
+    head_squares: torch.Tensor | None  # fp32 [nnz]: a run head's squares, 0 elsewhere
+    # (two phases only)
     slices: dict[int, tuple[int, int]]
 
 

@@ -21,7 +21,7 @@ Two score functions (``kind``):
     * ``"max_len"`` (default, what the HSTU reference kernels do): ``N_b = max_len``, the
       ``max_len`` argument of the call, the same for every sequence of the batch. Pass the
       model's fixed maximum history length to make the output independent of the batch.
-    * ``"seq_len"``: ``N_b = len_b``, the length of the query's own sequence.
+    * ``"own_len"``: ``N_b = len_b``, the length of the query's own sequence.
 
     There is no softmax, so nothing is saved but the inputs.
 
@@ -66,7 +66,7 @@ from .runtime import (
 __all__ = ["jagged_attention", "jagged_attention_reference", "JaggedAttentionFunction"]
 
 AttentionKind = Literal["softmax", "silu"]
-SiluNormalizer = Literal["max_len", "seq_len"]
+SiluNormalizer = Literal["max_len", "own_len"]
 
 _NEG = tl.constexpr(-1.0e30)  # finite "minus infinity": a fully masked row never computes inf - inf
 
@@ -209,12 +209,12 @@ def _sequence(offsets_ptr, b, pad_len):
 
 
 @triton.jit
-def _load_rows(base, start, offs, seq_len, stride_t, offs_d, HEAD_DIM: tl.constexpr,
+def _load_rows(base, start, offs, row_len, stride_t, offs_d, HEAD_DIM: tl.constexpr,
                EVEN_D: tl.constexpr, MASK: tl.constexpr):
     """A [rows, BLOCK_D] tile of one head; with MASK, rows past the sequence read as zero."""
     ptrs = base + (start + offs[:, None]) * stride_t + offs_d[None, :]
     if MASK:
-        x = tl.load(ptrs, mask=(offs[:, None] < seq_len) & (offs_d[None, :] < HEAD_DIM),
+        x = tl.load(ptrs, mask=(offs[:, None] < row_len) & (offs_d[None, :] < HEAD_DIM),
                     other=0.0)
     elif EVEN_D:
         x = tl.load(ptrs)
@@ -224,25 +224,25 @@ def _load_rows(base, start, offs, seq_len, stride_t, offs_d, HEAD_DIM: tl.conste
 
 
 @triton.jit
-def _store_rows(base, start, offs, seq_len, stride_t, offs_d, x, HEAD_DIM: tl.constexpr):
+def _store_rows(base, start, offs, row_len, stride_t, offs_d, x, HEAD_DIM: tl.constexpr):
     ptrs = base + (start + offs[:, None]) * stride_t + offs_d[None, :]
-    mask = (offs[:, None] < seq_len) & (offs_d[None, :] < HEAD_DIM)
+    mask = (offs[:, None] < row_len) & (offs_d[None, :] < HEAD_DIM)
     tl.store(ptrs, x.to(base.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _row_stat(base, start, offs, seq_len, MASK: tl.constexpr):
+def _row_stat(base, start, offs, row_len, MASK: tl.constexpr):
     """Per-row fp32 statistic (logsumexp or delta) of one head."""
     if MASK:
-        x = tl.load(base + start + offs, mask=offs < seq_len, other=0.0)
+        x = tl.load(base + start + offs, mask=offs < row_len, other=0.0)
     else:
         x = tl.load(base + start + offs)
     return x
 
 
 @triton.jit
-def _visible(offs_m, offs_n, seq_len, CAUSAL: tl.constexpr):
-    visible = (offs_m[:, None] < seq_len) & (offs_n[None, :] < seq_len)
+def _visible(offs_m, offs_n, row_len, CAUSAL: tl.constexpr):
+    visible = (offs_m[:, None] < row_len) & (offs_n[None, :] < row_len)
     if CAUSAL:
         visible = visible & (offs_m[:, None] >= offs_n[None, :])
     return visible
@@ -260,7 +260,7 @@ def _sigmoid(x, FAST: tl.constexpr):
 
 
 @triton.jit
-def _probs(s, offs_m, offs_n, seq_len, lse, inv_norm, CAUSAL: tl.constexpr,
+def _probs(s, offs_m, offs_n, row_len, lse, inv_norm, CAUSAL: tl.constexpr,
            SILU: tl.constexpr, MASK: tl.constexpr, FAST_SIGMOID: tl.constexpr):
     """Recomputed attention weights ``p`` and ``d p / d s`` (silu; None-like 0 for softmax)."""
     if SILU:
@@ -271,37 +271,37 @@ def _probs(s, offs_m, offs_n, seq_len, lse, inv_norm, CAUSAL: tl.constexpr,
         p = tl.exp(s - lse[:, None])
         dp_ds = p  # unused: the softmax backward uses p and delta instead
     if MASK:
-        visible = _visible(offs_m, offs_n, seq_len, CAUSAL)
+        visible = _visible(offs_m, offs_n, row_len, CAUSAL)
         p = tl.where(visible, p, 0.0)
         dp_ds = tl.where(visible, dp_ds, 0.0)
     return p, dp_ds
 
 
 @triton.jit
-def _inv_norm(seq_len, inv_max_len, NORM_BY_SEQ_LEN: tl.constexpr):
-    if NORM_BY_SEQ_LEN:
-        return 1.0 / tl.maximum(seq_len, 1).to(tl.float32)
+def _inv_norm(row_len, inv_max_len, NORM_BY_OWN_LEN: tl.constexpr):
+    if NORM_BY_OWN_LEN:
+        return 1.0 / tl.maximum(row_len, 1).to(tl.float32)
     else:
         return inv_max_len
 
 
 @triton.jit
-def _bias_tile(bias_base, offs_m, offs_n, seq_len, sbi, sbj):
+def _bias_tile(bias_base, offs_m, offs_n, row_len, sbi, sbj):
     """The additive bias of a [BLOCK_M, BLOCK_N] score tile (positions within the sequence;
     rows or columns past its end read 0)."""
     ptrs = bias_base + offs_m[:, None].to(tl.int64) * sbi + offs_n[None, :].to(tl.int64) * sbj
-    inside = (offs_m[:, None] < seq_len) & (offs_n[None, :] < seq_len)
+    inside = (offs_m[:, None] < row_len) & (offs_n[None, :] < row_len)
     return tl.load(ptrs, mask=inside, other=0.0).to(tl.float32)
 
 
 @triton.jit
-def _bias_grad_tile(db_base, ds, offs_m, offs_n, seq_len, sdi, sdj, rows_inside,
+def _bias_grad_tile(db_base, ds, offs_m, offs_n, row_len, sdi, sdj, rows_inside,
                     ADD: tl.constexpr):
     """A score tile's share of the bias's gradient (``ds``). ``ADD``: the heads share one
     fp32 buffer (the bias is one for all heads), so each head adds its tile with atomics
     instead of writing a ``[B, H, Lb, Lb]`` buffer that a separate pass sums over H."""
     ptrs = db_base + offs_m[:, None].to(tl.int64) * sdi + offs_n[None, :].to(tl.int64) * sdj
-    inside = rows_inside & (offs_n[None, :] < seq_len)
+    inside = rows_inside & (offs_n[None, :] < row_len)
     if ADD:
         tl.atomic_add(ptrs, ds, mask=inside)
     else:
@@ -314,24 +314,24 @@ def _bias_grad_tile(db_base, ds, offs_m, offs_n, seq_len, sdi, sdj, rows_inside,
 
 
 @triton.jit
-def _fwd_step(acc, m_i, l_i, q, k_base, v_base, start, start_n, offs_m, offs_d, seq_len,
+def _fwd_step(acc, m_i, l_i, q, k_base, v_base, start, start_n, offs_m, offs_d, row_len,
               stride_kt, stride_vt, scale, inv_norm, bias_base, sbi, sbj,
               HEAD_DIM: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr,
               CAUSAL: tl.constexpr, SILU: tl.constexpr, IEEE: tl.constexpr,
               MASK: tl.constexpr, HAS_BIAS: tl.constexpr, FAST_SIGMOID: tl.constexpr):
     offs_n = start_n + tl.arange(0, BLOCK_N)
-    k = _load_rows(k_base, start, offs_n, seq_len, stride_kt, offs_d, HEAD_DIM, EVEN_D, MASK)
-    v = _load_rows(v_base, start, offs_n, seq_len, stride_vt, offs_d, HEAD_DIM, EVEN_D, MASK)
+    k = _load_rows(k_base, start, offs_n, row_len, stride_kt, offs_d, HEAD_DIM, EVEN_D, MASK)
+    v = _load_rows(v_base, start, offs_n, row_len, stride_vt, offs_d, HEAD_DIM, EVEN_D, MASK)
     s = mma(q, tl.trans(k), IEEE) * scale
     if HAS_BIAS:
-        s += _bias_tile(bias_base, offs_m, offs_n, seq_len, sbi, sbj)
+        s += _bias_tile(bias_base, offs_m, offs_n, row_len, sbi, sbj)
     if SILU:
-        p, _ = _probs(s, offs_m, offs_n, seq_len, m_i, inv_norm, CAUSAL, SILU, MASK,
+        p, _ = _probs(s, offs_m, offs_n, row_len, m_i, inv_norm, CAUSAL, SILU, MASK,
                       FAST_SIGMOID)
         acc += mma(p.to(v.dtype), v, IEEE)
     else:
         if MASK:
-            visible = _visible(offs_m, offs_n, seq_len, CAUSAL)
+            visible = _visible(offs_m, offs_n, row_len, CAUSAL)
             s = tl.where(visible, s, _NEG)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp(m_i - m_new)
@@ -345,19 +345,19 @@ def _fwd_step(acc, m_i, l_i, q, k_base, v_base, start, start_n, offs_m, offs_d, 
 
 
 @triton.jit
-def _dq_step(dq, q, do, lse, delta, k_base, v_base, start, start_n, offs_m, offs_d, seq_len,
+def _dq_step(dq, q, do, lse, delta, k_base, v_base, start, start_n, offs_m, offs_d, row_len,
              stride_kt, stride_vt, scale, inv_norm, bias_base, sbi, sbj, db_base, sdi, sdj,
              HEAD_DIM: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr,
              CAUSAL: tl.constexpr, SILU: tl.constexpr, IEEE: tl.constexpr,
              MASK: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr,
              FAST_SIGMOID: tl.constexpr, BIAS_GRAD_ADD: tl.constexpr):
     offs_n = start_n + tl.arange(0, BLOCK_N)
-    k = _load_rows(k_base, start, offs_n, seq_len, stride_kt, offs_d, HEAD_DIM, EVEN_D, MASK)
-    v = _load_rows(v_base, start, offs_n, seq_len, stride_vt, offs_d, HEAD_DIM, EVEN_D, MASK)
+    k = _load_rows(k_base, start, offs_n, row_len, stride_kt, offs_d, HEAD_DIM, EVEN_D, MASK)
+    v = _load_rows(v_base, start, offs_n, row_len, stride_vt, offs_d, HEAD_DIM, EVEN_D, MASK)
     s = mma(q, tl.trans(k), IEEE) * scale
     if HAS_BIAS:
-        s += _bias_tile(bias_base, offs_m, offs_n, seq_len, sbi, sbj)
-    p, dp_ds = _probs(s, offs_m, offs_n, seq_len, lse, inv_norm, CAUSAL, SILU, MASK,
+        s += _bias_tile(bias_base, offs_m, offs_n, row_len, sbi, sbj)
+    p, dp_ds = _probs(s, offs_m, offs_n, row_len, lse, inv_norm, CAUSAL, SILU, MASK,
                       FAST_SIGMOID)
     dp = mma(do, tl.trans(v), IEEE)
     if SILU:
@@ -365,14 +365,14 @@ def _dq_step(dq, q, do, lse, delta, k_base, v_base, start, start_n, offs_m, offs
     else:
         ds = p * (dp - delta[:, None])
     if BIAS_GRAD:  # d loss / d bias = d loss / d s: each visible tile is visited once here
-        _bias_grad_tile(db_base, ds, offs_m, offs_n, seq_len, sdi, sdj,
-                        offs_m[:, None] < seq_len, BIAS_GRAD_ADD)
+        _bias_grad_tile(db_base, ds, offs_m, offs_n, row_len, sdi, sdj,
+                        offs_m[:, None] < row_len, BIAS_GRAD_ADD)
     return dq + mma(ds.to(k.dtype), k, IEEE)
 
 
 @triton.jit
 def _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start, start_m, offs_n,
-               offs_d, seq_len, stride_qt, stride_dot, scale, inv_norm, bias_base, sbi, sbj,
+               offs_d, row_len, stride_qt, stride_dot, scale, inv_norm, bias_base, sbi, sbj,
                HEAD_DIM: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr,
                CAUSAL: tl.constexpr, SILU: tl.constexpr, IEEE: tl.constexpr,
                MASK: tl.constexpr, HAS_BIAS: tl.constexpr, FAST_SIGMOID: tl.constexpr,
@@ -382,28 +382,28 @@ def _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start, start
     that query block's share of dq (``ds @ k``, added with atomics) and of the bias's
     gradient (``ds``: each tile visited once here), see :data:`FUSED_SILU_BACKWARD`."""
     offs_m = start_m + tl.arange(0, BLOCK_M)
-    q = _load_rows(q_base, start, offs_m, seq_len, stride_qt, offs_d, HEAD_DIM, EVEN_D, MASK)
-    do = _load_rows(do_base, start, offs_m, seq_len, stride_dot, offs_d, HEAD_DIM, EVEN_D, MASK)
+    q = _load_rows(q_base, start, offs_m, row_len, stride_qt, offs_d, HEAD_DIM, EVEN_D, MASK)
+    do = _load_rows(do_base, start, offs_m, row_len, stride_dot, offs_d, HEAD_DIM, EVEN_D, MASK)
     s = mma(q, tl.trans(k), IEEE) * scale
     if HAS_BIAS:
-        s += _bias_tile(bias_base, offs_m, offs_n, seq_len, sbi, sbj)
+        s += _bias_tile(bias_base, offs_m, offs_n, row_len, sbi, sbj)
     dp = mma(do, tl.trans(v), IEEE)
     if SILU:
-        p, dp_ds = _probs(s, offs_m, offs_n, seq_len, offs_m, inv_norm, CAUSAL, SILU, MASK,
+        p, dp_ds = _probs(s, offs_m, offs_n, row_len, offs_m, inv_norm, CAUSAL, SILU, MASK,
                           FAST_SIGMOID)
         ds = dp * dp_ds
     else:
-        lse = _row_stat(lse_base, start, offs_m, seq_len, MASK)
-        delta = _row_stat(delta_base, start, offs_m, seq_len, MASK)
-        p, _ = _probs(s, offs_m, offs_n, seq_len, lse, inv_norm, CAUSAL, SILU, MASK, False)
+        lse = _row_stat(lse_base, start, offs_m, row_len, MASK)
+        delta = _row_stat(delta_base, start, offs_m, row_len, MASK)
+        p, _ = _probs(s, offs_m, offs_n, row_len, lse, inv_norm, CAUSAL, SILU, MASK, False)
         ds = p * (dp - delta[:, None])
     if FUSED_DQ:
-        inside = offs_m[:, None] < seq_len
+        inside = offs_m[:, None] < row_len
         dq = mma(ds.to(k.dtype), k, IEEE) * scale
         tl.atomic_add(dq_base + (start + offs_m[:, None]) * stride_dqt + offs_d[None, :], dq,
                       mask=inside & (offs_d[None, :] < HEAD_DIM))
         if BIAS_GRAD:
-            _bias_grad_tile(db_base, ds, offs_m, offs_n, seq_len, sdi, sdj, inside,
+            _bias_grad_tile(db_base, ds, offs_m, offs_n, row_len, sdi, sdj, inside,
                             BIAS_GRAD_ADD)
     dv += mma(tl.trans(p.to(do.dtype)), do, IEEE)
     dk += mma(tl.trans(ds.to(q.dtype)), q, IEEE)
@@ -416,15 +416,15 @@ def _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start, start
 
 
 @triton.jit
-def _key_phases(start_m, seq_len, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def _key_phases(start_m, row_len, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 CAUSAL: tl.constexpr):
     """Key blocks of a query block: [0, full) need no mask, [full, end) do."""
     if CAUSAL:
         full = (start_m // BLOCK_N) * BLOCK_N
-        end = tl.minimum(seq_len, start_m + BLOCK_M)
+        end = tl.minimum(row_len, start_m + BLOCK_M)
     else:
-        full = (seq_len // BLOCK_N) * BLOCK_N
-        end = seq_len
+        full = (row_len // BLOCK_N) * BLOCK_N
+        end = row_len
     return full, end
 
 
@@ -445,7 +445,7 @@ def _fwd_kernel(
     BIAS, DBIAS, stride_bb, stride_bh, stride_bi, stride_bj,
     stride_dbb, stride_dbh, stride_dbi, stride_dbj,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
-    CAUSAL: tl.constexpr, SILU: tl.constexpr, NORM_BY_SEQ_LEN: tl.constexpr,
+    CAUSAL: tl.constexpr, SILU: tl.constexpr, NORM_BY_OWN_LEN: tl.constexpr,
     IEEE: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr,
     FAST_SIGMOID: tl.constexpr, FUSED_DQ: tl.constexpr, BIAS_GRAD_ADD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -457,30 +457,30 @@ def _fwd_kernel(
     pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
     b = pid_bh // n_heads
     h = pid_bh % n_heads
-    start, seq_len = _sequence(offsets_ptr, b, pad_len)
+    start, row_len = _sequence(offsets_ptr, b, pad_len)
     start_m = pid_m * BLOCK_M
-    if start_m >= seq_len:
+    if start_m >= row_len:
         return
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    q = _load_rows(Q + h * stride_qh, start, offs_m, seq_len, stride_qt, offs_d, HEAD_DIM,
+    q = _load_rows(Q + h * stride_qh, start, offs_m, row_len, stride_qt, offs_d, HEAD_DIM,
                    EVEN_D, True)
     k_base = K + h * stride_kh
     v_base = V + h * stride_vh
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], _NEG, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    inv_norm = _inv_norm(seq_len, inv_max_len, NORM_BY_SEQ_LEN)
-    full, end = _key_phases(start_m, seq_len, BLOCK_M, BLOCK_N, CAUSAL)
+    inv_norm = _inv_norm(row_len, inv_max_len, NORM_BY_OWN_LEN)
+    full, end = _key_phases(start_m, row_len, BLOCK_M, BLOCK_N, CAUSAL)
     for start_n in range(0, full, BLOCK_N):
         acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, start, start_n, offs_m,
-                                  offs_d, seq_len, stride_kt, stride_vt, scale, inv_norm,
+                                  offs_d, row_len, stride_kt, stride_vt, scale, inv_norm,
                                   bias_base, stride_bi, stride_bj,
                                   HEAD_DIM, EVEN_D, BLOCK_N, CAUSAL, SILU, IEEE, False, HAS_BIAS,
                                   FAST_SIGMOID)
     for start_n in range(full, end, BLOCK_N):
         acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, start, start_n, offs_m,
-                                  offs_d, seq_len, stride_kt, stride_vt, scale, inv_norm,
+                                  offs_d, row_len, stride_kt, stride_vt, scale, inv_norm,
                                   bias_base, stride_bi, stride_bj,
                                   HEAD_DIM, EVEN_D, BLOCK_N, CAUSAL, SILU, IEEE, True, HAS_BIAS,
                                   FAST_SIGMOID)
@@ -488,8 +488,8 @@ def _fwd_kernel(
         l_safe = tl.where(l_i > 0.0, l_i, 1.0)
         acc = acc / l_safe[:, None]
         lse_ptrs = LSE + h * stride_lse_h + start + offs_m
-        tl.store(lse_ptrs, m_i + tl.log(l_safe), mask=offs_m < seq_len)
-    _store_rows(Out + h * stride_oh, start, offs_m, seq_len, stride_ot, offs_d, acc, HEAD_DIM)
+        tl.store(lse_ptrs, m_i + tl.log(l_safe), mask=offs_m < row_len)
+    _store_rows(Out + h * stride_oh, start, offs_m, row_len, stride_ot, offs_d, acc, HEAD_DIM)
 
 
 @config_choice.autotune(_BWD_Q_CONFIGS, _TUNE_KEY, name="jagged_attention._bwd_dq_kernel",
@@ -504,7 +504,7 @@ def _bwd_dq_kernel(
     BIAS, DBIAS, stride_bb, stride_bh, stride_bi, stride_bj,
     stride_dbb, stride_dbh, stride_dbi, stride_dbj,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
-    CAUSAL: tl.constexpr, SILU: tl.constexpr, NORM_BY_SEQ_LEN: tl.constexpr,
+    CAUSAL: tl.constexpr, SILU: tl.constexpr, NORM_BY_OWN_LEN: tl.constexpr,
     IEEE: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr,
     FAST_SIGMOID: tl.constexpr, FUSED_DQ: tl.constexpr, BIAS_GRAD_ADD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -517,44 +517,44 @@ def _bwd_dq_kernel(
     pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
     b = pid_bh // n_heads
     h = pid_bh % n_heads
-    start, seq_len = _sequence(offsets_ptr, b, pad_len)
+    start, row_len = _sequence(offsets_ptr, b, pad_len)
     start_m = pid_m * BLOCK_M
-    if start_m >= seq_len:
+    if start_m >= row_len:
         return
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    q = _load_rows(Q + h * stride_qh, start, offs_m, seq_len, stride_qt, offs_d, HEAD_DIM,
+    q = _load_rows(Q + h * stride_qh, start, offs_m, row_len, stride_qt, offs_d, HEAD_DIM,
                    EVEN_D, True)
-    do = _load_rows(DO + h * stride_doh, start, offs_m, seq_len, stride_dot, offs_d, HEAD_DIM,
+    do = _load_rows(DO + h * stride_doh, start, offs_m, row_len, stride_dot, offs_d, HEAD_DIM,
                     EVEN_D, True)
-    inv_norm = _inv_norm(seq_len, inv_max_len, NORM_BY_SEQ_LEN)
+    inv_norm = _inv_norm(row_len, inv_max_len, NORM_BY_OWN_LEN)
     if SILU:
         lse = inv_norm  # unused
         delta = inv_norm  # unused
     else:
-        o = _load_rows(Out + h * stride_oh, start, offs_m, seq_len, stride_ot, offs_d, HEAD_DIM,
+        o = _load_rows(Out + h * stride_oh, start, offs_m, row_len, stride_ot, offs_d, HEAD_DIM,
                        EVEN_D, True)
         delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-        tl.store(DELTA + h * stride_lse_h + start + offs_m, delta, mask=offs_m < seq_len)
-        lse = _row_stat(LSE + h * stride_lse_h, start, offs_m, seq_len, True)
+        tl.store(DELTA + h * stride_lse_h + start + offs_m, delta, mask=offs_m < row_len)
+        lse = _row_stat(LSE + h * stride_lse_h, start, offs_m, row_len, True)
     k_base = K + h * stride_kh
     v_base = V + h * stride_vh
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    full, end = _key_phases(start_m, seq_len, BLOCK_M, BLOCK_N, CAUSAL)
+    full, end = _key_phases(start_m, row_len, BLOCK_M, BLOCK_N, CAUSAL)
     for start_n in range(0, full, BLOCK_N):
         dq = _dq_step(dq, q, do, lse, delta, k_base, v_base, start, start_n, offs_m, offs_d,
-                      seq_len, stride_kt, stride_vt, scale, inv_norm,
+                      row_len, stride_kt, stride_vt, scale, inv_norm,
                       bias_base, stride_bi, stride_bj, db_base, stride_dbi, stride_dbj,
                       HEAD_DIM, EVEN_D, BLOCK_N, CAUSAL, SILU, IEEE, False, HAS_BIAS,
                       BIAS_GRAD, FAST_SIGMOID, BIAS_GRAD_ADD)
     for start_n in range(full, end, BLOCK_N):
         dq = _dq_step(dq, q, do, lse, delta, k_base, v_base, start, start_n, offs_m, offs_d,
-                      seq_len, stride_kt, stride_vt, scale, inv_norm,
+                      row_len, stride_kt, stride_vt, scale, inv_norm,
                       bias_base, stride_bi, stride_bj, db_base, stride_dbi, stride_dbj,
                       HEAD_DIM, EVEN_D, BLOCK_N, CAUSAL, SILU, IEEE, True, HAS_BIAS,
                       BIAS_GRAD, FAST_SIGMOID, BIAS_GRAD_ADD)
     dq = dq * scale
-    _store_rows(DQ + h * stride_dqh, start, offs_m, seq_len, stride_dqt, offs_d, dq, HEAD_DIM)
+    _store_rows(DQ + h * stride_dqh, start, offs_m, row_len, stride_dqt, offs_d, dq, HEAD_DIM)
 
 
 @config_choice.autotune(_BWD_KV_CONFIGS, _TUNE_KEY, name="jagged_attention._bwd_dkdv_kernel",
@@ -571,7 +571,7 @@ def _bwd_dkdv_kernel(
     BIAS, DBIAS, stride_bb, stride_bh, stride_bi, stride_bj,
     stride_dbb, stride_dbh, stride_dbi, stride_dbj,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
-    CAUSAL: tl.constexpr, SILU: tl.constexpr, NORM_BY_SEQ_LEN: tl.constexpr,
+    CAUSAL: tl.constexpr, SILU: tl.constexpr, NORM_BY_OWN_LEN: tl.constexpr,
     IEEE: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr,
     FAST_SIGMOID: tl.constexpr, FUSED_DQ: tl.constexpr, BIAS_GRAD_ADD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -585,15 +585,15 @@ def _bwd_dkdv_kernel(
     pid_n = tl.program_id(1)  # causal: early key blocks see the most queries, run them first
     b = pid_bh // n_heads
     h = pid_bh % n_heads
-    start, seq_len = _sequence(offsets_ptr, b, pad_len)
+    start, row_len = _sequence(offsets_ptr, b, pad_len)
     start_n = pid_n * BLOCK_N
-    if start_n >= seq_len:
+    if start_n >= row_len:
         return
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    k = _load_rows(K + h * stride_kh, start, offs_n, seq_len, stride_kt, offs_d, HEAD_DIM,
+    k = _load_rows(K + h * stride_kh, start, offs_n, row_len, stride_kt, offs_d, HEAD_DIM,
                    EVEN_D, True)
-    v = _load_rows(V + h * stride_vh, start, offs_n, seq_len, stride_vt, offs_d, HEAD_DIM,
+    v = _load_rows(V + h * stride_vh, start, offs_n, row_len, stride_vt, offs_d, HEAD_DIM,
                    EVEN_D, True)
     q_base = Q + h * stride_qh
     do_base = DO + h * stride_doh
@@ -601,40 +601,40 @@ def _bwd_dkdv_kernel(
     delta_base = DELTA + h * stride_lse_h
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    inv_norm = _inv_norm(seq_len, inv_max_len, NORM_BY_SEQ_LEN)
+    inv_norm = _inv_norm(row_len, inv_max_len, NORM_BY_OWN_LEN)
     # Query blocks: [lo, diag) straddle the causal diagonal (masked), [diag, full) need no
-    # mask, [max(diag, full), seq_len) is the ragged last block (masked).
-    full = (seq_len // BLOCK_M) * BLOCK_M
+    # mask, [max(diag, full), row_len) is the ragged last block (masked).
+    full = (row_len // BLOCK_M) * BLOCK_M
     if CAUSAL:
         lo = (start_n // BLOCK_M) * BLOCK_M
         diag = tl.cdiv(start_n + BLOCK_N, BLOCK_M) * BLOCK_M
     else:
         lo = 0
         diag = 0
-    for start_m in range(lo, tl.minimum(diag, seq_len), BLOCK_M):
+    for start_m in range(lo, tl.minimum(diag, row_len), BLOCK_M):
         dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start,
-                            start_m, offs_n, offs_d, seq_len, stride_qt, stride_dot, scale,
+                            start_m, offs_n, offs_d, row_len, stride_qt, stride_dot, scale,
                             inv_norm, bias_base, stride_bi, stride_bj,
                             HEAD_DIM, EVEN_D, BLOCK_M, CAUSAL, SILU, IEEE, True, HAS_BIAS,
                             FAST_SIGMOID, dq_base, stride_dqt, db_base, stride_dbi,
                             stride_dbj, FUSED_DQ, BIAS_GRAD, BIAS_GRAD_ADD)
     for start_m in range(diag, full, BLOCK_M):
         dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start,
-                            start_m, offs_n, offs_d, seq_len, stride_qt, stride_dot, scale,
+                            start_m, offs_n, offs_d, row_len, stride_qt, stride_dot, scale,
                             inv_norm, bias_base, stride_bi, stride_bj,
                             HEAD_DIM, EVEN_D, BLOCK_M, CAUSAL, SILU, IEEE, False, HAS_BIAS,
                             FAST_SIGMOID, dq_base, stride_dqt, db_base, stride_dbi,
                             stride_dbj, FUSED_DQ, BIAS_GRAD, BIAS_GRAD_ADD)
-    for start_m in range(tl.maximum(diag, full), seq_len, BLOCK_M):
+    for start_m in range(tl.maximum(diag, full), row_len, BLOCK_M):
         dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start,
-                            start_m, offs_n, offs_d, seq_len, stride_qt, stride_dot, scale,
+                            start_m, offs_n, offs_d, row_len, stride_qt, stride_dot, scale,
                             inv_norm, bias_base, stride_bi, stride_bj,
                             HEAD_DIM, EVEN_D, BLOCK_M, CAUSAL, SILU, IEEE, True, HAS_BIAS,
                             FAST_SIGMOID, dq_base, stride_dqt, db_base, stride_dbi,
                             stride_dbj, FUSED_DQ, BIAS_GRAD, BIAS_GRAD_ADD)
     dk = dk * scale
-    _store_rows(DK + h * stride_dkh, start, offs_n, seq_len, stride_dkt, offs_d, dk, HEAD_DIM)
-    _store_rows(DV + h * stride_dvh, start, offs_n, seq_len, stride_dvt, offs_d, dv, HEAD_DIM)
+    _store_rows(DK + h * stride_dkh, start, offs_n, row_len, stride_dkt, offs_d, dk, HEAD_DIM)
+    _store_rows(DV + h * stride_dvh, start, offs_n, row_len, stride_dvt, offs_d, dv, HEAD_DIM)
 
 
 # ---------------------------------------------------------------------------------------
@@ -649,9 +649,9 @@ def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
 def _meta(q: torch.Tensor, causal: bool, kind: str, silu_normalizer: str) -> dict:
     if kind not in ("softmax", "silu"):
         raise ValueError(f"kind must be 'softmax' or 'silu', got {kind!r}")
-    if silu_normalizer not in ("max_len", "seq_len"):
+    if silu_normalizer not in ("max_len", "own_len"):
         raise ValueError(
-            f"silu_normalizer must be 'max_len' or 'seq_len', got {silu_normalizer!r}"
+            f"silu_normalizer must be 'max_len' or 'own_len', got {silu_normalizer!r}"
         )
     head_dim = q.shape[2]
     return {
@@ -660,7 +660,7 @@ def _meta(q: torch.Tensor, causal: bool, kind: str, silu_normalizer: str) -> dic
         "EVEN_D": next_pow2(head_dim, MIN_DOT) == head_dim,
         "CAUSAL": bool(causal),
         "SILU": kind == "silu",
-        "NORM_BY_SEQ_LEN": silu_normalizer == "seq_len",
+        "NORM_BY_OWN_LEN": silu_normalizer == "own_len",
         "IEEE": q.dtype == torch.float32,
         "HAS_BIAS": False,  # set by the caller that passes a score bias
         "BIAS_GRAD": False,

@@ -110,7 +110,7 @@ def test_matches_reference(kind, causal, dtype):
     offset_dtype=st.sampled_from([torch.int32, torch.int64]),
     kind=st.sampled_from(KINDS),
     causal=st.booleans(),
-    silu_normalizer=st.sampled_from(["max_len", "seq_len"]),
+    silu_normalizer=st.sampled_from(["max_len", "own_len"]),
     extra_len=st.integers(0, 4),
     scale=st.one_of(st.none(), st.floats(0.05, 1.0)),
     seed=SEEDS,
@@ -159,7 +159,7 @@ def test_silu_normalizers_differ_by_length_ratio():
     offsets = offsets_of(lengths)
     q, k, v = _qkv(sum(lengths), 2, 16, gen, torch.float32)
     by_max = jagged_attention(q, k, v, offsets, 16, kind="silu", silu_normalizer="max_len")
-    by_len = jagged_attention(q, k, v, offsets, 16, kind="silu", silu_normalizer="seq_len")
+    by_len = jagged_attention(q, k, v, offsets, 16, kind="silu", silu_normalizer="own_len")
     ratio = torch.repeat_interleave(torch.tensor(lengths, dtype=torch.float32) / 16,
                                     torch.tensor(lengths))
     torch.testing.assert_close(by_len * ratio[:, None, None], by_max, atol=1e-6, rtol=1e-5)
