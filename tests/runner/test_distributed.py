@@ -14,20 +14,20 @@ world      tables t0..t5                                      dense regions / op
            table_wise@0, table_row_wise, grid 2x1            (top.2) ddp inside it, bottom
                                                              ddp, root fsdp (owns nothing:
                                                              not wrapped); lazy Adam
-2  resume  plan "b": 10 steps with checkpoints every 5,      must equal "b" steps 11..20
-           then --resume to 20 (in-process)                 exactly
+2  resume  plan "b": 6 steps with checkpoints every 3,       must equal "b" steps 7..12
+           then --resume to 12 (in-process)                 exactly
 2  reshard plan "a" 4 steps, checkpoint; resumed under plan  steps 5..8 must match the
            "b" (other shardings, FSDP) to 8; then resumed    reference: DCP reshards the
            on one process (no process group) to 10          tables and dense state
 2  gem     GEM tiny (10 tables: bags, the history's         regions alternately ddp and
            nn.Embedding, the position table): the five       fsdp; row-wise Adagrad;
-           sharding kinds in turn                            10 steps
+           sharding kinds in turn                            5 steps
 4  "c"     row_wise, column_wise (dims 2,2,1,1), grid 2x2,   top hsdp (2 hosts x 2),
            table_wise@3, table_row_wise@{2,3},               bottom fsdp, root ddp;
            data_parallel                                     row-wise Adagrad
 =========  ================================================  ===========================
 
-Each trains 20 steps; the mean-over-ranks loss of every step must match
+Each trains 12 steps (GEM 5); the mean-over-ranks loss of every step must match
 ``reference.reference_losses`` (one process, the W batches of a step averaged) to rtol 1e-4.
 """
 
@@ -45,7 +45,8 @@ from gemc.api import load_model
 from gemc.plan import write_plan
 from tests.runner.harness import MODEL, REPO, run_scenarios, variant
 
-STEPS = 20
+STEPS = 12
+RESUME_AT = STEPS // 2  # the resumed scenarios stop here (a checkpoint every half of it)
 ADAM = {"embedding": {"kind": "adam", "lr": 0.01}}
 GEM = f"{REPO / 'examples' / 'gem' / 'model.py'}:build"
 GEM_ARGS = {"preset": "tiny", "batch_size": 8}
@@ -190,7 +191,8 @@ def test_loss_trajectory_matches_single_process(world, base_plans, plan_dir: Pat
                 "name": "resume",
                 "plan": str(plan_dir / "w2-b.json"),
                 "phases": [
-                    {"steps": 10, "checkpoint_dir": str(ck), "checkpoint_every": 5},
+                    {"steps": RESUME_AT, "checkpoint_dir": str(ck),
+                     "checkpoint_every": RESUME_AT // 2},
                     {"steps": STEPS, "checkpoint_dir": str(ck), "resume": True},
                 ],
             }
@@ -263,12 +265,13 @@ def test_loss_trajectory_matches_single_process(world, base_plans, plan_dir: Pat
         # a checkpoint of one plan resumes under another sharding, and on another world size
         _check_reshard(results["reshard"], base_plans[1], plan_dir / "w2-reshard-ckpt")
         first, resumed = results["resume"]
-        assert [s for s, _ in first] == list(range(1, 11))
-        assert [s for s, _ in resumed] == list(range(11, STEPS + 1))
+        assert [s for s, _ in first] == list(range(1, RESUME_AT + 1))
+        assert [s for s, _ in resumed] == list(range(RESUME_AT + 1, STEPS + 1))
         uninterrupted = dict((s, loss) for s, loss in results["b"][0])
-        assert [loss for _, loss in first] == [uninterrupted[s] for s in range(1, 11)]
+        assert [loss for _, loss in first] == [uninterrupted[s] for s in range(1, RESUME_AT + 1)]
         # resuming is exact: same state, same batches, same reduction order
-        assert [loss for _, loss in resumed] == [uninterrupted[s] for s in range(11, STEPS + 1)]
+        assert [loss for _, loss in resumed] == [uninterrupted[s]
+                                                 for s in range(RESUME_AT + 1, STEPS + 1)]
 
 
 def _replica_plans(base: dict) -> dict[str, dict]:
@@ -307,7 +310,7 @@ def test_replicas_train_as_the_reference_with_one_all_reduce(plan_dir: Path) -> 
                           "phases": [{"steps": STEPS}]})
     ck = plan_dir / "w2-dp-resume-ckpt"
     scenarios.append({"name": "resume", "plan": str(plan_dir / "w2-dp-adam.json"), "phases": [
-        {"steps": 10, "checkpoint_dir": str(ck), "checkpoint_every": 5},
+        {"steps": RESUME_AT, "checkpoint_dir": str(ck), "checkpoint_every": RESUME_AT // 2},
         {"steps": STEPS, "checkpoint_dir": str(ck), "resume": True}]})
     results = run_scenarios(2, scenarios, plan_dir / "w2-dp-results.json")
     for name in ("adagrad", "adam"):
