@@ -419,12 +419,13 @@ class BatchedEmbeddingBag(nn.Module):
     def reset_parameters(self) -> None:
         """Uniform(+-sqrt(1/rows)) per table (TorchRec's default), rounded to nearest in the
         storage format; zero optimizer state."""
-        values = []
-        for rows, dim in zip(self.rows, self.dims):
+        for t, (rows, dim) in enumerate(zip(self.rows, self.dims)):
             bound = math.sqrt(1.0 / rows)
-            values.append(torch.empty(rows, dim, device=self.weights.device)
-                          .uniform_(-bound, bound))
-        self.load_weights(values)
+            if self.precision == "fp32":  # in place: no table-sized temporary
+                self.split_weights()[t].uniform_(-bound, bound)
+            else:  # one table's fp32 values at a time, then stored rounded
+                self._store(t, torch.empty(rows, dim, device=self.weights.device)
+                            .uniform_(-bound, bound))
         self.reset_optimizer_state()
 
     @torch.no_grad()
@@ -447,15 +448,24 @@ class BatchedEmbeddingBag(nn.Module):
         format (fp8: each row with its own scale)."""
         if len(tables) != self.num_tables:
             raise ValueError(f"expected {self.num_tables} tables, got {len(tables)}")
-        scales = self.split_row_scales()
         for t, (dst, src) in enumerate(zip(self.split_weights(), tables)):
             if tuple(src.shape) != tuple(dst.shape):
                 raise ValueError(f"table {t}: weight {tuple(src.shape)} != {tuple(dst.shape)}")
-            values, scale = quantize_rows(src.detach().to(dst.device), self.precision,
-                                          stochastic=False)
-            dst.copy_(values)
-            if scale is not None:
-                scales[t].copy_(scale)
+        for t, src in enumerate(tables):
+            self._store(t, src.detach())
+
+    def _store(self, t: int, src: torch.Tensor) -> None:
+        """Table ``t``'s values from fp32 ``src``: copied as they are into fp32 storage (no
+        temporary of the table's size: a 40M-row table is 19 GiB, and a second copy of it
+        is what ran a GPU out of memory), rounded to nearest otherwise."""
+        dst = self.split_weights()[t]
+        if self.precision == "fp32":
+            dst.copy_(src)
+            return
+        values, scale = quantize_rows(src.to(dst.device), self.precision, stochastic=False)
+        dst.copy_(values)
+        if scale is not None:
+            self.split_row_scales()[t].copy_(scale)
 
     def split_row_scales(self) -> list[torch.Tensor] | list[None]:
         """Per-table ``[rows]`` views of the fp8 row scales (``None`` for fp32 / bf16)."""
