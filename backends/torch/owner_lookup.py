@@ -94,7 +94,10 @@ class OwnerLookup:
     :class:`BatchedEmbeddingBag` per storage precision, adopted by ``emb_opt``."""
 
     def __init__(self, tables: Mapping[str, Any], fqns: Sequence[str], emb_opt: Any, *,
-                 world_size: int, seed: int) -> None:
+                 world_size: int, seed: int, stage_on_host: bool | None = None) -> None:
+        """``stage_on_host`` (default: on a GPU): each shard's rows wait on the host while
+        the fused buffers are allocated, so a rank needs its tables' memory once, not twice
+        (see :func:`_release`)."""
         from gemc.backends.triton.embedding_bag import BatchedEmbeddingBag
 
         self.emb_opt = emb_opt
@@ -116,6 +119,8 @@ class OwnerLookup:
                         fix="make the model's table fp32 and set its storage precision "
                             "in the plan (gemc compile --table-precision)")
             device = members[0].weight.device
+            stage = device.type != "cpu" if stage_on_host is None else stage_on_host
+            staged = [_release(m, emb_opt, stage) for m in members]
             module = BatchedEmbeddingBag(
                 [(m.local.rows, m.local.cols) for m in members], pooling="sum",
                 optimizer=cfg.kind, lr=cfg.lr, eps=cfg.eps, betas=cfg.betas,
@@ -126,12 +131,12 @@ class OwnerLookup:
             module.step = emb_opt.step_count
             states = module.split_optimizer_state()
             with torch.no_grad():
-                for t, (m, view, scale) in enumerate(zip(members, module.split_weights(),
-                                                         module.split_row_scales())):
-                    view.copy_(m.weight.data)  # the stored format's bits, as initialised
+                for t, (m, view, scale, (values, scales)) in enumerate(zip(
+                        members, module.split_weights(), module.split_row_scales(), staged)):
+                    view.copy_(values)  # the stored format's bits, as initialised
                     m.weight.data = view  # checkpoints read and write the fused buffer
                     if scale is not None:  # fp8: the row scales move in with the values
-                        scale.copy_(m.row_scale)
+                        scale.copy_(scales)
                         m.row_scale = scale
                     emb_opt.adopt_fused(m.fqn, states[t], module, table=t)
                     m.owner_lookup = self
@@ -181,3 +186,22 @@ class OwnerLookup:
                 out[k] = part
         assert all(o is not None for o in out)
         return out  # type: ignore[return-value]
+
+
+def _release(m: Any, emb_opt: Any, stage: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Shard ``m``'s stored rows (and fp8 row scales), handed over for the fused buffer: on
+    the host when ``stage``, the shard's own device memory then released, and its optimizer
+    state released either way (the fused module's own state replaces it: ``adopt_fused``).
+    Why: the planner packs a rank's shards up to its memory; copying them into the fused
+    buffer while they still lay on the device needed that memory twice (three times the
+    tables' bytes under lazy Adam, whose two moments the shard and the module each held),
+    an out-of-memory at start-up on a full rank. Through the host the device holds the
+    tables once; the copy costs a host round trip at start-up only."""
+    values, scales = m.weight.data, m.row_scale
+    if stage:
+        values = values.to("cpu")
+        scales = None if scales is None else scales.to("cpu")
+        m.weight.data = values.new_empty((0, values.shape[1]), device=m.weight.device)
+        m.row_scale = None
+    emb_opt.state[m.fqn].tensors = {}
+    return values, scales

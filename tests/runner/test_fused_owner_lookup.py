@@ -261,3 +261,55 @@ def test_a_second_lookup_in_one_step_is_refused_on_the_fused_route() -> None:
     opt.step()  # the next step may look it up again
     out = table.owner_lookup.pool([request])[0]
     assert out.shape == (2, DIM)
+
+
+@pytest.mark.parametrize("stage_on_host", [True, False])
+def test_adopted_shards_keep_their_values_and_release_what_they_held(stage_on_host,
+                                                                    monkeypatch) -> None:
+    """The fused buffers take each shard's stored rows and fp8 row scales as they were
+    (through the host, as on a GPU, or straight), the shards then read the buffers, and
+    what they and their optimizer state held is released *before* the buffers are made:
+    on a full GPU the tables' memory is needed once, not twice (owner_lookup._release)."""
+    import torch
+    from gemc.backends.torch.embedding import ShardedEmbedding
+    from gemc.backends.torch.owner_lookup import OwnerLookup
+    from gemc.backends.torch.sparse_optim import EmbeddingOptimConfig, EmbeddingOptimizer
+    from gemc.backends.triton import embedding_bag
+
+    tables, before = {}, {}
+    for fqn, precision in (("t.weight", "fp32"), ("u.weight", "fp8"), ("v.weight", "fp8")):
+        m = ShardedEmbedding(_source("sum"), _plan_table(fqn, "table_wise", [0], precision),
+                             rank=0, world_size=WORLD, seed=7)
+        m.to_empty(device="cpu")
+        m.reset_parameters()
+        tables[fqn] = m
+        before[fqn] = (m.weight.detach().clone(),
+                       None if m.row_scale is None else m.row_scale.clone())
+    opt = EmbeddingOptimizer(tables, EmbeddingOptimConfig(kind="adam"), world_size=WORLD)
+    held_at_allocation = []  # (shard rows still on the device, state tensors) per module
+    made = embedding_bag.BatchedEmbeddingBag.__init__
+
+    def spy(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        held_at_allocation.append([(m.weight.shape[0], len(opt.state[f].tensors))
+                                   for f, m in tables.items() if m.owner_lookup is None])
+        made(self, *args, **kwargs)
+
+    monkeypatch.setattr(embedding_bag.BatchedEmbeddingBag, "__init__", spy)
+    OwnerLookup(tables, list(tables), opt, world_size=WORLD, seed=7,
+                stage_on_host=stage_on_host)
+    # one module per precision; its members' state released before it was made, and
+    # their rows too when staged through the host
+    assert len(held_at_allocation) == 2
+    fp8_module = held_at_allocation[1]  # sorted by precision: fp32, then fp8
+    assert [rows for rows, _ in fp8_module[-2:]] == ([0, 0] if stage_on_host else [ROWS, ROWS])
+    assert [n for _, n in fp8_module[-2:]] == [0, 0]
+    for fqn, m in tables.items():
+        module, t = m.owner_lookup.index[fqn]
+        values, scale = before[fqn]
+        assert torch.equal(m.weight.data.view(torch.uint8), values.view(torch.uint8)), fqn
+        assert m.weight.data.data_ptr() == module.split_weights()[t].data_ptr()
+        assert opt.state[fqn].tensors["exp_avg"].data_ptr() == \
+            module.split_optimizer_state()[t]["exp_avg"].data_ptr()
+        if scale is not None:
+            assert torch.equal(m.row_scale, scale)
+            assert m.row_scale.data_ptr() == module.split_row_scales()[t].data_ptr()
