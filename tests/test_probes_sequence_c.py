@@ -14,6 +14,20 @@ What each probe found (the fix it holds in place):
   runs on the padded tensor, laid out with the strides eager gave its input (ATen draws
   in memory order: the attention block's output is a transposed view), so the masks are
   eager's exactly (gemc.packed_rules.draws, packed_tokens.with_strides).
+* Hugging Face / Transformers4Rec BERT blocks (hf_bert: a dict batch of int32 ids and
+  float16 prices, the extended mask ``(1.0 - m[:, None, None, :].to(dtype)) * MIN``,
+  hand-written ``BertSelfAttention`` with ``nn.Dropout(0.0)`` on the weights, an empty
+  session): trained as eager, but the attention stayed padded twice over: the dropout
+  that draws nothing blocked the match (``dropout``), and no ``[B, L]`` tensor holds the
+  mask's values, the arithmetic coming after the unsqueezes (``mask-not-key-padding``).
+  A dropout drawing nothing is now the identity, and a ``[B, 1, 1, L]`` mask's rows are a
+  view the runners take (gemc.guard_sample.mask_rows). Matching it exposed a divergence
+  of the guarded kernel's fallback: with ``torch.finfo(float32).min`` (today's
+  transformers) the empty session's row is no key mask, and the exact padded path ran
+  SDPA, whose fused backward recomputes the weights from a log-sum-exp that rounds at
+  ``finfo.min``: gradients up to 1.5 off eager's written-out softmax (its forward equal).
+  A written-out softmax now falls back to its formula. (Any written-out attention under
+  a ``[B, L]`` ``finfo.min`` mask with an empty row took that fallback before too.)
 * HSTU as generative-recommenders writes it (hstu_gr: values + ``x_offsets``, FBGEMM's
   jagged <-> padded as flat ``index_copy`` / ``index_select``, ``einsum``, the relative
   bias from ``torch.bucketize`` or log buckets plus the pad-repeat-reshape position trick,
@@ -44,9 +58,11 @@ if not torch.cuda.is_available():  # the plans' kernels run in Triton's interpre
 
 from gemc.backends.torch.reference import reference_losses
 from gemc.backends.torch.runner import RunOptions, run
+from gemc.backends.triton.key_padding_attention import STATS, key_padding_attention
 
 from gemc.api import compile as gemc_compile
 from gemc.api import load_model
+from gemc.packed_rules import draws
 from gemc.plan import validate_plan, write_plan
 from tests.runner.harness import REPO, run_scenarios, variant
 
@@ -58,6 +74,7 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "hstu_bucketize_int32": ("hstu_gr", {"bucket": "bucketize", "int32": True}),
     "tisasrec_forward_relation": ("tisasrec", {"relation": "forward"}),
     "hf_bert_finfo": ("hf_bert", {"mask_value": "finfo"}),
+    "hf_bert_1e4": ("hf_bert", {"mask_value": "1e4"}),
     "two_tower_logq_dedup": ("two_tower", {"logq": True, "dedup": True}),
 }
 
@@ -91,8 +108,9 @@ def _one_rank(plan: dict[str, Any]) -> list[float]:
     return [loss for _, loss in res.losses]
 
 
-# the encoder layer runs in test_dropout_in_a_packed_region_draws_eagers_masks
-@pytest.mark.parametrize("name", [name for name in CASES if name != "encoder_layer_dropout"])
+# the encoder layer and the BERT blocks run in tests of their own below
+@pytest.mark.parametrize("name", [name for name in CASES if name != "encoder_layer_dropout"
+                                  and not name.startswith("hf_bert")])
 def test_compiles_and_one_rank_matches_eager(name: str) -> None:
     for topology in ("h200:1x1", "h200:1x8"):
         validate_plan(_compiled(name, topology))
@@ -108,6 +126,63 @@ def test_dropout_in_a_packed_region_draws_eagers_masks() -> None:
     (region,) = [k for k in plan["kernels"] if k["kind"] == "packed_tokens"]
     assert region["guard"] == "prefix-check"
     _close("encoder_layer_dropout", _one_rank(plan), _reference("encoder_layer_dropout", 1))
+
+
+@pytest.mark.parametrize("name", ["hf_bert_1e4", "hf_bert_finfo"])
+def test_hf_extended_mask_runs_the_guarded_kernel_as_eager(name: str) -> None:
+    """``(1.0 - m[:, None, None, :]) * MIN`` after ``nn.Dropout(0.0)``'d weights: the
+    attention is now the guarded kernel (it stayed padded: ``dropout``, then
+    ``mask-not-key-padding``, as no ``[B, L]`` tensor holds the mask's values). With -1e4
+    the empty session's row keeps every key (the jagged path); with ``finfo.min`` it is
+    no key mask and runs the padded formula, whose gradients are eager's (SDPA's were not:
+    see the next test)."""
+    for topology in ("h200:1x1", "h200:1x8"):
+        validate_plan(_compiled(name, topology))
+    plan = _compiled(name, "h200:1x1")
+    (entry,) = [k for k in plan["kernels"] if k["kind"] == "key_padding_attention"]
+    assert entry["additive"] is True and entry["nan_if_empty"] is True
+    STATS.reset()
+    _close(name, _one_rank(plan), _reference(name, 1))
+    assert STATS.calls == STEPS
+    path = "fallback" if name == "hf_bert_finfo" else "jagged"
+    assert getattr(STATS, path) == STEPS, STATS
+
+
+def test_written_out_softmax_fallback_has_eagers_gradients() -> None:
+    """A written-out ``softmax(q @ k^T * s + mask) @ v`` over a row whose every key is
+    masked by ``finfo.min``: eager's weights are uniform and its backward is autograd's
+    through them; the fallback ran SDPA, whose fused backward recomputes the weights from
+    a log-sum-exp that rounds at ``finfo.min`` (as 1, not 1 / L): q, k, v gradients up to
+    1.5 off. The fallback of a written-out softmax is now the formula."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(3, 2, 5, 4, generator=gen, requires_grad=True) for _ in range(3))
+    keep = (torch.arange(5)[None] < torch.tensor([0, 5, 2])[:, None]).float()
+    mask = (1.0 - keep) * torch.finfo(torch.float32).min
+    weights = torch.arange(3 * 2 * 5 * 4).view(3, 2, 5, 4).float().sin()
+    eager = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    scores = eager[0] @ eager[1].transpose(-2, -1) * 0.5 + mask[:, None, None, :]
+    (torch.softmax(scores, dim=-1) @ eager[2] * weights).sum().backward()
+    STATS.reset()
+    out = key_padding_attention(q, k, v, mask, scale=0.5, additive=True,
+                                zero_padding_queries=False, nan_if_empty=True)
+    (out * weights).sum().backward()
+    assert STATS.fallback == 1
+    for got, want in zip((q, k, v), eager):
+        torch.testing.assert_close(got.grad, want.grad)
+
+
+def test_a_dropout_that_draws_nothing_is_the_identity() -> None:
+    """``nn.Dropout(0.0)`` in training stays in the graph as ``dropout(x, 0.0, True)``: it
+    draws no number (ATen returns its input), so it neither blocks the attention match nor
+    leaves a packed region's tokens; ``p > 0`` draws (and ``bernoulli``, by ATen's tag)."""
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    aten = torch.ops.aten
+    assert not draws(graph.call_function(aten.dropout.default, (x, 0.0, True)))
+    assert not draws(graph.call_function(aten.dropout.default, (x, 0.1, False)))
+    assert draws(graph.call_function(aten.dropout.default, (x, 0.1, True)))
+    assert draws(graph.call_function(aten.bernoulli.p, (x, 0.5)))
+    assert not draws(graph.call_function(aten.mul.Tensor, (x, x)))
 
 
 def test_two_gloo_ranks_match_eager(tmp_path: Path) -> None:
