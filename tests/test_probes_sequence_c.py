@@ -114,7 +114,13 @@ def _one_rank(plan: dict[str, Any]) -> list[float]:
 def test_compiles_and_one_rank_matches_eager(name: str) -> None:
     for topology in ("h200:1x1", "h200:1x8"):
         validate_plan(_compiled(name, topology))
-    _close(name, _one_rank(_compiled(name, "h200:1x1")), _reference(name, 1))
+    plan = _compiled(name, "h200:1x1")
+    unknown = [w for w in plan["warnings"] if "ops of unknown kind" in w]
+    if name != "tisasrec_forward_relation":  # its Conv1d(k=1) feed-forward: not fixed
+        # ``u @ v.T`` (aten.numpy_T: a view by its schema) and HSTU's index_copy
+        # (an index op) were priced as unknown ops by bytes
+        assert not unknown, unknown
+    _close(name, _one_rank(plan), _reference(name, 1))
 
 
 def test_dropout_in_a_packed_region_draws_eagers_masks() -> None:
