@@ -44,8 +44,6 @@ What each probe found (the fix it holds in place):
 
 from __future__ import annotations
 
-import functools
-import math
 import os
 from pathlib import Path
 from typing import Any
@@ -60,15 +58,12 @@ from gemc.backends.torch.reference import reference_losses
 from gemc.backends.torch.runner import RunOptions, run
 from gemc.backends.triton.key_padding_attention import STATS, key_padding_attention
 
-from gemc.api import compile as gemc_compile
 from gemc.api import load_model
 from gemc.packed_rules import draws
 from gemc.plan import validate_plan, write_plan
-from tests.runner.harness import REPO, run_scenarios, variant
+from tests.runner import harness
 
-PROBES = REPO / "tests" / "models" / "probes_c"
 STEPS = 3
-RTOL = 1e-4
 CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "encoder_layer_dropout": ("sdpa_masks", {"mask": "layer", "dropout": 0.1}),
     "hstu_bucketize_int32": ("hstu_gr", {"bucket": "bucketize", "int32": True}),
@@ -79,14 +74,8 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def _entry(module: str) -> str:
-    return f"{PROBES / module}.py:build"
-
-
-@functools.cache
-def _compiled(name: str, topology: str) -> dict[str, Any]:
-    module, args = CASES[name]
-    return gemc_compile(_entry(module), args, topology=topology)
+_PROBES = harness.ProbeCases(harness.REPO / "tests" / "models" / "probes_c", CASES)
+_entry, _compiled = _PROBES.entry, _PROBES.compiled
 
 
 def _reference(name: str, world_size: int) -> list[float]:
@@ -96,14 +85,11 @@ def _reference(name: str, world_size: int) -> list[float]:
 
 
 def _close(name: str, got: list[float], ref: list[float]) -> None:
-    assert len(got) == len(ref) == STEPS
-    bad = [(i + 1, g, r) for i, (g, r) in enumerate(zip(got, ref))
-           if not (abs(g - r) <= RTOL * abs(r) or (math.isnan(g) and math.isnan(r)))]
-    assert not bad, f"{name}: (step, gemc run, eager) off by more than rtol {RTOL}: {bad}"
+    harness.assert_losses_match(name, got, ref, STEPS)  # rtol 1e-4
 
 
 def _one_rank(plan: dict[str, Any]) -> list[float]:
-    res = run(variant(plan, kernels=True), RunOptions(steps=STEPS, device="cpu",
+    res = run(harness.variant(plan, kernels=True), RunOptions(steps=STEPS, device="cpu",
                                                       progress=False))
     return [loss for _, loss in res.losses]
 
@@ -222,12 +208,12 @@ def test_two_gloo_ranks_match_eager(tmp_path: Path) -> None:
     for name in names:
         path = tmp_path / f"{name}.json"
         graph = name == "encoder_layer_dropout"
-        write_plan(path, variant(_compiled(name, "h200:1x2"), kernels=graph))
+        write_plan(path, harness.variant(_compiled(name, "h200:1x2"), kernels=graph))
         phases = [{"steps": STEPS, "kernels": False}]
         if graph:
             phases.append({"steps": STEPS, "kernels": True})
         scenarios.append({"name": name, "plan": str(path), "phases": phases})
-    results = run_scenarios(2, scenarios, tmp_path / "results.json")
+    results = harness.run_scenarios(2, scenarios, tmp_path / "results.json")
     for name in names:
         ref = _reference(name, 2)
         for phase in results[name]:

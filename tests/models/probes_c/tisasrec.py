@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gemc.spec import ModelSpec
+from tests.models.probes.data import padded_history
 
 B, L, ITEMS, H, HEADS, BLOCKS, SPAN = 6, 5, 30, 8, 2, 1, 4
 
@@ -136,12 +137,9 @@ def build(relation: str = "input", seed: int = 0) -> ModelSpec:
     model = TiSASRec(relation)
 
     def make_batch(step: int, device: torch.device | str) -> tuple[torch.Tensor, ...]:
+        g, real, seq = padded_history(step, seed, B, L, ITEMS + 1, first=(1, L))
+        real, seq = real.flip(1), seq.flip(1)  # left-padded: the newest item last
         with torch.device("cpu"):
-            g = torch.Generator().manual_seed(1000 * seed + step)
-            lengths = torch.randint(1, L + 1, (B,), generator=g)
-            lengths[0], lengths[1] = 1, L
-            real = (torch.arange(L)[None, :] >= L - lengths[:, None])  # left-padded
-            seq = torch.randint(1, ITEMS + 1, (B, L), generator=g) * real
             pos = torch.randint(1, ITEMS + 1, (B, L), generator=g) * real
             neg = torch.randint(1, ITEMS + 1, (B, L), generator=g) * real
             stamps = torch.cumsum(torch.randint(0, 3, (B, L), generator=g), 1) * real
