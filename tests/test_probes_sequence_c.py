@@ -13,7 +13,7 @@ What each probe found (the fix it holds in place):
   vs eager's 0.554 at step 1). A random op (ATen's ``nondeterministic_seeded`` tag) now
   runs on the padded tensor, laid out with the strides eager gave its input (ATen draws
   in memory order: the attention block's output is a transposed view), so the masks are
-  eager's exactly (gemc.packed_rules.draws, packed_tokens.with_strides).
+  eager's exactly (gemc.packed_rules.draws, packed_tokens.in_eager_order).
 * Hugging Face / Transformers4Rec BERT blocks (hf_bert: a dict batch of int32 ids and
   float16 prices, the extended mask ``(1.0 - m[:, None, None, :].to(dtype)) * MIN``,
   hand-written ``BertSelfAttention`` with ``nn.Dropout(0.0)`` on the weights, an empty
@@ -57,6 +57,7 @@ if not torch.cuda.is_available():  # the plans' kernels run in Triton's interpre
 from gemc.backends.torch.reference import reference_losses
 from gemc.backends.torch.runner import RunOptions, run
 from gemc.backends.triton.key_padding_attention import STATS, key_padding_attention
+from gemc.backends.triton.packed_tokens import in_eager_order
 
 from gemc.api import load_model
 from gemc.packed_rules import draws
@@ -140,6 +141,21 @@ def test_the_interpreter_draws_eagers_masks_too() -> None:
     torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-5)
     for key, param in spec.model.named_parameters():
         torch.testing.assert_close(param.grad, grads[key], atol=1e-5, rtol=1e-4, msg=key)
+
+
+def test_a_padded_draw_follows_eagers_memory_order() -> None:
+    """ATen draws a dropout mask in its input's memory order: the scattered (contiguous)
+    input laid out in the captured value's dim order draws eager's mask element for
+    element; a batch of another size gets the same order, not the captured strides."""
+    eager = torch.randn(5, 6, 8).transpose(0, 1)  # [6, 5, 8], strides (8, 48, 1)
+    laid = in_eager_order(eager.contiguous(), eager.stride())
+    assert laid.stride() == eager.stride() and torch.equal(laid, eager)
+    masks = []
+    for x in (eager, eager.contiguous(), laid):
+        torch.manual_seed(0)
+        masks.append(torch.empty_like(x).bernoulli_(0.5))
+    assert torch.equal(masks[0], masks[2]) and not torch.equal(masks[0], masks[1])
+    assert in_eager_order(torch.randn(7, 5, 8), eager.stride()).stride() == (8, 56, 1)
 
 
 @pytest.mark.parametrize("name", ["hf_bert_1e4", "hf_bert_finfo"])

@@ -356,8 +356,8 @@ class GraphRunner:
             return summed
         def padded(n: fx.Node) -> Any:
             value = self._padded(n, env)
-            # a random op draws in its input's memory order: eager's layout (see with_strides)
-            return packed.with_strides(value, ir.stride_of(n)) \
+            # a random op draws in its input's memory order: eager's layout (see in_eager_order)
+            return packed.in_eager_order(value, ir.stride_of(n)) \
                 if n in self.packed and packed.draws(node) else value
 
         args = fx.node.map_arg(node.args, padded)

@@ -631,8 +631,8 @@ class Emitter:
             self.env[node] = self.call(t, tuple(args), kwargs)
             return
         def padded(n: fx.Node) -> Any:
-            # a random op draws in its input's memory order: eager's layout (with_strides)
-            return self.call(packed_tokens.with_strides, (self.padded(n), ir.stride_of(n))) \
+            # a random op draws in its input's memory order: eager's layout (in_eager_order)
+            return self.call(packed_tokens.in_eager_order, (self.padded(n), ir.stride_of(n))) \
                 if n in self.packed and packed_tokens.draws(node) else self.padded(n)
 
         args = fx.node.map_arg(node.args, padded)

@@ -299,17 +299,25 @@ def scatter(x: torch.Tensor, dims: Dims, layout: TokenLayout) -> torch.Tensor:
     return full.view(layout.batch, layout.max_len, *rest).movedim((0, 1), (bd, ld))
 
 
-def with_strides(x: torch.Tensor, stride: tuple[int, ...] | None) -> torch.Tensor:
-    """``x`` laid out with ``stride``: the strides eager gave the value (its capture's).
+def in_eager_order(x: torch.Tensor, stride: tuple[int, ...] | None) -> torch.Tensor:
+    """``x`` laid out in the memory order of the strides eager gave the value (its
+    capture's ``stride``): dense, its dims ordered by those strides (ties by dim).
 
     Why: an op that draws random numbers (``packed_rules.draws``: a dropout) runs on the
     padded tensor so that it draws eager's numbers, but ATen draws them in memory order
-    (``bernoulli_`` of an ``empty_like`` of the input), so the scattered input, contiguous,
-    gets eager's numbers on other elements where eager's was not (torch's encoder layer:
-    its attention block's output is a transposed view, strides ``(E, B * E, 1)``)."""
-    if stride is None or tuple(x.stride()) == tuple(stride) or x.dim() != len(stride):
+    (``bernoulli_`` of an ``empty_like`` of the input, which keeps the input's dim order),
+    so the scattered input, contiguous, gets eager's numbers on other elements where
+    eager's was not (torch's encoder layer: its attention block's output is a transposed
+    view, strides ``(E, B * E, 1)``). The order, not the strides themselves, so a batch
+    of another size (an input the plan lets vary) is laid out alike."""
+    if stride is None or x.dim() != len(stride):
         return x
-    return torch.empty_strided(x.shape, stride, dtype=x.dtype, device=x.device).copy_(x)
+    order = sorted(range(x.dim()), key=lambda d: (-stride[d], d))
+    if order == list(range(x.dim())) and x.is_contiguous():
+        return x
+    out = x.new_empty([x.shape[d] for d in order]).permute(
+        sorted(range(x.dim()), key=order.__getitem__))
+    return out.copy_(x)
 
 
 def segment_sum(x: torch.Tensor, dims: Dims, layout: TokenLayout) -> torch.Tensor:
