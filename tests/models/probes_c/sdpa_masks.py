@@ -9,6 +9,8 @@ spellings people write, through ``F.scaled_dot_product_attention`` or torch's en
 * ``"where"``: ``torch.where(keep, 0.0, float("-inf"))`` as an additive float mask;
 * ``"masked_fill"``: ``torch.zeros(B, L).masked_fill(~keep, float("-inf"))``;
 * ``"float"``: ``(1.0 - keep.float()) * -1e9`` added to the scores;
+* ``"hf"``: Hugging Face's SDPA path, ``(1.0 - keep[:, None, None, :].float()) *
+  torch.finfo(torch.float32).min`` (a ``[B, 1, 1, L]`` mask with no ``[B, L]`` tensor);
 * ``"ge"``: ``lengths[:, None] > arange(L)`` written the other way round, the causal mask
   and-ed in (``keep & tril``, a [B, 1, L, L] boolean mask).
 
@@ -52,6 +54,9 @@ class Encoder(nn.Module):
             return add.view(keep.shape[0], 1, 1, -1)
         if self.mask == "float":
             return ((1.0 - keep.float()) * -1e9).unsqueeze(1).unsqueeze(2)
+        if self.mask == "hf":  # BertSdpaSelfAttention's: the arithmetic after the unsqueezes
+            extended = keep[:, None, None, :].to(torch.float32)
+            return (1.0 - extended) * torch.finfo(torch.float32).min
         n = keep.shape[1]
         causal = torch.ones(n, n, dtype=torch.bool, device=keep.device).tril()
         return keep[:, None, None, :] & causal
