@@ -62,6 +62,8 @@ from gemc.backends.triton.key_padding_attention import STATS, key_padding_attent
 from gemc.backends.triton.packed_tokens import in_eager_order
 
 from gemc.api import load_model
+from gemc.capture import capture
+from gemc.errors import CaptureError
 from gemc.packed_rules import draws
 from gemc.plan import validate_plan, write_plan
 from tests.runner import harness
@@ -236,3 +238,17 @@ def test_two_gloo_ranks_match_eager(tmp_path: Path) -> None:
         ref = _reference(name, 2)
         for phase in results[name]:
             _close(name, [loss for _, loss in phase], ref)
+
+
+def test_a_tensor_made_without_a_device_is_named_with_its_line() -> None:
+    """``torch.arange(n)`` with no ``device=`` in the forward (code only run on the CPU):
+    one capture error at the model's line, whose fix names that case (it spoke of an
+    explicit ``device=`` only)."""
+    entry = _entry("hstu_gr")
+    with pytest.raises(CaptureError) as info:
+        capture(load_model(entry, {"cpu_positions": True}), entrypoint=entry)
+    line = next(i for i, text in enumerate(Path(entry.split(":")[0]).read_text()
+                                           .splitlines(), 1)
+                if "col = torch.arange(seq_ids.numel())" in text)
+    assert info.value.where == f"{entry.split(':')[0]}:{line}"
+    assert "torch.arange(n) is made on the CPU" in info.value.fix

@@ -127,15 +127,20 @@ class SequentialTransductionUnitJagged(nn.Module):
 
 
 class HSTU(nn.Module):
-    def __init__(self, bucket: str) -> None:
+    def __init__(self, bucket: str, cpu_positions: bool = False) -> None:
         super().__init__()
+        self.cpu_positions = cpu_positions
         self.item_emb = nn.Embedding(ITEMS, D, padding_idx=0)
         self.pos_emb = nn.Embedding(MAX_LEN, D)
         self.layers = nn.ModuleList(SequentialTransductionUnitJagged(bucket)
                                     for _ in range(BLOCKS))
 
     def forward(self, seq_ids, x_offsets, seq_timestamps, target_ids, negatives):
-        col = _flat_index(x_offsets, seq_ids.numel(), MAX_LEN) % MAX_LEN  # position in row
+        if self.cpu_positions:  # as code only ever run on the CPU writes it
+            col = torch.arange(seq_ids.numel()) - x_offsets[:-1].repeat_interleave(
+                x_offsets[1:] - x_offsets[:-1], output_size=seq_ids.numel())
+        else:
+            col = _flat_index(x_offsets, seq_ids.numel(), MAX_LEN) % MAX_LEN  # position in row
         x = self.item_emb(seq_ids) * math.sqrt(D) + self.pos_emb(col)
         all_timestamps = jagged_to_padded_dense(seq_timestamps, x_offsets, MAX_LEN)
         for layer in self.layers:
@@ -149,11 +154,13 @@ class HSTU(nn.Module):
         return (ce * w).sum() / w.sum().clamp(min=1)
 
 
-def build(bucket: str = "log", seed: int = 0, int32: bool = False) -> ModelSpec:
+def build(bucket: str = "log", seed: int = 0, int32: bool = False,
+          cpu_positions: bool = False) -> ModelSpec:
     """``int32``: ids, offsets and timestamps int32, as a TorchRec loader's
-    KeyedJaggedTensor hands them over."""
+    KeyedJaggedTensor hands them over; ``cpu_positions``: the positions from
+    ``torch.arange(n)`` with no device (made on the CPU)."""
     torch.manual_seed(seed)
-    model = HSTU(bucket)
+    model = HSTU(bucket, cpu_positions)
 
     def make_batch(step: int, device: torch.device | str) -> tuple[torch.Tensor, ...]:
         with torch.device("cpu"):
