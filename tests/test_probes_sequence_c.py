@@ -34,14 +34,22 @@ What each probe found (the fix it holds in place):
   jagged <-> padded as flat ``index_copy`` / ``index_select``, ``einsum``, the relative
   bias from ``torch.bucketize`` or log buckets plus the pad-repeat-reshape position trick,
   ``silu(qk + bias) / n * tril`` with the tril a registered float buffer, u-gating, int32
-  offsets): trains as eager on one and two ranks, but the SiLU attention stays the padded
-  formula (``mask-factor``: a buffer's values are not in the graph, and ``index_copy`` is
-  not read as zero padding). Not fixed (see the report).
+  offsets): trains as eager on one and two ranks (module and graph mode), but the SiLU
+  attention stays the padded formula (``mask-factor``: a buffer's values are not in the
+  graph; then neither the ``index_copy`` zero padding nor the ``index_select`` back to
+  jagged is read as one). Not fixed. Its ``index_copy`` and the two towers' ``u @ v.T``
+  (``aten.numpy_T``) were priced as ops of unknown kind: now an index op and a view (by
+  the op's alias schema). Positions from ``torch.arange(n)`` with no device
+  (``cpu_positions``): a named capture error at the line, whose fix spoke only of an
+  explicit ``device=``; it names this case now.
 * TiSASRec (head-major ``cat(split(Q, d, 2), 0)``, three score terms with the time-
   interval keys, ``torch.where(mask, -2**32 + 1, w)``, the clamped ``|t_i - t_j|`` from the
   loader or the forward), the two-tower model (int32 ids and float16 features in a dict,
   ``u @ v.T / temperature`` minus logQ, ``arange(B)`` labels, collisions masked with
-  ``finfo.min``), SDPA masks from lengths in five spellings: equal to eager as written.
+  ``finfo.min``), SDPA masks from lengths in six spellings (bool, ``where``,
+  ``masked_fill``, ``-1e9`` float, ``lengths > arange`` and-ed with the causal mask, HF's
+  ``[B, 1, 1, L]``): equal to eager as written. TiSASRec's ``Conv1d(k=1)`` feed-forward is
+  still an op of unknown kind (priced by bytes, not as the GEMM it is): not fixed.
 """
 
 from __future__ import annotations
