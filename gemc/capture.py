@@ -203,7 +203,8 @@ def _device_error(
         fix=(
             "gemc captures on the meta device: it moves example inputs, parameters and "
             "buffers there itself, but not a tensor the forward makes with an explicit "
-            "device= (use device=x.device of an input) nor a tensor kept as a plain module "
+            "device= or with none (torch.arange(n) is made on the CPU, torch's default; "
+            "use device=x.device of an input) nor a tensor kept as a plain module "
             "attribute (register it with self.register_buffer(...))"
         ),
     )

@@ -80,6 +80,18 @@ this of 0 (beyond it, eager's own rounding of ``score + value`` moves the scores
 ``backends/triton/key_padding_attention``'s module doc)."""
 
 
+def mask_rows(mask: torch.Tensor) -> torch.Tensor:
+    """A key mask as its ``[B, L]`` rows: ``mask`` itself, or a ``[B, 1, ..., 1, L]`` one
+    viewed (size-1 dims only: nothing moves). Why such masks reach the kernels: Hugging
+    Face's extended mask, ``(1.0 - m[:, None, None, :].to(dtype)) * -10000.0`` (or
+    ``torch.finfo(dtype).min``, or RecBole's ``torch.where(m4, 0.0, -10000.0)``), does its
+    arithmetic after the unsqueezes, so the graph holds its values only at that shape
+    (``passes/jagged_patterns.attention_key_mask``)."""
+    if mask.dim() > 2 and all(int(s) == 1 for s in mask.shape[1:-1]):
+        return mask.reshape(mask.shape[0], mask.shape[-1])
+    return mask
+
+
 def kept_keys(mask: torch.Tensor, additive: bool) -> torch.Tensor:
     """``[B, L]`` bool, True where a key is kept: the mask itself, or where an additive
     row has its largest finite value (softmax ignores a row's constant, so a row of one

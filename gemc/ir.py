@@ -80,6 +80,15 @@ def shape_of(node: fx.Node) -> tuple[int, ...] | None:
     return tuple(int(s) for s in vals[0].shape) if vals else None
 
 
+def stride_of(node: fx.Node) -> tuple[int, ...] | None:
+    """The strides of the node's (first) tensor as the capture saw them: eager's layout."""
+    vals = tensor_vals(node)
+    try:
+        return tuple(int(s) for s in vals[0].stride()) if vals else None
+    except (TypeError, RuntimeError):  # a symbolic stride, or a layout without strides
+        return None
+
+
 def dtype_of(node: fx.Node) -> torch.dtype | None:
     vals = tensor_vals(node)
     return vals[0].dtype if vals else None

@@ -3,7 +3,9 @@
 Both runners (the Inductor graph's emitter, ``backends/triton/inductor_graph.py``, and the
 interpreter, ``backends/triton/graph_runner.py``) compute a region node on the region's
 packed tokens only when the op has a packed rule: it is pointwise (or a ``cat``), or it
-acts per token on a packed first argument (:data:`FIRST_ONLY`, :data:`SIZED`). Any other
+acts per token on a packed first argument (:data:`FIRST_ONLY`, :data:`SIZED`) drawing no
+random numbers (:func:`per_token`; a dropout's mask is drawn over its padded shape, as
+eager draws it: :func:`draws`). Any other
 op (an SDPA no gemc kernel took, a table lookup answered by its module) runs on the padded
 tensor, its inputs scattered out and its output gathered back: exact, but at the padded
 size. One SDPA has a packed rule of its own: a causal self-attention with no mask
@@ -50,6 +52,36 @@ def is_pointwise(node: fx.Node) -> bool:
     return elementwise(node) or node.target is aten.cat.default
 
 
+def draws(node: fx.Node) -> bool:
+    """The op draws random numbers: ATen tags it ``nondeterministic_seeded`` (dropout,
+    ``bernoulli``, ``rand_like``, ...), unless it is a dropout that draws none (``p`` 0 or
+    not training: ATen returns its input without touching the generator).
+
+    Why it matters: a draw is one number per element of the op's shape, in order, so on
+    the packed tokens (``[1, T, ...]``) the same generator hands the real tokens other
+    numbers than eager's ``[B, L, ...]`` op gives them: torch's own encoder layer with its
+    default dropout trained on other dropout masks than eager under gemc's packed region
+    (its loss 12% off eager's at step 1, where the runner seeds both alike). Such an op
+    runs on the padded tensor (its input scattered, the same op, its output gathered back):
+    eager's draws exactly, at the padded size."""
+    t = node.target
+    if node.op != "call_function" or not isinstance(t, torch._ops.OpOverload) \
+            or torch.Tag.nondeterministic_seeded not in t.tags:
+        return False
+    if t in (aten.dropout.default, aten.native_dropout.default):
+        p = node.args[1] if len(node.args) > 1 else node.kwargs.get("p")
+        train = node.args[2] if len(node.args) > 2 else node.kwargs.get("train", True)
+        return not (p == 0 or train is False)
+    return True
+
+
+def per_token(node: fx.Node) -> bool:
+    """The op acts per token on a packed first argument (:data:`FIRST_ONLY`,
+    :data:`SIZED`) and draws no random numbers (:func:`draws`); the caller checks that the
+    first argument is packed."""
+    return (node.target in FIRST_ONLY or node.target in SIZED) and not draws(node)
+
+
 def causal_self_attention(node: fx.Node) -> bool:
     """``scaled_dot_product_attention(q, k, v, is_causal=True)`` with no mask, no dropout,
     no grouped heads, and queries, keys and values of one shape (a self-attention).
@@ -85,8 +117,7 @@ def runs_packed(node: fx.Node, packed: Container[fx.Node]) -> bool:
     if causal_self_attention(node):
         return all(x in packed for x in attention_operands(node))
     first = node.args[0] if node.args else None
-    return (node.target in FIRST_ONLY or node.target in SIZED) \
-        and isinstance(first, fx.Node) and first in packed
+    return per_token(node) and isinstance(first, fx.Node) and first in packed
 
 
 def source_names(region: Mapping[str, Any]) -> set[str]:

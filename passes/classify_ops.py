@@ -126,6 +126,8 @@ _INDEX = {
     "nonzero",
     "masked_select",
     "index_add",
+    "index_copy",
+    "index_fill",
     "take",
     "searchsorted",
     "bucketize",
@@ -156,6 +158,7 @@ _COPY_LIKE = {
     "empty_like",
     "new_empty",
     "arange",
+    "eye",
     "fill",
     "fill_",
     "zero_",
@@ -220,9 +223,24 @@ def classify(node: fx.Node) -> OpKind:
         return OpKind.POINTWISE
     if names_of_node & _COPY_LIKE:
         return OpKind.POINTWISE
+    if _returns_a_view(target):
+        return OpKind.VIEW
     if not isinstance(target, torch._ops.OpOverload):
         return OpKind.VIEW if _is_symbolic(node) else OpKind.OTHER
     return OpKind.OTHER
+
+
+def _returns_a_view(target: object) -> bool:
+    """The op's schema says its result aliases an input it does not write
+    (``Tensor(a) self -> Tensor(a)``): a view whatever its name (``x.T`` exports as
+    ``numpy_T``, ``x.mT`` as ``_mT``'s decomposition, ``swapaxes``, ``diagonal``...)."""
+    if not isinstance(target, torch._ops.OpOverload):
+        return False
+    schema = target._schema
+    rets = schema.returns
+    if len(rets) != 1 or rets[0].alias_info is None or rets[0].alias_info.is_write:
+        return False
+    return not any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
 
 
 def _is_symbolic(node: fx.Node) -> bool:

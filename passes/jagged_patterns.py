@@ -753,6 +753,11 @@ def attention_key_mask(mask: Any, batch: int, length: int
     elif shape[2] != 1:
         return "mask-varies-over-queries"
     root = _broadcast_root(mask, batch, length)
+    if root is None and not causal and shape[1:3] == (1, 1):
+        # a [B, 1, 1, L] mask made at that shape (Hugging Face's extended mask: the
+        # arithmetic after the unsqueezes): its rows are a view, taken by the runners
+        # (gemc.guard_sample.mask_rows)
+        root = mask
     if root is None:
         return "mask-not-key-padding"
     dtype = ir.dtype_of(root)

@@ -24,8 +24,11 @@ layout of a merged output is not followed), as are those of a 4-D attention whos
 rows something reads. What reads the scores or the weights must be dead code (the discarded
 ``need_weights`` average), which the pass removes.
 
+A dropout of the weights that draws nothing (``p = 0``: ``nn.Dropout(0.0)`` stays in the
+graph as ``dropout(w, 0.0, True)``) is the identity and part of the match.
+
 Reasons it leaves one padded (in the dump as ``softmax_skipped=`` and in the warnings):
-``dropout``, ``no-key-padding-mask``, ``weights-read-by:<node>``, the mask's own reasons.
+``dropout`` (one that draws), ``no-key-padding-mask``, ``weights-read-by:<node>``, the mask's own reasons.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from torch.fx.passes.infra.pass_base import PassResult
 
 from gemc import ir
 from gemc.context import PassContext
+from gemc.packed_rules import draws
 
 from .jagged_patterns import attention_key_mask, padding_rows_read_by
 
@@ -124,6 +128,11 @@ def match(node: fx.Node) -> dict[str, Any] | str | None:
     if node.target not in _MM:
         return None
     p, v = node.args[:2]
+    identity: list[fx.Node] = []
+    if isinstance(p, fx.Node) and p.target is aten.dropout.default and not draws(p):
+        # a dropout that draws nothing (p = 0, as HF configs set it for fine-tuning, or not
+        # training) is its input: the weights pass through unchanged
+        identity, p = [p], p.args[0]
     if isinstance(p, fx.Node) and p.target in (aten.dropout.default, aten.native_dropout.default):
         # attention dropout (of softmax weights); any other matmul after a dropout is no
         # attention at all and gets no reason (nor a warning)
@@ -167,7 +176,7 @@ def match(node: fx.Node) -> dict[str, Any] | str | None:
     key_mask, causal = key
     if causal:
         return "causal-softmax-formula"  # the SDPA spelling is matched; this one is rare
-    group = [*nodes, p, node]
+    group = [*nodes, p, *identity, node]
     inside = set(group)
     for n in group[:-1]:
         for u in n.users:

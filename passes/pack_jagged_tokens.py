@@ -313,6 +313,12 @@ class PackJaggedTokens:
                 around.add(node)
                 continue
             mask = by_name[facts["mask"]]
+            if len(ir.shape_of(mask) or ()) != 2:  # a [B, 1, 1, L] mask: the kernel's only
+                node.meta[PACKED_SKIPPED] = "mask-rows-broadcast"
+                ctx.warn(f"pack-jagged-tokens: the sequence around {node.name} stays padded "
+                         f"(mask-rows-broadcast: its key mask {mask.name} is "
+                         f"{list(ir.shape_of(mask) or ())}, not [B, L]; regions read [B, L] masks)")
+                continue
             # prefix: the region runs packed only when the run-time check finds one
             key_mask = KeyMask(mask, bool(facts.get("additive", False)),
                                keep_of(mask) or mask, int(ir.shape_of(mask)[0]),

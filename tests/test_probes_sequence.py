@@ -29,7 +29,6 @@ What each probe found (the fix it holds in place):
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import os
@@ -55,7 +54,13 @@ from gemc.capture import capture
 from gemc.errors import CaptureError, EntrypointError, PlanError
 from gemc.plan import validate_plan, write_plan
 from gemc.spec import ModelSpec
-from tests.runner.harness import REPO, run_scenarios, variant
+from tests.runner.harness import (
+    REPO,
+    ProbeCases,
+    assert_losses_match,
+    run_scenarios,
+    variant,
+)
 
 PROBES = REPO / "tests" / "models" / "probes"
 STEPS = 3
@@ -85,23 +90,12 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def _entry(module: str) -> str:
-    return f"{PROBES / module}.py:build"
-
-
-@functools.cache
-def _compiled(name: str, topology: str) -> dict[str, Any]:
-    module, args = CASES[name]
-    return gemc_compile(_entry(module), args, topology=topology)
+_PROBES = ProbeCases(PROBES, CASES)
+_entry, _compiled = _PROBES.entry, _PROBES.compiled
 
 
 def _close(name: str, got: list[float], ref: list[float]) -> None:
-    """Equal to rtol, NaN where eager's is NaN (a model that goes NaN must do so on the
-    same step under gemc)."""
-    assert len(got) == len(ref) == STEPS
-    bad = [(i + 1, g, r) for i, (g, r) in enumerate(zip(got, ref))
-           if not (abs(g - r) <= RTOL * abs(r) or (math.isnan(g) and math.isnan(r)))]
-    assert not bad, f"{name}: (step, gemc run, eager) off by more than rtol {RTOL}: {bad}"
+    assert_losses_match(name, got, ref, STEPS, RTOL)
 
 
 # these run on two ranks only (module mode, fast): their key-padding kernel takes ~10 s

@@ -354,8 +354,14 @@ class GraphRunner:
         summed = self._segment_sum(node, env)
         if summed is not None:
             return summed
-        args = fx.node.map_arg(node.args, lambda n: self._padded(n, env))
-        kwargs = fx.node.map_arg(node.kwargs, lambda n: self._padded(n, env))
+        def padded(n: fx.Node) -> Any:
+            value = self._padded(n, env)
+            # a random op draws in its input's memory order: eager's layout (see in_eager_order)
+            return packed.in_eager_order(value, ir.stride_of(n)) \
+                if n in self.packed and packed.draws(node) else value
+
+        args = fx.node.map_arg(node.args, padded)
+        kwargs = fx.node.map_arg(node.kwargs, padded)
         if "device" in kwargs:  # captured on meta: run where the inputs are
             kwargs = {**kwargs, "device": self.device}
         return node.target(*args, **kwargs)
@@ -490,7 +496,7 @@ class GraphRunner:
                                         tuple(self.packed[x] for x in (*operands, node)),
                                         layout, ir.sdpa_args(node)["scale"], True)
         first = node.args[0]
-        if t in packed.FIRST_ONLY or t in packed.SIZED:
+        if packed.per_token(node):
             if not (isinstance(first, fx.Node) and first in self.packed):
                 return self._padded_then_packed(node, env, layout, dims)
             args = list(fx.node.map_arg(node.args, env.__getitem__))

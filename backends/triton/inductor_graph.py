@@ -621,8 +621,8 @@ class Emitter:
                                       node.name, ir.sdpa_args(node)["scale"], True):
             return
         first = node.args[0]
-        if (t in packed_tokens.FIRST_ONLY or t in packed_tokens.SIZED) and \
-                isinstance(first, fx.Node) and first in self.packed:
+        if packed_tokens.per_token(node) and isinstance(first, fx.Node) \
+                and first in self.packed:
             args = list(fx.node.map_arg(node.args, self.env.__getitem__))
             if t in packed_tokens.SIZED:
                 args[1] = packed_tokens.resize(list(args[1]), dims, region[3],
@@ -630,8 +630,13 @@ class Emitter:
             kwargs = dict(fx.node.map_arg(node.kwargs, self.env.__getitem__))
             self.env[node] = self.call(t, tuple(args), kwargs)
             return
-        args = fx.node.map_arg(node.args, self.padded)
-        kwargs = self.on_device(dict(fx.node.map_arg(node.kwargs, self.padded)))
+        def padded(n: fx.Node) -> Any:
+            # a random op draws in its input's memory order: eager's layout (in_eager_order)
+            return self.call(packed_tokens.in_eager_order, (self.padded(n), ir.stride_of(n))) \
+                if n in self.packed and packed_tokens.draws(node) else self.padded(n)
+
+        args = fx.node.map_arg(node.args, padded)
+        kwargs = self.on_device(dict(fx.node.map_arg(node.kwargs, padded)))
         out = self.call(t, args, kwargs)
         self.env[node] = self.call(_p_gather, (out, dims, rank, *region))
 

@@ -65,7 +65,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from gemc.guard_sample import ADDITIVE_MASKED_GAP, kept_keys
+from gemc.guard_sample import ADDITIVE_MASKED_GAP, kept_keys, mask_rows
 
 from .jagged import jagged_to_padded, padded_to_jagged
 from .jagged_attention import jagged_attention
@@ -133,6 +133,7 @@ def prefix_lengths(key_mask: torch.Tensor, additive: bool = False
     no sync: ``offsets`` from the kept-key counts; ``bad[b, 0] > 0`` where row ``b`` keeps
     something other than a prefix, ``bad[b, 1] > 0`` where an additive row is no key mask
     (see the module doc for the additive rule)."""
+    key_mask = mask_rows(key_mask)
     if key_mask.dim() != 2:
         raise ValueError(f"key_mask must be [B, L], got {tuple(key_mask.shape)}")
     batch, length = key_mask.shape
@@ -191,8 +192,16 @@ def nan_gradient_operands(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 def padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      key_mask: torch.Tensor, scale: float | None, causal: bool,
-                     additive: bool) -> torch.Tensor:
-    """The exact padded attention (the fallback), as eager SDPA computes it."""
+                     additive: bool, written_out: bool = False) -> torch.Tensor:
+    """The exact padded attention (the fallback), as eager computes it: SDPA, or with
+    ``written_out`` the model's own ``softmax(q @ k^T * scale + mask) @ v``.
+
+    Why the formula for a written-out softmax: SDPA's fused backward recomputes the
+    probabilities from a saved log-sum-exp, which rounds where the mask is huge: a row
+    whose every key carries ``torch.finfo(float32).min`` (Hugging Face's extended mask over
+    an empty history) has uniform weights ``1 / L`` forward, both ways, but SDPA's backward
+    recomputes them as ``exp(0) = 1`` and its q, k, v gradients come out up to ``L`` times
+    eager's (tests/test_probes_sequence_c.py)."""
     mask = key_mask[:, None, None, :]
     length = q.shape[2]
     if causal:
@@ -201,7 +210,11 @@ def padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             mask = mask + torch.zeros_like(tril, dtype=mask.dtype).masked_fill(~tril, -math.inf)
         else:
             mask = mask & tril
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    if not written_out:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    scores = q @ k.transpose(-2, -1) * (scale if scale is not None else q.shape[-1] ** -0.5)
+    scores = scores + mask if additive else scores.masked_fill(~mask, -math.inf)
+    return torch.softmax(scores, dim=-1) @ v
 
 
 def key_padding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -214,12 +227,13 @@ def key_padding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     mask compacted), the exact padded attention when it is no key mask. Self-attention (``M == L`` and
     ``zero_padding_queries``) runs jagged and leaves padding query rows zero; otherwise
     (cross-attention, or padding query rows someone reads) every query row is computed, its
-    key loop stopping at the row's length. ``nan_if_empty``: a row with no kept key gives NaN
-    and NaN gradients (a written-out ``softmax`` over all ``-inf``, where SDPA gives 0:
-    :func:`nan_where_no_key`). See the module doc
+    key loop stopping at the row's length. ``nan_if_empty`` (the attention is a written-out
+    softmax): a row with no kept key gives NaN and NaN gradients (a ``softmax`` over all
+    ``-inf``, where SDPA gives 0: :func:`nan_where_no_key`), and the padded path is the
+    formula (:func:`padded_attention`). See the module doc
     (semantics, the one sync)."""
     out = _key_padding_attention(q, k, v, key_mask, scale, causal, additive,
-                                 zero_padding_queries)
+                                 zero_padding_queries, written_out=nan_if_empty)
     if not nan_if_empty:
         return out
     return nan_where_no_key(out, key_mask, additive, nan_gradient_operands(q, k, v, additive))
@@ -227,7 +241,8 @@ def key_padding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 def _key_padding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            key_mask: torch.Tensor, scale: float | None, causal: bool,
-                           additive: bool, zero_padding_queries: bool) -> torch.Tensor:
+                           additive: bool, zero_padding_queries: bool,
+                           written_out: bool = False) -> torch.Tensor:
     if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape or q.shape[:2] != k.shape[:2] \
             or q.shape[3] != k.shape[3]:
         raise ValueError("q must be [B, H, M, D] and k, v [B, H, L, D], got "
@@ -249,7 +264,7 @@ def _key_padding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                             offsets[-1:]]).tolist()  # the one sync
     if invalid:
         STATS.fallback += 1
-        return padded_attention(q, k, v, key_mask, scale, causal, additive)
+        return padded_attention(q, k, v, key_mask, scale, causal, additive, written_out)
     if scale is None:
         scale = 1.0 / math.sqrt(head_dim)
     order = None

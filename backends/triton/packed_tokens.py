@@ -32,7 +32,9 @@ from gemc.packed_rules import FIRST_ONLY as FIRST_ONLY  # noqa: F401 - re-export
 from gemc.packed_rules import SIZED as SIZED  # noqa: F401
 from gemc.packed_rules import attention_operands as attention_operands  # noqa: F401
 from gemc.packed_rules import causal_self_attention as causal_self_attention  # noqa: F401
+from gemc.packed_rules import draws as draws  # noqa: F401
 from gemc.packed_rules import is_pointwise as is_pointwise  # noqa: F401
+from gemc.packed_rules import per_token as per_token  # noqa: F401
 
 from .segment_sum import segment_sum_rows
 
@@ -295,6 +297,27 @@ def scatter(x: torch.Tensor, dims: Dims, layout: TokenLayout) -> torch.Tensor:
     full = tokens.new_zeros((layout.batch * layout.max_len + 1, *rest))  # + a spare row
     full = full.index_copy(0, layout.index("flat_out"), tokens)[:-1]
     return full.view(layout.batch, layout.max_len, *rest).movedim((0, 1), (bd, ld))
+
+
+def in_eager_order(x: torch.Tensor, stride: tuple[int, ...] | None) -> torch.Tensor:
+    """``x`` laid out in the memory order of the strides eager gave the value (its
+    capture's ``stride``): dense, its dims ordered by those strides (ties by dim).
+
+    Why: an op that draws random numbers (``packed_rules.draws``: a dropout) runs on the
+    padded tensor so that it draws eager's numbers, but ATen draws them in memory order
+    (``bernoulli_`` of an ``empty_like`` of the input, which keeps the input's dim order),
+    so the scattered input, contiguous, gets eager's numbers on other elements where
+    eager's was not (torch's encoder layer: its attention block's output is a transposed
+    view, strides ``(E, B * E, 1)``). The order, not the strides themselves, so a batch
+    of another size (an input the plan lets vary) is laid out alike."""
+    if stride is None or x.dim() != len(stride):
+        return x
+    order = sorted(range(x.dim()), key=lambda d: (-stride[d], d))
+    if order == list(range(x.dim())) and x.is_contiguous():
+        return x
+    out = x.new_empty([x.shape[d] for d in order]).permute(
+        sorted(range(x.dim()), key=order.__getitem__))
+    return out.copy_(x)
 
 
 def segment_sum(x: torch.Tensor, dims: Dims, layout: TokenLayout) -> torch.Tensor:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 import socket
 import subprocess
@@ -69,6 +70,37 @@ def variant(
     if optimizer is not None:
         out["optimizer"] = optimizer
     return out
+
+
+class ProbeCases:
+    """A set of probe models (``root/<module>.py:build``) and named cases ``name ->
+    (module, args)``, each compiled once per topology: what the probe tests share."""
+
+    def __init__(self, root: Path, cases: dict[str, tuple[str, dict[str, Any]]]) -> None:
+        self.root, self.cases = root, cases
+        self._plans: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def entry(self, module: str) -> str:
+        return f"{self.root / module}.py:build"
+
+    def compiled(self, name: str, topology: str) -> dict[str, Any]:
+        from gemc.api import compile as gemc_compile
+
+        if (name, topology) not in self._plans:
+            module, args = self.cases[name]
+            self._plans[name, topology] = gemc_compile(self.entry(module), args,
+                                                       topology=topology)
+        return self._plans[name, topology]
+
+
+def assert_losses_match(name: str, got: list[float], ref: list[float], steps: int,
+                        rtol: float = 1e-4) -> None:
+    """``steps`` losses equal to eager's to ``rtol``, NaN where eager's is NaN (a model that
+    goes NaN must do so on the same step under gemc)."""
+    assert len(got) == len(ref) == steps
+    bad = [(i + 1, g, r) for i, (g, r) in enumerate(zip(got, ref))
+           if not (abs(g - r) <= rtol * abs(r) or (math.isnan(g) and math.isnan(r)))]
+    assert not bad, f"{name}: (step, gemc run, eager) off by more than rtol {rtol}: {bad}"
 
 
 def _worker(rank: int, world: int, port: int, scenarios: list[dict[str, Any]], out: str) -> None:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import fx
 
+from gemc.guard_sample import mask_rows
 from gemc.kernel_kinds import KINDS
 
 from ..packed_tokens import one_dtype
@@ -81,6 +82,7 @@ def key_padding_of_entry(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     padded path itself (the exact fallback, counted in its ``STATS``)."""
     from ..key_padding_attention import key_padding_attention
 
+    mask = mask_rows(mask)  # a [B, 1, 1, L] mask's rows (HF's extended mask)
     merged = bool(entry.get("merged_heads"))
     if merged:  # [B*H, L, d] operands (nn.MultiheadAttention's layout)
         q, k, v = (x.unflatten(0, (mask.shape[0], -1)) for x in (q, k, v))
@@ -118,6 +120,7 @@ def key_padding_checked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         permute_keys,
     )
 
+    mask = mask_rows(mask)  # a [B, 1, 1, L] mask's rows (HF's extended mask)
     merged = bool(entry.get("merged_heads"))
     if merged:  # [B*H, L, d] operands (nn.MultiheadAttention's layout)
         q, k, v = (x.unflatten(0, (mask.shape[0], -1)) for x in (q, k, v))
@@ -125,7 +128,8 @@ def key_padding_checked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     additive = bool(entry["additive"])
     scale = entry["scale"]
     if outcome == "padded":
-        out = padded_attention(q, k, v, mask, scale, False, additive)
+        out = padded_attention(q, k, v, mask, scale, False, additive,
+                               written_out=bool(entry.get("nan_if_empty", False)))
     else:
         if outcome == "compact":
             order = kept_first(mask, additive)

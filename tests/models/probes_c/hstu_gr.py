@@ -1,0 +1,185 @@
+"""HSTU as Meta's generative-recommenders code lays it out (Zhai et al., ICML 2024), with
+FBGEMM's ``jagged_to_padded_dense`` / ``dense_to_jagged`` written as flat ``index_copy`` /
+``index_select`` over ``row * n + col`` (torch's ``aten._jagged_to_padded_dense_forward``
+has no derivative).
+
+The batch is jagged: ``seq_ids`` [N] and ``seq_timestamps`` [N] with ``x_offsets`` [B + 1]
+(N fixed, lengths varying, an empty row and a full one), the next item of each token in
+``target_ids`` [N] (0 at a row's last token: unsupervised) and ``negatives`` [R]. Each
+``SequentialTransductionUnitJagged``:
+
+* ``silu(layer_norm(x) @ _uvqk)`` (a raw ``nn.Parameter``), split into u, v, q, k;
+* q, k, v padded with ``jagged_to_padded_dense(x, x_offsets, n)`` (zeros, ``index_copy``);
+* ``qk = einsum("bnhd,bmhd->bhnm", q, k)``, plus the relative bias
+  ``RelativeBucketedTimeAndPositionBasedBias``: position terms by the authors' pad-repeat-
+  reshape trick over ``_pos_w [2n - 1]`` and time terms ``index_select(_ts_w, 0,
+  buckets.view(-1))`` with the buckets of ``t_{i+1} - t_j`` from
+  ``(log(|dt|.clamp(min=1)) / 0.301).long()`` (``bucket="log"``) or
+  ``torch.bucketize(|dt|, boundaries)`` (``"bucketize"``), clamped to ``[0, buckets]``;
+* ``silu(qk + bias) / n * tril(ones(n, n))`` (a float buffer), ``einsum("bhnm,bmhd->bnhd",
+  a, v)``, back to jagged with ``dense_to_jagged`` (``index_select``), ``u *
+  layer_norm(attn)``, ``_o``, residual.
+
+Loss: each token's l2-normalised output against its next item and the shared negatives,
+CE / 0.05 with the target in column 0, weighted by ``target_ids != 0``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gemc.spec import ModelSpec
+
+B, MAX_LEN, ITEMS, D, HEADS, DQK, DV, BLOCKS, BUCKETS, NEG = 4, 6, 40, 8, 2, 4, 4, 1, 8, 5
+FILL = 12  # N, the batch's total tokens
+
+
+def _flat_index(x_offsets: torch.Tensor, total: int, n: int) -> torch.Tensor:
+    """``row * n + col`` of each jagged token in the padded ``[B, n]`` layout."""
+    lengths = x_offsets[1:] - x_offsets[:-1]
+    row = torch.repeat_interleave(torch.arange(lengths.numel(), device=x_offsets.device),
+                                  lengths, output_size=total)
+    col = torch.arange(total, device=x_offsets.device) - x_offsets[row]
+    return row * n + col
+
+
+def jagged_to_padded_dense(values: torch.Tensor, x_offsets: torch.Tensor, n: int
+                           ) -> torch.Tensor:
+    bsz = x_offsets.numel() - 1
+    flat = values.new_zeros(bsz * n, *values.shape[1:])
+    flat = flat.index_copy(0, _flat_index(x_offsets, values.shape[0], n), values)
+    return flat.view(bsz, n, *values.shape[1:])
+
+
+def dense_to_jagged(dense: torch.Tensor, x_offsets: torch.Tensor, total: int) -> torch.Tensor:
+    flat = dense.reshape(dense.shape[0] * dense.shape[1], *dense.shape[2:])
+    return flat.index_select(0, _flat_index(x_offsets, total, dense.shape[1]))
+
+
+def _log_buckets(x: torch.Tensor) -> torch.Tensor:
+    return (torch.log(torch.abs(x).clamp(min=1)) / 0.301).long()
+
+
+class RelativeBucketedTimeAndPositionBasedBias(nn.Module):
+    def __init__(self, max_seq_len: int, num_buckets: int, bucket: str) -> None:
+        super().__init__()
+        self._max_seq_len = max_seq_len
+        self._num_buckets = num_buckets
+        self._bucket = bucket
+        self._ts_w = nn.Parameter(torch.empty(num_buckets + 1).normal_(mean=0, std=0.02))
+        self._pos_w = nn.Parameter(torch.empty(2 * max_seq_len - 1).normal_(mean=0, std=0.02))
+        self.register_buffer("boundaries", torch.tensor([1, 2, 4, 8, 16, 32, 64]),
+                             persistent=False)
+
+    def forward(self, all_timestamps: torch.Tensor) -> torch.Tensor:
+        Bsz = all_timestamps.size(0)
+        N = self._max_seq_len
+        t = F.pad(self._pos_w[: 2 * N - 1], [0, N]).repeat(N)
+        t = t[..., :-N].reshape(1, N, 3 * N - 2)
+        r = (2 * N - 1) // 2
+        ext_timestamps = torch.cat([all_timestamps, all_timestamps[:, N - 1: N]], dim=1)
+        dt = ext_timestamps[:, 1:].unsqueeze(2) - ext_timestamps[:, :-1].unsqueeze(1)
+        if self._bucket == "log":
+            buckets = _log_buckets(dt)
+        else:
+            buckets = torch.bucketize(dt.abs(), self.boundaries)
+        bucketed = torch.clamp(buckets, min=0, max=self._num_buckets).detach()
+        rel_pos_bias = t[:, :, r:-r]
+        rel_ts_bias = torch.index_select(self._ts_w, dim=0,
+                                         index=bucketed.view(-1)).view(Bsz, N, N)
+        return rel_pos_bias + rel_ts_bias
+
+
+class SequentialTransductionUnitJagged(nn.Module):
+    def __init__(self, bucket: str) -> None:
+        super().__init__()
+        self._uvqk = nn.Parameter(torch.empty(D, (DV * 2 + DQK * 2) * HEADS).normal_(
+            mean=0, std=0.02))
+        self._o = nn.Linear(DV * HEADS, D)
+        self._rel_attn_bias = RelativeBucketedTimeAndPositionBasedBias(MAX_LEN, BUCKETS,
+                                                                        bucket)
+        self.register_buffer("_attn_mask", torch.tril(torch.ones(MAX_LEN, MAX_LEN)),
+                             persistent=False)
+
+    def forward(self, x: torch.Tensor, x_offsets: torch.Tensor,
+                all_timestamps: torch.Tensor) -> torch.Tensor:
+        n = MAX_LEN
+        normed_x = F.layer_norm(x, normalized_shape=[D], eps=1e-6)
+        batched_mm_output = F.silu(torch.mm(normed_x, self._uvqk))
+        u, v, q, k = torch.split(batched_mm_output,
+                                 [DV * HEADS, DV * HEADS, DQK * HEADS, DQK * HEADS], dim=1)
+        Bsz = x_offsets.size(0) - 1
+        padded_q = jagged_to_padded_dense(q, x_offsets, n).view(Bsz, n, HEADS, DQK)
+        padded_k = jagged_to_padded_dense(k, x_offsets, n).view(Bsz, n, HEADS, DQK)
+        padded_v = jagged_to_padded_dense(v, x_offsets, n).view(Bsz, n, HEADS, DV)
+        qk_attn = torch.einsum("bnhd,bmhd->bhnm", padded_q, padded_k)
+        qk_attn = qk_attn + self._rel_attn_bias(all_timestamps).unsqueeze(1)
+        qk_attn = F.silu(qk_attn) / n
+        qk_attn = qk_attn * self._attn_mask.unsqueeze(0).unsqueeze(0)
+        attn = torch.einsum("bhnm,bmhd->bnhd", qk_attn, padded_v).reshape(Bsz, n, HEADS * DV)
+        attn_output = dense_to_jagged(attn, x_offsets, x.size(0))
+        o_input = u * F.layer_norm(attn_output, normalized_shape=[HEADS * DV], eps=1e-6)
+        return self._o(o_input) + x
+
+
+class HSTU(nn.Module):
+    def __init__(self, bucket: str, cpu_positions: bool = False) -> None:
+        super().__init__()
+        self.cpu_positions = cpu_positions
+        self.item_emb = nn.Embedding(ITEMS, D, padding_idx=0)
+        self.pos_emb = nn.Embedding(MAX_LEN, D)
+        self.layers = nn.ModuleList(SequentialTransductionUnitJagged(bucket)
+                                    for _ in range(BLOCKS))
+
+    def forward(self, seq_ids, x_offsets, seq_timestamps, target_ids, negatives):
+        if self.cpu_positions:  # as code only ever run on the CPU writes it
+            col = torch.arange(seq_ids.numel()) - x_offsets[:-1].repeat_interleave(
+                x_offsets[1:] - x_offsets[:-1], output_size=seq_ids.numel())
+        else:
+            col = _flat_index(x_offsets, seq_ids.numel(), MAX_LEN) % MAX_LEN  # position in row
+        x = self.item_emb(seq_ids) * math.sqrt(D) + self.pos_emb(col)
+        all_timestamps = jagged_to_padded_dense(seq_timestamps, x_offsets, MAX_LEN)
+        for layer in self.layers:
+            x = layer(x, x_offsets, all_timestamps)
+        out = F.normalize(x, dim=-1)
+        pos = F.normalize(self.item_emb(target_ids), dim=-1)
+        neg = F.normalize(self.item_emb(negatives), dim=-1)
+        logits = torch.cat([(out * pos).sum(-1, keepdim=True), out @ neg.T], dim=1) / 0.05
+        w = (target_ids != 0).float()
+        ce = F.cross_entropy(logits, torch.zeros_like(target_ids), reduction="none")
+        return (ce * w).sum() / w.sum().clamp(min=1)
+
+
+def build(bucket: str = "log", seed: int = 0, int32: bool = False,
+          cpu_positions: bool = False) -> ModelSpec:
+    """``int32``: ids, offsets and timestamps int32, as a TorchRec loader's
+    KeyedJaggedTensor hands them over; ``cpu_positions``: the positions from
+    ``torch.arange(n)`` with no device (made on the CPU)."""
+    torch.manual_seed(seed)
+    model = HSTU(bucket, cpu_positions)
+
+    def make_batch(step: int, device: torch.device | str) -> tuple[torch.Tensor, ...]:
+        with torch.device("cpu"):
+            g = torch.Generator().manual_seed(1000 * seed + step)
+            lengths = torch.tensor([0, MAX_LEN, 0, 0])
+            rest = FILL - MAX_LEN  # spread over rows 2.. (each at most MAX_LEN)
+            cut = int(torch.randint(rest - MAX_LEN + 1 if rest > MAX_LEN else 0, min(rest, MAX_LEN) + 1, (1,), generator=g))
+            lengths[2], lengths[3] = cut, rest - cut
+            offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+            ids = torch.randint(1, ITEMS, (FILL,), generator=g)
+            stamps = torch.cat([torch.cumsum(torch.randint(0, 40, (int(n),), generator=g), 0)
+                                for n in lengths])
+            nxt = torch.cat([torch.cat([ids[int(s) + 1:int(e)], torch.zeros(1, dtype=torch.long)])
+                             if e > s else ids[:0] for s, e in zip(offsets[:-1], offsets[1:])])
+            neg = torch.randint(1, ITEMS, (NEG,), generator=g)
+        batch = (ids, offsets, stamps, nxt, neg)
+        if int32:
+            batch = tuple(t.to(torch.int32) for t in batch[:3]) + batch[3:]
+        return tuple(t.to(device) for t in batch)
+
+    return ModelSpec(model=model, example_inputs=make_batch(0, "cpu"), make_batch=make_batch,
+                     batch_size=B)
