@@ -153,6 +153,28 @@ def jagged_positions(row: Any, col: Any) -> fx.Node | None:
     return offsets if base is offsets else None
 
 
+def jagged_flat_positions(index: Any, length: int) -> fx.Node | None:
+    """``offsets`` when ``index`` is each jagged token's position in the padded rows
+    flattened to ``[B * length]``: ``row * length + col`` (either order) with ``(row, col)``
+    :func:`jagged_positions` of ``offsets`` (generative-recommenders' ``dense_to_jagged``
+    written without FBGEMM: ``dense.reshape(B * n, ...).index_select(0, row * n + col)``).
+    ``col`` lies in ``[0, length of its row)``, so an index by it reads real rows only."""
+    index = through_views(index)
+    if not (isinstance(index, fx.Node) and index.target is aten.add.Tensor):
+        return None
+    for scaled, col in (index.args[:2], index.args[1::-1]):
+        if isinstance(scaled, fx.Node) and scaled.target is aten.mul.Tensor \
+                and len(scaled.args) == 2 and _scalar_int(scaled.args[1]) == length:
+            offsets = jagged_positions(scaled.args[0], col)
+            if offsets is not None:
+                return offsets
+    return None
+
+
+def _scalar_int(x: Any) -> int | None:
+    return int(x) if isinstance(x, int) and not isinstance(x, bool) else None
+
+
 def zero_padded_source(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
     """``(index_put, offsets)`` when ``node`` (through views) is jagged values written over
     ``offsets`` into zeros, ``[B, L, ...]``: its rows at or past each length are zero."""
@@ -346,6 +368,8 @@ def _step(user: fx.Node, src: fx.Node, dims: Dims, facts: Facts
             whole = in_shape[bd] == facts.batch  # else the batch dim holds an inner factor
             mapped = (_merge_dims(in_shape, out_shape, dims) if whole else None) or \
                 _factor_dims(in_shape, out_shape, dims, facts.batch, facts.length)
+        elif mapped is None and bd < ld and in_shape[bd] == _offsets_batch(facts):
+            mapped = _merge_dims(in_shape, out_shape, dims)  # rows flattened, batch outer
         return [(user, mapped)] if mapped is not None else None
     if t is aten.select.int and user.args[0] is src:
         d = _norm(user.args[1], rank)
@@ -814,11 +838,19 @@ def _merge_dims(before: tuple[int, ...], after: tuple[int, ...], dims: Dims) -> 
     return None
 
 
+def _offsets_batch(facts: Facts) -> int | None:
+    """The batch of offsets facts (``(offsets, clamp_min, L)``: ``B + 1`` offsets)."""
+    if isinstance(facts, KeyMask) or not isinstance(facts[0], fx.Node):
+        return None
+    shape = ir.shape_of(facts[0])
+    return int(shape[0]) - 1 if shape else None
+
+
 def _merged_step(user: fx.Node, src: fx.Node, dims: Dims, facts: Facts
                  ) -> list[tuple[fx.Node, Dims]] | str | tuple[str, Dims] | None:
     """:func:`_step` for a value whose batch and sequence dims are merged: token-wise ops
     keep it, a reshape that splits the dim back restores the pair; anything else reads."""
-    if not isinstance(facts, KeyMask) or user.op != "call_function":
+    if user.op != "call_function":
         return None
     t = user.target
     in_shape = tuple(ir.shape_of(src) or ())
@@ -826,6 +858,15 @@ def _merged_step(user: fx.Node, src: fx.Node, dims: Dims, facts: Facts
     rank = len(in_shape)
     batch_outer = dims[0] >= 0
     d = dims[0] if batch_outer else ~dims[0]
+    if not isinstance(facts, KeyMask):  # zero-padded over offsets: (offsets, clamp, L)
+        if t is aten.index_select.default and user.args[0] is src and batch_outer \
+                and _norm(user.args[1], rank) == d and facts[1] == 0:
+            # a gather at the flat jagged positions of the same offsets reads real rows only
+            return "clean" if jagged_flat_positions(user.args[2], facts[2]) is facts[0] \
+                else None
+        if t not in _SAME and t not in (aten.linear.default, aten.layer_norm.default) \
+                and not elementwise(user):
+            return None  # a reshape back to rows is a KeyMask's (its batch and length)
     if t in _SAME:
         return [(user, dims)]
     if t is aten.linear.default:

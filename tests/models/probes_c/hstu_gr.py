@@ -55,6 +55,18 @@ def jagged_to_padded_dense(values: torch.Tensor, x_offsets: torch.Tensor, n: int
     return flat.view(bsz, n, *values.shape[1:])
 
 
+def jagged_to_padded_by_index_put(values: torch.Tensor, x_offsets: torch.Tensor, n: int
+                                  ) -> torch.Tensor:
+    """The same padding as a 2-D ``index_put`` at (row, col): how code that never had
+    FBGEMM writes it."""
+    total, bsz = values.shape[0], x_offsets.numel() - 1
+    lengths = x_offsets[1:] - x_offsets[:-1]
+    row = torch.repeat_interleave(torch.arange(bsz, device=x_offsets.device), lengths,
+                                  output_size=total)
+    col = torch.arange(total, device=x_offsets.device) - x_offsets[row]
+    return values.new_zeros(bsz, n, *values.shape[1:]).index_put((row, col), values)
+
+
 def dense_to_jagged(dense: torch.Tensor, x_offsets: torch.Tensor, total: int) -> torch.Tensor:
     flat = dense.reshape(dense.shape[0] * dense.shape[1], *dense.shape[2:])
     return flat.index_select(0, _flat_index(x_offsets, total, dense.shape[1]))
@@ -95,8 +107,11 @@ class RelativeBucketedTimeAndPositionBasedBias(nn.Module):
 
 
 class SequentialTransductionUnitJagged(nn.Module):
-    def __init__(self, bucket: str) -> None:
+    def __init__(self, bucket: str, pad: str = "index_copy", mask: str = "buffer") -> None:
         super().__init__()
+        self._pad = jagged_to_padded_dense if pad == "index_copy" else \
+            jagged_to_padded_by_index_put
+        self._mask_in_forward = mask == "forward"
         self._uvqk = nn.Parameter(torch.empty(D, (DV * 2 + DQK * 2) * HEADS).normal_(
             mean=0, std=0.02))
         self._o = nn.Linear(DV * HEADS, D)
@@ -113,13 +128,15 @@ class SequentialTransductionUnitJagged(nn.Module):
         u, v, q, k = torch.split(batched_mm_output,
                                  [DV * HEADS, DV * HEADS, DQK * HEADS, DQK * HEADS], dim=1)
         Bsz = x_offsets.size(0) - 1
-        padded_q = jagged_to_padded_dense(q, x_offsets, n).view(Bsz, n, HEADS, DQK)
-        padded_k = jagged_to_padded_dense(k, x_offsets, n).view(Bsz, n, HEADS, DQK)
-        padded_v = jagged_to_padded_dense(v, x_offsets, n).view(Bsz, n, HEADS, DV)
+        padded_q = self._pad(q, x_offsets, n).view(Bsz, n, HEADS, DQK)
+        padded_k = self._pad(k, x_offsets, n).view(Bsz, n, HEADS, DQK)
+        padded_v = self._pad(v, x_offsets, n).view(Bsz, n, HEADS, DV)
         qk_attn = torch.einsum("bnhd,bmhd->bhnm", padded_q, padded_k)
         qk_attn = qk_attn + self._rel_attn_bias(all_timestamps).unsqueeze(1)
         qk_attn = F.silu(qk_attn) / n
-        qk_attn = qk_attn * self._attn_mask.unsqueeze(0).unsqueeze(0)
+        causal = torch.tril(torch.ones(n, n, device=x.device)) if self._mask_in_forward \
+            else self._attn_mask
+        qk_attn = qk_attn * causal.unsqueeze(0).unsqueeze(0)
         attn = torch.einsum("bhnm,bmhd->bnhd", qk_attn, padded_v).reshape(Bsz, n, HEADS * DV)
         attn_output = dense_to_jagged(attn, x_offsets, x.size(0))
         o_input = u * F.layer_norm(attn_output, normalized_shape=[HEADS * DV], eps=1e-6)
@@ -127,12 +144,13 @@ class SequentialTransductionUnitJagged(nn.Module):
 
 
 class HSTU(nn.Module):
-    def __init__(self, bucket: str, cpu_positions: bool = False) -> None:
+    def __init__(self, bucket: str, cpu_positions: bool = False, pad: str = "index_copy",
+                 mask: str = "buffer") -> None:
         super().__init__()
         self.cpu_positions = cpu_positions
         self.item_emb = nn.Embedding(ITEMS, D, padding_idx=0)
         self.pos_emb = nn.Embedding(MAX_LEN, D)
-        self.layers = nn.ModuleList(SequentialTransductionUnitJagged(bucket)
+        self.layers = nn.ModuleList(SequentialTransductionUnitJagged(bucket, pad, mask)
                                     for _ in range(BLOCKS))
 
     def forward(self, seq_ids, x_offsets, seq_timestamps, target_ids, negatives):
@@ -155,12 +173,15 @@ class HSTU(nn.Module):
 
 
 def build(bucket: str = "log", seed: int = 0, int32: bool = False,
-          cpu_positions: bool = False) -> ModelSpec:
+          cpu_positions: bool = False, pad: str = "index_copy",
+          mask: str = "buffer") -> ModelSpec:
     """``int32``: ids, offsets and timestamps int32, as a TorchRec loader's
     KeyedJaggedTensor hands them over; ``cpu_positions``: the positions from
-    ``torch.arange(n)`` with no device (made on the CPU)."""
+    ``torch.arange(n)`` with no device (made on the CPU); ``pad``: q, k, v padded by
+    ``index_copy`` over flat positions (FBGEMM's op written out) or ``index_put``;
+    ``mask``: the causal mask a registered buffer or ``tril`` made in the forward."""
     torch.manual_seed(seed)
-    model = HSTU(bucket, cpu_positions)
+    model = HSTU(bucket, cpu_positions, pad, mask)
 
     def make_batch(step: int, device: torch.device | str) -> tuple[torch.Tensor, ...]:
         with torch.device("cpu"):
