@@ -41,9 +41,10 @@ rows).
 
 Not supported (a named error at setup): a table the plan marks ``replicated_only`` (the
 model reads it outside its lookups) sharded over several ranks, ``max`` pooling of a
-sharded table, ``max_norm``,
-``scale_grad_by_freq``, per-sample weights that require grad, and a rank holding two
-shards of one table.
+sharded table, ``max_norm`` and
+``scale_grad_by_freq`` (gemc.passes.collect_tables keeps such a table a dense module, so
+only a hand-edited plan names one), per-sample weights that require grad, and a rank
+holding two shards of one table.
 """
 
 from __future__ import annotations
@@ -147,7 +148,9 @@ class ShardedEmbedding(nn.Module):
                 f"table '{fqn}' uses {', '.join(unsupported)}, which the sharded runner "
                 "does not support",
                 where=f"model module {module_fqn(fqn)}",
-                fix="leave max_norm / scale_grad_by_freq out of the table",
+                fix="compile the plan again with this gemc (it keeps such a table the "
+                    "model's dense nn.Embedding), or leave max_norm / scale_grad_by_freq "
+                    "out of the table",
             )
         self.sharding = table["sharding"]
         self.shards = [Shard.from_plan(s) for s in table["shards"]]

@@ -1,0 +1,133 @@
+"""Feature-interaction, multi-task and sparse-feature models written by others in their own
+idioms (tests/models/probes_d), through gemc as written: compiled at h200:1x1 and 1x8,
+then 3 steps against the eager reference on one rank (graph mode: the plan's kernels,
+Triton interpreted) and on two gloo ranks. What each probe found:
+
+* ``nn.Embedding(max_norm=1.0)`` (embedding_idioms ``max_norm``): its forward renorms the
+  looked-up rows in place (``embedding_renorm_``). gemc compiled it as a table, with a
+  wrong warning ("also read outside its lookups") and a data_parallel placement, then the
+  runner refused it ("leave max_norm out") on any number of ranks. Now: one GPU keeps it
+  the model's dense nn.Embedding and trains it exactly (graph mode too, the renorm in the
+  graph); on several ranks each replica would renorm only its batch's rows, so the compile
+  refuses it by name (the table, the author's line, a differentiable fix).
+* ``scale_grad_by_freq=True`` (``freq``): compiled as a table, then refused by the runner.
+  Now it stays a dense nn.Embedding, which DDP trains exactly as eager (each rank's
+  gradient scaled by its own batch's counts, then averaged), on one rank and two.
+* Matched eager as written (pinned here on two ranks, some re-sharded by hand): a
+  hand-written KeyedJaggedTensor split by ``torch.split(values, lengths.sum(...).tolist())``
+  with one table shared by two features (row-wise), TorchRec's ``Batch`` dataclass with
+  the KJT registered as a pytree, ``padding_idx`` in the middle of a table (row-wise, the
+  padding row in rank 1's shard), mixed dims, ``ids % buckets`` hashing, a 2-D
+  ``EmbeddingBag`` with per-sample weights, DCN-Mix, FuxiCTR's FiBiNET / CIN / FinalMLP
+  and PLE with ``w * BCE + w * MSE``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from gemc.backends.torch.reference import reference_losses
+from gemc.backends.torch.runner import RunOptions, run
+
+from gemc.api import compile as gemc_compile
+from gemc.api import load_model
+from gemc.errors import UnsupportedOpError
+from gemc.plan import write_plan
+from tests.runner.harness import REPO, run_scenarios, variant
+
+if not torch.cuda.is_available():  # graph mode's kernels run in Triton's interpreter
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+PROBES = REPO / "tests" / "models" / "probes_d"
+IDIOMS = f"{PROBES / 'embedding_idioms.py'}:build"
+MAX_NORM = (IDIOMS, {"variant": "max_norm"})
+FREQ = (IDIOMS, {"variant": "freq"})
+PAD = (IDIOMS, {"variant": "pad_middle"})
+PSW = (IDIOMS, {"variant": "psw2d"})
+KJT = (f"{PROBES / 'torchrec_kjt.py'}:build", {"split": "tolist"})
+KJT_BATCH = (f"{PROBES / 'torchrec_kjt.py'}:build", {"split": "fixed", "batch": "object"})
+DCN = (f"{PROBES / 'dcn_mix.py'}:build", {"structure": "parallel"})
+FIBINET = (f"{PROBES / 'fuxictr.py'}:build", {"arch": "fibinet"})
+CIN = (f"{PROBES / 'fuxictr.py'}:build", {"arch": "cin"})
+FINALMLP = (f"{PROBES / 'fuxictr.py'}:build", {"arch": "finalmlp"})
+PLE = (f"{PROBES / 'ple_reg.py'}:build", {})
+STEPS = 3
+
+
+def _close(got: list[float], ref: list[float]) -> None:
+    assert len(got) == len(ref) == STEPS
+    assert got == pytest.approx(ref, rel=1e-4), (got, ref)
+
+
+def _tables(plan: dict) -> list[str]:
+    """The reference's tables: the plan's (a weight gemc keeps dense is dense there too)."""
+    return [t["fqn"].removesuffix(".weight") for t in plan["tables"]]
+
+
+def _one_rank(case: tuple[str, dict], plan: dict, kernels: bool) -> None:
+    plan = variant(plan, kernels=kernels)
+    res = run(plan, RunOptions(steps=STEPS, device="cpu", progress=False))
+    _close([loss for _, loss in res.losses],
+           reference_losses(load_model(*case), steps=STEPS, world_size=1,
+                            table_modules=_tables(plan)))
+
+
+def test_max_norm_trains_dense_on_one_gpu_and_is_refused_on_several() -> None:
+    plan = gemc_compile(*MAX_NORM, topology="h200:1x1")
+    assert plan["tables"] == []
+    kept = [w for w in plan["warnings"] if "max_norm=1.0" in w and "stays the model's dense" in w]
+    assert len(kept) == 3, plan["warnings"]
+    assert not any("read outside its lookups" in w for w in plan["warnings"])
+    model = load_model(*MAX_NORM).model  # the renorm matters: N(0, 1) rows of dim 4
+    assert model.emb["user"].max_norm == 1.0
+    _one_rank(MAX_NORM, plan, kernels=True)
+    with pytest.raises(UnsupportedOpError, match="max_norm=1.0.*on 8 ranks") as info:
+        gemc_compile(*MAX_NORM, topology="h200:1x8")
+    assert "embedding_idioms.py:" in info.value.where, info.value.where
+    assert "F.normalize" in info.value.fix
+
+
+def test_scale_grad_by_freq_stays_a_dense_embedding() -> None:
+    for topology in ("h200:1x8", "h200:1x1"):
+        plan = gemc_compile(*FREQ, topology=topology)
+        assert "tags.weight" not in {t["fqn"] for t in plan["tables"]}
+        assert len(plan["tables"]) == 3  # the other fields are still tables
+        assert any("'tags.weight' uses scale_grad_by_freq" in w for w in plan["warnings"])
+    _one_rank(FREQ, plan, kernels=True)
+
+
+# (name, case, every table's sharding by hand, or None for the plan's); module mode (graph
+# mode on two ranks compiles each graph once a rank: too slow here, one rank runs it above)
+TWO_RANKS = (
+    ("freq", FREQ, None),
+    ("pad_row_wise", PAD, "row_wise"),
+    ("psw_column_wise", PSW, "column_wise"),
+    ("kjt_shared_row_wise", KJT, "row_wise"),
+    ("kjt_batch_object", KJT_BATCH, None),
+    ("dcn_mix", DCN, None),
+    ("fibinet", FIBINET, None),
+    ("cin", CIN, None),
+    ("finalmlp", FINALMLP, None),
+    ("ple_bce_mse", PLE, None),
+)
+
+
+def test_two_gloo_ranks_match_eager(tmp_path: Path) -> None:
+    scenarios, plans = [], {}
+    for name, case, sharding in TWO_RANKS:
+        plan = gemc_compile(*case, topology="h200:1x2")
+        tables = None if sharding is None else {t["fqn"]: (sharding, [0, 1])
+                                                for t in plan["tables"]}
+        plan = variant(plan, tables=tables)
+        write_plan(tmp_path / f"{name}.json", plan)
+        plans[name] = plan
+        scenarios.append({"name": name, "plan": str(tmp_path / f"{name}.json"),
+                          "phases": [{"steps": STEPS}]})
+    results = run_scenarios(2, scenarios, tmp_path / "results.json")
+    for name, case, _ in TWO_RANKS:
+        ref = reference_losses(load_model(*case), steps=STEPS, world_size=2,
+                               table_modules=_tables(plans[name]))
+        _close([loss for _, loss in results[name][0]], ref)
