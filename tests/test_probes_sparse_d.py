@@ -13,6 +13,13 @@ Triton interpreted) and on two gloo ranks. What each probe found:
 * ``scale_grad_by_freq=True`` (``freq``): compiled as a table, then refused by the runner.
   Now it stays a dense nn.Embedding, which DDP trains exactly as eager (each rank's
   gradient scaled by its own batch's counts, then averaged), on one rank and two.
+* pytorch-fm's ``x + x.new_tensor(self.offsets)`` (a NumPy array) and PNN's ``x[:, row]``
+  over Python index lists (torchfm): torch.export lifts such tensors to graph inputs; graph
+  mode passed them none ("forward() missing 2 required positional arguments"), and the
+  index lists had no values at all (captured on meta). Now the capture keeps every lifted
+  constant's value (recovering a meta one from an export with fake CPU state), graph mode
+  feeds them, and a positional meta device in the graph (``aten.to.device(t, meta)``) runs
+  on the run's device.
 * Matched eager as written (pinned here on two ranks, some re-sharded by hand): a
   hand-written KeyedJaggedTensor split by ``torch.split(values, lengths.sum(...).tolist())``
   with one table shared by two features (row-wise), TorchRec's ``Batch`` dataclass with
@@ -34,6 +41,7 @@ from gemc.backends.torch.runner import RunOptions, run
 
 from gemc.api import compile as gemc_compile
 from gemc.api import load_model
+from gemc.capture import capture
 from gemc.errors import UnsupportedOpError
 from gemc.plan import write_plan
 from tests.runner.harness import REPO, run_scenarios, variant
@@ -54,6 +62,7 @@ FIBINET = (f"{PROBES / 'fuxictr.py'}:build", {"arch": "fibinet"})
 CIN = (f"{PROBES / 'fuxictr.py'}:build", {"arch": "cin"})
 FINALMLP = (f"{PROBES / 'fuxictr.py'}:build", {"arch": "finalmlp"})
 PLE = (f"{PROBES / 'ple_reg.py'}:build", {})
+OPNN = (f"{PROBES / 'torchfm.py'}:build", {"arch": "opnn"})
 STEPS = 3
 
 
@@ -99,6 +108,26 @@ def test_scale_grad_by_freq_stays_a_dense_embedding() -> None:
     _one_rank(FREQ, plan, kernels=True)
 
 
+def test_constants_built_from_python_data_reach_graph_mode() -> None:
+    assert any(v.is_meta for v in capture(load_model(*OPNN)).constants.values())
+    captured = capture(load_model(*OPNN), constant_values=True)  # as graph mode captures
+    values = {name: v.tolist() for name, v in captured.constants.items()}
+    assert sorted(values.values()) == [[0, 0, 0, 1, 1, 2], [0, 12, 21, 28], [0, 12, 21, 28],
+                                       [1, 2, 3, 2, 3, 3]], values
+    plan = gemc_compile(*OPNN, topology="h200:1x8")
+    assert {t["fqn"] for t in plan["tables"]} == {"embedding.embedding.weight",
+                                                   "linear.fc.weight"}
+    _one_rank(OPNN, gemc_compile(*OPNN, topology="h200:1x1"), kernels=True)
+
+
+def test_a_meta_device_argument_runs_on_the_run_device() -> None:
+    from gemc.backends.triton.graph_runner import on_run_device
+
+    cpu = torch.device("cpu")
+    args, kwargs = on_run_device((1, torch.device("meta"), torch.int64), {"device": None}, cpu)
+    assert args == (1, cpu, torch.int64) and kwargs == {"device": cpu}
+
+
 # (name, case, every table's sharding by hand, or None for the plan's); module mode (graph
 # mode on two ranks compiles each graph once a rank: too slow here, one rank runs it above)
 TWO_RANKS = (
@@ -112,6 +141,7 @@ TWO_RANKS = (
     ("cin", CIN, None),
     ("finalmlp", FINALMLP, None),
     ("ple_bce_mse", PLE, None),
+    ("opnn", OPNN, None),
 )
 
 

@@ -93,7 +93,7 @@ def check_fingerprint(
         try:
             # the compile refused host draws unless asked to freeze them: a plan exists, so
             # they were accepted (or predate the check); graph mode runs this very graph
-            captured = capture(spec, host_randomness="freeze")
+            captured = capture(spec, host_randomness="freeze", constant_values=every_rank)
             if captured.frozen_draws:
                 warnings.warn(f"{frozen_draws_warning(captured)} (graph mode runs this "
                               "graph; module mode runs the forward as written)", stacklevel=2)
