@@ -229,7 +229,8 @@ def build_probe_model(
     author = (AuthorBuild(spec.origin, shapes, derive_seed(config.seed, "author-build"))
               if spec.origin is not None else None)
     report = init_dense_(model, config.seed, author_build=author,
-                         seed_for=lambda name: derive_seed(config.seed, name))
+                         seed_for=lambda name: derive_seed(config.seed, name),
+                         author_init={f for f, r in spec.init_recipes.items() if r.by_author})
     if report.author_tensors:
         info["author_init"] = report.author_tensors
     model.train()

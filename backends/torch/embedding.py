@@ -63,6 +63,7 @@ from torch import nn
 
 from gemc.errors import GemcUserError, PlanError
 from gemc.exchange_precision import FP32_WIRE, WirePrecision
+from gemc.init_recipes import Recipe
 from gemc.sharding import SHARDINGS
 from gemc.table_precision import TABLE_PRECISIONS, quantize_rows, storage_dtype
 
@@ -228,6 +229,8 @@ class ShardedEmbedding(nn.Module):
         # the owners' fused lookup holding this rank's shard (owner_lookup.OwnerLookup),
         # None on the sparse route
         self.owner_lookup: Any = None
+        # the author's initial distribution (gemc.init_recipes), set by materialize_
+        self.init_recipe: Recipe | None = None
 
     # -- initialization --------------------------------------------------------------
 
@@ -248,6 +251,7 @@ class ShardedEmbedding(nn.Module):
             col_offset=self.local.col_offset,
             seed=self.seed,
             padding_idx=self.padding_idx,
+            recipe=self.init_recipe,
         )
         if self.precision != "fp32":
             stored, scale = quantize_rows(values, self.precision, stochastic=False)

@@ -16,7 +16,9 @@ RNG. Instead every value is a pure function of ``(seed, name)``:
   both) is produced by drawing only the blocks it overlaps, and equals the same slice of the
   table a single process draws, without ever building the whole table.
 
-Values are N(0, 1) like ``nn.Embedding``/``nn.EmbeddingBag``'s default, with the
+Values are drawn from the distribution the author's build gives the table
+(gemc.init_recipes: ``nn.init.xavier_uniform_``, ``normal_(std=1e-4)``, ``w.data.uniform_``),
+N(0, 1) like ``nn.Embedding``/``nn.EmbeddingBag``'s default otherwise, with the
 ``padding_idx`` row zeroed. They depend on the device type (CPU and CUDA generators
 differ), never on the number of ranks.
 """
@@ -24,7 +26,7 @@ differ), never on the number of ranks.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +35,7 @@ import torch.distributed as dist
 from torch import nn
 
 from gemc.errors import GemcError, GemcUserError
+from gemc.init_recipes import Recipe
 
 BLOCK_ROWS = 8192
 """Rows per independently seeded block of an embedding table."""
@@ -55,8 +58,11 @@ def fill_table_slice_(
     col_offset: int,
     seed: int,
     padding_idx: int | None = None,
+    recipe: Recipe | None = None,
 ) -> torch.Tensor:
-    """Fill ``out`` ([nr, nc]) with rows/columns of table ``fqn`` starting at the offsets."""
+    """Fill ``out`` ([nr, nc]) with rows/columns of table ``fqn`` starting at the offsets,
+    drawn from ``recipe`` (the author's distribution, gemc.init_recipes; None or one
+    that is no elementwise distribution: N(0, 1), nn.Embedding's own)."""
     nr, nc = out.shape
     if row_offset + nr > rows or col_offset + nc > dim:
         raise ValueError(f"slice {row_offset}+{nr} x {col_offset}+{nc} outside {rows} x {dim}")
@@ -67,7 +73,7 @@ def fill_table_slice_(
         b0 = block * BLOCK_ROWS
         bn = min(BLOCK_ROWS, rows - b0)
         gen.manual_seed(derive_seed(seed, "table", fqn, block))
-        values = torch.randn(bn, dim, generator=gen, device=out.device, dtype=torch.float32)
+        values = _draw(bn, dim, gen, out.device, recipe)
         lo, hi = max(b0, row_offset), min(b0 + bn, row_offset + nr)
         out[lo - row_offset : hi - row_offset].copy_(
             values[lo - b0 : hi - b0, col_offset : col_offset + nc]
@@ -75,6 +81,23 @@ def fill_table_slice_(
     if padding_idx is not None and row_offset <= padding_idx < row_offset + nr:
         out[padding_idx - row_offset].zero_()
     return out
+
+
+def _draw(rows: int, dim: int, gen: torch.Generator, device: torch.device,
+          recipe: Recipe | None) -> torch.Tensor:
+    """One block of a table from its recipe (N(0, 1) without one)."""
+    kind = recipe.kind if recipe is not None else "normal"
+    if kind == "constant":
+        assert recipe is not None
+        return torch.full((rows, dim), recipe.a, device=device)
+    if kind == "uniform":
+        assert recipe is not None
+        values = torch.rand(rows, dim, generator=gen, device=device, dtype=torch.float32)
+        return values.mul_(recipe.b - recipe.a).add_(recipe.a)
+    values = torch.randn(rows, dim, generator=gen, device=device, dtype=torch.float32)
+    if kind == "normal" and recipe is not None:
+        values.mul_(recipe.b).add_(recipe.a)
+    return values
 
 
 def _reset_fn(module: nn.Module):  # noqa: ANN202 - a bound method or None
@@ -153,7 +176,8 @@ class InitReport:
                 f"its name; '{AUTHOR}': the values the model's build gives it, from one "
                 "build of the dense part for real (tables left on meta) under the run's "
                 "seed, broadcast from rank 0; "
-                f"'{TABLE}': gemc's blockwise N(0, 1) fill, shard by shard"
+                f"'{TABLE}': gemc's blockwise fill, shard by shard, from the distribution "
+                "the author's build gives the table (N(0, 1) by default)"
             ),
         }
 
@@ -186,6 +210,7 @@ def init_dense_(
     author_build: Callable[[], nn.Module | Mapping[str, torch.Tensor]] | None = None,
     report: InitReport | None = None,
     seed_for: Callable[[str], int] | None = None,
+    author_init: Collection[str] = (),
 ) -> InitReport:
     """Initialize every parameter and buffer of ``model`` outside ``skip``; never refuse.
 
@@ -199,7 +224,9 @@ def init_dense_(
     returns those values by FQN, e.g. a snapshot of a model that was built for real). On
     several ranks rank 0's values are broadcast, so every replica starts identical even
     when the author's recipe draws from an unseeded source. ``seed_for(name)``: another
-    caller's per-module seeds (the precision probe's).
+    caller's per-module seeds (the precision probe's). ``author_init``: FQNs the author's
+    build initialised itself after the module's own reset (``nn.init.normal_(lin.weight,
+    std=1e-4)``, gemc.init_recipes): those take the author's values too.
     """
     skip = set(skip)
     report = report or InitReport()
@@ -218,7 +245,8 @@ def init_dense_(
         if fn is not None:
             poisoned = {fqn: _poison_(t.data) for fqn, t in own}
             _reset_under_seed(fn, seed, name, devices, seed_for)
-            left = [(fqn, t) for fqn, t in own if not poisoned[fqn] or _still_poisoned(t.data)]
+            left = [(fqn, t) for fqn, t in own if not poisoned[fqn] or _still_poisoned(t.data)
+                    or fqn in author_init]
             unwritten = {fqn for fqn, _ in left}
             report.numel[RESET] += sum(t.numel() for fqn, t in own if fqn not in unwritten)
             how = RESET if not left else f"{RESET} + {AUTHOR}"

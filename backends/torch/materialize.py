@@ -14,6 +14,7 @@ rank's device and :mod:`.init` fills them deterministically.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from gemc.backends.torch.init import (
 from torch import nn
 
 from gemc.errors import PlanError
+from gemc.init_recipes import Recipe
 from gemc.plan import Model
 from gemc.spec import ModelSpec
 
@@ -134,6 +136,7 @@ def materialize_(
     table_modules: list[str],
     *,
     origin: tuple[str, dict[str, Any]] | None = None,
+    recipes: Mapping[str, Recipe] | None = None,
 ) -> InitReport:
     """Allocate on ``device`` and initialize deterministically (see :mod:`.init`).
 
@@ -141,7 +144,9 @@ def materialize_(
     ``nn.Embedding``/``nn.EmbeddingBag`` (the reference) is filled whole with the same values.
     ``origin``: the spec's (entrypoint, kwargs), to take the author's values of tensors no
     ``reset_parameters()`` writes (built once, for real, only when some tensor needs it).
-    Returns how each part was initialized, for the run report.
+    ``recipes``: the spec's ``init_recipes`` (gemc.init_recipes): a table is drawn from its
+    author's distribution, and a dense weight the author initialised takes the author's
+    values. Returns how each part was initialized, for the run report.
     """
     shapes = {
         (int(m.num_embeddings), int(m.embedding_dim))
@@ -157,12 +162,24 @@ def materialize_(
         if snapshot:
             author = _Snapshot(snapshot)
     _to_empty_keeping_ties(model, device)
-    report = init_dense_(model, seed, skip=table_modules, author_build=author)
+    recipes = dict(recipes or {})
+    report = init_dense_(model, seed, skip=table_modules, author_build=author,
+                         author_init={f for f, r in recipes.items() if r.by_author})
     for name in table_modules:
         module = model.get_submodule(name)
         report.tables += 1
         report.numel[TABLE] += module.weight.numel() if module.weight is not None else 0
+        recipe = recipes.get(f"{name}.weight")
+        if recipe is not None and recipe.kind == "unknown":
+            warnings.warn(
+                f"gemc: table '{name}.weight' is initialised by the model with "
+                f"{recipe.describe()}; the runner cannot draw that shard by shard and fills "
+                "it N(0, 1) instead (initialise it with an elementwise distribution, e.g. "
+                "nn.init.normal_ / uniform_ / xavier_uniform_, to start where eager does)",
+                stacklevel=2)
+            recipe = None
         if isinstance(module, ShardedEmbedding):
+            module.init_recipe = recipe
             module.reset_parameters()
         else:
             weight = module.weight
@@ -175,6 +192,7 @@ def materialize_(
                 col_offset=0,
                 seed=seed,
                 padding_idx=getattr(module, "padding_idx", None),
+                recipe=recipe,
             )
     return report
 

@@ -413,7 +413,7 @@ def _run(
     tables = shard_tables(model, plan["tables"], rank=rank, world_size=wsize, seed=opts.seed,
                           exchange=wire)
     init_report = materialize_(model, device, opts.seed, table_module_names(plan),
-                               origin=spec.origin)
+                               origin=spec.origin, recipes=spec.init_recipes)
     model.train()
 
     prec_entries = list(plan["precision"])
