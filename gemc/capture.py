@@ -56,6 +56,9 @@ class Captured:
     # input of the graph: on the CPU, or meta where no capture could recover it
     # (:func:`lifted_constants`)
     constants: dict[str, torch.Tensor] = field(default_factory=dict)
+    # placeholder name -> the constant's name in the export: a plain tensor attribute's
+    # FQN (``self.li = torch.tensor(...)``), which the runner's materialized model holds
+    constant_fqns: dict[str, str] = field(default_factory=dict)
 
 
 def capture(spec: ModelSpec, *, entrypoint: str = "model",
@@ -126,6 +129,7 @@ def capture(spec: ModelSpec, *, entrypoint: str = "model",
         bounded_sizes=tuple(bounded),
         param_aliases={fqn: a for fqn, a in aliases.items() if a},
         constants=lifted_constants(exported, model, inputs, recover=constant_values),
+        constant_fqns=dict(sig.inputs_to_lifted_tensor_constants),
     )
 
 

@@ -20,13 +20,27 @@ Triton interpreted) and on two gloo ranks. What each probe found:
   constant's value (recovering a meta one from an export with fake CPU state), graph mode
   feeds them, and a positional meta device in the graph (``aten.to.device(t, meta)``) runs
   on the run's device.
+* pytorch-fm's FFM initialises its tables with ``nn.init.xavier_uniform_`` on ``.data``,
+  DeepCTR-Torch with ``normal_(std=1e-4)`` (its DNN weights too): the runner, and the
+  reference it is checked against, drew every table N(0, 1) and reset every nn.Linear, so
+  gemc trained from other weights than eager (FFM's first loss 1.68 instead of ~0.69),
+  unseen by any loss comparison. Now tables are drawn from the build's recipe
+  (gemc.init_recipes) and an author-initialised dense weight keeps the author's value.
+* A DLRM port's index lists as plain tensor attributes (``self.li = torch.tensor(...)``
+  in ``__init__``, not buffers): left on meta by the meta build and ``to_empty``, the
+  forward gathered garbage (module mode) and graph mode had no value. Now they take the
+  author's build's values, and graph mode reads them from the materialized model.
 * Matched eager as written (pinned here on two ranks, some re-sharded by hand): a
   hand-written KeyedJaggedTensor split by ``torch.split(values, lengths.sum(...).tolist())``
   with one table shared by two features (row-wise), TorchRec's ``Batch`` dataclass with
   the KJT registered as a pytree, ``padding_idx`` in the middle of a table (row-wise, the
   padding row in rank 1's shard), mixed dims, ``ids % buckets`` hashing, a 2-D
   ``EmbeddingBag`` with per-sample weights, DCN-Mix, FuxiCTR's FiBiNET / CIN / FinalMLP
-  and PLE with ``w * BCE + w * MSE``.
+  PLE with ``w * BCE + w * MSE``, DLRM's interaction with ``li``/``lj`` built in forward or
+  by ``torch.tril_indices``.
+* Not fixed: a graph mode constant the meta build lost and no attribute holds (a tensor
+  built from a meta tensor's values) is refused by name; ``padding_idx`` rows are zeroed
+  even where the author's own init overwrote them after the module's reset.
 """
 
 from __future__ import annotations
@@ -65,6 +79,7 @@ FINALMLP = (f"{PROBES / 'fuxictr.py'}:build", {"arch": "finalmlp"})
 PLE = (f"{PROBES / 'ple_reg.py'}:build", {})
 OPNN = (f"{PROBES / 'torchfm.py'}:build", {"arch": "opnn"})
 FFM = (f"{PROBES / 'torchfm.py'}:build", {"arch": "ffm"})
+DLRM_ATTR = (f"{PROBES / 'dlrm_interaction.py'}:build", {"index": "attribute"})
 DEEPFM = (f"{REPO / 'tests' / 'models' / 'probes_b' / 'deepctr.py'}:build", {"arch": "deepfm"})
 STEPS = 3
 
@@ -123,6 +138,25 @@ def test_constants_built_from_python_data_reach_graph_mode() -> None:
     _one_rank(OPNN, gemc_compile(*OPNN, topology="h200:1x1"), kernels=True)
 
 
+def test_a_plain_tensor_attribute_gets_the_authors_values() -> None:
+    """DLRM ports' ``self.li = torch.tensor([...])`` in ``__init__`` (no register_buffer),
+    read as ``Z[:, self.li, self.lj]``: built on meta, ``to_empty`` left it there and the
+    runner's forward gathered garbage ("all elements of input should be between 0 and 1"
+    in the BCE, after the sigmoid); graph mode had no value for the lifted attribute."""
+    from gemc.backends.torch.init import plain_tensors
+    from gemc.backends.torch.materialize import materialize_
+
+    spec = load_model(*DLRM_ATTR)
+    assert {n: t.is_meta for n, t in plain_tensors(spec.model).items()} == \
+        {"li": True, "lj": True}
+    _one_rank(DLRM_ATTR, gemc_compile(*DLRM_ATTR, topology="h200:1x1"), kernels=True)
+    run_model = load_model(*DLRM_ATTR).model
+    materialize_(run_model, torch.device("cpu"), 0, ["emb_l.0", "emb_l.1", "emb_l.2"],
+                 origin=spec.origin)
+    assert run_model.li.tolist() == [1, 2, 2, 3, 3, 3] and run_model.lj.tolist() == \
+        [0, 0, 1, 0, 1, 2]
+
+
 def test_a_meta_device_argument_runs_on_the_run_device() -> None:
     from gemc.backends.triton.graph_runner import on_run_device
 
@@ -177,6 +211,7 @@ TWO_RANKS = (
     ("finalmlp", FINALMLP, None),
     ("ple_bce_mse", PLE, None),
     ("ffm_row_wise", FFM, "row_wise"),
+    ("dlrm_attribute", DLRM_ATTR, None),
 )
 
 

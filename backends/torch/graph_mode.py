@@ -154,14 +154,20 @@ def _erase_dead_code(gm: torch.fx.GraphModule, keep: set[str]) -> None:
 
 
 def _lifted_values(gm: torch.fx.GraphModule, constants: Mapping[str, torch.Tensor],
-                   device: torch.device) -> dict[str, torch.Tensor]:
+                   device: torch.device, model: nn.Module | None = None,
+                   fqns: Mapping[str, str] | None = None) -> dict[str, torch.Tensor]:
     """The graph's lifted tensor constants (gemc.capture.Captured.constants) by placeholder
     name, where the graph expects them: on the CPU where the capture made them there (the
     graph moves them itself, ``x.new_tensor(data)``), else (made on the inputs' device,
     meta in the capture) on ``device``. One whose value the capture could not recover is
-    a named error."""
+    a named error. A plain tensor attribute of the model (``self.li = torch.tensor(...)``,
+    lifted under its FQN in ``fqns``) is read from ``model``, which the runner has
+    materialized with the author's values."""
     out = {}
     for name, value in constants.items():
+        if value.is_meta and model is not None and (fqns or {}).get(name):
+            held = _attribute(model, str((fqns or {})[name]))
+            value = held if held is not None and not held.is_meta else value
         node = next((n for n in gm.graph.nodes if n.name == name), None)
         val = node.meta.get("val") if node is not None else None
         if value.is_meta:
@@ -177,6 +183,15 @@ def _lifted_values(gm: torch.fx.GraphModule, constants: Mapping[str, torch.Tenso
         on_cpu = isinstance(val, torch.Tensor) and val.device.type == "cpu"
         out[name] = value if on_cpu else value.to(device)
     return out
+
+
+def _attribute(model: nn.Module, fqn: str) -> torch.Tensor | None:
+    owner, _, attr = fqn.rpartition(".")
+    try:
+        value = getattr(model.get_submodule(owner) if owner else model, attr, None)
+    except AttributeError:
+        return None
+    return value if isinstance(value, torch.Tensor) else None
 
 
 class GraphExecutor:
@@ -221,6 +236,7 @@ class GraphExecutor:
         varying_inputs: Collection[str] = (),
         fixed_shapes: str = "",
         constants: Mapping[str, torch.Tensor] | None = None,
+        constant_fqns: Mapping[str, str] | None = None,
     ) -> None:
         # the batch inputs the compile found may change shape by step (the plan's
         # model.varying_inputs, gemc.shape_stability), and why none may where it said so
@@ -270,7 +286,7 @@ class GraphExecutor:
                 node.meta[ir.PARAM] = param_fqns[node.name]
             elif node.op == "placeholder" and node.name in constants:
                 node.meta[ir.PARAM] = node.name  # fed like a buffer (see below)
-        lifted = _lifted_values(gm, constants, device)
+        lifted = _lifted_values(gm, constants, device, model, constant_fqns or {})
         param_fqns = {**param_fqns, **{name: name for name in lifted}}
         # the batch's inputs as captured: (name, shape), in the batch's order
         self.input_shapes = [(n.name, tuple(n.meta["val"].shape)) for n in gm.graph.nodes

@@ -231,7 +231,7 @@ def init_dense_(
     skip = set(skip)
     report = report or InitReport()
     devices = _cuda_devices(model)
-    needs: dict[str, torch.Tensor] = {}
+    needs = _plain_tensors_on_meta_(model, skip)
     for name, module in model.named_modules():
         if _in(name, skip) or not _owns_state(module):
             continue
@@ -260,6 +260,33 @@ def init_dense_(
     return report
 
 
+def plain_tensors(model: nn.Module, skip: Iterable[str] = ()) -> dict[str, torch.Tensor]:
+    """FQN -> each tensor a module holds as a plain attribute (``self.li = torch.tensor(
+    [...])`` in ``__init__``: neither a parameter nor a registered buffer)."""
+    skip = set(skip)
+    return {f"{name}.{attr}" if name else attr: value
+            for name, module in model.named_modules() if not _in(name, skip)
+            for attr, value in vars(module).items()
+            if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter)}
+
+
+def _plain_tensors_on_meta_(model: nn.Module, skip: set[str]) -> dict[str, torch.Tensor]:
+    """Give each plain tensor attribute the model's build left on meta (gemc builds on
+    meta, and ``to_empty`` allocates only parameters and buffers) an empty tensor on the
+    model's device, to take the author's value: left on meta, the forward read it as
+    garbage (DLRM ports' ``Z[:, self.li, self.lj]`` gave a loss outside [0, 1])."""
+    device = next((t.device for t in (*model.parameters(), *model.buffers())
+                   if not t.is_meta), torch.device("cpu"))
+    out = {}
+    for fqn, value in plain_tensors(model, skip).items():
+        if value.is_meta:
+            owner, _, attr = fqn.rpartition(".")
+            real = torch.empty(value.shape, dtype=value.dtype, device=device)
+            setattr(model.get_submodule(owner) if owner else model, attr, real)
+            out[fqn] = real
+    return out
+
+
 def _copy_author_values_(
     needs: dict[str, torch.Tensor],
     author_build: Callable[[], nn.Module | Mapping[str, torch.Tensor]] | None,
@@ -275,6 +302,7 @@ def _copy_author_values_(
     source = real if isinstance(real, Mapping) else {
         **dict(real.named_parameters(remove_duplicate=False)),
         **dict(real.named_buffers(remove_duplicate=False)),
+        **plain_tensors(real),
     }
     for fqn, t in needs.items():
         value = source.get(fqn)

@@ -514,6 +514,7 @@ def _run(
             varying_inputs=plan["model"].get("varying_inputs") or (),
             fixed_shapes=str(plan["model"].get("fixed_shapes") or ""),
             constants=captured.constants,
+            constant_fqns=captured.constant_fqns,
         )
         applied_kernels += [str(k.get("name", k["kind"])) for k in graph_kernels
                             if str(k.get("name")) not in forward.not_applied]
