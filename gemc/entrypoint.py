@@ -173,7 +173,7 @@ def build_spec(
     on_meta = torch.device(device).type == "meta"
     fills = FillRecorder()
     try:
-        with torch.device(device), _skip_init_on_meta(fills), \
+        with torch.device(device), _skip_init_on_meta(fills), _given_weights(fills), \
                 stay_on_meta(fills=fills) if on_meta else _nothing():
             spec = fn(**kwargs)
     except GemcUserError:
@@ -261,6 +261,33 @@ def _tables_on_meta(shapes: set[tuple[int, int]]) -> Iterator[None]:
 
     for cls, init in originals.items():
         cls.__init__ = wrap(cls, init)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        for cls, init in originals.items():
+            cls.__init__ = init  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def _given_weights(fills: FillRecorder) -> Iterator[None]:
+    """Note the ``_weight=`` an ``nn.Embedding``/``nn.EmbeddingBag`` is built with
+    (``from_pretrained`` passes its vectors so): their values are the author's data."""
+    classes = (torch.nn.Embedding, torch.nn.EmbeddingBag)
+    originals = {cls: cls.__init__ for cls in classes}
+
+    def wrap(init: Callable[..., None]) -> Callable[..., None]:
+        sig = inspect.signature(init)
+
+        @functools.wraps(init)
+        def noting_init(self: Any, *args: Any, **kwargs: Any) -> None:
+            init(self, *args, **kwargs)
+            if sig.bind(self, *args, **kwargs).arguments.get("_weight") is not None:
+                fills.note_given(self.weight, f"{type(self).__name__}(_weight=...)")
+
+        return noting_init
+
+    for cls, init in originals.items():
+        cls.__init__ = wrap(init)  # type: ignore[method-assign]
     try:
         yield
     finally:

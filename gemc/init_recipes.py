@@ -37,7 +37,9 @@ _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 @dataclass(frozen=True)
 class Recipe:
     """One elementwise initial distribution: ``normal`` (a = mean, b = std), ``uniform``
-    (a = low, b = high), ``constant`` (a = value), or ``unknown`` (``call`` names it)."""
+    (a = low, b = high), ``constant`` (a = value); ``given``: values the build passed in
+    (``nn.Embedding.from_pretrained(vectors)``, ``_weight=``, ``w.data.copy_(vectors)``),
+    which only the author's build has; or ``unknown`` (``call`` names it)."""
 
     kind: str
     a: float = 0.0
@@ -52,6 +54,8 @@ class Recipe:
             return f"U({self.a:g}, {self.b:g})"
         if self.kind == "constant":
             return f"constant {self.a:g}"
+        if self.kind == "given":
+            return f"values given by the build ({self.call})"
         return f"{self.call} (not an elementwise distribution)"
 
 
@@ -79,6 +83,8 @@ def recipe_of(call: str, tensor: torch.Tensor, args: tuple[Any, ...],
     if call in ("constant_", "fill_"):
         return Recipe("constant", float(_arg(args, kwargs, 0, "val" if "val" in kwargs else "value", 0.0)),
                       call=call)
+    if call == "copy_":
+        return Recipe("given", call="copy_")
     if call in ("zeros_", "zero_"):
         return Recipe("constant", 0.0, call=call)
     if call == "ones_":
@@ -138,8 +144,16 @@ class FillRecorder:
         if key is None or tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size():
             return  # a part of a tensor (the padding row's zeroing): not its recipe
         recipe = recipe_of(call, tensor, tuple(args), dict(kwargs))
-        self.fills[key] = Recipe(recipe.kind, recipe.a, recipe.b, recipe.call,
-                                 _called_by_author())
+        by_author = _called_by_author()
+        if recipe.kind == "given" and not by_author:
+            return  # a copy inside torch (a module's own build), no author's data
+        self.fills[key] = Recipe(recipe.kind, recipe.a, recipe.b, recipe.call, by_author)
+
+    def note_given(self, tensor: Any, call: str) -> None:
+        """``tensor``'s values were handed in by the model's code (pretrained vectors)."""
+        key = _storage_key(tensor) if isinstance(tensor, torch.Tensor) else None
+        if key is not None:
+            self.fills[key] = Recipe("given", call=call, by_author=True)
 
     def recipes(self, model: torch.nn.Module) -> dict[str, Recipe]:
         """Parameter / buffer FQN -> its recipe, for those the build filled."""
@@ -152,5 +166,5 @@ class FillRecorder:
         return out
 
 
-IN_PLACE_FILLS = ("uniform_", "normal_", "fill_", "zero_")
+IN_PLACE_FILLS = ("uniform_", "normal_", "fill_", "zero_", "copy_")
 """Tensor methods the build may fill a weight with directly (``w.data.normal_(0, 0.01)``)."""

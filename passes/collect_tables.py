@@ -11,6 +11,8 @@ The runner shards a table by swapping the module that owns it (``emb`` for
   ``nn.Parameter``), or one tied to another name (``out.weight = emb.weight``: the swap
   would leave the other name on the old tensor), is no table: it stays a dense parameter,
   priced as a gather (a warning says so, and how to have it sharded);
+* a frozen table (``requires_grad=False``: pretrained content vectors) stays the model's
+  dense module too: the sharded tables' optimizers would train it;
 * a table whose lookup changes its training beyond gather-and-pool stays a dense parameter
   too (the module is left as written, its gradient all-reduced like any dense weight):
   ``scale_grad_by_freq`` divides each row's gradient by its count in *that rank's* batch,
@@ -34,6 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+import torch
 from gemc.passes.classify_ops import op_name
 from torch import fx
 from torch.fx.passes.infra.pass_base import PassResult
@@ -101,6 +104,11 @@ def renormed_weights(gm: fx.GraphModule) -> dict[fx.Node, fx.Node]:
 
 def _dense_only(node: fx.Node, renorm: fx.Node | None) -> str | None:
     """Why the lookup ``node`` must stay the model's own dense module, or None."""
+    weight = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None
+    if isinstance(weight, torch.Tensor) and not weight.requires_grad:
+        return ("is frozen (requires_grad=False, e.g. nn.Embedding.from_pretrained(..., "
+                "freeze=True)), where a sharded table and its fused optimizer update every "
+                "row a step looks up")
     # aten.embedding and aten.embedding_bag alike take it fourth
     if _arg(node, 3, "scale_grad_by_freq", False):
         return ("uses scale_grad_by_freq (each row's gradient divided by its count in one "
@@ -169,8 +177,9 @@ class CollectTables:
                         _refuse_renorm_on_ranks(renorm, fqn, ctx)
                     ctx.warn(
                         f"collect-tables: '{fqn}' {dense_only}: it stays the model's dense "
-                        "nn.Embedding (replicated, trained by the dense optimizer, not "
-                        "sharded); to shard it, leave that option out of the table")
+                        "nn.Embedding (replicated on every rank, not sharded; its gradient, "
+                        "if any, goes to the dense optimizer); to shard it, change what "
+                        "this names")
                     continue
                 tied = ctx.param_aliases.get(fqn, ())
                 if tied or not _owner_call(node, fqn):

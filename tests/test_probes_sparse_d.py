@@ -30,6 +30,12 @@ Triton interpreted) and on two gloo ranks. What each probe found:
   in ``__init__``, not buffers): left on meta by the meta build and ``to_empty``, the
   forward gathered garbage (module mode) and graph mode had no value. Now they take the
   author's build's values, and graph mode reads them from the materialized model.
+* Frozen and pretrained tables (frozen.py): ``requires_grad_(False)`` and
+  ``from_pretrained(vectors, freeze=True)`` were sharded and trained anyway (the tables'
+  optimizers update every looked-up row), and ``from_pretrained``'s vectors were replaced
+  by an N(0, 1) fill. Now a frozen table stays the model's dense module (a warning says
+  so) and a table built from given values (``_weight=``, ``from_pretrained``) starts from
+  them, each shard its slice, taken from the author's build.
 * Matched eager as written (pinned here on two ranks, some re-sharded by hand): a
   hand-written KeyedJaggedTensor split by ``torch.split(values, lengths.sum(...).tolist())``
   with one table shared by two features (row-wise), TorchRec's ``Batch`` dataclass with
@@ -80,6 +86,7 @@ PLE = (f"{PROBES / 'ple_reg.py'}:build", {})
 OPNN = (f"{PROBES / 'torchfm.py'}:build", {"arch": "opnn"})
 FFM = (f"{PROBES / 'torchfm.py'}:build", {"arch": "ffm"})
 DLRM_ATTR = (f"{PROBES / 'dlrm_interaction.py'}:build", {"index": "attribute"})
+FROZEN = f"{PROBES / 'frozen.py'}:build"
 DEEPFM = (f"{REPO / 'tests' / 'models' / 'probes_b' / 'deepctr.py'}:build", {"arch": "deepfm"})
 STEPS = 3
 
@@ -157,6 +164,30 @@ def test_a_plain_tensor_attribute_gets_the_authors_values() -> None:
         [0, 0, 1, 0, 1, 2]
 
 
+def test_frozen_and_pretrained_tables_start_and_stay_as_eager() -> None:
+    """``requires_grad_(False)`` on a table and ``from_pretrained(vectors, freeze=True)``:
+    the runner trained both (its tables' optimizers update every looked-up row) and drew
+    the pretrained vectors N(0, 1). Now a frozen table stays the model's dense module and
+    a table built from given values takes them from the author's build."""
+    from gemc.backends.torch.reference import ReferenceTrainer
+
+    plan = gemc_compile(FROZEN, {"freeze": "requires_grad"}, topology="h200:1x8")
+    assert "tags.weight" not in {t["fqn"] for t in plan["tables"]}
+    assert any("'tags.weight' is frozen" in w for w in plan["warnings"]), plan["warnings"]
+    _one_rank((FROZEN, {"freeze": "requires_grad"}),
+              gemc_compile(FROZEN, {"freeze": "requires_grad"}, topology="h200:1x1"),
+              kernels=False)
+    vectors = torch.randn(30, 4, generator=torch.Generator().manual_seed(5)) * 0.1
+    spec = load_model(FROZEN, {"freeze": "from_pretrained"})
+    assert spec.init_recipes["content.weight"].kind == "given"
+    trainer = ReferenceTrainer(spec, table_modules=["item", "tags"])
+    trainer.step(0)
+    assert torch.equal(spec.model.content.weight.detach(), vectors)
+    trainable = load_model(FROZEN, {"freeze": "trainable"})
+    ReferenceTrainer(trainable)  # a table: drawn from the given values, shard by shard
+    assert torch.equal(trainable.model.content.weight.detach(), vectors)
+
+
 def test_a_meta_device_argument_runs_on_the_run_device() -> None:
     from gemc.backends.triton.graph_runner import on_run_device
 
@@ -212,6 +243,7 @@ TWO_RANKS = (
     ("ple_bce_mse", PLE, None),
     ("ffm_row_wise", FFM, "row_wise"),
     ("dlrm_attribute", DLRM_ATTR, None),
+    ("pretrained_row_wise", (FROZEN, {"freeze": "trainable"}), "row_wise"),
 )
 
 

@@ -235,13 +235,27 @@ class ShardedEmbedding(nn.Module):
     # -- initialization --------------------------------------------------------------
 
     @torch.no_grad()
-    def reset_parameters(self) -> None:
-        """Fill the local shard with its slice of the deterministic whole-table init (a
-        bf16 / fp8 shard: that slice rounded to nearest, fp8 with one scale per row)."""
+    def reset_parameters(self, given: torch.Tensor | None = None) -> None:
+        """Fill the local shard with its slice of the deterministic whole-table init, or of
+        ``given``, the whole table's values from the author's build (pretrained vectors);
+        a bf16 / fp8 shard: that slice rounded to nearest, fp8 with one scale per row."""
         if self.weight is None or self.local is None:
             return
         values = self.weight if self.precision == "fp32" else torch.empty(
             self.weight.shape, device=self.weight.device)
+        if given is not None:
+            loc = self.local
+            values.copy_(given[loc.row_offset:loc.row_offset + loc.rows,
+                               loc.col_offset:loc.col_offset + loc.cols])
+        else:
+            self._fill(values)
+        if self.precision != "fp32":
+            stored, scale = quantize_rows(values, self.precision, stochastic=False)
+            self.weight.copy_(stored)
+            self.row_scale = scale
+
+    def _fill(self, values: torch.Tensor) -> None:
+        assert self.local is not None
         fill_table_slice_(
             values,
             fqn=self.fqn,
@@ -253,10 +267,6 @@ class ShardedEmbedding(nn.Module):
             padding_idx=self.padding_idx,
             recipe=self.init_recipe,
         )
-        if self.precision != "fp32":
-            stored, scale = quantize_rows(values, self.precision, stochastic=False)
-            self.weight.copy_(stored)
-            self.row_scale = scale
 
     # -- low-precision storage -------------------------------------------------------
 

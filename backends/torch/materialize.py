@@ -161,6 +161,8 @@ def materialize_(
         snapshot = real_dense_state(model, skip=table_modules)
         if snapshot:
             author = _Snapshot(snapshot)
+    if author is not None:
+        author = _Once(author)  # the dense part's values and given tables': one build
     _to_empty_keeping_ties(model, device)
     recipes = dict(recipes or {})
     report = init_dense_(model, seed, skip=table_modules, author_build=author,
@@ -170,17 +172,23 @@ def materialize_(
         report.tables += 1
         report.numel[TABLE] += module.weight.numel() if module.weight is not None else 0
         recipe = recipes.get(f"{name}.weight")
-        if recipe is not None and recipe.kind == "unknown":
+        given = _given_values(author, f"{name}.weight") \
+            if recipe is not None and recipe.kind == "given" else None
+        if recipe is not None and recipe.kind in ("unknown", "given") and given is None:
             warnings.warn(
                 f"gemc: table '{name}.weight' is initialised by the model with "
-                f"{recipe.describe()}; the runner cannot draw that shard by shard and fills "
-                "it N(0, 1) instead (initialise it with an elementwise distribution, e.g. "
-                "nn.init.normal_ / uniform_ / xavier_uniform_, to start where eager does)",
-                stacklevel=2)
+                f"{recipe.describe()}; the runner cannot draw that shard by shard (nor "
+                "find the values in the model's build for real) and fills it N(0, 1) "
+                "instead (initialise it with an elementwise distribution, e.g. "
+                "nn.init.normal_ / uniform_ / xavier_uniform_, or pass pretrained values "
+                "as nn.Embedding.from_pretrained(vectors) / _weight=, to start where eager "
+                "does)", stacklevel=2)
             recipe = None
         if isinstance(module, ShardedEmbedding):
             module.init_recipe = recipe
-            module.reset_parameters()
+            module.reset_parameters(given)
+        elif given is not None:
+            module.weight.data.copy_(given)
         else:
             weight = module.weight
             fill_table_slice_(
@@ -216,6 +224,29 @@ def _to_empty_keeping_ties(model: nn.Module, device: torch.device | str) -> None
         (first, kind, attr), rest = group[0], group[1:]
         for module, other_kind, other_attr in rest:
             getattr(module, other_kind)[other_attr] = getattr(first, kind)[attr]
+
+
+class _Once:
+    """An author's build, run at most once (its dense values and any given tables')."""
+
+    def __init__(self, build: Any) -> None:
+        self.build, self.description = build, getattr(build, "description", None)
+        self.value: Any = None
+
+    def __call__(self) -> Any:
+        if self.value is None:
+            self.value = self.build()
+        return self.value
+
+
+def _given_values(author: Any, fqn: str) -> torch.Tensor | None:
+    """The values the author's build hands table ``fqn`` (``from_pretrained``), or None."""
+    if author is None:
+        return None
+    real = author()
+    value = real.get(fqn) if isinstance(real, Mapping) else \
+        dict(real.named_parameters(remove_duplicate=False)).get(fqn)
+    return None if value is None or value.is_meta else value.detach()
 
 
 class _Snapshot:
