@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gemc.spec import ModelSpec
+from tests.models.probes_d.common import seeded_batch, spec_of
 
 B, DIM, RANK, EXPERTS, LAYERS = 8, 4, 2, 3, 2
 FIELDS = (30, 20, 10)
@@ -83,15 +84,11 @@ class DCNMix(nn.Module):
 
 
 def make_batch(step: int, device: torch.device | str) -> tuple[torch.Tensor, ...]:
-    g = torch.Generator().manual_seed(400 + step)
-    with torch.device("cpu"):
-        batch = (torch.stack([torch.randint(0, r, (B,), generator=g) for r in FIELDS], 1),
-                 torch.randn(B, N_DENSE, generator=g),
-                 (torch.rand(B, generator=g) < 0.3).float())
-    return tuple(t.to(device) for t in batch)
+    return seeded_batch(400 + step, device, lambda g: (
+        torch.stack([torch.randint(0, r, (B,), generator=g) for r in FIELDS], 1),
+        torch.randn(B, N_DENSE, generator=g), (torch.rand(B, generator=g) < 0.3).float()))
 
 
 def build(structure: str = "parallel") -> ModelSpec:
     torch.manual_seed(0)
-    return ModelSpec(model=DCNMix(structure), example_inputs=make_batch(0, "cpu"),
-                     make_batch=make_batch, batch_size=B)
+    return spec_of(DCNMix(structure), make_batch, B)

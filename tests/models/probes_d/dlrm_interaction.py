@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gemc.spec import ModelSpec
+from tests.models.probes_d.common import seeded_batch, spec_of
 
 B, DIM, L = 8, 4, 3
 TABLES = (20, 15, 10)
@@ -62,15 +63,12 @@ class DLRM(nn.Module):
 
 
 def make_batch(step: int, device: torch.device | str) -> tuple[torch.Tensor, ...]:
-    g = torch.Generator().manual_seed(1100 + step)
-    with torch.device("cpu"):
-        dense = torch.rand(B, 3, generator=g)
-        ids = torch.stack([torch.randint(0, n, (B, L), generator=g) for n in TABLES])
-        target = (torch.rand(B, generator=g) < 0.3).float()
-    return dense.to(device), ids.to(device), target.to(device)
+    return seeded_batch(1100 + step, device, lambda g: (
+        torch.rand(B, 3, generator=g),
+        torch.stack([torch.randint(0, n, (B, L), generator=g) for n in TABLES]),
+        (torch.rand(B, generator=g) < 0.3).float()))
 
 
 def build(index: str = "forward") -> ModelSpec:
     torch.manual_seed(0)
-    return ModelSpec(model=DLRM(index), example_inputs=make_batch(0, "cpu"),
-                     make_batch=make_batch, batch_size=B)
+    return spec_of(DLRM(index), make_batch, B)

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gemc.spec import ModelSpec
+from tests.models.probes_d.common import seeded_batch, spec_of
 
 B, DIM, L = 8, 4, 3
 ITEMS, TAGS = 30, 12
@@ -42,15 +43,11 @@ class ContentModel(nn.Module):
 
 
 def make_batch(step: int, device: torch.device | str) -> tuple[torch.Tensor, ...]:
-    g = torch.Generator().manual_seed(1200 + step)
-    with torch.device("cpu"):
-        batch = (torch.randint(0, ITEMS, (B,), generator=g),
-                 torch.randint(0, TAGS, (B, L), generator=g),
-                 (torch.rand(B, generator=g) < 0.4).float())
-    return tuple(t.to(device) for t in batch)
+    return seeded_batch(1200 + step, device, lambda g: (
+        torch.randint(0, ITEMS, (B,), generator=g), torch.randint(0, TAGS, (B, L), generator=g),
+        (torch.rand(B, generator=g) < 0.4).float()))
 
 
 def build(freeze: str = "from_pretrained") -> ModelSpec:
     torch.manual_seed(0)
-    return ModelSpec(model=ContentModel(freeze), example_inputs=make_batch(0, "cpu"),
-                     make_batch=make_batch, batch_size=B)
+    return spec_of(ContentModel(freeze), make_batch, B)

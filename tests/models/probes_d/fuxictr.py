@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gemc.spec import ModelSpec
+from tests.models.probes_d.common import spec_of
 
 B, DIM = 8, 4
 FIELDS = (25, 15, 10, 6)
@@ -195,7 +196,6 @@ def make_batch(step: int, device: torch.device | str) -> tuple[torch.Tensor, tor
 
 def build(arch: str = "fibinet", bilinear_type: str = "field_interaction") -> ModelSpec:
     torch.manual_seed(0)
-    return ModelSpec(model=Model(arch, bilinear_type), example_inputs=make_batch(0, "cpu"),
-                     make_batch=make_batch, batch_size=B)
+    return spec_of(Model(arch, bilinear_type), make_batch, B)
 
 

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gemc.spec import ModelSpec
+from tests.models.probes_d.common import spec_of
 
 B, DIM, H = 8, 4, 8
 FIELDS = (30, 20, 8)
@@ -90,5 +91,4 @@ def make_batch(step: int, device: torch.device | str) -> tuple[torch.Tensor, ...
 
 def build(weights: tuple[float, float] = (1.0, 0.3), buffer_weight: bool = True) -> ModelSpec:
     torch.manual_seed(0)
-    return ModelSpec(model=PLE(tuple(weights), buffer_weight), example_inputs=make_batch(0, "cpu"),
-                     make_batch=make_batch, batch_size=B)
+    return spec_of(PLE(tuple(weights), buffer_weight), make_batch, B)

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gemc.spec import ModelSpec
+from tests.models.probes_d.common import spec_of
 
 B, DIM = 8, 4
 FIELD_DIMS = (12, 9, 7, 5)
@@ -154,5 +155,4 @@ def make_batch(step: int, device: torch.device | str) -> tuple[torch.Tensor, tor
 
 def build(arch: str = "ffm") -> ModelSpec:
     torch.manual_seed(0)
-    return ModelSpec(model=Model(arch), example_inputs=make_batch(0, "cpu"),
-                     make_batch=make_batch, batch_size=B)
+    return spec_of(Model(arch), make_batch, B)
