@@ -42,7 +42,9 @@ Triton interpreted) and on two gloo ranks. What each probe found:
   the KJT registered as a pytree, ``padding_idx`` in the middle of a table (row-wise, the
   padding row in rank 1's shard), mixed dims, ``ids % buckets`` hashing, a 2-D
   ``EmbeddingBag`` with per-sample weights, DCN-Mix, FuxiCTR's FiBiNET / CIN / FinalMLP
-  PLE with ``w * BCE + w * MSE``, DLRM's interaction with ``li``/``lj`` built in forward or
+  PLE with ``w * BCE + w * MSE``, MMoE with learned-uncertainty loss weights over dict
+  features and labels and an ``EmbeddingBag(mode="mean", padding_idx=0)`` (whose MSE
+  loss's ``aten.broadcast_tensors`` was an op of unknown kind: now a view), DLRM's interaction with ``li``/``lj`` built in forward or
   by ``torch.tril_indices``.
 * Not fixed: a graph mode constant the meta build lost and no attribute holds (a tensor
   built from a meta tensor's values) is refused by name; ``padding_idx`` rows are zeroed
@@ -87,6 +89,7 @@ OPNN = (f"{PROBES / 'torchfm.py'}:build", {"arch": "opnn"})
 FFM = (f"{PROBES / 'torchfm.py'}:build", {"arch": "ffm"})
 DLRM_ATTR = (f"{PROBES / 'dlrm_interaction.py'}:build", {"index": "attribute"})
 FROZEN = f"{PROBES / 'frozen.py'}:build"
+MMOE = (f"{PROBES / 'mmoe_uncertainty.py'}:build", {})
 DEEPFM = (f"{REPO / 'tests' / 'models' / 'probes_b' / 'deepctr.py'}:build", {"arch": "deepfm"})
 STEPS = 3
 
@@ -188,6 +191,13 @@ def test_frozen_and_pretrained_tables_start_and_stay_as_eager() -> None:
     assert torch.equal(trainable.model.content.weight.detach(), vectors)
 
 
+def test_mse_loss_is_priced_as_known_ops() -> None:
+    """``nn.MSELoss`` decomposes through ``aten.broadcast_tensors``, which was an op of
+    unknown kind (a warning on every multi-task model with a regression head)."""
+    plan = gemc_compile(*MMOE, topology="h200:1x1")
+    assert not [w for w in plan["warnings"] if "unknown kind" in w], plan["warnings"]
+
+
 def test_a_meta_device_argument_runs_on_the_run_device() -> None:
     from gemc.backends.triton.graph_runner import on_run_device
 
@@ -244,6 +254,7 @@ TWO_RANKS = (
     ("ffm_row_wise", FFM, "row_wise"),
     ("dlrm_attribute", DLRM_ATTR, None),
     ("pretrained_row_wise", (FROZEN, {"freeze": "trainable"}), "row_wise"),
+    ("mmoe_uncertainty", MMOE, None),
 )
 
 
