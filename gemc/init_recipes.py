@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -46,6 +46,16 @@ class Recipe:
     b: float = 0.0
     call: str = ""
     by_author: bool = False
+    # a fill of a part of the tensor came after this one: nn.Embedding's reset zeroes its
+    # padding row so; an author's whole-table fill afterwards leaves that row drawn
+    part_after: bool = False
+
+    def zeroes_padding_row(self) -> bool:
+        """Whether the table's padding row starts at zero: unless the author filled the
+        whole table after the module's reset zeroed it (RecBole's ``_init_weights``
+        ``weight.data.normal_(0, 0.02)`` on an ``nn.Embedding(padding_idx=0)``) and wrote
+        no part of it afterwards."""
+        return not self.by_author or self.part_after
 
     def describe(self) -> str:
         if self.kind == "normal":
@@ -141,8 +151,13 @@ class FillRecorder:
         if not isinstance(tensor, torch.Tensor) or tensor.numel() == 0:
             return
         key = _storage_key(tensor)
-        if key is None or tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size():
-            return  # a part of a tensor (the padding row's zeroing): not its recipe
+        if key is None:
+            return
+        if tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size():
+            # a part of a tensor (the padding row's zeroing): not its recipe, but after it
+            if key in self.fills:
+                self.fills[key] = replace(self.fills[key], part_after=True)
+            return
         recipe = recipe_of(call, tensor, tuple(args), dict(kwargs))
         by_author = _called_by_author()
         if recipe.kind == "given" and not by_author:

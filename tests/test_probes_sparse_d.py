@@ -26,6 +26,9 @@ Triton interpreted) and on two gloo ranks. What each probe found:
   gemc trained from other weights than eager (FFM's first loss 1.68 instead of ~0.69),
   unseen by any loss comparison. Now tables are drawn from the build's recipe
   (gemc.init_recipes) and an author-initialised dense weight keeps the author's value.
+  RecBole's ``_init_weights`` redraws an ``nn.Embedding(padding_idx=0)``'s padding row,
+  which eager then returns at padding ids: the row is kept drawn, and a sharded
+  ``nn.Embedding`` (whose exchange drops padding ids) puts it back at those positions.
 * A DLRM port's index lists as plain tensor attributes (``self.li = torch.tensor(...)``
   in ``__init__``, not buffers): left on meta by the meta build and ``to_empty``, the
   forward gathered garbage (module mode) and graph mode had no value. Now they take the
@@ -48,7 +51,8 @@ Triton interpreted) and on two gloo ranks. What each probe found:
   by ``torch.tril_indices``.
 * Not fixed: a graph mode constant the meta build lost and no attribute holds (a tensor
   built from a meta tensor's values) is refused by name; ``padding_idx`` rows are zeroed
-  even where the author's own init overwrote them after the module's reset.
+  only where no part-write follows the author's whole-table fill (a write to another
+  row after it would keep the padding row zeroed).
 """
 
 from __future__ import annotations
@@ -228,6 +232,14 @@ def test_the_authors_initialisation_is_where_training_starts() -> None:
                              dim=4, row_offset=20, col_offset=0, seed=0, recipe=recipe)
     assert torch.equal(rows, table[20:30])  # a shard draws its slice of the same table
 
+    # RecBole's _init_weights redraws a padding_idx=0 table's padding row too: eager looks
+    # it up as drawn (an nn.Embedding's forward), gemc zeroed it
+    init_pad = load_model(IDIOMS, {"variant": "init_pad"})
+    assert not init_pad.init_recipes["tags.weight"].zeroes_padding_row()
+    assert load_model(*PAD).init_recipes["emb.user.weight"].zeroes_padding_row()
+    ReferenceTrainer(init_pad)
+    assert init_pad.model.tags.weight[0].abs().min() > 0
+
     deepfm = load_model(*DEEPFM)
     trainer = ReferenceTrainer(deepfm)
     model = deepfm.model.model
@@ -255,6 +267,7 @@ TWO_RANKS = (
     ("dlrm_attribute", DLRM_ATTR, None),
     ("pretrained_row_wise", (FROZEN, {"freeze": "trainable"}), "row_wise"),
     ("mmoe_uncertainty", MMOE, None),
+    ("init_pad_row_wise", (IDIOMS, {"variant": "init_pad"}), "row_wise"),
 )
 
 

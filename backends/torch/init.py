@@ -19,7 +19,8 @@ RNG. Instead every value is a pure function of ``(seed, name)``:
 Values are drawn from the distribution the author's build gives the table
 (gemc.init_recipes: ``nn.init.xavier_uniform_``, ``normal_(std=1e-4)``, ``w.data.uniform_``),
 N(0, 1) like ``nn.Embedding``/``nn.EmbeddingBag``'s default otherwise, with the
-``padding_idx`` row zeroed. They depend on the device type (CPU and CUDA generators
+``padding_idx`` row zeroed (unless the author's fill of the whole table came after the
+module zeroed it, as in eager). They depend on the device type (CPU and CUDA generators
 differ), never on the number of ranks.
 """
 
@@ -78,7 +79,8 @@ def fill_table_slice_(
         out[lo - row_offset : hi - row_offset].copy_(
             values[lo - b0 : hi - b0, col_offset : col_offset + nc]
         )
-    if padding_idx is not None and row_offset <= padding_idx < row_offset + nr:
+    if padding_idx is not None and row_offset <= padding_idx < row_offset + nr and (
+            recipe is None or recipe.zeroes_padding_row()):
         out[padding_idx - row_offset].zero_()
     return out
 

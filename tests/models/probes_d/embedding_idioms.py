@@ -10,6 +10,9 @@ One small model (a few categorical fields, their embeddings concatenated into an
 * ``mixed_dims``: a different embedding dim per field (8, 6, 3), concatenated;
 * ``hash``: raw int64 ids (up to 2**40) hashed into buckets by ``ids % num_buckets`` in
   forward (the hashing trick, a bucket count per field);
+* ``init_pad``: RecBole's ``self.apply(self._init_weights)`` (``weight.data.normal_(0,
+  0.02)`` on every ``nn.Embedding``, padding row included) on tables with ``padding_idx=0``,
+  and a padded multi-hot field summed without a mask (the drawn padding row is in the sum);
 * ``psw2d``: ``nn.EmbeddingBag(mode="sum")`` over a 2-D ``[B, L]`` id matrix (no offsets) with
   per-sample weights from the batch (a weighted multi-hot field, e.g. tag scores).
 """
@@ -25,7 +28,7 @@ from gemc.spec import ModelSpec
 B, L = 8, 4
 FIELDS = {"user": 30, "item": 40, "cate": 12}
 DIMS = {"user": 8, "item": 6, "cate": 3}
-VARIANTS = ("max_norm", "freq", "pad_middle", "mixed_dims", "hash", "psw2d")
+VARIANTS = ("max_norm", "freq", "pad_middle", "mixed_dims", "hash", "psw2d", "init_pad")
 BIG = 2 ** 40
 
 
@@ -42,16 +45,28 @@ class CriteoStyle(nn.Module):
         for f, rows in FIELDS.items():
             if variant == "pad_middle":
                 self.emb[f] = nn.Embedding(rows, dims[f], padding_idx=rows // 2)
+            elif variant == "init_pad":
+                self.emb[f] = nn.Embedding(rows, dims[f], padding_idx=0)
             else:
                 self.emb[f] = nn.Embedding(rows, dims[f], **kw)
         width = sum(dims.values())
         if variant == "freq":
             self.tags = nn.Embedding(20, 4, scale_grad_by_freq=True)
             width += 4
+        if variant == "init_pad":
+            self.tags = nn.Embedding(20, 4, padding_idx=0)
+            width += 4
         if variant == "psw2d":
             self.tags = nn.EmbeddingBag(20, 4, mode="sum")
             width += 4
         self.mlp = nn.Sequential(nn.Linear(width, 16), nn.ReLU(), nn.Linear(16, 1))
+        if variant == "init_pad":
+            self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Embedding):
+            module.weight.data.normal_(mean=0.0, std=0.02)
 
     def forward(self, ids: torch.Tensor, tags: torch.Tensor, tag_w: torch.Tensor,
                 label: torch.Tensor) -> torch.Tensor:
@@ -61,7 +76,7 @@ class CriteoStyle(nn.Module):
             if self.variant == "hash":
                 col = col % self.buckets[f]
             embs.append(table(col))
-        if self.variant == "freq":
+        if self.variant in ("freq", "init_pad"):
             embs.append(self.tags(tags).sum(1))
         if self.variant == "psw2d":
             embs.append(self.tags(tags, per_sample_weights=tag_w))
