@@ -228,6 +228,9 @@ def test_the_authors_initialisation_is_where_training_starts() -> None:
     ReferenceTrainer(ffm)
     table = ffm.model.ffm.embeddings[0].weight.detach()
     assert table.abs().max() <= bound and table.std() > bound / 2, table.std()
+    # the precision probe folds and resets tables: it takes no author's value for them
+    plan = gemc_compile(*FFM, topology="h200:1x1")
+    assert not [w for w in plan["warnings"] if "no precision probe" in w], plan["warnings"]
     rows = fill_table_slice_(torch.empty(10, 4), fqn="ffm.embeddings.0.weight", rows=33,
                              dim=4, row_offset=20, col_offset=0, seed=0, recipe=recipe)
     assert torch.equal(rows, table[20:30])  # a shard draws its slice of the same table

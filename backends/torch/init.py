@@ -27,6 +27,7 @@ differ), never on the number of ranks.
 from __future__ import annotations
 
 import hashlib
+import warnings
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -234,6 +235,7 @@ def init_dense_(
     report = report or InitReport()
     devices = _cuda_devices(model)
     needs = _plain_tensors_on_meta_(model, skip)
+    optional: set[str] = set()
     for name, module in model.named_modules():
         if _in(name, skip) or not _owns_state(module):
             continue
@@ -247,9 +249,11 @@ def init_dense_(
         if fn is not None:
             poisoned = {fqn: _poison_(t.data) for fqn, t in own}
             _reset_under_seed(fn, seed, name, devices, seed_for)
-            left = [(fqn, t) for fqn, t in own if not poisoned[fqn] or _still_poisoned(t.data)
-                    or fqn in author_init]
-            unwritten = {fqn for fqn, _ in left}
+            unwritten = {fqn for fqn, t in own if not poisoned[fqn] or _still_poisoned(t.data)}
+            # written by the reset, but the author's build wrote it again: the author's
+            # value where that build has one, else the reset's (a warning says so)
+            optional |= {fqn for fqn, _ in own if fqn in author_init and fqn not in unwritten}
+            left = [(fqn, t) for fqn, t in own if fqn in unwritten or fqn in author_init]
             report.numel[RESET] += sum(t.numel() for fqn, t in own if fqn not in unwritten)
             how = RESET if not left else f"{RESET} + {AUTHOR}"
             own = left
@@ -258,7 +262,7 @@ def init_dense_(
             report.numel[AUTHOR] += t.numel()
         report.per_module[name or "(root)"] = how
     if needs:
-        _copy_author_values_(needs, author_build, report)
+        _copy_author_values_(needs, author_build, report, optional)
     return report
 
 
@@ -293,7 +297,16 @@ def _copy_author_values_(
     needs: dict[str, torch.Tensor],
     author_build: Callable[[], nn.Module | Mapping[str, torch.Tensor]] | None,
     report: InitReport,
+    optional: Collection[str] = (),
 ) -> None:
+    """Copy the author's build's values into ``needs``; one in ``optional`` (already
+    reset) keeps its reset value, with a warning, where that build has none."""
+    if author_build is None:
+        for fqn in needs.keys() & set(optional):
+            _warn_reset_kept(fqn)
+        needs = {f: t for f, t in needs.items() if f not in optional}
+        if not needs:
+            return
     names = ", ".join(list(needs)[:6]) + (f" and {len(needs) - 6} more" if len(needs) > 6 else "")
     if author_build is None:
         raise GemcError(
@@ -306,9 +319,15 @@ def _copy_author_values_(
         **dict(real.named_buffers(remove_duplicate=False)),
         **plain_tensors(real),
     }
-    for fqn, t in needs.items():
+    for fqn, t in list(needs.items()):
         value = source.get(fqn)
-        if value is None or value.is_meta or tuple(value.shape) != tuple(t.shape):
+        bad = value is None or value.is_meta or tuple(value.shape) != tuple(t.shape)
+        if bad and fqn in optional:
+            _warn_reset_kept(fqn)
+            del needs[fqn]
+            continue
+        if bad:
+            assert value is None or isinstance(value, torch.Tensor)
             got = "missing" if value is None else (
                 "on meta" if value.is_meta else f"of shape {tuple(value.shape)}")
             raise GemcUserError(
@@ -323,6 +342,14 @@ def _copy_author_values_(
     report.author_source = getattr(author_build, "description", None)
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         _broadcast_from_rank0([t.data for t in needs.values()])
+
+
+def _warn_reset_kept(fqn: str) -> None:
+    warnings.warn(
+        f"gemc: '{fqn}' is initialised by the model's own code after its module's reset, "
+        "but the model's build for real (tables on meta) gives it no value: it starts from "
+        "reset_parameters() instead (build it on the default device, not on meta)",
+        stacklevel=3)
 
 
 def _broadcast_from_rank0(tensors: list[torch.Tensor]) -> None:
