@@ -8,10 +8,15 @@ RNG. Instead every value is a pure function of ``(seed, name)``:
   from its FQN, so FSDP-sharded, replicated and single-process runs start from the same
   weights (the module is materialized whole, initialized, then sharded);
 * a tensor no ``reset_parameters()`` writes (a module without one, which is how most models
-  create their own ``nn.Parameter``s and constant buffers) takes the value the author's
-  build gives it: the entrypoint runs once more for real with the tables on meta, under a
-  seed derived from the run's, and rank 0's values are broadcast (see :func:`init_dense_`);
-* an embedding table is drawn in fixed blocks of ``BLOCK_ROWS`` full-width rows, block ``k``
+  create their own ``nn.Parameter``s and constant buffers), one the author's build wrote
+  again after the module's reset (``nn.init.normal_(lin.weight, std=1e-4)``,
+  gemc.init_recipes), and a plain tensor attribute (``self.li = torch.tensor(...)``) take
+  the value the author's build gives them: the entrypoint runs once more for real with the
+  tables on meta, under a seed derived from the run's, and rank 0's values are broadcast
+  (see :func:`init_dense_`);
+* an embedding table built from given values (``from_pretrained``) takes them from that
+  build, each shard its slice (gemc.backends.torch.materialize);
+* any other embedding table is drawn in fixed blocks of ``BLOCK_ROWS`` full-width rows, block ``k``
   from a generator seeded by ``(seed, fqn, k)``. Any shard (a row range, a column range or
   both) is produced by drawing only the blocks it overlaps, and equals the same slice of the
   table a single process draws, without ever building the whole table.
