@@ -51,16 +51,26 @@ class Captured:
     bounded_sizes: tuple[str, ...] = ()
     # FQN -> the other names of the same tensor (tied weights: ``out.weight = emb.weight``)
     param_aliases: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # placeholder name -> value of each tensor the forward builds from Python data
+    # (``x.new_tensor(np_array)``, ``x[:, [0, 0, 1]]``), which torch.export lifts to an
+    # input of the graph: on the CPU, or meta where no capture could recover it
+    # (:func:`lifted_constants`)
+    constants: dict[str, torch.Tensor] = field(default_factory=dict)
+    # placeholder name -> the constant's name in the export: a plain tensor attribute's
+    # FQN (``self.li = torch.tensor(...)``), which the runner's materialized model holds
+    constant_fqns: dict[str, str] = field(default_factory=dict)
 
 
 def capture(spec: ModelSpec, *, entrypoint: str = "model",
-            host_randomness: str = "error") -> Captured:
+            host_randomness: str = "error", constant_values: bool = False) -> Captured:
     """Export ``spec.model`` on ``spec.example_inputs``; a failure is a named CaptureError.
     A structured batch (a spec not built through an entrypoint) is flattened first, as
     the entrypoint does (gemc.batch_structure). A forward that draws from Python's or
     NumPy's generator is refused (``host_randomness="error"``: the traced value would be
     a constant of every step) or kept with its draws listed in ``frozen_draws``
-    (``"freeze"``), see :mod:`gemc.host_randomness`."""
+    (``"freeze"``), see :mod:`gemc.host_randomness`. ``constant_values``: recover the
+    values of lifted constants the capture on meta lost (graph mode runs the graph and
+    needs them; the compile reads only their shapes), see :func:`lifted_constants`."""
     spec = flat_spec(spec, entrypoint)
     model = spec.model
     inputs = _inputs_on_model_device(model, spec.example_inputs)
@@ -118,7 +128,67 @@ def capture(spec: ModelSpec, *, entrypoint: str = "model",
         frozen_draws=tuple(draws.sites) if draws else (),
         bounded_sizes=tuple(bounded),
         param_aliases={fqn: a for fqn, a in aliases.items() if a},
+        constants=lifted_constants(exported, model, inputs, recover=constant_values),
+        constant_fqns=dict(sig.inputs_to_lifted_tensor_constants),
     )
+
+
+def lifted_constants(exported: torch.export.ExportedProgram, model: torch.nn.Module,
+                     inputs: tuple[torch.Tensor, ...], *, recover: bool = True
+                     ) -> dict[str, torch.Tensor]:
+    """Placeholder name -> value of each lifted tensor constant of ``exported``.
+
+    Why: the graph takes such a tensor as an input like a parameter, so whoever runs the
+    graph must pass its value, which is no state of the model. Captured on meta, a constant
+    made on the inputs' device (``x[:, row_list]``, ``torch.tensor(row, device=x.device)``)
+    has no value; with ``recover`` it is recovered by exporting once more with the model's
+    state and the inputs as fake CPU tensors (nothing allocated), where torch builds it on
+    the CPU (a second export: only where a meta constant is, and only when asked)."""
+    sig = exported.graph_signature
+    values = {ph: exported.constants[name]
+              for ph, name in sig.inputs_to_lifted_tensor_constants.items()
+              if isinstance(exported.constants.get(name), torch.Tensor)}
+    if recover and any(v.is_meta for v in values.values()):
+        again = _constants_on_fake_cpu(model, inputs)
+        names = sig.inputs_to_lifted_tensor_constants
+        values = {ph: again.get(names[ph], v) for ph, v in values.items()}
+    return {ph: v.detach().cpu() if not v.is_meta else v for ph, v in values.items()}
+
+
+def _constants_on_fake_cpu(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]
+                           ) -> dict[str, torch.Tensor]:
+    """Constant name -> value from an export of ``model`` whose parameters, buffers and
+    inputs are swapped for fake CPU tensors (restored after); empty if that fails."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+
+    def fake(t: torch.Tensor) -> torch.Tensor:
+        return FakeTensor(mode, torch.empty(t.shape, dtype=t.dtype, device="meta"),
+                          torch.device("cpu"))
+
+    saved = [(m, dict(m._parameters), dict(m._buffers)) for m in model.modules()]
+    try:
+        for m, params, buffers in saved:
+            for name, t in params.items():
+                if t is not None:
+                    m._parameters[name] = torch.nn.Parameter(fake(t), t.requires_grad)
+            for name, t in buffers.items():
+                if t is not None:
+                    m._buffers[name] = fake(t)
+        with warnings.catch_warnings(), _no_gc(), _quiet_export_noise():
+            warnings.simplefilter("ignore")
+            again = torch.export.export(model, tuple(fake(t) for t in inputs), strict=False)
+        return {n: v for n, v in again.constants.items()
+                if isinstance(v, torch.Tensor) and not v.is_meta}
+    except Exception:  # kept meta: graph mode names the constant
+        return {}
+    finally:
+        for m, params, buffers in saved:
+            m._parameters.clear()
+            m._parameters.update(params)
+            m._buffers.clear()
+            m._buffers.update(buffers)
 
 
 def frozen_draws_warning(captured: Captured) -> str:

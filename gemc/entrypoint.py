@@ -23,6 +23,7 @@ import torch
 
 from gemc.batch_structure import example_leaves, flat_spec
 from gemc.errors import EntrypointError, GemcUserError, user_frame
+from gemc.init_recipes import IN_PLACE_FILLS, FillRecorder
 from gemc.spec import ModelSpec
 
 ENTRYPOINT_FIX = (
@@ -170,8 +171,10 @@ def build_spec(
     """Call the entrypoint under ``torch.device(device)`` and check what it returned."""
     _check_kwargs(fn, kwargs, entrypoint)
     on_meta = torch.device(device).type == "meta"
+    fills = FillRecorder()
     try:
-        with torch.device(device), _skip_init_on_meta(), stay_on_meta() if on_meta else _nothing():
+        with torch.device(device), _skip_init_on_meta(fills), _given_weights(fills), \
+                stay_on_meta(fills=fills) if on_meta else _nothing():
             spec = fn(**kwargs)
     except GemcUserError:
         raise
@@ -195,9 +198,11 @@ def build_spec(
         ) from exc
     check_spec(spec, entrypoint)
     spec = flat_spec(spec, entrypoint)
+    recipes = fills.recipes(spec.model)
     if on_meta:
         _params_to_meta(spec.model)
     spec.origin = (entrypoint, dict(kwargs))
+    spec.init_recipes = recipes
     return spec
 
 
@@ -263,6 +268,33 @@ def _tables_on_meta(shapes: set[tuple[int, int]]) -> Iterator[None]:
             cls.__init__ = init  # type: ignore[method-assign]
 
 
+@contextlib.contextmanager
+def _given_weights(fills: FillRecorder) -> Iterator[None]:
+    """Note the ``_weight=`` an ``nn.Embedding``/``nn.EmbeddingBag`` is built with
+    (``from_pretrained`` passes its vectors so): their values are the author's data."""
+    classes = (torch.nn.Embedding, torch.nn.EmbeddingBag)
+    originals = {cls: cls.__init__ for cls in classes}
+
+    def wrap(init: Callable[..., None]) -> Callable[..., None]:
+        sig = inspect.signature(init)
+
+        @functools.wraps(init)
+        def noting_init(self: Any, *args: Any, **kwargs: Any) -> None:
+            init(self, *args, **kwargs)
+            if sig.bind(self, *args, **kwargs).arguments.get("_weight") is not None:
+                fills.note_given(self.weight, f"{type(self).__name__}(_weight=...)")
+
+        return noting_init
+
+    for cls, init in originals.items():
+        cls.__init__ = wrap(init)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        for cls, init in originals.items():
+            cls.__init__ = init  # type: ignore[method-assign]
+
+
 def _params_to_meta(model: torch.nn.Module) -> None:
     """Parameters and buffers the build put on a real device (``device="cpu"`` written in
     the model) join the others on meta: the compile prices shapes, and the runner
@@ -287,14 +319,18 @@ class _StayOnMetaMode(torch.overrides.TorchFunctionMode):
     An explicit ``device="cpu"`` is kept: a build may compute with such a tensor.
     """
 
-    def __init__(self, on_cpu: bool = False) -> None:
+    def __init__(self, on_cpu: bool = False, fills: FillRecorder | None = None) -> None:
         super().__init__()
+        self.fills = fills  # notes ``w.data.uniform_(-a, a)`` on a meta weight
         # the author's build: a real tensor stays where it is too, and a factory's
         # device="cuda" makes it on the CPU (only values are wanted, on any host)
         self.on_cpu = on_cpu
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         kwargs = kwargs or {}
+        if self.fills is not None and args and isinstance(args[0], torch.Tensor) \
+                and args[0].is_meta and getattr(func, "__name__", "") in IN_PLACE_FILLS:
+            self.fills.note(func.__name__, args[0], args[1:], kwargs)
         if kwargs.get("device") is not None and func is not torch.Tensor.to:
             if torch.device(kwargs["device"]).type not in ("cpu", "meta"):
                 kwargs = {**kwargs, "device": "cpu" if self.on_cpu else "meta"}
@@ -317,8 +353,8 @@ class _StayOnMetaMode(torch.overrides.TorchFunctionMode):
 
 
 @contextlib.contextmanager
-def stay_on_meta(on_cpu: bool = False) -> Iterator[None]:
-    with _StayOnMetaMode(on_cpu):
+def stay_on_meta(on_cpu: bool = False, fills: FillRecorder | None = None) -> Iterator[None]:
+    with _StayOnMetaMode(on_cpu, fills):
         yield
 
 
@@ -341,8 +377,9 @@ _INIT_FUNCTIONS = (
 
 
 @contextlib.contextmanager
-def _skip_init_on_meta() -> Iterator[None]:
-    """Make torch.nn.init a no-op on meta tensors while the model is built.
+def _skip_init_on_meta(fills: FillRecorder | None = None) -> Iterator[None]:
+    """Make torch.nn.init a no-op on meta tensors while the model is built, noting each
+    call in ``fills`` (the runner draws from the same distribution, gemc.init_recipes).
 
     Initialising a meta tensor computes nothing, but the first call routes through
     torch's Python reference decompositions and costs seconds; the runner initialises
@@ -354,6 +391,8 @@ def _skip_init_on_meta() -> Iterator[None]:
         @functools.wraps(fn)
         def init(tensor: Any, *args: Any, **kwargs: Any) -> Any:
             if isinstance(tensor, torch.Tensor) and tensor.is_meta:
+                if fills is not None:
+                    fills.note(fn.__name__, tensor, args, kwargs)
                 return tensor
             return fn(tensor, *args, **kwargs)
 

@@ -214,6 +214,9 @@ def build_probe_model(
     # build below leaves exactly these on meta
     shapes = {(int(m.num_embeddings), int(m.embedding_dim))
               for m in model.modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag))}
+    # ... so the author's values of a table's weight are not there (the probe resets it)
+    every_table = {n for n, m in model.named_modules()
+                   if isinstance(m, (nn.Embedding, nn.EmbeddingBag))}
     folded = []
     for name in _tables(model):
         module = model.get_submodule(name)
@@ -229,7 +232,9 @@ def build_probe_model(
     author = (AuthorBuild(spec.origin, shapes, derive_seed(config.seed, "author-build"))
               if spec.origin is not None else None)
     report = init_dense_(model, config.seed, author_build=author,
-                         seed_for=lambda name: derive_seed(config.seed, name))
+                         seed_for=lambda name: derive_seed(config.seed, name),
+                         author_init={f for f, r in spec.init_recipes.items() if r.by_author
+                                      and f.removesuffix(".weight") not in every_table})
     if report.author_tensors:
         info["author_init"] = report.author_tensors
     model.train()

@@ -38,6 +38,10 @@ class ModelSpec:
     # reset_parameters() writes (see gemc.backends.torch.init.init_dense_).
     origin: tuple[str, dict[str, Any]] | None = field(default=None, init=False, repr=False,
                                                       compare=False)
+    # Set by gemc when it builds the spec on meta: parameter / buffer FQN -> how the build
+    # initialised it (gemc.init_recipes.Recipe), so the runner starts where eager does.
+    init_recipes: dict[str, Any] = field(default_factory=dict, init=False, repr=False,
+                                         compare=False)
 
 
 class BatchSizeWarning(UserWarning):

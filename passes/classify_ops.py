@@ -90,6 +90,7 @@ _VIEW = {
     "unsqueeze",
     "squeeze",
     "expand",
+    "broadcast_tensors",  # nn.MSELoss's decomposition: expands, one view per input
     "t",
     "slice",
     "select",

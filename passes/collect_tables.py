@@ -11,6 +11,16 @@ The runner shards a table by swapping the module that owns it (``emb`` for
   ``nn.Parameter``), or one tied to another name (``out.weight = emb.weight``: the swap
   would leave the other name on the old tensor), is no table: it stays a dense parameter,
   priced as a gather (a warning says so, and how to have it sharded);
+* a frozen table (``requires_grad=False``: pretrained content vectors) stays the model's
+  dense module too: the sharded tables' optimizers would train it;
+* a table whose lookup changes its training beyond gather-and-pool stays a dense parameter
+  too (the module is left as written, its gradient all-reduced like any dense weight):
+  ``scale_grad_by_freq`` divides each row's gradient by its count in *that rank's* batch,
+  which a shard owner pooling every rank's ids together cannot count, but DDP over the
+  dense module reproduces exactly; ``max_norm`` renormalises the looked-up rows in place
+  during forward (``embedding_renorm_``), which one rank's dense copy does exactly, while
+  on several ranks each replica would renormalise only its own batch's rows and the
+  replicas would drift apart (as under eager DDP): that is a named error at compile;
 * a table the model also reads otherwise (DeepCTR's L2 penalty
   ``sum(w ** 2 for w in self.embedding_dict.parameters())``, a lookup from another
   module) would see only its rank's shard there, silently;
@@ -26,6 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+import torch
 from gemc.passes.classify_ops import op_name
 from torch import fx
 from torch.fx.passes.infra.pass_base import PassResult
@@ -33,6 +44,7 @@ from torch.fx.passes.infra.pass_base import PassResult
 from gemc import ir
 from gemc.context import PassContext
 from gemc.data_dependent import source_line
+from gemc.errors import UnsupportedOpError
 from gemc.ir import OpKind
 
 _POOLING = {0: "sum", 1: "mean", 2: "max"}
@@ -71,6 +83,42 @@ def table_facts(node: fx.Node) -> dict[str, object] | None:
     return facts
 
 
+_ALIASES = ("detach", "alias", "view", "_unsafe_view", "contiguous")
+
+
+def renormed_weights(gm: fx.GraphModule) -> dict[fx.Node, fx.Node]:
+    """Weight placeholder -> the ``embedding_renorm_`` that rewrites its rows in place
+    (``nn.Embedding(max_norm=...)``: torch renorms a detached alias of the weight)."""
+    out: dict[fx.Node, fx.Node] = {}
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or op_name(node) != "embedding_renorm_":
+            continue
+        source = node.args[0]
+        while isinstance(source, fx.Node) and source.op == "call_function" \
+                and op_name(source) in _ALIASES:
+            source = source.args[0]
+        if isinstance(source, fx.Node) and source.op == "placeholder":
+            out.setdefault(source, node)
+    return out
+
+
+def _dense_only(node: fx.Node, renorm: fx.Node | None) -> str | None:
+    """Why the lookup ``node`` must stay the model's own dense module, or None."""
+    weight = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None
+    if isinstance(weight, torch.Tensor) and not weight.requires_grad:
+        return ("is frozen (requires_grad=False, e.g. nn.Embedding.from_pretrained(..., "
+                "freeze=True)), where a sharded table and its fused optimizer update every "
+                "row a step looks up")
+    # aten.embedding and aten.embedding_bag alike take it fourth
+    if _arg(node, 3, "scale_grad_by_freq", False):
+        return ("uses scale_grad_by_freq (each row's gradient divided by its count in one "
+                "rank's batch, which a shard pooling every rank's ids cannot count)")
+    if renorm is not None:
+        return (f"uses max_norm={renorm.args[2]} (its forward renormalises the looked-up "
+                "rows in place, which the sharded lookups do not)")
+    return None
+
+
 def _owner_call(node: fx.Node, fqn: str) -> bool:
     """``node`` is a lookup made by the call of the module owning ``fqn`` (its ``.weight``)."""
     stack = node.meta.get("nn_module_stack") or {}
@@ -86,6 +134,22 @@ def _other_reads(weight: fx.Node, fqn: str) -> list[str]:
                    if not (ir.kind_of(u) is OpKind.EMBEDDING and _owner_call(u, fqn))})
 
 
+def _refuse_renorm_on_ranks(renorm: fx.Node, fqn: str, ctx: PassContext) -> None:
+    """``max_norm`` trains exactly on one rank only: named, with what would do instead."""
+    world = ctx.topology.world_size if ctx.topology is not None else 1
+    if world <= 1:
+        return
+    raise UnsupportedOpError(
+        f"table '{fqn}' is an nn.Embedding with max_norm={renorm.args[2]}: its forward "
+        f"renormalises the looked-up rows of the weight in place, and on {world} ranks "
+        "each replica would renormalise only its own batch's rows, so the replicas (and "
+        "the loss) would drift from training on the whole batch",
+        where=f"{source_line(renorm) or renorm.name} (embedding_renorm_ of {fqn})",
+        fix="compile for one GPU, or drop max_norm and bound the rows in the model "
+            "differentiably (e.g. F.normalize the looked-up rows, or add a norm penalty "
+            "on them to the loss)")
+
+
 @dataclass(frozen=True)
 class CollectTables:
     """Annotates ``gemc.table`` on every embedding node."""
@@ -95,6 +159,7 @@ class CollectTables:
 
     def run(self, gm: fx.GraphModule, ctx: PassContext) -> PassResult:
         changed = False
+        renormed = renormed_weights(gm)
         for node in gm.graph.nodes:
             if ir.kind_of(node) is OpKind.EMBEDDING:
                 facts = table_facts(node)
@@ -105,6 +170,17 @@ class CollectTables:
                     )
                     continue
                 fqn = str(facts["fqn"])
+                renorm = renormed.get(node.args[0])
+                dense_only = _dense_only(node, renorm)
+                if dense_only is not None:
+                    if renorm is not None:
+                        _refuse_renorm_on_ranks(renorm, fqn, ctx)
+                    ctx.warn(
+                        f"collect-tables: '{fqn}' {dense_only}: it stays the model's dense "
+                        "nn.Embedding (replicated on every rank, not sharded; its gradient, "
+                        "if any, goes to the dense optimizer); to shard it, change what "
+                        "this names")
+                    continue
                 tied = ctx.param_aliases.get(fqn, ())
                 if tied or not _owner_call(node, fqn):
                     why = (f"is tied to {', '.join(tied)} (sharding it would leave that name "

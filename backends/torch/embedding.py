@@ -41,9 +41,10 @@ rows).
 
 Not supported (a named error at setup): a table the plan marks ``replicated_only`` (the
 model reads it outside its lookups) sharded over several ranks, ``max`` pooling of a
-sharded table, ``max_norm``,
-``scale_grad_by_freq``, per-sample weights that require grad, and a rank holding two
-shards of one table.
+sharded table, ``max_norm`` and
+``scale_grad_by_freq`` (gemc.passes.collect_tables keeps such a table a dense module, so
+only a hand-edited plan names one), per-sample weights that require grad, and a rank
+holding two shards of one table.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ from torch import nn
 
 from gemc.errors import GemcUserError, PlanError
 from gemc.exchange_precision import FP32_WIRE, WirePrecision
+from gemc.init_recipes import Recipe
 from gemc.sharding import SHARDINGS
 from gemc.table_precision import TABLE_PRECISIONS, quantize_rows, storage_dtype
 
@@ -147,7 +149,9 @@ class ShardedEmbedding(nn.Module):
                 f"table '{fqn}' uses {', '.join(unsupported)}, which the sharded runner "
                 "does not support",
                 where=f"model module {module_fqn(fqn)}",
-                fix="leave max_norm / scale_grad_by_freq out of the table",
+                fix="compile the plan again with this gemc (it keeps such a table the "
+                    "model's dense nn.Embedding), or leave max_norm / scale_grad_by_freq "
+                    "out of the table",
             )
         self.sharding = table["sharding"]
         self.shards = [Shard.from_plan(s) for s in table["shards"]]
@@ -225,17 +229,52 @@ class ShardedEmbedding(nn.Module):
         # the owners' fused lookup holding this rank's shard (owner_lookup.OwnerLookup),
         # None on the sparse route
         self.owner_lookup: Any = None
+        # the author's initial distribution (gemc.init_recipes), set by materialize_
+        self.init_recipe: Recipe | None = None
+        self.padding_row: torch.Tensor | None = None  # see _drawn_padding_row
 
     # -- initialization --------------------------------------------------------------
 
     @torch.no_grad()
-    def reset_parameters(self) -> None:
-        """Fill the local shard with its slice of the deterministic whole-table init (a
-        bf16 / fp8 shard: that slice rounded to nearest, fp8 with one scale per row)."""
+    def reset_parameters(self, given: torch.Tensor | None = None) -> None:
+        """Fill the local shard with its slice of the deterministic whole-table init, or of
+        ``given``, the whole table's values from the author's build (pretrained vectors);
+        a bf16 / fp8 shard: that slice rounded to nearest, fp8 with one scale per row."""
+        self.padding_row = self._drawn_padding_row(given)
         if self.weight is None or self.local is None:
             return
         values = self.weight if self.precision == "fp32" else torch.empty(
             self.weight.shape, device=self.weight.device)
+        if given is not None:
+            loc = self.local
+            values.copy_(given[loc.row_offset:loc.row_offset + loc.rows,
+                               loc.col_offset:loc.col_offset + loc.cols])
+        else:
+            self._fill(values)
+        if self.precision != "fp32":
+            stored, scale = quantize_rows(values, self.precision, stochastic=False)
+            self.weight.copy_(stored)
+            self.row_scale = scale
+
+    def _drawn_padding_row(self, given: torch.Tensor | None) -> torch.Tensor | None:
+        """The padding row's values where the author's init left it drawn (not zero) and
+        this is an ``nn.Embedding`` looked up through the exchange: eager's lookup returns
+        that row at padding ids (with no gradient, so it never changes), while the
+        exchange drops padding ids. Every rank draws it itself (or reads ``given``)."""
+        recipe = self.init_recipe
+        if self.is_bag or self.local_only or self.padding_idx is None or (
+                given is None and (recipe is None or recipe.zeroes_padding_row())):
+            return None
+        device = self.weight.device if self.weight is not None else torch.device("cpu")
+        if given is not None:
+            return given[int(self.padding_idx)].detach().to(device, torch.float32)
+        row = torch.empty(1, self.embedding_dim, device=device)
+        return fill_table_slice_(row, fqn=self.fqn, rows=self.num_embeddings,
+                                 dim=self.embedding_dim, row_offset=int(self.padding_idx),
+                                 col_offset=0, seed=self.seed, recipe=recipe)[0]
+
+    def _fill(self, values: torch.Tensor) -> None:
+        assert self.local is not None
         fill_table_slice_(
             values,
             fqn=self.fqn,
@@ -245,11 +284,8 @@ class ShardedEmbedding(nn.Module):
             col_offset=self.local.col_offset,
             seed=self.seed,
             padding_idx=self.padding_idx,
+            recipe=self.init_recipe,
         )
-        if self.precision != "fp32":
-            stored, scale = quantize_rows(values, self.precision, stochastic=False)
-            self.weight.copy_(stored)
-            self.row_scale = scale
 
     # -- low-precision storage -------------------------------------------------------
 
@@ -326,13 +362,20 @@ class ShardedEmbedding(nn.Module):
         if self.prefetched is not None:
             out = self.prefetched.take(self.fqn, input, offsets, per_sample_weights)
             self.prefetched = None
-            return out
+            return self._with_padding_row(out, input)
         if self.recording is not None:
             self.recording.note(input, offsets, per_sample_weights)
         ids, offsets, weights, out_shape = self.as_bags(input, offsets, per_sample_weights)
         bags = self.routed_bags(ids, offsets, weights)
         out = exchange_lookups([self], [bags], world=self.world_size, group=self.group)[0]
-        return out.view(out_shape)
+        return self._with_padding_row(out.view(out_shape), input)
+
+    def _with_padding_row(self, out: torch.Tensor, input: torch.Tensor) -> torch.Tensor:  # noqa: A002
+        """``out`` with the drawn padding row at padding ids (see _drawn_padding_row)."""
+        if self.padding_row is None:
+            return out
+        at_pad = (input == self.padding_idx).unsqueeze(-1)
+        return torch.where(at_pad, self.padding_row.to(out.dtype), out)
 
     def _local(self, input, offsets, per_sample_weights) -> torch.Tensor:  # noqa: ANN001
         weight, ids = self.rows_for_lookup(input)

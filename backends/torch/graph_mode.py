@@ -58,7 +58,7 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import torch
@@ -69,6 +69,7 @@ from gemc.backends.torch.sparse_optim import EmbeddingOptimConfig, EmbeddingOpti
 from torch import nn
 
 from gemc import ir
+from gemc.data_dependent import source_line
 from gemc.errors import PlanError
 from gemc.kernel_kinds import graph_kinds
 from gemc.sharding import dense_strategy, runner_executes
@@ -152,6 +153,47 @@ def _erase_dead_code(gm: torch.fx.GraphModule, keep: set[str]) -> None:
             gm.graph.erase_node(node)
 
 
+def _lifted_values(gm: torch.fx.GraphModule, constants: Mapping[str, torch.Tensor],
+                   device: torch.device, model: nn.Module | None = None,
+                   fqns: Mapping[str, str] | None = None) -> dict[str, torch.Tensor]:
+    """The graph's lifted tensor constants (gemc.capture.Captured.constants) by placeholder
+    name, where the graph expects them: on the CPU where the capture made them there (the
+    graph moves them itself, ``x.new_tensor(data)``), else (made on the inputs' device,
+    meta in the capture) on ``device``. One whose value the capture could not recover is
+    a named error. A plain tensor attribute of the model (``self.li = torch.tensor(...)``,
+    lifted under its FQN in ``fqns``) is read from ``model``, which the runner has
+    materialized with the author's values."""
+    out = {}
+    for name, value in constants.items():
+        if value.is_meta and model is not None and (fqns or {}).get(name):
+            held = _attribute(model, str((fqns or {})[name]))
+            value = held if held is not None and not held.is_meta else value
+        node = next((n for n in gm.graph.nodes if n.name == name), None)
+        val = node.meta.get("val") if node is not None else None
+        if value.is_meta:
+            line = next((source_line(u) for u in (node.users if node else ())
+                         if source_line(u)), None)
+            raise PlanError(
+                f"the graph takes a tensor the forward builds from Python data ('{name}', "
+                f"{list(value.shape)}), whose values the capture on meta did not keep",
+                where=line or f"graph placeholder {name}",
+                fix="make it a buffer of its module (self.register_buffer(name, "
+                    "torch.tensor(...), persistent=False)) and read that in forward, or "
+                    + NO_KERNELS_FIX)
+        on_cpu = isinstance(val, torch.Tensor) and val.device.type == "cpu"
+        out[name] = value if on_cpu else value.to(device)
+    return out
+
+
+def _attribute(model: nn.Module, fqn: str) -> torch.Tensor | None:
+    owner, _, attr = fqn.rpartition(".")
+    try:
+        value = getattr(model.get_submodule(owner) if owner else model, attr, None)
+    except AttributeError:
+        return None
+    return value if isinstance(value, torch.Tensor) else None
+
+
 class GraphExecutor:
     """``executor(*batch) -> loss``: the captured graph with the kernels substituted.
 
@@ -193,6 +235,8 @@ class GraphExecutor:
         warm: Any = None,
         varying_inputs: Collection[str] = (),
         fixed_shapes: str = "",
+        constants: Mapping[str, torch.Tensor] | None = None,
+        constant_fqns: Mapping[str, str] | None = None,
     ) -> None:
         # the batch inputs the compile found may change shape by step (the plan's
         # model.varying_inputs, gemc.shape_stability), and why none may where it said so
@@ -236,9 +280,14 @@ class GraphExecutor:
                 where="plan kernels",
                 fix=NO_KERNELS_FIX,
             ) from exc
+        constants = dict(constants or {})
         for node in gm.graph.nodes:
             if node.op == "placeholder" and node.name in param_fqns:
                 node.meta[ir.PARAM] = param_fqns[node.name]
+            elif node.op == "placeholder" and node.name in constants:
+                node.meta[ir.PARAM] = node.name  # fed like a buffer (see below)
+        lifted = _lifted_values(gm, constants, device, model, constant_fqns or {})
+        param_fqns = {**param_fqns, **{name: name for name in lifted}}
         # the batch's inputs as captured: (name, shape), in the batch's order
         self.input_shapes = [(n.name, tuple(n.meta["val"].shape)) for n in gm.graph.nodes
                              if n.op == "placeholder" and n.name not in param_fqns
@@ -262,7 +311,7 @@ class GraphExecutor:
                    for e in kernels]
         # every name of a tied tensor: the graph has a placeholder for each
         params = {**dict(model.named_parameters(remove_duplicate=False)),
-                  **dict(model.named_buffers(remove_duplicate=False))}
+                  **dict(model.named_buffers(remove_duplicate=False)), **lifted}
         self.not_applied: list[str] = []
         # the rule the cost model prices by (gemc.table_lookup): one place for both
         precision = {f: m.precision for f, m in tables.items()}

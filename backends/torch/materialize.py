@@ -14,6 +14,7 @@ rank's device and :mod:`.init` fills them deterministically.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from gemc.backends.torch.init import (
 from torch import nn
 
 from gemc.errors import PlanError
+from gemc.init_recipes import Recipe
 from gemc.plan import Model
 from gemc.spec import ModelSpec
 
@@ -93,7 +95,7 @@ def check_fingerprint(
         try:
             # the compile refused host draws unless asked to freeze them: a plan exists, so
             # they were accepted (or predate the check); graph mode runs this very graph
-            captured = capture(spec, host_randomness="freeze")
+            captured = capture(spec, host_randomness="freeze", constant_values=every_rank)
             if captured.frozen_draws:
                 warnings.warn(f"{frozen_draws_warning(captured)} (graph mode runs this "
                               "graph; module mode runs the forward as written)", stacklevel=2)
@@ -134,6 +136,7 @@ def materialize_(
     table_modules: list[str],
     *,
     origin: tuple[str, dict[str, Any]] | None = None,
+    recipes: Mapping[str, Recipe] | None = None,
 ) -> InitReport:
     """Allocate on ``device`` and initialize deterministically (see :mod:`.init`).
 
@@ -141,7 +144,9 @@ def materialize_(
     ``nn.Embedding``/``nn.EmbeddingBag`` (the reference) is filled whole with the same values.
     ``origin``: the spec's (entrypoint, kwargs), to take the author's values of tensors no
     ``reset_parameters()`` writes (built once, for real, only when some tensor needs it).
-    Returns how each part was initialized, for the run report.
+    ``recipes``: the spec's ``init_recipes`` (gemc.init_recipes): a table is drawn from its
+    author's distribution, and a dense weight the author initialised takes the author's
+    values. Returns how each part was initialized, for the run report.
     """
     shapes = {
         (int(m.num_embeddings), int(m.embedding_dim))
@@ -156,14 +161,34 @@ def materialize_(
         snapshot = real_dense_state(model, skip=table_modules)
         if snapshot:
             author = _Snapshot(snapshot)
+    if author is not None:
+        author = _Once(author)  # the dense part's values and given tables': one build
     _to_empty_keeping_ties(model, device)
-    report = init_dense_(model, seed, skip=table_modules, author_build=author)
+    recipes = dict(recipes or {})
+    report = init_dense_(model, seed, skip=table_modules, author_build=author,
+                         author_init={f for f, r in recipes.items() if r.by_author})
     for name in table_modules:
         module = model.get_submodule(name)
         report.tables += 1
         report.numel[TABLE] += module.weight.numel() if module.weight is not None else 0
+        recipe = recipes.get(f"{name}.weight")
+        given = _given_values(author, f"{name}.weight") \
+            if recipe is not None and recipe.kind == "given" else None
+        if recipe is not None and recipe.kind in ("unknown", "given") and given is None:
+            warnings.warn(
+                f"gemc: table '{name}.weight' is initialised by the model with "
+                f"{recipe.describe()}; the runner cannot draw that shard by shard (nor "
+                "find the values in the model's build for real) and fills it N(0, 1) "
+                "instead (initialise it with an elementwise distribution, e.g. "
+                "nn.init.normal_ / uniform_ / xavier_uniform_, or pass pretrained values "
+                "as nn.Embedding.from_pretrained(vectors) / _weight=, to start where eager "
+                "does)", stacklevel=2)
+            recipe = None
         if isinstance(module, ShardedEmbedding):
-            module.reset_parameters()
+            module.init_recipe = recipe
+            module.reset_parameters(given)
+        elif given is not None:
+            module.weight.data.copy_(given)
         else:
             weight = module.weight
             fill_table_slice_(
@@ -175,6 +200,7 @@ def materialize_(
                 col_offset=0,
                 seed=seed,
                 padding_idx=getattr(module, "padding_idx", None),
+                recipe=recipe,
             )
     return report
 
@@ -198,6 +224,29 @@ def _to_empty_keeping_ties(model: nn.Module, device: torch.device | str) -> None
         (first, kind, attr), rest = group[0], group[1:]
         for module, other_kind, other_attr in rest:
             getattr(module, other_kind)[other_attr] = getattr(first, kind)[attr]
+
+
+class _Once:
+    """An author's build, run at most once (its dense values and any given tables')."""
+
+    def __init__(self, build: Any) -> None:
+        self.build, self.description = build, getattr(build, "description", None)
+        self.value: Any = None
+
+    def __call__(self) -> Any:
+        if self.value is None:
+            self.value = self.build()
+        return self.value
+
+
+def _given_values(author: Any, fqn: str) -> torch.Tensor | None:
+    """The values the author's build hands table ``fqn`` (``from_pretrained``), or None."""
+    if author is None:
+        return None
+    real = author()
+    value = real.get(fqn) if isinstance(real, Mapping) else \
+        dict(real.named_parameters(remove_duplicate=False)).get(fqn)
+    return None if value is None or value.is_meta else value.detach()
 
 
 class _Snapshot:

@@ -62,7 +62,8 @@ class ReferenceTrainer:
         model = self.spec.model
         self.table_modules = find_tables(model, self.table_modules)
         self.init_report = materialize_(
-            model, self.device, self.seed, self.table_modules, origin=self.spec.origin
+            model, self.device, self.seed, self.table_modules, origin=self.spec.origin,
+            recipes=self.spec.init_recipes,
         )
         model.train()
         if self.precision_entries:

@@ -413,7 +413,7 @@ def _run(
     tables = shard_tables(model, plan["tables"], rank=rank, world_size=wsize, seed=opts.seed,
                           exchange=wire)
     init_report = materialize_(model, device, opts.seed, table_module_names(plan),
-                               origin=spec.origin)
+                               origin=spec.origin, recipes=spec.init_recipes)
     model.train()
 
     prec_entries = list(plan["precision"])
@@ -513,6 +513,8 @@ def _run(
             warm=warm,
             varying_inputs=plan["model"].get("varying_inputs") or (),
             fixed_shapes=str(plan["model"].get("fixed_shapes") or ""),
+            constants=captured.constants,
+            constant_fqns=captured.constant_fqns,
         )
         applied_kernels += [str(k.get("name", k["kind"])) for k in graph_kernels
                             if str(k.get("name")) not in forward.not_applied]

@@ -84,6 +84,19 @@ def _rank(node: fx.Node) -> int:
     return len(ir.shape_of(node) or ())
 
 
+def on_run_device(args: Any, kwargs: dict[str, Any], device: torch.device
+                  ) -> tuple[Any, dict[str, Any]]:
+    """A node's arguments with the capture's device replaced by the run's: the graph was
+    captured on meta, so a ``device=`` keyword (``torch.arange(n, device=x.device)``) or a
+    positional meta device (``x.new_tensor(data)``'s ``aten.to.device(t, meta)``) means
+    where the inputs are."""
+    args = tuple(device if isinstance(a, torch.device) and a.type == "meta" else a
+                 for a in args)
+    if "device" in kwargs:
+        kwargs = {**kwargs, "device": device}
+    return args, kwargs
+
+
 def _param_fqn(node: fx.Node) -> str | None:
     return node.meta.get("gemc.param")
 
@@ -362,8 +375,7 @@ class GraphRunner:
 
         args = fx.node.map_arg(node.args, padded)
         kwargs = fx.node.map_arg(node.kwargs, padded)
-        if "device" in kwargs:  # captured on meta: run where the inputs are
-            kwargs = {**kwargs, "device": self.device}
+        args, kwargs = on_run_device(args, kwargs, self.device)
         return node.target(*args, **kwargs)
 
     def _segment_sum(self, node: fx.Node, env: dict[fx.Node, Any]) -> torch.Tensor | None:

@@ -71,7 +71,7 @@ from . import kinds as registry
 from . import ops as gemc_ops
 from . import packed_tokens
 from .codegen.host import make_runner
-from .graph_runner import _SKIP, GraphRunner, _rank
+from .graph_runner import _SKIP, GraphRunner, _rank, on_run_device
 from .packed_tokens import TokenLayout
 
 __all__ = ["CHOICE_ENV", "Built", "Column", "Emitter", "build", "choice_and_source",
@@ -542,8 +542,8 @@ class Emitter:
             return type(arg)(self.entering(a, dims, rank, region) for a in arg)
         return arg
 
-    def on_device(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        return {**kwargs, "device": self.device} if "device" in kwargs else kwargs
+    def on_device(self, args: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        return on_run_device(args, kwargs, self.device)
 
     # -- nodes --------------------------------------------------------------------------------
 
@@ -585,8 +585,8 @@ class Emitter:
         elif self.segment_sum(node) or self.cat(node):
             pass
         else:
-            args = fx.node.map_arg(node.args, self.padded)
-            kwargs = self.on_device(dict(fx.node.map_arg(node.kwargs, self.padded)))
+            args, kwargs = self.on_device(fx.node.map_arg(node.args, self.padded),
+                                          dict(fx.node.map_arg(node.kwargs, self.padded)))
             self.env[node] = self.call(node.target, args, kwargs)
 
     def segment_sum(self, node: fx.Node) -> bool:
@@ -635,8 +635,8 @@ class Emitter:
             return self.call(packed_tokens.in_eager_order, (self.padded(n), ir.stride_of(n))) \
                 if n in self.packed and packed_tokens.draws(node) else self.padded(n)
 
-        args = fx.node.map_arg(node.args, padded)
-        kwargs = self.on_device(dict(fx.node.map_arg(node.kwargs, padded)))
+        args, kwargs = self.on_device(fx.node.map_arg(node.args, padded),
+                                      dict(fx.node.map_arg(node.kwargs, padded)))
         out = self.call(t, args, kwargs)
         self.env[node] = self.call(_p_gather, (out, dims, rank, *region))
 
