@@ -176,9 +176,14 @@ def _scalar_int(x: Any) -> int | None:
 
 
 def zero_padded_source(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
-    """``(index_put, offsets)`` when ``node`` (through views) is jagged values written over
-    ``offsets`` into zeros, ``[B, L, ...]``: its rows at or past each length are zero."""
+    """``(source, offsets)`` when ``node`` (through views) is jagged values written over
+    ``offsets`` into zeros, ``[B, L, ...]``: its rows at or past each length are zero.
+    ``source`` is the ``index_put`` at (row, col), or the view that unflattens an
+    ``index_copy`` into ``[B * L, ...]`` zeros at ``row * L + col`` (FBGEMM's
+    ``jagged_to_padded_dense`` written out, generative-recommenders' layout)."""
     src = through_views(node)
+    if isinstance(src, fx.Node) and src.target is aten.index_copy.default:
+        return _unflattened_index_copy(node, src)
     if not (isinstance(src, fx.Node) and src.target is aten.index_put.default):
         return None
     accumulate = src.kwargs.get("accumulate", src.args[3] if len(src.args) > 3 else False)
@@ -187,6 +192,37 @@ def zero_padded_source(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
         return None
     offsets = jagged_positions(*indices)
     return (src, offsets) if offsets is not None else None
+
+
+def _unflattened_index_copy(node: fx.Node, copy: fx.Node) -> tuple[fx.Node, fx.Node] | None:
+    """:func:`zero_padded_source` of an ``index_copy(zeros[B * L, ...], 0, row * L + col,
+    values)``: the first view between it and ``node`` that splits its rows into
+    ``[B, L, ...]``, and the offsets of the positions."""
+    base, dim, index = copy.args[:3]
+    flat = tuple(ir.shape_of(copy) or ())
+    if not flat or _norm(int(dim), len(flat)) != 0 or not _is_zeros(base):
+        return None
+    chain = []
+    at = node
+    while at is not copy:
+        chain.append(at)
+        at = at.args[0]
+    for view in reversed(chain):  # the nearest to the copy first
+        shape = tuple(ir.shape_of(view) or ())
+        if len(shape) >= 2 and shape[0] * shape[1] == flat[0] and shape[2:] == flat[1:]:
+            offsets = jagged_flat_positions(index, shape[1])
+            if offsets is None or (ir.shape_of(offsets) or (0,))[0] != shape[0] + 1:
+                return None
+            return view, offsets
+    return None
+
+
+def padded_values(source: fx.Node) -> Any:
+    """The jagged values a :func:`zero_padded_source` wrote: ``index_put``'s or the
+    unflattened ``index_copy``'s."""
+    if source.target is aten.index_put.default:
+        return source.args[2]
+    return through_views(source).args[3]
 
 
 def dims_through_views(start: fx.Node, end: fx.Node, dims: Dims, length: int

@@ -66,6 +66,7 @@ from .jagged_patterns import (
     dims_through_views,
     follow_padding,
     keep_of,
+    padded_values,
     zero_padded_source,
 )
 
@@ -226,7 +227,7 @@ def _permuted(shape: Any, perm: list[int]) -> tuple[int, ...]:
 def _zero_padded_keys(v: fx.Node, v_perm: list[int], batch: int, length: int
                       ) -> fx.Node | None:
     """The offsets ``v`` was zero-padded over (jagged values written into zeros with
-    ``index_put``) when its batch and key axes are that padding's: then a key at or past a
+    ``index_put``, or ``index_copy`` at flat positions) when its batch and key axes are that padding's: then a key at or past a
     row's length contributes ``a_ij * 0`` in the model, and leaving it out is exact."""
     found = zero_padded_source(v)
     if found is None:
@@ -243,7 +244,8 @@ def _fill(v: fx.Node, batch: int, length: int) -> float:
     """Real tokens over padded slots of zero-padded ``v``: its jagged values' row count (a
     shape, known at compile time) over ``B * L``."""
     found = zero_padded_source(v)
-    rows = (ir.shape_of(found[0].args[2]) or (batch * length,))[0] if found else batch * length
+    rows = (ir.shape_of(padded_values(found[0])) or (batch * length,))[0] if found \
+        else batch * length
     return round(min(1.0, int(rows) / max(1, batch * length)), 6)
 
 

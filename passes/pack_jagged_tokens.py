@@ -138,7 +138,10 @@ def _sources(gm: fx.GraphModule) -> list[tuple[list[str], dict[str, Any]]]:
         elif facts.get("kind") == "jagged_silu_attention" and facts.get("offsets"):
             for operand in (facts["q"], facts["k"], facts["v"]):
                 found = zero_padded_source(by_name[operand])
-                if found is not None and found[1].name == facts["offsets"] \
+                # a region starts at an index_put (its scatter is what the runners
+                # replace); an index_copy at flat positions gets the kernel, not packing
+                if found is not None and found[0].target is aten.index_put.default \
+                        and found[1].name == facts["offsets"] \
                         and (ir.shape_of(found[0]) or (0, 0))[1] == facts["max_len"] \
                         and found[0].name not in names:
                     names.append(found[0].name)

@@ -37,11 +37,14 @@ What each probe found (the fix it holds in place):
   offsets): trains as eager on one and two ranks (module and graph mode), but the SiLU
   attention stays the padded formula (``mask-factor``: a buffer's values are not in the
   graph; then neither the ``index_copy`` zero padding nor the ``index_select`` back to
-  jagged is read as one). The third is fixed (eighteenth session, after the probe):
-  ``reshape(B * n, ...).index_select(0, row * n + col)`` reads real rows only
-  (``jagged_patterns.jagged_flat_positions``), so with ``index_put`` padding and a ``tril``
-  made in the forward (``hstu_index_put_tril``) the jagged SiLU kernel applies; the
-  ``index_copy`` padding and the buffer mask are not recognised. Its ``index_copy`` and the two towers' ``u @ v.T``
+  jagged is read as one). The second and third are fixed (eighteenth session, after the
+  probe): ``reshape(B * n, ...).index_select(0, row * n + col)`` reads real rows only
+  (``jagged_patterns.jagged_flat_positions``), and an ``index_copy`` into ``[B * n]``
+  zeros at ``row * n + col``, unflattened, is a zero-padded source; with the ``tril`` made
+  in the forward the jagged SiLU kernel applies (``hstu_index_copy_tril``, and
+  ``hstu_index_put_tril`` with its tokens packed too). The buffer mask is still not
+  recognised (its values are not in the graph). Its ``index_copy`` and the two towers'
+  ``u @ v.T``
   (``aten.numpy_T``) were priced as ops of unknown kind: now an index op and a view (by
   the op's alias schema). Positions from ``torch.arange(n)`` with no device
   (``cpu_positions``): a named capture error at the line, whose fix spoke only of an
@@ -85,6 +88,7 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "encoder_layer_dropout": ("sdpa_masks", {"mask": "layer", "dropout": 0.1}),
     "hstu_bucketize_int32": ("hstu_gr", {"bucket": "bucketize", "int32": True}),
     "hstu_index_put_tril": ("hstu_gr", {"pad": "index_put", "mask": "forward"}),
+    "hstu_index_copy_tril": ("hstu_gr", {"mask": "forward"}),
     "tisasrec_forward_relation": ("tisasrec", {"relation": "forward"}),
     "hf_bert_finfo": ("hf_bert", {"mask_value": "finfo"}),
     "hf_bert_1e4": ("hf_bert", {"mask_value": "1e4"}),
@@ -115,7 +119,8 @@ def _one_rank(plan: dict[str, Any]) -> list[float]:
 
 # the encoder layer and the BERT blocks run in tests of their own below
 @pytest.mark.parametrize("name", [name for name in CASES if name not in (
-    "encoder_layer_dropout", "hstu_index_put_tril") and not name.startswith("hf_bert")])
+    "encoder_layer_dropout", "hstu_index_put_tril", "hstu_index_copy_tril")
+    and not name.startswith("hf_bert")])
 def test_compiles_and_one_rank_matches_eager(name: str) -> None:
     for topology in ("h200:1x1", "h200:1x8"):
         validate_plan(_compiled(name, topology))
@@ -128,17 +133,21 @@ def test_compiles_and_one_rank_matches_eager(name: str) -> None:
     _close(name, _one_rank(plan), _reference(name, 1))
 
 
-def test_hstu_read_back_to_jagged_by_flat_positions_runs_the_jagged_silu_kernel() -> None:
-    """generative-recommenders' ``dense_to_jagged`` written out: the attention's padded
-    output flattened to ``[B * n, ...]`` and gathered at ``row * n + col``, which reads
-    real rows only (``jagged_patterns.jagged_flat_positions``); before, the flattening
-    counted as a reader of the padding rows and the attention stayed the padded formula
-    (``padding-rows-read-by``). With q, k, v padded by ``index_put`` and ``tril`` made in
-    the forward, the jagged SiLU kernel and a packed region apply and train as eager."""
-    plan = _compiled("hstu_index_put_tril", "h200:1x1")
+@pytest.mark.parametrize("name", ["hstu_index_put_tril", "hstu_index_copy_tril"])
+def test_hstu_read_back_to_jagged_by_flat_positions_runs_the_jagged_silu_kernel(name) -> None:
+    """generative-recommenders' jagged <-> padded written out: the attention's padded
+    output flattened to ``[B * n, ...]`` and gathered at ``row * n + col`` reads real rows
+    only (``jagged_patterns.jagged_flat_positions``; before, the flattening counted as a
+    reader of the padding rows), and q, k, v padded by ``index_copy`` into ``[B * n, ...]``
+    zeros at those positions are zero-padded sources like an ``index_put`` at (row, col)
+    (``jagged_patterns.zero_padded_source``). With the ``tril`` made in the forward the
+    jagged SiLU kernel applies and trains as eager; the ``index_put`` form packs its
+    tokens too (a region starts at an ``index_put`` only)."""
+    plan = _compiled(name, "h200:1x1")
     kinds = [k["kind"] for k in plan["kernels"]]
-    assert "jagged_silu_attention" in kinds and "packed_tokens" in kinds, kinds
-    _close("hstu_index_put_tril", _one_rank(plan), _reference("hstu_index_put_tril", 1))
+    assert "jagged_silu_attention" in kinds, kinds
+    assert ("packed_tokens" in kinds) == (name == "hstu_index_put_tril"), kinds
+    _close(name, _one_rank(plan), _reference(name, 1))
 
 
 def test_dropout_in_a_packed_region_draws_eagers_masks() -> None:
