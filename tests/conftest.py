@@ -2,6 +2,15 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
+
+# gemc's Triton kernels run in Triton's interpreter on a CPU-only machine, which has to be
+# chosen before Triton is first imported (``@triton.jit`` reads it at decoration, and
+# torch.export imports Triton through torch._dynamo): here, before any test module. A test
+# file run on its own got compiled-mode Triton otherwise (its kernels refused on the CPU).
+# tests/kernels and tests/precision choose by GEMC_TEST_DEVICE, tests/fusion always.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 REPO = Path(__file__).resolve().parent.parent
 TOY = str(REPO / "tests" / "models" / "toy.py")

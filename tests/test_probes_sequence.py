@@ -31,18 +31,11 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-
-# the plans' kernels run in Triton's interpreter on a CPU-only machine, chosen before
-# Triton is first imported (as tests/zoo/conftest.py and tests/runner/conftest.py do)
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
 from gemc.backends.torch.embedding import ShardedEmbedding
 from gemc.backends.torch.reference import reference_losses
 from gemc.backends.torch.runner import RunOptions, run

@@ -61,16 +61,11 @@ What each probe found (the fix it holds in place):
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-
-if not torch.cuda.is_available():  # the plans' kernels run in Triton's interpreter
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
 from gemc.backends.torch.reference import reference_losses
 from gemc.backends.torch.runner import RunOptions, run
 from gemc.backends.triton.key_padding_attention import STATS, key_padding_attention

@@ -13,7 +13,6 @@ interactions, multi-task heads. Each test pins a way gemc used to break on one o
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -28,9 +27,6 @@ from gemc.capture import capture
 from gemc.errors import CaptureError
 from gemc.plan import write_plan
 from tests.runner.harness import REPO, run_scenarios, variant
-
-if not torch.cuda.is_available():  # graph mode's kernels run in Triton's interpreter
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 PROBES = REPO / "tests" / "models" / "probes_b"
 DEEPFM = (f"{PROBES / 'deepctr.py'}:build", {"arch": "deepfm", "use_bn": True, "dropout": 0.2})

@@ -58,7 +58,6 @@ Triton interpreted) and on two gloo ranks. What each probe found:
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 import pytest
@@ -72,9 +71,6 @@ from gemc.capture import capture
 from gemc.errors import UnsupportedOpError
 from gemc.plan import write_plan
 from tests.runner.harness import REPO, run_scenarios, variant
-
-if not torch.cuda.is_available():  # graph mode's kernels run in Triton's interpreter
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 PROBES = REPO / "tests" / "models" / "probes_d"
 IDIOMS = f"{PROBES / 'embedding_idioms.py'}:build"

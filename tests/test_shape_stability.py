@@ -8,14 +8,7 @@ padded by ``repeat_interleave(..., output_size=n)`` (likewise)."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
-import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
 from gemc.backends.torch.reference import reference_losses
 from gemc.backends.torch.runner import RunOptions, run
 

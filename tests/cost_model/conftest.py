@@ -2,17 +2,8 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
-import torch
 from gemc.cost_model.calibration import FORMAT, VERSION, Calibration
-
-# The contention benchmark's smoke run launches gemc's gather kernel: on a CPU-only machine
-# only Triton's interpreter can run it, chosen before the kernel module is imported (the
-# rule of tests/runner/conftest.py).
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def synthetic_calibration_dict() -> dict:

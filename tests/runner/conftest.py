@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from tests.runner.harness import MODEL
-
-# Compiling imports Triton (kernel codegen); on a CPU-only machine the plan's kernels can
-# only run in Triton's interpreter, which has to be chosen before that first import (the
-# same rule as gemc.backends.triton.runtime; a GPU machine keeps compiled kernels).
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="session")
