@@ -164,15 +164,11 @@ def jagged_flat_positions(index: Any, length: int) -> fx.Node | None:
         return None
     for scaled, col in (index.args[:2], index.args[1::-1]):
         if isinstance(scaled, fx.Node) and scaled.target is aten.mul.Tensor \
-                and len(scaled.args) == 2 and _scalar_int(scaled.args[1]) == length:
+                and len(scaled.args) == 2 and _scalar(scaled.args[1]) == length:
             offsets = jagged_positions(scaled.args[0], col)
             if offsets is not None:
                 return offsets
     return None
-
-
-def _scalar_int(x: Any) -> int | None:
-    return int(x) if isinstance(x, int) and not isinstance(x, bool) else None
 
 
 def zero_padded_source(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
@@ -894,15 +890,11 @@ def _merged_step(user: fx.Node, src: fx.Node, dims: Dims, facts: Facts
     rank = len(in_shape)
     batch_outer = dims[0] >= 0
     d = dims[0] if batch_outer else ~dims[0]
-    if not isinstance(facts, KeyMask):  # zero-padded over offsets: (offsets, clamp, L)
-        if t is aten.index_select.default and user.args[0] is src and batch_outer \
-                and _norm(user.args[1], rank) == d and facts[1] == 0:
-            # a gather at the flat jagged positions of the same offsets reads real rows only
-            return "clean" if jagged_flat_positions(user.args[2], facts[2]) is facts[0] \
-                else None
-        if t not in _SAME and t not in (aten.linear.default, aten.layer_norm.default) \
-                and not elementwise(user):
-            return None  # a reshape back to rows is a KeyMask's (its batch and length)
+    if t is aten.index_select.default and not isinstance(facts, KeyMask):
+        # a gather at the flat jagged positions of the same offsets reads real rows only
+        ok = user.args[0] is src and batch_outer and _norm(user.args[1], rank) == d \
+            and facts[1] == 0 and jagged_flat_positions(user.args[2], facts[2]) is facts[0]
+        return "clean" if ok else None
     if t in _SAME:
         return [(user, dims)]
     if t is aten.linear.default:
@@ -910,6 +902,8 @@ def _merged_step(user: fx.Node, src: fx.Node, dims: Dims, facts: Facts
     if t is aten.layer_norm.default:
         return [(user, dims)] if len(user.args[1]) == 1 and d != rank - 1 else None
     if t in (aten.view.default, aten.reshape.default, aten._unsafe_view.default):
+        if not isinstance(facts, KeyMask):  # splitting back to rows needs B and L: a mask's
+            return None
         outer, inner = (facts.batch, facts.length) if batch_outer else \
             (facts.length, facts.batch)
         lead = _prod(in_shape[:d])

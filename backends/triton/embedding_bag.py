@@ -419,12 +419,12 @@ class BatchedEmbeddingBag(nn.Module):
     def reset_parameters(self) -> None:
         """Uniform(+-sqrt(1/rows)) per table (TorchRec's default), rounded to nearest in the
         storage format; zero optimizer state."""
-        for t, (rows, dim) in enumerate(zip(self.rows, self.dims)):
+        for dst, scale, rows in zip(self.split_weights(), self.split_row_scales(), self.rows):
             bound = math.sqrt(1.0 / rows)
             if self.precision == "fp32":  # in place: no table-sized temporary
-                self.split_weights()[t].uniform_(-bound, bound)
+                dst.uniform_(-bound, bound)
             else:  # one table's fp32 values at a time, then stored rounded
-                self._store(t, torch.empty(rows, dim, device=self.weights.device)
+                self._store(dst, scale, torch.empty(dst.shape, device=dst.device)
                             .uniform_(-bound, bound))
         self.reset_optimizer_state()
 
@@ -448,24 +448,26 @@ class BatchedEmbeddingBag(nn.Module):
         format (fp8: each row with its own scale)."""
         if len(tables) != self.num_tables:
             raise ValueError(f"expected {self.num_tables} tables, got {len(tables)}")
-        for t, (dst, src) in enumerate(zip(self.split_weights(), tables)):
+        views = list(zip(self.split_weights(), self.split_row_scales()))
+        for t, ((dst, _), src) in enumerate(zip(views, tables)):
             if tuple(src.shape) != tuple(dst.shape):
                 raise ValueError(f"table {t}: weight {tuple(src.shape)} != {tuple(dst.shape)}")
-        for t, src in enumerate(tables):
-            self._store(t, src.detach())
+        for (dst, scale), src in zip(views, tables):
+            self._store(dst, scale, src.detach())
 
-    def _store(self, t: int, src: torch.Tensor) -> None:
-        """Table ``t``'s values from fp32 ``src``: copied as they are into fp32 storage (no
-        temporary of the table's size: a 40M-row table is 19 GiB, and a second copy of it
-        is what ran a GPU out of memory), rounded to nearest otherwise."""
-        dst = self.split_weights()[t]
+    def _store(self, dst: torch.Tensor, scale: torch.Tensor | None,
+               src: torch.Tensor) -> None:
+        """One table's stored values ``dst`` (and fp8 row scales ``scale``) from fp32
+        ``src``: copied as they are into fp32 storage (no temporary of the table's size: a
+        40M-row table is 19 GiB, and a second copy of it is what ran a GPU out of memory),
+        rounded to nearest otherwise."""
         if self.precision == "fp32":
             dst.copy_(src)
             return
-        values, scale = quantize_rows(src.to(dst.device), self.precision, stochastic=False)
+        values, scales = quantize_rows(src.to(dst.device), self.precision, stochastic=False)
         dst.copy_(values)
-        if scale is not None:
-            self.split_row_scales()[t].copy_(scale)
+        if scale is not None and scales is not None:
+            scale.copy_(scales)
 
     def split_row_scales(self) -> list[torch.Tensor] | list[None]:
         """Per-table ``[rows]`` views of the fp8 row scales (``None`` for fp32 / bf16)."""
