@@ -21,6 +21,10 @@ from gemc.fusion_spec import pointwise_op
 from gemc.ir import OpKind
 
 _GEMM = {"linear", "mm", "addmm", "bmm", "matmul", "baddbmm", "addbmm", "_scaled_mm", "einsum"}
+_CONV = {"conv1d", "conv2d", "conv3d", "convolution", "_convolution",
+         "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"}
+"""Convolutions run as implicit GEMMs (cuDNN): SASRec-family feed-forwards are
+``Conv1d(d, d, kernel_size=1)``, which is a Linear over the channels of every position."""
 _ATTENTION = {
     "scaled_dot_product_attention",
     "_scaled_dot_product_flash_attention",
@@ -208,7 +212,7 @@ def classify(node: fx.Node) -> OpKind:
     name = op_name(node)
     names_of_node = {name, name.rstrip("_")}  # in-place variants (add_) classify as their op
     for names, kind in (
-        (_GEMM, OpKind.GEMM),
+        (_GEMM | _CONV, OpKind.GEMM),
         (_ATTENTION, OpKind.ATTENTION),
         (_EMBEDDING, OpKind.EMBEDDING),
         (_NORM, OpKind.NORM),
@@ -282,7 +286,35 @@ def gemm_problem(node: fx.Node) -> dict[str, int] | None:
         return {"batch": batch, "m": out[-2], "n": out[-1], "k": k}
     if name == "einsum":
         return _einsum_problem(node)
+    if name in _CONV:
+        return _conv_problem(node, out)
     return None
+
+
+def _conv_problem(node: fx.Node, out: tuple[int, ...]) -> dict[str, int] | None:
+    """A convolution as the implicit GEMM cuDNN runs: per group, (batch x output positions)
+    rows, the group's output channels as columns, (input channels of the group x kernel
+    positions) contracted. A transposed convolution contracts the same products."""
+    w = _shape(node.args[1]) if len(node.args) > 1 else None
+    if w is None or len(out) < 2 or len(w) != len(out):
+        return None
+    name = op_name(node)
+    at = 8 if name in ("convolution", "_convolution") else 6  # groups' position in the schema
+    groups = node.args[at] if len(node.args) > at else node.kwargs.get("groups", 1)
+    if not isinstance(groups, int) or groups < 1:
+        return None
+    positions = 1
+    for s in out[2:]:
+        positions *= s
+    kernel = 1
+    for s in w[2:]:
+        kernel *= s
+    transposed = name.startswith("conv_transpose") or (
+        name in ("convolution", "_convolution") and len(node.args) > 6 and node.args[6] is True)
+    # weight [C_out, C_in / g, *k]; transposed: [C_in, C_out / g, *k]
+    n = w[1] if transposed else w[0] // groups
+    k = (w[0] // groups if transposed else w[1]) * kernel
+    return {"batch": groups, "m": out[0] * positions, "n": n, "k": k}
 
 
 def _einsum_problem(node: fx.Node) -> dict[str, int] | None:

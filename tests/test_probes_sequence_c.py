@@ -121,10 +121,9 @@ def test_compiles_and_one_rank_matches_eager(name: str) -> None:
         validate_plan(_compiled(name, topology))
     plan = _compiled(name, "h200:1x1")
     unknown = [w for w in plan["warnings"] if "ops of unknown kind" in w]
-    if name != "tisasrec_forward_relation":  # its Conv1d(k=1) feed-forward: not fixed
-        # ``u @ v.T`` (aten.numpy_T: a view by its schema) and HSTU's index_copy
-        # (an index op) were priced as unknown ops by bytes
-        assert not unknown, unknown
+    # ``u @ v.T`` (aten.numpy_T: a view by its schema), HSTU's index_copy (an index op)
+    # and TiSASRec's Conv1d(k=1) feed-forward (an implicit GEMM) were priced as unknown ops
+    assert not unknown, unknown
     _close(name, _one_rank(plan), _reference(name, 1))
 
 

@@ -137,3 +137,36 @@ def test_python_mask_operators_are_pointwise_not_unknown():
                aten.bitwise_and.Tensor):
         assert pointwise_op(op), op
     assert not pointwise_op(aten.mm.default)
+
+
+class _ConvFeedForward(torch.nn.Module):
+    """SASRec's point-wise feed-forward as its authors write it (channels first, kernel 1),
+    a grouped 3-tap convolution, a transposed one and a 2-D one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ff = torch.nn.Sequential(torch.nn.Conv1d(8, 8, 1), torch.nn.ReLU(),
+                                      torch.nn.Conv1d(8, 16, 3, padding=1, groups=2))
+        self.up = torch.nn.ConvTranspose1d(16, 4, 2, groups=2)
+        self.c2 = torch.nn.Conv2d(4, 6, (1, 2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.up(self.ff(x.transpose(1, 2)))
+        return self.c2(y.unsqueeze(-1).expand(-1, -1, -1, 3)).sum()
+
+
+def test_convolutions_are_implicit_gemms_with_their_problem_shape():
+    """A convolution is no op of unknown kind (priced by bytes, no FLOPs): per group, batch
+    x output positions rows, the group's output channels, in-channels x taps contracted."""
+    gm, ctx = graph_of(_ConvFeedForward(), [torch.randn(2, 5, 8)], [ClassifyOps()])
+    check_graph(gm, """
+        CHECK: aten.conv1d.default(
+        CHECK-SAME: gemm={batch:1,m:10,n:8,k:8} kind=gemm
+        CHECK: aten.conv1d.default(
+        CHECK-SAME: gemm={batch:2,m:10,n:8,k:12} kind=gemm
+        CHECK: aten.conv_transpose1d.default(
+        CHECK-SAME: gemm={batch:2,m:12,n:2,k:16} kind=gemm
+        CHECK: aten.conv2d.default(
+        CHECK-SAME: gemm={batch:1,m:24,n:6,k:8} kind=gemm
+    """)
+    assert not [w for w in ctx.warnings if "unknown kind" in w], ctx.warnings
