@@ -267,7 +267,14 @@ def _fused_update_kernel(
             mean_sq = tl.load(head_squares + i) / tl.load(squares_dim + t).to(tl.float32)
         else:
             mean_sq = tl.sum(g * g, 0) / dim.to(tl.float32)
-        acc = tl.load(momentum1 + key) + mean_sq
+        # The accumulator is a scalar: every thread of the program loads it and thread 0
+        # alone stores it back. Without the barrier a warp running behind read the new value
+        # and added the squares twice: its columns of the row moved by 1/sqrt(2) of the step
+        # (the summed phase, which has no reduction to hold the warps together, on an H100
+        # and an H200; the one pass had the same order; test_embedding_bag_state_race).
+        acc = tl.load(momentum1 + key)
+        tl.debug_barrier()
+        acc = acc + mean_sq
         tl.store(momentum1 + key, acc)
         w = w - lr * g / (tl.sqrt(acc) + eps)
     else:

@@ -61,7 +61,11 @@ def _masked_row_update_kernel(
     if OPTIMIZER == 0:  # row-wise Adagrad
         if HAS_WEIGHT_DECAY:
             g = g + weight_decay * w
-        acc = tl.load(state1 + r, mask=row_used, other=0.0) + tl.sum(g * g, 1) / dim
+        # a row's accumulator is held by every thread of the row and written back by one:
+        # all read it before any writes (embedding_bag._fused_update_kernel's race)
+        acc = tl.load(state1 + r, mask=row_used, other=0.0)
+        tl.debug_barrier()
+        acc = acc + tl.sum(g * g, 1) / dim
         tl.store(state1 + r, acc, mask=row_used)
         w = w - lr * g / (tl.sqrt(acc)[:, None] + eps)
     else:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from gemc.backends.triton.embedding_bag import BatchedEmbeddingBag
-from kernel_helpers import fresh_generator, offsets_of
+from kernel_helpers import fresh_generator, offsets_of, randn
 
 TOL = {"atol": 1e-5, "rtol": 1e-5}
 ROWS, DIM, SPLIT, OTHER = 13, 12, (4, 8), (7, 6)  # the split table; a whole table beside it
@@ -113,3 +113,42 @@ def test_each_split_tables_squares_come_from_the_launches_that_looked_it_up() ->
     assert first[0] > 0 and first[1] > 0 and first[2] == 0  # row 2's run head only
     m.apply_pending()
     assert not m.pending and m.pending_squares(0) == []
+
+
+def test_a_whole_row_in_two_phases_moves_as_in_one_pass_and_as_eager() -> None:
+    """A shard that is the whole row (``split_rows`` with its own width: the squares summed
+    over that one shard) against the one-pass update of the same table and against eager
+    PyTorch (``F.embedding_bag``'s gradient, the reference row-wise Adagrad), two steps,
+    rows hit several times in one bag and across bags. Under ``GEMC_TEST_DEVICE=cuda`` the
+    batch is one where the accumulator's read-after-write race showed on a GPU (0.3-1% of
+    the rows off: test_embedding_bag_state_race)."""
+    from gemc.backends.triton.embedding_bag_reference import (
+        pooled_lookup_reference,
+        rowwise_adagrad_step_,
+        touched_rows,
+    )
+
+    gen = fresh_generator()
+    device = torch.get_default_device()  # drawn on the CPU, moved there (kernel_helpers)
+    cuda = device.type == "cuda"
+    rows, dim, batch, pooling = (50_000, 128, 1024, 50) if cuda else (24, 128, 12, 4)
+    one, two = _module([(rows, dim)], 0.0), _module([(rows, dim)], 0.0)
+    ref = randn(rows, dim, gen=gen)
+    one.load_weights([ref])
+    two.load_weights([ref])
+    two.split_rows({0: dim})
+    state = torch.zeros(rows)
+    for _ in range(2):
+        ids = torch.randint(0, rows, (batch * pooling,), generator=gen, device="cpu").to(device)
+        offsets = offsets_of([pooling] * batch, torch.int64)
+        grad = randn(batch, dim, gen=gen)
+        one(ids, offsets).backward(grad)
+        two(ids, offsets, id_counts=[ids.numel()]).backward(grad)
+        two.apply_pending()
+        w = ref.clone().requires_grad_()
+        pooled_lookup_reference([w], ids, offsets).backward(grad)
+        rowwise_adagrad_step_(ref, w.grad, state, touched_rows(ids, offsets, 1)[0],
+                              lr=one.lr, eps=one.eps)
+        for m in (one, two):
+            torch.testing.assert_close(m.split_weights()[0], ref, **TOL)
+            torch.testing.assert_close(m.split_optimizer_state()[0]["sum"], state, **TOL)
