@@ -30,10 +30,11 @@ Cases (each timed as forward only and as forward+backward, per variant):
   (``h200``: B=128, L=512, 4 heads of 128, causal, ~50% fill, bf16), gemc's kernel in each
   of :data:`SILU_VARIANTS` (exact or fast sigmoid, two backward kernels or one with atomic
   dq, heuristic or autotuned configs, with and without HSTU's ``[B, 1, L, L]`` relative
-  bias) against padded masked SDPA; each variant
+  bias, the old dk/dv kernel or the key-block one of ``silu_key_block_backward``) against
+  padded masked SDPA; each variant
   checked against the padded formula in fp32 (output and every gradient). The JSON's
   ``silu_variants`` section has per variant the ms, the speedup over the fastest masked
-  SDPA, the error and the configs it ran. H200, < 2 min:
+  SDPA, the error and the configs it ran. H200, < 3 min:
   ``python benchmarks/kernels.py --cases silu_variants --out $OUT/silu_variants.json``.
 * ``narrow`` (not in the default set): is gemc's pooled lookup slow on narrow shards?
   TorchRec's estimator charges shards under 128 columns 1.15x and under 64 1.75x per byte
@@ -427,24 +428,36 @@ def zoo_summary(rows: list[Row]) -> dict[str, Any]:
     return out
 
 
-SILU_VARIANTS = (  # (name, fast sigmoid, fused backward, autotune, bias)
-    ("exact sigmoid, heuristic configs", False, False, False, False),
-    ("fast sigmoid, heuristic configs", True, False, False, False),
-    ("fused bwd, heuristic configs", False, True, False, False),
-    ("fast sigmoid + fused bwd, heuristic configs", True, True, False, False),
-    ("exact sigmoid, autotuned", False, False, True, False),
-    ("fast sigmoid, autotuned", True, False, True, False),
-    ("fused bwd, autotuned", False, True, True, False),
-    ("fast sigmoid + fused bwd, autotuned", True, True, True, False),
-    ("exact sigmoid, heuristic configs, bias", False, False, False, True),
-    ("fast sigmoid + fused bwd, heuristic configs, bias", True, True, False, True),
-    ("fast sigmoid + fused bwd, autotuned, bias", True, True, True, True),
+SILU_VARIANTS = (  # (name, fast sigmoid, fused backward, autotune, bias, key-block bwd)
+    ("exact sigmoid, heuristic configs", False, False, False, False, False),
+    ("fast sigmoid, heuristic configs", True, False, False, False, False),
+    ("fused bwd, heuristic configs", False, True, False, False, False),
+    ("fast sigmoid + fused bwd, heuristic configs", True, True, False, False, False),
+    ("exact sigmoid, autotuned", False, False, True, False, False),
+    ("fast sigmoid, autotuned", True, False, True, False, False),
+    ("fused bwd, autotuned", False, True, True, False, False),
+    ("fast sigmoid + fused bwd, autotuned", True, True, True, False, False),
+    ("exact sigmoid, heuristic configs, bias", False, False, False, True, False),
+    ("fast sigmoid + fused bwd, heuristic configs, bias", True, True, False, True, False),
+    ("fast sigmoid + fused bwd, autotuned, bias", True, True, True, True, False),
+    ("key-block bwd + fused dq, fast sigmoid, heuristic configs", True, True, False, False,
+     True),
+    ("key-block bwd + fused dq, fast sigmoid, autotuned", True, True, True, False, True),
+    ("key-block bwd + fused dq, exact sigmoid, heuristic configs, bias", False, True, False,
+     True, True),
+    ("key-block bwd + fused dq, fast sigmoid, heuristic configs, bias", True, True, False,
+     True, True),
+    ("key-block bwd + fused dq, fast sigmoid, autotuned, bias", True, True, True, True, True),
+    ("key-block bwd + dq kernel, fast sigmoid, autotuned, bias", True, False, True, True,
+     True),
 )
 """The ``silu_variants`` case's kernel variants: the sigmoid (``jagged_attention.FAST_SIGMOID``),
 the backward as one kernel with atomic dq or two (``FUSED_SILU_BACKWARD``), the launch
-configs (``config_choice``'s heuristic picks, or ``GEMC_AUTOTUNE=1``'s timed best), and
+configs (``config_choice``'s heuristic picks, or ``GEMC_AUTOTUNE=1``'s timed best),
 HSTU's relative bias ``[B, 1, L, L]`` with its gradient, or none (the ``zoo`` case's
-kernel has none)."""
+kernel has none), and the backward's dk/dv kernel: per (sequence, head, key block) with
+the bias gradient added by atomics, or ``key-block`` (``SILU_KEY_BLOCK_BACKWARD``: per
+(sequence, key block), the heads looped and the bias gradient summed without atomics)."""
 
 
 def silu_variants_case(rec: Recorder, p: Preset, preset: str, gen: torch.Generator
@@ -503,10 +516,11 @@ def silu_variants_case(rec: Recorder, p: Preset, preset: str, gen: torch.Generat
     refs = {False: reference(False), True: reference(True)}
     summary: dict[str, Any] = {"shape": {**shape, "causal": causal, "tokens": total}}
     autotune_was = os.environ.get(config_choice.AUTOTUNE_ENV)
-    defaults = kernel.FAST_SIGMOID, kernel.FUSED_SILU_BACKWARD
+    defaults = kernel.FAST_SIGMOID, kernel.FUSED_SILU_BACKWARD, kernel.SILU_KEY_BLOCK_BACKWARD
     try:
-        for name, fast, fused, tune, with_bias in SILU_VARIANTS:
+        for name, fast, fused, tune, with_bias, key_block in SILU_VARIANTS:
             kernel.FAST_SIGMOID, kernel.FUSED_SILU_BACKWARD = fast, fused
+            kernel.SILU_KEY_BLOCK_BACKWARD = key_block
             os.environ[config_choice.AUTOTUNE_ENV] = "1" if tune else "0"
             config_choice.forget("jagged_attention.")
             leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
@@ -538,7 +552,7 @@ def silu_variants_case(rec: Recorder, p: Preset, preset: str, gen: torch.Generat
                                          for k, v in config_choice.report().items()
                                          if k.startswith("jagged_attention.")}}
     finally:
-        kernel.FAST_SIGMOID, kernel.FUSED_SILU_BACKWARD = defaults
+        kernel.FAST_SIGMOID, kernel.FUSED_SILU_BACKWARD, kernel.SILU_KEY_BLOCK_BACKWARD = defaults
         if autotune_was is None:
             os.environ.pop(config_choice.AUTOTUNE_ENV, None)
         else:

@@ -129,6 +129,32 @@ timed run starts from a zeroed dq (``accumulates``). Stays off until the H200 sh
 error at the two-kernel path's (``benchmarks/h200_pending12.sh``, part 4)."""
 
 
+SILU_KEY_BLOCK_BACKWARD = False
+"""The silu backward by :mod:`.silu_key_block_backward`: one program per (sequence, key
+block) writes dk, dv and (looping over the heads where they share the bias) the bias's
+gradient summed over the heads, with no atomics, no zeroed fp32 buffer and no cast pass;
+dq as ``FUSED_SILU_BACKWARD`` says (relaxed atomics from the same program, or the dq
+kernel). Why: issue 17's HSTU shape, where the backward took ~6x the forward and the bias
+doubled it (the module's docstring counts each cost). Off until the H200 has timed it
+(``benchmarks/kernels.py --cases silu_variants``: its ``key-block bwd`` rows) and checked
+its gradients on the GPU: the interpreter runs programs one at a time, so its tests cannot
+see a race between the heads of one program (ordered by a barrier)."""
+
+
+def uninitialised(shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype,
+                  device: torch.device) -> torch.Tensor:
+    """An output buffer that a kernel writes in full (``torch.empty_strided``): the one
+    place such buffers are made, so a test can fill them with NaN instead and see that
+    every element was written."""
+    return torch.empty_strided(shape, stride, dtype=dtype, device=device)
+
+
+def uses_key_block_backward(meta: dict) -> bool:
+    """Whether a backward with these meta-parameters runs :data:`SILU_KEY_BLOCK_BACKWARD`'s
+    kernel (silu only; read at the backward, where the bias's buffer is made too)."""
+    return bool(SILU_KEY_BLOCK_BACKWARD and meta.get("SILU"))
+
+
 # Shared memory per config (config_choice.shared_memory_bytes): the loop's operand tiles are
 # streamed (k, v and the bias tile in the forward and dq kernels; q, dO, the bias and the
 # row statistics in the dk/dv kernel), the program's own rows stay resident, and score
@@ -428,10 +454,18 @@ def _key_phases(start_m, row_len, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     return full, end
 
 
-def _accumulated(args: dict, outputs: tuple[str, ...]) -> tuple[str, ...]:
+def _accumulated(args: dict, outputs: tuple[str, ...], writes_bias_grad: bool
+                 ) -> tuple[str, ...]:
     """A backward launch's outputs that it adds into (zeroed before each timed autotuning
-    run): ``outputs`` and, where the heads share the bias's gradient buffer, that buffer."""
-    bias_grad_added = args.get("BIAS_GRAD") and args.get("BIAS_GRAD_ADD")
+    run, and once more after the timing): ``outputs`` and, where this launch writes the
+    bias's gradient (``writes_bias_grad``) and the heads share its buffer, that buffer.
+    Why ``writes_bias_grad``: the two-kernel path's dk/dv kernel does not write the bias's
+    gradient (the dq kernel, launched before it, does). Zeroing it there erased the dq
+    kernel's sums: on the H200 (Triton 3.6, which calls the hook after choosing even a
+    single config), the first backward of each key returned a zero bias gradient (session
+    19's ``silu_variants``: "exact sigmoid, heuristic configs, bias", max abs error 0.188,
+    the reference's largest value)."""
+    bias_grad_added = writes_bias_grad and args.get("BIAS_GRAD") and args.get("BIAS_GRAD_ADD")
     return outputs + ("DBIAS",) if bias_grad_added else outputs
 
 
@@ -494,7 +528,7 @@ def _fwd_kernel(
 
 @config_choice.autotune(_BWD_Q_CONFIGS, _TUNE_KEY, name="jagged_attention._bwd_dq_kernel",
                         tiles=_dq_tiles, prefer=_dq_prefer,
-                        accumulates=lambda a: _accumulated(a, ()))
+                        accumulates=lambda a: _accumulated(a, (), True))
 @triton.jit
 def _bwd_dq_kernel(
     Q, K, V, Out, DO, DQ, LSE, DELTA, offsets_ptr,
@@ -559,8 +593,8 @@ def _bwd_dq_kernel(
 
 @config_choice.autotune(_BWD_KV_CONFIGS, _TUNE_KEY, name="jagged_attention._bwd_dkdv_kernel",
                         tiles=_dkdv_tiles, prefer=_dkdv_prefer,
-                        accumulates=lambda a: _accumulated(a, ("DQ",) if a.get("FUSED_DQ")
-                                                           else ()))
+                        accumulates=lambda a: _accumulated(
+                            a, ("DQ",) if a.get("FUSED_DQ") else (), bool(a.get("FUSED_DQ"))))
 @triton.jit
 def _bwd_dkdv_kernel(
     Q, K, V, DO, DK, DV, DQ, LSE, DELTA, offsets_ptr,
@@ -713,9 +747,25 @@ def _attention_backward(q, k, v, out, lse, do, offsets, max_len: int, scale: flo
     batch = offsets.numel() - 1
     fused = bool(meta.get("FUSED_DQ"))  # dq summed by the dk/dv kernel, in fp32
     dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32 if fused else q.dtype)
+    empty = total == 0 or batch == 0 or max_len == 0
+    if uses_key_block_backward(meta):
+        from .silu_key_block_backward import silu_key_block_backward
+
+        if not fused and not empty:  # the dq kernel, its bias gradient left to dk/dv's
+            _bwd_dq_kernel[_grid(batch, heads, max_len, "BLOCK_M")](
+                q, k, v, out, do, dq, lse, lse, offsets,
+                q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                out.stride(0), out.stride(1), do.stride(0), do.stride(1), dq.stride(0),
+                dq.stride(1), lse.stride(0), heads, scale, 1.0 / max_len, pad_len,
+                *_bias_args(bias, None, q), **{**meta, "BIAS_GRAD": False},
+            )
+        # an empty batch still writes its bias gradient's zeros (the buffer is not zeroed)
+        dk, dv = silu_key_block_backward(q, k, v, do, dq, offsets, max_len, scale, meta,
+                                         bias, dbias, pad_len=pad_len)
+        return dq.to(q.dtype), dk, dv
     dk = torch.zeros_like(k, memory_format=torch.contiguous_format)
     dv = torch.zeros_like(v, memory_format=torch.contiguous_format)
-    if total == 0 or batch == 0 or max_len == 0:
+    if empty:
         return dq.to(q.dtype), dk, dv
     delta = torch.empty_like(lse)
     if not fused:
@@ -779,13 +829,24 @@ def bias_grad_buffer(bias4: torch.Tensor | None, meta: dict
     ``[B, 1, n, n]``) that buffer is H times larger, and zeroing it, then reading it back
     to sum over the heads, moved more bytes than the kernels' own writes (0.5 GB each at
     HSTU's h200 preset); the heads add into one block instead (``BIAS_GRAD_ADD``: fp32
-    atomics, so the sum's order varies from run to run)."""
+    atomics, so the sum's order varies from run to run). Under
+    :data:`SILU_KEY_BLOCK_BACKWARD` the buffer is not zeroed (that kernel writes every
+    element, zeros included, with no atomics) and has the bias's dtype unless a sum over
+    the batch follows (a bias without one)."""
     if bias4 is None or not meta["BIAS_GRAD"]:
         return meta, None, None
     batch, heads, lb, _ = bias4.shape
     shared = bias4.stride(1) == 0 and heads > 1
-    buffer = torch.zeros((batch, 1 if shared else heads, lb, lb), dtype=torch.float32,
-                         device=bias4.device)
+    shape = (batch, 1 if shared else heads, lb, lb)
+    if uses_key_block_backward(meta):
+        # every element written by the kernel, in the bias's dtype unless a batch sum
+        # follows (:mod:`.silu_key_block_backward`)
+        summed = bias4.stride(0) == 0 and batch > 1
+        strides = (shape[1] * lb * lb, lb * lb, lb, 1)
+        buffer = uninitialised(shape, strides, torch.float32 if summed else bias4.dtype,
+                               bias4.device)
+        return {**meta, "BIAS_GRAD_ADD": False}, buffer, buffer.expand(bias4.shape)
+    buffer = torch.zeros(shape, dtype=torch.float32, device=bias4.device)
     return {**meta, "BIAS_GRAD_ADD": shared}, buffer, buffer.expand(bias4.shape)
 
 

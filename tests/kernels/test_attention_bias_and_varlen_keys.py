@@ -78,5 +78,7 @@ def test_heads_add_into_one_gradient_block_where_the_bias_has_no_heads(shape, sh
     meta, buffer, view = bias_grad_buffer(bias4, {"BIAS_GRAD": True, "BIAS_GRAD_ADD": False})
     assert meta["BIAS_GRAD_ADD"] is shared
     assert buffer.shape == (B, 1 if shared else H, L, L) and view.shape == (B, H, L, L)
-    assert ("DBIAS" in jagged_attention_module._accumulated(meta, ())) is shared
+    assert ("DBIAS" in jagged_attention_module._accumulated(meta, (), True)) is shared
+    # a launch that does not write the bias's gradient never zeroes it
+    assert "DBIAS" not in jagged_attention_module._accumulated(meta, (), False)
     assert bias_grad_sum(buffer, torch.zeros(shape)).shape == shape

@@ -100,7 +100,7 @@ def test_silu_variants_case_checks_every_variant_against_the_formula(tmp_path):
     checked (output and every gradient) against the padded formula, the masked SDPA
     baselines timed, and the module flags restored after."""
     out = tmp_path / "silu.json"
-    defaults = kernel.FAST_SIGMOID, kernel.FUSED_SILU_BACKWARD
+    defaults = kernel.FAST_SIGMOID, kernel.FUSED_SILU_BACKWARD, kernel.SILU_KEY_BLOCK_BACKWARD
     bench = load_benchmark("kernels")
     bench.main(["--smoke", "--no-compile", "--cases", "silu_variants", "--out", str(out)])
     report = json.loads(out.read_text())
@@ -109,10 +109,11 @@ def test_silu_variants_case_checks_every_variant_against_the_formula(tmp_path):
     summary = report["silu_variants"]
     assert summary["shape"]["causal"] is True and summary["shape"]["max_len"] == 8
     names = [v[0] for v in bench.SILU_VARIANTS]
-    assert len(names) == len(set(names)) == 11
+    assert len(names) == len(set(names)) == 17
     for name in names:
         cell = summary[name]
         assert cell["fwd_ms"] > 0 and cell["fwd_bwd_ms"] > 0
         assert cell["max_abs_err"] < 0.05 * max(1.0, summary["reference_max_abs"]), name
     assert summary["fastest_masked_sdpa_ms"] > 0
-    assert (kernel.FAST_SIGMOID, kernel.FUSED_SILU_BACKWARD) == defaults
+    assert (kernel.FAST_SIGMOID, kernel.FUSED_SILU_BACKWARD,
+            kernel.SILU_KEY_BLOCK_BACKWARD) == defaults
