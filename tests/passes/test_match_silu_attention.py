@@ -94,3 +94,71 @@ def test_a_look_alike_stays_the_padded_formula_with_its_reason(form: str, reason
 def test_a_bare_key_mask_is_a_key_mask():
     gm, _ = _matched("keys")
     check_graph(gm, "CHECK: %matmul_1 = aten.matmul.default(\nCHECK-SAME: kind:jagged_silu_attention")
+
+
+class _StoredCausal(_Pointwise):
+    """The causal mask a bool ``tril`` buffer larger than ``L``, sliced ``[:L, :L]`` and
+    and-ed with the key and query masks (``form="stored"``); or the same ``[L, L]`` mask
+    received as data with the batch (``"input"``: its values change per call, so no
+    check cached per change of a weight applies), or the buffer times a fresh random draw
+    (``"drawn"``)."""
+
+    def __init__(self, form: str) -> None:
+        super().__init__(form)
+        self.register_buffer("causal", torch.ones(L + 2, L + 2, dtype=torch.bool).tril())
+
+    def weights(self, q: torch.Tensor, k: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        causal = self.causal[:L, :L]
+        if self.form == "input":
+            causal = self.given
+        elif self.form == "drawn":
+            causal = causal & (torch.rand(L, L) < 2.0)
+        visible = keep[:, None, :] & keep[:, :, None] & causal[None]
+        return F.silu(q @ k.transpose(-1, -2)) / L * visible[:, None].to(q.dtype)
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor,  # type: ignore[override]
+                given: torch.Tensor | None = None) -> torch.Tensor:
+        self.given = given
+        return super().forward(x, keep)
+
+
+def _stored(form: str):
+    args = (*inputs(), torch.ones(L, L, dtype=torch.bool).tril()) if form == "input" \
+        else inputs()
+    return graph_of(_StoredCausal(form), args, annotated(MatchSiluAttention()))
+
+
+def test_a_causal_mask_in_a_buffer_is_a_candidate_checked_at_run_time():
+    """The buffer's values are not in the graph (captured on meta): the attention is the
+    jagged kernel, causal, and its facts name what the runner checks (the sliced factor,
+    ``causal_mask``), the weight the check's answer is cached by (``causal_mask_of``), and
+    the whole mask with the way it is applied for the exact fallback (``visible``,
+    ``visible_where``)."""
+    gm, ctx = _stored("stored")
+    check_graph(gm, """
+        CHECK: %slice_1 = aten.slice.Tensor(%b_causal, 0, 0, 4) :: bool[4,6]
+        CHECK-NEXT: %slice_2 = aten.slice.Tensor(%slice_1, 1, 0, 4) :: bool[4,4]
+        CHECK-NOT: group=
+        CHECK: %unsqueeze_2 = aten.unsqueeze.default(%slice_2, 0)
+        CHECK: %to = aten.to.dtype(%unsqueeze_3, f32)
+        CHECK-NOT: group=
+        CHECK: %mul = aten.mul.Tensor(%div, %to)
+        CHECK-SAME: group=jagged_silu_attention_0
+        CHECK-NEXT: %matmul_1 = aten.matmul.default(%mul, %getitem_2)
+        CHECK-SAME: kind:jagged_silu_attention,
+        CHECK-SAME: mask:keep,
+        CHECK-SAME: causal:True,causal_mask:unsqueeze_2,causal_mask_of:['b_causal'],
+        CHECK-SAME: visible:to,visible_where:False,query_mask:True,
+    """)
+    assert not _warnings(ctx)
+
+
+@pytest.mark.parametrize("form", ["input", "drawn"])
+def test_a_square_mask_of_data_or_a_draw_is_no_candidate(form: str):
+    """Only a mask computed from the model's weights alone is checked once per change of
+    them: the same ``[L, L]`` mask given with the batch, or a weight times a random draw,
+    stays the padded formula (``mask-factor``)."""
+    gm, ctx = _stored(form)
+    assert not [n for n in gm.graph.nodes if ir.KERNEL in n.meta]
+    assert _warnings(ctx) == ["match-silu-attention: matmul_1 stays the padded formula "
+                              "(mask-factor)"]
