@@ -784,10 +784,10 @@ def _is_tril(node: Any, length: int) -> bool:
 
 def stored_mask_sources(node: Any, length: int) -> list[fx.Node] | None:
     """The weights ``node`` is computed from when it is a candidate causal mask: an
-    ``[L, L]`` value (leading dims 1) that reads nothing of the batch, only parameters or
-    buffers of the model (``gemc.param`` placeholders, each at least ``[L, L]`` in its last
-    two dims: a mask table sliced ``[:L, :L]`` or not), through ops that draw no random
-    number; else None. Why a candidate and not a proof: the graph is captured on ``meta``,
+    ``[L, L]`` value (leading dims 1) that reads nothing of the batch, only parameters,
+    buffers or lifted tensor constants of the model (``gemc.param`` / ``gemc.constant``
+    placeholders, each at least ``[L, L]`` in its last two dims: a mask table sliced
+    ``[:L, :L]`` or not), through ops that draw no random number; else None. Why a candidate and not a proof: the graph is captured on ``meta``,
     so a buffer's values (``register_buffer("mask", tril(ones(M, M)))``) are not in it; the
     runner checks the value against the lower-triangular ones once per change of these
     weights (``backends/triton/causal_mask``) and otherwise runs the padded formula."""
@@ -802,7 +802,7 @@ def stored_mask_sources(node: Any, length: int) -> list[fx.Node] | None:
     for n in ir.ancestors([node]):
         if n.op == "placeholder":
             weight = tuple(ir.shape_of(n) or ())
-            if ir.PARAM not in n.meta or len(weight) < 2 \
+            if (ir.PARAM not in n.meta and ir.CONSTANT not in n.meta) or len(weight) < 2 \
                     or any(int(s) < length for s in weight[-2:]):
                 return None
             sources.append(n)

@@ -37,7 +37,8 @@ jagged positions reads real rows only).
 The causal mask may also be read from the model's weights (generative-recommenders registers
 it, ``register_buffer("_attn_mask", tril(ones(M, M)))``, and multiplies by
 ``_attn_mask[:n, :n]``, or by ``1.0 - triu_mask.to(dtype)``): an ``[L, L]`` factor computed
-from parameters or buffers alone, at least ``[L, L]`` each, through ops that draw nothing
+from parameters, buffers or lifted tensor constants alone, at least ``[L, L]`` each, through
+ops that draw nothing
 (``jagged_patterns.stored_mask_sources``). The graph is captured on meta, so its values are
 not in it: the entry is causal and names the factor (``causal_mask``), the weights
 (``causal_mask_of``) and the whole mask as the scores read it (``visible``,

@@ -95,6 +95,7 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "hstu_buffer_gr": ("hstu_gr", {"mask": "gr"}),
     "hstu_buffer_where": ("hstu_gr", {"mask": "where", "pad": "index_put"}),
     "hstu_buffer_ones": ("hstu_gr", {"mask_ones": True}),
+    "hstu_constant_mask": ("hstu_gr", {"mask": "constant"}),
     "tisasrec_forward_relation": ("tisasrec", {"relation": "forward"}),
     "hf_bert_finfo": ("hf_bert", {"mask_value": "finfo"}),
     "hf_bert_1e4": ("hf_bert", {"mask_value": "1e4"}),
@@ -126,7 +127,8 @@ def _one_rank(plan: dict[str, Any]) -> list[float]:
 # the encoder layer and the BERT blocks run in tests of their own below
 @pytest.mark.parametrize("name", [name for name in CASES if name not in (
     "encoder_layer_dropout", "hstu_index_put_tril", "hstu_index_copy_tril")
-    and not name.startswith(("hf_bert", "hstu_index_copy_buffer", "hstu_buffer_"))])
+    and not name.startswith(("hf_bert", "hstu_index_copy_buffer", "hstu_buffer_",
+                             "hstu_constant"))])
 def test_compiles_and_one_rank_matches_eager(name: str) -> None:
     for topology in ("h200:1x1", "h200:1x8"):
         validate_plan(_compiled(name, topology))
@@ -162,17 +164,19 @@ def _silu_entry(plan: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("name", ["hstu_index_copy_buffer", "hstu_buffer_gr",
-                                  "hstu_buffer_where"])
+                                  "hstu_buffer_where", "hstu_constant_mask"])
 def test_hstu_causal_mask_in_a_buffer_runs_the_jagged_silu_kernel(name: str) -> None:
     """The causal mask a registered buffer (a float ``tril`` multiplied in, generative-
     recommenders' bool ``triu(., 1)`` sliced as ``1.0 - m[:n, :n].to(dtype)``, a bool
-    ``tril`` sliced and read by ``where``): captured on meta, its values are not in the
+    ``tril`` sliced and read by ``where``; or a plain tensor attribute, lifted as a
+    constant): captured on meta, its values are not in the
     graph, so the attention stayed the padded formula (``mask-factor``). It is now the
     jagged SiLU kernel with the mask checked at run time, once (the buffer never changes:
     the check's answer is cached per its storage and version), and trains as eager."""
     plan = _compiled(name, "h200:1x1")
     entry = _silu_entry(plan)
-    assert entry["causal"] is True and entry["causal_mask_of"] == ["b_layers_0__attn_mask"]
+    assert entry["causal"] is True and entry["causal_mask_of"] == [
+        "c_layers_0__attn_mask" if name == "hstu_constant_mask" else "b_layers_0__attn_mask"]
     assert entry["visible_where"] is (name == "hstu_buffer_where")
     # a stored mask's fallback is the padded formula: its attention starts no packed region
     assert "packed_tokens" not in [k["kind"] for k in plan["kernels"]]

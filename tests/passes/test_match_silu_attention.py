@@ -101,11 +101,15 @@ class _StoredCausal(_Pointwise):
     and-ed with the key and query masks (``form="stored"``); or the same ``[L, L]`` mask
     received as data with the batch (``"input"``: its values change per call, so no
     check cached per change of a weight applies), or the buffer times a fresh random draw
-    (``"drawn"``)."""
+    (``"drawn"``); ``"constant"``: a plain tensor attribute (a lifted constant)."""
 
     def __init__(self, form: str) -> None:
         super().__init__(form)
-        self.register_buffer("causal", torch.ones(L + 2, L + 2, dtype=torch.bool).tril())
+        causal = torch.ones(L + 2, L + 2, dtype=torch.bool).tril()
+        if form == "constant":
+            self.causal = causal
+        else:
+            self.register_buffer("causal", causal)
 
     def weights(self, q: torch.Tensor, k: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         causal = self.causal[:L, :L]
@@ -128,15 +132,16 @@ def _stored(form: str):
     return graph_of(_StoredCausal(form), args, annotated(MatchSiluAttention()))
 
 
-def test_a_causal_mask_in_a_buffer_is_a_candidate_checked_at_run_time():
-    """The buffer's values are not in the graph (captured on meta): the attention is the
-    jagged kernel, causal, and its facts name what the runner checks (the sliced factor,
-    ``causal_mask``), the weight the check's answer is cached by (``causal_mask_of``), and
-    the whole mask with the way it is applied for the exact fallback (``visible``,
-    ``visible_where``)."""
-    gm, ctx = _stored("stored")
-    check_graph(gm, """
-        CHECK: %slice_1 = aten.slice.Tensor(%b_causal, 0, 0, 4) :: bool[4,6]
+@pytest.mark.parametrize("form,weight", [("stored", "b_causal"), ("constant", "c_causal")])
+def test_a_causal_mask_in_a_buffer_is_a_candidate_checked_at_run_time(form: str, weight: str):
+    """The buffer's (or the lifted constant's) values are not in the graph (captured on
+    meta): the attention is the jagged kernel, causal, and its facts name what the runner
+    checks (the sliced factor, ``causal_mask``), the weight the check's answer is cached
+    by (``causal_mask_of``), and the whole mask with the way it is applied for the exact
+    fallback (``visible``, ``visible_where``)."""
+    gm, ctx = _stored(form)
+    check_graph(gm, f"""
+        CHECK: %slice_1 = aten.slice.Tensor(%{weight}, 0, 0, 4) :: bool[4,6]
         CHECK-NEXT: %slice_2 = aten.slice.Tensor(%slice_1, 1, 0, 4) :: bool[4,4]
         CHECK-NOT: group=
         CHECK: %unsqueeze_2 = aten.unsqueeze.default(%slice_2, 0)
@@ -147,7 +152,7 @@ def test_a_causal_mask_in_a_buffer_is_a_candidate_checked_at_run_time():
         CHECK-NEXT: %matmul_1 = aten.matmul.default(%mul, %getitem_2)
         CHECK-SAME: kind:jagged_silu_attention,
         CHECK-SAME: mask:keep,
-        CHECK-SAME: causal:True,causal_mask:unsqueeze_2,causal_mask_of:['b_causal'],
+        CHECK-SAME: causal:True,causal_mask:unsqueeze_2,causal_mask_of:['{weight}'],
         CHECK-SAME: visible:to,visible_where:False,query_mask:True,
     """)
     assert not _warnings(ctx)

@@ -125,6 +125,8 @@ class SequentialTransductionUnitJagged(nn.Module):
         elif mask == "where":  # the visible keys, bool, larger than n: where(mask, a, 0)
             self.register_buffer("_attn_mask", torch.tril(torch.ones(
                 MAX_LEN + 2, MAX_LEN + 2, dtype=torch.bool)), persistent=False)
+        elif mask == "constant":  # a plain tensor attribute (torch.export lifts it)
+            self._attn_mask = torch.tril(torch.ones(MAX_LEN + 2, MAX_LEN + 2))
         else:
             self.register_buffer("_attn_mask", torch.tril(torch.ones(MAX_LEN, MAX_LEN)),
                                  persistent=False)
@@ -151,6 +153,8 @@ class SequentialTransductionUnitJagged(nn.Module):
                 causal = torch.tril(torch.ones(n, n, device=x.device))
             elif self._mask == "gr":
                 causal = 1.0 - self._attn_mask[:n, :n].to(qk_attn.dtype)
+            elif self._mask == "constant":
+                causal = self._attn_mask[:n, :n]
             else:
                 causal = self._attn_mask
             qk_attn = qk_attn * causal.unsqueeze(0).unsqueeze(0)
@@ -200,7 +204,8 @@ def build(bucket: str = "log", seed: int = 0, int32: bool = False,
     (``"buffer"``), a ``tril`` made in the forward (``"forward"``), generative-recommenders'
     bool ``triu(ones(n + 2), 1)`` buffer as ``1.0 - mask[:n, :n].to(dtype)`` (``"gr"``), or
     a bool ``tril`` buffer of ``n + 2`` sliced and read by ``where(mask, a, 0)``
-    (``"where"``). ``mask_ones``: the buffer filled with ones after it is registered (every
+    (``"where"``), or a float ``tril`` of ``n + 2`` held as a plain tensor attribute, not
+    registered, sliced (``"constant"``: a lifted constant of the export). ``mask_ones``: the buffer filled with ones after it is registered (every
     key visible: a mask that is no causal one, as a user may set it)."""
     torch.manual_seed(seed)
     model = HSTU(bucket, cpu_positions, pad, mask)
