@@ -52,8 +52,9 @@ computed it. Not matched (named in the dump and the warnings): a mask of another
 none with values that are not zero-padded over offsets (``no-key-padding-mask``,
 ``mask-factor``), a per-row normaliser (``normaliser``), a normaliser below ``L``
 (``normaliser-below-length``), an addend that is not a ``[B|1, H|1, L, L]`` tensor
-(``bias-shape``), scores that are not a contraction of q and k over the head dim
-(``scores-not-q-kt``).
+(``bias-shape``), a scale applied to the scores plus their bias (``scaled-bias``: the
+kernel computes ``silu(scale * q k^T + bias)``), scores that are not a contraction of q and
+k over the head dim (``scores-not-q-kt``).
 """
 
 from __future__ import annotations
@@ -320,6 +321,8 @@ def match(node: fx.Node) -> dict[str, Any] | str | None:
         scale, t = float(t.args[1]), t.args[0]
     bias = None
     if isinstance(t, fx.Node) and t.target is aten.add.Tensor:
+        if scale != 1.0:  # silu(c * (q k^T + bias)): the kernel adds its bias unscaled
+            return "scaled-bias"
         x, y = t.args[:2]
         scores = [a for a in (x, y) if isinstance(a, fx.Node) and a.target in (
             _MATMUL, aten.einsum.default, aten.mul.Tensor)]

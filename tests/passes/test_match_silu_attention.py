@@ -4,8 +4,13 @@ and-ed on the query axis is one guarded ``jagged_silu_attention`` group (scores,
 normaliser, mask multiply, output matmul), its facts naming the mask, ``n``, no causal. Look-alikes
 that compute something else are not matched: ``relu`` in place of ``silu`` (no attention,
 no reason), a normaliser per row (``normaliser``), an addend that is no ``[B|1, H|1, L, L]``
-bias (``bias-shape``), a causal mask and-ed with a mask on the query axis only (``no-key-padding-mask``).
-A bare key mask (no and, broadcast as ``[B, 1, 1, L]``) is a key mask.
+bias (``bias-shape``), a causal mask and-ed with a mask on the query axis only (``no-key-padding-mask``),
+a scale outside the scores plus their bias (``scaled-bias``: it was matched as
+``silu(scale * q k^T + bias)``, the bias unscaled).
+A bare key mask (no and, broadcast as ``[B, 1, 1, L]``) is a key mask. A causal mask read
+from a buffer or a lifted constant (sliced ``[:L, :L]``) is a candidate the runner checks:
+the facts name it, its weight and the whole mask; the same mask given with the batch, or
+times a random draw, is not (``mask-factor``).
 
 Every spelling (causal, query mask, ``where``, ``* 1/n``, bias, einsum, zero-padded values)
 against eager, the run-time fallback counted: tests/fusion/test_match_silu_attention.py."""
@@ -28,6 +33,8 @@ class _Pointwise(WrittenAttention):
         s = q @ k.transpose(-1, -2)
         if self.form == "bias":
             s = s + q.sum(-1, keepdim=True)  # [B, H, L, 1]: a per-query addend
+        elif self.form == "scaled_bias":  # the scale outside the bias: the kernel's is inside
+            s = (s + torch.ones(L, L)) * 0.5
         act = F.relu(s) if self.form == "relu" else F.silu(s)
         n = keep.sum(1).clamp(min=1)[:, None, None, None] if self.form == "per_row" else L
         if self.form == "queries":  # causal and the query axis only: no key mask
@@ -78,7 +85,8 @@ def test_relu_in_place_of_silu_is_no_pointwise_attention():
 
 
 @pytest.mark.parametrize("form,reason", [("per_row", "normaliser"), ("bias", "bias-shape"),
-                                         ("queries", "no-key-padding-mask")])
+                                         ("queries", "no-key-padding-mask"),
+                                         ("scaled_bias", "scaled-bias")])
 def test_a_look_alike_stays_the_padded_formula_with_its_reason(form: str, reason: str):
     gm, ctx = _matched(form)
     check_graph(gm, f"""
