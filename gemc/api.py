@@ -33,6 +33,7 @@ def pass_context(
         param_shapes=captured.param_shapes,
         param_dtypes=captured.param_dtypes,
         param_aliases=captured.param_aliases,
+        constant_fqns=captured.constant_fqns,
         fingerprint=captured.fingerprint,
         batch_size=captured.batch_size,
         topology=topology,

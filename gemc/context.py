@@ -27,6 +27,8 @@ class PassContext:
     param_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     param_dtypes: dict[str, str] = field(default_factory=dict)
     param_aliases: dict[str, tuple[str, ...]] = field(default_factory=dict)  # tied weights
+    # placeholder -> lifted tensor constant (torch.export's inputs_to_lifted_tensor_constants)
+    constant_fqns: dict[str, str] = field(default_factory=dict)
     # the capture's fingerprint of graph and parameter shapes (the plan names its model by
     # it) and the batch size the model states (None: none stated), both in the plan
     fingerprint: str | None = None

@@ -29,6 +29,9 @@ GEMM = PREFIX + "gemm"  # {"batch", "m", "n", "k"} on gemm nodes (forward GEMM)
 ATTENTION = PREFIX + "attention"  # {"batch", "heads", "q_len", "kv_len", "head_dim",
 #                                    "causal", "masked"} on attention nodes
 PARAM = PREFIX + "param"  # parameter / buffer FQN on placeholders that are weights
+# a lifted tensor constant's name (a plain tensor attribute, a tensor made in the forward)
+# on its placeholder: a value fixed for the run, as a buffer's is
+CONSTANT = PREFIX + "constant"
 KERNEL = PREFIX + "kernel"  # facts of a kernel group (dict: id, kind, predicted before/after,
 #                             kind-specific facts), on the group's last node
 PACKED = PREFIX + "packed"  # {"id", "dims": [batch dim, sequence dim], "zeroed"} per node

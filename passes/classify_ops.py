@@ -371,7 +371,8 @@ def attention_problem(node: fx.Node) -> dict[str, object] | None:
 @dataclass(frozen=True)
 class ClassifyOps:
     """Annotates ``gemc.kind`` on every node, ``gemc.gemm``/``gemc.attention`` shapes, and
-    ``gemc.param`` (the FQN) on placeholders that carry weights."""
+    ``gemc.param`` (the FQN) on placeholders that carry weights, ``gemc.constant`` on the
+    lifted tensor constants'."""
 
     name: ClassVar[str] = "classify-ops"
     requires: ClassVar[tuple[str, ...]] = ()
@@ -383,6 +384,8 @@ class ClassifyOps:
             if node.op == "placeholder" and node.name in ctx.param_fqns:
                 kind = OpKind.PARAM
                 node.meta[ir.PARAM] = ctx.param_fqns[node.name]
+            elif node.op == "placeholder" and node.name in ctx.constant_fqns:
+                node.meta[ir.CONSTANT] = ctx.constant_fqns[node.name]
             node.meta[ir.KIND] = kind.value
             if kind is OpKind.GEMM:
                 problem = gemm_problem(node)

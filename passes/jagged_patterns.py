@@ -782,6 +782,36 @@ def _is_tril(node: Any, length: int) -> bool:
     return False
 
 
+def stored_mask_sources(node: Any, length: int) -> list[fx.Node] | None:
+    """The weights ``node`` is computed from when it is a candidate causal mask: an
+    ``[L, L]`` value (leading dims 1) that reads nothing of the batch, only parameters,
+    buffers or lifted tensor constants of the model (``gemc.param`` / ``gemc.constant``
+    placeholders, each at least ``[L, L]`` in its last two dims: a mask table sliced
+    ``[:L, :L]`` or not), through ops that draw no random number; else None. Why a candidate and not a proof: the graph is captured on ``meta``,
+    so a buffer's values (``register_buffer("mask", tril(ones(M, M)))``) are not in it; the
+    runner checks the value against the lower-triangular ones once per change of these
+    weights (``backends/triton/causal_mask``) and otherwise runs the padded formula."""
+    from gemc.packed_rules import draws
+
+    if not isinstance(node, fx.Node):
+        return None
+    shape = tuple(ir.shape_of(node) or ())
+    if shape[-2:] != (length, length) or any(s != 1 for s in shape[:-2]):
+        return None
+    sources = []
+    for n in ir.ancestors([node]):
+        if n.op == "placeholder":
+            weight = tuple(ir.shape_of(n) or ())
+            if (ir.PARAM not in n.meta and ir.CONSTANT not in n.meta) or len(weight) < 2 \
+                    or any(int(s) < length for s in weight[-2:]):
+                return None
+            sources.append(n)
+        elif n.op != "call_function" or draws(n):
+            return None
+    order = {n: i for i, n in enumerate(node.graph.nodes)}
+    return sorted(sources, key=order.__getitem__) or None
+
+
 def attention_key_mask(mask: Any, batch: int, length: int
                        ) -> tuple[KeyMask, bool] | str:
     """``(key mask, causal)`` of an attention's ``attn_mask`` (``[B, 1|H, 1|Lq, L]``), or

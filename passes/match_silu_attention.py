@@ -34,14 +34,27 @@ construction). Without the query-axis mask, padding query rows are nonzero in th
 zero in the kernel: matched only when nothing reads them unmasked (a gather at the same
 jagged positions reads real rows only).
 
+The causal mask may also be read from the model's weights (generative-recommenders registers
+it, ``register_buffer("_attn_mask", tril(ones(M, M)))``, and multiplies by
+``_attn_mask[:n, :n]``, or by ``1.0 - triu_mask.to(dtype)``): an ``[L, L]`` factor computed
+from parameters, buffers or lifted tensor constants alone, at least ``[L, L]`` each, through
+ops that draw nothing
+(``jagged_patterns.stored_mask_sources``). The graph is captured on meta, so its values are
+not in it: the entry is causal and names the factor (``causal_mask``), the weights
+(``causal_mask_of``) and the whole mask as the scores read it (``visible``,
+``visible_where``); the runner checks the factor against the ``tril`` once per change of
+the weights and otherwise runs the padded formula (``backends/triton/causal_mask``). The
+same ``[L, L]`` mask given with the batch stays the padded formula (``mask-factor``).
+
 The bias (relative position, time buckets: any tensor of that shape) is an operand of the
 kernel, indexed by positions within each sequence; its gradient flows back to whatever
 computed it. Not matched (named in the dump and the warnings): a mask of another kind, or
 none with values that are not zero-padded over offsets (``no-key-padding-mask``,
 ``mask-factor``), a per-row normaliser (``normaliser``), a normaliser below ``L``
 (``normaliser-below-length``), an addend that is not a ``[B|1, H|1, L, L]`` tensor
-(``bias-shape``), scores that are not a contraction of q and k over the head dim
-(``scores-not-q-kt``).
+(``bias-shape``), a scale applied to the scores plus their bias (``scaled-bias``: the
+kernel computes ``silu(scale * q k^T + bias)``), scores that are not a contraction of q and
+k over the head dim (``scores-not-q-kt``).
 """
 
 from __future__ import annotations
@@ -67,6 +80,7 @@ from .jagged_patterns import (
     follow_padding,
     keep_of,
     padded_values,
+    stored_mask_sources,
     zero_padded_source,
 )
 
@@ -100,10 +114,13 @@ def _mask_factors(node: Any, out: list[fx.Node]) -> None:
 
 
 def _visible(mask: Any, batch: int, length: int
-             ) -> tuple[KeyMask | None, bool, bool] | str:
-    """``(key mask, causal, query_mask)`` of a ``[B|1, 1|H, L, L]`` visibility mask (bool,
-    or a float of 0 / 1: a cast bool, a ``tril`` of ones), or why not. The key mask is None
-    when the mask names none (the caller then looks for zero-padded values)."""
+             ) -> tuple[KeyMask | None, bool, bool, fx.Node | None] | str:
+    """``(key mask, causal, query_mask, stored)`` of a ``[B|1, 1|H, L, L]`` visibility mask
+    (bool, or a float of 0 / 1: a cast bool, a ``tril`` of ones), or why not. The key mask
+    is None when the mask names none (the caller then looks for zero-padded values).
+    ``stored``: the ``[L, L]`` factor read from the model's weights (a registered buffer),
+    causal only if its values are the ``tril`` (``causal`` is then True, to be checked at
+    run time: :func:`~.jagged_patterns.stored_mask_sources`); else None."""
     root = _through_views_and_casts(mask)
     if not (isinstance(root, fx.Node) and root.op == "call_function" and root.target in _ANDS):
         # one mask, no and: its shape as the scores read it ([B, 1, 1, L] for a bare key
@@ -129,12 +146,17 @@ def _visible(mask: Any, batch: int, length: int
     keys: list[fx.Node] = []
     queries: list[fx.Node] = []
     causal = False
+    stored: fx.Node | None = None
     for f in factors:
         aligned = batch_query_key(tuple(ir.shape_of(f) or ()))
         if len(aligned) != 3 or aligned[0] not in (1, batch):
             return "mask-factor"
         if aligned == (1, length, length) and _is_tril(f, length):
             causal = True
+            continue
+        if aligned == (1, length, length) and stored is None \
+                and stored_mask_sources(f, length) is not None:
+            causal, stored = True, f
             continue
         root_f = _broadcast_root(f, batch, length) if aligned[0] == batch else None
         if root_f is None or ir.dtype_of(root_f) != torch.bool:
@@ -148,11 +170,11 @@ def _visible(mask: Any, batch: int, length: int
     if len(keys) > 1 or len(queries) > 1 or (queries and not keys):
         return "no-key-padding-mask"
     if not keys:
-        return None, causal, False
+        return None, causal, False, stored
     keep = keep_of(keys[0]) or keys[0]
     if queries and (keep_of(queries[0]) or queries[0]) is not keep:
         return "query-mask-differs"
-    return KeyMask(keys[0], False, keep, batch, length), causal, bool(queries)
+    return KeyMask(keys[0], False, keep, batch, length), causal, bool(queries), stored
 
 
 _CANONICAL = [0, 1, 2, 3]
@@ -299,6 +321,8 @@ def match(node: fx.Node) -> dict[str, Any] | str | None:
         scale, t = float(t.args[1]), t.args[0]
     bias = None
     if isinstance(t, fx.Node) and t.target is aten.add.Tensor:
+        if scale != 1.0:  # silu(c * (q k^T + bias)): the kernel adds its bias unscaled
+            return "scaled-bias"
         x, y = t.args[:2]
         scores = [a for a in (x, y) if isinstance(a, fx.Node) and a.target in (
             _MATMUL, aten.einsum.default, aten.mul.Tensor)]
@@ -328,10 +352,11 @@ def match(node: fx.Node) -> dict[str, Any] | str | None:
         if len(aligned) != 4 or aligned[2:] != (length, length) \
                 or aligned[0] not in (1, batch) or aligned[1] not in (1, heads):
             return "bias-shape"
-    visible = _visible(mask, batch, length) if mask is not None else (None, False, False)
+    visible = _visible(mask, batch, length) if mask is not None \
+        else (None, False, False, None)
     if isinstance(visible, str):
         return visible
-    key_mask, causal, query_mask = visible
+    key_mask, causal, query_mask, stored = visible
     keys: KeyMask | tuple[fx.Node, int, int]
     if key_mask is not None:
         keys = key_mask
@@ -362,12 +387,27 @@ def match(node: fx.Node) -> dict[str, Any] | str | None:
         "norm": int(rounded),
         "scale": scale,
         "causal": causal,
+        **(_stored_facts(stored, mask, group[1], length) if stored is not None else {}),
         "query_mask": query_mask,
         "max_len": length, "heads": heads, "head_dim": head_dim,
         # a data mask's fill is unknown at compile time (checked per call); zero-padded
         # values have a fixed number of rows
         "fill": 1.0 if key_mask is not None else _fill(v, batch, length),
     }
+
+
+def _stored_facts(stored: fx.Node, visible: fx.Node, masking: fx.Node, length: int
+                  ) -> dict[str, Any]:
+    """What the runner needs to check a causal mask read from the model's weights and,
+    when it is not the ``tril``, to compute the model's padded formula exactly:
+    ``causal_mask`` (the factor the check compares with the lower-triangular ones),
+    ``causal_mask_of`` (the weights it is computed from: the check's result is cached
+    per their storage and version), ``visible`` (the whole mask as the scores read it)
+    and ``visible_where`` (read by ``where(visible, a, 0)``, else ``a * visible``)."""
+    sources = stored_mask_sources(stored, length) or []
+    return {"causal_mask": stored.name, "causal_mask_of": [n.name for n in sources],
+            "visible": visible.name,
+            "visible_where": masking.target is aten.where.ScalarOther}
 
 
 def _price(group: list[fx.Node], facts: dict[str, Any], named: dict[str, fx.Node],

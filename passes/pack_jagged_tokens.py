@@ -135,7 +135,10 @@ def _sources(gm: fx.GraphModule) -> list[tuple[list[str], dict[str, Any]]]:
         if facts.get("kind") == "jagged_attention":
             names = [facts["padded_from"]]
             layout = {k: facts[k] for k in ("offsets", "clamp_min", "max_len", "fill")}
-        elif facts.get("kind") == "jagged_silu_attention" and facts.get("offsets"):
+        elif facts.get("kind") == "jagged_silu_attention" and facts.get("offsets") \
+                and not facts.get("causal_mask"):
+            # (a causal mask read from the weights is checked per call, and its exact
+            # fallback is the padded formula: such an attention starts no region)
             for operand in (facts["q"], facts["k"], facts["v"]):
                 found = zero_padded_source(by_name[operand])
                 # a region starts at an index_put (its scatter is what the runners

@@ -42,8 +42,14 @@ What each probe found (the fix it holds in place):
   (``jagged_patterns.jagged_flat_positions``), and an ``index_copy`` into ``[B * n]``
   zeros at ``row * n + col``, unflattened, is a zero-padded source; with the ``tril`` made
   in the forward the jagged SiLU kernel applies (``hstu_index_copy_tril``, and
-  ``hstu_index_put_tril`` with its tokens packed too). The buffer mask is still not
-  recognised (its values are not in the graph). Its ``index_copy`` and the two towers'
+  ``hstu_index_put_tril`` with its tokens packed too). The buffer mask (nineteenth
+  session): a mask computed from the model's weights alone is a candidate the runner
+  checks against the ``tril`` once per change of the buffer (its storage and version),
+  running the padded formula otherwise, counted (``hstu_index_copy_buffer``,
+  ``hstu_buffer_gr``: generative-recommenders' ``1.0 - triu(., 1)[:n, :n]``,
+  ``hstu_buffer_where``; ``hstu_buffer_ones`` and a write in place after the compile
+  take the fallback). Such an attention starts no packed region (its fallback is the
+  padded formula). Its ``index_copy`` and the two towers'
   ``u @ v.T``
   (``aten.numpy_T``) were priced as ops of unknown kind: now an index op and a view (by
   the op's alias schema). Positions from ``torch.arange(n)`` with no device
@@ -68,6 +74,7 @@ import pytest
 import torch
 from gemc.backends.torch.reference import reference_losses
 from gemc.backends.torch.runner import RunOptions, run
+from gemc.backends.triton.causal_mask import CHECKS
 from gemc.backends.triton.key_padding_attention import STATS, key_padding_attention
 from gemc.backends.triton.packed_tokens import in_eager_order
 
@@ -84,6 +91,11 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "hstu_bucketize_int32": ("hstu_gr", {"bucket": "bucketize", "int32": True}),
     "hstu_index_put_tril": ("hstu_gr", {"pad": "index_put", "mask": "forward"}),
     "hstu_index_copy_tril": ("hstu_gr", {"mask": "forward"}),
+    "hstu_index_copy_buffer": ("hstu_gr", {}),
+    "hstu_buffer_gr": ("hstu_gr", {"mask": "gr"}),
+    "hstu_buffer_where": ("hstu_gr", {"mask": "where", "pad": "index_put"}),
+    "hstu_buffer_ones": ("hstu_gr", {"mask_ones": True}),
+    "hstu_constant_mask": ("hstu_gr", {"mask": "constant"}),
     "tisasrec_forward_relation": ("tisasrec", {"relation": "forward"}),
     "hf_bert_finfo": ("hf_bert", {"mask_value": "finfo"}),
     "hf_bert_1e4": ("hf_bert", {"mask_value": "1e4"}),
@@ -115,7 +127,8 @@ def _one_rank(plan: dict[str, Any]) -> list[float]:
 # the encoder layer and the BERT blocks run in tests of their own below
 @pytest.mark.parametrize("name", [name for name in CASES if name not in (
     "encoder_layer_dropout", "hstu_index_put_tril", "hstu_index_copy_tril")
-    and not name.startswith("hf_bert")])
+    and not name.startswith(("hf_bert", "hstu_index_copy_buffer", "hstu_buffer_",
+                             "hstu_constant"))])
 def test_compiles_and_one_rank_matches_eager(name: str) -> None:
     for topology in ("h200:1x1", "h200:1x8"):
         validate_plan(_compiled(name, topology))
@@ -142,6 +155,92 @@ def test_hstu_read_back_to_jagged_by_flat_positions_runs_the_jagged_silu_kernel(
     assert "jagged_silu_attention" in kinds, kinds
     assert ("packed_tokens" in kinds) == (name == "hstu_index_put_tril"), kinds
     _close(name, _one_rank(plan), _reference(name, 1))
+
+
+def _silu_entry(plan: dict[str, Any]) -> dict[str, Any]:
+    (entry,) = [k for k in plan["kernels"] if k["kind"] == "jagged_silu_attention"]
+    return entry
+
+
+@pytest.mark.parametrize("name", ["hstu_index_copy_buffer", "hstu_buffer_gr",
+                                  "hstu_buffer_where", "hstu_constant_mask"])
+def test_hstu_causal_mask_in_a_buffer_runs_the_jagged_silu_kernel(name: str) -> None:
+    """The causal mask a registered buffer (a float ``tril`` multiplied in, generative-
+    recommenders' bool ``triu(., 1)`` sliced as ``1.0 - m[:n, :n].to(dtype)``, a bool
+    ``tril`` sliced and read by ``where``; or a plain tensor attribute, lifted as a
+    constant): captured on meta, its values are not in the
+    graph, so the attention stayed the padded formula (``mask-factor``). It is now the
+    jagged SiLU kernel with the mask checked at run time, once (the buffer never changes:
+    the check's answer is cached per its storage and version), and trains as eager."""
+    plan = _compiled(name, "h200:1x1")
+    entry = _silu_entry(plan)
+    assert entry["causal"] is True and entry["causal_mask_of"] == [
+        "c_layers_0__attn_mask" if name == "hstu_constant_mask" else "b_layers_0__attn_mask"]
+    assert entry["visible_where"] is (name == "hstu_buffer_where")
+    # a stored mask's fallback is the padded formula: its attention starts no packed region
+    assert "packed_tokens" not in [k["kind"] for k in plan["kernels"]]
+    STATS.reset()
+    CHECKS.reset()
+    _close(name, _one_rank(plan), _reference(name, 1))
+    assert (STATS.calls, STATS.jagged, STATS.fallback) == (STEPS, STEPS, 0), STATS
+    assert CHECKS.as_dict() == {"checks": 1, "not_causal": 0}
+
+
+def test_hstu_buffer_that_is_no_causal_mask_runs_the_padded_formula_counted() -> None:
+    """The same buffer filled with ones (every key visible): the compile cannot tell (it
+    has no values), the run-time check finds it is no ``tril`` and every step runs the
+    model's padded formula, counted as the guarded attention's fallback in the run
+    report, with eager's losses."""
+    plan = _compiled("hstu_buffer_ones", "h200:1x1")
+    assert _silu_entry(plan)["causal_mask"]
+    STATS.reset()
+    CHECKS.reset()
+    res = run(harness.variant(plan, kernels=True), RunOptions(steps=STEPS, device="cpu",
+                                                              progress=False))
+    _close("hstu_buffer_ones", [loss for _, loss in res.losses],
+           _reference("hstu_buffer_ones", 1))
+    assert (STATS.calls, STATS.jagged, STATS.fallback) == (STEPS, 0, STEPS), STATS
+    assert CHECKS.as_dict() == {"checks": 1, "not_causal": 1}
+    (rank,) = res.report["per_rank"]
+    assert rank["guarded_attention"]["fallback"] == STEPS
+
+
+def test_hstu_buffer_written_in_place_after_compile_falls_back_exactly() -> None:
+    """The buffer written in place after the compile (generative-recommenders' ``"gr"``
+    form), through the graph interpreter, on batches and weights of a fresh seed: each
+    write bumps the buffer's version, so the next call checks it again (and only then).
+    Its keys' rule reversed (the visible ones strictly above the diagonal) runs the
+    padded formula, counted as a fallback; written back, the kernel again. Loss and every
+    gradient equal eager's at each step."""
+    from gemc.backends.triton.graph_runner import GraphRunner
+
+    from tests.fusion.helpers import compiled, eager_step, entries_of, fresh_seed, params_of
+
+    seed = fresh_seed()
+    gm, ctx, spec = compiled(_entry("hstu_gr"), {"mask": "gr", "seed": seed % 1000})
+    runner = GraphRunner(gm, entries_of(gm, ctx), params_of(spec.model))
+    mask = spec.model.layers[0]._attn_mask
+    invalid = mask.clone()
+    STATS.reset()
+    CHECKS.reset()
+    # (what is written before the step, the path the step takes, checks run so far)
+    plan = [(None, "jagged", 1), (None, "jagged", 1), (~invalid, "fallback", 2),
+            (None, "fallback", 2), (invalid, "jagged", 3)]
+    for step, (write, path, checks) in enumerate(plan):
+        if write is not None:
+            with torch.no_grad():
+                mask.copy_(write)
+        batch = spec.make_batch(seed + step, "cpu")
+        ref, grads = eager_step(spec.model, batch)
+        before = STATS.as_dict()
+        loss = runner(*batch)
+        loss.backward()
+        torch.testing.assert_close(loss, ref)
+        for key, param in spec.model.named_parameters():
+            torch.testing.assert_close(param.grad, grads[key], msg=key)
+        spec.model.zero_grad()
+        assert STATS.as_dict()[path] == before[path] + 1, (step, STATS)
+        assert STATS.calls == step + 1 and CHECKS.checks == checks, (step, STATS, CHECKS)
 
 
 def test_dropout_in_a_packed_region_draws_eagers_masks() -> None:

@@ -55,3 +55,39 @@ def test_guarded_attention_in_the_compiled_graph_matches_eager(case: str, scramb
     for k, p in model.named_parameters():
         if k in grads:
             torch.testing.assert_close(p.grad, grads[k], atol=2e-5, rtol=1e-4, msg=k)
+
+
+def test_a_causal_mask_in_a_buffer_is_checked_in_the_eager_island():
+    """HSTU's causal mask a registered buffer (generative-recommenders' layout, probe
+    hstu_gr): the silu attention's eager island receives the buffer and checks it, once
+    per change of it; written in place after ``torch.compile`` (every key visible), the
+    next call runs the model's padded formula (a counted fallback) with no recompile.
+    Loss and gradients equal eager's on both sides of the write."""
+    from gemc.backends.triton.causal_mask import CHECKS
+
+    gm, ctx, spec = compiled("tests/models/probes_c/hstu_gr.py:build", {})
+    entries = entries_of(gm, ctx)
+    assert [e["causal_mask_of"] for e in entries if e["kind"] == "jagged_silu_attention"] \
+        == [["b_layers_0__attn_mask"]]
+    model = spec.model
+    runner, _ = runner_for(gm, entries, params_of(model))
+    built = build(runner)
+    assert "_call_silu_attention(" in built.module.code
+    step = torch.compile(built.module, dynamic=False, backend="inductor")
+    kpa.STATS.reset()
+    CHECKS.reset()
+    for i, path in enumerate(("jagged", "jagged", "fallback")):
+        if path == "fallback":
+            with torch.no_grad():
+                model.layers[0]._attn_mask.fill_(1.0)
+        batch = spec.make_batch(i, "cpu")
+        ref, grads = eager_step(model, batch)
+        before = kpa.STATS.as_dict()[path]
+        loss = step(*batch)
+        torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-5)
+        loss.backward()
+        for k, p in model.named_parameters():
+            torch.testing.assert_close(p.grad, grads[k], atol=2e-5, rtol=1e-4, msg=k)
+        model.zero_grad()
+        assert kpa.STATS.as_dict()[path] == before + 1, (i, kpa.STATS)
+    assert CHECKS.as_dict() == {"checks": 2, "not_causal": 1}

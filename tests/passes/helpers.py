@@ -51,6 +51,7 @@ def graph_of(model: torch.nn.Module, inputs: Sequence[torch.Tensor], passes: Seq
     ctx = PassContext(entrypoint="test", param_fqns=captured.param_fqns,
                       param_shapes=captured.param_shapes, param_dtypes=captured.param_dtypes,
                       param_aliases=captured.param_aliases,
+                      constant_fqns=captured.constant_fqns,
                       topology=parse_topology(topology) if topology else None,
                       precision_probe=precision_probe)
     return PassManager(list(passes)).run(captured.gm, ctx), ctx

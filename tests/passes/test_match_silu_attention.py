@@ -4,8 +4,13 @@ and-ed on the query axis is one guarded ``jagged_silu_attention`` group (scores,
 normaliser, mask multiply, output matmul), its facts naming the mask, ``n``, no causal. Look-alikes
 that compute something else are not matched: ``relu`` in place of ``silu`` (no attention,
 no reason), a normaliser per row (``normaliser``), an addend that is no ``[B|1, H|1, L, L]``
-bias (``bias-shape``), a causal mask and-ed with a mask on the query axis only (``no-key-padding-mask``).
-A bare key mask (no and, broadcast as ``[B, 1, 1, L]``) is a key mask.
+bias (``bias-shape``), a causal mask and-ed with a mask on the query axis only (``no-key-padding-mask``),
+a scale outside the scores plus their bias (``scaled-bias``: it was matched as
+``silu(scale * q k^T + bias)``, the bias unscaled).
+A bare key mask (no and, broadcast as ``[B, 1, 1, L]``) is a key mask. A causal mask read
+from a buffer or a lifted constant (sliced ``[:L, :L]``) is a candidate the runner checks:
+the facts name it, its weight and the whole mask; the same mask given with the batch, or
+times a random draw, is not (``mask-factor``).
 
 Every spelling (causal, query mask, ``where``, ``* 1/n``, bias, einsum, zero-padded values)
 against eager, the run-time fallback counted: tests/fusion/test_match_silu_attention.py."""
@@ -28,6 +33,8 @@ class _Pointwise(WrittenAttention):
         s = q @ k.transpose(-1, -2)
         if self.form == "bias":
             s = s + q.sum(-1, keepdim=True)  # [B, H, L, 1]: a per-query addend
+        elif self.form == "scaled_bias":  # the scale outside the bias: the kernel's is inside
+            s = (s + torch.ones(L, L)) * 0.5
         act = F.relu(s) if self.form == "relu" else F.silu(s)
         n = keep.sum(1).clamp(min=1)[:, None, None, None] if self.form == "per_row" else L
         if self.form == "queries":  # causal and the query axis only: no key mask
@@ -78,7 +85,8 @@ def test_relu_in_place_of_silu_is_no_pointwise_attention():
 
 
 @pytest.mark.parametrize("form,reason", [("per_row", "normaliser"), ("bias", "bias-shape"),
-                                         ("queries", "no-key-padding-mask")])
+                                         ("queries", "no-key-padding-mask"),
+                                         ("scaled_bias", "scaled-bias")])
 def test_a_look_alike_stays_the_padded_formula_with_its_reason(form: str, reason: str):
     gm, ctx = _matched(form)
     check_graph(gm, f"""
@@ -94,3 +102,76 @@ def test_a_look_alike_stays_the_padded_formula_with_its_reason(form: str, reason
 def test_a_bare_key_mask_is_a_key_mask():
     gm, _ = _matched("keys")
     check_graph(gm, "CHECK: %matmul_1 = aten.matmul.default(\nCHECK-SAME: kind:jagged_silu_attention")
+
+
+class _StoredCausal(_Pointwise):
+    """The causal mask a bool ``tril`` buffer larger than ``L``, sliced ``[:L, :L]`` and
+    and-ed with the key and query masks (``form="stored"``); or the same ``[L, L]`` mask
+    received as data with the batch (``"input"``: its values change per call, so no
+    check cached per change of a weight applies), or the buffer times a fresh random draw
+    (``"drawn"``); ``"constant"``: a plain tensor attribute (a lifted constant)."""
+
+    def __init__(self, form: str) -> None:
+        super().__init__(form)
+        causal = torch.ones(L + 2, L + 2, dtype=torch.bool).tril()
+        if form == "constant":
+            self.causal = causal
+        else:
+            self.register_buffer("causal", causal)
+
+    def weights(self, q: torch.Tensor, k: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        causal = self.causal[:L, :L]
+        if self.form == "input":
+            causal = self.given
+        elif self.form == "drawn":
+            causal = causal & (torch.rand(L, L) < 2.0)
+        visible = keep[:, None, :] & keep[:, :, None] & causal[None]
+        return F.silu(q @ k.transpose(-1, -2)) / L * visible[:, None].to(q.dtype)
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor,  # type: ignore[override]
+                given: torch.Tensor | None = None) -> torch.Tensor:
+        self.given = given
+        return super().forward(x, keep)
+
+
+def _stored(form: str):
+    args = (*inputs(), torch.ones(L, L, dtype=torch.bool).tril()) if form == "input" \
+        else inputs()
+    return graph_of(_StoredCausal(form), args, annotated(MatchSiluAttention()))
+
+
+@pytest.mark.parametrize("form,weight", [("stored", "b_causal"), ("constant", "c_causal")])
+def test_a_causal_mask_in_a_buffer_is_a_candidate_checked_at_run_time(form: str, weight: str):
+    """The buffer's (or the lifted constant's) values are not in the graph (captured on
+    meta): the attention is the jagged kernel, causal, and its facts name what the runner
+    checks (the sliced factor, ``causal_mask``), the weight the check's answer is cached
+    by (``causal_mask_of``), and the whole mask with the way it is applied for the exact
+    fallback (``visible``, ``visible_where``)."""
+    gm, ctx = _stored(form)
+    check_graph(gm, f"""
+        CHECK: %slice_1 = aten.slice.Tensor(%{weight}, 0, 0, 4) :: bool[4,6]
+        CHECK-NEXT: %slice_2 = aten.slice.Tensor(%slice_1, 1, 0, 4) :: bool[4,4]
+        CHECK-NOT: group=
+        CHECK: %unsqueeze_2 = aten.unsqueeze.default(%slice_2, 0)
+        CHECK: %to = aten.to.dtype(%unsqueeze_3, f32)
+        CHECK-NOT: group=
+        CHECK: %mul = aten.mul.Tensor(%div, %to)
+        CHECK-SAME: group=jagged_silu_attention_0
+        CHECK-NEXT: %matmul_1 = aten.matmul.default(%mul, %getitem_2)
+        CHECK-SAME: kind:jagged_silu_attention,
+        CHECK-SAME: mask:keep,
+        CHECK-SAME: causal:True,causal_mask:unsqueeze_2,causal_mask_of:['{weight}'],
+        CHECK-SAME: visible:to,visible_where:False,query_mask:True,
+    """)
+    assert not _warnings(ctx)
+
+
+@pytest.mark.parametrize("form", ["input", "drawn"])
+def test_a_square_mask_of_data_or_a_draw_is_no_candidate(form: str):
+    """Only a mask computed from the model's weights alone is checked once per change of
+    them: the same ``[L, L]`` mask given with the batch, or a weight times a random draw,
+    stays the padded formula (``mask-factor``)."""
+    gm, ctx = _stored(form)
+    assert not [n for n in gm.graph.nodes if ir.KERNEL in n.meta]
+    assert _warnings(ctx) == ["match-silu-attention: matmul_1 stays the padded formula "
+                              "(mask-factor)"]

@@ -56,7 +56,9 @@ def silu_entry(facts: dict[str, Any], nodes: list[fx.Node]) -> dict[str, Any]:
     keep = ("q", "k", "v", "output", "mask", "offsets", "q_perm", "k_perm", "v_perm",
             "out_perm", "bias", "norm", "scale", "causal", "query_mask", "max_len",
             "heads", "head_dim", "fill")
-    return {key: facts.get(key) for key in keep}
+    stored = ("causal_mask", "causal_mask_of", "visible", "visible_where")
+    return {**{key: facts.get(key) for key in keep},
+            **{key: facts[key] for key in stored if facts.get("causal_mask")}}
 
 
 def query_entry(facts: dict[str, Any], nodes: list[fx.Node]) -> dict[str, Any]:
@@ -194,19 +196,35 @@ def _checked_by_region(emitter: Emitter, entry: Entry) -> bool:
 
 def silu_attention_of_entry(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             keys: torch.Tensor, bias: torch.Tensor | None,
-                            entry: Mapping[str, Any]) -> torch.Tensor:
+                            entry: Mapping[str, Any],
+                            stored: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
     """A ``jagged_silu_attention`` entry's call (both runners): q, k, v permuted to
     ``[B, H, L, D]`` (the model's einsum may hold them ``[B, L, H, D]``); with the key mask
     the entry names, the checked kernel; when the keys' padding is implicit in values
     zero-padded over offsets (a prefix by construction), ``gemc::padded_silu_attention`` on
-    those offsets' lengths; the result permuted back to the model's output layout."""
-    from ..key_padding_attention import key_padding_silu_attention
+    those offsets' lengths; the result permuted back to the model's output layout.
+    ``stored`` (an entry whose causal mask is read from the model's weights:
+    :func:`_stored_operands`): ``(causal mask, visible, *its weights)``; when the check
+    finds the mask is not the ``tril`` (``causal_mask.stored_mask_is_causal``, cached per
+    change of the weights), the model's padded formula runs instead, counted as a
+    fallback in ``key_padding_attention.STATS``."""
+    from ..key_padding_attention import STATS, key_padding_silu_attention
 
     def canonical(x: torch.Tensor, name: str) -> torch.Tensor:
         perm = entry.get(name)
         return x.permute(*perm) if perm else x
 
     q, k, v = canonical(q, "q_perm"), canonical(k, "k_perm"), canonical(v, "v_perm")
+    if stored:
+        from ..causal_mask import silu_formula, stored_mask_is_causal
+
+        mask, visible, *sources = stored
+        if not stored_mask_is_causal(mask, sources, int(entry["max_len"])):
+            STATS.calls += 1
+            STATS.fallback += 1
+            out = silu_formula(q, k, v, visible, bias, entry)
+            perm = entry.get("out_perm")
+            return out.permute(*perm) if perm else out
     if entry.get("mask"):  # a mask given as data: checked (one host read), exact fallback
         out = key_padding_silu_attention(q, k, v, keys, entry["norm"], entry["scale"],
                                          entry["causal"], entry["query_mask"], bias)
@@ -247,29 +265,47 @@ def _qkv_out(entry: Entry) -> tuple[str, str, str, str]:
     return entry["q"], entry["k"], entry["v"], entry["output"]
 
 
+def _stored_operands(entry: Entry) -> list[str]:
+    """The node names of an entry's causal mask read from the model's weights, the whole
+    visibility mask and those weights (``match-silu-attention``'s ``causal_mask``,
+    ``visible``, ``causal_mask_of``); none without such a mask."""
+    if not entry.get("causal_mask"):
+        return []
+    return [entry["causal_mask"], entry["visible"], *entry["causal_mask_of"]]
+
+
+def _silu_reads(entry: Entry) -> list[str]:
+    return _READS(entry) + _stored_operands(entry)
+
+
 def _call_silu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          mask: torch.Tensor, bias: torch.Tensor | None,
-                         entry: dict[str, Any]) -> torch.Tensor:
-    """The emitted call: an eager island for the key-padding attention's reason."""
-    return silu_attention_of_entry(q, k, v, mask, bias, entry)
+                         entry: dict[str, Any], stored: tuple[torch.Tensor, ...] = ()
+                         ) -> torch.Tensor:
+    """The emitted call: an eager island for the key-padding attention's reason (and the
+    stored causal mask's check, which reads the host on a change of the weights)."""
+    return silu_attention_of_entry(q, k, v, mask, bias, entry, stored)
 
 
 def silu_run(runner: GraphRunner, unit: Unit, env: Env) -> None:
     e = unit["entry"]
     bias = runner.operand(e["bias"], env) if e.get("bias") else None
-    inside = runner.packed_operands(_qkv_out(e), env)
+    # a stored causal mask is checked per call: never on a packed region's tokens (whose
+    # fallback would need the padded layout; pack-jagged-tokens starts no region there)
+    inside = None if e.get("causal_mask") else runner.packed_operands(_qkv_out(e), env)
     if inside is not None:  # a member of a packed region: on its tokens, in place
         (q, k, v), layout = inside
         runner.packed_output(e["output"], silu_attention_of_tokens(
             q, k, v, layout.offsets, bias, e), env)
         return
     q, k, v, keys = (runner.operand(name, env) for name in _operands(e))
-    runner.output(e["output"], silu_attention_of_entry(q, k, v, keys, bias, e), env)
+    stored = tuple(runner.operand(name, env) for name in _stored_operands(e))
+    runner.output(e["output"], silu_attention_of_entry(q, k, v, keys, bias, e, stored), env)
 
 
 def silu_emit(emitter: Emitter, unit: Unit) -> None:
     e = unit["entry"]
-    inside = emitter.packed_operands(_qkv_out(e))
+    inside = None if e.get("causal_mask") else emitter.packed_operands(_qkv_out(e))
     if inside is not None:  # a member of a region this graph runs packed
         (q, k, v), offsets = inside
         bias = emitter.operand(e["bias"]) if e.get("bias") else None
@@ -278,7 +314,9 @@ def silu_emit(emitter: Emitter, unit: Unit) -> None:
         return
     q, k, v, keys = (emitter.operand(name) for name in _operands(e))
     bias = emitter.operand(e["bias"]) if e.get("bias") else None
-    emitter.output(e["output"], emitter.eager(_call_silu_attention, (q, k, v, keys, bias, e)))
+    stored = tuple(emitter.operand(name) for name in _stored_operands(e))
+    emitter.output(e["output"], emitter.eager(_call_silu_attention,
+                                              (q, k, v, keys, bias, e, stored)))
 
 
 # ---- padded queries over dense keys -------------------------------------------------------
@@ -330,7 +368,7 @@ IMPLEMENTATIONS = (
         emit=lambda emitter, unit: emitter.attention(unit)),
     KindImplementation(KINDS["key_padding_attention"], entry=key_padding_entry, reads=_READS,
                        run=key_padding_run, emit=key_padding_emit),
-    KindImplementation(KINDS["jagged_silu_attention"], entry=silu_entry, reads=_READS,
+    KindImplementation(KINDS["jagged_silu_attention"], entry=silu_entry, reads=_silu_reads,
                        run=silu_run, emit=silu_emit),
     KindImplementation(KINDS["jagged_query_attention"], entry=query_entry, reads=_READS,
                        run=query_run, emit=query_emit),

@@ -16,7 +16,8 @@ The batch is jagged: ``seq_ids`` [N] and ``seq_timestamps`` [N] with ``x_offsets
   buckets.view(-1))`` with the buckets of ``t_{i+1} - t_j`` from
   ``(log(|dt|.clamp(min=1)) / 0.301).long()`` (``bucket="log"``) or
   ``torch.bucketize(|dt|, boundaries)`` (``"bucketize"``), clamped to ``[0, buckets]``;
-* ``silu(qk + bias) / n * tril(ones(n, n))`` (a float buffer), ``einsum("bhnm,bmhd->bnhd",
+* ``silu(qk + bias) / n * tril(ones(n, n))`` (a float buffer; or see ``build``'s
+  ``mask``), ``einsum("bhnm,bmhd->bnhd",
   a, v)``, back to jagged with ``dense_to_jagged`` (``index_select``), ``u *
   layer_norm(attn)``, ``_o``, residual.
 
@@ -111,14 +112,24 @@ class SequentialTransductionUnitJagged(nn.Module):
         super().__init__()
         self._pad = jagged_to_padded_dense if pad == "index_copy" else \
             jagged_to_padded_by_index_put
-        self._mask_in_forward = mask == "forward"
+        self._mask = mask
         self._uvqk = nn.Parameter(torch.empty(D, (DV * 2 + DQK * 2) * HEADS).normal_(
             mean=0, std=0.02))
         self._o = nn.Linear(DV * HEADS, D)
         self._rel_attn_bias = RelativeBucketedTimeAndPositionBasedBias(MAX_LEN, BUCKETS,
                                                                         bucket)
-        self.register_buffer("_attn_mask", torch.tril(torch.ones(MAX_LEN, MAX_LEN)),
-                             persistent=False)
+        if mask == "gr":  # generative-recommenders' own: the invalid (future) keys, bool,
+            # sized for the history plus the targets to predict, sliced to the batch's n
+            self.register_buffer("_attn_mask", torch.triu(torch.ones(
+                MAX_LEN + 2, MAX_LEN + 2, dtype=torch.bool), diagonal=1), persistent=False)
+        elif mask == "where":  # the visible keys, bool, larger than n: where(mask, a, 0)
+            self.register_buffer("_attn_mask", torch.tril(torch.ones(
+                MAX_LEN + 2, MAX_LEN + 2, dtype=torch.bool)), persistent=False)
+        elif mask == "constant":  # a plain tensor attribute (torch.export lifts it)
+            self._attn_mask = torch.tril(torch.ones(MAX_LEN + 2, MAX_LEN + 2))
+        else:
+            self.register_buffer("_attn_mask", torch.tril(torch.ones(MAX_LEN, MAX_LEN)),
+                                 persistent=False)
 
     def forward(self, x: torch.Tensor, x_offsets: torch.Tensor,
                 all_timestamps: torch.Tensor) -> torch.Tensor:
@@ -134,9 +145,19 @@ class SequentialTransductionUnitJagged(nn.Module):
         qk_attn = torch.einsum("bnhd,bmhd->bhnm", padded_q, padded_k)
         qk_attn = qk_attn + self._rel_attn_bias(all_timestamps).unsqueeze(1)
         qk_attn = F.silu(qk_attn) / n
-        causal = torch.tril(torch.ones(n, n, device=x.device)) if self._mask_in_forward \
-            else self._attn_mask
-        qk_attn = qk_attn * causal.unsqueeze(0).unsqueeze(0)
+        if self._mask == "where":
+            qk_attn = torch.where(self._attn_mask[:n, :n].unsqueeze(0).unsqueeze(0), qk_attn,
+                                  0.0)
+        else:
+            if self._mask == "forward":
+                causal = torch.tril(torch.ones(n, n, device=x.device))
+            elif self._mask == "gr":
+                causal = 1.0 - self._attn_mask[:n, :n].to(qk_attn.dtype)
+            elif self._mask == "constant":
+                causal = self._attn_mask[:n, :n]
+            else:
+                causal = self._attn_mask
+            qk_attn = qk_attn * causal.unsqueeze(0).unsqueeze(0)
         attn = torch.einsum("bhnm,bmhd->bnhd", qk_attn, padded_v).reshape(Bsz, n, HEADS * DV)
         attn_output = dense_to_jagged(attn, x_offsets, x.size(0))
         o_input = u * F.layer_norm(attn_output, normalized_shape=[HEADS * DV], eps=1e-6)
@@ -174,14 +195,23 @@ class HSTU(nn.Module):
 
 def build(bucket: str = "log", seed: int = 0, int32: bool = False,
           cpu_positions: bool = False, pad: str = "index_copy",
-          mask: str = "buffer") -> ModelSpec:
+          mask: str = "buffer", mask_ones: bool = False) -> ModelSpec:
     """``int32``: ids, offsets and timestamps int32, as a TorchRec loader's
     KeyedJaggedTensor hands them over; ``cpu_positions``: the positions from
     ``torch.arange(n)`` with no device (made on the CPU); ``pad``: q, k, v padded by
     ``index_copy`` over flat positions (FBGEMM's op written out) or ``index_put``;
-    ``mask``: the causal mask a registered buffer or ``tril`` made in the forward."""
+    ``mask``: the causal mask a registered float ``tril`` buffer multiplied in
+    (``"buffer"``), a ``tril`` made in the forward (``"forward"``), generative-recommenders'
+    bool ``triu(ones(n + 2), 1)`` buffer as ``1.0 - mask[:n, :n].to(dtype)`` (``"gr"``), or
+    a bool ``tril`` buffer of ``n + 2`` sliced and read by ``where(mask, a, 0)``
+    (``"where"``), or a float ``tril`` of ``n + 2`` held as a plain tensor attribute, not
+    registered, sliced (``"constant"``: a lifted constant of the export). ``mask_ones``: the buffer filled with ones after it is registered (every
+    key visible: a mask that is no causal one, as a user may set it)."""
     torch.manual_seed(seed)
     model = HSTU(bucket, cpu_positions, pad, mask)
+    if mask_ones:
+        for layer in model.layers:
+            layer._attn_mask.fill_(1)
 
     def make_batch(step: int, device: torch.device | str) -> tuple[torch.Tensor, ...]:
         with torch.device("cpu"):
