@@ -312,6 +312,22 @@ def _inv_norm(row_len, inv_max_len, NORM_BY_OWN_LEN: tl.constexpr):
 
 
 @triton.jit
+def _query_blocks(start_n, row_len, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  CAUSAL: tl.constexpr):
+    """A key block's query blocks, as three loops' bounds: ``[lo, diag)`` straddle the
+    causal diagonal (masked), ``[diag, full)`` need no mask, ``[max(diag, full), row_len)``
+    is the ragged last block (masked)."""
+    full = (row_len // BLOCK_M) * BLOCK_M
+    if CAUSAL:
+        lo = (start_n // BLOCK_M) * BLOCK_M
+        diag = tl.cdiv(start_n + BLOCK_N, BLOCK_M) * BLOCK_M
+    else:
+        lo = 0
+        diag = 0
+    return lo, diag, full
+
+
+@triton.jit
 def _bias_tile(bias_base, offs_m, offs_n, row_len, sbi, sbj):
     """The additive bias of a [BLOCK_M, BLOCK_N] score tile (positions within the sequence;
     rows or columns past its end read 0)."""
@@ -636,15 +652,7 @@ def _bwd_dkdv_kernel(
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     inv_norm = _inv_norm(row_len, inv_max_len, NORM_BY_OWN_LEN)
-    # Query blocks: [lo, diag) straddle the causal diagonal (masked), [diag, full) need no
-    # mask, [max(diag, full), row_len) is the ragged last block (masked).
-    full = (row_len // BLOCK_M) * BLOCK_M
-    if CAUSAL:
-        lo = (start_n // BLOCK_M) * BLOCK_M
-        diag = tl.cdiv(start_n + BLOCK_N, BLOCK_M) * BLOCK_M
-    else:
-        lo = 0
-        diag = 0
+    lo, diag, full = _query_blocks(start_n, row_len, BLOCK_M, BLOCK_N, CAUSAL)
     for start_m in range(lo, tl.minimum(diag, row_len), BLOCK_M):
         dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start,
                             start_m, offs_n, offs_d, row_len, stride_qt, stride_dot, scale,

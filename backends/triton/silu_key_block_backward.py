@@ -47,7 +47,7 @@ import triton.language as tl
 
 from . import config_choice
 from .config_choice import Preferred, Tiles
-from .jagged_attention import _inv_norm, _load_rows, _sequence, _sigmoid, _store_rows
+from .jagged_attention import _inv_norm, _load_rows, _query_blocks, _sequence, _sigmoid, _store_rows
 from .runtime import MIN_DOT, autotune_configs, mma
 
 __all__ = ["silu_key_block_backward"]
@@ -200,15 +200,7 @@ def _bwd_silu_kv_kernel(
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     inv_norm = _inv_norm(row_len, inv_max_len, NORM_BY_OWN_LEN)
-    # Query blocks: [lo, diag) straddle the causal diagonal (masked), [diag, full) need no
-    # mask, [max(diag, full), row_len) is the ragged last block (masked).
-    full = (row_len // BLOCK_M) * BLOCK_M
-    if CAUSAL:
-        lo = (start_n // BLOCK_M) * BLOCK_M
-        diag = tl.cdiv(start_n + BLOCK_N, BLOCK_M) * BLOCK_M
-    else:
-        lo = 0
-        diag = 0
+    lo, diag, full = _query_blocks(start_n, row_len, BLOCK_M, BLOCK_N, CAUSAL)
     db_strip = b.to(tl.int64) * stride_dbb + h0 * stride_dbh
     if start_n < row_len:
         for i in range(0, heads_per_program):
