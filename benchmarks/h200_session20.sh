@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# What the nineteenth session could not run (its device time ran out; < 9 minutes on an H200):
+#   1. the embedding bag's kernel tests on the GPU, the two-phase row-wise Adagrad race fix
+#      (825ff0b) among them, then narrow_split (its whole-row check failed at 27b9d85);
+#   2. HSTU's silu variants: the key-block backward (SILU_KEY_BLOCK_BACKWARD, off until this
+#      shows its errors at the old path's level and its time) and the bias rows after 233ee3a;
+#   3. HSTU warm, gemc (Inductor's pointwise kernels untimed, the default since 0dfd44f) vs
+#      gemc-pwtune: is 0dfd44f the +17.5% (38.22 -> 44.92 ms) since 9f27354?
+#   GEMC_COMMIT=<this checkout's sha, typed> bash benchmarks/h200_session20.sh
+set -uo pipefail
+source scripts/device_env.sh
+export PYTHONUNBUFFERED=1
+t0=$SECONDS
+GEMC_TEST_DEVICE=cuda timeout 150 python3 -m pytest -q -x -p no:cacheprovider \
+  tests/kernels/test_embedding_bag.py tests/kernels/test_embedding_bag_column_shards.py \
+  2>&1 | tail -15 | tee "$OUT/embedding_bag_tests.log"
+timeout 200 python3 benchmarks/kernels.py --cases narrow_split --no-compile \
+  --out "$OUT/narrow_split.json" > "$OUT/narrow_split.log" 2>&1
+echo "== 1. narrow_split (exit $?, $((SECONDS - t0)) s)"; grep -vE "Warning|warn" "$OUT/narrow_split.log" | tail -12 | cut -c1-300
+timeout 120 python3 benchmarks/kernels.py --cases silu_variants --no-compile \
+  --out "$OUT/silu_variants.json" > "$OUT/silu.log" 2>&1
+echo "== 2. silu variants (exit $?, $((SECONDS - t0)) s)"; grep -E "silu variant|rror" "$OUT/silu.log" | cut -c1-300
+timeout 150 python3 benchmarks/zoo.py --out "$OUT/pw" --models hstu --variants gemc,gemc-pwtune \
+  --steps 20 --warmup 3 --time-limit 120 --child-timeout 70 > "$OUT/pw.log" 2>&1
+echo "== 3. hstu gemc vs gemc-pwtune (exit $?, $((SECONDS - t0)) s)"
+grep -vE "Warning|warn" "$OUT/pw.log" | grep -E "^== |^ +(variant|gemc|gemc-pwtune) |skipped|rror" | cut -c1-300
+cd "$OUT" && tar czf pw.tar.gz pw && rm -rf pw
