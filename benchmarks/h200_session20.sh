@@ -1,22 +1,28 @@
 #!/usr/bin/env bash
-# What the nineteenth session could not run (its device time ran out; < 9 minutes on an H200):
+# What the nineteenth session could not run (its device time ran out), on an H200:
 #   1. the embedding bag's kernel tests on the GPU, the two-phase row-wise Adagrad race fix
 #      (825ff0b) among them, then narrow_split (its whole-row check failed at 27b9d85);
 #   2. HSTU's silu variants: the key-block backward (SILU_KEY_BLOCK_BACKWARD, off until this
 #      shows its errors at the old path's level and its time) and the bias rows after 233ee3a;
 #   3. HSTU warm, gemc (Inductor's pointwise kernels untimed, the default since 0dfd44f) vs
 #      gemc-pwtune: is 0dfd44f the +17.5% (38.22 -> 44.92 ms) since 9f27354?
-#   GEMC_COMMIT=<this checkout's sha, typed> bash benchmarks/h200_session20.sh
+#   GEMC_COMMIT=<this checkout's sha, typed> bash benchmarks/h200_session20.sh 1   # ~6 min
+#   GEMC_COMMIT=<this checkout's sha, typed> bash benchmarks/h200_session20.sh 2   # ~5 min
+# (two device calls: together they pass a command's 10 minutes)
 set -uo pipefail
+PART="${1:?usage: bash benchmarks/h200_session20.sh 1|2}"
 source scripts/device_env.sh
 export PYTHONUNBUFFERED=1
 t0=$SECONDS
+if [ "$PART" = 1 ]; then
 GEMC_TEST_DEVICE=cuda timeout 150 python3 -m pytest -q -x -p no:cacheprovider \
   tests/kernels/test_embedding_bag.py tests/kernels/test_embedding_bag_column_shards.py \
   2>&1 | tail -15 | tee "$OUT/embedding_bag_tests.log"
 timeout 200 python3 benchmarks/kernels.py --cases narrow_split --no-compile \
   --out "$OUT/narrow_split.json" > "$OUT/narrow_split.log" 2>&1
 echo "== 1. narrow_split (exit $?, $((SECONDS - t0)) s)"; grep -vE "Warning|warn" "$OUT/narrow_split.log" | tail -12 | cut -c1-300
+exit 0
+fi
 timeout 120 python3 benchmarks/kernels.py --cases silu_variants --no-compile \
   --out "$OUT/silu_variants.json" > "$OUT/silu.log" 2>&1
 echo "== 2. silu variants (exit $?, $((SECONDS - t0)) s)"; grep -E "silu variant|rror" "$OUT/silu.log" | cut -c1-300
