@@ -118,6 +118,12 @@ _VIEW = {
     "sym_numel",
 }
 _INDEX = {
+    # FBGEMM's jagged <-> padded ops (generative-recommenders, TorchRec): gathers and scatters
+    # over offsets, priced as the bytes they move
+    "jagged_to_padded_dense",
+    "dense_to_jagged",
+    "jagged_to_padded_dense_forward",
+    "dense_to_jagged_forward",
     "index",
     "index_put",
     "index_put_",

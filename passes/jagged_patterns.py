@@ -180,6 +180,8 @@ def zero_padded_source(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
     src = through_views(node)
     if isinstance(src, fx.Node) and src.target is aten.index_copy.default:
         return _unflattened_index_copy(node, src)
+    if isinstance(src, fx.Node) and fbgemm_op(src) == "jagged_to_padded_dense":
+        return _fbgemm_padded(src)
     if not (isinstance(src, fx.Node) and src.target is aten.index_put.default):
         return None
     accumulate = src.kwargs.get("accumulate", src.args[3] if len(src.args) > 3 else False)
@@ -188,6 +190,33 @@ def zero_padded_source(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
         return None
     offsets = jagged_positions(*indices)
     return (src, offsets) if offsets is not None else None
+
+
+def fbgemm_op(node: fx.Node) -> str | None:
+    """The name of an FBGEMM op (``torch.ops.fbgemm.NAME``), or None: generative-recommenders
+    and TorchRec pad and unpad jagged values with these rather than ATen indexing. Matched by
+    the op's namespace and name, so FBGEMM need not be importable here."""
+    target = node.target if node.op == "call_function" else None
+    if isinstance(target, torch._ops.OpOverload) and target.namespace == "fbgemm":
+        return target.overloadpacket.__name__
+    return None
+
+
+def _fbgemm_padded(pad: fx.Node) -> tuple[fx.Node, fx.Node] | None:
+    """:func:`zero_padded_source` of ``fbgemm.jagged_to_padded_dense(values, [offsets],
+    [L], padding_value)``: one jagged dim padded with zeros to ``[B, L, ...]``."""
+    values, offsets_list, max_lengths = pad.args[:3]
+    padding = pad.args[3] if len(pad.args) > 3 else pad.kwargs.get("padding_value", 0.0)
+    shape = tuple(ir.shape_of(pad) or ())
+    if not (isinstance(offsets_list, (list, tuple)) and len(offsets_list) == 1
+            and isinstance(max_lengths, (list, tuple)) and len(max_lengths) == 1
+            and isinstance(padding, (int, float)) and padding == 0 and len(shape) >= 2
+            and shape[1] == max_lengths[0] and isinstance(values, fx.Node)):
+        return None
+    offsets = offsets_list[0]
+    if not isinstance(offsets, fx.Node) or (ir.shape_of(offsets) or (0,))[0] != shape[0] + 1:
+        return None
+    return pad, offsets
 
 
 def _unflattened_index_copy(node: fx.Node, copy: fx.Node) -> tuple[fx.Node, fx.Node] | None:
@@ -218,6 +247,8 @@ def padded_values(source: fx.Node) -> Any:
     unflattened ``index_copy``'s."""
     if source.target is aten.index_put.default:
         return source.args[2]
+    if fbgemm_op(source) == "jagged_to_padded_dense":
+        return source.args[0]
     return through_views(source).args[3]
 
 
@@ -383,6 +414,13 @@ def _step(user: fx.Node, src: fx.Node, dims: Dims, facts: Facts
         return None if silu == "read" else silu
     if t in _SAME:
         return [(user, dims)]
+    if fbgemm_op(user) == "dense_to_jagged" and user.args[0] is src and dims == (0, 1) \
+            and not isinstance(facts, KeyMask) and facts[1] == 0:
+        # FBGEMM's unpadding over the same offsets reads each row's first length tokens
+        offsets = user.args[1]
+        ok = isinstance(offsets, (list, tuple)) and len(offsets) == 1 \
+            and offsets[0] is facts[0]
+        return "clean" if ok else None
     if t is aten.transpose.int:
         a, b = (_norm(x, rank) for x in user.args[1:3])
         swap = {a: b, b: a}

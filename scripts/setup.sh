@@ -18,6 +18,10 @@ pip_install() {
 pip_install --upgrade pip
 pip_install torch==2.13.0
 pip_install -e '.[dev]'
+# FBGEMM's CPU ops (jagged_to_padded_dense, dense_to_jagged): the tests capture models that
+# call them as generative-recommenders does. --no-deps: its wheel would not pull torch, but
+# keep the pinned CPU build whatever it declares (it needs numpy, which gemc's deps bring).
+pip_install --no-deps fbgemm-gpu-cpu==1.8.0
 # Headless Chromium renders the HTML report in tests/report (Debian package `chromium`).
 # Optional for everything else: a failure here is reported and setup goes on.
 if [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

@@ -91,6 +91,7 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "hstu_bucketize_int32": ("hstu_gr", {"bucket": "bucketize", "int32": True}),
     "hstu_index_put_tril": ("hstu_gr", {"pad": "index_put", "mask": "forward"}),
     "hstu_index_copy_tril": ("hstu_gr", {"mask": "forward"}),
+    "hstu_fbgemm_tril": ("hstu_gr", {"pad": "fbgemm", "mask": "forward"}),
     "hstu_index_copy_buffer": ("hstu_gr", {}),
     "hstu_buffer_gr": ("hstu_gr", {"mask": "gr"}),
     "hstu_buffer_where": ("hstu_gr", {"mask": "where", "pad": "index_put"}),
@@ -126,7 +127,8 @@ def _one_rank(plan: dict[str, Any]) -> list[float]:
 
 # the encoder layer and the BERT blocks run in tests of their own below
 @pytest.mark.parametrize("name", [name for name in CASES if name not in (
-    "encoder_layer_dropout", "hstu_index_put_tril", "hstu_index_copy_tril")
+    "encoder_layer_dropout", "hstu_index_put_tril", "hstu_index_copy_tril",
+    "hstu_fbgemm_tril")
     and not name.startswith(("hf_bert", "hstu_index_copy_buffer", "hstu_buffer_",
                              "hstu_constant"))])
 def test_compiles_and_one_rank_matches_eager(name: str) -> None:
@@ -155,6 +157,19 @@ def test_hstu_read_back_to_jagged_by_flat_positions_runs_the_jagged_silu_kernel(
     assert "jagged_silu_attention" in kinds, kinds
     assert ("packed_tokens" in kinds) == (name == "hstu_index_put_tril"), kinds
     _close(name, _one_rank(plan), _reference(name, 1))
+
+
+def test_hstu_with_fbgemms_own_jagged_ops_runs_the_jagged_silu_kernel() -> None:
+    """generative-recommenders as written, with FBGEMM: q, k, v padded by
+    ``torch.ops.fbgemm.jagged_to_padded_dense`` (zeros) are zero-padded sources over its
+    offsets, and ``dense_to_jagged`` over the same offsets reads the attention's real rows
+    only (``jagged_patterns.fbgemm_op``). Both ops are index ops, not of unknown kind; the
+    jagged SiLU kernel applies and trains as eager (FBGEMM's own autograd around it)."""
+    plan = _compiled("hstu_fbgemm_tril", "h200:1x1")
+    kinds = [k["kind"] for k in plan["kernels"]]
+    assert "jagged_silu_attention" in kinds, kinds
+    assert not [w for w in plan["warnings"] if "ops of unknown kind" in w], plan["warnings"]
+    _close("hstu_fbgemm_tril", _one_rank(plan), _reference("hstu_fbgemm_tril", 1))
 
 
 def _silu_entry(plan: dict[str, Any]) -> dict[str, Any]:

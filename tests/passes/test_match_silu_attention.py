@@ -175,3 +175,25 @@ def test_a_square_mask_of_data_or_a_draw_is_no_candidate(form: str):
     assert not [n for n in gm.graph.nodes if ir.KERNEL in n.meta]
     assert _warnings(ctx) == ["match-silu-attention: matmul_1 stays the padded formula "
                               "(mask-factor)"]
+
+
+def test_fbgemm_padding_is_a_zero_padded_source_only_with_zeros():
+    """``fbgemm.jagged_to_padded_dense`` pads with ``padding_value``: only 0 makes the
+    padded keys contribute nothing (``jagged_patterns.zero_padded_source``)."""
+    import fbgemm_gpu  # noqa: F401
+    from gemc.passes.jagged_patterns import padded_values, zero_padded_source
+
+    class Pad(torch.nn.Module):
+        def forward(self, values, offsets):
+            zero = torch.ops.fbgemm.jagged_to_padded_dense(values, [offsets], [4], 0.0)
+            one = torch.ops.fbgemm.jagged_to_padded_dense(values, [offsets], [4], 1.0)
+            return zero.view(2, 4, 2, 3), one
+
+    ep = torch.export.export(Pad(), (torch.randn(5, 6), torch.tensor([0, 2, 5])))
+    nodes = {n.name: n for n in ep.graph.nodes}
+    view = next(n for n in ep.graph.nodes if n.op == "call_function" and "view" in n.name)
+    source, offsets = zero_padded_source(view)
+    assert offsets is nodes["offsets"] and padded_values(source) is nodes["values"]
+    pads = [n for n in ep.graph.nodes if n.op == "call_function"
+            and "jagged_to_padded_dense" in str(n.target)]
+    assert len(pads) == 2 and zero_padded_source(pads[1]) is None

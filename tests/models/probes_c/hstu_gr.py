@@ -73,6 +73,23 @@ def dense_to_jagged(dense: torch.Tensor, x_offsets: torch.Tensor, total: int) ->
     return flat.index_select(0, _flat_index(x_offsets, total, dense.shape[1]))
 
 
+def fbgemm_jagged_to_padded(values: torch.Tensor, x_offsets: torch.Tensor, n: int
+                            ) -> torch.Tensor:
+    """generative-recommenders' own call: FBGEMM's op (``pad="fbgemm"``)."""
+    import fbgemm_gpu  # noqa: F401  (registers torch.ops.fbgemm)
+
+    return torch.ops.fbgemm.jagged_to_padded_dense(values, [x_offsets], [n], 0.0)
+
+
+def fbgemm_dense_to_jagged(dense: torch.Tensor, x_offsets: torch.Tensor, total: int
+                           ) -> torch.Tensor:
+    """FBGEMM's unpadding, with the total given (as the authors do when they know it: on
+    ``meta`` an unknown total would be a data-dependent size)."""
+    import fbgemm_gpu  # noqa: F401
+
+    return torch.ops.fbgemm.dense_to_jagged(dense, [x_offsets], total)[0]
+
+
 def _log_buckets(x: torch.Tensor) -> torch.Tensor:
     return (torch.log(torch.abs(x).clamp(min=1)) / 0.301).long()
 
@@ -110,8 +127,9 @@ class RelativeBucketedTimeAndPositionBasedBias(nn.Module):
 class SequentialTransductionUnitJagged(nn.Module):
     def __init__(self, bucket: str, pad: str = "index_copy", mask: str = "buffer") -> None:
         super().__init__()
-        self._pad = jagged_to_padded_dense if pad == "index_copy" else \
-            jagged_to_padded_by_index_put
+        self._pad = {"index_copy": jagged_to_padded_dense, "index_put":
+                     jagged_to_padded_by_index_put, "fbgemm": fbgemm_jagged_to_padded}[pad]
+        self._unpad = fbgemm_dense_to_jagged if pad == "fbgemm" else dense_to_jagged
         self._mask = mask
         self._uvqk = nn.Parameter(torch.empty(D, (DV * 2 + DQK * 2) * HEADS).normal_(
             mean=0, std=0.02))
@@ -159,7 +177,7 @@ class SequentialTransductionUnitJagged(nn.Module):
                 causal = self._attn_mask
             qk_attn = qk_attn * causal.unsqueeze(0).unsqueeze(0)
         attn = torch.einsum("bhnm,bmhd->bnhd", qk_attn, padded_v).reshape(Bsz, n, HEADS * DV)
-        attn_output = dense_to_jagged(attn, x_offsets, x.size(0))
+        attn_output = self._unpad(attn, x_offsets, x.size(0))
         o_input = u * F.layer_norm(attn_output, normalized_shape=[HEADS * DV], eps=1e-6)
         return self._o(o_input) + x
 
@@ -199,7 +217,8 @@ def build(bucket: str = "log", seed: int = 0, int32: bool = False,
     """``int32``: ids, offsets and timestamps int32, as a TorchRec loader's
     KeyedJaggedTensor hands them over; ``cpu_positions``: the positions from
     ``torch.arange(n)`` with no device (made on the CPU); ``pad``: q, k, v padded by
-    ``index_copy`` over flat positions (FBGEMM's op written out) or ``index_put``;
+    ``index_copy`` over flat positions (FBGEMM's op written out), ``index_put``, or FBGEMM's
+    own ``jagged_to_padded_dense`` / ``dense_to_jagged`` (``"fbgemm"``);
     ``mask``: the causal mask a registered float ``tril`` buffer multiplied in
     (``"buffer"``), a ``tril`` made in the forward (``"forward"``), generative-recommenders'
     bool ``triu(ones(n + 2), 1)`` buffer as ``1.0 - mask[:n, :n].to(dtype)`` (``"gr"``), or
