@@ -94,6 +94,22 @@ def _scalar(x: Any) -> float | None:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
 
 
+def _kept_where_not(test: Any) -> fx.Node | None:
+    """``m`` of a "dropped" test ``m == 0`` (``m`` bool or float) or ``~m`` (``m`` bool):
+    zeroing ``a`` where the test holds keeps ``a`` where ``m`` is non-zero, so ``m`` is
+    the visibility mask (read as ``m != 0``: ``_visible`` takes only a bool or a proven
+    0 / 1 float, and the run-time check of a stored one compares it with the ``tril``)."""
+    if not isinstance(test, fx.Node) or test.op != "call_function":
+        return None
+    if test.target is aten.eq.Scalar and _scalar(test.args[1]) == 0.0 \
+            and isinstance(test.args[0], fx.Node):
+        return test.args[0]
+    if test.target in (aten.logical_not.default, aten.bitwise_not.default) \
+            and isinstance(test.args[0], fx.Node) and ir.dtype_of(test.args[0]) == torch.bool:
+        return test.args[0]
+    return None
+
+
 def _normalised_silu(node: Any) -> bool:
     """``node`` is ``silu(.) / n`` or ``silu(.) * c``."""
     return isinstance(node, fx.Node) and node.target in (aten.div.Tensor, aten.mul.Tensor) \
@@ -295,6 +311,14 @@ def match(node: fx.Node) -> dict[str, Any] | str | None:
     elif a.target is aten.where.ScalarOther and _scalar(a.args[2]) == 0.0:
         group.append(a)
         mask, a = a.args[0], a.args[1]
+    elif a.target is aten.where.ScalarSelf and _scalar(a.args[1]) == 0.0 \
+            and _kept_where_not(a.args[0]) is not None:  # where(m == 0, 0, a)
+        group.append(a)
+        mask, a = _kept_where_not(a.args[0]), a.args[2]
+    elif a.target is aten.masked_fill.Scalar and _scalar(a.args[2]) == 0.0 \
+            and _kept_where_not(a.args[1]) is not None:  # a.masked_fill(m == 0, 0)
+        group.append(a)
+        mask, a = _kept_where_not(a.args[1]), a.args[0]
     if not isinstance(a, fx.Node):
         return None
     norm = None
@@ -407,7 +431,12 @@ def _stored_facts(stored: fx.Node, visible: fx.Node, masking: fx.Node, length: i
     sources = stored_mask_sources(stored, length) or []
     return {"causal_mask": stored.name, "causal_mask_of": [n.name for n in sources],
             "visible": visible.name,
-            "visible_where": masking.target is aten.where.ScalarOther}
+            "visible_where": masking.target in _WHERE_FORMS}
+
+
+_WHERE_FORMS = (aten.where.ScalarOther, aten.where.ScalarSelf, aten.masked_fill.Scalar)
+"""The ways ``a`` is zeroed outside the visible mask by selection (``where(visible, a, 0)``,
+``where(visible == 0, 0, a)``, ``a.masked_fill(visible == 0, 0)``), not by a multiply."""
 
 
 def _price(group: list[fx.Node], facts: dict[str, Any], named: dict[str, fx.Node],

@@ -97,6 +97,9 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "hstu_buffer_where": ("hstu_gr", {"mask": "where", "pad": "index_put"}),
     "hstu_buffer_ones": ("hstu_gr", {"mask_ones": True}),
     "hstu_constant_mask": ("hstu_gr", {"mask": "constant"}),
+    "hstu_buffer_masked_fill": ("hstu_gr", {"mask": "masked_fill_buffer"}),
+    "hstu_masked_fill_tril": ("hstu_gr", {"mask": "masked_fill"}),
+    "hstu_masked_fill_ones": ("hstu_gr", {"mask": "masked_fill_buffer", "mask_ones": True}),
     "tisasrec_forward_relation": ("tisasrec", {"relation": "forward"}),
     "hf_bert_finfo": ("hf_bert", {"mask_value": "finfo"}),
     "hf_bert_1e4": ("hf_bert", {"mask_value": "1e4"}),
@@ -128,7 +131,7 @@ def _one_rank(plan: dict[str, Any]) -> list[float]:
 # the encoder layer and the BERT blocks run in tests of their own below
 @pytest.mark.parametrize("name", [name for name in CASES if name not in (
     "encoder_layer_dropout", "hstu_index_put_tril", "hstu_index_copy_tril",
-    "hstu_fbgemm_tril")
+    "hstu_fbgemm_tril", "hstu_masked_fill_tril", "hstu_masked_fill_ones")
     and not name.startswith(("hf_bert", "hstu_index_copy_buffer", "hstu_buffer_",
                              "hstu_constant"))])
 def test_compiles_and_one_rank_matches_eager(name: str) -> None:
@@ -142,7 +145,8 @@ def test_compiles_and_one_rank_matches_eager(name: str) -> None:
     _close(name, _one_rank(plan), _reference(name, 1))
 
 
-@pytest.mark.parametrize("name", ["hstu_index_put_tril", "hstu_index_copy_tril"])
+@pytest.mark.parametrize("name", ["hstu_index_put_tril", "hstu_index_copy_tril",
+                                  "hstu_masked_fill_tril"])
 def test_hstu_read_back_to_jagged_by_flat_positions_runs_the_jagged_silu_kernel(name) -> None:
     """generative-recommenders' jagged <-> padded written out: the attention's padded
     output flattened to ``[B * n, ...]`` and gathered at ``row * n + col`` reads real rows
@@ -151,7 +155,8 @@ def test_hstu_read_back_to_jagged_by_flat_positions_runs_the_jagged_silu_kernel(
     zeros at those positions are zero-padded sources like an ``index_put`` at (row, col)
     (``jagged_patterns.zero_padded_source``). With the ``tril`` made in the forward the
     jagged SiLU kernel applies and trains as eager; the ``index_put`` form packs its
-    tokens too (a region starts at an ``index_put`` only)."""
+    tokens too (a region starts at an ``index_put`` only). The scores zeroed by
+    ``masked_fill(tril == 0, 0)`` are the same attention (``hstu_masked_fill_tril``)."""
     plan = _compiled(name, "h200:1x1")
     kinds = [k["kind"] for k in plan["kernels"]]
     assert "jagged_silu_attention" in kinds, kinds
@@ -178,7 +183,8 @@ def _silu_entry(plan: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("name", ["hstu_index_copy_buffer", "hstu_buffer_gr",
-                                  "hstu_buffer_where", "hstu_constant_mask"])
+                                  "hstu_buffer_where", "hstu_constant_mask",
+                                  "hstu_buffer_masked_fill"])
 def test_hstu_causal_mask_in_a_buffer_runs_the_jagged_silu_kernel(name: str) -> None:
     """The causal mask a registered buffer (a float ``tril`` multiplied in, generative-
     recommenders' bool ``triu(., 1)`` sliced as ``1.0 - m[:n, :n].to(dtype)``, a bool
@@ -191,7 +197,7 @@ def test_hstu_causal_mask_in_a_buffer_runs_the_jagged_silu_kernel(name: str) -> 
     entry = _silu_entry(plan)
     assert entry["causal"] is True and entry["causal_mask_of"] == [
         "c_layers_0__attn_mask" if name == "hstu_constant_mask" else "b_layers_0__attn_mask"]
-    assert entry["visible_where"] is (name == "hstu_buffer_where")
+    assert entry["visible_where"] is (name in ("hstu_buffer_where", "hstu_buffer_masked_fill"))
     # a stored mask's fallback is the padded formula: its attention starts no packed region
     assert "packed_tokens" not in [k["kind"] for k in plan["kernels"]]
     STATS.reset()
@@ -201,19 +207,20 @@ def test_hstu_causal_mask_in_a_buffer_runs_the_jagged_silu_kernel(name: str) -> 
     assert CHECKS.as_dict() == {"checks": 1, "not_causal": 0}
 
 
-def test_hstu_buffer_that_is_no_causal_mask_runs_the_padded_formula_counted() -> None:
+@pytest.mark.parametrize("name", ["hstu_buffer_ones", "hstu_masked_fill_ones"])
+def test_hstu_buffer_that_is_no_causal_mask_runs_the_padded_formula_counted(name) -> None:
     """The same buffer filled with ones (every key visible): the compile cannot tell (it
     has no values), the run-time check finds it is no ``tril`` and every step runs the
     model's padded formula, counted as the guarded attention's fallback in the run
-    report, with eager's losses."""
-    plan = _compiled("hstu_buffer_ones", "h200:1x1")
+    report, with eager's losses; multiplied in, or read by ``masked_fill(m == 0, 0)``
+    (the fallback's selection reads the float mask as ``m != 0``)."""
+    plan = _compiled(name, "h200:1x1")
     assert _silu_entry(plan)["causal_mask"]
     STATS.reset()
     CHECKS.reset()
     res = run(harness.variant(plan, kernels=True), RunOptions(steps=STEPS, device="cpu",
                                                               progress=False))
-    _close("hstu_buffer_ones", [loss for _, loss in res.losses],
-           _reference("hstu_buffer_ones", 1))
+    _close(name, [loss for _, loss in res.losses], _reference(name, 1))
     assert (STATS.calls, STATS.jagged, STATS.fallback) == (STEPS, 0, STEPS), STATS
     assert CHECKS.as_dict() == {"checks": 1, "not_causal": 1}
     (rank,) = res.report["per_rank"]

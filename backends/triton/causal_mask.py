@@ -103,5 +103,8 @@ def silu_formula(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: tor
     if bias is not None:
         s = s + bias
     a = F.silu(s) / int(entry["norm"])
-    a = torch.where(visible, a, 0.0) if entry.get("visible_where") else a * visible
+    # selection keeps a where visible is non-zero (bool, or a float the model compared
+    # with 0: ``masked_fill(visible == 0, 0)``); a multiply scales by it
+    a = torch.where(visible.to(torch.bool), a, 0.0) if entry.get("visible_where") \
+        else a * visible
     return torch.matmul(a, v)

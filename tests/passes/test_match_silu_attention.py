@@ -43,6 +43,10 @@ class _Pointwise(WrittenAttention):
             visible = keep[:, None, :]
         else:  # the key axis and the query axis
             visible = keep[:, None, :] & keep[:, :, None]
+        if self.form == "dropped":  # the scores zeroed where the mask is 0
+            return torch.where(visible[:, None] == 0, 0.0, act / n)
+        if self.form == "not_kept":  # ... or where its negation holds
+            return (act / n).masked_fill(~visible[:, None], 0.0)
         return act / n * visible[:, None].to(s.dtype)
 
 
@@ -97,6 +101,15 @@ def test_a_look_alike_stays_the_padded_formula_with_its_reason(form: str, reason
     """)
     assert not [n for n in gm.graph.nodes if ir.KERNEL in n.meta]
     assert _warnings(ctx) == [f"match-silu-attention: matmul_1 stays the padded formula ({reason})"]
+
+
+@pytest.mark.parametrize("form", ["dropped", "not_kept"])
+def test_scores_zeroed_where_the_mask_drops_them_are_the_same_attention(form: str):
+    """``where(m == 0, 0, a)`` and ``a.masked_fill(~m, 0)`` keep ``a`` where ``m`` holds:
+    the same guarded kernel as ``a * m``, read by selection (``visible_where``)."""
+    gm, ctx = _matched(form)
+    check_graph(gm, "CHECK: %matmul_1 = aten.matmul.default(\nCHECK-SAME: kind:jagged_silu_attention")
+    assert not _warnings(ctx)
 
 
 def test_a_bare_key_mask_is_a_key_mask():

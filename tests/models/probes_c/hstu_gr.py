@@ -143,6 +143,9 @@ class SequentialTransductionUnitJagged(nn.Module):
         elif mask == "where":  # the visible keys, bool, larger than n: where(mask, a, 0)
             self.register_buffer("_attn_mask", torch.tril(torch.ones(
                 MAX_LEN + 2, MAX_LEN + 2, dtype=torch.bool)), persistent=False)
+        elif mask == "masked_fill_buffer":  # a float tril of n + 2, masked_fill(m == 0, 0)
+            self.register_buffer("_attn_mask", torch.tril(torch.ones(MAX_LEN + 2, MAX_LEN + 2)),
+                                 persistent=False)
         elif mask == "constant":  # a plain tensor attribute (torch.export lifts it)
             self._attn_mask = torch.tril(torch.ones(MAX_LEN + 2, MAX_LEN + 2))
         else:
@@ -166,6 +169,10 @@ class SequentialTransductionUnitJagged(nn.Module):
         if self._mask == "where":
             qk_attn = torch.where(self._attn_mask[:n, :n].unsqueeze(0).unsqueeze(0), qk_attn,
                                   0.0)
+        elif self._mask in ("masked_fill", "masked_fill_buffer"):  # the dropped scores
+            causal = torch.tril(torch.ones(n, n, device=x.device)) \
+                if self._mask == "masked_fill" else self._attn_mask[:n, :n]
+            qk_attn = qk_attn.masked_fill(causal.unsqueeze(0).unsqueeze(0) == 0, 0.0)
         else:
             if self._mask == "forward":
                 causal = torch.tril(torch.ones(n, n, device=x.device))
@@ -224,7 +231,9 @@ def build(bucket: str = "log", seed: int = 0, int32: bool = False,
     bool ``triu(ones(n + 2), 1)`` buffer as ``1.0 - mask[:n, :n].to(dtype)`` (``"gr"``), or
     a bool ``tril`` buffer of ``n + 2`` sliced and read by ``where(mask, a, 0)``
     (``"where"``), or a float ``tril`` of ``n + 2`` held as a plain tensor attribute, not
-    registered, sliced (``"constant"``: a lifted constant of the export). ``mask_ones``: the buffer filled with ones after it is registered (every
+    registered, sliced (``"constant"``: a lifted constant of the export), or the scores
+    zeroed by ``masked_fill(tril == 0, 0)`` with the ``tril`` made in the forward
+    (``"masked_fill"``) or a float buffer of ``n + 2`` sliced (``"masked_fill_buffer"``). ``mask_ones``: the buffer filled with ones after it is registered (every
     key visible: a mask that is no causal one, as a user may set it)."""
     torch.manual_seed(seed)
     model = HSTU(bucket, cpu_positions, pad, mask)
