@@ -50,3 +50,27 @@ def tolerances(dtype: torch.dtype) -> dict[str, float]:
     if dtype == torch.bfloat16:
         return {"atol": 3e-2, "rtol": 3e-2}
     return {"atol": 2e-5, "rtol": 2e-5}
+
+
+def silu_padded_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          bias: torch.Tensor | None, g: torch.Tensor, offsets: torch.Tensor,
+                          max_len: int, causal: bool) -> list[torch.Tensor]:
+    """HSTU's pointwise attention as the padded formula in fp32, the SiLU kernels' reference:
+    out, dq, dk, dv (q-shaped ``[B, L, H, D]``) and, with a bias, its gradient in the bias's
+    own shape; scale ``D ** -0.5``, normaliser ``max_len``, padding keys and queries masked."""
+    from gemc.backends.triton import jagged_to_padded
+
+    lengths = offsets[1:] - offsets[:-1]
+    pos = torch.arange(max_len)
+    real = pos[None, :] < lengths[:, None]
+    visible = real[:, None, :] & real[:, :, None]
+    if causal:
+        visible = visible & (pos[:, None] >= pos[None, :])
+    x = [jagged_to_padded(t, offsets, max_len).float().transpose(1, 2).requires_grad_()
+         for t in (q, k, v)]
+    b = bias.float().requires_grad_() if bias is not None else None
+    s = q.shape[-1] ** -0.5 * x[0] @ x[1].transpose(-1, -2) + (b if b is not None else 0.0)
+    out = (torch.nn.functional.silu(s) * visible[:, None] / max_len) @ x[2]
+    gp = jagged_to_padded(g, offsets, max_len).float().transpose(1, 2)
+    grads = torch.autograd.grad(out, (*x, b) if b is not None else x, gp)
+    return [t.transpose(1, 2) for t in (out, *grads[:3])] + list(grads[3:])

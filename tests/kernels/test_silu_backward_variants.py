@@ -14,29 +14,12 @@ import pytest
 import torch
 from gemc.backends.triton import jagged_attention, jagged_to_padded
 from gemc.backends.triton import ops as _ops  # noqa: F401  (registers the gemc:: ops)
+from kernel_helpers import silu_padded_reference
 
 from tests.benchmark_module import load_benchmark
 
 kernel = importlib.import_module("gemc.backends.triton.jagged_attention")
 B, L, H, D = 4, 40, 2, 16  # 40 rows: three 16-row blocks (the interpreter's config)
-
-
-def _reference(q, k, v, bias, g, offsets, causal):  # noqa: ANN001, ANN202
-    """Out, dq, dk, dv, dbias of the padded formula in fp32, q/k/v-shaped ``[B, L, H, D]``."""
-    lengths = offsets[1:] - offsets[:-1]
-    pos = torch.arange(L)
-    real = pos[None, :] < lengths[:, None]
-    visible = real[:, None, :] & real[:, :, None]
-    if causal:
-        visible = visible & (pos[:, None] >= pos[None, :])
-    x = [jagged_to_padded(t, offsets, L).float().transpose(1, 2).requires_grad_()
-         for t in (q, k, v)]
-    b = bias.float().requires_grad_()
-    s = D ** -0.5 * x[0] @ x[1].transpose(-1, -2) + b
-    out = (torch.nn.functional.silu(s) * visible[:, None] / L) @ x[2]
-    gp = jagged_to_padded(g, offsets, L).float().transpose(1, 2)
-    grads = torch.autograd.grad(out, (*x, b), gp)
-    return [t.transpose(1, 2) for t in (out, *grads[:3])] + [grads[3]]
 
 
 def _run(q, k, v, bias, g, offsets, causal, fused, padded):  # noqa: ANN001, ANN202
@@ -74,7 +57,7 @@ def test_fused_backward_equals_the_two_kernels_and_the_formula(causal, padded, m
 
     monkeypatch.setattr(kernel, "_bwd_dq_kernel", Refused())
     one = _run(q, k, v, bias, g, offsets, causal, True, padded)
-    ref = _reference(q, k, v, bias, g, offsets, causal)
+    ref = silu_padded_reference(q, k, v, bias, g, offsets, L, causal)
     for name, a, b, r in zip(("out", "dq", "dk", "dv", "dbias"), one, two, ref):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=name)
         torch.testing.assert_close(a.float(), r, rtol=1e-4, atol=1e-4, msg=name)

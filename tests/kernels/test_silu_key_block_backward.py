@@ -19,6 +19,7 @@ import torch
 from gemc.backends.triton import config_choice as cc
 from gemc.backends.triton import jagged_attention, jagged_to_padded
 from gemc.backends.triton import ops as _ops  # noqa: F401  (registers the gemc:: ops)
+from kernel_helpers import silu_padded_reference
 
 kernel = importlib.import_module("gemc.backends.triton.jagged_attention")
 H, D = 2, 16
@@ -36,24 +37,6 @@ def key_block(monkeypatch):
     """The key-block backward on, its uninitialised buffers NaN."""
     monkeypatch.setattr(kernel, "SILU_KEY_BLOCK_BACKWARD", True)
     monkeypatch.setattr(kernel, "uninitialised", _nan_buffers)
-
-
-def _reference(q, k, v, bias, g, offsets, L, causal):  # noqa: ANN001, ANN202
-    """Out, dq, dk, dv ([B, L, H, D]) and dbias (its own shape) of the padded formula, fp32."""
-    lengths = offsets[1:] - offsets[:-1]
-    pos = torch.arange(L)
-    real = pos[None, :] < lengths[:, None]
-    visible = real[:, None, :] & real[:, :, None]
-    if causal:
-        visible = visible & (pos[:, None] >= pos[None, :])
-    x = [jagged_to_padded(t, offsets, L).float().transpose(1, 2).requires_grad_()
-         for t in (q, k, v)]
-    b = bias.float().requires_grad_() if bias is not None else None
-    s = D ** -0.5 * x[0] @ x[1].transpose(-1, -2) + (b if b is not None else 0.0)
-    out = (torch.nn.functional.silu(s) * visible[:, None] / L) @ x[2]
-    gp = jagged_to_padded(g, offsets, L).float().transpose(1, 2)
-    grads = torch.autograd.grad(out, (*x, b) if b is not None else x, gp)
-    return [t.transpose(1, 2) for t in (out, *grads[:3])] + list(grads[3:])
 
 
 def _inputs(lengths, bias_shape, seed, dtype=torch.float32):  # noqa: ANN001, ANN202
@@ -109,7 +92,7 @@ def test_key_block_backward_matches_the_formula(key_block, monkeypatch, fused, c
     q, k, v, g, bias, offsets = _inputs(torch.tensor([0, L, 17, 33]), shape,
                                         seed=11 + causal + 2 * fused)
     got = _run(q, k, v, g, bias, offsets, L, causal, padded=False)
-    _check(got, _reference(q, k, v, bias, g, offsets, L, causal))
+    _check(got, silu_padded_reference(q, k, v, bias, g, offsets, L, causal))
     if bias is not None:
         # scores no query sees get a zero gradient, written (the buffer started NaN)
         assert torch.isfinite(got[4]).all() and got[4].abs().max() > 0
@@ -128,7 +111,7 @@ def test_every_length_from_0_to_L_on_the_padded_op(key_block, causal):
         got = _run(q, k, v, g, bias, offsets, L, causal, padded=True)
     finally:
         kernel.FUSED_SILU_BACKWARD = False
-    _check(got, _reference(q, k, v, bias, g, offsets, L, causal))
+    _check(got, silu_padded_reference(q, k, v, bias, g, offsets, L, causal))
 
 
 def test_a_bias_gradient_of_empty_sequences_is_all_zeros(key_block):
@@ -149,7 +132,7 @@ def test_bf16_bias_gradient_is_written_in_the_bias_dtype(key_block):
                                         dtype=torch.bfloat16)
     got = _run(q, k, v, g, bias, offsets, L, causal=True, padded=False)
     assert got[4].dtype == torch.bfloat16
-    ref = _reference(q, k, v, bias, g, offsets, L, causal=True)
+    ref = silu_padded_reference(q, k, v, bias, g, offsets, L, causal=True)
     for name, a, r in zip(("out", "dq", "dk", "dv", "dbias"), got, ref):
         torch.testing.assert_close(a.float(), r, rtol=2e-2, atol=2e-2, msg=name)
 
