@@ -66,9 +66,13 @@ def test_ctrl_c_during_parallelize_writes_no_plan_and_exits_130(tmp_path: Path) 
 
 
 def test_sigterm_during_compile_exits_143_and_writes_no_plan(tmp_path: Path) -> None:
+    """Sent while CP-SAT searches the GEM example at 16 hosts (seconds of work): the toy's
+    whole compile took ~1 s, and on a busy CI machine it finished before the signal came."""
     out = tmp_path / "plan.json"
-    rc, text = _interrupt_at(["compile", f"{TOY}:build", "--out", str(out)], "capture",
-                             signal.SIGTERM, 0.0)
+    rc, text = _interrupt_at(
+        ["compile", f"{GEM}:build", "--set", "preset=tiny", "--topology", "h200:16x8",
+         "--out", str(out), "--time-limit", "20"],
+        "parallelize", signal.SIGTERM, 1.0)
     assert rc == 143, text
     assert "interrupted by SIGTERM" in text and "Traceback" not in text
     assert not out.exists()
