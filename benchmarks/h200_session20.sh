@@ -7,8 +7,12 @@
 #   3. HSTU warm, gemc (Inductor's pointwise kernels untimed, the default since 0dfd44f) vs
 #      gemc-pwtune: is 0dfd44f the +17.5% (38.22 -> 44.92 ms) since 9f27354?
 #   GEMC_COMMIT=<this checkout's sha, typed> bash benchmarks/h200_session20.sh 1   # ~6 min
+#   4. issue 21 with gemc's Triton quantisers (triton_ops since s11, never run on a model):
+#      LayerNorm -> Linear at Wukong's M = 8,192 and K, N in {2048, 4096}, then Wukong
+#      gemc vs gemc-fp8 (fp8 forced on every linear >= 1024 features), 30 steps.
 #   GEMC_COMMIT=<this checkout's sha, typed> bash benchmarks/h200_session20.sh 2   # ~5 min
-# (two device calls: together they pass a command's 10 minutes)
+#   GEMC_COMMIT=<this checkout's sha, typed> bash benchmarks/h200_session20.sh 3   # ~6 min
+# (three device calls: each inside a command's 10 minutes)
 set -uo pipefail
 PART="${1:?usage: bash benchmarks/h200_session20.sh 1|2}"
 source scripts/device_env.sh
@@ -18,9 +22,23 @@ if [ "$PART" = 1 ]; then
 GEMC_TEST_DEVICE=cuda timeout 150 python3 -m pytest -q -x -p no:cacheprovider \
   tests/kernels/test_embedding_bag.py tests/kernels/test_embedding_bag_column_shards.py \
   2>&1 | tail -15 | tee "$OUT/embedding_bag_tests.log"
+echo "== 0. embedding bag tests on the GPU ($((SECONDS - t0)) s)"
 timeout 200 python3 benchmarks/kernels.py --cases narrow_split --no-compile \
   --out "$OUT/narrow_split.json" > "$OUT/narrow_split.log" 2>&1
 echo "== 1. narrow_split (exit $?, $((SECONDS - t0)) s)"; grep -vE "Warning|warn" "$OUT/narrow_split.log" | tail -12 | cut -c1-300
+exit 0
+fi
+if [ "$PART" = 3 ]; then
+export GEMC_FP8_QUANTIZER=triton
+timeout 200 python3 benchmarks/precision.py --gemms --tokens 8192 --features 2048,4096 \
+  --out "$OUT/fp8_gemms_triton.json" > "$OUT/fp8_gemms.log" 2>&1
+echo "== 4a. fp8 LayerNorm -> Linear, triton quantisers (exit $?, $((SECONDS - t0)) s)"
+grep -E "^M=|geomean|rror" "$OUT/fp8_gemms.log" | cut -c1-300
+timeout 330 python3 benchmarks/zoo.py --out "$OUT/fp8" --models wukong --variants gemc,gemc-fp8 \
+  --steps 30 --warmup 3 --time-limit 150 --child-timeout 150 > "$OUT/fp8.log" 2>&1
+echo "== 4b. wukong gemc vs gemc-fp8, triton quantisers (exit $?, $((SECONDS - t0)) s)"
+grep -vE "Warning|warn" "$OUT/fp8.log" | grep -E "^== |^ +(variant|gemc|gemc-fp8) |skipped|rror" | cut -c1-300
+cd "$OUT" && tar czf fp8.tar.gz fp8 && rm -rf fp8
 exit 0
 fi
 timeout 120 python3 benchmarks/kernels.py --cases silu_variants --no-compile \

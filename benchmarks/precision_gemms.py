@@ -111,8 +111,10 @@ def _time(fn: Callable[[], Any], device: torch.device, warmup: int, iters: int) 
 
 
 def run_shapes(shapes: list[tuple[int, int, int]], device: torch.device, backend: str,
-               warmup: int, iters: int, seed: int) -> list[dict[str, Any]]:
-    """Both variants on every (M, K, N), compiled once per (K, N) and variant."""
+               warmup: int, iters: int, seed: int, quantizer: str = "aten"
+               ) -> list[dict[str, Any]]:
+    """Both variants on every (M, K, N), compiled once per (K, N) and variant; the fp8
+    variant's operands quantised by ``quantizer`` (``fp8.QUANTIZERS``)."""
     emulate = device.type != "cuda"
     compiled: dict[tuple[int, int, bool], tuple[_Unit, Callable[..., torch.Tensor]]] = {}
     out = []
@@ -127,7 +129,7 @@ def run_shapes(shapes: list[tuple[int, int, int]], device: torch.device, backend
             key = (k, n, fp8_rowwise)
             if key not in compiled:
                 torch.manual_seed(seed + k + n)  # the same weights for both variants
-                unit = _Unit(k, n, fp8_rowwise, emulate).to(device)
+                unit = _Unit(k, n, fp8_rowwise, emulate, quantizer).to(device)
                 compiled[key] = unit, torch.compile(unit, backend=backend, dynamic=None)
             unit, fn = compiled[key]
             torch._dynamo.maybe_mark_dynamic(x, 0)
@@ -164,8 +166,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--smoke", action="store_true", help="two tiny shapes on the CPU")
+    p.add_argument("--quantizer", default=None,
+                   help="the fp8 operands' quantizer: aten (ATen ops Inductor fuses) or triton "
+                        "(gemc's kernels); default: $GEMC_FP8_QUANTIZER, else aten")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
+    from gemc.backends.torch import fp8
+
+    try:
+        args.quantizer = fp8.check_quantizer(args.quantizer or fp8.default_quantizer())
+    except ValueError as err:
+        p.error(str(err))
     t_start = time.perf_counter()
     if args.smoke or not torch.cuda.is_available():
         if not args.smoke:
@@ -177,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         feats = [int(v) for v in args.features.split(",")]
         shapes = [(m, k, n) for k in feats for n in feats
                   for m in (int(v) for v in args.tokens.split(","))]
-    results = run_shapes(shapes, device, backend, args.warmup, args.iters, args.seed)
+    results = run_shapes(shapes, device, backend, args.warmup, args.iters, args.seed,
+                         args.quantizer)
     speedups = [r["variants"]["fp8 rowwise"]["speedup_vs_bf16"] for r in results]
     report = report_header("fp8_gemms_compiled", args, device, backend) | {
         "total_s": round(time.perf_counter() - t_start, 1),
