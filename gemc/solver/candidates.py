@@ -55,6 +55,7 @@ from gemc.cost_model.step_model import (
     shard_compute_s,
 )
 from gemc.cost_model.types import RegionCost, TableCost
+from gemc.errors import PlanError
 from gemc.sharding import DENSE_DECLARED, SHARDINGS, dense_strategy
 from gemc.table_lookup import DENSE_GRAD
 
@@ -230,9 +231,17 @@ def table_options(problem: Problem, t: TableCost) -> list[TableOption]:
     ``infeasible`` says why). A table only a whole replica runs right (``replicated_only``: the model
     reads it outside its lookups, or max-pools it) is offered its replicated types only."""
     topo = problem.topology
+    # on one rank a whole table is a full replica (data_parallel has no candidate there)
+    whole_is_replica = problem.world == 1
     out = [table_option(problem, t, s.name, c.ranks, c.grid)
-           for s in SHARDINGS.values() if s.replicated or not t.replicated_only
+           for s in SHARDINGS.values()
+           if s.replicated or not t.replicated_only or whole_is_replica
            for c in s.candidates(t.dim, topo.hosts, topo.gpus_per_host)]
+    if not out:
+        raise PlanError(f"table '{t.fqn}' has no sharding on {topo.hosts}x{topo.gpus_per_host} GPUs (dim "
+                        f"{t.dim}, {'replicas only' if t.replicated_only else 'any sharding'})"
+                        "; fix: give it a dimension the shardings divide, or a topology "
+                        "with more ranks")
     fits = [o for o in out if o.memory <= problem.cap_bytes]
     return fits or [min(out, key=lambda o: o.memory)]
 

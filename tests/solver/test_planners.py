@@ -89,3 +89,16 @@ def test_greedy_shards_a_table_too_large_for_one_gpu():
     r = run_planner(p, "greedy")
     assert r.assignment.tables[huge.fqn].sharding != "table_wise"
     assert r.evaluation.memory.max() <= p.cap_bytes
+
+
+@pytest.mark.parametrize("planner", ["naive", "greedy", "cpsat"])
+def test_a_table_only_a_replica_runs_right_plans_on_one_gpu(planner):
+    """A table read outside its lookups (a tied output projection) may only be a full
+    replica. On one GPU data_parallel has no candidate; every planner crashed with
+    ``min() arg is an empty sequence`` (CP-SAT and greedy through ``table_options``), where
+    the table on its one rank *is* the replica."""
+    base = make_problem("h200:1x1", n_tables=3, settings=FAST)
+    tied = replace(base.tables[0], replicated_only=True)
+    p = replace(base, tables=(tied, *base.tables[1:]))
+    r = run_planner(p, planner)
+    assert r.assignment.tables[tied.fqn].ranks == (0,)
