@@ -10,6 +10,7 @@ those rows unmasked, which the function checks by following them through the gra
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -354,7 +355,7 @@ def _cleaning_mask(arg: Any, out_shape: tuple[int, ...], dims: Dims, facts: Fact
     if shape is None:
         return False
     if isinstance(facts, KeyMask):
-        if keep_of(arg) is not facts.keep:
+        if keep_of(arg) is not facts.keep and not _drops_the_same(arg, facts.keep):
             return False
     else:
         found = key_padding_mask(_through_views_and_casts(arg))
@@ -364,6 +365,29 @@ def _cleaning_mask(arg: Any, out_shape: tuple[int, ...], dims: Dims, facts: Fact
             return False
     padded = (1,) * (len(out_shape) - len(shape)) + tuple(shape)
     return all(s == (out_shape[i] if i in dims else 1) for i, s in enumerate(padded))
+
+
+def _dropped_of(node: Any) -> fx.Node | None:
+    """The boolean tensor whose True entries a mask drops: ``X`` of ``~X``, or of the
+    additive ``masked_fill(zeros, X, v)`` with ``v <= -1e4`` (``nn.MultiheadAttention``'s
+    conversion of a ``key_padding_mask``); else None."""
+    node = _through_views_and_casts(node)
+    if not isinstance(node, fx.Node) or node.op != "call_function":
+        return None
+    if node.target in _NOTS and ir.dtype_of(node) == torch.bool:
+        return _through_views_and_casts(node.args[0])
+    if node.target in (aten.masked_fill.Scalar, aten.masked_fill_.Scalar):
+        value = _scalar(node.args[2])
+        if value is not None and value <= ADDITIVE_MASKED_MAX and _is_zeros(node.args[0]):
+            return _through_views_and_casts(node.args[1])
+    return None
+
+
+def _drops_the_same(a: Any, b: Any) -> bool:
+    """``a`` and ``b`` drop the same entries: ``~pad`` and the attention's additive mask
+    filled from ``pad`` (BST's and SASRec's ``out * ~pad`` after ``src_key_padding_mask=pad``)."""
+    dropped = _dropped_of(a)
+    return dropped is not None and dropped is _dropped_of(b)
 
 
 def _masked_product(arg: Any, out_shape: tuple[int, ...], dims: Dims, facts: Facts) -> bool:
@@ -392,6 +416,12 @@ def _masked_product(arg: Any, out_shape: tuple[int, ...], dims: Dims, facts: Fac
     return any(_cleaning_mask(a, inner, at, facts) for a in node.args[:2])
 
 
+_SHAPE_ONLY = {aten.zeros_like.default, aten.ones_like.default, aten.empty_like.default,
+               aten.full_like.default, aten.new_zeros.default, aten.new_ones.default,
+               aten.new_empty.default, aten.new_full.default, aten.sym_size.int}
+"""Ops whose result depends on their input's shape and dtype only, never its values."""
+
+
 def _step(user: fx.Node, src: fx.Node, dims: Dims, facts: Facts
           ) -> list[tuple[fx.Node, Dims]] | str | tuple[str, Dims] | None:
     """Where the padding rows go through ``user``: new (node, dims), ``"clean"`` (not read),
@@ -400,6 +430,8 @@ def _step(user: fx.Node, src: fx.Node, dims: Dims, facts: Facts
     if user.op != "call_function":
         return None
     t = user.target
+    if t in _SHAPE_ONLY:
+        return "clean"  # reads the shape, not the values (``torch.ones_like(logits)``)
     in_shape = ir.shape_of(src) or ()
     out_shape = ir.shape_of(user) or ()
     rank = len(in_shape)
@@ -820,6 +852,55 @@ def _is_tril(node: Any, length: int) -> bool:
     return False
 
 
+def _is_strict_upper(node: Any, length: int) -> bool:
+    """``node`` is the boolean strictly-upper-triangular ``[L, L]`` mask (the keys a causal
+    query may not see): ``triu(ones, 1)`` or ``~tril``."""
+    node = _through_views_and_casts(node)
+    if not isinstance(node, fx.Node) or node.op != "call_function":
+        return False
+    if node.target in _NOTS:
+        return _is_tril(node.args[0], length)
+    shape = tuple(ir.shape_of(node) or ())
+    if node.target is not aten.triu.default or shape[-2:] != (length, length) \
+            or any(s != 1 for s in shape[:-2]):
+        return False
+    src = through_views(node.args[0])
+    return (node.args[1] if len(node.args) > 1 else 0) == 1 and isinstance(src, fx.Node) \
+        and src.target in (aten.ones.default, aten.ones_like.default, aten.new_ones.default)
+
+
+def additive_causal(node: Any, length: int) -> bool | None:
+    """Whether ``node`` is an additive causal ``[L, L]`` mask (leading dims 1): 0 where the
+    query sees the key, a large negative above the diagonal. True when that value is
+    ``-inf`` (``nn.Transformer.generate_square_subsequent_mask``'s ``triu(full(-inf), 1)``,
+    ``F._canonical_mask`` of a boolean causal mask: ``masked_fill(zeros, triu(ones, 1),
+    -inf)``, ``where(tril, 0, -inf)``); False when it is finite (at most ``-1e4``); None
+    when ``node`` is no causal mask."""
+    node = _through_views_and_casts(node)
+    if not isinstance(node, fx.Node) or node.op != "call_function":
+        return None
+    shape = tuple(ir.shape_of(node) or ())
+    if shape[-2:] != (length, length) or any(s != 1 for s in shape[:-2]) \
+            or not (ir.dtype_of(node) or torch.bool).is_floating_point:
+        return None
+    value = None
+    if node.target is aten.triu.default and (node.args[1] if len(node.args) > 1 else 0) == 1:
+        src = through_views(node.args[0])
+        if isinstance(src, fx.Node) and src.target in (aten.full.default,
+                                                       aten.full_like.default,
+                                                       aten.new_full.default):
+            value = _scalar(src.args[-1])
+    elif node.target in (aten.masked_fill.Scalar, aten.masked_fill_.Scalar):
+        if _is_zeros(node.args[0]) and _is_strict_upper(node.args[1], length):
+            value = _scalar(node.args[2])
+    elif node.target in (aten.where.ScalarOther, aten.where.Scalar):
+        if _scalar(node.args[1]) == 0.0 and _is_tril(node.args[0], length):
+            value = _scalar(node.args[2])
+    if value is None or value > ADDITIVE_MASKED_MAX:
+        return None
+    return math.isinf(value)
+
+
 def stored_mask_sources(node: Any, length: int) -> list[fx.Node] | None:
     """The weights ``node`` is computed from when it is a candidate causal mask: an
     ``[L, L]`` value (leading dims 1) that reads nothing of the batch, only parameters,
@@ -874,6 +955,20 @@ def attention_key_mask(mask: Any, batch: int, length: int
         part = tuple(ir.shape_of(mask) or ()) if isinstance(mask, fx.Node) else ()
         if len(part) < 2 or part[-2] != 1 or part[-1] != length:
             return "mask-varies-over-queries"  # e.g. a query mask and-ed with the causal one
+    elif isinstance(node, fx.Node) and node.op == "call_function" \
+            and node.target is aten.add.Tensor and shape[2] != 1:
+        # nn.MultiheadAttention's merge of a causal attn_mask and a key_padding_mask
+        # (both made -inf / 0 by F._canonical_mask): causal [L, L] + keys [B*H, 1, L]
+        terms = [(c, o) for c, o in (node.args[:2], node.args[1::-1])
+                 if additive_causal(c, length) is not None]
+        if not terms:
+            return "mask-varies-over-queries"
+        if not additive_causal(terms[0][0], length):
+            return "causal-mask-finite"  # the fallback's causal mask is -inf (exact only so)
+        mask, causal = terms[0][1], True
+        part = tuple(ir.shape_of(mask) or ()) if isinstance(mask, fx.Node) else ()
+        if len(part) < 2 or part[-2] != 1 or part[-1] != length:
+            return "mask-varies-over-queries"
     elif shape[2] != 1:
         return "mask-varies-over-queries"
     root = _broadcast_root(mask, batch, length)

@@ -64,6 +64,9 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "bert4rec_left_padded": ("recbole_transformer", {"mask": "pad_left"}),
     "sasrec_causal": ("recbole_transformer", {"mask": "causal"}),
     "sasrec_is_causal": ("recbole_transformer", {"mask": "is_causal"}),
+    "sasrec_positions": ("recbole_transformer", {"mask": "causal", "readout": "positions"}),
+    "sasrec_positions_left": ("recbole_transformer", {"mask": "causal", "readout": "positions",
+                                                      "left_padded": True}),
     "dien_padded_gru": ("dien_gru", {"packed": False}),
     "sim_topk": ("sim_topk", {}),
     "sim_topk_lookup": ("sim_topk", {"lookup": True}),  # the retrieved ids looked up again
@@ -108,6 +111,30 @@ def test_compiles_and_one_rank_matches_eager(name: str) -> None:
     module, args = CASES[name]
     ref = reference_losses(load_model(_entry(module), args), steps=STEPS, world_size=1)
     _close(name, [loss for _, loss in res.losses], ref)
+
+
+@pytest.mark.parametrize("name", ["sasrec_positions", "sasrec_positions_left"])
+def test_a_causal_mask_plus_a_key_padding_mask_is_the_guarded_causal_kernel(name: str) -> None:
+    """``nn.TransformerEncoder(x, mask=generate_square_subsequent_mask(L),
+    src_key_padding_mask=pad)``: ``nn.MultiheadAttention`` adds the two (``-inf`` / 0 each)
+    into one ``[B, H, L, L]`` mask, which stayed padded SDPA (``mask-varies-over-queries``)
+    on SASRec as its authors train it (every position scores its next item, ``out * ~pad``
+    before the loss). Now each layer is the guarded causal key-padding kernel inside a
+    packed region checked once a step, and the run is eager's: right padding packs as a
+    prefix, left padding (pmixer's layout) with its kept positions compacted in order."""
+    from gemc.backends.triton.packed_tokens import GUARD_STATS
+
+    plan = _compiled(name, "h200:1x1")
+    entries = [k for k in plan["kernels"] if k["kind"] == "key_padding_attention"]
+    assert len(entries) == 2 and all(e["causal"] and e["additive"] for e in entries), entries
+    assert any(k["kind"] == "packed_tokens" for k in plan["kernels"])
+    GUARD_STATS.reset()
+    res = run(variant(plan, kernels=True), RunOptions(steps=STEPS, device="cpu",
+                                                      progress=False))
+    module, args = CASES[name]
+    ref = reference_losses(load_model(_entry(module), args), steps=STEPS, world_size=1)
+    _close(name, [loss for _, loss in res.losses], ref)
+    assert GUARD_STATS.as_dict() == {"calls": STEPS, "packed": STEPS, "padded": 0}
 
 
 @pytest.mark.parametrize("additive", [False, True])

@@ -103,9 +103,27 @@ class _Attn(nn.Module):
         elif self.variant == "per-query":
             full = keep[:, None, :, None] & keep[:, None, None, :]
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=full)
+        elif self.variant.startswith("add-causal"):  # MHA's merge: causal + key mask, added
+            keys = torch.zeros(keep.shape).masked_fill(~keep, -math.inf)[:, None, None, :]
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=_additive_causal(
+                self.variant.removeprefix("add-causal-")) + keys)
+            return (o * keep[:, None, :, None]).mean()
         else:  # "leak": the padding query rows are read by an unmasked mean
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return o.mean()
+
+
+def _additive_causal(form: str) -> torch.Tensor:
+    """The causal ``[L, L]`` mask as users add it: ``generate_square_subsequent_mask``'s
+    ``triu(full(-inf), 1)``, ``F._canonical_mask`` of a boolean one, ``where(tril, 0, v)``,
+    and a finite ``-1e4`` above the diagonal (no ``-inf``)."""
+    tril = torch.ones(km.L, km.L, dtype=torch.bool).tril()
+    if form == "triu":
+        return nn.Transformer.generate_square_subsequent_mask(km.L)
+    if form == "filled":
+        upper = torch.triu(torch.ones(km.L, km.L, dtype=torch.bool), diagonal=1)
+        return torch.zeros(km.L, km.L).masked_fill(upper, -math.inf)
+    return torch.where(tril, 0.0, -math.inf if form == "where" else -1e4)
 
 
 def build_variant(variant: str) -> ModelSpec:
@@ -120,7 +138,7 @@ VARIANT = "tests/fusion/test_key_padding_attention.py:build_variant"
 @pytest.mark.parametrize("variant,reason", [
     ("dropout", "dropout"), ("no-mask", "no-key-padding-mask"),
     ("per-query", "mask-varies-over-queries"), ("query-causal", "mask-varies-over-queries"),
-    ("causal-leak", "padding-rows-read-by:mean"),
+    ("causal-leak", "padding-rows-read-by:mean"), ("add-causal-finite", "causal-mask-finite"),
 ])
 def test_refusals_name_their_reason(variant: str, reason: str):
     gm, ctx, _ = compiled(VARIANT, {"variant": variant}, priced=False,
@@ -131,6 +149,24 @@ def test_refusals_name_their_reason(variant: str, reason: str):
     assert sdpa.meta[SKIPPED] == reason
     assert any(f"({reason})" in w for w in ctx.warnings), ctx.warnings
     FileCheck().check(f"jagged_skipped={reason}").run(format_graph(gm, "x"))
+
+
+@pytest.mark.parametrize("form", ["triu", "filled", "where"])
+def test_a_causal_mask_added_to_an_additive_key_mask_is_the_causal_kernel(form: str):
+    """``nn.MultiheadAttention`` adds its causal ``attn_mask`` and its key_padding_mask (each
+    made ``-inf`` / 0) into one ``[B, H, L, L]`` mask: it stayed padded SDPA
+    (``mask-varies-over-queries``). A causal term that is ``-inf`` above the diagonal, in any
+    of its spellings, is now the causal key-padding kernel over the key mask it was added to
+    (its fallback adds the same ``-inf`` mask, so it is exact; a finite one is refused, above)."""
+    gm, _, _ = compiled(VARIANT, {"variant": f"add-causal-{form}"}, priced=False,
+                        upto="match-jagged-attention")
+    sdpa = next(n for n in gm.graph.nodes
+                if n.target is torch.ops.aten.scaled_dot_product_attention.default)
+    facts = sdpa.meta[ir.KERNEL]
+    assert facts["kind"] == "key_padding_attention" and facts["causal"] is True
+    assert facts["additive"] is True and facts["zero_padding_queries"] is True
+    mask = next(n for n in gm.graph.nodes if n.name == facts["mask"])
+    assert tuple(ir.shape_of(mask)) == (4, km.L)  # the [B, L] key mask, not the sum
 
 
 def test_padding_rows_read_unmasked_compute_every_query_row():

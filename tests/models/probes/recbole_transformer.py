@@ -14,8 +14,11 @@ activation="gelu"))``. ``mask``:
   causal mask, ``is_causal=False``, no padding mask;
 * ``"is_causal"``: the causal mask with ``is_causal=True`` and no padding mask.
 
-The last real position is gathered with RecBole's ``gather_indexes(output, item_seq_len -
-1)``; the loss is CE over all items (``logits = seq_output @ item_emb.weight.T``).
+``readout="last"`` (RecBole): the last real position is gathered with ``gather_indexes(output,
+item_seq_len - 1)``; the loss is CE over all items (``logits = seq_output @ item_emb.weight.T``).
+``readout="positions"`` (SASRec's own objective, as in Kang & McAuley's code): the padded
+positions' outputs zeroed (``out * ~pad``), every position scores its next item, and the BCE
+is averaged over the real positions only.
 """
 
 from __future__ import annotations
@@ -30,9 +33,9 @@ B, L, ITEMS, H, HEADS, LAYERS = 8, 6, 50, 16, 2, 2
 
 
 class SeqRec(nn.Module):
-    def __init__(self, mask: str, dropout: float = 0.0) -> None:
+    def __init__(self, mask: str, dropout: float = 0.0, readout: str = "last") -> None:
         super().__init__()
-        self.mask = mask
+        self.mask, self.readout = mask, readout
         self.dropout = nn.Dropout(dropout)
         self.item_embedding = nn.Embedding(ITEMS, H, padding_idx=0)
         self.position_embedding = nn.Embedding(L, H)
@@ -70,6 +73,13 @@ class SeqRec(nn.Module):
         else:
             causal = nn.Transformer.generate_square_subsequent_mask(seq_len, device=x.device)
             out = self.encoder(x, mask=causal, is_causal=True)
+        if self.readout == "positions":  # pos_items: [B, L], each position's next item
+            out = out * (~pad).unsqueeze(-1)
+            logits = (out * self.item_embedding(pos_items)).sum(-1)
+            loss = F.binary_cross_entropy_with_logits(logits, torch.ones_like(logits),
+                                                      reduction="none")
+            real = (~pad).float()
+            return (loss * real).sum() / real.sum()
         last = item_seq_len - 1 if self.mask != "pad_left" else torch.full_like(
             item_seq_len, seq_len - 1)
         seq_output = self.gather_indexes(out, last)
@@ -77,21 +87,23 @@ class SeqRec(nn.Module):
         return F.cross_entropy(logits, pos_items)
 
 
-def build(mask: str = "causal", seed: int = 0, dropout: float = 0.0) -> ModelSpec:
+def build(mask: str = "causal", seed: int = 0, dropout: float = 0.0,
+          readout: str = "last", left_padded: bool = False) -> ModelSpec:
     """``dropout``: RecBole's hidden and attention dropout (its default 0.5; 0 here so the
-    losses compare with eager exactly)."""
+    losses compare with eager exactly). ``left_padded``: the history at the end of the row
+    whatever the mask (``"pad_left"`` always is)."""
     torch.manual_seed(seed)
-    model = SeqRec(mask, dropout)
+    model = SeqRec(mask, dropout, readout)
 
     def make_batch(step: int, device: torch.device | str) -> tuple[torch.Tensor, ...]:
         g = torch.Generator().manual_seed(1000 * seed + step)
         lengths = torch.randint(1, L + 1, (B,), generator=g)
         lengths[0], lengths[1] = 1, L
         real = torch.arange(L)[None, :] < lengths[:, None]
-        if mask == "pad_left":  # pmixer/SASRec.pytorch's layout: history at the end
+        if mask == "pad_left" or left_padded:  # pmixer/SASRec.pytorch's layout: at the end
             real = real.flip(1)
         seq = torch.randint(1, ITEMS, (B, L), generator=g) * real
-        pos = torch.randint(1, ITEMS, (B,), generator=g)
+        pos = torch.randint(1, ITEMS, (B,) if readout == "last" else (B, L), generator=g)
         return seq.to(device), lengths.to(device), pos.to(device)
 
     return ModelSpec(model=model, example_inputs=make_batch(0, "cpu"), make_batch=make_batch,
