@@ -787,6 +787,22 @@ def _is_zeros(node: Any) -> bool:
     return False
 
 
+def _is_ones(node: Any) -> bool:
+    node = through_views(node)
+    return isinstance(node, fx.Node) and node.target in (
+        aten.ones.default, aten.ones_like.default, aten.new_ones.default)
+
+
+def _diagonal(node: fx.Node) -> Any:
+    """The ``diagonal`` argument of a ``tril`` / ``triu`` (0 when not given)."""
+    return node.args[1] if len(node.args) > 1 else 0
+
+
+def _square_mask(shape: tuple[int, ...], length: int) -> bool:
+    """``shape`` is ``[..., L, L]`` with every leading dim 1 (one mask for all rows)."""
+    return shape[-2:] == (length, length) and all(s == 1 for s in shape[:-2])
+
+
 def keep_of(node: Any) -> fx.Node | None:
     """The boolean keep-mask ``X`` a mask tensor is equivalent to: ``X`` itself (a bool
     tensor, through views and casts), or an additive mask built from it
@@ -800,10 +816,7 @@ def keep_of(node: Any) -> fx.Node | None:
     if node.op != "call_function":
         return None
     if node.target in (aten.masked_fill.Scalar, aten.masked_fill_.Scalar):
-        value = _scalar(node.args[2])
-        dropped = through_views(node.args[1])
-        if value is None or value > ADDITIVE_MASKED_MAX or not _is_zeros(node.args[0]):
-            return None
+        dropped = _dropped_of(node)
         if isinstance(dropped, fx.Node) and dropped.target in _NOTS:
             return keep_of(dropped.args[0])
         return None
@@ -828,21 +841,12 @@ def _is_tril(node: Any, length: int) -> bool:
     node = _through_views_and_casts(node)
     if not isinstance(node, fx.Node) or node.op != "call_function":
         return False
-    shape = tuple(ir.shape_of(node) or ())
-    if shape[-2:] != (length, length) or any(s != 1 for s in shape[:-2]):
+    if not _square_mask(tuple(ir.shape_of(node) or ()), length):
         return False
     if node.target is aten.tril.default:
-        diag = node.args[1] if len(node.args) > 1 else 0
-        src = through_views(node.args[0])
-        return diag == 0 and isinstance(src, fx.Node) and src.target in (
-            aten.ones.default, aten.ones_like.default, aten.new_ones.default)
+        return _diagonal(node) == 0 and _is_ones(node.args[0])
     if node.target in _NOTS:
-        inner = _through_views_and_casts(node.args[0])
-        if isinstance(inner, fx.Node) and inner.target is aten.triu.default:
-            src = through_views(inner.args[0])
-            return inner.args[1] == 1 and isinstance(src, fx.Node) and src.target in (
-                aten.ones.default, aten.ones_like.default, aten.new_ones.default)
-        return False
+        return _is_strict_upper(node.args[0], length)
     if node.target in (aten.ge.Tensor, aten.le.Tensor):
         rows, cols = node.args if node.target is aten.ge.Tensor else node.args[::-1]
         rs, cs = ir.shape_of(rows), ir.shape_of(cols)
@@ -860,13 +864,8 @@ def _is_strict_upper(node: Any, length: int) -> bool:
         return False
     if node.target in _NOTS:
         return _is_tril(node.args[0], length)
-    shape = tuple(ir.shape_of(node) or ())
-    if node.target is not aten.triu.default or shape[-2:] != (length, length) \
-            or any(s != 1 for s in shape[:-2]):
-        return False
-    src = through_views(node.args[0])
-    return (node.args[1] if len(node.args) > 1 else 0) == 1 and isinstance(src, fx.Node) \
-        and src.target in (aten.ones.default, aten.ones_like.default, aten.new_ones.default)
+    return node.target is aten.triu.default and _diagonal(node) == 1 \
+        and _square_mask(tuple(ir.shape_of(node) or ()), length) and _is_ones(node.args[0])
 
 
 def additive_causal(node: Any, length: int) -> bool | None:
@@ -879,12 +878,11 @@ def additive_causal(node: Any, length: int) -> bool | None:
     node = _through_views_and_casts(node)
     if not isinstance(node, fx.Node) or node.op != "call_function":
         return None
-    shape = tuple(ir.shape_of(node) or ())
-    if shape[-2:] != (length, length) or any(s != 1 for s in shape[:-2]) \
+    if not _square_mask(tuple(ir.shape_of(node) or ()), length) \
             or not (ir.dtype_of(node) or torch.bool).is_floating_point:
         return None
     value = None
-    if node.target is aten.triu.default and (node.args[1] if len(node.args) > 1 else 0) == 1:
+    if node.target is aten.triu.default and _diagonal(node) == 1:
         src = through_views(node.args[0])
         if isinstance(src, fx.Node) and src.target in (aten.full.default,
                                                        aten.full_like.default,
@@ -914,8 +912,7 @@ def stored_mask_sources(node: Any, length: int) -> list[fx.Node] | None:
 
     if not isinstance(node, fx.Node):
         return None
-    shape = tuple(ir.shape_of(node) or ())
-    if shape[-2:] != (length, length) or any(s != 1 for s in shape[:-2]):
+    if not _square_mask(tuple(ir.shape_of(node) or ()), length):
         return None
     sources = []
     for n in ir.ancestors([node]):
@@ -935,13 +932,14 @@ def attention_key_mask(mask: Any, batch: int, length: int
                        ) -> tuple[KeyMask, bool] | str:
     """``(key mask, causal)`` of an attention's ``attn_mask`` (``[B, 1|H, 1|Lq, L]``), or
     the reason it is not a key-padding mask: a boolean or additive ``[B, L]`` mask broadcast
-    over heads and queries, optionally and-ed with the causal ``[L, L]`` mask."""
+    over heads and queries, optionally and-ed with the causal ``[L, L]`` mask (added to it,
+    for additive masks: ``nn.MultiheadAttention``'s merge)."""
     if not isinstance(mask, fx.Node):
         return "no-mask"
     shape = tuple(ir.shape_of(mask) or ())
     if len(shape) != 4 or shape[0] != batch or shape[3] != length:
         return "mask-shape"
-    causal = False
+    causal = merged = False  # merged: the mask is a key term combined with another
     node = _through_views_and_casts(mask)
     if isinstance(node, fx.Node) and node.op == "call_function" and node.target in _ANDS \
             and ir.dtype_of(node) == torch.bool:
@@ -952,25 +950,24 @@ def attention_key_mask(mask: Any, batch: int, length: int
             mask, causal = b, True
         elif shape[2] != 1:
             return "mask-varies-over-queries"
-        part = tuple(ir.shape_of(mask) or ()) if isinstance(mask, fx.Node) else ()
-        if len(part) < 2 or part[-2] != 1 or part[-1] != length:
-            return "mask-varies-over-queries"  # e.g. a query mask and-ed with the causal one
+        merged = True
     elif isinstance(node, fx.Node) and node.op == "call_function" \
             and node.target is aten.add.Tensor and shape[2] != 1:
         # nn.MultiheadAttention's merge of a causal attn_mask and a key_padding_mask
         # (both made -inf / 0 by F._canonical_mask): causal [L, L] + keys [B*H, 1, L]
-        terms = [(c, o) for c, o in (node.args[:2], node.args[1::-1])
-                 if additive_causal(c, length) is not None]
+        terms = [(inf, o) for inf, o in ((additive_causal(c, length), o) for c, o in
+                                         (node.args[:2], node.args[1::-1])) if inf is not None]
         if not terms:
             return "mask-varies-over-queries"
-        if not additive_causal(terms[0][0], length):
+        if not terms[0][0]:
             return "causal-mask-finite"  # the fallback's causal mask is -inf (exact only so)
-        mask, causal = terms[0][1], True
-        part = tuple(ir.shape_of(mask) or ()) if isinstance(mask, fx.Node) else ()
-        if len(part) < 2 or part[-2] != 1 or part[-1] != length:
-            return "mask-varies-over-queries"
+        mask, causal, merged = terms[0][1], True, True
     elif shape[2] != 1:
         return "mask-varies-over-queries"
+    if merged:
+        part = tuple(ir.shape_of(mask) or ()) if isinstance(mask, fx.Node) else ()
+        if len(part) < 2 or part[-2] != 1 or part[-1] != length:
+            return "mask-varies-over-queries"  # e.g. a query mask combined with the causal one
     root = _broadcast_root(mask, batch, length)
     if root is None and not causal and shape[1:3] == (1, 1):
         # a [B, 1, 1, L] mask made at that shape (Hugging Face's extended mask: the
