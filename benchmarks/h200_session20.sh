@@ -6,7 +6,9 @@
 #      shows its errors at the old path's level and its time) and the bias rows after 233ee3a;
 #   3. HSTU warm, gemc (Inductor's pointwise kernels untimed, the default since 0dfd44f) vs
 #      gemc-pwtune: is 0dfd44f the +17.5% (38.22 -> 44.92 ms) since 9f27354?
-#   GEMC_COMMIT=<this checkout's sha, typed> bash benchmarks/h200_session20.sh 1   # ~6 min
+#   1b. (issue 19) narrow_split at the global batch a DLRMv2 column shard serves (65,536 bags
+#      x 100 ids), beside gemc's model's price of the same shard.
+#   GEMC_COMMIT=<this checkout's sha, typed> bash benchmarks/h200_session20.sh 1   # ~8 min
 #   4. issue 21 with gemc's Triton quantisers (triton_ops since s11, never run on a model):
 #      LayerNorm -> Linear at Wukong's M = 8,192 and K, N in {2048, 4096}, then Wukong
 #      gemc vs gemc-fp8 (fp8 forced on every linear >= 1024 features), 30 steps.
@@ -26,6 +28,13 @@ echo "== 0. embedding bag tests on the GPU ($((SECONDS - t0)) s)"
 timeout 200 python3 benchmarks/kernels.py --cases narrow_split --no-compile \
   --out "$OUT/narrow_split.json" > "$OUT/narrow_split.log" 2>&1
 echo "== 1. narrow_split (exit $?, $((SECONDS - t0)) s)"; grep -vE "Warning|warn" "$OUT/narrow_split.log" | tail -12 | cut -c1-300
+# issue 19: a DLRMv2 column shard serves the global batch (65,536 bags x 100 ids): what its
+# fused step costs against gemc's model (TorchRec's estimator: 0.979 ms for t13's 16 columns)
+timeout 200 python3 benchmarks/kernels.py --cases narrow_split --no-compile \
+  --narrow-batch 65536 --narrow-poolings 100 \
+  --out "$OUT/narrow_split_65536.json" > "$OUT/narrow_split_65536.log" 2>&1
+echo "== 1b. narrow_split at 65,536 bags (exit $?, $((SECONDS - t0)) s)"
+grep -E "^column shard|rror" "$OUT/narrow_split_65536.log" | cut -c1-300
 exit 0
 fi
 if [ "$PART" = 3 ]; then

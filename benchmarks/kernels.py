@@ -848,6 +848,41 @@ def narrow_group_case(rec: Recorder, n: Narrow, gen: torch.Generator,
     return summary
 
 
+def _narrow_shape(base: Narrow, batch: int | None, poolings: str | None) -> Narrow:
+    """``base`` with the command line's bags and poolings; ValueError names a bad one."""
+    if batch is not None and batch < 1:
+        raise ValueError(f"--narrow-batch {batch}: give a positive number of bags")
+    pools = base.poolings
+    if poolings is not None:
+        try:
+            pools = tuple(int(p) for p in poolings.split(",") if p.strip())
+        except ValueError:
+            pools = ()
+        if not pools or min(pools) < 1:
+            raise ValueError(f"--narrow-poolings {poolings!r}: give positive integers "
+                             "separated by commas, e.g. 100,12")
+    return dataclasses.replace(base, batch=base.batch if batch is None else batch,
+                               poolings=pools)
+
+
+def predicted_shard_ms(n: Narrow, width: int, pooling: int, device: torch.device,
+                       split_squares: bool) -> float | None:
+    """What gemc's cost model charges this shard's fused step on the device's GPU (its
+    bytes in the rank's batched kernel, op_cost.batched_embedding_time, uncalibrated;
+    the rank's kernel floor not included): the figure the measured row is checked
+    against. None off a known GPU."""
+    from gemc.cost_model.hardware import gpu_from_device_name
+    from gemc.cost_model.op_cost import batched_embedding_time
+
+    gpu = gpu_from_device_name(torch.cuda.get_device_name(device)) \
+        if device.type == "cuda" else None
+    if gpu is None:
+        return None
+    return 1e3 * batched_embedding_time(n.rows, width, n.batch * pooling, n.batch, "fp32",
+                                        gpu, None, "rowwise_adagrad",
+                                        split_squares=split_squares)
+
+
 def narrow_split_case(rec: Recorder, n: Narrow, gen: torch.Generator,
                       widths: tuple[int, ...] = (16, 32, 64), full: int = 128
                       ) -> dict[str, Any]:
@@ -885,6 +920,10 @@ def narrow_split_case(rec: Recorder, n: Narrow, gen: torch.Generator,
             rec, f"column shard {width} of {full} wide, pooling {pooling}", one, ids,
             offsets, grad, ("one pass", "one_pass_ms"), ("two phases", "two_phase_ms"),
             two_phase)
+        summary[str(width)].update(
+            batch=n.batch, pooling=pooling,
+            predicted_one_pass_ms=predicted_shard_ms(n, width, pooling, dev, False),
+            predicted_two_phase_ms=predicted_shard_ms(n, width, pooling, dev, width < full))
         del one, two
         _free(dev)
     rec.timing = {}
@@ -1065,6 +1104,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--no-causal", action="store_true", help="attention without causal mask")
     ap.add_argument("--seed", type=int, default=None, help="input seed (default: fresh)")
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    ap.add_argument("--narrow-batch", type=int, default=None,
+                    help="bags of the narrow cases (default NARROW's: 4,096, a rank's local "
+                         "batch; 65,536 is the global batch a DLRMv2 column shard serves)")
+    ap.add_argument("--narrow-poolings", default=None,
+                    help="comma-separated ids a bag for the narrow cases (default 100,12; "
+                         "narrow_split takes the first)")
     args = ap.parse_args(argv)
 
     preset_name = "smoke" if args.smoke else args.preset
@@ -1082,6 +1127,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if unknown:
         ap.error(f"unknown cases: {sorted(unknown)}")
 
+    try:
+        narrow_shape = _narrow_shape(NARROW["smoke" if preset_name == "smoke" else "h200"],
+                                     args.narrow_batch, args.narrow_poolings)
+    except ValueError as exc:
+        ap.error(str(exc))
     rec = Recorder(device)
     compile_, causal = not args.no_compile, not args.no_causal
     narrow: dict[str, Any] = {}
@@ -1104,14 +1154,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         elif case == "embedding":
             embedding_case(rec, preset, compile_, gen)
         elif case == "narrow":
-            narrow = narrow_case(rec, NARROW["smoke" if preset_name == "smoke" else "h200"],
-                                 gen)
+            narrow = narrow_case(rec, narrow_shape, gen)
         elif case == "narrow_group":
-            group = narrow_group_case(
-                rec, NARROW["smoke" if preset_name == "smoke" else "h200"], gen)
+            group = narrow_group_case(rec, narrow_shape, gen)
         elif case == "narrow_split":
-            split = narrow_split_case(
-                rec, NARROW["smoke" if preset_name == "smoke" else "h200"], gen)
+            split = narrow_split_case(rec, narrow_shape, gen)
         else:
             jagged_case(rec, preset, compile_, gen)
     rec.finish()
@@ -1137,8 +1184,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if split:
         report["narrow_split"] = split
         for w, cell in split.items():
-            print(f"column shard {w} wide: one pass {_fmt(cell['one_pass_ms'], '.3f')} ms, "
-                  f"two phases {_fmt(cell['two_phase_ms'], '.3f')} ms")
+            print(f"column shard {w} wide, {cell['batch']} bags x {cell['pooling']}: one pass "
+                  f"{_fmt(cell['one_pass_ms'], '.3f')} ms (gemc's model "
+                  f"{_fmt(cell['predicted_one_pass_ms'], '.3f')}), two phases "
+                  f"{_fmt(cell['two_phase_ms'], '.3f')} ms (gemc's model "
+                  f"{_fmt(cell['predicted_two_phase_ms'], '.3f')})")
     if group:
         report["narrow_group"] = group
         for k, cell in group.items():
