@@ -848,10 +848,14 @@ def narrow_group_case(rec: Recorder, n: Narrow, gen: torch.Generator,
     return summary
 
 
-def _narrow_shape(base: Narrow, batch: int | None, poolings: str | None) -> Narrow:
-    """``base`` with the command line's bags and poolings; ValueError names a bad one."""
+def _narrow_shape(base: Narrow, batch: int | None, poolings: str | None,
+                  rows: int | None = None) -> Narrow:
+    """``base`` with the command line's bags, poolings and rows; ValueError names a bad
+    one."""
     if batch is not None and batch < 1:
         raise ValueError(f"--narrow-batch {batch}: give a positive number of bags")
+    if rows is not None and rows < 1:
+        raise ValueError(f"--narrow-rows {rows}: give a positive number of rows")
     pools = base.poolings
     if poolings is not None:
         try:
@@ -862,7 +866,7 @@ def _narrow_shape(base: Narrow, batch: int | None, poolings: str | None) -> Narr
             raise ValueError(f"--narrow-poolings {poolings!r}: give positive integers "
                              "separated by commas, e.g. 100,12")
     return dataclasses.replace(base, batch=base.batch if batch is None else batch,
-                               poolings=pools)
+                               poolings=pools, rows=base.rows if rows is None else rows)
 
 
 def predicted_shard_ms(n: Narrow, width: int, pooling: int, device: torch.device,
@@ -921,7 +925,7 @@ def narrow_split_case(rec: Recorder, n: Narrow, gen: torch.Generator,
             offsets, grad, ("one pass", "one_pass_ms"), ("two phases", "two_phase_ms"),
             two_phase)
         summary[str(width)].update(
-            batch=n.batch, pooling=pooling,
+            rows=n.rows, batch=n.batch, pooling=pooling,
             predicted_one_pass_ms=predicted_shard_ms(n, width, pooling, dev, False),
             predicted_two_phase_ms=predicted_shard_ms(n, width, pooling, dev, width < full))
         del one, two
@@ -1115,6 +1119,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--narrow-batch", type=int, default=None,
                     help="bags of the narrow cases (default NARROW's: 4,096, a rank's local "
                          "batch; 65,536 is the global batch a DLRMv2 column shard serves)")
+    ap.add_argument("--narrow-rows", type=int, default=None,
+                    help="rows of the narrow cases' table (default NARROW's 40M: DLRMv2's "
+                         "largest; 2.5M is one of 16 row shards of it)")
     ap.add_argument("--narrow-poolings", default=None,
                     help="comma-separated ids a bag for the narrow cases (default 100,12; "
                          "narrow_split takes the first)")
@@ -1137,7 +1144,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     try:
         narrow_shape = _narrow_shape(NARROW["smoke" if preset_name == "smoke" else "h200"],
-                                     args.narrow_batch, args.narrow_poolings)
+                                     args.narrow_batch, args.narrow_poolings, args.narrow_rows)
     except ValueError as exc:
         ap.error(str(exc))
     rec = Recorder(device)
@@ -1192,7 +1199,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if split:
         report["narrow_split"] = split
         for w, cell in split.items():
-            print(f"column shard {w} wide, {cell['batch']} bags x {cell['pooling']}: one pass "
+            print(f"column shard {w} wide, {cell['rows']} rows, {cell['batch']} bags x "
+                  f"{cell['pooling']}: one pass "
                   f"{_fmt(cell['one_pass_ms'], '.3f')} ms (gemc's model "
                   f"{_fmt(cell['predicted_one_pass_ms'], '.3f')}), two phases "
                   f"{_fmt(cell['two_phase_ms'], '.3f')} ms (gemc's model "
