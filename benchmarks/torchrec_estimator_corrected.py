@@ -36,6 +36,7 @@ from typing import Any
 import torchrec_rates as rates
 import vs_torchrec as vt
 from gemc.cost_model.calibration import default_calibration
+from gemc.cost_model.hardware import get_gpu
 
 from gemc.solver.evaluate import Pricer, evaluate
 from gemc.solver.planners import run_planner
@@ -115,8 +116,10 @@ def case(py: Path, world: int, calibration: Any, timeout: float, plan_torchrec: 
 def judge(row: dict[str, Any]) -> dict[str, Any]:
     """A size's variants and verdict from its recorded terms (``row["terms"]``)."""
     plans = [who for who in ("gemc", "torchrec") if who in row["terms"]["torchrec"]]
+    gpu = get_gpu("h200")  # the estimator's hosts
     row["variants"] = {who: rates.reprice(row["terms"], who, row["world"], LOCAL,
-                                          vt.GLOBAL_BATCH) for who in plans}
+                                          vt.GLOBAL_BATCH, row.get("tables"), gpu)
+                       for who in plans}
     if "torchrec" in row["variants"]:
         row["verdict"] = rates.verdict(row["variants"]["gemc"], row["variants"]["torchrec"])
     return row
@@ -135,7 +138,8 @@ def size_table(row: dict[str, Any]) -> str:
     t = row.get("variants", {}).get("torchrec", {})
     ok = row.get("verdict", {})
     lines = [[v, split(g.get(v)), split(t.get(v)),
-              "-" if v not in ok else ("yes" if ok[v] else "no")] for v in rates.VARIANTS]
+              "-" if v not in ok else ("yes" if ok[v] else "no")]
+             for v in (*rates.VARIANTS, *rates.KERNEL_FIT)]
     return render_table(
         ["variant", "gemc plan ms (rank: compute + comms)",
          "TorchRec plan ms (rank: compute + comms)", "gemc <= TorchRec"], lines,

@@ -299,6 +299,38 @@ VARIANTS: dict[str, tuple[str, bool]] = {
 }
 # variants whose re-derivation is AP's sized all-to-all rather than PXN
 SIZED = ("all_measured_sized",)
+# "all" with every shard's compute replaced by the measured price of the kernel that runs
+# it in gemc's runner (kernel_fit_shards): not one of TorchRec's knobs, so not in VARIANTS
+# (which reprice from TorchRec's own terms); added by reprice when it has the tables.
+KERNEL_FIT = {"all_kernel_fit": "all"}
+
+
+def kernel_fit_shards(shards: list[dict[str, Any]], tables: dict[str, dict[str, Any]],
+                      world: int, global_batch: int, gpu: Any) -> list[dict[str, Any]]:
+    """``shards`` with each one's compute (forward, backward, prefetch) replaced by what
+    gemc's batched lookup kernel costs it on ``gpu`` (``op_cost.batched_embedding_time``,
+    fitted to the kernel's measured steps: benchmarks/fit_lookup_price.py), row-wise
+    Adagrad, fp32. A shard sees the ids of its rows' share of its table (all of them for a
+    column piece) from the global batch, and writes a pooled row per bag of it (a
+    data-parallel replica: its rank's batch); a piece narrower than the table is updated
+    in two phases (its row's squares summed over the column group), as the runner does.
+    Why: TorchRec prices a 16-column piece of a 40M-row table at pooling 100 at ~1 ms of
+    compute, where the kernel measured 5.2 ms (one pass) and 9.1 ms (two phases) on an
+    H100 at DLRMv2's global batch."""
+    from gemc.cost_model.op_cost import batched_embedding_time
+
+    out = []
+    for s in shards:
+        t = tables[s["table"]]
+        replica = s["sharding"] == "data_parallel"
+        bags = global_batch // world if replica else global_batch
+        share = 1.0 if replica else s["rows"] / t["rows"]
+        ids = int(round(bags * t["pooling"] * share))
+        ms = 1e3 * batched_embedding_time(
+            int(s["rows"]), int(s["cols"]), ids, bags, "fp32", gpu, None, "rowwise_adagrad",
+            split_squares=int(s["cols"]) < t["dim"])
+        out.append({**s, "fwd_compute": ms, "bwd_compute": 0.0, "prefetch_compute": 0.0})
+    return out
 
 
 def pricing_rates(pricing: str) -> tuple[float, float]:
@@ -308,29 +340,44 @@ def pricing_rates(pricing: str) -> tuple[float, float]:
 
 
 def reprice(terms: dict[str, Any], who: str, world: int, local: int,
-            global_batch: int) -> dict[str, dict[str, Any]]:
+            global_batch: int, tables: list[dict[str, Any]] | None = None,
+            gpu: Any = None) -> dict[str, dict[str, Any]]:
     """Every variant of one plan (``who``: "gemc" or "torchrec") from the worker's
     ``terms`` (pricing -> {"a2a_bw", who: {"shards", "max_perf_ms", ...}}). A variant
     without PXN is TorchRec's own sum and must equal its recorded figure (checked here to
-    0.001 ms, so a re-derivation never drifts from what TorchRec computed)."""
+    0.001 ms, so a re-derivation never drifts from what TorchRec computed). With
+    ``tables`` (name -> rows, dim, pooling records) and ``gpu`` the KERNEL_FIT variants
+    too (:func:`kernel_fit_shards`)."""
     out = {}
     for name, (pricing, pxn) in VARIANTS.items():
         got = terms.get(pricing, {}).get(who)
         if not got:
             continue
-        spec = None
-        if pxn:
-            intra, inter = pricing_rates(pricing)
-            spec = {"a2a_bw": terms[pricing]["a2a_bw"], "intra": intra, "inter": inter,
-                    "share": PRICINGS[pricing].get("comms") == "share",
-                    "sized": name in SIZED}
-        r = rank_times(got["shards"], world, local, global_batch, spec)
+        r = rank_times(got["shards"], world, local, global_batch,
+                       _pxn_spec(terms, name) if pxn else None)
         if not pxn and abs(r["max_ms"] - got["max_perf_ms"]) > 1e-3:
             raise ValueError(f"{who} plan, pricing {pricing}: re-summed {r['max_ms']:.4f} ms "
                              f"against TorchRec's {got['max_perf_ms']:.4f} ms; the shard "
                              "records do not carry TorchRec's terms")
         out[name] = r
+    if tables is not None and gpu is not None:
+        by_name = {t["name"]: t for t in tables}
+        for name, base in KERNEL_FIT.items():
+            pricing, pxn = VARIANTS[base]
+            got = terms.get(pricing, {}).get(who)
+            if got:
+                shards = kernel_fit_shards(got["shards"], by_name, world, global_batch, gpu)
+                out[name] = rank_times(shards, world, local, global_batch,
+                                       _pxn_spec(terms, base) if pxn else None)
     return out
+
+
+def _pxn_spec(terms: dict[str, Any], variant: str) -> dict[str, Any]:
+    """rank_times' ``pxn`` argument for ``variant`` (see :func:`rank_times`)."""
+    pricing = VARIANTS[variant][0]
+    intra, inter = pricing_rates(pricing)
+    return {"a2a_bw": terms[pricing]["a2a_bw"], "intra": intra, "inter": inter,
+            "share": PRICINGS[pricing].get("comms") == "share", "sized": variant in SIZED}
 
 
 def verdict(gemc: dict[str, dict[str, Any]], torchrec: dict[str, dict[str, Any]]

@@ -285,30 +285,33 @@ def embedding_time(rows: int, dim: int, nnz: int, bags: int, dtype: str, gpu: GP
     return fwd * f, bwd * f, source
 
 
-def batched_embedding_time(rows: int, dim: int, nnz: int, bags: int, dtype: str,
-                           gpu: GPUSpec, calibration: Calibration | None,
-                           optimizer: str | None, storage_bytes: float | None = None,
-                           split_squares: bool = False) -> float:
-    """Seconds one table adds to a batched lookup kernel (every table of a rank in one
-    forward and one fused backward+optimizer launch: the runner's
-    ``gemc.backends.triton.embedding_bag``, and TorchRec's TBE): its gathered rows, pooled
-    outputs, indices, gradient rows and ``optimizer``'s state traffic, streamed at
-    ``ROOFLINE_EFFICIENCY["embedding"]`` of HBM, no launch of its own. Why not the
-    calibrated curve: that is measured on eager EmbeddingBag, one table at a time with a
-    dense gradient (~30 CPU-launched kernels each), and priced the GEM h200 plan's 102
-    tables at 22 ms where the batched kernels measured ~5 ms (0.66 ms forward + 4.3 ms
-    fused update, benchmarks/results/e2e_h200_de5d649_gemc_alone.gemc.kernels.txt); this
-    prices them at 6.0 ms. One model's profile: a run-fitted ``embedding`` factor corrects
-    it (``gemc calibrate --from-run``).
+# The batched lookup kernel's price (gemc.backends.triton.embedding_bag, forward + fused
+# backward + row-wise Adagrad), fitted to one shard's measured step on an H100 (twenty-first
+# session, ``python benchmarks/fit_lookup_price.py``; data benchmarks/results/lookup_price_s21:
+# 40M and 2.5M rows, 16-128 wide, 1.6M and 6.6M ids: one pass -11% to +19% on 12 points,
+# two phases -4% to +12% on 9). Two terms, both in HBM-equivalent bytes so that they
+# scale with the GPU's bandwidth (an assumption: only the H100 was measured):
+# - the byte count below (rows gathered, pooled outputs, gradients, touched rows' update)
+#   moves at BATCHED_LOOKUP_EFFICIENCY of HBM: the count is an upper bound (the fused kernel
+#   keeps part of it in registers), so the fitted share is ~1;
+# - every id costs BATCHED_ID_BYTES more (its launch group's sort, run heads and the per-id
+#   gradient rows' ordered reads: ~0.64 ns an id on the H100), whatever the width. Before,
+#   only 3 index reads an id were charged: a 16-column shard of a 40M-row table at 6.6M ids
+#   measured 5.19 ms against 2.23 priced (and 128 columns 12.4 against 16.8), so column
+#   shards, which each see every id of their table, were priced as if narrow were cheap.
+# - a column shard's second phase (``split_squares``: the squares pass, written per id and
+#   read back by the update) costs BATCHED_SPLIT_ID_BYTES an id more: 0.60-0.66 ns measured
+#   at every width (9.15 ms against 5.19 for the 16-column shard above).
+BATCHED_LOOKUP_EFFICIENCY = 1.0
+BATCHED_ID_BYTES = 2200.0
+BATCHED_SPLIT_ID_BYTES = 2180.0
 
-    ``split_squares``: the table is a column shard under row-wise Adagrad, updated in two
-    phases (its squares first, summed over the row's shards).
 
-    ``storage_bytes``: bytes of one stored weight element when the table is stored narrower
-    than ``dtype`` (bf16 / fp8 storage, gemc.table_precision): the gathered rows and the
-    updated rows' read and write move that many; outputs, gradients and the fp32 optimizer
-    state do not change. Weight rows move in whole 32-byte sectors
-    (kernels.row_sector_waste): a bf16 8-wide column shard's 16-byte row costs a sector."""
+def batched_embedding_bytes(rows: int, dim: int, nnz: int, bags: int, dtype: str,
+                            optimizer: str | None, storage_bytes: float | None = None
+                            ) -> float:
+    """HBM bytes one table moves in a batched lookup kernel, forward and fused backward +
+    ``optimizer`` (see :func:`batched_embedding_time`), without the per-id terms."""
     elt = element_size(dtype)
     narrower = 0.0 if storage_bytes is None else elt - storage_bytes
     touched = kernels.expected_unique_rows(rows, nnz)
@@ -319,15 +322,37 @@ def batched_embedding_time(rows: int, dim: int, nnz: int, bags: int, dtype: str,
             - 2.0 * touched * dim * narrower  # the weight rows' read and write
     # whole sectors: every gathered row, and the touched rows the update reads and writes
     waste = kernels.row_sector_waste(dim, elt - narrower)
-    nbytes += float(nnz) * waste + (2.0 * touched * waste if optimizer else 0.0)
-    if split_squares:
-        # a column shard under row-wise Adagrad (BatchedEmbeddingBag.split_rows): a first
-        # pass streams the backward's gradient reads again for the rows' squares, written
-        # per id and read back by the update (the column group's all-reduce of them is
-        # not priced here: it is a collective, and an option is priced before it is placed)
-        nbytes += kernels.embedding_bwd_bytes(nnz, dim, bags, rows, elt, dense_grad=False) \
-            + 2.0 * nnz * 4
-    t = nbytes / (gpu.hbm_bandwidth * ROOFLINE_EFFICIENCY["embedding"])
+    return nbytes + float(nnz) * waste + (2.0 * touched * waste if optimizer else 0.0)
+
+
+def batched_embedding_time(rows: int, dim: int, nnz: int, bags: int, dtype: str,
+                           gpu: GPUSpec, calibration: Calibration | None,
+                           optimizer: str | None, storage_bytes: float | None = None,
+                           split_squares: bool = False) -> float:
+    """Seconds one table adds to a batched lookup kernel (every table of a rank in one
+    forward and one fused backward+optimizer launch: the runner's
+    ``gemc.backends.triton.embedding_bag``, and TorchRec's TBE): its bytes
+    (:func:`batched_embedding_bytes`) and its ids' fixed work, priced as fitted on the
+    kernel itself (BATCHED_* above), no launch of its own (the rank's kernel floor is
+    step_model.batched_floor_s). Why not the calibrated curve: that is measured on eager
+    EmbeddingBag, one table at a time with a dense gradient (~30 CPU-launched kernels
+    each), and priced the GEM h200 plan's 102 tables at 22 ms where the batched kernels
+    measured ~5 ms. A run-fitted ``embedding`` factor corrects the result
+    (``gemc calibrate --from-run``).
+
+    ``split_squares``: the table is a column shard under row-wise Adagrad, updated in two
+    phases (its squares first, summed over the row's shards); the second phase's per-id
+    work is added (its all-reduce is a collective, priced where it is placed).
+
+    ``storage_bytes``: bytes of one stored weight element when the table is stored narrower
+    than ``dtype`` (bf16 / fp8 storage, gemc.table_precision): the gathered rows and the
+    updated rows' read and write move that many; outputs, gradients and the fp32 optimizer
+    state do not change. Weight rows move in whole 32-byte sectors
+    (kernels.row_sector_waste): a bf16 8-wide column shard's 16-byte row costs a sector."""
+    nbytes = batched_embedding_bytes(rows, dim, nnz, bags, dtype, optimizer, storage_bytes)
+    nbytes += float(nnz) * (BATCHED_ID_BYTES + (BATCHED_SPLIT_ID_BYTES if split_squares
+                                                else 0.0))
+    t = nbytes / (gpu.hbm_bandwidth * BATCHED_LOOKUP_EFFICIENCY)
     return t * _factor(calibration, "embedding")
 
 

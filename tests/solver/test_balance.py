@@ -43,8 +43,10 @@ def test_balancing_never_slows_the_step_and_lowers_the_fullest_rank():
 def test_local_balance_meets_the_bound_within_its_tolerance_and_is_deterministic():
     """Eight ranks, sixteen tables of up to 4x the synthetic sizes: the step-first plan
     holds 2.36x the mean on its fullest rank; the balance search (step let rise 10%,
-    then won back with the fullest rank held) ends at <= 1.3x within 5% of the step
-    (measured 1.00x at +0.6%), twice the same."""
+    then won back with the fullest rank held) ends at <= 1.3x within those 10% of the step
+    (measured 1.00x at +0.6% until s21; +7.5% since the batched lookup's price has a per-id
+    term: the splits that spread the bytes each see every id of their table), twice the
+    same."""
     p = make_problem("h200:2x4", n_tables=16, seed=1, big=4.0, settings=SolverSettings())
     pricer = Pricer(p)
     start = improve(p, pricer, greedy(p, pricer))
@@ -53,7 +55,7 @@ def test_local_balance_meets_the_bound_within_its_tolerance_and_is_deterministic
     a = balance(p, pricer, start, 0.1)
     after = evaluate(p, a, pricer)
     assert after.memory.max() / after.memory.mean() <= 1.3
-    assert after.step_s <= before.step_s * 1.05
+    assert after.step_s <= before.step_s * 1.10
     assert balance(p, pricer, start, 0.1).tables == a.tables
     held = evaluate(p, balance(p, pricer, start, 0.0), pricer)
     assert held.step_s <= before.step_s * (1 + 1e-9)  # no tolerance: the step is held
@@ -151,7 +153,8 @@ def test_priced_cap_search_keeps_the_hot_table_cheap_where_the_hard_cap_does_not
     """Five 80M-row tables on 8 ranks, one at pooling 400: with the bytes above the cap as
     the first key, the cap search's first move unloads most whatever it costs (3.5x the
     step here, past ``balance_cap_tolerance``); with that excess priced in step
-    (``penalty``) it reaches the same cap within 1% of the step-first plan (1% under it),
+    (``penalty``) it reaches the same cap within 2% of the step-first plan (+1.8% since
+    the batched lookup's price has a per-id term, s21; 1% under it before),
     and ``capped_plan`` falls back to it (its plan, not the hard search's, is kept).
     (Pooling 100 until the id all-to-all carried a copy per column piece, issue 19: the
     step-first plan changed, and both searches then found the same plan, 1% faster.
@@ -183,43 +186,43 @@ def test_priced_cap_search_keeps_the_hot_table_cheap_where_the_hard_cap_does_not
     priced = cap_memory(p, pricer, start, 1.3, penalty=CAP_PENALTY)
     after = evaluate(p, priced, pricer)
     assert after.memory.max() <= 1.3 * floor
-    assert after.step_s <= before.step_s * 1.01
+    assert after.step_s <= before.step_s * 1.02
     kept = capped_plan(p, pricer, start, before)
     assert kept is not None and kept[0].tables == priced.tables
     assert cap_memory(p, pricer, start, 1.3, penalty=CAP_PENALTY).tables == priced.tables
 
 
 # DLRMv2's 26 tables (rows, pooling) at a local batch of 1,024 (global 65,536 over 64 ranks),
-# and the step-first plan the CP-SAT planner hands the balance stage there (issue 19, s13):
+# and the step-first plan the CP-SAT planner hands the balance stage there (issue 19, s13;
+# re-recorded when the batched lookup's price was refitted to its measured steps, s21):
 # sharding and ranks (None: every rank)
 _DLRMV2_64 = {
-    "bags.0.weight": (40_000_000, 3, "column_wise", (0, 59)),
-    "bags.1.weight": (39_060, 2, "table_wise", (14,)),
-    "bags.10.weight": (3_067_956, 3, "table_wise", (47,)),
-    "bags.11.weight": (405_282, 8, "table_wise", (8,)),
-    "bags.12.weight": (10, 1, "column_wise", (17, 54)),
-    "bags.13.weight": (2_209, 6, "table_wise", (18,)),
-    "bags.14.weight": (11_938, 9, "table_wise", (32,)),
-    "bags.15.weight": (155, 5, "table_wise", (24,)),
-    "bags.16.weight": (4, 1, "data_parallel", None),
-    "bags.17.weight": (976, 1, "table_wise", (35,)),
-    "bags.18.weight": (14, 1, "column_wise", (16, 42, 48, 58)),
-    "bags.19.weight": (40_000_000, 12, "column_wise", (4, 11)),
-    "bags.2.weight": (17_295, 1, "table_wise", (50,)),
-    "bags.20.weight": (40_000_000, 100, "column_wise",
-                       (20, 21, 22, 23, 43, 44, 45, 46, 51, 52, 53, 55, 60, 61, 62, 63)),
-    "bags.21.weight": (40_000_000, 27, "column_wise", (1, 2, 9, 10)),
-    "bags.22.weight": (590_152, 10, "column_wise", (3, 40)),
-    "bags.23.weight": (12_973, 3, "table_wise", (6,)),
-    "bags.24.weight": (108, 1, "table_wise", (57,)),
-    "bags.25.weight": (36, 1, "table_wise", (26,)),
-    "bags.3.weight": (7_424, 2, "table_wise", (41,)),
-    "bags.4.weight": (20_265, 6, "table_wise", (49,)),
-    "bags.5.weight": (3, 1, "data_parallel", None),
-    "bags.6.weight": (7_122, 1, "table_wise", (19,)),
+    "bags.0.weight": (40_000_000, 3, "table_wise", (0,)),
+    "bags.1.weight": (39_060, 2, "table_wise", (8,)),
+    "bags.2.weight": (17_295, 1, "table_wise", (10,)),
+    "bags.3.weight": (7_424, 2, "table_wise", (9,)),
+    "bags.4.weight": (20_265, 6, "table_wise", (26,)),
+    "bags.5.weight": (3, 1, "table_wise", (25,)),
+    "bags.6.weight": (7_122, 1, "table_wise", (14,)),
     "bags.7.weight": (1_543, 1, "table_wise", (27,)),
-    "bags.8.weight": (63, 1, "table_wise", (34,)),
-    "bags.9.weight": (40_000_000, 7, "table_wise", (56,)),
+    "bags.8.weight": (63, 1, "table_wise", (20,)),
+    "bags.9.weight": (40_000_000, 7, "table_wise", (49,)),
+    "bags.10.weight": (3_067_956, 3, "table_wise", (5,)),
+    "bags.11.weight": (405_282, 8, "table_wise", (57,)),
+    "bags.12.weight": (10, 1, "table_wise", (23,)),
+    "bags.13.weight": (2_209, 6, "table_wise", (50,)),
+    "bags.14.weight": (11_938, 9, "table_wise", (1,)),
+    "bags.15.weight": (155, 5, "table_wise", (58,)),
+    "bags.16.weight": (4, 1, "table_wise", (24,)),
+    "bags.17.weight": (976, 1, "table_wise", (51,)),
+    "bags.18.weight": (14, 1, "table_wise", (22,)),
+    "bags.19.weight": (40_000_000, 12, "table_wise", (48,)),
+    "bags.20.weight": (40_000_000, 100, "table_row_wise", (32, 33, 34, 35, 36, 37, 38, 39)),
+    "bags.21.weight": (40_000_000, 27, "table_row_wise", (40, 41, 42, 43, 44, 45, 46, 47)),
+    "bags.22.weight": (590_152, 10, "table_wise", (56,)),
+    "bags.23.weight": (12_973, 3, "table_wise", (2,)),
+    "bags.24.weight": (108, 1, "table_wise", (59,)),
+    "bags.25.weight": (36, 1, "table_wise", (21,)),
 }
 
 
@@ -320,15 +323,16 @@ def _dlrmv2(topology: str, batch: int, plan: dict, cross: tuple, ends: tuple):
 
 
 def test_priced_cap_search_meets_the_ratio_on_dlrmv2_at_64_ranks_within_its_tolerance():
-    """DLRMv2 x 64 ranks from its step-first plan (4.604 ms, max / mean 6.27 with the
-    lookups' gradients in the memory): the hard cap search costs 21.6% of step (5.596
-    ms, past ``balance_cap_tolerance``); the priced one, swept until it moves nothing,
-    meets 1.3 by the plan's own mean at +1.9% (4.692 ms, 1.28: three 40M-row tables in
-    8-way column shards, 4.84 GB on a 3.77-GB mean, 4.19 GB of it steady), and that is
-    the plan ``capped_plan`` keeps. Fails before s13-balance (four priced sweeps, then
-    the hard phases: 8.456 ms, 1.52) and with the gradients' bytes counted above the
-    cap (s13-memory's merge: 11.8 GB above it where the steady bytes are 2.8, so the
-    priced phase paid step for them: 4.958 ms, +7.7%)."""
+    """DLRMv2 x 64 ranks from its step-first plan (3.687 ms, max / mean 7.04 with the
+    lookups' gradients in the memory: the 40M-row tables table-wise or over one host's
+    rows): the hard cap search costs 2.55x the step (9.404 ms, past
+    ``balance_cap_tolerance``); the priced one, swept until it moves nothing, meets 1.3 by
+    the plan's own mean at +1.6% (3.747 ms, 1.29), and that is the plan ``capped_plan``
+    keeps. (The plan re-recorded in s21 with the lookup's refitted price; before, from a
+    plan of 4.604 ms at 6.27: hard +21.6%, priced +1.9%.) Failed before s13-balance (four
+    priced sweeps, then the hard phases: 8.456 ms, 1.52) and with the gradients' bytes
+    counted above the cap (s13-memory's merge: the priced phase paid step for them,
+    +7.7%)."""
     from gemc.solver.planners import CAP_PENALTY, capped_plan
 
     p, start = _dlrmv2_64()
@@ -396,7 +400,7 @@ def test_cap_search_with_a_budget_under_one_sweep_moves_only_tables_above_the_ca
     """Where its budget is under one sweep over every table's options, the hard cap
     search's excess-first phase prices only tables on a rank above the cap (moving any
     other cannot lower the excess), and so still reaches 1.3 (measured 1.30, 1.26, 1.19 within 1% of
-    the step, where pricing every table in turn left 2.15, 1.56, 1.49). The budget stands
+    the step; within 2% since the batched lookup's price has a per-id term, s21, where pricing every table in turn left 2.15, 1.56, 1.49). The budget stands
     in for 1,040 tables x 512 ranks, whose 5,000 moves were under one sweep of ~9,400
     and left 1.56 (now 1.29, BENCHMARKS.md issue 19, s13)."""
     from gemc.solver.candidates import table_options
@@ -409,5 +413,5 @@ def test_cap_search_with_a_budget_under_one_sweep_moves_only_tables_above_the_ca
         a = cap_memory(p, pricer, start, 1.3, max_moves=moves)
         after = evaluate(p, a, pricer)
         assert after.max_over_mean <= 1.3
-        assert after.step_s <= before.step_s * 1.01
+        assert after.step_s <= before.step_s * 1.02
         assert cap_memory(p, pricer, start, 1.3, max_moves=moves).tables == a.tables

@@ -24,7 +24,7 @@ TABLE = TableCost("t", 4_000_000, 128, 512 * 100, 512)
 SETTINGS = SolverSettings(time_limit_s=20, gap_limit=0.0, wall_limit_factor=30)
 COLUMNS = TableChoice("column_wise", tuple(range(8)))
 PIECES = TableChoice("row_wise", tuple(range(8)))  # eight pieces in the owners' kernels
-PIECE_S = 0.0952e-3  # one row piece's bytes (a 16-wide column piece's were 0.0993 ms)
+PIECE_S = 0.0616e-3  # one row piece's bytes and ids (op_cost.batched_embedding_time)
 WHOLE = TableChoice("table_wise", (0,))
 
 
@@ -43,8 +43,9 @@ def _problem(tables: tuple[TableCost, ...] = (TABLE,), topology: str = "h200:1x8
 
 def test_a_lone_shard_costs_the_floor_whatever_its_width():
     """Alone in its rank's kernel, an eighth of the rows and the whole table (its bytes
-    priced 0.75 ms, measured 0.83 ms) both cost the floor on several ranks; on one rank
-    the table keeps its bytes' price (the one-GPU runs were fitted without the floor)."""
+    and ids priced 0.49 ms, measured 0.83 ms on the H200: under the floor) both cost the
+    floor on several ranks; on one rank the table keeps its price (the one-GPU runs were
+    fitted without the floor)."""
     p = _problem()
     narrow = evaluate(p, Assignment(tables={"t": PIECES}))
     whole = evaluate(p, Assignment(tables={"t": WHOLE}))
@@ -55,12 +56,12 @@ def test_a_lone_shard_costs_the_floor_whatever_its_width():
     # the same lookup on one GPU: the whole batch, 4,096 bags, is that rank's
     one = _problem((replace(TABLE, nnz=4096 * 100, batch=4096),), "h200:1x1")
     alone = evaluate(one, Assignment(tables={"t": WHOLE}))
-    assert alone.sparse[0] == pytest.approx(0.7466e-3, rel=1e-3)  # its bytes, under the floor
+    assert alone.sparse[0] == pytest.approx(0.4864e-3, rel=1e-3)  # its price, under the floor
 
 
 def test_shards_sharing_a_ranks_kernel_pay_the_floor_once():
     """Eight tables row-wise over the same eight ranks: every rank runs eight pieces in one
-    kernel, their bytes (0.095 ms each) summed and floored once — not eight
+    kernel, their prices (0.062 ms each) summed and floored once — not eight
     floors (6.8 ms), which is what made the balance search's splits look 5% dearer; and
     past the floor a rank pays its bytes."""
     tables = tuple(replace(TABLE, fqn=f"t{i}") for i in range(8))
@@ -69,10 +70,10 @@ def test_shards_sharing_a_ranks_kernel_pay_the_floor_once():
     assert list(ev.sparse) == pytest.approx([SHARD_STEP_FLOOR_S] * 8)
     piece = Pricer(p).table(TABLE, PIECES)
     assert piece.in_kernel and piece.kernel_s == pytest.approx(PIECE_S, rel=1e-2)
-    many = tuple(replace(TABLE, fqn=f"t{i}") for i in range(12))
+    many = tuple(replace(TABLE, fqn=f"t{i}") for i in range(16))
     heavy = evaluate(_problem(many), Assignment(tables={t.fqn: PIECES for t in many}))
-    assert list(heavy.sparse) == pytest.approx([12 * piece.kernel_s] * 8, rel=1e-9)
-    assert heavy.sparse[0] > SHARD_STEP_FLOOR_S  # twelve pieces' bytes are past it
+    assert list(heavy.sparse) == pytest.approx([16 * piece.kernel_s] * 8, rel=1e-9)
+    assert heavy.sparse[0] > SHARD_STEP_FLOOR_S  # sixteen pieces are past it
 
 
 def test_predict_step_prices_the_floor_as_the_planners_do():
