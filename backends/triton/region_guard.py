@@ -52,7 +52,13 @@ from typing import Any
 import torch
 
 from gemc.errors import GemcUserError
-from gemc.guard_sample import mask_prelude, why_not_ahead
+from gemc.guard_sample import (
+    guard_inputs,
+    mask_prelude,
+    mask_rows,
+    reader_positions,
+    why_not_ahead,
+)
 
 from . import packed_tokens
 from .graph_runner import GraphRunner
@@ -123,7 +129,11 @@ class RegionGuard:
         self.attention_additive = [bool(e.get("additive", False)) for e in attentions]
         self.buckets = buckets or bucket_count()
         self.masks = [str(r["mask"]) for r in regions] + [str(e["mask"]) for e in attentions]
-        self.prelude = mask_prelude(runner.gm, self.masks, runner.device)
+        # each region's one-token readers, checked with its mask (their positions' index
+        # nodes: computed by the prelude after the masks)
+        self.reads = [list(r.get("reads") or ()) for r in regions]
+        self.indices = list(dict.fromkeys(n for r in regions for n in guard_inputs(r)[1:]))
+        self.prelude = mask_prelude(runner.gm, self.masks + self.indices, runner.device)
 
     def warm(self, gm: Any) -> None:
         """The checks' host code on ``meta`` masks shaped as the captured graph's mask nodes
@@ -155,10 +165,13 @@ class RegionGuard:
         ``key_padding_attention.STATS``) and say which variant runs."""
         from .key_padding_attention import STATS, prefix_lengths
 
-        masks = self.prelude(*batch)
+        computed = self.prelude(*batch)
+        masks = [mask_rows(m) for m in computed[:len(self.masks)]]
+        indices = dict(zip(self.indices, computed[len(self.masks):]))
         count = len(self.names)
-        checked = [packed_tokens.region_check(m, a)
-                   for m, a in zip(masks[:count], self.additive)]
+        checked = [packed_tokens.region_check(m, a, reader_positions(
+                       reads, indices, int(m.shape[0]), int(m.shape[1]), m.device))
+                   for m, a, reads in zip(masks[:count], self.additive, self.reads)]
         lengths = [prefix_lengths(m, a) for m, a in zip(masks[count:], self.attention_additive)]
         flat = torch.cat([c for _, c in checked]
                          + [bad.sum(0).to(torch.int64) for _, bad in lengths])
@@ -171,7 +184,7 @@ class RegionGuard:
         for (offs, _), f, mask, additive, every_row, compact in zip(
                 checked, flags, masks, self.additive, self.every_row, self.compact):
             ok = packed_tokens.packs(f, every_row, compact)
-            packed_tokens.GUARD_STATS.count(ok)
+            packed_tokens.GUARD_STATS.count(ok, f)
             capacity = int(mask.shape[0]) * int(mask.shape[1])  # B * L: the padded tokens
             total = packed_tokens.bucket(int(f[2]), capacity, self.buckets) if ok else None
             key.append(total)
