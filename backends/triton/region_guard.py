@@ -9,11 +9,14 @@ data. So the decision is taken at the compiled graph's boundary, on its inputs:
 
 * a *prelude* computes each region's mask from the batch: the mask's own ops copied from
   the captured graph (a mask given as input is the input itself; one built from lengths or
-  offsets, the few ops that build it). A region whose mask needs more (a parameter, a
-  sharded lookup) is left out of the compiled graph, loudly (:func:`why_not_ahead`);
+  offsets, the few ops that build it), and the positions its readers of one token per row
+  read (``lengths - 1``: the region's ``reads``). A region whose mask or positions need
+  more (a parameter, a sharded lookup) is left out of the compiled graph, loudly
+  (:func:`why_not_ahead`);
 * ``packed_tokens.region_check`` checks each mask on the device, and **one host read per
   step** (all regions' flags at once: prefix violations, invalid additive values, the
-  token total) decides the key: per region its token count rounded up to a bucket
+  token total, readers on a dropped position) decides the key: per region its token
+  count rounded up to a bucket
   (``packed_tokens.bucket``: at most ``BUCKETS`` counts) when it packs, ``None`` when it
   does not (the model's padded computation, the exact fallback), each counted in
   ``packed_tokens.GUARD_STATS`` as the interpreter counts it;
