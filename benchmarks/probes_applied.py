@@ -50,11 +50,17 @@ def applied(entry: str, args: dict[str, Any], topology: str) -> dict[str, Any]:
     t0 = time.perf_counter()
     plan = gemc_compile(entry, args, topology=topology)
     kinds = Counter(k["kind"] for k in plan["kernels"])
+    regions = [k for k in plan["kernels"] if k["kind"] == "packed_tokens"]
     return {
         "attention": {k: kinds[k] for k in ATTENTIONS if kinds.get(k)},
         "causal": sorted({bool(k.get("causal")) for k in plan["kernels"]
                           if k["kind"] in ATTENTIONS}),
         "packed_regions": kinds.get("packed_tokens", 0),
+        # readers of one token per row the regions check at run time (their op)
+        "checked_reads": sorted({r["reader"] for k in regions for r in k.get("reads") or ()}),
+        # where a region's fill came from: the example batch, or why it is priced padded
+        "fill_source": sorted({str(k.get("fill_source")) for k in regions
+                               if k.get("guard")}),
         "why_not": [w for w in plan.get("warnings", []) if w.startswith(WHY)],
         "compile_s": round(time.perf_counter() - t0, 1),
     }
@@ -62,8 +68,13 @@ def applied(entry: str, args: dict[str, Any], topology: str) -> dict[str, Any]:
 
 def _row(name: str, r: dict[str, Any]) -> str:
     att = ", ".join(f"{k} {v}" for k, v in r["attention"].items()) or "-"
+    if True in r["causal"]:
+        att += " (causal)"
     why = "; ".join(w.split(": ", 1)[1][:160] for w in r["why_not"][:2]) or "-"
-    return f"| {name} | {att} | {r['packed_regions'] or 'no'} | {why} |"
+    packed = str(r["packed_regions"] or "no")
+    if r.get("checked_reads"):
+        packed += f" (+ readout {', '.join(r['checked_reads'])} checked)"
+    return f"| {name} | {att} | {packed} | {why} |"
 
 
 def main(argv: list[str] | None = None) -> int:

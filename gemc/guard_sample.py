@@ -6,7 +6,7 @@ runs packed only on a batch whose key mask passes the check, and then over that 
 tokens: both are data. The runner checks the mask ahead of the compiled graph
 (``backends/triton/region_guard``): it computes the mask from the batch with the mask's own
 ops (:func:`mask_prelude`, possible where :func:`why_not_ahead` finds nothing in the way),
-reads four flags per region (:func:`guard_flags` is their reference), decides with
+reads five flags per region (:func:`guard_flags` is their reference), decides with
 :func:`packs`, and sizes the packed layout at the token count rounded up by :func:`bucket`.
 
 The compiler has one batch in hand: the entrypoint's own ``example_inputs``, real tensors
@@ -60,8 +60,10 @@ def bucket(total: int, capacity: int, buckets: int = BUCKETS) -> int:
 
 def packs(flags: Sequence[int], every_row: bool = False, compact: bool = False) -> bool:
     """Whether a region runs packed on the call whose check read ``flags`` (rows that break
-    the prefix, invalid additive values, kept tokens, rows keeping none): every row a
-    prefix, every additive value a key mask, and some token kept (a region of 0 tokens
+    the prefix, invalid additive values, kept tokens, rows keeping none, rows whose
+    one-token readers read a position the mask drops: :func:`missed_reads`): every row a
+    prefix, every additive value a key mask, every reader on a kept token (else a value
+    the region leaves zero would be read), and some token kept (a region of 0 tokens
     would leave the gradients of its weights None where eager's are zero, which
     optimizers tell apart); with ``every_row`` (the region holds an attention whose rows
     with no kept key are NaN in eager, as ``nn.MultiheadAttention``'s softmax makes them,
@@ -70,7 +72,7 @@ def packs(flags: Sequence[int], every_row: bool = False, compact: bool = False) 
     in the region depends on the kept positions being a prefix: the pass's ``compact``)
     rows that are not prefixes pack too, their kept tokens in order."""
     return (flags[0] == 0 or compact) and flags[1] == 0 and flags[2] > 0 and \
-        not (every_row and flags[3] > 0)
+        not (every_row and flags[3] > 0) and (len(flags) < 5 or flags[4] == 0)
 
 
 ADDITIVE_MASKED_GAP = 1.0e4
@@ -92,12 +94,51 @@ def mask_rows(mask: torch.Tensor) -> torch.Tensor:
     return mask
 
 
+def read_positions(index: torch.Tensor | None, at: int | None, batch: int, length: int,
+                   wrap: bool, device: torch.device | str | None = None) -> torch.Tensor:
+    """``[B]`` int64: the position each row's one-token reader reads (``passes/row_reads``:
+    ``index`` flattened in row order, or the constant ``at``), a negative one counted from
+    the row's end where the reader wraps (indexing, ``select``), and -1 where it lands
+    outside the row: the check then fails and the padded computation does what eager does
+    with it (wraps, or raises as a gather does). On the device, no sync."""
+    if index is None:
+        pos = torch.full((batch,), int(at or 0), dtype=torch.int64, device=device)
+    else:
+        pos = index.reshape(batch).to(torch.int64)
+    if wrap:
+        pos = torch.where(pos < 0, pos + length, pos)
+    return torch.where((pos >= 0) & (pos < length), pos, -1)
+
+
+def missed_reads(kept: torch.Tensor, positions: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``[1]`` int64 on the device: how many rows, over the readers whose
+    :func:`read_positions` are given, read a position the ``[B, L]`` bool ``kept``
+    (:func:`kept_keys`) does not keep. Zero: every reader reads real tokens only, so what
+    the check guards may leave the padding rows unread (zero, or not there at all)."""
+    missed = torch.zeros(1, dtype=torch.int64, device=kept.device)
+    for pos in positions:
+        hit = kept.gather(1, pos.clamp(min=0)[:, None])[:, 0] & (pos >= 0)
+        missed = missed + (~hit).sum().reshape(1)
+    return missed
+
+
+def reader_positions(specs: Sequence[Mapping[str, Any]],
+                     indices: Mapping[str, torch.Tensor], batch: int, length: int,
+                     device: torch.device | str) -> list[torch.Tensor]:
+    """:func:`read_positions` of each reader's facts (a plan entry's ``reads`` /
+    ``read_rows``), their index values by node name (the runner's environment)."""
+    return [read_positions(indices[s["index"]] if s.get("index") else None, s.get("at"),
+                           batch, length, bool(s.get("wrap")), device) for s in specs]
+
+
 def kept_keys(mask: torch.Tensor, additive: bool) -> torch.Tensor:
     """``[B, L]`` bool, True where a key is kept: the mask itself, or where an additive
     row has its largest finite value (softmax ignores a row's constant, so a row of one
     finite value, e.g. a BERT-style ``-1e4`` for an empty history, keeps every key, as
     eager's uniform row does). The check kernel's rule
-    (``key_padding_attention._prefix_kernel``) in plain torch."""
+    (``key_padding_attention._prefix_kernel``) in plain torch. A ``[B, 1, ..., 1, L]``
+    mask: its rows (:func:`mask_rows`)."""
+    mask = mask_rows(mask)
     if not additive:
         return mask.to(torch.bool)
     if mask.shape[-1] == 0:
@@ -106,12 +147,15 @@ def kept_keys(mask: torch.Tensor, additive: bool) -> torch.Tensor:
     return (mask == top) & (top > float("-inf"))
 
 
-def guard_flags(mask: torch.Tensor, additive: bool) -> tuple[torch.Tensor, list[int]]:
+def guard_flags(mask: torch.Tensor, additive: bool, reads: Sequence[torch.Tensor] = ()
+                ) -> tuple[torch.Tensor, list[int]]:
     """``(kept keys per row [B], flags)`` of a ``[B, L]`` key mask, by the rule of the
     runner's check kernel (``key_padding_attention._prefix_kernel``) in plain torch: the
     flags are the positions breaking a prefix, the additive values that are no key mask
     (a masked entry less than ``ADDITIVE_MASKED_GAP`` below its row's kept value; a kept
-    value farther than that from 0), the kept tokens in all and the rows keeping none."""
+    value farther than that from 0), the kept tokens in all, the rows keeping none, and
+    the rows whose one-token readers (their ``reads`` positions) miss a kept token."""
+    mask = mask_rows(mask)
     kept = kept_keys(mask, additive)
     lengths = kept.sum(1)
     prefix = torch.arange(mask.shape[1], device=mask.device)[None, :] < lengths[:, None]
@@ -122,7 +166,7 @@ def guard_flags(mask: torch.Tensor, additive: bool) -> tuple[torch.Tensor, list[
         invalid = int((~kept & (mask > top - ADDITIVE_MASKED_GAP)).sum()) + \
             int((finite & (top.abs() > ADDITIVE_MASKED_GAP)).sum())
     return lengths, [int((kept != prefix).sum()), invalid, int(lengths.sum()),
-                     int((lengths == 0).sum())]
+                     int((lengths == 0).sum()), int(missed_reads(kept, reads))]
 
 
 def why_not_ahead(gm: fx.GraphModule, mask: str, calls: Mapping[str, Any]) -> str | None:
@@ -139,6 +183,27 @@ def why_not_ahead(gm: fx.GraphModule, mask: str, calls: Mapping[str, Any]) -> st
             return f"its mask {mask} reads {n.name}, which the runner computes itself"
         if n.op not in ("placeholder", "call_function"):
             return f"its mask {mask} reads {n.name} ({n.op})"
+    return None
+
+
+def guard_inputs(region: Mapping[str, Any]) -> list[str]:
+    """The graph nodes a guarded region's check reads: its mask, then the index of each
+    of its one-token readers (``reads``) that has one, each once, in that order."""
+    out = [str(region["mask"])]
+    for spec in region.get("reads") or ():
+        if spec.get("index") and spec["index"] not in out:
+            out.append(str(spec["index"]))
+    return out
+
+
+def why_not_ahead_all(gm: fx.GraphModule, names: Sequence[str], calls: Mapping[str, Any]
+                      ) -> str | None:
+    """:func:`why_not_ahead` of the first of ``names`` that cannot be computed from the
+    batch ahead of the graph, or None."""
+    for name in names:
+        why = why_not_ahead(gm, name, calls)
+        if why is not None:
+            return why.replace("its mask", "its check's input") if name != names[0] else why
     return None
 
 
@@ -179,7 +244,7 @@ def sample_fill(gm: fx.GraphModule, region: Mapping[str, Any],
         return {"fill": 1.0, "attention_fill": 1.0, "fill_source": f"padded: {why}"}
 
     mask_name = str(region["mask"])
-    blocked = why_not_ahead(gm, mask_name, {})
+    blocked = why_not_ahead_all(gm, guard_inputs(region), {})
     if blocked is not None:
         return padded(f"{blocked}, so the region runs padded")
     tensors = list(sample or ())
@@ -192,21 +257,26 @@ def sample_fill(gm: fx.GraphModule, region: Mapping[str, Any],
     if len(inputs) != len(tensors):
         return padded(f"the example batch has {len(tensors)} tensors where the graph takes "
                       f"{len(inputs)} inputs")
+    names = guard_inputs(region)
     try:
         with torch.no_grad():
-            (mask,) = mask_prelude(gm, [mask_name], "cpu")(*[t.cpu() for t in tensors])
+            mask, *index = mask_prelude(gm, names, "cpu")(*[t.cpu() for t in tensors])
     except Exception as exc:  # the mask's ops on the sample: any failure prices padded
         return padded(f"computing the mask {mask_name} on the example batch failed "
                       f"({type(exc).__name__}: {exc})")
+    mask = mask_rows(mask)
     additive = bool(region.get("additive", False))
-    lengths, flags = guard_flags(mask, additive)
+    batch, length = int(mask.shape[0]), int(mask.shape[1])
+    reads = reader_positions(region.get("reads") or (), dict(zip(names[1:], index)), batch,
+                             length, "cpu")
+    lengths, flags = guard_flags(mask, additive, reads)
     if not packs(flags, bool(region.get("every_row")), bool(region.get("compact"))):
         why = ("rows that keep no prefix" if flags[0] and not region.get("compact") else
                "additive values that are no key mask" if flags[1] else
+               "a reader of one token per row reading a padding token" if flags[4] else
                "no kept token" if flags[2] == 0 else "a row that keeps no token")
         return padded(f"the example batch fails the region's check ({why}), so it would "
                       "run padded")
-    batch, length = int(mask.shape[0]), int(mask.shape[1])
     capacity = batch * length
     squares = float((lengths.double() ** 2).sum())
     return {"fill": bucket(flags[2], capacity) / capacity,

@@ -11,6 +11,7 @@ those rows unmasked, which the function checks by following them through the gra
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -355,6 +356,10 @@ def _cleaning_mask(arg: Any, out_shape: tuple[int, ...], dims: Dims, facts: Fact
     if shape is None:
         return False
     if isinstance(facts, KeyMask):
+        # a 0/1 multiplier: a boolean mask, cast (an additive mask, which keep_of also
+        # reads as its keep-mask, scales the padding rows instead of zeroing them)
+        if ir.dtype_of(_through_views_and_casts(arg)) != torch.bool:
+            return False
         if keep_of(arg) is not facts.keep and not _drops_the_same(arg, facts.keep):
             return False
     else:
@@ -690,13 +695,20 @@ class PaddingFlow:
 
     carriers: dict[fx.Node, Dims] = field(default_factory=dict)
     zeroed: dict[fx.Node, Dims] = field(default_factory=dict)
+    # readers of one token per row that read no padding row exactly when a run-time check
+    # of their positions passes (``passes/row_reads``): the reader -> its facts
+    reads: dict[fx.Node, Any] = field(default_factory=dict)
 
 
-def follow_padding(start: fx.Node, dims: Dims, facts: Facts
+def follow_padding(start: fx.Node, dims: Dims, facts: Facts,
+                   reads: Callable[[fx.Node, fx.Node, Dims, Facts], Any] | None = None
                    ) -> PaddingFlow | fx.Node:
     """Follow ``start``'s padding rows (at ``dims``) through its users: the flow, or the
     first node that may read them unmasked. A node reached with two different layouts
-    counts as a reader (its padding rows are not one set)."""
+    counts as a reader (its padding rows are not one set). ``reads``: a recogniser of
+    readers that read padding rows only where a run-time check fails (``row_reads.row_read``:
+    ``x[arange(B), lengths - 1]``); what it recognises goes to the flow's ``reads``
+    instead of stopping it (the caller then owes the check)."""
     flow = PaddingFlow()
     stack: list[tuple[fx.Node, Dims]] = [(start, dims)]
     while stack:
@@ -709,7 +721,10 @@ def follow_padding(start: fx.Node, dims: Dims, facts: Facts
         for user in node.users:
             step = _step(user, node, dims, facts)
             if step is None:
-                return user
+                read = reads(user, node, dims, facts) if reads is not None else None
+                if read is None or flow.reads.setdefault(user, read) != read:
+                    return user
+                continue
             if step == "clean":
                 continue
             if isinstance(step, tuple):  # ("zero", dims): a mask multiply
@@ -832,6 +847,27 @@ def keep_of(node: Any) -> fx.Node | None:
         other = _scalar(node.args[2])
         if first == 0.0 and other is not None and other <= ADDITIVE_MASKED_MAX:
             return keep_of(cond)
+    if node.target is aten.mul.Tensor:
+        return _extended_keep(node)
+    return None
+
+
+def _extended_keep(node: fx.Node) -> fx.Node | None:
+    """``X`` of Hugging Face's extended mask ``(1.0 - X[:, None, None, :].to(dtype)) * v``
+    (``v``: ``-10000.0`` or ``torch.finfo(dtype).min``, any ``v <= -1e4``) with ``X`` a
+    boolean ``[B, L]`` keep-mask (through unsqueezes, views that keep its order and casts):
+    0 where ``X`` keeps, ``v`` where it drops, as ``masked_fill(zeros, ~X, v)``."""
+    for one_minus, value in (node.args[:2], node.args[1::-1]):
+        v = _scalar(value)
+        if v is None or v > ADDITIVE_MASKED_MAX or not isinstance(one_minus, fx.Node) \
+                or one_minus.target is not aten.rsub.Scalar or _scalar(one_minus.args[1]) != 1.0:
+            continue
+        inner = one_minus.args[0]
+        while isinstance(inner, fx.Node) and inner.op == "call_function" \
+                and (inner.target in _BROADCASTS or inner.target in _CASTS):
+            inner = inner.args[0]
+        if isinstance(inner, fx.Node) and ir.dtype_of(inner) == torch.bool:
+            return keep_of(inner)
     return None
 
 

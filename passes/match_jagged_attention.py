@@ -36,8 +36,14 @@ mask broadcast over heads and queries (a graph input, ``arange < lengths``, offs
 such a mask is a prefix, so the op (``backends/triton/key_padding_attention``) checks it at
 run time and falls back to the padded attention (counted). Self-attention runs jagged when
 nothing reads its padding query rows unmasked, else every query row is computed over the
-real keys; cross-attention (dense queries of another length: a target item, summary
-queries) likewise. An SDPA with no mask at all whose queries are a padded history ``[B, H, L, D]`` over
+real keys (under a causal mask, where that kernel has no causal rule, it stays padded
+SDPA); cross-attention (dense queries of another length: a target item, summary
+queries) likewise. Readers of one token per row (``passes/row_reads``: RecBole's
+``gather_indexes(out, lengths - 1)``, ``out[arange(B), lengths - 1]``) read the padding
+rows only where their positions miss the mask's kept keys: they do not count as readers;
+the entry lists them (``read_rows``) and the op checks their positions with the mask,
+computing every query row (causal: the exact padded attention) on a call where one
+misses. SASRec as RecBole writes it, causal, was padded SDPA for its readout alone. An SDPA with no mask at all whose queries are a padded history ``[B, H, L, D]`` over
 dense keys ``[B, H, M, D]`` (history items attending to candidate or feature tokens, or to
 a learned memory) becomes a ``jagged_query_attention`` (:func:`match_query_padding`) when,
 under one of the graph's key-padding masks over ``[B, L]`` (offsets: a proven prefix; any
@@ -72,6 +78,7 @@ from .jagged_patterns import (
     padding_rows_read_by,
     projection_source,
 )
+from .row_reads import follow_with_reads, read_specs
 
 aten = torch.ops.aten
 SKIPPED = ir.PREFIX + "jagged_skipped"  # why an attention was not made jagged (a named reason)
@@ -337,7 +344,15 @@ class MatchJaggedAttention:
             self._skip(node, found, ctx)
             return False
         mask: KeyMask = found.pop("_key_mask")
-        reader = padding_rows_read_by(node, mask) if found["zero_padding_queries"] else None
+        reader = None
+        if found["zero_padding_queries"]:
+            flow = follow_with_reads(node, (0, 2), mask)
+            reader = flow if isinstance(flow, fx.Node) else None
+            if not isinstance(flow, fx.Node) and flow.reads:
+                # read one token per row (x[arange(B), lengths - 1]): the padding query
+                # rows stay unread, and so zero, where the op's check finds every
+                # position kept; where not, it computes them (causal: the padded path)
+                found["read_rows"] = read_specs(flow)
         if reader is not None:
             if found["causal"]:
                 self._skip(node, f"padding-rows-read-by:{reader.name}", ctx)

@@ -21,7 +21,9 @@ any source, as :func:`.jagged_patterns.attention_key_mask` reads it). ``[B*H, L,
 operands (heads merged into the batch, as MultiheadAttention does) are viewed as
 ``[B, H, L, d]``; their padding query rows are computed too (the varlen-key kernel: the
 layout of a merged output is not followed), as are those of a 4-D attention whose padding
-rows something reads. What reads the scores or the weights must be dead code (the discarded
+rows something reads; a reader of one token per row (``x[arange(B), lengths - 1]``) is
+checked at run time instead (``read_rows``, as ``match-jagged-attention``'s). What reads the
+scores or the weights must be dead code (the discarded
 ``need_weights`` average), which the pass removes.
 
 A dropout of the weights that draws nothing (``p = 0``: ``nn.Dropout(0.0)`` stays in the
@@ -44,7 +46,8 @@ from gemc import ir
 from gemc.context import PassContext
 from gemc.packed_rules import draws
 
-from .jagged_patterns import attention_key_mask, padding_rows_read_by
+from .jagged_patterns import PaddingFlow, attention_key_mask
+from .row_reads import follow_with_reads, read_specs
 
 aten = torch.ops.aten
 SKIPPED = ir.PREFIX + "softmax_skipped"
@@ -184,7 +187,9 @@ def match(node: fx.Node) -> dict[str, Any] | str | None:
                 return f"weights-read-by:{u.name}"
     queries = shapes[0][-2]
     zero_rows = not merged and queries == length
-    reader = padding_rows_read_by(node, key_mask) if zero_rows else None
+    flow = follow_with_reads(node, (0, 2), key_mask) if zero_rows else None
+    reader = flow if isinstance(flow, fx.Node) else None
+    reads = read_specs(flow) if isinstance(flow, PaddingFlow) else []
     return {
         "_group": group,
         "_mask": key_mask,
@@ -200,6 +205,8 @@ def match(node: fx.Node) -> dict[str, Any] | str | None:
         "scale": scale,
         "fill": 1.0,
         **({"padding_rows_read_by": reader.name} if reader is not None else {}),
+        # readers of one token per row: checked by the op with the mask (see there)
+        **({"read_rows": reads} if reads else {}),
     }
 
 

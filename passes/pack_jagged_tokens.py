@@ -55,6 +55,21 @@ naming why, where there is no real sample or the sample fails the check.
 ``nn.MultiheadAttention``'s views are
 followed by where the batch sits in each shape (``[L, B * heads, d]``: the batch the outer
 factor of a dim; ``[L * B, E]``: merged with the sequence), its fused attention as one unit.
+A ``[B, 1, 1, L]`` mask (Hugging Face's extended mask, ``(1.0 - m[:, None, None, :]) *
+MIN``) is its rows: the check reads the boolean ``[B, L]`` it is made from
+(``jagged_patterns.keep_of``), or its rows viewed where the graph shows none.
+
+Readers of one token per row (``passes/row_reads``: RecBole's ``gather_indexes(out,
+lengths - 1)``, ``out[arange(B), lengths - 1]``, ``out[:, 0]``) read no padding exactly
+when each row's position is one the mask keeps, which only the data says: such a reader
+ends the flow as a *conditional* reader, listed in the region's ``reads`` (its node, the
+value it reads, its positions: an index node or a constant), and the region's check also
+checks those positions (``gemc.guard_sample.missed_reads``): a row reading a dropped
+position runs the region padded, counted (``GUARD_STATS.missed_reads``). A packed call
+reads each row's token from the packed tokens (``packed_tokens.read_rows``: the slot
+``offsets[b] + pos[b]``, or in a compact layout the slot holding that position), no
+scatter back. Positions computed from a value the padding reaches cannot be checked before
+the region: such a reader stays a reader.
 
 Compact regions: where the flow holds without assuming the padding is a suffix (no causal
 attention whose keys are clean only then), the region is ``compact``: a mask that keeps
@@ -108,6 +123,7 @@ from .jagged_patterns import (
     keep_of,
     zero_padded_source,
 )
+from .row_reads import follow_with_reads, read_specs
 
 aten = torch.ops.aten
 PACKED = ir.PACKED  # re-exported: the keys are owned by gemc.ir (the plan builder reads them)
@@ -161,7 +177,8 @@ def _merge(flows: list[PaddingFlow]) -> PaddingFlow | str:
     """One flow of several sources' (each node at one layout), or why not."""
     merged = PaddingFlow()
     for flow in flows:
-        for part, into in ((flow.carriers, merged.carriers), (flow.zeroed, merged.zeroed)):
+        for part, into in ((flow.carriers, merged.carriers), (flow.zeroed, merged.zeroed),
+                           (flow.reads, merged.reads)):
             for n, dims in part.items():
                 if into.setdefault(n, dims) != dims:
                     return f"{n.name} reached with two layouts"
@@ -319,12 +336,17 @@ class PackJaggedTokens:
                 around.add(node)
                 continue
             mask = by_name[facts["mask"]]
-            if len(ir.shape_of(mask) or ()) != 2:  # a [B, 1, 1, L] mask: the kernel's only
+            shape = tuple(ir.shape_of(mask) or ())
+            if len(shape) < 2 or any(s != 1 for s in shape[1:-1]):
                 node.meta[PACKED_SKIPPED] = "mask-rows-broadcast"
                 ctx.warn(f"pack-jagged-tokens: the sequence around {node.name} stays padded "
-                         f"(mask-rows-broadcast: its key mask {mask.name} is "
-                         f"{list(ir.shape_of(mask) or ())}, not [B, L]; regions read [B, L] masks)")
+                         f"(mask-rows-broadcast: its key mask {mask.name} is {list(shape)}, "
+                         "not [B, L] or a view of its rows [B, 1, ..., 1, L])")
                 continue
+            # a [B, 1, 1, L] mask (Hugging Face's extended mask: the arithmetic after the
+            # unsqueezes) is its rows, viewed: the check reads the boolean [B, L] it is made
+            # from where the graph shows one (keep_of), else the rows of the mask itself
+            # (gemc.guard_sample.mask_rows)
             # prefix: the region runs packed only when the run-time check finds one
             key_mask = KeyMask(mask, bool(facts.get("additive", False)),
                                keep_of(mask) or mask, int(ir.shape_of(mask)[0]),
@@ -383,6 +405,10 @@ def _guarded_entry(gm: fx.GraphModule, rid: str, flow: PaddingFlow, starts: list
         "clamp_min": 0,
         "max_len": key_mask.length,
         "batch": key_mask.batch,
+        # readers of one token per row (``x[arange(B), lengths - 1]``): their positions
+        # are checked with the mask (a row reading a padding token runs the region
+        # padded), and a packed run reads each row's token from the packed tokens
+        "reads": read_specs(flow),
     }
     # the fill is data: read off the example batch by the run-time check's own rule
     sampled = sample_fill(gm, head.meta[PACKED_REGION], ctx.sample_inputs)
@@ -409,7 +435,8 @@ def _compact(flow: PaddingFlow, loose: tuple[PaddingFlow, list[fx.Node]] | str) 
     """The region of ``flow`` packs kept positions in any order: ``loose``, the same flow
     followed without the prefix assumption, is the same, and no op reads positions."""
     return not isinstance(loose, str) and loose[0].carriers == flow.carriers \
-        and loose[0].zeroed == flow.zeroed and not _by_position(flow)
+        and loose[0].zeroed == flow.zeroed and loose[0].reads == flow.reads \
+        and not _by_position(flow)
 
 
 def _by_position(flow: PaddingFlow) -> bool:
@@ -477,7 +504,7 @@ def _flow_from(gm: fx.GraphModule, starts: list[fx.Node], key_mask: KeyMask
     region."""
     flows = []
     for start in starts:
-        flow = follow_padding(start, (0, 1), key_mask)
+        flow = follow_with_reads(start, (0, 1), key_mask)
         if isinstance(flow, fx.Node):
             return (f"padding rows of {start.name} may be read unmasked by {flow.name}: "
                     f"{why_read(flow, key_mask.batch, key_mask.length)}")

@@ -25,6 +25,12 @@ What each probe found (the fix it holds in place):
   backward, or a silently different loss); now refused by name (module mode runs it).
 * A make_batch reading a value under build's meta device: the error's where was torch's
   meta registration; now the author's line, and the fix says to build the batch on the CPU.
+* RecBole's readout ``gather_indexes(output, item_seq_len - 1)`` (SASRec, BERT4Rec, the
+  left-padded BERT4Rec): a gather of one position per row, which nothing in the graph
+  proves lands on a real token: the history stayed padded and SASRec's causal attention
+  padded SDPA. The positions are now checked with the key mask at run time
+  (``passes/row_reads``): packed, the causal kernel, and a step whose lengths disagree
+  with the mask runs padded, counted (twenty-first session).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ import torch
 from gemc.backends.torch.embedding import ShardedEmbedding
 from gemc.backends.torch.reference import reference_losses
 from gemc.backends.torch.runner import RunOptions, run
+from gemc.backends.triton.key_padding_attention import STATS as key_padding_stats
 from gemc.backends.triton.key_padding_attention import key_padding_attention
 
 from gemc.api import compile as gemc_compile
@@ -134,7 +141,51 @@ def test_a_causal_mask_plus_a_key_padding_mask_is_the_guarded_causal_kernel(name
     module, args = CASES[name]
     ref = reference_losses(load_model(_entry(module), args), steps=STEPS, world_size=1)
     _close(name, [loss for _, loss in res.losses], ref)
-    assert GUARD_STATS.as_dict() == {"calls": STEPS, "packed": STEPS, "padded": 0}
+    assert GUARD_STATS.as_dict() == {"calls": STEPS, "packed": STEPS, "padded": 0,
+                                     "missed_reads": 0}
+
+
+@pytest.mark.parametrize("name", ["sasrec_causal", "bert4rec", "bert4rec_left_padded"])
+def test_recboles_gather_indexes_packs_and_falls_back_when_it_reads_padding(name: str) -> None:
+    """RecBole's readout ``gather_indexes(output, item_seq_len - 1)`` (a gather at one
+    position per row; the left-padded model reads ``L - 1``) was a reader of the padding:
+    the history stayed padded and SASRec's causal attention padded SDPA
+    (``padding-rows-read-by:gather``). The gathered positions are now checked with the key
+    mask once a step: every layer is the guarded kernel (causal for SASRec), the history is
+    packed, the readout reads each row's token from the packed tokens; at the step whose
+    loader reports a length one too long (``overcount_step``: the gather reads a padding
+    position there) the step runs padded, counted as a missed read, and SASRec's causal
+    attention falls back with it. Losses as eager's every step."""
+    from gemc.backends.triton.packed_tokens import GUARD_STATS
+
+    module, args = CASES[name]
+    over = name != "bert4rec_left_padded"  # (its readout is L - 1, whatever the lengths)
+    args = {**args, "overcount_step": 1 if over else -1}
+    plan = gemc_compile(_entry(module), args, topology="h200:1x1")
+    (region,) = [k for k in plan["kernels"] if k["kind"] == "packed_tokens"]
+    (read,) = region["reads"]
+    assert read["reader"] == "gather" and read["keepdim"] and not read["wrap"]
+    entries = [k for k in plan["kernels"] if k["kind"] == "key_padding_attention"]
+    assert len(entries) == 2
+    for entry in entries:
+        assert entry["causal"] is (name == "sasrec_causal") and entry["read_rows"] == [read]
+        assert entry["zero_padding_queries"] is True
+    assert not [w for w in plan["warnings"] if "jagged" in w], plan["warnings"]
+    GUARD_STATS.reset()
+    key_padding_stats.reset()
+    res = run(variant(plan, kernels=True), RunOptions(steps=STEPS, device="cpu",
+                                                      progress=False))
+    ref = reference_losses(load_model(_entry(module), args), steps=STEPS, world_size=1)
+    _close(name, [loss for _, loss in res.losses], ref)
+    assert GUARD_STATS.as_dict() == {"calls": STEPS, "packed": STEPS - over,
+                                     "padded": int(over), "missed_reads": int(over)}
+    # packed steps run the attention on the tokens in place; the padded step, the op
+    # (its own check of the positions: SASRec's causal layers fall back)
+    causal = name == "sasrec_causal"
+    assert key_padding_stats.as_dict() == {
+        "calls": 2 * over, "jagged": 2 * over * (not causal), "compacted": 0,
+        "fallback": 2 * over * causal}
+    assert res.report["per_rank"][0]["guarded_regions"]["missed_reads"] == int(over)
 
 
 @pytest.mark.parametrize("additive", [False, True])

@@ -63,6 +63,11 @@ What each probe found (the fix it holds in place):
   ``masked_fill``, ``-1e9`` float, ``lengths > arange`` and-ed with the causal mask, HF's
   ``[B, 1, 1, L]``): equal to eager as written. TiSASRec's ``Conv1d(k=1)`` feed-forward is
   still an op of unknown kind (priced by bytes, not as the GEMM it is): not fixed.
+* The histories under HF's ``[B, 1, 1, L]`` masks stayed padded (``mask-rows-broadcast``),
+  and the BERT blocks' readout ``x[arange(B), lengths - 1]`` read a position no pass could
+  prove real (twenty-first session): the extended mask is now read as the boolean
+  ``[B, L]`` it is made from, and the readout's positions are checked with it at run
+  time; the empty session's read at position 0 runs its step padded, counted.
 """
 
 from __future__ import annotations
@@ -76,7 +81,7 @@ from gemc.backends.torch.reference import reference_losses
 from gemc.backends.torch.runner import RunOptions, run
 from gemc.backends.triton.causal_mask import CHECKS
 from gemc.backends.triton.key_padding_attention import STATS, key_padding_attention
-from gemc.backends.triton.packed_tokens import in_eager_order
+from gemc.backends.triton.packed_tokens import GUARD_STATS, in_eager_order
 
 from gemc.api import load_model
 from gemc.capture import capture
@@ -103,6 +108,8 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "tisasrec_forward_relation": ("tisasrec", {"relation": "forward"}),
     "hf_bert_finfo": ("hf_bert", {"mask_value": "finfo"}),
     "hf_bert_1e4": ("hf_bert", {"mask_value": "1e4"}),
+    # the cold-start (empty) session at one step only: the other steps pack
+    "hf_bert_cold_start_step": ("hf_bert", {"mask_value": "finfo", "cold_start_step": 1}),
     "sdpa_hf_extended_mask": ("sdpa_masks", {"mask": "hf"}),
     "two_tower_logq_dedup": ("two_tower", {"logq": True, "dedup": True}),
 }
@@ -133,7 +140,7 @@ def _one_rank(plan: dict[str, Any]) -> list[float]:
     "encoder_layer_dropout", "hstu_index_put_tril", "hstu_index_copy_tril",
     "hstu_fbgemm_tril", "hstu_masked_fill_tril", "hstu_masked_fill_ones")
     and not name.startswith(("hf_bert", "hstu_index_copy_buffer", "hstu_buffer_",
-                             "hstu_constant"))])
+                             "hstu_constant", "sdpa_hf"))])
 def test_compiles_and_one_rank_matches_eager(name: str) -> None:
     for topology in ("h200:1x1", "h200:1x8"):
         validate_plan(_compiled(name, topology))
@@ -313,24 +320,62 @@ def test_a_padded_draw_follows_eagers_memory_order() -> None:
     assert in_eager_order(torch.randn(7, 5, 8), eager.stride()).stride() == (8, 56, 1)
 
 
-@pytest.mark.parametrize("name", ["hf_bert_1e4", "hf_bert_finfo"])
+@pytest.mark.parametrize("name", ["hf_bert_1e4", "hf_bert_finfo", "hf_bert_cold_start_step"])
 def test_hf_extended_mask_runs_the_guarded_kernel_as_eager(name: str) -> None:
     """``(1.0 - m[:, None, None, :]) * MIN`` after ``nn.Dropout(0.0)``'d weights: the
     attention is now the guarded kernel (it stayed padded: ``dropout``, then
     ``mask-not-key-padding``, as no ``[B, L]`` tensor holds the mask's values). With -1e4
     the empty session's row keeps every key (the jagged path); with ``finfo.min`` it is
     no key mask and runs the padded formula, whose gradients are eager's (SDPA's were not:
-    see the next test)."""
+    see the next test).
+
+    The blocks around it are a packed region (twenty-first session): the extended mask is
+    read as the boolean ``[B, L]`` it is made from (it stayed padded:
+    ``mask-rows-broadcast``), and the readout ``x[arange(B), lengths - 1]`` (lengths
+    ``mask.sum(1)``, clamped at 0) is checked with it. The empty session is read at
+    position 0, a padding token: every step with it runs padded, counted as a missed read
+    (the attention then its own check, as above); with it at step 1 only, the other steps
+    pack (the attention on the tokens in place, not counted in its STATS)."""
     for topology in ("h200:1x1", "h200:1x8"):
         validate_plan(_compiled(name, topology))
     plan = _compiled(name, "h200:1x1")
     (entry,) = [k for k in plan["kernels"] if k["kind"] == "key_padding_attention"]
     assert entry["additive"] is True and entry["nan_if_empty"] is True
+    (region,) = [k for k in plan["kernels"] if k["kind"] == "packed_tokens"]
+    assert region["mask"] == "ne" and region["additive"] is False and region["every_row"]
+    (read,) = region["reads"]
+    assert read["reader"] == "index" and read["index"] == "clamp" and read["wrap"] is True
+    assert entry["read_rows"] == [read]
     STATS.reset()
+    GUARD_STATS.reset()
     _close(name, _one_rank(plan), _reference(name, 1))
-    assert STATS.calls == STEPS
-    path = "fallback" if name == "hf_bert_finfo" else "jagged"
-    assert getattr(STATS, path) == STEPS, STATS
+    padded = 1 if name == "hf_bert_cold_start_step" else STEPS
+    assert GUARD_STATS.as_dict() == {"calls": STEPS, "packed": STEPS - padded,
+                                     "padded": padded, "missed_reads": padded}
+    assert STATS.calls == padded
+    path = "jagged" if name == "hf_bert_1e4" else "fallback"
+    assert getattr(STATS, path) == padded, STATS
+
+
+def test_hf_extended_mask_over_sdpa_packs_its_history() -> None:
+    """Hugging Face's SDPA path, ``(1.0 - keep[:, None, None, :].float()) * finfo.min``:
+    a ``[B, 1, 1, L]`` key mask, whose region stayed padded (``mask-rows-broadcast``) and
+    whose history was then refused again around the mask multiply of the pooling. The
+    extended mask is the keep-mask it is made from (``jagged_patterns.keep_of``), so the
+    region's check reads ``keep`` and the pooling's ``h * keep`` zeroes its padding:
+    packed every step, as eager."""
+    name = "sdpa_hf_extended_mask"
+    for topology in ("h200:1x1", "h200:1x8"):
+        validate_plan(_compiled(name, topology))
+    plan = _compiled(name, "h200:1x1")
+    (region,) = [k for k in plan["kernels"] if k["kind"] == "packed_tokens"]
+    assert region["mask"] == "lt" and region["additive"] is False and region["reads"] == []
+    assert region["fill_source"] == "sample batch"
+    assert not [w for w in plan["warnings"] if "pack-jagged-tokens" in w], plan["warnings"]
+    GUARD_STATS.reset()
+    _close(name, _one_rank(plan), _reference(name, 1))
+    assert GUARD_STATS.as_dict() == {"calls": STEPS, "packed": STEPS, "padded": 0,
+                                     "missed_reads": 0}
 
 
 def test_written_out_softmax_fallback_has_eagers_gradients() -> None:

@@ -48,6 +48,7 @@ import torch
 from torch import fx
 
 from gemc import ir
+from gemc.guard_sample import guard_inputs, mask_rows, reader_positions
 
 from . import kinds as registry
 from . import packed_tokens as packed
@@ -174,6 +175,9 @@ class GraphRunner:
         self.guarded_nodes: dict[fx.Node, tuple[int, int]] = {}
         # gathers at a region's jagged positions, read from its tokens (the pass's exits)
         self.exits: dict[fx.Node, dict[str, Any]] = {}
+        # readers of one token per row of a guarded region (its ``reads``, checked with its
+        # mask): on a packed call, read from the tokens
+        self.row_reads: dict[fx.Node, dict[str, Any]] = {}
         for region in regions:
             guarded = region.get("guard") is not None
             for name, dims in region["dims"].items():
@@ -182,6 +186,8 @@ class GraphRunner:
                                                                           int(dims[1]))
                 self.region_of[node] = region
             if guarded:
+                for spec in region.get("reads") or ():
+                    self.row_reads[self.by_name[spec["reader"]]] = spec
                 continue
             for name in region.get("exits", ()):
                 self.exits[self.by_name[name]] = region
@@ -261,9 +267,7 @@ class GraphRunner:
         deps: dict[Any, set[Any]] = {k: set() for k in members}
         for key, nodes in members.items():
             for n in nodes:
-                reads = list(n.all_input_nodes)
-                if n in self.guarded_nodes:  # the region's guard reads its mask first
-                    reads.append(self.by_name[self.region_of[n]["mask"]])
+                reads = list(n.all_input_nodes) + self._extra_reads(n)
                 for a in reads:
                     if key_of[a] != key:
                         deps[key].add(key_of[a])
@@ -281,21 +285,32 @@ class GraphRunner:
                 raise ValueError("kernel groups form a cycle in the graph")
         return order
 
+    def _extra_reads(self, node: fx.Node) -> list[fx.Node]:
+        """What ``node``'s step reads beyond its arguments: a guarded region's check (its
+        mask and its one-token readers' positions, before the region's first node), and a
+        one-token reader's positions (it reads them, not the expanded index, from the
+        tokens)."""
+        out = []
+        if node in self.guarded_nodes:
+            out += [self.by_name[n] for n in guard_inputs(self.region_of[node])]
+        spec = self.row_reads.get(node)
+        if spec is not None and spec.get("index"):
+            out.append(self.by_name[spec["index"]])
+        return out
+
     def _reads(self, key: Any) -> set[fx.Node]:
         """Nodes whose values the step at ``key`` reads from the environment."""
         if key[0] == "n":
-            reads = set(key[1].all_input_nodes)
+            reads = set(key[1].all_input_nodes) | set(self._extra_reads(key[1]))
             region = self.packed_sources.get(key[1])
             if region is not None:  # the region's layout is built here, from the offsets
                 reads.add(self.by_name[region["offsets"]])
-            if key[1] in self.guarded_nodes:  # the region's guard reads the mask first
-                reads.add(self.by_name[self.region_of[key[1]]["mask"]])
             return reads
         unit = self.units[key[1]]
         members = set(unit["nodes"])
         reads = {a for n in members for a in n.all_input_nodes if a not in members}
         if unit.get("guarded") is not None:
-            reads.add(self.by_name[unit["guarded"]["mask"]])
+            reads |= {self.by_name[n] for n in guard_inputs(unit["guarded"])}
         entry = unit["entry"]
         names = registry.unit(entry["kind"]).reads(entry)
         return reads | {self.by_name[name] for name in names}
@@ -396,6 +411,12 @@ class GraphRunner:
             x, (row, col) = node.args[0], node.args[1]
             return packed.exit_tokens(env[x], self.packed[x], self._region_layout(x, env),
                                       env[row], env[col])
+        if node in self.row_reads and node.args[0] in self.packed:  # a packed call
+            x, spec = node.args[0], self.row_reads[node]
+            layout = self._region_layout(x, env)
+            (pos,) = reader_positions([spec], {n.name: env[n] for n in self._extra_reads(node)},
+                                      layout.batch, layout.max_len, self.device)
+            return packed.read_rows(env[x], self.packed[x], layout, pos, bool(spec["keepdim"]))
         call = self.calls.get(node.name)
         if call is not None:  # e.g. a table lookup answered by its table module: padded out
             out = call(*fx.node.map_arg(node.args, lambda n: self._padded(n, env)),
@@ -424,13 +445,16 @@ class GraphRunner:
         name = str(region["name"])
         if name in self._guards:
             return
-        mask = env[self.by_name[region["mask"]]]
+        mask = mask_rows(env[self.by_name[region["mask"]]])
         additive = bool(region.get("additive", False))
-        offsets, check = packed.region_check(mask, additive)
+        reads = reader_positions(region.get("reads") or (),
+                                 {n: env[self.by_name[n]] for n in guard_inputs(region)[1:]},
+                                 int(mask.shape[0]), int(mask.shape[1]), mask.device)
+        offsets, check = packed.region_check(mask, additive, reads)
         flags = check.tolist()  # the sync
         compact = bool(region.get("compact", False))
         ok = packed.packs(flags, bool(region.get("every_row", False)), compact)
-        packed.GUARD_STATS.count(ok)
+        packed.GUARD_STATS.count(ok, flags)
         self._guards[name] = ok
         if not ok:
             return

@@ -65,6 +65,7 @@ import torch
 from torch import fx, nn
 
 from gemc import ir
+from gemc.guard_sample import guard_inputs, read_positions, why_not_ahead_all
 from gemc.kernel_kinds import KINDS
 
 from . import kinds as registry
@@ -253,9 +254,7 @@ def runner_for(gm: fx.GraphModule, entries: Sequence[dict[str, Any]],
     left out: ``packed_tokens`` regions when ``packed`` is False (their ops then run
     padded), and guarded regions whose mask cannot be computed from the batch ahead of the
     graph (:mod:`.region_guard` checks it there), with a warning saying why."""
-    from .region_guard import why_not_ahead
-
-    reasons = {str(e.get("name")): why_not_ahead(gm, str(e["mask"]), calls or {})
+    reasons = {str(e.get("name")): why_not_ahead_all(gm, guard_inputs(e), calls or {})
                for e in entries if e["kind"] == "packed_tokens" and e.get("guard") is not None}
     blocked = {name: why for name, why in reasons.items() if why is not None}
     if packed and blocked:
@@ -367,6 +366,18 @@ def _p_exit(x: torch.Tensor, dims: tuple[int, int], row: torch.Tensor, col: torc
     tokens."""
     return packed_tokens.exit_tokens(x, dims, _layout(offsets, clamp_min, max_len, total,
                                                       positions), row, col)
+
+
+def _p_read_rows(x: torch.Tensor, dims: tuple[int, int], index: torch.Tensor | None,
+                 spec: dict[str, Any], offsets: torch.Tensor, clamp_min: int, max_len: int,
+                 total: int, positions: Any = None) -> torch.Tensor:
+    """``packed_tokens.read_rows``: a one-token-per-row reader of a guarded region this
+    graph runs packed (its check, ahead of the graph, found every position kept), from its
+    tokens."""
+    layout = _layout(offsets, clamp_min, max_len, total, positions)
+    pos = read_positions(index, spec.get("at"), layout.batch, max_len, bool(spec["wrap"]),
+                         offsets.device)
+    return packed_tokens.read_rows(x, dims, layout, pos, bool(spec["keepdim"]))
 
 
 def _p_offsets(offsets: torch.Tensor, clamp_min: int, max_len: int, total: int,
@@ -580,6 +591,11 @@ class Emitter:
             x, (row, col) = node.args[0], node.args[1]
             self.env[node] = self.call(_p_exit, (self.env[x], self.packed[x], self.env[row],
                                                  self.env[col], *self.region(x)))
+        elif node in r.row_reads and node.args[0] in self.packed:
+            x, spec = node.args[0], r.row_reads[node]
+            index = self.env[r.by_name[spec["index"]]] if spec.get("index") else None
+            self.env[node] = self.call(_p_read_rows, (self.env[x], self.packed[x], index,
+                                                      spec, *self.region(x)))
         elif node in self.packed:
             self.packed_node(node)
         elif self.segment_sum(node) or self.cat(node):

@@ -47,8 +47,8 @@ history (``-1e4`` everywhere) keeps every key and attends over all of them, as e
 larger constant is no mask: at ``-1e9`` every fp32 score rounds to the constant and eager
 averages the values, which only the exact padded path reproduces.
 
-Host synchronisation: one per call, a read of three integers (prefix violations, invalid
-values, the total number of kept tokens). Why it cannot be avoided here: the paths launch
+Host synchronisation: one per call, a read of four integers (prefix violations, invalid
+values, the total number of kept tokens, rows whose one-token readers miss a kept key). Why it cannot be avoided here: the paths launch
 different kernels with different shapes (the jagged values have ``total`` rows), a choice
 the host makes; doing all of them and selecting on the device would cost more than the
 padded attention alone. The layers of a model usually share one mask, so this is one small
@@ -58,6 +58,7 @@ read per layer; sharing one check across the layers is left to the caller.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -65,7 +66,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from gemc.guard_sample import ADDITIVE_MASKED_GAP, kept_keys, mask_rows
+from gemc.guard_sample import ADDITIVE_MASKED_GAP, kept_keys, mask_rows, missed_reads
 
 from .jagged import jagged_to_padded, padded_to_jagged
 from .jagged_attention import jagged_attention
@@ -221,7 +222,8 @@ def key_padding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           key_mask: torch.Tensor, scale: float | None = None,
                           causal: bool = False, additive: bool = False,
                           zero_padding_queries: bool = True,
-                          nan_if_empty: bool = False) -> torch.Tensor:
+                          nan_if_empty: bool = False,
+                          read_rows: Sequence[torch.Tensor] = ()) -> torch.Tensor:
     """Attention of ``[B, H, M, D]`` queries over ``[B, H, L, D]`` keys and values under a
     ``[B, L]`` key mask, checked here: over the kept keys only (a prefix as it is, another
     mask compacted), the exact padded attention when it is no key mask. Self-attention (``M == L`` and
@@ -230,10 +232,15 @@ def key_padding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     key loop stopping at the row's length. ``nan_if_empty`` (the attention is a written-out
     softmax): a row with no kept key gives NaN and NaN gradients (a ``softmax`` over all
     ``-inf``, where SDPA gives 0: :func:`nan_where_no_key`), and the padded path is the
-    formula (:func:`padded_attention`). See the module doc
-    (semantics, the one sync)."""
+    formula (:func:`padded_attention`). ``read_rows``: the positions (``[B]``,
+    ``gemc.guard_sample.read_positions``) at which readers of one token per row read the
+    output (``out[arange(B), lengths - 1]``, the only readers of its padding query rows):
+    where one is not a kept key, those rows are needed, and a self-attention computes
+    every query row (a causal one: the exact padded attention, counted as a fallback).
+    See the module doc (semantics, the one sync)."""
     out = _key_padding_attention(q, k, v, key_mask, scale, causal, additive,
-                                 zero_padding_queries, written_out=nan_if_empty)
+                                 zero_padding_queries, written_out=nan_if_empty,
+                                 read_rows=read_rows)
     if not nan_if_empty:
         return out
     return nan_where_no_key(out, key_mask, additive, nan_gradient_operands(q, k, v, additive))
@@ -242,7 +249,8 @@ def key_padding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def _key_padding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            key_mask: torch.Tensor, scale: float | None, causal: bool,
                            additive: bool, zero_padding_queries: bool,
-                           written_out: bool = False) -> torch.Tensor:
+                           written_out: bool = False,
+                           read_rows: Sequence[torch.Tensor] = ()) -> torch.Tensor:
     if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape or q.shape[:2] != k.shape[:2] \
             or q.shape[3] != k.shape[3]:
         raise ValueError("q must be [B, H, M, D] and k, v [B, H, L, D], got "
@@ -260,11 +268,15 @@ def _key_padding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          "zero_padding_queries=True")
     STATS.calls += 1
     offsets, bad = prefix_lengths(key_mask, additive)
-    not_prefix, invalid, total = torch.cat([bad.sum(0).to(torch.int64),
-                                            offsets[-1:]]).tolist()  # the one sync
-    if invalid:
+    missed = missed_reads(kept_keys(key_mask, additive), read_rows) if jagged_queries \
+        and read_rows else offsets.new_zeros(1)
+    not_prefix, invalid, total, missed_rows = torch.cat([
+        bad.sum(0).to(torch.int64), offsets[-1:], missed]).tolist()  # the one sync
+    if invalid or (missed_rows and causal):
         STATS.fallback += 1
         return padded_attention(q, k, v, key_mask, scale, causal, additive, written_out)
+    if missed_rows:  # a reader reads a padding query row: compute every row
+        jagged_queries = False
     if scale is None:
         scale = 1.0 / math.sqrt(head_dim)
     order = None

@@ -15,7 +15,7 @@ masks make them).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +24,7 @@ import torch
 # the check's rules, shared with the cost model (which prices a region at a sample's fill)
 from gemc.guard_sample import BUCKETS as BUCKETS  # noqa: F401 - re-exported
 from gemc.guard_sample import bucket as bucket  # noqa: F401
+from gemc.guard_sample import kept_keys, mask_rows, missed_reads
 from gemc.guard_sample import packs as packs  # noqa: F401
 
 # the packed rules, shared with the cost model (which prices each region node at the size
@@ -45,40 +46,52 @@ Dims = tuple[int, int]
 @dataclass
 class GuardStats:
     """How often a region guarded by a run-time mask check ran packed (every row a prefix)
-    or padded (the model's own computation): module-level, :data:`GUARD_STATS`."""
+    or padded (the model's own computation), and how many of the padded calls had a
+    one-token reader (``x[arange(B), lengths - 1]``) reading a padding token
+    (``missed_reads``): module-level, :data:`GUARD_STATS`."""
 
     calls: int = 0
     packed: int = 0
     padded: int = 0
+    missed_reads: int = 0
 
-    def count(self, packed: bool) -> None:
+    def count(self, packed: bool, flags: list[int] | None = None) -> None:
+        """One call's outcome; ``flags``: its check's (:func:`region_check`)."""
         self.calls += 1
         if packed:
             self.packed += 1
         else:
             self.padded += 1
+            self.missed_reads += int(bool(flags is not None and len(flags) > 4 and flags[4]))
 
     def reset(self) -> None:
-        self.calls = self.packed = self.padded = 0
+        self.calls = self.packed = self.padded = self.missed_reads = 0
 
     def as_dict(self) -> dict[str, int]:
-        return {"calls": self.calls, "packed": self.packed, "padded": self.padded}
+        return {"calls": self.calls, "packed": self.packed, "padded": self.padded,
+                "missed_reads": self.missed_reads}
 
 
 GUARD_STATS = GuardStats()
 
 
-def region_check(mask: torch.Tensor, additive: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """A guarded region's run-time check of its ``[B, L]`` key mask, on the device with no
-    sync: ``(offsets [B + 1], flags [4])``, the flags being the rows that break the prefix,
-    the additive values that are no key mask (see ``key_padding_attention``), the kept
-    tokens in all and the rows that keep none. Both runners read the flags on the host once
-    per call (:func:`packs`)."""
+def region_check(mask: torch.Tensor, additive: bool, reads: Sequence[torch.Tensor] = ()
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A guarded region's run-time check of its ``[B, L]`` key mask (or its rows viewed
+    ``[B, 1, ..., 1, L]``), on the device with no sync: ``(offsets [B + 1], flags [5])``,
+    the flags being the rows that break the prefix, the additive values that are no key
+    mask (see ``key_padding_attention``), the kept tokens in all, the rows that keep none,
+    and the rows whose one-token readers (their positions ``reads``:
+    ``gemc.guard_sample.read_positions``) read a token the mask drops. Both runners read
+    the flags on the host once per call (:func:`packs`)."""
     from .key_padding_attention import prefix_lengths
 
+    mask = mask_rows(mask)
     offsets, bad = prefix_lengths(mask, additive)
     empty = (offsets[1:] == offsets[:-1]).sum().reshape(1)
-    return offsets, torch.cat([bad.sum(0).to(torch.int64), offsets[-1:], empty])
+    missed = missed_reads(kept_keys(mask, additive), reads) if reads else \
+        torch.zeros(1, dtype=torch.int64, device=mask.device)
+    return offsets, torch.cat([bad.sum(0).to(torch.int64), offsets[-1:], empty, missed])
 
 
 def kept_positions(mask: torch.Tensor, additive: bool, room: int) -> torch.Tensor:
@@ -87,8 +100,7 @@ def kept_positions(mask: torch.Tensor, additive: bool, room: int) -> torch.Tenso
     the layout of a guarded region whose mask keeps positions that are not a prefix
     (``TokenLayout.positions``). Kept: True, or an additive 0 (the check's rule). A spare
     slot answers 0, as :meth:`TokenLayout.index` reads it."""
-    from .key_padding_attention import kept_keys
-
+    mask = mask_rows(mask)
     flat = kept_keys(mask, additive).flatten()
     slot = torch.cumsum(flat.to(torch.int64), 0) - 1
     cols = torch.arange(mask.shape[1], device=mask.device).repeat(mask.shape[0])
@@ -387,6 +399,33 @@ def source(values: torch.Tensor, row: torch.Tensor, pos: torch.Tensor,
     out = values.new_zeros((layout.total, *values.shape[1:]))
     out = out.index_put((token,), values, accumulate=accumulate)
     return out.view(1, layout.total, *values.shape[1:])
+
+
+def read_rows(x: torch.Tensor, dims: Dims, layout: TokenLayout, positions: torch.Tensor,
+              keepdim: bool) -> torch.Tensor:
+    """``scatter(x)`` read at one position per row without the padded tensor: row ``b``'s
+    token at ``positions[b]`` (``gemc.guard_sample.read_positions``; the region's check
+    found each a kept position), as the one-token reader (``passes/row_reads``) returns
+    it: ``[..B.., 1, ...]`` at ``dims`` with ``keepdim`` (a gather), else without the
+    sequence dim (indexing, ``select``). Where the row's kept positions are a prefix, the
+    token is ``offsets[b] + positions[b]``; in a compact layout (kept positions in any
+    order, ``layout.positions``) it is the slot holding that position of that row."""
+    tokens, _ = _tokens(x, dims, layout)
+    batch, length = layout.batch, layout.max_len
+    if layout.positions is None:
+        slot = layout.offsets[:-1] + positions
+    else:  # slot of each (row, position): the inverse of the slots' flat positions
+        flat = layout.index("flat_out")  # B * L for a spare slot: dropped below
+        slots = torch.arange(layout.total, device=flat.device)
+        inverse = torch.zeros(batch * length + 1, dtype=torch.int64, device=flat.device)
+        inverse = inverse.index_copy(0, flat, slots)
+        rows = torch.arange(batch, device=flat.device)
+        slot = inverse[rows * length + positions]
+    picked = tokens.index_select(0, slot)  # [B, rest...]
+    bd, ld = dims
+    if keepdim:
+        return picked.unsqueeze(1).movedim((0, 1), (bd, ld))
+    return picked.movedim(0, bd - (bd > ld))
 
 
 def exit_tokens(x: torch.Tensor, dims: Dims, layout: TokenLayout, row: torch.Tensor,

@@ -9,11 +9,14 @@ data. So the decision is taken at the compiled graph's boundary, on its inputs:
 
 * a *prelude* computes each region's mask from the batch: the mask's own ops copied from
   the captured graph (a mask given as input is the input itself; one built from lengths or
-  offsets, the few ops that build it). A region whose mask needs more (a parameter, a
-  sharded lookup) is left out of the compiled graph, loudly (:func:`why_not_ahead`);
+  offsets, the few ops that build it), and the positions its readers of one token per row
+  read (``lengths - 1``: the region's ``reads``). A region whose mask or positions need
+  more (a parameter, a sharded lookup) is left out of the compiled graph, loudly
+  (:func:`why_not_ahead`);
 * ``packed_tokens.region_check`` checks each mask on the device, and **one host read per
   step** (all regions' flags at once: prefix violations, invalid additive values, the
-  token total) decides the key: per region its token count rounded up to a bucket
+  token total, readers on a dropped position) decides the key: per region its token
+  count rounded up to a bucket
   (``packed_tokens.bucket``: at most ``BUCKETS`` counts) when it packs, ``None`` when it
   does not (the model's padded computation, the exact fallback), each counted in
   ``packed_tokens.GUARD_STATS`` as the interpreter counts it;
@@ -52,7 +55,13 @@ from typing import Any
 import torch
 
 from gemc.errors import GemcUserError
-from gemc.guard_sample import mask_prelude, why_not_ahead
+from gemc.guard_sample import (
+    guard_inputs,
+    mask_prelude,
+    mask_rows,
+    reader_positions,
+    why_not_ahead,
+)
 
 from . import packed_tokens
 from .graph_runner import GraphRunner
@@ -123,7 +132,11 @@ class RegionGuard:
         self.attention_additive = [bool(e.get("additive", False)) for e in attentions]
         self.buckets = buckets or bucket_count()
         self.masks = [str(r["mask"]) for r in regions] + [str(e["mask"]) for e in attentions]
-        self.prelude = mask_prelude(runner.gm, self.masks, runner.device)
+        # each region's one-token readers, checked with its mask (their positions' index
+        # nodes: computed by the prelude after the masks)
+        self.reads = [list(r.get("reads") or ()) for r in regions]
+        self.indices = list(dict.fromkeys(n for r in regions for n in guard_inputs(r)[1:]))
+        self.prelude = mask_prelude(runner.gm, self.masks + self.indices, runner.device)
 
     def warm(self, gm: Any) -> None:
         """The checks' host code on ``meta`` masks shaped as the captured graph's mask nodes
@@ -155,10 +168,13 @@ class RegionGuard:
         ``key_padding_attention.STATS``) and say which variant runs."""
         from .key_padding_attention import STATS, prefix_lengths
 
-        masks = self.prelude(*batch)
+        computed = self.prelude(*batch)
+        masks = [mask_rows(m) for m in computed[:len(self.masks)]]
+        indices = dict(zip(self.indices, computed[len(self.masks):]))
         count = len(self.names)
-        checked = [packed_tokens.region_check(m, a)
-                   for m, a in zip(masks[:count], self.additive)]
+        checked = [packed_tokens.region_check(m, a, reader_positions(
+                       reads, indices, int(m.shape[0]), int(m.shape[1]), m.device))
+                   for m, a, reads in zip(masks[:count], self.additive, self.reads)]
         lengths = [prefix_lengths(m, a) for m, a in zip(masks[count:], self.attention_additive)]
         flat = torch.cat([c for _, c in checked]
                          + [bad.sum(0).to(torch.int64) for _, bad in lengths])
@@ -171,7 +187,7 @@ class RegionGuard:
         for (offs, _), f, mask, additive, every_row, compact in zip(
                 checked, flags, masks, self.additive, self.every_row, self.compact):
             ok = packed_tokens.packs(f, every_row, compact)
-            packed_tokens.GUARD_STATS.count(ok)
+            packed_tokens.GUARD_STATS.count(ok, f)
             capacity = int(mask.shape[0]) * int(mask.shape[1])  # B * L: the padded tokens
             total = packed_tokens.bucket(int(f[2]), capacity, self.buckets) if ok else None
             key.append(total)

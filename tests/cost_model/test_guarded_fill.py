@@ -114,7 +114,7 @@ def test_no_real_sample_prices_padded_and_says_why():
 def test_the_check_on_a_sample_follows_the_runners_rule():
     keep = _keep(torch.tensor([3, 0, L, 5]))
     lengths, flags = guard_flags(keep, additive=False)
-    assert lengths.tolist() == [3, 0, L, 5] and flags == [0, 0, L + 8, 1]
+    assert lengths.tolist() == [3, 0, L, 5] and flags == [0, 0, L + 8, 1, 0]
     assert packs(flags) and not packs(flags, every_row=True)
     scrambled = keep.flip(1)
     assert guard_flags(scrambled, False)[1][0] > 0
@@ -124,6 +124,14 @@ def test_the_check_on_a_sample_follows_the_runners_rule():
     assert guard_flags(additive, True)[1] == flags
     weak = additive.masked_fill(~keep, -1.0)  # masked entries above -1e4: no key mask
     assert guard_flags(weak, True)[1][1] > 0
+    # a one-token reader per row (x[arange(B), lengths - 1]): the rows it reads off the
+    # kept tokens (the empty row's -1, a position past a length) count, and fail the check
+    last = torch.tensor([2, -1, L - 1, 5])
+    assert guard_flags(keep, False, [last])[1][4] == 2
+    assert not packs(guard_flags(keep, False, [last])[1])
+    # the empty row has no token to read: any position misses there
+    assert guard_flags(keep, False, [torch.tensor([2, 0, L - 1, 4])])[1][4] == 1
+    assert packs(guard_flags(keep[[0, 2, 3]], False, [torch.tensor([2, L - 1, 4])])[1])
 
 
 def test_a_sample_failing_the_check_prices_padded_and_says_so():

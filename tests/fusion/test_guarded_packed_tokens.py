@@ -95,7 +95,7 @@ def test_compiled_matches_eager_and_counts_the_region_path(form: str):
         packed = _packs(_keep(form, m), form)
         assert packed  # scrambled too: each row's kept tokens, in order (compact)
         assert pt.GUARD_STATS.as_dict() == {"calls": 1, "packed": int(packed),
-                                            "padded": int(not packed)}
+                                            "padded": int(not packed), "missed_reads": 0}
 
 
 def test_additive_mask_that_is_no_key_mask_runs_padded():
@@ -106,7 +106,7 @@ def test_additive_mask_that_is_no_key_mask_runs_padded():
     m[2, 1] = -0.5
     pt.GUARD_STATS.reset()
     run_against_eager(gm, entries, spec.model, (x, m))
-    assert pt.GUARD_STATS.as_dict() == {"calls": 1, "packed": 0, "padded": 1}
+    assert pt.GUARD_STATS.as_dict() == {"calls": 1, "packed": 0, "padded": 1, "missed_reads": 0}
 
 
 def test_written_out_silu_attention_is_one_member_of_the_region():
@@ -145,7 +145,7 @@ def test_any_mask_region_matches_eager_packed_on_any_kept_tokens(form, lengths, 
     run_against_eager(gm, entries, spec.model, (x, m))
     packed = _packs(_keep(form, m), form)
     assert pt.GUARD_STATS.as_dict() == {"calls": 1, "packed": int(packed),
-                                        "padded": int(not packed)}
+                                        "padded": int(not packed), "missed_reads": 0}
 
 
 @settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
@@ -162,7 +162,7 @@ def test_a_region_that_needs_a_prefix_falls_back_exactly_when_there_is_none(leng
     run_against_eager(gm, entries, spec.model, (x, m))
     packed = _packs(m, compact=False)
     assert pt.GUARD_STATS.as_dict() == {"calls": 1, "packed": int(packed),
-                                        "padded": int(not packed)}
+                                        "padded": int(not packed), "missed_reads": 0}
 
 
 class CausalTower(nn.Module):
@@ -220,7 +220,7 @@ def test_causal_attention_over_right_padding_stays_in_the_region(mask_input: boo
         pt.GUARD_STATS.reset()
         run_against_eager(gm, entries, spec.model, (x, m))
         assert pt.GUARD_STATS.as_dict() == {"calls": 1, "packed": int(not scramble),
-                                            "padded": int(scramble)}
+                                            "padded": int(scramble), "missed_reads": 0}
 
 
 def test_one_runner_switches_paths_between_calls():
@@ -242,7 +242,7 @@ def test_one_runner_switches_paths_between_calls():
             torch.testing.assert_close(p.grad, grads[k], atol=1e-5, rtol=1e-4, msg=k)
             p.grad = None
         assert pt.GUARD_STATS.as_dict() == {"calls": 1, "packed": int(not scramble),
-                                            "padded": int(scramble)}
+                                            "padded": int(scramble), "missed_reads": 0}
         assert bool(runner.packed) is not scramble
 
 

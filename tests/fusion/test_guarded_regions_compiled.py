@@ -80,7 +80,7 @@ def test_prefix_masks_run_packed_and_train_as_eager(form: str):
     pt.GUARD_STATS.reset()
     kpa.STATS.reset()
     train_against_eager(executor, model, batches)
-    assert pt.GUARD_STATS.as_dict() == {"calls": 3, "packed": 3, "padded": 0}
+    assert pt.GUARD_STATS.as_dict() == {"calls": 3, "packed": 3, "padded": 0, "missed_reads": 0}
     # one compiled graph, its region at 12 of the 24 padded tokens (granule 24 / 16 -> 2)
     assert executor.variants == [{"autocast": None, "packed_regions": {"packed_tokens_0": 12}}]
     code = executor.module.code
@@ -101,7 +101,7 @@ def test_a_mask_that_is_no_prefix_packs_compacted_and_trains_as_eager():
     pt.GUARD_STATS.reset()
     kpa.STATS.reset()
     train_against_eager(executor, model, batches)
-    assert pt.GUARD_STATS.as_dict() == {"calls": 3, "packed": 3, "padded": 0}
+    assert pt.GUARD_STATS.as_dict() == {"calls": 3, "packed": 3, "padded": 0, "missed_reads": 0}
     # one graph for both counts (12, then 14 kept tokens of the scrambled rows)
     assert [v["packed_regions"] for v in executor.variants] == [{"packed_tokens_0": 12}]
     assert executor.token_counts == {"packed_tokens_0": {12, 14}}
@@ -118,7 +118,7 @@ def test_a_region_that_needs_a_prefix_falls_back_counted_and_trains_as_eager():
                km.batch("bool", [4, 1, 5, 3], gen, scramble=True)]
     pt.GUARD_STATS.reset()
     train_against_eager(executor, model, batches)
-    assert pt.GUARD_STATS.as_dict() == {"calls": 3, "packed": 1, "padded": 2}
+    assert pt.GUARD_STATS.as_dict() == {"calls": 3, "packed": 1, "padded": 2, "missed_reads": 0}
     assert [v["packed_regions"] for v in executor.variants] == [{}, {"packed_tokens_0": 12}]
 
 
@@ -133,7 +133,7 @@ def test_causal_attention_with_no_mask_runs_jagged_on_the_packed_tokens():
     batches = [km.batch("bool", [2, 1, 6, 3], gen), km.batch("bool", [3, 1, 5, 3], gen)]
     pt.GUARD_STATS.reset()
     train_against_eager(executor, model, batches)
-    assert pt.GUARD_STATS.as_dict() == {"calls": 2, "packed": 2, "padded": 0}
+    assert pt.GUARD_STATS.as_dict() == {"calls": 2, "packed": 2, "padded": 0, "missed_reads": 0}
     assert [v["packed_regions"] for v in executor.variants] == [{"packed_tokens_0": 12}]
     code = executor.module.code
     assert "aten.scaled_dot_product_attention" not in code
@@ -169,7 +169,7 @@ def test_varying_token_totals_run_one_graph_at_bucketed_counts(monkeypatch):
     assert sum(counters["graph_break"].values()) == 1, dict(counters["graph_break"])
     assert len(buckets) >= 3 and counters["stats"]["unique_graphs"] == 4, dict(counters["stats"])
     assert pt.GUARD_STATS.as_dict() == {"calls": 9, "packed": sum(t > 0 for t in totals),
-                                        "padded": sum(t == 0 for t in totals)}
+                                        "padded": sum(t == 0 for t in totals), "missed_reads": 0}
 
 
 def test_two_regions_are_checked_apart_and_their_offsets_reach_the_right_one():
@@ -189,7 +189,7 @@ def test_two_regions_are_checked_apart_and_their_offsets_reach_the_right_one():
                towers(([1, 1, 1, 1], True), ([6, 6, 6, 6], False))]
     pt.GUARD_STATS.reset()
     train_against_eager(executor, model, batches)
-    assert pt.GUARD_STATS.as_dict() == {"calls": 6, "packed": 4, "padded": 2}
+    assert pt.GUARD_STATS.as_dict() == {"calls": 6, "packed": 4, "padded": 2, "missed_reads": 0}
     assert [v["packed_regions"] for v in executor.variants] == [
         {"packed_tokens_0": 12}, {"packed_tokens_1": 20},
         {"packed_tokens_0": 4, "packed_tokens_1": 24}]

@@ -302,7 +302,8 @@ def test_masked_tower_in_a_guarded_region_matches_eager_on_both_paths():
         assert (jqa.STATS.as_dict()["fallback_rows"] > 0) == scramble
         # the region is compact (nothing in it needs a prefix): a scrambled mask packs too,
         # its kept tokens in order, while the query attention's own check falls back
-        assert packed_tokens.GUARD_STATS.as_dict() == {"calls": 1, "packed": 1, "padded": 0}
+        assert packed_tokens.GUARD_STATS.as_dict() == {"calls": 1, "packed": 1, "padded": 0,
+                                                       "missed_reads": 0}
 
 
 @pytest.mark.parametrize("scramble", [False, True])

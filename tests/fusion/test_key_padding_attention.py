@@ -258,6 +258,41 @@ def test_op_matches_sdpa_and_falls_back_exactly_on_non_prefix_masks(
         torch.testing.assert_close(g, w)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_op_checks_the_positions_one_token_readers_read(causal: bool):
+    """``read_rows``: the positions readers of one token per row read (the output's only
+    readers of its padding query rows, ``out[arange(B), lengths - 1]``). All kept: the
+    jagged path (padding rows zero, unread); one on a dropped key: those rows are needed,
+    so every query row is computed (varlen keys), or under a causal mask the exact padded
+    attention (a fallback). The rows read, forward and backward, are SDPA's either way."""
+    from gemc.guard_sample import read_positions
+
+    gen = torch.Generator().manual_seed(11)
+    keep = km.keep_masks([2, 1, 6, 3], gen, False)
+    q, k, v = (torch.randn(4, 2, km.L, 4, generator=gen).requires_grad_() for _ in range(3))
+    rows = torch.arange(4)
+    for lengths, path in (([2, 1, 6, 3], "jagged"), ([2, 2, 6, 3], "missed")):
+        pos = read_positions(torch.tensor(lengths) - 1, None, 4, km.L, True)
+        kpa.STATS.reset()
+        out = kpa.key_padding_attention(q, k, v, keep, None, causal, False, True,
+                                        read_rows=[pos])
+        want = {"calls": 1, "jagged": 1, "compacted": 0, "fallback": 0}
+        if path == "missed" and causal:
+            want = {**want, "jagged": 0, "fallback": 1}
+        assert kpa.STATS.as_dict() == want
+        ref = _sdpa(q, k, v, keep, causal)
+        if path == "missed":  # every row computed (or padded): SDPA's, padding rows too
+            torch.testing.assert_close(out, ref)
+        else:  # the rows past each length left zero: the reader never reads them
+            assert not out[1, :, 1:].any()
+        read, read_ref = out[rows, :, pos], ref[rows, :, pos]
+        torch.testing.assert_close(read, read_ref)
+        got = torch.autograd.grad(read.square().sum(), (q, k, v))
+        expected = torch.autograd.grad(read_ref.square().sum(), (q, k, v))
+        for g, w in zip(got, expected):
+            torch.testing.assert_close(g, w)
+
+
 @settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
 @given(lengths=st.lists(st.integers(0, km.L), min_size=1, max_size=3),
        soft=st.floats(-9e3, 1.0), seed=st.integers(0, 2**16))

@@ -93,7 +93,7 @@ def test_the_runner_runs_the_new_ops_on_packed_tokens():
     x, m = km.batch("bool", [2, 0, 6, 3], torch.Generator().manual_seed(1))
     pt.GUARD_STATS.reset()
     runner(x, m).backward()
-    assert pt.GUARD_STATS.as_dict() == {"calls": 1, "packed": 1, "padded": 0}
+    assert pt.GUARD_STATS.as_dict() == {"calls": 1, "packed": 1, "padded": 0, "missed_reads": 0}
     assert len(seen) == 7 and not [n for n in padded if n in seen], padded
     # 11 real tokens: the batch dim 1, the sequence dim 11 (select: [1, H, 11, d])
     assert all(11 in s and km.B * km.L not in s and km.L not in s[:3] for s in seen.values()), seen
@@ -123,7 +123,7 @@ def test_random_masks_match_eager_and_pack_whenever_a_token_is_kept(lengths, scr
     run_against_eager(gm, entries, spec.model, (x, m))
     packed = _packs(m)
     assert pt.GUARD_STATS.as_dict() == {"calls": 1, "packed": int(packed),
-                                        "padded": int(not packed)}
+                                        "padded": int(not packed), "missed_reads": 0}
 
 
 def test_graph_mode_trains_as_eager_packed_on_prefixes_padded_otherwise():
@@ -139,7 +139,7 @@ def test_graph_mode_trains_as_eager_packed_on_prefixes_padded_otherwise():
                km.batch("bool", [0, 0, 0, 0], gen), km.batch("bool", [1, 2, 5, 3], gen)]
     pt.GUARD_STATS.reset()
     train_against_eager(executor, spec.model, batches)
-    assert pt.GUARD_STATS.as_dict() == {"calls": 4, "packed": 3, "padded": 1}
+    assert pt.GUARD_STATS.as_dict() == {"calls": 4, "packed": 3, "padded": 1, "missed_reads": 0}
     assert [v["packed_regions"] for v in executor.variants] == [{"packed_tokens_0": 12}, {}]
 
 
@@ -181,13 +181,13 @@ def test_multihead_attention_region_matches_eager_and_needs_every_row():
         pt.GUARD_STATS.reset()
         run_against_eager(gm, entries, spec.model, (x, m))
         assert pt.GUARD_STATS.as_dict() == {"calls": 1, "packed": packed,
-                                            "padded": 1 - packed}
+                                            "padded": 1 - packed, "missed_reads": 0}
     x, m = km.batch("mha_weights", [2, 0, 6, 3], torch.Generator().manual_seed(3))
     ref, _ = eager_step(spec.model, (x, m))
     pt.GUARD_STATS.reset()
     loss = GraphRunner(gm, entries, params_of(spec.model))(x, m)
     assert ref.isnan() and loss.isnan()
-    assert pt.GUARD_STATS.as_dict() == {"calls": 1, "packed": 0, "padded": 1}
+    assert pt.GUARD_STATS.as_dict() == {"calls": 1, "packed": 0, "padded": 1, "missed_reads": 0}
 
 
 BST = "examples/zoo/sasrec_bst.py:build"
@@ -211,7 +211,7 @@ def test_bst_history_tower_packs_its_never_prefix_mask_compacted():
         batch = spec.make_batch(step, "cpu")
         pt.GUARD_STATS.reset()
         run_against_eager(gm, entries, spec.model, batch)
-        assert pt.GUARD_STATS.as_dict() == {"calls": 1, "packed": 1, "padded": 0}
+        assert pt.GUARD_STATS.as_dict() == {"calls": 1, "packed": 1, "padded": 0, "missed_reads": 0}
 
 
 def test_bst_in_graph_mode_runs_its_attention_on_the_region_tokens():
@@ -227,7 +227,7 @@ def test_bst_in_graph_mode_runs_its_attention_on_the_region_tokens():
     executor = _executor(gm, entries, spec.model)
     pt.GUARD_STATS.reset()
     train_against_eager(executor, spec.model, [spec.make_batch(s, "cpu") for s in (1, 2, 3)])
-    assert pt.GUARD_STATS.as_dict() == {"calls": 3, "packed": 3, "padded": 0}
+    assert pt.GUARD_STATS.as_dict() == {"calls": 3, "packed": 3, "padded": 0, "missed_reads": 0}
     # 8 rows x (4 history tokens on average + the target) of 72: a bucket of 40
     assert [v["packed_regions"] for v in executor.variants] == [{"packed_tokens_0": 40}]
     code = executor.module.code

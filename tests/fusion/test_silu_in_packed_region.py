@@ -177,7 +177,7 @@ def test_guarded_region_packs_exactly_on_prefix_masks(args, lengths, scramble, s
     prefix = _is_prefix(m)
     packed = prefix and bool(m.any())
     assert pt.GUARD_STATS.as_dict() == {"calls": 1, "packed": int(packed),
-                                        "padded": int(not packed)}
+                                        "padded": int(not packed), "missed_reads": 0}
     assert ran == (["tokens"] if packed else [])
     assert kpa.STATS.as_dict() == {"calls": 1, "jagged": int(prefix), "compacted": 0,
                                    "fallback": int(not prefix)}
@@ -218,5 +218,5 @@ def test_compiled_guarded_region_packs_on_prefix_masks_and_falls_back_off_them()
     assert "silu_attention_of_tokens(" in executor.module.code
     train_against_eager(executor, model, [km.batch("bool", [2, 0, 6, 3], gen, scramble=True)])
     assert "_call_silu_attention(" in executor.module.code
-    assert pt.GUARD_STATS.as_dict() == {"calls": 2, "packed": 1, "padded": 1}
+    assert pt.GUARD_STATS.as_dict() == {"calls": 2, "packed": 1, "padded": 1, "missed_reads": 0}
     assert kpa.STATS.as_dict() == {"calls": 2, "jagged": 1, "compacted": 0, "fallback": 1}

@@ -72,24 +72,31 @@ def test_a_reader_of_the_padding_rows_leaves_the_history_padded():
 class _PaddedHistory(nn.Module):
     """A padded ``[B, L, D]`` history input under a boolean keep-mask input."""
 
-    def __init__(self, mix: bool) -> None:
+    def __init__(self, mix: bool, extended: bool = False, pool_additive: bool = False
+                 ) -> None:
         super().__init__()
-        self.mix = mix
+        self.mix, self.extended, self.pool_additive = mix, extended, pool_additive
         self.qkv = nn.Linear(8, 24)
         self.out = nn.Linear(8, 8)
 
     def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         b, n, d = x.shape
         q, k, v = self.qkv(x).view(b, n, 3, HEADS, d // HEADS).permute(2, 0, 3, 1, 4)
-        a = F.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None, None, :])
+        mask = keep[:, None, None, :]
+        if self.extended:  # Hugging Face's: the arithmetic after the unsqueezes
+            mask = (1.0 - mask.to(x.dtype)) * -10000.0
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         y = self.out(a.transpose(1, 2).reshape(b, n, d))
         y = y.cumsum(1) if self.mix else y
+        if self.pool_additive:  # an additive mask multiplied in: no zeroing of the padding
+            return (y * ((1.0 - keep.to(y.dtype)) * -10000.0)[:, :, None]).sum()
         return (y * keep[:, :, None].to(y.dtype)).sum()
 
 
-def _padded(mix: bool):
+def _padded(mix: bool, **kwargs: bool):
     keep = torch.arange(4)[None, :] < torch.tensor([1, 4, 2])[:, None]
-    return graph_of(_PaddedHistory(mix), (torch.randn(3, 4, 8), keep), annotated(*PASSES))
+    return graph_of(_PaddedHistory(mix, **kwargs), (torch.randn(3, 4, 8), keep),
+                    annotated(*PASSES))
 
 
 def test_a_run_time_mask_gives_a_guarded_region():
@@ -121,4 +128,33 @@ def test_a_sequence_mixing_op_keeps_the_guarded_history_padded():
     """)
     assert any("stays padded (padding rows of x may be read unmasked by cumsum: a scan over "
                "the token axis (cumsum over the L = 4 positions of each row in cumsum" in w
+               for w in ctx.warnings), ctx.warnings
+
+
+def test_an_extended_mask_is_read_as_the_keep_mask_it_is_made_from():
+    """Hugging Face's ``(1.0 - keep[:, None, None, :].to(dtype)) * -10000.0``: a
+    ``[B, 1, 1, L]`` additive mask no ``[B, L]`` tensor holds (its region stayed padded:
+    ``mask-rows-broadcast``). It is ``keep``, so the region is checked on ``keep`` and the
+    pooling's multiply by ``keep`` zeroes its padding rows, as under a boolean mask."""
+    gm, ctx = _padded(False, extended=True)
+    check_graph(gm, f"""
+        CHECK: aten.linear.default(%x, %p_qkv_weight
+        CHECK-SAME: packed_region={{id:packed_tokens_0,kind:packed_tokens,guard:prefix-check,
+        CHECK-SAME: mask:keep,additive:False,
+        CHECK: aten.scaled_dot_product_attention.default(
+        CHECK-SAME: kind:key_padding_attention,mask:mul,additive:True,
+        CHECK-SAME: {REGION}[0, 2],
+        CHECK: aten.mul.Tensor(
+        CHECK-SAME: zeroed:True}}
+    """)
+    assert [w.split(":")[0] for w in ctx.warnings] == ["guarded-region fill"], ctx.warnings
+
+
+def test_a_multiply_by_an_additive_mask_does_not_zero_the_padding():
+    """``y * ((1.0 - keep.float()) * -1e4)``: the same keep-mask, additive: it scales the
+    padding rows by -1e4 and the kept ones by 0. No zeroing multiply: the sum over the
+    positions reads the padding, and the history stays padded."""
+    gm, ctx = _padded(False, pool_additive=True)
+    assert not [n for n in gm.graph.nodes if ir.PACKED in n.meta]
+    assert any("stays padded (padding rows of x may be read unmasked by sum" in w
                for w in ctx.warnings), ctx.warnings

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import fx
 
-from gemc.guard_sample import mask_rows
+from gemc.guard_sample import mask_rows, reader_positions
 from gemc.kernel_kinds import KINDS
 
 from ..packed_tokens import one_dtype
@@ -49,6 +49,7 @@ def key_padding_entry(facts: dict[str, Any], nodes: list[fx.Node]) -> dict[str, 
     return dict(q=q, k=k, v=v, output=facts.get("output", nodes[0].name),
                 merged_heads=bool(facts.get("merged_heads", False)),
                 nan_if_empty=bool(facts.get("nan_if_empty", False)),
+                **({"read_rows": facts["read_rows"]} if facts.get("read_rows") else {}),
                 **{key: facts[key] for key in keep})
 
 
@@ -78,30 +79,47 @@ def _operands(entry: Entry) -> tuple[str, str, str, str]:
 # ---- key-padding attention --------------------------------------------------------------
 
 def key_padding_of_entry(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                         mask: torch.Tensor, entry: Mapping[str, Any]) -> torch.Tensor:
+                         mask: torch.Tensor, entry: Mapping[str, Any],
+                         indices: Mapping[str, torch.Tensor] | None = None) -> torch.Tensor:
     """A ``key_padding_attention`` entry's call (both runners). The op is self-contained:
     it checks that the mask keeps a prefix of every row and picks the jagged, compacted or
-    padded path itself (the exact fallback, counted in its ``STATS``)."""
+    padded path itself (the exact fallback, counted in its ``STATS``); with the entry's
+    ``read_rows`` (readers of one token per row of its output, their index values by node
+    name in ``indices``), that every one reads a kept position too."""
     from ..key_padding_attention import key_padding_attention
 
     mask = mask_rows(mask)  # a [B, 1, 1, L] mask's rows (HF's extended mask)
+    reads = reader_positions(entry.get("read_rows") or (), indices or {}, int(mask.shape[0]),
+                             int(mask.shape[1]), mask.device)
     merged = bool(entry.get("merged_heads"))
     if merged:  # [B*H, L, d] operands (nn.MultiheadAttention's layout)
         q, k, v = (x.unflatten(0, (mask.shape[0], -1)) for x in (q, k, v))
     q, k, v = one_dtype(q, k, v)
     out = key_padding_attention(q, k, v, mask, entry["scale"], entry["causal"],
                                 entry["additive"], entry["zero_padding_queries"],
-                                entry.get("nan_if_empty", False))
+                                entry.get("nan_if_empty", False), reads)
     return out.flatten(0, 1) if merged else out
 
 
+def _read_indices(entry: Entry) -> list[str]:
+    """The index nodes of an entry's one-token readers (``read_rows``)."""
+    return list(dict.fromkeys(r["index"] for r in entry.get("read_rows") or ()
+                              if r.get("index")))
+
+
+def _key_padding_reads(entry: Entry) -> list[str]:
+    return _READS(entry) + _read_indices(entry)
+
+
 def _call_key_padding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                                mask: torch.Tensor, entry: dict[str, Any]) -> torch.Tensor:
+                                mask: torch.Tensor, entry: dict[str, Any],
+                                indices: dict[str, torch.Tensor] | None = None
+                                ) -> torch.Tensor:
     """The emitted call, an eager island (``Emitter.eager``). Why outside Inductor's
     graph: the check reads three integers on the host and the paths' kernels differ in
     shape, so Dynamo would break the graph inside it anyway; as one eager island the rest
     compiles whole."""
-    return key_padding_of_entry(q, k, v, mask, entry)
+    return key_padding_of_entry(q, k, v, mask, entry, indices)
 
 
 def key_padding_checked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -148,7 +166,9 @@ def key_padding_checked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def key_padding_run(runner: GraphRunner, unit: Unit, env: Env) -> None:
     e = unit["entry"]
     q, k, v, mask = (runner.operand(name, env) for name in _operands(e))
-    runner.output(e.get("output", e["nodes"][0]), key_padding_of_entry(q, k, v, mask, e), env)
+    indices = {name: runner.operand(name, env) for name in _read_indices(e)}
+    runner.output(e.get("output", e["nodes"][0]),
+                  key_padding_of_entry(q, k, v, mask, e, indices), env)
 
 
 def key_padding_emit(emitter: Emitter, unit: Unit) -> None:
@@ -162,8 +182,9 @@ def key_padding_emit(emitter: Emitter, unit: Unit) -> None:
         emitter.output(e.get("output", e["nodes"][0]),
                        emitter.call(key_padding_checked, (q, k, v, mask, lengths, outcome, e)))
         return
+    indices = {name: emitter.operand(name) for name in _read_indices(e)}
     emitter.output(e.get("output", e["nodes"][0]),
-                   emitter.eager(_call_key_padding_attention, (q, k, v, mask, e)))
+                   emitter.eager(_call_key_padding_attention, (q, k, v, mask, e, indices)))
 
 
 def _checked_by_region(emitter: Emitter, entry: Entry) -> bool:
@@ -366,8 +387,8 @@ IMPLEMENTATIONS = (
         KINDS["jagged_attention"], entry=jagged_entry, reads=named("q", "k", "v", "offsets"),
         run=lambda runner, unit, env: runner._run_jagged_attention(unit, env),
         emit=lambda emitter, unit: emitter.attention(unit)),
-    KindImplementation(KINDS["key_padding_attention"], entry=key_padding_entry, reads=_READS,
-                       run=key_padding_run, emit=key_padding_emit),
+    KindImplementation(KINDS["key_padding_attention"], entry=key_padding_entry,
+                       reads=_key_padding_reads, run=key_padding_run, emit=key_padding_emit),
     KindImplementation(KINDS["jagged_silu_attention"], entry=silu_entry, reads=_silu_reads,
                        run=silu_run, emit=silu_emit),
     KindImplementation(KINDS["jagged_query_attention"], entry=query_entry, reads=_READS,

@@ -88,10 +88,13 @@ class SeqRec(nn.Module):
 
 
 def build(mask: str = "causal", seed: int = 0, dropout: float = 0.0,
-          readout: str = "last", left_padded: bool = False) -> ModelSpec:
+          readout: str = "last", left_padded: bool = False,
+          overcount_step: int = -1) -> ModelSpec:
     """``dropout``: RecBole's hidden and attention dropout (its default 0.5; 0 here so the
     losses compare with eager exactly). ``left_padded``: the history at the end of the row
-    whatever the mask (``"pad_left"`` always is)."""
+    whatever the mask (``"pad_left"`` always is). ``overcount_step``: at that step the
+    loader reports the first history's length one too long (it counted an item it then
+    dropped), so ``gather_indexes`` reads a padding position there, as RecBole would."""
     torch.manual_seed(seed)
     model = SeqRec(mask, dropout, readout)
 
@@ -104,6 +107,8 @@ def build(mask: str = "causal", seed: int = 0, dropout: float = 0.0,
             real = real.flip(1)
         seq = torch.randint(1, ITEMS, (B, L), generator=g) * real
         pos = torch.randint(1, ITEMS, (B,) if readout == "last" else (B, L), generator=g)
+        if step == overcount_step:
+            lengths[0] += 1  # the history itself (seq) keeps one item
         return seq.to(device), lengths.to(device), pos.to(device)
 
     return ModelSpec(model=model, example_inputs=make_batch(0, "cpu"), make_batch=make_batch,

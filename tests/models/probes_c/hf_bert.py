@@ -105,7 +105,10 @@ class T4RecBert(nn.Module):
         return F.cross_entropy(logits, batch["target"].long())
 
 
-def build(mask_value: str = "1e4", dropout: float = 0.0, seed: int = 0) -> ModelSpec:
+def build(mask_value: str = "1e4", dropout: float = 0.0, seed: int = 0,
+          cold_start_step: int | None = None) -> ModelSpec:
+    """``cold_start_step``: the first session is empty at that step only (None: at every
+    step): the readout's ``lengths - 1`` clamped at 0 then reads a padding position."""
     torch.manual_seed(seed)
     model = T4RecBert(mask_value, dropout)
 
@@ -113,7 +116,8 @@ def build(mask_value: str = "1e4", dropout: float = 0.0, seed: int = 0) -> Model
         with torch.device("cpu"):
             g = torch.Generator().manual_seed(1000 * seed + step)
             lengths = torch.randint(1, L + 1, (B,), generator=g)
-            lengths[0], lengths[1] = 0, L  # a cold-start session and a full one
+            lengths[1] = L  # a full session, and a cold-start (empty) one:
+            lengths[0] = 0 if cold_start_step in (None, step) else lengths[0]
             real = torch.arange(L)[None, :] < lengths[:, None]
             ids = (torch.randint(1, ITEMS, (B, L), generator=g) * real).to(torch.int32)
             price = (torch.rand(B, L, generator=g) * 5 * real).to(torch.float16)

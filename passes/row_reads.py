@@ -1,0 +1,163 @@
+"""Readers of one token per row of a padded sequence, as conditional readers of its padding.
+
+Not a pass: the recogniser :func:`row_read` that ``match-jagged-attention`` and
+``pack-jagged-tokens`` hand to :func:`.jagged_patterns.follow_padding`.
+
+Why: most sequence recommenders score the history's last (or first) position, and they
+write that readout in a few ways: RecBole's ``gather_indexes(output, item_seq_len - 1)``
+(``output.gather(1, index.view(-1, 1, 1).expand(-1, -1, d))``), Hugging Face's
+``hidden[torch.arange(B), lengths - 1]`` or ``hidden[torch.arange(B), mask.sum(1) - 1]``,
+``hidden[:, 0]`` / ``hidden[:, -1]``. Each reads one token of each row, ``x[b, pos[b]]``.
+Whether that token is a real one is data: ``pos`` comes from lengths the mask may not
+match (a loader that counts a dropped item, an empty session read at position 0). So such a
+reader is token-wise *if* every ``pos[b]`` is a position the key mask keeps, which the
+compiled program checks at run time together with the mask (``gemc.guard_sample.
+missed_reads``); when it fails, everything the check guards runs padded, the model's own
+computation (counted: ``packed_tokens.GUARD_STATS.missed_reads``, and the guarded
+attention's fallback). Matched by what the ops compute, never by names: the index must be
+``B`` values in row order broadcast over every other dim (a gather), or ``arange(B)``
+beside a ``[B]`` index (advanced indexing), or a constant (``select``).
+
+The index must be computable before what it guards: it may not depend on any value the
+padding reaches (:func:`follow_with_reads` refuses it, naming the reader).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx
+
+from gemc import ir
+
+from .jagged_patterns import (
+    Dims,
+    Facts,
+    KeyMask,
+    PaddingFlow,
+    _arange_len,
+    _norm,
+    follow_padding,
+)
+
+aten = torch.ops.aten
+
+_ORDER_VIEWS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default,
+                aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.default,
+                aten.flatten.using_ints, aten.alias.default, aten.clone.default,
+                aten.contiguous.default}
+"""Views (and copies) that keep a tensor's elements in row-major order."""
+_INTEGERS = (torch.int64, torch.int32)
+
+
+@dataclass(frozen=True)
+class RowRead:
+    """``node`` reads ``source[b, pos[b]]`` along ``source``'s (batch, sequence) ``dims``:
+    ``pos`` is ``index`` (its ``B`` elements in row order) or the constant ``at``; ``wrap``:
+    a negative position counts from the row's end (indexing and ``select`` do; a gather
+    raises); ``keepdim``: the output keeps the sequence dim at size 1 (a gather)."""
+
+    node: fx.Node
+    source: fx.Node
+    dims: Dims
+    index: fx.Node | None
+    at: int | None
+    wrap: bool
+    keepdim: bool
+
+    def spec(self) -> dict[str, Any]:
+        """The facts a plan entry carries (what the runners check and read with)."""
+        return {"reader": self.node.name, "source": self.source.name,
+                "dims": list(self.dims),
+                "index": self.index.name if self.index is not None else None,
+                "at": self.at, "wrap": self.wrap, "keepdim": self.keepdim}
+
+
+def row_read(user: fx.Node, src: fx.Node, dims: Dims, facts: Facts) -> RowRead | None:
+    """The :class:`RowRead` ``user`` is, reading ``src`` (a padded value at ``dims`` under
+    the key mask ``facts``), or None. Only under a run-time key mask (a :class:`KeyMask`):
+    its check is where the positions are checked too."""
+    if not isinstance(facts, KeyMask) or user.op != "call_function" or not user.args \
+            or user.args[0] is not src:
+        return None
+    bd, ld = dims
+    shape = tuple(ir.shape_of(src) or ())
+    rank = len(shape)
+    if bd == ld or bd < 0 or rank <= max(bd, ld) or shape[bd] != facts.batch \
+            or shape[ld] != facts.length:
+        return None
+    t = user.target
+    if t is aten.gather.default:
+        index = user.args[2] if len(user.args) > 2 else user.kwargs.get("index")
+        sparse = user.args[3] if len(user.args) > 3 else user.kwargs.get("sparse_grad", False)
+        want = tuple(1 if d == ld else s for d, s in enumerate(shape))
+        if _norm(user.args[1], rank) != ld or sparse or not isinstance(index, fx.Node) \
+                or tuple(ir.shape_of(index) or ()) != want:
+            return None  # (a narrower index reads part of each token: not this reader)
+        root = per_row(index, bd, facts.batch)
+        return RowRead(user, src, dims, root, None, False, True) if root is not None else None
+    if t is aten.index.Tensor:
+        indices = list(user.args[1])
+        if dims != (0, 1) or len(indices) != 2:
+            return None
+        rows, pos = indices
+        if not isinstance(rows, fx.Node) or not isinstance(pos, fx.Node) \
+                or _arange_len(rows) != facts.batch \
+                or tuple(ir.shape_of(rows) or ()) != (facts.batch,) \
+                or tuple(ir.shape_of(pos) or ()) != (facts.batch,) \
+                or ir.dtype_of(pos) not in _INTEGERS:
+            return None
+        return RowRead(user, src, dims, pos, None, True, False)
+    if t is aten.select.int and _norm(user.args[1], rank) == ld:
+        return RowRead(user, src, dims, None, int(user.args[2]), True, False)
+    return None
+
+
+def per_row(index: fx.Node, bd: int, batch: int) -> fx.Node | None:
+    """The node whose ``batch`` elements, in order, are ``index``'s along dim ``bd``, when
+    ``index`` varies along no other dim: ``index`` is an expand of a tensor with ``batch``
+    at ``bd`` and 1 elsewhere, itself a row-major view of a ``batch``-element integer
+    tensor (``lengths - 1``, ``(...).view(-1, 1, 1)``); else None."""
+    node: Any = index
+    while isinstance(node, fx.Node) and node.target is aten.expand.default:
+        node = node.args[0]
+    shape = tuple(ir.shape_of(node) or ()) if isinstance(node, fx.Node) else ()
+    if len(shape) != len(ir.shape_of(index) or ()) or shape[bd] != batch \
+            or any(s != 1 for d, s in enumerate(shape) if d != bd):
+        return None
+    while node.op == "call_function" and node.target in _ORDER_VIEWS \
+            and isinstance(node.args[0], fx.Node) \
+            and _numel(ir.shape_of(node.args[0])) == batch:
+        node = node.args[0]
+    return node if ir.dtype_of(node) in _INTEGERS else None
+
+
+def _numel(shape: Any) -> int:
+    out = 1
+    for s in shape or (-1,):
+        out *= int(s)
+    return out
+
+
+def follow_with_reads(start: fx.Node, dims: Dims, facts: Facts) -> PaddingFlow | fx.Node:
+    """:func:`.jagged_patterns.follow_padding` with :func:`row_read`s allowed: the flow
+    (its ``reads``, which the caller must check at run time), or the first node that may
+    read the padding unmasked, a reader whose index depends on a value the padding reaches
+    included (it could not be checked before them)."""
+    flow = follow_padding(start, dims, facts, reads=row_read)
+    if isinstance(flow, fx.Node):
+        return flow
+    reached = set(flow.carriers) | set(flow.zeroed) | set(flow.reads)
+    for node, read in flow.reads.items():
+        if read.index is not None and ir.ancestors([read.index]) & reached:
+            return node
+    return flow
+
+
+def read_specs(flow: PaddingFlow) -> list[dict[str, Any]]:
+    """The flow's readers as plan facts, in graph order."""
+    order = {n: i for i, n in enumerate(next(iter(flow.reads)).graph.nodes)} \
+        if flow.reads else {}
+    return [flow.reads[n].spec() for n in sorted(flow.reads, key=order.__getitem__)]
