@@ -43,6 +43,7 @@ inputs are IEEE fp32 (no TF32), and outputs and gradients have the input dtype.
 from __future__ import annotations
 
 import math
+import os
 from typing import Literal
 
 import torch
@@ -129,7 +130,21 @@ timed run starts from a zeroed dq (``accumulates``). Stays off until the H200 sh
 error at the two-kernel path's (``benchmarks/h200_pending12.sh``, part 4)."""
 
 
-SILU_KEY_BLOCK_BACKWARD = False
+KEY_BLOCK_ENV = "GEMC_SILU_KEY_BLOCK_BACKWARD"
+
+
+def _key_block_from_env() -> bool:
+    """``GEMC_SILU_KEY_BLOCK_BACKWARD`` = 1 / 0 (unset: off), read at import: a benchmark
+    times both backwards on one model, each in its own process. Anything else is refused
+    by name rather than read as off."""
+    value = os.environ.get(KEY_BLOCK_ENV, "0").strip()
+    if value not in ("0", "1"):
+        raise ValueError(f"{KEY_BLOCK_ENV}={value!r}: set it to 1 (the key-block silu "
+                         "backward) or 0 (the two-kernel one), or unset it")
+    return value == "1"
+
+
+SILU_KEY_BLOCK_BACKWARD = _key_block_from_env()
 """The silu backward by :mod:`.silu_key_block_backward`: one program per (sequence, key
 block) writes dk, dv and (looping over the heads where they share the bias) the bias's
 gradient summed over the heads, with no atomics, no zeroed fp32 buffer and no cast pass;
