@@ -852,6 +852,21 @@ def keep_of(node: Any) -> fx.Node | None:
     return None
 
 
+def drops_to_minus_inf(node: Any) -> bool:
+    """Whether an additive mask that :func:`keep_of` reads drops with ``-inf`` (a row it
+    drops whole is NaN in eager, as the boolean's empty row is refused), not with a finite
+    value (BERT's ``-1e4``, ``finfo.min``: a row dropped whole attends uniformly over every
+    key in eager, which only the additive mask's own rule keeps). False where unsure."""
+    node = _through_views_and_casts(node)
+    if not isinstance(node, fx.Node) or node.op != "call_function":
+        return False
+    if node.target in (aten.masked_fill.Scalar, aten.masked_fill_.Scalar):
+        return _scalar(node.args[2]) == -math.inf
+    if node.target is aten.where.ScalarOther or node.target is aten.where.Scalar:
+        return _scalar(node.args[2]) == -math.inf
+    return False
+
+
 def _extended_keep(node: fx.Node) -> fx.Node | None:
     """``X`` of Hugging Face's extended mask ``(1.0 - X[:, None, None, :].to(dtype)) * v``
     (``v``: ``-10000.0`` or ``torch.finfo(dtype).min``, any ``v <= -1e4``) with ``X`` a

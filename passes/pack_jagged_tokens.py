@@ -118,6 +118,7 @@ from .jagged_patterns import (
     _VIEWS,
     KeyMask,
     PaddingFlow,
+    drops_to_minus_inf,
     follow_padding,
     jagged_positions,
     keep_of,
@@ -381,7 +382,13 @@ def _guarded_entry(gm: fx.GraphModule, rid: str, flow: PaddingFlow, starts: list
     entry on its first start; ``also``: nodes beside the flow whose kernel facts count for
     ``every_row`` (the attention it is built around). Returns the region's nodes."""
     nodes = _mark(gm, flow, rid)
-    check = key_mask.keep if ir.dtype_of(key_mask.keep) == torch.bool else mask
+    # an additive mask that drops at a finite value (BERT's -1e4, finfo.min) is checked as
+    # itself: a row it drops whole attends uniformly over every key in eager, which its
+    # additive rule keeps (gemc.guard_sample.kept_keys) and the boolean it is made from
+    # would drop (MMoE's tower: its losses off by 1e-3 when the boolean was checked)
+    finite = key_mask.additive and not drops_to_minus_inf(mask)
+    check = key_mask.keep if ir.dtype_of(key_mask.keep) == torch.bool and not finite \
+        else mask
     head = starts[0]
     head.meta[PACKED_REGION] = {
         "id": rid,

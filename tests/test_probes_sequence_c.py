@@ -329,29 +329,32 @@ def test_hf_extended_mask_runs_the_guarded_kernel_as_eager(name: str) -> None:
     no key mask and runs the padded formula, whose gradients are eager's (SDPA's were not:
     see the next test).
 
-    The blocks around it are a packed region (twenty-first session): the extended mask is
-    read as the boolean ``[B, L]`` it is made from (it stayed padded:
-    ``mask-rows-broadcast``), and the readout ``x[arange(B), lengths - 1]`` (lengths
-    ``mask.sum(1)``, clamped at 0) is checked with it. The empty session is read at
-    position 0, a padding token: every step with it runs padded, counted as a missed read
+    The blocks around it are a packed region (twenty-first session; it stayed padded:
+    ``mask-rows-broadcast``): the region is checked on the extended mask's rows by the
+    additive rule, and the readout ``x[arange(B), lengths - 1]`` (lengths ``mask.sum(1)``,
+    clamped at 0) with it. With -1e4 the empty session's row keeps every key (eager attends
+    uniformly over them), so its readout at position 0 reads a kept token and every step
+    packs; with ``finfo.min`` that row is no key mask, so every step with it runs padded
     (the attention then its own check, as above); with it at step 1 only, the other steps
-    pack (the attention on the tokens in place, not counted in its STATS)."""
+    pack (the attention on the tokens in place, not counted in its STATS). (Checked on the
+    boolean ``mask`` instead, the empty row kept no token: every step padded on a missed
+    read, and MMoE's tower, whose rows can be empty, lost eager's losses.)"""
     for topology in ("h200:1x1", "h200:1x8"):
         validate_plan(_compiled(name, topology))
     plan = _compiled(name, "h200:1x1")
     (entry,) = [k for k in plan["kernels"] if k["kind"] == "key_padding_attention"]
     assert entry["additive"] is True and entry["nan_if_empty"] is True
     (region,) = [k for k in plan["kernels"] if k["kind"] == "packed_tokens"]
-    assert region["mask"] == "ne" and region["additive"] is False and region["every_row"]
+    assert region["mask"] == "mul" and region["additive"] is True and region["every_row"]
     (read,) = region["reads"]
     assert read["reader"] == "index" and read["index"] == "clamp" and read["wrap"] is True
     assert entry["read_rows"] == [read]
     STATS.reset()
     GUARD_STATS.reset()
     _close(name, _one_rank(plan), _reference(name, 1))
-    padded = 1 if name == "hf_bert_cold_start_step" else STEPS
+    padded = {"hf_bert_1e4": 0, "hf_bert_finfo": STEPS, "hf_bert_cold_start_step": 1}[name]
     assert GUARD_STATS.as_dict() == {"calls": STEPS, "packed": STEPS - padded,
-                                     "padded": padded, "missed_reads": padded}
+                                     "padded": padded, "missed_reads": 0}
     assert STATS.calls == padded
     path = "jagged" if name == "hf_bert_1e4" else "fallback"
     assert getattr(STATS, path) == padded, STATS
@@ -362,14 +365,14 @@ def test_hf_extended_mask_over_sdpa_packs_its_history() -> None:
     a ``[B, 1, 1, L]`` key mask, whose region stayed padded (``mask-rows-broadcast``) and
     whose history was then refused again around the mask multiply of the pooling. The
     extended mask is the keep-mask it is made from (``jagged_patterns.keep_of``), so the
-    region's check reads ``keep`` and the pooling's ``h * keep`` zeroes its padding:
-    packed every step, as eager."""
+    pooling's ``h * keep`` zeroes its padding; the region's check reads the mask's rows by
+    the additive rule (a finite drop: see the test above): packed every step, as eager."""
     name = "sdpa_hf_extended_mask"
     for topology in ("h200:1x1", "h200:1x8"):
         validate_plan(_compiled(name, topology))
     plan = _compiled(name, "h200:1x1")
     (region,) = [k for k in plan["kernels"] if k["kind"] == "packed_tokens"]
-    assert region["mask"] == "lt" and region["additive"] is False and region["reads"] == []
+    assert region["mask"] == "mul" and region["additive"] is True and region["reads"] == []
     assert region["fill_source"] == "sample batch"
     assert not [w for w in plan["warnings"] if "pack-jagged-tokens" in w], plan["warnings"]
     GUARD_STATS.reset()

@@ -134,13 +134,15 @@ def test_a_sequence_mixing_op_keeps_the_guarded_history_padded():
 def test_an_extended_mask_is_read_as_the_keep_mask_it_is_made_from():
     """Hugging Face's ``(1.0 - keep[:, None, None, :].to(dtype)) * -10000.0``: a
     ``[B, 1, 1, L]`` additive mask no ``[B, L]`` tensor holds (its region stayed padded:
-    ``mask-rows-broadcast``). It is ``keep``, so the region is checked on ``keep`` and the
-    pooling's multiply by ``keep`` zeroes its padding rows, as under a boolean mask."""
+    ``mask-rows-broadcast``). It is ``keep`` (the pooling's multiply by ``keep`` zeroes its
+    padding rows, as under a boolean mask), but the region is checked on the additive mask
+    itself, its rows: a row it drops whole (-1e4 everywhere) attends uniformly over every
+    key in eager, which the additive rule keeps and ``keep`` would drop."""
     gm, ctx = _padded(False, extended=True)
     check_graph(gm, f"""
         CHECK: aten.linear.default(%x, %p_qkv_weight
         CHECK-SAME: packed_region={{id:packed_tokens_0,kind:packed_tokens,guard:prefix-check,
-        CHECK-SAME: mask:keep,additive:False,
+        CHECK-SAME: mask:mul,additive:True,
         CHECK: aten.scaled_dot_product_attention.default(
         CHECK-SAME: kind:key_padding_attention,mask:mul,additive:True,
         CHECK-SAME: {REGION}[0, 2],
