@@ -64,6 +64,10 @@ Cases (each timed as forward only and as forward+backward, per variant):
   and pooling 100, shards 16, 32 and 64 of a 128-wide row and the whole row: two phases
   against the one-pass step of the same shard, ms (the JSON's ``narrow_split`` section).
   H200, < 40 s: ``python benchmarks/kernels.py --cases narrow_split --out $OUT/split.json``.
+  ``--narrow-batch``, ``--narrow-rows`` and ``--narrow-poolings`` change the shard (a DLRMv2
+  column piece serves the global batch: ``--narrow-batch 65536 --narrow-poolings 100``);
+  each ``narrow_split`` row carries gemc's model's price of it (``predicted_*_ms``), and
+  ``benchmarks/fit_lookup_price.py`` fits that price to a set of these files.
 * ``zoo`` (not in the default set): each zoo model with a history, its attention at the
   model's own preset shapes (``h200``; ``tiny`` under ``--smoke``), lengths uniform in 1..L
   (~50% fill): gemc's jagged kernel vs padded ``F.scaled_dot_product_attention`` with the
