@@ -247,8 +247,25 @@ class SiteRecorder:
                 got = _linear_grads(x, w, dy, recipe, rec["quantizer"])
                 row[label] = {k: round(sqnr_db(ref[k], got[k]), 2) for k in ref}
             row["dW_coherence_db"] = round(coherence_db(x, dy), 2)
+            row["dW_one_operand"] = wgrad_by_operand(x, dy)
             rows.append(row)
         return rows
+
+
+def wgrad_by_operand(x: torch.Tensor, dy: torch.Tensor) -> dict[str, float]:
+    """SQNR (dB vs float64) of ``dW = dy^T x`` with only ``dy`` or only ``x`` row-wise e4m3
+    (each scaled along the tokens, as gemc's wgrad does): which operand's rounding the
+    weight gradient's error comes from."""
+    from gemc.backends.torch import fp8
+
+    xd, dyd = x.detach().flatten(0, -2), dy.detach().flatten(0, -2)
+    ref = dyd.double().t() @ xd.double()
+
+    def rounded(t: torch.Tensor) -> torch.Tensor:  # along the tokens (dim 0)
+        return fp8.dequantize(*fp8.quantize(t, fp8.ROWWISE, dim=0)).double()
+
+    return {"dy": round(sqnr_db(ref, rounded(dyd).t() @ xd.double()), 2),
+            "x": round(sqnr_db(ref, dyd.double().t() @ rounded(xd)), 2)}
 
 
 def coherence_db(x: torch.Tensor, dy: torch.Tensor) -> float:
@@ -286,7 +303,7 @@ def _linear_grads(x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, recipe: An
 
 
 def run_variant(variant: str, plan: dict[str, Any], forced: list[str], args: argparse.Namespace,
-                out: Path) -> dict[str, Any]:
+                folder: Path) -> dict[str, Any]:
     """Train ``variant``; returns its losses, wall time and (with --sqnr-step) SQNRs."""
     from gemc.backends.torch.runner import RunOptions, run
 
@@ -294,7 +311,7 @@ def run_variant(variant: str, plan: dict[str, Any], forced: list[str], args: arg
 
     entries, extra = precision_entries(variant, plan["precision"], forced)
     plan = {**plan, "precision": entries}
-    path = out.with_suffix(f".{variant.replace('=', '_')}.plan.json")
+    path = folder / f"{variant.replace('=', '_')}.plan.json"
     write_plan(path, plan)
     recorder = SiteRecorder(args.sqnr_step) if args.sqnr_step is not None \
         and variant.startswith("fp8") and not args.graph else None
@@ -362,12 +379,14 @@ def report_text(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
     for r in rows:
         if r.get("sqnr"):
             lines.append(f"\n{r['variant']}: SQNR dB vs float64 after {r['sqnr_step']} steps "
-                         "(y, dx, dW: the site's recipe | bf16; coherence of dW's terms)")
+                         "(y, dx, dW: the site's recipe | bf16; coherence of dW's terms; dW "
+                         "with only dy, only x e4m3)")
             for s in r["sqnr"]:
-                f, b = s["fp8"], s["bf16"]
+                f, b, one = s["fp8"], s["bf16"], s["dW_one_operand"]
                 lines.append(f"  {s['site']:28s} {str(s['shape']):20s} {f['y']:6.2f} "
                              f"{f['dx']:6.2f} {f['dW']:6.2f} | {b['y']:6.2f} {b['dx']:6.2f} "
-                             f"{b['dW']:6.2f} | {s['dW_coherence_db']:6.2f}")
+                             f"{b['dW']:6.2f} | {s['dW_coherence_db']:6.2f} | {one['dy']:6.2f} "
+                             f"{one['x']:6.2f}")
     return "\n".join(lines)
 
 
@@ -478,10 +497,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{len(forced)} linear(s) with in/out >= {args.fp8_linears}: {', '.join(forced)}",
           file=sys.stderr)
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        out = args.out or Path(tmp) / "fp8_loss.json"
+    with tempfile.TemporaryDirectory() as tmp:  # the variants' plans and run reports
         for variant in args.variants.split(","):
-            rows.append(run_variant(variant.strip(), plan, forced, args, out))
+            rows.append(run_variant(variant.strip(), plan, forced, args, Path(tmp)))
             r = rows[-1]
             print(f"fp8_loss: {r['variant']}: {len(r['losses'])} steps in {r['wall_s']} s, "
                   f"last loss {r['losses'][-1]:.4f}", file=sys.stderr)

@@ -33,6 +33,7 @@ def test_curves_start_together_and_variants_put_fp8_where_they_say(tmp_path) -> 
     assert set(sqnr) == set(forced)
     for s in sqnr.values():
         assert 15 < s["fp8"]["y"] < 45 and s["bf16"]["y"] > 40
+        assert all(15 < v < 45 for v in s["dW_one_operand"].values())
     for s in rows["fp8-wgrad-bf16"]["sqnr"]:  # the wgrad in bf16: dW as bf16's
         assert s["fp8"]["dW"] > 40 and s["fp8"]["dx"] < 40
 
