@@ -40,6 +40,10 @@ fp8 variant's step S (module mode only), every fp8 site's x, W and output gradie
 prints the SQNR of y, dx and dW as the site's recipe computes them against float64: the
 GEMM error on the model's own tensors, mid-training.
 
+``--cycle N``: step s trains on batch ``s % N`` (a fitting run: the zoo's labels are random,
+so on fresh batches the loss settles at their entropy; on a few cycled ones it falls
+towards 0).
+
 ``--unit``: one linear ``[M, K] -> N`` under bf16 autocast, fresh Gaussian inputs, y, dx,
 dW and db of gemc's row-wise fp8 linear and of bf16 against float64 (SQNR dB; row-wise
 e4m3 is ~28-29 dB), and whether the two quantizers (``GEMC_FP8_QUANTIZER=aten`` and
@@ -93,9 +97,11 @@ FIXED_VARIANTS = ("fp32", "bf16", "fp8", *RECIPE_VARIANTS)
 
 
 def build(model: str = "wukong", preset: str = "h200", batch_size: int | None = None,
-          seed: int = 0, overrides: str = "{}") -> Any:
+          seed: int = 0, overrides: str = "{}", cycle: int = 0) -> Any:
     """The zoo model ``model`` at ``preset`` with the JSON ``overrides`` replacing fields of
-    its ``Config`` (the entrypoint the plan records, so the runner rebuilds the same)."""
+    its ``Config`` (the entrypoint the plan records, so the runner rebuilds the same);
+    ``cycle`` > 0: step s trains on batch ``s % cycle`` (a fitting run, whose loss falls
+    towards 0, where random labels on fresh batches stay at their entropy)."""
     from gemc.entrypoint import load_entrypoint
 
     fn = load_entrypoint(f"{REPO / 'examples' / 'zoo' / model}.py:build")
@@ -111,7 +117,11 @@ def build(model: str = "wukong", preset: str = "h200", batch_size: int | None = 
         raise ValueError(f"{model}'s Config has no field(s) {unknown}; it has {sorted(names)}")
     extra = {k: tuple(v) if isinstance(v, list) else v for k, v in extra.items()}
     presets["_fp8_loss"] = replace(cfg, **extra)
-    return fn(preset="_fp8_loss", batch_size=batch_size, seed=seed)
+    spec = fn(preset="_fp8_loss", batch_size=batch_size, seed=seed)
+    if cycle > 0:
+        fresh = spec.make_batch
+        spec.make_batch = lambda step, device: fresh(step % cycle, device)
+    return spec
 
 
 def _override(text: str) -> tuple[str, Any]:
@@ -437,6 +447,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
                    metavar="FIELD=VALUE", help="replace a field of the preset's Config "
                    "(JSON values: num_layers=2, top_hidden=[2048,1024])")
     p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--cycle", type=int, default=0, metavar="N",
+                   help="train on N batches in turn (default 0: a fresh batch every step)")
     p.add_argument("--variants", default="fp32,bf16,fp8",
                    help=f"comma-separated, of {', '.join(FIXED_VARIANTS)}, fp8-site=FQN")
     p.add_argument("--fp8-linears", type=int, default=1024, metavar="N",
@@ -487,6 +499,8 @@ def main(argv: list[str] | None = None) -> int:
                                   "overrides": json.dumps(dict(args.overrides))}
     if args.batch_size:
         model_args["batch_size"] = args.batch_size
+    if args.cycle:
+        model_args["cycle"] = args.cycle
     entry = f"{HERE}:build"
     t0 = time.perf_counter()
     plan = gemc_compile(entry, model_args, topology="h200:1x1", planner="default")
