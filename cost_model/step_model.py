@@ -315,21 +315,89 @@ def exchange_row_bytes(t: TableCost, cols: float, wire: WirePrecision) -> float:
 
 
 def exchange_cast_s(t: TableCost, rows: float, dim: float, world: int, gpu: GPUSpec,
-                    calibration: Calibration | None, wire: WirePrecision) -> float:
+                    calibration: Calibration | None, wire: WirePrecision,
+                    summed_by: int = 1) -> float:
     """HBM seconds of casting to the wire and back what a shard of ``rows`` x ``dim``
     sends a step (its pooled rows forward, their gradients backward; both ends). The
     requesters' half runs on them, spread over every rank; it is charged to the shard's
     holder, which keeps each plan's total and lets the planners price it per table. The
-    kernels' launches are one set a step (:func:`exchange_cast_launch_s`)."""
+    kernels' launches are one set a step (:func:`exchange_cast_launch_s`). ``summed_by``:
+    the owners whose partials are summed in their host before the wire
+    (:func:`host_reduce_owners`): only the sums are cast, each holder 1/``summed_by``."""
     if rows == 0 or t.replicated:
         return 0.0
     per_element = sum(CAST_BYTES_PER_ELEMENT[p] for p in (wire.forward, wire.backward)
                       if casts(p, t.dtype_bytes)) * t.dtype_bytes / 4
     if per_element == 0:
         return 0.0
-    elements = world * t.batch * dim * t.output_share(rows)
+    elements = world * t.batch * dim * t.output_share(rows) / max(1, summed_by)
     factor = calibration.factor("memory") if calibration is not None else 1.0
     return elements * per_element / (gpu.hbm_bandwidth * ROOFLINE_EFFICIENCY["memory"]) * factor
+
+
+def host_reduce_owners(t: TableCost, gpus_per_host: int, world: int) -> int:
+    """How many owners of one column range on one host sum a pooled row-split table's
+    partials before they leave the host (1: none; the runner's in-host reduction,
+    ``backends/torch/embedding_exchange``): the fewest a column block has on any host.
+
+    Why: a row shard writes a partial sum for every bag of the world. Sent straight to the
+    requesters, a table in 8 row shards on a host crosses hosts 8 times over; summed first
+    over NVLink (each owner sums the requesters of its local index and sends them the sum,
+    as TorchRec's table-row-wise sharding reduce-scatters), it crosses once. Unpooled
+    shards return only their own rows, and column and whole-table shards one block each:
+    nothing to sum; on one host (``world <= gpus_per_host``) nothing crosses, and the
+    runner sends directly. A block's ranks are its consecutive entries of ``t.ranks`` (the
+    order ``Sharding.shards`` cuts them in)."""
+    if t.replicated or not t.pooled or gpus_per_host <= 1 or world <= gpus_per_host \
+            or not SHARDINGS[t.sharding].row_split:
+        return 1
+    n = len(t.ranks)
+    per_block = max(1, n // SHARDINGS[t.sharding].column_blocks(n))
+    if per_block <= 1:
+        return 1
+    fewest = per_block
+    for b in range(0, n, per_block):
+        on_host: dict[int, int] = {}
+        for r in t.ranks[b:b + per_block]:
+            on_host[r // gpus_per_host] = on_host.get(r // gpus_per_host, 0) + 1
+        fewest = min(fewest, *on_host.values())
+    return fewest
+
+
+def host_reduce_s(t: TableCost, rows: float, dim: float, world: int, topology: Topology,
+                  calibration: Calibration | None) -> float:
+    """Seconds a holder spends in the in-host sum of its partials (forward, and the
+    gradients' fan-out back in the backward): an all-to-all among the ``k`` owners of its
+    host (:func:`host_reduce_owners`), each sending its partial rows of the requesters
+    the ``k - 1`` others sum, in the table's dtype (summed before any wire rounding)."""
+    k = host_reduce_owners(t, topology.gpus_per_host, world)
+    if k <= 1 or rows == 0:
+        return 0.0
+    send = (k - 1) / k * world * t.batch * dim * t.dtype_bytes
+    return 2 * collective_time("all_to_all", 0, range(k), topology, send_bytes=[send] * k,
+                               calibration=calibration)
+
+
+def holder_exchange_s(t: TableCost, rows: float, dim: float, world: int, topology: Topology,
+                      calibration: Calibration | None, wire: WirePrecision) -> float:
+    """A holder's seconds around the pooled exchange besides the all-to-all itself: the
+    casts to and from the wire and the in-host sum of row shards' partials."""
+    k = host_reduce_owners(t, topology.gpus_per_host, world)
+    return (exchange_cast_s(t, rows, dim, world, topology.gpu, calibration, wire, summed_by=k)
+            + host_reduce_s(t, rows, dim, world, topology, calibration))
+
+
+def pooled_send_bytes(t: TableCost, rows: float, dim: float, world: int,
+                      wire: WirePrecision, gpus_per_host: int) -> float:
+    """Bytes one holder of a shard of ``rows`` x ``dim`` sends in the pooled all-to-all
+    (the mean of the forward's rows and the backward's gradients, :func:`exchange_row_bytes`):
+    its rows of every other rank's bags, or, where its host sums the partials first
+    (:func:`host_reduce_owners`), the sums of 1/k of them. The all-to-all's host term
+    takes 1 - L/world of a rank's bytes across hosts; a summing owner sends nearly all of
+    its own across (to the ranks of its local index), and ``(world - 1) / k`` rows a bag
+    is what that share makes exact for the host links."""
+    k = host_reduce_owners(t, gpus_per_host, world)
+    return (world - 1) * t.batch * exchange_row_bytes(t, dim, wire) * t.output_share(rows) / k
 
 
 def exchange_cast_launch_s(wire: WirePrecision, calibration: Calibration | None) -> float:
@@ -368,10 +436,12 @@ def id_send_bytes(t: TableCost, world: int) -> float:
 
 
 def a2a_sends(tables: Sequence[TableCost], world: int,
-               wire: WirePrecision = FP32_WIRE) -> tuple[np.ndarray, np.ndarray]:
+               wire: WirePrecision = FP32_WIRE, gpus_per_host: int = 1
+               ) -> tuple[np.ndarray, np.ndarray]:
     """Bytes each rank sends in the pooled-embedding all-to-all (the mean of the forward
-    and the backward exchange at ``wire``, :func:`exchange_row_bytes`) and in the id
-    all-to-all (input dist, :func:`id_send_bytes`).
+    and the backward exchange at ``wire``, :func:`pooled_send_bytes`; ``gpus_per_host``
+    places the in-host sums of row shards, 1 for none) and in the id all-to-all (input
+    dist, :func:`id_send_bytes`).
 
     Linear in the ranks: every shard of a table is the same size (``shard_shape``), so a
     table's send is priced once and added to each holder."""
@@ -384,8 +454,8 @@ def a2a_sends(tables: Sequence[TableCost], world: int,
         if holders:
             rows, dim = shard_shape(t)
             # a shard sends its pooled (partial, for row shards) rows to every other rank
-            np.add.at(out, holders, (world - 1) * t.batch * exchange_row_bytes(t, dim, wire)
-                      * t.output_share(rows))
+            np.add.at(out, holders, pooled_send_bytes(t, rows, dim, world, wire,
+                                                      gpus_per_host))
         ids += id_send_bytes(t, world)
     return out, ids
 
@@ -467,15 +537,15 @@ def predict_step(
             lookup = shard_compute_s(t, *shard_shape(t), world, gpu, calibration,
                                      opts.table_optimizer)
             np.add.at(sparse, holders,
-                      lookup + exchange_cast_s(t, *shard_shape(t), world, gpu, calibration,
-                                               opts.exchange)
+                      lookup + holder_exchange_s(t, *shard_shape(t), world, topology,
+                                                 calibration, opts.exchange)
                       + column_squares_s(t, world, topology, calibration,
                                          opts.table_optimizer))
             if in_batched_kernel(t, world):
                 np.add.at(kernel_s, holders, lookup)
                 np.add.at(kernel_shards, holders, 1)
     sparse += batched_floor_s(kernel_s, kernel_shards, world)
-    out_sends, id_sends = a2a_sends(tables, world, opts.exchange)
+    out_sends, id_sends = a2a_sends(tables, world, opts.exchange, topology.gpus_per_host)
     a2a = 0.0
     input_dist = 0.0
     cast_launch = 0.0

@@ -45,10 +45,10 @@ from gemc.cost_model.memory import (
 from gemc.cost_model.step_model import (
     column_squares_s,
     dense_comm,
-    exchange_cast_s,
-    exchange_row_bytes,
+    holder_exchange_s,
     id_send_bytes,
     in_batched_kernel,
+    pooled_send_bytes,
     replica_compute_s,
     replica_dense_numel,
     routed_tables,
@@ -212,12 +212,11 @@ def table_option(problem: Problem, t: TableCost, sharding: str, ranks: int,
                            dp_numel=replica_dense_numel(rep), **grads)
     lookup = shard_compute_s(rep, shard_rows, shard_dim, world, gpu, problem.calibration,
                              opts.table_optimizer)
-    compute = lookup + exchange_cast_s(rep, shard_rows, shard_dim, world, gpu,
-                                       problem.calibration, opts.exchange) \
+    compute = lookup + holder_exchange_s(rep, shard_rows, shard_dim, world, topo,
+                                         problem.calibration, opts.exchange) \
         + column_squares_s(rep, world, topo, problem.calibration, opts.table_optimizer)
     in_kernel = in_batched_kernel(rep, world)
-    out = (world - 1) * t.batch * exchange_row_bytes(t, shard_dim, opts.exchange) \
-        * rep.output_share(shard_rows)
+    out = pooled_send_bytes(rep, shard_rows, shard_dim, world, opts.exchange, local)
     ids = id_send_bytes(rep, world)
     pieces, width = SHARDINGS[sharding].pieces_and_width(ranks, world, local, grid)
     uniform = pieces * width == world

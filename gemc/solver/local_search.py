@@ -434,6 +434,51 @@ def cap_memory(problem: Problem, pricer: Pricer, a: Assignment, ratio: float, *,
     return Assignment(dense=dict(a.dense), tables=met[0][1] if met else dict(s.tables))
 
 
+def split_oversized(problem: Problem, pricer: Pricer, a: Assignment, ratio: float
+                    ) -> list[Assignment]:
+    """Starts for ``cap_memory``: ``a`` with every table whose shard alone is over
+    ``ratio`` x the plan's mean rank (no plan holding it meets the ratio) re-sharded, all
+    of them the same way, one start per sharding (type, ranks, grid) that at least halves
+    each such shard, the tables placed one after the other where the step rises least;
+    fastest start first. Empty where no table is that large.
+
+    Why several: where ``cap_memory`` ends depends on the path, and from the fastest plan
+    it moves the largest tables first, one at a time. On DLRMv2 x 64 ranks, once a row
+    shard's partials were summed in their host (``cost_model.step_model.
+    host_reduce_owners``), the fastest plan (2.904 ms) held three 40M-row tables whole
+    (19.3 GB shards on a 2.96-GB mean) and the priced cap search stopped at max / mean
+    1.33 (+5.3% of step); from these starts it ends at 1.33 (the tables row-wise over every
+    rank, on the grid, or in 4 column pieces), 1.31 at 3x the step (a host's row shards),
+    and 1.29 (8 column pieces, 2.898 ms, or 16, 2.968)."""
+    if problem.world <= 1 or not problem.tables:
+        return []
+    options = shared_options(problem, pricer)
+    s = _State(problem, pricer, a)
+    cap = ratio * float(s.evaluation().memory.mean())
+    large = sorted((t for t in problem.tables if s.option[t.fqn].memory > cap),
+                   key=lambda t: (-s.option[t.fqn].memory, t.fqn))
+    if not large:
+        return []
+
+    def kind(o: TableOption) -> tuple:
+        return (o.sharding, o.ranks, o.grid)
+
+    halved = [{kind(o): o for o in _options_of(problem, options, t)
+               if not o.replicated and o.memory <= s.option[t.fqn].memory / 2}
+              for t in large]
+    starts: list[tuple[tuple, Assignment]] = []
+    for k in (k for k in halved[0] if all(k in f for f in halved[1:])):
+        trial = _State(problem, pricer, a)
+        for t, f in zip(large, halved):
+            trial.take(t.fqn)
+            choice = trial.place(f[k])
+            trial._pack(f[k], choice, -1)  # ``place`` left it in the packer's view
+            trial.put(t.fqn, f[k], choice)
+        starts.append((plan_key(trial.evaluation()),
+                       Assignment(dense=dict(a.dense), tables=dict(trial.tables))))
+    return [b for _, b in sorted(starts, key=lambda x: x[0])]
+
+
 def _sweep(s: _State, options: dict[tuple, list[TableOption]], sweeps: int, budget: int,
            plan_key: Callable[[Evaluation], tuple],
            slack: Callable[[], float] | None = None,

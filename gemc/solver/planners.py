@@ -34,6 +34,7 @@ from .local_search import (
     move_budget,
     plan_key,
     sends_key,
+    split_oversized,
     spread_sends,
 )
 from .naive import naive
@@ -308,6 +309,12 @@ def cap_search(problem: Problem, pricer: Pricer, a: Assignment, ev: Evaluation
     # 12.8 s for the priced one)
     if met is not None or hard.step_s > limit:
         cap(a, CAP_PENALTY)
+    # the tables too large for the ratio re-sharded first, each way (``split_oversized``),
+    # fastest start first, until a priced try meets it
+    for split in (split_oversized(problem, pricer, a, s.balance_ratio) if met is None else []):
+        cap(split, CAP_PENALTY)
+        if met is not None:
+            break
     if met is None and unmet:
         # no try met the ratio by every byte although they cleared the steady cap: the
         # gradient terms tip the fullest ranks over (DLRMv2 x 4096: a 3M-row table's

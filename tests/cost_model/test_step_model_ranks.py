@@ -3,6 +3,8 @@ per-rank loop over every rank, in time linear in the ranks (not quadratic)."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 from gemc.cost_model.memory import (
     MemoryBreakdown,
@@ -16,6 +18,7 @@ from gemc.cost_model.step_model import (
     a2a_sends,
     batched_kernel_floor_s,
     column_squares_s,
+    host_reduce_s,
     in_batched_kernel,
     predict_step,
     routed_tables,
@@ -25,6 +28,8 @@ from gemc.cost_model.topology import parse_topology
 from gemc.cost_model.types import RegionCost, StepOptions, TableCost
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from gemc.sharding import SHARDINGS
 
 
 def small_case() -> tuple[list[RegionCost], list[TableCost]]:
@@ -81,18 +86,22 @@ def test_small_case_is_pinned() -> None:
     group; step 11.22 -> 10.34 ms); and (issue 19) the batched kernel's price refitted to
     its measured steps (op_cost's BATCHED_* constants: a per-id term, bytes at the HBM rate;
     benchmarks/fit_lookup_price.py): this case's small tables cost less, rank 2's two
-    second passes now fall under the floor (step 10.34 -> 10.30 ms)."""
+    second passes now fall under the floor (step 10.34 -> 10.30 ms); and (issue 19) the
+    row-split pooled tables' partials are summed inside each host before they cross
+    (step_model.host_reduce_owners: ``pooled_rw`` and ``pooled_trw`` by 4 owners a host,
+    ``grid`` by 2): all-to-all 2.028 -> 1.858 ms, their holders' sparse time up by the
+    in-host all-to-all (ranks 0-3 +0.061 ms, 4-7 +0.118), step 10.30 -> 10.25 ms."""
     regions, tables = small_case()
     p = predict_step(regions, tables, parse_topology("h200:2x4"))
-    assert p.step_s == pytest.approx(0.01030383779663014, rel=1e-12)
+    assert p.step_s == pytest.approx(0.010251849869442008, rel=1e-12)
     assert p.breakdown["replica_all_reduce"] == pytest.approx(2.5718599033816424e-05, rel=1e-12)
     assert p.breakdown["input_dist"] == pytest.approx(6.594770731707317e-05, rel=1e-12)
-    assert p.breakdown["all_to_all"] == pytest.approx(0.0020281769105691063, rel=1e-12)
+    assert p.breakdown["all_to_all"] == pytest.approx(0.0018576767479674798, rel=1e-12)
     # the batched kernels at their floor, plus the column groups' squares (``cw``,
-    # ``seq_cw``)
-    sparse = [0.0011773007999999999, 0.0011876648888888889, 0.0011773007999999999,
-              0.0011876648888888889, 0.0011773007999999999, 0.0011773007999999999,
-              0.0011931262222222223, 0.0011931262222222223]
+    # ``seq_cw``) and the in-host sums of the row shards' partials
+    sparse = [0.0012383088892947741, 0.0012486729781836631, 0.0012383088892947741,
+              0.0012486729781836631, 0.0012958130354134957, 0.0012958130354134955,
+              0.001311638457635718, 0.001311638457635718]
     memory = [2713419082.666667, 2884996298.6666665, 3432484298.6666665,
               2876401994.6666665, 2786101994.6666665, 2807490602.6666665,
               3106537450.666667, 3106537450.666667]
@@ -140,10 +149,21 @@ def reference_per_rank(regions, tables, topo, calibration, opts):
             grads = table_grad_bytes(t, *table_shard(t, r), world, opts.table_optimizer)
             held[r] += t.ranks.count(r) * grads[0]
             moment[r] = max(moment[r], grads[1])
+        # a pooled row-split table's partials summed in each host first: the fewest
+        # owners a column block (consecutive ranks) has on one host
+        summed = 1
+        if t.pooled and SHARDINGS[t.sharding].row_split \
+                and 1 < topo.gpus_per_host < world:
+            per = len(t.ranks) // SHARDINGS[t.sharding].column_blocks(len(t.ranks))
+            if per > 1:
+                summed = min(Counter(r // topo.gpus_per_host for r in t.ranks[i:i + per])
+                             .most_common()[-1][1] for i in range(0, len(t.ranks), per))
         for r in t.ranks:  # a rank listed twice sends twice
             if r < world:
                 rows, dim = table_shard(t, r)
-                sends[r] += (world - 1) * t.batch * dim * t.dtype_bytes * t.output_share(rows)
+                sends[r] += ((world - 1) * t.batch * dim * t.dtype_bytes * t.output_share(rows)
+                             / summed)
+                sparse[r] += host_reduce_s(t, rows, dim, world, topo, calibration)
     for r in range(world):  # the kernel costs at least its floor, once a rank
         if kernel_shards[r]:
             sparse[r] += max(0.0, batched_kernel_floor_s(world) - kernel[r])
@@ -185,7 +205,8 @@ def test_per_table_pricing_equals_per_rank_loop(calibration, tables, spec, calib
     assert [r.sparse_compute_s for r in p.per_rank] == pytest.approx(sparse, rel=1e-12)
     for got, want in zip([r.memory for r in p.per_rank], memory, strict=True):
         assert got == pytest.approx(want, rel=1e-12)
-    assert list(a2a_sends(tables, topo.world_size)[0]) == sends
+    assert list(a2a_sends(tables, topo.world_size, gpus_per_host=topo.gpus_per_host)[0]) \
+        == pytest.approx(sends, rel=1e-12)
 
 
 # ---- scaling: count how often rank lists are read, no clocks ------------------------------

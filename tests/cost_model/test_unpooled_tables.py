@@ -7,7 +7,7 @@ import pytest
 from gemc.cost_model import step_model
 from gemc.cost_model.memory import shard_shape, table_memory
 from gemc.cost_model.op_cost import batched_embedding_time
-from gemc.cost_model.step_model import a2a_sends, predict_step, shard_compute_s
+from gemc.cost_model.step_model import a2a_sends, host_reduce_s, predict_step, shard_compute_s
 from gemc.cost_model.topology import parse_topology
 from gemc.cost_model.types import StepOptions, TableCost
 from hypothesis import given
@@ -87,7 +87,14 @@ def test_row_sharded_bag_still_writes_a_partial_sum_per_bag():
     # the shard's share of the rank's batched lookup kernel (rowwise Adagrad: the runner's)
     t = batched_embedding_time(10**7 // world, 128, world * nnz // world, world * batch,
                                "fp32", gpu, None, "rowwise_adagrad")
-    assert _sparse_per_rank(bag, spec)[0] == pytest.approx(t, rel=1e-12)
+    # plus the in-host all-to-all that sums the 8 partials a host holds of every bag
+    summed = host_reduce_s(bag, 10**7 / world, 128, world, parse_topology(spec), None)
+    assert summed > 0
+    assert _sparse_per_rank(bag, spec)[0] == pytest.approx(t + summed, rel=1e-12)
+    # and each partial crosses hosts summed: 1/8 of the bytes of sending every partial
+    direct, _ = a2a_sends([bag], world)
+    summed_sends, _ = a2a_sends([bag], world, gpus_per_host=8)
+    assert summed_sends == pytest.approx(direct / 8)
     t = batched_embedding_time(10**7 // world, 128, world * nnz // world, world * batch // world,
                                "fp32", gpu, None, "rowwise_adagrad")
     assert _sparse_per_rank(plain, spec)[0] == pytest.approx(t, rel=1e-12)
