@@ -32,6 +32,7 @@ for A/B measurement: :data:`ENV` (``1`` default, ``0`` the direct path).
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -78,6 +79,15 @@ class HostGroups:
         a lone owner its own partial, a group's aggregator the group's sum."""
         group = self.group_of.get(owner)
         return group is None or self.aggregator(group, requester) == owner
+
+
+@functools.lru_cache(maxsize=4096)
+def aggregated_by(group: tuple[int, ...], gpus_per_host: int, world: int, owner: int
+                  ) -> tuple[int, ...]:
+    """The requesters whose partials ``owner`` sums for ``group`` (by rank). Cached: the
+    exchange asks per table and step, and a scan of the world each time adds up."""
+    at = group.index(owner)
+    return tuple(r for r in range(world) if (r % gpus_per_host) % len(group) == at)
 
 
 def host_groups(shards: Sequence[Shard], gpus_per_host: int | None, world_size: int
@@ -151,14 +161,16 @@ def reduce_in_hosts(tables: Sequence[ShardedEmbedding], reducing: dict[int, Host
                     send_len[a] += rows_from[i][r] * cols
         # what arrives, in the senders' order: per source, tables, then requesters
         arriving: list[tuple[int, int, int, int]] = []  # (source, table, requester, rows)
-        for src in range(world):
-            for i, g in mine:
-                if src == rank or src not in g:
-                    continue
-                for r in range(world):
-                    if reducing[i].aggregator(g, r) == rank:
-                        arriving.append((src, i, r, rows_from[i][r]))
-                        recv_len[src] += rows_from[i][r] * tables[i].local.cols
+        from_src: dict[int, list[tuple[int, tuple[int, ...]]]] = {}
+        for i, g in mine:
+            for src in g:
+                if src != rank:
+                    from_src.setdefault(src, []).append((i, g))
+        for src in sorted(from_src):
+            for i, g in from_src[src]:
+                for r in aggregated_by(g, reducing[i].gpus_per_host, world, rank):
+                    arriving.append((src, i, r, rows_from[i][r]))
+                    recv_len[src] += rows_from[i][r] * tables[i].local.cols
         flat = torch.cat([p for to in send for p in to]) if any(send) else torch.empty(
             0, dtype=dtype, device=device)
         got = autograd_all_to_all(flat, recv_len, send_len, group)
