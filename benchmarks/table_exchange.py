@@ -18,6 +18,13 @@ sent at each wire precision (gemc.exchange_precision; fp8 forward, bf16 backward
 prints the ms, the bytes the pooled exchanges sent (forward + backward, rank 0) and the
 SQNR of the outputs and gradients against fp32's: what the cost model's
 ``StepOptions.exchange`` pricing predicts.
+
+``--gpus-per-host N`` (below ``--world``) makes the ranks ``world / N`` hosts: row shards
+sharing a host then sum their partials there before crossing hosts
+(backends/torch/host_reduce.py), and the batched step is also timed with that off
+(``GEMC_ROW_SHARD_HOST_REDUCE=0``, the direct path), printing both ms and the pooled bytes
+rank 0 exchanged with other hosts (sent + received, forward + backward). On one machine
+the "hosts" share its links: the bytes are the point, the ms only a sanity check.
 """
 
 from __future__ import annotations
@@ -85,15 +92,26 @@ def _worker(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
     if cuda:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=args.world)
-    from gemc.backends.torch.comm import count_all_to_all
+    from gemc.backends.torch.comm import count_all_to_all, count_calls
     from gemc.backends.torch.embedding import shard_tables
     from gemc.backends.torch.embedding_exchange import exchange_lookups
+    from gemc.backends.torch.host_reduce import ENV
 
     from gemc.exchange_precision import WirePrecision
     from gemc.probe_types import sqnr_db
 
     sent: list[tuple[str, int]] = []
     calls = count_all_to_all(sent)
+    per_host = args.gpus_per_host or args.world
+    far = [0]  # float bytes rank `rank` exchanged with ranks of other hosts
+
+    def cross_host(output, data, out_splits, in_splits, **_: Any) -> None:  # noqa: ANN001
+        if data.dtype != torch.int64:
+            far[0] += data.element_size() * sum(
+                out_splits[d] + in_splits[d] for d in range(args.world)
+                if d // per_host != rank // per_host)
+
+    count_calls("all_to_all_single", cross_host)
     rows: list[dict[str, Any]] = []
     try:
         for n in args.tables:
@@ -103,7 +121,8 @@ def _worker(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
                                 device="meta") for _ in range(n))
             tables = shard_tables(model, _tables(model, n, args.rows, args.dim, args.sharding,
                                                  args.world),
-                                  rank=rank, world_size=args.world, seed=0)
+                                  rank=rank, world_size=args.world, seed=0,
+                                  gpus_per_host=args.gpus_per_host)
             mods = list(tables.values())
             for m in mods:
                 if m.weight is not None:
@@ -131,6 +150,7 @@ def _worker(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
                         torch.cuda.synchronize()
                     dist.barrier()
                     calls[0] = 0
+                    far[0] = 0
                     sent.clear()
                     t0 = time.perf_counter()
                     outs = fn()
@@ -144,6 +164,7 @@ def _worker(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
                 return {
                     "ms": statistics.median(times), "all_to_all": calls[0],
                     "pooled_bytes": sum(n * BYTES[d] for d, n in sent if d != "int64"),
+                    "cross_host_bytes": far[0],
                     "outs": [o.detach().cpu() for o in outs],
                     "grads": [m.weight.grad.coalesce().to_dense().cpu()
                               if m.weight is not None and m.weight.grad is not None else None
@@ -165,6 +186,24 @@ def _worker(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
                                     "sqnr_db": db if math.isfinite(db) else None}  # exact
             for m in mods:
                 m.exchange = WirePrecision()
+            host_reduce: dict[str, Any] = {}
+            if per_host < args.world:  # the same step with the direct path
+                before = os.environ.get(ENV)
+                os.environ[ENV] = "0"
+                try:
+                    direct = timed(batched)
+                finally:
+                    if before is None:
+                        os.environ.pop(ENV)
+                    else:
+                        os.environ[ENV] = before
+                ref = results["batched"]
+                for a, b in zip(ref["outs"] + ref["grads"], direct["outs"] + direct["grads"]):
+                    if a is not None or b is not None:
+                        torch.testing.assert_close(a, b)
+                host_reduce = {k: {"ms": r["ms"], "cross_host_bytes": r["cross_host_bytes"],
+                                   "all_to_all": r["all_to_all"]}
+                               for k, r in (("on", ref), ("off", direct))}
             for a, b in zip(results["per_table"]["outs"], results["batched"]["outs"]):
                 torch.testing.assert_close(a, b)
             for a, b in zip(results["per_table"]["grads"], results["batched"]["grads"]):
@@ -179,7 +218,8 @@ def _worker(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
             rows.append({"tables": n, "per_table_ms": float(ms[0]), "batched_ms": float(ms[1]),
                          "per_table_all_to_all": results["per_table"]["all_to_all"],
                          "batched_all_to_all": results["batched"]["all_to_all"],
-                         "speedup": float(ms[0] / ms[1]), "exchange": wires})
+                         "speedup": float(ms[0] / ms[1]), "exchange": wires,
+                         "host_reduce": host_reduce})
     finally:
         if rank == 0:
             Path(out).write_text(json.dumps(rows))
@@ -215,6 +255,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--exchange-precision", default="",
                     help="also time the batched step with the pooled rows sent at these wire "
                     "precisions, comma-separated (fp32,bf16,fp8)")
+    ap.add_argument("--gpus-per-host", type=int, default=None,
+                    help="ranks per host (default: all on one host); below --world, row "
+                    "shards sum inside each host first, timed against the direct path")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, a few steps (CPU)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
@@ -234,6 +277,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     if args.device == "cuda" and torch.cuda.device_count() < args.world:
         ap.error(f"--device cuda --world {args.world}: this machine has "
                  f"{torch.cuda.device_count()} GPU(s); pass --world <= that, or --device cpu")
+    if args.gpus_per_host is not None and not (
+            0 < args.gpus_per_host <= args.world and args.world % args.gpus_per_host == 0):
+        ap.error(f"--gpus-per-host {args.gpus_per_host}: expected a divisor of --world "
+                 f"{args.world}")
     tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"table_exchange.{os.getpid()}.json"
     mp.start_processes(_spawnable_worker(), args=(args, _free_port(), str(tmp)), nprocs=args.world,
                        join=True, start_method="spawn")
@@ -254,6 +301,13 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                 db = "exact" if w["sqnr_db"] is None else f"{w['sqnr_db']:.1f}"
                 print(f"{r['tables']:>7} {p:>5} {w['ms']:>11.2f} "
                       f"{w['pooled_bytes'] / 1e6:>19.3f} {db:>16}")
+    if any(r["host_reduce"] for r in rows):
+        print(f"{'tables':>7} {'host reduce':>11} {'batched ms':>11} "
+              f"{'cross-host MB (rank 0)':>23} {'all_to_all':>11}")
+        for r in rows:
+            for k, h in r["host_reduce"].items():
+                print(f"{r['tables']:>7} {k:>11} {h['ms']:>11.2f} "
+                      f"{h['cross_host_bytes'] / 1e6:>23.3f} {h['all_to_all']:>11}")
     if args.out:
         from gemc.dump import write_atomic
 

@@ -7,7 +7,9 @@ gives this rank. All sharding types run through one routing scheme
 owner the ids in that shard's row range, the owner sum-pools them on its shard with one
 ``F.embedding_bag(..., sparse=True)``, and the partial pooled rows come back through a
 differentiable ``all_to_all_single``; the requester adds each owner's partial into its
-columns and divides ``mean`` bags by their length.
+columns and divides ``mean`` bags by their length. On several hosts (the plan topology's
+``gpus_per_host``), a table's row shards on one host first sum their partials there and
+send each requester one block (:mod:`.host_reduce`).
 
 So table-wise is one owner with the whole table, row-wise and table-row-wise are owners of
 row ranges, column-wise owners of column ranges, grid both. Gradients flow back through the
@@ -56,6 +58,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from gemc.backends.torch.embedding_exchange import Bags, exchange_lookups
+from gemc.backends.torch.host_reduce import host_groups
 from gemc.backends.torch.init import derive_seed, fill_table_slice_
 from gemc.backends.torch.padded_lookup import padded_sparse_lookup
 from gemc.backends.torch.table_storage import StoredRows
@@ -113,6 +116,7 @@ class ShardedEmbedding(nn.Module):
         seed: int,
         group: dist.ProcessGroup | None = None,
         exchange: WirePrecision = FP32_WIRE,
+        gpus_per_host: int | None = None,
     ) -> None:
         super().__init__()
         self.exchange = exchange  # the pooled exchange's wire precision, both directions
@@ -217,6 +221,10 @@ class ShardedEmbedding(nn.Module):
         else:
             self.register_parameter("weight", None)
         self.owners = {s.rank: s for s in self.shards}
+        # row shards that sum their partials inside a host before crossing hosts
+        # (.host_reduce); None on one host (gpus_per_host None: the whole world)
+        self.host_groups = (None if self.replicated
+                            else host_groups(self.shards, gpus_per_host, world_size))
         self.row_scale: torch.Tensor | None = None  # fp8: one scale per local row
         self.working: list[tuple[torch.Tensor, torch.Tensor]] = []  # see rows_for_lookup
         # lookups whose output gradient came through gemc::table_lookup's backward
@@ -501,10 +509,12 @@ def shard_tables(
     seed: int,
     group: dist.ProcessGroup | None = None,
     exchange: WirePrecision = FP32_WIRE,
+    gpus_per_host: int | None = None,
 ) -> dict[str, ShardedEmbedding]:
     """Replace every table module of ``model`` (still on meta) by its sharded version,
     exchanging pooled rows at ``exchange`` (the plan's, :func:`gemc.exchange_precision.
-    wire_of_plan`)."""
+    wire_of_plan`); ``gpus_per_host``: the plan topology's (None: one host), where row
+    shards sum their partials before crossing hosts (:mod:`.host_reduce`)."""
     out: dict[str, ShardedEmbedding] = {}
     for table in tables:
         name = module_fqn(table["fqn"])
@@ -518,7 +528,7 @@ def shard_tables(
             ) from exc
         sharded = ShardedEmbedding(
             source, table, rank=rank, world_size=world_size, seed=seed, group=group,
-            exchange=exchange)
+            exchange=exchange, gpus_per_host=gpus_per_host)
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, sharded)

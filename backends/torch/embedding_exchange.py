@@ -23,7 +23,11 @@ TorchRec's input/output distribution does for a KeyedJaggedTensor:
    gradient back at once. The plan's exchange precision (``ShardedEmbedding.exchange``,
    gemc.exchange_precision) sends them bf16, or fp8 with a scale per pooled row (a row:
    one bag's columns of one table's shard), cast back on arrival: the partials and their
-   gradients keep their shapes and dtype.
+   gradients keep their shapes and dtype. On several hosts, a table's row shards first
+   sum their partials inside each host (:mod:`.host_reduce`: one more differentiable
+   ``all_to_all_single`` per table dtype, exact, before any wire rounding), and only each
+   host group's aggregator sends the requester a block: one per host group, not one per
+   owner, crosses hosts.
 
 The requester adds each owner's partial into its columns (row-wise shards add, column-wise
 fill disjoint columns) and divides ``mean`` bags by their length. Every rank must pass the
@@ -40,6 +44,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from gemc.backends.torch.comm import RowLayout, all_to_all, autograd_all_to_all
+from gemc.backends.torch.host_reduce import reduce_in_hosts, reducing_tables
 
 from gemc.exchange_precision import WirePrecision
 
@@ -239,30 +244,43 @@ def exchange_lookups(tables: Sequence[ShardedEmbedding], bags: Sequence[Bags], *
         for (i, _), part in zip(fused, pooled):
             partials[i] = part.to(tables[i].dtype)
 
+    # 5a. row shards' partials summed inside each host (.host_reduce), all tables at once
+    reducing = reducing_tables(tables)
+    summed, anchors = (reduce_in_hosts(tables, reducing, partials, rows_from, rank=rank,
+                                       world=world, group=group, device=device)
+                       if reducing else ({}, {}))
+
+    def sends(i: int, owner: int, requester: int) -> bool:  # a block of table i in step 5
+        return i not in reducing or reducing[i].sends(owner, requester)
+
     # 5. partials back to the requesters, one exchange per table dtype and wire precision
     outs: list[torch.Tensor | None] = [None] * len(tables)
     for dtype, wire in _exchange_groups(tables):
         in_group = [i for i, m in enumerate(tables) if (m.dtype, m.exchange) == (dtype, wire)]
         mine = [i for i in in_group if i in partials]
         split_rows = {i: partials[i].split(rows_from[i]) for i in mine}
-        flat_parts = [split_rows[i][src].reshape(-1) for src in range(world) for i in mine]
-        back_in = [sum(rows_from[i][src] * tables[i].local.cols for i in mine)
-                   for src in range(world)]
+        blocks = [(src, i) for src in range(world) for i in mine if sends(i, rank, src)]
+        flat_parts = [(summed[i][src] if i in summed and src in summed[i]
+                       else split_rows[i][src]).reshape(-1) for src, i in blocks]
+        back_in, sent_rows = [0] * world, [0] * world  # elements and rows to each rank
+        for src, i in blocks:
+            back_in[src] += rows_from[i][src] * tables[i].local.cols
+            sent_rows[src] += rows_from[i][src]
+        if dtype in anchors and any(i in reducing for i in in_group):
+            flat_parts.append(anchors[dtype])  # no element: see reduce_in_hosts
         flat = (torch.cat(flat_parts) if flat_parts
                 else torch.empty(0, dtype=dtype, device=device))
-        back_out = [sum(bags[i].batch * tables[i].owners[d].cols for i in in_group
-                        if d in tables[i].owners) for d in range(world)]
-        pairs = [(d, i) for d in range(world) for i in in_group if d in tables[i].owners]
+        pairs = [(d, i) for d in range(world) for i in in_group
+                 if d in tables[i].owners and sends(i, d, rank)]
+        back_out, got_rows = [0] * world, [0] * world  # elements and rows from each rank
+        for d, i in pairs:
+            back_out[d] += bags[i].batch * tables[i].owners[d].cols
+            got_rows[d] += bags[i].batch
         rows = None
         if "fp8" in (wire.forward, wire.backward):  # a scale per pooled row: their widths
-            sent = [(rows_from[i][src], tables[i].local.cols) for src in range(world)
-                    for i in mine]
+            sent = [(rows_from[i][src], tables[i].local.cols) for src, i in blocks]
             got = [(bags[i].batch, tables[i].owners[d].cols) for d, i in pairs]
-            rows = RowLayout(
-                _widths(sent, device), [sum(rows_from[i][src] for i in mine)
-                                        for src in range(world)],
-                _widths(got, device), [sum(bags[i].batch for i in in_group
-                                           if d in tables[i].owners) for d in range(world)])
+            rows = RowLayout(_widths(sent, device), sent_rows, _widths(got, device), got_rows)
         returned = autograd_all_to_all(flat, back_out, back_in, group, precision=wire,
                                        rows=rows)
         # one split into every (owner, table) chunk: its backward concatenates the chunks'

@@ -212,6 +212,16 @@ def check_world(plan: Plan, world: World, source: str = "plan") -> None:
         )
 
 
+def gpus_per_host(plan: dict[str, Any]) -> int:
+    """The ranks a host holds, from the plan's topology (its mesh's last side where a
+    hand-written plan's topology omits it): rank r is on host r // gpus_per_host, as
+    torchrun numbers them. The embedding exchange reduces row shards per host by it."""
+    given = plan.get("topology", {}).get("gpus_per_host")
+    if given is None:
+        given = plan["mesh"]["shape"][-1]
+    return int(given)
+
+
 def _device(requested: str | None, world: World) -> torch.device:
     kind = requested or ("cuda" if torch.cuda.is_available() else "cpu")
     if kind not in ("cpu", "cuda"):
@@ -411,7 +421,7 @@ def _run(
     model = spec.model
     wire = wire_of_plan(plan)
     tables = shard_tables(model, plan["tables"], rank=rank, world_size=wsize, seed=opts.seed,
-                          exchange=wire)
+                          exchange=wire, gpus_per_host=gpus_per_host(plan))
     init_report = materialize_(model, device, opts.seed, table_module_names(plan),
                                origin=spec.origin, recipes=spec.init_recipes)
     model.train()

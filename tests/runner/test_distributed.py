@@ -126,18 +126,37 @@ def _reference(plan: dict, world: int, args: dict | None = None) -> list[float]:
 
 
 PER_TABLE_EXCHANGE = 4  # all_to_all_single: sizes, ids, pooled rows, their gradients
+HOST_REDUCE = 2  # an exchange whose row shards sum inside hosts: stage A, its gradients
+
+
+def _reduces(plan: dict, fqn: str) -> bool:
+    """Whether the table's row shards sum inside hosts first (backends/torch/host_reduce)."""
+    from gemc.backends.torch.embedding import Shard
+    from gemc.backends.torch.host_reduce import host_groups
+    from gemc.backends.torch.runner import gpus_per_host
+
+    table = next(t for t in plan["tables"] if t["fqn"] == fqn)
+    return host_groups([Shard.from_plan(s) for s in table["shards"]], gpus_per_host(plan),
+                       plan["mesh"]["world_size"]) is not None
 
 
 def _check_exchange(meta: dict, plan: dict, on_call: dict[str, str] | None = None) -> None:
     """Step 1 looks every routed table up on its own; from step 2 the tables the model calls
-    with batch entries share one exchange, the others (``on_call``) keep their own."""
+    with batch entries share one exchange, the others (``on_call``) keep their own. An
+    exchange with row shards on several GPUs of a host (on several hosts) sums them there
+    first: one more all-to-all and its backward (the tables here are all fp32)."""
     on_call = on_call or {}
     routed = sorted(t["fqn"] for t in plan["tables"] if t["sharding"] != "data_parallel")
     assert meta["embedding_exchange"] == {
         "batched": sorted(set(routed) - set(on_call)), "on_call": on_call}
     steps = meta["all_to_all_per_step"]
-    assert steps[0] == PER_TABLE_EXCHANGE * len(routed)
-    assert set(steps[1:]) == {PER_TABLE_EXCHANGE * (1 + len(on_call))}, steps
+    assert steps[0] == sum(PER_TABLE_EXCHANGE + HOST_REDUCE * _reduces(plan, f)
+                           for f in routed)
+    batched = [f for f in routed if f not in on_call]
+    later = (PER_TABLE_EXCHANGE * (1 + len(on_call))
+             + HOST_REDUCE * (any(_reduces(plan, f) for f in batched)
+                              + sum(_reduces(plan, f) for f in on_call)))
+    assert set(steps[1:]) == {later}, steps
     warned = [w for w in meta["warnings"] if "looked up when the model calls them" in w]
     assert len(warned) == (1 if on_call else 0), meta["warnings"]
     assert all(f"'{fqn}' ({why})" in warned[0] for fqn, why in on_call.items())

@@ -28,3 +28,19 @@ def test_smoke_batched_exchange_is_four_collectives_for_any_table_count(tmp_path
         assert wire["bf16"]["pooled_bytes"] > wire["fp8"]["pooled_bytes"] > fp32 * 3 / 8
         assert wire["bf16"]["sqnr_db"] > 40 and 25 < wire["fp8"]["sqnr_db"] < wire["bf16"]["sqnr_db"]
     assert json.loads(out.read_text())["rows"] == rows
+
+
+def test_smoke_host_reduce_halves_the_bytes_that_cross_hosts(tmp_path: Path) -> None:
+    """4 ranks as 2 hosts x 2 (``--gpus-per-host 2``): row-wise tables sum their partials
+    inside each host, so rank 0 exchanges one pooled block per table and direction with
+    the other host instead of two; the direct path (checked equal by the benchmark) does
+    not, and the reduce costs one more all-to-all and its backward."""
+    bench = load_benchmark("table_exchange")
+    rows = bench.main(["--smoke", "--world", "4", "--gpus-per-host", "2",
+                       "--out", str(tmp_path / "reduce.json")])
+    assert [r["tables"] for r in rows] == [2, 6]
+    for row in rows:
+        on, off = row["host_reduce"]["on"], row["host_reduce"]["off"]
+        assert off["cross_host_bytes"] > 0
+        assert on["cross_host_bytes"] * 2 == off["cross_host_bytes"]
+        assert on["all_to_all"] == off["all_to_all"] + 2 == 6
