@@ -70,10 +70,14 @@ from gemc.probe_types import Energy
 
 FLAG = "--fp8-audit-every"
 DEFAULT_EVERY = 100
-"""Steps between audits. Why 100: the weight gradient left the bound within the first 100
-steps on Wukong (BENCHMARKS.md), so the first audit comes when the damage is at most 100
-steps old; the run report's ``fp8_audit.seconds`` says what it cost (one audited step's
-sites run each fp8 GEMM twice more, once in fp32)."""
+"""Steps between audits. Why 100: on the CPU's 2-layer Wukong one audit cost 0.95 of a
+training step (55 s for 10 audits in a 636 s run of 100 steps: BENCHMARKS.md, branch
+s22-fp8audit), so 1% at 100; and the weight gradients there left the bound at steps 20-30,
+so a 100-step cadence leaves at most 100 steps of a bad fp8 wgrad (on that model an fp8
+run that never switched ended within 0.1% of bf16: branch s21-fp8loss). The run report's ``fp8_audit.seconds``
+measures the cost of every run (device time included: the audit waits for the GPU); on a
+GPU the fp32 reference GEMMs run at the fp32 rate (TF32 off), a larger share of a step
+than on a CPU -- raise N where the report shows it."""
 MAX_DB = 200.0  # plans and reports are JSON: no infinities (as the precision pass clamps)
 STEP, SHADOW = "step", "shadow"
 
@@ -270,6 +274,7 @@ class Fp8Audit:
         on ``batch``, from the RNG state the step will start from, before the step."""
         if not self.due(step):
             return
+        _sync(next(model.parameters()).device)
         t0 = time.perf_counter()
         self._armed = step
         self._attach()
@@ -290,6 +295,7 @@ class Fp8Audit:
             with torch.no_grad():
                 for b, saved in buffers:
                     b.copy_(saved)
+            _sync(next(model.parameters()).device)
             self.seconds += time.perf_counter() - t0
 
     # -- the hooks -----------------------------------------------------------------------
@@ -327,6 +333,7 @@ class Fp8Audit:
         def hook(dy: torch.Tensor) -> None:
             if self._armed is None or not held:
                 return
+            _sync(dy.device)  # the audit's own time (a GPU runs it after the queued work)
             t0 = time.perf_counter()
             x = held.pop()
             recipe = module.recipe
@@ -336,6 +343,7 @@ class Fp8Audit:
             acc = self._energy.setdefault(name, {})
             for g, e in got.items():
                 acc[g] = acc[g] + e if g in acc else e
+            _sync(dy.device)
             self.seconds += time.perf_counter() - t0
         return hook
 
@@ -418,6 +426,13 @@ class Fp8Audit:
 
     def close(self) -> None:
         self._detach()
+
+
+def _sync(device: torch.device) -> None:
+    """Wait for the device: ``seconds`` is what the audit costs, not host enqueue time
+    (audited steps only)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _labels(recipe: Fp8Recipe) -> dict[str, str]:
