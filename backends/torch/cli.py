@@ -29,6 +29,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gemc.backends.torch.fp8_audit import DEFAULT_EVERY as AUDIT_EVERY
+from gemc.backends.torch.fp8_audit import FLAG as AUDIT_FLAG
 from gemc.backends.torch.kernel_choices import read_choices
 
 from gemc import checks
@@ -64,7 +66,7 @@ def _audit_every(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not an integer >= 0: give the steps between fp8 audits (default "
-            "100), or 0 to turn the audit off")
+            f"{AUDIT_EVERY}), or 0 to turn the audit off")
     return value
 
 
@@ -124,9 +126,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(default) or stop, naming the plan's low-precision tables and sites to revert",
     )
     p.add_argument(
-        "--fp8-audit-every", type=_audit_every, default=100, metavar="N",
-        help="every N steps (default 100; 0: off), measure each fp8 site's GEMMs (y, dx, dW) "
-        "on that step's operands against fp32 (SQNR dB); a GEMM under the bound the "
+        AUDIT_FLAG, type=_audit_every, default=AUDIT_EVERY, metavar="N",
+        help=f"every N steps (default {AUDIT_EVERY}; 0: off), measure each fp8 site's GEMMs "
+        "(y, dx, dW) on that step's operands against fp32 (SQNR dB); a GEMM under the bound the "
         "precision pass chose it by (the plan's min_sqnr_db, default 25) runs bf16 for the "
         "rest of the run, with a warning; the run report's fp8_audit has each site's series "
         "and switches (one audited step runs each fp8 GEMM twice more, once in fp32; a "
@@ -424,7 +426,7 @@ def argv_of(args: argparse.Namespace) -> list[str]:
         "--loss-every": args.loss_every,
         "--divergence": args.divergence,
         "--reference-losses": args.reference_losses,
-        "--fp8-audit-every": args.fp8_audit_every,
+        AUDIT_FLAG: args.fp8_audit_every,
     }
     for flag, value in pairs.items():
         if value is not None:

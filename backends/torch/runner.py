@@ -45,7 +45,15 @@ from gemc.backends.torch.first_step import (
     warm_compile_workers,
     warm_kernels,
 )
-from gemc.backends.torch.fp8_audit import SHADOW, STEP, Fp8Audit, check_every, fp8_sites, plan_bound
+from gemc.backends.torch.fp8_audit import (
+    DEFAULT_EVERY,
+    SHADOW,
+    STEP,
+    Fp8Audit,
+    check_every,
+    fp8_sites,
+    plan_bound,
+)
 from gemc.backends.torch.graph_fp8 import apply_fp8_sites
 from gemc.backends.torch.graph_mode import GraphExecutor, check_graph_mode, compile_backend
 from gemc.backends.torch.graph_precision import scope_module_precision
@@ -139,7 +147,7 @@ class RunOptions:
     reference_losses: str | None = None
     # every N steps, each fp8 site's GEMMs against fp32 on the step's operands; a GEMM under
     # the precision pass's bound runs bf16 after (.fp8_audit); 0: off
-    fp8_audit_every: int = 100
+    fp8_audit_every: int = DEFAULT_EVERY
     # called after every step with the number of steps done (benchmarks hang a profiler on it)
     on_step: Callable[[int], None] | None = None
     # called once, set up and before the first step, with what the run trains (a benchmark
