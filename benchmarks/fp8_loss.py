@@ -38,7 +38,10 @@ Printed: the losses every ``--every`` steps side by side, and per variant agains
 ``--tol`` (0.5%). The same against fp32 when it ran. ``--sqnr-step S`` also records, in each
 fp8 variant's step S (module mode only), every fp8 site's x, W and output gradient and
 prints the SQNR of y, dx and dW as the site's recipe computes them against float64: the
-GEMM error on the model's own tensors, mid-training.
+GEMM error on the model's own tensors, mid-training (the measurement of the runner's fp8
+audit, :mod:`gemc.backends.torch.fp8_audit`, which makes it every ``--fp8-audit-every``
+steps of a run; ``--audit-every N`` passes that to the fp8 variants, default off here so
+the variants' curves are the recipes' own).
 
 ``--cycle N``: step s trains on batch ``s % N`` (a fitting run: the zoo's labels are random,
 so on fresh batches the loss settles at their entropy; on a few cycled ones it falls
@@ -206,12 +209,7 @@ def e5m2_gradients() -> Iterator[None]:
 
 # ----------------------------------------------------------------------------- SQNR in training
 
-
-def sqnr_db(ref: torch.Tensor, test: torch.Tensor) -> float:
-    """10 log10(sum ref^2 / sum (ref - test)^2), in float64."""
-    ref, test = ref.detach().double(), test.detach().double()
-    noise = float(((ref - test) ** 2).sum())
-    return float("inf") if noise == 0 else 10 * float(torch.log10((ref ** 2).sum() / noise))
+NAMES = {"fwd": "y", "dgrad": "dx", "wgrad": "dW"}  # the GEMMs by the tensor each makes
 
 
 class SiteRecorder:
@@ -243,7 +241,12 @@ class SiteRecorder:
         return hook
 
     def table(self) -> list[dict[str, Any]]:
-        """Per site: SQNR of y, dx, dW in the site's recipe and in bf16, vs float64."""
+        """Per site: SQNR of y, dx, dW in the site's recipe and in bf16, vs float64 (the
+        runner's fp8 audit's measurement, :func:`gemc.backends.torch.fp8_audit.gemm_sqnr`,
+        with a float64 yardstick)."""
+        from gemc.backends.torch.fp8_audit import coherence_db, gemm_sqnr, wgrad_by_operand
+
+        from gemc.fp8_recipe import BF16, Fp8Recipe
 
         rows = []
         for name, rec in self.records.items():
@@ -252,61 +255,15 @@ class SiteRecorder:
             x, w, dy = rec["x"], rec["w"], rec["dy"]
             row: dict[str, Any] = {"site": name, "shape": [*x.shape[:-1], w.shape[1],
                                                           w.shape[0]]}
-            ref = _linear_grads(x, w, dy, None, None, reference=True)
-            for label, recipe in (("fp8", rec["recipe"]), ("bf16", None)):
-                got = _linear_grads(x, w, dy, recipe, rec["quantizer"])
-                row[label] = {k: round(sqnr_db(ref[k], got[k]), 2) for k in ref}
+            for label, recipe in (("fp8", rec["recipe"]), ("bf16", Fp8Recipe.uniform(BF16))):
+                dbs = gemm_sqnr(x, w, dy, recipe, quantizer=rec["quantizer"],
+                                out_dtype=torch.bfloat16, reference=torch.float64)
+                row[label] = {NAMES[g]: round(v, 2) for g, v in dbs.items()}
             row["dW_coherence_db"] = round(coherence_db(x, dy), 2)
-            row["dW_one_operand"] = wgrad_by_operand(x, dy)
+            row["dW_one_operand"] = {k: round(v, 2) for k, v in
+                                     wgrad_by_operand(x, dy).items()}
             rows.append(row)
         return rows
-
-
-def wgrad_by_operand(x: torch.Tensor, dy: torch.Tensor) -> dict[str, float]:
-    """SQNR (dB vs float64) of ``dW = dy^T x`` with only ``dy`` or only ``x`` row-wise e4m3
-    (each scaled along the tokens, as gemc's wgrad does): which operand's rounding the
-    weight gradient's error comes from."""
-    from gemc.backends.torch import fp8
-
-    xd, dyd = x.detach().flatten(0, -2), dy.detach().flatten(0, -2)
-    ref = dyd.double().t() @ xd.double()
-
-    def rounded(t: torch.Tensor) -> torch.Tensor:  # along the tokens (dim 0)
-        return fp8.dequantize(*fp8.quantize(t, fp8.ROWWISE, dim=0)).double()
-
-    return {"dy": round(sqnr_db(ref, rounded(dyd).t() @ xd.double()), 2),
-            "x": round(sqnr_db(ref, dyd.double().t() @ rounded(xd)), 2)}
-
-
-def coherence_db(x: torch.Tensor, dy: torch.Tensor) -> float:
-    """``10 log10(|dy^T x|^2 / sum_t |dy_t|^2 |x_t|^2)``: how the weight gradient's per-token
-    terms add up. About 0 dB for independent terms; positive where they point one way
-    (early training); negative where they cancel (a gradient of label noise around a
-    fitted mean): the rounding errors of the operands do not cancel with them, so a
-    GEMM's SQNR drops by about that much below its operands'."""
-    xd, dyd = x.detach().double().flatten(0, -2), dy.detach().double().flatten(0, -2)
-    terms = float(((dyd ** 2).sum(1) * (xd ** 2).sum(1)).sum())
-    total = float(((dyd.t() @ xd) ** 2).sum())
-    return float("-inf") if total == 0 else 10 * float(torch.log10(torch.tensor(total / terms)))
-
-
-def _linear_grads(x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, recipe: Any,
-                  quantizer: str | None, reference: bool = False) -> dict[str, torch.Tensor]:
-    from gemc.backends.torch import fp8
-
-    if reference:
-        xr, wr = x.double().requires_grad_(), w.double().requires_grad_()
-        y = xr @ wr.t()
-        dx, dw = torch.autograd.grad(y, (xr, wr), dy.double())
-        return {"y": y.detach(), "dx": dx, "dW": dw}
-    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
-    with torch.autocast(x.device.type, dtype=torch.bfloat16):
-        if recipe is None:
-            y = torch.nn.functional.linear(xr, wr)
-        else:
-            y = fp8.fp8_linear(xr, wr, None, recipe, quantizer=quantizer or fp8.ATEN_QUANT)
-    dx, dw = torch.autograd.grad(y, (xr, wr), dy.to(y.dtype))
-    return {"y": y.detach(), "dx": dx, "dW": dw}
 
 
 # ----------------------------------------------------------------------------- runs
@@ -328,6 +285,7 @@ def run_variant(variant: str, plan: dict[str, Any], forced: list[str], args: arg
     opts = RunOptions(
         steps=args.steps, device=args.device, seed=args.seed, progress=args.progress,
         kernels=args.graph, divergence="off", warmup_steps=0,
+        fp8_audit_every=args.audit_every,
         precision=extra.get("precision"),
         fp8_min_features=args.fp8_linears if extra.get("forced") else None,
         on_ready=recorder.on_ready if recorder else None,
@@ -343,6 +301,11 @@ def run_variant(variant: str, plan: dict[str, Any], forced: list[str], args: arg
         "fp8_sites": sorted(e["target"] for e in entries if e.get("dtype") == "fp8")
         or result.report.get("forced_fp8_linears", []),
         "execution": result.report.get("execution")}
+    audit = result.report.get("fp8_audit") or {}
+    if audit.get("audits"):  # --audit-every: the runner's audit series and switches
+        row["fp8_audit"] = {k: audit[k] for k in ("every", "bound_db", "audits", "seconds",
+                                                  "switched", "switches")}
+        row["fp8_audit"]["series"] = {n: s["series"] for n, s in audit["sites"].items()}
     if table is not None:
         row["sqnr_step"] = args.sqnr_step
         row["sqnr"] = table
@@ -387,6 +350,20 @@ def report_text(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
                          f"{c['mean_ratio']:.4f}  max_dev {c['max_dev']:.4f}  steps over tol "
                          f"{c['steps_over_tol']}/{c['steps']}")
     for r in rows:
+        audit = r.get("fp8_audit")
+        if audit:
+            lines.append(f"\n{r['variant']}: fp8 audit every {audit['every']} steps "
+                         f"(bound {audit['bound_db']:g} dB; {audit['audits']} audits, "
+                         f"{audit['seconds']:.1f} s): dB of y, dx, dW per audited step")
+            for site, series in audit["series"].items():
+                cells = " ".join(f"{p['step']}:" + "/".join(
+                    f"{p[g]:.1f}" if g in p else "-" for g in ("fwd", "dgrad", "wgrad"))
+                    for p in series)
+                lines.append(f"  {site:28s} {cells}")
+            for sw in audit["switches"]:
+                lines.append(f"  switched: {sw['site']} {sw['gemm']} at step {sw['step']} "
+                             f"({sw['sqnr_db']:.1f} dB)")
+    for r in rows:
         if r.get("sqnr"):
             lines.append(f"\n{r['variant']}: SQNR dB vs float64 after {r['sqnr_step']} steps "
                          "(y, dx, dW: the site's recipe | bf16; coherence of dW's terms; dW "
@@ -409,6 +386,7 @@ def unit(m: int, k: int, n: int, seed: int = 0) -> list[dict[str, Any]]:
     from gemc.backends.torch import fp8
 
     from gemc.fp8_recipe import FP8_ROW, Fp8Recipe
+    from gemc.probe_types import sqnr_db
 
     torch.manual_seed(seed)
     lin = torch.nn.Linear(k, n)
@@ -461,6 +439,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--every", type=int, default=None, help="print every N-th step's losses")
     p.add_argument("--sqnr-step", type=int, default=None, metavar="S",
                    help="fp8 variants: SQNR of every fp8 site's GEMMs at step S (module mode)")
+    p.add_argument("--audit-every", type=int, default=0, metavar="N",
+                   help="the runner's fp8 audit every N steps in each variant (gemc run "
+                   "--fp8-audit-every; default 0 here: the curves are the recipes' own)")
     p.add_argument("--graph", action="store_true",
                    help="graph mode with the plan's kernels through torch.compile (zoo.py's "
                    "gemc rows); default: module mode")

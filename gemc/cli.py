@@ -27,6 +27,7 @@ from gemc.exits import (
     signal_handlers,
     signal_name,
 )
+from gemc.fp8_recipe import MIN_SQNR_DB
 from gemc.plan import TABLE_OPTIMIZERS
 
 if TYPE_CHECKING:
@@ -150,9 +151,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="how the run executes fp32 GEMMs (sites kept fp32, a model without "
                    "autocast): ieee (PyTorch's default) or tf32; priced so, and the runner "
                    "sets torch.backends.cuda.matmul.allow_tf32 from the plan")
-    c.add_argument("--min-sqnr-db", type=_SQNR_DB, default=25.0,
+    c.add_argument("--min-sqnr-db", type=_SQNR_DB, default=MIN_SQNR_DB,
                    help="lowest SQNR (dB vs fp32) a GEMM may have in bf16 or fp8 "
-                   f"(0..{_MAX_SQNR_DB:g}; default 25)")
+                   f"(0..{_MAX_SQNR_DB:g}; default {MIN_SQNR_DB:g}; gemc run's fp8 audit "
+                   "holds the fp8 GEMMs to it during training)")
     c.add_argument("--min-block-sqnr-db", type=_SQNR_DB, default=23.0,
                    help="lowest SQNR of a block (region) run with its chosen precisions "
                    f"(0..{_MAX_SQNR_DB:g}; default 23)")

@@ -20,6 +20,12 @@ SCALINGS = (ROWWISE, TENSORWISE)
 GEMMS = ("fwd", "dgrad", "wgrad")
 DTYPES = ("fp32", "bf16", "fp8")
 ALIGN = 16  # torch._scaled_mm: K and N divisible by 16
+MIN_SQNR_DB = 25.0
+"""The lowest SQNR (dB against fp32) a GEMM may have in bf16 or fp8: the precision pass's
+default bound (``PrecisionOptions.min_sqnr_db``, ``gemc compile --min-sqnr-db``), which the
+plan records in its ``"*"`` entry's ``rule``. Here, in the core, so the runner's fp8 audit
+(``gemc.backends.torch.fp8_audit``) holds a plan without a recorded rule to the same bound
+without importing the compiler."""
 
 
 # ----------------------------------------------------------------------------- choices

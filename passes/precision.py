@@ -84,7 +84,7 @@ class PrecisionOptions:
     """The rule's knobs (see the module doc)."""
 
     mode: str = "auto"
-    min_sqnr_db: float = 25.0
+    min_sqnr_db: float = fp8_recipe.MIN_SQNR_DB
     min_block_sqnr_db: float = 23.0
     min_gain: float = 0.05
     require_gain: bool = True  # False: fp8 wherever allowed and accurate (numerics studies)

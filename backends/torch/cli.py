@@ -29,6 +29,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gemc.backends.torch.fp8_audit import DEFAULT_EVERY as AUDIT_EVERY
+from gemc.backends.torch.fp8_audit import FLAG as AUDIT_FLAG
 from gemc.backends.torch.kernel_choices import read_choices
 
 from gemc import checks
@@ -53,6 +55,19 @@ def _names(text: str) -> tuple[str, ...]:
     if not all(names):
         raise argparse.ArgumentTypeError(f"expected comma-separated names, got {text!r}")
     return names
+
+
+def _audit_every(text: str) -> int:
+    """``--fp8-audit-every``: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an integer >= 0: give the steps between fp8 audits (default "
+            f"{AUDIT_EVERY}), or 0 to turn the audit off")
+    return value
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -109,6 +124,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="loss safeguard: a non-finite loss, a jump far above the run's recent losses, or "
         "(with --reference-losses) staying well above a reference run's flags the step; warn "
         "(default) or stop, naming the plan's low-precision tables and sites to revert",
+    )
+    p.add_argument(
+        AUDIT_FLAG, type=_audit_every, default=AUDIT_EVERY, metavar="N",
+        help=f"every N steps (default {AUDIT_EVERY}; 0: off), measure each fp8 site's GEMMs "
+        "(y, dx, dW) on that step's operands against fp32 (SQNR dB); a GEMM under the bound the "
+        "precision pass chose it by (the plan's min_sqnr_db, default 25) runs bf16 for the "
+        "rest of the run, with a warning; the run report's fp8_audit has each site's series "
+        "and switches (one audited step runs each fp8 GEMM twice more, once in fp32; a "
+        "compiled step is measured on an eager run of the same batch before it)",
     )
     p.add_argument(
         "--reference-losses", metavar="FILE",
@@ -225,6 +249,7 @@ def options_from_args(args: argparse.Namespace) -> Any:
         cache_dir=args.cache_dir,
         divergence=args.divergence,
         reference_losses=args.reference_losses,
+        fp8_audit_every=args.fp8_audit_every,
     )
 
 
@@ -401,6 +426,7 @@ def argv_of(args: argparse.Namespace) -> list[str]:
         "--loss-every": args.loss_every,
         "--divergence": args.divergence,
         "--reference-losses": args.reference_losses,
+        AUDIT_FLAG: args.fp8_audit_every,
     }
     for flag, value in pairs.items():
         if value is not None:

@@ -17,7 +17,10 @@ backward's quantisations of the output gradient fuse into whatever produced it.
 Whether the device runs ``_scaled_mm`` natively, and who quantises (ATen ops or gemc's
 kernels: ``GEMC_FP8_QUANTIZER``, :data:`.fp8.QUANTIZERS`), are decided here, once, outside the trace
 (off a GPU with fp8 tensor cores the same quantisation is dequantised into an fp32 matmul:
-the emulation of :mod:`.fp8`). A generated kernel that replaces a rewritten linear (a GEMM
+the emulation of :mod:`.fp8`). The recipe is baked into each site's call, so a recipe that
+changes during the run (the fp8 audit's switch to bf16, :mod:`.fp8_audit`) reaches the
+graph only through :func:`retarget_fp8_sites` and a rebuild of the compiled graphs. A
+generated kernel that replaces a rewritten linear (a GEMM
 epilogue) is left out with a warning naming it; its other ops then run as Inductor compiles
 them.
 """
@@ -36,7 +39,7 @@ from gemc.ir import module_path
 from . import fp8
 from .graph_precision import kernels_outside
 
-__all__ = ["apply_fp8_sites"]
+__all__ = ["apply_fp8_sites", "retarget_fp8_sites"]
 
 LINEAR = torch.ops.aten.linear.default
 
@@ -90,3 +93,24 @@ def apply_fp8_sites(gm: fx.GraphModule, recipes: Mapping[str, fp8.Fp8Recipe],
     kept = kernels_outside(kernels, taken, "they replace the linear of an fp8 site",
                            "those linears run in fp8, the rest as Inductor compiles it")
     return kept, taken
+
+
+def retarget_fp8_sites(gm: fx.GraphModule, nodes: Mapping[str, str],
+                       recipes: Mapping[str, fp8.Fp8Recipe], device: torch.device) -> list[str]:
+    """Point the nodes :func:`apply_fp8_sites` rewrote (``nodes``: node name -> site) of each
+    site in ``recipes`` at that site's new recipe, in place; returns the nodes changed.
+
+    Why a function of its own: the recipe is a constant of the call a node makes, and a
+    graph compiled from it keeps it, so changing the module's recipe changes nothing in
+    graph mode; the caller rebuilds its compiled graphs after this."""
+    emulate = not fp8.hardware_fp8(device)
+    quantizer = fp8.default_quantizer()
+    changed = []
+    for node in gm.graph.nodes:
+        site = nodes.get(node.name)
+        if site is not None and site in recipes:
+            node.target = _site_call(recipes[site], emulate, quantizer)
+            changed.append(node.name)
+    if changed:
+        gm.recompile()
+    return changed

@@ -501,6 +501,18 @@ class GraphExecutor:
         return fn(*decision.offsets,
                   *(token_count_input(total, self.runner.device) for _, total in packed), *batch)
 
+    def set_fp8_recipes(self, recipes: Mapping[str, Any], nodes: Mapping[str, str]) -> None:
+        """Run fp8 sites with new recipes from the next call (the fp8 audit's switch of a
+        GEMM to bf16): their nodes (``nodes``: node name -> site, from
+        :func:`~gemc.backends.torch.graph_fp8.apply_fp8_sites`) are re-targeted, and every
+        compiled graph is dropped, since each holds the old recipe as a constant (a
+        compiled graph is a new module, so Dynamo traces it afresh; ``compiled_variants``
+        in the report counts the rebuild). The interpreter reads the nodes as they are."""
+        from gemc.backends.torch.graph_fp8 import retarget_fp8_sites
+
+        if retarget_fp8_sites(self.runner.gm, nodes, recipes, self.runner.device):
+            self._compiled.clear()
+
     def _compile(self, dt: torch.dtype | None, key: tuple[int | None, ...]) -> Any:
         """The rewritten graph for autocast ``dt`` and the guarded regions' outcome ``key``,
         through ``torch.compile`` (lazily: it compiles on its first call)."""

@@ -45,6 +45,15 @@ from gemc.backends.torch.first_step import (
     warm_compile_workers,
     warm_kernels,
 )
+from gemc.backends.torch.fp8_audit import (
+    DEFAULT_EVERY,
+    SHADOW,
+    STEP,
+    Fp8Audit,
+    check_every,
+    fp8_sites,
+    plan_bound,
+)
 from gemc.backends.torch.graph_fp8 import apply_fp8_sites
 from gemc.backends.torch.graph_mode import GraphExecutor, check_graph_mode, compile_backend
 from gemc.backends.torch.graph_precision import scope_module_precision
@@ -136,6 +145,9 @@ class RunOptions:
     # and, when given, a reference run's (a run report or a JSON list of losses)
     divergence: str = "warn"
     reference_losses: str | None = None
+    # every N steps, each fp8 site's GEMMs against fp32 on the step's operands; a GEMM under
+    # the precision pass's bound runs bf16 after (.fp8_audit); 0: off
+    fp8_audit_every: int = DEFAULT_EVERY
     # called after every step with the number of steps done (benchmarks hang a profiler on it)
     on_step: Callable[[int], None] | None = None
     # called once, set up and before the first step, with what the run trains (a benchmark
@@ -288,6 +300,7 @@ def run(plan_or_path: str | Path | Plan | dict[str, Any],
     checks before any process group starts read its typed sections, the run itself its
     plain document (``Plan.to_dict``: the layers below still read entries by key)."""
     opts = options or RunOptions()
+    check_every(opts.fp8_audit_every)  # before any work: a bad interval fails here
     if isinstance(plan_or_path, Plan):
         typed, plan_path = plan_or_path, None
     elif isinstance(plan_or_path, dict):
@@ -435,8 +448,10 @@ def _run(
     prec = precision_mod.resolve(prec_entries, model)
     precision_mod.install(model, prec, device.type)
     check_graph_mode(graph_kernels, world_size=wsize, regions=plan["regions"])
+    fp8_nodes: dict[str, str] = {}  # graph mode: node name -> the fp8 site it runs
     if graph_kernels and prec.fp8_linears:  # fp8 sites' linear nodes call the fp8 linear
-        graph_kernels, _ = apply_fp8_sites(captured.gm, prec.fp8_linears, graph_kernels, device)
+        graph_kernels, fp8_nodes = apply_fp8_sites(captured.gm, prec.fp8_linears,
+                                                   graph_kernels, device)
     if graph_kernels and prec.per_module:  # the sites' autocast scopes, node by node
         graph_kernels, _ = scope_module_precision(captured.gm, prec.per_module, graph_kernels,
                                                   device.type)
@@ -531,6 +546,8 @@ def _run(
     module_compiled = not graph_kernels and _compile_module_mode(opts, device, wsize)
     if module_compiled:
         forward = _compiled_module(model, tables, device)
+    audit = _fp8_audit(opts, model, forward, fp8_nodes, prec_entries, wsize, rank,
+                       compiled=module_compiled or bool(graph_kernels))
 
     start = 0
     resumed_from = None
@@ -607,6 +624,10 @@ def _run(
             block_t0 = t1
         if account is not None:  # the first step only: its phases, each ended by a sync
             account.mark("batch", wait)
+        if audit.mode == SHADOW:  # the step compiled: its sites measured on an eager twin
+            audit.shadow(step + 1, model, batch, lambda: prec.autocast(device.type))
+        else:
+            audit.begin(step + 1)  # the hooks measure this step's own operands
         with prec.autocast(device.type):
             prefetch.begin_step(batch)
             loss = forward(*batch)
@@ -616,6 +637,7 @@ def _run(
         if layout.averager is not None:
             layout.averager.finish()
         prefetch.end_step()
+        audit.finish(step + 1)  # before the update; a switched GEMM runs bf16 from the next step
         if account is not None:
             account.mark("backward", wait)
         dense_opt.step()
@@ -675,6 +697,8 @@ def _run(
                                           optimizer=emb_cfg.kind)
     report["exchange_precision"] = {"forward": wire.forward, "backward": wire.backward}
     report["divergence"] = guard.report()
+    report["fp8_audit"] = audit.report()
+    audit.close()
     report["forced_fp8_linears"] = [e["target"] for e in forced_fp8]
     report["fp32_matmul"] = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
     report["batch_size_source"] = batch_source
@@ -729,6 +753,36 @@ def _run(
             os.replace(tmp, report_path)
     losses = [(r.step, r.loss) for r in metrics.records]
     return RunResult(losses=losses, report=report, report_path=report_path)
+
+
+def _fp8_audit(opts: RunOptions, model: torch.nn.Module, forward: Any,
+              fp8_nodes: dict[str, str], entries: list[dict[str, Any]], wsize: int, rank: int,
+              *, compiled: bool) -> Fp8Audit:
+    """The run's fp8 audit (:mod:`.fp8_audit`): on the step itself where the model runs
+    eagerly, on an eager twin of it where the step is compiled (one rank only); sites whose
+    weight a region shards (fsdp / hsdp / tp: a DTensor outside the forward) are left out,
+    said so in the report."""
+    from torch.distributed.tensor import DTensor
+
+    every = check_every(opts.fp8_audit_every)
+    bound, source = plan_bound(entries)
+    sites = fp8_sites(model)
+    not_audited = {n: "its weight is sharded (fsdp / hsdp / tp): the hooks would not see it "
+                   "whole" for n, m in sites.items() if isinstance(m.weight, DTensor)}
+    sites = {n: m for n, m in sites.items() if n not in not_audited}
+    off = None
+    if compiled and wsize > 1 and sites and every:
+        off = ("the step is compiled on several ranks: the eager twin the audit measures "
+               "on would run the tables' exchange and the regions' wrappers outside the step")
+        if rank == 0:
+            warnings.warn(f"gemc: the fp8 audit is off: {off}", stacklevel=3)
+    on_switch = None
+    if isinstance(forward, GraphExecutor):
+        def on_switch(recipes: dict[str, Any]) -> None:
+            forward.set_fp8_recipes(recipes, fp8_nodes)
+    return Fp8Audit(sites, every=every, bound_db=bound, bound_source=source,
+                    mode=SHADOW if compiled else STEP, off=off, on_switch=on_switch,
+                    world_size=wsize, quiet=rank != 0, not_audited=not_audited)
 
 
 def _check_checkpoint_optimizer(path: Path, kind: str) -> None:
