@@ -240,3 +240,33 @@ def test_a_flat_position_is_the_index_less_its_rows_start():
     assert read_positions(index, None, 4, 6, False, stride=6).tolist() == [5, 2, -1, -1]
     assert read_positions(torch.tensor([-1, 6, 12, 18]), None, 4, 6, True,
                           stride=6).tolist() == [-1, 0, 0, 0]
+
+
+def test_a_query_sliced_off_the_history_is_a_checked_reader():
+    """``q[:, :, -1:]`` (a candidate's query taken from the history's last position, then
+    attending over it: tests/fusion/key_padding_models.py's ``target``) reads position
+    ``L - 1`` of each row: the history tower packs on a batch whose rows all keep it
+    (left-padded, fresh random lengths 1..L) and runs padded, counted, on one that drops it
+    on a row (right-padded); loss and every gradient equal to eager's."""
+    from tests.fusion import key_padding_models as km
+
+    gm, ctx, spec = compiled("tests/fusion/key_padding_models.py:build", {"form": "target"})
+    entries = entries_of(gm, ctx)
+    gen = torch.Generator().manual_seed(fresh_seed())
+    for packs in (True, False):
+        lengths = torch.randint(1, km.L + 1, (km.B,), generator=gen)
+        lengths[0] = km.L - 2
+        keep = torch.arange(km.L)[None, :] < lengths[:, None]
+        x = (torch.randn(km.B, km.L, km.E, generator=gen), keep.flip(1) if packs else keep)
+        pt.GUARD_STATS.reset()
+        ref, grads = eager_step(spec.model, x)
+        runner = GraphRunner(gm, entries, params_of(spec.model), release=False)
+        loss = runner(*x)
+        loss.backward()
+        torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-5)
+        for key, param in spec.model.named_parameters():
+            torch.testing.assert_close(param.grad, grads[key], atol=1e-5, rtol=1e-4, msg=key)
+        spec.model.zero_grad()
+        assert pt.GUARD_STATS.as_dict() == {"calls": 1, "packed": int(packs),
+                                            "padded": int(not packs),
+                                            "missed_reads": int(not packs)}
