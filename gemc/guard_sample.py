@@ -95,17 +95,24 @@ def mask_rows(mask: torch.Tensor) -> torch.Tensor:
 
 
 def read_positions(index: torch.Tensor | None, at: int | None, batch: int, length: int,
-                   wrap: bool, device: torch.device | str | None = None) -> torch.Tensor:
+                   wrap: bool, device: torch.device | str | None = None,
+                   stride: int | None = None) -> torch.Tensor:
     """``[B]`` int64: the position each row's one-token reader reads (``passes/row_reads``:
     ``index`` flattened in row order, or the constant ``at``), a negative one counted from
     the row's end where the reader wraps (indexing, ``select``), and -1 where it lands
     outside the row: the check then fails and the padded computation does what eager does
-    with it (wraps, or raises as a gather does). On the device, no sync."""
+    with it (wraps, or raises as a gather does). ``stride``: ``index`` is a position in the
+    rows flattened to ``[B * length]`` (``x.reshape(B * L, D).index_select(0, arange(B) * L
+    + pos)``), row ``b``'s position being ``index[b] - b * stride``; a flat index landing in
+    another row (or outside all of them, where eager wraps or raises) is -1. On the device,
+    no sync."""
     if index is None:
         pos = torch.full((batch,), int(at or 0), dtype=torch.int64, device=device)
     else:
         pos = index.reshape(batch).to(torch.int64)
-    if wrap:
+    if stride is not None:
+        pos = pos - torch.arange(batch, dtype=torch.int64, device=pos.device) * int(stride)
+    elif wrap:
         pos = torch.where(pos < 0, pos + length, pos)
     return torch.where((pos >= 0) & (pos < length), pos, -1)
 
@@ -128,7 +135,8 @@ def reader_positions(specs: Sequence[Mapping[str, Any]],
     """:func:`read_positions` of each reader's facts (a plan entry's ``reads`` /
     ``read_rows``), their index values by node name (the runner's environment)."""
     return [read_positions(indices[s["index"]] if s.get("index") else None, s.get("at"),
-                           batch, length, bool(s.get("wrap")), device) for s in specs]
+                           batch, length, bool(s.get("wrap")), device, s.get("stride"))
+            for s in specs]
 
 
 def kept_keys(mask: torch.Tensor, additive: bool) -> torch.Tensor:

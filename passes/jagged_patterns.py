@@ -979,20 +979,110 @@ def stored_mask_sources(node: Any, length: int) -> list[fx.Node] | None:
     return sorted(sources, key=order.__getitem__) or None
 
 
-def attention_key_mask(mask: Any, batch: int, length: int
+def _key_rows(node: Any, batch: int, length: int) -> fx.Node | None:
+    """The boolean ``[B, L]`` keep-mask a ``[B, 1|H, 1, L]`` key mask broadcasts (its
+    query dim size 1: one value per key, never a query mask broadcast over the keys)."""
+    shape = tuple(ir.shape_of(node) or ()) if isinstance(node, fx.Node) else ()
+    if len(shape) != 4 or shape[2] != 1 or shape[3] != length:
+        return None
+    root = _broadcast_root(node, batch, length)
+    return root if root is not None and ir.dtype_of(root) == torch.bool else None
+
+
+def _tril_of_keys(node: Any, batch: int, length: int) -> fx.Node | None:
+    """The boolean ``[B, L]`` keep-mask ``X`` when ``node`` is ``tril`` of ``X``'s keys
+    broadcast over the queries, ``tril(X[:, None, None, :].expand(-1, -1, L, -1))``
+    (RecBole's ``get_attention_mask``): entry ``(i, j)`` is ``X[b, j] and j <= i``, the key
+    mask and-ed with the causal one."""
+    node = _through_views_and_casts(node)
+    if not isinstance(node, fx.Node) or node.target is not aten.tril.default \
+            or _diagonal(node) != 0 or ir.dtype_of(node) != torch.bool:
+        return None
+    shape = tuple(ir.shape_of(node) or ())
+    inner = node.args[0]
+    if len(shape) != 4 or shape[2:] != (length, length) or not isinstance(inner, fx.Node) \
+            or inner.target is not aten.expand.default:
+        return None
+    return _key_rows(inner.args[0], batch, length)
+
+
+def _causal_keys(node: Any, batch: int, length: int) -> fx.Node | None:
+    """The boolean ``[B, L]`` keep-mask ``X`` of a boolean ``[B, 1|H, L, L]`` mask that is
+    ``X``'s keys and-ed with the causal mask: :func:`_tril_of_keys`, or ``X[:, None, None,
+    :] & tril`` (either order)."""
+    found = _tril_of_keys(node, batch, length)
+    if found is not None:
+        return found
+    node = _through_views_and_casts(node)
+    if not isinstance(node, fx.Node) or node.op != "call_function" \
+            or node.target not in _ANDS or ir.dtype_of(node) != torch.bool:
+        return None
+    a, b = node.args[:2]
+    for keys, tri in ((a, b), (b, a)):
+        if _is_tril(tri, length):
+            return _key_rows(keys, batch, length)
+    return None
+
+
+def causal_keep_drop(mask: Any, batch: int, length: int) -> tuple[fx.Node, float] | None:
+    """``(X, v)`` when ``mask`` is ``where(C, 0.0, v)`` with ``C`` a boolean keep-mask
+    ``X``'s keys and-ed with the causal mask (:func:`_causal_keys`) and ``v`` a finite drop
+    at most ``-1e4`` (RecBole's SASRec: ``torch.where(tril(m.expand(-1, -1, L, -1)), 0.0,
+    -10000.0)``), added to the scores of a written-out softmax; else None.
+
+    Why the drop's finiteness matters, and when the kept-key attention is exact:
+    ``where`` drops a future key and a padding key alike, with the same ``v``. A query row
+    with at least one kept key ``j <= i`` is exact as causal attention over ``X``'s keys:
+    every dropped score sits ``1e4`` below the kept ones, so its ``exp`` underflows to 0
+    in fp32 (the additive rule of ``gemc.guard_sample.ADDITIVE_MASKED_GAP``, where the
+    scores' own spread is far below ``1e4``). A query row with no kept key has ``v`` on
+    every one of its ``L`` entries: eager attends over *all* ``L`` keys, future ones
+    included (a constant shift of the softmax), which no causal kernel over kept keys
+    computes. Such a row is always a padding query: a kept query ``i`` keeps key ``i``
+    itself. So the kernel is exact where nothing reads the padding query rows (the pass
+    proves it, or the readers of one token per row are checked at run time), and its
+    fallback, taken where a reader reads a padding row, must be this very formula (not
+    ``-inf`` for the future keys): the entry carries ``v`` (``finite_drop``) and the op's
+    padded path rebuilds ``where(X & causal, 0, v)`` (``key_padding_attention.
+    padded_attention``). ``-inf`` as ``v`` is another mask (NaN rows): not this one."""
+    node = _through_views_and_casts(mask)
+    if not isinstance(node, fx.Node) or node.op != "call_function" \
+            or node.target not in (aten.where.ScalarOther, aten.where.Scalar) \
+            or _scalar(node.args[1]) != 0.0:
+        return None
+    value = _scalar(node.args[2])
+    if value is None or math.isinf(value) or value > ADDITIVE_MASKED_MAX:
+        return None
+    keep = _causal_keys(node.args[0], batch, length)
+    return (keep, value) if keep is not None else None
+
+
+def attention_key_mask(mask: Any, batch: int, length: int, finite_drop: bool = False
                        ) -> tuple[KeyMask, bool] | str:
     """``(key mask, causal)`` of an attention's ``attn_mask`` (``[B, 1|H, 1|Lq, L]``), or
     the reason it is not a key-padding mask: a boolean or additive ``[B, L]`` mask broadcast
     over heads and queries, optionally and-ed with the causal ``[L, L]`` mask (added to it,
-    for additive masks: ``nn.MultiheadAttention``'s merge)."""
+    for additive masks: ``nn.MultiheadAttention``'s merge; or ``tril`` of the key mask
+    broadcast over the queries). ``finite_drop``: the caller carries the drop value of
+    :func:`causal_keep_drop`'s ``where(keep & causal, 0, v)`` to its fallback, so that mask
+    is its boolean keep-mask, causal (without it: ``"causal-mask-finite"``)."""
     if not isinstance(mask, fx.Node):
         return "no-mask"
     shape = tuple(ir.shape_of(mask) or ())
     if len(shape) != 4 or shape[0] != batch or shape[3] != length:
         return "mask-shape"
+    dropped = causal_keep_drop(mask, batch, length)
+    if dropped is not None:
+        if not finite_drop:
+            return "causal-mask-finite"  # a fallback with -inf for the future keys differs
+        return KeyMask(dropped[0], False, keep_of(dropped[0]) or dropped[0], batch,
+                       length), True
     causal = merged = False  # merged: the mask is a key term combined with another
     node = _through_views_and_casts(mask)
-    if isinstance(node, fx.Node) and node.op == "call_function" and node.target in _ANDS \
+    tril_keys = _tril_of_keys(node, batch, length)
+    if tril_keys is not None:
+        mask, causal = tril_keys, True
+    elif isinstance(node, fx.Node) and node.op == "call_function" and node.target in _ANDS \
             and ir.dtype_of(node) == torch.bool:
         a, b = node.args[:2]
         if _is_tril(b, length):

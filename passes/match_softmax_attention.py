@@ -17,7 +17,20 @@ The pattern, by what each op computes::
     out = matmul/bmm(softmax(s, -1), v)
 
 with the mask a key-padding mask broadcast over heads and queries (bool or additive, from
-any source, as :func:`.jagged_patterns.attention_key_mask` reads it). ``[B*H, L, d]``
+any source, as :func:`.jagged_patterns.attention_key_mask` reads it). The keys may come
+transposed by a ``permute`` rather than a ``transpose`` (RecBole's ``MultiHeadAttention``:
+``key.view(B, L, H, d).permute(0, 2, 3, 1)``, with no ``[B, H, L, d]`` node of the keys):
+the pass then writes them as ``x.permute(0, 2, 1, 3)`` and the scores read its transpose,
+the same values (:func:`_key_node`).
+
+Causal: only RecBole's SASRec mask, ``where(tril(keep[:, None, None, :].expand(-1, -1, L,
+-1)), 0.0, -10000.0)`` (:func:`.jagged_patterns.causal_keep_drop`, whose docstring gives
+the exactness argument): the causal kernel over the boolean keep-mask, its padding query
+rows unread (else ``padding-rows-read-by:<node>``) and its fallback that very formula (the
+entry's ``finite_drop``). A stack of such layers is matched from its last layer back: a
+layer's padding rows reach the next layer's formula, clean only once that one is the kernel
+(the pass sweeps again while it matches more). Other causal formulas stay padded
+(``causal-softmax-formula``). ``[B*H, L, d]``
 operands (heads merged into the batch, as MultiheadAttention does) are viewed as
 ``[B, H, L, d]``; their padding query rows are computed too (the varlen-key kernel: the
 layout of a merged output is not followed), as are those of a 4-D attention whose padding
@@ -46,13 +59,14 @@ from gemc import ir
 from gemc.context import PassContext
 from gemc.packed_rules import draws
 
-from .jagged_patterns import PaddingFlow, attention_key_mask
+from .jagged_patterns import PaddingFlow, attention_key_mask, causal_keep_drop
 from .row_reads import follow_with_reads, read_specs
 
 aten = torch.ops.aten
 SKIPPED = ir.PREFIX + "softmax_skipped"
 _MM = {aten.matmul.default, aten.bmm.default}
 _SOFTMAX = {aten.softmax.int, aten._softmax.default}
+_READ_BY = "padding-rows-read-by:"  # a causal formula's refusal, tried again (see run)
 _TRANSPOSED = {(-1, -2), (-2, -1), (1, 2), (2, 1), (2, 3), (3, 2), (-1, 1), (1, -1),
                (-1, 2), (2, -1), (-2, 1), (1, -2), (3, -2), (-2, 3)}
 
@@ -120,10 +134,46 @@ def _scores(node: Any) -> tuple[fx.Node, fx.Node, float, Any, list[fx.Node]] | s
         scale *= float(q.args[1])
         nodes.append(q)
         q = q.args[0]
+    if isinstance(kt, fx.Node) and kt.target is aten.permute.default:
+        # RecBole's key: view(B, L, H, d).permute(0, 2, 3, 1), the transposed keys with no
+        # [B, H, L, d] node of their own: the keys are that permute with its last two dims
+        # swapped back (made a node by the pass, :func:`_key_node`)
+        perm = [int(d) % len(kt.args[1]) for d in kt.args[1]]
+        if len(perm) < 3:
+            return None
+        return q, (kt, kt.args[0], [*perm[:-2], perm[-1], perm[-2]]), scale, mask, nodes
     if not (isinstance(kt, fx.Node) and kt.target is aten.transpose.int
             and tuple(kt.args[1:3]) in _TRANSPOSED):
         return None
     return q, kt.args[0], scale, mask, nodes
+
+
+def _key_shape(k: Any) -> tuple[int, ...]:
+    """The shape of the keys: a node's, or that of ``(kt, x, perm)``: ``x`` permuted."""
+    if isinstance(k, fx.Node):
+        return tuple(ir.shape_of(k) or ())
+    shape = tuple(ir.shape_of(k[1]) or ())
+    return tuple(shape[d] for d in k[2]) if len(shape) == len(k[2]) else ()
+
+
+def _key_node(gm: fx.GraphModule, scores: fx.Node, k: tuple[fx.Node, fx.Node, list[int]]
+              ) -> fx.Node:
+    """The keys as a node: ``k = x.permute(perm)`` and the score matmul reading
+    ``k.transpose(-2, -1)``, the same values as the model's ``x.permute(perm')`` (``perm``
+    with its last two dims swapped), which is erased where nothing else reads it. Both new
+    nodes are views, annotated as the permute they replace (provenance: this pass)."""
+    kt, x, perm = k
+    with gm.graph.inserting_before(kt):
+        key = gm.graph.call_function(aten.permute.default, (x, perm))
+        transposed = gm.graph.call_function(aten.transpose.int, (key, -2, -1))
+    where = f"{MatchSoftmaxAttention.name}: {kt.meta.get(ir.REGION, '')}"
+    for node, val in ((key, x.meta["val"].permute(perm)), (transposed, kt.meta["val"])):
+        node.meta.update({k: v for k, v in kt.meta.items() if k != "val"})
+        node.meta.update({"val": val, ir.PROVENANCE: where})
+    scores.replace_input_with(kt, transposed)
+    if not kt.users:
+        gm.graph.erase_node(kt)
+    return key
 
 
 def match(node: fx.Node) -> dict[str, Any] | str | None:
@@ -150,7 +200,7 @@ def match(node: fx.Node) -> dict[str, Any] | str | None:
     if found is None or isinstance(found, str):
         return found
     q, k, scale, mask, nodes = found
-    shapes = [tuple(ir.shape_of(x) or ()) for x in (q, k, v)]
+    shapes = [tuple(ir.shape_of(q) or ()), _key_shape(k), tuple(ir.shape_of(v) or ())]
     if shapes[1] != shapes[2] or len(shapes[0]) != len(shapes[1]) \
             or shapes[0][:-2] != shapes[1][:-2] or shapes[0][-1] != shapes[1][-1]:
         return "qkv-shapes"
@@ -173,11 +223,12 @@ def match(node: fx.Node) -> dict[str, Any] | str | None:
     else:
         return "not-3d-or-4d"
     key = attention_key_mask(mask if not merged else _as4d(mask, batch, heads, length),
-                             batch, length)
+                             batch, length, finite_drop=not merged)
     if isinstance(key, str):
         return key
     key_mask, causal = key
-    if causal:
+    dropped = causal_keep_drop(mask, batch, length) if not merged else None
+    if causal and dropped is None:
         return "causal-softmax-formula"  # the SDPA spelling is matched; this one is rare
     group = [*nodes, p, *identity, node]
     inside = set(group)
@@ -190,15 +241,24 @@ def match(node: fx.Node) -> dict[str, Any] | str | None:
     flow = follow_with_reads(node, (0, 2), key_mask) if zero_rows else None
     reader = flow if isinstance(flow, fx.Node) else None
     reads = read_specs(flow) if isinstance(flow, PaddingFlow) else []
+    if causal and not (zero_rows and reader is None):
+        # the causal kernel leaves padding query rows zero; eager's rows with no kept key
+        # attend over every key (causal_keep_drop): only unread rows may differ
+        return f"{_READ_BY}{reader.name if reader is not None else 'cross-attention'}"
     return {
         "_group": group,
         "_mask": key_mask,
-        "q": q.name, "k": k.name, "v": v.name, "output": node.name,
+        "_key": k if not isinstance(k, fx.Node) else None,
+        "q": q.name, "k": k.name if isinstance(k, fx.Node) else None, "v": v.name,
+        "output": node.name,
         "mask": key_mask.node.name,
         "additive": key_mask.additive,
-        "causal": False,
+        "causal": causal,
         "zero_padding_queries": zero_rows and reader is None,
-        "nan_if_empty": True,  # softmax over all -inf, written out: NaN (SDPA: 0)
+        # softmax over all -inf, written out: NaN (SDPA: 0); a finite drop is never NaN
+        "nan_if_empty": dropped is None,
+        # the drop of where(keep & causal, 0, v): the op's fallback rebuilds that mask
+        **({"finite_drop": dropped[1]} if dropped is not None else {}),
         "merged_heads": merged,
         "queries": int(queries),
         "max_len": int(length), "heads": int(heads), "head_dim": int(shapes[1][-1]),
@@ -244,31 +304,56 @@ class MatchSoftmaxAttention:
 
     def run(self, gm: fx.GraphModule, ctx: PassContext) -> PassResult:
         count = 0
-        for node in list(gm.graph.nodes):
-            if node.op != "call_function" or ir.GROUP in node.meta:
-                continue
-            found = match(node)
-            if found is None:
-                continue
-            if isinstance(found, str):
-                node.meta[SKIPPED] = found
-                ctx.warn(f"match-softmax-attention: {node.name} stays padded ({found})")
-                continue
-            group: list[fx.Node] = found.pop("_group")
-            found.pop("_mask")
-            if any(ir.GROUP in n.meta for n in group):
-                continue
-            self._drop_dead_reads(gm, group)
-            gid = f"softmax_attention_{count}"
-            count += 1
-            for n in group:
-                n.meta[ir.GROUP] = gid
-            # the fill of a data mask is unknown at compile time: no saving claimed
-            before = sum(float(n.meta.get(ir.PREDICTED_MS) or 0.0) for n in group)
-            node.meta[ir.KERNEL] = {"id": gid, "kind": "key_padding_attention", **found,
-                                    "before_ms": round(before, 6),
-                                    "after_ms": round(before, 6)}
+        pending = [n for n in gm.graph.nodes if n.op == "call_function"]
+        final: list[tuple[fx.Node, str]] = []  # refusals no later sweep retries
+        while pending:
+            # a causal layer whose padding rows reach the next layer's formula, not yet
+            # matched, is tried again once a sweep matched more (the next layer's kernel
+            # then keeps them unread): the stack matches from its last layer back
+            refused: list[tuple[fx.Node, str]] = []
+            before = count
+            for node in pending:
+                if ir.GROUP in node.meta:
+                    continue
+                found = match(node)
+                if found is None:
+                    continue
+                if isinstance(found, str):
+                    refused.append((node, found))
+                    continue
+                count += self._apply(gm, node, found, count)
+            retry = [n for n, why in refused if why.startswith(_READ_BY)]
+            if count == before or not retry:
+                final += refused
+                break
+            final += [(n, why) for n, why in refused if not why.startswith(_READ_BY)]
+            pending = retry
+        for node, why in final:
+            node.meta[SKIPPED] = why
+            ctx.warn(f"match-softmax-attention: {node.name} stays padded ({why})")
         return PassResult(gm, count > 0)
+
+    def _apply(self, gm: fx.GraphModule, node: fx.Node, found: dict[str, Any], count: int
+               ) -> int:
+        """Group one matched formula as kernel number ``count``; 1 if it did, else 0."""
+        group: list[fx.Node] = found.pop("_group")
+        found.pop("_mask")
+        key = found.pop("_key")
+        if any(ir.GROUP in n.meta for n in group):
+            return 0
+        if key is not None:  # RecBole's permuted keys: a [B, H, L, d] node for them
+            found["k"] = _key_node(gm, next(n for n in group if n.target in _MM
+                                            and key[0] in n.args), key).name
+        self._drop_dead_reads(gm, group)
+        gid = f"softmax_attention_{count}"
+        for n in group:
+            n.meta[ir.GROUP] = gid
+        # the fill of a data mask is unknown at compile time: no saving claimed
+        before = sum(float(n.meta.get(ir.PREDICTED_MS) or 0.0) for n in group)
+        node.meta[ir.KERNEL] = {"id": gid, "kind": "key_padding_attention", **found,
+                                "before_ms": round(before, 6),
+                                "after_ms": round(before, 6)}
+        return 1
 
     @staticmethod
     def _drop_dead_reads(gm: fx.GraphModule, group: list[fx.Node]) -> None:

@@ -60,7 +60,8 @@ MIN``) is its rows: the check reads the boolean ``[B, L]`` it is made from
 (``jagged_patterns.keep_of``), or its rows viewed where the graph shows none.
 
 Readers of one token per row (``passes/row_reads``: RecBole's ``gather_indexes(out,
-lengths - 1)``, ``out[arange(B), lengths - 1]``, ``out[:, 0]``) read no padding exactly
+lengths - 1)``, ``out[arange(B), lengths - 1]``, ``out[:, 0]``, ``out[:, -1:]``, the rows
+flattened: ``out.reshape(B * L, d)[arange(B) * L + lengths - 1]``) read no padding exactly
 when each row's position is one the mask keeps, which only the data says: such a reader
 ends the flow as a *conditional* reader, listed in the region's ``reads`` (its node, the
 value it reads, its positions: an index node or a constant), and the region's check also

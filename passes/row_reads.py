@@ -7,7 +7,10 @@ Why: most sequence recommenders score the history's last (or first) position, an
 write that readout in a few ways: RecBole's ``gather_indexes(output, item_seq_len - 1)``
 (``output.gather(1, index.view(-1, 1, 1).expand(-1, -1, d))``), Hugging Face's
 ``hidden[torch.arange(B), lengths - 1]`` or ``hidden[torch.arange(B), mask.sum(1) - 1]``,
-``hidden[:, 0]`` / ``hidden[:, -1]``. Each reads one token of each row, ``x[b, pos[b]]``.
+``hidden[:, 0]`` / ``hidden[:, -1]``, the same keeping the sequence dim (``hidden[:, -1:]``,
+``hidden[:, c:c + 1]``, ``hidden.narrow(1, c, 1)``), or over the batch flattened
+(``hidden.reshape(B * L, d).index_select(0, arange(B) * L + pos)``, ``hidden.view(-1,
+d)[b * L + pos]``). Each reads one token of each row, ``x[b, pos[b]]``.
 Whether that token is a real one is data: ``pos`` comes from lengths the mask may not
 match (a loader that counts a dropped item, an empty session read at position 0). So such a
 reader is token-wise *if* every ``pos[b]`` is a position the key mask keeps, which the
@@ -16,7 +19,18 @@ missed_reads``); when it fails, everything the check guards runs padded, the mod
 computation (counted: ``packed_tokens.GUARD_STATS.missed_reads``, and the guarded
 attention's fallback). Matched by what the ops compute, never by names: the index must be
 ``B`` values in row order broadcast over every other dim (a gather), or ``arange(B)``
-beside a ``[B]`` index (advanced indexing), or a constant (``select``).
+beside a ``[B]`` index (advanced indexing), or a constant (``select``; a slice or narrow
+that keeps exactly one position, resolved against the static ``L`` as Python's slicing
+does), or, over the rows flattened to ``[B * L, ...]``, ``B`` flat indices that are a sum
+with exactly one term ``arange(B) * L`` (or ``arange(0, B * L, L)``): one multiple of ``L``
+per row plus a per-row offset. For that flat form the check does not trust the arithmetic
+for the position: it computes ``pos[b] = index[b] - b * L`` from the index itself
+(``gemc.guard_sample.read_positions``' ``stride``), so an offset that lands in another row
+(or outside every row, where eager wraps or raises) is a miss, run padded as eager runs it.
+Where the history is left-padded (or the model keeps its last real token at ``L - 1`` by its
+own convention), ``x[:, -1]`` and ``x[:, -1:]`` read a kept token on every row; the region
+is then one of kept positions that are no prefix (``compact``), and the check says so per
+batch as for any other position.
 
 The index must be computable before what it guards: it may not depend on any value the
 padding reaches (:func:`follow_with_reads` refuses it, naming the reader).
@@ -50,6 +64,8 @@ _ORDER_VIEWS = {aten.view.default, aten.reshape.default, aten._unsafe_view.defau
                 aten.contiguous.default}
 """Views (and copies) that keep a tensor's elements in row-major order."""
 _INTEGERS = (torch.int64, torch.int32)
+_INT_CASTS = {aten._to_copy.default, aten.to.dtype, aten.to.device, aten.to.dtype_layout}
+"""Casts (and moves) an index goes through before it is used (``.long()``, ``.to(dev)``)."""
 
 
 @dataclass(frozen=True)
@@ -57,7 +73,10 @@ class RowRead:
     """``node`` reads ``source[b, pos[b]]`` along ``source``'s (batch, sequence) ``dims``:
     ``pos`` is ``index`` (its ``B`` elements in row order) or the constant ``at``; ``wrap``:
     a negative position counts from the row's end (indexing and ``select`` do; a gather
-    raises); ``keepdim``: the output keeps the sequence dim at size 1 (a gather)."""
+    raises); ``keepdim``: the output keeps the sequence dim at size 1 (a gather, a slice);
+    ``stride``: ``source`` has its batch and sequence dims merged (``dims`` ``(d, d)``,
+    batch outer) and ``index`` is a flat position there, row ``b``'s being ``index[b] - b *
+    stride``."""
 
     node: fx.Node
     source: fx.Node
@@ -66,13 +85,15 @@ class RowRead:
     at: int | None
     wrap: bool
     keepdim: bool
+    stride: int | None = None
 
     def spec(self) -> dict[str, Any]:
         """The facts a plan entry carries (what the runners check and read with)."""
         return {"reader": self.node.name, "source": self.source.name,
                 "dims": list(self.dims),
                 "index": self.index.name if self.index is not None else None,
-                "at": self.at, "wrap": self.wrap, "keepdim": self.keepdim}
+                "at": self.at, "wrap": self.wrap, "keepdim": self.keepdim,
+                **({"stride": self.stride} if self.stride is not None else {})}
 
 
 def row_read(user: fx.Node, src: fx.Node, dims: Dims, facts: Facts) -> RowRead | None:
@@ -85,7 +106,9 @@ def row_read(user: fx.Node, src: fx.Node, dims: Dims, facts: Facts) -> RowRead |
     bd, ld = dims
     shape = tuple(ir.shape_of(src) or ())
     rank = len(shape)
-    if bd == ld or bd < 0 or rank <= max(bd, ld) or shape[bd] != facts.batch \
+    if bd == ld:
+        return _flat_read(user, src, dims, facts)
+    if bd < 0 or rank <= max(bd, ld) or shape[bd] != facts.batch \
             or shape[ld] != facts.length:
         return None
     t = user.target
@@ -112,7 +135,113 @@ def row_read(user: fx.Node, src: fx.Node, dims: Dims, facts: Facts) -> RowRead |
         return RowRead(user, src, dims, pos, None, True, False)
     if t is aten.select.int and _norm(user.args[1], rank) == ld:
         return RowRead(user, src, dims, None, int(user.args[2]), True, False)
+    if t in (aten.slice.Tensor, aten.narrow.default) and len(user.args) > 1 \
+            and _norm(user.args[1], rank) == ld:
+        at = _one_position(user, facts.length)
+        return RowRead(user, src, dims, None, at, False, True) if at is not None else None
     return None
+
+
+def _one_position(user: fx.Node, length: int) -> int | None:
+    """The one position of ``length`` that a ``slice`` (``x[:, -1:]``, ``x[:, c:c + 1]``,
+    any step) or a ``narrow(x, d, c, 1)`` along the sequence keeps, resolved as eager
+    resolves it (Python's slicing: negative bounds count from the end and clamp; narrow's
+    start may be negative), or None when it keeps another number of positions or a bound
+    is not a constant."""
+    args = list(user.args[2:])
+    if user.target is aten.narrow.default:
+        start, size = (args + [None, None][len(args):])[:2]
+        if not isinstance(start, int) or size != 1 or not -length <= start < length:
+            return None
+        return range(length)[start]
+    start, end, step = (args + [None, None, 1][len(args):])[:3]
+    start, end, step = (user.kwargs.get(k, v) for k, v in
+                        (("start", start), ("end", end), ("step", step)))
+    if any(v is not None and not isinstance(v, int) for v in (start, end)) \
+            or not isinstance(step, int) or step < 1:
+        return None
+    kept = range(length)[slice(start, end, step)]
+    return kept[0] if len(kept) == 1 else None
+
+
+def _flat_read(user: fx.Node, src: fx.Node, dims: Dims, facts: KeyMask) -> RowRead | None:
+    """The :class:`RowRead` of ``src``, a value whose batch and sequence dims are merged
+    into one dim ``d`` of ``B * L`` (batch outer: ``x.reshape(B * L, D)``), read by
+    ``index_select(src, d, index)`` or ``src[index]`` (``d`` 0) with ``B`` flat indices
+    ``arange(B) * L + pos`` (:func:`flat_rows`); else None."""
+    if dims[0] < 0:
+        return None  # sequence outer ([L * B, E]): a row's stride is 1, not recognised
+    d = dims[0]
+    shape = tuple(ir.shape_of(src) or ())
+    if len(shape) <= d or shape[d] != facts.batch * facts.length:
+        return None
+    if user.target is aten.index_select.default and _norm(user.args[1], len(shape)) == d:
+        index = user.args[2]
+    elif user.target is aten.index.Tensor and d == 0 and len(user.args[1]) == 1:
+        index = user.args[1][0]
+    else:
+        return None
+    if not isinstance(index, fx.Node) or tuple(ir.shape_of(index) or ()) != (facts.batch,) \
+            or ir.dtype_of(index) not in _INTEGERS \
+            or not flat_rows(index, facts.batch, facts.length):
+        return None
+    return RowRead(user, src, dims, index, None, False, False, facts.length)
+
+
+def flat_rows(index: fx.Node, batch: int, length: int) -> bool:
+    """Whether ``index`` (``[B]`` integers) is a sum (``+``/``-`` terms, through views and
+    casts) with exactly one term ``arange(B) * length`` (either factor order) or
+    ``arange(0, B * length, length)``, added: each row's start in the rows flattened to
+    ``[B * length]``, the other terms its offset in that row. Why the structure and not just
+    the run-time check: it is what says the reader reads one token of each row in row
+    order (the check then says which token, from the index itself)."""
+    terms: list[tuple[int, Any]] = []
+    stack: list[tuple[int, Any]] = [(1, index)]
+    while stack:
+        sign, node = stack.pop()
+        node = _through_order_views(node)
+        if isinstance(node, fx.Node) and node.op == "call_function" \
+                and node.target in (aten.add.Tensor, aten.sub.Tensor) \
+                and node.kwargs.get("alpha", 1) == 1 and len(node.args) == 2:
+            other = sign if node.target is aten.add.Tensor else -sign
+            stack += [(sign, node.args[0]), (other, node.args[1])]
+        else:
+            terms.append((sign, node))
+    starts = [sign for sign, node in terms if _row_starts(node, batch, length)]
+    return starts == [1]
+
+
+def _row_starts(node: Any, batch: int, length: int) -> bool:
+    """``node`` is ``arange(batch) * length`` or ``arange(0, batch * length, length)``."""
+    node = _through_order_views(node)
+    if not isinstance(node, fx.Node) or node.op != "call_function":
+        return False
+    if node.target is aten.arange.start_step:
+        start, end, step = (list(node.args) + [1])[:3]
+        return start == 0 and step == length and isinstance(end, int) \
+            and len(range(0, end, length)) == batch
+    if node.target is aten.mul.Tensor and len(node.args) == 2:
+        for a, b in (node.args, node.args[::-1]):
+            if isinstance(b, int) and not isinstance(b, bool) and b == length \
+                    and _arange_len(_through_order_views(a)) == batch \
+                    and _plain_arange(_through_order_views(a)):
+                return True
+    return False
+
+
+def _plain_arange(node: Any) -> bool:
+    """``node`` is ``arange(n)`` or ``arange(0, n)`` itself (step 1), not a view of one."""
+    return isinstance(node, fx.Node) and (
+        node.target is aten.arange.default
+        or (node.target is aten.arange.start and node.args[0] == 0))
+
+
+def _through_order_views(node: Any) -> Any:
+    """``node`` through views that keep its elements in order and casts."""
+    while isinstance(node, fx.Node) and node.op == "call_function" \
+            and (node.target in _ORDER_VIEWS or node.target in _INT_CASTS):
+        node = node.args[0]
+    return node
 
 
 def per_row(index: fx.Node, bd: int, batch: int) -> fx.Node | None:

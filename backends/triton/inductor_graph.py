@@ -376,7 +376,7 @@ def _p_read_rows(x: torch.Tensor, dims: tuple[int, int], index: torch.Tensor | N
     tokens."""
     layout = _layout(offsets, clamp_min, max_len, total, positions)
     pos = read_positions(index, spec.get("at"), layout.batch, max_len, bool(spec["wrap"]),
-                         offsets.device)
+                         offsets.device, spec.get("stride"))
     return packed_tokens.read_rows(x, dims, layout, pos, bool(spec["keepdim"]))
 
 

@@ -193,9 +193,14 @@ def nan_gradient_operands(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 def padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      key_mask: torch.Tensor, scale: float | None, causal: bool,
-                     additive: bool, written_out: bool = False) -> torch.Tensor:
+                     additive: bool, written_out: bool = False,
+                     drop: float | None = None) -> torch.Tensor:
     """The exact padded attention (the fallback), as eager computes it: SDPA, or with
-    ``written_out`` the model's own ``softmax(q @ k^T * scale + mask) @ v``.
+    ``written_out`` the model's own ``softmax(q @ k^T * scale + mask) @ v``. ``drop``: the
+    model's mask is ``where(keep & causal, 0, drop)`` over the boolean ``key_mask`` (a
+    finite drop for future and padding keys alike: RecBole's SASRec,
+    ``passes/jagged_patterns.causal_keep_drop``), written out: a query row with no kept
+    key then attends over every key, as in eager, where a ``-inf`` causal term would not.
 
     Why the formula for a written-out softmax: SDPA's fused backward recomputes the
     probabilities from a saved log-sum-exp, which rounds where the mask is huge: a row
@@ -205,6 +210,15 @@ def padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     eager's (tests/test_probes_sequence_c.py)."""
     mask = key_mask[:, None, None, :]
     length = q.shape[2]
+    if drop is not None:
+        visible = mask.to(torch.bool)
+        if causal:
+            visible = visible & torch.ones(length, k.shape[2], dtype=torch.bool,
+                                           device=q.device).tril()
+        scores = q @ k.transpose(-2, -1) * (scale if scale is not None
+                                            else q.shape[-1] ** -0.5)
+        return torch.softmax(scores + torch.where(visible, 0.0, drop).to(scores.dtype),
+                             dim=-1) @ v
     if causal:
         tril = torch.ones(length, k.shape[2], dtype=torch.bool, device=q.device).tril()
         if additive:
@@ -223,7 +237,8 @@ def key_padding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           causal: bool = False, additive: bool = False,
                           zero_padding_queries: bool = True,
                           nan_if_empty: bool = False,
-                          read_rows: Sequence[torch.Tensor] = ()) -> torch.Tensor:
+                          read_rows: Sequence[torch.Tensor] = (),
+                          drop: float | None = None) -> torch.Tensor:
     """Attention of ``[B, H, M, D]`` queries over ``[B, H, L, D]`` keys and values under a
     ``[B, L]`` key mask, checked here: over the kept keys only (a prefix as it is, another
     mask compacted), the exact padded attention when it is no key mask. Self-attention (``M == L`` and
@@ -237,10 +252,17 @@ def key_padding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     output (``out[arange(B), lengths - 1]``, the only readers of its padding query rows):
     where one is not a kept key, those rows are needed, and a self-attention computes
     every query row (a causal one: the exact padded attention, counted as a fallback).
-    See the module doc (semantics, the one sync)."""
+    ``drop``: the model masks with ``where(key_mask & causal, 0, drop)``, a finite drop
+    (:func:`padded_attention`): the kept-key paths are exact on every row with a kept key,
+    the padding query rows with none being unread (the caller's proof, or ``read_rows``
+    checked: a miss takes the padded path, this formula). See the module doc (semantics,
+    the one sync)."""
+    if drop is not None and additive:
+        raise ValueError("drop: the key mask must be the boolean keep-mask (additive=False)")
     out = _key_padding_attention(q, k, v, key_mask, scale, causal, additive,
-                                 zero_padding_queries, written_out=nan_if_empty,
-                                 read_rows=read_rows)
+                                 zero_padding_queries,
+                                 written_out=nan_if_empty or drop is not None,
+                                 read_rows=read_rows, drop=drop)
     if not nan_if_empty:
         return out
     return nan_where_no_key(out, key_mask, additive, nan_gradient_operands(q, k, v, additive))
@@ -250,7 +272,8 @@ def _key_padding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            key_mask: torch.Tensor, scale: float | None, causal: bool,
                            additive: bool, zero_padding_queries: bool,
                            written_out: bool = False,
-                           read_rows: Sequence[torch.Tensor] = ()) -> torch.Tensor:
+                           read_rows: Sequence[torch.Tensor] = (),
+                           drop: float | None = None) -> torch.Tensor:
     if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape or q.shape[:2] != k.shape[:2] \
             or q.shape[3] != k.shape[3]:
         raise ValueError("q must be [B, H, M, D] and k, v [B, H, L, D], got "
@@ -274,7 +297,8 @@ def _key_padding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         bad.sum(0).to(torch.int64), offsets[-1:], missed]).tolist()  # the one sync
     if invalid or (missed_rows and causal):
         STATS.fallback += 1
-        return padded_attention(q, k, v, key_mask, scale, causal, additive, written_out)
+        return padded_attention(q, k, v, key_mask, scale, causal, additive, written_out,
+                                drop)
     if missed_rows:  # a reader reads a padding query row: compute every row
         jagged_queries = False
     if scale is None:

@@ -409,8 +409,11 @@ def read_rows(x: torch.Tensor, dims: Dims, layout: TokenLayout, positions: torch
     it: ``[..B.., 1, ...]`` at ``dims`` with ``keepdim`` (a gather), else without the
     sequence dim (indexing, ``select``). Where the row's kept positions are a prefix, the
     token is ``offsets[b] + positions[b]``; in a compact layout (kept positions in any
-    order, ``layout.positions``) it is the slot holding that position of that row."""
-    tokens, _ = _tokens(x, dims, layout)
+    order, ``layout.positions``) it is the slot holding that position of that row. A value
+    whose batch and sequence dims are merged (``(d, d)``: ``x.reshape(B * L, D)`` read at
+    ``arange(B) * L + pos``) holds the tokens at ``d``; the ``B`` picked rows go there."""
+    merged = _merged_at(dims)
+    tokens = x.movedim(merged, 0) if merged is not None else _tokens(x, dims, layout)[0]
     batch, length = layout.batch, layout.max_len
     if layout.positions is None:
         slot = layout.offsets[:-1] + positions
@@ -422,6 +425,8 @@ def read_rows(x: torch.Tensor, dims: Dims, layout: TokenLayout, positions: torch
         rows = torch.arange(batch, device=flat.device)
         slot = inverse[rows * length + positions]
     picked = tokens.index_select(0, slot)  # [B, rest...]
+    if merged is not None:
+        return picked.movedim(0, merged)
     bd, ld = dims
     if keepdim:
         return picked.unsqueeze(1).movedim((0, 1), (bd, ld))

@@ -25,8 +25,9 @@ PACKED_FORMS = ("bool", "additive", "lengths", "offsets", "causal", "summary", "
                 "mha_weights", "formula")
 """The forms whose history tower pack-jagged-tokens packs (a region guarded by the mask;
 MultiheadAttention's through its ``[L, B * heads, d]`` views, a written-out softmax as the
-attention it is matched as): ``target`` reads padding rows where the pass cannot follow
-them (a query sliced off the history). Every one of these regions is ``compact`` (no
+attention it is matched as); ``target``'s query sliced off the history (``q[:, :, -1:]``)
+is a reader of one token per row, checked at run time (its tower packs where position
+``L - 1`` is kept on every row: tests/fusion/test_key_padding_attention.py). Every one of these regions is ``compact`` (no
 attention in it relies on the padding being a suffix), so a mask that is not a prefix packs
 too, its kept positions in order. ``mha_weights`` and ``formula`` are NaN on a row with no
 kept key, so their regions also need a token on every row (:data:`EVERY_ROW_FORMS`)."""

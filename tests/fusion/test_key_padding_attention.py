@@ -72,6 +72,12 @@ def test_every_mask_form_becomes_a_guarded_attention(form: str):
     regions = {n.meta[PACKED]["id"] for n in gm.graph.nodes if PACKED in n.meta}
     if form in km.PACKED_FORMS:
         assert len(regions) == 1 and PACKED_SKIPPED not in out.meta
+    elif form == "target":
+        # the candidate's query sliced off the history (q[:, :, -1:]) reads one token per
+        # row, a position checked with the mask at run time (passes/row_reads): it packs
+        (head,) = [n for n in gm.graph.nodes if ir.PACKED_REGION in n.meta]
+        (read,) = head.meta[ir.PACKED_REGION]["reads"]
+        assert len(regions) == 1 and (read["at"], read["keepdim"]) == (km.L - 1, True)
     else:
         assert not regions and "may be read unmasked by" in out.meta[PACKED_SKIPPED]
     assert not [w for w in ctx.warnings if "match-jagged-attention" in w]

@@ -49,6 +49,8 @@ def key_padding_entry(facts: dict[str, Any], nodes: list[fx.Node]) -> dict[str, 
     return dict(q=q, k=k, v=v, output=facts.get("output", nodes[0].name),
                 merged_heads=bool(facts.get("merged_heads", False)),
                 nan_if_empty=bool(facts.get("nan_if_empty", False)),
+                **({"finite_drop": facts["finite_drop"]}
+                   if facts.get("finite_drop") is not None else {}),
                 **({"read_rows": facts["read_rows"]} if facts.get("read_rows") else {}),
                 **{key: facts[key] for key in keep})
 
@@ -97,7 +99,8 @@ def key_padding_of_entry(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     q, k, v = one_dtype(q, k, v)
     out = key_padding_attention(q, k, v, mask, entry["scale"], entry["causal"],
                                 entry["additive"], entry["zero_padding_queries"],
-                                entry.get("nan_if_empty", False), reads)
+                                entry.get("nan_if_empty", False), reads,
+                                entry.get("finite_drop"))
     return out.flatten(0, 1) if merged else out
 
 
