@@ -86,10 +86,14 @@ def case(py: Path, world: int, calibration: Any, timeout: float, plan_torchrec: 
         for p, v in recorded["terms"].items():
             if "torchrec" in v and p in terms:
                 terms[p]["torchrec"] = v["torchrec"]
-        for key in ("torchrec_plan_s", "torchrec_under_gemc_ms", "torchrec_planned_with"):
+        for key in ("torchrec_plan_s", "torchrec_planned_with"):
             if key in recorded:
                 row[key] = recorded[key]
         row["torchrec_from"] = recorded.get("from")
+        theirs_shards = recorded["terms"].get("torchrec", {}).get("torchrec", {}).get("shards")
+        if theirs_shards:  # TorchRec's plan under gemc's model as it is now, not as recorded
+            a = vt.assignment_from_shards(problem, tables, theirs_shards, g.assignment.dense)
+            row["torchrec_under_gemc_ms"] = evaluate(problem, a, Pricer(problem)).step_ms
     elif plan_torchrec:
         t0 = time.perf_counter()
         knobs = rates.PRICINGS[torchrec_plans_with]

@@ -161,6 +161,28 @@ def torchrec_assignment(problem: Any, tables: list[dict[str, Any]], plan: dict[s
     return Assignment(dense=dict(dense), tables=out), odd
 
 
+def assignment_from_shards(problem: Any, tables: list[dict[str, Any]],
+                           shards: list[dict[str, Any]], dense: dict[str, Any]) -> Assignment:
+    """A plan in gemc's terms from its per-shard records (``table``, ``sharding`` in gemc's
+    names, ``ranks``, ``row_offset``, ``col_offset``: what a ``torchrec_estimator_corrected``
+    run records of each plan): the shards in offset order, column ranges first (the order
+    ``Sharding.shards`` cuts them in). Why: a recorded TorchRec plan is priced again under
+    gemc's model as it is now, not quoted from the run that recorded it."""
+    fqn = {t["name"]: t["fqn"] for t in tables}
+    by_table: dict[str, list[dict[str, Any]]] = {}
+    for s in shards:
+        by_table.setdefault(s["table"], []).append(s)
+    out = {}
+    for name, mine in by_table.items():
+        kind = mine[0]["sharding"]
+        if kind == "data_parallel":
+            out[fqn[name]] = TableChoice(kind, tuple(range(problem.world)))
+            continue
+        mine = sorted(mine, key=lambda s: (s["col_offset"], s["row_offset"]))
+        out[fqn[name]] = TableChoice(kind, tuple(r for s in mine for r in s["ranks"]))
+    return Assignment(dense=dict(dense), tables=out)
+
+
 def run_worker(py: Path, req: dict[str, Any], timeout: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as d:
         (Path(d) / "req.json").write_text(json.dumps(req))
