@@ -73,18 +73,40 @@ def eager_step(model: torch.nn.Module, batch: Sequence[torch.Tensor],
 
 
 def run_against_eager(gm: fx.GraphModule, entries: list[dict[str, Any]],
-                      model: torch.nn.Module, batch: Sequence[torch.Tensor]) -> Any:
+                      model: torch.nn.Module, batch: Sequence[torch.Tensor], *,
+                      release: bool = True) -> Any:
     """Run the graph with ``entries`` in place and check loss and every parameter's
-    gradient against eager on the same batch; returns the runner (for what it recorded)."""
+    gradient against eager on the same batch; returns the runner (for what it recorded;
+    ``release=False`` keeps its record of the nodes it ran unpacked)."""
     from gemc.backends.triton.graph_runner import GraphRunner
 
     ref, expected = eager_step(model, batch)
-    runner = GraphRunner(gm, entries, params_of(model))
+    runner = GraphRunner(gm, entries, params_of(model), release=release)
     loss = runner(*batch)
     torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-5)
     loss.backward()
     for k, p in model.named_parameters():
         torch.testing.assert_close(p.grad, expected[k], atol=1e-5, rtol=1e-4, msg=k)
+    return runner
+
+
+def guarded_step_against_eager(gm: fx.GraphModule, entries: list[dict[str, Any]],
+                               model: torch.nn.Module, batch: Sequence[torch.Tensor],
+                               packs: bool) -> Any:
+    """One step of a guarded region with a checked readout against eager
+    (:func:`run_against_eager`), the guard's counters reset first: packed once where
+    ``packs``, else run padded once with the readout counted as missed. Returns the
+    runner; the model's gradients are zeroed."""
+    from gemc.backends.triton import key_padding_attention as kpa
+    from gemc.backends.triton import packed_tokens as pt
+
+    pt.GUARD_STATS.reset()
+    kpa.STATS.reset()
+    runner = run_against_eager(gm, entries, model, batch, release=False)
+    model.zero_grad()
+    assert pt.GUARD_STATS.as_dict() == {"calls": 1, "packed": int(packs),
+                                        "padded": int(not packs),
+                                        "missed_reads": int(not packs)}
     return runner
 
 

@@ -20,16 +20,14 @@ from gemc.backends.torch.graph_mode import GraphExecutor
 from gemc.backends.torch.sparse_optim import EmbeddingOptimConfig, EmbeddingOptimizer
 from gemc.backends.triton import key_padding_attention as kpa
 from gemc.backends.triton import packed_tokens as pt
-from gemc.backends.triton.graph_runner import GraphRunner
 from torch import nn
 
 from gemc.spec import ModelSpec
 from tests.fusion.helpers import (
     compiled,
-    eager_step,
     entries_of,
     fresh_seed,
-    params_of,
+    guarded_step_against_eager,
     train_against_eager,
 )
 
@@ -195,19 +193,7 @@ def test_packed_on_kept_reads_the_models_formula_on_a_miss(mask: str):
     gm, _, entries, spec = _graph(mask)
     gen = torch.Generator().manual_seed(fresh_seed())
     for packs, x in ((True, _hit(gen)), (False, _miss(gen))):
-        ref, grads = eager_step(spec.model, x)
-        pt.GUARD_STATS.reset()
-        kpa.STATS.reset()
-        runner = GraphRunner(gm, entries, params_of(spec.model), release=False)
-        loss = runner(*x)
-        loss.backward()
-        torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-5)
-        for key, param in spec.model.named_parameters():
-            torch.testing.assert_close(param.grad, grads[key], atol=1e-5, rtol=1e-4, msg=key)
-        spec.model.zero_grad()
-        assert pt.GUARD_STATS.as_dict() == {"calls": 1, "packed": int(packs),
-                                            "padded": int(not packs),
-                                            "missed_reads": int(not packs)}
+        guarded_step_against_eager(gm, entries, spec.model, x, packs)
         assert kpa.STATS.fallback == (0 if packs else LAYERS), kpa.STATS
 
 

@@ -13,27 +13,24 @@ import functools
 
 import pytest
 import torch
-import torch.nn.functional as F
 from gemc.backends.torch.graph_mode import GraphExecutor
 from gemc.backends.torch.sparse_optim import EmbeddingOptimConfig, EmbeddingOptimizer
 from gemc.backends.triton import key_padding_attention as kpa
 from gemc.backends.triton import packed_tokens as pt
-from gemc.backends.triton.graph_runner import GraphRunner
-from torch import nn
 
 from gemc.guard_sample import read_positions
 from gemc.spec import ModelSpec
+from tests.fusion import test_row_readers as readers
 from tests.fusion.helpers import (
     compiled,
-    eager_step,
     entries_of,
     fresh_seed,
-    params_of,
+    guarded_step_against_eager,
     train_against_eager,
 )
 
 ENTRY = "tests/fusion/test_row_reader_forms.py:build"
-B, L, E, H, C = 4, 6, 8, 2, 2
+B, L, E, C = readers.B, readers.L, readers.E, 2
 aten = torch.ops.aten
 # form -> (the reader's op, the position it reads: a constant, or None for lengths - 1,
 # whether the history is left-padded: the last real token at L - 1)
@@ -49,50 +46,34 @@ FORMS = {
 }
 
 
-class Readout(nn.Module):
-    """One attention block over a padded history ``x`` under its keep mask (``causal``:
-    and-ed with the causal mask), then one token per row scored, read as ``read`` says."""
+class Readout(readers.Readout):
+    """``test_row_readers``'s attention block, its token read in one of :data:`FORMS`."""
 
-    def __init__(self, read: str, causal: bool) -> None:
-        super().__init__()
-        self.read, self.causal = read, causal
-        self.norm = nn.LayerNorm(E)
-        self.qkv = nn.Linear(E, 3 * E)
-        self.out = nn.Linear(E, E)
-        self.head = nn.Linear(E, 1)
-
-    def forward(self, x: torch.Tensor, lengths: torch.Tensor, keep: torch.Tensor
+    def readout(self, y: torch.Tensor, lengths: torch.Tensor, keep: torch.Tensor
                 ) -> torch.Tensor:
-        q, k, v = self.qkv(self.norm(x)).view(B, L, 3, H, E // H).permute(2, 0, 3, 1, 4)
-        mask = keep[:, None, None, :]
-        if self.causal:
-            mask = mask & torch.ones(L, L, dtype=torch.bool, device=x.device).tril()
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        y = x + F.gelu(self.out(o.transpose(1, 2).reshape(B, L, E)))
-        rows = torch.arange(B, device=x.device)
+        rows = torch.arange(B, device=y.device)
         read = self.read
         if read == "slice_last":
-            r = y[:, -1:].squeeze(1)
-        elif read == "slice_at":
-            r = y[:, C:C + 1].squeeze(1)
-        elif read == "slice_step":  # one position kept by a step longer than the row
-            r = y[:, C::L].squeeze(1)
-        elif read == "narrow_at":
-            r = y.narrow(1, C, 1).squeeze(1)
-        elif read == "narrow_last":
-            r = y.narrow(1, -1, 1).squeeze(1)
-        elif read == "flat_index_select":
-            r = y.reshape(B * L, E).index_select(0, rows * L + (lengths - 1))
-        elif read == "flat_index":
-            r = y.view(-1, E)[rows * L + lengths - 1]
-        elif read == "flat_arange_step":
-            starts = torch.arange(0, B * L, L, device=x.device)
-            r = y.reshape(-1, E)[lengths - 1 + starts]
-        elif read == "flat_no_row_starts":  # a flat index with no row term: not a readout
-            r = y.reshape(B * L, E)[lengths + L]
-        else:  # "flat_wrong_stride": rows * (L - 1): not each row's start
-            r = y.reshape(B * L, E)[rows * (L - 1) + lengths]
-        return self.head(r).square().mean()
+            return y[:, -1:].squeeze(1)
+        if read == "slice_at":
+            return y[:, C:C + 1].squeeze(1)
+        if read == "slice_step":  # one position kept by a step longer than the row
+            return y[:, C::L].squeeze(1)
+        if read == "narrow_at":
+            return y.narrow(1, C, 1).squeeze(1)
+        if read == "narrow_last":
+            return y.narrow(1, -1, 1).squeeze(1)
+        if read == "flat_index_select":
+            return y.reshape(B * L, E).index_select(0, rows * L + (lengths - 1))
+        if read == "flat_index":
+            return y.view(-1, E)[rows * L + lengths - 1]
+        if read == "flat_arange_step":
+            starts = torch.arange(0, B * L, L, device=y.device)
+            return y.reshape(-1, E)[lengths - 1 + starts]
+        if read == "flat_no_row_starts":  # a flat index with no row term: not a readout
+            return y.reshape(B * L, E)[lengths + L]
+        # "flat_wrong_stride": rows * (L - 1): not each row's start
+        return y.reshape(B * L, E)[rows * (L - 1) + lengths]
 
 
 def batch(lengths: list[int], gen: torch.Generator, left: bool = False
@@ -194,19 +175,7 @@ def test_packed_where_every_position_is_kept_padded_where_not(read: str, causal:
     source = region["reads"][0]["source"]
     for packs, x in ((True, _hit(read, gen)), (False, _miss(read, gen)),
                      (True, _hit(read, gen))):
-        ref, grads = eager_step(spec.model, x)
-        pt.GUARD_STATS.reset()
-        kpa.STATS.reset()
-        runner = GraphRunner(gm, entries, params_of(spec.model), release=False)
-        loss = runner(*x)
-        loss.backward()
-        torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-5)
-        for key, param in spec.model.named_parameters():
-            torch.testing.assert_close(param.grad, grads[key], atol=1e-5, rtol=1e-4, msg=key)
-        spec.model.zero_grad()
-        assert pt.GUARD_STATS.as_dict() == {"calls": 1, "packed": int(packs),
-                                            "padded": int(not packs),
-                                            "missed_reads": int(not packs)}, x[1]
+        runner = guarded_step_against_eager(gm, entries, spec.model, x, packs)
         assert source not in {n.name for n in runner._unpacked}
         assert kpa.STATS.fallback == int(causal and not packs), kpa.STATS
 
@@ -258,15 +227,4 @@ def test_a_query_sliced_off_the_history_is_a_checked_reader():
         lengths[0] = km.L - 2
         keep = torch.arange(km.L)[None, :] < lengths[:, None]
         x = (torch.randn(km.B, km.L, km.E, generator=gen), keep.flip(1) if packs else keep)
-        pt.GUARD_STATS.reset()
-        ref, grads = eager_step(spec.model, x)
-        runner = GraphRunner(gm, entries, params_of(spec.model), release=False)
-        loss = runner(*x)
-        loss.backward()
-        torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-5)
-        for key, param in spec.model.named_parameters():
-            torch.testing.assert_close(param.grad, grads[key], atol=1e-5, rtol=1e-4, msg=key)
-        spec.model.zero_grad()
-        assert pt.GUARD_STATS.as_dict() == {"calls": 1, "packed": int(packs),
-                                            "padded": int(not packs),
-                                            "missed_reads": int(not packs)}
+        guarded_step_against_eager(gm, entries, spec.model, x, packs)

@@ -18,17 +18,15 @@ from gemc.backends.torch.graph_mode import GraphExecutor
 from gemc.backends.torch.sparse_optim import EmbeddingOptimConfig, EmbeddingOptimizer
 from gemc.backends.triton import key_padding_attention as kpa
 from gemc.backends.triton import packed_tokens as pt
-from gemc.backends.triton.graph_runner import GraphRunner
 from torch import nn
 
 from gemc.guard_sample import missed_reads, read_positions
 from gemc.spec import ModelSpec
 from tests.fusion.helpers import (
     compiled,
-    eager_step,
     entries_of,
     fresh_seed,
-    params_of,
+    guarded_step_against_eager,
     train_against_eager,
 )
 
@@ -39,7 +37,8 @@ READS = ("gather", "index", "mask_sum", "first", "last")
 
 class Readout(nn.Module):
     """One attention block over a padded history ``x`` under its keep mask (``causal``:
-    and-ed with the causal mask), then one token per row scored, read as ``read`` says."""
+    and-ed with the causal mask), then one token per row scored, read as ``read`` says
+    (:meth:`readout`; ``test_row_reader_forms`` reads it its own ways)."""
 
     def __init__(self, read: str, causal: bool) -> None:
         super().__init__()
@@ -57,19 +56,21 @@ class Readout(nn.Module):
             mask = mask & torch.ones(L, L, dtype=torch.bool, device=x.device).tril()
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         y = x + F.gelu(self.out(o.transpose(1, 2).reshape(B, L, E)))
-        rows = torch.arange(B, device=x.device)
+        return self.head(self.readout(y, lengths, keep)).square().mean()
+
+    def readout(self, y: torch.Tensor, lengths: torch.Tensor, keep: torch.Tensor
+                ) -> torch.Tensor:
+        rows = torch.arange(B, device=y.device)
         if self.read == "gather":  # RecBole's gather_indexes
             index = (lengths - 1).view(-1, 1, 1).expand(-1, -1, y.shape[-1])
-            r = y.gather(dim=1, index=index).squeeze(1)
-        elif self.read == "index":
-            r = y[rows, lengths - 1]
-        elif self.read == "mask_sum":
-            r = y[rows, keep.sum(1) - 1]
-        elif self.read == "from_output":  # positions after the values: L - 1, computed late
-            r = y[rows, torch.ones_like(y[..., 0]).long().sum(1) - 1]
-        else:
-            r = y[:, 0] if self.read == "first" else y[:, -1]
-        return self.head(r).square().mean()
+            return y.gather(dim=1, index=index).squeeze(1)
+        if self.read == "index":
+            return y[rows, lengths - 1]
+        if self.read == "mask_sum":
+            return y[rows, keep.sum(1) - 1]
+        if self.read == "from_output":  # positions after the values: L - 1, computed late
+            return y[rows, torch.ones_like(y[..., 0]).long().sum(1) - 1]
+        return y[:, 0] if self.read == "first" else y[:, -1]
 
 
 def batch(lengths: list[int], gen: torch.Generator, left: bool = False,
@@ -163,19 +164,7 @@ def test_packed_where_every_position_is_kept_padded_where_not(read: str, causal:
     source = region["reads"][0]["source"]
     for packs, x in ((True, _hit(read, gen)), (False, _miss(read, gen)),
                      (True, _hit(read, gen))):
-        ref, grads = eager_step(spec.model, x)
-        pt.GUARD_STATS.reset()
-        kpa.STATS.reset()
-        runner = GraphRunner(gm, entries, params_of(spec.model), release=False)
-        loss = runner(*x)
-        loss.backward()
-        torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-5)
-        for key, param in spec.model.named_parameters():
-            torch.testing.assert_close(param.grad, grads[key], atol=1e-5, rtol=1e-4, msg=key)
-        spec.model.zero_grad()
-        assert pt.GUARD_STATS.as_dict() == {"calls": 1, "packed": int(packs),
-                                            "padded": int(not packs),
-                                            "missed_reads": int(not packs)}
+        runner = guarded_step_against_eager(gm, entries, spec.model, x, packs)
         # packed: read from the tokens, the source never scattered back to [B, L, E]
         assert source not in {n.name for n in runner._unpacked}
         assert kpa.STATS.fallback == int(causal and not packs), kpa.STATS
