@@ -445,11 +445,11 @@ def split_oversized(problem: Problem, pricer: Pricer, a: Assignment, ratio: floa
     Why several: where ``cap_memory`` ends depends on the path, and from the fastest plan
     it moves the largest tables first, one at a time. On DLRMv2 x 64 ranks, once a row
     shard's partials were summed in their host (``cost_model.step_model.
-    host_reduce_owners``), the fastest plan (2.904 ms) held three 40M-row tables whole
-    (19.3 GB shards on a 2.96-GB mean) and the priced cap search stopped at max / mean
-    1.33 (+5.3% of step); from these starts it ends at 1.33 (the tables row-wise over every
-    rank, on the grid, or in 4 column pieces), 1.31 at 3x the step (a host's row shards),
-    and 1.29 (8 column pieces, 2.898 ms, or 16, 2.968)."""
+    host_reduce_owners``), the fastest plan held three 40M-row tables whole and the priced
+    cap search from it stopped at max / mean 1.33; from some of these starts it ends under
+    1.3 and from others (the tables on a host's row shards, say) it does not, so each is
+    tried (``tests/solver/test_balance.py``, the 64-rank fixture: 3.170 ms at 7.04, priced
+    3.326 ms at 1.33, through these starts 3.175 ms at 1.29)."""
     if problem.world <= 1 or not problem.tables:
         return []
     options = shared_options(problem, pricer)

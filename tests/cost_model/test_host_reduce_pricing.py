@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from gemc.cost_model.collectives import collective_time
 from gemc.cost_model.step_model import (
     a2a_sends,
     host_reduce_owners,
@@ -73,4 +74,10 @@ def test_the_step_prices_the_sum_and_the_smaller_exchange() -> None:
     direct_sends = a2a_sends([rows], 16)[0]
     summed_sends = a2a_sends([rows], 16, gpus_per_host=8)[0]
     assert summed_sends.sum() == pytest.approx(direct_sends.sum() / 8)
-    assert p.per_rank[0].sparse_compute_s > p.per_rank[8].sparse_compute_s
+    # the step's all-to-all is the summed one, and with the in-host exchange added it is
+    # still under what sending every partial would take
+    summed_a2a = 2 * collective_time("all_to_all", 0, range(16), topo, send_bytes=summed_sends)
+    direct_a2a = 2 * collective_time("all_to_all", 0, range(16), topo, send_bytes=direct_sends)
+    assert p.breakdown["all_to_all"] == pytest.approx(summed_a2a)
+    in_host = host_reduce_s(rows, BAG.rows / 8, 128, 16, topo, None)
+    assert summed_a2a + in_host < direct_a2a

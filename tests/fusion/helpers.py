@@ -110,6 +110,36 @@ def guarded_step_against_eager(gm: fx.GraphModule, entries: list[dict[str, Any]]
     return runner
 
 
+def cpu_graph_executor(gm: fx.GraphModule, model: torch.nn.Module,
+                       entries: list[dict[str, Any]]) -> Any:
+    """The runner's graph-mode executor of ``gm`` with ``entries`` on the CPU, for a
+    model without sharded tables (an empty sparse optimizer, one rank)."""
+    from gemc.backends.torch.graph_mode import GraphExecutor
+    from gemc.backends.torch.sparse_optim import EmbeddingOptimConfig, EmbeddingOptimizer
+
+    return GraphExecutor(gm, {}, model, entries, tables={},
+                         emb_opt=EmbeddingOptimizer({}, EmbeddingOptimConfig(), world_size=1),
+                         device=torch.device("cpu"))
+
+
+def packs_on_hits_against_eager(gm: fx.GraphModule, entries: list[dict[str, Any]],
+                                model: torch.nn.Module,
+                                steps: Sequence[tuple[bool, Sequence[torch.Tensor]]],
+                                causal: bool) -> None:
+    """Each ``(packs, batch)`` of ``steps`` through :func:`guarded_step_against_eager`;
+    a packed step reads its readout from the region's tokens (the reader's source is
+    never scattered back to the padded layout), and only a causal attention on a padded
+    step falls back."""
+    from gemc.backends.triton import key_padding_attention as kpa
+
+    (region,) = [e for e in entries if e["kind"] == "packed_tokens"]
+    source = region["reads"][0]["source"]
+    for packs, batch in steps:
+        runner = guarded_step_against_eager(gm, entries, model, batch, packs)
+        assert source not in {n.name for n in runner._unpacked}
+        assert kpa.STATS.fallback == int(causal and not packs), kpa.STATS
+
+
 def train_against_eager(executor: Any, model: torch.nn.Module,
                         batches: list[tuple[torch.Tensor, ...]]) -> None:
     """Steps of plain SGD through the compiled graph, each step's loss and every gradient

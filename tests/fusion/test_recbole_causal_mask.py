@@ -16,8 +16,6 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from gemc.backends.torch.graph_mode import GraphExecutor
-from gemc.backends.torch.sparse_optim import EmbeddingOptimConfig, EmbeddingOptimizer
 from gemc.backends.triton import key_padding_attention as kpa
 from gemc.backends.triton import packed_tokens as pt
 from torch import nn
@@ -25,6 +23,7 @@ from torch import nn
 from gemc.spec import ModelSpec
 from tests.fusion.helpers import (
     compiled,
+    cpu_graph_executor,
     entries_of,
     fresh_seed,
     guarded_step_against_eager,
@@ -202,10 +201,7 @@ def test_the_compiled_graph_packs_and_falls_back_to_the_formula():
     causal kernel on the region's tokens, the missing step runs the padded graph whose
     attentions fall back to the model's where-formula; SGD steps equal eager's."""
     gm, _, entries, spec = _graph("recbole")
-    executor = GraphExecutor(gm, {}, spec.model, entries, tables={},
-                             emb_opt=EmbeddingOptimizer({}, EmbeddingOptimConfig(),
-                                                        world_size=1),
-                             device=torch.device("cpu"))
+    executor = cpu_graph_executor(gm, spec.model, entries)
     assert executor.guard is not None and executor.not_applied == []
     gen = torch.Generator().manual_seed(fresh_seed())
     pt.GUARD_STATS.reset()

@@ -13,9 +13,6 @@ import functools
 
 import pytest
 import torch
-from gemc.backends.torch.graph_mode import GraphExecutor
-from gemc.backends.torch.sparse_optim import EmbeddingOptimConfig, EmbeddingOptimizer
-from gemc.backends.triton import key_padding_attention as kpa
 from gemc.backends.triton import packed_tokens as pt
 
 from gemc.guard_sample import read_positions
@@ -23,9 +20,11 @@ from gemc.spec import ModelSpec
 from tests.fusion import test_row_readers as readers
 from tests.fusion.helpers import (
     compiled,
+    cpu_graph_executor,
     entries_of,
     fresh_seed,
     guarded_step_against_eager,
+    packs_on_hits_against_eager,
     train_against_eager,
 )
 
@@ -171,13 +170,9 @@ def test_packed_where_every_position_is_kept_padded_where_not(read: str, causal:
     every gradient equal to eager's either way."""
     gm, _, entries, spec = _graph(read, causal)
     gen = torch.Generator().manual_seed(fresh_seed())
-    (region,) = [e for e in entries if e["kind"] == "packed_tokens"]
-    source = region["reads"][0]["source"]
-    for packs, x in ((True, _hit(read, gen)), (False, _miss(read, gen)),
-                     (True, _hit(read, gen))):
-        runner = guarded_step_against_eager(gm, entries, spec.model, x, packs)
-        assert source not in {n.name for n in runner._unpacked}
-        assert kpa.STATS.fallback == int(causal and not packs), kpa.STATS
+    packs_on_hits_against_eager(gm, entries, spec.model,
+                                [(True, _hit(read, gen)), (False, _miss(read, gen)),
+                                 (True, _hit(read, gen))], causal)
 
 
 @pytest.mark.parametrize("read", ["flat_index_select", "slice_at"])
@@ -187,10 +182,7 @@ def test_the_compiled_graph_reads_the_tokens_and_falls_back_on_a_miss(read: str)
     row's start, or the slice's one position), a step with an empty row runs the padded
     graph; SGD steps equal eager's."""
     gm, _, entries, spec = _graph(read, True)
-    executor = GraphExecutor(gm, {}, spec.model, entries, tables={},
-                             emb_opt=EmbeddingOptimizer({}, EmbeddingOptimConfig(),
-                                                        world_size=1),
-                             device=torch.device("cpu"))
+    executor = cpu_graph_executor(gm, spec.model, entries)
     assert executor.guard is not None and executor.not_applied == []
     gen = torch.Generator().manual_seed(fresh_seed())
     pt.GUARD_STATS.reset()

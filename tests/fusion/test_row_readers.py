@@ -14,8 +14,6 @@ import functools
 import pytest
 import torch
 import torch.nn.functional as F
-from gemc.backends.torch.graph_mode import GraphExecutor
-from gemc.backends.torch.sparse_optim import EmbeddingOptimConfig, EmbeddingOptimizer
 from gemc.backends.triton import key_padding_attention as kpa
 from gemc.backends.triton import packed_tokens as pt
 from torch import nn
@@ -24,9 +22,10 @@ from gemc.guard_sample import missed_reads, read_positions
 from gemc.spec import ModelSpec
 from tests.fusion.helpers import (
     compiled,
+    cpu_graph_executor,
     entries_of,
     fresh_seed,
-    guarded_step_against_eager,
+    packs_on_hits_against_eager,
     train_against_eager,
 )
 
@@ -160,14 +159,9 @@ def test_packed_where_every_position_is_kept_padded_where_not(read: str, causal:
     it); loss and every gradient equal to eager's either way."""
     gm, _, entries, spec = _graph(read, causal)
     gen = torch.Generator().manual_seed(fresh_seed())
-    (region,) = [e for e in entries if e["kind"] == "packed_tokens"]
-    source = region["reads"][0]["source"]
-    for packs, x in ((True, _hit(read, gen)), (False, _miss(read, gen)),
-                     (True, _hit(read, gen))):
-        runner = guarded_step_against_eager(gm, entries, spec.model, x, packs)
-        # packed: read from the tokens, the source never scattered back to [B, L, E]
-        assert source not in {n.name for n in runner._unpacked}
-        assert kpa.STATS.fallback == int(causal and not packs), kpa.STATS
+    packs_on_hits_against_eager(gm, entries, spec.model,
+                                [(True, _hit(read, gen)), (False, _miss(read, gen)),
+                                 (True, _hit(read, gen))], causal)
 
 
 def test_an_index_computed_from_the_history_is_a_reader():
@@ -189,10 +183,7 @@ def test_the_compiled_graph_reads_the_tokens_and_falls_back_on_a_miss():
     output), a step whose lengths are one too long on a row runs the padded graph (the
     causal attention's own check falls back with it); SGD steps equal eager's."""
     gm, _, entries, spec = _graph("gather", True)
-    executor = GraphExecutor(gm, {}, spec.model, entries, tables={},
-                             emb_opt=EmbeddingOptimizer({}, EmbeddingOptimConfig(),
-                                                        world_size=1),
-                             device=torch.device("cpu"))
+    executor = cpu_graph_executor(gm, spec.model, entries)
     assert executor.guard is not None and executor.not_applied == []
     gen = torch.Generator().manual_seed(fresh_seed())
     batches = [_miss("gather", gen), _hit("gather", gen), batch([2, 1, 6, 3], gen)]

@@ -178,17 +178,17 @@ def test_masked_dice_region_trains_as_eager_in_the_compiled_graph():
     """The compiled (Inductor) graph checks the mask ahead of it and runs a graph compiled
     for the step's token count: three steps of other lengths, each packed, each loss and
     gradient as eager's."""
-    from gemc.backends.torch.graph_mode import GraphExecutor
-    from gemc.backends.torch.sparse_optim import EmbeddingOptimConfig, EmbeddingOptimizer
     from gemc.backends.triton import packed_tokens as pt
 
-    from tests.fusion.helpers import compiled, entries_of, train_against_eager
+    from tests.fusion.helpers import (
+        compiled,
+        cpu_graph_executor,
+        entries_of,
+        train_against_eager,
+    )
 
     gm, ctx, spec = compiled(f"{__file__}:build_masked")
-    executor = GraphExecutor(gm, {}, spec.model, entries_of(gm, ctx), tables={},
-                             emb_opt=EmbeddingOptimizer({}, EmbeddingOptimConfig(),
-                                                        world_size=1),
-                             device=torch.device("cpu"))
+    executor = cpu_graph_executor(gm, spec.model, entries_of(gm, ctx))
     assert executor.guard is not None and executor.guard.names == ["packed_tokens_0"]
     assert executor.not_applied == []
     batches = [din._batch(din.PRESETS["tiny"], step, 0, "cpu") for step in range(3)]
