@@ -1,0 +1,270 @@
+"""Where the zoo's attentions spend their fwd+bwd time on a GPU: the kernels, or the host.
+
+    python3 benchmarks/attention_gpu_time.py --out attention_gpu_time.json     # GPU, ~2 min
+    python3 benchmarks/attention_gpu_time.py --smoke                           # CPU: runs
+
+Why: ``benchmarks/kernels.py --cases zoo`` times each call with ``triton.testing.do_bench``,
+whose CUDA events bracket one call: any time the GPU waits for the host between the call's
+launches is counted. gemc's jagged attention launches from Python (an autograd Function, the
+launch-config choice, two or three Triton kernels and their buffers) where padded cuDNN SDPA
+is one C++ call, and the same gemc kernel has timed 0.67 ms on one machine and 1.0-1.18 ms on
+another while cuDNN's time stayed put (BENCHMARKS.md, nineteenth session): a host-bound
+measurement would look like that. So each variant (gemc's kernel and padded masked SDPA at
+each zoo model's shape, :func:`kernels._zoo_attentions`, lengths uniform in 1..L) is timed
+four ways, fwd+bwd:
+
+- ``do_bench_ms``: as ``kernels.py`` times it (the issue's figure);
+- ``graph_ms``: the same call replayed from a CUDA graph (no host in the loop: the GPU's
+  time alone), where the call can be captured;
+- ``kernels_ms``: the sum of the GPU kernels' (and memsets' / copies') durations per call,
+  from a torch.profiler trace, with the five costliest kernels by name;
+- ``host_ms``: the host's time to issue one call while the GPU is held busy (so nothing
+  waits for the GPU): what the host alone costs.
+
+``do_bench_ms`` well above both ``graph_ms`` and ``kernels_ms``, with ``host_ms`` near it,
+says the call is host-bound; ``kernels_ms`` near ``do_bench_ms`` says the kernels are the
+time. gemc's variants (:data:`GEMC_VARIANTS`) run with the default launch configs and
+autotuned (``GEMC_AUTOTUNE=1``); HSTU's also with the fast sigmoid, with dq fused into the
+dk/dv kernel, and with its relative bias ``[B, 1, L, L]`` (its gradient included), as the
+model runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import kernels as kbench  # noqa: E402  (benchmarks/kernels.py: the zoo's shapes)
+
+Call = Callable[[], Any]
+
+
+def do_bench_ms(fn: Call, device: torch.device) -> float:
+    return kbench.bench_ms(fn, device)
+
+
+def graph_ms(fn: Call, reps: int = 10) -> float | str:
+    """Median ms of one call replayed from a CUDA graph of ``reps`` calls; the reason as a
+    string where the call cannot be captured."""
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(reps):
+                fn()
+        times = []
+        for _ in range(7):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / reps)
+        del graph
+        return statistics.median(times)
+    except Exception as exc:  # noqa: BLE001 - not capturable is a finding, not a crash
+        torch.cuda.synchronize()
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+
+
+def host_ms(fn: Call, calls: int = 20) -> float:
+    """The host's ms to issue one call while the GPU is busy with a sleep kernel (the calls
+    queue behind it: no call waits for the GPU)."""
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(int(3e9))  # ~1.5 s of GPU clock cycles, longer than the calls' issue
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed * 1e3 / calls
+
+
+def kernels_ms(fn: Call, calls: int = 10) -> dict[str, Any]:
+    """GPU activity per call from a profiler trace: kernels, memsets and copies summed, and
+    the five costliest kernel names with their ms per call."""
+    fn()
+    torch.cuda.synchronize()
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            trace = json.load(f)
+    by_name: dict[str, float] = {}
+    total = 0.0
+    for ev in trace.get("traceEvents", []):
+        if ev.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy") and "dur" in ev:
+            total += ev["dur"]
+            name = ev.get("name", "?")[:90]
+            by_name[name] = by_name.get(name, 0.0) + ev["dur"]
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:5]
+    return {"kernels_ms": total / calls / 1e3,
+            "top": [[name, us / calls / 1e3] for name, us in top]}
+
+
+def measure(name: str, fn: Call, device: torch.device) -> dict[str, Any]:
+    row: dict[str, Any] = {"variant": name}
+    try:
+        row["do_bench_ms"] = do_bench_ms(fn, device)
+        if device.type == "cuda":
+            row["graph_ms"] = graph_ms(fn)
+            row.update(kernels_ms(fn))
+            row["host_ms"] = host_ms(fn)
+    except Exception as exc:  # noqa: BLE001 - a failed variant is a result
+        row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def _inputs(shape: dict[str, Any], dtype: torch.dtype, device: torch.device,
+            gen: torch.Generator) -> dict[str, Any]:
+    batch, L, H, D = shape["batch"], shape["max_len"], shape["heads"], shape["head_dim"]
+    lengths = torch.randint(1, L + 1, (batch,), generator=gen)
+    offsets = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)]).to(device)
+    total = int(lengths.sum())
+    q, k, v, g = (torch.randn(total, H, D, generator=gen).to(device, dtype) for _ in range(4))
+    pos = torch.arange(L, device=device)
+    visible = (pos[None, None, :] < lengths.to(device)[:, None, None]).expand(-1, L, -1)
+    if shape["causal"]:
+        visible = visible & (pos[:, None] >= pos[None, :])
+    visible = visible[:, None]
+    safe = visible | ~visible.any(-1, keepdim=True)
+    from gemc.backends.triton import jagged_to_padded
+
+    with torch.no_grad():
+        padded = [jagged_to_padded(x, offsets, L).transpose(1, 2).contiguous()
+                  for x in (q, k, v, g)]
+    bias = (0.1 * torch.randn(batch, 1, L, L, generator=gen)).to(device, dtype)
+    return {"offsets": offsets, "jagged": (q, k, v, g), "padded": padded, "safe": safe,
+            "bias": bias, "L": L, "scale": 1.0 / math.sqrt(D), "tokens": total}
+
+
+def _gemc_call(x: dict[str, Any], kind: str, causal: bool, with_bias: bool) -> Call:
+    from gemc.backends.triton import jagged_attention
+
+    q, k, v, g = (t.detach().clone() for t in x["jagged"])
+    leaves = [t.requires_grad_() for t in (q, k, v)]
+    bias = x["bias"].detach().clone().requires_grad_() if with_bias else None
+    wrt = [*leaves, bias] if bias is not None else leaves
+
+    def call() -> Any:
+        out = jagged_attention(*leaves, x["offsets"], x["L"], scale=x["scale"], causal=causal,
+                               kind=kind, bias=bias)
+        return torch.autograd.grad(out, wrt, g)
+
+    return call
+
+
+def _sdpa_call(x: dict[str, Any], backend: Any) -> Call:
+    from torch.nn.attention import sdpa_kernel
+
+    qp, kp, vp, gp = x["padded"]
+    leaves = [t.detach().clone().requires_grad_() for t in (qp, kp, vp)]
+
+    def call() -> Any:
+        with sdpa_kernel([backend]):
+            out = torch.nn.functional.scaled_dot_product_attention(
+                *leaves, attn_mask=x["safe"], scale=x["scale"])
+        return torch.autograd.grad(out, leaves, gp)
+
+    return call
+
+
+GEMC_VARIANTS = {
+    # (with HSTU's relative bias, autotuned, fast sigmoid, dq fused into the dk/dv kernel)
+    "silu": [(False, False, False, False), (False, True, False, False),
+             (False, True, True, False), (False, True, False, True), (False, True, True, True),
+             (True, False, False, False), (True, True, False, False), (True, True, True, False)],
+    "softmax": [(False, False, False, False), (False, True, False, False)],
+}
+"""gemc's variants per score function: the defaults first, then the module's switches
+(``jagged_attention.FAST_SIGMOID``, ``FUSED_SILU_BACKWARD``) that the silu kernels read."""
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, help="write the rows as JSON here")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes (CPU: checks it runs)")
+    ap.add_argument("--models", default="hstu,mmoe,sasrec_bst")
+    args = ap.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    import importlib
+
+    from gemc.backends.triton import config_choice
+
+    kernel = importlib.import_module("gemc.backends.triton.jagged_attention")
+    gen = torch.Generator().manual_seed(0)
+    shapes = dict(kbench._zoo_attentions("tiny" if args.smoke else "h200"))
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    results: dict[str, Any] = {"device": torch.cuda.get_device_name() if device.type == "cuda"
+                               else "cpu", "torch": torch.__version__, "models": {}}
+    try:
+        import triton
+
+        results["triton"] = triton.__version__
+    except ImportError:
+        pass
+    for model in args.models.split(","):
+        shape = dict(shapes[model])
+        kind, causal = shape["kind"], shape["causal"]
+        x = _inputs(shape, dtype, device, gen)
+        print(f"== {model} {shape} tokens={x['tokens']}", flush=True)
+        rows = []
+        flags = kernel.FAST_SIGMOID, kernel.FUSED_SILU_BACKWARD
+        try:
+            for with_bias, tuned, fast, fused in GEMC_VARIANTS[kind]:
+                os.environ[config_choice.AUTOTUNE_ENV] = "1" if tuned else "0"
+                kernel.FAST_SIGMOID, kernel.FUSED_SILU_BACKWARD = fast, fused
+                config_choice.forget("jagged_attention.")
+                name = "gemc" + "".join(label for label, on in (
+                    (" +bias", with_bias), (" autotuned", tuned), (" fast-sigmoid", fast),
+                    (" fused-dq", fused)) if on)
+                rows.append(measure(name, _gemc_call(x, kind, causal, with_bias), device))
+        finally:
+            os.environ.pop(config_choice.AUTOTUNE_ENV, None)
+            kernel.FAST_SIGMOID, kernel.FUSED_SILU_BACKWARD = flags
+        if device.type == "cuda":
+            from torch.nn.attention import SDPBackend
+
+            for label, backend in (("sdpa cudnn masked", SDPBackend.CUDNN_ATTENTION),
+                                   ("sdpa efficient masked", SDPBackend.EFFICIENT_ATTENTION)):
+                rows.append(measure(label, _sdpa_call(x, backend), device))
+        results["models"][model] = {"shape": shape, "tokens": x["tokens"], "rows": rows}
+    if args.out:
+        tmp = args.out.with_suffix(args.out.suffix + ".tmp")
+        tmp.write_text(json.dumps(results, indent=1))
+        tmp.replace(args.out)
+    return results
+
+
+if __name__ == "__main__":
+    main()
