@@ -168,6 +168,19 @@ def uninitialised(shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.
     return torch.empty_strided(shape, stride, dtype=dtype, device=device)
 
 
+def written_rows(like: torch.Tensor, offsets: torch.Tensor, pad_len: int, count: int = 1
+                 ) -> list[torch.Tensor]:
+    """``count`` contiguous buffers of ``like``'s shape and dtype for outputs the kernels
+    store row by row: :func:`uninitialised`, then zeros into the rows no sequence covers
+    (:func:`.uncovered_rows.zero_uncovered_rows`, one launch) instead of a ``torch.zeros``
+    of every row that the kernels then overwrite."""
+    from .uncovered_rows import zero_uncovered_rows
+
+    strides = torch.empty(like.shape, device="meta").stride()
+    return zero_uncovered_rows([uninitialised(tuple(like.shape), strides, like.dtype, like.device)
+                                for _ in range(count)], offsets, pad_len)
+
+
 def uses_key_block_backward(meta: dict) -> bool:
     """Whether a backward with these meta-parameters runs :data:`SILU_KEY_BLOCK_BACKWARD`'s
     kernel (silu only; read at the backward, where the bias's buffer is made too)."""
@@ -753,7 +766,7 @@ def _attention_forward(q, k, v, offsets, max_len: int, scale: float, meta: dict,
     """``pad_len > 0``: q, k, v are ``[B * pad_len, H, D]`` padded rows (``_sequence``)."""
     total, heads, _ = q.shape
     batch = offsets.numel() - 1
-    out = torch.zeros_like(q, memory_format=torch.contiguous_format)
+    out = written_rows(q, offsets, pad_len)[0]
     lse_rows = 0 if meta["SILU"] else total
     lse = torch.zeros((heads, lse_rows), device=q.device, dtype=torch.float32)
     if total == 0 or batch == 0 or max_len == 0:
@@ -773,7 +786,11 @@ def _attention_backward(q, k, v, out, lse, do, offsets, max_len: int, scale: flo
     total, heads, _ = q.shape
     batch = offsets.numel() - 1
     fused = bool(meta.get("FUSED_DQ"))  # dq summed by the dk/dv kernel, in fp32
-    dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32 if fused else q.dtype)
+    if fused:
+        dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+        dk, dv = written_rows(k, offsets, pad_len, 2)
+    else:
+        dq, dk, dv = written_rows(q, offsets, pad_len, 3)
     empty = total == 0 or batch == 0 or max_len == 0
     if uses_key_block_backward(meta):
         from .silu_key_block_backward import silu_key_block_backward
@@ -787,11 +804,9 @@ def _attention_backward(q, k, v, out, lse, do, offsets, max_len: int, scale: flo
                 *_bias_args(bias, None, q), **{**meta, "BIAS_GRAD": False},
             )
         # an empty batch still writes its bias gradient's zeros (the buffer is not zeroed)
-        dk, dv = silu_key_block_backward(q, k, v, do, dq, offsets, max_len, scale, meta,
-                                         bias, dbias, pad_len=pad_len)
+        silu_key_block_backward(q, k, v, do, dq, dk, dv, offsets, max_len, scale, meta,
+                                bias, dbias, pad_len=pad_len)
         return dq.to(q.dtype), dk, dv
-    dk = torch.zeros_like(k, memory_format=torch.contiguous_format)
-    dv = torch.zeros_like(v, memory_format=torch.contiguous_format)
     if empty:
         return dq.to(q.dtype), dk, dv
     delta = torch.empty_like(lse)

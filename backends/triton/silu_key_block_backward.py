@@ -259,25 +259,25 @@ def _bwd_silu_kv_kernel(
 
 
 def silu_key_block_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                            do: torch.Tensor, dq: torch.Tensor, offsets: torch.Tensor,
-                            max_len: int, scale: float, meta: dict, bias: torch.Tensor | None,
-                            dbias: torch.Tensor | None, pad_len: int = 0
-                            ) -> tuple[torch.Tensor, torch.Tensor]:
-    """dk and dv (``[N, H, D]``, q's dtype) of the silu attention; adds dq's share into
-    ``dq`` (fp32, zeroed) when ``meta["FUSED_DQ"]``; writes every element of ``dbias``
+                            do: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor,
+                            dv: torch.Tensor, offsets: torch.Tensor, max_len: int,
+                            scale: float, meta: dict, bias: torch.Tensor | None,
+                            dbias: torch.Tensor | None, pad_len: int = 0) -> None:
+    """Writes dk and dv (``[N, H, D]`` contiguous, q's dtype) of the silu attention into
+    every row a sequence covers (the caller zeroes the others:
+    :func:`~.jagged_attention.written_rows`); adds dq's share into ``dq`` (fp32, zeroed)
+    when ``meta["FUSED_DQ"]``; writes every element of ``dbias``
     (the ``[B, H, Lb, Lb]`` view of :func:`~.jagged_attention.bias_grad_buffer`'s output,
     head stride 0 where the heads share it) when ``meta["BIAS_GRAD"]``. ``bias``: the
     ``[B, H, Lb, Lb]`` view of the score bias, or None."""
     total, heads, _ = q.shape
     batch = offsets.numel() - 1
-    dk = torch.zeros_like(k, memory_format=torch.contiguous_format)
-    dv = torch.zeros_like(v, memory_format=torch.contiguous_format)
     bias_grad = bool(meta["BIAS_GRAD"]) and dbias is not None
     db_rows = dbias.shape[-1] if bias_grad else 0
     heads_loop = bias_grad and dbias.stride(1) == 0 and heads > 1
     per_program = heads if heads_loop else 1
     if batch == 0 or (max_len == 0 and db_rows == 0):
-        return dk, dv
+        return
     # the heads' running sums of the bias's gradient: fp32, the output itself where it is
     # fp32, else a scratch buffer of its layout (only the visited tiles are touched)
     db_sum = dbias
@@ -302,4 +302,3 @@ def silu_key_block_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         b, db_sum if bias_grad else q, d, *bs, *ds,
         **kernel_meta, BIAS_GRAD=bias_grad, HEADS_LOOP=heads_loop,
     )
-    return dk, dv

@@ -1,0 +1,81 @@
+"""The attention's outputs are never zero-filled first (``jagged_attention.written_rows``):
+the kernels store every row a sequence covers and ``zero_uncovered_rows`` zeroes the others.
+
+Intent: ``zero_uncovered_rows`` touches only the uncovered rows (a covered row keeps what was
+there), in both layouts. Numbers: with every uninitialised buffer NaN, the softmax and silu
+attentions over packed values with spare slots past ``offsets[-1]`` (the packed token
+regions' buffers), forward and backward, equal the reference and are exactly zero in the
+spare slots."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+from gemc.backends.triton import jagged_attention
+from gemc.backends.triton.jagged_attention import jagged_attention_reference
+from gemc.backends.triton.uncovered_rows import zero_uncovered_rows
+from kernel_helpers import fresh_generator
+
+kernel = importlib.import_module("gemc.backends.triton.jagged_attention")
+
+
+def _nan_buffers(shape, stride, dtype, device):  # noqa: ANN001, ANN202
+    t = torch.empty_strided(shape, stride, dtype=dtype, device=device)
+    t.as_strided((t.untyped_storage().nbytes() // t.element_size(),), (1,)).fill_(float("nan"))
+    return t
+
+
+def test_only_rows_outside_the_sequences_are_zeroed():
+    """Packed layout: rows before ``offsets[0]`` and from ``offsets[-1]`` on; three buffers
+    of one launch, fp32 and bf16 alike."""
+    offsets = torch.tensor([2, 5, 5, 9])
+    bufs = [torch.full((12, 2, 3), 7.0), torch.full((12, 2, 3), 7.0),
+            torch.full((12, 2, 3), 7.0, dtype=torch.bfloat16)]
+    zero_uncovered_rows(bufs, offsets)
+    covered = torch.zeros(12, dtype=torch.bool)
+    covered[2:9] = True
+    for b in bufs:
+        assert (b[covered] == 7).all() and (b[~covered] == 0).all()
+
+
+def test_padded_layout_zeroes_each_rows_tail_and_rows_past_the_batch():
+    """Padded ``[B, pad_len]`` layout: row ``b``'s positions from its length (clamped to
+    ``pad_len``) on, and every row past ``B * pad_len``; lengths 0, full, longer than the
+    pad, ragged."""
+    pad, lengths = 4, [0, 4, 6, 3]
+    offsets = torch.tensor([0, 0, 4, 10, 13])
+    buf = torch.full((len(lengths) * pad + 3, 5), 7.0)
+    zero_uncovered_rows([buf], offsets, pad_len=pad)
+    for r in range(buf.shape[0]):
+        b, pos = divmod(r, pad)
+        kept = b < len(lengths) and pos < min(lengths[b], pad)
+        assert (buf[r] == (7.0 if kept else 0.0)).all(), r
+
+
+def test_rejects_buffers_of_different_shapes():
+    with pytest.raises(ValueError, match="one shape"):
+        zero_uncovered_rows([torch.zeros(3, 2), torch.zeros(4, 2)], torch.tensor([0, 3]))
+
+
+@pytest.mark.parametrize("kind, causal", [("softmax", True), ("silu", False)])
+def test_spare_slots_read_zero_and_the_rest_matches_the_reference(monkeypatch, kind, causal):
+    """Values with 5 spare slots past ``offsets[-1]`` and every buffer NaN before the
+    kernels run: out, dq, dk, dv equal the reference on the tokens and are exactly 0 in
+    the spare slots (a stale slot would be NaN)."""
+    monkeypatch.setattr(kernel, "uninitialised", _nan_buffers)
+    gen = fresh_generator()
+    lengths, spare, heads, dim = [5, 0, 17, 9], 5, 2, 16
+    offsets = torch.tensor([0, 5, 5, 22, 31])
+    total = sum(lengths)
+    q, k, v, g = (torch.randn(total + spare, heads, dim, generator=gen) for _ in range(4))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = jagged_attention(*leaves, offsets, 17, causal=causal, kind=kind)
+    grads = torch.autograd.grad(out, leaves, g)
+    ref_leaves = [t[:total].clone().requires_grad_() for t in (q, k, v)]
+    ref = jagged_attention_reference(*ref_leaves, offsets, 17, causal=causal, kind=kind)
+    ref_grads = torch.autograd.grad(ref, ref_leaves, g[:total])
+    for got, want in zip((out.detach(), *grads), (ref.detach(), *ref_grads)):
+        torch.testing.assert_close(got[:total], want, rtol=2e-5, atol=2e-5)
+        assert torch.equal(got[total:], torch.zeros_like(got[total:]))
