@@ -248,7 +248,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 name = "gemc" + "".join(label for label, on in (
                     (" +bias", with_bias), (" autotuned", tuned), (" fast-sigmoid", fast),
                     (" fused-dq", fused)) if on)
-                rows.append(measure(name, _gemc_call(x, kind, causal, with_bias), device))
+                row = measure(name, _gemc_call(x, kind, causal, with_bias), device)
+                row["configs"] = {k.removeprefix("jagged_attention."): v
+                                  for k, v in config_choice.ran("jagged_attention.").items()
+                                  if v}
+                print(json.dumps({"configs": row["configs"]}), flush=True)
+                rows.append(row)
         finally:
             os.environ.pop(config_choice.AUTOTUNE_ENV, None)
             kernel.FAST_SIGMOID, kernel.FUSED_SILU_BACKWARD = flags

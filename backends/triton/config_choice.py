@@ -35,8 +35,8 @@ import torch
 import triton
 
 __all__ = ["AUTOTUNE_ENV", "COLD_BENCH_MS", "H200_SHARED_MEMORY", "RECORD_NAME", "ConfigChoice",
-           "Preferred", "Tiles", "autotune", "autotuning_requested", "forget", "record_tuned",
-           "report", "shared_memory_bytes", "shared_memory_limit", "tuning_key"]
+           "Preferred", "Tiles", "autotune", "autotuning_requested", "forget", "ran",
+           "record_tuned", "report", "shared_memory_bytes", "shared_memory_limit", "tuning_key"]
 
 AUTOTUNE_ENV = "GEMC_AUTOTUNE"
 """``1``: gemc's kernels autotune over every config that fits (``gemc run --autotune``)."""
@@ -303,6 +303,15 @@ def record_tuned() -> int:
             json.dump(data, f, indent=1, sort_keys=True)
         os.replace(tmp, path)
     return written
+
+
+def ran(prefix: str) -> dict[str, dict[str, str]]:
+    """Per kernel whose name starts with ``prefix`` and per key, the config its autotuner
+    runs now (timed best, recorded or heuristic alike; :func:`report` leaves a config
+    autotuned in this process unnamed until :func:`record_tuned`). Why: a benchmark
+    reports which config each timing ran (``benchmarks/attention_gpu_time.py``)."""
+    return {name: {str(k): describe(c) for k, c in getattr(tuner, "cache", {}).items()}
+            for name, (_, tuner) in sorted(_KERNELS.items()) if name.startswith(prefix)}
 
 
 def report() -> dict[str, Any]:
