@@ -4,6 +4,8 @@
     python3 benchmarks/replica_step.py --device cuda --out $OUT/replica_step.json
     # on the CPU, a check that it runs (not a measurement):
     .venv/bin/python benchmarks/replica_step.py --smoke
+    # on the CPU, the host-cost proxy: both paths, each in its own process, side by side
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/replica_step.py --compare --cpu-proxy
 
 DLRMv2's tables with fewer than ``--max-rows`` rows (its 18 smallest at the default: the
 ones TorchRec's planner replicates at 16 ranks; dim 128, Criteo's pooling factors), each a
@@ -19,6 +21,19 @@ collective itself is priced by ``collectives`` (measured by ``gemc calibrate``).
 per step, median after ``--warmup``: the lookups' forward + backward and the optimizer's
 step, measured and predicted (H200 calibration), and whether the step synced with the
 host (CUDA's sync debug mode set to error around it). Writes ``--out``.
+
+``--batched 1`` (the default, ``GEMC_BATCHED_REPLICAS``'s) groups the replicas
+(:mod:`gemc.backends.torch.replica_groups`: one storage, one lookup ahead of the forward,
+one gradient add and one masked pass a group); ``--batched 0`` runs each on its own.
+``--compare`` runs both, each in its own process, and prints them side by side with the
+ATen ops each step dispatches (counted on an untimed step: on a GPU each is a kernel
+launch or a host-side op, the unit ``cost_model.launches`` prices).
+
+``--cpu-proxy``: on the CPU, tables cut to ``--proxy-rows`` rows of width
+``--proxy-dim`` and a batch of ``--proxy-batch``, so the arithmetic is small and what the
+wall time measures is mostly the host's work per op (Python, dispatch), a proxy for the
+host cost a GPU step pays per launch; the Triton kernels take their ATen fallback there
+(the interpreter would time its own emulation). A proxy, not the GPU's figure.
 """
 
 from __future__ import annotations
@@ -37,16 +52,20 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-if not torch.cuda.is_available():  # before any kernel is decorated (gemc's runtime's rule)
+if not torch.cuda.is_available() and "--cpu-proxy" not in sys.argv:
+    # before any kernel is decorated (gemc's runtime's rule); the CPU proxy keeps the
+    # ATen fallbacks instead (see the module doc)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 import torch.distributed as dist  # noqa: E402
 from gemc.backends.torch.embedding import ShardedEmbedding  # noqa: E402
+from gemc.backends.torch.replica_groups import ReplicaLookups  # noqa: E402
 from gemc.backends.torch.sparse_optim import EmbeddingOptimConfig, EmbeddingOptimizer  # noqa: E402
 from gemc.cost_model.calibration import default_calibration  # noqa: E402
 from gemc.cost_model.kernels import REPLICA_BUCKET_KERNELS, hottest_row_ids  # noqa: E402
 from gemc.cost_model.op_cost import DEFAULT_KERNEL_LAUNCH_S, eager_table_time  # noqa: E402
 from gemc.cost_model.topology import parse_topology  # noqa: E402
 from torch import nn  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from gemc.sharding import make_shards  # noqa: E402
 
@@ -71,13 +90,27 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--smoke", action="store_true", help="CPU, 3 tables, a small batch")
+    ap.add_argument("--batched", type=int, choices=(0, 1), default=1,
+                    help="1: replicas grouped (replica_groups); 0: each on its own")
+    ap.add_argument("--compare", action="store_true",
+                    help="run --batched 0 and 1, each in its own process, side by side")
+    ap.add_argument("--cpu-proxy", action="store_true",
+                    help="CPU host-cost proxy: small tables and batch (see the module doc)")
+    ap.add_argument("--proxy-rows", type=int, default=64)
+    ap.add_argument("--proxy-dim", type=int, default=16)
+    ap.add_argument("--proxy-batch", type=int, default=32)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    if args.compare:
+        return compare(args)
     device = torch.device(args.device)
     picked = [(r, p) for r, p in zip(ROWS, POOLING) if r < args.max_rows]
     batch = 65536 // args.world
     if args.smoke:
         picked, batch, args.steps, args.warmup = picked[:3], 64, 3, 1
+    if args.cpu_proxy:
+        picked = [(min(r, args.proxy_rows), p) for r, p in picked]
+        batch = args.proxy_batch
     with tempfile.TemporaryDirectory() as d:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
                                 init_method=f"file://{d}/store", rank=0, world_size=1)
@@ -91,34 +124,100 @@ def main() -> int:
     return 0
 
 
+class OpCount(TorchDispatchMode):
+    """ATen ops dispatched under it that compute (views left out: they launch nothing; on
+    a GPU each counted op is a kernel launch or a host-side op such as a copy)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        self.ops += not func.is_view
+        return func(*args, **(kwargs or {}))
+
+
+def compare(args: argparse.Namespace) -> int:
+    """Both paths, each in a process of its own (no state shared), and a table of them."""
+    import subprocess
+
+    rows = []
+    for batched in (0, 1):
+        cmd = [sys.executable, __file__, "--batched", str(batched), "--device", args.device,
+               "--world", str(args.world), "--max-rows", str(args.max_rows),
+               "--optimizer", args.optimizer, "--steps", str(args.steps),
+               "--warmup", str(args.warmup), "--proxy-rows", str(args.proxy_rows),
+               "--proxy-dim", str(args.proxy_dim), "--proxy-batch", str(args.proxy_batch)]
+        cmd += ["--smoke"] if args.smoke else []
+        cmd += ["--cpu-proxy"] if args.cpu_proxy else []
+        with tempfile.NamedTemporaryFile(suffix=".json") as f:
+            subprocess.run([*cmd, "--out", f.name], check=True, stdout=subprocess.DEVNULL)
+            rows.append(json.loads(Path(f.name).read_text()))
+    n = len(rows[0]["tables"])
+    print(f"{n} replicas, batch {rows[0]['batch']}, dim {rows[0]['dim']}, "
+          f"{args.optimizer}, {rows[0]['device']}"
+          + (" (CPU proxy: wall ~ host work per op)" if args.cpu_proxy else ""))
+    head = ("path", "groups", "lookups ms", "opt step ms", "total ms", "ms/replica",
+            "ops/step", "ops/replica")
+    print(" | ".join(head))
+    for r in rows:
+        total = r["lookups_ms"] + r["optimizer_step_ms"]
+        print(" | ".join([
+            "grouped" if r["batched"] else "per table", str(r["groups"]),
+            f"{r['lookups_ms']:.3f}", f"{r['optimizer_step_ms']:.3f}", f"{total:.3f}",
+            f"{total / n:.4f}", str(r["ops_per_step"]), f"{r['ops_per_step'] / n:.2f}"]))
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
 def measure(args: argparse.Namespace, device: torch.device, picked: list[tuple[int, int]],
             batch: int) -> dict:
     gen = torch.Generator().manual_seed(0)
+    dim = args.proxy_dim if args.cpu_proxy else DIM
     tables: dict[str, ShardedEmbedding] = {}
     for i, (rows, _) in enumerate(picked):
-        source = nn.EmbeddingBag(rows, DIM, mode="sum", include_last_offset=True)
-        plan_table = {"fqn": f"t{i}.weight", "rows": rows, "dim": DIM,
+        source = nn.EmbeddingBag(rows, dim, mode="sum", include_last_offset=True)
+        plan_table = {"fqn": f"t{i}.weight", "rows": rows, "dim": dim,
                       "sharding": "data_parallel",
-                      "shards": make_shards("data_parallel", [0, 1], rows, DIM)}
+                      "shards": make_shards("data_parallel", [0, 1], rows, dim)}
         table = ShardedEmbedding(source, plan_table, rank=0, world_size=args.world, seed=0)
         table.to_empty(device=device)
         with torch.no_grad():
             table.weight.normal_(0, 0.01)
         tables[f"t{i}.weight"] = table
     cfg = EmbeddingOptimConfig.default_for(args.optimizer)
-    opt = EmbeddingOptimizer(tables, cfg, world_size=args.world)
+    opt = EmbeddingOptimizer(tables, cfg, world_size=args.world,
+                             batched_replicas=bool(args.batched))
+    hook = ReplicaLookups(opt.groups, opt.not_grouped)  # the runner's, module mode
     inputs = []
     for rows, pooling in picked:
         ids = torch.randint(0, rows, (batch * pooling,), generator=gen).to(device)
         offsets = (torch.arange(batch + 1) * pooling).to(device)
-        inputs.append((ids, offsets))
-    probe = torch.randn(batch, DIM, generator=gen).to(device)
+        inputs += [ids, offsets]
+    entries = tuple(inputs)  # the batch as the runner hands it: its entries, recorded once
+    probe = torch.randn(batch, dim, generator=gen).to(device)
+
+    def lookups_and_backward() -> None:
+        hook.begin_step(entries)
+        loss = sum((t(entries[2 * k], entries[2 * k + 1]) * probe).sum()
+                   for k, t in enumerate(tables.values()))
+        loss.backward()
+        hook.end_step()
+
     lookups, steps, synced = [], [], False
-    for step in range(args.warmup + args.steps):
+    ops = None
+    for step in range(args.warmup + args.steps + 1):
+        if step == args.warmup:  # one untimed step: the ATen ops it dispatches
+            with OpCount() as count:
+                lookups_and_backward()
+                opt.step()
+            opt.zero_grad()
+            ops = count.ops
+            continue
         sync(device)
         t0 = time.perf_counter()
-        loss = sum((t(ids, off) * probe).sum() for t, (ids, off) in zip(tables.values(), inputs))
-        loss.backward()
+        lookups_and_backward()
         sync(device)
         t1 = time.perf_counter()
         if device.type == "cuda":
@@ -137,7 +236,7 @@ def measure(args: argparse.Namespace, device: torch.device, picked: list[tuple[i
         sync(device)
         t2 = time.perf_counter()
         opt.zero_grad()
-        if step >= args.warmup:
+        if step > args.warmup:
             lookups.append(t1 - t0)
             steps.append(t2 - t1)
     gpu = parse_topology("h200:1x1").gpu
@@ -145,14 +244,16 @@ def measure(args: argparse.Namespace, device: torch.device, picked: list[tuple[i
     fwd_bwd = opt_s = 0.0
     for rows, pooling in picked:
         nnz = batch * pooling
-        f, b, o = eager_table_time("sparse", rows, DIM, nnz, batch, 1, "fp32", gpu, cal,
+        f, b, o = eager_table_time("sparse", rows, dim, nnz, batch, 1, "fp32", gpu, cal,
                                    args.optimizer, None, args.world,
                                    hottest_row_ids(rows, nnz, 0))
         fwd_bwd, opt_s = fwd_bwd + f + b, opt_s + o
     launch = cal.kernel_s if cal is not None else DEFAULT_KERNEL_LAUNCH_S
     opt_s += REPLICA_BUCKET_KERNELS * launch
     return {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "world": args.world, "batch": batch, "optimizer": args.optimizer,
+            "world": args.world, "batch": batch, "dim": dim, "optimizer": args.optimizer,
+            "batched": bool(args.batched), "groups": len(opt.groups),
+            "ops_per_step": ops, "cpu_proxy": bool(args.cpu_proxy),
             "tables": [r for r, _ in picked], "steps": args.steps,
             "lookups_ms": 1e3 * statistics.median(lookups),
             "lookups_predicted_ms": 1e3 * fwd_bwd,

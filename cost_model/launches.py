@@ -56,6 +56,18 @@ EAGER_TABLE_LAUNCHES = 40
 # 0.356 ms a replica, i.e. 8.5 launches at GRAPH_LAUNCH_HOST_S; 9 here (13, read from the
 # code path before, priced a replica 1.5x over the measurement)
 REPLICA_TABLE_LAUNCHES = 9
+# Replicas that share one storage (backends/torch/replica_groups.py: fp32, no padding row,
+# one width; the rule is :func:`replica_group_key`) launch their lookup, its sparse
+# backward, the bucket's add and flag fill and the masked pass once a GROUP, and per member
+# only what graph mode still runs table by table: its lookup inside the compiled graph and
+# its deferred gradient's copies (grad, ids, offsets). Counted on the CPU
+# (benchmarks/replica_step.py --compare --cpu-proxy, the ATen ops each step dispatches,
+# views left out, the loss's own four a table taken off): the per-table path 19 ops a
+# replica (the 8.5 launches measured above), the grouped one 24 a group and none a member
+# (6, 9 and 18 replicas: 142/211/418 ops against 52/64/100). At the same 8.5/19 launches
+# an op a group is 11; a member 4, graph mode's lookup and copies (module mode runs none).
+REPLICA_GROUP_LAUNCHES = 11
+REPLICA_GROUPED_TABLE_LAUNCHES = 4
 # A table on the dense-gradient route since its update became one masked pass
 # (backends/triton/masked_row_update.py, no scan, no sync): DIN's e05fd50 H200 profile
 # launches 549 kernels a step for its 18 such tables (ATen's bag backwards with their cub
@@ -79,8 +91,9 @@ def graph_launches(gm: fx.GraphModule, tables: Sequence[TableCost],
                    world: int = 1) -> dict[str, int]:
     """Kernels one compiled training step launches, by source (see the module constants):
     ``inductor``, ``gemm``, ``island``, ``extern`` (other ATen kernels in the graph),
-    ``tables`` (by each table's lookup path; a replica on ``world`` > 1 ranks by its
-    bucketed step) and ``optimizer``; ``total`` sums them."""
+    ``tables`` (by each table's lookup path; the replicas on ``world`` > 1 ranks by their
+    bucketed step, by group where they share a storage: :func:`replica_launches`) and
+    ``optimizer``; ``total`` sums them."""
     groups = fusion_groups(gm)
     islands = island_groups(gm)
     out = dict.fromkeys(("inductor", "gemm", "island", "extern", "tables", "optimizer"), 0)
@@ -109,14 +122,50 @@ def graph_launches(gm: fx.GraphModule, tables: Sequence[TableCost],
     out["inductor"] = (INDUCTOR_KERNELS_PER_GROUP * len(set(groups.values()))
                        + INDUCTOR_KERNELS_PER_PARAM * params)
     batched = [t for t in tables if t.lookup == BATCHED]
+    replicas = [t for t in tables if t.lookup not in (BATCHED, DENSE_GRAD) and t.replicated
+                and world > 1]
+    replica_ids = {id(t) for t in replicas}
     out["tables"] = (BATCHED_TABLE_LAUNCHES * len(batched)
                      + (BATCHED_LOOKUP_LAUNCHES if batched else 0)
+                     + replica_launches(replicas)
                      + sum(DENSE_GRAD_TABLE_LAUNCHES if t.lookup == DENSE_GRAD
-                           else REPLICA_TABLE_LAUNCHES if t.replicated and world > 1
                            else EAGER_TABLE_LAUNCHES
-                           for t in tables if t.lookup != BATCHED))
+                           for t in tables if t.lookup != BATCHED and id(t) not in replica_ids))
     out["optimizer"] = 1 + math.ceil(params / OPTIMIZER_PARAMS_PER_LAUNCH) if params else 0
     out["total"] = sum(out.values())
+    return out
+
+
+def replica_group_key(t: TableCost) -> int | None:
+    """The group a data-parallel replica shares storage with on several ranks (its width),
+    None when it runs on its own: the runner's rule (backends/torch/replica_groups.
+    why_not_grouped: fp32 stored fp32, no padding row, not max-pooled; a table the model
+    reads outside its lookups (``replicated_only``, max pooling among them) is priced on
+    its own). Sum and mean bags group apart in the runner; TableCost does not say which,
+    so a width with both is priced one group short."""
+    if not t.replicated or t.precision != "fp32" or t.dtype_bytes != 4 or t.padding_row \
+            or t.replicated_only:
+        return None
+    return int(t.dim)
+
+
+def replica_launches(replicas: Sequence[TableCost]) -> int:
+    """Launches of the data-parallel replicas' part of a step on several ranks: a group of
+    two or more (:func:`replica_group_key`) ``REPLICA_GROUP_LAUNCHES`` plus
+    ``REPLICA_GROUPED_TABLE_LAUNCHES`` a member; a replica on its own
+    ``REPLICA_TABLE_LAUNCHES``."""
+    groups: dict[int, int] = {}
+    alone = 0
+    for t in replicas:
+        key = replica_group_key(t)
+        if key is None:
+            alone += 1
+        else:
+            groups[key] = groups.get(key, 0) + 1
+    out = REPLICA_TABLE_LAUNCHES * alone
+    for members in groups.values():
+        out += (REPLICA_GROUP_LAUNCHES + REPLICA_GROUPED_TABLE_LAUNCHES * members
+                if members > 1 else REPLICA_TABLE_LAUNCHES)
     return out
 
 

@@ -33,7 +33,9 @@ The pooled rows and their gradients cross ranks at the plan's exchange precision
 per row forward and bf16 backward), cast back on arrival (:mod:`.embedding_exchange`).
 
 ``data_parallel`` tables are local replicas: a local lookup with a sparse gradient, which
-:mod:`.sparse_optim` all-reduces. ``nn.Embedding`` (one vector per id, no pooling) is routed
+:mod:`.sparse_optim` all-reduces. On several ranks the replicas of one width and pooling
+share one storage and are looked up ahead of the forward by one lookup a group
+(:mod:`.replica_groups`); the forward then hands out the table's rows of it. ``nn.Embedding`` (one vector per id, no pooling) is routed
 as bags of one id each.
 
 ``max`` pooling runs only where the lookup is local (one rank, or ``data_parallel``, where
@@ -366,6 +368,12 @@ class ShardedEmbedding(nn.Module):
         per_sample_weights: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if self.local_only:
+            if self.prefetched is not None:  # a replica looked up by its group's one lookup
+                out = self.prefetched.take(self.fqn, input, offsets, per_sample_weights)
+                self.prefetched = None
+                return out
+            if self.recording is not None:
+                self.recording.note(input, offsets, per_sample_weights)
             return self._local(input, offsets, per_sample_weights)
         if self.prefetched is not None:
             out = self.prefetched.take(self.fqn, input, offsets, per_sample_weights)

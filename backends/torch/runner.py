@@ -13,7 +13,8 @@ Order of setup (each step is one module of this package):
    (:mod:`.checkpoint`, :mod:`.state`).
 
 Each step, the tables the model calls with the batch's own tensors are looked up before the
-forward, in one exchange for all of them (:mod:`.table_prefetch`; from the second step on).
+forward, in one exchange for all of them (:mod:`.table_prefetch`; from the second step on),
+and the data-parallel replicas in one lookup per group of them (:mod:`.replica_groups`).
 
 Data: rank ``r`` of ``W`` trains step ``s`` on ``make_batch(s * W + r)``; the logged loss is
 the mean of the ranks' losses, the quantity :mod:`.reference` computes in one process.
@@ -68,6 +69,7 @@ from gemc.backends.torch.materialize import (
 from gemc.backends.torch.metrics import Metrics, Progress, StepRecord, sync
 from gemc.backends.torch.optimizers import make_dense_optimizer, resolve_optimizers
 from gemc.backends.torch.owner_lookup import OwnerLookup, fused_owner_tables, owner_routes
+from gemc.backends.torch.replica_groups import ReplicaLookups
 from gemc.backends.torch.report import build_report
 from gemc.backends.torch.sparse_optim import EmbeddingOptimizer
 from gemc.backends.torch.state import restore_after_load, training_state
@@ -568,6 +570,13 @@ def _run(
     setup_s = time.perf_counter() - t_setup
 
     prefetch = TablePrefetch(tables, world_size=wsize, device=device)
+    # the replica groups' lookups ahead of the forward (module mode: graph mode looks each
+    # table up inside the compiled graph, gemc::table_lookup, so only their storage and
+    # update are grouped there)
+    replica_lookups = ReplicaLookups(
+        emb_opt.groups, emb_opt.not_grouped,
+        off="graph mode: each replica is looked up in the compiled graph"
+        if graph_kernels and emb_opt.groups else None)
     metrics = Metrics()
     progress = Progress(opts.steps, start, enabled=opts.progress and rank == 0)
     exit_after = os.environ.get(EXIT_AFTER_STEP_ENV)
@@ -629,6 +638,7 @@ def _run(
         else:
             audit.begin(step + 1)  # the hooks measure this step's own operands
         with prec.autocast(device.type):
+            replica_lookups.begin_step(batch)
             prefetch.begin_step(batch)
             loss = forward(*batch)
         if account is not None:
@@ -637,6 +647,7 @@ def _run(
         if layout.averager is not None:
             layout.averager.finish()
         prefetch.end_step()
+        replica_lookups.end_step()
         audit.finish(step + 1)  # before the update; a switched GEMM runs bf16 from the next step
         if account is not None:
             account.mark("backward", wait)
@@ -691,6 +702,9 @@ def _run(
         + (" under torch.compile (table lookups eager)" if module_compiled else "")
     )
     report["embedding_exchange"] = prefetch.report()
+    # data-parallel replicas on several ranks: their groups (one storage, lookup and
+    # update each), those on their own and why (replica_groups)
+    report["replica_batch"] = replica_lookups.report()
     # fqn -> the owners' route on several ranks (gemc.table_lookup.sharded_route: "batched"
     # is the fused owner lookup), as the plan's cost model priced it
     report["owner_routes"] = owner_routes(plan["tables"], world_size=wsize,

@@ -34,7 +34,9 @@ row), the rows of a dense gradient that are not all zero. In the sharded case:
   buffer (:class:`ReplicaBucket`), reduced by ONE all-reduce a step whatever the number of
   replicas (as DDP and TorchRec bucket a data-parallel table's gradient), and each replica
   is then updated in one masked pass over its table (the rows whose flag is set, no
-  ``nonzero``), so every replica applies the same update without a host sync;
+  ``nonzero``), so every replica applies the same update without a host sync; replicas
+  that share a storage (:mod:`.replica_groups`) have one segment, one gradient add and
+  one masked pass a group;
 * a row split over column shards (``column_wise``, ``grid``) all-reduces the per-row sum of
   squares over the ranks holding that row's columns, so the row-wise Adagrad accumulator
   is the same mean over the full width that one process computes.
@@ -43,6 +45,7 @@ row), the rows of a dense gradient that are not all zero. In the sharded case:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -274,7 +277,17 @@ class EmbeddingOptimizer:
         *,
         world_size: int,
         column_groups: dict[str, dist.ProcessGroup | None] | None = None,
+        batched_replicas: bool | None = None,
     ) -> None:
+        """``batched_replicas``: on several ranks, put the data-parallel replicas that can
+        share one storage in groups (:mod:`.replica_groups`); None reads
+        ``GEMC_BATCHED_REPLICAS`` (unset: on)."""
+        from gemc.backends.torch.replica_groups import (
+            BATCHED_REPLICAS_ENV,
+            batched_replicas_from_env,
+            form_groups,
+        )
+
         self.tables = tables  # fqn -> ShardedEmbedding
         self.cfg = cfg
         self.world_size = world_size
@@ -288,6 +301,25 @@ class EmbeddingOptimizer:
             for fqn, m in tables.items()
             if m.weight is not None
         }
+        # replica groups: one storage, one state (each member's state a view of its rows)
+        self.groups: list[Any] = []
+        self.not_grouped: dict[str, str] = {}  # replica fqn -> why it is on its own
+        self.group_state: dict[str, RowState] = {}
+        if batched_replicas is None:
+            batched_replicas = batched_replicas_from_env()
+        replicas = {fqn: m for fqn, m in tables.items()
+                    if m.weight is not None and m.replicated}
+        if world_size > 1 and replicas:
+            if batched_replicas:
+                self.groups, self.not_grouped = form_groups(replicas)
+            else:
+                self.not_grouped = dict.fromkeys(replicas, f"{BATCHED_REPLICAS_ENV}=0")
+        for g in self.groups:
+            state = self.group_state[g.name] = RowState(g.weight, cfg.kind)
+            for m in g.members:
+                first, rows = g.rows_of(m.fqn)
+                self.state[m.fqn].tensors = {k: v[first:first + rows]
+                                             for k, v in state.tensors.items()}
 
     def adopt_fused(self, fqn: str, tensors: dict[str, torch.Tensor], module: Any,
                     table: int | None = None) -> None:
@@ -337,6 +369,8 @@ class EmbeddingOptimizer:
                 m.weight.grad = None
             m.working.clear()
             m.deferred.clear()
+        for g in self.groups:
+            g.weight.grad = None
 
     def warm_dense(self, fqns: list[str]) -> None:
         """Run the dense-gradient step of tables ``fqns`` on ``meta`` tensors of their
@@ -350,14 +384,19 @@ class EmbeddingOptimizer:
         from gemc.backends.triton.warm import meta_like
 
         replicas = self._replicas()
+        grouped = {m.fqn for g in self.groups for m in g.members}
+        units: list[tuple[RowState, torch.Tensor]] = [
+            (self.group_state[g.name], g.weight.data) for g in self.groups]
         for fqn in replicas or (fqns if self.world_size == 1 else []):
             m = self.tables.get(fqn)
             if m is None or m.weight is None or fqn in self.fused or m.precision != "fp32" \
-                    or m.weight.dtype != torch.float32:
+                    or m.weight.dtype != torch.float32 or fqn in grouped:
                 continue
-            twin = copy.copy(self.state[fqn])
-            twin.tensors = {k: meta_like(v) for k, v in self.state[fqn].tensors.items()}
-            weight = meta_like(m.weight.data)
+            units.append((self.state[fqn], m.weight.data))
+        for state, data in units:
+            twin = copy.copy(state)
+            twin.tensors = {k: meta_like(v) for k, v in state.tensors.items()}
+            weight = meta_like(data)
             used = torch.empty(weight.shape[0], device="meta") if replicas else None
             twin.apply_dense(weight, torch.empty_like(weight), self.cfg, 1, used)
 
@@ -372,13 +411,15 @@ class EmbeddingOptimizer:
         self._finish_fused()  # at the backward's step count, before it moves on
         self.set_step_count(self.step_count + 1)  # the fused modules' count follows
         bucket = self._replica_bucket()
+        for g in self.groups:  # graph mode's deferred lookups: one replay a group
+            g.replay_deferred()
         for fqn, m in self.tables.items():
             if m.weight is None or fqn in self.fused:
                 continue
             m.replay_deferred()  # lookups compiled as gemc::table_lookup: their gradient
             w = m.weight
             grad = w.grad if m.precision == "fp32" else None
-            if bucket is not None and fqn in bucket.segments:
+            if bucket is not None and bucket.holds(fqn):
                 bucket.add(fqn, m, grad)
                 continue
             if grad is not None and not grad.is_sparse and self.world_size == 1:
@@ -398,16 +439,24 @@ class EmbeddingOptimizer:
                 got.live,
             )
         if bucket is not None:
+            for g in self.groups:
+                bucket.add_group(g)
             bucket.reduce(self.world_size)
-            for fqn in bucket.segments:
-                bucket.update(fqn, self.tables[fqn], self.state[fqn], self.cfg,
-                              self.step_count)
+            groups = {g.name: g for g in self.groups}
+            for unit in bucket.segments:
+                if unit in groups:
+                    bucket.update_group(groups[unit], self.group_state[unit], self.cfg,
+                                        self.step_count)
+                else:
+                    bucket.update(unit, self.tables[unit], self.state[unit], self.cfg,
+                                  self.step_count)
 
     def _replica_bucket(self) -> ReplicaBucket | None:
         """The step's bucket of data-parallel replicas (made at the first step, once the
         fused tables are known), None on one rank or without replicas."""
         if self._bucket is None and self.world_size > 1:
-            self._bucket = ReplicaBucket({fqn: self.tables[fqn] for fqn in self._replicas()})
+            self._bucket = ReplicaBucket({fqn: self.tables[fqn] for fqn in self._replicas()},
+                                         self.groups)
         return self._bucket if self._bucket is not None and self._bucket.segments else None
 
     def _replicas(self) -> list[str]:
@@ -442,7 +491,9 @@ class ReplicaBucket:
     collective, no host sync.
 
     Layout, in the tables' order (the plan's, the same on every rank): per replica of
-    ``rows`` x ``dim``, its gradient rows (``rows * dim``), then ``rows`` used-row flags.
+    ``rows`` x ``dim``, its gradient rows (``rows * dim``), then ``rows`` used-row flags; a
+    group of replicas in one storage (:mod:`.replica_groups`) has one such segment over its
+    stacked rows, at its first member's place, each member's rows a slice of it.
     Why the flags and not the masked update's own rule (a row is used when its gradient is
     not all zero): the reference's sparse gradient lists every row a step looked up
     (:func:`coalesced_rows`), and a row whose summed gradient is exactly zero (opposite
@@ -458,16 +509,27 @@ class ReplicaBucket:
     its update: one masked pass over the table (fp32, :func:`RowState.apply_dense`), or a
     bf16 / fp8 replica's row update over every row, writing back only the flagged ones
     (:meth:`StoredRows.write`'s ``keep``). The bucket's zero-fill, all-reduce and division
-    by the world are issued once a step. Priced so by ``gemc.cost_model``
+    by the world are issued once a step. A group issues its add, its flags and its masked
+    pass once for all its members (:meth:`add_group`, :meth:`update_group`). Priced so by
+    ``gemc.cost_model``
     (``kernels.replica_update_bytes``, ``step_model.replica_reduce_bytes``)."""
 
-    def __init__(self, tables: dict[str, Any]) -> None:
-        self.segments: dict[str, tuple[int, int, int]] = {}  # fqn -> (offset, rows, dim)
+    def __init__(self, tables: dict[str, Any], groups: Sequence[Any] = ()) -> None:
+        # unit (a replica's fqn, or a group's name) -> (offset, rows, dim); a group's
+        # segment is its stacked rows' gradient, then their flags
+        self.segments: dict[str, tuple[int, int, int]] = {}
+        self.member_of: dict[str, tuple[str, int, int]] = {}  # fqn -> (group, first, rows)
+        group_of = {m.fqn: g for g in groups for m in g.members}
         offset = 0
         device = None
-        for fqn, m in tables.items():
-            rows, dim = m.weight.shape
-            self.segments[fqn] = (offset, int(rows), int(dim))
+        for fqn, m in tables.items():  # the plan's order: the same layout on every rank
+            g = group_of.get(fqn)
+            unit, (rows, dim) = (fqn, m.weight.shape) if g is None else (g.name, (g.rows, g.dim))
+            if g is not None:
+                self.member_of[fqn] = (g.name, *g.rows_of(fqn))
+            if unit in self.segments:
+                continue
+            self.segments[unit] = (offset, int(rows), int(dim))
             offset += int(rows) * (int(dim) + 1)
             device = m.weight.device
         self.buffer = torch.zeros(offset, dtype=torch.float32, device=device) \
@@ -475,12 +537,52 @@ class ReplicaBucket:
         self._filled = False
         self._all_rows: dict[str, torch.Tensor] = {}  # low-precision replicas' arange
 
+    def holds(self, fqn: str) -> bool:
+        """Whether replica ``fqn`` has rows in the bucket (its own segment or its group's)."""
+        return fqn in self.segments or fqn in self.member_of
+
     def views(self, fqn: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """(gradient ``[rows, dim]``, used flags ``[rows]``) of replica ``fqn``."""
+        """(gradient ``[rows, dim]``, used flags ``[rows]``) of replica ``fqn`` (its rows of
+        its group's segment when it is a member), or of group ``fqn``."""
         assert self.buffer is not None
+        first = count = None
+        if fqn in self.member_of:
+            fqn, first, count = self.member_of[fqn]
         offset, rows, dim = self.segments[fqn]
         grad = self.buffer[offset:offset + rows * dim].view(rows, dim)
-        return grad, self.buffer[offset + rows * dim:offset + rows * (dim + 1)]
+        used = self.buffer[offset + rows * dim:offset + rows * (dim + 1)]
+        if first is not None:
+            return grad[first:first + count], used[first:first + count]
+        return grad, used
+
+    def _begin(self) -> None:
+        assert self.buffer is not None
+        if not self._filled:
+            self.buffer.zero_()
+            self._filled = True
+
+    def add_group(self, g: Any) -> None:
+        """Put group ``g``'s lookup gradient (one sparse gradient over its stacked rows)
+        into its segment: one add of its rows at their ids and one fill of their flags
+        (members the model did not call left unflagged). A member looked up on its own
+        (:meth:`add`) adds into its rows of the same segment."""
+        got = g.take_grad()
+        if got is None:
+            return
+        self._begin()
+        ids, values, keep = got
+        seg, used = self.views(g.name)
+        seg.index_add_(0, ids, values.float())
+        if keep is None:
+            used.index_fill_(0, ids, 1.0)
+        else:  # a row's ids all come from one member: one value a row, no race
+            used.index_put_((ids,), keep)
+
+    def update_group(self, g: Any, state: RowState, cfg: EmbeddingOptimConfig,
+                     step: int) -> None:
+        """Group ``g``'s reduced gradient applied in one masked pass over its rows."""
+        grad, used = self.views(g.name)
+        state.apply_dense(g.weight.data, grad, cfg, step, used)
 
     def add(self, fqn: str, m: Any, grad: torch.Tensor | None) -> None:
         """Put replica ``fqn``'s step gradient into its segment: a sparse gradient's rows
@@ -489,10 +591,7 @@ class ReplicaBucket:
         rows flagged, the reference's reading), a bf16 / fp8 replica's summed rows
         written. The padding row is never used by a lookup (torch's sparse gradient leaves
         it out); a table-sized gradient's padding row is a whole read's and is kept."""
-        assert self.buffer is not None
-        if not self._filled:
-            self.buffer.zero_()
-            self._filled = True
+        self._begin()
         seg, used = self.views(fqn)
         if m.precision != "fp32":
             got = m.take_row_grads()

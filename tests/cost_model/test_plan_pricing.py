@@ -3,6 +3,7 @@ plan's autocast dtype, activations as the allocator holds them, the host's expos
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,8 @@ from gemc.cost_model.activations import activation_profile, plan_autocast, saved
 from gemc.cost_model.launches import (
     EAGER_TABLE_LAUNCHES,
     GRAPH_LAUNCH_HOST_S,
+    REPLICA_GROUP_LAUNCHES,
+    REPLICA_GROUPED_TABLE_LAUNCHES,
     REPLICA_TABLE_LAUNCHES,
     graph_launches,
 )
@@ -118,6 +121,18 @@ def test_compiled_plan_counts_launches_by_source(gem_plan_graph):
     assert graph_launches(gm, [*tables, replica], 2)["tables"] - base == \
         REPLICA_TABLE_LAUNCHES < EAGER_TABLE_LAUNCHES
     assert graph_launches(gm, [*tables, replica], 1)["tables"] - base == EAGER_TABLE_LAUNCHES
+    # replicas that share a storage (backends/torch/replica_groups): one group's launches
+    # and a few a member; a padding row or another width keeps a replica on its own
+    two = [replica, replace(replica, fqn="r2")]
+    assert graph_launches(gm, [*tables, *two], 2)["tables"] - base == \
+        REPLICA_GROUP_LAUNCHES + 2 * REPLICA_GROUPED_TABLE_LAUNCHES
+    many = [replace(replica, fqn=f"r{i}") for i in range(18)]
+    assert graph_launches(gm, [*tables, *many], 2)["tables"] - base == \
+        REPLICA_GROUP_LAUNCHES + 18 * REPLICA_GROUPED_TABLE_LAUNCHES < 18 * REPLICA_TABLE_LAUNCHES
+    apart = [replica, replace(replica, fqn="p", padding_row=True),
+             replace(replica, fqn="w", dim=32)]
+    assert graph_launches(gm, [*tables, *apart], 2)["tables"] - base == \
+        3 * REPLICA_TABLE_LAUNCHES
 
 
 def test_launch_bound_plan_is_priced_at_its_host_time():

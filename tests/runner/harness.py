@@ -162,6 +162,7 @@ def _worker(rank: int, world: int, port: int, scenarios: list[dict[str, Any]], o
                              "all_to_all_sent": list(sent),
                              "embedding_all_reduce_per_step": list(emb_reduces),
                              "embedding_exchange": res.report.get("embedding_exchange"),
+                             "replica_batch": res.report.get("replica_batch"),
                              "exchange_precision": res.report.get("exchange_precision"),
                              "warnings": [str(w.message) for w in caught]})
             results[sc["name"]] = losses

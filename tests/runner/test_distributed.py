@@ -308,15 +308,20 @@ def _replica_plans(base: dict) -> dict[str, dict]:
     for t in bf16["tables"]:
         if t["sharding"] == "data_parallel":
             t["precision"], t["precision_reason"] = "bf16", "set by the test"
+    # t0 and t2 (sum bags of width 8, t2 with per-sample weights and offsets without the
+    # last) share one storage, lookup and update (replica_groups); t1, t3, t4 stay alone
+    grouped = {**tables, "t0.weight": ("data_parallel", r), "t2.weight": ("data_parallel", r),
+               "t5.weight": ("row_wise", r)}
     return {"adagrad": adagrad, "adam": variant(base, tables, regions, optimizer=ADAM),
-            "bf16": bf16}
+            "bf16": bf16, "grouped": variant(base, grouped, regions, optimizer=ADAM)}
 
 
 def test_replicas_train_as_the_reference_with_one_all_reduce(plan_dir: Path) -> None:
     """Every data-parallel table is reduced in ONE all-reduce a step (the embedding
     optimizer's only collective here: no column shards), with the single-process
     reference's arithmetic (fp32, row-wise Adagrad and lazy Adam, a padding row, a table
-    one rank never touches), bf16 replicas near fp32's, and a resume exact."""
+    one rank never touches), bf16 replicas near fp32's, two replicas in one group (one
+    storage, lookup and update), and a resume of the grouped plan exact."""
     from gemc.api import compile as gemc_compile
 
     args = {"idle_t5_on_odd": True}
@@ -328,17 +333,21 @@ def test_replicas_train_as_the_reference_with_one_all_reduce(plan_dir: Path) -> 
         scenarios.append({"name": name, "plan": str(plan_dir / f"w2-dp-{name}.json"),
                           "phases": [{"steps": STEPS}]})
     ck = plan_dir / "w2-dp-resume-ckpt"
-    scenarios.append({"name": "resume", "plan": str(plan_dir / "w2-dp-adam.json"), "phases": [
+    scenarios.append({"name": "resume", "plan": str(plan_dir / "w2-dp-grouped.json"), "phases": [
         {"steps": RESUME_AT, "checkpoint_dir": str(ck), "checkpoint_every": RESUME_AT // 2},
         {"steps": STEPS, "checkpoint_dir": str(ck), "resume": True}]})
     results = run_scenarios(2, scenarios, plan_dir / "w2-dp-results.json")
-    for name in ("adagrad", "adam"):
+    for name in ("adagrad", "adam", "grouped"):
         _close([loss for _, loss in results[name][0]], _reference(plans[name], 2, args))
     for name in plans:
         assert results["_meta"][name][0]["embedding_all_reduce_per_step"] == [1] * STEPS, name
+    batch = results["_meta"]["grouped"][0]["replica_batch"]
+    assert batch["groups"] == {"replica-group-0": ["t0.weight", "t2.weight"]}
+    assert batch["batched_lookup"] == ["t0.weight", "t2.weight"]
+    assert set(batch["not_grouped"]) == {"t1.weight", "t3.weight", "t4.weight"}
     fp32 = [loss for _, loss in results["adagrad"][0]]
     bf16 = [loss for _, loss in results["bf16"][0]]
     off = max(abs(a - b) / abs(b) for a, b in zip(bf16, fp32))
     assert 0 < off < 0.01, f"bf16 replicas off fp32's by {off:.3%}"
     first, resumed = results["resume"]
-    assert [loss for _, loss in first + resumed] == [loss for _, loss in results["adam"][0]]
+    assert [loss for _, loss in first + resumed] == [loss for _, loss in results["grouped"][0]]

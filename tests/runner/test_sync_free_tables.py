@@ -361,20 +361,24 @@ def test_replicas_reduce_in_one_all_reduce_without_a_sync(optimizer: str,
                        _replica(1, padding=True)[1].weight.data[PAD])
 
 
-def test_the_replicas_masked_update_is_warmed_as_it_launches(one_process_group) -> None:  # noqa: ANN001
+@pytest.mark.parametrize("grouped", [True, False])
+def test_the_replicas_masked_update_is_warmed_as_it_launches(grouped: bool,
+                                                             one_process_group) -> None:  # noqa: ANN001
     """The warm-up's derivation (graph mode's first step) of the replicas' masked pass:
-    the launch a real step makes (used-row flags given), and none on one rank's list."""
+    the launch a real step makes (used-row flags given), and none on one rank's list: one
+    for the two replicas' group (replica_groups), one a replica on their own."""
     from gemc.backends.triton import warm as W
 
     tables = {f"t{s}.weight": _replica(s, padding=False)[1] for s in (1, 2)}
-    opt = EmbeddingOptimizer(tables, EmbeddingOptimConfig(kind="adam"), world_size=2)
+    opt = EmbeddingOptimizer(tables, EmbeddingOptimConfig(kind="adam"), world_size=2,
+                             batched_replicas=grouped)
     with W.dry_launches() as derived:
         opt.warm_dense([])
     for table in tables.values():
         table(torch.tensor([[1, 2, 2]])).sum().backward()
     with W.record_launches() as launched:
         opt.step()
-    assert len(launched) == len(tables) == len(derived)
+    assert len(launched) == (1 if grouped else len(tables)) == len(derived)
     assert {W.signature(x) for x in derived} == {W.signature(x) for x in launched}
 
 
