@@ -5,6 +5,7 @@
 #                                                           # the figure (kernels.py zoo)
 #   GEMC_COMMIT=<sha> bash benchmarks/h100_session23.sh 2   # after the fills went: the attention
 #                                                           # kernel tests on the GPU, the same two
+#                                                           # timings; replicas grouped vs alone
 set -uo pipefail
 source scripts/device_env.sh
 export PYTHONUNBUFFERED=1
@@ -35,4 +36,8 @@ elif [ "$part" = 2 ]; then
     --out "$OUT/kernels_zoo.json" > "$OUT/kernels_zoo.log" 2>&1
   echo "== the zoo's attentions (exit $?, $((SECONDS - t0)) s)"
   grep -vE "Warning|warn" "$OUT/kernels_zoo.log" | grep -E "triton jagged|cudnn|^zoo" | cut -c1-300
+  timeout 150 python3 benchmarks/replica_step.py --device cuda --compare \
+    --out "$OUT/replica_step.json" > "$OUT/replica_step.log" 2>&1
+  echo "== replicas grouped vs alone (exit $?, $((SECONDS - t0)) s)"
+  grep -vE "Warning|warn" "$OUT/replica_step.log" | tail -15 | cut -c1-300
 fi
