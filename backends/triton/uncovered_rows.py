@@ -27,11 +27,13 @@ _BLOCK_R = 64
 
 @triton.jit
 def _zero_uncovered_kernel(A, B, C, offsets_ptr, n_rows, row_elems, n_seqs, pad_len,
-                           OUTPUTS: tl.constexpr, BLOCK_R: tl.constexpr,
+                           PADDED: tl.constexpr, OUTPUTS: tl.constexpr, BLOCK_R: tl.constexpr,
                            BLOCK_E: tl.constexpr):
+    # PADDED a constexpr, not a test of pad_len: the two layouts' bounds differ in type
+    # (a block of per-row offsets, or one scalar), which a run-time branch cannot merge
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     in_range = rows < n_rows
-    if pad_len > 0:
+    if PADDED:
         b = rows // pad_len
         pos = rows % pad_len
         has = in_range & (b < n_seqs)
@@ -80,7 +82,7 @@ def zero_uncovered_rows(buffers: list[torch.Tensor], offsets: torch.Tensor,
     a, b, c = (buffers + [first] * 3)[:3]
     _zero_uncovered_kernel[(triton.cdiv(n_rows, _BLOCK_R),)](
         a, b, c, offsets, n_rows, row_elems, offsets.numel() - 1, int(pad_len),
-        OUTPUTS=len(buffers), BLOCK_R=_BLOCK_R,
+        PADDED=pad_len > 0, OUTPUTS=len(buffers), BLOCK_R=_BLOCK_R,
         BLOCK_E=min(256, triton.next_power_of_2(row_elems)),
     )
     return buffers

@@ -10,6 +10,11 @@ spare slots."""
 from __future__ import annotations
 
 import importlib
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +24,7 @@ from gemc.backends.triton.uncovered_rows import zero_uncovered_rows
 from kernel_helpers import fresh_generator
 
 kernel = importlib.import_module("gemc.backends.triton.jagged_attention")
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _nan_buffers(shape, stride, dtype, device):  # noqa: ANN001, ANN202
@@ -79,3 +85,45 @@ def test_spare_slots_read_zero_and_the_rest_matches_the_reference(monkeypatch, k
     for got, want in zip((out.detach(), *grads), (ref.detach(), *ref_grads)):
         torch.testing.assert_close(got[:total], want, rtol=2e-5, atol=2e-5)
         assert torch.equal(got[total:], torch.zeros_like(got[total:]))
+
+
+_HOPPER = textwrap.dedent("""
+    import sys, torch
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.driver import DriverBase
+    from triton.runtime.driver import driver
+
+    class Hopper(DriverBase):  # what a launch asks the driver, answered for an H100/H200
+        @classmethod
+        def is_active(cls): return True
+        def map_python_to_cpp_type(self, ty): return ty
+        def get_current_target(self): return GPUTarget("cuda", 90, 32)
+        def get_active_torch_device(self): return torch.device("cpu")
+        def get_benchmarker(self): raise NotImplementedError
+        def get_current_device(self): return 0
+        def get_current_stream(self, device=None): return 0
+
+    driver.set_active(Hopper())
+    from gemc.backends.triton import warm as W
+    from gemc.backends.triton.uncovered_rows import zero_uncovered_rows
+    offsets = torch.empty(5, dtype=torch.int64, device="meta")
+    with W.dry_launches() as launches:
+        for pad_len in (0, 16):
+            for count, dtype in ((1, torch.bfloat16), (3, torch.float32)):
+                zero_uncovered_rows([torch.empty(64, 4, 128, dtype=dtype, device="meta")
+                                     for _ in range(count)], offsets, pad_len)
+    errors = [r for r in map(W.compile_launch, launches) if r["error"]]
+    print(len(launches), "launches;", errors)
+    sys.exit(1 if errors or len(launches) != 4 else 0)
+""")
+
+
+def test_the_kernel_compiles_for_hopper_in_both_layouts(tmp_path: Path) -> None:
+    """The interpreter runs what the GPU compiler refuses (a run-time branch whose two arms
+    give a variable different types: the first GPU run of this kernel failed so): each
+    launch the attention makes (packed and padded layout, one buffer and three) compiles
+    for sm_90, no GPU needed."""
+    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-c", _HOPPER], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
