@@ -421,8 +421,10 @@ def id_send_bytes(t: TableCost, world: int) -> float:
     its row range -- one per column range (``Sharding.column_blocks``: a column-wise table
     over k distinct ranks gets every id k times, as each piece looks up the same rows for
     its own columns) -- and, to every holder, the per-bag id counts (int64, one per bag of
-    the batch). Of the holders' copies, a holder keeps its own: ``1 - 1/world`` of the
-    bytes leave a rank on the mean.
+    the batch), but for an unpooled row-split table (:func:`owned_rows`), whose owners
+    return one row per id they own and need no counts (backends/torch/owned_rows.py). Of
+    the holders' copies, a holder keeps its own: ``1 - 1/world`` of the bytes leave a rank
+    on the mean.
 
     A rank listed twice is one destination (the runner keys its sends by rank). Not
     counted: the headers' separate all-to-all (3 int64 per holder and table), and the
@@ -432,7 +434,16 @@ def id_send_bytes(t: TableCost, world: int) -> float:
     if t.replicated or holders == 0:
         return 0.0
     copies = min(SHARDINGS[t.sharding].column_blocks(len(t.ranks)), holders)
-    return (copies * t.nnz + holders * t.batch) * INDEX_BYTES * (1 - 1 / max(world, 1))
+    counts = 0 if owned_rows(t) else holders * t.batch
+    return (copies * t.nnz + counts) * INDEX_BYTES * (1 - 1 / max(world, 1))
+
+
+def owned_rows(t: TableCost) -> bool:
+    """Whether the runner's owners of ``t`` return only the rows of the ids they own (an
+    unpooled table split by rows: backends/torch/owned_rows.py), the case where
+    ``TableCost.output_share`` is a shard's share of the rows and no per-bag counts are
+    sent."""
+    return not t.pooled and SHARDINGS[t.sharding].row_split
 
 
 def a2a_sends(tables: Sequence[TableCost], world: int,

@@ -35,8 +35,10 @@ per row forward and bf16 backward), cast back on arrival (:mod:`.embedding_excha
 ``data_parallel`` tables are local replicas: a local lookup with a sparse gradient, which
 :mod:`.sparse_optim` all-reduces. On several ranks the replicas of one width and pooling
 share one storage and are looked up ahead of the forward by one lookup a group
-(:mod:`.replica_groups`); the forward then hands out the table's rows of it. ``nn.Embedding`` (one vector per id, no pooling) is routed
-as bags of one id each.
+(:mod:`.replica_groups`); the forward then hands out the table's rows of it.
+``nn.Embedding`` (one vector per id, no pooling) is routed as bags of one id each; split by
+rows, each row shard returns only the rows of the ids it owns, and the requester lays them
+back in id order (:mod:`.owned_rows`).
 
 ``max`` pooling runs only where the lookup is local (one rank, or ``data_parallel``, where
 gemc places such tables): partial maxima of row shards do not add up. Torch has no sparse
@@ -62,6 +64,7 @@ import torch.nn.functional as F
 from gemc.backends.torch.embedding_exchange import Bags, exchange_lookups
 from gemc.backends.torch.host_reduce import host_groups
 from gemc.backends.torch.init import derive_seed, fill_table_slice_
+from gemc.backends.torch.owned_rows import owned_rows_enabled
 from gemc.backends.torch.padded_lookup import padded_sparse_lookup
 from gemc.backends.torch.table_storage import StoredRows
 from torch import nn
@@ -505,7 +508,14 @@ class ShardedEmbedding(nn.Module):
             ids, bag = ids[keep], bag[keep]
             weights = None if weights is None else weights[keep]
             lengths = torch.bincount(bag, minlength=batch)
-        return Bags(ids=ids, bag=bag, batch=batch, weights=weights, lengths=lengths)
+        return Bags(ids=ids, bag=bag, batch=batch, weights=weights, lengths=lengths,
+                    owned_rows=self.answers_owned_rows())
+
+    def answers_owned_rows(self) -> bool:
+        """Whether this table's row shards return only the rows of the ids they own
+        (:mod:`.owned_rows`): an unpooled lookup of a row-split table, the switch on."""
+        return (not self.is_bag and SHARDINGS[self.sharding].row_split
+                and owned_rows_enabled())
 
 
 def shard_tables(

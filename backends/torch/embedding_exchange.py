@@ -30,7 +30,10 @@ TorchRec's input/output distribution does for a KeyedJaggedTensor:
    owner, crosses hosts.
 
 The requester adds each owner's partial into its columns (row-wise shards add, column-wise
-fill disjoint columns) and divides ``mean`` bags by their length. Every rank must pass the
+fill disjoint columns) and divides ``mean`` bags by their length. An unpooled table split
+by rows (``Bags.owned_rows``) is the exception (:mod:`.owned_rows`): its owners get the ids
+alone and return one row per id they own, no partial for the others, and the requester
+lays the rows back in id order; such a table skips the in-host sum. Every rank must pass the
 same tables in the same order (the collectives pair up by order).
 """
 
@@ -45,6 +48,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from gemc.backends.torch.comm import RowLayout, all_to_all, autograd_all_to_all
 from gemc.backends.torch.host_reduce import reduce_in_hosts, reducing_tables
+from gemc.backends.torch.owned_rows import OWNED_ROWS, place_rows
 
 from gemc.exchange_precision import WirePrecision
 
@@ -64,6 +68,8 @@ class Bags:
     batch: int  # bags
     weights: torch.Tensor | None  # per-sample weights, or None
     lengths: torch.Tensor  # ids per bag (the divisor of mean pooling)
+    # an unpooled row-split table: each owner returns only its ids' rows (.owned_rows)
+    owned_rows: bool = False
 
 
 def _weight_bits(w: torch.Tensor) -> tuple[int, torch.Tensor]:
@@ -108,16 +114,33 @@ def _row_groups(m: ShardedEmbedding, device: torch.device
     return cached
 
 
+@dataclass
+class Placement:
+    """Where an owned-rows table's ids went (:mod:`.owned_rows`): the sort by row range
+    (None: one range) and per owner ``(first, ids, row offset)`` in that sort."""
+
+    order: torch.Tensor | None
+    per_dest: dict[int, tuple[int, int, int]]
+
+
 def route(tables: Sequence[ShardedEmbedding], bags: Sequence[Bags], world: int
           ) -> tuple[list[list[int]], list[list[torch.Tensor]]]:
     """Per destination: the header (ids, bags, weight kind of each listed table it owns)
-    and the body (per table: per-bag id counts, shard-local ids, weight bits). Public:
-    the cost model's id-traffic price is tested against what it sends
-    (``tests/cost_model/test_id_exchange_pricing.py``).
+    and the body (per table: per-bag id counts, shard-local ids, weight bits; an
+    owned-rows table, :mod:`.owned_rows`: the ids alone, its header ``(ids, ids,
+    OWNED_ROWS)``). Public: the cost model's id-traffic price is tested against what it
+    sends (``tests/cost_model/test_id_exchange_pricing.py``).
 
     Ids are sorted by row range on the device and every table's range sizes come to the
     host in one copy: one device sync for all tables (a boolean mask per table and owner
     would sync once each)."""
+    headers, bodies, _ = _route(tables, bags, world)
+    return headers, bodies
+
+
+def _route(tables: Sequence[ShardedEmbedding], bags: Sequence[Bags], world: int
+           ) -> tuple[list[list[int]], list[list[torch.Tensor]], dict[int, Placement]]:
+    """:func:`route`, and the placements of the owned-rows tables (by table index)."""
     sorted_by_range, range_counts = [], []
     for m, b in zip(tables, bags):
         groups, starts = _row_groups(m, b.ids.device)
@@ -133,8 +156,9 @@ def route(tables: Sequence[ShardedEmbedding], bags: Sequence[Bags], world: int
     sizes = torch.cat(range_counts).cpu().tolist() if range_counts else []
     headers: list[list[int]] = [[] for _ in range(world)]
     bodies: list[list[torch.Tensor]] = [[] for _ in range(world)]
+    placements: dict[int, Placement] = {}
     at_size = 0
-    for b, (groups, order) in zip(bags, sorted_by_range):
+    for i, (b, (groups, order)) in enumerate(zip(bags, sorted_by_range)):
         ids, bag, w = b.ids, b.bag, b.weights
         if order is not None:
             ids, bag = ids[order], bag[order]
@@ -147,8 +171,14 @@ def route(tables: Sequence[ShardedEmbedding], bags: Sequence[Bags], world: int
             for dest in owners:
                 per_dest[dest] = (start, n, r0)
             start += n
+        if b.owned_rows:
+            placements[i] = Placement(order, per_dest)
         for dest in sorted(per_dest):  # the owners' order every rank agrees on
             first, n, r0 = per_dest[dest]
+            if b.owned_rows:  # one row back per id: no counts (no weights: unpooled)
+                bodies[dest].append(ids[first:first + n] - r0)
+                headers[dest] += [n, n, OWNED_ROWS]
+                continue
             piece_bag = bag[first:first + n]
             counts = torch.zeros(b.batch, dtype=torch.int64, device=ids.device).index_add_(
                 0, piece_bag, torch.ones_like(piece_bag))
@@ -158,7 +188,7 @@ def route(tables: Sequence[ShardedEmbedding], bags: Sequence[Bags], world: int
                 kind, bits = _weight_bits(w[first:first + n])
                 bodies[dest].append(bits)
             headers[dest] += [n, b.batch, kind]
-    return headers, bodies
+    return headers, bodies, placements
 
 
 def _exchange_groups(tables: Sequence[ShardedEmbedding]
@@ -190,7 +220,7 @@ def exchange_lookups(tables: Sequence[ShardedEmbedding], bags: Sequence[Bags], *
     rank = tables[0].rank
     device = bags[0].ids.device
     # 1-3. ids to their owners: the headers with the payload sizes, then the payloads
-    headers, bodies = route(tables, bags, world)
+    headers, bodies, placements = _route(tables, bags, world)
     owned = [i for i, m in enumerate(tables) if rank in m.owners]
     head_in = [1 + len(h) for h in headers]  # body length + header, per destination
     bodies_cat = [torch.cat(b) if b else torch.empty(0, dtype=torch.int64, device=device)
@@ -215,10 +245,15 @@ def exchange_lookups(tables: Sequence[ShardedEmbedding], bags: Sequence[Bags], *
         at = 0  # each requester's body: its tables in list order
         for slot, i in enumerate(owned):
             n_ids, n_bags, kind = heads[src][slot]
-            counts, ids = piece[at:at + n_bags], piece[at + n_bags:at + n_bags + n_ids]
-            at += n_bags + n_ids
             weights = None
-            if kind != _NO_WEIGHTS:
+            if kind == OWNED_ROWS:  # a bag of one per id (.owned_rows)
+                counts = torch.ones(n_ids, dtype=torch.int64, device=device)
+                ids = piece[at:at + n_ids]
+                at += n_ids
+            else:
+                counts, ids = piece[at:at + n_bags], piece[at + n_bags:at + n_bags + n_ids]
+                at += n_bags + n_ids
+            if kind not in (_NO_WEIGHTS, OWNED_ROWS):
                 weights = _weights_from_bits(kind, piece[at:at + n_ids])
                 at += n_ids
             per_table[i][0].append(counts)
@@ -245,7 +280,7 @@ def exchange_lookups(tables: Sequence[ShardedEmbedding], bags: Sequence[Bags], *
             partials[i] = part.to(tables[i].dtype)
 
     # 5a. row shards' partials summed inside each host (.host_reduce), all tables at once
-    reducing = reducing_tables(tables)
+    reducing = reducing_tables(tables, skip=placements)  # owned rows: nothing to sum
     summed, anchors = (reduce_in_hosts(tables, reducing, partials, rows_from, rank=rank,
                                        world=world, group=group, device=device)
                        if reducing else ({}, {}))
@@ -272,27 +307,40 @@ def exchange_lookups(tables: Sequence[ShardedEmbedding], bags: Sequence[Bags], *
                 else torch.empty(0, dtype=dtype, device=device))
         pairs = [(d, i) for d in range(world) for i in in_group
                  if d in tables[i].owners and sends(i, d, rank)]
+        # rows each (owner, table) returns: a row per bag, or per id it owns (.owned_rows)
+        n_rows = [placements[i].per_dest[d][1] if i in placements else bags[i].batch
+                  for d, i in pairs]
         back_out, got_rows = [0] * world, [0] * world  # elements and rows from each rank
-        for d, i in pairs:
-            back_out[d] += bags[i].batch * tables[i].owners[d].cols
-            got_rows[d] += bags[i].batch
+        for (d, i), n in zip(pairs, n_rows):
+            back_out[d] += n * tables[i].owners[d].cols
+            got_rows[d] += n
         rows = None
         if "fp8" in (wire.forward, wire.backward):  # a scale per pooled row: their widths
             sent = [(rows_from[i][src], tables[i].local.cols) for src, i in blocks]
-            got = [(bags[i].batch, tables[i].owners[d].cols) for d, i in pairs]
+            got = [(n, tables[i].owners[d].cols) for (d, i), n in zip(pairs, n_rows)]
             rows = RowLayout(_widths(sent, device), sent_rows, _widths(got, device), got_rows)
         returned = autograd_all_to_all(flat, back_out, back_in, group, precision=wire,
                                        rows=rows)
         # one split into every (owner, table) chunk: its backward concatenates the chunks'
         # gradients once (a slice per chunk would build a full-size gradient per slice)
-        chunks = returned.split([bags[i].batch * tables[i].owners[d].cols for d, i in pairs])
-        for (d, i), chunk in zip(pairs, chunks):
+        chunks = returned.split([n * tables[i].owners[d].cols
+                                 for (d, i), n in zip(pairs, n_rows)])
+        owned_chunks: dict[int, dict[int, torch.Tensor]] = {}
+        for (d, i), n, chunk in zip(pairs, n_rows, chunks):
             shard, m, b = tables[i].owners[d], tables[i], bags[i]
-            chunk = chunk.view(b.batch, shard.cols)
+            chunk = chunk.view(n, shard.cols)
+            if i in placements:  # laid out in id order below, once every owner's is in
+                owned_chunks.setdefault(i, {})[d] = chunk
+                continue
             if shard.cols != m.embedding_dim:
                 chunk = F.pad(chunk, (shard.col_offset,
                                       m.embedding_dim - shard.col_offset - shard.cols))
             outs[i] = chunk if outs[i] is None else outs[i] + chunk
+        for i, got_chunks in owned_chunks.items():
+            p = placements[i]
+            outs[i] = place_rows(got_chunks, p.per_dest,
+                                 {d: tables[i].owners[d].col_offset for d in got_chunks},
+                                 p.order, bags[i].bag, bags[i].batch)
     result = []
     for m, b, out in zip(tables, bags, outs):
         assert out is not None  # every routed table has an owner

@@ -25,7 +25,10 @@ exchange (:func:`gemc.backends.torch.embedding_exchange.exchange_lookups`):
   (its wire precision applies there, as before).
 
 Backward is autograd's: the sum hands its gradient to each piece and stage A's
-all-to-all carries it back to every owner. One world (``gpus_per_host >= world``) and
+all-to-all carries it back to every owner. Unpooled row-split tables (``nn.Embedding``)
+never come here: each owner returns only the rows of its own ids (:mod:`.owned_rows`), one
+owner per id, nothing to sum (with ``GEMC_UNPOOLED_OWNED_ROWS=0`` they take the old
+path, reduce included). One world (``gpus_per_host >= world``) and
 tables without a multi-owner host group keep the direct path, byte for byte. The switch
 for A/B measurement: :data:`ENV` (``1`` default, ``0`` the direct path).
 """
@@ -34,7 +37,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -107,12 +110,17 @@ def host_groups(shards: Sequence[Shard], gpus_per_host: int | None, world_size: 
     return HostGroups(gpus_per_host, group_of) if group_of else None
 
 
-def reducing_tables(tables: Sequence[ShardedEmbedding]) -> dict[int, HostGroups]:
+def reducing_tables(tables: Sequence[ShardedEmbedding], skip: Container[int] = ()
+                    ) -> dict[int, HostGroups]:
     """Index -> host groups of the listed tables that reduce in this exchange (none when
-    :func:`host_reduce_enabled` is off). The same on every rank: plan and rank ids."""
+    :func:`host_reduce_enabled` is off), but for the indices in ``skip``: the unpooled
+    tables whose owners return only their own ids' rows (:mod:`.owned_rows`), where each
+    id's row comes from one owner and there is nothing to sum. The same on every rank:
+    plan, rank ids and the tables' kinds."""
     if not any(m.host_groups is not None for m in tables) or not host_reduce_enabled():
         return {}
-    return {i: m.host_groups for i, m in enumerate(tables) if m.host_groups is not None}
+    return {i: m.host_groups for i, m in enumerate(tables)
+            if m.host_groups is not None and i not in skip}
 
 
 def reduce_in_hosts(tables: Sequence[ShardedEmbedding], reducing: dict[int, HostGroups],

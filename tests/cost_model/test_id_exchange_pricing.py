@@ -35,10 +35,11 @@ LAYOUTS = [
 
 
 def _runner_bytes_off_rank(sharding: str, ranks: tuple[int, ...],
-                           grid: tuple[int, int] | None) -> int:
+                           grid: tuple[int, int] | None, unpooled: bool = False) -> int:
     """Bytes all ranks' id payloads send to other ranks, from the runner's own routing
     (embedding_exchange.route), every rank routing the same batch (ids over all the row
-    ranges)."""
+    ranges); ``unpooled``: an nn.Embedding's bags of one id, routed as the table's
+    ShardedEmbedding.routed_bags says (owned rows where its sharding splits rows)."""
     shards = SHARDINGS[sharding].shards(list(ranks), ROWS, DIM, grid)
     owners = {s["rank"]: SimpleNamespace(row_offset=s["row_offset"], rows=s["rows"])
               for s in shards}
@@ -46,6 +47,10 @@ def _runner_bytes_off_rank(sharding: str, ranks: tuple[int, ...],
     ids = torch.arange(NNZ, dtype=torch.int64) * (ROWS // NNZ)  # spread over the rows
     bags = Bags(ids=ids, bag=torch.arange(NNZ) % BATCH, batch=BATCH, weights=None,
                 lengths=torch.full((BATCH,), NNZ // BATCH))
+    if unpooled:
+        bags = Bags(ids=ids, bag=torch.arange(NNZ), batch=NNZ, weights=None,
+                    lengths=torch.ones(NNZ, dtype=torch.int64),
+                    owned_rows=SHARDINGS[sharding].row_split)
     total = 0
     for rank in range(WORLD):
         _, bodies = route([m], [bags], WORLD)
@@ -62,6 +67,19 @@ def test_id_price_is_what_the_runner_routes(sharding, ranks, grid):
     sends."""
     t = replace(TABLE, sharding=sharding, ranks=ranks)
     assert WORLD * id_send_bytes(t, WORLD) == _runner_bytes_off_rank(sharding, ranks, grid)
+
+
+@pytest.mark.parametrize(("sharding", "ranks", "grid"), LAYOUTS)
+def test_unpooled_id_price_is_what_the_runner_routes(sharding, ranks, grid):
+    """The same for an unpooled table (one id a bag): a row-split one sends its owners
+    the ids alone (each returns one row per id it owns: backends/torch/owned_rows.py),
+    the others the ids and the counts, and the price follows."""
+    t = replace(TABLE, sharding=sharding, ranks=ranks, batch=NNZ, pooled=False)
+    got = _runner_bytes_off_rank(sharding, ranks, grid, unpooled=True)
+    assert WORLD * id_send_bytes(t, WORLD) == got
+    if SHARDINGS[sharding].row_split:  # no counts: each id once per column block
+        blocks = SHARDINGS[sharding].column_blocks(len(ranks))
+        assert got == WORLD * blocks * NNZ * INDEX_BYTES * (1 - 1 / WORLD)
 
 
 @pytest.mark.parametrize("k", [2, 4, 8])
