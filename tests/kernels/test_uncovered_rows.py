@@ -23,6 +23,8 @@ from gemc.backends.triton.jagged_attention import jagged_attention_reference
 from gemc.backends.triton.uncovered_rows import zero_uncovered_rows
 from kernel_helpers import fresh_generator
 
+from tests.hopper_target import HOPPER_DRIVER
+
 kernel = importlib.import_module("gemc.backends.triton.jagged_attention")
 REPO = Path(__file__).resolve().parents[2]
 
@@ -87,23 +89,8 @@ def test_spare_slots_read_zero_and_the_rest_matches_the_reference(monkeypatch, k
         assert torch.equal(got[total:], torch.zeros_like(got[total:]))
 
 
-_HOPPER = textwrap.dedent("""
-    import sys, torch
-    from triton.backends.compiler import GPUTarget
-    from triton.backends.driver import DriverBase
-    from triton.runtime.driver import driver
-
-    class Hopper(DriverBase):  # what a launch asks the driver, answered for an H100/H200
-        @classmethod
-        def is_active(cls): return True
-        def map_python_to_cpp_type(self, ty): return ty
-        def get_current_target(self): return GPUTarget("cuda", 90, 32)
-        def get_active_torch_device(self): return torch.device("cpu")
-        def get_benchmarker(self): raise NotImplementedError
-        def get_current_device(self): return 0
-        def get_current_stream(self, device=None): return 0
-
-    driver.set_active(Hopper())
+_HOPPER = HOPPER_DRIVER + textwrap.dedent("""
+    import sys
     from gemc.backends.triton import warm as W
     from gemc.backends.triton.uncovered_rows import zero_uncovered_rows
     offsets = torch.empty(5, dtype=torch.int64, device="meta")

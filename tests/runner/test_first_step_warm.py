@@ -16,6 +16,8 @@ import pytest
 import torch
 from gemc.backends.triton import warm as W
 
+from tests.hopper_target import HOPPER_DRIVER
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -104,23 +106,8 @@ def test_a_failing_derivation_or_compile_warns_and_names_the_kernel() -> None:
         W.WarmUp(workers=0).start().close()  # no pool: nothing to start or stop
 
 
-_HOPPER = textwrap.dedent("""
-    import os, sys, torch
-    from triton.backends.compiler import GPUTarget
-    from triton.backends.driver import DriverBase
-    from triton.runtime.driver import driver
-
-    class Hopper(DriverBase):  # what a launch asks the driver, answered for an H200
-        @classmethod
-        def is_active(cls): return True
-        def map_python_to_cpp_type(self, ty): return ty
-        def get_current_target(self): return GPUTarget("cuda", 90, 32)
-        def get_active_torch_device(self): return torch.device("cpu")
-        def get_benchmarker(self): raise NotImplementedError
-        def get_current_device(self): return 0
-        def get_current_stream(self, device=None): return 0
-
-    driver.set_active(Hopper())
+_HOPPER = HOPPER_DRIVER + textwrap.dedent("""
+    import sys
     from gemc.backends.triton import warm as W
     from gemc.backends.triton.key_padding_attention import ADDITIVE_MASKED_GAP
     mask = torch.empty((8, 64), dtype=torch.uint8, device="meta")
