@@ -8,6 +8,7 @@
 #                                                           # timings; replicas grouped vs alone
 #   GEMC_COMMIT=<sha> bash benchmarks/h100_session23.sh 3   # part 2 without the replicas (after
 #                                                           # part 2's compile failure was fixed)
+#   GEMC_COMMIT=<sha> bash benchmarks/h100_session23.sh 4   # part 3 without attention_gpu_time.py
 set -uo pipefail
 source scripts/device_env.sh
 export PYTHONUNBUFFERED=1
@@ -25,12 +26,12 @@ if [ "$part" = 1 ]; then
     --out "$OUT/kernels_zoo.json" > "$OUT/kernels_zoo.log" 2>&1
   echo "== the zoo's attentions (exit $?, $((SECONDS - t0)) s)"
   grep -vE "Warning|warn" "$OUT/kernels_zoo.log" | tail -30 | cut -c1-300
-elif [ "$part" = 2 ] || [ "$part" = 3 ]; then
+elif [ "$part" = 2 ] || [ "$part" = 3 ] || [ "$part" = 4 ]; then
   GEMC_TEST_DEVICE=cuda timeout 150 python3 -m pytest -q -x -p no:cacheprovider -n 0 \
     tests/kernels/test_uncovered_rows.py tests/kernels/test_silu_key_block_backward.py \
     tests/kernels/test_jagged_attention.py > "$OUT/tests.log" 2>&1
   echo "== attention kernel tests on the GPU (exit $?, $((SECONDS - t0)) s)"; tail -3 "$OUT/tests.log"
-  timeout 200 python3 benchmarks/attention_gpu_time.py --models hstu,mmoe \
+  [ "$part" = 4 ] || timeout 200 python3 benchmarks/attention_gpu_time.py --models hstu,mmoe \
     --out "$OUT/attention_gpu_time.json" > "$OUT/attention_gpu_time.log" 2>&1
   echo "== attention: kernels or host (exit $?, $((SECONDS - t0)) s)"
   grep -vE "Warning|warn" "$OUT/attention_gpu_time.log" | cut -c1-700
@@ -38,7 +39,7 @@ elif [ "$part" = 2 ] || [ "$part" = 3 ]; then
     --out "$OUT/kernels_zoo.json" > "$OUT/kernels_zoo.log" 2>&1
   echo "== the zoo's attentions (exit $?, $((SECONDS - t0)) s)"
   grep -vE "Warning|warn" "$OUT/kernels_zoo.log" | grep -E "triton jagged|cudnn|^zoo" | cut -c1-300
-  [ "$part" = 3 ] && exit 0
+  [ "$part" != 2 ] && exit 0
   timeout 150 python3 benchmarks/replica_step.py --device cuda --compare \
     --out "$OUT/replica_step.json" > "$OUT/replica_step.log" 2>&1
   echo "== replicas grouped vs alone (exit $?, $((SECONDS - t0)) s)"
