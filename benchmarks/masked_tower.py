@@ -11,10 +11,14 @@ The model, as user code writes it: item embeddings plus learned positions over a
 right-padded history, pre-LN Transformer blocks with ``scaled_dot_product_attention`` under
 ``attn_mask=mask[:, None, None, :]``, a GELU MLP, the masked mean over the history, a
 linear head and BCE. Batches: lengths uniform in ``[1, L]`` (about 50% fill, no empty row),
-a prefix on every row.
+a prefix on every row; the ``h200-fill25`` / ``-fill75`` / ``-fill100`` presets draw them
+around another mean fill (issue 17: the packed tower's time against its real tokens).
 
     GEMC_ZOO_EXTRA=masked_tower=benchmarks/masked_tower.py:build \\
         bash benchmarks/zoo_h200.sh --models masked_tower --variants eager,compile,gemc,gemc-interp
+    # the fill sweep, one preset a call:
+    GEMC_ZOO_EXTRA=masked_tower=benchmarks/masked_tower.py:build python3 benchmarks/zoo.py \\
+        --out $OUT/fill25 --models masked_tower --variants compile,gemc --preset h200-fill25
 """
 
 from __future__ import annotations
@@ -36,12 +40,28 @@ class Config:
     dim: int
     heads: int
     blocks: int
+    fill: float = 0.5  # mean history length / max_len (see _lengths)
 
 
 PRESETS = {
     "tiny": Config(4, 8, 50, 16, 2, 2),
     "h200": Config(1024, 256, 500_000, 256, 4, 4),
+    # the same tower at other fills: is the packed tower's time proportional to its tokens?
+    "h200-fill25": Config(1024, 256, 500_000, 256, 4, 4, 0.25),
+    "h200-fill75": Config(1024, 256, 500_000, 256, 4, 4, 0.75),
+    "h200-fill100": Config(1024, 256, 500_000, 256, 4, 4, 1.0),
 }
+
+
+def _lengths(cfg: Config, g: torch.Generator) -> torch.Tensor:
+    """Lengths uniform over a range whose mean is ``fill * max_len``: ``[1, 2 fill L]`` up
+    to half full, ``[(2 fill - 1) L, L]`` above (every row full at 1.0)."""
+    L = cfg.max_len
+    if not 0.0 < cfg.fill <= 1.0:
+        raise ValueError(f"masked_tower: fill must be in (0, 1], got {cfg.fill}")
+    lo, hi = (1, max(1, round(2 * cfg.fill * L))) if cfg.fill <= 0.5 else \
+        (max(1, round((2 * cfg.fill - 1) * L)), L)
+    return torch.randint(lo, hi + 1, (cfg.batch_size,), generator=g)
 
 
 class Block(nn.Module):
@@ -86,7 +106,7 @@ class MaskedTower(nn.Module):
 def _batch(cfg: Config, step: int, seed: int, device: torch.device | str
            ) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(1_000_003 * seed + step)
-    lengths = torch.randint(1, cfg.max_len + 1, (cfg.batch_size,), generator=g)
+    lengths = _lengths(cfg, g)
     mask = torch.arange(cfg.max_len)[None, :] < lengths[:, None]
     history = torch.randint(1, cfg.items, (cfg.batch_size, cfg.max_len), generator=g) * mask
     label = (torch.rand(cfg.batch_size, generator=g) < 0.3).float()
