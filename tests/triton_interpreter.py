@@ -17,6 +17,10 @@ the cache), but nothing is restored until the launch ends, and a second patch of
 modules sets what the first set (the builtins are wrapped already; the rest are fresh
 closures of the same code). The launch's own patch, restored at its end, is unchanged.
 
+And ``_get_np_dtype`` (every interpreted op asks it the numpy type of a Triton type: 81,000
+calls a run above, each building a 19-entry dict of Triton types) answers from a cache keyed
+by the scalar type, which is all its answer depends on (a block type's is its element's).
+
 Installed by ``tests/__init__.py`` (every process that imports a test module: pytest's
 workers and the gloo ranks the runner tests spawn) when ``TRITON_INTERPRET=1``, and only on
 the ``_patch_builtin`` this was written against (its source compared): another Triton keeps
@@ -25,6 +29,7 @@ its own.
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import os
 import threading
@@ -76,7 +81,34 @@ def install() -> bool:
     _patch_builtin._gemc_cached_names = True  # type: ignore[attr-defined]
     interpreter._patch_builtin = _patch_builtin
     _patch_once_per_launch(interpreter, tl)
+    _cache_np_dtypes(interpreter, tl)
     return True
+
+
+_NP_DTYPE_SHA256 = "8f20d41e3207891ae9872819aff05bee11d5c9bbe24f772282cb3ac72749fc75"
+"""sha256 of Triton 3.9.0's ``interpreter._get_np_dtype`` source, the one cached here."""
+
+
+def _cache_np_dtypes(interpreter, tl) -> None:  # noqa: ANN001 (modules)
+    source = inspect.getsource(interpreter._get_np_dtype)
+    if hashlib.sha256(source.encode()).hexdigest() != _NP_DTYPE_SHA256:
+        return
+    original = interpreter._get_np_dtype
+    block_type = tl.block_type
+    cache: dict[object, object] = {}
+
+    def _get_np_dtype(tt_dtype):  # noqa: ANN001, ANN202 (Triton's signature)
+        if isinstance(tt_dtype, block_type):
+            tt_dtype = tt_dtype.element_ty  # Triton's answer for a block is its element's
+        try:
+            return cache[tt_dtype]
+        except KeyError:
+            cache[tt_dtype] = found = original(tt_dtype)  # a type it refuses: its KeyError
+            return found
+        except TypeError:  # not hashable: ask Triton each time
+            return original(tt_dtype)
+
+    interpreter._get_np_dtype = _get_np_dtype
 
 
 _EXPECTED_DEVICE_CALL = """    def __call__(self, *args, **kwargs):
