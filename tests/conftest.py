@@ -12,6 +12,10 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from tests.triton_interpreter import install  # noqa: E402  (after the variable is chosen)
+
+install()  # a no-op unless interpreted
+
 REPO = Path(__file__).resolve().parent.parent
 TOY = str(REPO / "tests" / "models" / "toy.py")
 
