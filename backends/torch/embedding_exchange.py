@@ -134,13 +134,15 @@ def route(tables: Sequence[ShardedEmbedding], bags: Sequence[Bags], world: int
     Ids are sorted by row range on the device and every table's range sizes come to the
     host in one copy: one device sync for all tables (a boolean mask per table and owner
     would sync once each)."""
-    headers, bodies, _ = _route(tables, bags, world)
+    headers, bodies, _ = route_placed(tables, bags, world)
     return headers, bodies
 
 
-def _route(tables: Sequence[ShardedEmbedding], bags: Sequence[Bags], world: int
+def route_placed(tables: Sequence[ShardedEmbedding], bags: Sequence[Bags], world: int
            ) -> tuple[list[list[int]], list[list[torch.Tensor]], dict[int, Placement]]:
-    """:func:`route`, and the placements of the owned-rows tables (by table index)."""
+    """:func:`route`, and the placements of the owned-rows tables (by table index): what the
+    requester needs to lay their rows back in id order (:func:`.owned_rows.place_rows`).
+    Public: the owned-rows test checks the routing and the laying back together."""
     sorted_by_range, range_counts = [], []
     for m, b in zip(tables, bags):
         groups, starts = _row_groups(m, b.ids.device)
@@ -220,7 +222,7 @@ def exchange_lookups(tables: Sequence[ShardedEmbedding], bags: Sequence[Bags], *
     rank = tables[0].rank
     device = bags[0].ids.device
     # 1-3. ids to their owners: the headers with the payload sizes, then the payloads
-    headers, bodies, placements = _route(tables, bags, world)
+    headers, bodies, placements = route_placed(tables, bags, world)
     owned = [i for i, m in enumerate(tables) if rank in m.owners]
     head_in = [1 + len(h) for h in headers]  # body length + header, per destination
     bodies_cat = [torch.cat(b) if b else torch.empty(0, dtype=torch.int64, device=device)

@@ -94,7 +94,7 @@ def test_routed_rows_laid_back_equal_eager_lookup() -> None:
     its row range (no counts); the owners' rows, cut from the whole table, laid back by
     place_rows equal ``F.embedding`` (padding rows zero), and the backward hands each
     owner exactly its ids' gradient rows."""
-    from gemc.backends.torch.embedding_exchange import _route
+    from gemc.backends.torch.embedding_exchange import route_placed
     from gemc.backends.torch.owned_rows import OWNED_ROWS, place_rows
 
     full = torch.randn(ROWS, DIM)
@@ -103,7 +103,7 @@ def test_routed_rows_laid_back_equal_eager_lookup() -> None:
         ids = _ids(name, 0, 0)
         bags = m.routed_bags(*m.as_bags(ids, None, None)[:3])
         assert bags.owned_rows
-        headers, bodies, placements = _route([m], [bags], WORLD)
+        headers, bodies, placements = route_placed([m], [bags], WORLD)
         chunks = {}
         for d, shard in m.owners.items():
             n, n_rows, kind = headers[d]
