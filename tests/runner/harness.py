@@ -26,6 +26,39 @@ REPO = Path(__file__).resolve().parents[2]
 MODEL = f"{REPO / 'tests' / 'runner' / 'models.py'}:build"
 
 
+def dense_grad(m: Any) -> Any:
+    """A table shard's gradient as a dense tensor, without taking it from the optimizer
+    (fp32 storage: its weight's; lower precisions: the working rows' gradients summed)."""
+    import torch
+
+    if m.precision == "fp32":
+        return m.weight.grad.to_dense().clone()
+    out = torch.zeros(m.local.rows, m.local.cols)
+    for rows, work in m.working:
+        out.index_add_(0, rows, work.grad.to_dense() if work.grad.is_sparse else work.grad)
+    return out
+
+
+def step_and_record(out: dict[str, Any], outs: list[Any], tables: dict[str, Any], opt: Any,
+                    with_grads: bool) -> None:
+    """After a step's backward: record its outputs and (``with_grads``: the gradients are
+    not fused into the update) each shard's dense gradient, step the optimizer, then record
+    each shard's updated rows. What the exchange tests compare path against path."""
+    import torch
+
+    out["outputs"].append([o.detach().clone() for o in outs])
+    if with_grads:
+        for fqn, m in tables.items():
+            if m.local is not None:
+                out["grads"].setdefault(fqn, []).append(dense_grad(m))
+    opt.step()
+    opt.zero_grad()
+    for fqn, m in tables.items():
+        if m.local is not None:
+            out["weights"].setdefault(fqn, []).append(
+                m.stored_rows(0).read(torch.arange(m.local.rows)).clone())
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

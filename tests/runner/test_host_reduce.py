@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import torch.multiprocessing as mp
 
-from tests.runner.harness import free_port, variant
+from tests.runner.harness import free_port, step_and_record, variant
 
 ROWS, DIM, B, L, WORLD, GPH, STEPS = 24, 8, 4, 2, 4, 2, 2
 PAD = 5
@@ -88,18 +88,6 @@ def _batch(name: str, step: int, rank: int):  # noqa: ANN202
     return ids, offsets, weights, torch.randn(B, DIM, generator=g)
 
 
-def _dense_grad(m) -> Any:  # noqa: ANN001
-    """The shard's gradient as a dense tensor, without taking it from the optimizer."""
-    import torch
-
-    if m.precision == "fp32":
-        return m.weight.grad.to_dense().clone()
-    out = torch.zeros(m.local.rows, m.local.cols)
-    for rows, work in m.working:
-        out.index_add_(0, rows, work.grad.to_dense() if work.grad.is_sparse else work.grad)
-    return out
-
-
 @contextmanager
 def _cross_host(rank: int, cross: list[int]) -> Iterator[None]:
     """Count the float elements this rank's ``all_to_all_single`` calls send to and receive
@@ -127,7 +115,6 @@ def _train(case: str, rank: int, reduce: bool, cross: list[int]) -> dict[str, An
     """Two steps of CASES[case] with the host reduce on or off: outputs, gradients and
     updated rows of this rank's shards, and the float elements this rank exchanged with
     ranks of the other host in step 1 (appended to ``cross``)."""
-    import torch
     from gemc.backends.torch.embedding_exchange import exchange_lookups
     from gemc.backends.torch.host_reduce import ENV
     from gemc.backends.torch.owner_lookup import OwnerLookup
@@ -155,17 +142,7 @@ def _train(case: str, rank: int, reduce: bool, cross: list[int]) -> dict[str, An
             outs = exchange_lookups(list(tables.values()), bags, world=WORLD)
             loss = sum((o.view(s) * g).sum() for o, s, g in zip(outs, shapes, grads))
             loss.backward()
-        out["outputs"].append([o.detach().clone() for o in outs])
-        if route != "fused":
-            for fqn, m in tables.items():
-                if m.local is not None:
-                    out["grads"].setdefault(fqn, []).append(_dense_grad(m))
-        opt.step()
-        opt.zero_grad()
-        for fqn, m in tables.items():
-            if m.local is not None:
-                out["weights"].setdefault(fqn, []).append(
-                    m.stored_rows(0).read(torch.arange(m.local.rows)).clone())
+        step_and_record(out, outs, tables, opt, with_grads=route != "fused")
     return out
 
 

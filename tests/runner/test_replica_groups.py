@@ -138,18 +138,6 @@ def _assert_equal(got: dict[str, Any], want: dict[str, Any]) -> None:
             assert torch.equal(v, want["opt"].state[fqn].tensors[k]), (fqn, k)
 
 
-@pytest.fixture
-def one_process_group(tmp_path):  # noqa: ANN001, ANN201
-    """A gloo group of this process alone (its all-reduce the identity), the replicas told
-    they are one of two."""
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
-                            world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
 @pytest.mark.parametrize("optimizer", ["rowwise_adagrad", "adam"])
 def test_grouped_replicas_step_as_the_per_table_path_bit_for_bit(optimizer: str,
                                                                  one_process_group) -> None:  # noqa: ANN001

@@ -283,21 +283,6 @@ def test_masked_update_in_aten_equals_the_kernel(optimizer: str, weight_decay: f
     assert torch.isnan(w_kernel[2]).any()  # the NaN row was updated (and poisoned)
 
 
-@pytest.fixture
-def one_process_group(tmp_path):  # noqa: ANN001, ANN201
-    """A gloo group of this process alone: its all-reduce is the identity, so a replica
-    told it is one of two sees its own gradient as the world's sum (the reference is then
-    fed half the gradient: ``world_size=2`` divides by two)."""
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
-                            world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
 def _replica(seed: int, padding: bool) -> tuple[nn.Embedding, ShardedEmbedding]:
     """(a reference nn.Embedding, this rank's data-parallel replica of it, one of two)."""
     from gemc.sharding import make_shards

@@ -21,7 +21,7 @@ import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from tests.runner.harness import free_port
+from tests.runner.harness import free_port, step_and_record
 
 ROWS, DIM, B, L, WORLD, GPH, STEPS = 24, 8, 3, 4, 4, 2, 2
 PAD = 13
@@ -164,15 +164,6 @@ def test_pooled_and_column_tables_keep_their_path() -> None:
 # ---- several processes ---------------------------------------------------------------------
 
 
-def _dense_grad(m) -> torch.Tensor:  # noqa: ANN001
-    if m.precision == "fp32":
-        return m.weight.grad.to_dense().clone()
-    out = torch.zeros(m.local.rows, m.local.cols)
-    for rows, work in m.working:
-        out.index_add_(0, rows, work.grad.to_dense() if work.grad.is_sparse else work.grad)
-    return out
-
-
 def _train(case: str, rank: int) -> dict[str, Any]:
     """Two steps of CASES[case], every table in one exchange: outputs, gradients and
     updated rows of this rank's shards."""
@@ -198,17 +189,7 @@ def _train(case: str, rank: int) -> dict[str, Any]:
             grads.append(torch.randn(ids.numel(), DIM, generator=g))
         outs = exchange_lookups(list(tables.values()), bags, world=WORLD)
         sum((o * g).sum() for o, g in zip(outs, grads)).backward()
-        out["outputs"].append([o.detach().clone() for o in outs])
-        if route != "fused":
-            for fqn, m in tables.items():
-                if m.local is not None:
-                    out["grads"].setdefault(fqn, []).append(_dense_grad(m))
-        opt.step()
-        opt.zero_grad()
-        for fqn, m in tables.items():
-            if m.local is not None:
-                out["weights"].setdefault(fqn, []).append(
-                    m.stored_rows(0).read(torch.arange(m.local.rows)).clone())
+        step_and_record(out, outs, tables, opt, with_grads=route != "fused")
     return out
 
 
