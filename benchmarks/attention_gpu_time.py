@@ -53,10 +53,6 @@ import kernels as kbench  # noqa: E402  (benchmarks/kernels.py: the zoo's shapes
 Call = Callable[[], Any]
 
 
-def do_bench_ms(fn: Call, device: torch.device) -> float:
-    return kbench.bench_ms(fn, device)
-
-
 def graph_ms(fn: Call, reps: int = 10) -> float | str:
     """Median ms of one call replayed from a CUDA graph of ``reps`` calls; the reason as a
     string where the call cannot be captured."""
@@ -131,7 +127,7 @@ def kernels_ms(fn: Call, calls: int = 10) -> dict[str, Any]:
 def measure(name: str, fn: Call, device: torch.device) -> dict[str, Any]:
     row: dict[str, Any] = {"variant": name}
     try:
-        row["do_bench_ms"] = do_bench_ms(fn, device)
+        row["do_bench_ms"] = kbench.bench_ms(fn, device)
         if device.type == "cuda":
             row["graph_ms"] = graph_ms(fn)
             row.update(kernels_ms(fn))
