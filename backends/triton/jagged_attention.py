@@ -63,6 +63,7 @@ from .runtime import (
     mma,
     next_pow2,
 )
+from .uncovered_rows import zero_uncovered_rows
 
 __all__ = ["jagged_attention", "jagged_attention_reference", "JaggedAttentionFunction"]
 
@@ -174,8 +175,6 @@ def written_rows(like: torch.Tensor, offsets: torch.Tensor, pad_len: int, count:
     store row by row: :func:`uninitialised`, then zeros into the rows no sequence covers
     (:func:`.uncovered_rows.zero_uncovered_rows`, one launch) instead of a ``torch.zeros``
     of every row that the kernels then overwrite."""
-    from .uncovered_rows import zero_uncovered_rows
-
     strides = torch.empty(like.shape, device="meta").stride()
     return zero_uncovered_rows([uninitialised(tuple(like.shape), strides, like.dtype, like.device)
                                 for _ in range(count)], offsets, pad_len)
