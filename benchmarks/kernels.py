@@ -70,7 +70,9 @@ Cases (each timed as forward only and as forward+backward, per variant):
   ``benchmarks/fit_lookup_price.py`` fits that price to a set of these files.
 * ``zoo`` (not in the default set): each zoo model with a history, its attention at the
   model's own preset shapes (``h200``; ``tiny`` under ``--smoke``), lengths uniform in 1..L
-  (~50% fill): gemc's jagged kernel vs padded ``F.scaled_dot_product_attention`` with the
+  (~50% fill; TransAct's: its own batch and additive key mask, every query row computed,
+  through the guarded ``key_padding_attention`` its graph calls): gemc's kernel vs padded
+  ``F.scaled_dot_product_attention`` with the
   padding mask (PyTorch's backend choice; cuDNN and memory-efficient forced; flash with no
   padding mask as the padded floor) and, for HSTU, vs the padded SiLU formula (eager and
   compiled). The JSON's ``zoo`` section has per model the fwd+bwd speedups (target: >= 2x
@@ -373,8 +375,9 @@ def _zoo_attentions(preset: str) -> list[tuple[str, dict[str, Any]]]:
     ]
 
 
-ZOO_TIMED = ("hstu", "sasrec_bst", "mmoe")
-"""The zoo models whose attention :func:`zoo_case` times (:func:`_zoo_attentions`)."""
+ZOO_TIMED = ("hstu", "sasrec_bst", "mmoe", "transact")
+"""The zoo models whose attention :func:`zoo_case` times (:func:`_zoo_attentions`, and
+TransAct's in :func:`transact_case`)."""
 ZOO_NOT_TIMED = {
     "din": "target attention is an MLP over the history: no attention kernel",
     "dlrm_dcnv2": "no history",
@@ -383,15 +386,97 @@ ZOO_NOT_TIMED = {
 
 
 def zoo_case(rec: Recorder, p: Preset, preset: str, compile_: bool,
-             gen: torch.Generator) -> None:
+             gen: torch.Generator) -> dict[str, Any]:
     """Each zoo model's attention (:func:`_zoo_attentions`), forward and forward+backward:
     gemc's jagged kernel against the padded SDPA variants and, for HSTU, the padded SiLU
     formula (eager, and compiled unless ``--no-compile``: Inductor's fused pointwise is
-    what runs without gemc)."""
+    what runs without gemc); then TransAct's (:func:`transact_case`, whose facts it
+    returns for the JSON's ``zoo`` section)."""
     for model, shape in _zoo_attentions(preset):
         kind, causal = shape.pop("kind"), shape.pop("causal")
         attention_case(rec, dataclasses.replace(p, **shape), kind, causal,
                        compile_ and kind == "silu", gen, label=f"{model}: ", sdpa=True)
+    return {"transact": transact_case(rec, p.dtype, preset, gen)}
+
+
+TRANSACT_WINDOW_MS = 30 * 60 * 1000
+"""The time window the ``transact`` row masks (the model draws it uniform in 0..1 h per
+training step; its mean)."""
+
+
+def transact_case(rec: Recorder, dtype: torch.dtype, preset: str, gen: torch.Generator
+                  ) -> dict[str, Any]:
+    """TransAct's encoder attention as its compiled graph runs it: the model's own batch
+    (``synthetic_batch`` at ``preset``: lengths uniform in 0..S, the latest actions inside
+    a :data:`TRANSACT_WINDOW_MS` window masked, position 0 always kept) and its mask as the
+    model builds it (additive 0 / -inf, in general no prefix), every query row computed
+    (its un-masked max pool reads them): gemc's guarded ``key_padding_attention`` (keys
+    compacted, then each row's key loop stops at its kept count; the work is ``S * kept``
+    a row against padded ``S * S``, so at most ~2x at this fill) against padded SDPA with
+    the same mask. q, k, v are random at the model's head shape (the projections are not
+    timed). The error column is relative (see the check). Returns the mean kept keys a row
+    and the guard's path counts over the timed calls."""
+    from examples.zoo import transact
+    from gemc.backends.triton import key_padding_attention as kpa
+
+    dev = rec.device
+    cfg = transact.PRESETS[preset]
+    types, _, times, request_time, *_ = transact.synthetic_batch(
+        cfg, 0, int(torch.randint(0, 2**31, (1,), generator=gen)))
+    d = cfg.action_dim + 2 * cfg.item_dim
+    b, s, h = cfg.batch_size, cfg.seq_len, cfg.num_heads
+    head_dim = d // h
+    drop = (types <= 0) | ((request_time[:, None] - times) < TRANSACT_WINDOW_MS)
+    drop[:, 0] = False
+    mask = torch.zeros(b, s).masked_fill_(drop, float("-inf")).to(dev)
+    kept = (~drop).sum(1)
+    case = "transact: softmax attention, additive key mask"
+    scale = 1.0 / math.sqrt(head_dim)
+    q, k, v, g = (torch.randn(b, h, s, head_dim, generator=gen).to(dev, dtype)
+                  for _ in range(4))
+    for x in (q, k, v):
+        x.requires_grad_()
+    sdpa_mask = mask[:, None, None, :].to(dtype)
+    work = 4.0 * h * head_dim * s * float(kept.sum())
+
+    def gemc_fwd() -> torch.Tensor:
+        return kpa.key_padding_attention(q, k, v, mask, scale=scale, additive=True,
+                                         zero_padding_queries=False)
+
+    def sdpa_fwd(qp: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(qp, kp, vp,
+                                                                attn_mask=sdpa_mask,
+                                                                scale=scale)
+
+    variants = [("triton jagged", gemc_fwd, False), ("eager padded", lambda: sdpa_fwd(q, k, v),
+                                                     True)]
+    variants += [(name, lambda fn=fn: fn(q, k, v), False)
+                 for name, fn in _sdpa_variants(sdpa_mask, scale, False, False, dev)]
+    kpa.STATS.reset()
+    for name, fwd, is_base in variants:
+        with torch.no_grad():
+            rec.run(case, "fwd", name, fwd, baseline=is_base, work=work)
+        rec.run(case, "fwd+bwd", name,
+                lambda fwd=fwd: torch.autograd.grad(fwd(), (q, k, v), g),
+                baseline=is_base, work=3.5 * work)
+    paths = kpa.STATS.as_dict()
+    try:  # gemc's result against padded SDPA in fp32: output and the three gradients, each
+        # error over the larger of 1 and the reference's largest magnitude (dk and dv sum
+        # over all S queries: their bf16 rounding alone is ~0.03 at magnitude 8)
+        got = [gemc_fwd()]
+        got += torch.autograd.grad(got[0], (q, k, v), g)
+        ref_in = [x.detach().float().requires_grad_() for x in (q, k, v)]
+        want = [torch.nn.functional.scaled_dot_product_attention(
+            *ref_in, attn_mask=mask[:, None, None, :], scale=scale)]
+        want += torch.autograd.grad(want[0], ref_in, g.float())
+        rec.check(case, "triton jagged",
+                  max(float((a.detach().float() - w).abs().max() / max(1.0, w.abs().max()))
+                      for a, w in zip(got, want)))
+    except Exception as exc:  # noqa: BLE001
+        print(f"[{case}] check skipped: {type(exc).__name__}: {exc}", file=sys.stderr)
+    _free(dev)
+    return {"seq_len": s, "mean_kept_keys": float(kept.float().mean()),
+            "window_ms": TRANSACT_WINDOW_MS, "guard_paths": paths}
 
 
 def zoo_summary(rows: list[Row]) -> dict[str, Any]:
@@ -1153,6 +1238,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ap.error(str(exc))
     rec = Recorder(device)
     compile_, causal = not args.no_compile, not args.no_causal
+    zoo_extra: dict[str, Any] = {}
     narrow: dict[str, Any] = {}
     group: dict[str, Any] = {}
     split: dict[str, Any] = {}
@@ -1165,8 +1251,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         elif case == "query":
             query_case(rec, preset, compile_, gen)
         elif case == "zoo":
-            zoo_case(rec, preset, "tiny" if preset_name == "smoke" else preset_name,
-                     compile_, gen)
+            zoo_extra = zoo_case(rec, preset, "tiny" if preset_name == "smoke" else preset_name,
+                                 compile_, gen)
         elif case == "silu_variants":
             variants = silu_variants_case(rec, preset,
                                           "tiny" if preset_name == "smoke" else preset_name, gen)
@@ -1216,6 +1302,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                   f"ms, a kernel a shard {_fmt(cell['kernel_per_shard_ms'], '.3f')} ms")
     if "zoo" in cases:
         report["zoo"] = zoo_summary(rec.rows)
+        for model, extra in zoo_extra.items():
+            report["zoo"].setdefault(model, {}).update(extra)
         for model, z in report["zoo"].items():
             if "gemc_ms" in z:
                 print(f"zoo {model}: gemc {z['gemc_ms']:.3f} ms fwd+bwd, "

@@ -45,16 +45,22 @@ def test_zoo_attention_case_times_every_model_with_a_history(tmp_path):
     report, rows = _smoke_rows(tmp_path, "zoo")
     cases = {r["case"] for r in rows}
     assert cases == {"hstu: silu attention causal", "sasrec_bst: softmax attention",
-                     "mmoe: softmax attention causal"}
+                     "mmoe: softmax attention causal",
+                     "transact: softmax attention, additive key mask"}
     variants = {(r["case"], r["variant"]) for r in rows if r["mode"] == "fwd+bwd"}
     assert ("hstu: silu attention causal", "sdpa padded (softmax, masked)") in variants
     checked = [r for r in rows if r["max_abs_err"] is not None]
-    assert len(checked) == 6 and all(r["max_abs_err"] < 0.05 for r in checked)
+    assert len(checked) == 8 and all(r["max_abs_err"] < 0.05 for r in checked)
     zoo = report["zoo"]
-    assert set(zoo) == {"hstu", "sasrec_bst", "mmoe", "din", "dlrm_dcnv2", "wukong"}
-    for model in ("hstu", "sasrec_bst", "mmoe"):
+    assert set(zoo) == {"hstu", "sasrec_bst", "mmoe", "transact", "din", "dlrm_dcnv2",
+                        "wukong"}
+    for model in ("hstu", "sasrec_bst", "mmoe", "transact"):
         assert zoo[model]["gemc_ms"] > 0 and zoo[model]["vs_sdpa_masked"] > 0
     assert zoo["hstu"]["vs_padded_silu_eager"] > 0
+    # TransAct's window masks latest actions: the guard compacted its keys on every call
+    paths = zoo["transact"]["guard_paths"]
+    assert paths["calls"] > 0 and paths["fallback"] == 0
+    assert 0 < zoo["transact"]["mean_kept_keys"] < zoo["transact"]["seq_len"]
 
 
 def test_narrow_shards_case_checks_every_width_against_pytorch(tmp_path):
