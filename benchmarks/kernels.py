@@ -416,8 +416,9 @@ def transact_case(rec: Recorder, dtype: torch.dtype, preset: str, gen: torch.Gen
     the same mask. q, k, v are random at the model's head shape (the projections are not
     timed). The error column is relative (see the check). Returns the mean kept keys a row
     and the guard's path counts over the timed calls."""
-    from examples.zoo import transact
     from gemc.backends.triton import key_padding_attention as kpa
+
+    from examples.zoo import transact
 
     dev = rec.device
     cfg = transact.PRESETS[preset]
@@ -460,6 +461,8 @@ def transact_case(rec: Recorder, dtype: torch.dtype, preset: str, gen: torch.Gen
                 lambda fwd=fwd: torch.autograd.grad(fwd(), (q, k, v), g),
                 baseline=is_base, work=3.5 * work)
     paths = kpa.STATS.as_dict()
+    if dev.type == "cuda":
+        _varlen_block_sweep(rec, case, gemc_fwd, (q, k, v), g, work)
     try:  # gemc's result against padded SDPA in fp32: output and the three gradients, each
         # error over the larger of 1 and the reference's largest magnitude (dk and dv sum
         # over all S queries: their bf16 rounding alone is ~0.03 at magnitude 8)
@@ -477,6 +480,34 @@ def transact_case(rec: Recorder, dtype: torch.dtype, preset: str, gen: torch.Gen
     _free(dev)
     return {"seq_len": s, "mean_kept_keys": float(kept.float().mean()),
             "window_ms": TRANSACT_WINDOW_MS, "guard_paths": paths}
+
+
+VARLEN_BLOCKS = ((32, 32, 4), (32, 64, 4), (64, 32, 4), (64, 64, 8), (128, 32, 4),
+                 (128, 64, 4), (128, 64, 8))
+"""(BLOCK_M, BLOCK_N, warps) the ``transact`` row also times on a GPU, next to the varlen-key
+kernel's fixed choice (64, 64, 4 warps): is that choice what holds it back at TransAct's
+shape (100 queries, ~half the keys kept, head dim 48)?"""
+
+
+def _varlen_block_sweep(rec: Recorder, case: str, fwd: Callable[[], torch.Tensor],
+                        inputs: tuple[torch.Tensor, ...], grad: torch.Tensor,
+                        work: float) -> None:
+    """``fwd`` fwd+bwd with the varlen-key kernels' block choice replaced by each of
+    :data:`VARLEN_BLOCKS` (the module's ``_blocks``, patched for the timing only, and put
+    back), one row each, named by the blocks."""
+    from gemc.backends.triton import varlen_key_attention as vka
+
+    chosen = vka._blocks
+    for bm, bn, warps in VARLEN_BLOCKS:
+        def blocks(q: torch.Tensor, bm: int = bm, bn: int = bn, warps: int = warps) -> dict:
+            return {**chosen(q), "BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps}
+
+        vka._blocks = blocks
+        try:
+            rec.run(case, "fwd+bwd", f"triton jagged, blocks {bm}x{bn}, {warps} warps",
+                    lambda: torch.autograd.grad(fwd(), inputs, grad), work=3.5 * work)
+        finally:
+            vka._blocks = chosen
 
 
 def zoo_summary(rows: list[Row]) -> dict[str, Any]:
