@@ -43,7 +43,11 @@ queries) likewise. Readers of one token per row (``passes/row_reads``: RecBole's
 rows only where their positions miss the mask's kept keys: they do not count as readers;
 the entry lists them (``read_rows``) and the op checks their positions with the mask,
 computing every query row (causal: the exact padded attention) on a call where one
-misses. SASRec as RecBole writes it, causal, was padded SDPA for its readout alone. An SDPA with no mask at all whose queries are a padded history ``[B, H, L, D]`` over
+misses. SASRec as RecBole writes it, causal, was padded SDPA for its readout alone. Over
+offsets, a reader whose position the graph proves real (``row_reads.kept_by_offsets``:
+``out[arange(B), lengths.clamp(min=1) - 1]`` under the same clamped mask, ``out[:, 0]``)
+reads no padding query row: the attention stays ``jagged_attention``, unchecked; any other
+reader makes it the guarded attention above. An SDPA with no mask at all whose queries are a padded history ``[B, H, L, D]`` over
 dense keys ``[B, H, M, D]`` (history items attending to candidate or feature tokens, or to
 a learned memory) becomes a ``jagged_query_attention`` (:func:`match_query_padding`) when,
 under one of the graph's key-padding masks over ``[B, L]`` (offsets: a proven prefix; any
@@ -296,7 +300,11 @@ class MatchJaggedAttention:
                 continue
             facts = match(gm, node)
             if facts is not None:
-                reader = padding_rows_read_by(node, facts.pop("_mask"))
+                # a reader of one token per row whose position the graph proves real
+                # (``row_reads.kept_by_offsets``: SASRec's last token under a clamped mask)
+                # reads no padding query row: the kernel's zero rows are never read
+                flow = follow_with_reads(node, (0, 2), facts.pop("_mask"))
+                reader = flow if isinstance(flow, fx.Node) else None
                 if reader is None:
                     gid = f"jagged_attention_{count}"
                     count += 1
