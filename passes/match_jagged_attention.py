@@ -285,6 +285,21 @@ def _price_scaled(node: fx.Node, fill: float, moved: int, ctx: PassContext
     return {"before_ms": round(float(before), 6), "after_ms": round(after, 6)}
 
 
+def _not_jagged(node: fx.Node, reader: fx.Node) -> str:
+    """Why ``node``, over offsets, is not ``jagged_attention``: ``reader`` reads its padding
+    query rows. Where the guarded kernel took it with ``reader`` as a checked reader of one
+    token per row (``read_rows``: its positions not proven real by the graph), the warning
+    says so, as nothing reads the padding unmasked then."""
+    reads = (node.meta.get(ir.KERNEL) or {}).get("read_rows") or ()
+    if any(r["reader"] == reader.name for r in reads):
+        return (f"match-jagged-attention: {node.name} is the guarded kernel, not jagged "
+                f"attention: {reader.name} reads one token per row at positions the graph "
+                "does not prove real tokens (e.g. lengths - 1 of a row that may be empty), "
+                "checked with the mask at run time (the padded attention where one is not)")
+    return (f"match-jagged-attention: {node.name} is not jagged attention: the rows of its "
+            f"padding queries are read unmasked by {reader.name}")
+
+
 @dataclass(frozen=True)
 class MatchJaggedAttention:
     """Annotates matching SDPA nodes with ``gemc.group`` and ``gemc.kernel`` (the facts the
@@ -313,12 +328,12 @@ class MatchJaggedAttention:
                     node.meta[ir.KERNEL] = {"id": gid, "kind": "jagged_attention", **facts,
                                             **(price or {})}
                     continue
-                ctx.warn(f"match-jagged-attention: {node.name} is not jagged attention: the "
-                         f"rows of its padding queries are read unmasked by {reader.name}")
             if self._query_padded(gm, node, queries, ctx):
                 queries += 1
             elif SKIPPED not in node.meta and self._guarded(node, guarded, ctx):
                 guarded += 1
+            if facts is not None and reader is not None:
+                ctx.warn(_not_jagged(node, reader))
         return PassResult(gm, count + guarded + queries > 0)
 
     @staticmethod

@@ -163,6 +163,9 @@ def test_a_reader_the_offsets_do_not_prove_real_is_checked(read: str):
     if read == "final":
         assert spec["at"] == -1 and spec["index"] is None
     assert not [w for w in ctx.warnings if "pack-jagged-tokens" in w], ctx.warnings
+    # the attention's warning names the reader as checked, not as reading padding unmasked
+    (why,) = [w for w in ctx.warnings if "match-jagged-attention" in w]
+    assert f"{spec['reader']} reads one token per row" in why and "unmasked" not in why
 
 
 def test_a_causal_history_padded_over_offsets_packs_as_a_guarded_region():
