@@ -43,7 +43,11 @@ queries) likewise. Readers of one token per row (``passes/row_reads``: RecBole's
 rows only where their positions miss the mask's kept keys: they do not count as readers;
 the entry lists them (``read_rows``) and the op checks their positions with the mask,
 computing every query row (causal: the exact padded attention) on a call where one
-misses. SASRec as RecBole writes it, causal, was padded SDPA for its readout alone. An SDPA with no mask at all whose queries are a padded history ``[B, H, L, D]`` over
+misses. SASRec as RecBole writes it, causal, was padded SDPA for its readout alone. Over
+offsets, a reader whose position the graph proves real (``row_reads.kept_by_offsets``:
+``out[arange(B), lengths.clamp(min=1) - 1]`` under the same clamped mask, ``out[:, 0]``)
+reads no padding query row: the attention stays ``jagged_attention``, unchecked; any other
+reader makes it the guarded attention above. An SDPA with no mask at all whose queries are a padded history ``[B, H, L, D]`` over
 dense keys ``[B, H, M, D]`` (history items attending to candidate or feature tokens, or to
 a learned memory) becomes a ``jagged_query_attention`` (:func:`match_query_padding`) when,
 under one of the graph's key-padding masks over ``[B, L]`` (offsets: a proven prefix; any
@@ -281,6 +285,21 @@ def _price_scaled(node: fx.Node, fill: float, moved: int, ctx: PassContext
     return {"before_ms": round(float(before), 6), "after_ms": round(after, 6)}
 
 
+def _not_jagged(node: fx.Node, reader: fx.Node) -> str:
+    """Why ``node``, over offsets, is not ``jagged_attention``: ``reader`` reads its padding
+    query rows. Where the guarded kernel took it with ``reader`` as a checked reader of one
+    token per row (``read_rows``: its positions not proven real by the graph), the warning
+    says so, as nothing reads the padding unmasked then."""
+    reads = (node.meta.get(ir.KERNEL) or {}).get("read_rows") or ()
+    if any(r["reader"] == reader.name for r in reads):
+        return (f"match-jagged-attention: {node.name} is the guarded kernel, not jagged "
+                f"attention: {reader.name} reads one token per row at positions the graph "
+                "does not prove real tokens (e.g. lengths - 1 of a row that may be empty), "
+                "checked with the mask at run time (the padded attention where one is not)")
+    return (f"match-jagged-attention: {node.name} is not jagged attention: the rows of its "
+            f"padding queries are read unmasked by {reader.name}")
+
+
 @dataclass(frozen=True)
 class MatchJaggedAttention:
     """Annotates matching SDPA nodes with ``gemc.group`` and ``gemc.kernel`` (the facts the
@@ -296,7 +315,11 @@ class MatchJaggedAttention:
                 continue
             facts = match(gm, node)
             if facts is not None:
-                reader = padding_rows_read_by(node, facts.pop("_mask"))
+                # a reader of one token per row whose position the graph proves real
+                # (``row_reads.kept_by_offsets``: SASRec's last token under a clamped mask)
+                # reads no padding query row: the kernel's zero rows are never read
+                flow = follow_with_reads(node, (0, 2), facts.pop("_mask"))
+                reader = flow if isinstance(flow, fx.Node) else None
                 if reader is None:
                     gid = f"jagged_attention_{count}"
                     count += 1
@@ -305,12 +328,12 @@ class MatchJaggedAttention:
                     node.meta[ir.KERNEL] = {"id": gid, "kind": "jagged_attention", **facts,
                                             **(price or {})}
                     continue
-                ctx.warn(f"match-jagged-attention: {node.name} is not jagged attention: the "
-                         f"rows of its padding queries are read unmasked by {reader.name}")
             if self._query_padded(gm, node, queries, ctx):
                 queries += 1
             elif SKIPPED not in node.meta and self._guarded(node, guarded, ctx):
                 guarded += 1
+            if facts is not None and reader is not None:
+                ctx.warn(_not_jagged(node, reader))
         return PassResult(gm, count + guarded + queries > 0)
 
     @staticmethod

@@ -72,6 +72,18 @@ reads each row's token from the packed tokens (``packed_tokens.read_rows``: the 
 scatter back. Positions computed from a value the padding reaches cannot be checked before
 the region: such a reader stays a reader.
 
+Readers in offset-proven regions: under a mask over the padding's own offsets, a reader whose
+position the graph proves real (``row_reads.kept_by_offsets``: with ``lengths.clamp(min=1)``
+in the mask, SASRec's last token ``out[arange(B), attn_len - 1]`` or ``out[:, 0]``) ends the
+flow unchecked: the region stays offset-proven (no check, the jagged attention kept), lists
+it in ``reads`` (``proven``), and reads it from the tokens. Any other position there (the
+unclamped ``lengths - 1``, ``-1`` on an empty row, which eager reads at ``L - 1``: padding;
+``out[:, -1]``) is data: the attention is then a guarded one (``match-jagged-attention``)
+and so is the region, started at the ``index_put`` that pads the history (a history start as
+an input or a lookup is), its mask (built over the offsets) and the reader's positions
+checked per call as above, padded and counted on a miss. A causal attention over such a
+history (never ``jagged_attention``) packs the same way.
+
 Compact regions: where the flow holds without assuming the padding is a suffix (no causal
 attention whose keys are clean only then), the region is ``compact``: a mask that keeps
 positions in any order packs too, each row's kept tokens in order, their positions in the
@@ -120,7 +132,6 @@ from .jagged_patterns import (
     KeyMask,
     PaddingFlow,
     drops_to_minus_inf,
-    follow_padding,
     jagged_positions,
     keep_of,
     zero_padded_source,
@@ -280,7 +291,9 @@ class PackJaggedTokens:
                 ctx.warn(f"pack-jagged-tokens: {', '.join(names)} stay padded ({why})")
                 continue
             layout = (offsets, int(facts["clamp_min"]), int(facts["max_len"]))
-            flows = [follow_padding(s, (0, 1), layout) for s in sources]
+            # readers of one token per row whose positions the graph proves real
+            # (``row_reads.kept_by_offsets``) end the flow unchecked (``proven``)
+            flows = [follow_with_reads(s, (0, 1), layout) for s in sources]
             read = next(((s, f) for s, f in zip(sources, flows) if isinstance(f, fx.Node)),
                         None)
             if read is not None:
@@ -311,6 +324,8 @@ class PackJaggedTokens:
                 "fill": facts["fill"],
                 # gathers at the region's jagged positions: read from the packed tokens
                 "exits": [n.name for n in _exits(flow, offsets, layout[1])],
+                # proven readers of one token per row: read from the packed tokens
+                **({"reads": read_specs(flow)} if flow.reads else {}),
                 **_price(nodes, [s for s, f in zip(sources, each) if not f["in_order"]],
                          float(facts["fill"]), ctx, sources),
             }
@@ -466,15 +481,24 @@ def _mark(gm: fx.GraphModule, flow: PaddingFlow, rid: str) -> list[fx.Node]:
 
 def _history_starts(attention: fx.Node, batch: int, length: int) -> list[fx.Node]:
     """Where the attention's padded history begins: the ancestors (of its own arguments)
-    that are floating ``[B, L, ...]`` graph inputs or embedding lookups, in graph order."""
+    that are floating ``[B, L, ...]`` graph inputs, embedding lookups or jagged values
+    written into zeros, in graph order."""
     seen = ir.ancestors(list(attention.all_input_nodes))
-    return _starts_among(seen, attention.graph, batch, length)
+    return _starts_among(seen, attention.graph, batch, length, padded=True)
 
 
-def _starts_among(seen: set[fx.Node], graph: fx.Graph, batch: int, length: int
-                  ) -> list[fx.Node]:
-    """The floating ``[B, L, ...]`` graph inputs and embedding lookups of ``seen``, in
-    graph order."""
+def _starts_among(seen: set[fx.Node], graph: fx.Graph, batch: int, length: int,
+                  padded: bool = False) -> list[fx.Node]:
+    """The floating ``[B, L, ...]`` graph inputs and embedding lookups of ``seen``, in graph
+    order; with ``padded`` also the ``index_put`` nodes of jagged values into zeros over
+    offsets (``zero_padded_source``). Why those, around a guarded attention: a history
+    padded from values + offsets is an offset-proven region's source, but where that region
+    cannot be (its attention causal, or a reader of one token per row whose position the
+    graph does not prove real: ``out[arange(B), lengths - 1]`` with empty rows possible)
+    the mask built over those offsets is checked at run time as any key mask is, and the
+    region starts where the padded history does. (Histories no attention reads keep to
+    inputs and lookups: one padded by offsets is the offset-proven pass's, which already
+    said why it stays padded.)"""
     out = []
     for n in seen:
         shape = tuple(ir.shape_of(n) or ())
@@ -483,7 +507,9 @@ def _starts_among(seen: set[fx.Node], graph: fx.Graph, batch: int, length: int
                 or not dtype.is_floating_point:
             continue
         if (n.op == "placeholder" and ir.PARAM not in n.meta) or \
-                n.target is aten.embedding.default:
+                n.target is aten.embedding.default or \
+                (padded and n.target is aten.index_put.default
+                 and (zero_padded_source(n) or (None,))[0] is n):
             out.append(n)
     order = {n: i for i, n in enumerate(graph.nodes)}
     return sorted(out, key=order.__getitem__)

@@ -34,11 +34,21 @@ batch as for any other position.
 
 The index must be computable before what it guards: it may not depend on any value the
 padding reaches (:func:`follow_with_reads` refuses it, naming the reader).
+
+Under a mask the graph proves (``arange(L) < lengths.clamp(min=c)`` over the offsets that
+pad the history: the facts ``(offsets, c, L)`` of an offset-proven region) a reader needs
+no check where the graph proves its position kept too (:func:`kept_by_offsets`: with
+``c >= 1``, position 0, or ``lengths.clamp(min=c2) - 1`` of the same offsets, ``1 <= c2 <=
+c``): such a reader is ``proven`` and the region stays unchecked (SASRec's last real token
+under a clamped mask). Any other position there (``lengths - 1`` of a possibly empty row
+reads ``-1``, position ``L - 1`` in eager: padding; ``x[:, -1]``) is no proven reader: the
+history is then packed as a guarded region from its padded ``index_put``
+(``pack-jagged-tokens``), whose check reads the positions as above.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -52,7 +62,9 @@ from .jagged_patterns import (
     KeyMask,
     PaddingFlow,
     _arange_len,
+    _lengths,
     _norm,
+    _offsets_batch,
     follow_padding,
 )
 
@@ -76,7 +88,8 @@ class RowRead:
     raises); ``keepdim``: the output keeps the sequence dim at size 1 (a gather, a slice);
     ``stride``: ``source`` has its batch and sequence dims merged (``dims`` ``(d, d)``,
     batch outer) and ``index`` is a flat position there, row ``b``'s being ``index[b] - b *
-    stride``."""
+    stride``; ``proven``: the graph proves every position kept (:func:`kept_by_offsets`), so
+    nothing checks it."""
 
     node: fx.Node
     source: fx.Node
@@ -86,6 +99,7 @@ class RowRead:
     wrap: bool
     keepdim: bool
     stride: int | None = None
+    proven: bool = False
 
     def spec(self) -> dict[str, Any]:
         """The facts a plan entry carries (what the runners check and read with)."""
@@ -93,23 +107,60 @@ class RowRead:
                 "dims": list(self.dims),
                 "index": self.index.name if self.index is not None else None,
                 "at": self.at, "wrap": self.wrap, "keepdim": self.keepdim,
-                **({"stride": self.stride} if self.stride is not None else {})}
+                **({"stride": self.stride} if self.stride is not None else {}),
+                **({"proven": True} if self.proven else {})}
 
 
 def row_read(user: fx.Node, src: fx.Node, dims: Dims, facts: Facts) -> RowRead | None:
     """The :class:`RowRead` ``user`` is, reading ``src`` (a padded value at ``dims`` under
-    the key mask ``facts``), or None. Only under a run-time key mask (a :class:`KeyMask`):
-    its check is where the positions are checked too."""
-    if not isinstance(facts, KeyMask) or user.op != "call_function" or not user.args \
-            or user.args[0] is not src:
+    the key mask ``facts``), or None. Under a run-time key mask (a :class:`KeyMask`) any
+    such reader: its check is where the positions are checked too. Under a mask over
+    offsets (``(offsets, clamp_min, L)``: nothing is checked at run time) only a reader
+    whose positions the graph proves kept (:func:`kept_by_offsets`), ``proven``."""
+    if user.op != "call_function" or not user.args or user.args[0] is not src:
         return None
+    if isinstance(facts, KeyMask):
+        return _read(user, src, dims, facts.batch, facts.length)
+    batch = _offsets_batch(facts)
+    read = _read(user, src, dims, batch, int(facts[2])) if batch is not None else None
+    return replace(read, proven=True) if read is not None and kept_by_offsets(read, facts) \
+        else None
+
+
+def kept_by_offsets(read: RowRead, facts: Facts) -> bool:
+    """Whether the graph proves that ``read`` reads a position the mask ``arange(L) <
+    lengths.clamp(min=c)`` (``facts``: ``(offsets, c, L)``) keeps on every row: with ``c >=
+    1`` (every row keeps position 0), position 0 (``x[:, 0]``, ``x[:, :1]``, ``x[:, -L]``),
+    or ``lengths.clamp(min=c2) - 1`` with ``lengths`` of the same offsets and ``1 <= c2 <=
+    c`` (``max(len, c2) - 1`` is below ``max(len, c)``, and at least 0). A row's length is
+    at most ``L``, else the model's own ``index_put`` over those offsets raises. Unclamped
+    lengths prove nothing: ``lengths - 1`` of an empty row is ``-1``, which eager reads at
+    position ``L - 1`` (wrapped) or rejects (a gather)."""
+    offsets, clamp, length = facts
+    if clamp < 1 or read.stride is not None:
+        return False
+    if read.index is None:
+        return read.at == 0 or (read.wrap and read.at == -length)
+    node = _through_order_views(read.index)
+    if not (isinstance(node, fx.Node) and node.target is aten.sub.Tensor
+            and len(node.args) == 2 and node.kwargs.get("alpha", 1) == 1
+            and isinstance(node.args[1], int) and not isinstance(node.args[1], bool)
+            and node.args[1] == 1):
+        return False
+    found = _lengths(node.args[0])
+    return found is not None and found[0] is offsets and 1 <= found[1] <= clamp
+
+
+def _read(user: fx.Node, src: fx.Node, dims: Dims, batch: int, length: int
+          ) -> RowRead | None:
+    """:func:`row_read`'s recognition of ``user`` reading one token per row of ``src``
+    (``[.., batch, .., length, ..]`` at ``dims``), whatever checks its positions."""
     bd, ld = dims
     shape = tuple(ir.shape_of(src) or ())
     rank = len(shape)
     if bd == ld:
-        return _flat_read(user, src, dims, facts)
-    if bd < 0 or rank <= max(bd, ld) or shape[bd] != facts.batch \
-            or shape[ld] != facts.length:
+        return _flat_read(user, src, dims, batch, length)
+    if bd < 0 or rank <= max(bd, ld) or shape[bd] != batch or shape[ld] != length:
         return None
     t = user.target
     if t is aten.gather.default:
@@ -119,7 +170,7 @@ def row_read(user: fx.Node, src: fx.Node, dims: Dims, facts: Facts) -> RowRead |
         if _norm(user.args[1], rank) != ld or sparse or not isinstance(index, fx.Node) \
                 or tuple(ir.shape_of(index) or ()) != want:
             return None  # (a narrower index reads part of each token: not this reader)
-        root = per_row(index, bd, facts.batch)
+        root = per_row(index, bd, batch)
         return RowRead(user, src, dims, root, None, False, True) if root is not None else None
     if t is aten.index.Tensor:
         indices = list(user.args[1])
@@ -127,9 +178,9 @@ def row_read(user: fx.Node, src: fx.Node, dims: Dims, facts: Facts) -> RowRead |
             return None
         rows, pos = indices
         if not isinstance(rows, fx.Node) or not isinstance(pos, fx.Node) \
-                or _arange_len(rows) != facts.batch \
-                or tuple(ir.shape_of(rows) or ()) != (facts.batch,) \
-                or tuple(ir.shape_of(pos) or ()) != (facts.batch,) \
+                or _arange_len(rows) != batch \
+                or tuple(ir.shape_of(rows) or ()) != (batch,) \
+                or tuple(ir.shape_of(pos) or ()) != (batch,) \
                 or ir.dtype_of(pos) not in _INTEGERS:
             return None
         return RowRead(user, src, dims, pos, None, True, False)
@@ -137,7 +188,7 @@ def row_read(user: fx.Node, src: fx.Node, dims: Dims, facts: Facts) -> RowRead |
         return RowRead(user, src, dims, None, int(user.args[2]), True, False)
     if t in (aten.slice.Tensor, aten.narrow.default) and len(user.args) > 1 \
             and _norm(user.args[1], rank) == ld:
-        at = _one_position(user, facts.length)
+        at = _one_position(user, length)
         return RowRead(user, src, dims, None, at, False, True) if at is not None else None
     return None
 
@@ -164,7 +215,8 @@ def _one_position(user: fx.Node, length: int) -> int | None:
     return kept[0] if len(kept) == 1 else None
 
 
-def _flat_read(user: fx.Node, src: fx.Node, dims: Dims, facts: KeyMask) -> RowRead | None:
+def _flat_read(user: fx.Node, src: fx.Node, dims: Dims, batch: int, length: int
+               ) -> RowRead | None:
     """The :class:`RowRead` of ``src``, a value whose batch and sequence dims are merged
     into one dim ``d`` of ``B * L`` (batch outer: ``x.reshape(B * L, D)``), read by
     ``index_select(src, d, index)`` or ``src[index]`` (``d`` 0) with ``B`` flat indices
@@ -173,7 +225,7 @@ def _flat_read(user: fx.Node, src: fx.Node, dims: Dims, facts: KeyMask) -> RowRe
         return None  # sequence outer ([L * B, E]): a row's stride is 1, not recognised
     d = dims[0]
     shape = tuple(ir.shape_of(src) or ())
-    if len(shape) <= d or shape[d] != facts.batch * facts.length:
+    if len(shape) <= d or shape[d] != batch * length:
         return None
     if user.target is aten.index_select.default and _norm(user.args[1], len(shape)) == d:
         index = user.args[2]
@@ -181,11 +233,11 @@ def _flat_read(user: fx.Node, src: fx.Node, dims: Dims, facts: KeyMask) -> RowRe
         index = user.args[1][0]
     else:
         return None
-    if not isinstance(index, fx.Node) or tuple(ir.shape_of(index) or ()) != (facts.batch,) \
+    if not isinstance(index, fx.Node) or tuple(ir.shape_of(index) or ()) != (batch,) \
             or ir.dtype_of(index) not in _INTEGERS \
-            or not flat_rows(index, facts.batch, facts.length):
+            or not flat_rows(index, batch, length):
         return None
-    return RowRead(user, src, dims, index, None, False, False, facts.length)
+    return RowRead(user, src, dims, index, None, False, False, length)
 
 
 def flat_rows(index: fx.Node, batch: int, length: int) -> bool:

@@ -175,8 +175,9 @@ class GraphRunner:
         self.guarded_nodes: dict[fx.Node, tuple[int, int]] = {}
         # gathers at a region's jagged positions, read from its tokens (the pass's exits)
         self.exits: dict[fx.Node, dict[str, Any]] = {}
-        # readers of one token per row of a guarded region (its ``reads``, checked with its
-        # mask): on a packed call, read from the tokens
+        # readers of one token per row of a region (its ``reads``: a guarded region's
+        # checked with its mask, an offset-proven region's proven): on a packed call, read
+        # from the tokens
         self.row_reads: dict[fx.Node, dict[str, Any]] = {}
         for region in regions:
             guarded = region.get("guard") is not None
@@ -185,9 +186,9 @@ class GraphRunner:
                 (self.guarded_nodes if guarded else self.packed)[node] = (int(dims[0]),
                                                                           int(dims[1]))
                 self.region_of[node] = region
+            for spec in region.get("reads") or ():
+                self.row_reads[self.by_name[spec["reader"]]] = spec
             if guarded:
-                for spec in region.get("reads") or ():
-                    self.row_reads[self.by_name[spec["reader"]]] = spec
                 continue
             for name in region.get("exits", ()):
                 self.exits[self.by_name[name]] = region

@@ -371,9 +371,9 @@ def _p_exit(x: torch.Tensor, dims: tuple[int, int], row: torch.Tensor, col: torc
 def _p_read_rows(x: torch.Tensor, dims: tuple[int, int], index: torch.Tensor | None,
                  spec: dict[str, Any], offsets: torch.Tensor, clamp_min: int, max_len: int,
                  total: int, positions: Any = None) -> torch.Tensor:
-    """``packed_tokens.read_rows``: a one-token-per-row reader of a guarded region this
-    graph runs packed (its check, ahead of the graph, found every position kept), from its
-    tokens."""
+    """``packed_tokens.read_rows``: a one-token-per-row reader of a region this graph runs
+    packed (a guarded one's check, ahead of the graph, found every position kept; an
+    offset-proven one's reader is ``proven``), from its tokens."""
     layout = _layout(offsets, clamp_min, max_len, total, positions)
     pos = read_positions(index, spec.get("at"), layout.batch, max_len, bool(spec["wrap"]),
                          offsets.device, spec.get("stride"))
