@@ -22,6 +22,9 @@ from gemc import ir
 from gemc.fusion_spec import elementwise
 from gemc.guard_sample import ADDITIVE_MASKED_GAP
 
+from . import causal_masks
+from .causal_masks import is_causal_drop, is_causal_keep
+
 aten = torch.ops.aten
 _VIEWS = {
     aten.unsqueeze.default, aten.view.default, aten.reshape.default, aten.expand.default,
@@ -802,12 +805,6 @@ def _is_zeros(node: Any) -> bool:
     return False
 
 
-def _is_ones(node: Any) -> bool:
-    node = through_views(node)
-    return isinstance(node, fx.Node) and node.target in (
-        aten.ones.default, aten.ones_like.default, aten.new_ones.default)
-
-
 def _diagonal(node: fx.Node) -> Any:
     """The ``diagonal`` argument of a ``tril`` / ``triu`` (0 when not given)."""
     return node.args[1] if len(node.args) > 1 else 0
@@ -887,67 +884,26 @@ def _extended_keep(node: fx.Node) -> fx.Node | None:
 
 
 def _is_tril(node: Any, length: int) -> bool:
-    """``node`` is the boolean lower-triangular ``[L, L]`` (query >= key) mask: ``tril`` of
-    ones, ``~triu(ones, 1)``, or ``arange[:, None] >= arange[None, :]``."""
-    node = _through_views_and_casts(node)
-    if not isinstance(node, fx.Node) or node.op != "call_function":
-        return False
-    if not _square_mask(tuple(ir.shape_of(node) or ()), length):
-        return False
-    if node.target is aten.tril.default:
-        return _diagonal(node) == 0 and _is_ones(node.args[0])
-    if node.target in _NOTS:
-        return _is_strict_upper(node.args[0], length)
-    if node.target in (aten.ge.Tensor, aten.le.Tensor):
-        rows, cols = node.args if node.target is aten.ge.Tensor else node.args[::-1]
-        rs, cs = ir.shape_of(rows), ir.shape_of(cols)
-        return (_arange_len(rows) == length and _arange_len(cols) == length
-                and rs is not None and cs is not None
-                and tuple(rs)[-2:] == (length, 1) and tuple(cs)[-1:] == (length,))
-    return False
+    """``node`` is the causal ``[L, L]`` keep-mask (query >= key), by its values, however
+    it is spelled (``tril`` of ones, ``~triu(ones, 1)``, ``arange[:, None] >= arange[None,
+    :]``, ...): :func:`.causal_masks.is_causal_keep`."""
+    return is_causal_keep(node, length)
 
 
 def _is_strict_upper(node: Any, length: int) -> bool:
     """``node`` is the boolean strictly-upper-triangular ``[L, L]`` mask (the keys a causal
-    query may not see): ``triu(ones, 1)`` or ``~tril``."""
-    node = _through_views_and_casts(node)
-    if not isinstance(node, fx.Node) or node.op != "call_function":
-        return False
-    if node.target in _NOTS:
-        return _is_tril(node.args[0], length)
-    return node.target is aten.triu.default and _diagonal(node) == 1 \
-        and _square_mask(tuple(ir.shape_of(node) or ()), length) and _is_ones(node.args[0])
+    query may not see), by its values: :func:`.causal_masks.is_causal_drop`."""
+    return is_causal_drop(node, length)
 
 
 def additive_causal(node: Any, length: int) -> bool | None:
     """Whether ``node`` is an additive causal ``[L, L]`` mask (leading dims 1): 0 where the
     query sees the key, a large negative above the diagonal. True when that value is
     ``-inf`` (``nn.Transformer.generate_square_subsequent_mask``'s ``triu(full(-inf), 1)``,
-    ``F._canonical_mask`` of a boolean causal mask: ``masked_fill(zeros, triu(ones, 1),
-    -inf)``, ``where(tril, 0, -inf)``); False when it is finite (at most ``-1e4``); None
-    when ``node`` is no causal mask."""
-    node = _through_views_and_casts(node)
-    if not isinstance(node, fx.Node) or node.op != "call_function":
-        return None
-    if not _square_mask(tuple(ir.shape_of(node) or ()), length) \
-            or not (ir.dtype_of(node) or torch.bool).is_floating_point:
-        return None
-    value = None
-    if node.target is aten.triu.default and _diagonal(node) == 1:
-        src = through_views(node.args[0])
-        if isinstance(src, fx.Node) and src.target in (aten.full.default,
-                                                       aten.full_like.default,
-                                                       aten.new_full.default):
-            value = _scalar(src.args[-1])
-    elif node.target in (aten.masked_fill.Scalar, aten.masked_fill_.Scalar):
-        if _is_zeros(node.args[0]) and _is_strict_upper(node.args[1], length):
-            value = _scalar(node.args[2])
-    elif node.target in (aten.where.ScalarOther, aten.where.Scalar):
-        if _scalar(node.args[1]) == 0.0 and _is_tril(node.args[0], length):
-            value = _scalar(node.args[2])
-    if value is None or value > ADDITIVE_MASKED_MAX:
-        return None
-    return math.isinf(value)
+    ``F._canonical_mask`` of a boolean causal mask, ``where(tril, 0, -inf)``, ``log(tril)``);
+    False when it is finite (at most ``-1e4``); None when ``node`` is no causal mask. By its
+    values: :func:`.causal_masks.additive_causal`."""
+    return causal_masks.additive_causal(node, length)
 
 
 def stored_mask_sources(node: Any, length: int) -> list[fx.Node] | None:

@@ -29,8 +29,17 @@ the exactness argument): the causal kernel over the boolean keep-mask, its paddi
 rows unread (else ``padding-rows-read-by:<node>``) and its fallback that very formula (the
 entry's ``finite_drop``). A stack of such layers is matched from its last layer back: a
 layer's padding rows reach the next layer's formula, clean only once that one is the kernel
-(the pass sweeps again while it matches more). Other causal formulas stay padded
-(``causal-softmax-formula``). ``[B*H, L, d]``
+(the pass sweeps again while it matches more). Other causal formulas stay padded,
+named ``causal-softmax-formula``: the causal mask recognised by its values
+(:mod:`.causal_masks`, whatever its spelling: ``masked_fill(triu(ones, 1) | ~keep, -inf)``,
+``(s + generate_square_subsequent_mask(L)).masked_fill(~keep, -inf)``, two masked fills
+in a row, ``nn.MultiheadAttention``'s ``need_weights=True`` with a causal ``attn_mask``).
+Why they stay padded: a written-out softmax over a query row whose every key is ``-inf``
+is NaN, and under a causal mask that is every padding query row ahead of a row's first
+kept key (a left-padded history), not only a row with no key at all; eager's NaN then
+reaches the loss through a masked multiply and the gradients of every operand the form
+differentiates through (which depends on the order of the terms), which neither the
+kernel's zero rows nor the op's padded formula reproduce. ``[B*H, L, d]``
 operands (heads merged into the batch, as MultiheadAttention does) are viewed as
 ``[B, H, L, d]``; their padding query rows are computed too (the varlen-key kernel: the
 layout of a merged output is not followed), as are those of a 4-D attention whose padding
@@ -59,6 +68,7 @@ from gemc import ir
 from gemc.context import PassContext
 from gemc.packed_rules import draws
 
+from .causal_masks import causal_form
 from .jagged_patterns import PaddingFlow, attention_key_mask, causal_keep_drop
 from .row_reads import follow_with_reads, read_specs
 
@@ -66,6 +76,10 @@ aten = torch.ops.aten
 SKIPPED = ir.PREFIX + "softmax_skipped"
 _MM = {aten.matmul.default, aten.bmm.default}
 _SOFTMAX = {aten.softmax.int, aten._softmax.default}
+_CAUSAL_FORMULA = "causal-softmax-formula"
+_COMBINE = {aten.bitwise_or.Tensor, aten.logical_or.default, aten.__or__.Tensor,
+            aten.bitwise_and.Tensor, aten.logical_and.default, aten.__and__.Tensor,
+            aten.add.Tensor}
 _READ_BY = "padding-rows-read-by:"  # a causal formula's refusal, tried again (see run)
 _TRANSPOSED = {(-1, -2), (-2, -1), (1, 2), (2, 1), (2, 3), (3, 2), (-1, 1), (1, -1),
                (-1, 2), (2, -1), (-2, 1), (1, -2), (3, -2), (-2, 3)}
@@ -93,15 +107,17 @@ def _scores(node: Any) -> tuple[fx.Node, fx.Node, float, Any, list[fx.Node]] | s
     scale, mask = 1.0, None
     if not isinstance(node, fx.Node):
         return None
+    length = int((ir.shape_of(node) or (0,))[-1])
+    term: Any = None  # the mask as the model applied it (a dropped mask, or added)
     if node.target is aten.masked_fill.Scalar:
         value = _scalar(node.args[2])
         if value is None or value > -1e4:
             return None
-        dropped = node.args[1]
+        dropped = term = node.args[1]
         inner = dropped.args[0] if isinstance(dropped, fx.Node) and dropped.target in (
             aten.bitwise_not.default, aten.logical_not.default) else None
         if inner is None:
-            return "mask-not-key-padding"
+            return _CAUSAL_FORMULA if _causal_term(dropped, length) else "mask-not-key-padding"
         mask = inner
         nodes.append(node)
         node = node.args[0]
@@ -109,9 +125,17 @@ def _scores(node: Any) -> tuple[fx.Node, fx.Node, float, Any, list[fx.Node]] | s
         a, b = node.args[:2]
         s, m = (a, b) if isinstance(a, fx.Node) and a.target in _MM | {
             aten.mul.Tensor, aten.div.Tensor} else (b, a)
-        mask = m
+        mask = term = m
         nodes.append(node)
         node = s
+    if isinstance(node, fx.Node) and node.target in (aten.masked_fill.Scalar, aten.add.Tensor) \
+            and term is not None:
+        # a second mask term (the causal mask and the key mask applied one after the
+        # other): a causal formula, by what the terms are, not how they are spelled
+        other = node.args[1] if node.target is aten.masked_fill.Scalar else node.args
+        if _causal_term(term, length) or any(_causal_term(t, length) for t in (
+                other if isinstance(other, (tuple, list)) else [other])):
+            return _CAUSAL_FORMULA
     if isinstance(node, fx.Node) and node.target in (aten.mul.Tensor, aten.div.Tensor) \
             and _scalar(node.args[1]):
         c = float(node.args[1])
@@ -146,6 +170,19 @@ def _scores(node: Any) -> tuple[fx.Node, fx.Node, float, Any, list[fx.Node]] | s
             and tuple(kt.args[1:3]) in _TRANSPOSED):
         return None
     return q, kt.args[0], scale, mask, nodes
+
+
+def _causal_term(node: Any, length: int) -> bool:
+    """``node``, a mask a written-out softmax applies, holds the causal mask: by its values
+    (:mod:`.causal_masks`), itself or one operand of an ``|`` / ``&`` / ``+`` combining it
+    with a key mask (``triu(ones, 1) | ~keep``, ``keep & tril``, ``causal + keys``)."""
+    if not isinstance(node, fx.Node):
+        return False
+    if causal_form(node, length) is not None:
+        return True
+    combined = node.op == "call_function" and node.target in _COMBINE
+    return combined and any(isinstance(a, fx.Node) and causal_form(a, length) is not None
+                            for a in node.args[:2])
 
 
 def _key_shape(k: Any) -> tuple[int, ...]:
@@ -214,6 +251,9 @@ def match(node: fx.Node) -> dict[str, Any] | str | None:
         # [B*H, 1, L] (MultiheadAttention's merged mask): B from the mask's source
         heads, merged = 0, True
         length = shapes[1][1]
+        if len(mshape) == 3 and mshape[1:] == (length, length) \
+                and _causal_term(mask, length):
+            return _CAUSAL_FORMULA  # MultiheadAttention's causal attn_mask + key mask
         if len(mshape) != 3 or mshape[1] != 1 or mshape[2] != length:
             return "mask-shape"
         batch = _batch_of(mask, length)
@@ -229,7 +269,7 @@ def match(node: fx.Node) -> dict[str, Any] | str | None:
     key_mask, causal = key
     dropped = causal_keep_drop(mask, batch, length) if not merged else None
     if causal and dropped is None:
-        return "causal-softmax-formula"  # the SDPA spelling is matched; this one is rare
+        return _CAUSAL_FORMULA  # NaN on each query row that sees no kept key: see the doc
     group = [*nodes, p, *identity, node]
     inside = set(group)
     for n in group[:-1]:
