@@ -57,6 +57,7 @@ Reasons it leaves one padded (in the dump as ``softmax_skipped=`` and in the war
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -101,10 +102,13 @@ def _over_keys(softmax: fx.Node) -> bool:
     return isinstance(dim, int) and rank > 0 and dim % rank == rank - 1
 
 
-def _scores(node: Any) -> tuple[fx.Node, fx.Node, float, Any, list[fx.Node]] | str | None:
-    """``(q, k, scale, mask or None, nodes)`` of the scores before the softmax."""
+def _scores(node: Any
+            ) -> tuple[fx.Node, fx.Node, float, Any, list[fx.Node], float | None] | str | None:
+    """``(q, k, scale, mask or None, nodes, fill)`` of the scores before the softmax;
+    ``fill``: the finite value of ``masked_fill(~keep, fill)`` (None for ``-inf`` or an
+    added mask), which a row that keeps no key has on every score."""
     nodes: list[fx.Node] = []
-    scale, mask = 1.0, None
+    scale, mask, fill = 1.0, None, None
     if not isinstance(node, fx.Node):
         return None
     length = int((ir.shape_of(node) or (0,))[-1])
@@ -113,6 +117,7 @@ def _scores(node: Any) -> tuple[fx.Node, fx.Node, float, Any, list[fx.Node]] | s
         value = _scalar(node.args[2])
         if value is None or value > -1e4:
             return None
+        fill = value if math.isfinite(value) else None
         dropped = term = node.args[1]
         inner = dropped.args[0] if isinstance(dropped, fx.Node) and dropped.target in (
             aten.bitwise_not.default, aten.logical_not.default) else None
@@ -165,11 +170,11 @@ def _scores(node: Any) -> tuple[fx.Node, fx.Node, float, Any, list[fx.Node]] | s
         perm = [int(d) % len(kt.args[1]) for d in kt.args[1]]
         if len(perm) < 3:
             return None
-        return q, (kt, kt.args[0], [*perm[:-2], perm[-1], perm[-2]]), scale, mask, nodes
+        return q, (kt, kt.args[0], [*perm[:-2], perm[-1], perm[-2]]), scale, mask, nodes, fill
     if not (isinstance(kt, fx.Node) and kt.target is aten.transpose.int
             and tuple(kt.args[1:3]) in _TRANSPOSED):
         return None
-    return q, kt.args[0], scale, mask, nodes
+    return q, kt.args[0], scale, mask, nodes, fill
 
 
 def _causal_term(node: Any, length: int) -> bool:
@@ -236,7 +241,7 @@ def match(node: fx.Node) -> dict[str, Any] | str | None:
     found = _scores(p.args[0])
     if found is None or isinstance(found, str):
         return found
-    q, k, scale, mask, nodes = found
+    q, k, scale, mask, nodes, fill = found
     shapes = [tuple(ir.shape_of(q) or ()), _key_shape(k), tuple(ir.shape_of(v) or ())]
     if shapes[1] != shapes[2] or len(shapes[0]) != len(shapes[1]) \
             or shapes[0][:-2] != shapes[1][:-2] or shapes[0][-1] != shapes[1][-1]:
@@ -296,7 +301,11 @@ def match(node: fx.Node) -> dict[str, Any] | str | None:
         "causal": causal,
         "zero_padding_queries": zero_rows and reader is None,
         # softmax over all -inf, written out: NaN (SDPA: 0); a finite drop is never NaN
-        "nan_if_empty": dropped is None,
+        "nan_if_empty": dropped is None and fill is None,
+        # masked_fill(~keep, fill) with a finite fill: a row keeping no key has that one
+        # value on every score, so eager attends uniformly over all L keys (the op's
+        # uniform_where_no_key; its padded path fills with it)
+        **({"fill_value": fill} if fill is not None else {}),
         # the drop of where(keep & causal, 0, v): the op's fallback rebuilds that mask
         **({"finite_drop": dropped[1]} if dropped is not None else {}),
         "merged_heads": merged,

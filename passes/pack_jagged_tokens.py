@@ -421,9 +421,10 @@ def _guarded_entry(gm: fx.GraphModule, rid: str, flow: PaddingFlow, starts: list
         # nn.MultiheadAttention fills from it): the compiled graph runs them on the
         # region's tokens, as the check already found their layout
         "in_place": [n.name for n in nodes if _same_mask(n, key_mask)],
-        # an attention NaN on a row with no kept key (eager's softmax): packed only
-        # when every row keeps one (its NaN reaches the loss, masked or not)
-        "every_row": any((n.meta.get(ir.KERNEL) or {}).get("nan_if_empty")
+        # an attention NaN on a row with no kept key (eager's softmax), or uniform over
+        # all its keys (a finite masked_fill value): packed only when every row keeps one
+        # (its NaN reaches the loss, masked or not; the uniform row reads padding)
+        "every_row": any(_empty_rows_differ(n.meta.get(ir.KERNEL) or {})
                          for n in (*also, *flow.carriers)),
         "clamp_min": 0,
         "max_len": key_mask.length,
@@ -477,6 +478,13 @@ def _mark(gm: fx.GraphModule, flow: PaddingFlow, rid: str) -> list[fx.Node]:
     for node, dims in flow.zeroed.items():
         node.meta[PACKED] = {"id": rid, "dims": list(dims), "zeroed": True}
     return [n for n in gm.graph.nodes if (n.meta.get(PACKED) or {}).get("id") == rid]
+
+
+def _empty_rows_differ(kernel: dict[str, Any]) -> bool:
+    """Whether an attention entry's rows that keep no key are not what the kernels give
+    (0): NaN (a written-out softmax over ``-inf``) or the mean of every value (over a
+    finite ``masked_fill`` value)."""
+    return bool(kernel.get("nan_if_empty")) or kernel.get("fill_value") is not None
 
 
 def _history_starts(attention: fx.Node, batch: int, length: int) -> list[fx.Node]:

@@ -75,7 +75,7 @@ from .varlen_key_attention import varlen_key_attention
 
 __all__ = ["STATS", "KeyPaddingStats", "kept_first", "kept_keys", "key_padding_attention",
            "key_padding_silu_attention", "nan_where_no_key", "padded_attention",
-           "permute_keys", "prefix_lengths"]
+           "permute_keys", "prefix_lengths", "uniform_where_no_key"]
 
 
 
@@ -181,6 +181,18 @@ def nan_where_no_key(out: torch.Tensor, key_mask: torch.Tensor, additive: bool,
     return out + (poison * total)[:, None, None, None]
 
 
+def uniform_where_no_key(out: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor,
+                         additive: bool) -> torch.Tensor:
+    """``out [B, H, M, D]`` with each row that keeps no key replaced by the mean of its
+    values over all ``L`` keys, on every query row: what a written-out softmax gives a row
+    whose every score the model set to one finite value (``masked_fill(~keep, -1e9)``):
+    equal scores, weights ``1 / L``. Its gradient is ``1 / L`` of the output's to each of
+    the row's values and none to q or k, as that softmax's (a constant row's) is."""
+    empty = ~kept_keys(key_mask, additive).any(1)
+    mean = v.float().mean(dim=2, keepdim=True).to(out.dtype).expand(out.shape)
+    return torch.where(empty[:, None, None, None], mean, out)
+
+
 def nan_gradient_operands(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           additive: bool) -> tuple[torch.Tensor, ...]:
     """The operands whose gradient a written-out softmax over an all-``-inf`` row makes
@@ -194,13 +206,16 @@ def nan_gradient_operands(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      key_mask: torch.Tensor, scale: float | None, causal: bool,
                      additive: bool, written_out: bool = False,
-                     drop: float | None = None) -> torch.Tensor:
+                     drop: float | None = None, fill_value: float | None = None
+                     ) -> torch.Tensor:
     """The exact padded attention (the fallback), as eager computes it: SDPA, or with
     ``written_out`` the model's own ``softmax(q @ k^T * scale + mask) @ v``. ``drop``: the
     model's mask is ``where(keep & causal, 0, drop)`` over the boolean ``key_mask`` (a
     finite drop for future and padding keys alike: RecBole's SASRec,
     ``passes/jagged_patterns.causal_keep_drop``), written out: a query row with no kept
     key then attends over every key, as in eager, where a ``-inf`` causal term would not.
+    ``fill_value`` (written out): the model's ``masked_fill(~key_mask, fill_value)``, a
+    finite value, where ``-inf`` is the default.
 
     Why the formula for a written-out softmax: SDPA's fused backward recomputes the
     probabilities from a saved log-sum-exp, which rounds where the mask is huge: a row
@@ -228,7 +243,8 @@ def padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if not written_out:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     scores = q @ k.transpose(-2, -1) * (scale if scale is not None else q.shape[-1] ** -0.5)
-    scores = scores + mask if additive else scores.masked_fill(~mask, -math.inf)
+    scores = scores + mask if additive else scores.masked_fill(
+        ~mask, -math.inf if fill_value is None else fill_value)
     return torch.softmax(scores, dim=-1) @ v
 
 
@@ -238,7 +254,8 @@ def key_padding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           zero_padding_queries: bool = True,
                           nan_if_empty: bool = False,
                           read_rows: Sequence[torch.Tensor] = (),
-                          drop: float | None = None) -> torch.Tensor:
+                          drop: float | None = None,
+                          fill_value: float | None = None) -> torch.Tensor:
     """Attention of ``[B, H, M, D]`` queries over ``[B, H, L, D]`` keys and values under a
     ``[B, L]`` key mask, checked here: over the kept keys only (a prefix as it is, another
     mask compacted), the exact padded attention when it is no key mask. Self-attention (``M == L`` and
@@ -255,14 +272,24 @@ def key_padding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     ``drop``: the model masks with ``where(key_mask & causal, 0, drop)``, a finite drop
     (:func:`padded_attention`): the kept-key paths are exact on every row with a kept key,
     the padding query rows with none being unread (the caller's proof, or ``read_rows``
-    checked: a miss takes the padded path, this formula). See the module doc (semantics,
-    the one sync)."""
+    checked: a miss takes the padded path, this formula). ``fill_value``: the model writes
+    the softmax out over ``scores.masked_fill(~key_mask, fill_value)`` with a finite value
+    (``-1e9``, ``-1e4``): a row that keeps no key has that one value on every score, so
+    eager attends uniformly over all ``L`` keys (:func:`uniform_where_no_key`), where
+    ``-inf`` gives NaN (``nan_if_empty``) and the kernels 0. See the module doc
+    (semantics, the one sync)."""
     if drop is not None and additive:
         raise ValueError("drop: the key mask must be the boolean keep-mask (additive=False)")
+    if fill_value is not None and (additive or nan_if_empty or not math.isfinite(fill_value)):
+        raise ValueError("fill_value: a finite masked_fill value over the boolean keep-mask "
+                         f"(additive=False, nan_if_empty=False), got {fill_value}")
     out = _key_padding_attention(q, k, v, key_mask, scale, causal, additive,
                                  zero_padding_queries,
-                                 written_out=nan_if_empty or drop is not None,
-                                 read_rows=read_rows, drop=drop)
+                                 written_out=nan_if_empty or drop is not None
+                                 or fill_value is not None,
+                                 read_rows=read_rows, drop=drop, fill_value=fill_value)
+    if fill_value is not None:
+        return uniform_where_no_key(out, v, key_mask, additive)
     if not nan_if_empty:
         return out
     return nan_where_no_key(out, key_mask, additive, nan_gradient_operands(q, k, v, additive))
@@ -273,7 +300,8 @@ def _key_padding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            additive: bool, zero_padding_queries: bool,
                            written_out: bool = False,
                            read_rows: Sequence[torch.Tensor] = (),
-                           drop: float | None = None) -> torch.Tensor:
+                           drop: float | None = None,
+                           fill_value: float | None = None) -> torch.Tensor:
     if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape or q.shape[:2] != k.shape[:2] \
             or q.shape[3] != k.shape[3]:
         raise ValueError("q must be [B, H, M, D] and k, v [B, H, L, D], got "
@@ -298,7 +326,7 @@ def _key_padding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if invalid or (missed_rows and causal):
         STATS.fallback += 1
         return padded_attention(q, k, v, key_mask, scale, causal, additive, written_out,
-                                drop)
+                                drop, fill_value)
     if missed_rows:  # a reader reads a padding query row: compute every row
         jagged_queries = False
     if scale is None:

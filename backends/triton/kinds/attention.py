@@ -51,6 +51,8 @@ def key_padding_entry(facts: dict[str, Any], nodes: list[fx.Node]) -> dict[str, 
                 nan_if_empty=bool(facts.get("nan_if_empty", False)),
                 **({"finite_drop": facts["finite_drop"]}
                    if facts.get("finite_drop") is not None else {}),
+                **({"fill_value": facts["fill_value"]}
+                   if facts.get("fill_value") is not None else {}),
                 **({"read_rows": facts["read_rows"]} if facts.get("read_rows") else {}),
                 **{key: facts[key] for key in keep})
 
@@ -100,7 +102,7 @@ def key_padding_of_entry(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     out = key_padding_attention(q, k, v, mask, entry["scale"], entry["causal"],
                                 entry["additive"], entry["zero_padding_queries"],
                                 entry.get("nan_if_empty", False), reads,
-                                entry.get("finite_drop"))
+                                entry.get("finite_drop"), entry.get("fill_value"))
     return out.flatten(0, 1) if merged else out
 
 
@@ -141,6 +143,7 @@ def key_padding_checked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         nan_where_no_key,
         padded_attention,
         permute_keys,
+        uniform_where_no_key,
     )
 
     mask = mask_rows(mask)  # a [B, 1, 1, L] mask's rows (HF's extended mask)
@@ -152,7 +155,9 @@ def key_padding_checked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     scale = entry["scale"]
     if outcome == "padded":
         out = padded_attention(q, k, v, mask, scale, False, additive,
-                               written_out=bool(entry.get("nan_if_empty", False)))
+                               written_out=bool(entry.get("nan_if_empty", False))
+                               or entry.get("fill_value") is not None,
+                               fill_value=entry.get("fill_value"))
     else:
         if outcome == "compact":
             order = kept_first(mask, additive)
@@ -160,7 +165,9 @@ def key_padding_checked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         if scale is None:
             scale = q.shape[-1] ** -0.5
         out, _ = torch.ops.gemc.key_lengths_attention(q, k, v, key_lengths, float(scale))
-    if entry.get("nan_if_empty"):
+    if entry.get("fill_value") is not None:
+        out = uniform_where_no_key(out, v, mask, additive)
+    elif entry.get("nan_if_empty"):
         out = nan_where_no_key(out, mask, additive,
                                nan_gradient_operands(q, k, v, additive))
     return out.flatten(0, 1) if merged else out
@@ -201,8 +208,9 @@ def _checked_by_region(emitter: Emitter, entry: Entry) -> bool:
     (``[1, H, T, D]``, or ``[H, T, D]`` with the heads in the batch dim): no scatter and
     gather around it, no second check, no host read (the region's check is counted in
     ``packed_tokens.GUARD_STATS``, not the attention's ``STATS``). An attention NaN on a
-    row with no kept key runs here only in an ``every_row`` region (packed only with a kept
-    key on every row). Returns whether it applied."""
+    row with no kept key (or, over a finite ``fill_value``, uniform on it) runs here only
+    in an ``every_row`` region (packed only with a kept key on every row). Returns whether
+    it applied."""
     out = entry.get("output", entry["nodes"][0])
     region = emitter.packed_guarded_region(out)
     if region is None:
@@ -210,7 +218,8 @@ def _checked_by_region(emitter: Emitter, entry: Entry) -> bool:
     same = (entry.get("mask") == region["mask"]
             and bool(entry.get("additive")) == bool(region.get("additive"))) \
         or out in region.get("in_place", ())
-    if not same or (entry.get("nan_if_empty") and not region.get("every_row")):
+    empty_rows_differ = entry.get("nan_if_empty") or entry.get("fill_value") is not None
+    if not same or (empty_rows_differ and not region.get("every_row")):
         return False
     return emitter.packed_attention((entry["q"], entry["k"], entry["v"]), out,
                                     entry["scale"], bool(entry.get("causal")))
