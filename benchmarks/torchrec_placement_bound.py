@@ -15,8 +15,12 @@ second under both models:
    per-shard terms; PXN's host mean and the NVLink shares exactly as
    ``torchrec_rates.rank_times`` re-derives them), with each rank's memory under a cap
    (gemc's memory model, steady bytes), and optionally gemc's per-host pooled sends (its
-   all-to-all's host term) and per-rank lookup seconds held to its plan's. Each optimum is
-   then priced exactly by both: ``torchrec_rates.rank_times`` and gemc's ``evaluate``.
+   all-to-all's host term) and per-rank lookup seconds held to its plan's; a table's block
+   of row shards stays on one host (spread over two, each host's owners sum and send its
+   partials: twice the sends, which a per-shard load cannot hold; the s22 run let them
+   spread, and gemc's ``evaluate`` then priced the spread as one host's, 4.834 ms where
+   ``predict_step`` says 5.402). Each optimum is then priced exactly by both:
+   ``torchrec_rates.rank_times`` and gemc's ``evaluate``.
 2. the replica what-if: gemc's plan with its smallest exchanged tables made data-parallel
    one at a time (TorchRec's own data-parallel terms for them, from its plan's record),
    priced by both, with gemc's step also with the host's exposed time (the plan's
@@ -80,8 +84,9 @@ def best_placement(pieces: list[dict[str, Any]], world: int, local: int,
     carry ``"load": {name: amount per shard}`` for ``caps`` (``name -> per-rank cap``:
     memory bytes, gemc's lookup seconds) and ``"host_load"`` likewise, capped per host by
     ``caps["host:<name>"]`` (one value a host). ``fixed_ms``: what every rank pays anyway
-    (data-parallel shards). Returns ``{"status", "max_ms", "bound_ms", "ranks": table ->
-    sorted ranks}``."""
+    (data-parallel shards). A piece with ``"one_host"`` keeps all its shards on one host
+    (a block of row shards: its sends, as gemc's model prices them, hold only there).
+    Returns ``{"status", "max_ms", "bound_ms", "ranks": table -> sorted ranks}``."""
     from ortools.sat.python import cp_model
 
     ns = 1e6  # ms -> ns
@@ -96,6 +101,11 @@ def best_placement(pieces: list[dict[str, Any]], world: int, local: int,
         own, spread = shard_cost(p["record"], spec, world, local)
         ys = y[name] = [m.NewBoolVar(f"{name}@{r}") for r in range(world)]
         m.Add(sum(ys) == n)
+        if p.get("one_host"):
+            on = [m.NewBoolVar(f"{name}@host{h}") for h in range(hosts)]
+            m.Add(sum(on) == 1)
+            for h in range(hosts):
+                m.Add(sum(ys[h * local:(h + 1) * local]) == n * on[h])
         for r in range(world):
             own_terms[r].append(int(round(own * ns)) * ys[r])
             host_terms[r // local].append(int(round(spread * ns)) * ys[r])
@@ -188,6 +198,7 @@ def main() -> int:
     import vs_torchrec as vt
     from gemc.cost_model.calibration import default_calibration
 
+    from gemc.sharding import SHARDINGS
     from gemc.solver.evaluate import Pricer, evaluate
     from gemc.solver.local_search import steady_bytes
     from gemc.solver.planners import run_planner
@@ -245,6 +256,11 @@ def main() -> int:
         o = pricer.table(cost_of[fqn], a.tables[fqn])
         p["load"] = {"memory": o.memory, "lookup": o.compute_s * 1e9}
         p["host_load"] = {"sends": o.out_bytes / 1e3}
+        # a block of row shards sends ``o.out_bytes`` a holder only while its host's
+        # owners sum all of it: spread over two hosts, each owner sends twice that
+        # (step_model.host_reduce_owners), which these per-shard loads cannot say
+        p["one_host"] = SHARDINGS[a.tables[fqn].sharding].row_split and len(
+            {r // local for r in a.tables[fqn].ranks}) == 1 and len(a.tables[fqn].ranks) > 1
         for r in a.tables[fqn].ranks:
             placed[r] += o.memory
             placed_lookup[r] += o.compute_s

@@ -46,6 +46,7 @@ from gemc.cost_model.step_model import (
     column_squares_s,
     dense_comm,
     holder_exchange_s,
+    host_reduce_owners,
     id_send_bytes,
     in_batched_kernel,
     pooled_send_bytes,
@@ -188,14 +189,23 @@ class TableClass:
 
 
 def table_option(problem: Problem, t: TableCost, sharding: str, ranks: int,
-                 grid: tuple[int, int] | None = None) -> TableOption:
-    """What one table sharded this way adds to each rank holding a shard."""
+                 grid: tuple[int, int] | None = None,
+                 placed: tuple[int, ...] | None = None) -> TableOption:
+    """What one table sharded this way adds to each rank holding a shard.
+
+    ``placed``: the ranks its shards are on, where known (a plan's choice); else the
+    candidate's own shape, ranks ``0..ranks-1``, as the planners place it (a block of
+    row shards on one host). The shard's lookup and bytes follow from its shape alone;
+    what it sends and its in-host sum also from where the shards are
+    (:func:`summing_owners`): a block of row shards spread over two hosts is summed by
+    half the owners in each, and each sends twice the rows."""
     world, topo, opts = problem.world, problem.topology, problem.options
     local = topo.gpus_per_host
     # priced on the route this sharding runs (on several ranks the owners' fused lookup
     # or the sparse route, gemc.table_lookup.sharded_route)
     rep = routed_tables([replace(t, sharding=sharding, ranks=tuple(range(ranks)))], world,
                         opts.table_optimizer)[0]
+    at = rep if placed is None else replace(rep, ranks=tuple(placed))
     breakdown = table_memory(rep, 0, world, opts)
     mem = breakdown.total
     held, moment = table_grad_bytes(rep, *shard_shape(rep), world, opts.table_optimizer)
@@ -212,11 +222,11 @@ def table_option(problem: Problem, t: TableCost, sharding: str, ranks: int,
                            dp_numel=replica_dense_numel(rep), **grads)
     lookup = shard_compute_s(rep, shard_rows, shard_dim, world, gpu, problem.calibration,
                              opts.table_optimizer)
-    compute = lookup + holder_exchange_s(rep, shard_rows, shard_dim, world, topo,
+    compute = lookup + holder_exchange_s(at, shard_rows, shard_dim, world, topo,
                                          problem.calibration, opts.exchange) \
         + column_squares_s(rep, world, topo, problem.calibration, opts.table_optimizer)
     in_kernel = in_batched_kernel(rep, world)
-    out = pooled_send_bytes(rep, shard_rows, shard_dim, world, opts.exchange, local)
+    out = pooled_send_bytes(at, shard_rows, shard_dim, world, opts.exchange, local)
     ids = id_send_bytes(rep, world)
     pieces, width = SHARDINGS[sharding].pieces_and_width(ranks, world, local, grid)
     uniform = pieces * width == world
@@ -274,8 +284,29 @@ def table_classes(problem: Problem) -> list[TableClass]:
 
 
 def option_of(problem: Problem, t: TableCost, choice: TableChoice) -> TableOption:
-    """The priced option of a concrete choice (any planner's, the default one's too)."""
-    return table_option(problem, t, choice.sharding, len(choice.ranks), choice.grid)
+    """The priced option of a concrete choice (any planner's, the default one's too), on
+    its ranks as placed (``table_option``'s ``placed``)."""
+    return table_option(problem, t, choice.sharding, len(choice.ranks), choice.grid,
+                        placed=choice.ranks)
+
+
+def summing_owners(problem: Problem, t: TableCost, choice: TableChoice) -> int:
+    """The owners of a row block of ``choice`` that sum its partials in each host
+    (``step_model.host_reduce_owners``, 1 where nothing is summed): what a choice's price
+    takes from where its shards are, beyond their count (what each holder sends, its
+    in-host exchange). Choices of one table equal in these owners, sharding, count and
+    grid are priced alike (``evaluate.Pricer`` remembers one option for them). Why: the
+    planners place a block of row shards on one host, but a plan may put them anywhere
+    (the validator and the runner take any distinct ranks); priced as if on one host,
+    DLRMv2's 16-rank placement bound spreading three such blocks over both hosts came to
+    4.83 ms where ``predict_step`` says 5.40 (BENCHMARKS.md, issue 19, twenty-fourth
+    session)."""
+    local, world = problem.topology.gpus_per_host, problem.world
+    if local <= 1 or world <= local or not t.pooled \
+            or not SHARDINGS[choice.sharding].row_split:
+        return 1
+    return host_reduce_owners(replace(t, sharding=choice.sharding, ranks=choice.ranks),
+                              local, world)
 
 
 # ---- the pooled all-to-all, as predict_step prices it ------------------------------------

@@ -21,9 +21,22 @@ from gemc.cost_model.step_model import (
     replica_all_reduce_s,
 )
 from gemc.cost_model.types import RegionCost, TableCost
+from gemc.sharding import SHARDINGS
 
-from .candidates import AllToAll, DenseOption, TableOption, dense_option, option_of, table_key
+from .candidates import (
+    AllToAll,
+    DenseOption,
+    TableOption,
+    dense_option,
+    option_of,
+    summing_owners,
+    table_key,
+)
 from .problem import Assignment, DenseChoice, Problem, TableChoice
+
+# placements whose summing owners a Pricer remembers before it starts again (each holds
+# its ranks tuple: a bound on the memory kept, never on what is priced)
+SUMMING_KEPT = 4096
 
 
 class Pricer:
@@ -37,6 +50,10 @@ class Pricer:
         self._dp_ar: dict[float, float] = {}
         self._opt: dict[float, float] = {}
         self._ids: dict[float, float] = {}
+        # id(ranks) -> (ranks, sharding, candidates.summing_owners): the tuple kept alive,
+        # so its id is its own. Why by id: keyed by the tuple, a choice's ranks (4,096 at
+        # the largest) would be hashed again at every evaluation of every row-split table
+        self._summing: dict[int, tuple[tuple[int, ...], str, int]] = {}
         # every candidate option of a class of identical tables, as the local searches
         # price them (``local_search._options_of``): shared by the planner's searches
         self.option_lists: dict[tuple, list[TableOption]] = {}
@@ -76,8 +93,24 @@ class Pricer:
                 fused=opts.fused_optimizer, tensors=max(1, 2 * len(p.regions)))[0]
         return s
 
+    def _owners(self, t: TableCost, choice: TableChoice) -> int:
+        """``candidates.summing_owners`` of ``choice``, remembered by its ranks tuple."""
+        if not t.pooled or not SHARDINGS[choice.sharding].row_split:
+            return 1
+        ranks = choice.ranks
+        hit = self._summing.get(id(ranks))
+        if hit is not None and hit[0] is ranks and hit[1] == choice.sharding:
+            return hit[2]
+        if len(self._summing) >= SUMMING_KEPT:
+            self._summing.clear()
+        k = summing_owners(self.problem, t, choice)
+        self._summing[id(ranks)] = (ranks, choice.sharding, k)
+        return k
+
     def table(self, t: TableCost, choice: TableChoice) -> TableOption:
-        key = (*table_key(t), choice.sharding, len(choice.ranks), choice.grid)
+        """The option of ``choice``, priced on its ranks as placed (``option_of``)."""
+        key = (*table_key(t), choice.sharding, len(choice.ranks), choice.grid,
+               self._owners(t, choice))
         o = self._table.get(key)
         if o is None:
             o = self._table[key] = option_of(self.problem, t, choice)

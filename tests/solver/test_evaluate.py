@@ -48,6 +48,71 @@ def test_evaluate_equals_predict_step(topology, seed):
     np.testing.assert_allclose(ev.memory, [r.memory_bytes for r in ref.per_rank], rtol=1e-9)
 
 
+@pytest.mark.parametrize("topology", ["h200:2x8", "h100:3x4"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_evaluate_equals_predict_step_on_ranks_of_any_host(topology, seed):
+    """A plan may hold a table's shards on any distinct ranks (the validator and the
+    runner take them; the planners place a block of row shards on one host): every
+    non-uniform option here lands on ranks drawn from every host, in any order. Failed
+    before: ``Pricer`` priced a table row-wise block spread over two hosts as one host's
+    (each owner sending 1/8 of the rows where 4 a host send 1/4 each)."""
+    rng = random.Random(seed)
+    p = make_problem(topology, n_tables=8, seed=seed)
+    rows_first = [o for t in p.tables for o in table_options(p, t)
+                  if o.sharding == "table_row_wise"]
+    assert rows_first  # the case the test is for is drawn
+    a = Assignment()
+    for r in p.regions:
+        a.dense[r.name] = dense_choices(p, r)[0]
+    for i, t in enumerate(p.tables):
+        options = table_options(p, t)
+        rows = [o for o in options if o.sharding == "table_row_wise"]
+        o = rows[0] if rows and i % 2 == 0 else rng.choice(options)
+        ranks = tuple(range(p.world)) if o.uniform else tuple(rng.sample(range(p.world),
+                                                                       o.ranks))
+        a.tables[t.fqn] = TableChoice(o.sharding, ranks, o.grid)
+    ev, ref = evaluate(p, a), predict(p, a)
+    assert ev.step_s == pytest.approx(ref.step_s, rel=1e-9)
+    for k, v in ref.breakdown.items():
+        assert ev.breakdown[k] == pytest.approx(v, rel=1e-9, abs=1e-12), k
+    np.testing.assert_allclose(ev.out, predict_sends(p, a), rtol=1e-9)
+    np.testing.assert_allclose(ev.memory, [r.memory_bytes for r in ref.per_rank], rtol=1e-9)
+
+
+def predict_sends(p, a) -> np.ndarray:
+    """The pooled bytes each rank sends, as ``predict_step`` prices them."""
+    from gemc.cost_model.step_model import a2a_sends, routed_tables
+
+    from gemc.solver.problem import chosen_tables
+
+    tables = routed_tables(chosen_tables(p, a), p.world, p.options.table_optimizer)
+    return a2a_sends(tables, p.world, p.options.exchange, p.topology.gpus_per_host)[0]
+
+
+def test_a_row_block_over_two_hosts_sends_twice_a_hosts_rows():
+    """8 row shards of one table, as one host's block and spread 4 + 4 over two hosts:
+    each host's 4 owners sum their partials, so each sends twice the rows and both hosts
+    send what one did (the all-to-all never falls: its host term is the busiest host's);
+    the in-host exchange, among 4, is smaller."""
+    p = make_problem("h200:2x8", n_tables=1, seed=0)
+    t = p.tables[0]
+    dense = {r.name: dense_choices(p, r)[0] for r in p.regions}
+    one = Assignment(dict(dense), {t.fqn: TableChoice("table_row_wise", tuple(range(8)))})
+    spread = Assignment(dict(dense), {t.fqn: TableChoice("table_row_wise",
+                                                         (0, 1, 2, 3, 12, 13, 14, 15))})
+    e1, e2 = evaluate(p, one), evaluate(p, spread)
+    assert e2.out[12] == pytest.approx(2 * e1.out[0], rel=1e-12)
+    assert e2.out.sum() == pytest.approx(2 * e1.out.sum(), rel=1e-12)
+    assert e2.out[8] == e1.out[8] == 0.0
+    assert e2.step_s == pytest.approx(predict(p, spread).step_s, rel=1e-12)
+    hosts = e2.out.reshape(2, 8).sum(axis=1)
+    assert hosts == pytest.approx([e1.out.sum()] * 2, rel=1e-12)
+    assert e2.breakdown["all_to_all"] >= e1.breakdown["all_to_all"]
+    assert e2.sparse[12] < e1.sparse[0]
+    assert (e2.memory.max(), e2.memory.min()) == pytest.approx((e1.memory.max(),
+                                                                e1.memory.min()))
+
+
 @pytest.mark.parametrize("topology", ["h200:1x1", "h200:1x4", "h200:2x8"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_evaluate_prices_the_lookups_gradients_as_predict_step(topology, seed):
