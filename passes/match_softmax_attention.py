@@ -29,20 +29,34 @@ the exactness argument): the causal kernel over the boolean keep-mask, its paddi
 rows unread (else ``padding-rows-read-by:<node>``) and its fallback that very formula (the
 entry's ``finite_drop``). A stack of such layers is matched from its last layer back: a
 layer's padding rows reach the next layer's formula, clean only once that one is the kernel
-(the pass sweeps again while it matches more). Other causal formulas stay padded,
-named ``causal-softmax-formula``: the causal mask recognised by its values
-(:mod:`.causal_masks`, whatever its spelling: ``masked_fill(triu(ones, 1) | ~keep, -inf)``,
-``(s + generate_square_subsequent_mask(L)).masked_fill(~keep, -inf)``, two masked fills
-in a row, ``nn.MultiheadAttention``'s ``need_weights=True`` with a causal ``attn_mask``).
-Why they stay padded: a written-out softmax over a query row whose every key is ``-inf``
-is NaN, and under a causal mask that is every padding query row ahead of a row's first
-kept key (a left-padded history), not only a row with no key at all; eager's NaN then
-reaches the loss through a masked multiply and the gradients of every operand the form
-differentiates through (which depends on the order of the terms), which neither the
-kernel's zero rows nor the op's padded formula reproduce. ``[B*H, L, d]``
-operands (heads merged into the batch, as MultiheadAttention does) are viewed as
-``[B, H, L, d]``; their padding query rows are computed too (the varlen-key kernel: the
-layout of a merged output is not followed), as are those of a 4-D attention whose padding
+(the pass sweeps again while it matches more).
+
+A causal softmax written out over ``-inf`` (the causal mask recognised by its values,
+:mod:`.causal_masks`, whatever its spelling): ``s.masked_fill(~causal, -inf)
+.masked_fill(~keep, -inf)`` (either order), ``(s + generate_square_subsequent_mask(L))
+.masked_fill(~keep, -inf)``, one operand holding both (``masked_fill(~(keep & tril),
+-inf)``, ``s + (keys + causal)``), ``nn.MultiheadAttention``'s default
+``need_weights=True`` with a causal ``attn_mask`` (its merged ``[B*H, L, L]`` mask: the
+causal ``[1, L, L]`` plus the ``[B*H, 1, L]`` keys): the guarded causal attention, the
+entry marked ``nan_if_unseen`` with ``causal_added`` (how the causal mask is applied:
+added, or filled). Why a mark: eager's softmax is NaN on each query row that sees no kept
+key. Over a prefix (right-padded) mask those are the rows that keep none (every query
+sees key 0 otherwise), the op's ``nan_where_no_key`` on the jagged path; over any other
+mask (a front-padded history) the queries ahead of each row's first kept key as well,
+which only the padded formula gives: the op takes it there, counted, with the causal
+mask applied as the model applies it (an add passes the NaN score gradient back to q and
+k, a fill does not), and a packed region holding it packs only over a prefix with a key
+on every row (``every_row``, never ``compact``). The NaN reaches the loss through a
+masked multiply and, through the softmax backward, the gradients. A merged output's
+padding query rows are followed here (the kernel leaves them zero), as a 4-D one's.
+Refused, named ``causal-softmax-formula``: a finite causal drop or key fill next to a
+``-inf`` term (a query with no kept key then attends over other keys), one fill of a
+combined drop mask (``masked_fill(triu(ones, 1) | ~keep, -inf)``), two causal terms; a
+causal one whose padding query rows something reads: ``padding-rows-read-by:<node>``.
+
+``[B*H, L, d]`` operands (heads merged into the batch, as MultiheadAttention does) are
+viewed as ``[B, H, L, d]``; unless causal their padding query rows are computed too (the
+varlen-key kernel: the layout of a merged output is not followed), as are those of a 4-D attention whose padding
 rows something reads; a reader of one token per row (``x[arange(B), lengths - 1]``) is
 checked at run time instead (``read_rows``, as ``match-jagged-attention``'s). What reads the
 scores or the weights must be dead code (the discarded
@@ -69,7 +83,7 @@ from gemc import ir
 from gemc.context import PassContext
 from gemc.packed_rules import draws
 
-from .causal_masks import causal_form
+from .causal_masks import additive_causal, causal_form
 from .jagged_patterns import PaddingFlow, attention_key_mask, causal_keep_drop
 from .row_reads import follow_with_reads, read_specs
 
@@ -78,6 +92,7 @@ SKIPPED = ir.PREFIX + "softmax_skipped"
 _MM = {aten.matmul.default, aten.bmm.default}
 _SOFTMAX = {aten.softmax.int, aten._softmax.default}
 _CAUSAL_FORMULA = "causal-softmax-formula"
+_NOTS = {aten.bitwise_not.default, aten.logical_not.default}
 _COMBINE = {aten.bitwise_or.Tensor, aten.logical_or.default, aten.__or__.Tensor,
             aten.bitwise_and.Tensor, aten.logical_and.default, aten.__and__.Tensor,
             aten.add.Tensor}
@@ -102,45 +117,97 @@ def _over_keys(softmax: fx.Node) -> bool:
     return isinstance(dim, int) and rank > 0 and dim % rank == rank - 1
 
 
-def _scores(node: Any
-            ) -> tuple[fx.Node, fx.Node, float, Any, list[fx.Node], float | None] | str | None:
-    """``(q, k, scale, mask or None, nodes, fill)`` of the scores before the softmax;
-    ``fill``: the finite value of ``masked_fill(~keep, fill)`` (None for ``-inf`` or an
-    added mask), which a row that keeps no key has on every score."""
+def _term(node: Any, length: int) -> tuple[str, Any, Any, float] | None:
+    """One mask term applied to the scores at ``node``: ``("fill", scores, dropped,
+    value)`` for ``masked_fill(scores, dropped, value)`` with ``value <= -1e4``, ``("add",
+    scores, mask, 0.0)`` for ``scores + mask`` (the scores: the operand of the add's own
+    shape, else the one a matmul / scale made), or None."""
+    if not isinstance(node, fx.Node):
+        return None
+    if node.target is aten.masked_fill.Scalar:
+        value = _scalar(node.args[2])
+        return None if value is None or value > -1e4 else ("fill", *node.args[:2], value)
+    if node.target is not aten.add.Tensor or not all(isinstance(a, fx.Node)
+                                                      for a in node.args[:2]):
+        return None
+    a, b = node.args[:2]
+    shape = tuple(ir.shape_of(node) or ())
+    full = [x for x in (a, b) if tuple(ir.shape_of(x) or ()) == shape]
+    if len(full) == 1:
+        s = full[0]
+    else:
+        s = a if a.target in _MM | {aten.mul.Tensor, aten.div.Tensor} else b
+    return "add", s, b if s is a else a, 0.0
+
+
+def _causal_inf(term: tuple[str, Any, Any, float], length: int) -> bool | None:
+    """Whether a mask term is the causal mask applied with ``-inf`` (True: the future keys'
+    scores become ``-inf``, by ``masked_fill(~tril, -inf)`` or ``+ triu(-inf, 1)``), a
+    causal mask applied another way (False: a finite drop, or combined with the keys in
+    one operand), or no causal mask (None)."""
+    kind, _, mask, value = term
+    if kind == "add":
+        inf = additive_causal(mask, length)
+        return inf if inf is not None else (False if _causal_term(mask, length) else None)
+    inner = mask.args[0] if isinstance(mask, fx.Node) and mask.target in _NOTS else None
+    if causal_form(mask, length) == "drop" or causal_form(inner, length) == "keep":
+        return value == -math.inf
+    return False if _causal_term(mask, length) else None
+
+
+def _scores(node: Any) -> tuple[fx.Node, fx.Node, float, Any, list[fx.Node], float | None,
+                                bool | None] | str | None:
+    """``(q, k, scale, mask or None, nodes, fill, causal_added)`` of the scores before the
+    softmax; ``fill``: the finite value of ``masked_fill(~keep, fill)`` (None for ``-inf``
+    or an added mask), which a row that keeps no key has on every score;
+    ``causal_added``: None without a causal term of its own, else how the model applies
+    its ``-inf`` causal mask (True: added, False: ``masked_fill``), the other term then
+    being the key mask (either order)."""
     nodes: list[fx.Node] = []
-    scale, mask, fill = 1.0, None, None
+    scale, mask, fill, causal_added = 1.0, None, None, None
     if not isinstance(node, fx.Node):
         return None
     length = int((ir.shape_of(node) or (0,))[-1])
-    term: Any = None  # the mask as the model applied it (a dropped mask, or added)
-    if node.target is aten.masked_fill.Scalar:
-        value = _scalar(node.args[2])
-        if value is None or value > -1e4:
-            return None
-        fill = value if math.isfinite(value) else None
-        dropped = term = node.args[1]
-        inner = dropped.args[0] if isinstance(dropped, fx.Node) and dropped.target in (
-            aten.bitwise_not.default, aten.logical_not.default) else None
-        if inner is None:
-            return _CAUSAL_FORMULA if _causal_term(dropped, length) else "mask-not-key-padding"
-        mask = inner
+    terms: list[tuple[str, Any, Any, float]] = []
+    while len(terms) < 2 and (term := _term(node, length)) is not None:
+        terms.append(term)
         nodes.append(node)
-        node = node.args[0]
-    elif node.target is aten.add.Tensor:
-        a, b = node.args[:2]
-        s, m = (a, b) if isinstance(a, fx.Node) and a.target in _MM | {
-            aten.mul.Tensor, aten.div.Tensor} else (b, a)
-        mask = term = m
-        nodes.append(node)
-        node = s
-    if isinstance(node, fx.Node) and node.target in (aten.masked_fill.Scalar, aten.add.Tensor) \
-            and term is not None:
-        # a second mask term (the causal mask and the key mask applied one after the
-        # other): a causal formula, by what the terms are, not how they are spelled
-        other = node.args[1] if node.target is aten.masked_fill.Scalar else node.args
-        if _causal_term(term, length) or any(_causal_term(t, length) for t in (
-                other if isinstance(other, (tuple, list)) else [other])):
+        node = term[1]
+    if len(terms) == 2 and _term(node, length) is not None:
+        return None  # a third mask term: no pattern of this pass
+    causal = [_causal_inf(t, length) for t in terms]
+    if len(terms) == 2:
+        # the causal mask and the key mask applied one after the other: a causal formula,
+        # by what the terms are, not how they are spelled
+        if causal.count(True) != 1 or any(c is False for c in causal):
+            if any(c is not None for c in causal):
+                return _CAUSAL_FORMULA  # a finite causal drop, or two causal terms
+            kind, _, outer, _ = terms[0]
+            dropped_as_is = kind == "fill" and not (isinstance(outer, fx.Node)
+                                                    and outer.target in _NOTS)
+            return "mask-not-key-padding" if dropped_as_is else None
+        at = causal.index(True)
+        causal_added = terms[at][0] == "add"
+        terms = [terms[1 - at]]
+    elif terms and causal[0] is not None:
+        # a causal mask alone (no key mask), or combined with the keys in one operand:
+        # the latter is read below (attention_key_mask); the former has no key mask
+        if terms[0][0] == "fill" and (terms[0][2].target not in _NOTS
+                                      if isinstance(terms[0][2], fx.Node) else True):
             return _CAUSAL_FORMULA
+    if terms:
+        kind, _, term_mask, value = terms[0]
+        if kind == "fill":
+            fill = value if math.isfinite(value) else None
+            inner = term_mask.args[0] if isinstance(term_mask, fx.Node) \
+                and term_mask.target in _NOTS else None
+            if inner is None:
+                return "mask-not-key-padding"
+            mask = inner
+        else:
+            mask = term_mask
+        if causal_added is not None and fill is not None:
+            return _CAUSAL_FORMULA  # a finite key fill under a -inf causal mask
     if isinstance(node, fx.Node) and node.target in (aten.mul.Tensor, aten.div.Tensor) \
             and _scalar(node.args[1]):
         c = float(node.args[1])
@@ -170,11 +237,12 @@ def _scores(node: Any
         perm = [int(d) % len(kt.args[1]) for d in kt.args[1]]
         if len(perm) < 3:
             return None
-        return q, (kt, kt.args[0], [*perm[:-2], perm[-1], perm[-2]]), scale, mask, nodes, fill
+        return (q, (kt, kt.args[0], [*perm[:-2], perm[-1], perm[-2]]), scale, mask, nodes,
+                fill, causal_added)
     if not (isinstance(kt, fx.Node) and kt.target is aten.transpose.int
             and tuple(kt.args[1:3]) in _TRANSPOSED):
         return None
-    return q, kt.args[0], scale, mask, nodes, fill
+    return q, kt.args[0], scale, mask, nodes, fill, causal_added
 
 
 def _causal_term(node: Any, length: int) -> bool:
@@ -241,7 +309,7 @@ def match(node: fx.Node) -> dict[str, Any] | str | None:
     found = _scores(p.args[0])
     if found is None or isinstance(found, str):
         return found
-    q, k, scale, mask, nodes, fill = found
+    q, k, scale, mask, nodes, fill, causal_added = found
     shapes = [tuple(ir.shape_of(q) or ()), _key_shape(k), tuple(ir.shape_of(v) or ())]
     if shapes[1] != shapes[2] or len(shapes[0]) != len(shapes[1]) \
             or shapes[0][:-2] != shapes[1][:-2] or shapes[0][-1] != shapes[1][-1]:
@@ -252,13 +320,15 @@ def match(node: fx.Node) -> dict[str, Any] | str | None:
         batch, heads, length = shapes[1][:3]
         merged = False
     elif len(shapes[1]) == 3:
-        mshape = tuple(ir.shape_of(mask) or ())
         # [B*H, 1, L] (MultiheadAttention's merged mask): B from the mask's source
         heads, merged = 0, True
         length = shapes[1][1]
-        if len(mshape) == 3 and mshape[1:] == (length, length) \
-                and _causal_term(mask, length):
-            return _CAUSAL_FORMULA  # MultiheadAttention's causal attn_mask + key mask
+        merge = _merged_causal(mask, length)
+        if isinstance(merge, str):
+            return merge
+        if merge is not None:  # MultiheadAttention's causal attn_mask + key mask
+            mask, causal_added = merge, True
+        mshape = tuple(ir.shape_of(mask) or ())
         if len(mshape) != 3 or mshape[1] != 1 or mshape[2] != length:
             return "mask-shape"
         batch = _batch_of(mask, length)
@@ -274,7 +344,14 @@ def match(node: fx.Node) -> dict[str, Any] | str | None:
     key_mask, causal = key
     dropped = causal_keep_drop(mask, batch, length) if not merged else None
     if causal and dropped is None:
-        return _CAUSAL_FORMULA  # NaN on each query row that sees no kept key: see the doc
+        if causal_added is not None or fill is not None:
+            return _CAUSAL_FORMULA  # two causal terms, or a finite key fill: see the doc
+        # the key mask and the causal one in one operand: the causal mask applied as the
+        # keys are (added to an additive mask, and-ed into a boolean one)
+        causal_added = key_mask.additive
+    elif dropped is not None and causal_added is not None:
+        return _CAUSAL_FORMULA  # a finite causal drop and a causal term besides
+    causal = causal or causal_added is not None
     group = [*nodes, p, *identity, node]
     inside = set(group)
     for n in group[:-1]:
@@ -282,8 +359,11 @@ def match(node: fx.Node) -> dict[str, Any] | str | None:
             if u not in inside and not _dead(u):
                 return f"weights-read-by:{u.name}"
     queries = shapes[0][-2]
-    zero_rows = not merged and queries == length
-    flow = follow_with_reads(node, (0, 2), key_mask) if zero_rows else None
+    # a merged [B*H, L, d] output's padding rows are followed only for a causal
+    # attention (which needs them zero: no kernel computes a causal padding query row)
+    zero_rows = queries == length and (not merged or causal)
+    flow = follow_with_reads(node, (0, 1) if merged else (0, 2), key_mask) \
+        if zero_rows else None
     reader = flow if isinstance(flow, fx.Node) else None
     reads = read_specs(flow) if isinstance(flow, PaddingFlow) else []
     if causal and not (zero_rows and reader is None):
@@ -302,6 +382,12 @@ def match(node: fx.Node) -> dict[str, Any] | str | None:
         "zero_padding_queries": zero_rows and reader is None,
         # softmax over all -inf, written out: NaN (SDPA: 0); a finite drop is never NaN
         "nan_if_empty": dropped is None and fill is None,
+        # a causal softmax written out over -inf: NaN on each query row that sees no kept
+        # key, not only on a row that keeps none (a front-padded history's leading
+        # queries): exact on the kernels only over a prefix mask (the op's padded path,
+        # the formula with the causal mask applied as the model does, otherwise)
+        **({"nan_if_unseen": True, "causal_added": causal_added}
+           if causal and dropped is None else {}),
         # masked_fill(~keep, fill) with a finite fill: a row keeping no key has that one
         # value on every score, so eager attends uniformly over all L keys (the op's
         # uniform_where_no_key; its padded path fills with it)
@@ -317,6 +403,23 @@ def match(node: fx.Node) -> dict[str, Any] | str | None:
         # readers of one token per row: checked by the op with the mask (see there)
         **({"read_rows": reads} if reads else {}),
     }
+
+
+def _merged_causal(mask: Any, length: int) -> fx.Node | str | None:
+    """The key term of ``nn.MultiheadAttention``'s merged ``[B*H, L, L]`` mask, its causal
+    ``attn_mask`` plus the ``[B*H, 1, L]`` keys (both ``-inf`` / 0 after
+    ``F._canonical_mask``); None where the mask holds no causal mask; the named reason
+    where it holds one this pass does not cover (a finite causal drop, another
+    combination)."""
+    shape = tuple(ir.shape_of(mask) or ())
+    if len(shape) != 3 or shape[1:] != (length, length):
+        return None
+    if isinstance(mask, fx.Node) and mask.target is aten.add.Tensor:
+        for c, other in (mask.args[:2], mask.args[1::-1]):
+            inf = additive_causal(c, length)
+            if inf is not None:
+                return other if inf and isinstance(other, fx.Node) else _CAUSAL_FORMULA
+    return _CAUSAL_FORMULA if _causal_term(mask, length) else None
 
 
 def _batch_of(mask: fx.Node, length: int) -> int | None:

@@ -91,7 +91,9 @@ layout (``packed_tokens.kept_positions``). Exact: every op is token-wise or an a
 masked by the key mask (order-invariant over its keys; a causal one keeps its meaning, the
 order being kept). A history with a target item appended after its padding is never a
 prefix, so only this packs it. A region holding HSTU's pointwise attention is never
-compact: its bias and normaliser read positions, not ranks. ``every_row``: the region holds an attention that is NaN on a
+compact: its bias and normaliser read positions, not ranks; nor is one holding a
+written-out causal softmax over ``-inf`` (``nan_if_unseen``): NaN on each query row ahead
+of its row's first kept key, which only the padded formula gives. ``every_row``: the region holds an attention that is NaN on a
 row with no kept key (eager's softmax); it packs only when every row keeps one.
 
 Histories no attention reads: a boolean ``[B, L]`` keep-mask (an input, ``arange(L) <
@@ -398,6 +400,10 @@ def _guarded_entry(gm: fx.GraphModule, rid: str, flow: PaddingFlow, starts: list
     entry on its first start; ``also``: nodes beside the flow whose kernel facts count for
     ``every_row`` (the attention it is built around). Returns the region's nodes."""
     nodes = _mark(gm, flow, rid)
+    members = [n.meta.get(ir.KERNEL) or {} for n in (*also, *flow.carriers)]
+    # a written-out causal softmax over -inf is NaN on each query row that sees no kept
+    # key: over a mask that is no prefix, rows beyond the empty ones (packed: none)
+    compact = compact and not any(m.get("nan_if_unseen") for m in members)
     # an additive mask that drops at a finite value (BERT's -1e4, finfo.min) is checked as
     # itself: a row it drops whole attends uniformly over every key in eager, which its
     # additive rule keeps (gemc.guard_sample.kept_keys) and the boolean it is made from
@@ -424,8 +430,7 @@ def _guarded_entry(gm: fx.GraphModule, rid: str, flow: PaddingFlow, starts: list
         # an attention NaN on a row with no kept key (eager's softmax), or uniform over
         # all its keys (a finite masked_fill value): packed only when every row keeps one
         # (its NaN reaches the loss, masked or not; the uniform row reads padding)
-        "every_row": any(_empty_rows_differ(n.meta.get(ir.KERNEL) or {})
-                         for n in (*also, *flow.carriers)),
+        "every_row": any(_empty_rows_differ(m) for m in members),
         "clamp_min": 0,
         "max_len": key_mask.length,
         "batch": key_mask.batch,

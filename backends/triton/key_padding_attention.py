@@ -19,7 +19,9 @@ that are no mask) and picks a path, each counted in :data:`STATS`:
 * ``fallback``: anything else (an additive row with a value less than 1e4 below its kept
   keys' but not equal to it, or whose kept keys' value is beyond 1e4 of 0; the SiLU
   kernel's masks that are not prefixes,
-  whose relative bias is indexed by position): the exact padded computation.
+  whose relative bias is indexed by position; a causal softmax written out over ``-inf``
+  whose mask is not a prefix, NaN on each query ahead of a row's first kept key, which
+  compaction would give keys): the exact padded computation.
 
 Never silently wrong. The op is a plain function of tensors and static scalars (``scale``,
 ``causal``, ``additive``, ``zero_padding_queries``), so it can be registered as a custom
@@ -199,15 +201,16 @@ def nan_gradient_operands(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     NaN in eager PyTorch: ``v`` always (``probs^T @ dout``); ``q`` and ``k`` too where the
     mask is added to the scores (its backward passes the NaN score gradient on), not where
     the scores are ``masked_fill``-ed (whose backward zeroes every masked position, here
-    the whole row)."""
+    the whole row). The same under a ``-inf`` causal mask, however it is applied (a row
+    that keeps no key: the key term drops every position, the causal one some)."""
     return (q, k, v) if additive else (v,)
 
 
 def padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      key_mask: torch.Tensor, scale: float | None, causal: bool,
                      additive: bool, written_out: bool = False,
-                     drop: float | None = None, fill_value: float | None = None
-                     ) -> torch.Tensor:
+                     drop: float | None = None, fill_value: float | None = None,
+                     causal_added: bool | None = None) -> torch.Tensor:
     """The exact padded attention (the fallback), as eager computes it: SDPA, or with
     ``written_out`` the model's own ``softmax(q @ k^T * scale + mask) @ v``. ``drop``: the
     model's mask is ``where(keep & causal, 0, drop)`` over the boolean ``key_mask`` (a
@@ -215,7 +218,14 @@ def padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     ``passes/jagged_patterns.causal_keep_drop``), written out: a query row with no kept
     key then attends over every key, as in eager, where a ``-inf`` causal term would not.
     ``fill_value`` (written out): the model's ``masked_fill(~key_mask, fill_value)``, a
-    finite value, where ``-inf`` is the default.
+    finite value, where ``-inf`` is the default. ``causal_added`` (written out, causal): how
+    the model applies its ``-inf`` causal mask, added (``+ triu(-inf, 1)``) or
+    ``masked_fill(~tril, -inf)``, each term then applied on its own; None: as the keys
+    are (one mask). Why it matters: on a query row that sees no kept key the softmax is
+    NaN and so is its score gradient; a ``masked_fill`` passes none of it back through the
+    positions it fills, an add passes all, so which of q and k get NaN gradients depends on
+    how each term is applied (a row's kept future keys pass it under an added causal mask
+    and a filled key mask), not on their order.
 
     Why the formula for a written-out softmax: SDPA's fused backward recomputes the
     probabilities from a saved log-sum-exp, which rounds where the mask is huge: a row
@@ -234,6 +244,14 @@ def padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                             else q.shape[-1] ** -0.5)
         return torch.softmax(scores + torch.where(visible, 0.0, drop).to(scores.dtype),
                              dim=-1) @ v
+    if causal and written_out and causal_added is not None:
+        tril = torch.ones(length, k.shape[2], dtype=torch.bool, device=q.device).tril()
+        scores = q @ k.transpose(-2, -1) * (scale if scale is not None
+                                            else q.shape[-1] ** -0.5)
+        scores = scores + mask if additive else scores.masked_fill(~mask, -math.inf)
+        scores = scores + torch.zeros_like(tril, dtype=scores.dtype).masked_fill(
+            ~tril, -math.inf) if causal_added else scores.masked_fill(~tril, -math.inf)
+        return torch.softmax(scores, dim=-1) @ v
     if causal:
         tril = torch.ones(length, k.shape[2], dtype=torch.bool, device=q.device).tril()
         if additive:
@@ -255,7 +273,8 @@ def key_padding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           nan_if_empty: bool = False,
                           read_rows: Sequence[torch.Tensor] = (),
                           drop: float | None = None,
-                          fill_value: float | None = None) -> torch.Tensor:
+                          fill_value: float | None = None,
+                          causal_added: bool | None = None) -> torch.Tensor:
     """Attention of ``[B, H, M, D]`` queries over ``[B, H, L, D]`` keys and values under a
     ``[B, L]`` key mask, checked here: over the kept keys only (a prefix as it is, another
     mask compacted), the exact padded attention when it is no key mask. Self-attention (``M == L`` and
@@ -276,18 +295,29 @@ def key_padding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     the softmax out over ``scores.masked_fill(~key_mask, fill_value)`` with a finite value
     (``-1e9``, ``-1e4``): a row that keeps no key has that one value on every score, so
     eager attends uniformly over all ``L`` keys (:func:`uniform_where_no_key`), where
-    ``-inf`` gives NaN (``nan_if_empty``) and the kernels 0. See the module doc
-    (semantics, the one sync)."""
+    ``-inf`` gives NaN (``nan_if_empty``) and the kernels 0. ``causal`` with
+    ``nan_if_empty`` (a causal softmax written out over ``-inf``): eager's softmax is NaN on
+    each query row that sees no kept key; over a prefix mask those are the rows that keep
+    none (every query sees key 0 otherwise), the jagged path's NaN rows; over any other
+    mask, the queries ahead of a row's first kept key too: the exact padded formula,
+    counted as a fallback (compaction would give them keys), with the causal mask applied
+    as the model applies it (``causal_added``: :func:`padded_attention`). See the module
+    doc (semantics, the one sync)."""
     if drop is not None and additive:
         raise ValueError("drop: the key mask must be the boolean keep-mask (additive=False)")
     if fill_value is not None and (additive or nan_if_empty or not math.isfinite(fill_value)):
         raise ValueError("fill_value: a finite masked_fill value over the boolean keep-mask "
                          f"(additive=False, nan_if_empty=False), got {fill_value}")
+    if causal_added is not None and not (causal and nan_if_empty):
+        raise ValueError("causal_added: how a written-out causal softmax over -inf applies "
+                         "its causal mask; it needs causal=True and nan_if_empty=True")
     out = _key_padding_attention(q, k, v, key_mask, scale, causal, additive,
                                  zero_padding_queries,
                                  written_out=nan_if_empty or drop is not None
                                  or fill_value is not None,
-                                 read_rows=read_rows, drop=drop, fill_value=fill_value)
+                                 read_rows=read_rows, drop=drop, fill_value=fill_value,
+                                 prefix_only=causal and nan_if_empty,
+                                 causal_added=causal_added)
     if fill_value is not None:
         return uniform_where_no_key(out, v, key_mask, additive)
     if not nan_if_empty:
@@ -301,7 +331,9 @@ def _key_padding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            written_out: bool = False,
                            read_rows: Sequence[torch.Tensor] = (),
                            drop: float | None = None,
-                           fill_value: float | None = None) -> torch.Tensor:
+                           fill_value: float | None = None,
+                           prefix_only: bool = False,
+                           causal_added: bool | None = None) -> torch.Tensor:
     if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape or q.shape[:2] != k.shape[:2] \
             or q.shape[3] != k.shape[3]:
         raise ValueError("q must be [B, H, M, D] and k, v [B, H, L, D], got "
@@ -323,10 +355,10 @@ def _key_padding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         and read_rows else offsets.new_zeros(1)
     not_prefix, invalid, total, missed_rows = torch.cat([
         bad.sum(0).to(torch.int64), offsets[-1:], missed]).tolist()  # the one sync
-    if invalid or (missed_rows and causal):
+    if invalid or (missed_rows and causal) or (not_prefix and prefix_only):
         STATS.fallback += 1
         return padded_attention(q, k, v, key_mask, scale, causal, additive, written_out,
-                                drop, fill_value)
+                                drop, fill_value, causal_added)
     if missed_rows:  # a reader reads a padding query row: compute every row
         jagged_queries = False
     if scale is None:

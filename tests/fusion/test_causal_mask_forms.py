@@ -13,8 +13,9 @@ the front (the latest item at ``L - 1``, read by ``out[:, -1]``): a front-padded
 a suffix, so the guarded attention compacts it (order kept: the causal mask keeps its
 meaning), and a row with no item is read at a padding position, checked at run time (the
 exact padded attention, counted). Compiled = eager, loss and every gradient, on fresh
-random batches of lengths 0..L. Written-out causal softmaxes stay padded for a named
-reason (``causal-softmax-formula``: see ``passes/match_softmax_attention``)."""
+random batches of lengths 0..L. Written-out causal softmaxes over ``-inf`` are the guarded
+causal attention with their NaN semantics (``nan_if_unseen``:
+tests/fusion/test_causal_softmax_nan.py)."""
 
 from __future__ import annotations
 
@@ -181,16 +182,18 @@ def test_an_almost_causal_mask_is_no_causal_mask(form: str):
 @pytest.mark.parametrize("attn,form", [("formula", "tril"), ("formula", "subsequent"),
                                        ("formula", "not_gt"), ("mha_weights", "tril"),
                                        ("mha_weights", "subsequent")])
-def test_a_written_out_causal_softmax_stays_padded_for_its_named_reason(attn: str, form: str):
+def test_a_written_out_causal_softmax_is_the_guarded_causal_attention(attn: str, form: str):
     """A softmax written out under a ``-inf`` causal mask (two masked fills, the causal mask
     added then the keys filled, MultiheadAttention's default ``need_weights=True``) is NaN
-    on each query row that sees no kept key: recognised as causal and refused with that
-    reason (it was ``mask-not-key-padding``, ``mask-shape`` or no reason at all)."""
+    on each query row that sees no kept key: recognised as causal whatever the spelling,
+    and the guarded causal attention carrying that (``nan_if_unseen``; it was refused,
+    ``causal-softmax-formula``: tests/fusion/test_causal_softmax_nan.py has its numerics)."""
     gm, ctx, entries, _ = _graph(attn, form, "pool")
-    assert not [e for e in entries if e["kind"] == "key_padding_attention"]
-    refused = [n for n in gm.graph.nodes if SOFTMAX_SKIPPED in n.meta]
-    assert [n.meta[SOFTMAX_SKIPPED] for n in refused] == ["causal-softmax-formula"]
-    assert any("(causal-softmax-formula)" in w for w in ctx.warnings), ctx.warnings
+    (entry,) = [e for e in entries if e["kind"] == "key_padding_attention"]
+    assert entry["causal"] and entry["nan_if_empty"] and entry["nan_if_unseen"]
+    assert entry["causal_added"] is (attn == "mha_weights" or form in ADDITIVE_FORMS)
+    assert not [n for n in gm.graph.nodes if SOFTMAX_SKIPPED in n.meta]
+    assert not [w for w in ctx.warnings if "attention" in w], ctx.warnings
 
 
 # ---- compiled = eager ----------------------------------------------------------------------

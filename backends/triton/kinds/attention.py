@@ -53,6 +53,8 @@ def key_padding_entry(facts: dict[str, Any], nodes: list[fx.Node]) -> dict[str, 
                    if facts.get("finite_drop") is not None else {}),
                 **({"fill_value": facts["fill_value"]}
                    if facts.get("fill_value") is not None else {}),
+                **({"nan_if_unseen": True, "causal_added": bool(facts["causal_added"])}
+                   if facts.get("nan_if_unseen") else {}),
                 **({"read_rows": facts["read_rows"]} if facts.get("read_rows") else {}),
                 **{key: facts[key] for key in keep})
 
@@ -102,7 +104,8 @@ def key_padding_of_entry(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     out = key_padding_attention(q, k, v, mask, entry["scale"], entry["causal"],
                                 entry["additive"], entry["zero_padding_queries"],
                                 entry.get("nan_if_empty", False), reads,
-                                entry.get("finite_drop"), entry.get("fill_value"))
+                                entry.get("finite_drop"), entry.get("fill_value"),
+                                entry.get("causal_added"))
     return out.flatten(0, 1) if merged else out
 
 
@@ -209,8 +212,11 @@ def _checked_by_region(emitter: Emitter, entry: Entry) -> bool:
     gather around it, no second check, no host read (the region's check is counted in
     ``packed_tokens.GUARD_STATS``, not the attention's ``STATS``). An attention NaN on a
     row with no kept key (or, over a finite ``fill_value``, uniform on it) runs here only
-    in an ``every_row`` region (packed only with a kept key on every row). Returns whether
-    it applied."""
+    in an ``every_row`` region (packed only with a kept key on every row); a written-out
+    causal softmax over ``-inf`` (``nan_if_unseen``: NaN on each query row that sees no
+    kept key, which over a mask that is no prefix is more than the empty rows) only in one
+    that is not ``compact`` either (packed only over a prefix). Returns whether it
+    applied."""
     out = entry.get("output", entry["nodes"][0])
     region = emitter.packed_guarded_region(out)
     if region is None:
@@ -219,7 +225,8 @@ def _checked_by_region(emitter: Emitter, entry: Entry) -> bool:
             and bool(entry.get("additive")) == bool(region.get("additive"))) \
         or out in region.get("in_place", ())
     empty_rows_differ = entry.get("nan_if_empty") or entry.get("fill_value") is not None
-    if not same or (empty_rows_differ and not region.get("every_row")):
+    if not same or (empty_rows_differ and not region.get("every_row")) \
+            or (entry.get("nan_if_unseen") and region.get("compact")):
         return False
     return emitter.packed_attention((entry["q"], entry["k"], entry["v"]), out,
                                     entry["scale"], bool(entry.get("causal")))
