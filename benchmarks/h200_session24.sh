@@ -55,7 +55,7 @@ elif [ "$part" = 3 ]; then
     cp /tmp/fill$fill/zoo.json "$OUT/fill$fill.json" 2>/dev/null
     grep -vE "Warning|warn" /tmp/fill$fill.log | grep -E "masked_tower|gemc|step" | tail -6 | cut -c1-250
   done
-  left=$((570 - SECONDS + t0))
+  left=$((500 - SECONDS + t0))
   if [ "$left" -gt 60 ]; then
     timeout "$left" python3 benchmarks/attention_gpu_time.py --out "$OUT/attention_gpu_time.json" \
       > "$OUT/attention_gpu_time.log" 2>&1
