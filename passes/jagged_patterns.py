@@ -615,8 +615,12 @@ def _silu_unit(user: fx.Node, src: fx.Node, dims: Dims, facts: Facts
         mask = by_name.get(f.get("mask") or "")
         same = mask is not None and (keep_of(mask) or mask) is facts.keep
     else:
+        # over the offsets its values were zero-padded by; a layout that keeps slot 0 of
+        # an empty row (``clamp_min`` 1: a reader of that position, ``pack-jagged-tokens``)
+        # too: q, k and v are 0 there, so the kernel gives that slot 0, as the model does
+        # at every position of such a row (and 0 gradients to q, k and the bias)
         offsets, clamp_min, length = facts
-        same = f.get("offsets") == offsets.name and clamp_min == 0 \
+        same = f.get("offsets") == offsets.name and clamp_min in (0, 1) \
             and int(f["max_len"]) == length
     if not same:
         return "read"

@@ -32,7 +32,14 @@ lengths)``, ``col = arange(N) - offsets[row]``), so a key at or past a row's len
 ``a_ij * 0``; the kernel then runs over those offsets' lengths (entry ``offsets``: a prefix by
 construction). Without the query-axis mask, padding query rows are nonzero in the model and
 zero in the kernel: matched only when nothing reads them unmasked (a gather at the same
-jagged positions reads real rows only).
+jagged positions reads real rows only). Except on an empty row: every value the model sums
+there is 0, so its every position is 0, as the kernel's. So over offsets a reader of one
+token per row (``passes/row_reads``) whose position is a real token or one of an empty row
+reads what the kernel gives (``row_reads.kept_by_offsets`` with ``empty_rows``): position 0,
+``lengths.clamp(min=1) - 1`` and the unclamped ``lengths - 1`` (HSTU retrieval's user
+embedding ``out[arange(B), lengths - 1]``) of the same offsets; the entry lists them
+(``reads``). Over the rows flattened, ``(lengths - 1) + arange(B) * L`` reads the previous
+row's last position on an empty row: not matched (``padding-rows-read-by``).
 
 The causal mask may also be read from the model's weights (generative-recommenders registers
 it, ``register_buffer("_attn_mask", tril(ones(M, M)))``, and multiplies by
@@ -83,6 +90,7 @@ from .jagged_patterns import (
     stored_mask_sources,
     zero_padded_source,
 )
+from .row_reads import follow_with_reads, read_specs
 
 aten = torch.ops.aten
 SKIPPED = ir.PREFIX + "silu_skipped"  # why a pointwise attention was not made jagged
@@ -393,11 +401,17 @@ def match(node: fx.Node) -> dict[str, Any] | str | None:
     for n in group[1:]:
         if any(u not in inside for u in n.users):
             return f"scores-read-by:{next(u for u in n.users if u not in inside).name}"
+    reads: list[dict[str, Any]] = []
     if not query_mask:
         rows = (out_perm.index(0), out_perm.index(2))
-        reader = follow_padding(node, rows, keys)
-        if isinstance(reader, fx.Node):
-            return f"padding-rows-read-by:{reader.name}"
+        # over offsets, readers of one token per row at a real position or one of an
+        # empty row (where the model's attention is 0, as the kernel's) read what the
+        # kernel gives; under a data mask nothing would check a reader's positions
+        flow = follow_padding(node, rows, keys) if isinstance(keys, KeyMask) \
+            else follow_with_reads(node, rows, keys, empty_rows=True)
+        if isinstance(flow, fx.Node):
+            return f"padding-rows-read-by:{flow.name}"
+        reads = read_specs(flow)
     perms = {name: (None if perm == _CANONICAL else perm) for name, perm in (
         ("q_perm", q_perm), ("k_perm", k_perm), ("v_perm", v_perm), ("out_perm", out_perm))}
     return {
@@ -413,6 +427,9 @@ def match(node: fx.Node) -> dict[str, Any] | str | None:
         "causal": causal,
         **(_stored_facts(stored, mask, group[1], length) if stored is not None else {}),
         "query_mask": query_mask,
+        # readers of one token per row of the output (``out[arange(B), lengths - 1]``):
+        # each reads a real token or one of an empty row (``row_reads.kept_by_offsets``)
+        **({"reads": reads} if reads else {}),
         "max_len": length, "heads": heads, "head_dim": head_dim,
         # a data mask's fill is unknown at compile time (checked per call); zero-padded
         # values have a fixed number of rows

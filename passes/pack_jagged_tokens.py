@@ -28,7 +28,14 @@ region's tokens (``gemc::jagged_silu_attention_values``). A gather of a region v
 jagged positions of the region's own offsets (``x[row, col]``, the model's
 ``dense_to_jagged``) is an ``exit``: it reads real tokens only, so the runner takes it from
 the tokens instead of scattering the value back first (unclamped lengths only). A source
-written at those same positions is ``in_order``: its values are the tokens, viewed.
+written at those same positions is ``in_order``: its values are the tokens, viewed. A reader of one token per row after it
+(``passes/row_reads``) at position 0 or at ``lengths.clamp(min=1) - 1`` reads slot 0 of an
+empty row, which the attention gives 0 as the model does: the region is then laid out over
+the lengths clamped to 1 (``clamp_min`` 1: each empty row keeps its slot 0, the sources
+copied, no exits) and stays offset-proven, the reader ``proven`` and read from the tokens.
+The unclamped ``lengths - 1`` reads position ``L - 1`` of an empty row, no slot, and this
+attention has no mask a run-time check could read: the tower stays padded (the kernel kept,
+exact there), the warning naming the reader and the fix (clamp the lengths).
 
 What the runner does with it (``backends/triton/graph_runner``): a region value is held with
 batch dim 1 and sequence dim ``T`` (the real tokens, in offsets order: the layout of the
@@ -138,7 +145,7 @@ from .jagged_patterns import (
     keep_of,
     zero_padded_source,
 )
-from .row_reads import follow_with_reads, read_specs
+from .row_reads import follow_with_reads, read_specs, unproven_reader
 
 aten = torch.ops.aten
 PACKED = ir.PACKED  # re-exported: the keys are owned by gemc.ir (the plan builder reads them)
@@ -180,7 +187,7 @@ def _sources(gm: fx.GraphModule) -> list[tuple[list[str], dict[str, Any]]]:
                         and found[0].name not in names:
                     names.append(found[0].name)
             layout = {"offsets": facts["offsets"], "clamp_min": 0,
-                      "max_len": facts["max_len"], "fill": facts["fill"]}
+                      "max_len": facts["max_len"], "fill": facts["fill"], "silu": True}
         names = [n for n in names if n not in taken]
         if names:
             taken.update(names)
@@ -296,10 +303,29 @@ class PackJaggedTokens:
             # readers of one token per row whose positions the graph proves real
             # (``row_reads.kept_by_offsets``) end the flow unchecked (``proven``)
             flows = [follow_with_reads(s, (0, 1), layout) for s in sources]
+            if facts.get("silu") and any(isinstance(f, fx.Node) for f in flows):
+                # HSTU's attention over offsets read at position 0 or at the clamped
+                # lengths' last token (``lengths.clamp(min=1) - 1``): on an empty row that
+                # is its slot 0, which a layout over the lengths clamped to 1 holds
+                # exactly (the attention gives it 0, as the model: jagged_patterns.
+                # _silu_unit), so the reader is proven there
+                kept = (offsets, 1, layout[2])
+                retry = [follow_with_reads(s, (0, 1), kept) for s in sources]
+                if not any(isinstance(f, fx.Node) for f in retry):
+                    layout, flows = kept, retry
             read = next(((s, f) for s, f in zip(sources, flows) if isinstance(f, fx.Node)),
                         None)
             if read is not None:
                 shape = ir.shape_of(read[0]) or (0, 0)
+                if facts.get("silu") and unproven_reader(read[0], (0, 1), layout, read[1]):
+                    ctx.warn(f"pack-jagged-tokens: {read[0].name} stays padded: "
+                             f"{read[1].name}{_module_of(read[1])} reads one token per row "
+                             "at positions the graph does not prove real tokens or slot 0 "
+                             "of an empty row (lengths - 1 of an empty row reads position "
+                             "L - 1), and HSTU's attention over offsets has no mask to "
+                             "check them with at run time; read lengths.clamp(min=1) - 1 "
+                             "(or position 0) to keep the tower packed")
+                    continue
                 ctx.warn(f"pack-jagged-tokens: {read[0].name} stays padded: its padding rows "
                          f"may be read unmasked by {read[1].name}: "
                          f"{why_read(read[1], int(shape[0]), int(shape[1]))}")

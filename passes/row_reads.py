@@ -44,6 +44,12 @@ under a clamped mask). Any other position there (``lengths - 1`` of a possibly e
 reads ``-1``, position ``L - 1`` in eager: padding; ``x[:, -1]``) is no proven reader: the
 history is then packed as a guarded region from its padded ``index_put``
 (``pack-jagged-tokens``), whose check reads the positions as above.
+
+After HSTU's pointwise attention over offsets (no mask at all: v's zeros pad the keys), a
+position of an empty row is as good as a real one (the model's attention is 0 on all of
+them, as the kernel's): ``kept_by_offsets``' ``empty_rows``, for ``match-silu-attention``
+(any such reader) and ``pack-jagged-tokens`` (position 0 or ``lengths.clamp(min=1) - 1``,
+read from slot 0 of an empty row in a layout over the lengths clamped to 1).
 """
 
 from __future__ import annotations
@@ -111,23 +117,25 @@ class RowRead:
                 **({"proven": True} if self.proven else {})}
 
 
-def row_read(user: fx.Node, src: fx.Node, dims: Dims, facts: Facts) -> RowRead | None:
+def row_read(user: fx.Node, src: fx.Node, dims: Dims, facts: Facts,
+             empty_rows: bool = False) -> RowRead | None:
     """The :class:`RowRead` ``user`` is, reading ``src`` (a padded value at ``dims`` under
     the key mask ``facts``), or None. Under a run-time key mask (a :class:`KeyMask`) any
     such reader: its check is where the positions are checked too. Under a mask over
     offsets (``(offsets, clamp_min, L)``: nothing is checked at run time) only a reader
-    whose positions the graph proves kept (:func:`kept_by_offsets`), ``proven``."""
+    whose positions the graph proves kept (:func:`kept_by_offsets`, ``empty_rows`` as
+    there), ``proven``."""
     if user.op != "call_function" or not user.args or user.args[0] is not src:
         return None
     if isinstance(facts, KeyMask):
         return _read(user, src, dims, facts.batch, facts.length)
     batch = _offsets_batch(facts)
     read = _read(user, src, dims, batch, int(facts[2])) if batch is not None else None
-    return replace(read, proven=True) if read is not None and kept_by_offsets(read, facts) \
-        else None
+    return replace(read, proven=True) if read is not None \
+        and kept_by_offsets(read, facts, empty_rows) else None
 
 
-def kept_by_offsets(read: RowRead, facts: Facts) -> bool:
+def kept_by_offsets(read: RowRead, facts: Facts, empty_rows: bool = False) -> bool:
     """Whether the graph proves that ``read`` reads a position the mask ``arange(L) <
     lengths.clamp(min=c)`` (``facts``: ``(offsets, c, L)``) keeps on every row: with ``c >=
     1`` (every row keeps position 0), position 0 (``x[:, 0]``, ``x[:, :1]``, ``x[:, -L]``),
@@ -135,9 +143,17 @@ def kept_by_offsets(read: RowRead, facts: Facts) -> bool:
     c`` (``max(len, c2) - 1`` is below ``max(len, c)``, and at least 0). A row's length is
     at most ``L``, else the model's own ``index_put`` over those offsets raises. Unclamped
     lengths prove nothing: ``lengths - 1`` of an empty row is ``-1``, which eager reads at
-    position ``L - 1`` (wrapped) or rejects (a gather)."""
+    position ``L - 1`` (wrapped) or rejects (a gather).
+
+    ``empty_rows``: any position of a row with no real token counts as kept too. Why: HSTU's
+    pointwise attention over values zero-padded by these offsets (``match-silu-attention``)
+    is 0 on every position of such a row in the model, as in its kernel (every value it
+    sums is 0; so are its gradients to q, k and the bias), so a reader there reads what the
+    kernel gives. Then position 0 and ``lengths.clamp(min=c2) - 1`` with ``0 <= c2 <=
+    max(c, 1)`` (the unclamped ``lengths - 1`` included: ``-1`` only on an empty row) read
+    a real token or one of an empty row, whatever ``c``."""
     offsets, clamp, length = facts
-    if clamp < 1 or read.stride is not None:
+    if (clamp < 1 and not empty_rows) or read.stride is not None:
         return False
     if read.index is None:
         return read.at == 0 or (read.wrap and read.at == -length)
@@ -148,7 +164,8 @@ def kept_by_offsets(read: RowRead, facts: Facts) -> bool:
             and node.args[1] == 1):
         return False
     found = _lengths(node.args[0])
-    return found is not None and found[0] is offsets and 1 <= found[1] <= clamp
+    low, high = (0, max(clamp, 1)) if empty_rows else (1, clamp)
+    return found is not None and found[0] is offsets and low <= found[1] <= high
 
 
 def _read(user: fx.Node, src: fx.Node, dims: Dims, batch: int, length: int
@@ -322,12 +339,15 @@ def _numel(shape: Any) -> int:
     return out
 
 
-def follow_with_reads(start: fx.Node, dims: Dims, facts: Facts) -> PaddingFlow | fx.Node:
+def follow_with_reads(start: fx.Node, dims: Dims, facts: Facts, empty_rows: bool = False
+                      ) -> PaddingFlow | fx.Node:
     """:func:`.jagged_patterns.follow_padding` with :func:`row_read`s allowed: the flow
-    (its ``reads``, which the caller must check at run time), or the first node that may
-    read the padding unmasked, a reader whose index depends on a value the padding reaches
-    included (it could not be checked before them)."""
-    flow = follow_padding(start, dims, facts, reads=row_read)
+    (its ``reads``, which the caller must check at run time unless ``proven``), or the
+    first node that may read the padding unmasked, a reader whose index depends on a value
+    the padding reaches included (it could not be checked before them). ``empty_rows``:
+    as :func:`kept_by_offsets`."""
+    flow = follow_padding(start, dims, facts,
+                          reads=lambda u, s, d, f: row_read(u, s, d, f, empty_rows))
     if isinstance(flow, fx.Node):
         return flow
     reached = set(flow.carriers) | set(flow.zeroed) | set(flow.reads)
@@ -335,6 +355,26 @@ def follow_with_reads(start: fx.Node, dims: Dims, facts: Facts) -> PaddingFlow |
         if read.index is not None and ir.ancestors([read.index]) & reached:
             return node
     return flow
+
+
+def unproven_reader(start: fx.Node, dims: Dims, facts: Facts, node: fx.Node) -> bool:
+    """Whether ``node``, where following ``start``'s padding over offsets (``facts``)
+    stopped, is a reader of one token per row whose positions the graph does not prove
+    real (for the user's message: which reader, and how to make it provable)."""
+    batch = _offsets_batch(facts)
+    if batch is None or isinstance(facts, KeyMask):
+        return False
+    seen: list[fx.Node] = []
+
+    def any_read(user: fx.Node, src: fx.Node, at: Dims, _: Facts) -> RowRead | None:
+        read = _read(user, src, at, batch, int(facts[2])) \
+            if user.op == "call_function" and user.args and user.args[0] is src else None
+        if read is not None:
+            seen.append(user)
+        return read
+
+    follow_padding(start, dims, facts, reads=any_read)
+    return node in seen
 
 
 def read_specs(flow: PaddingFlow) -> list[dict[str, Any]]:

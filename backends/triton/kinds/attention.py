@@ -64,8 +64,11 @@ def silu_entry(facts: dict[str, Any], nodes: list[fx.Node]) -> dict[str, Any]:
             "out_perm", "bias", "norm", "scale", "causal", "query_mask", "max_len",
             "heads", "head_dim", "fill")
     stored = ("causal_mask", "causal_mask_of", "visible", "visible_where")
+    # ``reads``: readers of one token per row of the output, exact as they are (each
+    # reads a real token or one of an empty row: passes/row_reads.kept_by_offsets)
     return {**{key: facts.get(key) for key in keep},
-            **{key: facts[key] for key in stored if facts.get("causal_mask")}}
+            **{key: facts[key] for key in stored if facts.get("causal_mask")},
+            **({"reads": facts["reads"]} if facts.get("reads") else {})}
 
 
 def query_entry(facts: dict[str, Any], nodes: list[fx.Node]) -> dict[str, Any]:
