@@ -315,6 +315,20 @@ def attention_case(rec: Recorder, p: Preset, kind: str, causal: bool, compile_: 
     _free(dev)
 
 
+def _run_variants(rec: Recorder, case: str,
+                  variants: list[tuple[str, Callable[[], torch.Tensor], bool]],
+                  inputs: tuple[torch.Tensor, ...], grad: torch.Tensor, work: float) -> None:
+    """Each ``(name, fwd, is_baseline)`` of ``variants`` timed forward (no grad) and forward
+    + backward (the gradients of ``inputs`` under ``grad``); the backward counts 2.5x the
+    forward's ``work``."""
+    for name, fwd, is_base in variants:
+        with torch.no_grad():
+            rec.run(case, "fwd", name, fwd, baseline=is_base, work=work)
+        rec.run(case, "fwd+bwd", name,
+                lambda fwd=fwd: torch.autograd.grad(fwd(), inputs, grad),
+                baseline=is_base, work=3.5 * work)
+
+
 def _sdpa_variants(mask: torch.Tensor, scale: float, causal: bool, with_default: bool,
                    device: torch.device) -> list[tuple[str, Callable[..., torch.Tensor]]]:
     """Padded ``F.scaled_dot_product_attention`` variants on ``[B, H, L, D]``: with the
@@ -454,12 +468,7 @@ def transact_case(rec: Recorder, dtype: torch.dtype, preset: str, gen: torch.Gen
     variants += [(name, lambda fn=fn: fn(q, k, v), False)
                  for name, fn in _sdpa_variants(sdpa_mask, scale, False, False, dev)]
     kpa.STATS.reset()
-    for name, fwd, is_base in variants:
-        with torch.no_grad():
-            rec.run(case, "fwd", name, fwd, baseline=is_base, work=work)
-        rec.run(case, "fwd+bwd", name,
-                lambda fwd=fwd: torch.autograd.grad(fwd(), (q, k, v), g),
-                baseline=is_base, work=3.5 * work)
+    _run_variants(rec, case, variants, (q, k, v), g, work)
     paths = kpa.STATS.as_dict()
     if dev.type == "cuda":
         _varlen_block_sweep(rec, case, gemc_fwd, (q, k, v), g, work)
@@ -731,12 +740,7 @@ def query_case(rec: Recorder, p: Preset, compile_: bool, gen: torch.Generator) -
                 ("eager padded", lambda: padded_fwd(q, k, v), True)]
     if compiled is not None:
         variants.append(("compiled padded", lambda: compiled(q, k, v), False))
-    for name, fwd, is_base in variants:
-        with torch.no_grad():
-            rec.run(case, "fwd", name, fwd, baseline=is_base, work=work)
-        rec.run(case, "fwd+bwd", name,
-                lambda fwd=fwd: torch.autograd.grad(fwd(), (q, k, v), g),
-                baseline=is_base, work=3.5 * work)
+    _run_variants(rec, case, variants, (q, k, v), g, work)
     try:  # the Triton result against eager padded on the real rows, at this size
         out, ref = triton_fwd(), padded_fwd(q, k, v)
         grads = torch.autograd.grad(out, (q, k, v), g)
