@@ -127,6 +127,8 @@ def _term(node: Any, length: int) -> tuple[str, Any, Any, float] | None:
     if node.target is aten.masked_fill.Scalar:
         value = _scalar(node.args[2])
         return None if value is None or value > -1e4 else ("fill", *node.args[:2], value)
+    if node.target in (aten.where.self, aten.where.ScalarOther):
+        return _where_term(node, length)
     if node.target is not aten.add.Tensor or not all(isinstance(a, fx.Node)
                                                       for a in node.args[:2]):
         return None
@@ -138,6 +140,48 @@ def _term(node: Any, length: int) -> tuple[str, Any, Any, float] | None:
     else:
         s = a if a.target in _MM | {aten.mul.Tensor, aten.div.Tensor} else b
     return "add", s, b if s is a else a, 0.0
+
+
+def _where_value(x: Any) -> float | None:
+    """The one value of ``where``'s other operand: a number, or a tensor made of one
+    (``full_like(s, v)``, ``full(shape, v)``, ``scalar_tensor(v)``, ``ones_like(s) * v``:
+    DIN's ``paddings``)."""
+    if isinstance(x, (int, float)):
+        return float(x)
+    if not isinstance(x, fx.Node) or x.op != "call_function":
+        return None
+    if x.target in (aten.full_like.default, aten.full.default):
+        return _scalar(x.args[1])
+    if x.target is aten.scalar_tensor.default:
+        return _scalar(x.args[0])
+    if x.target is aten.mul.Tensor and isinstance(x.args[0], fx.Node) \
+            and x.args[0].target is aten.ones_like.default:
+        return _scalar(x.args[1])
+    return None
+
+
+def _filler_nodes(x: Any) -> list[fx.Node]:
+    """The nodes that make ``where``'s one-value operand (:func:`_where_value`), which read
+    the scores' shape and not their values (``full_like(s, v)``, ``ones_like(s) * v``)."""
+    if not isinstance(x, fx.Node):
+        return []
+    if x.target is aten.mul.Tensor:
+        return [x, x.args[0]]
+    return [x]
+
+
+def _where_term(node: fx.Node, length: int) -> tuple[str, Any, Any, float] | None:
+    """``where(keep, scores, v)`` with ``v <= -1e4`` (TensorFlow's idiom, DIN's
+    ``tf.where(key_masks, outputs, paddings)`` as ported): the term ``masked_fill(scores,
+    ~keep, v)`` is, as ``("keep-fill", scores, keep, v)``. A causal condition is left to the
+    forms this pass reads (None)."""
+    cond, scores, other = node.args[:3]
+    value = _where_value(other)
+    if value is None or value > -1e4 or not isinstance(scores, fx.Node) \
+            or tuple(ir.shape_of(scores) or ()) != tuple(ir.shape_of(node) or ()) \
+            or _causal_term(cond, length):
+        return None
+    return "keep-fill", scores, cond, value
 
 
 def _causal_inf(term: tuple[str, Any, Any, float], length: int) -> bool | None:
@@ -172,6 +216,8 @@ def _scores(node: Any) -> tuple[fx.Node, fx.Node, float, Any, list[fx.Node], flo
     while len(terms) < 2 and (term := _term(node, length)) is not None:
         terms.append(term)
         nodes.append(node)
+        if term[0] == "keep-fill":  # where's filler reads the scores' shape only: a member
+            nodes.extend(_filler_nodes(node.args[2]))
         node = term[1]
     if len(terms) == 2 and _term(node, length) is not None:
         return None  # a third mask term: no pattern of this pass
@@ -197,7 +243,10 @@ def _scores(node: Any) -> tuple[fx.Node, fx.Node, float, Any, list[fx.Node], flo
             return _CAUSAL_FORMULA
     if terms:
         kind, _, term_mask, value = terms[0]
-        if kind == "fill":
+        if kind == "keep-fill":  # where(keep, scores, value): the kept keys themselves
+            fill = value if math.isfinite(value) else None
+            mask = term_mask
+        elif kind == "fill":
             fill = value if math.isfinite(value) else None
             inner = term_mask.args[0] if isinstance(term_mask, fx.Node) \
                 and term_mask.target in _NOTS else None

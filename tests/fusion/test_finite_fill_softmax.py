@@ -1,5 +1,7 @@
 """A written-out softmax whose padding keys are set to a finite value
-(``scores.masked_fill(~keep, -1e9)``; ``-1e4``; DIN's ``-2 ** 32 + 1``), over histories
+(``scores.masked_fill(~keep, -1e9)``; ``-1e4``; DIN's ``-2 ** 32 + 1``; and TensorFlow's
+idiom as ported, ``torch.where(keep, scores, paddings)`` with ``paddings`` a
+``full_like``, a number, or DIN's ``ones_like(scores) * (-2 ** 32 + 1)``), over histories
 with empty rows.
 
 Why this is not the ``-inf`` case: a row that keeps no key has that one finite value on
@@ -9,8 +11,11 @@ pass marked such an attention ``nan_if_empty`` and the compiled model returned N
 eager returned a number (found by a helper's review, s24). Now the entry carries the value
 (``fill_value``), the op gives such rows the mean of their values
 (``uniform_where_no_key``), its padded fallback fills with the value, and a packed region
-holding it packs only when every row keeps a key (``every_row``). Compiled = eager, loss
-and every gradient, in the interpreter and in graph mode, with and without empty rows."""
+holding it packs only when every row keeps a key (``every_row``). The ``where`` forms were
+not matched at all before (``weights-read-by:full_like``: the filler reads the scores'
+shape), so they stayed padded; they are now the same guarded attention. Compiled = eager,
+loss and every gradient, in the interpreter and in graph mode, with and without empty
+rows."""
 
 from __future__ import annotations
 
@@ -36,6 +41,7 @@ from tests.fusion.helpers import (
 ENTRY = "tests/fusion/test_finite_fill_softmax.py:build"
 B, L, ITEMS, E, HEADS = 4, 6, 30, 8, 2
 FILLS = (-1e9, -1e4, -2.0 ** 32 + 1)
+FORMS = ("masked_fill", "where_full_like", "where_number", "where_ones_like")
 
 
 class Model(nn.Module):
@@ -43,9 +49,9 @@ class Model(nn.Module):
     read over every position (``read="sum"``: padding rows included, so the op computes
     every query row) or pooled under the mask (``"pool"``: a packed region); BCE."""
 
-    def __init__(self, fill: float, read: str) -> None:
+    def __init__(self, fill: float, read: str, form: str = "masked_fill") -> None:
         super().__init__()
-        self.fill, self.read = fill, read
+        self.fill, self.read, self.form = fill, read, form
         self.item = nn.Embedding(ITEMS, E, padding_idx=0)
         self.qkv, self.out, self.head = nn.Linear(E, 3 * E), nn.Linear(E, E), nn.Linear(E, 1)
 
@@ -55,7 +61,16 @@ class Model(nn.Module):
         x = self.item(seq)
         q, k, v = self.qkv(x).view(b, n, 3, HEADS, E // HEADS).permute(2, 0, 3, 1, 4)
         scores = q @ k.transpose(-1, -2) / math.sqrt(E // HEADS)
-        weights = scores.masked_fill(~keep[:, None, None, :], self.fill).softmax(-1)
+        key = keep[:, None, None, :]
+        if self.form == "masked_fill":
+            scores = scores.masked_fill(~key, self.fill)
+        elif self.form == "where_full_like":
+            scores = torch.where(key, scores, torch.full_like(scores, self.fill))
+        elif self.form == "where_number":
+            scores = torch.where(key, scores, self.fill)
+        else:  # DIN as ported from TensorFlow: paddings = ones_like(scores) * (-2 ** 32 + 1)
+            scores = torch.where(key, scores, torch.ones_like(scores) * self.fill)
+        weights = scores.softmax(-1)
         y = x + self.out((weights @ v).transpose(1, 2).reshape(b, n, E))
         if self.read == "sum":
             h = y.sum(1)
@@ -71,19 +86,19 @@ def batch(lengths: list[int], gen: torch.Generator) -> tuple[torch.Tensor, torch
         torch.rand(len(lengths), generator=gen)
 
 
-def build(fill: float = -1e9, read: str = "sum") -> ModelSpec:
+def build(fill: float = -1e9, read: str = "sum", form: str = "masked_fill") -> ModelSpec:
     torch.manual_seed(0)
 
     def make(step: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, ...]:
         gen = torch.Generator().manual_seed(step)
         return tuple(t.to(device) for t in batch([2, 1, L, 3], gen))
 
-    return ModelSpec(model=Model(fill, read), example_inputs=make(0), make_batch=make)
+    return ModelSpec(model=Model(fill, read, form), example_inputs=make(0), make_batch=make)
 
 
 @functools.cache
-def _graph(fill: float, read: str):  # noqa: ANN202
-    gm, ctx, spec = compiled(ENTRY, {"fill": fill, "read": read}, priced=False)
+def _graph(fill: float, read: str, form: str = "masked_fill"):  # noqa: ANN202
+    gm, ctx, spec = compiled(ENTRY, {"fill": fill, "read": read, "form": form}, priced=False)
     return gm, entries_of(gm, ctx), spec
 
 
@@ -93,10 +108,11 @@ def _batches(seed: int) -> list[tuple[torch.Tensor, ...]]:
     return [batch(lengths, gen) for lengths in ([2, 0, L, 3], [1, 4, L, 2], [0, 0, 5, L])]
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("fill", FILLS)
-def test_the_entry_carries_the_finite_fill(fill: float) -> None:
+def test_the_entry_carries_the_finite_fill(fill: float, form: str) -> None:
     """Intent: the guarded attention is no NaN-on-empty attention; it carries the value."""
-    _, entries, _ = _graph(fill, "sum")
+    _, entries, _ = _graph(fill, "sum", form)
     (entry,) = [e for e in entries if e["kind"] == "key_padding_attention"]
     assert entry["fill_value"] == fill and not entry["nan_if_empty"]
 
@@ -120,6 +136,15 @@ def test_compiled_equals_eager_with_empty_rows(fill: float, read: str) -> None:
         if packed:
             empty = bool((b[0] != 0).sum(1).eq(0).any())
             assert pt.GUARD_STATS.packed == int(not empty), pt.GUARD_STATS.as_dict()
+
+
+@pytest.mark.parametrize("form", FORMS[1:])
+def test_where_forms_equal_eager_with_empty_rows(form: str) -> None:
+    """The ``where`` spellings, read over every row: compiled = eager with empty rows."""
+    gm, entries, spec = _graph(-2.0 ** 32 + 1, "sum", form)
+    for b in _batches(fresh_seed()):
+        run_against_eager(gm, entries, spec.model, b)
+        spec.model.zero_grad()
 
 
 @pytest.mark.parametrize("read", ["sum", "pool"])
