@@ -155,3 +155,20 @@ def train_against_eager(executor: Any, model: torch.nn.Module,
                                            msg=f"step {i}: {k}")
                 p -= 0.1 * p.grad
                 p.grad = None
+
+
+def item_history(lengths: Sequence[int], gen: torch.Generator, length: int, items: int,
+                 layout: str = "end") -> tuple[torch.Tensor, torch.Tensor]:
+    """Item ids ``[B, length]`` (0 = padding, real ids in ``1 .. items - 1``) of these
+    lengths and BCE targets ``[B]``: the items padded at the end (``"end"``: a prefix), at
+    the front (``"front"``: the latest item at ``length - 1``, as many sequential
+    recommenders pad), or at position 0 with holes after it (``"holes"``: every other
+    position up to ``2 * count - 1``; no prefix, yet every causal query sees key 0)."""
+    count = torch.tensor(list(lengths))[:, None]
+    pos = torch.arange(length)[None, :]
+    real = {"end": lambda: pos < count,
+            "front": lambda: pos >= length - count,
+            "holes": lambda: (pos == 0) | ((pos % 2 == 0) & (pos < 2 * count - 1))}[layout]()
+    return torch.randint(1, items, (len(lengths), length), generator=gen) * real, \
+        torch.rand(len(lengths), generator=gen)
+

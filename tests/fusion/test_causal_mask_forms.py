@@ -33,7 +33,7 @@ from torch import nn
 
 from gemc import ir
 from gemc.spec import ModelSpec
-from tests.fusion.helpers import compiled, entries_of, fresh_seed, run_against_eager
+from tests.fusion.helpers import compiled, entries_of, fresh_seed, item_history, run_against_eager
 
 ENTRY = "tests/fusion/test_causal_mask_forms.py:build"
 B, L, ITEMS, E, HEADS = 4, 5, 30, 8, 2
@@ -120,11 +120,7 @@ def batch(lengths: list[int], gen: torch.Generator, front: bool
           ) -> tuple[torch.Tensor, torch.Tensor]:
     """Item ids (0 = padding) of these lengths, padded at the front (``front``: the items
     at the last positions) or at the end, and BCE targets."""
-    count = torch.tensor(lengths)
-    pos = torch.arange(L)[None, :]
-    real = pos >= L - count[:, None] if front else pos < count[:, None]
-    return torch.randint(1, ITEMS, (len(lengths), L), generator=gen) * real, \
-        torch.rand(len(lengths), generator=gen)
+    return item_history(lengths, gen, L, ITEMS, "front" if front else "end")
 
 
 def build(attn: str = "sdpa", form: str = "tril", read: str = "pool") -> ModelSpec:

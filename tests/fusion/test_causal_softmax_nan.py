@@ -34,6 +34,7 @@ from tests.fusion.helpers import (
     eager_step,
     entries_of,
     fresh_seed,
+    item_history,
     params_of,
     train_against_eager,
 )
@@ -105,14 +106,7 @@ def batch(lengths: list[int], gen: torch.Generator, layout: str = "right"
     """Item ids (0 = padding) of these lengths, padded at the end (``"right"``: a prefix),
     at the front (``"front"``), or kept at position 0 with holes after it (``"holes"``: no
     prefix, yet every query sees key 0, so eager is finite), and BCE targets."""
-    count = torch.tensor(lengths)
-    pos = torch.arange(L)[None, :]
-    if layout == "holes":  # position 0, then every other position up to the count
-        real = (pos == 0) | ((pos % 2 == 0) & (pos < 2 * count[:, None] - 1))
-    else:
-        real = pos >= L - count[:, None] if layout == "front" else pos < count[:, None]
-    return torch.randint(1, ITEMS, (len(lengths), L), generator=gen) * real, \
-        torch.rand(len(lengths), generator=gen)
+    return item_history(lengths, gen, L, ITEMS, "end" if layout == "right" else layout)
 
 
 def build(attn: str = "mha", form: str = "bool", read: str = "pool") -> ModelSpec:

@@ -34,6 +34,7 @@ from tests.fusion.helpers import (
     cpu_graph_executor,
     entries_of,
     fresh_seed,
+    item_history,
     run_against_eager,
     train_against_eager,
 )
@@ -81,9 +82,7 @@ class Model(nn.Module):
 
 
 def batch(lengths: list[int], gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    real = torch.arange(L)[None, :] < torch.tensor(lengths)[:, None]
-    return torch.randint(1, ITEMS, (len(lengths), L), generator=gen) * real, \
-        torch.rand(len(lengths), generator=gen)
+    return item_history(lengths, gen, L, ITEMS)
 
 
 def build(fill: float = -1e9, read: str = "sum", form: str = "masked_fill") -> ModelSpec:
