@@ -10,13 +10,9 @@
 #                                                           # part 2's compile failure was fixed)
 #   GEMC_COMMIT=<sha> bash benchmarks/h100_session23.sh 4   # part 3 without attention_gpu_time.py
 set -uo pipefail
-source scripts/device_env.sh
-export PYTHONUNBUFFERED=1
+source scripts/device_record.sh
 t0=$SECONDS
 part=${1:-1}
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-python3 -c "import numpy, triton, torch; print('numpy', numpy.__version__, 'triton', triton.__version__, 'torch', torch.__version__)" | tee -a "$OUT/gpu.txt"
-lscpu | grep -E "Model name|^CPU\(s\)" | tee -a "$OUT/gpu.txt"
 if [ "$part" = 1 ]; then
   timeout 300 python3 benchmarks/attention_gpu_time.py --out "$OUT/attention_gpu_time.json" \
     > "$OUT/attention_gpu_time.log" 2>&1

@@ -12,62 +12,52 @@
 #   GEMC_COMMIT=<sha> bash benchmarks/h200_session24.sh 4   # the zoo's attentions alone
 #       # (< 4 min: what a short end of the session's device time allows)
 set -uo pipefail
-source scripts/device_env.sh
-export PYTHONUNBUFFERED=1
+source scripts/device_record.sh
 t0=$SECONDS
 part=${1:-1}
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-python3 -c "import numpy, triton, torch; print('numpy', numpy.__version__, 'triton', triton.__version__, 'torch', torch.__version__)" | tee -a "$OUT/gpu.txt"
-lscpu | grep -E "Model name|^CPU\(s\)" | tee -a "$OUT/gpu.txt"
+
+zoo_attentions() {  # the figure for every zoo attention (kernels.py --cases zoo)
+  timeout "$1" python3 benchmarks/kernels.py --cases zoo --no-compile \
+    --out "$OUT/kernels_zoo.json" > "$OUT/kernels_zoo.log" 2>&1
+  echo "== the zoo's attentions (exit $?, $((SECONDS - t0)) s)"
+  grep -vE "Warning|warn" "$OUT/kernels_zoo.log" | grep -E "fwd\+bwd|^zoo|guard" | cut -c1-200
+}
+
+gpu_time() {  # each zoo attention: kernel time or host time (attention_gpu_time.py)
+  timeout "$1" python3 benchmarks/attention_gpu_time.py --out "$OUT/attention_gpu_time.json" \
+    > "$OUT/attention_gpu_time.log" 2>&1
+  echo "== attention: kernels or host (exit $?, $((SECONDS - t0)) s)"
+  grep -vE "Warning|warn" "$OUT/attention_gpu_time.log" | cut -c1-400 | tail -40
+}
+
+fill_sweep() {  # masked_tower: variants $1, $2 steps ($5 warm-up), fills $3 (%), $4 s each
+  export GEMC_ZOO_EXTRA=masked_tower=benchmarks/masked_tower.py:build
+  for fill in $3; do
+    preset=h200-fill$fill; [ "$fill" = 50 ] && preset=h200
+    timeout "$4" python3 benchmarks/zoo.py --out /tmp/fill$fill --models masked_tower \
+      --variants "$1" --preset "$preset" --steps "$2" --warmup "$5" > /tmp/fill$fill.log 2>&1
+    echo "== masked_tower ($1) at $fill% fill (exit $?, $((SECONDS - t0)) s)"
+    cp /tmp/fill$fill/zoo.json "$OUT/fill$fill.json" 2>/dev/null
+    grep -vE "Warning|warn" /tmp/fill$fill.log | grep -E "masked_tower|compile|gemc|step" | tail -8 | cut -c1-250
+    cat /tmp/fill$fill.log >> "$OUT/fill.log"
+  done
+}
+
 if [ "$part" = 1 ]; then
   GEMC_TEST_DEVICE=cuda timeout 120 python3 -m pytest -q -p no:cacheprovider -n 0 \
     tests/kernels/test_uncovered_rows.py tests/kernels/test_attention_bias_and_varlen_keys.py \
     tests/kernels/test_silu_key_block_backward.py > "$OUT/tests.log" 2>&1
   echo "== attention kernel tests on the GPU (exit $?, $((SECONDS - t0)) s)"; tail -3 "$OUT/tests.log"
-  timeout 240 python3 benchmarks/kernels.py --cases zoo --no-compile \
-    --out "$OUT/kernels_zoo.json" > "$OUT/kernels_zoo.log" 2>&1
-  echo "== the zoo's attentions (exit $?, $((SECONDS - t0)) s)"
-  grep -vE "Warning|warn" "$OUT/kernels_zoo.log" | grep -E "fwd\+bwd|^zoo|guard" | cut -c1-200
-  timeout 150 python3 benchmarks/attention_gpu_time.py --out "$OUT/attention_gpu_time.json" \
-    > "$OUT/attention_gpu_time.log" 2>&1
-  echo "== attention: kernels or host (exit $?, $((SECONDS - t0)) s)"
-  grep -vE "Warning|warn" "$OUT/attention_gpu_time.log" | cut -c1-400 | tail -40
+  zoo_attentions 240
+  gpu_time 150
 elif [ "$part" = 2 ]; then
-  export GEMC_ZOO_EXTRA=masked_tower=benchmarks/masked_tower.py:build
-  for fill in 25 50 75 100; do
-    preset=h200-fill$fill; [ "$fill" = 50 ] && preset=h200
-    timeout 140 python3 benchmarks/zoo.py --out /tmp/fill$fill --models masked_tower \
-      --variants compile,gemc --preset "$preset" --steps 10 --warmup 3 > /tmp/fill$fill.log 2>&1
-    echo "== masked_tower at $fill% fill (exit $?, $((SECONDS - t0)) s)"
-    cp /tmp/fill$fill/zoo.json "$OUT/fill$fill.json" 2>/dev/null
-    grep -vE "Warning|warn" /tmp/fill$fill.log | grep -E "masked_tower|compile|gemc|step" | tail -8 | cut -c1-250
-    cat /tmp/fill$fill.log >> "$OUT/fill.log"
-  done
-elif [ "$part" = 4 ]; then
-  timeout 220 python3 benchmarks/kernels.py --cases zoo --no-compile \
-    --out "$OUT/kernels_zoo.json" > "$OUT/kernels_zoo.log" 2>&1
-  echo "== the zoo's attentions (exit $?, $((SECONDS - t0)) s)"
-  grep -vE "Warning|warn" "$OUT/kernels_zoo.log" | grep -E "fwd\+bwd|^zoo|guard" | cut -c1-200
+  fill_sweep compile,gemc 10 "25 50 75 100" 140 3
 elif [ "$part" = 3 ]; then
-  timeout 240 python3 benchmarks/kernels.py --cases zoo --no-compile \
-    --out "$OUT/kernels_zoo.json" > "$OUT/kernels_zoo.log" 2>&1
-  echo "== the zoo's attentions (exit $?, $((SECONDS - t0)) s)"
-  grep -vE "Warning|warn" "$OUT/kernels_zoo.log" | grep -E "fwd\+bwd|^zoo|guard" | cut -c1-200
-  export GEMC_ZOO_EXTRA=masked_tower=benchmarks/masked_tower.py:build
-  for fill in 25 50 100; do
-    preset=h200-fill$fill; [ "$fill" = 50 ] && preset=h200
-    timeout 100 python3 benchmarks/zoo.py --out /tmp/fill$fill --models masked_tower \
-      --variants gemc --preset "$preset" --steps 8 --warmup 2 > /tmp/fill$fill.log 2>&1
-    echo "== gemc's masked_tower at $fill% fill (exit $?, $((SECONDS - t0)) s)"
-    cp /tmp/fill$fill/zoo.json "$OUT/fill$fill.json" 2>/dev/null
-    grep -vE "Warning|warn" /tmp/fill$fill.log | grep -E "masked_tower|gemc|step" | tail -6 | cut -c1-250
-  done
+  zoo_attentions 240
+  fill_sweep gemc 8 "25 50 100" 100 2
   left=$((500 - SECONDS + t0))
-  if [ "$left" -gt 60 ]; then
-    timeout "$left" python3 benchmarks/attention_gpu_time.py --out "$OUT/attention_gpu_time.json" \
-      > "$OUT/attention_gpu_time.log" 2>&1
-    echo "== attention: kernels or host (exit $?, $((SECONDS - t0)) s)"
-    grep -vE "Warning|warn" "$OUT/attention_gpu_time.log" | cut -c1-300 | tail -30
-  fi
+  [ "$left" -gt 60 ] && gpu_time "$left"
+elif [ "$part" = 4 ]; then
+  zoo_attentions 220
 fi
 echo "== done ($((SECONDS - t0)) s)"
