@@ -15,6 +15,8 @@ import socket
 import subprocess
 import sys
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +59,36 @@ def step_and_record(out: dict[str, Any], outs: list[Any], tables: dict[str, Any]
         if m.local is not None:
             out["weights"].setdefault(fqn, []).append(
                 m.stored_rows(0).read(torch.arange(m.local.rows)).clone())
+
+
+@contextmanager
+def gloo_process(rank: int, world: int, port: int, per_host: int | None = None
+                 ) -> Iterator[None]:
+    """A spawned test worker's gloo process group (one thread, localhost; ``per_host``: the
+    torchrun variables of ``world / per_host`` hosts, for code that reads its host from
+    them). Leaving it normally destroys the group and ends the process without interpreter
+    finalization (``comm.exit_skipping_finalization``: with torch 2.13's gloo a process
+    that used a group sometimes aborts there, "terminate called without an active
+    exception", which a worker that returned normally turned into a failed fixture under
+    load); so write every result inside it. An exception destroys the group and
+    propagates (the spawner reports it)."""
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+    if per_host:
+        env.update({"RANK": str(rank), "WORLD_SIZE": str(world),
+                    "LOCAL_RANK": str(rank % per_host), "LOCAL_WORLD_SIZE": str(per_host)})
+    os.environ.update(env)
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+    from gemc.backends.torch.comm import exit_skipping_finalization
+
+    exit_skipping_finalization(0)
 
 
 def free_port() -> int:

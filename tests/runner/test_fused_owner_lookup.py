@@ -17,7 +17,6 @@ shards fused.
 from __future__ import annotations
 
 import json
-import os
 import zlib
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from typing import Any
 import pytest
 import torch.multiprocessing as mp
 
-from tests.runner.harness import free_port
+from tests.runner.harness import free_port, gloo_process
 
 ROWS, DIM, PAD, B, STEPS, WORLD = 30, 8, 3, 4, 3, 2
 
@@ -173,21 +172,14 @@ def _train(case: str, rank: int, fused: bool, out: dict[str, Any]) -> None:
 
 
 def _worker(rank: int, port: int, path: str) -> None:
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                       "OMP_NUM_THREADS": "1"})
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    out: dict[str, Any] = {}
-    try:
-        for case in CASES:
-            for fused in (True, False):
-                _train(case, rank, fused, out)
-    finally:
-        Path(f"{path}.{rank}").write_text(json.dumps(out))
-        dist.destroy_process_group()
+    with gloo_process(rank, WORLD, port):
+        out: dict[str, Any] = {}
+        try:
+            for case in CASES:
+                for fused in (True, False):
+                    _train(case, rank, fused, out)
+        finally:
+            Path(f"{path}.{rank}").write_text(json.dumps(out))
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import torch.multiprocessing as mp
 
-from tests.runner.harness import free_port, step_and_record, variant
+from tests.runner.harness import free_port, gloo_process, step_and_record, variant
 
 ROWS, DIM, B, L, WORLD, GPH, STEPS = 24, 8, 4, 2, 4, 2, 2
 PAD = 5
@@ -177,36 +177,25 @@ def _compare(case: str, on: dict[str, Any], off: dict[str, Any]) -> dict[str, An
 
 
 def _worker(rank: int, port: int, path: str, plans: list[str]) -> None:
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                       "OMP_NUM_THREADS": "1", "RANK": str(rank), "WORLD_SIZE": str(WORLD),
-                       "LOCAL_RANK": str(rank % GPH), "LOCAL_WORLD_SIZE": str(GPH)})
-    import torch
-    import torch.distributed as dist
+    with gloo_process(rank, WORLD, port, per_host=GPH):
+        out: dict[str, Any] = {}
+        try:
+            for case in CASES:
+                cross: list[int] = []
+                on = _train(case, rank, True, cross)
+                off = _train(case, rank, False, cross)
+                out[case] = {**_compare(case, on, off), "cross_host": cross}
+            from gemc.backends.torch.host_reduce import ENV
+            from gemc.backends.torch.runner import RunOptions, run
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    out: dict[str, Any] = {}
-    try:
-        for case in CASES:
-            cross: list[int] = []
-            on = _train(case, rank, True, cross)
-            off = _train(case, rank, False, cross)
-            out[case] = {**_compare(case, on, off), "cross_host": cross}
-        from gemc.backends.torch.host_reduce import ENV
-        from gemc.backends.torch.runner import RunOptions, run
-
-        losses = {}
-        for reduce in ("1", "0"):
-            os.environ[ENV] = reduce
-            res = run(plans[0], RunOptions(steps=RUN_STEPS, device="cpu", progress=False))
-            losses[reduce] = [loss for _, loss in res.losses]
-        out["run"] = losses
-    finally:
-        Path(f"{path}.{rank}").write_text(json.dumps(out))
-        dist.destroy_process_group()
-    from gemc.backends.torch.comm import exit_skipping_finalization
-
-    exit_skipping_finalization(0)  # gloo can abort in finalization (see its docstring)
+            losses = {}
+            for reduce in ("1", "0"):
+                os.environ[ENV] = reduce
+                res = run(plans[0], RunOptions(steps=RUN_STEPS, device="cpu", progress=False))
+                losses[reduce] = [loss for _, loss in res.losses]
+            out["run"] = losses
+        finally:
+            Path(f"{path}.{rank}").write_text(json.dumps(out))
 
 
 @pytest.fixture(scope="module")

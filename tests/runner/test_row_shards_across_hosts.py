@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import zlib
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from typing import Any
 import pytest
 import torch.multiprocessing as mp
 
-from tests.runner.harness import free_port, step_and_record
+from tests.runner.harness import free_port, gloo_process, step_and_record
 
 ROWS, DIM, WORLD, GPH, STEPS, SEED, LR = 24, 8, 4, 2, 2, 11, 0.05
 
@@ -89,21 +88,8 @@ def _train(rank: int) -> dict[str, Any]:
 
 
 def _worker(rank: int, port: int, path: str) -> None:
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                       "OMP_NUM_THREADS": "1", "RANK": str(rank), "WORLD_SIZE": str(WORLD),
-                       "LOCAL_RANK": str(rank % GPH), "LOCAL_WORLD_SIZE": str(GPH)})
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    try:
+    with gloo_process(rank, WORLD, port, per_host=GPH):
         Path(f"{path}.{rank}").write_text(json.dumps(_train(rank)))
-    finally:
-        dist.destroy_process_group()
-    from gemc.backends.torch.comm import exit_skipping_finalization
-
-    exit_skipping_finalization(0)  # gloo can abort in finalization (see its docstring)
 
 
 def _reference(name: str) -> dict[str, Any]:

@@ -21,7 +21,7 @@ import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from tests.runner.harness import free_port, step_and_record
+from tests.runner.harness import free_port, gloo_process, step_and_record
 
 ROWS, DIM, B, L, WORLD, GPH, STEPS = 24, 8, 3, 4, 4, 2, 2
 PAD = 13
@@ -224,25 +224,17 @@ def _sent(rank: int) -> dict[str, list[int]]:
 
 
 def _worker(rank: int, port: int, path: str) -> None:
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                       "OMP_NUM_THREADS": "1"})
-    import torch.distributed as dist
     from gemc.backends.torch.owned_rows import ENV
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    out: dict[str, Any] = {}
-    try:
-        for owned in ("1", "0"):
-            os.environ[ENV] = owned
-            out[owned] = {case: _train(case, rank) for case in CASES}
-            out[owned]["sent"] = _sent(rank)
-    finally:
-        torch.save(out, f"{path}.{rank}")
-        dist.destroy_process_group()
-    from gemc.backends.torch.comm import exit_skipping_finalization
-
-    exit_skipping_finalization(0)  # gloo can abort in finalization (see its docstring)
+    with gloo_process(rank, WORLD, port):
+        out: dict[str, Any] = {}
+        try:
+            for owned in ("1", "0"):
+                os.environ[ENV] = owned
+                out[owned] = {case: _train(case, rank) for case in CASES}
+                out[owned]["sent"] = _sent(rank)
+        finally:
+            torch.save(out, f"{path}.{rank}")
 
 
 @pytest.fixture(scope="module")
