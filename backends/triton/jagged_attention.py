@@ -63,7 +63,7 @@ from .runtime import (
     mma,
     next_pow2,
 )
-from .uncovered_rows import zero_uncovered_rows
+from .uncovered_rows import uninitialised, zero_uncovered_rows
 
 __all__ = ["jagged_attention", "jagged_attention_reference", "JaggedAttentionFunction"]
 
@@ -159,14 +159,6 @@ shape with its bias (``kernels.py --cases silu_variants``) fwd+bwd 0.900-1.412 m
 other flags against 1.369 for the defaults' two-kernel path, max abs error 4.9e-4 against
 1.6-3.1e-2 for every other variant. Not yet timed on an H200.
 ``GEMC_SILU_KEY_BLOCK_BACKWARD=0`` runs the two-kernel backward."""
-
-
-def uninitialised(shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype,
-                  device: torch.device) -> torch.Tensor:
-    """An output buffer that a kernel writes in full (``torch.empty_strided``): the one
-    place such buffers are made, so a test can fill them with NaN instead and see that
-    every element was written."""
-    return torch.empty_strided(shape, stride, dtype=dtype, device=device)
 
 
 def written_rows(like: torch.Tensor, offsets: torch.Tensor, pad_len: int, count: int = 1

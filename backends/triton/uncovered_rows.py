@@ -20,7 +20,15 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["zero_uncovered_rows"]
+__all__ = ["uninitialised", "zero_uncovered_rows"]
+
+
+def uninitialised(shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype,
+                  device: torch.device) -> torch.Tensor:
+    """An output buffer that a kernel writes in full (``torch.empty_strided``): the one
+    place such buffers are made, so a test can fill them with NaN instead and see that
+    every element was written."""
+    return torch.empty_strided(shape, stride, dtype=dtype, device=device)
 
 _BLOCK_R = 64
 

@@ -19,7 +19,8 @@ over dense keys (``jagged_query_attention``), whose work is ``qlen_b * L`` per r
 
 Forward: flash attention (online softmax), saving the row logsumexp. Backward: one kernel
 per query block for dq, one per key block for dk and dv (keys at or past ``len_b`` get
-zero, as their attention weights are zero), ``delta = rowsum(dO * O)`` computed in torch.
+zero, as their attention weights are zero; the kernels write those zeros into buffers
+made uninitialised, no separate zero fill), ``delta = rowsum(dO * O)`` computed in torch.
 No atomics: deterministic. fp32 accumulation; outputs in the input dtype.
 """
 
@@ -31,6 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import uncovered_rows
 from .runtime import MIN_DOT, check_launchable, mma, next_pow2
 
 __all__ = ["attention_backward", "attention_forward", "varlen_key_attention"]
@@ -139,19 +141,19 @@ def _dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, klen_ptr, qlen_ptr, sqb, sqh, sqm, s
 
 @triton.jit
 def _dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, klen_ptr, qlen_ptr, sqb, sqh, sqm, skb,
-                 skh, skn, svb, svh, svn, sgb, sgh, sgn, heads, M, scale,
+                 skh, skn, svb, svh, svn, sgb, sgh, sgn, heads, M, N, scale,
                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, IEEE: tl.constexpr, HAS_QLEN: tl.constexpr):
-    """DK and DV share one contiguous [B, H, L, D] layout (strides sgb, sgh, sgn), zero
-    initialised: a key block past the row's length keeps its zeros."""
+    """DK and DV share one contiguous [B, H, L, D] layout (strides sgb, sgh, sgn), not
+    initialised: every program writes all its ``N`` key rows, zeros at or past the row's
+    length (a key block wholly past it skips its query loop and stores zeros)."""
     bh = tl.program_id(0)
     b = bh // heads
     h = bh % heads
     n_len = tl.load(klen_ptr + b)
     m_len = _query_len(qlen_ptr, b, M, HAS_QLEN)
     start_n = tl.program_id(1) * BLOCK_N
-    if start_n >= n_len:
-        return
+    m_end = tl.where(start_n < n_len, m_len, 0)
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     k = _tile(K + b.to(tl.int64) * skb + h * skh, offs_n, n_len, skn, offs_d, HEAD_DIM)
@@ -159,7 +161,7 @@ def _dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, klen_ptr, qlen_ptr, sqb, sqh, 
     q_off = b.to(tl.int64) * sqb + h * sqh
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    for start_m in range(0, m_len, BLOCK_M):
+    for start_m in range(0, m_end, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         q = _tile(Q + q_off, offs_m, m_len, sqm, offs_d, HEAD_DIM)
         do = _tile(DO + q_off, offs_m, m_len, sqm, offs_d, HEAD_DIM)
@@ -174,7 +176,7 @@ def _dkdv_kernel(Q, K, V, DO, DK, DV, LSE, DELTA, klen_ptr, qlen_ptr, sqb, sqh, 
         dk += mma(tl.trans(ds.to(q.dtype)), q, IEEE)
     dk = dk * scale
     g_off = b.to(tl.int64) * sgb + h * sgh + offs_n[:, None].to(tl.int64) * sgn + offs_d[None, :]
-    mask = (offs_n[:, None] < n_len) & (offs_d[None, :] < HEAD_DIM)
+    mask = (offs_n[:, None] < N) & (offs_d[None, :] < HEAD_DIM)  # zero past n_len
     tl.store(DK + g_off, dk.to(DK.dtype.element_ty), mask=mask)
     tl.store(DV + g_off, dv.to(DV.dtype.element_ty), mask=mask)
 
@@ -215,19 +217,21 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     q = q.contiguous()
     do = grad.to(q.dtype).contiguous()
     delta = (do.float() * out.float()).sum(-1).reshape(batch * heads, m)
-    dq = torch.zeros_like(q)
-    dk = torch.zeros(k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
+    dq = uncovered_rows.uninitialised(tuple(q.shape), q.stride(), q.dtype, q.device)
+    grad_strides = torch.empty(k.shape, device="meta").stride()
+    dk, dv = (uncovered_rows.uninitialised(tuple(k.shape), grad_strides, t.dtype, t.device)
+              for t in (k, v))
     qlen = key_lengths if query_lengths is None else query_lengths
     has_qlen = query_lengths is not None
-    if q.numel() and k.numel():
-        _dq_kernel[(batch * heads, triton.cdiv(m, meta["BLOCK_M"]))](
-            q, k, v, do, dq, lse, delta, key_lengths, qlen, *q.stride()[:3], *k.stride()[:3],
-            *v.stride()[:3], heads, m, scale, HAS_QLEN=has_qlen, **meta)
-        _dkdv_kernel[(batch * heads, triton.cdiv(k.shape[2], meta["BLOCK_N"]))](
-            q, k, v, do, dk, dv, lse, delta, key_lengths, qlen, *q.stride()[:3],
-            *k.stride()[:3], *v.stride()[:3], *dk.stride()[:3], heads, m, scale,
-            HAS_QLEN=has_qlen, **meta)
+    if not (q.numel() and k.numel()):  # no launch writes them
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    _dq_kernel[(batch * heads, triton.cdiv(m, meta["BLOCK_M"]))](
+        q, k, v, do, dq, lse, delta, key_lengths, qlen, *q.stride()[:3], *k.stride()[:3],
+        *v.stride()[:3], heads, m, scale, HAS_QLEN=has_qlen, **meta)
+    _dkdv_kernel[(batch * heads, triton.cdiv(k.shape[2], meta["BLOCK_N"]))](
+        q, k, v, do, dk, dv, lse, delta, key_lengths, qlen, *q.stride()[:3],
+        *k.stride()[:3], *v.stride()[:3], *dk.stride()[:3], heads, m, k.shape[2], scale,
+        HAS_QLEN=has_qlen, **meta)
     return dq, dk, dv
 
 

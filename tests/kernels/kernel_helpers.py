@@ -74,3 +74,12 @@ def silu_padded_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     gp = jagged_to_padded(g, offsets, max_len).float().transpose(1, 2)
     grads = torch.autograd.grad(out, (*x, b) if b is not None else x, gp)
     return [t.transpose(1, 2) for t in (out, *grads[:3])] + list(grads[3:])
+
+
+def nan_buffers(shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype,
+                device: torch.device) -> torch.Tensor:
+    """``uncovered_rows.uninitialised`` with every element of its storage NaN: a test
+    patches it in to see that the kernels write every element of their outputs."""
+    t = torch.empty_strided(shape, stride, dtype=dtype, device=device)
+    t.as_strided((t.untyped_storage().nbytes() // t.element_size(),), (1,)).fill_(float("nan"))
+    return t

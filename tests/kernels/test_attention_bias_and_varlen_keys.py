@@ -5,6 +5,11 @@ kernel (dense queries over the first len_b padded keys), against padded PyTorch.
 from __future__ import annotations
 
 import importlib
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,8 +22,12 @@ from gemc.backends.triton.jagged_attention import (
     jagged_attention,
 )
 from gemc.backends.triton.varlen_key_attention import varlen_key_attention
+from kernel_helpers import nan_buffers
+
+from tests.hopper_target import HOPPER_DRIVER
 
 jagged_attention_module = importlib.import_module("gemc.backends.triton.jagged_attention")
+REPO = Path(__file__).resolve().parents[2]
 B, H, L, D = 3, 2, 6, 4
 LENGTHS = [2, 0, 6]
 
@@ -82,3 +91,62 @@ def test_heads_add_into_one_gradient_block_where_the_bias_has_no_heads(shape, sh
     # a launch that does not write the bias's gradient never zeroes it
     assert "DBIAS" not in jagged_attention_module._accumulated(meta, (), False)
     assert bias_grad_sum(buffer, torch.zeros(shape)).shape == shape
+
+
+
+@pytest.mark.parametrize("lengths, qlens", [
+    ([3, 0, 70, 65], None),   # a key block wholly past a non-empty row's length
+    ([3, 0, 70, 65], [2, 5, 0, 7]),   # padded queries too (jagged_query_attention's call)
+    ([0, 0, 0, 0], None),
+], ids=["keys", "keys-and-queries", "all-empty"])
+def test_varlen_gradients_written_in_full_without_a_zero_fill(monkeypatch, lengths, qlens):
+    """dq, dk and dv come uninitialised (here NaN) and the kernels write every element:
+    zeros past each row's key length and on padding queries, the masked SDPA's gradients
+    elsewhere (a stale element would be NaN)."""
+    uncovered = importlib.import_module("gemc.backends.triton.uncovered_rows")
+    monkeypatch.setattr(uncovered, "uninitialised", nan_buffers)
+    gen = torch.Generator().manual_seed(7)
+    n_keys, m = 70, 7
+    q = torch.randn(len(lengths), H, m, D, generator=gen).requires_grad_()
+    k, v = (torch.randn(len(lengths), H, n_keys, D, generator=gen).requires_grad_()
+            for _ in range(2))
+    klen = torch.tensor(lengths, dtype=torch.int32)
+    qlen = None if qlens is None else torch.tensor(qlens, dtype=torch.int32)
+    got = varlen_key_attention(q, k, v, klen, query_lengths=qlen)
+    keep = torch.arange(n_keys)[None] < klen[:, None]
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None, None, :])
+    rows = torch.ones(len(lengths), 1, m, 1) if qlen is None else \
+        (torch.arange(m)[None] < qlen[:, None]).float()[:, None, :, None]
+    torch.testing.assert_close(got, ref * rows)
+    grads = _grads(got, (q, k, v))
+    assert not any(g.isnan().any() for g in grads)
+    for g, w in zip(grads, _grads(ref * rows, (q, k, v))):
+        torch.testing.assert_close(g, w)
+
+
+_HOPPER = HOPPER_DRIVER + textwrap.dedent("""
+    import sys
+    from gemc.backends.triton import warm as W
+    from gemc.backends.triton.varlen_key_attention import attention_backward
+    meta = dict(device="meta")
+    q = torch.empty(4, 2, 8, 64, dtype=torch.bfloat16, **meta)
+    k = torch.empty(4, 2, 100, 64, dtype=torch.bfloat16, **meta)
+    lengths = torch.empty(4, dtype=torch.int32, **meta)
+    lse = torch.empty(8, 8, dtype=torch.float32, **meta)
+    with W.dry_launches() as launches:
+        for qlen in (None, lengths):
+            attention_backward(q, k, k, lengths, qlen, q, lse, q, 0.125)
+    errors = [r for r in map(W.compile_launch, launches) if r["error"]]
+    print(len(launches), "launches;", errors)
+    sys.exit(1 if errors or len(launches) != 4 else 0)
+""")
+
+
+def test_varlen_backward_compiles_for_hopper(tmp_path: Path) -> None:
+    """The key-block kernel's loop bound is a ``where`` of the row's lengths (no early
+    return, so it stores the zeros past them): each backward launch, with and without
+    padded queries, compiles for sm_90, no GPU needed."""
+    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-c", _HOPPER], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -19,24 +19,17 @@ import torch
 from gemc.backends.triton import config_choice as cc
 from gemc.backends.triton import jagged_attention, jagged_to_padded
 from gemc.backends.triton import ops as _ops  # noqa: F401  (registers the gemc:: ops)
-from kernel_helpers import silu_padded_reference
+from kernel_helpers import nan_buffers, silu_padded_reference
 
 kernel = importlib.import_module("gemc.backends.triton.jagged_attention")
 H, D = 2, 16
-
-
-def _nan_buffers(shape, stride, dtype, device):  # noqa: ANN001, ANN202
-    """``uninitialised`` with every element of its storage NaN."""
-    t = torch.empty_strided(shape, stride, dtype=dtype, device=device)
-    t.as_strided((t.untyped_storage().nbytes() // t.element_size(),), (1,)).fill_(float("nan"))
-    return t
 
 
 @pytest.fixture
 def key_block(monkeypatch):
     """The key-block backward on, its uninitialised buffers NaN."""
     monkeypatch.setattr(kernel, "SILU_KEY_BLOCK_BACKWARD", True)
-    monkeypatch.setattr(kernel, "uninitialised", _nan_buffers)
+    monkeypatch.setattr(kernel, "uninitialised", nan_buffers)
 
 
 def _inputs(lengths, bias_shape, seed, dtype=torch.float32):  # noqa: ANN001, ANN202

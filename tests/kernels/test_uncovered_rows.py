@@ -21,18 +21,12 @@ import torch
 from gemc.backends.triton import jagged_attention
 from gemc.backends.triton.jagged_attention import jagged_attention_reference
 from gemc.backends.triton.uncovered_rows import zero_uncovered_rows
-from kernel_helpers import fresh_generator
+from kernel_helpers import fresh_generator, nan_buffers
 
 from tests.hopper_target import HOPPER_DRIVER
 
 kernel = importlib.import_module("gemc.backends.triton.jagged_attention")
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _nan_buffers(shape, stride, dtype, device):  # noqa: ANN001, ANN202
-    t = torch.empty_strided(shape, stride, dtype=dtype, device=device)
-    t.as_strided((t.untyped_storage().nbytes() // t.element_size(),), (1,)).fill_(float("nan"))
-    return t
 
 
 def test_only_rows_outside_the_sequences_are_zeroed():
@@ -72,7 +66,7 @@ def test_spare_slots_read_zero_and_the_rest_matches_the_reference(monkeypatch, k
     """Values with 5 spare slots past ``offsets[-1]`` and every buffer NaN before the
     kernels run: out, dq, dk, dv equal the reference on the tokens and are exactly 0 in
     the spare slots (a stale slot would be NaN)."""
-    monkeypatch.setattr(kernel, "uninitialised", _nan_buffers)
+    monkeypatch.setattr(kernel, "uninitialised", nan_buffers)
     gen = fresh_generator()
     lengths, spare, heads, dim = [5, 0, 17, 9], 5, 2, 16
     offsets = torch.tensor([0, 5, 5, 22, 31])
