@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Twenty-fourth session's device calls (issue 17 on an H200), one part a call, each < 10 min:
 #   GEMC_COMMIT=<sha> bash benchmarks/h200_session24.sh 1   # the attention kernel tests on
-#       # the GPU; the issue's figure for every zoo attention, TransAct's included
-#       # (kernels.py --cases zoo); kernels or host (attention_gpu_time.py)
+#       # the GPU (eager SDPA's empty rows on torch 2.11 among them); the issue's figure for
+#       # every zoo attention, TransAct's included (kernels.py --cases zoo); kernels or host
+#       # (attention_gpu_time.py)
 #   GEMC_COMMIT=<sha> bash benchmarks/h200_session24.sh 2   # the fill sweep: masked_tower at
 #       # 25 / 50 / 75 / 100% fill, torch.compile and gemc (is the packed tower's time
 #       # proportional to its real tokens?)
 #   GEMC_COMMIT=<sha> bash benchmarks/h200_session24.sh 3   # one call for both, when device
-#       # starts are scarce: the zoo's attentions; gemc's masked_tower at 25 / 50 / 100% fill;
-#       # attention_gpu_time.py in what time is left
+#       # starts are scarce: the varlen / SDPA kernel tests; the zoo's attentions; gemc's
+#       # masked_tower at 25 / 50 / 100% fill; attention_gpu_time.py in what time is left
 #   GEMC_COMMIT=<sha> bash benchmarks/h200_session24.sh 4   # the zoo's attentions alone
 #       # (< 4 min: what a short end of the session's device time allows)
 set -uo pipefail
@@ -43,17 +44,23 @@ fill_sweep() {  # masked_tower: variants $1, $2 steps ($5 warm-up), fills $3 (%)
   done
 }
 
+kernel_tests() {  # the attention kernels on the GPU; eager SDPA's empty rows on torch 2.11
+  GEMC_TEST_DEVICE=cuda timeout "$1" python3 -m pytest -q -p no:cacheprovider -n 0 \
+    tests/kernels/test_sdpa_empty_rows.py tests/kernels/test_attention_bias_and_varlen_keys.py \
+    ${@:2} > "$OUT/tests.log" 2>&1
+  echo "== attention kernel tests on the GPU (exit $?, $((SECONDS - t0)) s)"
+  grep -E "passed|failed|Error" "$OUT/tests.log" | tail -6
+}
+
 if [ "$part" = 1 ]; then
-  GEMC_TEST_DEVICE=cuda timeout 120 python3 -m pytest -q -p no:cacheprovider -n 0 \
-    tests/kernels/test_uncovered_rows.py tests/kernels/test_attention_bias_and_varlen_keys.py \
-    tests/kernels/test_silu_key_block_backward.py > "$OUT/tests.log" 2>&1
-  echo "== attention kernel tests on the GPU (exit $?, $((SECONDS - t0)) s)"; tail -3 "$OUT/tests.log"
+  kernel_tests 120 tests/kernels/test_uncovered_rows.py tests/kernels/test_silu_key_block_backward.py
   zoo_attentions 240
   gpu_time 150
 elif [ "$part" = 2 ]; then
   fill_sweep compile,gemc 10 "25 50 75 100" 140 3
 elif [ "$part" = 3 ]; then
-  zoo_attentions 240
+  kernel_tests 60
+  zoo_attentions 220
   fill_sweep gemc 8 "25 50 100" 100 2
   left=$((500 - SECONDS + t0))
   [ "$left" -gt 60 ] && gpu_time "$left"
