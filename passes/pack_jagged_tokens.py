@@ -123,6 +123,7 @@ count rounded up to a bucket, or padded (``backends/triton/region_guard``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
@@ -145,6 +146,7 @@ from .jagged_patterns import (
     keep_of,
     zero_padded_source,
 )
+from .pad_reps import follow_weighted, reductions, rep_facts
 from .row_reads import follow_with_reads, read_specs, unproven_reader
 
 aten = torch.ops.aten
@@ -421,10 +423,12 @@ class PackJaggedTokens:
 
 def _guarded_entry(gm: fx.GraphModule, rid: str, flow: PaddingFlow, starts: list[fx.Node],
                    key_mask: KeyMask, mask: fx.Node, compact: bool, also: list[fx.Node],
-                   ctx: PassContext) -> list[fx.Node]:
+                   ctx: PassContext, extra: dict[str, Any] | None = None) -> list[fx.Node]:
     """Mark ``flow`` as guarded region ``rid`` (checked at run time on ``mask``) and put its
     entry on its first start; ``also``: nodes beside the flow whose kernel facts count for
-    ``every_row`` (the attention it is built around). Returns the region's nodes."""
+    ``every_row`` (the attention it is built around); ``extra``: more facts of the entry
+    (padding representatives: ``pad_reps.rep_facts``), which the sampled fill reads too.
+    Returns the region's nodes."""
     nodes = _mark(gm, flow, rid)
     members = [n.meta.get(ir.KERNEL) or {} for n in (*also, *flow.carriers)]
     # a written-out causal softmax over -inf is NaN on each query row that sees no kept
@@ -464,6 +468,7 @@ def _guarded_entry(gm: fx.GraphModule, rid: str, flow: PaddingFlow, starts: list
         # are checked with the mask (a row reading a padding token runs the region
         # padded), and a packed run reads each row's token from the packed tokens
         "reads": read_specs(flow),
+        **(extra or {}),
     }
     # the fill is data: read off the example batch by the run-time check's own rule
     sampled = sample_fill(gm, head.meta[PACKED_REGION], ctx.sample_inputs)
@@ -570,14 +575,16 @@ def _guarded_flow(gm: fx.GraphModule, attention: fx.Node, key_mask: KeyMask
     return found
 
 
-def _flow_from(gm: fx.GraphModule, starts: list[fx.Node], key_mask: KeyMask
+def _flow_from(gm: fx.GraphModule, starts: list[fx.Node], key_mask: KeyMask,
+               follow: Callable[..., PaddingFlow | fx.Node] = follow_with_reads
                ) -> tuple[PaddingFlow, list[fx.Node]] | str:
     """The padding flow from every one of ``starts`` (a history's inputs and lookups),
     merged (each node at one layout), and the starts that are in it; or why there is no
-    region."""
+    region. ``follow``: how one start's padding is followed (``pad_reps.follow_weighted``
+    lets weighted reductions over the token axis read it)."""
     flows = []
     for start in starts:
-        flow = follow_with_reads(start, (0, 1), key_mask)
+        flow = follow(start, (0, 1), key_mask)
         if isinstance(flow, fx.Node):
             return (f"padding rows of {start.name} may be read unmasked by {flow.name}: "
                     f"{why_read(flow, key_mask.batch, key_mask.length)}")
@@ -716,6 +723,11 @@ def _unattended_histories(gm: fx.GraphModule, first: int, ctx: PassContext) -> i
             continue
         key_mask = KeyMask(mask, False, mask, batch, length, prefix=True)
         found = _flow_from(gm, starts, key_mask)
+        extra: dict[str, Any] | str | None = None
+        if isinstance(found, str) and found.startswith("padding rows"):
+            # read by reductions over the token axis only: padding as one weighted token
+            # per row, where the check finds each row's padded entries equal (pad_reps)
+            extra, found = _with_reps(gm, starts, key_mask, found)
         if not isinstance(found, str) and (set(found[0].carriers) | set(found[0].zeroed)) \
                 & taken:
             found = "overlap: the history meets another region's"
@@ -727,8 +739,28 @@ def _unattended_histories(gm: fx.GraphModule, first: int, ctx: PassContext) -> i
                      f"{found}")
             continue
         flow, inside = found
-        compact = _compact(flow, _flow_from(gm, starts, replace(key_mask, prefix=False)))
+        # a layout with representatives is a prefix's (each row's first padded position)
+        compact = extra is None and _compact(
+            flow, _flow_from(gm, starts, replace(key_mask, prefix=False)))
         rid = f"packed_tokens_{first + count}"
         count += 1
-        taken |= set(_guarded_entry(gm, rid, flow, inside, key_mask, mask, compact, [], ctx))
+        taken |= set(_guarded_entry(gm, rid, flow, inside, key_mask, mask, compact, [], ctx,
+                                    extra if isinstance(extra, dict) else None))
     return count
+
+
+def _with_reps(gm: fx.GraphModule, starts: list[fx.Node], key_mask: KeyMask, why: str
+               ) -> tuple[dict[str, Any] | None, tuple[PaddingFlow, list[fx.Node]] | str]:
+    """The history's flow with weighted reductions over the token axis allowed, and its
+    padding-representative facts (``pad_reps``); or, where that does not hold, ``why`` the
+    plain flow failed with the reason representatives do not apply either."""
+    found = _flow_from(gm, starts, key_mask, follow_weighted)
+    if not isinstance(found, str):
+        weighted = reductions(found[0])
+        facts = rep_facts(gm, found[0], key_mask, weighted)
+        if isinstance(facts, dict):
+            return facts, found
+        found = facts
+    if found.startswith("padding rows") or found == why:
+        return None, why  # read by something no weighting makes exact: the plain reason
+    return None, f"{why}; padding as one weighted token per row does not apply: {found}"

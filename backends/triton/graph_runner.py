@@ -48,7 +48,7 @@ import torch
 from torch import fx
 
 from gemc import ir
-from gemc.guard_sample import guard_inputs, mask_rows, reader_positions
+from gemc.guard_sample import guard_inputs, mask_rows, padding_reps, reader_positions
 
 from . import kinds as registry
 from . import packed_tokens as packed
@@ -179,8 +179,13 @@ class GraphRunner:
         # checked with its mask, an offset-proven region's proven): on a packed call, read
         # from the tokens
         self.row_reads: dict[fx.Node, dict[str, Any]] = {}
+        # reductions over the token axis of a region with padding representatives: on a
+        # packed call, weighted by the layout's weights (``packed_tokens.weighted_reduce``)
+        self.weighted: dict[fx.Node, dict[str, Any]] = {}
         for region in regions:
             guarded = region.get("guard") is not None
+            for spec in region.get("weighted") or ():
+                self.weighted[self.by_name[spec["node"]]] = spec
             for name, dims in region["dims"].items():
                 node = self.by_name[name]
                 (self.guarded_nodes if guarded else self.packed)[node] = (int(dims[0]),
@@ -412,6 +417,11 @@ class GraphRunner:
             x, (row, col) = node.args[0], node.args[1]
             return packed.exit_tokens(env[x], self.packed[x], self._region_layout(x, env),
                                       env[row], env[col])
+        if node in self.weighted and node.args[0] in self.packed:  # a packed call
+            x, spec = node.args[0], self.weighted[node]
+            return packed.weighted_reduce(env[x], self.packed[x], self._region_layout(x, env),
+                                          spec["op"], spec["dims"], bool(spec["keepdim"]),
+                                          float(spec["correction"]))
         if node in self.row_reads and node.args[0] in self.packed:  # a packed call
             x, spec = node.args[0], self.row_reads[node]
             layout = self._region_layout(x, env)
@@ -452,6 +462,11 @@ class GraphRunner:
                                  {n: env[self.by_name[n]] for n in guard_inputs(region)[1:]},
                                  int(mask.shape[0]), int(mask.shape[1]), mask.device)
         offsets, check = packed.region_check(mask, additive, reads)
+        reps = bool(region.get("pad_rep"))
+        if reps:  # padded entries equal within each row: one weighted token stands for them
+            sources = [env[self.by_name[n]] for n in region["rep_sources"]]
+            check = torch.cat([check, padding_reps(offsets[1:] - offsets[:-1], sources,
+                                                   int(mask.shape[1]))])
         flags = check.tolist()  # the sync
         compact = bool(region.get("compact", False))
         ok = packed.packs(flags, bool(region.get("every_row", False)), compact)
@@ -460,10 +475,15 @@ class GraphRunner:
         if not ok:
             return
         key = (region["mask"], 0, int(region["max_len"]), name)
-        positions = packed.kept_positions(mask, additive, int(flags[2])) \
-            if compact and flags[0] else None
-        self._layouts[key] = TokenLayout(offsets, int(flags[2]), int(mask.shape[0]),
-                                         int(region["max_len"]), positions)
+        if reps:
+            self._layouts[key] = packed.rep_layout(offsets[1:] - offsets[:-1],
+                                                   int(mask.shape[0]), int(region["max_len"]),
+                                                   int(flags[2]) + int(flags[6]))
+        else:
+            positions = packed.kept_positions(mask, additive, int(flags[2])) \
+                if compact and flags[0] else None
+            self._layouts[key] = TokenLayout(offsets, int(flags[2]), int(mask.shape[0]),
+                                             int(region["max_len"]), positions)
         for n in self.guarded_nodes:
             if self.region_of[n] is region:
                 self.packed[n] = self.guarded_nodes[n]
