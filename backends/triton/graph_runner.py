@@ -467,6 +467,7 @@ class GraphRunner:
             sources = [env[self.by_name[n]] for n in region["rep_sources"]]
             check = torch.cat([check, padding_reps(offsets[1:] - offsets[:-1], sources,
                                                    int(mask.shape[1]))])
+            offsets = packed.rep_offsets(offsets[1:] - offsets[:-1], int(region["max_len"]))
         flags = check.tolist()  # the sync
         compact = bool(region.get("compact", False))
         ok = packed.packs(flags, bool(region.get("every_row", False)), compact)
@@ -476,9 +477,9 @@ class GraphRunner:
             return
         key = (region["mask"], 0, int(region["max_len"]), name)
         if reps:
-            self._layouts[key] = packed.rep_layout(offsets[1:] - offsets[:-1],
-                                                   int(mask.shape[0]), int(region["max_len"]),
-                                                   int(flags[2]) + int(flags[6]))
+            self._layouts[key] = packed.with_rep_weights(TokenLayout(
+                offsets, int(flags[2]) + int(flags[6]), int(mask.shape[0]),
+                int(region["max_len"])))
         else:
             positions = packed.kept_positions(mask, additive, int(flags[2])) \
                 if compact and flags[0] else None

@@ -187,21 +187,32 @@ class TokenLayout:
         return self._index[kind]
 
 
-def rep_layout(lengths: torch.Tensor, batch: int, max_len: int, total: int) -> TokenLayout:
-    """The layout of a region with padding representatives (``pad_rep``): each row's real
-    tokens (a prefix of ``lengths[b]``) and, where the row has padding, its first padded
-    position as one more token standing for all ``L - len`` of them (``weights``). That is
-    the prefix layout over ``min(len + 1, L)``, so gathers and the one-token readers need
-    nothing new; ``total``: its token count (the real ones plus the rows with padding,
-    read with the check's flags)."""
-    lengths = lengths.to(torch.int64)
-    widened = (lengths + 1).clamp(max=max_len)
-    offsets = torch.cat([widened.new_zeros(1), torch.cumsum(widened, 0)])
-    layout = TokenLayout(offsets, int(total), batch, max_len)
-    row, pos = layout.index("row"), layout.index("pos")
-    real = lengths[row]
-    live = layout.index("row_out") < batch
-    weights = torch.where(pos < real, 1, max_len - real) * live
+REPS = "padding-representatives"
+"""The ``positions`` argument the compiled graph's layout helpers get for a region with
+padding representatives (``inductor_graph._layout``): its slots are a prefix layout whose
+last slot per row may stand for the row's padding (:func:`with_rep_weights`)."""
+
+
+def rep_offsets(lengths: torch.Tensor, max_len: int) -> torch.Tensor:
+    """The offsets of a layout with padding representatives: each row's real tokens (a
+    prefix of ``lengths[b]``) and, where it has padding, its first padded position as one
+    more token: the prefix layout over ``min(len + 1, L)``, so gathers and the one-token
+    readers need nothing new."""
+    widened = (lengths.to(torch.int64) + 1).clamp(max=max_len)
+    return torch.cat([widened.new_zeros(1), torch.cumsum(widened, 0)])
+
+
+def with_rep_weights(layout: TokenLayout) -> TokenLayout:
+    """``layout`` (over :func:`rep_offsets`) with its ``weights``: 1 for every slot but each
+    row's last, which weighs ``L - width + 1``. Why the offsets suffice: a row of width
+    ``w < L`` has ``w - 1`` real tokens and a representative of ``L - (w - 1)`` padded ones;
+    a row of width ``L`` is full (weight 1) or has one padded position (its representative
+    weighs ``L - (L - 1) = 1``): the same formula. Spare slots (a bucketed count) weigh 0."""
+    row = layout.index("row")
+    width = (layout.offsets[1:] - layout.offsets[:-1])[row]
+    last = layout.index("pos") == width - 1
+    live = layout.index("row_out") < layout.batch
+    weights = torch.where(last, layout.max_len - width + 1, 1) * live
     layout.weights = weights.to(torch.float32)
     return layout
 
