@@ -108,13 +108,33 @@ lengths``) multiplied into values that come from ``[B, L, ...]`` lookups or inpu
 attention kernel using it (DIN: an MLP scores each behaviour, the scores are masked and
 sum-pooled), gets a guarded region the same way, its flow followed from those lookups. A
 product by a masked value (``(scores * mask)[..., None] * keys``) zeroes padding rows as a
-multiply by the mask does. Where a node may read the padded tokens (DIN's Dice: mean and
-variance over all ``B * L`` rows), the history stays padded.
+multiply by the mask does.
+
+Padding as one weighted token per row (``passes/pad_reps``): DIN's Dice takes the mean and
+variance over all ``B * L`` rows, so its padded tokens are read, and leaving the history
+padded leaves DIN's dominant cost (the activation unit: an MLP over every (sample,
+behaviour) pair) on the padding. But within a row every padded token is one value when
+every source's padded entries are equal within the row (data: DIN pads the ids with 0)
+and every other operand is constant over the token axis (structural: the candidate
+``expand``-ed over ``L``, weights, the statistics themselves). Then the padded computation
+is the packed one over the real tokens plus one representative per row with padding (its
+first padded position), weighted by ``L - len``, with every reduction over the token axis
+weighted (sum, mean, var and std over both token dims, any correction): forward and
+backward equal eager's up to summation order. Where the plain flow stops at such
+reductions only, the region entry carries ``pad_rep``, the ``rep_sources`` its check
+compares (a row whose padded entries differ runs the region padded, counted as
+``GUARD_STATS.unequal_padding``) and the ``weighted`` reductions; it is priced at its real
+tokens plus one per row with padding, and laid out as a prefix of ``min(len + 1, L)``
+(never compact). Any other reader (a per-row statistic, an ``amax``: its gradient splits
+among ties, and the copies are ties; a scan; the output), an operand varying by position
+(a position embedding), a dropout (its copies differ) or an attention in the region keeps
+the history padded, the warning saying why.
 
 Every history left padded is a warning (in the plan's ``warnings``) naming the reader, its
 op and what it reduces over, and the module it was traced in (:func:`why_read`): e.g. "a
-reduction over the token axis (mean over the B*L = 2048*512 rows in mean_1, from
-attention.dnn.3 (Dice)) reads padded tokens; packing would change the result".
+reduction over the token axis (amax over the B*L = 2048*512 rows in amax_1, from
+attention.dnn.3 (MaxDice)) reads padded tokens; packing would change the result", followed
+by why padding representatives do not apply either where they were tried.
 
 The compiled (Inductor) graph fixes its shapes when it is compiled, so there the check runs
 ahead of it, on the batch, and picks a graph compiled for its outcome: packed at the token
@@ -705,9 +725,11 @@ def _unattended_histories(gm: fx.GraphModule, first: int, ctx: PassContext) -> i
     kernel reads (DIN: an MLP scores each behaviour, the scores are multiplied by the mask
     and sum-pooled), numbered from ``first``; returns how many. The mask is only known at
     run time here as around a guarded attention (the runner checks it once per call and
-    runs the region padded when it is no prefix); where a node may read the padded tokens
-    (Dice's mean over all B*L rows) the history stays padded and the warning says which
-    node, which op and which module."""
+    runs the region padded when it is no prefix). Where only reductions over the token
+    axis read the padded tokens (Dice's mean and variance over all B*L rows), the region
+    carries padding representatives (:func:`_with_reps`); where a node may read them
+    otherwise, the history stays padded and the warning says which node, which op and
+    which module."""
     taken = {n for n in gm.graph.nodes if PACKED in n.meta}
     count = 0
     by_name = {n.name: n for n in gm.graph.nodes}

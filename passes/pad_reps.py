@@ -224,5 +224,7 @@ def rep_facts(gm: fx.GraphModule, flow: PaddingFlow, key_mask: KeyMask,
     if not sources:
         return "no source of the history is known to the check"
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
-    return {"pad_rep": True, "rep_sources": sources,
+    by_name = {n.name: n for n in gm.graph.nodes}
+    return {"pad_rep": True,
+            "rep_sources": sorted(sources, key=lambda name: order[by_name[name]]),
             "weighted": [weighted[n].spec(n) for n in sorted(weighted, key=order.__getitem__)]}

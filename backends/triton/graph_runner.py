@@ -452,7 +452,11 @@ class GraphRunner:
         """Once per call, before a guarded region's first node: check its mask (one small
         kernel and one host read, as the guarded attention's) and run the region packed
         when every row keeps a prefix (its layout: those lengths; or any kept positions, in
-        order, in a ``compact`` region) and some row keeps a token, else padded: the model's own computation. Counted in ``packed_tokens.GUARD_STATS``."""
+        order, in a ``compact`` region) and some row keeps a token, else padded: the model's
+        own computation. A region with padding representatives (``pad_rep``) also needs each
+        row's padded source entries equal (``guard_sample.padding_reps``, in the same host
+        read) and is laid out over ``min(len + 1, L)`` with its weights. Counted in
+        ``packed_tokens.GUARD_STATS``."""
         name = str(region["name"])
         if name in self._guards:
             return

@@ -49,7 +49,9 @@ known from the capture's shapes, so the compiled graph has static shapes and no 
 A region guarded by a run-time mask check is packed in the graph built for a check that
 passed (``build(guards=...)``: its offsets and bucketed token count come from the check,
 made ahead of the graph by :mod:`.region_guard`), and padded in the graph built for one that
-did not.
+did not. A guarded region with padding representatives (``pad_rep``) takes the offsets of
+its layout with representatives; its weights follow from them
+(``packed_tokens.with_rep_weights``), and its weighted reductions are ``_p_weighted``.
 """
 
 from __future__ import annotations

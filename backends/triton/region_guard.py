@@ -15,8 +15,10 @@ data. So the decision is taken at the compiled graph's boundary, on its inputs:
   (:func:`why_not_ahead`);
 * ``packed_tokens.region_check`` checks each mask on the device, and **one host read per
   step** (all regions' flags at once: prefix violations, invalid additive values, the
-  token total, readers on a dropped position) decides the key: per region its token
-  count rounded up to a bucket
+  token total, readers on a dropped position, and, for a region with padding
+  representatives, rows whose padded source entries differ and rows with padding) decides
+  the key: per region its token count (real tokens, plus one per row with padding where
+  it has representatives) rounded up to a bucket
   (``packed_tokens.bucket``: at most ``BUCKETS`` counts) when it packs, ``None`` when it
   does not (the model's padded computation, the exact fallback), each counted in
   ``packed_tokens.GUARD_STATS`` as the interpreter counts it;
