@@ -774,8 +774,9 @@ def _unattended_histories(gm: fx.GraphModule, first: int, ctx: PassContext) -> i
 def _with_reps(gm: fx.GraphModule, starts: list[fx.Node], key_mask: KeyMask, why: str
                ) -> tuple[dict[str, Any] | None, tuple[PaddingFlow, list[fx.Node]] | str]:
     """The history's flow with weighted reductions over the token axis allowed, and its
-    padding-representative facts (``pad_reps``); or, where that does not hold, ``why`` the
-    plain flow failed with the reason representatives do not apply either."""
+    padding-representative facts (``pad_reps``); or, where that does not hold, why not:
+    the first reader no weighting makes exact, else ``why`` the plain flow failed with the
+    reason representatives do not apply (an operand varying by position, a dropout)."""
     found = _flow_from(gm, starts, key_mask, follow_weighted)
     if not isinstance(found, str):
         weighted = reductions(found[0])
@@ -783,6 +784,8 @@ def _with_reps(gm: fx.GraphModule, starts: list[fx.Node], key_mask: KeyMask, why
         if isinstance(facts, dict):
             return facts, found
         found = facts
-    if found.startswith("padding rows") or found == why:
-        return None, why  # read by something no weighting makes exact: the plain reason
+    if found.startswith("padding rows"):
+        # read by something no weighting makes exact: that reader (past the reductions a
+        # weighting would handle, so the one to change), in the plain flow's terms
+        return None, found
     return None, f"{why}; padding as one weighted token per row does not apply: {found}"

@@ -273,6 +273,14 @@ def test_unsupported_token_reductions_keep_the_history_padded_and_say_why():
         assert f"a reduction over the token axis ({op} over {over}" in warning, warning
         assert f"({dice.__name__})) reads padded tokens; packing would change the result" \
             in warning
+    # Dice's weighted statistics first, then an amax: the warning names the amax (the
+    # reader to change), not the mean a weighting already handles
+    mixed = din.build("tiny").model
+    mixed.attention.dnn[3] = MaxDice(mixed.attention.dnn[3].alpha.numel())
+    gm, ctx = graph_of(mixed, batch, annotated(*PASSES))
+    (warning,) = [w for w in ctx.warnings if w.startswith("pack-jagged-tokens")]
+    assert "may be read unmasked by amax: a reduction over the token axis (amax over the " \
+           "B*L = 8*8 rows in amax, from attention.dnn.3 (MaxDice))" in warning, warning
 
 
 class Positional(TokenStats):
