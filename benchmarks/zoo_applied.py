@@ -66,9 +66,10 @@ WHY_NOT = {
         "non-prefix mask packs too); the nn.Embedding lookups are not bags"
     ),
     "din": (
-        "target attention is an MLP over [h,c,h-c,h*c] (no SDPA); the history stays padded "
-        "because Dice's batch statistics (mean/var over all B*L rows) read the padded "
-        "tokens (the pass's warning names the node and module); bags with "
+        "target attention is an MLP over [h,c,h-c,h*c] (no SDPA); Dice's batch statistics "
+        "(mean/var over all B*L rows) read the padded tokens, so the history packs with one "
+        "weighted representative per row with padding (pad_rep: the statistics weighted, "
+        "each row's padded ids checked equal per call, padded on a miss); bags with "
         "per_sample_weights are excluded from group-embeddings"
     ),
     "wukong": (

@@ -70,9 +70,39 @@ def packs(flags: Sequence[int], every_row: bool = False, compact: bool = False) 
     and so is everything the row reaches, masked or not) also a token on every row, so a
     batch with an empty row runs padded and returns eager's NaN. With ``compact`` (nothing
     in the region depends on the kept positions being a prefix: the pass's ``compact``)
-    rows that are not prefixes pack too, their kept tokens in order."""
+    rows that are not prefixes pack too, their kept tokens in order. A sixth flag (a region
+    with padding representatives: :func:`padding_reps`) counts rows whose padded entries
+    differ: such a call runs padded too."""
     return (flags[0] == 0 or compact) and flags[1] == 0 and flags[2] > 0 and \
-        not (every_row and flags[3] > 0) and (len(flags) < 5 or flags[4] == 0)
+        not (every_row and flags[3] > 0) and (len(flags) < 5 or flags[4] == 0) and \
+        (len(flags) < 6 or flags[5] == 0)
+
+
+def padding_reps(lengths: torch.Tensor, sources: Sequence[torch.Tensor], length: int
+                 ) -> torch.Tensor:
+    """``[2]`` int64 on the device, no sync: the rows where some ``[B, L, ...]`` source of
+    a region with padding representatives (``pad_rep``: ``passes/pad_reps``) holds padded
+    entries that differ within the row, and the rows that have padding (each gets one
+    representative token). ``lengths`` ``[B]``: the kept prefix of each row.
+
+    Why per row and against the row's first padded entry: the packed layout keeps that
+    entry as the row's one representative, weighted by its row's padding count, which is
+    exact only when every padded copy is that same value (DIN's padded history ids are
+    all 0; any other data runs the region padded, counted). Exact comparison: a NaN
+    padding entry never equals itself, so such a row runs padded too."""
+    lengths = lengths.to(torch.int64)
+    batch = int(lengths.shape[0])
+    device = lengths.device
+    padded_rows = lengths < length
+    unequal = torch.zeros(batch, dtype=torch.bool, device=device)
+    first = lengths.clamp(max=max(length - 1, 0))
+    pad = torch.arange(length, device=device)[None, :] >= lengths[:, None]  # [B, L]
+    for src in sources:
+        flat = src.reshape(batch, length, -1)
+        rep = flat.gather(1, first[:, None, None].expand(-1, 1, flat.shape[2]))
+        differs = (flat != rep).any(-1)  # [B, L]
+        unequal = unequal | (differs & pad).any(1)
+    return torch.stack([unequal.sum(), padded_rows.sum()]).to(torch.int64)
 
 
 ADDITIVE_MASKED_GAP = 1.0e4
@@ -196,11 +226,16 @@ def why_not_ahead(gm: fx.GraphModule, mask: str, calls: Mapping[str, Any]) -> st
 
 def guard_inputs(region: Mapping[str, Any]) -> list[str]:
     """The graph nodes a guarded region's check reads: its mask, then the index of each
-    of its one-token readers (``reads``) that has one, each once, in that order."""
+    of its one-token readers (``reads``) that has one, then the sources whose padded
+    entries a region with padding representatives compares (``rep_sources``), each once,
+    in that order."""
     out = [str(region["mask"])]
     for spec in region.get("reads") or ():
         if spec.get("index") and spec["index"] not in out:
             out.append(str(spec["index"]))
+    for name in region.get("rep_sources") or ():
+        if name not in out:
+            out.append(str(name))
     return out
 
 
@@ -278,15 +313,22 @@ def sample_fill(gm: fx.GraphModule, region: Mapping[str, Any],
     reads = reader_positions(region.get("reads") or (), dict(zip(names[1:], index)), batch,
                              length, "cpu")
     lengths, flags = guard_flags(mask, additive, reads)
+    if region.get("pad_rep"):
+        values = dict(zip(names[1:], index))
+        flags += padding_reps(lengths, [values[n] for n in region["rep_sources"]],
+                              length).tolist()
     if not packs(flags, bool(region.get("every_row")), bool(region.get("compact"))):
         why = ("rows that keep no prefix" if flags[0] and not region.get("compact") else
                "additive values that are no key mask" if flags[1] else
                "a reader of one token per row reading a padding token" if flags[4] else
-               "no kept token" if flags[2] == 0 else "a row that keeps no token")
+               "padded entries that differ within a row" if len(flags) > 5 and flags[5]
+               else "no kept token" if flags[2] == 0 else "a row that keeps no token")
         return padded(f"the example batch fails the region's check ({why}), so it would "
                       "run padded")
     capacity = batch * length
     squares = float((lengths.double() ** 2).sum())
-    return {"fill": bucket(flags[2], capacity) / capacity,
+    # padding representatives: one more token on each row with padding
+    tokens = flags[2] + (flags[6] if region.get("pad_rep") else 0)
+    return {"fill": bucket(tokens, capacity) / capacity,
             "attention_fill": min(1.0, squares / (batch * length * length)),
-            "fill_source": SAMPLE, "sample_tokens": flags[2]}
+            "fill_source": SAMPLE, "sample_tokens": tokens}

@@ -108,13 +108,33 @@ lengths``) multiplied into values that come from ``[B, L, ...]`` lookups or inpu
 attention kernel using it (DIN: an MLP scores each behaviour, the scores are masked and
 sum-pooled), gets a guarded region the same way, its flow followed from those lookups. A
 product by a masked value (``(scores * mask)[..., None] * keys``) zeroes padding rows as a
-multiply by the mask does. Where a node may read the padded tokens (DIN's Dice: mean and
-variance over all ``B * L`` rows), the history stays padded.
+multiply by the mask does.
+
+Padding as one weighted token per row (``passes/pad_reps``): DIN's Dice takes the mean and
+variance over all ``B * L`` rows, so its padded tokens are read, and leaving the history
+padded leaves DIN's dominant cost (the activation unit: an MLP over every (sample,
+behaviour) pair) on the padding. But within a row every padded token is one value when
+every source's padded entries are equal within the row (data: DIN pads the ids with 0)
+and every other operand is constant over the token axis (structural: the candidate
+``expand``-ed over ``L``, weights, the statistics themselves). Then the padded computation
+is the packed one over the real tokens plus one representative per row with padding (its
+first padded position), weighted by ``L - len``, with every reduction over the token axis
+weighted (sum, mean, var and std over both token dims, any correction): forward and
+backward equal eager's up to summation order. Where the plain flow stops at such
+reductions only, the region entry carries ``pad_rep``, the ``rep_sources`` its check
+compares (a row whose padded entries differ runs the region padded, counted as
+``GUARD_STATS.unequal_padding``) and the ``weighted`` reductions; it is priced at its real
+tokens plus one per row with padding, and laid out as a prefix of ``min(len + 1, L)``
+(never compact). Any other reader (a per-row statistic, an ``amax``: its gradient splits
+among ties, and the copies are ties; a scan; the output), an operand varying by position
+(a position embedding), a dropout (its copies differ) or an attention in the region keeps
+the history padded, the warning saying why.
 
 Every history left padded is a warning (in the plan's ``warnings``) naming the reader, its
 op and what it reduces over, and the module it was traced in (:func:`why_read`): e.g. "a
-reduction over the token axis (mean over the B*L = 2048*512 rows in mean_1, from
-attention.dnn.3 (Dice)) reads padded tokens; packing would change the result".
+reduction over the token axis (amax over the B*L = 2048*512 rows in amax_1, from
+attention.dnn.3 (MaxDice)) reads padded tokens; packing would change the result", followed
+by why padding representatives do not apply either where they were tried.
 
 The compiled (Inductor) graph fixes its shapes when it is compiled, so there the check runs
 ahead of it, on the batch, and picks a graph compiled for its outcome: packed at the token
@@ -123,6 +143,7 @@ count rounded up to a bucket, or padded (``backends/triton/region_guard``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
@@ -145,6 +166,7 @@ from .jagged_patterns import (
     keep_of,
     zero_padded_source,
 )
+from .pad_reps import follow_weighted, reductions, rep_facts
 from .row_reads import follow_with_reads, read_specs, unproven_reader
 
 aten = torch.ops.aten
@@ -421,10 +443,12 @@ class PackJaggedTokens:
 
 def _guarded_entry(gm: fx.GraphModule, rid: str, flow: PaddingFlow, starts: list[fx.Node],
                    key_mask: KeyMask, mask: fx.Node, compact: bool, also: list[fx.Node],
-                   ctx: PassContext) -> list[fx.Node]:
+                   ctx: PassContext, extra: dict[str, Any] | None = None) -> list[fx.Node]:
     """Mark ``flow`` as guarded region ``rid`` (checked at run time on ``mask``) and put its
     entry on its first start; ``also``: nodes beside the flow whose kernel facts count for
-    ``every_row`` (the attention it is built around). Returns the region's nodes."""
+    ``every_row`` (the attention it is built around); ``extra``: more facts of the entry
+    (padding representatives: ``pad_reps.rep_facts``), which the sampled fill reads too.
+    Returns the region's nodes."""
     nodes = _mark(gm, flow, rid)
     members = [n.meta.get(ir.KERNEL) or {} for n in (*also, *flow.carriers)]
     # a written-out causal softmax over -inf is NaN on each query row that sees no kept
@@ -464,6 +488,7 @@ def _guarded_entry(gm: fx.GraphModule, rid: str, flow: PaddingFlow, starts: list
         # are checked with the mask (a row reading a padding token runs the region
         # padded), and a packed run reads each row's token from the packed tokens
         "reads": read_specs(flow),
+        **(extra or {}),
     }
     # the fill is data: read off the example batch by the run-time check's own rule
     sampled = sample_fill(gm, head.meta[PACKED_REGION], ctx.sample_inputs)
@@ -570,14 +595,16 @@ def _guarded_flow(gm: fx.GraphModule, attention: fx.Node, key_mask: KeyMask
     return found
 
 
-def _flow_from(gm: fx.GraphModule, starts: list[fx.Node], key_mask: KeyMask
+def _flow_from(gm: fx.GraphModule, starts: list[fx.Node], key_mask: KeyMask,
+               follow: Callable[..., PaddingFlow | fx.Node] = follow_with_reads
                ) -> tuple[PaddingFlow, list[fx.Node]] | str:
     """The padding flow from every one of ``starts`` (a history's inputs and lookups),
     merged (each node at one layout), and the starts that are in it; or why there is no
-    region."""
+    region. ``follow``: how one start's padding is followed (``pad_reps.follow_weighted``
+    lets weighted reductions over the token axis read it)."""
     flows = []
     for start in starts:
-        flow = follow_with_reads(start, (0, 1), key_mask)
+        flow = follow(start, (0, 1), key_mask)
         if isinstance(flow, fx.Node):
             return (f"padding rows of {start.name} may be read unmasked by {flow.name}: "
                     f"{why_read(flow, key_mask.batch, key_mask.length)}")
@@ -698,9 +725,11 @@ def _unattended_histories(gm: fx.GraphModule, first: int, ctx: PassContext) -> i
     kernel reads (DIN: an MLP scores each behaviour, the scores are multiplied by the mask
     and sum-pooled), numbered from ``first``; returns how many. The mask is only known at
     run time here as around a guarded attention (the runner checks it once per call and
-    runs the region padded when it is no prefix); where a node may read the padded tokens
-    (Dice's mean over all B*L rows) the history stays padded and the warning says which
-    node, which op and which module."""
+    runs the region padded when it is no prefix). Where only reductions over the token
+    axis read the padded tokens (Dice's mean and variance over all B*L rows), the region
+    carries padding representatives (:func:`_with_reps`); where a node may read them
+    otherwise, the history stays padded and the warning says which node, which op and
+    which module."""
     taken = {n for n in gm.graph.nodes if PACKED in n.meta}
     count = 0
     by_name = {n.name: n for n in gm.graph.nodes}
@@ -716,6 +745,11 @@ def _unattended_histories(gm: fx.GraphModule, first: int, ctx: PassContext) -> i
             continue
         key_mask = KeyMask(mask, False, mask, batch, length, prefix=True)
         found = _flow_from(gm, starts, key_mask)
+        extra: dict[str, Any] | str | None = None
+        if isinstance(found, str) and found.startswith("padding rows"):
+            # read by reductions over the token axis only: padding as one weighted token
+            # per row, where the check finds each row's padded entries equal (pad_reps)
+            extra, found = _with_reps(gm, starts, key_mask, found)
         if not isinstance(found, str) and (set(found[0].carriers) | set(found[0].zeroed)) \
                 & taken:
             found = "overlap: the history meets another region's"
@@ -727,8 +761,31 @@ def _unattended_histories(gm: fx.GraphModule, first: int, ctx: PassContext) -> i
                      f"{found}")
             continue
         flow, inside = found
-        compact = _compact(flow, _flow_from(gm, starts, replace(key_mask, prefix=False)))
+        # a layout with representatives is a prefix's (each row's first padded position)
+        compact = extra is None and _compact(
+            flow, _flow_from(gm, starts, replace(key_mask, prefix=False)))
         rid = f"packed_tokens_{first + count}"
         count += 1
-        taken |= set(_guarded_entry(gm, rid, flow, inside, key_mask, mask, compact, [], ctx))
+        taken |= set(_guarded_entry(gm, rid, flow, inside, key_mask, mask, compact, [], ctx,
+                                    extra if isinstance(extra, dict) else None))
     return count
+
+
+def _with_reps(gm: fx.GraphModule, starts: list[fx.Node], key_mask: KeyMask, why: str
+               ) -> tuple[dict[str, Any] | None, tuple[PaddingFlow, list[fx.Node]] | str]:
+    """The history's flow with weighted reductions over the token axis allowed, and its
+    padding-representative facts (``pad_reps``); or, where that does not hold, why not:
+    the first reader no weighting makes exact, else ``why`` the plain flow failed with the
+    reason representatives do not apply (an operand varying by position, a dropout)."""
+    found = _flow_from(gm, starts, key_mask, follow_weighted)
+    if not isinstance(found, str):
+        weighted = reductions(found[0])
+        facts = rep_facts(gm, found[0], key_mask, weighted)
+        if isinstance(facts, dict):
+            return facts, found
+        found = facts
+    if found.startswith("padding rows"):
+        # read by something no weighting makes exact: that reader (past the reductions a
+        # weighting would handle, so the one to change), in the plain flow's terms
+        return None, found
+    return None, f"{why}; padding as one weighted token per row does not apply: {found}"

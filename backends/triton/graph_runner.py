@@ -48,7 +48,7 @@ import torch
 from torch import fx
 
 from gemc import ir
-from gemc.guard_sample import guard_inputs, mask_rows, reader_positions
+from gemc.guard_sample import guard_inputs, mask_rows, padding_reps, reader_positions
 
 from . import kinds as registry
 from . import packed_tokens as packed
@@ -179,8 +179,13 @@ class GraphRunner:
         # checked with its mask, an offset-proven region's proven): on a packed call, read
         # from the tokens
         self.row_reads: dict[fx.Node, dict[str, Any]] = {}
+        # reductions over the token axis of a region with padding representatives: on a
+        # packed call, weighted by the layout's weights (``packed_tokens.weighted_reduce``)
+        self.weighted: dict[fx.Node, dict[str, Any]] = {}
         for region in regions:
             guarded = region.get("guard") is not None
+            for spec in region.get("weighted") or ():
+                self.weighted[self.by_name[spec["node"]]] = spec
             for name, dims in region["dims"].items():
                 node = self.by_name[name]
                 (self.guarded_nodes if guarded else self.packed)[node] = (int(dims[0]),
@@ -412,6 +417,11 @@ class GraphRunner:
             x, (row, col) = node.args[0], node.args[1]
             return packed.exit_tokens(env[x], self.packed[x], self._region_layout(x, env),
                                       env[row], env[col])
+        if node in self.weighted and node.args[0] in self.packed:  # a packed call
+            x, spec = node.args[0], self.weighted[node]
+            return packed.weighted_reduce(env[x], self.packed[x], self._region_layout(x, env),
+                                          spec["op"], spec["dims"], bool(spec["keepdim"]),
+                                          float(spec["correction"]))
         if node in self.row_reads and node.args[0] in self.packed:  # a packed call
             x, spec = node.args[0], self.row_reads[node]
             layout = self._region_layout(x, env)
@@ -442,7 +452,11 @@ class GraphRunner:
         """Once per call, before a guarded region's first node: check its mask (one small
         kernel and one host read, as the guarded attention's) and run the region packed
         when every row keeps a prefix (its layout: those lengths; or any kept positions, in
-        order, in a ``compact`` region) and some row keeps a token, else padded: the model's own computation. Counted in ``packed_tokens.GUARD_STATS``."""
+        order, in a ``compact`` region) and some row keeps a token, else padded: the model's
+        own computation. A region with padding representatives (``pad_rep``) also needs each
+        row's padded source entries equal (``guard_sample.padding_reps``, in the same host
+        read) and is laid out over ``min(len + 1, L)`` with its weights. Counted in
+        ``packed_tokens.GUARD_STATS``."""
         name = str(region["name"])
         if name in self._guards:
             return
@@ -452,6 +466,12 @@ class GraphRunner:
                                  {n: env[self.by_name[n]] for n in guard_inputs(region)[1:]},
                                  int(mask.shape[0]), int(mask.shape[1]), mask.device)
         offsets, check = packed.region_check(mask, additive, reads)
+        reps = bool(region.get("pad_rep"))
+        if reps:  # padded entries equal within each row: one weighted token stands for them
+            sources = [env[self.by_name[n]] for n in region["rep_sources"]]
+            check = torch.cat([check, padding_reps(offsets[1:] - offsets[:-1], sources,
+                                                   int(mask.shape[1]))])
+            offsets = packed.rep_offsets(offsets[1:] - offsets[:-1], int(region["max_len"]))
         flags = check.tolist()  # the sync
         compact = bool(region.get("compact", False))
         ok = packed.packs(flags, bool(region.get("every_row", False)), compact)
@@ -460,10 +480,15 @@ class GraphRunner:
         if not ok:
             return
         key = (region["mask"], 0, int(region["max_len"]), name)
-        positions = packed.kept_positions(mask, additive, int(flags[2])) \
-            if compact and flags[0] else None
-        self._layouts[key] = TokenLayout(offsets, int(flags[2]), int(mask.shape[0]),
-                                         int(region["max_len"]), positions)
+        if reps:
+            self._layouts[key] = packed.with_rep_weights(TokenLayout(
+                offsets, int(flags[2]) + int(flags[6]), int(mask.shape[0]),
+                int(region["max_len"])))
+        else:
+            positions = packed.kept_positions(mask, additive, int(flags[2])) \
+                if compact and flags[0] else None
+            self._layouts[key] = TokenLayout(offsets, int(flags[2]), int(mask.shape[0]),
+                                             int(region["max_len"]), positions)
         for n in self.guarded_nodes:
             if self.region_of[n] is region:
                 self.packed[n] = self.guarded_nodes[n]

@@ -49,7 +49,9 @@ known from the capture's shapes, so the compiled graph has static shapes and no 
 A region guarded by a run-time mask check is packed in the graph built for a check that
 passed (``build(guards=...)``: its offsets and bucketed token count come from the check,
 made ahead of the graph by :mod:`.region_guard`), and padded in the graph built for one that
-did not.
+did not. A guarded region with padding representatives (``pad_rep``) takes the offsets of
+its layout with representatives; its weights follow from them
+(``packed_tokens.with_rep_weights``), and its weighted reductions are ``_p_weighted``.
 """
 
 from __future__ import annotations
@@ -308,9 +310,13 @@ def _layout(offsets: torch.Tensor, clamp_min: int, max_len: int, total: int,
             positions: torch.Tensor | None = None) -> TokenLayout:
     """The region's layout, room for ``total`` tokens (``TokenLayout.bounded``'s count,
     computed from the capture's shapes when the graph is built); ``positions``: a compact
-    guarded region's kept positions (``packed_tokens.kept_positions``), else None."""
-    return TokenLayout(TokenLayout._offsets(offsets, clamp_min, max_len), total,
-                       offsets.shape[0] - 1, max_len, positions)
+    guarded region's kept positions (``packed_tokens.kept_positions``), ``packed_tokens.REPS``
+    for a region with padding representatives (its offsets are ``rep_offsets``: the
+    weights follow from them), else None."""
+    reps = isinstance(positions, str) and positions == packed_tokens.REPS
+    layout = TokenLayout(TokenLayout._offsets(offsets, clamp_min, max_len), total,
+                         offsets.shape[0] - 1, max_len, None if reps else positions)
+    return packed_tokens.with_rep_weights(layout) if reps else layout
 
 
 def _p_gather(x: Any, dims: tuple[int, int], rank: int, offsets: torch.Tensor,
@@ -380,6 +386,16 @@ def _p_read_rows(x: torch.Tensor, dims: tuple[int, int], index: torch.Tensor | N
     return packed_tokens.read_rows(x, dims, layout, pos, bool(spec["keepdim"]))
 
 
+def _p_weighted(x: torch.Tensor, dims: tuple[int, int], spec: dict[str, Any],
+                offsets: torch.Tensor, clamp_min: int, max_len: int, total: int,
+                positions: Any = None) -> torch.Tensor:
+    """``packed_tokens.weighted_reduce``: a reduction over the token axis of a region with
+    padding representatives, each slot weighted by the padded tokens it stands for."""
+    layout = _layout(offsets, clamp_min, max_len, total, positions)
+    return packed_tokens.weighted_reduce(x, dims, layout, spec["op"], spec["dims"],
+                                         bool(spec["keepdim"]), float(spec["correction"]))
+
+
 def _p_offsets(offsets: torch.Tensor, clamp_min: int, max_len: int, total: int,
                positions: Any = None) -> torch.Tensor:
     """A region's layout offsets (its lengths, clamped as the region clamps them)."""
@@ -419,8 +435,10 @@ class Emitter:
             if name not in regions:
                 raise ValueError(f"guards: {name} is not a guarded region of this graph")
             offsets = self.graph.placeholder(f"{name}_offsets")
+            # each after its offsets; padding representatives: the offsets say it all
             positions = self.graph.placeholder(f"{name}_positions") \
-                if regions[name].get("compact") else None  # each after its offsets
+                if regions[name].get("compact") else \
+                packed_tokens.REPS if regions[name].get("pad_rep") else None
             self.guarded[name] = (offsets, positions)
             self.packed.update({n: d for n, d in runner.guarded_nodes.items()
                                 if runner.region_of[n] is regions[name]})
@@ -591,6 +609,10 @@ class Emitter:
             x, (row, col) = node.args[0], node.args[1]
             self.env[node] = self.call(_p_exit, (self.env[x], self.packed[x], self.env[row],
                                                  self.env[col], *self.region(x)))
+        elif node in r.weighted and node.args[0] in self.packed:
+            x = node.args[0]
+            self.env[node] = self.call(_p_weighted, (self.env[x], self.packed[x],
+                                                     r.weighted[node], *self.region(x)))
         elif node in r.row_reads and node.args[0] in self.packed:
             x, spec = node.args[0], r.row_reads[node]
             index = self.env[r.by_name[spec["index"]]] if spec.get("index") else None

@@ -54,22 +54,34 @@ class GuardStats:
     packed: int = 0
     padded: int = 0
     missed_reads: int = 0
+    # padded calls of a region with padding representatives whose padded entries differed
+    # within a row (``gemc.guard_sample.padding_reps``)
+    unequal_padding: int = 0
 
     def count(self, packed: bool, flags: list[int] | None = None) -> None:
-        """One call's outcome; ``flags``: its check's (:func:`region_check`)."""
+        """One call's outcome; ``flags``: its check's (:func:`region_check`, with
+        :func:`gemc.guard_sample.padding_reps`' two after them in a ``pad_rep`` region)."""
         self.calls += 1
         if packed:
             self.packed += 1
         else:
             self.padded += 1
             self.missed_reads += int(bool(flags is not None and len(flags) > 4 and flags[4]))
+            self.unequal_padding += int(bool(flags is not None and len(flags) > 5
+                                             and flags[5]))
 
     def reset(self) -> None:
         self.calls = self.packed = self.padded = self.missed_reads = 0
+        self.unequal_padding = 0
 
     def as_dict(self) -> dict[str, int]:
-        return {"calls": self.calls, "packed": self.packed, "padded": self.padded,
-                "missed_reads": self.missed_reads}
+        """The counts; ``unequal_padding`` only once a call ran padded for it (the report
+        of a model without padding representatives keeps its four keys)."""
+        out = {"calls": self.calls, "packed": self.packed, "padded": self.padded,
+               "missed_reads": self.missed_reads}
+        if self.unequal_padding:
+            out["unequal_padding"] = self.unequal_padding
+        return out
 
 
 GUARD_STATS = GuardStats()
@@ -130,6 +142,11 @@ class TokenLayout:
     """Per token slot its position in the row, where the kept positions are not a prefix
     (:func:`kept_positions`: a guarded region over a mask that is not one, compacted);
     None: the slot's rank in its row (``t - offsets[row]``), a prefix."""
+    weights: torch.Tensor | None = None
+    """Per token slot how many padded tokens it stands for, in a layout with padding
+    representatives (:func:`rep_layout`): 1 for a real token, ``L - len`` for a row's
+    representative (its first padded position, the last slot of the row); None: every
+    slot is one token, the padding is not there."""
     _index: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @staticmethod
@@ -168,6 +185,36 @@ class TokenLayout:
             self._index.update(row=row_in, pos=pos, flat=flat, row_out=row,
                                flat_out=torch.where(live, flat, self.batch * self.max_len))
         return self._index[kind]
+
+
+REPS = "padding-representatives"
+"""The ``positions`` argument the compiled graph's layout helpers get for a region with
+padding representatives (``inductor_graph._layout``): its slots are a prefix layout whose
+last slot per row may stand for the row's padding (:func:`with_rep_weights`)."""
+
+
+def rep_offsets(lengths: torch.Tensor, max_len: int) -> torch.Tensor:
+    """The offsets of a layout with padding representatives: each row's real tokens (a
+    prefix of ``lengths[b]``) and, where it has padding, its first padded position as one
+    more token: the prefix layout over ``min(len + 1, L)``, so gathers and the one-token
+    readers need nothing new."""
+    widened = (lengths.to(torch.int64) + 1).clamp(max=max_len)
+    return torch.cat([widened.new_zeros(1), torch.cumsum(widened, 0)])
+
+
+def with_rep_weights(layout: TokenLayout) -> TokenLayout:
+    """``layout`` (over :func:`rep_offsets`) with its ``weights``: 1 for every slot but each
+    row's last, which weighs ``L - width + 1``. Why the offsets suffice: a row of width
+    ``w < L`` has ``w - 1`` real tokens and a representative of ``L - (w - 1)`` padded ones;
+    a row of width ``L`` is full (weight 1) or has one padded position (its representative
+    weighs ``L - (L - 1) = 1``): the same formula. Spare slots (a bucketed count) weigh 0."""
+    row = layout.index("row")
+    width = (layout.offsets[1:] - layout.offsets[:-1])[row]
+    last = layout.index("pos") == width - 1
+    live = layout.index("row_out") < layout.batch
+    weights = torch.where(last, layout.max_len - width + 1, 1) * live
+    layout.weights = weights.to(torch.float32)
+    return layout
 
 
 def _row_of_slot(offsets: torch.Tensor, total: int) -> torch.Tensor:
@@ -294,7 +341,9 @@ def _split_padded(x: torch.Tensor, dims: Dims, layout: TokenLayout
 
 
 def scatter(x: torch.Tensor, dims: Dims, layout: TokenLayout) -> torch.Tensor:
-    """A packed value back at its padded shape, zeros on the padding rows."""
+    """A packed value back at its padded shape, zeros on the padding rows; in a layout with
+    padding representatives (``layout.weights``) each row's representative on every one of
+    its padded positions (:func:`_broadcast_reps`)."""
     d = _merged_at(dims)
     if d is not None:  # [.., T, ..] -> [.., 1, T, ..] (or [.., T, 1, ..]) -> B * L
         outer_batch = dims[0] >= 0
@@ -306,9 +355,67 @@ def scatter(x: torch.Tensor, dims: Dims, layout: TokenLayout) -> torch.Tensor:
         return scatter(x.unsqueeze(bd), (bd, ld + (ld > bd)), layout).flatten(bd, bd + 1)
     bd, ld = dims
     tokens, rest = _tokens(x, dims, layout)
+    if layout.weights is not None:
+        return _broadcast_reps(tokens, rest, layout).movedim((0, 1), (bd, ld))
     full = tokens.new_zeros((layout.batch * layout.max_len + 1, *rest))  # + a spare row
     full = full.index_copy(0, layout.index("flat_out"), tokens)[:-1]
     return full.view(layout.batch, layout.max_len, *rest).movedim((0, 1), (bd, ld))
+
+
+def _broadcast_reps(tokens: torch.Tensor, rest: tuple[int, ...], layout: TokenLayout
+                    ) -> torch.Tensor:
+    """``[B, L, rest...]`` from a layout with padding representatives: position ``p`` of
+    row ``b`` reads slot ``offsets[b] + min(p, width_b - 1)``, the row's representative
+    (its last slot) on every padded position. Exact where the region's check passed: every
+    padded copy is that value in eager (a masked value's representative is 0, as eager's
+    padded rows are). A gather, so autograd gives the representative the sum of its
+    copies' gradients."""
+    offsets = layout.offsets
+    width = offsets[1:] - offsets[:-1]  # [B]
+    cols = torch.arange(layout.max_len, device=offsets.device)
+    slot = offsets[:-1, None] + torch.minimum(cols[None, :], (width - 1).clamp(min=0)[:, None])
+    picked = tokens.index_select(0, slot.flatten())
+    return picked.view(layout.batch, layout.max_len, *rest)
+
+
+def weighted_reduce(x: torch.Tensor, dims: Dims, layout: TokenLayout, op: str,
+                    reduced: Sequence[int], keepdim: bool, correction: float = 0.0
+                    ) -> torch.Tensor:
+    """A reduction over the token axis (``reduced``: dims of the padded value, both token
+    dims or their merged one among them) of a packed value in a layout with padding
+    representatives, each slot counted ``layout.weights`` times: ``sum`` is ``sum(w x)``,
+    ``mean`` ``sum(w x) / N``, ``var`` ``sum(w (x - mean)^2) / (N - correction)``, ``std``
+    its root (``N``: the padded count, ``sum(w)`` times the other reduced dims' sizes).
+    Equal to the op on the padded value when every padded copy is its row's
+    representative; accumulated in fp32 at least (as ATen reduces a bf16 tensor), returned
+    in ``x``'s dtype."""
+    assert layout.weights is not None
+    merged = _merged_at(dims)
+    axis = merged if merged is not None else dims[1]
+    shape = [1] * x.dim()
+    shape[axis] = layout.total
+    acc = torch.promote_types(x.dtype, torch.float32)
+    w = layout.weights.to(acc).view(shape)
+    xs = x.to(acc)
+    dims_ = sorted({int(d) % max(x.dim(), 1) for d in reduced})
+    count = w.sum()
+    for d in dims_:
+        if d != axis:
+            count = count * x.shape[d]
+    total = (xs * w).sum(dims_, keepdim=True)
+    if op == "sum":
+        out = total
+    else:
+        mean = total / count
+        if op == "mean":
+            out = mean
+        else:
+            out = ((xs - mean) ** 2 * w).sum(dims_, keepdim=True) / (count - correction)
+            if op == "std":
+                out = out.sqrt()
+    if not keepdim:
+        out = out.squeeze(dims_) if dims_ else out
+    return out.to(x.dtype)
 
 
 def in_eager_order(x: torch.Tensor, stride: tuple[int, ...] | None) -> torch.Tensor:

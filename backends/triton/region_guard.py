@@ -15,8 +15,10 @@ data. So the decision is taken at the compiled graph's boundary, on its inputs:
   (:func:`why_not_ahead`);
 * ``packed_tokens.region_check`` checks each mask on the device, and **one host read per
   step** (all regions' flags at once: prefix violations, invalid additive values, the
-  token total, readers on a dropped position) decides the key: per region its token
-  count rounded up to a bucket
+  token total, readers on a dropped position, and, for a region with padding
+  representatives, rows whose padded source entries differ and rows with padding) decides
+  the key: per region its token count (real tokens, plus one per row with padding where
+  it has representatives) rounded up to a bucket
   (``packed_tokens.bucket``: at most ``BUCKETS`` counts) when it packs, ``None`` when it
   does not (the model's padded computation, the exact fallback), each counted in
   ``packed_tokens.GUARD_STATS`` as the interpreter counts it;
@@ -59,6 +61,7 @@ from gemc.guard_sample import (
     guard_inputs,
     mask_prelude,
     mask_rows,
+    padding_reps,
     reader_positions,
     why_not_ahead,
 )
@@ -128,6 +131,9 @@ class RegionGuard:
         self.additive = [bool(r.get("additive", False)) for r in regions]
         self.every_row = [bool(r.get("every_row", False)) for r in regions]
         self.compact = [bool(r.get("compact", False)) for r in regions]
+        # padding representatives: the sources whose padded entries the check compares
+        self.rep_sources = [list(r.get("rep_sources") or ()) if r.get("pad_rep") else None
+                            for r in regions]
         self.attentions = [str(e["name"]) for e in attentions]
         self.attention_additive = [bool(e.get("additive", False)) for e in attentions]
         self.buckets = buckets or bucket_count()
@@ -172,9 +178,11 @@ class RegionGuard:
         masks = [mask_rows(m) for m in computed[:len(self.masks)]]
         indices = dict(zip(self.indices, computed[len(self.masks):]))
         count = len(self.names)
-        checked = [packed_tokens.region_check(m, a, reader_positions(
-                       reads, indices, int(m.shape[0]), int(m.shape[1]), m.device))
-                   for m, a, reads in zip(masks[:count], self.additive, self.reads)]
+        checked = [self._region_check(m, a, reader_positions(
+                       reads, indices, int(m.shape[0]), int(m.shape[1]), m.device),
+                       reps, indices)
+                   for m, a, reads, reps in zip(masks[:count], self.additive, self.reads,
+                                                self.rep_sources)]
         lengths = [prefix_lengths(m, a) for m, a in zip(masks[count:], self.attention_additive)]
         flat = torch.cat([c for _, c in checked]
                          + [bad.sum(0).to(torch.int64) for _, bad in lengths])
@@ -189,7 +197,9 @@ class RegionGuard:
             ok = packed_tokens.packs(f, every_row, compact)
             packed_tokens.GUARD_STATS.count(ok, f)
             capacity = int(mask.shape[0]) * int(mask.shape[1])  # B * L: the padded tokens
-            total = packed_tokens.bucket(int(f[2]), capacity, self.buckets) if ok else None
+            # with padding representatives, one more token on each row with padding
+            total = packed_tokens.bucket(int(f[2]) + int(f[6]), capacity, self.buckets) \
+                if ok else None
             key.append(total)
             if total is not None:
                 offsets.append(offs)
@@ -209,6 +219,22 @@ class RegionGuard:
             key.append("compact" if not_prefix else "prefix")
             offsets.append((offs[1:] - offs[:-1]).to(torch.int32))
         return Decision(tuple(key), tuple(offsets))
+
+    @staticmethod
+    def _region_check(mask: torch.Tensor, additive: bool, reads: list[torch.Tensor],
+                      reps: list[str] | None, indices: dict[str, torch.Tensor]
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``packed_tokens.region_check`` and two more flags (every region's, so each has
+        as many): a region with padding representatives' ``padding_reps`` (rows whose
+        padded source entries differ, rows with padding), its offsets those of the layout
+        with representatives (``rep_offsets``); zeros for any other region."""
+        offsets, flags = packed_tokens.region_check(mask, additive, reads)
+        if reps is None:
+            return offsets, torch.cat([flags, flags.new_zeros(2)])
+        lengths = offsets[1:] - offsets[:-1]
+        extra = padding_reps(lengths, [indices[n] for n in reps], int(mask.shape[1]))
+        return packed_tokens.rep_offsets(lengths, int(mask.shape[1])), \
+            torch.cat([flags, extra])
 
     def guards(self, key: Sequence[int | str | None]) -> dict[str, int]:
         """``build(guards=...)``'s argument for ``key``: the packed regions' token counts,

@@ -1,9 +1,11 @@
 """pack-jagged-tokens on DIN (examples/zoo/din.py): a padded history under a length mask that
 no attention kernel reads (an MLP scores each behaviour, the scores are masked and
 sum-pooled). Dice's batch statistics (mean and variance over all B*L rows) read the padded
-tokens, so the history must stay padded, and the pass must say so, naming the reduction and
-where it is; the proof that refusing is necessary is eager's own loss changing when only
-the padded positions' ids change. A DIN written with masked statistics (mean and variance
+tokens: eager's own loss changes when only the padded positions' ids change, so packing over
+the real tokens alone would be wrong; DIN now packs with one weighted representative per
+row instead, checked per call (tests/fusion/test_padding_representatives.py). A Dice whose
+statistic has no weighted form (an ``amax`` over the rows) keeps the history padded, and the
+pass says so, naming the reduction and where it is. A DIN written with masked statistics (mean and variance
 over the real tokens only) reads no padding: its loss is the same whatever the padded ids,
 the pass follows every padded token to a mask and makes the history a region checked at
 run time (the mask is a graph value), which the runner runs packed, equal to eager."""
@@ -55,15 +57,17 @@ def test_dice_statistics_read_the_padding_so_the_loss_depends_on_padded_ids():
     assert moved > 1e-6, moved
 
 
-def test_din_stays_padded_and_the_pass_names_the_reduction_and_its_module():
+def test_a_dice_without_weighted_form_stays_padded_and_the_pass_names_it():
+    from tests.fusion.test_padding_representatives import MaxDice, _din_with
+
     spec = din.build("tiny")
-    gm, ctx = graph_of(spec.model, spec.example_inputs, annotated(*PASSES))
+    gm, ctx = graph_of(_din_with(MaxDice), spec.example_inputs, annotated(*PASSES))
     assert not [n for n in gm.graph.nodes if ir.PACKED in n.meta or ir.PACKED_REGION in n.meta]
     (warning,) = _history_warnings(ctx)
     assert "the history embedding, embedding_1 (masked by lt, [8, 8]) stays padded: padding " \
-           "rows of embedding may be read unmasked by mean" in warning
-    assert "a reduction over the token axis (mean over the B*L = 8*8 rows in mean" in warning
-    assert "(Dice)) reads padded tokens; packing would change the result" in warning
+           "rows of embedding may be read unmasked by amax" in warning
+    assert "a reduction over the token axis (amax over the B*L = 8*8 rows in amax" in warning
+    assert "(MaxDice)) reads padded tokens; packing would change the result" in warning
     # the same reason on the history's starts, for the plan's readers
     starts = [n for n in gm.graph.nodes if ir.PACKED_SKIPPED in n.meta]
     assert [n.name for n in starts] == ["embedding", "embedding_1"]
