@@ -677,7 +677,8 @@ def why_read(reader: fx.Node, batch: int, length: int) -> str:
         dims = _reduced(reader, len(shape)) if reader.target in _REDUCTIONS else \
             [int(reader.args[1]) % max(len(shape), 1)]
         sizes = [int(shape[d]) for d in dims if d < len(shape)]
-        if batch * length in sizes or (batch in sizes and length in sizes):
+        both = sizes.count(batch) >= 2 if batch == length else batch in sizes and length in sizes
+        if batch * length in sizes or both:
             over = f"the B*L = {batch}*{length} rows"
         elif length in sizes:
             over = f"the L = {length} positions of each row"

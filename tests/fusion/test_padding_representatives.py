@@ -265,8 +265,9 @@ def _din_with(dice: type) -> nn.Module:
 
 def test_unsupported_token_reductions_keep_the_history_padded_and_say_why():
     batch = din.build("tiny").example_inputs
-    # (why_read names a reduction over dim 1 of [8, 8, d] "the B*L rows" too: B == L here)
-    for dice, op, over in ((MaxDice, "amax", "the B*L = 8*8 rows"), (RowDice, "mean", "")):
+    # B == L == 8 here: the per-row mean reduces one dim of that size, the amax two
+    for dice, op, over in ((MaxDice, "amax", "the B*L = 8*8 rows"),
+                           (RowDice, "mean", "the L = 8 positions of each row")):
         gm, ctx = graph_of(_din_with(dice), batch, annotated(*PASSES))
         assert not [n for n in gm.graph.nodes if ir.PACKED_REGION in n.meta], dice
         (warning,) = [w for w in ctx.warnings if w.startswith("pack-jagged-tokens")]
