@@ -9,8 +9,9 @@ from typing import Any
 import torch
 from gemc.cost_model.topology import parse_topology
 from gemc.passes.predict_time import PredictTime
-from torch import fx
+from torch import fx, nn
 
+from examples.zoo import din
 from gemc.api import load_model, pass_context
 from gemc.capture import capture
 from gemc.dump import format_graph
@@ -172,3 +173,33 @@ def item_history(lengths: Sequence[int], gen: torch.Generator, length: int, item
     return torch.randint(1, items, (len(lengths), length), generator=gen) * real, \
         torch.rand(len(lengths), generator=gen)
 
+
+class MaxDice(din.Dice):
+    """Dice scaled by the largest magnitude over the B*L rows: not weighed. Its value would
+    be exact without weights, but its gradient is split evenly among tied elements, and a
+    row's padded copies are ties: eager splits among ``L - len`` copies (and any token they
+    tie with), the packed layout among one representative, so a tie of a representative
+    with another token would get another share."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = x.reshape(-1, x.size(-1)).abs().amax(dim=0)
+        p = torch.sigmoid(x / (scale + self.eps))
+        return p * x + (1 - p) * self.alpha * x
+
+
+class RowDice(din.Dice):
+    """Dice over each row's positions (a per-row statistic): not weighed here."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mean = x.mean(dim=1, keepdim=True)
+        p = torch.sigmoid(x - mean)
+        return p * x + (1 - p) * self.alpha * x
+
+
+def din_with(dice: type) -> nn.Module:
+    """The zoo's DIN at its tiny preset with every Dice of its activation unit replaced."""
+    model = din.build("tiny").model
+    for i, layer in enumerate(model.attention.dnn):
+        if isinstance(layer, din.Dice):
+            model.attention.dnn[i] = dice(layer.alpha.numel())
+    return model

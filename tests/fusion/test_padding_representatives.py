@@ -21,8 +21,11 @@ from gemc import ir
 from gemc.guard_sample import padding_reps
 from gemc.spec import ModelSpec
 from tests.fusion.helpers import (
+    MaxDice,
+    RowDice,
     compiled,
     cpu_graph_executor,
+    din_with,
     entries_of,
     fresh_seed,
     run_against_eager,
@@ -233,42 +236,12 @@ def test_sum_unbiased_var_std_and_mean_are_weighted_exactly():
 # ---- what stays as it was ---------------------------------------------------------------------
 
 
-class MaxDice(din.Dice):
-    """Dice scaled by the largest magnitude over the B*L rows: not weighed. Its value would
-    be exact without weights, but its gradient is split evenly among tied elements, and a
-    row's padded copies are ties: eager splits among ``L - len`` copies (and any token they
-    tie with), the packed layout among one representative, so a tie of a representative
-    with another token would get another share."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        scale = x.reshape(-1, x.size(-1)).abs().amax(dim=0)
-        p = torch.sigmoid(x / (scale + self.eps))
-        return p * x + (1 - p) * self.alpha * x
-
-
-class RowDice(din.Dice):
-    """Dice over each row's positions (a per-row statistic): not weighed here."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        mean = x.mean(dim=1, keepdim=True)
-        p = torch.sigmoid(x - mean)
-        return p * x + (1 - p) * self.alpha * x
-
-
-def _din_with(dice: type) -> nn.Module:
-    model = din.build("tiny").model
-    for i, layer in enumerate(model.attention.dnn):
-        if isinstance(layer, din.Dice):
-            model.attention.dnn[i] = dice(layer.alpha.numel())
-    return model
-
-
 def test_unsupported_token_reductions_keep_the_history_padded_and_say_why():
     batch = din.build("tiny").example_inputs
     # B == L == 8 here: the per-row mean reduces one dim of that size, the amax two
     for dice, op, over in ((MaxDice, "amax", "the B*L = 8*8 rows"),
                            (RowDice, "mean", "the L = 8 positions of each row")):
-        gm, ctx = graph_of(_din_with(dice), batch, annotated(*PASSES))
+        gm, ctx = graph_of(din_with(dice), batch, annotated(*PASSES))
         assert not [n for n in gm.graph.nodes if ir.PACKED_REGION in n.meta], dice
         (warning,) = [w for w in ctx.warnings if w.startswith("pack-jagged-tokens")]
         assert f"a reduction over the token axis ({op} over {over}" in warning, warning

@@ -20,6 +20,7 @@ from torch import nn
 from examples.zoo import din
 from gemc import ir
 from gemc.spec import ModelSpec
+from tests.fusion.helpers import MaxDice, din_with
 from tests.passes.helpers import annotated, graph_of
 
 PASSES = (MatchJaggedAttention(), PackJaggedTokens())
@@ -58,10 +59,8 @@ def test_dice_statistics_read_the_padding_so_the_loss_depends_on_padded_ids():
 
 
 def test_a_dice_without_weighted_form_stays_padded_and_the_pass_names_it():
-    from tests.fusion.test_padding_representatives import MaxDice, _din_with
-
     spec = din.build("tiny")
-    gm, ctx = graph_of(_din_with(MaxDice), spec.example_inputs, annotated(*PASSES))
+    gm, ctx = graph_of(din_with(MaxDice), spec.example_inputs, annotated(*PASSES))
     assert not [n for n in gm.graph.nodes if ir.PACKED in n.meta or ir.PACKED_REGION in n.meta]
     (warning,) = _history_warnings(ctx)
     assert "the history embedding, embedding_1 (masked by lt, [8, 8]) stays padded: padding " \
