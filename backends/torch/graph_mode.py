@@ -273,7 +273,7 @@ class GraphExecutor:
         self.unwarmed_ops: dict[str, int] = {}
         if executor == "inductor":
             _set_up_torch_compile(device)
-        if device.type == "cpu":
+        if device.type == "cpu" and kernels:  # no kernel of the plan: the ATen fallbacks do
             _interpreted_triton()
         try:
             from gemc.backends.triton.graph_runner import GraphRunner
