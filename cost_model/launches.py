@@ -78,9 +78,14 @@ REPLICA_GROUP_LAUNCHES = 11
 # session, BENCHMARKS.md) a member adds 0.021 ms to a graph-mode step and 0.038 ms to a
 # module-mode one, its loss's own four ops included, against 0.36 / 0.17 ms a replica
 # alone (8.5 launches): under one launch. A member whose ids the model computes stays
-# inside the compiled graph (7 ops, ~3 launches) and is priced as fed from the batch:
-# TableCost does not say where a lookup's ids come from.
+# inside the compiled graph: REPLICA_IN_GRAPH_MEMBER_LAUNCHES.
 REPLICA_GROUPED_TABLE_LAUNCHES = 0
+# A member the runner cannot look up ahead (its ids, offsets or weights computed in the
+# model, or looked up twice: ``TableCost.batch_fed`` False) is looked up inside the
+# compiled graph and replayed by its group at the optimizer's step: 7 ops a member on the
+# count above (graph mode with members in the graph: 94/127/226 ops for 6/9/18 replicas,
+# 11 a replica, the loss's four off), 3 launches at 8.5 launches per 19 ops.
+REPLICA_IN_GRAPH_MEMBER_LAUNCHES = 3
 # A table on the dense-gradient route since its update became one masked pass
 # (backends/triton/masked_row_update.py, no scan, no sync): DIN's e05fd50 H200 profile
 # launches 549 kernels a step for its 18 such tables (ATen's bag backwards with their cub
@@ -165,20 +170,25 @@ def replica_group_key(t: TableCost) -> int | None:
 def replica_launches(replicas: Sequence[TableCost]) -> int:
     """Launches of the data-parallel replicas' part of a step on several ranks: a group of
     two or more (:func:`replica_group_key`) ``REPLICA_GROUP_LAUNCHES`` plus
-    ``REPLICA_GROUPED_TABLE_LAUNCHES`` a member; a replica on its own
-    ``REPLICA_TABLE_LAUNCHES``."""
-    groups: dict[int, int] = {}
+    ``REPLICA_GROUPED_TABLE_LAUNCHES`` a member looked up ahead of the graph
+    (``batch_fed``) and ``REPLICA_IN_GRAPH_MEMBER_LAUNCHES`` one looked up inside it; a
+    replica on its own ``REPLICA_TABLE_LAUNCHES``."""
+    groups: dict[int, list[TableCost]] = {}
     alone = 0
     for t in replicas:
         key = replica_group_key(t)
         if key is None:
             alone += 1
         else:
-            groups[key] = groups.get(key, 0) + 1
+            groups.setdefault(key, []).append(t)
     out = REPLICA_TABLE_LAUNCHES * alone
     for members in groups.values():
-        out += (REPLICA_GROUP_LAUNCHES + REPLICA_GROUPED_TABLE_LAUNCHES * members
-                if members > 1 else REPLICA_TABLE_LAUNCHES)
+        if len(members) < 2:
+            out += REPLICA_TABLE_LAUNCHES
+            continue
+        out += REPLICA_GROUP_LAUNCHES + sum(
+            REPLICA_GROUPED_TABLE_LAUNCHES if t.batch_fed else REPLICA_IN_GRAPH_MEMBER_LAUNCHES
+            for t in members)
     return out
 
 
