@@ -6,6 +6,12 @@
     .venv/bin/python benchmarks/replica_step.py --smoke
     # on the CPU, the host-cost proxy: both paths, each in its own process, side by side
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/replica_step.py --compare --cpu-proxy
+    # graph mode's step (the GraphExecutor), groups ahead of the graph / members inside it
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/replica_step.py --compare --cpu-proxy --graph
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/replica_step.py --compare --cpu-proxy \
+        --graph --graph-ahead 0
+    # on one GPU, graph mode (for the lead: the new path's H100/H200 timing)
+    python3 benchmarks/replica_step.py --device cuda --compare --graph --out $OUT/rs_graph.json
 
 DLRMv2's tables with fewer than ``--max-rows`` rows (its 18 smallest at the default: the
 ones TorchRec's planner replicates at 16 ranks; dim 128, Criteo's pooling factors), each a
