@@ -6,6 +6,12 @@
     .venv/bin/python benchmarks/replica_step.py --smoke
     # on the CPU, the host-cost proxy: both paths, each in its own process, side by side
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/replica_step.py --compare --cpu-proxy
+    # graph mode's step (the GraphExecutor), groups ahead of the graph / members inside it
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/replica_step.py --compare --cpu-proxy --graph
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/replica_step.py --compare --cpu-proxy \
+        --graph --graph-ahead 0
+    # on one GPU, graph mode (for the lead: the new path's H100/H200 timing)
+    python3 benchmarks/replica_step.py --device cuda --compare --graph --out $OUT/rs_graph.json
 
 DLRMv2's tables with fewer than ``--max-rows`` rows (its 18 smallest at the default: the
 ones TorchRec's planner replicates at 16 ranks; dim 128, Criteo's pooling factors), each a
@@ -28,6 +34,15 @@ one gradient add and one masked pass a group); ``--batched 0`` runs each on its 
 ``--compare`` runs both, each in its own process, and prints them side by side with the
 ATen ops each step dispatches (counted on an untimed step: on a GPU each is a kernel
 launch or a host-side op, the unit ``cost_model.launches`` prices).
+
+``--graph``: the lookups and the loss as graph mode runs them (gemc's ``GraphExecutor``
+on the captured ``torch.export`` graph of a module of those tables, compiled by
+``torch.compile``: ``aot_eager`` on the CPU, whose compiled graph runs its ATen ops one by
+one, so the count is the graph's ops before Inductor fuses the pointwise ones): the groups
+looked up ahead of the compiled graph (:mod:`gemc.backends.torch.replica_ahead`), or with
+``--graph-ahead 0`` each member looked up inside it and replayed by its group at the
+optimizer's step (the path before the twenty-fifth session). The ops a gemc custom op runs
+inside it (``gemc::table_lookup`` and its backward) are counted, the op itself not.
 
 ``--cpu-proxy``: on the CPU, tables cut to ``--proxy-rows`` rows of width
 ``--proxy-dim`` and a batch of ``--proxy-batch``, so the arithmetic is small and what the
@@ -65,6 +80,7 @@ from gemc.cost_model.kernels import REPLICA_BUCKET_KERNELS, hottest_row_ids  # n
 from gemc.cost_model.op_cost import DEFAULT_KERNEL_LAUNCH_S, eager_table_time  # noqa: E402
 from gemc.cost_model.topology import parse_topology  # noqa: E402
 from torch import nn  # noqa: E402
+from torch._library.custom_ops import _maybe_get_opdef  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from gemc.sharding import make_shards  # noqa: E402
@@ -94,6 +110,11 @@ def main() -> int:
                     help="1: replicas grouped (replica_groups); 0: each on its own")
     ap.add_argument("--compare", action="store_true",
                     help="run --batched 0 and 1, each in its own process, side by side")
+    ap.add_argument("--graph", action="store_true",
+                    help="graph mode: the GraphExecutor's compiled step (see the module doc)")
+    ap.add_argument("--graph-ahead", type=int, choices=(0, 1), default=1,
+                    help="graph mode, grouped: 1 the groups looked up ahead of the graph; "
+                    "0 each member inside it (the path before)")
     ap.add_argument("--cpu-proxy", action="store_true",
                     help="CPU host-cost proxy: small tables and batch (see the module doc)")
     ap.add_argument("--proxy-rows", type=int, default=64)
@@ -126,14 +147,22 @@ def main() -> int:
 
 class OpCount(TorchDispatchMode):
     """ATen ops dispatched under it that compute (views left out: they launch nothing; on
-    a GPU each counted op is a kernel launch or a host-side op such as a copy)."""
+    a GPU each counted op is a kernel launch or a host-side op such as a copy). A gemc
+    custom op is not counted itself but the ops it runs are (a nested count: the mode is
+    off inside its own handler)."""
 
-    def __init__(self) -> None:
+    def __init__(self, parent: OpCount | None = None) -> None:
         super().__init__()
         self.ops = 0
+        self.parent = parent
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
-        self.ops += not func.is_view
+        top = self.parent or self
+        opdef = _maybe_get_opdef(func) if func.namespace == "gemc" else None
+        if opdef is not None:  # its Python body, under a count of its own ops
+            with OpCount(top):
+                return opdef._init_fn(*args, **(kwargs or {}))
+        top.ops += not func.is_view
         return func(*args, **(kwargs or {}))
 
 
@@ -150,13 +179,16 @@ def compare(args: argparse.Namespace) -> int:
                "--proxy-dim", str(args.proxy_dim), "--proxy-batch", str(args.proxy_batch)]
         cmd += ["--smoke"] if args.smoke else []
         cmd += ["--cpu-proxy"] if args.cpu_proxy else []
+        cmd += ["--graph", "--graph-ahead", str(args.graph_ahead)] if args.graph else []
         with tempfile.NamedTemporaryFile(suffix=".json") as f:
             subprocess.run([*cmd, "--out", f.name], check=True, stdout=subprocess.DEVNULL)
             rows.append(json.loads(Path(f.name).read_text()))
     n = len(rows[0]["tables"])
     print(f"{n} replicas, batch {rows[0]['batch']}, dim {rows[0]['dim']}, "
           f"{args.optimizer}, {rows[0]['device']}"
-          + (" (CPU proxy: wall ~ host work per op)" if args.cpu_proxy else ""))
+          + (" (CPU proxy: wall ~ host work per op)" if args.cpu_proxy else "")
+          + (f", graph mode ({'groups ahead of the graph' if args.graph_ahead else 'members in the graph'})"
+             if args.graph else ", module mode"))
     head = ("path", "groups", "lookups ms", "opt step ms", "total ms", "ms/replica",
             "ops/step", "ops/replica")
     print(" | ".join(head))
@@ -197,8 +229,13 @@ def measure(args: argparse.Namespace, device: torch.device, picked: list[tuple[i
         inputs += [ids, offsets]
     entries = tuple(inputs)  # the batch as the runner hands it: its entries, recorded once
     probe = torch.randn(batch, dim, generator=gen).to(device)
+    executor = graph_executor(args, tables, opt, entries, probe, device) if args.graph \
+        else None
 
     def lookups_and_backward() -> None:
+        if executor is not None:
+            executor(*entries, probe).backward()
+            return
         hook.begin_step(entries)
         loss = sum((t(entries[2 * k], entries[2 * k + 1]) * probe).sum()
                    for k, t in enumerate(tables.values()))
@@ -253,6 +290,8 @@ def measure(args: argparse.Namespace, device: torch.device, picked: list[tuple[i
     return {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "world": args.world, "batch": batch, "dim": dim, "optimizer": args.optimizer,
             "batched": bool(args.batched), "groups": len(opt.groups),
+            "mode": ("graph, groups ahead" if args.graph_ahead else "graph, in graph")
+            if args.graph else "module",
             "ops_per_step": ops, "cpu_proxy": bool(args.cpu_proxy),
             "tables": [r for r, _ in picked], "steps": args.steps,
             "lookups_ms": 1e3 * statistics.median(lookups),
@@ -261,6 +300,46 @@ def measure(args: argparse.Namespace, device: torch.device, picked: list[tuple[i
             "optimizer_step_predicted_ms": 1e3 * opt_s,
             "host_sync_in_step": synced,
             "all_reduces_per_step": 1}
+
+
+class _Lookups(nn.Module):
+    """The replicas as a model: each table a sum bag of the batch's ids and offsets, the
+    loss their outputs against one probe (what ``lookups_and_backward`` runs eagerly)."""
+
+    def __init__(self, sources: dict[str, nn.Module]) -> None:
+        super().__init__()
+        for name, src in sources.items():
+            self.add_module(name, src)
+
+    def forward(self, *batch: torch.Tensor) -> torch.Tensor:
+        *entries, probe = batch
+        return sum((t(entries[2 * k], entries[2 * k + 1]) * probe).sum()
+                   for k, t in enumerate(self.children()))
+
+
+def graph_executor(args: argparse.Namespace, tables: dict[str, ShardedEmbedding],
+                   opt: EmbeddingOptimizer, entries: tuple, probe: torch.Tensor,
+                   device: torch.device):  # noqa: ANN201
+    """Graph mode's step over ``tables``: the captured graph of :class:`_Lookups`, the
+    sharded tables answering its lookups (the runner's GraphExecutor, compiled)."""
+    from gemc.backends.torch.graph_mode import GraphExecutor
+
+    from gemc.capture import capture
+    from gemc.spec import ModelSpec
+
+    sources = {fqn.removesuffix(".weight"): nn.EmbeddingBag(
+        t.num_embeddings, t.embedding_dim, mode="sum", include_last_offset=True)
+        for fqn, t in tables.items()}
+    model = _Lookups(sources)
+    captured = capture(ModelSpec(model=model, example_inputs=(*entries, probe),
+                                 make_batch=None))
+    for name, t in tables.items():  # the sharded tables in the model (shard_tables' work)
+        setattr(model, name.removesuffix(".weight"), t)
+    executor = GraphExecutor(captured.gm, captured.param_fqns, model, [], tables=tables,
+                             emb_opt=opt, device=device, world_size=args.world)
+    if not args.graph_ahead:
+        executor.replicas_ahead = None  # each member inside the graph, as before
+    return executor
 
 
 if __name__ == "__main__":

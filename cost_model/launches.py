@@ -58,16 +58,34 @@ EAGER_TABLE_LAUNCHES = 40
 REPLICA_TABLE_LAUNCHES = 9
 # Replicas that share one storage (backends/torch/replica_groups.py: fp32, no padding row,
 # one width; the rule is :func:`replica_group_key`) launch their lookup, its sparse
-# backward, the bucket's add and flag fill and the masked pass once a GROUP, and per member
-# only what graph mode still runs table by table: its lookup inside the compiled graph and
-# its deferred gradient's copies (grad, ids, offsets). Counted on the CPU
-# (benchmarks/replica_step.py --compare --cpu-proxy, the ATen ops each step dispatches,
-# views left out, the loss's own four a table taken off): the per-table path 19 ops a
-# replica (the 8.5 launches measured above), the grouped one 24 a group and none a member
-# (6, 9 and 18 replicas: 142/211/418 ops against 52/64/100). At the same 8.5/19 launches
-# an op a group is 11; a member 4, graph mode's lookup and copies (module mode runs none).
+# backward, the bucket's add and flag fill and the masked pass once a GROUP, in module mode
+# and in graph mode alike: graph mode looks the group up ahead of its compiled graph and
+# hands each member's rows to it as an input (backends/torch/replica_ahead.py), so no op
+# runs a member. Counted on the CPU (twenty-fifth session: benchmarks/replica_step.py
+# --compare --cpu-proxy, with and without --graph: the ATen ops each step dispatches, views
+# left out, the ops inside gemc's custom ops counted, the loss's own four a table and its
+# fixed four taken off), 6, 9 and 18 replicas: module mode 142/211/418 ops per table
+# against 52/64/100 grouped; graph mode 184/274/544 per table (26 a replica: its lookup in
+# the graph, the deferred copies and its replay) against 52/64/100 grouped (the same ops as
+# module mode), and 94/127/226 with each member still looked up inside the graph (the
+# path before: 7 a member). So a group is 24 ops and a member 0; at 8.5 launches for the
+# 19 ops of a replica alone (measured above), a group is 11 launches. A member's views and
+# Python bookkeeping are not ATen ops and are not counted (see REPLICA_GROUPED_TABLE_LAUNCHES).
 REPLICA_GROUP_LAUNCHES = 11
-REPLICA_GROUPED_TABLE_LAUNCHES = 4
+# A member of a group: no op of its own (above). What is left is host Python (its ids'
+# and bags' entries in the group's lookup, its views, its input of the compiled graph):
+# on the CPU proxy with the arithmetic cut to nothing (batch 1, width 1; twenty-fifth
+# session, BENCHMARKS.md) a member adds 0.021 ms to a graph-mode step and 0.038 ms to a
+# module-mode one, its loss's own four ops included, against 0.36 / 0.17 ms a replica
+# alone (8.5 launches): under one launch. A member whose ids the model computes stays
+# inside the compiled graph: REPLICA_IN_GRAPH_MEMBER_LAUNCHES.
+REPLICA_GROUPED_TABLE_LAUNCHES = 0
+# A member the runner cannot look up ahead (its ids, offsets or weights computed in the
+# model, or looked up twice: ``TableCost.batch_fed`` False) is looked up inside the
+# compiled graph and replayed by its group at the optimizer's step: 7 ops a member on the
+# count above (graph mode with members in the graph: 94/127/226 ops for 6/9/18 replicas,
+# 11 a replica, the loss's four off), 3 launches at 8.5 launches per 19 ops.
+REPLICA_IN_GRAPH_MEMBER_LAUNCHES = 3
 # A table on the dense-gradient route since its update became one masked pass
 # (backends/triton/masked_row_update.py, no scan, no sync): DIN's e05fd50 H200 profile
 # launches 549 kernels a step for its 18 such tables (ATen's bag backwards with their cub
@@ -152,20 +170,25 @@ def replica_group_key(t: TableCost) -> int | None:
 def replica_launches(replicas: Sequence[TableCost]) -> int:
     """Launches of the data-parallel replicas' part of a step on several ranks: a group of
     two or more (:func:`replica_group_key`) ``REPLICA_GROUP_LAUNCHES`` plus
-    ``REPLICA_GROUPED_TABLE_LAUNCHES`` a member; a replica on its own
-    ``REPLICA_TABLE_LAUNCHES``."""
-    groups: dict[int, int] = {}
+    ``REPLICA_GROUPED_TABLE_LAUNCHES`` a member looked up ahead of the graph
+    (``batch_fed``) and ``REPLICA_IN_GRAPH_MEMBER_LAUNCHES`` one looked up inside it; a
+    replica on its own ``REPLICA_TABLE_LAUNCHES``."""
+    groups: dict[int, list[TableCost]] = {}
     alone = 0
     for t in replicas:
         key = replica_group_key(t)
         if key is None:
             alone += 1
         else:
-            groups[key] = groups.get(key, 0) + 1
+            groups.setdefault(key, []).append(t)
     out = REPLICA_TABLE_LAUNCHES * alone
     for members in groups.values():
-        out += (REPLICA_GROUP_LAUNCHES + REPLICA_GROUPED_TABLE_LAUNCHES * members
-                if members > 1 else REPLICA_TABLE_LAUNCHES)
+        if len(members) < 2:
+            out += REPLICA_TABLE_LAUNCHES
+            continue
+        out += REPLICA_GROUP_LAUNCHES + sum(
+            REPLICA_GROUPED_TABLE_LAUNCHES if t.batch_fed else REPLICA_IN_GRAPH_MEMBER_LAUNCHES
+            for t in members)
     return out
 
 

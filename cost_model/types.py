@@ -90,6 +90,11 @@ class TableCost:
     # only a whole replica on every rank runs it right (passes/collect_tables: the model
     # reads the weight outside its lookups, e.g. an L2 penalty, or max-pools it)
     replicated_only: bool = False
+    # looked up once a step with the batch's own tensors (ids, offsets, per-sample weights
+    # each a graph input): a replica group's member is then looked up by its group ahead
+    # of the compiled graph (backends/torch/replica_ahead.py); otherwise it stays inside
+    # the graph (launches.REPLICA_IN_GRAPH_MEMBER_LAUNCHES)
+    batch_fed: bool = True
 
     @property
     def hot_ids(self) -> float:

@@ -96,6 +96,7 @@ def table_costs(tables: Sequence[TableFacts]) -> list[TableCost]:
             precision=t.precision or "fp32", lookup=t.lookup, lookups=t.lookups,
             padded_nnz=t.padded_nnz, routed=t.routed, padding_row=t.padding_row,
             lookup_alive=t.lookup_alive_bytes, replicated_only=t.replicated_only,
+            batch_fed=t.batch_fed,
         )
         for t in tables
     ]

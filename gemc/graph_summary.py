@@ -91,8 +91,22 @@ def _table_costs(gm: fx.GraphModule) -> dict[str, TableCost]:
                                         lookups=0)
         out[fqn] = replace(old, nnz=old.nnz + int(facts["nnz"]), lookups=old.lookups + 1,
                            padded_nnz=old.padded_nnz + padded_ids(node),
-                           padding_row=old.padding_row or padding_row(node))
+                           padding_row=old.padding_row or padding_row(node),
+                           batch_fed=old.lookups == 0 and batch_fed(node))
     return out
+
+
+def batch_fed(node: fx.Node) -> bool:
+    """A lookup op whose ids, offsets and per-sample weights are each an input of the graph
+    (or absent): the runner can look it up ahead of the compiled graph
+    (backends/torch/replica_ahead.py reads the same args off the runner's graph)."""
+    bag = "embedding_bag" in str(node.target)
+    named = [node.args[1] if len(node.args) > 1 else node.kwargs.get("indices")]
+    if bag:
+        named.append(node.args[2] if len(node.args) > 2 else node.kwargs.get("offsets"))
+        named.append(node.args[6] if len(node.args) > 6
+                     else node.kwargs.get("per_sample_weights"))
+    return all(v is None or (isinstance(v, fx.Node) and v.op == "placeholder") for v in named)
 
 
 def table_route_prices(gm: fx.GraphModule, fqns: Iterable[str]) -> dict[str, dict[str, float]]:
@@ -193,6 +207,9 @@ class TableFacts:
     lookup_alive_bytes: tuple[int, ...] = ()  # per dense_grad lookup, live saved bytes
     # only a whole replica runs it right (collect-tables' ``replicated`` reasons)
     replicated_only: bool = False
+    # looked up once with batch inputs only (graph_summary.batch_fed): not in the plan,
+    # a fact of the graph for the cost model (TableCost.batch_fed)
+    batch_fed: bool = True
 
     @property
     def ranks(self) -> tuple[int, ...]:
@@ -321,6 +338,7 @@ def table_facts(gm: fx.GraphModule, param_dtypes: Mapping[str, str]) -> list[Tab
             if fqn in prices else None,
             lookup_alive_bytes=tuple(alive_bytes[fqn]),
             replicated_only=bool(facts.get("replicated")),
+            batch_fed=cost.batch_fed,
         ))
     return tables
 

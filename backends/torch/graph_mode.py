@@ -41,7 +41,9 @@ route gemc.table_lookup.sharded_route gives it: fused with the optimizer in its 
 :mod:`.owner_lookup`, or sparse with the sparse optimizer after it). A
 ``batched_embedding_bag`` kernel entry is not applied there, with a warning: it updates
 whole local tables inside its backward, before any gradient could be exchanged; the owners'
-fused lookup runs after the exchange instead.
+fused lookup runs after the exchange instead. The data-parallel replicas that share a
+group's storage and that the graph looks up with batch inputs are looked up ahead of the
+compiled graph, one lookup a group, their rows inputs of the graph (:mod:`.replica_ahead`).
 
 Refused with a named error (``--no-kernels`` runs the ops the kernels replace instead):
 ``fsdp``/``hsdp``/``tp`` regions next to kernels on several ranks (they shard parameters
@@ -65,6 +67,7 @@ import torch
 from gemc.backends.torch.contended_gathers import route_contended_gathers
 from gemc.backends.torch.embedding import ShardedEmbedding
 from gemc.backends.torch.init import derive_seed
+from gemc.backends.torch.replica_ahead import ReplicaAhead, ahead_lookups
 from gemc.backends.torch.sparse_optim import EmbeddingOptimConfig, EmbeddingOptimizer
 from torch import nn
 
@@ -270,7 +273,7 @@ class GraphExecutor:
         self.unwarmed_ops: dict[str, int] = {}
         if executor == "inductor":
             _set_up_torch_compile(device)
-        if device.type == "cpu":
+        if device.type == "cpu" and kernels:  # no kernel of the plan: the ATen fallbacks do
             _interpreted_triton()
         try:
             from gemc.backends.triton.graph_runner import GraphRunner
@@ -391,6 +394,11 @@ class GraphExecutor:
                     owner.row_scale = scale
                 emb_opt.adopt_fused(t["fqn"], state, module)
                 self.fused_tables.append(t["fqn"])
+        # the replica groups' members fed from the batch: looked up ahead of the compiled
+        # graph, one lookup a group, their rows its inputs (replica_ahead)
+        self.replicas_ahead: ReplicaAhead | None = ahead_lookups(
+            gm, calls, emb_opt.groups, [n for n, _ in self.input_shapes]) \
+            if executor == "inductor" and emb_opt.groups else None
         if self.warm is not None:  # the optimizer's masked row update of table-sized grads
             dense = [f for f, path in self.lookup_paths.items() if path == DENSE_GRAD]
             self.warm.derive("the sparse optimizer's dense-gradient tables",
@@ -487,10 +495,16 @@ class GraphExecutor:
         # one graph per outcome (which regions pack, each attention's outcome), not per
         # token count: the counts are sizes of the graph's inputs (token_count_input)
         outcome = tuple(PACKED if isinstance(k, int) else k for k in key)
-        fn = self._compiled.get((dt, outcome))
+        # the replica lookups made ahead of the graph this step (replica_ahead): their rows
+        # are inputs of the graph, after the leading ones and before the batch
+        ahead = self.replicas_ahead.now(batch) if self.replicas_ahead is not None else ()
+        fn = self._compiled.get((dt, outcome, ahead))
         if fn is None:
-            fn = self._compiled[(dt, outcome)] = self._compile(dt, key)
+            fn = self._compiled[(dt, outcome, ahead)] = self._compile(dt, key, ahead)
             self.host_s["build"] += time.perf_counter() - t1
+        if ahead:
+            assert self.replicas_ahead is not None
+            batch = (*self.replicas_ahead.rows(batch, ahead), *batch)
         if decision is None:
             return fn(*batch)
         from gemc.backends.triton.inductor_graph import token_count_input
@@ -513,9 +527,11 @@ class GraphExecutor:
         if retarget_fp8_sites(self.runner.gm, nodes, recipes, self.runner.device):
             self._compiled.clear()
 
-    def _compile(self, dt: torch.dtype | None, key: tuple[int | None, ...]) -> Any:
-        """The rewritten graph for autocast ``dt`` and the guarded regions' outcome ``key``,
-        through ``torch.compile`` (lazily: it compiles on its first call)."""
+    def _compile(self, dt: torch.dtype | None, key: tuple[int | None, ...],
+                 ahead: tuple[str, ...] = ()) -> Any:
+        """The rewritten graph for autocast ``dt``, the guarded regions' outcome ``key``
+        and the replica lookups made ahead of it (``ahead``: node names, their rows its
+        inputs), through ``torch.compile`` (lazily: it compiles on its first call)."""
         from gemc.backends.triton.inductor_graph import build, measure_groups
 
         if self.measure and dt not in self._measured_for:  # the first step pays it
@@ -525,7 +541,7 @@ class GraphExecutor:
         guards = self.guard.guards(key) if self.guard is not None else {}
         attention_guards = self.guard.attention_guards(key) if self.guard is not None else {}
         built = build(self.runner, autocast=dt, measured={**self.recorded, **self.measured},
-                      guards=guards, attention_guards=attention_guards)
+                      guards=guards, attention_guards=attention_guards, ahead=ahead)
         self.choices, self.sources = built.choices, built.sources
         self.module = built.module
         self.variants.append({"autocast": str(dt).removeprefix("torch.") if dt else None,

@@ -23,10 +23,13 @@ table into one FBGEMM kernel. Here the replicas that can share one storage are o
   ReplicaBucket`) by one add and one flag fill; the bucket's one all-reduce stays;
 * **update**: one masked pass over the group's rows (not one per table).
 
-Graph mode looks each table up inside the compiled graph (``gemc::table_lookup``) and
-defers its gradient to the optimizer's step: there the group replays its members' deferred
-lookups as one lookup and one backward (:meth:`ReplicaGroup.replay_deferred`); the forward
-stays one lookup a table.
+Graph mode looks the same members up ahead of its compiled graph, by the same one lookup
+a group, and hands each member's rows to the graph as an input in place of its lookup node
+(:mod:`.replica_ahead`: which members is read off the graph). A member the graph looks up
+otherwise (its ids computed in the model) stays inside the compiled graph
+(``gemc::table_lookup``), its gradient deferred to the optimizer's step: there the group
+replays its members' deferred lookups as one lookup and one backward
+(:meth:`ReplicaGroup.replay_deferred`).
 
 The arithmetic is the per-table path's: each bag pools the same rows in the same order
 (the stacked rows are the tables' rows), the sparse gradient lists the same rows with the

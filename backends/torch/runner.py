@@ -570,13 +570,12 @@ def _run(
     setup_s = time.perf_counter() - t_setup
 
     prefetch = TablePrefetch(tables, world_size=wsize, device=device)
-    # the replica groups' lookups ahead of the forward (module mode: graph mode looks each
-    # table up inside the compiled graph, gemc::table_lookup, so only their storage and
-    # update are grouped there)
+    # the replica groups' lookups ahead of the forward (module mode; graph mode's executor
+    # looks them up ahead of its compiled graph itself: replica_ahead)
     replica_lookups = ReplicaLookups(
         emb_opt.groups, emb_opt.not_grouped,
-        off="graph mode: each replica is looked up in the compiled graph"
-        if graph_kernels and emb_opt.groups else None)
+        off="graph mode: the graph executor looks the groups up ahead of the compiled graph "
+        "(graph_ahead)" if graph_kernels and emb_opt.groups else None)
     metrics = Metrics()
     progress = Progress(opts.steps, start, enabled=opts.progress and rank == 0)
     exit_after = os.environ.get(EXIT_AFTER_STEP_ENV)
@@ -705,6 +704,9 @@ def _run(
     # data-parallel replicas on several ranks: their groups (one storage, lookup and
     # update each), those on their own and why (replica_groups)
     report["replica_batch"] = replica_lookups.report()
+    ahead = getattr(forward, "replicas_ahead", None)
+    if ahead is not None:  # graph mode: the members looked up ahead, those left in the graph
+        report["replica_batch"]["graph_ahead"] = ahead.report()
     # fqn -> the owners' route on several ranks (gemc.table_lookup.sharded_route: "batched"
     # is the fused owner lookup), as the plan's cost model priced it
     report["owner_routes"] = owner_routes(plan["tables"], world_size=wsize,

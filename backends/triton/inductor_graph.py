@@ -278,7 +278,8 @@ def runner_for(gm: fx.GraphModule, entries: Sequence[dict[str, Any]],
 def build(runner: GraphRunner, *, autocast: torch.dtype | None = None,
           measured: Mapping[str, Any] | None = None,
           guards: Mapping[str, int] | None = None,
-          attention_guards: Mapping[str, str] | None = None) -> Built:
+          attention_guards: Mapping[str, str] | None = None,
+          ahead: Sequence[str] = ()) -> Built:
     """The rewritten graph of ``runner.gm`` with ``runner.entries`` as custom-op calls (see
     the module doc). The runner's ``params`` feed the graph's parameter placeholders (the
     same tensors: their gradients land on them). ``autocast``: the dtype of the autocast
@@ -296,8 +297,18 @@ def build(runner: GraphRunner, *, autocast: torch.dtype | None = None,
     Each packed region's token count is not a constant of the graph but the size of one
     more leading input per region (``<name>_tokens``, after the key lengths, in the
     regions' order; :func:`token_count_input` makes it), so a compile that traces that
-    size as dynamic (after a second count) serves every token count."""
-    return Emitter(runner, autocast, measured, guards or {}, attention_guards or {}).run()
+    size as dynamic (after a second count) serves every token count. ``ahead``: table
+    lookup nodes (of ``runner.calls``) whose rows the caller looked up ahead of the graph
+    (gemc.backends.torch.replica_ahead): each is one more leading input (``<node>_rows``,
+    after the token counts, in this order) in place of its lookup."""
+    return Emitter(runner, autocast, measured, guards or {}, attention_guards or {},
+                   ahead).run()
+
+
+def ahead_output(rows: torch.Tensor, is_bag: bool) -> Any:
+    """What a lookup node answered ahead of the graph returned: its rows, or for a bag
+    ATen's tuple (the graph reads item 0, as of the sharded table's lookup call)."""
+    return (rows, None, None, None) if is_bag else rows
 
 
 # ---- packed token regions, as traceable helpers (shapes from shapes: no host read) --------
@@ -408,7 +419,8 @@ class Emitter:
 
     def __init__(self, runner: GraphRunner, autocast: torch.dtype | None,
                  measured: Mapping[str, Any] | None, guards: Collection[str],
-                 attention_guards: Mapping[str, str] | None = None) -> None:
+                 attention_guards: Mapping[str, str] | None = None,
+                 ahead: Sequence[str] = ()) -> None:
         self.r = runner
         self.autocast = autocast
         self.auto = gemc_ops.dtype_name(autocast)
@@ -454,6 +466,8 @@ class Emitter:
         self.token_counts = {name: self.graph.placeholder(f"{name}_tokens")
                              for name in self.guarded}
         self.token_sizes: dict[str, fx.Node] = {}
+        # table lookups made ahead of the graph: their rows, inputs after the token counts
+        self.ahead = {name: self.graph.placeholder(f"{name}_rows") for name in ahead}
 
     # -- helpers ------------------------------------------------------------------------------
 
@@ -591,10 +605,14 @@ class Emitter:
             return
         if node.name in self.calls:  # e.g. a table lookup answered by its table module
             fn = self.calls[node.name]
-            if not getattr(fn, "in_graph", False):  # an island unless it says it traces
-                fn = torch._dynamo.disable(fn)
-            out = self.call(fn, fx.node.map_arg(node.args, self.padded),
-                            fx.node.map_arg(node.kwargs, self.padded))
+            if node.name in self.ahead:  # a replica's rows, looked up ahead of the graph
+                out = self.call(ahead_output, (
+                    self.ahead[node.name], node.target is not torch.ops.aten.embedding.default))
+            else:
+                if not getattr(fn, "in_graph", False):  # an island unless it says it traces
+                    fn = torch._dynamo.disable(fn)
+                out = self.call(fn, fx.node.map_arg(node.args, self.padded),
+                                fx.node.map_arg(node.kwargs, self.padded))
             self.env[node] = out if node not in self.packed else \
                 self.call(_p_gather, (out, self.packed[node], _rank(node), *self.region(node)))
         elif node in r.packed_sources:

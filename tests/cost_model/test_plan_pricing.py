@@ -13,6 +13,7 @@ from gemc.cost_model.launches import (
     GRAPH_LAUNCH_HOST_S,
     REPLICA_GROUP_LAUNCHES,
     REPLICA_GROUPED_TABLE_LAUNCHES,
+    REPLICA_IN_GRAPH_MEMBER_LAUNCHES,
     REPLICA_TABLE_LAUNCHES,
     graph_launches,
 )
@@ -122,13 +123,24 @@ def test_compiled_plan_counts_launches_by_source(gem_plan_graph):
         REPLICA_TABLE_LAUNCHES < EAGER_TABLE_LAUNCHES
     assert graph_launches(gm, [*tables, replica], 1)["tables"] - base == EAGER_TABLE_LAUNCHES
     # replicas that share a storage (backends/torch/replica_groups): one group's launches
-    # and a few a member; a padding row or another width keeps a replica on its own
+    # and none a member (looked up by the group, in graph mode ahead of the graph); a
+    # padding row or another width keeps a replica on its own
     two = [replica, replace(replica, fqn="r2")]
     assert graph_launches(gm, [*tables, *two], 2)["tables"] - base == \
         REPLICA_GROUP_LAUNCHES + 2 * REPLICA_GROUPED_TABLE_LAUNCHES
     many = [replace(replica, fqn=f"r{i}") for i in range(18)]
     assert graph_launches(gm, [*tables, *many], 2)["tables"] - base == \
         REPLICA_GROUP_LAUNCHES + 18 * REPLICA_GROUPED_TABLE_LAUNCHES < 18 * REPLICA_TABLE_LAUNCHES
+    # the twenty-fifth session's count (replica_step.py --compare --cpu-proxy [--graph]):
+    # 24 ops a group at 8.5 launches per 19 ops, no op a member looked up ahead of the
+    # graph, 7 (3 launches) one whose ids the model computes (looked up inside it)
+    assert (REPLICA_GROUP_LAUNCHES, REPLICA_GROUPED_TABLE_LAUNCHES,
+            REPLICA_IN_GRAPH_MEMBER_LAUNCHES) == (11, 0, 3)
+    assert graph_launches(gm, [*tables, *many], 2)["tables"] == \
+        graph_launches(gm, [*tables, *two], 2)["tables"]
+    computed = [replica, replace(replica, fqn="r2", batch_fed=False)]
+    assert graph_launches(gm, [*tables, *computed], 2)["tables"] - base == \
+        REPLICA_GROUP_LAUNCHES + REPLICA_IN_GRAPH_MEMBER_LAUNCHES
     apart = [replica, replace(replica, fqn="p", padding_row=True),
              replace(replica, fqn="w", dim=32)]
     assert graph_launches(gm, [*tables, *apart], 2)["tables"] - base == \

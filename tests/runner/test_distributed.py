@@ -313,7 +313,9 @@ def _replica_plans(base: dict) -> dict[str, dict]:
     grouped = {**tables, "t0.weight": ("data_parallel", r), "t2.weight": ("data_parallel", r),
                "t5.weight": ("row_wise", r)}
     return {"adagrad": adagrad, "adam": variant(base, tables, regions, optimizer=ADAM),
-            "bf16": bf16, "grouped": variant(base, grouped, regions, optimizer=ADAM)}
+            "bf16": bf16, "grouped": variant(base, grouped, regions, optimizer=ADAM),
+            # graph mode: the group looked up ahead of the compiled graph (replica_ahead)
+            "grouped-graph": variant(base, grouped, regions, optimizer=ADAM, kernels=True)}
 
 
 def test_replicas_train_as_the_reference_with_one_all_reduce(plan_dir: Path) -> None:
@@ -321,7 +323,8 @@ def test_replicas_train_as_the_reference_with_one_all_reduce(plan_dir: Path) -> 
     optimizer's only collective here: no column shards), with the single-process
     reference's arithmetic (fp32, row-wise Adagrad and lazy Adam, a padding row, a table
     one rank never touches), bf16 replicas near fp32's, two replicas in one group (one
-    storage, lookup and update), and a resume of the grouped plan exact."""
+    storage, lookup and update; in graph mode looked up ahead of the compiled graph), and
+    a resume of the grouped plan exact."""
     from gemc.api import compile as gemc_compile
 
     args = {"idle_t5_on_odd": True}
@@ -337,7 +340,7 @@ def test_replicas_train_as_the_reference_with_one_all_reduce(plan_dir: Path) -> 
         {"steps": RESUME_AT, "checkpoint_dir": str(ck), "checkpoint_every": RESUME_AT // 2},
         {"steps": STEPS, "checkpoint_dir": str(ck), "resume": True}]})
     results = run_scenarios(2, scenarios, plan_dir / "w2-dp-results.json")
-    for name in ("adagrad", "adam", "grouped"):
+    for name in ("adagrad", "adam", "grouped", "grouped-graph"):
         _close([loss for _, loss in results[name][0]], _reference(plans[name], 2, args))
     for name in plans:
         assert results["_meta"][name][0]["embedding_all_reduce_per_step"] == [1] * STEPS, name
@@ -345,6 +348,10 @@ def test_replicas_train_as_the_reference_with_one_all_reduce(plan_dir: Path) -> 
     assert batch["groups"] == {"replica-group-0": ["t0.weight", "t2.weight"]}
     assert batch["batched_lookup"] == ["t0.weight", "t2.weight"]
     assert set(batch["not_grouped"]) == {"t1.weight", "t3.weight", "t4.weight"}
+    graph = results["_meta"]["grouped-graph"][0]["replica_batch"]
+    assert graph["groups"] == batch["groups"]
+    assert graph["graph_ahead"] == {"ahead": ["t0.weight", "t2.weight"], "in_graph": {},
+                                    "in_graph_steps": {}}
     fp32 = [loss for _, loss in results["adagrad"][0]]
     bf16 = [loss for _, loss in results["bf16"][0]]
     off = max(abs(a - b) / abs(b) for a, b in zip(bf16, fp32))

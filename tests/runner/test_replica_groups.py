@@ -240,6 +240,10 @@ def _two_ranks(rank: int, world: int, port: int, out: str) -> None:
             run, _, _ = _train(world, rank, grouped, "adam")
             runs[grouped] = {f: (t.weight.data.clone(), dict(run["opt"].state[f].tensors))
                              for f, t in run["tables"].items()}
+            graph = _graph_train(world, rank, grouped, "rowwise_adagrad", steps=2)
+            runs["graph", grouped] = {
+                f: (t.weight.data.clone(), dict(graph["opt"].state[f].tensors))
+                for f, t in graph["tables"].items()}
         if rank == 0:
             torch.save(runs, out)
     finally:
@@ -248,7 +252,8 @@ def _two_ranks(rank: int, world: int, port: int, out: str) -> None:
 
 def test_two_gloo_ranks_step_grouped_as_per_table(tmp_path: Path) -> None:
     """Two processes, each its own batches: the grouped replicas' one all-reduce (its
-    layout by group) gives the per-table path's rows and state bit for bit."""
+    layout by group) gives the per-table path's rows and state bit for bit, in module mode
+    (Adam) and in graph mode (row-wise Adagrad; the groups looked up ahead of the graph)."""
     import torch.multiprocessing as mp
 
     from tests.runner.harness import free_port
@@ -257,10 +262,11 @@ def test_two_gloo_ranks_step_grouped_as_per_table(tmp_path: Path) -> None:
     mp.start_processes(_two_ranks, args=(2, free_port(), str(out)), nprocs=2, join=True,
                        start_method="spawn")
     runs = torch.load(out)
-    for fqn, (weight, state) in runs[True].items():
-        assert torch.equal(weight, runs[False][fqn][0]), fqn
-        for k, v in state.items():
-            assert torch.equal(v, runs[False][fqn][1][k]), (fqn, k)
+    for got, want in ((True, False), (("graph", True), ("graph", False))):
+        for fqn, (weight, state) in runs[got].items():
+            assert torch.equal(weight, runs[want][fqn][0]), (got, fqn)
+            for k, v in state.items():
+                assert torch.equal(v, runs[want][fqn][1][k]), (got, fqn, k)
 
 
 def test_deferred_lookups_replay_as_one_lookup_a_group(one_process_group) -> None:  # noqa: ANN001
@@ -289,3 +295,117 @@ def test_deferred_lookups_replay_as_one_lookup_a_group(one_process_group) -> Non
         runs.append(({"tables": tables, "opt": opt}, count.bags))
     _assert_equal(runs[0][0], runs[1][0])
     assert (runs[0][1], runs[1][1]) == (2 + 3, 8)
+
+
+# ---- graph mode: the groups looked up ahead of the compiled graph (replica_ahead) ----------
+
+
+class _Replicas(nn.Module):
+    """The eight replicas of :func:`_sources` and one more sum member the forward never
+    calls (``k``: skipped at every step, so its rows must not move), looked up as
+    :func:`_forward` does; ``computed``: ``a``'s ids computed in the model."""
+
+    def __init__(self, computed: bool = False) -> None:
+        super().__init__()
+        for name, src in {**_sources(), "k": nn.EmbeddingBag(9, 8, mode="sum")}.items():
+            self.add_module(name, src)
+        self.computed = computed
+
+    def forward(self, *batch: torch.Tensor) -> torch.Tensor:
+        (a_ids, a_off, b_ids, b_off, b_w, c_ids, d_ids, e_ids, e_off, f_ids, f_off, g_ids,
+         g_off, h_ids, h_off, probe) = batch
+        outs = [self.a(a_ids % 30 if self.computed else a_ids, a_off),
+                self.b(b_ids, b_off, per_sample_weights=b_w), self.c(c_ids).reshape(B, -1),
+                self.d(d_ids), self.e(e_ids, e_off), self.f(f_ids, f_off),
+                self.g(g_ids, g_off), self.h(h_ids, h_off)]
+        return (torch.cat(outs, 1) * probe).sum()
+
+
+def _graph_train(world: int, rank: int, grouped: bool, optimizer: str, steps: int = 3,
+                 computed: bool = False, weights_grad_at: int | None = None
+                 ) -> dict[str, Any]:
+    """``steps`` steps of :class:`_Replicas` in graph mode (the GraphExecutor, compiled
+    with aot_eager on the CPU): the losses, the per-sample weights' gradients, the lookups
+    the optimizer's step replays, and the tables, optimizer and executor."""
+    from gemc.backends.torch.embedding import shard_tables
+    from gemc.backends.torch.graph_mode import GraphExecutor
+
+    from gemc.capture import capture
+    from gemc.spec import ModelSpec
+
+    model = _Replicas(computed)
+    captured = capture(ModelSpec(model=model, example_inputs=_batch(0, 0), make_batch=None))
+    plan = [{"fqn": f"{name}.weight", "rows": m.weight.shape[0], "dim": m.weight.shape[1],
+             "sharding": "data_parallel",
+             "shards": make_shards("data_parallel", list(range(world)), *m.weight.shape)}
+            for name, m in model.named_children()]
+    tables = shard_tables(model, plan, rank=rank, world_size=world, seed=0)
+    model.to_empty(device="cpu")
+    for i, t in enumerate(tables.values()):
+        with torch.no_grad():
+            t.weight.copy_(torch.randn(t.weight.shape, generator=torch.Generator().manual_seed(i)))
+    opt = EmbeddingOptimizer(tables, EmbeddingOptimConfig(kind=optimizer, lr=0.05,
+                                                          weight_decay=0.01),
+                             world_size=world, batched_replicas=grouped)
+    executor = GraphExecutor(captured.gm, captured.param_fqns, model, [], tables=tables,
+                             emb_opt=opt, device=torch.device("cpu"), world_size=world)
+    losses, weight_grads, replays = [], [], []
+    for step in range(1, steps + 1):
+        batch = _batch(step, rank)
+        if step == weights_grad_at:
+            batch[4].requires_grad_()
+        loss = executor(*batch)
+        loss.backward()
+        count = LookupCount()
+        with count:
+            opt.step()
+        assert not count.found, count.found
+        opt.zero_grad()
+        losses.append(loss.detach())
+        weight_grads.append(batch[4].grad)
+        replays.append(count.bags)
+    return {"tables": tables, "opt": opt, "executor": executor, "losses": losses,
+            "weight_grads": weight_grads, "replays": replays}
+
+
+@pytest.mark.parametrize("optimizer", ["rowwise_adagrad", "adam"])
+def test_graph_mode_looks_groups_up_ahead_as_the_per_table_path(optimizer: str,
+                                                                one_process_group) -> None:  # noqa: ANN001
+    """Graph mode: the members the graph calls with batch inputs (a, b with its weights,
+    c, e) are looked up ahead of the compiled graph, one lookup a group, their rows its
+    inputs; d (2-D ids: offsets made in the graph) stays in the graph and is replayed by
+    its group; k is never called. Losses, rows and state equal the per-table path's
+    (``batched_replicas=False``: every lookup in the graph, replayed table by table) bit
+    for bit, a step whose per-sample weights want a gradient (b runs in the graph that
+    step, and the weights' gradient is the per-table path's) included."""
+    got = _graph_train(2, 0, True, optimizer, weights_grad_at=3)
+    want = _graph_train(2, 0, False, optimizer, weights_grad_at=3)
+    assert [len(g.members) for g in got["opt"].groups] == [4, 2]
+    for x, y in zip(got["losses"], want["losses"]):
+        assert torch.equal(x, y)
+    assert got["weight_grads"][:2] == [None, None]
+    assert torch.equal(got["weight_grads"][2], want["weight_grads"][2])
+    _assert_equal(got, want)
+    k = got["tables"]["k.weight"].weight.data
+    assert torch.equal(k, torch.randn(k.shape, generator=torch.Generator().manual_seed(8)))
+    # replays at the step: d by its group, f g h alone (and b at step 3), against all eight
+    assert got["replays"] == [4, 4, 5]
+    assert want["replays"] == [8, 8, 8]
+    assert got["executor"].replicas_ahead.report() == {
+        "ahead": ["a.weight", "b.weight", "c.weight", "e.weight"],
+        "in_graph": {"d.weight": "its ids and offsets are computed in the model"},
+        "in_graph_steps": {"b.weight": 1}}
+    assert want["executor"].replicas_ahead is None
+
+
+def test_graph_mode_member_with_computed_ids_stays_in_the_graph(one_process_group) -> None:  # noqa: ANN001
+    """``a``'s ids computed in the model: a stays in the graph (its gradient deferred and
+    replayed by its group), the rest of its group is looked up ahead; still bit for bit."""
+    got = _graph_train(2, 0, True, "adam", steps=2, computed=True)
+    want = _graph_train(2, 0, False, "adam", steps=2, computed=True)
+    for x, y in zip(got["losses"], want["losses"]):
+        assert torch.equal(x, y)
+    _assert_equal(got, want)
+    report = got["executor"].replicas_ahead.report()
+    assert report["ahead"] == ["b.weight", "c.weight", "e.weight"]
+    assert report["in_graph"]["a.weight"] == "its ids are computed in the model"

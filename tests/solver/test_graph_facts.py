@@ -133,3 +133,29 @@ def test_emission_records_and_prices_one_summary(recsys, monkeypatch):
                                None)
     assert plan["predicted"]["device_step_ms"] == pytest.approx(expected["device_step_ms"])
     validate_plan(plan, source="test")
+
+
+class _ComputedTokens(Recsys):
+    """Recsys whose plain lookup reads ids the model computes."""
+
+    def forward(self, ids, offsets, tokens, labels):  # noqa: ANN001, ANN201
+        return super().forward(ids, offsets, tokens % 30, labels)
+
+
+@pytest.mark.parametrize("model, fed", [(Recsys, {"bag.weight": True, "emb.weight": True}),
+                                        (_ComputedTokens, {"bag.weight": True,
+                                                           "emb.weight": False})])
+def test_batch_fed_says_whether_the_ids_are_graph_inputs(model, fed):
+    """A table looked up once with the batch's own tensors is ``batch_fed`` (a replica
+    group member the runner looks up ahead of the compiled graph, priced no launch); ids
+    computed in the model are not (its lookup stays in the graph, priced as such)."""
+    batch = inputs()
+    spec = ModelSpec(model=model(), example_inputs=batch, make_batch=lambda step, dev: batch)
+    captured = capture(spec, entrypoint="test")
+    ctx = PassContext(entrypoint="test", param_fqns=captured.param_fqns,
+                      param_shapes=captured.param_shapes, param_dtypes=captured.param_dtypes,
+                      topology=parse_topology("h200:1x2"), fingerprint=captured.fingerprint)
+    gm = PassManager(annotated(PredictTime())).run(captured.gm, ctx)
+    facts = graph_facts(gm, ctx.param_dtypes)
+    assert {t.fqn: t.batch_fed for t in facts.tables} == fed
+    assert {c.fqn: c.batch_fed for c in table_costs(facts.tables)} == fed
