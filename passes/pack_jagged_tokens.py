@@ -154,7 +154,7 @@ from torch.fx.passes.infra.pass_base import PassResult
 from gemc import ir
 from gemc.context import PassContext
 from gemc.guard_sample import SAMPLE, sample_fill
-from gemc.packed_rules import on_tokens
+from gemc.packed_rules import gathered_lookup, on_tokens
 
 from .jagged_patterns import (
     _CASTS,
@@ -488,6 +488,9 @@ def _guarded_entry(gm: fx.GraphModule, rid: str, flow: PaddingFlow, starts: list
         # are checked with the mask (a row reading a padding token runs the region
         # padded), and a packed run reads each row's token from the packed tokens
         "reads": read_specs(flow),
+        # lookups of the history's ids: the runners gather the ids to the region's layout
+        # and look up only those (gemc.packed_rules.gathered_lookup)
+        "lookups": _lookups(nodes),
         **(extra or {}),
     }
     # the fill is data: read off the example batch by the run-time check's own rule
@@ -497,8 +500,21 @@ def _guarded_entry(gm: fx.GraphModule, rid: str, flow: PaddingFlow, starts: list
                  f"(fill 1): {sampled['fill_source'].removeprefix('padded: ')}; the run "
                  "packs whatever its batches allow")
     head.meta[PACKED_REGION].update(sampled)
-    head.meta[PACKED_REGION].update(_price(nodes, [head], sampled["fill"], ctx, [head]))
+    # what enters by a gather: the head's values, or a gathered lookup's ids (the rows
+    # are looked up on the tokens)
+    entering = head.args[1] if head.name in head.meta[PACKED_REGION]["lookups"] else head
+    head.meta[PACKED_REGION].update(_price(nodes, [entering], sampled["fill"], ctx, [head]))
     return nodes
+
+
+def _lookups(nodes: list[fx.Node]) -> list[str]:
+    """The region's row lookups whose ids enter it gathered (``packed_rules.
+    gathered_lookup``): a guarded region started at a history's ``[B, L, d]`` lookup then
+    looks up its tokens' ids only (its real tokens, and each row's padding representative
+    where it has them), not all ``B * L``; the padded run (the check's miss) looks up all
+    of them, as the model does."""
+    members = set(nodes)
+    return [n.name for n in nodes if gathered_lookup(n, members)]
 
 
 def _same_mask(node: fx.Node, key_mask: KeyMask) -> bool:
