@@ -49,7 +49,10 @@ bool or additive mask input, ``arange < lengths``, a mask built in the graph fro
 the ``key_padding_attention`` / ``jagged_silu_attention`` entries with a ``mask``), the
 padding rows are followed the same way, with that mask as the key mask, from every
 floating ``[B, L, ...]`` graph input or embedding lookup the attention's history comes
-from (the flows merged; an input itself stays padded and enters the region by a gather).
+from (the flows merged; an input itself stays padded and enters the region by a gather; a
+lookup of a padded ``[B, L]`` id grid is in the region, listed in its ``lookups``: on a
+packed call the runners gather its *ids* and look up those only, ``T`` rows forward and
+backward instead of ``B * L``, ``gemc.packed_rules.gathered_lookup``).
 The region entry carries ``guard: "prefix-check"`` and the ``mask`` to check: once per
 call, before the region's first node, the runner checks it (the guarded attention's check
 kernel: a prefix on every row, an additive mask's values 0 or <= -1e4) and runs the region
