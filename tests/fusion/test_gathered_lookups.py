@@ -30,6 +30,7 @@ from gemc.backends.triton.graph_runner import GraphRunner
 from gemc.cost_model import kernels
 from gemc.cost_model.hardware import get_gpu
 from gemc.cost_model.op_cost import eager_table_time
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from examples.zoo import din, sasrec_bst
@@ -52,15 +53,16 @@ BST = "examples.zoo.sasrec_bst:build"
 
 
 class _Ids(TorchDispatchMode):
-    """The id shapes every ``aten.embedding`` and its dense backward receive (a record at
-    the dispatcher: what ran, not what a runner says it ran)."""
+    """The id shapes every ``aten.embedding`` and its dense backward receive on real tensors
+    (a record at the dispatcher: what ran, not what a runner says it ran)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.seen: list[tuple[str, tuple[int, ...]]] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
-        if func in (aten.embedding.default, aten.embedding_dense_backward.default):
+        if func in (aten.embedding.default, aten.embedding_dense_backward.default) \
+                and not isinstance(args[1], FakeTensor):  # a capture's tracing: not a run
             self.seen.append((func.__name__.split(".")[0], tuple(args[1].shape)))
         return func(*args, **(kwargs or {}))
 
@@ -240,6 +242,41 @@ def test_a_lookup_call_that_does_not_take_gathered_ids_stays_padded_and_says_so(
     seen = _interpreted(BST, batch, calls={"embedding": lookup})
     assert _history_ids(seen, {(1, t), full}) == \
         [("embedding", (1, t))] * 2 + [("embedding_dense_backward", (1, t))] * 2, seen
+
+
+def test_a_table_answered_by_its_module_looks_up_the_tokens_ids():
+    """The graph-mode runner on one rank, a history table stored bf16 (so answered by its
+    table module through ``gemc::table_lookup``: the sparse route) in a guarded region: its
+    lookups (forward and the replayed sparse backward) see the region's ``[1, T]`` ids,
+    never the ``[B, L]`` grid, and the losses are eager's to the bf16 rows' rounding."""
+    import json
+    from pathlib import Path
+
+    from gemc.backends.torch.reference import reference_losses
+    from gemc.backends.torch.runner import RunOptions, run
+
+    from gemc.api import compile as gemc_compile
+    from gemc.api import load_model
+
+    entry = str(Path(__file__).resolve().parents[2] / "benchmarks" / "masked_tower.py") \
+        + ":build"
+    plan = gemc_compile(entry, {"preset": "tiny"}, topology="h200:1x1")
+    plan["precision"] = []
+    (region,) = [k for k in plan["kernels"] if k["kind"] == "packed_tokens"]
+    assert region["guard"] and region["lookups"] == ["embedding"]
+    plan = json.loads(json.dumps(plan))
+    for t in plan["tables"]:
+        t["precision"] = "bf16"
+    ref = reference_losses(load_model(entry, {"preset": "tiny"}), steps=2, world_size=1)
+    pt.GUARD_STATS.reset()
+    with _Ids() as ids:
+        res = run(plan, RunOptions(steps=2, device="cpu", progress=False,
+                                   graph_executor="interpreter"))
+    assert set(res.report["graph_executor"]["table_lookups"].values()) == {"sparse"}
+    assert pt.GUARD_STATS.as_dict()["packed"] == 2
+    shapes = {shape for name, shape in ids.seen if name == "embedding"}
+    assert shapes and all(len(s) == 2 and s[0] == 1 for s in shapes), ids.seen
+    torch.testing.assert_close([v for _, v in res.losses], ref, rtol=2e-2, atol=1e-5)
 
 
 def test_graph_mode_lookup_calls_take_gathered_ids_on_one_rank_only():
