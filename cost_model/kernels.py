@@ -155,14 +155,18 @@ SHARD_STEP_FLOOR_S = 0.855e-3
 PADDED_SHARE = 0.5
 
 
-def hottest_row_ids(rows: float, nnz: float, padded_nnz: float) -> float:
+def hottest_row_ids(rows: float, nnz: float, padded_nnz: float, pad_ids: float = 0.0
+                    ) -> float:
     """Lookups of the most looked-up row in a step: the mean duplicates of uniform ids
     (``nnz / rows``, when the table is smaller than the batch), or the padding of
-    ``padded_nnz`` ids read from padded [batch, length] grids, all on one pad id.
-    Skewed ids (a hot head) are data the graph does not show: not priced."""
+    ``padded_nnz`` ids read from padded [batch, length] grids, all on one pad id, or
+    ``pad_ids`` padding ids the sample batch counted (a lookup of a packed region's
+    gathered ids reads one per row with padding, its padding representative, and no
+    other: gemc.packed_rules.gathered_lookup). Skewed ids (a hot head) are data the graph
+    does not show: not priced."""
     if rows <= 0 or nnz <= 0:
         return 0.0
-    return max(float(nnz) / rows, PADDED_SHARE * float(padded_nnz))
+    return max(float(nnz) / rows, PADDED_SHARE * float(padded_nnz), float(pad_ids))
 
 
 def sort_bytes(nnz: float) -> float:

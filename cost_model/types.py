@@ -76,6 +76,10 @@ class TableCost:
     # of ``nnz``, the ids read from padded [batch, length] grids (unpooled lookups of a
     # 2-D or wider id tensor): their padding repeats one id (kernels.hottest_row_ids)
     padded_nnz: int = 0
+    # padding ids its lookups of packed regions' gathered ids still read (one per row with
+    # padding: the padding representatives, counted on the sample batch); those lookups'
+    # ids are their regions' tokens, in ``nnz``, not in ``padded_nnz``
+    pad_ids: float = 0.0
     # its lookups are called out of the compiled graph (graph mode, gemc.table_lookup's
     # SPARSE): each splits the graph (op_cost.ROUTED_LOOKUP_S)
     routed: bool = False
@@ -101,7 +105,9 @@ class TableCost:
         """Lookups of the most looked-up row in one rank's step (kernels.hottest_row_ids);
         a padding row's ids are not summed (the exchange drops them, the optimizer skips
         them), so its padded grids add none."""
-        return hottest_row_ids(self.rows, self.nnz, 0 if self.padding_row else self.padded_nnz)
+        if self.padding_row:
+            return hottest_row_ids(self.rows, self.nnz, 0)
+        return hottest_row_ids(self.rows, self.nnz, self.padded_nnz, self.pad_ids)
 
     @property
     def storage_bytes(self) -> float:

@@ -94,7 +94,8 @@ def table_costs(tables: Sequence[TableFacts]) -> list[TableCost]:
             sharding=t.sharding, ranks=t.ranks,
             dtype_bytes=_DTYPE_BYTES.get(t.dtype, 4), pooled=t.pooling != "none",
             precision=t.precision or "fp32", lookup=t.lookup, lookups=t.lookups,
-            padded_nnz=t.padded_nnz, routed=t.routed, padding_row=t.padding_row,
+            padded_nnz=t.padded_nnz, pad_ids=t.pad_ids, routed=t.routed,
+            padding_row=t.padding_row,
             lookup_alive=t.lookup_alive_bytes, replicated_only=t.replicated_only,
             batch_fed=t.batch_fed,
         )

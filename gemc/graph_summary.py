@@ -31,6 +31,7 @@ from gemc.cost_model.activations import (
 )
 from gemc.cost_model.step_model import shard_compute_s
 from gemc.cost_model.types import StepOptions, TableCost
+from gemc.guard_sample import SAMPLE
 from gemc.ir import OpKind
 from gemc.kernel_kinds import graph_kinds
 from gemc.sharding import REPLICATED_DENSE, make_shards
@@ -78,9 +79,33 @@ def padding_row(node: fx.Node) -> bool:
     return isinstance(value, int) and value >= 0
 
 
+def gathered_lookups(gm: fx.GraphModule) -> dict[str, tuple[float, int]]:
+    """Lookup node -> (the share of its padded ids it looks up, the padding ids among
+    them) for the lookups packed regions gather the ids of (their ``lookups``:
+    gemc.packed_rules.gathered_lookup), where the region is priced at a sample batch's
+    fill: its tokens (``fill``, the real ones bucketed as the compiled graph runs them,
+    plus the representatives) and, with padding representatives, one padding id per row
+    with padding (``sample_reps``), without none. On one rank only: on several, the
+    runners keep the padded lookup (a sharded table's exchange may be prefetched from the
+    batch's own ids: ``GraphRunner._padded_ids_why``)."""
+    if int((gm.meta.get(ir.PRICING) or {}).get("world_size", 1)) != 1:
+        return {}
+    out: dict[str, tuple[float, int]] = {}
+    for node in gm.graph.nodes:
+        f = node.meta.get(ir.PACKED_REGION)
+        if not isinstance(f, dict) or f.get("fill_source") != SAMPLE:
+            continue
+        for name in f.get("lookups") or ():
+            out[str(name)] = (float(f["fill"]), int(f.get("sample_reps", 0)))
+    return out
+
+
 def _table_costs(gm: fx.GraphModule) -> dict[str, TableCost]:
-    """Each table's TableCost on one rank as the graph looks it up (lookups summed)."""
+    """Each table's TableCost on one rank as the graph looks it up (lookups summed); a
+    lookup of a packed region's gathered ids at the region's tokens, its padding ids the
+    representatives' (:func:`gathered_lookups`)."""
     out: dict[str, TableCost] = {}
+    gathered = gathered_lookups(gm)
     for node in gm.graph.nodes:
         facts = node.meta.get(ir.TABLE)
         if facts is None:
@@ -89,8 +114,12 @@ def _table_costs(gm: fx.GraphModule) -> dict[str, TableCost]:
         old = out.get(fqn) or TableCost(fqn, int(facts["rows"]), int(facts["dim"]), 0,
                                         int(facts["batch"]), pooled=facts["mode"] != "none",
                                         lookups=0)
-        out[fqn] = replace(old, nnz=old.nnz + int(facts["nnz"]), lookups=old.lookups + 1,
-                           padded_nnz=old.padded_nnz + padded_ids(node),
+        nnz, padded, pads = int(facts["nnz"]), padded_ids(node), 0
+        if node.name in gathered:
+            share, pads = gathered[node.name]
+            nnz, padded = max(1, round(nnz * share)), 0
+        out[fqn] = replace(old, nnz=old.nnz + nnz, lookups=old.lookups + 1,
+                           padded_nnz=old.padded_nnz + padded, pad_ids=old.pad_ids + pads,
                            padding_row=old.padding_row or padding_row(node),
                            batch_fed=old.lookups == 0 and batch_fed(node))
     return out
@@ -210,6 +239,8 @@ class TableFacts:
     # looked up once with batch inputs only (graph_summary.batch_fed): not in the plan,
     # a fact of the graph for the cost model (TableCost.batch_fed)
     batch_fed: bool = True
+    # padding ids its lookups of packed regions' gathered ids read (gathered_lookups)
+    pad_ids: int = 0
 
     @property
     def ranks(self) -> tuple[int, ...]:
@@ -237,6 +268,8 @@ class TableFacts:
             out["lookup_alive_bytes"] = list(self.lookup_alive_bytes)
         if self.replicated_only:  # the runner refuses a hand-edited plan that shards it
             out["replicated_only"] = True
+        if self.pad_ids:
+            out["pad_ids"] = self.pad_ids
         return out
 
 
@@ -339,6 +372,7 @@ def table_facts(gm: fx.GraphModule, param_dtypes: Mapping[str, str]) -> list[Tab
             lookup_alive_bytes=tuple(alive_bytes[fqn]),
             replicated_only=bool(facts.get("replicated")),
             batch_fed=cost.batch_fed,
+            pad_ids=int(cost.pad_ids),
         ))
     return tables
 

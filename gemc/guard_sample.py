@@ -275,7 +275,8 @@ def sample_fill(gm: fx.GraphModule, region: Mapping[str, Any],
                 sample: Sequence[Any] | None) -> dict[str, Any]:
     """The fill a guarded region (its ``packed_region`` facts: ``mask``, ``additive``,
     ``every_row``, ``compact``) is priced at, from ``sample`` (the entrypoint's example
-    batch): ``{"fill", "attention_fill", "fill_source", "sample_tokens"}``.
+    batch): ``{"fill", "attention_fill", "fill_source", "sample_tokens"}`` (and
+    ``sample_reps``, its rows with padding, in a region with padding representatives).
 
     When the sample passes the check: ``fill`` is its real tokens rounded up as the
     compiled graph rounds them (:func:`bucket`) over ``B * L``; ``attention_fill`` is
@@ -331,4 +332,7 @@ def sample_fill(gm: fx.GraphModule, region: Mapping[str, Any],
     tokens = flags[2] + (flags[6] if region.get("pad_rep") else 0)
     return {"fill": bucket(tokens, capacity) / capacity,
             "attention_fill": min(1.0, squares / (batch * length * length)),
-            "fill_source": SAMPLE, "sample_tokens": tokens}
+            "fill_source": SAMPLE, "sample_tokens": tokens,
+            # the rows with padding (each one representative, a padding id in a gathered
+            # lookup: the table gradient's hot-row chain, cost_model.kernels)
+            **({"sample_reps": int(flags[6])} if region.get("pad_rep") else {})}

@@ -6,7 +6,7 @@ packed tokens only when the op has a packed rule: it is pointwise (or a ``cat``)
 acts per token on a packed first argument (:data:`FIRST_ONLY`, :data:`SIZED`) drawing no
 random numbers (:func:`per_token`; a dropout's mask is drawn over its padded shape, as
 eager draws it: :func:`draws`). Any other
-op (an SDPA no gemc kernel took, a table lookup answered by its module) runs on the padded
+op (an SDPA no gemc kernel took, a bag lookup) runs on the padded
 tensor, its inputs scattered out and its output gathered back: exact, but at the padded
 size. One SDPA has a packed rule of its own: a causal self-attention with no mask
 (:func:`causal_self_attention`) over region values runs as gemc's jagged causal attention
@@ -15,6 +15,18 @@ their layout has no kept positions: a compact region's may not be). The cost mod
 in time and in memory, at the size each of its nodes runs at. Why: MMoE's causal
 self-attention inside its region ran padded while the plan priced it packed, one part of
 the plan's 2.2 GB under MMoE's H200 peak (BENCHMARKS.md, eleventh session).
+
+A row lookup of a padded ``[B, L]`` id grid that a region starts at (``aten.embedding``:
+DIN's and SASRec's history tables) runs on the tokens too (:func:`gathered_lookup`): the
+runners gather the *ids* to the region's layout and look up only those, instead of looking
+up all ``B * L`` rows and gathering the rows. Exact by construction: a lookup is row-wise,
+so each token's row is the one the padded lookup gives it, and the table's gradient adds
+exactly the tokens' gradients (the padded rows' gradients were the ones nothing reads).
+Why: the padded lookup read ``B * L`` rows and its backward scattered ``B * L`` gradient
+rows, the padding ids' all into one row, one atomic after another (DIN h200: 2.6 ms per
+history table for its 524,288 padding ids, BENCHMARKS.md "DIN's unpooled dense
+gradients"); over the tokens only the real ids and, with padding representatives, one
+padding id per row remain.
 """
 
 from __future__ import annotations
@@ -109,10 +121,29 @@ def attention_operands(node: fx.Node) -> tuple[fx.Node, fx.Node, fx.Node]:
     return a["query"], a["key"], a["value"]
 
 
+def gathered_lookup(node: fx.Node, members: Container[fx.Node]) -> bool:
+    """Region node ``node`` is a row lookup whose ids the runners gather to the region's
+    layout before looking up (see the module doc): ``aten.embedding`` of a weight and an id
+    tensor from outside the region (``members``), its region dims two plain dims of the
+    ids (the output is ``ids.shape + [d]``), without ``scale_grad_by_freq`` (its gradient
+    divides by each id's count over the whole grid, which the padding ids change)."""
+    if node.op != "call_function" or node.target is not aten.embedding.default \
+            or len(node.args) < 2:
+        return False
+    weight, ids = node.args[0], node.args[1]
+    if not isinstance(ids, fx.Node) or ids in members or weight in members:
+        return False
+    scale = node.args[3] if len(node.args) > 3 else node.kwargs.get("scale_grad_by_freq")
+    dims = (node.meta.get(ir.PACKED) or {}).get("dims")
+    rank = len(ir.shape_of(ids) or ())
+    return not scale and dims is not None and len(dims) == 2 and dims[0] != dims[1] \
+        and 0 <= min(dims) and max(dims) < rank
+
+
 def runs_packed(node: fx.Node, packed: Container[fx.Node]) -> bool:
     """Whether the runners compute region node ``node`` on the packed tokens (``packed``:
     the region's nodes). False: it runs on the padded tensor and is gathered back."""
-    if is_pointwise(node):
+    if is_pointwise(node) or gathered_lookup(node, packed):
         return True
     if causal_self_attention(node):
         return all(x in packed for x in attention_operands(node))

@@ -49,7 +49,10 @@ bool or additive mask input, ``arange < lengths``, a mask built in the graph fro
 the ``key_padding_attention`` / ``jagged_silu_attention`` entries with a ``mask``), the
 padding rows are followed the same way, with that mask as the key mask, from every
 floating ``[B, L, ...]`` graph input or embedding lookup the attention's history comes
-from (the flows merged; an input itself stays padded and enters the region by a gather).
+from (the flows merged; an input itself stays padded and enters the region by a gather; a
+lookup of a padded ``[B, L]`` id grid is in the region, listed in its ``lookups``: on a
+packed call the runners gather its *ids* and look up those only, ``T`` rows forward and
+backward instead of ``B * L``, ``gemc.packed_rules.gathered_lookup``).
 The region entry carries ``guard: "prefix-check"`` and the ``mask`` to check: once per
 call, before the region's first node, the runner checks it (the guarded attention's check
 kernel: a prefix on every row, an additive mask's values 0 or <= -1e4) and runs the region
@@ -154,7 +157,7 @@ from torch.fx.passes.infra.pass_base import PassResult
 from gemc import ir
 from gemc.context import PassContext
 from gemc.guard_sample import SAMPLE, sample_fill
-from gemc.packed_rules import on_tokens
+from gemc.packed_rules import gathered_lookup, on_tokens
 
 from .jagged_patterns import (
     _CASTS,
@@ -488,6 +491,9 @@ def _guarded_entry(gm: fx.GraphModule, rid: str, flow: PaddingFlow, starts: list
         # are checked with the mask (a row reading a padding token runs the region
         # padded), and a packed run reads each row's token from the packed tokens
         "reads": read_specs(flow),
+        # lookups of the history's ids: the runners gather the ids to the region's layout
+        # and look up only those (gemc.packed_rules.gathered_lookup)
+        "lookups": _lookups(nodes),
         **(extra or {}),
     }
     # the fill is data: read off the example batch by the run-time check's own rule
@@ -497,8 +503,21 @@ def _guarded_entry(gm: fx.GraphModule, rid: str, flow: PaddingFlow, starts: list
                  f"(fill 1): {sampled['fill_source'].removeprefix('padded: ')}; the run "
                  "packs whatever its batches allow")
     head.meta[PACKED_REGION].update(sampled)
-    head.meta[PACKED_REGION].update(_price(nodes, [head], sampled["fill"], ctx, [head]))
+    # what enters by a gather: the head's values, or a gathered lookup's ids (the rows
+    # are looked up on the tokens)
+    entering = head.args[1] if head.name in head.meta[PACKED_REGION]["lookups"] else head
+    head.meta[PACKED_REGION].update(_price(nodes, [entering], sampled["fill"], ctx, [head]))
     return nodes
+
+
+def _lookups(nodes: list[fx.Node]) -> list[str]:
+    """The region's row lookups whose ids enter it gathered (``packed_rules.
+    gathered_lookup``): a guarded region started at a history's ``[B, L, d]`` lookup then
+    looks up its tokens' ids only (its real tokens, and each row's padding representative
+    where it has them), not all ``B * L``; the padded run (the check's miss) looks up all
+    of them, as the model does."""
+    members = set(nodes)
+    return [n.name for n in nodes if gathered_lookup(n, members)]
 
 
 def _same_mask(node: fx.Node, key_mask: KeyMask) -> bool:

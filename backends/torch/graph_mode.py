@@ -677,7 +677,7 @@ def _sharded_lookups(gm: torch.fx.GraphModule, tables: dict[str, ShardedEmbeddin
         for user in node.users:
             other = _captured_form_differs(table, user, node)
             if other is None:
-                calls[user.name] = _lookup_call(table, user.target)
+                calls[user.name] = _lookup_call(table, user.target, world_size)
                 continue
             if (world_size > 1 and not table.replicated) or table.precision != "fp32":
                 raise PlanError(
@@ -744,7 +744,7 @@ def _arguments(node: torch.fx.Node) -> dict[str, Any]:
     return out
 
 
-def _lookup_call(table: ShardedEmbedding, op: Any) -> Any:
+def _lookup_call(table: ShardedEmbedding, op: Any, world_size: int = 1) -> Any:
     """A lookup node's ATen signature answered by the sharded table (its own mode,
     ``include_last_offset`` and ``padding_idx``, which :func:`_captured_form_differs` found
     equal to the node's).
@@ -752,7 +752,14 @@ def _lookup_call(table: ShardedEmbedding, op: Any) -> Any:
     A table whose lookups stay on this rank (one rank, or a replicated table) is looked
     up through ``gemc::table_lookup``, which the compiled graph traces (marked
     ``in_graph``); a sharded table on several ranks is called as the module itself, an
-    eager island (the exchange's collectives and their host-side bookkeeping)."""
+    eager island (the exchange's collectives and their host-side bookkeeping).
+
+    ``padded_ids_why`` (read by the runners for a lookup a packed token region lists in its
+    ``lookups``): None where the call takes ids of any shape, so the region's gathered ids
+    (one rank: a local lookup); else why not (on several ranks a table may be looked up
+    ahead of the forward from the batch's own id tensors, ``table_prefetch`` /
+    ``replica_groups``, its exchange run in step on every rank: gathered ids, a new tensor
+    of a per-rank size, would be refused there or break that step)."""
     lookup: Any = table
     if table.local_only:
         from gemc.backends.triton.ops import register_lookup
@@ -771,6 +778,10 @@ def _lookup_call(table: ShardedEmbedding, op: Any) -> Any:
             return lookup(indices)
 
         embedding.in_graph = table.local_only  # type: ignore[attr-defined]
+        embedding.padded_ids_why = None if world_size == 1 else (  # type: ignore[attr-defined]
+            f"on {world_size} ranks the table's lookup may be prefetched ahead of the forward "
+            "from the batch's own id tensors, in step on every rank, so it cannot take the "
+            "region's gathered ids")
         return embedding
 
     def embedding_bag(weight: Any, indices: torch.Tensor, offsets: torch.Tensor,

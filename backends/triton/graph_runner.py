@@ -19,6 +19,10 @@ running
   op over the real query rows (these three guarded attentions' calls are their kind's
   ``run``, in ``kinds/attention.py``); a silu attention inside a packed token region runs
   on the region's tokens in place,
+* a row lookup a packed region lists (its ``lookups``: ``aten.embedding`` of a padded
+  ``[B, L]`` id grid the region starts at) on a packed call as the same lookup of the ids
+  gathered to the region's layout (its tokens' rows only; the padded call looks up all of
+  them, as the model does),
 * each ``batched_embedding_bag`` entry as one :class:`BatchedEmbeddingBag` lookup whose
   backward updates the tables in place (the optimizer is fused: no table gradient exists),
 
@@ -182,8 +186,23 @@ class GraphRunner:
         # reductions over the token axis of a region with padding representatives: on a
         # packed call, weighted by the layout's weights (``packed_tokens.weighted_reduce``)
         self.weighted: dict[fx.Node, dict[str, Any]] = {}
+        # row lookups that look up the region's tokens' ids only on a packed call (the
+        # region's ``lookups``, gemc.packed_rules.gathered_lookup): lookup -> its ids
+        self.gathered: dict[fx.Node, fx.Node] = {}
         for region in regions:
             guarded = region.get("guard") is not None
+            for name in region.get("lookups") or ():
+                node = self.by_name[name]
+                why = self._padded_ids_why(node)
+                if why is None:
+                    self.gathered[node] = node.args[1]
+                    continue
+                fqn = _param_fqn(node.args[0]) if isinstance(node.args[0], fx.Node) else None
+                warnings.warn(
+                    f"gemc: packed region {region['name']}: the lookup {name} of table "
+                    f"'{fqn or node.args[0]}' keeps looking up every padded id and gathering "
+                    f"the rows (the padding's rows and gradient scatter stay): {why}",
+                    stacklevel=3)
             for spec in region.get("weighted") or ():
                 self.weighted[self.by_name[spec["node"]]] = spec
             for name, dims in region["dims"].items():
@@ -203,6 +222,20 @@ class GraphRunner:
                 zeros = self.by_name.get(facts.get("zeros") or "")
                 if zeros is not None and list(zeros.users) == [src]:
                     self.skipped.add(zeros)
+
+    def _padded_ids_why(self, node: fx.Node) -> str | None:
+        """Why lookup ``node`` cannot take its region's gathered ids, or None. The graph's
+        own op takes any id shape; a lookup answered by a table module (``calls``) only
+        where that call says so (``padded_ids_why`` None: one rank's local lookup), since
+        a sharded table on several ranks is prefetched ahead of the forward from the
+        batch's own id tensors, its exchange run in step on every rank."""
+        call = self.calls.get(node.name)
+        if call is None:
+            return None
+        if not hasattr(call, "padded_ids_why"):
+            return ("its lookup is answered by a callable that does not declare that it "
+                    "takes ids of another shape (padded_ids_why)")
+        return call.padded_ids_why
 
     @staticmethod
     def _source(entry: dict[str, Any], sources: dict[str, str]) -> str:
@@ -428,6 +461,8 @@ class GraphRunner:
             (pos,) = reader_positions([spec], {n.name: env[n] for n in self._extra_reads(node)},
                                       layout.batch, layout.max_len, self.device)
             return packed.read_rows(env[x], self.packed[x], layout, pos, bool(spec["keepdim"]))
+        if node in self.gathered and node in self.packed:  # a packed call: its tokens' ids
+            return self._lookup_tokens(node, env)
         call = self.calls.get(node.name)
         if call is not None:  # e.g. a table lookup answered by its table module: padded out
             out = call(*fx.node.map_arg(node.args, lambda n: self._padded(n, env)),
@@ -439,6 +474,21 @@ class GraphRunner:
         return self._call_packed(node, env) if node in self.packed else self._call(node, env)
 
     # -- packed token regions -----------------------------------------------------------------
+
+    def _lookup_tokens(self, node: fx.Node, env: dict[fx.Node, Any]) -> Any:
+        """A region's row lookup on a packed call: its ids gathered to the region's layout
+        (``[1, T]`` for ``[B, L]`` ids), then the lookup (the graph's op, or the table
+        module answering it) of those only; its output is the region value, ``[1, T, d]``."""
+        ids = self.gathered[node]
+        tokens = packed.gather(env[ids], self.packed[node], _rank(ids),
+                               self._region_layout(node, env))
+        weight = fx.node.map_arg(node.args[0], lambda n: self._padded(n, env))
+        args = [weight, tokens, *node.args[2:]]
+        call = self.calls.get(node.name)
+        if call is not None:
+            return call(*args, **node.kwargs)
+        args, kwargs = on_run_device(tuple(args), dict(node.kwargs), self.device)
+        return node.target(*args, **kwargs)
 
     def _layout(self, offsets: str, clamp_min: int, max_len: int,
                 env: dict[fx.Node, Any]) -> TokenLayout:

@@ -31,6 +31,9 @@ execute one plan identically) are *emitted* into a new FX graph instead:
 * ``transposed_linear`` -> its ATen formulation (a batched GEMM reading ``x`` in place);
 * every other node -> its op (``device=`` arguments captured on meta point at the run's
   device; ``_assert_tensor_metadata`` nodes are dropped);
+* a row lookup a region this graph runs packed lists (its ``lookups``) -> its ids
+  gathered to the region's tokens (``gemc::gather_tokens``), then the lookup (its op or
+  its ``call``) of those only (``GraphRunner._lookup_tokens``);
 * a node with a ``call`` (a table lookup answered by its sharded table) -> that callable:
   on one rank it calls ``gemc::table_lookup`` (marked ``in_graph``: traced like any op, its
   sparse gradient left to the sparse optimizer by the op's backward); on several ranks it
@@ -603,15 +606,22 @@ class Emitter:
             return
         if node.target in _SKIP or node in r.skipped:
             return
-        if node.name in self.calls:  # e.g. a table lookup answered by its table module
-            fn = self.calls[node.name]
+        if node in r.gathered and node in self.packed:  # its tokens' ids, looked up
+            ids, region = r.gathered[node], self.region(node)
+            tokens = self.call(_p_gather, (self.env[ids], self.packed[node], _rank(ids),
+                                           *region))
+            args = (fx.node.map_arg(node.args[0], self.padded), tokens, *node.args[2:])
+            if node.name in self.calls:
+                self.env[node] = self.call(self.lookup_fn(node), args, dict(node.kwargs))
+            else:
+                args, kwargs = self.on_device(args, dict(node.kwargs))
+                self.env[node] = self.call(node.target, args, kwargs)
+        elif node.name in self.calls:  # e.g. a table lookup answered by its table module
             if node.name in self.ahead:  # a replica's rows, looked up ahead of the graph
                 out = self.call(ahead_output, (
                     self.ahead[node.name], node.target is not torch.ops.aten.embedding.default))
             else:
-                if not getattr(fn, "in_graph", False):  # an island unless it says it traces
-                    fn = torch._dynamo.disable(fn)
-                out = self.call(fn, fx.node.map_arg(node.args, self.padded),
+                out = self.call(self.lookup_fn(node), fx.node.map_arg(node.args, self.padded),
                                 fx.node.map_arg(node.kwargs, self.padded))
             self.env[node] = out if node not in self.packed else \
                 self.call(_p_gather, (out, self.packed[node], _rank(node), *self.region(node)))
@@ -644,6 +654,12 @@ class Emitter:
             args, kwargs = self.on_device(fx.node.map_arg(node.args, self.padded),
                                           dict(fx.node.map_arg(node.kwargs, self.padded)))
             self.env[node] = self.call(node.target, args, kwargs)
+
+    def lookup_fn(self, node: fx.Node) -> Callable[..., Any]:
+        """The callable answering ``node`` (a table lookup's ``call``): an eager island
+        unless it says it traces (``in_graph``)."""
+        fn = self.calls[node.name]
+        return fn if getattr(fn, "in_graph", False) else torch._dynamo.disable(fn)
 
     def segment_sum(self, node: fx.Node) -> bool:
         """A sum over positions of a region value adds its tokens (``GraphRunner``'s rule)."""

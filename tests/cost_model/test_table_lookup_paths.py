@@ -295,8 +295,10 @@ def test_plan_records_both_route_prices_and_takes_the_cheaper(annotated) -> None
     for fqn, t in tables.items():
         assert t.lookup == paths[fqn] == cheaper_route(t.route_ms)
         assert t.entry()["route_ms"] == t.route_ms  # what the plan records
-    # the history lookups read padded [B, L] grids; the profile bags do not
-    assert tables["goods_emb.weight"].padded_nnz > 0
+    # the history lookups read their packed region's gathered ids (gemc.packed_rules.
+    # gathered_lookup): no padded grid, one padding id per row with padding (the sample's
+    # representatives); the profile bags read no padded grid either
+    assert tables["goods_emb.weight"].padded_nnz == 0 < tables["goods_emb.weight"].pad_ids
     assert tables["profile.0.weight"].padded_nnz == 0
     assert not any(t.padding_row for t in tables.values())
     # a batched table has no choice to record
