@@ -12,6 +12,9 @@
 #       # masked_tower at 25 / 50 / 100% fill; attention_gpu_time.py in what time is left
 #   GEMC_COMMIT=<sha> bash benchmarks/h200_session24.sh 4   # the zoo's attentions alone
 #       # (< 4 min: what a short end of the session's device time allows)
+#   GEMC_COMMIT=<sha> bash benchmarks/h200_session24.sh 5   # twenty-fifth session: the kernel
+#       # tests; replica groups ahead of graph mode's graph vs inside it (replica_step.py);
+#       # DIN packed over padding representatives, torch.compile and gemc (zoo.py)
 set -uo pipefail
 source scripts/device_record.sh
 t0=$SECONDS
@@ -64,6 +67,20 @@ elif [ "$part" = 3 ]; then
   fill_sweep gemc 8 "25 50 100" 100 2
   left=$((500 - SECONDS + t0))
   [ "$left" -gt 60 ] && gpu_time "$left"
+elif [ "$part" = 5 ]; then
+  kernel_tests 60
+  for ahead in 1 0; do
+    timeout 60 python3 benchmarks/replica_step.py --device cuda --compare --graph \
+      --graph-ahead $ahead --out "$OUT/replica_step_graph_ahead$ahead.json" \
+      > "$OUT/replica_step_ahead$ahead.log" 2>&1
+    echo "== replica groups, graph mode, ahead=$ahead (exit $?, $((SECONDS - t0)) s)"
+    grep -vE "Warning|warn" "$OUT/replica_step_ahead$ahead.log" | tail -6 | cut -c1-250
+  done
+  timeout 250 python3 benchmarks/zoo.py --out /tmp/din --models din --variants compile,gemc \
+    --steps 10 --warmup 3 > "$OUT/din.log" 2>&1
+  echo "== din, torch.compile and gemc (exit $?, $((SECONDS - t0)) s)"
+  cp /tmp/din/zoo.json "$OUT/din.json" 2>/dev/null
+  grep -vE "Warning|warn" "$OUT/din.log" | grep -E "din|compile|gemc|guard|step" | tail -12 | cut -c1-250
 elif [ "$part" = 4 ]; then
   zoo_attentions 220
 fi
