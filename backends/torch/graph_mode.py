@@ -677,7 +677,7 @@ def _sharded_lookups(gm: torch.fx.GraphModule, tables: dict[str, ShardedEmbeddin
         for user in node.users:
             other = _captured_form_differs(table, user, node)
             if other is None:
-                calls[user.name] = _lookup_call(table, user.target, world_size)
+                calls[user.name] = lookup_call(table, user.target, world_size)
                 continue
             if (world_size > 1 and not table.replicated) or table.precision != "fp32":
                 raise PlanError(
@@ -744,7 +744,7 @@ def _arguments(node: torch.fx.Node) -> dict[str, Any]:
     return out
 
 
-def _lookup_call(table: ShardedEmbedding, op: Any, world_size: int = 1) -> Any:
+def lookup_call(table: ShardedEmbedding, op: Any, world_size: int = 1) -> Any:
     """A lookup node's ATen signature answered by the sharded table (its own mode,
     ``include_last_offset`` and ``padding_idx``, which :func:`_captured_form_differs` found
     equal to the node's).

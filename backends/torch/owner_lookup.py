@@ -43,7 +43,7 @@ pooled tables' own for nothing. A model whose tables all take the batch's bags (
 one launch per rank and exchange.
 
 Graph mode: on several ranks a sharded table's lookup node calls the table as an eager
-island (``graph_mode._lookup_call``), never the deferred ``gemc::table_lookup`` op (that is
+island (``graph_mode.lookup_call``), never the deferred ``gemc::table_lookup`` op (that is
 for tables whose lookups stay on their rank), so the fused backward runs in the step's own
 backward and ``replay_deferred`` has nothing of these tables to replay.
 

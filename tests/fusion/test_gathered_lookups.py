@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import torch
-from gemc.backends.torch.graph_mode import _lookup_call
+from gemc.backends.torch.graph_mode import lookup_call
 from gemc.backends.triton import ops as _ops  # noqa: F401  (registers gemc's custom ops)
 from gemc.backends.triton import packed_tokens as pt
 from gemc.backends.triton.graph_runner import GraphRunner
@@ -283,8 +283,8 @@ def test_graph_mode_lookup_calls_take_gathered_ids_on_one_rank_only():
     from tests.kernels.test_table_lookup_op import _table
 
     table = _table(torch.nn.Embedding(12, 4))
-    assert _lookup_call(table, aten.embedding.default, 1).padded_ids_why is None
-    why = _lookup_call(table, aten.embedding.default, 2).padded_ids_why
+    assert lookup_call(table, aten.embedding.default, 1).padded_ids_why is None
+    why = lookup_call(table, aten.embedding.default, 2).padded_ids_why
     assert "on 2 ranks" in why and "gathered ids" in why
 
 
