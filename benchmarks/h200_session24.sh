@@ -84,4 +84,6 @@ elif [ "$part" = 5 ]; then
 elif [ "$part" = 4 ]; then
   zoo_attentions 220
 fi
+# the output's tail is what comes back for sure: the tests' verdict again, last
+[ -f "$OUT/tests.log" ] && { echo "== kernel tests:"; grep -E "passed|failed" "$OUT/tests.log" | tail -2; }
 echo "== done ($((SECONDS - t0)) s)"
