@@ -15,6 +15,7 @@
 #   GEMC_COMMIT=<sha> bash benchmarks/h200_session24.sh 5   # twenty-fifth session: the kernel
 #       # tests; replica groups ahead of graph mode's graph vs inside it (replica_step.py);
 #       # DIN packed over padding representatives, torch.compile and gemc (zoo.py)
+#   GEMC_COMMIT=<sha> bash benchmarks/h200_session24.sh 6   # part 5 without DIN (< 3 min)
 set -uo pipefail
 source scripts/device_record.sh
 t0=$SECONDS
@@ -67,7 +68,7 @@ elif [ "$part" = 3 ]; then
   fill_sweep gemc 8 "25 50 100" 100 2
   left=$((500 - SECONDS + t0))
   [ "$left" -gt 60 ] && gpu_time "$left"
-elif [ "$part" = 5 ]; then
+elif [ "$part" = 5 ] || [ "$part" = 6 ]; then
   kernel_tests 60
   for ahead in 1 0; do
     timeout 60 python3 benchmarks/replica_step.py --device cuda --compare --graph \
@@ -76,6 +77,7 @@ elif [ "$part" = 5 ]; then
     echo "== replica groups, graph mode, ahead=$ahead (exit $?, $((SECONDS - t0)) s)"
     grep -vE "Warning|warn" "$OUT/replica_step_ahead$ahead.log" | tail -6 | cut -c1-250
   done
+  [ "$part" = 6 ] && { echo "== done ($((SECONDS - t0)) s)"; exit 0; }
   timeout 250 python3 benchmarks/zoo.py --out /tmp/din --models din --variants compile,gemc \
     --steps 10 --warmup 3 > "$OUT/din.log" 2>&1
   echo "== din, torch.compile and gemc (exit $?, $((SECONDS - t0)) s)"
