@@ -44,8 +44,8 @@ from gemc.fusion_spec import elementwise
 from gemc.guard_sample import why_not_ahead
 from gemc.packed_rules import draws
 
-from .jagged_patterns import _CASTS, KeyMask, PaddingFlow, follow_padding
-from .row_reads import row_read
+from .jagged_patterns import _CASTS, KeyMask, PaddingFlow
+from .row_reads import follow_with_reads
 
 aten = torch.ops.aten
 Dims = tuple[int, int]
@@ -117,17 +117,7 @@ def follow_weighted(start: fx.Node, dims: Dims, facts: KeyMask) -> PaddingFlow |
     (``row_reads``) and weighted reductions (:func:`token_reduction`) both allowed: the
     flow, the reductions among its ``reads`` (:func:`reductions` takes them out), or the
     first node that may read the padding otherwise."""
-    def read(user: fx.Node, src: fx.Node, at: Dims, f: Any) -> Any:
-        return row_read(user, src, at, f) or token_reduction(user, src, at, f)
-
-    flow = follow_padding(start, dims, facts, reads=read)
-    if isinstance(flow, fx.Node):
-        return flow
-    reached = set(flow.carriers) | set(flow.zeroed) | set(flow.reads)
-    for node, found in flow.reads.items():
-        if found.index is not None and ir.ancestors([found.index]) & reached:
-            return node
-    return flow
+    return follow_with_reads(start, dims, facts, also=token_reduction)
 
 
 def reductions(flow: PaddingFlow) -> dict[fx.Node, TokenReduction]:

@@ -54,6 +54,7 @@ read from slot 0 of an empty row in a layout over the lengths clamped to 1).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -339,15 +340,18 @@ def _numel(shape: Any) -> int:
     return out
 
 
-def follow_with_reads(start: fx.Node, dims: Dims, facts: Facts, empty_rows: bool = False
-                      ) -> PaddingFlow | fx.Node:
+def follow_with_reads(start: fx.Node, dims: Dims, facts: Facts, empty_rows: bool = False,
+                      also: Callable[..., Any] | None = None) -> PaddingFlow | fx.Node:
     """:func:`.jagged_patterns.follow_padding` with :func:`row_read`s allowed: the flow
     (its ``reads``, which the caller must check at run time unless ``proven``), or the
     first node that may read the padding unmasked, a reader whose index depends on a value
     the padding reaches included (it could not be checked before them). ``empty_rows``:
-    as :func:`kept_by_offsets`."""
-    flow = follow_padding(start, dims, facts,
-                          reads=lambda u, s, d, f: row_read(u, s, d, f, empty_rows))
+    as :func:`kept_by_offsets`. ``also``: another kind of reader allowed where
+    :func:`row_read` finds none (``pad_reps.token_reduction``: its readers carry no index)."""
+    def read(u: fx.Node, s: fx.Node, d: Dims, f: Any) -> Any:
+        return row_read(u, s, d, f, empty_rows) or (also(u, s, d, f) if also else None)
+
+    flow = follow_padding(start, dims, facts, reads=read)
     if isinstance(flow, fx.Node):
         return flow
     reached = set(flow.carriers) | set(flow.zeroed) | set(flow.reads)

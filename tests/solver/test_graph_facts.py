@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 from gemc.cost_model.topology import parse_topology
 from gemc.passes.predict_time import PredictTime
+from torch import nn
 
 from gemc import graph_summary, plan_builder
 from gemc.capture import capture
@@ -28,8 +29,12 @@ from tests.passes.recsys_model import Recsys, inputs
 def recsys():
     """Recsys annotated and priced (predict-time) for two ranks, nothing placed yet:
     (graph, context, capture)."""
+    return _priced(Recsys)
+
+
+def _priced(model: type[nn.Module]):  # noqa: ANN202
     batch = inputs()
-    spec = ModelSpec(model=Recsys(), example_inputs=batch, make_batch=lambda step, dev: batch)
+    spec = ModelSpec(model=model(), example_inputs=batch, make_batch=lambda step, dev: batch)
     captured = capture(spec, entrypoint="test")
     ctx = PassContext(entrypoint="test", param_fqns=captured.param_fqns,
                       param_shapes=captured.param_shapes, param_dtypes=captured.param_dtypes,
@@ -149,13 +154,7 @@ def test_batch_fed_says_whether_the_ids_are_graph_inputs(model, fed):
     """A table looked up once with the batch's own tensors is ``batch_fed`` (a replica
     group member the runner looks up ahead of the compiled graph, priced no launch); ids
     computed in the model are not (its lookup stays in the graph, priced as such)."""
-    batch = inputs()
-    spec = ModelSpec(model=model(), example_inputs=batch, make_batch=lambda step, dev: batch)
-    captured = capture(spec, entrypoint="test")
-    ctx = PassContext(entrypoint="test", param_fqns=captured.param_fqns,
-                      param_shapes=captured.param_shapes, param_dtypes=captured.param_dtypes,
-                      topology=parse_topology("h200:1x2"), fingerprint=captured.fingerprint)
-    gm = PassManager(annotated(PredictTime())).run(captured.gm, ctx)
+    gm, ctx, _ = _priced(model)
     facts = graph_facts(gm, ctx.param_dtypes)
     assert {t.fqn: t.batch_fed for t in facts.tables} == fed
     assert {c.fqn: c.batch_fed for c in table_costs(facts.tables)} == fed
