@@ -174,6 +174,26 @@ def item_history(lengths: Sequence[int], gen: torch.Generator, length: int, item
         torch.rand(len(lengths), generator=gen)
 
 
+def values_batch(lengths: Sequence[int], width: int, gen: torch.Generator
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A jagged batch as values + offsets: ``[sum(lengths), width]`` values, the
+    ``[B + 1]`` offsets of these lengths, and BCE targets ``[B]``."""
+    offsets = torch.tensor([0, *torch.tensor(list(lengths)).cumsum(0).tolist()])
+    return (torch.randn(int(offsets[-1]), width, generator=gen), offsets,
+            torch.randn(len(lengths), generator=gen))
+
+
+def lengths_of_total(gen: torch.Generator, rows: int, length: int, total: int, empty: bool
+                     ) -> list[int]:
+    """Fresh random lengths of ``rows`` histories padded to ``length`` that sum to
+    ``total`` (a captured graph's token count), with a full row, and an empty one exactly
+    where ``empty``."""
+    while True:
+        out = torch.randint(0, length + 1, (rows,), generator=gen).tolist()
+        if sum(out) == total and length in out and (0 in out) == empty:
+            return out
+
+
 class MaxDice(din.Dice):
     """Dice scaled by the largest magnitude over the B*L rows: not weighed. Its value would
     be exact without weights, but its gradient is split evenly among tied elements, and a

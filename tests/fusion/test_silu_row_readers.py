@@ -41,8 +41,10 @@ from tests.fusion.helpers import (
     cpu_graph_executor,
     entries_of,
     fresh_seed,
+    lengths_of_total,
     run_against_eager,
     train_against_eager,
+    values_batch,
 )
 
 ENTRY = "tests/fusion/test_silu_row_readers.py:build"
@@ -100,9 +102,7 @@ class HstuLastToken(nn.Module):
 
 
 def batch(lengths: list[int], gen: torch.Generator) -> tuple[torch.Tensor, ...]:
-    offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
-    return (torch.randn(int(offsets[-1]), E, generator=gen), offsets,
-            torch.randn(len(lengths), generator=gen))
+    return values_batch(lengths, E, gen)
 
 
 def build(read: str = "last") -> ModelSpec:
@@ -114,12 +114,7 @@ def build(read: str = "last") -> ModelSpec:
 
 
 def lengths_with(gen: torch.Generator, empty: bool) -> list[int]:
-    """Fresh random lengths of the captured total with a full row (``L``), and an empty one
-    exactly where ``empty``."""
-    while True:
-        out = torch.randint(0, L + 1, (B,), generator=gen).tolist()
-        if sum(out) == TOKENS and L in out and (0 in out) == empty:
-            return out
+    return lengths_of_total(gen, B, L, TOKENS, empty)
 
 
 @functools.cache
