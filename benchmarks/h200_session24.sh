@@ -16,6 +16,9 @@
 #       # tests; replica groups ahead of graph mode's graph vs inside it (replica_step.py);
 #       # DIN packed over padding representatives, torch.compile and gemc (zoo.py)
 #   GEMC_COMMIT=<sha> bash benchmarks/h200_session24.sh 6   # part 5 without DIN (< 3 min)
+#   GEMC_COMMIT=<sha> bash benchmarks/h200_session24.sh 7   # twenty-sixth session: the kernel
+#       # tests with 150 s (60 s cut them short on an H100); the replica groups' graph step
+#       # (capture on the batch's device); masked_tower at 25 and 100% fill with torch.compile
 set -uo pipefail
 source scripts/device_record.sh
 t0=$SECONDS
@@ -49,7 +52,7 @@ fill_sweep() {  # masked_tower: variants $1, $2 steps ($5 warm-up), fills $3 (%)
 }
 
 kernel_tests() {  # the attention kernels on the GPU; eager SDPA's empty rows on torch 2.11
-  GEMC_TEST_DEVICE=cuda timeout "$1" python3 -m pytest -q -p no:cacheprovider -n 0 \
+  GEMC_TEST_DEVICE=cuda timeout "$1" python3 -m pytest -q -rf -p no:cacheprovider -n 0 \
     tests/kernels/test_sdpa_empty_rows.py tests/kernels/test_attention_bias_and_varlen_keys.py \
     ${@:2} > "$OUT/tests.log" 2>&1
   echo "== attention kernel tests on the GPU (exit $?, $((SECONDS - t0)) s)"
@@ -68,8 +71,8 @@ elif [ "$part" = 3 ]; then
   fill_sweep gemc 8 "25 50 100" 100 2
   left=$((500 - SECONDS + t0))
   [ "$left" -gt 60 ] && gpu_time "$left"
-elif [ "$part" = 5 ] || [ "$part" = 6 ]; then
-  kernel_tests 60
+elif [ "$part" = 5 ] || [ "$part" = 6 ] || [ "$part" = 7 ]; then
+  if [ "$part" = 7 ]; then kernel_tests 150; else kernel_tests 60; fi
   for ahead in 1 0; do
     timeout 60 python3 benchmarks/replica_step.py --device cuda --compare --graph \
       --graph-ahead $ahead --out "$OUT/replica_step_graph_ahead$ahead.json" \
@@ -78,6 +81,11 @@ elif [ "$part" = 5 ] || [ "$part" = 6 ]; then
     grep -vE "Warning|warn" "$OUT/replica_step_ahead$ahead.log" | tail -6 | cut -c1-250
   done
   [ "$part" = 6 ] && { echo "== done ($((SECONDS - t0)) s)"; exit 0; }
+  if [ "$part" = 7 ]; then
+    fill_sweep compile,gemc 8 "25 100" 130 2
+    [ -f "$OUT/tests.log" ] && { echo "== kernel tests:"; grep -E "passed|failed|FAILED" "$OUT/tests.log" | tail -8; }
+    echo "== done ($((SECONDS - t0)) s)"; exit 0
+  fi
   timeout 250 python3 benchmarks/zoo.py --out /tmp/din --models din --variants compile,gemc \
     --steps 10 --warmup 3 > "$OUT/din.log" 2>&1
   echo "== din, torch.compile and gemc (exit $?, $((SECONDS - t0)) s)"

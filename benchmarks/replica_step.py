@@ -327,9 +327,10 @@ def graph_executor(args: argparse.Namespace, tables: dict[str, ShardedEmbedding]
     from gemc.capture import capture
     from gemc.spec import ModelSpec
 
-    sources = {fqn.removesuffix(".weight"): nn.EmbeddingBag(
-        t.num_embeddings, t.embedding_dim, mode="sum", include_last_offset=True)
-        for fqn, t in tables.items()}
+    sources = {fqn.removesuffix(".weight"): nn.EmbeddingBag(  # on the batch's device: a
+        # CPU bag over CUDA ids is a device mismatch at capture
+        t.num_embeddings, t.embedding_dim, mode="sum", include_last_offset=True,
+        device=device) for fqn, t in tables.items()}
     model = _Lookups(sources)
     captured = capture(ModelSpec(model=model, example_inputs=(*entries, probe),
                                  make_batch=None))

@@ -240,16 +240,23 @@ def _inputs_on_model_device(
     return inputs
 
 
-def _is_device_mismatch(exc: BaseException) -> bool:
-    from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError
+_DEVICE_MISMATCH_TEXTS = ("Expected all tensors to be on the same device",
+                          "found two different devices")
+"""How a device mismatch reads where torch has no ``FakeTensorDeviceMismatchError`` (torch
+2.11 raises a bare ``RuntimeError``: "Unhandled FakeTensor Device Propagation for
+aten.mul.Tensor, found two different devices cpu, cuda:0") or the error is eager's."""
 
+
+def _is_device_mismatch(exc: BaseException) -> bool:
+    from torch._subclasses import fake_tensor
+
+    mismatch = getattr(fake_tensor, "FakeTensorDeviceMismatchError", None)
     seen: set[int] = set()
     cur: BaseException | None = exc
     while cur is not None and id(cur) not in seen:
         seen.add(id(cur))
-        if isinstance(cur, FakeTensorDeviceMismatchError) or (
-            "Expected all tensors to be on the same device" in str(cur)
-        ):
+        if (mismatch is not None and isinstance(cur, mismatch)) \
+                or any(text in str(cur) for text in _DEVICE_MISMATCH_TEXTS):
             return True
         cur = cur.__cause__ or cur.__context__
     return False

@@ -118,3 +118,22 @@ def test_a_real_model_with_meta_inputs_is_named_as_a_device_mismatch():
         capture(spec)
     assert "example inputs given on meta, parameters and buffers on cpu" in info.value.what
     assert "moved to meta" not in info.value.what
+
+
+@pytest.mark.parametrize("text", [
+    # torch 2.11 (the GPU machine) has no FakeTensorDeviceMismatchError: a bare RuntimeError
+    "Unhandled FakeTensor Device Propagation for aten.mul.Tensor, found two different "
+    "devices cpu, cuda:0",
+    "Expected all tensors to be on the same device, but found at least two devices",
+])
+def test_a_device_mismatch_is_recognised_in_each_torch_versions_words(text):
+    from gemc.capture import _is_device_mismatch
+
+    try:
+        try:
+            raise RuntimeError(text)
+        except RuntimeError as inner:
+            raise ValueError("export failed") from inner
+    except ValueError as outer:
+        assert _is_device_mismatch(outer)
+    assert not _is_device_mismatch(RuntimeError("a shape mismatch: 3 vs 4"))
