@@ -7,6 +7,13 @@ compiled models are checked against eager on that assumption. PyTorch changed th
 (older releases gave NaN), and the GPU machine runs torch 2.11 with CUDA backends the CPU
 never exercises, so this runs there too (``GEMC_TEST_DEVICE=cuda``): every backend that
 accepts the call must give 0, or the kernels' empty-row convention no longer matches eager.
+
+One backend does not, measured on an H100 (torch 2.11, CUDA 13, session 26,
+``benchmarks/h200_session24.sh 7``): cuDNN's attention in bf16 gives such a row non-zero
+values (math and memory-efficient give 0; cuDNN refuses fp32). Eager's answer on that row
+there depends on which backend PyTorch picks; gemc's kernels keep math's 0, the answer
+every backend but cuDNN gives. That case is an expected failure, strict: the day cuDNN
+gives 0 the mark must go.
 """
 
 from __future__ import annotations
@@ -26,8 +33,19 @@ BACKENDS = [SDPBackend.MATH] + ([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDN
 REFUSED = ("No viable backend", "No available kernel")
 
 
-@pytest.mark.parametrize("backend", BACKENDS, ids=lambda b: b.name.lower())
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+CUDNN_EMPTY_ROWS = pytest.mark.xfail(
+    strict=True, reason="cuDNN's bf16 attention gives a row with no kept key non-zero "
+    "values (H100, torch 2.11, session 26); gemc keeps math's 0")
+
+
+def _cases() -> list:
+    return [pytest.param(dtype, backend, id=f"{dtype}-{backend.name.lower()}",
+                         marks=CUDNN_EMPTY_ROWS if (backend == SDPBackend.CUDNN_ATTENTION
+                                                    and dtype == torch.bfloat16) else ())
+            for backend in BACKENDS for dtype in (torch.float32, torch.bfloat16)]
+
+
+@pytest.mark.parametrize(("dtype", "backend"), _cases())
 def test_a_row_keeping_no_key_gives_zero_and_no_gradient(backend, dtype):
     gen = fresh_generator()
     q, k, v = (torch.randn(3, 2, 5, 16, generator=gen).to(dtype).requires_grad_()
