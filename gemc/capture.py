@@ -81,7 +81,7 @@ def capture(spec: ModelSpec, *, entrypoint: str = "model",
             warnings.simplefilter("ignore")
             exported = torch.export.export(model, inputs, strict=False)
     except Exception as exc:  # any export failure is the user's model not being capturable
-        if _is_device_mismatch(exc):
+        if is_device_mismatch(exc):
             raise _device_error(exc, model, spec.example_inputs, entrypoint) from exc
         if (call := untraceable_call(exc)) is not None:
             api, site, fix = call
@@ -247,7 +247,10 @@ _DEVICE_MISMATCH_TEXTS = ("Expected all tensors to be on the same device",
 aten.mul.Tensor, found two different devices cpu, cuda:0") or the error is eager's."""
 
 
-def _is_device_mismatch(exc: BaseException) -> bool:
+def is_device_mismatch(exc: BaseException) -> bool:
+    """Whether a capture failure (or one it was raised from) is two tensors meeting on
+    different devices, in the words of the torch that runs (public: the test pins both
+    versions' words)."""
     from torch._subclasses import fake_tensor
 
     mismatch = getattr(fake_tensor, "FakeTensorDeviceMismatchError", None)

@@ -127,7 +127,7 @@ def test_a_real_model_with_meta_inputs_is_named_as_a_device_mismatch():
     "Expected all tensors to be on the same device, but found at least two devices",
 ])
 def test_a_device_mismatch_is_recognised_in_each_torch_versions_words(text):
-    from gemc.capture import _is_device_mismatch
+    from gemc.capture import is_device_mismatch
 
     try:
         try:
@@ -135,5 +135,5 @@ def test_a_device_mismatch_is_recognised_in_each_torch_versions_words(text):
         except RuntimeError as inner:
             raise ValueError("export failed") from inner
     except ValueError as outer:
-        assert _is_device_mismatch(outer)
-    assert not _is_device_mismatch(RuntimeError("a shape mismatch: 3 vs 4"))
+        assert is_device_mismatch(outer)
+    assert not is_device_mismatch(RuntimeError("a shape mismatch: 3 vs 4"))
