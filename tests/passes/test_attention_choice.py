@@ -1,0 +1,130 @@
+"""The priced choice between gemc's attention kernel and the model's own attention
+(passes/attention_choice): a TransAct-shaped guarded attention at a short length keeps SDPA,
+loudly (both prices, the host sync); a long, partly filled history keeps the kernel; the
+switch GEMC_ATTENTION_KERNEL forces either way; a model whose attention kept SDPA compiles
+and equals eager (loss and gradients). Priced on an h200 topology with the example batch as
+the sample (the guarded fill), on the kernel passes' pipeline (tests/fusion/helpers)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from gemc.cost_model.attention_choice import GEMC_ATTENTION_HOST_S, attention_prices
+from gemc.passes.attention_choice import ENV, KEPT_PADDED
+from gemc.passes.match_jagged_attention import SKIPPED
+from torch import nn
+
+from gemc.errors import GemcUserError
+from gemc.spec import ModelSpec
+from tests.fusion.helpers import compiled, entries_of, fresh_seed, run_against_eager
+
+ENTRY = "tests/passes/test_attention_choice.py:build"
+SHAPES = {  # batch, length, heads, head dim, longest history / length
+    "transact": (4096, 100, 2, 48, 1.0),  # TransAct's h200 attention: S=100, 2 x 48
+    "long": (512, 1024, 4, 64, 0.5),      # a long history, a quarter of it filled
+    "tiny": (6, 8, 2, 8, 1.0),
+}
+
+
+class Tower(nn.Module):
+    """Self-attention over a history under a boolean keep-mask input (data: the guarded
+    attention), every position read by a max pool (as TransAct's: no packed region, every
+    query row computed)."""
+
+    def __init__(self, items: int, heads: int, head_dim: int) -> None:
+        super().__init__()
+        e = heads * head_dim
+        self.heads = heads
+        self.emb = nn.Embedding(items, e)
+        self.qkv = nn.Linear(e, 3 * e)
+        self.out = nn.Linear(e, e)
+        self.head = nn.Linear(e, 1)
+
+    def forward(self, ids: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        b, length = ids.shape
+        x = self.emb(ids)
+        q, k, v = self.qkv(x).view(b, length, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None, None, :])
+        o = self.out(o.transpose(1, 2).reshape(b, length, -1))
+        return self.head(o.amax(1)).square().mean()
+
+
+def _batch(shape: str, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    b, length, _, _, longest = SHAPES[shape]
+    g = torch.Generator().manual_seed(seed)
+    # every row keeps a key (a row keeping none is NaN under SDPA's boolean mask)
+    lengths = torch.randint(1, int(longest * length) + 1, (b,), generator=g)
+    ids = torch.randint(0, 50, (b, length), generator=g)
+    return ids, torch.arange(length)[None, :] < lengths[:, None]
+
+
+def build(shape: str = "tiny") -> ModelSpec:
+    _, _, heads, head_dim, _ = SHAPES[shape]
+    torch.manual_seed(0)
+    return ModelSpec(model=Tower(50, heads, head_dim), example_inputs=_batch(shape, 0),
+                     make_batch=lambda step, device="cpu": tuple(
+                         t.to(device) for t in _batch(shape, step)))
+
+
+def _attention(gm):
+    (node,) = [n for n in gm.graph.nodes
+               if n.target is torch.ops.aten.scaled_dot_product_attention.default]
+    return node
+
+
+def _compiled(shape: str, monkeypatch: pytest.MonkeyPatch, mode: str = "priced"):
+    monkeypatch.setenv(ENV, mode)
+    return compiled(ENTRY, {"shape": shape})
+
+
+def test_transact_shaped_attention_keeps_sdpa_loudly(monkeypatch):
+    gm, ctx, _ = _compiled("transact", monkeypatch)
+    node = _attention(gm)
+    assert not entries_of(gm, ctx, ["key_padding_attention"])
+    assert node.meta[SKIPPED].startswith(KEPT_PADDED)
+    (warning,) = [w for w in ctx.warnings if KEPT_PADDED in w]
+    assert f"{node.name} stays padded SDPA" in warning
+    assert "gemc's guarded attention priced" in warning and "host sync" in warning
+    assert "the sample batch's kept tokens" in warning and f"{ENV}=always" in warning
+    gemc_ms, padded_ms = (float(x) for x in
+                          warning.split("priced ", 1)[1].split(" ms for", 1)[0].split(" ms vs "))
+    # slower by the host cost its sync exposes, not by the kernel's work
+    assert padded_ms < gemc_ms and gemc_ms - 1e3 * GEMC_ATTENTION_HOST_S < padded_ms
+
+
+def test_long_partly_filled_history_keeps_the_kernel(monkeypatch):
+    gm, ctx, _ = _compiled("long", monkeypatch)
+    (entry,) = entries_of(gm, ctx, ["key_padding_attention"])
+    prices = _attention(gm).meta["gemc.kernel"]["attention_prices"]
+    assert prices["guarded"] and prices["fill_source"] == "the sample batch's kept tokens"
+    assert 0.15 < prices["fill"] < 0.35
+    assert prices["gemc_ms"] < prices["padded_ms"]
+    assert entry["predicted"]["attention"] == prices  # in the plan's kernel entry
+    assert not any(KEPT_PADDED in w for w in ctx.warnings)
+
+
+def test_the_switch_forces_either_way(monkeypatch):
+    gm, ctx, _ = _compiled("transact", monkeypatch, "always")
+    assert entries_of(gm, ctx, ["key_padding_attention"])
+    gm, ctx, _ = _compiled("long", monkeypatch, "never")
+    assert not entries_of(gm, ctx, ["key_padding_attention"])
+    assert _attention(gm).meta[SKIPPED] == f"{KEPT_PADDED}: {ENV}=never"
+    monkeypatch.setenv(ENV, "sometimes")
+    with pytest.raises(GemcUserError, match=ENV):
+        compiled(ENTRY, {"shape": "tiny"})
+
+
+def test_prices_add_the_host_only_after_a_sync():
+    synced = attention_prices(2e-4, 5e-4, guarded=True, fill=0.5, fill_source="sample")
+    assert synced.gemc_s == pytest.approx(2e-4 + GEMC_ATTENTION_HOST_S) and synced.gemc_slower
+    assert not synced.kernel_slower and not synced.unsynced().gemc_slower
+    with pytest.raises(ValueError, match="negative"):
+        attention_prices(-1.0, 1.0, guarded=False, fill=1.0, fill_source="x")
+
+
+def test_attention_kept_as_sdpa_compiles_and_equals_eager(monkeypatch):
+    gm, ctx, spec = _compiled("tiny", monkeypatch)
+    assert _attention(gm).meta[SKIPPED].startswith(KEPT_PADDED)
+    assert not entries_of(gm, ctx, ["key_padding_attention"])
+    run_against_eager(gm, entries_of(gm, ctx), spec.model, _batch("tiny", fresh_seed()))
