@@ -24,6 +24,7 @@ SHAPES = {  # batch, length, heads, head dim, longest history / length
     "transact": (4096, 100, 2, 48, 1.0),  # TransAct's h200 attention: S=100, 2 x 48
     "long": (512, 1024, 4, 64, 0.5),      # a long history, a quarter of it filled
     "tiny": (6, 8, 2, 8, 1.0),
+    "pooled": (512, 512, 4, 64, 1.0),     # a masked pool: the tower packs around it
 }
 
 
@@ -32,10 +33,10 @@ class Tower(nn.Module):
     attention), every position read by a max pool (as TransAct's: no packed region, every
     query row computed)."""
 
-    def __init__(self, items: int, heads: int, head_dim: int) -> None:
+    def __init__(self, items: int, heads: int, head_dim: int, pooled: bool = False) -> None:
         super().__init__()
         e = heads * head_dim
-        self.heads = heads
+        self.heads, self.pooled = heads, pooled
         self.emb = nn.Embedding(items, e)
         self.qkv = nn.Linear(e, 3 * e)
         self.out = nn.Linear(e, e)
@@ -47,6 +48,9 @@ class Tower(nn.Module):
         q, k, v = self.qkv(x).view(b, length, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None, None, :])
         o = self.out(o.transpose(1, 2).reshape(b, length, -1))
+        if self.pooled:  # read under the mask only: a guarded packed region
+            kept = keep.unsqueeze(-1).to(o.dtype)
+            return self.head((o * kept).sum(1) / kept.sum(1).clamp(min=1)).square().mean()
         return self.head(o.amax(1)).square().mean()
 
 
@@ -62,7 +66,8 @@ def _batch(shape: str, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 def build(shape: str = "tiny") -> ModelSpec:
     _, _, heads, head_dim, _ = SHAPES[shape]
     torch.manual_seed(0)
-    return ModelSpec(model=Tower(50, heads, head_dim), example_inputs=_batch(shape, 0),
+    return ModelSpec(model=Tower(50, heads, head_dim, shape == "pooled"),
+                     example_inputs=_batch(shape, 0),
                      make_batch=lambda step, device="cpu": tuple(
                          t.to(device) for t in _batch(shape, step)))
 
@@ -101,6 +106,20 @@ def test_long_partly_filled_history_keeps_the_kernel(monkeypatch):
     assert 0.15 < prices["fill"] < 0.35
     assert prices["gemc_ms"] < prices["padded_ms"]
     assert entry["predicted"]["attention"] == prices  # in the plan's kernel entry
+    assert not any(KEPT_PADDED in w for w in ctx.warnings)
+
+
+def test_slower_for_its_sync_alone_keeps_the_kernel_a_packed_region_runs(monkeypatch):
+    # priced slower only with its own per-call sync, which the region's one check ahead
+    # of the graph replaces: settled after pack-jagged-tokens, kept, repriced without it
+    gm, ctx, _ = _compiled("pooled", monkeypatch)
+    node = _attention(gm)
+    (region,) = [f for n in gm.graph.nodes if (f := n.meta.get("gemc.packed_region"))]
+    assert node.name in region["in_place"]
+    prices = node.meta["gemc.kernel"]["attention_prices"]
+    assert not prices["guarded"] and prices["gemc_ms"] == prices["kernel_ms"]
+    assert prices["kernel_ms"] < prices["padded_ms"] < prices["kernel_ms"] + prices["host_ms"]
+    assert "gemc.attention_choice_pending" not in node.meta
     assert not any(KEPT_PADDED in w for w in ctx.warnings)
 
 
