@@ -12,25 +12,30 @@ warning name both prices and why, and the kernel facts of every attention kept r
 them (``attention_prices``).
 
 The prices, at the runner's dtype (bf16 under the default autocast; another captured
-half type as is):
+half type as is), by ``cost_model.attention_fit`` (a law fitted to the session-25 H100
+run; ``benchmarks/attention_price_check.py`` prints it beside the measurements):
 
-* gemc's kernel: its work at the fill (``op_cost.attention_time`` at the shape times the
-  fill, plus the padded <-> jagged copies and the mask read; the SiLU kernel's
-  ``op_cost.jagged_silu_kernel_time``). The fill of an attention over offsets is the
-  graph's; that of a guarded attention (a data mask, checked on every call) is the sample
-  batch's (``gemc.guard_sample.sample_fill``, the check the op runs, on the entrypoint's
-  example batch): the kept keys' share of the padded scores where padding query rows stay
-  zero, the kept tokens' share where every query row is computed; padded (fill 1) where
-  there is no real sample or it fails the check (the op then runs the padded fallback);
-* the model's attention: its nodes' ``op_cost.node_cost`` (SDPA at the padded shape with
-  its mask, as ``attention_time`` prices it; a written-out formula op by op);
-* a guarded attention (its own check, one host sync per call) adds gemc's host cost per
-  call, which the sync exposes (``cost_model.attention_choice``). Whether it keeps that
-  sync is known only after pack-jagged-tokens (a guarded packed region runs the attentions
-  of its mask on its tokens, checked once ahead of the graph): a match priced slower for
-  its sync alone is grouped, and :func:`settle`, at the end of pack-jagged-tokens, keeps
-  it where a region runs it and ungroups it (the model's attention, loudly) elsewhere
-  (a pipeline without pack-jagged-tokens keeps it grouped, as before this rule).
+* gemc's kernel: its work over the real tokens' tiles at the kernel family's measured rate
+  (the jagged self-attention's rows, or every query row over the kept keys for the
+  varlen-key path), plus what it moves around the kernel: the padded <-> jagged copies of
+  a self-attention run on padded tensors, and a guarded call's compaction where the sample
+  batch has rows that keep no prefix. The fill of an attention over offsets is the graph's;
+  that of a guarded attention (a data mask, checked on every call) is the sample batch's
+  kept tokens (``gemc.guard_sample.sample_fill``, the check the op runs, on the
+  entrypoint's example batch); padded (fill 1) where there is no real sample or it fails
+  the check (the op then runs the padded fallback);
+* the model's attention: its nodes' ``op_cost.node_cost`` (masked SDPA at the padded shape
+  by the fitted law, or the calibration's record of that very shape; a written-out formula
+  op by op);
+* a guarded attention (its own check, one host sync per call) adds the host time the sync
+  exposes (``attention_fit.GEMC_GUARDED_CALL_HOST_S``, ``cost_model.attention_choice``).
+
+Whether a match keeps its copies and its sync is known only after pack-jagged-tokens: a
+packed region runs the attentions inside it on its tokens (no copies; a guarded region's
+one check runs ahead of the graph). A match priced slower only for its copies or its sync
+is grouped, and :func:`settle`, at the end of pack-jagged-tokens, keeps it where a region
+runs it on its tokens (repriced so) and ungroups it (the model's attention, loudly)
+elsewhere; a pipeline without pack-jagged-tokens keeps it grouped, as before this rule.
 
 The switch ``GEMC_ATTENTION_KERNEL``: ``priced`` (the default), ``always`` (gemc's kernel
 wherever a pass matches, as before this rule) or ``never`` (the model's attention wherever
@@ -45,7 +50,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-from gemc.cost_model import op_cost
+from gemc.cost_model import attention_fit, op_cost
 from gemc.cost_model.attention_choice import AttentionPrices, attention_prices
 from torch import fx
 
@@ -76,9 +81,9 @@ def choose(gm: fx.GraphModule, output: fx.Node, group: Sequence[fx.Node],
     """None where ``output``'s match (its ``facts``, of kernel ``kind``, replacing the
     nodes ``group``) is grouped as gemc's kernel, its prices recorded in
     ``facts["attention_prices"]``; else the reason it stays the model's attention (for the pass's
-    ``skip_key`` and warning). A guarded match priced slower only for its per-call sync
-    is grouped and left to :func:`settle` (after pack-jagged-tokens, which may run it on a
-    packed region's tokens, without that sync): ``skip_key`` and ``warning`` (a format
+    ``skip_key`` and warning). A match priced slower only for its copies or its per-call
+    sync is grouped and left to :func:`settle` (after pack-jagged-tokens, which may run it
+    on a packed region's tokens, without either): ``skip_key`` and ``warning`` (a format
     with ``{node}`` and ``{why}``) are what settle records if it keeps the model's."""
     chosen = mode()
     prices = price(gm, output, group, facts, kind, ctx)
@@ -90,17 +95,18 @@ def choose(gm: fx.GraphModule, output: fx.Node, group: Sequence[fx.Node],
         return f"{KEPT_PADDED}: {ENV}=never"
     if prices is None or not prices.gemc_slower:
         return None
-    if prices.guarded and not prices.kernel_slower:
+    if not prices.kernel_slower:  # slower for its copies or its sync: a region may drop them
         output.meta[PENDING] = (skip_key, warning, _reason(prices, output, facts))
         return None
     return _reason(prices, output, facts)
 
 
 def settle(gm: fx.GraphModule, ctx: PassContext) -> int:
-    """Decide the guarded matches :func:`choose` left pending: one a guarded packed region
-    runs on its tokens (its ``in_place``) has no sync of its own and keeps gemc's kernel
-    (``attention_prices`` repriced so); any other stays the model's attention, ungrouped, with the
-    pass's skip reason and warning. Returns how many it ungrouped."""
+    """Decide the matches :func:`choose` left pending: one a packed region runs on its
+    tokens (``gemc.packed`` on it, or in a guarded region's ``in_place``) makes no copies
+    and has no sync of its own, and keeps gemc's kernel (``attention_prices`` repriced
+    so); any other stays the model's attention, ungrouped, with the pass's skip reason and
+    warning. Returns how many it ungrouped."""
     in_place = {name for n in gm.graph.nodes
                 if isinstance(f := n.meta.get(ir.PACKED_REGION), dict)
                 for name in f.get("in_place") or ()}
@@ -111,10 +117,11 @@ def settle(gm: fx.GraphModule, ctx: PassContext) -> int:
         if pending is None or not isinstance(facts, dict):
             continue
         skip_key, warning, why = pending
-        if node.name in in_place:
+        if node.name in in_place or ir.PACKED in node.meta:
             choice = dict(facts.get("attention_prices") or {})
-            choice.update(gemc_ms=choice.get("kernel_ms"), guarded=False,
-                          note="run on its guarded packed region's tokens: no sync of its own")
+            choice.update(gemc_ms=choice.get("kernel_ms"), copies_ms=0.0, guarded=False,
+                          note="run on its packed region's tokens: no copies, no sync of "
+                               "its own")
             facts["attention_prices"] = choice
             continue
         gid = facts.get("id")
@@ -153,52 +160,56 @@ def price(gm: fx.GraphModule, output: fx.Node, group: Sequence[fx.Node],
     dtype = run_dtype(output)
     size = op_cost.element_size(dtype)
     guarded = bool(facts.get("mask"))
-    fill, source = _fill(gm, facts, ctx) if guarded else \
-        (float(facts.get("fill", 1.0)), "the graph's offsets")
+    fill, source, not_prefix = _fill(gm, facts, ctx) if guarded else \
+        (float(facts.get("fill", 1.0)), "the graph's offsets", False)
+    heads, length = int(facts["heads"]), int(facts["max_len"])
+    head_dim, batch = int(facts["head_dim"]), _batch(output, facts)
+    queries = int(facts.get("queries") or length)
+    numel = float(batch) * heads * length * head_dim  # one padded [B, H, L, d] tensor
+    every_row = queries != length or not facts.get("zero_padding_queries", True)
     if kind == "jagged_silu_attention":
         named = {n.name: n for n in gm.graph.nodes}
         kernel = op_cost.jagged_silu_kernel_time(
             {**facts, "fill": fill}, output, named, dtype,
             lambda n: size if (ir.dtype_of(n) or torch.float32).is_floating_point
-            else (ir.dtype_of(n) or torch.int64).itemsize, gpu, calib)
+            else (ir.dtype_of(n) or torch.int64).itemsize, gpu, calib, in_region=True)
     else:
-        heads, length = int(facts["heads"]), int(facts["max_len"])
-        queries = int(facts.get("queries") or length)
-        fwd, bwd, _ = op_cost.attention_time(_batch(output, facts), heads, queries, length,
-                                             int(facts["head_dim"]), bool(facts.get("causal")),
-                                             dtype, gpu, calib)
-        numel = _numel(output)
-        # the padded <-> jagged copies of q, k, v and the output, forward and backward,
-        # where the kernel runs on the jagged values; the guard's read of the mask
-        moved = (16.0 * numel * size if facts.get("zero_padding_queries", True) else 0.0) \
-            + (float(ir.nbytes(_named(gm, str(facts["mask"])))) if guarded else 0.0)
-        mem, _ = op_cost.memory_time(moved, gpu, calib, "copy")
-        kernel = (fwd + bwd) * fill + mem
+        scores = attention_fit.varlen_tiles(batch, heads, queries, length, fill) \
+            if every_row else attention_fit.jagged_tiles(batch, heads, length, fill,
+                                                          bool(facts.get("causal")))
+        kernel = attention_fit.gemc_kernel_s(scores, head_dim, "softmax", gpu, dtype)
+        if guarded:  # the check's read of the mask
+            kernel += op_cost.memory_time(float(ir.nbytes(_named(gm, str(facts["mask"])))),
+                                          gpu, calib, "copy")[0]
+    moved = 0.0 if every_row else attention_fit.jagged_copy_bytes(numel, fill, size)
+    if not_prefix:  # compacted: k and v (every query row), or q, k, v and the output
+        moved += attention_fit.compaction_bytes(numel, 2 if every_row else 4, size)
+    copies = op_cost.memory_time(moved, gpu, calib, "copy")[0] if moved else 0.0
     padded = sum(op_cost.node_cost(n, gpu, calib, dtype=dtype).total_s for n in group
                  if n.op == "call_function")
-    return attention_prices(kernel, padded, guarded=guarded, fill=fill, fill_source=source)
+    return attention_prices(kernel, padded, copies_s=copies, guarded=guarded, fill=fill,
+                            fill_source=source)
 
 
 def _fill(gm: fx.GraphModule, facts: Mapping[str, Any], ctx: PassContext
-          ) -> tuple[float, str]:
-    """A guarded attention's fill and its source: the sample batch's, by the op's own
-    check (``sample_fill``; non-prefix rows compacted unless the op takes them padded,
-    ``nan_if_unseen``): the share of the padded scores over kept keys where padding query
-    rows stay zero, the share of kept tokens where every query row is computed."""
+          ) -> tuple[float, str, bool]:
+    """A guarded attention's token fill, its source, and whether the sample has rows that
+    keep no prefix (the call compacts them): the sample batch's, by the op's own check
+    (``sample_fill``; non-prefix rows compacted unless the op takes them padded,
+    ``nan_if_unseen``)."""
     check = {"mask": facts["mask"], "additive": bool(facts.get("additive")),
              "compact": not facts.get("nan_if_unseen"),
              "reads": list(facts.get("read_rows") or ())}
     sampled = sample_fill(gm, check, ctx.sample_inputs)
     if sampled["fill_source"] != SAMPLE:
-        return 1.0, str(sampled["fill_source"])
-    if facts.get("zero_padding_queries", True):
-        return float(sampled["attention_fill"]), "the sample batch's kept keys"
+        return 1.0, str(sampled["fill_source"]), False
     mask = _named(gm, str(facts["mask"]))
     shape = tuple(ir.shape_of(mask) or ())
     capacity = shape[0] * shape[-1] if len(shape) >= 2 else 0
     tokens = int(sampled.get("sample_tokens", 0))
     share = tokens / capacity if capacity else float(sampled["fill"])
-    return min(1.0, share), "the sample batch's kept tokens"
+    return min(1.0, share), "the sample batch's kept tokens", \
+        bool(sampled.get("sample_not_prefix"))
 
 
 def _named(gm: fx.GraphModule, name: str) -> fx.Node:

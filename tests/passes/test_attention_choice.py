@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from gemc.cost_model.attention_choice import GEMC_ATTENTION_HOST_S, attention_prices
+from gemc.cost_model.attention_choice import attention_prices
+from gemc.cost_model.attention_fit import GEMC_GUARDED_CALL_HOST_S
 from gemc.passes.attention_choice import ENV, KEPT_PADDED
 from gemc.passes.match_jagged_attention import SKIPPED
 from torch import nn
@@ -95,7 +96,7 @@ def test_transact_shaped_attention_keeps_sdpa_loudly(monkeypatch):
     gemc_ms, padded_ms = (float(x) for x in
                           warning.split("priced ", 1)[1].split(" ms for", 1)[0].split(" ms vs "))
     # slower by the host cost its sync exposes, not by the kernel's work
-    assert padded_ms < gemc_ms and gemc_ms - 1e3 * GEMC_ATTENTION_HOST_S < padded_ms
+    assert padded_ms < gemc_ms and gemc_ms - 1e3 * GEMC_GUARDED_CALL_HOST_S < padded_ms
 
 
 def test_long_partly_filled_history_keeps_the_kernel(monkeypatch):
@@ -134,10 +135,15 @@ def test_the_switch_forces_either_way(monkeypatch):
         compiled(ENTRY, {"shape": "tiny"})
 
 
-def test_prices_add_the_host_only_after_a_sync():
+def test_prices_add_the_host_only_after_a_sync_and_copies_only_off_tokens():
     synced = attention_prices(2e-4, 5e-4, guarded=True, fill=0.5, fill_source="sample")
-    assert synced.gemc_s == pytest.approx(2e-4 + GEMC_ATTENTION_HOST_S) and synced.gemc_slower
-    assert not synced.kernel_slower and not synced.unsynced().gemc_slower
+    assert synced.gemc_s == pytest.approx(2e-4 + GEMC_GUARDED_CALL_HOST_S)
+    assert synced.gemc_slower and not synced.kernel_slower
+    assert not synced.on_tokens().gemc_slower
+    copied = attention_prices(2e-4, 5e-4, guarded=False, fill=0.5, fill_source="offsets",
+                              copies_s=4e-4)
+    assert copied.gemc_s == pytest.approx(6e-4) and copied.gemc_slower
+    assert copied.on_tokens().gemc_s == pytest.approx(2e-4)
     with pytest.raises(ValueError, match="negative"):
         attention_prices(-1.0, 1.0, guarded=False, fill=1.0, fill_source="x")
 
