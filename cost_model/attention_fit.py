@@ -85,7 +85,9 @@ host's), d 128, causal (109 TFLOP/s)."""
 GEMC_CALL_HOST_S = {"softmax": 1.113e-3, "silu": 1.396e-3}
 """Host seconds of one unsynced fwd+bwd call of gemc's attention op (autograd Function,
 launch choice, Triton's launcher, 3-4 kernels): ``host_ms`` of MMoE's and HSTU's default
-rows in ``attention_gpu_time.log`` (measured, not fitted)."""
+rows in ``attention_gpu_time.log`` (measured, not fitted; the same host's cProfile run of the
+twenty-sixth session at d35e1d7, BENCHMARKS.md "Where gemc's attention spends its host
+time", reads 1.09 / 1.41 ms)."""
 
 SDPA_CALL_HOST_S = 0.354e-3
 """Host seconds of one fwd+bwd call of padded masked cuDNN SDPA (HSTU's row of the same
