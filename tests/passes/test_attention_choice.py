@@ -153,3 +153,35 @@ def test_attention_kept_as_sdpa_compiles_and_equals_eager(monkeypatch):
     assert _attention(gm).meta[SKIPPED].startswith(KEPT_PADDED)
     assert not entries_of(gm, ctx, ["key_padding_attention"])
     run_against_eager(gm, entries_of(gm, ctx), spec.model, _batch("tiny", fresh_seed()))
+
+
+def test_settle_keeps_a_match_a_packed_region_runs_and_ungroups_the_rest():
+    """A match priced slower only for its copies or its sync (pending): kept where a packed
+    region runs it on its tokens (``gemc.packed`` on it, as GEM's two self-attentions over
+    offsets), repriced without copies and sync; ungrouped, loudly, elsewhere."""
+    from gemc.passes.attention_choice import PENDING, settle
+
+    from gemc import ir
+    from gemc.context import PassContext
+
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    kept, dropped = (graph.call_function(torch.relu, (x,)) for _ in range(2))
+    graph.output((kept, dropped))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    prices = {"gemc_ms": 6.45, "kernel_ms": 5.19, "copies_ms": 1.26, "host_ms": 1.64,
+              "padded_ms": 5.43, "guarded": False}
+    for i, node in enumerate((kept, dropped)):
+        node.meta[ir.GROUP] = f"jagged_attention_{i}"
+        node.meta[ir.KERNEL] = {"id": f"jagged_attention_{i}", "kind": "jagged_attention",
+                                "attention_prices": dict(prices)}
+        node.meta[PENDING] = (SKIPPED, "{node} stays padded SDPA ({why})", "kept-padded: x")
+    kept.meta[ir.PACKED] = {"id": "packed_tokens_0"}
+    ctx = PassContext()
+    assert settle(gm, ctx) == 1
+    choice = kept.meta[ir.KERNEL]["attention_prices"]
+    assert choice["gemc_ms"] == 5.19 < choice["padded_ms"] and choice["copies_ms"] == 0.0
+    assert kept.meta[ir.GROUP] == "jagged_attention_0" and PENDING not in kept.meta
+    assert ir.KERNEL not in dropped.meta and ir.GROUP not in dropped.meta
+    assert dropped.meta[SKIPPED] == "kept-padded: x"
+    assert ctx.warnings == [f"{dropped.name} stays padded SDPA (kept-padded: x)"]
