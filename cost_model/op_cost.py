@@ -60,7 +60,7 @@ class OpCost:
 
     fwd_s: float
     bwd_s: float
-    source: str            # "calibrated", "roofline" or "free" (views, placeholders)
+    source: str            # "calibrated", "fitted" (attention_fit), "roofline" or "free" (views, ...)
     fwd_kernels: int = 1
     bwd_kernels: int = 0
 
