@@ -139,7 +139,7 @@ def refit(run: dict, log: Path | None, preset: str = "h200") -> dict[str, float]
     # masked SDPA: t = E (beta / BW + 14 d / (peak eps)), linear in (beta, 1 / eps)
     a = [[fit.masked_sdpa_s(s["batch"], s["heads"], s["max_len"], s["max_len"], 0, gpu)
           / fit.SDPA_MASKED_BYTES_PER_SCORE / (1e-3 * times[n][CUDNN]),
-          float(s["batch"]) * s["heads"] * fit._tiled(s["max_len"]) ** 2 * 14 * s["head_dim"]
+          float(s["batch"]) * s["heads"] * fit.tiled(s["max_len"]) ** 2 * 14 * s["head_dim"]
           / gpu.peak_flops("bf16") / (1e-3 * times[n][CUDNN])] for n, s in cases]
     aa = [[sum(r[i] * r[j] for r in a) for j in range(2)] for i in range(2)]
     ab = [sum(r[i] for r in a) for i in range(2)]

@@ -140,7 +140,8 @@ def score_share(fill: float) -> float:
     return (1.0 + r + r * r) / 3.0
 
 
-def _tiled(length: int) -> int:
+def tiled(length: int) -> int:
+    """``length`` rounded up to whole tiles."""
     return TILE * math.ceil(max(1, length) / TILE)
 
 
@@ -153,8 +154,8 @@ def jagged_tiles(batch: int, heads: int, max_len: int, fill: float, causal: bool
     half = TILE / 2.0
     second = score_share(fill) * length * length + 2.0 * half * mean + half * half
     per_row = (second + TILE * (mean + half)) / 2.0 if causal else second
-    full = float(_tiled(max_len)) ** 2
-    cap = (full + TILE * _tiled(max_len)) / 2.0 if causal else full
+    full = float(tiled(max_len)) ** 2
+    cap = (full + TILE * tiled(max_len)) / 2.0 if causal else full
     return float(batch) * heads * min(per_row, cap)
 
 
@@ -164,14 +165,14 @@ def varlen_tiles(batch: int, heads: int, queries: int, max_len: int, fill: float
     keys rounded up to their tile (``E[len] + TILE/2``, at most the padded keys)."""
     block = min(TILE, 1 << max(4, math.ceil(math.log2(max(1, queries)))))
     rows = block * math.ceil(max(1, queries) / block)
-    keys = min(float(_tiled(max_len)), min(1.0, max(0.0, fill)) * max_len + TILE / 2.0)
+    keys = min(float(tiled(max_len)), min(1.0, max(0.0, fill)) * max_len + TILE / 2.0)
     return float(batch) * heads * rows * keys
 
 
 def masked_sdpa_s(batch: int, heads: int, q_len: int, kv_len: int, head_dim: int,
                   gpu: GPUSpec, dtype: str = "bf16") -> float:
     """Fwd+bwd seconds of padded SDPA under an explicit mask (see the module doc)."""
-    scores = float(batch) * heads * _tiled(q_len) * _tiled(kv_len)
+    scores = float(batch) * heads * tiled(q_len) * tiled(kv_len)
     per = SDPA_MASKED_BYTES_PER_SCORE / gpu.hbm_bandwidth \
         + FLOPS_PER_SCORE * head_dim / (gpu.peak_flops(dtype) * SDPA_MASKED_EFFICIENCY)
     return scores * per

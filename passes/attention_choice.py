@@ -181,12 +181,14 @@ def price(gm: fx.GraphModule, output: fx.Node, group: Sequence[fx.Node],
         if guarded:  # the check's read of the mask
             kernel += op_cost.memory_time(float(ir.nbytes(_named(gm, str(facts["mask"])))),
                                           gpu, calib, "copy")[0]
-    moved = 0.0 if every_row else attention_fit.jagged_copy_bytes(numel, fill, size)
-    if not_prefix:  # compacted: k and v (every query row), or q, k, v and the output
-        moved += attention_fit.compaction_bytes(numel, 2 if every_row else 4, size)
-    copies = op_cost.memory_time(moved, gpu, calib, "copy")[0] if moved else 0.0
     padded = sum(op_cost.node_cost(n, gpu, calib, dtype=dtype).total_s for n in group
                  if n.op == "call_function")
+    moved = 0.0 if every_row else attention_fit.jagged_copy_bytes(numel, fill, size)
+    if not_prefix and kind == "jagged_silu_attention":  # no compaction: the padded fallback
+        kernel, moved = padded, 0.0
+    elif not_prefix:  # compacted: k and v (every query row), or q, k, v and the output
+        moved += attention_fit.compaction_bytes(numel, 2 if every_row else 4, size)
+    copies = op_cost.memory_time(moved, gpu, calib, "copy")[0] if moved else 0.0
     return attention_prices(kernel, padded, copies_s=copies, guarded=guarded, fill=fill,
                             fill_source=source)
 
