@@ -300,6 +300,16 @@ class Calibration:
             return None
         return curve((batch_heads, q_len, kv_len, head_dim, 1 + bool(causal)))
 
+    def masked_attention_s(self, batch: int, heads: int, q_len: int, kv_len: int,
+                           head_dim: int, dtype: str) -> float | None:
+        """Fwd+bwd seconds of a masked SDPA record of exactly this shape and dtype, or None:
+        a measurement of the very shape wins over ``attention_fit``'s law elsewhere."""
+        for rec in self.data.get("attention_masked", []):
+            if (rec["batch"], rec["heads"], rec["q_len"], rec["kv_len"], rec["head_dim"],
+                    str(rec["dtype"])) == (batch, heads, q_len, kv_len, head_dim, dtype):
+                return float(rec["fwd_s"]) + float(rec["bwd_s"])
+        return None
+
     # ---- memory-bound kernels ---------------------------------------------------------
     def _mem_curve(self, rows: list[list[float]], col: int = 1, *, bytes_mult: float = 1.0,
                    kernels_launched: int = 1) -> LogCurve1D | None:

@@ -30,7 +30,7 @@ from gemc import ir
 from gemc.contended_gather import contended_gather
 from gemc.ir import OpKind
 
-from . import kernels
+from . import attention_fit, kernels
 from .hardware import GPUSpec
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ class OpCost:
 
     fwd_s: float
     bwd_s: float
-    source: str            # "calibrated", "roofline" or "free" (views, placeholders)
+    source: str            # "calibrated", "fitted" (attention_fit), "roofline" or "free" (views, ...)
     fwd_kernels: int = 1
     bwd_kernels: int = 0
 
@@ -179,7 +179,24 @@ def attention_time(batch: int, heads: int, q_len: int, kv_len: int, head_dim: in
                    calibration: Calibration | None, *,
                    masked: bool = False) -> tuple[float, float, str]:
     """(forward s, backward s, source) of fused scaled-dot-product attention; ``masked``:
-    with an attn_mask (priced from masked measurements where calibrated)."""
+    with an attn_mask. A masked bf16 / fp16 call is priced by the law fitted to the
+    session-25 H100 run (``attention_fit.masked_sdpa_s``: the calibration's masked curve,
+    interpolated by flops efficiency, priced SASRec/BST's d=32 attention 3.7x under its
+    measurement), except at a shape the calibration measured itself (its record wins);
+    split forward : backward as their flops, 1 : 2.5."""
+    if masked and dtype in ("bf16", "fp16"):
+        measured = calibration.masked_attention_s(batch, heads, q_len, kv_len, head_dim,
+                                                  dtype) if calibration is not None else None
+        if measured is not None:
+            total, source = measured, "calibrated"
+        else:
+            total = attention_fit.masked_sdpa_s(batch, heads, q_len, kv_len, head_dim, gpu,
+                                                dtype)
+            total += _launch(calibration) * 4
+            source = "fitted"
+        total *= _factor(calibration, "attention")
+        share = 1.0 / (1.0 + kernels.ATTENTION_BWD_FLOPS)
+        return total * share, total * (1.0 - share), source
     flops = kernels.attention_flops(batch, heads, q_len, kv_len, head_dim, causal)
     nbytes = kernels.attention_bytes(batch, heads, q_len, kv_len, head_dim, element_size(dtype))
     peak = gpu.peak_flops(dtype)
@@ -204,7 +221,7 @@ def attention_time(batch: int, heads: int, q_len: int, kv_len: int, head_dim: in
 def jagged_attention_time(batch: int, heads: int, max_len: int, head_dim: int, causal: bool,
                           dtype: str, fill: float, gpu: GPUSpec,
                           calibration: Calibration | None, *, bias_numel: float = 0.0,
-                          bias_itemsize: int = 4) -> float:
+                          bias_itemsize: int = 4, kind: str = "softmax") -> float:
     """Forward+backward seconds of gemc's jagged attention kernel
     (``backends/triton/jagged_attention``, softmax or SiLU) over ``batch`` sequences padded
     to ``max_len`` and filled ``fill``: the fused attention's time at the padded shape
@@ -218,10 +235,19 @@ def jagged_attention_time(batch: int, heads: int, max_len: int, head_dim: int, c
     4.1 ms a layer at HSTU's h200 preset, where the kernel measured as fast as the jagged
     softmax one at the same size (7.35 vs 7.76 ms fwd+bwd, B=4096, L=512, H=4, d=64:
     benchmarks/results/kernels_attention_h200.json, no bias); with HSTU's fp32 bias this
-    prices ~0.3 ms of attention and ~0.8 ms of bias traffic a layer."""
-    fwd, bwd, _ = attention_time(batch, heads, max_len, max_len, head_dim, causal, dtype, gpu,
-                                 calibration)
-    t = (fwd + bwd) * fill
+    prices ~0.3 ms of attention and ~0.8 ms of bias traffic a layer.
+    In bf16 / fp16 (``kind`` ``softmax`` or ``silu``) the kernels' work is the law fitted
+    to the session-25 H100 run instead (``attention_fit``: the real tokens' tiles at the
+    kernel family's measured rate; the fused attention times the fill priced MMoE's
+    kernel at 0.65 ms where it took 1.71), plus its launches."""
+    if dtype in ("bf16", "fp16"):
+        scores = attention_fit.jagged_tiles(batch, heads, max_len, fill, causal)
+        t = (attention_fit.gemc_kernel_s(scores, head_dim, kind, gpu, dtype)
+             + 4 * _launch(calibration)) * _factor(calibration, "attention")
+    else:
+        fwd, bwd, _ = attention_time(batch, heads, max_len, max_len, head_dim, causal, dtype,
+                                     gpu, calibration)
+        t = (fwd + bwd) * fill
     if bias_numel > 0:
         full = float(batch) * heads * max_len * max_len
         moved = full * (3.0 * bias_itemsize * fill + 4.0 + 4.0 * fill)
@@ -521,7 +547,8 @@ def jagged_silu_kernel_time(facts: Mapping[str, Any], output: fx.Node,
     t = jagged_attention_time(batch, heads, length, head_dim, bool(facts.get("causal")), dtype,
                               float(facts.get("fill", 1.0)), gpu, calibration,
                               bias_numel=numel(bias),
-                              bias_itemsize=itemsize(bias) if bias is not None else 4)
+                              bias_itemsize=itemsize(bias) if bias is not None else 4,
+                              kind="silu")
     keys = named.get(str(facts.get("mask") or facts.get("offsets")))
     copies = numel(keys) * (itemsize(keys) if keys is not None else 0) \
         + (0.0 if in_region else 16.0 * numel(output) * itemsize(output))

@@ -191,6 +191,29 @@ def host_s(tables: Sequence[TableCost], topology: Topology, options: StepOptions
     return (syncs * options.host_sync_s + launch_bound) * factor
 
 
+def per_call_syncs(gm: fx.GraphModule) -> int:
+    """Host syncs the graph's guarded attention kernels make a step: one a forward call
+    (``key_padding_attention``'s check, its four integers read by the host), for each
+    guarded kernel not run on a packed region's tokens (there the region's one check ahead
+    of the graph decides). Why: each drains the GPU queue as the runner's own syncs do
+    (``StepOptions.host_sync_s``); unpriced, a plan that keeps a guarded kernel looked as
+    cheap as one that gives it to SDPA, which ``passes/attention_choice`` does for that
+    sync (``attention_fit.GEMC_GUARDED_CALL_HOST_S``: 1.64 ms exposed a call, TransAct's row
+    on the session-25 H100, against the 1.3 ms a sync this term uses)."""
+    in_place = {name for n in gm.graph.nodes
+                if isinstance(f := n.meta.get(ir.PACKED_REGION), dict)
+                for name in f.get("in_place") or ()}
+    return sum(1 for n in gm.graph.nodes
+               if isinstance(f := n.meta.get(ir.KERNEL), dict) and f.get("mask")
+               and "attention" in str(f.get("kind", "")) and ir.PACKED not in n.meta
+               and n.name not in in_place)
+
+
+def with_call_syncs(gm: fx.GraphModule, options: StepOptions) -> StepOptions:
+    """``options`` with the graph's :func:`per_call_syncs` added to its host syncs."""
+    return replace(options, host_syncs=options.host_syncs + per_call_syncs(gm))
+
+
 def step_launches(gm: fx.GraphModule, tables: Sequence[TableCost],
                   calibration: Calibration | None, world: int = 1
                   ) -> tuple[dict[str, int], float]:
@@ -265,7 +288,7 @@ def predicted_block(
     them), the host's exposed syncs, and the run-fitted factors of the calibration."""
     acts = priced_activations(gm, calibration)
     profile, act_factor = acts.profile, acts.factor
-    opts = acts.options(options or StepOptions())
+    opts = with_call_syncs(gm, acts.options(options or StepOptions()))
     table_list = table_costs(tables)
     prediction = predict_step(
         region_costs(regions, acts.saved, region_boundary_bytes(gm)),

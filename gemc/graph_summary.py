@@ -593,11 +593,9 @@ def attention_at_autocast(node: fx.Node, autocast: str,
     facts = node.meta.get(ir.KERNEL) or {}
     if facts.get("kind") == "jagged_attention":
         a = node.meta.get(ir.ATTENTION) or {}
-        fwd, bwd, _ = op_cost.attention_time(a.get("batch", 1), facts["heads"],
-                                             facts["max_len"], facts["max_len"],
-                                             facts["head_dim"], bool(facts.get("causal")),
-                                             autocast, gpu, calib)
-        return 1e3 * (fwd + bwd) * float(facts["fill"])
+        return 1e3 * op_cost.jagged_attention_time(
+            a.get("batch", 1), facts["heads"], facts["max_len"], facts["head_dim"],
+            bool(facts.get("causal")), autocast, float(facts["fill"]), gpu, calib)
     return op_cost.node_cost(node, gpu, calib, dtype=autocast).total_ms
 
 

@@ -333,6 +333,8 @@ def sample_fill(gm: fx.GraphModule, region: Mapping[str, Any],
     return {"fill": bucket(tokens, capacity) / capacity,
             "attention_fill": min(1.0, squares / (batch * length * length)),
             "fill_source": SAMPLE, "sample_tokens": tokens,
+            # rows that keep no prefix (a guarded attention compacts them: its price)
+            "sample_not_prefix": int(flags[0]),
             # the rows with padding (each one representative, a padding id in a gathered
             # lookup: the table gradient's hot-row chain, cost_model.kernels)
             **({"sample_reps": int(flags[6])} if region.get("pad_rep") else {})}

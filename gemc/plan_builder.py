@@ -151,7 +151,10 @@ def kernel_entries(gm: fx.GraphModule, ctx: PassContext) -> list[dict[str, Any]]
             "nodes": [n.name for n in nodes],
             "replaces": _modules(nodes),
             "region": nodes[-1].meta.get(ir.REGION, ""),
-            "predicted": {"before_ms": f.get("before_ms"), "after_ms": f.get("after_ms")},
+            "predicted": {"before_ms": f.get("before_ms"), "after_ms": f.get("after_ms"),
+                          # a matched attention's priced choice (passes/attention_choice)
+                          **({"attention": f["attention_prices"]}
+                             if f.get("attention_prices") else {})},
         }
         library = implementation.kind.library
         if library is not None:

@@ -57,6 +57,11 @@ scores are computed (``backends/triton/jagged_query_attention``), where its meas
 says it wins (:data:`QUERY_KERNEL_TIME_PER_FILL`). An SDPA left padded carries its reason (``gemc.jagged_skipped``:
 ``dropout``, ``no-key-padding-mask``, ``mask-varies-over-queries``, ...) in the dump and a
 warning.
+
+Every match is priced against the model's own attention first (``attention_choice``: one
+rule for the three attention match passes): where gemc's kernel is priced slower (its work
+at the fill, plus the host time a guarded call's sync exposes) the model's stays, named
+``kept-padded: ...`` with both prices; ``GEMC_ATTENTION_KERNEL`` forces either way.
 """
 
 from __future__ import annotations
@@ -72,6 +77,7 @@ from torch.fx.passes.infra.pass_base import PassResult
 from gemc import ir
 from gemc.context import PassContext
 
+from .attention_choice import choose
 from .jagged_patterns import (
     KeyMask,
     attention_key_mask,
@@ -300,6 +306,9 @@ def _not_jagged(node: fx.Node, reader: fx.Node) -> str:
             f"padding queries are read unmasked by {reader.name}")
 
 
+_KEPT_WARNING = "match-jagged-attention: {node} stays padded SDPA ({why})"
+
+
 @dataclass(frozen=True)
 class MatchJaggedAttention:
     """Annotates matching SDPA nodes with ``gemc.group`` and ``gemc.kernel`` (the facts the
@@ -321,6 +330,11 @@ class MatchJaggedAttention:
                 flow = follow_with_reads(node, (0, 2), facts.pop("_mask"))
                 reader = flow if isinstance(flow, fx.Node) else None
                 if reader is None:
+                    kept = choose(gm, node, [node], facts, "jagged_attention", ctx,
+                                  skip_key=SKIPPED, warning=_KEPT_WARNING)
+                    if kept is not None:
+                        self._skip(node, kept, ctx)
+                        continue
                     gid = f"jagged_attention_{count}"
                     count += 1
                     node.meta[ir.GROUP] = gid
@@ -330,7 +344,7 @@ class MatchJaggedAttention:
                     continue
             if self._query_padded(gm, node, queries, ctx):
                 queries += 1
-            elif SKIPPED not in node.meta and self._guarded(node, guarded, ctx):
+            elif SKIPPED not in node.meta and self._guarded(gm, node, guarded, ctx):
                 guarded += 1
             if facts is not None and reader is not None:
                 ctx.warn(_not_jagged(node, reader))
@@ -358,7 +372,8 @@ class MatchJaggedAttention:
                                 **(price or {})}
         return True
 
-    def _guarded(self, node: fx.Node, index: int, ctx: PassContext) -> bool:
+    def _guarded(self, gm: fx.GraphModule, node: fx.Node, index: int, ctx: PassContext
+                 ) -> bool:
         """Make ``node`` a guarded key-padding attention if its mask is one (any source);
         else record why not. Padding query rows that something reads are computed (over the
         real keys), except under a causal mask (the varlen-key kernel is not causal)."""
@@ -383,6 +398,11 @@ class MatchJaggedAttention:
             # every query row computed, over the real keys: exact, a smaller saving
             found["zero_padding_queries"] = False
             found["padding_rows_read_by"] = reader.name
+        kept = choose(gm, node, [node], found, "key_padding_attention", ctx, skip_key=SKIPPED,
+                      warning=_KEPT_WARNING)
+        if kept is not None:  # priced slower than the model's SDPA: see attention_choice
+            self._skip(node, kept, ctx)
+            return False
         gid = f"key_padding_attention_{index}"
         node.meta[ir.GROUP] = gid
         price = _price_guarded(node, found, mask.node, ctx)

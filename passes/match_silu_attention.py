@@ -62,6 +62,11 @@ none with values that are not zero-padded over offsets (``no-key-padding-mask``,
 (``bias-shape``), a scale applied to the scores plus their bias (``scaled-bias``: the
 kernel computes ``silu(scale * q k^T + bias)``), scores that are not a contraction of q and
 k over the head dim (``scores-not-q-kt``).
+
+Every match is priced against the model's own attention first (``attention_choice``: one
+rule for the three attention match passes): where gemc's kernel is priced slower (its work
+at the fill, plus the host time a guarded call's sync exposes) the model's stays, named
+``kept-padded: ...`` with both prices; ``GEMC_ATTENTION_KERNEL`` forces either way.
 """
 
 from __future__ import annotations
@@ -76,6 +81,7 @@ from torch.fx.passes.infra.pass_base import PassResult
 from gemc import ir
 from gemc.context import PassContext
 
+from .attention_choice import choose
 from .jagged_patterns import (
     _ANDS,
     _CASTS,
@@ -500,6 +506,14 @@ class MatchSiluAttention:
                 continue
             group: list[fx.Node] = found.pop("_group")
             if any(ir.GROUP in n.meta for n in group):
+                continue
+            kept = choose(gm, node, group, found, "jagged_silu_attention", ctx,
+                          skip_key=SKIPPED, warning="match-silu-attention: {node} stays "
+                          "the padded formula ({why})")
+            if kept is not None:  # priced slower than the formula: see attention_choice
+                node.meta[SKIPPED] = kept
+                ctx.warn(f"match-silu-attention: {node.name} stays the padded formula "
+                         f"({kept})")
                 continue
             gid = f"jagged_silu_attention_{count}"
             count += 1

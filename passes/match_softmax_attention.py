@@ -67,6 +67,11 @@ graph as ``dropout(w, 0.0, True)``) is the identity and part of the match.
 
 Reasons it leaves one padded (in the dump as ``softmax_skipped=`` and in the warnings):
 ``dropout`` (one that draws), ``no-key-padding-mask``, ``weights-read-by:<node>``, the mask's own reasons.
+
+Every match is priced against the model's own attention first (``attention_choice``: one
+rule for the three attention match passes): where gemc's kernel is priced slower (its work
+at the fill, plus the host time a guarded call's sync exposes) the model's stays, named
+``kept-padded: ...`` with both prices; ``GEMC_ATTENTION_KERNEL`` forces either way.
 """
 
 from __future__ import annotations
@@ -83,6 +88,7 @@ from gemc import ir
 from gemc.context import PassContext
 from gemc.packed_rules import draws
 
+from .attention_choice import choose
 from .causal_masks import additive_causal, causal_form
 from .jagged_patterns import PaddingFlow, attention_key_mask, causal_keep_drop
 from .row_reads import follow_with_reads, read_specs
@@ -522,7 +528,7 @@ class MatchSoftmaxAttention:
                 if isinstance(found, str):
                     refused.append((node, found))
                     continue
-                count += self._apply(gm, node, found, count)
+                count += self._apply(gm, node, found, count, ctx)
             retry = [n for n, why in refused if why.startswith(_READ_BY)]
             if count == before or not retry:
                 final += refused
@@ -534,13 +540,20 @@ class MatchSoftmaxAttention:
             ctx.warn(f"match-softmax-attention: {node.name} stays padded ({why})")
         return PassResult(gm, count > 0)
 
-    def _apply(self, gm: fx.GraphModule, node: fx.Node, found: dict[str, Any], count: int
-               ) -> int:
-        """Group one matched formula as kernel number ``count``; 1 if it did, else 0."""
+    def _apply(self, gm: fx.GraphModule, node: fx.Node, found: dict[str, Any], count: int,
+               ctx: PassContext) -> int:
+        """Group one matched formula as kernel number ``count``; 1 if it did, else 0
+        (also where the priced choice keeps the formula: ``attention_choice``)."""
         group: list[fx.Node] = found.pop("_group")
         found.pop("_mask")
         key = found.pop("_key")
         if any(ir.GROUP in n.meta for n in group):
+            return 0
+        kept = choose(gm, node, group, found, "key_padding_attention", ctx, skip_key=SKIPPED,
+                      warning="match-softmax-attention: {node} stays padded ({why})")
+        if kept is not None:
+            node.meta[SKIPPED] = kept
+            ctx.warn(f"match-softmax-attention: {node.name} stays padded ({kept})")
             return 0
         if key is not None:  # RecBole's permuted keys: a [B, H, L, d] node for them
             found["k"] = _key_node(gm, next(n for n in group if n.target in _MM

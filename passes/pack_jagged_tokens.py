@@ -159,6 +159,7 @@ from gemc.context import PassContext
 from gemc.guard_sample import SAMPLE, sample_fill
 from gemc.packed_rules import gathered_lookup, on_tokens
 
+from .attention_choice import settle
 from .jagged_patterns import (
     _CASTS,
     _VIEWS,
@@ -385,7 +386,10 @@ class PackJaggedTokens:
         around = self._guarded_regions(gm, count, ctx)
         made = {n.meta[PACKED]["id"] for n in gm.graph.nodes if PACKED in n.meta}
         unattended = _unattended_histories(gm, len(made), ctx)
-        return PassResult(gm, count > 0 or bool(around) or unattended > 0)
+        # the guarded attentions priced slower than the model's for their per-call sync
+        # alone: kept where a region above runs them on its tokens (no sync of their own)
+        ungrouped = settle(gm, ctx)
+        return PassResult(gm, count > 0 or bool(around) or unattended > 0 or ungrouped > 0)
 
     def _guarded_regions(self, gm: fx.GraphModule, first: int, ctx: PassContext
                          ) -> set[fx.Node]:

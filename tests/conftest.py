@@ -12,6 +12,14 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# gemc's attention kernels against the model's own attention: a priced choice
+# (passes/attention_choice), under which every tiny attention of the suite would stay the
+# model's (gemc's host cost per guarded call, ~1 ms, dwarfs it). The tests of the kernels'
+# matching and numerics test the kernels: they run with the kernel wherever a pass matches,
+# as before the choice, here and in the processes they start. tests/passes/
+# test_attention_choice.py sets the priced default itself and tests the choice.
+os.environ.setdefault("GEMC_ATTENTION_KERNEL", "always")
+
 from tests.triton_interpreter import install  # noqa: E402  (after the variable is chosen)
 
 install()  # a no-op unless interpreted

@@ -30,6 +30,7 @@ from gemc.costing import (
     region_costs,
     step_launches,
     table_costs,
+    with_call_syncs,
 )
 from gemc.graph_summary import graph_facts, runs_graph_mode
 from gemc.ir import OpKind
@@ -233,7 +234,7 @@ def problem_from_graph(
         and not n.meta.get(ir.TABLE)
     )
     calibration = ctx.calibration
-    step_options = acts.options(options or StepOptions())
+    step_options = with_call_syncs(gm, acts.options(options or StepOptions()))
 
     def host_of(tables: list[TableCost], device_s: float) -> float:
         launches, per_launch = step_launches(gm, tables, calibration,

@@ -53,8 +53,12 @@ def test_attention_is_priced_at_the_autocast_dtype(gem_plan_graph):
     ms = kernel_adjusted_ms(gm)
     attention = [n for n in gm.graph.nodes if ir.kind_of(n) is ir.OpKind.ATTENTION]
     assert attention
-    for node in attention:  # bf16 (and, jagged, over the real tokens) is below fp32 alone
-        assert 0 < ms[node] < node.meta[ir.PREDICTED_MS]
+    launches = 4e3 * gm.meta[ir.PRICING]["calibration"].kernel_s
+    for node in attention:  # bf16 (and, jagged, over the real tokens) is below fp32 alone,
+        # up to its four launches: the tiny preset is launch-bound, and since the jagged
+        # kernel is priced by cost_model.attention_fit its launches no longer shrink with
+        # the fill
+        assert 0 < ms[node] < node.meta[ir.PREDICTED_MS] + launches
 
 
 def test_activations_at_runtime_dtypes_and_liveness(gem_plan_graph):
@@ -149,7 +153,9 @@ def test_compiled_plan_counts_launches_by_source(gem_plan_graph):
 
 def test_launch_bound_plan_is_priced_at_its_host_time():
     """The tiny GEM plan's GPU work is ~1 ms: its prediction is the host's issuing time
-    plus the syncs, not the device step."""
+    plus the syncs, not the device step: the runner's three and one a call of each guarded
+    attention kernel (its two cross-attentions, outside the packed region: gemc.costing.
+    per_call_syncs)."""
     from gemc.api import compile as gemc_compile
 
     plan = gemc_compile(GEM, {"preset": "tiny"}, topology="h200:1x1", planner="greedy",
@@ -159,7 +165,10 @@ def test_launch_bound_plan_is_priced_at_its_host_time():
     opts = StepOptions()
     assert issue_ms > pred["device_step_ms"]
     assert pred["step_ms"] >= issue_ms
-    assert pred["step_ms"] == pytest.approx(issue_ms + 1e3 * opts.host_syncs * opts.host_sync_s)
+    guarded = [k for k in plan["kernels"] if k["kind"] == "key_padding_attention"]
+    assert len(guarded) == 2
+    assert pred["step_ms"] == pytest.approx(
+        issue_ms + 1e3 * (opts.host_syncs + len(guarded)) * opts.host_sync_s)
 
 
 def test_launch_count_counts_groups_once(gem_plan_graph):
@@ -185,16 +194,21 @@ def test_gradient_additions_are_priced_in_their_regions(gem_plan_graph):
 
 
 def test_jagged_attention_kernel_time_adds_the_bias_traffic():
-    """The jagged kernel is the fused attention at the padded shape times the fill; a score
-    bias adds its traffic (read by each head in three kernels, an fp32 gradient), more for
-    a broadcast bias (its gradient is summed down) and for a narrower one (cast back)."""
-    from gemc.cost_model import op_cost
+    """The jagged kernel in bf16 is its real tiles at the kernel family's fitted rate
+    (``attention_fit``; it was the fused attention at the padded shape times the fill,
+    which priced MMoE's kernel 0.38x its session-25 measurement); a score bias adds its
+    traffic (read by each head in three kernels, an fp32 gradient), more for a broadcast
+    bias (its gradient is summed down) and for a narrower one (cast back)."""
+    from gemc.cost_model import attention_fit, op_cost
     from gemc.cost_model.hardware import get_gpu
 
     gpu, cal = get_gpu("h200"), resolve_calibration("auto", "h200")
-    fwd, bwd, _ = op_cost.attention_time(8, 4, 256, 256, 64, True, "bf16", gpu, cal)
     plain = op_cost.jagged_attention_time(8, 4, 256, 64, True, "bf16", 0.5, gpu, cal)
-    assert plain == pytest.approx((fwd + bwd) * 0.5)
+    work = attention_fit.gemc_kernel_s(attention_fit.jagged_tiles(8, 4, 256, 0.5, True), 64,
+                                       "softmax", gpu)
+    assert plain == pytest.approx(work + 4 * cal.kernel_s)
+    assert op_cost.jagged_attention_time(8, 4, 256, 64, True, "bf16", 0.5, gpu, cal,
+                                         kind="silu") < plain  # the SiLU kernel's rate
     full = 8 * 4 * 256 * 256
     own = op_cost.jagged_attention_time(8, 4, 256, 64, True, "bf16", 0.5, gpu, cal,
                                         bias_numel=full)
