@@ -52,7 +52,13 @@ import torch
 from torch import fx
 
 from gemc import ir
-from gemc.guard_sample import guard_inputs, mask_rows, padding_reps, reader_positions
+from gemc.guard_sample import (
+    guard_inputs,
+    mask_rows,
+    padding_reps,
+    reader_positions,
+    source_reps,
+)
 
 from . import kinds as registry
 from . import packed_tokens as packed
@@ -510,14 +516,23 @@ class GraphRunner:
         name = str(region["name"])
         if name in self._guards:
             return
-        mask = mask_rows(env[self.by_name[region["mask"]]])
-        additive = bool(region.get("additive", False))
-        reads = reader_positions(region.get("reads") or (),
-                                 {n: env[self.by_name[n]] for n in guard_inputs(region)[1:]},
-                                 int(mask.shape[0]), int(mask.shape[1]), mask.device)
-        offsets, check = packed.region_check(mask, additive, reads)
-        reps = bool(region.get("pad_rep"))
-        if reps:  # padded entries equal within each row: one weighted token stands for them
+        if region.get("rep_layout") == "sources":  # the layout from the sources' runs
+            sources = [env[self.by_name[n]] for n in region["rep_sources"]]
+            batch, length = int(sources[0].shape[0]), int(region["max_len"])
+            lengths, check = source_reps(sources, batch, length)
+            mask = sources[0]
+            reps, offsets = True, packed.rep_offsets(lengths, length)
+        else:
+            mask = mask_rows(env[self.by_name[region["mask"]]])
+            additive = bool(region.get("additive", False))
+            reads = reader_positions(region.get("reads") or (),
+                                     {n: env[self.by_name[n]]
+                                      for n in guard_inputs(region)[1:]},
+                                     int(mask.shape[0]), int(mask.shape[1]), mask.device)
+            offsets, check = packed.region_check(mask, additive, reads)
+            reps = bool(region.get("pad_rep"))
+        if reps and region.get("rep_layout") != "sources":
+            # padded entries equal within each row: one weighted token stands for them
             sources = [env[self.by_name[n]] for n in region["rep_sources"]]
             check = torch.cat([check, padding_reps(offsets[1:] - offsets[:-1], sources,
                                                    int(mask.shape[1]))])

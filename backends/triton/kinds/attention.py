@@ -222,7 +222,9 @@ def _checked_by_region(emitter: Emitter, entry: Entry) -> bool:
     applied."""
     out = entry.get("output", entry["nodes"][0])
     region = emitter.packed_guarded_region(out)
-    if region is None:
+    if region is None or out in region.get("padded_attentions", ()):
+        # (a region with padding representatives around it: the attention runs on the
+        # padded operands, each row's representative on its padded positions, as eager)
         return False
     same = (entry.get("mask") == region["mask"]
             and bool(entry.get("additive")) == bool(region.get("additive"))) \

@@ -1,0 +1,160 @@
+"""TransAct's tower over padding representatives (``passes/pad_reps``, ``rep_layout:
+"sources"``): ``nn.TransformerEncoder`` under an additive key mask that is no prefix
+(padding OR a recent-time window, position 0 always kept), its output max-pooled over every
+position and sliced to its first tokens. Each row keeps its tokens up to the last position
+where a source (the action ids, the dense item embeddings) differs from its last position,
+plus one representative for the trailing run; the attentions run on padded operands (each
+row's representative on its padded positions) and the max pool and the slice read the
+value scattered the same way: eager's padded values, forward and backward.
+
+The window is drawn with ``torch.randint`` in training; both runs draw it from the same
+seed (the interpreter draws it where eager does; the check ahead of the compiled graph
+reads only the sources, no random op)."""
+
+from __future__ import annotations
+
+import torch
+
+from examples.zoo import transact
+from gemc import ir
+from gemc.guard_sample import source_reps, trailing_lengths
+from tests.fusion.helpers import (
+    compiled,
+    cpu_graph_executor,
+    eager_step,
+    entries_of,
+    fresh_seed,
+    params_of,
+)
+
+ENTRY = "examples/zoo/transact.py:build"
+CFG = transact.PRESETS["tiny"]
+# the multi-hot bags run as ATen ops here, so every parameter's gradient is compared
+KINDS = ("packed_tokens", "key_padding_attention", "norm", "gemm_epilogue")
+
+
+def _stats():
+    from gemc.backends.triton import packed_tokens as pt
+
+    pt.GUARD_STATS.reset()
+    return pt.GUARD_STATS
+
+
+def _batch(step: int, seed: int) -> tuple[torch.Tensor, ...]:
+    """The model's own tiny batch: row 0 empty, row 1 full, the others uniform lengths."""
+    return transact.synthetic_batch(CFG, step, seed)
+
+
+def _window_masks_real(batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """``batch`` with the latest actions of rows 2 and 3 after the request time: masked as
+    keys by any window (``request - time < w`` for every ``w >= 0``), rows 2's every real
+    token but position 0 (which ``mask[:, 0] = 0`` keeps)."""
+    types, items, times, request, *rest = batch
+    times = times.clone()
+    length = int((types[2] > 0).sum())
+    times[2, :length] = request[2] + 1000
+    times[3, :2] = request[3] + 1000
+    return (types, items, times, request, *rest)
+
+
+def _unequal_padding(batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """``batch`` with one padded item of the empty row 0 nonzero: its padded rows differ."""
+    types, items, *rest = batch
+    items = items.clone()
+    assert int((types[0] > 0).sum()) == 0
+    items[0, 4] = 1.0
+    return (types, items, *rest)
+
+
+def _expected_tokens(batch: tuple[torch.Tensor, ...]) -> int:
+    types, items = batch[0], batch[1]
+    lengths = trailing_lengths([types, items], types.shape[0], types.shape[1])
+    return int((lengths + 1).clamp(max=types.shape[1]).sum())
+
+
+def _step_against_eager(run, model: torch.nn.Module, batch: tuple[torch.Tensor, ...],
+                        seed: int) -> None:
+    """Loss and every parameter's gradient of ``run(*batch)`` against eager's, both drawing
+    the window from ``seed``."""
+    torch.manual_seed(seed)
+    ref, grads = eager_step(model, batch)
+    torch.manual_seed(seed)
+    loss = run(*batch)
+    loss.backward()
+    torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-5)
+    for k, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, grads[k], atol=1e-5, rtol=1e-4, msg=k)
+    model.zero_grad()
+
+
+def test_trailing_lengths_and_source_flags():
+    ids = torch.tensor([[0, 0, 0, 0], [3, 4, 0, 0], [1, 2, 3, 4], [5, 0, 5, 0]])
+    feats = torch.zeros(4, 4, 2)
+    feats[1, 1] = 1.0  # real, differs from the last position
+    # row 3: its id at position 2 differs from the last one, so positions 0..2 are real
+    assert trailing_lengths([ids, feats], 4, 4).tolist() == [0, 2, 3, 3]
+    lengths, flags = source_reps([ids, feats], 4, 4)
+    assert flags.tolist() == [0, 0, 8, 0, 0, 0, 4]  # every row has a run (a full row too)
+    feats[0, 3, 1] = float("nan")  # never equal to itself: the empty row keeps all 4
+    assert trailing_lengths([ids, feats], 4, 4).tolist() == [4, 2, 3, 3]
+
+
+def test_transact_packs_with_representatives_around_its_attentions():
+    spec = transact.build("tiny")
+    from gemc.passes.match_jagged_attention import MatchJaggedAttention
+    from gemc.passes.pack_jagged_tokens import PackJaggedTokens
+
+    from tests.passes.helpers import annotated, graph_of
+
+    gm, ctx = graph_of(spec.model, spec.example_inputs,
+                       annotated(MatchJaggedAttention(), PackJaggedTokens()))
+    assert not [w for w in ctx.warnings if w.startswith("pack-jagged-tokens")], ctx.warnings
+    (head,) = [n for n in gm.graph.nodes if ir.PACKED_REGION in n.meta]
+    region = head.meta[ir.PACKED_REGION]
+    assert (region["pad_rep"], region["rep_layout"], region["in_place"],
+            region["compact"]) == (True, "sources", [], False)
+    # the dense items and the raw ids (the buffer lookup's index: token-wise, checkable)
+    assert region["rep_sources"] == ["action_items", "add"]
+    assert sorted(region["padded_attentions"]) == ["scaled_dot_product_attention",
+                                                   "scaled_dot_product_attention_1"]
+    marked = {n.name for n in gm.graph.nodes if ir.PACKED in n.meta}
+    # both layers' projections and FFNs run on the tokens; the max pool and the slice
+    # read the scattered value outside the region
+    assert {"linear", "linear_3", "linear_4", "linear_7", "layer_norm_3"} <= marked
+    assert not {"max_1", "slice_1"} & marked
+
+
+def test_transact_interpreter_matches_eager_packed():
+    gm, ctx, spec = compiled(ENTRY)
+    entries = entries_of(gm, ctx, KINDS)
+    from gemc.backends.triton.graph_runner import GraphRunner
+
+    (region,) = [e for e in entries if e["kind"] == "packed_tokens"]
+    # priced at the example batch's real tokens plus one per trailing run
+    assert region["fill_source"] == "sample batch"
+    assert region["sample_tokens"] == _expected_tokens(spec.example_inputs)
+
+    seed = fresh_seed()
+    first = _batch(0, seed)
+    batches = [first, _window_masks_real(_batch(1, seed)), _unequal_padding(first)]
+    stats = _stats()
+    for i, batch in enumerate(batches):
+        runner = GraphRunner(gm, entries, params_of(spec.model), release=False)
+        _step_against_eager(runner, spec.model, batch, seed + i)
+        (layout,) = runner._layouts.values()
+        assert layout.total == _expected_tokens(batch) < CFG.batch_size * CFG.seq_len
+    # the empty row whose padded item 4 differs keeps positions 0..4 as real tokens and
+    # one representative for 5..11: six slots where it had one (no fallback, exact)
+    assert _expected_tokens(batches[2]) == _expected_tokens(first) + 5
+    assert stats.as_dict() == {"calls": 3, "packed": 3, "padded": 0, "missed_reads": 0}
+
+
+def test_transact_compiled_graph_matches_eager_packed():
+    gm, ctx, spec = compiled(ENTRY)
+    executor = cpu_graph_executor(gm, spec.model, entries_of(gm, ctx, KINDS))
+    assert executor.guard is not None and executor.guard.names == ["packed_tokens_0"]
+    seed = fresh_seed()
+    stats = _stats()
+    for i, batch in enumerate([_batch(0, seed), _window_masks_real(_batch(1, seed))]):
+        _step_against_eager(executor, spec.model, batch, seed + i)
+    assert stats.as_dict() == {"calls": 2, "packed": 2, "padded": 0, "missed_reads": 0}
