@@ -91,9 +91,11 @@ WHY_NOT = {
         "window, the latest action kept) is a guarded key-padding attention: the window "
         "masks the latest actions, so the mask is no prefix on most rows: their kept keys "
         "are gathered first and the varlen-key kernel runs over them (compacted, counted); "
-        "the encoder stays padded "
-        "(pack-jagged-tokens: the un-masked max pool and the first-tokens slice read the "
-        "padded positions' outputs, as the published module does)"
+        "the un-masked max pool and the first-tokens slice read the padded positions' "
+        "outputs (as the published module does), so the encoder packs over padding "
+        "representatives laid out from its sources (pad_rep, rep_layout 'sources': each "
+        "row's trailing run of equal ids and items one token; the attentions and those "
+        "readers on the padded values the representatives scatter to, eager's)"
     ),
 }
 

@@ -133,6 +133,19 @@ among ties, and the copies are ties; a scan; the output), an operand varying by 
 (a position embedding), a dropout (its copies differ) or an attention in the region keeps
 the history padded, the warning saying why.
 
+Around a guarded attention whose history a reader after it reads unmasked (TransAct: an
+un-masked max pool over the encoder's outputs and a slice of its first tokens, under a key
+mask that is no prefix: padding OR a recent-time window), the history packs over padding
+representatives laid out from its sources (``pad_reps.follow_around_attention``,
+``rep_layout: "sources"``): each row keeps its tokens up to the last position where a
+source differs from the row's last position, and one representative for the trailing run
+(computed per call: ``guard_sample.trailing_lengths``; there is no miss to fall back on).
+Token-wise ops run on those tokens; every attention in the region runs on the padded
+operands the representatives scatter to (eager's tensors, eager's mask: a per-key mask,
+not causal, listed as ``padded_attentions``, never run in place); the readers outside the
+region read the value scattered the same way. A source the check cannot compute ahead
+(ids looked up in a buffer) is checked through its token-wise origin (the raw ids).
+
 Every history left padded is a warning (in the plan's ``warnings``) naming the reader, its
 op and what it reduces over, and the module it was traced in (:func:`why_read`): e.g. "a
 reduction over the token axis (amax over the B*L = 2048*512 rows in amax_1, from

@@ -159,6 +159,9 @@ def follow_around_attention(start: fx.Node, dims: Dims, facts: KeyMask
     read the padding ends the flow outside it (:class:`PaddedRead`). Returns the flow, or
     a node reached as a carrier and a reader both (a layout conflict)."""
     def read(user: fx.Node, src: fx.Node, at: Dims, f: Any) -> Any:
+        target = getattr(user, "target", None)
+        if isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable:
+            return None  # it would write into the scattered copy, not the region's value
         return token_reduction(user, src, at, f) or PaddedRead()
 
     flow = follow_padding(start, dims, facts, reads=read)

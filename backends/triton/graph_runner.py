@@ -539,8 +539,11 @@ class GraphRunner:
             offsets = packed.rep_offsets(offsets[1:] - offsets[:-1], int(region["max_len"]))
         flags = check.tolist()  # the sync
         compact = bool(region.get("compact", False))
-        ok = packed.packs(flags, bool(region.get("every_row", False)), compact)
-        packed.GUARD_STATS.count(ok, flags)
+        # a source that needs its own gradient per position: run padded (GuardStats)
+        grad = region.get("rep_layout") == "sources" and any(
+            s.requires_grad for s in sources)
+        ok = packed.packs(flags, bool(region.get("every_row", False)), compact) and not grad
+        packed.GUARD_STATS.count(ok, flags, grad)
         self._guards[name] = ok
         if not ok:
             return

@@ -57,8 +57,14 @@ class GuardStats:
     # padded calls of a region with padding representatives whose padded entries differed
     # within a row (``gemc.guard_sample.padding_reps``)
     unequal_padding: int = 0
+    # padded calls of a region with padding representatives laid out from its sources
+    # (``rep_layout: "sources"``) whose source input itself requires a gradient: the
+    # packed run gives each representative's position the sum of its copies' gradients,
+    # eager gives each copy its own (parameters' gradients are the same either way)
+    input_grad: int = 0
 
-    def count(self, packed: bool, flags: list[int] | None = None) -> None:
+    def count(self, packed: bool, flags: list[int] | None = None,
+              input_grad: bool = False) -> None:
         """One call's outcome; ``flags``: its check's (:func:`region_check`, with
         :func:`gemc.guard_sample.padding_reps`' two after them in a ``pad_rep`` region)."""
         self.calls += 1
@@ -69,10 +75,11 @@ class GuardStats:
             self.missed_reads += int(bool(flags is not None and len(flags) > 4 and flags[4]))
             self.unequal_padding += int(bool(flags is not None and len(flags) > 5
                                              and flags[5]))
+            self.input_grad += int(input_grad)
 
     def reset(self) -> None:
         self.calls = self.packed = self.padded = self.missed_reads = 0
-        self.unequal_padding = 0
+        self.unequal_padding = self.input_grad = 0
 
     def as_dict(self) -> dict[str, int]:
         """The counts; ``unequal_padding`` only once a call ran padded for it (the report
@@ -81,6 +88,8 @@ class GuardStats:
                "missed_reads": self.missed_reads}
         if self.unequal_padding:
             out["unequal_padding"] = self.unequal_padding
+        if self.input_grad:
+            out["input_grad"] = self.input_grad
         return out
 
 

@@ -204,10 +204,14 @@ class RegionGuard:
         flags = [values[i * per:(i + 1) * per] for i in range(count)]
         key: list[int | str | None] = []
         offsets = []
-        for (offs, _), f, mask, additive, every_row, compact in zip(
-                checked, flags, masks, self.additive, self.every_row, self.compact):
-            ok = packed_tokens.packs(f, every_row, compact)
-            packed_tokens.GUARD_STATS.count(ok, f)
+        for i, ((offs, _), f, mask, additive, every_row, compact) in enumerate(zip(
+                checked, flags, masks, self.additive, self.every_row, self.compact)):
+            # a source that needs its own gradient per position: padded (GuardStats)
+            grad = self.from_sources[i] and any(
+                {self.masks[i]: computed[i], **indices}[n].requires_grad
+                for n in self.rep_sources[i] or ())
+            ok = packed_tokens.packs(f, every_row, compact) and not grad
+            packed_tokens.GUARD_STATS.count(ok, f, grad)
             capacity = int(mask.shape[0]) * int(mask.shape[1])  # B * L: the padded tokens
             # with padding representatives, one more token on each row with padding
             total = packed_tokens.bucket(int(f[2]) + int(f[6]), capacity, self.buckets) \

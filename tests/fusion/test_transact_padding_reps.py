@@ -78,9 +78,15 @@ def _step_against_eager(run, model: torch.nn.Module, batch: tuple[torch.Tensor, 
     the window from ``seed``."""
     torch.manual_seed(seed)
     ref, grads = eager_step(model, batch)
+    wants = [t for t in batch if t.requires_grad]
+    expected = [t.grad.clone() for t in wants]
+    for t in wants:
+        t.grad = None
     torch.manual_seed(seed)
     loss = run(*batch)
     loss.backward()
+    for t, g in zip(wants, expected):
+        torch.testing.assert_close(t.grad, g, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-5)
     for k, p in model.named_parameters():
         torch.testing.assert_close(p.grad, grads[k], atol=1e-5, rtol=1e-4, msg=k)
@@ -155,6 +161,106 @@ def test_transact_compiled_graph_matches_eager_packed():
     assert executor.guard is not None and executor.guard.names == ["packed_tokens_0"]
     seed = fresh_seed()
     stats = _stats()
-    for i, batch in enumerate([_batch(0, seed), _window_masks_real(_batch(1, seed))]):
+    first = _batch(0, seed)
+    types, items, *rest = _unequal_padding(first)
+    graded = (types, items.clone().requires_grad_(True), *rest)
+    batches = [first, _window_masks_real(_batch(1, seed)), _unequal_padding(first), graded]
+    for i, batch in enumerate(batches):
         _step_against_eager(executor, spec.model, batch, seed + i)
-    assert stats.as_dict() == {"calls": 2, "packed": 2, "padded": 0, "missed_reads": 0}
+    # the items requiring a gradient of their own: padded, counted (their gradient as
+    # eager's too: checked here)
+    assert stats.as_dict() == {"calls": 4, "packed": 3, "padded": 1, "missed_reads": 0,
+                               "input_grad": 1}
+
+
+class PositionedTower(torch.nn.Module):
+    """TransAct's tower with a learned position embedding added to its tokens: the padded
+    copies of a row then differ by position, so no representative stands for them."""
+
+    def __init__(self, length: int = 6, dim: int = 8) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(10, dim, padding_idx=0)
+        self.pos = torch.nn.Parameter(torch.randn(length, dim))
+        layer = torch.nn.TransformerEncoderLayer(dim, 2, 16, dropout=0.0, batch_first=True)
+        self.encoder = torch.nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        mask = torch.zeros(ids.shape, dtype=torch.float).masked_fill(ids <= 0, float("-inf"))
+        out = self.encoder(self.emb(ids) + self.pos, src_key_padding_mask=mask)
+        return out.max(dim=1).values.sum()
+
+
+def test_a_position_embedding_keeps_the_tower_padded_and_says_why():
+    from gemc.passes.match_jagged_attention import MatchJaggedAttention
+    from gemc.passes.pack_jagged_tokens import PackJaggedTokens
+
+    from tests.passes.helpers import annotated, graph_of
+
+    ids = torch.tensor([[1, 2, 0, 0, 0, 0], [3, 4, 5, 6, 7, 8], [9, 0, 0, 0, 0, 0]])
+    gm, ctx = graph_of(PositionedTower(), (ids,),
+                       annotated(MatchJaggedAttention(), PackJaggedTokens()))
+    assert not any(ir.PACKED_REGION in n.meta for n in gm.graph.nodes)
+    (why,) = [w for w in ctx.warnings if w.startswith("pack-jagged-tokens")]
+    assert "max_1" in why and "padding as one representative per row does not apply" in why
+    assert "p_pos" in why and "varies along the token axis" in why, why
+
+
+def _history(seed: int, equal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """A ``[3, 4, 8]`` history with lengths 1, 4, 2 and its keep-mask; the padded rows of
+    each row one value (``equal``) or random."""
+    gen = torch.Generator().manual_seed(seed)
+    keep = torch.arange(4)[None, :] < torch.tensor([1, 4, 2])[:, None]
+    x = torch.randn(3, 4, 8, generator=gen)
+    if equal:
+        x = torch.where(keep[..., None], x, torch.randn(3, 1, 8, generator=gen))
+    return x, keep
+
+
+def test_generic_readers_after_a_guarded_attention_run_as_eager():
+    """The scan and the additive-mask pooling of ``tests/passes/test_pack_jagged_tokens``
+    (no TransAct idiom): packed over representatives, loss and gradients as eager's, with
+    equal and with random padded rows (these keep every token up to the last one that
+    differs from its row's last). A history input that itself requires a gradient runs
+    padded, counted: eager gives each padded copy its own gradient, which one
+    representative cannot."""
+    from gemc.backends.triton.graph_runner import GraphRunner
+    from gemc.passes.match_jagged_attention import MatchJaggedAttention
+    from gemc.passes.pack_jagged_tokens import PackJaggedTokens
+
+    from tests.passes.helpers import annotated, graph_of
+    from tests.passes.test_pack_jagged_tokens import _PaddedHistory
+
+    seed = fresh_seed()
+    for kwargs in ({"mix": True}, {"mix": False, "pool_additive": True}):
+        torch.manual_seed(seed)
+        model = _PaddedHistory(**kwargs)
+        gm, ctx = graph_of(model, _history(seed, True),
+                           annotated(MatchJaggedAttention(), PackJaggedTokens()))
+        entries = entries_of(gm, ctx)
+        stats = _stats()
+        for equal, grad in ((True, False), (False, False), (True, True)):
+            x, keep = _history(seed + 1, equal)
+            x.requires_grad_(grad)
+            ref, grads = eager_step(model, (x, keep))
+            ref_x = x.grad.clone() if grad else None
+            x.grad = None
+            runner = GraphRunner(gm, entries, params_of(model), release=False)
+            loss = runner(x, keep)
+            loss.backward()
+            torch.testing.assert_close(loss, ref, atol=1e-4, rtol=1e-5)
+            if grad:
+                torch.testing.assert_close(x.grad, ref_x, atol=1e-4, rtol=1e-4)
+            for k, p in model.named_parameters():
+                # the additive pooling scales by -1e4: float32 summation order, relative
+                # to the gradient's own scale
+                scale = float(grads[k].abs().max())
+                torch.testing.assert_close(p.grad, grads[k], atol=1e-6 * scale + 1e-5,
+                                           rtol=1e-4, msg=k)
+            model.zero_grad()
+            if not grad:
+                (layout,) = runner._layouts.values()
+                # widths min(len + 1, 4) over lengths 1, 3, 2 (the full row's last
+                # position is its own run), or 3, 3, 3 where the padded rows differ
+                assert layout.total == (9 if equal else 12), layout.total
+        assert stats.as_dict() == {"calls": 3, "packed": 2, "padded": 1, "missed_reads": 0,
+                                   "input_grad": 1}
