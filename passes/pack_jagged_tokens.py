@@ -140,10 +140,11 @@ representatives laid out from its sources (``pad_reps.follow_around_attention``,
 ``rep_layout: "sources"``): each row keeps its tokens up to the last position where a
 source differs from the row's last position, and one representative for the trailing run
 (computed per call: ``guard_sample.trailing_lengths``; there is no miss to fall back on).
-Token-wise ops run on those tokens; every attention in the region runs on the padded
-operands the representatives scatter to (eager's tensors, eager's mask: a per-key mask,
-not causal, listed as ``padded_attentions``, never run in place); the readers outside the
-region read the value scattered the same way. A source the check cannot compute ahead
+Token-wise ops run on those tokens; so does every attention in the region (a per-key
+mask, not causal, listed as ``rep_attentions``): each real key biased by its own mask
+entry, each representative key by the ``logsumexp`` of the entries it stands for
+(``packed_tokens.rep_attention``); the readers outside the region read the value
+scattered back, each row's representative on its padded positions (eager's padded value). A source the check cannot compute ahead
 (ids looked up in a buffer) is checked through its token-wise origin (the raw ids).
 
 Every history left padded is a warning (in the plan's ``warnings``) naming the reader, its

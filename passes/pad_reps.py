@@ -38,10 +38,15 @@ from the row's last position, then one representative for the trailing run of eq
 tokens (``gemc.guard_sample.trailing_lengths``; no padding mask is assumed, so there is no
 miss to fall back on: a row whose padded entries differ keeps them as real tokens). Exact
 because within that run every region value is one value per row: token-wise ops commute
-with it, and every attention in the region runs on the padded values (its operands
-scattered, each row's representative on each of its padded positions, so the attention
-sees eager's tensors and eager's mask; its output at each of those positions is one
-value, since its mask varies by key only: :func:`_per_key_attention`); a reader outside
+with it, and every attention in the region (``rep_attentions``) runs on the tokens, each
+real key biased by its own mask entry and each representative key by the ``logsumexp`` of
+the entries of the positions it stands for (``c`` identical keys with entries ``m_p`` weigh
+``exp(s + logsumexp(m))`` in the softmax: ``backends/triton/packed_tokens.rep_key_bias``,
+the jagged kernel's score bias), which is the attention on the padded values at every
+position: the padded queries of a row are one query, their outputs one value, as the mask
+varies by key only (:func:`_per_key_attention`); its key mask is read in the graph, not
+ahead (TransAct's reads the action-type buffer), and a row keeping no key is NaN there as
+in eager. A reader outside
 the region reads the value scattered the same way, i.e. eager's padded value, whatever it
 does with it (an un-masked ``max`` over the positions, a slice of the first tokens).
 Backward: the scatter is a gather, so each representative receives the sum of its copies'
@@ -189,6 +194,11 @@ def _per_key_attention(node: fx.Node, kind: str) -> str | None:
     if kind != "key_padding_attention" or node.target is not \
             aten.scaled_dot_product_attention.default:
         return f"{node.name} is a {kind} kernel (no rule for its padded queries)"
+    key_mask = next((n for n in node.graph.nodes if n.name == facts.get("mask")), None)
+    rows = tuple(ir.shape_of(key_mask) or ()) if key_mask is not None else ()
+    if len(rows) < 2 or any(int(d) != 1 for d in rows[1:-1]) or facts.get("merged_heads"):
+        return (f"{node.name}'s key mask is no [B, L] (or [B, 1, ..., 1, L]) tensor the "
+                "representatives' key bias can be read from")
     args = list(node.args) + [None] * (7 - len(node.args))
     mask = args[3] if args[3] is not None else node.kwargs.get("attn_mask")
     causal = args[5] if len(node.args) > 5 else node.kwargs.get("is_causal", False)
@@ -273,7 +283,8 @@ def rep_facts(gm: fx.GraphModule, flow: PaddingFlow, key_mask: KeyMask,
     the ``rep_sources`` its check compares, the ``weighted`` reductions), or why the
     padded tokens of a row may differ (condition (b) of the module doc fails). ``around``:
     the flow of a history an attention reads (:func:`follow_around_attention`): its
-    key-padding attentions run on padded operands (``padded_attentions``) and the layout
+    key-padding attentions run on the tokens over representative keys (``rep_attentions``:
+    ``packed_tokens.rep_attention``) and the layout
     comes from the sources (``rep_layout: "sources"``)."""
     members = set(flow.carriers) | set(flow.zeroed)
     sources: list[str] = []
@@ -353,11 +364,12 @@ def rep_facts(gm: fx.GraphModule, flow: PaddingFlow, key_mask: KeyMask,
              "rep_sources": sorted(sources, key=lambda name: order[by_name[name]]),
              "weighted": [weighted[n].spec(n) for n in sorted(weighted, key=order.__getitem__)]}
     if around:
-        # the layout from the sources' trailing runs; no attention on the region's tokens
-        # in place (each runs on padded operands), no prefix or empty-row rule to check
+        # the layout from the sources' trailing runs; the attentions on the tokens with
+        # the representatives' key bias, not in place by the region's mask (there is no
+        # region mask: no prefix or empty-row rule to check)
         # the check reads the sources only: its "mask" is the first of them (what the
         # runners compute ahead of the graph); the attention's own mask stays its own
-        facts.update({"rep_layout": "sources", "padded_attentions": attentions,
+        facts.update({"rep_layout": "sources", "rep_attentions": attentions,
                       "mask": facts["rep_sources"][0], "additive": False,
                       "key_mask": key_mask.node.name,
                       "in_place": [], "compact": False, "every_row": False})

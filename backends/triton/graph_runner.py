@@ -713,6 +713,25 @@ class GraphRunner:
             return None
         return [env[n] for n in nodes[:-1]], layout
 
+    def packed_rep_attention(self, entry: dict[str, Any], env: dict[fx.Node, Any]) -> bool:
+        """A ``key_padding_attention`` entry of a region with padding representatives
+        (its ``rep_attentions``) on a packed call: on the region's tokens, each key biased
+        by its mask entry and each representative by the entries it stands for
+        (``packed_tokens.rep_attention``), its output stored packed. Returns whether it
+        applied (else the caller runs it padded: scattered, eager's values)."""
+        out = self.by_name[str(entry.get("output", entry["nodes"][0]))]
+        region = self.region_of.get(out)
+        nodes = [self.by_name[entry[x]] for x in ("q", "k", "v")]
+        if region is None or out.name not in region.get("rep_attentions", ()) \
+                or not all(n in self.packed for n in (*nodes, out)):
+            return False
+        mask = self._padded(self.by_name[str(entry["mask"])], env)
+        dims = tuple(self.packed[n] for n in (*nodes, out))
+        env[out] = packed.rep_attention(*(env[n] for n in nodes), dims,
+                                        self._region_layout(out, env), mask,
+                                        bool(entry["additive"]), entry["scale"])
+        return True
+
     def packed_output(self, name: str, value: Any, env: dict[fx.Node, Any]) -> None:
         """A kind's result for region node ``name``, already in the packed layout."""
         self._store(self.by_name[name], value, env, True)

@@ -121,7 +121,7 @@ def test_transact_packs_with_representatives_around_its_attentions():
             region["compact"]) == (True, "sources", [], False)
     # the dense items and the raw ids (the buffer lookup's index: token-wise, checkable)
     assert region["rep_sources"] == ["action_items", "add"]
-    assert sorted(region["padded_attentions"]) == ["scaled_dot_product_attention",
+    assert sorted(region["rep_attentions"]) == ["scaled_dot_product_attention",
                                                    "scaled_dot_product_attention_1"]
     marked = {n.name for n in gm.graph.nodes if ir.PACKED in n.meta}
     # both layers' projections and FFNs run on the tokens; the max pool and the slice
@@ -149,6 +149,9 @@ def test_transact_interpreter_matches_eager_packed():
         _step_against_eager(runner, spec.model, batch, seed + i)
         (layout,) = runner._layouts.values()
         assert layout.total == _expected_tokens(batch) < CFG.batch_size * CFG.seq_len
+        # the attentions ran on the tokens (no operand scattered back): only the
+        # encoder's output is, for the max pool and the slice
+        assert {n.name for n in runner._unpacked} == {"layer_norm_3"}
     # the empty row whose padded item 4 differs keeps positions 0..4 as real tokens and
     # one representative for 5..11: six slots where it had one (no fallback, exact)
     assert _expected_tokens(batches[2]) == _expected_tokens(first) + 5
@@ -164,11 +167,18 @@ def test_transact_compiled_graph_matches_eager_packed():
     first = _batch(0, seed)
     types, items, *rest = _unequal_padding(first)
     graded = (types, items.clone().requires_grad_(True), *rest)
-    batches = [first, _window_masks_real(_batch(1, seed)), _unequal_padding(first), graded]
-    for i, batch in enumerate(batches):
+    for i, batch in enumerate([first, _window_masks_real(_batch(1, seed)),
+                               _unequal_padding(first)]):
         _step_against_eager(executor, spec.model, batch, seed + i)
+    assert [bool(v["packed_regions"]) for v in executor.variants] == [True] * \
+        len(executor.variants)
+    code = executor.module.code
+    # both layers' attentions on the region's tokens over representative keys, no island
+    assert code.count("_p_rep_attention(") == 2, code
+    assert "_call_key_padding_attention(" not in code
     # the items requiring a gradient of their own: padded, counted (their gradient as
     # eager's too: checked here)
+    _step_against_eager(executor, spec.model, graded, seed + 3)
     assert stats.as_dict() == {"calls": 4, "packed": 3, "padded": 1, "missed_reads": 0,
                                "input_grad": 1}
 
@@ -264,3 +274,42 @@ def test_generic_readers_after_a_guarded_attention_run_as_eager():
                 assert layout.total == (9 if equal else 12), layout.total
         assert stats.as_dict() == {"calls": 3, "packed": 2, "padded": 1, "missed_reads": 0,
                                    "input_grad": 1}
+
+
+def test_representative_keys_biased_by_their_count_are_the_padded_attention():
+    """``packed_tokens.rep_attention`` on a layout with representatives against SDPA on
+    the padded values they scatter to, under an additive mask that is no prefix (a window
+    on the latest positions, position 0 kept, an empty row's padding kept at 0): equal
+    forward and in every packed operand's gradient."""
+    from gemc.backends.triton import packed_tokens as pt
+
+    gen = torch.Generator().manual_seed(fresh_seed())
+    b, length, heads, dim = 4, 6, 2, 8
+    lengths = torch.tensor([0, 6, 3, 5])
+    layout = pt.with_rep_weights(pt.TokenLayout(pt.rep_offsets(lengths, length),
+                                                int((lengths + 1).clamp(max=length).sum()),
+                                                b, length))
+    dims = ((0, 2),) * 4  # [1, H, T, D]
+    q, k, v = (torch.randn(1, heads, layout.total, dim, generator=gen).requires_grad_(True)
+               for _ in range(3))
+    pad = torch.arange(length)[None, :] >= lengths[:, None]
+    window = torch.zeros(b, length, dtype=torch.bool)
+    window[2, :2] = window[3, :4] = True  # real tokens masked as keys (not as queries)
+    drop = pad | window
+    drop[:, 0] = False
+    mask = torch.zeros(b, length).masked_fill(drop, float("-inf"))
+    out = pt.rep_attention(q, k, v, dims, layout, mask, True, None)
+    padded = [pt.scatter(x, (0, 2), layout) for x in (q, k, v)]
+    ref = pt.gather(torch.nn.functional.scaled_dot_product_attention(
+        *padded, attn_mask=mask[:, None, None, :]), (0, 2), 4, layout)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    grad = torch.randn(out.shape, generator=gen)
+    got = torch.autograd.grad(out, (q, k, v), grad)
+    want = torch.autograd.grad(ref, (q, k, v), grad)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
+    # a row keeping no key is NaN, as eager's softmax makes it
+    mask[3] = float("-inf")
+    out = pt.rep_attention(q, k, v, dims, layout, mask, True, None)
+    row = layout.index("row")
+    assert out[:, :, row == 3].isnan().all() and not out[:, :, row < 3].isnan().any()

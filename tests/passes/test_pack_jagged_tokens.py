@@ -128,7 +128,7 @@ def test_a_sequence_mixing_op_reads_the_guarded_history_over_representatives():
         CHECK-SAME: packed_region={{id:packed_tokens_0,kind:packed_tokens,guard:prefix-check,
         CHECK-SAME: mask:x,additive:False,compact:False,in_place:[],
         CHECK-SAME: pad_rep:True,rep_sources:['x'],
-        CHECK-SAME: rep_layout:sources,padded_attentions:['scaled_dot_product_attention']
+        CHECK-SAME: rep_layout:sources,rep_attentions:['scaled_dot_product_attention']
         CHECK: aten.scaled_dot_product_attention.default(
         CHECK-SAME: {REGION}[0, 2],
         CHECK: %cumsum = aten.cumsum.default(
