@@ -19,7 +19,9 @@ One op per kernel *kind*, not per kernel:
   kernels run inside, so the op's shapes depend on shapes only (no data-dependent sizes for
   the compiler to trace, no host read of the token count).
 * ``gemc::jagged_attention_values`` (and its backward): the same kernels on the ``[T, H, D]``
-  values of a packed token region, in place.
+  values of a packed token region, in place; ``gemc::jagged_key_bias_attention_values``
+  (and its backward): with an additive bias per key, a region with padding
+  representatives' attention (``packed_tokens.rep_attention``).
 * ``gemc::padded_silu_attention`` (and its backward): HSTU's pointwise attention on the
   padded ``[B, L, H, D]`` layout read in place, only each row's real positions computed;
   ``gemc::jagged_silu_attention_values`` (and its backward): the same kernels on the
