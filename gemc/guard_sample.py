@@ -366,7 +366,11 @@ def sample_fill(gm: fx.GraphModule, region: Mapping[str, Any],
         return padded(f"the example batch fails the region's check ({why}), so it would "
                       "run padded")
     capacity = batch * length
-    squares = float((lengths.double() ** 2).sum())
+    # a layout from its sources: each row's attention over its slots, the representative
+    # included (``min(len + 1, L)`` of them)
+    width = (lengths + 1).clamp(max=length) if region.get("rep_layout") == "sources" \
+        else lengths
+    squares = float((width.double() ** 2).sum())
     # padding representatives: one more token on each row with padding
     tokens = flags[2] + (flags[6] if region.get("pad_rep") else 0)
     return {"fill": bucket(tokens, capacity) / capacity,

@@ -139,6 +139,12 @@ def test_transact_interpreter_matches_eager_packed():
     # priced at the example batch's real tokens plus one per trailing run
     assert region["fill_source"] == "sample batch"
     assert region["sample_tokens"] == _expected_tokens(spec.example_inputs)
+    # its attentions priced over each row's slots squared (the representative included)
+    types, items = spec.example_inputs[:2]
+    width = (trailing_lengths([types, items], CFG.batch_size, CFG.seq_len) + 1).clamp(
+        max=CFG.seq_len)
+    assert abs(region["attention_fill"] - float((width.double() ** 2).sum())
+               / (CFG.batch_size * CFG.seq_len ** 2)) < 1e-9
 
     seed = fresh_seed()
     first = _batch(0, seed)
