@@ -542,7 +542,12 @@ class GraphRunner:
         # a source that needs its own gradient per position: run padded (GuardStats)
         grad = region.get("rep_layout") == "sources" and any(
             s.requires_grad for s in sources)
-        ok = packed.packs(flags, bool(region.get("every_row", False)), compact) and not grad
+        # a layout from the sources as large as the padded tensor (no trailing run longer
+        # than one position): the padded computation, without the conversions
+        whole = region.get("rep_layout") == "sources" and \
+            int(flags[2]) + int(flags[6]) >= int(sources[0].shape[0]) * int(region["max_len"])
+        ok = packed.packs(flags, bool(region.get("every_row", False)), compact) \
+            and not grad and not whole
         packed.GUARD_STATS.count(ok, flags, grad)
         self._guards[name] = ok
         if not ok:

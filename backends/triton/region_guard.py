@@ -210,9 +210,12 @@ class RegionGuard:
             grad = self.from_sources[i] and any(
                 {self.masks[i]: computed[i], **indices}[n].requires_grad
                 for n in self.rep_sources[i] or ())
-            ok = packed_tokens.packs(f, every_row, compact) and not grad
-            packed_tokens.GUARD_STATS.count(ok, f, grad)
             capacity = int(mask.shape[0]) * int(mask.shape[1])  # B * L: the padded tokens
+            # a layout from the sources as large as the padded tensor (no trailing run
+            # longer than one position): the padded computation, without the conversions
+            whole = self.from_sources[i] and int(f[2]) + int(f[6]) >= capacity
+            ok = packed_tokens.packs(f, every_row, compact) and not grad and not whole
+            packed_tokens.GUARD_STATS.count(ok, f, grad)
             # with padding representatives, one more token on each row with padding
             total = packed_tokens.bucket(int(f[2]) + int(f[6]), capacity, self.buckets) \
                 if ok else None

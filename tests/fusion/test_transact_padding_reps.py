@@ -235,10 +235,11 @@ def _history(seed: int, equal: bool) -> tuple[torch.Tensor, torch.Tensor]:
 def test_generic_readers_after_a_guarded_attention_run_as_eager():
     """The scan and the additive-mask pooling of ``tests/passes/test_pack_jagged_tokens``
     (no TransAct idiom): packed over representatives, loss and gradients as eager's, with
-    equal and with random padded rows (these keep every token up to the last one that
-    differs from its row's last). A history input that itself requires a gradient runs
-    padded, counted: eager gives each padded copy its own gradient, which one
-    representative cannot."""
+    equal padded rows; with random ones every row keeps all its positions (each up to the
+    last one that differs from its row's last): a layout as large as the padded tensor,
+    which runs padded. A history input that itself requires a gradient runs padded,
+    counted: eager gives each padded copy its own gradient, which one representative
+    cannot."""
     from gemc.backends.triton.graph_runner import GraphRunner
     from gemc.passes.match_jagged_attention import MatchJaggedAttention
     from gemc.passes.pack_jagged_tokens import PackJaggedTokens
@@ -264,8 +265,9 @@ def test_generic_readers_after_a_guarded_attention_run_as_eager():
             loss = runner(x, keep)
             loss.backward()
             torch.testing.assert_close(loss, ref, atol=1e-4, rtol=1e-5)
-            if grad:
-                torch.testing.assert_close(x.grad, ref_x, atol=1e-4, rtol=1e-4)
+            if grad:  # (the additive pooling's -1e4: tolerances relative to the scale)
+                torch.testing.assert_close(x.grad, ref_x, rtol=1e-4,
+                                           atol=1e-6 * float(ref_x.abs().max()) + 1e-5)
             for k, p in model.named_parameters():
                 # the additive pooling scales by -1e4: float32 summation order, relative
                 # to the gradient's own scale
@@ -273,12 +275,14 @@ def test_generic_readers_after_a_guarded_attention_run_as_eager():
                 torch.testing.assert_close(p.grad, grads[k], atol=1e-6 * scale + 1e-5,
                                            rtol=1e-4, msg=k)
             model.zero_grad()
-            if not grad:
+            if equal and not grad:
                 (layout,) = runner._layouts.values()
                 # widths min(len + 1, 4) over lengths 1, 3, 2 (the full row's last
-                # position is its own run), or 3, 3, 3 where the padded rows differ
-                assert layout.total == (9 if equal else 12), layout.total
-        assert stats.as_dict() == {"calls": 3, "packed": 2, "padded": 1, "missed_reads": 0,
+                # position is its own run): 9 of 12 slots
+                assert layout.total == 9, layout.total
+            else:
+                assert not runner._layouts  # padded: no layout
+        assert stats.as_dict() == {"calls": 3, "packed": 1, "padded": 2, "missed_reads": 0,
                                    "input_grad": 1}
 
 
