@@ -186,10 +186,12 @@ def outside_readers(flow: PaddingFlow) -> list[fx.Node]:
 
 
 def _per_key_attention(node: fx.Node, kind: str) -> str | None:
-    """Why the attention ``node`` (a region carrier, run on padded operands) may give a
-    row's identical padded queries different outputs, or None: it must be a key-padding
-    attention over SDPA, not causal, not zeroing the queries its mask drops, its mask (if
-    any) of size 1 over the queries (a key mask, ``[B, 1|H, 1, L]``)."""
+    """Why the attention ``node`` (a region carrier, run on the tokens over representative
+    keys) cannot be, or None: it must be a key-padding attention over SDPA whose key mask
+    is a ``[B, L]`` tensor (or its rows viewed: the key bias is read from it), not causal,
+    not zeroing the queries its mask drops, its mask of size 1 over the queries (``[B,
+    1|H, 1, L]``): otherwise a row's identical padded queries could get different
+    outputs, which one representative query cannot stand for."""
     facts = node.meta.get(ir.KERNEL) or {}
     if kind != "key_padding_attention" or node.target is not \
             aten.scaled_dot_product_attention.default:
