@@ -90,13 +90,14 @@ WHY_NOT = {
     ),
     "transact": (
         "nn.TransformerEncoder's additive float key mask (padding OR'd with the random time "
-        "window, the latest action kept) matches a guarded key-padding attention, but the "
-        "priced choice keeps SDPA (S = 100: padded cuDNN is cheap, and the guarded call "
-        "pays a host sync and a compaction each: 0.37x measured on the session-25 H100; "
-        "GEMC_ATTENTION_KERNEL=always runs the varlen-key kernel over the kept keys); "
-        "the encoder stays padded "
-        "(pack-jagged-tokens: the un-masked max pool and the first-tokens slice read the "
-        "padded positions' outputs, as the published module does)"
+        "window, the latest action kept) is a guarded key-padding attention: the window "
+        "masks the latest actions, so the mask is no prefix on most rows: their kept keys "
+        "are gathered first and the varlen-key kernel runs over them (compacted, counted); "
+        "the un-masked max pool and the first-tokens slice read the padded positions' "
+        "outputs (as the published module does), so the encoder packs over padding "
+        "representatives laid out from its sources (pad_rep, rep_layout 'sources': each "
+        "row's trailing run of equal ids and items one token; the attentions and those "
+        "readers on the padded values the representatives scatter to, eager's)"
     ),
 }
 

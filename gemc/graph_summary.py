@@ -446,7 +446,9 @@ def kernel_adjusted_ms(gm: fx.GraphModule) -> dict[fx.Node, float]:
         if region is not None:
             fill[region["id"]] = float(region["fill"])
             score_fill[region["id"]] = float(region.get("attention_fill", region["fill"]))
-            for name in region.get("in_place") or ():  # on the region's kept keys
+            # on the region's kept keys; a region with padding representatives' attentions
+            # over its slots (``attention_fill``: their widths squared)
+            for name in [*(region.get("in_place") or ()), *(region.get("rep_attentions") or ())]:
                 in_place[name] = float(region.get("attention_fill", region["fill"]))
             if region.get("after_ms") is not None and region.get("before_ms") is not None:
                 convert[node] = convert.get(node, 0.0) + max(

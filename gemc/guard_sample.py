@@ -105,6 +105,39 @@ def padding_reps(lengths: torch.Tensor, sources: Sequence[torch.Tensor], length:
     return torch.stack([unequal.sum(), padded_rows.sum()]).to(torch.int64)
 
 
+def trailing_lengths(sources: Sequence[torch.Tensor], batch: int, length: int
+                     ) -> torch.Tensor:
+    """``[B]`` int64 on the device, no sync: per row, one past the last position where some
+    ``[B, L, ...]`` source differs from the row's last position (0 where none does). The
+    layout of a region with padding representatives laid out from its sources
+    (``rep_layout: "sources"``, ``passes/pad_reps``): positions from there on hold one
+    token per source, so one representative stands for them. Exact comparison: a NaN
+    never equals itself, so a row with a NaN keeps every position up to it as real."""
+    device = sources[0].device if sources else None
+    pos = torch.arange(length, device=device)
+    differs = torch.zeros(batch, length, dtype=torch.bool, device=device)
+    for src in sources:
+        flat = src.reshape(batch, length, -1)
+        differs = differs | (flat != flat[:, -1:]).any(-1)
+    return (torch.where(differs, pos[None, :], -1).amax(1) + 1).to(torch.int64) \
+        if length else torch.zeros(batch, dtype=torch.int64, device=device)
+
+
+def source_reps(sources: Sequence[torch.Tensor], batch: int, length: int
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A region laid out from its sources' trailing runs (:func:`trailing_lengths`): its
+    real lengths ``[B]`` and its seven flags in the order of a mask's check with
+    :func:`padding_reps`' two after them (no prefix to break, no additive value, the
+    tokens before each run, no empty-row rule, no one-token reader, no unequal padding,
+    the rows with a run that gets a representative), so :func:`packs` and the counters
+    read them alike. On the device, no sync."""
+    lengths = trailing_lengths(sources, batch, length)
+    zero = torch.zeros(1, dtype=torch.int64, device=lengths.device)
+    flags = torch.cat([zero, zero, lengths.sum().reshape(1), zero, zero, zero,
+                       (lengths < length).sum().reshape(1)])
+    return lengths, flags
+
+
 ADDITIVE_MASKED_GAP = 1.0e4
 """An additive entry is masked when it lies this far or more below its row's kept value
 (``exp`` of the gap underflows to exactly 0 in fp32); the kept value itself must be within
@@ -308,13 +341,19 @@ def sample_fill(gm: fx.GraphModule, region: Mapping[str, Any],
     except Exception as exc:  # the mask's ops on the sample: any failure prices padded
         return padded(f"computing the mask {mask_name} on the example batch failed "
                       f"({type(exc).__name__}: {exc})")
-    mask = mask_rows(mask)
+    raw, mask = mask, mask_rows(mask)
     additive = bool(region.get("additive", False))
     batch, length = int(mask.shape[0]), int(mask.shape[1])
     reads = reader_positions(region.get("reads") or (), dict(zip(names[1:], index)), batch,
                              length, "cpu")
-    lengths, flags = guard_flags(mask, additive, reads)
-    if region.get("pad_rep"):
+    if region.get("rep_layout") == "sources":  # the layout from the sources themselves
+        values = {names[0]: raw, **dict(zip(names[1:], index))}
+        lengths, checked = source_reps([values[n] for n in region["rep_sources"]], batch,
+                                       length)
+        flags = checked.tolist()
+    else:
+        lengths, flags = guard_flags(mask, additive, reads)
+    if region.get("pad_rep") and region.get("rep_layout") != "sources":
         values = dict(zip(names[1:], index))
         flags += padding_reps(lengths, [values[n] for n in region["rep_sources"]],
                               length).tolist()
@@ -327,7 +366,11 @@ def sample_fill(gm: fx.GraphModule, region: Mapping[str, Any],
         return padded(f"the example batch fails the region's check ({why}), so it would "
                       "run padded")
     capacity = batch * length
-    squares = float((lengths.double() ** 2).sum())
+    # a layout from its sources: each row's attention over its slots, the representative
+    # included (``min(len + 1, L)`` of them)
+    width = (lengths + 1).clamp(max=length) if region.get("rep_layout") == "sources" \
+        else lengths
+    squares = float((width.double() ** 2).sum())
     # padding representatives: one more token on each row with padding
     tokens = flags[2] + (flags[6] if region.get("pad_rep") else 0)
     return {"fill": bucket(tokens, capacity) / capacity,

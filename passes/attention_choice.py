@@ -35,7 +35,11 @@ packed region runs the attentions inside it on its tokens (no copies; a guarded 
 one check runs ahead of the graph). A match priced slower only for its copies or its sync
 is grouped, and :func:`settle`, at the end of pack-jagged-tokens, keeps it where a region
 runs it on its tokens (repriced so) and ungroups it (the model's attention, loudly)
-elsewhere; a pipeline without pack-jagged-tokens keeps it grouped, as before this rule.
+elsewhere; a pipeline without pack-jagged-tokens keeps it grouped, as before this rule. So
+is a guarded match priced at fill 1 only because no sample could be taken (its mask reads
+a buffer the capture on meta holds no values of: TransAct's action-type lookup), since a
+region laid out at run time may run it on half its tokens: where none does, the padded
+price stands and it is ungrouped.
 
 The switch ``GEMC_ATTENTION_KERNEL``: ``priced`` (the default), ``always`` (gemc's kernel
 wherever a pass matches, as before this rule) or ``never`` (the model's attention wherever
@@ -63,6 +67,7 @@ ENV = "GEMC_ATTENTION_KERNEL"
 MODES = ("priced", "always", "never")
 KEPT_PADDED = "kept-padded"  # the prefix of every reason this rule gives
 PENDING = ir.PREFIX + "attention_choice_pending"  # see choose / settle
+SAMPLED = "the sample batch's kept tokens"  # a guarded match's fill, sampled
 
 
 def mode() -> str:
@@ -95,10 +100,19 @@ def choose(gm: fx.GraphModule, output: fx.Node, group: Sequence[fx.Node],
         return f"{KEPT_PADDED}: {ENV}=never"
     if prices is None or not prices.gemc_slower:
         return None
-    if not prices.kernel_slower:  # slower for its copies or its sync: a region may drop them
+    if not prices.kernel_slower or _fill_unknown(prices):
+        # slower for its copies or its sync, which a region may drop; or priced padded for
+        # want of a sample (a mask computed from a buffer the capture on meta has no values
+        # of, as TransAct's), where a region may run it on far fewer tokens
         output.meta[PENDING] = (skip_key, warning, _reason(prices, output, facts))
         return None
     return _reason(prices, output, facts)
+
+
+def _fill_unknown(prices: AttentionPrices) -> bool:
+    """A guarded match priced at fill 1 because no sample could be taken (not because the
+    sample was full): its kernel price is an upper bound, not a price."""
+    return prices.guarded and prices.fill_source != SAMPLED
 
 
 def settle(gm: fx.GraphModule, ctx: PassContext) -> int:
@@ -107,9 +121,9 @@ def settle(gm: fx.GraphModule, ctx: PassContext) -> int:
     and has no sync of its own, and keeps gemc's kernel (``attention_prices`` repriced
     so); any other stays the model's attention, ungrouped, with the pass's skip reason and
     warning. Returns how many it ungrouped."""
-    in_place = {name for n in gm.graph.nodes
-                if isinstance(f := n.meta.get(ir.PACKED_REGION), dict)
-                for name in f.get("in_place") or ()}
+    regions = {f["id"]: f for n in gm.graph.nodes
+               if isinstance(f := n.meta.get(ir.PACKED_REGION), dict) and "id" in f}
+    in_place = {name: rid for rid, f in regions.items() for name in f.get("in_place") or ()}
     ungrouped = 0
     for node in list(gm.graph.nodes):
         pending = node.meta.pop(PENDING, None)
@@ -117,12 +131,11 @@ def settle(gm: fx.GraphModule, ctx: PassContext) -> int:
         if pending is None or not isinstance(facts, dict):
             continue
         skip_key, warning, why = pending
-        if node.name in in_place or ir.PACKED in node.meta:
-            choice = dict(facts.get("attention_prices") or {})
-            choice.update(gemc_ms=choice.get("kernel_ms"), copies_ms=0.0, guarded=False,
-                          note="run on its packed region's tokens: no copies, no sync of "
-                               "its own")
-            facts["attention_prices"] = choice
+        packed = node.meta.get(ir.PACKED)
+        rid = in_place.get(node.name, packed.get("id") if isinstance(packed, dict) else None)
+        if node.name in in_place or packed is not None:
+            facts["attention_prices"] = _on_region(dict(facts.get("attention_prices") or {}),
+                                                   regions.get(rid))
             continue
         gid = facts.get("id")
         for n in gm.graph.nodes:
@@ -133,6 +146,24 @@ def settle(gm: fx.GraphModule, ctx: PassContext) -> int:
         ctx.warn(warning.format(node=node.name, why=why))
         ungrouped += 1
     return ungrouped
+
+
+def _on_region(choice: dict[str, Any], region: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A kept match's recorded prices as its packed region runs it: no copies, no sync of
+    its own, and, where the region's sample gives the share of the padded scores its
+    attentions compute (``attention_fill``) and the match was priced at another fill, the
+    kernel's time scaled to it (the kernel's work is its score tiles)."""
+    kernel = choice.get("kernel_ms")
+    note = "run on its packed region's tokens: no copies, no sync of its own"
+    share = region.get("attention_fill") if region else None
+    priced_at = choice.get("fill")
+    if kernel is not None and share is not None and priced_at:
+        kernel = float(kernel) * float(share) / float(priced_at)
+        note += f"; its scores the region's sample share, {float(share):.3g} of the padded"
+        choice.update(kernel_ms=kernel, fill=float(share),
+                      fill_source="its packed region's sample (attention_fill)")
+    choice.update(gemc_ms=kernel, copies_ms=0.0, guarded=False, note=note)
+    return choice
 
 
 def _reason(prices: AttentionPrices, output: fx.Node, facts: Mapping[str, Any]) -> str:
@@ -210,7 +241,7 @@ def _fill(gm: fx.GraphModule, facts: Mapping[str, Any], ctx: PassContext
     capacity = shape[0] * shape[-1] if len(shape) >= 2 else 0
     tokens = int(sampled.get("sample_tokens", 0))
     share = tokens / capacity if capacity else float(sampled["fill"])
-    return min(1.0, share), "the sample batch's kept tokens", \
+    return min(1.0, share), SAMPLED, \
         bool(sampled.get("sample_not_prefix"))
 
 

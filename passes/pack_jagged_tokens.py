@@ -133,6 +133,20 @@ among ties, and the copies are ties; a scan; the output), an operand varying by 
 (a position embedding), a dropout (its copies differ) or an attention in the region keeps
 the history padded, the warning saying why.
 
+Around a guarded attention whose history a reader after it reads unmasked (TransAct: an
+un-masked max pool over the encoder's outputs and a slice of its first tokens, under a key
+mask that is no prefix: padding OR a recent-time window), the history packs over padding
+representatives laid out from its sources (``pad_reps.follow_around_attention``,
+``rep_layout: "sources"``): each row keeps its tokens up to the last position where a
+source differs from the row's last position, and one representative for the trailing run
+(computed per call: ``guard_sample.trailing_lengths``; there is no miss to fall back on).
+Token-wise ops run on those tokens; so does every attention in the region (a per-key
+mask, not causal, listed as ``rep_attentions``): each real key biased by its own mask
+entry, each representative key by the ``logsumexp`` of the entries it stands for
+(``packed_tokens.rep_attention``); the readers outside the region read the value
+scattered back, each row's representative on its padded positions (eager's padded value). A source the check cannot compute ahead
+(ids looked up in a buffer) is checked through its token-wise origin (the raw ids).
+
 Every history left padded is a warning (in the plan's ``warnings``) naming the reader, its
 op and what it reduces over, and the module it was traced in (:func:`why_read`): e.g. "a
 reduction over the token axis (amax over the B*L = 2048*512 rows in amax_1, from
@@ -170,7 +184,13 @@ from .jagged_patterns import (
     keep_of,
     zero_padded_source,
 )
-from .pad_reps import follow_weighted, reductions, rep_facts
+from .pad_reps import (
+    follow_around_attention,
+    follow_weighted,
+    outside_readers,
+    reductions,
+    rep_facts,
+)
 from .row_reads import follow_with_reads, read_specs, unproven_reader
 
 aten = torch.ops.aten
@@ -426,6 +446,12 @@ class PackJaggedTokens:
                                keep_of(mask) or mask, int(ir.shape_of(mask)[0]),
                                int(facts["max_len"]), prefix=True)
             found = _guarded_flow(gm, node, key_mask)
+            extra: dict[str, Any] | None = None
+            if isinstance(found, str) and found.startswith("padding rows"):
+                # read unmasked after the attention (TransAct's max pool over every
+                # position): padding as one representative per row, laid out from the
+                # sources, the attention on padded operands (pad_reps)
+                extra, found = _reps_around(gm, node, key_mask, found)
             if isinstance(found, str):
                 node.meta[PACKED_SKIPPED] = found
                 ctx.warn(f"pack-jagged-tokens: the sequence around {node.name} stays padded "
@@ -434,7 +460,8 @@ class PackJaggedTokens:
             flow, starts = found
             # compact: the same flow without the prefix assumption (no causal attention
             # relying on the padding being a suffix), so kept positions in any order pack
-            compact = _compact(flow, _guarded_flow(gm, node, replace(key_mask, prefix=False)))
+            compact = extra is None and _compact(
+                flow, _guarded_flow(gm, node, replace(key_mask, prefix=False)))
             if set(flow.carriers) & taken or set(flow.zeroed) & taken:
                 node.meta[PACKED_SKIPPED] = "overlap"
                 ctx.warn(f"pack-jagged-tokens: the sequence around {node.name} stays padded "
@@ -444,7 +471,7 @@ class PackJaggedTokens:
             rid = f"packed_tokens_{first + count}"
             count += 1
             taken |= set(_guarded_entry(gm, rid, flow, starts, key_mask, mask, compact,
-                                        [node], ctx))
+                                        [node], ctx, extra))
         return around
 
 
@@ -813,3 +840,22 @@ def _with_reps(gm: fx.GraphModule, starts: list[fx.Node], key_mask: KeyMask, why
         # weighting would handle, so the one to change), in the plain flow's terms
         return None, found
     return None, f"{why}; padding as one weighted token per row does not apply: {found}"
+
+
+def _reps_around(gm: fx.GraphModule, attention: fx.Node, key_mask: KeyMask, why: str
+                 ) -> tuple[dict[str, Any] | None, tuple[PaddingFlow, list[fx.Node]] | str]:
+    """The flow around a guarded ``attention`` whose history some reader reads unmasked,
+    with padding representatives laid out from the sources (``pad_reps.
+    follow_around_attention``: such readers read the region value scattered, i.e. eager's
+    padded value) and their facts; or ``why`` the plain flow failed, with the reason
+    representatives do not apply (a causal attention, a mask varying by query, a
+    position embedding, a dropout)."""
+    starts = _history_starts(attention, key_mask.batch, key_mask.length)
+    found = _flow_from(gm, starts, key_mask, follow_around_attention)
+    if not isinstance(found, str):
+        outside_readers(found[0])
+        facts = rep_facts(gm, found[0], key_mask, reductions(found[0]), around=True)
+        if isinstance(facts, dict):
+            return facts, found
+        found = facts
+    return None, f"{why}; padding as one representative per row does not apply: {found}"

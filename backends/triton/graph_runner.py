@@ -52,7 +52,13 @@ import torch
 from torch import fx
 
 from gemc import ir
-from gemc.guard_sample import guard_inputs, mask_rows, padding_reps, reader_positions
+from gemc.guard_sample import (
+    guard_inputs,
+    mask_rows,
+    padding_reps,
+    reader_positions,
+    source_reps,
+)
 
 from . import kinds as registry
 from . import packed_tokens as packed
@@ -510,22 +516,39 @@ class GraphRunner:
         name = str(region["name"])
         if name in self._guards:
             return
-        mask = mask_rows(env[self.by_name[region["mask"]]])
-        additive = bool(region.get("additive", False))
-        reads = reader_positions(region.get("reads") or (),
-                                 {n: env[self.by_name[n]] for n in guard_inputs(region)[1:]},
-                                 int(mask.shape[0]), int(mask.shape[1]), mask.device)
-        offsets, check = packed.region_check(mask, additive, reads)
-        reps = bool(region.get("pad_rep"))
-        if reps:  # padded entries equal within each row: one weighted token stands for them
+        if region.get("rep_layout") == "sources":  # the layout from the sources' runs
+            sources = [env[self.by_name[n]] for n in region["rep_sources"]]
+            batch, length = int(sources[0].shape[0]), int(region["max_len"])
+            lengths, check = source_reps(sources, batch, length)
+            mask = sources[0]
+            reps, offsets = True, packed.rep_offsets(lengths, length)
+        else:
+            mask = mask_rows(env[self.by_name[region["mask"]]])
+            additive = bool(region.get("additive", False))
+            reads = reader_positions(region.get("reads") or (),
+                                     {n: env[self.by_name[n]]
+                                      for n in guard_inputs(region)[1:]},
+                                     int(mask.shape[0]), int(mask.shape[1]), mask.device)
+            offsets, check = packed.region_check(mask, additive, reads)
+            reps = bool(region.get("pad_rep"))
+        if reps and region.get("rep_layout") != "sources":
+            # padded entries equal within each row: one weighted token stands for them
             sources = [env[self.by_name[n]] for n in region["rep_sources"]]
             check = torch.cat([check, padding_reps(offsets[1:] - offsets[:-1], sources,
                                                    int(mask.shape[1]))])
             offsets = packed.rep_offsets(offsets[1:] - offsets[:-1], int(region["max_len"]))
         flags = check.tolist()  # the sync
         compact = bool(region.get("compact", False))
-        ok = packed.packs(flags, bool(region.get("every_row", False)), compact)
-        packed.GUARD_STATS.count(ok, flags)
+        # a source that needs its own gradient per position: run padded (GuardStats)
+        grad = region.get("rep_layout") == "sources" and any(
+            s.requires_grad for s in sources)
+        # a layout from the sources as large as the padded tensor (no trailing run longer
+        # than one position): the padded computation, without the conversions
+        whole = region.get("rep_layout") == "sources" and \
+            int(flags[2]) + int(flags[6]) >= int(sources[0].shape[0]) * int(region["max_len"])
+        ok = packed.packs(flags, bool(region.get("every_row", False)), compact) \
+            and not grad and not whole
+        packed.GUARD_STATS.count(ok, flags, grad)
         self._guards[name] = ok
         if not ok:
             return
@@ -694,6 +717,25 @@ class GraphRunner:
         if layout.positions is not None:  # kept positions that are not a prefix
             return None
         return [env[n] for n in nodes[:-1]], layout
+
+    def packed_rep_attention(self, entry: dict[str, Any], env: dict[fx.Node, Any]) -> bool:
+        """A ``key_padding_attention`` entry of a region with padding representatives
+        (its ``rep_attentions``) on a packed call: on the region's tokens, each key biased
+        by its mask entry and each representative by the entries it stands for
+        (``packed_tokens.rep_attention``), its output stored packed. Returns whether it
+        applied (else the caller runs it padded: scattered, eager's values)."""
+        out = self.by_name[str(entry.get("output", entry["nodes"][0]))]
+        region = self.region_of.get(out)
+        nodes = [self.by_name[entry[x]] for x in ("q", "k", "v")]
+        if region is None or out.name not in region.get("rep_attentions", ()) \
+                or not all(n in self.packed for n in (*nodes, out)):
+            return False
+        mask = self._padded(self.by_name[str(entry["mask"])], env)
+        dims = tuple(self.packed[n] for n in (*nodes, out))
+        env[out] = packed.rep_attention(*(env[n] for n in nodes), dims,
+                                        self._region_layout(out, env), mask,
+                                        bool(entry["additive"]), entry["scale"])
+        return True
 
     def packed_output(self, name: str, value: Any, env: dict[fx.Node, Any]) -> None:
         """A kind's result for region node ``name``, already in the packed layout."""

@@ -379,6 +379,17 @@ def _p_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                    scale, causal)
 
 
+def _p_rep_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     dims: tuple[tuple[int, int], ...], mask: torch.Tensor, additive: bool,
+                     scale: float | None, offsets: torch.Tensor, clamp_min: int,
+                     max_len: int, total: int, positions: Any = None) -> torch.Tensor:
+    """``packed_tokens.rep_attention``: an attention over a layout with padding
+    representatives, each representative key biased by the mask entries it stands for."""
+    return packed_tokens.rep_attention(q, k, v, dims,
+                                       _layout(offsets, clamp_min, max_len, total, positions),
+                                       mask, additive, scale)
+
+
 def _p_exit(x: torch.Tensor, dims: tuple[int, int], row: torch.Tensor, col: torch.Tensor,
             offsets: torch.Tensor, clamp_min: int, max_len: int, total: int,
             positions: Any = None) -> torch.Tensor:
@@ -555,6 +566,22 @@ class Emitter:
         dims = tuple(self.packed[n] for n in nodes)
         args = (*(self.env[n] for n in inputs), dims, *self.region(node), scale)
         self.env[node] = self.call(_p_attention, args if causal is None else (*args, causal))
+        return True
+
+    def packed_rep_attention(self, entry: dict[str, Any]) -> bool:
+        """``GraphRunner.packed_rep_attention`` in the new graph: a region with padding
+        representatives' attention on its tokens (``_p_rep_attention``), its key mask read
+        in the graph; returns whether it applied (nothing is emitted otherwise)."""
+        out = str(entry.get("output", entry["nodes"][0]))
+        nodes = [self.r.by_name[name] for name in (entry["q"], entry["k"], entry["v"], out)]
+        if not all(n in self.packed for n in nodes):
+            return False
+        *inputs, node = nodes
+        dims = tuple(self.packed[n] for n in nodes)
+        mask = self.operand(str(entry["mask"]))
+        self.env[node] = self.call(_p_rep_attention, (
+            *(self.env[n] for n in inputs), dims, mask, bool(entry["additive"]),
+            entry["scale"], *self.region(node)))
         return True
 
     def packed_operands(self, names: Sequence[str]) -> tuple[list[Any], fx.Node] | None:

@@ -57,8 +57,14 @@ class GuardStats:
     # padded calls of a region with padding representatives whose padded entries differed
     # within a row (``gemc.guard_sample.padding_reps``)
     unequal_padding: int = 0
+    # padded calls of a region with padding representatives laid out from its sources
+    # (``rep_layout: "sources"``) whose source input itself requires a gradient: the
+    # packed run gives each representative's position the sum of its copies' gradients,
+    # eager gives each copy its own (parameters' gradients are the same either way)
+    input_grad: int = 0
 
-    def count(self, packed: bool, flags: list[int] | None = None) -> None:
+    def count(self, packed: bool, flags: list[int] | None = None,
+              input_grad: bool = False) -> None:
         """One call's outcome; ``flags``: its check's (:func:`region_check`, with
         :func:`gemc.guard_sample.padding_reps`' two after them in a ``pad_rep`` region)."""
         self.calls += 1
@@ -69,10 +75,11 @@ class GuardStats:
             self.missed_reads += int(bool(flags is not None and len(flags) > 4 and flags[4]))
             self.unequal_padding += int(bool(flags is not None and len(flags) > 5
                                              and flags[5]))
+            self.input_grad += int(input_grad)
 
     def reset(self) -> None:
         self.calls = self.packed = self.padded = self.missed_reads = 0
-        self.unequal_padding = 0
+        self.unequal_padding = self.input_grad = 0
 
     def as_dict(self) -> dict[str, int]:
         """The counts; ``unequal_padding`` only once a call ran padded for it (the report
@@ -81,6 +88,8 @@ class GuardStats:
                "missed_reads": self.missed_reads}
         if self.unequal_padding:
             out["unequal_padding"] = self.unequal_padding
+        if self.input_grad:
+            out["input_grad"] = self.input_grad
         return out
 
 
@@ -551,6 +560,53 @@ def exit_tokens(x: torch.Tensor, dims: Dims, layout: TokenLayout, row: torch.Ten
     return tokens.index_select(0, layout.offsets[row] + col)
 
 
+
+
+def rep_key_bias(mask: torch.Tensor, additive: bool, layout: TokenLayout
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-key score bias of an attention over a layout with padding representatives
+    (``[B, L]`` fp32 by position within the row, what
+    ``gemc::jagged_key_bias_attention_values`` reads) from its ``[B, L]`` key mask (a
+    bool keep-mask or an additive one), and which rows keep some key (``[B]`` bool).
+
+    A real slot's key is biased by its own mask entry; a row's last slot stands for its
+    positions ``p >= width - 1`` (its representative and, in a full row, itself alone):
+    biased by ``logsumexp`` of their mask entries, since ``c`` identical keys with entries
+    ``m_p`` weigh ``sum_p exp(s + m_p) = exp(s + logsumexp(m))`` in the softmax, forward and
+    backward (``-inf`` where none is kept: the empty row's position 0, kept by
+    TransAct's ``mask[:, 0] = 0``, gives its representative ``log 1 = 0``)."""
+    mask = mask_rows(mask)
+    m = mask.float() if additive else \
+        torch.zeros(mask.shape, device=mask.device).masked_fill(~mask.bool(), float("-inf"))
+    suffix = torch.logcumsumexp(m.flip(-1), -1).flip(-1)
+    width = (layout.offsets[1:] - layout.offsets[:-1])[:, None]
+    pos = torch.arange(m.shape[1], device=m.device)[None, :]
+    bias = torch.where(pos < width - 1, m, torch.where(pos == width - 1, suffix, 0.0))
+    return bias, (m > float("-inf")).any(-1)
+
+
+def rep_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  dims: tuple[Dims, ...], layout: TokenLayout, mask: torch.Tensor,
+                  additive: bool, scale: float | None) -> torch.Tensor:
+    """A key-padding attention (not causal, a per-key ``mask``) on the tokens of a region
+    with padding representatives, in place: each row's slots as queries and keys, each
+    key biased by :func:`rep_key_bias`. Equal to the attention on the padded values the
+    representatives scatter to (:func:`scatter`) at every slot; a row keeping no key gives
+    NaN as eager's softmax does."""
+    from . import ops  # noqa: F401  (registers the gemc:: ops)
+
+    qj, kj, vj = one_dtype(*(token_major(x, d) for x, d in zip((q, k, v), dims)))
+    if scale is None:
+        scale = qj.shape[-1] ** -0.5
+    bias, kept = rep_key_bias(mask, additive, layout)
+    out, _ = torch.ops.gemc.jagged_key_bias_attention_values(
+        qj, kj, vj, layout.offsets, bias, layout.max_len, float(scale))
+    row = layout.index("row")
+    out = torch.where(kept[row][:, None, None], out, float("nan"))
+    if q.dim() == 3:  # heads in the batch dim: [T, H, D] -> [H, T, D] at its dims
+        bd, ld = dims[3]
+        return out.movedim((0, 1), (ld, bd))
+    return out.unsqueeze(0).movedim((0, 1), dims[3])
 
 
 def one_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor

@@ -63,6 +63,7 @@ from gemc.guard_sample import (
     mask_rows,
     padding_reps,
     reader_positions,
+    source_reps,
     why_not_ahead,
 )
 
@@ -134,6 +135,9 @@ class RegionGuard:
         # padding representatives: the sources whose padded entries the check compares
         self.rep_sources = [list(r.get("rep_sources") or ()) if r.get("pad_rep") else None
                             for r in regions]
+        # laid out from the sources' trailing runs (``rep_layout: "sources"``): no mask
+        # check, the "mask" being the first source
+        self.from_sources = [r.get("rep_layout") == "sources" for r in regions]
         self.attentions = [str(e["name"]) for e in attentions]
         self.attention_additive = [bool(e.get("additive", False)) for e in attentions]
         self.buckets = buckets or bucket_count()
@@ -155,8 +159,9 @@ class RegionGuard:
         vals = {n.name: n.meta.get("val") for n in gm.graph.nodes}
         masks = [meta_like(vals[name]) for name in self.masks]
         count = len(self.names)
-        for mask, additive in zip(masks[:count], self.additive):
-            packed_tokens.region_check(mask, additive)
+        for mask, additive, sources in zip(masks[:count], self.additive, self.from_sources):
+            if not sources:  # a region laid out from its sources launches no mask check
+                packed_tokens.region_check(mask, additive)
         for mask, additive in zip(masks[count:], self.attention_additive):
             prefix_lengths(mask, additive)
 
@@ -178,11 +183,18 @@ class RegionGuard:
         masks = [mask_rows(m) for m in computed[:len(self.masks)]]
         indices = dict(zip(self.indices, computed[len(self.masks):]))
         count = len(self.names)
-        checked = [self._region_check(m, a, reader_positions(
+        checked = [source_reps([{self.masks[i]: computed[i], **indices}[n]
+                                for n in self.rep_sources[i] or ()],
+                               int(m.shape[0]), int(m.shape[1]))
+                   if self.from_sources[i] else
+                   self._region_check(m, a, reader_positions(
                        reads, indices, int(m.shape[0]), int(m.shape[1]), m.device),
                        reps, indices)
-                   for m, a, reads, reps in zip(masks[:count], self.additive, self.reads,
-                                                self.rep_sources)]
+                   for i, (m, a, reads, reps) in enumerate(zip(
+                       masks[:count], self.additive, self.reads, self.rep_sources))]
+        checked = [(packed_tokens.rep_offsets(offs, int(masks[i].shape[1])), flags)
+                   if self.from_sources[i] else (offs, flags)
+                   for i, (offs, flags) in enumerate(checked)]
         lengths = [prefix_lengths(m, a) for m, a in zip(masks[count:], self.attention_additive)]
         flat = torch.cat([c for _, c in checked]
                          + [bad.sum(0).to(torch.int64) for _, bad in lengths])
@@ -192,11 +204,18 @@ class RegionGuard:
         flags = [values[i * per:(i + 1) * per] for i in range(count)]
         key: list[int | str | None] = []
         offsets = []
-        for (offs, _), f, mask, additive, every_row, compact in zip(
-                checked, flags, masks, self.additive, self.every_row, self.compact):
-            ok = packed_tokens.packs(f, every_row, compact)
-            packed_tokens.GUARD_STATS.count(ok, f)
+        for i, ((offs, _), f, mask, additive, every_row, compact) in enumerate(zip(
+                checked, flags, masks, self.additive, self.every_row, self.compact)):
+            # a source that needs its own gradient per position: padded (GuardStats)
+            grad = self.from_sources[i] and any(
+                {self.masks[i]: computed[i], **indices}[n].requires_grad
+                for n in self.rep_sources[i] or ())
             capacity = int(mask.shape[0]) * int(mask.shape[1])  # B * L: the padded tokens
+            # a layout from the sources as large as the padded tensor (no trailing run
+            # longer than one position): the padded computation, without the conversions
+            whole = self.from_sources[i] and int(f[2]) + int(f[6]) >= capacity
+            ok = packed_tokens.packs(f, every_row, compact) and not grad and not whole
+            packed_tokens.GUARD_STATS.count(ok, f, grad)
             # with padding representatives, one more token on each row with padding
             total = packed_tokens.bucket(int(f[2]) + int(f[6]), capacity, self.buckets) \
                 if ok else None

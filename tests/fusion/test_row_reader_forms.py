@@ -127,14 +127,29 @@ def test_each_form_is_a_checked_reader(read: str):
 
 
 @pytest.mark.parametrize("read", ["flat_no_row_starts", "flat_wrong_stride"])
-def test_a_flat_index_without_one_start_per_row_is_a_reader(read: str):
+def test_a_flat_index_without_one_start_per_row_reads_over_representatives(read: str):
     """A flat index that is not ``arange(B) * L`` plus an offset (no row term; a stride
-    other than ``L``) reads tokens of other rows by construction: the history stays padded
-    and the warning names the reader."""
-    _, ctx, entries, _ = _graph(read, False)
-    assert not [e for e in entries if e["kind"] == "packed_tokens"]
-    assert any("pack-jagged-tokens" in w and "read unmasked by index" in w
-               for w in ctx.warnings), ctx.warnings
+    other than ``L``) reads tokens of other rows by construction: no checked reader, so
+    the history packs over padding representatives laid out from its source
+    (``passes/pad_reps``: each row up to the last position that differs from its last),
+    the reader outside the region reading the value scattered back (eager's padded one);
+    the compiled graph trains as eager on fresh batches: packed where each row's padded
+    rows are one value, padded where they are random (every row keeps all its positions:
+    a layout as large as the padded tensor runs padded, without the conversions)."""
+    gm, ctx, entries, spec = _graph(read, False)
+    (region,) = [e for e in entries if e["kind"] == "packed_tokens"]
+    assert (region["pad_rep"], region["rep_layout"], region["rep_sources"],
+            region["reads"]) == (True, "sources", ["x"], [])
+    assert not [w for w in ctx.warnings if "pack-jagged" in w], ctx.warnings
+    gen = torch.Generator().manual_seed(fresh_seed())
+    pt.GUARD_STATS.reset()
+    x, lengths, keep = batch([1, 6, 2, 6], gen)
+    equal = (torch.where(keep[..., None], x, torch.randn(B, 1, E, generator=gen)),
+             lengths, keep)
+    train_against_eager(cpu_graph_executor(gm, spec.model, entries), spec.model,
+                        [batch([3, 4, 6, 5], gen), equal])
+    assert pt.GUARD_STATS.as_dict() == {"calls": 2, "packed": 1, "padded": 1,
+                                        "missed_reads": 0}
 
 
 def _hit(read: str, gen: torch.Generator) -> tuple[torch.Tensor, ...]:

@@ -164,16 +164,31 @@ def test_packed_where_every_position_is_kept_padded_where_not(read: str, causal:
                                  (True, _hit(read, gen))], causal)
 
 
-def test_an_index_computed_from_the_history_is_a_reader():
+def test_an_index_computed_from_the_history_reads_over_representatives():
     """Positions computed from values the padding reaches (here ``ones_like`` of the
     output, summed: its shape only, but after the values) could not be checked before the
-    region: the reader stays a reader of the padding, named in the warning."""
-    gm, ctx, entries, _ = _graph("from_output", False)
-    assert not [e for e in entries if e["kind"] == "packed_tokens"]
+    region: no checked reader, so the history packs over padding representatives laid out
+    from its source (``passes/pad_reps``), the sum and the indexing outside the region
+    reading the value scattered back (eager's padded one). The compiled graph trains as
+    eager: packed where each row's padded rows are one value, padded where they are
+    random (every row keeps all its positions)."""
+    gm, ctx, entries, spec = _graph("from_output", False)
+    (region,) = [e for e in entries if e["kind"] == "packed_tokens"]
+    assert (region["pad_rep"], region["rep_layout"], region["reads"]) == \
+        (True, "sources", [])
     (attn,) = [e for e in entries if e["kind"] == "key_padding_attention"]
     assert "read_rows" not in attn and attn["zero_padding_queries"] is False
-    assert any("pack-jagged-tokens" in w and "read unmasked by index:" in w
-               for w in ctx.warnings), ctx.warnings
+    assert attn["nodes"][0] in region["rep_attentions"]
+    assert not [w for w in ctx.warnings if "pack-jagged" in w], ctx.warnings
+    gen = torch.Generator().manual_seed(fresh_seed())
+    x, lengths, keep = batch([1, 6, 2, 3], gen)  # no empty row: eager's NaN there
+    equal = (torch.where(keep[..., None], x, torch.randn(B, 1, E, generator=gen)),
+             lengths, keep)
+    pt.GUARD_STATS.reset()
+    train_against_eager(cpu_graph_executor(gm, spec.model, entries), spec.model,
+                        [equal, batch([3, 4, 6, 5], gen)])
+    assert pt.GUARD_STATS.as_dict() == {"calls": 2, "packed": 1, "padded": 1,
+                                        "missed_reads": 0}
 
 
 def test_the_compiled_graph_reads_the_tokens_and_falls_back_on_a_miss():

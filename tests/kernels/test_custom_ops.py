@@ -353,6 +353,31 @@ def test_values_attention_op_passes_opcheck_and_is_sdpa_within_each_sequence(cau
         assert not want[7:].any()
 
 
+def test_key_bias_values_attention_op_passes_opcheck_and_is_sdpa_with_that_bias():
+    """``gemc::jagged_key_bias_attention_values`` (a region with padding representatives'
+    attention): per sequence of the ``[T, H, D]`` values, SDPA with the per-key bias by
+    position (``-inf`` a key no query sees), forward and backward."""
+    g = torch.Generator().manual_seed(5)
+    offsets = torch.tensor([0, 3, 3, 7])  # slots 7, 8 are spare
+    q, k, v = (torch.randn(9, 2, 4, generator=g, requires_grad=True) for _ in range(3))
+    bias = torch.randn(3, 4, generator=g)
+    bias[0, 1] = bias[2, 3] = float("-inf")
+    torch.library.opcheck(torch.ops.gemc.jagged_key_bias_attention_values.default,
+                          (q, k, v, offsets, bias, 4, 0.5), test_utils=STATIC)
+    out, _ = torch.ops.gemc.jagged_key_bias_attention_values(q, k, v, offsets, bias, 4, 0.5)
+    w = torch.randn(9, 2, 4, generator=g)
+    grads = torch.autograd.grad((out[:7] * w[:7]).sum(), (q, k, v))
+    qr, kr, vr = (x.detach().clone().requires_grad_() for x in (q, k, v))
+    ref = torch.cat([torch.nn.functional.scaled_dot_product_attention(
+        *(x[a:e].transpose(0, 1) for x in (qr, kr, vr)), scale=0.5,
+        attn_mask=bias[row, :e - a][None, None, :]).transpose(0, 1)
+        for row, (a, e) in ((0, (0, 3)), (2, (3, 7)))])
+    torch.testing.assert_close(out[:7], ref, atol=1e-5, rtol=1e-5)
+    expected = torch.autograd.grad((ref * w[:7]).sum(), (qr, kr, vr))
+    for got, want in zip(grads, expected):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+
+
 def test_embedding_bag_op_looks_up_and_its_backward_is_the_fused_optimizer_step():
     """``gemc::embedding_bag`` answers as the module does (fake and schema checked), and
     its backward, ``gemc::embedding_bag_update``, moves the weights exactly as the module's

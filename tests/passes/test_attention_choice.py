@@ -16,6 +16,7 @@ from gemc.passes.attention_choice import ENV, KEPT_PADDED
 from gemc.passes.match_jagged_attention import SKIPPED
 from torch import nn
 
+from gemc import ir
 from gemc.errors import GemcUserError
 from gemc.spec import ModelSpec
 from tests.fusion.helpers import compiled, entries_of, fresh_seed, run_against_eager
@@ -31,14 +32,17 @@ SHAPES = {  # batch, length, heads, head dim, longest history / length
 
 class Tower(nn.Module):
     """Self-attention over a history under a boolean keep-mask input (data: the guarded
-    attention), every position read by a max pool (as TransAct's: no packed region, every
-    query row computed)."""
+    attention), every position read by a max pool (as TransAct's, every query row
+    computed). Unpooled, a learned position embedding keeps the tower padded: an un-masked
+    max pool alone now packs over padding representatives (pad_reps), so without it the
+    region, not the choice, would decide."""
 
     def __init__(self, items: int, heads: int, head_dim: int, pooled: bool = False) -> None:
         super().__init__()
         e = heads * head_dim
         self.heads, self.pooled = heads, pooled
         self.emb = nn.Embedding(items, e)
+        self.pos = None if pooled else nn.Parameter(0.02 * torch.randn(1024, e))
         self.qkv = nn.Linear(e, 3 * e)
         self.out = nn.Linear(e, e)
         self.head = nn.Linear(e, 1)
@@ -46,6 +50,8 @@ class Tower(nn.Module):
     def forward(self, ids: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         b, length = ids.shape
         x = self.emb(ids)
+        if self.pos is not None:
+            x = x + self.pos[:length]
         q, k, v = self.qkv(x).view(b, length, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None, None, :])
         o = self.out(o.transpose(1, 2).reshape(b, length, -1))
@@ -161,7 +167,6 @@ def test_settle_keeps_a_match_a_packed_region_runs_and_ungroups_the_rest():
     offsets), repriced without copies and sync; ungrouped, loudly, elsewhere."""
     from gemc.passes.attention_choice import PENDING, settle
 
-    from gemc import ir
     from gemc.context import PassContext
 
     graph = torch.fx.Graph()
@@ -185,3 +190,46 @@ def test_settle_keeps_a_match_a_packed_region_runs_and_ungroups_the_rest():
     assert ir.KERNEL not in dropped.meta and ir.GROUP not in dropped.meta
     assert dropped.meta[SKIPPED] == "kept-padded: x"
     assert ctx.warnings == [f"{dropped.name} stays padded SDPA (kept-padded: x)"]
+
+
+def test_settle_prices_a_kept_match_at_its_regions_sampled_share():
+    """A match priced at fill 1 for want of a sample (TransAct's mask reads a buffer the
+    capture on meta has no values of) is pending too; kept in a packed region whose sample
+    gives its attentions' share of the padded scores, its kernel is repriced at that share."""
+    from gemc.passes.attention_choice import PENDING, settle
+
+    from gemc.context import PassContext
+
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    attn = graph.call_function(torch.relu, (x,))
+    region = graph.call_function(torch.neg, (attn,))
+    graph.output(region)
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    attn.meta[ir.GROUP] = "key_padding_attention_0"
+    attn.meta[ir.KERNEL] = {"id": "key_padding_attention_0", "kind": "key_padding_attention",
+                            "attention_prices": {"gemc_ms": 2.67, "kernel_ms": 1.03,
+                                                 "copies_ms": 0.0, "host_ms": 1.64,
+                                                 "padded_ms": 0.697, "guarded": True,
+                                                 "fill": 1.0, "fill_source": "padded: x"}}
+    attn.meta[PENDING] = (SKIPPED, "{node} stays padded SDPA ({why})", "kept-padded: x")
+    region.meta[ir.PACKED_REGION] = {"id": "packed_tokens_0", "in_place": [attn.name],
+                                     "attention_fill": 0.35}
+    assert settle(gm, PassContext()) == 0
+    choice = attn.meta[ir.KERNEL]["attention_prices"]
+    assert choice["kernel_ms"] == pytest.approx(1.03 * 0.35) == choice["gemc_ms"]
+    assert choice["fill"] == 0.35 and "region" in choice["fill_source"]
+    assert not choice["guarded"] and choice["gemc_ms"] < choice["padded_ms"]
+
+
+def test_transact_packs_and_keeps_its_attentions_under_the_priced_choice(monkeypatch):
+    """The zoo's TransAct at h200 (on meta), priced (not forced): its guarded attentions' fill cannot be
+    sampled at compile (a buffer lookup on meta), so the choice waits for pack-jagged-tokens,
+    whose region over padding representatives runs them on its tokens, and keeps them."""
+    monkeypatch.setenv(ENV, "priced")
+    gm, ctx, _ = compiled("examples/zoo/transact.py:build", {"preset": "h200"})
+    entries = entries_of(gm, ctx, ["key_padding_attention"])
+    assert len(entries) == 2
+    regions = [f for n in gm.graph.nodes if (f := n.meta.get(ir.PACKED_REGION))]
+    assert regions
+    assert not any(KEPT_PADDED in w for w in ctx.warnings)

@@ -118,17 +118,23 @@ def test_a_run_time_mask_gives_a_guarded_region():
     assert [w.split(":")[0] for w in ctx.warnings] == ["guarded-region fill"], ctx.warnings
 
 
-def test_a_sequence_mixing_op_keeps_the_guarded_history_padded():
+def test_a_sequence_mixing_op_reads_the_guarded_history_over_representatives():
+    """A scan over the positions after the attention reads the padded tokens: the history
+    packs over padding representatives laid out from its source (``pad_reps``), the scan
+    outside the region reading the value scattered back (eager's padded value)."""
     gm, ctx = _padded(mix=True)
-    check_graph(gm, """
-        CHECK-NOT: packed=
+    check_graph(gm, f"""
+        CHECK: aten.linear.default(%x, %p_qkv_weight
+        CHECK-SAME: packed_region={{id:packed_tokens_0,kind:packed_tokens,guard:prefix-check,
+        CHECK-SAME: mask:x,additive:False,compact:False,in_place:[],
+        CHECK-SAME: pad_rep:True,rep_sources:['x'],
+        CHECK-SAME: rep_layout:sources,rep_attentions:['scaled_dot_product_attention']
         CHECK: aten.scaled_dot_product_attention.default(
-        CHECK-SAME: packed_skipped=padding rows of x may be read unmasked by cumsum
+        CHECK-SAME: {REGION}[0, 2],
+        CHECK: %cumsum = aten.cumsum.default(
         CHECK-NOT: packed=
     """)
-    assert any("stays padded (padding rows of x may be read unmasked by cumsum: a scan over "
-               "the token axis (cumsum over the L = 4 positions of each row in cumsum" in w
-               for w in ctx.warnings), ctx.warnings
+    assert [w.split(":")[0] for w in ctx.warnings] == ["guarded-region fill"], ctx.warnings
 
 
 def test_an_extended_mask_is_read_as_the_keep_mask_it_is_made_from():
@@ -155,8 +161,13 @@ def test_an_extended_mask_is_read_as_the_keep_mask_it_is_made_from():
 def test_a_multiply_by_an_additive_mask_does_not_zero_the_padding():
     """``y * ((1.0 - keep.float()) * -1e4)``: the same keep-mask, additive: it scales the
     padding rows by -1e4 and the kept ones by 0. No zeroing multiply: the sum over the
-    positions reads the padding, and the history stays padded."""
+    positions reads the padding, so the history packs only over padding representatives,
+    the additive mask (varying by position, computed from the batch) one of the sources
+    the layout compares, the sum outside the region."""
     gm, ctx = _padded(False, pool_additive=True)
-    assert not [n for n in gm.graph.nodes if ir.PACKED in n.meta]
-    assert any("stays padded (padding rows of x may be read unmasked by sum" in w
-               for w in ctx.warnings), ctx.warnings
+    (region,) = [n.meta[ir.PACKED_REGION] for n in gm.graph.nodes
+                 if ir.PACKED_REGION in n.meta]
+    assert (region["pad_rep"], region["rep_layout"]) == (True, "sources")
+    assert region["rep_sources"][0] == "x" and len(region["rep_sources"]) == 2
+    sums = [n for n in gm.graph.nodes if n.target is torch.ops.aten.sum.default]
+    assert sums and not [n for n in sums if ir.PACKED in n.meta]

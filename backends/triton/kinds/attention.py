@@ -181,6 +181,8 @@ def key_padding_checked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 def key_padding_run(runner: GraphRunner, unit: Unit, env: Env) -> None:
     e = unit["entry"]
+    if runner.packed_rep_attention(e, env):  # on a region's tokens, representative keys
+        return
     q, k, v, mask = (runner.operand(name, env) for name in _operands(e))
     indices = {name: runner.operand(name, env) for name in _read_indices(e)}
     runner.output(e.get("output", e["nodes"][0]),
@@ -224,6 +226,10 @@ def _checked_by_region(emitter: Emitter, entry: Entry) -> bool:
     region = emitter.packed_guarded_region(out)
     if region is None:
         return False
+    if out in region.get("rep_attentions", ()):
+        # a region with padding representatives: on its tokens, representative keys
+        # biased by the count they stand for (``packed_tokens.rep_attention``)
+        return emitter.packed_rep_attention(entry)
     same = (entry.get("mask") == region["mask"]
             and bool(entry.get("additive")) == bool(region.get("additive"))) \
         or out in region.get("in_place", ())
