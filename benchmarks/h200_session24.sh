@@ -19,6 +19,8 @@
 #   GEMC_COMMIT=<sha> bash benchmarks/h200_session24.sh 7   # twenty-sixth session: the kernel
 #       # tests with 150 s (60 s cut them short on an H100); the replica groups' graph step
 #       # (capture on the batch's device); masked_tower at 25 and 100% fill with torch.compile
+#   GEMC_COMMIT=<sha> bash benchmarks/h200_session24.sh 8   # TransAct packed over padding
+#       # representatives, torch.compile and gemc (zoo.py; < 5 min)
 set -uo pipefail
 source scripts/device_record.sh
 t0=$SECONDS
@@ -91,6 +93,12 @@ elif [ "$part" = 5 ] || [ "$part" = 6 ] || [ "$part" = 7 ]; then
   echo "== din, torch.compile and gemc (exit $?, $((SECONDS - t0)) s)"
   cp /tmp/din/zoo.json "$OUT/din.json" 2>/dev/null
   grep -vE "Warning|warn" "$OUT/din.log" | grep -E "din|compile|gemc|guard|step" | tail -12 | cut -c1-250
+elif [ "$part" = 8 ]; then
+  timeout 400 python3 benchmarks/zoo.py --out /tmp/transact --models transact \
+    --variants compile,gemc --steps 10 --warmup 3 > "$OUT/transact.log" 2>&1
+  echo "== transact, torch.compile and gemc (exit $?, $((SECONDS - t0)) s)"
+  cp /tmp/transact/zoo.json "$OUT/transact.json" 2>/dev/null
+  grep -vE "Warning|warn" "$OUT/transact.log" | grep -E "transact|compile|gemc|guard|step" | tail -12 | cut -c1-250
 elif [ "$part" = 4 ]; then
   zoo_attentions 220
 fi
