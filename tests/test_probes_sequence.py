@@ -101,6 +101,27 @@ def _close(name: str, got: list[float], ref: list[float]) -> None:
     assert_losses_match(name, got, ref, STEPS, RTOL)
 
 
+_RUNS: dict[str, tuple[list[float], dict[str, int], list[float]]] = {}
+
+
+def _one_rank(name: str) -> tuple[list[float], dict[str, int], list[float]]:
+    """Case ``name`` compiled at h200:1x1 and run on one rank with its kernels for STEPS
+    steps: (losses, the packed-region guard's counts over the run, eager's losses). Run
+    once per module: the tests that read the same run (every case's match against eager,
+    the guarded causal kernel's counts) share it."""
+    from gemc.backends.triton.packed_tokens import GUARD_STATS
+
+    if name not in _RUNS:
+        plan = variant(_compiled(name, "h200:1x1"), kernels=True)
+        GUARD_STATS.reset()
+        res = run(plan, RunOptions(steps=STEPS, device="cpu", progress=False))
+        guard = GUARD_STATS.as_dict()
+        module, args = CASES[name]
+        ref = reference_losses(load_model(_entry(module), args), steps=STEPS, world_size=1)
+        _RUNS[name] = ([loss for _, loss in res.losses], guard, ref)
+    return _RUNS[name]
+
+
 # these run on two ranks only (module mode, fast): their key-padding kernel takes ~10 s
 # interpreted on one rank (the zoo's BST and TransAct run it, prefix and compacted; the
 # left-padded one matched eager with it when probed), the AUGRU loop's pointwise ~5 s
@@ -113,11 +134,8 @@ ONE_RANK = [name for name in CASES if name not in TWO_RANKS_ONLY]
 def test_compiles_and_one_rank_matches_eager(name: str) -> None:
     for topology in ("h200:1x1", "h200:1x8"):
         validate_plan(_compiled(name, topology))
-    plan = variant(_compiled(name, "h200:1x1"), kernels=True)
-    res = run(plan, RunOptions(steps=STEPS, device="cpu", progress=False))
-    module, args = CASES[name]
-    ref = reference_losses(load_model(_entry(module), args), steps=STEPS, world_size=1)
-    _close(name, [loss for _, loss in res.losses], ref)
+    losses, _, ref = _one_rank(name)
+    _close(name, losses, ref)
 
 
 @pytest.mark.parametrize("name", ["sasrec_positions", "sasrec_positions_left"])
@@ -129,20 +147,13 @@ def test_a_causal_mask_plus_a_key_padding_mask_is_the_guarded_causal_kernel(name
     before the loss). Now each layer is the guarded causal key-padding kernel inside a
     packed region checked once a step, and the run is eager's: right padding packs as a
     prefix, left padding (pmixer's layout) with its kept positions compacted in order."""
-    from gemc.backends.triton.packed_tokens import GUARD_STATS
-
     plan = _compiled(name, "h200:1x1")
     entries = [k for k in plan["kernels"] if k["kind"] == "key_padding_attention"]
     assert len(entries) == 2 and all(e["causal"] and e["additive"] for e in entries), entries
     assert any(k["kind"] == "packed_tokens" for k in plan["kernels"])
-    GUARD_STATS.reset()
-    res = run(variant(plan, kernels=True), RunOptions(steps=STEPS, device="cpu",
-                                                      progress=False))
-    module, args = CASES[name]
-    ref = reference_losses(load_model(_entry(module), args), steps=STEPS, world_size=1)
-    _close(name, [loss for _, loss in res.losses], ref)
-    assert GUARD_STATS.as_dict() == {"calls": STEPS, "packed": STEPS, "padded": 0,
-                                     "missed_reads": 0}
+    losses, guard, ref = _one_rank(name)  # the run test_compiles_and_one_rank_matches_eager checks
+    _close(name, losses, ref)
+    assert guard == {"calls": STEPS, "packed": STEPS, "padded": 0, "missed_reads": 0}
 
 
 @pytest.mark.parametrize("name", ["sasrec_causal", "bert4rec", "bert4rec_left_padded"])

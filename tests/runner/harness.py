@@ -249,14 +249,37 @@ def run_scenarios(world: int, scenarios: list[dict[str, Any]], out: Path) -> dic
     order, all-reduces per step inside the embedding optimizer's step, the run report's
     ``embedding_exchange`` and ``exchange_precision``, and the
     warnings the run raised."""
-    mp.start_processes(
-        _worker,
-        args=(world, free_port(), scenarios, str(out)),
-        nprocs=world,
-        join=True,
-        start_method="spawn",
-    )
+    start_ranks(_worker, (world, free_port(), scenarios, str(out)), world)
     return json.loads(out.read_text())
+
+
+# What a rank imports before it runs anything: imported once, by multiprocessing's fork
+# server (one per pytest process, started at its first launch, ~3 s of CPU), instead of
+# by every rank (measured: ~3 s of CPU less a rank; the suite starts ~44 ranks). What
+# these modules read from the environment at import (TRITON_INTERPRET, chosen by
+# tests/conftest.py before any test) is the server's: the same for every test.
+RANK_PRELOAD = ("torch", "torch.distributed", "torch.distributed.checkpoint",
+                "torch.distributed.fsdp", "torch.export", "torch._dynamo", "gemc.capture",
+                "gemc.backends.torch.runner", "tests.runner.harness")
+
+
+def start_ranks(fn: Any, args: tuple[Any, ...], nprocs: int) -> None:
+    """``fn(rank, *args)`` in ``nprocs`` new processes, joined (an exception in one is
+    raised here). Each is a process of its own that ran nothing before ``fn``, as
+    ``spawn``'s are, but forked from a server that has imported :data:`RANK_PRELOAD`
+    (``forkserver``) rather than started from a bare interpreter; it gets this process's
+    environment, working directory and ``sys.path`` at the call, as a spawned one does."""
+    mp.set_forkserver_preload(list(RANK_PRELOAD))
+    mp.start_processes(_in_environment, args=(fn, dict(os.environ), args), nprocs=nprocs,
+                       join=True, start_method="forkserver")
+
+
+def _in_environment(rank: int, fn: Any, env: dict[str, str], args: tuple[Any, ...]) -> None:
+    """A forked rank: the launching process's environment (the fork server keeps the one
+    it started with), then ``fn``."""
+    os.environ.clear()
+    os.environ.update(env)
+    fn(rank, *args)
 
 
 def torchrun(

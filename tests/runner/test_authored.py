@@ -180,12 +180,9 @@ def _replica_worker(rank: int, world: int, port: int, out: str) -> None:
 
 
 def test_every_replica_starts_from_rank_0s_author_values(tmp_path) -> None:
-    import torch.multiprocessing as mp
-
-    from tests.runner.harness import free_port
+    from tests.runner.harness import free_port, start_ranks
 
     out = tmp_path / "values.json"
-    mp.start_processes(_replica_worker, args=(2, free_port(), str(out)), nprocs=2,
-                       join=True, start_method="spawn")
+    start_ranks(_replica_worker, (2, free_port(), str(out)), 2)
     values = json.loads(out.read_text())
     assert values[0] == values[1]  # the processes' own draws differed; rank 0's won

@@ -29,8 +29,9 @@ def test_interpreter_only_for_cpu_runs() -> None:
 def test_smoke_runs_all_variants_with_matching_losses(tmp_path: Path) -> None:
     e2e = _module()
     out = tmp_path / "e2e.json"
-    # batch 4: the gemc variant's kernels run interpreted, their time grows with the batch
-    assert e2e.main(["--smoke", "--steps", "2", "--profile", "1", "--batch-size", "4",
+    # batch 2: the gemc variant's kernels run interpreted, their time grows with the batch
+    # (batch 4 cost 7.5 s more CPU; what is checked here does not depend on it)
+    assert e2e.main(["--smoke", "--steps", "2", "--profile", "1", "--batch-size", "2",
                      "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["isolated"]  # each variant ran in its own child process

@@ -22,9 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch.multiprocessing as mp
 
-from tests.runner.harness import free_port, gloo_process
+from tests.runner.harness import free_port, gloo_process, start_ranks
 
 ROWS, DIM, PAD, B, STEPS, WORLD = 30, 8, 3, 4, 3, 2
 
@@ -185,8 +184,7 @@ def _worker(rank: int, port: int, path: str) -> None:
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     path = str(tmp_path_factory.mktemp("fused_owner") / "out.json")
-    mp.start_processes(_worker, args=(free_port(), path), nprocs=WORLD, join=True,
-                       start_method="spawn")
+    start_ranks(_worker, (free_port(), path), WORLD)
     out: dict[str, Any] = {}
     for r in range(WORLD):
         out.update(json.loads(Path(f"{path}.{r}").read_text()))

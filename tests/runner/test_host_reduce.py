@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch.multiprocessing as mp
 
-from tests.runner.harness import free_port, gloo_process, step_and_record, variant
+from tests.runner.harness import free_port, gloo_process, start_ranks, step_and_record, variant
 
 ROWS, DIM, B, L, WORLD, GPH, STEPS = 24, 8, 4, 2, 4, 2, 2
 PAD = 5
@@ -213,8 +212,7 @@ def results(tmp_path_factory: pytest.TempPathFactory, base_plans) -> dict[int, d
     assert plan["topology"]["hosts"] == 2 and plan["topology"]["gpus_per_host"] == GPH
     write_plan(where / "plan.json", plan)
     path = str(where / "out.json")
-    mp.start_processes(_worker, args=(free_port(), path, [str(where / "plan.json")]),
-                       nprocs=WORLD, join=True, start_method="spawn")
+    start_ranks(_worker, (free_port(), path, [str(where / "plan.json")]), WORLD)
     return {rank: json.loads(Path(f"{path}.{rank}").read_text()) for rank in range(WORLD)}
 
 

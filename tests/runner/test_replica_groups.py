@@ -254,13 +254,10 @@ def test_two_gloo_ranks_step_grouped_as_per_table(tmp_path: Path) -> None:
     """Two processes, each its own batches: the grouped replicas' one all-reduce (its
     layout by group) gives the per-table path's rows and state bit for bit, in module mode
     (Adam) and in graph mode (row-wise Adagrad; the groups looked up ahead of the graph)."""
-    import torch.multiprocessing as mp
-
-    from tests.runner.harness import free_port
+    from tests.runner.harness import free_port, start_ranks
 
     out = tmp_path / "runs.pt"
-    mp.start_processes(_two_ranks, args=(2, free_port(), str(out)), nprocs=2, join=True,
-                       start_method="spawn")
+    start_ranks(_two_ranks, (2, free_port(), str(out)), 2)
     runs = torch.load(out)
     for got, want in ((True, False), (("graph", True), ("graph", False))):
         for fqn, (weight, state) in runs[got].items():

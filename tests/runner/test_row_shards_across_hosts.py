@@ -19,9 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch.multiprocessing as mp
 
-from tests.runner.harness import free_port, gloo_process, step_and_record
+from tests.runner.harness import free_port, gloo_process, start_ranks, step_and_record
 
 ROWS, DIM, WORLD, GPH, STEPS, SEED, LR = 24, 8, 4, 2, 2, 11, 0.05
 
@@ -127,8 +126,7 @@ def _reference(name: str) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, Any]]:
     path = str(tmp_path_factory.mktemp("row_hosts") / "out.json")
-    mp.start_processes(_worker, args=(free_port(), path), nprocs=WORLD, join=True,
-                       start_method="spawn")
+    start_ranks(_worker, (free_port(), path), WORLD)
     return {rank: json.loads(Path(f"{path}.{rank}").read_text()) for rank in range(WORLD)}
 
 

@@ -18,10 +18,9 @@ from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from tests.runner.harness import free_port, gloo_process, step_and_record
+from tests.runner.harness import free_port, gloo_process, start_ranks, step_and_record
 
 ROWS, DIM, B, L, WORLD, GPH, STEPS = 24, 8, 3, 4, 4, 2, 2
 PAD = 13
@@ -240,8 +239,7 @@ def _worker(rank: int, port: int, path: str) -> None:
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, Any]]:
     path = str(tmp_path_factory.mktemp("owned_rows") / "out.pt")
-    mp.start_processes(_worker, args=(free_port(), path), nprocs=WORLD, join=True,
-                       start_method="spawn")
+    start_ranks(_worker, (free_port(), path), WORLD)
     return {rank: torch.load(f"{path}.{rank}") for rank in range(WORLD)}
 
 
