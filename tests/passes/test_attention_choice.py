@@ -223,11 +223,12 @@ def test_settle_prices_a_kept_match_at_its_regions_sampled_share():
 
 
 def test_transact_packs_and_keeps_its_attentions_under_the_priced_choice(monkeypatch):
-    """The zoo's TransAct at h200 (on meta), priced (not forced): its guarded attentions' fill cannot be
-    sampled at compile (a buffer lookup on meta), so the choice waits for pack-jagged-tokens,
-    whose region over padding representatives runs them on its tokens, and keeps them."""
+    """The zoo's TransAct at h200 shapes (batch 256: both prices scale with it), priced: its
+    guarded attentions' fill cannot be sampled at compile (a buffer lookup on meta), so the
+    choice waits for pack-jagged-tokens, whose region over padding representatives runs
+    them on its tokens, and keeps them (without the wait both keep SDPA: checked)."""
     monkeypatch.setenv(ENV, "priced")
-    gm, ctx, _ = compiled("examples/zoo/transact.py:build", {"preset": "h200"})
+    gm, ctx, _ = compiled("examples/zoo/transact.py:build", {"preset": "h200", "batch_size": 256})
     entries = entries_of(gm, ctx, ["key_padding_attention"])
     assert len(entries) == 2
     regions = [f for n in gm.graph.nodes if (f := n.meta.get(ir.PACKED_REGION))]
