@@ -21,6 +21,8 @@
 #       # (capture on the batch's device); masked_tower at 25 and 100% fill with torch.compile
 #   GEMC_COMMIT=<sha> bash benchmarks/h200_session24.sh 8   # TransAct packed over padding
 #       # representatives, torch.compile and gemc (zoo.py; < 5 min)
+#   GEMC_COMMIT=<sha> bash benchmarks/h200_session24.sh 9   # MMoE after the priced attention
+#       # choice kept its target attention SDPA, torch.compile and gemc (zoo.py; < 6 min)
 set -uo pipefail
 source scripts/device_record.sh
 t0=$SECONDS
@@ -93,12 +95,13 @@ elif [ "$part" = 5 ] || [ "$part" = 6 ] || [ "$part" = 7 ]; then
   echo "== din, torch.compile and gemc (exit $?, $((SECONDS - t0)) s)"
   cp /tmp/din/zoo.json "$OUT/din.json" 2>/dev/null
   grep -vE "Warning|warn" "$OUT/din.log" | grep -E "din|compile|gemc|guard|step" | tail -12 | cut -c1-250
-elif [ "$part" = 8 ]; then
-  timeout 400 python3 benchmarks/zoo.py --out /tmp/transact --models transact \
-    --variants compile,gemc --steps 10 --warmup 3 > "$OUT/transact.log" 2>&1
-  echo "== transact, torch.compile and gemc (exit $?, $((SECONDS - t0)) s)"
-  cp /tmp/transact/zoo.json "$OUT/transact.json" 2>/dev/null
-  grep -vE "Warning|warn" "$OUT/transact.log" | grep -E "transact|compile|gemc|guard|step" | tail -12 | cut -c1-250
+elif [ "$part" = 8 ] || [ "$part" = 9 ]; then
+  model=transact; [ "$part" = 9 ] && model=mmoe
+  timeout 400 python3 benchmarks/zoo.py --out /tmp/$model --models $model \
+    --variants compile,gemc --steps 10 --warmup 3 > "$OUT/$model.log" 2>&1
+  echo "== $model, torch.compile and gemc (exit $?, $((SECONDS - t0)) s)"
+  cp /tmp/$model/zoo.json "$OUT/$model.json" 2>/dev/null
+  grep -vE "Warning|warn" "$OUT/$model.log" | grep -E "$model|compile|gemc|guard|step" | tail -12 | cut -c1-250
 elif [ "$part" = 4 ]; then
   zoo_attentions 220
 fi
