@@ -33,19 +33,21 @@ def test_table_counts_each_variant_and_names_the_ops_that_differ() -> None:
         out.split("forward ops")[1].splitlines()[0]
 
 
-def test_counting_backend_sees_the_forward_and_backward_graphs_and_their_kernels(
-        monkeypatch) -> None:
+def test_counting_backend_sees_the_forward_and_backward_graphs_and_their_kernels() -> None:
     fs = load_benchmark("first_step_cpu")
     counting = fs.Counting()
     torch._dynamo.reset()
     # a compile answered from Inductor's or AOTAutograd's on-disk cache (a test run before
     # this one compiled the same graph) never reaches the counting inner compile; the
-    # benchmark gives each variant an empty cache directory, this test turns the caches off
-    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)
-    monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", False)
-    fn = torch.compile(lambda x: (x.sin() * 2).relu().sum(), backend=counting)
-    x = torch.randn(8, requires_grad=True)
-    fn(x).backward()
+    # benchmark gives each variant an empty cache directory, this test turns the caches off,
+    # through the configs' own patch: monkeypatch's undo of a torch config module left
+    # enable_autograd_cache deleted, failing every later test in the process that read it
+    # (test_kernel_choices_and_cache, run after this file in one process)
+    with torch._inductor.config.patch(fx_graph_cache=False), \
+            torch._functorch.config.patch(enable_autograd_cache=False):
+        fn = torch.compile(lambda x: (x.sin() * 2).relu().sum(), backend=counting)
+        x = torch.randn(8, requires_grad=True)
+        fn(x).backward()
     assert len(counting.frames) == 1
     assert [g["backward"] for g in counting.graphs] == [False, True]
     assert all(g["nodes"] > 0 and g["kernels"] >= 1 for g in counting.graphs)
