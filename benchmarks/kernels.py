@@ -470,6 +470,8 @@ def transact_case(rec: Recorder, dtype: torch.dtype, preset: str, gen: torch.Gen
     kpa.STATS.reset()
     _run_variants(rec, case, variants, (q, k, v), g, work)
     paths = kpa.STATS.as_dict()
+    _transact_region_variant(rec, case, types, mask, (b, s, h, head_dim), scale, dtype, gen,
+                             work)
     if dev.type == "cuda":
         _varlen_block_sweep(rec, case, gemc_fwd, (q, k, v), g, work)
     try:  # gemc's result against padded SDPA in fp32: output and the three gradients, each
@@ -489,6 +491,49 @@ def transact_case(rec: Recorder, dtype: torch.dtype, preset: str, gen: torch.Gen
     _free(dev)
     return {"seq_len": s, "mean_kept_keys": float(kept.float().mean()),
             "window_ms": TRANSACT_WINDOW_MS, "guard_paths": paths}
+
+
+REGION_VARIANT = "triton packed region (representatives)"
+
+
+def _transact_region_variant(rec: Recorder, case: str, types: torch.Tensor,
+                             mask: torch.Tensor, shape: tuple[int, int, int, int],
+                             scale: float, dtype: torch.dtype, gen: torch.Generator,
+                             work: float) -> None:
+    """TransAct's attention as its compiled graph runs it since its tower packs over padding
+    representatives (``passes/pad_reps``): ``packed_tokens.rep_attention`` on the region's
+    tokens (each row's real actions and one representative of its padding), each key
+    biased by the mask entries it stands for, with no per-call check (the region's one
+    check runs ahead of the graph). The per-call variants above time the guarded op a
+    graph without the region calls. Laid out as the region lays TransAct's batch out
+    (padding, ``action_types <= 0``, at each row's end: ``min(len + 1, S)`` slots a row);
+    checked against padded SDPA on the values the representatives scatter to."""
+    from gemc.backends.triton import packed_tokens as pt
+
+    dev = rec.device
+    b, s, h, head_dim = shape
+    lengths = (types > 0).sum(1).to(dev)
+    layout = pt.with_rep_weights(pt.TokenLayout(
+        pt.rep_offsets(lengths, s), int((lengths + 1).clamp(max=s).sum()), b, s))
+    qp, kp, vp, gp = (torch.randn(1, h, layout.total, head_dim, generator=gen).to(dev, dtype)
+                      for _ in range(4))
+    for x in (qp, kp, vp):
+        x.requires_grad_()
+    dims = ((0, 2),) * 4  # [1, H, T, D]
+
+    def region_fwd() -> torch.Tensor:
+        return pt.rep_attention(qp, kp, vp, dims, layout, mask, True, scale)
+
+    _run_variants(rec, case, [(REGION_VARIANT, region_fwd, False)], (qp, kp, vp), gp, work)
+    padded = [pt.scatter(x.detach().float(), (0, 2), layout)
+              for x in (qp, kp, vp)]
+    want = pt.gather(torch.nn.functional.scaled_dot_product_attention(
+        *padded, attn_mask=mask[:, None, None, :], scale=scale), (0, 2), 4, layout)
+    got = region_fwd()
+    rec.check(case, REGION_VARIANT,
+              float((got.detach().float() - want.detach()).abs().max()
+                    / max(1.0, float(want.detach().abs().max()))))
+    _free(dev)
 
 
 VARLEN_BLOCKS = ((32, 32, 4), (32, 64, 4), (64, 32, 4), (64, 64, 8), (128, 32, 4),
