@@ -400,17 +400,20 @@ ZOO_NOT_TIMED = {
 
 
 def zoo_case(rec: Recorder, p: Preset, preset: str, compile_: bool,
-             gen: torch.Generator) -> dict[str, Any]:
+             gen: torch.Generator, models: tuple[str, ...] = ZOO_TIMED) -> dict[str, Any]:
     """Each zoo model's attention (:func:`_zoo_attentions`), forward and forward+backward:
     gemc's jagged kernel against the padded SDPA variants and, for HSTU, the padded SiLU
     formula (eager, and compiled unless ``--no-compile``: Inductor's fused pointwise is
     what runs without gemc); then TransAct's (:func:`transact_case`, whose facts it
-    returns for the JSON's ``zoo`` section)."""
+    returns for the JSON's ``zoo`` section). ``models``: only these (``--zoo-models``)."""
     for model, shape in _zoo_attentions(preset):
+        if model not in models:
+            continue
         kind, causal = shape.pop("kind"), shape.pop("causal")
         attention_case(rec, dataclasses.replace(p, **shape), kind, causal,
                        compile_ and kind == "silu", gen, label=f"{model}: ", sdpa=True)
-    return {"transact": transact_case(rec, p.dtype, preset, gen)}
+    return {"transact": transact_case(rec, p.dtype, preset, gen)} if "transact" in models \
+        else {}
 
 
 TRANSACT_WINDOW_MS = 30 * 60 * 1000
@@ -1282,6 +1285,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     help="comma-separated subset of attention,silu,query,embedding,jagged,zoo,"
                          "silu_variants,narrow,narrow_group,narrow_split")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile variants")
+    ap.add_argument("--zoo-models", default=",".join(ZOO_TIMED),
+                    help="the zoo models --cases zoo times (default: every one with a history)")
     ap.add_argument("--no-causal", action="store_true", help="attention without causal mask")
     ap.add_argument("--seed", type=int, default=None, help="input seed (default: fresh)")
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
@@ -1332,7 +1337,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             query_case(rec, preset, compile_, gen)
         elif case == "zoo":
             zoo_extra = zoo_case(rec, preset, "tiny" if preset_name == "smoke" else preset_name,
-                                 compile_, gen)
+                                 compile_, gen, tuple(args.zoo_models.split(",")))
         elif case == "silu_variants":
             variants = silu_variants_case(rec, preset,
                                           "tiny" if preset_name == "smoke" else preset_name, gen)
