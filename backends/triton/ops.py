@@ -19,9 +19,8 @@ One op per kernel *kind*, not per kernel:
   kernels run inside, so the op's shapes depend on shapes only (no data-dependent sizes for
   the compiler to trace, no host read of the token count).
 * ``gemc::jagged_attention_values`` (and its backward): the same kernels on the ``[T, H, D]``
-  values of a packed token region, in place; ``gemc::jagged_key_bias_attention_values``
-  (and its backward): with an additive bias per key, a region with padding
-  representatives' attention (``packed_tokens.rep_attention``).
+  values of a packed token region, in place (with an additive bias per key: a region
+  with padding representatives' attention, ``packed_tokens.rep_attention``).
 * ``gemc::padded_silu_attention`` (and its backward): HSTU's pointwise attention on the
   padded ``[B, L, H, D]`` layout read in place, only each row's real positions computed;
   ``gemc::jagged_silu_attention_values`` (and its backward): the same kernels on the
@@ -330,128 +329,81 @@ jagged_attention.register_autograd(_attention_backward_formula, setup_context=_a
 # ---- jagged attention over packed values (inside a packed token region) ---------------------
 
 
+def _values_meta(q: Tensor, offsets: Tensor, causal: bool, key_bias: Tensor | None
+                 ) -> tuple[dict[str, Any], Tensor | None]:
+    """The kernels' meta-parameters and ``[B, H, Lb, Lb]`` bias view of a values call: a
+    per-key bias ``[B, Lb]`` is the same for every head and query (strides 0)."""
+    meta = _meta(q, causal, "softmax", "max_len")
+    if key_bias is None:
+        return meta, None
+    bias = broadcast_bias(key_bias.float()[:, None, None, :], int(offsets.numel() - 1),
+                          q.shape[1])
+    return {**meta, "HAS_BIAS": True}, bias
+
+
 @torch.library.custom_op("gemc::jagged_attention_values", mutates_args=())
 def jagged_attention_values(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, max_len: int,
-                            scale: float, causal: bool = False) -> tuple[Tensor, Tensor]:
+                            scale: float, causal: bool = False,
+                            key_bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Attention within each sequence of ``[T, H, D]`` values (``offsets`` the attention's
     lengths; slots past ``offsets[-1]`` are spare, never read), a query seeing only the
     keys up to its own position when ``causal``: the output and the row logsumexp
-    ``[H, T]``."""
+    ``[H, T]``. ``key_bias`` (``[B, Lb]``, fp32, by position within each sequence; no
+    gradient, a mask): an additive score bias per key (``-inf``: a key no query sees; a
+    query with none gives 0), a region with padding representatives' attention, each
+    representative key biased by the log of the kept keys it stands for
+    (``packed_tokens.rep_key_bias``)."""
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
-    out, lse = _attention_forward(q, k, v, offsets, max_len, scale,
-                                  _meta(q, causal, "softmax", "max_len"))
+    meta, bias = _values_meta(q, offsets, causal, key_bias)
+    out, lse = _attention_forward(q, k, v, offsets, max_len, scale, meta, bias)
     return out.contiguous(), lse.contiguous()
 
 
 @jagged_attention_values.register_fake
 def _jagged_attention_values_fake(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor,
-                                  max_len: int, scale: float, causal: bool = False
-                                  ) -> tuple[Tensor, Tensor]:
+                                  max_len: int, scale: float, causal: bool = False,
+                                  key_bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
     return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
 @torch.library.custom_op("gemc::jagged_attention_values_backward", mutates_args=())
 def jagged_attention_values_backward(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor,
                                      out: Tensor, lse: Tensor, grad: Tensor, max_len: int,
-                                     scale: float, causal: bool = False
+                                     scale: float, causal: bool = False,
+                                     key_bias: Tensor | None = None
                                      ) -> tuple[Tensor, Tensor, Tensor]:
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    meta, bias = _values_meta(q, offsets, causal, key_bias)
     grads = _attention_backward(q, k, v, out, lse, grad.contiguous(), offsets, max_len, scale,
-                                _meta(q, causal, "softmax", "max_len"))
+                                meta, bias)
     return tuple(g.contiguous() for g in grads)  # type: ignore[return-value]
 
 
 @jagged_attention_values_backward.register_fake
 def _jagged_attention_values_backward_fake(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor,
                                            out: Tensor, lse: Tensor, grad: Tensor,
-                                           max_len: int, scale: float, causal: bool = False
+                                           max_len: int, scale: float, causal: bool = False,
+                                           key_bias: Tensor | None = None
                                            ) -> tuple[Tensor, Tensor, Tensor]:
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _values_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
-    q, k, v, offsets, max_len, scale, causal = inputs
+    q, k, v, offsets, max_len, scale, causal, key_bias = inputs
     ctx.args = (int(max_len), float(scale), bool(causal))
-    ctx.save_for_backward(q, k, v, offsets, *output)
+    ctx.save_for_backward(q, k, v, offsets, key_bias, *output)
 
 
 def _values_backward(ctx: Any, grad_out: Tensor, grad_lse: Tensor | None) -> tuple[Any, ...]:
-    q, k, v, offsets, out, lse = ctx.saved_tensors
-    dq, dk, dv = torch.ops.gemc.jagged_attention_values_backward(q, k, v, offsets, out, lse,
-                                                                 grad_out, *ctx.args)
-    return dq, dk, dv, None, None, None, None
+    q, k, v, offsets, key_bias, out, lse = ctx.saved_tensors
+    dq, dk, dv = torch.ops.gemc.jagged_attention_values_backward(
+        q, k, v, offsets, out, lse, grad_out, *ctx.args, key_bias)
+    return dq, dk, dv, None, None, None, None, None
 
 
 jagged_attention_values.register_autograd(_values_backward, setup_context=_values_setup)
 
 
-def _key_bias4(q: Tensor, offsets: Tensor, key_bias: Tensor) -> Tensor:
-    """A per-key score bias ``[B, Lb]`` (positions within each sequence) as the kernels'
-    ``[B, H, Lb, Lb]`` view: the same for every head and query (strides 0)."""
-    batch, lb = int(offsets.numel() - 1), int(key_bias.shape[-1])
-    return key_bias[:, None, None, :].expand(batch, q.shape[1], lb, lb)
-
-
-@torch.library.custom_op("gemc::jagged_key_bias_attention_values", mutates_args=())
-def jagged_key_bias_attention_values(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor,
-                                     key_bias: Tensor, max_len: int, scale: float
-                                     ) -> tuple[Tensor, Tensor]:
-    """``gemc::jagged_attention_values`` with an additive score bias per key, ``key_bias
-    [B, Lb]`` fp32 by position within each sequence (``-inf``: a key no query sees; a
-    query with none gives 0): a region with padding representatives' attention, each
-    representative key biased by the log of the kept keys it stands for
-    (``packed_tokens.rep_key_bias``). No gradient into the bias (a mask)."""
-    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
-    meta = {**_meta(q, False, "softmax", "max_len"), "HAS_BIAS": True}
-    out, lse = _attention_forward(q, k, v, offsets, max_len, scale, meta,
-                                  _key_bias4(q, offsets, key_bias.float()))
-    return out.contiguous(), lse.contiguous()
-
-
-@jagged_key_bias_attention_values.register_fake
-def _jagged_key_bias_attention_values_fake(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor,
-                                           key_bias: Tensor, max_len: int, scale: float
-                                           ) -> tuple[Tensor, Tensor]:
-    return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
-
-
-@torch.library.custom_op("gemc::jagged_key_bias_attention_values_backward", mutates_args=())
-def jagged_key_bias_attention_values_backward(q: Tensor, k: Tensor, v: Tensor,
-                                              offsets: Tensor, key_bias: Tensor, out: Tensor,
-                                              lse: Tensor, grad: Tensor, max_len: int,
-                                              scale: float) -> tuple[Tensor, Tensor, Tensor]:
-    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
-    meta = {**_meta(q, False, "softmax", "max_len"), "HAS_BIAS": True}
-    grads = _attention_backward(q, k, v, out, lse, grad.contiguous(), offsets, max_len, scale,
-                                meta, _key_bias4(q, offsets, key_bias.float()))
-    return tuple(g.contiguous() for g in grads)  # type: ignore[return-value]
-
-
-@jagged_key_bias_attention_values_backward.register_fake
-def _jagged_key_bias_attention_values_backward_fake(
-        q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, key_bias: Tensor, out: Tensor,
-        lse: Tensor, grad: Tensor, max_len: int, scale: float
-) -> tuple[Tensor, Tensor, Tensor]:
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
-
-
-def _key_bias_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]
-                    ) -> None:
-    q, k, v, offsets, key_bias, max_len, scale = inputs
-    ctx.args = (int(max_len), float(scale))
-    ctx.save_for_backward(q, k, v, offsets, key_bias, *output)
-
-
-def _key_bias_backward(ctx: Any, grad_out: Tensor, grad_lse: Tensor | None
-                       ) -> tuple[Any, ...]:
-    q, k, v, offsets, key_bias, out, lse = ctx.saved_tensors
-    dq, dk, dv = torch.ops.gemc.jagged_key_bias_attention_values_backward(
-        q, k, v, offsets, key_bias, out, lse, grad_out, *ctx.args)
-    return dq, dk, dv, None, None, None, None
-
-
-jagged_key_bias_attention_values.register_autograd(_key_bias_backward,
-                                                   setup_context=_key_bias_setup)
 
 
 # ---- HSTU pointwise (SiLU) attention over padded rows, read in place ------------------------

@@ -566,7 +566,7 @@ def rep_key_bias(mask: torch.Tensor, additive: bool, layout: TokenLayout
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """The per-key score bias of an attention over a layout with padding representatives
     (``[B, L]`` fp32 by position within the row, what
-    ``gemc::jagged_key_bias_attention_values`` reads) from its ``[B, L]`` key mask (a
+    ``gemc::jagged_attention_values`` reads as its ``key_bias``) from its ``[B, L]`` key mask (a
     bool keep-mask or an additive one), and which rows keep some key (``[B]`` bool).
 
     A real slot's key is biased by its own mask entry; a row's last slot stands for its
@@ -599,8 +599,8 @@ def rep_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if scale is None:
         scale = qj.shape[-1] ** -0.5
     bias, kept = rep_key_bias(mask, additive, layout)
-    out, _ = torch.ops.gemc.jagged_key_bias_attention_values(
-        qj, kj, vj, layout.offsets, bias, layout.max_len, float(scale))
+    out, _ = torch.ops.gemc.jagged_attention_values(
+        qj, kj, vj, layout.offsets, layout.max_len, float(scale), False, bias)
     row = layout.index("row")
     out = torch.where(kept[row][:, None, None], out, float("nan"))
     if q.dim() == 3:  # heads in the batch dim: [T, H, D] -> [H, T, D] at its dims

@@ -354,17 +354,17 @@ def test_values_attention_op_passes_opcheck_and_is_sdpa_within_each_sequence(cau
 
 
 def test_key_bias_values_attention_op_passes_opcheck_and_is_sdpa_with_that_bias():
-    """``gemc::jagged_key_bias_attention_values`` (a region with padding representatives'
-    attention): per sequence of the ``[T, H, D]`` values, SDPA with the per-key bias by
+    """``gemc::jagged_attention_values`` with a ``key_bias`` (a region with padding
+    representatives' attention): per sequence of the ``[T, H, D]`` values, SDPA with the per-key bias by
     position (``-inf`` a key no query sees), forward and backward."""
     g = torch.Generator().manual_seed(5)
     offsets = torch.tensor([0, 3, 3, 7])  # slots 7, 8 are spare
     q, k, v = (torch.randn(9, 2, 4, generator=g, requires_grad=True) for _ in range(3))
     bias = torch.randn(3, 4, generator=g)
     bias[0, 1] = bias[2, 3] = float("-inf")
-    torch.library.opcheck(torch.ops.gemc.jagged_key_bias_attention_values.default,
-                          (q, k, v, offsets, bias, 4, 0.5), test_utils=STATIC)
-    out, _ = torch.ops.gemc.jagged_key_bias_attention_values(q, k, v, offsets, bias, 4, 0.5)
+    torch.library.opcheck(torch.ops.gemc.jagged_attention_values.default,
+                          (q, k, v, offsets, 4, 0.5, False, bias), test_utils=STATIC)
+    out, _ = torch.ops.gemc.jagged_attention_values(q, k, v, offsets, 4, 0.5, False, bias)
     w = torch.randn(9, 2, 4, generator=g)
     grads = torch.autograd.grad((out[:7] * w[:7]).sum(), (q, k, v))
     qr, kr, vr = (x.detach().clone().requires_grad_() for x in (q, k, v))
