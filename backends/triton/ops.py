@@ -28,6 +28,8 @@ One op per kernel *kind*, not per kernel:
 * ``gemc::jagged_query_attention`` (and its backward) with ``gemc::query_prefix_lengths``:
   padded history queries over dense keys, only the real query rows computed; the lengths
   from a mask checked on the device (a row that is no prefix computes every query row).
+* ``gemc::rep_key_bias``: that attention's per-key bias from its key mask and the layout's
+  offsets, one kernel (:mod:`.rep_key_bias`; defined there, registered by importing it).
 * ``gemc::gather_tokens``, ``gemc::segment_sum`` (and ``gemc::segment_sum_rows``, the
   gather's backward): a packed region's entries and its sums over a row's tokens, whose
   gradients add up in fp32 without atomics.
@@ -68,6 +70,7 @@ from .jagged_attention import (
     broadcast_bias,
 )
 from .packed_tokens import TokenLayout
+from .rep_key_bias import rep_key_bias_op
 from .segment_sum import segment_sum_rows as _segment_sum_rows
 from .varlen_key_attention import attention_backward as _varlen_backward
 from .varlen_key_attention import attention_forward as _varlen_forward
@@ -1066,6 +1069,8 @@ WARM: dict[str, Any] = {
     "jagged_silu_attention_values": _warm_silu(jagged_silu_attention_values,
                                                jagged_silu_attention_values_backward),
     "segment_sum": _warm_segment_sum,
+    "rep_key_bias": lambda mask, offsets, additive: rep_key_bias_op._init_fn(mask, offsets,
+                                                                             additive),
     "gather_tokens": _warm_gather_tokens,
     "gather_rows": _warm_gather_rows,
     "embedding_bag": _warm_embedding_bag,
