@@ -574,12 +574,14 @@ def rep_key_bias(mask: torch.Tensor, additive: bool, layout: TokenLayout
     biased by ``logsumexp`` of their mask entries, since ``c`` identical keys with entries
     ``m_p`` weigh ``sum_p exp(s + m_p) = exp(s + logsumexp(m))`` in the softmax, forward and
     backward (``-inf`` where none is kept: the empty row's position 0, kept by
-    TransAct's ``mask[:, 0] = 0``, gives its representative ``log 1 = 0``). One kernel, ``gemc::rep_key_bias`` (:mod:`.rep_key_bias`, whose doc says why)."""
+    TransAct's ``mask[:, 0] = 0``, gives its representative ``log 1 = 0``). One kernel,
+    ``gemc::rep_key_bias`` (:mod:`.rep_key_bias`, whose doc says why)."""
     from . import ops  # noqa: F401  (registers the gemc:: ops)
+    from .rep_key_bias import rep_key_bias as _rep_key_bias
 
     if mask.requires_grad and torch.is_grad_enabled():
         _warn_mask_grad()
-    return torch.ops.gemc.rep_key_bias(mask.detach(), layout.offsets, bool(additive))
+    return _rep_key_bias(mask.detach(), layout.offsets, bool(additive))
 
 
 def _warn_mask_grad() -> None:

@@ -37,14 +37,18 @@ a mask requires one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from torch.library import wrap_triton
 
 from gemc.guard_sample import mask_rows
 
-from .runtime import check_launchable, check_offsets, next_pow2
+from .runtime import INTERPRETED, check_launchable, check_offsets, next_pow2
 
 
 @triton.jit
@@ -73,14 +77,18 @@ def _rep_key_bias_kernel(mask_ptr, stride_b, stride_l, offsets_ptr, bias_ptr, ke
     kept = tl.max(tl.where(m > float("-inf"), 1, 0), 0)
     bias = tl.where(pos < width - 1, m, tl.where(pos == width - 1, lse, 0.0))
     tl.store(bias_ptr + b.to(tl.int64) * length + pos, bias, mask=inside)
-    tl.store(kept_ptr + b, kept.to(tl.int8))
+    tl.store(kept_ptr + b, kept > 0)
 
 
-def rep_key_bias(mask: Tensor, offsets: Tensor, additive: bool) -> tuple[Tensor, Tensor]:
-    """``(bias [B, L] fp32, kept [B] bool)`` of a ``[B, L]`` key mask (a keep-mask: nonzero
-    kept, or an additive one of any float dtype; or its rows viewed ``[B, 1, ..., 1, L]``; a
-    ``[1, L]`` row broadcasts) over a layout's ``offsets [B + 1]`` (see the module doc).
-    Not differentiable (a mask)."""
+def _launched(kernel: Any) -> Any:
+    """A kernel as launched outside any op: directly (``wrap_triton``'s stand-in)."""
+    return kernel
+
+
+def _launch(mask: Tensor, offsets: Tensor, additive: bool,
+            wrap: Callable[[Any], Any] = wrap_triton) -> tuple[Tensor, Tensor]:
+    """The bias and the flags: two allocations, one kernel (``wrap``: how the kernel is
+    launched: traceably in a ``triton_op``, :func:`_launched` outside one)."""
     batch = check_offsets(offsets)
     rows = mask_rows(mask)
     if rows.dim() != 2 or rows.shape[0] not in (1, batch):
@@ -89,33 +97,54 @@ def rep_key_bias(mask: Tensor, offsets: Tensor, additive: bool) -> tuple[Tensor,
             f"{batch} rows as the layout's offsets have, got {tuple(mask.shape)}; pass the "
             "attention's key mask, not its broadcast score mask")
     check_launchable(rows, offsets)
-    length = int(rows.shape[1])
+    length = rows.shape[1]
     rows = rows.expand(batch, length)
     if rows.dtype == torch.bool:
         rows = rows.view(torch.uint8)
     bias = torch.empty((batch, length), dtype=torch.float32, device=rows.device)
-    kept = torch.empty(batch, dtype=torch.int8, device=rows.device)
+    kept = torch.zeros(batch, dtype=torch.bool, device=rows.device)
     if batch and length:
-        _rep_key_bias_kernel[(batch,)](rows, rows.stride(0), rows.stride(1), offsets, bias,
-                                       kept, length, ADDITIVE=bool(additive),
-                                       BLOCK_L=next_pow2(length, 16))
-    else:
-        kept.zero_()
-    return bias, kept.view(torch.bool)
-
-
-@torch.library.custom_op("gemc::rep_key_bias", mutates_args=())
-def rep_key_bias_op(mask: Tensor, offsets: Tensor, additive: bool) -> tuple[Tensor, Tensor]:
-    """:func:`rep_key_bias` as one node of a compiled graph (Inductor calls the kernel; its
-    ten-op torch formula would be traced and fused, but still several kernels)."""
-    bias, kept = rep_key_bias(mask, offsets, additive)
+        wrap(_rep_key_bias_kernel)[(batch,)](
+            rows, rows.stride(0), rows.stride(1), offsets, bias, kept, length,
+            ADDITIVE=bool(additive), BLOCK_L=next_pow2(int(length), 16))
     return bias, kept
 
 
-@rep_key_bias_op.register_fake
-def _rep_key_bias_fake(mask: Tensor, offsets: Tensor, additive: bool
-                       ) -> tuple[Tensor, Tensor]:
-    batch = offsets.shape[0] - 1
-    length = mask.shape[-1]
-    return (mask.new_empty((batch, length), dtype=torch.float32),
-            mask.new_empty((batch,), dtype=torch.bool))
+def rep_key_bias(mask: Tensor, offsets: Tensor, additive: bool) -> tuple[Tensor, Tensor]:
+    """``(bias [B, L] fp32, kept [B] bool)`` of a ``[B, L]`` key mask (a keep-mask: nonzero
+    kept, or an additive one of any float dtype; or its rows viewed ``[B, 1, ..., 1, L]``; a
+    ``[1, L]`` row broadcasts) over a layout's ``offsets [B + 1]`` (see the module doc).
+    Not differentiable (a mask). Eager: the kernel launched directly (no op dispatch);
+    while Dynamo traces: the op ``gemc::rep_key_bias``."""
+    if torch.compiler.is_compiling():
+        return torch.ops.gemc.rep_key_bias(mask, offsets, bool(additive))
+    return _launch(mask, offsets, additive, _launched)
+
+
+# ``gemc::rep_key_bias``. On a GPU a ``triton_op``: AOTAutograd decomposes it into its
+# launch, which Inductor compiles into its own code and launches through its own launcher
+# (an opaque ``custom_op`` cost ~130-170 us of host a call on the H200 for fp8's quantisers:
+# ``fp8_quant.py``). Under the interpreter (CPU tensors) a ``custom_op`` with a fake:
+# ``wrap_triton`` hands an interpreted kernel back unwrapped, and Inductor cannot compile a
+# user Triton kernel for the CPU; the launch code is the same either way.
+
+
+def _op(name: str = "rep_key_bias", interpreted: bool = INTERPRETED) -> Any:
+    """``gemc::<name>``: a ``triton_op`` on a GPU, a ``custom_op`` under the interpreter."""
+    def impl(mask: Tensor, offsets: Tensor, additive: bool) -> tuple[Tensor, Tensor]:
+        return _launch(mask, offsets, additive)
+
+    if not interpreted:
+        return torch.library.triton_op(f"gemc::{name}", impl, mutates_args=())
+    op = torch.library.custom_op(f"gemc::{name}", impl, mutates_args=())
+
+    @op.register_fake
+    def _(mask: Tensor, offsets: Tensor, additive: bool) -> tuple[Tensor, Tensor]:
+        batch = offsets.shape[0] - 1
+        return (mask.new_empty((batch, mask.shape[-1]), dtype=torch.float32),
+                mask.new_empty((batch,), dtype=torch.bool))
+
+    return op
+
+
+rep_key_bias_op = _op()
