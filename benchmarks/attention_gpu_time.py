@@ -23,7 +23,16 @@ four ways, fwd+bwd:
 
 ``do_bench_ms`` well above both ``graph_ms`` and ``kernels_ms``, with ``host_ms`` near it,
 says the call is host-bound; ``kernels_ms`` near ``do_bench_ms`` says the kernels are the
-time. gemc's variants (:data:`GEMC_VARIANTS`) run with the default launch configs and
+time.
+
+TransAct (``--models transact``, issue 17) is timed as its compiled graph runs its attention:
+in its packed region over padding representatives (``kernels.transact_region``: the
+model's batch and mask, ``packed_tokens.rep_attention`` on the region's layout), three
+ways: the eager call (what ``kernels.py`` times: its ops launched one by one from Python),
+the same call under ``torch.compile`` (the form a training step runs: the graph executor
+emits ``inductor_graph._p_rep_attention`` into the graph Inductor compiles, so the bias op
+and the attention are nodes of a compiled graph, their movedims views), and
+``gemc::rep_key_bias`` alone (forward); against padded masked SDPA at the model's shape. gemc's variants (:data:`GEMC_VARIANTS`) run with the default launch configs and
 autotuned (``GEMC_AUTOTUNE=1``); HSTU's also with the fast sigmoid, with dq fused into the
 dk/dv kernel, and with its relative bias ``[B, 1, L, L]`` (its gradient included), as the
 model runs it.
@@ -234,11 +243,86 @@ GEMC_VARIANTS = {
 (``jagged_attention.FAST_SIGMOID``, ``FUSED_SILU_BACKWARD``) that the silu kernels read."""
 
 
+def _transact_rows(smoke: bool, dtype: torch.dtype, device: torch.device,
+                   gen: torch.Generator) -> dict[str, Any]:
+    """TransAct's attention in its packed region (module doc), timed four ways per row."""
+    from gemc.backends.triton import packed_tokens as pt
+
+    preset = "tiny" if smoke else "h200"
+    batch = kbench.transact_batch(preset, gen, device)
+    region = kbench.transact_region(batch, dtype, gen, device)
+    b, s, h, head_dim = batch.shape
+    shape = {"batch": b, "max_len": s, "heads": h, "head_dim": head_dim,
+             "kind": "softmax", "causal": False}
+    q, k, v, g = region.inputs
+    leaves = (q, k, v)
+    print(f"== transact {shape} tokens={region.layout.total} "
+          f"kept keys={int(batch.kept.sum())}", flush=True)
+
+    def eager() -> Any:
+        return torch.autograd.grad(region.fwd(), leaves, g)
+
+    compiled_fwd = torch.compile(region.fwd, dynamic=False)
+
+    def compiled() -> Any:
+        return torch.autograd.grad(compiled_fwd(), leaves, g)
+
+    def bias_only() -> Any:
+        return pt.rep_key_bias(region.mask, True, region.layout)
+
+    rows = [measure("gemc region (eager call)", eager, device),
+            measure("gemc region (torch.compile)", compiled, device),
+            measure("gemc::rep_key_bias alone (fwd)", bias_only, device)]
+    if device.type == "cuda":
+        from torch.nn.attention import SDPBackend
+
+        padded = [t.detach().clone() for t in _transact_padded(region, batch)]
+        x = {"padded": padded, "safe": batch.mask[:, None, None, :].to(dtype),
+             "scale": batch.scale}
+        for label, backend in (("sdpa cudnn masked", SDPBackend.CUDNN_ATTENTION),
+                               ("sdpa efficient masked", SDPBackend.EFFICIENT_ATTENTION)):
+            rows.append(measure(label, _sdpa_call(x, backend), device))
+    return {"shape": shape, "tokens": region.layout.total,
+            "mean_kept_keys": float(batch.kept.float().mean()), "rows": rows}
+
+
+def _profile_transact(path: Path, smoke: bool, dtype: torch.dtype, device: torch.device,
+                      gen: torch.Generator) -> None:
+    """``--profile-host`` for TransAct: the region attention's eager call (fwd+bwd) and
+    padded cuDNN SDPA, as for the other models."""
+    batch = kbench.transact_batch("tiny" if smoke else "h200", gen, device)
+    region = kbench.transact_region(batch, dtype, gen, device)
+    q, k, v, g = region.inputs
+    calls = [("gemc region (eager call)",
+              lambda: torch.autograd.grad(region.fwd(), (q, k, v), g))]
+    if device.type == "cuda":
+        from torch.nn.attention import SDPBackend
+
+        x = {"padded": _transact_padded(region, batch),
+             "safe": batch.mask[:, None, None, :].to(dtype), "scale": batch.scale}
+        calls.append(("sdpa cudnn masked", _sdpa_call(x, SDPBackend.CUDNN_ATTENTION)))
+    with path.open("a") as f:
+        for label, fn in calls:
+            ms = f"{host_ms(fn):.3f}" if device.type == "cuda" else "-"
+            f.write(f"==== transact: {label}, host ms a call {ms}\n")
+            f.write(host_profile(fn, 5 if smoke else 50))
+
+
+def _transact_padded(region: Any, batch: Any) -> list[torch.Tensor]:
+    """q, k, v and the output gradient ``[B, H, S, D]``: the region's values scattered to
+    the padded positions (the representatives' copies), SDPA's layout."""
+    from gemc.backends.triton import packed_tokens as pt
+
+    with torch.no_grad():
+        return [pt.scatter(x.detach(), (0, 2), region.layout).contiguous()
+                for x in region.inputs]
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, help="write the rows as JSON here")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes (CPU: checks it runs)")
-    ap.add_argument("--models", default="hstu,mmoe,sasrec_bst")
+    ap.add_argument("--models", default="hstu,mmoe,sasrec_bst,transact")
     ap.add_argument("--profile-host", type=Path,
                     help="only profile the host's issue of each model's gemc call (defaults) "
                     "and of padded SDPA (cProfile, GPU held busy); write the stats here")
@@ -261,6 +345,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     except ImportError:
         pass
     for model in args.models.split(","):
+        if model == "transact":
+            if args.profile_host:
+                _profile_transact(args.profile_host, args.smoke, dtype, device, gen)
+            else:
+                results["models"][model] = _transact_rows(args.smoke, dtype, device, gen)
+            continue
         shape = dict(shapes[model])
         kind, causal = shape["kind"], shape["causal"]
         x = _inputs(shape, dtype, device, gen)

@@ -435,21 +435,11 @@ def transact_case(rec: Recorder, dtype: torch.dtype, preset: str, gen: torch.Gen
     and the guard's path counts over the timed calls."""
     from gemc.backends.triton import key_padding_attention as kpa
 
-    from examples.zoo import transact
-
     dev = rec.device
-    cfg = transact.PRESETS[preset]
-    types, _, times, request_time, *_ = transact.synthetic_batch(
-        cfg, 0, int(torch.randint(0, 2**31, (1,), generator=gen)))
-    d = cfg.action_dim + 2 * cfg.item_dim
-    b, s, h = cfg.batch_size, cfg.seq_len, cfg.num_heads
-    head_dim = d // h
-    drop = (types <= 0) | ((request_time[:, None] - times) < TRANSACT_WINDOW_MS)
-    drop[:, 0] = False
-    mask = torch.zeros(b, s).masked_fill_(drop, float("-inf")).to(dev)
-    kept = (~drop).sum(1)
+    batch = transact_batch(preset, gen, dev)
+    mask, kept, scale = batch.mask, batch.kept, batch.scale
+    b, s, h, head_dim = batch.shape
     case = "transact: softmax attention, additive key mask"
-    scale = 1.0 / math.sqrt(head_dim)
     q, k, v, g = (torch.randn(b, h, s, head_dim, generator=gen).to(dev, dtype)
                   for _ in range(4))
     for x in (q, k, v):
@@ -473,8 +463,7 @@ def transact_case(rec: Recorder, dtype: torch.dtype, preset: str, gen: torch.Gen
     kpa.STATS.reset()
     _run_variants(rec, case, variants, (q, k, v), g, work)
     paths = kpa.STATS.as_dict()
-    _transact_region_variant(rec, case, types, mask, (b, s, h, head_dim), scale, dtype, gen,
-                             work)
+    _transact_region_variant(rec, case, batch, dtype, gen, work)
     if dev.type == "cuda":
         _varlen_block_sweep(rec, case, gemc_fwd, (q, k, v), g, work)
     try:  # gemc's result against padded SDPA in fp32: output and the three gradients, each
@@ -499,44 +488,107 @@ def transact_case(rec: Recorder, dtype: torch.dtype, preset: str, gen: torch.Gen
 REGION_VARIANT = "triton packed region (representatives)"
 
 
-def _transact_region_variant(rec: Recorder, case: str, types: torch.Tensor,
-                             mask: torch.Tensor, shape: tuple[int, int, int, int],
-                             scale: float, dtype: torch.dtype, gen: torch.Generator,
-                             work: float) -> None:
+@dataclasses.dataclass
+class TransactBatch:
+    """TransAct's attention inputs as its model draws them (:func:`transact_batch`)."""
+
+    types: torch.Tensor
+    """``[B, S]`` action types (``<= 0``: padding, at each row's end)."""
+    mask: torch.Tensor
+    """``[B, S]`` additive key mask (0 / -inf), on the device."""
+    kept: torch.Tensor
+    """``[B]`` kept keys a row."""
+    shape: tuple[int, int, int, int]
+    """(B, S, heads, head dim)."""
+    scale: float
+
+
+def transact_batch(preset: str, gen: torch.Generator, dev: torch.device) -> TransactBatch:
+    """TransAct's batch at ``preset`` (``synthetic_batch``: lengths uniform in 0..S) and its
+    key mask as the model builds it (padding or the latest actions inside a
+    :data:`TRANSACT_WINDOW_MS` window masked, position 0 always kept), at its head shape.
+    Shared by :func:`transact_case` and ``benchmarks/attention_gpu_time.py``."""
+    from examples.zoo import transact
+
+    cfg = transact.PRESETS[preset]
+    types, _, times, request_time, *_ = transact.synthetic_batch(
+        cfg, 0, int(torch.randint(0, 2**31, (1,), generator=gen)))
+    d = cfg.action_dim + 2 * cfg.item_dim
+    b, s, h = cfg.batch_size, cfg.seq_len, cfg.num_heads
+    drop = (types <= 0) | ((request_time[:, None] - times) < TRANSACT_WINDOW_MS)
+    drop[:, 0] = False
+    mask = torch.zeros(b, s).masked_fill_(drop, float("-inf")).to(dev)
+    return TransactBatch(types, mask, (~drop).sum(1), (b, s, h, d // h),
+                         1.0 / math.sqrt(d // h))
+
+
+@dataclasses.dataclass
+class TransactRegion:
+    """TransAct's attention in its packed region (:func:`transact_region`)."""
+
+    layout: Any
+    """The region's ``TokenLayout`` with padding representatives."""
+    inputs: tuple[torch.Tensor, ...]
+    """q, k, v ``[1, H, T, D]`` (requiring grad) and the output gradient."""
+    dims: tuple[tuple[int, int], ...]
+    mask: torch.Tensor
+    scale: float
+
+    def fwd(self) -> torch.Tensor:
+        """The region's attention (``packed_tokens.rep_attention``), as both runners call
+        it."""
+        from gemc.backends.triton import packed_tokens as pt
+
+        q, k, v, _ = self.inputs
+        return pt.rep_attention(q, k, v, self.dims, self.layout, self.mask, True, self.scale)
+
+    def padded_reference(self) -> torch.Tensor:
+        """fp32 SDPA on the padded values the representatives scatter to, gathered back."""
+        from gemc.backends.triton import packed_tokens as pt
+
+        padded = [pt.scatter(x.detach().float(), (0, 2), self.layout)
+                  for x in self.inputs[:3]]
+        return pt.gather(torch.nn.functional.scaled_dot_product_attention(
+            *padded, attn_mask=self.mask[:, None, None, :], scale=self.scale), (0, 2), 4,
+            self.layout)
+
+
+def transact_region(batch: TransactBatch, dtype: torch.dtype, gen: torch.Generator,
+                    dev: torch.device) -> TransactRegion:
     """TransAct's attention as its compiled graph runs it since its tower packs over padding
     representatives (``passes/pad_reps``): ``packed_tokens.rep_attention`` on the region's
     tokens (each row's real actions and one representative of its padding), each key
     biased by the mask entries it stands for, with no per-call check (the region's one
-    check runs ahead of the graph). The per-call variants above time the guarded op a
-    graph without the region calls. Laid out as the region lays TransAct's batch out
+    check runs ahead of the graph). Laid out as the region lays TransAct's batch out
     (padding, ``action_types <= 0``, at each row's end: ``min(len + 1, S)`` slots a row);
-    checked against padded SDPA on the values the representatives scatter to."""
+    q, k, v random at the model's head shape."""
     from gemc.backends.triton import packed_tokens as pt
 
-    dev = rec.device
-    b, s, h, head_dim = shape
-    lengths = (types > 0).sum(1).to(dev)
+    b, s, h, head_dim = batch.shape
+    lengths = (batch.types > 0).sum(1).to(dev)
     layout = pt.with_rep_weights(pt.TokenLayout(
         pt.rep_offsets(lengths, s), int((lengths + 1).clamp(max=s).sum()), b, s))
-    qp, kp, vp, gp = (torch.randn(1, h, layout.total, head_dim, generator=gen).to(dev, dtype)
-                      for _ in range(4))
-    for x in (qp, kp, vp):
+    inputs = tuple(torch.randn(1, h, layout.total, head_dim, generator=gen).to(dev, dtype)
+                   for _ in range(4))
+    for x in inputs[:3]:
         x.requires_grad_()
-    dims = ((0, 2),) * 4  # [1, H, T, D]
+    return TransactRegion(layout, inputs, ((0, 2),) * 4, batch.mask, batch.scale)
 
-    def region_fwd() -> torch.Tensor:
-        return pt.rep_attention(qp, kp, vp, dims, layout, mask, True, scale)
 
-    _run_variants(rec, case, [(REGION_VARIANT, region_fwd, False)], (qp, kp, vp), gp, work)
-    padded = [pt.scatter(x.detach().float(), (0, 2), layout)
-              for x in (qp, kp, vp)]
-    want = pt.gather(torch.nn.functional.scaled_dot_product_attention(
-        *padded, attn_mask=mask[:, None, None, :], scale=scale), (0, 2), 4, layout)
-    got = region_fwd()
+def _transact_region_variant(rec: Recorder, case: str, batch: TransactBatch,
+                             dtype: torch.dtype, gen: torch.Generator, work: float) -> None:
+    """:func:`transact_region` timed (the per-call variants above time the guarded op a
+    graph without the region calls) and checked against padded SDPA on the values the
+    representatives scatter to."""
+    region = transact_region(batch, dtype, gen, rec.device)
+    qp, kp, vp, gp = region.inputs
+    _run_variants(rec, case, [(REGION_VARIANT, region.fwd, False)], (qp, kp, vp), gp, work)
+    want = region.padded_reference()
+    got = region.fwd()
     rec.check(case, REGION_VARIANT,
               float((got.detach().float() - want.detach()).abs().max()
                     / max(1.0, float(want.detach().abs().max()))))
-    _free(dev)
+    _free(rec.device)
 
 
 VARLEN_BLOCKS = ((32, 32, 4), (32, 64, 4), (64, 32, 4), (64, 64, 8), (128, 32, 4),

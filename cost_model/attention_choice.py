@@ -20,13 +20,42 @@ training step whose host runs ahead of the GPU:
   prices that (``costing.host_s``), as for any kernel;
 * ``sdpa_s``: the model's attention at the padded shape (``op_cost.node_cost`` of its
   nodes: masked SDPA by ``attention_fit``'s law or the calibration's record of the shape).
+
+A call a packed region runs on its tokens (``passes/attention_choice.settle``) has no sync,
+and its host work is its launches in the compiled step, priced at the step model's fitted
+per-launch host price (``launches.GRAPH_LAUNCH_HOST_S``, 42 us: everything the host does in
+a compiled step over its launches, fitted on the session-7 H200 profiles; a calibration's
+``graph_launch_s`` replaces it): :func:`region_host_prices`, the model's SDPA priced the
+same way for its own launches. Why: the region attention was priced by its kernels alone
+(TransAct's 0.364 ms) where one eager call measured 2.06 ms on the H100, mostly host (issue
+17). In the compiled step that host work is its launches (the bias op is a ``triton_op``
+Inductor launches, the attention op three kernels), not the eager call's Python: the eager
+measurement overstates it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from gemc.ir import OpKind
+
 from .attention_fit import GEMC_GUARDED_CALL_HOST_S
+from .launches import GRAPH_LAUNCH_HOST_S, ISLAND_LAUNCHES
+from .op_cost import BWD_KERNELS
+
+REGION_ATTENTION_LAUNCHES = ISLAND_LAUNCHES
+"""Kernels a packed region's attention on its tokens launches a step
+(``gemc::jagged_attention_values``: forward, dq and dk/dv backward), as the step model counts
+a gemc island."""
+
+REP_ATTENTION_LAUNCHES = ISLAND_LAUNCHES + 1
+"""Kernels an attention over padding representatives launches a step
+(``packed_tokens.rep_attention``): the bias kernel (``gemc::rep_key_bias``, forward only; no
+output guard since issue 17) and the attention's three."""
+
+SDPA_LAUNCHES = 1 + BWD_KERNELS[OpKind.ATTENTION]
+"""Kernels the model's SDPA launches a step, as the step model counts an attention node
+outside gemc (``launches.graph_launches``' ``extern``: forward and its backward kernels)."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +114,20 @@ class AttentionPrices:
                 "host_ms": round(1e3 * self.host_s, 6),
                 "guarded": self.guarded, "fill": round(self.fill, 6),
                 "fill_source": self.fill_source}
+
+
+def region_host_prices(rep: bool, per_launch_s: float | None = None
+                       ) -> dict[str, float | int]:
+    """The host prices of a region attention's call (``rep``: over padding
+    representatives) and of the model's SDPA, by their launches at ``per_launch_s`` (the
+    calibration's ``graph_launch_s``; default :data:`launches.GRAPH_LAUNCH_HOST_S`): ms and
+    counts, as the plan records them (see the module doc)."""
+    per = per_launch_s or GRAPH_LAUNCH_HOST_S
+    gemc = REP_ATTENTION_LAUNCHES if rep else REGION_ATTENTION_LAUNCHES
+    return {"launches": gemc, "launch_ms": round(1e3 * gemc * per, 6),
+            "padded_launches": SDPA_LAUNCHES,
+            "padded_launch_ms": round(1e3 * SDPA_LAUNCHES * per, 6),
+            "per_launch_us": round(1e6 * per, 3)}
 
 
 def attention_prices(kernel_s: float, sdpa_s: float, *, guarded: bool, fill: float,

@@ -93,6 +93,9 @@ REPLICA_IN_GRAPH_MEMBER_LAUNCHES = 3
 DENSE_GRAD_TABLE_LAUNCHES = 30
 # A gemc kernel run as its own (attention, packed tokens): forward and two backward.
 ISLAND_LAUNCHES = 3
+# An attention over padding representatives adds its key bias (gemc::rep_key_bias, one
+# kernel, forward only) to its island's launches.
+REP_KEY_BIAS_LAUNCHES = 1
 # The fused optimizer: one multi-tensor kernel per ~20 parameters, plus its step count.
 OPTIMIZER_PARAMS_PER_LAUNCH = 20
 
@@ -137,6 +140,8 @@ def graph_launches(gm: fx.GraphModule, tables: Sequence[TableCost],
             out["gemm"] += GEMM_LAUNCHES
         else:
             out["extern"] += 1 + BWD_KERNELS.get(kind, 1)
+    out["island"] += REP_KEY_BIAS_LAUNCHES * sum(
+        len(f.get("rep_attentions") or ()) for f in _regions(gm))
     out["inductor"] = (INDUCTOR_KERNELS_PER_GROUP * len(set(groups.values()))
                        + INDUCTOR_KERNELS_PER_PARAM * params)
     batched = [t for t in tables if t.lookup == BATCHED]
@@ -152,6 +157,16 @@ def graph_launches(gm: fx.GraphModule, tables: Sequence[TableCost],
     out["optimizer"] = 1 + math.ceil(params / OPTIMIZER_PARAMS_PER_LAUNCH) if params else 0
     out["total"] = sum(out.values())
     return out
+
+
+def _regions(gm: fx.GraphModule) -> list[dict[str, Any]]:
+    """The packed regions' facts, once each."""
+    seen: dict[Any, dict[str, Any]] = {}
+    for n in gm.graph.nodes:
+        f = n.meta.get(ir.PACKED_REGION)
+        if isinstance(f, dict) and "id" in f:
+            seen.setdefault(f["id"], f)
+    return list(seen.values())
 
 
 def replica_group_key(t: TableCost) -> int | None:

@@ -55,7 +55,11 @@ from typing import Any
 
 import torch
 from gemc.cost_model import attention_fit, op_cost
-from gemc.cost_model.attention_choice import AttentionPrices, attention_prices
+from gemc.cost_model.attention_choice import (
+    AttentionPrices,
+    attention_prices,
+    region_host_prices,
+)
 from torch import fx
 
 from gemc import ir
@@ -134,8 +138,9 @@ def settle(gm: fx.GraphModule, ctx: PassContext) -> int:
         packed = node.meta.get(ir.PACKED)
         rid = in_place.get(node.name, packed.get("id") if isinstance(packed, dict) else None)
         if node.name in in_place or packed is not None:
-            facts["attention_prices"] = _on_region(dict(facts.get("attention_prices") or {}),
-                                                   regions.get(rid))
+            facts["attention_prices"] = _on_region(
+                dict(facts.get("attention_prices") or {}), regions.get(rid), node.name,
+                getattr(ctx.calibration, "graph_launch_s", None))
             continue
         gid = facts.get("id")
         for n in gm.graph.nodes:
@@ -148,11 +153,17 @@ def settle(gm: fx.GraphModule, ctx: PassContext) -> int:
     return ungrouped
 
 
-def _on_region(choice: dict[str, Any], region: Mapping[str, Any] | None) -> dict[str, Any]:
+def _on_region(choice: dict[str, Any], region: Mapping[str, Any] | None, name: str = "",
+               per_launch_s: float | None = None) -> dict[str, Any]:
     """A kept match's recorded prices as its packed region runs it: no copies, no sync of
     its own, and, where the region's sample gives the share of the padded scores its
     attentions compute (``attention_fill``) and the match was priced at another fill, the
-    kernel's time scaled to it (the kernel's work is its score tiles)."""
+    kernel's time scaled to it (the kernel's work is its score tiles). Both sides then add
+    their launches' host time at the step model's per-launch price
+    (``attention_choice.region_host_prices``: the region's call, over padding
+    representatives where the region lists ``name`` in its ``rep_attentions``, and the
+    model's SDPA). Kept either way: the region runs it on its tokens (a region attention
+    priced slower is recorded so, with ``slower`` in its note)."""
     kernel = choice.get("kernel_ms")
     note = "run on its packed region's tokens: no copies, no sync of its own"
     share = region.get("attention_fill") if region else None
@@ -162,7 +173,21 @@ def _on_region(choice: dict[str, Any], region: Mapping[str, Any] | None) -> dict
         note += f"; its scores the region's sample share, {float(share):.3g} of the padded"
         choice.update(kernel_ms=kernel, fill=float(share),
                       fill_source="its packed region's sample (attention_fill)")
-    choice.update(gemc_ms=kernel, copies_ms=0.0, guarded=False, note=note)
+    rep = bool(region) and name in (region.get("rep_attentions") or ())
+    host = region_host_prices(rep, per_launch_s)
+    padded = choice.get("padded_ms")
+    choice.update(copies_ms=0.0, guarded=False, **host)
+    choice["gemc_ms"] = None if kernel is None else \
+        round(float(kernel) + float(host["launch_ms"]), 6)
+    if padded is not None:
+        choice["padded_kernel_ms"] = padded
+        choice["padded_ms"] = round(float(padded) + float(host["padded_launch_ms"]), 6)
+    note += (f"; host: {host['launches']} launches{' (its key bias, the attention)' if rep else ''}"
+             f" against SDPA's {host['padded_launches']}, at {host['per_launch_us']:.3g} us "
+             "a launch")
+    if kernel is not None and padded is not None and choice["gemc_ms"] > choice["padded_ms"]:
+        note += "; slower than the model's SDPA, kept: the region runs it on its tokens"
+    choice["note"] = note
     return choice
 
 

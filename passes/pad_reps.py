@@ -45,8 +45,8 @@ the entries of the positions it stands for (``c`` identical keys with entries ``
 the jagged kernel's score bias), which is the attention on the padded values at every
 position: the padded queries of a row are one query, their outputs one value, as the mask
 varies by key only (:func:`_per_key_attention`); its key mask is read in the graph, not
-ahead (TransAct's reads the action-type buffer), and a row keeping no key is NaN there as
-in eager. A reader outside
+ahead (TransAct's reads the action-type buffer), and a row keeping no key is 0 there (no
+gradient), as eager's SDPA gives it. A reader outside
 the region reads the value scattered the same way, i.e. eager's padded value, whatever it
 does with it (an un-masked ``max`` over the positions, a slice of the first tokens).
 Backward: the scatter is a gather, so each representative receives the sum of its copies'

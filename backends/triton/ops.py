@@ -28,6 +28,9 @@ One op per kernel *kind*, not per kernel:
 * ``gemc::jagged_query_attention`` (and its backward) with ``gemc::query_prefix_lengths``:
   padded history queries over dense keys, only the real query rows computed; the lengths
   from a mask checked on the device (a row that is no prefix computes every query row).
+* ``gemc::rep_key_bias``: that attention's per-key bias from its key mask and the layout's
+  offsets, one kernel (:mod:`.rep_key_bias`, defined there: a ``triton_op`` on a GPU,
+  whose launch Inductor compiles into its own code).
 * ``gemc::gather_tokens``, ``gemc::segment_sum`` (and ``gemc::segment_sum_rows``, the
   gather's backward): a packed region's entries and its sums over a row's tokens, whose
   gradients add up in fp32 without atomics.
@@ -68,6 +71,7 @@ from .jagged_attention import (
     broadcast_bias,
 )
 from .packed_tokens import TokenLayout
+from .rep_key_bias import rep_key_bias_op as rep_key_bias_op  # noqa: F401 - registers it
 from .segment_sum import segment_sum_rows as _segment_sum_rows
 from .varlen_key_attention import attention_backward as _varlen_backward
 from .varlen_key_attention import attention_forward as _varlen_forward
@@ -1085,6 +1089,7 @@ NO_KERNELS: dict[str, str] = {
     "wide_mm": "an ATen GEMM",
     "fp8_quantize_rows": "a triton_op: Inductor compiles its kernel with the graph's own",
     "fp8_quantize_cols": "a triton_op: Inductor compiles its kernel with the graph's own",
+    "rep_key_bias": "a triton_op: Inductor compiles its kernel with the graph's own",
 }
 """gemc ops whose host code launches none of gemc's own kernels (nothing to warm), and
 why. The generated groups' ``fused_group`` is in neither table: its kernels are modules

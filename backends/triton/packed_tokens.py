@@ -574,15 +574,27 @@ def rep_key_bias(mask: torch.Tensor, additive: bool, layout: TokenLayout
     biased by ``logsumexp`` of their mask entries, since ``c`` identical keys with entries
     ``m_p`` weigh ``sum_p exp(s + m_p) = exp(s + logsumexp(m))`` in the softmax, forward and
     backward (``-inf`` where none is kept: the empty row's position 0, kept by
-    TransAct's ``mask[:, 0] = 0``, gives its representative ``log 1 = 0``)."""
-    mask = mask_rows(mask)
-    m = mask.float() if additive else \
-        torch.zeros(mask.shape, device=mask.device).masked_fill(~mask.bool(), float("-inf"))
-    suffix = torch.logcumsumexp(m.flip(-1), -1).flip(-1)
-    width = (layout.offsets[1:] - layout.offsets[:-1])[:, None]
-    pos = torch.arange(m.shape[1], device=m.device)[None, :]
-    bias = torch.where(pos < width - 1, m, torch.where(pos == width - 1, suffix, 0.0))
-    return bias, (m > float("-inf")).any(-1)
+    TransAct's ``mask[:, 0] = 0``, gives its representative ``log 1 = 0``). One kernel,
+    ``gemc::rep_key_bias`` (:mod:`.rep_key_bias`, whose doc says why)."""
+    from . import ops  # noqa: F401  (registers the gemc:: ops)
+    from .rep_key_bias import rep_key_bias as _rep_key_bias
+
+    if mask.requires_grad and torch.is_grad_enabled():
+        _warn_mask_grad()
+    return _rep_key_bias(mask.detach(), layout.offsets, bool(additive))
+
+
+def _warn_mask_grad() -> None:
+    import warnings
+
+    warnings.warn(
+        "gemc: the key mask of an attention over padding representatives "
+        "(packed_tokens.rep_attention) requires grad, but the packed attention takes its "
+        "bias as a mask and passes it no gradient (gemc::jagged_attention_values' key_bias, "
+        "as before the bias became one kernel): the mask's gradient is zero here where "
+        "eager's is not. Detach the mask in the model, or compile with "
+        "--disable-pass pack-jagged-tokens",
+        stacklevel=3)
 
 
 def rep_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -592,17 +604,17 @@ def rep_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     with padding representatives, in place: each row's slots as queries and keys, each
     key biased by :func:`rep_key_bias`. Equal to the attention on the padded values the
     representatives scatter to (:func:`scatter`) at every slot; a row keeping no key gives
-    NaN as eager's softmax does."""
+    0 and no gradient, as the SDPA it replaces does (:mod:`.rep_key_bias`: its bias is
+    ``-inf`` on every key; no pass over the output). Two gemc ops forward (the bias, the
+    attention), one backward."""
     from . import ops  # noqa: F401  (registers the gemc:: ops)
 
     qj, kj, vj = one_dtype(*(token_major(x, d) for x, d in zip((q, k, v), dims)))
     if scale is None:
         scale = qj.shape[-1] ** -0.5
-    bias, kept = rep_key_bias(mask, additive, layout)
+    bias, _ = rep_key_bias(mask, additive, layout)
     out, _ = torch.ops.gemc.jagged_attention_values(
         qj, kj, vj, layout.offsets, layout.max_len, float(scale), False, bias)
-    row = layout.index("row")
-    out = torch.where(kept[row][:, None, None], out, float("nan"))
     if q.dim() == 3:  # heads in the batch dim: [T, H, D] -> [H, T, D] at its dims
         bd, ld = dims[3]
         return out.movedim((0, 1), (ld, bd))

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from gemc.cost_model.attention_choice import attention_prices
 from gemc.cost_model.attention_fit import GEMC_GUARDED_CALL_HOST_S
+from gemc.cost_model.launches import GRAPH_LAUNCH_HOST_S
 from gemc.passes.attention_choice import ENV, KEPT_PADDED
 from gemc.passes.match_jagged_attention import SKIPPED
 from torch import nn
@@ -124,8 +125,14 @@ def test_slower_for_its_sync_alone_keeps_the_kernel_a_packed_region_runs(monkeyp
     (region,) = [f for n in gm.graph.nodes if (f := n.meta.get("gemc.packed_region"))]
     assert node.name in region["in_place"]
     prices = node.meta["gemc.kernel"]["attention_prices"]
-    assert not prices["guarded"] and prices["gemc_ms"] == prices["kernel_ms"]
-    assert prices["kernel_ms"] < prices["padded_ms"] < prices["kernel_ms"] + prices["host_ms"]
+    assert not prices["guarded"]
+    # its own launches' host time added, at the step model's per-launch price (issue 17)
+    assert prices["gemc_ms"] == pytest.approx(prices["kernel_ms"] + prices["launch_ms"])
+    assert prices["launch_ms"] == pytest.approx(3 * 1e3 * GRAPH_LAUNCH_HOST_S)
+    assert prices["padded_ms"] == pytest.approx(prices["padded_kernel_ms"]
+                                                + prices["padded_launch_ms"])
+    assert prices["kernel_ms"] < prices["padded_kernel_ms"] \
+        < prices["kernel_ms"] + prices["host_ms"]
     assert "gemc.attention_choice_pending" not in node.meta
     assert not any(KEPT_PADDED in w for w in ctx.warnings)
 
@@ -185,7 +192,11 @@ def test_settle_keeps_a_match_a_packed_region_runs_and_ungroups_the_rest():
     ctx = PassContext()
     assert settle(gm, ctx) == 1
     choice = kept.meta[ir.KERNEL]["attention_prices"]
-    assert choice["gemc_ms"] == 5.19 < choice["padded_ms"] and choice["copies_ms"] == 0.0
+    # the kernel and its 3 launches' host, against SDPA's kernels and its 4 launches'
+    launch = 1e3 * GRAPH_LAUNCH_HOST_S
+    assert choice["gemc_ms"] == pytest.approx(5.19 + 3 * launch) and choice["copies_ms"] == 0.0
+    assert choice["padded_ms"] == pytest.approx(5.43 + 4 * launch)
+    assert (choice["launches"], choice["padded_launches"]) == (3, 4)
     assert kept.meta[ir.GROUP] == "jagged_attention_0" and PENDING not in kept.meta
     assert ir.KERNEL not in dropped.meta and ir.GROUP not in dropped.meta
     assert dropped.meta[SKIPPED] == "kept-padded: x"
@@ -214,12 +225,45 @@ def test_settle_prices_a_kept_match_at_its_regions_sampled_share():
                                                  "fill": 1.0, "fill_source": "padded: x"}}
     attn.meta[PENDING] = (SKIPPED, "{node} stays padded SDPA ({why})", "kept-padded: x")
     region.meta[ir.PACKED_REGION] = {"id": "packed_tokens_0", "in_place": [attn.name],
-                                     "attention_fill": 0.35}
+                                     "attention_fill": 0.35, "rep_attentions": [attn.name]}
     assert settle(gm, PassContext()) == 0
     choice = attn.meta[ir.KERNEL]["attention_prices"]
-    assert choice["kernel_ms"] == pytest.approx(1.03 * 0.35) == choice["gemc_ms"]
+    assert choice["kernel_ms"] == pytest.approx(1.03 * 0.35)
+    # over padding representatives: its key bias kernel and the attention's three
+    launch = 1e3 * GRAPH_LAUNCH_HOST_S
+    assert choice["launches"] == 4 and choice["launch_ms"] == pytest.approx(4 * launch)
+    assert choice["gemc_ms"] == pytest.approx(1.03 * 0.35 + 4 * launch)
+    assert choice["padded_ms"] == pytest.approx(0.697 + 4 * launch)
     assert choice["fill"] == 0.35 and "region" in choice["fill_source"]
     assert not choice["guarded"] and choice["gemc_ms"] < choice["padded_ms"]
+    assert "slower" not in choice["note"]
+
+
+def test_settle_records_a_region_attention_priced_slower_and_keeps_it():
+    """A region attention whose kernel and launches cost more than the model's SDPA is kept
+    (the region runs it on its tokens), its note saying it is priced slower."""
+    from gemc.passes.attention_choice import PENDING, settle
+
+    from gemc.context import PassContext
+
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    attn = graph.call_function(torch.relu, (x,))
+    graph.output(attn)
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    attn.meta[ir.GROUP] = "key_padding_attention_0"
+    attn.meta[ir.KERNEL] = {"id": "key_padding_attention_0", "kind": "key_padding_attention",
+                            "attention_prices": {"gemc_ms": 2.0, "kernel_ms": 0.5,
+                                                 "copies_ms": 0.0, "host_ms": 1.64,
+                                                 "padded_ms": 0.45, "guarded": True,
+                                                 "fill": 1.0, "fill_source": "padded: x"}}
+    attn.meta[PENDING] = (SKIPPED, "{node} stays padded SDPA ({why})", "kept-padded: x")
+    attn.meta[ir.PACKED_REGION] = {"id": "packed_tokens_0", "in_place": [attn.name],
+                                   "rep_attentions": [attn.name]}
+    assert settle(gm, PassContext()) == 0
+    choice = attn.meta[ir.KERNEL]["attention_prices"]
+    assert choice["gemc_ms"] > choice["padded_ms"] and "slower" in choice["note"]
+    assert attn.meta[ir.GROUP] == "key_padding_attention_0"
 
 
 def test_transact_packs_and_keeps_its_attentions_under_the_priced_choice(monkeypatch):
