@@ -129,9 +129,41 @@ def host_profile(fn: Call, calls: int = 50, top: int = 30) -> str:
         torch.cuda.synchronize()
     text = io.StringIO()
     stats = pstats.Stats(prof, stream=text)
+    text.write(launch_counts(stats, calls) + "\n")
     stats.sort_stats("tottime").print_stats(top)
     stats.sort_stats("cumulative").print_stats(top)
     return text.getvalue()
+
+
+def _launchers() -> dict[str, Any]:
+    """The functions a gemc kernel launch passes through, by the name a report gives them:
+    Triton's launch (compiled, or the interpreter's), its autotuner, and gemc's direct
+    path past the autotuner on a decided config (``backends/triton/direct_launch.py``)."""
+    from gemc.backends.triton.direct_launch import DirectAutotuner
+    from triton.runtime.autotuner import Autotuner
+    from triton.runtime.jit import JITFunction
+
+    out = {"triton launches (JITFunction.run)": JITFunction.run,
+           "Autotuner.run": Autotuner.run, "direct (DirectAutotuner.run)": DirectAutotuner.run}
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+
+        out["interpreted launches (InterpretedFunction.run)"] = InterpretedFunction.run
+    except ImportError:
+        pass
+    return out
+
+
+def launch_counts(stats: Any, calls: int) -> str:
+    """One line: how many times per call each of :func:`_launchers` ran, from a cProfile
+    ``pstats.Stats``. Why: the host's cost of a gemc call is mostly per launch (issue 17:
+    two zero-fill launches and three ``Autotuner.run``s of a fwd+bwd's five launches), and
+    the counts show it on the CPU as on the GPU."""
+    where = {name: (fn.__code__.co_filename, fn.__code__.co_firstlineno, fn.__code__.co_name)
+             for name, fn in _launchers().items()}
+    counts = {name: sum(row[0] for key, row in stats.stats.items() if key == at) / calls
+              for name, at in where.items()}
+    return "launches a call: " + ", ".join(f"{name} {n:g}" for name, n in counts.items())
 
 
 def kernels_ms(fn: Call, calls: int = 10) -> dict[str, Any]:

@@ -34,6 +34,8 @@ from typing import Any
 import torch
 import triton
 
+from .direct_launch import DirectAutotuner
+
 __all__ = ["AUTOTUNE_ENV", "COLD_BENCH_MS", "H200_SHARED_MEMORY", "RECORD_NAME", "ConfigChoice",
            "Preferred", "Tiles", "autotune", "autotuning_requested", "forget", "ran",
            "record_tuned", "report", "shared_memory_bytes", "shared_memory_limit", "tuning_key"]
@@ -226,7 +228,9 @@ def autotune(configs: list[triton.Config], key: list[str], *, name: str,
     too, for kernels whose tuning costs little next to a wrong pick (small configs that
     all compile). ``accumulates``: given a launch's arguments, the outputs it adds into,
     zeroed before each timed run when it autotunes (Triton's ``reset_to_zero``, decided
-    per launch: a kernel may add into an output under one constexpr and not another)."""
+    per launch: a kernel may add into an output under one constexpr and not another).
+    A launch of a key already decided skips ``Autotuner.run`` (:mod:`.direct_launch`;
+    ``GEMC_DIRECT_LAUNCH=0`` turns that off)."""
     hook = ConfigChoice(name, key, tiles, prefer, tune_cold=tune_cold)
 
     def zero_outputs(nargs: dict[str, Any], reset_only: bool = False) -> None:
@@ -234,10 +238,10 @@ def autotune(configs: list[triton.Config], key: list[str], *, name: str,
             nargs[out].zero_()
 
     def wrap(fn: Any) -> Any:
-        tuner = triton.autotune(configs=configs, key=key,
-                                prune_configs_by={"early_config_prune": hook},
-                                pre_hook=zero_outputs if accumulates is not None else None,
-                                do_bench=hook.bench)(fn)
+        tuner = DirectAutotuner.adopt(triton.autotune(
+            configs=configs, key=key, prune_configs_by={"early_config_prune": hook},
+            pre_hook=zero_outputs if accumulates is not None else None,
+            do_bench=hook.bench)(fn))
         hook.arg_names = list(getattr(fn, "arg_names", ()))
         hook.fn = fn
         _KERNELS[name] = (hook, tuner)

@@ -33,8 +33,11 @@ uses atomics, so results are deterministic.
 
 Grid: one program per (query block, sequence, head) of the forward and dq kernels, and per
 (key block, sequence, head) of the dk/dv kernel; a program whose block starts past its
-sequence's end exits at once. ``max_len`` (the longest sequence, passed to avoid a host
-sync) sizes the grid; sequences longer than ``max_len`` are an error the kernels cannot see.
+sequence's end exits at once, after zeroing its chunk of the rows no sequence covers (the
+outputs are never zero-filled first: :func:`written_rows`). ``max_len`` (the longest
+sequence, passed to avoid a host sync) sizes the grid (:func:`grid_rows`: more blocks only
+where the buffers have more than ``B * max_len`` rows); sequences longer than ``max_len``
+are an error the kernels cannot see.
 
 Inputs may be fp32 or bf16 (fp16 works too); all accumulation is fp32, products of fp32
 inputs are IEEE fp32 (no TF32), and outputs and gradients have the input dtype.
@@ -63,7 +66,7 @@ from .runtime import (
     mma,
     next_pow2,
 )
-from .uncovered_rows import uninitialised, zero_uncovered_rows
+from .uncovered_rows import uninitialised
 
 __all__ = ["jagged_attention", "jagged_attention_reference", "JaggedAttentionFunction"]
 
@@ -161,15 +164,29 @@ other flags against 1.369 for the defaults' two-kernel path, max abs error 4.9e-
 ``GEMC_SILU_KEY_BLOCK_BACKWARD=0`` runs the two-kernel backward."""
 
 
-def written_rows(like: torch.Tensor, offsets: torch.Tensor, pad_len: int, count: int = 1
+def written_rows(like: torch.Tensor, count: int = 1, zeroed: bool = False
                  ) -> list[torch.Tensor]:
     """``count`` contiguous buffers of ``like``'s shape and dtype for outputs the kernels
-    store row by row: :func:`uninitialised`, then zeros into the rows no sequence covers
-    (:func:`.uncovered_rows.zero_uncovered_rows`, one launch) instead of a ``torch.zeros``
-    of every row that the kernels then overwrite."""
+    write in full: :func:`uninitialised`, no fill. The kernel that stores a buffer's rows
+    also stores zeros into the rows no sequence covers (:func:`_zero_uncovered`), so
+    neither a ``torch.zeros`` of every row nor a zero-fill launch of its own is needed.
+    ``zeroed``: ``torch.zeros`` instead, for a call whose kernels do not run (no sequence,
+    or ``max_len == 0``: every row is uncovered and nothing launches to zero it)."""
+    if zeroed:
+        return [torch.zeros(like.shape, dtype=like.dtype, device=like.device)
+                for _ in range(count)]
     strides = torch.empty(like.shape, device="meta").stride()
-    return zero_uncovered_rows([uninitialised(tuple(like.shape), strides, like.dtype, like.device)
-                                for _ in range(count)], offsets, pad_len)
+    return [uninitialised(tuple(like.shape), strides, like.dtype, like.device)
+            for _ in range(count)]
+
+
+def grid_rows(total: int, batch: int, max_len: int) -> int:
+    """The rows per sequence a kernel's grid spans: ``max_len``, or more where the buffers
+    have more than ``batch * max_len`` rows, so that the grid's (sequence, block) programs,
+    one ``BLOCK``-row chunk of the buffer each (:func:`_zero_uncovered`), reach every row.
+    Equal to ``max_len`` for a packed region's buffer (``B * max_len`` slots) and for the
+    padded layout (``B * pad_len`` rows, ``pad_len <= max_len``)."""
+    return max(max_len, -(-total // max(batch, 1)))
 
 
 def uses_key_block_backward(meta: dict) -> bool:
@@ -277,6 +294,45 @@ def _store_rows(base, start, offs, row_len, stride_t, offs_d, x, HEAD_DIM: tl.co
     ptrs = base + (start + offs[:, None]) * stride_t + offs_d[None, :]
     mask = (offs[:, None] < row_len) & (offs_d[None, :] < HEAD_DIM)
     tl.store(ptrs, x.to(base.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _zero_uncovered(base, chunk, offsets_ptr, n_seqs, total_rows, pad_len, stride_t, offs_d,
+                    HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
+    """Zeros into the rows of chunk ``chunk`` (rows ``[chunk * BLOCK, +BLOCK)`` of a
+    ``[total_rows, H, D]`` output, one head: ``base``) that no sequence covers, and nowhere
+    else: with ``pad_len == 0`` the rows outside ``[offsets[0], offsets[n_seqs])`` (a packed
+    buffer's spare slots); with ``pad_len > 0`` (the padded layout) row ``r``'s position
+    ``r % pad_len`` at or past its sequence's length (clamped to ``pad_len``), and every
+    row past ``n_seqs * pad_len``.
+
+    Why here: each kernel that stores an output's rows calls it once per program, for its
+    own chunk (:func:`grid_rows` sizes the grid so the chunks reach every row), so the
+    outputs need neither a ``torch.zeros`` nor a zero-fill launch (issue 17: those
+    launches were two of a fwd+bwd's five, each ~0.1 ms of host). A packed chunk inside
+    ``[offsets[0], offsets[n_seqs])`` (nearly all of them) costs two scalar loads. The two
+    layouts' bounds are computed as blocks of one type and selected (``tl.where``): a
+    run-time branch whose arms give a variable different types does not compile for the
+    GPU."""
+    lo = chunk.to(tl.int64) * BLOCK
+    first = tl.load(offsets_ptr).to(tl.int64)
+    end = tl.load(offsets_ptr + n_seqs).to(tl.int64)
+    hi = tl.minimum(lo + BLOCK, total_rows)
+    if (lo < total_rows) & ((pad_len > 0) | (lo < first) | (hi > end)):
+        rows = lo + tl.arange(0, BLOCK)
+        padded = (tl.zeros_like(rows) + pad_len) > 0
+        seq = tl.where(padded, rows // tl.maximum(pad_len, 1), 0)
+        has = (rows < total_rows) & (seq < n_seqs)
+        begin = tl.load(offsets_ptr + seq, mask=has, other=0).to(tl.int64)
+        stop = tl.load(offsets_ptr + tl.where(padded, seq + 1, n_seqs), mask=has,
+                       other=0).to(tl.int64)
+        row0 = tl.where(padded, seq * pad_len, begin)
+        length = tl.where(padded, tl.minimum(stop - begin, pad_len), stop - begin)
+        covered = has & (rows >= row0) & (rows < row0 + length)
+        zero = (rows < total_rows) & (covered == 0)
+        ptrs = base + rows[:, None] * stride_t + offs_d[None, :]
+        tl.store(ptrs, tl.zeros([BLOCK, offs_d.shape[0]], base.dtype.element_ty),
+                 mask=zero[:, None] & (offs_d[None, :] < HEAD_DIM))
 
 
 @triton.jit
@@ -514,7 +570,7 @@ def _accumulated(args: dict, outputs: tuple[str, ...], writes_bias_grad: bool
 def _fwd_kernel(
     Q, K, V, Out, LSE, offsets_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-    stride_lse_h, n_heads, scale, inv_max_len, pad_len,
+    stride_lse_h, n_heads, scale, inv_max_len, pad_len, total_rows,
     BIAS, DBIAS, stride_bb, stride_bh, stride_bi, stride_bj,
     stride_dbb, stride_dbh, stride_dbi, stride_dbj,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
@@ -532,10 +588,14 @@ def _fwd_kernel(
     h = pid_bh % n_heads
     start, row_len = _sequence(offsets_ptr, b, pad_len)
     start_m = pid_m * BLOCK_M
+    offs_d = tl.arange(0, BLOCK_D)
+    # this program's chunk of the output's uncovered rows (written_rows: never zero-filled)
+    _zero_uncovered(Out + h * stride_oh, b * tl.num_programs(1) + tl.program_id(1),
+                    offsets_ptr, tl.num_programs(0) // n_heads, total_rows, pad_len,
+                    stride_ot, offs_d, HEAD_DIM, BLOCK_M)
     if start_m >= row_len:
         return
     offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
     q = _load_rows(Q + h * stride_qh, start, offs_m, row_len, stride_qt, offs_d, HEAD_DIM,
                    EVEN_D, True)
     k_base = K + h * stride_kh
@@ -573,7 +633,7 @@ def _bwd_dq_kernel(
     Q, K, V, Out, DO, DQ, LSE, DELTA, offsets_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     stride_dot, stride_doh, stride_dqt, stride_dqh,
-    stride_lse_h, n_heads, scale, inv_max_len, pad_len,
+    stride_lse_h, n_heads, scale, inv_max_len, pad_len, total_rows,
     BIAS, DBIAS, stride_bb, stride_bh, stride_bi, stride_bj,
     stride_dbb, stride_dbh, stride_dbi, stride_dbj,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
@@ -592,10 +652,13 @@ def _bwd_dq_kernel(
     h = pid_bh % n_heads
     start, row_len = _sequence(offsets_ptr, b, pad_len)
     start_m = pid_m * BLOCK_M
+    offs_d = tl.arange(0, BLOCK_D)
+    _zero_uncovered(DQ + h * stride_dqh, b * tl.num_programs(1) + tl.program_id(1),
+                    offsets_ptr, tl.num_programs(0) // n_heads, total_rows, pad_len,
+                    stride_dqt, offs_d, HEAD_DIM, BLOCK_M)
     if start_m >= row_len:
         return
     offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
     q = _load_rows(Q + h * stride_qh, start, offs_m, row_len, stride_qt, offs_d, HEAD_DIM,
                    EVEN_D, True)
     do = _load_rows(DO + h * stride_doh, start, offs_m, row_len, stride_dot, offs_d, HEAD_DIM,
@@ -640,7 +703,7 @@ def _bwd_dkdv_kernel(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_dot, stride_doh, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
     stride_dqt, stride_dqh,
-    stride_lse_h, n_heads, scale, inv_max_len, pad_len,
+    stride_lse_h, n_heads, scale, inv_max_len, pad_len, total_rows,
     BIAS, DBIAS, stride_bb, stride_bh, stride_bi, stride_bj,
     stride_dbb, stride_dbh, stride_dbi, stride_dbj,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
@@ -660,10 +723,16 @@ def _bwd_dkdv_kernel(
     h = pid_bh % n_heads
     start, row_len = _sequence(offsets_ptr, b, pad_len)
     start_n = pid_n * BLOCK_N
+    offs_d = tl.arange(0, BLOCK_D)
+    chunk = b * tl.num_programs(1) + pid_n
+    n_seqs = tl.num_programs(0) // n_heads
+    _zero_uncovered(DK + h * stride_dkh, chunk, offsets_ptr, n_seqs, total_rows, pad_len,
+                    stride_dkt, offs_d, HEAD_DIM, BLOCK_N)
+    _zero_uncovered(DV + h * stride_dvh, chunk, offsets_ptr, n_seqs, total_rows, pad_len,
+                    stride_dvt, offs_d, HEAD_DIM, BLOCK_N)
     if start_n >= row_len:
         return
     offs_n = start_n + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
     k = _load_rows(K + h * stride_kh, start, offs_n, row_len, stride_kt, offs_d, HEAD_DIM,
                    EVEN_D, True)
     v = _load_rows(V + h * stride_vh, start, offs_n, row_len, stride_vt, offs_d, HEAD_DIM,
@@ -736,8 +805,9 @@ def _meta(q: torch.Tensor, causal: bool, kind: str, silu_normalizer: str) -> dic
     }
 
 
-def _grid(batch: int, heads: int, max_len: int, block: str):
-    return lambda cfg: (batch * heads, triton.cdiv(max_len, cfg[block]))
+def _grid(batch: int, heads: int, rows: int, block: str):
+    """One program per (sequence and head, ``block`` of ``rows``: :func:`grid_rows`)."""
+    return lambda cfg: (batch * heads, triton.cdiv(rows, cfg[block]))
 
 
 def _bias_args(bias: torch.Tensor | None, dbias: torch.Tensor | None, q: torch.Tensor
@@ -757,16 +827,17 @@ def _attention_forward(q, k, v, offsets, max_len: int, scale: float, meta: dict,
     """``pad_len > 0``: q, k, v are ``[B * pad_len, H, D]`` padded rows (``_sequence``)."""
     total, heads, _ = q.shape
     batch = offsets.numel() - 1
-    out = written_rows(q, offsets, pad_len)[0]
+    empty = total == 0 or batch == 0 or max_len == 0
+    out = written_rows(q, zeroed=empty)[0]
     lse_rows = 0 if meta["SILU"] else total
     lse = torch.zeros((heads, lse_rows), device=q.device, dtype=torch.float32)
-    if total == 0 or batch == 0 or max_len == 0:
+    if empty:
         return out, lse
-    _fwd_kernel[_grid(batch, heads, max_len, "BLOCK_M")](
+    _fwd_kernel[_grid(batch, heads, grid_rows(total, batch, max_len), "BLOCK_M")](
         q, k, v, out, lse, offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1), lse.stride(0), heads, scale, 1.0 / max_len, pad_len,
-        *_bias_args(bias, dbias, q), **meta,
+        total, *_bias_args(bias, dbias, q), **meta,
     )
     return out, lse
 
@@ -777,21 +848,22 @@ def _attention_backward(q, k, v, out, lse, do, offsets, max_len: int, scale: flo
     total, heads, _ = q.shape
     batch = offsets.numel() - 1
     fused = bool(meta.get("FUSED_DQ"))  # dq summed by the dk/dv kernel, in fp32
-    if fused:
-        dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
-        dk, dv = written_rows(k, offsets, pad_len, 2)
-    else:
-        dq, dk, dv = written_rows(q, offsets, pad_len, 3)
     empty = total == 0 or batch == 0 or max_len == 0
+    rows = grid_rows(total, batch, max_len)
+    if fused:  # the atomics add into it: zeroed
+        dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+        dk, dv = written_rows(k, 2, zeroed=empty)
+    else:
+        dq, dk, dv = written_rows(q, 3, zeroed=empty)
     if uses_key_block_backward(meta):
         from .silu_key_block_backward import silu_key_block_backward
 
         if not fused and not empty:  # the dq kernel, its bias gradient left to dk/dv's
-            _bwd_dq_kernel[_grid(batch, heads, max_len, "BLOCK_M")](
+            _bwd_dq_kernel[_grid(batch, heads, rows, "BLOCK_M")](
                 q, k, v, out, do, dq, lse, lse, offsets,
                 q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                 out.stride(0), out.stride(1), do.stride(0), do.stride(1), dq.stride(0),
-                dq.stride(1), lse.stride(0), heads, scale, 1.0 / max_len, pad_len,
+                dq.stride(1), lse.stride(0), heads, scale, 1.0 / max_len, pad_len, total,
                 *_bias_args(bias, None, q), **{**meta, "BIAS_GRAD": False},
             )
         # an empty batch still writes its bias gradient's zeros (the buffer is not zeroed)
@@ -802,19 +874,20 @@ def _attention_backward(q, k, v, out, lse, do, offsets, max_len: int, scale: flo
         return dq.to(q.dtype), dk, dv
     delta = torch.empty_like(lse)
     if not fused:
-        _bwd_dq_kernel[_grid(batch, heads, max_len, "BLOCK_M")](
+        _bwd_dq_kernel[_grid(batch, heads, rows, "BLOCK_M")](
             q, k, v, out, do, dq, lse, delta, offsets,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             out.stride(0), out.stride(1), do.stride(0), do.stride(1), dq.stride(0),
-            dq.stride(1), lse.stride(0), heads, scale, 1.0 / max_len, pad_len,
+            dq.stride(1), lse.stride(0), heads, scale, 1.0 / max_len, pad_len, total,
             *_bias_args(bias, dbias, q), **meta,
         )
-    _bwd_dkdv_kernel[_grid(batch, heads, max_len, "BLOCK_N")](
+    _bwd_dkdv_kernel[_grid(batch, heads, rows, "BLOCK_N")](
         q, k, v, do, dk, dv, dq, lse, delta, offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         do.stride(0), do.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
         dq.stride(0), dq.stride(1),
-        lse.stride(0), heads, scale, 1.0 / max_len, pad_len, *_bias_args(bias, dbias, q), **meta,
+        lse.stride(0), heads, scale, 1.0 / max_len, pad_len, total,
+        *_bias_args(bias, dbias, q), **meta,
     )
     return dq.to(q.dtype), dk, dv
 

@@ -47,7 +47,16 @@ import triton.language as tl
 
 from . import config_choice
 from .config_choice import Preferred, Tiles
-from .jagged_attention import _inv_norm, _load_rows, _query_blocks, _sequence, _sigmoid, _store_rows
+from .jagged_attention import (
+    _inv_norm,
+    _load_rows,
+    _query_blocks,
+    _sequence,
+    _sigmoid,
+    _store_rows,
+    _zero_uncovered,
+    grid_rows,
+)
 from .runtime import MIN_DOT, autotune_configs, mma
 
 __all__ = ["silu_key_block_backward"]
@@ -177,7 +186,7 @@ def _bwd_silu_kv_kernel(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_dot, stride_doh, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
     stride_dqt, stride_dqh,
-    n_heads, heads_per_program, n_rows, scale, inv_max_len, pad_len, db_rows,
+    n_heads, heads_per_program, n_rows, scale, inv_max_len, pad_len, db_rows, total_rows,
     BIAS, DB_SUM, DB_OUT, stride_bb, stride_bh, stride_bi, stride_bj,
     stride_dbb, stride_dbh, stride_dbi, stride_dbj,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
@@ -202,6 +211,15 @@ def _bwd_silu_kv_kernel(
     inv_norm = _inv_norm(row_len, inv_max_len, NORM_BY_OWN_LEN)
     lo, diag, full = _query_blocks(start_n, row_len, BLOCK_M, BLOCK_N, CAUSAL)
     db_strip = b.to(tl.int64) * stride_dbb + h0 * stride_dbh
+    # this program's chunk of dk's and dv's uncovered rows, for its heads (the buffers are
+    # never zero-filled: jagged_attention.written_rows); n_rows spans every row
+    chunk = b * key_blocks + pid % key_blocks
+    n_seqs = tl.num_programs(0) // (key_blocks * groups)
+    for i in range(0, heads_per_program):
+        _zero_uncovered(DK + (h0 + i) * stride_dkh, chunk, offsets_ptr, n_seqs, total_rows,
+                        pad_len, stride_dkt, offs_d, HEAD_DIM, BLOCK_N)
+        _zero_uncovered(DV + (h0 + i) * stride_dvh, chunk, offsets_ptr, n_seqs, total_rows,
+                        pad_len, stride_dvt, offs_d, HEAD_DIM, BLOCK_N)
     if start_n < row_len:
         for i in range(0, heads_per_program):
             h = h0 + i
@@ -264,7 +282,7 @@ def silu_key_block_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             scale: float, meta: dict, bias: torch.Tensor | None,
                             dbias: torch.Tensor | None, pad_len: int = 0) -> None:
     """Writes dk and dv (``[N, H, D]`` contiguous, q's dtype) of the silu attention into
-    every row a sequence covers (the caller zeroes the others:
+    every row a sequence covers and zeros into every other row (they come uninitialised:
     :func:`~.jagged_attention.written_rows`); adds dq's share into ``dq`` (fp32, zeroed)
     when ``meta["FUSED_DQ"]``; writes every element of ``dbias``
     (the ``[B, H, Lb, Lb]`` view of :func:`~.jagged_attention.bias_grad_buffer`'s output,
@@ -291,14 +309,15 @@ def silu_key_block_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     bs = bias.stride() if bias is not None else (0, 0, 0, 0)
     d = dbias if bias_grad else q
     ds = dbias.stride() if bias_grad else (0, 0, 0, 0)
-    rows = max(max_len, db_rows)
+    # key blocks enough for the bias's gradient and for every row of dk and dv
+    rows = max(grid_rows(total, batch, max_len), db_rows)
     programs = batch * (heads // per_program)
     _bwd_silu_kv_kernel[lambda cfg: (triton.cdiv(rows, cfg["BLOCK_N"]) * programs,)](
         q, k, v, do, dk, dv, dq, offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         do.stride(0), do.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
         dq.stride(0), dq.stride(1),
-        heads, per_program, rows, scale, 1.0 / max(max_len, 1), pad_len, db_rows,
+        heads, per_program, rows, scale, 1.0 / max(max_len, 1), pad_len, db_rows, total,
         b, db_sum if bias_grad else q, d, *bs, *ds,
         **kernel_meta, BIAS_GRAD=bias_grad, HEADS_LOOP=heads_loop,
     )

@@ -388,8 +388,7 @@ _KERNEL_MODULES = ("gemc.backends.triton.jagged_attention",
                    "gemc.backends.triton.masked_row_update",
                    "gemc.backends.triton.segment_sum",
                    "gemc.backends.triton.small_table_gather",
-                   "gemc.backends.triton.silu_key_block_backward",
-                   "gemc.backends.triton.uncovered_rows")
+                   "gemc.backends.triton.silu_key_block_backward")
 
 
 def default_workers() -> int:

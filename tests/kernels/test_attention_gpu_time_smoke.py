@@ -29,3 +29,15 @@ def test_smoke_times_transacts_region_attention_eager_compiled_and_its_bias() ->
     for r in entry["rows"]:
         assert "error" not in r and r["do_bench_ms"] > 0, r
     assert 0 < entry["tokens"] <= entry["shape"]["batch"] * entry["shape"]["max_len"]
+
+
+def test_host_profile_counts_the_launches_of_a_fwd_bwd(tmp_path) -> None:
+    """``--profile-host`` on the CPU: HSTU's silu fwd+bwd (key-block backward) launches
+    three kernels a call (forward, dq, dk/dv: the uncovered rows' zeros are the kernels'
+    own), none through ``Autotuner.run`` once its configs are decided."""
+    bench = load_benchmark("attention_gpu_time")
+    out = tmp_path / "host.txt"
+    bench.main(["--smoke", "--models", "hstu", "--profile-host", str(out)])
+    line = next(x for x in out.read_text().splitlines() if x.startswith("launches a call"))
+    assert "interpreted launches (InterpretedFunction.run) 3," in line + ",", line
+    assert "Autotuner.run 0," in line and "direct (DirectAutotuner.run) 3" in line, line

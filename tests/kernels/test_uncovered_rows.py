@@ -1,11 +1,16 @@
 """The attention's outputs are never zero-filled first (``jagged_attention.written_rows``):
-the kernels store every row a sequence covers and ``zero_uncovered_rows`` zeroes the others.
+the kernel that stores a buffer's covered rows also stores zeros into the rows no sequence
+covers (``_zero_uncovered``, one chunk of rows per program), so no launch of its own does.
 
-Intent: ``zero_uncovered_rows`` touches only the uncovered rows (a covered row keeps what was
-there), in both layouts. Numbers: with every uninitialised buffer NaN, the softmax and silu
-attentions over packed values with spare slots past ``offsets[-1]`` (the packed token
-regions' buffers), forward and backward, equal the reference and are exactly zero in the
-spare slots."""
+Intent: with every uninitialised buffer NaN, out, dq, dk and dv equal the reference on the
+rows the sequences cover and are exactly 0 on every other row, in both layouts: packed
+values with rows before ``offsets[0]`` and spare slots past ``offsets[-1]`` (as many as
+the grid reaches with ``max_len`` alone, and more: ``grid_rows``), and padded rows read in
+place (a row's tail past its length, a length longer than the pad, rows past
+``B * pad_len``); for the softmax's two-kernel backward and every silu backward (key-block
+or two-kernel, dq fused with atomics into a zeroed fp32 buffer or from the dq kernel, the
+heads looped over a shared bias). And each launch those paths make compiles for sm_90
+(the interpreter accepts what the GPU compiler refuses)."""
 
 from __future__ import annotations
 
@@ -18,62 +23,108 @@ from pathlib import Path
 
 import pytest
 import torch
-from gemc.backends.triton import jagged_attention
+from gemc.backends.triton import ops
+from gemc.backends.triton.jagged import padded_to_jagged_reference
 from gemc.backends.triton.jagged_attention import jagged_attention_reference
-from gemc.backends.triton.uncovered_rows import zero_uncovered_rows
-from kernel_helpers import fresh_generator, nan_buffers
+from kernel_helpers import fresh_generator, nan_buffers, silu_padded_reference
 
 from tests.hopper_target import HOPPER_DRIVER
 
 kernel = importlib.import_module("gemc.backends.triton.jagged_attention")
 REPO = Path(__file__).resolve().parents[2]
+H, D = 2, 16
 
 
-def test_only_rows_outside_the_sequences_are_zeroed():
-    """Packed layout: rows before ``offsets[0]`` and from ``offsets[-1]`` on; three buffers
-    of one launch, fp32 and bf16 alike."""
-    offsets = torch.tensor([2, 5, 5, 9])
-    bufs = [torch.full((12, 2, 3), 7.0), torch.full((12, 2, 3), 7.0),
-            torch.full((12, 2, 3), 7.0, dtype=torch.bfloat16)]
-    zero_uncovered_rows(bufs, offsets)
-    covered = torch.zeros(12, dtype=torch.bool)
-    covered[2:9] = True
-    for b in bufs:
-        assert (b[covered] == 7).all() and (b[~covered] == 0).all()
+def _layout(lengths: list[int], pad: int, layout: str, spare: int
+            ) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """(the kernels' offsets, the covered rows in packed order, the buffer's rows, pad_len)
+    of a batch whose clamped lengths are ``min(len, pad)``."""
+    kept = [min(n, pad) for n in lengths]
+    if layout == "packed":  # 3 rows before offsets[0], ``spare`` past offsets[-1]
+        shift = 3
+        offsets = torch.tensor([shift] + [shift + sum(kept[:i + 1]) for i in range(len(kept))])
+        return offsets, torch.arange(shift, shift + sum(kept)), shift + sum(kept) + spare, 0
+    ends = torch.tensor([0] + lengths).cumsum(0)  # unclamped: the kernels clamp
+    rows = torch.cat([b * pad + torch.arange(n) for b, n in enumerate(kept)])
+    return ends, rows, len(lengths) * pad + spare, pad
 
 
-def test_padded_layout_zeroes_each_rows_tail_and_rows_past_the_batch():
-    """Padded ``[B, pad_len]`` layout: row ``b``'s positions from its length (clamped to
-    ``pad_len``) on, and every row past ``B * pad_len``; lengths 0, full, longer than the
-    pad, ragged."""
-    pad, lengths = 4, [0, 4, 6, 3]
-    offsets = torch.tensor([0, 0, 4, 10, 13])
-    buf = torch.full((len(lengths) * pad + 3, 5), 7.0)
-    zero_uncovered_rows([buf], offsets, pad_len=pad)
-    for r in range(buf.shape[0]):
-        b, pos = divmod(r, pad)
-        kept = b < len(lengths) and pos < min(lengths[b], pad)
-        assert (buf[r] == (7.0 if kept else 0.0)).all(), r
+def _scatter(x: torch.Tensor, rows: torch.Tensor, total: int) -> torch.Tensor:
+    """Packed ``x`` into a ``total``-row buffer at ``rows``; the other rows random (the
+    kernels must never read them)."""
+    out = torch.randn(total, *x.shape[1:])
+    out[rows] = x
+    return out
 
 
-def test_rejects_buffers_of_different_shapes():
-    with pytest.raises(ValueError, match="one shape"):
-        zero_uncovered_rows([torch.zeros(3, 2), torch.zeros(4, 2)], torch.tensor([0, 3]))
+@pytest.mark.parametrize("kind, key_block, fused, bias", [
+    ("softmax", False, False, False),
+    ("silu", True, False, True),    # key-block backward, dq kernel, heads looped (bias)
+    ("silu", True, True, False),    # key-block backward, dq fused (atomics)
+    ("silu", False, False, False),  # two-kernel backward
+    ("silu", False, True, True),    # two-kernel backward, dq fused, bias
+])
+@pytest.mark.parametrize("layout, spare", [("packed", 5), ("packed", 60), ("padded", 3)])
+def test_uncovered_rows_read_zero_and_the_rest_matches_the_reference(
+        monkeypatch, kind, key_block, fused, bias, layout, spare):
+    """Every buffer NaN before the kernels run: the covered rows equal the reference, the
+    others are exactly 0 (a row no program zeroed would be NaN). Lengths 0, ragged, the
+    pad, and (padded) one longer than the pad; 60 spare slots need more programs than
+    ``max_len`` gives (``grid_rows``)."""
+    monkeypatch.setattr(kernel, "uninitialised", nan_buffers)
+    monkeypatch.setattr(kernel, "SILU_KEY_BLOCK_BACKWARD", key_block)
+    monkeypatch.setattr(kernel, "FUSED_SILU_BACKWARD", fused)
+    gen = fresh_generator()
+    pad, causal = 17, kind == "silu"
+    lengths = [5, 0, 17, 9] if layout == "packed" else [5, 0, 20, 9]
+    offsets, rows, total, pad_len = _layout(lengths, pad, layout, spare)
+    kept = [min(n, pad) for n in lengths]
+    packed_offsets = torch.tensor([0] + kept).cumsum(0)
+    q, k, v, g = (torch.randn(sum(kept), H, D, generator=gen) for _ in range(4))
+    b = (0.5 * torch.randn(len(lengths), 1, pad, pad, generator=gen)) if bias else None
+    if kind == "silu":
+        ref = silu_padded_reference(q, k, v, b, g, packed_offsets, pad, causal)
+        want = [padded_to_jagged_reference(t, packed_offsets, sum(kept)) for t in ref[:4]]
+    else:
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = jagged_attention_reference(*leaves, packed_offsets, pad, causal=causal)
+        want = [out.detach(), *torch.autograd.grad(out, leaves, g)]
+    x = [_scatter(t, rows, total) for t in (q, k, v, g)]
+    scale = D ** -0.5
+    if kind == "silu":
+        got = [ops._silu_forward(x[:3], offsets, b, pad, scale, causal, pad_len)]
+        grads, dbias = ops._silu_grads(x[:3], x[3], offsets, b, pad, scale, causal,
+                                       bias, pad_len)
+        got += grads
+        if bias:
+            torch.testing.assert_close(dbias, ref[4], rtol=1e-4, atol=1e-4)
+    else:
+        meta = kernel._meta(x[0], causal, kind, "max_len")
+        out, lse = kernel._attention_forward(*x[:3], offsets, pad, scale, meta,
+                                             pad_len=pad_len)
+        got = [out, *kernel._attention_backward(*x[:3], out, lse, x[3], offsets, pad, scale,
+                                                meta, pad_len=pad_len)]
+    uncovered = torch.ones(total, dtype=torch.bool)
+    uncovered[rows] = False
+    assert uncovered.any()
+    for name, a, w in zip(("out", "dq", "dk", "dv"), got, want):
+        torch.testing.assert_close(a[rows], w, rtol=1e-4, atol=1e-4, msg=name)
+        assert torch.equal(a[uncovered], torch.zeros_like(a[uncovered])), name
 
 
 @pytest.mark.parametrize("kind, causal", [("softmax", True), ("silu", False)])
-def test_spare_slots_read_zero_and_the_rest_matches_the_reference(monkeypatch, kind, causal):
-    """Values with 5 spare slots past ``offsets[-1]`` and every buffer NaN before the
-    kernels run: out, dq, dk, dv equal the reference on the tokens and are exactly 0 in
-    the spare slots (a stale slot would be NaN)."""
+def test_spare_slots_through_the_autograd_function(monkeypatch, kind, causal):
+    """The public ``jagged_attention`` (its autograd Function) over values with 5 spare
+    slots past ``offsets[-1]``: out, dq, dk, dv equal the reference on the tokens and are
+    exactly 0 in the spare slots."""
     monkeypatch.setattr(kernel, "uninitialised", nan_buffers)
     gen = fresh_generator()
-    lengths, spare, heads, dim = [5, 0, 17, 9], 5, 2, 16
+    spare = 5
     offsets = torch.tensor([0, 5, 5, 22, 31])
-    total = sum(lengths)
-    q, k, v, g = (torch.randn(total + spare, heads, dim, generator=gen) for _ in range(4))
+    total = 31
+    q, k, v, g = (torch.randn(total + spare, H, D, generator=gen) for _ in range(4))
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    out = jagged_attention(*leaves, offsets, 17, causal=causal, kind=kind)
+    out = kernel.jagged_attention(*leaves, offsets, 17, causal=causal, kind=kind)
     grads = torch.autograd.grad(out, leaves, g)
     ref_leaves = [t[:total].clone().requires_grad_() for t in (q, k, v)]
     ref = jagged_attention_reference(*ref_leaves, offsets, 17, causal=causal, kind=kind)
@@ -83,28 +134,62 @@ def test_spare_slots_read_zero_and_the_rest_matches_the_reference(monkeypatch, k
         assert torch.equal(got[total:], torch.zeros_like(got[total:]))
 
 
+def test_a_batch_whose_kernels_do_not_run_reads_zero(monkeypatch):
+    """``max_len == 0`` (every sequence empty): nothing launches, so the buffers are
+    zeroed on the host instead (``written_rows(zeroed=True)``), not left NaN."""
+    monkeypatch.setattr(kernel, "uninitialised", nan_buffers)
+    x = torch.randn(6, H, D)
+    offsets = torch.zeros(3, dtype=torch.long)
+    meta = kernel._meta(x, False, "softmax", "max_len")
+    out, lse = kernel._attention_forward(x, x, x, offsets, 0, 1.0, meta)
+    grads = kernel._attention_backward(x, x, x, out, lse, x, offsets, 0, 1.0, meta)
+    for t in (out, *grads):
+        assert torch.equal(t, torch.zeros_like(t))
+
+
+def test_grid_rows_reach_every_row():
+    """The grid spans ``max_len`` rows a sequence unless the buffer has more rows than
+    ``B * max_len``: then enough for ``B`` chunks per block row to reach them all."""
+    assert kernel.grid_rows(8 * 64, 8, 64) == 64
+    assert kernel.grid_rows(100, 8, 64) == 64
+    assert kernel.grid_rows(8 * 64 + 1, 8, 64) == 65
+    assert kernel.grid_rows(5, 0, 0) == 5
+
+
 _HOPPER = HOPPER_DRIVER + textwrap.dedent("""
-    import sys
-    from gemc.backends.triton import warm as W
-    from gemc.backends.triton.uncovered_rows import zero_uncovered_rows
-    offsets = torch.empty(5, dtype=torch.int64, device="meta")
+    import importlib, sys
+    from gemc.backends.triton import ops, warm as W
+    J = importlib.import_module("gemc.backends.triton.jagged_attention")
+    B, L, H, D = 4, 16, 2, 128
+    offsets = torch.empty(B + 1, dtype=torch.int64, device="meta")
+    bias = torch.empty(B, 1, L, L, dtype=torch.bfloat16, device="meta")
     with W.dry_launches() as launches:
-        for pad_len in (0, 16):
-            for count, dtype in ((1, torch.bfloat16), (3, torch.float32)):
-                zero_uncovered_rows([torch.empty(64, 4, 128, dtype=dtype, device="meta")
-                                     for _ in range(count)], offsets, pad_len)
+        for pad_len, spare in ((0, 5), (16, 0)):
+            x = [torch.empty(B * L + spare, H, D, dtype=torch.bfloat16, device="meta")
+                 for _ in range(3)]
+            meta = J._meta(x[0], True, "softmax", "max_len")
+            out, lse = J._attention_forward(*x, offsets, L, 0.1, meta, pad_len=pad_len)
+            J._attention_backward(*x, out, lse, x[0], offsets, L, 0.1, meta,
+                                  pad_len=pad_len)
+            for key_block, fused, b in ((True, False, bias), (True, True, None),
+                                        (False, False, None), (False, True, bias)):
+                J.SILU_KEY_BLOCK_BACKWARD, J.FUSED_SILU_BACKWARD = key_block, fused
+                ops._silu_forward(x, offsets, b, L, 0.1, True, pad_len)
+                ops._silu_grads(x, x[0], offsets, b, L, 0.1, True, b is not None, pad_len)
     errors = [r for r in map(W.compile_launch, launches) if r["error"]]
-    print(len(launches), "launches;", errors)
-    sys.exit(1 if errors or len(launches) != 4 else 0)
+    kinds = sorted({l.kernel for l in launches})
+    print(len(launches), "launches of", kinds, errors)
+    sys.exit(1 if errors or len(kinds) != 4 else 0)
 """)
 
 
-def test_the_kernel_compiles_for_hopper_in_both_layouts(tmp_path: Path) -> None:
+def test_the_kernels_compile_for_hopper_in_both_layouts(tmp_path: Path) -> None:
     """The interpreter runs what the GPU compiler refuses (a run-time branch whose two arms
-    give a variable different types: the first GPU run of this kernel failed so): each
-    launch the attention makes (packed and padded layout, one buffer and three) compiles
-    for sm_90, no GPU needed."""
+    give a variable different types: the first GPU run of the old zero-fill kernel failed
+    so): each launch of the four kernels that zero their outputs' uncovered rows, packed
+    (spare slots) and padded, softmax and silu, key-block and two-kernel backward, dq fused
+    or not, heads looped over a shared bias or not, compiles for sm_90, no GPU needed."""
     env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(tmp_path)}
     proc = subprocess.run([sys.executable, "-c", _HOPPER], env=env, cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
