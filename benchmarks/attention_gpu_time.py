@@ -358,6 +358,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--profile-host", type=Path,
                     help="only profile the host's issue of each model's gemc call (defaults) "
                     "and of padded SDPA (cProfile, GPU held busy); write the stats here")
+    ap.add_argument("--defaults-only", action="store_true",
+                    help="gemc's default launch configs only (with and without HSTU's bias), "
+                    "and masked cuDNN SDPA: a short device call's rows")
     args = ap.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     import importlib
@@ -403,6 +406,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         flags = kernel.FAST_SIGMOID, kernel.FUSED_SILU_BACKWARD
         try:
             for with_bias, tuned, fast, fused in GEMC_VARIANTS[kind]:
+                if args.defaults_only and (tuned or fast or fused):
+                    continue
                 os.environ[config_choice.AUTOTUNE_ENV] = "1" if tuned else "0"
                 kernel.FAST_SIGMOID, kernel.FUSED_SILU_BACKWARD = fast, fused
                 config_choice.forget("jagged_attention.")
@@ -423,6 +428,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
             for label, backend in (("sdpa cudnn masked", SDPBackend.CUDNN_ATTENTION),
                                    ("sdpa efficient masked", SDPBackend.EFFICIENT_ATTENTION)):
+                if args.defaults_only and backend != SDPBackend.CUDNN_ATTENTION:
+                    continue
                 rows.append(measure(label, _sdpa_call(x, backend), device))
         results["models"][model] = {"shape": shape, "tokens": x["tokens"], "rows": rows}
     if args.out:

@@ -41,3 +41,11 @@ def test_host_profile_counts_the_launches_of_a_fwd_bwd(tmp_path) -> None:
     line = next(x for x in out.read_text().splitlines() if x.startswith("launches a call"))
     assert "interpreted launches (InterpretedFunction.run) 3," in line + ",", line
     assert "Autotuner.run 0," in line and "direct (DirectAutotuner.run) 3" in line, line
+
+
+def test_defaults_only_keeps_the_default_configs_with_and_without_the_bias() -> None:
+    """``--defaults-only`` (a short device call): HSTU's gemc rows are its default launch
+    configs alone, with and without its relative bias; none autotuned or with a switch."""
+    bench = load_benchmark("attention_gpu_time")
+    results = bench.main(["--smoke", "--models", "hstu", "--defaults-only"])
+    assert [r["variant"] for r in results["models"]["hstu"]["rows"]] == ["gemc", "gemc +bias"]

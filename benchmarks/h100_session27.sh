@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Twenty-seventh session's device calls (issue 17: the attention's host path), each < 10 min:
+#   GEMC_COMMIT=<sha> bash benchmarks/h100_session27.sh 1   # the changed kernels' tests on
+#       # the GPU (zero-fills folded into the attention kernels, the direct launch past the
+#       # Autotuner, gemc::rep_key_bias); HSTU's and TransAct's attention four ways
+#       # (attention_gpu_time.py --defaults-only) and their host profiles, with the direct
+#       # launch off too, and at the tree in .base (the commit before: see below); the
+#       # issue's figure for every zoo attention (kernels.py --cases zoo)
+#   GEMC_COMMIT=<sha> bash benchmarks/h100_session27.sh 2   # the issue's figure at .base
+#       # (HSTU and TransAct); TransAct's step: torch.compile, gemc, gemc with its attentions
+#       # left to SDPA (GEMC_ATTENTION_KERNEL=never; zoo.py)
+# .base: the code of the commit to compare against, laid out by
+#   git archive <sha> gemc passes cost_model backends examples scripts pyproject.toml \
+#     $(git ls-files benchmarks | grep -E '\.(py|sh)$') | tar -x -C .base
+# (ignored by .git/info/exclude; name it in the device call's carry). Its gemc is imported
+# from .base itself (in_base), never installed, so the two trees do not mix.
+set -uo pipefail
+source scripts/device_record.sh
+t0=$SECONDS
+part=${1:-1}
+root=$(pwd)
+
+in_base() {  # run "$@" in .base with its own gemc: its gemc/ completed by links to its
+  # passes/, cost_model/ and backends/ (a script puts its tree's root first on sys.path, so
+  # that gemc/ is the one imported, and its subpackages must be found there, ahead of the
+  # editable install's finder, which would map them to ours)
+  for d in passes cost_model backends; do ln -sfn "../$d" "$root/.base/gemc/$d"; done
+  (cd "$root/.base" && PYTHONPATH="$root/.base" "$@")
+}
+
+kernel_tests() {
+  GEMC_TEST_DEVICE=cuda timeout "$1" python3 -m pytest -q -rf -p no:cacheprovider -n 0 \
+    tests/kernels/test_uncovered_rows.py tests/kernels/test_direct_launch.py \
+    tests/kernels/test_rep_key_bias.py tests/kernels/test_silu_key_block_backward.py \
+    tests/kernels/test_sdpa_empty_rows.py tests/kernels/test_attention_bias_and_varlen_keys.py \
+    tests/kernels/test_jagged_attention.py > "$OUT/tests.log" 2>&1
+  echo "== the changed kernels' tests on the GPU (exit $?, $((SECONDS - t0)) s)"
+  grep -E "passed|failed|FAILED|Error" "$OUT/tests.log" | tail -8 | cut -c1-300
+}
+
+zoo_attentions() {  # $1 timeout, $2 tag, $3 models, $4 "base" to run .base's
+  local cmd=(timeout "$1" python3 benchmarks/kernels.py --cases zoo --no-compile
+             --zoo-models "$3" --out "$OUT/kernels_zoo_$2.json")
+  if [ "${4:-}" = base ]; then in_base "${cmd[@]}"; else "${cmd[@]}"; fi \
+    > "$OUT/kernels_zoo_$2.log" 2>&1
+  echo "== the zoo's attentions, $2 (exit $?, $((SECONDS - t0)) s)"
+  grep -vE "Warning|warn" "$OUT/kernels_zoo_$2.log" | grep -E "fwd\+bwd|^zoo" | cut -c1-200
+}
+
+if [ "$part" = 1 ]; then
+  kernel_tests 200
+  timeout 150 python3 benchmarks/attention_gpu_time.py --models hstu,transact --defaults-only \
+    --out "$OUT/attention_gpu_time.json" > "$OUT/attention_gpu_time.log" 2>&1
+  echo "== attention four ways (exit $?, $((SECONDS - t0)) s)"
+  python3 - "$OUT/attention_gpu_time.json" <<'EOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+for m, e in d["models"].items():
+    for r in e["rows"]:
+        print(m, r["variant"], *(f"{k} {r.get(k)}" for k in
+              ("do_bench_ms", "graph_ms", "kernels_ms", "host_ms")))
+EOF
+  for how in new direct0 base; do
+    models=hstu,transact; [ "$how" = base ] && models=hstu
+    if [ "$how" = base ]; then
+      in_base timeout 60 python3 benchmarks/attention_gpu_time.py --models $models \
+        --profile-host "$OUT/host_profile_$how.txt" > /dev/null 2>&1
+    elif [ "$how" = direct0 ]; then
+      GEMC_DIRECT_LAUNCH=0 timeout 60 python3 benchmarks/attention_gpu_time.py --models hstu \
+        --profile-host "$OUT/host_profile_$how.txt" > /dev/null 2>&1
+    else
+      timeout 60 python3 benchmarks/attention_gpu_time.py --models $models \
+        --profile-host "$OUT/host_profile_$how.txt" > /dev/null 2>&1
+    fi
+    echo "== host profile, $how (exit $?, $((SECONDS - t0)) s)"
+    grep -E "^====|^launches a call" "$OUT/host_profile_$how.txt" | cut -c1-200
+  done
+  left=$((560 - SECONDS + t0))
+  [ "$left" -gt 60 ] && zoo_attentions "$left" new hstu,sasrec_bst,mmoe,transact
+elif [ "$part" = 2 ]; then
+  zoo_attentions 150 base hstu,transact base
+  export GEMC_ZOO_EXTRA=
+  for v in compile gemc never; do
+    variant=$v; env=(); [ "$v" = never ] && { variant=gemc; env=(GEMC_ATTENTION_KERNEL=never); }
+    env "${env[@]}" timeout 170 python3 benchmarks/zoo.py --out /tmp/transact_$v \
+      --models transact --variants $variant --steps 10 --warmup 3 > "$OUT/transact_$v.log" 2>&1
+    echo "== transact $v (exit $?, $((SECONDS - t0)) s)"
+    cp /tmp/transact_$v/zoo.json "$OUT/transact_$v.json" 2>/dev/null
+    grep -vE "Warning|warn" "$OUT/transact_$v.log" | grep -E "transact|step" | tail -4 | cut -c1-250
+  done
+fi
+[ -f "$OUT/tests.log" ] && { echo "== kernel tests:"; grep -E "passed|failed" "$OUT/tests.log" | tail -2; }
+echo "== done ($((SECONDS - t0)) s)"
