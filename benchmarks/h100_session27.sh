@@ -6,9 +6,10 @@
 #       # (attention_gpu_time.py --defaults-only) and their host profiles, with the direct
 #       # launch off too, and at the tree in .base (the commit before: see below); the
 #       # issue's figure for every zoo attention (kernels.py --cases zoo)
-#   GEMC_COMMIT=<sha> bash benchmarks/h100_session27.sh 2   # the issue's figure at .base
-#       # (HSTU and TransAct); TransAct's step: torch.compile, gemc, gemc with its attentions
-#       # left to SDPA (GEMC_ATTENTION_KERNEL=never; zoo.py)
+#   GEMC_COMMIT=<sha> bash benchmarks/h100_session27.sh 2   # the changed kernels' own
+#       # tests on the GPU; .probe/probe_transact.py where present (an uncommitted probe);
+#       # the issue's figure for HSTU at .base; TransAct's step: gemc, and gemc with its
+#       # attentions left to SDPA (GEMC_ATTENTION_KERNEL=never; zoo.py)
 # .base: the code of the commit to compare against, laid out by
 #   git archive <sha> gemc passes cost_model backends examples scripts pyproject.toml \
 #     $(git ls-files benchmarks | grep -E '\.(py|sh)$') | tar -x -C .base
@@ -28,12 +29,13 @@ in_base() {  # run "$@" in .base with its own gemc: its gemc/ completed by links
   (cd "$root/.base" && PYTHONPATH="$root/.base" "$@")
 }
 
-kernel_tests() {
+kernel_tests() {  # $1 timeout; $2 "quick": the changed kernels' own files only
+  local files=(tests/kernels/test_uncovered_rows.py tests/kernels/test_direct_launch.py
+               tests/kernels/test_rep_key_bias.py tests/kernels/test_silu_key_block_backward.py)
+  [ "${2:-}" = quick ] || files+=(tests/kernels/test_sdpa_empty_rows.py
+    tests/kernels/test_attention_bias_and_varlen_keys.py tests/kernels/test_jagged_attention.py)
   GEMC_TEST_DEVICE=cuda timeout "$1" python3 -m pytest -q -rf -p no:cacheprovider -n 0 \
-    tests/kernels/test_uncovered_rows.py tests/kernels/test_direct_launch.py \
-    tests/kernels/test_rep_key_bias.py tests/kernels/test_silu_key_block_backward.py \
-    tests/kernels/test_sdpa_empty_rows.py tests/kernels/test_attention_bias_and_varlen_keys.py \
-    tests/kernels/test_jagged_attention.py > "$OUT/tests.log" 2>&1
+    "${files[@]}" > "$OUT/tests.log" 2>&1
   echo "== the changed kernels' tests on the GPU (exit $?, $((SECONDS - t0)) s)"
   grep -E "passed|failed|FAILED|Error" "$OUT/tests.log" | tail -8 | cut -c1-300
 }
@@ -42,9 +44,9 @@ zoo_attentions() {  # $1 timeout, $2 tag, $3 models, $4 "base" to run .base's
   local cmd=(timeout "$1" python3 benchmarks/kernels.py --cases zoo --no-compile
              --zoo-models "$3" --out "$OUT/kernels_zoo_$2.json")
   if [ "${4:-}" = base ]; then in_base "${cmd[@]}"; else "${cmd[@]}"; fi \
-    > "$OUT/kernels_zoo_$2.log" 2>&1
+    > "/tmp/kernels_zoo_$2.log" 2>&1
   echo "== the zoo's attentions, $2 (exit $?, $((SECONDS - t0)) s)"
-  grep -vE "Warning|warn" "$OUT/kernels_zoo_$2.log" | grep -E "fwd\+bwd|^zoo" | cut -c1-200
+  grep -vE "Warning|warn" "/tmp/kernels_zoo_$2.log" | grep -E "fwd\+bwd|^zoo" | cut -c1-200
 }
 
 if [ "$part" = 1 ]; then
@@ -78,15 +80,19 @@ EOF
   left=$((560 - SECONDS + t0))
   [ "$left" -gt 60 ] && zoo_attentions "$left" new hstu,sasrec_bst,mmoe,transact
 elif [ "$part" = 2 ]; then
-  zoo_attentions 150 base hstu,transact base
-  export GEMC_ZOO_EXTRA=
-  for v in compile gemc never; do
-    variant=$v; env=(); [ "$v" = never ] && { variant=gemc; env=(GEMC_ATTENTION_KERNEL=never); }
+  kernel_tests 130 quick
+  [ -f .probe/probe_transact.py ] && { timeout 90 python3 .probe/probe_transact.py \
+    > /tmp/probe.log 2>&1; echo "== probe (exit $?, $((SECONDS - t0)) s)";
+    grep -vE "Warning|warn" /tmp/probe.log | cut -c1-400 | tail -30; }
+  zoo_attentions 80 base hstu base
+  for v in gemc never; do
+    env=(); [ "$v" = never ] && env=(GEMC_ATTENTION_KERNEL=never)
     env "${env[@]}" timeout 170 python3 benchmarks/zoo.py --out /tmp/transact_$v \
-      --models transact --variants $variant --steps 10 --warmup 3 > "$OUT/transact_$v.log" 2>&1
-    echo "== transact $v (exit $?, $((SECONDS - t0)) s)"
+      --models transact --variants gemc --steps 10 --warmup 3 > /tmp/transact_$v.log 2>&1
+    echo "== transact gemc, $v (exit $?, $((SECONDS - t0)) s)"
     cp /tmp/transact_$v/zoo.json "$OUT/transact_$v.json" 2>/dev/null
-    grep -vE "Warning|warn" "$OUT/transact_$v.log" | grep -E "transact|step" | tail -4 | cut -c1-250
+    grep -vE "Warning|warn" /tmp/transact_$v.log | grep -E "transact|step|guard" | tail -4 \
+      | cut -c1-250
   done
 fi
 [ -f "$OUT/tests.log" ] && { echo "== kernel tests:"; grep -E "passed|failed" "$OUT/tests.log" | tail -2; }
