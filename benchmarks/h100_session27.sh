@@ -10,6 +10,9 @@
 #       # tests on the GPU; .probe/probe_transact.py where present (an uncommitted probe);
 #       # the issue's figure for HSTU at .base; TransAct's step: gemc, and gemc with its
 #       # attentions left to SDPA (GEMC_ATTENTION_KERNEL=never; zoo.py)
+#   GEMC_COMMIT=<sha> bash benchmarks/h100_session27.sh 3   # after the per-key bias load:
+#       # its tests on the GPU, the probe, TransAct's attention four ways and as the issue's
+#       # figure, TransAct's gemc step
 # .base: the code of the commit to compare against, laid out by
 #   git archive <sha> gemc passes cost_model backends examples scripts pyproject.toml \
 #     $(git ls-files benchmarks | grep -E '\.(py|sh)$') | tar -x -C .base
@@ -94,6 +97,29 @@ elif [ "$part" = 2 ]; then
     grep -vE "Warning|warn" /tmp/transact_$v.log | grep -E "transact|step|guard" | tail -4 \
       | cut -c1-250
   done
+elif [ "$part" = 3 ]; then  # after the per-key bias load (KEY_BIAS)
+  GEMC_TEST_DEVICE=cuda timeout 150 python3 -m pytest -q -rf -p no:cacheprovider -n 0 \
+    tests/kernels/test_rep_key_bias.py tests/kernels/test_direct_launch.py \
+    "tests/kernels/test_custom_ops.py::test_key_bias_values_attention_across_blocks_with_large_and_masked_entries" \
+    "tests/kernels/test_custom_ops.py::test_key_bias_values_attention_op_passes_opcheck_and_is_sdpa_with_that_bias" \
+    tests/kernels/test_uncovered_rows.py -k "not hopper" > "$OUT/tests.log" 2>&1
+  echo "== the changed kernels' tests on the GPU (exit $?, $((SECONDS - t0)) s)"
+  grep -E "passed|failed|FAILED|Error" "$OUT/tests.log" | tail -8 | cut -c1-300
+  [ -f .probe/probe_transact.py ] && { timeout 60 python3 .probe/probe_transact.py \
+    > /tmp/probe.log 2>&1; echo "== probe (exit $?, $((SECONDS - t0)) s)";
+    grep -vE "Warning|warn" /tmp/probe.log | cut -c1-300 | tail -12; }
+  timeout 80 python3 benchmarks/attention_gpu_time.py --models transact --defaults-only \
+    --out "$OUT/attention_gpu_time_transact.json" > /tmp/agt.log 2>&1
+  echo "== TransAct's attention four ways (exit $?, $((SECONDS - t0)) s)"
+  grep -E '^\{"variant' /tmp/agt.log | cut -c1-250
+  zoo_attentions 110 transact transact
+  left=$((575 - SECONDS + t0))
+  timeout "$left" python3 benchmarks/zoo.py --out /tmp/transact_gemc --models transact \
+    --variants gemc --steps 10 --warmup 3 > /tmp/transact_gemc.log 2>&1
+  echo "== transact gemc (exit $?, $((SECONDS - t0)) s)"
+  cp /tmp/transact_gemc/zoo.json "$OUT/transact_gemc.json" 2>/dev/null
+  python3 -c "import json,sys; v=json.load(open(sys.argv[1]))['variants']['transact'][0]; \
+print(v['step_ms'], [round(x, 2) for x in v['step_ms_all']])" "$OUT/transact_gemc.json"
 fi
 [ -f "$OUT/tests.log" ] && { echo "== kernel tests:"; grep -E "passed|failed" "$OUT/tests.log" | tail -2; }
 echo "== done ($((SECONDS - t0)) s)"

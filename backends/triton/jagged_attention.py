@@ -407,9 +407,19 @@ def _query_blocks(start_n, row_len, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
 
 
 @triton.jit
-def _bias_tile(bias_base, offs_m, offs_n, row_len, sbi, sbj):
+def _bias_tile(bias_base, offs_m, offs_n, row_len, sbi, sbj, KEY_BIAS: tl.constexpr):
     """The additive bias of a [BLOCK_M, BLOCK_N] score tile (positions within the sequence;
-    rows or columns past its end read 0)."""
+    rows or columns past its end read 0). ``KEY_BIAS``: the bias is one per key (the same
+    for every query, ``sbi == 0``): one ``[BLOCK_N]`` load broadcast over the rows, which
+    rows past the end then read too: those rows are never stored, and the one sum over
+    rows (dk, dv) meets them only in masked blocks, whose ``p`` is zeroed there. Why: the
+    tile load of a stride-0 bias issued ``BLOCK_M x BLOCK_N`` loads of ``BLOCK_N`` values
+    and made TransAct's forward 4.6x slower than without its bias (0.873 vs 0.189 ms on an
+    H100, twenty-seventh session)."""
+    if KEY_BIAS:
+        key = tl.load(bias_base + offs_n.to(tl.int64) * sbj, mask=offs_n < row_len, other=0.0)
+        # one return type with the tile's (a jit function's returns must agree)
+        return tl.broadcast_to(key.to(tl.float32)[None, :], (offs_m.shape[0], offs_n.shape[0]))
     ptrs = bias_base + offs_m[:, None].to(tl.int64) * sbi + offs_n[None, :].to(tl.int64) * sbj
     inside = (offs_m[:, None] < row_len) & (offs_n[None, :] < row_len)
     return tl.load(ptrs, mask=inside, other=0.0).to(tl.float32)
@@ -439,13 +449,14 @@ def _fwd_step(acc, m_i, l_i, q, k_base, v_base, start, start_n, offs_m, offs_d, 
               stride_kt, stride_vt, scale, inv_norm, bias_base, sbi, sbj,
               HEAD_DIM: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr,
               CAUSAL: tl.constexpr, SILU: tl.constexpr, IEEE: tl.constexpr,
-              MASK: tl.constexpr, HAS_BIAS: tl.constexpr, FAST_SIGMOID: tl.constexpr):
+              MASK: tl.constexpr, HAS_BIAS: tl.constexpr,
+              KEY_BIAS: tl.constexpr, FAST_SIGMOID: tl.constexpr):
     offs_n = start_n + tl.arange(0, BLOCK_N)
     k = _load_rows(k_base, start, offs_n, row_len, stride_kt, offs_d, HEAD_DIM, EVEN_D, MASK)
     v = _load_rows(v_base, start, offs_n, row_len, stride_vt, offs_d, HEAD_DIM, EVEN_D, MASK)
     s = mma(q, tl.trans(k), IEEE) * scale
     if HAS_BIAS:
-        s += _bias_tile(bias_base, offs_m, offs_n, row_len, sbi, sbj)
+        s += _bias_tile(bias_base, offs_m, offs_n, row_len, sbi, sbj, KEY_BIAS)
     if SILU:
         p, _ = _probs(s, offs_m, offs_n, row_len, m_i, inv_norm, CAUSAL, SILU, MASK,
                       FAST_SIGMOID)
@@ -470,14 +481,15 @@ def _dq_step(dq, q, do, lse, delta, k_base, v_base, start, start_n, offs_m, offs
              stride_kt, stride_vt, scale, inv_norm, bias_base, sbi, sbj, db_base, sdi, sdj,
              HEAD_DIM: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr,
              CAUSAL: tl.constexpr, SILU: tl.constexpr, IEEE: tl.constexpr,
-             MASK: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr,
+             MASK: tl.constexpr, HAS_BIAS: tl.constexpr,
+             KEY_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr,
              FAST_SIGMOID: tl.constexpr, BIAS_GRAD_ADD: tl.constexpr):
     offs_n = start_n + tl.arange(0, BLOCK_N)
     k = _load_rows(k_base, start, offs_n, row_len, stride_kt, offs_d, HEAD_DIM, EVEN_D, MASK)
     v = _load_rows(v_base, start, offs_n, row_len, stride_vt, offs_d, HEAD_DIM, EVEN_D, MASK)
     s = mma(q, tl.trans(k), IEEE) * scale
     if HAS_BIAS:
-        s += _bias_tile(bias_base, offs_m, offs_n, row_len, sbi, sbj)
+        s += _bias_tile(bias_base, offs_m, offs_n, row_len, sbi, sbj, KEY_BIAS)
     p, dp_ds = _probs(s, offs_m, offs_n, row_len, lse, inv_norm, CAUSAL, SILU, MASK,
                       FAST_SIGMOID)
     dp = mma(do, tl.trans(v), IEEE)
@@ -496,7 +508,8 @@ def _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start, start
                offs_d, row_len, stride_qt, stride_dot, scale, inv_norm, bias_base, sbi, sbj,
                HEAD_DIM: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr,
                CAUSAL: tl.constexpr, SILU: tl.constexpr, IEEE: tl.constexpr,
-               MASK: tl.constexpr, HAS_BIAS: tl.constexpr, FAST_SIGMOID: tl.constexpr,
+               MASK: tl.constexpr, HAS_BIAS: tl.constexpr,
+               KEY_BIAS: tl.constexpr, FAST_SIGMOID: tl.constexpr,
                dq_base, stride_dqt, db_base, sdi, sdj, FUSED_DQ: tl.constexpr,
                BIAS_GRAD: tl.constexpr, BIAS_GRAD_ADD: tl.constexpr):
     """dk, dv of a key block after one more query block; ``FUSED_DQ`` (silu only): also
@@ -507,7 +520,7 @@ def _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start, start
     do = _load_rows(do_base, start, offs_m, row_len, stride_dot, offs_d, HEAD_DIM, EVEN_D, MASK)
     s = mma(q, tl.trans(k), IEEE) * scale
     if HAS_BIAS:
-        s += _bias_tile(bias_base, offs_m, offs_n, row_len, sbi, sbj)
+        s += _bias_tile(bias_base, offs_m, offs_n, row_len, sbi, sbj, KEY_BIAS)
     dp = mma(do, tl.trans(v), IEEE)
     if SILU:
         p, dp_ds = _probs(s, offs_m, offs_n, row_len, offs_m, inv_norm, CAUSAL, SILU, MASK,
@@ -575,7 +588,7 @@ def _fwd_kernel(
     stride_dbb, stride_dbh, stride_dbi, stride_dbj,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     CAUSAL: tl.constexpr, SILU: tl.constexpr, NORM_BY_OWN_LEN: tl.constexpr,
-    IEEE: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr,
+    IEEE: tl.constexpr, HAS_BIAS: tl.constexpr, KEY_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr,
     FAST_SIGMOID: tl.constexpr, FUSED_DQ: tl.constexpr, BIAS_GRAD_ADD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -610,12 +623,14 @@ def _fwd_kernel(
                                   offs_d, row_len, stride_kt, stride_vt, scale, inv_norm,
                                   bias_base, stride_bi, stride_bj,
                                   HEAD_DIM, EVEN_D, BLOCK_N, CAUSAL, SILU, IEEE, False, HAS_BIAS,
+                                  KEY_BIAS,
                                   FAST_SIGMOID)
     for start_n in range(full, end, BLOCK_N):
         acc, m_i, l_i = _fwd_step(acc, m_i, l_i, q, k_base, v_base, start, start_n, offs_m,
                                   offs_d, row_len, stride_kt, stride_vt, scale, inv_norm,
                                   bias_base, stride_bi, stride_bj,
                                   HEAD_DIM, EVEN_D, BLOCK_N, CAUSAL, SILU, IEEE, True, HAS_BIAS,
+                                  KEY_BIAS,
                                   FAST_SIGMOID)
     if not SILU:
         l_safe = tl.where(l_i > 0.0, l_i, 1.0)
@@ -638,7 +653,7 @@ def _bwd_dq_kernel(
     stride_dbb, stride_dbh, stride_dbi, stride_dbj,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     CAUSAL: tl.constexpr, SILU: tl.constexpr, NORM_BY_OWN_LEN: tl.constexpr,
-    IEEE: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr,
+    IEEE: tl.constexpr, HAS_BIAS: tl.constexpr, KEY_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr,
     FAST_SIGMOID: tl.constexpr, FUSED_DQ: tl.constexpr, BIAS_GRAD_ADD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -681,13 +696,13 @@ def _bwd_dq_kernel(
         dq = _dq_step(dq, q, do, lse, delta, k_base, v_base, start, start_n, offs_m, offs_d,
                       row_len, stride_kt, stride_vt, scale, inv_norm,
                       bias_base, stride_bi, stride_bj, db_base, stride_dbi, stride_dbj,
-                      HEAD_DIM, EVEN_D, BLOCK_N, CAUSAL, SILU, IEEE, False, HAS_BIAS,
+                      HEAD_DIM, EVEN_D, BLOCK_N, CAUSAL, SILU, IEEE, False, HAS_BIAS, KEY_BIAS,
                       BIAS_GRAD, FAST_SIGMOID, BIAS_GRAD_ADD)
     for start_n in range(full, end, BLOCK_N):
         dq = _dq_step(dq, q, do, lse, delta, k_base, v_base, start, start_n, offs_m, offs_d,
                       row_len, stride_kt, stride_vt, scale, inv_norm,
                       bias_base, stride_bi, stride_bj, db_base, stride_dbi, stride_dbj,
-                      HEAD_DIM, EVEN_D, BLOCK_N, CAUSAL, SILU, IEEE, True, HAS_BIAS,
+                      HEAD_DIM, EVEN_D, BLOCK_N, CAUSAL, SILU, IEEE, True, HAS_BIAS, KEY_BIAS,
                       BIAS_GRAD, FAST_SIGMOID, BIAS_GRAD_ADD)
     dq = dq * scale
     _store_rows(DQ + h * stride_dqh, start, offs_m, row_len, stride_dqt, offs_d, dq, HEAD_DIM)
@@ -708,7 +723,7 @@ def _bwd_dkdv_kernel(
     stride_dbb, stride_dbh, stride_dbi, stride_dbj,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     CAUSAL: tl.constexpr, SILU: tl.constexpr, NORM_BY_OWN_LEN: tl.constexpr,
-    IEEE: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr,
+    IEEE: tl.constexpr, HAS_BIAS: tl.constexpr, KEY_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr,
     FAST_SIGMOID: tl.constexpr, FUSED_DQ: tl.constexpr, BIAS_GRAD_ADD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -749,7 +764,7 @@ def _bwd_dkdv_kernel(
         dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start,
                             start_m, offs_n, offs_d, row_len, stride_qt, stride_dot, scale,
                             inv_norm, bias_base, stride_bi, stride_bj,
-                            HEAD_DIM, EVEN_D, BLOCK_M, CAUSAL, SILU, IEEE, True, HAS_BIAS,
+                            HEAD_DIM, EVEN_D, BLOCK_M, CAUSAL, SILU, IEEE, True, HAS_BIAS, KEY_BIAS,
                             FAST_SIGMOID, dq_base, stride_dqt, db_base, stride_dbi,
                             stride_dbj, FUSED_DQ, BIAS_GRAD, BIAS_GRAD_ADD)
     for start_m in range(diag, full, BLOCK_M):
@@ -757,13 +772,14 @@ def _bwd_dkdv_kernel(
                             start_m, offs_n, offs_d, row_len, stride_qt, stride_dot, scale,
                             inv_norm, bias_base, stride_bi, stride_bj,
                             HEAD_DIM, EVEN_D, BLOCK_M, CAUSAL, SILU, IEEE, False, HAS_BIAS,
+                            KEY_BIAS,
                             FAST_SIGMOID, dq_base, stride_dqt, db_base, stride_dbi,
                             stride_dbj, FUSED_DQ, BIAS_GRAD, BIAS_GRAD_ADD)
     for start_m in range(tl.maximum(diag, full), row_len, BLOCK_M):
         dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start,
                             start_m, offs_n, offs_d, row_len, stride_qt, stride_dot, scale,
                             inv_norm, bias_base, stride_bi, stride_bj,
-                            HEAD_DIM, EVEN_D, BLOCK_M, CAUSAL, SILU, IEEE, True, HAS_BIAS,
+                            HEAD_DIM, EVEN_D, BLOCK_M, CAUSAL, SILU, IEEE, True, HAS_BIAS, KEY_BIAS,
                             FAST_SIGMOID, dq_base, stride_dqt, db_base, stride_dbi,
                             stride_dbj, FUSED_DQ, BIAS_GRAD, BIAS_GRAD_ADD)
     dk = dk * scale
@@ -797,6 +813,7 @@ def _meta(q: torch.Tensor, causal: bool, kind: str, silu_normalizer: str) -> dic
         "NORM_BY_OWN_LEN": silu_normalizer == "own_len",
         "IEEE": q.dtype == torch.float32,
         "HAS_BIAS": False,  # set by the caller that passes a score bias
+        "KEY_BIAS": False,  # set with it where the bias is one per key (_bias_tile)
         "BIAS_GRAD": False,
         "FAST_SIGMOID": FAST_SIGMOID and kind == "silu" and q.dtype != torch.float32
         and not is_interpreted(),

@@ -342,7 +342,7 @@ def _values_meta(q: Tensor, offsets: Tensor, causal: bool, key_bias: Tensor | No
         return meta, None
     bias = broadcast_bias(key_bias.float()[:, None, None, :], int(offsets.numel() - 1),
                           q.shape[1])
-    return {**meta, "HAS_BIAS": True}, bias
+    return {**meta, "HAS_BIAS": True, "KEY_BIAS": True}, bias
 
 
 @torch.library.custom_op("gemc::jagged_attention_values", mutates_args=())

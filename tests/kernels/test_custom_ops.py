@@ -378,6 +378,36 @@ def test_key_bias_values_attention_op_passes_opcheck_and_is_sdpa_with_that_bias(
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
 
 
+def test_key_bias_values_attention_across_blocks_with_large_and_masked_entries():
+    """The per-key bias as one ``[BLOCK_N]`` load (``_bias_tile``'s ``KEY_BIAS``): rows
+    longer than a block (full and ragged blocks, a partial query block whose rows past the
+    end read the bias too), entries of +40 and ``-inf``: SDPA with that bias per
+    sequence, forward and backward, and nothing non-finite anywhere."""
+    g = torch.Generator().manual_seed(6)
+    lengths = [37, 0, 70, 5]
+    offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    total, L = int(offsets[-1]) + 3, max(lengths)
+    q, k, v = (torch.randn(total, 2, 8, generator=g, requires_grad=True) for _ in range(3))
+    bias = 3 * torch.randn(len(lengths), L, generator=g)
+    bias[0, 5] = bias[2, 40] = 40.0
+    bias[0, ::3] = bias[2, 1::4] = float("-inf")
+    out, _ = torch.ops.gemc.jagged_attention_values(q, k, v, offsets, L, 0.3, False, bias)
+    w = torch.randn(total, 2, 8, generator=g)
+    n = int(offsets[-1])
+    grads = torch.autograd.grad((out[:n] * w[:n]).sum(), (q, k, v))
+    qr, kr, vr = (x.detach().clone().requires_grad_() for x in (q, k, v))
+    ref = torch.cat([torch.nn.functional.scaled_dot_product_attention(
+        *(x[a:e].transpose(0, 1) for x in (qr, kr, vr)), scale=0.3,
+        attn_mask=bias[row, :e - a][None, None, :]).transpose(0, 1)
+        for row, (a, e) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist()))
+        if e > a])
+    torch.testing.assert_close(out[:n], ref, atol=1e-5, rtol=1e-5)
+    expected = torch.autograd.grad((ref * w[:n]).sum(), (qr, kr, vr))
+    for got, want in zip(grads, expected):
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
 def test_embedding_bag_op_looks_up_and_its_backward_is_the_fused_optimizer_step():
     """``gemc::embedding_bag`` answers as the module does (fake and schema checked), and
     its backward, ``gemc::embedding_bag_update``, moves the weights exactly as the module's

@@ -163,6 +163,7 @@ _HOPPER = HOPPER_DRIVER + textwrap.dedent("""
     B, L, H, D = 4, 16, 2, 128
     offsets = torch.empty(B + 1, dtype=torch.int64, device="meta")
     bias = torch.empty(B, 1, L, L, dtype=torch.bfloat16, device="meta")
+    key_bias = torch.empty(B, L, dtype=torch.float32, device="meta")
     with W.dry_launches() as launches:
         for pad_len, spare in ((0, 5), (16, 0)):
             x = [torch.empty(B * L + spare, H, D, dtype=torch.bfloat16, device="meta")
@@ -170,6 +171,12 @@ _HOPPER = HOPPER_DRIVER + textwrap.dedent("""
             meta = J._meta(x[0], True, "softmax", "max_len")
             out, lse = J._attention_forward(*x, offsets, L, 0.1, meta, pad_len=pad_len)
             J._attention_backward(*x, out, lse, x[0], offsets, L, 0.1, meta,
+                                  pad_len=pad_len)
+            # a per-key bias (a region with padding representatives): KEY_BIAS's load
+            kmeta, kbias = ops._values_meta(x[0], offsets, False, key_bias)
+            out, lse = J._attention_forward(*x, offsets, L, 0.1, kmeta, bias=kbias,
+                                            pad_len=pad_len)
+            J._attention_backward(*x, out, lse, x[0], offsets, L, 0.1, kmeta, bias=kbias,
                                   pad_len=pad_len)
             for key_block, fused, b in ((True, False, bias), (True, True, None),
                                         (False, False, None), (False, True, bias)):
@@ -188,7 +195,8 @@ def test_the_kernels_compile_for_hopper_in_both_layouts(tmp_path: Path) -> None:
     give a variable different types: the first GPU run of the old zero-fill kernel failed
     so): each launch of the four kernels that zero their outputs' uncovered rows, packed
     (spare slots) and padded, softmax and silu, key-block and two-kernel backward, dq fused
-    or not, heads looped over a shared bias or not, compiles for sm_90, no GPU needed."""
+    or not, heads looped over a shared bias or not, a per-key bias (``KEY_BIAS``), compiles
+    for sm_90, no GPU needed."""
     env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(tmp_path)}
     proc = subprocess.run([sys.executable, "-c", _HOPPER], env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=600)
