@@ -13,6 +13,9 @@
 #   GEMC_COMMIT=<sha> bash benchmarks/h100_session27.sh 3   # after the per-key bias load:
 #       # its tests on the GPU, the probe, TransAct's attention four ways and as the issue's
 #       # figure, TransAct's gemc step
+#   GEMC_COMMIT=<sha> bash benchmarks/h100_session27.sh 4   # TransAct's step: torch.compile,
+#       # gemc, gemc with its attentions left to SDPA, on one machine; rep_key_bias's sm_90
+#       # compile test there; the direct launch's and uncovered rows' tests in what is left
 # .base: the code of the commit to compare against, laid out by
 #   git archive <sha> gemc passes cost_model backends examples scripts pyproject.toml \
 #     $(git ls-files benchmarks | grep -E '\.(py|sh)$') | tar -x -C .base
@@ -120,6 +123,27 @@ elif [ "$part" = 3 ]; then  # after the per-key bias load (KEY_BIAS)
   cp /tmp/transact_gemc/zoo.json "$OUT/transact_gemc.json" 2>/dev/null
   python3 -c "import json,sys; v=json.load(open(sys.argv[1]))['variants']['transact'][0]; \
 print(v['step_ms'], [round(x, 2) for x in v['step_ms_all']])" "$OUT/transact_gemc.json"
+elif [ "$part" = 4 ]; then  # TransAct's step on one machine; then the kernel tests
+  for v in compile gemc never; do
+    variant=$v; env=(); [ "$v" = never ] && { variant=gemc; env=(GEMC_ATTENTION_KERNEL=never); }
+    env "${env[@]}" timeout 150 python3 benchmarks/zoo.py --out /tmp/transact_$v \
+      --models transact --variants $variant --steps 12 --warmup 3 > /tmp/transact_$v.log 2>&1
+    echo "== transact $v (exit $?, $((SECONDS - t0)) s)"
+    cp /tmp/transact_$v/zoo.json "$OUT/transact_$v.json" 2>/dev/null
+    python3 -c "import json,sys; v=json.load(open(sys.argv[1]))['variants']['transact'][0]; \
+print(v['step_ms'], [round(x, 2) for x in v['step_ms_all']], v['losses'][-1])" \
+      "$OUT/transact_$v.json"
+  done
+  GEMC_TEST_DEVICE=cuda timeout 40 python3 -m pytest -q -rf -p no:cacheprovider -n 0 -x \
+    tests/kernels/test_rep_key_bias.py -k hopper > /tmp/hopper.log 2>&1
+  echo "== rep_key_bias's sm_90 compile test on the GPU machine (exit $?)"
+  grep -E "Error|error|assert|passed|failed" /tmp/hopper.log | tail -12 | cut -c1-400
+  left=$((570 - SECONDS + t0))
+  GEMC_TEST_DEVICE=cuda timeout "$left" python3 -m pytest -q -rf -p no:cacheprovider -n 0 \
+    tests/kernels/test_direct_launch.py tests/kernels/test_uncovered_rows.py -k "not hopper" \
+    > "$OUT/tests.log" 2>&1
+  echo "== direct launch and uncovered rows on the GPU (exit $?, $((SECONDS - t0)) s)"
+  grep -E "passed|failed|FAILED|Error" "$OUT/tests.log" | tail -8 | cut -c1-300
 fi
 [ -f "$OUT/tests.log" ] && { echo "== kernel tests:"; grep -E "passed|failed" "$OUT/tests.log" | tail -2; }
 echo "== done ($((SECONDS - t0)) s)"
