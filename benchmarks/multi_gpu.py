@@ -48,7 +48,7 @@ STEP_TOLERANCE = 0.15
 
 
 def _write_json(path: Path, data: Any) -> None:
-    from gemc.dump import write_atomic
+    from gemc.atomic_write import write_atomic
 
     write_atomic(path, json.dumps(data, indent=1, default=str) + "\n")
 

@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         args.distinct, args.workers = min(args.distinct, 5), 1
         torch.set_num_threads(1)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
-    from gemc.entrypoint import parse_sets
+    from gemc.entrypoint_args import parse_sets
 
     model_args = {"preset": args.preset, **parse_sets(args.sets)}
     t_start = time.perf_counter()

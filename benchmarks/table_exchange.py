@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                 print(f"{r['tables']:>7} {k:>11} {h['ms']:>11.2f} "
                       f"{h['cross_host_bytes'] / 1e6:>23.3f} {h['all_to_all']:>11}")
     if args.out:
-        from gemc.dump import write_atomic
+        from gemc.atomic_write import write_atomic
 
         env = {"torch": torch.__version__, "python": platform.python_version(),
                "machine": platform.machine(), "cpus": os.cpu_count(),

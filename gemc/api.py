@@ -173,7 +173,7 @@ def _dump_for_report(
 
 def _write_kernel_sources(plan: dict[str, Any], dump_dir: Path) -> None:
     """``D/kernels/<sha>.py``: each generated source once, as the plan's entries name it."""
-    from gemc.dump import write_atomic
+    from gemc.atomic_write import write_atomic
 
     for entry in plan["kernels"]:
         if entry.get("code") is not None:

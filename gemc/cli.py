@@ -3,6 +3,11 @@
 Exit codes (``gemc.exits``): 0 success, 2 bad input or usage, 1 internal error, 130 / 143
 interrupted by SIGINT / SIGTERM. Every path and number a command takes is checked before the
 command starts its work (``gemc.checks``), so a mistake costs a second, not a compile.
+
+The parser, ``--help`` and those checks import no torch (a second and a half a process):
+each command imports what does its work only once its arguments have passed, so a usage
+error, a mistyped path or ``--set`` is answered at once. tests/test_cli_lazy_imports.py
+fails if an import here (or in a module these paths reach) brings torch back.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gemc import checks
+from gemc.entrypoint_args import parse_sets, split_entrypoint
 from gemc.errors import GemcUserError
 from gemc.exits import (
     EXIT_OK,
@@ -202,13 +208,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
-    from gemc.api import compile as gemc_compile
-    from gemc.entrypoint import parse_sets
-    from gemc.explain import planner_line
-
     _check_compile_paths(args)
     kwargs = parse_sets(args.sets)
+    _read_compile_inputs(args)
+    # torch from here on: the config's checks build the pipeline (its passes)
     config = compile_config(args)
+    from gemc.api import compile as gemc_compile
+    from gemc.explain import planner_line
+
     progress = Progress(not args.quiet)
     try:
         plan = gemc_compile(args.entrypoint, kwargs, config, out=args.out, progress=progress)
@@ -281,6 +288,21 @@ def _check_compile_paths(args: argparse.Namespace) -> None:
                           "(examples/topologies/)")
 
 
+def _read_compile_inputs(args: argparse.Namespace) -> None:
+    """The entrypoint's form and model file, the topology and a calibration file, read
+    before torch is imported (a second and a half): a mistake in them is answered at once.
+    ``gemc.compile`` reads them again, after the config's checks (from Python, the order of
+    its errors is unchanged); the messages are the same functions' either way."""
+    split_entrypoint(args.entrypoint)
+    from gemc.cost_model.topology import parse_topology  # networkx (a tenth of a second)
+
+    parse_topology(args.topology)
+    if args.calibration not in ("auto", "none"):
+        from gemc.cost_model.calibration import load_calibration  # numpy
+
+        load_calibration(args.calibration)
+
+
 def _cmd_explain(args: argparse.Namespace) -> int:
     from gemc.explain import explain
     from gemc.plan import load_plan
@@ -336,8 +358,6 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from gemc.report import write_report
-
     checks.input_dir(args.dump_dir, "gemc report", what="dump directory",
                      fix="give the directory gemc compile --dump-dir wrote")
     checks.output_file(args.out, "--out")
@@ -346,6 +366,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
     for run_json in args.run:
         checks.input_file(run_json, "--run", what="run report",
                           fix="give the PLAN.run.json gemc run wrote")
+    from gemc.report import write_report
+
     out = write_report(args.dump_dir, args.out, plan=args.plan, runs=args.run)
     print(f"wrote {out}")
     return EXIT_OK

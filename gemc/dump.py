@@ -9,10 +9,6 @@ so a person can diff two dumps with ordinary tools, and a test can FileCheck the
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -91,29 +87,3 @@ def format_graph(gm: fx.GraphModule, header: str) -> str:
     lines = [f"# {header}"]
     lines.extend(format_node(n) for n in gm.graph.nodes)
     return "\n".join(lines) + "\n"
-
-
-def write_atomic(path: Path, text: str | bytes) -> None:
-    """Write through a temporary file in the same folder, then rename: never half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = text.encode() if isinstance(text, str) else text
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual mode
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    write_atomic(path, json.dumps(obj, indent=1, sort_keys=True) + "\n")

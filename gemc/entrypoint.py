@@ -1,8 +1,9 @@
 """Loading a user's model entrypoint: ``FILE.py:FUNC`` or ``package.module:FUNC``.
 
-The function is called with keyword arguments from repeated ``--set key=value`` and must
-return a :class:`gemc.spec.ModelSpec`. gemc calls it under ``torch.device("meta")`` when it
-only compiles, so GEM-scale models never allocate their weights.
+The function is called with keyword arguments from repeated ``--set key=value`` (parsed
+by :mod:`gemc.entrypoint_args`) and must return a :class:`gemc.spec.ModelSpec`. gemc calls
+it under ``torch.device("meta")`` when it only compiles, so GEM-scale models never allocate
+their weights.
 """
 
 from __future__ import annotations
@@ -15,65 +16,22 @@ import inspect
 import json
 import sys
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from gemc.batch_structure import example_leaves, flat_spec
+from gemc.entrypoint_args import ENTRYPOINT_FIX, split_entrypoint
 from gemc.errors import EntrypointError, GemcUserError, user_frame
 from gemc.init_recipes import IN_PLACE_FILLS, FillRecorder
 from gemc.spec import ModelSpec
 
-ENTRYPOINT_FIX = (
-    "write it as FILE.py:FUNC (e.g. examples/gem/model.py:build) or package.module:FUNC"
-)
-
-
-def parse_sets(items: Sequence[str]) -> dict[str, Any]:
-    """``--set key=value`` pairs into kwargs; values are JSON scalars when they parse, else strings."""
-    kwargs: dict[str, Any] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise GemcUserError(
-                f"bad --set '{item}': expected key=value",
-                where="--set",
-                fix="write --set preset=tiny (one key=value per --set)",
-            )
-        if not key.isidentifier():
-            raise GemcUserError(
-                f"bad --set '{item}': '{key}' is not a valid Python keyword argument name",
-                where="--set",
-                fix="use a name of the entrypoint's parameters, e.g. --set batch_size=64",
-            )
-        if key in kwargs:
-            raise GemcUserError(
-                f"--set {key} is given twice", where="--set", fix="give each key once"
-            )
-        kwargs[key] = _parse_scalar(raw)
-    return kwargs
-
-
-def _parse_scalar(raw: str) -> Any:
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        return raw
-    return value if isinstance(value, (int, float, bool, str)) or value is None else raw
-
 
 def load_entrypoint(entrypoint: str) -> Callable[..., Any]:
     """Resolve ``FILE.py:FUNC`` or ``package.module:FUNC`` to the function object."""
-    target, sep, func_name = entrypoint.rpartition(":")
-    if not sep or not target or not func_name:
-        raise EntrypointError(
-            f"malformed model entrypoint '{entrypoint}': no ':FUNC' part",
-            where="ENTRYPOINT argument",
-            fix=ENTRYPOINT_FIX,
-        )
+    target, func_name = split_entrypoint(entrypoint)
     module = _import_file(target) if target.endswith(".py") else _import_module(target)
     fn = getattr(module, func_name, None)
     if fn is None:
@@ -93,13 +51,7 @@ def load_entrypoint(entrypoint: str) -> Callable[..., Any]:
 
 
 def _import_file(path_str: str) -> Any:
-    path = Path(path_str)
-    if not path.is_file():
-        raise EntrypointError(
-            f"model file '{path_str}' does not exist",
-            where=str(path.resolve()),
-            fix="check the path (relative paths are taken from the current directory)",
-        )
+    path = Path(path_str)  # there: split_entrypoint checked
     name = "gemc_user_model_" + "_".join(path.resolve().with_suffix("").parts[-3:]).replace(
         "-", "_"
     )

@@ -24,8 +24,9 @@ import torch
 from torch import fx
 
 from gemc import ir
+from gemc.atomic_write import write_atomic, write_json_atomic
 from gemc.context import PassContext
-from gemc.dump import format_graph, write_atomic, write_json_atomic
+from gemc.dump import format_graph
 from gemc.errors import GemcUserError, PassFailure
 
 DUMP_MODES = ("all", "changed", "failure")

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from gemc.dump import write_atomic
+from gemc.atomic_write import write_atomic
 from gemc.errors import PlanError
 from gemc.exchange_precision import EXCHANGE_PRECISIONS, WirePrecision
 from gemc.kernel_kinds import KINDS

@@ -1,7 +1,7 @@
 import pytest
 
 from gemc.api import load_model
-from gemc.entrypoint import parse_sets
+from gemc.entrypoint_args import parse_sets
 from gemc.errors import EntrypointError, GemcUserError
 from gemc.spec import ModelSpec
 

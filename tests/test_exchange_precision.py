@@ -1,4 +1,4 @@
-"""The exchange's wire formats (gemc.exchange_precision): exact round trips up to the
+"""The exchange's wire formats (gemc.exchange_precision, gemc.exchange_codec): exact round trips up to the
 rounding, fp8's row scales the same rule as the stored tables', the SQNR the ``auto``
 choice checks, and the plan's ``exchange`` block validated."""
 
@@ -12,19 +12,17 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from gemc.errors import PlanError
+from gemc.exchange_codec import decode_rows, encode_rows, representative_sqnr_db
 from gemc.exchange_precision import (
     CAST_BYTES_PER_ELEMENT,
     CAST_KERNELS,
     MIN_SQNR_DB,
     WirePrecision,
-    decode_rows,
-    encode_rows,
-    representative_sqnr_db,
     wire_of_plan,
     wire_row_bytes,
 )
 from gemc.plan import validate_plan
-from gemc.table_precision import dequantize_rows, quantize_rows
+from gemc.table_quant import dequantize_rows, quantize_rows
 
 
 def _rows(widths: list[int], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

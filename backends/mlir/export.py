@@ -36,7 +36,7 @@ from gemc.backends.mlir.probe import Unsupported, describe, find_unsupported
 from torch import fx
 
 from gemc import ir
-from gemc.dump import write_atomic, write_json_atomic
+from gemc.atomic_write import write_atomic, write_json_atomic
 
 MLIR_DIR = "mlir"
 _STAGE_TITLES = {

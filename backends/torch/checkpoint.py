@@ -37,8 +37,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import torch.distributed as dist
-
 from gemc.errors import GemcUserError
 
 LATEST = "latest"
@@ -61,6 +59,10 @@ def step_dir_name(step: int) -> str:
 
 
 def _barrier() -> None:
+    # torch on the paths that save or load only: ``gemc run --resume`` checks the directory
+    # (require_latest) before anything imports torch (tests/test_cli_lazy_imports.py)
+    import torch.distributed as dist  # noqa: PLC0415
+
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
 

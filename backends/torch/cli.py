@@ -29,8 +29,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gemc.backends.torch.fp8_audit import DEFAULT_EVERY as AUDIT_EVERY
-from gemc.backends.torch.fp8_audit import FLAG as AUDIT_FLAG
+from gemc.backends.torch.fp8_audit_cadence import DEFAULT_EVERY as AUDIT_EVERY
+from gemc.backends.torch.fp8_audit_cadence import FLAG as AUDIT_FLAG
 from gemc.backends.torch.kernel_choices import read_choices
 
 from gemc import checks
@@ -331,12 +331,12 @@ def cmd_run(args: argparse.Namespace, argv: Sequence[str] | None = None) -> int:
     """Run the plan (starting torchrun first when needed). ``argv`` re-creates the flags."""
     from gemc.plan import read_plan
 
-    prepare_device_env(args.device)
+    # the paths and the plan first: a mistake in them is answered before torch is imported
     check_run_paths(args)
-    if not _under_launcher():
-        mesh = read_plan(args.plan).mesh
-        if mesh.world_size > 1:
-            return _self_launch(args, list(argv) if argv is not None else argv_of(args), mesh)
+    mesh = None if _under_launcher() else read_plan(args.plan).mesh
+    prepare_device_env(args.device)
+    if mesh is not None and mesh.world_size > 1:
+        return _self_launch(args, list(argv) if argv is not None else argv_of(args), mesh)
     from gemc.backends.torch.runner import run
 
     done = [0]

@@ -26,13 +26,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from gemc.exchange_precision import (
-    FP32_WIRE,
-    SCALE_BYTES,
-    WirePrecision,
-    decode_rows,
-    encode_rows,
-)
+from gemc.exchange_codec import decode_rows, encode_rows
+from gemc.exchange_precision import FP32_WIRE, SCALE_BYTES, WirePrecision
 
 
 @dataclass(frozen=True)

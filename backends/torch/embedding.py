@@ -73,7 +73,8 @@ from gemc.errors import GemcUserError, PlanError
 from gemc.exchange_precision import FP32_WIRE, WirePrecision
 from gemc.init_recipes import Recipe
 from gemc.sharding import SHARDINGS
-from gemc.table_precision import TABLE_PRECISIONS, quantize_rows, storage_dtype
+from gemc.table_precision import TABLE_PRECISIONS
+from gemc.table_quant import quantize_rows, storage_dtype
 
 
 @dataclass(frozen=True)

@@ -62,22 +62,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from gemc.backends.torch import fp8
+from gemc.backends.torch.fp8_audit_cadence import DEFAULT_EVERY, FLAG
 from torch import nn
 
 from gemc.errors import GemcUserError
 from gemc.fp8_recipe import BF16, GEMMS, MIN_SQNR_DB, Fp8Recipe
 from gemc.probe_types import Energy
 
-FLAG = "--fp8-audit-every"
-DEFAULT_EVERY = 100
-"""Steps between audits. Why 100: on the CPU's 2-layer Wukong one audit cost 0.95 of a
-training step (55 s for 10 audits in a 636 s run of 100 steps: BENCHMARKS.md, branch
-s22-fp8audit), so 1% at 100; and the weight gradients there left the bound at steps 20-30,
-so a 100-step cadence leaves at most 100 steps of a bad fp8 wgrad (on that model an fp8
-run that never switched ended within 0.1% of bf16: branch s21-fp8loss). The run report's ``fp8_audit.seconds``
-measures the cost of every run (device time included: the audit waits for the GPU); on a
-GPU the fp32 reference GEMMs run at the fp32 rate (TF32 off), a larger share of a step
-than on a CPU -- raise N where the report shows it."""
 MAX_DB = 200.0  # plans and reports are JSON: no infinities (as the precision pass clamps)
 STEP, SHADOW = "step", "shadow"
 

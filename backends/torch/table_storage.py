@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from gemc.table_precision import dequantize_rows, quantize_rows
+from gemc.table_quant import dequantize_rows, quantize_rows
 
 
 class StoredRows:

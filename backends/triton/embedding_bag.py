@@ -65,7 +65,8 @@ import triton
 import triton.language as tl
 from torch import nn
 
-from gemc.table_precision import check_precision, dequantize_rows, quantize_rows, storage_dtype
+from gemc.table_precision import check_precision
+from gemc.table_quant import dequantize_rows, quantize_rows, storage_dtype
 
 from . import config_choice
 from .config_choice import Preferred, Tiles

@@ -21,7 +21,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from gemc.table_precision import FP8_MAX, grid_step
+from gemc.table_precision import FP8_MAX
+from gemc.table_quant import grid_step
 
 __all__ = [
     "pooled_lookup_reference",

@@ -16,7 +16,7 @@ from __future__ import annotations
 import traceback
 from pathlib import Path
 
-from gemc.dump import write_atomic
+from gemc.atomic_write import write_atomic
 from gemc.report.inputs import ReportInputs, load_inputs
 from gemc.report.sections import SECTION_IDS, SECTIONS
 from gemc.report.svg import esc

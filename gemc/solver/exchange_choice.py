@@ -32,13 +32,13 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from gemc.exchange_codec import representative_sqnr_db
 from gemc.exchange_precision import (
     EXCHANGE_MODES,
     EXCHANGE_PRECISIONS,
     MIN_SQNR_DB,
     WirePrecision,
     fixed_exchange,
-    representative_sqnr_db,
 )
 
 from .evaluate import Pricer, evaluate

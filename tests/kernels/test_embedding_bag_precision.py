@@ -19,13 +19,8 @@ from gemc.backends.triton.embedding_bag_reference import (
 )
 from kernel_helpers import fresh_generator, offsets_of, randn
 
-from gemc.table_precision import (
-    dequantize_rows,
-    grid_step,
-    quantize_rows,
-    stochastic_round,
-    weight_bytes,
-)
+from gemc.table_precision import weight_bytes
+from gemc.table_quant import dequantize_rows, grid_step, quantize_rows, stochastic_round
 
 TABLES = [(10, 8), (7, 20), (13, 16)]
 TOL = {"atol": 1e-5, "rtol": 1e-5}

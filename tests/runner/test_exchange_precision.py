@@ -5,7 +5,7 @@ nn.Embedding whose rows travel one per id) are sharded table-wise, row-wise and
 column-wise, and the same plan trains 10 steps with the pooled exchange at fp32, bf16
 (both ways) and fp8 forward / bf16 backward.
 
-Tolerance from the wire's SQNR (gemc.exchange_precision.representative_sqnr_db, measured
+Tolerance from the wire's SQNR (gemc.exchange_codec.representative_sqnr_db, measured
 at the widest test table's width): a cast with SQNR ``s`` dB adds noise of relative RMS
 ``10**(-s/20)`` to every pooled row and gradient: bf16 about 56 dB (0.16%), fp8 about
 34 dB (2%). The loss is a smooth function of the pooled rows through the dense layers, so
@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from gemc.exchange_precision import WirePrecision, representative_sqnr_db
+from gemc.exchange_codec import representative_sqnr_db
+from gemc.exchange_precision import WirePrecision
 from gemc.plan import write_plan
 from tests.runner.harness import run_scenarios, variant
 
