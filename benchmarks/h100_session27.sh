@@ -7,7 +7,7 @@
 #       # launch off too, and at the tree in .base (the commit before: see below); the
 #       # issue's figure for every zoo attention (kernels.py --cases zoo)
 #   GEMC_COMMIT=<sha> bash benchmarks/h100_session27.sh 2   # the changed kernels' own
-#       # tests on the GPU; .probe/probe_transact.py where present (an uncommitted probe);
+#       # tests on the GPU; benchmarks/transact_attention_probe.py (run from .probe/, uncommitted);
 #       # the issue's figure for HSTU at .base; TransAct's step: gemc, and gemc with its
 #       # attentions left to SDPA (GEMC_ATTENTION_KERNEL=never; zoo.py)
 #   GEMC_COMMIT=<sha> bash benchmarks/h100_session27.sh 3   # after the per-key bias load:
@@ -87,7 +87,7 @@ EOF
   [ "$left" -gt 60 ] && zoo_attentions "$left" new hstu,sasrec_bst,mmoe,transact
 elif [ "$part" = 2 ]; then
   kernel_tests 130 quick
-  [ -f .probe/probe_transact.py ] && { timeout 90 python3 .probe/probe_transact.py \
+  { timeout 90 python3 benchmarks/transact_attention_probe.py \
     > /tmp/probe.log 2>&1; echo "== probe (exit $?, $((SECONDS - t0)) s)";
     grep -vE "Warning|warn" /tmp/probe.log | cut -c1-400 | tail -30; }
   zoo_attentions 80 base hstu base
@@ -108,7 +108,7 @@ elif [ "$part" = 3 ]; then  # after the per-key bias load (KEY_BIAS)
     tests/kernels/test_uncovered_rows.py -k "not hopper" > "$OUT/tests.log" 2>&1
   echo "== the changed kernels' tests on the GPU (exit $?, $((SECONDS - t0)) s)"
   grep -E "passed|failed|FAILED|Error" "$OUT/tests.log" | tail -8 | cut -c1-300
-  [ -f .probe/probe_transact.py ] && { timeout 60 python3 .probe/probe_transact.py \
+  { timeout 60 python3 benchmarks/transact_attention_probe.py \
     > /tmp/probe.log 2>&1; echo "== probe (exit $?, $((SECONDS - t0)) s)";
     grep -vE "Warning|warn" /tmp/probe.log | cut -c1-300 | tail -12; }
   timeout 80 python3 benchmarks/attention_gpu_time.py --models transact --defaults-only \
