@@ -27,10 +27,11 @@ per-launch host price (``launches.GRAPH_LAUNCH_HOST_S``, 42 us: everything the h
 a compiled step over its launches, fitted on the session-7 H200 profiles; a calibration's
 ``graph_launch_s`` replaces it): :func:`region_host_prices`, the model's SDPA priced the
 same way for its own launches. Why: the region attention was priced by its kernels alone
-(TransAct's 0.364 ms) where one eager call measured 2.06 ms on the H100, mostly host (issue
-17). In the compiled step that host work is its launches (the bias op is a ``triton_op``
-Inductor launches, the attention op three kernels), not the eager call's Python: the eager
-measurement overstates it.
+(TransAct's 0.364 ms) and its host work left out (issue 17). In the compiled step that host
+work is its launches (the bias op is a ``triton_op`` Inductor launches, the attention op
+three kernels), not an eager call's Python. (One eager call measured 2.06 ms on the H100;
+1.87 ms of it turned out to be kernels, the per-key bias loaded as a whole score tile,
+which ``jagged_attention``'s ``KEY_BIAS`` fixed: 0.84 ms since, twenty-seventh session.)
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from dataclasses import dataclass, replace
 from gemc.ir import OpKind
 
 from .attention_fit import GEMC_GUARDED_CALL_HOST_S
-from .launches import GRAPH_LAUNCH_HOST_S, ISLAND_LAUNCHES
+from .launches import GRAPH_LAUNCH_HOST_S, ISLAND_LAUNCHES, REP_KEY_BIAS_LAUNCHES
 from .op_cost import BWD_KERNELS
 
 REGION_ATTENTION_LAUNCHES = ISLAND_LAUNCHES
@@ -48,7 +49,7 @@ REGION_ATTENTION_LAUNCHES = ISLAND_LAUNCHES
 (``gemc::jagged_attention_values``: forward, dq and dk/dv backward), as the step model counts
 a gemc island."""
 
-REP_ATTENTION_LAUNCHES = ISLAND_LAUNCHES + 1
+REP_ATTENTION_LAUNCHES = ISLAND_LAUNCHES + REP_KEY_BIAS_LAUNCHES
 """Kernels an attention over padding representatives launches a step
 (``packed_tokens.rep_attention``): the bias kernel (``gemc::rep_key_bias``, forward only; no
 output guard since issue 17) and the attention's three."""

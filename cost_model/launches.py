@@ -141,7 +141,7 @@ def graph_launches(gm: fx.GraphModule, tables: Sequence[TableCost],
         else:
             out["extern"] += 1 + BWD_KERNELS.get(kind, 1)
     out["island"] += REP_KEY_BIAS_LAUNCHES * sum(
-        len(f.get("rep_attentions") or ()) for f in _regions(gm))
+        len(f.get("rep_attentions") or ()) for f in ir.packed_regions(gm).values())
     out["inductor"] = (INDUCTOR_KERNELS_PER_GROUP * len(set(groups.values()))
                        + INDUCTOR_KERNELS_PER_PARAM * params)
     batched = [t for t in tables if t.lookup == BATCHED]
@@ -157,16 +157,6 @@ def graph_launches(gm: fx.GraphModule, tables: Sequence[TableCost],
     out["optimizer"] = 1 + math.ceil(params / OPTIMIZER_PARAMS_PER_LAUNCH) if params else 0
     out["total"] = sum(out.values())
     return out
-
-
-def _regions(gm: fx.GraphModule) -> list[dict[str, Any]]:
-    """The packed regions' facts, once each."""
-    seen: dict[Any, dict[str, Any]] = {}
-    for n in gm.graph.nodes:
-        f = n.meta.get(ir.PACKED_REGION)
-        if isinstance(f, dict) and "id" in f:
-            seen.setdefault(f["id"], f)
-    return list(seen.values())
 
 
 def replica_group_key(t: TableCost) -> int | None:

@@ -237,8 +237,8 @@ def guarded_fills(gm: fx.GraphModule) -> dict[str, dict[str, Any]]:
     fill is data: a user whose batches are fuller or emptier than the example's sees what
     the step was priced at (gemc.guard_sample)."""
     keys = ("fill", "attention_fill", "fill_source", "sample_tokens")
-    return {f["id"]: {k: f[k] for k in keys if k in f} for n in gm.graph.nodes
-            if isinstance(f := n.meta.get(ir.PACKED_REGION), dict) and f.get("guard")}
+    return {rid: {k: f[k] for k in keys if k in f}
+            for rid, f in ir.packed_regions(gm).items() if f.get("guard")}
 
 
 @dataclass(frozen=True)

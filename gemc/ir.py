@@ -68,6 +68,13 @@ class OpKind(str, Enum):
     OTHER = "other"
 
 
+def packed_regions(gm: fx.GraphModule) -> dict[Any, dict[str, Any]]:
+    """Each packed token region's facts (:data:`PACKED_REGION`, on its source nodes) once,
+    by the region's id."""
+    return {f["id"]: f for n in gm.graph.nodes
+            if isinstance(f := n.meta.get(PACKED_REGION), dict) and "id" in f}
+
+
 def tensor_vals(node: fx.Node) -> list[torch.Tensor]:
     """The tensors a node produces (its FakeTensor ``val``, flattened)."""
     val = node.meta.get("val")

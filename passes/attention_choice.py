@@ -125,8 +125,7 @@ def settle(gm: fx.GraphModule, ctx: PassContext) -> int:
     and has no sync of its own, and keeps gemc's kernel (``attention_prices`` repriced
     so); any other stays the model's attention, ungrouped, with the pass's skip reason and
     warning. Returns how many it ungrouped."""
-    regions = {f["id"]: f for n in gm.graph.nodes
-               if isinstance(f := n.meta.get(ir.PACKED_REGION), dict) and "id" in f}
+    regions = ir.packed_regions(gm)
     in_place = {name: rid for rid, f in regions.items() for name in f.get("in_place") or ()}
     ungrouped = 0
     for node in list(gm.graph.nodes):

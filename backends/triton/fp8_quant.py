@@ -47,7 +47,14 @@ import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
-from .runtime import INTERPRETED, cdiv, check_launchable, next_pow2
+from .runtime import (
+    INTERPRETED,
+    cdiv,
+    check_launchable,
+    kernel_op,
+    launched_directly,
+    next_pow2,
+)
 
 __all__ = ["ALIGN", "quantize_cols", "quantize_rows"]
 
@@ -195,15 +202,10 @@ def _soft(soft_round: bool | None) -> bool:
 # anyway), and the one size-dependent choice is ``torch.sym_max``.
 
 
-def _launched(kernel: Any) -> Any:
-    """A kernel as launched outside any op: directly (``wrap_triton``'s stand-in)."""
-    return kernel
-
-
 def _rows(x: torch.Tensor, soft: bool, wrap: Callable[[Any], Any] = wrap_triton
           ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`quantize_rows`' launch: two allocations, one kernel (``wrap``: how kernels
-    are launched: traceably in an op, :func:`_launched` outside one)."""
+    are launched: traceably in an op, :func:`launched_directly` outside one)."""
     _check(x, "quantize_rows")
     m, k = x.shape
     q = torch.empty((m, k), dtype=E4M3, device=x.device)
@@ -256,7 +258,7 @@ def quantize_rows(x: torch.Tensor, *, soft_round: bool | None = None
     ``gemc::fp8_quantize_rows``; the other launches the kernel directly."""
     if _soft(soft_round) == _soft(None):
         return torch.ops.gemc.fp8_quantize_rows.default(x)
-    return _rows(x, _soft(soft_round), _launched)
+    return _rows(x, _soft(soft_round), launched_directly)
 
 
 def quantize_cols(x: torch.Tensor, *, soft_round: bool | None = None
@@ -271,7 +273,7 @@ def quantize_cols(x: torch.Tensor, *, soft_round: bool | None = None
     is the op ``gemc::fp8_quantize_cols``."""
     if _soft(soft_round) == _soft(None):
         return torch.ops.gemc.fp8_quantize_cols.default(x)
-    return _cols(x, _soft(soft_round), _launched)
+    return _cols(x, _soft(soft_round), launched_directly)
 
 
 # ----------------------------------------------------------------------------- custom ops
@@ -280,15 +282,8 @@ def quantize_cols(x: torch.Tensor, *, soft_round: bool | None = None
 # "triton"): one op per operand, outputs fresh and contiguous. Not differentiable: the
 # linear quantises detached operands.
 #
-# On a GPU they are ``triton_op``s. Why: as opaque ``custom_op``s each call cost ~130-170 us
-# of host time on the H200 (Python dispatch into the op, then Triton's launcher binding the
-# arguments), 0.9 ms of the compiled LayerNorm -> Linear's 3.9 ms step at M = 8,192, which
-# made the unit host-bound (benchmarks/results/session11/fp8_unit_profile.json). A
-# ``triton_op`` is decomposed by AOTAutograd into its launches, which Inductor compiles into
-# its own code and launches through its own launcher, as it does its generated kernels.
-# Under the interpreter (CPU tensors) they stay ``custom_op``s: ``wrap_triton`` hands an
-# interpreted kernel back unwrapped, so a trace would run it on fake tensors, and Inductor
-# cannot compile a user Triton kernel for the CPU; the launch code is the same either way.
+# On a GPU they are ``triton_op``s, under the interpreter ``custom_op``s
+# (``runtime.kernel_op`` says why).
 
 
 def _padded(m: Any) -> Any:
@@ -307,16 +302,11 @@ def _quant_op(name: str, launch: Callable[[torch.Tensor, bool], tuple[torch.Tens
     def impl(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return launch(x, soft)
 
-    if not interpreted:
-        return torch.library.triton_op(f"gemc::{name}", impl, mutates_args=())
-    op = torch.library.custom_op(f"gemc::{name}", impl, mutates_args=())
-
-    @op.register_fake
-    def _(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def fake(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         q_shape, s_shape = shapes(*x.shape)
         return x.new_empty(q_shape, dtype=E4M3), x.new_empty(s_shape, dtype=torch.float32)
 
-    return op
+    return kernel_op(name, impl, fake, interpreted)
 
 
 _rows_op = _quant_op("fp8_quantize_rows", _rows, lambda m, k: ((m, k), (m, 1)))

@@ -17,10 +17,10 @@ it is False; ``width`` the layout's ``offsets[b + 1] - offsets[b]``.
 
 Why a kernel: the same formula in torch ops (a cast, ``masked_fill``, ``logcumsumexp``
 between two flips, ``arange``, two ``where``, ``any``) is ten launches a call, each a few
-microseconds of host work for a ``[B, L]`` tensor the GPU reads in under one: TransAct's
-region attention timed 0.97 ms forward on an H100 where its kernels need a fraction of it
-(issue 17). Here one program per row reads the mask row once (the logsumexp
-max-subtracted) and writes the bias row and the row's kept flag.
+microseconds of host work for a ``[B, L]`` tensor the GPU reads in under one (issue 17).
+Here one program per row reads the mask row once (the logsumexp max-subtracted) and writes
+the bias row and the row's kept flag: 0.005 ms of kernel at TransAct's h200 shape on an
+H100 (``benchmarks/attention_gpu_time.py --models transact``, twenty-seventh session).
 
 A row keeping no key at all is ``-inf`` at its slots: the attention kernel gives its
 queries 0 and no gradient, which is what eager's ``scaled_dot_product_attention`` gives
@@ -48,7 +48,14 @@ from torch.library import wrap_triton
 
 from gemc.guard_sample import mask_rows
 
-from .runtime import INTERPRETED, check_launchable, check_offsets, next_pow2
+from .runtime import (
+    INTERPRETED,
+    check_launchable,
+    check_offsets,
+    kernel_op,
+    launched_directly,
+    next_pow2,
+)
 
 
 @triton.jit
@@ -80,15 +87,10 @@ def _rep_key_bias_kernel(mask_ptr, stride_b, stride_l, offsets_ptr, bias_ptr, ke
     tl.store(kept_ptr + b, kept > 0)
 
 
-def _launched(kernel: Any) -> Any:
-    """A kernel as launched outside any op: directly (``wrap_triton``'s stand-in)."""
-    return kernel
-
-
 def _launch(mask: Tensor, offsets: Tensor, additive: bool,
             wrap: Callable[[Any], Any] = wrap_triton) -> tuple[Tensor, Tensor]:
     """The bias and the flags: two allocations, one kernel (``wrap``: how the kernel is
-    launched: traceably in a ``triton_op``, :func:`_launched` outside one)."""
+    launched: traceably in a ``triton_op``, ``runtime.launched_directly`` outside one)."""
     batch = check_offsets(offsets)
     rows = mask_rows(mask)
     if rows.dim() != 2 or rows.shape[0] not in (1, batch):
@@ -118,33 +120,21 @@ def rep_key_bias(mask: Tensor, offsets: Tensor, additive: bool) -> tuple[Tensor,
     while Dynamo traces: the op ``gemc::rep_key_bias``."""
     if torch.compiler.is_compiling():
         return torch.ops.gemc.rep_key_bias(mask, offsets, bool(additive))
-    return _launch(mask, offsets, additive, _launched)
-
-
-# ``gemc::rep_key_bias``. On a GPU a ``triton_op``: AOTAutograd decomposes it into its
-# launch, which Inductor compiles into its own code and launches through its own launcher
-# (an opaque ``custom_op`` cost ~130-170 us of host a call on the H200 for fp8's quantisers:
-# ``fp8_quant.py``). Under the interpreter (CPU tensors) a ``custom_op`` with a fake:
-# ``wrap_triton`` hands an interpreted kernel back unwrapped, and Inductor cannot compile a
-# user Triton kernel for the CPU; the launch code is the same either way.
+    return _launch(mask, offsets, additive, launched_directly)
 
 
 def _op(name: str = "rep_key_bias", interpreted: bool = INTERPRETED) -> Any:
-    """``gemc::<name>``: a ``triton_op`` on a GPU, a ``custom_op`` under the interpreter."""
+    """``gemc::<name>``: a ``triton_op`` on a GPU, a ``custom_op`` under the interpreter
+    (``runtime.kernel_op`` says why)."""
     def impl(mask: Tensor, offsets: Tensor, additive: bool) -> tuple[Tensor, Tensor]:
         return _launch(mask, offsets, additive)
 
-    if not interpreted:
-        return torch.library.triton_op(f"gemc::{name}", impl, mutates_args=())
-    op = torch.library.custom_op(f"gemc::{name}", impl, mutates_args=())
-
-    @op.register_fake
-    def _(mask: Tensor, offsets: Tensor, additive: bool) -> tuple[Tensor, Tensor]:
+    def fake(mask: Tensor, offsets: Tensor, additive: bool) -> tuple[Tensor, Tensor]:
         batch = offsets.shape[0] - 1
         return (mask.new_empty((batch, mask.shape[-1]), dtype=torch.float32),
                 mask.new_empty((batch,), dtype=torch.bool))
 
-    return op
+    return kernel_op(name, impl, fake, interpreted)
 
 
 rep_key_bias_op = _op()

@@ -24,6 +24,8 @@ Only the subset of Triton that 3.6 already has is used here and in the kernels.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -70,6 +72,34 @@ def kernel_runs_on(t: torch.Tensor) -> bool:
 def is_interpreted() -> bool:
     """Whether Triton kernels run in the CPU interpreter (set by ``TRITON_INTERPRET=1``)."""
     return INTERPRETED
+
+
+def launched_directly(kernel: Any) -> Any:
+    """A kernel as launched outside any op: directly (``torch.library.wrap_triton``'s
+    stand-in, for a launch function shared by an op and an eager call)."""
+    return kernel
+
+
+def kernel_op(name: str, impl: Callable[..., Any], fake: Callable[..., Any],
+              interpreted: bool = INTERPRETED) -> Any:
+    """``gemc::<name>`` running ``impl``: a ``triton_op`` on a GPU, a ``custom_op`` with
+    ``fake`` as its fake under the interpreter.
+
+    Why a ``triton_op`` on a GPU: as opaque ``custom_op``s fp8's quantisers cost ~130-170 us
+    of host a call on the H200 (Python dispatch into the op, then Triton's launcher binding
+    the arguments), 0.9 ms of the compiled LayerNorm -> Linear's 3.9 ms step at M = 8,192
+    (benchmarks/results/session11/fp8_unit_profile.json). A ``triton_op`` is decomposed by
+    AOTAutograd into its launches (``impl`` launching through ``wrap_triton``), which
+    Inductor compiles into its own code and launches through its own launcher, as it does
+    its generated kernels. Under the interpreter (CPU tensors) a ``custom_op``:
+    ``wrap_triton`` hands an interpreted kernel back unwrapped, so a trace would run it on
+    fake tensors, and Inductor cannot compile a user Triton kernel for the CPU; the launch
+    code is the same either way."""
+    if not interpreted:
+        return torch.library.triton_op(f"gemc::{name}", impl, mutates_args=())
+    op = torch.library.custom_op(f"gemc::{name}", impl, mutates_args=())
+    op.register_fake(fake)
+    return op
 
 
 def next_pow2(n: int, minimum: int = 1) -> int:

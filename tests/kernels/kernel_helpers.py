@@ -83,3 +83,48 @@ def nan_buffers(shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dt
     t = torch.empty_strided(shape, stride, dtype=dtype, device=device)
     t.as_strided((t.untyped_storage().nbytes() // t.element_size(),), (1,)).fill_(float("nan"))
     return t
+
+
+def as_jit_kernels(module: object, monkeypatch: object) -> None:
+    """Every interpreted Triton kernel of ``module`` re-wrapped as a JIT function (what a
+    GPU registers), for a trace that must see ``triton_op`` launches on a CPU machine."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    for name, value in list(vars(module).items()):
+        if isinstance(value, InterpretedFunction):
+            monkeypatch.setattr(module, name, JITFunction(value.fn))  # type: ignore[attr-defined]
+
+
+class _Traced(Exception):
+    """Raised instead of running the captured graph: the JIT kernels cannot run here."""
+
+
+def forward_graph_targets(fn: object, *args: torch.Tensor,
+                          dynamic: tuple[int, ...] = ()) -> list[str]:
+    """The call targets of AOTAutograd's forward graph of ``fn(*args)`` under
+    ``torch.compile`` (fullgraph), captured and never run; ``dynamic``: dim 0 of those
+    arguments marked dynamic."""
+    import pytest
+    from torch._dynamo.backends.common import aot_autograd
+
+    graphs: list[torch.fx.GraphModule] = []
+
+    def capture(gm: torch.fx.GraphModule, _: object):  # noqa: ANN202
+        graphs.append(gm)
+
+        def run(*_args: object) -> None:
+            raise _Traced
+
+        return run
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=aot_autograd(fw_compiler=capture), fullgraph=True)
+    for i in dynamic:
+        torch._dynamo.mark_dynamic(args[i], 0)
+    with pytest.raises(_Traced):
+        compiled(*args)
+    torch._dynamo.reset()
+    (graph,) = graphs
+    return [getattr(n.target, "__name__", str(n.target)) for n in graph.graph.nodes
+            if n.op == "call_function"]

@@ -14,6 +14,7 @@ import torch
 from gemc.backends.torch import fp8
 from gemc.backends.triton import fp8_quant
 from gemc.backends.triton.fp8_quant import quantize_cols, quantize_rows
+from kernel_helpers import as_jit_kernels, forward_graph_targets
 
 
 def _bits(q: torch.Tensor) -> torch.Tensor:
@@ -150,51 +151,23 @@ def test_launch_code_traces_to_kernel_nodes_without_guarding_the_token_count(
     assert not [g for g in guards if m_symbol in g.expr.free_symbols], guards
 
 
-class _Traced(Exception):
-    """Raised instead of running the captured graph: the JIT kernels cannot run here."""
-
-
 def test_triton_ops_decompose_into_kernel_nodes_under_torch_compile(monkeypatch) -> None:
     """The ops as a GPU registers them (``triton_op``), compiled with a dynamic token count:
     AOTAutograd's forward graph launches the kernels as Triton kernel nodes (which Inductor
     compiles and launches from its own code) and holds no ``gemc`` op, so no Python custom-op
     call is left per launch. Registered here under test names, with the kernels re-wrapped
     as JIT functions (see above); the graph is captured, not run."""
-    from torch._dynamo.backends.common import aot_autograd
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
-
-    for name, value in list(vars(fp8_quant).items()):
-        if isinstance(value, InterpretedFunction):
-            monkeypatch.setattr(fp8_quant, name, JITFunction(value.fn))
+    as_jit_kernels(fp8_quant, monkeypatch)
     if not hasattr(torch.ops.gemc, "test_quantize_cols_traced"):
         for name, launch in (("rows", fp8_quant._rows), ("cols", fp8_quant._cols)):
             # the shapes serve a custom_op's fake; a triton_op's is its launch code
             fp8_quant._quant_op(f"test_quantize_{name}_traced", launch, lambda m, k: None,
                                 interpreted=False)
-    graphs: list[torch.fx.GraphModule] = []
-
-    def capture(gm: torch.fx.GraphModule, _: object):  # noqa: ANN202
-        graphs.append(gm)
-
-        def run(*args: object) -> None:
-            raise _Traced
-
-        return run
 
     def fn(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return (*torch.ops.gemc.test_quantize_rows_traced(x),
                 *torch.ops.gemc.test_quantize_cols_traced(x))
 
-    torch._dynamo.reset()
-    compiled = torch.compile(fn, backend=aot_autograd(fw_compiler=capture), fullgraph=True)
-    x = torch.randn(37, 64, dtype=torch.bfloat16)
-    torch._dynamo.mark_dynamic(x, 0)
-    with pytest.raises(_Traced):
-        compiled(x)
-    torch._dynamo.reset()
-    (graph,) = graphs
-    targets = [getattr(n.target, "__name__", str(n.target)) for n in graph.graph.nodes
-               if n.op == "call_function"]
+    targets = forward_graph_targets(fn, torch.randn(37, 64, dtype=torch.bfloat16), dynamic=(0,))
     assert targets.count("triton_kernel_wrapper_functional") == 3, targets
     assert not [t for t in targets if "gemc" in t], targets

@@ -16,7 +16,7 @@ import pytest
 import torch
 from gemc.backends.triton import packed_tokens as pt
 from gemc.backends.triton.rep_key_bias import rep_key_bias
-from kernel_helpers import fresh_generator
+from kernel_helpers import as_jit_kernels, forward_graph_targets, fresh_generator
 
 from tests.hopper_target import HOPPER_DRIVER
 
@@ -125,46 +125,21 @@ def test_the_op_passes_opcheck() -> None:
                                           "test_faketensor", "test_aot_dispatch_static"))
 
 
-class _Traced(Exception):
-    """Raised instead of running the captured graph: the JIT kernel cannot run here."""
-
-
 def test_on_a_gpu_the_op_decomposes_into_its_kernel_under_torch_compile(monkeypatch) -> None:
     """The op as a GPU registers it (``triton_op``): AOTAutograd's forward graph launches
     the kernel as a Triton kernel node (Inductor compiles and launches it from its own
     code, no Python op call a step) and holds no ``gemc`` op. Registered under a test
     name, the kernel re-wrapped as a JIT function; the graph is captured, not run."""
     from gemc.backends.triton import rep_key_bias as module
-    from torch._dynamo.backends.common import aot_autograd
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
 
-    kernel = module._rep_key_bias_kernel
-    if isinstance(kernel, InterpretedFunction):
-        monkeypatch.setattr(module, "_rep_key_bias_kernel", JITFunction(kernel.fn))
+    as_jit_kernels(module, monkeypatch)
     if not hasattr(torch.ops.gemc, "test_rep_key_bias_traced"):
         module._op("test_rep_key_bias_traced", interpreted=False)
-    graphs: list[torch.fx.GraphModule] = []
-
-    def capture(gm: torch.fx.GraphModule, _: object):  # noqa: ANN202
-        graphs.append(gm)
-
-        def run(*args: object) -> None:
-            raise _Traced
-
-        return run
 
     def fn(mask: torch.Tensor, offsets: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return torch.ops.gemc.test_rep_key_bias_traced(mask, offsets, True)
 
-    torch._dynamo.reset()
-    compiled = torch.compile(fn, backend=aot_autograd(fw_compiler=capture), fullgraph=True)
-    with pytest.raises(_Traced):
-        compiled(torch.zeros(4, 10), torch.tensor([0, 3, 5, 15, 16]))
-    torch._dynamo.reset()
-    (graph,) = graphs
-    targets = [getattr(n.target, "__name__", str(n.target)) for n in graph.graph.nodes
-               if n.op == "call_function"]
+    targets = forward_graph_targets(fn, torch.zeros(4, 10), torch.tensor([0, 3, 5, 15, 16]))
     assert targets.count("triton_kernel_wrapper_functional") == 1, targets
     assert not [t for t in targets if "gemc" in t], targets
 

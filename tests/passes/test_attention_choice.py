@@ -203,29 +203,40 @@ def test_settle_keeps_a_match_a_packed_region_runs_and_ungroups_the_rest():
     assert ctx.warnings == [f"{dropped.name} stays padded SDPA (kept-padded: x)"]
 
 
-def test_settle_prices_a_kept_match_at_its_regions_sampled_share():
-    """A match priced at fill 1 for want of a sample (TransAct's mask reads a buffer the
-    capture on meta has no values of) is pending too; kept in a packed region whose sample
-    gives its attentions' share of the padded scores, its kernel is repriced at that share."""
-    from gemc.passes.attention_choice import PENDING, settle
-
-    from gemc.context import PassContext
+def _pending_in_region(prices: dict[str, float], region: dict | None = None
+                       ) -> tuple[torch.fx.GraphModule, torch.fx.Node]:
+    """A guarded key-padding match left pending (priced at fill 1, no sample) with
+    ``prices``, in a packed region over padding representatives that runs it in place: the
+    region's facts ``region`` on a node after it, or on the match itself."""
+    from gemc.passes.attention_choice import PENDING
 
     graph = torch.fx.Graph()
     x = graph.placeholder("x")
     attn = graph.call_function(torch.relu, (x,))
-    region = graph.call_function(torch.neg, (attn,))
-    graph.output(region)
+    last = graph.call_function(torch.neg, (attn,)) if region is not None else attn
+    graph.output(last)
     gm = torch.fx.GraphModule(torch.nn.Module(), graph)
     attn.meta[ir.GROUP] = "key_padding_attention_0"
     attn.meta[ir.KERNEL] = {"id": "key_padding_attention_0", "kind": "key_padding_attention",
-                            "attention_prices": {"gemc_ms": 2.67, "kernel_ms": 1.03,
-                                                 "copies_ms": 0.0, "host_ms": 1.64,
-                                                 "padded_ms": 0.697, "guarded": True,
-                                                 "fill": 1.0, "fill_source": "padded: x"}}
+                            "attention_prices": {**prices, "copies_ms": 0.0, "host_ms": 1.64,
+                                                 "guarded": True, "fill": 1.0,
+                                                 "fill_source": "padded: x"}}
     attn.meta[PENDING] = (SKIPPED, "{node} stays padded SDPA ({why})", "kept-padded: x")
-    region.meta[ir.PACKED_REGION] = {"id": "packed_tokens_0", "in_place": [attn.name],
-                                     "attention_fill": 0.35, "rep_attentions": [attn.name]}
+    last.meta[ir.PACKED_REGION] = {"id": "packed_tokens_0", "in_place": [attn.name],
+                                   "rep_attentions": [attn.name], **(region or {})}
+    return gm, attn
+
+
+def test_settle_prices_a_kept_match_at_its_regions_sampled_share():
+    """A match priced at fill 1 for want of a sample (TransAct's mask reads a buffer the
+    capture on meta has no values of) is pending too; kept in a packed region whose sample
+    gives its attentions' share of the padded scores, its kernel is repriced at that share."""
+    from gemc.passes.attention_choice import settle
+
+    from gemc.context import PassContext
+
+    gm, attn = _pending_in_region({"gemc_ms": 2.67, "kernel_ms": 1.03, "padded_ms": 0.697},
+                                  {"attention_fill": 0.35})
     assert settle(gm, PassContext()) == 0
     choice = attn.meta[ir.KERNEL]["attention_prices"]
     assert choice["kernel_ms"] == pytest.approx(1.03 * 0.35)
@@ -242,24 +253,11 @@ def test_settle_prices_a_kept_match_at_its_regions_sampled_share():
 def test_settle_records_a_region_attention_priced_slower_and_keeps_it():
     """A region attention whose kernel and launches cost more than the model's SDPA is kept
     (the region runs it on its tokens), its note saying it is priced slower."""
-    from gemc.passes.attention_choice import PENDING, settle
+    from gemc.passes.attention_choice import settle
 
     from gemc.context import PassContext
 
-    graph = torch.fx.Graph()
-    x = graph.placeholder("x")
-    attn = graph.call_function(torch.relu, (x,))
-    graph.output(attn)
-    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
-    attn.meta[ir.GROUP] = "key_padding_attention_0"
-    attn.meta[ir.KERNEL] = {"id": "key_padding_attention_0", "kind": "key_padding_attention",
-                            "attention_prices": {"gemc_ms": 2.0, "kernel_ms": 0.5,
-                                                 "copies_ms": 0.0, "host_ms": 1.64,
-                                                 "padded_ms": 0.45, "guarded": True,
-                                                 "fill": 1.0, "fill_source": "padded: x"}}
-    attn.meta[PENDING] = (SKIPPED, "{node} stays padded SDPA ({why})", "kept-padded: x")
-    attn.meta[ir.PACKED_REGION] = {"id": "packed_tokens_0", "in_place": [attn.name],
-                                   "rep_attentions": [attn.name]}
+    gm, attn = _pending_in_region({"gemc_ms": 2.0, "kernel_ms": 0.5, "padded_ms": 0.45})
     assert settle(gm, PassContext()) == 0
     choice = attn.meta[ir.KERNEL]["attention_prices"]
     assert choice["gemc_ms"] > choice["padded_ms"] and "slower" in choice["note"]
