@@ -66,7 +66,7 @@ from .runtime import (
     mma,
     next_pow2,
 )
-from .uncovered_rows import uninitialised
+from .uncovered_rows import contiguous_strides, uninitialised
 
 __all__ = ["jagged_attention", "jagged_attention_reference", "JaggedAttentionFunction"]
 
@@ -84,19 +84,36 @@ def _cfg(block_m: int, block_n: int, warps: int, stages: int) -> triton.Config:
 # Hopper, head_dim 64, bf16: 128-row query tiles keep the tensor cores fed in the forward;
 # the dk/dv kernel holds two [BLOCK_N, D] accumulators, so it prefers long key tiles and short
 # query tiles, and the dq kernel the reverse (as in the Triton fused-attention tutorial).
+# The last config of each list is for short rows (:data:`SHORT_ROWS`).
 _FWD_CONFIGS = autotune_configs(
-    [_cfg(128, 64, 4, 3), _cfg(128, 64, 8, 3), _cfg(64, 64, 4, 4), _cfg(128, 128, 8, 3)],
+    [_cfg(128, 64, 4, 3), _cfg(128, 64, 8, 3), _cfg(64, 64, 4, 4), _cfg(128, 128, 8, 3),
+     _cfg(64, 32, 4, 2)],
     _cfg(MIN_DOT, MIN_DOT, 1, 1),
 )
 _BWD_KV_CONFIGS = autotune_configs(
-    [_cfg(32, 128, 4, 3), _cfg(64, 128, 8, 3), _cfg(64, 64, 4, 3), _cfg(32, 64, 4, 4)],
+    [_cfg(32, 128, 4, 3), _cfg(64, 128, 8, 3), _cfg(64, 64, 4, 3), _cfg(32, 64, 4, 4),
+     _cfg(32, 32, 4, 1)],
     _cfg(MIN_DOT, MIN_DOT, 1, 1),
 )
 _BWD_Q_CONFIGS = autotune_configs(
-    [_cfg(128, 32, 4, 3), _cfg(128, 64, 8, 3), _cfg(64, 64, 4, 3), _cfg(64, 32, 4, 4)],
+    [_cfg(128, 32, 4, 3), _cfg(128, 64, 8, 3), _cfg(64, 64, 4, 3), _cfg(64, 32, 4, 4),
+     _cfg(64, 32, 4, 2)],
     _cfg(MIN_DOT, MIN_DOT, 1, 1),
 )
-_TUNE_KEY = ["HEAD_DIM", "CAUSAL", "SILU", "FAST_SIGMOID", "FUSED_DQ"]
+# ``inv_max_len`` (1 / the longest row) keys each row length on its own: a model's attentions
+# over short and long histories of one head dim each get their own pick (:data:`SHORT_ROWS`)
+_TUNE_KEY = ["HEAD_DIM", "CAUSAL", "SILU", "FAST_SIGMOID", "FUSED_DQ", "inv_max_len"]
+
+SHORT_ROWS = 128
+"""Rows at most this long (``max_len``) at head dim <= 64 take the short-row configs. Why:
+at TransAct's shape (rows of ~50 tokens, at most 100; head dim 48; B=4096, 2 heads) each
+program does one or two tiles, so no loop is there to pipeline and what bounds the kernels
+is how many programs an SM holds: with the long-row picks (two to four pipeline stages,
+64-wide key tiles) ncu read 12-19% occupancy (registers and shared memory: 2-3 blocks an
+SM) on an H100. Fewer stages and narrower tiles, timed one kernel at a time
+(``benchmarks/launch_overhead_probe.py --sweep``, H100, twenty-eighth session): forward
+0.27 -> 0.152 ms at 64x32 (4 warps, 2 stages), dq 0.19 -> 0.169 at 64x32 (2 stages), dk/dv
+0.317 -> 0.264 at 32x32 (1 stage)."""
 
 FAST_SIGMOID = False
 """The silu kernels' sigmoid as ``0.5 + 0.5 * tanh.approx(x / 2)`` (one special-function
@@ -175,7 +192,7 @@ def written_rows(like: torch.Tensor, count: int = 1, zeroed: bool = False
     if zeroed:
         return [torch.zeros(like.shape, dtype=like.dtype, device=like.device)
                 for _ in range(count)]
-    strides = torch.empty(like.shape, device="meta").stride()
+    strides = contiguous_strides(like.shape)
     return [uninitialised(tuple(like.shape), strides, like.dtype, like.device)
             for _ in range(count)]
 
@@ -235,16 +252,26 @@ def _pick(block_m: int, block_n: int, warps: int, stages: int) -> Preferred:
     return {"BLOCK_M": block_m, "BLOCK_N": block_n}, warps, stages
 
 
+def _short_rows(args: dict) -> bool:
+    """Whether a launch's rows are short (:data:`SHORT_ROWS`) at a head dim <= 64."""
+    inv = float(args.get("inv_max_len") or 0.0)
+    return inv > 0.0 and 1.0 / inv <= SHORT_ROWS + 0.5 and int(args.get("BLOCK_D", 64)) <= 64
+
+
 def _fwd_prefer(args: dict) -> list[Preferred]:
+    if _short_rows(args):
+        return [_pick(64, 32, 4, 2)]
     return [_pick(64, 64, 4, 4)] if int(args.get("BLOCK_D", 64)) <= 64 else \
         [_pick(128, 64, 8, 3), _pick(64, 64, 4, 4)]
 
 
 def _dq_prefer(args: dict) -> list[Preferred]:
-    return [_pick(64, 32, 4, 4)]
+    return [_pick(64, 32, 4, 2)] if _short_rows(args) else [_pick(64, 32, 4, 4)]
 
 
 def _dkdv_prefer(args: dict) -> list[Preferred]:
+    if _short_rows(args):
+        return [_pick(32, 32, 4, 1)]
     return [_pick(64, 64, 4, 3)] if int(args.get("BLOCK_D", 64)) <= 64 else \
         [_pick(32, 64, 4, 4)]
 

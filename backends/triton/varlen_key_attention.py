@@ -218,7 +218,7 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     do = grad.to(q.dtype).contiguous()
     delta = (do.float() * out.float()).sum(-1).reshape(batch * heads, m)
     dq = uncovered_rows.uninitialised(tuple(q.shape), q.stride(), q.dtype, q.device)
-    grad_strides = torch.empty(k.shape, device="meta").stride()
+    grad_strides = uncovered_rows.contiguous_strides(k.shape)
     dk, dv = (uncovered_rows.uninitialised(tuple(k.shape), grad_strides, t.dtype, t.device)
               for t in (k, v))
     qlen = key_lengths if query_lengths is None else query_lengths

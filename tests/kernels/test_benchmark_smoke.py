@@ -60,6 +60,10 @@ def test_zoo_attention_case_times_every_model_with_a_history(tmp_path):
     for model in ("hstu", "sasrec_bst", "mmoe", "transact"):
         assert zoo[model]["gemc_ms"] > 0 and zoo[model]["vs_sdpa_masked"] > 0
     assert zoo["hstu"]["vs_padded_silu_eager"] > 0
+    # the figure is the form the compiled model runs: TransAct's region, its guarded op kept
+    assert zoo["transact"]["gemc_variant"] == "triton packed region (representatives)"
+    assert zoo["transact"]["guarded_op_ms"] > 0
+    assert zoo["hstu"]["gemc_variant"] == "triton jagged" and "guarded_op_ms" not in zoo["hstu"]
     # TransAct's window masks latest actions: the guard compacted its keys on every call
     paths = zoo["transact"]["guard_paths"]
     assert paths["calls"] > 0 and paths["fallback"] == 0

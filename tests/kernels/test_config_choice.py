@@ -24,9 +24,12 @@ def _cfg(bm: int, bn: int, warps: int, stages: int) -> triton.Config:
 
 
 # The GPU lists as written in jagged_attention.py (the interpreter's lists hold one config).
-FWD = [_cfg(128, 64, 4, 3), _cfg(128, 64, 8, 3), _cfg(64, 64, 4, 4), _cfg(128, 128, 8, 3)]
-DQ = [_cfg(128, 32, 4, 3), _cfg(128, 64, 8, 3), _cfg(64, 64, 4, 3), _cfg(64, 32, 4, 4)]
-DKDV = [_cfg(32, 128, 4, 3), _cfg(64, 128, 8, 3), _cfg(64, 64, 4, 3), _cfg(32, 64, 4, 4)]
+FWD = [_cfg(128, 64, 4, 3), _cfg(128, 64, 8, 3), _cfg(64, 64, 4, 4), _cfg(128, 128, 8, 3),
+       _cfg(64, 32, 4, 2)]
+DQ = [_cfg(128, 32, 4, 3), _cfg(128, 64, 8, 3), _cfg(64, 64, 4, 3), _cfg(64, 32, 4, 4),
+      _cfg(64, 32, 4, 2)]
+DKDV = [_cfg(32, 128, 4, 3), _cfg(64, 128, 8, 3), _cfg(64, 64, 4, 3), _cfg(32, 64, 4, 4),
+        _cfg(32, 32, 4, 1)]
 
 
 def _hstu_args() -> dict:
@@ -35,9 +38,15 @@ def _hstu_args() -> dict:
             "HEAD_DIM": 128, "BLOCK_D": 128, "CAUSAL": True, "SILU": True, "HAS_BIAS": True}
 
 
-def _gem_args() -> dict:
+def _gem_args(max_len: int = 200) -> dict:
     return {"Q": torch.empty(1, dtype=torch.bfloat16), "BIAS": torch.empty(1, dtype=torch.bfloat16),
-            "HEAD_DIM": 64, "BLOCK_D": 64, "CAUSAL": False, "SILU": False, "HAS_BIAS": False}
+            "HEAD_DIM": 64, "BLOCK_D": 64, "CAUSAL": False, "SILU": False, "HAS_BIAS": False,
+            "inv_max_len": 1.0 / max_len}
+
+
+def _transact_args(max_len: int = 100) -> dict:
+    """TransAct's encoder on the H100: bf16, head dim 48 (tiles of 64), rows of <= 100."""
+    return {**_gem_args(max_len), "HEAD_DIM": 48}
 
 
 def _hook(name: str, tiles, prefer, keys=("HEAD_DIM", "CAUSAL", "SILU")) -> cc.ConfigChoice:
@@ -62,9 +71,9 @@ def test_limit_without_cuda_is_the_h200s():
 
 @pytest.mark.parametrize("tiles, configs, failed, kept", [
     # Triton 3.6 on the H200: "out of resource: shared memory, Required: N" for exactly these
-    (ja._fwd_tiles, FWD, [(128, 128, 8, 3, 360448)], [0, 1, 2]),
-    (ja._dq_tiles, DQ, [(128, 64, 8, 3, 262144)], [0, 2, 3]),
-    (ja._dkdv_tiles, DKDV, [(64, 128, 8, 3, 245760)], [0, 2, 3]),
+    (ja._fwd_tiles, FWD, [(128, 128, 8, 3, 360448)], [0, 1, 2, 4]),
+    (ja._dq_tiles, DQ, [(128, 64, 8, 3, 262144)], [0, 2, 3, 4]),
+    (ja._dkdv_tiles, DKDV, [(64, 128, 8, 3, 245760)], [0, 2, 3, 4]),
 ])
 def test_estimate_drops_exactly_the_configs_that_failed_on_the_h200(tiles, configs, failed, kept):
     args = _hstu_args()
@@ -86,6 +95,18 @@ def test_estimate_drops_exactly_the_configs_that_failed_on_the_h200(tiles, confi
     (_gem_args(), ja._fwd_tiles, ja._fwd_prefer, FWD, (64, 64, 4, 4)),
     (_gem_args(), ja._dq_tiles, ja._dq_prefer, DQ, (64, 32, 4, 4)),
     (_gem_args(), ja._dkdv_tiles, ja._dkdv_prefer, DKDV, (64, 64, 4, 3)),
+    # short rows (jagged_attention.SHORT_ROWS): the configs the H100 sweep timed fastest
+    (_transact_args(), ja._fwd_tiles, ja._fwd_prefer, FWD, (64, 32, 4, 2)),
+    (_transact_args(), ja._dq_tiles, ja._dq_prefer, DQ, (64, 32, 4, 2)),
+    (_transact_args(), ja._dkdv_tiles, ja._dkdv_prefer, DKDV, (32, 32, 4, 1)),
+    (_transact_args(128), ja._dkdv_tiles, ja._dkdv_prefer, DKDV, (32, 32, 4, 1)),
+    # one token longer, or no length known: the long-row pick
+    (_transact_args(129), ja._dkdv_tiles, ja._dkdv_prefer, DKDV, (64, 64, 4, 3)),
+    ({**_transact_args(), "inv_max_len": None}, ja._fwd_tiles, ja._fwd_prefer, FWD,
+     (64, 64, 4, 4)),
+    # short rows at head dim 128 keep HSTU's picks
+    ({**_hstu_args(), "inv_max_len": 0.01}, ja._fwd_tiles, ja._fwd_prefer, FWD,
+     (128, 64, 8, 3)),
 ])
 def test_cold_run_takes_the_h200_pick_alone(cold, args, tiles, prefer, configs, want):
     hook = _hook("k", tiles, prefer)
@@ -108,7 +129,7 @@ def test_autotune_times_every_config_that_fits(cold, monkeypatch):
     monkeypatch.setenv(cc.AUTOTUNE_ENV, "1")
     hook = _hook("k", ja._dkdv_tiles, ja._dkdv_prefer)
     got = hook(DKDV, _hstu_args())
-    assert got == [DKDV[0], DKDV[2], DKDV[3]]
+    assert got == [DKDV[0], DKDV[2], DKDV[3], DKDV[4]]
     assert list(hook.chosen.values()) == [("autotuned", None)]
 
 

@@ -201,3 +201,14 @@ def test_the_kernels_compile_for_hopper_in_both_layouts(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-c", _HOPPER], env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("shape", [(3, 4, 5), (1, 4, 5), (3, 0, 5), (3, 1, 1), (7,), (),
+                                   (0,), (2, 0, 0), (5, 1, 3)])
+def test_contiguous_strides_are_torchs(shape):
+    """The buffers' strides computed in Python (no meta tensor made per call) are the ones
+    torch gives a contiguous tensor, zero and size-1 dims included."""
+    from gemc.backends.triton.uncovered_rows import contiguous_strides
+
+    assert contiguous_strides(shape) == torch.empty(shape).stride()
+    assert contiguous_strides(torch.Size(shape)) == torch.empty(shape).stride()
