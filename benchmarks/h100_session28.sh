@@ -13,6 +13,9 @@
 #   bash benchmarks/h100_session28.sh 4   # TransAct's step, gemc and gemc with its
 #       # attentions left to SDPA (GEMC_ATTENTION_KERNEL=never), each with one profiled step
 #       # (zoo.py --profile 1: kernels and GPU gaps, tarred); the changed kernels' tests
+#   bash benchmarks/h100_session28.sh 5   # the final figures: the launch probe, the issue's
+#       # figure for every zoo attention, TransAct's region attention four ways
+#       # (attention_gpu_time.py); the silu key-block backward's and rep_key_bias's tests
 set -uo pipefail
 source scripts/device_record.sh
 t0=$SECONDS
@@ -107,6 +110,22 @@ print(v['step_ms'], [round(x, 2) for x in v['step_ms_all']], v['losses'][-1])" \
     tests/kernels/test_config_choice.py tests/kernels/test_uncovered_rows.py -k "not hopper" \
     > "$OUT/tests.log" 2>&1
   echo "== config choice and uncovered rows on the GPU (exit $?, $((SECONDS - t0)) s)"
+  grep -E "passed|failed|FAILED|Error" "$OUT/tests.log" | tail -8 | cut -c1-300
+elif [ "$part" = 5 ]; then
+  timeout 100 python3 benchmarks/launch_overhead_probe.py --out "$OUT/launch_probe.json" \
+    > /tmp/probe.log 2>&1
+  echo "== launch probe (exit $?, $((SECONDS - t0)) s)"
+  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print({k: v for k, v in d.items() if k.endswith('_us')}); print(d['steps_us'])" "$OUT/launch_probe.json"
+  zoo_attentions 150 final hstu,sasrec_bst,mmoe,transact
+  timeout 120 python3 benchmarks/attention_gpu_time.py --models transact --defaults-only \
+    --out "$OUT/attention_gpu_time_transact.json" > /tmp/agt.log 2>&1
+  echo "== TransAct's attention four ways (exit $?, $((SECONDS - t0)) s)"
+  grep -E '^\{"variant' /tmp/agt.log | cut -c1-300
+  left=$((570 - SECONDS + t0))
+  GEMC_TEST_DEVICE=cuda timeout "$left" python3 -m pytest -q -rf -p no:cacheprovider -n 0 \
+    tests/kernels/test_silu_key_block_backward.py tests/kernels/test_rep_key_bias.py \
+    > "$OUT/tests.log" 2>&1
+  echo "== silu key-block backward and rep_key_bias on the GPU (exit $?, $((SECONDS - t0)) s)"
   grep -E "passed|failed|FAILED|Error" "$OUT/tests.log" | tail -8 | cut -c1-300
 fi
 echo "== done ($((SECONDS - t0)) s)"
