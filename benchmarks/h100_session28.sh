@@ -16,6 +16,9 @@
 #   bash benchmarks/h100_session28.sh 5   # the final figures: the launch probe, the issue's
 #       # figure for every zoo attention, TransAct's region attention four ways
 #       # (attention_gpu_time.py); the silu key-block backward's and rep_key_bias's tests
+#   bash benchmarks/h100_session28.sh 6   # where TransAct's and HSTU's gemc steps leave the
+#       # GPU idle: one profiled step each with Python stacks (zoo.py --profile 1
+#       # --profile-stack), the gaps files tarred
 set -uo pipefail
 source scripts/device_record.sh
 t0=$SECONDS
@@ -127,5 +130,19 @@ elif [ "$part" = 5 ]; then
     > "$OUT/tests.log" 2>&1
   echo "== silu key-block backward and rep_key_bias on the GPU (exit $?, $((SECONDS - t0)) s)"
   grep -E "passed|failed|FAILED|Error" "$OUT/tests.log" | tail -8 | cut -c1-300
+elif [ "$part" = 6 ]; then
+  mkdir -p /tmp/gaps
+  for m in transact hstu; do
+    timeout $([ $m = transact ] && echo 120 || echo 200) python3 benchmarks/zoo.py \
+      --out /tmp/gaps_$m --models $m --variants gemc --steps 6 --warmup 3 --profile 1 \
+      --profile-stack > /tmp/gaps_$m.log 2>&1
+    echo "== $m gemc, profiled (exit $?, $((SECONDS - t0)) s)"
+    cp /tmp/gaps_$m/zoo.json "/tmp/gaps/${m}_gemc.json" 2>/dev/null
+    find /tmp/gaps_$m -name "*.txt" -exec cp {} /tmp/gaps/ \; 2>/dev/null
+    python3 -c "import json,sys; v=json.load(open(sys.argv[1]))['variants']['$m'][0]; \
+print(v['step_ms'], [round(x, 2) for x in v['step_ms_all']])" "/tmp/gaps/${m}_gemc.json"
+    for f in /tmp/gaps_$m/*gaps.txt; do [ -f "$f" ] && sed -n 1,14p "$f" | cut -c1-160; done
+  done
+  tar -czf "$OUT/gaps.tgz" -C /tmp gaps
 fi
 echo "== done ($((SECONDS - t0)) s)"

@@ -233,6 +233,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
                    help="profile N more steps of every variant after its timed ones "
                    "(e2e.py's profiler): OUT/<model>.<variant>.<variant>.kernels.txt (device "
                    "time per kernel) and .gaps.txt (where the GPU idles and why)")
+    p.add_argument("--profile-stack", action="store_true",
+                   help="with --profile: record Python stacks too (e2e.py's --profile-stack: "
+                   "the .gaps.txt names the innermost repo function that launched late)")
     p.add_argument("--child", nargs=3, metavar=("MODEL", "VARIANT", "PLAN"),
                    help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -246,7 +249,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     args.warmup = 5 if args.warmup is None else args.warmup
     # what e2e.py's variant code reads from its own arguments
     args.profile = max(0, int(args.profile))
-    args.profile_stack, args.batch_size = False, 8 if args.smoke else None
+    args.batch_size = 8 if args.smoke else None
     return args
 
 
@@ -430,6 +433,8 @@ def child_args(args: argparse.Namespace, out: Path) -> list[str]:
         passthrough.append("--smoke")
     if args.profile:
         passthrough += ["--profile", str(args.profile)]
+        if args.profile_stack:
+            passthrough.append("--profile-stack")
     return passthrough
 
 
