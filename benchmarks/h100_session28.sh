@@ -19,6 +19,8 @@
 #   bash benchmarks/h100_session28.sh 6   # where TransAct's and HSTU's gemc steps leave the
 #       # GPU idle: one profiled step each with Python stacks (zoo.py --profile 1
 #       # --profile-stack), the gaps files tarred
+#   bash benchmarks/h100_session28.sh 7   # TransAct's step, torch.compile and gemc, on one
+#       # machine
 set -uo pipefail
 source scripts/device_record.sh
 t0=$SECONDS
@@ -144,5 +146,15 @@ print(v['step_ms'], [round(x, 2) for x in v['step_ms_all']])" "/tmp/gaps/${m}_ge
     for f in /tmp/gaps_$m/*gaps.txt; do [ -f "$f" ] && sed -n 1,14p "$f" | cut -c1-160; done
   done
   tar -czf "$OUT/gaps.tgz" -C /tmp gaps
+elif [ "$part" = 7 ]; then
+  for v in compile gemc; do
+    timeout 135 python3 benchmarks/zoo.py --out /tmp/transact_$v --models transact \
+      --variants $v --steps 8 --warmup 2 > /tmp/transact_$v.log 2>&1
+    echo "== transact $v (exit $?, $((SECONDS - t0)) s)"
+    cp /tmp/transact_$v/zoo.json "$OUT/transact_$v.json" 2>/dev/null
+    python3 -c "import json,sys; v=json.load(open(sys.argv[1]))['variants']['transact'][0]; \
+print(v['step_ms'], [round(x, 2) for x in v['step_ms_all']], v['losses'][-1])" \
+      "$OUT/transact_$v.json"
+  done
 fi
 echo "== done ($((SECONDS - t0)) s)"
