@@ -1035,7 +1035,7 @@ def _warm_gather_tokens(src: Tensor, index: Tensor, offsets: Tensor | None) -> N
 def _warm_gather_rows(weight: Tensor, index: Tensor) -> None:
     from .small_table_gather import gather_rows_backward
 
-    if weight.requires_grad:  # the forward is an index_select
+    if weight.requires_grad:  # the forward is ATen's gather (weight[index])
         grad = weight.new_empty((*index.shape, *weight.shape[1:]))
         gather_rows_backward._init_fn(grad, index, weight.shape[0], weight.dtype)
 

@@ -8,11 +8,11 @@ one atomic add per value. When the indices pile onto a few rows (padding pairs a
 bucket 0, time gaps cluster), the atomics on one address serialise: on the H200 the HSTU
 zoo model spent 25 ms per layer (202 of 228 ms a step) in that one scatter.
 
-This op keeps the forward an ordinary ``index_select`` (so an out-of-range id fails as it
-would have) and computes the weight's gradient per block of indices: each program sums its
-block's values per row in registers (a ``[block, rows]`` compare and a sum over the block),
-then adds one partial sum per row to the result. A row then receives one atomic add per
-program instead of one per index: ``N / 8192`` instead of up to ``N``.
+This op keeps the forward an ordinary gather, ``weight[index]`` (so an out-of-range id
+fails as it would have) and computes the weight's gradient per block of indices: each
+program sums its block's values per row in registers (a ``[block, rows]`` compare and a
+sum over the block), then adds one partial sum per row to the result. A row then receives
+one atomic add per program instead of one per index: ``N / 8192`` instead of up to ``N``.
 
 Exactness: the sums are fp32, as the atomics were; only the order of the additions
 differs (which the atomics do not fix either).
@@ -65,7 +65,11 @@ def _row_sums_kernel(idx_ptr, val_ptr, out_ptr, n_idx, n_rows, width,
     ids span more than ``WIDE`` rows is spread by construction, where one atomic per id
     does not contend and a compare per row would cost rows / BINS passes: its ids are
     added one by one (on the H200, 33.5M ids over 1,023 rows took 7.0 ms through tiles
-    against 0.9 ms for ATen's atomics)."""
+    against 0.9 ms for ATen's atomics). A negative id counts from the table's end, as
+    ``weight[index]`` reads it: wrapped here, per loaded id, rather than by three ATen
+    passes over the whole index first (``where(index < 0, index + n, index)``: on HSTU's
+    ``[B, L, L]`` int64 ids those passes cost ~9 ms of a 45-ms H100 step, forward and
+    backward together; twenty-eighth session's profile)."""
     base = tl.program_id(0).to(tl.int64) * CHUNK
     col = tl.program_id(1)
     lo = tl.full([BLOCK], 2147483647, tl.int64)
@@ -74,6 +78,7 @@ def _row_sums_kernel(idx_ptr, val_ptr, out_ptr, n_idx, n_rows, width,
         offs = base + s + tl.arange(0, BLOCK)
         inside = offs < n_idx
         ix = tl.load(idx_ptr + offs, mask=inside, other=-1)
+        ix = tl.where(inside & (ix < 0), ix + n_rows, ix)
         lo = tl.minimum(lo, tl.where(inside, ix, 2147483647))
         hi = tl.maximum(hi, ix)
     first = (tl.min(lo, axis=0) // BINS) * BINS
@@ -83,6 +88,7 @@ def _row_sums_kernel(idx_ptr, val_ptr, out_ptr, n_idx, n_rows, width,
             offs = base + s + tl.arange(0, BLOCK)
             inside = offs < n_idx
             ix = tl.load(idx_ptr + offs, mask=inside, other=0)
+            ix = tl.where(ix < 0, ix + n_rows, ix)
             v = tl.load(val_ptr + offs * width + col, mask=inside, other=0.0).to(tl.float32)
             tl.atomic_add(out_ptr + ix * width + col, v, mask=inside)
     else:
@@ -93,6 +99,7 @@ def _row_sums_kernel(idx_ptr, val_ptr, out_ptr, n_idx, n_rows, width,
                 offs = base + s + tl.arange(0, BLOCK)
                 inside = offs < n_idx
                 ix = tl.load(idx_ptr + offs, mask=inside, other=-1)
+                ix = tl.where(inside & (ix < 0), ix + n_rows, ix)
                 v = tl.load(val_ptr + offs * width + col, mask=inside, other=0.0)
                 acc += tl.where(ix[:, None] == rows[None, :], v.to(tl.float32)[:, None], 0.0)
             tl.atomic_add(out_ptr + rows * width + col, tl.sum(acc, axis=0),
@@ -103,7 +110,8 @@ def row_sums(index: Tensor, values: Tensor, n_rows: int,
              launch: RowSumsLaunch | None = None) -> Tensor:
     """``zeros(n_rows, *values.shape[index.dim():]).index_add_(0, index.flatten(), values)``
     in fp32, without one atomic per index where ids pile up (see the module doc).
-    ``index``: ids in ``[0, n_rows)``; ``values``: ``[*index.shape, *row_shape]``."""
+    ``index``: ids in ``[-n_rows, n_rows)``, a negative one counting from the end as
+    ``weight[index]`` reads it; ``values``: ``[*index.shape, *row_shape]``."""
     launch = launch or RowSumsLaunch()
     row_shape = tuple(values.shape[index.dim():])
     width = 1
@@ -123,17 +131,13 @@ def row_sums(index: Tensor, values: Tensor, n_rows: int,
     return out.view(n_rows, *row_shape)
 
 
-def _wrapped(index: Tensor, n_rows: int) -> Tensor:
-    """Python-style negative ids (``weight[index]``) as row numbers."""
-    return torch.where(index < 0, index + n_rows, index)
-
-
 @torch.library.custom_op("gemc::gather_rows", mutates_args=())
 def gather_rows(weight: Tensor, index: Tensor) -> Tensor:
     """``weight[index]`` (rows of ``weight``; negative ids count from the end) as one node
-    whose backward is :func:`row_sums`."""
-    rows = weight.index_select(0, _wrapped(index, weight.shape[0]).reshape(-1))
-    return rows.view(*index.shape, *weight.shape[1:])
+    whose backward is :func:`row_sums`. Indexed as the model wrote it (ATen's gather wraps
+    a negative id itself, one pass over the ids; an id out of range fails as it would
+    have), not ``index_select`` of the ids wrapped first (three more passes)."""
+    return weight[index]
 
 
 @gather_rows.register_fake
@@ -145,7 +149,7 @@ def _gather_rows_fake(weight: Tensor, index: Tensor) -> Tensor:
 def gather_rows_backward(grad: Tensor, index: Tensor, n_rows: int, dtype: torch.dtype
                          ) -> Tensor:
     """The gradient of :func:`gather_rows`'s weight, in the weight's dtype."""
-    return row_sums(_wrapped(index, n_rows), grad, n_rows).to(dtype)
+    return row_sums(index, grad, n_rows).to(dtype)
 
 
 @gather_rows_backward.register_fake

@@ -131,3 +131,57 @@ def test_tables_and_big_weights_are_left_alone() -> None:
         if node.name in ep.graph_signature.inputs_to_parameters:
             node.meta[ir.PARAM] = "weight"
     assert route_contended_gathers(gm, tables=()) == []  # many rows, few ids per row
+
+
+@pytest.mark.parametrize("span", ["narrow", "wide"])
+def test_row_sums_wrap_negative_ids_in_the_kernel(span) -> None:
+    """Ids in ``[-n, n)`` count from the end as ``weight[index]`` reads them, on both of the
+    kernel's paths (row tiles and one atomic per id), a chunk's last partial block included."""
+    g = torch.Generator().manual_seed(5)
+    n_rows, n = 1000, CHUNK + 77
+    if span == "narrow":  # every id within WIDE_ROWS rows at the table's end, half negative
+        ids = torch.randint(n_rows - WIDE_ROWS + 40, n_rows, (n,), generator=g)
+        ids = torch.where(torch.rand(n, generator=g) < 0.5, ids - n_rows, ids)
+    else:
+        ids = torch.randint(-n_rows, n_rows, (n,), generator=g)
+    values = torch.randn(n, 3, generator=g)
+    want = torch.zeros(n_rows, 3).index_add_(0, ids % n_rows, values)
+    torch.testing.assert_close(row_sums(ids, values, n_rows), want, rtol=1e-5, atol=1e-4)
+
+
+def test_gather_rows_passes_over_the_ids_once_forward_and_none_backward() -> None:
+    """The op's forward gathers as the model wrote it (one ATen op reading the ids) and its
+    backward hands the ids to the kernel as they are: no elementwise pass wraps negative
+    ids first (three passes over ``B * L * L`` int64 ids, ~9 ms of HSTU's H100 step)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.reading_ids: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+            flat = [a for a in args if isinstance(a, torch.Tensor)]
+            flat += [x for a in args if isinstance(a, (list, tuple)) for x in a
+                     if isinstance(x, torch.Tensor)]
+            if any(t is index or (t.dtype == index.dtype and t.shape == index.shape)
+                   for t in flat):
+                self.reading_ids.append(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
+
+    g = torch.Generator().manual_seed(2)
+    weight = torch.randn(37, 4, generator=g, requires_grad=True)
+    index = torch.randint(-37, 37, (3, 5, 5), generator=g)
+    from gemc.backends.triton import small_table_gather as stg
+
+    seen = Seen()
+    with seen:  # the ops' own implementations (a mode sees a custom op as one call)
+        out = stg.gather_rows._init_fn(weight, index)
+        grad = stg.gather_rows_backward._init_fn(torch.ones_like(out), index, 37,
+                                                 weight.dtype)
+    torch.testing.assert_close(out, weight[index])
+    torch.testing.assert_close(grad, torch.zeros(37, 4).index_add_(
+        0, index.reshape(-1) % 37, torch.ones(index.numel(), 4)))
+    wrapping = [op for op in seen.reading_ids if op in ("aten.where", "aten.lt", "aten.add")]
+    assert wrapping == [], seen.reading_ids
+    assert seen.reading_ids.count("aten.index") == 1, seen.reading_ids
