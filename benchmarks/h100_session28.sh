@@ -21,6 +21,8 @@
 #       # --profile-stack), the gaps files tarred
 #   bash benchmarks/h100_session28.sh 7   # TransAct's step, torch.compile and gemc, on one
 #       # machine
+#   bash benchmarks/h100_session28.sh 8   # HSTU's gemc step after gather_rows stopped
+#       # wrapping its ids in three passes (the session's last device seconds)
 set -uo pipefail
 source scripts/device_record.sh
 t0=$SECONDS
@@ -156,5 +158,13 @@ elif [ "$part" = 7 ]; then
 print(v['step_ms'], [round(x, 2) for x in v['step_ms_all']], v['losses'][-1])" \
       "$OUT/transact_$v.json"
   done
+elif [ "$part" = 8 ]; then
+  timeout 110 python3 benchmarks/zoo.py --out /tmp/hstu_gemc --models hstu --variants gemc \
+    --steps 5 --warmup 2 > /tmp/hstu_gemc.log 2>&1
+  echo "== hstu gemc (exit $?, $((SECONDS - t0)) s)"
+  cp /tmp/hstu_gemc/zoo.json "$OUT/hstu_gemc.json" 2>/dev/null
+  python3 -c "import json,sys; v=json.load(open(sys.argv[1]))['variants']['hstu'][0]; \
+print(v['step_ms'], [round(x, 2) for x in v['step_ms_all']], v['losses'])" "$OUT/hstu_gemc.json"
+  grep -E "Error|error" /tmp/hstu_gemc.log | tail -3 | cut -c1-300
 fi
 echo "== done ($((SECONDS - t0)) s)"
