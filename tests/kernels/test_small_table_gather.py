@@ -4,6 +4,12 @@ it (backends/torch/contended_gathers.py)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import pytest
 import torch
 from gemc.backends.torch.contended_gathers import MIN_IDS_PER_ROW, route_contended_gathers
@@ -11,6 +17,9 @@ from gemc.backends.triton.small_table_gather import CHUNK, WIDE_ROWS, RowSumsLau
 from torch import nn
 
 from gemc import ir
+from tests.hopper_target import HOPPER_DRIVER
+
+REPO = Path(__file__).resolve().parents[2]
 
 STATIC = ("test_schema", "test_autograd_registration", "test_faketensor",
           "test_aot_dispatch_static")
@@ -185,3 +194,26 @@ def test_gather_rows_passes_over_the_ids_once_forward_and_none_backward() -> Non
     wrapping = [op for op in seen.reading_ids if op in ("aten.where", "aten.lt", "aten.add")]
     assert wrapping == [], seen.reading_ids
     assert seen.reading_ids.count("aten.index") == 1, seen.reading_ids
+
+
+_HOPPER_ROW_SUMS = HOPPER_DRIVER + textwrap.dedent("""
+    import sys
+    from gemc.backends.triton import warm as W
+    from gemc.backends.triton.small_table_gather import row_sums
+    with W.dry_launches() as launches:
+        for dtype in (torch.bfloat16, torch.float32):
+            row_sums(torch.empty(3, 64, 64, dtype=torch.int64, device="meta"),
+                     torch.empty(3, 64, 64, 4, dtype=dtype, device="meta"), 1023)
+    errors = [r for r in map(W.compile_launch, launches) if r["error"]]
+    print(len(launches), "launches", errors)
+    sys.exit(1 if errors or len(launches) != 2 else 0)
+""")
+
+
+def test_the_row_sums_kernel_compiles_for_hopper(tmp_path: Path) -> None:
+    """The row-sums kernel (with its in-kernel wrap of negative ids) compiles for sm_90, no
+    GPU needed: the interpreter runs what the GPU compiler may refuse."""
+    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-c", _HOPPER_ROW_SUMS], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
