@@ -33,13 +33,22 @@ written at those same positions is ``in_order``: its values are the tokens, view
 empty row, which the attention gives 0 as the model does: the region is then laid out over
 the lengths clamped to 1 (``clamp_min`` 1: each empty row keeps its slot 0, the sources
 copied, no exits) and stays offset-proven, the reader ``proven`` and read from the tokens.
-The unclamped ``lengths - 1`` reads position ``L - 1`` of an empty row, no slot, and this
-attention has no mask a run-time check could read: the tower stays padded (the kernel kept,
-exact there), the warning naming the reader and the fix (clamp the lengths).
+The unclamped ``lengths - 1`` (HSTU retrieval's user embedding, RecBole's
+``gather_indexes``) reads position ``L - 1`` of an empty row (eager's ``-1``): the same
+layout then gives that slot position ``L - 1`` instead (``empty_last``:
+``packed_tokens.with_empty_last``), so what enters the region is gathered there from ``L -
+1`` (a position embedding over all ``L``), the attention gives it 0 as the model gives
+that position, and the reader reads it; exact because every other region op is token-wise
+(its flow followed unclamped, so a mask multiply zeroes the slot as eager's mask zeroes
+``L - 1``). Where one slot cannot be exact the tower stays padded (the kernel kept, exact
+there), the warning naming the reader and why: readers of both position 0 and ``lengths -
+1`` (an empty row would need two slots), an SDPA in the tower (eager's query ``L - 1``
+mixes the row's padded positions), any other position (no mask to check it with).
 
 What the runner does with it (``backends/triton/graph_runner``): a region value is held with
 batch dim 1 and sequence dim ``T`` (the real tokens, in offsets order: the layout of the
-jagged attention, a length-0 history keeping its slot 0 when the mask clamps lengths to 1);
+jagged attention, a length-0 history keeping its slot 0 when the mask clamps lengths to 1,
+or its slot at position ``L - 1`` with ``empty_last``);
 a tensor entering the region is gathered to that layout, a region value read outside it is
 scattered back into zeros. Mask multiplies are in the region too (``zeroed``): their padding
 rows are exactly zero, as the scatter writes them.
@@ -191,7 +200,13 @@ from .pad_reps import (
     reductions,
     rep_facts,
 )
-from .row_reads import follow_with_reads, read_specs, unproven_reader
+from .row_reads import (
+    follow_with_reads,
+    kept_by_offsets,
+    read_specs,
+    reader_at,
+    unproven_reader,
+)
 
 aten = torch.ops.aten
 PACKED = ir.PACKED  # re-exported: the keys are owned by gemc.ir (the plan builder reads them)
@@ -253,6 +268,66 @@ def _merge(flows: list[PaddingFlow]) -> PaddingFlow | str:
     if set(merged.carriers) & set(merged.zeroed):
         return "a mask multiply is also a carrier"
     return merged
+
+
+def _stopped(flows: list[PaddingFlow | fx.Node]) -> bool:
+    """Some source's padding may be read (its flow stopped at a node)."""
+    return any(isinstance(f, fx.Node) for f in flows)
+
+
+def _empty_row_layout(sources: list[fx.Node], offsets: fx.Node, length: int
+                      ) -> tuple[tuple[fx.Node, int, int], list[Any], bool] | str | None:
+    """For HSTU's attention over offsets read one token per row where the unclamped flow
+    stops: a layout giving each empty row one slot, ``(layout, flows, empty_last)``; or
+    why none fits (a string), or None when no reader of an empty row explains the stop.
+
+    Why a slot: the model's attention is 0 at every position of an empty row, as the
+    kernel gives it on a slot whose q, k and v are the sources' zeros (``jagged_patterns.
+    _silu_unit``), and every other region op is token-wise, so a slot standing for one
+    position ``p`` of an empty row holds eager's value at ``p`` when everything entering
+    the region is gathered there from ``p``. Position 0 (``x[:, 0]``, ``x[arange(B),
+    lengths.clamp(min=1) - 1]``): slot 0, the layout over the lengths clamped to 1, as
+    before. The unclamped ``lengths - 1`` (HSTU retrieval's user embedding, RecBole's
+    ``gather_indexes``): position ``L - 1`` (eager's ``-1``), the same layout with that
+    slot's position ``L - 1`` (``empty_last``: ``packed_tokens.with_empty_last``), its flow
+    followed unclamped so every mask multiply zeroes it as eager's mask zeroes ``L - 1``.
+    Refused there: readers of both positions (one slot per empty row), and an attention
+    other than HSTU's over these offsets (an SDPA mixes an empty row's padded positions
+    into ``L - 1``: eager's causal query ``L - 1`` reads every one of them)."""
+    first = (offsets, 1, length)
+    flows = [follow_with_reads(s, (0, 1), first) for s in sources]
+    if not _stopped(flows):
+        return first, flows, False
+    unclamped = (offsets, 0, length)
+    last = [follow_with_reads(s, (0, 1), unclamped, empty_last=True) for s in sources]
+    if _stopped(last):
+        # each layout stopped at a reader the other one proves: readers of both positions
+        stops = [next((s, f) for s, f in zip(sources, fl) if isinstance(f, fx.Node))
+                 for fl in (flows, last)]
+        reads = [reader_at(s, (0, 1), unclamped, n) for s, n in stops]
+        if reads[0] is not None and reads[1] is not None \
+                and kept_by_offsets(reads[0], unclamped, empty_last=True) \
+                and kept_by_offsets(reads[1], first):
+            (_, at_last), (_, at_first) = stops
+            return (f"{at_last.name}{_module_of(at_last)} reads the unclamped lengths - 1 "
+                    f"(position L - 1 of an empty row) and {at_first.name}"
+                    f"{_module_of(at_first)} position 0 of an empty row: a packed empty "
+                    "row keeps one slot, so it holds only one of them; read both at one "
+                    "position to keep the tower packed")
+        return None
+    merged = _merge(last)
+    if isinstance(merged, str):
+        return (offsets, 1, length), last, True  # (the caller names why they do not merge)
+    mixing = next((n for n in merged.carriers
+                   if n.target is aten.scaled_dot_product_attention.default), None)
+    if mixing is not None:
+        reader = next(iter(merged.reads), mixing)
+        return (f"{reader.name}{_module_of(reader)} reads the unclamped lengths - 1, "
+                f"position L - 1 of an empty row, and the attention {mixing.name}"
+                f"{_module_of(mixing)} mixes that row's padded positions into it (eager's "
+                "value there is no token-wise one an empty row's single slot could hold); "
+                "read lengths.clamp(min=1) - 1 (or position 0) to keep the tower packed")
+    return (offsets, 1, length), last, True
 
 
 def _source_facts(source: fx.Node, offsets: fx.Node, clamp_min: int) -> dict[str, Any]:
@@ -349,28 +424,26 @@ class PackJaggedTokens:
             # readers of one token per row whose positions the graph proves real
             # (``row_reads.kept_by_offsets``) end the flow unchecked (``proven``)
             flows = [follow_with_reads(s, (0, 1), layout) for s in sources]
-            if facts.get("silu") and any(isinstance(f, fx.Node) for f in flows):
-                # HSTU's attention over offsets read at position 0 or at the clamped
-                # lengths' last token (``lengths.clamp(min=1) - 1``): on an empty row that
-                # is its slot 0, which a layout over the lengths clamped to 1 holds
-                # exactly (the attention gives it 0, as the model: jagged_patterns.
-                # _silu_unit), so the reader is proven there
-                kept = (offsets, 1, layout[2])
-                retry = [follow_with_reads(s, (0, 1), kept) for s in sources]
-                if not any(isinstance(f, fx.Node) for f in retry):
-                    layout, flows = kept, retry
+            empty_last, why_padded = False, None
+            if facts.get("silu") and _stopped(flows):
+                found = _empty_row_layout(sources, offsets, layout[2])
+                if isinstance(found, str):
+                    why_padded = found
+                elif found is not None:
+                    layout, flows, empty_last = found
             read = next(((s, f) for s, f in zip(sources, flows) if isinstance(f, fx.Node)),
                         None)
             if read is not None:
                 shape = ir.shape_of(read[0]) or (0, 0)
                 if facts.get("silu") and unproven_reader(read[0], (0, 1), layout, read[1]):
-                    ctx.warn(f"pack-jagged-tokens: {read[0].name} stays padded: "
-                             f"{read[1].name}{_module_of(read[1])} reads one token per row "
-                             "at positions the graph does not prove real tokens or slot 0 "
-                             "of an empty row (lengths - 1 of an empty row reads position "
-                             "L - 1), and HSTU's attention over offsets has no mask to "
-                             "check them with at run time; read lengths.clamp(min=1) - 1 "
-                             "(or position 0) to keep the tower packed")
+                    ctx.warn(f"pack-jagged-tokens: {read[0].name} stays padded: " + (
+                        why_padded or
+                        f"{read[1].name}{_module_of(read[1])} reads one token per row at "
+                        "positions the graph does not prove real tokens or the one "
+                        "position an empty row keeps (position 0, lengths.clamp(min=1) - "
+                        "1, or lengths - 1 of the history's own offsets), and HSTU's "
+                        "attention over offsets has no mask to check them with at run "
+                        "time; read one of those to keep the tower packed"))
                     continue
                 ctx.warn(f"pack-jagged-tokens: {read[0].name} stays padded: its padding rows "
                          f"may be read unmasked by {read[1].name}: "
@@ -393,6 +466,9 @@ class PackJaggedTokens:
                 **({"sources": each} if len(each) > 1 else {}),
                 "offsets": offsets.name,
                 "clamp_min": layout[1],
+                # each empty row's one slot stands for its position L - 1, not 0 (the
+                # unclamped lengths - 1 read: packed_tokens.with_empty_last)
+                **({"empty_last": True} if empty_last else {}),
                 "max_len": layout[2],
                 "batch": int(shape[0]),
                 "fill": facts["fill"],

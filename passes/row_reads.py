@@ -49,7 +49,9 @@ After HSTU's pointwise attention over offsets (no mask at all: v's zeros pad the
 position of an empty row is as good as a real one (the model's attention is 0 on all of
 them, as the kernel's): ``kept_by_offsets``' ``empty_rows``, for ``match-silu-attention``
 (any such reader) and ``pack-jagged-tokens`` (position 0 or ``lengths.clamp(min=1) - 1``,
-read from slot 0 of an empty row in a layout over the lengths clamped to 1).
+read from slot 0 of an empty row in a layout over the lengths clamped to 1; or the
+unclamped ``lengths - 1`` alone, ``kept_by_offsets``' ``empty_last``, read from an empty
+row's one slot laid out at position ``L - 1``, where eager's ``-1`` lands).
 """
 
 from __future__ import annotations
@@ -119,13 +121,13 @@ class RowRead:
 
 
 def row_read(user: fx.Node, src: fx.Node, dims: Dims, facts: Facts,
-             empty_rows: bool = False) -> RowRead | None:
+             empty_rows: bool = False, empty_last: bool = False) -> RowRead | None:
     """The :class:`RowRead` ``user`` is, reading ``src`` (a padded value at ``dims`` under
     the key mask ``facts``), or None. Under a run-time key mask (a :class:`KeyMask`) any
     such reader: its check is where the positions are checked too. Under a mask over
     offsets (``(offsets, clamp_min, L)``: nothing is checked at run time) only a reader
-    whose positions the graph proves kept (:func:`kept_by_offsets`, ``empty_rows`` as
-    there), ``proven``."""
+    whose positions the graph proves kept (:func:`kept_by_offsets`, ``empty_rows`` and
+    ``empty_last`` as there), ``proven``."""
     if user.op != "call_function" or not user.args or user.args[0] is not src:
         return None
     if isinstance(facts, KeyMask):
@@ -133,10 +135,11 @@ def row_read(user: fx.Node, src: fx.Node, dims: Dims, facts: Facts,
     batch = _offsets_batch(facts)
     read = _read(user, src, dims, batch, int(facts[2])) if batch is not None else None
     return replace(read, proven=True) if read is not None \
-        and kept_by_offsets(read, facts, empty_rows) else None
+        and kept_by_offsets(read, facts, empty_rows, empty_last) else None
 
 
-def kept_by_offsets(read: RowRead, facts: Facts, empty_rows: bool = False) -> bool:
+def kept_by_offsets(read: RowRead, facts: Facts, empty_rows: bool = False,
+                    empty_last: bool = False) -> bool:
     """Whether the graph proves that ``read`` reads a position the mask ``arange(L) <
     lengths.clamp(min=c)`` (``facts``: ``(offsets, c, L)``) keeps on every row: with ``c >=
     1`` (every row keeps position 0), position 0 (``x[:, 0]``, ``x[:, :1]``, ``x[:, -L]``),
@@ -152,21 +155,41 @@ def kept_by_offsets(read: RowRead, facts: Facts, empty_rows: bool = False) -> bo
     sums is 0; so are its gradients to q, k and the bias), so a reader there reads what the
     kernel gives. Then position 0 and ``lengths.clamp(min=c2) - 1`` with ``0 <= c2 <=
     max(c, 1)`` (the unclamped ``lengths - 1`` included: ``-1`` only on an empty row) read
-    a real token or one of an empty row, whatever ``c``."""
+    a real token or one of an empty row, whatever ``c``.
+
+    ``empty_last``: under the unclamped mask (``c`` 0), each empty row is laid out as one
+    slot standing for its position ``L - 1`` (``pack-jagged-tokens``, after HSTU's
+    attention over these offsets, which gives that slot 0 as the model gives the position).
+    Then exactly ``lengths - 1`` of the same offsets, unclamped, reads a kept position on
+    every row: a real token, or ``-1`` of an empty row, which indexing wraps to ``L - 1``,
+    the slot (a gather rejects ``-1``, and so does the packed read: ``packed_tokens.
+    read_rows``). Position 0 of an empty row is then no slot: refused."""
     offsets, clamp, length = facts
-    if (clamp < 1 and not empty_rows) or read.stride is not None:
+    if read.stride is not None:
+        return False
+    if empty_last:
+        found = _last_of(read.index) if read.index is not None else None
+        return clamp == 0 and found is not None and found[0] is offsets and found[1] == 0
+    if clamp < 1 and not empty_rows:
         return False
     if read.index is None:
         return read.at == 0 or (read.wrap and read.at == -length)
-    node = _through_order_views(read.index)
+    found = _last_of(read.index)
+    low, high = (0, max(clamp, 1)) if empty_rows else (1, clamp)
+    return found is not None and found[0] is offsets and low <= found[1] <= high
+
+
+def _last_of(index: fx.Node) -> tuple[fx.Node, int] | None:
+    """``(offsets, c)`` where ``index`` is ``lengths - 1`` (through order-keeping views and
+    casts) with ``lengths`` those offsets' lengths clamped to at least ``c`` (0: unclamped;
+    ``jagged_patterns._lengths``), else None."""
+    node = _through_order_views(index)
     if not (isinstance(node, fx.Node) and node.target is aten.sub.Tensor
             and len(node.args) == 2 and node.kwargs.get("alpha", 1) == 1
             and isinstance(node.args[1], int) and not isinstance(node.args[1], bool)
             and node.args[1] == 1):
-        return False
-    found = _lengths(node.args[0])
-    low, high = (0, max(clamp, 1)) if empty_rows else (1, clamp)
-    return found is not None and found[0] is offsets and low <= found[1] <= high
+        return None
+    return _lengths(node.args[0])
 
 
 def _read(user: fx.Node, src: fx.Node, dims: Dims, batch: int, length: int
@@ -341,15 +364,18 @@ def _numel(shape: Any) -> int:
 
 
 def follow_with_reads(start: fx.Node, dims: Dims, facts: Facts, empty_rows: bool = False,
-                      also: Callable[..., Any] | None = None) -> PaddingFlow | fx.Node:
+                      also: Callable[..., Any] | None = None, empty_last: bool = False
+                      ) -> PaddingFlow | fx.Node:
     """:func:`.jagged_patterns.follow_padding` with :func:`row_read`s allowed: the flow
     (its ``reads``, which the caller must check at run time unless ``proven``), or the
     first node that may read the padding unmasked, a reader whose index depends on a value
-    the padding reaches included (it could not be checked before them). ``empty_rows``:
-    as :func:`kept_by_offsets`. ``also``: another kind of reader allowed where
-    :func:`row_read` finds none (``pad_reps.token_reduction``: its readers carry no index)."""
+    the padding reaches included (it could not be checked before them). ``empty_rows``,
+    ``empty_last``: as :func:`kept_by_offsets`. ``also``: another kind of reader allowed
+    where :func:`row_read` finds none (``pad_reps.token_reduction``: its readers carry no
+    index)."""
     def read(u: fx.Node, s: fx.Node, d: Dims, f: Any) -> Any:
-        return row_read(u, s, d, f, empty_rows) or (also(u, s, d, f) if also else None)
+        return row_read(u, s, d, f, empty_rows, empty_last) or (
+            also(u, s, d, f) if also else None)
 
     flow = follow_padding(start, dims, facts, reads=read)
     if isinstance(flow, fx.Node):
@@ -365,20 +391,26 @@ def unproven_reader(start: fx.Node, dims: Dims, facts: Facts, node: fx.Node) -> 
     """Whether ``node``, where following ``start``'s padding over offsets (``facts``)
     stopped, is a reader of one token per row whose positions the graph does not prove
     real (for the user's message: which reader, and how to make it provable)."""
+    return reader_at(start, dims, facts, node) is not None
+
+
+def reader_at(start: fx.Node, dims: Dims, facts: Facts, node: fx.Node) -> RowRead | None:
+    """The :class:`RowRead` ``node`` is in ``start``'s padding flow over offsets
+    (``facts``), whatever its positions, or None where it is no such reader."""
     batch = _offsets_batch(facts)
     if batch is None or isinstance(facts, KeyMask):
-        return False
-    seen: list[fx.Node] = []
+        return None
+    seen: dict[fx.Node, RowRead] = {}
 
     def any_read(user: fx.Node, src: fx.Node, at: Dims, _: Facts) -> RowRead | None:
         read = _read(user, src, at, batch, int(facts[2])) \
             if user.op == "call_function" and user.args and user.args[0] is src else None
         if read is not None:
-            seen.append(user)
+            seen[user] = read
         return read
 
     follow_padding(start, dims, facts, reads=any_read)
-    return node in seen
+    return seen.get(node)
 
 
 def read_specs(flow: PaddingFlow) -> list[dict[str, Any]]:

@@ -576,8 +576,11 @@ class GraphRunner:
         key = (r["offsets"], int(r["clamp_min"]), int(r["max_len"]), r["name"])
         if key not in self._layouts:
             values = env[self.by_name[r["values"]]].shape[0]
-            self._layouts[key] = TokenLayout.bounded(env[self.by_name[r["offsets"]]], key[1],
-                                                     key[2], values)
+            offsets = env[self.by_name[r["offsets"]]]
+            layout = TokenLayout.bounded(offsets, key[1], key[2], values)
+            # an empty row's slot at position L - 1 (its reader: the unclamped lengths - 1)
+            self._layouts[key] = packed.with_empty_last(layout, offsets) \
+                if r.get("empty_last") else layout
         return self._layouts[key]
 
     def _padded(self, node: fx.Node, env: dict[fx.Node, Any]) -> Any:
@@ -714,8 +717,8 @@ class GraphRunner:
         if not all(n in self.packed for n in nodes):
             return None
         layout = self._region_layout(nodes[-1], env)
-        if layout.positions is not None:  # kept positions that are not a prefix
-            return None
+        if layout.positions is not None and not layout.empty_last:  # kept positions that
+            return None  # are not a prefix (an empty row's slot at L - 1 is one: it gives 0)
         return [env[n] for n in nodes[:-1]], layout
 
     def packed_rep_attention(self, entry: dict[str, Any], env: dict[fx.Node, Any]) -> bool:

@@ -326,10 +326,16 @@ def _layout(offsets: torch.Tensor, clamp_min: int, max_len: int, total: int,
     computed from the capture's shapes when the graph is built); ``positions``: a compact
     guarded region's kept positions (``packed_tokens.kept_positions``), ``packed_tokens.REPS``
     for a region with padding representatives (its offsets are ``rep_offsets``: the
-    weights follow from them), else None."""
+    weights follow from them), ``packed_tokens.EMPTY_LAST`` for an offset-proven region
+    whose empty rows' slots stand for position ``L - 1`` (the positions follow from the
+    offsets), else None."""
     reps = isinstance(positions, str) and positions == packed_tokens.REPS
+    last = isinstance(positions, str) and positions == packed_tokens.EMPTY_LAST
     layout = TokenLayout(TokenLayout._offsets(offsets, clamp_min, max_len), total,
-                         offsets.shape[0] - 1, max_len, None if reps else positions)
+                         offsets.shape[0] - 1, max_len,
+                         None if isinstance(positions, str) else positions)
+    if last:  # an offset-proven region's empty rows at position L - 1 (its ``empty_last``)
+        return packed_tokens.with_empty_last(layout, offsets)
     return packed_tokens.with_rep_weights(layout) if reps else layout
 
 
@@ -516,7 +522,8 @@ class Emitter:
         batch = int(by_name[r["offsets"]].meta["val"].shape[0]) - 1
         clamp = int(r["clamp_min"])
         return (self.env[by_name[r["offsets"]]], clamp, int(r["max_len"]),
-                values + batch * max(0, clamp), None)
+                values + batch * max(0, clamp),
+                packed_tokens.EMPTY_LAST if r.get("empty_last") else None)
 
     def padded(self, node: Any) -> Any:
         """``node``'s value at its padded shape (a region value scattered, once)."""
@@ -592,8 +599,10 @@ class Emitter:
         if not all(n in self.packed for n in nodes):
             return None
         region = self.region(nodes[-1])
-        if region[4] is not None:  # kept positions that are not a prefix: no offsets
-            return None
+        if region[4] is not None and not (isinstance(region[4], str)
+                                          and region[4] == packed_tokens.EMPTY_LAST):
+            return None  # kept positions that are not a prefix: no offsets (an empty
+            # row's slot at L - 1 is one: the attention over the offsets gives it 0)
         return [self.env[n] for n in nodes[:-1]], self.call(_p_offsets, region)
 
     def packed_output(self, name: str, value: Any) -> None:

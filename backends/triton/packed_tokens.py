@@ -149,8 +149,14 @@ class TokenLayout:
     max_len: int
     positions: torch.Tensor | None = None
     """Per token slot its position in the row, where the kept positions are not a prefix
-    (:func:`kept_positions`: a guarded region over a mask that is not one, compacted);
-    None: the slot's rank in its row (``t - offsets[row]``), a prefix."""
+    (:func:`kept_positions`: a guarded region over a mask that is not one, compacted; or
+    :func:`with_empty_last`); None: the slot's rank in its row (``t - offsets[row]``), a
+    prefix."""
+    empty_last: bool = False
+    """The ``positions`` are the ranks but on each empty row's one slot, which stands for
+    position ``L - 1`` (:func:`with_empty_last`). An attention over the region's offsets
+    whose values are zero there (HSTU's, its v a source) gives that slot 0 whatever its
+    position, so such an attention still runs on the tokens by ranks."""
     weights: torch.Tensor | None = None
     """Per token slot how many padded tokens it stands for, in a layout with padding
     representatives (:func:`rep_layout`): 1 for a real token, ``L - len`` for a row's
@@ -223,6 +229,34 @@ def with_rep_weights(layout: TokenLayout) -> TokenLayout:
     live = layout.index("row_out") < layout.batch
     weights = torch.where(last, layout.max_len - width + 1, 1) * live
     layout.weights = weights.to(torch.float32)
+    return layout
+
+
+EMPTY_LAST = "empty-rows-at-last-position"
+"""The ``positions`` argument the compiled graph's layout helpers get for an offset-proven
+region with ``empty_last`` (``inductor_graph._layout``): the positions follow from the
+region's offsets (:func:`with_empty_last`)."""
+
+
+def with_empty_last(layout: TokenLayout, offsets: torch.Tensor) -> TokenLayout:
+    """``layout`` (over the lengths clamped to 1: one slot per empty row) with each empty
+    row's slot standing for position ``L - 1`` instead of 0: its ``positions``, the ranks
+    elsewhere (a spare slot 0, as :meth:`TokenLayout.index` reads it). ``offsets``: the
+    region's own, unclamped (which rows are empty). Why ``L - 1``: the region's reader is
+    the unclamped ``lengths - 1`` (``pack-jagged-tokens``' ``empty_last``), which eager
+    reads at ``-1``, wrapped to ``L - 1``; every gather into the region then reads what
+    eager computes there (a position embedding's row ``L - 1``), and the reader the slot
+    (:func:`read_rows`). On the device, no sync."""
+    dev = layout.offsets.device
+    row = _row_of_slot(layout.offsets, layout.total)
+    live = row < layout.batch
+    row_in = torch.where(live, row, 0)
+    rank = torch.arange(layout.total, device=dev) - layout.offsets[row_in]
+    empty = (offsets[1:] - offsets[:-1] <= 0)[row_in]
+    layout.positions = torch.where(live & empty, layout.max_len - 1,
+                                   torch.where(live, rank, 0))
+    layout.empty_last = True
+    layout._index.clear()
     return layout
 
 
@@ -527,7 +561,9 @@ def read_rows(x: torch.Tensor, dims: Dims, layout: TokenLayout, positions: torch
     token is ``offsets[b] + positions[b]``; in a compact layout (kept positions in any
     order, ``layout.positions``) it is the slot holding that position of that row. A value
     whose batch and sequence dims are merged (``(d, d)``: ``x.reshape(B * L, D)`` read at
-    ``arange(B) * L + pos``) holds the tokens at ``d``; the ``B`` picked rows go there."""
+    ``arange(B) * L + pos``) holds the tokens at ``d``; the ``B`` picked rows go there.
+    A position -1 (outside the row: a gather's ``-1`` on an empty row, which eager rejects,
+    ``read_positions``) reads past the tokens, so the read raises as eager's does."""
     merged = _merged_at(dims)
     tokens = x.movedim(merged, 0) if merged is not None else _tokens(x, dims, layout)[0]
     batch, length = layout.batch, layout.max_len
@@ -539,7 +575,8 @@ def read_rows(x: torch.Tensor, dims: Dims, layout: TokenLayout, positions: torch
         inverse = torch.zeros(batch * length + 1, dtype=torch.int64, device=flat.device)
         inverse = inverse.index_copy(0, flat, slots)
         rows = torch.arange(batch, device=flat.device)
-        slot = inverse[rows * length + positions]
+        slot = inverse[rows * length + positions.clamp(min=0)]
+    slot = torch.where(positions >= 0, slot, tokens.shape[0])
     picked = tokens.index_select(0, slot)  # [B, rest...]
     if merged is not None:
         return picked.movedim(0, merged)

@@ -14,9 +14,9 @@ was packed. Now (``passes/row_reads.kept_by_offsets`` with ``empty_rows``):
 - the first two read slot 0 of an empty row, which a region laid out over the lengths
   clamped to 1 holds exactly: the region packs offset-proven (no check), the reader
   ``proven`` and read from the tokens (``packed_tokens.read_rows``);
-- the unclamped ``lengths - 1`` reads position ``L - 1`` of an empty row, no slot of any
-  layout, and this attention has no mask to check positions with at run time: the tower
-  stays padded, the warning naming the reader and the fix (clamp the lengths);
+- the unclamped ``lengths - 1`` reads position ``L - 1`` of an empty row (eager's ``-1``),
+  which the same layout holds when that slot stands for position ``L - 1`` (``empty_last``;
+  with a position embedding: ``test_silu_last_read.py``): packed as well, no check;
 - the rows flattened (``y.reshape(B * L, E)[(lengths - 1) + arange(B) * L]``) read the
   previous row's last position on an empty row, padding the kernel gives as 0: refused.
 
@@ -51,6 +51,7 @@ ENTRY = "tests/fusion/test_silu_row_readers.py:build"
 B, L, E, H = 4, 6, 8, 2
 TOKENS = 12  # the captured batch's token count (the graph's static shapes hold it)
 PROVEN = ("last", "first")
+PACKED = (*PROVEN, "last_unclamped")
 aten = torch.ops.aten
 
 
@@ -150,19 +151,20 @@ def test_a_reader_of_a_real_token_or_slot_0_packs_the_tower_unchecked(read: str)
     assert not [w for w in ctx.warnings if "silu" in w or "jagged" in w], ctx.warnings
 
 
-def test_unclamped_last_token_keeps_the_kernel_and_says_how_to_pack():
-    """Intent: ``lengths - 1`` reads a real token or a position of an empty row (where the
-    model's attention is 0, as the kernel's): the kernel is kept, listing the reader; the
-    tower stays padded (position ``L - 1`` of an empty row is no slot, and nothing could
-    check the positions), the warning naming the reader and the fix."""
+def test_unclamped_last_token_packs_with_empty_rows_at_their_last_position():
+    """Intent: ``lengths - 1`` reads a real token or position ``L - 1`` of an empty row
+    (where the model's attention is 0, as the kernel's): the kernel is kept, listing the
+    reader; the tower packs offset-proven over the lengths clamped to 1, each empty row's
+    slot standing for position ``L - 1`` (``empty_last``), the reader ``proven``; no
+    warning."""
     _, ctx, entries, _ = _graph("last_unclamped")
     (attn,) = [e for e in entries if e["kind"] == "jagged_silu_attention"]
-    assert not [e for e in entries if e["kind"] == "packed_tokens"]
+    (region,) = [e for e in entries if e["kind"] == "packed_tokens"]
     (spec,) = attn["reads"]
     assert spec["reader"] == "index_2" and spec["index"] is not None
-    (why,) = [w for w in ctx.warnings if "pack-jagged-tokens" in w]
-    assert "index_2" in why and "reads one token per row" in why
-    assert "lengths.clamp(min=1) - 1" in why and "unmasked" not in why
+    assert region["clamp_min"] == 1 and region["empty_last"] is True
+    assert region.get("guard") is None and region["reads"] == [spec]
+    assert not [w for w in ctx.warnings if "pack-jagged-tokens" in w], ctx.warnings
 
 
 def test_flattened_rows_reading_another_row_stay_the_padded_formula():
@@ -188,11 +190,11 @@ def _on_tokens(mp: pytest.MonkeyPatch) -> list[str]:
     return ran
 
 
-@pytest.mark.parametrize("read", (*PROVEN, "last_unclamped"))
+@pytest.mark.parametrize("read", PACKED)
 def test_readers_after_the_silu_attention_match_eager(read: str):
     """The interpreter on fresh random lengths (an empty row, a full one): loss and every
     gradient equal to eager's; a proven reader's region runs on the tokens unchecked and
-    reads them (its source never scattered back), the unclamped reader's tower padded."""
+    reads them (its source never scattered back)."""
     gm, _, entries, spec = _graph(read)
     gen = torch.Generator().manual_seed(fresh_seed())
     source = next((e["reads"][0]["source"] for e in entries if e["kind"] == "packed_tokens"),
@@ -205,17 +207,18 @@ def test_readers_after_the_silu_attention_match_eager(read: str):
                                        batch(lengths_with(gen, empty), gen), release=False)
         spec.model.zero_grad()
         assert pt.GUARD_STATS.calls == 0  # nothing checked
-        assert ran == (["tokens"] if read in PROVEN else [])
+        assert ran == ["tokens"]
         if source is not None:
             assert source not in {n.name for n in runner._unpacked}
 
 
-@pytest.mark.parametrize("read", ("last", "last_unclamped"))
-def test_the_compiled_graph_trains_as_eager(read: str):
+def test_the_compiled_graph_trains_as_eager():
     """Graph mode: no check ahead of the graph; the proven reader reads the region's
     tokens (``_p_read_rows``, no scatter), the attention on them; SGD steps on fresh
-    random lengths with empty and full rows equal eager's."""
-    gm, _, entries, spec = _graph(read)
+    random lengths with empty and full rows equal eager's. (The unclamped reader's graph
+    mode, with a position embedding that tells the empty rows' slot position apart:
+    ``test_silu_last_read.py``.)"""
+    gm, _, entries, spec = _graph("last")
     executor = cpu_graph_executor(gm, spec.model, entries)
     assert executor.guard is None and executor.not_applied == []
     gen = torch.Generator().manual_seed(fresh_seed())
@@ -224,8 +227,5 @@ def test_the_compiled_graph_trains_as_eager(read: str):
                         [batch(lengths_with(gen, e), gen) for e in (True, False)])
     assert pt.GUARD_STATS.calls == 0
     code = executor.module.code
-    if read == "last":
-        assert "_p_read_rows(" in code and "_p_scatter(" not in code
-        assert "silu_attention_of_tokens(" in code
-    else:
-        assert "_p_read_rows(" not in code and "_call_silu_attention(" in code
+    assert "_p_read_rows(" in code and "_p_scatter(" not in code
+    assert "silu_attention_of_tokens(" in code
