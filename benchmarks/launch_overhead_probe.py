@@ -16,9 +16,11 @@ sleep kernel (nothing waits for it), as microseconds per call:
   handed it (the C launcher alone: the floor), and the ``binder`` that specialises the
   arguments (the part of ``JITFunction.run`` that scales with their number);
 - an empty ``autograd.Function`` fwd+bwd and ``torch.empty`` (PyTorch's own floor);
-- padded cuDNN SDPA fwd+bwd at the same shape (what gemc is compared with; a call that
-  waits for the GPU reads as the sleep's length over the calls: cuDNN's fwd+bwd did on an
-  H100, 5.6 ms, so that row says it syncs, not what its host costs);
+- padded cuDNN SDPA fwd+bwd at the same shape (what gemc is compared with). A call that
+  blocks on the GPU reads as the sleep's length over the calls: with 200 calls queued
+  behind the sleep cuDNN's did (5.6 ms on an H100; ``attention_gpu_time.py``'s host_ms,
+  20 calls, read it at 0.21 ms), so that row says something in it blocked, not what its
+  host costs;
 - the inclusive host time of each step of gemc's call (:data:`STEPS`), each wrapped in a
   timer for one pass over the calls. The wrappers add to the whole (``steps_us``' "whole
   call" against ``whole_fwd_bwd_us``: 34 us on one H100's host, 256 on another's).
