@@ -54,8 +54,15 @@ import kernels as kbench  # noqa: E402
 
 
 def host_us(fn: Callable[[], Any], calls: int, cuda: bool) -> float:
-    """Microseconds of host per call of ``fn``, the GPU held busy (no call waits for it)."""
+    """Microseconds of host per call of ``fn`` after one untimed call, the GPU held busy
+    (no call waits for it)."""
     fn()
+    return _issue_seconds(fn, calls, cuda) * 1e6 / calls
+
+
+def _issue_seconds(fn: Callable[[], Any], calls: int, cuda: bool) -> float:
+    """Seconds the host takes to issue ``calls`` calls of ``fn`` while a sleep kernel holds
+    the GPU (on a GPU), then waits for them."""
     if cuda:
         torch.cuda.synchronize()
         torch.cuda._sleep(int(2e9))
@@ -65,7 +72,7 @@ def host_us(fn: Callable[[], Any], calls: int, cuda: bool) -> float:
     elapsed = time.perf_counter() - start
     if cuda:
         torch.cuda.synchronize()
-    return elapsed * 1e6 / calls
+    return elapsed
 
 
 class _Launches:
@@ -189,17 +196,9 @@ def step_rows(call: Callable[[], Any], calls: int, cuda: bool) -> dict[str, floa
         undo.append((owner, name, raw))
     try:
         call()
-        if cuda:
-            torch.cuda.synchronize()
-            torch.cuda._sleep(int(2e9))
-        for k in spent:
+        for k in spent:  # the untimed call's steps left out
             spent[k] = 0.0
-        start = time.perf_counter()
-        for _ in range(calls):
-            call()
-        spent["whole call"] = time.perf_counter() - start
-        if cuda:
-            torch.cuda.synchronize()
+        spent["whole call"] = _issue_seconds(call, calls, cuda)
     finally:
         for owner, name, raw in reversed(undo):
             setattr(owner, name, raw)

@@ -315,11 +315,10 @@ def _empty_row_layout(sources: list[fx.Node], offsets: fx.Node, length: int
                     "row keeps one slot, so it holds only one of them; read both at one "
                     "position to keep the tower packed")
         return None
-    merged = _merge(last)
-    if isinstance(merged, str):
-        return (offsets, 1, length), last, True  # (the caller names why they do not merge)
-    mixing = next((n for n in merged.carriers
-                   if n.target is aten.scaled_dot_product_attention.default), None)
+    merged = _merge(last)  # flows that do not merge: the caller names why
+    mixing = None if isinstance(merged, str) else next(
+        (n for n in merged.carriers if n.target is aten.scaled_dot_product_attention.default),
+        None)
     if mixing is not None:
         reader = next(iter(merged.reads), mixing)
         return (f"{reader.name}{_module_of(reader)} reads the unclamped lengths - 1, "
@@ -327,7 +326,7 @@ def _empty_row_layout(sources: list[fx.Node], offsets: fx.Node, length: int
                 f"{_module_of(mixing)} mixes that row's padded positions into it (eager's "
                 "value there is no token-wise one an empty row's single slot could hold); "
                 "read lengths.clamp(min=1) - 1 (or position 0) to keep the tower packed")
-    return (offsets, 1, length), last, True
+    return first, last, True
 
 
 def _source_facts(source: fx.Node, offsets: fx.Node, clamp_min: int) -> dict[str, Any]:

@@ -50,6 +50,14 @@ class RowSumsLaunch:
 
 
 @triton.jit
+def _load_ids(idx_ptr, offs, inside, other, n_rows):
+    """A block of ids, a negative one counted from the table's end (as ``weight[index]``
+    reads it); lanes outside the index keep ``other``."""
+    ix = tl.load(idx_ptr + offs, mask=inside, other=other)
+    return tl.where(inside & (ix < 0), ix + n_rows, ix)
+
+
+@triton.jit
 def _row_sums_kernel(idx_ptr, val_ptr, out_ptr, n_idx, n_rows, width,
                      CHUNK: tl.constexpr, BLOCK: tl.constexpr, BINS: tl.constexpr,
                      WIDE: tl.constexpr):
@@ -69,7 +77,7 @@ def _row_sums_kernel(idx_ptr, val_ptr, out_ptr, n_idx, n_rows, width,
     ``weight[index]`` reads it: wrapped here, per loaded id, rather than by three ATen
     passes over the whole index first (``where(index < 0, index + n, index)``: on HSTU's
     ``[B, L, L]`` int64 ids those passes cost ~9 ms of a 45-ms H100 step, forward and
-    backward together; twenty-eighth session's profile)."""
+    backward together; twenty-eighth session's profile): :func:`_load_ids`."""
     base = tl.program_id(0).to(tl.int64) * CHUNK
     col = tl.program_id(1)
     lo = tl.full([BLOCK], 2147483647, tl.int64)
@@ -77,8 +85,7 @@ def _row_sums_kernel(idx_ptr, val_ptr, out_ptr, n_idx, n_rows, width,
     for s in range(0, CHUNK, BLOCK):
         offs = base + s + tl.arange(0, BLOCK)
         inside = offs < n_idx
-        ix = tl.load(idx_ptr + offs, mask=inside, other=-1)
-        ix = tl.where(inside & (ix < 0), ix + n_rows, ix)
+        ix = _load_ids(idx_ptr, offs, inside, -1, n_rows)
         lo = tl.minimum(lo, tl.where(inside, ix, 2147483647))
         hi = tl.maximum(hi, ix)
     first = (tl.min(lo, axis=0) // BINS) * BINS
@@ -87,8 +94,7 @@ def _row_sums_kernel(idx_ptr, val_ptr, out_ptr, n_idx, n_rows, width,
         for s in range(0, CHUNK, BLOCK):
             offs = base + s + tl.arange(0, BLOCK)
             inside = offs < n_idx
-            ix = tl.load(idx_ptr + offs, mask=inside, other=0)
-            ix = tl.where(ix < 0, ix + n_rows, ix)
+            ix = _load_ids(idx_ptr, offs, inside, 0, n_rows)
             v = tl.load(val_ptr + offs * width + col, mask=inside, other=0.0).to(tl.float32)
             tl.atomic_add(out_ptr + ix * width + col, v, mask=inside)
     else:
@@ -98,8 +104,7 @@ def _row_sums_kernel(idx_ptr, val_ptr, out_ptr, n_idx, n_rows, width,
             for s in range(0, CHUNK, BLOCK):
                 offs = base + s + tl.arange(0, BLOCK)
                 inside = offs < n_idx
-                ix = tl.load(idx_ptr + offs, mask=inside, other=-1)
-                ix = tl.where(inside & (ix < 0), ix + n_rows, ix)
+                ix = _load_ids(idx_ptr, offs, inside, -1, n_rows)
                 v = tl.load(val_ptr + offs * width + col, mask=inside, other=0.0)
                 acc += tl.where(ix[:, None] == rows[None, :], v.to(tl.float32)[:, None], 0.0)
             tl.atomic_add(out_ptr + rows * width + col, tl.sum(acc, axis=0),
