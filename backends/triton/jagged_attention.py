@@ -29,7 +29,11 @@ The backward recomputes the scores block by block (no attention matrix is stored
 kernel walks the query blocks of each key block to produce dk and dv, another walks the key
 blocks of each query block to produce dq (and, for softmax, first computes
 ``delta_i = rowsum(dO_i * O_i)`` for its rows, which the dk/dv kernel then reads). Neither
-uses atomics, so results are deterministic.
+uses atomics, so results are deterministic. Where one kernel does both
+(``FUSED_DQ``: the silu backward under :data:`FUSED_SILU_BACKWARD`, the softmax backward of
+short rows under :data:`FUSED_SOFTMAX_SHORT_ROWS`), the dk/dv kernel adds dq into a zeroed
+fp32 buffer with atomics (computing the softmax's ``delta`` itself), and dq's last bits
+vary from run to run.
 
 Grid: one program per (query block, sequence, head) of the forward and dq kernels, and per
 (key block, sequence, head) of the dk/dv kernel; a program whose block starts past its
@@ -152,17 +156,29 @@ error at the two-kernel path's (``benchmarks/h200_pending12.sh``, part 4)."""
 
 
 KEY_BLOCK_ENV = "GEMC_SILU_KEY_BLOCK_BACKWARD"
+FUSED_SOFTMAX_ENV = "GEMC_FUSED_SOFTMAX_SHORT_ROWS"
+
+
+def _switch_from_env(name: str, on: str, off: str) -> bool:
+    """Environment switch ``name`` = 1 (``on``) / 0 (``off``), unset: on; read at import: a
+    benchmark times both settings on one model, each in its own process. Anything else is
+    refused by name rather than read as either."""
+    value = os.environ.get(name, "1").strip()
+    if value not in ("0", "1"):
+        raise ValueError(f"{name}={value!r}: set it to 1 ({on}) or 0 ({off}), or unset it")
+    return value == "1"
 
 
 def _key_block_from_env() -> bool:
-    """``GEMC_SILU_KEY_BLOCK_BACKWARD`` = 1 / 0 (unset: on), read at import: a benchmark
-    times both backwards on one model, each in its own process. Anything else is refused
-    by name rather than read as either."""
-    value = os.environ.get(KEY_BLOCK_ENV, "1").strip()
-    if value not in ("0", "1"):
-        raise ValueError(f"{KEY_BLOCK_ENV}={value!r}: set it to 1 (the key-block silu "
-                         "backward) or 0 (the two-kernel one), or unset it")
-    return value == "1"
+    """``GEMC_SILU_KEY_BLOCK_BACKWARD`` (:func:`_switch_from_env`)."""
+    return _switch_from_env(KEY_BLOCK_ENV, "the key-block silu backward",
+                            "the two-kernel one")
+
+
+def _fused_softmax_from_env() -> bool:
+    """``GEMC_FUSED_SOFTMAX_SHORT_ROWS`` (:func:`_switch_from_env`)."""
+    return _switch_from_env(FUSED_SOFTMAX_ENV, "the one-kernel softmax backward of short rows",
+                            "the two-kernel one")
 
 
 SILU_KEY_BLOCK_BACKWARD = _key_block_from_env()
@@ -179,6 +195,27 @@ shape with its bias (``kernels.py --cases silu_variants``) fwd+bwd 0.900-1.412 m
 other flags against 1.369 for the defaults' two-kernel path, max abs error 4.9e-4 against
 1.6-3.1e-2 for every other variant. Not yet timed on an H200.
 ``GEMC_SILU_KEY_BLOCK_BACKWARD=0`` runs the two-kernel backward."""
+
+FUSED_SOFTMAX_SHORT_ROWS = _fused_softmax_from_env()
+"""The softmax backward of short rows (:func:`fused_softmax_backward`: ``max_len`` at most
+:data:`SHORT_ROWS`, head dim <= 64) as one kernel: the dk/dv kernel computes each query
+block's ``delta = rowsum(O * dO)`` from its O and dO rows itself and adds ``ds @ k`` into an
+fp32 dq with atomics (``FUSED_DQ``), and the dq kernel does not run. Why: at TransAct's
+shape (rows of ~51 tokens, at most 100; head dim 48) each row is one or two tiles, and the
+dq kernel (0.169 ms on an H100, twenty-eighth session, against dk/dv's 0.264) re-does the
+``q k^T`` and ``dO v^T`` tile products the dk/dv kernel does: one kernel does 5 tile
+products per tile instead of 7, in one attention kernel instead of two. The price: fp32
+atomics into dq; a zeroed fp32 dq and its cast to the input dtype, two small launches of
+their own (one launch more in all), whose bytes grow with the buffer's rows (at TransAct's
+~0.2 M token slots, 2 heads of 48: an 80 MB fp32 dq, ~0.2 GB zeroed, read and written;
+arithmetic, not a measurement); O's rows read once per key block instead of once; a third
+score tile live in the dk/dv kernel; and a dq whose sum order, so its last bits, varies
+from run to run. The rule is scoped to the short rows the issue measured (where each
+program does one or two tiles); longer rows keep the measured two-kernel path until the
+one kernel is timed there too. Not yet measured: the lead engineer times it against the
+two-kernel path on an H100 (``benchmarks/launch_overhead_probe.py --transact``, with
+``GEMC_FUSED_SOFTMAX_SHORT_ROWS=0`` for the two kernels); no speedup is claimed until then.
+``GEMC_FUSED_SOFTMAX_SHORT_ROWS=0`` runs the two-kernel backward everywhere."""
 
 
 def written_rows(like: torch.Tensor, count: int = 1, zeroed: bool = False
@@ -239,10 +276,13 @@ def _dq_tiles(cfg: triton.Config, args: dict) -> Tiles:
 
 def _dkdv_tiles(cfg: triton.Config, args: dict) -> Tiles:
     bm, bn, d, e, eb = _sizes(cfg, args)
-    stats = 0 if args.get("SILU") else 2 * bm * 4
+    silu, fused = args.get("SILU"), args.get("FUSED_DQ")
+    # the softmax's lse and delta per query row; fused, delta is computed from O's rows
+    stats = 0 if silu else (1 if fused else 2) * bm * 4
+    rows = 3 if fused and not silu else 2  # q, dO (and O)
     # the fused backward's ds also feeds ds @ k (one more score tile converted)
-    tiles = 3 if args.get("FUSED_DQ") else 2
-    return Tiles(streamed=2 * bm * d * e + bm * bn * eb + stats, resident=2 * bn * d * e,
+    tiles = 3 if fused else 2
+    return Tiles(streamed=rows * bm * d * e + bm * bn * eb + stats, resident=2 * bn * d * e,
                  scratch=tiles * bm * bn * 4)
 
 
@@ -252,10 +292,23 @@ def _pick(block_m: int, block_n: int, warps: int, stages: int) -> Preferred:
     return {"BLOCK_M": block_m, "BLOCK_N": block_n}, warps, stages
 
 
+def short_rows(max_len: float, block_d: int) -> bool:
+    """Whether rows of at most ``max_len`` tokens at a padded head dim ``block_d`` are short
+    (:data:`SHORT_ROWS`, head dim <= 64): the short-row configs and the one-kernel softmax
+    backward (:func:`fused_softmax_backward`) both read it."""
+    return 0 < max_len <= SHORT_ROWS + 0.5 and block_d <= 64
+
+
+def fused_softmax_backward(max_len: int, block_d: int) -> bool:
+    """Whether the softmax backward of a call runs as one kernel
+    (:data:`FUSED_SOFTMAX_SHORT_ROWS`): short rows (:func:`short_rows`), the switch on."""
+    return FUSED_SOFTMAX_SHORT_ROWS and short_rows(max_len, block_d)
+
+
 def _short_rows(args: dict) -> bool:
-    """Whether a launch's rows are short (:data:`SHORT_ROWS`) at a head dim <= 64."""
+    """Whether a launch's rows are short (:func:`short_rows`; ``inv_max_len`` its 1 / max_len)."""
     inv = float(args.get("inv_max_len") or 0.0)
-    return inv > 0.0 and 1.0 / inv <= SHORT_ROWS + 0.5 and int(args.get("BLOCK_D", 64)) <= 64
+    return inv > 0.0 and short_rows(1.0 / inv, int(args.get("BLOCK_D", 64)))
 
 
 def _fwd_prefer(args: dict) -> list[Preferred]:
@@ -271,6 +324,9 @@ def _dq_prefer(args: dict) -> list[Preferred]:
 
 def _dkdv_prefer(args: dict) -> list[Preferred]:
     if _short_rows(args):
+        # the one-kernel softmax backward too (FUSED_DQ): a third 32x32 fp32 score tile is
+        # 4 KB more, and keeping the two-kernel path's measured pick leaves the fusion the
+        # only difference when the two are timed against each other
         return [_pick(32, 32, 4, 1)]
     return [_pick(64, 64, 4, 3)] if int(args.get("BLOCK_D", 64)) <= 64 else \
         [_pick(32, 64, 4, 4)]
@@ -538,10 +594,13 @@ def _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start, start
                MASK: tl.constexpr, HAS_BIAS: tl.constexpr,
                KEY_BIAS: tl.constexpr, FAST_SIGMOID: tl.constexpr,
                dq_base, stride_dqt, db_base, sdi, sdj, FUSED_DQ: tl.constexpr,
-               BIAS_GRAD: tl.constexpr, BIAS_GRAD_ADD: tl.constexpr):
-    """dk, dv of a key block after one more query block; ``FUSED_DQ`` (silu only): also
-    that query block's share of dq (``ds @ k``, added with atomics) and of the bias's
-    gradient (``ds``: each tile visited once here), see :data:`FUSED_SILU_BACKWARD`."""
+               BIAS_GRAD: tl.constexpr, BIAS_GRAD_ADD: tl.constexpr, o_base, stride_ot):
+    """dk, dv of a key block after one more query block; ``FUSED_DQ``: also that query
+    block's share of dq (``ds @ k``, added with atomics) and of the bias's gradient (``ds``:
+    each tile visited once here), see :data:`FUSED_SILU_BACKWARD` and
+    :data:`FUSED_SOFTMAX_SHORT_ROWS`. The softmax's ``delta`` comes from the dq kernel
+    (``delta_base``), or, ``FUSED_DQ`` (no dq kernel runs), from the query block's O and dO
+    rows (``o_base``), as the dq kernel computes it."""
     offs_m = start_m + tl.arange(0, BLOCK_M)
     q = _load_rows(q_base, start, offs_m, row_len, stride_qt, offs_d, HEAD_DIM, EVEN_D, MASK)
     do = _load_rows(do_base, start, offs_m, row_len, stride_dot, offs_d, HEAD_DIM, EVEN_D, MASK)
@@ -555,7 +614,12 @@ def _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start, start
         ds = dp * dp_ds
     else:
         lse = _row_stat(lse_base, start, offs_m, row_len, MASK)
-        delta = _row_stat(delta_base, start, offs_m, row_len, MASK)
+        if FUSED_DQ:
+            o = _load_rows(o_base, start, offs_m, row_len, stride_ot, offs_d, HEAD_DIM, EVEN_D,
+                           MASK)
+            delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+        else:
+            delta = _row_stat(delta_base, start, offs_m, row_len, MASK)
         p, _ = _probs(s, offs_m, offs_n, row_len, lse, inv_norm, CAUSAL, SILU, MASK, False)
         ds = p * (dp - delta[:, None])
     if FUSED_DQ:
@@ -741,8 +805,8 @@ def _bwd_dq_kernel(
                             a, ("DQ",) if a.get("FUSED_DQ") else (), bool(a.get("FUSED_DQ"))))
 @triton.jit
 def _bwd_dkdv_kernel(
-    Q, K, V, DO, DK, DV, DQ, LSE, DELTA, offsets_ptr,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+    Q, K, V, Out, DO, DK, DV, DQ, LSE, DELTA, offsets_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     stride_dot, stride_doh, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
     stride_dqt, stride_dqh,
     stride_lse_h, n_heads, scale, inv_max_len, pad_len, total_rows,
@@ -781,19 +845,28 @@ def _bwd_dkdv_kernel(
                    EVEN_D, True)
     q_base = Q + h * stride_qh
     do_base = DO + h * stride_doh
+    o_base = Out + h * stride_oh
     lse_base = LSE + h * stride_lse_h
     delta_base = DELTA + h * stride_lse_h
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     inv_norm = _inv_norm(row_len, inv_max_len, NORM_BY_OWN_LEN)
     lo, diag, full = _query_blocks(start_n, row_len, BLOCK_M, BLOCK_N, CAUSAL)
+    if FUSED_DQ and not SILU:
+        # A ragged key block's columns past the row read k = 0, so s = 0 there, and the
+        # unmasked steps give them p = exp(-lse): inf for a row whose every key a -inf key
+        # bias hides (lse = -1e30), and inf * 0 is NaN in ds @ k (the tests saw it). The
+        # two-kernel path only puts them into dk/dv rows it never stores; dq is stored, so
+        # such a block takes every query block masked (a no-op under the causal mask, whose
+        # unmasked query blocks lie wholly below a key block inside the row).
+        full = tl.where(start_n + BLOCK_N > row_len, diag, full)
     for start_m in range(lo, tl.minimum(diag, row_len), BLOCK_M):
         dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start,
                             start_m, offs_n, offs_d, row_len, stride_qt, stride_dot, scale,
                             inv_norm, bias_base, stride_bi, stride_bj,
                             HEAD_DIM, EVEN_D, BLOCK_M, CAUSAL, SILU, IEEE, True, HAS_BIAS, KEY_BIAS,
                             FAST_SIGMOID, dq_base, stride_dqt, db_base, stride_dbi,
-                            stride_dbj, FUSED_DQ, BIAS_GRAD, BIAS_GRAD_ADD)
+                            stride_dbj, FUSED_DQ, BIAS_GRAD, BIAS_GRAD_ADD, o_base, stride_ot)
     for start_m in range(diag, full, BLOCK_M):
         dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start,
                             start_m, offs_n, offs_d, row_len, stride_qt, stride_dot, scale,
@@ -801,14 +874,14 @@ def _bwd_dkdv_kernel(
                             HEAD_DIM, EVEN_D, BLOCK_M, CAUSAL, SILU, IEEE, False, HAS_BIAS,
                             KEY_BIAS,
                             FAST_SIGMOID, dq_base, stride_dqt, db_base, stride_dbi,
-                            stride_dbj, FUSED_DQ, BIAS_GRAD, BIAS_GRAD_ADD)
+                            stride_dbj, FUSED_DQ, BIAS_GRAD, BIAS_GRAD_ADD, o_base, stride_ot)
     for start_m in range(tl.maximum(diag, full), row_len, BLOCK_M):
         dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start,
                             start_m, offs_n, offs_d, row_len, stride_qt, stride_dot, scale,
                             inv_norm, bias_base, stride_bi, stride_bj,
                             HEAD_DIM, EVEN_D, BLOCK_M, CAUSAL, SILU, IEEE, True, HAS_BIAS, KEY_BIAS,
                             FAST_SIGMOID, dq_base, stride_dqt, db_base, stride_dbi,
-                            stride_dbj, FUSED_DQ, BIAS_GRAD, BIAS_GRAD_ADD)
+                            stride_dbj, FUSED_DQ, BIAS_GRAD, BIAS_GRAD_ADD, o_base, stride_ot)
     dk = dk * scale
     _store_rows(DK + h * stride_dkh, start, offs_n, row_len, stride_dkt, offs_d, dk, HEAD_DIM)
     _store_rows(DV + h * stride_dvh, start, offs_n, row_len, stride_dvt, offs_d, dv, HEAD_DIM)
@@ -823,7 +896,10 @@ def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-def _meta(q: torch.Tensor, causal: bool, kind: str, silu_normalizer: str) -> dict:
+def _meta(q: torch.Tensor, causal: bool, kind: str, silu_normalizer: str, max_len: int
+          ) -> dict:
+    """The kernels' meta-parameters of a call; ``max_len`` (the longest row) decides whether
+    a softmax backward runs as one kernel (:func:`fused_softmax_backward`)."""
     if kind not in ("softmax", "silu"):
         raise ValueError(f"kind must be 'softmax' or 'silu', got {kind!r}")
     if silu_normalizer not in ("max_len", "own_len"):
@@ -831,10 +907,11 @@ def _meta(q: torch.Tensor, causal: bool, kind: str, silu_normalizer: str) -> dic
             f"silu_normalizer must be 'max_len' or 'own_len', got {silu_normalizer!r}"
         )
     head_dim = q.shape[2]
+    block_d = next_pow2(head_dim, MIN_DOT)
     return {
         "HEAD_DIM": head_dim,
-        "BLOCK_D": next_pow2(head_dim, MIN_DOT),
-        "EVEN_D": next_pow2(head_dim, MIN_DOT) == head_dim,
+        "BLOCK_D": block_d,
+        "EVEN_D": block_d == head_dim,
         "CAUSAL": bool(causal),
         "SILU": kind == "silu",
         "NORM_BY_OWN_LEN": silu_normalizer == "own_len",
@@ -844,7 +921,8 @@ def _meta(q: torch.Tensor, causal: bool, kind: str, silu_normalizer: str) -> dic
         "BIAS_GRAD": False,
         "FAST_SIGMOID": FAST_SIGMOID and kind == "silu" and q.dtype != torch.float32
         and not is_interpreted(),
-        "FUSED_DQ": FUSED_SILU_BACKWARD and kind == "silu",
+        "FUSED_DQ": FUSED_SILU_BACKWARD if kind == "silu"
+        else fused_softmax_backward(max_len, block_d),
         "BIAS_GRAD_ADD": False,  # set with BIAS_GRAD where heads share the gradient buffer
     }
 
@@ -916,7 +994,8 @@ def _attention_backward(q, k, v, out, lse, do, offsets, max_len: int, scale: flo
         return dq.to(q.dtype), dk, dv
     if empty:
         return dq.to(q.dtype), dk, dv
-    delta = torch.empty_like(lse)
+    # the one-kernel softmax computes delta in the dk/dv kernel: lse stands in for it
+    delta = lse if fused else torch.empty_like(lse)
     if not fused:
         _bwd_dq_kernel[_grid(batch, heads, rows, "BLOCK_M")](
             q, k, v, out, do, dq, lse, delta, offsets,
@@ -926,10 +1005,10 @@ def _attention_backward(q, k, v, out, lse, do, offsets, max_len: int, scale: flo
             *_bias_args(bias, dbias, q), **meta,
         )
     _bwd_dkdv_kernel[_grid(batch, heads, rows, "BLOCK_N")](
-        q, k, v, do, dk, dv, dq, lse, delta, offsets,
+        q, k, v, out, do, dk, dv, dq, lse, delta, offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        do.stride(0), do.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
-        dq.stride(0), dq.stride(1),
+        out.stride(0), out.stride(1), do.stride(0), do.stride(1), dk.stride(0), dk.stride(1),
+        dv.stride(0), dv.stride(1), dq.stride(0), dq.stride(1),
         lse.stride(0), heads, scale, 1.0 / max_len, pad_len, total,
         *_bias_args(bias, dbias, q), **meta,
     )
@@ -1051,7 +1130,7 @@ def jagged_attention(
         max_len = max_length(offsets)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[2])
-    meta = _meta(q, causal, kind, silu_normalizer)
+    meta = _meta(q, causal, kind, silu_normalizer, int(max_len))
     meta["HAS_BIAS"] = bias is not None
     meta["BIAS_GRAD"] = bias is not None and bias.requires_grad
     if bias is not None:
@@ -1086,10 +1165,10 @@ def jagged_attention_reference(
     stays finite; those rows are dropped by the unpadding anyway.
     """
     _check_inputs(q, k, v, offsets)
-    _meta(q, causal, kind, silu_normalizer)
     total, _, head_dim = q.shape
     if max_len is None:
         max_len = max_length(offsets)
+    _meta(q, causal, kind, silu_normalizer, max_len)  # checks kind and normaliser
     if scale is None:
         scale = 1.0 / math.sqrt(head_dim)
     lengths = (offsets[1:] - offsets[:-1]).long()

@@ -277,7 +277,7 @@ def jagged_attention(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, clamp_min
     slots = _Slots(offsets, clamp_min, max_len)
     qj, kj, vj = (slots.values(x.transpose(1, 2)) for x in (q, k, v))
     out, lse = _attention_forward(qj, kj, vj, slots.offsets, max_len, scale,
-                                  _meta(qj, False, "softmax", "max_len"))
+                                  _meta(qj, False, "softmax", "max_len", max_len))
     return (slots.padded(out, max_len).contiguous(),
             slots.padded(lse.t(), max_len).contiguous())
 
@@ -299,7 +299,7 @@ def jagged_attention_backward(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, 
     outj, doj = slots.values(out), slots.values(grad)
     lsej = slots.values(lse).t().contiguous()
     grads = _attention_backward(qj, kj, vj, outj, lsej, doj, slots.offsets, max_len, scale,
-                                _meta(qj, False, "softmax", "max_len"))
+                                _meta(qj, False, "softmax", "max_len", max_len))
     length = q.shape[2]
     return tuple(slots.padded(g, length).transpose(1, 2).contiguous()
                  for g in grads)  # type: ignore[return-value]
@@ -333,11 +333,11 @@ jagged_attention.register_autograd(_attention_backward_formula, setup_context=_a
 # ---- jagged attention over packed values (inside a packed token region) ---------------------
 
 
-def _values_meta(q: Tensor, offsets: Tensor, causal: bool, key_bias: Tensor | None
-                 ) -> tuple[dict[str, Any], Tensor | None]:
+def _values_meta(q: Tensor, offsets: Tensor, causal: bool, key_bias: Tensor | None,
+                 max_len: int) -> tuple[dict[str, Any], Tensor | None]:
     """The kernels' meta-parameters and ``[B, H, Lb, Lb]`` bias view of a values call: a
     per-key bias ``[B, Lb]`` is the same for every head and query (strides 0)."""
-    meta = _meta(q, causal, "softmax", "max_len")
+    meta = _meta(q, causal, "softmax", "max_len", max_len)
     if key_bias is None:
         return meta, None
     bias = broadcast_bias(key_bias.float()[:, None, None, :], int(offsets.numel() - 1),
@@ -358,7 +358,7 @@ def jagged_attention_values(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, ma
     representative key biased by the log of the kept keys it stands for
     (``packed_tokens.rep_key_bias``)."""
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
-    meta, bias = _values_meta(q, offsets, causal, key_bias)
+    meta, bias = _values_meta(q, offsets, causal, key_bias, max_len)
     out, lse = _attention_forward(q, k, v, offsets, max_len, scale, meta, bias)
     return out.contiguous(), lse.contiguous()
 
@@ -377,7 +377,7 @@ def jagged_attention_values_backward(q: Tensor, k: Tensor, v: Tensor, offsets: T
                                      key_bias: Tensor | None = None
                                      ) -> tuple[Tensor, Tensor, Tensor]:
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
-    meta, bias = _values_meta(q, offsets, causal, key_bias)
+    meta, bias = _values_meta(q, offsets, causal, key_bias, max_len)
     grads = _attention_backward(q, k, v, out, lse, grad.contiguous(), offsets, max_len, scale,
                                 meta, bias)
     return tuple(g.contiguous() for g in grads)  # type: ignore[return-value]
@@ -421,10 +421,10 @@ def _padded_rows(x: Tensor) -> Tensor:
 
 
 def _silu_operands(rows: Tensor, batch: int, bias: Tensor | None, causal: bool,
-                   bias_grad: bool) -> tuple[dict[str, Any], Tensor | None]:
+                   bias_grad: bool, max_len: int) -> tuple[dict[str, Any], Tensor | None]:
     """The kernels' meta-parameters (of ``rows [N, H, D]``: padded rows or packed values)
     and the bias broadcast to ``[B, H, Lb, Lb]`` (a view)."""
-    meta = _meta(rows, causal, "silu", "max_len")
+    meta = _meta(rows, causal, "silu", "max_len", max_len)
     meta["HAS_BIAS"], meta["BIAS_GRAD"] = bias is not None, bias is not None and bias_grad
     return meta, broadcast_bias(bias, batch, rows.shape[1])
 
@@ -439,7 +439,8 @@ def _silu_forward(rows: list[Tensor], offsets: Tensor, bias: Tensor | None, norm
 
     STATS.calls += 1
     STATS.jagged += 1
-    meta, bias4 = _silu_operands(rows[0], offsets.shape[0] - 1, bias, causal, False)
+    meta, bias4 = _silu_operands(rows[0], offsets.shape[0] - 1, bias, causal, False,
+                                 int(norm))
     out, _ = _attention_forward(*rows, offsets, int(norm), scale, meta, bias4,
                                 pad_len=pad_len)
     return out
@@ -451,7 +452,8 @@ def _silu_grads(rows: list[Tensor], grad: Tensor, offsets: Tensor, bias: Tensor 
     """dq, dk, dv as ``[N, H, D]`` rows and, with ``bias_grad``, the bias's gradient in its
     own shape and dtype (written once per visible score into :func:`bias_grad_buffer`'s
     fp32 buffer, summed down to the bias's broadcast shape)."""
-    meta, bias4 = _silu_operands(rows[0], offsets.shape[0] - 1, bias, causal, bias_grad)
+    meta, bias4 = _silu_operands(rows[0], offsets.shape[0] - 1, bias, causal, bias_grad,
+                                 int(norm))
     meta, buffer, dbias4 = bias_grad_buffer(bias4, meta)
     lse = torch.zeros((rows[0].shape[1], 0), device=grad.device, dtype=torch.float32)
     # the silu backward reads no output or logsumexp (rows[0] stands in for the output)

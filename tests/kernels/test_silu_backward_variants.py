@@ -68,14 +68,15 @@ def test_fused_backward_equals_the_two_kernels_and_the_formula(causal, padded, m
 def test_fast_sigmoid_is_never_asked_of_the_interpreter_or_fp32(monkeypatch):
     monkeypatch.setattr(kernel, "FAST_SIGMOID", True)
     for dtype in (torch.float32, torch.bfloat16):
-        meta = kernel._meta(torch.zeros(2, 1, 16, dtype=dtype), True, "silu", "max_len")
+        meta = kernel._meta(torch.zeros(2, 1, 16, dtype=dtype), True, "silu", "max_len", 2)
         assert meta["FAST_SIGMOID"] is False  # this machine interprets; fp32 never
     monkeypatch.setattr(kernel, "is_interpreted", lambda: False)
     assert kernel._meta(torch.zeros(2, 1, 16, dtype=torch.bfloat16), True, "silu",
-                        "max_len")["FAST_SIGMOID"] is True
-    assert kernel._meta(torch.zeros(2, 1, 16), True, "silu", "max_len")["FAST_SIGMOID"] is False
+                        "max_len", 2)["FAST_SIGMOID"] is True
+    assert kernel._meta(torch.zeros(2, 1, 16), True, "silu", "max_len",
+                        2)["FAST_SIGMOID"] is False
     assert kernel._meta(torch.zeros(2, 1, 16, dtype=torch.bfloat16), True, "softmax",
-                        "max_len")["FAST_SIGMOID"] is False
+                        "max_len", 2)["FAST_SIGMOID"] is False
 
 
 def test_silu_variants_case_checks_every_variant_against_the_formula(tmp_path, monkeypatch):

@@ -7,10 +7,11 @@ rows the sequences cover and are exactly 0 on every other row, in both layouts: 
 values with rows before ``offsets[0]`` and spare slots past ``offsets[-1]`` (as many as
 the grid reaches with ``max_len`` alone, and more: ``grid_rows``), and padded rows read in
 place (a row's tail past its length, a length longer than the pad, rows past
-``B * pad_len``); for the softmax's two-kernel backward and every silu backward (key-block
-or two-kernel, dq fused with atomics into a zeroed fp32 buffer or from the dq kernel, the
-heads looped over a shared bias). And each launch those paths make compiles for sm_90
-(the interpreter accepts what the GPU compiler refuses)."""
+``B * pad_len``); for the softmax's backward (two kernels, or one adding dq with atomics
+into a zeroed fp32 buffer: ``FUSED_SOFTMAX_SHORT_ROWS``) and every silu backward (key-block
+or two-kernel, dq fused with atomics or from the dq kernel, the heads looped over a shared
+bias). And each launch those paths make compiles for sm_90 (the interpreter accepts what
+the GPU compiler refuses)."""
 
 from __future__ import annotations
 
@@ -58,7 +59,8 @@ def _scatter(x: torch.Tensor, rows: torch.Tensor, total: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("kind, key_block, fused, bias", [
-    ("softmax", False, False, False),
+    ("softmax", False, False, False),  # two kernels
+    ("softmax", False, True, False),   # one kernel, dq fused (atomics)
     ("silu", True, False, True),    # key-block backward, dq kernel, heads looped (bias)
     ("silu", True, True, False),    # key-block backward, dq fused (atomics)
     ("silu", False, False, False),  # two-kernel backward
@@ -74,6 +76,7 @@ def test_uncovered_rows_read_zero_and_the_rest_matches_the_reference(
     monkeypatch.setattr(kernel, "uninitialised", nan_buffers)
     monkeypatch.setattr(kernel, "SILU_KEY_BLOCK_BACKWARD", key_block)
     monkeypatch.setattr(kernel, "FUSED_SILU_BACKWARD", fused)
+    monkeypatch.setattr(kernel, "FUSED_SOFTMAX_SHORT_ROWS", fused)
     gen = fresh_generator()
     pad, causal = 17, kind == "silu"
     lengths = [5, 0, 17, 9] if layout == "packed" else [5, 0, 20, 9]
@@ -99,7 +102,8 @@ def test_uncovered_rows_read_zero_and_the_rest_matches_the_reference(
         if bias:
             torch.testing.assert_close(dbias, ref[4], rtol=1e-4, atol=1e-4)
     else:
-        meta = kernel._meta(x[0], causal, kind, "max_len")
+        meta = kernel._meta(x[0], causal, kind, "max_len", pad)
+        assert meta["FUSED_DQ"] is fused
         out, lse = kernel._attention_forward(*x[:3], offsets, pad, scale, meta,
                                              pad_len=pad_len)
         got = [out, *kernel._attention_backward(*x[:3], out, lse, x[3], offsets, pad, scale,
@@ -134,17 +138,19 @@ def test_spare_slots_through_the_autograd_function(monkeypatch, kind, causal):
         assert torch.equal(got[total:], torch.zeros_like(got[total:]))
 
 
-def test_a_batch_whose_kernels_do_not_run_reads_zero(monkeypatch):
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_batch_whose_kernels_do_not_run_reads_zero(monkeypatch, fused):
     """``max_len == 0`` (every sequence empty): nothing launches, so the buffers are
-    zeroed on the host instead (``written_rows(zeroed=True)``), not left NaN."""
+    zeroed on the host instead (``written_rows(zeroed=True)``), not left NaN; the
+    one-kernel softmax backward's dq too (its zeroed fp32 buffer, cast)."""
     monkeypatch.setattr(kernel, "uninitialised", nan_buffers)
     x = torch.randn(6, H, D)
     offsets = torch.zeros(3, dtype=torch.long)
-    meta = kernel._meta(x, False, "softmax", "max_len")
+    meta = {**kernel._meta(x, False, "softmax", "max_len", 0), "FUSED_DQ": fused}
     out, lse = kernel._attention_forward(x, x, x, offsets, 0, 1.0, meta)
     grads = kernel._attention_backward(x, x, x, out, lse, x, offsets, 0, 1.0, meta)
     for t in (out, *grads):
-        assert torch.equal(t, torch.zeros_like(t))
+        assert t.dtype == x.dtype and torch.equal(t, torch.zeros_like(t))
 
 
 def test_grid_rows_reach_every_row():
@@ -168,12 +174,12 @@ _HOPPER = HOPPER_DRIVER + textwrap.dedent("""
         for pad_len, spare in ((0, 5), (16, 0)):
             x = [torch.empty(B * L + spare, H, D, dtype=torch.bfloat16, device="meta")
                  for _ in range(3)]
-            meta = J._meta(x[0], True, "softmax", "max_len")
+            meta = J._meta(x[0], True, "softmax", "max_len", L)
             out, lse = J._attention_forward(*x, offsets, L, 0.1, meta, pad_len=pad_len)
             J._attention_backward(*x, out, lse, x[0], offsets, L, 0.1, meta,
                                   pad_len=pad_len)
             # a per-key bias (a region with padding representatives): KEY_BIAS's load
-            kmeta, kbias = ops._values_meta(x[0], offsets, False, key_bias)
+            kmeta, kbias = ops._values_meta(x[0], offsets, False, key_bias, L)
             out, lse = J._attention_forward(*x, offsets, L, 0.1, kmeta, bias=kbias,
                                             pad_len=pad_len)
             J._attention_backward(*x, out, lse, x[0], offsets, L, 0.1, kmeta, bias=kbias,
@@ -183,6 +189,14 @@ _HOPPER = HOPPER_DRIVER + textwrap.dedent("""
                 J.SILU_KEY_BLOCK_BACKWARD, J.FUSED_SILU_BACKWARD = key_block, fused
                 ops._silu_forward(x, offsets, b, L, 0.1, True, pad_len)
                 ops._silu_grads(x, x[0], offsets, b, L, 0.1, True, b is not None, pad_len)
+        # the one-kernel softmax backward of short rows (its in-kernel delta, dq's atomics)
+        # at TransAct's head dim, 48, with its per-key bias: one more dk/dv compile
+        J.FUSED_SOFTMAX_SHORT_ROWS = True
+        x = [torch.empty(B * L, H, 48, dtype=torch.bfloat16, device="meta") for _ in range(3)]
+        fmeta, fbias = ops._values_meta(x[0], offsets, False, key_bias, L)
+        assert fmeta["FUSED_DQ"] and not fmeta["SILU"], fmeta
+        lse = torch.empty(H, B * L, dtype=torch.float32, device="meta")
+        J._attention_backward(*x, x[0], lse, x[0], offsets, L, 0.1, fmeta, bias=fbias)
     # one compile per kernel and constexprs: the two layouts differ in run-time ints only
     # (pad_len, the buffer's rows), which change no code path, and each compile builds
     # every config of the kernel's autotuner (every launch twice took 75 s of the 2-core CI)
@@ -199,9 +213,10 @@ def test_the_kernels_compile_for_hopper_in_both_layouts(tmp_path: Path) -> None:
     give a variable different types: the first GPU run of the old zero-fill kernel failed
     so): each launch of the four kernels that zero their outputs' uncovered rows, packed
     (spare slots) and padded, softmax and silu, key-block and two-kernel backward, dq fused
-    or not, heads looped over a shared bias or not, a per-key bias (``KEY_BIAS``), compiles
-    for sm_90 at every config, no GPU needed (once per kernel and constexprs: the layouts
-    differ in run-time ints only)."""
+    or not, heads looped over a shared bias or not, a per-key bias (``KEY_BIAS``), and the
+    one-kernel softmax backward of short rows (``FUSED_SOFTMAX_SHORT_ROWS``, TransAct's head
+    dim and key bias), compiles for sm_90, no GPU needed (once per kernel and constexprs:
+    the layouts differ in run-time ints only)."""
     env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(tmp_path)}
     proc = subprocess.run([sys.executable, "-c", _HOPPER], env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=600)
