@@ -1,0 +1,174 @@
+"""The one-kernel softmax backward of short rows (``FUSED_SOFTMAX_SHORT_ROWS``: the dk/dv
+kernel computes ``delta = rowsum(O * dO)`` from each query block's rows and adds dq with
+atomics; the dq kernel does not run) computes what the two-kernel backward computes, and
+both what padded SDPA computes in fp32 with a key-padding mask: forward, dq, dk, dv and the
+bias's gradient, on fresh random rows of lengths 0..L (an empty row and a row of exactly L
+always among them), causal or not, without a bias, with a per-key bias (``KEY_BIAS``, a
+packed region's mask: ``-inf`` entries, a row whose every key is hidden) and with a full
+bias that takes a gradient. And the rule: one kernel for softmax at ``max_len <= 128`` and
+head dim <= 64, two otherwise, through each entry point that threads ``max_len``."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+from gemc.backends.triton import ops as _ops  # noqa: F401  (registers the gemc:: ops)
+from gemc.backends.triton import warm as W
+from gemc.backends.triton.config_choice import _KERNELS
+from gemc.backends.triton.jagged import jagged_to_padded_reference, padded_to_jagged_reference
+from kernel_helpers import fresh_generator
+
+kernel = importlib.import_module("gemc.backends.triton.jagged_attention")
+B, L, H, D = 5, 40, 2, 24  # 40 rows: three 16-row blocks (the interpreter's config), the
+SCALE = D ** -0.5          # last ragged; head dim 24 pads to 32 (a masked column tail)
+FWD, DQ, DKDV = (f"jagged_attention.{n}" for n in ("_fwd_kernel", "_bwd_dq_kernel",
+                                                     "_bwd_dkdv_kernel"))
+
+
+def _inputs(gen: torch.Generator, bias_kind: str):
+    lengths = torch.randint(0, L + 1, (B,), generator=gen)
+    lengths[0], lengths[1] = 0, L
+    # row 2 ends inside its second key block (a ragged one: the key bias hides all of it)
+    lengths[2] = int(torch.randint(17, 32, (1,), generator=gen))
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+    q, k, v, g = (torch.randn(int(lengths.sum()), H, D, generator=gen) for _ in range(4))
+    bias = None
+    if bias_kind == "key":  # [B, L] fp32 by key position, no gradient (a mask)
+        bias = 2 * torch.randn(B, L, generator=gen)
+        bias[torch.rand(B, L, generator=gen) < 0.3] = float("-inf")
+        bias[2] = float("-inf")  # a row none of whose keys any query sees
+    elif bias_kind == "full":  # shared by the heads: they add into one gradient block
+        bias = 0.5 * torch.randn(B, 1, L, L, generator=gen)
+    return lengths, offsets, (q, k, v), g, bias
+
+
+def _kernels(x, g, offsets, causal, bias_kind, bias, fused, monkeypatch):  # noqa: ANN001, ANN202
+    """out, dq, dk, dv (and the bias's gradient) by the kernels, and the kernels launched."""
+    monkeypatch.setattr(kernel, "FUSED_SOFTMAX_SHORT_ROWS", fused)
+    leaves = [t.clone().requires_grad_() for t in x]
+    with W.record_launches() as seen:
+        if bias_kind == "key":  # a packed region's attention with its key bias
+            out, _ = torch.ops.gemc.jagged_attention_values(*leaves, offsets, L, SCALE, causal,
+                                                            bias)
+        else:
+            if bias is not None:
+                bias = bias.clone().requires_grad_()
+                leaves.append(bias)
+            out = kernel.jagged_attention(*leaves[:3], offsets, L, scale=SCALE, causal=causal,
+                                          bias=bias)
+        grads = torch.autograd.grad(out, leaves, g)
+    return [out.detach(), *grads], [launch.kernel for launch in seen]
+
+
+def _sdpa(x, g, lengths, offsets, causal, bias_kind, bias):  # noqa: ANN001, ANN202
+    """Padded SDPA in fp32 with a key-padding (and causal) mask and the bias; a query that
+    sees no key gives 0 (what the kernels define), so its row's mask is made finite and
+    its output zeroed."""
+    leaves = [t.clone().requires_grad_() for t in x]
+    qp, kp, vp = (jagged_to_padded_reference(t, offsets, L).transpose(1, 2) for t in leaves)
+    pos = torch.arange(L)
+    visible = (pos[None, None, :] < lengths[:, None, None]).expand(B, L, L)[:, None]
+    if causal:
+        visible = visible & (pos[:, None] >= pos[None, :])
+    add = torch.zeros(())
+    if bias_kind == "key":
+        add = bias[:, None, None, :]
+        visible = visible & (add > float("-inf"))
+    elif bias_kind == "full":
+        add = bias.clone().requires_grad_()
+        leaves.append(add)
+    alive = visible.any(-1, keepdim=True)
+    mask = torch.where(alive, torch.where(visible, add, float("-inf")), 0.0)
+    out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, scale=SCALE) * alive
+    out = padded_to_jagged_reference(out.transpose(1, 2), offsets, int(lengths.sum()))
+    return [out.detach(), *torch.autograd.grad(out, leaves, g)]
+
+
+@pytest.mark.parametrize("bias_kind", ["none", "key", "full"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_one_kernel_equals_the_two_kernels_and_padded_sdpa(causal, bias_kind, monkeypatch):
+    lengths, offsets, x, g, bias = _inputs(fresh_generator(), bias_kind)
+    one, launched_one = _kernels(x, g, offsets, causal, bias_kind, bias, True, monkeypatch)
+    two, launched_two = _kernels(x, g, offsets, causal, bias_kind, bias, False, monkeypatch)
+    ref = _sdpa(x, g, lengths, offsets, causal, bias_kind, bias)
+    assert launched_one == [FWD, DKDV] and launched_two == [FWD, DQ, DKDV]
+    assert len(one) == len(two) == len(ref) == (5 if bias_kind == "full" else 4)
+    for name, a, b, r in zip(("out", "dq", "dk", "dv", "dbias"), one, two, ref):
+        assert a.dtype == r.dtype and a.shape == r.shape, name
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5,
+                                   msg=lambda m, n=name: f"{n}, one kernel vs two: {m}")
+        torch.testing.assert_close(a, r, rtol=1e-4, atol=1e-4,
+                                   msg=lambda m, n=name: f"{n}, one kernel vs SDPA: {m}")
+    # the row of exactly L has a dq (not an all-zero buffer that matched by luck)
+    assert one[1][int(offsets[1]):int(offsets[2])].abs().max() > 0
+
+
+def _fused(kind: str, max_len: int, head_dim: int) -> bool:
+    q = torch.zeros(1, 2, head_dim, dtype=torch.bfloat16)
+    return kernel._meta(q, False, kind, "max_len", max_len)["FUSED_DQ"]
+
+
+def test_the_rule_picks_one_kernel_for_short_softmax_rows(monkeypatch):
+    """One kernel at ``max_len <= 128`` and head dim <= 64 (TransAct's 100 and 48
+    included), not at 129, not at head dim 128 (or 65: padded to 128), not for an empty
+    call, not for silu (its own switch, ``FUSED_SILU_BACKWARD``, off), nowhere with the
+    switch off."""
+    monkeypatch.setattr(kernel, "FUSED_SOFTMAX_SHORT_ROWS", True)
+    assert _fused("softmax", 128, 64) and _fused("softmax", 100, 48) and _fused("softmax", 1, 8)
+    assert not _fused("softmax", 129, 64) and not _fused("softmax", 128, 128)
+    assert not _fused("softmax", 64, 65) and not _fused("softmax", 0, 48)
+    assert not _fused("silu", 64, 48)
+    monkeypatch.setattr(kernel, "FUSED_SOFTMAX_SHORT_ROWS", False)
+    assert not _fused("softmax", 100, 48)
+
+
+@pytest.mark.parametrize("max_len, launched", [(128, [FWD, DKDV]), (129, [FWD, DQ, DKDV])])
+def test_each_entry_point_threads_max_len_to_the_rule(max_len, launched, monkeypatch):
+    """The public function, the packed-values op (with and without a key bias) and the
+    padded op each decide by their own ``max_len``: one row of 3 tokens, the grid sized by
+    ``max_len``, launches the dq kernel at 129 and not at 128."""
+    monkeypatch.setattr(kernel, "FUSED_SOFTMAX_SHORT_ROWS", True)
+    gen = fresh_generator()
+    offsets = torch.tensor([0, 3])
+    q, k, v = (torch.randn(3, H, 8, generator=gen, requires_grad=True) for _ in range(3))
+    padded = [torch.randn(1, H, 3, 8, generator=gen, requires_grad=True) for _ in range(3)]
+    key_bias = torch.zeros(1, max_len)
+    calls = [
+        lambda: kernel.jagged_attention(q, k, v, offsets, max_len),
+        lambda: torch.ops.gemc.jagged_attention_values(q, k, v, offsets, max_len, 0.3)[0],
+        lambda: torch.ops.gemc.jagged_attention_values(q, k, v, offsets, max_len, 0.3, False,
+                                                       key_bias)[0],
+        lambda: torch.ops.gemc.jagged_attention(*padded, offsets, 1, max_len, 0.3)[0],
+    ]
+    for call in calls:
+        with W.record_launches() as seen:
+            call().sum().backward()
+        assert [launch.kernel for launch in seen] == launched
+
+
+def test_a_timed_run_of_the_one_kernel_starts_from_zeroed_dq_and_shared_bias_gradient():
+    """Autotuning runs the dk/dv kernel several times: with dq fused it adds into dq and
+    (heads sharing the bias) into the bias's gradient, so both are zeroed before each
+    timed run; the two-kernel path's dk/dv kernel writes neither (the dq kernel, launched
+    first, wrote them), so it zeroes neither."""
+    _, tuner = _KERNELS["jagged_attention._bwd_dkdv_kernel"]
+    args = {"SILU": False, "BIAS_GRAD": True, "BIAS_GRAD_ADD": True}
+    dq, dbias = torch.ones(3), torch.ones(2)
+    tuner.pre_hook({**args, "DQ": dq, "DBIAS": dbias, "FUSED_DQ": False}, reset_only=True)
+    assert torch.equal(dq, torch.ones(3)) and torch.equal(dbias, torch.ones(2))
+    tuner.pre_hook({**args, "DQ": dq, "DBIAS": dbias, "FUSED_DQ": True}, reset_only=True)
+    assert torch.equal(dq, torch.zeros(3)) and torch.equal(dbias, torch.zeros(2))
+
+
+def test_the_switch_reads_1_or_0_and_refuses_anything_else(monkeypatch):
+    monkeypatch.delenv(kernel.FUSED_SOFTMAX_ENV, raising=False)
+    assert kernel._fused_softmax_from_env() is True
+    for value, on in (("0", False), ("1", True), (" 1 ", True)):
+        monkeypatch.setenv(kernel.FUSED_SOFTMAX_ENV, value)
+        assert kernel._fused_softmax_from_env() is on
+    monkeypatch.setenv(kernel.FUSED_SOFTMAX_ENV, "yes")
+    with pytest.raises(ValueError, match="GEMC_FUSED_SOFTMAX_SHORT_ROWS='yes'"):
+        kernel._fused_softmax_from_env()
