@@ -15,9 +15,9 @@ import importlib
 import pytest
 import torch
 import torch.nn.functional as F
+from gemc.backends.triton import config_choice as cc
 from gemc.backends.triton import ops as _ops  # noqa: F401  (registers the gemc:: ops)
 from gemc.backends.triton import warm as W
-from gemc.backends.triton.config_choice import _KERNELS
 from gemc.backends.triton.jagged import jagged_to_padded_reference, padded_to_jagged_reference
 from kernel_helpers import fresh_generator
 
@@ -154,7 +154,7 @@ def test_a_timed_run_of_the_one_kernel_starts_from_zeroed_dq_and_shared_bias_gra
     (heads sharing the bias) into the bias's gradient, so both are zeroed before each
     timed run; the two-kernel path's dk/dv kernel writes neither (the dq kernel, launched
     first, wrote them), so it zeroes neither."""
-    _, tuner = _KERNELS["jagged_attention._bwd_dkdv_kernel"]
+    _, tuner = cc._KERNELS["jagged_attention._bwd_dkdv_kernel"]
     args = {"SILU": False, "BIAS_GRAD": True, "BIAS_GRAD_ADD": True}
     dq, dbias = torch.ones(3), torch.ones(2)
     tuner.pre_hook({**args, "DQ": dq, "DBIAS": dbias, "FUSED_DQ": False}, reset_only=True)
