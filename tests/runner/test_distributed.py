@@ -14,8 +14,8 @@ world      tables t0..t5                                      dense regions / op
            table_wise@0, table_row_wise, grid 2x1            (top.2) ddp inside it, bottom
                                                              ddp, root fsdp (owns nothing:
                                                              not wrapped); lazy Adam
-2  resume  plan "b": 6 steps with checkpoints every 3,       must equal "b" steps 7..12
-           then --resume to 12 (in-process)                 exactly
+2  resume  plan "b": 4 steps with checkpoints every 2,       must equal "b" steps 5..8 
+           then --resume to 8 (in-process)                  exactly
 2  reshard plan "a" 4 steps, checkpoint; resumed under plan  steps 5..8 must match the
            "b" (other shardings, FSDP) to 8; then resumed    reference: DCP reshards the
            on one process (no process group) to 10          tables and dense state
@@ -27,7 +27,7 @@ world      tables t0..t5                                      dense regions / op
            data_parallel                                     row-wise Adagrad
 =========  ================================================  ===========================
 
-Each trains 12 steps (GEM 5); the mean-over-ranks loss of every step must match
+Each trains 8 steps (GEM 5); the mean-over-ranks loss of every step must match
 ``reference.reference_losses`` (one process, the W batches of a step averaged) to rtol 1e-4.
 """
 
@@ -45,7 +45,7 @@ from gemc.api import load_model
 from gemc.plan import write_plan
 from tests.runner.harness import MODEL, REPO, run_scenarios, variant
 
-STEPS = 12
+STEPS = 8
 RESUME_AT = STEPS // 2  # the resumed scenarios stop here (a checkpoint every half of it)
 ADAM = {"embedding": {"kind": "adam", "lr": 0.01}}
 GEM = f"{REPO / 'examples' / 'gem' / 'model.py'}:build"
