@@ -159,11 +159,11 @@ KEY_BLOCK_ENV = "GEMC_SILU_KEY_BLOCK_BACKWARD"
 FUSED_SOFTMAX_ENV = "GEMC_FUSED_SOFTMAX_SHORT_ROWS"
 
 
-def _switch_from_env(name: str, on: str, off: str) -> bool:
-    """Environment switch ``name`` = 1 (``on``) / 0 (``off``), unset: on; read at import: a
-    benchmark times both settings on one model, each in its own process. Anything else is
-    refused by name rather than read as either."""
-    value = os.environ.get(name, "1").strip()
+def _switch_from_env(name: str, on: str, off: str, default: str = "1") -> bool:
+    """Environment switch ``name`` = 1 (``on``) / 0 (``off``), unset: ``default``; read at
+    import: a benchmark times both settings on one model, each in its own process. Anything
+    else is refused by name rather than read as either."""
+    value = os.environ.get(name, default).strip()
     if value not in ("0", "1"):
         raise ValueError(f"{name}={value!r}: set it to 1 ({on}) or 0 ({off}), or unset it")
     return value == "1"
@@ -176,9 +176,9 @@ def _key_block_from_env() -> bool:
 
 
 def _fused_softmax_from_env() -> bool:
-    """``GEMC_FUSED_SOFTMAX_SHORT_ROWS`` (:func:`_switch_from_env`)."""
+    """``GEMC_FUSED_SOFTMAX_SHORT_ROWS`` (:func:`_switch_from_env`; unset: off)."""
     return _switch_from_env(FUSED_SOFTMAX_ENV, "the one-kernel softmax backward of short rows",
-                            "the two-kernel one")
+                            "the two-kernel one", default="0")
 
 
 SILU_KEY_BLOCK_BACKWARD = _key_block_from_env()
@@ -212,10 +212,14 @@ arithmetic, not a measurement); O's rows read once per key block instead of once
 score tile live in the dk/dv kernel; and a dq whose sum order, so its last bits, varies
 from run to run. The rule is scoped to the short rows the issue measured (where each
 program does one or two tiles); longer rows keep the measured two-kernel path until the
-one kernel is timed there too. Not yet measured: the lead engineer times it against the
-two-kernel path on an H100 (``benchmarks/launch_overhead_probe.py --transact``, with
-``GEMC_FUSED_SOFTMAX_SHORT_ROWS=0`` for the two kernels); no speedup is claimed until then.
-``GEMC_FUSED_SOFTMAX_SHORT_ROWS=0`` runs the two-kernel backward everywhere."""
+one kernel is timed there too. **Off by default**: neither timed nor run on a GPU yet (the
+twenty-ninth session's device calls for it found no machine). Its tests pass in Triton's
+interpreter, which runs the atomics one at a time, and it compiles for sm_90; the silu
+variant of the same fusion gave wrong gradients on the H200 that the interpreter never
+showed (:data:`FUSED_SILU_BACKWARD`). The call that decides it, on an H100:
+``bash benchmarks/h100_session29.sh 4`` (TransAct's region attention with it on and off,
+``attention_gpu_time.py``; its tests on the GPU). ``GEMC_FUSED_SOFTMAX_SHORT_ROWS=1`` turns
+it on."""
 
 
 def written_rows(like: torch.Tensor, count: int = 1, zeroed: bool = False
