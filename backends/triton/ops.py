@@ -115,7 +115,14 @@ def register_group(entry: dict[str, Any], impl: Any) -> str:
 
 
 def register_table(name: str, module: Any) -> None:
-    """Make ``gemc::embedding_bag`` run ``module`` (a BatchedEmbeddingBag) under ``name``."""
+    """Make ``gemc::embedding_bag`` run ``module`` (a BatchedEmbeddingBag) under ``name``,
+    its launch layout made now, ahead of any graph. Why: the module makes its layout's five
+    small tensors at its first lookup and keeps them; made inside a compiled graph's first
+    run under CUDA graphs (``torch.compile(mode="reduce-overhead")``), they were tensors of
+    the graph's memory pool that outlive the run without being its outputs, which the
+    CUDA-graph trees refuse (TransAct's gemc-cudagraphs step on an H100, twenty-ninth
+    session: "Detected 5 tensor(s) in the cudagraph pool not tracked as outputs")."""
+    module.layout()
     _TABLES[name] = module
 
 

@@ -81,6 +81,34 @@ def test_fused_group_op_matches_its_autograd_function_and_passes_opcheck(kind):
         torch.testing.assert_close(g, r)
 
 
+def test_a_groups_backward_with_an_unused_output_keeps_no_tensor():
+    """A group of two outputs whose first has no gradient (a zero scalar stands in for
+    it): the gradients are the autograd function's, and the launcher keeps no tensor of
+    the call (under CUDA graphs one kept from a graph's first run outlives the run in the
+    graph's memory pool, which the CUDA-graph trees refuse)."""
+    gm, entries, _ = _gem()
+    entry = next(e for e in entries if len(e.get("binding", {}).get("outputs", [])) >= 2)
+    code = entry.get("code") or generated(entry["structure"])[0]
+    run = make_runner(code, entry["binding"])
+    key = gemc_ops.register_group(entry, run.impl)
+    inputs = _inputs(gm, entry, 0)
+    floats = [t for t in inputs if t.requires_grad]
+    expected = run(*inputs)
+    got = torch.ops.gemc.fused_group(key, inputs, "")[:len(expected)]
+    weight = torch.randn_like(expected[-1])
+    ref = torch.autograd.grad(expected[-1], floats, weight, allow_unused=True)
+    grads = torch.autograd.grad(got[-1], floats, weight, allow_unused=True)
+    for r, g in zip(ref, grads):
+        if r is None:
+            assert g is None or not g.any()
+        else:
+            torch.testing.assert_close(g, r)
+    kept = [name for name, value in vars(run.impl).items()
+            if isinstance(value, torch.Tensor) or isinstance(value, dict) and any(
+                isinstance(x, torch.Tensor) for x in value.values())]
+    assert not kept, kept
+
+
 def test_jagged_attention_op_matches_the_kernel_and_passes_opcheck():
     b, h, length, d = 3, 2, 8, 16
     g = torch.Generator().manual_seed(1)
@@ -468,6 +496,27 @@ def test_embedding_bag_op_looks_up_and_its_backward_is_the_fused_optimizer_step(
     torch.testing.assert_close(ops_module.weights, twin.weights)
     torch.testing.assert_close(ops_module.momentum1, twin.momentum1)
     assert not torch.equal(ops_module.weights, module().weights)  # the step did move them
+
+
+def test_a_registered_tables_lookup_makes_and_keeps_no_tensor():
+    """``register_table`` makes the module's launch layout ahead of any graph, so a lookup
+    through ``gemc::embedding_bag`` keeps no tensor it made (under CUDA graphs, one made in
+    a graph's first run and kept is refused: TransAct's layout, five tensors)."""
+    from gemc.backends.triton.embedding_bag import BatchedEmbeddingBag
+
+    m = BatchedEmbeddingBag([(10, 4), (6, 4)], pooling="sum", optimizer="rowwise_adagrad",
+                            lr=0.1, eps=1e-8, weight_decay=0.0)
+    m.reset_parameters()
+    assert not m._layouts
+    gemc_ops.register_table("test_bags_layout", m)
+    kept = {k: [id(t) for t in vars(v).values() if isinstance(t, torch.Tensor)]
+            for k, v in m._layouts.items()}
+    assert kept and all(len(ids) == 5 for ids in kept.values())
+    ids, offsets = torch.tensor([1, 3, 0, 5]), torch.tensor([0, 2, 3, 3, 4])
+    torch.ops.gemc.embedding_bag("test_bags_layout", m.weights, m.momentum1, m.momentum2,
+                                 ids, offsets, None, m._anchor)
+    assert {k: [id(t) for t in vars(v).values() if isinstance(t, torch.Tensor)]
+            for k, v in m._layouts.items()} == kept
 
 
 def test_bag_inputs_op_lays_out_the_batched_lookup_as_the_interpreter_does():

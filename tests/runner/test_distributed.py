@@ -14,7 +14,7 @@ world      tables t0..t5                                      dense regions / op
            table_wise@0, table_row_wise, grid 2x1            (top.2) ddp inside it, bottom
                                                              ddp, root fsdp (owns nothing:
                                                              not wrapped); lazy Adam
-2  resume  plan "b": 4 steps with checkpoints every 2,       must equal "b" steps 5..8 
+2  resume  plan "b": 4 steps with checkpoints every 2,       must equal "b" steps 5..8
            then --resume to 8 (in-process)                  exactly
 2  reshard plan "a" 4 steps, checkpoint; resumed under plan  steps 5..8 must match the
            "b" (other shardings, FSDP) to 8; then resumed    reference: DCP reshards the
