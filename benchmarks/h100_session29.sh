@@ -45,7 +45,7 @@ if [ "$part" = 1 ]; then
 fi
 if [ "$part" = 3 ] || [ "$part" = 4 ]; then
   for fused in 1 0; do
-    GEMC_FUSED_SOFTMAX_SHORT_ROWS=$fused timeout 100 python3 benchmarks/attention_gpu_time.py \
+    GEMC_FUSED_SOFTMAX_SHORT_ROWS=$fused timeout 80 python3 benchmarks/attention_gpu_time.py \
       --models transact --defaults-only --out "$OUT/agt_transact_fused$fused.json" \
       > "/tmp/agt$fused.log" 2>&1
     echo "== TransAct attention, fused softmax backward $fused (exit $?, $((SECONDS - t0)) s)"
@@ -57,7 +57,7 @@ round(r.get('kernels_ms') or 0, 3), round(r.get('host_ms') or 0, 3), \
   done
   tests=(tests/kernels/test_fused_softmax_backward.py)
   [ "$part" = 3 ] && tests+=(tests/kernels/test_jagged_attention.py tests/kernels/test_custom_ops.py)
-  GEMC_TEST_DEVICE=cuda timeout 120 python3 -m pytest -q -rf -p no:cacheprovider -n 0 \
+  GEMC_TEST_DEVICE=cuda timeout 70 python3 -m pytest -q -rf -p no:cacheprovider -n 0 \
     "${tests[@]}" > "$OUT/tests3.log" 2>&1
   echo "== fused softmax, jagged attention, values ops on the GPU (exit $?, $((SECONDS - t0)) s)"
   grep -E "passed|failed|FAILED|Error" "$OUT/tests3.log" | tail -8 | cut -c1-300

@@ -44,17 +44,31 @@ class QueryPaddingStats:
     def __init__(self) -> None:
         self._counts: dict[torch.device, torch.Tensor] = {}
 
+    def prepare(self, device: torch.device | str) -> None:
+        """Make ``device``'s counts now, ahead of any compiled graph. Why: counts made at a
+        graph's first run under CUDA graphs (``torch.compile(mode="reduce-overhead")``)
+        would be a tensor of the graph's memory pool that outlives the run without being
+        its output, which the CUDA-graph trees refuse (as they refused the embedding
+        module's layout, twenty-ninth session); made before, the replayed graph adds into
+        them as the eager call does."""
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        if device not in self._counts:
+            self._counts[device] = torch.zeros(3, dtype=torch.int64, device=device)
+
     def add(self, bad_rows: torch.Tensor) -> None:
         """Count one guarded call whose rows ``bad_rows`` (bool ``[B]``) fell back."""
-        counts = self._counts.get(bad_rows.device)
-        if counts is None:
-            counts = self._counts[bad_rows.device] = torch.zeros(
-                3, dtype=torch.int64, device=bad_rows.device)
+        self.prepare(bad_rows.device)
+        counts = self._counts[bad_rows.device]
         n = bad_rows.sum().to(torch.int64)
         counts.add_(torch.stack([torch.ones_like(n), (n > 0).to(torch.int64), n]))
 
     def reset(self) -> None:
-        self._counts.clear()
+        """Zero the counts in place: a compiled graph (a CUDA graph's replay) keeps adding
+        into the tensors it was built with."""
+        for counts in self._counts.values():
+            counts.zero_()
 
     def as_dict(self) -> dict[str, int]:
         total = [0, 0, 0]

@@ -316,12 +316,18 @@ def test_inductor_graph_calls_the_custom_op_and_matches_eager(scramble: bool):
     inputs = batch("bool", [5, 0, 7, 1], torch.Generator().manual_seed(fresh_seed()), scramble)
     ref, grads = eager_step(model, inputs)
     runner, _ = runner_for(gm, entries, params_of(model))
+    jqa.STATS._counts.clear()  # none from earlier tests
     built = build_graph(runner)
     assert "query_attention(" in built.module.code
+    # the guard's counts are made when the graph is built, not in its first run (under CUDA
+    # graphs a tensor made there and kept is refused), and a reset keeps them
+    made = {device: id(counts) for device, counts in jqa.STATS._counts.items()}
+    assert made, "no counts made at build time"
     jqa.STATS.reset()
     loss = torch.compile(built.module, dynamic=False, backend="inductor")(*inputs)
     torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-5)
     loss.backward()
+    assert {device: id(counts) for device, counts in jqa.STATS._counts.items()} == made
     assert jqa.STATS.as_dict()["calls"] == 1  # the guard ran inside the compiled graph
     assert (jqa.STATS.as_dict()["fallback_rows"] > 0) == scramble
     for k, p in model.named_parameters():

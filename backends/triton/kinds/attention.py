@@ -402,7 +402,11 @@ def query_run(runner: GraphRunner, unit: Unit, env: Env) -> None:
 
 
 def query_emit(emitter: Emitter, unit: Unit) -> None:
+    from ..jagged_query_attention import STATS
+
     e = unit["entry"]
+    if e.get("mask"):  # its per-row check counts on the device: counts made before the graph
+        STATS.prepare(emitter.device)
     q, k, v, lengths_from = (emitter.operand(name) for name in _operands(e))
     emitter.output(e["output"], emitter.call(query_attention,
                                              (q, k, v, lengths_from, *_query_args(e))))
