@@ -69,6 +69,7 @@ from .jagged_attention import (
     bias_grad_buffer,
     bias_grad_sum,
     broadcast_bias,
+    last_dim_contiguous,
 )
 from .packed_tokens import TokenLayout
 from .rep_key_bias import rep_key_bias_op as rep_key_bias_op  # noqa: F401 - registers it
@@ -340,15 +341,6 @@ jagged_attention.register_autograd(_attention_backward_formula, setup_context=_a
 # ---- jagged attention over packed values (inside a packed token region) ---------------------
 
 
-def _rows_readable(grad: Tensor) -> Tensor:
-    """An output gradient as the backward kernels read it: any token and head strides, the
-    head dim contiguous. Why not ``contiguous()``: a packed region's attention output leaves
-    as a ``[1, H, T, D]`` view of ``[T, H, D]`` rows, so its gradient arrives head-major and
-    a copy of it (TransAct's ~0.2 M tokens: 40 MB each way) cost 0.053 ms of the region's
-    0.644-ms fwd+bwd on an H100 (twenty-eighth session, ``attention_gpu_time.py``)."""
-    return grad if grad.stride(-1) == 1 else grad.contiguous()
-
-
 def _values_meta(q: Tensor, offsets: Tensor, causal: bool, key_bias: Tensor | None,
                  max_len: int) -> tuple[dict[str, Any], Tensor | None]:
     """The kernels' meta-parameters and ``[B, H, Lb, Lb]`` bias view of a values call: a
@@ -373,7 +365,7 @@ def jagged_attention_values(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, ma
     query with none gives 0), a region with padding representatives' attention, each
     representative key biased by the log of the kept keys it stands for
     (``packed_tokens.rep_key_bias``)."""
-    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    q, k, v = map(last_dim_contiguous, (q, k, v))
     meta, bias = _values_meta(q, offsets, causal, key_bias, max_len)
     out, lse = _attention_forward(q, k, v, offsets, max_len, scale, meta, bias)
     return out.contiguous(), lse.contiguous()
@@ -392,10 +384,10 @@ def jagged_attention_values_backward(q: Tensor, k: Tensor, v: Tensor, offsets: T
                                      scale: float, causal: bool = False,
                                      key_bias: Tensor | None = None
                                      ) -> tuple[Tensor, Tensor, Tensor]:
-    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    q, k, v = map(last_dim_contiguous, (q, k, v))
     meta, bias = _values_meta(q, offsets, causal, key_bias, max_len)
-    grads = _attention_backward(q, k, v, out, lse, _rows_readable(grad), offsets, max_len,
-                                scale, meta, bias)
+    grads = _attention_backward(q, k, v, out, lse, last_dim_contiguous(grad), offsets,
+                                max_len, scale, meta, bias)
     return tuple(g.contiguous() for g in grads)  # type: ignore[return-value]
 
 
@@ -432,8 +424,7 @@ jagged_attention_values.register_autograd(_values_backward, setup_context=_value
 def _padded_rows(x: Tensor) -> Tensor:
     """``[B, L, H, D]`` -> ``[B * L, H, D]``: a view where the layout allows (the model's
     projection output usually does), its last dimension contiguous."""
-    rows = x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
-    return rows if rows.stride(-1) == 1 else rows.contiguous()
+    return last_dim_contiguous(x.reshape(x.shape[0] * x.shape[1], *x.shape[2:]))
 
 
 def _silu_operands(rows: Tensor, batch: int, bias: Tensor | None, causal: bool,
@@ -591,7 +582,7 @@ def jagged_silu_attention_values(q: Tensor, k: Tensor, v: Tensor, offsets: Tenso
     values op next to the padded one: inside a region q, k, v already are the real tokens,
     so no padded tensor is read or written around the attention."""
     _check_silu_values(q, k, v, offsets)
-    rows = [(x if x.stride(-1) == 1 else x.contiguous()).to(q.dtype) for x in (q, k, v)]
+    rows = [last_dim_contiguous(x).to(q.dtype) for x in (q, k, v)]
     return _silu_forward(rows, offsets, bias, norm, scale, causal, 0)
 
 
@@ -609,9 +600,9 @@ def jagged_silu_attention_values_backward(q: Tensor, k: Tensor, v: Tensor, offse
                                           ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Gradients of the values ``q, k, v`` (zero on spare slots) and, with ``bias_grad``,
     of ``bias`` (else an empty tensor)."""
-    rows = [(x if x.stride(-1) == 1 else x.contiguous()).to(q.dtype) for x in (q, k, v)]
-    grads, dbias = _silu_grads(rows, _rows_readable(grad.to(q.dtype)), offsets, bias, norm,
-                               scale, causal, bias_grad, 0)
+    rows = [last_dim_contiguous(x).to(q.dtype) for x in (q, k, v)]
+    grads, dbias = _silu_grads(rows, last_dim_contiguous(grad.to(q.dtype)), offsets, bias,
+                               norm, scale, causal, bias_grad, 0)
     dq, dk, dv = (g.to(x.dtype) for g, x in zip(grads, (q, k, v)))
     return dq, dk, dv, q.new_empty(0) if dbias is None else dbias
 
@@ -654,7 +645,7 @@ def jagged_query_attention(q: Tensor, k: Tensor, v: Tensor, query_lengths: Tenso
     """Padded queries ``[B, H, L, D]`` (rows ``< query_lengths[b]`` real) over dense ``k, v
     [B, H, M, D]``: the output (zero on padding rows) and the row logsumexp ``[B * H, L]``."""
     keys = _dense_keys(q, k)
-    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    q, k, v = map(last_dim_contiguous, (q, k, v))
     out, lse = _varlen_forward(q, k, v, keys, query_lengths.to(torch.int32), scale)
     return out.contiguous(), lse.contiguous()
 
@@ -675,7 +666,7 @@ def jagged_query_attention_backward(q: Tensor, k: Tensor, v: Tensor, query_lengt
                                     out: Tensor, lse: Tensor, grad: Tensor, scale: float
                                     ) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients of ``q, k, v`` (zero on padding query rows: their output is a constant)."""
-    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    q, k, v = map(last_dim_contiguous, (q, k, v))
     grads = _varlen_backward(q, k, v, _dense_keys(q, k), query_lengths.to(torch.int32), out,
                              lse, grad, scale)
     return tuple(g.contiguous() for g in grads)  # type: ignore[return-value]
@@ -712,7 +703,7 @@ def key_lengths_attention(q: Tensor, k: Tensor, v: Tensor, key_lengths: Tensor,
     ``k, v [B, H, L, D]``: the output and the row logsumexp ``[B * H, M]``. A guarded
     key-padding attention whose mask the check ahead of the compiled graph found a prefix
     (or compacted to one): static shapes, no host read, so Inductor compiles around it."""
-    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    q, k, v = map(last_dim_contiguous, (q, k, v))
     out, lse = _varlen_forward(q, k, v, key_lengths.to(torch.int32), None, scale)
     return out.contiguous(), lse.contiguous()
 
@@ -728,7 +719,7 @@ def key_lengths_attention_backward(q: Tensor, k: Tensor, v: Tensor, key_lengths:
                                    out: Tensor, lse: Tensor, grad: Tensor, scale: float
                                    ) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients of ``q, k, v`` (keys past a row's length get zero)."""
-    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    q, k, v = map(last_dim_contiguous, (q, k, v))
     grads = _varlen_backward(q, k, v, key_lengths.to(torch.int32), None, out, lse, grad,
                              scale)
     return tuple(g.contiguous() for g in grads)  # type: ignore[return-value]

@@ -82,9 +82,8 @@ def test_fused_group_op_matches_its_autograd_function_and_passes_opcheck(kind):
 
 
 def test_a_groups_backward_with_an_unused_output_keeps_no_tensor():
-    """A group of two outputs whose first has no gradient (a zero scalar stands in for
-    it): the gradients are the autograd function's, and the launcher keeps no tensor of
-    the call (under CUDA graphs one kept from a graph's first run outlives the run in the
+    """A group of two outputs whose first has no gradient: the gradients are the autograd
+    function's, and the launcher keeps no tensor of the call (under CUDA graphs one kept from a graph's first run outlives the run in the
     graph's memory pool, which the CUDA-graph trees refuse)."""
     gm, entries, _ = _gem()
     entry = next(e for e in entries if len(e.get("binding", {}).get("outputs", [])) >= 2)
