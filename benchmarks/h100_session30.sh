@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Thirtieth session's device calls (issue 17), each < 10 min:
+#   bash benchmarks/h100_session30.sh 1   # what s29 built and could not run: TransAct's
+#       # region attention with the one-kernel softmax backward of short rows on and off
+#       # (GEMC_FUSED_SOFTMAX_SHORT_ROWS=1 / 0; attention_gpu_time.py); the attention
+#       # kernels', values ops' and fused backward's tests on the GPU; TransAct's step,
+#       # gemc and gemc-cudagraphs, on one machine, after register_table made the bags'
+#       # layout ahead of the graph
+set -uo pipefail
+source scripts/device_record.sh
+t0=$SECONDS
+part=${1:-1}
+
+step() {  # $1 model, $2 variant, $3 timeout, $4 steps, $5 warmup: one zoo.py step figure
+  timeout "$3" python3 benchmarks/zoo.py --out "/tmp/$1_$2" --models "$1" --variants "$2" \
+    --steps "$4" --warmup "$5" > "/tmp/$1_$2.log" 2>&1
+  echo "== $1 $2 (exit $?, $((SECONDS - t0)) s)"
+  cp "/tmp/$1_$2/zoo.json" "$OUT/$1_$2.json" 2>/dev/null
+  tail -c 20000 "/tmp/$1_$2.log" > "$OUT/$1_$2.log.tail" 2>/dev/null
+  python3 -c "import json,sys; v=json.load(open(sys.argv[1]))['variants'][sys.argv[2]][0]; \
+print(v.get('step_ms'), [round(x, 2) for x in v.get('step_ms_all', [])], \
+(v.get('losses') or [None])[-1], str(v.get('error', ''))[:300])" "$OUT/$1_$2.json" "$1"
+  grep -E "Error|error|Warning: .*fell back|cudagraph" "/tmp/$1_$2.log" | sort | uniq -c \
+    | sort -rn | head -6 | cut -c1-300
+}
+
+agt() {  # $1 GEMC_FUSED_SOFTMAX_SHORT_ROWS: TransAct's region attention, GPU and host time
+  GEMC_FUSED_SOFTMAX_SHORT_ROWS=$1 timeout 75 python3 benchmarks/attention_gpu_time.py \
+    --models transact --defaults-only --out "$OUT/agt_transact_fused$1.json" \
+    > "/tmp/agt$1.log" 2>&1
+  echo "== TransAct attention, fused softmax backward $1 (exit $?, $((SECONDS - t0)) s)"
+  tail -c 4000 "/tmp/agt$1.log" > "$OUT/agt$1.log.tail"
+  python3 -c "import json,sys; d=json.load(open(sys.argv[1]))['models']['transact']; \
+f=lambda x: round(x, 3) if isinstance(x, float) else str(x)[:60]; \
+[print(r['variant'][:40], f(r.get('do_bench_ms')), f(r.get('graph_ms')), f(r.get('kernels_ms')), \
+f(r.get('host_ms')), [(n[:22], round(ms, 4)) for n, ms in r.get('top', [])[:6]]) for r in d['rows']]" \
+    "$OUT/agt_transact_fused$1.json" 2>&1 | cut -c1-400
+}
+
+if [ "$part" = 1 ]; then
+  agt 1
+  agt 0
+  GEMC_TEST_DEVICE=cuda timeout 80 python3 -m pytest -q -rf -p no:cacheprovider -n 0 \
+    tests/kernels/test_fused_softmax_backward.py tests/kernels/test_jagged_attention.py \
+    tests/kernels/test_custom_ops.py > "$OUT/tests.log" 2>&1
+  echo "== fused softmax, jagged attention, values ops on the GPU (exit $?, $((SECONDS - t0)) s)"
+  grep -E "passed|failed|FAILED|Error" "$OUT/tests.log" | tail -8 | cut -c1-300
+  step transact gemc 140 10 3
+  step transact gemc-cudagraphs 160 10 3
+fi
