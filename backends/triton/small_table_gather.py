@@ -51,9 +51,12 @@ class RowSumsLaunch:
 
 @triton.jit
 def _load_ids(idx_ptr, offs, inside, other, n_rows):
-    """A block of ids, a negative one counted from the table's end (as ``weight[index]``
-    reads it); lanes outside the index keep ``other``."""
-    ix = tl.load(idx_ptr + offs, mask=inside, other=other)
+    """A block of ids as int32, a negative one counted from the table's end (as
+    ``weight[index]`` reads it); lanes outside the index keep ``other``. int32 because the
+    ids index a small table (the forward's gather already refused one out of range) and
+    the tile path compares every id with every row of a tile: in int64 each compare is two
+    instructions."""
+    ix = tl.load(idx_ptr + offs, mask=inside, other=other).to(tl.int32)
     return tl.where(inside & (ix < 0), ix + n_rows, ix)
 
 
@@ -80,8 +83,8 @@ def _row_sums_kernel(idx_ptr, val_ptr, out_ptr, n_idx, n_rows, width,
     backward together; twenty-eighth session's profile): :func:`_load_ids`."""
     base = tl.program_id(0).to(tl.int64) * CHUNK
     col = tl.program_id(1)
-    lo = tl.full([BLOCK], 2147483647, tl.int64)
-    hi = tl.full([BLOCK], -1, tl.int64)
+    lo = tl.full([BLOCK], 2147483647, tl.int32)
+    hi = tl.full([BLOCK], -1, tl.int32)
     for s in range(0, CHUNK, BLOCK):
         offs = base + s + tl.arange(0, BLOCK)
         inside = offs < n_idx
