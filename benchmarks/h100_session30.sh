@@ -5,7 +5,8 @@
 #       # (GEMC_FUSED_SOFTMAX_SHORT_ROWS=1 / 0; attention_gpu_time.py); the attention
 #       # kernels', values ops' and fused backward's tests on the GPU; TransAct's step,
 #       # gemc and gemc-cudagraphs, on one machine, after register_table made the bags'
-#       # layout ahead of the graph
+#       # layout ahead of the graph; with the time left, HSTU's gemc step and one profiled
+#       # step's kernels (row sums' ids now compared as int32)
 set -uo pipefail
 source scripts/device_record.sh
 t0=$SECONDS
@@ -47,4 +48,15 @@ if [ "$part" = 1 ]; then
   grep -E "passed|failed|FAILED|Error" "$OUT/tests.log" | tail -8 | cut -c1-300
   step transact gemc 140 10 3
   step transact gemc-cudagraphs 160 10 3
+  if [ $((SECONDS - t0)) -lt 440 ]; then  # HSTU's step and its kernels, with what time is left
+    timeout $((560 - SECONDS + t0)) python3 benchmarks/zoo.py --out /tmp/hstu_prof \
+      --models hstu --variants gemc --steps 5 --warmup 2 --profile 1 > /tmp/hstu_prof.log 2>&1
+    echo "== hstu gemc, profiled (exit $?, $((SECONDS - t0)) s)"
+    cp /tmp/hstu_prof/zoo.json "$OUT/hstu_gemc_prof.json" 2>/dev/null
+    cp /tmp/hstu_prof/*kernels.txt /tmp/hstu_prof/*gaps.txt "$OUT/" 2>/dev/null
+    python3 -c "import json,sys; v=json.load(open(sys.argv[1]))['variants']['hstu'][0]; \
+print(v.get('step_ms'), [round(x, 2) for x in v.get('step_ms_all', [])], (v.get('losses') or [None])[-1])" \
+      "$OUT/hstu_gemc_prof.json"
+    head -25 /tmp/hstu_prof/*kernels.txt 2>/dev/null | cut -c1-200
+  fi
 fi
