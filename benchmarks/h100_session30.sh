@@ -7,6 +7,10 @@
 #       # gemc and gemc-cudagraphs, on one machine, after register_table made the bags'
 #       # layout ahead of the graph; with the time left, HSTU's gemc step and one profiled
 #       # step's kernels (row sums' ids now compared as int32)
+#   bash benchmarks/h100_session30.sh 2   # TransAct's gemc-cudagraphs step after the bags'
+#       # layout stopped copying from pageable host memory under a capture (part 1 failed
+#       # there); then every zoo attention's fwd+bwd, gemc's defaults and padded cuDNN,
+#       # by do_bench, CUDA graph replay, kernel sum and host time (attention_gpu_time.py)
 set -uo pipefail
 source scripts/device_record.sh
 t0=$SECONDS
@@ -59,4 +63,16 @@ print(v.get('step_ms'), [round(x, 2) for x in v.get('step_ms_all', [])], (v.get(
       "$OUT/hstu_gemc_prof.json"
     head -25 /tmp/hstu_prof/*kernels.txt 2>/dev/null | cut -c1-200
   fi
+fi
+if [ "$part" = 2 ]; then
+  step transact gemc-cudagraphs 170 10 3
+  grep -n "Traceback" -A200 /tmp/transact_gemc-cudagraphs.log | grep "File \"/work/main\|Error" \
+    | head -12 | cut -c1-250
+  timeout 170 python3 benchmarks/attention_gpu_time.py --models hstu,sasrec_bst,mmoe,transact \
+    --defaults-only --out "$OUT/agt_zoo.json" > /tmp/agt_zoo.log 2>&1
+  echo "== zoo attentions (exit $?, $((SECONDS - t0)) s)"
+  python3 -c "import json,sys; d=json.load(open(sys.argv[1]))['models']; \
+f=lambda x: round(x, 3) if isinstance(x, float) else str(x)[:60]; \
+[print(m, r['variant'][:34], f(r.get('do_bench_ms')), f(r.get('graph_ms')), f(r.get('kernels_ms')), \
+f(r.get('host_ms'))) for m, e in d.items() for r in e['rows']]" "$OUT/agt_zoo.json" 2>&1 | cut -c1-300
 fi

@@ -66,6 +66,7 @@ from .codegen import generated
 from .codegen.host import make_runner
 from .codegen.spec import sha256
 from .packed_tokens import TokenLayout
+from .runtime import host_values
 
 __all__ = ["GraphRunner"]
 
@@ -867,14 +868,14 @@ class GraphRunner:
         starts = [0]
         for n in nnz[:-1]:
             starts.append(starts[-1] + n)
-        base = torch.tensor(starts, dtype=torch.int64).to(dev, non_blocking=True)
+        base = host_values(starts, torch.int64, dev)
         flat = (stacked[:, :-1] + base[:, None]).flatten()
         total = sum(nnz)
         flat_offsets = torch.cat([flat, flat.new_full((1,), total)])
         if not any(mean):
             return flat_offsets, None
         lengths = (stacked[:, 1:] - stacked[:, :-1]).flatten()
-        is_mean = torch.tensor(mean).to(dev, non_blocking=True)
+        is_mean = host_values(mean, torch.bool, dev)
         per_bag = torch.where(is_mean.repeat_interleave(stacked.shape[1] - 1),
                               1.0 / lengths.clamp(min=1).to(torch.float32), 1.0)
         return flat_offsets, torch.repeat_interleave(per_bag, lengths, output_size=total)

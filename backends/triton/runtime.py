@@ -102,6 +102,26 @@ def kernel_op(name: str, impl: Callable[..., Any], fake: Callable[..., Any],
     return op
 
 
+def host_values(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A short vector of host values (a few per table, known from shapes) on ``device``.
+
+    Why two ways: a copy from pageable host memory cannot be captured into a CUDA graph
+    (``torch.compile(mode="reduce-overhead")`` over gemc's graph refused TransAct's first
+    step so, thirtieth session), while a fill per value can (the value is the launch's
+    argument, replayed as captured). Outside a capture one copy is one launch where the
+    fills are one per value, so the copy stays the eager path."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return filled_values(values, dtype, device)
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+
+def filled_values(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """:func:`host_values` under a CUDA graph capture: one fill per value, no host copy."""
+    if not values:
+        return torch.empty((0,), dtype=dtype, device=device)
+    return torch.stack([torch.full((), v, dtype=dtype, device=device) for v in values])
+
+
 def next_pow2(n: int, minimum: int = 1) -> int:
     """Smallest power of two >= max(n, minimum): Triton block extents must be powers of two.
     Plain Python: recent Triton wraps its own helper as a constexpr function that costs

@@ -32,6 +32,15 @@ from gemc.backends.triton.jagged_attention import jagged_attention
 
 from tests.fusion.helpers import compiled, eager_step, entries_of, params_of
 
+# The built-graph tests check a host path (a graph built from GEM's CPU batch, the group
+# measurement through Inductor's CPU code): GEM's batch draws from a CPU generator inside the
+# model's own code, which the GPU run's device context cannot move (the first GPU run,
+# thirtieth session, failed so, not in a kernel). They run on the CPU run only, skipped with
+# this reason on the GPU run.
+_HOST_PATH_ONLY = pytest.mark.skipif(
+    os.environ.get("GEMC_TEST_DEVICE", "cpu") != "cpu",
+    reason="a host path test (GEM's CPU batch, Inductor's CPU code): the CPU run checks it")
+
 GEM = "examples/gem/model.py:build"
 ARGS = {"preset": "tiny", "batch_size": 4}
 STATIC = ("test_schema", "test_autograd_registration", "test_faketensor",
@@ -230,6 +239,7 @@ def test_choice_defaults_to_inductor_unless_a_win_was_measured(monkeypatch):
     assert default_choice(group) == "gemc"
 
 
+@_HOST_PATH_ONLY
 @pytest.mark.parametrize("packed", [True, False])
 def test_built_graph_calls_the_ops_it_chose_and_equals_the_interpreter(monkeypatch, packed):
     """Without compiling: the emitted graph is the plan's graph (same loss as the
@@ -300,6 +310,7 @@ def test_gem_tiny_compiled_by_inductor_around_gemc_ops_matches_eager(monkeypatch
                                    msg=k)
 
 
+@_HOST_PATH_ONLY
 def test_measured_choices_reach_the_built_graph(monkeypatch):
     """The measurement runs each group both ways (forward and backward, here through the
     interpreter and Inductor's CPU code), keeps the faster, and the graph built from the
@@ -536,3 +547,23 @@ def test_bag_inputs_op_lays_out_the_batched_lookup_as_the_interpreter_does():
     torch.testing.assert_close(psw, want)
     torch.testing.assert_close(psw, torch.tensor([0.5, 0.5, 1.0, 1.0, 1.0, 1.0, 1.0]))
     assert torch.ops.gemc.bag_inputs(ids, offsets, include_last, [False, False])[2].numel() == 0
+
+
+def test_bag_layout_under_a_cuda_graph_capture_fills_what_the_copy_gives(monkeypatch):
+    """Under a CUDA graph capture the batched lookup's per-table starts and mean flags are
+    filled on the device, one fill per value (a pageable host copy cannot be captured:
+    TransAct's ``reduce-overhead`` step failed on it); the layout equals the copy's, empty
+    lists and bools included."""
+    from gemc.backends.triton import graph_runner, runtime
+
+    for values, dtype in (([0, 3, 7], torch.int64), ([True, False], torch.bool),
+                          ([], torch.int64)):
+        got = runtime.filled_values(values, dtype, torch.device("cpu"))
+        assert got.dtype == dtype and got.tolist() == values
+    offs = [torch.tensor([0, 2, 3]), torch.tensor([0, 1, 4]), torch.tensor([0, 0, 2])]
+    nnz, mean = [3, 4, 2], [True, False, True]
+    want = GraphRunner._bag_layout(offs, nnz, mean)
+    monkeypatch.setattr(graph_runner, "host_values", runtime.filled_values)
+    got = GraphRunner._bag_layout(offs, nnz, mean)
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
