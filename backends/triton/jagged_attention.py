@@ -29,11 +29,11 @@ The backward recomputes the scores block by block (no attention matrix is stored
 kernel walks the query blocks of each key block to produce dk and dv, another walks the key
 blocks of each query block to produce dq (and, for softmax, first computes
 ``delta_i = rowsum(dO_i * O_i)`` for its rows, which the dk/dv kernel then reads). Neither
-uses atomics, so results are deterministic. Where one kernel does both
-(``FUSED_DQ``: the silu backward under :data:`FUSED_SILU_BACKWARD`, the softmax backward of
-short rows under :data:`FUSED_SOFTMAX_SHORT_ROWS`), the dk/dv kernel adds dq into a zeroed
-fp32 buffer with atomics (computing the softmax's ``delta`` itself), and dq's last bits
-vary from run to run.
+uses atomics, so results are deterministic. Where one kernel does both for the silu
+(``FUSED_DQ`` under :data:`FUSED_SILU_BACKWARD`), the dk/dv kernel adds dq into a zeroed
+fp32 buffer with atomics, and dq's last bits vary from run to run. The softmax backward of
+short rows under :data:`FUSED_SOFTMAX_SHORT_ROWS` is one program per (sequence, head)
+instead (:mod:`.softmax_row_backward`: no atomics).
 
 Grid: one program per (query block, sequence, head) of the forward and dq kernels, and per
 (key block, sequence, head) of the dk/dv kernel; a program whose block starts past its
@@ -198,28 +198,17 @@ other flags against 1.369 for the defaults' two-kernel path, max abs error 4.9e-
 
 FUSED_SOFTMAX_SHORT_ROWS = _fused_softmax_from_env()
 """The softmax backward of short rows (:func:`fused_softmax_backward`: ``max_len`` at most
-:data:`SHORT_ROWS`, head dim <= 64) as one kernel: the dk/dv kernel computes each query
-block's ``delta = rowsum(O * dO)`` from its O and dO rows itself and adds ``ds @ k`` into an
-fp32 dq with atomics (``FUSED_DQ``), and the dq kernel does not run. Why: at TransAct's
-shape (rows of ~51 tokens, at most 100; head dim 48) each row is one or two tiles, and the
-dq kernel (0.169 ms on an H100, twenty-eighth session, against dk/dv's 0.264) re-does the
-``q k^T`` and ``dO v^T`` tile products the dk/dv kernel does: one kernel does 5 tile
-products per tile instead of 7, in one attention kernel instead of two. The price: fp32
-atomics into dq; a zeroed fp32 dq and its cast to the input dtype, two small launches of
-their own (one launch more in all), whose bytes grow with the buffer's rows (at TransAct's
-~0.2 M token slots, 2 heads of 48: an 80 MB fp32 dq, ~0.2 GB zeroed, read and written;
-arithmetic, not a measurement); O's rows read once per key block instead of once; a third
-score tile live in the dk/dv kernel; and a dq whose sum order, so its last bits, varies
-from run to run. The rule is scoped to the short rows the issue measured (where each
-program does one or two tiles); longer rows keep the measured two-kernel path until the
-one kernel is timed there too. **Off by default**: neither timed nor run on a GPU yet (the
-twenty-ninth session's device calls for it found no machine). Its tests pass in Triton's
-interpreter, which runs the atomics one at a time, and it compiles for sm_90; the silu
-variant of the same fusion gave wrong gradients on the H200 that the interpreter never
-showed (:data:`FUSED_SILU_BACKWARD`). The call that decides it, on an H100:
-``bash benchmarks/h100_session29.sh 4`` (TransAct's region attention with it on and off,
-``attention_gpu_time.py``; its tests on the GPU). ``GEMC_FUSED_SOFTMAX_SHORT_ROWS=1`` turns
-it on."""
+:data:`SHORT_ROWS`, head dim <= 64) as one kernel with one program per (sequence, head)
+(:mod:`.softmax_row_backward`): delta, then dq, dk and dv from each tile pair once, dq's
+sums over the key blocks in an fp32 scratch the program owns, no atomics. Why: at
+TransAct's shape (rows of ~51 tokens, at most 101; head dim 48) a row is one or two tiles,
+and the two-kernel path's dq kernel (0.168 ms on an H100, against dk/dv's 0.264) re-does
+the ``q k^T`` and ``dO v^T`` products the dk/dv kernel does. Its first form, the dk/dv
+kernel adding dq with fp32 atomics, measured 0.819 ms on an H100 (thirtieth session,
+``benchmarks/h100_session30.sh 1``; ~67 M atomics a call), against 0.432 for the two
+kernels, and was replaced by this one. **Off by default** until a GPU times it:
+``GEMC_FUSED_SOFTMAX_SHORT_ROWS=1`` turns it on; ``bash benchmarks/h100_session30.sh 3``
+times it against the two kernels at TransAct's shape and runs its tests on the GPU."""
 
 
 def written_rows(like: torch.Tensor, count: int = 1, zeroed: bool = False
@@ -281,9 +270,8 @@ def _dq_tiles(cfg: triton.Config, args: dict) -> Tiles:
 def _dkdv_tiles(cfg: triton.Config, args: dict) -> Tiles:
     bm, bn, d, e, eb = _sizes(cfg, args)
     silu, fused = args.get("SILU"), args.get("FUSED_DQ")
-    # the softmax's lse and delta per query row; fused, delta is computed from O's rows
-    stats = 0 if silu else (1 if fused else 2) * bm * 4
-    rows = 3 if fused and not silu else 2  # q, dO (and O)
+    stats = 0 if silu else 2 * bm * 4  # the softmax's lse and delta per query row
+    rows = 2  # q, dO
     # the fused backward's ds also feeds ds @ k (one more score tile converted)
     tiles = 3 if fused else 2
     return Tiles(streamed=rows * bm * d * e + bm * bn * eb + stats, resident=2 * bn * d * e,
@@ -328,9 +316,6 @@ def _dq_prefer(args: dict) -> list[Preferred]:
 
 def _dkdv_prefer(args: dict) -> list[Preferred]:
     if _short_rows(args):
-        # the one-kernel softmax backward too (FUSED_DQ): a third 32x32 fp32 score tile is
-        # 4 KB more, and keeping the two-kernel path's measured pick leaves the fusion the
-        # only difference when the two are timed against each other
         return [_pick(32, 32, 4, 1)]
     return [_pick(64, 64, 4, 3)] if int(args.get("BLOCK_D", 64)) <= 64 else \
         [_pick(32, 64, 4, 4)]
@@ -598,13 +583,12 @@ def _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start, start
                MASK: tl.constexpr, HAS_BIAS: tl.constexpr,
                KEY_BIAS: tl.constexpr, FAST_SIGMOID: tl.constexpr,
                dq_base, stride_dqt, db_base, sdi, sdj, FUSED_DQ: tl.constexpr,
-               BIAS_GRAD: tl.constexpr, BIAS_GRAD_ADD: tl.constexpr, o_base, stride_ot):
+               BIAS_GRAD: tl.constexpr, BIAS_GRAD_ADD: tl.constexpr):
     """dk, dv of a key block after one more query block; ``FUSED_DQ``: also that query
     block's share of dq (``ds @ k``, added with atomics) and of the bias's gradient (``ds``:
-    each tile visited once here), see :data:`FUSED_SILU_BACKWARD` and
-    :data:`FUSED_SOFTMAX_SHORT_ROWS`. The softmax's ``delta`` comes from the dq kernel
-    (``delta_base``), or, ``FUSED_DQ`` (no dq kernel runs), from the query block's O and dO
-    rows (``o_base``), as the dq kernel computes it."""
+    each tile visited once here), see :data:`FUSED_SILU_BACKWARD`; silu only (the softmax
+    runs it as one program per row: :data:`FUSED_SOFTMAX_SHORT_ROWS`). The softmax's
+    ``delta`` comes from the dq kernel (``delta_base``)."""
     offs_m = start_m + tl.arange(0, BLOCK_M)
     q = _load_rows(q_base, start, offs_m, row_len, stride_qt, offs_d, HEAD_DIM, EVEN_D, MASK)
     do = _load_rows(do_base, start, offs_m, row_len, stride_dot, offs_d, HEAD_DIM, EVEN_D, MASK)
@@ -618,12 +602,7 @@ def _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start, start
         ds = dp * dp_ds
     else:
         lse = _row_stat(lse_base, start, offs_m, row_len, MASK)
-        if FUSED_DQ:
-            o = _load_rows(o_base, start, offs_m, row_len, stride_ot, offs_d, HEAD_DIM, EVEN_D,
-                           MASK)
-            delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-        else:
-            delta = _row_stat(delta_base, start, offs_m, row_len, MASK)
+        delta = _row_stat(delta_base, start, offs_m, row_len, MASK)
         p, _ = _probs(s, offs_m, offs_n, row_len, lse, inv_norm, CAUSAL, SILU, MASK, False)
         ds = p * (dp - delta[:, None])
     if FUSED_DQ:
@@ -849,28 +828,19 @@ def _bwd_dkdv_kernel(
                    EVEN_D, True)
     q_base = Q + h * stride_qh
     do_base = DO + h * stride_doh
-    o_base = Out + h * stride_oh
     lse_base = LSE + h * stride_lse_h
     delta_base = DELTA + h * stride_lse_h
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     inv_norm = _inv_norm(row_len, inv_max_len, NORM_BY_OWN_LEN)
     lo, diag, full = _query_blocks(start_n, row_len, BLOCK_M, BLOCK_N, CAUSAL)
-    if FUSED_DQ and not SILU:
-        # A ragged key block's columns past the row read k = 0, so s = 0 there, and the
-        # unmasked steps give them p = exp(-lse): inf for a row whose every key a -inf key
-        # bias hides (lse = -1e30), and inf * 0 is NaN in ds @ k (the tests saw it). The
-        # two-kernel path only puts them into dk/dv rows it never stores; dq is stored, so
-        # such a block takes every query block masked (a no-op under the causal mask, whose
-        # unmasked query blocks lie wholly below a key block inside the row).
-        full = tl.where(start_n + BLOCK_N > row_len, diag, full)
     for start_m in range(lo, tl.minimum(diag, row_len), BLOCK_M):
         dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start,
                             start_m, offs_n, offs_d, row_len, stride_qt, stride_dot, scale,
                             inv_norm, bias_base, stride_bi, stride_bj,
                             HEAD_DIM, EVEN_D, BLOCK_M, CAUSAL, SILU, IEEE, True, HAS_BIAS, KEY_BIAS,
                             FAST_SIGMOID, dq_base, stride_dqt, db_base, stride_dbi,
-                            stride_dbj, FUSED_DQ, BIAS_GRAD, BIAS_GRAD_ADD, o_base, stride_ot)
+                            stride_dbj, FUSED_DQ, BIAS_GRAD, BIAS_GRAD_ADD)
     for start_m in range(diag, full, BLOCK_M):
         dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start,
                             start_m, offs_n, offs_d, row_len, stride_qt, stride_dot, scale,
@@ -878,14 +848,14 @@ def _bwd_dkdv_kernel(
                             HEAD_DIM, EVEN_D, BLOCK_M, CAUSAL, SILU, IEEE, False, HAS_BIAS,
                             KEY_BIAS,
                             FAST_SIGMOID, dq_base, stride_dqt, db_base, stride_dbi,
-                            stride_dbj, FUSED_DQ, BIAS_GRAD, BIAS_GRAD_ADD, o_base, stride_ot)
+                            stride_dbj, FUSED_DQ, BIAS_GRAD, BIAS_GRAD_ADD)
     for start_m in range(tl.maximum(diag, full), row_len, BLOCK_M):
         dk, dv = _dkdv_step(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start,
                             start_m, offs_n, offs_d, row_len, stride_qt, stride_dot, scale,
                             inv_norm, bias_base, stride_bi, stride_bj,
                             HEAD_DIM, EVEN_D, BLOCK_M, CAUSAL, SILU, IEEE, True, HAS_BIAS, KEY_BIAS,
                             FAST_SIGMOID, dq_base, stride_dqt, db_base, stride_dbi,
-                            stride_dbj, FUSED_DQ, BIAS_GRAD, BIAS_GRAD_ADD, o_base, stride_ot)
+                            stride_dbj, FUSED_DQ, BIAS_GRAD, BIAS_GRAD_ADD)
     dk = dk * scale
     _store_rows(DK + h * stride_dkh, start, offs_n, row_len, stride_dkt, offs_d, dk, HEAD_DIM)
     _store_rows(DV + h * stride_dvh, start, offs_n, row_len, stride_dvt, offs_d, dv, HEAD_DIM)
@@ -981,6 +951,14 @@ def _attention_backward(q, k, v, out, lse, do, offsets, max_len: int, scale: flo
     fused = bool(meta.get("FUSED_DQ"))  # dq summed by the dk/dv kernel, in fp32
     empty = total == 0 or batch == 0 or max_len == 0
     rows = grid_rows(total, batch, max_len)
+    if fused and not meta["SILU"]:  # FUSED_SOFTMAX_SHORT_ROWS: one program per row
+        from .softmax_row_backward import softmax_row_backward
+
+        dq, dk, dv = written_rows(q, 3, zeroed=empty)
+        if not empty:
+            softmax_row_backward(q, k, v, out, lse, do, dq, dk, dv, offsets, max_len, scale,
+                                 meta, _bias_args(bias, dbias, q), pad_len=pad_len)
+        return dq, dk, dv
     if fused:  # the atomics add into it: zeroed
         dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
         dk, dv = written_rows(k, 2, zeroed=empty)
@@ -1003,8 +981,7 @@ def _attention_backward(q, k, v, out, lse, do, offsets, max_len: int, scale: flo
         return dq.to(q.dtype), dk, dv
     if empty:
         return dq.to(q.dtype), dk, dv
-    # the one-kernel softmax computes delta in the dk/dv kernel: lse stands in for it
-    delta = lse if fused else torch.empty_like(lse)
+    delta = torch.empty_like(lse)  # the softmax's rowsum(O * dO), by the dq kernel
     if not fused:
         _bwd_dq_kernel[_grid(batch, heads, rows, "BLOCK_M")](
             q, k, v, out, do, dq, lse, delta, offsets,

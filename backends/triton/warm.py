@@ -388,7 +388,8 @@ _KERNEL_MODULES = ("gemc.backends.triton.jagged_attention",
                    "gemc.backends.triton.masked_row_update",
                    "gemc.backends.triton.segment_sum",
                    "gemc.backends.triton.small_table_gather",
-                   "gemc.backends.triton.silu_key_block_backward")
+                   "gemc.backends.triton.silu_key_block_backward",
+                   "gemc.backends.triton.softmax_row_backward")
 
 
 def default_workers() -> int:

@@ -1,6 +1,7 @@
-"""The one-kernel softmax backward of short rows (``FUSED_SOFTMAX_SHORT_ROWS``: the dk/dv
-kernel computes ``delta = rowsum(O * dO)`` from each query block's rows and adds dq with
-atomics; the dq kernel does not run) computes what the two-kernel backward computes, and
+"""The one-kernel softmax backward of short rows (``FUSED_SOFTMAX_SHORT_ROWS``:
+``softmax_row_backward``, one program per (sequence, head) computing delta, then dq, dk and
+dv from each tile pair once, dq's sums over key blocks in an fp32 scratch; the dq and dk/dv
+kernels do not run) computes what the two-kernel backward computes, and
 both what padded SDPA computes in fp32 with a key-padding mask: forward, dq, dk, dv and the
 bias's gradient, on fresh random rows of lengths 0..L (an empty row and a row of exactly L
 always among them), causal or not, without a bias, with a per-key bias (``KEY_BIAS``, a
@@ -26,6 +27,7 @@ B, L, H, D = 5, 40, 2, 24  # 40 rows: three 16-row blocks (the interpreter's con
 SCALE = D ** -0.5          # last ragged; head dim 24 pads to 32 (a masked column tail)
 FWD, DQ, DKDV = (f"jagged_attention.{n}" for n in ("_fwd_kernel", "_bwd_dq_kernel",
                                                      "_bwd_dkdv_kernel"))
+ROW = "softmax_row_backward._bwd_softmax_row_kernel"
 
 
 def _inputs(gen: torch.Generator, bias_kind: str):
@@ -94,7 +96,7 @@ def test_one_kernel_equals_the_two_kernels_and_padded_sdpa(causal, bias_kind, mo
     one, launched_one = _kernels(x, g, offsets, causal, bias_kind, bias, True, monkeypatch)
     two, launched_two = _kernels(x, g, offsets, causal, bias_kind, bias, False, monkeypatch)
     ref = _sdpa(x, g, lengths, offsets, causal, bias_kind, bias)
-    assert launched_one == [FWD, DKDV] and launched_two == [FWD, DQ, DKDV]
+    assert launched_one == [FWD, ROW] and launched_two == [FWD, DQ, DKDV]
     assert len(one) == len(two) == len(ref) == (5 if bias_kind == "full" else 4)
     for name, a, b, r in zip(("out", "dq", "dk", "dv", "dbias"), one, two, ref):
         assert a.dtype == r.dtype and a.shape == r.shape, name
@@ -125,11 +127,11 @@ def test_the_rule_picks_one_kernel_for_short_softmax_rows(monkeypatch):
     assert not _fused("softmax", 100, 48)
 
 
-@pytest.mark.parametrize("max_len, launched", [(128, [FWD, DKDV]), (129, [FWD, DQ, DKDV])])
+@pytest.mark.parametrize("max_len, launched", [(128, [FWD, ROW]), (129, [FWD, DQ, DKDV])])
 def test_each_entry_point_threads_max_len_to_the_rule(max_len, launched, monkeypatch):
     """The public function, the packed-values op (with and without a key bias) and the
     padded op each decide by their own ``max_len``: one row of 3 tokens, the grid sized by
-    ``max_len``, launches the dq kernel at 129 and not at 128."""
+    ``max_len``, launches the one-program-per-row kernel at 128 and the two at 129."""
     monkeypatch.setattr(kernel, "FUSED_SOFTMAX_SHORT_ROWS", True)
     gen = fresh_generator()
     offsets = torch.tensor([0, 3])
@@ -149,18 +151,19 @@ def test_each_entry_point_threads_max_len_to_the_rule(max_len, launched, monkeyp
         assert [launch.kernel for launch in seen] == launched
 
 
-def test_a_timed_run_of_the_one_kernel_starts_from_zeroed_dq_and_shared_bias_gradient():
-    """Autotuning runs the dk/dv kernel several times: with dq fused it adds into dq and
-    (heads sharing the bias) into the bias's gradient, so both are zeroed before each
-    timed run; the two-kernel path's dk/dv kernel writes neither (the dq kernel, launched
-    first, wrote them), so it zeroes neither."""
-    _, tuner = cc._KERNELS["jagged_attention._bwd_dkdv_kernel"]
-    args = {"SILU": False, "BIAS_GRAD": True, "BIAS_GRAD_ADD": True}
+def test_a_timed_run_of_the_row_kernel_zeroes_only_the_shared_bias_gradient():
+    """Autotuning runs the row kernel several times: the heads' programs add into a bias
+    gradient they share, so it is zeroed before each timed run; dq is not (its scratch is
+    stored before it is read, and dq itself is stored once), nor an unshared bias gradient
+    (stored once per tile)."""
+    _, tuner = cc._KERNELS["jagged_attention._bwd_softmax_row_kernel"]
     dq, dbias = torch.ones(3), torch.ones(2)
-    tuner.pre_hook({**args, "DQ": dq, "DBIAS": dbias, "FUSED_DQ": False}, reset_only=True)
+    tuner.pre_hook({"BIAS_GRAD": True, "BIAS_GRAD_ADD": False, "DQ": dq, "DBIAS": dbias},
+                   reset_only=True)
     assert torch.equal(dq, torch.ones(3)) and torch.equal(dbias, torch.ones(2))
-    tuner.pre_hook({**args, "DQ": dq, "DBIAS": dbias, "FUSED_DQ": True}, reset_only=True)
-    assert torch.equal(dq, torch.zeros(3)) and torch.equal(dbias, torch.zeros(2))
+    tuner.pre_hook({"BIAS_GRAD": True, "BIAS_GRAD_ADD": True, "DQ": dq, "DBIAS": dbias},
+                   reset_only=True)
+    assert torch.equal(dq, torch.ones(3)) and torch.equal(dbias, torch.zeros(2))
 
 
 def test_the_switch_reads_1_or_0_and_refuses_anything_else(monkeypatch):

@@ -7,8 +7,8 @@ rows the sequences cover and are exactly 0 on every other row, in both layouts: 
 values with rows before ``offsets[0]`` and spare slots past ``offsets[-1]`` (as many as
 the grid reaches with ``max_len`` alone, and more: ``grid_rows``), and padded rows read in
 place (a row's tail past its length, a length longer than the pad, rows past
-``B * pad_len``); for the softmax's backward (two kernels, or one adding dq with atomics
-into a zeroed fp32 buffer: ``FUSED_SOFTMAX_SHORT_ROWS``) and every silu backward (key-block
+``B * pad_len``); for the softmax's backward (two kernels, or one program per row:
+``FUSED_SOFTMAX_SHORT_ROWS``) and every silu backward (key-block
 or two-kernel, dq fused with atomics or from the dq kernel, the heads looped over a shared
 bias). And each launch those paths make compiles for sm_90 (the interpreter accepts what
 the GPU compiler refuses)."""
@@ -60,7 +60,7 @@ def _scatter(x: torch.Tensor, rows: torch.Tensor, total: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("kind, key_block, fused, bias", [
     ("softmax", False, False, False),  # two kernels
-    ("softmax", False, True, False),   # one kernel, dq fused (atomics)
+    ("softmax", False, True, False),   # one program per row (softmax_row_backward)
     ("silu", True, False, True),    # key-block backward, dq kernel, heads looped (bias)
     ("silu", True, True, False),    # key-block backward, dq fused (atomics)
     ("silu", False, False, False),  # two-kernel backward
@@ -189,8 +189,8 @@ _HOPPER = HOPPER_DRIVER + textwrap.dedent("""
                 J.SILU_KEY_BLOCK_BACKWARD, J.FUSED_SILU_BACKWARD = key_block, fused
                 ops._silu_forward(x, offsets, b, L, 0.1, True, pad_len)
                 ops._silu_grads(x, x[0], offsets, b, L, 0.1, True, b is not None, pad_len)
-        # the one-kernel softmax backward of short rows (its in-kernel delta, dq's atomics)
-        # at TransAct's head dim, 48, with its per-key bias: one more dk/dv compile
+        # the one-kernel softmax backward of short rows (one program per row: its delta
+        # pass, dq's scratch sums) at TransAct's head dim, 48, with its per-key bias
         J.FUSED_SOFTMAX_SHORT_ROWS = True
         x = [torch.empty(B * L, H, 48, dtype=torch.bfloat16, device="meta") for _ in range(3)]
         fmeta, fbias = ops._values_meta(x[0], offsets, False, key_bias, L)
@@ -204,18 +204,18 @@ _HOPPER = HOPPER_DRIVER + textwrap.dedent("""
     errors = [r for r in map(W.compile_launch, unique) if r["error"]]
     kinds = sorted({l.kernel for l in launches})
     print(len(launches), "launches,", len(unique), "compiled, of", kinds, errors)
-    sys.exit(1 if errors or len(kinds) != 4 else 0)
+    sys.exit(1 if errors or len(kinds) != 5 else 0)
 """)
 
 
 def test_the_kernels_compile_for_hopper_in_both_layouts(tmp_path: Path) -> None:
     """The interpreter runs what the GPU compiler refuses (a run-time branch whose two arms
     give a variable different types: the first GPU run of the old zero-fill kernel failed
-    so): each launch of the four kernels that zero their outputs' uncovered rows, packed
+    so): each launch of the five kernels that zero their outputs' uncovered rows, packed
     (spare slots) and padded, softmax and silu, key-block and two-kernel backward, dq fused
     or not, heads looped over a shared bias or not, a per-key bias (``KEY_BIAS``), and the
-    one-kernel softmax backward of short rows (``FUSED_SOFTMAX_SHORT_ROWS``, TransAct's head
-    dim and key bias), compiles for sm_90, no GPU needed (once per kernel and constexprs:
+    one-program-per-row softmax backward of short rows (``FUSED_SOFTMAX_SHORT_ROWS``,
+    TransAct's head dim and key bias), compiles for sm_90, no GPU needed (once per kernel and constexprs:
     the layouts differ in run-time ints only)."""
     env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(tmp_path)}
     proc = subprocess.run([sys.executable, "-c", _HOPPER], env=env, cwd=REPO,

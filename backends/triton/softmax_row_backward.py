@@ -1,0 +1,213 @@
+"""The softmax attention's backward of short rows as one program per (sequence, head): dq, dk
+and dv from one pass over the row's tile pairs, with no atomics
+(``jagged_attention.FUSED_SOFTMAX_SHORT_ROWS`` selects it).
+
+Why (issue 17, TransAct at its h200 preset: B=4,096 rows of ~51 tokens, at most 101, 2 heads
+of 48): a row is one or two tiles, so the two-kernel backward's dq kernel (0.168 ms on an
+H100) re-does the ``q k^T`` and ``dO v^T`` products the dk/dv kernel (0.264 ms) does, for
+7 tile products per tile pair where 5 suffice. The first one-kernel form (the dk/dv kernel
+adding ``ds @ k`` into an fp32 dq with atomics, one program per key block) measured 0.819 ms
+for that one kernel on an H100 (thirtieth session, ``benchmarks/h100_session30.sh 1``):
+~67 M fp32 atomics a call cost more than the dq kernel they replaced.
+
+Here one program owns a whole (sequence, head), so no other program touches its dq rows:
+
+* **delta first.** ``delta = rowsum(O * dO)`` per query block, stored for the row
+  (``DELTA``), then a barrier: the later loads of it are by other threads.
+* **Key blocks outer, query blocks inner.** dk and dv of a key block accumulate in
+  registers and are stored once. dq of a query block is the sum over the key blocks that
+  see it: the first of them stores its share into an fp32 scratch row (``DQ_ACC``,
+  uninitialised: the first store needs no zeros), the next ones load, add and store, and
+  the last stores the sum in dq's dtype into dq itself (no cast pass). A barrier after
+  each key block orders its scratch stores before the next block's loads. A row of one
+  block (most of TransAct's at 64-row blocks) never touches the scratch.
+* **Every step masked.** A short row is one or two tiles, where the phases the long-row
+  kernels split into (unmasked whole blocks, masked ragged ones) would save nothing; and a
+  ragged key block's columns past the row (k = 0 there, so ``exp(0 - lse)``, inf where a
+  -inf key bias hides the row's every key) are zeroed by the select, never multiplied.
+
+The rows' uncovered slots (a packed buffer's spare ones) are zeroed by the program of the
+sequence whose chunks reach them, as in the other kernels (``_zero_uncovered``), so dq, dk
+and dv are ``written_rows`` buffers.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import config_choice
+from .config_choice import Preferred, Tiles
+from .jagged_attention import (
+    _bias_grad_tile,
+    _bias_tile,
+    _load_rows,
+    _row_stat,
+    _sequence,
+    _store_rows,
+    _visible,
+    _zero_uncovered,
+    grid_rows,
+)
+from .runtime import MIN_DOT, autotune_configs, mma
+from .uncovered_rows import contiguous_strides, uninitialised
+
+__all__ = ["softmax_row_backward"]
+
+
+def _cfg(block: int, warps: int, stages: int) -> triton.Config:
+    return triton.Config({"BLOCK": block}, num_warps=warps, num_stages=stages)
+
+
+# 64-row blocks: a row of at most 64 tokens (most of TransAct's) is one tile pair, its dq
+# never in the scratch; 32: four pairs for such a row, a quarter of the score tile each
+_CONFIGS = autotune_configs([_cfg(64, 4, 1), _cfg(32, 4, 1), _cfg(64, 8, 1)],
+                            _cfg(MIN_DOT, 1, 1))
+_TUNE_KEY = ["HEAD_DIM", "CAUSAL", "HAS_BIAS", "KEY_BIAS", "BIAS_GRAD", "inv_max_len"]
+
+
+def _tiles(cfg: triton.Config, args: dict) -> Tiles:
+    """q, dO (and the bias tile, the row statistics) streamed, k and v resident, p and ds
+    converted for the products (ds twice: dk's and dq's)."""
+    block = cfg.kwargs["BLOCK"]
+    d = int(args.get("BLOCK_D", 64))
+    q = args.get("Q")
+    e = q.element_size() if hasattr(q, "element_size") else 2
+    bias = args.get("BIAS")
+    eb = (bias.element_size() if hasattr(bias, "element_size") else 4) \
+        if args.get("HAS_BIAS") else 0
+    return Tiles(streamed=2 * block * d * e + block * block * eb + 2 * block * 4,
+                 resident=2 * block * d * e, scratch=3 * block * block * 4)
+
+
+def _prefer(args: dict) -> list[Preferred]:
+    return [({"BLOCK": 64}, 4, 1)]
+
+
+@config_choice.autotune(_CONFIGS, _TUNE_KEY, name="jagged_attention._bwd_softmax_row_kernel",
+                        tiles=_tiles, prefer=_prefer,
+                        accumulates=lambda a: ("DBIAS",) if a.get("BIAS_GRAD")
+                        and a.get("BIAS_GRAD_ADD") else ())
+@triton.jit
+def _bwd_softmax_row_kernel(
+    Q, K, V, Out, DO, DQ, DK, DV, DQ_ACC, LSE, DELTA, offsets_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+    stride_dot, stride_doh, stride_dqt, stride_dqh, stride_dkt, stride_dkh,
+    stride_dvt, stride_dvh, stride_at, stride_ah,
+    stride_lse_h, n_heads, scale, inv_max_len, pad_len, n_rows, total_rows,
+    BIAS, DBIAS, stride_bb, stride_bh, stride_bi, stride_bj,
+    stride_dbb, stride_dbh, stride_dbi, stride_dbj,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+    CAUSAL: tl.constexpr, IEEE: tl.constexpr, HAS_BIAS: tl.constexpr,
+    KEY_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr, BIAS_GRAD_ADD: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    b = pid // n_heads
+    h = pid % n_heads
+    start, row_len = _sequence(offsets_ptr, b, pad_len)
+    offs_d = tl.arange(0, BLOCK_D)
+    # this sequence's chunks of the outputs' uncovered rows, for its head (n_rows: the rows
+    # per sequence the chunks span, jagged_attention.grid_rows)
+    chunks = tl.cdiv(n_rows, BLOCK)
+    n_seqs = tl.num_programs(0) // n_heads
+    for c in range(0, chunks):
+        chunk = b * chunks + c
+        _zero_uncovered(DQ + h * stride_dqh, chunk, offsets_ptr, n_seqs, total_rows, pad_len,
+                        stride_dqt, offs_d, HEAD_DIM, BLOCK)
+        _zero_uncovered(DK + h * stride_dkh, chunk, offsets_ptr, n_seqs, total_rows, pad_len,
+                        stride_dkt, offs_d, HEAD_DIM, BLOCK)
+        _zero_uncovered(DV + h * stride_dvh, chunk, offsets_ptr, n_seqs, total_rows, pad_len,
+                        stride_dvt, offs_d, HEAD_DIM, BLOCK)
+    lse_base = LSE + h * stride_lse_h
+    delta_base = DELTA + h * stride_lse_h
+    for start_m in range(0, row_len, BLOCK):
+        offs_m = start_m + tl.arange(0, BLOCK)
+        o = _load_rows(Out + h * stride_oh, start, offs_m, row_len, stride_ot, offs_d,
+                       HEAD_DIM, EVEN_D, True)
+        do = _load_rows(DO + h * stride_doh, start, offs_m, row_len, stride_dot, offs_d,
+                        HEAD_DIM, EVEN_D, True)
+        tl.store(delta_base + start + offs_m, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1),
+                 mask=offs_m < row_len)
+    tl.debug_barrier()  # delta stored by some threads, loaded below by others
+    bias_base = BIAS + b.to(tl.int64) * stride_bb + h * stride_bh
+    db_base = DBIAS + b.to(tl.int64) * stride_dbb + h * stride_dbh
+    last_n = (tl.cdiv(row_len, BLOCK) - 1) * BLOCK
+    for start_n in range(0, row_len, BLOCK):
+        offs_n = start_n + tl.arange(0, BLOCK)
+        k = _load_rows(K + h * stride_kh, start, offs_n, row_len, stride_kt, offs_d, HEAD_DIM,
+                       EVEN_D, True)
+        v = _load_rows(V + h * stride_vh, start, offs_n, row_len, stride_vt, offs_d, HEAD_DIM,
+                       EVEN_D, True)
+        dk = tl.zeros([BLOCK, BLOCK_D], dtype=tl.float32)
+        dv = tl.zeros([BLOCK, BLOCK_D], dtype=tl.float32)
+        # causal: a key block is seen by its own query block and the ones after it
+        lo = start_n if CAUSAL else 0
+        for start_m in range(lo, row_len, BLOCK):
+            offs_m = start_m + tl.arange(0, BLOCK)
+            q = _load_rows(Q + h * stride_qh, start, offs_m, row_len, stride_qt, offs_d,
+                           HEAD_DIM, EVEN_D, True)
+            do = _load_rows(DO + h * stride_doh, start, offs_m, row_len, stride_dot, offs_d,
+                            HEAD_DIM, EVEN_D, True)
+            lse = _row_stat(lse_base, start, offs_m, row_len, True)
+            delta = _row_stat(delta_base, start, offs_m, row_len, True)
+            s = mma(q, tl.trans(k), IEEE) * scale
+            if HAS_BIAS:
+                s += _bias_tile(bias_base, offs_m, offs_n, row_len, stride_bi, stride_bj,
+                                KEY_BIAS)
+            p = tl.where(_visible(offs_m, offs_n, row_len, CAUSAL), tl.exp(s - lse[:, None]),
+                         0.0)
+            dp = mma(do, tl.trans(v), IEEE)
+            ds = p * (dp - delta[:, None])
+            if BIAS_GRAD:  # each visible tile is visited once, by this program
+                _bias_grad_tile(db_base, ds, offs_m, offs_n, row_len, stride_dbi, stride_dbj,
+                                offs_m[:, None] < row_len, BIAS_GRAD_ADD)
+            dv += mma(tl.trans(p.to(do.dtype)), do, IEEE)
+            dk += mma(tl.trans(ds.to(q.dtype)), q, IEEE)
+            dq = mma(ds.to(k.dtype), k, IEEE) * scale
+            # the query block's sum over the key blocks that see it: from the first (key
+            # block 0) to the last (its own under a causal mask, else the row's last)
+            acc_ptrs = DQ_ACC + h * stride_ah + (start + offs_m[:, None]) * stride_at \
+                + offs_d[None, :]
+            inside = (offs_m[:, None] < row_len) & (offs_d[None, :] < HEAD_DIM)
+            if start_n > 0:
+                dq += tl.load(acc_ptrs, mask=inside, other=0.0)
+            last = start_m if CAUSAL else last_n
+            if start_n == last:
+                _store_rows(DQ + h * stride_dqh, start, offs_m, row_len, stride_dqt, offs_d,
+                            dq, HEAD_DIM)
+            else:
+                tl.store(acc_ptrs, dq, mask=inside)
+        _store_rows(DK + h * stride_dkh, start, offs_n, row_len, stride_dkt, offs_d,
+                    dk * scale, HEAD_DIM)
+        _store_rows(DV + h * stride_dvh, start, offs_n, row_len, stride_dvt, offs_d, dv,
+                    HEAD_DIM)
+        tl.debug_barrier()  # this key block's dq sums, stored by some threads, loaded next
+
+
+def softmax_row_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         out: torch.Tensor, lse: torch.Tensor, do: torch.Tensor,
+                         dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
+                         offsets: torch.Tensor, max_len: int, scale: float, meta: dict,
+                         bias_args: tuple, pad_len: int = 0) -> None:
+    """Writes dq, dk, dv (``written_rows`` buffers of q's shape and dtype) of the softmax
+    attention whose forward gave ``out`` and ``lse``: every row a sequence covers, and
+    zeros into every other row; the bias's gradient as the meta-parameters say
+    (``bias_args``: ``jagged_attention._bias_args``)."""
+    total, heads, _ = q.shape
+    batch = offsets.numel() - 1
+    dq_acc = uninitialised(tuple(q.shape), contiguous_strides(q.shape), torch.float32,
+                           q.device)
+    delta = torch.empty_like(lse)
+    kernel_meta = {key: meta[key] for key in ("HEAD_DIM", "BLOCK_D", "EVEN_D", "CAUSAL",
+                                              "IEEE", "HAS_BIAS", "KEY_BIAS", "BIAS_GRAD",
+                                              "BIAS_GRAD_ADD")}
+    _bwd_softmax_row_kernel[(batch * heads,)](
+        q, k, v, out, do, dq, dk, dv, dq_acc, lse, delta, offsets,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        out.stride(0), out.stride(1), do.stride(0), do.stride(1), dq.stride(0), dq.stride(1),
+        dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), dq_acc.stride(0),
+        dq_acc.stride(1), lse.stride(0), heads, scale, 1.0 / max_len, pad_len,
+        grid_rows(total, batch, max_len), total, *bias_args, **kernel_meta,
+    )
