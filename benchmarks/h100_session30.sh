@@ -11,6 +11,11 @@
 #       # layout stopped copying from pageable host memory under a capture (part 1 failed
 #       # there); then every zoo attention's fwd+bwd, gemc's defaults and padded cuDNN,
 #       # by do_bench, CUDA graph replay, kernel sum and host time (attention_gpu_time.py)
+#   bash benchmarks/h100_session30.sh 3   # the softmax backward of short rows rebuilt as one
+#       # program per (sequence, head) (softmax_row_backward.py): TransAct's region attention
+#       # with it at 64- and 32-row blocks and with the two kernels; its tests on the GPU;
+#       # TransAct's gemc-cudagraphs step (part 2's first item); with the time left,
+#       # TransAct's gemc step with the row kernel on
 set -uo pipefail
 source scripts/device_record.sh
 t0=$SECONDS
@@ -29,17 +34,28 @@ print(v.get('step_ms'), [round(x, 2) for x in v.get('step_ms_all', [])], \
     | sort -rn | head -6 | cut -c1-300
 }
 
-agt() {  # $1 GEMC_FUSED_SOFTMAX_SHORT_ROWS: TransAct's region attention, GPU and host time
-  GEMC_FUSED_SOFTMAX_SHORT_ROWS=$1 timeout 75 python3 benchmarks/attention_gpu_time.py \
-    --models transact --defaults-only --out "$OUT/agt_transact_fused$1.json" \
-    > "/tmp/agt$1.log" 2>&1
+agt() {  # $1 GEMC_FUSED_SOFTMAX_SHORT_ROWS (and $2 the row kernel's block, part 3): TransAct's
+  # region attention, GPU and host time
+  GEMC_FUSED_SOFTMAX_SHORT_ROWS=$1 ROW_BLOCK=${2:-} timeout 75 python3 -c "
+import os, sys
+sys.path.insert(0, 'benchmarks')
+if os.environ['ROW_BLOCK']:  # the row kernel's pick replaced (its hook holds the heuristic)
+    from gemc.backends.triton import config_choice as cc, softmax_row_backward  # noqa: F401
+    hook = cc._KERNELS['jagged_attention._bwd_softmax_row_kernel'][0]
+    hook.prefer = lambda args: [({'BLOCK': int(os.environ['ROW_BLOCK'])}, 4, 1)]
+import attention_gpu_time as A
+A.main(['--models', 'transact', '--defaults-only', '--out', sys.argv[1]])
+from gemc.backends.triton import config_choice as cc
+print('configs ran', {k: v for k, v in cc.ran('jagged_attention.').items() if v})
+" "$OUT/agt_transact_fused$1${2:-}.json" > "/tmp/agt$1.log" 2>&1
   echo "== TransAct attention, fused softmax backward $1 (exit $?, $((SECONDS - t0)) s)"
-  tail -c 4000 "/tmp/agt$1.log" > "$OUT/agt$1.log.tail"
+  [ "$part" = 1 ] && tail -c 4000 "/tmp/agt$1.log" > "$OUT/agt$1.log.tail"
+  grep "configs ran" "/tmp/agt$1.log" | cut -c1-600
   python3 -c "import json,sys; d=json.load(open(sys.argv[1]))['models']['transact']; \
 f=lambda x: round(x, 3) if isinstance(x, float) else str(x)[:60]; \
 [print(r['variant'][:40], f(r.get('do_bench_ms')), f(r.get('graph_ms')), f(r.get('kernels_ms')), \
 f(r.get('host_ms')), [(n[:22], round(ms, 4)) for n, ms in r.get('top', [])[:6]]) for r in d['rows']]" \
-    "$OUT/agt_transact_fused$1.json" 2>&1 | cut -c1-400
+    "$OUT/agt_transact_fused$1${2:-}.json" 2>&1 | cut -c1-400
 }
 
 if [ "$part" = 1 ]; then
@@ -75,4 +91,20 @@ if [ "$part" = 2 ]; then
 f=lambda x: round(x, 3) if isinstance(x, float) else str(x)[:60]; \
 [print(m, r['variant'][:34], f(r.get('do_bench_ms')), f(r.get('graph_ms')), f(r.get('kernels_ms')), \
 f(r.get('host_ms'))) for m, e in d.items() for r in e['rows']]" "$OUT/agt_zoo.json" 2>&1 | cut -c1-300
+fi
+if [ "$part" = 3 ]; then
+  agt 1 64
+  agt 1 32
+  agt 0
+  GEMC_TEST_DEVICE=cuda timeout 120 python3 -m pytest -q -rf -p no:cacheprovider -n 0 \
+    tests/kernels/test_fused_softmax_backward.py tests/kernels/test_uncovered_rows.py \
+    -k "not hopper" > "$OUT/tests.log" 2>&1
+  echo "== row kernel's and uncovered rows' tests on the GPU (exit $?, $((SECONDS - t0)) s)"
+  grep -E "passed|failed|FAILED|Error" "$OUT/tests.log" | tail -8 | cut -c1-300
+  step transact gemc-cudagraphs 170 10 3
+  grep -n "Traceback" -A200 /tmp/transact_gemc-cudagraphs.log | grep "File \"/work/main\|Error" \
+    | head -12 | cut -c1-250
+  if [ $((SECONDS - t0)) -lt 400 ]; then
+    GEMC_FUSED_SOFTMAX_SHORT_ROWS=1 step transact gemc $((540 - SECONDS + t0)) 10 3
+  fi
 fi
