@@ -94,7 +94,6 @@ f(r.get('host_ms'))) for m, e in d.items() for r in e['rows']]" "$OUT/agt_zoo.js
 fi
 if [ "$part" = 3 ]; then
   agt 1 64
-  agt 1 32
   agt 0
   GEMC_TEST_DEVICE=cuda timeout 120 python3 -m pytest -q -rf -p no:cacheprovider -n 0 \
     tests/kernels/test_fused_softmax_backward.py tests/kernels/test_uncovered_rows.py \
@@ -104,7 +103,8 @@ if [ "$part" = 3 ]; then
   step transact gemc-cudagraphs 170 10 3
   grep -n "Traceback" -A200 /tmp/transact_gemc-cudagraphs.log | grep "File \"/work/main\|Error" \
     | head -12 | cut -c1-250
-  if [ $((SECONDS - t0)) -lt 400 ]; then
-    GEMC_FUSED_SOFTMAX_SHORT_ROWS=1 step transact gemc $((540 - SECONDS + t0)) 10 3
+  agt 1 32
+  if [ $((SECONDS - t0)) -lt 380 ]; then
+    GEMC_FUSED_SOFTMAX_SHORT_ROWS=1 step transact gemc $((520 - SECONDS + t0)) 10 3
   fi
 fi
