@@ -14,7 +14,8 @@
 #   bash benchmarks/h100_session30.sh 3   # the softmax backward of short rows rebuilt as one
 #       # program per (sequence, head) (softmax_row_backward.py): TransAct's region attention
 #       # with it at 64- and 32-row blocks and with the two kernels; its tests on the GPU;
-#       # TransAct's gemc-cudagraphs step (part 2's first item); with the time left,
+#       # TransAct's gemc-cudagraphs step (part 2's first item); HSTU's gemc step (row sums
+#       # skip zero values); with the time left, the row kernel at 32-row blocks and
 #       # TransAct's gemc step with the row kernel on
 set -uo pipefail
 source scripts/device_record.sh
@@ -97,12 +98,13 @@ if [ "$part" = 3 ]; then
   agt 0
   GEMC_TEST_DEVICE=cuda timeout 120 python3 -m pytest -q -rf -p no:cacheprovider -n 0 \
     tests/kernels/test_fused_softmax_backward.py tests/kernels/test_uncovered_rows.py \
-    -k "not hopper" > "$OUT/tests.log" 2>&1
-  echo "== row kernel's and uncovered rows' tests on the GPU (exit $?, $((SECONDS - t0)) s)"
+    tests/kernels/test_small_table_gather.py -k "not hopper" > "$OUT/tests.log" 2>&1
+  echo "== row kernel's, uncovered rows' and row sums' tests on the GPU (exit $?, $((SECONDS - t0)) s)"
   grep -E "passed|failed|FAILED|Error" "$OUT/tests.log" | tail -8 | cut -c1-300
-  step transact gemc-cudagraphs 170 10 3
+  step transact gemc-cudagraphs 150 8 3
   grep -n "Traceback" -A200 /tmp/transact_gemc-cudagraphs.log | grep "File \"/work/main\|Error" \
     | head -12 | cut -c1-250
+  step hstu gemc 100 5 2
   agt 1 32
   if [ $((SECONDS - t0)) -lt 380 ]; then
     GEMC_FUSED_SOFTMAX_SHORT_ROWS=1 step transact gemc $((520 - SECONDS + t0)) 10 3

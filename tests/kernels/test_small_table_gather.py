@@ -54,6 +54,32 @@ def test_row_sums_of_relative_positions_visit_only_each_chunks_rows() -> None:
     torch.testing.assert_close(row_sums(shifted, values, 1000), want, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("wide", [False, True])
+def test_row_sums_skip_zero_values_exactly(wide) -> None:
+    """A bias's gradient over padded scores: whole runs of exact zeros (padding pairs),
+    whose ids lie far from the live ones (HSTU's padding pairs have the largest time
+    buckets). Skipping them gives index_add's sums: a ``-0.0`` changes nothing, a NaN
+    still reaches its row, a row of only zeros stays 0; on both paths (``wide``: the live
+    ids span more than ``WIDE_ROWS`` rows)."""
+    g = torch.Generator().manual_seed(3)
+    n_rows, n = (2 * WIDE_ROWS + 9, 2 * CHUNK + 300) if wide else (90, 2 * CHUNK + 300)
+    live_rows = n_rows - 1 if wide else 40
+    ids = torch.randint(0, live_rows, (n,), generator=g)
+    values = torch.randn(n, generator=g)
+    dead = torch.zeros(n, dtype=torch.bool)
+    for start in range(0, n, 512):  # a query row's keys past its length: a run of zeros
+        dead[start + int(torch.randint(100, 512, (1,), generator=g)): start + 512] = True
+    dead[CHUNK: CHUNK + 700] = True  # whole blocks of zeros
+    ids[dead] = n_rows - 1  # the padding pairs' bucket, far from the live ids
+    values[dead] = 0.0
+    values[dead.nonzero()[::7, 0]] = -0.0
+    values[5] = float("nan")
+    want = torch.zeros(n_rows).index_add_(0, ids, values)
+    got = row_sums(ids, values, n_rows)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4, equal_nan=True)
+    assert got[ids[5]].isnan() and got[n_rows - 1] == 0.0
+
+
 @pytest.mark.parametrize("launch", [RowSumsLaunch(), RowSumsLaunch(chunk=1024, block=256,
                                                                     warps=8)], ids=str)
 def test_row_sums_both_paths_under_any_launch(launch) -> None:
