@@ -206,9 +206,13 @@ and the two-kernel path's dq kernel (0.168 ms on an H100, against dk/dv's 0.264)
 the ``q k^T`` and ``dO v^T`` products the dk/dv kernel does. Its first form, the dk/dv
 kernel adding dq with fp32 atomics, measured 0.819 ms on an H100 (thirtieth session,
 ``benchmarks/h100_session30.sh 1``; ~67 M atomics a call), against 0.432 for the two
-kernels, and was replaced by this one. **Off by default** until a GPU times it:
-``GEMC_FUSED_SOFTMAX_SHORT_ROWS=1`` turns it on; ``bash benchmarks/h100_session30.sh 3``
-times it against the two kernels at TransAct's shape and runs its tests on the GPU."""
+kernels, and was replaced by this one. This one, on one H100 (``h100_session30.sh 3``):
+0.402-0.409 ms against the two kernels' 0.434; TransAct's region fwd+bwd 0.565-0.571 ms by
+CUDA graph replay against 0.581-0.587 (cuDNN's padded masked SDPA: 0.958-0.960). Its
+numeric tests passed on that GPU, but at rows of one 64-row block, where dq never goes
+through the scratch. **Off by default** until ``GEMC_TEST_DEVICE=cuda pytest
+tests/kernels/test_fused_softmax_backward.py`` (rows of 100 on a GPU: two blocks) passes;
+``GEMC_FUSED_SOFTMAX_SHORT_ROWS=1`` turns it on."""
 
 
 def written_rows(like: torch.Tensor, count: int = 1, zeroed: bool = False

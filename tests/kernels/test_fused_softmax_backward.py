@@ -12,6 +12,7 @@ head dim <= 64, two otherwise, through each entry point that threads ``max_len``
 from __future__ import annotations
 
 import importlib
+import os
 
 import pytest
 import torch
@@ -23,8 +24,15 @@ from gemc.backends.triton.jagged import jagged_to_padded_reference, padded_to_ja
 from kernel_helpers import fresh_generator
 
 kernel = importlib.import_module("gemc.backends.triton.jagged_attention")
-B, L, H, D = 5, 40, 2, 24  # 40 rows: three 16-row blocks (the interpreter's config), the
-SCALE = D ** -0.5          # last ragged; head dim 24 pads to 32 (a masked column tail)
+# Rows over several blocks of the configs that run, the last ragged: the interpreter's 16-row
+# blocks at L = 40, the GPU's 64-row ones at L = 100 (GEMC_TEST_DEVICE=cuda). The row
+# kernel's dq sums through its scratch happen only where a row has two key blocks: at
+# L = 40 on the GPU no row had (thirtieth session's GPU run). Head dim 24 pads to 32 (a
+# masked column tail).
+ON_GPU = os.environ.get("GEMC_TEST_DEVICE", "cpu") != "cpu"
+B, L, H, D = 5, (100 if ON_GPU else 40), 2, 24
+BLOCK = 64 if ON_GPU else 16
+SCALE = D ** -0.5
 FWD, DQ, DKDV = (f"jagged_attention.{n}" for n in ("_fwd_kernel", "_bwd_dq_kernel",
                                                      "_bwd_dkdv_kernel"))
 ROW = "softmax_row_backward._bwd_softmax_row_kernel"
@@ -34,7 +42,7 @@ def _inputs(gen: torch.Generator, bias_kind: str):
     lengths = torch.randint(0, L + 1, (B,), generator=gen)
     lengths[0], lengths[1] = 0, L
     # row 2 ends inside its second key block (a ragged one: the key bias hides all of it)
-    lengths[2] = int(torch.randint(17, 32, (1,), generator=gen))
+    lengths[2] = int(torch.randint(BLOCK + 1, min(2 * BLOCK, L), (1,), generator=gen))
     offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
     q, k, v, g = (torch.randn(int(lengths.sum()), H, D, generator=gen) for _ in range(4))
     bias = None
