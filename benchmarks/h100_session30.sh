@@ -17,6 +17,10 @@
 #       # TransAct's gemc-cudagraphs step (part 2's first item); HSTU's gemc step (row sums
 #       # skip zero values); with the time left, the row kernel at 32-row blocks and
 #       # TransAct's gemc step with the row kernel on
+#   bash benchmarks/h100_session30.sh 4   # what part 3's budget cut: the row kernel's and
+#       # the row sums' tests on the GPU (rows of two blocks), HSTU's gemc step (row sums
+#       # skip zeros), TransAct gemc and gemc-cudagraphs with 16 steps each on one machine
+#       # (past the recordings of each new token-count bucket; per-step losses compared)
 set -uo pipefail
 source scripts/device_record.sh
 t0=$SECONDS
@@ -109,4 +113,17 @@ if [ "$part" = 3 ]; then
   if [ $((SECONDS - t0)) -lt 380 ]; then
     GEMC_FUSED_SOFTMAX_SHORT_ROWS=1 step transact gemc $((520 - SECONDS + t0)) 10 3
   fi
+fi
+if [ "$part" = 4 ]; then
+  GEMC_TEST_DEVICE=cuda timeout 150 python3 -m pytest -q -rf -p no:cacheprovider -n 0 \
+    tests/kernels/test_fused_softmax_backward.py tests/kernels/test_small_table_gather.py \
+    -k "not hopper" > "$OUT/tests.log" 2>&1
+  echo "== row kernel's and row sums' tests on the GPU (exit $?, $((SECONDS - t0)) s)"
+  grep -E "passed|failed|FAILED|Error" "$OUT/tests.log" | tail -8 | cut -c1-300
+  step hstu gemc 100 5 2
+  step transact gemc 150 16 3
+  step transact gemc-cudagraphs 170 16 3
+  python3 -c "import json,sys; a, b = (json.load(open(f))['variants']['transact'][0]['losses'] \
+for f in sys.argv[1:]); print('max |loss diff| gemc vs gemc-cudagraphs', \
+max(abs(x - y) for x, y in zip(a, b)))" "$OUT/transact_gemc.json" "$OUT/transact_gemc-cudagraphs.json"
 fi
