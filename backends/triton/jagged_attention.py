@@ -250,14 +250,20 @@ def uses_key_block_backward(meta: dict) -> bool:
 # streamed (k, v and the bias tile in the forward and dq kernels; q, dO, the bias and the
 # row statistics in the dk/dv kernel), the program's own rows stay resident, and score
 # tiles (one fp32 tile in the forward, p and ds in the backward) go through a conversion.
-def _sizes(cfg: triton.Config, args: dict) -> tuple[int, int, int, int, int]:
+def operand_sizes(args: dict) -> tuple[int, int, int]:
+    """A launch's padded head dim, q's element bytes and the score bias's (0 without one):
+    what every attention kernel's tile estimate (``config_choice.Tiles``) multiplies."""
     q = args.get("Q")
     # duck-typed: a warm-up passes its argument descriptors (warm.Arg) here too
     e = q.element_size() if hasattr(q, "element_size") else 2
     bias = args.get("BIAS")
     eb = (bias.element_size() if hasattr(bias, "element_size") else 4) \
         if args.get("HAS_BIAS") else 0
-    return cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"], int(args.get("BLOCK_D", 64)), e, eb
+    return int(args.get("BLOCK_D", 64)), e, eb
+
+
+def _sizes(cfg: triton.Config, args: dict) -> tuple[int, int, int, int, int]:
+    return cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"], *operand_sizes(args)
 
 
 def _fwd_tiles(cfg: triton.Config, args: dict) -> Tiles:

@@ -56,6 +56,7 @@ from .jagged_attention import (
     _store_rows,
     _zero_uncovered,
     grid_rows,
+    operand_sizes,
 )
 from .runtime import MIN_DOT, autotune_configs, mma
 
@@ -83,12 +84,7 @@ def _tiles(cfg: triton.Config, args: dict) -> Tiles:
     """q and dO streamed (with the bias tile and the bias gradient's partial sums), k and v
     resident, p^T and ds^T converted (ds^T twice with dq fused)."""
     bm, bn = cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"]
-    d = int(args.get("BLOCK_D", 64))
-    q = args.get("Q")
-    e = q.element_size() if hasattr(q, "element_size") else 2
-    bias = args.get("BIAS")
-    eb = (bias.element_size() if hasattr(bias, "element_size") else 4) \
-        if args.get("HAS_BIAS") else 0
+    d, e, eb = operand_sizes(args)
     partial = bm * bn * 4 if args.get("BIAS_GRAD") and args.get("HEADS_LOOP") else 0
     converted = 3 if args.get("FUSED_DQ") else 2
     return Tiles(streamed=2 * bm * d * e + bm * bn * eb + partial, resident=2 * bn * d * e,

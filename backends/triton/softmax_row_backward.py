@@ -49,6 +49,7 @@ from .jagged_attention import (
     _visible,
     _zero_uncovered,
     grid_rows,
+    operand_sizes,
 )
 from .runtime import MIN_DOT, autotune_configs, mma
 from .uncovered_rows import contiguous_strides, uninitialised
@@ -71,12 +72,7 @@ def _tiles(cfg: triton.Config, args: dict) -> Tiles:
     """q, dO (and the bias tile, the row statistics) streamed, k and v resident, p and ds
     converted for the products (ds twice: dk's and dq's)."""
     block = cfg.kwargs["BLOCK"]
-    d = int(args.get("BLOCK_D", 64))
-    q = args.get("Q")
-    e = q.element_size() if hasattr(q, "element_size") else 2
-    bias = args.get("BIAS")
-    eb = (bias.element_size() if hasattr(bias, "element_size") else 4) \
-        if args.get("HAS_BIAS") else 0
+    d, e, eb = operand_sizes(args)
     return Tiles(streamed=2 * block * d * e + block * block * eb + 2 * block * 4,
                  resident=2 * block * d * e, scratch=3 * block * block * 4)
 
