@@ -204,7 +204,7 @@ sums over the key blocks in an fp32 scratch the program owns, no atomics. Why: a
 TransAct's shape (rows of ~51 tokens, at most 101; head dim 48) a row is one or two tiles,
 and the two-kernel path's dq kernel (0.168 ms on an H100, against dk/dv's 0.264) re-does
 the ``q k^T`` and ``dO v^T`` products the dk/dv kernel does. Its first form, the dk/dv
-kernel adding dq with fp32 atomics, measured 0.819 ms on an H100 (thirtieth session,
+kernel adding dq with fp32 atomics, measured 0.819-0.823 ms on an H100 (thirtieth session,
 ``benchmarks/h100_session30.sh 1``; ~67 M atomics a call), against 0.432 for the two
 kernels, and was replaced by this one. This one, on one H100 (``h100_session30.sh 3``):
 0.402-0.409 ms against the two kernels' 0.434; TransAct's region fwd+bwd 0.565-0.571 ms by
