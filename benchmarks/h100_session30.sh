@@ -21,6 +21,10 @@
 #       # the row sums' tests on the GPU (rows of two blocks), HSTU's gemc step (row sums
 #       # skip zeros), TransAct gemc and gemc-cudagraphs with 16 steps each on one machine
 #       # (past the recordings of each new token-count bucket; per-step losses compared)
+#   bash benchmarks/h100_session30.sh 5   # hstu, sasrec_bst, mmoe, din: gemc and
+#   bash benchmarks/h100_session30.sh 6   # transact, dlrm_dcnv2, wukong: gemc-cudagraphs,
+#       # 12 steps each on one machine, the per-step losses compared: what CUDA graphs by
+#       # default on a GPU would need (every zoo model's step and loss)
 set -uo pipefail
 source scripts/device_record.sh
 t0=$SECONDS
@@ -126,4 +130,22 @@ if [ "$part" = 4 ]; then
   python3 -c "import json,sys; a, b = (json.load(open(f))['variants']['transact'][0]['losses'] \
 for f in sys.argv[1:]); print('max |loss diff| gemc vs gemc-cudagraphs', \
 max(abs(x - y) for x, y in zip(a, b)))" "$OUT/transact_gemc.json" "$OUT/transact_gemc-cudagraphs.json"
+fi
+if [ "$part" = 5 ] || [ "$part" = 6 ]; then
+  models="hstu sasrec_bst mmoe din"
+  [ "$part" = 6 ] && models="transact dlrm_dcnv2 wukong"
+  for m in $models; do
+    for v in gemc gemc-cudagraphs; do
+      timeout 68 python3 benchmarks/zoo.py --out "/tmp/cg_${m}_$v" --models "$m" --variants "$v" \
+        --steps 12 --warmup 3 > "/tmp/cg_${m}_$v.log" 2>&1
+      echo "== $m $v (exit $?, $((SECONDS - t0)) s)"
+      cp "/tmp/cg_${m}_$v/zoo.json" "/tmp/cg_${m}_$v.json" 2>/dev/null
+    done
+    python3 -c "import json,sys; r = [json.load(open(f))['variants'][sys.argv[1]][0] \
+for f in sys.argv[2:]]; print(sys.argv[1], [(x.get('variant'), x.get('step_ms'), \
+[round(t, 1) for t in x.get('step_ms_all', [])[3:]], str(x.get('error', ''))[:120]) for x in r], \
+'max |loss diff|', max((abs(a - b) for a, b in zip(r[0].get('losses') or [], \
+r[1].get('losses') or [])), default=None))" "$m" "/tmp/cg_${m}_gemc.json" \
+      "/tmp/cg_${m}_gemc-cudagraphs.json" 2>&1 | tee -a "$OUT/cudagraphs_zoo.txt" | cut -c1-400
+  done
 fi
