@@ -432,11 +432,41 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     continue
                 rows.append(measure(label, _sdpa_call(x, backend), device))
         results["models"][model] = {"shape": shape, "tokens": x["tokens"], "rows": rows}
+    results["versus_cudnn"] = versus_cudnn(results["models"])
     if args.out:
         tmp = args.out.with_suffix(args.out.suffix + ".tmp")
         tmp.write_text(json.dumps(results, indent=1))
         tmp.replace(args.out)
     return results
+
+
+GEMC_FIGURE_ROW = {"transact": "gemc region (torch.compile)"}
+"""Per model, the gemc row that is its figure (the form its training step runs: TransAct's
+attention in its packed region under ``torch.compile``); ``gemc`` (the defaults) otherwise."""
+
+
+def versus_cudnn(models: dict[str, Any]) -> dict[str, Any]:
+    """Per model, gemc's figure row against padded masked cuDNN SDPA, fwd+bwd, by both
+    measures side by side: ``by_do_bench`` (the issue's figure: the host's issue of a call
+    included) and ``by_graph`` (CUDA graph replay of both: their GPU time alone). Why both:
+    a call whose host outruns its kernels reads slower by do_bench than on the GPU
+    (TransAct's region, thirtieth session: 0.48-0.77x by one, 1.64-1.70x by the other), and
+    in a step whose GPU is busy elsewhere, or replayed as CUDA graphs, the host is hidden.
+    None where a row or a measure is missing (a CPU run has no graph timing)."""
+    out: dict[str, Any] = {}
+    for model, entry in models.items():
+        by = {r["variant"]: r for r in entry.get("rows", [])}
+        mine = by.get(GEMC_FIGURE_ROW.get(model, "gemc"), {})
+        cudnn = by.get("sdpa cudnn masked", {})
+
+        def ratio(key: str, mine: dict = mine, cudnn: dict = cudnn) -> float | None:
+            a, b = mine.get(key), cudnn.get(key)
+            ok = isinstance(a, float) and isinstance(b, float) and a > 0
+            return b / a if ok else None
+
+        out[model] = {"gemc_row": mine.get("variant"), "by_do_bench": ratio("do_bench_ms"),
+                      "by_graph": ratio("graph_ms")}
+    return out
 
 
 if __name__ == "__main__":

@@ -100,6 +100,8 @@ if [ "$part" = 2 ]; then
 f=lambda x: round(x, 3) if isinstance(x, float) else str(x)[:60]; \
 [print(m, r['variant'][:34], f(r.get('do_bench_ms')), f(r.get('graph_ms')), f(r.get('kernels_ms')), \
 f(r.get('host_ms'))) for m, e in d.items() for r in e['rows']]" "$OUT/agt_zoo.json" 2>&1 | cut -c1-300
+  python3 -c "import json,sys; [print(m, v) for m, v in \
+json.load(open(sys.argv[1]))['versus_cudnn'].items()]" "$OUT/agt_zoo.json" 2>&1 | cut -c1-300
 fi
 if [ "$part" = 3 ]; then
   agt 1 64

@@ -49,3 +49,23 @@ def test_defaults_only_keeps_the_default_configs_with_and_without_the_bias() -> 
     bench = load_benchmark("attention_gpu_time")
     results = bench.main(["--smoke", "--models", "hstu", "--defaults-only"])
     assert [r["variant"] for r in results["models"]["hstu"]["rows"]] == ["gemc", "gemc +bias"]
+
+
+def test_versus_cudnn_gives_both_measures_and_none_where_one_is_missing() -> None:
+    """The summary against padded cuDNN: TransAct's figure is its region under
+    ``torch.compile``, another model's the default ``gemc`` row; a ratio by do_bench and
+    one by graph replay; None where a measure is missing or an error string stands in."""
+    bench = load_benchmark("attention_gpu_time")
+    rows = {"transact": {"rows": [
+        {"variant": "gemc region (eager call)", "do_bench_ms": 9.0, "graph_ms": 9.0},
+        {"variant": "gemc region (torch.compile)", "do_bench_ms": 2.0, "graph_ms": 0.5},
+        {"variant": "sdpa cudnn masked", "do_bench_ms": 1.0, "graph_ms": 1.0}]},
+        "mmoe": {"rows": [{"variant": "gemc", "do_bench_ms": 0.5, "graph_ms": "RuntimeError"},
+                          {"variant": "sdpa cudnn masked", "do_bench_ms": 1.5,
+                           "graph_ms": 1.4}]},
+        "hstu": {"rows": [{"variant": "gemc", "do_bench_ms": 0.5}]}}
+    got = bench.versus_cudnn(rows)
+    assert got["transact"] == {"gemc_row": "gemc region (torch.compile)", "by_do_bench": 0.5,
+                               "by_graph": 2.0}
+    assert got["mmoe"]["by_do_bench"] == 3.0 and got["mmoe"]["by_graph"] is None
+    assert got["hstu"] == {"gemc_row": "gemc", "by_do_bench": None, "by_graph": None}
