@@ -20,18 +20,7 @@ source scripts/device_record.sh
 t0=$SECONDS
 part=${1:-1}
 
-step() {  # $1 model, $2 variant, $3 timeout, $4 steps, $5 warmup: one zoo.py step figure
-  timeout "$3" python3 benchmarks/zoo.py --out "/tmp/$1_$2" --models "$1" --variants "$2" \
-    --steps "$4" --warmup "$5" > "/tmp/$1_$2.log" 2>&1
-  echo "== $1 $2 (exit $?, $((SECONDS - t0)) s)"
-  cp "/tmp/$1_$2/zoo.json" "$OUT/$1_$2.json" 2>/dev/null
-  cp "/tmp/$1_$2.log" "$OUT/$1_$2.log" 2>/dev/null
-  python3 -c "import json,sys; v=json.load(open(sys.argv[1]))['variants'][sys.argv[2]][0]; \
-print(v.get('step_ms'), [round(x, 2) for x in v.get('step_ms_all', [])], \
-(v.get('losses') or [None])[-1], str(v.get('error', ''))[:300])" "$OUT/$1_$2.json" "$1"
-  grep -E "Error|error|Warning: .*fell back|cudagraph" "/tmp/$1_$2.log" | sort | uniq -c \
-    | sort -rn | head -6 | cut -c1-300
-}
+source scripts/zoo_step.sh  # step MODEL VARIANT TIMEOUT STEPS WARMUP
 
 if [ "$part" = 1 ]; then
   step hstu gemc 110 5 2

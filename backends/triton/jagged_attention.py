@@ -279,12 +279,10 @@ def _dq_tiles(cfg: triton.Config, args: dict) -> Tiles:
 
 def _dkdv_tiles(cfg: triton.Config, args: dict) -> Tiles:
     bm, bn, d, e, eb = _sizes(cfg, args)
-    silu, fused = args.get("SILU"), args.get("FUSED_DQ")
-    stats = 0 if silu else 2 * bm * 4  # the softmax's lse and delta per query row
-    rows = 2  # q, dO
+    stats = 0 if args.get("SILU") else 2 * bm * 4
     # the fused backward's ds also feeds ds @ k (one more score tile converted)
-    tiles = 3 if fused else 2
-    return Tiles(streamed=rows * bm * d * e + bm * bn * eb + stats, resident=2 * bn * d * e,
+    tiles = 3 if args.get("FUSED_DQ") else 2
+    return Tiles(streamed=2 * bm * d * e + bm * bn * eb + stats, resident=2 * bn * d * e,
                  scratch=tiles * bm * bn * 4)
 
 
@@ -798,8 +796,8 @@ def _bwd_dq_kernel(
                             a, ("DQ",) if a.get("FUSED_DQ") else (), bool(a.get("FUSED_DQ"))))
 @triton.jit
 def _bwd_dkdv_kernel(
-    Q, K, V, Out, DO, DK, DV, DQ, LSE, DELTA, offsets_ptr,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+    Q, K, V, DO, DK, DV, DQ, LSE, DELTA, offsets_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_dot, stride_doh, stride_dkt, stride_dkh, stride_dvt, stride_dvh,
     stride_dqt, stride_dqh,
     stride_lse_h, n_heads, scale, inv_max_len, pad_len, total_rows,
@@ -1001,10 +999,10 @@ def _attention_backward(q, k, v, out, lse, do, offsets, max_len: int, scale: flo
             *_bias_args(bias, dbias, q), **meta,
         )
     _bwd_dkdv_kernel[_grid(batch, heads, rows, "BLOCK_N")](
-        q, k, v, out, do, dk, dv, dq, lse, delta, offsets,
+        q, k, v, do, dk, dv, dq, lse, delta, offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        out.stride(0), out.stride(1), do.stride(0), do.stride(1), dk.stride(0), dk.stride(1),
-        dv.stride(0), dv.stride(1), dq.stride(0), dq.stride(1),
+        do.stride(0), do.stride(1), dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1),
+        dq.stride(0), dq.stride(1),
         lse.stride(0), heads, scale, 1.0 / max_len, pad_len, total,
         *_bias_args(bias, dbias, q), **meta,
     )

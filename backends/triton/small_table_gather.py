@@ -61,6 +61,15 @@ def _load_ids(idx_ptr, offs, inside, other, n_rows):
 
 
 @triton.jit
+def _live_values(val_ptr, offs, n_idx, width, col):
+    """A block's values of column ``col`` and which of them add something: inside the index
+    and not exactly zero (NaN is not zero: it is summed, as ``index_add`` sums it)."""
+    inside = offs < n_idx
+    v = tl.load(val_ptr + offs * width + col, mask=inside, other=0.0)
+    return v, inside & (v != 0.0)
+
+
+@triton.jit
 def _row_sums_kernel(idx_ptr, val_ptr, out_ptr, n_idx, n_rows, width,
                      CHUNK: tl.constexpr, BLOCK: tl.constexpr, BINS: tl.constexpr,
                      WIDE: tl.constexpr):
@@ -96,9 +105,7 @@ def _row_sums_kernel(idx_ptr, val_ptr, out_ptr, n_idx, n_rows, width,
     hi = tl.full([BLOCK], -1, tl.int32)
     for s in range(0, CHUNK, BLOCK):
         offs = base + s + tl.arange(0, BLOCK)
-        inside = offs < n_idx
-        v = tl.load(val_ptr + offs * width + col, mask=inside, other=0.0)
-        live = inside & (v != 0.0)  # NaN != 0: a NaN is summed, as index_add sums it
+        _, live = _live_values(val_ptr, offs, n_idx, width, col)
         ix = _load_ids(idx_ptr, offs, live, -1, n_rows)
         lo = tl.minimum(lo, tl.where(live, ix, 2147483647))
         hi = tl.maximum(hi, ix)
@@ -107,20 +114,16 @@ def _row_sums_kernel(idx_ptr, val_ptr, out_ptr, n_idx, n_rows, width,
     if last - first > WIDE:
         for s in range(0, CHUNK, BLOCK):
             offs = base + s + tl.arange(0, BLOCK)
-            inside = offs < n_idx
-            v = tl.load(val_ptr + offs * width + col, mask=inside, other=0.0).to(tl.float32)
-            live = inside & (v != 0.0)
+            v, live = _live_values(val_ptr, offs, n_idx, width, col)
             ix = _load_ids(idx_ptr, offs, live, 0, n_rows)
-            tl.atomic_add(out_ptr + ix * width + col, v, mask=live)
+            tl.atomic_add(out_ptr + ix * width + col, v.to(tl.float32), mask=live)
     else:
         for b0 in range(first, last, BINS):
             rows = b0 + tl.arange(0, BINS)
             acc = tl.zeros([BLOCK, BINS], dtype=tl.float32)
             for s in range(0, CHUNK, BLOCK):
                 offs = base + s + tl.arange(0, BLOCK)
-                inside = offs < n_idx
-                v = tl.load(val_ptr + offs * width + col, mask=inside, other=0.0)
-                live = inside & (v != 0.0)
+                v, live = _live_values(val_ptr, offs, n_idx, width, col)
                 if tl.max(live.to(tl.int32), axis=0) > 0:  # a block of zeros adds nothing
                     ix = _load_ids(idx_ptr, offs, live, -1, n_rows)
                     acc += tl.where(ix[:, None] == rows[None, :], v.to(tl.float32)[:, None],
