@@ -205,7 +205,7 @@ TransAct's shape (rows of ~51 tokens, at most 101; head dim 48) a row is one or 
 and the two-kernel path's dq kernel (0.168 ms on an H100, against dk/dv's 0.264) re-does
 the ``q k^T`` and ``dO v^T`` products the dk/dv kernel does. Its first form, the dk/dv
 kernel adding dq with fp32 atomics, measured 0.819-0.823 ms on an H100 (thirtieth session,
-``benchmarks/h100_session30.sh 1``; ~67 M atomics a call), against 0.432 for the two
+``benchmarks/h100_session30.sh 1``; ~67 M atomics a call by arithmetic), against 0.432 for the two
 kernels, and was replaced by this one. This one, on one H100 (``h100_session30.sh 3``):
 0.402-0.409 ms against the two kernels' 0.434; TransAct's region fwd+bwd 0.565-0.571 ms by
 CUDA graph replay against 0.581-0.587 (cuDNN's padded masked SDPA: 0.958-0.960). Its

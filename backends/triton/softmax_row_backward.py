@@ -8,7 +8,8 @@ H100) re-does the ``q k^T`` and ``dO v^T`` products the dk/dv kernel (0.264 ms) 
 7 tile products per tile pair where 5 suffice. The first one-kernel form (the dk/dv kernel
 adding ``ds @ k`` into an fp32 dq with atomics, one program per key block) measured 0.819 ms
 for that one kernel on an H100 (thirtieth session, ``benchmarks/h100_session30.sh 1``):
-~67 M fp32 atomics a call cost more than the dq kernel they replaced.
+~67 M fp32 atomics a call (arithmetic: 4,096 x 2 (row, head) x ~4 tile pairs x 32 x 64)
+cost more than the dq kernel they replaced.
 
 Here one program owns a whole (sequence, head), so no other program touches its dq rows:
 
