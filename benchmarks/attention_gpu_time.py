@@ -340,6 +340,80 @@ def _profile_transact(path: Path, smoke: bool, dtype: torch.dtype, device: torch
             f.write(host_profile(fn, 5 if smoke else 50))
 
 
+FWD_BLOCKS = ((64, 32, 4, 2), (32, 32, 2, 2), (32, 32, 4, 2), (32, 64, 4, 2), (64, 64, 4, 2),
+              (64, 32, 4, 1), (64, 16, 4, 2), (128, 32, 8, 2))
+"""(BLOCK_M, BLOCK_N, warps, stages) of the forward ``--transact-blocks`` times at TransAct's
+region shape, the short-row pick first. Why: the forward (0.155 ms) is where gemc's lead over
+cuDNN's is smallest (1.36x, cuDNN's fprop 0.211 ms; thirtieth session, H100), and rows of
+~51 tokens in 64-row query tiles leave ~40% of each tile idle."""
+ROW_BLOCKS = ((64, 4), (32, 4), (64, 8), (32, 2))
+"""(BLOCK, warps) of the one-program-per-row softmax backward ``--transact-blocks`` times."""
+
+
+def _force_config(name: str, params: dict[str, int], warps: int, stages: int) -> None:
+    """Make kernel ``name``'s heuristic pick ``params`` (added to its configs if absent) and
+    forget its earlier picks: what a timing of one config needs."""
+    import triton
+    from gemc.backends.triton import config_choice as cc
+
+    hook, tuner = cc._KERNELS[name]
+    want = (params, warps, stages)
+    if not any(cc._matches(c, want) for c in tuner.configs):
+        tuner.configs.append(triton.Config(dict(params), num_warps=warps, num_stages=stages))
+    hook.prefer = lambda args, want=want: [want]
+    cc.forget("jagged_attention.")
+
+
+def _transact_blocks(smoke: bool, dtype: torch.dtype, device: torch.device,
+                     gen: torch.Generator) -> dict[str, Any]:
+    """TransAct's region attention fwd+bwd (eager call) by CUDA graph replay and kernel sum
+    at each forward config of :data:`FWD_BLOCKS` (the backward as it runs by default), then
+    at each row-kernel config of :data:`ROW_BLOCKS` (the row kernel on, the forward's
+    short-row pick), each checked against fp32 padded SDPA (forward). Off a GPU (the
+    interpreter runs one config a kernel) each list's first entry runs, unforced."""
+    import importlib
+
+    from gemc.backends.triton import config_choice as cc
+    from gemc.backends.triton import softmax_row_backward  # noqa: F401  (registers its hook)
+
+    J = importlib.import_module("gemc.backends.triton.jagged_attention")  # the module
+
+    batch = kbench.transact_batch("tiny" if smoke else "h200", gen, device)
+    region = kbench.transact_region(batch, dtype, gen, device)
+    q, k, v, g = region.inputs
+    want = region.padded_reference()
+    scale = max(1.0, float(want.abs().max()))
+    fwd_name, row_name = "jagged_attention._fwd_kernel", "jagged_attention._bwd_softmax_row_kernel"
+    hooks = {n: cc._KERNELS[n][0].prefer for n in (fwd_name, row_name)}
+    flag = J.FUSED_SOFTMAX_SHORT_ROWS
+    gpu = device.type == "cuda"
+    rows = []
+
+    def one(label: str, name: str, params: dict[str, int], warps: int, stages: int) -> None:
+        if gpu:
+            _force_config(name, params, warps, stages)
+        err = float((region.fwd().detach().float() - want).abs().max()) / scale
+        row = measure(label, lambda: torch.autograd.grad(region.fwd(), (q, k, v), g), device)
+        row["max_err"] = err
+        row["configs"] = {n.removeprefix("jagged_attention."): c
+                          for n, c in cc.ran("jagged_attention.").items() if c}
+        rows.append(row)
+
+    try:
+        for bm, bn, w, st in FWD_BLOCKS if gpu else FWD_BLOCKS[:1]:
+            one(f"fwd {bm}x{bn} {w}w {st}s", fwd_name, {"BLOCK_M": bm, "BLOCK_N": bn}, w, st)
+        cc._KERNELS[fwd_name][0].prefer = hooks[fwd_name]
+        J.FUSED_SOFTMAX_SHORT_ROWS = True
+        for block, w in ROW_BLOCKS if gpu else ROW_BLOCKS[:1]:
+            one(f"row kernel {block} {w}w", row_name, {"BLOCK": block}, w, 1)
+    finally:
+        J.FUSED_SOFTMAX_SHORT_ROWS = flag
+        for n, prefer in hooks.items():
+            cc._KERNELS[n][0].prefer = prefer
+        cc.forget("jagged_attention.")
+    return {"tokens": region.layout.total, "rows": rows}
+
+
 def _transact_padded(region: Any, batch: Any) -> list[torch.Tensor]:
     """q, k, v and the output gradient ``[B, H, S, D]``: the region's values scattered to
     the padded positions (the representatives' copies), SDPA's layout."""
@@ -358,6 +432,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--profile-host", type=Path,
                     help="only profile the host's issue of each model's gemc call (defaults) "
                     "and of padded SDPA (cProfile, GPU held busy); write the stats here")
+    ap.add_argument("--transact-blocks", action="store_true",
+                    help="only TransAct's region attention at each forward and row-kernel "
+                    "config (FWD_BLOCKS, ROW_BLOCKS), by graph replay and kernel sum")
     ap.add_argument("--defaults-only", action="store_true",
                     help="gemc's default launch configs only (with and without HSTU's bias), "
                     "and masked cuDNN SDPA: a short device call's rows")
@@ -379,9 +456,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         results["triton"] = triton.__version__
     except ImportError:
         pass
-    for model in args.models.split(","):
+    models = "transact" if args.transact_blocks else args.models
+    for model in models.split(","):
         if model == "transact":
-            if args.profile_host:
+            if args.transact_blocks:
+                results["models"]["transact_blocks"] = _transact_blocks(
+                    args.smoke, dtype, device, gen)
+            elif args.profile_host:
                 _profile_transact(args.profile_host, args.smoke, dtype, device, gen)
             else:
                 results["models"][model] = _transact_rows(args.smoke, dtype, device, gen)
