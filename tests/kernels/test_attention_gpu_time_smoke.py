@@ -69,3 +69,31 @@ def test_versus_cudnn_gives_both_measures_and_none_where_one_is_missing() -> Non
                                "by_graph": 2.0}
     assert got["mmoe"]["by_do_bench"] == 3.0 and got["mmoe"]["by_graph"] is None
     assert got["hstu"] == {"gemc_row": "gemc", "by_do_bench": None, "by_graph": None}
+
+
+def test_transact_blocks_runs_and_forcing_a_config_makes_the_heuristic_pick_it() -> None:
+    """``--transact-blocks`` off a GPU runs each list's first config (checked against padded
+    SDPA); :func:`_force_config` adds a config a kernel lacks and makes its heuristic hook
+    pick it (what each GPU row relies on), and the hook is put back after the sweep."""
+    import triton
+    from gemc.backends.triton import config_choice as cc
+    from gemc.backends.triton import softmax_row_backward  # noqa: F401
+
+    bench = load_benchmark("attention_gpu_time")
+    name = "jagged_attention._bwd_softmax_row_kernel"
+    hook, tuner = cc._KERNELS[name]
+    before_prefer, before = hook.prefer, list(tuner.configs)
+    results = bench.main(["--smoke", "--transact-blocks"])
+    rows = results["models"]["transact_blocks"]["rows"]
+    assert [r["variant"] for r in rows] == ["fwd 64x32 4w 2s", "row kernel 64 4w"]
+    for r in rows:
+        assert "error" not in r and r["max_err"] < 1e-4, r
+    assert hook.prefer is before_prefer
+    try:
+        bench._force_config(name, {"BLOCK": 16}, 2, 1)
+        made = [triton.Config({"BLOCK": b}, num_warps=w, num_stages=1)
+                for b, w in ((64, 4), (16, 2))]
+        assert hook._heuristic(made, {}) is made[1]
+        assert any(dict(c.kwargs) == {"BLOCK": 16} and c.num_warps == 2 for c in tuner.configs)
+    finally:
+        hook.prefer, tuner.configs[:] = before_prefer, before
