@@ -7,6 +7,9 @@
 #   bash benchmarks/h100_session31.sh 2   # TransAct's region attention at each forward and
 #       # row-kernel config (attention_gpu_time.py --transact-blocks), then hstu, sasrec_bst,
 #       # mmoe and din, gemc and gemc-cudagraphs each
+#   bash benchmarks/h100_session31.sh 3   # with the row kernel on by default (32-row
+#       # blocks): its tests on the GPU, TransAct's attention against padded cuDNN
+#       # (--defaults-only), and sasrec_bst's gemc losses again (run-to-run spread)
 # Each model's pair runs 12 steps (3 warm-up) in its own processes on one machine; a line a
 # model (both steps, every step's time past the warm-up, the largest per-step loss gap, any
 # error) goes to stdout and to $OUT/cudagraphs_zoo.txt; both variants' rows to
@@ -86,4 +89,22 @@ for r in d['rows']]" "$OUT/blocks.json" 2>&1 | cut -c1-300
   echo "== steps with GEMC_FUSED_SOFTMAX_SHORT_ROWS=$GEMC_FUSED_SOFTMAX_SHORT_ROWS" \
     | tee -a "$OUT/cudagraphs_zoo.txt"
   for m in hstu sasrec_bst mmoe din; do pair "$m" 90; done
+fi
+if [ "$part" = 3 ]; then
+  GEMC_TEST_DEVICE=cuda timeout 110 python3 -m pytest -q -rf -p no:cacheprovider -n 0 \
+    tests/kernels/test_fused_softmax_backward.py > "$OUT/tests.log" 2>&1
+  echo "== row kernel's tests on the GPU, 32-row blocks by default (exit $?, $((SECONDS - t0)) s)"
+  grep -E "passed|failed|FAILED|Error" "$OUT/tests.log" | tail -6 | cut -c1-300
+  timeout 100 python3 benchmarks/attention_gpu_time.py --models transact --defaults-only \
+    --out "$OUT/agt_transact.json" > /tmp/agt.log 2>&1
+  echo "== transact attention, defaults (exit $?, $((SECONDS - t0)) s)"
+  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); m=d['models']['transact']; \
+  [print(r['variant'][:36], r.get('do_bench_ms'), r.get('graph_ms'), r.get('kernels_ms'), r.get('host_ms'), \
+  [(n[:20], round(x, 4)) for n, x in r.get('top', [])[:3]]) for r in m['rows']]; print(d['versus_cudnn'])" \
+    "$OUT/agt_transact.json" 2>&1 | cut -c1-300
+  timeout $((330 - SECONDS + t0)) python3 benchmarks/zoo.py --out /tmp/sb --models sasrec_bst \
+    --variants gemc --steps 12 --warmup 3 > /tmp/sb.log 2>&1
+  echo "== sasrec_bst gemc again (exit $?, $((SECONDS - t0)) s)"
+  python3 -c "import json,sys; v=json.load(open(sys.argv[1]))['variants']['sasrec_bst'][0]; \
+  print(v.get('step_ms'), [round(x, 4) for x in v.get('losses', [])])" /tmp/sb/zoo.json
 fi

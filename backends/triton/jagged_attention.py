@@ -176,9 +176,9 @@ def _key_block_from_env() -> bool:
 
 
 def _fused_softmax_from_env() -> bool:
-    """``GEMC_FUSED_SOFTMAX_SHORT_ROWS`` (:func:`_switch_from_env`; unset: off)."""
+    """``GEMC_FUSED_SOFTMAX_SHORT_ROWS`` (:func:`_switch_from_env`; unset: on)."""
     return _switch_from_env(FUSED_SOFTMAX_ENV, "the one-kernel softmax backward of short rows",
-                            "the two-kernel one", default="0")
+                            "the two-kernel one")
 
 
 SILU_KEY_BLOCK_BACKWARD = _key_block_from_env()
@@ -208,11 +208,11 @@ kernel adding dq with fp32 atomics, measured 0.819-0.823 ms on an H100 (thirtiet
 ``benchmarks/h100_session30.sh 1``; ~67 M atomics a call by arithmetic), against 0.432 for the two
 kernels, and was replaced by this one. This one, on one H100 (``h100_session30.sh 3``):
 0.402-0.409 ms against the two kernels' 0.434; TransAct's region fwd+bwd 0.565-0.571 ms by
-CUDA graph replay against 0.581-0.587 (cuDNN's padded masked SDPA: 0.958-0.960). Its
-numeric tests passed on that GPU, but at rows of one 64-row block, where dq never goes
-through the scratch. **Off by default** until ``GEMC_TEST_DEVICE=cuda pytest
-tests/kernels/test_fused_softmax_backward.py`` (rows of 100 on a GPU: two blocks) passes;
-``GEMC_FUSED_SOFTMAX_SHORT_ROWS=1`` turns it on."""
+CUDA graph replay against 0.581-0.587 (cuDNN's padded masked SDPA: 0.958-0.960). **On by
+default** since the thirty-first session, when its numeric tests passed on an H100 at rows
+of 100 (two blocks: dq through the scratch; ``h100_session31.sh 1``) and 32-row blocks
+timed 0.392 ms there (``h100_session31.sh 2``). ``GEMC_FUSED_SOFTMAX_SHORT_ROWS=0`` runs
+the two kernels."""
 
 
 def written_rows(like: torch.Tensor, count: int = 1, zeroed: bool = False
