@@ -7,8 +7,9 @@
 #   bash benchmarks/h100_session31.sh 2   # TransAct's region attention at each forward and
 #       # row-kernel config (attention_gpu_time.py --transact-blocks), then hstu, sasrec_bst,
 #       # mmoe and din, gemc and gemc-cudagraphs each
-#   bash benchmarks/h100_session31.sh 3   # with the row kernel on by default (32-row
-#       # blocks): its tests on the GPU, TransAct's attention against padded cuDNN
+#   bash benchmarks/h100_session31.sh 3   # with the row kernel on by default, its pick set
+#       # to 32-row blocks first (softmax_row_backward._prefer, and BLOCK = 32 in its
+#       # test): its tests on the GPU, TransAct's attention against padded cuDNN
 #       # (--defaults-only), and sasrec_bst's gemc losses again (run-to-run spread)
 # Each model's pair runs 12 steps (3 warm-up) in its own processes on one machine; a line a
 # model (both steps, every step's time past the warm-up, the largest per-step loss gap, any

@@ -210,9 +210,8 @@ kernels, and was replaced by this one. This one, on one H100 (``h100_session30.s
 0.402-0.409 ms against the two kernels' 0.434; TransAct's region fwd+bwd 0.565-0.571 ms by
 CUDA graph replay against 0.581-0.587 (cuDNN's padded masked SDPA: 0.958-0.960). **On by
 default** since the thirty-first session, when its numeric tests passed on an H100 at rows
-of 100 (two blocks: dq through the scratch; ``h100_session31.sh 1``) and 32-row blocks
-timed 0.392 ms there (``h100_session31.sh 2``). ``GEMC_FUSED_SOFTMAX_SHORT_ROWS=0`` runs
-the two kernels."""
+of 100 (two 64-row blocks: dq through the scratch; ``h100_session31.sh 1``).
+``GEMC_FUSED_SOFTMAX_SHORT_ROWS=0`` runs the two kernels."""
 
 
 def written_rows(like: torch.Tensor, count: int = 1, zeroed: bool = False

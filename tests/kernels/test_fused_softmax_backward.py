@@ -25,14 +25,14 @@ from kernel_helpers import fresh_generator
 
 kernel = importlib.import_module("gemc.backends.triton.jagged_attention")
 # Rows over several blocks of the configs that run, the last ragged: the interpreter's 16-row
-# blocks at L = 40, the GPU's 32-row ones (the row kernel's pick) at L = 100
+# blocks at L = 40, the GPU's 64-row ones (the row kernel's pick) at L = 100
 # (GEMC_TEST_DEVICE=cuda). The row
 # kernel's dq sums through its scratch happen only where a row has two key blocks: at
 # L = 40 on the GPU no row had (thirtieth session's GPU run). Head dim 24 pads to 32 (a
 # masked column tail).
 ON_GPU = os.environ.get("GEMC_TEST_DEVICE", "cpu") != "cpu"
 B, L, H, D = 5, (100 if ON_GPU else 40), 2, 24
-BLOCK = 32 if ON_GPU else 16
+BLOCK = 64 if ON_GPU else 16
 SCALE = D ** -0.5
 FWD, DQ, DKDV = (f"jagged_attention.{n}" for n in ("_fwd_kernel", "_bwd_dq_kernel",
                                                      "_bwd_dkdv_kernel"))
