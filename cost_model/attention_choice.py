@@ -36,8 +36,11 @@ which ``jagged_attention``'s ``KEY_BIAS`` fixed: 0.84 ms since, twenty-seventh s
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
+from gemc import softmax_backward_rule
 from gemc.ir import OpKind
 
 from .attention_fit import GEMC_GUARDED_CALL_HOST_S
@@ -47,12 +50,33 @@ from .op_cost import BWD_KERNELS
 REGION_ATTENTION_LAUNCHES = ISLAND_LAUNCHES
 """Kernels a packed region's attention on its tokens launches a step
 (``gemc::jagged_attention_values``: forward, dq and dk/dv backward), as the step model counts
-a gemc island."""
+a gemc island; one fewer where its softmax backward is one kernel
+(:func:`region_attention_launches`)."""
 
 REP_ATTENTION_LAUNCHES = ISLAND_LAUNCHES + REP_KEY_BIAS_LAUNCHES
 """Kernels an attention over padding representatives launches a step
 (``packed_tokens.rep_attention``): the bias kernel (``gemc::rep_key_bias``, forward only; no
-output guard since issue 17) and the attention's three."""
+output guard since issue 17) and the attention's three (two: as above)."""
+
+
+def region_attention_launches(rep: bool, facts: Mapping[str, Any] | None = None) -> int:
+    """Kernels a region attention launches a step: :data:`REP_ATTENTION_LAUNCHES` (``rep``)
+    or :data:`REGION_ATTENTION_LAUNCHES`, less one where ``facts`` (a match's ``kind``,
+    ``max_len``, ``head_dim``) say a softmax attention whose backward runs as one kernel
+    (``gemc.softmax_backward_rule``, the runner's rule: short rows, the switch on). Why:
+    TransAct's region attention launches the forward and the row kernel since the
+    thirty-first session, not three kernels."""
+    launches = REP_ATTENTION_LAUNCHES if rep else REGION_ATTENTION_LAUNCHES
+    facts = facts or {}
+    if facts.get("kind") in SOFTMAX_KINDS and facts.get("max_len") and facts.get("head_dim"):
+        launches -= 2 - softmax_backward_rule.backward_kernels(int(facts["max_len"]),
+                                                               int(facts["head_dim"]))
+    return launches
+
+
+SOFTMAX_KINDS = ("jagged_attention", "key_padding_attention")
+"""Match kinds whose region call runs the softmax self-attention kernels
+(``gemc::jagged_attention_values``); the silu and query attentions run kernels of their own."""
 
 SDPA_LAUNCHES = 1 + BWD_KERNELS[OpKind.ATTENTION]
 """Kernels the model's SDPA launches a step, as the step model counts an attention node
@@ -117,14 +141,15 @@ class AttentionPrices:
                 "fill_source": self.fill_source}
 
 
-def region_host_prices(rep: bool, per_launch_s: float | None = None
-                       ) -> dict[str, float | int]:
+def region_host_prices(rep: bool, per_launch_s: float | None = None,
+                       facts: Mapping[str, Any] | None = None) -> dict[str, float | int]:
     """The host prices of a region attention's call (``rep``: over padding
-    representatives) and of the model's SDPA, by their launches at ``per_launch_s`` (the
-    calibration's ``graph_launch_s``; default :data:`launches.GRAPH_LAUNCH_HOST_S`): ms and
-    counts, as the plan records them (see the module doc)."""
+    representatives; ``facts``: the match's, :func:`region_attention_launches`) and of the
+    model's SDPA, by their launches at ``per_launch_s`` (the calibration's
+    ``graph_launch_s``; default :data:`launches.GRAPH_LAUNCH_HOST_S`): ms and counts, as the
+    plan records them (see the module doc)."""
     per = per_launch_s or GRAPH_LAUNCH_HOST_S
-    gemc = REP_ATTENTION_LAUNCHES if rep else REGION_ATTENTION_LAUNCHES
+    gemc = region_attention_launches(rep, facts)
     return {"launches": gemc, "launch_ms": round(1e3 * gemc * per, 6),
             "padded_launches": SDPA_LAUNCHES,
             "padded_launch_ms": round(1e3 * SDPA_LAUNCHES * per, 6),

@@ -139,7 +139,7 @@ def settle(gm: fx.GraphModule, ctx: PassContext) -> int:
         if node.name in in_place or packed is not None:
             facts["attention_prices"] = _on_region(
                 dict(facts.get("attention_prices") or {}), regions.get(rid), node.name,
-                getattr(ctx.calibration, "graph_launch_s", None))
+                getattr(ctx.calibration, "graph_launch_s", None), facts)
             continue
         gid = facts.get("id")
         for n in gm.graph.nodes:
@@ -153,7 +153,8 @@ def settle(gm: fx.GraphModule, ctx: PassContext) -> int:
 
 
 def _on_region(choice: dict[str, Any], region: Mapping[str, Any] | None, name: str = "",
-               per_launch_s: float | None = None) -> dict[str, Any]:
+               per_launch_s: float | None = None,
+               facts: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """A kept match's recorded prices as its packed region runs it: no copies, no sync of
     its own, and, where the region's sample gives the share of the padded scores its
     attentions compute (``attention_fill``) and the match was priced at another fill, the
@@ -173,7 +174,7 @@ def _on_region(choice: dict[str, Any], region: Mapping[str, Any] | None, name: s
         choice.update(kernel_ms=kernel, fill=float(share),
                       fill_source="its packed region's sample (attention_fill)")
     rep = bool(region) and name in (region.get("rep_attentions") or ())
-    host = region_host_prices(rep, per_launch_s)
+    host = region_host_prices(rep, per_launch_s, facts)
     padded = choice.get("padded_ms")
     choice.update(copies_ms=0.0, guarded=False, **host)
     choice["gemc_ms"] = None if kernel is None else \

@@ -50,12 +50,13 @@ inputs are IEEE fp32 (no TF32), and outputs and gradients have the input dtype.
 from __future__ import annotations
 
 import math
-import os
 from typing import Literal
 
 import torch
 import triton
 import triton.language as tl
+
+from gemc import softmax_backward_rule
 
 from . import config_choice
 from .config_choice import Preferred, Tiles
@@ -108,7 +109,7 @@ _BWD_Q_CONFIGS = autotune_configs(
 # over short and long histories of one head dim each get their own pick (:data:`SHORT_ROWS`)
 _TUNE_KEY = ["HEAD_DIM", "CAUSAL", "SILU", "FAST_SIGMOID", "FUSED_DQ", "inv_max_len"]
 
-SHORT_ROWS = 128
+SHORT_ROWS = softmax_backward_rule.SHORT_ROWS
 """Rows at most this long (``max_len``) at head dim <= 64 take the short-row configs. Why:
 at TransAct's shape (rows of ~50 tokens, at most 100; head dim 48; B=4096, 2 heads) each
 program does one or two tiles, so no loop is there to pipeline and what bounds the kernels
@@ -156,17 +157,10 @@ error at the two-kernel path's (``benchmarks/h200_pending12.sh``, part 4)."""
 
 
 KEY_BLOCK_ENV = "GEMC_SILU_KEY_BLOCK_BACKWARD"
-FUSED_SOFTMAX_ENV = "GEMC_FUSED_SOFTMAX_SHORT_ROWS"
+FUSED_SOFTMAX_ENV = softmax_backward_rule.ENV
 
 
-def _switch_from_env(name: str, on: str, off: str, default: str = "1") -> bool:
-    """Environment switch ``name`` = 1 (``on``) / 0 (``off``), unset: ``default``; read at
-    import: a benchmark times both settings on one model, each in its own process. Anything
-    else is refused by name rather than read as either."""
-    value = os.environ.get(name, default).strip()
-    if value not in ("0", "1"):
-        raise ValueError(f"{name}={value!r}: set it to 1 ({on}) or 0 ({off}), or unset it")
-    return value == "1"
+_switch_from_env = softmax_backward_rule.switch_from_env
 
 
 def _key_block_from_env() -> bool:
@@ -176,9 +170,8 @@ def _key_block_from_env() -> bool:
 
 
 def _fused_softmax_from_env() -> bool:
-    """``GEMC_FUSED_SOFTMAX_SHORT_ROWS`` (:func:`_switch_from_env`; unset: on)."""
-    return _switch_from_env(FUSED_SOFTMAX_ENV, "the one-kernel softmax backward of short rows",
-                            "the two-kernel one")
+    """``GEMC_FUSED_SOFTMAX_SHORT_ROWS`` (``gemc.softmax_backward_rule``; unset: on)."""
+    return softmax_backward_rule.enabled_from_env()
 
 
 SILU_KEY_BLOCK_BACKWARD = _key_block_from_env()
@@ -295,7 +288,7 @@ def short_rows(max_len: float, block_d: int) -> bool:
     """Whether rows of at most ``max_len`` tokens at a padded head dim ``block_d`` are short
     (:data:`SHORT_ROWS`, head dim <= 64): the short-row configs and the one-kernel softmax
     backward (:func:`fused_softmax_backward`) both read it."""
-    return 0 < max_len <= SHORT_ROWS + 0.5 and block_d <= 64
+    return softmax_backward_rule.short_rows(max_len, block_d)
 
 
 def fused_softmax_backward(max_len: int, block_d: int) -> bool:

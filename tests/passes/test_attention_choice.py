@@ -250,6 +250,52 @@ def test_settle_prices_a_kept_match_at_its_regions_sampled_share():
     assert "slower" not in choice["note"]
 
 
+@pytest.mark.parametrize("switch, max_len, head_dim, launches", [
+    (None, 100, 48, 3), ("1", 128, 64, 3), ("0", 100, 48, 4), (None, 129, 48, 4),
+    (None, 100, 65, 4)])
+def test_settle_prices_a_short_row_softmax_backward_as_one_launch(
+        switch, max_len, head_dim, launches, monkeypatch):
+    """The runner's rule (``gemc.softmax_backward_rule``): a softmax region attention at
+    short rows and a head dim padding to <= 64 (TransAct's 100 and 48) runs its backward as
+    one kernel, so it is priced at the key bias, the forward and that one; at longer rows,
+    a wider head or with the switch off, at the two-kernel backward's four."""
+    from gemc.passes.attention_choice import settle
+
+    from gemc import softmax_backward_rule as rule
+    from gemc.context import PassContext
+
+    if switch is None:
+        monkeypatch.delenv(rule.ENV, raising=False)
+    else:
+        monkeypatch.setenv(rule.ENV, switch)
+    gm, attn = _pending_in_region({"gemc_ms": 2.67, "kernel_ms": 1.03, "padded_ms": 0.697},
+                                  {"attention_fill": 0.35})
+    attn.meta[ir.KERNEL].update(max_len=max_len, head_dim=head_dim)
+    settle(gm, PassContext())
+    choice = attn.meta[ir.KERNEL]["attention_prices"]
+    launch = 1e3 * GRAPH_LAUNCH_HOST_S
+    assert choice["launches"] == launches
+    assert choice["gemc_ms"] == pytest.approx(1.03 * 0.35 + launches * launch)
+
+
+def test_the_softmax_backward_rule_is_the_kernels():
+    """The core rule the cost model prices by is the one the kernels run by: the same short
+    rows at every padded head dim, the same switch."""
+    import importlib
+
+    from gemc import softmax_backward_rule as rule
+
+    kernel = importlib.import_module("gemc.backends.triton.jagged_attention")
+    for max_len in (1, 64, 100, 128, 129, 400):
+        for head_dim in (8, 24, 48, 64, 65, 128):
+            block_d = kernel.next_pow2(head_dim, kernel.MIN_DOT)
+            assert rule.padded_head_dim(head_dim) == block_d
+            assert rule.short_rows(max_len, block_d) == kernel.short_rows(max_len, block_d)
+            assert (rule.backward_kernels(max_len, head_dim, True) == 1) == \
+                kernel.short_rows(max_len, block_d)
+    assert kernel.FUSED_SOFTMAX_ENV == rule.ENV and kernel.SHORT_ROWS == rule.SHORT_ROWS
+
+
 def test_settle_records_a_region_attention_priced_slower_and_keeps_it():
     """A region attention whose kernel and launches cost more than the model's SDPA is kept
     (the region runs it on its tokens), its note saying it is priced slower."""
