@@ -11,6 +11,8 @@
 #       # to 32-row blocks first (softmax_row_backward._prefer, and BLOCK = 32 in its
 #       # test): its tests on the GPU, TransAct's attention against padded cuDNN
 #       # (--defaults-only), and sasrec_bst's gemc losses again (run-to-run spread)
+#   bash benchmarks/h100_session31.sh 4   # the GEM and DLRM examples, gemc and
+#       # gemc-cudagraphs each (the zoo's seven ran in parts 1 and 2)
 # Each model's pair runs 12 steps (3 warm-up) in its own processes on one machine; a line a
 # model (both steps, every step's time past the warm-up, the largest per-step loss gap, any
 # error) goes to stdout and to $OUT/cudagraphs_zoo.txt; both variants' rows to
@@ -108,4 +110,8 @@ if [ "$part" = 3 ]; then
   echo "== sasrec_bst gemc again (exit $?, $((SECONDS - t0)) s)"
   python3 -c "import json,sys; v=json.load(open(sys.argv[1]))['variants']['sasrec_bst'][0]; \
   print(v.get('step_ms'), [round(x, 4) for x in v.get('losses', [])])" /tmp/sb/zoo.json
+fi
+if [ "$part" = 4 ]; then  # the two examples under CUDA graphs: what a default needs besides the zoo
+  pair gem 240
+  pair dlrm 150
 fi
