@@ -24,9 +24,10 @@ t0=$SECONDS
 part=${1:-1}
 budget=585  # seconds this call may take in all
 
-pair() {  # MODEL TIMEOUT: gemc, then gemc-cudagraphs, if the time left allows each
+pair() {  # MODEL TIMEOUT: gemc without, then with CUDA graphs, if the time left allows each
+  # (gemc-nographs: what the gemc variant was when calls 1 and 2 ran, before --compile-mode auto)
   local m=$1 limit=$2 v left
-  for v in gemc gemc-cudagraphs; do
+  for v in gemc-nographs gemc-cudagraphs; do
     left=$((budget - SECONDS + t0))
     if [ "$left" -lt 45 ]; then echo "== $m $v skipped (${left} s left)"; continue; fi
     [ "$limit" -gt "$left" ] && limit=$left
@@ -46,7 +47,7 @@ pair() {  # MODEL TIMEOUT: gemc, then gemc-cudagraphs, if the time left allows e
 import json, pathlib, sys
 m, out = sys.argv[1], pathlib.Path(sys.argv[2])
 rows = {}
-for v in ("gemc", "gemc-cudagraphs"):
+for v in ("gemc-nographs", "gemc-cudagraphs"):
     p = pathlib.Path(f"/tmp/cg_{m}_{v}/zoo.json")
     rows[v] = json.loads(p.read_text())["variants"][m][0] if p.exists() else {"error": "no result"}
 pairs = out / "pairs.json"

@@ -18,13 +18,15 @@ the variants (``_baseline``, ``_gemc``), so the two benchmarks measure alike:
 ``eager``        the reference trainer under ``torch.autocast(bf16)``;
 ``compile``      the same with every dense region wrapped in ``torch.compile``;
 ``gemc``         the runner on the plan, graph mode trained through ``torch.compile``
-                 (gemc's kernels as custom ops, Inductor around them);
+                 (gemc's kernels as custom ops, Inductor around them; CUDA graphs where
+                 the plan predicts the host bounds the step: ``--compile-mode auto``);
 ``gemc-measured`` (optional) the same, each fused group measured against Inductor's code
                  on the first step and the faster kept (figures in the row's report);
 ``gemc-groups``  (optional) the same with every fused group as gemc's kernel (no measurement:
                  ``GEMC_GROUP_CHOICE=gemc``), the other end of the A/B;
 ``gemc-interp``  (optional) graph mode through the op-by-op interpreter (the old path);
 ``gemc-cudagraphs`` (optional) ``gemc`` with ``torch.compile(mode="reduce-overhead")``;
+``gemc-nographs`` (optional) ``gemc`` never under CUDA graphs (``--compile-mode default``);
 ``gemc-autotune`` (optional) ``gemc`` with ``--autotune``: its hand-written kernels time every
                  config that fits (``gemc``'s first step runs one heuristic config each).
 ``gemc-fp8``     (optional) ``gemc`` with ``--fp8-linears 1024``: row-wise fp8 forced on every
@@ -87,13 +89,14 @@ import compile_accounting  # noqa: E402  (where the first step's seconds go)
 import e2e  # noqa: E402  (the variants' code, shared with the GEM benchmark)
 
 VARIANTS = ("eager", "compile", "gemc", "gemc-measured", "gemc-groups", "gemc-interp",
-            "gemc-cudagraphs", "gemc-autotune", "gemc-fp8", "gemc-nowarm", "gemc-pwtune")
+            "gemc-cudagraphs", "gemc-nographs", "gemc-autotune", "gemc-fp8", "gemc-nowarm", "gemc-pwtune")
 GEMC_OPTIONS: dict[str, dict[str, Any]] = {
     "gemc": {"graph_executor": "inductor"},
     "gemc-groups": {"graph_executor": "inductor"},  # + GEMC_GROUP_CHOICE=gemc (child())
     "gemc-measured": {"graph_executor": "inductor", "measure_kernels": True},
     "gemc-interp": {"graph_executor": "interpreter"},
     "gemc-cudagraphs": {"graph_executor": "inductor", "compile_mode": "reduce-overhead"},
+    "gemc-nographs": {"graph_executor": "inductor", "compile_mode": "default"},
     "gemc-autotune": {"graph_executor": "inductor", "autotune": True},
     "gemc-fp8": {"graph_executor": "inductor", "fp8_min_features": 1024},
     # gemc's own kernels compiled at their first launch, not ahead in workers (issue 16)

@@ -29,6 +29,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gemc.backends.torch.cuda_graphs_choice import AUTO
+from gemc.backends.torch.cuda_graphs_choice import MODES as COMPILE_MODES
 from gemc.backends.torch.fp8_audit_cadence import DEFAULT_EVERY as AUDIT_EVERY
 from gemc.backends.torch.fp8_audit_cadence import FLAG as AUDIT_FLAG
 from gemc.backends.torch.kernel_choices import read_choices
@@ -174,8 +176,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="a plan without graph kernels (module mode): torch.compile the model, table "
         "lookups eager; auto: on CUDA with one rank",
     )
-    p.add_argument("--compile-mode", help="torch.compile mode for graph mode, e.g. "
-                   "reduce-overhead (CUDA graphs)")
+    p.add_argument("--compile-mode", choices=COMPILE_MODES, default=AUTO,
+                   help="torch.compile mode for graph mode: reduce-overhead replays the step "
+                   "as CUDA graphs, default never does; auto (the default): CUDA graphs on "
+                   "one CUDA GPU where the plan predicts the host bounds the step")
     p.add_argument("--measure-kernels", action="store_true",
                    help="graph mode: on the first step, time each fused group's gemc kernel "
                    "against Inductor's code for it and keep the faster (in the run report)")

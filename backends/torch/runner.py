@@ -38,6 +38,7 @@ from gemc.backends.torch import checkpoint as ckpt
 from gemc.backends.torch import kernels as kernel_registry
 from gemc.backends.torch import precision as precision_mod
 from gemc.backends.torch.compile_cache import CompileCache, compile_cache
+from gemc.backends.torch.cuda_graphs_choice import AUTO, CUDA_GRAPHS, resolve_compile_mode
 from gemc.backends.torch.dense import apply_strategies, check_strategies
 from gemc.backends.torch.divergence import DivergenceGuard, load_reference, low_precision_sites
 from gemc.backends.torch.embedding import shard_tables
@@ -123,7 +124,9 @@ class RunOptions:
     warmup_steps: int = 2
     # graph mode: "inductor" (torch.compile over the rewritten graph) or "interpreter"
     graph_executor: str = "inductor"
-    compile_mode: str | None = None  # torch.compile mode, e.g. "reduce-overhead"
+    # torch.compile mode of graph mode; "auto": CUDA graphs ("reduce-overhead") where the
+    # plan predicts the host bounds the step (cuda_graphs_choice), "default": never
+    compile_mode: str | None = AUTO
     # per kernel name {"choice": "gemc"|"inductor", ...}: measured choices for fused groups,
     # above the plan's recorded ones (.kernel_choices)
     kernel_choices: dict[str, Any] | None = None
@@ -519,6 +522,13 @@ def _run(
         OwnerLookup(tables, fused_owned, emb_opt, world_size=wsize, seed=opts.seed)
 
     forward: Any = model
+    compile_mode, compile_mode_why = resolve_compile_mode(
+        opts.compile_mode, device_type=device.type, executor=opts.graph_executor,
+        world_size=wsize, predicted=plan.get("predicted"))
+    if graph_kernels and compile_mode == CUDA_GRAPHS and opts.compile_mode in (None, AUTO) \
+            and opts.progress and rank == 0:
+        print(f"gemc run: CUDA graphs on ({compile_mode_why}); --compile-mode default "
+              "turns them off", flush=True)
     if graph_kernels:
         forward = GraphExecutor(
             captured.gm,
@@ -531,7 +541,7 @@ def _run(
             world_size=wsize,
             executor=opts.graph_executor,
             measured=opts.kernel_choices,
-            compile_mode=opts.compile_mode,
+            compile_mode=compile_mode,
             pointwise_autotune=opts.pointwise_autotune,
             measure=opts.measure_kernels,
             recorded=plan_choices(graph_kernels),
@@ -732,6 +742,7 @@ def _run(
         report["graph_executor"] = {
             "executor": forward.executor,
             "compile_mode": forward.compile_mode,
+            "compile_mode_reason": compile_mode_why,
             "inductor_options": forward.inductor_options,
             "backend": compile_backend(device) if forward.executor == "inductor" else None,
             "kernel_choices": dict(sorted(forward.choices.items())),

@@ -183,6 +183,9 @@ def test_graph_mode_runs_the_plans_kernels(base_plans, tmp_path) -> None:
     assert first.report["kernels_applied"] and first.report["execution"].startswith("graph")
     graph = first.report["graph_executor"]
     assert graph["executor"] == "inductor" and graph["kernel_choices"]
+    # auto (the default) takes no CUDA graphs off a CUDA device, and says why
+    assert graph["compile_mode"] is None
+    assert graph["compile_mode_reason"] == "auto: CUDA graphs need a CUDA device"
     assert graph["host_s"]["build"] > 0  # building the rewritten graph, before torch.compile
     # generated groups without a measured win are Inductor's; the embedding lookup gemc's
     assert all(c == ("gemc" if "embedding" in n else "inductor")
