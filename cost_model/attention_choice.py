@@ -59,6 +59,11 @@ REP_ATTENTION_LAUNCHES = ISLAND_LAUNCHES + REP_KEY_BIAS_LAUNCHES
 output guard since issue 17) and the attention's three (two: as above)."""
 
 
+SOFTMAX_KINDS = ("jagged_attention", "key_padding_attention")
+"""Match kinds whose region call runs the softmax self-attention kernels
+(``gemc::jagged_attention_values``); the silu and query attentions run kernels of their own."""
+
+
 def region_attention_launches(rep: bool, facts: Mapping[str, Any] | None = None) -> int:
     """Kernels a region attention launches a step: :data:`REP_ATTENTION_LAUNCHES` (``rep``)
     or :data:`REGION_ATTENTION_LAUNCHES`, less one where ``facts`` (a match's ``kind``,
@@ -73,10 +78,6 @@ def region_attention_launches(rep: bool, facts: Mapping[str, Any] | None = None)
                                                                int(facts["head_dim"]))
     return launches
 
-
-SOFTMAX_KINDS = ("jagged_attention", "key_padding_attention")
-"""Match kinds whose region call runs the softmax self-attention kernels
-(``gemc::jagged_attention_values``); the silu and query attentions run kernels of their own."""
 
 SDPA_LAUNCHES = 1 + BWD_KERNELS[OpKind.ATTENTION]
 """Kernels the model's SDPA launches a step, as the step model counts an attention node

@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gemc.errors import GemcUserError
+
 __all__ = ["AUTO", "CUDA_GRAPHS", "MODES", "resolve_compile_mode"]
 
 AUTO = "auto"
@@ -38,7 +40,9 @@ def resolve_compile_mode(requested: str | None, *, device_type: str, executor: s
     plan's prediction decides)."""
     if requested not in (None, AUTO):
         if requested not in MODES:
-            raise ValueError(f"compile mode {requested!r}: use one of {', '.join(MODES)}")
+            raise GemcUserError(f"compile mode {requested!r} is not one gemc run takes",
+                                where="--compile-mode (RunOptions.compile_mode)",
+                                fix=f"use one of {', '.join(MODES)}")
         return (None if requested == "default" else requested), f"asked for ({requested})"
     if device_type != "cuda":
         return None, "auto: CUDA graphs need a CUDA device"

@@ -429,6 +429,10 @@ def _run(
     rank, wsize = world.rank, world.world_size
     t_setup = time.perf_counter()
     plan = typed.to_dict()
+    # before any work: a mode not torch.compile's is refused here, not after the model is built
+    compile_mode, compile_mode_why = resolve_compile_mode(
+        opts.compile_mode, device_type=device.type, executor=opts.graph_executor,
+        world_size=wsize, predicted=plan.get("predicted"))
     spec = load_plan_model(typed.model, plan_dir)
     kernels = kept_kernels(plan, opts.skip_kernels) if opts.kernels else []
     if opts.kernel_choices:
@@ -522,9 +526,6 @@ def _run(
         OwnerLookup(tables, fused_owned, emb_opt, world_size=wsize, seed=opts.seed)
 
     forward: Any = model
-    compile_mode, compile_mode_why = resolve_compile_mode(
-        opts.compile_mode, device_type=device.type, executor=opts.graph_executor,
-        world_size=wsize, predicted=plan.get("predicted"))
     if graph_kernels and compile_mode == CUDA_GRAPHS and opts.compile_mode in (None, AUTO) \
             and opts.progress and rank == 0:
         print(f"gemc run: CUDA graphs on ({compile_mode_why}); --compile-mode default "

@@ -58,7 +58,10 @@ def test_a_named_mode_is_taken_as_asked_anywhere(requested, mode):
 
 
 def test_an_unknown_mode_is_refused_by_name():
-    with pytest.raises(ValueError, match="'fast'.*auto, default, reduce-overhead"):
+    from gemc.errors import GemcUserError
+
+    with pytest.raises(GemcUserError, match="(?s)'fast'.*--compile-mode.*auto, default, "
+                       "reduce-overhead"):
         _auto(_predicted(370, 5.26), requested="fast")
 
 
