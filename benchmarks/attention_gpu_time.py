@@ -346,8 +346,9 @@ FWD_BLOCKS = ((64, 32, 4, 2), (32, 32, 2, 2), (32, 32, 4, 2), (32, 64, 4, 2), (6
 region shape, the short-row pick first. Why: the forward (0.155 ms) is where gemc's lead over
 cuDNN's is smallest (1.36x, cuDNN's fprop 0.211 ms; thirtieth session, H100), and rows of
 ~51 tokens in 64-row query tiles leave ~40% of each tile idle."""
-ROW_BLOCKS = ((64, 4), (32, 4), (64, 8), (32, 2))
-"""(BLOCK, warps) of the one-program-per-row softmax backward ``--transact-blocks`` times."""
+ROW_BLOCKS = ((64, 4, 1), (32, 4, 1), (32, 4, 2), (64, 4, 2), (32, 2, 1), (32, 2, 2))
+"""(BLOCK, warps, stages) of the one-program-per-row softmax backward ``--transact-blocks``
+times, its pick first."""
 
 
 def _force_config(name: str, params: dict[str, int], warps: int, stages: int) -> None:
@@ -404,8 +405,8 @@ def _transact_blocks(smoke: bool, dtype: torch.dtype, device: torch.device,
             one(f"fwd {bm}x{bn} {w}w {st}s", fwd_name, {"BLOCK_M": bm, "BLOCK_N": bn}, w, st)
         cc._KERNELS[fwd_name][0].prefer = hooks[fwd_name]
         J.FUSED_SOFTMAX_SHORT_ROWS = True
-        for block, w in ROW_BLOCKS if gpu else ROW_BLOCKS[:1]:
-            one(f"row kernel {block} {w}w", row_name, {"BLOCK": block}, w, 1)
+        for block, w, st in ROW_BLOCKS if gpu else ROW_BLOCKS[:1]:
+            one(f"row kernel {block} {w}w {st}s", row_name, {"BLOCK": block}, w, st)
     finally:
         J.FUSED_SOFTMAX_SHORT_ROWS = flag
         for n, prefer in hooks.items():

@@ -369,6 +369,21 @@ def _store_rows(base, start, offs, row_len, stride_t, offs_d, x, HEAD_DIM: tl.co
 
 
 @triton.jit
+def _any_uncovered(chunk, n_chunks, offsets_ptr, n_seqs, total_rows, pad_len,
+                   BLOCK: tl.constexpr):
+    """Whether chunks ``[chunk, chunk + n_chunks)`` (``BLOCK`` rows each) may hold a row
+    that :func:`_zero_uncovered` zeros: any in the padded layout, else any outside
+    ``[offsets[0], offsets[n_seqs])``. Why a test of its own: a program that zeros several
+    chunks (one per head or per output) asks once, two scalar loads, where each call would
+    load and branch again (their loads cannot be hoisted past the stores between them)."""
+    lo = chunk.to(tl.int64) * BLOCK
+    first = tl.load(offsets_ptr).to(tl.int64)
+    end = tl.load(offsets_ptr + n_seqs).to(tl.int64)
+    hi = tl.minimum(lo + n_chunks * BLOCK, total_rows)
+    return (lo < total_rows) & ((pad_len > 0) | (lo < first) | (hi > end))
+
+
+@triton.jit
 def _zero_uncovered(base, chunk, offsets_ptr, n_seqs, total_rows, pad_len, stride_t, offs_d,
                     HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
     """Zeros into the rows of chunk ``chunk`` (rows ``[chunk * BLOCK, +BLOCK)`` of a
@@ -386,12 +401,8 @@ def _zero_uncovered(base, chunk, offsets_ptr, n_seqs, total_rows, pad_len, strid
     layouts' bounds are computed as blocks of one type and selected (``tl.where``): a
     run-time branch whose arms give a variable different types does not compile for the
     GPU."""
-    lo = chunk.to(tl.int64) * BLOCK
-    first = tl.load(offsets_ptr).to(tl.int64)
-    end = tl.load(offsets_ptr + n_seqs).to(tl.int64)
-    hi = tl.minimum(lo + BLOCK, total_rows)
-    if (lo < total_rows) & ((pad_len > 0) | (lo < first) | (hi > end)):
-        rows = lo + tl.arange(0, BLOCK)
+    if _any_uncovered(chunk, 1, offsets_ptr, n_seqs, total_rows, pad_len, BLOCK):
+        rows = chunk.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         padded = (tl.zeros_like(rows) + pad_len) > 0
         seq = tl.where(padded, rows // tl.maximum(pad_len, 1), 0)
         has = (rows < total_rows) & (seq < n_seqs)

@@ -48,6 +48,7 @@ import triton.language as tl
 from . import config_choice
 from .config_choice import Preferred, Tiles
 from .jagged_attention import (
+    _any_uncovered,
     _inv_norm,
     _load_rows,
     _query_blocks,
@@ -211,11 +212,12 @@ def _bwd_silu_kv_kernel(
     # never zero-filled: jagged_attention.written_rows); n_rows spans every row
     chunk = b * key_blocks + pid % key_blocks
     n_seqs = tl.num_programs(0) // (key_blocks * groups)
-    for i in range(0, heads_per_program):
-        _zero_uncovered(DK + (h0 + i) * stride_dkh, chunk, offsets_ptr, n_seqs, total_rows,
-                        pad_len, stride_dkt, offs_d, HEAD_DIM, BLOCK_N)
-        _zero_uncovered(DV + (h0 + i) * stride_dvh, chunk, offsets_ptr, n_seqs, total_rows,
-                        pad_len, stride_dvt, offs_d, HEAD_DIM, BLOCK_N)
+    if _any_uncovered(chunk, 1, offsets_ptr, n_seqs, total_rows, pad_len, BLOCK_N):
+        for i in range(0, heads_per_program):
+            _zero_uncovered(DK + (h0 + i) * stride_dkh, chunk, offsets_ptr, n_seqs,
+                            total_rows, pad_len, stride_dkt, offs_d, HEAD_DIM, BLOCK_N)
+            _zero_uncovered(DV + (h0 + i) * stride_dvh, chunk, offsets_ptr, n_seqs,
+                            total_rows, pad_len, stride_dvt, offs_d, HEAD_DIM, BLOCK_N)
     if start_n < row_len:
         for i in range(0, heads_per_program):
             h = h0 + i

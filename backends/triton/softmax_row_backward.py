@@ -13,8 +13,12 @@ cost more than the dq kernel they replaced.
 
 Here one program owns a whole (sequence, head), so no other program touches its dq rows:
 
-* **delta first.** ``delta = rowsum(O * dO)`` per query block, stored for the row
-  (``DELTA``), then a barrier: the later loads of it are by other threads.
+* **Every load of a tile pair first.** q, dO, O, the logsumexp and the query block's dq
+  so far are loaded together at the top of the pair, so their latencies overlap (a row is
+  two to four tile pairs; the kernel is latency-bound, not bandwidth- or MMA-bound: at
+  TransAct's shape its 2 and 4 warps took the same 0.392 ms, thirty-first session).
+  ``delta = rowsum(O * dO)`` is recomputed from the O and dO tiles of each pair: no pass of
+  its own over the row, no store, no barrier before the products.
 * **Key blocks outer, query blocks inner.** dk and dv of a key block accumulate in
   registers and are stored once. dq of a query block is the sum over the key blocks that
   see it: the first of them stores its share into an fp32 scratch row (``DQ_ACC``,
@@ -41,6 +45,7 @@ import triton.language as tl
 from . import config_choice
 from .config_choice import Preferred, Tiles
 from .jagged_attention import (
+    _any_uncovered,
     _bias_grad_tile,
     _bias_tile,
     _load_rows,
@@ -65,20 +70,20 @@ def _cfg(block: int, warps: int, stages: int) -> triton.Config:
 # 64-row blocks (the pick): a row of at most 64 tokens (most of TransAct's) is one tile
 # pair, its dq never in the scratch. 32-row blocks timed 0.392 ms against 64's 0.403 at
 # TransAct's region shape (thirty-first session, one H100, ``attention_gpu_time.py
-# --transact-blocks``; 64 with 8 warps: 0.735), but the GPU tests of the backward's
-# numbers ran at 64 only (``h100_session31.sh 1``); 32 becomes the pick when they pass there
-# at 32 (``h100_session31.sh 3``)
-_CONFIGS = autotune_configs([_cfg(64, 4, 1), _cfg(32, 4, 1), _cfg(64, 8, 1)],
-                            _cfg(MIN_DOT, 1, 1))
+# --transact-blocks``; 64 with 8 warps: 0.735) before the loads were gathered at the top of
+# each tile pair; two stages let the pipeliner prefetch the next query block's tiles. The
+# GPU tests run every config here (``tests/kernels/test_fused_softmax_backward.py``).
+_CONFIGS = autotune_configs([_cfg(64, 4, 1), _cfg(32, 4, 1), _cfg(32, 4, 2), _cfg(64, 4, 2),
+                             _cfg(64, 8, 1)], _cfg(MIN_DOT, 1, 1))
 _TUNE_KEY = ["HEAD_DIM", "CAUSAL", "HAS_BIAS", "KEY_BIAS", "BIAS_GRAD", "inv_max_len"]
 
 
 def _tiles(cfg: triton.Config, args: dict) -> Tiles:
-    """q, dO (and the bias tile, the row statistics) streamed, k and v resident, p and ds
-    converted for the products (ds twice: dk's and dq's)."""
+    """q, dO, O and the dq scratch (and the bias tile, the logsumexp) streamed, k and v
+    resident, p and ds converted for the products (ds twice: dk's and dq's)."""
     block = cfg.kwargs["BLOCK"]
     d, e, eb = operand_sizes(args)
-    return Tiles(streamed=2 * block * d * e + block * block * eb + 2 * block * 4,
+    return Tiles(streamed=3 * block * d * e + block * d * 4 + block * block * eb + block * 4,
                  resident=2 * block * d * e, scratch=3 * block * block * 4)
 
 
@@ -92,7 +97,7 @@ def _prefer(args: dict) -> list[Preferred]:
                         and a.get("BIAS_GRAD_ADD") else ())
 @triton.jit
 def _bwd_softmax_row_kernel(
-    Q, K, V, Out, DO, DQ, DK, DV, DQ_ACC, LSE, DELTA, offsets_ptr,
+    Q, K, V, Out, DO, DQ, DK, DV, DQ_ACC, LSE, offsets_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     stride_dot, stride_doh, stride_dqt, stride_dqh, stride_dkt, stride_dkh,
     stride_dvt, stride_dvh, stride_at, stride_ah,
@@ -110,28 +115,20 @@ def _bwd_softmax_row_kernel(
     start, row_len = _sequence(offsets_ptr, b, pad_len)
     offs_d = tl.arange(0, BLOCK_D)
     # this sequence's chunks of the outputs' uncovered rows, for its head (n_rows: the rows
-    # per sequence the chunks span, jagged_attention.grid_rows)
+    # per sequence the chunks span, jagged_attention.grid_rows), tested once for all of
+    # them: a packed sequence's chunks inside the covered rows (nearly every one) zero none
     chunks = tl.cdiv(n_rows, BLOCK)
     n_seqs = tl.num_programs(0) // n_heads
-    for c in range(0, chunks):
-        chunk = b * chunks + c
-        _zero_uncovered(DQ + h * stride_dqh, chunk, offsets_ptr, n_seqs, total_rows, pad_len,
-                        stride_dqt, offs_d, HEAD_DIM, BLOCK)
-        _zero_uncovered(DK + h * stride_dkh, chunk, offsets_ptr, n_seqs, total_rows, pad_len,
-                        stride_dkt, offs_d, HEAD_DIM, BLOCK)
-        _zero_uncovered(DV + h * stride_dvh, chunk, offsets_ptr, n_seqs, total_rows, pad_len,
-                        stride_dvt, offs_d, HEAD_DIM, BLOCK)
+    if _any_uncovered(b * chunks, chunks, offsets_ptr, n_seqs, total_rows, pad_len, BLOCK):
+        for c in range(0, chunks):
+            chunk = b * chunks + c
+            _zero_uncovered(DQ + h * stride_dqh, chunk, offsets_ptr, n_seqs, total_rows,
+                            pad_len, stride_dqt, offs_d, HEAD_DIM, BLOCK)
+            _zero_uncovered(DK + h * stride_dkh, chunk, offsets_ptr, n_seqs, total_rows,
+                            pad_len, stride_dkt, offs_d, HEAD_DIM, BLOCK)
+            _zero_uncovered(DV + h * stride_dvh, chunk, offsets_ptr, n_seqs, total_rows,
+                            pad_len, stride_dvt, offs_d, HEAD_DIM, BLOCK)
     lse_base = LSE + h * stride_lse_h
-    delta_base = DELTA + h * stride_lse_h
-    for start_m in range(0, row_len, BLOCK):
-        offs_m = start_m + tl.arange(0, BLOCK)
-        o = _load_rows(Out + h * stride_oh, start, offs_m, row_len, stride_ot, offs_d,
-                       HEAD_DIM, EVEN_D, True)
-        do = _load_rows(DO + h * stride_doh, start, offs_m, row_len, stride_dot, offs_d,
-                        HEAD_DIM, EVEN_D, True)
-        tl.store(delta_base + start + offs_m, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1),
-                 mask=offs_m < row_len)
-    tl.debug_barrier()  # delta stored by some threads, loaded below by others
     bias_base = BIAS + b.to(tl.int64) * stride_bb + h * stride_bh
     db_base = DBIAS + b.to(tl.int64) * stride_dbb + h * stride_dbh
     last_n = (tl.cdiv(row_len, BLOCK) - 1) * BLOCK
@@ -147,12 +144,23 @@ def _bwd_softmax_row_kernel(
         lo = start_n if CAUSAL else 0
         for start_m in range(lo, row_len, BLOCK):
             offs_m = start_m + tl.arange(0, BLOCK)
+            # every load of the tile pair first, the dq scratch's too, so their latencies
+            # overlap one another and the products below
             q = _load_rows(Q + h * stride_qh, start, offs_m, row_len, stride_qt, offs_d,
                            HEAD_DIM, EVEN_D, True)
             do = _load_rows(DO + h * stride_doh, start, offs_m, row_len, stride_dot, offs_d,
                             HEAD_DIM, EVEN_D, True)
+            o = _load_rows(Out + h * stride_oh, start, offs_m, row_len, stride_ot, offs_d,
+                           HEAD_DIM, EVEN_D, True)
             lse = _row_stat(lse_base, start, offs_m, row_len, True)
-            delta = _row_stat(delta_base, start, offs_m, row_len, True)
+            acc_ptrs = DQ_ACC + h * stride_ah + (start + offs_m[:, None]) * stride_at \
+                + offs_d[None, :]
+            inside = (offs_m[:, None] < row_len) & (offs_d[None, :] < HEAD_DIM)
+            # the query block's dq so far: the earlier key blocks' sum (none before block 0)
+            dq_before = tl.load(acc_ptrs, mask=inside & (start_n > 0), other=0.0)
+            # delta = rowsum(O * dO), recomputed by each key block from the tiles it loads
+            # anyway: no pass of its own, no barrier, no buffer
+            delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
             s = mma(q, tl.trans(k), IEEE) * scale
             if HAS_BIAS:
                 s += _bias_tile(bias_base, offs_m, offs_n, row_len, stride_bi, stride_bj,
@@ -166,14 +174,9 @@ def _bwd_softmax_row_kernel(
                                 offs_m[:, None] < row_len, BIAS_GRAD_ADD)
             dv += mma(tl.trans(p.to(do.dtype)), do, IEEE)
             dk += mma(tl.trans(ds.to(q.dtype)), q, IEEE)
-            dq = mma(ds.to(k.dtype), k, IEEE) * scale
+            dq = mma(ds.to(k.dtype), k, IEEE) * scale + dq_before
             # the query block's sum over the key blocks that see it: from the first (key
             # block 0) to the last (its own under a causal mask, else the row's last)
-            acc_ptrs = DQ_ACC + h * stride_ah + (start + offs_m[:, None]) * stride_at \
-                + offs_d[None, :]
-            inside = (offs_m[:, None] < row_len) & (offs_d[None, :] < HEAD_DIM)
-            if start_n > 0:
-                dq += tl.load(acc_ptrs, mask=inside, other=0.0)
             last = start_m if CAUSAL else last_n
             if start_n == last:
                 _store_rows(DQ + h * stride_dqh, start, offs_m, row_len, stride_dqt, offs_d,
@@ -200,12 +203,11 @@ def softmax_row_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     batch = offsets.numel() - 1
     dq_acc = uninitialised(tuple(q.shape), contiguous_strides(q.shape), torch.float32,
                            q.device)
-    delta = torch.empty_like(lse)
     kernel_meta = {key: meta[key] for key in ("HEAD_DIM", "BLOCK_D", "EVEN_D", "CAUSAL",
                                               "IEEE", "HAS_BIAS", "KEY_BIAS", "BIAS_GRAD",
                                               "BIAS_GRAD_ADD")}
     _bwd_softmax_row_kernel[(batch * heads,)](
-        q, k, v, out, do, dq, dk, dv, dq_acc, lse, delta, offsets,
+        q, k, v, out, do, dq, dk, dv, dq_acc, lse, offsets,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1), do.stride(0), do.stride(1), dq.stride(0), dq.stride(1),
         dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), dq_acc.stride(0),

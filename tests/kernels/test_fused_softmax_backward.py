@@ -33,17 +33,21 @@ kernel = importlib.import_module("gemc.backends.triton.jagged_attention")
 ON_GPU = os.environ.get("GEMC_TEST_DEVICE", "cpu") != "cpu"
 B, L, H, D = 5, (100 if ON_GPU else 40), 2, 24
 BLOCK = 64 if ON_GPU else 16
+ROW_CONFIGS = ([(64, 4, 1), (32, 4, 1), (32, 4, 2), (64, 4, 2)] if ON_GPU else [None])
+"""The row kernel's (BLOCK, warps, stages) the GPU run forces, each a pick a timing may
+make (at L = 100, 32-row blocks give rows of four key blocks, dq summed three times through
+the scratch); the interpreter runs its one config (None)."""
 SCALE = D ** -0.5
 FWD, DQ, DKDV = (f"jagged_attention.{n}" for n in ("_fwd_kernel", "_bwd_dq_kernel",
                                                      "_bwd_dkdv_kernel"))
 ROW = "softmax_row_backward._bwd_softmax_row_kernel"
 
 
-def _inputs(gen: torch.Generator, bias_kind: str):
+def _inputs(gen: torch.Generator, bias_kind: str, block: int = BLOCK):
     lengths = torch.randint(0, L + 1, (B,), generator=gen)
     lengths[0], lengths[1] = 0, L
     # row 2 ends inside its second key block (a ragged one: the key bias hides all of it)
-    lengths[2] = int(torch.randint(BLOCK + 1, min(2 * BLOCK, L), (1,), generator=gen))
+    lengths[2] = int(torch.randint(block + 1, min(2 * block, L), (1,), generator=gen))
     offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
     q, k, v, g = (torch.randn(int(lengths.sum()), H, D, generator=gen) for _ in range(4))
     bias = None
@@ -98,11 +102,39 @@ def _sdpa(x, g, lengths, offsets, causal, bias_kind, bias):  # noqa: ANN001, ANN
     return [out.detach(), *torch.autograd.grad(out, leaves, g)]
 
 
+ROW_TUNER = "jagged_attention._bwd_softmax_row_kernel"
+
+
+@pytest.fixture
+def forced_row_config(request, monkeypatch):  # noqa: ANN001, ANN201
+    """The row kernel's pick made ``request.param`` (BLOCK, warps, stages; None: left as
+    is), and every attention pick forgotten after the test, so no later test runs it."""
+    config = request.param
+    if config is not None:
+        hook, tuner = cc._KERNELS[ROW_TUNER]
+        block, warps, stages = config
+        want = ({"BLOCK": block}, warps, stages)
+        assert any(cc._matches(c, want) for c in tuner.configs), config
+        monkeypatch.setattr(hook, "prefer", lambda args: [want])
+        cc.forget("jagged_attention.")
+    yield config
+    if config is not None:
+        cc.forget("jagged_attention.")
+
+
+@pytest.mark.parametrize("forced_row_config", ROW_CONFIGS, indirect=True)
 @pytest.mark.parametrize("bias_kind", ["none", "key", "full"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_one_kernel_equals_the_two_kernels_and_padded_sdpa(causal, bias_kind, monkeypatch):
-    lengths, offsets, x, g, bias = _inputs(fresh_generator(), bias_kind)
+def test_one_kernel_equals_the_two_kernels_and_padded_sdpa(causal, bias_kind,
+                                                          forced_row_config, monkeypatch):
+    row_config = forced_row_config
+    block = BLOCK if row_config is None else row_config[0]
+    lengths, offsets, x, g, bias = _inputs(fresh_generator(), bias_kind, block)
     one, launched_one = _kernels(x, g, offsets, causal, bias_kind, bias, True, monkeypatch)
+    if row_config is not None:  # the forced config ran
+        ran = list(cc.ran(ROW_TUNER)[ROW_TUNER].values())
+        block, warps, stages = row_config
+        assert ran == [f"BLOCK={block}, num_warps={warps}, num_stages={stages}"], ran
     two, launched_two = _kernels(x, g, offsets, causal, bias_kind, bias, False, monkeypatch)
     ref = _sdpa(x, g, lengths, offsets, causal, bias_kind, bias)
     assert launched_one == [FWD, ROW] and launched_two == [FWD, DQ, DKDV]
