@@ -537,9 +537,11 @@ def _fwd_step(acc, m_i, l_i, q, k_base, v_base, start, start_n, offs_m, offs_d, 
     offs_n = start_n + tl.arange(0, BLOCK_N)
     k = _load_rows(k_base, start, offs_n, row_len, stride_kt, offs_d, HEAD_DIM, EVEN_D, MASK)
     v = _load_rows(v_base, start, offs_n, row_len, stride_vt, offs_d, HEAD_DIM, EVEN_D, MASK)
+    if HAS_BIAS:  # loaded with k and v, so its latency overlaps theirs and the product's
+        bias = _bias_tile(bias_base, offs_m, offs_n, row_len, sbi, sbj, KEY_BIAS)
     s = mma(q, tl.trans(k), IEEE) * scale
     if HAS_BIAS:
-        s += _bias_tile(bias_base, offs_m, offs_n, row_len, sbi, sbj, KEY_BIAS)
+        s += bias
     if SILU:
         p, _ = _probs(s, offs_m, offs_n, row_len, m_i, inv_norm, CAUSAL, SILU, MASK,
                       FAST_SIGMOID)

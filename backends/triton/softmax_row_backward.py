@@ -13,12 +13,12 @@ cost more than the dq kernel they replaced.
 
 Here one program owns a whole (sequence, head), so no other program touches its dq rows:
 
-* **Every load of a tile pair first.** q, dO, O, the logsumexp and the query block's dq
-  so far are loaded together at the top of the pair, so their latencies overlap (a row is
-  two to four tile pairs; the kernel is latency-bound, not bandwidth- or MMA-bound: at
-  TransAct's shape its 2 and 4 warps took the same 0.392 ms, thirty-first session).
-  ``delta = rowsum(O * dO)`` is recomputed from the O and dO tiles of each pair: no pass of
-  its own over the row, no store, no barrier before the products.
+* **Every load of a tile pair first.** q, dO, O, the logsumexp, the bias tile and the
+  query block's dq so far are loaded together at the top of the pair, so their latencies
+  overlap (a row is two to four tile pairs; the kernel is latency-bound, not bandwidth- or
+  MMA-bound: at TransAct's shape its 2 and 4 warps took the same 0.392 ms, thirty-first
+  session). ``delta = rowsum(O * dO)`` is recomputed from the O and dO tiles of each pair:
+  no pass of its own over the row, no store, no barrier before the products.
 * **Key blocks outer, query blocks inner.** dk and dv of a key block accumulate in
   registers and are stored once. dq of a query block is the sum over the key blocks that
   see it: the first of them stores its share into an fp32 scratch row (``DQ_ACC``,
@@ -153,6 +153,9 @@ def _bwd_softmax_row_kernel(
             o = _load_rows(Out + h * stride_oh, start, offs_m, row_len, stride_ot, offs_d,
                            HEAD_DIM, EVEN_D, True)
             lse = _row_stat(lse_base, start, offs_m, row_len, True)
+            if HAS_BIAS:
+                bias = _bias_tile(bias_base, offs_m, offs_n, row_len, stride_bi, stride_bj,
+                                  KEY_BIAS)
             acc_ptrs = DQ_ACC + h * stride_ah + (start + offs_m[:, None]) * stride_at \
                 + offs_d[None, :]
             inside = (offs_m[:, None] < row_len) & (offs_d[None, :] < HEAD_DIM)
@@ -163,8 +166,7 @@ def _bwd_softmax_row_kernel(
             delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
             s = mma(q, tl.trans(k), IEEE) * scale
             if HAS_BIAS:
-                s += _bias_tile(bias_base, offs_m, offs_n, row_len, stride_bi, stride_bj,
-                                KEY_BIAS)
+                s += bias
             p = tl.where(_visible(offs_m, offs_n, row_len, CAUSAL), tl.exp(s - lse[:, None]),
                          0.0)
             dp = mma(do, tl.trans(v), IEEE)
