@@ -340,27 +340,33 @@ def _profile_transact(path: Path, smoke: bool, dtype: torch.dtype, device: torch
             f.write(host_profile(fn, 5 if smoke else 50))
 
 
-FWD_BLOCKS = ((64, 32, 4, 2), (32, 32, 2, 2), (32, 32, 4, 2), (32, 64, 4, 2), (64, 64, 4, 2),
-              (64, 32, 4, 1), (64, 16, 4, 2), (128, 32, 8, 2))
-"""(BLOCK_M, BLOCK_N, warps, stages) of the forward ``--transact-blocks`` times at TransAct's
-region shape, the short-row pick first. Why: the forward (0.155 ms) is where gemc's lead over
-cuDNN's is smallest (1.36x, cuDNN's fprop 0.211 ms; thirtieth session, H100), and rows of
-~51 tokens in 64-row query tiles leave ~40% of each tile idle."""
-ROW_BLOCKS = ((64, 4, 1), (32, 4, 1), (32, 4, 2), (64, 4, 2), (32, 2, 1), (32, 2, 2))
-"""(BLOCK, warps, stages) of the one-program-per-row softmax backward ``--transact-blocks``
-times, its pick first."""
+FWD_BLOCKS = ((64, 32, 4, 2, None), (64, 32, 4, 2, 96), (64, 32, 4, 2, 80),
+              (64, 32, 4, 1, None), (32, 32, 2, 2, None))
+"""(BLOCK_M, BLOCK_N, warps, stages, maxnreg) of the forward ``--transact-blocks`` times at
+TransAct's region shape, the short-row pick first. Why: the forward (0.152 ms) is where
+gemc's lead over cuDNN's is smallest (cuDNN's fprop 0.211 ms; thirtieth session, H100).
+Eight uncapped configs were timed in the thirty-first session (the pick fastest); compiled
+for sm_90 the pick takes 122 registers a thread (4 programs an SM), 96 and 80 (caps) allow
+5 and 6 with 24 and 72 bytes of spills."""
+ROW_BLOCKS = ((64, 4, 1, None), (32, 4, 1, None), (32, 4, 2, None), (32, 4, 1, 128),
+              (32, 4, 1, 96), (32, 4, 2, 128), (32, 4, 1, 168), (64, 8, 1, 128))
+"""(BLOCK, warps, stages, maxnreg) of the one-program-per-row softmax backward
+``--transact-blocks`` times, its pick first (maxnreg: the registers a thread capped, so
+more programs fit an SM; ``softmax_row_backward``'s configs say why)."""
 
 
-def _force_config(name: str, params: dict[str, int], warps: int, stages: int) -> None:
+def _force_config(name: str, params: dict[str, int], warps: int, stages: int,
+                  maxnreg: int | None = None) -> None:
     """Make kernel ``name``'s heuristic pick ``params`` (added to its configs if absent) and
     forget its earlier picks: what a timing of one config needs."""
     import triton
     from gemc.backends.triton import config_choice as cc
 
     hook, tuner = cc._KERNELS[name]
-    want = (params, warps, stages)
+    want = (params, warps, stages, maxnreg)
     if not any(cc._matches(c, want) for c in tuner.configs):
-        tuner.configs.append(triton.Config(dict(params), num_warps=warps, num_stages=stages))
+        tuner.configs.append(triton.Config(dict(params), num_warps=warps, num_stages=stages,
+                                           maxnreg=maxnreg))
     hook.prefer = lambda args, want=want: [want]
     cc.forget("jagged_attention.")
 
@@ -390,9 +396,10 @@ def _transact_blocks(smoke: bool, dtype: torch.dtype, device: torch.device,
     gpu = device.type == "cuda"
     rows = []
 
-    def one(label: str, name: str, params: dict[str, int], warps: int, stages: int) -> None:
+    def one(label: str, name: str, params: dict[str, int], warps: int, stages: int,
+            maxnreg: int | None = None) -> None:
         if gpu:
-            _force_config(name, params, warps, stages)
+            _force_config(name, params, warps, stages, maxnreg)
         err = float((region.fwd().detach().float() - want).abs().max()) / scale
         row = measure(label, lambda: torch.autograd.grad(region.fwd(), (q, k, v), g), device)
         row["max_err"] = err
@@ -401,18 +408,51 @@ def _transact_blocks(smoke: bool, dtype: torch.dtype, device: torch.device,
         rows.append(row)
 
     try:
-        for bm, bn, w, st in FWD_BLOCKS if gpu else FWD_BLOCKS[:1]:
-            one(f"fwd {bm}x{bn} {w}w {st}s", fwd_name, {"BLOCK_M": bm, "BLOCK_N": bn}, w, st)
+        for bm, bn, w, st, cap in FWD_BLOCKS if gpu else FWD_BLOCKS[:1]:
+            capped = f" {cap}r" if cap else ""
+            one(f"fwd {bm}x{bn} {w}w {st}s{capped}", fwd_name, {"BLOCK_M": bm, "BLOCK_N": bn},
+                w, st, cap)
         cc._KERNELS[fwd_name][0].prefer = hooks[fwd_name]
         J.FUSED_SOFTMAX_SHORT_ROWS = True
-        for block, w, st in ROW_BLOCKS if gpu else ROW_BLOCKS[:1]:
-            one(f"row kernel {block} {w}w {st}s", row_name, {"BLOCK": block}, w, st)
+        for block, w, st, cap in ROW_BLOCKS if gpu else ROW_BLOCKS[:1]:
+            capped = f" {cap}r" if cap else ""
+            one(f"row kernel {block} {w}w {st}s{capped}", row_name, {"BLOCK": block}, w, st,
+                cap)
     finally:
         J.FUSED_SOFTMAX_SHORT_ROWS = flag
         for n, prefer in hooks.items():
             cc._KERNELS[n][0].prefer = prefer
         cc.forget("jagged_attention.")
-    return {"tokens": region.layout.total, "rows": rows}
+    return {"tokens": region.layout.total, "rows": rows,
+            "compiled": {n.removeprefix("jagged_attention."): compiled_resources(n)
+                         for n in (fwd_name, row_name)}}
+
+
+def compiled_resources(name: str) -> list[dict[str, Any]]:
+    """Per variant of kernel ``name`` compiled in this process: its block sizes, warps,
+    stages, registers a thread, spills and shared memory. Why: a latency-bound kernel's
+    time follows how many programs an SM holds at once, which these bound (an H100 SM has
+    65,536 registers and 228 KiB of shared memory); the timings alone cannot say which."""
+    from gemc.backends.triton import config_choice as cc
+
+    jit = cc._KERNELS[name][1].fn
+    out = []
+    for caches in getattr(jit, "device_caches", {}).values():
+        for kernel in caches[0].values():
+            meta = kernel.metadata
+            consts = getattr(getattr(kernel, "src", None), "constants", {}) or {}
+            names = getattr(jit, "arg_names", [])
+            blocks = {names[k[0]] if isinstance(k, tuple) and k[0] < len(names) else str(k): v
+                      for k, v in consts.items()
+                      if "BLOCK" in (names[k[0]] if isinstance(k, tuple)
+                                     and k[0] < len(names) else str(k))}
+            out.append({"blocks": {k: v for k, v in blocks.items() if k != "BLOCK_D"},
+                        "warps": getattr(meta, "num_warps", None),
+                        "stages": getattr(meta, "num_stages", None),
+                        "regs": getattr(kernel, "n_regs", None),
+                        "spills": getattr(kernel, "n_spills", None),
+                        "shared": getattr(meta, "shared", None)})
+    return out
 
 
 def _transact_padded(region: Any, batch: Any) -> list[torch.Tensor]:

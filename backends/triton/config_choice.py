@@ -88,17 +88,25 @@ def autotuning_requested() -> bool:
 def describe(cfg: triton.Config) -> str:
     """A config as a stable string (the record's and the report's spelling)."""
     kw = ", ".join(f"{k}={v}" for k, v in sorted(cfg.kwargs.items()))
-    return f"{kw}, num_warps={cfg.num_warps}, num_stages={cfg.num_stages}"
+    cap = getattr(cfg, "maxnreg", None)
+    capped = f", maxnreg={cap}" if cap else ""
+    return f"{kw}, num_warps={cfg.num_warps}, num_stages={cfg.num_stages}{capped}"
 
 
-Preferred = tuple[Mapping[str, int], int, int | None]
-"""A heuristic's pick: (block sizes, num_warps, num_stages or None: the config's own)."""
+Preferred = (tuple[Mapping[str, int], int, int | None]
+             | tuple[Mapping[str, int], int, int | None, int | None])
+"""A heuristic's pick: (block sizes, num_warps, num_stages or None: the config's own[,
+maxnreg]). A fourth element names a config whose registers a thread are capped
+(``triton.Config(maxnreg=...)``); without it only an uncapped config matches. Why a cap: a
+latency-bound kernel's speed follows how many programs an SM holds, which its registers
+bound (``softmax_row_backward``)."""
 
 
 def _matches(cfg: triton.Config, want: Preferred) -> bool:
-    kwargs, warps, stages = want
+    kwargs, warps, stages, *cap = want
     return dict(cfg.kwargs) == dict(kwargs) and cfg.num_warps == warps \
-        and stages in (None, cfg.num_stages)
+        and stages in (None, cfg.num_stages) \
+        and getattr(cfg, "maxnreg", None) == (cap[0] if cap else None)
 
 
 def tuning_key(arg_names: Sequence[str], keys: Sequence[str], args: Mapping[str, Any]

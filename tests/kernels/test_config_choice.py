@@ -125,6 +125,22 @@ def test_heuristic_pick_that_does_not_fit_falls_to_one_that_does(cold):
     assert list(hook.pruned.values()) == [[cc.describe(FWD[3])]]
 
 
+def test_a_register_cap_is_picked_only_by_name_and_named_in_the_record(cold):
+    """A config capped at ``maxnreg`` registers a thread (the row kernel's) and the same
+    config uncapped are two choices: a 3-element pick takes the uncapped one, a 4-element
+    pick the one with that cap, and the record's string tells them apart."""
+    plain, capped = _cfg(32, 32, 4, 1), _cfg(32, 32, 4, 1)
+    capped.maxnreg = 128
+    configs = [capped, plain]
+    for want, expected in ((({"BLOCK_M": 32, "BLOCK_N": 32}, 4, 1), plain),
+                           (({"BLOCK_M": 32, "BLOCK_N": 32}, 4, 1, 128), capped),
+                           (({"BLOCK_M": 32, "BLOCK_N": 32}, 4, None, 128), capped)):
+        hook = _hook("k", ja._dkdv_tiles, lambda a, w=want: [w])
+        assert hook(configs, _transact_args()) == [expected]
+    assert not cc._matches(capped, ({"BLOCK_M": 32, "BLOCK_N": 32}, 4, 1, 96))
+    assert cc.describe(capped) == cc.describe(plain) + ", maxnreg=128"
+
+
 def test_autotune_times_every_config_that_fits(cold, monkeypatch):
     monkeypatch.setenv(cc.AUTOTUNE_ENV, "1")
     hook = _hook("k", ja._dkdv_tiles, ja._dkdv_prefer)

@@ -33,10 +33,12 @@ kernel = importlib.import_module("gemc.backends.triton.jagged_attention")
 ON_GPU = os.environ.get("GEMC_TEST_DEVICE", "cpu") != "cpu"
 B, L, H, D = 5, (100 if ON_GPU else 40), 2, 24
 BLOCK = 64 if ON_GPU else 16
-ROW_CONFIGS = ([(64, 4, 1), (32, 4, 1), (32, 4, 2), (64, 4, 2)] if ON_GPU else [None])
-"""The row kernel's (BLOCK, warps, stages) the GPU run forces, each a pick a timing may
-make (at L = 100, 32-row blocks give rows of four key blocks, dq summed three times through
-the scratch); the interpreter runs its one config (None)."""
+ROW_CONFIGS = ([(64, 4, 1, None), (32, 4, 1, None), (32, 4, 2, None), (32, 4, 1, 128),
+                (32, 4, 1, 96), (32, 4, 2, 128), (32, 4, 1, 168)] if ON_GPU else [None])
+"""The row kernel's (BLOCK, warps, stages, maxnreg) the GPU run forces, each a pick a timing
+may make (at L = 100, 32-row blocks give rows of four key blocks, dq summed three times
+through the scratch; maxnreg caps the registers, spilling); the interpreter runs its one
+config (None)."""
 SCALE = D ** -0.5
 FWD, DQ, DKDV = (f"jagged_attention.{n}" for n in ("_fwd_kernel", "_bwd_dq_kernel",
                                                      "_bwd_dkdv_kernel"))
@@ -112,8 +114,8 @@ def forced_row_config(request, monkeypatch):  # noqa: ANN001, ANN201
     config = request.param
     if config is not None:
         hook, tuner = cc._KERNELS[ROW_TUNER]
-        block, warps, stages = config
-        want = ({"BLOCK": block}, warps, stages)
+        block, warps, stages, cap = config
+        want = ({"BLOCK": block}, warps, stages, cap)
         assert any(cc._matches(c, want) for c in tuner.configs), config
         monkeypatch.setattr(hook, "prefer", lambda args: [want])
         cc.forget("jagged_attention.")
@@ -133,8 +135,9 @@ def test_one_kernel_equals_the_two_kernels_and_padded_sdpa(causal, bias_kind,
     one, launched_one = _kernels(x, g, offsets, causal, bias_kind, bias, True, monkeypatch)
     if row_config is not None:  # the forced config ran
         ran = list(cc.ran(ROW_TUNER)[ROW_TUNER].values())
-        block, warps, stages = row_config
-        assert ran == [f"BLOCK={block}, num_warps={warps}, num_stages={stages}"], ran
+        block, warps, stages, cap = row_config
+        capped = f", maxnreg={cap}" if cap else ""
+        assert ran == [f"BLOCK={block}, num_warps={warps}, num_stages={stages}{capped}"], ran
     two, launched_two = _kernels(x, g, offsets, causal, bias_kind, bias, False, monkeypatch)
     ref = _sdpa(x, g, lengths, offsets, causal, bias_kind, bias)
     assert launched_one == [FWD, ROW] and launched_two == [FWD, DQ, DKDV]
