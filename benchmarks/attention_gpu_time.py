@@ -407,17 +407,31 @@ def _transact_blocks(smoke: bool, dtype: torch.dtype, device: torch.device,
                           for n, c in cc.ran("jagged_attention.").items() if c}
         rows.append(row)
 
+    def fastest(timed: list[dict[str, Any]], configs: tuple) -> tuple:
+        ok = [(r["graph_ms"], c) for r, c in zip(timed, configs) if "graph_ms" in r]
+        return min(ok, key=lambda t: t[0])[1] if ok else configs[0]
+
     try:
-        for bm, bn, w, st, cap in FWD_BLOCKS if gpu else FWD_BLOCKS[:1]:
+        fwd_configs = FWD_BLOCKS if gpu else FWD_BLOCKS[:1]
+        for bm, bn, w, st, cap in fwd_configs:
             capped = f" {cap}r" if cap else ""
             one(f"fwd {bm}x{bn} {w}w {st}s{capped}", fwd_name, {"BLOCK_M": bm, "BLOCK_N": bn},
                 w, st, cap)
+        fwd_best = fastest(rows[-len(fwd_configs):], fwd_configs)
         cc._KERNELS[fwd_name][0].prefer = hooks[fwd_name]
         J.FUSED_SOFTMAX_SHORT_ROWS = True
-        for block, w, st, cap in ROW_BLOCKS if gpu else ROW_BLOCKS[:1]:
+        row_configs = ROW_BLOCKS if gpu else ROW_BLOCKS[:1]
+        for block, w, st, cap in row_configs:
             capped = f" {cap}r" if cap else ""
             one(f"row kernel {block} {w}w {st}s{capped}", row_name, {"BLOCK": block}, w, st,
                 cap)
+        if gpu:  # the fastest of each together: what the picks would run
+            row_best = fastest(rows[-len(row_configs):], row_configs)
+            bm, bn, w, st, cap = fwd_best
+            _force_config(fwd_name, {"BLOCK_M": bm, "BLOCK_N": bn}, w, st, cap)
+            block, rw, rst, rcap = row_best
+            one(f"fastest of each: fwd {fwd_best}, row {row_best}", row_name, {"BLOCK": block},
+                rw, rst, rcap)
     finally:
         J.FUSED_SOFTMAX_SHORT_ROWS = flag
         for n, prefer in hooks.items():
