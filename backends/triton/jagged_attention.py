@@ -81,18 +81,23 @@ SiluNormalizer = Literal["max_len", "own_len"]
 _NEG = tl.constexpr(-1.0e30)  # finite "minus infinity": a fully masked row never computes inf - inf
 
 
-def _cfg(block_m: int, block_n: int, warps: int, stages: int) -> triton.Config:
+def _cfg(block_m: int, block_n: int, warps: int, stages: int,
+         maxnreg: int | None = None) -> triton.Config:
     return triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=warps,
-                         num_stages=stages)
+                         num_stages=stages, maxnreg=maxnreg)
 
 
 # Hopper, head_dim 64, bf16: 128-row query tiles keep the tensor cores fed in the forward;
 # the dk/dv kernel holds two [BLOCK_N, D] accumulators, so it prefers long key tiles and short
 # query tiles, and the dq kernel the reverse (as in the Triton fused-attention tutorial).
-# The last config of each list is for short rows (:data:`SHORT_ROWS`).
+# The last config of each list is for short rows (:data:`SHORT_ROWS`); the forward's is
+# capped at 96 registers a thread (its uncapped twin before it): at TransAct's shape the
+# uncapped one takes 118 (4 programs an SM), capped 96 with 4 bytes of spills (5), 0.143 ms
+# against 0.154 (thirty-second session, one H100, ``attention_gpu_time.py
+# --transact-blocks``; a cap of 80, 14 bytes of spills: 0.144).
 _FWD_CONFIGS = autotune_configs(
     [_cfg(128, 64, 4, 3), _cfg(128, 64, 8, 3), _cfg(64, 64, 4, 4), _cfg(128, 128, 8, 3),
-     _cfg(64, 32, 4, 2)],
+     _cfg(64, 32, 4, 2), _cfg(64, 32, 4, 2, 96)],
     _cfg(MIN_DOT, MIN_DOT, 1, 1),
 )
 _BWD_KV_CONFIGS = autotune_configs(
@@ -280,8 +285,9 @@ def _dkdv_tiles(cfg: triton.Config, args: dict) -> Tiles:
 
 # The cold first step's configs (no autotuning): what the H200 picked in bf16 (issue 16's
 # first-step log), head dim 64 (the GEM example) and 128 (HSTU, with a bias).
-def _pick(block_m: int, block_n: int, warps: int, stages: int) -> Preferred:
-    return {"BLOCK_M": block_m, "BLOCK_N": block_n}, warps, stages
+def _pick(block_m: int, block_n: int, warps: int, stages: int,
+          maxnreg: int | None = None) -> Preferred:
+    return {"BLOCK_M": block_m, "BLOCK_N": block_n}, warps, stages, maxnreg
 
 
 def short_rows(max_len: float, block_d: int) -> bool:
@@ -305,7 +311,7 @@ def _short_rows(args: dict) -> bool:
 
 def _fwd_prefer(args: dict) -> list[Preferred]:
     if _short_rows(args):
-        return [_pick(64, 32, 4, 2)]
+        return [_pick(64, 32, 4, 2, 96)]
     return [_pick(64, 64, 4, 4)] if int(args.get("BLOCK_D", 64)) <= 64 else \
         [_pick(128, 64, 8, 3), _pick(64, 64, 4, 4)]
 

@@ -19,13 +19,15 @@ from gemc.backends.triton.config_choice import H200_SHARED_MEMORY, Tiles
 ja = importlib.import_module("gemc.backends.triton.jagged_attention")
 
 
-def _cfg(bm: int, bn: int, warps: int, stages: int) -> triton.Config:
-    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps, num_stages=stages)
+def _cfg(bm: int, bn: int, warps: int, stages: int, maxnreg: int | None = None
+         ) -> triton.Config:
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps, num_stages=stages,
+                         maxnreg=maxnreg)
 
 
 # The GPU lists as written in jagged_attention.py (the interpreter's lists hold one config).
 FWD = [_cfg(128, 64, 4, 3), _cfg(128, 64, 8, 3), _cfg(64, 64, 4, 4), _cfg(128, 128, 8, 3),
-       _cfg(64, 32, 4, 2)]
+       _cfg(64, 32, 4, 2), _cfg(64, 32, 4, 2, 96)]
 DQ = [_cfg(128, 32, 4, 3), _cfg(128, 64, 8, 3), _cfg(64, 64, 4, 3), _cfg(64, 32, 4, 4),
       _cfg(64, 32, 4, 2)]
 DKDV = [_cfg(32, 128, 4, 3), _cfg(64, 128, 8, 3), _cfg(64, 64, 4, 3), _cfg(32, 64, 4, 4),
@@ -71,7 +73,7 @@ def test_limit_without_cuda_is_the_h200s():
 
 @pytest.mark.parametrize("tiles, configs, failed, kept", [
     # Triton 3.6 on the H200: "out of resource: shared memory, Required: N" for exactly these
-    (ja._fwd_tiles, FWD, [(128, 128, 8, 3, 360448)], [0, 1, 2, 4]),
+    (ja._fwd_tiles, FWD, [(128, 128, 8, 3, 360448)], [0, 1, 2, 4, 5]),
     (ja._dq_tiles, DQ, [(128, 64, 8, 3, 262144)], [0, 2, 3, 4]),
     (ja._dkdv_tiles, DKDV, [(64, 128, 8, 3, 245760)], [0, 2, 3, 4]),
 ])
@@ -96,7 +98,7 @@ def test_estimate_drops_exactly_the_configs_that_failed_on_the_h200(tiles, confi
     (_gem_args(), ja._dq_tiles, ja._dq_prefer, DQ, (64, 32, 4, 4)),
     (_gem_args(), ja._dkdv_tiles, ja._dkdv_prefer, DKDV, (64, 64, 4, 3)),
     # short rows (jagged_attention.SHORT_ROWS): the configs the H100 sweep timed fastest
-    (_transact_args(), ja._fwd_tiles, ja._fwd_prefer, FWD, (64, 32, 4, 2)),
+    (_transact_args(), ja._fwd_tiles, ja._fwd_prefer, FWD, (64, 32, 4, 2, 96)),
     (_transact_args(), ja._dq_tiles, ja._dq_prefer, DQ, (64, 32, 4, 2)),
     (_transact_args(), ja._dkdv_tiles, ja._dkdv_prefer, DKDV, (32, 32, 4, 1)),
     (_transact_args(128), ja._dkdv_tiles, ja._dkdv_prefer, DKDV, (32, 32, 4, 1)),
@@ -111,8 +113,8 @@ def test_estimate_drops_exactly_the_configs_that_failed_on_the_h200(tiles, confi
 def test_cold_run_takes_the_h200_pick_alone(cold, args, tiles, prefer, configs, want):
     hook = _hook("k", tiles, prefer)
     got = hook(configs, args)
-    assert [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
-            for c in got] == [want]
+    assert [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages,
+             *([c.maxnreg] if c.maxnreg else [])) for c in got] == [want]
     (how, cfg), = hook.chosen.values()
     assert how == "heuristic" and cfg == cc.describe(got[0])
 
