@@ -13,8 +13,8 @@ cost more than the dq kernel they replaced.
 
 Here one program owns a whole (sequence, head), so no other program touches its dq rows:
 
-* **Every load of a tile pair first.** q, dO, O, the logsumexp and the bias tile are
-  loaded together at the top of the pair, so their latencies
+* **Every load of a tile pair first.** q, dO, O, the logsumexp, the bias tile and the
+  query block's dq so far are loaded together at the top of the pair, so their latencies
   overlap (a row is two to four tile pairs; the kernel is latency-bound, not bandwidth- or
   MMA-bound: at TransAct's shape its 2 and 4 warps took the same 0.392 ms, thirty-first
   session). ``delta = rowsum(O * dO)`` is recomputed from the O and dO tiles of each pair:
@@ -166,6 +166,12 @@ def _bwd_softmax_row_kernel(
             acc_ptrs = DQ_ACC + h * stride_ah + (start + offs_m[:, None]) * stride_at \
                 + offs_d[None, :]
             inside = (offs_m[:, None] < row_len) & (offs_d[None, :] < HEAD_DIM)
+            # the query block's dq so far: the earlier key blocks' sum (none before block 0).
+            # Loaded here, its fp32 tile live across the products, the 64-row pick spills
+            # (255 registers, 14 words); loaded after dq's product (s31's place) it compiles
+            # without spills for sm_90, untimed: the thirty-second session's device call
+            # for it did not run
+            dq_before = tl.load(acc_ptrs, mask=inside & (start_n > 0), other=0.0)
             # delta = rowsum(O * dO), recomputed by each key block from the tiles it loads
             # anyway: no pass of its own, no barrier, no buffer
             delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
@@ -181,12 +187,7 @@ def _bwd_softmax_row_kernel(
                                 offs_m[:, None] < row_len, BIAS_GRAD_ADD)
             dv += mma(tl.trans(p.to(do.dtype)), do, IEEE)
             dk += mma(tl.trans(ds.to(q.dtype)), q, IEEE)
-            dq = mma(ds.to(k.dtype), k, IEEE) * scale
-            # the query block's dq so far: the earlier key blocks' sum (none before block 0),
-            # loaded here, not with the tile pair's operands: an fp32 tile live across the
-            # products made the 64-row blocks spill (255 registers, 56 bytes of stack)
-            if start_n > 0:
-                dq += tl.load(acc_ptrs, mask=inside, other=0.0)
+            dq = mma(ds.to(k.dtype), k, IEEE) * scale + dq_before
             # the query block's sum over the key blocks that see it: from the first (key
             # block 0) to the last (its own under a causal mask, else the row's last)
             last = start_m if CAUSAL else last_n
