@@ -346,8 +346,8 @@ FWD_BLOCKS = ((64, 32, 4, 2, None), (64, 32, 4, 2, 96), (64, 32, 4, 2, 80),
 TransAct's region shape, the short-row pick first. Why: the forward (0.152 ms) is where
 gemc's lead over cuDNN's is smallest (cuDNN's fprop 0.211 ms; thirtieth session, H100).
 Eight uncapped configs were timed in the thirty-first session (the pick fastest); compiled
-for sm_90 the pick takes 122 registers a thread (4 programs an SM), 96 and 80 (caps) allow
-5 and 6 with 24 and 72 bytes of spills."""
+for sm_90 (Triton 3.9) the pick takes 122 registers a thread (4 programs an SM); caps of 96
+and 80 allow 5 and 6, with 24 and 72 bytes of stack (spills)."""
 ROW_BLOCKS = ((64, 4, 1, None), (32, 4, 1, None), (32, 4, 2, None), (32, 4, 1, 128),
               (32, 4, 1, 96), (32, 4, 2, 128), (32, 4, 1, 168), (64, 8, 1, 128))
 """(BLOCK, warps, stages, maxnreg) of the one-program-per-row softmax backward
@@ -450,17 +450,19 @@ def compiled_resources(name: str) -> list[dict[str, Any]]:
     from gemc.backends.triton import config_choice as cc
 
     jit = cc._KERNELS[name][1].fn
+    names = getattr(jit, "arg_names", [])
+
+    def arg_name(key: Any) -> str:  # a constant's key: (argument index,) or a name
+        return names[key[0]] if isinstance(key, tuple) and key[0] < len(names) else str(key)
+
     out = []
     for caches in getattr(jit, "device_caches", {}).values():
         for kernel in caches[0].values():
             meta = kernel.metadata
             consts = getattr(getattr(kernel, "src", None), "constants", {}) or {}
-            names = getattr(jit, "arg_names", [])
-            blocks = {names[k[0]] if isinstance(k, tuple) and k[0] < len(names) else str(k): v
-                      for k, v in consts.items()
-                      if "BLOCK" in (names[k[0]] if isinstance(k, tuple)
-                                     and k[0] < len(names) else str(k))}
-            out.append({"blocks": {k: v for k, v in blocks.items() if k != "BLOCK_D"},
+            blocks = {arg_name(k): v for k, v in consts.items()
+                      if "BLOCK" in arg_name(k) and arg_name(k) != "BLOCK_D"}
+            out.append({"blocks": blocks,
                         "warps": getattr(meta, "num_warps", None),
                         "stages": getattr(meta, "num_stages", None),
                         "regs": getattr(kernel, "n_regs", None),

@@ -89,7 +89,8 @@ import compile_accounting  # noqa: E402  (where the first step's seconds go)
 import e2e  # noqa: E402  (the variants' code, shared with the GEM benchmark)
 
 VARIANTS = ("eager", "compile", "gemc", "gemc-measured", "gemc-groups", "gemc-interp",
-            "gemc-cudagraphs", "gemc-nographs", "gemc-autotune", "gemc-fp8", "gemc-nowarm", "gemc-pwtune")
+            "gemc-cudagraphs", "gemc-nographs", "gemc-autotune", "gemc-fp8", "gemc-nowarm",
+            "gemc-pwtune")
 GEMC_OPTIONS: dict[str, dict[str, Any]] = {
     "gemc": {"graph_executor": "inductor"},
     "gemc-groups": {"graph_executor": "inductor"},  # + GEMC_GROUP_CHOICE=gemc (child())

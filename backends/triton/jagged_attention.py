@@ -92,9 +92,9 @@ def _cfg(block_m: int, block_n: int, warps: int, stages: int,
 # query tiles, and the dq kernel the reverse (as in the Triton fused-attention tutorial).
 # The last config of each list is for short rows (:data:`SHORT_ROWS`); the forward's is
 # capped at 96 registers a thread (its uncapped twin before it): at TransAct's shape the
-# uncapped one takes 118 (4 programs an SM), capped 96 with 4 bytes of spills (5), 0.143 ms
-# against 0.154 (thirty-second session, one H100, ``attention_gpu_time.py
-# --transact-blocks``; a cap of 80, 14 bytes of spills: 0.144).
+# uncapped one takes 118 (4 programs an SM), capped 96 with 4 words of spills (Triton's
+# n_spills; 5 programs), 0.143 ms against 0.154 (thirty-second session, one H100,
+# ``attention_gpu_time.py --transact-blocks``; a cap of 80, 14 words of spills: 0.144).
 _FWD_CONFIGS = autotune_configs(
     [_cfg(128, 64, 4, 3), _cfg(128, 64, 8, 3), _cfg(64, 64, 4, 4), _cfg(128, 128, 8, 3),
      _cfg(64, 32, 4, 2), _cfg(64, 32, 4, 2, 96)],

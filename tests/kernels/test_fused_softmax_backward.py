@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from gemc.backends.triton import config_choice as cc
 from gemc.backends.triton import ops as _ops  # noqa: F401  (registers the gemc:: ops)
+from gemc.backends.triton import softmax_row_backward as _row  # noqa: F401  (its tuner)
 from gemc.backends.triton import warm as W
 from gemc.backends.triton.jagged import jagged_to_padded_reference, padded_to_jagged_reference
 from kernel_helpers import fresh_generator
@@ -33,12 +34,12 @@ kernel = importlib.import_module("gemc.backends.triton.jagged_attention")
 ON_GPU = os.environ.get("GEMC_TEST_DEVICE", "cpu") != "cpu"
 B, L, H, D = 5, (100 if ON_GPU else 40), 2, 24
 BLOCK = 64 if ON_GPU else 16
-ROW_CONFIGS = ([(64, 4, 1, None), (32, 4, 1, None), (32, 4, 2, None), (32, 4, 1, 128),
-                (32, 4, 1, 96), (32, 4, 2, 128), (32, 4, 1, 168)] if ON_GPU else [None])
-"""The row kernel's (BLOCK, warps, stages, maxnreg) the GPU run forces, each a pick a timing
-may make (at L = 100, 32-row blocks give rows of four key blocks, dq summed three times
-through the scratch; maxnreg caps the registers, spilling); the interpreter runs its one
-config (None)."""
+ROW_TUNER = "jagged_attention._bwd_softmax_row_kernel"
+ROW_CONFIGS = list(cc._KERNELS[ROW_TUNER][1].configs) if ON_GPU else [None]
+"""The row kernel's configs the GPU run forces, each one: every config ``GEMC_AUTOTUNE=1``
+may take and a pick may name (at L = 100, 32-row blocks give rows of four key blocks, dq
+summed three times through the scratch; a cap on the registers spills); the interpreter
+runs its one config (None)."""
 SCALE = D ** -0.5
 FWD, DQ, DKDV = (f"jagged_attention.{n}" for n in ("_fwd_kernel", "_bwd_dq_kernel",
                                                      "_bwd_dkdv_kernel"))
@@ -104,40 +105,35 @@ def _sdpa(x, g, lengths, offsets, causal, bias_kind, bias):  # noqa: ANN001, ANN
     return [out.detach(), *torch.autograd.grad(out, leaves, g)]
 
 
-ROW_TUNER = "jagged_attention._bwd_softmax_row_kernel"
-
-
 @pytest.fixture
 def forced_row_config(request, monkeypatch):  # noqa: ANN001, ANN201
-    """The row kernel's pick made ``request.param`` (BLOCK, warps, stages; None: left as
-    is), and every attention pick forgotten after the test, so no later test runs it."""
+    """The row kernel's pick made config ``request.param`` (None: left as is), and every
+    attention pick forgotten after the test, so no later test runs it."""
     config = request.param
     if config is not None:
-        hook, tuner = cc._KERNELS[ROW_TUNER]
-        block, warps, stages, cap = config
-        want = ({"BLOCK": block}, warps, stages, cap)
-        assert any(cc._matches(c, want) for c in tuner.configs), config
-        monkeypatch.setattr(hook, "prefer", lambda args: [want])
+        want = (config.kwargs, config.num_warps, config.num_stages, config.maxnreg)
+        monkeypatch.setattr(cc._KERNELS[ROW_TUNER][0], "prefer", lambda args: [want])
         cc.forget("jagged_attention.")
     yield config
     if config is not None:
         cc.forget("jagged_attention.")
 
 
-@pytest.mark.parametrize("forced_row_config", ROW_CONFIGS, indirect=True)
+@pytest.mark.parametrize("forced_row_config", ROW_CONFIGS, indirect=True,
+                         ids=lambda c: "pick" if c is None else
+                         f"row{c.kwargs['BLOCK']}-{c.num_warps}w-{c.num_stages}s"
+                         + (f"-{c.maxnreg}r" if c.maxnreg else ""))
 @pytest.mark.parametrize("bias_kind", ["none", "key", "full"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_one_kernel_equals_the_two_kernels_and_padded_sdpa(causal, bias_kind,
                                                           forced_row_config, monkeypatch):
     row_config = forced_row_config
-    block = BLOCK if row_config is None else row_config[0]
+    block = BLOCK if row_config is None else row_config.kwargs["BLOCK"]
     lengths, offsets, x, g, bias = _inputs(fresh_generator(), bias_kind, block)
     one, launched_one = _kernels(x, g, offsets, causal, bias_kind, bias, True, monkeypatch)
     if row_config is not None:  # the forced config ran
         ran = list(cc.ran(ROW_TUNER)[ROW_TUNER].values())
-        block, warps, stages, cap = row_config
-        capped = f", maxnreg={cap}" if cap else ""
-        assert ran == [f"BLOCK={block}, num_warps={warps}, num_stages={stages}{capped}"], ran
+        assert ran == [cc.describe(row_config)], ran
     two, launched_two = _kernels(x, g, offsets, causal, bias_kind, bias, False, monkeypatch)
     ref = _sdpa(x, g, lengths, offsets, causal, bias_kind, bias)
     assert launched_one == [FWD, ROW] and launched_two == [FWD, DQ, DKDV]
