@@ -340,19 +340,19 @@ def _profile_transact(path: Path, smoke: bool, dtype: torch.dtype, device: torch
             f.write(host_profile(fn, 5 if smoke else 50))
 
 
-FWD_BLOCKS = ((64, 32, 4, 2, None), (64, 32, 4, 2, 96), (64, 32, 4, 2, 80),
-              (64, 32, 4, 1, None), (32, 32, 2, 2, None))
+FWD_BLOCKS = ((64, 32, 4, 2, 96), (64, 32, 4, 2, None), (64, 32, 4, 1, None))
 """(BLOCK_M, BLOCK_N, warps, stages, maxnreg) of the forward ``--transact-blocks`` times at
-TransAct's region shape, the short-row pick first. Why: the forward (0.152 ms) is where
-gemc's lead over cuDNN's is smallest (cuDNN's fprop 0.211 ms; thirtieth session, H100).
-Eight uncapped configs were timed in the thirty-first session (the pick fastest); compiled
-for sm_90 (Triton 3.9) the pick takes 122 registers a thread (4 programs an SM); caps of 96
-and 80 allow 5 and 6, with 24 and 72 bytes of stack (spills)."""
-ROW_BLOCKS = ((64, 4, 1, None), (32, 4, 1, None), (32, 4, 2, None), (32, 4, 1, 128),
-              (32, 4, 1, 96), (32, 4, 2, 128), (32, 4, 1, 168), (64, 8, 1, 128))
-"""(BLOCK, warps, stages, maxnreg) of the one-program-per-row softmax backward
-``--transact-blocks`` times, its pick first (maxnreg: the registers a thread capped, so
-more programs fit an SM; ``softmax_row_backward``'s configs say why)."""
+TransAct's region shape, the short-row pick first (capped at 96 registers a thread: 5
+programs an SM where its 122 allow 4; thirty-second session, H100: 0.143 ms against 0.154;
+a cap of 80, 32-row tiles and five other uncapped configs timed slower there or in the
+thirty-first session)."""
+ROW_BLOCKS = ((64, 0, 4, 1, None), (64, 1, 4, 1, None), (32, 1, 4, 1, None),
+              (32, 1, 4, 1, 128), (64, 1, 4, 1, 168), (32, 0, 4, 1, 168))
+"""(BLOCK, KEY_MAJOR, warps, stages, maxnreg) of the one-program-per-row softmax backward
+``--transact-blocks`` times, its pick first (KEY_MAJOR: the tiles transposed, keys by
+queries; maxnreg: the registers a thread capped, so more programs fit an SM;
+``softmax_row_backward``'s configs say why). Query-major configs that timed slower in the
+thirty-second session (two stages, a cap of 96, 8 warps) are not timed again."""
 
 
 def _force_config(name: str, params: dict[str, int], warps: int, stages: int,
@@ -421,17 +421,17 @@ def _transact_blocks(smoke: bool, dtype: torch.dtype, device: torch.device,
         cc._KERNELS[fwd_name][0].prefer = hooks[fwd_name]
         J.FUSED_SOFTMAX_SHORT_ROWS = True
         row_configs = ROW_BLOCKS if gpu else ROW_BLOCKS[:1]
-        for block, w, st, cap in row_configs:
+        for block, keys, w, st, cap in row_configs:
             capped = f" {cap}r" if cap else ""
-            one(f"row kernel {block} {w}w {st}s{capped}", row_name, {"BLOCK": block}, w, st,
-                cap)
+            one(f"row kernel {block}{' keys' if keys else ''} {w}w {st}s{capped}", row_name,
+                {"BLOCK": block, "KEY_MAJOR": keys}, w, st, cap)
         if gpu:  # the fastest of each together: what the picks would run
             row_best = fastest(rows[-len(row_configs):], row_configs)
             bm, bn, w, st, cap = fwd_best
             _force_config(fwd_name, {"BLOCK_M": bm, "BLOCK_N": bn}, w, st, cap)
-            block, rw, rst, rcap = row_best
-            one(f"fastest of each: fwd {fwd_best}, row {row_best}", row_name, {"BLOCK": block},
-                rw, rst, rcap)
+            block, keys, rw, rst, rcap = row_best
+            one(f"fastest of each: fwd {fwd_best}, row {row_best}", row_name,
+                {"BLOCK": block, "KEY_MAJOR": keys}, rw, rst, rcap)
     finally:
         J.FUSED_SOFTMAX_SHORT_ROWS = flag
         for n, prefer in hooks.items():

@@ -695,10 +695,17 @@ def _fwd_kernel(
     start, row_len = _sequence(offsets_ptr, b, pad_len)
     start_m = pid_m * BLOCK_M
     offs_d = tl.arange(0, BLOCK_D)
-    # this program's chunk of the output's uncovered rows (written_rows: never zero-filled)
-    _zero_uncovered(Out + h * stride_oh, b * tl.num_programs(1) + tl.program_id(1),
-                    offsets_ptr, tl.num_programs(0) // n_heads, total_rows, pad_len,
-                    stride_ot, offs_d, HEAD_DIM, BLOCK_M)
+    # this program's chunk of the output's uncovered rows and (softmax) of the logsumexp's
+    # (written_rows: neither is zero-filled; the logsumexp's a [H, rows] row of one value
+    # a row: stride 1, one column)
+    chunk = b * tl.num_programs(1) + tl.program_id(1)
+    n_seqs = tl.num_programs(0) // n_heads
+    if _any_uncovered(chunk, 1, offsets_ptr, n_seqs, total_rows, pad_len, BLOCK_M):
+        _zero_uncovered(Out + h * stride_oh, chunk, offsets_ptr, n_seqs, total_rows, pad_len,
+                        stride_ot, offs_d, HEAD_DIM, BLOCK_M)
+        if not SILU:
+            _zero_uncovered(LSE + h * stride_lse_h, chunk, offsets_ptr, n_seqs, total_rows,
+                            pad_len, 1, offs_d, 1, BLOCK_M)
     if start_m >= row_len:
         return
     offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -950,7 +957,10 @@ def _attention_forward(q, k, v, offsets, max_len: int, scale: float, meta: dict,
     empty = total == 0 or batch == 0 or max_len == 0
     out = written_rows(q, zeroed=empty)[0]
     lse_rows = 0 if meta["SILU"] else total
-    lse = torch.zeros((heads, lse_rows), device=q.device, dtype=torch.float32)
+    # the forward stores every row of it, zeros where no sequence covers one
+    lse_shape = (heads, lse_rows)
+    lse = torch.zeros(lse_shape, device=q.device, dtype=torch.float32) if empty else \
+        uninitialised(lse_shape, contiguous_strides(lse_shape), torch.float32, q.device)
     if empty:
         return out, lse
     _fwd_kernel[_grid(batch, heads, grid_rows(total, batch, max_len), "BLOCK_M")](

@@ -104,7 +104,9 @@ def _launch(mask: Tensor, offsets: Tensor, additive: bool,
     if rows.dtype == torch.bool:
         rows = rows.view(torch.uint8)
     bias = torch.empty((batch, length), dtype=torch.float32, device=rows.device)
-    kept = torch.zeros(batch, dtype=torch.bool, device=rows.device)
+    # the kernel stores every row's flag: no zero-fill launch unless it does not run
+    kept = (torch.empty if batch and length else torch.zeros)(batch, dtype=torch.bool,
+                                                               device=rows.device)
     if batch and length:
         wrap(_rep_key_bias_kernel)[(batch,)](
             rows, rows.stride(0), rows.stride(1), offsets, bias, kept, length,

@@ -63,8 +63,10 @@ from .uncovered_rows import contiguous_strides, uninitialised
 __all__ = ["softmax_row_backward"]
 
 
-def _cfg(block: int, warps: int, stages: int, maxnreg: int | None = None) -> triton.Config:
-    return triton.Config({"BLOCK": block}, num_warps=warps, num_stages=stages, maxnreg=maxnreg)
+def _cfg(block: int, warps: int, stages: int, maxnreg: int | None = None,
+         key_major: bool = False) -> triton.Config:
+    return triton.Config({"BLOCK": block, "KEY_MAJOR": int(key_major)}, num_warps=warps,
+                         num_stages=stages, maxnreg=maxnreg)
 
 
 # 64-row blocks (the pick): a row of at most 64 tokens (most of TransAct's) is one tile
@@ -78,7 +80,9 @@ def _cfg(block: int, warps: int, stages: int, maxnreg: int | None = None) -> tri
 # never takes them; the GPU tests run every config here
 # (``tests/kernels/test_fused_softmax_backward.py``).
 _CONFIGS = autotune_configs([_cfg(64, 4, 1), _cfg(32, 4, 1), _cfg(32, 4, 1, 168),
-                             _cfg(32, 4, 1, 128)], _cfg(MIN_DOT, 1, 1))
+                             _cfg(32, 4, 1, 128), _cfg(64, 4, 1, key_major=True),
+                             _cfg(32, 4, 1, key_major=True)],
+                            [_cfg(MIN_DOT, 1, 1), _cfg(MIN_DOT, 1, 1, key_major=True)])
 _TUNE_KEY = ["HEAD_DIM", "CAUSAL", "HAS_BIAS", "KEY_BIAS", "BIAS_GRAD", "inv_max_len"]
 
 
@@ -92,7 +96,7 @@ def _tiles(cfg: triton.Config, args: dict) -> Tiles:
 
 
 def _prefer(args: dict) -> list[Preferred]:
-    return [({"BLOCK": 64}, 4, 1)]
+    return [({"BLOCK": 64, "KEY_MAJOR": 0}, 4, 1)]
 
 
 @config_choice.autotune(_CONFIGS, _TUNE_KEY, name="jagged_attention._bwd_softmax_row_kernel",
@@ -111,7 +115,7 @@ def _bwd_softmax_row_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     CAUSAL: tl.constexpr, IEEE: tl.constexpr, HAS_BIAS: tl.constexpr,
     KEY_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr, BIAS_GRAD_ADD: tl.constexpr,
-    BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, KEY_MAJOR: tl.constexpr,
 ):
     pid = tl.program_id(0)
     b = pid // n_heads
@@ -142,14 +146,17 @@ def _bwd_softmax_row_kernel(
                        EVEN_D, True)
         v = _load_rows(V + h * stride_vh, start, offs_n, row_len, stride_vt, offs_d, HEAD_DIM,
                        EVEN_D, True)
+        if KEY_MAJOR and HAS_BIAS and KEY_BIAS:  # one per key: a column, this block's keys
+            key_bias = tl.load(bias_base + offs_n.to(tl.int64) * stride_bj,
+                               mask=offs_n < row_len, other=0.0).to(tl.float32)
         dk = tl.zeros([BLOCK, BLOCK_D], dtype=tl.float32)
         dv = tl.zeros([BLOCK, BLOCK_D], dtype=tl.float32)
         # causal: a key block is seen by its own query block and the ones after it
         lo = start_n if CAUSAL else 0
         for start_m in range(lo, row_len, BLOCK):
             offs_m = start_m + tl.arange(0, BLOCK)
-            # every load of the tile pair first, the dq scratch's too, so their latencies
-            # overlap one another and the products below
+            # every load of the tile pair first, so their latencies overlap one another
+            # and the products below
             q = _load_rows(Q + h * stride_qh, start, offs_m, row_len, stride_qt, offs_d,
                            HEAD_DIM, EVEN_D, True)
             do = _load_rows(DO + h * stride_doh, start, offs_m, row_len, stride_dot, offs_d,
@@ -157,34 +164,63 @@ def _bwd_softmax_row_kernel(
             o = _load_rows(Out + h * stride_oh, start, offs_m, row_len, stride_ot, offs_d,
                            HEAD_DIM, EVEN_D, True)
             lse = _row_stat(lse_base, start, offs_m, row_len, True)
-            if HAS_BIAS:
-                bias = _bias_tile(bias_base, offs_m, offs_n, row_len, stride_bi, stride_bj,
-                                  KEY_BIAS)
             acc_ptrs = DQ_ACC + h * stride_ah + (start + offs_m[:, None]) * stride_at \
                 + offs_d[None, :]
             inside = (offs_m[:, None] < row_len) & (offs_d[None, :] < HEAD_DIM)
-            # the query block's dq so far: the earlier key blocks' sum (none before block 0).
-            # Loaded here, its fp32 tile live across the products, the 64-row pick spills
-            # (255 registers, 14 words); loaded after dq's product (s31's place) it compiles
-            # without spills for sm_90, untimed: the thirty-second session's device call
-            # for it did not run
-            dq_before = tl.load(acc_ptrs, mask=inside & (start_n > 0), other=0.0)
             # delta = rowsum(O * dO), recomputed by each key block from the tiles it loads
             # anyway: no pass of its own, no barrier, no buffer
             delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-            s = mma(q, tl.trans(k), IEEE) * scale
-            if HAS_BIAS:
-                s += bias
-            p = tl.where(_visible(offs_m, offs_n, row_len, CAUSAL), tl.exp(s - lse[:, None]),
-                         0.0)
-            dp = mma(do, tl.trans(v), IEEE)
-            ds = p * (dp - delta[:, None])
-            if BIAS_GRAD:  # each visible tile is visited once, by this program
-                _bias_grad_tile(db_base, ds, offs_m, offs_n, row_len, stride_dbi, stride_dbj,
-                                offs_m[:, None] < row_len, BIAS_GRAD_ADD)
-            dv += mma(tl.trans(p.to(do.dtype)), do, IEEE)
-            dk += mma(tl.trans(ds.to(q.dtype)), q, IEEE)
-            dq = mma(ds.to(k.dtype), k, IEEE) * scale + dq_before
+            if KEY_MAJOR:
+                # the transposed tiles [keys, queries]: p^T and ds^T are the A operands of
+                # dv's and dk's products as they are (no round trip through shared memory);
+                # ds (dq's A operand) is the one transposed
+                if HAS_BIAS and not KEY_BIAS:
+                    bias_t = _bias_tile(bias_base, offs_n, offs_m, row_len, stride_bj,
+                                        stride_bi, False)
+                s_t = mma(k, tl.trans(q), IEEE) * scale
+                if HAS_BIAS:
+                    if KEY_BIAS:
+                        s_t += key_bias[:, None]
+                    else:
+                        s_t += bias_t
+                visible_t = (offs_n[:, None] < row_len) & (offs_m[None, :] < row_len)
+                if CAUSAL:
+                    visible_t = visible_t & (offs_m[None, :] >= offs_n[:, None])
+                p_t = tl.where(visible_t, tl.exp(s_t - lse[None, :]), 0.0)
+                dp_t = mma(v, tl.trans(do), IEEE)
+                ds_t = p_t * (dp_t - delta[None, :])
+                if BIAS_GRAD:  # each visible tile is visited once, by this program
+                    _bias_grad_tile(db_base, ds_t, offs_n, offs_m, row_len, stride_dbj,
+                                    stride_dbi, offs_n[:, None] < row_len, BIAS_GRAD_ADD)
+                dv += mma(p_t.to(do.dtype), do, IEEE)
+                dk += mma(ds_t.to(q.dtype), q, IEEE)
+                dq = mma(tl.trans(ds_t.to(k.dtype)), k, IEEE) * scale
+                # the query block's dq so far (the earlier key blocks' sum), loaded only by
+                # a block after the first: a row of one key block converts no fp32 tile
+                if start_n > 0:
+                    dq += tl.load(acc_ptrs, mask=inside, other=0.0)
+            else:
+                if HAS_BIAS:
+                    bias = _bias_tile(bias_base, offs_m, offs_n, row_len, stride_bi,
+                                      stride_bj, KEY_BIAS)
+                # the query block's dq so far: the earlier key blocks' sum (none before
+                # block 0). Loaded here, its fp32 tile live across the products, the 64-row
+                # pick spills (255 registers, 14 words); loaded after dq's product (s31's
+                # place) it compiles without spills for sm_90
+                dq_before = tl.load(acc_ptrs, mask=inside & (start_n > 0), other=0.0)
+                s = mma(q, tl.trans(k), IEEE) * scale
+                if HAS_BIAS:
+                    s += bias
+                p = tl.where(_visible(offs_m, offs_n, row_len, CAUSAL),
+                             tl.exp(s - lse[:, None]), 0.0)
+                dp = mma(do, tl.trans(v), IEEE)
+                ds = p * (dp - delta[:, None])
+                if BIAS_GRAD:  # each visible tile is visited once, by this program
+                    _bias_grad_tile(db_base, ds, offs_m, offs_n, row_len, stride_dbi,
+                                    stride_dbj, offs_m[:, None] < row_len, BIAS_GRAD_ADD)
+                dv += mma(tl.trans(p.to(do.dtype)), do, IEEE)
+                dk += mma(tl.trans(ds.to(q.dtype)), q, IEEE)
+                dq = mma(ds.to(k.dtype), k, IEEE) * scale + dq_before
             # the query block's sum over the key blocks that see it: from the first (key
             # block 0) to the last (its own under a causal mask, else the row's last)
             last = start_m if CAUSAL else last_n

@@ -85,15 +85,16 @@ def test_transact_blocks_runs_and_forcing_a_config_makes_the_heuristic_pick_it()
     before_prefer, before = hook.prefer, list(tuner.configs)
     results = bench.main(["--smoke", "--transact-blocks"])
     rows = results["models"]["transact_blocks"]["rows"]
-    assert [r["variant"] for r in rows] == ["fwd 64x32 4w 2s", "row kernel 64 4w 1s"]
+    assert [r["variant"] for r in rows] == ["fwd 64x32 4w 2s 96r", "row kernel 64 4w 1s"]
     for r in rows:
         assert "error" not in r and r["max_err"] < 1e-4, r
     assert hook.prefer is before_prefer
     try:
-        bench._force_config(name, {"BLOCK": 16}, 2, 1)
-        made = [triton.Config({"BLOCK": b}, num_warps=w, num_stages=1)
+        params = {"BLOCK": 16, "KEY_MAJOR": 1}
+        bench._force_config(name, params, 2, 1)
+        made = [triton.Config({"BLOCK": b, "KEY_MAJOR": 1}, num_warps=w, num_stages=1)
                 for b, w in ((64, 4), (16, 2))]
         assert hook._heuristic(made, {}) is made[1]
-        assert any(dict(c.kwargs) == {"BLOCK": 16} and c.num_warps == 2 for c in tuner.configs)
+        assert any(dict(c.kwargs) == params and c.num_warps == 2 for c in tuner.configs)
     finally:
         hook.prefer, tuner.configs[:] = before_prefer, before

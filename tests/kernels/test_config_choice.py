@@ -270,6 +270,16 @@ def test_one_config_is_launched_once_and_never_timed(cold):
         cc._KERNELS.pop("test._add_into_kernel", None)
 
 
+def test_the_interpreter_times_nothing_and_ties_every_config():
+    """Under the interpreter (every CPU test) there is no driver to time with: the timer
+    runs nothing and gives each config the same time, so the first that fits runs (the
+    row kernel keeps two configs there for its tests to force)."""
+    ran = []
+    timer = cc._triton_timer()
+    assert timer(lambda: ran.append(1), quantiles=(0.5, 0.2)) == [0.0, 0.0]
+    assert timer(lambda: ran.append(1)) == 0.0 and ran == []
+
+
 def test_several_configs_left_are_timed_by_triton(cold, monkeypatch):
     """With autotuning asked the hook leaves every config that fits, and Triton's own timer
     times each (the kernel runs)."""

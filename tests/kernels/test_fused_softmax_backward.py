@@ -35,11 +35,11 @@ ON_GPU = os.environ.get("GEMC_TEST_DEVICE", "cpu") != "cpu"
 B, L, H, D = 5, (100 if ON_GPU else 40), 2, 24
 BLOCK = 64 if ON_GPU else 16
 ROW_TUNER = "jagged_attention._bwd_softmax_row_kernel"
-ROW_CONFIGS = list(cc._KERNELS[ROW_TUNER][1].configs) if ON_GPU else [None]
-"""The row kernel's configs the GPU run forces, each one: every config ``GEMC_AUTOTUNE=1``
+ROW_CONFIGS = list(cc._KERNELS[ROW_TUNER][1].configs)
+"""The row kernel's configs, each one forced: on the GPU every config ``GEMC_AUTOTUNE=1``
 may take and a pick may name (at L = 100, 32-row blocks give rows of four key blocks, dq
-summed three times through the scratch; a cap on the registers spills); the interpreter
-runs its one config (None)."""
+summed three times through the scratch; a cap on the registers spills); the interpreter's
+two, one per orientation of the tiles (``KEY_MAJOR``)."""
 SCALE = D ** -0.5
 FWD, DQ, DKDV = (f"jagged_attention.{n}" for n in ("_fwd_kernel", "_bwd_dq_kernel",
                                                      "_bwd_dkdv_kernel"))
@@ -107,33 +107,30 @@ def _sdpa(x, g, lengths, offsets, causal, bias_kind, bias):  # noqa: ANN001, ANN
 
 @pytest.fixture
 def forced_row_config(request, monkeypatch):  # noqa: ANN001, ANN201
-    """The row kernel's pick made config ``request.param`` (None: left as is), and every
-    attention pick forgotten after the test, so no later test runs it."""
+    """The row kernel's pick made config ``request.param``, and every attention pick
+    forgotten after the test, so no later test runs it."""
     config = request.param
-    if config is not None:
-        want = (config.kwargs, config.num_warps, config.num_stages, config.maxnreg)
-        monkeypatch.setattr(cc._KERNELS[ROW_TUNER][0], "prefer", lambda args: [want])
-        cc.forget("jagged_attention.")
+    want = (config.kwargs, config.num_warps, config.num_stages, config.maxnreg)
+    monkeypatch.setattr(cc._KERNELS[ROW_TUNER][0], "prefer", lambda args: [want])
+    cc.forget("jagged_attention.")
     yield config
-    if config is not None:
-        cc.forget("jagged_attention.")
+    cc.forget("jagged_attention.")
 
 
 @pytest.mark.parametrize("forced_row_config", ROW_CONFIGS, indirect=True,
-                         ids=lambda c: "pick" if c is None else
-                         f"row{c.kwargs['BLOCK']}-{c.num_warps}w-{c.num_stages}s"
-                         + (f"-{c.maxnreg}r" if c.maxnreg else ""))
+                         ids=lambda c: f"row{c.kwargs['BLOCK']}-{c.num_warps}w-"
+                         f"{c.num_stages}s" + (f"-{c.maxnreg}r" if c.maxnreg else "")
+                         + ("-keys" if c.kwargs["KEY_MAJOR"] else ""))
 @pytest.mark.parametrize("bias_kind", ["none", "key", "full"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_one_kernel_equals_the_two_kernels_and_padded_sdpa(causal, bias_kind,
                                                           forced_row_config, monkeypatch):
     row_config = forced_row_config
-    block = BLOCK if row_config is None else row_config.kwargs["BLOCK"]
+    block = row_config.kwargs["BLOCK"]
     lengths, offsets, x, g, bias = _inputs(fresh_generator(), bias_kind, block)
     one, launched_one = _kernels(x, g, offsets, causal, bias_kind, bias, True, monkeypatch)
-    if row_config is not None:  # the forced config ran
-        ran = list(cc.ran(ROW_TUNER)[ROW_TUNER].values())
-        assert ran == [cc.describe(row_config)], ran
+    ran = list(cc.ran(ROW_TUNER)[ROW_TUNER].values())  # the forced config ran
+    assert ran == [cc.describe(row_config)], ran
     two, launched_two = _kernels(x, g, offsets, causal, bias_kind, bias, False, monkeypatch)
     ref = _sdpa(x, g, lengths, offsets, causal, bias_kind, bias)
     assert launched_one == [FWD, ROW] and launched_two == [FWD, DQ, DKDV]

@@ -105,6 +105,16 @@ def test_a_mask_viewed_with_unit_dims_a_broadcast_row_and_int64_offsets() -> Non
                                old_formula(row.expand(batch, length), True, offsets)[0])
 
 
+def test_a_mask_of_no_keys_keeps_no_row() -> None:
+    """The kept flags are not zero-filled before the kernel (it stores every row's); a mask
+    of no keys launches no kernel, so its flags are zeros, not whatever the memory held."""
+    for _ in range(3):  # fresh allocations: stale memory would show in one of them
+        bias, kept = rep_key_bias(torch.zeros(4, 0, dtype=torch.bool), torch.zeros(5).long(),
+                                  False)
+        assert bias.shape == (4, 0) and kept.dtype == torch.bool
+        assert not kept.any()
+
+
 def test_a_mask_of_the_wrong_batch_is_one_clear_error() -> None:
     with pytest.raises(ValueError, match=r"rep_key_bias: the key mask must be \[B, L\]"):
         rep_key_bias(torch.zeros(3, 4), torch.tensor([0, 2, 4]), True)

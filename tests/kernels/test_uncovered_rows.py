@@ -114,6 +114,9 @@ def test_uncovered_rows_read_zero_and_the_rest_matches_the_reference(
     for name, a, w in zip(("out", "dq", "dk", "dv"), got, want):
         torch.testing.assert_close(a[rows], w, rtol=1e-4, atol=1e-4, msg=name)
         assert torch.equal(a[uncovered], torch.zeros_like(a[uncovered])), name
+    if kind == "softmax":  # the logsumexp [H, rows]: not zero-filled first either
+        assert lse.isfinite()[:, rows].all()
+        assert torch.equal(lse[:, uncovered], torch.zeros_like(lse[:, uncovered]))
 
 
 @pytest.mark.parametrize("kind, causal", [("softmax", True), ("silu", False)])
@@ -149,7 +152,7 @@ def test_a_batch_whose_kernels_do_not_run_reads_zero(monkeypatch, fused):
     meta = {**kernel._meta(x, False, "softmax", "max_len", 0), "FUSED_DQ": fused}
     out, lse = kernel._attention_forward(x, x, x, offsets, 0, 1.0, meta)
     grads = kernel._attention_backward(x, x, x, out, lse, x, offsets, 0, 1.0, meta)
-    for t in (out, *grads):
+    for t in (out, lse, *grads):
         assert t.dtype == x.dtype and torch.equal(t, torch.zeros_like(t))
 
 
