@@ -99,6 +99,52 @@ def _prefer(args: dict) -> list[Preferred]:
     return [({"BLOCK": 64, "KEY_MAJOR": 0}, 4, 1)]
 
 
+@triton.jit
+def _key_major_bias(bias_base, offs_n, offs_m, row_len, sbi, sbj, HAS_BIAS: tl.constexpr,
+                    KEY_BIAS: tl.constexpr):
+    """The bias of a transposed tile ``[keys, queries]``: a per-key bias as a column
+    ``[keys, 1]`` (one load of ``BLOCK`` values), a full one as the tile; 0.0 without one
+    (never added)."""
+    if not HAS_BIAS:
+        return 0.0
+    elif KEY_BIAS:
+        key = tl.load(bias_base + offs_n.to(tl.int64) * sbj, mask=offs_n < row_len, other=0.0)
+        return key.to(tl.float32)[:, None]
+    else:
+        return _bias_tile(bias_base, offs_n, offs_m, row_len, sbj, sbi, False)
+
+
+@triton.jit
+def _key_major_pair(dk, dv, k, v, q, do, o, lse, bias_t, offs_m, offs_n, row_len, scale,
+                    db_base, sdi, sdj, CAUSAL: tl.constexpr, IEEE: tl.constexpr,
+                    HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr,
+                    BIAS_GRAD_ADD: tl.constexpr):
+    """One tile pair with its tiles transposed, keys by queries: ``dk`` and ``dv`` with the
+    pair's shares added, and the pair's share of dq (scaled). Why transposed: p^T and ds^T
+    are then the A operands of dv's and dk's products as they come out of the products
+    before them (registers), and only ds, dq's A operand, is transposed (through shared
+    memory); the query-major form transposes p and ds both. ``bias_t``: the bias of the
+    tile ``[keys, queries]`` or a per-key column ``[keys, 1]``."""
+    # delta = rowsum(O * dO), recomputed from the tiles loaded anyway: no pass of its own
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    s_t = mma(k, tl.trans(q), IEEE) * scale
+    if HAS_BIAS:
+        s_t += bias_t
+    visible_t = (offs_n[:, None] < row_len) & (offs_m[None, :] < row_len)
+    if CAUSAL:
+        visible_t = visible_t & (offs_m[None, :] >= offs_n[:, None])
+    p_t = tl.where(visible_t, tl.exp(s_t - lse[None, :]), 0.0)
+    dp_t = mma(v, tl.trans(do), IEEE)
+    ds_t = p_t * (dp_t - delta[None, :])
+    if BIAS_GRAD:  # each visible tile is visited once, by this program
+        _bias_grad_tile(db_base, ds_t, offs_n, offs_m, row_len, sdj, sdi,
+                        offs_n[:, None] < row_len, BIAS_GRAD_ADD)
+    dv += mma(p_t.to(do.dtype), do, IEEE)
+    dk += mma(ds_t.to(q.dtype), q, IEEE)
+    dq = mma(tl.trans(ds_t.to(k.dtype)), k, IEEE) * scale
+    return dk, dv, dq
+
+
 @config_choice.autotune(_CONFIGS, _TUNE_KEY, name="jagged_attention._bwd_softmax_row_kernel",
                         tiles=_tiles, prefer=_prefer,
                         accumulates=lambda a: ("DBIAS",) if a.get("BIAS_GRAD")
@@ -139,6 +185,36 @@ def _bwd_softmax_row_kernel(
     lse_base = LSE + h * stride_lse_h
     bias_base = BIAS + b.to(tl.int64) * stride_bb + h * stride_bh
     db_base = DBIAS + b.to(tl.int64) * stride_dbb + h * stride_dbh
+    if KEY_MAJOR:
+        if row_len <= BLOCK:
+            # one tile pair (most of TransAct's rows at 64-row blocks): every load at once
+            # (the loop below loads k and v, then q, dO and O), no dq scratch, no barrier
+            offs = tl.arange(0, BLOCK)
+            k = _load_rows(K + h * stride_kh, start, offs, row_len, stride_kt, offs_d,
+                           HEAD_DIM, EVEN_D, True)
+            v = _load_rows(V + h * stride_vh, start, offs, row_len, stride_vt, offs_d,
+                           HEAD_DIM, EVEN_D, True)
+            q = _load_rows(Q + h * stride_qh, start, offs, row_len, stride_qt, offs_d,
+                           HEAD_DIM, EVEN_D, True)
+            do = _load_rows(DO + h * stride_doh, start, offs, row_len, stride_dot, offs_d,
+                            HEAD_DIM, EVEN_D, True)
+            o = _load_rows(Out + h * stride_oh, start, offs, row_len, stride_ot, offs_d,
+                           HEAD_DIM, EVEN_D, True)
+            lse = _row_stat(lse_base, start, offs, row_len, True)
+            bias_t = _key_major_bias(bias_base, offs, offs, row_len, stride_bi, stride_bj,
+                                     HAS_BIAS, KEY_BIAS)
+            zeros = tl.zeros([BLOCK, BLOCK_D], dtype=tl.float32)
+            dk, dv, dq = _key_major_pair(zeros, zeros, k, v, q, do, o, lse, bias_t, offs,
+                                         offs, row_len, scale, db_base, stride_dbi,
+                                         stride_dbj, CAUSAL, IEEE, HAS_BIAS, BIAS_GRAD,
+                                         BIAS_GRAD_ADD)
+            _store_rows(DQ + h * stride_dqh, start, offs, row_len, stride_dqt, offs_d, dq,
+                        HEAD_DIM)
+            _store_rows(DK + h * stride_dkh, start, offs, row_len, stride_dkt, offs_d,
+                        dk * scale, HEAD_DIM)
+            _store_rows(DV + h * stride_dvh, start, offs, row_len, stride_dvt, offs_d, dv,
+                        HEAD_DIM)
+            return
     last_n = (tl.cdiv(row_len, BLOCK) - 1) * BLOCK
     for start_n in range(0, row_len, BLOCK):
         offs_n = start_n + tl.arange(0, BLOCK)
@@ -146,9 +222,9 @@ def _bwd_softmax_row_kernel(
                        EVEN_D, True)
         v = _load_rows(V + h * stride_vh, start, offs_n, row_len, stride_vt, offs_d, HEAD_DIM,
                        EVEN_D, True)
-        if KEY_MAJOR and HAS_BIAS and KEY_BIAS:  # one per key: a column, this block's keys
-            key_bias = tl.load(bias_base + offs_n.to(tl.int64) * stride_bj,
-                               mask=offs_n < row_len, other=0.0).to(tl.float32)
+        if KEY_MAJOR and KEY_BIAS:  # one per key: a column, loaded once a key block
+            key_bias = _key_major_bias(bias_base, offs_n, offs_n, row_len, stride_bi,
+                                       stride_bj, HAS_BIAS, True)
         dk = tl.zeros([BLOCK, BLOCK_D], dtype=tl.float32)
         dv = tl.zeros([BLOCK, BLOCK_D], dtype=tl.float32)
         # causal: a key block is seen by its own query block and the ones after it
@@ -167,36 +243,18 @@ def _bwd_softmax_row_kernel(
             acc_ptrs = DQ_ACC + h * stride_ah + (start + offs_m[:, None]) * stride_at \
                 + offs_d[None, :]
             inside = (offs_m[:, None] < row_len) & (offs_d[None, :] < HEAD_DIM)
-            # delta = rowsum(O * dO), recomputed by each key block from the tiles it loads
-            # anyway: no pass of its own, no barrier, no buffer
-            delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
             if KEY_MAJOR:
-                # the transposed tiles [keys, queries]: p^T and ds^T are the A operands of
-                # dv's and dk's products as they are (no round trip through shared memory);
-                # ds (dq's A operand) is the one transposed
-                if HAS_BIAS and not KEY_BIAS:
-                    bias_t = _bias_tile(bias_base, offs_n, offs_m, row_len, stride_bj,
-                                        stride_bi, False)
-                s_t = mma(k, tl.trans(q), IEEE) * scale
-                if HAS_BIAS:
-                    if KEY_BIAS:
-                        s_t += key_bias[:, None]
-                    else:
-                        s_t += bias_t
-                visible_t = (offs_n[:, None] < row_len) & (offs_m[None, :] < row_len)
-                if CAUSAL:
-                    visible_t = visible_t & (offs_m[None, :] >= offs_n[:, None])
-                p_t = tl.where(visible_t, tl.exp(s_t - lse[None, :]), 0.0)
-                dp_t = mma(v, tl.trans(do), IEEE)
-                ds_t = p_t * (dp_t - delta[None, :])
-                if BIAS_GRAD:  # each visible tile is visited once, by this program
-                    _bias_grad_tile(db_base, ds_t, offs_n, offs_m, row_len, stride_dbj,
-                                    stride_dbi, offs_n[:, None] < row_len, BIAS_GRAD_ADD)
-                dv += mma(p_t.to(do.dtype), do, IEEE)
-                dk += mma(ds_t.to(q.dtype), q, IEEE)
-                dq = mma(tl.trans(ds_t.to(k.dtype)), k, IEEE) * scale
+                if KEY_BIAS:
+                    bias_t = key_bias
+                else:
+                    bias_t = _key_major_bias(bias_base, offs_n, offs_m, row_len, stride_bi,
+                                             stride_bj, HAS_BIAS, False)
+                dk, dv, dq = _key_major_pair(dk, dv, k, v, q, do, o, lse, bias_t, offs_m,
+                                             offs_n, row_len, scale, db_base, stride_dbi,
+                                             stride_dbj, CAUSAL, IEEE, HAS_BIAS, BIAS_GRAD,
+                                             BIAS_GRAD_ADD)
                 # the query block's dq so far (the earlier key blocks' sum), loaded only by
-                # a block after the first: a row of one key block converts no fp32 tile
+                # a block after the first
                 if start_n > 0:
                     dq += tl.load(acc_ptrs, mask=inside, other=0.0)
             else:
@@ -208,6 +266,9 @@ def _bwd_softmax_row_kernel(
                 # pick spills (255 registers, 14 words); loaded after dq's product (s31's
                 # place) it compiles without spills for sm_90
                 dq_before = tl.load(acc_ptrs, mask=inside & (start_n > 0), other=0.0)
+                # delta = rowsum(O * dO), recomputed by each key block from the tiles it
+                # loads anyway: no pass of its own, no barrier, no buffer
+                delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
                 s = mma(q, tl.trans(k), IEEE) * scale
                 if HAS_BIAS:
                     s += bias
