@@ -18,9 +18,10 @@ it is False; ``width`` the layout's ``offsets[b + 1] - offsets[b]``.
 Why a kernel: the same formula in torch ops (a cast, ``masked_fill``, ``logcumsumexp``
 between two flips, ``arange``, two ``where``, ``any``) is ten launches a call, each a few
 microseconds of host work for a ``[B, L]`` tensor the GPU reads in under one (issue 17).
-Here one program per row reads the mask row once (the logsumexp max-subtracted) and writes
-the bias row and the row's kept flag: 0.005 ms of kernel at TransAct's h200 shape on an
-H100 (``benchmarks/attention_gpu_time.py --models transact``, twenty-seventh session).
+Here each program reads its rows of the mask once (the logsumexp max-subtracted) and
+writes their bias rows and kept flags: 0.005 ms of kernel at TransAct's h200 shape on an
+H100 at one row a program (``benchmarks/attention_gpu_time.py --models transact``,
+twenty-seventh session); :data:`ROW_ELEMENTS` says why several now.
 
 A row keeping no key at all is ``-inf`` at its slots: the attention kernel gives its
 queries 0 and no gradient, which is what eager's ``scaled_dot_product_attention`` gives
@@ -60,31 +61,42 @@ from .runtime import (
 
 @triton.jit
 def _rep_key_bias_kernel(mask_ptr, stride_b, stride_l, offsets_ptr, bias_ptr, kept_ptr,
-                         length, ADDITIVE: tl.constexpr, BLOCK_L: tl.constexpr):
-    """One program per row: its bias row and whether it keeps some key."""
-    b = tl.program_id(0)
+                         batch, length, ADDITIVE: tl.constexpr, ROWS: tl.constexpr,
+                         BLOCK_L: tl.constexpr):
+    """``ROWS`` rows a program: their bias rows and whether each keeps some key."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     pos = tl.arange(0, BLOCK_L)
-    inside = pos < length
-    ptrs = mask_ptr + b.to(tl.int64) * stride_b + pos.to(tl.int64) * stride_l
+    real = rows < batch
+    inside = real[:, None] & (pos[None, :] < length)
+    ptrs = mask_ptr + rows[:, None].to(tl.int64) * stride_b + pos[None, :].to(tl.int64) * stride_l
     if ADDITIVE:
         m = tl.load(ptrs, mask=inside, other=float("-inf")).to(tl.float32)
     else:
         raw = tl.load(ptrs, mask=inside, other=0)
         m = tl.where(raw != 0, 0.0, float("-inf"))
     m = tl.where(inside, m, float("-inf"))
-    width = (tl.load(offsets_ptr + b + 1) - tl.load(offsets_ptr + b)).to(tl.int32)
+    width = (tl.load(offsets_ptr + rows + 1, mask=real, other=0)
+             - tl.load(offsets_ptr + rows, mask=real, other=0)).to(tl.int32)[:, None]
     # the last slot's logsumexp over p >= width - 1, its largest entry subtracted first
-    tail = tl.where(inside & (pos >= width - 1), m, float("-inf"))
-    top = tl.max(tail, 0)
+    tail = tl.where(inside & (pos[None, :] >= width - 1), m, float("-inf"))
+    top = tl.max(tail, 1)
     finite = (top > float("-inf")) & (top < float("inf"))
     shift = tl.where(finite, top, 0.0)
-    total = tl.sum(tl.exp(tail - shift), 0)
+    total = tl.sum(tl.exp(tail - shift[:, None]), 1)
     lse = tl.where(total > 0.0, shift + tl.log(tl.where(total > 0.0, total, 1.0)),
                    float("-inf"))
-    kept = tl.max(tl.where(m > float("-inf"), 1, 0), 0)
-    bias = tl.where(pos < width - 1, m, tl.where(pos == width - 1, lse, 0.0))
-    tl.store(bias_ptr + b.to(tl.int64) * length + pos, bias, mask=inside)
-    tl.store(kept_ptr + b, kept > 0)
+    kept = tl.max(tl.where(m > float("-inf"), 1, 0), 1)
+    bias = tl.where(pos[None, :] < width - 1, m,
+                    tl.where(pos[None, :] == width - 1, lse[:, None], 0.0))
+    tl.store(bias_ptr + rows[:, None].to(tl.int64) * length + pos[None, :], bias, mask=inside)
+    tl.store(kept_ptr + rows, kept > 0, mask=real)
+
+
+ROW_ELEMENTS = 2048
+"""Mask entries a program reads (``ROWS`` rows of ``BLOCK_L``). Why several rows a program:
+one row a program (TransAct's 4,096 of 128 slots) took 0.005 ms on an H100 for 1.6 MB read
+and written (twenty-seventh to thirty-second sessions), two waves of programs each a load,
+two reductions and a store long; 16 rows a program make it 256 programs, one wave."""
 
 
 def _launch(mask: Tensor, offsets: Tensor, additive: bool,
@@ -108,9 +120,11 @@ def _launch(mask: Tensor, offsets: Tensor, additive: bool,
     kept = (torch.empty if batch and length else torch.zeros)(batch, dtype=torch.bool,
                                                                device=rows.device)
     if batch and length:
-        wrap(_rep_key_bias_kernel)[(batch,)](
-            rows, rows.stride(0), rows.stride(1), offsets, bias, kept, length,
-            ADDITIVE=bool(additive), BLOCK_L=next_pow2(int(length), 16))
+        block_l = next_pow2(int(length), 16)
+        per = max(1, ROW_ELEMENTS // block_l)
+        wrap(_rep_key_bias_kernel)[(triton.cdiv(batch, per),)](
+            rows, rows.stride(0), rows.stride(1), offsets, bias, kept, batch, length,
+            ADDITIVE=bool(additive), ROWS=per, BLOCK_L=block_l)
     return bias, kept
 
 

@@ -26,6 +26,15 @@ Here one program owns a whole (sequence, head), so no other program touches its 
   the last stores the sum in dq's dtype into dq itself (no cast pass). A barrier after
   each key block orders its scratch stores before the next block's loads. A row of one
   block (most of TransAct's at 64-row blocks) never touches the scratch.
+* **Two orientations** (the config's ``KEY_MAJOR``). Query-major tiles ``[queries, keys]``
+  (``s = q k^T``) make p and ds the A operands of dv's and dk's products transposed: two
+  round trips through shared memory a pair. Key-major tiles ``[keys, queries]``
+  (``s^T = k q^T``, :func:`_key_major_pair`) feed p^T and ds^T to those products from
+  registers and transpose only ds for dq's; a per-key bias is then one column loaded once a
+  key block, and a row of one tile pair (most of TransAct's at 64-row blocks) takes a
+  straight path: every load at once, no scratch, no barrier. Compiled for sm_90 at
+  TransAct's shape, key-major 64-row blocks take 255 registers and no spills (query-major:
+  255 and 14 words), 32-row ones 168 (174).
 * **Every step masked.** A short row is one or two tiles, where the phases the long-row
   kernels split into (unmasked whole blocks, masked ragged ones) would save nothing; and a
   ragged key block's columns past the row (k = 0 there, so ``exp(0 - lse)``, inf where a
@@ -78,7 +87,8 @@ def _cfg(block: int, warps: int, stages: int, maxnreg: int | None = None,
 # registers 0.359 and at 128 0.369. The configs that timed slower are not here (two stages:
 # 0.751-1.010; a cap of 96: 0.523; 64 with 8 warps: 0.603-0.735), so ``GEMC_AUTOTUNE=1``
 # never takes them; the GPU tests run every config here
-# (``tests/kernels/test_fused_softmax_backward.py``).
+# (``tests/kernels/test_fused_softmax_backward.py``). The key-major configs (thirty-third
+# session) are timed by ``--transact-blocks`` before a pick names one.
 _CONFIGS = autotune_configs([_cfg(64, 4, 1), _cfg(32, 4, 1), _cfg(32, 4, 1, 168),
                              _cfg(32, 4, 1, 128), _cfg(64, 4, 1, key_major=True),
                              _cfg(32, 4, 1, key_major=True)],

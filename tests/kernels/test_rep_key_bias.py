@@ -105,6 +105,19 @@ def test_a_mask_viewed_with_unit_dims_a_broadcast_row_and_int64_offsets() -> Non
                                old_formula(row.expand(batch, length), True, offsets)[0])
 
 
+def test_rows_over_several_programs_the_last_one_partial() -> None:
+    """70 rows of 100 slots: 16 rows a program (``ROW_ELEMENTS``), five programs, the last
+    holding 6 rows; every row's bias and flag as the old formula gives them."""
+    gen = fresh_generator()
+    batch, length = 70, 100
+    offsets = _offsets(_widths(gen, batch, length))
+    for label, mask, additive in _masks(gen, batch, length)[:2]:
+        bias, kept = rep_key_bias(mask, offsets, additive)
+        want, want_kept = old_formula(mask, additive, offsets)
+        assert torch.equal(kept, want_kept), label
+        torch.testing.assert_close(bias, want, rtol=1e-6, atol=1e-6, msg=label)
+
+
 def test_a_mask_of_no_keys_keeps_no_row() -> None:
     """The kept flags are not zero-filled before the kernel (it stores every row's); a mask
     of no keys launches no kernel, so its flags are zeros, not whatever the memory held."""
