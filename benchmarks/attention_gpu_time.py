@@ -340,14 +340,14 @@ def _profile_transact(path: Path, smoke: bool, dtype: torch.dtype, device: torch
             f.write(host_profile(fn, 5 if smoke else 50))
 
 
-FWD_BLOCKS = ((64, 32, 4, 2, 96), (64, 32, 4, 2, None), (64, 32, 4, 1, None))
+FWD_BLOCKS = ((64, 32, 4, 2, 96), (64, 32, 4, 2, None))
 """(BLOCK_M, BLOCK_N, warps, stages, maxnreg) of the forward ``--transact-blocks`` times at
 TransAct's region shape, the short-row pick first (capped at 96 registers a thread: 5
 programs an SM where its 122 allow 4; thirty-second session, H100: 0.143 ms against 0.154;
 a cap of 80, 32-row tiles and five other uncapped configs timed slower there or in the
 thirty-first session)."""
 ROW_BLOCKS = ((64, 0, 4, 1, None), (64, 1, 4, 1, None), (32, 1, 4, 1, None),
-              (32, 1, 4, 1, 128), (64, 1, 4, 1, 168), (32, 0, 4, 1, 168))
+              (32, 1, 4, 1, 128))
 """(BLOCK, KEY_MAJOR, warps, stages, maxnreg) of the one-program-per-row softmax backward
 ``--transact-blocks`` times, its pick first (KEY_MAJOR: the tiles transposed, keys by
 queries; maxnreg: the registers a thread capped, so more programs fit an SM;

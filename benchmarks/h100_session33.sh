@@ -6,6 +6,8 @@
 #       # among them (attention_gpu_time.py --transact-blocks); then the GPU tests of the
 #       # row kernel's 64-row pick and key-major configs, the uncovered rows (the
 #       # logsumexp's now) and the key bias's kernel
+#   bash benchmarks/h100_session33.sh 2   # the same, shorter (~330 s): part 1's call was
+#       # taken back mid-call, and the device time left fits no second one of its length
 set -uo pipefail
 source scripts/device_record.sh
 t0=$SECONDS
@@ -44,5 +46,19 @@ if [ "$part" = 1 ]; then  # the key figure first: the call may be cut short
     tests/kernels/test_uncovered_rows.py tests/kernels/test_rep_key_bias.py \
     -k "(keys or row64 or not one_kernel) and not hopper" > "$OUT/tests.log" 2>&1
   echo "== row kernel's, uncovered rows' and key bias's tests on the GPU (exit $?, $((SECONDS - t0)) s)"
+  grep -E "passed|failed|FAILED|Error" "$OUT/tests.log" | tail -12 | cut -c1-300
+fi
+if [ "$part" = 2 ]; then
+  defaults_vs_cudnn 75
+  timeout 110 python3 benchmarks/attention_gpu_time.py --transact-blocks \
+    --out "$OUT/blocks.json" > /tmp/blocks.log 2>&1
+  echo "== TransAct region at each forward / row-kernel config (exit $?, $((SECONDS - t0)) s)"
+  print_blocks
+  grep -E "Error|error" /tmp/blocks.log | sort | uniq -c | head -5 | cut -c1-300
+  GEMC_TEST_DEVICE=cuda timeout $((330 - SECONDS + t0)) python3 -m pytest -q -rf \
+    -p no:cacheprovider -n 0 tests/kernels/test_fused_softmax_backward.py \
+    tests/kernels/test_uncovered_rows.py tests/kernels/test_rep_key_bias.py \
+    -k "(keys or not one_kernel) and not hopper" > "$OUT/tests.log" 2>&1
+  echo "== row kernel's key-major, uncovered rows' and key bias's tests on the GPU (exit $?, $((SECONDS - t0)) s)"
   grep -E "passed|failed|FAILED|Error" "$OUT/tests.log" | tail -12 | cut -c1-300
 fi
