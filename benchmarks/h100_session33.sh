@@ -8,6 +8,7 @@
 #       # logsumexp's now) and the key bias's kernel
 #   bash benchmarks/h100_session33.sh 2   # the same, shorter (~330 s): part 1's call was
 #       # taken back mid-call, and the device time left fits no second one of its length
+#   bash benchmarks/h100_session33.sh 3   # part 2's timings alone (~190 s), no tests
 set -uo pipefail
 source scripts/device_record.sh
 t0=$SECONDS
@@ -61,4 +62,11 @@ if [ "$part" = 2 ]; then
     -k "(keys or not one_kernel) and not hopper" > "$OUT/tests.log" 2>&1
   echo "== row kernel's key-major, uncovered rows' and key bias's tests on the GPU (exit $?, $((SECONDS - t0)) s)"
   grep -E "passed|failed|FAILED|Error" "$OUT/tests.log" | tail -12 | cut -c1-300
+fi
+if [ "$part" = 3 ]; then
+  defaults_vs_cudnn 75
+  timeout 110 python3 benchmarks/attention_gpu_time.py --transact-blocks \
+    --out "$OUT/blocks.json" > /tmp/blocks.log 2>&1
+  echo "== TransAct region at each forward / row-kernel config (exit $?, $((SECONDS - t0)) s)"
+  print_blocks
 fi
