@@ -9,6 +9,7 @@
 #   bash benchmarks/h100_session33.sh 2   # the same, shorter (~330 s): part 1's call was
 #       # taken back mid-call, and the device time left fits no second one of its length
 #   bash benchmarks/h100_session33.sh 3   # part 2's timings alone (~190 s), no tests
+#   CALL_S=250 bash benchmarks/h100_session33.sh 2   # part 2 with its tests cut at 250 s in all
 set -uo pipefail
 source scripts/device_record.sh
 t0=$SECONDS
@@ -56,7 +57,7 @@ if [ "$part" = 2 ]; then
   echo "== TransAct region at each forward / row-kernel config (exit $?, $((SECONDS - t0)) s)"
   print_blocks
   grep -E "Error|error" /tmp/blocks.log | sort | uniq -c | head -5 | cut -c1-300
-  GEMC_TEST_DEVICE=cuda timeout $((330 - SECONDS + t0)) python3 -m pytest -q -rf \
+  GEMC_TEST_DEVICE=cuda timeout $((${CALL_S:-330} - SECONDS + t0)) python3 -m pytest -q -rf \
     -p no:cacheprovider -n 0 tests/kernels/test_fused_softmax_backward.py \
     tests/kernels/test_uncovered_rows.py tests/kernels/test_rep_key_bias.py \
     -k "(keys or not one_kernel) and not hopper" > "$OUT/tests.log" 2>&1
