@@ -63,6 +63,7 @@ if [ "$part" = 2 ]; then
     -k "(keys or not one_kernel) and not hopper" > "$OUT/tests.log" 2>&1
   echo "== row kernel's key-major, uncovered rows' and key bias's tests on the GPU (exit $?, $((SECONDS - t0)) s)"
   grep -E "passed|failed|FAILED|Error" "$OUT/tests.log" | tail -12 | cut -c1-300
+  grep -E "^[.FEsx]+ *(\[ *[0-9]+%\])?$" "$OUT/tests.log" | tail -4  # progress, if cut short
 fi
 if [ "$part" = 3 ]; then
   defaults_vs_cudnn 75
