@@ -41,43 +41,53 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 # Test files by their measured time (setup, call and teardown summed; junit times of a
-# `-n 2` run on the 2-core CPU box at 8a449e6), the longest first. pytest-xdist's loadfile
-# hands files to its two workers in collection order, one at a time as each frees up: a
-# 95-s file handed out last ends the run ~95 s after the other worker went idle (the same
-# suite took 13:49 and 16:20 on one box). Longest first bounds that tail by the shortest
-# files. Files not listed keep their order after these.
+# `-n 2` run on the loaded 2-core CPU box at a5a9d46; "scaled": that time times the file's
+# CPU-time ratio after / before the test cuts of session 33, measured with `-n 0`), the
+# longest first. pytest-xdist's loadfile hands files to its two workers in the order of
+# its queue, one at a time as each frees up: a 95-s file handed out last ends the run ~95 s
+# after the other worker went idle (the same suite took 13:49 and 16:20 on one box).
+# Longest first bounds that tail by the shortest files. The queue is the collection order
+# only with `--no-loadscope-reorder` (pyproject.toml's addopts): by default pytest-xdist
+# queues the files by their number of tests, most first, which put the one-test files
+# (the zoo's two-rank launch, the CLI's kill and resume, the plan-location runs: 20-45 s
+# each) last. Files not listed keep their collection order after these.
 LONGEST_FIRST = (
-    "runner/test_distributed.py",  # 95 s
-    "test_probes_sequence.py",  # 93 s
-    "test_probes_sequence_c.py",  # 93 s
-    "zoo/test_zoo_gemc.py",  # 80 s
-    "kernels/test_uncovered_rows.py",  # 50 s
-    "runner/test_table_precision.py",  # 48 s
-    "runner/test_first_step_warm.py",  # 47 s
-    "runner/test_e2e_benchmark.py",  # 39 s
-    "test_bad_input_corpus.py",  # 37 s
-    "runner/test_graph_breaks.py",  # 32 s
-    "zoo/test_zoo_two_ranks.py",  # 31 s
-    "runner/test_cli.py",  # 30 s
-    "solver/test_fit_is_predicted.py",  # 27 s
-    "fusion/test_row_reader_forms.py",  # 25 s
-    "test_probes_sparse_d.py",  # 24 s
+    "test_probes_sequence.py",  # 146 s (scaled)
+    "test_probes_sequence_c.py",  # 135 s
+    "zoo/test_zoo_gemc.py",  # 100 s (scaled)
+    "kernels/test_uncovered_rows.py",  # 98 s
+    "runner/test_distributed.py",  # 60 s (scaled)
+    "runner/test_e2e_benchmark.py",  # 46 s
+    "kernels/test_custom_ops.py",  # 44 s
+    "test_bad_input_corpus.py",  # 40 s
+    "zoo/test_zoo_two_ranks.py",  # 39 s (scaled)
+    "runner/test_first_step_warm.py",  # 39 s (scaled)
+    "solver/test_fit_is_predicted.py",  # 38 s
+    "runner/test_table_precision.py",  # 37 s (scaled)
+    "test_cli_signals_and_options.py",  # 34 s
+    "kernels/test_benchmark_smoke.py",  # 34 s
+    "fusion/test_transact_padding_reps.py",  # 31 s
+    "fusion/test_guarded_packed_tokens.py",  # 28 s
+    "cost_model/test_accuracy_benchmark.py",  # 28 s
+    "runner/test_graph_breaks.py",  # 28 s
+    "test_probes_sparse_d.py",  # 25 s
+    "kernels/test_guarded_attention_under_inductor.py",  # 24 s
+    "kernels/test_silu_backward_variants.py",  # 23 s
     "runner/test_plan_location.py",  # 23 s
-    "kernels/test_custom_ops.py",  # 23 s
-    "runner/test_kernel_choices_and_cache.py",  # 22 s
+    "kernels/test_batched_columns_in_graph.py",  # 23 s (scaled)
     "fusion/test_guarded_regions_compiled.py",  # 22 s
-    "test_probes_sparse.py",  # 21 s
-    "runner/test_exchange_precision.py",  # 20 s
-    "passes/test_attention_choice.py",  # 20 s
+    "test_import_contracts.py",  # 21 s
+    "fusion/test_causal_softmax_nan.py",  # 20 s
+    "test_probes_sparse.py",  # 20 s
     "solver/test_balance.py",  # 19 s
-    "fusion/test_gathered_lookups.py",  # 18 s
-    "test_cli_signals_and_options.py",  # 18 s
-    "runner/test_graph_mode_tables.py",  # 18 s
-    "runner/test_table_exchange_benchmark.py",  # 17 s
-    "kernels/test_benchmark_smoke.py",  # 17 s
-    "kernels/test_batched_columns_in_graph.py",  # 17 s
-    "fusion/test_causal_softmax_nan.py",  # 16 s
-    "kernels/test_silu_backward_variants.py",  # 15 s
+    "fusion/test_row_reader_forms.py",  # 19 s
+    "runner/test_cli.py",  # 18 s (scaled)
+    "fusion/test_gathered_lookups.py",  # 17 s
+    "fusion/test_match_silu_attention.py",  # 17 s
+    "runner/test_graph_mode_tables.py",  # 17 s
+    "runner/test_fp8_audit.py",  # 16 s
+    "runner/test_exchange_precision.py",  # 16 s (scaled)
+    "runner/test_units.py",  # 15 s
 )
 
 

@@ -311,12 +311,14 @@ def test_settle_records_a_region_attention_priced_slower_and_keeps_it():
 
 
 def test_transact_packs_and_keeps_its_attentions_under_the_priced_choice(monkeypatch):
-    """The zoo's TransAct at h200 shapes (batch 256: both prices scale with it), priced: its
-    guarded attentions' fill cannot be sampled at compile (a buffer lookup on meta), so the
-    choice waits for pack-jagged-tokens, whose region over padding representatives runs
-    them on its tokens, and keeps them (without the wait both keep SDPA: checked)."""
+    """The zoo's TransAct at h200 shapes (batch 256: both prices scale with it), priced, built
+    on meta as ``gemc compile`` builds it: its guarded attentions' fill cannot be sampled at
+    compile (a buffer lookup on meta), so the choice waits for pack-jagged-tokens, whose
+    region over padding representatives runs them on its tokens, and keeps them (without
+    the wait both keep SDPA: checked)."""
     monkeypatch.setenv(ENV, "priced")
-    gm, ctx, _ = compiled("examples/zoo/transact.py:build", {"preset": "h200", "batch_size": 256})
+    gm, ctx, _ = compiled("examples/zoo/transact.py:build", {"preset": "h200", "batch_size": 256},
+                          device="meta")
     entries = entries_of(gm, ctx, ["key_padding_attention"])
     assert len(entries) == 2
     regions = [f for n in gm.graph.nodes if (f := n.meta.get(ir.PACKED_REGION))]

@@ -2,15 +2,16 @@
 
 The test model's tables (bags sum / mean, per-sample weights, padding_idx, and a plain
 nn.Embedding whose rows travel one per id) are sharded table-wise, row-wise and
-column-wise, and the same plan trains 10 steps with the pooled exchange at fp32, bf16
-(both ways) and fp8 forward / bf16 backward.
+column-wise, and the same plan trains 6 steps with the pooled exchange at fp32, bf16
+(both ways) and fp8 forward / bf16 backward (10 before: each step costs ~0.4 s a run, the
+owners' update interpreted, and the bound below is per step, not grown by the steps).
 
 Tolerance from the wire's SQNR (gemc.exchange_codec.representative_sqnr_db, measured
 at the widest test table's width): a cast with SQNR ``s`` dB adds noise of relative RMS
 ``10**(-s/20)`` to every pooled row and gradient: bf16 about 56 dB (0.16%), fp8 about
 34 dB (2%). The loss is a smooth function of the pooled rows through the dense layers, so
 its relative change is of that order; the test allows three times the noise amplitude
-(measured here: 0.05% and 0.5% at worst over the steps), and asks each run to differ from
+(measured over 10 steps: 0.05% and 0.5% at worst), and asks each run to differ from
 fp32 (the cast is in effect).
 """
 
@@ -26,7 +27,7 @@ from gemc.exchange_precision import WirePrecision
 from gemc.plan import write_plan
 from tests.runner.harness import run_scenarios, variant
 
-STEPS = 10
+STEPS = 6
 DIM = 8  # the widest of the test model's tables (tests/runner/models.py): the lowest SQNR
 RTOL = {p: 3 * 10 ** (-representative_sqnr_db(p, DIM) / 20) for p in ("bf16", "fp8")}
 

@@ -123,13 +123,46 @@ def _close(name: str, got: list[float], ref: list[float]) -> None:
     assert not bad, f"{name}: (step, gemc run, eager) off by more than rtol {RTOL}: {bad}"
 
 
-@pytest.mark.parametrize("name", ALL)
-def test_run_one_rank_matches_eager(name: str, tmp_path: Path) -> None:
+WATCHED = {"din"}
+"""The models whose one-rank run (test_run_one_rank_matches_eager) is also the graph-mode
+run test_graph_mode_backward_and_table_step_never_wait_on_the_device reads, on the plan's
+own table lookups: one run watched for syncs rather than two runs of the same plan. A run's
+cost is mostly Dynamo's (DIN's packed region compiles twice: at step 1, and at step 2 with
+its token count dynamic), so the second run cost as much as the first (~11 s)."""
+
+
+def _one_rank_run(name: str, out: Path) -> tuple[Any, dict[str, Any], list[str]]:
+    """The tiny plan of ``name`` at h200:1x1 run STEPS steps on one rank: (the run's result,
+    the plan it ran, the ops that would make the host wait on the device found in the
+    backward or the sparse optimizer's step; watched for :data:`WATCHED` only)."""
     kernels = name in MODELS  # the zoo's own; the examples' are tested elsewhere
     plan = variant(_compiled(name, "tiny", "h200:1x1")[0], kernels=kernels)
     plan["kernels"] = [k for k in plan["kernels"] if k["kind"] not in SLOW_INTERPRETED]
-    res = run(plan, RunOptions(steps=STEPS, device="cpu", progress=False,
-                               report=str(tmp_path / "run.json")))
+    found: list[str] = []
+    with pytest.MonkeyPatch.context() as mp:
+        if name in WATCHED:
+            _watch_syncs(mp, found)
+        res = run(plan, RunOptions(steps=STEPS, device="cpu", progress=False,
+                                   report=str(out / "run.json")))
+    return res, plan, found
+
+
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    """``one_rank(name)``: :func:`_one_rank_run` of ``name``, run once for the module."""
+    runs: dict[str, tuple[Any, dict[str, Any], list[str]]] = {}
+
+    def get(name: str) -> tuple[Any, dict[str, Any], list[str]]:
+        if name not in runs:
+            runs[name] = _one_rank_run(name, tmp_path_factory.mktemp(f"run-{name}"))
+        return runs[name]
+
+    return get
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_run_one_rank_matches_eager(name: str, one_rank) -> None:  # noqa: ANN001
+    res, plan, _ = one_rank(name)
     ref = reference_losses(load_model(ENTRY[name], TINY[name]), steps=STEPS, world_size=1)
     _close(name, [loss for _, loss in res.losses], ref)
     _check_report(res.report, _stated_batch(name), 1)
@@ -137,24 +170,13 @@ def test_run_one_rank_matches_eager(name: str, tmp_path: Path) -> None:
         assert res.report["kernels_applied"], res.report.get("kernels_applied")
 
 
-@pytest.mark.parametrize("name,route", [("hstu", "sparse"), ("din", None)])
-def test_graph_mode_backward_and_table_step_never_wait_on_the_device(
-        name: str, route: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 16 item 3, end to end in graph mode: the H200 profiles showed HSTU's sparse
-    route (its padded item table's masked backward, the optimizer's coalesce) and DIN's
-    dense_grad tables (the optimizer's nonzero scan) syncing every step. No op that makes
-    the host wait on the device runs in the backward (the compiled graph's and the table
-    lookups') or the sparse optimizer's step, on either route (``route``: every table's
-    plan lookup forced, else the plan's own)."""
+def _watch_syncs(mp: pytest.MonkeyPatch, found: list[str]) -> None:
+    """Record in ``found`` every op that would make the host wait on the device run in a
+    backward (the compiled graph's and the table lookups') or the sparse optimizer's step."""
     from gemc.backends.torch import sparse_optim
 
     from tests.runner.test_sync_free_tables import SyncOps
 
-    plan = variant(_compiled(name, "tiny", "h200:1x1")[0], kernels=True)
-    plan["kernels"] = [k for k in plan["kernels"] if k["kind"] not in SLOW_INTERPRETED]
-    if route is not None:
-        plan["tables"] = [{**t, "lookup": route} for t in plan["tables"]]
-    found: list[str] = []
     backward, step = torch.Tensor.backward, sparse_optim.EmbeddingOptimizer.step
 
     def watched(fn):  # noqa: ANN001, ANN202
@@ -165,10 +187,34 @@ def test_graph_mode_backward_and_table_step_never_wait_on_the_device(
             return out
         return call
 
-    monkeypatch.setattr(torch.Tensor, "backward", watched(backward))
-    monkeypatch.setattr(sparse_optim.EmbeddingOptimizer, "step", watched(step))
-    res = run(plan, RunOptions(steps=2, device="cpu", progress=False))
-    assert len(res.losses) == 2
+    mp.setattr(torch.Tensor, "backward", watched(backward))
+    mp.setattr(sparse_optim.EmbeddingOptimizer, "step", watched(step))
+
+
+@pytest.mark.parametrize("name,route", [("hstu", "sparse"), ("din", None)])
+def test_graph_mode_backward_and_table_step_never_wait_on_the_device(
+        name: str, route: str | None, one_rank) -> None:  # noqa: ANN001
+    """Issue 16 item 3, end to end in graph mode: the H200 profiles showed HSTU's sparse
+    route (its padded item table's masked backward, the optimizer's coalesce) and DIN's
+    dense_grad tables (the optimizer's nonzero scan) syncing every step. No op that makes
+    the host wait on the device runs in the backward (the compiled graph's and the table
+    lookups') or the sparse optimizer's step, on either route (``route``: every table's
+    plan lookup forced, else the plan's own: then the watched run is the one
+    test_run_one_rank_matches_eager checks, :data:`WATCHED`)."""
+    if route is None:
+        assert name in WATCHED
+        res, plan, found = one_rank(name)
+        assert plan["kernels"], "graph mode: the plan's kernels"
+        steps = STEPS
+    else:
+        plan = variant(_compiled(name, "tiny", "h200:1x1")[0], kernels=True)
+        plan["kernels"] = [k for k in plan["kernels"] if k["kind"] not in SLOW_INTERPRETED]
+        plan["tables"] = [{**t, "lookup": route} for t in plan["tables"]]
+        found, steps = [], 2
+        with pytest.MonkeyPatch.context() as mp:
+            _watch_syncs(mp, found)
+            res = run(plan, RunOptions(steps=steps, device="cpu", progress=False))
+    assert len(res.losses) == steps
     paths = set(res.report["graph_executor"]["table_lookups"].values())
     assert paths == ({route} if route else {"dense_grad"}), paths
     assert not found, found
