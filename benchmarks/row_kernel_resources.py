@@ -37,7 +37,7 @@ from tests.hopper_target import HOPPER_DRIVER  # noqa: E402
 _COMPILE = HOPPER_DRIVER + textwrap.dedent("""
     import importlib, json, os, sys
     from gemc.backends.triton import config_choice as cc, ops, warm as W
-    from gemc.backends.triton import softmax_row_backward  # noqa: F401  (its tuner)
+    from gemc.backends.triton import softmax_row_backward as R
     J = importlib.import_module("gemc.backends.triton.jagged_attention")
     J.FUSED_SOFTMAX_SHORT_ROWS = True
     B, L, H, D = 8, 100, 2, 48
@@ -47,7 +47,9 @@ _COMPILE = HOPPER_DRIVER + textwrap.dedent("""
     lse = torch.empty(H, B * L, dtype=torch.float32, device="meta")
     meta, bias = ops._values_meta(x[0], offsets, False, key_bias, L)
     hook, tuner = cc._KERNELS["jagged_attention._bwd_softmax_row_kernel"]
-    for config in (tuner.configs if sys.argv[1] == "all" else [None]):
+    configs = [*tuner.configs, *R.KEY_MAJOR_CANDIDATES] if sys.argv[1] == "all" else [None]
+    tuner.configs[:] = [c for c in configs if c is not None] or tuner.configs
+    for config in configs:
         if config is not None:  # forced, as the GPU tests force it
             want = (config.kwargs, config.num_warps, config.num_stages, config.maxnreg)
             hook.prefer = lambda args, want=want: [want]
@@ -98,7 +100,8 @@ def _variant(config: str, directory: Path, cuobjdump: Path) -> dict[str, Any] | 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configs", choices=("all", "pick"), default="all",
-                    help="every config of the row kernel's tuner, or its pick alone")
+                    help="every config of the row kernel's tuner and its key-major "
+                    "candidates, or its pick alone")
     ap.add_argument("--out", type=Path, help="write the rows as JSON here")
     args = ap.parse_args(argv)
     cuobjdump = _cuobjdump()

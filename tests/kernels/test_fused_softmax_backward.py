@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from gemc.backends.triton import config_choice as cc
 from gemc.backends.triton import ops as _ops  # noqa: F401  (registers the gemc:: ops)
-from gemc.backends.triton import softmax_row_backward as _row  # noqa: F401  (its tuner)
+from gemc.backends.triton import softmax_row_backward as _row  # its tuner, candidates
 from gemc.backends.triton import warm as W
 from gemc.backends.triton.jagged import jagged_to_padded_reference, padded_to_jagged_reference
 from kernel_helpers import fresh_generator
@@ -35,11 +35,13 @@ ON_GPU = os.environ.get("GEMC_TEST_DEVICE", "cpu") != "cpu"
 B, L, H, D = 5, (100 if ON_GPU else 40), 2, 24
 BLOCK = 64 if ON_GPU else 16
 ROW_TUNER = "jagged_attention._bwd_softmax_row_kernel"
-ROW_CONFIGS = list(cc._KERNELS[ROW_TUNER][1].configs)
+ROW_CONFIGS = list(cc._KERNELS[ROW_TUNER][1].configs) + (_row.KEY_MAJOR_CANDIDATES
+                                                         if ON_GPU else [])
 """The row kernel's configs, each one forced: on the GPU every config ``GEMC_AUTOTUNE=1``
 may take and a pick may name (at L = 100, 32-row blocks give rows of four key blocks, dq
-summed three times through the scratch; a cap on the registers spills); the interpreter's
-two, one per orientation of the tiles (``KEY_MAJOR``)."""
+summed three times through the scratch; a cap on the registers spills) and the key-major
+candidates not yet in the tuner's list; the interpreter's two, one per orientation of the
+tiles (``KEY_MAJOR``)."""
 SCALE = D ** -0.5
 FWD, DQ, DKDV = (f"jagged_attention.{n}" for n in ("_fwd_kernel", "_bwd_dq_kernel",
                                                      "_bwd_dkdv_kernel"))
@@ -111,7 +113,10 @@ def forced_row_config(request, monkeypatch):  # noqa: ANN001, ANN201
     forgotten after the test, so no later test runs it."""
     config = request.param
     want = (config.kwargs, config.num_warps, config.num_stages, config.maxnreg)
-    monkeypatch.setattr(cc._KERNELS[ROW_TUNER][0], "prefer", lambda args: [want])
+    hook, tuner = cc._KERNELS[ROW_TUNER]
+    if config not in tuner.configs:  # a candidate: in the tuner's list for this test only
+        monkeypatch.setattr(tuner, "configs", [*tuner.configs, config])
+    monkeypatch.setattr(hook, "prefer", lambda args: [want])
     cc.forget("jagged_attention.")
     yield config
     cc.forget("jagged_attention.")
