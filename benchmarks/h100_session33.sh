@@ -36,39 +36,34 @@ for r in d['rows']]; [print(n, c) for n, cs in d.get('compiled', {}).items() for
     "$OUT/blocks.json" 2>&1 | cut -c1-300
 }
 
-if [ "$part" = 1 ]; then  # the key figure first: the call may be cut short
-  defaults_vs_cudnn 80
-  timeout 170 python3 benchmarks/attention_gpu_time.py --transact-blocks \
+blocks() {  # TransAct's region at each forward / row-kernel config, in at most $1 s
+  timeout "$1" python3 benchmarks/attention_gpu_time.py --transact-blocks \
     --out "$OUT/blocks.json" > /tmp/blocks.log 2>&1
   echo "== TransAct region at each forward / row-kernel config (exit $?, $((SECONDS - t0)) s)"
   print_blocks
   grep -E "Error|error" /tmp/blocks.log | sort | uniq -c | head -5 | cut -c1-300
-  GEMC_TEST_DEVICE=cuda timeout $((budget - SECONDS + t0 - 5)) python3 -m pytest -q -rf \
-    -p no:cacheprovider -n 0 tests/kernels/test_fused_softmax_backward.py \
-    tests/kernels/test_uncovered_rows.py tests/kernels/test_rep_key_bias.py \
-    -k "(keys or row64 or not one_kernel) and not hopper" > "$OUT/tests.log" 2>&1
+}
+
+gpu_tests() {  # the row kernel's ($2: pytest -k), uncovered rows' and key bias's, $1 s
+  GEMC_TEST_DEVICE=cuda timeout "$1" python3 -m pytest -q -rf -p no:cacheprovider -n 0 \
+    tests/kernels/test_fused_softmax_backward.py tests/kernels/test_uncovered_rows.py \
+    tests/kernels/test_rep_key_bias.py -k "$2" > "$OUT/tests.log" 2>&1
   echo "== row kernel's, uncovered rows' and key bias's tests on the GPU (exit $?, $((SECONDS - t0)) s)"
   grep -E "passed|failed|FAILED|Error" "$OUT/tests.log" | tail -12 | cut -c1-300
+  grep -E "^[.FEsx]+ *(\[ *[0-9]+%\])?$" "$OUT/tests.log" | tail -4  # progress, if cut short
+}
+
+if [ "$part" = 1 ]; then  # the key figure first: the call may be cut short
+  defaults_vs_cudnn 80
+  blocks 170
+  gpu_tests $((budget - SECONDS + t0 - 5)) "(keys or row64 or not one_kernel) and not hopper"
 fi
 if [ "$part" = 2 ]; then
   defaults_vs_cudnn 75
-  timeout 110 python3 benchmarks/attention_gpu_time.py --transact-blocks \
-    --out "$OUT/blocks.json" > /tmp/blocks.log 2>&1
-  echo "== TransAct region at each forward / row-kernel config (exit $?, $((SECONDS - t0)) s)"
-  print_blocks
-  grep -E "Error|error" /tmp/blocks.log | sort | uniq -c | head -5 | cut -c1-300
-  GEMC_TEST_DEVICE=cuda timeout $((${CALL_S:-330} - SECONDS + t0)) python3 -m pytest -q -rf \
-    -p no:cacheprovider -n 0 tests/kernels/test_fused_softmax_backward.py \
-    tests/kernels/test_uncovered_rows.py tests/kernels/test_rep_key_bias.py \
-    -k "(keys or not one_kernel) and not hopper" > "$OUT/tests.log" 2>&1
-  echo "== row kernel's key-major, uncovered rows' and key bias's tests on the GPU (exit $?, $((SECONDS - t0)) s)"
-  grep -E "passed|failed|FAILED|Error" "$OUT/tests.log" | tail -12 | cut -c1-300
-  grep -E "^[.FEsx]+ *(\[ *[0-9]+%\])?$" "$OUT/tests.log" | tail -4  # progress, if cut short
+  blocks 110
+  gpu_tests $((${CALL_S:-330} - SECONDS + t0)) "(keys or not one_kernel) and not hopper"
 fi
 if [ "$part" = 3 ]; then
   defaults_vs_cudnn 75
-  timeout 110 python3 benchmarks/attention_gpu_time.py --transact-blocks \
-    --out "$OUT/blocks.json" > /tmp/blocks.log 2>&1
-  echo "== TransAct region at each forward / row-kernel config (exit $?, $((SECONDS - t0)) s)"
-  print_blocks
+  blocks 110
 fi

@@ -32,6 +32,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from gemc.atomic_write import write_json_atomic  # noqa: E402
 from tests.hopper_target import HOPPER_DRIVER  # noqa: E402
 
 _COMPILE = HOPPER_DRIVER + textwrap.dedent("""
@@ -124,9 +125,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         print(f"{r['config']} | {r['registers']}, {r['stack_bytes']}, {r['shared_bytes']} | "
               f"{r['hopper_mma']} / {r['ampere_mma']}, {r['operand_round_trips']}")
     if args.out:
-        tmp = args.out.with_suffix(args.out.suffix + ".tmp")
-        tmp.write_text(json.dumps(rows, indent=1))
-        tmp.replace(args.out)
+        write_json_atomic(args.out, rows)
     return rows
 
 
