@@ -401,12 +401,21 @@ def _jagged_attention_values_backward_fake(q: Tensor, k: Tensor, v: Tensor, offs
 
 
 def _values_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
+    """The logsumexp is an output for the backward, not a value to differentiate: marked
+    so, its gradient is never taken, and not materialised, eager autograd passes ``None``
+    for it where it zero-filled an fp32 ``[H, T]`` (a launch of ~1.3 us and its host
+    issue at TransAct's shape, thirty-fourth session's call 1; torch.compile dropped it)."""
     q, k, v, offsets, max_len, scale, causal, key_bias = inputs
     ctx.args = (int(max_len), float(scale), bool(causal))
     ctx.save_for_backward(q, k, v, offsets, key_bias, *output)
+    ctx.mark_non_differentiable(output[1])
+    ctx.set_materialize_grads(False)
 
 
-def _values_backward(ctx: Any, grad_out: Tensor, grad_lse: Tensor | None) -> tuple[Any, ...]:
+def _values_backward(ctx: Any, grad_out: Tensor | None, grad_lse: Tensor | None
+                     ) -> tuple[Any, ...]:
+    if grad_out is None:  # nothing downstream of the output needs a gradient
+        return None, None, None, None, None, None, None, None
     q, k, v, offsets, key_bias, out, lse = ctx.saved_tensors
     dq, dk, dv = torch.ops.gemc.jagged_attention_values_backward(
         q, k, v, offsets, out, lse, grad_out, *ctx.args, key_bias)

@@ -78,25 +78,26 @@ def _cfg(block: int, warps: int, stages: int, maxnreg: int | None = None,
                          num_stages=stages, maxnreg=maxnreg)
 
 
-# 64-row blocks (the pick): a row of at most 64 tokens (most of TransAct's) is one tile
-# pair, its dq never in the scratch. The kernel is latency-bound and its registers bound how
-# many programs an SM holds: at TransAct's launch 32-row blocks take 174 registers a thread
-# (2 programs of 4 warps an SM, by 65,536 registers; 22.5 KiB of shared memory would allow
-# 10), 64-row ones 255. Timed at TransAct's region shape (thirty-second session, one H100,
-# ``attention_gpu_time.py --transact-blocks``, ms): 64 0.338, 32 0.416, 32 capped at 168
-# registers 0.359 and at 128 0.369. The configs that timed slower are not here (two stages:
-# 0.751-1.010; a cap of 96: 0.523; 64 with 8 warps: 0.603-0.735), so ``GEMC_AUTOTUNE=1``
-# never takes them; the GPU tests run every config here
-# (``tests/kernels/test_fused_softmax_backward.py``). The interpreter keeps one config of
-# each orientation, for the CPU tests to force both.
-_CONFIGS = autotune_configs([_cfg(64, 4, 1), _cfg(32, 4, 1), _cfg(32, 4, 1, 168),
-                             _cfg(32, 4, 1, 128)],
+# Key-major 64-row blocks (the pick): a row of at most 64 tokens (most of TransAct's) is one
+# tile pair, its dq never in the scratch, and the one-pair path loads everything at once.
+# The kernel is latency-bound and its registers bound how many programs an SM holds: at
+# TransAct's launch 32-row blocks take 168-174 registers a thread (2 programs of 4 warps an
+# SM, by 65,536 registers; 22.5 KiB of shared memory would allow 10), 64-row ones 255.
+# Timed at TransAct's region shape (``attention_gpu_time.py --transact-blocks``, one H100,
+# ms): key-major 64 0.304 against query-major 64's 0.333 (thirty-fourth session); s32:
+# query-major 64 0.338, 32 0.416, 32 capped at 168 registers 0.359 and at 128 0.369. The
+# configs that timed slower still are not here (two stages: 0.751-1.010; a cap of 96: 0.523;
+# 64 with 8 warps: 0.603-0.735), so ``GEMC_AUTOTUNE=1`` never takes them; the GPU tests run
+# every config here (``tests/kernels/test_fused_softmax_backward.py``). The interpreter
+# keeps one config of each orientation, for the CPU tests to force both.
+_CONFIGS = autotune_configs([_cfg(64, 4, 1, key_major=True), _cfg(64, 4, 1), _cfg(32, 4, 1),
+                             _cfg(32, 4, 1, 168), _cfg(32, 4, 1, 128)],
                             [_cfg(MIN_DOT, 1, 1), _cfg(MIN_DOT, 1, 1, key_major=True)])
-KEY_MAJOR_CANDIDATES = [_cfg(64, 4, 1, key_major=True), _cfg(32, 4, 1, key_major=True)]
-"""The key-major configs not yet timed or tested on a GPU (thirty-third session): the GPU
-tests force them and ``attention_gpu_time.py --transact-blocks`` times them, but the
-tuner's list holds them only once a timing puts them there, so ``GEMC_AUTOTUNE=1`` never
-takes one untested."""
+KEY_MAJOR_CANDIDATES = [_cfg(32, 4, 1, key_major=True)]
+"""Key-major configs outside the tuner's list: 32-row blocks timed 0.421 ms at TransAct's
+shape (thirty-fourth session, one H100), slower than the query-major ones there, so
+``GEMC_AUTOTUNE=1`` does not take it; the GPU tests force it and ``attention_gpu_time.py
+--transact-blocks`` times it."""
 _TUNE_KEY = ["HEAD_DIM", "CAUSAL", "HAS_BIAS", "KEY_BIAS", "BIAS_GRAD", "inv_max_len"]
 
 
@@ -110,7 +111,7 @@ def _tiles(cfg: triton.Config, args: dict) -> Tiles:
 
 
 def _prefer(args: dict) -> list[Preferred]:
-    return [({"BLOCK": 64, "KEY_MAJOR": 0}, 4, 1)]
+    return [({"BLOCK": 64, "KEY_MAJOR": 1}, 4, 1)]
 
 
 @triton.jit

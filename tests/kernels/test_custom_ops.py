@@ -391,6 +391,36 @@ def test_values_attention_op_passes_opcheck_and_is_sdpa_within_each_sequence(cau
         assert not want[7:].any()
 
 
+def test_values_attention_backward_zero_fills_no_logsumexp_gradient():
+    """The op's logsumexp is for its backward alone: it takes no gradient, and eager
+    autograd passes the backward ``None`` for it instead of a zero-filled ``[H, T]`` (an
+    ``aten.zeros`` launch a backward on the GPU); the gradients are unchanged."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.names: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+            self.names.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    g = torch.Generator().manual_seed(6)
+    offsets = torch.tensor([0, 5, 12])
+    q, k, v = (torch.randn(12, 2, 4, generator=g, requires_grad=True) for _ in range(3))
+    out, lse = torch.ops.gemc.jagged_attention_values(q, k, v, offsets, 7, 0.5, False)
+    assert out.requires_grad and not lse.requires_grad
+    w = torch.randn(12, 2, 4, generator=g)
+    with Ops() as seen:
+        grads = torch.autograd.grad((out * w).sum(), (q, k, v))
+    assert not [n for n in seen.names if n.startswith(("zeros", "fill", "zero_"))], seen.names
+    want = torch.ops.gemc.jagged_attention_values_backward(
+        q.detach(), k.detach(), v.detach(), offsets, out.detach(), lse, w, 7, 0.5, False)
+    for got, ref in zip(grads, want):
+        torch.testing.assert_close(got, ref)
+
+
 def test_key_bias_values_attention_op_passes_opcheck_and_is_sdpa_with_that_bias():
     """``gemc::jagged_attention_values`` with a ``key_bias`` (a region with padding
     representatives' attention): per sequence of the ``[T, H, D]`` values, SDPA with the per-key bias by
