@@ -78,8 +78,9 @@ def _cfg(block: int, warps: int, stages: int, maxnreg: int | None = None,
                          num_stages=stages, maxnreg=maxnreg)
 
 
-# Key-major 64-row blocks (the pick): a row of at most 64 tokens (most of TransAct's) is one
-# tile pair, its dq never in the scratch, and the one-pair path loads everything at once.
+# Key-major 64-row blocks (the pick where GPU-tested, ``_prefer``): a row of at most 64
+# tokens (most of TransAct's) is one tile pair, its dq never in the scratch, and the
+# one-pair path loads everything at once.
 # The kernel is latency-bound and its registers bound how many programs an SM holds: at
 # TransAct's launch 32-row blocks take 168-174 registers a thread (2 programs of 4 warps an
 # SM, by 65,536 registers; 22.5 KiB of shared memory would allow 10), 64-row ones 255.
@@ -111,7 +112,17 @@ def _tiles(cfg: triton.Config, args: dict) -> Tiles:
 
 
 def _prefer(args: dict) -> list[Preferred]:
-    return [({"BLOCK": 64, "KEY_MAJOR": 1}, 4, 1)]
+    """Key-major 64-row blocks where their GPU tests have passed, query-major 64 elsewhere.
+    Why not key-major everywhere: the thirty-fourth session's GPU tests of the key-major
+    configs reached only rows without causality and without a bias or with a per-key one
+    (TransAct's attention) before the call's cut; a causal row or a full bias tile takes
+    code of the kernel that only the interpreter has run (``tests/kernels/
+    test_fused_softmax_backward.py`` forces every config on the GPU:
+    ``benchmarks/h100_session34.sh``)."""
+    gpu_tested = not (args.get("CAUSAL") or args.get("BIAS_GRAD")
+                      or (args.get("HAS_BIAS") and not args.get("KEY_BIAS")))
+    return [({"BLOCK": 64, "KEY_MAJOR": int(gpu_tested)}, 4, 1),
+            ({"BLOCK": 64, "KEY_MAJOR": 0}, 4, 1)]
 
 
 @triton.jit

@@ -169,6 +169,21 @@ def test_the_rule_picks_one_kernel_for_short_softmax_rows(monkeypatch):
     assert not _fused("softmax", 100, 48)
 
 
+def test_the_key_major_pick_reaches_only_the_rows_its_gpu_tests_ran():
+    """The row kernel's GPU pick is key-major 64-row blocks (the faster at TransAct's
+    shape) for rows without causality and with no bias or a per-key one, the kinds its GPU
+    tests have passed; a causal row, a full bias tile or a bias gradient keeps query-major
+    64-row blocks."""
+    def first(**flags):
+        return _row._prefer({"CAUSAL": False, "HAS_BIAS": False, "KEY_BIAS": False,
+                             "BIAS_GRAD": False, **flags})[0][0]
+
+    assert first() == first(HAS_BIAS=True, KEY_BIAS=True) == {"BLOCK": 64, "KEY_MAJOR": 1}
+    for flags in ({"CAUSAL": True}, {"HAS_BIAS": True}, {"HAS_BIAS": True, "BIAS_GRAD": True},
+                  {"CAUSAL": True, "HAS_BIAS": True, "KEY_BIAS": True}):
+        assert first(**flags) == {"BLOCK": 64, "KEY_MAJOR": 0}, flags
+
+
 @pytest.mark.parametrize("max_len, launched", [(128, [FWD, ROW]), (129, [FWD, DQ, DKDV])])
 def test_each_entry_point_threads_max_len_to_the_rule(max_len, launched, monkeypatch):
     """The public function, the packed-values op (with and without a key bias) and the
