@@ -321,13 +321,25 @@ def _jagged_attention_backward_fake(q: Tensor, k: Tensor, v: Tensor, offsets: Te
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
+def _logsumexp_takes_no_gradient(ctx: Any, lse: Tensor) -> None:
+    """An attention op's row logsumexp is an output for its backward, not a value to
+    differentiate: marked so, its gradient is never taken, and with gradients not
+    materialised eager autograd passes the backward ``None`` for it where it zero-filled a
+    tensor of its size (for the values op at TransAct's shape an fp32 ``[H, T]``: a ~1.3 us
+    launch and its host issue a step, thirty-fourth session's call 1; torch.compile dropped
+    it). The output's gradient always comes: it is the only differentiable output."""
+    ctx.mark_non_differentiable(lse)
+    ctx.set_materialize_grads(False)
+
+
 def _attention_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
     q, k, v, offsets, clamp_min, max_len, scale = inputs
     ctx.args = (int(clamp_min), int(max_len), float(scale))
     ctx.save_for_backward(q, k, v, offsets, *output)
+    _logsumexp_takes_no_gradient(ctx, output[1])
 
 
-def _attention_backward_formula(ctx: Any, grad_out: Tensor, grad_lse: Tensor | None
+def _attention_backward_formula(ctx: Any, grad_out: Tensor, grad_lse: None
                                 ) -> tuple[Any, ...]:
     q, k, v, offsets, out, lse = ctx.saved_tensors
     dq, dk, dv = torch.ops.gemc.jagged_attention_backward(q, k, v, offsets, out, lse, grad_out,
@@ -401,21 +413,13 @@ def _jagged_attention_values_backward_fake(q: Tensor, k: Tensor, v: Tensor, offs
 
 
 def _values_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
-    """The logsumexp is an output for the backward, not a value to differentiate: marked
-    so, its gradient is never taken, and not materialised, eager autograd passes ``None``
-    for it where it zero-filled an fp32 ``[H, T]`` (a launch of ~1.3 us and its host
-    issue at TransAct's shape, thirty-fourth session's call 1; torch.compile dropped it)."""
     q, k, v, offsets, max_len, scale, causal, key_bias = inputs
     ctx.args = (int(max_len), float(scale), bool(causal))
     ctx.save_for_backward(q, k, v, offsets, key_bias, *output)
-    ctx.mark_non_differentiable(output[1])
-    ctx.set_materialize_grads(False)
+    _logsumexp_takes_no_gradient(ctx, output[1])
 
 
-def _values_backward(ctx: Any, grad_out: Tensor | None, grad_lse: Tensor | None
-                     ) -> tuple[Any, ...]:
-    if grad_out is None:  # nothing downstream of the output needs a gradient
-        return None, None, None, None, None, None, None, None
+def _values_backward(ctx: Any, grad_out: Tensor, grad_lse: None) -> tuple[Any, ...]:
     q, k, v, offsets, key_bias, out, lse = ctx.saved_tensors
     dq, dk, dv = torch.ops.gemc.jagged_attention_values_backward(
         q, k, v, offsets, out, lse, grad_out, *ctx.args, key_bias)
@@ -693,9 +697,10 @@ def _query_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor
     q, k, v, query_lengths, scale = inputs
     ctx.scale = float(scale)
     ctx.save_for_backward(q, k, v, query_lengths, *output)
+    _logsumexp_takes_no_gradient(ctx, output[1])
 
 
-def _query_backward(ctx: Any, grad_out: Tensor, grad_lse: Tensor | None) -> tuple[Any, ...]:
+def _query_backward(ctx: Any, grad_out: Tensor, grad_lse: None) -> tuple[Any, ...]:
     q, k, v, query_lengths, out, lse = ctx.saved_tensors
     dq, dk, dv = torch.ops.gemc.jagged_query_attention_backward(q, k, v, query_lengths, out,
                                                                 lse, grad_out, ctx.scale)
@@ -741,8 +746,7 @@ def _key_lengths_attention_backward_fake(q: Tensor, k: Tensor, v: Tensor, key_le
     return _jagged_query_attention_backward_fake(q, k, v, key_lengths, out, lse, grad, scale)
 
 
-def _key_lengths_backward(ctx: Any, grad_out: Tensor, grad_lse: Tensor | None
-                          ) -> tuple[Any, ...]:
+def _key_lengths_backward(ctx: Any, grad_out: Tensor, grad_lse: None) -> tuple[Any, ...]:
     q, k, v, key_lengths, out, lse = ctx.saved_tensors
     dq, dk, dv = torch.ops.gemc.key_lengths_attention_backward(q, k, v, key_lengths, out, lse,
                                                                grad_out, ctx.scale)

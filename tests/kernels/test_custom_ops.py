@@ -391,10 +391,29 @@ def test_values_attention_op_passes_opcheck_and_is_sdpa_within_each_sequence(cau
         assert not want[7:].any()
 
 
-def test_values_attention_backward_zero_fills_no_logsumexp_gradient():
-    """The op's logsumexp is for its backward alone: it takes no gradient, and eager
-    autograd passes the backward ``None`` for it instead of a zero-filled ``[H, T]`` (an
-    ``aten.zeros`` launch a backward on the GPU); the gradients are unchanged."""
+def _attention_op_case(name: str, g: torch.Generator) -> tuple[tuple, tuple]:
+    """An attention op's differentiable inputs ``(q, k, v)`` and the rest of its
+    arguments: its lengths (or offsets) first, then its constants (each op's backward takes
+    ``(q, k, v, lengths, out, lse, grad, *constants)``)."""
+    def qkv(*shapes):
+        return tuple(torch.randn(*s, generator=g, requires_grad=True) for s in shapes)
+
+    if name == "jagged_attention_values":  # packed [T, H, D] values, offsets, max_len
+        return qkv(*[(12, 2, 4)] * 3), (torch.tensor([0, 5, 12]), 7, 0.5, False)
+    if name == "jagged_attention":  # padded [B, H, L, D], offsets clamped to 1..L
+        return qkv(*[(2, 2, 6, 4)] * 3), (torch.tensor([0, 4, 10]), 1, 6, 0.5)
+    if name == "jagged_query_attention":  # padded queries over 3 dense keys
+        return qkv((2, 2, 6, 4), (2, 2, 3, 4), (2, 2, 3, 4)), (torch.tensor([4, 6]), 0.5)
+    # key_lengths_attention: 3 dense queries over padded keys
+    return qkv((2, 2, 3, 4), (2, 2, 6, 4), (2, 2, 6, 4)), (torch.tensor([4, 6]), 0.5)
+
+
+@pytest.mark.parametrize("name", ["jagged_attention_values", "jagged_attention",
+                                  "jagged_query_attention", "key_lengths_attention"])
+def test_attention_backward_zero_fills_no_logsumexp_gradient(name):
+    """An attention op's logsumexp is for its backward alone: it takes no gradient, and
+    eager autograd passes the backward ``None`` for it instead of a zero-filled tensor (an
+    ``aten.zeros`` launch a backward on the GPU); the gradients are the backward op's."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Ops(TorchDispatchMode):
@@ -407,16 +426,15 @@ def test_values_attention_backward_zero_fills_no_logsumexp_gradient():
             return func(*args, **(kwargs or {}))
 
     g = torch.Generator().manual_seed(6)
-    offsets = torch.tensor([0, 5, 12])
-    q, k, v = (torch.randn(12, 2, 4, generator=g, requires_grad=True) for _ in range(3))
-    out, lse = torch.ops.gemc.jagged_attention_values(q, k, v, offsets, 7, 0.5, False)
+    (q, k, v), (lengths, *constants) = _attention_op_case(name, g)
+    out, lse = getattr(torch.ops.gemc, name)(q, k, v, lengths, *constants)
     assert out.requires_grad and not lse.requires_grad
-    w = torch.randn(12, 2, 4, generator=g)
+    w = torch.randn(out.shape, generator=g)
     with Ops() as seen:
         grads = torch.autograd.grad((out * w).sum(), (q, k, v))
     assert not [n for n in seen.names if n.startswith(("zeros", "fill", "zero_"))], seen.names
-    want = torch.ops.gemc.jagged_attention_values_backward(
-        q.detach(), k.detach(), v.detach(), offsets, out.detach(), lse, w, 7, 0.5, False)
+    want = getattr(torch.ops.gemc, f"{name}_backward")(
+        q.detach(), k.detach(), v.detach(), lengths, out.detach(), lse, w, *constants)
     for got, ref in zip(grads, want):
         torch.testing.assert_close(got, ref)
 
