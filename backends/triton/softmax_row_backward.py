@@ -121,8 +121,10 @@ def _prefer(args: dict) -> list[Preferred]:
     ``benchmarks/h100_session34.sh``)."""
     gpu_tested = not (args.get("CAUSAL") or args.get("BIAS_GRAD")
                       or (args.get("HAS_BIAS") and not args.get("KEY_BIAS")))
+    # the interpreter's config of the same orientation: the CPU tests run what a GPU would
     return [({"BLOCK": 64, "KEY_MAJOR": int(gpu_tested)}, 4, 1),
-            ({"BLOCK": 64, "KEY_MAJOR": 0}, 4, 1)]
+            ({"BLOCK": 64, "KEY_MAJOR": 0}, 4, 1),
+            ({"BLOCK": MIN_DOT, "KEY_MAJOR": int(gpu_tested)}, 1, 1)]
 
 
 @triton.jit

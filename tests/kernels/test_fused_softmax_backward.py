@@ -173,10 +173,14 @@ def test_the_key_major_pick_reaches_only_the_rows_its_gpu_tests_ran():
     """The row kernel's GPU pick is key-major 64-row blocks (the faster at TransAct's
     shape) for rows without causality and with no bias or a per-key one, the kinds its GPU
     tests have passed; a causal row, a full bias tile or a bias gradient keeps query-major
-    64-row blocks."""
+    64-row blocks. The interpreter picks the same orientation, so the CPU tests that run
+    the pick (the uncovered rows') run what a GPU would."""
     def first(**flags):
-        return _row._prefer({"CAUSAL": False, "HAS_BIAS": False, "KEY_BIAS": False,
-                             "BIAS_GRAD": False, **flags})[0][0]
+        prefs = _row._prefer({"CAUSAL": False, "HAS_BIAS": False, "KEY_BIAS": False,
+                              "BIAS_GRAD": False, **flags})
+        # the interpreter's pick (its one-warp config) has the GPU pick's orientation
+        assert prefs[-1][0]["KEY_MAJOR"] == prefs[0][0]["KEY_MAJOR"], prefs
+        return prefs[0][0]
 
     assert first() == first(HAS_BIAS=True, KEY_BIAS=True) == {"BLOCK": 64, "KEY_MAJOR": 1}
     for flags in ({"CAUSAL": True}, {"HAS_BIAS": True}, {"HAS_BIAS": True, "BIAS_GRAD": True},
