@@ -346,11 +346,12 @@ TransAct's region shape, the short-row pick first (capped at 96 registers a thre
 programs an SM where its 122 allow 4; thirty-second session, H100: 0.143 ms against 0.154;
 a cap of 80, 32-row tiles and five other uncapped configs timed slower there or in the
 thirty-first session)."""
-ROW_BLOCKS = ((64, 0, 4, 1, None), (64, 1, 4, 1, None), (32, 1, 4, 1, None),
+ROW_BLOCKS = ((64, 1, 4, 1, None), (64, 0, 4, 1, None), (32, 1, 4, 1, None),
               (32, 1, 4, 1, 128))
 """(BLOCK, KEY_MAJOR, warps, stages, maxnreg) of the one-program-per-row softmax backward
-``--transact-blocks`` times, its pick first (KEY_MAJOR: the tiles transposed, keys by
-queries; maxnreg: the registers a thread capped, so more programs fit an SM;
+``--transact-blocks`` times, its pick at TransAct's rows first (KEY_MAJOR: the tiles
+transposed, keys by queries; thirty-fourth session, H100: 0.304 ms against query-major's
+0.333; maxnreg: the registers a thread capped, so more programs fit an SM;
 ``softmax_row_backward``'s configs say why). Query-major configs that timed slower in the
 thirty-second session (two stages, a cap of 96, 8 warps) are not timed again."""
 

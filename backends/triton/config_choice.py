@@ -18,7 +18,9 @@ every kernel decides the same way:
    shape). Which of the two each kernel ran is in the run report (:func:`report`), so a
    heuristic config is never mistaken for a tuned one.
 
-Under the interpreter each kernel has a single config and Triton never calls the hook.
+Under the interpreter most kernels have a single config and Triton never calls the hook;
+the softmax row kernel keeps one of each orientation (``KEY_MAJOR``), and its heuristic picks
+between them as on a GPU (the interpreter's timer ties them, ``_triton_timer``).
 """
 
 from __future__ import annotations

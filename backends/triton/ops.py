@@ -52,11 +52,12 @@ indexes a custom op's outputs with the fake's strides.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import inspect
 import json
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -327,9 +328,25 @@ def _logsumexp_takes_no_gradient(ctx: Any, lse: Tensor) -> None:
     materialised eager autograd passes the backward ``None`` for it where it zero-filled a
     tensor of its size (for the values op at TransAct's shape an fp32 ``[H, T]``: a ~1.3 us
     launch and its host issue a step, thirty-fourth session's call 1; torch.compile dropped
-    it). The output's gradient always comes: it is the only differentiable output."""
+    it). Not materialised, the output's gradient may be ``None`` too (a function downstream
+    that gives none for it): the backwards are wrapped in :func:`_without_output_grad`."""
     ctx.mark_non_differentiable(lse)
     ctx.set_materialize_grads(False)
+
+
+def _without_output_grad(inputs: int) -> Callable[[Callable[..., tuple[Any, ...]]],
+                                                  Callable[..., tuple[Any, ...]]]:
+    """An attention backward that answers no gradient for its ``inputs`` inputs when its
+    output's gradient is ``None`` (:func:`_logsumexp_takes_no_gradient`), instead of
+    launching its kernels on ``None``."""
+    def wrap(backward: Callable[..., tuple[Any, ...]]) -> Callable[..., tuple[Any, ...]]:
+        @functools.wraps(backward)
+        def run(ctx: Any, grad_out: Tensor | None, grad_lse: None) -> tuple[Any, ...]:
+            if grad_out is None:
+                return (None,) * inputs
+            return backward(ctx, grad_out, grad_lse)
+        return run
+    return wrap
 
 
 def _attention_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
@@ -339,6 +356,7 @@ def _attention_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Te
     _logsumexp_takes_no_gradient(ctx, output[1])
 
 
+@_without_output_grad(7)
 def _attention_backward_formula(ctx: Any, grad_out: Tensor, grad_lse: None
                                 ) -> tuple[Any, ...]:
     q, k, v, offsets, out, lse = ctx.saved_tensors
@@ -419,6 +437,7 @@ def _values_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tenso
     _logsumexp_takes_no_gradient(ctx, output[1])
 
 
+@_without_output_grad(8)
 def _values_backward(ctx: Any, grad_out: Tensor, grad_lse: None) -> tuple[Any, ...]:
     q, k, v, offsets, key_bias, out, lse = ctx.saved_tensors
     dq, dk, dv = torch.ops.gemc.jagged_attention_values_backward(
@@ -700,6 +719,7 @@ def _query_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor
     _logsumexp_takes_no_gradient(ctx, output[1])
 
 
+@_without_output_grad(5)
 def _query_backward(ctx: Any, grad_out: Tensor, grad_lse: None) -> tuple[Any, ...]:
     q, k, v, query_lengths, out, lse = ctx.saved_tensors
     dq, dk, dv = torch.ops.gemc.jagged_query_attention_backward(q, k, v, query_lengths, out,
@@ -746,6 +766,7 @@ def _key_lengths_attention_backward_fake(q: Tensor, k: Tensor, v: Tensor, key_le
     return _jagged_query_attention_backward_fake(q, k, v, key_lengths, out, lse, grad, scale)
 
 
+@_without_output_grad(5)
 def _key_lengths_backward(ctx: Any, grad_out: Tensor, grad_lse: None) -> tuple[Any, ...]:
     q, k, v, key_lengths, out, lse = ctx.saved_tensors
     dq, dk, dv = torch.ops.gemc.key_lengths_attention_backward(q, k, v, key_lengths, out, lse,

@@ -85,7 +85,7 @@ def test_transact_blocks_runs_and_forcing_a_config_makes_the_heuristic_pick_it()
     before_prefer, before = hook.prefer, list(tuner.configs)
     results = bench.main(["--smoke", "--transact-blocks"])
     rows = results["models"]["transact_blocks"]["rows"]
-    assert [r["variant"] for r in rows] == ["fwd 64x32 4w 2s 96r", "row kernel 64 4w 1s"]
+    assert [r["variant"] for r in rows] == ["fwd 64x32 4w 2s 96r", "row kernel 64 keys 4w 1s"]
     for r in rows:
         assert "error" not in r and r["max_err"] < 1e-4, r
     assert hook.prefer is before_prefer

@@ -439,6 +439,32 @@ def test_attention_backward_zero_fills_no_logsumexp_gradient(name):
         torch.testing.assert_close(got, ref)
 
 
+@pytest.mark.parametrize("name", ["jagged_attention_values", "jagged_attention",
+                                  "jagged_query_attention", "key_lengths_attention"])
+def test_attention_backward_without_an_output_gradient_gives_none(name):
+    """Gradients not materialised, an attention op's backward may get no gradient for its
+    output either (a function downstream that gives none for it, as this one does for its
+    first input): it gives ``q, k, v`` none, where it would launch its kernels on ``None``."""
+    class SecondOnly(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a, b):  # type: ignore[override]
+            ctx.set_materialize_grads(False)
+            return a.clone(), b.clone()
+
+        @staticmethod
+        def backward(ctx, ga, gb):  # type: ignore[override]
+            return None, gb
+
+    g = torch.Generator().manual_seed(7)
+    (q, k, v), (lengths, *constants) = _attention_op_case(name, g)
+    out, _ = getattr(torch.ops.gemc, name)(q, k, v, lengths, *constants)
+    other = torch.randn(3, generator=g, requires_grad=True)
+    _, y = SecondOnly.apply(out, other)
+    grads = torch.autograd.grad(y.sum(), (q, k, v, other), allow_unused=True)
+    assert grads[:3] == (None, None, None)
+    torch.testing.assert_close(grads[3], torch.ones(3))
+
+
 def test_key_bias_values_attention_op_passes_opcheck_and_is_sdpa_with_that_bias():
     """``gemc::jagged_attention_values`` with a ``key_bias`` (a region with padding
     representatives' attention): per sequence of the ``[T, H, D]`` values, SDPA with the per-key bias by
