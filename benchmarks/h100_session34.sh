@@ -2,9 +2,9 @@
 # Thirty-fourth session's device call (issue 17), ~300 s: the key-major row kernel at 64-row
 # blocks is the pick now where GPU-tested (the first call timed it 0.304 ms against 0.333).
 #   bash benchmarks/h100_session34.sh 1   # TransAct's attention by default against padded
-#       # cuDNN; then the GPU tests still owed: the key-major configs' not yet run (the first
-#       # call ran 4 of 12 before its cut: the causal and full-bias ones are owed), the uncovered rows' (the pick's now) and the
-#       # key bias kernel's, and the values op's (its logsumexp no longer zero-filled)
+#       # cuDNN; then the GPU tests still owed: the key-major configs' causal and full-bias
+#       # ones (the first call ran 4 of 12 before its cut), the uncovered rows' (the pick's
+#       # now), the key bias kernel's, and each attention op's (its logsumexp not zero-filled)
 #   CALL_S=200 bash benchmarks/h100_session34.sh 1   # the same, its tests cut sooner
 set -uo pipefail
 source scripts/device_record.sh

@@ -334,19 +334,17 @@ def _logsumexp_takes_no_gradient(ctx: Any, lse: Tensor) -> None:
     ctx.set_materialize_grads(False)
 
 
-def _without_output_grad(inputs: int) -> Callable[[Callable[..., tuple[Any, ...]]],
-                                                  Callable[..., tuple[Any, ...]]]:
-    """An attention backward that answers no gradient for its ``inputs`` inputs when its
-    output's gradient is ``None`` (:func:`_logsumexp_takes_no_gradient`), instead of
-    launching its kernels on ``None``."""
-    def wrap(backward: Callable[..., tuple[Any, ...]]) -> Callable[..., tuple[Any, ...]]:
-        @functools.wraps(backward)
-        def run(ctx: Any, grad_out: Tensor | None, grad_lse: None) -> tuple[Any, ...]:
-            if grad_out is None:
-                return (None,) * inputs
-            return backward(ctx, grad_out, grad_lse)
-        return run
-    return wrap
+def _without_output_grad(backward: Callable[..., tuple[Any, ...]]
+                         ) -> Callable[..., tuple[Any, ...]]:
+    """An attention backward that answers no gradient for any input when its output's
+    gradient is ``None`` (:func:`_logsumexp_takes_no_gradient`), instead of launching its
+    kernels on ``None``."""
+    @functools.wraps(backward)
+    def run(ctx: Any, grad_out: Tensor | None, grad_lse: None) -> tuple[Any, ...]:
+        if grad_out is None:
+            return (None,) * len(ctx.needs_input_grad)
+        return backward(ctx, grad_out, grad_lse)
+    return run
 
 
 def _attention_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
@@ -356,7 +354,7 @@ def _attention_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Te
     _logsumexp_takes_no_gradient(ctx, output[1])
 
 
-@_without_output_grad(7)
+@_without_output_grad
 def _attention_backward_formula(ctx: Any, grad_out: Tensor, grad_lse: None
                                 ) -> tuple[Any, ...]:
     q, k, v, offsets, out, lse = ctx.saved_tensors
@@ -437,7 +435,7 @@ def _values_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tenso
     _logsumexp_takes_no_gradient(ctx, output[1])
 
 
-@_without_output_grad(8)
+@_without_output_grad
 def _values_backward(ctx: Any, grad_out: Tensor, grad_lse: None) -> tuple[Any, ...]:
     q, k, v, offsets, key_bias, out, lse = ctx.saved_tensors
     dq, dk, dv = torch.ops.gemc.jagged_attention_values_backward(
@@ -719,7 +717,7 @@ def _query_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor
     _logsumexp_takes_no_gradient(ctx, output[1])
 
 
-@_without_output_grad(5)
+@_without_output_grad
 def _query_backward(ctx: Any, grad_out: Tensor, grad_lse: None) -> tuple[Any, ...]:
     q, k, v, query_lengths, out, lse = ctx.saved_tensors
     dq, dk, dv = torch.ops.gemc.jagged_query_attention_backward(q, k, v, query_lengths, out,
@@ -766,7 +764,7 @@ def _key_lengths_attention_backward_fake(q: Tensor, k: Tensor, v: Tensor, key_le
     return _jagged_query_attention_backward_fake(q, k, v, key_lengths, out, lse, grad, scale)
 
 
-@_without_output_grad(5)
+@_without_output_grad
 def _key_lengths_backward(ctx: Any, grad_out: Tensor, grad_lse: None) -> tuple[Any, ...]:
     q, k, v, key_lengths, out, lse = ctx.saved_tensors
     dq, dk, dv = torch.ops.gemc.key_lengths_attention_backward(q, k, v, key_lengths, out, lse,
